@@ -1,0 +1,1 @@
+"""Apache Beam pipelines (preprocess, validate): thin graphs of named stages over ``preprocess/``."""

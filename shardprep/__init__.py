@@ -1,0 +1,3 @@
+"""The ``shardprep`` command line."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,43 @@
+"""``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
+
+Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports.
+"""
+
+import importlib
+
+import click
+
+from shardprep import __version__
+
+SUBCOMMANDS = {
+    "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
+    "train": "Train ResNet-18 from prepared shards and report how input-bound each epoch was.",
+    "validate": "Check a prepared dataset (or tfrecord:GLOB input) and report its statistics.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in SUBCOMMANDS:
+            return None
+        return importlib.import_module(f"shardprep.commands.{name}").command
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl(list(SUBCOMMANDS.items()))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shardprep")
+def main():
+    """shardprep: get image data into a GPU training loop without starving it.
+
+    preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
+    """
+
+
+if __name__ == "__main__":
+    main()
