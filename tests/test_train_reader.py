@@ -1,0 +1,202 @@
+"""The tf.data training reader: shapes, dtypes, labels, pixels, crops, determinism, sharding, URLs."""
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from preprocess import manifest as manifest_lib
+from train import reader
+from train_helpers import random_images, write_dataset
+
+CLASSES = ["cat", "dog", "eel"]
+
+
+def _take(dataset, batches):
+    return [(images.numpy(), labels.numpy()) for images, labels in dataset.take(batches)]
+
+
+@pytest.fixture(scope="module")
+def raw_dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("raw")
+    splits = {"train": random_images(40, 12, 10, seed=1, labels=(0, 1, 2)),
+              "validation": random_images(13, 12, 10, seed=2, labels=(0, 1, 2))}
+    write_dataset(root, splits, classes=CLASSES, num_shards=3)
+    return str(root), splits
+
+
+def _index(items):
+    """{image bytes: label} for every stored image."""
+    return {pixels.tobytes(): label for pixels, label in items}
+
+
+def test_training_batches_have_stored_shape_dtype_and_matching_labels(raw_dataset):
+    root, splits = raw_dataset
+    stored = _index(splits["train"])
+    dataset = reader.make_dataset(root, "train", batch_size=8, training=True, seed=3)
+    assert dataset.element_spec[0].shape.as_list() == [8, 12, 10, 3]
+    assert dataset.element_spec[0].dtype == tf.uint8
+    assert dataset.element_spec[1].dtype == tf.int32
+    seen = set()
+    for images, labels in _take(dataset, 10):  # 80 images: the 40-image split repeats
+        assert images.shape == (8, 12, 10, 3) and labels.shape == (8,)
+        for image, label in zip(images, labels):
+            assert stored[image.tobytes()] == label
+            seen.add(image.tobytes())
+    assert seen == set(stored)
+
+
+def test_eval_is_one_ordered_pass_with_a_partial_last_batch(raw_dataset):
+    root, splits = raw_dataset
+    stored = _index(splits["validation"])
+    batches = _take(reader.make_dataset(root, "validation", batch_size=5, training=False), 100)
+    assert [len(labels) for _, labels in batches] == [5, 5, 3]
+    images = np.concatenate([b[0] for b in batches])
+    labels = np.concatenate([b[1] for b in batches])
+    assert sorted(image.tobytes() for image in images) == sorted(stored)
+    assert all(stored[image.tobytes()] == label for image, label in zip(images, labels))
+    again = _take(reader.make_dataset(root, "validation", batch_size=5, training=False), 100)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in again]), images)
+
+
+def test_same_seed_gives_same_batches_and_another_seed_another_order(raw_dataset):
+    root, _ = raw_dataset
+    first = _take(reader.make_dataset(root, "train", 8, training=True, seed=7), 12)
+    second = _take(reader.make_dataset(root, "train", 8, training=True, seed=7), 12)
+    other = _take(reader.make_dataset(root, "train", 8, training=True, seed=8), 12)
+    for (a_images, a_labels), (b_images, b_labels) in zip(first, second):
+        np.testing.assert_array_equal(a_images, b_images)
+        np.testing.assert_array_equal(a_labels, b_labels)
+    assert any(not np.array_equal(a[1], c[1]) for a, c in zip(first, other))
+    # Each epoch is reshuffled: the second pass over the 40 images is in another order.
+    epoch_1 = np.concatenate([labels for _, labels in first[:5]])
+    epoch_2 = np.concatenate([labels for _, labels in first[5:10]])
+    assert not np.array_equal(epoch_1, epoch_2)
+
+
+def test_input_pipelines_read_disjoint_files_and_per_replica_batches(raw_dataset):
+    root, splits = raw_dataset
+    shares = []
+    for pipeline_id in range(3):
+        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=6)
+        dataset = reader.make_dataset(root, "validation", batch_size=12, training=False, input_context=context)
+        batches = _take(dataset, 100)
+        assert max(len(labels) for _, labels in batches) == 2  # 12 global / 6 replicas
+        shares.append({image.tobytes() for images, _ in batches for image in images})
+    assert not (shares[0] & shares[1]) and not (shares[1] & shares[2]) and not (shares[0] & shares[2])
+    assert set().union(*shares) == set(_index(splits["validation"]))
+
+
+def test_more_pipelines_than_files_shard_by_record(raw_dataset):
+    root, splits = raw_dataset
+    shares = []
+    for pipeline_id in range(4):  # the split has 3 files
+        context = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=4)
+        batches = _take(reader.make_dataset(root, "validation", 4, training=False, input_context=context), 100)
+        shares.append([image.tobytes() for images, _ in batches for image in images])
+    flat = [image for share in shares for image in share]
+    assert len(flat) == len(set(flat)) == 13
+
+
+def test_center_crop_jpeg_shards_decode_to_the_stored_image(tmp_path):
+    smooth = [(np.tile(np.linspace(0, 255, 16, dtype=np.uint8)[:, None, None], (1, 16, 3)) // (k + 1), k % 2)
+              for k in range(6)]
+    write_dataset(tmp_path, {"validation": smooth}, classes=["a", "b"], encoding="jpeg", num_shards=2)
+    batches = _take(reader.make_dataset(str(tmp_path), "validation", 4, training=False), 10)
+    images = np.concatenate([b[0] for b in batches])
+    labels = np.concatenate([b[1] for b in batches])
+    assert images.shape == (6, 16, 16, 3) and images.dtype == np.uint8
+    for image, label in zip(images, labels):
+        # JPEG is lossy: find the stored image it is closest to, and check the label came with it.
+        distances = [np.abs(image.astype(int) - pixels.astype(int)).mean() for pixels, _ in smooth]
+        best = int(np.argmin(distances))
+        assert distances[best] < 3 and smooth[best][1] == label
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_crop_none_shards_give_square_crops_inside_each_image(tmp_path, encoding):
+    # Images of different aspect ratios, shorter side 8, each pixel's value says its column (red) and row (green),
+    # blue holds the image number, so a crop reveals where it came from.
+    items = []
+    for k, (height, width) in enumerate([(8, 14), (12, 8), (8, 8), (8, 20)]):
+        rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+        pixels = np.stack([cols * 12, rows * 12, np.full_like(rows, k * 60)], axis=-1).astype(np.uint8)
+        items.append((pixels, k % 2))
+    write_dataset(tmp_path, {"train": items, "validation": items}, classes=["a", "b"], encoding=encoding,
+                  crop="none", shorter_side=8, num_shards=1, jpeg_quality=100)
+    if encoding == "raw":
+        references, tolerance = [pixels for pixels, _ in items], 0
+    else:  # a full decode of each stored JPEG (the helper encodes deterministically); steps of 12 tell shifts apart
+        references, tolerance = [], 10  # cropped decoding upsamples chroma differently at the edges
+        for pixels, _ in items:
+            buffer = io.BytesIO()
+            Image.fromarray(pixels).save(buffer, format="JPEG", quality=100)
+            references.append(tf.io.decode_jpeg(buffer.getvalue(), channels=3).numpy())
+
+    def locate(image):
+        """(image number, its label, top, left) of the in-bounds 8x8 window that ``image`` is."""
+        k = int(round(image[..., 2].mean() / 60))
+        reference = references[k].astype(int)
+        errors = {(top, left): np.abs(reference[top:top + 8, left:left + 8] - image.astype(int)).max()
+                  for top in range(reference.shape[0] - 7) for left in range(reference.shape[1] - 7)}
+        (top, left), error = min(errors.items(), key=lambda item: item[1])
+        assert error <= tolerance
+        return k, items[k][1], top, left
+
+    evaluated = _take(reader.make_dataset(str(tmp_path), "validation", 4, training=False), 1)[0]
+    assert evaluated[0].shape == (4, 8, 8, 3)
+    centres = {}
+    for image, label in zip(*evaluated):
+        k, stored_label, top, left = locate(image)
+        assert stored_label == label
+        centres[k] = (top, left)
+    assert centres == {0: (0, 3), 1: (2, 0), 2: (0, 0), 3: (0, 6)}
+
+    offsets = set()
+    for images, labels in _take(reader.make_dataset(str(tmp_path), "train", 4, training=True, seed=1), 12):
+        for image, label in zip(images, labels):
+            k, stored_label, top, left = locate(image)
+            assert stored_label == label
+            offsets.add((k, top, left))
+    assert len({o for o in offsets if o[0] == 3}) > 2  # random positions, not always the centre
+
+
+def test_crop_none_training_crops_repeat_with_the_seed(tmp_path):
+    items = random_images(6, 8, 16, seed=4)
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b"], crop="none", shorter_side=8, num_shards=2)
+    first = _take(reader.make_dataset(str(tmp_path), "train", 3, training=True, seed=5), 6)
+    second = _take(reader.make_dataset(str(tmp_path), "train", 3, training=True, seed=5), 6)
+    for (a, _), (b, _) in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_reads_through_a_tf_filesystem_url(raw_dataset):
+    # ram:// goes through the same tf.io.gfile / TFRecordDataset code path as gs://.
+    root, splits = raw_dataset
+    url = "ram://shardprep-reader-test"
+    for path in tf.io.gfile.glob(f"{root}/*") + tf.io.gfile.glob(f"{root}/*/*"):
+        if not tf.io.gfile.isdir(path):
+            relative = path[len(root) + 1:]
+            tf.io.gfile.makedirs(manifest_lib.join(url, relative.rpartition("/")[0]) if "/" in relative else url)
+            tf.io.gfile.copy(path, manifest_lib.join(url, relative), overwrite=True)
+    batches = _take(reader.make_dataset(url, "validation", 13, training=False), 1)
+    assert sorted(image.tobytes() for image in batches[0][0]) == sorted(_index(splits["validation"]))
+
+
+def test_missing_manifest_and_unknown_split_are_explained(tmp_path, raw_dataset):
+    with pytest.raises(manifest_lib.ManifestError, match="not a complete shardprep dataset"):
+        reader.make_dataset(str(tmp_path), "train", 4, training=True)
+    with pytest.raises(KeyError, match="splits: train, validation"):
+        reader.make_dataset(raw_dataset[0], "test", 4, training=False)
+
+
+def test_default_shuffle_buffer_is_about_a_gibibyte_of_records_within_the_split():
+    manifest = {"crop": "center", "image_height": 256, "image_width": 256, "splits": {
+        "train": {"num_examples": 100_000, "shards": [{"num_bytes": 100_000 * (256 * 256 * 3 + 80)}]},
+        "tiny": {"num_examples": 10, "shards": [{"num_bytes": 10 * 200_000}]}}}
+    assert reader.default_shuffle_buffer(manifest, "train") == (1 << 30) // (256 * 256 * 3 + 80)
+    assert reader.default_shuffle_buffer(manifest, "tiny") == 10

@@ -1,0 +1,90 @@
+"""Fixture datasets for the train tests: a manifest and shards written with the record format codec.
+
+These stand in for the preprocess job's output where a test needs exact control of pixels, encoding or crop; the
+end-to-end test goes through the real job.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+from PIL import Image
+
+from preprocess import manifest as manifest_lib
+from preprocess import record_format
+from preprocess.tfrecord_io import frame
+
+
+def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center", shorter_side=None,
+                  num_shards=2, jpeg_quality=95) -> dict:
+    """Writes ``splits = {split: [(uint8 HxWx3 array, label), ...]}`` as a shardprep dataset under ``root``.
+
+    Returns the manifest. Images are stored as given (the caller resizes/crops); records go round-robin to shards.
+    """
+    root = str(root)
+    os.makedirs(root, exist_ok=True)
+    manifest_splits = {}
+    all_pixels = []
+    for split, items in splits.items():
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        shards = [[] for _ in range(num_shards)]
+        class_counts = {name: 0 for name in classes}
+        for index, (pixels, label) in enumerate(items):
+            pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+            height, width = pixels.shape[:2]
+            if encoding == "raw":
+                encoded = pixels.tobytes()
+            else:
+                buffer = io.BytesIO()
+                Image.fromarray(pixels).save(buffer, format="JPEG", quality=jpeg_quality)
+                encoded = buffer.getvalue()
+            record = record_format.ImageRecord(encoded=encoded, format=encoding, height=height, width=width,
+                                               label=int(label), filename=f"{split}/{index:06d}.png")
+            shards[index % num_shards].append(frame(record_format.encode_example(record)))
+            class_counts[classes[label]] += 1
+            all_pixels.append(pixels.reshape(-1, 3))
+        shard_entries = []
+        for shard_index, framed in enumerate(shards):
+            relative = manifest_lib.shard_path(split, shard_index, num_shards)
+            data = b"".join(framed)
+            with open(os.path.join(root, relative), "wb") as f:
+                f.write(data)
+            shard_entries.append({"file": relative, "num_examples": len(framed), "num_bytes": len(data),
+                                  "sha256": None})
+        manifest_splits[split] = {
+            "num_inputs": len(items), "num_examples": len(items), "num_rejected": 0, "rejected_by_reason": {},
+            "class_counts": class_counts, "num_shards": num_shards, "shards": shard_entries,
+        }
+    pixels = np.concatenate(all_pixels).astype(np.float64)
+    first = next(iter(splits.values()))[0][0]
+    manifest = {
+        "format_version": manifest_lib.FORMAT_VERSION, "tool": "tests", "tool_version": "0", "created": "",
+        "source": "fixture", "options": {}, "classes": list(classes), "num_classes": len(classes),
+        "encoding": encoding, "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
+        "shorter_side": shorter_side or min(first.shape[:2]), "crop": crop,
+        "image_height": first.shape[0] if crop == "center" else None,
+        "image_width": first.shape[1] if crop == "center" else None,
+        "channels": 3, "seed": 0, "splits": manifest_splits,
+        "num_inputs": sum(len(v) for v in splits.values()),
+        "num_examples": sum(len(v) for v in splits.values()), "num_rejected": 0,
+        "rejects_file": manifest_lib.REJECTS_NAME, "stats_split": next(iter(splits)),
+        "mean_rgb": pixels.mean(axis=0).tolist(), "std_rgb": pixels.std(axis=0).tolist(),
+    }
+    with open(os.path.join(root, manifest_lib.MANIFEST_NAME), "w") as f:
+        f.write(manifest_lib.to_json(manifest))
+    return manifest
+
+
+def random_images(count, height, width, seed=0, labels=(0, 1)):
+    """``count`` distinct random images with labels cycling through ``labels``."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), labels[i % len(labels)])
+            for i in range(count)]
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
