@@ -1,0 +1,909 @@
+"""The preprocess job: decode, convert, resize and re-shard a source of images into uniform TFRecord shards.
+
+Stages (named as in the Beam graph)::
+
+    ListInputs            folder/labels-file listing per class directory, or TFRecord reading per file
+    SpreadInputs          Reshuffle, so decoding spreads over every worker
+    DecodeResizeEncode    preprocess.image_ops.process_image; bad inputs go to the rejects output
+    Count*                per split: inputs, examples, bytes, class counts; pixel sums for mean/std
+    FindShardBoundaries   exact rank boundaries of the seeded order, from sort keys grouped in bounded buckets
+    AssignShards          each record goes to the shard its rank falls in (uniform: sizes differ by at most one)
+    WriteShards           one worker per shard: sort by seeded key, write under a temporary name, rename
+    WriteRejects          OUTPUT/rejects.jsonl
+    WriteManifest         OUTPUT/manifest.json, last, only when every input is accounted for
+
+Order and sharding depend only on the inputs, the options and ``--seed`` (a record's sort key is a hash of the seed,
+its split and its source key), so shards are byte-identical whatever the number or speed of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import time
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from preprocess import image_ops, manifest, record_format, sources, tfrecord_io
+
+TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
+BUCKET_TARGET = 8192  # sort keys per bucket when finding shard boundaries: bounds the work of one worker
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessConfig:
+    """Every option of a preprocess run; recorded in the manifest as ``options``."""
+
+    source: str
+    output: str
+    shorter_side: int = 256
+    crop: str = "center"
+    encoding: str = "raw"
+    jpeg_quality: int = 90
+    num_shards: int | None = None
+    seed: int = 0
+    max_pixels: int = image_ops.DEFAULT_MAX_PIXELS
+    strict: bool = False
+    overwrite: bool = False
+    labels_file: str | None = None
+    split: str = "train"
+    labels_split: str | None = None
+    tfds_data_dir: str | None = None
+    tfds_download: bool = False
+    image_key: str = "image"
+    label_key: str = "label"
+
+    @property
+    def process_options(self) -> image_ops.ProcessOptions:
+        return image_ops.ProcessOptions(self.shorter_side, self.crop, self.encoding, self.jpeg_quality,
+                                        self.max_pixels)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourcePlan:
+    """What the job reads, resolved before the pipeline starts (small: directories and files, not images)."""
+
+    kind: str
+    splits: tuple[str, ...]
+    classes: tuple[str, ...] | None  # None: unnamed int labels, class names become "0".."max"
+    class_dirs: tuple[tuple[str, str, str], ...] = ()  # (split, class name, directory)
+    flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
+    labels_split: str | None = None
+    tfrecord_files: tuple[tuple[str, str], ...] = ()  # (split, file)
+
+    @property
+    def stats_split(self) -> str:
+        return "train" if "train" in self.splits else self.splits[0]
+
+
+class PreprocessError(RuntimeError):
+    """The job cannot start or finish; the message is meant for the user."""
+
+
+# --- planning (runs on the launching machine) --------------------------------------------------------------
+
+def _is_local(path: str) -> bool:
+    return FileSystems.get_scheme(path) in (None, "file")
+
+
+def list_children(path: str) -> tuple[list[str], list[str]]:
+    """(sub-directory names, file names) directly inside ``path``, without hidden entries, sorted."""
+    if _is_local(path):
+        if not os.path.isdir(path):
+            raise sources.SourceError(f"{path} is not a directory")
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+        dirs = [e.name for e in entries if e.is_dir() and not sources.is_hidden(e.name)]
+        files = [e.name for e in entries if not e.is_dir() and not sources.is_hidden(e.name)]
+        return dirs, files
+    # Object stores have no directories; TensorFlow's file system lists one level with a delimiter query.
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(path):
+        raise sources.SourceError(f"{path} is not a directory")
+    dirs, files = [], []
+    for name in sorted(tf.io.gfile.listdir(path)):
+        clean = name.rstrip("/")
+        if sources.is_hidden(clean):
+            continue
+        (dirs if name.endswith("/") or tf.io.gfile.isdir(manifest.join(path, clean)) else files).append(clean)
+    return dirs, files
+
+
+def _read_labels_file(path: str) -> list[sources.LabelRow]:
+    if not FileSystems.exists(path):
+        raise sources.SourceError(f"labels file {path} does not exist")
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        text = f.read().decode("utf-8-sig")
+    return sources.parse_labels_csv(text)
+
+
+def plan_source(config: PreprocessConfig) -> SourcePlan:
+    """Resolves SOURCE into splits, classes and the directories or files to read."""
+    spec = sources.SourceSpec.parse(config.source)
+    if spec.kind == "folder":
+        return _plan_folder(spec.location, config)
+    if spec.kind == "tfds":
+        return _plan_tfds(spec.location, config)
+    return _plan_tfrecord(spec.location, config)
+
+
+def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
+    dirs, files = list_children(root)
+    if dirs and all(d.lower() in sources.SPLIT_NAMES for d in dirs):
+        split_dirs = [(d, manifest.join(root, d)) for d in dirs]
+        if files:
+            raise sources.SourceError(
+                f"{root} holds split folders ({', '.join(dirs)}) and loose files ({files[0]}, ...): "
+                "move the files into a split folder")
+    else:
+        split_dirs = [(config.split, root)]
+    class_dirs, flat_dirs = [], []
+    for split, directory in split_dirs:
+        sub_dirs, sub_files = list_children(directory) if directory != root else (dirs, files)
+        class_dirs += [(split, name, manifest.join(directory, name)) for name in sub_dirs]
+        if sub_files:
+            flat_dirs.append((split, directory))
+    class_names = {name for _, name, _ in class_dirs}
+    labels_split = None
+    if config.labels_file:
+        rows = _read_labels_file(config.labels_file)
+        class_names |= {row.label for row in rows}
+        splits = [s for s, _ in split_dirs]
+        labels_split = config.labels_split or next(
+            (s for s in ("validation", "val", "test") if s in splits), None) or (
+            flat_dirs[0][0] if flat_dirs else splits[0])
+        if labels_split not in splits:
+            raise sources.SourceError(f"--labels-split {labels_split} is not one of the splits {splits}")
+    if not class_names:
+        raise sources.SourceError(
+            f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
+            "or images with --labels-file")
+    return SourcePlan(
+        kind="folder",
+        splits=tuple(s for s, _ in split_dirs),
+        classes=tuple(sources.sort_class_names(class_names)),
+        class_dirs=tuple(class_dirs),
+        flat_dirs=tuple(flat_dirs),
+        labels_split=labels_split,
+    )
+
+
+def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_files=None) -> SourcePlan:
+    if split_files is None:
+        matched = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+        if not matched:
+            raise sources.SourceError(f"no files match {pattern}")
+        split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
+        classes = _class_names_beside(matched[0])
+    splits = tuple(dict.fromkeys(split for split, _ in split_files))
+    return SourcePlan(kind="tfrecord", splits=splits, classes=tuple(classes) if classes else None,
+                      tfrecord_files=tuple(split_files))
+
+
+def _class_names_beside(path: str) -> list[str] | None:
+    """TFDS writes ``label.labels.txt`` (one class name per line) next to its TFRecords."""
+    directory = path.rsplit("/", 1)[0]
+    matches = FileSystems.match([manifest.join(directory, "*labels.txt")])[0].metadata_list
+    if not matches:
+        return None
+    with FileSystems.open(sorted(m.path for m in matches)[0],
+                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        names = [line.strip() for line in f.read().decode("utf-8").splitlines() if line.strip()]
+    return names or None
+
+
+def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=config.tfds_data_dir, try_gcs=False)
+    except Exception as e:  # noqa: BLE001 - TFDS raises many kinds for unknown names and missing folders
+        raise sources.SourceError(f"cannot load TFDS dataset {name!r} from {config.tfds_data_dir or 'the default data dir'}: {e}") from e
+    if not builder.is_prepared():
+        if not config.tfds_download:
+            raise sources.SourceError(
+                f"TFDS dataset {name} is not prepared in {builder.data_dir}; prepare it there (tfds build) or pass "
+                "--tfds-download to download and prepare it now")
+        builder.download_and_prepare()
+    label_feature = builder.info.features[config.label_key] if config.label_key in builder.info.features else None
+    classes = list(getattr(label_feature, "names", None) or []) or None
+    split_files = [(split, str(path)) for split, info in builder.info.splits.items() for path in info.filepaths]
+    if not split_files:
+        raise sources.SourceError(f"TFDS dataset {name} has no prepared files in {builder.data_dir}")
+    plan = _plan_tfrecord("", config, classes=classes, split_files=split_files)
+    return dataclasses.replace(plan, kind="tfds")
+
+
+def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -> int:
+    """``--num-shards``, or the smallest power of two giving shards of at most 200 MB; never more than records."""
+    if requested:
+        shards = requested
+    else:
+        shards = 1
+        while total_bytes / shards > TARGET_SHARD_BYTES:
+            shards *= 2
+    return max(1, min(shards, num_examples))
+
+
+def sort_key(seed: int, split: str, key: str) -> tuple[int, str]:
+    """A record's place in the seeded pseudo-random order: (64-bit hash, source key for ties)."""
+    digest = hashlib.sha256(f"{seed}\0{split}\0{key}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big"), key
+
+
+def num_buckets(num_examples: int) -> int:
+    return max(1, math.ceil(num_examples / BUCKET_TARGET))
+
+
+def bucket_of(hash64: int, buckets: int) -> int:
+    """Range partition of the hash space, so bucket order is sort order."""
+    return (hash64 * buckets) >> 64
+
+
+def boundary_ranks(num_examples: int, shards: int) -> list[int]:
+    """First rank of shards 1..S-1, for shard(rank) = rank * S // N: shard sizes differ by at most one."""
+    return [-(-k * num_examples // shards) for k in range(1, shards)]
+
+
+# --- progress (local runs) ---------------------------------------------------------------------------------
+
+class ProgressReporter:
+    """Workers of a local run write their running counts to small files the launcher polls; a no-op elsewhere."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, directory: str | None, counter: str):
+        self.directory, self.counter = directory, counter
+        self.count = 0
+        self._path = None
+        self._last = 0.0
+
+    def add(self, n: int = 1) -> None:
+        if not self.directory:
+            return
+        self.count += n
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL_S:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        if not self.directory or not self.count:
+            return
+        if self._path is None:
+            self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
+        tmp = self._path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(self.count))
+        os.replace(tmp, self._path)
+
+
+def read_progress(directory: str) -> dict[str, int]:
+    """Sums the counts workers reported, per counter name."""
+    totals: dict[str, int] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return totals
+    for name in names:
+        if name.endswith(".tmp"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                value = int(f.read() or 0)
+        except (OSError, ValueError):
+            continue
+        counter = name.split("-", 1)[0]
+        totals[counter] = totals.get(counter, 0) + value
+    return totals
+
+
+# --- listing -----------------------------------------------------------------------------------------------
+# Inputs are tuples (split, key, label, path, data): path for files, data for records read from TFRecords.
+# Rejects are tuples (split, key, reason, detail).
+
+REJECTS = "rejects"
+
+
+def _relative_key(root_files_base: str, path: str) -> str:
+    return path[len(root_files_base):].lstrip("/") if path.startswith(root_files_base) else path
+
+
+class ListClassDirectory(beam.DoFn):
+    """Lists the image files of one class directory (one element per directory, so listing runs in parallel)."""
+
+    def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
+        self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
+
+    def setup(self):
+        self.progress = ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, element):
+        split, class_name, directory = element
+        for path in _list_files(directory):
+            self.progress.add()
+            yield split, _relative_key(self.root, path), self.class_index[class_name], path, None
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+class ListFlatDirectory(beam.DoFn):
+    """Lists images in a directory without class folders, keyed by file name for the labels-file join."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def process(self, element):
+        split, directory = element
+        for path in _list_files(directory):
+            yield sources.labels_key(path), (split, _relative_key(self.root, path), path)
+
+
+def _list_files(directory: str) -> list[str]:
+    if _is_local(directory):
+        with os.scandir(directory) as entries:
+            return sorted(os.path.join(directory, e.name) for e in entries
+                          if e.is_file() and not sources.is_hidden(e.name))
+    pattern = manifest.join(directory, "*")
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list
+                  if not sources.is_hidden(m.path.rsplit("/", 1)[-1]) and not m.path.endswith("/"))
+
+
+class JoinLabels(beam.DoFn):
+    """Pairs flat images with their labels-file rows; a file without a row, or a row without a file, is a reject."""
+
+    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None):
+        self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
+
+    def setup(self):
+        self.progress = ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, element):
+        name, (files, rows) = element
+        labels = sorted({label for _, label in rows})
+        for split, key, path in sorted(files):
+            self.progress.add()
+            if not labels:
+                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "no_label", f"{name} is not in the labels file"))
+            elif len(labels) > 1:
+                yield beam.pvalue.TaggedOutput(
+                    REJECTS, (split, key, "conflicting_labels", f"labels file gives {', '.join(labels)}"))
+            else:
+                yield split, key, self.class_index[labels[0]], path, None
+        if not files:
+            for filename, label in sorted(rows):
+                self.progress.add()
+                yield beam.pvalue.TaggedOutput(
+                    REJECTS, (self.labels_split, f"labels-file:{filename}", "missing_file",
+                              f"labels file row {filename},{label} names no image in the source folder"))
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+class ReadTFRecordFile(beam.DoFn):
+    """Reads one TFRecord file of encoded images (one element per file); bad records become rejects."""
+
+    def __init__(self, image_key: str, label_key: str, num_classes: int | None, progress_dir: str | None):
+        self.image_key, self.label_key, self.num_classes = image_key, label_key, num_classes
+        self.progress_dir = progress_dir
+
+    def setup(self):
+        self.progress = ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, element):
+        split, path = element
+        name = path.rsplit("/", 1)[-1]
+        index = 0
+        try:
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                for index, serialized in enumerate(tfrecord_io.read_records(stream)):
+                    self.progress.add()
+                    yield from self._record(split, f"{name}:{index}", serialized)
+        except tfrecord_io.CorruptRecordError as e:
+            # The framing is lost after a bad length, so the rest of the file is one reject.
+            self.progress.add()
+            yield beam.pvalue.TaggedOutput(
+                REJECTS, (split, f"{name}:{e.index}", "corrupt_record", f"{e}; the rest of {name} is unreadable"))
+        except OSError as e:
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, f"{name}:{index}", "unreadable", f"{type(e).__name__}: {e}"))
+
+    def _record(self, split, key, serialized):
+        try:
+            features = record_format.parse_features(serialized)
+        except record_format.RecordFormatError as e:
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", str(e)))
+            return
+        images, labels = features.get(self.image_key), features.get(self.label_key)
+        if not images or not isinstance(images[0], bytes):
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no bytes feature {self.image_key!r}"))
+        elif not labels or not isinstance(labels[0], int):
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no int64 feature {self.label_key!r}"))
+        elif labels[0] < 0 or (self.num_classes is not None and labels[0] >= self.num_classes):
+            yield beam.pvalue.TaggedOutput(
+                REJECTS, (split, key, "label_out_of_range", f"label {labels[0]} not in 0..{(self.num_classes or 0) - 1}"))
+        else:
+            yield split, key, labels[0], None, images[0]
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+# --- per image ---------------------------------------------------------------------------------------------
+
+class DecodeResizeEncode(beam.DoFn):
+    """Turns one input into a serialized record (main output), pixel sums (``stats``) or a reject (``rejects``).
+
+    Main output: (split, sort key, label, serialized tf.train.Example).
+    """
+
+    STATS = "stats"
+
+    def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, progress_dir: str | None):
+        self.options, self.seed, self.stats_split, self.progress_dir = options, seed, stats_split, progress_dir
+
+    def setup(self):
+        self.progress = ProgressReporter(self.progress_dir, "processed")
+
+    def process(self, element):
+        split, key, label, path, data = element
+        self.progress.add()
+        try:
+            if data is None:
+                data = _read_file(path)
+            image = image_ops.process_image(data, self.options)
+        except image_ops.RejectError as e:
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
+            return
+        example = record_format.encode_example(record_format.ImageRecord(
+            encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
+            label=label, filename=key))
+        yield split, sort_key(self.seed, split, key), label, example
+        if split == self.stats_split:
+            yield beam.pvalue.TaggedOutput(
+                self.STATS, (image.num_pixels,) + image.channel_sums + image.channel_square_sums)
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+    except (OSError, IOError) as e:
+        raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None
+
+
+def sum_tuples(values) -> tuple[int, ...]:
+    """Element-wise sum of equal-length integer tuples (exact, so any combine order gives the same result)."""
+    total: list[int] | None = None
+    for value in values:
+        total = list(value) if total is None else [a + b for a, b in zip(total, value)]
+    return tuple(total) if total is not None else ()
+
+
+# --- sharding ----------------------------------------------------------------------------------------------
+
+class FindShardBoundaries(beam.DoFn):
+    """For one bucket of sort keys, emits the sort keys that start a shard and fall in this bucket.
+
+    Buckets are hash ranges of about BUCKET_TARGET records, so no worker ever sorts more than one bucket of keys
+    (sort keys only, not images) whatever the dataset size.
+    """
+
+    def __init__(self, requested_shards: int | None):
+        self.requested_shards = requested_shards
+
+    def process(self, element, sizes, total_bytes, bucket_sizes):
+        (split, bucket), keys = element
+        keys = sorted(keys)
+        first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
+        shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
+        for shard, rank in enumerate(boundary_ranks(sizes[split], shards), start=1):
+            if first_rank <= rank < first_rank + len(keys):
+                yield split, (shard, keys[rank - first_rank])
+
+
+def assign_shard(record, boundaries):
+    """((split, shard), (sort key, example)) for a record, given every split's sorted shard-start keys."""
+    import bisect
+
+    split, key, _, example = record
+    return (split, bisect.bisect_right(boundaries.get(split, ()), key)), (key, example)
+
+
+def collect_boundaries(pairs) -> dict[str, tuple]:
+    by_split: dict[str, list] = {}
+    for split, (shard, key) in pairs:
+        by_split.setdefault(split, []).append((shard, key))
+    return {split: tuple(key for _, key in sorted(items)) for split, items in by_split.items()}
+
+
+class WriteShard(beam.DoFn):
+    """Writes one shard: records sorted by their seeded key, under a temporary name, renamed when complete."""
+
+    def __init__(self, output: str, requested_shards: int | None):
+        self.output, self.requested_shards = output, requested_shards
+
+    def process(self, element, sizes, total_bytes):
+        (split, shard), items = element
+        shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
+        yield write_shard_file(self.output, split, shard, shards, [example for _, example in sorted(items)])
+
+
+def write_shard_file(output: str, split: str, shard: int, shards: int, examples: list[bytes]) -> dict:
+    """Writes the shard via a temporary file and returns its manifest entry."""
+    relative = manifest.shard_path(split, shard, shards)
+    final = manifest.join(output, relative)
+    temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
+    digest, num_bytes = hashlib.sha256(), 0
+    try:
+        with FileSystems.create(temporary, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for example in examples:
+                framed = tfrecord_io.frame(example)
+                f.write(framed)
+                digest.update(framed)
+                num_bytes += len(framed)
+        FileSystems.rename([temporary], [final])
+    except Exception as e:
+        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
+    return {"split": split, "index": shard, "file": relative, "num_examples": len(examples),
+            "num_bytes": num_bytes, "sha256": digest.hexdigest()}
+
+
+# --- rejects and manifest ----------------------------------------------------------------------------------
+
+def write_rejects(rejects: list, output: str) -> dict:
+    """Writes OUTPUT/rejects.jsonl (sorted by split and key) and returns {split: {reason: count}}."""
+    summary: dict[str, dict[str, int]] = {}
+    lines = []
+    for split, key, reason, detail in sorted(rejects):
+        summary.setdefault(split, {}).setdefault(reason, 0)
+        summary[split][reason] += 1
+        lines.append(json.dumps({"key": key, "split": split, "reason": reason, "detail": detail}) + "\n")
+    path = manifest.join(output, manifest.REJECTS_NAME)
+    try:
+        with FileSystems.create(path, mime_type="application/json",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write("".join(lines).encode("utf-8"))
+    except Exception as e:
+        raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
+    return summary
+
+
+class WriteManifest(beam.DoFn):
+    """Checks that every input is accounted for, then writes OUTPUT/manifest.json, the last file of the job."""
+
+    def __init__(self, config: PreprocessConfig, plan: SourcePlan, runner: str):
+        self.config, self.plan, self.runner = config, plan, runner
+
+    def process(self, _, shard_entries, input_counts, class_counts, reject_summary, pixel_sums, max_label):
+        document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, class_counts,
+                                  reject_summary, pixel_sums, max_label)
+        path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
+        try:
+            with FileSystems.create(path, mime_type="application/json",
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                f.write(manifest.to_json(document).encode("utf-8"))
+        except Exception as e:
+            raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
+        yield document
+
+
+def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shard_entries, input_counts,
+                   class_counts, reject_summary, pixel_sums, max_label) -> dict:
+    """The manifest document; raises PreprocessError if any input is unaccounted for or --strict saw rejects."""
+    classes = list(plan.classes) if plan.classes is not None else [str(i) for i in range((max_label or -1) + 1)]
+    counts_by_split: dict[str, dict[int, int]] = {}
+    for (split, label), n in class_counts:
+        counts_by_split.setdefault(split, {})[label] = n
+    shards_by_split: dict[str, list[dict]] = {}
+    for entry in shard_entries:
+        shards_by_split.setdefault(entry["split"], []).append(entry)
+
+    splits, problems = {}, []
+    for split in plan.splits:
+        label_counts = counts_by_split.get(split, {})
+        num_examples = sum(label_counts.values())
+        rejected = reject_summary.get(split, {})
+        num_rejected = sum(rejected.values())
+        num_inputs = input_counts.get(split, 0)
+        if num_examples + num_rejected != num_inputs:
+            problems.append(f"split {split}: {num_inputs} inputs but {num_examples} written + {num_rejected} rejected")
+        entries = sorted(shards_by_split.get(split, []), key=lambda e: e["index"])
+        if not entries:  # a split whose every input was rejected still gets its (empty) shard
+            entries = [write_shard_file(config.output, split, 0, 1, [])]
+        if sum(e["num_examples"] for e in entries) != num_examples:
+            problems.append(f"split {split}: shards hold {sum(e['num_examples'] for e in entries)} records, "
+                            f"expected {num_examples}")
+        splits[split] = {
+            "num_inputs": num_inputs,
+            "num_examples": num_examples,
+            "num_rejected": num_rejected,
+            "rejected_by_reason": dict(sorted(rejected.items())),
+            "class_counts": {name: label_counts.get(i, 0) for i, name in enumerate(classes)},
+            "num_shards": len(entries),
+            "shards": [{k: e[k] for k in ("file", "num_examples", "num_bytes", "sha256")} for e in entries],
+        }
+    extra_splits = set(reject_summary) - set(plan.splits)
+    if extra_splits:
+        problems.append(f"rejects for unknown splits {sorted(extra_splits)}")
+    if problems:
+        raise PreprocessError("inputs are not all accounted for, no manifest written: " + "; ".join(problems))
+    total_rejected = sum(s["num_rejected"] for s in splits.values())
+    if config.strict and total_rejected:
+        reasons: dict[str, int] = {}
+        for by_reason in reject_summary.values():
+            for reason, n in by_reason.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        raise PreprocessError(
+            f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
+            f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
+
+    mean, std = pixel_statistics(pixel_sums)
+    square = config.crop == "center"
+    return {
+        "format_version": manifest.FORMAT_VERSION,
+        "tool": "shardprep",
+        "tool_version": _tool_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": config.source,
+        "source_kind": plan.kind,
+        "options": {**dataclasses.asdict(config), "runner": runner},
+        "classes": classes,
+        "num_classes": len(classes),
+        "encoding": config.encoding,
+        "jpeg_quality": config.jpeg_quality if config.encoding == "jpeg" else None,
+        "shorter_side": config.shorter_side,
+        "crop": config.crop,
+        "image_height": config.shorter_side if square else None,
+        "image_width": config.shorter_side if square else None,
+        "channels": record_format.CHANNELS,
+        "seed": config.seed,
+        "splits": splits,
+        "num_inputs": sum(s["num_inputs"] for s in splits.values()),
+        "num_examples": sum(s["num_examples"] for s in splits.values()),
+        "num_rejected": total_rejected,
+        "rejects_file": manifest.REJECTS_NAME,
+        "stats_split": plan.stats_split,
+        "mean_rgb": mean,
+        "std_rgb": std,
+    }
+
+
+def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None]:
+    """Per-channel mean and standard deviation (0-255) from (pixels, 3 sums, 3 sums of squares)."""
+    if not pixel_sums or not pixel_sums[0]:
+        return None, None
+    pixels, sums, squares = pixel_sums[0], pixel_sums[1:4], pixel_sums[4:7]
+    mean = [s / pixels for s in sums]
+    std = [math.sqrt(max(0.0, q / pixels - m * m)) for q, m in zip(squares, mean)]
+    return [round(m, 6) for m in mean], [round(s, 6) for s in std]
+
+
+def _tool_version() -> str:
+    from shardprep import __version__
+
+    return __version__
+
+
+# --- the graph ---------------------------------------------------------------------------------------------
+
+def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan, runner: str = "",
+                   progress_dir: str | None = None):
+    """Adds the preprocess stages to ``p``; returns the PCollection holding the manifest document."""
+    class_index = {name: i for i, name in enumerate(plan.classes)} if plan.classes is not None else None
+    listed, listing_rejects = _list_inputs(p, config, plan, class_index, progress_dir)
+
+    processed = (
+        listed
+        | "SpreadInputs" >> beam.Reshuffle()
+        | "DecodeResizeEncode" >> beam.ParDo(
+            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, progress_dir)
+        ).with_outputs(REJECTS, DecodeResizeEncode.STATS, main="records"))
+    records = processed.records
+    rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
+
+    input_counts = (
+        (listed | "InputSplit" >> beam.Map(lambda item: item[0]),
+         listing_rejects | "ListingRejectSplit" >> beam.Map(lambda item: item[0]))
+        | "InputSplits" >> beam.Flatten()
+        | "CountInputs" >> beam.combiners.Count.PerElement())
+    sizes = records | "RecordSplit" >> beam.Map(lambda r: r[0]) | "CountExamples" >> beam.combiners.Count.PerElement()
+    total_bytes = (records
+                   | "RecordBytes" >> beam.Map(lambda r: (r[0], tfrecord_io.framed_size(len(r[3]))))
+                   | "CountBytes" >> beam.CombinePerKey(sum))
+    class_counts = (records
+                    | "RecordClass" >> beam.Map(lambda r: (r[0], r[2]))
+                    | "CountClasses" >> beam.combiners.Count.PerElement())
+    pixel_sums = processed[DecodeResizeEncode.STATS] | "SumPixels" >> beam.CombineGlobally(sum_tuples)
+    max_label = records | "LabelOf" >> beam.Map(lambda r: r[2]) | "MaxLabel" >> beam.CombineGlobally(
+        lambda labels: max(labels, default=-1))
+
+    sizes_view, bytes_view = beam.pvalue.AsDict(sizes), beam.pvalue.AsDict(total_bytes)
+    bucketed_keys = records | "BucketSortKeys" >> beam.Map(
+        lambda r, n: ((r[0], bucket_of(r[1][0], num_buckets(n[r[0]]))), r[1]), sizes_view)
+    bucket_sizes = (bucketed_keys
+                    | "BucketOf" >> beam.Map(lambda kv: kv[0])
+                    | "CountBuckets" >> beam.combiners.Count.PerElement())
+    boundaries = (
+        bucketed_keys
+        | "GroupBuckets" >> beam.GroupByKey()
+        | "FindShardBoundaries" >> beam.ParDo(
+            FindShardBoundaries(config.num_shards), sizes_view, bytes_view, beam.pvalue.AsDict(bucket_sizes))
+        | "CollectBoundaries" >> beam.combiners.ToList()
+        | "BoundariesBySplit" >> beam.Map(collect_boundaries))
+    shard_entries = (
+        records
+        | "AssignShards" >> beam.Map(assign_shard, beam.pvalue.AsSingleton(boundaries))
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), sizes_view, bytes_view))
+    reject_summary = (rejects
+                      | "CollectRejects" >> beam.combiners.ToList()
+                      | "WriteRejects" >> beam.Map(write_rejects, config.output))
+    return (
+        p
+        | "ManifestTrigger" >> beam.Create([None])
+        | "WriteManifest" >> beam.ParDo(
+            WriteManifest(config, plan, runner),
+            beam.pvalue.AsList(shard_entries),
+            beam.pvalue.AsDict(input_counts),
+            beam.pvalue.AsList(class_counts),
+            beam.pvalue.AsSingleton(reject_summary),
+            beam.pvalue.AsSingleton(pixel_sums),
+            beam.pvalue.AsSingleton(max_label)))
+
+
+def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, progress_dir):
+    """(inputs, rejects found while listing) for the planned source."""
+    if plan.kind in ("tfds", "tfrecord"):
+        read = (p
+                | "TFRecordFiles" >> beam.Create(list(plan.tfrecord_files))
+                | "SpreadFiles" >> beam.Reshuffle()
+                | "ListInputs" >> beam.ParDo(ReadTFRecordFile(
+                    config.image_key, config.label_key, len(plan.classes) if plan.classes else None, progress_dir)
+                ).with_outputs(REJECTS, main="inputs"))
+        return read.inputs, read[REJECTS]
+
+    root = sources.SourceSpec.parse(config.source).location
+    listed = (p
+              | "ClassDirectories" >> beam.Create(list(plan.class_dirs))
+              | "SpreadDirectories" >> beam.Reshuffle()
+              | "ListInputs" >> beam.ParDo(ListClassDirectory(root, class_index, progress_dir)))
+    if not plan.flat_dirs and not config.labels_file:
+        return listed, p | "NoListingRejects" >> beam.Create([])
+    flat_files = (p
+                  | "FlatDirectories" >> beam.Create(list(plan.flat_dirs))
+                  | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(root)))
+    if config.labels_file:
+        label_rows = (p
+                      | "ReadLabelsFile" >> beam.io.ReadFromText(config.labels_file, coder=beam.coders.StrUtf8Coder())
+                      | "LabelRows" >> beam.ParDo(ParseLabelRows()))
+    else:
+        label_rows = p | "NoLabelsFile" >> beam.Create([])
+    joined = ({"files": flat_files, "rows": label_rows}
+              | "JoinLabels" >> beam.CoGroupByKey()
+              | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
+              | "CheckLabels" >> beam.ParDo(JoinLabels(class_index or {}, plan.labels_split or config.split,
+                                                        progress_dir)).with_outputs(REJECTS, main="inputs"))
+    inputs = (listed, joined.inputs) | "AllInputs" >> beam.Flatten()
+    return inputs, joined[REJECTS]
+
+
+class ParseLabelRows(beam.DoFn):
+    """(labels key, (filename as written, label)) per CSV line of the labels file."""
+
+    def process(self, text):
+        for row in sources.parse_labels_csv(text):
+            yield sources.labels_key(row.filename), (row.filename, row.label)
+
+
+# --- running -----------------------------------------------------------------------------------------------
+
+def prepare_output(output: str, overwrite: bool) -> None:
+    """Refuses a non-empty OUTPUT unless ``overwrite``; then removes the old manifest first, and the rest after it.
+
+    Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
+    describes shards which are no longer there.
+    """
+    existing = _existing_files(output)
+    if existing and not overwrite:
+        raise PreprocessError(
+            f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to replace it")
+    if existing:
+        manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
+        if manifest_path in existing:
+            FileSystems.delete([manifest_path])
+        rest = [path for path in existing if path != manifest_path]
+        if rest:
+            FileSystems.delete(rest)
+    if _is_local(output):
+        os.makedirs(output, exist_ok=True)
+
+
+def _existing_files(output: str) -> list[str]:
+    if _is_local(output):
+        if not os.path.exists(output):
+            return []
+        if not os.path.isdir(output):
+            raise PreprocessError(f"{output} exists and is not a directory")
+        found = []
+        for directory, _, files in os.walk(output):
+            found += [os.path.join(directory, name) for name in files]
+        # Empty sub-directories count as content too: they may be a previous run's split folders.
+        if not found and os.listdir(output):
+            found = [os.path.join(output, name) for name in sorted(os.listdir(output))]
+        return sorted(found)
+    return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list)
+
+
+def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) -> dict:
+    """Runs the preprocess job to completion and returns the manifest it wrote.
+
+    ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
+    (``listed``, ``processed``); remote runs report progress in their runner's own UI.
+    """
+    import tempfile
+    import threading
+
+    from pipelines import runner as runners
+
+    plan = plan_source(config)
+    prepare_output(config.output, config.overwrite)
+    local = runners.is_local(beam_args)
+    progress_dir = tempfile.mkdtemp(prefix="shardprep-progress-") if local and on_progress else None
+    stop = threading.Event()
+    watcher = None
+    if progress_dir:
+        def watch():
+            while not stop.wait(0.5):
+                on_progress(read_progress(progress_dir))
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+    try:
+        p = runners.make_pipeline(beam_args)
+        build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
+                       progress_dir=progress_dir)
+        result = p.run()
+        result.wait_until_finish()
+    except PreprocessError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
+        raise PreprocessError(_root_cause(e)) from e
+    finally:
+        stop.set()
+        if watcher:
+            watcher.join()
+            on_progress(read_progress(progress_dir))
+        if progress_dir:
+            import shutil
+
+            shutil.rmtree(progress_dir, ignore_errors=True)
+    return manifest.load(config.output)
+
+
+def _root_cause(error: Exception) -> str:
+    """Beam reports a worker failure as a long chain; the user needs its last line, e.g. a PreprocessError's."""
+    text = str(error)
+    for marker in ("PreprocessError: ",):
+        if marker in text:
+            return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
+    last = [line.strip() for line in text.splitlines() if line.strip()]
+    return last[-1] if last else type(error).__name__
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Entry point like Beam's examples: ``run(["SOURCE", "OUTPUT", "--shorter-side", "128", "--", ...])``."""
+    from shardprep.commands.preprocess import command
+
+    return command.main(args=list(argv or []), prog_name="shardprep preprocess", standalone_mode=False)

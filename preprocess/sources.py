@@ -1,0 +1,93 @@
+"""What a SOURCE argument names, and the pure parts of reading it (no Beam here).
+
+Four kinds of source:
+
+* a folder in ImageFolder layout, ``SOURCE/<split>/<class>/<file>`` or ``SOURCE/<class>/<file>`` (one split);
+* a folder of images plus ``--labels-file`` (CSV ``filename,label``), the ImageNet validation layout; flat image files
+  inside an ImageFolder tree (e.g. ``SOURCE/val/*.JPEG`` beside ``SOURCE/train/<class>/``) take their labels from it;
+* ``tfds:NAME[/CONFIG]``, an already prepared TFDS dataset;
+* ``tfrecord:GLOB``, TFRecords of ``tf.train.Example`` with an encoded image and an int64 label (TFDS style).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import re
+
+# Folder names taken as splits when every sub-folder of SOURCE has one of them.
+SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
+# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016
+_TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5}-of-\d{5})?$")
+
+
+class SourceError(ValueError):
+    """The SOURCE argument or its options cannot be used; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    kind: str  # "folder", "tfds" or "tfrecord"
+    location: str  # folder path, TFDS name[/config], or glob
+
+    @classmethod
+    def parse(cls, source: str) -> "SourceSpec":
+        if source.startswith("tfds:"):
+            name = source[len("tfds:"):].strip("/")
+            if not name:
+                raise SourceError("tfds: source needs a dataset name, e.g. tfds:imagenette/320px-v2")
+            return cls("tfds", name)
+        if source.startswith("tfrecord:"):
+            pattern = source[len("tfrecord:"):]
+            if not pattern:
+                raise SourceError("tfrecord: source needs a file pattern, e.g. tfrecord:/data/train-*.tfrecord*")
+            return cls("tfrecord", pattern)
+        return cls("folder", source.rstrip("/") or "/")
+
+
+def split_from_tfrecord_name(filename: str) -> str | None:
+    """The split in a TFDS-style file name (``imagenette-train.tfrecord-00000-of-00016`` gives ``train``)."""
+    match = _TFDS_FILE_SPLIT.search(filename.rsplit("/", 1)[-1])
+    return match.group(1) if match else None
+
+
+def is_hidden(name: str) -> bool:
+    """Dot-files (``.DS_Store``, editor backups) are not dataset inputs."""
+    return name.startswith(".")
+
+
+def sort_class_names(names) -> list[str]:
+    """Sorted class names; numerically when every name is an integer (so '10' comes after '9')."""
+    names = set(names)
+    if names and all(re.fullmatch(r"-?\d+", n) for n in names):
+        return sorted(names, key=int)
+    return sorted(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRow:
+    line: int
+    filename: str
+    label: str
+
+
+def parse_labels_csv(text: str) -> list[LabelRow]:
+    """Parses ``filename,label`` rows; a first row ``filename,label`` is a header. Raises SourceError on bad rows."""
+    rows: list[LabelRow] = []
+    for line_number, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+            raise SourceError(f"labels file line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
+        filename, label = fields[0].strip(), fields[1].strip()
+        if line_number == 1 and filename.lower() in ("filename", "file", "image", "path") and label.lower() in (
+                "label", "class", "class_name"):
+            continue
+        rows.append(LabelRow(line_number, filename, label))
+    return rows
+
+
+def labels_key(filename: str) -> str:
+    """How a labels-file row and an image file are matched: by file name, the part after the last '/'."""
+    return filename.replace("\\", "/").rsplit("/", 1)[-1]

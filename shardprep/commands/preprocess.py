@@ -1,0 +1,152 @@
+"""``shardprep preprocess SOURCE OUTPUT [options] [-- beam pipeline options]``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+DEFAULT_MAX_PIXELS = 178_956_970  # preprocess.image_ops.DEFAULT_MAX_PIXELS, repeated to keep --help import-free
+
+HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
+
+\b
+SOURCE is one of:
+  DIR                   ImageFolder layout: DIR/<split>/<class>/<file> or DIR/<class>/<file>
+  DIR --labels-file F   images labelled by a CSV of filename,label (ImageNet validation layout)
+  tfds:NAME[/CONFIG]    a prepared TFDS dataset (--tfds-data-dir); never downloads without --tfds-download
+  tfrecord:GLOB         TFRecords of encoded images, TFDS style (image bytes, label int64)
+
+Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network). Everything after -- goes to
+Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
+--setup_file ./setup.py
+"""
+
+
+@click.command("preprocess", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("source")
+@click.argument("output")
+@click.option("--shorter-side", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Resize so the shorter side has this many pixels (Pillow BICUBIC, antialiased).")
+@click.option("--crop", type=click.Choice(["center", "none"]), default="center", show_default=True,
+              help="center: uniform SxS images; none: aspect ratio kept.")
+@click.option("--encoding", type=click.Choice(["raw", "jpeg"]), default="raw", show_default=True,
+              help="raw: uint8 HxWx3 bytes (no decode at train time); jpeg: smaller shards.")
+@click.option("--jpeg-quality", default=90, show_default=True, type=click.IntRange(1, 100))
+@click.option("--num-shards", type=click.IntRange(min=1), default=None,
+              help="Shards per split [default: a power of two giving 100-200 MB shards].")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the record order within and across shards.")
+@click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(min=1),
+              help="Reject images with more pixels than this before decoding (decompression bombs).")
+@click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders.")
+@click.option("--split", default="train", show_default=True,
+              help="Split name for single-split sources (a folder of class folders, TFRecords without a split in their name).")
+@click.option("--labels-split", default=None,
+              help="Split that --labels-file rows naming missing images are counted in [default: validation/val/test if present].")
+@click.option("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: source.")
+@click.option("--tfds-download", is_flag=True, help="Allow a tfds: source to download and prepare the dataset.")
+@click.option("--image-key", default="image", show_default=True, help="Image bytes feature of tfrecord:/tfds: records.")
+@click.option("--label-key", default="label", show_default=True, help="int64 label feature of tfrecord:/tfds: records.")
+@click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+@click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
+def command(source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels, labels_file,
+            split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite, quiet,
+            beam_args):
+    from pipelines import preprocess as job
+    from pipelines import runner
+    from preprocess.sources import SourceError
+
+    runner.quiet_beam_logging()
+    config = job.PreprocessConfig(
+        source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
+        jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
+        overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
+        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key)
+    started = time.monotonic()
+    display = _ProgressDisplay(enabled=not quiet)
+    try:
+        with display:
+            manifest = job.run_job(config, list(beam_args), on_progress=display.update)
+    except (SourceError, job.PreprocessError) as e:
+        raise click.ClickException(str(e)) from None
+    print_summary(manifest, time.monotonic() - started, output)
+    return manifest
+
+
+class _ProgressDisplay:
+    """A rich progress bar fed with the workers' counts: images processed, images/s and ETA."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=Console(stderr=True), transient=False)
+            self.progress.start()
+            self.task = self.progress.add_task("listing", total=None, rate="")
+            self.started = time.monotonic()
+        return self
+
+    def update(self, counts: dict):
+        if not self.progress:
+            return
+        listed, processed = counts.get("listed", 0), counts.get("processed", 0)
+        elapsed = max(1e-6, time.monotonic() - self.started)
+        self.progress.update(self.task, description="images" if processed else "listing",
+                             completed=processed, total=max(listed, processed) or None,
+                             rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed")
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+        return False
+
+
+def print_summary(manifest: dict, wall_seconds: float, output: str) -> None:
+    """The end-of-job table: inputs, written, rejected by reason, per-split counts and shard sizes, wall time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"shardprep preprocess → {output}", title_justify="left")
+    for column in ("split", "inputs", "written", "rejected", "rejected by reason", "shards", "shard records",
+                   "shard MB"):
+        table.add_column(column, justify="left" if column in ("split", "rejected by reason") else "right")
+    for split, info in manifest["splits"].items():
+        shard_counts = [s["num_examples"] for s in info["shards"]]
+        shard_mb = [s["num_bytes"] / 1e6 for s in info["shards"]]
+        reasons = ", ".join(f"{reason} {n}" for reason, n in info["rejected_by_reason"].items()) or "-"
+        table.add_row(split, f"{info['num_inputs']:,}", f"{info['num_examples']:,}", f"{info['num_rejected']:,}",
+                      reasons, str(info["num_shards"]), _span(shard_counts, "{:,}"), _span(shard_mb, "{:.1f}"))
+    table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
+                  f"{manifest['num_rejected']:,}", "", "", "", "", style="bold")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # logs and CI: keep rows on one line
+    console.print(table)
+    rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
+    mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
+    std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
+    console.print(
+        f"{len(manifest['classes'])} classes, {manifest['encoding']} {manifest['crop']} shorter side "
+        f"{manifest['shorter_side']}; mean RGB {mean}, std RGB {std}\n"
+        f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s); manifest {output.rstrip('/')}/manifest.json"
+        + (f", rejects {output.rstrip('/')}/rejects.jsonl" if manifest["num_rejected"] else ""))
+
+
+def _span(values, fmt: str) -> str:
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    return fmt.format(low) if low == high else f"{fmt.format(low)}–{fmt.format(high)}"
