@@ -440,18 +440,27 @@ class ReadTFRecordFile(beam.DoFn):
 # --- per image ---------------------------------------------------------------------------------------------
 
 class DecodeResizeEncode(beam.DoFn):
-    """Turns one input into a serialized record (main output), pixel sums (``stats``) or a reject (``rejects``).
+    """Turns one input into a stored record, pixel sums (``stats``) or a reject (``rejects``).
 
-    Main output: (split, sort key, label, serialized tf.train.Example).
+    The serialized record is appended to this bundle's spill file under OUTPUT/.tmp/; the main output is a small
+    pointer (split, sort key, label, framed size, spill file, offset). Image bytes thus never travel through the
+    runner's shuffle (on Beam's local runner, every element crossing costs a gRPC copy), and no stage but
+    WriteShards ever holds them. A retried bundle writes a new spill file, and only the successful attempt's
+    pointers are kept by the runner, so pointers always name complete data.
     """
 
     STATS = "stats"
 
-    def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, progress_dir: str | None):
-        self.options, self.seed, self.stats_split, self.progress_dir = options, seed, stats_split, progress_dir
+    def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
+                 progress_dir: str | None):
+        self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
+        self.progress_dir = progress_dir
 
     def setup(self):
         self.progress = ProgressReporter(self.progress_dir, "processed")
+
+    def start_bundle(self):
+        self.spill = None
 
     def process(self, element):
         split, key, label, path, data = element
@@ -466,13 +475,81 @@ class DecodeResizeEncode(beam.DoFn):
         example = record_format.encode_example(record_format.ImageRecord(
             encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
             label=label, filename=key))
-        yield split, sort_key(self.seed, split, key), label, example
+        if self.spill is None:
+            self.spill = SpillWriter(self.output)
+        offset, size = self.spill.append(tfrecord_io.frame(example))
+        yield split, sort_key(self.seed, split, key), label, size, self.spill.path, offset
         if split == self.stats_split:
             yield beam.pvalue.TaggedOutput(
                 self.STATS, (image.num_pixels,) + image.channel_sums + image.channel_square_sums)
 
     def finish_bundle(self):
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
         self.progress.flush()
+
+
+SPILL_DIR = ".tmp"
+
+
+class SpillWriter:
+    """An append-only file of framed records, one per bundle, under OUTPUT/.tmp/."""
+
+    def __init__(self, output: str):
+        self.path = manifest.join(output, SPILL_DIR, f"spill-{uuid.uuid4().hex}.records")
+        try:
+            self.stream = FileSystems.create(self.path, mime_type="application/octet-stream",
+                                             compression_type=CompressionTypes.UNCOMPRESSED)
+        except Exception as e:
+            raise PreprocessError(f"cannot write to {self.path}: {type(e).__name__}: {e}") from e
+        self.offset = 0
+
+    def append(self, framed: bytes) -> tuple[int, int]:
+        try:
+            self.stream.write(framed)
+        except Exception as e:
+            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
+        offset, self.offset = self.offset, self.offset + len(framed)
+        return offset, len(framed)
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except Exception as e:
+            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
+
+
+def remove_spill(output: str) -> None:
+    """Deletes OUTPUT/.tmp/ once every shard is written (and before the manifest, which marks completion)."""
+    spill_files = [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]
+    if spill_files:
+        FileSystems.delete(spill_files)
+    spill_dir = manifest.join(output, SPILL_DIR)
+    if _is_local(output) and os.path.isdir(spill_dir):
+        os.rmdir(spill_dir)
+
+
+def read_spilled(pointers) -> list[bytes]:
+    """The framed records at ``pointers`` ((spill file, offset, size), ...), in the order given.
+
+    Reads each spill file once, front to back, so local files stream from the page cache and remote ones
+    need one sequential pass.
+    """
+    wanted: dict[str, list[tuple[int, int, int]]] = {}
+    for position, (path, offset, size) in enumerate(pointers):
+        wanted.setdefault(path, []).append((offset, size, position))
+    records: list[bytes | None] = [None] * len(pointers)
+    for path, items in wanted.items():
+        with FileSystems.open(path, mime_type="application/octet-stream",
+                              compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            for offset, size, position in sorted(items):
+                stream.seek(offset)
+                data = stream.read(size)
+                if len(data) != size:
+                    raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+                records[position] = data
+    return records
 
 
 def _read_file(path: str) -> bytes:
@@ -514,11 +591,11 @@ class FindShardBoundaries(beam.DoFn):
 
 
 def assign_shard(record, boundaries):
-    """((split, shard), (sort key, example)) for a record, given every split's sorted shard-start keys."""
+    """((split, shard), (sort key, spill pointer)) for a record, given every split's sorted shard-start keys."""
     import bisect
 
-    split, key, _, example = record
-    return (split, bisect.bisect_right(boundaries.get(split, ()), key)), (key, example)
+    split, key, _, size, spill_path, offset = record
+    return (split, bisect.bisect_right(boundaries.get(split, ()), key)), (key, (spill_path, offset, size))
 
 
 def collect_boundaries(pairs) -> dict[str, tuple]:
@@ -535,13 +612,14 @@ class WriteShard(beam.DoFn):
         self.output, self.requested_shards = output, requested_shards
 
     def process(self, element, sizes, total_bytes):
-        (split, shard), items = element
+        (split, shard), pointers = element
         shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
-        yield write_shard_file(self.output, split, shard, shards, [example for _, example in sorted(items)])
+        ordered = [pointer for _, pointer in sorted(pointers)]
+        yield write_shard_file(self.output, split, shard, shards, read_spilled(ordered))
 
 
-def write_shard_file(output: str, split: str, shard: int, shards: int, examples: list[bytes]) -> dict:
-    """Writes the shard via a temporary file and returns its manifest entry."""
+def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records: list[bytes]) -> dict:
+    """Writes already framed records as a shard via a temporary file and returns its manifest entry."""
     relative = manifest.shard_path(split, shard, shards)
     final = manifest.join(output, relative)
     temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
@@ -549,15 +627,14 @@ def write_shard_file(output: str, split: str, shard: int, shards: int, examples:
     try:
         with FileSystems.create(temporary, mime_type="application/octet-stream",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for example in examples:
-                framed = tfrecord_io.frame(example)
+            for framed in framed_records:
                 f.write(framed)
                 digest.update(framed)
                 num_bytes += len(framed)
         FileSystems.rename([temporary], [final])
     except Exception as e:
         raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
-    return {"split": split, "index": shard, "file": relative, "num_examples": len(examples),
+    return {"split": split, "index": shard, "file": relative, "num_examples": len(framed_records),
             "num_bytes": num_bytes, "sha256": digest.hexdigest()}
 
 
@@ -590,6 +667,7 @@ class WriteManifest(beam.DoFn):
     def process(self, _, shard_entries, input_counts, class_counts, reject_summary, pixel_sums, max_label):
         document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, class_counts,
                                   reject_summary, pixel_sums, max_label)
+        remove_spill(self.config.output)
         path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
         try:
             with FileSystems.create(path, mime_type="application/json",
@@ -709,9 +787,9 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         listed
         | "SpreadInputs" >> beam.Reshuffle()
         | "DecodeResizeEncode" >> beam.ParDo(
-            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, progress_dir)
+            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir)
         ).with_outputs(REJECTS, DecodeResizeEncode.STATS, main="records"))
-    records = processed.records
+    records = processed.records  # (split, sort key, label, framed size, spill file, offset)
     rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
 
     input_counts = (
@@ -720,9 +798,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         | "InputSplits" >> beam.Flatten()
         | "CountInputs" >> beam.combiners.Count.PerElement())
     sizes = records | "RecordSplit" >> beam.Map(lambda r: r[0]) | "CountExamples" >> beam.combiners.Count.PerElement()
-    total_bytes = (records
-                   | "RecordBytes" >> beam.Map(lambda r: (r[0], tfrecord_io.framed_size(len(r[3]))))
-                   | "CountBytes" >> beam.CombinePerKey(sum))
+    total_bytes = records | "RecordBytes" >> beam.Map(lambda r: (r[0], r[3])) | "CountBytes" >> beam.CombinePerKey(sum)
     class_counts = (records
                     | "RecordClass" >> beam.Map(lambda r: (r[0], r[2]))
                     | "CountClasses" >> beam.combiners.Count.PerElement())
