@@ -1,0 +1,223 @@
+"""The checks ``shardprep validate`` runs, as pure functions over records, statistics and the manifest.
+
+Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
+``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
+that file), the last three ``None`` where they do not apply, plus check-specific details. The Beam graph in
+``pipelines/validate.py`` only routes data to these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from preprocess import manifest as manifest_lib
+from preprocess.record_format import ImageRecord
+from preprocess.validation_stats import SplitStats
+
+CHECKS = {
+    # The dataset folder
+    "manifest_missing": "no manifest.json: the dataset is incomplete (a preprocess run stopped early or never ran)",
+    "manifest_invalid": "manifest.json is unreadable, of an unknown version, or lacks keys validate needs",
+    "manifest_inconsistent": "the manifest's own totals disagree (split count vs. its shards or class counts)",
+    "shard_missing": "a shard listed in the manifest is not on disk",
+    "shard_unlisted": "a .tfrecord file in the dataset folder is not listed in the manifest",
+    "shard_unreadable": "a shard could not be opened or read",
+    # One shard
+    "shard_sha256": "a shard's sha256 differs from the manifest",
+    "shard_size": "a shard's size in bytes differs from the manifest",
+    "shard_count": "a shard holds a different number of records than the manifest says",
+    "shards_not_uniform": "a split's shards differ by more than one record",
+    # One record
+    "record_corrupt": "a record fails the TFRecord length/CRC checks or is truncated",
+    "record_parse": "a record is not a valid shardprep tf.train.Example",
+    "record_format": "a record's image/format differs from the manifest's encoding",
+    "record_size": "a record's height/width do not match the manifest's options (or its own pixels)",
+    "record_label": "a record's label is outside 0..num_classes-1",
+    "image_decode": "a record's image bytes do not decode",
+    # Across records
+    "split_count": "a split holds a different number of records than the manifest says",
+    "class_count": "a class holds a different number of records in a split than the manifest says",
+    "filename_duplicate": "two records share an image/filename",
+    "leakage": "an identical image (same decoded pixels) is in two splits",
+    "mean_rgb": "the recomputed per-channel mean differs from the manifest's by more than the tolerance",
+    "std_rgb": "the recomputed per-channel std differs from the manifest's by more than the tolerance",
+    # Foreign tfrecord: inputs
+    "no_files": "the tfrecord: pattern matched no files",
+    "image_missing": "a foreign record lacks the image feature (see --image-key)",
+    "label_missing": "a foreign record lacks a single int64 label (see --label-key)",
+}
+
+
+def problem(check: str, message: str, *, split: str | None = None, file: str | None = None,
+            index: int | None = None, **details) -> dict:
+    """A problem report; ``check`` must be one of :data:`CHECKS`."""
+    if check not in CHECKS:
+        raise ValueError(f"unknown check {check!r}")
+    return {"check": check, "message": message, "split": split, "file": file, "index": index, **details}
+
+
+def problem_sort_key(item: dict) -> tuple:
+    """Orders problems by check, shard and record, so reports are stable from run to run."""
+    return (item["check"], item.get("file") or "", item["index"] if item.get("index") is not None else -1,
+            item.get("message", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordExpectations:
+    """What every record of a dataset must look like, from the manifest's options."""
+
+    encoding: str
+    crop: str
+    shorter_side: int
+    image_height: int | None
+    image_width: int | None
+    num_classes: int
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "RecordExpectations":
+        return cls(
+            encoding=manifest["encoding"],
+            crop=manifest["crop"],
+            shorter_side=int(manifest["shorter_side"]),
+            image_height=manifest.get("image_height"),
+            image_width=manifest.get("image_width"),
+            num_classes=len(manifest["classes"]),
+        )
+
+
+def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[tuple[str, str]]:
+    """(check, message) pairs for a parsed record that does not match the manifest's options."""
+    found = []
+    if record.format != expected.encoding:
+        found.append(("record_format", f"format {record.format!r}, manifest encoding {expected.encoding!r}"))
+    if expected.image_height is not None and expected.image_width is not None:
+        if (record.height, record.width) != (expected.image_height, expected.image_width):
+            found.append(("record_size", f"{record.height}x{record.width}, manifest image size "
+                                         f"{expected.image_height}x{expected.image_width}"))
+    elif min(record.height, record.width) != expected.shorter_side:
+        found.append(("record_size", f"{record.height}x{record.width}: shorter side is not the manifest's "
+                                     f"shorter_side {expected.shorter_side}"))
+    if not 0 <= record.label < expected.num_classes:
+        found.append(("record_label", f"label {record.label} outside 0..{expected.num_classes - 1}"))
+    return found
+
+
+_MANIFEST_KEYS = ("classes", "encoding", "crop", "shorter_side", "splits")
+
+
+def manifest_problems(manifest: dict) -> list[dict]:
+    """Checks that the manifest has what validate reads and that its own totals agree."""
+    missing = [key for key in _MANIFEST_KEYS if key not in manifest]
+    if missing:
+        return [problem("manifest_invalid", f"manifest lacks {', '.join(missing)}")]
+    found = []
+    classes = manifest["classes"]
+    for split, info in manifest["splits"].items():
+        try:
+            shards = info["shards"]
+            shard_total = sum(int(shard["num_examples"]) for shard in shards)
+            [shard["file"] for shard in shards]  # noqa: B018 - every shard must name its file
+            class_counts = info["class_counts"]
+            num_examples = int(info["num_examples"])
+        except (KeyError, TypeError, ValueError) as e:
+            found.append(problem("manifest_invalid", f"split {split!r} entry is malformed: {e!r}", split=split))
+            continue
+        if info.get("num_shards") is not None and int(info["num_shards"]) != len(shards):
+            found.append(problem("manifest_inconsistent",
+                                 f"num_shards {info['num_shards']} but {len(shards)} shards listed", split=split))
+        if shard_total != num_examples:
+            found.append(problem("manifest_inconsistent",
+                                 f"num_examples {num_examples} but its shards list {shard_total}", split=split))
+        if sum(class_counts.values()) != num_examples:
+            found.append(problem("manifest_inconsistent",
+                                 f"num_examples {num_examples} but class_counts add up to "
+                                 f"{sum(class_counts.values())}", split=split))
+        unknown = sorted(set(class_counts) - set(classes))
+        if unknown:
+            found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
+                                 split=split))
+    return found
+
+
+def is_shard_path(relative_path: str) -> bool:
+    """Whether a file in the dataset folder looks like a shard (what an unlisted extra shard would be)."""
+    return relative_path.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)
+
+
+def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
+    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files not listed.
+
+    ``found_files`` are paths relative to the dataset folder.
+    """
+    listed = {shard["file"]: split for split, info in manifest["splits"].items() for shard in info["shards"]}
+    present = set(found_files)
+    found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)
+             for file, split in sorted(listed.items()) if file not in present]
+    found += [problem("shard_unlisted", "shard file not listed in the manifest",
+                      split=file.split("/", 1)[0] if "/" in file else None, file=file)
+              for file in sorted(present) if is_shard_path(file) and file not in listed]
+    return found
+
+
+def shard_problems(split: str, file: str, expected: dict, num_records: int, num_bytes: int, sha256: str) -> list[dict]:
+    """Compares what was read from one shard with its manifest entry."""
+    found = []
+    if num_records != expected.get("num_examples"):
+        found.append(problem("shard_count", f"{num_records} records, manifest says {expected.get('num_examples')}",
+                             split=split, file=file, num_records=num_records,
+                             expected_num_records=expected.get("num_examples")))
+    if num_bytes != expected.get("num_bytes"):
+        found.append(problem("shard_size", f"{num_bytes} bytes, manifest says {expected.get('num_bytes')}",
+                             split=split, file=file))
+    if sha256 != expected.get("sha256"):
+        found.append(problem("shard_sha256", f"sha256 {sha256}, manifest says {expected.get('sha256')}",
+                             split=split, file=file))
+    return found
+
+
+def split_problems(split: str, stats: SplitStats, manifest: dict) -> list[dict]:
+    """Split and class counts against the manifest, and shard-size uniformity (within one record)."""
+    info = manifest["splits"].get(split, {})
+    classes = manifest["classes"]
+    found = []
+    expected_total = info.get("num_examples")
+    if stats.num_examples != expected_total:
+        found.append(problem("split_count", f"{stats.num_examples} valid records, manifest says {expected_total}",
+                             split=split, num_examples=stats.num_examples, expected_num_examples=expected_total))
+    expected_counts = info.get("class_counts", {})
+    for label, name in enumerate(classes):
+        actual, expected = stats.label_counts.get(label, 0), expected_counts.get(name, 0)
+        if actual != expected:
+            found.append(problem("class_count", f"class {name!r} (label {label}): {actual} records, manifest says "
+                                                f"{expected}", split=split, class_name=name, label=label,
+                                 count=actual, expected_count=expected))
+    if len(stats.shard_records) > 1:
+        smallest = min(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
+        largest = max(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
+        if largest[1] - smallest[1] > 1:
+            found.append(problem("shards_not_uniform",
+                                 f"shards hold {smallest[1]} to {largest[1]} records (more than one apart): "
+                                 f"{smallest[0]} has {smallest[1]}, {largest[0]} has {largest[1]}",
+                                 split=split, file=largest[0], smallest_file=smallest[0]))
+    return found
+
+
+def mean_std_problems(split: str, stats: SplitStats, manifest: dict, tolerance: float) -> list[dict]:
+    """The recomputed per-channel mean/std of the stats split against the manifest's ``mean_rgb``/``std_rgb``."""
+    recomputed = stats.mean_std()
+    found = []
+    for check, position in (("mean_rgb", 0), ("std_rgb", 1)):
+        expected = manifest.get(check)
+        actual = recomputed[position] if recomputed else None
+        if expected is None and actual is None:
+            continue
+        if expected is None or actual is None:
+            found.append(problem(check, f"manifest {check} {expected}, recomputed {actual}", split=split))
+            continue
+        worst = max(abs(a - e) for a, e in zip(actual, expected))
+        if worst > tolerance:
+            found.append(problem(check, f"recomputed {[round(v, 3) for v in actual]}, manifest "
+                                        f"{[round(v, 3) for v in expected]} (max difference {worst:.3f} > "
+                                        f"tolerance {tolerance})", split=split, recomputed=actual,
+                                 expected=expected, tolerance=tolerance))
+    return found

@@ -1,0 +1,160 @@
+"""Mergeable statistics for the validate pipeline: per-split counts, exact channel sums, image sizes.
+
+Everything here is plain Python (no Beam), so the accumulators can be unit-tested directly and merged by a Beam
+``CombineFn`` on any number of workers. Channel sums are Python integers, so merging is exact in any order and the
+mean/std come out the same however the work was split.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import math
+import re
+
+import numpy as np
+
+# Allowed difference between the manifest's mean_rgb/std_rgb and the recomputed ones, on the 0-255 scale.
+# raw shards hold exactly the pixels the manifest was computed from, so only float rounding (and a population vs.
+# sample std) can differ; JPEG shards are lossy relative to the pre-encode pixels the manifest used.
+MEAN_STD_TOLERANCE = {"raw": 0.05, "jpeg": 1.0}
+
+
+def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
+    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, as exact integers."""
+    flat = pixels.reshape(-1, pixels.shape[-1]).astype(np.int64)
+    sums = flat.sum(axis=0)
+    squares = np.einsum("ij,ij->j", flat, flat)
+    return [int(v) for v in sums], [int(v) for v in squares]
+
+
+def mean_std(sums: list[int], square_sums: list[int], num_pixels: int) -> tuple[list[float], list[float]] | None:
+    """Per-channel mean and population std from exact sums; None when there are no pixels."""
+    if not num_pixels:
+        return None
+    means = [s / num_pixels for s in sums]
+    # n*sum(x^2) - (sum x)^2 is an exact integer, so the variance has no cancellation error.
+    stds = [math.sqrt(max(0, num_pixels * q - s * s)) / num_pixels for s, q in zip(sums, square_sums)]
+    return means, stds
+
+
+def pixel_hash(height: int, width: int, pixel_bytes: bytes) -> str:
+    """A digest of an image's decoded pixels (and shape): identical images hash alike whatever their keys."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{height}x{width}:".encode())
+    digest.update(pixel_bytes)
+    return digest.hexdigest()
+
+
+def sample_rank(filename: str) -> float:
+    """A deterministic pseudo-random number in [0, 1) per key: samples are the k keys of lowest rank per class."""
+    return int.from_bytes(hashlib.sha1(filename.encode("utf-8")).digest()[:8], "big") / 2.0 ** 64
+
+
+def sample_fraction(class_counts: dict[str, int], samples_per_class: int, oversample: int = 8) -> float:
+    """The rank threshold below which a record is a contact-sheet candidate.
+
+    Picked so that even the smallest class expects ``oversample`` times the samples it needs; taking the lowest
+    ranks among candidates then equals taking them among all records (unless a class falls short, which at 8x is
+    vanishingly rare), while only a small fraction of the records of a large dataset is thumbnailed and shuffled.
+    """
+    smallest = min((n for n in class_counts.values() if n > 0), default=0)
+    if not smallest:
+        return 1.0
+    return min(1.0, oversample * samples_per_class / smallest)
+
+
+@dataclasses.dataclass
+class SplitStats:
+    """What one split (or a part of it: one shard, one bundle) holds; ``merge`` adds another part exactly."""
+
+    num_examples: int = 0
+    label_counts: dict[int, int] = dataclasses.field(default_factory=dict)
+    channel_sums: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])
+    channel_square_sums: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])
+    num_pixels: int = 0
+    image_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # "HxW" -> number of images
+    shard_records: dict[str, int] = dataclasses.field(default_factory=dict)  # shard file -> records it holds
+
+    def add_image(self, label: int, height: int, width: int, sums: list[int], square_sums: list[int]) -> None:
+        self.num_examples += 1
+        self.label_counts[label] = self.label_counts.get(label, 0) + 1
+        for channel in range(3):
+            self.channel_sums[channel] += sums[channel]
+            self.channel_square_sums[channel] += square_sums[channel]
+        self.num_pixels += height * width
+        size = f"{height}x{width}"
+        self.image_sizes[size] = self.image_sizes.get(size, 0) + 1
+
+    def merge(self, other: "SplitStats") -> "SplitStats":
+        self.num_examples += other.num_examples
+        for label, n in other.label_counts.items():
+            self.label_counts[label] = self.label_counts.get(label, 0) + n
+        for channel in range(3):
+            self.channel_sums[channel] += other.channel_sums[channel]
+            self.channel_square_sums[channel] += other.channel_square_sums[channel]
+        self.num_pixels += other.num_pixels
+        for size, n in other.image_sizes.items():
+            self.image_sizes[size] = self.image_sizes.get(size, 0) + n
+        for shard, n in other.shard_records.items():
+            self.shard_records[shard] = self.shard_records.get(shard, 0) + n
+        return self
+
+    def mean_std(self) -> tuple[list[float], list[float]] | None:
+        return mean_std(self.channel_sums, self.channel_square_sums, self.num_pixels)
+
+
+@dataclasses.dataclass
+class ForeignStats:
+    """What a group of foreign ``tfrecord:`` files holds: labels, image sizes and formats (from headers only)."""
+
+    num_records: int = 0
+    num_readable_images: int = 0
+    label_counts: dict[int, int] = dataclasses.field(default_factory=dict)
+    image_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # "HxW" -> n
+    image_formats: dict[str, int] = dataclasses.field(default_factory=dict)  # "JPEG" -> n
+    image_modes: dict[str, int] = dataclasses.field(default_factory=dict)  # "RGB", "L", "CMYK" -> n
+    file_records: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> records it holds
+
+    def merge(self, other: "ForeignStats") -> "ForeignStats":
+        self.num_records += other.num_records
+        self.num_readable_images += other.num_readable_images
+        for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
+                             (self.image_formats, other.image_formats), (self.image_modes, other.image_modes),
+                             (self.file_records, other.file_records)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        return self
+
+
+def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:
+    """Min/max/mean height and width and the most common sizes of an ``{"HxW": n}`` histogram."""
+    if not image_sizes:
+        return {"num_distinct": 0, "min_height": None, "max_height": None, "min_width": None, "max_width": None,
+                "mean_height": None, "mean_width": None, "most_common": {}}
+    parsed = [(tuple(int(v) for v in size.split("x")), n) for size, n in image_sizes.items()]
+    total = sum(n for _, n in parsed)
+    most_common = collections.Counter(image_sizes).most_common(top)
+    return {
+        "num_distinct": len(image_sizes),
+        "min_height": min(h for (h, _), _ in parsed),
+        "max_height": max(h for (h, _), _ in parsed),
+        "min_width": min(w for (_, w), _ in parsed),
+        "max_width": max(w for (_, w), _ in parsed),
+        "mean_height": sum(h * n for (h, _), n in parsed) / total,
+        "mean_width": sum(w * n for (_, w), n in parsed) / total,
+        "most_common": dict(most_common),
+    }
+
+
+_TFDS_FILE = re.compile(r"(?:^|/)[^/]*?-(?P<split>[A-Za-z0-9_]+)\.tfrecord(?:-\d+-of-\d+)?$")
+
+
+def foreign_split(path: str) -> str:
+    """The split a TFDS-style file belongs to (``imagenet2012-train.tfrecord-00000-of-01024`` -> ``train``).
+
+    Files that do not follow that naming are grouped under ``all``.
+    """
+    match = _TFDS_FILE.search(path)
+    return match.group("split") if match else "all"
