@@ -1,0 +1,201 @@
+"""The pure parts of validate: statistics, checks, record framing recovery, problem capping, pictures (no Beam run)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from pipelines import validate
+from preprocess import validation_pictures as pictures
+from preprocess.record_format import ImageRecord
+from preprocess.tfrecord_io import frame
+from preprocess.validation_checks import (RecordExpectations, layout_problems, manifest_problems,
+                                          mean_std_problems, problem, record_problems, split_problems)
+from preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
+                                         size_summary)
+
+
+def random_images(count: int, seed: int = 0, size=(5, 7)):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=(*size, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def stats_of(images, labels) -> SplitStats:
+    stats = SplitStats()
+    for image, label in zip(images, labels):
+        stats.add_image(label, image.shape[0], image.shape[1], *channel_sums(image))
+    return stats
+
+
+def test_mean_std_from_exact_sums_equal_numpy_and_do_not_depend_on_how_work_was_split():
+    images = random_images(10)
+    labels = [i % 3 for i in range(10)]
+    whole = stats_of(images, labels)
+    parts = [stats_of(images[i:i + 3], labels[i:i + 3]) for i in (9, 0, 6, 3)]  # any order, uneven parts
+    merged = SplitStats()
+    for part in parts:
+        merged.merge(part)
+
+    pixels = np.concatenate([image.reshape(-1, 3) for image in images]).astype(np.float64)
+    mean, std = whole.mean_std()
+    np.testing.assert_allclose(mean, pixels.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(std, pixels.std(axis=0), rtol=1e-12)
+    assert merged == whole
+    assert whole.label_counts == {0: 4, 1: 3, 2: 3} and whole.image_sizes == {"5x7": 10}
+    assert SplitStats().mean_std() is None
+
+
+def _framed(records: list[bytes]) -> io.BytesIO:
+    return io.BytesIO(b"".join(frame(record) for record in records))
+
+
+def test_framed_records_resume_after_a_data_checksum_error():
+    stream = _framed([b"zero", b"one!", b"two.", b"three"])
+    data = bytearray(stream.getvalue())
+    data[len(frame(b"zero")) + 12 + 1] ^= 0x01  # inside record 1's data
+    reader = validate._MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
+
+    results = list(validate.iter_framed_records(reader))
+
+    assert [(index, record) for index, record, _ in results] == [(0, b"zero"), (1, None), (2, b"two."), (3, b"three")]
+    assert "data checksum" in results[1][2]
+    assert reader.num_bytes == len(data)
+
+
+def test_framed_records_stop_at_a_bad_length_and_still_hash_the_whole_file():
+    import hashlib
+
+    data = bytearray(_framed([b"zero", b"one!", b"two."]).getvalue())
+    data[len(frame(b"zero"))] ^= 0x01  # record 1's length field
+    reader = validate._MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
+
+    results = list(validate.iter_framed_records(reader))
+
+    assert [(index, record) for index, record, _ in results] == [(0, b"zero"), (1, None)]
+    assert "cannot be framed" in results[1][2]
+    assert reader.sha256.hexdigest() == hashlib.sha256(bytes(data)).hexdigest()
+
+
+MANIFEST = {
+    "classes": ["cat", "dog"],
+    "encoding": "raw",
+    "crop": "center",
+    "shorter_side": 4,
+    "image_height": 4,
+    "image_width": 4,
+    "stats_split": "train",
+    "mean_rgb": [100.0, 110.0, 120.0],
+    "std_rgb": [50.0, 50.0, 50.0],
+    "splits": {"train": {"num_examples": 3, "num_shards": 2, "class_counts": {"cat": 2, "dog": 1},
+                         "shards": [{"file": "train/train-00000-of-00002.tfrecord", "num_examples": 2},
+                                    {"file": "train/train-00001-of-00002.tfrecord", "num_examples": 1}]}},
+}
+
+
+def test_record_problems_against_manifest_options():
+    expected = RecordExpectations.from_manifest(MANIFEST)
+    good = ImageRecord(b"", "raw", 4, 4, 1, "a.png")
+    assert record_problems(good, expected) == []
+    bad = ImageRecord(b"", "jpeg", 4, 5, 2, "a.png")
+    assert [check for check, _ in record_problems(bad, expected)] == ["record_format", "record_size", "record_label"]
+    uncropped = RecordExpectations.from_manifest({**MANIFEST, "crop": "none", "image_height": None,
+                                                  "image_width": None})
+    assert record_problems(ImageRecord(b"", "raw", 4, 9, 0, "a"), uncropped) == []
+    assert [c for c, _ in record_problems(ImageRecord(b"", "raw", 5, 9, 0, "a"), uncropped)] == ["record_size"]
+
+
+def test_shards_more_than_one_record_apart_are_not_uniform():
+    stats = SplitStats(num_examples=3, label_counts={0: 2, 1: 1})
+    stats.shard_records = {"train/a": 2, "train/b": 1}
+    assert split_problems("train", stats, MANIFEST) == []
+    stats.shard_records = {"train/a": 3, "train/b": 1, "train/c": 2}
+    [uneven] = split_problems("train", stats, MANIFEST)[-1:]
+    assert uneven["check"] == "shards_not_uniform"
+    assert (uneven["file"], uneven["smallest_file"]) == ("train/a", "train/b")
+
+
+def test_mean_std_within_tolerance_passes_and_outside_fails():
+    images = [np.full((4, 4, 3), value, np.uint8) for value in (50, 150)]  # mean 100, std 50 per channel
+    stats = stats_of(images, [0, 1])
+    manifest = {**MANIFEST, "mean_rgb": [100.0, 100.04, 99.96], "std_rgb": [50.0, 50.0, 50.0]}
+    assert mean_std_problems("train", stats, manifest, tolerance=0.05) == []
+    manifest["mean_rgb"] = [100.0, 100.2, 100.0]
+    [mean] = mean_std_problems("train", stats, manifest, tolerance=0.05)
+    assert mean["check"] == "mean_rgb" and mean["tolerance"] == 0.05 and mean["split"] == "train"
+
+
+def test_layout_problems_name_missing_and_unlisted_shards_only():
+    found = ["manifest.json", "rejects.jsonl", "train/train-00000-of-00002.tfrecord",
+             "train/train-00000-of-00002.tfrecord.bak", "validation/stray.tfrecord"]
+    assert [(p["check"], p["file"]) for p in layout_problems(MANIFEST, found)] == [
+        ("shard_missing", "train/train-00001-of-00002.tfrecord"), ("shard_unlisted", "validation/stray.tfrecord")]
+
+
+def test_manifest_problems():
+    assert manifest_problems(MANIFEST) == []
+    assert [p["check"] for p in manifest_problems({"classes": []})] == ["manifest_invalid"]
+    inconsistent = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "num_examples": 4}}}
+    assert [p["check"] for p in manifest_problems(inconsistent)] == ["manifest_inconsistent"] * 2
+
+
+def test_problems_are_capped_per_check_but_all_counted():
+    driver = [problem("shard_missing", "gone", file=f"train/{i}") for i in range(3)]
+    lines = [{"kind": "problem", **problem("record_corrupt", "bad", file="train/0", index=7)},
+             {"kind": "problem_count", "check": "record_corrupt", "count": 40}]
+
+    kept, counts, truncated = validate.merge_problems(driver, lines, max_per_check=2)
+
+    assert counts == {"record_corrupt": 40, "shard_missing": 3}
+    assert [(p["check"], p["file"]) for p in kept] == [("record_corrupt", "train/0"), ("shard_missing", "train/0"),
+                                                       ("shard_missing", "train/1")]
+    assert truncated is True
+
+
+def test_unknown_check_names_are_refused():
+    with pytest.raises(ValueError):
+        problem("looks_fine", "")
+
+
+def test_sampling_is_deterministic_and_oversamples_the_smallest_class():
+    assert sample_rank("train/cat/1.png") == sample_rank("train/cat/1.png")
+    assert 0 <= sample_rank("x") < 1
+    assert sample_fraction({"cat": 1000, "dog": 96}, 6) == pytest.approx(0.5)
+    assert sample_fraction({"cat": 10}, 6) == 1.0
+    assert sample_fraction({}, 6) == 1.0
+
+
+def test_foreign_split_from_tfds_file_names():
+    assert foreign_split("gs://b/imagenet2012/5.0.0/imagenet2012-train.tfrecord-00012-of-01024") == "train"
+    assert foreign_split("/d/cifar10-test.tfrecord-00000-of-00001") == "test"
+    assert foreign_split("/d/records.tfrecord") == "all"
+
+
+def test_size_summary():
+    summary = size_summary({"10x20": 3, "30x5": 1})
+    assert (summary["min_height"], summary["max_height"], summary["min_width"], summary["max_width"]) == (10, 30, 5, 20)
+    assert summary["mean_height"] == 15.0 and summary["most_common"] == {"10x20": 3, "30x5": 1}
+
+
+def test_contact_sheet_grid_thumbnails_and_empty_cells():
+    big = random_images(1, size=(300, 200))[0]
+    small = pictures.thumbnail(big, cap=128)
+    assert small.shape == (128, 85, 3)
+    assert pictures.thumbnail(small, cap=128) is small
+
+    rows = [("cat", [small, small]), ("a very long class name that cannot fit in the label column", [])]
+    sheet = pictures.contact_sheet(rows, samples_per_class=3)
+
+    assert sheet.size == pictures.contact_sheet_size(2, 3, 128) == (
+        pictures.LABEL_WIDTH + pictures.PAD + 3 * 130, pictures.PAD + 2 * 130)
+    pixels = np.asarray(sheet)
+    x, y = pictures.cell_origin(0, 1, 128)
+    np.testing.assert_array_equal(pixels[y:y + 128, x:x + 85], small)
+    x, y = pictures.cell_origin(1, 0, 128)
+    assert tuple(pixels[y + 5, x + 5]) == pictures.EMPTY_CELL
+
+
+def test_class_chart_size_for_many_classes():
+    chart = pictures.class_count_chart([str(i) for i in range(200)], {"train": list(range(200))}, "t")
+    assert chart.size == pictures.class_chart_size(200) == (pictures.CHART_WIDTH, 600)

@@ -1,0 +1,137 @@
+"""Helpers for the validate tests: a small ImageFolder source for the preprocess job, damaging a prepared dataset in
+the ways the checks must catch, and foreign TFDS-style records (which the preprocess job never writes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import shutil
+import struct
+
+import numpy as np
+from PIL import Image
+
+from preprocess import manifest as manifest_lib
+from preprocess.record_format import ImageRecord, decode_example, encode_example
+from preprocess.tfrecord_io import frame, read_records
+
+CLASSES = ("cat", "dog", "eel")
+
+
+def write_image_folder(root: pathlib.Path, per_class: dict[str, int], seed: int = 0,
+                       size: tuple[int, int] = (40, 48)) -> pathlib.Path:
+    """``root/<split>/<class>/<class><i>.png``, ``per_class[split]`` each: smooth random colour fields (photo-like
+    for a JPEG encoder, unlike pure noise), all different."""
+    rng = np.random.default_rng(seed)
+    height, width = size
+    for split, count in per_class.items():
+        for name in CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                coarse = Image.fromarray(rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8), "RGB")
+                coarse.resize((width, height), Image.Resampling.BICUBIC).save(folder / f"{name}{i}.png")
+    return root
+
+
+def preprocess(source: pathlib.Path, output: pathlib.Path, *options: str) -> dict:
+    """Runs the real preprocess job in-process (one worker, no subprocesses) and returns its manifest."""
+    from pipelines import preprocess as job
+
+    return job.run([str(source), str(output), "--shorter-side", "32", "--num-shards", "2", "--quiet", *options,
+                    "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"])
+
+
+def read_shard(shard: pathlib.Path) -> list[ImageRecord]:
+    with open(shard, "rb") as f:
+        return [decode_example(data) for data in read_records(f)]
+
+
+def locate(data_dir: pathlib.Path, filename: str) -> tuple[str, int]:
+    """(shard file relative to the dataset, record index) of the record with ``image/filename`` == ``filename``."""
+    for shard in sorted(data_dir.glob("*/*.tfrecord")):
+        for index, record in enumerate(read_shard(shard)):
+            if record.filename == filename:
+                return shard.relative_to(data_dir).as_posix(), index
+    raise KeyError(filename)
+
+
+def rewrite_shard(data_dir: pathlib.Path, file: str, change) -> None:
+    """Replaces a shard's records by ``change(records)`` and updates its manifest entry (bytes, sha256), so that
+    only the record-level checks can notice."""
+    import hashlib
+
+    shard = data_dir / file
+    data = b"".join(frame(encode_example(record)) for record in change(read_shard(shard)))
+    shard.write_bytes(data)
+    manifest = load_manifest(data_dir)
+    for info in manifest["splits"].values():
+        for entry in info["shards"]:
+            if entry["file"] == file:
+                entry.update(num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    save_manifest(data_dir, manifest)
+
+
+def copy_dataset(source: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
+    shutil.copytree(source, destination)
+    return destination
+
+
+def load_manifest(data_dir: pathlib.Path) -> dict:
+    return json.loads((data_dir / manifest_lib.MANIFEST_NAME).read_text())
+
+
+def save_manifest(data_dir: pathlib.Path, manifest: dict) -> None:
+    (data_dir / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.to_json(manifest))
+
+
+def record_offsets(shard: pathlib.Path) -> list[tuple[int, int]]:
+    """(offset, data length) of every record in a TFRecord file, read from the framing alone."""
+    data = shard.read_bytes()
+    offsets, position = [], 0
+    while position < len(data):
+        (length,) = struct.unpack("<Q", data[position:position + 8])
+        offsets.append((position, length))
+        position += length + 16
+    return offsets
+
+
+def flip_byte_in_record(shard: pathlib.Path, record_index: int) -> None:
+    """Inverts one byte in the middle of a record's data (its framing stays valid; its data CRC does not)."""
+    offset, length = record_offsets(shard)[record_index]
+    data = bytearray(shard.read_bytes())
+    data[offset + 12 + length // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def truncate_inside_record(shard: pathlib.Path, record_index: int) -> None:
+    """Cuts the file in the middle of a record's data, as a copy that died part-way would."""
+    offset, length = record_offsets(shard)[record_index]
+    with open(shard, "r+b") as f:
+        f.truncate(offset + 12 + length // 2)
+
+
+def foreign_example(features: dict) -> bytes:
+    """A tf.train.Example with arbitrary bytes/int64 features (TFDS-style records), via TensorFlow itself."""
+    import tensorflow as tf
+
+    feature = {}
+    for key, value in features.items():
+        if isinstance(value, bytes):
+            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        else:
+            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def jpeg_bytes(height: int, width: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=85)
+    return buffer.getvalue()
+
+
+def write_foreign_tfrecord(path: pathlib.Path, records: list[bytes]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(frame(record) for record in records))
