@@ -1,0 +1,84 @@
+"""``shardprep train DATA``: ResNet-18 from prepared shards, with an input-bound report every epoch."""
+
+import click
+
+# Kept in sync with train.loop / train.augment, which are imported only when the command runs.
+_PRECISIONS = ["auto", "mixed_float16", "mixed_bfloat16", "float32"]
+_LR_SCHEDULES = ["cosine", "step", "plateau"]
+_AUGMENTATIONS = ["crop", "rrc"]
+
+
+def _epoch_list(ctx, param, value):
+    if not value:
+        return None
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of epochs, e.g. 30,60,80") from None
+
+
+@click.command("train")
+@click.argument("data", metavar="DATA")
+@click.option("--output-dir", default="shardprep_train", show_default=True,
+              help="Receives history.json, summary.json, model.keras, checkpoints/ and logs/.")
+@click.option("--epochs", type=click.IntRange(min=1), default=90, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Global batch size (split over the replicas).")
+@click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
+              help="Training crop size; at most the stored image size.")
+@click.option("--precision", type=click.Choice(_PRECISIONS), default="auto", show_default=True,
+              help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
+                   "float32 on CPU.")
+@click.option("--augment", type=click.Choice(_AUGMENTATIONS), default="crop", show_default=True,
+              help="crop: random crop + flip; rrc: random-resized-crop (area 8-100%, aspect 3/4-4/3) + flip.")
+@click.option("--learning-rate", type=float, default=None, help="Peak rate [default: 0.1 * batch size / 256].")
+@click.option("--lr-schedule", type=click.Choice(_LR_SCHEDULES), default="cosine", show_default=True,
+              help="After the warm-up: cosine decay to 0, step decay, or ReduceLROnPlateau on val_loss.")
+@click.option("--warmup-epochs", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Linear warm-up from ~0 to the peak rate.")
+@click.option("--lr-step-epochs", callback=_epoch_list, default=None,
+              help="Epochs at which --lr-schedule step multiplies the rate by --lr-decay [default: 1/3, 2/3 and "
+                   "8/9 of --epochs, i.e. 30,60,80 of 90].")
+@click.option("--lr-decay", type=float, default=0.1, show_default=True)
+@click.option("--momentum", type=float, default=0.9, show_default=True)
+@click.option("--weight-decay", type=float, default=1e-4, show_default=True,
+              help="L2 on convolution and dense kernels (classic coupled SGD weight decay).")
+@click.option("--label-smoothing", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--width-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Scales every layer's channels; 1.0 is ResNet-18 (small values for quick experiments).")
+@click.option("--train-split", default="train", show_default=True)
+@click.option("--val-split", default="validation", show_default=True)
+@click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
+              help="[default: one pass over the training split]")
+@click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
+              help="Records in the shuffle buffer [default: ~1 GiB of records].")
+@click.option("--seed", type=int, default=None,
+              help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
+@click.option("--jit-compile/--no-jit-compile", default=None,
+              help="XLA for the training step [default: on with exactly one GPU].")
+@click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
+              help="TensorBoard logs in OUTPUT_DIR/logs.")
+@click.option("--profile-batch", default="0", show_default=True,
+              help="Batches the TensorBoard profiler traces, e.g. 10,20 (0: none).")
+@click.option("--checkpoint/--no-checkpoint", default=True, show_default=True,
+              help="checkpoints/best.keras on best val_loss, and checkpoints/last.keras every epoch for --resume.")
+@click.option("--reduce-lr-patience", type=click.IntRange(min=0), default=5, show_default=True,
+              help="--lr-schedule plateau: epochs without val_loss improvement before lowering the rate.")
+@click.option("--reduce-lr-factor", type=float, default=0.1, show_default=True)
+@click.option("--early-stopping/--no-early-stopping", default=True, show_default=True,
+              help="Stop when val_loss has not improved for --early-stopping-patience epochs.")
+@click.option("--early-stopping-patience", type=click.IntRange(min=0), default=10, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/checkpoints/last.keras.")
+def command(data, **options):
+    """Train ResNet-18 on the prepared dataset DATA (a local folder or gs:// URL holding manifest.json).
+
+    Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. Every epoch prints images/s and the share of step
+    time spent waiting for input; the run ends with a summary saying whether training was input-bound.
+    """
+    from train.loop import TrainConfig, train
+
+    config = TrainConfig(data_dir=data, **options)
+    try:
+        train(config, report=click.echo)
+    except (ValueError, KeyError) as error:
+        raise click.ClickException(str(error)) from error
