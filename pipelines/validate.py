@@ -29,6 +29,7 @@ import argparse
 import base64
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import shutil
@@ -456,8 +457,6 @@ class ReadForeignFileFn(beam.DoFn):
         yield split, stats
 
     def _check_record(self, data: bytes, stats: ForeignStats) -> list[tuple[str, str]]:
-        import io
-
         from PIL import Image
 
         try:
@@ -623,7 +622,7 @@ def _run_pipeline(build: Callable[[beam.Pipeline, str, str | None], None], beam_
         build(pipeline, results_path, progress_dir)
         pipeline.run().wait_until_finish()
         with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
+            return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
     finally:
         stop.set()
         if watcher:
@@ -712,7 +711,7 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, args.samples_per_class, args.max_problems_per_check,
             progress_dir),
-        beam_args, progress, f"shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
+        beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
 
     splits = {line["split"]: {k: v for k, v in line.items() if k not in ("kind", "split")}
               for line in lines if line["kind"] == "split"}
@@ -733,7 +732,7 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
         num_examples=sum(s["num_examples"] for s in splits.values()),
         expected_num_examples=sum(int(info["num_examples"]) for info in manifest["splits"].values()),
         splits={split: splits[split] for split in manifest["splits"] if split in splits},
-        other_files=[f for f in found if f not in {t.file for t in tasks} and f != manifest_lib.MANIFEST_NAME
+        other_files=[f for f in found if f != manifest_lib.MANIFEST_NAME
                      and not f.endswith(manifest_lib.SHARD_SUFFIX)][:_FOUND_FILES_LISTED],
     )
     report = _finish(report, driver_problems, lines, args.max_problems_per_check)
@@ -760,7 +759,8 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
             pipeline, files, args.image_key, args.label_key, results, args.max_problems_per_check, progress_dir),
-        beam_args, progress, f"files ({sum(m.size_in_bytes for m in matched) / 2**20:,.1f} MiB)", len(files))
+        beam_args, progress, f"reading {len(files)} files ({sum(m.size_in_bytes for m in matched) / 2**20:,.1f} MiB)",
+        len(files))
     splits = {line["split"]: {k: v for k, v in line.items() if k not in ("kind", "split")}
               for line in lines if line["kind"] == "split"}
     report.update(image_key=args.image_key, label_key=args.label_key, num_files=len(files),

@@ -100,7 +100,7 @@ class _ProgressDisplay:
         if done is None:
             self.progress.update(self.task, description=stage, completed=0, total=None, records="")
         else:
-            self.progress.update(self.task, description=f"reading {stage}", completed=done, total=total,
+            self.progress.update(self.task, description=stage, completed=done, total=total,
                                  records=f"{records:,} records" if records is not None else "")
 
     def __exit__(self, *exc):
