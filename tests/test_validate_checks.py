@@ -38,6 +38,8 @@ def test_mean_std_from_exact_sums_equal_numpy_and_do_not_depend_on_how_work_was_
     for part in parts:
         merged.merge(part)
 
+    wide = images[0].reshape(-1, 3).astype(np.int64)
+    assert channel_sums(images[0]) == ([int(v) for v in wide.sum(axis=0)], [int(v) for v in (wide * wide).sum(axis=0)])
     pixels = np.concatenate([image.reshape(-1, 3) for image in images]).astype(np.float64)
     mean, std = whole.mean_std()
     np.testing.assert_allclose(mean, pixels.mean(axis=0), rtol=1e-12)
