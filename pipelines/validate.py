@@ -47,7 +47,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from preprocess import manifest as manifest_lib
 from preprocess import record_format, tfrecord_io
-from preprocess.validation_checks import (RecordExpectations, layout_problems, manifest_problems,
+from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
                                           mean_std_problems, problem, problem_sort_key, record_problems,
                                           shard_problems, split_problems)
 from preprocess.validation_stats import (MEAN_STD_TOLERANCE, ForeignStats, SplitStats, channel_sums,
@@ -664,17 +664,19 @@ def _report_base(data: str, kind: str) -> dict:
 
 
 def _manifest_missing_report(data_dir: str, found: list[str]) -> dict:
-    shards = [f for f in found if f.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)]
+    kinds = classify_files(found)
     lock = manifest_lib.LOCK_NAME in found
     if not found:
         message = f"{data_dir} is empty or does not exist: nothing to validate"
     else:
         message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
-                   f"last, so a run that was killed or is still running leaves none). Found {len(found)} files, "
-                   f"{len(shards)} of them shards" + (f", and the lock file {manifest_lib.LOCK_NAME}" if lock else "")
-                   + "; rerun preprocess with --overwrite")
+                   f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
+                   f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
+                   f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
+                                                      else "") + "; rerun preprocess with --overwrite")
     return problem("manifest_missing", message, found_files=found[:_FOUND_FILES_LISTED], num_found_files=len(found),
-                   num_found_shards=len(shards), lock_present=lock)
+                   num_found_shards=len(kinds["shards"]), num_found_temporary=len(kinds["temporary"]),
+                   lock_present=lock)
 
 
 def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:

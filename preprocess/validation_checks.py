@@ -9,6 +9,7 @@ that file), the last three ``None`` where they do not apply, plus check-specific
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from preprocess import manifest as manifest_lib
 from preprocess.record_format import ImageRecord
@@ -139,9 +140,31 @@ def manifest_problems(manifest: dict) -> list[dict]:
     return found
 
 
+_SHARD_PATH = re.compile(r"^(?P<split>[^/]+)/(?P=split)-\d{5}-of-\d{5}" + re.escape(manifest_lib.SHARD_SUFFIX) + "$")
+
+
 def is_shard_path(relative_path: str) -> bool:
     """Whether a file in the dataset folder looks like a shard (what an unlisted extra shard would be)."""
     return relative_path.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)
+
+
+def is_temporary_path(relative_path: str) -> bool:
+    """Files an interrupted preprocess run leaves: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
+    parts = relative_path.split("/")
+    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in parts)
+
+
+def classify_files(found: list[str]) -> dict[str, list[str]]:
+    """Splits the files of a dataset folder into finished-looking ``shards``, ``temporary`` files and ``other``."""
+    classes: dict[str, list[str]] = {"shards": [], "temporary": [], "other": []}
+    for path in found:
+        if is_temporary_path(path):
+            classes["temporary"].append(path)
+        elif _SHARD_PATH.match(path):
+            classes["shards"].append(path)
+        else:
+            classes["other"].append(path)
+    return classes
 
 
 def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
@@ -153,7 +176,9 @@ def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
     present = set(found_files)
     found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)
              for file, split in sorted(listed.items()) if file not in present]
-    found += [problem("shard_unlisted", "shard file not listed in the manifest",
+    found += [problem("shard_unlisted",
+                      "temporary shard left by an interrupted write, not listed in the manifest"
+                      if is_temporary_path(file) else "shard file not listed in the manifest",
                       split=file.split("/", 1)[0] if "/" in file else None, file=file)
               for file in sorted(present) if is_shard_path(file) and file not in listed]
     return found

@@ -222,8 +222,10 @@ def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset
     from shardprep.cli import main
 
     (dataset / "manifest.json").unlink()
-    (dataset / "beam-temp-123").mkdir()
-    (dataset / "beam-temp-123" / "shard.tmp").write_bytes(b"partial")
+    leftovers = [".tmp/spill-0", "train/.tmp-5f3a-train-00001-of-00002.tfrecord"]
+    for leftover in leftovers:
+        (dataset / leftover).parent.mkdir(exist_ok=True)
+        (dataset / leftover).write_bytes(b"partial")
     report_path = tmp_path / "report.json"
 
     result = CliRunner().invoke(main, ["validate", str(dataset), "--json", str(report_path), "--quiet"])
@@ -233,9 +235,9 @@ def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset
     report = json.loads(report_path.read_text())
     [missing] = report["problems"]
     assert missing["check"] == "manifest_missing"
-    assert "beam-temp-123/shard.tmp" in missing["found_files"]
-    assert "train/train-00000-of-00002.tfrecord" in missing["found_files"]
-    assert missing["num_found_shards"] == 4
+    assert set(leftovers) | {"train/train-00000-of-00002.tfrecord"} <= set(missing["found_files"])
+    assert (missing["num_found_shards"], missing["num_found_temporary"]) == (4, 2)
+    assert "4 shards, 2 temporary files" in missing["message"]
 
 
 def test_foreign_tfrecords_report_counts_labels_sizes_and_bad_records(tmp_path):

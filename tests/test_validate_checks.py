@@ -11,7 +11,7 @@ from pipelines import validate
 from preprocess import validation_pictures as pictures
 from preprocess.record_format import ImageRecord
 from preprocess.tfrecord_io import frame
-from preprocess.validation_checks import (RecordExpectations, layout_problems, manifest_problems,
+from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
                                           mean_std_problems, problem, record_problems, split_problems)
 from preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
                                          size_summary)
@@ -133,6 +133,17 @@ def test_layout_problems_name_missing_and_unlisted_shards_only():
              "train/train-00000-of-00002.tfrecord.bak", "validation/stray.tfrecord"]
     assert [(p["check"], p["file"]) for p in layout_problems(MANIFEST, found)] == [
         ("shard_missing", "train/train-00001-of-00002.tfrecord"), ("shard_unlisted", "validation/stray.tfrecord")]
+
+
+def test_leftovers_of_an_interrupted_run_are_told_apart_from_shards():
+    found = [".tmp/spill-1", "manifest.json", "train/.tmp-ab12-train-00000-of-00002.tfrecord",
+             "train/train-00000-of-00002.tfrecord", "train/train-00001-of-00002.tfrecord"]
+    assert classify_files(found) == {
+        "shards": ["train/train-00000-of-00002.tfrecord", "train/train-00001-of-00002.tfrecord"],
+        "temporary": [".tmp/spill-1", "train/.tmp-ab12-train-00000-of-00002.tfrecord"],
+        "other": ["manifest.json"]}
+    [unlisted] = [p for p in layout_problems(MANIFEST, found) if p["check"] == "shard_unlisted"]
+    assert unlisted["file"] == "train/.tmp-ab12-train-00000-of-00002.tfrecord" and "temporary" in unlisted["message"]
 
 
 def test_manifest_problems():
