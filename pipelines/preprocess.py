@@ -900,9 +900,16 @@ def prepare_output(output: str, overwrite: bool) -> None:
         manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
         if manifest_path in existing:
             FileSystems.delete([manifest_path])
-        rest = [path for path in existing if path != manifest_path]
-        if rest:
-            FileSystems.delete(rest)
+        if _is_local(output):
+            import shutil
+
+            for name in os.listdir(output):
+                path = os.path.join(output, name)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        else:
+            rest = [path for path in existing if path != manifest_path]
+            if rest:
+                FileSystems.delete(rest)
     if _is_local(output):
         os.makedirs(output, exist_ok=True)
 

@@ -85,23 +85,27 @@ class _ProgressDisplay:
         self.task = None
 
     def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                console=Console(stderr=True), transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task("listing", total=None, rate="")
-            self.started = time.monotonic()
         return self
 
+    def _start(self):
+        """Starts on the first report, so errors found before the job runs are not drawn under a bar."""
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False)
+        self.progress.start()
+        self.task = self.progress.add_task("listing", total=None, rate="")
+        self.started = time.monotonic()
+
     def update(self, counts: dict):
-        if not self.progress:
+        if not self.enabled:
             return
+        if not self.progress:
+            self._start()
         listed, processed = counts.get("listed", 0), counts.get("processed", 0)
         elapsed = max(1e-6, time.monotonic() - self.started)
         self.progress.update(self.task, description="images" if processed else "listing",
