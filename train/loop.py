@@ -289,7 +289,16 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
     if config.batch_size % replicas:
         raise ValueError(f"--batch-size {config.batch_size} does not divide over {replicas} replicas")
     precision = resolve_precision(config.precision)
+    previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(precision)
+    try:
+        return _train(config, strategy, precision, manifest, report)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report) -> dict:
+    replicas = strategy.num_replicas_in_sync
     jit_compile = config.jit_compile
     if jit_compile is None:
         jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
@@ -491,6 +500,6 @@ def _restore_checkpoint(model: keras.Model, path: str) -> None:
 
 def _save_inference_model(model: keras.Model, path: str) -> None:
     """Saves the model without optimizer state: uint8 images of any size >= the train size in, logits out."""
-    inference = keras.models.clone_model(model)
+    inference = keras.Model.from_config(model.get_config())  # uncompiled: no optimizer in the file
     inference.set_weights(model.get_weights())
     inference.save(path)

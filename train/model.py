@@ -22,3 +22,14 @@ def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment
         images)
     logits = resnet18_layers(x, num_classes, width_multiplier=width_multiplier, weight_decay=weight_decay)
     return keras.Model(images, logits, name="shardprep_resnet18")
+
+
+def load_model(path: str) -> keras.Model:
+    """Loads a ``model.keras`` saved by ``shardprep train`` (registers shardprep's layers first).
+
+    ``load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train size.
+    """
+    import train.augment  # noqa: F401  registers CropFlipNormalize
+    import train.loop  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
+
+    return keras.models.load_model(path)

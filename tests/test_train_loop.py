@@ -1,0 +1,196 @@
+"""The training loop: schedules, the input-wait measurement, callbacks, resume, several replicas, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from train import loop, reader
+from train.model import load_model
+from train_helpers import write_dataset
+
+SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
+             tensorboard=False)
+
+
+@pytest.fixture(scope="module")
+def colour_dataset(tmp_path_factory):
+    """Two classes told apart by colour, 20x20 raw images."""
+    root = tmp_path_factory.mktemp("colours")
+    rng = np.random.default_rng(0)
+
+    def image(label):
+        pixels = rng.integers(0, 120, (20, 20, 3))
+        pixels[..., 0 if label == 0 else 2] += 120
+        return pixels.astype(np.uint8), label
+
+    write_dataset(root, {"train": [image(i % 2) for i in range(64)],
+                         "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
+    return str(root)
+
+
+def _config(data_dir, output_dir, **overrides):
+    return loop.TrainConfig(data_dir=data_dir, output_dir=str(output_dir), **{**SMALL, **overrides})
+
+
+def test_warmup_then_cosine_reaches_zero_at_the_end():
+    schedule = loop.WarmupSchedule(0.4, warmup_steps=10, total_steps=110, kind="cosine")
+    rates = [float(schedule(step)) for step in (0, 4, 9, 10, 60, 110)]
+    np.testing.assert_allclose(rates, [0.04, 0.2, 0.4, 0.4, 0.2, 0.0], atol=1e-6)
+
+
+def test_step_schedule_divides_at_each_boundary():
+    schedule = loop.WarmupSchedule(1.0, warmup_steps=0, total_steps=100, kind="step", boundaries=[30, 60],
+                                   decay=0.1)
+    np.testing.assert_allclose([float(schedule(s)) for s in (0, 29, 30, 59, 60, 99)],
+                               [1, 1, 0.1, 0.1, 0.01, 0.01], rtol=1e-6)
+    restored = loop.WarmupSchedule.from_config(schedule.get_config())
+    assert float(restored(45)) == pytest.approx(0.1)
+
+
+def test_summary_leaves_out_the_compiling_epoch_and_gives_a_verdict():
+    history = {"epoch": [1, 2, 3], "val_accuracy": [0.5, 0.9, 0.8], "val_loss": [1, 0.5, 0.6],
+               "images_per_sec": [10.0, 100.0, 200.0], "input_wait_fraction": [0.9, 0.01, 0.03]}
+    summary = loop.summarize(history)
+    assert summary["images_per_sec"] == 150.0 and summary["input_wait_fraction"] == pytest.approx(0.02)
+    assert summary["best_epoch"] == 2 and summary["final_val_accuracy"] == 0.8
+    assert summary["verdict"].startswith("not input-bound")
+    resumed = loop.summarize(history, first_epoch_of_run=3)  # only epoch 3 ran in this process
+    assert resumed["images_per_sec"] == 200.0 and resumed["throughput_epochs"] == "3-3"
+    assert loop.summarize({**history, "input_wait_fraction": [0, 0.5, 0.5]})["verdict"].startswith("input-bound")
+
+
+def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
+    paths = {"logs": str(tmp_path / "logs"), "best": str(tmp_path / "best.keras")}
+    messages = []
+    monkeypatch.setattr(loop, "tensorboard_installed", lambda: True)
+    config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
+    kinds = {type(c).__name__: c for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)}
+    assert set(kinds) == {"_PlateauWarmup", "ReduceLROnPlateau", "TensorBoard", "ModelCheckpoint",
+                          "EarlyStopping"}
+    assert (kinds["TensorBoard"]._start_batch, kinds["TensorBoard"]._stop_batch) == (10, 20)
+    assert kinds["ModelCheckpoint"].monitor == "val_loss" and kinds["ModelCheckpoint"].save_best_only
+    assert kinds["EarlyStopping"].patience == 10 and kinds["ReduceLROnPlateau"].patience == 5
+
+    monkeypatch.setattr(loop, "tensorboard_installed", lambda: False)
+    config = loop.TrainConfig(data_dir="unused", checkpoint=False, early_stopping=False)
+    assert loop._make_callbacks(config, paths, 0.1, 100, messages.append) == []
+    assert "tensorboard package is not installed" in messages[-1]
+
+
+def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_path, monkeypatch):
+    make_dataset = reader.make_dataset
+
+    def slow_training_input(*args, **kwargs):
+        dataset = make_dataset(*args, **kwargs)
+        if not args[3]:  # validation stays fast
+            return dataset
+
+        def sleep_then_pass(images):
+            time.sleep(0.15)
+            return images
+
+        def slow(images, labels):
+            images = tf.numpy_function(sleep_then_pass, [images], tf.uint8, stateful=True)
+            return tf.ensure_shape(images, dataset.element_spec[0].shape), labels
+
+        return dataset.map(slow)  # after the prefetch: each next() pays the delay
+
+    monkeypatch.setattr(loop.reader, "make_dataset", slow_training_input)
+    messages = []
+    summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, checkpoint=False), report=messages.append)
+    assert summary["input_wait_fraction"] > 0.5
+    assert summary["verdict"].startswith("input-bound")
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["input_wait_fraction"][1] > 0.5  # the first epoch also compiles the step
+    assert any("waiting for input" in m and "% of step time" in m for m in messages)
+
+
+def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path):
+    messages = []
+    loop.train(_config(colour_dataset, tmp_path, epochs=2), report=messages.append)
+    steps = 64 // 16
+    first = json.loads((tmp_path / "history.json").read_text())
+    assert first["epoch"] == [1, 2]
+    assert set(first) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec",
+                          "input_wait_fraction", "learning_rate"}
+    assert all(len(values) == 2 for values in first.values())
+    for name in ("model.keras", "summary.json", "checkpoints/last.keras", "checkpoints/best.keras",
+                 "checkpoints/state.json"):
+        assert (tmp_path / name).exists(), name
+    checkpoint = load_model(str(tmp_path / "checkpoints/last.keras"))
+    assert int(checkpoint.optimizer.iterations.numpy()) == 2 * steps
+
+    # Nothing left to do: the resumed model is the checkpoint, unchanged.
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, resume=True), report=messages.append)
+    assert any(m.startswith("Resuming") and "after epoch 2" in m for m in messages)
+    resumed_model = load_model(str(tmp_path / "model.keras"))
+    for saved, resumed in zip(checkpoint.get_weights(), resumed_model.get_weights()):
+        np.testing.assert_array_equal(saved, resumed)
+
+    # One more epoch continues the step count and the history.
+    loop.train(_config(colour_dataset, tmp_path, epochs=3, resume=True), report=messages.append)
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["epoch"] == [1, 2, 3]
+    assert history["loss"][:2] == first["loss"]
+    continued = load_model(str(tmp_path / "checkpoints/last.keras"))
+    assert int(continued.optimizer.iterations.numpy()) == 3 * steps
+    assert any("epochs 3-3" in m for m in messages)
+
+
+def test_saved_model_takes_stored_uint8_images_and_centre_crops_them(colour_dataset, tmp_path):
+    loop.train(_config(colour_dataset, tmp_path, epochs=1, checkpoint=False), report=lambda m: None)
+    model = load_model(str(tmp_path / "model.keras"))
+    images = np.random.default_rng(3).integers(0, 255, (4, 20, 20, 3)).astype(np.uint8)
+    centre = images[:, 2:18, 2:18]
+    # Same logits for the stored 20x20 images and their 16x16 centres: the crop is inside the model.
+    np.testing.assert_allclose(model.predict(images, verbose=0), model.predict(centre, verbose=0), atol=1e-5)
+    assert getattr(model, "optimizer", None) is None  # the inference model carries no training state
+
+
+def test_mirrored_strategy_over_two_devices_shards_the_batch(colour_dataset, tmp_path):
+    # Two logical CPUs stand in for two GPUs; this must run in a fresh process (devices are fixed at start-up).
+    script = textwrap.dedent(f"""
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from train import loop
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        config = loop.TrainConfig(data_dir={colour_dataset!r}, output_dir={str(tmp_path)!r}, epochs=2,
+                                  batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5,
+                                  seed=1, tensorboard=False)
+        summary = loop.train(config, strategy=strategy)
+        print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
+    """)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd()}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MirroredStrategy over 2 devices" in result.stdout
+    assert "REPLICAS 2" in result.stdout
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["epoch"] == [1, 2] and all(np.isfinite(history["loss"]))
+
+
+def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--epochs", "1",
+                                  "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125",
+                                  "--no-tensorboard", "--augment", "rrc", "--lr-schedule", "plateau",
+                                  "--precision", "mixed_bfloat16"])
+    assert result.exit_code == 0, result.output
+    assert "epoch 1/1" in result.output and "Summary:" in result.output
+    assert keras.mixed_precision.global_policy().name == "float32"  # the run's policy does not leak
+    too_big = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--image-size", "32"])
+    assert too_big.exit_code != 0 and "larger than the stored images" in too_big.output
+    no_split = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--val-split", "dev",
+                                    "--image-size", "16"])
+    assert no_split.exit_code != 0 and "splits: train, validation" in no_split.output
