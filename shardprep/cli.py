@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
     "train": "Train ResNet-18 from prepared shards and report how input-bound each epoch was.",
     "validate": "Check a prepared dataset (or tfrecord:GLOB input) and report its statistics.",
+    "demo-data": "Write the built-in demo dataset (a small generated ImageFolder tree) to a folder.",
 }
 
 
@@ -23,7 +24,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in SUBCOMMANDS:
             return None
-        return importlib.import_module(f"shardprep.commands.{name}").command
+        return importlib.import_module(f"shardprep.commands.{name.replace('-', '_')}").command
 
     def format_commands(self, ctx, formatter):
         with formatter.section("Commands"):

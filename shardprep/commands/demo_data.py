@@ -1,0 +1,21 @@
+"""``shardprep demo-data DIR``: write the built-in demo dataset (a small ImageFolder tree) to DIR."""
+
+import os
+
+import click
+
+
+@click.command("demo-data", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("directory")
+@click.option("--train-per-class", default=60, show_default=True, type=click.IntRange(min=1))
+@click.option("--validation-per-class", default=15, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, type=int)
+def command(directory, train_per_class, validation_per_class, seed):
+    """Write a generated ImageFolder dataset to DIRECTORY: 4 shape classes, train and validation splits, images of
+    40-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
+    from shardprep import demo
+
+    if os.path.exists(directory) and os.listdir(directory):
+        raise click.ClickException(f"{directory} is not empty")
+    count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
+    click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")

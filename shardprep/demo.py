@@ -1,0 +1,107 @@
+"""The built-in demo dataset: a small generated ImageFolder tree in every format and mode the job handles.
+
+Four classes of shapes (circle, square, triangle, stripes) on noisy backgrounds, sizes from 40 to 640 px, stored as
+RGB/greyscale/CMYK/EXIF-rotated JPEG, RGBA/palette/16-bit PNG, GIF, WebP and BMP, plus three broken files that the
+job must reject (empty, truncated, not an image). Deterministic for a seed; a small CNN can learn the classes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CLASSES = ("circle", "square", "stripes", "triangle")
+KINDS = ("rgb_jpeg", "gray_jpeg", "rgba_png", "palette_png", "gif", "webp", "bmp", "cmyk_jpeg", "gray16_png",
+         "rotated_jpeg")
+_EXTENSIONS = {"rgb_jpeg": ".jpg", "gray_jpeg": ".jpg", "rgba_png": ".png", "palette_png": ".png", "gif": ".gif",
+               "webp": ".webp", "bmp": ".bmp", "cmyk_jpeg": ".jpg", "gray16_png": ".png", "rotated_jpeg": ".jpeg"}
+
+
+def draw_shape(class_name: str, width: int, height: int, rng: np.random.Generator) -> Image.Image:
+    """An RGB image of the class's shape, randomly placed and coloured, on a noisy background."""
+    background = rng.integers(0, 90, size=3)
+    noise = rng.normal(0, 12, size=(height, width, 3))
+    image = Image.fromarray(np.clip(background + noise, 0, 255).astype(np.uint8), "RGB")
+    draw = ImageDraw.Draw(image)
+    color = tuple(int(c) for c in rng.integers(150, 256, size=3))
+    side = min(width, height)
+    size = int(side * rng.uniform(0.45, 0.8))
+    # Inside the centred square, so the job's default centre crop keeps the shape.
+    left = (width - side) // 2 + int(rng.integers(0, side - size + 1))
+    top = (height - side) // 2 + int(rng.integers(0, side - size + 1))
+    if class_name == "circle":
+        draw.ellipse((left, top, left + size, top + size), fill=color)
+    elif class_name == "square":
+        draw.rectangle((left, top, left + size, top + size), fill=color)
+    elif class_name == "triangle":
+        draw.polygon([(left + size // 2, top), (left, top + size), (left + size, top + size)], fill=color)
+    else:
+        step = max(2, side // 8)
+        for x in range(0, width, 2 * step):
+            draw.rectangle((x, 0, x + step - 1, height), fill=color)
+    return image
+
+
+def encode(image: Image.Image, kind: str) -> bytes:
+    buffer = io.BytesIO()
+    if kind == "rgb_jpeg":
+        image.save(buffer, "JPEG", quality=92)
+    elif kind == "gray_jpeg":
+        image.convert("L").save(buffer, "JPEG", quality=92)
+    elif kind == "cmyk_jpeg":
+        image.convert("CMYK").save(buffer, "JPEG", quality=92)
+    elif kind == "rotated_jpeg":
+        # Stored rotated with EXIF orientation 6 (rotate 90 clockwise to view): the job must turn it upright.
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        image.transpose(Image.Transpose.ROTATE_90).save(buffer, "JPEG", quality=92, exif=exif)
+    elif kind == "rgba_png":
+        rgba = image.convert("RGBA")
+        alpha = np.full(image.size[::-1], 255, np.uint8)
+        alpha[: image.size[1] // 6] = 0  # a transparent band on top, composited on white by the job
+        rgba.putalpha(Image.fromarray(alpha, "L"))
+        rgba.save(buffer, "PNG")
+    elif kind == "palette_png":
+        image.convert("P", palette=Image.Palette.ADAPTIVE, colors=64).save(buffer, "PNG")
+    elif kind == "gif":
+        frames = [image.convert("P", palette=Image.Palette.ADAPTIVE), image.rotate(180).convert("P")]
+        frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    elif kind == "webp":
+        image.save(buffer, "WEBP", quality=90)
+    elif kind == "bmp":
+        image.save(buffer, "BMP")
+    elif kind == "gray16_png":
+        grey = np.asarray(image.convert("L"), dtype=np.uint16) * 257
+        Image.fromarray(grey, "I;16").save(buffer, "PNG")
+    else:
+        raise ValueError(f"unknown kind {kind}")
+    return buffer.getvalue()
+
+
+def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_class: int = 15, seed: int = 0) -> int:
+    """Writes ``root/<split>/<class>/<file>`` and three broken files; returns the number of files written."""
+    rng = np.random.default_rng(seed)
+    written = 0
+    for split, per_class in (("train", train_per_class), ("validation", validation_per_class)):
+        for class_index, class_name in enumerate(CLASSES):
+            directory = os.path.join(root, split, class_name)
+            os.makedirs(directory, exist_ok=True)
+            for i in range(per_class):
+                width, height = (int(v) for v in rng.integers(40, 641, size=2))
+                kind = KINDS[(i + class_index) % len(KINDS)]
+                data = encode(draw_shape(class_name, width, height, rng), kind)
+                with open(os.path.join(directory, f"{class_name}_{i:03d}{_EXTENSIONS[kind]}"), "wb") as f:
+                    f.write(data)
+                written += 1
+    broken = {
+        "train/circle/broken_empty.jpg": b"",
+        "train/square/broken_truncated.jpg": encode(draw_shape("square", 200, 150, rng), "rgb_jpeg")[:900],
+        "validation/triangle/broken_not_an_image.png": b"this is a text file, not an image\n",
+    }
+    for relative, data in broken.items():
+        with open(os.path.join(root, relative), "wb") as f:
+            f.write(data)
+    return written + len(broken)
