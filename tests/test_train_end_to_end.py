@@ -1,0 +1,63 @@
+"""Generated images -> the real preprocess job -> shardprep train -> a model that has learned the two classes."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardprep.cli import main
+from train.model import load_model
+
+CLASSES = ("blue", "red")  # ImageFolder sorts class folders: blue = 0, red = 1
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """ImageFolder layout, two colour-tinted noise classes, images of assorted sizes and aspect ratios."""
+    root = tmp_path_factory.mktemp("source")
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 96), ("validation", 24)):
+        for label, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(count):
+                height, width = rng.integers(44, 64, 2)
+                pixels = rng.integers(0, 120, (height, width, 3))
+                pixels[..., 2 if name == "blue" else 0] += 120
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{index:03d}.png")
+    return root
+
+
+def test_preprocess_then_train_learns_the_classes(source, tmp_path):
+    runner = CliRunner()
+    data = tmp_path / "prepared"
+    prepared = runner.invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
+                                    "--num-shards", "2", "--quiet"])
+    assert prepared.exit_code == 0, prepared.output
+    manifest = json.loads((data / "manifest.json").read_text())
+    assert manifest["classes"] == list(CLASSES) and manifest["encoding"] == "raw"
+
+    output = tmp_path / "run"
+    trained = runner.invoke(main, ["train", str(data), "--output-dir", str(output), "--epochs", "6",
+                                   "--batch-size", "16", "--image-size", "32", "--width-multiplier", "0.125",
+                                   "--warmup-epochs", "1", "--seed", "0", "--no-tensorboard"])
+    assert trained.exit_code == 0, trained.output
+    epoch_lines = [line for line in trained.output.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 6 and all("images/s, waiting for input" in line for line in epoch_lines)
+    assert "Summary:" in trained.output
+    history = json.loads((output / "history.json").read_text())
+    assert history["epoch"] == list(range(1, 7))
+    assert history["val_accuracy"][-1] >= 0.9
+
+    # The saved model takes stored-style uint8 images as they are (here the untouched validation sources, all
+    # larger than 32 px) and crops and normalizes them itself.
+    model = load_model(str(output / "model.keras"))
+    correct = total = 0
+    for label, name in enumerate(CLASSES):
+        for path in sorted((source / "validation" / name).glob("*.png")):
+            pixels = np.asarray(Image.open(path))[np.newaxis]
+            correct += int(np.argmax(model.predict(pixels, verbose=0)[0]) == label)
+            total += 1
+    assert correct / total >= 0.9
