@@ -18,6 +18,7 @@ its split and its source key), so shards are byte-identical whatever the number 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -905,7 +906,12 @@ def prepare_output(output: str, overwrite: bool) -> None:
 
             for name in os.listdir(output):
                 path = os.path.join(output, name)
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                if name == manifest.LOCK_NAME:
+                    continue
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
         else:
             rest = [path for path in existing if path != manifest_path]
             if rest:
@@ -914,20 +920,54 @@ def prepare_output(output: str, overwrite: bool) -> None:
         os.makedirs(output, exist_ok=True)
 
 
+@contextlib.contextmanager
+def output_lock(output: str):
+    """Holds OUTPUT/.shardprep.lock for the whole run, so a second run into the same OUTPUT is refused.
+
+    Locally this is an advisory ``flock``: the kernel releases it when the holder dies, so a killed run never
+    blocks the rerun. The lock file itself stays (hidden; readers ignore it). On object stores there is no
+    lock: there, a second run is refused because OUTPUT is not empty, unless it passes --overwrite.
+    """
+    if not _is_local(output):
+        yield
+        return
+    import fcntl
+    import socket
+
+    os.makedirs(output, exist_ok=True)
+    path = os.path.join(output, manifest.LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+            raise PreprocessError(
+                f"another shardprep run is writing to {output} ({holder}); wait for it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _existing_files(output: str) -> list[str]:
-    if _is_local(output):
-        if not os.path.exists(output):
-            return []
-        if not os.path.isdir(output):
-            raise PreprocessError(f"{output} exists and is not a directory")
-        found = []
-        for directory, _, files in os.walk(output):
-            found += [os.path.join(directory, name) for name in files]
-        # Empty sub-directories count as content too: they may be a previous run's split folders.
-        if not found and os.listdir(output):
-            found = [os.path.join(output, name) for name in sorted(os.listdir(output))]
-        return sorted(found)
-    return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list)
+    """Every file under OUTPUT except the lock (locally, empty sub-folders count too)."""
+    lock = manifest.join(output, manifest.LOCK_NAME)
+    if not _is_local(output):
+        return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list
+                      if m.path != lock)
+    if not os.path.exists(output):
+        return []
+    if not os.path.isdir(output):
+        raise PreprocessError(f"{output} exists and is not a directory")
+    found = []
+    for directory, sub_dirs, files in os.walk(output):
+        found += [os.path.join(directory, name) for name in files]
+        found += [os.path.join(directory, name) for name in sub_dirs
+                  if not os.listdir(os.path.join(directory, name))]
+    return sorted(path for path in found if path != lock)
 
 
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) -> dict:
@@ -936,13 +976,18 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI.
     """
+    plan = plan_source(config)
+    with output_lock(config.output):
+        prepare_output(config.output, config.overwrite)
+        return _run_pipeline(config, plan, beam_args, on_progress)
+
+
+def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress) -> dict:
     import tempfile
     import threading
 
     from pipelines import runner as runners
 
-    plan = plan_source(config)
-    prepare_output(config.output, config.overwrite)
     local = runners.is_local(beam_args)
     progress_dir = tempfile.mkdtemp(prefix="shardprep-progress-") if local and on_progress else None
     stop = threading.Event()
@@ -978,6 +1023,9 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
 def _root_cause(error: Exception) -> str:
     """Beam reports a worker failure as a long chain; the user needs its last line, e.g. a PreprocessError's."""
     text = str(error)
+    if "Channel closed prematurely" in text or "Socket closed" in text:
+        return ("a Beam worker process stopped unexpectedly (killed, or out of memory); the output has no "
+                "manifest and is not a dataset: rerun with --overwrite")
     for marker in ("PreprocessError: ",):
         if marker in text:
             return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
