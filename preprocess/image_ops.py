@@ -15,12 +15,13 @@ import io
 import warnings
 
 import numpy as np
-from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 RESAMPLE = Image.Resampling.BICUBIC
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb threshold (2x its warning limit)
+JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 CROPS = ("center", "none")
 
 # The pipeline enforces its own --max-pixels before decoding; Pillow's global guard would otherwise warn or raise
@@ -29,6 +30,24 @@ Image.MAX_IMAGE_PIXELS = None
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
+
+# Progressive JPEGs have about 10 scans; libjpeg makes a pass over the whole coefficient buffer per scan, so a crafted
+# file of many tiny scans costs CPU out of all proportion to its size (libjpeg-turbo's djpeg has -maxscans for this).
+MAX_JPEG_SCANS = 1000
+
+# Signatures of formats whose header Pillow failed to parse: such a file is a damaged image, not some other file.
+_IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")
+
+# EXIF orientation -> the transpose that shows the image upright (EXIF 2.32, tag 0x0112).
+_ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 class RejectError(Exception):
@@ -87,34 +106,98 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_shorter_
     Rejects empty input, non-images and images over ``max_pixels`` before any pixel is decoded. With
     ``draft_shorter_side``, JPEGs are set up for reduced-size decoding that still covers that shorter side.
     """
+    image = _open_checked(data, max_pixels)
+    if draft_shorter_side:
+        _draft(image, draft_shorter_side)
+    return image
+
+
+def _open_checked(data: bytes, max_pixels: int) -> Image.Image:
     if not data:
         raise RejectError("empty_file", "zero bytes")
+    # Pillow's WebP reader allocates the whole canvas when it opens a file, so the size check has to come first.
+    canvas = _webp_canvas_size(data)
+    if canvas and canvas[0] * canvas[1] > max_pixels:
+        raise _too_many_pixels(*canvas, max_pixels)
     try:
-        image = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": the pixels may still be fine
+            image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
+        if data.startswith(_IMAGE_SIGNATURES) or _is_webp(data):
+            raise _failure_reject("an image signature, but the header is unreadable", data) from None
         raise RejectError("not_an_image", "no image format recognised from the file's content") from None
-    except Image.DecompressionBombError as e:
+    except Image.DecompressionBombError as e:  # only if someone re-enabled Pillow's global guard
         raise RejectError("too_many_pixels", str(e)) from None
+    except MemoryError:
+        raise RejectError("too_many_pixels", "out of memory while reading the header") from None
     except Exception as e:  # noqa: BLE001 - any parser failure on hostile bytes is a reject
-        raise RejectError("decode_error", f"{type(e).__name__}: {e}") from None
+        raise _failure_reject(f"{type(e).__name__}: {e}", data) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise RejectError("decode_error", f"image has size {width}x{height}")
     if width * height > max_pixels:
-        raise RejectError("too_many_pixels", f"{width}x{height} = {width * height} pixels > --max-pixels {max_pixels}")
-    if draft_shorter_side and image.format == "JPEG":
-        scale = draft_shorter_side / min(width, height)
-        if scale <= 0.5:
-            # draft() picks the smallest DCT scale whose result is still at least the requested size.
-            image.draft(None, (max(1, int(np.ceil(width * scale))), max(1, int(np.ceil(height * scale)))))
+        raise _too_many_pixels(width, height, max_pixels)
+    if isinstance(image, JpegImagePlugin.JpegImageFile):
+        # Counts start-of-scan markers anywhere in the file: an upper bound on the scans, cheap to take.
+        scans = data.count(b"\xff\xda")
+        if scans > MAX_JPEG_SCANS:
+            raise RejectError("decode_error", f"JPEG with {scans} scans (more than {MAX_JPEG_SCANS})")
     return image
+
+
+def _too_many_pixels(width: int, height: int, max_pixels: int) -> RejectError:
+    return RejectError("too_many_pixels", f"{width}x{height} = {width * height} pixels > --max-pixels {max_pixels}")
+
+
+def _is_webp(data: bytes) -> bool:
+    return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+
+def _webp_canvas_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) declared by a WebP file's first chunk, or None for other files."""
+    if len(data) < 30 or not _is_webp(data):
+        return None
+    chunk = data[12:16]
+    if chunk == b"VP8X":  # extended: 24-bit canvas width-1 and height-1
+        return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+    if chunk == b"VP8L" and data[20] == 0x2F:  # lossless: 14-bit width-1 and height-1 after the signature byte
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 ":  # lossy: 14-bit width and height after the frame tag and start code
+        return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF
+    return None
+
+
+def _failure_reject(detail: str, data: bytes) -> RejectError:
+    """The reject for a decoder failure: ``truncated`` when the file ends early, else ``decode_error``."""
+    # Pillow says "image file is truncated" or "Truncated File Read"; a WebP decoder only fails to start, but the
+    # RIFF header declares the file's length.
+    cut_short = _is_webp(data) and int.from_bytes(data[4:8], "little") + 8 > len(data)
+    return RejectError("truncated" if cut_short or "truncated" in detail.lower() else "decode_error", detail)
+
+
+def _draft(image: Image.Image, shorter_side: int) -> None:
+    """Sets a JPEG (or MPO, a JPEG with more pictures) up for DCT-scaled decoding when the target is <= half."""
+    if not isinstance(image, JpegImagePlugin.JpegImageFile) or 2 * shorter_side > min(image.size):
+        return
+    # draft() scales by the largest of 1/8, 1/4, 1/2 that keeps each side >= the requested one; asking for a square of
+    # the shorter side lets the shorter side alone decide.
+    image.draft(None, (shorter_side, shorter_side))
+
+
+def _orient(image: Image.Image) -> Image.Image:
+    """The image turned upright as its EXIF (or XMP) orientation says."""
+    method = _ORIENTATION_TRANSPOSE.get(image.getexif().get(ExifTags.Base.Orientation))
+    return image.transpose(method) if method is not None else image
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """Converts any Pillow mode to 8-bit RGB, applying EXIF orientation and embedded ICC profiles of CMYK images."""
-    image = ImageOps.exif_transpose(image)
+    image.load()
+    image = _orient(image)
     mode = image.mode
-    if mode == "RGB":
+    if mode == "RGB" and "transparency" not in image.info:
         return image
     if mode in ("CMYK",):
         # YCCK JPEGs arrive here too: libjpeg converts YCCK to CMYK. Use the embedded profile when there is one.
@@ -127,9 +210,10 @@ def to_rgb(image: Image.Image) -> Image.Image:
                 pass  # a broken profile: fall back to the plain conversion below
         return image.convert("RGB")
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG/TIFF). Scale 0-65535 to 0-255 instead of clipping as convert("L") would.
-        pixels = np.asarray(image, dtype=np.float64)
-        grey = np.clip(np.rint(pixels / 257.0), 0, 255).astype(np.uint8)
+        # 16-bit greyscale (PNG/TIFF). Scale 0-65535 to 0-255 instead of clipping as convert("L") would;
+        # (v + 128) // 257 is v / 257 rounded, in integers.
+        pixels = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
+        grey = ((pixels + 128) // 257).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
     if mode == "F":
         grey = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
@@ -140,7 +224,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     elif mode in ("RGBa", "La", "PA"):
         image = image.convert("RGBA")
         mode = "RGBA"
-    elif mode in ("L", "1") and "transparency" in image.info:
+    elif mode in ("L", "1", "RGB") and "transparency" in image.info:  # a tRNS colour key: that colour is transparent
         image = image.convert("RGBA")
         mode = "RGBA"
     if mode in ("RGBA", "LA"):
@@ -155,36 +239,41 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 def resize_and_crop(image: Image.Image, shorter_side: int, crop: str) -> Image.Image:
     """Resizes so the shorter side is ``shorter_side``; with ``crop="center"`` also cuts the centred square."""
-    width, height = image.size
-    new_width, new_height = target_size(width, height, shorter_side)
-    if (new_width, new_height) != (width, height):
-        image = image.resize((new_width, new_height), RESAMPLE)
-    if crop == "center" and new_width != new_height:
-        left = (new_width - shorter_side) // 2
-        top = (new_height - shorter_side) // 2
-        image = image.crop((left, top, left + shorter_side, top + shorter_side))
-    return image
+    return _resize_and_crop_to(image, target_size(*image.size, shorter_side), shorter_side, crop)
+
+
+def _resize_and_crop_to(image: Image.Image, size: tuple[int, int], shorter_side: int, crop: str) -> Image.Image:
+    """Scales ``image`` to ``size`` (shorter side ``shorter_side``); with ``crop="center"`` keeps the centred square."""
+    new_width, new_height = size
+    if crop == "none" or new_width == new_height:
+        return image if size == image.size else image.resize(size, RESAMPLE)
+    left, top = (new_width - shorter_side) // 2, (new_height - shorter_side) // 2
+    if size == image.size:
+        return image.crop((left, top, left + shorter_side, top + shorter_side))
+    # Resample just the kept square: the filter still reads the source pixels around it, so the result is that of
+    # resizing then cropping, without allocating the whole resized image (a 1x100000 strip would become 256x25.6M).
+    x_scale, y_scale = image.width / new_width, image.height / new_height
+    box = (left * x_scale, top * y_scale, (left + shorter_side) * x_scale, (top + shorter_side) * y_scale)
+    return image.resize((shorter_side, shorter_side), RESAMPLE, box=box)
 
 
 def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Image:
     """Decodes ``data`` (any format Pillow reads; GIFs give their first frame) to an oriented RGB image."""
     options = options or ProcessOptions()
     image = open_image(data, options.max_pixels, draft_shorter_side=options.shorter_side)
+    return _load_rgb(image, data)
+
+
+def _load_rgb(image: Image.Image, data: bytes) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Palette images with Transparency expressed in bytes"
             image.load()
             return to_rgb(image)
-    except RejectError:
-        raise
-    except OSError as e:
-        message = str(e)
-        reason = "truncated" if "truncated" in message or "broken data stream" in message else "decode_error"
-        raise RejectError(reason, f"{type(e).__name__}: {message}") from None
     except MemoryError:
-        raise RejectError("too_many_pixels", "decoding ran out of memory") from None
+        raise RejectError("too_many_pixels", "out of memory while decoding") from None
     except Exception as e:  # noqa: BLE001 - hostile bytes can raise anything from a codec; all become rejects
-        raise RejectError("decode_error", f"{type(e).__name__}: {e}") from None
+        raise _failure_reject(f"{type(e).__name__}: {e}", data) from None
 
 
 def encode(pixels: np.ndarray, encoding: str, jpeg_quality: int = 90) -> bytes:
@@ -199,19 +288,41 @@ def encode(pixels: np.ndarray, encoding: str, jpeg_quality: int = 90) -> bytes:
 
 def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     """Decode, convert, resize, crop and encode one image; raises :class:`RejectError` for bad input."""
-    image = decode_rgb(data, options)
+    image = _open_checked(data, options.max_pixels)
+    # The output size comes from the full-size image: a drafted one has its sides rounded up to whole DCT blocks.
+    source_width, source_height = image.size
+    if options.crop == "none":
+        # An extreme aspect ratio: a 1x100000 strip would become 256x25600000. Checked before decoding.
+        width, height = target_size(source_width, source_height, options.shorter_side)
+        resized = f"{source_width}x{source_height} resized to shorter side {options.shorter_side} is {width}x{height}"
+        if width * height > options.max_pixels:
+            raise RejectError("too_many_pixels", f"{resized} > --max-pixels {options.max_pixels}")
+        if options.encoding == "jpeg" and max(width, height) > JPEG_MAX_SIDE:
+            raise RejectError("too_many_pixels", f"{resized}: JPEG stores at most {JPEG_MAX_SIDE} pixels a side")
+    _draft(image, options.shorter_side)
+    decoded_size = image.size
+    rgb = _load_rgb(image, data)
+    if rgb.size != decoded_size:  # EXIF orientation turned it by 90 degrees
+        source_width, source_height = source_height, source_width
+    size = target_size(source_width, source_height, options.shorter_side)
     try:
-        image = resize_and_crop(image, options.shorter_side, options.crop)
+        rgb = _resize_and_crop_to(rgb, size, options.shorter_side, options.crop)
+    except MemoryError:
+        raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001
         raise RejectError("decode_error", f"resize failed: {type(e).__name__}: {e}") from None
-    pixels = np.asarray(image, dtype=np.uint8)
-    flat = pixels.reshape(-1, 3).astype(np.int64)
-    sums = flat.sum(axis=0)
-    squares = np.einsum("ij,ij->j", flat, flat)
+    pixels = np.asarray(rgb, dtype=np.uint8)
+    # Per-channel histograms give exact sums and sums of squares without an int64 copy of the image.
+    counts = np.stack([np.bincount(pixels[..., c].ravel(), minlength=256) for c in range(3)]).astype(np.int64)
+    values = np.arange(256, dtype=np.int64)
+    try:
+        encoded = encode(pixels, options.encoding, options.jpeg_quality)
+    except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
+        raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
     return ProcessedImage(
-        encoded=encode(pixels, options.encoding, options.jpeg_quality),
+        encoded=encoded,
         height=pixels.shape[0],
         width=pixels.shape[1],
-        channel_sums=tuple(int(v) for v in sums),
-        channel_square_sums=tuple(int(v) for v in squares),
+        channel_sums=tuple(int(v) for v in counts @ values),
+        channel_square_sums=tuple(int(v) for v in counts @ (values * values)),
     )
