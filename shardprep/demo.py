@@ -13,6 +13,7 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw
 
+MARKER = ".shardprep-demo"  # hidden, so the job does not count it as an input
 CLASSES = ("circle", "square", "stripes", "triangle")
 KINDS = ("rgb_jpeg", "gray_jpeg", "rgba_png", "palette_png", "gif", "webp", "bmp", "cmyk_jpeg", "gray16_png",
          "rotated_jpeg")
@@ -104,4 +105,6 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
     for relative, data in broken.items():
         with open(os.path.join(root, relative), "wb") as f:
             f.write(data)
+    with open(os.path.join(root, MARKER), "w") as f:
+        f.write(f"shardprep demo dataset, seed {seed}\n")
     return written + len(broken)

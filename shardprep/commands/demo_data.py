@@ -1,6 +1,7 @@
 """``shardprep demo-data DIR``: write the built-in demo dataset (a small ImageFolder tree) to DIR."""
 
 import os
+import shutil
 
 import click
 
@@ -15,7 +16,10 @@ def command(directory, train_per_class, validation_per_class, seed):
     40-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
     from shardprep import demo
 
+    marker = os.path.join(directory, demo.MARKER)
     if os.path.exists(directory) and os.listdir(directory):
-        raise click.ClickException(f"{directory} is not empty")
+        if not os.path.exists(marker):
+            raise click.ClickException(f"{directory} is not empty and holds no earlier demo dataset")
+        shutil.rmtree(directory)  # regenerate an earlier demo: the same arguments give the same files
     count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
     click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
