@@ -156,8 +156,11 @@ def make_dataset(
 
     height, width = stored_image_shape(manifest)
     if encoding == "raw" and crop == "center":
-        batches = records.batch(per_replica_batch, drop_remainder=training).map(
-            _raw_batch_decoder(height, width), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        # Parallel batching: assembling a batch copies every record once, and one thread doing it all falls behind.
+        batches = records.batch(per_replica_batch, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=deterministic)
+        batches = batches.map(_raw_batch_decoder(height, width), num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=deterministic)
     else:
         # One image at a time is unavoidable here (JPEG decode, or a crop of a variable-size image); the random
         # crop positions come from a seeded stream zipped alongside, so a seed still makes the batches repeatable.
@@ -165,7 +168,8 @@ def make_dataset(
         crop_seeds = tf.data.Dataset.random(seed=seed).batch(2)
         images = tf.data.Dataset.zip(records, crop_seeds).map(
             decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        batches = images.batch(per_replica_batch, drop_remainder=training)
+        batches = images.batch(per_replica_batch, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=deterministic)
 
     options = tf.data.Options()
     options.deterministic = deterministic
