@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import image_factory
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -32,10 +33,11 @@ def problems_of(report: dict, check: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """A prepared dataset: 3 classes, 6 train and 2 validation images each, 32x32 raw, 2 shards per split."""
+    """A prepared dataset: 3 classes, 6 train and 2 validation images each (every image format in turn), 32x32 raw,
+    2 shards per split."""
     root = tmp_path_factory.mktemp("clean")
-    source = helpers.write_image_folder(root / "source", {"train": 6, "validation": 2})
-    helpers.preprocess(source, root / "data")
+    image_factory.write_image_folder(root / "source", {"train": 18, "validation": 6})
+    helpers.preprocess(root / "source", root / "data")
     return root / "data"
 
 
@@ -153,7 +155,7 @@ def test_edited_shard_count_in_manifest_names_the_shard(dataset):
 
 def test_edited_class_count_in_manifest_names_split_and_class(dataset):
     manifest = helpers.load_manifest(dataset)
-    manifest["splits"]["train"]["class_counts"]["dog"] -= 1
+    manifest["splits"]["train"]["class_counts"]["green"] -= 1
     manifest["splits"]["train"]["num_examples"] -= 1
     helpers.save_manifest(dataset, manifest)
 
@@ -162,17 +164,19 @@ def test_edited_class_count_in_manifest_names_split_and_class(dataset):
     assert report["ok"] is False
     [class_count] = problems_of(report, "class_count")
     assert (class_count["split"], class_count["class_name"], class_count["count"],
-            class_count["expected_count"]) == ("train", "dog", 6, 5)
+            class_count["expected_count"]) == ("train", "green", 6, 5)
     assert [p["split"] for p in problems_of(report, "split_count")] == ["train"]
 
 
 def test_image_in_train_and_validation_is_leakage_with_both_keys(tmp_path):
-    source = helpers.write_image_folder(tmp_path / "source", {"train": 3, "validation": 1})
-    shutil.copy(source / "train/eel/eel2.png", source / "validation/eel/copy_of_eel2.png")
-    helpers.preprocess(source, tmp_path / "data")
-    train_key = next(r.filename for s in sorted((tmp_path / "data/train").glob("*.tfrecord"))
-                     for r in helpers.read_shard(s) if r.filename.endswith("eel2.png"))
-    validation_key = train_key.replace("train", "validation").replace("eel2.png", "copy_of_eel2.png")
+    written = image_factory.write_image_folder(tmp_path / "source", {"train": 9, "validation": 3})
+    original = next(image for image in written if image.split == "train" and image.path.endswith(".png"))
+    copy = tmp_path / "source" / "validation" / original.class_name / "copy.png"
+    shutil.copy(original.path, copy)
+    helpers.preprocess(tmp_path / "source", tmp_path / "data")
+    keys = [r.filename for s in sorted((tmp_path / "data").glob("*/*.tfrecord")) for r in helpers.read_shard(s)]
+    [train_key] = [key for key in keys if key.endswith(original.path.rsplit("/", 1)[-1])]
+    [validation_key] = [key for key in keys if key.endswith("copy.png")]
 
     report = run_validate(tmp_path / "data")
 
@@ -208,14 +212,15 @@ def test_label_out_of_range_and_duplicate_filename_name_their_records(dataset):
 
 
 def test_jpeg_uncropped_dataset_passes_within_jpeg_tolerance(tmp_path):
-    source = helpers.write_image_folder(tmp_path / "source", {"train": 2, "validation": 1})
-    helpers.preprocess(source, tmp_path / "data", "--encoding", "jpeg", "--crop", "none")
+    image_factory.write_image_folder(tmp_path / "source", {"train": 6, "validation": 3})
+    helpers.preprocess(tmp_path / "source", tmp_path / "data", "--encoding", "jpeg", "--crop", "none")
 
     report = run_validate(tmp_path / "data")
 
     assert report["ok"] is True, report["problems"]
     assert report["mean_std_tolerance"] == 1.0
-    assert report["splits"]["train"]["image_sizes"]["most_common"] == {"32x38": 6}
+    sizes = report["splits"]["train"]["image_sizes"]
+    assert sizes["num_distinct"] > 1 and min(sizes["min_height"], sizes["min_width"]) == 32
 
 
 def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset, tmp_path):
@@ -240,9 +245,13 @@ def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset
     assert "4 shards, 2 temporary files" in missing["message"]
 
 
+def jpeg(height: int, width: int, seed: int) -> bytes:
+    return image_factory.encode(Image.fromarray(image_factory.smooth_photo(width, height, seed)), "JPEG")
+
+
 def test_foreign_tfrecords_report_counts_labels_sizes_and_bad_records(tmp_path):
     def example(label, height, width, seed):
-        return helpers.foreign_example({"image": helpers.jpeg_bytes(height, width, seed), "label": label})
+        return helpers.foreign_example({"image": jpeg(height, width, seed), "label": label})
 
     train_0 = tmp_path / "in/foo-train.tfrecord-00000-of-00002"
     train_1 = tmp_path / "in/foo-train.tfrecord-00001-of-00002"
@@ -251,7 +260,7 @@ def test_foreign_tfrecords_report_counts_labels_sizes_and_bad_records(tmp_path):
     helpers.write_foreign_tfrecord(train_1, [
         example(0, 20, 30, 4),
         helpers.foreign_example({"image": b"not an image", "label": 2}),
-        helpers.foreign_example({"image": helpers.jpeg_bytes(8, 8, 5)}),
+        helpers.foreign_example({"image": jpeg(8, 8, 5)}),
         example(2, 20, 30, 6),
         example(2, 20, 30, 7),
     ])
@@ -274,7 +283,7 @@ def test_foreign_tfrecords_report_counts_labels_sizes_and_bad_records(tmp_path):
 
 
 def test_foreign_tfrecords_with_other_keys_pass_and_chart_is_written(tmp_path):
-    records = [helpers.foreign_example({"jpeg": helpers.jpeg_bytes(12, 10, i), "class": i % 2}) for i in range(4)]
+    records = [helpers.foreign_example({"jpeg": jpeg(12, 10, i), "class": i % 2}) for i in range(4)]
     helpers.write_foreign_tfrecord(tmp_path / "records.tfrecord", records)
 
     report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord", "--image-key", "jpeg", "--label-key", "class",

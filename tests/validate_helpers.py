@@ -1,39 +1,17 @@
-"""Helpers for the validate tests: a small ImageFolder source for the preprocess job, damaging a prepared dataset in
-the ways the checks must catch, and foreign TFDS-style records (which the preprocess job never writes)."""
+"""Helpers for the validate tests: running the preprocess job, damaging a prepared dataset in the ways the checks
+must catch, and foreign TFDS-style records (which the preprocess job never writes). Source images come from
+``image_factory``."""
 
 from __future__ import annotations
 
-import io
 import json
 import pathlib
 import shutil
 import struct
 
-import numpy as np
-from PIL import Image
-
 from preprocess import manifest as manifest_lib
 from preprocess.record_format import ImageRecord, decode_example, encode_example
 from preprocess.tfrecord_io import frame, read_records
-
-CLASSES = ("cat", "dog", "eel")
-
-
-def write_image_folder(root: pathlib.Path, per_class: dict[str, int], seed: int = 0,
-                       size: tuple[int, int] = (40, 48)) -> pathlib.Path:
-    """``root/<split>/<class>/<class><i>.png``, ``per_class[split]`` each: smooth random colour fields (photo-like
-    for a JPEG encoder, unlike pure noise), all different."""
-    rng = np.random.default_rng(seed)
-    height, width = size
-    for split, count in per_class.items():
-        for name in CLASSES:
-            folder = root / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                coarse = Image.fromarray(rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8), "RGB")
-                coarse.resize((width, height), Image.Resampling.BICUBIC).save(folder / f"{name}{i}.png")
-    return root
-
 
 def preprocess(source: pathlib.Path, output: pathlib.Path, *options: str) -> dict:
     """Runs the real preprocess job in-process (one worker, no subprocesses) and returns its manifest."""
@@ -123,13 +101,6 @@ def foreign_example(features: dict) -> bytes:
         else:
             feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def jpeg_bytes(height: int, width: int, seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=85)
-    return buffer.getvalue()
 
 
 def write_foreign_tfrecord(path: pathlib.Path, records: list[bytes]) -> None:
