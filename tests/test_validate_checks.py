@@ -212,3 +212,13 @@ def test_contact_sheet_grid_thumbnails_and_empty_cells():
 def test_class_chart_size_for_many_classes():
     chart = pictures.class_count_chart([str(i) for i in range(200)], {"train": list(range(200))}, "t")
     assert chart.size == pictures.class_chart_size(200) == (pictures.CHART_WIDTH, 600)
+
+
+def test_help_states_the_tolerances_the_checks_use():
+    from preprocess.validation_stats import MEAN_STD_TOLERANCE
+    from shardprep.commands import validate as command
+
+    flat_help = " ".join(command.HELP.split())
+    assert f"within {MEAN_STD_TOLERANCE['raw']} (raw) or {MEAN_STD_TOLERANCE['jpeg']} (jpeg" in flat_help
+    assert command.DEFAULT_SAMPLES_PER_CLASS == validate.DEFAULT_SAMPLES_PER_CLASS
+    assert command.DEFAULT_MAX_PROBLEMS_PER_CHECK == validate.DEFAULT_MAX_PROBLEMS_PER_CHECK
