@@ -215,12 +215,16 @@ def test_jpeg_uncropped_dataset_passes_within_jpeg_tolerance(tmp_path):
     image_factory.write_image_folder(tmp_path / "source", {"train": 6, "validation": 3})
     helpers.preprocess(tmp_path / "source", tmp_path / "data", "--encoding", "jpeg", "--crop", "none")
 
-    report = run_validate(tmp_path / "data")
+    report = run_validate(tmp_path / "data", "--pictures", str(tmp_path / "pictures"))
 
     assert report["ok"] is True, report["problems"]
     assert report["mean_std_tolerance"] == 1.0
     sizes = report["splits"]["train"]["image_sizes"]
     assert sizes["num_distinct"] > 1 and min(sizes["min_height"], sizes["min_width"]) == 32
+    # Every train image is a sample here (2 per class); the cell fits the longest side of any of them.
+    cell = max(sizes["max_height"], sizes["max_width"])
+    with Image.open(tmp_path / "pictures" / pictures.CONTACT_SHEET_NAME) as sheet:
+        assert sheet.size == pictures.contact_sheet_size(3, validate.DEFAULT_SAMPLES_PER_CLASS, cell)
 
 
 def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset, tmp_path):
