@@ -21,6 +21,31 @@ Foreign input (``tfrecord:GLOB``, TFDS-style records with an encoded image and a
 No stage holds the dataset: shards are read one record at a time, and everything that crosses records goes through
 a combiner or a GroupByKey. Run ``python -m pipelines.validate DATA [--json REPORT] [-- beam options]`` or
 ``shardprep validate``.
+
+The JSON report (``--json``)::
+
+    ok                      true only when problem_counts is empty (the exit status is 0 exactly then)
+    data, kind              DATA as given; "dataset" or "tfrecord"
+    problem_counts          {check: number of problems}, every problem counted
+    problems                [{check, message, split, file, index, ...}] (file relative to the dataset, index the
+                            0-based record in it; null where not applicable), at most --max-problems-per-check per
+                            check, lowest file/record first; problems_truncated says whether some were left out
+    elapsed_seconds, tool, tool_version
+    pictures                {contact_sheet, class_counts}: paths written (with --pictures)
+  prepared dataset, once a manifest was read:
+    classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
+    stats_split, mean_rgb, std_rgb, manifest_mean_rgb, manifest_std_rgb, mean_std_tolerance
+    num_examples, expected_num_examples, other_files (non-shard files found, e.g. rejects.jsonl)
+    splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
+             expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
+             ({file: records}), duplicate_images (identical images within the split: not a failure)}}
+  tfrecord:GLOB:
+    image_key, label_key, num_files, num_examples
+    splits: {split from the TFDS file name, else "all": {num_examples, num_files, num_readable_images,
+             label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
+
+``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}. The checks are listed
+with their meaning in ``preprocess.validation_checks.CHECKS``.
 """
 
 from __future__ import annotations
