@@ -36,6 +36,7 @@ from preprocess import image_ops, manifest, record_format, sources, tfrecord_io
 
 TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
 BUCKET_TARGET = 8192  # sort keys per bucket when finding shard boundaries: bounds the work of one worker
+METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,9 +355,11 @@ class ListFlatDirectory(beam.DoFn):
 
 def _list_files(directory: str) -> list[str]:
     if _is_local(directory):
+        # A link to a missing file is listed too: it becomes an "unreadable" reject instead of vanishing unseen.
         with os.scandir(directory) as entries:
             return sorted(os.path.join(directory, e.name) for e in entries
-                          if e.is_file() and not sources.is_hidden(e.name))
+                          if (e.is_file() or (e.is_symlink() and not os.path.exists(e.path)))
+                          and not sources.is_hidden(e.name))
     pattern = manifest.join(directory, "*")
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list
                   if not sources.is_hidden(m.path.rsplit("/", 1)[-1]) and not m.path.endswith("/"))
@@ -584,10 +587,13 @@ class FindShardBoundaries(beam.DoFn):
 
     def __init__(self, requested_shards: int | None):
         self.requested_shards = requested_shards
+        # Keys sorted per call: shows that this work stays about BUCKET_TARGET however large the dataset.
+        self.bucket_keys = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, "boundary_bucket_keys")
 
     def process(self, element, sizes, total_bytes, bucket_sizes):
         (split, bucket), keys = element
         keys = sorted(keys)
+        self.bucket_keys.update(len(keys))
         first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
         shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
         for shard, rank in enumerate(boundary_ranks(sizes[split], shards), start=1):
@@ -674,11 +680,17 @@ class WriteManifest(beam.DoFn):
                                   reject_summary, pixel_sums, max_label)
         remove_spill(self.config.output)
         path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
+        # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
+        # never an empty or partial one where readers look for the mark of a complete dataset.
+        temporary = manifest.join(self.config.output, f".tmp-{uuid.uuid4().hex}-{manifest.MANIFEST_NAME}")
         try:
-            with FileSystems.create(path, mime_type="application/json",
+            with FileSystems.create(temporary, mime_type="application/json",
                                     compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 f.write(manifest.to_json(document).encode("utf-8"))
+            FileSystems.rename([temporary], [path])
         except Exception as e:
+            with contextlib.suppress(Exception):
+                FileSystems.delete([temporary])
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
         yield document
 
