@@ -168,6 +168,19 @@ def test_edited_class_count_in_manifest_names_split_and_class(dataset):
     assert [p["split"] for p in problems_of(report, "split_count")] == ["train"]
 
 
+def test_manifest_mean_off_by_more_than_the_tolerance_fails_and_std_within_it_passes(dataset):
+    manifest = helpers.load_manifest(dataset)
+    manifest["mean_rgb"][2] += 0.06
+    manifest["std_rgb"][0] -= 0.04
+    helpers.save_manifest(dataset, manifest)
+
+    report = run_validate(dataset)
+
+    assert set(report["problem_counts"]) == {"mean_rgb"}
+    [mean] = problems_of(report, "mean_rgb")
+    assert mean["split"] == "train" and mean["tolerance"] == 0.05
+
+
 def test_image_in_train_and_validation_is_leakage_with_both_keys(tmp_path):
     written = image_factory.write_image_folder(tmp_path / "source", {"train": 9, "validation": 3})
     original = next(image for image in written if image.split == "train" and image.path.endswith(".png"))
