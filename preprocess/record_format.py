@@ -116,6 +116,7 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         pos += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            result &= (1 << 64) - 1  # a 10th byte carries bits past 64: protobuf drops them
             if result >= 1 << 63:
                 result -= 1 << 64
             return result, pos
@@ -159,45 +160,50 @@ def parse_features(serialized: bytes) -> dict[str, list]:
             for entry_number, entry_type, entry in _iter_fields(example_field):
                 if entry_number != 1 or entry_type != 2:
                     continue
-                key, feature = None, None
+                key, feature_parts = "", []  # protobuf defaults for a map entry's missing key or value
                 for n, t, v in _iter_fields(entry):
                     if n == 1 and t == 2:
                         key = bytes(v).decode("utf-8")
                     elif n == 2 and t == 2:
-                        feature = v
-                if key is None:
-                    raise RecordFormatError("feature map entry without a key")
-                features[key] = _parse_feature(feature) if feature is not None else []
+                        feature_parts.append(v)  # a repeated message field merges, as concatenation does
+                features[key] = _parse_feature(memoryview(b"".join(feature_parts)))
     except RecordFormatError:
         raise
-    except (UnicodeDecodeError, ValueError, IndexError) as e:
+    except (UnicodeDecodeError, ValueError, IndexError, struct.error) as e:
         raise RecordFormatError(f"not a tf.train.Example: {e}") from e
     return features
 
 
 def _parse_feature(feature: memoryview) -> list:
     values: list = []
-    for kind, wire_type, payload in _iter_fields(feature):
-        if wire_type != 2:
-            continue
+    kind = None
+    for number, wire_type, payload in _iter_fields(feature):
+        if number not in (1, 2, 3) or wire_type != 2:
+            continue  # an unknown field: protobuf keeps it aside, TensorFlow ignores it
+        if number != kind:
+            values, kind = [], number  # bytes_list, float_list and int64_list are a oneof: the last one wins
         for n, t, v in _iter_fields(payload):
             if n != 1:
                 continue
+            # A value of another wire type than its field's is an unknown field to protobuf, so it is skipped.
             if kind == 1:  # BytesList
-                values.append(bytes(v))
+                if t == 2:
+                    values.append(bytes(v))
             elif kind == 2:  # FloatList: packed or not
                 if t == 2:
+                    if len(v) % 4:
+                        raise RecordFormatError("packed float list is not a whole number of floats")
                     values.extend(struct.unpack(f"<{len(v) // 4}f", v))
-                else:
+                elif t == 5:
                     values.append(struct.unpack("<f", v.to_bytes(4, "little"))[0])
-            elif kind == 3:  # Int64List: packed or not
+            else:  # Int64List: packed or not
                 if t == 2:
                     pos = 0
                     while pos < len(v):
                         item, pos = _read_varint(v, pos)
                         values.append(item)
-                else:
-                    values.append(v if v < 1 << 63 else v - (1 << 64))
+                elif t == 0:
+                    values.append(v)  # _read_varint already made it signed
     return values
 
 
@@ -205,23 +211,27 @@ def decode_example(serialized: bytes) -> ImageRecord:
     """Parses a shardprep record; raises :class:`RecordFormatError` if a key is missing or malformed."""
     features = parse_features(serialized)
 
-    def single(key: str):
+    def single(key: str, kind: type):
         values = features.get(key)
         if not values or len(values) != 1:
             raise RecordFormatError(f"record has no single value for {key!r}")
+        if type(values[0]) is not kind:  # e.g. int(b"12") would quietly accept a bytes height
+            raise RecordFormatError(f"record has a {type(values[0]).__name__} for {key!r}, not {kind.__name__}")
         return values[0]
 
     try:
         record = ImageRecord(
-            encoded=single(ENCODED),
-            format=single(FORMAT).decode(),
-            height=int(single(HEIGHT)),
-            width=int(single(WIDTH)),
-            label=int(single(LABEL)),
-            filename=single(FILENAME).decode("utf-8"),
+            encoded=single(ENCODED, bytes),
+            format=single(FORMAT, bytes).decode(),
+            height=single(HEIGHT, int),
+            width=single(WIDTH, int),
+            label=single(LABEL, int),
+            filename=single(FILENAME, bytes).decode("utf-8"),
         )
-    except (AttributeError, TypeError, UnicodeDecodeError) as e:
-        raise RecordFormatError(f"record has a value of the wrong type: {e}") from e
+    except UnicodeDecodeError as e:
+        raise RecordFormatError(f"record has text that is not UTF-8: {e}") from e
+    if record.height < 1 or record.width < 1:
+        raise RecordFormatError(f"image size {record.height}x{record.width} is not positive")
     if record.format not in ENCODINGS:
         raise RecordFormatError(f"unknown image format {record.format!r}")
     if record.format == "raw" and len(record.encoded) != record.height * record.width * CHANNELS:
