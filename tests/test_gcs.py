@@ -226,7 +226,7 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
     assert 0 < prepared["planning_requests"] < VAL_FILES, prepared["planning_requests"]
 
 
-def test_tfrecord_glob_source_on_gs_and_overwrite(storage):
+def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     bucket = storage.client().bucket(storage.bucket)
     bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
     bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
@@ -238,6 +238,10 @@ def test_tfrecord_glob_source_on_gs_and_overwrite(storage):
     assert manifest["splits"]["train"]["num_examples"] == 4
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
     assert "tfds-shards/stale/left-over.txt" not in object_names(storage, "tfds-shards/")
+    run_shardprep(storage, "validate", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
+                  "--json", gs(storage, "reports/tfds.json"), "--quiet")
+    report = json.loads(read_object(storage, "reports/tfds.json"))
+    assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
 
 def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared):
