@@ -27,7 +27,7 @@ setuptools.setup(
                                                "train", "train.*", "shardprep", "shardprep.*"]),
     install_requires=REQUIRED,
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography"],
     },
     entry_points={"console_scripts": ["shardprep = shardprep.cli:main"]},
 )

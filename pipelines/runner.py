@@ -26,6 +26,13 @@ def is_local(beam_args: list[str]) -> bool:
     return runner_name(beam_args).lower() in ("", "fnapirunner")
 
 
+def template_location(beam_args: list[str]) -> str | None:
+    """``--template_location``: Dataflow then writes a job template instead of running the job."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    return PipelineOptions(beam_args).view_as(GoogleCloudOptions).template_location
+
+
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     """Options for ``beam_args``; local runs default to one worker process per core."""
     options = PipelineOptions(beam_args)

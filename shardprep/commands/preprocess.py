@@ -72,6 +72,9 @@ def command(source, output, shorter_side, crop, encoding, jpeg_quality, num_shar
             manifest = job.run_job(config, list(beam_args), on_progress=display.update)
     except (SourceError, job.PreprocessError) as e:
         raise click.ClickException(str(e)) from None
+    if "template_location" in manifest:
+        click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
+        return manifest
     print_summary(manifest, time.monotonic() - started, output)
     return manifest
 
