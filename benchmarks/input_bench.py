@@ -1,6 +1,7 @@
 """Input pipeline cost: the seed user's JPEG pipeline, tf.data best practice, and the shardprep reader, side by side.
 
     python benchmarks/input_bench.py [IMAGES_DIR] [--num-images 2048] [--rounds 3] [--seconds 6] [--json FILE]
+                                     [--layout-prototypes]
 
 All four pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/imagenet-sample``, replicated to
 ``--num-images`` records), in one process, one after another, and produce training batches of 256:
@@ -13,6 +14,10 @@ All four pipelines read the same photographs (IMAGES_DIR, default ``../shared/da
    one Example per image: uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of
    the model, so they are not host work here.
 4. shardprep reader on JPEG shards (same 256x256 images, JPEG quality 90): a decode per image on the host.
+
+With ``--layout-prototypes``, two record layouts that shardprep does not write, read the way the reader reads (5, 6):
+the same pixels with the label appended, TFRecord-framed or as fixed-length records, decoded with one
+``decode_raw`` per batch and no protobuf. They measure what the one-Example-per-image layout costs.
 
 Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-4) and prefetches. For each it
 prints images/s (wall clock) and host CPU ms per image (process CPU time, all threads, / images), measured after
@@ -30,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -49,6 +55,10 @@ CROP = 224
 BATCH = 256
 JPEG_QUALITY = 90
 NUM_SHARDS = 8
+# Record layouts measured with --layout-prototypes (not written by shardprep): each record is the 256x256x3 pixels
+# followed by the label as a little-endian int32, either TFRecord-framed (CRC checked) or back to back in a plain
+# file read with FixedLengthRecordDataset (no framing, no checksum, no protobuf).
+PROTOTYPES = ("pixels_tfrecord", "fixed_length")
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
 IMAGENET_STD = [58.395, 57.12, 57.375]
 DEFAULT_IMAGES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
@@ -86,17 +96,19 @@ def _tfds_example(image_bytes: bytes, label: int) -> bytes:
     })).SerializeToString()
 
 
-def build_inputs(images_dir: str, work_dir: str, num_images: int) -> dict:
-    """Writes the seed's JPEG TFRecords and shardprep raw and JPEG datasets from the same photos, replicated."""
+def build_inputs(images_dir: str, work_dir: str, num_images: int, layout_prototypes: bool = False) -> dict:
+    """Writes the seed's JPEG TFRecords and shardprep raw and JPEG datasets from the same photos, replicated (and
+    the prototype layouts' files if asked)."""
     names = sorted(n for n in os.listdir(images_dir) if n.lower().endswith((".jpeg", ".jpg", ".png")))
     if not names:
         raise SystemExit(f"no images in {images_dir}")
-    seed_records, raw_records, jpeg_records = [], [], []
+    seed_records, raw_records, jpeg_records, pixel_records = [], [], [], []
     for label, name in enumerate(names):
         with Image.open(os.path.join(images_dir, name)) as source:
             rgb = source.convert("RGB")
         seed_records.append(_tfds_example(_jpeg(_resize_shorter(rgb, SEED_SHORTER_SIDE)), label))
         stored = _centre_square(_resize_shorter(rgb, STORED_SIZE), STORED_SIZE)
+        pixel_records.append(stored.tobytes() + struct.pack("<i", label))
         for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
             encoded = stored.tobytes() if encoding == "raw" else _jpeg(stored)
             records.append(record_format.encode_example(record_format.ImageRecord(
@@ -118,6 +130,18 @@ def build_inputs(images_dir: str, work_dir: str, num_images: int) -> dict:
     for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
         datasets[encoding] = _write_shardprep_dataset(os.path.join(work_dir, f"shardprep_{encoding}"), encoding,
                                                       replicated(records), names)
+    if layout_prototypes:
+        pixels = replicated(pixel_records)
+        for kind in PROTOTYPES:
+            folder = os.path.join(work_dir, f"prototype_{kind}")
+            os.makedirs(folder, exist_ok=True)
+            datasets[kind] = []
+            for shard in range(NUM_SHARDS):
+                path = os.path.join(folder, f"train-{shard:05d}-of-{NUM_SHARDS:05d}")
+                with open(path, "wb") as f:
+                    part = pixels[shard::NUM_SHARDS]
+                    f.write(b"".join(frame(r) for r in part) if kind == "pixels_tfrecord" else b"".join(part))
+                datasets[kind].append(path)
     return datasets
 
 
@@ -202,6 +226,32 @@ def shardprep_pipeline(data_dir):
     return reader.make_dataset(data_dir, "train", BATCH, training=True)
 
 
+def prototype_pipeline(files, kind: str, shuffle_buffer: int):
+    """The reader's structure (file shuffle, parallel interleave, shuffle, parallel batch) on a prototype layout,
+    decoded with one ``decode_raw`` of the first H*W*3 bytes of every record of the batch: no protobuf to parse."""
+    import tensorflow as tf
+
+    pixels = STORED_SIZE * STORED_SIZE * 3
+
+    def open_file(path):
+        if kind == "fixed_length":
+            return tf.data.FixedLengthRecordDataset(path, pixels + 4, buffer_size=0)
+        return tf.data.TFRecordDataset(path, buffer_size=0)
+
+    def decode(records):
+        images = tf.reshape(tf.io.decode_raw(records, tf.uint8, fixed_length=pixels),
+                            [-1, STORED_SIZE, STORED_SIZE, 3])
+        labels = tf.io.decode_raw(tf.strings.substr(records, pixels, 4), tf.int32)[:, 0]
+        return images, labels
+
+    dataset = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files)).repeat()
+    dataset = dataset.interleave(open_file, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=False)
+    dataset = dataset.shuffle(shuffle_buffer).batch(BATCH, drop_remainder=True,
+                                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).prefetch(tf.data.AUTOTUNE)
+
+
 # --- measurement ---------------------------------------------------------------------------------------------------
 
 def measure(name: str, dataset, seconds: float, warmup_batches: int, min_batches: int) -> dict:
@@ -234,6 +284,8 @@ def main(argv=None):
     parser.add_argument("--min-batches", type=int, default=8)
     parser.add_argument("--work-dir", help="where the inputs are written (default: a temporary folder, removed)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--layout-prototypes", action="store_true",
+                        help="also measure two record layouts shardprep does not write (see PROTOTYPES)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -243,7 +295,7 @@ def main(argv=None):
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="input_bench_")
     try:
         started = time.perf_counter()
-        inputs = build_inputs(args.images_dir, work_dir, args.num_images)
+        inputs = build_inputs(args.images_dir, work_dir, args.num_images, args.layout_prototypes)
         print(f"inputs: {len(inputs['classes'])} photos from {args.images_dir} replicated to {args.num_images} "
               f"records per dataset, written in {time.perf_counter() - started:.0f} s to {work_dir}")
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -255,6 +307,16 @@ def main(argv=None):
             ("3 shardprep reader, raw shards", lambda: shardprep_pipeline(inputs["raw"])),
             ("4 shardprep reader, JPEG shards", lambda: shardprep_pipeline(inputs["jpeg"])),
         ]
+        if args.layout_prototypes:
+            from train import reader
+
+            buffer = reader.default_shuffle_buffer(reader.load_manifest(inputs["raw"]), "train")
+            pipelines += [
+                ("5 prototype: pixels+label TFRecords, no Example",
+                 lambda: prototype_pipeline(inputs["pixels_tfrecord"], "pixels_tfrecord", buffer)),
+                ("6 prototype: fixed-length pixels+label records",
+                 lambda: prototype_pipeline(inputs["fixed_length"], "fixed_length", buffer)),
+            ]
         # Rounds go through all pipelines in turn, so a slow spell on a shared machine hits them all alike; each
         # pipeline's figures are the medians over its rounds.
         rounds = {name: [] for name, _ in pipelines}
