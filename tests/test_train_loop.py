@@ -194,3 +194,19 @@ def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path):
     no_split = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--val-split", "dev",
                                     "--image-size", "16"])
     assert no_split.exit_code != 0 and "splits: train, validation" in no_split.output
+
+
+def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0))
+    warmup = loop._PlateauWarmup(base_lr=0.8, warmup_steps=4, steps_per_epoch=3)
+    warmup.set_model(model)
+    rates = []
+    for epoch in range(3):
+        warmup.on_epoch_begin(epoch)
+        for batch in range(3):
+            warmup.on_train_batch_begin(batch)
+            rates.append(float(model.optimizer.learning_rate.numpy()))
+            if (epoch, batch) == (1, 2):
+                model.optimizer.learning_rate = 0.08  # what ReduceLROnPlateau would do
+    np.testing.assert_allclose(rates, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8, 0.08, 0.08, 0.08], rtol=1e-6)

@@ -123,14 +123,21 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 class _PlateauWarmup(keras.callbacks.Callback):
     """Linear warm-up for ``--lr-schedule plateau``, where the rate must stay a plain variable that
-    ReduceLROnPlateau can lower; it sets the rate only during the warm-up steps."""
+    ReduceLROnPlateau can lower; it sets the rate only during the warm-up steps.
 
-    def __init__(self, base_lr: float, warmup_steps: int):
+    The step is counted here, not read from the optimizer: reading a device variable every step would make the
+    loop wait for the device each step."""
+
+    def __init__(self, base_lr: float, warmup_steps: int, steps_per_epoch: int):
         super().__init__()
-        self.base_lr, self.warmup_steps = base_lr, warmup_steps
+        self.base_lr, self.warmup_steps, self.steps_per_epoch = base_lr, warmup_steps, steps_per_epoch
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
+        step = self.epoch * self.steps_per_epoch + batch
         if step < self.warmup_steps:
             self.model.optimizer.learning_rate = self.base_lr * (step + 1) / self.warmup_steps
         elif step == self.warmup_steps:
@@ -456,7 +463,7 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
     if config.lr_schedule == "plateau":
         warmup_steps = int(round(config.warmup_epochs * steps_per_epoch))
         if warmup_steps:
-            callbacks.append(_PlateauWarmup(base_lr, warmup_steps))
+            callbacks.append(_PlateauWarmup(base_lr, warmup_steps, steps_per_epoch))
         callbacks.append(keras.callbacks.ReduceLROnPlateau(
             monitor="val_loss", factor=config.reduce_lr_factor, patience=config.reduce_lr_patience,
             min_lr=config.reduce_lr_min))
