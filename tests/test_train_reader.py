@@ -200,3 +200,15 @@ def test_default_shuffle_buffer_is_about_a_gibibyte_of_records_within_the_split(
         "tiny": {"num_examples": 10, "shards": [{"num_bytes": 10 * 200_000}]}}}
     assert reader.default_shuffle_buffer(manifest, "train") == (1 << 30) // (256 * 256 * 3 + 80)
     assert reader.default_shuffle_buffer(manifest, "tiny") == 10
+
+
+def test_eval_batch_through_the_model_input_layer_is_the_stored_centre_crop(raw_dataset):
+    from train.augment import CropFlipNormalize
+
+    root, splits = raw_dataset
+    stored = {pixels.tobytes(): pixels for pixels, _ in splits["validation"]}
+    layer = CropFlipNormalize(8, mean_rgb=[0, 0, 0], std_rgb=[1, 1, 1])
+    for images, labels in _take(reader.make_dataset(root, "validation", 5, training=False), 100):
+        cropped = layer(tf.constant(images), training=False).numpy()
+        for image, crop in zip(images, cropped):
+            np.testing.assert_array_equal(crop, stored[image.tobytes()][2:10, 1:9].astype(np.float32))
