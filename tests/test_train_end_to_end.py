@@ -61,3 +61,23 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
             correct += int(np.argmax(model.predict(pixels, verbose=0)[0]) == label)
             total += 1
     assert correct / total >= 0.9
+
+
+def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
+    from train import reader
+
+    data = tmp_path / "jpeg-none"
+    prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
+                                         "--crop", "none", "--encoding", "jpeg", "--num-shards", "2", "--quiet"])
+    assert prepared.exit_code == 0, prepared.output
+    count = 0
+    for training in (False, True):
+        dataset = reader.make_dataset(str(data), "validation", 8, training=training, seed=1)
+        for images, labels in dataset.take(6):
+            images, labels = images.numpy(), labels.numpy()
+            assert images.shape[1:] == (40, 40, 3) and images.dtype == np.uint8
+            # Each image's dominant colour still says its class: labels travelled with their images.
+            blue_dominant = images[..., 2].mean(axis=(1, 2)) > images[..., 0].mean(axis=(1, 2))
+            np.testing.assert_array_equal(blue_dominant, labels == CLASSES.index("blue"))
+            count += len(labels)
+    assert count >= 48 + 48  # one full validation pass, then training batches
