@@ -171,7 +171,8 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(colour_dataset, tmp
         summary = loop.train(config, strategy=strategy)
         print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
     """)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd()}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": repo}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MirroredStrategy over 2 devices" in result.stdout
