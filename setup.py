@@ -14,6 +14,7 @@ REQUIRED = [
     "numpy",
     "rich>=13",
     "matplotlib>=3.7",
+    "tensorboard",  # the TensorBoard callback; TensorFlow 2.21 no longer installs it
     "importlib_resources",  # TFDS imports it
     "google-crc32c",  # TFRecord checksums (Beam's TFRecord IO and ours)
 ]
