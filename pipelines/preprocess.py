@@ -25,8 +25,10 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -539,6 +541,8 @@ def remove_spill(output: str) -> None:
 
 
 SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
+_spill_readers = None  # created once per process, see read_spilled
+_spill_readers_lock = threading.Lock()
 
 
 def _open_for_record_reads(path: str, largest_record: int):
@@ -559,8 +563,6 @@ def read_spilled(pointers) -> list[bytes]:
 
     Reads each spill file front to back (local files stream from the page cache), several files at a time.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     wanted: dict[str, list[tuple[int, int, int]]] = {}
     for position, (path, offset, size) in enumerate(pointers):
         wanted.setdefault(path, []).append((offset, size, position))
@@ -575,9 +577,14 @@ def read_spilled(pointers) -> list[bytes]:
                     raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
                 records[position] = data
 
-    with ThreadPoolExecutor(max_workers=min(SPILL_READ_THREADS, max(1, len(wanted)))) as pool:
-        for future in [pool.submit(read_file, path, items) for path, items in wanted.items()]:
-            future.result()
+    # One pool for the process, not one per shard: glibc gives new threads their own malloc arenas and keeps what
+    # they freed, so fresh threads for every shard left a worker holding about one shard per arena.
+    global _spill_readers
+    with _spill_readers_lock:
+        if _spill_readers is None:
+            _spill_readers = ThreadPoolExecutor(max_workers=SPILL_READ_THREADS, thread_name_prefix="spill-read")
+    for future in [_spill_readers.submit(read_file, path, items) for path, items in wanted.items()]:
+        future.result()
     return records
 
 
