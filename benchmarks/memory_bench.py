@@ -1,11 +1,15 @@
 """Peak memory of a local preprocess run against the number of inputs (issue 5: no stage holds the dataset).
 
-    python benchmarks/memory_bench.py [--sizes 2000 20000] [--workers 2] [--repeats 1] [--json RESULTS]
+    python benchmarks/memory_bench.py [--sizes 2000 20000] [--shorter-sides 16 64] [--records-per-shard 1000]
+                                      [--workers 2] [--repeats 1] [--json RESULTS] [--keep DIR]
 
 For each size, writes an ImageFolder of that many small generated PNGs (16-48 px, 10 classes, one split), runs
-``shardprep preprocess SRC OUT --shorter-side 16`` as a separate process on ``--workers`` local Beam worker
-processes, and samples the resident memory (RSS) of the whole process tree -- the launcher (which on the local
-runner also holds what crosses a shuffle), the ``/bin/sh`` wrappers and the SDK worker processes -- every 0.1 s.
+``shardprep preprocess SRC OUT --shorter-side S --num-shards SIZE/records-per-shard`` as a separate process on
+``--workers`` local Beam worker processes, and samples the resident memory (RSS) of the whole process tree -- the
+launcher (which on the local runner also holds what crosses a shuffle), the ``/bin/sh`` wrappers and the SDK worker
+processes -- every 0.1 s. A fixed number of records per shard keeps the one shard a worker holds while writing it
+the same at every size; a larger shorter side stores more bytes per input, to tell image bytes from per-input
+bookkeeping.
 
 Reports per run: wall time, inputs/s, peak RSS of the tree (sum over processes at one sample), of the launcher and of
 the largest worker, and the growth per added input between the smallest and the largest size. Shared library pages
