@@ -335,7 +335,7 @@ class ListClassDirectory(beam.DoFn):
 
     def process(self, element):
         split, class_name, directory = element
-        for path in _list_files(directory):
+        for path in _list_files(directory, recursive=True):  # nested folders belong to the class too
             self.progress.add()
             yield split, _relative_key(self.root, path), self.class_index[class_name], path, None
 
@@ -355,16 +355,22 @@ class ListFlatDirectory(beam.DoFn):
             yield sources.labels_key(path), (split, _relative_key(self.root, path), path)
 
 
-def _list_files(directory: str) -> list[str]:
+def _list_files(directory: str, recursive: bool = False) -> list[str]:
+    """The input files in ``directory`` (and its sub-folders when ``recursive``), hidden names left out.
+
+    Everything that is not a folder is listed, links to missing files and special files included: reading them
+    turns them into "unreadable" rejects instead of letting them vanish unseen.
+    """
     if _is_local(directory):
-        # A link to a missing file is listed too: it becomes an "unreadable" reject instead of vanishing unseen.
-        with os.scandir(directory) as entries:
-            return sorted(os.path.join(directory, e.name) for e in entries
-                          if (e.is_file() or (e.is_symlink() and not os.path.exists(e.path)))
-                          and not sources.is_hidden(e.name))
-    pattern = manifest.join(directory, "*")
+        found = []
+        for folder, sub_dirs, files in os.walk(directory):
+            sub_dirs[:] = sorted(d for d in sub_dirs if not sources.is_hidden(d)) if recursive else []
+            found += [os.path.join(folder, name) for name in files if not sources.is_hidden(name)]
+        return sorted(found)
+    pattern = manifest.join(directory, "**" if recursive else "*")
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list
-                  if not sources.is_hidden(m.path.rsplit("/", 1)[-1]) and not m.path.endswith("/"))
+                  if not m.path.endswith("/")
+                  and not any(sources.is_hidden(part) for part in m.path[len(directory):].split("/")))
 
 
 class JoinLabels(beam.DoFn):
@@ -589,6 +595,8 @@ def read_spilled(pointers) -> list[bytes]:
 
 
 def _read_file(path: str) -> bytes:
+    if _is_local(path) and os.path.exists(path) and not os.path.isfile(path):
+        raise image_ops.RejectError("unreadable", "not a regular file (a pipe, socket or device)")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return f.read()

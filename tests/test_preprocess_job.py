@@ -375,3 +375,18 @@ def test_source_errors_are_clear(tmp_path):
     assert result.exit_code != 0 and "no classes found" in result.output
     result = run_cli(f"tfrecord:{tmp_path}/nothing-*", tmp_path / "out2", *IN_PROCESS, expect_ok=False)
     assert result.exit_code != 0 and "no files match" in result.output
+
+
+def test_nested_folders_and_special_files_are_inputs_too(tmp_path):
+    """Nothing in a class folder vanishes unseen: nested images belong to the class, a pipe is a reject."""
+    root = tmp_path / "src"
+    image_factory.write_image_folder(root, {"train": 4}, classes=("a", "b"))
+    (root / "train" / "a" / "more").mkdir()
+    (root / "train" / "a" / "more" / "nested.png").write_bytes(image_factory.tiny_png())
+    os.mkfifo(root / "train" / "b" / "pipe.jpg")
+    out = tmp_path / "out"
+    run_cli(root, out, "--shorter-side", 8, *IN_PROCESS)
+    info = manifest_lib.load(str(out))["splits"]["train"]
+    assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (6, 5, 1)
+    assert "train/a/more/nested.png" in {r.filename for r in all_records(out, "train")}
+    assert [(r["key"], r["reason"]) for r in read_rejects(out)] == [("train/b/pipe.jpg", "unreadable")]
