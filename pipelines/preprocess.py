@@ -23,7 +23,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import math
 import os
 import threading
 import time
@@ -34,10 +33,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess import image_ops, manifest, record_format, sources, tfrecord_io
+from preprocess import image_ops, manifest, record_format, sharding, sources, tfrecord_io
 
-TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
-BUCKET_TARGET = 8192  # sort keys per bucket when finding shard boundaries: bounds the work of one worker
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
 
 
@@ -227,37 +224,6 @@ def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
         raise sources.SourceError(f"TFDS dataset {name} has no prepared files in {builder.data_dir}")
     plan = _plan_tfrecord("", config, classes=classes, split_files=split_files)
     return dataclasses.replace(plan, kind="tfds")
-
-
-def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -> int:
-    """``--num-shards``, or the smallest power of two giving shards of at most 200 MB; never more than records."""
-    if requested:
-        shards = requested
-    else:
-        shards = 1
-        while total_bytes / shards > TARGET_SHARD_BYTES:
-            shards *= 2
-    return max(1, min(shards, num_examples))
-
-
-def sort_key(seed: int, split: str, key: str) -> tuple[int, str]:
-    """A record's place in the seeded pseudo-random order: (64-bit hash, source key for ties)."""
-    digest = hashlib.sha256(f"{seed}\0{split}\0{key}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big"), key
-
-
-def num_buckets(num_examples: int) -> int:
-    return max(1, math.ceil(num_examples / BUCKET_TARGET))
-
-
-def bucket_of(hash64: int, buckets: int) -> int:
-    """Range partition of the hash space, so bucket order is sort order."""
-    return (hash64 * buckets) >> 64
-
-
-def boundary_ranks(num_examples: int, shards: int) -> list[int]:
-    """First rank of shards 1..S-1, for shard(rank) = rank * S // N: shard sizes differ by at most one."""
-    return [-(-k * num_examples // shards) for k in range(1, shards)]
 
 
 # --- progress (local runs) ---------------------------------------------------------------------------------
@@ -494,7 +460,7 @@ class DecodeResizeEncode(beam.DoFn):
         if self.spill is None:
             self.spill = SpillWriter(self.output)
         offset, size = self.spill.append(tfrecord_io.frame(example))
-        yield split, sort_key(self.seed, split, key), label, size, self.spill.path, offset
+        yield split, sharding.sort_key(self.seed, split, key), label, size, self.spill.path, offset
         if split == self.stats_split:
             yield beam.pvalue.TaggedOutput(
                 self.STATS, (image.num_pixels,) + image.channel_sums + image.channel_square_sums)
@@ -604,14 +570,6 @@ def _read_file(path: str) -> bytes:
         raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None
 
 
-def sum_tuples(values) -> tuple[int, ...]:
-    """Element-wise sum of equal-length integer tuples (exact, so any combine order gives the same result)."""
-    total: list[int] | None = None
-    for value in values:
-        total = list(value) if total is None else [a + b for a, b in zip(total, value)]
-    return tuple(total) if total is not None else ()
-
-
 # --- sharding ----------------------------------------------------------------------------------------------
 
 class FindShardBoundaries(beam.DoFn):
@@ -631,25 +589,16 @@ class FindShardBoundaries(beam.DoFn):
         keys = sorted(keys)
         self.bucket_keys.update(len(keys))
         first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
-        shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
-        for shard, rank in enumerate(boundary_ranks(sizes[split], shards), start=1):
+        shards = sharding.num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
+        for shard, rank in enumerate(sharding.boundary_ranks(sizes[split], shards), start=1):
             if first_rank <= rank < first_rank + len(keys):
                 yield split, (shard, keys[rank - first_rank])
 
 
 def assign_shard(record, boundaries):
     """((split, shard), (sort key, spill pointer)) for a record, given every split's sorted shard-start keys."""
-    import bisect
-
     split, key, _, size, spill_path, offset = record
-    return (split, bisect.bisect_right(boundaries.get(split, ()), key)), (key, (spill_path, offset, size))
-
-
-def collect_boundaries(pairs) -> dict[str, tuple]:
-    by_split: dict[str, list] = {}
-    for split, (shard, key) in pairs:
-        by_split.setdefault(split, []).append((shard, key))
-    return {split: tuple(key for _, key in sorted(items)) for split, items in by_split.items()}
+    return (split, sharding.shard_of(key, boundaries.get(split, ()))), (key, (spill_path, offset, size))
 
 
 class WriteShard(beam.DoFn):
@@ -660,7 +609,7 @@ class WriteShard(beam.DoFn):
 
     def process(self, element, sizes, total_bytes):
         (split, shard), pointers = element
-        shards = num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
+        shards = sharding.num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
         ordered = [pointer for _, pointer in sorted(pointers)]
         yield write_shard_file(self.output, split, shard, shards, read_spilled(ordered))
 
@@ -781,7 +730,7 @@ def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shar
             f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
             f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
 
-    mean, std = pixel_statistics(pixel_sums)
+    mean, std = sharding.pixel_statistics(pixel_sums)
     square = config.crop == "center"
     return {
         "format_version": manifest.FORMAT_VERSION,
@@ -810,16 +759,6 @@ def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shar
         "mean_rgb": mean,
         "std_rgb": std,
     }
-
-
-def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None]:
-    """Per-channel mean and standard deviation (0-255) from (pixels, 3 sums, 3 sums of squares)."""
-    if not pixel_sums or not pixel_sums[0]:
-        return None, None
-    pixels, sums, squares = pixel_sums[0], pixel_sums[1:4], pixel_sums[4:7]
-    mean = [s / pixels for s in sums]
-    std = [math.sqrt(max(0.0, q / pixels - m * m)) for q, m in zip(squares, mean)]
-    return [round(m, 6) for m in mean], [round(s, 6) for s in std]
 
 
 def _tool_version() -> str:
@@ -855,13 +794,13 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     class_counts = (records
                     | "RecordClass" >> beam.Map(lambda r: (r[0], r[2]))
                     | "CountClasses" >> beam.combiners.Count.PerElement())
-    pixel_sums = processed[DecodeResizeEncode.STATS] | "SumPixels" >> beam.CombineGlobally(sum_tuples)
+    pixel_sums = processed[DecodeResizeEncode.STATS] | "SumPixels" >> beam.CombineGlobally(sharding.sum_tuples)
     max_label = records | "LabelOf" >> beam.Map(lambda r: r[2]) | "MaxLabel" >> beam.CombineGlobally(
         lambda labels: max(labels, default=-1))
 
     sizes_view, bytes_view = beam.pvalue.AsDict(sizes), beam.pvalue.AsDict(total_bytes)
     bucketed_keys = records | "BucketSortKeys" >> beam.Map(
-        lambda r, n: ((r[0], bucket_of(r[1][0], num_buckets(n[r[0]]))), r[1]), sizes_view)
+        lambda r, n: ((r[0], sharding.bucket_of(r[1][0], sharding.num_buckets(n[r[0]]))), r[1]), sizes_view)
     bucket_sizes = (bucketed_keys
                     | "BucketOf" >> beam.Map(lambda kv: kv[0])
                     | "CountBuckets" >> beam.combiners.Count.PerElement())
@@ -871,7 +810,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         | "FindShardBoundaries" >> beam.ParDo(
             FindShardBoundaries(config.num_shards), sizes_view, bytes_view, beam.pvalue.AsDict(bucket_sizes))
         | "CollectBoundaries" >> beam.combiners.ToList()
-        | "BoundariesBySplit" >> beam.Map(collect_boundaries))
+        | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
     shard_entries = (
         records
         | "AssignShards" >> beam.Map(assign_shard, beam.pvalue.AsSingleton(boundaries))

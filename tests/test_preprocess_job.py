@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pipelines import preprocess as job
+from preprocess import sharding
 from preprocess import manifest as manifest_lib
 from preprocess import record_format, tfrecord_io
 from shardprep.cli import main as cli
@@ -335,12 +336,12 @@ def test_shard_boundaries_are_exact_when_sort_keys_span_many_buckets(tmp_path, m
     root = tmp_path / "src"
     image_factory.write_image_folder(root, {"train": 23})
     run_cli(root, tmp_path / "one", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
-    monkeypatch.setattr(job, "BUCKET_TARGET", 3)
+    monkeypatch.setattr(sharding, "BUCKET_TARGET", 3)
     run_cli(root, tmp_path / "many", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
     one, many = manifest_lib.load(str(tmp_path / "one")), manifest_lib.load(str(tmp_path / "many"))
     assert one["splits"]["train"]["shards"] == many["splits"]["train"]["shards"]
     assert [s["num_examples"] for s in many["splits"]["train"]["shards"]] == list(
-        np.diff([0, *job.boundary_ranks(23, 5), 23]))  # [5, 5, 4, 5, 4]
+        np.diff([0, *sharding.boundary_ranks(23, 5), 23]))  # [5, 5, 4, 5, 4]
 
 
 def test_strict_fails_without_manifest(tmp_path):
@@ -353,19 +354,6 @@ def test_strict_fails_without_manifest(tmp_path):
     assert "--strict: 1 inputs rejected (truncated: 1)" in result.output
     assert not os.path.exists(out / "manifest.json")
     assert read_rejects(out)[0]["key"] == "train/a/broken.jpg"
-
-
-def test_default_shard_count_is_a_power_of_two_of_at_most_200_mb():
-    mb = 1024 * 1024
-    assert job.num_shards_for(1000, 150 * mb, None) == 1
-    assert job.num_shards_for(1000, 201 * mb, None) == 2
-    assert job.num_shards_for(1_281_167, 140 * 1024 * mb, None) == 1024
-    assert job.num_shards_for(3, 10_000 * mb, None) == 3  # never more shards than records
-    assert job.num_shards_for(100, 10, 7) == 7
-    for shards in (1, 3, 7, 64):
-        ranks = job.boundary_ranks(1000, shards)
-        sizes = np.diff([0, *ranks, 1000])
-        assert sizes.max() - sizes.min() <= 1 and sizes.sum() == 1000
 
 
 def test_source_errors_are_clear(tmp_path):

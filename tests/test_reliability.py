@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from pipelines import preprocess as job
 from pipelines import runner as runners
 from preprocess import manifest as manifest_lib
-from preprocess import record_format, tfrecord_io
+from preprocess import record_format, sharding, tfrecord_io
 from shardprep.cli import main as cli
 
 # 360 images of 100-300 px: the job spends some seconds decoding, so it can be caught part-way.
@@ -369,7 +369,7 @@ def test_shard_assignment_work_per_worker_stays_bounded_as_the_dataset_grows(tmp
     from apache_beam.metrics.metric import MetricsFilter
 
     target = 40
-    monkeypatch.setattr(job, "BUCKET_TARGET", target)
+    monkeypatch.setattr(sharding, "BUCKET_TARGET", target)
     for num_inputs in (120, 600):
         root, output = tmp_path / f"source{num_inputs}", tmp_path / f"dataset{num_inputs}"
         image_factory.write_image_folder(root, {"train": num_inputs}, min_side=8, max_side=16, kinds=("png",))
@@ -382,7 +382,7 @@ def test_shard_assignment_work_per_worker_stays_bounded_as_the_dataset_grows(tmp
         (bucket_keys,) = result.metrics().query(
             MetricsFilter().with_namespace(job.METRICS_NAMESPACE).with_name("boundary_bucket_keys"))["distributions"]
         sizes = bucket_keys.committed
-        assert sizes.count == job.num_buckets(num_inputs) == -(-num_inputs // target)  # one call per bucket
+        assert sizes.count == sharding.num_buckets(num_inputs) == -(-num_inputs // target)  # one call per bucket
         assert sizes.sum == num_inputs  # every key went through exactly one bucket
         assert sizes.max <= 2 * target, f"{num_inputs} inputs: a bucket of {sizes.max} keys"
         shard_sizes = [s["num_examples"] for s in manifest_lib.load(str(output))["splits"]["train"]["shards"]]

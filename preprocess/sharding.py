@@ -1,0 +1,79 @@
+"""Sharding and statistics arithmetic of the preprocess job: pure functions, no Beam.
+
+Records get a place in a seeded pseudo-random order (:func:`sort_key`); shard ``k`` of a split holds the records
+whose rank ``r`` in that order has ``r * S // N == k``, so shard sizes differ by at most one. The ranks that start
+shards (:func:`boundary_ranks`) are found without sorting the whole split: sort keys are grouped in hash ranges
+(:func:`bucket_of`) of about :data:`BUCKET_TARGET` keys, which keeps every worker's share bounded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+
+TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
+BUCKET_TARGET = 8192  # sort keys per bucket when finding shard boundaries: bounds the work of one worker
+
+
+def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -> int:
+    """``--num-shards``, or the smallest power of two giving shards of at most 200 MB; never more than records."""
+    if requested:
+        shards = requested
+    else:
+        shards = 1
+        while total_bytes / shards > TARGET_SHARD_BYTES:
+            shards *= 2
+    return max(1, min(shards, num_examples))
+
+
+def sort_key(seed: int, split: str, key: str) -> tuple[int, str]:
+    """A record's place in the seeded pseudo-random order: (64-bit hash, source key for ties)."""
+    digest = hashlib.sha256(f"{seed}\0{split}\0{key}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big"), key
+
+
+def num_buckets(num_examples: int) -> int:
+    """How many hash-range buckets a split of ``num_examples`` records is cut into."""
+    return max(1, math.ceil(num_examples / BUCKET_TARGET))
+
+
+def bucket_of(hash64: int, buckets: int) -> int:
+    """Range partition of the hash space, so bucket order is sort order."""
+    return (hash64 * buckets) >> 64
+
+
+def boundary_ranks(num_examples: int, shards: int) -> list[int]:
+    """First rank of shards 1..S-1, for shard(rank) = rank * S // N: shard sizes differ by at most one."""
+    return [-(-k * num_examples // shards) for k in range(1, shards)]
+
+
+def collect_boundaries(pairs) -> dict[str, tuple]:
+    """{split: sort keys starting shards 1..S-1, in order} from (split, (shard, sort key)) pairs."""
+    by_split: dict[str, list] = {}
+    for split, (shard, key) in pairs:
+        by_split.setdefault(split, []).append((shard, key))
+    return {split: tuple(key for _, key in sorted(items)) for split, items in by_split.items()}
+
+
+def shard_of(key: tuple[int, str], boundaries: tuple) -> int:
+    """The shard a sort key falls in, given its split's shard-start keys."""
+    return bisect.bisect_right(boundaries, key)
+
+
+def sum_tuples(values) -> tuple[int, ...]:
+    """Element-wise sum of equal-length integer tuples (exact, so any combine order gives the same result)."""
+    total: list[int] | None = None
+    for value in values:
+        total = list(value) if total is None else [a + b for a, b in zip(total, value)]
+    return tuple(total) if total is not None else ()
+
+
+def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None]:
+    """Per-channel mean and standard deviation (0-255) from (pixels, 3 sums, 3 sums of squares)."""
+    if not pixel_sums or not pixel_sums[0]:
+        return None, None
+    pixels, sums, squares = pixel_sums[0], pixel_sums[1:4], pixel_sums[4:7]
+    mean = [s / pixels for s in sums]
+    std = [math.sqrt(max(0.0, q / pixels - m * m)) for q, m in zip(squares, mean)]
+    return [round(m, 6) for m in mean], [round(s, 6) for s in std]
