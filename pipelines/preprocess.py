@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +32,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines import progress
 from preprocess import image_ops, manifest, record_format, sharding, sources, tfrecord_io
 
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
@@ -226,59 +226,6 @@ def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
     return dataclasses.replace(plan, kind="tfds")
 
 
-# --- progress (local runs) ---------------------------------------------------------------------------------
-
-class ProgressReporter:
-    """Workers of a local run write their running counts to small files the launcher polls; a no-op elsewhere."""
-
-    INTERVAL_S = 0.5
-
-    def __init__(self, directory: str | None, counter: str):
-        self.directory, self.counter = directory, counter
-        self.count = 0
-        self._path = None
-        self._last = 0.0
-
-    def add(self, n: int = 1) -> None:
-        if not self.directory:
-            return
-        self.count += n
-        now = time.monotonic()
-        if now - self._last >= self.INTERVAL_S:
-            self.flush()
-            self._last = now
-
-    def flush(self) -> None:
-        if not self.directory or not self.count:
-            return
-        if self._path is None:
-            self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
-        tmp = self._path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(self.count))
-        os.replace(tmp, self._path)
-
-
-def read_progress(directory: str) -> dict[str, int]:
-    """Sums the counts workers reported, per counter name."""
-    totals: dict[str, int] = {}
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return totals
-    for name in names:
-        if name.endswith(".tmp"):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                value = int(f.read() or 0)
-        except (OSError, ValueError):
-            continue
-        counter = name.split("-", 1)[0]
-        totals[counter] = totals.get(counter, 0) + value
-    return totals
-
-
 # --- listing -----------------------------------------------------------------------------------------------
 # Inputs are tuples (split, key, label, path, data): path for files, data for records read from TFRecords.
 # Rejects are tuples (split, key, reason, detail).
@@ -297,7 +244,7 @@ class ListClassDirectory(beam.DoFn):
         self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
 
     def setup(self):
-        self.progress = ProgressReporter(self.progress_dir, "listed")
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         split, class_name, directory = element
@@ -346,7 +293,7 @@ class JoinLabels(beam.DoFn):
         self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
 
     def setup(self):
-        self.progress = ProgressReporter(self.progress_dir, "listed")
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         name, (files, rows) = element
@@ -379,7 +326,7 @@ class ReadTFRecordFile(beam.DoFn):
         self.progress_dir = progress_dir
 
     def setup(self):
-        self.progress = ProgressReporter(self.progress_dir, "listed")
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         split, path = element
@@ -439,7 +386,7 @@ class DecodeResizeEncode(beam.DoFn):
         self.progress_dir = progress_dir
 
     def setup(self):
-        self.progress = ProgressReporter(self.progress_dir, "processed")
+        self.progress = progress.ProgressReporter(self.progress_dir, "processed")
 
     def start_bundle(self):
         self.spill = None
@@ -974,40 +921,20 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress) -> dict:
-    import tempfile
-    import threading
-
     from pipelines import runner as runners
 
     local = runners.is_local(beam_args)
-    progress_dir = tempfile.mkdtemp(prefix="shardprep-progress-") if local and on_progress else None
-    stop = threading.Event()
-    watcher = None
-    if progress_dir:
-        def watch():
-            while not stop.wait(0.5):
-                on_progress(read_progress(progress_dir))
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-    try:
-        p = runners.make_pipeline(beam_args)
-        build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
-                       progress_dir=progress_dir)
-        result = p.run()
-        result.wait_until_finish()
-    except PreprocessError:
-        raise
-    except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
-        raise PreprocessError(_root_cause(e)) from e
-    finally:
-        stop.set()
-        if watcher:
-            watcher.join()
-            on_progress(read_progress(progress_dir))
-        if progress_dir:
-            import shutil
-
-            shutil.rmtree(progress_dir, ignore_errors=True)
+    with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
+        try:
+            p = runners.make_pipeline(beam_args)
+            build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
+                           progress_dir=progress_dir)
+            result = p.run()
+            result.wait_until_finish()
+        except PreprocessError:
+            raise
+        except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
+            raise PreprocessError(_root_cause(e)) from e
     template = runners.template_location(beam_args)
     if template:
         return {"template_location": template}  # Dataflow only wrote a template; nothing ran yet

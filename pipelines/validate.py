@@ -70,6 +70,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
+from pipelines import progress as progress_lib
 from preprocess import manifest as manifest_lib
 from preprocess import record_format, tfrecord_io
 from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
@@ -212,7 +213,7 @@ class ReadShardFn(beam.DoFn):
         self.records_read.inc(num_records)
         self.bytes_read.inc(reader.num_bytes)
         self.shards_read.inc()
-        mark_done(self.progress_dir, num_records)
+        progress_lib.mark(self.progress_dir, files=1, records=num_records)
         for found in shard_problems(task.split, task.file, task.expected, num_records, reader.num_bytes,
                                     reader.sha256.hexdigest()):
             yield beam.pvalue.TaggedOutput("problem", found)
@@ -476,7 +477,7 @@ class ReadForeignFileFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput("problem", problem(
                 "shard_unreadable", f"{type(e).__name__}: {e}", split=split, file=file))
         self.records_read.inc(num_records)
-        mark_done(self.progress_dir, num_records)
+        progress_lib.mark(self.progress_dir, files=1, records=num_records)
         stats.num_records = num_records
         stats.file_records[file] = num_records
         yield split, stats
@@ -592,31 +593,6 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     return path, lambda: FileSystems.delete([path]) if FileSystems.exists(path) else None
 
 
-def mark_done(progress_dir: str | None, num_records: int) -> None:
-    """Local runs only: one small file per file read, which the driver counts to show progress."""
-    if progress_dir is None:
-        return
-    import os
-
-    with open(os.path.join(progress_dir, uuid.uuid4().hex), "w") as f:
-        f.write(str(num_records))
-
-
-def read_progress(progress_dir: str) -> tuple[int, int]:
-    """(files read, records read) so far, from the markers ``mark_done`` left."""
-    import os
-
-    files = records = 0
-    for name in os.listdir(progress_dir):
-        try:
-            with open(os.path.join(progress_dir, name)) as f:
-                records += int(f.read() or 0)
-            files += 1
-        except (OSError, ValueError):
-            pass  # a marker being written right now: counted on the next poll
-    return files, records
-
-
 def _run_pipeline(build: Callable[[beam.Pipeline, str, str | None], None], beam_args: list[str],
                   progress: Progress, stage: str, total_files: int) -> list[dict]:
     """Builds and runs a pipeline that writes JSON lines to the path it is given; returns the parsed lines.
@@ -624,38 +600,23 @@ def _run_pipeline(build: Callable[[beam.Pipeline, str, str | None], None], beam_
     Local runs report files read as the workers finish them (marker files in a temporary folder); a remote
     runner shows its progress in its own UI.
     """
-    import threading
-
     from pipelines import runner
 
     results_path, cleanup = _results_location(beam_args)
-    progress_dir = (tempfile.mkdtemp(prefix="shardprep-validate-progress-")
-                    if _workers_share_this_machine(beam_args) else None)
-    stop = threading.Event()
 
-    def watch():
-        while not stop.wait(0.25):
-            files, records = read_progress(progress_dir)
-            progress(stage, min(files, total_files), total_files, records)
+    def report(counts: dict[str, int]) -> None:
+        progress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0))
 
-    watcher = threading.Thread(target=watch, daemon=True) if progress_dir else None
-    progress(stage, 0 if progress_dir else None, total_files, 0)
+    local = _workers_share_this_machine(beam_args)
+    progress(stage, 0 if local else None, total_files, 0)
     try:
-        if watcher:
-            watcher.start()
-        pipeline = runner.make_pipeline(beam_args)
-        build(pipeline, results_path, progress_dir)
-        pipeline.run().wait_until_finish()
+        with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:
+            pipeline = runner.make_pipeline(beam_args)
+            build(pipeline, results_path, progress_dir)
+            pipeline.run().wait_until_finish()
         with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
     finally:
-        stop.set()
-        if watcher:
-            watcher.join()
-        if progress_dir:
-            files, records = read_progress(progress_dir)
-            progress(stage, min(files, total_files), total_files, records)
-            shutil.rmtree(progress_dir, ignore_errors=True)
         cleanup()
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import socket
 import socketserver
 import ssl

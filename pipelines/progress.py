@@ -1,0 +1,100 @@
+"""Progress of local runs: worker processes write running counts to small files that the launcher polls.
+
+Beam's local runner reports metrics only when the job ends, and its workers are processes on this machine, so a
+shared temporary folder is the simplest live channel. Remote runners show progress in their own UI; there the
+folder is None and every call here is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+
+
+class ProgressReporter:
+    """Workers of a local run write their running counts to small files the launcher polls; a no-op elsewhere."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, directory: str | None, counter: str):
+        self.directory, self.counter = directory, counter
+        self.count = 0
+        self._path = None
+        self._last = 0.0
+
+    def add(self, n: int = 1) -> None:
+        if not self.directory:
+            return
+        self.count += n
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL_S:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        if not self.directory or not self.count:
+            return
+        if self._path is None:
+            self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
+        tmp = self._path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(self.count))
+        os.replace(tmp, self._path)
+
+
+def read_progress(directory: str) -> dict[str, int]:
+    """Sums the counts workers reported, per counter name."""
+    totals: dict[str, int] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return totals
+    for name in names:
+        if name.endswith(".tmp"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                value = int(f.read() or 0)
+        except (OSError, ValueError):
+            continue
+        counter = name.split("-", 1)[0]
+        totals[counter] = totals.get(counter, 0) + value
+    return totals
+
+
+def mark(directory: str | None, **counts: int) -> None:
+    """Adds ``counts`` once (e.g. one finished file and its records), as files of their own."""
+    if directory is None:
+        return
+    for counter, value in counts.items():
+        with open(os.path.join(directory, f"{counter}-{os.getpid()}-{uuid.uuid4().hex}"), "w") as f:
+            f.write(str(value))
+
+
+@contextlib.contextmanager
+def watching(enabled: bool, on_counts, prefix: str, interval_s: float = 0.5):
+    """Yields a progress folder (None when not ``enabled``) and calls ``on_counts(totals)`` while it is used."""
+    if not enabled:
+        yield None
+        return
+    directory = tempfile.mkdtemp(prefix=prefix)
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(interval_s):
+            on_counts(read_progress(directory))
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        yield directory
+    finally:
+        stop.set()
+        watcher.join()
+        on_counts(read_progress(directory))
+        shutil.rmtree(directory, ignore_errors=True)
