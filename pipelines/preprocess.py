@@ -4,11 +4,13 @@ Stages (named as in the Beam graph)::
 
     ListInputs            folder/labels-file listing per class directory, or TFRecord reading per file
     SpreadInputs          Reshuffle, so decoding spreads over every worker
-    DecodeResizeEncode    preprocess.image_ops.process_image; bad inputs go to the rejects output
+    DecodeResizeEncode    preprocess.image_ops.process_image; the record goes to the bundle's spill file under
+                          OUTPUT/.tmp/ and only a pointer goes on; bad inputs go to the rejects output
     Count*                per split: inputs, examples, bytes, class counts; pixel sums for mean/std
     FindShardBoundaries   exact rank boundaries of the seeded order, from sort keys grouped in bounded buckets
     AssignShards          each record goes to the shard its rank falls in (uniform: sizes differ by at most one)
-    WriteShards           one worker per shard: sort by seeded key, write under a temporary name, rename
+    WriteShards           one worker per shard: read its records from the spill files, in seeded order, write
+                          under a temporary name, rename
     WriteRejects          OUTPUT/rejects.jsonl
     WriteManifest         OUTPUT/manifest.json, last, only when every input is accounted for
 
@@ -233,8 +235,9 @@ def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
 REJECTS = "rejects"
 
 
-def _relative_key(root_files_base: str, path: str) -> str:
-    return path[len(root_files_base):].lstrip("/") if path.startswith(root_files_base) else path
+def _relative_key(root: str, path: str) -> str:
+    """A file's source key: its path relative to SOURCE."""
+    return path[len(root):].lstrip("/") if path.startswith(root) else path
 
 
 class ListClassDirectory(beam.DoFn):
