@@ -64,15 +64,20 @@ def from_json(text: str | bytes) -> dict:
     return manifest
 
 
+def missing_manifest_error(data_dir: str) -> ManifestError:
+    """The error every reader raises for a folder without a manifest (e.g. a run that did not finish)."""
+    return ManifestError(
+        f"{join(data_dir, MANIFEST_NAME)} does not exist: {data_dir} is not a complete shardprep dataset "
+        "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with --overwrite)")
+
+
 def load(data_dir: str) -> dict:
     """Reads ``data_dir/manifest.json`` from a local path or any Beam file system (``gs://``)."""
     from apache_beam.io.filesystems import FileSystems
 
     path = join(data_dir, MANIFEST_NAME)
     if not FileSystems.exists(path):
-        raise ManifestError(
-            f"{path} does not exist: {data_dir} is not a complete shardprep dataset "
-            "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with --overwrite)")
+        raise missing_manifest_error(data_dir)
     with FileSystems.open(path) as f:
         return from_json(f.read())
 

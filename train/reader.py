@@ -43,9 +43,7 @@ def load_manifest(data_dir: str) -> dict:
     """Reads ``data_dir/manifest.json`` through ``tf.io.gfile``, so local paths and ``gs://`` both work."""
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
-        raise manifest_lib.ManifestError(
-            f"{path} does not exist: {data_dir} is not a complete shardprep dataset "
-            "(the manifest is written last; a run that stopped early leaves none)")
+        raise manifest_lib.missing_manifest_error(data_dir)
     with tf.io.gfile.GFile(path, "rb") as f:
         return manifest_lib.from_json(f.read())
 
