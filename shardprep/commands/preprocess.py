@@ -6,6 +6,8 @@ import time
 
 import click
 
+from shardprep.display import LiveProgress, console
+
 DEFAULT_MAX_PIXELS = 178_956_970  # preprocess.image_ops.DEFAULT_MAX_PIXELS, repeated to keep --help import-free
 
 HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
@@ -78,51 +80,30 @@ def command(source, output, shorter_side, crop, encoding, jpeg_quality, num_shar
     return manifest
 
 
-class _ProgressDisplay:
-    """A rich progress bar fed with the workers' counts: images processed, images/s and ETA."""
+class _ProgressDisplay(LiveProgress):
+    """A progress bar fed with the workers' counts: images processed of listed, images/s and ETA."""
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.progress = None
-        self.task = None
-
-    def __enter__(self):
-        return self
-
-    def _start(self):
-        """Starts on the first report, so errors found before the job runs are not drawn under a bar."""
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False)
-        self.progress.start()
-        self.task = self.progress.add_task("listing", total=None, rate="")
+        super().__init__(enabled, _columns, transient=False, lazy=True, rate="")
         self.started = time.monotonic()
 
     def update(self, counts: dict):
-        if not self.enabled:
-            return
-        if not self.progress:
-            self._start()
         listed, processed = counts.get("listed", 0), counts.get("processed", 0)
         elapsed = max(1e-6, time.monotonic() - self.started)
-        self.progress.update(self.task, description="images" if processed else "listing",
-                             completed=processed, total=max(listed, processed) or None,
-                             rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed")
+        self.show(description="images" if processed else "listing", completed=processed,
+                  total=max(listed, processed) or None,
+                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed")
 
-    def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
-        return False
+
+def _columns():
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
 
 
 def print_summary(manifest: dict, wall_seconds: float, output: str) -> None:
     """The end-of-job table: inputs, written, rejected by reason, per-split counts and shard sizes, wall time."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"shardprep preprocess → {output}", title_justify="left")
@@ -137,14 +118,12 @@ def print_summary(manifest: dict, wall_seconds: float, output: str) -> None:
                       reasons, str(info["num_shards"]), _span(shard_counts, "{:,}"), _span(shard_mb, "{:.1f}"))
     table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
                   f"{manifest['num_rejected']:,}", "", "", "", "", style="bold")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=150)  # logs and CI: keep rows on one line
-    console.print(table)
+    out = console()
+    out.print(table)
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
     std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    console.print(
+    out.print(
         f"{len(manifest['classes'])} classes, {manifest['encoding']} {manifest['crop']} shorter side "
         f"{manifest['shorter_side']}; mean RGB {mean}, std RGB {std}\n"
         f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s); manifest {output.rstrip('/')}/manifest.json"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from shardprep.display import LiveProgress
+from shardprep.display import console as make_console
+
 # Repeated from pipelines.validate / preprocess.validation_stats so --help imports neither Beam nor numpy.
 DEFAULT_SAMPLES_PER_CLASS = 6
 DEFAULT_MAX_PROBLEMS_PER_CHECK = 100
@@ -65,55 +68,33 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     if pictures:
         argv += ["--pictures", pictures]
     try:
-        with _ProgressDisplay(enabled=not quiet) as display:
-            report = job.run(argv + list(beam_args), progress=display.update)
+        with _ProgressDisplay(enabled=not quiet) as progress_display:
+            report = job.run(argv + list(beam_args), progress=progress_display.update)
     except job.ValidateError as e:
         raise click.ClickException(str(e)) from None
     print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
 
 
-class _ProgressDisplay:
-    """A rich spinner with elapsed time; during the pipeline also files read of total and records read."""
+class _ProgressDisplay(LiveProgress):
+    """A spinner with elapsed time; during the pipeline also files read of total and records read."""
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.progress = None
-        self.task = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-
-            self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-                                     MofNCompleteColumn(), TextColumn("{task.fields[records]}"), TimeElapsedColumn(),
-                                     console=Console(stderr=True), transient=True)
-            self.progress.start()
-            self.task = self.progress.add_task("starting", total=None, records="")
-        return self
+        super().__init__(enabled, _columns, transient=True, lazy=False, records="")
 
     def update(self, stage: str, done: int | None, total: int | None, records: int | None):
-        if not self.progress:
-            return
         if done is None:
-            self.progress.update(self.task, description=stage, completed=0, total=None, records="")
+            self.show(description=stage, completed=0, total=None, records="")
         else:
-            self.progress.update(self.task, description=stage, completed=done, total=total,
-                                 records=f"{records:,} records" if records is not None else "")
-
-    def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
-        return False
+            self.show(description=stage, completed=done, total=total,
+                      records=f"{records:,} records" if records is not None else "")
 
 
-def _console():
-    from rich.console import Console
+def _columns():
+    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    console = Console()
-    return console if console.is_terminal else Console(width=150)  # logs and CI: keep rows on one line
+    return (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
 
 
 def _rgb(values) -> str:
@@ -122,7 +103,7 @@ def _rgb(values) -> str:
 
 def print_report(report: dict, json_path: str | None) -> None:
     """Tables per split, the problems, and one verdict line."""
-    console = _console()
+    console = make_console()
     if report["kind"] == "dataset":
         for split, summary in report.get("splits", {}).items():
             console.print(_dataset_split_line(split, summary))
