@@ -46,6 +46,29 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
+LOCAL_MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
+
+
+def limit_malloc_arenas() -> None:
+    """Caps glibc's malloc arenas for this process and the worker processes it starts (local runs).
+
+    glibc gives threads (gRPC's, Beam's) arenas of their own, up to 8 per core, and keeps what each arena freed.
+    On the local runner every stage hands a worker its whole share of the dataset at once, so the memory freed after
+    each stage was kept, arena by arena, and a run's peak grew with its number of inputs. Two arenas cut that growth
+    by about 40 % (see BENCHMARKS.md) at no measurable cost in speed. A MALLOC_ARENA_MAX the user set is kept.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)  # read by every worker process at its start
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process is already running
+    except (OSError, AttributeError):
+        pass  # not glibc (macOS, musl): nothing to cap
+
+
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line)."""
     options = pipeline_options(beam_args)
@@ -53,6 +76,7 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     if name.lower() in ("", "fnapirunner"):
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+        limit_malloc_arenas()
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     return beam.Pipeline(options=options)
 
