@@ -3,12 +3,20 @@
 Stages (named as in the Beam graph)::
 
     ListInputs            folder/labels-file listing per class directory, or TFRecord reading per file
-    SpreadInputs          Reshuffle, so decoding spreads over every worker
+    BatchInputs           small batches of inputs, so the runner handles one element per batch, not per image
+    PackInputs            each batch of listed files as a few strings (sources.InputBatch)
+    SpreadInputs          Reshuffle, so decoding spreads over every worker (files only: TFRecord inputs are
+                          decoded where their file was read, the files having been spread)
     DecodeResizeEncode    preprocess.image_ops.process_image; the record goes to the bundle's spill file under
-                          OUTPUT/.tmp/ and only a pointer goes on; bad inputs go to the rejects output
-    Count*                per split: inputs, examples, bytes, class counts; pixel sums for mean/std
+                          OUTPUT/.tmp/ and only pointers go on (one RecordPointers per bundle and split), with
+                          one RecordSummary per bundle (counts, bytes, classes, pixel sums); bad inputs go to the
+                          rejects output
+    CountInputs           inputs per split, counted on the listing side (the accounting check's other half)
+    SumRecords            the bundles' summaries merged: per split examples, bytes, class counts; mean/std sums
+    BucketSortKeys        each bundle's pointers cut by hash-range bucket
     FindShardBoundaries   exact rank boundaries of the seeded order, from sort keys grouped in bounded buckets
-    AssignShards          each record goes to the shard its rank falls in (uniform: sizes differ by at most one)
+    AssignShards          each bundle's pointers cut by the shard their rank falls in (uniform: sizes differ by at
+                          most one)
     WriteShards           one worker per shard: read its records from the spill files, in seeded order, write
                           under a temporary name, rename
     WriteRejects          OUTPUT/rejects.jsonl
@@ -33,9 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import progress
-from preprocess import image_ops, manifest, record_format, sharding, sources, tfrecord_io
+from preprocess import image_ops, manifest, record_format, record_pointers, sharding, sources, tfrecord_io
 
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
 
@@ -233,6 +242,9 @@ def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
 # Rejects are tuples (split, key, reason, detail).
 
 REJECTS = "rejects"
+# Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
+# evenly over its workers, enough that it handles a few elements per 100 images instead of one per image.
+INPUT_BATCH = 16
 
 
 def _relative_key(root: str, path: str) -> str:
@@ -372,16 +384,18 @@ class ReadTFRecordFile(beam.DoFn):
 # --- per image ---------------------------------------------------------------------------------------------
 
 class DecodeResizeEncode(beam.DoFn):
-    """Turns one input into a stored record, pixel sums (``stats``) or a reject (``rejects``).
+    """Turns batches of inputs into stored records, a :class:`~preprocess.sharding.RecordSummary` per bundle
+    (``summary``: counts, bytes, pixel sums) and rejects (``rejects``).
 
-    The serialized record is appended to this bundle's spill file under OUTPUT/.tmp/; the main output is a small
-    pointer (split, sort key, label, framed size, spill file, offset). Image bytes thus never travel through the
-    runner's shuffle (on Beam's local runner, every element crossing costs a gRPC copy), and no stage but
-    WriteShards ever holds them. A retried bundle writes a new spill file, and only the successful attempt's
-    pointers are kept by the runner, so pointers always name complete data.
+    Each serialized record is appended to this bundle's spill file under OUTPUT/.tmp/; the main output is one
+    :class:`~preprocess.record_pointers.RecordPointers` per split and bundle, noting every record's sort key and
+    place in the spill file. Image bytes thus never travel through the runner's shuffle (on Beam's local runner,
+    every element crossing costs a gRPC copy), and no stage but WriteShards ever holds them. A retried bundle writes
+    a new spill file, and only the successful attempt's outputs are kept by the runner, so pointers always name
+    complete data.
     """
 
-    STATS = "stats"
+    SUMMARY = "summary"
 
     def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
                  progress_dir: str | None):
@@ -393,33 +407,40 @@ class DecodeResizeEncode(beam.DoFn):
 
     def start_bundle(self):
         self.spill = None
+        self.pointers: dict[str, record_pointers.RecordPointers] = {}
+        self.summary = sharding.RecordSummary()
 
-    def process(self, element):
-        split, key, label, path, data = element
-        self.progress.add()
-        try:
-            if data is None:
-                data = _read_file(path)
-            image = image_ops.process_image(data, self.options)
-        except image_ops.RejectError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
-            return
-        example = record_format.encode_example(record_format.ImageRecord(
-            encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
-            label=label, filename=key))
-        if self.spill is None:
-            self.spill = SpillWriter(self.output)
-        offset, size = self.spill.append(tfrecord_io.frame(example))
-        yield split, sharding.sort_key(self.seed, split, key), label, size, self.spill.path, offset
-        if split == self.stats_split:
-            yield beam.pvalue.TaggedOutput(
-                self.STATS, (image.num_pixels,) + image.channel_sums + image.channel_square_sums)
+    def process(self, batch):
+        for split, key, label, path, data in batch:
+            self.progress.add()
+            try:
+                if data is None:
+                    data = _read_file(path)
+                image = image_ops.process_image(data, self.options)
+            except image_ops.RejectError as e:
+                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
+                continue
+            example = record_format.encode_example(record_format.ImageRecord(
+                encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
+                label=label, filename=key))
+            if self.spill is None:
+                self.spill = SpillWriter(self.output)
+            offset, size = self.spill.append(tfrecord_io.frame(example))
+            if split not in self.pointers:
+                self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
+            self.pointers[split].append(sharding.sort_key(self.seed, split, key), offset, size)
+            self.summary.add(split, label, size)
+            if split == self.stats_split:
+                self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
 
     def finish_bundle(self):
         if self.spill is not None:
             self.spill.close()
             self.spill = None
         self.progress.flush()
+        for split in sorted(self.pointers):
+            yield GlobalWindows.windowed_value(self.pointers[split])
+        yield beam.pvalue.TaggedOutput(self.SUMMARY, GlobalWindows.windowed_value(self.summary))
 
 
 SPILL_DIR = ".tmp"
@@ -522,6 +543,12 @@ def _read_file(path: str) -> bytes:
 
 # --- sharding ----------------------------------------------------------------------------------------------
 
+def bucket_pointers(pointers: record_pointers.RecordPointers, summary: sharding.RecordSummary):
+    """((split, bucket), pointers of this bundle in that bucket) for every bucket the bundle's records fall in."""
+    for bucket, part in pointers.by_bucket(sharding.num_buckets(summary.examples[pointers.split])).items():
+        yield (pointers.split, bucket), part
+
+
 class FindShardBoundaries(beam.DoFn):
     """For one bucket of sort keys, emits the sort keys that start a shard and fall in this bucket.
 
@@ -534,21 +561,23 @@ class FindShardBoundaries(beam.DoFn):
         # Keys sorted per call: shows that this work stays about BUCKET_TARGET however large the dataset.
         self.bucket_keys = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, "boundary_bucket_keys")
 
-    def process(self, element, sizes, total_bytes, bucket_sizes):
-        (split, bucket), keys = element
-        keys = sorted(keys)
+    def process(self, element, summary, bucket_sizes):
+        (split, bucket), parts = element
+        keys = record_pointers.sorted_sort_keys(parts)
         self.bucket_keys.update(len(keys))
         first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
-        shards = sharding.num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
-        for shard, rank in enumerate(sharding.boundary_ranks(sizes[split], shards), start=1):
+        num_examples = summary.examples[split]
+        shards = sharding.num_shards_for(num_examples, summary.bytes[split], self.requested_shards)
+        for shard, rank in enumerate(sharding.boundary_ranks(num_examples, shards), start=1):
             if first_rank <= rank < first_rank + len(keys):
-                yield split, (shard, keys[rank - first_rank])
+                high, low = keys[rank - first_rank]
+                yield split, (shard, (int(high), int(low)))
 
 
-def assign_shard(record, boundaries):
-    """((split, shard), (sort key, spill pointer)) for a record, given every split's sorted shard-start keys."""
-    split, key, _, size, spill_path, offset = record
-    return (split, sharding.shard_of(key, boundaries.get(split, ()))), (key, (spill_path, offset, size))
+def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
+    """((split, shard), pointers of this bundle in that shard), given every split's sorted shard-start keys."""
+    for shard, part in pointers.by_shard(boundaries.get(pointers.split, ())).items():
+        yield (pointers.split, shard), part
 
 
 class WriteShard(beam.DoFn):
@@ -557,10 +586,10 @@ class WriteShard(beam.DoFn):
     def __init__(self, output: str, requested_shards: int | None):
         self.output, self.requested_shards = output, requested_shards
 
-    def process(self, element, sizes, total_bytes):
-        (split, shard), pointers = element
-        shards = sharding.num_shards_for(sizes[split], total_bytes[split], self.requested_shards)
-        ordered = [pointer for _, pointer in sorted(pointers)]
+    def process(self, element, summary):
+        (split, shard), parts = element
+        shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
+        ordered = record_pointers.merge_sorted_pointers(parts)
         yield write_shard_file(self.output, split, shard, shards, read_spilled(ordered))
 
 
@@ -610,9 +639,9 @@ class WriteManifest(beam.DoFn):
     def __init__(self, config: PreprocessConfig, plan: SourcePlan, runner: str):
         self.config, self.plan, self.runner = config, plan, runner
 
-    def process(self, _, shard_entries, input_counts, class_counts, reject_summary, pixel_sums, max_label):
-        document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, class_counts,
-                                  reject_summary, pixel_sums, max_label)
+    def process(self, _, shard_entries, input_counts, summary, reject_summary):
+        document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, summary,
+                                  reject_summary)
         remove_spill(self.config.output)
         path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
         # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
@@ -631,11 +660,11 @@ class WriteManifest(beam.DoFn):
 
 
 def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shard_entries, input_counts,
-                   class_counts, reject_summary, pixel_sums, max_label) -> dict:
+                   summary: sharding.RecordSummary, reject_summary) -> dict:
     """The manifest document; raises PreprocessError if any input is unaccounted for or --strict saw rejects."""
-    classes = list(plan.classes) if plan.classes is not None else [str(i) for i in range((max_label or -1) + 1)]
+    classes = list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
     counts_by_split: dict[str, dict[int, int]] = {}
-    for (split, label), n in class_counts:
+    for (split, label), n in summary.classes.items():
         counts_by_split.setdefault(split, {})[label] = n
     shards_by_split: dict[str, list[dict]] = {}
     for entry in shard_entries:
@@ -680,7 +709,7 @@ def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shar
             f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
             f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
 
-    mean, std = sharding.pixel_statistics(pixel_sums)
+    mean, std = sharding.pixel_statistics(summary.pixel_sums)
     square = config.crop == "center"
     return {
         "format_version": manifest.FORMAT_VERSION,
@@ -725,13 +754,19 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     class_index = {name: i for i, name in enumerate(plan.classes)} if plan.classes is not None else None
     listed, listing_rejects = _list_inputs(p, config, plan, class_index, progress_dir)
 
+    batches = listed | "BatchInputs" >> beam.BatchElements(min_batch_size=INPUT_BATCH, max_batch_size=INPUT_BATCH)
+    if plan.kind in ("tfds", "tfrecord"):
+        # TFRecord inputs carry their image bytes: they are decoded where their file is read (SpreadFiles spread
+        # the files over the workers) instead of every encoded image crossing the runner's shuffle.
+        to_decode = batches
+    else:
+        to_decode = batches | "PackInputs" >> beam.Map(sources.InputBatch) | "SpreadInputs" >> beam.Reshuffle()
     processed = (
-        listed
-        | "SpreadInputs" >> beam.Reshuffle()
+        to_decode
         | "DecodeResizeEncode" >> beam.ParDo(
             DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir)
-        ).with_outputs(REJECTS, DecodeResizeEncode.STATS, main="records"))
-    records = processed.records  # (split, sort key, label, framed size, spill file, offset)
+        ).with_outputs(REJECTS, DecodeResizeEncode.SUMMARY, main="records"))
+    records = processed.records  # RecordPointers: one per bundle and split
     rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
 
     input_counts = (
@@ -739,33 +774,26 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
          listing_rejects | "ListingRejectSplit" >> beam.Map(lambda item: item[0]))
         | "InputSplits" >> beam.Flatten()
         | "CountInputs" >> beam.combiners.Count.PerElement())
-    sizes = records | "RecordSplit" >> beam.Map(lambda r: r[0]) | "CountExamples" >> beam.combiners.Count.PerElement()
-    total_bytes = records | "RecordBytes" >> beam.Map(lambda r: (r[0], r[3])) | "CountBytes" >> beam.CombinePerKey(sum)
-    class_counts = (records
-                    | "RecordClass" >> beam.Map(lambda r: (r[0], r[2]))
-                    | "CountClasses" >> beam.combiners.Count.PerElement())
-    pixel_sums = processed[DecodeResizeEncode.STATS] | "SumPixels" >> beam.CombineGlobally(sharding.sum_tuples)
-    max_label = records | "LabelOf" >> beam.Map(lambda r: r[2]) | "MaxLabel" >> beam.CombineGlobally(
-        lambda labels: max(labels, default=-1))
+    summary = (processed[DecodeResizeEncode.SUMMARY]
+               | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge))
+    summary_view = beam.pvalue.AsSingleton(summary)
 
-    sizes_view, bytes_view = beam.pvalue.AsDict(sizes), beam.pvalue.AsDict(total_bytes)
-    bucketed_keys = records | "BucketSortKeys" >> beam.Map(
-        lambda r, n: ((r[0], sharding.bucket_of(r[1][0], sharding.num_buckets(n[r[0]]))), r[1]), sizes_view)
-    bucket_sizes = (bucketed_keys
-                    | "BucketOf" >> beam.Map(lambda kv: kv[0])
-                    | "CountBuckets" >> beam.combiners.Count.PerElement())
+    bucketed = records | "BucketSortKeys" >> beam.FlatMap(bucket_pointers, summary_view)
+    bucket_sizes = (bucketed
+                    | "BucketSize" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
+                    | "CountBuckets" >> beam.CombinePerKey(sum))
     boundaries = (
-        bucketed_keys
+        bucketed
         | "GroupBuckets" >> beam.GroupByKey()
         | "FindShardBoundaries" >> beam.ParDo(
-            FindShardBoundaries(config.num_shards), sizes_view, bytes_view, beam.pvalue.AsDict(bucket_sizes))
+            FindShardBoundaries(config.num_shards), summary_view, beam.pvalue.AsDict(bucket_sizes))
         | "CollectBoundaries" >> beam.combiners.ToList()
         | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
     shard_entries = (
         records
-        | "AssignShards" >> beam.Map(assign_shard, beam.pvalue.AsSingleton(boundaries))
+        | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries))
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), sizes_view, bytes_view))
+        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), summary_view))
     reject_summary = (rejects
                       | "CollectRejects" >> beam.combiners.ToList()
                       | "WriteRejects" >> beam.Map(write_rejects, config.output))
@@ -776,10 +804,8 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
             WriteManifest(config, plan, runner),
             beam.pvalue.AsList(shard_entries),
             beam.pvalue.AsDict(input_counts),
-            beam.pvalue.AsList(class_counts),
-            beam.pvalue.AsSingleton(reject_summary),
-            beam.pvalue.AsSingleton(pixel_sums),
-            beam.pvalue.AsSingleton(max_label)))
+            summary_view,
+            beam.pvalue.AsSingleton(reject_summary)))
 
 
 def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, progress_dir):

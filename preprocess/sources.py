@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import os
 import re
 
 # Folder names taken as splits when every sub-folder of SOURCE has one of them.
@@ -91,3 +92,59 @@ def parse_labels_csv(text: str) -> list[LabelRow]:
 def labels_key(filename: str) -> str:
     """How a labels-file row and an image file are matched: by file name, the part after the last '/'."""
     return filename.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+class InputBatch:
+    """A few listed inputs ``(split, source key, label, path, bytes or None)`` packed for the trip to the decoder.
+
+    Pickles as a handful of strings: splits, keys and paths each as their common prefix (the batch's folder,
+    mostly) and the joined rest. The runner's shuffle then holds a few objects and ~20 bytes per input, not a tuple
+    of full paths (on Beam's local runner it holds every batch of the dataset at once, in the launcher).
+    """
+
+    __slots__ = ("_state",)
+    _SEPARATOR = "\0"  # cannot occur in a path, a split or class name, or a TFRecord key
+
+    def __init__(self, items=()):
+        items = list(items)
+        for split, key, _, path, _ in items:
+            if any(self._SEPARATOR in text for text in (split, key, path or "")):
+                raise ValueError(f"input {key!r} has a NUL character in its split, key or path")
+        self._state = (
+            len(items),
+            self._pack([item[0] for item in items]),
+            self._pack([item[1] for item in items]),
+            tuple(item[2] for item in items),
+            None if all(item[3] is None for item in items) else self._pack([item[3] or "" for item in items]),
+            None if all(item[4] is None for item in items) else tuple(item[4] for item in items))
+
+    @classmethod
+    def _pack(cls, texts: list[str]) -> tuple[str, str]:
+        prefix = os.path.commonprefix(texts) if texts else ""
+        return prefix, cls._SEPARATOR.join(text[len(prefix):] for text in texts)
+
+    @classmethod
+    def _unpack(cls, packed: tuple[str, str], count: int) -> list[str]:
+        prefix, rest = packed
+        return [prefix + text for text in rest.split(cls._SEPARATOR)] if count else []
+
+    def __len__(self) -> int:
+        return self._state[0]
+
+    def __iter__(self):
+        count, splits, keys, labels, paths, data = self._state
+        path_list = [p or None for p in self._unpack(paths, count)] if paths is not None else [None] * count
+        data_list = data if data is not None else [None] * count
+        return iter(list(zip(self._unpack(splits, count), self._unpack(keys, count), labels, path_list, data_list)))
+
+    def __getstate__(self):
+        return self._state
+
+    def __setstate__(self, state) -> None:
+        self._state = state
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, InputBatch) and self._state == other._state
+
+    def __repr__(self) -> str:
+        return f"InputBatch({len(self)} inputs)"
