@@ -280,9 +280,16 @@ def encode(pixels: np.ndarray, encoding: str, jpeg_quality: int = 90) -> bytes:
     """Stored bytes of an (H, W, 3) uint8 image: the raw bytes, or a baseline JPEG without chroma subsampling."""
     if encoding == "raw":
         return np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()
+    return _encode_rgb(Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB"), encoding, jpeg_quality)
+
+
+def _encode_rgb(image: Image.Image, encoding: str, jpeg_quality: int) -> bytes:
+    """:func:`encode` for an RGB Pillow image, without going through a numpy copy."""
+    if encoding == "raw":
+        return image.tobytes()
     buffer = io.BytesIO()
     # 4:4:4 keeps colour detail at 256 px; optimize=False keeps encoding fast and the bytes deterministic.
-    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=jpeg_quality, subsampling=0)
+    image.save(buffer, format="JPEG", quality=jpeg_quality, subsampling=0)
     return buffer.getvalue()
 
 
@@ -311,18 +318,19 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001
         raise RejectError("decode_error", f"resize failed: {type(e).__name__}: {e}") from None
-    pixels = np.asarray(rgb, dtype=np.uint8)
-    # Per-channel histograms give exact sums and sums of squares without an int64 copy of the image.
-    counts = np.stack([np.bincount(pixels[..., c].ravel(), minlength=256) for c in range(3)]).astype(np.int64)
+    if rgb.mode != "RGB":  # _load_rgb gives RGB; this keeps the histogram and byte layout below true regardless
+        rgb = rgb.convert("RGB")
+    # Pillow's per-band histograms (computed in C, no copy of the image) give exact sums and sums of squares.
+    counts = np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
     values = np.arange(256, dtype=np.int64)
     try:
-        encoded = encode(pixels, options.encoding, options.jpeg_quality)
+        encoded = _encode_rgb(rgb, options.encoding, options.jpeg_quality)
     except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
         raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
     return ProcessedImage(
         encoded=encoded,
-        height=pixels.shape[0],
-        width=pixels.shape[1],
+        height=rgb.height,
+        width=rgb.width,
         channel_sums=tuple(int(v) for v in counts @ values),
         channel_square_sums=tuple(int(v) for v in counts @ (values * values)),
     )
