@@ -775,8 +775,9 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         | "InputSplits" >> beam.Flatten()
         | "CountInputs" >> beam.combiners.Count.PerElement())
     summary = (processed[DecodeResizeEncode.SUMMARY]
-               | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge))
-    summary_view = beam.pvalue.AsSingleton(summary)
+               | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults())
+    # Defaults in the views, not in the combines: a combine's default costs the local runner two more stages.
+    summary_view = beam.pvalue.AsSingleton(summary, default_value=sharding.RecordSummary())
 
     bucketed = records | "BucketSortKeys" >> beam.FlatMap(bucket_pointers, summary_view)
     bucket_sizes = (bucketed
@@ -787,11 +788,11 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         | "GroupBuckets" >> beam.GroupByKey()
         | "FindShardBoundaries" >> beam.ParDo(
             FindShardBoundaries(config.num_shards), summary_view, beam.pvalue.AsDict(bucket_sizes))
-        | "CollectBoundaries" >> beam.combiners.ToList()
+        | "CollectBoundaries" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
         | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
     shard_entries = (
         records
-        | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries))
+        | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries, default_value={}))
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), summary_view))
     reject_summary = (rejects
@@ -812,7 +813,7 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
     """(inputs, rejects found while listing) for the planned source."""
     if plan.kind in ("tfds", "tfrecord"):
         read = (p
-                | "TFRecordFiles" >> beam.Create(list(plan.tfrecord_files))
+                | "TFRecordFiles" >> beam.Create(list(plan.tfrecord_files), reshuffle=False)
                 | "SpreadFiles" >> beam.Reshuffle()
                 | "ListInputs" >> beam.ParDo(ReadTFRecordFile(
                     config.image_key, config.label_key, len(plan.classes) if plan.classes else None, progress_dir)
@@ -821,7 +822,7 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
 
     root = sources.SourceSpec.parse(config.source).location
     listed = (p
-              | "ClassDirectories" >> beam.Create(list(plan.class_dirs))
+              | "ClassDirectories" >> beam.Create(list(plan.class_dirs), reshuffle=False)
               | "SpreadDirectories" >> beam.Reshuffle()
               | "ListInputs" >> beam.ParDo(ListClassDirectory(root, class_index, progress_dir)))
     if not plan.flat_dirs and not config.labels_file:
