@@ -28,6 +28,7 @@ its split and its source key), so shards are byte-identical whatever the number 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -484,7 +485,8 @@ def remove_spill(output: str) -> None:
 
 
 SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
-_spill_readers = None  # created once per process, see read_spilled
+SPILL_READ_AHEAD = 32  # remote records in flight per shard writer: what it holds at most, besides the one it writes
+_spill_readers = None  # created once per process, see _spill_read_pool
 _spill_readers_lock = threading.Lock()
 
 
@@ -501,34 +503,84 @@ def _open_for_record_reads(path: str, largest_record: int):
                             compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def read_spilled(pointers) -> list[bytes]:
-    """The framed records at ``pointers`` ((spill file, offset, size), ...), in the order given.
-
-    Reads each spill file front to back (local files stream from the page cache), several files at a time.
-    """
-    wanted: dict[str, list[tuple[int, int, int]]] = {}
-    for position, (path, offset, size) in enumerate(pointers):
-        wanted.setdefault(path, []).append((offset, size, position))
-    records: list[bytes | None] = [None] * len(pointers)
-
-    def read_file(path: str, items: list[tuple[int, int, int]]) -> None:
-        with _open_for_record_reads(path, max(size for _, size, _ in items)) as stream:
-            for offset, size, position in sorted(items):
-                stream.seek(offset)
-                data = stream.read(size)
-                if len(data) != size:
-                    raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
-                records[position] = data
-
+def _spill_read_pool() -> ThreadPoolExecutor:
     # One pool for the process, not one per shard: glibc gives new threads their own malloc arenas and keeps what
     # they freed, so fresh threads for every shard left a worker holding about one shard per arena.
     global _spill_readers
     with _spill_readers_lock:
         if _spill_readers is None:
             _spill_readers = ThreadPoolExecutor(max_workers=SPILL_READ_THREADS, thread_name_prefix="spill-read")
-    for future in [_spill_readers.submit(read_file, path, items) for path, items in wanted.items()]:
-        future.result()
-    return records
+    return _spill_readers
+
+
+def iter_spilled(pointers):
+    """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time, in the order given.
+
+    A shard writer thus holds a few records, not its shard (up to ~200 MB by default). Local spill files are read
+    with ``os.pread`` from the page cache; remote ones (gs://) with record-sized reads on the process's thread pool,
+    at most SPILL_READ_AHEAD records ahead of the writer.
+    """
+    pointers = list(pointers)
+    if not pointers:
+        return
+    if _is_local(pointers[0][0]):
+        yield from _iter_local_spilled(pointers)
+        return
+    largest = {}
+    for path, _, size in pointers:
+        largest[path] = max(largest.get(path, 0), size)
+    streams, streams_lock = {}, threading.Lock()  # one open stream per (thread, spill file), closed at the end
+
+    def read(path: str, offset: int, size: int) -> bytes:
+        stream_key = (threading.get_ident(), path)
+        with streams_lock:
+            stream = streams.get(stream_key)
+        if stream is None:
+            stream = _open_for_record_reads(path, largest[path])
+            with streams_lock:
+                streams[stream_key] = stream
+        stream.seek(offset)
+        data = stream.read(size)
+        if len(data) != size:
+            raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+        return data
+
+    pool, pending = _spill_read_pool(), collections.deque()
+    try:
+        for pointer in pointers:
+            pending.append(pool.submit(read, *pointer))
+            if len(pending) >= SPILL_READ_AHEAD:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        for future in pending:
+            with contextlib.suppress(Exception):
+                future.result()
+        for stream in streams.values():
+            with contextlib.suppress(Exception):
+                stream.close()
+
+
+def _iter_local_spilled(pointers):
+    descriptors = {}
+    try:
+        for path, offset, size in pointers:
+            descriptor = descriptors.get(path)
+            if descriptor is None:
+                try:
+                    descriptor = descriptors[path] = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    raise PreprocessError(f"cannot read spill file {path}: {e}") from e
+            data = os.pread(descriptor, size, offset)
+            if len(data) != size:
+                raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+            yield data
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
 
 
 def _read_file(path: str) -> bytes:
@@ -590,15 +642,15 @@ class WriteShard(beam.DoFn):
         (split, shard), parts = element
         shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
         ordered = record_pointers.merge_sorted_pointers(parts)
-        yield write_shard_file(self.output, split, shard, shards, read_spilled(ordered))
+        yield write_shard_file(self.output, split, shard, shards, iter_spilled(ordered))
 
 
-def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records: list[bytes]) -> dict:
-    """Writes already framed records as a shard via a temporary file and returns its manifest entry."""
+def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records) -> dict:
+    """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
     relative = manifest.shard_path(split, shard, shards)
     final = manifest.join(output, relative)
     temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
-    digest, num_bytes = hashlib.sha256(), 0
+    digest, num_bytes, num_examples = hashlib.sha256(), 0, 0
     try:
         with FileSystems.create(temporary, mime_type="application/octet-stream",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -606,10 +658,13 @@ def write_shard_file(output: str, split: str, shard: int, shards: int, framed_re
                 f.write(framed)
                 digest.update(framed)
                 num_bytes += len(framed)
+                num_examples += 1
         FileSystems.rename([temporary], [final])
     except Exception as e:
+        with contextlib.suppress(Exception):
+            FileSystems.delete([temporary])
         raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
-    return {"split": split, "index": shard, "file": relative, "num_examples": len(framed_records),
+    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
             "num_bytes": num_bytes, "sha256": digest.hexdigest()}
 
 
