@@ -7,9 +7,8 @@ For each size, writes an ImageFolder of that many small generated PNGs (16-48 px
 ``shardprep preprocess SRC OUT --shorter-side S --num-shards SIZE/records-per-shard`` as a separate process on
 ``--workers`` local Beam worker processes, and samples the resident memory (RSS) of the whole process tree -- the
 launcher (which on the local runner also holds what crosses a shuffle), the ``/bin/sh`` wrappers and the SDK worker
-processes -- every 0.1 s. A fixed number of records per shard keeps the one shard a worker holds while writing it
-the same at every size; a larger shorter side stores more bytes per input, to tell image bytes from per-input
-bookkeeping.
+processes -- every 0.1 s. A fixed number of records per shard keeps the shards alike at every size; a larger
+shorter side stores more bytes per input, to tell image bytes from per-input bookkeeping.
 
 Reports per run: wall time, inputs/s, peak RSS of the tree (sum over processes at one sample), of the launcher and of
 the largest worker, and the growth per added input between the smallest and the largest size. Shared library pages
