@@ -3,22 +3,26 @@
 Stages (named as in the Beam graph)::
 
     ListInputs            folder/labels-file listing per class directory, or TFRecord reading per file
+    CountInputs           inputs per split, counted on the listing side (the accounting check's other half)
     BatchInputs           small batches of inputs, so the runner handles one element per batch, not per image
     PackInputs            each batch of listed files as a few strings (sources.InputBatch)
-    SpreadInputs          Reshuffle, so decoding spreads over every worker (files only: TFRecord inputs are
-                          decoded where their file was read, the files having been spread)
-    DecodeResizeEncode    preprocess.image_ops.process_image; the record goes to the bundle's spill file under
-                          OUTPUT/.tmp/ and only pointers go on (one RecordPointers per bundle and split), with
-                          one RecordSummary per bundle (counts, bytes, classes, pixel sums); bad inputs go to the
-                          rejects output
-    CountInputs           inputs per split, counted on the listing side (the accounting check's other half)
+    DecodeGroupBoundaries the inputs' sort keys ranked (as ShardBoundaries below) into decode groups: the shards
+                          when their count is known before decoding (--num-shards, or raw centre crops, whose bytes
+                          PredictRecordBytes sums), else pieces of them; at least two groups per local worker
+    AssignDecodeGroups    GroupInputs: each group's inputs together (files only: TFRecord inputs are decoded where
+                          their file was read, the files having been spread)
+    DecodeResizeEncode    preprocess.image_ops.process_image, a group's inputs in seeded order; records go to the
+                          group's file under OUTPUT/.tmp/ (hashed as written), and only pointers go on (one
+                          RecordPointers per group), with one RecordSummary per bundle (counts, bytes, classes,
+                          pixel sums); bad inputs go to the rejects output
     SumRecords            the bundles' summaries merged: per split examples, bytes, class counts; mean/std sums
-    BucketSortKeys        each bundle's pointers cut by hash-range bucket
-    FindShardBoundaries   exact rank boundaries of the seeded order, from sort keys grouped in bounded buckets
-    AssignShards          each bundle's pointers cut by the shard their rank falls in (uniform: sizes differ by at
+    ShardBoundaries       exact rank boundaries of the seeded order among the written records, from sort keys
+                          grouped in bounded hash-range buckets (BucketSortKeys, GroupBuckets, FindShardBoundaries)
+    AssignShards          each group's pointers cut by the shard their rank falls in (uniform: sizes differ by at
                           most one)
-    WriteShards           one worker per shard: read its records from the spill files, in seeded order, write
-                          under a temporary name, rename
+    WriteShards           one worker per shard: a shard that is exactly one group's file is that file, renamed
+                          (written once); any other shard is streamed from its groups' files in seeded order,
+                          written under a temporary name and renamed
     WriteRejects          OUTPUT/rejects.jsonl
     WriteManifest         OUTPUT/manifest.json, last, only when every input is accounted for
 
@@ -246,6 +250,7 @@ REJECTS = "rejects"
 # Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
 # evenly over its workers, enough that it handles a few elements per 100 images instead of one per image.
 INPUT_BATCH = 16
+DEFAULT_MIN_DECODE_GROUPS = 64  # remote runners: workers come and go, keep enough groups to share out
 
 
 def _relative_key(root: str, path: str) -> str:
@@ -385,23 +390,31 @@ class ReadTFRecordFile(beam.DoFn):
 # --- per image ---------------------------------------------------------------------------------------------
 
 class DecodeResizeEncode(beam.DoFn):
-    """Turns batches of inputs into stored records, a :class:`~preprocess.sharding.RecordSummary` per bundle
-    (``summary``: counts, bytes, pixel sums) and rejects (``rejects``).
+    """Turns inputs into stored records, a :class:`~preprocess.sharding.RecordSummary` per bundle (``summary``:
+    counts, bytes, pixel sums) and rejects (``rejects``).
 
-    Each serialized record is appended to this bundle's spill file under OUTPUT/.tmp/; the main output is one
-    :class:`~preprocess.record_pointers.RecordPointers` per split and bundle, noting every record's sort key and
-    place in the spill file. Image bytes thus never travel through the runner's shuffle (on Beam's local runner,
-    every element crossing costs a gRPC copy), and no stage but WriteShards ever holds them. A retried bundle writes
-    a new spill file, and only the successful attempt's outputs are kept by the runner, so pointers always name
-    complete data.
+    Serialized records go to spill files under OUTPUT/.tmp/; the main output is
+    :class:`~preprocess.record_pointers.RecordPointers`, noting every record's sort key and place in its file.
+    Image bytes thus never travel through the runner's shuffle (on Beam's local runner, every element crossing
+    costs a gRPC copy). Two modes:
+
+    * ``grouped`` (files and folders): each element is one decode group, ``((split, group), input batches)``, a
+      range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
+      hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so
+      the records are written once.
+    * otherwise (TFRecord sources, decoded where their file is read): each element is a list of inputs; a bundle
+      appends to one spill file, and WriteShards copies the records into their shards.
+
+    A retried element or bundle writes a new file, and only the successful attempt's outputs are kept by the
+    runner, so pointers always name complete data.
     """
 
     SUMMARY = "summary"
 
     def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
-                 progress_dir: str | None):
+                 progress_dir: str | None, grouped: bool = False):
         self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
-        self.progress_dir = progress_dir
+        self.progress_dir, self.grouped = progress_dir, grouped
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "processed")
@@ -411,28 +424,55 @@ class DecodeResizeEncode(beam.DoFn):
         self.pointers: dict[str, record_pointers.RecordPointers] = {}
         self.summary = sharding.RecordSummary()
 
-    def process(self, batch):
-        for split, key, label, path, data in batch:
-            self.progress.add()
-            try:
-                if data is None:
-                    data = _read_file(path)
-                image = image_ops.process_image(data, self.options)
-            except image_ops.RejectError as e:
-                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
-                continue
-            example = record_format.encode_example(record_format.ImageRecord(
-                encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
-                label=label, filename=key))
-            if self.spill is None:
-                self.spill = SpillWriter(self.output)
-            offset, size = self.spill.append(tfrecord_io.frame(example))
-            if split not in self.pointers:
-                self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
-            self.pointers[split].append(sharding.sort_key(self.seed, split, key), offset, size)
-            self.summary.add(split, label, size)
-            if split == self.stats_split:
-                self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
+    def process(self, element):
+        if not self.grouped:
+            for item in element:
+                yield from self._process_one(item, self._bundle_spill)
+            return
+        (split, _), batches = element
+        keyed = sorted((sharding.sort_key(self.seed, item[0], item[1]), item) for batch in batches for item in batch)
+        spill, pointers = None, None
+
+        def group_spill(item_split):
+            nonlocal spill, pointers
+            if spill is None:
+                spill = SpillWriter(self.output, hashed=True)
+                pointers = record_pointers.RecordPointers(split, spill.path)
+            return spill, pointers
+
+        for _, item in keyed:
+            yield from self._process_one(item, group_spill)
+        if spill is not None:
+            spill.close()
+            pointers.file_info = (len(pointers), spill.offset, spill.sha256())
+            yield pointers
+
+    def _bundle_spill(self, split):
+        if self.spill is None:
+            self.spill = SpillWriter(self.output)
+        if split not in self.pointers:
+            self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
+        return self.spill, self.pointers[split]
+
+    def _process_one(self, item, spill_for):
+        split, key, label, path, data = item
+        self.progress.add()
+        try:
+            if data is None:
+                data = _read_file(path)
+            image = image_ops.process_image(data, self.options)
+        except image_ops.RejectError as e:
+            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
+            return
+        example = record_format.encode_example(record_format.ImageRecord(
+            encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
+            label=label, filename=key))
+        spill, pointers = spill_for(split)
+        offset, size = spill.append(tfrecord_io.frame(example))
+        pointers.append(sharding.sort_key(self.seed, split, key), offset, size)
+        self.summary.add(split, label, size)
+        if split == self.stats_split:
+            self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
 
     def finish_bundle(self):
         if self.spill is not None:
@@ -448,10 +488,11 @@ SPILL_DIR = ".tmp"
 
 
 class SpillWriter:
-    """An append-only file of framed records, one per bundle, under OUTPUT/.tmp/."""
+    """An append-only file of framed records under OUTPUT/.tmp/ (one per decode group, or per bundle)."""
 
-    def __init__(self, output: str):
+    def __init__(self, output: str, hashed: bool = False):
         self.path = manifest.join(output, SPILL_DIR, f"spill-{uuid.uuid4().hex}.records")
+        self.digest = hashlib.sha256() if hashed else None
         try:
             self.stream = FileSystems.create(self.path, mime_type="application/octet-stream",
                                              compression_type=CompressionTypes.UNCOMPRESSED)
@@ -464,8 +505,13 @@ class SpillWriter:
             self.stream.write(framed)
         except Exception as e:
             raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
+        if self.digest is not None:
+            self.digest.update(framed)
         offset, self.offset = self.offset, self.offset + len(framed)
         return offset, len(framed)
+
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
 
     def close(self) -> None:
         try:
@@ -595,54 +641,164 @@ def _read_file(path: str) -> bytes:
 
 # --- sharding ----------------------------------------------------------------------------------------------
 
-def bucket_pointers(pointers: record_pointers.RecordPointers, summary: sharding.RecordSummary):
-    """((split, bucket), pointers of this bundle in that bucket) for every bucket the bundle's records fall in."""
-    for bucket, part in pointers.by_bucket(sharding.num_buckets(summary.examples[pointers.split])).items():
+def bucket_pointers(pointers: record_pointers.RecordPointers, sizes: dict):
+    """((split, bucket), pointers of this element in that bucket) for every bucket its sort keys fall in."""
+    for bucket, part in pointers.by_bucket(sharding.num_buckets(sizes[pointers.split])).items():
         yield (pointers.split, bucket), part
 
 
 class FindShardBoundaries(beam.DoFn):
-    """For one bucket of sort keys, emits the sort keys that start a shard and fall in this bucket.
+    """For one bucket of sort keys, emits the sort keys that start a part (a shard, or a decode group) and fall in
+    this bucket.
 
     Buckets are hash ranges of about BUCKET_TARGET records, so no worker ever sorts more than one bucket of keys
     (sort keys only, not images) whatever the dataset size.
     """
 
-    def __init__(self, requested_shards: int | None):
-        self.requested_shards = requested_shards
+    def __init__(self, metric_name: str):
         # Keys sorted per call: shows that this work stays about BUCKET_TARGET however large the dataset.
-        self.bucket_keys = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, "boundary_bucket_keys")
+        self.bucket_keys = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, metric_name)
 
-    def process(self, element, summary, bucket_sizes):
-        (split, bucket), parts = element
-        keys = record_pointers.sorted_sort_keys(parts)
+    def process(self, element, sizes, parts, bucket_sizes):
+        (split, bucket), chunks = element
+        keys = record_pointers.sorted_sort_keys(chunks)
         self.bucket_keys.update(len(keys))
         first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
-        num_examples = summary.examples[split]
-        shards = sharding.num_shards_for(num_examples, summary.bytes[split], self.requested_shards)
-        for shard, rank in enumerate(sharding.boundary_ranks(num_examples, shards), start=1):
+        for part, rank in enumerate(sharding.boundary_ranks(sizes[split], parts[split]), start=1):
             if first_rank <= rank < first_rank + len(keys):
                 high, low = keys[rank - first_rank]
-                yield split, (shard, (int(high), int(low)))
+                yield split, (part, (int(high), int(low)))
+
+
+class RankBoundaries(beam.PTransform):
+    """{split: sort keys starting parts 1..P-1} (a singleton) for sort keys given as RecordPointers.
+
+    ``sizes`` and ``parts`` are side inputs {split: records} and {split: parts}; part k of a split holds ranks r
+    with r * P // N == k, so parts differ in size by at most one.
+    """
+
+    def __init__(self, sizes, parts, metric_name: str):
+        super().__init__()
+        self.sizes, self.parts, self.metric_name = sizes, parts, metric_name
+
+    def expand(self, pointers):
+        bucketed = pointers | "BucketSortKeys" >> beam.FlatMap(bucket_pointers, self.sizes)
+        bucket_sizes = (bucketed
+                        | "BucketSize" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
+                        | "CountBuckets" >> beam.CombinePerKey(sum))
+        return (bucketed
+                | "GroupBuckets" >> beam.GroupByKey()
+                | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(self.metric_name), self.sizes, self.parts,
+                                                      beam.pvalue.AsDict(bucket_sizes))
+                | "CollectBoundaries" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
+                | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
 
 
 def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
-    """((split, shard), pointers of this bundle in that shard), given every split's sorted shard-start keys."""
+    """((split, shard), pointers of this element in that shard), given every split's sorted shard-start keys."""
     for shard, part in pointers.by_shard(boundaries.get(pointers.split, ())).items():
         yield (pointers.split, shard), part
 
 
+class InputSortKeys(beam.DoFn):
+    """The sort keys of the listed inputs, one RecordPointers per split and bundle (the offset is unused)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        self.keys: dict[str, record_pointers.RecordPointers] = {}
+
+    def process(self, batch: sources.InputBatch):
+        for split, key, _, _, _ in batch:
+            if split not in self.keys:
+                self.keys[split] = record_pointers.RecordPointers(split, "")
+            self.keys[split].append(sharding.sort_key(self.seed, split, key), 0, 0)
+
+    def finish_bundle(self):
+        for split in sorted(self.keys):
+            yield GlobalWindows.windowed_value(self.keys[split])
+
+
+class AssignDecodeGroups(beam.DoFn):
+    """((split, decode group), InputBatch of the bundle's inputs in that group), given every split's group-start
+    sort keys: one element per group and bundle, whatever the number of inputs."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        self.groups: dict[tuple[str, int], list] = {}
+
+    def process(self, batch: sources.InputBatch, boundaries):
+        items = list(batch)
+        keys: dict[str, record_pointers.RecordPointers] = {}
+        for index, (split, key, _, _, _) in enumerate(items):
+            if split not in keys:
+                keys[split] = record_pointers.RecordPointers(split, "")
+            keys[split].append(sharding.sort_key(self.seed, split, key), index, 0)
+        for split, split_keys in keys.items():
+            for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
+                self.groups.setdefault((split, group), []).extend(items[index] for _, index, _ in part.pointers())
+
+    def finish_bundle(self):
+        for group in sorted(self.groups):
+            yield GlobalWindows.windowed_value((group, sources.InputBatch(self.groups[group])))
+        self.groups = {}
+
+
+def predicted_record_size(item, shorter_side: int) -> tuple[str, int]:
+    """(split, framed bytes) of an input's record in a raw, centre-cropped dataset: known before decoding."""
+    split, key, label, _, _ = item
+    example = record_format.example_size(shorter_side * shorter_side * record_format.CHANNELS, "raw", shorter_side,
+                                         shorter_side, label, key)
+    return split, tfrecord_io.framed_size(example)
+
+
+def decode_group_counts(counted, predicted_bytes: dict, requested: int | None, min_groups: int):
+    """(split, decode groups) from (split, inputs)."""
+    split, num_inputs = counted
+    return split, sharding.decode_groups(num_inputs, predicted_bytes.get(split), requested, min_groups)
+
+
 class WriteShard(beam.DoFn):
-    """Writes one shard: records sorted by their seeded key, under a temporary name, renamed when complete."""
+    """Writes one shard: records sorted by their seeded key, under a temporary name, renamed when complete.
+
+    A shard that is exactly one decode group's file (same records, already in seeded order and hashed) is that
+    file, renamed into place (copied on remote storage, where the spill files are deleted later): written once.
+    """
 
     def __init__(self, output: str, requested_shards: int | None):
         self.output, self.requested_shards = output, requested_shards
+        self.adopted = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "shards_renamed_from_decode_groups")
 
     def process(self, element, summary):
         (split, shard), parts = element
+        parts = list(parts)
         shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
+        if len(parts) == 1 and parts[0].is_whole_sorted_file():
+            self.adopted.inc()
+            yield adopt_spill_file(self.output, split, shard, shards, parts[0])
+            return
         ordered = record_pointers.merge_sorted_pointers(parts)
         yield write_shard_file(self.output, split, shard, shards, iter_spilled(ordered))
+
+
+def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
+    """Moves a decode group's file into place as a shard and returns its manifest entry (from the file's hash)."""
+    relative = manifest.shard_path(split, shard, shards)
+    final = manifest.join(output, relative)
+    try:
+        if _is_local(final):
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            FileSystems.rename([part.spill_path], [final])
+        else:  # a copy inside the bucket; a retried writer finds the spill file still there
+            FileSystems.copy([part.spill_path], [final])
+    except Exception as e:
+        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
+    num_examples, num_bytes, sha256 = part.file_info
+    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
+            "num_bytes": num_bytes, "sha256": sha256}
 
 
 def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records) -> dict:
@@ -804,47 +960,67 @@ def _tool_version() -> str:
 # --- the graph ---------------------------------------------------------------------------------------------
 
 def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan, runner: str = "",
-                   progress_dir: str | None = None):
-    """Adds the preprocess stages to ``p``; returns the PCollection holding the manifest document."""
+                   progress_dir: str | None = None, min_decode_groups: int = DEFAULT_MIN_DECODE_GROUPS):
+    """Adds the preprocess stages to ``p``; returns the PCollection holding the manifest document.
+
+    ``min_decode_groups``: the fewest groups a split's inputs are decoded in (each group is decoded by one worker):
+    local runs pass twice their worker count.
+    """
     class_index = {name: i for i, name in enumerate(plan.classes)} if plan.classes is not None else None
     listed, listing_rejects = _list_inputs(p, config, plan, class_index, progress_dir)
 
     batches = listed | "BatchInputs" >> beam.BatchElements(min_batch_size=INPUT_BATCH, max_batch_size=INPUT_BATCH)
-    if plan.kind in ("tfds", "tfrecord"):
-        # TFRecord inputs carry their image bytes: they are decoded where their file is read (SpreadFiles spread
-        # the files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode = batches
-    else:
-        to_decode = batches | "PackInputs" >> beam.Map(sources.InputBatch) | "SpreadInputs" >> beam.Reshuffle()
-    processed = (
-        to_decode
-        | "DecodeResizeEncode" >> beam.ParDo(
-            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir)
-        ).with_outputs(REJECTS, DecodeResizeEncode.SUMMARY, main="records"))
-    records = processed.records  # RecordPointers: one per bundle and split
-    rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
-
     input_counts = (
         (listed | "InputSplit" >> beam.Map(lambda item: item[0]),
          listing_rejects | "ListingRejectSplit" >> beam.Map(lambda item: item[0]))
         | "InputSplits" >> beam.Flatten()
         | "CountInputs" >> beam.combiners.Count.PerElement())
+    grouped = plan.kind not in ("tfds", "tfrecord")
+    if grouped:
+        # Inputs are decoded in groups of consecutive ranks of the seeded order, found from their sort keys before
+        # decoding (the order depends on the keys only). Groups are shards when the shard count is known up front.
+        inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
+        predicted = {}
+        if config.encoding == "raw" and config.crop == "center":
+            predicted = beam.pvalue.AsDict(
+                listed
+                | "PredictRecordBytes" >> beam.Map(predicted_record_size, config.shorter_side)
+                | "SumPredictedBytes" >> beam.CombinePerKey(sum))
+        group_counts = input_counts | "DecodeGroupCounts" >> beam.Map(
+            decode_group_counts, predicted, config.num_shards, min_decode_groups)
+        group_starts = (
+            inputs
+            | "InputSortKeys" >> beam.ParDo(InputSortKeys(config.seed))
+            | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(input_counts),
+                                                        beam.pvalue.AsDict(group_counts),
+                                                        "decode_group_bucket_keys"))
+        to_decode = (inputs
+                     | "AssignDecodeGroups" >> beam.ParDo(
+                         AssignDecodeGroups(config.seed), beam.pvalue.AsSingleton(group_starts, default_value={}))
+                     | "GroupInputs" >> beam.GroupByKey())
+    else:
+        # TFRecord inputs carry their image bytes: they are decoded where their file is read (SpreadFiles spread
+        # the files over the workers) instead of every encoded image crossing the runner's shuffle.
+        to_decode = batches
+    processed = (
+        to_decode
+        | "DecodeResizeEncode" >> beam.ParDo(
+            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir,
+                               grouped=grouped)
+        ).with_outputs(REJECTS, DecodeResizeEncode.SUMMARY, main="records"))
+    records = processed.records  # RecordPointers: one per decode group, or per bundle and split
+    rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
+
     summary = (processed[DecodeResizeEncode.SUMMARY]
                | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults())
     # Defaults in the views, not in the combines: a combine's default costs the local runner two more stages.
     summary_view = beam.pvalue.AsSingleton(summary, default_value=sharding.RecordSummary())
-
-    bucketed = records | "BucketSortKeys" >> beam.FlatMap(bucket_pointers, summary_view)
-    bucket_sizes = (bucketed
-                    | "BucketSize" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
-                    | "CountBuckets" >> beam.CombinePerKey(sum))
-    boundaries = (
-        bucketed
-        | "GroupBuckets" >> beam.GroupByKey()
-        | "FindShardBoundaries" >> beam.ParDo(
-            FindShardBoundaries(config.num_shards), summary_view, beam.pvalue.AsDict(bucket_sizes))
-        | "CollectBoundaries" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
-        | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
+    examples = summary | "ExamplesPerSplit" >> beam.FlatMap(lambda total: total.examples.items())
+    shard_counts = summary | "ShardsPerSplit" >> beam.FlatMap(
+        lambda total, requested: [(split, sharding.num_shards_for(n, total.bytes[split], requested))
+                                  for split, n in total.examples.items()], config.num_shards)
+    boundaries = records | "ShardBoundaries" >> RankBoundaries(
+        beam.pvalue.AsDict(examples), beam.pvalue.AsDict(shard_counts), "boundary_bucket_keys")
     shard_entries = (
         records
         | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries, default_value={}))
@@ -1012,8 +1188,11 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)
+            min_groups = DEFAULT_MIN_DECODE_GROUPS
+            if local:  # two groups per worker process: each gets work, a group as a shard where there are enough
+                min_groups = 2 * runners.local_workers(beam_args)
             build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
-                           progress_dir=progress_dir)
+                           progress_dir=progress_dir, min_decode_groups=min_groups)
             result = p.run()
             result.wait_until_finish()
         except PreprocessError:

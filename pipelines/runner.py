@@ -46,6 +46,14 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
+def local_workers(beam_args: list[str]) -> int:
+    """How many SDK worker processes a local run of ``beam_args`` uses."""
+    options = pipeline_options(beam_args).view_as(DirectOptions)
+    if options.direct_running_mode == "in_memory":
+        return 1
+    return options.direct_num_workers or os.cpu_count() or 1
+
+
 LOCAL_MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
 

@@ -107,6 +107,31 @@ def encode_example(record: ImageRecord) -> bytes:
     })
 
 
+def example_size(encoded_length: int, image_format: str, height: int, width: int, label: int, filename: str) -> int:
+    """``len(encode_example(...))`` for a record whose encoded image is ``encoded_length`` bytes, without building it.
+
+    The preprocess job predicts the bytes of raw, centre-cropped splits before decoding (every such image is
+    S*S*3 bytes), to size their shards up front.
+    """
+    def field_length(number: int, payload_length: int) -> int:
+        return len(_varint((number << 3) | 2)) + len(_varint(payload_length)) + payload_length
+
+    def bytes_feature_length(length: int) -> int:
+        return field_length(1, field_length(1, length))
+
+    features = {
+        ENCODED: bytes_feature_length(encoded_length),
+        FORMAT: bytes_feature_length(len(image_format.encode())),
+        FILENAME: bytes_feature_length(len(filename.encode("utf-8"))),
+        HEIGHT: len(_int64_feature(height)),
+        WIDTH: len(_int64_feature(width)),
+        LABEL: len(_int64_feature(label)),
+    }
+    entries = sum(field_length(1, field_length(1, len(key.encode())) + field_length(2, length))
+                  for key, length in features.items())
+    return field_length(1, entries)
+
+
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:

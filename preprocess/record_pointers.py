@@ -20,10 +20,14 @@ import numpy as np
 class RecordPointers:
     """Records of one split in one spill file: sort keys ``(high, low)`` and ``(offset, size)`` in the file."""
 
-    __slots__ = ("split", "spill_path", "_columns")
+    __slots__ = ("split", "spill_path", "_columns", "file_info")
 
-    def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None):
+    def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
         self.split, self.spill_path = split, spill_path
+        # (records, bytes, sha256) of the whole spill file when its records were written in sort-key order and
+        # are all of one split (a decode group's file); None for a bundle's file. Lets a shard that is exactly
+        # this file take it as it is.
+        self.file_info: tuple[int, int, str] | None = file_info
         # Four uint64 per record: high and low halves of the sort key, offset, size. A flat growable array while a
         # bundle is decoded, an (N, 4) numpy array once cut or unpickled.
         self._columns: array | np.ndarray = array("Q") if columns is None else columns
@@ -69,21 +73,26 @@ class RecordPointers:
         return self._partition(columns, shards)
 
     def _partition(self, columns: np.ndarray, groups: np.ndarray) -> dict[int, RecordPointers]:
-        return {int(group): RecordPointers(self.split, self.spill_path, columns[groups == group])
+        return {int(group): RecordPointers(self.split, self.spill_path, columns[groups == group], self.file_info)
                 for group in np.unique(groups)}
 
+    def is_whole_sorted_file(self) -> bool:
+        """True when these records are all of their spill file's records, which is in sort-key order."""
+        return self.file_info is not None and self.file_info[0] == len(self)
+
     def __eq__(self, other) -> bool:
-        return (isinstance(other, RecordPointers) and (self.split, self.spill_path) == (other.split, other.spill_path)
+        return (isinstance(other, RecordPointers)
+                and (self.split, self.spill_path, self.file_info) == (other.split, other.spill_path, other.file_info)
                 and np.array_equal(self.columns, other.columns))
 
     def __repr__(self) -> str:
         return f"RecordPointers({self.split!r}, {self.spill_path!r}, {len(self)} records)"
 
     def __getstate__(self):
-        return self.split, self.spill_path, self.columns.tobytes()
+        return self.split, self.spill_path, self.columns.tobytes(), self.file_info
 
     def __setstate__(self, state) -> None:
-        self.split, self.spill_path, data = state
+        self.split, self.spill_path, data, self.file_info = state
         self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, 4)
 
 

@@ -27,6 +27,22 @@ def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -
     return max(1, min(shards, num_examples))
 
 
+def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int | None, min_groups: int) -> int:
+    """How many groups of consecutive ranks a split's inputs are decoded in, each group into its own file.
+
+    When the shard count is known before decoding (``--num-shards``, or bytes predicted for raw centre crops), the
+    groups are the shards, or each shard cut into equal pieces when there are fewer shards than ``min_groups`` (so
+    that every worker gets work). A group that turns out to be exactly one shard is renamed into place; the others
+    are copied into their shards. Unknown shard count: ``min_groups`` groups.
+    """
+    if requested or predicted_bytes is not None:
+        shards = num_shards_for(num_inputs, predicted_bytes or 0, requested)
+    else:
+        shards = 1
+    groups = shards * -(-max(1, min_groups) // shards)
+    return max(1, min(groups, num_inputs))
+
+
 def sort_key(seed: int, split: str, key: str) -> tuple[int, int]:
     """A record's place in the seeded pseudo-random order: the first 128 bits of a SHA-256 of seed, split and key.
 

@@ -377,3 +377,53 @@ def test_nested_folders_and_special_files_are_inputs_too(tmp_path):
     assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (6, 5, 1)
     assert "train/a/more/nested.png" in {r.filename for r in all_records(out, "train")}
     assert [(r["key"], r["reason"]) for r in read_rejects(out)] == [("train/b/pipe.jpg", "unreadable")]
+
+
+def _run_in_process(source, output, min_decode_groups: int, **options) -> tuple[dict, int]:
+    """(manifest, shards renamed from decode groups) of an in-process run with the given decode-group floor."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from pipelines import runner as runners
+
+    config = job.PreprocessConfig(source=str(source), output=str(output), shorter_side=16, **options)
+    pipeline = runners.make_pipeline(["--direct_running_mode=in_memory"])
+    job.prepare_output(config.output, overwrite=False)
+    job.build_pipeline(pipeline, config, job.plan_source(config), min_decode_groups=min_decode_groups)
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_name("shards_renamed_from_decode_groups"))["counters"]
+    return manifest_lib.load(config.output), sum(c.committed for c in counters)
+
+
+def _shard_hashes(manifest: dict) -> dict:
+    return {split: [shard["sha256"] for shard in info["shards"]] for split, info in manifest["splits"].items()}
+
+
+def test_shards_that_are_whole_decode_groups_are_renamed_and_equal_copied_ones(tmp_path):
+    """Decoded in as many groups as shards, a split without rejects is written once: each group's file, already in
+    seeded order and hashed, becomes its shard. Cut into more groups than shards, every shard is copied from its
+    groups. Both give the same bytes; so does a split where a reject moves every later boundary (copied)."""
+    source = tmp_path / "source"
+    image_factory.write_image_folder(source, {"train": 60, "validation": 21}, min_side=20, max_side=40)
+    once, renamed = _run_in_process(source, tmp_path / "once", min_decode_groups=4, num_shards=4)
+    copied, renamed_when_cut = _run_in_process(source, tmp_path / "copied", min_decode_groups=12, num_shards=4)
+    assert (renamed, renamed_when_cut) == (8, 0)
+    assert _shard_hashes(once) == _shard_hashes(copied)
+    for split in ("train", "validation"):
+        for shard in manifest_lib.shard_files(once, split):
+            with open(tmp_path / "once" / shard, "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() in _shard_hashes(once)[split]
+    assert not glob.glob(str(tmp_path / "once" / ".tmp" / "*")), "no decode-group file is left behind"
+
+    # The first input of the seeded order turns into a reject: every train shard then starts one input later.
+    train_keys = [os.path.relpath(path, source) for path in glob.glob(str(source / "train" / "*" / "*"))]
+    first = min(train_keys, key=lambda key: sharding.sort_key(0, "train", key))
+    with open(source / first, "wb") as f:
+        f.write(b"not an image")
+    rejected, renamed = _run_in_process(source, tmp_path / "rejected", min_decode_groups=4, num_shards=4)
+    rejected_copied, _ = _run_in_process(source, tmp_path / "rejected-copied", min_decode_groups=12, num_shards=4)
+    assert rejected["splits"]["train"]["num_rejected"] == 1
+    sizes = [s["num_examples"] for s in rejected["splits"]["train"]["shards"]]
+    assert sum(sizes) == 59 and max(sizes) - min(sizes) <= 1
+    assert _shard_hashes(rejected) == _shard_hashes(rejected_copied)
+    assert renamed == 4  # validation's 4 shards are renamed; train's, whose boundaries all moved, are copied

@@ -417,3 +417,12 @@ def test_tensorflow_agrees_that_the_damaged_files_are_damaged(tmp_path):
     path.write_bytes(bytes(data[: OFFSETS[3] - 2]))
     with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(path)))
+
+
+def test_example_size_predicts_the_serialized_length():
+    for length, label, filename in [(0, 0, "a"), (196608, 999, "train/n01440764/x.JPEG"), (127, 2**40, "é" * 70),
+                                    (16384, 128, "k" * 300)]:
+        record = record_format.ImageRecord(encoded=b"\1" * length, format="raw", height=256, width=256, label=label,
+                                           filename=filename)
+        assert record_format.example_size(length, "raw", 256, 256, label, filename) == len(
+            record_format.encode_example(record))

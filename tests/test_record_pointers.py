@@ -116,3 +116,27 @@ def test_input_batch_round_trips_paths_and_bytes():
         assert list(batch) == items and len(batch) == len(items)
     with pytest.raises(ValueError, match="NUL"):
         sources.InputBatch([("train", "bad\0key", 0, "/x", None)])
+
+
+def test_file_info_survives_cutting_and_pickling_and_marks_whole_files():
+    pointers = _pointers(40)
+    pointers.file_info = (40, 4000, "ab" * 32)
+    assert pointers.is_whole_sorted_file() and pickle.loads(pickle.dumps(pointers)).is_whole_sorted_file()
+    parts = pointers.by_shard((sorted(pointers.sort_keys())[20],))
+    assert [p.file_info for p in parts.values()] == [pointers.file_info] * 2
+    assert not any(p.is_whole_sorted_file() for p in parts.values())  # each holds half of the file
+    assert not _pointers(3).is_whole_sorted_file()  # a bundle's spill file: no file info
+
+
+def test_decode_groups_are_the_shards_when_their_count_is_known():
+    # 10,000 raw 256x256 records predicted at ~1.97 GB: 16 shards of <= 200 MB, each its own decode group.
+    assert sharding.decode_groups(10000, 10000 * 196_700, None, min_groups=4) == 16
+    assert sharding.decode_groups(300, None, 4, min_groups=4) == 4  # --num-shards 4
+    assert sharding.decode_groups(300, None, 1, min_groups=4) == 4  # one shard in 4 pieces, for 2 workers
+    assert sharding.decode_groups(300, None, 3, min_groups=8) == 9  # 3 shards of 3 pieces: boundaries line up
+    assert sharding.decode_groups(300, None, None, min_groups=64) == 64  # shard count unknown before decoding
+    assert sharding.decode_groups(5, None, None, min_groups=64) == 5 and sharding.decode_groups(0, None, 2, 4) == 1
+    # Shard k of S starts where group k*p of S*p does: a shard cut in p pieces is exactly those pieces.
+    for n in (7, 300, 10001):
+        shards, groups = sharding.boundary_ranks(n, 3), sharding.boundary_ranks(n, 9)
+        assert shards == groups[2::3]

@@ -216,14 +216,16 @@ def test_killed_run_leaves_no_dataset_and_the_rerun_matches_a_clean_run(source, 
 # --- disk full -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("shorter_side, full_while", [
-    (64, "/.tmp/spill-"),  # 4.7 MB of records: the disk fills while decoded records are spilled
-    (32, "writing shard "),  # 1.2 MB of records spilled, then the shards' copy fills it
+@pytest.mark.parametrize("shorter_side, num_shards, full_while", [
+    (64, 4, "/.tmp/spill-"),  # 4.7 MB of records: the disk fills while decoded records are spilled
+    # 1.2 MB of records spilled in 4 decode groups (2 per worker); one shard per split is a copy of its groups,
+    # which fills the disk (with 4 shards each group would be renamed into place: nothing more to write)
+    (32, 1, "writing shard "),
 ])
-def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side, full_while):
+def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side, num_shards, full_while):
     with small_tmpfs(tmp_path / "disk", "2m") as disk:
         output = disk / "dataset"
-        command = job_command(source, output, "--shorter-side", shorter_side, "--num-shards", 4)
+        command = job_command(source, output, "--shorter-side", shorter_side, "--num-shards", num_shards)
         with open(tmp_path / "log", "wb") as log:
             completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=WAIT_S)
         error = [line for line in read_text(tmp_path / "log").splitlines() if line.startswith("Error: ")]
