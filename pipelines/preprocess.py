@@ -728,7 +728,9 @@ class AssignDecodeGroups(beam.DoFn):
         self.seed = seed
 
     def start_bundle(self):
-        self.groups: dict[tuple[str, int], list] = {}
+        # Per group, the bundle's inputs as NUL-separated text (key, label, path): on the local runner a bundle is
+        # a worker's whole share, and a tuple of strings per input would make its memory grow with the dataset.
+        self.groups: dict[tuple[str, int], bytearray] = {}
 
     def process(self, batch: sources.InputBatch, boundaries):
         items = list(batch)
@@ -739,12 +741,17 @@ class AssignDecodeGroups(beam.DoFn):
             keys[split].append(sharding.sort_key(self.seed, split, key), index, 0)
         for split, split_keys in keys.items():
             for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
-                self.groups.setdefault((split, group), []).extend(items[index] for _, index, _ in part.pointers())
+                packed = self.groups.setdefault((split, group), bytearray())
+                for _, index, _ in part.pointers():
+                    _, key, label, path, _ = items[index]
+                    packed += f"{key}\0{label}\0{path or ''}\0".encode("utf-8")
 
     def finish_bundle(self):
-        for group in sorted(self.groups):
-            yield GlobalWindows.windowed_value((group, sources.InputBatch(self.groups[group])))
-        self.groups = {}
+        for split, group in sorted(self.groups):
+            fields = self.groups.pop((split, group)).decode("utf-8").split("\0")[:-1]
+            items = [(split, fields[i], int(fields[i + 1]), fields[i + 2] or None, None)
+                     for i in range(0, len(fields), 3)]
+            yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
 
 
 def predicted_record_size(item, shorter_side: int) -> tuple[str, int]:
