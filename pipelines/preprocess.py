@@ -430,7 +430,8 @@ class DecodeResizeEncode(beam.DoFn):
                 yield from self._process_one(item, self._bundle_spill)
             return
         (split, _), batches = element
-        keyed = sorted((sharding.sort_key(self.seed, item[0], item[1]), item) for batch in batches for item in batch)
+        keyed = sorted(((sharding.sort_key(self.seed, item[0], item[1]), item) for batch in batches for item in batch),
+                       key=lambda pair: pair[0])
         spill, pointers = None, None
 
         def group_spill(item_split):
