@@ -171,6 +171,11 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
         class_dirs += [(split, name, manifest.join(directory, name)) for name in sub_dirs]
         if sub_files:
             flat_dirs.append((split, directory))
+    for _, name, directory in class_dirs:
+        if not _is_utf8(name) or not _is_utf8(directory):
+            printable = directory.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise sources.SourceError(f"the folder name {printable} is not valid UTF-8; class and split names are "
+                                      "stored as text in the records and the manifest: rename the folder")
     class_names = {name for _, name, _ in class_dirs}
     labels_split = None
     if config.labels_file:
@@ -271,7 +276,11 @@ class ListClassDirectory(beam.DoFn):
         split, class_name, directory = element
         for path in _list_files(directory, recursive=True):  # nested folders belong to the class too
             self.progress.add()
-            yield split, _relative_key(self.root, path), self.class_index[class_name], path, None
+            key = _relative_key(self.root, path)
+            if not _is_utf8(path):
+                yield _bad_file_name_reject(split, key)
+            else:
+                yield split, key, self.class_index[class_name], path, None
 
     def finish_bundle(self):
         self.progress.flush()
@@ -286,7 +295,26 @@ class ListFlatDirectory(beam.DoFn):
     def process(self, element):
         split, directory = element
         for path in _list_files(directory):
-            yield sources.labels_key(path), (split, _relative_key(self.root, path), path)
+            if not _is_utf8(path):
+                yield _bad_file_name_reject(split, _relative_key(self.root, path))
+            else:
+                yield sources.labels_key(path), (split, _relative_key(self.root, path), path)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a name that the OS gave with undecodable bytes (Python's surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bad_file_name_reject(split: str, key: str):
+    # Records, the runner's coders and rejects.jsonl all need text; the key shows the raw bytes as \xNN escapes.
+    printable = key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return beam.pvalue.TaggedOutput(
+        REJECTS, (split, printable, "bad_file_name", "the file name is not valid UTF-8: rename the file"))
 
 
 def _list_files(directory: str, recursive: bool = False) -> list[str]:
@@ -434,7 +462,7 @@ class DecodeResizeEncode(beam.DoFn):
                        key=lambda pair: pair[0])
         spill, pointers = None, None
 
-        def group_spill(item_split):
+        def group_spill(_split):  # every input of a group is of its split
             nonlocal spill, pointers
             if spill is None:
                 spill = SpillWriter(self.output, hashed=True)
@@ -1060,15 +1088,18 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
         return read.inputs, read[REJECTS]
 
     root = sources.SourceSpec.parse(config.source).location
-    listed = (p
-              | "ClassDirectories" >> beam.Create(list(plan.class_dirs), reshuffle=False)
-              | "SpreadDirectories" >> beam.Reshuffle()
-              | "ListInputs" >> beam.ParDo(ListClassDirectory(root, class_index, progress_dir)))
+    class_listing = (p
+                     | "ClassDirectories" >> beam.Create(list(plan.class_dirs), reshuffle=False)
+                     | "SpreadDirectories" >> beam.Reshuffle()
+                     | "ListInputs" >> beam.ParDo(ListClassDirectory(root, class_index, progress_dir)
+                                                  ).with_outputs(REJECTS, main="inputs"))
+    listed = class_listing.inputs
     if not plan.flat_dirs and not config.labels_file:
-        return listed, p | "NoListingRejects" >> beam.Create([])
-    flat_files = (p
-                  | "FlatDirectories" >> beam.Create(list(plan.flat_dirs))
-                  | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(root)))
+        return listed, class_listing[REJECTS]
+    flat_listing = (p
+                    | "FlatDirectories" >> beam.Create(list(plan.flat_dirs))
+                    | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(root)).with_outputs(REJECTS, main="files"))
+    flat_files = flat_listing.files
     if config.labels_file:
         label_rows = (p
                       | "ReadLabelsFile" >> beam.io.ReadFromText(config.labels_file, coder=beam.coders.StrUtf8Coder())
@@ -1081,7 +1112,9 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
               | "CheckLabels" >> beam.ParDo(JoinLabels(class_index or {}, plan.labels_split or config.split,
                                                         progress_dir)).with_outputs(REJECTS, main="inputs"))
     inputs = (listed, joined.inputs) | "AllInputs" >> beam.Flatten()
-    return inputs, joined[REJECTS]
+    listing_rejects = ((class_listing[REJECTS], flat_listing[REJECTS], joined[REJECTS])
+                       | "AllListingRejects" >> beam.Flatten())
+    return inputs, listing_rejects
 
 
 class ParseLabelRows(beam.DoFn):

@@ -219,6 +219,31 @@ def test_imagenet_layout_train_folders_and_flat_validation_with_labels(tmp_path)
     assert manifest["splits"]["train"]["num_examples"] == 6
 
 
+def test_file_names_that_are_not_utf8_are_rejects_and_folder_names_a_clear_error(tmp_path):
+    """Linux file names are bytes; records, the manifest and the runner's coders need text."""
+    root = tmp_path / "imagenet"
+    image_factory.write_image_folder(root, {"train": 4}, classes=("n01", "n02"))
+    (root / "val").mkdir()
+    (root / "val" / "a.JPEG").write_bytes(image_factory.rgb_jpeg(image_factory.RED))
+    bad_name = os.fsdecode(b"b\xff.JPEG")
+    (root / "val" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
+    (root / "train" / "n01" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
+    labels = tmp_path / "val.csv"
+    labels.write_text("a.JPEG,n02\n")
+    out = tmp_path / "out"
+    run_cli(root, out, "--labels-file", labels, "--shorter-side", 16, *IN_PROCESS)
+    manifest = manifest_lib.load(str(out))
+    with open(out / manifest_lib.REJECTS_NAME) as f:
+        rejects = sorted((line["split"], line["key"], line["reason"]) for line in map(json.loads, f))
+    assert rejects == [("train", "train/n01/b\\xff.JPEG", "bad_file_name"), ("val", "val/b\\xff.JPEG", "bad_file_name")]
+    assert [(manifest["splits"][s]["num_inputs"], manifest["splits"][s]["num_examples"]) for s in ("train", "val")] == [
+        (5, 4), (2, 1)]
+
+    (root / "train" / os.fsdecode(b"n\xfe")).mkdir()
+    result = run_cli(root, tmp_path / "out2", "--labels-file", labels, *IN_PROCESS, expect_ok=False)
+    assert result.exit_code != 0 and "n\\xfe is not valid UTF-8" in result.output and "rename the folder" in result.output
+
+
 def write_tfds_style_tfrecords(directory, split: str, images: list[tuple[bytes, int]], num_files: int = 2):
     """TFRecords as TFDS writes them: ``image`` (encoded bytes) and ``label`` (int64)."""
     import tensorflow as tf
