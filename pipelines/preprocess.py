@@ -173,9 +173,9 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
             flat_dirs.append((split, directory))
     for _, name, directory in class_dirs:
         if not _is_utf8(name) or not _is_utf8(directory):
-            printable = directory.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            raise sources.SourceError(f"the folder name {printable} is not valid UTF-8; class and split names are "
-                                      "stored as text in the records and the manifest: rename the folder")
+            raise sources.SourceError(
+                f"the folder name {_printable(directory)} is not valid UTF-8; class and split names are stored as "
+                "text in the records and the manifest: rename the folder")
     class_names = {name for _, name, _ in class_dirs}
     labels_split = None
     if config.labels_file:
@@ -310,11 +310,15 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def _printable(name: str) -> str:
+    """``name`` with the bytes that are not UTF-8 shown as backslash-x escapes (``b\\xff.jpg``)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _bad_file_name_reject(split: str, key: str):
-    # Records, the runner's coders and rejects.jsonl all need text; the key shows the raw bytes as \xNN escapes.
-    printable = key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    # Records, the runner's coders and rejects.jsonl all need text.
     return beam.pvalue.TaggedOutput(
-        REJECTS, (split, printable, "bad_file_name", "the file name is not valid UTF-8: rename the file"))
+        REJECTS, (split, _printable(key), "bad_file_name", "the file name is not valid UTF-8: rename the file"))
 
 
 def _list_files(directory: str, recursive: bool = False) -> list[str]:
@@ -729,8 +733,17 @@ def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
         yield (pointers.split, shard), part
 
 
+def add_sort_keys(keys: dict, items, seed: int) -> dict:
+    """Appends every input's sort key to ``keys[split]`` (RecordPointers; offset: the input's index in ``items``)."""
+    for index, (split, key, _, _, _) in enumerate(items):
+        if split not in keys:
+            keys[split] = record_pointers.RecordPointers(split, "")
+        keys[split].append(sharding.sort_key(seed, split, key), index, 0)
+    return keys
+
+
 class InputSortKeys(beam.DoFn):
-    """The sort keys of the listed inputs, one RecordPointers per split and bundle (the offset is unused)."""
+    """The sort keys of the listed inputs, one RecordPointers per split and bundle (offsets unused)."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -739,10 +752,7 @@ class InputSortKeys(beam.DoFn):
         self.keys: dict[str, record_pointers.RecordPointers] = {}
 
     def process(self, batch: sources.InputBatch):
-        for split, key, _, _, _ in batch:
-            if split not in self.keys:
-                self.keys[split] = record_pointers.RecordPointers(split, "")
-            self.keys[split].append(sharding.sort_key(self.seed, split, key), 0, 0)
+        add_sort_keys(self.keys, batch, self.seed)
 
     def finish_bundle(self):
         for split in sorted(self.keys):
@@ -763,12 +773,7 @@ class AssignDecodeGroups(beam.DoFn):
 
     def process(self, batch: sources.InputBatch, boundaries):
         items = list(batch)
-        keys: dict[str, record_pointers.RecordPointers] = {}
-        for index, (split, key, _, _, _) in enumerate(items):
-            if split not in keys:
-                keys[split] = record_pointers.RecordPointers(split, "")
-            keys[split].append(sharding.sort_key(self.seed, split, key), index, 0)
-        for split, split_keys in keys.items():
+        for split, split_keys in add_sort_keys({}, items, self.seed).items():
             for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
                 packed = self.groups.setdefault((split, group), bytearray())
                 for _, index, _ in part.pointers():
