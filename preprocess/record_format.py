@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from preprocess import tfrecord_io
+
 ENCODED = "image/encoded"
 FORMAT = "image/format"
 HEIGHT = "image/height"
@@ -86,10 +88,7 @@ def _int64_feature(value: int) -> bytes:
 
 
 def _serialize_features(features: dict[str, bytes]) -> bytes:
-    entries = b"".join(
-        _field(1, _field(1, key.encode()) + _field(2, feature))  # map entry: key = 1, value = 2
-        for key, feature in sorted(features.items())
-    )
+    entries = b"".join(_entry(key, feature) for key, feature in sorted(features.items()))
     return _field(1, entries)  # Example.features = 1 { Features.feature = 1 (map) }
 
 
@@ -107,29 +106,170 @@ def encode_example(record: ImageRecord) -> bytes:
     })
 
 
-def example_size(encoded_length: int, image_format: str, height: int, width: int, label: int, filename: str) -> int:
-    """``len(encode_example(...))`` for a record whose encoded image is ``encoded_length`` bytes, without building it.
+# --- the fixed layout of raw, centre-cropped splits ------------------------------------------------------------
+#
+# Every image of such a split has the same number of bytes, so its records are made the same length too: each is
+# still a complete Example with the keys above, serialized in the order image/encoded, image/class/label, the
+# other keys sorted, and last ``image/padding``, zero bytes that absorb the differences in filename and label
+# length. The pixels then sit at the same offset in every record, the label varint right after them. The last record
+# of a shard is ``image_offset`` bytes longer, so that a shard file is ``image_offset + N * record_bytes`` bytes:
+# a reader can take it as N fixed-length chunks, each starting at a record's pixels and holding its label
+# (tf.data.FixedLengthRecordDataset with header_bytes=image_offset), and skip the framing, the CRCs and protobuf
+# parsing. Ordinary TFRecord readers still see ordinary Examples.
 
-    The preprocess job predicts the bytes of raw, centre-cropped splits before decoding (every such image is
-    S*S*3 bytes), to size their shards up front.
+PADDING = "image/padding"
+_FIXED_ORDER = (ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH)  # then PADDING
+_FRAME_HEADER = 12  # uint64 length + uint32 masked CRC, before every record's data
+_FRAME_BYTES = 16  # header + the data's uint32 masked CRC
+# Varint sizes change at 128, 16384, ...; a padding length is chosen in one of these ranges, where each padding byte
+# more makes the record exactly one byte longer.
+_PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
+
+
+def _length_delimited_size(number: int, payload_length: int) -> int:
+    return len(_varint((number << 3) | 2)) + len(_varint(payload_length)) + payload_length
+
+
+def _entry_size(key: str, feature_length: int) -> int:
+    """Bytes of one ``Features.feature`` map entry (within the Features message)."""
+    return _length_delimited_size(1, _length_delimited_size(1, len(key.encode())) + _length_delimited_size(2, feature_length))
+
+
+def _bytes_feature_size(length: int) -> int:
+    return _length_delimited_size(1, _length_delimited_size(1, length))
+
+
+def _padding_entry_size(padding: int) -> int:
+    return _entry_size(PADDING, _bytes_feature_size(padding))
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedLayout:
+    """The fixed record layout of one split of raw, centre-cropped ``height`` x ``width`` images.
+
+    ``record_bytes``: framed bytes of every record (a shard's last: ``record_bytes + image_offset``);
+    ``image_offset`` and ``label_offset``: where the pixels and the label's varint start in a framed record.
     """
-    def field_length(number: int, payload_length: int) -> int:
-        return len(_varint((number << 3) | 2)) + len(_varint(payload_length)) + payload_length
 
-    def bytes_feature_length(length: int) -> int:
-        return field_length(1, field_length(1, length))
+    height: int
+    width: int
+    entries_bytes: int  # the Features message's length in every (non-last) record
+    max_unpadded: int  # the longest record's entries without padding (it gets ``min_padding`` bytes)
+    min_padding: int
 
+    @classmethod
+    def for_records(cls, height: int, width: int, filename_bytes: tuple[int, int], max_label: int) -> "FixedLayout":
+        """The layout for records whose filenames are ``filename_bytes = (shortest, longest)`` UTF-8 bytes long and
+        whose labels are in ``0..max_label``."""
+        image_bytes = height * width * CHANNELS
+        shortest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[0], 0)
+        longest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[1], max_label)
+        for start in _PADDING_STARTS:
+            layout = cls(height, width, longest + _padding_entry_size(start), longest, start)
+            growth = layout._shard_end_growth()
+            span = longest - shortest + (growth or 0)  # the most padding beyond ``start`` a record gets
+            if growth is not None and _padding_entry_size(start + span) - _padding_entry_size(start) == span:
+                return layout
+        raise RecordFormatError(f"filenames of {filename_bytes[0]} to {filename_bytes[1]} bytes are too different "
+                                "in length for one fixed record length")
+
+    @property
+    def image_bytes(self) -> int:
+        return self.height * self.width * CHANNELS
+
+    @property
+    def record_bytes(self) -> int:
+        return _length_delimited_size(1, self.entries_bytes) + _FRAME_BYTES
+
+    @property
+    def image_offset(self) -> int:
+        example_header = _length_delimited_size(1, self.entries_bytes) - self.entries_bytes
+        encoded_entry = _entry_size(ENCODED, _bytes_feature_size(self.image_bytes))
+        return _FRAME_HEADER + example_header + encoded_entry - self.image_bytes  # the pixels end the entry
+
+    @property
+    def label_offset(self) -> int:
+        label_entry = len(_entry(LABEL, _int64_feature(0)))
+        return self.image_offset + self.image_bytes + label_entry - 1  # label 0 is a 1-byte varint, the entry's end
+
+    def to_json(self) -> dict:
+        """The manifest's ``record_layout`` of the split: what a reader needs."""
+        return {"record_bytes": self.record_bytes, "image_offset": self.image_offset,
+                "label_offset": self.label_offset}
+
+    def encode(self, record: ImageRecord, shard_end: bool = False) -> bytes:
+        """The framed record: ``record_bytes`` long, or ``record_bytes + image_offset`` if it ends its shard."""
+        if record.format != "raw" or (record.height, record.width) != (self.height, self.width):
+            raise RecordFormatError(f"a {record.format} {record.height}x{record.width} image does not fit the fixed "
+                                    f"layout of raw {self.height}x{self.width} records")
+        if len(record.encoded) != self.image_bytes:
+            raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
+        entries = b"".join(_entry(key, feature) for key, feature in _fixed_features(record))
+        if len(entries) > self.max_unpadded:
+            raise RecordFormatError(f"record {record.filename!r} is longer than its split's fixed layout allows")
+        padding = self.min_padding + self.max_unpadded - len(entries)
+        target = self.record_bytes + (self.image_offset if shard_end else 0)
+        if shard_end:
+            padding += self._shard_end_growth()
+        example = _field(1, entries + _entry(PADDING, _bytes_feature(bytes(padding))))
+        framed = tfrecord_io.frame(example)
+        if len(framed) != target:
+            raise RecordFormatError(f"fixed layout error: record of {len(framed)} bytes, expected {target}")
+        return framed
+
+    def _shard_end_growth(self) -> int | None:
+        """Padding bytes to add to a shard's last record to make it ``image_offset`` bytes longer: ``image_offset``,
+        or one less where the Example's length varint grows a byte; None if no padding hits it exactly."""
+        for grown in (self.image_offset, self.image_offset - 1):
+            if _length_delimited_size(1, self.entries_bytes + grown) + _FRAME_BYTES == self.record_bytes + self.image_offset:
+                return grown
+        return None
+
+    def shard_records(self, framed_records):
+        """Yields ``framed_records`` (records of this layout, in shard order) re-padded where needed so that only the
+        last one is a shard's end."""
+        previous = None
+        for framed in framed_records:
+            if previous is not None:
+                yield self.reframe(previous, shard_end=False)
+            previous = framed
+        if previous is not None:
+            yield self.reframe(previous, shard_end=True)
+
+    def reframe(self, framed: bytes, shard_end: bool) -> bytes:
+        """``framed`` (a record of this layout) as a shard's last record or as any other, re-encoded if needed."""
+        target = self.record_bytes + (self.image_offset if shard_end else 0)
+        if len(framed) == target:
+            return framed
+        return self.encode(decode_example(framed[_FRAME_HEADER:-4]), shard_end)
+
+
+def _entry(key: str, feature: bytes) -> bytes:
+    return _field(1, _field(1, key.encode()) + _field(2, feature))  # map entry: key = 1, value = 2
+
+
+def _fixed_features(record: ImageRecord) -> list[tuple[str, bytes]]:
     features = {
-        ENCODED: bytes_feature_length(encoded_length),
-        FORMAT: bytes_feature_length(len(image_format.encode())),
-        FILENAME: bytes_feature_length(len(filename.encode("utf-8"))),
+        ENCODED: _bytes_feature(record.encoded),
+        LABEL: _int64_feature(record.label),
+        FILENAME: _bytes_feature(record.filename.encode("utf-8")),
+        FORMAT: _bytes_feature(record.format.encode()),
+        HEIGHT: _int64_feature(record.height),
+        WIDTH: _int64_feature(record.width),
+    }
+    return [(key, features[key]) for key in _FIXED_ORDER]
+
+
+def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_bytes: int, label: int) -> int:
+    sizes = {
+        ENCODED: _bytes_feature_size(image_bytes),
+        LABEL: len(_int64_feature(label)),
+        FILENAME: _bytes_feature_size(filename_bytes),
+        FORMAT: _bytes_feature_size(len(b"raw")),
         HEIGHT: len(_int64_feature(height)),
         WIDTH: len(_int64_feature(width)),
-        LABEL: len(_int64_feature(label)),
     }
-    entries = sum(field_length(1, field_length(1, len(key.encode())) + field_length(2, length))
-                  for key, length in features.items())
-    return field_length(1, entries)
+    return sum(_entry_size(key, sizes[key]) for key in _FIXED_ORDER)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """The hand-written tf.train.Example codec and TFRecord framing, cross-checked against TensorFlow itself."""
 
+import dataclasses
 import io
 import struct
 
@@ -419,10 +420,56 @@ def test_tensorflow_agrees_that_the_damaged_files_are_damaged(tmp_path):
         list(tf.data.TFRecordDataset(str(path)))
 
 
-def test_example_size_predicts_the_serialized_length():
-    for length, label, filename in [(0, 0, "a"), (196608, 999, "train/n01440764/x.JPEG"), (127, 2**40, "é" * 70),
-                                    (16384, 128, "k" * 300)]:
-        record = record_format.ImageRecord(encoded=b"\1" * length, format="raw", height=256, width=256, label=label,
-                                           filename=filename)
-        assert record_format.example_size(length, "raw", 256, 256, label, filename) == len(
-            record_format.encode_example(record))
+# --- the fixed layout of raw centre crops ---------------------------------------------------------------------
+
+@PROPERTY_SETTINGS
+@given(height=st.integers(1, 9), width=st.integers(1, 9), max_label=st.sampled_from([0, 5, 127, 128, 20000, 2**63 - 1]),
+       filenames=st.lists(st.text(max_size=60), min_size=1, max_size=6), data=st.data())
+def test_fixed_layout_records_are_one_length_with_pixels_and_label_in_place(height, width, max_label, filenames,
+                                                                         data):
+    lengths = [len(name.encode()) for name in filenames]
+    layout = record_format.FixedLayout.for_records(height, width, (min(lengths), max(lengths)), max_label)
+    for name in filenames:
+        pixels = data.draw(st.binary(min_size=height * width * 3, max_size=height * width * 3))
+        label = data.draw(st.integers(0, max_label))
+        image = ImageRecord(encoded=pixels, format="raw", height=height, width=width, label=label, filename=name)
+        for shard_end in (False, True):
+            framed = layout.encode(image, shard_end)
+            assert len(framed) == layout.record_bytes + (layout.image_offset if shard_end else 0)
+            assert framed[layout.image_offset:layout.image_offset + len(pixels)] == pixels
+            assert record_format._read_varint(memoryview(framed), layout.label_offset)[0] == label
+            example = read_all(framed)[0]
+            assert record_format.decode_example(example) == image
+            features = tf_features(example)
+            assert features.pop(record_format.PADDING)[0] == "bytes_list"
+            assert features == tf_features(record_format.encode_example(image))
+            assert layout.reframe(framed, not shard_end) == layout.encode(image, not shard_end)
+
+
+def test_a_fixed_layout_shard_reads_as_tfrecords_and_as_fixed_length_chunks(tmp_path):
+    layout = record_format.FixedLayout.for_records(3, 2, (1, 40), 300)
+    images = [ImageRecord(encoded=bytes([i]) * 18, format="raw", height=3, width=2, label=i * 50, filename="x" * i)
+              for i in range(1, 7)]
+    # Records as decode groups leave them: each group's last one is a shard end, here the 2nd and the 6th.
+    spilled = [layout.encode(image, shard_end=i in (1, 5)) for i, image in enumerate(images)]
+    path = tmp_path / "shard.tfrecord"
+    path.write_bytes(b"".join(layout.shard_records(spilled)))
+    assert path.stat().st_size == layout.image_offset + len(images) * layout.record_bytes
+    assert [record_format.decode_example(r.numpy()) for r in tf.data.TFRecordDataset(str(path))] == images
+    chunks = [c.numpy() for c in tf.data.FixedLengthRecordDataset(str(path), layout.record_bytes,
+                                                                  header_bytes=layout.image_offset)]
+    assert [c[:18] for c in chunks] == [image.encoded for image in images]
+    label_start = layout.label_offset - layout.image_offset
+    assert [record_format._read_varint(memoryview(c), label_start)[0] for c in chunks] == [i * 50 for i in range(1, 7)]
+
+
+def test_records_outside_the_fixed_layout_are_refused():
+    layout = record_format.FixedLayout.for_records(2, 2, (3, 5), 9)
+    fits = ImageRecord(encoded=bytes(12), format="raw", height=2, width=2, label=9, filename="abcde")
+    layout.encode(fits)
+    for changes in (dict(filename="abcdef"), dict(label=10**6), dict(encoded=bytes(11)), dict(height=3),
+                    dict(format="jpeg")):
+        with pytest.raises(RecordFormatError):
+            layout.encode(dataclasses.replace(fits, **changes))
+    with pytest.raises(RecordFormatError, match="too different in length"):
+        record_format.FixedLayout.for_records(2, 2, (0, 1 << 36), 9)
