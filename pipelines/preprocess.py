@@ -6,9 +6,11 @@ Stages (named as in the Beam graph)::
     CountInputs           inputs per split, counted on the listing side (the accounting check's other half)
     BatchInputs           small batches of inputs, so the runner handles one element per batch, not per image
     PackInputs            each batch of listed files as a few strings (sources.InputBatch)
+    FixedLayouts          raw centre crops: per split, the one record length (record_format.FixedLayout) fitting
+                          every listed key and label; it also makes the split's bytes known before decoding
     DecodeGroupBoundaries the inputs' sort keys ranked (as ShardBoundaries below) into decode groups: the shards
-                          when their count is known before decoding (--num-shards, or raw centre crops, whose bytes
-                          PredictRecordBytes sums), else pieces of them; at least two groups per local worker
+                          when their count is known before decoding (--num-shards, or raw centre crops), else
+                          pieces of them; at least two groups per local worker
     AssignDecodeGroups    GroupInputs: each group's inputs together (files only: TFRecord inputs are decoded where
                           their file was read, the files having been spread)
     DecodeResizeEncode    preprocess.image_ops.process_image, a group's inputs in seeded order; records go to the
@@ -21,8 +23,9 @@ Stages (named as in the Beam graph)::
     AssignShards          each group's pointers cut by the shard their rank falls in (uniform: sizes differ by at
                           most one)
     WriteShards           one worker per shard: a shard that is exactly one group's file is that file, renamed
-                          (written once); any other shard is streamed from its groups' files in seeded order,
-                          written under a temporary name and renamed
+                          (written once); any other shard is streamed from its groups' files in seeded order
+                          (fixed-layout records re-padded so that only its last is a shard's end), written under a
+                          temporary name and renamed
     WriteRejects          OUTPUT/rejects.jsonl
     WriteManifest         OUTPUT/manifest.json, last, only when every input is accounted for
 
@@ -456,38 +459,44 @@ class DecodeResizeEncode(beam.DoFn):
         self.pointers: dict[str, record_pointers.RecordPointers] = {}
         self.summary = sharding.RecordSummary()
 
-    def process(self, element):
+    def process(self, element, layouts):
         if not self.grouped:
             for item in element:
-                yield from self._process_one(item, self._bundle_spill)
+                record = self._decode(item)
+                if isinstance(record, beam.pvalue.TaggedOutput):
+                    yield record
+                    continue
+                split = item[0]
+                if self.spill is None:
+                    self.spill = SpillWriter(self.output)
+                if split not in self.pointers:
+                    self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
+                self._append(self.spill, self.pointers[split], split, record, layouts.get(split), shard_end=False)
             return
         (split, _), batches = element
+        layout = layouts.get(split)
         keyed = sorted(((sharding.sort_key(self.seed, item[0], item[1]), item) for batch in batches for item in batch),
                        key=lambda pair: pair[0])
-        spill, pointers = None, None
-
-        def group_spill(_split):  # every input of a group is of its split
-            nonlocal spill, pointers
+        spill = pointers = held = None
+        for _, item in keyed:
+            record = self._decode(item)
+            if isinstance(record, beam.pvalue.TaggedOutput):
+                yield record
+                continue
             if spill is None:
                 spill = SpillWriter(self.output, hashed=True)
                 pointers = record_pointers.RecordPointers(split, spill.path)
-            return spill, pointers
-
-        for _, item in keyed:
-            yield from self._process_one(item, group_spill)
+            if held is not None:
+                self._append(spill, pointers, split, held, layout, shard_end=False)
+            held = record  # one record behind: the group's last one is written as a shard's end
         if spill is not None:
+            self._append(spill, pointers, split, held, layout, shard_end=True)
             spill.close()
             pointers.file_info = (len(pointers), spill.offset, spill.sha256())
             yield pointers
 
-    def _bundle_spill(self, split):
-        if self.spill is None:
-            self.spill = SpillWriter(self.output)
-        if split not in self.pointers:
-            self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
-        return self.spill, self.pointers[split]
-
-    def _process_one(self, item, spill_for):
+    def _decode(self, item):
+        """The input's ImageRecord, or its reject as a TaggedOutput."""
         split, key, label, path, data = item
         self.progress.add()
         try:
@@ -495,17 +504,23 @@ class DecodeResizeEncode(beam.DoFn):
                 data = _read_file(path)
             image = image_ops.process_image(data, self.options)
         except image_ops.RejectError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
-            return
-        example = record_format.encode_example(record_format.ImageRecord(
-            encoded=image.encoded, format=self.options.encoding, height=image.height, width=image.width,
-            label=label, filename=key))
-        spill, pointers = spill_for(split)
-        offset, size = spill.append(tfrecord_io.frame(example))
-        pointers.append(sharding.sort_key(self.seed, split, key), offset, size)
-        self.summary.add(split, label, size)
+            return beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
         if split == self.stats_split:
             self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
+        return record_format.ImageRecord(encoded=image.encoded, format=self.options.encoding, height=image.height,
+                                         width=image.width, label=label, filename=key)
+
+    def _append(self, spill, pointers, split, record, layout, shard_end):
+        """Writes ``record`` to ``spill``: in the split's fixed layout if it has one (a group's last record as a
+        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise)."""
+        if layout is not None:
+            framed = layout.encode(record, shard_end)
+        else:
+            framed = tfrecord_io.frame(record_format.encode_example(record))
+        offset, size = spill.append(framed)
+        pointers.append(sharding.sort_key(self.seed, split, record.filename), offset, size)
+        # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
+        self.summary.add(split, record.label, layout.record_bytes if layout is not None else size)
 
     def finish_bundle(self):
         if self.spill is not None:
@@ -788,18 +803,49 @@ class AssignDecodeGroups(beam.DoFn):
             yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
 
 
-def predicted_record_size(item, shorter_side: int) -> tuple[str, int]:
-    """(split, framed bytes) of an input's record in a raw, centre-cropped dataset: known before decoding."""
+def uses_fixed_layout(config: PreprocessConfig) -> bool:
+    """Raw centre crops are all S*S*3 bytes, so their records get one length (record_format.FixedLayout)."""
+    return config.encoding == "raw" and config.crop == "center"
+
+
+def record_key_bounds(item) -> tuple[str, tuple[int, int, int]]:
+    """(split, (filename bytes, filename bytes, label)) of a listed input, combined into a split's layout bounds."""
     split, key, label, _, _ = item
-    example = record_format.example_size(shorter_side * shorter_side * record_format.CHANNELS, "raw", shorter_side,
-                                         shorter_side, label, key)
-    return split, tfrecord_io.framed_size(example)
+    length = len(key.encode("utf-8"))
+    return split, (length, length, label)
 
 
-def decode_group_counts(counted, predicted_bytes: dict, requested: int | None, min_groups: int):
-    """(split, decode groups) from (split, inputs)."""
+def merge_key_bounds(bounds) -> tuple[int, int, int]:
+    """(shortest filename, longest filename, largest label), in bytes."""
+    bounds = list(bounds)
+    return min(b[0] for b in bounds), max(b[1] for b in bounds), max(b[2] for b in bounds)
+
+
+def fixed_layout(split_bounds, side: int) -> tuple[str, record_format.FixedLayout]:
+    split, (shortest, longest, max_label) = split_bounds
+    return split, record_format.FixedLayout.for_records(side, side, (shortest, longest), max_label)
+
+
+def tfrecord_layouts(config: PreprocessConfig, plan: SourcePlan) -> dict:
+    """Fixed layouts of a TFRecord source's splits, from bounds known before reading: keys are ``FILE:INDEX``."""
+    if not uses_fixed_layout(config):
+        return {}
+    max_label = len(plan.classes) - 1 if plan.classes else (1 << 63) - 1
+    names: dict[str, list[int]] = {}
+    for split, path in plan.tfrecord_files:
+        names.setdefault(split, []).append(len(path.rsplit("/", 1)[-1].encode("utf-8")))
+    index_digits = len(str((1 << 63) - 1))
+    return {split: record_format.FixedLayout.for_records(
+                config.shorter_side, config.shorter_side, (min(lengths) + 2, max(lengths) + 1 + index_digits), max_label)
+            for split, lengths in names.items()}
+
+
+def decode_group_counts(counted, layouts: dict, requested: int | None, min_groups: int):
+    """(split, decode groups) from (split, inputs); a split with a fixed layout knows its bytes up front."""
     split, num_inputs = counted
-    return split, sharding.decode_groups(num_inputs, predicted_bytes.get(split), requested, min_groups)
+    layout = layouts.get(split)
+    predicted_bytes = num_inputs * layout.record_bytes if layout is not None else None
+    return split, sharding.decode_groups(num_inputs, predicted_bytes, requested, min_groups)
 
 
 class WriteShard(beam.DoFn):
@@ -813,7 +859,7 @@ class WriteShard(beam.DoFn):
         self.output, self.requested_shards = output, requested_shards
         self.adopted = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "shards_renamed_from_decode_groups")
 
-    def process(self, element, summary):
+    def process(self, element, summary, layouts):
         (split, shard), parts = element
         parts = list(parts)
         shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
@@ -821,8 +867,11 @@ class WriteShard(beam.DoFn):
             self.adopted.inc()
             yield adopt_spill_file(self.output, split, shard, shards, parts[0])
             return
-        ordered = record_pointers.merge_sorted_pointers(parts)
-        yield write_shard_file(self.output, split, shard, shards, iter_spilled(ordered))
+        records = iter_spilled(record_pointers.merge_sorted_pointers(parts))
+        layout = layouts.get(split)
+        if layout is not None:
+            records = layout.shard_records(records)  # only the shard's last record ends with the longer padding
+        yield write_shard_file(self.output, split, shard, shards, records)
 
 
 def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
@@ -891,9 +940,9 @@ class WriteManifest(beam.DoFn):
     def __init__(self, config: PreprocessConfig, plan: SourcePlan, runner: str):
         self.config, self.plan, self.runner = config, plan, runner
 
-    def process(self, _, shard_entries, input_counts, summary, reject_summary):
+    def process(self, _, shard_entries, input_counts, summary, reject_summary, layouts):
         document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, summary,
-                                  reject_summary)
+                                  reject_summary, layouts)
         remove_spill(self.config.output)
         path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
         # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
@@ -912,7 +961,7 @@ class WriteManifest(beam.DoFn):
 
 
 def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shard_entries, input_counts,
-                   summary: sharding.RecordSummary, reject_summary) -> dict:
+                   summary: sharding.RecordSummary, reject_summary, layouts: dict | None = None) -> dict:
     """The manifest document; raises PreprocessError if any input is unaccounted for or --strict saw rejects."""
     classes = list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
     counts_by_split: dict[str, dict[int, int]] = {}
@@ -946,6 +995,8 @@ def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shar
             "num_shards": len(entries),
             "shards": [{k: e[k] for k in ("file", "num_examples", "num_bytes", "sha256")} for e in entries],
         }
+        if (layouts or {}).get(split) is not None:
+            splits[split]["record_layout"] = layouts[split].to_json()
     extra_splits = set(reject_summary) - set(plan.splits)
     if extra_splits:
         problems.append(f"rejects for unknown splits {sorted(extra_splits)}")
@@ -1021,14 +1072,16 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         # Inputs are decoded in groups of consecutive ranks of the seeded order, found from their sort keys before
         # decoding (the order depends on the keys only). Groups are shards when the shard count is known up front.
         inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
-        predicted = {}
-        if config.encoding == "raw" and config.crop == "center":
-            predicted = beam.pvalue.AsDict(
+        if uses_fixed_layout(config):
+            layouts = beam.pvalue.AsDict(
                 listed
-                | "PredictRecordBytes" >> beam.Map(predicted_record_size, config.shorter_side)
-                | "SumPredictedBytes" >> beam.CombinePerKey(sum))
+                | "RecordKeyBounds" >> beam.Map(record_key_bounds)
+                | "MergeKeyBounds" >> beam.CombinePerKey(merge_key_bounds)
+                | "FixedLayouts" >> beam.Map(fixed_layout, config.shorter_side))
+        else:
+            layouts = beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> beam.Create([{}]))
         group_counts = input_counts | "DecodeGroupCounts" >> beam.Map(
-            decode_group_counts, predicted, config.num_shards, min_decode_groups)
+            decode_group_counts, layouts, config.num_shards, min_decode_groups)
         group_starts = (
             inputs
             | "InputSortKeys" >> beam.ParDo(InputSortKeys(config.seed))
@@ -1043,11 +1096,12 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         # TFRecord inputs carry their image bytes: they are decoded where their file is read (SpreadFiles spread
         # the files over the workers) instead of every encoded image crossing the runner's shuffle.
         to_decode = batches
+        layouts = beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([tfrecord_layouts(config, plan)]))
     processed = (
         to_decode
         | "DecodeResizeEncode" >> beam.ParDo(
             DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir,
-                               grouped=grouped)
+                               grouped=grouped), layouts
         ).with_outputs(REJECTS, DecodeResizeEncode.SUMMARY, main="records"))
     records = processed.records  # RecordPointers: one per decode group, or per bundle and split
     rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
@@ -1066,7 +1120,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         records
         | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries, default_value={}))
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), summary_view))
+        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), summary_view, layouts))
     reject_summary = (rejects
                       | "CollectRejects" >> beam.combiners.ToList()
                       | "WriteRejects" >> beam.Map(write_rejects, config.output))
@@ -1078,7 +1132,8 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
             beam.pvalue.AsList(shard_entries),
             beam.pvalue.AsDict(input_counts),
             summary_view,
-            beam.pvalue.AsSingleton(reject_summary)))
+            beam.pvalue.AsSingleton(reject_summary),
+            layouts))
 
 
 def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, progress_dir):

@@ -40,6 +40,22 @@ def all_records(out, split) -> list[record_format.ImageRecord]:
     return [r for rel in manifest_lib.shard_files(manifest, split) for r in read_records(os.path.join(out, rel))]
 
 
+def assert_fixed_layout(out, manifest: dict) -> None:
+    """Raw centre crops: every shard is image_offset + N * record_bytes bytes, and each chunk of record_bytes from
+    image_offset holds a record's pixels and then its label at the manifest's offsets."""
+    for split, info in manifest["splits"].items():
+        layout = info["record_layout"]
+        start, label_start = layout["image_offset"], layout["label_offset"] - layout["image_offset"]
+        for shard in info["shards"]:
+            data = open(os.path.join(out, shard["file"]), "rb").read()
+            assert len(data) == start + shard["num_examples"] * layout["record_bytes"]
+            records = read_records(os.path.join(out, shard["file"]))
+            chunks = [data[start + i * layout["record_bytes"]:][:layout["record_bytes"]] for i in range(len(records))]
+            assert [c[:len(r.encoded)] for c, r in zip(chunks, records)] == [r.encoded for r in records]
+            assert [record_format._read_varint(memoryview(c), label_start)[0] for c in chunks] == [
+                r.label for r in records]
+
+
 def read_rejects(out) -> list[dict]:
     with open(os.path.join(out, "rejects.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -123,6 +139,7 @@ def test_shards_are_uniform_listed_and_hashed(folder_dataset):
         assert sorted(os.listdir(os.path.join(out, split))) == sorted(
             os.path.basename(s["file"]) for s in info["shards"]), "no temporary or stray files"
     assert not os.path.exists(os.path.join(out, ".tmp"))
+    assert_fixed_layout(out, manifest)
 
 
 def test_records_read_back_with_tf_data_match_pillow_reference(folder_dataset):
@@ -284,6 +301,7 @@ def test_tfrecord_source_reads_tfds_style_records_and_rejects_corrupt_ones(tmp_p
     assert reasons["seed-train.tfrecord-00001-of-00002:4"] == "not_an_image"
     labels = {r.filename: r.label for r in all_records(out, "train")}
     assert labels["seed-train.tfrecord-00000-of-00002:1"] == 2  # record 1 of file 0 is input 2: label 2
+    assert_fixed_layout(out, manifest)
 
 
 def test_tfds_source_reads_a_prepared_dataset_without_downloading(tmp_path):
@@ -331,6 +349,7 @@ def test_crop_none_and_jpeg_encoding(tmp_path):
     run_cli(root, out, "--shorter-side", 24, "--crop", "none", "--encoding", "jpeg", "--jpeg-quality", 95, *IN_PROCESS)
     manifest = manifest_lib.load(str(out))
     assert manifest["image_height"] is None and manifest["encoding"] == "jpeg"
+    assert "record_layout" not in manifest["splits"]["train"]  # records of varied lengths
     for record in all_records(out, "train"):
         assert record.format == "jpeg" and min(record.height, record.width) == 24
         image = next(im for im in images if im.path.endswith(record.filename))
@@ -451,4 +470,6 @@ def test_shards_that_are_whole_decode_groups_are_renamed_and_equal_copied_ones(t
     sizes = [s["num_examples"] for s in rejected["splits"]["train"]["shards"]]
     assert sum(sizes) == 59 and max(sizes) - min(sizes) <= 1
     assert _shard_hashes(rejected) == _shard_hashes(rejected_copied)
+    for out, manifest in (("once", once), ("copied", copied), ("rejected", rejected)):
+        assert_fixed_layout(tmp_path / out, manifest)
     assert renamed == 4  # validation's 4 shards are renamed; train's, whose boundaries all moved, are copied
