@@ -102,6 +102,45 @@ def test_more_pipelines_than_files_shard_by_record(raw_dataset):
     assert len(flat) == len(set(flat)) == 13
 
 
+@pytest.mark.parametrize("num_classes", [3, 300, 20000])  # labels are 1-, 2- and 3-byte varints
+def test_fixed_layout_chunks_read_as_the_tfrecords_do(tmp_path, num_classes):
+    # Filenames of varied lengths (and non-ASCII) make the padding differ from record to record.
+    items = random_images(23, 6, 5, seed=4, labels=(0, num_classes - 1, num_classes // 2, 1))
+    write_dataset(tmp_path, {"train": items}, classes=[f"c{i}" for i in range(num_classes)], num_shards=3,
+                  filename=lambda split, index: f"{split}/{'é' * (index % 7)}{index}.jpg")
+    manifest = reader.load_manifest(str(tmp_path))
+    assert manifest["splits"]["train"]["record_layout"]
+    stored = _index(items)
+    for kwargs in (dict(training=False), dict(training=True, seed=5)):
+        fast = _take(reader.make_dataset(str(tmp_path), "train", 4, **kwargs), 12)
+        checked = _take(reader.make_dataset(str(tmp_path), "train", 4, verify_records=True, **kwargs), 12)
+        assert len(fast) == len(checked) == (6 if not kwargs["training"] else 12)
+        for (images, labels), (checked_images, checked_labels) in zip(fast, checked):
+            np.testing.assert_array_equal(images, checked_images)
+            np.testing.assert_array_equal(labels, checked_labels)
+            assert [stored[image.tobytes()] for image in images] == labels.tolist()
+
+
+def test_datasets_without_a_record_layout_are_read_as_tfrecords(tmp_path):
+    items = random_images(9, 6, 5, seed=6, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], fixed_layout=False)
+    assert "record_layout" not in manifest["splits"]["train"]
+    batches = _take(reader.make_dataset(str(tmp_path), "train", 9, training=False), 2)
+    assert sorted(image.tobytes() for image in batches[0][0]) == sorted(_index(items))
+
+
+@pytest.mark.parametrize("cut", ["one record", "five bytes"])
+def test_a_shard_that_disagrees_with_the_manifest_fails_loudly(tmp_path, cut):
+    items = random_images(12, 6, 5, seed=7, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
+    path = tmp_path / manifest["splits"]["train"]["shards"][1]["file"]
+    data = path.read_bytes()
+    path.write_bytes(data[:-manifest["splits"]["train"]["record_layout"]["record_bytes"]] if cut == "one record"
+                     else data[:-5])
+    with pytest.raises(tf.errors.OpError, match="expected to contain 6 elements|input file"):
+        _take(reader.make_dataset(str(tmp_path), "train", 4, training=False), 10)
+
+
 def test_center_crop_jpeg_shards_decode_to_the_stored_image(tmp_path):
     smooth = [(np.tile(np.linspace(0, 255, 16, dtype=np.uint8)[:, None, None], (1, 16, 3)) // (k + 1), k % 2)
               for k in range(6)]

@@ -19,11 +19,16 @@ from preprocess.tfrecord_io import frame
 
 
 def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center", shorter_side=None,
-                  num_shards=2, jpeg_quality=95) -> dict:
+                  num_shards=2, jpeg_quality=95, fixed_layout=None, filename=None) -> dict:
     """Writes ``splits = {split: [(uint8 HxWx3 array, label), ...]}`` as a shardprep dataset under ``root``.
 
     Returns the manifest. Images are stored as given (the caller resizes/crops); records go round-robin to shards.
+    Raw centre crops get the job's fixed record layout unless ``fixed_layout=False`` (the layout of datasets written
+    before it existed). ``filename(split, index)`` names the records (default ``split/000000.png``).
     """
+    if fixed_layout is None:
+        fixed_layout = encoding == "raw" and crop == "center"
+    filename = filename or (lambda split, index: f"{split}/{index:06d}.png")
     root = str(root)
     os.makedirs(root, exist_ok=True)
     manifest_splits = {}
@@ -32,6 +37,12 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
         os.makedirs(os.path.join(root, split), exist_ok=True)
         shards = [[] for _ in range(num_shards)]
         class_counts = {name: 0 for name in classes}
+        layout = None
+        if fixed_layout:
+            name_lengths = [len(filename(split, i).encode()) for i in range(len(items))]
+            height, width = items[0][0].shape[:2]
+            layout = record_format.FixedLayout.for_records(height, width, (min(name_lengths), max(name_lengths)),
+                                                           max(int(label) for _, label in items))
         for index, (pixels, label) in enumerate(items):
             pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
             height, width = pixels.shape[:2]
@@ -42,13 +53,18 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
                 Image.fromarray(pixels).save(buffer, format="JPEG", quality=jpeg_quality)
                 encoded = buffer.getvalue()
             record = record_format.ImageRecord(encoded=encoded, format=encoding, height=height, width=width,
-                                               label=int(label), filename=f"{split}/{index:06d}.png")
-            shards[index % num_shards].append(frame(record_format.encode_example(record)))
+                                               label=int(label), filename=filename(split, index))
+            if layout is not None:
+                shards[index % num_shards].append(layout.encode(record))
+            else:
+                shards[index % num_shards].append(frame(record_format.encode_example(record)))
             class_counts[classes[label]] += 1
             all_pixels.append(pixels.reshape(-1, 3))
         shard_entries = []
         for shard_index, framed in enumerate(shards):
             relative = manifest_lib.shard_path(split, shard_index, num_shards)
+            if layout is not None:
+                framed = list(layout.shard_records(framed))
             data = b"".join(framed)
             with open(os.path.join(root, relative), "wb") as f:
                 f.write(data)
@@ -58,6 +74,8 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
             "num_inputs": len(items), "num_examples": len(items), "num_rejected": 0, "rejected_by_reason": {},
             "class_counts": class_counts, "num_shards": num_shards, "shards": shard_entries,
         }
+        if layout is not None:
+            manifest_splits[split]["record_layout"] = layout.to_json()
     pixels = np.concatenate(all_pixels).astype(np.float64)
     first = next(iter(splits.values()))[0][0]
     manifest = {

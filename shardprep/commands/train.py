@@ -52,6 +52,8 @@ def _epoch_list(ctx, param, value):
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
               help="Records in the shuffle buffer [default: ~1 GiB of records].")
+@click.option("--verify-records", is_flag=True,
+              help="Read raw centre-crop shards as TFRecords, checking every record's CRC (more host CPU per image).")
 @click.option("--seed", type=int, default=None,
               help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
 @click.option("--jit-compile/--no-jit-compile", default=None,
