@@ -1,9 +1,8 @@
 """Input pipeline cost: the seed user's JPEG pipeline, tf.data best practice, and the shardprep reader, side by side.
 
     python benchmarks/input_bench.py [IMAGES_DIR] [--num-images 2048] [--rounds 3] [--seconds 6] [--json FILE]
-                                     [--layout-prototypes]
 
-All four pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/imagenet-sample``, replicated to
+All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/imagenet-sample``, replicated to
 ``--num-images`` records), in one process, one after another, and produce training batches of 256:
 
 1. seed: TFDS-style JPEG TFRecords (``image`` bytes, ``label`` int64) at shorter side 320; parse and decode every
@@ -11,15 +10,14 @@ All four pipelines read the same photographs (IMAGES_DIR, default ``../shared/da
 2. tf.data best practice on the same records: ``decode_and_crop_jpeg`` of a random 224 window (only the window is
    decoded) in a parallel map, ``batch(256)``, ``map(normalize)``: float32 224x224 batches.
 3. shardprep reader (``train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
-   one Example per image: uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of
-   the model, so they are not host work here.
+   one Example per image in the fixed record layout the preprocess job writes, read as fixed-length chunks:
+   uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are
+   not host work here.
 4. shardprep reader on JPEG shards (same 256x256 images, JPEG quality 90): a decode per image on the host.
+5. shardprep reader on the raw shards of 3 with ``verify_records=True``: TFRecordDataset (every CRC checked) and
+   ``parse_example`` on each batch, the way datasets without a fixed layout are read.
 
-With ``--layout-prototypes``, two record layouts that shardprep does not write, read the way the reader reads (5, 6):
-the same pixels with the label appended, TFRecord-framed or as fixed-length records, decoded with one
-``decode_raw`` per batch and no protobuf. They measure what the one-Example-per-image layout costs.
-
-Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-4) and prefetches. For each it
+Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-5) and prefetches. For each it
 prints images/s (wall clock) and host CPU ms per image (process CPU time, all threads, / images), measured after
 warm-up batches over at least ``--seconds``, as the median of ``--rounds`` interleaved rounds, and the ratios
 against the seed pipeline. No accelerator is involved:
@@ -35,7 +33,6 @@ import json
 import os
 import platform
 import shutil
-import struct
 import sys
 import tempfile
 import time
@@ -55,10 +52,6 @@ CROP = 224
 BATCH = 256
 JPEG_QUALITY = 90
 NUM_SHARDS = 8
-# Record layouts measured with --layout-prototypes (not written by shardprep): each record is the 256x256x3 pixels
-# followed by the label as a little-endian int32, either TFRecord-framed (CRC checked) or back to back in a plain
-# file read with FixedLengthRecordDataset (no framing, no checksum, no protobuf).
-PROTOTYPES = ("pixels_tfrecord", "fixed_length")
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
 IMAGENET_STD = [58.395, 57.12, 57.375]
 DEFAULT_IMAGES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
@@ -96,24 +89,21 @@ def _tfds_example(image_bytes: bytes, label: int) -> bytes:
     })).SerializeToString()
 
 
-def build_inputs(images_dir: str, work_dir: str, num_images: int, layout_prototypes: bool = False) -> dict:
-    """Writes the seed's JPEG TFRecords and shardprep raw and JPEG datasets from the same photos, replicated (and
-    the prototype layouts' files if asked)."""
+def build_inputs(images_dir: str, work_dir: str, num_images: int) -> dict:
+    """Writes the seed's JPEG TFRecords and shardprep raw and JPEG datasets from the same photos, replicated."""
     names = sorted(n for n in os.listdir(images_dir) if n.lower().endswith((".jpeg", ".jpg", ".png")))
     if not names:
         raise SystemExit(f"no images in {images_dir}")
-    seed_records, raw_records, jpeg_records, pixel_records = [], [], [], []
+    seed_records, raw_records, jpeg_records = [], [], []
     for label, name in enumerate(names):
         with Image.open(os.path.join(images_dir, name)) as source:
             rgb = source.convert("RGB")
         seed_records.append(_tfds_example(_jpeg(_resize_shorter(rgb, SEED_SHORTER_SIDE)), label))
         stored = _centre_square(_resize_shorter(rgb, STORED_SIZE), STORED_SIZE)
-        pixel_records.append(stored.tobytes() + struct.pack("<i", label))
         for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
             encoded = stored.tobytes() if encoding == "raw" else _jpeg(stored)
-            records.append(record_format.encode_example(record_format.ImageRecord(
-                encoded=encoded, format=encoding, height=STORED_SIZE, width=STORED_SIZE, label=label,
-                filename=name)))
+            records.append(record_format.ImageRecord(encoded=encoded, format=encoding, height=STORED_SIZE,
+                                                     width=STORED_SIZE, label=label, filename=name))
 
     def replicated(records):
         return [records[i % len(records)] for i in range(num_images)]
@@ -130,27 +120,24 @@ def build_inputs(images_dir: str, work_dir: str, num_images: int, layout_prototy
     for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
         datasets[encoding] = _write_shardprep_dataset(os.path.join(work_dir, f"shardprep_{encoding}"), encoding,
                                                       replicated(records), names)
-    if layout_prototypes:
-        pixels = replicated(pixel_records)
-        for kind in PROTOTYPES:
-            folder = os.path.join(work_dir, f"prototype_{kind}")
-            os.makedirs(folder, exist_ok=True)
-            datasets[kind] = []
-            for shard in range(NUM_SHARDS):
-                path = os.path.join(folder, f"train-{shard:05d}-of-{NUM_SHARDS:05d}")
-                with open(path, "wb") as f:
-                    part = pixels[shard::NUM_SHARDS]
-                    f.write(b"".join(frame(r) for r in part) if kind == "pixels_tfrecord" else b"".join(part))
-                datasets[kind].append(path)
     return datasets
 
 
-def _write_shardprep_dataset(root: str, encoding: str, records: list[bytes], classes: list[str]) -> str:
+def _write_shardprep_dataset(root: str, encoding: str, records: list, classes: list[str]) -> str:
+    """Shards as the preprocess job writes them: raw centre crops in the fixed record layout."""
     os.makedirs(os.path.join(root, "train"), exist_ok=True)
+    layout = None
+    if encoding == "raw":
+        name_lengths = [len(r.filename.encode()) for r in records]
+        layout = record_format.FixedLayout.for_records(STORED_SIZE, STORED_SIZE,
+                                                       (min(name_lengths), max(name_lengths)), len(classes) - 1)
     shards = []
     for shard in range(NUM_SHARDS):
         relative = manifest_lib.shard_path("train", shard, NUM_SHARDS)
-        data = b"".join(frame(r) for r in records[shard::NUM_SHARDS])
+        if layout is not None:
+            data = b"".join(layout.shard_records(layout.encode(r) for r in records[shard::NUM_SHARDS]))
+        else:
+            data = b"".join(frame(record_format.encode_example(r)) for r in records[shard::NUM_SHARDS])
         with open(os.path.join(root, relative), "wb") as f:
             f.write(data)
         shards.append({"file": relative, "num_examples": len(records[shard::NUM_SHARDS]), "num_bytes": len(data),
@@ -159,7 +146,8 @@ def _write_shardprep_dataset(root: str, encoding: str, records: list[bytes], cla
         "format_version": manifest_lib.FORMAT_VERSION, "tool": "input_bench", "classes": classes,
         "num_classes": len(classes), "encoding": encoding, "crop": "center", "shorter_side": STORED_SIZE,
         "image_height": STORED_SIZE, "image_width": STORED_SIZE, "channels": 3,
-        "splits": {"train": {"num_examples": len(records), "num_shards": NUM_SHARDS, "shards": shards}},
+        "splits": {"train": {"num_examples": len(records), "num_shards": NUM_SHARDS, "shards": shards,
+                             **({"record_layout": layout.to_json()} if layout else {})}},
         "mean_rgb": IMAGENET_MEAN, "std_rgb": IMAGENET_STD,
     }
     with open(os.path.join(root, manifest_lib.MANIFEST_NAME), "w") as f:
@@ -220,36 +208,10 @@ def best_practice_pipeline(files):
     return dataset.batch(BATCH, drop_remainder=True).map(_normalize).prefetch(tf.data.AUTOTUNE)
 
 
-def shardprep_pipeline(data_dir):
+def shardprep_pipeline(data_dir, verify_records: bool = False):
     from train import reader
 
-    return reader.make_dataset(data_dir, "train", BATCH, training=True)
-
-
-def prototype_pipeline(files, kind: str, shuffle_buffer: int):
-    """The reader's structure (file shuffle, parallel interleave, shuffle, parallel batch) on a prototype layout,
-    decoded with one ``decode_raw`` of the first H*W*3 bytes of every record of the batch: no protobuf to parse."""
-    import tensorflow as tf
-
-    pixels = STORED_SIZE * STORED_SIZE * 3
-
-    def open_file(path):
-        if kind == "fixed_length":
-            return tf.data.FixedLengthRecordDataset(path, pixels + 4, buffer_size=0)
-        return tf.data.TFRecordDataset(path, buffer_size=0)
-
-    def decode(records):
-        images = tf.reshape(tf.io.decode_raw(records, tf.uint8, fixed_length=pixels),
-                            [-1, STORED_SIZE, STORED_SIZE, 3])
-        labels = tf.io.decode_raw(tf.strings.substr(records, pixels, 4), tf.int32)[:, 0]
-        return images, labels
-
-    dataset = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files)).repeat()
-    dataset = dataset.interleave(open_file, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
-                                 deterministic=False)
-    dataset = dataset.shuffle(shuffle_buffer).batch(BATCH, drop_remainder=True,
-                                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).prefetch(tf.data.AUTOTUNE)
+    return reader.make_dataset(data_dir, "train", BATCH, training=True, verify_records=verify_records)
 
 
 # --- measurement ---------------------------------------------------------------------------------------------------
@@ -284,8 +246,6 @@ def main(argv=None):
     parser.add_argument("--min-batches", type=int, default=8)
     parser.add_argument("--work-dir", help="where the inputs are written (default: a temporary folder, removed)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--layout-prototypes", action="store_true",
-                        help="also measure two record layouts shardprep does not write (see PROTOTYPES)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -295,7 +255,7 @@ def main(argv=None):
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="input_bench_")
     try:
         started = time.perf_counter()
-        inputs = build_inputs(args.images_dir, work_dir, args.num_images, args.layout_prototypes)
+        inputs = build_inputs(args.images_dir, work_dir, args.num_images)
         print(f"inputs: {len(inputs['classes'])} photos from {args.images_dir} replicated to {args.num_images} "
               f"records per dataset, written in {time.perf_counter() - started:.0f} s to {work_dir}")
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -306,17 +266,8 @@ def main(argv=None):
             ("2 best practice: decode_and_crop_jpeg", lambda: best_practice_pipeline(inputs["seed_files"])),
             ("3 shardprep reader, raw shards", lambda: shardprep_pipeline(inputs["raw"])),
             ("4 shardprep reader, JPEG shards", lambda: shardprep_pipeline(inputs["jpeg"])),
+            ("5 reader, raw shards, verify_records=True", lambda: shardprep_pipeline(inputs["raw"], True)),
         ]
-        if args.layout_prototypes:
-            from train import reader
-
-            buffer = reader.default_shuffle_buffer(reader.load_manifest(inputs["raw"]), "train")
-            pipelines += [
-                ("5 prototype: pixels+label TFRecords, no Example",
-                 lambda: prototype_pipeline(inputs["pixels_tfrecord"], "pixels_tfrecord", buffer)),
-                ("6 prototype: fixed-length pixels+label records",
-                 lambda: prototype_pipeline(inputs["fixed_length"], "fixed_length", buffer)),
-            ]
         # Rounds go through all pipelines in turn, so a slow spell on a shared machine hits them all alike; each
         # pipeline's figures are the medians over its rounds.
         rounds = {name: [] for name, _ in pipelines}
@@ -348,6 +299,10 @@ def main(argv=None):
               "than CPU ms/image)")
         print(f"\nraw-shard reader: {raw['cpu_ms_per_image']:.3f} ms CPU/image (target <= 0.25), "
               f"{raw['speed_vs_seed']:.1f}x the seed pipeline's images/s (target >= 20)")
+        verified = results[4]
+        print(f"fixed-layout chunks vs TFRecord + parse_example (verify_records): "
+              f"{verified['cpu_ms_per_image'] / raw['cpu_ms_per_image']:.2f}x less CPU per image, "
+              f"{raw['images_per_sec'] / verified['images_per_sec']:.2f}x the images/s")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"num_images": args.num_images, "cpus": os.cpu_count(), "rounds": args.rounds,

@@ -19,16 +19,18 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
         Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(photos / f"n{index}_x.JPEG")
     Image.fromarray(rng.integers(0, 256, (280, 300), dtype=np.uint8)).save(photos / "n3_grey.JPEG")
     monkeypatch.setattr(input_bench, "BATCH", 4)
-    inputs = input_bench.build_inputs(str(photos), str(tmp_path / "work"), num_images=10, layout_prototypes=True)
+    inputs = input_bench.build_inputs(str(photos), str(tmp_path / "work"), num_images=10)
     assert len(inputs["classes"]) == 4 and len(inputs["seed_files"]) == input_bench.NUM_SHARDS
+    from train import reader
+
+    assert "record_layout" in reader.load_manifest(inputs["raw"])["splits"]["train"]  # the job's layout
 
     for dataset, shape, dtype in [
         (input_bench.seed_pipeline(inputs["seed_files"]), [4, 224, 224, 3], "float32"),
         (input_bench.best_practice_pipeline(inputs["seed_files"]), [4, 224, 224, 3], "float32"),
         (input_bench.shardprep_pipeline(inputs["raw"]), [4, 256, 256, 3], "uint8"),
         (input_bench.shardprep_pipeline(inputs["jpeg"]), [4, 256, 256, 3], "uint8"),
-        (input_bench.prototype_pipeline(inputs["pixels_tfrecord"], "pixels_tfrecord", 8), [4, 256, 256, 3], "uint8"),
-        (input_bench.prototype_pipeline(inputs["fixed_length"], "fixed_length", 8), [4, 256, 256, 3], "uint8"),
+        (input_bench.shardprep_pipeline(inputs["raw"], verify_records=True), [4, 256, 256, 3], "uint8"),
     ]:
         images, labels = next(iter(dataset))
         assert images.shape.as_list() == shape and images.dtype.name == dtype
