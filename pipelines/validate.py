@@ -74,6 +74,7 @@ from pipelines import progress as progress_lib
 from preprocess import manifest as manifest_lib
 from preprocess import record_format, tfrecord_io
 from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
+                                          record_layout_length_problems, record_layout_offset_problem,
                                           mean_std_problems, problem, problem_sort_key, record_problems,
                                           shard_problems, split_problems)
 from preprocess.validation_stats import (MEAN_STD_TOLERANCE, ForeignStats, SplitStats, channel_sums,
@@ -194,6 +195,8 @@ class ReadShardFn(beam.DoFn):
     def process(self, task: ShardTask):
         stats = SplitStats()
         num_records = 0
+        layout = self.expectations.record_layouts.get(task.split)
+        data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
         try:
             with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
                 reader = _MeasuredReader(stream, hash_bytes=True)
@@ -203,13 +206,19 @@ class ReadShardFn(beam.DoFn):
                         yield beam.pvalue.TaggedOutput("problem", problem(
                             "record_corrupt", corruption, split=task.split, file=task.file, index=index))
                         continue
-                    yield from self._check_record(task, index, data, stats)
+                    if layout is not None:
+                        data_lengths.append(len(data))
+                    yield from self._check_record(task, index, data, stats, layout)
                 reader.drain()
         except (OSError, beam.io.filesystem.BeamIOError) as e:
             yield beam.pvalue.TaggedOutput("problem", problem(
                 "shard_unreadable", f"{type(e).__name__}: {e}", split=task.split, file=task.file))
             yield task.split, stats
             return
+        if layout is not None and len(data_lengths) == num_records:  # (a corrupt record already failed the shard)
+            for index, message in record_layout_length_problems(data_lengths, layout):
+                yield beam.pvalue.TaggedOutput("problem", problem(
+                    "record_layout", message, split=task.split, file=task.file, index=index))
         self.records_read.inc(num_records)
         self.bytes_read.inc(reader.num_bytes)
         self.shards_read.inc()
@@ -220,7 +229,7 @@ class ReadShardFn(beam.DoFn):
         stats.shard_records[task.file] = num_records
         yield task.split, stats
 
-    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats):
+    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout: dict | None):
         def report(check: str, message: str):
             return beam.pvalue.TaggedOutput("problem", problem(check, message, split=task.split, file=task.file,
                                                                index=index))
@@ -232,6 +241,10 @@ class ReadShardFn(beam.DoFn):
             return
         for check, message in record_problems(record, self.expectations):
             yield report(check, message)
+        if layout is not None and record.format == "raw":
+            misplaced = record_layout_offset_problem(data, record, layout)
+            if misplaced:
+                yield report("record_layout", misplaced)
         try:
             pixels = record_format.decode_pixels(record)
         except Exception as e:  # noqa: BLE001 - any codec failure on stored bytes is this record's problem

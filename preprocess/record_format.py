@@ -153,9 +153,7 @@ class FixedLayout:
 
     height: int
     width: int
-    entries_bytes: int  # the Features message's length in every (non-last) record
-    max_unpadded: int  # the longest record's entries without padding (it gets ``min_padding`` bytes)
-    min_padding: int
+    entries_bytes: int  # the Features message's length in every record but a shard's last
 
     @classmethod
     def for_records(cls, height: int, width: int, filename_bytes: tuple[int, int], max_label: int) -> "FixedLayout":
@@ -165,13 +163,23 @@ class FixedLayout:
         shortest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[0], 0)
         longest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[1], max_label)
         for start in _PADDING_STARTS:
-            layout = cls(height, width, longest + _padding_entry_size(start), longest, start)
+            layout = cls(height, width, longest + _padding_entry_size(start))
             growth = layout._shard_end_growth()
             span = longest - shortest + (growth or 0)  # the most padding beyond ``start`` a record gets
             if growth is not None and _padding_entry_size(start + span) - _padding_entry_size(start) == span:
                 return layout
         raise RecordFormatError(f"filenames of {filename_bytes[0]} to {filename_bytes[1]} bytes are too different "
                                 "in length for one fixed record length")
+
+    @classmethod
+    def from_json(cls, record_layout: dict, height: int, width: int) -> "FixedLayout":
+        """The layout a manifest's ``record_layout`` describes, for ``height`` x ``width`` images."""
+        for varint_bytes in range(1, 11):
+            entries_bytes = int(record_layout["record_bytes"]) - _FRAME_BYTES - 1 - varint_bytes
+            layout = cls(height, width, entries_bytes)
+            if entries_bytes > 0 and layout.to_json() == {k: int(record_layout[k]) for k in layout.to_json()}:
+                return layout
+        raise RecordFormatError(f"record_layout {record_layout} does not fit {height}x{width} images")
 
     @property
     def image_bytes(self) -> int:
@@ -205,14 +213,13 @@ class FixedLayout:
         if len(record.encoded) != self.image_bytes:
             raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
         entries = b"".join(_entry(key, feature) for key, feature in _fixed_features(record))
-        if len(entries) > self.max_unpadded:
-            raise RecordFormatError(f"record {record.filename!r} is longer than its split's fixed layout allows")
-        padding = self.min_padding + self.max_unpadded - len(entries)
         target = self.record_bytes + (self.image_offset if shard_end else 0)
-        if shard_end:
-            padding += self._shard_end_growth()
-        example = _field(1, entries + _entry(PADDING, _bytes_feature(bytes(padding))))
-        framed = tfrecord_io.frame(example)
+        padding_entry = self.entries_bytes + (self._shard_end_growth() if shard_end else 0) - len(entries)
+        padding = _padding_for_entry_size(padding_entry)
+        if padding is None:
+            raise RecordFormatError(f"record {record.filename!r} (label {record.label}) does not fit its split's "
+                                    "fixed layout: filename or label longer than the layout was made for")
+        framed = tfrecord_io.frame(_field(1, entries + _entry(PADDING, _bytes_feature(bytes(padding)))))
         if len(framed) != target:
             raise RecordFormatError(f"fixed layout error: record of {len(framed)} bytes, expected {target}")
         return framed
@@ -242,6 +249,19 @@ class FixedLayout:
         if len(framed) == target:
             return framed
         return self.encode(decode_example(framed[_FRAME_HEADER:-4]), shard_end)
+
+
+def _padding_for_entry_size(size: int) -> int | None:
+    """The padding length whose ``image/padding`` entry is exactly ``size`` bytes, if there is one."""
+    padding = size - _padding_entry_size(0)
+    for _ in range(8):  # each step corrects for the length varints; they settle in a few
+        if padding < 0:
+            return None
+        found = _padding_entry_size(padding)
+        if found == size:
+            return padding
+        padding -= found - size
+    return None
 
 
 def _entry(key: str, feature: bytes) -> bytes:

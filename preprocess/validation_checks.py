@@ -34,6 +34,8 @@ CHECKS = {
     "record_format": "a record's image/format differs from the manifest's encoding",
     "record_size": "a record's height/width do not match the manifest's options (or its own pixels)",
     "record_label": "a record's label is outside 0..num_classes-1",
+    "record_layout": "a record's length, or where its pixels or label sit, differs from its split's record_layout "
+                     "(which the train reader relies on)",
     "image_decode": "a record's image bytes do not decode",
     # Across records
     "split_count": "a split holds a different number of records than the manifest says",
@@ -73,6 +75,7 @@ class RecordExpectations:
     image_height: int | None
     image_width: int | None
     num_classes: int
+    record_layouts: dict = dataclasses.field(default_factory=dict)  # split -> the manifest's record_layout
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "RecordExpectations":
@@ -83,6 +86,8 @@ class RecordExpectations:
             image_height=manifest.get("image_height"),
             image_width=manifest.get("image_width"),
             num_classes=len(manifest["classes"]),
+            record_layouts={split: info["record_layout"] for split, info in manifest["splits"].items()
+                            if isinstance(info, dict) and info.get("record_layout")},
         )
 
 
@@ -101,6 +106,39 @@ def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[t
     if not 0 <= record.label < expected.num_classes:
         found.append(("record_label", f"label {record.label} outside 0..{expected.num_classes - 1}"))
     return found
+
+
+_FRAME_HEADER, _FRAME_BYTES = 12, 16  # TFRecord framing around a record's data
+
+
+def record_layout_length_problems(data_lengths: list[int], layout: dict) -> list[tuple[int, str]]:
+    """(record index, message) for the records of one shard whose length breaks the fixed layout: every record is
+    ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
+    found = []
+    for index, length in enumerate(data_lengths):
+        expected = int(layout["record_bytes"])
+        if index == len(data_lengths) - 1:
+            expected += int(layout["image_offset"])
+        if length + _FRAME_BYTES != expected:
+            found.append((index, f"record of {length + _FRAME_BYTES} bytes framed, record_layout needs {expected}"
+                                 + (" (a shard's last record)" if index == len(data_lengths) - 1 else "")))
+    return found
+
+
+def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: dict) -> str | None:
+    """A message if ``record``'s pixels or label are not where the layout puts them in its serialized ``data``."""
+    start = int(layout["image_offset"]) - _FRAME_HEADER
+    if data[start:start + len(record.encoded)] != record.encoded:
+        return f"the pixels are not at image_offset {layout['image_offset']}"
+    label_start = int(layout["label_offset"]) - _FRAME_HEADER
+    label = 0
+    for shift, byte in enumerate(data[label_start:label_start + 10]):
+        label |= (byte & 0x7F) << (7 * shift)
+        if not byte & 0x80:
+            break
+    if label != record.label:
+        return f"the varint at label_offset {layout['label_offset']} is {label}, the record's label {record.label}"
+    return None
 
 
 _MANIFEST_KEYS = ("classes", "encoding", "crop", "shorter_side", "splits")

@@ -444,6 +444,7 @@ def test_fixed_layout_records_are_one_length_with_pixels_and_label_in_place(heig
             assert features.pop(record_format.PADDING)[0] == "bytes_list"
             assert features == tf_features(record_format.encode_example(image))
             assert layout.reframe(framed, not shard_end) == layout.encode(image, not shard_end)
+    assert record_format.FixedLayout.from_json(layout.to_json(), height, width) == layout
 
 
 def test_a_fixed_layout_shard_reads_as_tfrecords_and_as_fixed_length_chunks(tmp_path):

@@ -224,6 +224,22 @@ def test_label_out_of_range_and_duplicate_filename_name_their_records(dataset):
     assert problems_of(report, "shard_sha256") == []  # the helper kept the manifest's shard entry true
 
 
+def test_records_out_of_the_fixed_layout_name_their_shard_and_records(dataset):
+    # The same records as plain Examples (lengths vary with the filename, no padding): sound TFRecords, CRCs and
+    # sha256 right, but not where the train reader looks for them.
+    shard = "validation/validation-00001-of-00002.tfrecord"
+    helpers.rewrite_shard(dataset, shard, lambda records: records, keep_layout=False)
+
+    report = run_validate(dataset)
+
+    assert not report["ok"]
+    found = problems_of(report, "record_layout")
+    assert found and {p["file"] for p in found} == {shard}
+    num_records = helpers.load_manifest(dataset)["splits"]["validation"]["shards"][1]["num_examples"]
+    assert {p["index"] for p in found} == set(range(num_records))  # every record is shorter, pixels misplaced
+    assert problems_of(report, "shard_sha256") == [] and problems_of(report, "record_corrupt") == []
+
+
 def test_jpeg_uncropped_dataset_passes_within_jpeg_tolerance(tmp_path):
     image_factory.write_image_folder(tmp_path / "source", {"train": 6, "validation": 3})
     helpers.preprocess(tmp_path / "source", tmp_path / "data", "--encoding", "jpeg", "--crop", "none")

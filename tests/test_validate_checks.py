@@ -12,7 +12,8 @@ from preprocess import validation_pictures as pictures
 from preprocess.record_format import ImageRecord
 from preprocess.tfrecord_io import frame
 from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
-                                          mean_std_problems, problem, record_problems, split_problems)
+                                          mean_std_problems, problem, record_layout_length_problems,
+                                          record_problems, split_problems)
 from preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
                                          size_summary)
 
@@ -222,3 +223,12 @@ def test_help_states_the_tolerances_the_checks_use():
     assert f"within {MEAN_STD_TOLERANCE['raw']} (raw) or {MEAN_STD_TOLERANCE['jpeg']} (jpeg" in flat_help
     assert command.DEFAULT_SAMPLES_PER_CLASS == validate.DEFAULT_SAMPLES_PER_CLASS
     assert command.DEFAULT_MAX_PROBLEMS_PER_CHECK == validate.DEFAULT_MAX_PROBLEMS_PER_CHECK
+
+
+def test_record_layout_lengths_allow_the_longer_record_only_at_the_shard_end():
+    layout = {"record_bytes": 100, "image_offset": 30, "label_offset": 80}
+    data = 100 - 16  # a record's data between its 12-byte header and 4-byte CRC
+    assert record_layout_length_problems([data, data, data + 30], layout) == []
+    found = record_layout_length_problems([data + 30, data, data], layout)
+    assert [index for index, _ in found] == [0, 2]
+    assert "shard's last record" in found[1][1]

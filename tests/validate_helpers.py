@@ -35,13 +35,25 @@ def locate(data_dir: pathlib.Path, filename: str) -> tuple[str, int]:
     raise KeyError(filename)
 
 
-def rewrite_shard(data_dir: pathlib.Path, file: str, change) -> None:
+def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool = True) -> None:
     """Replaces a shard's records by ``change(records)`` and updates its manifest entry (bytes, sha256), so that
-    only the record-level checks can notice."""
+    only the record-level checks can notice. The records keep their split's fixed layout unless ``keep_layout`` is
+    False (then they are written as plain Examples, as for datasets without one)."""
     import hashlib
 
+    from preprocess.record_format import FixedLayout
+
     shard = data_dir / file
-    data = b"".join(frame(encode_example(record)) for record in change(read_shard(shard)))
+    records = change(read_shard(shard))
+    layout = None
+    split_info = next(info for info in load_manifest(data_dir)["splits"].values()
+                      if any(entry["file"] == file for entry in info["shards"]))
+    if keep_layout and split_info.get("record_layout"):
+        layout = FixedLayout.from_json(split_info["record_layout"], records[0].height, records[0].width)
+    if layout is not None:
+        data = b"".join(layout.shard_records(layout.encode(record) for record in records))
+    else:
+        data = b"".join(frame(encode_example(record)) for record in records)
     shard.write_bytes(data)
     manifest = load_manifest(data_dir)
     for info in manifest["splits"].values():
