@@ -16,9 +16,11 @@ key                    type     value
 ``image/filename``     bytes    the source key (unique within the dataset)
 =====================  =======  ==========================================================
 
+Raw centre crops add ``image/padding`` (zero bytes) and have a fixed layout: see :class:`FixedLayout`.
+
 Writers and the validate pipeline encode and decode Examples with the small protobuf codec below instead of
-importing TensorFlow: workers start faster, and the byte layout is fixed (features sorted by key), which keeps
-shards byte-identical from run to run. The codec is cross-checked against ``tf.train.Example`` in the tests.
+importing TensorFlow: workers start faster, and the byte layout is fixed (features sorted by key, or the fixed
+layout's order), which keeps shards byte-identical from run to run. The codec is cross-checked against ``tf.train.Example`` in the tests.
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def encode_example(record: ImageRecord) -> bytes:
 # still a complete Example with the keys above, serialized in the order image/encoded, image/class/label, the
 # other keys sorted, and last ``image/padding``, zero bytes that absorb the differences in filename and label
 # length. The pixels then sit at the same offset in every record, the label varint right after them. The last record
-# of a shard is ``image_offset`` bytes longer, so that a shard file is ``image_offset + N * record_bytes`` bytes:
+# of a shard is ``image_offset`` bytes longer, so that a shard file is ``image_offset + N * record_bytes`` bytes
+# (a shard without records is an empty file):
 # a reader can take it as N fixed-length chunks, each starting at a record's pixels and holding its label
 # (tf.data.FixedLengthRecordDataset with header_bytes=image_offset), and skip the framing, the CRCs and protobuf
 # parsing. Ordinary TFRecord readers still see ordinary Examples.

@@ -9,8 +9,8 @@ Such shards have a fixed record layout (``record_layout`` in the manifest, :clas
 FixedLayout`): every record is ``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at
 ``label_offset``, and a shard file is ``image_offset + N * record_bytes`` bytes. So each shard is read as N
 fixed-length chunks that start at a record's pixels, and ``decode_raw(..., fixed_length=H*W*3)`` of a batch of
-chunks is the only copy of the pixels after the read: no TFRecord framing, no CRC pass, no protobuf parsing (~40 %
-less host CPU per image than TFRecordDataset + ``parse_example``; BENCHMARKS.md). The shards' integrity is
+chunks is the only copy of the pixels after the read: no TFRecord framing, no CRC pass, no protobuf parsing
+(1.5-1.7x less host CPU per image than TFRecordDataset + ``parse_example`` on the same shards; BENCHMARKS.md). The shards' integrity is
 checked by ``shardprep validate`` (CRCs and the manifest's sha256); a file whose size or record count disagrees
 with the manifest still fails loudly. ``verify_records=True`` reads through TFRecordDataset and ``parse_example``
 instead, checking every record's CRC; so do datasets written before the layout existed.
