@@ -122,8 +122,6 @@ def encode_example(record: ImageRecord) -> bytes:
 
 PADDING = "image/padding"
 _FIXED_ORDER = (ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH)  # then PADDING
-_FRAME_HEADER = 12  # uint64 length + uint32 masked CRC, before every record's data
-_FRAME_BYTES = 16  # header + the data's uint32 masked CRC
 # Varint sizes change at 128, 16384, ...; a padding length is chosen in one of these ranges, where each padding byte
 # more makes the record exactly one byte longer.
 _PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
@@ -178,7 +176,7 @@ class FixedLayout:
     def from_json(cls, record_layout: dict, height: int, width: int) -> "FixedLayout":
         """The layout a manifest's ``record_layout`` describes, for ``height`` x ``width`` images."""
         for varint_bytes in range(1, 11):
-            entries_bytes = int(record_layout["record_bytes"]) - _FRAME_BYTES - 1 - varint_bytes
+            entries_bytes = int(record_layout["record_bytes"]) - tfrecord_io.framed_size(1 + varint_bytes)
             layout = cls(height, width, entries_bytes)
             if entries_bytes > 0 and layout.to_json() == {k: int(record_layout[k]) for k in layout.to_json()}:
                 return layout
@@ -190,13 +188,13 @@ class FixedLayout:
 
     @property
     def record_bytes(self) -> int:
-        return _length_delimited_size(1, self.entries_bytes) + _FRAME_BYTES
+        return tfrecord_io.framed_size(_length_delimited_size(1, self.entries_bytes))
 
     @property
     def image_offset(self) -> int:
         example_header = _length_delimited_size(1, self.entries_bytes) - self.entries_bytes
         encoded_entry = _entry_size(ENCODED, _bytes_feature_size(self.image_bytes))
-        return _FRAME_HEADER + example_header + encoded_entry - self.image_bytes  # the pixels end the entry
+        return tfrecord_io.HEADER_BYTES + example_header + encoded_entry - self.image_bytes  # the pixels end the entry
 
     @property
     def label_offset(self) -> int:
@@ -231,7 +229,8 @@ class FixedLayout:
         """Padding bytes to add to a shard's last record to make it ``image_offset`` bytes longer: ``image_offset``,
         or one less where the Example's length varint grows a byte; None if no padding hits it exactly."""
         for grown in (self.image_offset, self.image_offset - 1):
-            if _length_delimited_size(1, self.entries_bytes + grown) + _FRAME_BYTES == self.record_bytes + self.image_offset:
+            grown_record = tfrecord_io.framed_size(_length_delimited_size(1, self.entries_bytes + grown))
+            if grown_record == self.record_bytes + self.image_offset:
                 return grown
         return None
 
@@ -251,7 +250,7 @@ class FixedLayout:
         target = self.record_bytes + (self.image_offset if shard_end else 0)
         if len(framed) == target:
             return framed
-        return self.encode(decode_example(framed[_FRAME_HEADER:-4]), shard_end)
+        return self.encode(decode_example(framed[tfrecord_io.HEADER_BYTES:-tfrecord_io.FOOTER_BYTES]), shard_end)
 
 
 def _padding_for_entry_size(size: int) -> int | None:
@@ -295,7 +294,9 @@ def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_b
     return sum(_entry_size(key, sizes[key]) for key in _FIXED_ORDER)
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(buf, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the protobuf varint at ``pos`` of ``buf`` (bytes or a memoryview), signed as
+    int64; raises :class:`RecordFormatError` if it is truncated."""
     result = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -315,12 +316,12 @@ def _iter_fields(buf: memoryview):
     """Yields (field number, wire type, value) where value is a memoryview (type 2) or an int (types 0, 1, 5)."""
     pos = 0
     while pos < len(buf):
-        tag, pos = _read_varint(buf, pos)
+        tag, pos = read_varint(buf, pos)
         number, wire_type = tag >> 3, tag & 7
         if wire_type == 0:
-            value, pos = _read_varint(buf, pos)
+            value, pos = read_varint(buf, pos)
         elif wire_type == 2:
-            length, pos = _read_varint(buf, pos)
+            length, pos = read_varint(buf, pos)
             if length < 0 or pos + length > len(buf):
                 raise RecordFormatError("length-delimited field runs past the end of the record")
             value, pos = buf[pos:pos + length], pos + length
@@ -388,10 +389,10 @@ def _parse_feature(feature: memoryview) -> list:
                 if t == 2:
                     pos = 0
                     while pos < len(v):
-                        item, pos = _read_varint(v, pos)
+                        item, pos = read_varint(v, pos)
                         values.append(item)
                 elif t == 0:
-                    values.append(v)  # _read_varint already made it signed
+                    values.append(v)  # read_varint already made it signed
     return values
 
 

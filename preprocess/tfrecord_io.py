@@ -13,6 +13,8 @@ from typing import BinaryIO, Iterator
 import google_crc32c
 
 _MASK_DELTA = 0xA282EAD8
+HEADER_BYTES = 12  # uint64 length + uint32 masked CRC of it, before a record's data
+FOOTER_BYTES = 4  # uint32 masked CRC of the data, after it
 
 
 class CorruptRecordError(IOError):
@@ -36,28 +38,28 @@ def frame(data: bytes) -> bytes:
 
 
 def framed_size(data_length: int) -> int:
-    return data_length + 16
+    return HEADER_BYTES + data_length + FOOTER_BYTES
 
 
 def read_records(stream: BinaryIO) -> Iterator[bytes]:
     """Yields the records of a TFRecord stream; raises :class:`CorruptRecordError` at the first bad one."""
     index = offset = 0
     while True:
-        header = stream.read(12)
+        header = stream.read(HEADER_BYTES)
         if not header:
             return
-        if len(header) < 12:
+        if len(header) < HEADER_BYTES:
             raise CorruptRecordError("truncated record header", index, offset)
         length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
         if masked_crc32c(length_bytes) != length_crc:
             raise CorruptRecordError("length checksum mismatch", index, offset)
         (length,) = struct.unpack("<Q", length_bytes)
         data = stream.read(length)
-        footer = stream.read(4)
-        if len(data) < length or len(footer) < 4:
+        footer = stream.read(FOOTER_BYTES)
+        if len(data) < length or len(footer) < FOOTER_BYTES:
             raise CorruptRecordError("truncated record data", index, offset)
         if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
             raise CorruptRecordError("data checksum mismatch", index, offset)
         yield data
         index += 1
-        offset += length + 16
+        offset += framed_size(length)

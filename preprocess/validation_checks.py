@@ -12,7 +12,8 @@ import dataclasses
 import re
 
 from preprocess import manifest as manifest_lib
-from preprocess.record_format import ImageRecord
+from preprocess.record_format import ImageRecord, RecordFormatError, read_varint
+from preprocess.tfrecord_io import HEADER_BYTES, framed_size
 from preprocess.validation_stats import SplitStats
 
 CHECKS = {
@@ -108,9 +109,6 @@ def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[t
     return found
 
 
-_FRAME_HEADER, _FRAME_BYTES = 12, 16  # TFRecord framing around a record's data
-
-
 def record_layout_length_problems(data_lengths: list[int], layout: dict) -> list[tuple[int, str]]:
     """(record index, message) for the records of one shard whose length breaks the fixed layout: every record is
     ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
@@ -119,23 +117,21 @@ def record_layout_length_problems(data_lengths: list[int], layout: dict) -> list
         expected = int(layout["record_bytes"])
         if index == len(data_lengths) - 1:
             expected += int(layout["image_offset"])
-        if length + _FRAME_BYTES != expected:
-            found.append((index, f"record of {length + _FRAME_BYTES} bytes framed, record_layout needs {expected}"
+        if framed_size(length) != expected:
+            found.append((index, f"record of {framed_size(length)} bytes framed, record_layout needs {expected}"
                                  + (" (a shard's last record)" if index == len(data_lengths) - 1 else "")))
     return found
 
 
 def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: dict) -> str | None:
     """A message if ``record``'s pixels or label are not where the layout puts them in its serialized ``data``."""
-    start = int(layout["image_offset"]) - _FRAME_HEADER
+    start = int(layout["image_offset"]) - HEADER_BYTES
     if data[start:start + len(record.encoded)] != record.encoded:
         return f"the pixels are not at image_offset {layout['image_offset']}"
-    label_start = int(layout["label_offset"]) - _FRAME_HEADER
-    label = 0
-    for shift, byte in enumerate(data[label_start:label_start + 10]):
-        label |= (byte & 0x7F) << (7 * shift)
-        if not byte & 0x80:
-            break
+    try:
+        label = read_varint(data, int(layout["label_offset"]) - HEADER_BYTES)[0]
+    except RecordFormatError:
+        label = None
     if label != record.label:
         return f"the varint at label_offset {layout['label_offset']} is {label}, the record's label {record.label}"
     return None

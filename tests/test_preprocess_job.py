@@ -52,7 +52,7 @@ def assert_fixed_layout(out, manifest: dict) -> None:
             records = read_records(os.path.join(out, shard["file"]))
             chunks = [data[start + i * layout["record_bytes"]:][:layout["record_bytes"]] for i in range(len(records))]
             assert [c[:len(r.encoded)] for c, r in zip(chunks, records)] == [r.encoded for r in records]
-            assert [record_format._read_varint(memoryview(c), label_start)[0] for c in chunks] == [
+            assert [record_format.read_varint(memoryview(c), label_start)[0] for c in chunks] == [
                 r.label for r in records]
 
 

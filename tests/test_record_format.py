@@ -437,7 +437,7 @@ def test_fixed_layout_records_are_one_length_with_pixels_and_label_in_place(heig
             framed = layout.encode(image, shard_end)
             assert len(framed) == layout.record_bytes + (layout.image_offset if shard_end else 0)
             assert framed[layout.image_offset:layout.image_offset + len(pixels)] == pixels
-            assert record_format._read_varint(memoryview(framed), layout.label_offset)[0] == label
+            assert record_format.read_varint(memoryview(framed), layout.label_offset)[0] == label
             example = read_all(framed)[0]
             assert record_format.decode_example(example) == image
             features = tf_features(example)
@@ -461,7 +461,7 @@ def test_a_fixed_layout_shard_reads_as_tfrecords_and_as_fixed_length_chunks(tmp_
                                                                   header_bytes=layout.image_offset)]
     assert [c[:18] for c in chunks] == [image.encoded for image in images]
     label_start = layout.label_offset - layout.image_offset
-    assert [record_format._read_varint(memoryview(c), label_start)[0] for c in chunks] == [i * 50 for i in range(1, 7)]
+    assert [record_format.read_varint(memoryview(c), label_start)[0] for c in chunks] == [i * 50 for i in range(1, 7)]
 
 
 def test_records_outside_the_fixed_layout_are_refused():

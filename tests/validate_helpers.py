@@ -45,8 +45,9 @@ def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool =
 
     shard = data_dir / file
     records = change(read_shard(shard))
+    manifest = load_manifest(data_dir)
     layout = None
-    split_info = next(info for info in load_manifest(data_dir)["splits"].values()
+    split_info = next(info for info in manifest["splits"].values()
                       if any(entry["file"] == file for entry in info["shards"]))
     if keep_layout and split_info.get("record_layout"):
         layout = FixedLayout.from_json(split_info["record_layout"], records[0].height, records[0].width)
@@ -55,7 +56,6 @@ def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool =
     else:
         data = b"".join(frame(encode_example(record)) for record in records)
     shard.write_bytes(data)
-    manifest = load_manifest(data_dir)
     for info in manifest["splits"].values():
         for entry in info["shards"]:
             if entry["file"] == file:
