@@ -1,0 +1,128 @@
+"""Random-access gathers of fixed-layout records: labels, reused buffers, held batches, shutdown."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from preprocess import record_format
+from train import reader, record_gather
+from train_helpers import random_images, write_dataset
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 127, value >> 7
+        out.append(low | (128 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_varints_decode_at_every_length():
+    values = [0, 1, 127, 128, 300, 16383, 16384, 2**21 + 5, 2**35 + 7, 2**62 + 11]
+    rows = np.full((len(values), 12), 0xAB, np.uint8)  # bytes after each varint are noise
+    for row, value in zip(rows, values):
+        encoded = _varint(value)
+        row[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    assert record_gather.decode_varints(rows).tolist() == values
+
+
+def test_buffers_are_aligned_reused_once_released_and_never_while_held():
+    buffers = record_gather.ReusedBuffers(max_buffers=2)
+    first = buffers.take(1000)
+    second = buffers.take(1000)
+    assert first.ctypes.data % record_gather.ALIGNMENT == 0 and first.nbytes == 1000
+    assert first.ctypes.data != second.ctypes.data  # the first is still held
+    held = first.reshape(10, 100)  # a view keeps the memory in use
+    address = first.ctypes.data
+    del first
+    assert buffers.take(1000).ctypes.data != address
+    del held
+    assert buffers.take(1000).ctypes.data == address
+    assert buffers.take(24).nbytes == 24 and len(buffers) == 3  # sizes are pooled apart
+    kept = [buffers.take(1000) for _ in range(4)]  # beyond max_buffers: fresh, unpooled arrays
+    assert len({b.ctypes.data for b in kept}) == 4 and len(buffers) == 3
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten(tmp_path):
+    items = random_images(24, 8, 6, seed=11, labels=(0, 1, 2))
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b", "c"], num_shards=3)
+    stored = {pixels.tobytes(): label for pixels, label in items}
+    dataset = reader.make_dataset(str(tmp_path), "train", 5, training=True, seed=1, random_access=True)
+    kept = []
+    for images, labels in dataset.take(40):  # 200 images: every record read ~8 times into reused buffers
+        kept.append((images, images.numpy().copy(), labels.numpy()))
+    for images, copy, labels in kept:
+        np.testing.assert_array_equal(images.numpy(), copy)
+        assert [stored[image.tobytes()] for image in copy] == labels.tolist()
+
+
+def test_buffers_go_back_to_the_pool_when_batches_are_dropped(tmp_path):
+    items = random_images(24, 8, 6, seed=12, labels=(0, 1))
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
+    manifest = reader.load_manifest(str(tmp_path))
+    shards = [str(tmp_path / shard["file"]) for shard in manifest["splits"]["train"]["shards"]]
+    gather = record_gather.FixedLayoutGather(shards, manifest["splits"]["train"]["record_layout"], 8, 6)
+    ids = np.array([record_gather.record_ids(shard, 0)[0] + record for shard, record in [(0, 3), (1, 0), (1, 11)]])
+    for _ in range(50):
+        images, labels = gather(ids)  # the previous batch is still held while this one is read
+    assert len(gather.buffers) == 2
+    np.testing.assert_array_equal(images[1], items[1][0])
+    np.testing.assert_array_equal(images[2], items[23][0])
+    assert labels.tolist() == [items[6][1], items[1][1], items[23][1]]
+
+
+def test_at_exit_running_gathers_finish_and_later_ones_read_nothing(tmp_path, monkeypatch):
+    items = random_images(6, 8, 6, seed=14, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=1)
+    gather = record_gather.FixedLayoutGather([str(tmp_path / manifest["splits"]["train"]["shards"][0]["file"])],
+                                             manifest["splits"]["train"]["record_layout"], 8, 6)
+    monkeypatch.setattr(record_gather._CALLS, "exiting", False)  # restored after the test
+    release, reads = threading.Event(), []
+    read = gather._gather
+    monkeypatch.setattr(gather, "_gather", lambda ids: release.wait() and reads.append(ids) or read(ids))
+    running = threading.Thread(target=gather, args=(np.arange(3),))
+    running.start()
+    settled = threading.Thread(target=record_gather._settle)
+    settled.start()
+    time.sleep(0.3)
+    assert settled.is_alive()  # waits for the gather in progress
+    release.set()
+    running.join()
+    settled.join(timeout=record_gather.SETTLE_TIMEOUT_SECONDS)
+    assert not settled.is_alive() and len(reads) == 1
+    images, labels = gather(np.arange(3))  # after the hook: nothing is read
+    assert images.shape == (0, 8, 6, 3) and labels.shape == (0,) and len(reads) == 1
+
+
+def test_a_process_exits_while_its_iterator_is_reading(tmp_path):
+    # Smoke test of the exit hook in a real process. Without the hook such a process hangs at exit in some runs
+    # (tf.data threads call into an interpreter that is shutting down), more often the bigger the batches.
+    items = random_images(64, 256, 256, seed=13, labels=(0, 1))
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=4)
+    script = textwrap.dedent(f"""
+        from train import reader
+        dataset = reader.make_dataset({str(tmp_path)!r}, "train", 64, training=True, seed=0, random_access=True)
+        iterator = iter(dataset)
+        for _ in range(30):
+            next(iterator)
+        print("read", flush=True)
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "read"
+
+
+def test_a_layout_that_does_not_fit_the_images_is_refused():
+    layout = record_format.FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
+    with pytest.raises(ValueError, match="does not fit 8x8 RGB images"):
+        record_gather.FixedLayoutGather(["x"], layout, 8, 8)

@@ -1,0 +1,212 @@
+"""Batches gathered from fixed-layout shards by random access: each image goes from the file into its batch slot.
+
+The fixed record layout (:class:`preprocess.record_format.FixedLayout`) puts record ``r`` of a shard at byte
+``image_offset + r * record_bytes``, its pixels first and its label's varint ``label_offset - image_offset`` bytes
+further on. So a batch of records is gathered with one ``preadv`` per image, whose first buffer is the image's slot
+in the batch and whose second receives the label's bytes: the kernel's copy out of the page cache is the only copy
+of the pixels. Reading the same shards as a stream (``FixedLengthRecordDataset`` + ``decode_raw``) copies every
+image three more times (read buffer -> record string -> element -> batch); BENCHMARKS.md has the figures.
+
+The batch buffers are reused. A fresh 50 MB batch comes from ``mmap``, and the kernel faults in and zeroes every one
+of its pages, which cost about as much as reading the pixels. :class:`ReusedBuffers` hands out a buffer again only
+once nothing references it any more: TensorFlow borrows a NumPy array returned by ``tf.numpy_function`` (no copy),
+and keeps a reference to it until the last tensor using its memory is gone.
+
+This module is plain NumPy and ``os``; :mod:`train.reader` wraps :class:`FixedLayoutGather` in a
+``tf.numpy_function`` for local shards (``gs://`` and other URLs are read as a stream).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from preprocess import record_format
+
+# Record ids carry the shard's index in the high bits and the record's index in the shard in the low bits.
+RECORD_INDEX_BITS = 32
+# TensorFlow borrows a NumPy array's memory only if it is aligned for Eigen (at most 64 bytes on any build).
+ALIGNMENT = 64
+# A protobuf varint is at most 10 bytes.
+MAX_VARINT_BYTES = 10
+# ``preadv`` is POSIX (Linux, the BSDs); elsewhere the reader streams.
+AVAILABLE = hasattr(os, "preadv")
+
+
+def record_ids(shard_index, num_records):
+    """First and end id of a shard's records, for ``tf.data.Dataset.range`` (works on ints and int64 tensors)."""
+    first = shard_index * (1 << RECORD_INDEX_BITS)
+    return first, first + num_records
+
+
+class ReusedBuffers:
+    """Aligned uint8 buffers of one size, each handed out again once nothing references it.
+
+    A buffer is free when the only references to its memory are this pool's: every view of a NumPy array (the
+    aligned slice, the batch reshaped from it, an array TensorFlow wraps) holds a reference to the array that owns
+    the memory, so the owner's reference count says whether anything still uses it.
+    """
+
+    def __init__(self, max_buffers: int = 32):
+        self.max_buffers = max_buffers
+        self._owners: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A 1-D uint8 array of ``nbytes``, aligned to :data:`ALIGNMENT`, that nothing else is using."""
+        with self._lock:
+            owners = self._owners.setdefault(nbytes, [])
+            for i in range(len(owners)):
+                # References: the list's and getrefcount's argument. Anything more is a view still alive.
+                if sys.getrefcount(owners[i]) == 2:
+                    return _aligned_view(owners[i], nbytes)
+            owner = np.empty(nbytes + ALIGNMENT, np.uint8)
+            if len(owners) < self.max_buffers:
+                owners.append(owner)
+            # The view is made under the lock: from here on the owner is referenced, so no other caller takes it.
+            return _aligned_view(owner, nbytes)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(owners) for owners in self._owners.values())
+
+
+def _aligned_view(owner: np.ndarray, nbytes: int) -> np.ndarray:
+    start = -owner.ctypes.data % ALIGNMENT
+    return owner[start:start + nbytes]
+
+
+class _Calls:
+    """Counts gathers in progress, so that the interpreter can wait for them before it shuts down (see ``_settle``)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.last_end = 0.0
+        self.exiting = False
+
+    def start(self) -> bool:
+        """True if a gather may run; False once the interpreter is shutting down."""
+        with self.lock:
+            if self.exiting:
+                return False
+            self.running += 1
+            return True
+
+    def end(self) -> None:
+        with self.lock:
+            self.running -= 1
+            self.last_end = time.monotonic()
+
+    def idle_for(self) -> float:
+        with self.lock:
+            return 0.0 if self.running else time.monotonic() - self.last_end
+
+
+_CALLS = _Calls()
+# tf.data runs the gathers on its own threads through tf.numpy_function. An iterator still alive when the interpreter
+# shuts down is destroyed after Python stops letting threads in, so a gather in progress then could never finish and
+# the process would hang (the same holds for any tf.py_function or from_generator pipeline). Before that point, at
+# exit: collect unreachable iterators while Python still runs, make new gathers fail at once, and wait until the
+# pipeline's buffers are full and no gather has run for a moment.
+SETTLE_SECONDS = 0.05
+SETTLE_TIMEOUT_SECONDS = 5.0
+
+
+@atexit.register
+def _settle():
+    gc.collect()
+    with _CALLS.lock:
+        _CALLS.exiting = True
+    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
+    while _CALLS.idle_for() < SETTLE_SECONDS and time.monotonic() < deadline:
+        time.sleep(SETTLE_SECONDS / 5)
+
+
+class FixedLayoutGather:
+    """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` read from fixed-layout shard files.
+
+    Args:
+      paths: local paths of the shard files; an id's shard index (:func:`record_ids`) indexes this list.
+      layout: the split's ``record_layout`` from the manifest.
+      height, width: the stored image size.
+      buffers: where batch buffers come from (shared by every call, from any thread).
+    """
+
+    def __init__(self, paths, layout: dict, height: int, width: int, buffers: ReusedBuffers | None = None):
+        self.paths = [os.fspath(path) for path in paths]
+        self.record_bytes = int(layout["record_bytes"])
+        self.image_offset = int(layout["image_offset"])
+        self.image_shape = (height, width, record_format.CHANNELS)
+        self.image_bytes = height * width * record_format.CHANNELS
+        label_start = int(layout["label_offset"]) - self.image_offset
+        if not self.image_bytes <= label_start <= self.record_bytes - 1:
+            raise ValueError(f"record layout {layout} does not fit {height}x{width} RGB images")
+        # Each read's second buffer: the bytes from the pixels' end to the label's last possible byte.
+        self.tail_bytes = label_start - self.image_bytes + MAX_VARINT_BYTES
+        self.buffers = buffers if buffers is not None else ReusedBuffers()
+
+    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not _CALLS.start():
+            # Nobody reads batches any more; an empty one lets the pipeline's buffers fill up quietly.
+            return np.zeros((0,) + self.image_shape, np.uint8), np.zeros(0, np.int32)
+        try:
+            return self._gather(np.asarray(ids, np.int64))
+        finally:
+            _CALLS.end()
+
+    def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        count = len(ids)
+        images = self.buffers.take(count * self.image_bytes)
+        tails = np.empty(count * self.tail_bytes, np.uint8)
+        pixels_view, tails_view = memoryview(images), memoryview(tails)
+        shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
+        wanted = self.image_bytes + self.tail_bytes
+        image_bytes, tail_bytes = self.image_bytes, self.tail_bytes
+        descriptors = {}
+        try:
+            for shard in np.unique(shards).tolist():
+                descriptors[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
+                offset = self.image_offset + record * self.record_bytes
+                got = os.preadv(descriptors[shard],
+                                [pixels_view[j * image_bytes:(j + 1) * image_bytes],
+                                 tails_view[j * tail_bytes:(j + 1) * tail_bytes]], offset)
+                if got != wanted:
+                    raise OSError(f"{self.paths[shard]}: record {record} ends {wanted - got} bytes early: the shard "
+                                  "is shorter than its manifest says (run `shardprep validate` on the dataset)")
+        finally:
+            for descriptor in descriptors.values():
+                os.close(descriptor)
+        labels = decode_varints(tails.reshape(count, tail_bytes)[:, -MAX_VARINT_BYTES:])
+        return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
+
+
+def decode_varints(rows: np.ndarray) -> np.ndarray:
+    """int64 values of the protobuf varints that start each row of ``rows`` (uint8 [n, k], k >= the longest)."""
+    values = rows.astype(np.int64)
+    # A byte belongs to the varint while every byte before it has the high bit set.
+    continued = np.cumprod(np.concatenate([np.ones((len(rows), 1), np.int64), values[:, :-1] >= 128], axis=1),
+                           axis=1)
+    shifts = 7 * np.arange(rows.shape[1], dtype=np.int64)
+    return (((values & 127) << shifts) * continued).sum(axis=1)
+
+
+def check_shard_sizes(paths, counts, layout: dict) -> None:
+    """Raises ``ValueError`` naming every shard whose size is not ``image_offset + count * record_bytes``."""
+    record_bytes, image_offset = int(layout["record_bytes"]), int(layout["image_offset"])
+    wrong = []
+    for path, count in zip(paths, counts):
+        expected = image_offset + int(count) * record_bytes if count else 0
+        size = os.path.getsize(path)
+        if size != expected:
+            wrong.append(f"{path}: {size} bytes, {expected} expected for {count} records of {record_bytes} bytes")
+    if wrong:
+        raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
+                         + "; ".join(wrong))
