@@ -112,12 +112,16 @@ def test_fixed_layout_chunks_read_as_the_tfrecords_do(tmp_path, num_classes):
     assert manifest["splits"]["train"]["record_layout"]
     stored = _index(items)
     for kwargs in (dict(training=False), dict(training=True, seed=5)):
-        fast = _take(reader.make_dataset(str(tmp_path), "train", 4, **kwargs), 12)
+        gathered = _take(reader.make_dataset(str(tmp_path), "train", 4, random_access=True, **kwargs), 12)
+        streamed = _take(reader.make_dataset(str(tmp_path), "train", 4, random_access=False, **kwargs), 12)
         checked = _take(reader.make_dataset(str(tmp_path), "train", 4, verify_records=True, **kwargs), 12)
-        assert len(fast) == len(checked) == (6 if not kwargs["training"] else 12)
-        for (images, labels), (checked_images, checked_labels) in zip(fast, checked):
+        assert len(gathered) == len(streamed) == len(checked) == (6 if not kwargs["training"] else 12)
+        for (images, labels), (streamed_images, streamed_labels), (checked_images, checked_labels) in zip(
+                gathered, streamed, checked):
             np.testing.assert_array_equal(images, checked_images)
             np.testing.assert_array_equal(labels, checked_labels)
+            np.testing.assert_array_equal(streamed_images, checked_images)
+            np.testing.assert_array_equal(streamed_labels, checked_labels)
             assert [stored[image.tobytes()] for image in images] == labels.tolist()
 
 
@@ -129,16 +133,49 @@ def test_datasets_without_a_record_layout_are_read_as_tfrecords(tmp_path):
     assert sorted(image.tobytes() for image in batches[0][0]) == sorted(_index(items))
 
 
+@pytest.mark.parametrize("random_access", [True, False])
 @pytest.mark.parametrize("cut", ["one record", "five bytes"])
-def test_a_shard_that_disagrees_with_the_manifest_fails_loudly(tmp_path, cut):
+def test_a_shard_that_disagrees_with_the_manifest_fails_loudly(tmp_path, cut, random_access):
     items = random_images(12, 6, 5, seed=7, labels=(0, 1))
     manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
     path = tmp_path / manifest["splits"]["train"]["shards"][1]["file"]
     data = path.read_bytes()
     path.write_bytes(data[:-manifest["splits"]["train"]["record_layout"]["record_bytes"]] if cut == "one record"
                      else data[:-5])
-    with pytest.raises(tf.errors.OpError, match="expected to contain 6 elements|input file"):
-        _take(reader.make_dataset(str(tmp_path), "train", 4, training=False), 10)
+    if random_access:  # file sizes are checked when the dataset is made
+        with pytest.raises(ValueError, match=f"{path.name}: {path.stat().st_size} bytes, {len(data)} expected"):
+            reader.make_dataset(str(tmp_path), "train", 4, training=False, random_access=True)
+    else:
+        with pytest.raises(tf.errors.OpError, match="expected to contain 6 elements|input file"):
+            _take(reader.make_dataset(str(tmp_path), "train", 4, training=False, random_access=False), 10)
+
+
+def test_a_shard_cut_after_the_dataset_was_made_fails_loudly(tmp_path):
+    items = random_images(12, 6, 5, seed=7, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
+    dataset = reader.make_dataset(str(tmp_path), "train", 4, training=False, random_access=True)
+    path = tmp_path / manifest["splits"]["train"]["shards"][1]["file"]
+    path.write_bytes(path.read_bytes()[:-manifest["splits"]["train"]["record_layout"]["record_bytes"]])
+    with pytest.raises(tf.errors.OpError, match=f"{path.name}: record 5 ends .* bytes early"):
+        _take(dataset, 10)
+
+
+def test_random_access_is_the_default_for_local_shards_and_refused_for_urls(raw_dataset, monkeypatch):
+    from train import record_gather
+
+    made = []
+    gather = record_gather.FixedLayoutGather
+    monkeypatch.setattr(record_gather, "FixedLayoutGather", lambda *args, **kwargs: made.append(1) or gather(
+        *args, **kwargs))
+    root, _ = raw_dataset
+    reader.make_dataset(root, "train", 4, training=True)
+    assert made == [1]
+    reader.make_dataset(root, "train", 4, training=True, random_access=False)
+    reader.make_dataset(root, "train", 4, training=True, verify_records=True)
+    assert made == [1]
+    with pytest.raises(ValueError, match="random_access reads local shards only"):
+        reader.make_dataset("ram://somewhere", "train", 4, training=True, random_access=True,
+                            manifest=reader.load_manifest(root))
 
 
 def test_center_crop_jpeg_shards_decode_to_the_stored_image(tmp_path):

@@ -1,19 +1,26 @@
 """The training reader: prepared shards in, batches of uint8 images and int32 labels out, at almost no host cost.
 
-The fast path (``raw`` shards, ``crop: center``) never touches one image at a time::
+The fast path (``raw`` shards, ``crop: center``) never touches one image at a time. Such shards have a fixed record
+layout (``record_layout`` in the manifest, :class:`preprocess.record_format.FixedLayout`): every record is
+``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at ``label_offset``, and a shard
+file is ``image_offset + N * record_bytes`` bytes. So where a record lies follows from its index, and for local
+shards only the records' ids go through tf.data::
 
-    shard files -> shuffle file order (each epoch) -> parallel interleave of FixedLengthRecordDatasets
-      -> shuffle buffer -> batch -> decode_raw on the batch -> reshape -> prefetch
+    shard indices -> shuffle (each epoch) -> parallel interleave of each shard's record ids -> shuffle buffer
+      -> batch of ids -> gather: one preadv per record, straight into the batch (train.record_gather) -> prefetch
 
-Such shards have a fixed record layout (``record_layout`` in the manifest, :class:`preprocess.record_format.
-FixedLayout`): every record is ``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at
-``label_offset``, and a shard file is ``image_offset + N * record_bytes`` bytes. So each shard is read as N
-fixed-length chunks that start at a record's pixels, and ``decode_raw(..., fixed_length=H*W*3)`` of a batch of
-chunks is the only copy of the pixels after the read: no TFRecord framing, no CRC pass, no protobuf parsing
-(1.5-1.7x less host CPU per image than TFRecordDataset + ``parse_example`` on the same shards; BENCHMARKS.md). The shards' integrity is
-checked by ``shardprep validate`` (CRCs and the manifest's sha256); a file whose size or record count disagrees
-with the manifest still fails loudly. ``verify_records=True`` reads through TFRecordDataset and ``parse_example``
-instead, checking every record's CRC; so do datasets written before the layout existed.
+The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no protobuf
+parsing, no intermediate strings (1.5x less host CPU per image than streaming the same shards, 2.3x less than
+TFRecordDataset + ``parse_example``; BENCHMARKS.md). ``random_access=False`` (``shardprep train
+--sequential-reads``), and shards behind a URL such as ``gs://``, stream each shard instead::
+
+    shard files -> shuffle (each epoch) -> parallel interleave of FixedLengthRecordDatasets -> shuffle buffer
+      -> batch -> decode_raw on the batch -> prefetch
+
+Both go through the same shuffles, so for a seed they give the same batches. The shards' integrity is checked by
+``shardprep validate`` (CRCs, the manifest's sha256 and every record's layout); a file whose size or record count
+disagrees with the manifest still fails loudly. ``verify_records=True`` reads through TFRecordDataset and
+``parse_example`` instead, checking every record's CRC; so do datasets written before the layout existed.
 
 The reshape to ``[B, H, W, 3]`` is free. Augmentation and normalization are not done here: they are part of the model
 (:mod:`train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes than
@@ -35,6 +42,7 @@ import tensorflow as tf
 
 from preprocess import manifest as manifest_lib
 from preprocess import record_format
+from train import record_gather
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
 SHUFFLE_BUFFER_BYTES = 1 << 30
@@ -99,6 +107,7 @@ def make_dataset(
     deterministic: bool | None = None,
     manifest: dict | None = None,
     verify_records: bool = False,
+    random_access: bool | None = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
 
@@ -124,6 +133,10 @@ def make_dataset(
       manifest: the already loaded manifest, to skip reading it again.
       verify_records: read fixed-layout shards as TFRecords, checking every record's CRC (slower); other shards
         are always read that way.
+      random_access: for fixed-layout shards, gather each batch's records straight from the files
+        (:mod:`train.record_gather`) instead of streaming every shard through a read buffer. Default: on for local
+        paths (needs ``os.preadv``), off for URLs. Both give the same batches; streaming reads each shard
+        sequentially, which suits storage that is slow at random reads and not cached in memory.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -154,17 +167,35 @@ def make_dataset(
             else:
                 shard_records_by = (pipelines, pipeline_id)
 
-    buffer_size = REMOTE_FILE_BUFFER_BYTES if "://" in data_dir else 0
+    remote = "://" in data_dir
+    buffer_size = REMOTE_FILE_BUFFER_BYTES if remote else 0
+    height, width = stored_image_shape(manifest)
+    gather = None
     if layout is not None:
         # An empty shard (a split whose inputs were all rejected) is an empty file: no chunk to read.
         files, counts = [f for f, n in zip(files, counts) if n], [n for n in counts if n]
         if not files:
             raise ValueError(f"split {split!r} of {data_dir} has no examples")
-        open_file = _fixed_layout_reader(layout, buffer_size)
+        if random_access is None:
+            random_access = not remote and record_gather.AVAILABLE
+        if random_access:
+            if remote:
+                raise ValueError(f"random_access reads local shards only, not {data_dir}")
+            record_gather.check_shard_sizes(files, counts, layout)
+            gather = record_gather.FixedLayoutGather(files, layout, height, width)
+        else:
+            open_file = _fixed_layout_reader(layout, buffer_size)
     else:
         open_file = lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size)  # noqa: E731
 
-    records = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
+    if gather is not None:
+        # The records' ids go through the same shuffles, interleave and sharding as the streamed records would, so
+        # both ways give the same batches; only the ids are shuffled, the pixels are read once they are batched.
+        records = tf.data.Dataset.from_tensor_slices((tf.range(len(files), dtype=tf.int64),
+                                                     tf.constant(counts, tf.int64)))
+        open_file = lambda shard, count: tf.data.Dataset.range(*record_gather.record_ids(shard, count))  # noqa: E731
+    else:
+        records = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
     if training:
         records = records.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
     records = records.interleave(
@@ -180,8 +211,11 @@ def make_dataset(
         buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
         records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
 
-    height, width = stored_image_shape(manifest)
-    if layout is not None:
+    if gather is not None:
+        batches = records.batch(per_replica_batch, drop_remainder=training)
+        batches = batches.map(_gathered_batch_reader(gather), num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=deterministic)
+    elif layout is not None:
         batches = records.batch(per_replica_batch, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=deterministic)
         batches = batches.map(_fixed_layout_batch_decoder(layout, height, width), num_parallel_calls=tf.data.AUTOTUNE,
@@ -224,6 +258,18 @@ def _fixed_layout_reader(layout: dict, buffer_size: int):
         return chunks.apply(tf.data.experimental.assert_cardinality(num_records))
 
     return open_file
+
+
+def _gathered_batch_reader(gather: record_gather.FixedLayoutGather):
+    def read(ids):
+        # stateful=False: the same ids always read the same bytes.
+        images, labels = tf.numpy_function(gather, [ids], [tf.uint8, tf.int32], stateful=False,
+                                           name="gather_fixed_layout_records")
+        images.set_shape([ids.shape[0], *gather.image_shape])  # keep a static B
+        labels.set_shape([ids.shape[0]])
+        return images, labels
+
+    return read
 
 
 def _fixed_layout_batch_decoder(layout: dict, height: int, width: int):
