@@ -187,14 +187,15 @@ def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path, monkeypatch
     verified = []
     make_dataset = reader.make_dataset
     monkeypatch.setattr(reader, "make_dataset",
-                        lambda *args, **kwargs: verified.append(kwargs["verify_records"]) or make_dataset(*args, **kwargs))
+                        lambda *args, **kwargs: verified.append((kwargs["verify_records"], kwargs["random_access"]))
+                        or make_dataset(*args, **kwargs))
     runner = CliRunner()
     result = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--epochs", "1",
                                   "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125",
                                   "--no-tensorboard", "--augment", "rrc", "--lr-schedule", "plateau",
-                                  "--precision", "mixed_bfloat16", "--verify-records"])
+                                  "--precision", "mixed_bfloat16", "--verify-records", "--sequential-reads"])
     assert result.exit_code == 0, result.output
-    assert verified and all(verified)
+    assert verified and all(flags == (True, False) for flags in verified)
     assert "epoch 1/1" in result.output and "Summary:" in result.output
     assert keras.mixed_precision.global_policy().name == "float32"  # the run's policy does not leak
     too_big = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--image-size", "32"])

@@ -65,6 +65,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None  # None: one pass over the training split
     shuffle_buffer: int | None = None
     verify_records: bool = False
+    sequential_reads: bool = False  # stream fixed-layout shards instead of gathering each batch's records
     seed: int | None = None
     jit_compile: bool | None = None  # None: XLA with exactly one GPU
     tensorboard: bool = True
@@ -349,7 +350,8 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     def dataset_fn(split, training):
         return lambda context: reader.make_dataset(
             config.data_dir, split, config.batch_size, training, seed=data_seed, input_context=context,
-            shuffle_buffer=config.shuffle_buffer, manifest=manifest, verify_records=config.verify_records)
+            shuffle_buffer=config.shuffle_buffer, manifest=manifest, verify_records=config.verify_records,
+            random_access=False if config.sequential_reads else None)
 
     train_data = strategy.distribute_datasets_from_function(dataset_fn(config.train_split, True))
     val_data = strategy.distribute_datasets_from_function(dataset_fn(config.val_split, False))

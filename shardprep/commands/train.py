@@ -54,6 +54,9 @@ def _epoch_list(ctx, param, value):
               help="Records in the shuffle buffer [default: ~1 GiB of records].")
 @click.option("--verify-records", is_flag=True,
               help="Read raw centre-crop shards as TFRecords, checking every record's CRC (more host CPU per image).")
+@click.option("--sequential-reads", is_flag=True,
+              help="Stream each raw centre-crop shard from start to end instead of reading each batch's records where "
+                   "they lie (for storage that is slow at random reads and not cached in memory).")
 @click.option("--seed", type=int, default=None,
               help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
 @click.option("--jit-compile/--no-jit-compile", default=None,
