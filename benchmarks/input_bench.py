@@ -10,14 +10,16 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
 2. tf.data best practice on the same records: ``decode_and_crop_jpeg`` of a random 224 window (only the window is
    decoded) in a parallel map, ``batch(256)``, ``map(normalize)``: float32 224x224 batches.
 3. shardprep reader (``train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
-   one Example per image in the fixed record layout the preprocess job writes, read as fixed-length chunks:
-   uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are
-   not host work here.
+   one Example per image in the fixed record layout the preprocess job writes; by default each batch's records are
+   read where they lie, straight into the batch (``train.record_gather``): uint8 256x256 batches. Crop, flip and
+   normalization run on the accelerator, as part of the model, so they are not host work here.
 4. shardprep reader on JPEG shards (same 256x256 images, JPEG quality 90): a decode per image on the host.
 5. shardprep reader on the raw shards of 3 with ``verify_records=True``: TFRecordDataset (every CRC checked) and
    ``parse_example`` on each batch, the way datasets without a fixed layout are read.
+6. shardprep reader on the raw shards of 3 with ``random_access=False``: each shard streamed as fixed-length
+   chunks (``FixedLengthRecordDataset``), shuffled through the buffer, ``decode_raw`` on each batch.
 
-Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-5) and prefetches. For each it
+Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-6) and prefetches. For each it
 prints images/s (wall clock) and host CPU ms per image (process CPU time, all threads, / images), measured after
 warm-up batches over at least ``--seconds``, as the median of ``--rounds`` interleaved rounds, and the ratios
 against the seed pipeline. No accelerator is involved:
@@ -208,10 +210,11 @@ def best_practice_pipeline(files):
     return dataset.batch(BATCH, drop_remainder=True).map(_normalize).prefetch(tf.data.AUTOTUNE)
 
 
-def shardprep_pipeline(data_dir, verify_records: bool = False):
+def shardprep_pipeline(data_dir, verify_records: bool = False, random_access: bool | None = None):
     from train import reader
 
-    return reader.make_dataset(data_dir, "train", BATCH, training=True, verify_records=verify_records)
+    return reader.make_dataset(data_dir, "train", BATCH, training=True, verify_records=verify_records,
+                               random_access=random_access)
 
 
 # --- measurement ---------------------------------------------------------------------------------------------------
@@ -267,6 +270,8 @@ def main(argv=None):
             ("3 shardprep reader, raw shards", lambda: shardprep_pipeline(inputs["raw"])),
             ("4 shardprep reader, JPEG shards", lambda: shardprep_pipeline(inputs["jpeg"])),
             ("5 reader, raw shards, verify_records=True", lambda: shardprep_pipeline(inputs["raw"], True)),
+            ("6 reader, raw shards, random_access=False",
+             lambda: shardprep_pipeline(inputs["raw"], random_access=False)),
         ]
         # Rounds go through all pipelines in turn, so a slow spell on a shared machine hits them all alike; each
         # pipeline's figures are the medians over its rounds.
@@ -299,10 +304,11 @@ def main(argv=None):
               "than CPU ms/image)")
         print(f"\nraw-shard reader: {raw['cpu_ms_per_image']:.3f} ms CPU/image (target <= 0.25), "
               f"{raw['speed_vs_seed']:.1f}x the seed pipeline's images/s (target >= 20)")
-        verified = results[4]
-        print(f"fixed-layout chunks vs TFRecord + parse_example (verify_records): "
-              f"{verified['cpu_ms_per_image'] / raw['cpu_ms_per_image']:.2f}x less CPU per image, "
-              f"{raw['images_per_sec'] / verified['images_per_sec']:.2f}x the images/s")
+        for other, label in [(results[5], "streamed fixed-length chunks (random_access=False)"),
+                             (results[4], "TFRecord + parse_example (verify_records)")]:
+            print(f"records gathered into the batch vs {label}: "
+                  f"{other['cpu_ms_per_image'] / raw['cpu_ms_per_image']:.2f}x less CPU per image, "
+                  f"{raw['images_per_sec'] / other['images_per_sec']:.2f}x the images/s")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"num_images": args.num_images, "cpus": os.cpu_count(), "rounds": args.rounds,

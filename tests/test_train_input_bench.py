@@ -31,6 +31,7 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
         (input_bench.shardprep_pipeline(inputs["raw"]), [4, 256, 256, 3], "uint8"),
         (input_bench.shardprep_pipeline(inputs["jpeg"]), [4, 256, 256, 3], "uint8"),
         (input_bench.shardprep_pipeline(inputs["raw"], verify_records=True), [4, 256, 256, 3], "uint8"),
+        (input_bench.shardprep_pipeline(inputs["raw"], random_access=False), [4, 256, 256, 3], "uint8"),
     ]:
         images, labels = next(iter(dataset))
         assert images.shape.as_list() == shape and images.dtype.name == dtype
