@@ -10,7 +10,7 @@ shards only the records' ids go through tf.data::
       -> batch of ids -> gather: one preadv per record, straight into the batch (train.record_gather) -> prefetch
 
 The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no protobuf
-parsing, no intermediate strings (1.5x less host CPU per image than streaming the same shards, 2.3x less than
+parsing, no intermediate strings (2.1x less host CPU per image than streaming the same shards, 3.4-3.6x less than
 TFRecordDataset + ``parse_example``; BENCHMARKS.md). ``random_access=False`` (``shardprep train
 --sequential-reads``), and shards behind a URL such as ``gs://``, stream each shard instead::
 

@@ -10,7 +10,8 @@ image three more times (read buffer -> record string -> element -> batch); BENCH
 The batch buffers are reused. A fresh 50 MB batch comes from ``mmap``, and the kernel faults in and zeroes every one
 of its pages, which cost about as much as reading the pixels. :class:`ReusedBuffers` hands out a buffer again only
 once nothing references it any more: TensorFlow borrows a NumPy array returned by ``tf.numpy_function`` (no copy),
-and keeps a reference to it until the last tensor using its memory is gone.
+and keeps a reference to it until the last tensor using its memory is gone (released a little later still, the next
+time TensorFlow's Python bindings hold the GIL: never early).
 
 This module is plain NumPy and ``os``; :mod:`train.reader` wraps :class:`FixedLayoutGather` in a
 ``tf.numpy_function`` for local shards (``gs://`` and other URLs are read as a stream).
@@ -113,8 +114,8 @@ _CALLS = _Calls()
 # tf.data runs the gathers on its own threads through tf.numpy_function. An iterator still alive when the interpreter
 # shuts down is destroyed after Python stops letting threads in, so a gather in progress then could never finish and
 # the process would hang (the same holds for any tf.py_function or from_generator pipeline). Before that point, at
-# exit: collect unreachable iterators while Python still runs, make new gathers fail at once, and wait until the
-# pipeline's buffers are full and no gather has run for a moment.
+# exit: collect unreachable iterators while Python still runs, make new gathers return empty batches at once, and
+# wait until the pipeline's buffers are full and no gather has run for a moment.
 SETTLE_SECONDS = 0.05
 SETTLE_TIMEOUT_SECONDS = 5.0
 
