@@ -15,20 +15,11 @@ from train import reader, record_gather
 from train_helpers import random_images, write_dataset
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 127, value >> 7
-        out.append(low | (128 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def test_varints_decode_at_every_length():
     values = [0, 1, 127, 128, 300, 16383, 16384, 2**21 + 5, 2**35 + 7, 2**62 + 11]
     rows = np.full((len(values), 12), 0xAB, np.uint8)  # bytes after each varint are noise
     for row, value in zip(rows, values):
-        encoded = _varint(value)
+        encoded = record_format._varint(value)  # the writer's encoder
         row[:len(encoded)] = np.frombuffer(encoded, np.uint8)
     assert record_gather.decode_varints(rows).tolist() == values
 
