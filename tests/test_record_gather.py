@@ -121,3 +121,27 @@ def test_a_layout_that_does_not_fit_the_images_is_refused(tmp_path):
             reader.make_dataset(str(tmp_path), "train", 2, training=False, manifest=manifest,
                                 random_access=random_access)
 
+
+def test_the_exit_hook_is_registered_by_the_first_gathering_dataset_not_on_import(tmp_path):
+    write_dataset(tmp_path, {"train": random_images(8, 8, 6, seed=16)}, classes=["a", "b"])
+    script = textwrap.dedent(f"""
+        import atexit
+        hooks = []
+        register = atexit.register
+        atexit.register = lambda function, *args, **kwargs: (
+            hooks.append(f"{{function.__module__}}.{{function.__qualname__}}") or register(function, *args, **kwargs))
+        from train import record_gather
+        print("IMPORTED", [hook for hook in hooks if hook.startswith("train.")])
+        from train import reader
+        reader.make_dataset({str(tmp_path)!r}, "train", 4, training=False, random_access=False)
+        print("STREAMED", [hook for hook in hooks if hook.startswith("train.")])
+        for _ in range(2):
+            reader.make_dataset({str(tmp_path)!r}, "train", 4, training=True, random_access=True)
+        print("GATHERED", [hook for hook in hooks if hook.startswith("train.")])
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["IMPORTED []", "STREAMED []",
+                                            "GATHERED ['train.record_gather._settle']"]

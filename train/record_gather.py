@@ -116,12 +116,22 @@ _CALLS = _Calls()
 # shuts down is destroyed after Python stops letting threads in, so a gather in progress then could never finish and
 # the process would hang (the same holds for any tf.py_function or from_generator pipeline). Before that point, at
 # exit: collect unreachable iterators while Python still runs, make new gathers return empty batches at once, and
-# wait until the pipeline's buffers are full and no gather has run for a moment.
+# wait until the pipeline's buffers are full and no gather has run for a moment. The hook is registered when the
+# first gather is made, so that importing this module changes nothing in the process.
 SETTLE_SECONDS = 0.05
 SETTLE_TIMEOUT_SECONDS = 5.0
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
 
 
-@atexit.register
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            atexit.register(_settle)
+            _exit_hook_registered = True
+
+
 def _settle():
     gc.collect()
     with _CALLS.lock:
@@ -138,6 +148,8 @@ class FixedLayoutGather:
       paths: local paths of the shard files; an id's shard index (:func:`record_ids`) indexes this list.
       layout: the split's fixed record layout (and stored image size).
       buffers: where batch buffers come from (shared by every call, from any thread).
+
+    Making one registers the exit hook (``_settle``) that lets a process exit while gathers run.
     """
 
     def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None):
@@ -150,6 +162,7 @@ class FixedLayoutGather:
         # Each read's second buffer: the bytes from the pixels' end to the label's last possible byte.
         self.tail_bytes = layout.label_offset - self.image_offset - self.image_bytes + MAX_VARINT_BYTES
         self.buffers = buffers if buffers is not None else ReusedBuffers()
+        _register_exit_hook()
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not _CALLS.start():
