@@ -159,8 +159,8 @@ def make_dataset(
         plan = plan.without_empty_shards()
         if random_access is None:
             random_access = not plan.remote and record_gather.AVAILABLE
-        reader = read_gather.gathered_batches if random_access else read_stream.streamed_batches
-        batches = reader(plan, layout)
+        read = read_gather.gathered_batches if random_access else read_stream.streamed_batches
+        batches = read(plan, layout)
     return plan.finish(batches)
 
 
@@ -185,9 +185,10 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
                 files, counts = files[pipeline_id::pipelines], counts[pipeline_id::pipelines]
             else:
                 shard_records_by = (pipelines, pipeline_id)
+    height, width = stored_image_shape(manifest)
     return ReadPlan(
-        data_dir=data_dir, split=split, files=files, counts=counts, height=stored_image_shape(manifest)[0],
-        width=stored_image_shape(manifest)[1], batch_size=per_replica_batch, training=training, seed=seed,
+        data_dir=data_dir, split=split, files=files, counts=counts, height=height, width=width,
+        batch_size=per_replica_batch, training=training, seed=seed,
         deterministic=deterministic if deterministic is not None else not training or seed is not None,
         shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
         cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None)
