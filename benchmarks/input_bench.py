@@ -10,10 +10,12 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
 2. tf.data best practice on the same records: ``decode_and_crop_jpeg`` of a random 224 window (only the window is
    decoded) in a parallel map, ``batch(256)``, ``map(normalize)``: float32 224x224 batches.
 3. shardprep reader (``train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
-   one Example per image in the fixed record layout the preprocess job writes; by default each batch's records are
-   read where they lie, straight into the batch (``train.record_gather``): uint8 256x256 batches. Crop, flip and
-   normalization run on the accelerator, as part of the model, so they are not host work here.
-4. shardprep reader on JPEG shards (same 256x256 images, JPEG quality 90): a decode per image on the host.
+   one Example per image in the fixed record layout, written by the preprocess job itself (``shardprep preprocess
+   --shorter-side 256 --num-shards 8``, in a subprocess, on an ImageFolder of the photos with one class per photo);
+   by default each batch's records are read where they lie, straight into the batch (``train.record_gather``):
+   uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are not
+   host work here.
+4. shardprep reader on JPEG shards (the job with ``--encoding jpeg``, quality 90): a decode per image on the host.
 5. shardprep reader on the raw shards of 3 with ``verify_records=True``: TFRecordDataset (every CRC checked) and
    ``parse_example`` on each batch, the way datasets without a fixed layout are read.
 6. shardprep reader on the raw shards of 3 with ``random_access=False``: each shard streamed as fixed-length
@@ -35,6 +37,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,8 +47,6 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess import manifest as manifest_lib  # noqa: E402
-from preprocess import record_format  # noqa: E402
 from preprocess.tfrecord_io import frame  # noqa: E402
 
 SEED_SHORTER_SIDE = 320
@@ -69,12 +70,6 @@ def _resize_shorter(image: Image.Image, side: int) -> Image.Image:
     return image.resize(size, Image.Resampling.BICUBIC)
 
 
-def _centre_square(image: Image.Image, side: int) -> Image.Image:
-    width, height = image.size
-    left, top = (width - side) // 2, (height - side) // 2
-    return image.crop((left, top, left + side, top + side))
-
-
 def _jpeg(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
@@ -92,23 +87,17 @@ def _tfds_example(image_bytes: bytes, label: int) -> bytes:
 
 
 def build_inputs(images_dir: str, work_dir: str, num_images: int) -> dict:
-    """Writes the seed's JPEG TFRecords and shardprep raw and JPEG datasets from the same photos, replicated."""
+    """Writes the seed's JPEG TFRecords, and shardprep raw and JPEG datasets made by the preprocess job, from the same
+    photos, replicated."""
     names = sorted(n for n in os.listdir(images_dir) if n.lower().endswith((".jpeg", ".jpg", ".png")))
     if not names:
         raise SystemExit(f"no images in {images_dir}")
-    seed_records, raw_records, jpeg_records = [], [], []
+    seed_records = []
     for label, name in enumerate(names):
         with Image.open(os.path.join(images_dir, name)) as source:
             rgb = source.convert("RGB")
         seed_records.append(_tfds_example(_jpeg(_resize_shorter(rgb, SEED_SHORTER_SIDE)), label))
-        stored = _centre_square(_resize_shorter(rgb, STORED_SIZE), STORED_SIZE)
-        for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
-            encoded = stored.tobytes() if encoding == "raw" else _jpeg(stored)
-            records.append(record_format.ImageRecord(encoded=encoded, format=encoding, height=STORED_SIZE,
-                                                     width=STORED_SIZE, label=label, filename=name))
-
-    def replicated(records):
-        return [records[i % len(records)] for i in range(num_images)]
+    replicated_seed = [seed_records[i % len(seed_records)] for i in range(num_images)]
 
     seed_dir = os.path.join(work_dir, "seed_jpeg_tfrecords")
     os.makedirs(seed_dir, exist_ok=True)
@@ -116,45 +105,42 @@ def build_inputs(images_dir: str, work_dir: str, num_images: int) -> dict:
     for shard in range(NUM_SHARDS):
         path = os.path.join(seed_dir, f"imagenet-train.tfrecord-{shard:05d}-of-{NUM_SHARDS:05d}")
         with open(path, "wb") as f:
-            f.write(b"".join(frame(r) for r in replicated(seed_records)[shard::NUM_SHARDS]))
+            f.write(b"".join(frame(r) for r in replicated_seed[shard::NUM_SHARDS]))
         seed_files.append(path)
-    datasets = {"seed_files": seed_files, "classes": names}
-    for encoding, records in (("raw", raw_records), ("jpeg", jpeg_records)):
-        datasets[encoding] = _write_shardprep_dataset(os.path.join(work_dir, f"shardprep_{encoding}"), encoding,
-                                                      replicated(records), names)
+    folder = _replicated_image_folder(images_dir, names, os.path.join(work_dir, "photos"), num_images)
+    datasets = {"seed_files": seed_files, "classes": sorted(os.listdir(folder))}
+    for encoding in ("raw", "jpeg"):
+        datasets[encoding] = _preprocess(folder, os.path.join(work_dir, f"shardprep_{encoding}"), encoding)
     return datasets
 
 
-def _write_shardprep_dataset(root: str, encoding: str, records: list, classes: list[str]) -> str:
-    """Shards as the preprocess job writes them: raw centre crops in the fixed record layout."""
-    os.makedirs(os.path.join(root, "train"), exist_ok=True)
-    layout = None
-    if encoding == "raw":
-        name_lengths = [len(r.filename.encode()) for r in records]
-        layout = record_format.FixedLayout.for_records(STORED_SIZE, STORED_SIZE,
-                                                       (min(name_lengths), max(name_lengths)), len(classes) - 1)
-    shards = []
-    for shard in range(NUM_SHARDS):
-        relative = manifest_lib.shard_path("train", shard, NUM_SHARDS)
-        if layout is not None:
-            data = b"".join(layout.shard_records(layout.encode(r) for r in records[shard::NUM_SHARDS]))
-        else:
-            data = b"".join(frame(record_format.encode_example(r)) for r in records[shard::NUM_SHARDS])
-        with open(os.path.join(root, relative), "wb") as f:
-            f.write(data)
-        shards.append({"file": relative, "num_examples": len(records[shard::NUM_SHARDS]), "num_bytes": len(data),
-                       "sha256": None})
-    manifest = {
-        "format_version": manifest_lib.FORMAT_VERSION, "tool": "input_bench", "classes": classes,
-        "num_classes": len(classes), "encoding": encoding, "crop": "center", "shorter_side": STORED_SIZE,
-        "image_height": STORED_SIZE, "image_width": STORED_SIZE, "channels": 3,
-        "splits": {"train": {"num_examples": len(records), "num_shards": NUM_SHARDS, "shards": shards,
-                             **({"record_layout": layout.to_json()} if layout else {})}},
-        "mean_rgb": IMAGENET_MEAN, "std_rgb": IMAGENET_STD,
-    }
-    with open(os.path.join(root, manifest_lib.MANIFEST_NAME), "w") as f:
-        f.write(manifest_lib.to_json(manifest))
-    return root
+def _replicated_image_folder(images_dir: str, names: list[str], folder: str, num_images: int) -> str:
+    """An ImageFolder of ``num_images`` files, one class per photo, each file a link to (or copy of) its photo."""
+    for index in range(num_images):
+        name = names[index % len(names)]
+        stem, extension = os.path.splitext(name)
+        os.makedirs(os.path.join(folder, stem), exist_ok=True)
+        source, target = os.path.abspath(os.path.join(images_dir, name)), os.path.join(folder, stem,
+                                                                                        f"{index:06d}{extension}")
+        try:
+            os.symlink(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+    return folder
+
+
+def _preprocess(folder: str, output: str, encoding: str) -> str:
+    """``shardprep preprocess`` of ``folder`` into ``output``: 256x256 centre crops (Pillow bicubic), ``encoding``
+    raw (the fixed record layout) or JPEG, in its own process so that none of the job's threads run in this one."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-m", "shardprep.cli", "preprocess", folder, output, "--shorter-side",
+               str(STORED_SIZE), "--crop", "center", "--encoding", encoding, "--jpeg-quality", str(JPEG_QUALITY),
+               "--num-shards", str(NUM_SHARDS), "--quiet"]
+    pythonpath = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(command, env=dict(os.environ, PYTHONPATH=pythonpath), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"shardprep preprocess failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    return output
 
 
 # --- the pipelines -------------------------------------------------------------------------------------------------

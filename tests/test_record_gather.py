@@ -59,7 +59,7 @@ def test_buffers_go_back_to_the_pool_when_batches_are_dropped(tmp_path):
     write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
     manifest = reader.load_manifest(str(tmp_path))
     shards = [str(tmp_path / shard["file"]) for shard in manifest["splits"]["train"]["shards"]]
-    gather = record_gather.FixedLayoutGather(shards, manifest["splits"]["train"]["record_layout"], 8, 6)
+    gather = record_gather.FixedLayoutGather(shards, reader.fixed_layout(manifest, "train"))
     ids = np.array([record_gather.record_ids(shard, 0)[0] + record for shard, record in [(0, 3), (1, 0), (1, 11)]])
     for _ in range(50):
         images, labels = gather(ids)  # the previous batch is still held while this one is read
@@ -73,7 +73,7 @@ def test_at_exit_running_gathers_finish_and_later_ones_read_nothing(tmp_path, mo
     items = random_images(6, 8, 6, seed=14, labels=(0, 1))
     manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=1)
     gather = record_gather.FixedLayoutGather([str(tmp_path / manifest["splits"]["train"]["shards"][0]["file"])],
-                                             manifest["splits"]["train"]["record_layout"], 8, 6)
+                                             reader.fixed_layout(manifest, "train"))
     monkeypatch.setattr(record_gather._CALLS, "exiting", False)  # restored after the test
     release, reads = threading.Event(), []
     read = gather._gather
@@ -113,7 +113,35 @@ def test_a_process_exits_while_its_iterator_is_reading(tmp_path):
         assert done.stdout.strip() == "read"
 
 
-def test_a_layout_that_does_not_fit_the_images_is_refused():
-    layout = record_format.FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
-    with pytest.raises(ValueError, match="does not fit 8x8 RGB images"):
-        record_gather.FixedLayoutGather(["x"], layout, 8, 8)
+def test_a_layout_that_does_not_fit_the_images_is_refused(tmp_path):
+    manifest = write_dataset(tmp_path, {"train": random_images(4, 8, 8, seed=15)}, classes=["a", "b"])
+    manifest["splits"]["train"]["record_layout"] = record_format.FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
+    for random_access in (True, False):
+        with pytest.raises(ValueError, match="does not fit 8x8 images"):
+            reader.make_dataset(str(tmp_path), "train", 2, training=False, manifest=manifest,
+                                random_access=random_access)
+
+
+def test_the_exit_hook_is_registered_by_the_first_gathering_dataset_not_on_import(tmp_path):
+    write_dataset(tmp_path, {"train": random_images(8, 8, 6, seed=16)}, classes=["a", "b"])
+    script = textwrap.dedent(f"""
+        import atexit
+        hooks = []
+        register = atexit.register
+        atexit.register = lambda function, *args, **kwargs: (
+            hooks.append(f"{{function.__module__}}.{{function.__qualname__}}") or register(function, *args, **kwargs))
+        from train import record_gather
+        print("IMPORTED", [hook for hook in hooks if hook.startswith("train.")])
+        from train import reader
+        reader.make_dataset({str(tmp_path)!r}, "train", 4, training=False, random_access=False)
+        print("STREAMED", [hook for hook in hooks if hook.startswith("train.")])
+        for _ in range(2):
+            reader.make_dataset({str(tmp_path)!r}, "train", 4, training=True, random_access=True)
+        print("GATHERED", [hook for hook in hooks if hook.startswith("train.")])
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["IMPORTED []", "STREAMED []",
+                                            "GATHERED ['train.record_gather._settle']"]

@@ -23,7 +23,12 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
     assert len(inputs["classes"]) == 4 and len(inputs["seed_files"]) == input_bench.NUM_SHARDS
     from train import reader
 
-    assert "record_layout" in reader.load_manifest(inputs["raw"])["splits"]["train"]  # the job's layout
+    for encoding in ("raw", "jpeg"):  # written by the preprocess job itself
+        manifest = reader.load_manifest(inputs[encoding])
+        assert manifest["encoding"] == encoding and manifest["image_height"] == manifest["image_width"] == 256
+        assert manifest["splits"]["train"]["num_examples"] == 10 and len(manifest["classes"]) == 4
+        assert ("record_layout" in manifest["splits"]["train"]) == (encoding == "raw")
+        assert len(manifest["splits"]["train"]["shards"]) == input_bench.NUM_SHARDS
 
     for dataset, shape, dtype in [
         (input_bench.seed_pipeline(inputs["seed_files"]), [4, 224, 224, 3], "float32"),

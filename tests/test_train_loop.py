@@ -14,7 +14,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from train import loop, reader
+from train import loop, reader, schedules
 from train.model import load_model
 from train_helpers import write_dataset
 
@@ -43,17 +43,17 @@ def _config(data_dir, output_dir, **overrides):
 
 
 def test_warmup_then_cosine_reaches_zero_at_the_end():
-    schedule = loop.WarmupSchedule(0.4, warmup_steps=10, total_steps=110, kind="cosine")
+    schedule = schedules.WarmupSchedule(0.4, warmup_steps=10, total_steps=110, kind="cosine")
     rates = [float(schedule(step)) for step in (0, 4, 9, 10, 60, 110)]
     np.testing.assert_allclose(rates, [0.04, 0.2, 0.4, 0.4, 0.2, 0.0], atol=1e-6)
 
 
 def test_step_schedule_divides_at_each_boundary():
-    schedule = loop.WarmupSchedule(1.0, warmup_steps=0, total_steps=100, kind="step", boundaries=[30, 60],
+    schedule = schedules.WarmupSchedule(1.0, warmup_steps=0, total_steps=100, kind="step", boundaries=[30, 60],
                                    decay=0.1)
     np.testing.assert_allclose([float(schedule(s)) for s in (0, 29, 30, 59, 60, 99)],
                                [1, 1, 0.1, 0.1, 0.01, 0.01], rtol=1e-6)
-    restored = loop.WarmupSchedule.from_config(schedule.get_config())
+    restored = schedules.WarmupSchedule.from_config(schedule.get_config())
     assert float(restored(45)) == pytest.approx(0.1)
 
 
@@ -75,7 +75,7 @@ def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "tensorboard_installed", lambda: True)
     config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
     kinds = {type(c).__name__: c for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)}
-    assert set(kinds) == {"_PlateauWarmup", "ReduceLROnPlateau", "TensorBoard", "ModelCheckpoint",
+    assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoard", "ModelCheckpoint",
                           "EarlyStopping"}
     assert (kinds["TensorBoard"]._start_batch, kinds["TensorBoard"]._stop_batch) == (10, 20)
     assert kinds["ModelCheckpoint"].monitor == "val_loss" and kinds["ModelCheckpoint"].save_best_only
@@ -208,7 +208,7 @@ def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path, monkeypatch
 def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0))
-    warmup = loop._PlateauWarmup(base_lr=0.8, warmup_steps=4, steps_per_epoch=3)
+    warmup = schedules.PlateauWarmup(base_lr=0.8, warmup_steps=4, steps_per_epoch=3)
     warmup.set_model(model)
     rates = []
     for epoch in range(3):

@@ -5,7 +5,19 @@ Public API:
 * :func:`train.reader.make_dataset` — batches of ``(uint8 images, int32 labels)`` from a prepared dataset.
 * :class:`train.augment.CropFlipNormalize` and the batched functions beside it — augmentation on the accelerator.
 * :func:`train.resnet.resnet18`, :func:`train.model.build_model`, :func:`train.model.load_model`.
-* :func:`train.loop.train` with :class:`train.loop.TrainConfig` — what ``shardprep train`` runs.
+* :func:`train.loop.train` with :class:`train.config.TrainConfig` — what ``shardprep train`` runs.
 
-Modules import TensorFlow; import them, not this package, where that matters.
+Modules, each one concern:
+
+* ``config``: the run's options and their choices (no TensorFlow: the CLI imports it).
+* ``reader``: the manifest helpers and ``make_dataset``, which dispatches to one read strategy:
+  ``read_gather`` (local fixed-layout shards, records gathered into the batch by ``record_gather``),
+  ``read_stream`` (fixed-layout shards streamed) or ``read_examples`` (TFRecords of Examples); all share the record
+  order of ``read_plan``.
+* ``augment``, ``resnet``, ``model``: the model, with augmentation and normalization as its first layer.
+* ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
+  from; ``loop``: the training loop and its input-bound report.
+
+Modules other than ``config`` and ``record_gather`` import TensorFlow; import them, not this package, where that
+matters.
 """

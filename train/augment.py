@@ -22,7 +22,8 @@ import math
 import keras
 import tensorflow as tf
 
-AUGMENTATIONS = ("crop", "rrc")
+from train.config import AUGMENTATIONS
+
 RRC_AREA_RANGE = (0.08, 1.0)
 RRC_ASPECT_RANGE = (3 / 4, 4 / 3)
 RRC_ATTEMPTS = 10

@@ -30,6 +30,6 @@ def load_model(path: str) -> keras.Model:
     ``load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train size.
     """
     import train.augment  # noqa: F401  registers CropFlipNormalize
-    import train.loop  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
+    import train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
 
     return keras.models.load_model(path)

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from preprocess import record_format
+from preprocess.record_format import FixedLayout
 
 # Record ids carry the shard's index in the high bits and the record's index in the shard in the low bits.
 RECORD_INDEX_BITS = 32
@@ -115,12 +116,22 @@ _CALLS = _Calls()
 # shuts down is destroyed after Python stops letting threads in, so a gather in progress then could never finish and
 # the process would hang (the same holds for any tf.py_function or from_generator pipeline). Before that point, at
 # exit: collect unreachable iterators while Python still runs, make new gathers return empty batches at once, and
-# wait until the pipeline's buffers are full and no gather has run for a moment.
+# wait until the pipeline's buffers are full and no gather has run for a moment. The hook is registered when the
+# first gather is made, so that importing this module changes nothing in the process.
 SETTLE_SECONDS = 0.05
 SETTLE_TIMEOUT_SECONDS = 5.0
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
 
 
-@atexit.register
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            atexit.register(_settle)
+            _exit_hook_registered = True
+
+
 def _settle():
     gc.collect()
     with _CALLS.lock:
@@ -135,23 +146,23 @@ class FixedLayoutGather:
 
     Args:
       paths: local paths of the shard files; an id's shard index (:func:`record_ids`) indexes this list.
-      layout: the split's ``record_layout`` from the manifest.
-      height, width: the stored image size.
+      layout: the split's fixed record layout (and stored image size).
       buffers: where batch buffers come from (shared by every call, from any thread).
+
+    Making one registers the exit hook (``_settle``) that lets a process exit while gathers run.
     """
 
-    def __init__(self, paths, layout: dict, height: int, width: int, buffers: ReusedBuffers | None = None):
+    def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None):
         self.paths = [os.fspath(path) for path in paths]
-        self.record_bytes = int(layout["record_bytes"])
-        self.image_offset = int(layout["image_offset"])
-        self.image_shape = (height, width, record_format.CHANNELS)
-        self.image_bytes = height * width * record_format.CHANNELS
-        label_start = int(layout["label_offset"]) - self.image_offset
-        if not self.image_bytes <= label_start <= self.record_bytes - 1:
-            raise ValueError(f"record layout {layout} does not fit {height}x{width} RGB images")
+        # Plain ints on the instance: the layout's properties are computed, and the gather reads these per record.
+        self.record_bytes = layout.record_bytes
+        self.image_offset = layout.image_offset
+        self.image_shape = (layout.height, layout.width, record_format.CHANNELS)
+        self.image_bytes = layout.image_bytes
         # Each read's second buffer: the bytes from the pixels' end to the label's last possible byte.
-        self.tail_bytes = label_start - self.image_bytes + MAX_VARINT_BYTES
+        self.tail_bytes = layout.label_offset - self.image_offset - self.image_bytes + MAX_VARINT_BYTES
         self.buffers = buffers if buffers is not None else ReusedBuffers()
+        _register_exit_hook()
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not _CALLS.start():
@@ -199,9 +210,9 @@ def decode_varints(rows: np.ndarray) -> np.ndarray:
     return (((values & 127) << shifts) * continued).sum(axis=1)
 
 
-def check_shard_sizes(paths, counts, layout: dict) -> None:
+def check_shard_sizes(paths, counts, layout: FixedLayout) -> None:
     """Raises ``ValueError`` naming every shard whose size is not ``image_offset + count * record_bytes``."""
-    record_bytes, image_offset = int(layout["record_bytes"]), int(layout["image_offset"])
+    record_bytes, image_offset = layout.record_bytes, layout.image_offset
     wrong = []
     for path, count in zip(paths, counts):
         expected = image_offset + int(count) * record_bytes if count else 0

@@ -2,10 +2,9 @@
 
 import click
 
-# Kept in sync with train.loop / train.augment, which are imported only when the command runs.
-_PRECISIONS = ["auto", "mixed_float16", "mixed_bfloat16", "float32"]
-_LR_SCHEDULES = ["cosine", "step", "plateau"]
-_AUGMENTATIONS = ["crop", "rrc"]
+# train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
+# runs.
+from train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS
 
 
 def _epoch_list(ctx, param, value):
@@ -26,13 +25,13 @@ def _epoch_list(ctx, param, value):
               help="Global batch size (split over the replicas).")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
               help="Training crop size; at most the stored image size.")
-@click.option("--precision", type=click.Choice(_PRECISIONS), default="auto", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
                    "float32 on CPU.")
-@click.option("--augment", type=click.Choice(_AUGMENTATIONS), default="crop", show_default=True,
+@click.option("--augment", type=click.Choice(AUGMENTATIONS), default="crop", show_default=True,
               help="crop: random crop + flip; rrc: random-resized-crop (area 8-100%, aspect 3/4-4/3) + flip.")
 @click.option("--learning-rate", type=float, default=None, help="Peak rate [default: 0.1 * batch size / 256].")
-@click.option("--lr-schedule", type=click.Choice(_LR_SCHEDULES), default="cosine", show_default=True,
+@click.option("--lr-schedule", type=click.Choice(LR_SCHEDULES), default="cosine", show_default=True,
               help="After the warm-up: cosine decay to 0, step decay, or ReduceLROnPlateau on val_loss.")
 @click.option("--warmup-epochs", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Linear warm-up from ~0 to the peak rate.")
