@@ -28,9 +28,9 @@ from pipelines import progress
 from pipelines.common import is_local
 from pipelines.spill import SpillWriter
 from preprocess import image_ops, record_format, record_pointers, sharding, tfrecord_io
-from preprocess.elements import Input, Reject
+from preprocess.elements import REJECTS, Input, Reject
 
-RECORDS, REJECTS, SUMMARY = "records", "rejects", "summary"  # the DoFns' output tags
+RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (and the composite's output keys)
 
 
 class DecodeResizeEncode(beam.PTransform):

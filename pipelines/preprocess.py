@@ -4,7 +4,8 @@ This module holds the graph (``build_pipeline``, read it top to bottom), the pla
 and ``run_job``. Each stage of the graph is a composite transform in a module of its own (labels as in the Beam
 graph; element types in ``preprocess.elements``, ``preprocess.record_pointers``, ``preprocess.sharding``)::
 
-    ListInputs            listing.* here: class directories, labels file, or TFRecord files -> Input, Reject
+    ListInputs            listing here (class directories, labels file), or read_tfrecords (ReadTFRecordFile) ->
+                          Input, Reject
     CountInputs           manifest_writer: (Input, Reject) -> (split, inputs); the accounting check's other half
     BatchInputs           Input -> [Input], so the runner handles one element per batch, not per image
     FixedLayouts          layouts: raw centre crops: Input -> (split, record_format.FixedLayout), the one record
@@ -52,8 +53,9 @@ from pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
 from pipelines.decode_groups import DecodeGroups
 from pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
 from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
+from pipelines.read_tfrecords import ReadTFRecordFile
 from pipelines.shards import WriteShards, write_shard_file
-from preprocess import image_ops, manifest, record_format, sharding, sources, tfrecord_io
+from preprocess import image_ops, manifest, record_format, sharding, sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,54 +366,6 @@ class JoinLabels(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(
                     REJECTS, (self.labels_split, f"labels-file:{filename}", "missing_file",
                               f"labels file row {filename},{label} names no image in the source folder"))
-
-    def finish_bundle(self):
-        self.progress.flush()
-
-
-class ReadTFRecordFile(beam.DoFn):
-    """Reads one TFRecord file of encoded images (one element per file); bad records become rejects."""
-
-    def __init__(self, image_key: str, label_key: str, num_classes: int | None, progress_dir: str | None):
-        self.image_key, self.label_key, self.num_classes = image_key, label_key, num_classes
-        self.progress_dir = progress_dir
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
-
-    def process(self, element):
-        split, path = element
-        name = path.rsplit("/", 1)[-1]
-        index = 0
-        try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-                for index, serialized in enumerate(tfrecord_io.read_records(stream)):
-                    self.progress.add()
-                    yield from self._record(split, f"{name}:{index}", serialized)
-        except tfrecord_io.CorruptRecordError as e:
-            # The framing is lost after a bad length, so the rest of the file is one reject.
-            self.progress.add()
-            yield beam.pvalue.TaggedOutput(
-                REJECTS, (split, f"{name}:{e.index}", "corrupt_record", f"{e}; the rest of {name} is unreadable"))
-        except OSError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, f"{name}:{index}", "unreadable", f"{type(e).__name__}: {e}"))
-
-    def _record(self, split, key, serialized):
-        try:
-            features = record_format.parse_features(serialized)
-        except record_format.RecordFormatError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", str(e)))
-            return
-        images, labels = features.get(self.image_key), features.get(self.label_key)
-        if not images or not isinstance(images[0], bytes):
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no bytes feature {self.image_key!r}"))
-        elif not labels or not isinstance(labels[0], int):
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no int64 feature {self.label_key!r}"))
-        elif labels[0] < 0 or (self.num_classes is not None and labels[0] >= self.num_classes):
-            yield beam.pvalue.TaggedOutput(
-                REJECTS, (split, key, "label_out_of_range", f"label {labels[0]} not in 0..{(self.num_classes or 0) - 1}"))
-        else:
-            yield split, key, labels[0], None, images[0]
 
     def finish_bundle(self):
         self.progress.flush()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+REJECTS = "rejects"  # the output tag of Rejects in the DoFns that make them
+
 
 class Input(NamedTuple):
     """One listed input: a file (``path``) or an image read from a TFRecord (``data``), and its 0-based label."""
