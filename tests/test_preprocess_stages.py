@@ -7,6 +7,7 @@ The whole job, end to end and byte for byte, is tests/test_preprocess_job.py and
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 
@@ -22,6 +23,7 @@ from pipelines.decode_groups import DecodeGroups
 from pipelines.layouts import FixedLayouts
 from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
 from pipelines.shards import WriteShards
+from pipelines import spill
 from pipelines.spill import SPILL_DIR, SpillWriter
 from preprocess import image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
 from preprocess.elements import Input, Reject
@@ -229,3 +231,19 @@ def test_write_manifest_removes_the_spill_folder_and_writes_the_document_last(tm
         assert_that(document, equal_to([expected]))
     assert json.loads((tmp_path / "manifest.json").read_text()) == expected
     assert sorted(os.listdir(tmp_path)) == ["manifest.json"]  # OUTPUT/.tmp/ is gone, no temporary left
+
+
+def test_spill_reader_reads_remote_records_on_its_own_pool_and_close_shuts_it_down(tmp_path, monkeypatch):
+    """Not a stage: the spill reader's pool lifecycle (a shard writer's setup/teardown), on the remote code path."""
+    writer = SpillWriter(str(tmp_path))
+    places = [writer.append(framed(f"k{i}")) for i in range(40)]
+    writer.close()
+    monkeypatch.setattr(spill, "is_local", lambda path: False)  # the gs:// path, on a local file
+    monkeypatch.setattr(spill, "open_for_record_reads", lambda path, largest: open(path, "rb"))
+    pointers = [(writer.path, offset, size) for offset, size in reversed(places)]
+    with spill.SpillReader(threads=2, read_ahead=4) as reader:
+        got = [record_format.decode_example(next(tfrecord_io.read_records(io.BytesIO(data)))).filename
+               for data in reader.records(pointers)]
+        pool = reader._pool
+        assert got == [f"k{i}" for i in reversed(range(40))] and pool is not None
+    assert reader._pool is None and pool._shutdown
