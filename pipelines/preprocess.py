@@ -1,33 +1,34 @@
 """The preprocess job: decode, convert, resize and re-shard a source of images into uniform TFRecord shards.
 
-Stages (named as in the Beam graph)::
+This module holds the graph (``build_pipeline``, read it top to bottom), the planning and listing that precede it
+and ``run_job``. Each stage of the graph is a composite transform in a module of its own (labels as in the Beam
+graph; element types in ``preprocess.elements``, ``preprocess.record_pointers``, ``preprocess.sharding``)::
 
-    ListInputs            folder/labels-file listing per class directory, or TFRecord reading per file
-    CountInputs           inputs per split, counted on the listing side (the accounting check's other half)
-    BatchInputs           small batches of inputs, so the runner handles one element per batch, not per image
-    PackInputs            each batch of listed files as a few strings (sources.InputBatch)
-    FixedLayouts          raw centre crops: per split, the one record length (record_format.FixedLayout) fitting
-                          every listed key and label; it also makes the split's bytes known before decoding
-    DecodeGroupBoundaries the inputs' sort keys ranked (as ShardBoundaries below) into decode groups: the shards
-                          when their count is known before decoding (--num-shards, or raw centre crops), else
-                          pieces of them; at least two groups per local worker
-    AssignDecodeGroups    GroupInputs: each group's inputs together (files only: TFRecord inputs are decoded where
-                          their file was read, the files having been spread)
-    DecodeResizeEncode    preprocess.image_ops.process_image, a group's inputs in seeded order; records go to the
-                          group's file under OUTPUT/.tmp/ (hashed as written), and only pointers go on (one
-                          RecordPointers per group), with one RecordSummary per bundle (counts, bytes, classes,
-                          pixel sums); bad inputs go to the rejects output
-    SumRecords            the bundles' summaries merged: per split examples, bytes, class counts; mean/std sums
-    ShardBoundaries       exact rank boundaries of the seeded order among the written records, from sort keys
-                          grouped in bounded hash-range buckets (BucketSortKeys, GroupBuckets, FindShardBoundaries)
-    AssignShards          each group's pointers cut by the shard their rank falls in (uniform: sizes differ by at
-                          most one)
-    WriteShards           one worker per shard: a shard that is exactly one group's file is that file, renamed
-                          (written once); any other shard is streamed from its groups' files in seeded order
-                          (fixed-layout records re-padded so that only its last is a shard's end), written under a
-                          temporary name and renamed
-    WriteRejects          OUTPUT/rejects.jsonl
-    WriteManifest         OUTPUT/manifest.json, last, only when every input is accounted for
+    ListInputs            listing here (class directories, labels file), or read_tfrecords (ReadTFRecordFile) ->
+                          Input, Reject
+    CountInputs           manifest_writer: (Input, Reject) -> (split, inputs); the accounting check's other half
+    BatchInputs           Input -> [Input], so the runner handles one element per batch, not per image
+    FixedLayouts          layouts: raw centre crops: Input -> (split, record_format.FixedLayout), the one record
+                          length fitting every listed key and label; it makes the split's bytes known before decoding
+    DecodeGroups          decode_groups: [Input] -> ((split, group), [InputBatch]); the inputs' SortKeys ranked
+                          (DecodeGroupBoundaries, as ShardBoundaries below) into decode groups: the shards when their
+                          count is known before decoding (--num-shards, or raw centre crops), else pieces of them, at
+                          least two groups per local worker. Files only: TFRecord inputs are decoded where their file
+                          was read, the files having been spread
+    DecodeResizeEncode    decode: preprocess.image_ops.process_image, a group's inputs in seeded order; records go to
+                          the group's file under OUTPUT/.tmp/ (spill, hashed as written), and only pointers go on (one
+                          RecordPointers per group), with the bundles' RecordSummary summed (SumRecords: per split
+                          examples, bytes, class counts; mean/std sums); bad inputs become Rejects
+    ShardBoundaries       boundaries: RecordPointers -> {split: shard-start sort keys}, exact rank boundaries of the
+                          seeded order from sort keys grouped in bounded hash-range buckets
+    WriteShards           shards: RecordPointers -> shard entries. AssignShards cuts each group's pointers by the
+                          shard their rank falls in (uniform: sizes differ by at most one); one worker per shard: a
+                          shard that is exactly one group's file is that file, renamed (written once); any other is
+                          streamed from its groups' files in seeded order (fixed-layout records re-padded so that only
+                          its last is a shard's end), written under a temporary name and renamed
+    WriteRejects          manifest_writer: Reject -> OUTPUT/rejects.jsonl, {split: {reason: count}}
+    WriteManifest         manifest_writer: OUTPUT/manifest.json (build_manifest here), last, only when every input is
+                          accounted for
 
 Order and sharding depend only on the inputs, the options and ``--seed`` (a record's sort key is a hash of the seed,
 its split and its source key), so shards are byte-identical whatever the number or speed of workers.
@@ -35,26 +36,26 @@ its split and its source key), so shards are byte-identical whatever the number 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import datetime
-import hashlib
-import json
+import functools
 import os
-import threading
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import progress
-from preprocess import image_ops, manifest, record_format, record_pointers, sharding, sources, tfrecord_io
-
-METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
+from pipelines.boundaries import ShardBoundaries
+from pipelines.common import METRICS_NAMESPACE, PreprocessError  # noqa: F401 - part of this module's interface
+from pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from pipelines.decode_groups import DecodeGroups
+from pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
+from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
+from pipelines.read_tfrecords import ReadTFRecordFile
+from pipelines.shards import WriteShards, write_shard_file
+from preprocess import image_ops, manifest, record_format, sharding, sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +102,6 @@ class SourcePlan:
     @property
     def stats_split(self) -> str:
         return "train" if "train" in self.splits else self.splits[0]
-
-
-class PreprocessError(RuntimeError):
-    """The job cannot start or finish; the message is meant for the user."""
 
 
 # --- planning (runs on the launching machine) --------------------------------------------------------------
@@ -374,590 +371,7 @@ class JoinLabels(beam.DoFn):
         self.progress.flush()
 
 
-class ReadTFRecordFile(beam.DoFn):
-    """Reads one TFRecord file of encoded images (one element per file); bad records become rejects."""
-
-    def __init__(self, image_key: str, label_key: str, num_classes: int | None, progress_dir: str | None):
-        self.image_key, self.label_key, self.num_classes = image_key, label_key, num_classes
-        self.progress_dir = progress_dir
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
-
-    def process(self, element):
-        split, path = element
-        name = path.rsplit("/", 1)[-1]
-        index = 0
-        try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-                for index, serialized in enumerate(tfrecord_io.read_records(stream)):
-                    self.progress.add()
-                    yield from self._record(split, f"{name}:{index}", serialized)
-        except tfrecord_io.CorruptRecordError as e:
-            # The framing is lost after a bad length, so the rest of the file is one reject.
-            self.progress.add()
-            yield beam.pvalue.TaggedOutput(
-                REJECTS, (split, f"{name}:{e.index}", "corrupt_record", f"{e}; the rest of {name} is unreadable"))
-        except OSError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, f"{name}:{index}", "unreadable", f"{type(e).__name__}: {e}"))
-
-    def _record(self, split, key, serialized):
-        try:
-            features = record_format.parse_features(serialized)
-        except record_format.RecordFormatError as e:
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", str(e)))
-            return
-        images, labels = features.get(self.image_key), features.get(self.label_key)
-        if not images or not isinstance(images[0], bytes):
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no bytes feature {self.image_key!r}"))
-        elif not labels or not isinstance(labels[0], int):
-            yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "bad_record", f"no int64 feature {self.label_key!r}"))
-        elif labels[0] < 0 or (self.num_classes is not None and labels[0] >= self.num_classes):
-            yield beam.pvalue.TaggedOutput(
-                REJECTS, (split, key, "label_out_of_range", f"label {labels[0]} not in 0..{(self.num_classes or 0) - 1}"))
-        else:
-            yield split, key, labels[0], None, images[0]
-
-    def finish_bundle(self):
-        self.progress.flush()
-
-
-# --- per image ---------------------------------------------------------------------------------------------
-
-class DecodeResizeEncode(beam.DoFn):
-    """Turns inputs into stored records, a :class:`~preprocess.sharding.RecordSummary` per bundle (``summary``:
-    counts, bytes, pixel sums) and rejects (``rejects``).
-
-    Serialized records go to spill files under OUTPUT/.tmp/; the main output is
-    :class:`~preprocess.record_pointers.RecordPointers`, noting every record's sort key and place in its file.
-    Image bytes thus never travel through the runner's shuffle (on Beam's local runner, every element crossing
-    costs a gRPC copy). Two modes:
-
-    * ``grouped`` (files and folders): each element is one decode group, ``((split, group), input batches)``, a
-      range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
-      hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so
-      the records are written once.
-    * otherwise (TFRecord sources, decoded where their file is read): each element is a list of inputs; a bundle
-      appends to one spill file, and WriteShards copies the records into their shards.
-
-    A retried element or bundle writes a new file, and only the successful attempt's outputs are kept by the
-    runner, so pointers always name complete data.
-    """
-
-    SUMMARY = "summary"
-
-    def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
-                 progress_dir: str | None, grouped: bool = False):
-        self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
-        self.progress_dir, self.grouped = progress_dir, grouped
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "processed")
-
-    def start_bundle(self):
-        self.spill = None
-        self.pointers: dict[str, record_pointers.RecordPointers] = {}
-        self.summary = sharding.RecordSummary()
-
-    def process(self, element, layouts):
-        if not self.grouped:
-            for item in element:
-                record = self._decode(item)
-                if isinstance(record, beam.pvalue.TaggedOutput):
-                    yield record
-                    continue
-                split = item[0]
-                if self.spill is None:
-                    self.spill = SpillWriter(self.output)
-                if split not in self.pointers:
-                    self.pointers[split] = record_pointers.RecordPointers(split, self.spill.path)
-                self._append(self.spill, self.pointers[split], split, record, layouts.get(split), shard_end=False)
-            return
-        (split, _), batches = element
-        layout = layouts.get(split)
-        keyed = sorted(((sharding.sort_key(self.seed, item[0], item[1]), item) for batch in batches for item in batch),
-                       key=lambda pair: pair[0])
-        spill = pointers = held = None
-        for _, item in keyed:
-            record = self._decode(item)
-            if isinstance(record, beam.pvalue.TaggedOutput):
-                yield record
-                continue
-            if spill is None:
-                spill = SpillWriter(self.output, hashed=True)
-                pointers = record_pointers.RecordPointers(split, spill.path)
-            if held is not None:
-                self._append(spill, pointers, split, held, layout, shard_end=False)
-            held = record  # one record behind: the group's last one is written as a shard's end
-        if spill is not None:
-            self._append(spill, pointers, split, held, layout, shard_end=True)
-            spill.close()
-            pointers.file_info = (len(pointers), spill.offset, spill.sha256())
-            yield pointers
-
-    def _decode(self, item):
-        """The input's ImageRecord, or its reject as a TaggedOutput."""
-        split, key, label, path, data = item
-        self.progress.add()
-        try:
-            if data is None:
-                data = _read_file(path)
-            image = image_ops.process_image(data, self.options)
-        except image_ops.RejectError as e:
-            return beam.pvalue.TaggedOutput(REJECTS, (split, key, e.reason, e.detail))
-        if split == self.stats_split:
-            self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
-        return record_format.ImageRecord(encoded=image.encoded, format=self.options.encoding, height=image.height,
-                                         width=image.width, label=label, filename=key)
-
-    def _append(self, spill, pointers, split, record, layout, shard_end):
-        """Writes ``record`` to ``spill``: in the split's fixed layout if it has one (a group's last record as a
-        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise)."""
-        if layout is not None:
-            framed = layout.encode(record, shard_end)
-        else:
-            framed = tfrecord_io.frame(record_format.encode_example(record))
-        offset, size = spill.append(framed)
-        pointers.append(sharding.sort_key(self.seed, split, record.filename), offset, size)
-        # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
-        self.summary.add(split, record.label, layout.record_bytes if layout is not None else size)
-
-    def finish_bundle(self):
-        if self.spill is not None:
-            self.spill.close()
-            self.spill = None
-        self.progress.flush()
-        for split in sorted(self.pointers):
-            yield GlobalWindows.windowed_value(self.pointers[split])
-        yield beam.pvalue.TaggedOutput(self.SUMMARY, GlobalWindows.windowed_value(self.summary))
-
-
-SPILL_DIR = ".tmp"
-
-
-class SpillWriter:
-    """An append-only file of framed records under OUTPUT/.tmp/ (one per decode group, or per bundle)."""
-
-    def __init__(self, output: str, hashed: bool = False):
-        self.path = manifest.join(output, SPILL_DIR, f"spill-{uuid.uuid4().hex}.records")
-        self.digest = hashlib.sha256() if hashed else None
-        try:
-            self.stream = FileSystems.create(self.path, mime_type="application/octet-stream",
-                                             compression_type=CompressionTypes.UNCOMPRESSED)
-        except Exception as e:
-            raise PreprocessError(f"cannot write to {self.path}: {type(e).__name__}: {e}") from e
-        self.offset = 0
-
-    def append(self, framed: bytes) -> tuple[int, int]:
-        try:
-            self.stream.write(framed)
-        except Exception as e:
-            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
-        if self.digest is not None:
-            self.digest.update(framed)
-        offset, self.offset = self.offset, self.offset + len(framed)
-        return offset, len(framed)
-
-    def sha256(self) -> str:
-        return self.digest.hexdigest()
-
-    def close(self) -> None:
-        try:
-            self.stream.close()
-        except Exception as e:
-            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
-
-
-def remove_spill(output: str) -> None:
-    """Deletes OUTPUT/.tmp/ once every shard is written (and before the manifest, which marks completion)."""
-    spill_files = [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]
-    if spill_files:
-        FileSystems.delete(spill_files)
-    spill_dir = manifest.join(output, SPILL_DIR)
-    if _is_local(output) and os.path.isdir(spill_dir):
-        os.rmdir(spill_dir)
-
-
-SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
-SPILL_READ_AHEAD = 32  # remote records in flight per shard writer: what it holds at most, besides the one it writes
-_spill_readers = None  # created once per process, see _spill_read_pool
-_spill_readers_lock = threading.Lock()
-
-
-def _open_for_record_reads(path: str, largest_record: int):
-    """A read stream whose buffering fits single-record reads.
-
-    Beam's GCS reader otherwise fetches 16 MiB (its default buffer) for every read that misses its buffer; a
-    shard writer's records are scattered through each spill file, so that would read ~80x the data.
-    """
-    if FileSystems.get_scheme(path) == "gs":
-        gcs = FileSystems.get_filesystem(path)._gcsIO()  # noqa: SLF001 - the only way to set Beam's buffer size
-        return gcs.open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
-    return FileSystems.open(path, mime_type="application/octet-stream",
-                            compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _spill_read_pool() -> ThreadPoolExecutor:
-    # One pool for the process, not one per shard: glibc gives new threads their own malloc arenas and keeps what
-    # they freed, so fresh threads for every shard left a worker holding about one shard per arena.
-    global _spill_readers
-    with _spill_readers_lock:
-        if _spill_readers is None:
-            _spill_readers = ThreadPoolExecutor(max_workers=SPILL_READ_THREADS, thread_name_prefix="spill-read")
-    return _spill_readers
-
-
-def iter_spilled(pointers):
-    """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time, in the order given.
-
-    A shard writer thus holds a few records, not its shard (up to ~200 MB by default). Local spill files are read
-    with ``os.pread`` from the page cache; remote ones (gs://) with record-sized reads on the process's thread pool,
-    at most SPILL_READ_AHEAD records ahead of the writer.
-    """
-    pointers = list(pointers)
-    if not pointers:
-        return
-    if _is_local(pointers[0][0]):
-        yield from _iter_local_spilled(pointers)
-        return
-    largest = {}
-    for path, _, size in pointers:
-        largest[path] = max(largest.get(path, 0), size)
-    streams, streams_lock = {}, threading.Lock()  # one open stream per (thread, spill file), closed at the end
-
-    def read(path: str, offset: int, size: int) -> bytes:
-        stream_key = (threading.get_ident(), path)
-        with streams_lock:
-            stream = streams.get(stream_key)
-        if stream is None:
-            stream = _open_for_record_reads(path, largest[path])
-            with streams_lock:
-                streams[stream_key] = stream
-        stream.seek(offset)
-        data = stream.read(size)
-        if len(data) != size:
-            raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
-        return data
-
-    pool, pending = _spill_read_pool(), collections.deque()
-    try:
-        for pointer in pointers:
-            pending.append(pool.submit(read, *pointer))
-            if len(pending) >= SPILL_READ_AHEAD:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for future in pending:
-            future.cancel()
-        for future in pending:
-            with contextlib.suppress(Exception):
-                future.result()
-        for stream in streams.values():
-            with contextlib.suppress(Exception):
-                stream.close()
-
-
-def _iter_local_spilled(pointers):
-    descriptors = {}
-    try:
-        for path, offset, size in pointers:
-            descriptor = descriptors.get(path)
-            if descriptor is None:
-                try:
-                    descriptor = descriptors[path] = os.open(path, os.O_RDONLY)
-                except OSError as e:
-                    raise PreprocessError(f"cannot read spill file {path}: {e}") from e
-            data = os.pread(descriptor, size, offset)
-            if len(data) != size:
-                raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
-            yield data
-    finally:
-        for descriptor in descriptors.values():
-            os.close(descriptor)
-
-
-def _read_file(path: str) -> bytes:
-    if _is_local(path) and os.path.exists(path) and not os.path.isfile(path):
-        raise image_ops.RejectError("unreadable", "not a regular file (a pipe, socket or device)")
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
-    except (OSError, IOError) as e:
-        raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None
-
-
-# --- sharding ----------------------------------------------------------------------------------------------
-
-def bucket_pointers(pointers: record_pointers.RecordPointers, sizes: dict):
-    """((split, bucket), pointers of this element in that bucket) for every bucket its sort keys fall in."""
-    for bucket, part in pointers.by_bucket(sharding.num_buckets(sizes[pointers.split])).items():
-        yield (pointers.split, bucket), part
-
-
-class FindShardBoundaries(beam.DoFn):
-    """For one bucket of sort keys, emits the sort keys that start a part (a shard, or a decode group) and fall in
-    this bucket.
-
-    Buckets are hash ranges of about BUCKET_TARGET records, so no worker ever sorts more than one bucket of keys
-    (sort keys only, not images) whatever the dataset size.
-    """
-
-    def __init__(self, metric_name: str):
-        # Keys sorted per call: shows that this work stays about BUCKET_TARGET however large the dataset.
-        self.bucket_keys = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, metric_name)
-
-    def process(self, element, sizes, parts, bucket_sizes):
-        (split, bucket), chunks = element
-        keys = record_pointers.sorted_sort_keys(chunks)
-        self.bucket_keys.update(len(keys))
-        first_rank = sum(n for (s, b), n in bucket_sizes.items() if s == split and b < bucket)
-        for part, rank in enumerate(sharding.boundary_ranks(sizes[split], parts[split]), start=1):
-            if first_rank <= rank < first_rank + len(keys):
-                high, low = keys[rank - first_rank]
-                yield split, (part, (int(high), int(low)))
-
-
-class RankBoundaries(beam.PTransform):
-    """{split: sort keys starting parts 1..P-1} (a singleton) for sort keys given as RecordPointers.
-
-    ``sizes`` and ``parts`` are side inputs {split: records} and {split: parts}; part k of a split holds ranks r
-    with r * P // N == k, so parts differ in size by at most one.
-    """
-
-    def __init__(self, sizes, parts, metric_name: str):
-        super().__init__()
-        self.sizes, self.parts, self.metric_name = sizes, parts, metric_name
-
-    def expand(self, pointers):
-        bucketed = pointers | "BucketSortKeys" >> beam.FlatMap(bucket_pointers, self.sizes)
-        bucket_sizes = (bucketed
-                        | "BucketSize" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
-                        | "CountBuckets" >> beam.CombinePerKey(sum))
-        return (bucketed
-                | "GroupBuckets" >> beam.GroupByKey()
-                | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(self.metric_name), self.sizes, self.parts,
-                                                      beam.pvalue.AsDict(bucket_sizes))
-                | "CollectBoundaries" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
-                | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
-
-
-def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
-    """((split, shard), pointers of this element in that shard), given every split's sorted shard-start keys."""
-    for shard, part in pointers.by_shard(boundaries.get(pointers.split, ())).items():
-        yield (pointers.split, shard), part
-
-
-def add_sort_keys(keys: dict, items, seed: int) -> dict:
-    """Appends every input's sort key to ``keys[split]`` (RecordPointers; offset: the input's index in ``items``)."""
-    for index, (split, key, _, _, _) in enumerate(items):
-        if split not in keys:
-            keys[split] = record_pointers.RecordPointers(split, "")
-        keys[split].append(sharding.sort_key(seed, split, key), index, 0)
-    return keys
-
-
-class InputSortKeys(beam.DoFn):
-    """The sort keys of the listed inputs, one RecordPointers per split and bundle (offsets unused)."""
-
-    def __init__(self, seed: int):
-        self.seed = seed
-
-    def start_bundle(self):
-        self.keys: dict[str, record_pointers.RecordPointers] = {}
-
-    def process(self, batch: sources.InputBatch):
-        add_sort_keys(self.keys, batch, self.seed)
-
-    def finish_bundle(self):
-        for split in sorted(self.keys):
-            yield GlobalWindows.windowed_value(self.keys[split])
-
-
-class AssignDecodeGroups(beam.DoFn):
-    """((split, decode group), InputBatch of the bundle's inputs in that group), given every split's group-start
-    sort keys: one element per group and bundle, whatever the number of inputs."""
-
-    def __init__(self, seed: int):
-        self.seed = seed
-
-    def start_bundle(self):
-        # Per group, the bundle's inputs as NUL-separated text (key, label, path): on the local runner a bundle is
-        # a worker's whole share, and a tuple of strings per input would make its memory grow with the dataset.
-        self.groups: dict[tuple[str, int], bytearray] = {}
-
-    def process(self, batch: sources.InputBatch, boundaries):
-        items = list(batch)
-        for split, split_keys in add_sort_keys({}, items, self.seed).items():
-            for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
-                packed = self.groups.setdefault((split, group), bytearray())
-                for _, index, _ in part.pointers():
-                    _, key, label, path, _ = items[index]
-                    packed += f"{key}\0{label}\0{path or ''}\0".encode("utf-8")
-
-    def finish_bundle(self):
-        for split, group in sorted(self.groups):
-            fields = self.groups.pop((split, group)).decode("utf-8").split("\0")[:-1]
-            items = [(split, fields[i], int(fields[i + 1]), fields[i + 2] or None, None)
-                     for i in range(0, len(fields), 3)]
-            yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
-
-
-def uses_fixed_layout(config: PreprocessConfig) -> bool:
-    """Raw centre crops are all S*S*3 bytes, so their records get one length (record_format.FixedLayout)."""
-    return config.encoding == "raw" and config.crop == "center"
-
-
-def record_key_bounds(item) -> tuple[str, tuple[int, int, int]]:
-    """(split, (filename bytes, filename bytes, label)) of a listed input, combined into a split's layout bounds."""
-    split, key, label, _, _ = item
-    length = len(key.encode("utf-8"))
-    return split, (length, length, label)
-
-
-def merge_key_bounds(bounds) -> tuple[int, int, int]:
-    """(shortest filename, longest filename, largest label), in bytes."""
-    bounds = list(bounds)
-    return min(b[0] for b in bounds), max(b[1] for b in bounds), max(b[2] for b in bounds)
-
-
-def fixed_layout(split_bounds, side: int) -> tuple[str, record_format.FixedLayout]:
-    split, (shortest, longest, max_label) = split_bounds
-    return split, record_format.FixedLayout.for_records(side, side, (shortest, longest), max_label)
-
-
-def tfrecord_layouts(config: PreprocessConfig, plan: SourcePlan) -> dict:
-    """Fixed layouts of a TFRecord source's splits, from bounds known before reading: keys are ``FILE:INDEX``."""
-    if not uses_fixed_layout(config):
-        return {}
-    max_label = len(plan.classes) - 1 if plan.classes else (1 << 63) - 1
-    names: dict[str, list[int]] = {}
-    for split, path in plan.tfrecord_files:
-        names.setdefault(split, []).append(len(path.rsplit("/", 1)[-1].encode("utf-8")))
-    index_digits = len(str((1 << 63) - 1))
-    return {split: record_format.FixedLayout.for_records(
-                config.shorter_side, config.shorter_side, (min(lengths) + 2, max(lengths) + 1 + index_digits), max_label)
-            for split, lengths in names.items()}
-
-
-def decode_group_counts(counted, layouts: dict, requested: int | None, min_groups: int):
-    """(split, decode groups) from (split, inputs); a split with a fixed layout knows its bytes up front."""
-    split, num_inputs = counted
-    layout = layouts.get(split)
-    predicted_bytes = num_inputs * layout.record_bytes if layout is not None else None
-    return split, sharding.decode_groups(num_inputs, predicted_bytes, requested, min_groups)
-
-
-class WriteShard(beam.DoFn):
-    """Writes one shard: records sorted by their seeded key, under a temporary name, renamed when complete.
-
-    A shard that is exactly one decode group's file (same records, already in seeded order and hashed) is that
-    file, renamed into place (copied on remote storage, where the spill files are deleted later): written once.
-    """
-
-    def __init__(self, output: str, requested_shards: int | None):
-        self.output, self.requested_shards = output, requested_shards
-        self.adopted = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "shards_renamed_from_decode_groups")
-
-    def process(self, element, summary, layouts):
-        (split, shard), parts = element
-        parts = list(parts)
-        shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
-        if len(parts) == 1 and parts[0].is_whole_sorted_file():
-            self.adopted.inc()
-            yield adopt_spill_file(self.output, split, shard, shards, parts[0])
-            return
-        records = iter_spilled(record_pointers.merge_sorted_pointers(parts))
-        layout = layouts.get(split)
-        if layout is not None:
-            records = layout.shard_records(records)  # only the shard's last record ends with the longer padding
-        yield write_shard_file(self.output, split, shard, shards, records)
-
-
-def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
-    """Moves a decode group's file into place as a shard and returns its manifest entry (from the file's hash)."""
-    relative = manifest.shard_path(split, shard, shards)
-    final = manifest.join(output, relative)
-    try:
-        if _is_local(final):
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            FileSystems.rename([part.spill_path], [final])
-        else:  # a copy inside the bucket; a retried writer finds the spill file still there
-            FileSystems.copy([part.spill_path], [final])
-    except Exception as e:
-        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
-    num_examples, num_bytes, sha256 = part.file_info
-    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
-            "num_bytes": num_bytes, "sha256": sha256}
-
-
-def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records) -> dict:
-    """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
-    relative = manifest.shard_path(split, shard, shards)
-    final = manifest.join(output, relative)
-    temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
-    digest, num_bytes, num_examples = hashlib.sha256(), 0, 0
-    try:
-        with FileSystems.create(temporary, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for framed in framed_records:
-                f.write(framed)
-                digest.update(framed)
-                num_bytes += len(framed)
-                num_examples += 1
-        FileSystems.rename([temporary], [final])
-    except Exception as e:
-        with contextlib.suppress(Exception):
-            FileSystems.delete([temporary])
-        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
-    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
-            "num_bytes": num_bytes, "sha256": digest.hexdigest()}
-
-
-# --- rejects and manifest ----------------------------------------------------------------------------------
-
-def write_rejects(rejects: list, output: str) -> dict:
-    """Writes OUTPUT/rejects.jsonl (sorted by split and key) and returns {split: {reason: count}}."""
-    summary: dict[str, dict[str, int]] = {}
-    lines = []
-    for split, key, reason, detail in sorted(rejects):
-        summary.setdefault(split, {}).setdefault(reason, 0)
-        summary[split][reason] += 1
-        lines.append(json.dumps({"key": key, "split": split, "reason": reason, "detail": detail}) + "\n")
-    path = manifest.join(output, manifest.REJECTS_NAME)
-    try:
-        with FileSystems.create(path, mime_type="application/json",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write("".join(lines).encode("utf-8"))
-    except Exception as e:
-        raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
-    return summary
-
-
-class WriteManifest(beam.DoFn):
-    """Checks that every input is accounted for, then writes OUTPUT/manifest.json, the last file of the job."""
-
-    def __init__(self, config: PreprocessConfig, plan: SourcePlan, runner: str):
-        self.config, self.plan, self.runner = config, plan, runner
-
-    def process(self, _, shard_entries, input_counts, summary, reject_summary, layouts):
-        document = build_manifest(self.config, self.plan, self.runner, shard_entries, input_counts, summary,
-                                  reject_summary, layouts)
-        remove_spill(self.config.output)
-        path = manifest.join(self.config.output, manifest.MANIFEST_NAME)
-        # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
-        # never an empty or partial one where readers look for the mark of a complete dataset.
-        temporary = manifest.join(self.config.output, f".tmp-{uuid.uuid4().hex}-{manifest.MANIFEST_NAME}")
-        try:
-            with FileSystems.create(temporary, mime_type="application/json",
-                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                f.write(manifest.to_json(document).encode("utf-8"))
-            FileSystems.rename([temporary], [path])
-        except Exception as e:
-            with contextlib.suppress(Exception):
-                FileSystems.delete([temporary])
-            raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
-        yield document
+# --- the manifest document (pipelines.manifest_writer.WriteManifest writes it) -----------------------------
 
 
 def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shard_entries, input_counts,
@@ -1059,81 +473,53 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     local runs pass twice their worker count.
     """
     class_index = {name: i for i, name in enumerate(plan.classes)} if plan.classes is not None else None
+    # -> Input, Reject: class folders and the labels file listed, or TFRecord files read
     listed, listing_rejects = _list_inputs(p, config, plan, class_index, progress_dir)
-
+    # (Input, Reject) -> (split, number of inputs): the accounting check's other half
+    input_counts = (listed, listing_rejects) | "CountInputs" >> CountInputs()
+    # Input -> [Input]: the runner handles one element per batch, not per image
     batches = listed | "BatchInputs" >> beam.BatchElements(min_batch_size=INPUT_BATCH, max_batch_size=INPUT_BATCH)
-    input_counts = (
-        (listed | "InputSplit" >> beam.Map(lambda item: item[0]),
-         listing_rejects | "ListingRejectSplit" >> beam.Map(lambda item: item[0]))
-        | "InputSplits" >> beam.Flatten()
-        | "CountInputs" >> beam.combiners.Count.PerElement())
-    grouped = plan.kind not in ("tfds", "tfrecord")
-    if grouped:
-        # Inputs are decoded in groups of consecutive ranks of the seeded order, found from their sort keys before
-        # decoding (the order depends on the keys only). Groups are shards when the shard count is known up front.
-        inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
-        if uses_fixed_layout(config):
-            layouts = beam.pvalue.AsDict(
-                listed
-                | "RecordKeyBounds" >> beam.Map(record_key_bounds)
-                | "MergeKeyBounds" >> beam.CombinePerKey(merge_key_bounds)
-                | "FixedLayouts" >> beam.Map(fixed_layout, config.shorter_side))
-        else:
-            layouts = beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> beam.Create([{}]))
-        group_counts = input_counts | "DecodeGroupCounts" >> beam.Map(
-            decode_group_counts, layouts, config.num_shards, min_decode_groups)
-        group_starts = (
-            inputs
-            | "InputSortKeys" >> beam.ParDo(InputSortKeys(config.seed))
-            | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(input_counts),
-                                                        beam.pvalue.AsDict(group_counts),
-                                                        "decode_group_bucket_keys"))
-        to_decode = (inputs
-                     | "AssignDecodeGroups" >> beam.ParDo(
-                         AssignDecodeGroups(config.seed), beam.pvalue.AsSingleton(group_starts, default_value={}))
-                     | "GroupInputs" >> beam.GroupByKey())
-    else:
+    # -> {split: FixedLayout} (side input; empty unless raw centre crops)
+    layouts = _fixed_layouts(p, config, plan, listed)
+    decoder_args = (config.process_options, config.seed, plan.stats_split, config.output, progress_dir)
+    if plan.kind in ("tfds", "tfrecord"):
         # TFRecord inputs carry their image bytes: they are decoded where their file is read (SpreadFiles spread
         # the files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode = batches
-        layouts = beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([tfrecord_layouts(config, plan)]))
-    processed = (
-        to_decode
-        | "DecodeResizeEncode" >> beam.ParDo(
-            DecodeResizeEncode(config.process_options, config.seed, plan.stats_split, config.output, progress_dir,
-                               grouped=grouped), layouts
-        ).with_outputs(REJECTS, DecodeResizeEncode.SUMMARY, main="records"))
-    records = processed.records  # RecordPointers: one per decode group, or per bundle and split
-    rejects = (listing_rejects, processed[REJECTS]) | "AllRejects" >> beam.Flatten()
-
-    summary = (processed[DecodeResizeEncode.SUMMARY]
-               | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults())
+        to_decode, decoder = batches, DecodeBundle(*decoder_args)
+    else:
+        # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
+        # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
+        to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
+                                                             min_decode_groups)
+        decoder = DecodeGroup(*decoder_args)
+    # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
+    decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
+    records = decoded["records"]
     # Defaults in the views, not in the combines: a combine's default costs the local runner two more stages.
-    summary_view = beam.pvalue.AsSingleton(summary, default_value=sharding.RecordSummary())
-    examples = summary | "ExamplesPerSplit" >> beam.FlatMap(lambda total: total.examples.items())
-    shard_counts = summary | "ShardsPerSplit" >> beam.FlatMap(
-        lambda total, requested: [(split, sharding.num_shards_for(n, total.bytes[split], requested))
-                                  for split, n in total.examples.items()], config.num_shards)
-    boundaries = records | "ShardBoundaries" >> RankBoundaries(
-        beam.pvalue.AsDict(examples), beam.pvalue.AsDict(shard_counts), "boundary_bucket_keys")
-    shard_entries = (
-        records
-        | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries, default_value={}))
-        | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(config.output, config.num_shards), summary_view, layouts))
-    reject_summary = (rejects
-                      | "CollectRejects" >> beam.combiners.ToList()
-                      | "WriteRejects" >> beam.Map(write_rejects, config.output))
-    return (
-        p
-        | "ManifestTrigger" >> beam.Create([None])
-        | "WriteManifest" >> beam.ParDo(
-            WriteManifest(config, plan, runner),
-            beam.pvalue.AsList(shard_entries),
-            beam.pvalue.AsDict(input_counts),
-            summary_view,
-            beam.pvalue.AsSingleton(reject_summary),
-            layouts))
+    summary = beam.pvalue.AsSingleton(decoded["summary"], default_value=sharding.RecordSummary())
+    # RecordPointers -> {split: sort keys starting shards 1..S-1}
+    boundaries = records | "ShardBoundaries" >> ShardBoundaries(decoded["summary"], config.num_shards)
+    # RecordPointers -> shard entries {split, index, file, num_examples, num_bytes, sha256}
+    shard_entries = records | "WriteShards" >> WriteShards(config.output, config.num_shards, boundaries, summary,
+                                                           layouts)
+    # Reject -> {split: {reason: count}}, after OUTPUT/rejects.jsonl is written
+    reject_summary = ((listing_rejects, decoded["rejects"])
+                      | "AllRejects" >> beam.Flatten()
+                      | "WriteRejects" >> WriteRejects(config.output))
+    # -> the manifest document, OUTPUT/manifest.json written last
+    return p | "WriteManifest" >> WriteManifest(
+        config.output, functools.partial(build_manifest, config, plan, runner), beam.pvalue.AsList(shard_entries),
+        beam.pvalue.AsDict(input_counts), summary, beam.pvalue.AsSingleton(reject_summary), layouts)
+
+
+def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, listed):
+    """{split: FixedLayout} as a side input: a folder's from its listed keys, a TFRecord source's from its file
+    names; empty unless the records are raw centre crops."""
+    if plan.kind in ("tfds", "tfrecord"):
+        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([tfrecord_layouts(config, plan)]))
+    if uses_fixed_layout(config):
+        return beam.pvalue.AsDict(listed | "FixedLayouts" >> FixedLayouts(config.shorter_side))
+    return beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> beam.Create([{}]))
 
 
 def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, progress_dir):

@@ -6,6 +6,8 @@ for a bundle (one split, one spill file) in four integer arrays; bucketing and s
 ones with array arithmetic. So the runner moves a few elements per bundle instead of one per image, and no stage
 makes Python objects per record: on Beam's local runner a bundle is a worker's whole share of the dataset, and
 per-record objects (paths, keys, tuples) made a run's memory grow with its number of inputs. A record costs 32 bytes.
+
+:class:`SortKeys` is the same for listed inputs before decoding: sort keys and each input's index in its batch.
 """
 
 from __future__ import annotations
@@ -17,53 +19,45 @@ from collections.abc import Iterable
 import numpy as np
 
 
-class RecordPointers:
-    """Records of one split in one spill file: sort keys ``(high, low)`` and ``(offset, size)`` in the file."""
+class _KeyedRows:
+    """Rows of one split, each a 128-bit sort key ``(high, low)`` followed by ``WIDTH - 2`` more uint64 columns.
 
-    __slots__ = ("split", "spill_path", "_columns", "file_info")
+    A flat growable ``array`` while rows are appended, an (N, WIDTH) numpy array once cut or unpickled. Cutting by
+    hash-range bucket or by shard is array arithmetic, so no stage makes Python objects per row.
+    """
 
-    def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
-        self.split, self.spill_path = split, spill_path
-        # (records, bytes, sha256) of the whole spill file when its records were written in sort-key order and
-        # are all of one split (a decode group's file); None for a bundle's file. Lets a shard that is exactly
-        # this file take it as it is.
-        self.file_info: tuple[int, int, str] | None = file_info
-        # Four uint64 per record: high and low halves of the sort key, offset, size. A flat growable array while a
-        # bundle is decoded, an (N, 4) numpy array once cut or unpickled.
+    __slots__ = ("split", "_columns")
+    WIDTH = 2
+
+    def __init__(self, split: str, columns: np.ndarray | None = None):
+        self.split = split
         self._columns: array | np.ndarray = array("Q") if columns is None else columns
 
-    def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:
+    def _extend(self, values: tuple) -> None:
         if not isinstance(self._columns, array):
             self._columns = array("Q", self._columns.tobytes())
-        self._columns.extend((sort_key[0], sort_key[1], offset, size))
+        self._columns.extend(values)
 
     def __len__(self) -> int:
-        return len(self._columns) // 4 if isinstance(self._columns, array) else len(self._columns)
+        return len(self._columns) // self.WIDTH if isinstance(self._columns, array) else len(self._columns)
 
     @property
     def columns(self) -> np.ndarray:
-        """The records as an (N, 4) uint64 array: high, low, offset, size."""
+        """The rows as an (N, WIDTH) uint64 array, the sort key's high and low halves first."""
         if isinstance(self._columns, array):
-            return np.array(self._columns, dtype=np.uint64).reshape(-1, 4)
+            return np.array(self._columns, dtype=np.uint64).reshape(-1, self.WIDTH)
         return self._columns
 
     def sort_keys(self) -> list[tuple[int, int]]:
         return [(int(high), int(low)) for high, low in self.columns[:, :2]]
 
-    def pointers(self) -> list[tuple[str, int, int]]:
-        """(spill file, offset, size) per record, in insertion order."""
-        return [(self.spill_path, int(offset), int(size)) for offset, size in self.columns[:, 2:]]
-
-    def total_bytes(self) -> int:
-        return int(self.columns[:, 3].sum())
-
-    def by_bucket(self, buckets: int) -> dict[int, RecordPointers]:
-        """The records cut by hash-range bucket (``preprocess.sharding.bucket_of`` of the high half), order kept."""
+    def by_bucket(self, buckets: int) -> dict:
+        """The rows cut by hash-range bucket (``preprocess.sharding.bucket_of`` of the high half), order kept."""
         columns = self.columns
         return self._partition(columns, bucket_indices(columns[:, 0], buckets))
 
-    def by_shard(self, boundaries: tuple) -> dict[int, RecordPointers]:
-        """The records cut by shard (``preprocess.sharding.shard_of`` of each sort key), order kept."""
+    def by_shard(self, boundaries: tuple) -> dict:
+        """The rows cut by shard (``preprocess.sharding.shard_of`` of each sort key), order kept."""
         columns = self.columns
         boundary_highs = np.array([high for high, _ in boundaries], dtype=np.uint64)
         shards = np.searchsorted(boundary_highs, columns[:, 0], side="right")
@@ -72,9 +66,74 @@ class RecordPointers:
             shards[i] = bisect.bisect_right(boundaries, (int(columns[i, 0]), int(columns[i, 1])))
         return self._partition(columns, shards)
 
-    def _partition(self, columns: np.ndarray, groups: np.ndarray) -> dict[int, RecordPointers]:
-        return {int(group): RecordPointers(self.split, self.spill_path, columns[groups == group], self.file_info)
-                for group in np.unique(groups)}
+    def _partition(self, columns: np.ndarray, groups: np.ndarray) -> dict:
+        return {int(group): self._with_columns(columns[groups == group]) for group in np.unique(groups)}
+
+    def _with_columns(self, columns: np.ndarray):
+        raise NotImplementedError
+
+
+class SortKeys(_KeyedRows):
+    """The sort keys of one split's listed inputs, each with the input's index in the batch it came from.
+
+    What the decode-group stage ranks and cuts before anything is decoded (no file, no offsets: see RecordPointers
+    for written records). Three uint64 per input: the sort key's high and low halves, the index.
+    """
+
+    __slots__ = ()
+    WIDTH = 3
+
+    def append(self, sort_key: tuple[int, int], index: int) -> None:
+        self._extend((sort_key[0], sort_key[1], index))
+
+    def indices(self) -> list[int]:
+        """The inputs' indices in their batch, in insertion order."""
+        return [int(index) for index in self.columns[:, 2]]
+
+    def _with_columns(self, columns: np.ndarray) -> SortKeys:
+        return SortKeys(self.split, columns)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, SortKeys) and self.split == other.split
+                and np.array_equal(self.columns, other.columns))
+
+    def __repr__(self) -> str:
+        return f"SortKeys({self.split!r}, {len(self)} keys)"
+
+    def __getstate__(self):
+        return self.split, self.columns.tobytes()
+
+    def __setstate__(self, state) -> None:
+        self.split, data = state
+        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
+
+
+class RecordPointers(_KeyedRows):
+    """Records of one split in one spill file: sort keys ``(high, low)`` and ``(offset, size)`` in the file."""
+
+    __slots__ = ("spill_path", "file_info")
+    WIDTH = 4
+
+    def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
+        super().__init__(split, columns)
+        self.spill_path = spill_path
+        # (records, bytes, sha256) of the whole spill file when its records were written in sort-key order and
+        # are all of one split (a decode group's file); None for a bundle's file. Lets a shard that is exactly
+        # this file take it as it is.
+        self.file_info: tuple[int, int, str] | None = file_info
+
+    def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:
+        self._extend((sort_key[0], sort_key[1], offset, size))
+
+    def pointers(self) -> list[tuple[str, int, int]]:
+        """(spill file, offset, size) per record, in insertion order."""
+        return [(self.spill_path, int(offset), int(size)) for offset, size in self.columns[:, 2:]]
+
+    def total_bytes(self) -> int:
+        return int(self.columns[:, 3].sum())
+
+    def _with_columns(self, columns: np.ndarray) -> RecordPointers:
+        return RecordPointers(self.split, self.spill_path, columns, self.file_info)
 
     def is_whole_sorted_file(self) -> bool:
         """True when these records are all of their spill file's records, which is in sort-key order."""
@@ -93,7 +152,7 @@ class RecordPointers:
 
     def __setstate__(self, state) -> None:
         self.split, self.spill_path, data, self.file_info = state
-        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, 4)
+        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
 
 
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
@@ -109,8 +168,8 @@ def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
     return (high * b + ((low * b) >> np.uint64(32))) >> np.uint64(32)
 
 
-def sorted_sort_keys(parts: Iterable[RecordPointers]) -> np.ndarray:
-    """The sort keys of every record in ``parts`` as a sorted (N, 2) array: one bucket's keys."""
+def sorted_sort_keys(parts: Iterable[_KeyedRows]) -> np.ndarray:
+    """The sort keys of every row in ``parts`` (RecordPointers or SortKeys) as a sorted (N, 2) array: one bucket's."""
     keys = np.concatenate([part.columns[:, :2] for part in parts] or [np.empty((0, 2), np.uint64)])
     return keys[np.lexsort((keys[:, 1], keys[:, 0]))]
 

@@ -25,6 +25,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from pipelines import manifest_writer, spill
 from pipelines import preprocess as job
 from pipelines import runner as runners
 from preprocess import manifest as manifest_lib
@@ -85,7 +86,7 @@ def wait_until(condition, process, log_path, what: str):
 
 def spill_files(output) -> list[str]:
     with contextlib.suppress(FileNotFoundError):
-        return os.listdir(os.path.join(output, job.SPILL_DIR))
+        return os.listdir(os.path.join(output, spill.SPILL_DIR))
     return []
 
 
@@ -239,7 +240,7 @@ def test_full_disk_while_writing_the_manifest_leaves_no_manifest(tmp_path, monke
     """The last write of the job fails: no manifest.json at all (not an empty or partial one)."""
     root = tmp_path / "source"
     image_factory.write_image_folder(root, {"train": 12}, min_side=20, max_side=40)
-    remove_spill = job.remove_spill
+    remove_spill = manifest_writer.remove_spill
 
     def remove_spill_then_fill_disk(output):
         # Runs just before the manifest is written (in-process runner): take every byte the spill freed.
@@ -253,7 +254,7 @@ def test_full_disk_while_writing_the_manifest_leaves_no_manifest(tmp_path, monke
         finally:
             os.close(fd)
 
-    monkeypatch.setattr(job, "remove_spill", remove_spill_then_fill_disk)
+    monkeypatch.setattr(manifest_writer, "remove_spill", remove_spill_then_fill_disk)
     with small_tmpfs(tmp_path / "disk", "1m") as disk:
         output = disk / "dataset"
         result = run_cli("preprocess", root, output, "--quiet", "--shorter-side", 8, "--",

@@ -1,0 +1,173 @@
+"""The decode stage: inputs become stored records in spill files; only pointers to them go on.
+
+``DecodeResizeEncode`` (a composite) runs one of two DoFns, one per element type, and sums their summaries:
+
+* :class:`DecodeGroup` (files and folders): each element is one decode group, ``((split, group), [InputBatch])``,
+  a range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
+  hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so the
+  records are written once.
+* :class:`DecodeBundle` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
+  bundle appends to one spill file, and WriteShards copies the records into their shards.
+
+Either way the main output is :class:`~preprocess.record_pointers.RecordPointers` (every record's sort key and
+place in its file), so image bytes never travel through the runner's shuffle (on Beam's local runner, every
+element crossing costs a gRPC copy). A retried element or bundle writes a new file, and only the successful
+attempt's outputs are kept by the runner, so pointers always name complete data.
+"""
+
+from __future__ import annotations
+
+import os
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
+
+from pipelines import progress
+from pipelines.common import is_local
+from pipelines.spill import SpillWriter
+from preprocess import image_ops, record_format, record_pointers, sharding, tfrecord_io
+from preprocess.elements import REJECTS, Input, Reject
+
+RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (and the composite's output keys)
+
+
+class DecodeResizeEncode(beam.PTransform):
+    """Decode groups (``DecodeGroup``) or lists of Inputs (``DecodeBundle``) ->
+    {"records": RecordPointers, "rejects": Reject, "summary": RecordSummary (one, merged; none if no bundle ran)}.
+
+    ``layouts`` is a side input {split: FixedLayout} (empty without fixed layouts).
+    """
+
+    def __init__(self, decoder: _Decoder, layouts):
+        super().__init__()
+        self.decoder, self.layouts = decoder, layouts
+
+    def expand(self, elements):
+        processed = elements | "Decode" >> beam.ParDo(self.decoder, self.layouts).with_outputs(
+            REJECTS, SUMMARY, main=RECORDS)
+        summary = (processed[SUMMARY]
+                   | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults())
+        return {RECORDS: processed[RECORDS], REJECTS: processed[REJECTS], SUMMARY: summary}
+
+
+class _Decoder(beam.DoFn):
+    """What both decode DoFns share: per input, decode to an ImageRecord or a Reject; per record, write it to a
+    spill file and note its pointer; per bundle, one RecordSummary (counts, bytes, pixel sums of ``stats_split``)."""
+
+    def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
+                 progress_dir: str | None):
+        self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
+        self.progress_dir = progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "processed")
+
+    def start_bundle(self):
+        self.summary = sharding.RecordSummary()
+
+    def _decode(self, item: Input):
+        """The input's ImageRecord, or its Reject as a TaggedOutput."""
+        self.progress.add()
+        try:
+            data = item.data if item.data is not None else read_file(item.path)
+            image = image_ops.process_image(data, self.options)
+        except image_ops.RejectError as e:
+            return beam.pvalue.TaggedOutput(REJECTS, Reject(item.split, item.key, e.reason, e.detail))
+        if item.split == self.stats_split:
+            self.summary.add_pixels((image.num_pixels,) + image.channel_sums + image.channel_square_sums)
+        return record_format.ImageRecord(encoded=image.encoded, format=self.options.encoding, height=image.height,
+                                         width=image.width, label=item.label, filename=item.key)
+
+    def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
+                shard_end: bool) -> None:
+        """Writes ``record`` to ``spill``: in the split's fixed layout if it has one (a group's last record as a
+        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise)."""
+        if layout is not None:
+            framed = layout.encode(record, shard_end)
+        else:
+            framed = tfrecord_io.frame(record_format.encode_example(record))
+        offset, size = spill.append(framed)
+        pointers.append(sharding.sort_key(self.seed, pointers.split, record.filename), offset, size)
+        # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
+        self.summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
+
+    def _finish(self):
+        self.progress.flush()
+        yield beam.pvalue.TaggedOutput(SUMMARY, GlobalWindows.windowed_value(self.summary))
+
+
+class DecodeGroup(_Decoder):
+    """((split, group), [InputBatch]) -> one RecordPointers for the group's own hashed spill file (with file_info),
+    its inputs decoded in seeded order; the group's last record is written as a shard's end."""
+
+    def process(self, element, layouts):
+        (split, _), batches = element
+        layout = layouts.get(split)
+        items = [Input._make(item) for batch in batches for item in batch]
+        keyed = sorted(((sharding.sort_key(self.seed, item.split, item.key), item) for item in items),
+                       key=lambda pair: pair[0])
+        spill = pointers = held = None
+        for _, item in keyed:
+            record = self._decode(item)
+            if isinstance(record, beam.pvalue.TaggedOutput):
+                yield record
+                continue
+            if spill is None:
+                spill = SpillWriter(self.output, hashed=True)
+                pointers = record_pointers.RecordPointers(split, spill.path)
+            if held is not None:
+                self._append(spill, pointers, held, layout, shard_end=False)
+            held = record  # one record behind: the group's last one is written as a shard's end
+        if spill is not None:
+            self._append(spill, pointers, held, layout, shard_end=True)
+            spill.close()
+            pointers.file_info = (len(pointers), spill.offset, spill.sha256())
+            yield pointers
+
+    def finish_bundle(self):
+        yield from self._finish()
+
+
+class DecodeBundle(_Decoder):
+    """[Input] -> at the bundle's end, one RecordPointers per split into the bundle's one spill file."""
+
+    def start_bundle(self):
+        super().start_bundle()
+        self.spill = None
+        self.pointers: dict[str, record_pointers.RecordPointers] = {}
+
+    def process(self, element, layouts):
+        for item in map(Input._make, element):
+            record = self._decode(item)
+            if isinstance(record, beam.pvalue.TaggedOutput):
+                yield record
+                continue
+            if self.spill is None:
+                self.spill = SpillWriter(self.output)
+            if item.split not in self.pointers:
+                self.pointers[item.split] = record_pointers.RecordPointers(item.split, self.spill.path)
+            self._append(self.spill, self.pointers[item.split], record, layouts.get(item.split), shard_end=False)
+
+    def finish_bundle(self):
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+        yield from self._finish_pointers()
+        yield from self._finish()
+
+    def _finish_pointers(self):
+        for split in sorted(self.pointers):
+            yield GlobalWindows.windowed_value(self.pointers[split])
+
+
+def read_file(path: str) -> bytes:
+    """The bytes of an input file; an unreadable one (or a pipe, socket or device) is a RejectError."""
+    if is_local(path) and os.path.exists(path) and not os.path.isfile(path):
+        raise image_ops.RejectError("unreadable", "not a regular file (a pipe, socket or device)")
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+    except (OSError, IOError) as e:
+        raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None

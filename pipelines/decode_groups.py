@@ -1,0 +1,107 @@
+"""Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order.
+
+A group is decoded by one worker into one file. Groups are the shards when their count is known before decoding
+(``--num-shards``, or raw centre crops, whose records all have the split's fixed length), otherwise at least
+``min_groups`` pieces of them. The order depends on the inputs' keys only (``sharding.sort_key``), so the groups
+are found from sort keys (``SortKeys``, ranked by ``RankBoundaries``) and each group's inputs are gathered in one
+shuffle of packed batches.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+
+from pipelines.boundaries import RankBoundaries
+from preprocess import sharding, sources
+from preprocess.elements import Input
+from preprocess.record_pointers import SortKeys
+
+
+def add_sort_keys(keys: dict, items, seed: int) -> dict:
+    """Appends every input's sort key to ``keys[split]`` (SortKeys, with the input's index in ``items``)."""
+    for index, item in enumerate(map(Input._make, items)):
+        if item.split not in keys:
+            keys[item.split] = SortKeys(item.split)
+        keys[item.split].append(sharding.sort_key(seed, item.split, item.key), index)
+    return keys
+
+
+def decode_group_counts(counted, layouts: dict, requested: int | None, min_groups: int):
+    """(split, decode groups) from (split, inputs); a split with a fixed layout knows its bytes up front."""
+    split, num_inputs = counted
+    layout = layouts.get(split)
+    predicted_bytes = num_inputs * layout.record_bytes if layout is not None else None
+    return split, sharding.decode_groups(num_inputs, predicted_bytes, requested, min_groups)
+
+
+class InputSortKeys(beam.DoFn):
+    """InputBatch -> at the bundle's end, one SortKeys per split of the bundle's inputs (indices unused)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        self.keys: dict[str, SortKeys] = {}
+
+    def process(self, batch: sources.InputBatch):
+        add_sort_keys(self.keys, batch, self.seed)
+
+    def finish_bundle(self):
+        for split in sorted(self.keys):
+            yield GlobalWindows.windowed_value(self.keys[split])
+
+
+class AssignDecodeGroups(beam.DoFn):
+    """InputBatch -> ((split, decode group), InputBatch of the bundle's inputs in that group), given every split's
+    group-start sort keys: one element per group and bundle, whatever the number of inputs."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        # Per group, the bundle's inputs as NUL-separated text (key, label, path): on the local runner a bundle is
+        # a worker's whole share, and a tuple of strings per input would make its memory grow with the dataset.
+        self.groups: dict[tuple[str, int], bytearray] = {}
+
+    def process(self, batch: sources.InputBatch, boundaries):
+        items = [Input._make(item) for item in batch]
+        for split, split_keys in add_sort_keys({}, items, self.seed).items():
+            for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
+                packed = self.groups.setdefault((split, group), bytearray())
+                for index in part.indices():
+                    item = items[index]
+                    packed += f"{item.key}\0{item.label}\0{item.path or ''}\0".encode("utf-8")
+
+    def finish_bundle(self):
+        for split, group in sorted(self.groups):
+            fields = self.groups.pop((split, group)).decode("utf-8").split("\0")[:-1]
+            items = [Input(split, fields[i], int(fields[i + 1]), fields[i + 2] or None, None)
+                     for i in range(0, len(fields), 3)]
+            yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
+
+
+class DecodeGroups(beam.PTransform):
+    """Batches of Inputs (lists, files only) -> ((split, decode group), [InputBatch]): each group's inputs together.
+
+    ``input_counts`` is the PCollection of (split, inputs); ``layouts`` a side input {split: FixedLayout}.
+    """
+
+    def __init__(self, seed: int, input_counts, layouts, requested_shards: int | None, min_groups: int):
+        super().__init__()
+        self.seed, self.input_counts, self.layouts = seed, input_counts, layouts
+        self.requested_shards, self.min_groups = requested_shards, min_groups
+
+    def expand(self, batches):
+        inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
+        group_counts = self.input_counts | "DecodeGroupCounts" >> beam.Map(
+            decode_group_counts, self.layouts, self.requested_shards, self.min_groups)
+        group_starts = (
+            inputs
+            | "InputSortKeys" >> beam.ParDo(InputSortKeys(self.seed))
+            | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(self.input_counts),
+                                                        beam.pvalue.AsDict(group_counts), "decode_group_bucket_keys"))
+        return (inputs
+                | "AssignDecodeGroups" >> beam.ParDo(
+                    AssignDecodeGroups(self.seed), beam.pvalue.AsSingleton(group_starts, default_value={}))
+                | "GroupInputs" >> beam.GroupByKey())

@@ -1,0 +1,116 @@
+"""Shard writing: each split's records, cut at the shard boundaries, written as uniform TFRecord shards.
+
+``WriteShards`` assigns every group's pointers to the shards their ranks fall in, gathers each shard's pointers,
+and writes the shard on one worker. A shard that is exactly one decode group's file (same records, already in
+seeded order and hashed) is that file, renamed into place (copied on remote storage, where the spill files are
+deleted later): written once. Any other shard is streamed from its groups' files in seeded order (fixed-layout
+records re-padded so that only its last is a shard's end), written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.common import METRICS_NAMESPACE, PreprocessError, is_local
+from pipelines.spill import SpillReader
+from preprocess import manifest, record_pointers, sharding
+
+
+def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
+    """((split, shard), pointers of this element in that shard), given every split's sorted shard-start keys."""
+    for shard, part in pointers.by_shard(boundaries.get(pointers.split, ())).items():
+        yield (pointers.split, shard), part
+
+
+class WriteShards(beam.PTransform):
+    """RecordPointers -> one shard entry per shard written (a dict: split, index, file, num_examples, num_bytes,
+    sha256), given ``boundaries`` (a PCollection of one {split: shard-start keys}), ``summary`` (a side input
+    RecordSummary) and ``layouts`` (a side input {split: FixedLayout})."""
+
+    def __init__(self, output: str, requested_shards: int | None, boundaries, summary, layouts):
+        super().__init__()
+        self.output, self.requested_shards = output, requested_shards
+        self.boundaries, self.summary, self.layouts = boundaries, summary, layouts
+
+    def expand(self, records):
+        return (records
+                | "AssignShards" >> beam.FlatMap(assign_shards,
+                                                 beam.pvalue.AsSingleton(self.boundaries, default_value={}))
+                | "GroupShards" >> beam.GroupByKey()
+                | "WriteShard" >> beam.ParDo(WriteShard(self.output, self.requested_shards), self.summary,
+                                             self.layouts))
+
+
+class WriteShard(beam.DoFn):
+    """((split, shard), [RecordPointers]) -> the shard's entry; the records sorted by their seeded key."""
+
+    def __init__(self, output: str, requested_shards: int | None):
+        self.output, self.requested_shards = output, requested_shards
+        self.adopted = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "shards_renamed_from_decode_groups")
+
+    def setup(self):
+        self.reader = SpillReader()
+
+    def process(self, element, summary, layouts):
+        (split, shard), parts = element
+        parts = list(parts)
+        shards = sharding.num_shards_for(summary.examples[split], summary.bytes[split], self.requested_shards)
+        if len(parts) == 1 and parts[0].is_whole_sorted_file():
+            self.adopted.inc()
+            yield adopt_spill_file(self.output, split, shard, shards, parts[0])
+            return
+        records = self.reader.records(record_pointers.merge_sorted_pointers(parts))
+        layout = layouts.get(split)
+        if layout is not None:
+            records = layout.shard_records(records)  # only the shard's last record ends with the longer padding
+        yield write_shard_file(self.output, split, shard, shards, records)
+
+    def teardown(self):
+        self.reader.close()
+
+
+def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
+    """Moves a decode group's file into place as a shard and returns its manifest entry (from the file's hash)."""
+    relative = manifest.shard_path(split, shard, shards)
+    final = manifest.join(output, relative)
+    try:
+        if is_local(final):
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            FileSystems.rename([part.spill_path], [final])
+        else:  # a copy inside the bucket; a retried writer finds the spill file still there
+            FileSystems.copy([part.spill_path], [final])
+    except Exception as e:
+        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
+    num_examples, num_bytes, sha256 = part.file_info
+    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
+            "num_bytes": num_bytes, "sha256": sha256}
+
+
+def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records) -> dict:
+    """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
+    relative = manifest.shard_path(split, shard, shards)
+    final = manifest.join(output, relative)
+    temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
+    digest, num_bytes, num_examples = hashlib.sha256(), 0, 0
+    try:
+        with FileSystems.create(temporary, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for framed in framed_records:
+                f.write(framed)
+                digest.update(framed)
+                num_bytes += len(framed)
+                num_examples += 1
+        FileSystems.rename([temporary], [final])
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            FileSystems.delete([temporary])
+        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
+    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
+            "num_bytes": num_bytes, "sha256": digest.hexdigest()}

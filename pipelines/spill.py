@@ -1,0 +1,193 @@
+"""Spill files: where decoded records wait under OUTPUT/.tmp/ between decoding and shard writing.
+
+:class:`SpillWriter` appends framed records to one new file (a decode group's, or a bundle's) and hashes them;
+:class:`SpillReader` reads records back by (file, offset, size) for a shard writer and owns the thread pool that
+overlaps remote reads (created on first remote read, shut down by :meth:`SpillReader.close`); :func:`remove_spill`
+deletes the folder once every shard is written.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.common import PreprocessError, is_local
+from preprocess import manifest
+
+SPILL_DIR = ".tmp"
+SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
+SPILL_READ_AHEAD = 32  # remote records in flight per shard writer: what it holds at most, besides the one it writes
+
+
+class SpillWriter:
+    """An append-only file of framed records under OUTPUT/.tmp/ (one per decode group, or per bundle)."""
+
+    def __init__(self, output: str, hashed: bool = False):
+        self.path = manifest.join(output, SPILL_DIR, f"spill-{uuid.uuid4().hex}.records")
+        self.digest = hashlib.sha256() if hashed else None
+        try:
+            self.stream = FileSystems.create(self.path, mime_type="application/octet-stream",
+                                             compression_type=CompressionTypes.UNCOMPRESSED)
+        except Exception as e:
+            raise PreprocessError(f"cannot write to {self.path}: {type(e).__name__}: {e}") from e
+        self.offset = 0
+
+    def append(self, framed: bytes) -> tuple[int, int]:
+        """Writes one framed record; returns its (offset, size) in the file."""
+        try:
+            self.stream.write(framed)
+        except Exception as e:
+            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
+        if self.digest is not None:
+            self.digest.update(framed)
+        offset, self.offset = self.offset, self.offset + len(framed)
+        return offset, len(framed)
+
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except Exception as e:
+            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
+
+
+def remove_spill(output: str) -> None:
+    """Deletes OUTPUT/.tmp/ once every shard is written (and before the manifest, which marks completion)."""
+    spill_files = [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]
+    if spill_files:
+        FileSystems.delete(spill_files)
+    spill_dir = manifest.join(output, SPILL_DIR)
+    if is_local(output) and os.path.isdir(spill_dir):
+        os.rmdir(spill_dir)
+
+
+class SpillReader:
+    """Reads framed records back from spill files, one at a time, in the order asked.
+
+    Local spill files are read with ``os.pread`` from the page cache. Remote ones (gs://) are read with
+    record-sized reads on this reader's thread pool, at most SPILL_READ_AHEAD records ahead of the caller. The pool
+    is made on the first remote read and lives until :meth:`close` (a shard writer's DoFn.teardown): one pool for
+    every shard the writer writes, not one per shard, because glibc gives new threads their own malloc arenas and
+    keeps what they freed, so fresh threads for every shard left a worker holding about one shard per arena.
+    Usable as a context manager.
+    """
+
+    def __init__(self, threads: int = SPILL_READ_THREADS, read_ahead: int = SPILL_READ_AHEAD):
+        self.threads, self.read_ahead = threads, read_ahead
+        self._pool: ThreadPoolExecutor | None = None
+
+    def records(self, pointers):
+        """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time, in the order given.
+
+        A shard writer thus holds a few records, not its shard (up to ~200 MB by default).
+        """
+        pointers = list(pointers)
+        if not pointers:
+            return
+        if is_local(pointers[0][0]):
+            yield from _iter_local(pointers)
+        else:
+            yield from self._iter_remote(pointers)
+
+    def _iter_remote(self, pointers):
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="spill-read")
+        streams = _RecordStreams(pointers)
+        pending = collections.deque()
+        try:
+            for pointer in pointers:
+                pending.append(self._pool.submit(streams.read, *pointer))
+                if len(pending) >= self.read_ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+            for future in pending:
+                with contextlib.suppress(Exception):
+                    future.result()
+            streams.close()
+
+    def close(self) -> None:
+        """Shuts the thread pool down (waiting for reads in flight); the reader can still be used afterwards."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> SpillReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _RecordStreams:
+    """One open read stream per (thread, spill file) for one shard's remote reads, closed together at the end."""
+
+    def __init__(self, pointers):
+        self.largest: dict[str, int] = {}
+        for path, _, size in pointers:
+            self.largest[path] = max(self.largest.get(path, 0), size)
+        self.streams, self.lock = {}, threading.Lock()
+
+    def read(self, path: str, offset: int, size: int) -> bytes:
+        stream_key = (threading.get_ident(), path)
+        with self.lock:
+            stream = self.streams.get(stream_key)
+        if stream is None:
+            stream = open_for_record_reads(path, self.largest[path])
+            with self.lock:
+                self.streams[stream_key] = stream
+        stream.seek(offset)
+        data = stream.read(size)
+        if len(data) != size:
+            raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+        return data
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            with contextlib.suppress(Exception):
+                stream.close()
+
+
+def open_for_record_reads(path: str, largest_record: int):
+    """A read stream whose buffering fits single-record reads.
+
+    Beam's GCS reader otherwise fetches 16 MiB (its default buffer) for every read that misses its buffer; a
+    shard writer's records are scattered through each spill file, so that would read ~80x the data.
+    """
+    if FileSystems.get_scheme(path) == "gs":
+        gcs = FileSystems.get_filesystem(path)._gcsIO()  # noqa: SLF001 - the only way to set Beam's buffer size
+        return gcs.open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
+    return FileSystems.open(path, mime_type="application/octet-stream",
+                            compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _iter_local(pointers):
+    descriptors = {}
+    try:
+        for path, offset, size in pointers:
+            descriptor = descriptors.get(path)
+            if descriptor is None:
+                try:
+                    descriptor = descriptors[path] = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    raise PreprocessError(f"cannot read spill file {path}: {e}") from e
+            data = os.pread(descriptor, size, offset)
+            if len(data) != size:
+                raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+            yield data
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
