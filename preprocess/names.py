@@ -37,9 +37,16 @@ def problem(name: str, kind: str = "class") -> str | None:
     return None
 
 
+def printable(text: str) -> str:
+    """``text`` on one line: bytes that are not UTF-8 and control characters as backslash escapes."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(char.encode("unicode_escape").decode("ascii") if unicodedata.category(char) in ("Cc", "Zl", "Zp")
+                   else char for char in text)
+
+
 def describe(name: str) -> str:
     """``name`` quoted for a message, with undecodable bytes and control characters escaped."""
-    return repr(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+    return f"'{printable(name)}'"
 
 
 def check(name: str, kind: str, where: str, fix: str = "") -> str:
