@@ -52,8 +52,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import progress
-from preprocess import (accounting, image_ops, limits, manifest, names, record_format, record_pointers, sharding,
-                        sources, tfrecord_io)
+from preprocess import (accounting, image_ops, labels, limits, manifest, names, record_format, record_pointers,
+                        sharding, sources, tfrecord_io)
 
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
 
@@ -155,16 +155,7 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
             data = f.read()
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
-    rows = sources.parse_labels_csv(sources.decode_labels_csv(data, path), f"labels file {path}")
-    if not rows:
-        raise sources.SourceError(f"labels file {path} has no rows; expected lines of filename,label")
-    first = rows[0]
-    if not sources.has_file_extension(first.filename) and not any(
-            FileSystems.exists(manifest.join(d, sources.labels_key(first.filename))) for _, d in flat_dirs):
-        raise sources.unknown_header_error(f"labels file {path}", first)
-    for row in rows:
-        names.check(row.label, "class", f"labels file {path} line {row.line}", "fix the label")
-    return rows
+    return labels.csv_rows(data, path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
 def plan_source(config: PreprocessConfig) -> SourcePlan:
@@ -272,15 +263,7 @@ def _class_names_beside(path: str) -> list[str] | None:
     path = sorted(m.path for m in matches)[0]
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         data = f.read()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise sources.SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
-    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    for number, name in lines:
-        names.check(name, "class", f"{path} line {number}", "fix that line")
-    return [name for _, name in lines] or None
+    return labels.class_names_txt(data, path)
 
 
 def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
@@ -392,21 +375,7 @@ def _list_files(directory: str, recursive: bool = False) -> tuple[list[str], lis
     turns them into "unreadable" rejects instead of letting them vanish unseen.
     """
     if _is_local(directory):
-        found, skipped = [], []
-        for folder, sub_dirs, files in os.walk(directory):
-            if recursive:
-                for name in sub_dirs:
-                    path = os.path.join(folder, name)
-                    if sources.is_hidden(name):
-                        skipped.append((path, accounting.HIDDEN_FOLDER))
-                    elif os.path.islink(path):
-                        skipped.append((path, accounting.SYMLINKED_FOLDER))
-                sub_dirs[:] = sorted(d for d in sub_dirs if not sources.is_hidden(d))
-            else:
-                sub_dirs[:] = []
-            found += [os.path.join(folder, name) for name in files if not sources.is_hidden(name)]
-            skipped += [(os.path.join(folder, name), accounting.HIDDEN_FILE) for name in files if sources.is_hidden(name)]
-        return sorted(found), sorted(skipped)
+        return accounting.walk_local(directory, recursive)
     pattern = manifest.join(directory, "**" if recursive else "*")
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
     hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}
@@ -424,38 +393,13 @@ class JoinLabels(beam.DoFn):
 
     def process(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
-        by_name: dict[str, list[tuple[str, str]]] = {}
-        for filename, label in rows:
-            by_name.setdefault(sources.labels_key(filename), []).append((filename, label))
-        file_names = {sources.labels_key(path) for _, _, path in files}
-        for split, key, path in sorted(files):
+        for kind, *fields in labels.join(files, rows, self.labels_split):
             self.progress.add()
-            name = sources.labels_key(path)
-            labels = sorted({label for _, label in by_name.get(name, ())})
-            if not labels and rows:
-                others = ", ".join(sorted({filename for filename, _ in rows}))
-                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, accounting.CASE_MISMATCH, (
-                    f"the labels file names {others}, which differs only in case; names must match exactly")))
-            elif not labels:
-                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "no_label", f"{name} is not in the labels file"))
-            elif len(labels) > 1:
-                yield beam.pvalue.TaggedOutput(
-                    REJECTS, (split, key, "conflicting_labels", f"labels file gives {', '.join(labels)}"))
+            if kind == "reject":
+                yield beam.pvalue.TaggedOutput(REJECTS, fields[0])
             else:
-                yield split, key, self.class_index[labels[0]], path, None
-        for filename, label in sorted(rows):
-            if sources.labels_key(filename) in file_names:
-                continue
-            self.progress.add()
-            key = f"labels-file:{filename}"
-            if files:
-                yield beam.pvalue.TaggedOutput(REJECTS, (self.labels_split, key, accounting.CASE_MISMATCH, (
-                    f"labels file row {filename},{label}: the source folder has "
-                    f"{', '.join(sorted(file_names))}, which differs only in case; names must match exactly")))
-            else:
-                yield beam.pvalue.TaggedOutput(
-                    REJECTS, (self.labels_split, key, "missing_file",
-                              f"labels file row {filename},{label} names no image in the source folder"))
+                split, key, label, path = fields
+                yield split, key, self.class_index[label], path, None
 
     def finish_bundle(self):
         self.progress.flush()

@@ -3,7 +3,9 @@ are refused, and a run that would write nothing fails with a hint. Pure function
 
 from __future__ import annotations
 
-from preprocess.sources import SPLIT_NAMES, SourceError
+import os
+
+from preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
 # Reject reasons of entries the listing does not read.
 HIDDEN_FILE = "hidden_file"
@@ -61,3 +63,23 @@ def empty_run_problem(split: str, num_inputs: int, rejected: dict[str, int], lab
 
 def empty_run_message(problems: list[str], rejects_path: str) -> str:
     return "; ".join(problems) + f". See {rejects_path}; no manifest written."
+
+
+def walk_local(directory: str, recursive: bool) -> tuple[list[str], list[tuple[str, str]]]:
+    """(files in a local ``directory``, and in its sub-folders when ``recursive``; (path, reject reason) of what is
+    not read: hidden files and folders, and, when ``recursive``, links to folders, which are not followed)."""
+    found, skipped = [], []
+    for folder, sub_dirs, files in os.walk(directory):
+        if recursive:
+            for name in sub_dirs:
+                path = os.path.join(folder, name)
+                if is_hidden(name):
+                    skipped.append((path, HIDDEN_FOLDER))
+                elif os.path.islink(path):
+                    skipped.append((path, SYMLINKED_FOLDER))
+            sub_dirs[:] = sorted(d for d in sub_dirs if not is_hidden(d))
+        else:
+            sub_dirs[:] = []
+        found += [os.path.join(folder, name) for name in files if not is_hidden(name)]
+        skipped += [(os.path.join(folder, name), HIDDEN_FILE) for name in files if is_hidden(name)]
+    return sorted(found), sorted(skipped)
