@@ -246,9 +246,9 @@ def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_f
         if not matched:
             raise sources.SourceError(f"no files match {pattern}")
         split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
-    for split, path in split_files:
-        names.check(split, "split", f"the file name {path}")
         classes = _class_names_beside(matched[0])
+    for split, path in split_files:
+        names.check(split, "split", f"the TFRecord file {path}")
     splits = tuple(dict.fromkeys(split for split, _ in split_files))
     return SourcePlan(kind="tfrecord", splits=splits, classes=tuple(classes) if classes else None,
                       tfrecord_files=tuple(split_files))

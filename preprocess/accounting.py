@@ -54,6 +54,8 @@ def empty_run_problem(split: str, num_inputs: int, rejected: dict[str, int], lab
     elif rejected.get("corrupt_record") or rejected.get("bad_record"):
         hint = ("its files are not TFRecords of encoded images with the --image-key/--label-key features (does the "
                 "tfrecord: pattern match image files?)")
+    elif set(rejected) <= {HIDDEN_FILE, HIDDEN_FOLDER, SYMLINKED_FOLDER}:
+        hint = "it holds only hidden entries (names starting with '.') or links to folders, which are not read"
     elif rejected.get("too_many_pixels"):
         hint = f"check --max-pixels ({max_pixels:,}) and --shorter-side"
     else:

@@ -363,3 +363,25 @@ def test_class_folders_without_files_fail(tmp_path):
     (source / "a").mkdir(parents=True)
     (source / "b").mkdir()
     refused(tmp_path, source, tmp_path / "out", *IN_PROCESS, expect="found no inputs")
+
+
+def test_a_split_of_only_hidden_entries_fails_with_that_hint(tmp_path):
+    source = tmp_path / "src"
+    folder(source, {"train": 2})
+    (source / "val" / "a").mkdir(parents=True)
+    (source / "val" / "a" / ".DS_Store").write_bytes(b"mac")
+    refused(tmp_path, source, tmp_path / "out", "--shorter-side", 8, *IN_PROCESS,
+            expect=("split val: all 1 inputs were rejected (hidden_file: 1)", "only hidden entries"))
+
+
+def test_tfrecord_split_names_from_file_names_and_split_option_follow_the_rule(tmp_path):
+    from test_preprocess_job import write_tfds_style_tfrecords
+
+    records = tmp_path / "records"
+    write_tfds_style_tfrecords(records, "train", [(image_factory.rgb_jpeg(), 0)], num_files=1)
+    os.rename(next(records.iterdir()), records / "plain.tfrecord")  # no split in the name: --split is used
+    refused(tmp_path, f"tfrecord:{records}/*", tmp_path / "out", "--split", "../x", *IN_PROCESS,
+            expect="split name '../x' from --split")
+    out = tmp_path / "out"
+    ok(f"tfrecord:{records}/*", out, "--split", "holdout", "--shorter-side", 8, *IN_PROCESS)
+    assert list(manifest_lib.load(str(out))["splits"]) == ["holdout"]
