@@ -55,7 +55,7 @@ from pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
 from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
 from pipelines.read_tfrecords import ReadTFRecordFile
 from pipelines.shards import WriteShards, write_shard_file
-from preprocess import image_ops, manifest, record_format, sharding, sources
+from preprocess import accounting, image_ops, labels, limits, manifest, names, record_format, sharding, sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +98,8 @@ class SourcePlan:
     flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
     labels_split: str | None = None
     tfrecord_files: tuple[tuple[str, str], ...] = ()  # (split, file)
+    skipped: tuple[tuple[str, str, str, str], ...] = ()  # rejects of entries the planning skipped (hidden ones)
+    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (casefolded file name, (filename, label)) per row
 
     @property
     def stats_split(self) -> str:
@@ -110,15 +112,15 @@ def _is_local(path: str) -> bool:
     return FileSystems.get_scheme(path) in (None, "file")
 
 
-def list_children(path: str) -> tuple[list[str], list[str]]:
-    """(sub-directory names, file names) directly inside ``path``, without hidden entries, sorted."""
+def list_children(path: str) -> tuple[list[str], list[str], list[tuple[str, bool]]]:
+    """(sub-directory names, file names, (hidden name, is a directory)) directly inside ``path``, sorted."""
     if _is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
         entries = sorted(os.scandir(path), key=lambda e: e.name)
         dirs = [e.name for e in entries if e.is_dir() and not sources.is_hidden(e.name)]
         files = [e.name for e in entries if not e.is_dir() and not sources.is_hidden(e.name)]
-        return dirs, files
+        return dirs, files, [(e.name, e.is_dir()) for e in entries if sources.is_hidden(e.name)]
     # Object stores have no directories; TensorFlow's file system lists one level with a delimiter query.
     import tensorflow as tf
 
@@ -127,26 +129,37 @@ def list_children(path: str) -> tuple[list[str], list[str]]:
     # On gs:// every sub-directory (a common prefix) comes back with a trailing "/", so no entry needs a probe; a
     # probe per file would be a request per file (50,000 for ImageNet's flat val/ folder) before the job starts.
     marks_directories = FileSystems.get_scheme(path) == "gs"
-    dirs, files = [], []
+    dirs, files, hidden = [], [], []
     for name in sorted(tf.io.gfile.listdir(path)):
         clean = name.rstrip("/")
         if sources.is_hidden(clean):
+            hidden.append((clean, name.endswith("/")))
             continue
         is_dir = name.endswith("/") or (not marks_directories and tf.io.gfile.isdir(manifest.join(path, clean)))
         (dirs if is_dir else files).append(clean)
-    return dirs, files
+    return dirs, files, hidden
 
 
-def _read_labels_file(path: str) -> list[sources.LabelRow]:
+def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
+    """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
     if not FileSystems.exists(path):
         raise sources.SourceError(f"labels file {path} does not exist")
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        text = f.read().decode("utf-8-sig")
-    return sources.parse_labels_csv(text)
+    if _is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            data = f.read()
+    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
+        raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
+    return labels.csv_rows(data, path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
 def plan_source(config: PreprocessConfig) -> SourcePlan:
-    """Resolves SOURCE into splits, classes and the directories or files to read."""
+    """Resolves SOURCE into splits, classes and the directories or files to read; refuses options that cannot work."""
+    names.check(config.split, "split", "--split")
+    if config.labels_split is not None:
+        names.check(config.labels_split, "split", "--labels-split")
+    limits.check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
     spec = sources.SourceSpec.parse(config.source)
     if spec.kind == "folder":
         return _plan_folder(spec.location, config)
@@ -156,18 +169,30 @@ def plan_source(config: PreprocessConfig) -> SourcePlan:
 
 
 def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
-    dirs, files = list_children(root)
-    if dirs and all(d.lower() in sources.SPLIT_NAMES for d in dirs):
+    dirs, files, hidden = list_children(root)
+    split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
+    if dirs and len(split_named) == len(dirs):
         split_dirs = [(d, manifest.join(root, d)) for d in dirs]
         if files:
             raise sources.SourceError(
                 f"{root} holds split folders ({', '.join(dirs)}) and loose files ({files[0]}, ...): "
                 "move the files into a split folder")
     else:
+        nested = [d for d in split_named if list_children(manifest.join(root, d))[0]]
+        if nested:  # train/<class>/ beside cat/: neither layout; refused rather than made classes "train" and "cat"
+            raise accounting.mixed_layout_error(root, nested, [d for d in dirs if d not in split_named])
         split_dirs = [(config.split, root)]
+    # Hidden entries at the top level go to the split they are in, or (beside split folders) to the first split.
+    top_split = split_dirs[0][0] if split_dirs[0][1] == root else (
+        "train" if "train" in dirs else split_dirs[0][0])
+    skipped = [_skipped(root, top_split, manifest.join(root, name), is_dir) for name, is_dir in hidden]
     class_dirs, flat_dirs = [], []
     for split, directory in split_dirs:
-        sub_dirs, sub_files = list_children(directory) if directory != root else (dirs, files)
+        if directory != root:
+            sub_dirs, sub_files, sub_hidden = list_children(directory)
+            skipped += [_skipped(root, split, manifest.join(directory, name), is_dir) for name, is_dir in sub_hidden]
+        else:
+            sub_dirs, sub_files = dirs, files
         class_dirs += [(split, name, manifest.join(directory, name)) for name in sub_dirs]
         if sub_files:
             flat_dirs.append((split, directory))
@@ -176,11 +201,13 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
             raise sources.SourceError(
                 f"the folder name {_printable(directory)} is not valid UTF-8; class and split names are stored as "
                 "text in the records and the manifest: rename the folder")
+        names.check(name, "class", f"the folder {names.printable(directory)}", "rename the folder")
     class_names = {name for _, name, _ in class_dirs}
-    labels_split = None
+    labels_split, label_rows = None, ()
     if config.labels_file:
-        rows = _read_labels_file(config.labels_file)
+        rows = _read_labels_file(config.labels_file, flat_dirs)
         class_names |= {row.label for row in rows}
+        label_rows = tuple((sources.labels_key(row.filename).casefold(), (row.filename, row.label)) for row in rows)
         splits = [s for s, _ in split_dirs]
         labels_split = config.labels_split or next(
             (s for s in ("validation", "val", "test") if s in splits), None) or (
@@ -190,7 +217,8 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
     if not class_names:
         raise sources.SourceError(
             f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
-            "or images with --labels-file")
+            "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
+                                              if flat_dirs else ""))
     return SourcePlan(
         kind="folder",
         splits=tuple(s for s, _ in split_dirs),
@@ -198,7 +226,14 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
         class_dirs=tuple(class_dirs),
         flat_dirs=tuple(flat_dirs),
         labels_split=labels_split,
+        skipped=tuple(skipped),
+        label_rows=label_rows,
     )
+
+
+def _skipped(root: str, split: str, path: str, is_dir: bool) -> tuple[str, str, str, str]:
+    reason = accounting.HIDDEN_FOLDER if is_dir else accounting.HIDDEN_FILE
+    return accounting.skipped_reject(split, _printable(_relative_key(root, path)), reason)
 
 
 def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_files=None) -> SourcePlan:
@@ -208,6 +243,8 @@ def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_f
             raise sources.SourceError(f"no files match {pattern}")
         split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
         classes = _class_names_beside(matched[0])
+    for split, path in split_files:
+        names.check(split, "split", f"the TFRecord file {path}")
     splits = tuple(dict.fromkeys(split for split, _ in split_files))
     return SourcePlan(kind="tfrecord", splits=splits, classes=tuple(classes) if classes else None,
                       tfrecord_files=tuple(split_files))
@@ -219,10 +256,10 @@ def _class_names_beside(path: str) -> list[str] | None:
     matches = FileSystems.match([manifest.join(directory, "*labels.txt")])[0].metadata_list
     if not matches:
         return None
-    with FileSystems.open(sorted(m.path for m in matches)[0],
-                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        names = [line.strip() for line in f.read().decode("utf-8").splitlines() if line.strip()]
-    return names or None
+    path = sorted(m.path for m in matches)[0]
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        data = f.read()
+    return labels.class_names_txt(data, path)
 
 
 def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
@@ -274,7 +311,12 @@ class ListClassDirectory(beam.DoFn):
 
     def process(self, element):
         split, class_name, directory = element
-        for path in _list_files(directory, recursive=True):  # nested folders belong to the class too
+        paths, skipped = _list_files(directory, recursive=True)  # nested folders belong to the class too
+        for path, reason in skipped:
+            self.progress.add()
+            yield beam.pvalue.TaggedOutput(
+                REJECTS, accounting.skipped_reject(split, _printable(_relative_key(self.root, path)), reason))
+        for path in paths:
             self.progress.add()
             key = _relative_key(self.root, path)
             if not _is_utf8(path):
@@ -294,11 +336,11 @@ class ListFlatDirectory(beam.DoFn):
 
     def process(self, element):
         split, directory = element
-        for path in _list_files(directory):
+        for path in _list_files(directory)[0]:  # hidden entries here became rejects when planning
             if not _is_utf8(path):
                 yield _bad_file_name_reject(split, _relative_key(self.root, path))
-            else:
-                yield sources.labels_key(path), (split, _relative_key(self.root, path), path)
+            else:  # grouped with rows by case-folded name, so that names differing only in case are told apart
+                yield sources.labels_key(path).casefold(), (split, _relative_key(self.root, path), path)
 
 
 def _is_utf8(text: str) -> bool:
@@ -321,22 +363,19 @@ def _bad_file_name_reject(split: str, key: str):
         REJECTS, (split, _printable(key), "bad_file_name", "the file name is not valid UTF-8: rename the file"))
 
 
-def _list_files(directory: str, recursive: bool = False) -> list[str]:
-    """The input files in ``directory`` (and its sub-folders when ``recursive``), hidden names left out.
+def _list_files(directory: str, recursive: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the input files in ``directory`` and, when ``recursive``, its sub-folders; (path, reject reason) of what is
+    not read: hidden files and folders, and links to folders inside it).
 
-    Everything that is not a folder is listed, links to missing files and special files included: reading them
+    Everything else that is not a folder is listed, links to missing files and special files included: reading them
     turns them into "unreadable" rejects instead of letting them vanish unseen.
     """
     if _is_local(directory):
-        found = []
-        for folder, sub_dirs, files in os.walk(directory):
-            sub_dirs[:] = sorted(d for d in sub_dirs if not sources.is_hidden(d)) if recursive else []
-            found += [os.path.join(folder, name) for name in files if not sources.is_hidden(name)]
-        return sorted(found)
+        return accounting.walk_local(directory, recursive)
     pattern = manifest.join(directory, "**" if recursive else "*")
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list
-                  if not m.path.endswith("/")
-                  and not any(sources.is_hidden(part) for part in m.path[len(directory):].split("/")))
+    paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
+    hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}
+    return sorted(set(paths) - hidden), sorted((path, accounting.HIDDEN_FILE) for path in hidden)
 
 
 class JoinLabels(beam.DoFn):
@@ -349,23 +388,14 @@ class JoinLabels(beam.DoFn):
         self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
-        name, (files, rows) = element
-        labels = sorted({label for _, label in rows})
-        for split, key, path in sorted(files):
+        _, (files, rows) = element  # keyed by the case-folded file name
+        for kind, *fields in labels.join(files, rows, self.labels_split):
             self.progress.add()
-            if not labels:
-                yield beam.pvalue.TaggedOutput(REJECTS, (split, key, "no_label", f"{name} is not in the labels file"))
-            elif len(labels) > 1:
-                yield beam.pvalue.TaggedOutput(
-                    REJECTS, (split, key, "conflicting_labels", f"labels file gives {', '.join(labels)}"))
+            if kind == "reject":
+                yield beam.pvalue.TaggedOutput(REJECTS, fields[0])
             else:
-                yield split, key, self.class_index[labels[0]], path, None
-        if not files:
-            for filename, label in sorted(rows):
-                self.progress.add()
-                yield beam.pvalue.TaggedOutput(
-                    REJECTS, (self.labels_split, f"labels-file:{filename}", "missing_file",
-                              f"labels file row {filename},{label} names no image in the source folder"))
+                split, key, label, path = fields
+                yield split, key, self.class_index[label], path, None
 
     def finish_bundle(self):
         self.progress.flush()
@@ -385,6 +415,12 @@ def build_manifest(config: PreprocessConfig, plan: SourcePlan, runner: str, shar
     for entry in shard_entries:
         shards_by_split.setdefault(entry["split"], []).append(entry)
 
+    empty = [problem for split in plan.splits if (problem := accounting.empty_run_problem(
+        split, input_counts.get(split, 0), reject_summary.get(split, {}), config.labels_file, config.max_pixels))]
+    if not empty and not sum(input_counts.values()):
+        empty = [f"found no inputs in {config.source} (empty class folders, or TFRecords without records)"]
+    if empty:
+        raise PreprocessError(accounting.empty_run_message(empty, manifest.join(config.output, manifest.REJECTS_NAME)))
     splits, problems = {}, []
     for split in plan.splits:
         label_counts = counts_by_split.get(split, {})
@@ -539,36 +575,27 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
                      | "SpreadDirectories" >> beam.Reshuffle()
                      | "ListInputs" >> beam.ParDo(ListClassDirectory(root, class_index, progress_dir)
                                                   ).with_outputs(REJECTS, main="inputs"))
-    listed = class_listing.inputs
+    listed, class_rejects = class_listing.inputs, class_listing[REJECTS]
+    if plan.skipped:  # hidden entries seen when planning
+        class_rejects = ((class_rejects, p | "SkippedEntries" >> beam.Create(list(plan.skipped)))
+                         | "ListingAndSkipped" >> beam.Flatten())
     if not plan.flat_dirs and not config.labels_file:
-        return listed, class_listing[REJECTS]
+        return listed, class_rejects
     flat_listing = (p
                     | "FlatDirectories" >> beam.Create(list(plan.flat_dirs))
                     | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(root)).with_outputs(REJECTS, main="files"))
     flat_files = flat_listing.files
-    if config.labels_file:
-        label_rows = (p
-                      | "ReadLabelsFile" >> beam.io.ReadFromText(config.labels_file, coder=beam.coders.StrUtf8Coder())
-                      | "LabelRows" >> beam.ParDo(ParseLabelRows()))
-    else:
-        label_rows = p | "NoLabelsFile" >> beam.Create([])
+    # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
+    label_rows = p | "LabelRows" >> beam.Create(list(plan.label_rows))
     joined = ({"files": flat_files, "rows": label_rows}
               | "JoinLabels" >> beam.CoGroupByKey()
               | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
               | "CheckLabels" >> beam.ParDo(JoinLabels(class_index or {}, plan.labels_split or config.split,
                                                         progress_dir)).with_outputs(REJECTS, main="inputs"))
     inputs = (listed, joined.inputs) | "AllInputs" >> beam.Flatten()
-    listing_rejects = ((class_listing[REJECTS], flat_listing[REJECTS], joined[REJECTS])
+    listing_rejects = ((class_rejects, flat_listing[REJECTS], joined[REJECTS])
                        | "AllListingRejects" >> beam.Flatten())
     return inputs, listing_rejects
-
-
-class ParseLabelRows(beam.DoFn):
-    """(labels key, (filename as written, label)) per CSV line of the labels file."""
-
-    def process(self, text):
-        for row in sources.parse_labels_csv(text):
-            yield sources.labels_key(row.filename), (row.filename, row.label)
 
 
 # --- running -----------------------------------------------------------------------------------------------

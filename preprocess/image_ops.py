@@ -17,6 +17,8 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
+from preprocess import limits
+
 RESAMPLE = Image.Resampling.BICUBIC
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
@@ -306,6 +308,9 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
             raise RejectError("too_many_pixels", f"{resized} > --max-pixels {options.max_pixels}")
         if options.encoding == "jpeg" and max(width, height) > JPEG_MAX_SIDE:
             raise RejectError("too_many_pixels", f"{resized}: JPEG stores at most {JPEG_MAX_SIDE} pixels a side")
+        if options.encoding == "raw" and not limits.record_fits(width * height * 3):
+            raise RejectError("record_too_large", f"{resized}: {width * height * 3:,} raw bytes, over the "
+                                                  f"{limits.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
     _draft(image, options.shorter_side)
     decoded_size = image.size
     rgb = _load_rgb(image, data)
@@ -327,6 +332,9 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         encoded = _encode_rgb(rgb, options.encoding, options.jpeg_quality)
     except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
         raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
+    if not limits.record_fits(len(encoded)):
+        raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {limits.MAX_RECORD_BYTES:,} "
+                                              "bytes a TFRecord example can hold")
     return ProcessedImage(
         encoded=encoded,
         height=rgb.height,

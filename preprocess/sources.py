@@ -73,20 +73,74 @@ class LabelRow:
     label: str
 
 
-def parse_labels_csv(text: str) -> list[LabelRow]:
-    """Parses ``filename,label`` rows; a first row ``filename,label`` is a header. Raises SourceError on bad rows."""
+FILENAME_HEADERS = ("filename", "file", "file_name", "image", "image_name", "path", "name")
+LABEL_HEADERS = ("label", "class", "class_name", "category", "wnid")
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))
+
+
+def decode_labels_csv(data: bytes, path: str) -> str:
+    """The text of a labels file: UTF-8, its byte order mark (if any) dropped. Anything else is a SourceError naming
+    the line and the problem, so that planning and the pipeline read the same rows."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            raise SourceError(f"labels file {path} is {encoding} (it starts with a {encoding} byte order mark): "
+                              "save it as UTF-8")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise SourceError(f"labels file {path} line {line} has a NUL byte: it is not a text CSV (binary, or UTF-16 "
+                          "without a byte order mark); save it as UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SourceError(f"labels file {path} line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x} at column "
+                          f"{column}; Latin-1 or Windows-1252?): save it as UTF-8") from None
+
+
+def is_known_header(filename: str, label: str) -> bool:
+    return filename.lower() in FILENAME_HEADERS and label.lower() in LABEL_HEADERS
+
+
+def has_file_extension(filename: str) -> bool:
+    name = labels_key(filename)
+    return "." in name.strip(".")
+
+
+def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
+    """Parses ``filename,label`` rows; a first row of known header names (FILENAME_HEADERS, LABEL_HEADERS) is
+    skipped. Raises SourceError on bad rows."""
     rows: list[LabelRow] = []
-    for line_number, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
+    reader = csv.reader(io.StringIO(text))
+    line_number = 0
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise SourceError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
+        line_number = reader.line_num
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
-            raise SourceError(f"labels file line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
+            raise SourceError(f"{path} line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
         filename, label = fields[0].strip(), fields[1].strip()
-        if line_number == 1 and filename.lower() in ("filename", "file", "image", "path") and label.lower() in (
-                "label", "class", "class_name"):
+        if not rows and is_known_header(filename, label):
             continue
         rows.append(LabelRow(line_number, filename, label))
     return rows
+
+
+def unknown_header_error(path: str, row: LabelRow) -> SourceError:
+    return SourceError(
+        f"{path} line {row.line} ({row.filename},{row.label}) looks like a header shardprep does not understand (no "
+        "file of that name, no file extension): use the header 'filename,label' (first column "
+        f"{'/'.join(FILENAME_HEADERS)}; second {'/'.join(LABEL_HEADERS)}) or none")
 
 
 def labels_key(filename: str) -> str:

@@ -1,0 +1,68 @@
+"""Labels files, read one way wherever they are used: the labels CSV (``filename,label``) and TFDS's
+``label.labels.txt`` (one class name a line), and the join of CSV rows with flat image files. Pure, no Beam."""
+
+from __future__ import annotations
+
+from preprocess import accounting, names, sources
+
+
+def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
+    """The rows of a labels CSV's bytes; SourceError for an encoding, a row or a label that cannot be used, and for a
+    first row that looks like a header shardprep does not know (``file_exists(name)``: is it a flat image's name)."""
+    rows = sources.parse_labels_csv(sources.decode_labels_csv(data, path), f"labels file {path}")
+    if not rows:
+        raise sources.SourceError(f"labels file {path} has no rows; expected lines of filename,label")
+    first = rows[0]
+    if not sources.has_file_extension(first.filename) and not file_exists(sources.labels_key(first.filename)):
+        raise sources.unknown_header_error(f"labels file {path}", first)
+    for row in rows:
+        names.check(row.label, "class", f"labels file {path} line {row.line}", "fix the label")
+    return rows
+
+
+def class_names_txt(data: bytes, path: str) -> list[str] | None:
+    """Class names, one a line (blank lines skipped), from a ``label.labels.txt``; None when it names none."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise sources.SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
+    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for number, name in lines:
+        names.check(name, "class", f"{path} line {number}", "fix that line")
+    return [name for _, name in lines] or None
+
+
+def join(files, rows, labels_split: str):
+    """Flat image files ``(split, key, path)`` and labels-file rows ``(filename, label)`` whose file names are equal
+    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", (split, key,
+    reason, detail))`` per file without one label and per row without its file. Names must match exactly: a pair
+    that differs only in case is two ``case_mismatch`` rejects."""
+    by_name: dict[str, list[tuple[str, str]]] = {}
+    for filename, label in rows:
+        by_name.setdefault(sources.labels_key(filename), []).append((filename, label))
+    file_names = {sources.labels_key(path) for _, _, path in files}
+    for split, key, path in sorted(files):
+        name = sources.labels_key(path)
+        found = sorted({label for _, label in by_name.get(name, ())})
+        if not found and rows:
+            others = ", ".join(sorted({filename for filename, _ in rows}))
+            yield "reject", (split, key, accounting.CASE_MISMATCH,
+                             f"the labels file names {others}, which differs only in case; names must match exactly")
+        elif not found:
+            yield "reject", (split, key, "no_label", f"{name} is not in the labels file")
+        elif len(found) > 1:
+            yield "reject", (split, key, "conflicting_labels", f"labels file gives {', '.join(found)}")
+        else:
+            yield "input", split, key, found[0], path
+    for filename, label in sorted(rows):
+        if sources.labels_key(filename) in file_names:
+            continue
+        key = f"labels-file:{filename}"
+        if files:
+            yield "reject", (labels_split, key, accounting.CASE_MISMATCH,
+                             f"labels file row {filename},{label}: the source folder has "
+                             f"{', '.join(sorted(file_names))}, which differs only in case; names must match exactly")
+        else:
+            yield "reject", (labels_split, key, "missing_file",
+                             f"labels file row {filename},{label} names no image in the source folder")
