@@ -24,6 +24,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -139,8 +140,6 @@ def test_staged_wheel_declares_only_the_workers_requirements(built, built_normal
     assert {"apache-beam", "pillow", "numpy", "google-crc32c"} <= staged < full
     assert LAUNCHER_ONLY_DISTRIBUTIONS <= full
     assert installed_names(from_sdist) == full  # python -m build, or an sdist built outside a launcher
-    import tarfile
-
     with tarfile.open(sdist) as archive:
         top_files = {Path(name).name for name in archive.getnames() if len(Path(name).parts) == 2}
     assert "WORKER_SDIST" in top_files and "setup.py" in top_files  # what makes the worker's wheel build pick it
