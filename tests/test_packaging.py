@@ -1,15 +1,18 @@
 """What `--setup_file ./setup.py` ships to Dataflow workers, checked the way a worker gets it.
 
-Beam's stager builds an sdist of the project (its own ``Stager._build_setup_package``, used here); each worker pip
-installs it and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
+Beam's stager builds an sdist of the project (its own ``Stager._build_setup_package``, used here, with the launcher's
+``pipelines.staging.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
+``install_requires`` and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
 wheel a worker would build from it, checks the wheel holds every module of the four packages and no tests, installs
 it into a fresh virtualenv, and there, from a folder outside the repository and with ``python -I`` (no current
 directory, no PYTHONPATH), imports every module and deserializes the preprocess and validate pipelines built here.
 
 Reinstalling TensorFlow and Beam into the fresh virtualenv would take minutes and network access, so it sees this
 environment's site-packages through a ``.pth`` file and gets only shardprep itself installed (``--no-deps``). Whether
-``install_requires`` resolves on a worker is pip's job; that every import the code needs is declared is checked
-against the installed distribution's metadata below.
+``install_requires`` resolves on a worker is pip's job; what is checked against the wheels' metadata below: the staged
+wheel declares only the workers' requirements and a normal build declares everything; every import the code makes is
+declared by a normal build, and every import the workers' code makes (``pipelines/``, ``preprocess/`` and what they
+import, less the launcher-only functions in ``LAUNCHER_ONLY``) by the staged wheel.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -51,13 +55,8 @@ def pip(*args: str, cwd: Path) -> None:
     assert result.returncode == 0, f"pip {' '.join(args)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """(sdist, wheel): built from a copy of the project, so build/ and *.egg-info never land in the checkout."""
-    from apache_beam.runners.portability.stager import Stager
-
-    root = tmp_path_factory.mktemp("packaging")
-    source = root / "project"
+def copy_project(source: Path) -> None:
+    """The files a build reads, copied, so build/ and *.egg-info never land in the checkout."""
     source.mkdir()
     for name in BUILD_INPUTS:
         if (REPO / name).exists():
@@ -65,12 +64,86 @@ def built(tmp_path_factory):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in (*PACKAGES, "tests"):  # tests/ too: it sits beside the packages and must stay out of them
         shutil.copytree(REPO / name, source / name, ignore=ignore)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(sdist, wheel) as staged for Dataflow: Beam's stager, run the way the launcher runs it before a remote job."""
+    from unittest import mock
+
+    from apache_beam.runners.portability.stager import Stager
+
+    from pipelines import staging
+
+    root = tmp_path_factory.mktemp("packaging")
+    copy_project(root / "project")
     sdist_dir, wheel_dir = root / "sdist", root / "wheel"
     sdist_dir.mkdir()
-    sdist = Path(Stager._build_setup_package(str(source / "setup.py"), str(sdist_dir)))
+    with mock.patch.dict(os.environ):
+        staging.stage_worker_requirements_only()
+        sdist = Path(Stager._build_setup_package(str(root / "project" / "setup.py"), str(sdist_dir)))
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheel_dir), str(sdist), cwd=root)
     (wheel,) = wheel_dir.glob("shardprep-*.whl")
     return sdist, wheel
+
+
+@pytest.fixture(scope="module")
+def built_normally(tmp_path_factory):
+    """Wheels of a normal install: pip's in-tree build (``pip install .``, ``-e .`` reads the same metadata), and
+    ``python -m build`` (a wheel from an sdist built without the launcher's environment variable)."""
+    from apache_beam.runners.portability.stager import Stager
+
+    root = tmp_path_factory.mktemp("packaging-normal")
+    assert staging_env() not in os.environ
+    copy_project(root / "in-tree")
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(root / "in-tree-wheel"),
+        str(root / "in-tree"), cwd=root)
+    copy_project(root / "project")
+    (root / "sdist").mkdir()
+    sdist = Stager._build_setup_package(str(root / "project" / "setup.py"), str(root / "sdist"))
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(root / "sdist-wheel"), sdist, cwd=root)
+    (in_tree,) = (root / "in-tree-wheel").glob("shardprep-*.whl")
+    (from_sdist,) = (root / "sdist-wheel").glob("shardprep-*.whl")
+    return in_tree, from_sdist
+
+
+def staging_env() -> str:
+    from pipelines import staging
+
+    return staging.WORKER_SDIST_ENV
+
+
+def requires_dist(wheel: Path) -> list:
+    """The wheel's ``Requires-Dist`` lines as ``packaging`` Requirements."""
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as archive:
+        wheel_metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA")))
+    return [Requirement(line) for line in Parser().parsestr(wheel_metadata.decode()).get_all("Requires-Dist") or []]
+
+
+def installed_names(wheel: Path) -> set[str]:
+    """Normalized names of what ``pip install`` of the wheel (no extras) installs besides shardprep itself."""
+    return {_normalize(r.name) for r in requires_dist(wheel) if r.marker is None or r.marker.evaluate({"extra": ""})}
+
+
+LAUNCHER_ONLY_DISTRIBUTIONS = {"tensorflow", "tensorflow-datasets", "tensorboard", "matplotlib", "click", "rich"}
+
+
+def test_staged_wheel_declares_only_the_workers_requirements(built, built_normally):
+    sdist, wheel = built
+    in_tree, from_sdist = built_normally
+    staged, full = installed_names(wheel), installed_names(in_tree)
+    assert staged & LAUNCHER_ONLY_DISTRIBUTIONS == set()
+    assert {"apache-beam", "pillow", "numpy", "google-crc32c"} <= staged < full
+    assert LAUNCHER_ONLY_DISTRIBUTIONS <= full
+    assert installed_names(from_sdist) == full  # python -m build, or an sdist built outside a launcher
+    with tarfile.open(sdist) as archive:
+        top_files = {Path(name).name for name in archive.getnames() if len(Path(name).parts) == 2}
+    assert "WORKER_SDIST" in top_files and "setup.py" in top_files  # what makes the worker's wheel build pick it
+    assert not (REPO / "WORKER_SDIST").exists()  # written into the sdist only, never the checkout
 
 
 def test_wheel_built_from_the_staged_sdist_holds_every_module_and_no_tests(built):
@@ -137,9 +210,10 @@ for graph in sys.argv[2:]:
     pipeline.visit(type("Collect", (beam.pipeline.PipelineVisitor,), {
         "visit_transform": lambda self, node: names.append(node.full_label)})())
     transforms[Path(graph).stem] = names
-worker_loaded_tensorflow = "tensorflow" in sys.modules
+launcher_only_loaded = sorted(m for m in ("tensorflow", "tensorflow_datasets", "matplotlib", "click", "rich")
+                              if m in sys.modules)
 files = {name: importlib.import_module(name).__file__ for name in modules}
-print(json.dumps({"files": files, "transforms": transforms, "worker_loaded_tensorflow": worker_loaded_tensorflow,
+print(json.dumps({"files": files, "transforms": transforms, "launcher_only_loaded": launcher_only_loaded,
                   "path": sys.path}))
 """
 
@@ -180,46 +254,109 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
     assert sorted(found["files"]) == sorted(modules)
     assert any(label.startswith("DecodeResizeEncode") for label in found["transforms"]["preprocess"])
     assert any(label.startswith("ReadShards") for label in found["transforms"]["validate"])
-    # docs/dataflow.md: workers import Beam, Pillow, numpy and google-crc32c, not TensorFlow
-    assert not found["worker_loaded_tensorflow"]
+    # docs/dataflow.md: workers import Beam, Pillow, numpy and google-crc32c, not TensorFlow, TFDS or matplotlib
+    assert found["launcher_only_loaded"] == []
     console_script = venv / "bin" / "shardprep"
     version = subprocess.run([str(console_script), "--version"], cwd=outside, capture_output=True, text=True,
                              timeout=60)
     assert version.returncode == 0 and "shardprep" in version.stdout, version.stderr[-2000:]
 
 
-def test_every_third_party_import_is_declared(built):
-    """A worker gets the wheel's Requires-Dist (and what those require): every top-level import the four packages
-    make must be the standard library, one of the packages, or provided by that set."""
+# Functions that run on the launcher only and import what workers do not install: (file, function) -> imports.
+LAUNCHER_ONLY = {
+    ("pipelines/preprocess.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
+    ("pipelines/preprocess.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
+    ("pipelines/preprocess.py", "run"): {"shardprep.commands.preprocess"},  # the CLI, for run() callers
+    ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
+    ("preprocess/validation_pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
+}
+WORKER_PACKAGES = ("pipelines", "preprocess")
+
+
+def module_imports(path: Path) -> list[tuple[str | None, str]]:
+    """(innermost enclosing function or None, imported module) for every absolute import in ``path``; for
+    ``from package import name`` both ``package`` and ``package.name`` (which may be a module)."""
     import ast
-    from email.parser import Parser
+
+    found = []
+
+    def visit(node, function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, child.name)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((function, alias.name) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.append((function, child.module))
+                found.extend((function, f"{child.module}.{alias.name}") for alias in child.names)
+            visit(child, function)
+
+    visit(ast.parse(path.read_text()), None)
+    return found
+
+
+def first_party_file(module: str) -> Path | None:
+    base = REPO / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def undeclared_imports(files: list[Path], wheel: Path, follow: bool) -> dict[str, list[str]]:
+    """Third-party top-level imports of ``files`` that ``pip install`` of ``wheel`` does not provide; with ``follow``,
+    also of the first-party modules they import (skipping the ``LAUNCHER_ONLY`` functions)."""
     from importlib import metadata
 
-    from packaging.requirements import Requirement
-
-    _, wheel = built
-    with zipfile.ZipFile(wheel) as archive:
-        wheel_metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA")))
-    requirements = [Requirement(line) for line in Parser().parsestr(wheel_metadata.decode()).get_all("Requires-Dist")]
-    installable = _with_dependencies([r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})])
+    installable = _with_dependencies([r for r in requires_dist(wheel)
+                                      if r.marker is None or r.marker.evaluate({"extra": ""})])
     provided_by = metadata.packages_distributions()
     undeclared: dict[str, list[str]] = {}
-    for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for name in names:
-                    top = name.split(".")[0]
-                    if top in sys.stdlib_module_names or top in PACKAGES or top == "__future__":
-                        continue
-                    if not {_normalize(d) for d in provided_by.get(top, [])} & installable:
-                        undeclared.setdefault(top, []).append(str(path.relative_to(REPO)))
-    assert undeclared == {}, "imported but not in install_requires (nor required by it)"
+    todo, seen = list(files), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        relative = str(path.relative_to(REPO))
+        for function, name in module_imports(path):
+            if follow and _within(name, LAUNCHER_ONLY.get((relative, function), ())):
+                continue
+            top = name.split(".")[0]
+            if top in PACKAGES:
+                if follow and (target := first_party_file(name)) is not None:
+                    todo.append(target)
+                continue
+            if top in sys.stdlib_module_names or top == "__future__":
+                continue
+            if not {_normalize(d) for d in provided_by.get(top, [])} & installable:
+                undeclared.setdefault(top, []).append(relative)
+    return {top: sorted(set(paths)) for top, paths in undeclared.items()}
+
+
+def test_every_third_party_import_is_declared(built_normally):
+    """``pip install -e .`` gets the wheel's Requires-Dist (and what those require): every top-level import the four
+    packages make must be the standard library, one of the packages, or provided by that set."""
+    in_tree, _ = built_normally
+    files = [path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
+    assert undeclared_imports(files, in_tree, follow=False) == {}, "imported but not in install_requires"
+
+
+def test_every_worker_import_is_declared_in_the_staged_wheel(built):
+    """A worker gets the staged wheel's Requires-Dist: every import of the workers' code (``pipelines/`` and
+    ``preprocess/``, and the first-party modules they import), except in the launcher-only functions, is provided."""
+    _, wheel = built
+    files = [path for package in WORKER_PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
+    assert undeclared_imports(files, wheel, follow=True) == {}, "imported on workers but not in WORKER_REQUIRED"
+    for (relative, function), names in LAUNCHER_ONLY.items():  # no stale exceptions
+        imported = [name for f, name in module_imports(REPO / relative) if f == function]
+        assert all(any(_within(name, [n]) for name in imported) for n in names), (relative, function, names)
+
+
+def _within(module: str, packages) -> bool:
+    """True when ``module`` is one of ``packages`` or inside one."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def _normalize(name: str) -> str:
