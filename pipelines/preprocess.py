@@ -51,7 +51,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from pipelines import progress
+from pipelines import progress, storage
+from pipelines.storage import _existing_files, _is_local, output_lock, prepare_output  # noqa: F401
 from preprocess import image_ops, manifest, record_format, record_pointers, sharding, sources, tfrecord_io
 
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
@@ -108,10 +109,6 @@ class PreprocessError(RuntimeError):
 
 
 # --- planning (runs on the launching machine) --------------------------------------------------------------
-
-def _is_local(path: str) -> bool:
-    return FileSystems.get_scheme(path) in (None, "file")
-
 
 def list_children(path: str) -> tuple[list[str], list[str]]:
     """(sub-directory names, file names) directly inside ``path``, without hidden entries, sorted."""
@@ -532,7 +529,7 @@ class DecodeResizeEncode(beam.DoFn):
         yield beam.pvalue.TaggedOutput(self.SUMMARY, GlobalWindows.windowed_value(self.summary))
 
 
-SPILL_DIR = ".tmp"
+SPILL_DIR = storage.SPILL_DIR
 
 
 class SpillWriter:
@@ -1187,96 +1184,18 @@ class ParseLabelRows(beam.DoFn):
 
 # --- running -----------------------------------------------------------------------------------------------
 
-def prepare_output(output: str, overwrite: bool) -> None:
-    """Refuses a non-empty OUTPUT unless ``overwrite``; then removes the old manifest first, and the rest after it.
-
-    Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
-    describes shards which are no longer there.
-    """
-    existing = _existing_files(output)
-    if existing and not overwrite:
-        raise PreprocessError(
-            f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to replace it")
-    if existing:
-        manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
-        if manifest_path in existing:
-            FileSystems.delete([manifest_path])
-        if _is_local(output):
-            import shutil
-
-            for name in os.listdir(output):
-                path = os.path.join(output, name)
-                if name == manifest.LOCK_NAME:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.remove(path)
-        else:
-            rest = [path for path in existing if path != manifest_path]
-            if rest:
-                FileSystems.delete(rest)
-    if _is_local(output):
-        os.makedirs(output, exist_ok=True)
-
-
-@contextlib.contextmanager
-def output_lock(output: str):
-    """Holds OUTPUT/.shardprep.lock for the whole run, so a second run into the same OUTPUT is refused.
-
-    Locally this is an advisory ``flock``: the kernel releases it when the holder dies, so a killed run never
-    blocks the rerun. The lock file itself stays (hidden; readers ignore it). On object stores there is no
-    lock: there, a second run is refused because OUTPUT is not empty, unless it passes --overwrite.
-    """
-    if not _is_local(output):
-        yield
-        return
-    import fcntl
-    import socket
-
-    os.makedirs(output, exist_ok=True)
-    path = os.path.join(output, manifest.LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
-            raise PreprocessError(
-                f"another shardprep run is writing to {output} ({holder}); wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _existing_files(output: str) -> list[str]:
-    """Every file under OUTPUT except the lock (locally, empty sub-folders count too)."""
-    lock = manifest.join(output, manifest.LOCK_NAME)
-    if not _is_local(output):
-        return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list
-                      if m.path != lock)
-    if not os.path.exists(output):
-        return []
-    if not os.path.isdir(output):
-        raise PreprocessError(f"{output} exists and is not a directory")
-    found = []
-    for directory, sub_dirs, files in os.walk(output):
-        found += [os.path.join(directory, name) for name in files]
-        found += [os.path.join(directory, name) for name in sub_dirs
-                  if not os.listdir(os.path.join(directory, name))]
-    return sorted(path for path in found if path != lock)
-
-
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) -> dict:
     """Runs the preprocess job to completion and returns the manifest it wrote.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI.
     """
+    storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
+    if config.source.startswith("tfrecord:"):
+        storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
+    storage.check_output_path(config.output)
     plan = plan_source(config)
+    storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
     with output_lock(config.output):
         prepare_output(config.output, config.overwrite)
         return _run_pipeline(config, plan, beam_args, on_progress)

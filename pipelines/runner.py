@@ -89,8 +89,38 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     return beam.Pipeline(options=options)
 
 
-def quiet_beam_logging() -> None:
-    """Beam's local job service logs every worker's start-up warnings; a CLI user needs none of them."""
+class BeamArgsError(ValueError):
+    """The Beam options after ``--`` cannot be used (a stray argument, a worker count below one); for the user."""
+
+
+def check_beam_args(beam_args: list[str], usage: str) -> None:
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run.
+
+    A token that is not an option and not the value of the option before it (``--runner DataflowRunner``) is a
+    stray positional argument (``shardprep preprocess SRC OUT EXTRA``): click hands it over with the Beam options.
+    """
+    previous_takes_value = False
+    for token in beam_args:
+        if token.startswith("-") and token != "-":
+            previous_takes_value = "=" not in token
+            continue
+        if not previous_takes_value:
+            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
+        previous_takes_value = False
+    try:
+        direct = PipelineOptions(beam_args).view_as(DirectOptions)
+    except (SystemExit, Exception) as e:  # noqa: BLE001 - argparse exits on a malformed known option
+        raise BeamArgsError(f"invalid Beam options {' '.join(beam_args)}: {e}") from None
+    workers = direct.direct_num_workers
+    if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
+        raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
+                            "1 (default: one per core)")
+
+
+def quiet_beam_logging(verbose: bool = False) -> None:
+    """Beam's local job service logs every worker's start-up warnings, and a failed worker's traceback (tens of lines
+    each, while the job's own error says what failed in one); a CLI user needs none of them unless ``verbose``."""
+    level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
