@@ -1194,6 +1194,7 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
     if config.source.startswith("tfrecord:"):
         storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
     storage.check_output_path(config.output)
+    storage.check_replaceable(config.output, config.overwrite)
     plan = plan_source(config)
     storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
     with output_lock(config.output):
@@ -1213,8 +1214,9 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                 min_groups = 2 * runners.local_workers(beam_args)
             build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
                            progress_dir=progress_dir, min_decode_groups=min_groups)
-            result = p.run()
-            result.wait_until_finish()
+            with runners.worker_stderr_held(local):
+                result = p.run()
+                result.wait_until_finish()
         except PreprocessError:
             raise
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably

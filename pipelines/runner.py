@@ -7,8 +7,11 @@ download the Prism runner binary, which fails offline, so they are never picked 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import threading
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
@@ -117,10 +120,71 @@ def check_beam_args(beam_args: list[str], usage: str) -> None:
                             "1 (default: one per core)")
 
 
+_hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
+
+
 def quiet_beam_logging(verbose: bool = False) -> None:
     """Beam's local job service logs every worker's start-up warnings, and a failed worker's traceback (tens of lines
-    each, while the job's own error says what failed in one); a CLI user needs none of them unless ``verbose``."""
+    each, while the job's own error says what failed in one); a CLI user needs none of them unless ``verbose``.
+
+    Without ``verbose`` the local workers' stderr is also held back during a run (``worker_stderr_held``).
+    """
+    global _hide_worker_traces
+    _hide_worker_traces = not verbose
     level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
         logging.getLogger(name).setLevel(level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
+
+
+@contextlib.contextmanager
+def worker_stderr_held(local: bool):
+    """While a local run goes, the SDK worker processes' stderr (they inherit this process's fd 2) goes to a pipe.
+
+    Beam's worker prints every failed bundle's chained traceback there (sdk_worker._execute: 70-140 lines for a
+    ``--strict`` failure, a full disk or a killed sibling), before the job's own one-line error. A run that fails
+    drops them (``--verbose`` shows them, and the full chain); a run that succeeds passes on whatever was held.
+    This process's own stderr (the progress display) keeps going to the terminal.
+    """
+    if not (local and _hide_worker_traces):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    held = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                os.close(read_end)
+                return
+            held.extend(chunk)
+            del held[:-WORKER_STDERR_KEPT]
+
+    drainer = threading.Thread(target=drain, name="shardprep-worker-stderr", daemon=True)
+    drainer.start()
+    own_stderr = sys.stderr
+    sys.stderr = open(saved, "w", closefd=False, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+                      errors="backslashreplace")
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        sys.stderr.flush()
+        sys.stderr = own_stderr
+        os.dup2(saved, 2)  # the pipe now closes once the last worker has exited
+        drainer.join(timeout=2)
+        if not failed and held:
+            os.write(saved, bytes(held))
+        os.close(saved)

@@ -194,6 +194,23 @@ def check_output_path(output: str) -> None:
         raise OutputError(f"OUTPUT {output} cannot be written: no write permission on {probe}; pick another OUTPUT")
 
 
+def check_replaceable(output: str, overwrite: bool) -> list[str]:
+    """Refuses an OUTPUT holding anything a shardprep run did not write (read-only: runs before the lock is taken, so
+    a refused run leaves not even a lock file in someone's folder); returns the files found."""
+    existing = existing_files(output)
+    foreign = foreign_files(output, existing)
+    if foreign and not overwrite:
+        raise OutputError(
+            f"{output} is not empty: it holds {foreign[0]}, which no shardprep run wrote; pick a new or empty OUTPUT")
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputError(
+            f"--overwrite refused: {output} holds {foreign[0]}{more}, which no shardprep run wrote "
+            "(--overwrite deletes only a dataset's manifest, shards, rejects and temporary files); "
+            "move it away or pick another OUTPUT")
+    return existing
+
+
 def prepare_output(output: str, overwrite: bool) -> None:
     """Refuses a non-empty OUTPUT unless ``overwrite``, and one holding anything a shardprep run did not write even
     then; removes the old manifest first, and the rest after it.
@@ -201,18 +218,11 @@ def prepare_output(output: str, overwrite: bool) -> None:
     Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
     describes shards which are no longer there.
     """
-    existing = existing_files(output)
+    existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
         raise OutputError(
             f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to replace it")
     if existing:
-        foreign = foreign_files(output, existing)
-        if foreign:
-            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-            raise OutputError(
-                f"--overwrite refused: {output} holds {foreign[0]}{more}, which no shardprep run wrote "
-                "(--overwrite deletes only a dataset's manifest, shards, rejects and temporary files); "
-                "move it away or pick another OUTPUT")
         manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
         try:
             if manifest_path in existing:
