@@ -1193,10 +1193,10 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
     storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
     if config.source.startswith("tfrecord:"):
         storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
-    storage.check_output_path(config.output)
-    storage.check_replaceable(config.output, config.overwrite)
     plan = plan_source(config)
     storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
+    storage.check_output_path(config.output)
+    storage.check_replaceable(config.output, config.overwrite)
     with output_lock(config.output):
         prepare_output(config.output, config.overwrite)
         return _run_pipeline(config, plan, beam_args, on_progress)
@@ -1214,7 +1214,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                 min_groups = 2 * runners.local_workers(beam_args)
             build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
                            progress_dir=progress_dir, min_decode_groups=min_groups)
-            with runners.worker_stderr_held(local):
+            with runners.worker_stderr_held(runners.uses_worker_processes(beam_args)):
                 result = p.run()
                 result.wait_until_finish()
         except PreprocessError:

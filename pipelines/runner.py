@@ -140,8 +140,15 @@ def quiet_beam_logging(verbose: bool = False) -> None:
 WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
 
 
+def uses_worker_processes(beam_args: list[str]) -> bool:
+    """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
+    if not is_local(beam_args):
+        return False
+    return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
+
+
 @contextlib.contextmanager
-def worker_stderr_held(local: bool):
+def worker_stderr_held(enabled: bool):
     """While a local run goes, the SDK worker processes' stderr (they inherit this process's fd 2) goes to a pipe.
 
     Beam's worker prints every failed bundle's chained traceback there (sdk_worker._execute: 70-140 lines for a
@@ -149,7 +156,7 @@ def worker_stderr_held(local: bool):
     drops them (``--verbose`` shows them, and the full chain); a run that succeeds passes on whatever was held.
     This process's own stderr (the progress display) keeps going to the terminal.
     """
-    if not (local and _hide_worker_traces):
+    if not (enabled and _hide_worker_traces):
         yield
         return
     sys.stderr.flush()

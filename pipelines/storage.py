@@ -105,6 +105,8 @@ def inputs_of(source: str, labels_file: str | None, tfds_data_dir: str | None) -
     inputs = []
     if spec.kind == "folder":
         inputs.append(("SOURCE", spec.location))
+    elif spec.kind == "tfrecord" and not re.search(r"[*?\[]", spec.location):
+        inputs.append(("input TFRecord file", spec.location))
     elif spec.kind == "tfds":
         data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
         inputs.append(("TFDS data dir", data_dir))
