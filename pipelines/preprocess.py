@@ -1230,14 +1230,14 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 def _root_cause(error: Exception) -> str:
     """Beam reports a worker failure as a long chain; the user needs its last line, e.g. a PreprocessError's."""
     text = str(error)
-    if "Channel closed prematurely" in text or "Socket closed" in text:
+    if any(sign in text for sign in ("Channel closed prematurely", "Socket closed", "Worker subprocess exited")):
         return ("a Beam worker process stopped unexpectedly (killed, or out of memory); the output has no "
                 "manifest and is not a dataset: rerun with --overwrite")
     for marker in ("PreprocessError: ",):
         if marker in text:
             return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
     last = [line.strip() for line in text.splitlines() if line.strip()]
-    return last[-1] if last else type(error).__name__
+    return last[-1].split(" [while running")[0] if last else type(error).__name__
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -180,6 +180,10 @@ def worker_stderr_held(enabled: bool):
 
     drainer = threading.Thread(target=drain, name="shardprep-worker-stderr", daemon=True)
     drainer.start()
+    # The runner's gRPC threads die with tracebacks of their own when a worker is killed ("Exception in thread
+    # run_worker: ... RuntimeError: Worker subprocess exited with return code 137"): held too.
+    thread_errors, own_excepthook = [], threading.excepthook
+    threading.excepthook = thread_errors.append
     own_stderr = sys.stderr
     sys.stderr = open(saved, "w", closefd=False, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
                       errors="backslashreplace")
@@ -195,3 +199,7 @@ def worker_stderr_held(enabled: bool):
         if not failed and held:
             os.write(saved, bytes(held))
         os.close(saved)
+        if not failed:  # after a failure the threads may still be dying while the error is reported: keep quiet
+            threading.excepthook = own_excepthook
+            for args in thread_errors:
+                own_excepthook(args)
