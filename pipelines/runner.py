@@ -110,10 +110,16 @@ def check_beam_args(beam_args: list[str], usage: str) -> None:
         if not previous_takes_value:
             raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
         previous_takes_value = False
+    import io
+
+    said = io.StringIO()
     try:
-        direct = PipelineOptions(beam_args).view_as(DirectOptions)
-    except (SystemExit, Exception) as e:  # noqa: BLE001 - argparse exits on a malformed known option
-        raise BeamArgsError(f"invalid Beam options {' '.join(beam_args)}: {e}") from None
+        with contextlib.redirect_stderr(said):  # argparse prints its usage, then exits, on a malformed option
+            direct = PipelineOptions(beam_args).view_as(DirectOptions)
+            direct.direct_running_mode  # noqa: B018 - parsing happens on first access
+    except (SystemExit, Exception) as e:  # noqa: BLE001
+        reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
+        raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
     workers = direct.direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
         raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "

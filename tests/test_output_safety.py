@@ -166,6 +166,8 @@ def test_beam_args_accepted(beam_args):
     (["--direct_num_workers=-3"], "--direct_num_workers=-3: the number of local worker processes must be at least 1"),
     (["--direct_num_workers=0"], "at least 1"),
     (["--direct_num_workers", "0"], "at least 1"),
+    (["--direct_num_workers=abc"], "invalid Beam option: argument --direct_num_workers: invalid int value: 'abc'"),
+    (["--direct_running_mode=bogus"], "invalid Beam option: argument --direct_running_mode: invalid choice"),
 ])
 def test_beam_args_refused(beam_args, message):
     with pytest.raises(runners.BeamArgsError, match=None) as refused:
@@ -318,6 +320,7 @@ def test_unwritable_output_is_refused(work):
     (["src", "out", "EXTRA"], "unexpected argument EXTRA: preprocess takes SOURCE OUTPUT; Beam options go after --"),
     (["src", "out", "--", "--direct_num_workers=-3"], "--direct_num_workers=-3: the number of local worker"),
     (["src", "out", "--", "--direct_num_workers=0"], "at least 1"),
+    (["src", "out", "--", "--direct_num_workers=abc"], "invalid Beam option: argument --direct_num_workers"),
 ])
 def test_bad_arguments_are_refused_before_the_run(work, args, expect):
     before = tree(work)

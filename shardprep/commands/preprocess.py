@@ -64,11 +64,11 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     from preprocess.sources import SourceError
 
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
+    runner.quiet_beam_logging(verbose)
     try:
         runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT")
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
-    runner.quiet_beam_logging(verbose)
     config = job.PreprocessConfig(
         source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
