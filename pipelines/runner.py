@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+import traceback
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
@@ -205,7 +206,17 @@ def worker_stderr_held(enabled: bool):
         if not failed and held:
             os.write(saved, bytes(held))
         os.close(saved)
-        if not failed:  # after a failure the threads may still be dying while the error is reported: keep quiet
-            threading.excepthook = own_excepthook
+        threading.excepthook = own_excepthook
+        if not failed:
             for args in thread_errors:
                 own_excepthook(args)
+        else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+            threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+
+
+def _quiet_about_runner_threads(own_excepthook):
+    def excepthook(args):
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if not any("apache_beam" in frame.filename or "grpc" in frame.filename for frame in frames):
+            own_excepthook(args)
+    return excepthook
