@@ -41,7 +41,7 @@ def resolved(path: str) -> str:
     if path.startswith("file://"):
         path = path[len("file://"):]
     if is_local(path):
-        return os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+        return os.path.realpath(os.path.abspath(path))  # no '~': the job does not expand it either
     scheme, rest = path.split("://", 1)
     bucket, _, key = rest.partition("/")
     key = posixpath.normpath("/" + key).lstrip("/")
@@ -109,6 +109,8 @@ def inputs_of(source: str, labels_file: str | None, tfds_data_dir: str | None) -
         inputs.append(("input TFRecord file", spec.location))
     elif spec.kind == "tfds":
         data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+        if is_local(data_dir):
+            data_dir = os.path.expanduser(data_dir)  # as TFDS reads it
         inputs.append(("TFDS data dir", data_dir))
     if labels_file:
         inputs.append(("labels file", labels_file))
