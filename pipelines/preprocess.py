@@ -1190,6 +1190,7 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI.
     """
+    # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
     storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
     if config.source.startswith("tfrecord:"):
         storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
