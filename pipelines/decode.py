@@ -25,7 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import progress
-from pipelines.common import is_local
+from pipelines.storage import is_local
 from pipelines.spill import SpillWriter
 from preprocess import image_ops, record_format, record_pointers, sharding, tfrecord_io
 from preprocess.elements import REJECTS, Input, Reject

@@ -46,7 +46,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import progress
+from pipelines import progress, storage
+from pipelines.storage import is_local, output_lock, prepare_output
 from pipelines.boundaries import ShardBoundaries
 from pipelines.common import METRICS_NAMESPACE, PreprocessError  # noqa: F401 - part of this module's interface
 from pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
@@ -108,13 +109,9 @@ class SourcePlan:
 
 # --- planning (runs on the launching machine) --------------------------------------------------------------
 
-def _is_local(path: str) -> bool:
-    return FileSystems.get_scheme(path) in (None, "file")
-
-
 def list_children(path: str) -> tuple[list[str], list[str], list[tuple[str, bool]]]:
     """(sub-directory names, file names, (hidden name, is a directory)) directly inside ``path``, sorted."""
-    if _is_local(path):
+    if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
         entries = sorted(os.scandir(path), key=lambda e: e.name)
@@ -144,7 +141,7 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
     """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
     if not FileSystems.exists(path):
         raise sources.SourceError(f"labels file {path} does not exist")
-    if _is_local(path) and not os.path.isfile(path):
+    if is_local(path) and not os.path.isfile(path):
         raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -370,7 +367,7 @@ def _list_files(directory: str, recursive: bool = False) -> tuple[list[str], lis
     Everything else that is not a folder is listed, links to missing files and special files included: reading them
     turns them into "unreadable" rejects instead of letting them vanish unseen.
     """
-    if _is_local(directory):
+    if is_local(directory):
         return accounting.walk_local(directory, recursive)
     pattern = manifest.join(directory, "**" if recursive else "*")
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
@@ -600,96 +597,20 @@ def _list_inputs(p, config: PreprocessConfig, plan: SourcePlan, class_index, pro
 
 # --- running -----------------------------------------------------------------------------------------------
 
-def prepare_output(output: str, overwrite: bool) -> None:
-    """Refuses a non-empty OUTPUT unless ``overwrite``; then removes the old manifest first, and the rest after it.
-
-    Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
-    describes shards which are no longer there.
-    """
-    existing = _existing_files(output)
-    if existing and not overwrite:
-        raise PreprocessError(
-            f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to replace it")
-    if existing:
-        manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
-        if manifest_path in existing:
-            FileSystems.delete([manifest_path])
-        if _is_local(output):
-            import shutil
-
-            for name in os.listdir(output):
-                path = os.path.join(output, name)
-                if name == manifest.LOCK_NAME:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.remove(path)
-        else:
-            rest = [path for path in existing if path != manifest_path]
-            if rest:
-                FileSystems.delete(rest)
-    if _is_local(output):
-        os.makedirs(output, exist_ok=True)
-
-
-@contextlib.contextmanager
-def output_lock(output: str):
-    """Holds OUTPUT/.shardprep.lock for the whole run, so a second run into the same OUTPUT is refused.
-
-    Locally this is an advisory ``flock``: the kernel releases it when the holder dies, so a killed run never
-    blocks the rerun. The lock file itself stays (hidden; readers ignore it). On object stores there is no
-    lock: there, a second run is refused because OUTPUT is not empty, unless it passes --overwrite.
-    """
-    if not _is_local(output):
-        yield
-        return
-    import fcntl
-    import socket
-
-    os.makedirs(output, exist_ok=True)
-    path = os.path.join(output, manifest.LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
-            raise PreprocessError(
-                f"another shardprep run is writing to {output} ({holder}); wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _existing_files(output: str) -> list[str]:
-    """Every file under OUTPUT except the lock (locally, empty sub-folders count too)."""
-    lock = manifest.join(output, manifest.LOCK_NAME)
-    if not _is_local(output):
-        return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list
-                      if m.path != lock)
-    if not os.path.exists(output):
-        return []
-    if not os.path.isdir(output):
-        raise PreprocessError(f"{output} exists and is not a directory")
-    found = []
-    for directory, sub_dirs, files in os.walk(output):
-        found += [os.path.join(directory, name) for name in files]
-        found += [os.path.join(directory, name) for name in sub_dirs
-                  if not os.listdir(os.path.join(directory, name))]
-    return sorted(path for path in found if path != lock)
-
-
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) -> dict:
     """Runs the preprocess job to completion and returns the manifest it wrote.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI.
     """
+    # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
+    storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
+    if config.source.startswith("tfrecord:"):
+        storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
     plan = plan_source(config)
+    storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
+    storage.check_output_path(config.output)
+    storage.check_replaceable(config.output, config.overwrite)
     with output_lock(config.output):
         prepare_output(config.output, config.overwrite)
         return _run_pipeline(config, plan, beam_args, on_progress)
@@ -707,8 +628,9 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                 min_groups = 2 * runners.local_workers(beam_args)
             build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
                            progress_dir=progress_dir, min_decode_groups=min_groups)
-            result = p.run()
-            result.wait_until_finish()
+            with runners.worker_stderr_held(runners.uses_worker_processes(beam_args)):
+                result = p.run()
+                result.wait_until_finish()
         except PreprocessError:
             raise
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
@@ -722,14 +644,14 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 def _root_cause(error: Exception) -> str:
     """Beam reports a worker failure as a long chain; the user needs its last line, e.g. a PreprocessError's."""
     text = str(error)
-    if "Channel closed prematurely" in text or "Socket closed" in text:
+    if any(sign in text for sign in ("Channel closed prematurely", "Socket closed", "Worker subprocess exited")):
         return ("a Beam worker process stopped unexpectedly (killed, or out of memory); the output has no "
                 "manifest and is not a dataset: rerun with --overwrite")
     for marker in ("PreprocessError: ",):
         if marker in text:
             return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
     last = [line.strip() for line in text.splitlines() if line.strip()]
-    return last[-1] if last else type(error).__name__
+    return last[-1].split(" [while running")[0] if last else type(error).__name__
 
 
 def run(argv: list[str] | None = None) -> dict:

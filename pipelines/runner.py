@@ -7,8 +7,12 @@ download the Prism runner binary, which fails offline, so they are never picked 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import threading
+import traceback
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
@@ -86,11 +90,136 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
 
         limit_malloc_arenas()
         return beam.Pipeline(runner=FnApiRunner(), options=options)
+    from pipelines import staging
+
+    staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
     return beam.Pipeline(options=options)
 
 
-def quiet_beam_logging() -> None:
-    """Beam's local job service logs every worker's start-up warnings; a CLI user needs none of them."""
+class BeamArgsError(ValueError):
+    """The Beam options after ``--`` cannot be used (a stray argument, a worker count below one); for the user."""
+
+
+def check_beam_args(beam_args: list[str], usage: str) -> None:
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run.
+
+    A token that is not an option and not the value of the option before it (``--runner DataflowRunner``) is a
+    stray positional argument (``shardprep preprocess SRC OUT EXTRA``): click hands it over with the Beam options.
+    """
+    previous_takes_value = False
+    for token in beam_args:
+        if token.startswith("-") and token != "-":
+            previous_takes_value = "=" not in token
+            continue
+        if not previous_takes_value:
+            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
+        previous_takes_value = False
+    import io
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # argparse prints its usage, then exits, on a malformed option
+            direct = PipelineOptions(beam_args).view_as(DirectOptions)
+            direct.direct_running_mode  # noqa: B018 - parsing happens on first access
+    except (SystemExit, Exception) as e:  # noqa: BLE001
+        reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
+        raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
+    workers = direct.direct_num_workers
+    if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
+        raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
+                            "1 (default: one per core)")
+
+
+_hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
+
+
+def quiet_beam_logging(verbose: bool = False) -> None:
+    """Beam's local job service logs every worker's start-up warnings, and a failed worker's traceback (tens of lines
+    each, while the job's own error says what failed in one); a CLI user needs none of them unless ``verbose``.
+
+    Without ``verbose`` the local workers' stderr is also held back during a run (``worker_stderr_held``).
+    """
+    global _hide_worker_traces
+    _hide_worker_traces = not verbose
+    level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
+
+
+def uses_worker_processes(beam_args: list[str]) -> bool:
+    """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
+    if not is_local(beam_args):
+        return False
+    return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
+
+
+@contextlib.contextmanager
+def worker_stderr_held(enabled: bool):
+    """While a local run goes, the SDK worker processes' stderr (they inherit this process's fd 2) goes to a pipe.
+
+    Beam's worker prints every failed bundle's chained traceback there (sdk_worker._execute: 70-140 lines for a
+    ``--strict`` failure, a full disk or a killed sibling), before the job's own one-line error. A run that fails
+    drops them (``--verbose`` shows them, and the full chain); a run that succeeds passes on whatever was held.
+    This process's own stderr (the progress display) keeps going to the terminal.
+    """
+    if not (enabled and _hide_worker_traces):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    held = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                os.close(read_end)
+                return
+            held.extend(chunk)
+            del held[:-WORKER_STDERR_KEPT]
+
+    drainer = threading.Thread(target=drain, name="shardprep-worker-stderr", daemon=True)
+    drainer.start()
+    # The runner's gRPC threads die with tracebacks of their own when a worker is killed ("Exception in thread
+    # run_worker: ... RuntimeError: Worker subprocess exited with return code 137"): held too.
+    thread_errors, own_excepthook = [], threading.excepthook
+    threading.excepthook = thread_errors.append
+    own_stderr = sys.stderr
+    sys.stderr = open(saved, "w", closefd=False, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+                      errors="backslashreplace")
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        sys.stderr.flush()
+        sys.stderr = own_stderr
+        os.dup2(saved, 2)  # the pipe now closes once the last worker has exited
+        drainer.join(timeout=2)
+        if not failed and held:
+            os.write(saved, bytes(held))
+        os.close(saved)
+        threading.excepthook = own_excepthook
+        if not failed:
+            for args in thread_errors:
+                own_excepthook(args)
+        else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+            threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+
+
+def _quiet_about_runner_threads(own_excepthook):
+    def excepthook(args):
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if not any("apache_beam" in frame.filename or "grpc" in frame.filename for frame in frames):
+            own_excepthook(args)
+    return excepthook

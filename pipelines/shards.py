@@ -18,7 +18,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.common import METRICS_NAMESPACE, PreprocessError, is_local
+from pipelines.common import METRICS_NAMESPACE, PreprocessError
+from pipelines.storage import is_local
 from pipelines.spill import SpillReader
 from preprocess import manifest, record_pointers, sharding
 

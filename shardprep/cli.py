@@ -33,7 +33,8 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shardprep")
-def main():
+@click.option("--verbose", is_flag=True, help="On failure, print the full traceback after the error line.")
+def main(verbose):
     """shardprep: get image data into a GPU training loop without starving it.
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.

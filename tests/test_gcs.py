@@ -230,14 +230,28 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     bucket = storage.client().bucket(storage.bucket)
     bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
     bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
-    bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"from an earlier run")
+    # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept
+    bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"someone's file")
+    refused = run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
+                            gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet",
+                            expect_exit=1)
+    assert refused.stderr.splitlines() == [
+        f"Error: --overwrite refused: {gs(storage, 'tfds-shards')} holds "
+        f"{gs(storage, 'tfds-shards/stale/left-over.txt')}, which no shardprep run wrote (--overwrite deletes only "
+        "a dataset's manifest, shards, rejects and temporary files); move it away or pick another OUTPUT"]
+    assert "tfds-shards/stale/left-over.txt" in object_names(storage, "tfds-shards/")
+    bucket.blob("tfds-shards/stale/left-over.txt").delete()
+    # an earlier run's leftovers are deleted
+    bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
+    bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
     run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
                   gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet")
     manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
     assert manifest["splits"]["train"]["num_examples"] == 4
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
-    assert "tfds-shards/stale/left-over.txt" not in object_names(storage, "tfds-shards/")
+    assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
+        set(object_names(storage, "tfds-shards/"))
     run_shardprep(storage, "validate", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
                   "--json", gs(storage, "reports/tfds.json"), "--quiet")
     report = json.loads(read_object(storage, "reports/tfds.json"))

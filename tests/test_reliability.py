@@ -200,6 +200,7 @@ def test_killed_run_leaves_no_dataset_and_the_rerun_matches_a_clean_run(source, 
             log = read_text(log_path)
             assert returncode == 1, log
             assert "a Beam worker process stopped unexpectedly" in log and "rerun with --overwrite" in log
+            assert "Traceback" not in log and log.strip().splitlines()[-1].startswith("Error: "), log  # issue 12
     assert spill_files(output), "the interrupted run's temporary files are still there"
 
     report = assert_reported_incomplete(output, tmp_path / "report.json")
@@ -232,6 +233,7 @@ def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side
         error = [line for line in read_text(tmp_path / "log").splitlines() if line.startswith("Error: ")]
         assert completed.returncode == 1 and error, read_text(tmp_path / "log")[-3000:]
         assert str(output) in error[-1] and "No space left on device" in error[-1] and full_while in error[-1]
+        assert read_text(tmp_path / "log").strip().splitlines() == error  # issue 12: no Beam traces before it
         assert_reported_incomplete(output, tmp_path / "report.json")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import traceback
 
 import click
 
@@ -52,15 +53,22 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--verbose", is_flag=True, help="On failure, print the full traceback (Beam's too) after the error.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
-def command(source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels, labels_file,
-            split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite, quiet,
-            beam_args):
+@click.pass_context
+def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
+            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite,
+            quiet, verbose, beam_args):
     from pipelines import preprocess as job
-    from pipelines import runner
+    from pipelines import runner, storage
     from preprocess.sources import SourceError
 
-    runner.quiet_beam_logging()
+    verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
+    runner.quiet_beam_logging(verbose)
+    try:
+        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT")
+    except runner.BeamArgsError as e:
+        raise click.ClickException(str(e)) from None
     config = job.PreprocessConfig(
         source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
@@ -71,13 +79,27 @@ def command(source, output, shorter_side, crop, encoding, jpeg_quality, num_shar
     try:
         with display:
             manifest = job.run_job(config, list(beam_args), on_progress=display.update)
-    except (SourceError, job.PreprocessError) as e:
+    except (SourceError, job.PreprocessError, storage.OutputError) as e:
+        if verbose:
+            traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
         return manifest
     print_summary(manifest, time.monotonic() - started, output)
+    for note in capped_shard_notes(manifest, num_shards):
+        click.echo(note)
     return manifest
+
+
+def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
+    """One note per split that got fewer shards than --num-shards asked for (never more shards than images)."""
+    notes = []
+    for split, info in manifest.get("splits", {}).items():
+        if num_shards and info["num_shards"] < num_shards:
+            notes.append(f"note: --num-shards {num_shards} for split {split} with {info['num_examples']:,} "
+                         f"images: {info['num_shards']} shards written")
+    return notes
 
 
 class _ProgressDisplay(LiveProgress):

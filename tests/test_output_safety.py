@@ -1,0 +1,372 @@
+"""Issue 12, output safety: OUTPUT never equals, contains or lies inside an input; --overwrite deletes only what a
+shardprep run wrote; bad options are refused up front; every refusal is one ``Error:`` line and exit 1.
+
+Every refused run is checked to leave the whole work folder byte for byte as it was (inputs intact, no lock file,
+no OUTPUT created, nothing written anywhere else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import image_factory
+import pytest
+from click.testing import CliRunner
+
+from pipelines import runner as runners
+from pipelines import storage
+from preprocess import manifest as manifest_lib
+from shardprep.cli import main as cli
+
+IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+def tree(root) -> dict[str, str]:
+    """Every entry under ``root``: files by sha256, symlinks by target, folders as such."""
+    found = {}
+    for directory, sub_dirs, files in os.walk(root):
+        for name in sub_dirs + files:
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            if os.path.islink(path):
+                found[relative] = "link:" + os.readlink(path)
+            elif os.path.isdir(path):
+                found[relative] = "dir"
+            else:
+                with open(path, "rb") as f:
+                    found[relative] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [*map(str, args)])
+
+
+def assert_refused(result, *fragments):
+    """Exit 1, one ``Error:`` line naming what is wrong, no traceback."""
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def refuse_unchanged(work, *args, expect=()):
+    """Runs ``preprocess *args`` in ``work`` and checks it is refused with nothing under ``work`` changed."""
+    before = tree(work)
+    result = invoke("preprocess", *args, "--quiet", *IN_PROCESS)
+    line = assert_refused(result, *expect)
+    assert tree(work) == before, "a refused run changed files"
+    return line
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """tmp_path as the current folder, with an ImageFolder SOURCE ``src`` (one split, three classes)."""
+    image_factory.write_image_folder(tmp_path / "src", {"train": 6}, min_side=20, max_side=40)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_dataset(work, output="out", *extra):
+    result = invoke("preprocess", "src", output, "--quiet", "--shorter-side", 16, *extra, *IN_PROCESS)
+    assert result.exit_code == 0, result.output
+    return work / output
+
+
+# --- pure path logic -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, expected", [
+    ("gs://b/x", "gs://b/x"),
+    ("gs://b/x/", "gs://b/x"),
+    ("gs://b/x//y/./z/../", "gs://b/x/y"),
+    ("gs://b/", "gs://b"),
+    ("gs://b/../x", "gs://b/x"),  # never climbs out of the bucket
+])
+def test_resolved_normalizes_remote_paths(path, expected):
+    assert storage.resolved(path) == expected
+
+
+@pytest.mark.parametrize("output, other, expected", [
+    ("gs://b/x", "gs://b/x", "is"),
+    ("gs://b/x/", "gs://b/x", "is"),
+    ("gs://b/x", "gs://b/x/y", "contains"),
+    ("gs://b/x/y", "gs://b/x", "is inside"),
+    ("gs://b/x/y/z", "gs://b/x/", "is inside"),
+    ("gs://b/x", "gs://b/xy", None),  # a shared string prefix is not a folder prefix
+    ("gs://b/xy", "gs://b/x", None),
+    ("gs://b/x", "gs://c/x", None),
+    ("gs://b", "gs://b/x", "contains"),
+    ("gs://b/x", "/b/x", None),
+])
+def test_overlap_of_remote_prefixes(output, other, expected):
+    assert storage.overlap(output, other) == expected
+
+
+def test_overlap_of_local_spellings(tmp_path, monkeypatch):
+    (tmp_path / "par" / "src").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "par" / "src")
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("par/src", "par/src/", "par/src/.", "par/src/../src", "./par//src", "link", "link/",
+                     str(tmp_path / "par" / "src"), f"file://{tmp_path}/par/src"):
+        assert storage.overlap(spelling, "par/src") == "is", spelling
+    assert storage.overlap("par", "par/src") == "contains"
+    assert storage.overlap(".", "link") == "contains"
+    assert storage.overlap("link/shards", "par/src") == "is inside"
+    assert storage.overlap("par/src/a/b/c", "link/") == "is inside"
+    assert storage.overlap("par/srcs", "par/src") is None
+    assert storage.overlap("par/other", "par/src") is None
+
+
+@pytest.mark.parametrize("relative, expected", [
+    ("manifest.json", True), ("rejects.jsonl", True), (".shardprep.lock", True), (".tmp", True),
+    (".tmp/spill-0a.records", True),
+    ("train/train-00000-of-00004.tfrecord", True),
+    ("validation/validation-00003-of-00004.tfrecord", True),
+    ("train/.tmp-0a1b-train-00000-of-00004.tfrecord", True),
+    ("train/validation-00000-of-00004.tfrecord", False),  # a shard in another split's folder
+    ("train/train-0-of-4.tfrecord", False),
+    ("train/red/img.jpg", False), ("train/notes.txt", False), ("labels.csv", False), ("img.jpg", False),
+    ("train-00000-of-00001.tfrecord", False),  # shards live in split folders
+    ("pictures/contact_sheet.png", False), ("validation-report.json", False),
+])
+def test_what_overwrite_may_delete(relative, expected):
+    assert storage.deletable(relative) is expected
+
+
+@pytest.mark.parametrize("pattern, folder", [
+    ("data/train-*.tfrecord*", "data"), ("/d/x/*/y-*.tfrecord", "/d/x"), ("gs://b/d/*.tfrecord", "gs://b/d"),
+    ("data/one.tfrecord", "data"), ("one.tfrecord", "."),
+])
+def test_glob_folder(pattern, folder):
+    assert storage.glob_folder(pattern) == folder
+
+
+@pytest.mark.parametrize("beam_args", [
+    [], ["--direct_num_workers=2"], ["--direct_num_workers", "2"], ["--runner", "DataflowRunner", "--project", "P",
+                                                                    "--region", "R", "--save_main_session"],
+    ["--runner=DataflowRunner", "--project=P"], ["--direct_running_mode=in_memory"],
+])
+def test_beam_args_accepted(beam_args):
+    runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
+
+
+@pytest.mark.parametrize("beam_args, message", [
+    (["EXTRA"], "unexpected argument EXTRA: preprocess takes SOURCE OUTPUT; Beam options go after --"),
+    (["EXTRA", "--runner", "X"], "unexpected argument EXTRA"),
+    (["--runner", "DataflowRunner", "P2"], "unexpected argument P2"),
+    (["--project=P", "stray"], "unexpected argument stray"),
+    (["--direct_num_workers=-3"], "--direct_num_workers=-3: the number of local worker processes must be at least 1"),
+    (["--direct_num_workers=0"], "at least 1"),
+    (["--direct_num_workers", "0"], "at least 1"),
+    (["--direct_num_workers=abc"], "invalid Beam option: argument --direct_num_workers: invalid int value: 'abc'"),
+    (["--direct_running_mode=bogus"], "invalid Beam option: argument --direct_running_mode: invalid choice"),
+])
+def test_beam_args_refused(beam_args, message):
+    with pytest.raises(runners.BeamArgsError, match=None) as refused:
+        runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
+    assert message in str(refused.value)
+
+
+# --- OUTPUT apart from SOURCE ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, output", [
+    ("src", "src"), ("src/", "src"), ("src", "src/"), ("src", "src/."), ("src/.", "src"), ("src", "src/../src"),
+    ("src", "./src//"), ("src", "link"), ("link", "src"),
+])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_output_equal_to_source_is_refused(work, source, output, overwrite):
+    (work / "link").symlink_to(work / "src")
+    refuse_unchanged(work, source, output, *overwrite, expect=("is the SOURCE", "pick an OUTPUT outside"))
+
+
+@pytest.mark.parametrize("source, output", [
+    ("src/train", "src"), ("src/train/red", "src"), ("src/train", "."), ("src/train", "link"),
+    ("src/train/", "src/train/.."),
+])
+def test_output_containing_source_is_refused(work, source, output):
+    """`preprocess par/src par --overwrite` used to delete every source image."""
+    (work / "link").symlink_to(work / "src")
+    refuse_unchanged(work, source, output, "--overwrite", expect=("contains the SOURCE",))
+
+
+@pytest.mark.parametrize("output", ["src/shards", "src/train/shards", "src/train/red/x", "link/shards", "src/train"])
+def test_output_inside_source_is_refused(work, output):
+    """`preprocess src src/shards` used to succeed, and the rerun read 'shards' as a class."""
+    (work / "link").symlink_to(work / "src")
+    refuse_unchanged(work, "src", output, expect=("is inside the SOURCE",))
+    refuse_unchanged(work, "src", output, "--overwrite", expect=("is inside the SOURCE",))
+
+
+def test_source_symlink_inside_output_is_refused(work):
+    """The inputs are compared where they really are: a SOURCE reached through a link into OUTPUT."""
+    os.makedirs(work / "out")
+    os.rename(work / "src", work / "out" / "images")
+    (work / "src").symlink_to(work / "out" / "images")
+    refuse_unchanged(work, "src", "out", "--overwrite", expect=("contains the SOURCE src",))
+
+
+def test_remote_output_inside_remote_source_is_refused_before_any_request(work):
+    refuse_unchanged(work, "gs://bucket/images", "gs://bucket/images/shards", "--overwrite",
+                     expect=("is inside the SOURCE gs://bucket/images",))
+    refuse_unchanged(work, "gs://bucket/images/", "gs://bucket", expect=("contains the SOURCE",))
+
+
+# --- OUTPUT apart from the other inputs ----------------------------------------------------------------------------
+
+def test_labels_file_inside_output_is_refused_and_kept(work):
+    """`--labels-file out/labels.csv --overwrite` used to delete the labels file before reading it."""
+    output = write_dataset(work)
+    (output / "labels.csv").write_text("filename,label\n")
+    for output_spelling in ("out", "out/", "./out/../out"):
+        refuse_unchanged(work, "src", output_spelling, "--overwrite", "--labels-file", "out/labels.csv",
+                         expect=("contains the labels file out/labels.csv",))
+    refuse_unchanged(work, "src", "labels.csv", "--labels-file", "labels.csv", expect=("is the labels file",))
+
+
+def write_tfrecord_inputs(folder) -> None:
+    os.makedirs(folder, exist_ok=True)
+    for name in ("d-train.tfrecord-00000-of-00001", "d-test.tfrecord-00000-of-00001"):
+        (folder / name).write_bytes(b"not read before the check")
+
+
+@pytest.mark.parametrize("pattern, output, expect", [
+    ("recs/*.tfrecord*", "recs", "is the folder of the input TFRecords"),
+    ("recs/*.tfrecord*", ".", "contains the folder of the input TFRecords"),
+    ("recs/*.tfrecord*", "recs/", "is the folder"),
+    ("recs/**", "recs/out", "is inside the folder of the input TFRecords"),  # the rerun would read the shards
+    ("recs/d-train.tfrecord-00000-of-00001", "recs/d-train.tfrecord-00000-of-00001", "is the input TFRecord file"),
+    ("{work}/*/d-*.tfrecord*", "recs", "contains the input TFRecord file"),  # the glob's folder is above OUTPUT
+])
+def test_output_overlapping_tfrecord_inputs_is_refused(work, pattern, output, expect):
+    write_tfrecord_inputs(work / "recs")
+    refuse_unchanged(work, f"tfrecord:{pattern.format(work=work)}", output, "--overwrite", expect=(expect,))
+
+
+def test_output_beside_tfrecord_inputs_is_accepted_by_the_check(work):
+    write_tfrecord_inputs(work / "recs")
+    storage.check_apart_from_glob("recs/shards", "recs/*.tfrecord*")  # not recursive: the shards never match
+    storage.check_apart_from_files("recs/shards", [str(work / "recs" / "d-train.tfrecord-00000-of-00001")], "x")
+
+
+@pytest.mark.parametrize("output", ["tfds", "tfds/out", "."])
+def test_output_overlapping_the_tfds_data_dir_is_refused(work, output):
+    os.makedirs(work / "tfds")
+    refuse_unchanged(work, "tfds:imagenette/320px-v2", output, "--tfds-data-dir", "tfds", "--overwrite",
+                     expect=("the TFDS data dir tfds",))
+
+
+# --- what --overwrite deletes --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("foreign", ["notes.txt", "train/notes.txt", "train/red/img.jpg", "pictures/sheet.png",
+                                     "train-00000-of-00001.tfrecord", "validation/train-00000-of-00001.tfrecord"])
+def test_overwrite_refuses_a_folder_holding_anything_else(work, foreign):
+    output = write_dataset(work)
+    os.makedirs(os.path.dirname(output / foreign), exist_ok=True)
+    (output / foreign).write_bytes(b"someone's file")
+    line = refuse_unchanged(work, "src", "out", "--overwrite", expect=("--overwrite refused",))
+    assert f"out/{foreign}" in line and "which no shardprep run wrote" in line
+    line = refuse_unchanged(work, "src", "out", expect=("is not empty",))
+    assert f"out/{foreign}" in line
+
+
+def test_output_of_images_is_refused_and_gets_no_lock_file(work):
+    """A plain folder of someone's images: refused with and without --overwrite, not even a lock file is left."""
+    image_factory.write_image_folder(work / "photos", {"train": 3}, min_side=20, max_side=30)
+    refuse_unchanged(work, "src", "photos", "--overwrite", expect=("--overwrite refused: photos holds photos/",))
+    refuse_unchanged(work, "src", "photos", expect=("photos is not empty",))
+
+
+def test_overwrite_replaces_a_dataset_and_its_leftovers(work):
+    """What a shardprep run writes (shards, manifest, rejects, spill, temporaries, empty folders) is replaced, and
+    the new dataset equals a fresh run's."""
+    write_dataset(work, "fresh")
+    output = write_dataset(work, "out", "--seed", 1)
+    os.makedirs(output / ".tmp")
+    (output / ".tmp" / "spill-0a.records").write_bytes(b"x")
+    (output / "train" / ".tmp-0a-train-00000-of-00001.tfrecord").write_bytes(b"x")
+    (output / "train" / "train-00003-of-00009.tfrecord").write_bytes(b"x")
+    os.makedirs(output / "empty")
+    sources_before = tree(work / "src")
+    write_dataset(work, "out", "--overwrite")
+    assert tree(work / "src") == sources_before
+    fresh, rerun = tree(work / "fresh"), tree(output)
+    for found in (fresh, rerun):
+        del found["manifest.json"], found[".shardprep.lock"]  # a time, and the holder's pid
+    assert rerun == fresh
+
+
+# --- bad OUTPUTs and options: one line, exit 1 ---------------------------------------------------------------------
+
+def test_output_that_is_a_file_is_refused(work):
+    (work / "afile").write_text("mine")
+    refuse_unchanged(work, "src", "afile", expect=("OUTPUT afile exists and is not a folder",))
+    refuse_unchanged(work, "src", "afile", "--overwrite", expect=("is not a folder",))
+    refuse_unchanged(work, "src", "afile/sub", expect=("OUTPUT afile/sub cannot be created: ", "afile is not a folder"))
+
+
+def test_unwritable_output_is_refused(work):
+    refuse_unchanged(work, "src", "/proc/shardprep-output", expect=("OUTPUT /proc/shardprep-output cannot be",))
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["src", "out", "EXTRA"], "unexpected argument EXTRA: preprocess takes SOURCE OUTPUT; Beam options go after --"),
+    (["src", "out", "--", "--direct_num_workers=-3"], "--direct_num_workers=-3: the number of local worker"),
+    (["src", "out", "--", "--direct_num_workers=0"], "at least 1"),
+    (["src", "out", "--", "--direct_num_workers=abc"], "invalid Beam option: argument --direct_num_workers"),
+])
+def test_bad_arguments_are_refused_before_the_run(work, args, expect):
+    before = tree(work)
+    line = assert_refused(invoke("preprocess", *args, "--quiet"), expect)
+    assert tree(work) == before, line
+
+
+def test_capped_num_shards_is_noted(work):
+    result = invoke("preprocess", "src", "out", "--quiet", "--shorter-side", 16, "--num-shards", 64, *IN_PROCESS)
+    assert result.exit_code == 0, result.output
+    assert "note: --num-shards 64 for split train with 6 images: 6 shards written" in result.output
+    manifest = manifest_lib.load(str(work / "out"))
+    assert manifest["splits"]["train"]["num_shards"] == 6 and manifest["options"]["num_shards"] == 64
+    uncapped = invoke("preprocess", "src", "out2", "--quiet", "--shorter-side", 16, "--num-shards", 6, *IN_PROCESS)
+    assert uncapped.exit_code == 0 and "note:" not in uncapped.output
+
+
+# --- real processes: stderr is one line, tracebacks only with --verbose --------------------------------------------
+
+def run_process(work, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "shardprep.cli", *map(str, args)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_same_source_and_output_in_a_real_process(work):
+    """The reported case: `shardprep preprocess same same --overwrite` exited 0 after deleting every image."""
+    before = tree(work)
+    completed = run_process(work, "preprocess", "src", "src", "--overwrite")
+    assert completed.returncode == 1
+    assert completed.stderr.splitlines() == [
+        "Error: OUTPUT src is the SOURCE src: writing there would change or delete the input; "
+        "pick an OUTPUT outside every input"]
+    assert tree(work) == before
+
+
+@pytest.mark.timeout(300)
+def test_strict_failure_is_one_line_and_verbose_shows_the_traces(work):
+    """A --strict failure in worker processes printed ~70 lines of Beam tracebacks before its message."""
+    (work / "src" / "train" / "red" / "broken.jpg").write_bytes(b"not an image")
+    args = ["preprocess", "src", "out", "--quiet", "--strict", "--shorter-side", 16, "--",
+            "--direct_num_workers=2"]
+    completed = run_process(work, *args)
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.splitlines() == [
+        "Error: --strict: 1 inputs rejected (not_an_image: 1); see out/rejects.jsonl. No manifest written."]
+    verbose = run_process(work, "--verbose", *args[:3], "--overwrite", *args[3:])
+    assert verbose.returncode == 1
+    assert "Traceback" in verbose.stderr and verbose.stderr.splitlines()[-1].startswith("Error: --strict: 1 inputs")
