@@ -3,7 +3,7 @@
 `pip install -e .` for development; `--setup_file ./setup.py` stages this package to Dataflow workers.
 
 Worker requirements: a normal install (`pip install -e .`, `pip install .`, `python -m build`) declares everything the
-commands need (REQUIRED). Before a Dataflow run the launcher sets SHARDPREP_WORKER_SDIST=1 (pipelines/staging.py), so
+commands need (REQUIRED). Before a Dataflow run the launcher sets SHARDPREP_WORKER_SDIST=1 (shardprep.pipelines.staging, pipelines/staging.py), so
 the sdist Beam builds from this file for staging declares only WORKER_REQUIRED and carries the WORKER_SDIST marker
 file; when a worker pip installs that sdist, this file finds the marker and declares only WORKER_REQUIRED again.
 """
@@ -53,8 +53,9 @@ setuptools.setup(
     version="0.1.0",
     description="Pre-decode and re-shard image datasets into uniform TFRecords with Apache Beam; train without input stalls.",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["preprocess", "preprocess.*", "pipelines", "pipelines.*",
-                                               "train", "train.*", "shardprep", "shardprep.*"]),
+    # The layers stay folders at the repository's top (the design card) and install under one name: shardprep.*.
+    packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.pipelines", "shardprep.train"],
+    package_dir={"shardprep.preprocess": "preprocess", "shardprep.pipelines": "pipelines", "shardprep.train": "train"},
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={

@@ -9,10 +9,10 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
    image, ``batch(1).map(random crop 224).unbatch().batch(256).map(normalize)``: float32 224x224 batches.
 2. tf.data best practice on the same records: ``decode_and_crop_jpeg`` of a random 224 window (only the window is
    decoded) in a parallel map, ``batch(256)``, ``map(normalize)``: float32 224x224 batches.
-3. shardprep reader (``train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
+3. shardprep reader (``shardprep.train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
    one Example per image in the fixed record layout, written by the preprocess job itself (``shardprep preprocess
    --shorter-side 256 --num-shards 8``, in a subprocess, on an ImageFolder of the photos with one class per photo);
-   by default each batch's records are read where they lie, straight into the batch (``train.record_gather``):
+   by default each batch's records are read where they lie, straight into the batch (``shardprep.train.record_gather``):
    uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are not
    host work here.
 4. shardprep reader on JPEG shards (the job with ``--encoding jpeg``, quality 90): a decode per image on the host.
@@ -47,7 +47,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.tfrecord_io import frame  # noqa: E402
+from shardprep.preprocess.tfrecord_io import frame  # noqa: E402
 
 SEED_SHORTER_SIDE = 320
 STORED_SIZE = 256
@@ -197,7 +197,7 @@ def best_practice_pipeline(files):
 
 
 def shardprep_pipeline(data_dir, verify_records: bool = False, random_access: bool | None = None):
-    from train import reader
+    from shardprep.train import reader
 
     return reader.make_dataset(data_dir, "train", BATCH, training=True, verify_records=verify_records,
                                random_access=random_access)

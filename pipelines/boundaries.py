@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from pipelines.common import METRICS_NAMESPACE
-from preprocess import record_pointers, sharding
+from shardprep.pipelines.common import METRICS_NAMESPACE
+from shardprep.preprocess import record_pointers, sharding
 
 
 def bucket_sort_keys(keys, sizes: dict):

@@ -9,7 +9,7 @@
 * :class:`DecodeBundle` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
   bundle appends to one spill file, and WriteShards copies the records into their shards.
 
-Either way the main output is :class:`~preprocess.record_pointers.RecordPointers` (every record's sort key and
+Either way the main output is :class:`~shardprep.preprocess.record_pointers.RecordPointers` (every record's sort key and
 place in its file), so image bytes never travel through the runner's shuffle (on Beam's local runner, every
 element crossing costs a gRPC copy). A retried element or bundle writes a new file, and only the successful
 attempt's outputs are kept by the runner, so pointers always name complete data.
@@ -24,11 +24,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from pipelines import progress
-from pipelines.storage import is_local
-from pipelines.spill import SpillWriter
-from preprocess import image_ops, record_format, record_pointers, sharding, tfrecord_io
-from preprocess.elements import REJECTS, Input, Reject
+from shardprep.pipelines import progress
+from shardprep.pipelines.storage import is_local
+from shardprep.pipelines.spill import SpillWriter
+from shardprep.preprocess import image_ops, record_format, record_pointers, sharding, tfrecord_io
+from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (and the composite's output keys)
 

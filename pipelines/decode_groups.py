@@ -12,10 +12,10 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from pipelines.boundaries import RankBoundaries
-from preprocess import sharding, sources
-from preprocess.elements import Input
-from preprocess.record_pointers import SortKeys
+from shardprep.pipelines.boundaries import RankBoundaries
+from shardprep.preprocess import sharding, sources
+from shardprep.preprocess.elements import Input
+from shardprep.preprocess.record_pointers import SortKeys
 
 
 def add_sort_keys(keys: dict, items, seed: int) -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from preprocess import record_format
-from preprocess.elements import Input
+from shardprep.preprocess import record_format
+from shardprep.preprocess.elements import Input
 
 
 def uses_fixed_layout(config) -> bool:

@@ -3,7 +3,7 @@
 ``CountInputs`` counts what listing found (inputs and listing rejects), the other half of the check that every
 input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest last, once
 every shard is written and the spill folder is gone. What the manifest says is built by the function the graph
-passes in (``pipelines.preprocess.build_manifest``), which also refuses an unaccounted-for input.
+passes in (``shardprep.pipelines.preprocess.build_manifest``), which also refuses an unaccounted-for input.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.common import PreprocessError
-from pipelines.spill import remove_spill
-from preprocess import manifest
-from preprocess.elements import Input, Reject
+from shardprep.pipelines.common import PreprocessError
+from shardprep.pipelines.spill import remove_spill
+from shardprep.preprocess import manifest
+from shardprep.preprocess.elements import Input, Reject
 
 
 class CountInputs(beam.PTransform):

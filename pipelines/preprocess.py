@@ -2,7 +2,7 @@
 
 This module holds the graph (``build_pipeline``, read it top to bottom), the planning and listing that precede it
 and ``run_job``. Each stage of the graph is a composite transform in a module of its own (labels as in the Beam
-graph; element types in ``preprocess.elements``, ``preprocess.record_pointers``, ``preprocess.sharding``)::
+graph; element types in ``shardprep.preprocess.elements``, ``shardprep.preprocess.record_pointers``, ``shardprep.preprocess.sharding``)::
 
     ListInputs            listing here (class directories, labels file), or read_tfrecords (ReadTFRecordFile) ->
                           Input, Reject
@@ -46,17 +46,17 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import progress, storage
-from pipelines.storage import is_local, output_lock, prepare_output
-from pipelines.boundaries import ShardBoundaries
-from pipelines.common import METRICS_NAMESPACE, PreprocessError  # noqa: F401 - part of this module's interface
-from pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
-from pipelines.decode_groups import DecodeGroups
-from pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
-from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
-from pipelines.read_tfrecords import ReadTFRecordFile
-from pipelines.shards import WriteShards, write_shard_file
-from preprocess import accounting, image_ops, labels, limits, manifest, names, record_format, sharding, sources
+from shardprep.pipelines import progress, storage
+from shardprep.pipelines.storage import is_local, output_lock, prepare_output
+from shardprep.pipelines.boundaries import ShardBoundaries
+from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError  # noqa: F401 - part of this module's interface
+from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from shardprep.pipelines.decode_groups import DecodeGroups
+from shardprep.pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
+from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
+from shardprep.pipelines.read_tfrecords import ReadTFRecordFile
+from shardprep.pipelines.shards import WriteShards, write_shard_file
+from shardprep.preprocess import accounting, image_ops, labels, limits, manifest, names, record_format, sharding, sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -617,7 +617,7 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress) -> dict:
-    from pipelines import runner as runners
+    from shardprep.pipelines import runner as runners
 
     local = runners.is_local(beam_args)
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:

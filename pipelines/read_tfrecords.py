@@ -10,9 +10,9 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import progress
-from preprocess import record_format, tfrecord_io
-from preprocess.elements import REJECTS, Input, Reject
+from shardprep.pipelines import progress
+from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 
 class ReadTFRecordFile(beam.DoFn):

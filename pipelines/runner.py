@@ -90,7 +90,7 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
 
         limit_malloc_arenas()
         return beam.Pipeline(runner=FnApiRunner(), options=options)
-    from pipelines import staging
+    from shardprep.pipelines import staging
 
     staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
     return beam.Pipeline(options=options)

@@ -18,10 +18,10 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.common import METRICS_NAMESPACE, PreprocessError
-from pipelines.storage import is_local
-from pipelines.spill import SpillReader
-from preprocess import manifest, record_pointers, sharding
+from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
+from shardprep.pipelines.storage import is_local
+from shardprep.pipelines.spill import SpillReader
+from shardprep.preprocess import manifest, record_pointers, sharding
 
 
 def assign_shards(pointers: record_pointers.RecordPointers, boundaries):

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.common import PreprocessError
-from pipelines.storage import SPILL_DIR, is_local
-from preprocess import manifest
+from shardprep.pipelines.common import PreprocessError
+from shardprep.pipelines.storage import SPILL_DIR, is_local
+from shardprep.preprocess import manifest
 
 SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
 SPILL_READ_AHEAD = 32  # remote records in flight per shard writer: what it holds at most, besides the one it writes

@@ -20,7 +20,7 @@ import re
 
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess import manifest
+from shardprep.preprocess import manifest
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
 _SHARD = re.compile(r"(?P<split>.+)-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX))
@@ -100,7 +100,7 @@ def check_apart_from_files(output: str, files, what: str) -> None:
 def inputs_of(source: str, labels_file: str | None, tfds_data_dir: str | None) -> list[tuple[str, str]]:
     """The (what, path) inputs a run reads that OUTPUT must keep apart from (the files a ``tfrecord:`` glob matches
     are checked once matched, with ``check_apart_from_files``)."""
-    from preprocess.sources import SourceSpec
+    from shardprep.preprocess.sources import SourceSpec
 
     spec = SourceSpec.parse(source)
     inputs = []

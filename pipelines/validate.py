@@ -45,7 +45,7 @@ The JSON report (``--json``)::
              label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
 
 ``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}. The checks are listed
-with their meaning in ``preprocess.validation_checks.CHECKS``.
+with their meaning in ``shardprep.preprocess.validation_checks.CHECKS``.
 """
 
 from __future__ import annotations
@@ -70,14 +70,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipelines import progress as progress_lib
-from preprocess import manifest as manifest_lib
-from preprocess import record_format, tfrecord_io
-from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
+from shardprep.pipelines import progress as progress_lib
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
                                           record_layout_length_problems, record_layout_offset_problem,
                                           mean_std_problems, problem, problem_sort_key, record_problems,
                                           shard_problems, split_problems)
-from preprocess.validation_stats import (MEAN_STD_TOLERANCE, ForeignStats, SplitStats, channel_sums,
+from shardprep.preprocess.validation_stats import (MEAN_STD_TOLERANCE, ForeignStats, SplitStats, channel_sums,
                                          foreign_split, pixel_hash, sample_fraction, sample_rank, size_summary)
 
 TFRECORD_PREFIX = "tfrecord:"
@@ -263,7 +263,7 @@ class ReadShardFn(beam.DoFn):
         samples = self.samples
         if (samples is not None and task.split == samples.split and 0 <= record.label < self.expectations.num_classes
                 and sample_rank(record.filename) < samples.fraction):
-            from preprocess.validation_pictures import thumbnail
+            from shardprep.preprocess.validation_pictures import thumbnail
 
             small = thumbnail(pixels, samples.cell_cap)
             yield beam.pvalue.TaggedOutput("sample", (record.label, (
@@ -581,7 +581,7 @@ def list_files(directory: str) -> list[str]:
 
 
 def _workers_share_this_machine(beam_args: list[str]) -> bool:
-    from pipelines import runner
+    from shardprep.pipelines import runner
 
     return runner.runner_name(beam_args).lower() in runner.LOCAL_RUNNER_NAMES
 
@@ -592,7 +592,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     Local runs use a local temporary folder; a remote runner's workers cannot write there, so they use the
     pipeline's ``--temp_location``.
     """
-    from pipelines import runner
+    from shardprep.pipelines import runner
 
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
     if _workers_share_this_machine(beam_args) and not temp_location:
@@ -613,7 +613,7 @@ def _run_pipeline(build: Callable[[beam.Pipeline, str, str | None], None], beam_
     Local runs report files read as the workers finish them (marker files in a temporary folder); a remote
     runner shows its progress in its own UI.
     """
-    from pipelines import runner
+    from shardprep.pipelines import runner
 
     results_path, cleanup = _results_location(beam_args)
 
@@ -700,7 +700,7 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
     stats_split = manifest.get("stats_split") or next(iter(manifest["splits"]), None)
     samples = None
     if args.pictures and stats_split in manifest["splits"]:
-        from preprocess.validation_pictures import sheet_cell_cap
+        from shardprep.preprocess.validation_pictures import sheet_cell_cap
 
         samples = SampleOptions(
             split=stats_split,
@@ -777,7 +777,7 @@ def write_pictures(directory: str, report: dict, samples_by_label: dict | None, 
     """Writes the contact sheet (prepared datasets only) and the class-count chart; returns their paths."""
     import numpy as np
 
-    from preprocess import validation_pictures as pictures
+    from shardprep.preprocess import validation_pictures as pictures
 
     written = {}
     splits = report.get("splits", {})
@@ -804,7 +804,7 @@ def write_pictures(directory: str, report: dict, samples_by_label: dict | None, 
 
 
 def _write_png(directory: str, name: str, image) -> str:
-    from preprocess.validation_pictures import png_bytes
+    from shardprep.preprocess.validation_pictures import png_bytes
 
     path = manifest_lib.join(_absolute(directory), name)
     with FileSystems.create(path, mime_type="image/png", compression_type=CompressionTypes.UNCOMPRESSED) as f:

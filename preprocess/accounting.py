@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
+from shardprep.preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
 # Reject reasons of entries the listing does not read.
 HIDDEN_FILE = "hidden_file"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from preprocess import accounting, names, sources
+from shardprep.preprocess import accounting, names, sources
 
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from preprocess.sources import SourceError
+from shardprep.preprocess.sources import SourceError
 
 MAX_RECORD_BYTES = (1 << 31) - 1  # protobuf's limit on a serialized message (INT_MAX)
 RECORD_OVERHEAD = 1 << 16  # feature keys, filename, label, sizes, padding: far less than this

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from preprocess.sources import SourceError
+from shardprep.preprocess.sources import SourceError
 
 MAX_SPLIT_BYTES = 180  # "<split>-00000-of-00001.tfrecord" under ".tmp-<32 hex>-" stays under 255 bytes
 

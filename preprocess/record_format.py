@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from preprocess import tfrecord_io
+from shardprep.preprocess import tfrecord_io
 
 ENCODED = "image/encoded"
 FORMAT = "image/format"

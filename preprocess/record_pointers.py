@@ -1,7 +1,7 @@
 """Compact lists of pointers to spilled records: what the preprocess job's shuffles carry instead of images.
 
 The decode stage appends each record to its bundle's spill file and notes the record's sort key (two 64-bit
-integers, :func:`preprocess.sharding.sort_key`) and where it lies. One :class:`RecordPointers` holds those notes
+integers, :func:`shardprep.preprocess.sharding.sort_key`) and where it lies. One :class:`RecordPointers` holds those notes
 for a bundle (one split, one spill file) in four integer arrays; bucketing and shard assignment cut it into smaller
 ones with array arithmetic. So the runner moves a few elements per bundle instead of one per image, and no stage
 makes Python objects per record: on Beam's local runner a bundle is a worker's whole share of the dataset, and
@@ -52,12 +52,12 @@ class _KeyedRows:
         return [(int(high), int(low)) for high, low in self.columns[:, :2]]
 
     def by_bucket(self, buckets: int) -> dict:
-        """The rows cut by hash-range bucket (``preprocess.sharding.bucket_of`` of the high half), order kept."""
+        """The rows cut by hash-range bucket (``shardprep.preprocess.sharding.bucket_of`` of the high half), order kept."""
         columns = self.columns
         return self._partition(columns, bucket_indices(columns[:, 0], buckets))
 
     def by_shard(self, boundaries: tuple) -> dict:
-        """The rows cut by shard (``preprocess.sharding.shard_of`` of each sort key), order kept."""
+        """The rows cut by shard (``shardprep.preprocess.sharding.shard_of`` of each sort key), order kept."""
         columns = self.columns
         boundary_highs = np.array([high for high, _ in boundaries], dtype=np.uint64)
         shards = np.searchsorted(boundary_highs, columns[:, 0], side="right")
@@ -156,7 +156,7 @@ class RecordPointers(_KeyedRows):
 
 
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    """``preprocess.sharding.bucket_of`` for an array of 64-bit hashes, exactly, in 64-bit arithmetic.
+    """``shardprep.preprocess.sharding.bucket_of`` for an array of 64-bit hashes, exactly, in 64-bit arithmetic.
 
     ``(h * B) >> 64`` with ``h = hi * 2**32 + lo`` is ``(hi * B + ((lo * B) >> 32)) >> 32``; every product stays
     below 2**64 while ``B`` < 2**32.

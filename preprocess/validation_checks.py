@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from preprocess import manifest as manifest_lib
-from preprocess.record_format import ImageRecord, RecordFormatError, read_varint
-from preprocess.tfrecord_io import HEADER_BYTES, framed_size
-from preprocess.validation_stats import SplitStats
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.record_format import ImageRecord, RecordFormatError, read_varint
+from shardprep.preprocess.tfrecord_io import HEADER_BYTES, framed_size
+from shardprep.preprocess.validation_stats import SplitStats
 
 CHECKS = {
     # The dataset folder

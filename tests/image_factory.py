@@ -458,7 +458,7 @@ def write_image_folder(root, splits: dict[str, int] | None = None, classes=("red
     ``min_side`` and ``max_side`` per side, encoded as ``kinds[i % len(kinds)]`` (formats and modes in turn). Labels
     are indices into the sorted class names, as shardprep's folder source assigns them. Same arguments, same files.
     """
-    from preprocess.sources import sort_class_names
+    from shardprep.preprocess.sources import sort_class_names
 
     splits = {"train": 24, "validation": 8} if splits is None else splits
     classes = list(classes)

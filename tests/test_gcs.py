@@ -31,8 +31,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from gcs_emulator import LoopbackStorage
-from preprocess import manifest as manifest_lib
-from preprocess import record_format, tfrecord_io
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -288,7 +288,7 @@ def test_validate_finds_a_damaged_gs_shard(storage, prepared):
 TRAIN_READER_SCRIPT = """
 import hashlib, json, sys
 import tensorflow as tf
-from train import reader
+from shardprep.train import reader
 data_dir = sys.argv[1]
 images, labels = next(iter(reader.make_dataset(data_dir, "train", batch_size=4, training=True, seed=0)))
 validation = [(hashlib.sha256(image.tobytes()).hexdigest(), int(label))

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 import image_factory as factory
-from preprocess import image_ops
-from preprocess.image_ops import ProcessOptions, RejectError
+from shardprep.preprocess import image_ops
+from shardprep.preprocess.image_ops import ProcessOptions, RejectError
 
 WHITE = image_ops.BACKGROUND_RGB
 

@@ -16,9 +16,9 @@ import image_factory
 import pytest
 from click.testing import CliRunner
 
-from pipelines import runner as runners
-from pipelines import storage
-from preprocess import manifest as manifest_lib
+from shardprep.pipelines import runner as runners
+from shardprep.pipelines import storage
+from shardprep.preprocess import manifest as manifest_lib
 from shardprep.cli import main as cli
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]

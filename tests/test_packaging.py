@@ -1,7 +1,7 @@
 """What `--setup_file ./setup.py` ships to Dataflow workers, checked the way a worker gets it.
 
 Beam's stager builds an sdist of the project (its own ``Stager._build_setup_package``, used here, with the launcher's
-``pipelines.staging.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
+``shardprep.pipelines.staging.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
 ``install_requires`` and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
 wheel a worker would build from it, checks the wheel holds every module of the four packages and no tests, installs
 it into a fresh virtualenv, and there, from a folder outside the repository and with ``python -I`` (no current
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("preprocess", "pipelines", "train", "shardprep")
+PACKAGES = ("preprocess", "pipelines", "train", "shardprep")  # folders; installed as shardprep and shardprep.<folder>
 # Files besides the packages that setup.py may read while building.
 BUILD_INPUTS = ("setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in", "README.md")
 
@@ -39,12 +39,13 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def repo_modules() -> list[str]:
-    """Every module of the four packages in the working tree, e.g. ``pipelines.preprocess``."""
+    """Every module of the four packages in the working tree, e.g. ``shardprep.pipelines.preprocess``."""
     modules = []
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
-            modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            modules.append(".".join(parts if package == "shardprep" else ("shardprep", *parts)))
     return modules
 
 
@@ -73,7 +74,7 @@ def built(tmp_path_factory):
 
     from apache_beam.runners.portability.stager import Stager
 
-    from pipelines import staging
+    from shardprep.pipelines import staging
 
     root = tmp_path_factory.mktemp("packaging")
     copy_project(root / "project")
@@ -108,7 +109,7 @@ def built_normally(tmp_path_factory):
 
 
 def staging_env() -> str:
-    from pipelines import staging
+    from shardprep.pipelines import staging
 
     return staging.WORKER_SDIST_ENV
 
@@ -150,7 +151,7 @@ def test_wheel_built_from_the_staged_sdist_holds_every_module_and_no_tests(built
     _, wheel = built
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    expected = {module.replace(".", "/") + ("/__init__.py" if (REPO / module.replace(".", "/")).is_dir() else ".py")
+    expected = {module.replace(".", "/") + ("/__init__.py" if module_folder(module).is_dir() else ".py")
                 for module in repo_modules()}
     assert sorted(expected - names) == []
     assert sorted(n for n in names if n.split("/", 1)[0] in ("tests", "benchmarks")) == []
@@ -164,7 +165,7 @@ import json, sys
 from pathlib import Path
 import apache_beam as beam
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from pipelines import preprocess, validate
+from shardprep.pipelines import preprocess, validate
 
 out = Path(sys.argv[1])
 source = out / "source"
@@ -296,8 +297,16 @@ def module_imports(path: Path) -> list[tuple[str | None, str]]:
     return found
 
 
+def module_folder(module: str) -> Path:
+    """Where ``shardprep.<folder>.<module>`` (or ``shardprep.<module>``) lies in the repository, without suffix."""
+    parts = module.split(".")
+    if parts[0] == "shardprep" and len(parts) > 1 and parts[1] in PACKAGES:
+        parts = parts[1:]  # shardprep.train.x is train/x.py (setup.py's package_dir)
+    return REPO.joinpath(*parts)
+
+
 def first_party_file(module: str) -> Path | None:
-    base = REPO / module.replace(".", "/")
+    base = module_folder(module)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -324,7 +333,7 @@ def undeclared_imports(files: list[Path], wheel: Path, follow: bool) -> dict[str
             if follow and _within(name, LAUNCHER_ONLY.get((relative, function), ())):
                 continue
             top = name.split(".")[0]
-            if top in PACKAGES:
+            if top == "shardprep":
                 if follow and (target := first_party_file(name)) is not None:
                     todo.append(target)
                 continue

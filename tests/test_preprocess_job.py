@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from pipelines import preprocess as job
-from preprocess import sharding
-from preprocess import manifest as manifest_lib
-from preprocess import record_format, tfrecord_io
+from shardprep.pipelines import preprocess as job
+from shardprep.preprocess import sharding
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]  # fast for tests that don't exercise multi-processing
@@ -427,7 +427,7 @@ def _run_in_process(source, output, min_decode_groups: int, **options) -> tuple[
     """(manifest, shards renamed from decode groups) of an in-process run with the given decode-group floor."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    from pipelines import runner as runners
+    from shardprep.pipelines import runner as runners
 
     config = job.PreprocessConfig(source=str(source), output=str(output), shorter_side=16, **options)
     pipeline = runners.make_pipeline(["--direct_running_mode=in_memory"])

@@ -17,16 +17,16 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines.boundaries import ShardBoundaries
-from pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
-from pipelines.decode_groups import DecodeGroups
-from pipelines.layouts import FixedLayouts
-from pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
-from pipelines.shards import WriteShards
-from pipelines import spill
-from pipelines.spill import SPILL_DIR, SpillWriter
-from preprocess import image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
-from preprocess.elements import Input, Reject
+from shardprep.pipelines.boundaries import ShardBoundaries
+from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from shardprep.pipelines.decode_groups import DecodeGroups
+from shardprep.pipelines.layouts import FixedLayouts
+from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
+from shardprep.pipelines.shards import WriteShards
+from shardprep.pipelines import spill
+from shardprep.pipelines.spill import SPILL_DIR, SpillWriter
+from shardprep.preprocess import image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
+from shardprep.preprocess.elements import Input, Reject
 
 SEED = 7
 OPTIONS = image_ops.ProcessOptions(8, "center", "raw", 90, image_ops.DEFAULT_MAX_PIXELS)

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from preprocess import record_format
-from train import reader, record_gather
+from shardprep.preprocess import record_format
+from shardprep.train import reader, record_gather
 from train_helpers import random_images, write_dataset
 
 
@@ -98,7 +98,7 @@ def test_a_process_exits_while_its_iterator_is_reading(tmp_path):
     items = random_images(64, 256, 256, seed=13, labels=(0, 1))
     write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=4)
     script = textwrap.dedent(f"""
-        from train import reader
+        from shardprep.train import reader
         dataset = reader.make_dataset({str(tmp_path)!r}, "train", 64, training=True, seed=0, random_access=True)
         iterator = iter(dataset)
         for _ in range(30):
@@ -130,18 +130,18 @@ def test_the_exit_hook_is_registered_by_the_first_gathering_dataset_not_on_impor
         register = atexit.register
         atexit.register = lambda function, *args, **kwargs: (
             hooks.append(f"{{function.__module__}}.{{function.__qualname__}}") or register(function, *args, **kwargs))
-        from train import record_gather
-        print("IMPORTED", [hook for hook in hooks if hook.startswith("train.")])
-        from train import reader
+        from shardprep.train import record_gather
+        print("IMPORTED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
+        from shardprep.train import reader
         reader.make_dataset({str(tmp_path)!r}, "train", 4, training=False, random_access=False)
-        print("STREAMED", [hook for hook in hooks if hook.startswith("train.")])
+        print("STREAMED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
         for _ in range(2):
             reader.make_dataset({str(tmp_path)!r}, "train", 4, training=True, random_access=True)
-        print("GATHERED", [hook for hook in hooks if hook.startswith("train.")])
+        print("GATHERED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
     """)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:3] == ["IMPORTED []", "STREAMED []",
-                                            "GATHERED ['train.record_gather._settle']"]
+                                            "GATHERED ['shardprep.train.record_gather._settle']"]

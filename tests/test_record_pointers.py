@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from preprocess import sharding, sources
-from preprocess import record_pointers
-from preprocess.record_pointers import RecordPointers, bucket_indices, merge_sorted_pointers
+from shardprep.preprocess import sharding, sources
+from shardprep.preprocess import record_pointers
+from shardprep.preprocess.record_pointers import RecordPointers, bucket_indices, merge_sorted_pointers
 
 
 def _pointers(n, seed=0, split="train", path="spill-a"):

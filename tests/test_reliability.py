@@ -25,11 +25,11 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from pipelines import manifest_writer, spill
-from pipelines import preprocess as job
-from pipelines import runner as runners
-from preprocess import manifest as manifest_lib
-from preprocess import record_format, sharding, tfrecord_io
+from shardprep.pipelines import manifest_writer, spill
+from shardprep.pipelines import preprocess as job
+from shardprep.pipelines import runner as runners
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format, sharding, tfrecord_io
 from shardprep.cli import main as cli
 
 # 360 images of 100-300 px: the job spends some seconds decoding, so it can be caught part-way.

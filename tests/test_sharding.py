@@ -1,10 +1,10 @@
-"""preprocess.sharding: shard counts, the seeded order, bucketed boundary finding and exact statistics."""
+"""shardprep.preprocess.sharding: shard counts, the seeded order, bucketed boundary finding and exact statistics."""
 
 import random
 
 import numpy as np
 
-from preprocess import sharding
+from shardprep.preprocess import sharding
 
 MB = 1024 * 1024
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import augment
+from shardprep.train import augment
 
 SEED = tf.constant([3, 4], tf.int64)
 

@@ -7,12 +7,12 @@ import textwrap
 
 import pytest
 
-from train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS, TrainConfig
+from shardprep.train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("module", ["train.config", "shardprep.commands.train"])
+@pytest.mark.parametrize("module", ["shardprep.train.config", "shardprep.commands.train"])
 def test_options_import_without_tensorflow(module):
     script = textwrap.dedent(f"""
         import sys

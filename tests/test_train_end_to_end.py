@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main
-from train.model import load_model
+from shardprep.train.model import load_model
 
 CLASSES = ("blue", "red")  # ImageFolder sorts class folders: blue = 0, red = 1
 
@@ -64,7 +64,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
 
 
 def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
-    from train import reader
+    from shardprep.train import reader
 
     data = tmp_path / "jpeg-none"
     prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",

@@ -14,8 +14,8 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from train import loop, reader, schedules
-from train.model import load_model
+from shardprep.train import loop, reader, schedules
+from shardprep.train.model import load_model
 from train_helpers import write_dataset
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
@@ -163,7 +163,7 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(colour_dataset, tmp
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from train import loop
+        from shardprep.train import loop
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         config = loop.TrainConfig(data_dir={colour_dataset!r}, output_dir={str(tmp_path)!r}, epochs=2,
                                   batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5,
@@ -182,7 +182,7 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(colour_dataset, tmp
 
 
 def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path, monkeypatch):
-    from train import reader
+    from shardprep.train import reader
 
     verified = []
     make_dataset = reader.make_dataset

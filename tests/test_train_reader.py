@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from preprocess import manifest as manifest_lib
-from train import reader
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.train import reader
 from train_helpers import random_images, write_dataset
 
 CLASSES = ["cat", "dog", "eel"]
@@ -161,7 +161,7 @@ def test_a_shard_cut_after_the_dataset_was_made_fails_loudly(tmp_path):
 
 
 def test_random_access_is_the_default_for_local_shards_and_refused_for_urls(raw_dataset, monkeypatch):
-    from train import record_gather
+    from shardprep.train import record_gather
 
     made = []
     gather = record_gather.FixedLayoutGather
@@ -279,7 +279,7 @@ def test_default_shuffle_buffer_is_about_a_gibibyte_of_records_within_the_split(
 
 
 def test_eval_batch_through_the_model_input_layer_is_the_stored_centre_crop(raw_dataset):
-    from train.augment import CropFlipNormalize
+    from shardprep.train.augment import CropFlipNormalize
 
     root, splits = raw_dataset
     stored = {pixels.tobytes(): pixels for pixels, _ in splits["validation"]}

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from train.model import build_model
-from train.resnet import resnet18
+from shardprep.train.model import build_model
+from shardprep.train.resnet import resnet18
 
 
 def _trainable(model):

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 import validate_helpers as helpers
-from pipelines import validate
-from preprocess import validation_pictures as pictures
-from preprocess.validation_stats import sample_rank
+from shardprep.pipelines import validate
+from shardprep.preprocess import validation_pictures as pictures
+from shardprep.preprocess.validation_stats import sample_rank
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

@@ -7,14 +7,14 @@ import io
 import numpy as np
 import pytest
 
-from pipelines import validate
-from preprocess import validation_pictures as pictures
-from preprocess.record_format import ImageRecord
-from preprocess.tfrecord_io import frame
-from preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
+from shardprep.pipelines import validate
+from shardprep.preprocess import validation_pictures as pictures
+from shardprep.preprocess.record_format import ImageRecord
+from shardprep.preprocess.tfrecord_io import frame
+from shardprep.preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
                                           mean_std_problems, problem, record_layout_length_problems,
                                           record_problems, split_problems)
-from preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
+from shardprep.preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
                                          size_summary)
 
 
@@ -216,7 +216,7 @@ def test_class_chart_size_for_many_classes():
 
 
 def test_help_states_the_tolerances_the_checks_use():
-    from preprocess.validation_stats import MEAN_STD_TOLERANCE
+    from shardprep.preprocess.validation_stats import MEAN_STD_TOLERANCE
     from shardprep.commands import validate as command
 
     flat_help = " ".join(command.HELP.split())

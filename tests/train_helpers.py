@@ -13,9 +13,9 @@ import os
 import numpy as np
 from PIL import Image
 
-from preprocess import manifest as manifest_lib
-from preprocess import record_format
-from preprocess.tfrecord_io import frame
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format
+from shardprep.preprocess.tfrecord_io import frame
 
 
 def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center", shorter_side=None,

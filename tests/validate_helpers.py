@@ -9,13 +9,13 @@ import pathlib
 import shutil
 import struct
 
-from preprocess import manifest as manifest_lib
-from preprocess.record_format import ImageRecord, decode_example, encode_example
-from preprocess.tfrecord_io import frame, read_records
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.record_format import ImageRecord, decode_example, encode_example
+from shardprep.preprocess.tfrecord_io import frame, read_records
 
 def preprocess(source: pathlib.Path, output: pathlib.Path, *options: str) -> dict:
     """Runs the real preprocess job in-process (one worker, no subprocesses) and returns its manifest."""
-    from pipelines import preprocess as job
+    from shardprep.pipelines import preprocess as job
 
     return job.run([str(source), str(output), "--shorter-side", "32", "--num-shards", "2", "--quiet", *options,
                     "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"])
@@ -41,7 +41,7 @@ def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool =
     False (then they are written as plain Examples, as for datasets without one)."""
     import hashlib
 
-    from preprocess.record_format import FixedLayout
+    from shardprep.preprocess.record_format import FixedLayout
 
     shard = data_dir / file
     records = change(read_shard(shard))

@@ -2,10 +2,10 @@
 
 Public API:
 
-* :func:`train.reader.make_dataset` — batches of ``(uint8 images, int32 labels)`` from a prepared dataset.
-* :class:`train.augment.CropFlipNormalize` and the batched functions beside it — augmentation on the accelerator.
-* :func:`train.resnet.resnet18`, :func:`train.model.build_model`, :func:`train.model.load_model`.
-* :func:`train.loop.train` with :class:`train.config.TrainConfig` — what ``shardprep train`` runs.
+* :func:`shardprep.train.reader.make_dataset` — batches of ``(uint8 images, int32 labels)`` from a prepared dataset.
+* :class:`shardprep.train.augment.CropFlipNormalize` and the batched functions beside it — augmentation on the accelerator.
+* :func:`shardprep.train.resnet.resnet18`, :func:`shardprep.train.model.build_model`, :func:`shardprep.train.model.load_model`.
+* :func:`shardprep.train.loop.train` with :class:`shardprep.train.config.TrainConfig` — what ``shardprep train`` runs.
 
 Modules, each one concern:
 

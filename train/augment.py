@@ -22,7 +22,7 @@ import math
 import keras
 import tensorflow as tf
 
-from train.config import AUGMENTATIONS
+from shardprep.train.config import AUGMENTATIONS
 
 RRC_AREA_RANGE = (0.08, 1.0)
 RRC_ASPECT_RANGE = (3 / 4, 4 / 3)

@@ -1,7 +1,7 @@
 """The training loop: strategy, precision, the compiled steps, callbacks and the input-bound report.
 
-Its options are :class:`train.config.TrainConfig`; learning-rate schedules live in :mod:`train.schedules`,
-checkpoints and the files a run writes in :mod:`train.checkpoints`.
+Its options are :class:`shardprep.train.config.TrainConfig`; learning-rate schedules live in :mod:`shardprep.train.schedules`,
+checkpoints and the files a run writes in :mod:`shardprep.train.checkpoints`.
 
 A custom loop rather than ``model.fit``: ``fit`` fetches each batch inside its compiled step, so the time spent
 waiting for input cannot be told apart from compute. Here the loop takes each batch from the distributed
@@ -26,11 +26,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from preprocess import manifest as manifest_lib
-from train import checkpoints, reader
-from train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
-from train.model import build_model
-from train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.train import checkpoints, reader
+from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
+from shardprep.train.model import build_model
+from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
 INPUT_BOUND_THRESHOLD = 0.05

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import keras
 
-from train.augment import CropFlipNormalize
-from train.resnet import resnet18_layers
+from shardprep.train.augment import CropFlipNormalize
+from shardprep.train.resnet import resnet18_layers
 
 
 def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment: str = "crop",
                 seed: int | None = None, width_multiplier: float = 1.0, weight_decay: float = 0.0) -> keras.Model:
-    """ResNet-18 behind a :class:`~train.augment.CropFlipNormalize` input layer.
+    """ResNet-18 behind a :class:`~shardprep.train.augment.CropFlipNormalize` input layer.
 
     The model takes ``uint8 [B, H, W, 3]`` images of any size >= ``image_size`` (what the reader yields, or any
     stored image): called with ``training=True`` it augments them (``augment``: ``"crop"`` or ``"rrc"``), otherwise
@@ -29,7 +29,7 @@ def load_model(path: str) -> keras.Model:
 
     ``load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train size.
     """
-    import train.augment  # noqa: F401  registers CropFlipNormalize
-    import train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
+    import shardprep.train.augment  # noqa: F401  registers CropFlipNormalize
+    import shardprep.train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
 
     return keras.models.load_model(path)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocess import record_format
-from train.read_plan import ReadPlan
+from shardprep.preprocess import record_format
+from shardprep.train.read_plan import ReadPlan
 
 
 def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.data.Dataset:

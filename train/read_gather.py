@@ -1,13 +1,13 @@
 """Read strategy for local fixed-layout shards: only record ids go through the shared order, and each batch's
-records are then gathered by random access straight into the batch (:mod:`train.record_gather`)."""
+records are then gathered by random access straight into the batch (:mod:`shardprep.train.record_gather`)."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocess.record_format import FixedLayout
-from train import record_gather
-from train.read_plan import ReadPlan
+from shardprep.preprocess.record_format import FixedLayout
+from shardprep.train import record_gather
+from shardprep.train.read_plan import ReadPlan
 
 
 def gathered_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:

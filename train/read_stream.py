@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocess import record_format
-from preprocess.record_format import FixedLayout
-from train.read_plan import ReadPlan
-from train.record_gather import MAX_VARINT_BYTES
+from shardprep.preprocess import record_format
+from shardprep.preprocess.record_format import FixedLayout
+from shardprep.train.read_plan import ReadPlan
+from shardprep.train.record_gather import MAX_VARINT_BYTES
 
 
 def streamed_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:

@@ -1,7 +1,7 @@
 """The training reader: prepared shards in, batches of uint8 images and int32 labels out, at almost no host cost.
 
 The fast path (``raw`` shards, ``crop: center``) never touches one image at a time. Such shards have a fixed record
-layout (``record_layout`` in the manifest, :class:`preprocess.record_format.FixedLayout`): every record is
+layout (``record_layout`` in the manifest, :class:`shardprep.preprocess.record_format.FixedLayout`): every record is
 ``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at ``label_offset``, and a shard
 file is ``image_offset + N * record_bytes`` bytes. So where a record lies follows from its index, and for local
 shards only the records' ids go through tf.data::
@@ -23,29 +23,29 @@ disagrees with the manifest still fails loudly. ``verify_records=True`` reads th
 ``parse_example`` instead, checking every record's CRC; so do datasets written before the layout existed.
 
 The reshape to ``[B, H, W, 3]`` is free. Augmentation and normalization are not done here: they are part of the model
-(:mod:`train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes than
+(:mod:`shardprep.train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes than
 float32).
 
-The other layouts need one step per image, which runs in a parallel map before batching (:mod:`train.read_examples`).
+The other layouts need one step per image, which runs in a parallel map before batching (:mod:`shardprep.train.read_examples`).
 Every dataset yields square-or-stored-size images of one shape, :func:`stored_image_shape`.
 
 This module reads the manifest and dispatches; each read strategy is its own module, and all of them put their
-records through the one order of :class:`train.read_plan.ReadPlan`:
+records through the one order of :class:`shardprep.train.read_plan.ReadPlan`:
 
-* :mod:`train.read_gather`: local fixed-layout shards, records gathered into the batch (the default);
-* :mod:`train.read_stream`: fixed-layout shards streamed (``random_access=False``, URLs);
-* :mod:`train.read_examples`: TFRecords of Examples (``verify_records=True``, every other layout).
+* :mod:`shardprep.train.read_gather`: local fixed-layout shards, records gathered into the batch (the default);
+* :mod:`shardprep.train.read_stream`: fixed-layout shards streamed (``random_access=False``, URLs);
+* :mod:`shardprep.train.read_examples`: TFRecords of Examples (``verify_records=True``, every other layout).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocess import manifest as manifest_lib
-from preprocess import record_format
-from preprocess.record_format import FixedLayout
-from train import read_examples, read_gather, read_stream, record_gather
-from train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import record_format
+from shardprep.preprocess.record_format import FixedLayout
+from shardprep.train import read_examples, read_gather, read_stream, record_gather
+from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
 SHUFFLE_BUFFER_BYTES = 1 << 30
@@ -121,7 +121,7 @@ def make_dataset(
 
     ``images`` is ``uint8 [B, H, W, 3]`` with ``(H, W) = stored_image_shape(manifest)``; ``labels`` is
     ``int32 [B]``, indices into ``manifest["classes"]``. Batches are prefetched and ready to ship to the device;
-    crop, flip and normalization belong to the model (:mod:`train.augment`).
+    crop, flip and normalization belong to the model (:mod:`shardprep.train.augment`).
 
     Args:
       data_dir: dataset folder holding ``manifest.json`` (a local path or any ``tf.io.gfile`` URL, e.g. ``gs://``).
@@ -142,7 +142,7 @@ def make_dataset(
       verify_records: read fixed-layout shards as TFRecords, checking every record's CRC (slower); other shards
         are always read that way.
       random_access: for fixed-layout shards, gather each batch's records straight from the files
-        (:mod:`train.record_gather`) instead of streaming every shard through a read buffer. Default: on for local
+        (:mod:`shardprep.train.record_gather`) instead of streaming every shard through a read buffer. Default: on for local
         paths (needs ``os.preadv``), off for URLs. Both give the same batches; streaming reads each shard
         sequentially, which suits storage that is slow at random reads and not cached in memory.
     """

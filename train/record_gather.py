@@ -1,6 +1,6 @@
 """Batches gathered from fixed-layout shards by random access: each image goes from the file into its batch slot.
 
-The fixed record layout (:class:`preprocess.record_format.FixedLayout`) puts record ``r`` of a shard at byte
+The fixed record layout (:class:`shardprep.preprocess.record_format.FixedLayout`) puts record ``r`` of a shard at byte
 ``image_offset + r * record_bytes``, its pixels first and its label's varint ``label_offset - image_offset`` bytes
 further on. So a batch of records is gathered with one ``preadv`` per image, whose first buffer is the image's slot
 in the batch and whose second receives the label's bytes: the kernel's copy out of the page cache is the only copy
@@ -13,7 +13,7 @@ once nothing references it any more: TensorFlow borrows a NumPy array returned b
 and keeps a reference to it until the last tensor using its memory is gone (released a little later still, the next
 time TensorFlow's Python bindings hold the GIL: never early).
 
-This module is plain NumPy and ``os``; :mod:`train.reader` wraps :class:`FixedLayoutGather` in a
+This module is plain NumPy and ``os``; :mod:`shardprep.train.reader` wraps :class:`FixedLayoutGather` in a
 ``tf.numpy_function`` for local shards (``gs://`` and other URLs are read as a stream).
 """
 
@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from preprocess import record_format
-from preprocess.record_format import FixedLayout
+from shardprep.preprocess import record_format
+from shardprep.preprocess.record_format import FixedLayout
 
 # Record ids carry the shard's index in the high bits and the record's index in the shard in the low bits.
 RECORD_INDEX_BITS = 32

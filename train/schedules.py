@@ -2,7 +2,7 @@
 ReduceLROnPlateau (:class:`PlateauWarmup`), and the SGD optimizer that follows them.
 
 :class:`WarmupSchedule` is registered with Keras, so checkpoints that hold the optimizer load wherever this module is
-imported (:func:`train.model.load_model` does).
+imported (:func:`shardprep.train.model.load_model` does).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import keras
 import tensorflow as tf
 
-from train.config import TrainConfig
+from shardprep.train.config import TrainConfig
 
 
 @keras.saving.register_keras_serializable(package="shardprep")

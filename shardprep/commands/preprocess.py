@@ -59,9 +59,9 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
             labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite,
             quiet, verbose, beam_args):
-    from pipelines import preprocess as job
-    from pipelines import runner, storage
-    from preprocess.sources import SourceError
+    from shardprep.pipelines import preprocess as job
+    from shardprep.pipelines import runner, storage
+    from shardprep.preprocess.sources import SourceError
 
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
     runner.quiet_beam_logging(verbose)

@@ -4,7 +4,7 @@ import click
 
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
-from train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS
+from shardprep.train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS
 
 
 def _epoch_list(ctx, param, value):
@@ -79,7 +79,7 @@ def command(data, **options):
     Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. Every epoch prints images/s and the share of step
     time spent waiting for input; the run ends with a summary saying whether training was input-bound.
     """
-    from train.loop import TrainConfig, train
+    from shardprep.train.loop import TrainConfig, train
 
     config = TrainConfig(data_dir=data, **options)
     try:

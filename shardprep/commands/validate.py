@@ -57,8 +57,8 @@ everything after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --pr
 @click.pass_context
 def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, max_problems_per_check, quiet,
             beam_args):
-    from pipelines import runner
-    from pipelines import validate as job
+    from shardprep.pipelines import runner
+    from shardprep.pipelines import validate as job
 
     runner.quiet_beam_logging()
     argv = [data, "--samples-per-class", str(samples_per_class), "--image-key", image_key, "--label-key", label_key,
