@@ -159,7 +159,7 @@ def test_train_refuses_a_dataset_without_examples_or_classes(data, tmp_path):
 
 @pytest.mark.parametrize("option, value", [("--val-split", "val"), ("--train-split", "training")])
 def test_train_names_the_splits_present_for_an_unknown_split(data, tmp_path, option, value):
-    refused(train(data, tmp_path, option, value), option, "splits: train (8 examples), validation (4 examples)")
+    refused(train(data, tmp_path, option, value), option, "splits: train, validation; examples: train 8, validation 4")
 
 
 def test_train_refuses_a_deleted_shard(data, tmp_path):

@@ -90,7 +90,8 @@ def check(data_dir: str, train_split: str, val_split: str, output_dir: str | Non
         raise PreflightError(f"{manifest_path} lists no classes, so there is nothing to train; rerun preprocess on "
                              "a source with class folders or labels")
     splits = manifest["splits"]
-    present = ", ".join(f"{name} ({info['num_examples']:,} examples)" for name, info in splits.items()) or "none"
+    present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info['num_examples']:,}"
+                                                           for name, info in splits.items())) if splits else "none"
     for option, split in (("--train-split", train_split), ("--val-split", val_split)):
         if split not in splits:
             raise PreflightError(f"{option} {split!r} is not a split of {data_dir} (splits: {present}); "
