@@ -178,4 +178,7 @@ def shape_problems(manifest) -> list[str]:
             raw_center = manifest.get("encoding") == "raw" and square
             for split, info in splits.items():
                 _split_problems(problems, split, info, raw_center, classes)
+            stats_split = manifest.get("stats_split")
+            if isinstance(stats_split, str) and stats_split not in splits:
+                problems.append(f"stats_split: {stats_split!r} is not one of the splits ({', '.join(splits)})")
     return problems

@@ -82,6 +82,7 @@ CASES = {
     "mean_rgb two numbers": (lambda m: m.update(mean_rgb=[1, 2]), "mean_rgb: must be a list of 3 numbers or null"),
     "std_rgb a dict": (lambda m: m.update(std_rgb={"r": 1}), "std_rgb: must be a list of 3 numbers or null"),
     "splits missing": (lambda m: m.pop("splits"), "splits: missing"),
+    "stats_split unknown": (lambda m: m.update(stats_split="nope"), "stats_split: 'nope' is not one of the splits"),
     "format_version a string": (lambda m: m.update(format_version="1"), "format_version: must be an integer"),
 }
 
