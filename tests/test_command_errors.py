@@ -202,3 +202,15 @@ def test_demo_data_into_a_file(tmp_path):
     refused(["demo-data", tmp_path / "file"], "is a file")
     refused(["demo-data", tmp_path / "file" / "sub"], "is a file")
     assert (tmp_path / "file").read_text() == "x" and listing(tmp_path) == ["file"]
+
+
+def test_read_only_places_are_refused_even_when_run_as_root(data, tmp_path, monkeypatch):
+    """The permission checks, with os.access made to say no (root can write anywhere, so chmod cannot show it)."""
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if "locked" in str(path) else real_access(path, mode))
+    refused(["validate", data, "--json", tmp_path / "locked" / "r.json", "--quiet"], "permission denied")
+    refused(["validate", data, "--pictures", tmp_path / "locked" / "pics", "--quiet"], "permission denied")
+    refused(train(data, tmp_path, "--output-dir", tmp_path / "locked" / "run"), "--output-dir", "permission denied")
+    refused(["demo-data", tmp_path / "locked" / "demo"], "permission denied")
+    assert listing(tmp_path / "locked") == []
