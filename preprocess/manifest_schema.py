@@ -168,7 +168,8 @@ def shape_problems(manifest) -> list[str]:
         value = manifest.get(key)
         if value is not None and not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
             problems.append(f"{key}: must be a list of 3 numbers or null, is {_describe(value)}")
-    if "stats_split" in manifest and manifest["stats_split"] is not None and not isinstance(manifest["stats_split"], str):
+    stats_split = manifest.get("stats_split")
+    if stats_split is not None and not isinstance(stats_split, str):
         problems.append(f"stats_split: must be a split name or null, is {_describe(manifest['stats_split'])}")
     if "splits" in manifest:
         splits = manifest["splits"]

@@ -40,7 +40,8 @@ def damaged(manifest, change):
 
 
 CASES = {
-    "record_layout removed": (lambda m: m["splits"]["train"].pop("record_layout"), "splits.train.record_layout: missing"),
+    "record_layout removed": (lambda m: m["splits"]["train"].pop("record_layout"),
+                              "splits.train.record_layout: missing"),
     "record_layout a list": (lambda m: m["splits"]["train"].update(record_layout=[1, 2, 3]),
                              "splits.train.record_layout: must be an object"),
     "record_bytes a string": (lambda m: m["splits"]["train"]["record_layout"].update(record_bytes="100"),
