@@ -73,6 +73,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from shardprep.pipelines import progress as progress_lib
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess import manifest_schema
 from shardprep.preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
                                           record_layout_length_problems, record_layout_offset_problem,
                                           mean_std_problems, problem, problem_sort_key, record_problems,
@@ -95,6 +96,45 @@ _LOGGER = logging.getLogger(__name__)
 
 class ValidateError(Exception):
     """Validation cannot run at all (not: the dataset has problems); the message is meant for the user."""
+
+
+class ReportWriteError(ValidateError):
+    """Validation ran, but writing ``--json`` or ``--pictures`` failed; ``report`` holds the result to show."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def check_output_paths(json_path: str | None, pictures: str | None) -> None:
+    """Refuses, before anything runs, a local ``--json`` or ``--pictures`` that could not be written.
+
+    ``--json`` must name a file in an existing, writable folder (not a folder); ``--pictures`` must be a folder, or
+    a new one in an existing, writable folder (not a file). ``gs://`` paths are not checked ahead."""
+    import os
+
+    if json_path and "://" not in json_path:
+        path = os.path.abspath(json_path)
+        parent = os.path.dirname(path)
+        if os.path.isdir(path):
+            raise ValidateError(f"--json {json_path} is a folder; give a file name for the report, "
+                                f"e.g. {manifest_lib.join(json_path, 'report.json')}")
+        if not os.path.isdir(parent):
+            raise ValidateError(f"--json {json_path}: the folder {parent} does not exist; create it or choose "
+                                "another path")
+        if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise ValidateError(f"--json {json_path}: cannot write there (permission denied); choose a writable path")
+    if pictures and "://" not in pictures:
+        path = os.path.abspath(pictures)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ValidateError(f"--pictures {pictures} is a file, not a folder; give a folder for the pictures")
+        existing = path if os.path.isdir(path) else os.path.dirname(path)
+        if not os.path.isdir(existing):
+            raise ValidateError(f"--pictures {pictures}: the folder {existing} does not exist; create it or choose "
+                                "another path")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
+                                "choose a writable folder")
 
 # progress(stage, files_done, files_total, records_done): files_done is None while a stage has no count.
 Progress = Callable[[str, "int | None", "int | None", "int | None"], None]
@@ -689,6 +729,12 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
         manifest = manifest_lib.load(data_dir)
     except manifest_lib.ManifestError as e:
         return _finish(report, [problem("manifest_invalid", str(e))], [], args.max_problems_per_check)
+    shape = manifest_schema.shape_problems(manifest)
+    if shape:
+        found_problems = [problem("manifest_shape", message) for message in shape]
+        report["skipped_checks"] = ("manifest.json has the wrong shape, so the shards were not read and no other "
+                                    "check ran: fix manifest.json or rerun preprocess with --overwrite")
+        return _finish(report, found_problems, [], args.max_problems_per_check)
     driver_problems = manifest_problems(manifest)
     if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
         return _finish(report, driver_problems, [], args.max_problems_per_check)
@@ -740,7 +786,7 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
     if args.pictures:
         progress(f"writing pictures to {args.pictures}", None, None, None)
         samples_by_label = {line["label"]: line["images"] for line in lines if line["kind"] == "sample"}
-        report["pictures"] = write_pictures(args.pictures, report, samples_by_label, args.samples_per_class)
+        _write_pictures_or_fail(args, report, samples_by_label)
     return report
 
 
@@ -769,8 +815,16 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
     report = _finish(report, [], lines, args.max_problems_per_check)
     if args.pictures:
         progress(f"writing pictures to {args.pictures}", None, None, None)
-        report["pictures"] = write_pictures(args.pictures, report, None, args.samples_per_class)
+        _write_pictures_or_fail(args, report, None)
     return report
+
+
+def _write_pictures_or_fail(args, report: dict, samples_by_label: dict | None) -> None:
+    try:
+        report["pictures"] = write_pictures(args.pictures, report, samples_by_label, args.samples_per_class)
+    except (OSError, beam.io.filesystem.BeamIOError) as e:
+        raise ReportWriteError(f"writing pictures to {args.pictures} failed: {e}; the report above is complete",
+                               report) from e
 
 
 def write_pictures(directory: str, report: dict, samples_by_label: dict | None, samples_per_class: int) -> dict:
@@ -837,6 +891,7 @@ def run(argv: list[str] | None = None, progress: Progress | None = None) -> dict
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
     """
     args, beam_args = parse_args(argv)
+    check_output_paths(args.json_path, args.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
     if args.data.startswith(TFRECORD_PREFIX):
@@ -846,9 +901,13 @@ def run(argv: list[str] | None = None, progress: Progress | None = None) -> dict
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if args.json_path:
         path = args.json_path if "://" in args.json_path else _absolute(args.json_path)
-        with FileSystems.create(path, mime_type="application/json",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
+        try:
+            with FileSystems.create(path, mime_type="application/json",
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                f.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
+        except (OSError, beam.io.filesystem.BeamIOError) as e:
+            raise ReportWriteError(f"writing the report to {args.json_path} failed: {e}; the report above is "
+                                   "complete", report) from e
     return report
 
 

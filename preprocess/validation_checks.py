@@ -20,6 +20,8 @@ CHECKS = {
     # The dataset folder
     "manifest_missing": "no manifest.json: the dataset is incomplete (a preprocess run stopped early or never ran)",
     "manifest_invalid": "manifest.json is unreadable, of an unknown version, or lacks keys validate needs",
+    "manifest_shape": "a manifest key is missing or has a value of the wrong type or range (checked before "
+                      "anything else; the shards are not read)",
     "manifest_inconsistent": "the manifest's own totals disagree (split count vs. its shards or class counts)",
     "shard_missing": "a shard listed in the manifest is not on disk",
     "shard_unlisted": "a .tfrecord file in the dataset folder is not listed in the manifest",

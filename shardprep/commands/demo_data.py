@@ -17,6 +17,18 @@ def command(directory, train_per_class, validation_per_class, seed):
     from shardprep import demo
 
     marker = os.path.join(directory, demo.MARKER)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise click.ClickException(f"{directory} is a file, not a folder; choose a new or empty folder for the demo "
+                                   "dataset")
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise click.ClickException(f"{directory}: {existing} is a file, so the folder cannot be created; choose "
+                                   "another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.ClickException(f"{directory}: cannot write into {existing} (permission denied); choose another "
+                                   "folder")
     if os.path.exists(directory) and os.listdir(directory):
         if not os.path.exists(marker):
             raise click.ClickException(f"{directory} is not empty and holds no earlier demo dataset")

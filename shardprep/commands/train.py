@@ -79,6 +79,13 @@ def command(data, **options):
     Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. Every epoch prints images/s and the share of step
     time spent waiting for input; the run ends with a summary saying whether training was input-bound.
     """
+    from shardprep.train import preflight
+
+    try:
+        preflight.check(data, options["train_split"], options["val_split"], options["output_dir"])
+    except preflight.PreflightError as error:
+        raise click.ClickException(str(error)) from None
+
     from shardprep.train.loop import TrainConfig, train
 
     config = TrainConfig(data_dir=data, **options)

@@ -70,6 +70,10 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     try:
         with _ProgressDisplay(enabled=not quiet) as progress_display:
             report = job.run(argv + list(beam_args), progress=progress_display.update)
+    except job.ReportWriteError as e:
+        e.report.setdefault("elapsed_seconds", 0)
+        print_report(e.report, None)
+        raise click.ClickException(str(e)) from None
     except job.ValidateError as e:
         raise click.ClickException(str(e)) from None
     print_report(report, json_path)
@@ -124,6 +128,8 @@ def print_report(report: dict, json_path: str | None) -> None:
             console.print(f"found in {report['data']} ({found['num_found_files']:,} files):\n  " + "\n  ".join(listed)
                           + (f"\n  … {found['num_found_files'] - len(listed):,} more" if found["num_found_files"] > len(listed)
                              else ""))
+    if report.get("skipped_checks"):
+        console.print(f"[bold]skipped[/]: {report['skipped_checks']}")
     pictures = report.get("pictures") or {}
     if pictures:
         console.print("pictures: " + ", ".join(pictures.values()))

@@ -1,0 +1,185 @@
+"""The manifest's own shape: the keys and value types every reader (validate, train) relies on.
+
+:func:`shape_problems` returns human-readable problems (``"<path in the document>: <what is wrong>"``) for a loaded
+manifest dict, so that a hand-edited or damaged manifest is reported, not met as a crash deep in a reader. Every
+manifest ``shardprep.pipelines.preprocess.build_manifest`` writes has none.
+"""
+
+from __future__ import annotations
+
+import re
+
+ENCODINGS = ("raw", "jpeg")
+CROPS = ("center", "none")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_LAYOUT_KEYS = ("record_bytes", "image_offset", "label_offset")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _type_name(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{_type_name(value)} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _count(problems: list[str], path: str, value, *, minimum: int = 0) -> bool:
+    if not _is_int(value):
+        problems.append(f"{path}: must be an integer, is {_describe(value)}")
+        return False
+    if value < minimum:
+        problems.append(f"{path}: must be at least {minimum}, is {value}")
+        return False
+    return True
+
+
+def unsafe_relative_path(path: str) -> str | None:
+    """Why a shard ``file`` entry would point outside the dataset folder, or None if it stays inside."""
+    if not path:
+        return "is empty"
+    if path.startswith(("/", "\\")) or "://" in path or re.match(r"^[A-Za-z]:", path):
+        return "must be relative to the dataset folder, is absolute"
+    if ".." in re.split(r"[/\\]", path):
+        return "must stay inside the dataset folder, contains '..'"
+    return None
+
+
+def _shard_problems(problems: list[str], path: str, shard) -> None:
+    if not isinstance(shard, dict):
+        problems.append(f"{path}: must be an object, is {_describe(shard)}")
+        return
+    for key in ("file", "num_examples", "num_bytes"):
+        if key not in shard:
+            problems.append(f"{path}.{key}: missing")
+    if "file" in shard:
+        if not isinstance(shard["file"], str):
+            problems.append(f"{path}.file: must be a string, is {_describe(shard['file'])}")
+        else:
+            unsafe = unsafe_relative_path(shard["file"])
+            if unsafe:
+                problems.append(f"{path}.file: {shard['file']!r} {unsafe}")
+    for key in ("num_examples", "num_bytes"):
+        if key in shard:
+            _count(problems, f"{path}.{key}", shard[key])
+    # sha256: null is allowed (datasets assembled by hand); a value must be 64 lowercase hex digits.
+    sha = shard.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and _HEX64.match(sha)):
+        problems.append(f"{path}.sha256: must be 64 lowercase hex digits, is {_describe(sha)}")
+
+
+def _split_problems(problems: list[str], split: str, info, raw_center: bool, classes) -> None:
+    path = f"splits.{split}"
+    if not isinstance(info, dict):
+        problems.append(f"{path}: must be an object, is {_describe(info)}")
+        return
+    for key in ("num_examples", "class_counts", "shards"):
+        if key not in info:
+            problems.append(f"{path}.{key}: missing")
+    for key in ("num_inputs", "num_examples", "num_rejected", "num_shards"):
+        if key in info:
+            _count(problems, f"{path}.{key}", info[key])
+    if "class_counts" in info:
+        counts = info["class_counts"]
+        if not isinstance(counts, dict):
+            problems.append(f"{path}.class_counts: must be an object {{class: count}}, is {_describe(counts)}")
+        else:
+            for name, n in counts.items():
+                _count(problems, f"{path}.class_counts.{name}", n)
+    if "rejected_by_reason" in info and not isinstance(info["rejected_by_reason"], dict):
+        problems.append(f"{path}.rejected_by_reason: must be an object, is {_describe(info['rejected_by_reason'])}")
+    if "shards" in info:
+        shards = info["shards"]
+        if not isinstance(shards, list):
+            problems.append(f"{path}.shards: must be a list, is {_describe(shards)}")
+        else:
+            for index, shard in enumerate(shards):
+                _shard_problems(problems, f"{path}.shards[{index}]", shard)
+    layout = info.get("record_layout")
+    raw_center = raw_center and info.get("num_examples") != 0  # an empty split has no records to lay out
+    if layout is None:
+        if raw_center and "record_layout" not in info:
+            problems.append(f"{path}.record_layout: missing (required for raw centre crops: the train reader "
+                            "reads records by it)")
+        elif raw_center:
+            problems.append(f"{path}.record_layout: must be an object, is null")
+    elif not isinstance(layout, dict):
+        problems.append(f"{path}.record_layout: must be an object, is {_describe(layout)}")
+    else:
+        for key in _LAYOUT_KEYS:
+            if key not in layout:
+                problems.append(f"{path}.record_layout.{key}: missing")
+            else:
+                _count(problems, f"{path}.record_layout.{key}", layout[key], minimum=1 if key == "record_bytes" else 0)
+
+
+def shape_problems(manifest) -> list[str]:
+    """Problems with the manifest's keys and value types; empty when every reader can rely on them."""
+    if not isinstance(manifest, dict):
+        return [f"manifest: must be a JSON object, is {_describe(manifest)}"]
+    problems: list[str] = []
+    required = ("format_version", "classes", "encoding", "crop", "shorter_side", "splits")
+    for key in required:
+        if key not in manifest:
+            problems.append(f"{key}: missing")
+    if "format_version" in manifest and not _is_int(manifest["format_version"]):
+        problems.append(f"format_version: must be an integer, is {_describe(manifest['format_version'])}")
+    classes = manifest.get("classes")
+    if "classes" in manifest:
+        if not isinstance(classes, list):
+            problems.append(f"classes: must be a list of class names, is {_describe(classes)}")
+            classes = None
+        else:
+            for index, name in enumerate(classes):
+                if not isinstance(name, str):
+                    problems.append(f"classes[{index}]: must be a string, is {_describe(name)}")
+            if len(set(map(str, classes))) != len(classes):
+                problems.append("classes: names must be unique")
+    if "num_classes" in manifest and _count(problems, "num_classes", manifest["num_classes"]) and classes is not None:
+        if manifest["num_classes"] != len(classes):
+            problems.append(f"num_classes: is {manifest['num_classes']} but classes lists {len(classes)}")
+    if "encoding" in manifest and manifest["encoding"] not in ENCODINGS:
+        problems.append(f"encoding: must be one of {', '.join(ENCODINGS)}, is {_describe(manifest['encoding'])}")
+    if "crop" in manifest and manifest["crop"] not in CROPS:
+        problems.append(f"crop: must be one of {', '.join(CROPS)}, is {_describe(manifest['crop'])}")
+    if "shorter_side" in manifest:
+        _count(problems, "shorter_side", manifest["shorter_side"], minimum=1)
+    square = manifest.get("crop") == "center"
+    for key in ("image_height", "image_width"):
+        if square and key not in manifest:
+            problems.append(f"{key}: missing (required for centre crops)")
+        elif manifest.get(key) is not None:
+            _count(problems, key, manifest[key], minimum=1)
+        elif square:
+            problems.append(f"{key}: must be an integer for centre crops, is null")
+    for key in ("num_inputs", "num_examples", "num_rejected"):
+        if key in manifest:
+            _count(problems, key, manifest[key])
+    for key in ("mean_rgb", "std_rgb"):
+        value = manifest.get(key)
+        if value is not None and not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
+            problems.append(f"{key}: must be a list of 3 numbers or null, is {_describe(value)}")
+    stats_split = manifest.get("stats_split")
+    if stats_split is not None and not isinstance(stats_split, str):
+        problems.append(f"stats_split: must be a split name or null, is {_describe(manifest['stats_split'])}")
+    if "splits" in manifest:
+        splits = manifest["splits"]
+        if not isinstance(splits, dict):
+            problems.append(f"splits: must be an object {{split: {{...}}}}, is {_describe(splits)}")
+        else:
+            raw_center = manifest.get("encoding") == "raw" and square
+            for split, info in splits.items():
+                _split_problems(problems, split, info, raw_center, classes)
+            stats_split = manifest.get("stats_split")
+            if isinstance(stats_split, str) and stats_split not in splits:
+                problems.append(f"stats_split: {stats_split!r} is not one of the splits ({', '.join(splits)})")
+    return problems

@@ -1,0 +1,216 @@
+"""Refusals of ``validate``, ``train`` and ``demo-data``: each is one clear line and exit 1, never a traceback, and
+nothing is written outside the paths the command owns."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from train_helpers import random_images, write_dataset
+
+IN_PROCESS = ["--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine") / "data"
+    write_dataset(root, {"train": random_images(8, 8, 8), "validation": random_images(4, 8, 8, seed=1)},
+                  classes=["a", "b"])
+    return root
+
+
+@pytest.fixture
+def data(pristine, tmp_path):
+    return shutil.copytree(pristine, tmp_path / "data")
+
+
+def edit_manifest(data, change):
+    path = data / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def listing(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files + _)
+
+
+def refused(args, *expected):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(lines) == 1, result.output
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return result
+
+
+# ---- validate: the manifest's shape -------------------------------------------------------------------------
+
+SHAPE_CASES = {
+    "record_layout removed": (lambda m: m["splits"]["train"].pop("record_layout"), "record_layout: missing"),
+    "num_examples a string": (lambda m: m["splits"]["train"].update(num_examples="8"), "num_examples"),
+    "classes a string": (lambda m: m.update(classes="ab"), "classes: must be a list"),
+    "classes a dict": (lambda m: m.update(classes={"a": 0}), "classes: must be a list"),
+    "negative count": (lambda m: m["splits"]["validation"].update(num_examples=-4), "must be at least 0"),
+    "shards a dict": (lambda m: m["splits"]["train"].update(shards={}), "shards: must be a list"),
+    "splits missing": (lambda m: m.pop("splits"), "splits: missing"),
+    "record_layout wrong types": (lambda m: m["splits"]["train"]["record_layout"].update(image_offset=[1]),
+                                  "image_offset: must be an integer"),
+    "shard outside the folder": (lambda m: m["splits"]["train"]["shards"][0].update(file="../../etc/passwd"),
+                                 "contains '..'"),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_CASES))
+def test_validate_reports_manifest_shape_problems_and_exits_1(data, tmp_path, case):
+    change, expected = SHAPE_CASES[case]
+    edit_manifest(data, change)
+    report_path = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--quiet", *IN_PROCESS])
+    assert result.exit_code == 1, result.output
+    report = json.loads(report_path.read_text())
+    assert not report["ok"] and set(report["problem_counts"]) == {"manifest_shape"}
+    assert any(expected in found["message"] for found in report["problems"]), report["problems"]
+    assert "shards were not read" in report["skipped_checks"]
+    assert "FAILED" in result.output and "Traceback" not in result.output
+
+
+# ---- validate: --json and --pictures ------------------------------------------------------------------------
+
+def test_validate_json_into_a_missing_folder(data, tmp_path):
+    refused(["validate", data, "--json", tmp_path / "nope" / "r.json", "--quiet"], "does not exist")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_validate_json_into_a_folder(data, tmp_path):
+    refused(["validate", data, "--json", tmp_path, "--quiet"], "is a folder")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_validate_json_into_a_read_only_place(data, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        refused(["validate", data, "--json", locked / "r.json", "--quiet"], "permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_validate_pictures_into_a_file(data, tmp_path):
+    (tmp_path / "file").write_text("x")
+    refused(["validate", data, "--pictures", tmp_path / "file", "--quiet"], "is a file")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_validate_pictures_under_a_file(data, tmp_path):
+    (tmp_path / "file").write_text("x")
+    refused(["validate", data, "--pictures", tmp_path / "file" / "pics", "--quiet"], "does not exist")
+
+
+def test_validate_json_write_failing_at_the_end_prints_the_report_then_one_line(data, tmp_path, monkeypatch):
+    from shardprep.pipelines import validate
+
+    def fail(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    edit_manifest(data, lambda m: m.update(classes="ab"))  # a quick run: the shape check stops it
+    monkeypatch.setattr(validate.FileSystems, "create", fail)
+    result = refused(["validate", data, "--json", tmp_path / "r.json", "--quiet"], "writing the report to",
+                     "No space left")
+    assert "FAILED" in result.output.split("Error: ")[0]
+
+
+# ---- train ----------------------------------------------------------------------------------------------------
+
+def train(data, tmp_path, *options):
+    return ["train", data, "--output-dir", tmp_path / "run", "--epochs", "1", "--batch-size", "2", "--image-size",
+            "8", *options]
+
+
+def empty_split(m, split):
+    m["splits"][split].update(num_inputs=0, num_examples=0, class_counts={"a": 0, "b": 0}, num_shards=0, shards=[])
+
+
+@pytest.mark.parametrize("split, option", [("validation", "--val-split"), ("train", "--train-split")])
+def test_train_refuses_an_empty_split(data, tmp_path, split, option):
+    edit_manifest(data, lambda m: empty_split(m, split))
+    refused(train(data, tmp_path), option, f"'{split}'", "0 examples", "splits: ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_dataset_without_examples_or_classes(data, tmp_path):
+    def nothing(m):
+        empty_split(m, "train")
+        empty_split(m, "validation")
+    edit_manifest(data, nothing)
+    refused(train(data, tmp_path), "0 examples")
+    edit_manifest(data, lambda m: m.update(classes=[], num_classes=0))
+    refused(train(data, tmp_path), "no classes")
+
+
+@pytest.mark.parametrize("option, value", [("--val-split", "val"), ("--train-split", "training")])
+def test_train_names_the_splits_present_for_an_unknown_split(data, tmp_path, option, value):
+    refused(train(data, tmp_path, option, value), option, "splits: train, validation; examples: train 8, validation 4")
+
+
+def test_train_refuses_a_deleted_shard(data, tmp_path):
+    (data / "validation" / "validation-00001-of-00002.tfrecord").unlink()
+    refused(train(data, tmp_path), "validation-00001-of-00002.tfrecord", "is missing", "shardprep validate")
+
+
+@pytest.mark.parametrize("cut", [1, "all"])
+def test_train_refuses_a_truncated_shard(data, tmp_path, cut):
+    shard = data / "train" / "train-00000-of-00002.tfrecord"
+    content = shard.read_bytes()
+    shard.write_bytes(content[:-1] if cut == 1 else b"")
+    refused(train(data, tmp_path), "train-00000-of-00002.tfrecord", "truncated", "rerun preprocess")
+
+
+def test_train_refuses_a_bad_manifest_shape(data, tmp_path):
+    edit_manifest(data, lambda m: m["splits"]["train"].update(num_examples="8"))
+    refused(train(data, tmp_path), "wrong shape", "splits.train.num_examples", "shardprep validate")
+
+
+def test_train_refuses_a_folder_without_manifest_or_a_missing_folder(data, tmp_path):
+    (data / "manifest.json").unlink()
+    refused(train(data, tmp_path), "not a complete shardprep dataset")
+    refused(train(tmp_path / "missing", tmp_path), "does not exist")
+
+
+def test_train_refuses_an_output_dir_that_is_a_file(data, tmp_path):
+    (tmp_path / "run").write_text("x")
+    refused(train(data, tmp_path), "--output-dir", "is a file")
+    assert (tmp_path / "run").read_text() == "x"
+    (tmp_path / "run").unlink()
+    (tmp_path / "f").write_text("x")
+    refused(["train", data, "--output-dir", tmp_path / "f" / "run"], "is a file")
+
+
+# ---- demo-data --------------------------------------------------------------------------------------------------
+
+def test_demo_data_into_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    refused(["demo-data", tmp_path / "file"], "is a file")
+    refused(["demo-data", tmp_path / "file" / "sub"], "is a file")
+    assert (tmp_path / "file").read_text() == "x" and listing(tmp_path) == ["file"]
+
+
+def test_read_only_places_are_refused_even_when_run_as_root(data, tmp_path, monkeypatch):
+    """The permission checks, with os.access made to say no (root can write anywhere, so chmod cannot show it)."""
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if "locked" in str(path) else real_access(path, mode))
+    refused(["validate", data, "--json", tmp_path / "locked" / "r.json", "--quiet"], "permission denied")
+    refused(["validate", data, "--pictures", tmp_path / "locked" / "pics", "--quiet"], "permission denied")
+    refused(train(data, tmp_path, "--output-dir", tmp_path / "locked" / "run"), "--output-dir", "permission denied")
+    refused(["demo-data", tmp_path / "locked" / "demo"], "permission denied")
+    assert listing(tmp_path / "locked") == []

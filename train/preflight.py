@@ -1,0 +1,115 @@
+"""Checks ``shardprep train`` makes before it imports TensorFlow or builds anything.
+
+:func:`check` reads the manifest (plain ``json`` for local paths, Beam's file systems for ``gs://``), checks its
+shape with the shared :func:`shardprep.preprocess.manifest_schema.shape_problems`, that the training and validation splits
+exist and hold examples, that every shard file of those splits is there with its manifest size, and that
+``--output-dir`` is (or can become) a folder. Each failure is a :class:`PreflightError` whose message is one line:
+what is wrong, where, and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import manifest_schema
+
+
+class PreflightError(ValueError):
+    """Training cannot start; the message is meant for the user."""
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def load_manifest(data_dir: str) -> dict:
+    """The manifest of ``data_dir``; a :class:`PreflightError` when it is missing, unreadable or of another version."""
+    try:
+        if _is_url(data_dir):
+            return manifest_lib.load(data_dir)
+        path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
+        if not os.path.isdir(data_dir):
+            raise PreflightError(f"{data_dir} does not exist or is not a folder: give the folder preprocess wrote "
+                                 "(it holds manifest.json)")
+        if not os.path.isfile(path):
+            raise manifest_lib.missing_manifest_error(data_dir)
+        with open(path, "rb") as f:
+            return manifest_lib.from_json(f.read())
+    except manifest_lib.ManifestError as e:
+        raise PreflightError(f"{manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}" if "does not exist"
+                             not in str(e) else str(e)) from e
+    except OSError as e:
+        raise PreflightError(f"cannot read {manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}") from e
+
+
+def _size(path: str) -> int | None:
+    """The file's size in bytes, or None if it does not exist."""
+    if _is_url(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            found = FileSystems.match([path])[0].metadata_list
+        except Exception:  # noqa: BLE001 - Beam raises BeamIOError for a pattern without matches
+            return None
+        return found[0].size_in_bytes if found else None
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
+
+
+def _check_output_dir(output_dir: str) -> None:
+    if _is_url(output_dir):
+        return
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PreflightError(f"--output-dir {output_dir} is a file, not a folder; choose a folder (it is created "
+                             "if missing)")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise PreflightError(f"--output-dir {output_dir}: {existing} is a file, so the folder cannot be created; "
+                             "choose another --output-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PreflightError(f"--output-dir {output_dir}: cannot write into {existing} (permission denied); "
+                             "choose another --output-dir")
+
+
+def check(data_dir: str, train_split: str, val_split: str, output_dir: str | None = None) -> dict:
+    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest."""
+    manifest = load_manifest(data_dir)
+    manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
+    problems = manifest_schema.shape_problems(manifest)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PreflightError(f"{manifest_path} has the wrong shape: {problems[0]}{more}; run shardprep validate "
+                             f"{data_dir} for the full list, or rerun preprocess with --overwrite")
+    if not manifest["classes"]:
+        raise PreflightError(f"{manifest_path} lists no classes, so there is nothing to train; rerun preprocess on "
+                             "a source with class folders or labels")
+    splits = manifest["splits"]
+    present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info['num_examples']:,}"
+                                                           for name, info in splits.items())) if splits else "none"
+    for option, split in (("--train-split", train_split), ("--val-split", val_split)):
+        if split not in splits:
+            raise PreflightError(f"{option} {split!r} is not a split of {data_dir} (splits: {present}); "
+                                 f"pass {option} with one of them")
+        if splits[split]["num_examples"] == 0:
+            raise PreflightError(f"{option} {split!r} of {data_dir} has 0 examples (splits: {present}); pass "
+                                 f"{option} with a non-empty split, or rerun preprocess with inputs for it")
+    for split in dict.fromkeys((train_split, val_split)):
+        for shard in splits[split]["shards"]:
+            path = manifest_lib.join(data_dir, shard["file"])
+            size = _size(path)
+            if size is None:
+                raise PreflightError(f"shard {path} of split {split!r} is missing; the dataset is damaged: run "
+                                     f"shardprep validate {data_dir}, then rerun preprocess with --overwrite")
+            if size != shard["num_bytes"]:
+                raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
+                                     f"{shard['num_bytes']:,} (truncated or replaced); run shardprep validate "
+                                     f"{data_dir}, then rerun preprocess with --overwrite")
+    if output_dir is not None:
+        _check_output_dir(output_dir)
+    return manifest
