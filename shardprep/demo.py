@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-MARKER = ".shardprep-demo"  # hidden, so the job does not count it as an input
 CLASSES = ("circle", "square", "stripes", "triangle")
 KINDS = ("rgb_jpeg", "gray_jpeg", "rgba_png", "palette_png", "gif", "webp", "bmp", "cmyk_jpeg", "gray16_png",
          "rotated_jpeg")
@@ -105,6 +105,16 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
     for relative, data in broken.items():
         with open(os.path.join(root, relative), "wb") as f:
             f.write(data)
-    with open(os.path.join(root, MARKER), "w") as f:
-        f.write(f"shardprep demo dataset, seed {seed}\n")
     return written + len(broken)
+
+
+# What write_demo_dataset names its files (any counts): regenerating a demo folder deletes these and nothing else.
+_DEMO_FILE = re.compile(
+    r"(train|validation)/(?P<cls>" + "|".join(CLASSES) + r")/((?P=cls)_\d{3}\.(jpg|jpeg|png|gif|webp|bmp)"
+    r"|broken_(empty|truncated)\.jpg|broken_not_an_image\.png)")
+_EARLIER_MARKER = ".shardprep-demo"  # earlier versions marked their demo folders with this file
+
+
+def is_demo_file(relative_path: str) -> bool:
+    """True for a path (relative to the demo folder, '/'-separated) that write_demo_dataset writes."""
+    return relative_path == _EARLIER_MARKER or _DEMO_FILE.fullmatch(relative_path) is not None

@@ -1,7 +1,6 @@
 """``shardprep demo-data DIR``: write the built-in demo dataset (a small ImageFolder tree) to DIR."""
 
 import os
-import shutil
 
 import click
 
@@ -16,7 +15,6 @@ def command(directory, train_per_class, validation_per_class, seed):
     40-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
     from shardprep import demo
 
-    marker = os.path.join(directory, demo.MARKER)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise click.ClickException(f"{directory} is a file, not a folder; choose a new or empty folder for the demo "
                                    "dataset")
@@ -29,9 +27,27 @@ def command(directory, train_per_class, validation_per_class, seed):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise click.ClickException(f"{directory}: cannot write into {existing} (permission denied); choose another "
                                    "folder")
-    if os.path.exists(directory) and os.listdir(directory):
-        if not os.path.exists(marker):
-            raise click.ClickException(f"{directory} is not empty and holds no earlier demo dataset")
-        shutil.rmtree(directory)  # regenerate an earlier demo: the same arguments give the same files
+    if os.path.isdir(directory):
+        _remove_earlier_demo(directory, demo.is_demo_file)
     count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
     click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
+
+
+def _remove_earlier_demo(directory: str, is_demo_file) -> None:
+    """Deletes an earlier demo's files (same arguments, same files) and the folders they leave empty; refuses a
+    folder holding anything demo-data did not write, naming it, before deleting anything."""
+    found = []
+    for folder, sub_dirs, files in os.walk(directory):
+        found += [os.path.relpath(os.path.join(folder, name), directory).replace(os.sep, "/") for name in files]
+        found += [os.path.relpath(os.path.join(folder, name), directory).replace(os.sep, "/") + "/"
+                  for name in sub_dirs if os.path.islink(os.path.join(folder, name))]
+    foreign = sorted(path for path in found if not is_demo_file(path))
+    if foreign:
+        raise click.ClickException(
+            f"{directory} holds {foreign[0]}" + (f" and {len(foreign) - 1} more files" if len(foreign) > 1 else "")
+            + ", which demo-data did not write; choose a new or empty folder for the demo dataset")
+    for relative in found:
+        os.remove(os.path.join(directory, relative))
+    for folder, _, _ in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):
+        if folder != directory and not os.listdir(folder):
+            os.rmdir(folder)
