@@ -122,6 +122,22 @@ def _split_problems(problems: list[str], split: str, info, raw_center: bool, cla
                 _count(problems, f"{path}.record_layout.{key}", layout[key], minimum=1 if key == "record_bytes" else 0)
 
 
+def _classes(problems: list[str], manifest: dict) -> list | None:
+    """The manifest's ``classes`` if it is a list (problems with its names appended), else None."""
+    classes = manifest.get("classes")
+    if "classes" not in manifest:
+        return classes
+    if not isinstance(classes, list):
+        problems.append(f"classes: must be a list of class names, is {_describe(classes)}")
+        return None
+    for index, name in enumerate(classes):
+        if not isinstance(name, str):
+            problems.append(f"classes[{index}]: must be a string, is {_describe(name)}")
+    if len(set(map(str, classes))) != len(classes):
+        problems.append("classes: names must be unique")
+    return classes
+
+
 def shape_problems(manifest) -> list[str]:
     """Problems with the manifest's keys and value types; empty when every reader can rely on them."""
     if not isinstance(manifest, dict):
@@ -133,17 +149,7 @@ def shape_problems(manifest) -> list[str]:
             problems.append(f"{key}: missing")
     if "format_version" in manifest and not _is_int(manifest["format_version"]):
         problems.append(f"format_version: must be an integer, is {_describe(manifest['format_version'])}")
-    classes = manifest.get("classes")
-    if "classes" in manifest:
-        if not isinstance(classes, list):
-            problems.append(f"classes: must be a list of class names, is {_describe(classes)}")
-            classes = None
-        else:
-            for index, name in enumerate(classes):
-                if not isinstance(name, str):
-                    problems.append(f"classes[{index}]: must be a string, is {_describe(name)}")
-            if len(set(map(str, classes))) != len(classes):
-                problems.append("classes: names must be unique")
+    classes = _classes(problems, manifest)
     if "num_classes" in manifest and _count(problems, "num_classes", manifest["num_classes"]) and classes is not None:
         if manifest["num_classes"] != len(classes):
             problems.append(f"num_classes: is {manifest['num_classes']} but classes lists {len(classes)}")

@@ -269,7 +269,7 @@ LAUNCHER_ONLY = {
     ("pipelines/preprocess.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
     ("pipelines/preprocess.py", "run"): {"shardprep.commands.preprocess"},  # the CLI, for run() callers
     ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
-    ("preprocess/validation_pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
+    ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
 WORKER_PACKAGES = ("pipelines", "preprocess")
 

@@ -17,8 +17,8 @@ from PIL import Image
 
 import validate_helpers as helpers
 from shardprep.pipelines import validate
-from shardprep.preprocess import validation_pictures as pictures
-from shardprep.preprocess.validation_stats import sample_rank
+from shardprep.pipelines.validation import pictures
+from shardprep.pipelines.validation.stats import sample_rank
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

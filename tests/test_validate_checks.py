@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 
 from shardprep.pipelines import validate
-from shardprep.preprocess import validation_pictures as pictures
-from shardprep.preprocess.record_format import ImageRecord
+from shardprep.pipelines.validation import pictures
+from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, fixed_layouts,
+                                                   layout_problems, manifest_problems, mean_std_problems, problem,
+                                                   record_layout_length_problems, record_problems, split_problems)
+from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
+from shardprep.pipelines.validation.report import merge_problems
+from shardprep.pipelines.validation.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
+                                                  sample_rank, size_summary)
+from shardprep.preprocess import sharding
+from shardprep.preprocess.record_format import FixedLayout, ImageRecord
 from shardprep.preprocess.tfrecord_io import frame
-from shardprep.preprocess.validation_checks import (RecordExpectations, classify_files, layout_problems, manifest_problems,
-                                          mean_std_problems, problem, record_layout_length_problems,
-                                          record_problems, split_problems)
-from shardprep.preprocess.validation_stats import (SplitStats, channel_sums, foreign_split, sample_fraction, sample_rank,
-                                         size_summary)
 
 
 def random_images(count: int, seed: int = 0, size=(5, 7)):
@@ -43,8 +46,11 @@ def test_mean_std_from_exact_sums_equal_numpy_and_do_not_depend_on_how_work_was_
     assert channel_sums(images[0]) == ([int(v) for v in wide.sum(axis=0)], [int(v) for v in (wide * wide).sum(axis=0)])
     pixels = np.concatenate([image.reshape(-1, 3) for image in images]).astype(np.float64)
     mean, std = whole.mean_std()
-    np.testing.assert_allclose(mean, pixels.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(std, pixels.std(axis=0), rtol=1e-12)
+    # The preprocess job's own computation (one implementation), which the manifest stores to 6 decimals.
+    assert (mean, std) == sharding.pixel_statistics((whole.num_pixels, *whole.channel_sums,
+                                                     *whole.channel_square_sums))
+    np.testing.assert_array_equal(mean, np.round(pixels.mean(axis=0), 6))
+    np.testing.assert_array_equal(std, np.round(pixels.std(axis=0), 6))
     assert merged == whole
     assert whole.label_counts == {0: 4, 1: 3, 2: 3} and whole.image_sizes == {"5x7": 10}
     assert SplitStats().mean_std() is None
@@ -58,9 +64,9 @@ def test_framed_records_resume_after_a_data_checksum_error():
     stream = _framed([b"zero", b"one!", b"two.", b"three"])
     data = bytearray(stream.getvalue())
     data[len(frame(b"zero")) + 12 + 1] ^= 0x01  # inside record 1's data
-    reader = validate._MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
+    reader = MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
 
-    results = list(validate.iter_framed_records(reader))
+    results = list(iter_framed_records(reader))
 
     assert [(index, record) for index, record, _ in results] == [(0, b"zero"), (1, None), (2, b"two."), (3, b"three")]
     assert "data checksum" in results[1][2]
@@ -72,9 +78,9 @@ def test_framed_records_stop_at_a_bad_length_and_still_hash_the_whole_file():
 
     data = bytearray(_framed([b"zero", b"one!", b"two."]).getvalue())
     data[len(frame(b"zero"))] ^= 0x01  # record 1's length field
-    reader = validate._MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
+    reader = MeasuredReader(io.BytesIO(bytes(data)), hash_bytes=True)
 
-    results = list(validate.iter_framed_records(reader))
+    results = list(iter_framed_records(reader))
 
     assert [(index, record) for index, record, _ in results] == [(0, b"zero"), (1, None)]
     assert "cannot be framed" in results[1][2]
@@ -159,7 +165,7 @@ def test_problems_are_capped_per_check_but_all_counted():
     lines = [{"kind": "problem", **problem("record_corrupt", "bad", file="train/0", index=7)},
              {"kind": "problem_count", "check": "record_corrupt", "count": 40}]
 
-    kept, counts, truncated = validate.merge_problems(driver, lines, max_per_check=2)
+    kept, counts, truncated = merge_problems(driver, lines, max_per_check=2)
 
     assert counts == {"record_corrupt": 40, "shard_missing": 3}
     assert [(p["check"], p["file"]) for p in kept] == [("record_corrupt", "train/0"), ("shard_missing", "train/0"),
@@ -216,7 +222,7 @@ def test_class_chart_size_for_many_classes():
 
 
 def test_help_states_the_tolerances_the_checks_use():
-    from shardprep.preprocess.validation_stats import MEAN_STD_TOLERANCE
+    from shardprep.pipelines.validation.stats import MEAN_STD_TOLERANCE
     from shardprep.commands import validate as command
 
     flat_help = " ".join(command.HELP.split())
@@ -226,9 +232,20 @@ def test_help_states_the_tolerances_the_checks_use():
 
 
 def test_record_layout_lengths_allow_the_longer_record_only_at_the_shard_end():
-    layout = {"record_bytes": 100, "image_offset": 30, "label_offset": 80}
-    data = 100 - 16  # a record's data between its 12-byte header and 4-byte CRC
-    assert record_layout_length_problems([data, data, data + 30], layout) == []
-    found = record_layout_length_problems([data + 30, data, data], layout)
+    layout = FixedLayout.for_records(4, 4, (5, 9), max_label=3)
+    data = layout.record_bytes - 16  # a record's data between its 12-byte header and 4-byte CRC
+    assert record_layout_length_problems([data, data, data + layout.image_offset], layout) == []
+    found = record_layout_length_problems([data + layout.image_offset, data, data], layout)
     assert [index for index, _ in found] == [0, 2]
     assert "shard's last record" in found[1][1]
+
+
+def test_fixed_layouts_are_rebuilt_as_the_train_reader_does_and_an_unfit_one_is_a_problem():
+    layout = FixedLayout.for_records(4, 4, (5, 9), max_label=1)
+    manifest = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "record_layout": layout.to_json()}}}
+    assert fixed_layouts(manifest) == ({"train": layout}, [])
+    assert RecordExpectations.from_manifest(manifest).record_layouts == {"train": layout}
+    manifest["splits"]["train"]["record_layout"] = {**layout.to_json(), "image_offset": layout.image_offset + 1}
+    layouts, [unfit] = fixed_layouts(manifest)
+    assert layouts == {} and (unfit["check"], unfit["split"]) == ("record_layout", "train")
+    assert "does not fit 4x4 images" in unfit["message"]

@@ -7,7 +7,7 @@ import click
 from shardprep.display import LiveProgress
 from shardprep.display import console as make_console
 
-# Repeated from pipelines.validate / preprocess.validation_stats so --help imports neither Beam nor numpy.
+# Repeated from pipelines.validate / pipelines.validation.stats so --help imports neither Beam nor numpy.
 DEFAULT_SAMPLES_PER_CLASS = 6
 DEFAULT_MAX_PROBLEMS_PER_CHECK = 100
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree

@@ -1,8 +1,9 @@
 """Mergeable statistics for the validate pipeline: per-split counts, exact channel sums, image sizes.
 
 Everything here is plain Python (no Beam), so the accumulators can be unit-tested directly and merged by a Beam
-``CombineFn`` on any number of workers. Channel sums are Python integers, so merging is exact in any order and the
-mean/std come out the same however the work was split.
+``CombineFn`` on any number of workers. Channel sums are Python integers, so merging is exact in any order; the
+mean/std come from them through the preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the
+manifest's numbers the way the job computed them.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import math
-import re
 
 import numpy as np
+
+from shardprep.preprocess.sharding import pixel_statistics
+from shardprep.preprocess.sources import split_from_tfrecord_name
 
 # Allowed difference between the manifest's mean_rgb/std_rgb and the recomputed ones, on the 0-255 scale.
 # raw shards hold exactly the pixels the manifest was computed from, so only float rounding (and a population vs.
@@ -37,16 +39,6 @@ def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
         sums.append(int(histogram @ _VALUES))
         squares.append(int(histogram @ _SQUARES))
     return sums, squares
-
-
-def mean_std(sums: list[int], square_sums: list[int], num_pixels: int) -> tuple[list[float], list[float]] | None:
-    """Per-channel mean and population std from exact sums; None when there are no pixels."""
-    if not num_pixels:
-        return None
-    means = [s / num_pixels for s in sums]
-    # n*sum(x^2) - (sum x)^2 is an exact integer, so the variance has no cancellation error.
-    stds = [math.sqrt(max(0, num_pixels * q - s * s)) / num_pixels for s, q in zip(sums, square_sums)]
-    return means, stds
 
 
 def pixel_hash(height: int, width: int, pixel_bytes: bytes) -> str:
@@ -112,7 +104,9 @@ class SplitStats:
         return self
 
     def mean_std(self) -> tuple[list[float], list[float]] | None:
-        return mean_std(self.channel_sums, self.channel_square_sums, self.num_pixels)
+        """Per-channel mean and population std (0-255), as the job computes the manifest's; None without pixels."""
+        mean, std = pixel_statistics((self.num_pixels, *self.channel_sums, *self.channel_square_sums))
+        return None if mean is None else (mean, std)
 
 
 @dataclasses.dataclass
@@ -158,13 +152,8 @@ def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:
     }
 
 
-_TFDS_FILE = re.compile(r"(?:^|/)[^/]*?-(?P<split>[A-Za-z0-9_]+)\.tfrecord(?:-\d+-of-\d+)?$")
-
-
 def foreign_split(path: str) -> str:
-    """The split a TFDS-style file belongs to (``imagenet2012-train.tfrecord-00000-of-01024`` -> ``train``).
-
-    Files that do not follow that naming are grouped under ``all``.
-    """
-    match = _TFDS_FILE.search(path)
-    return match.group("split") if match else "all"
+    """The split a TFDS-style file belongs to (``imagenet2012-train.tfrecord-00000-of-01024`` -> ``train``), as the
+    preprocess job reads it (``sources.split_from_tfrecord_name``); files that do not follow that naming are grouped
+    under ``all``."""
+    return split_from_tfrecord_name(path) or "all"

@@ -2,8 +2,8 @@
 
 Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
 ``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
-that file), the last three ``None`` where they do not apply, plus check-specific details. The Beam graph in
-``pipelines/validate.py`` only routes data to these functions.
+that file), the last three ``None`` where they do not apply, plus check-specific details. The Beam stages of
+``pipelines/validate_read.py`` and ``pipelines/validate_stages.py`` only route data to these functions.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import dataclasses
 import re
 
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.record_format import ImageRecord, RecordFormatError, read_varint
+from shardprep.pipelines.validation.stats import SplitStats
+from shardprep.preprocess.record_format import FixedLayout, ImageRecord, RecordFormatError, read_varint
 from shardprep.preprocess.tfrecord_io import HEADER_BYTES, framed_size
-from shardprep.preprocess.validation_stats import SplitStats
 
 CHECKS = {
     # The dataset folder
@@ -78,7 +78,7 @@ class RecordExpectations:
     image_height: int | None
     image_width: int | None
     num_classes: int
-    record_layouts: dict = dataclasses.field(default_factory=dict)  # split -> the manifest's record_layout
+    record_layouts: dict[str, FixedLayout] = dataclasses.field(default_factory=dict)  # split -> its fixed layout
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "RecordExpectations":
@@ -89,9 +89,29 @@ class RecordExpectations:
             image_height=manifest.get("image_height"),
             image_width=manifest.get("image_width"),
             num_classes=len(manifest["classes"]),
-            record_layouts={split: info["record_layout"] for split, info in manifest["splits"].items()
-                            if isinstance(info, dict) and info.get("record_layout")},
+            record_layouts=fixed_layouts(manifest)[0],
         )
+
+
+def fixed_layouts(manifest: dict) -> tuple[dict[str, FixedLayout], list[dict]]:
+    """Each split's ``FixedLayout`` from its ``record_layout`` (as the train reader rebuilds it), and a
+    ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records."""
+    layouts, found = {}, []
+    fixed = manifest["encoding"] == "raw" and manifest["crop"] == "center"
+    for split, info in manifest["splits"].items():
+        record_layout = info.get("record_layout") if isinstance(info, dict) else None
+        if not record_layout:
+            continue
+        if not fixed:
+            found.append(problem("record_layout", f"record_layout {record_layout} given for {manifest['encoding']} "
+                                                  f"records with crop {manifest['crop']!r}: only raw centre crops "
+                                                  "have a fixed layout", split=split))
+            continue
+        try:
+            layouts[split] = FixedLayout.from_json(record_layout, manifest["image_height"], manifest["image_width"])
+        except RecordFormatError as e:
+            found.append(problem("record_layout", str(e), split=split))
+    return layouts, found
 
 
 def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[tuple[str, str]]:
@@ -111,31 +131,31 @@ def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[t
     return found
 
 
-def record_layout_length_problems(data_lengths: list[int], layout: dict) -> list[tuple[int, str]]:
+def record_layout_length_problems(data_lengths: list[int], layout: FixedLayout) -> list[tuple[int, str]]:
     """(record index, message) for the records of one shard whose length breaks the fixed layout: every record is
     ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
     found = []
     for index, length in enumerate(data_lengths):
-        expected = int(layout["record_bytes"])
+        expected = layout.record_bytes
         if index == len(data_lengths) - 1:
-            expected += int(layout["image_offset"])
+            expected += layout.image_offset
         if framed_size(length) != expected:
             found.append((index, f"record of {framed_size(length)} bytes framed, record_layout needs {expected}"
                                  + (" (a shard's last record)" if index == len(data_lengths) - 1 else "")))
     return found
 
 
-def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: dict) -> str | None:
+def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: FixedLayout) -> str | None:
     """A message if ``record``'s pixels or label are not where the layout puts them in its serialized ``data``."""
-    start = int(layout["image_offset"]) - HEADER_BYTES
+    start = layout.image_offset - HEADER_BYTES
     if data[start:start + len(record.encoded)] != record.encoded:
-        return f"the pixels are not at image_offset {layout['image_offset']}"
+        return f"the pixels are not at image_offset {layout.image_offset}"
     try:
-        label = read_varint(data, int(layout["label_offset"]) - HEADER_BYTES)[0]
+        label = read_varint(data, layout.label_offset - HEADER_BYTES)[0]
     except RecordFormatError:
         label = None
     if label != record.label:
-        return f"the varint at label_offset {layout['label_offset']} is {label}, the record's label {record.label}"
+        return f"the varint at label_offset {layout.label_offset} is {label}, the record's label {record.label}"
     return None
 
 

@@ -1,0 +1,74 @@
+"""Validate's two Beam graphs, top to bottom; each writes JSON result lines to ``results_path``.
+
+Prepared dataset (``DATA`` holds ``manifest.json`` and shards)::
+
+    ListShards                the shards on disk the manifest lists (the driver listed them)
+    ReadShards                one DoFn call per shard: sha256 and size while reading sequentially, CRC of every
+                              record, parse, format/size/label/layout against the manifest, exact channel sums
+    CheckSplits               CombinePerKey(split), then split/class counts, shard uniformity, mean/std
+    FindDuplicateFilenames    GroupByKey(image/filename)
+    FindLeakage               GroupByKey(pixel hash): an identical image in two splits
+    SampleForContactSheet     deterministic lowest-rank k records per class (only with --pictures)
+    KeepFirstProblems         at most --max-problems-per-check problems per check (all are counted)
+    WriteResults              one JSON line per result
+
+Foreign input (``tfrecord:GLOB``): ListFiles, ReadForeignFiles (CRC, parse, image header, label per record),
+MergeForeignStats (per split from the TFDS file name, else "all"), KeepFirstProblems, WriteResults.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+
+from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
+from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
+                                                 MergeForeignStats, SampleForContactSheet, WriteResults)
+from shardprep.pipelines.validation.checks import RecordExpectations
+from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
+from shardprep.pipelines.validation.stats import MEAN_STD_TOLERANCE, foreign_split
+
+
+def mean_std_tolerance(manifest: dict) -> float:
+    """How far the recomputed mean/std may be from the manifest's, for its encoding."""
+    return MEAN_STD_TOLERANCE.get(manifest["encoding"], max(MEAN_STD_TOLERANCE.values()))
+
+
+def _duplicate_line(split: str, count: int) -> str:
+    return json.dumps({"kind": "duplicate_images", "split": split, "count": count})
+
+
+def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: dict, tasks: list[ShardTask], results_path: str,
+                           samples: SampleOptions | None, samples_per_class: int, max_problems_per_check: int,
+                           progress_dir: str | None = None) -> None:
+    """The validate graph for a prepared dataset."""
+    read = (pipeline
+            | "ListShards" >> beam.Create(tasks)  # ShardTask
+            | "ReadShards" >> ReadShards(RecordExpectations.from_manifest(manifest), samples, progress_dir))
+    # read.stats: (split, SplitStats) per shard; read.filename, read.pixel_hash: (key, RecordLocation)
+    checked = read.stats | "CheckSplits" >> CheckSplits(manifest, mean_std_tolerance(manifest))
+    # checked.split: the split's summary dict; checked.problem: problem dicts
+    duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
+    leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest["splits"]))
+    # leakage["problem"]: problem dicts; leakage["duplicates"]: (split, identical images within it)
+    problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
+                | "FlattenProblems" >> beam.Flatten())
+    lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
+             problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
+             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(_duplicate_line)]
+    if samples is not None:  # read.sample: (label, Sample)
+        lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(samples_per_class))
+    _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)
+
+
+def build_foreign_pipeline(pipeline: beam.Pipeline, files: list[str], image_key: str, label_key: str,
+                           results_path: str, max_problems_per_check: int, progress_dir: str | None = None) -> None:
+    """The validate graph for foreign TFRecord files."""
+    read = (pipeline
+            | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])  # (file, split)
+            | "ReadForeignFiles" >> ReadForeignFiles(image_key, label_key, progress_dir))
+    # read.stats: (split, ForeignStats) per file; read.problem: problem dicts
+    lines = [read.stats | "MergeForeignStats" >> MergeForeignStats(),
+             read.problem | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check)]
+    _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

@@ -1,0 +1,218 @@
+"""Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call.
+
+``ReadShards``: ``ShardTask`` -> ``(split, SplitStats)`` per shard, plus tagged outputs ``problem`` (dicts),
+``filename`` and ``pixel_hash`` (``(key, RecordLocation)``) and ``sample`` (``(label, Sample)``).
+``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)`` per file, plus tagged output ``problem``.
+
+No record is held: every cross-record check gets the keys and locations these stages emit.
+"""
+
+from __future__ import annotations
+
+import io
+
+import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from shardprep.pipelines import progress as progress_lib
+from shardprep.pipelines.validation.checks import (RecordExpectations, problem, record_layout_length_problems,
+                                                   record_layout_offset_problem, record_problems, shard_problems)
+from shardprep.pipelines.validation.elements import RecordLocation, Sample, SampleOptions, ShardTask
+from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
+from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, channel_sums, pixel_hash, sample_rank
+from shardprep.preprocess import record_format
+
+METRICS_NAMESPACE = "validate"
+SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "sample")
+
+
+def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
+    return beam.pvalue.TaggedOutput("problem", problem(check, message, **where))
+
+
+class ReadShardFn(beam.DoFn):
+    """Reads one shard sequentially: sha256, size and record count for the shard; CRC, parse, option checks,
+    pixel statistics, filename and pixel hash for every record.
+
+    Main output: ``(split, SplitStats)`` for the shard. Tagged outputs: ``problem`` (dicts), ``filename`` and
+    ``pixel_hash`` (``(key, RecordLocation)`` for the duplicate searches), ``sample`` (contact-sheet candidates).
+    """
+
+    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
+                 progress_dir: str | None = None):
+        self.expectations = expectations
+        self.samples = samples
+        self.progress_dir = progress_dir
+        self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
+        self.bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
+        self.shards_read = Metrics.counter(METRICS_NAMESPACE, "shards_read")
+
+    def process(self, task: ShardTask):
+        stats = SplitStats()
+        num_records = 0
+        layout = self.expectations.record_layouts.get(task.split)
+        data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
+        try:
+            with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                reader = MeasuredReader(stream, hash_bytes=True)
+                for index, data, corruption in iter_framed_records(reader):
+                    num_records += 1
+                    if corruption is not None:
+                        yield _problem("record_corrupt", corruption, split=task.split, file=task.file, index=index)
+                        continue
+                    if layout is not None:
+                        data_lengths.append(len(data))
+                    yield from self._check_record(task, index, data, stats, layout)
+                reader.drain()
+        except (OSError, BeamIOError) as e:
+            yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=task.split, file=task.file)
+            yield task.split, stats
+            return
+        if layout is not None and len(data_lengths) == num_records:  # (a corrupt record already failed the shard)
+            for index, message in record_layout_length_problems(data_lengths, layout):
+                yield _problem("record_layout", message, split=task.split, file=task.file, index=index)
+        self.records_read.inc(num_records)
+        self.bytes_read.inc(reader.num_bytes)
+        self.shards_read.inc()
+        progress_lib.mark(self.progress_dir, files=1, records=num_records)
+        for found in shard_problems(task.split, task.file, task.expected, num_records, reader.num_bytes,
+                                    reader.sha256.hexdigest()):
+            yield beam.pvalue.TaggedOutput("problem", found)
+        stats.shard_records[task.file] = num_records
+        yield task.split, stats
+
+    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout):
+        def report(check: str, message: str):
+            return _problem(check, message, split=task.split, file=task.file, index=index)
+
+        try:
+            record = record_format.decode_example(data)
+        except record_format.RecordFormatError as e:
+            yield report("record_parse", str(e))
+            return
+        for check, message in record_problems(record, self.expectations):
+            yield report(check, message)
+        if layout is not None and record.format == "raw":
+            misplaced = record_layout_offset_problem(data, record, layout)
+            if misplaced:
+                yield report("record_layout", misplaced)
+        try:
+            pixels = record_format.decode_pixels(record)
+        except Exception as e:  # noqa: BLE001 - any codec failure on stored bytes is this record's problem
+            yield report("image_decode", f"{type(e).__name__}: {e}")
+            return
+        height, width = pixels.shape[:2]
+        if (height, width) != (record.height, record.width):
+            yield report("record_size", f"stored pixels are {height}x{width}, record says "
+                                        f"{record.height}x{record.width}")
+        stats.add_image(record.label, height, width, *channel_sums(pixels))
+        pixel_bytes = record.encoded if record.format == "raw" else pixels.tobytes()
+        location = RecordLocation(task.split, task.file, index, record.filename)
+        yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
+        yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixel_bytes), location))
+        yield from self._sample(task, record, pixels)
+
+    def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
+        samples = self.samples
+        if (samples is None or task.split != samples.split or not 0 <= record.label < self.expectations.num_classes
+                or sample_rank(record.filename) >= samples.fraction):
+            return
+        from shardprep.pipelines.validation.pictures import thumbnail
+
+        small = thumbnail(pixels, samples.cell_cap)
+        yield beam.pvalue.TaggedOutput("sample", (record.label, Sample(
+            sample_rank(record.filename), record.filename, small.shape[0], small.shape[1], small.tobytes())))
+
+
+class ReadShards(beam.PTransform):
+    """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
+
+    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
+                 progress_dir: str | None = None):
+        super().__init__()
+        self.fn = ReadShardFn(expectations, samples, progress_dir)
+
+    def expand(self, tasks):
+        return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")
+
+
+class ReadForeignFileFn(beam.DoFn):
+    """Reads one foreign TFRecord file: CRC and parse of every record, image header (size, format, mode) and label.
+
+    Main output: ``(split, ForeignStats)`` for the file; tagged output ``problem``.
+    """
+
+    def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
+        self.image_key = image_key
+        self.label_key = label_key
+        self.progress_dir = progress_dir
+        self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
+
+    def process(self, element):
+        file, split = element
+        stats = ForeignStats()
+        num_records = 0
+        try:
+            with FileSystems.open(file, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                for index, data, corruption in iter_framed_records(MeasuredReader(stream, hash_bytes=False)):
+                    num_records += 1
+                    if corruption is not None:
+                        yield _problem("record_corrupt", corruption, split=split, file=file, index=index)
+                        continue
+                    for check, message in self._check_record(data, stats):
+                        yield _problem(check, message, split=split, file=file, index=index)
+        except (OSError, BeamIOError) as e:
+            yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=split, file=file)
+        self.records_read.inc(num_records)
+        progress_lib.mark(self.progress_dir, files=1, records=num_records)
+        stats.num_records = num_records
+        stats.file_records[file] = num_records
+        yield split, stats
+
+    def _check_record(self, data: bytes, stats: ForeignStats) -> list[tuple[str, str]]:
+        try:
+            features = record_format.parse_features(data)
+        except record_format.RecordFormatError as e:
+            return [("record_parse", str(e))]
+        found = []
+        labels = features.get(self.label_key)
+        if not labels or len(labels) != 1 or not isinstance(labels[0], int):
+            found.append(("label_missing", f"feature {self.label_key!r} is {labels!r:.80}, not one int64"))
+        else:
+            stats.label_counts[labels[0]] = stats.label_counts.get(labels[0], 0) + 1
+        images = features.get(self.image_key)
+        if not images or len(images) != 1 or not isinstance(images[0], bytes):
+            found.append(("image_missing", f"feature {self.image_key!r} is not one bytes value "
+                                           f"(record has {sorted(features)})"))
+            return found
+        found += _image_header(images[0], stats)
+        return found
+
+
+def _image_header(image: bytes, stats: ForeignStats) -> list[tuple[str, str]]:
+    """Counts an encoded image's size, format and mode from its header (no pixels decoded); a problem if none."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            size, image_format, mode = opened.size, opened.format, opened.mode
+    except Exception as e:  # noqa: BLE001 - whatever a codec raises, the image is undecodable
+        return [("image_decode", f"{type(e).__name__}: {e}")]
+    stats.num_readable_images += 1
+    for histogram, key in ((stats.image_sizes, f"{size[1]}x{size[0]}"), (stats.image_formats, str(image_format)),
+                           (stats.image_modes, mode)):
+        histogram[key] = histogram.get(key, 0) + 1
+    return []
+
+
+class ReadForeignFiles(beam.PTransform):
+    """``(file, split)`` -> ``(split, ForeignStats)`` per file (main output ``stats``), tagged output ``problem``."""
+
+    def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
+        super().__init__()
+        self.fn = ReadForeignFileFn(image_key, label_key, progress_dir)
+
+    def expand(self, files):
+        return files | "ReadForeignFile" >> beam.ParDo(self.fn).with_outputs("problem", main="stats")

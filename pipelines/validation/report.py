@@ -1,0 +1,163 @@
+"""The JSON report, assembled on the driver from the pipeline's result lines (one JSON object per line, by
+``kind``: ``split``, ``problem``, ``problem_count``, ``duplicate_images``, ``sample``) and the driver's own problems.
+Its schema is in ``pipelines/validate.py``."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from shardprep.pipelines.validation.checks import classify_files, problem, problem_sort_key
+from shardprep.pipelines.validation.elements import Sample
+from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, size_summary
+from shardprep.preprocess import manifest as manifest_lib
+
+FOUND_FILES_LISTED = 50  # how many leftover files a manifest_missing problem (and other_files) names
+
+
+def report_base(data: str, kind: str) -> dict:
+    from shardprep import __version__
+
+    return {"ok": False, "data": data, "kind": kind, "tool": "shardprep validate", "tool_version": __version__}
+
+
+def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
+    """Problems found by the driver and by the pipeline, capped per check; returns (problems, counts, truncated)."""
+    counts: dict[str, int] = {}
+    for found in driver_problems:
+        counts[found["check"]] = counts.get(found["check"], 0) + 1
+    for line in lines:
+        if line["kind"] == "problem_count":
+            counts[line["check"]] = counts.get(line["check"], 0) + line["count"]
+    kept = driver_problems + [{k: v for k, v in line.items() if k != "kind"} for line in lines
+                              if line["kind"] == "problem"]
+    by_check: dict[str, list] = {}
+    for found in sorted(kept, key=problem_sort_key):
+        by_check.setdefault(found["check"], []).append(found)
+    problems = [found for check in sorted(by_check) for found in by_check[check][:max_per_check]]
+    return problems, dict(sorted(counts.items())), len(problems) < sum(counts.values())
+
+
+def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per_check: int) -> dict:
+    """``report`` with ``ok``, ``problem_counts``, ``problems`` and ``problems_truncated`` filled in."""
+    problems, counts, truncated = merge_problems(driver_problems, lines, max_per_check)
+    report.update(ok=not counts, problem_counts=counts, problems=problems, problems_truncated=truncated)
+    return report
+
+
+def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
+    """The one problem of a folder without ``manifest.json``: what it holds instead."""
+    kinds = classify_files(found)
+    lock = manifest_lib.LOCK_NAME in found
+    if not found:
+        message = f"{data_dir} is empty or does not exist: nothing to validate"
+    else:
+        message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
+                   f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
+                   f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
+                   f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
+                                                      else "") + "; rerun preprocess with --overwrite")
+    return problem("manifest_missing", message, found_files=found[:FOUND_FILES_LISTED], num_found_files=len(found),
+                   num_found_shards=len(kinds["shards"]), num_found_temporary=len(kinds["temporary"]),
+                   lock_present=lock)
+
+
+def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
+    """A prepared split's result line and report entry (JSON-ready)."""
+    classes = manifest["classes"]
+    info = manifest["splits"].get(split, {})
+    statistics = stats.mean_std()
+    return {
+        "kind": "split",
+        "split": split,
+        "num_examples": stats.num_examples,
+        "expected_num_examples": info.get("num_examples"),
+        "num_shards": len(stats.shard_records),
+        "expected_num_shards": len(info.get("shards", [])),
+        "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
+        "expected_class_counts": dict(info.get("class_counts", {})),
+        "out_of_range_labels": {str(label): n for label, n in sorted(stats.label_counts.items())
+                                if not 0 <= label < len(classes)},
+        "mean_rgb": statistics[0] if statistics else None,
+        "std_rgb": statistics[1] if statistics else None,
+        "image_sizes": size_summary(stats.image_sizes),
+        "shard_records": dict(sorted(stats.shard_records.items())),
+    }
+
+
+def foreign_summary(split: str, stats: ForeignStats) -> dict:
+    """A foreign split's result line and report entry (JSON-ready)."""
+    return {
+        "kind": "split",
+        "split": split,
+        "num_examples": stats.num_records,
+        "num_files": len(stats.file_records),
+        "num_readable_images": stats.num_readable_images,
+        "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
+        "num_labels": len(stats.label_counts),
+        "image_sizes": size_summary(stats.image_sizes),
+        "image_formats": dict(sorted(stats.image_formats.items())),
+        "image_modes": dict(sorted(stats.image_modes.items())),
+        "file_records": dict(sorted(stats.file_records.items())),
+    }
+
+
+def sample_line(label: int, samples: list[Sample]) -> str:
+    """One class's contact-sheet images as a result line (pixels in base64)."""
+    return json.dumps({"kind": "sample", "label": label, "images": [
+        {"filename": sample.filename, "height": sample.height, "width": sample.width,
+         "pixels": base64.b64encode(sample.pixels).decode()} for sample in samples]})
+
+
+def split_entries(lines: list[dict]) -> dict[str, dict]:
+    """{split: its report entry} from the ``split`` result lines."""
+    return {line["split"]: {k: v for k, v in line.items() if k not in ("kind", "split")}
+            for line in lines if line["kind"] == "split"}
+
+
+def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_split: str | None,
+                   tolerance: float) -> dict:
+    """The prepared dataset's report fields besides the problems: options, statistics, splits, other files."""
+    splits = split_entries(lines)
+    for line in lines:
+        if line["kind"] == "duplicate_images":
+            splits.get(line["split"], {})["duplicate_images"] = line["count"]
+    for summary in splits.values():
+        summary.setdefault("duplicate_images", 0)
+    stats_summary = splits.get(stats_split, {})
+    return dict(
+        classes=manifest["classes"],
+        encoding=manifest["encoding"], crop=manifest["crop"], shorter_side=manifest["shorter_side"],
+        image_height=manifest.get("image_height"), image_width=manifest.get("image_width"),
+        stats_split=stats_split,
+        mean_rgb=stats_summary.get("mean_rgb"), std_rgb=stats_summary.get("std_rgb"),
+        manifest_mean_rgb=manifest.get("mean_rgb"), manifest_std_rgb=manifest.get("std_rgb"),
+        mean_std_tolerance=tolerance,
+        num_examples=sum(s["num_examples"] for s in splits.values()),
+        expected_num_examples=sum(int(info["num_examples"]) for info in manifest["splits"].values()),
+        splits={split: splits[split] for split in manifest["splits"] if split in splits},
+        other_files=[f for f in found if f != manifest_lib.MANIFEST_NAME
+                     and not f.endswith(manifest_lib.SHARD_SUFFIX)][:FOUND_FILES_LISTED],
+    )
+
+
+def chart_counts(report: dict) -> tuple[list[str], dict[str, list[int]]]:
+    """The class-count chart's class names and {split: records per class}, from a finished report."""
+    splits = report.get("splits", {})
+    if report["kind"] == "dataset":
+        class_names = report["classes"]
+        return class_names, {split: [summary["class_counts"].get(name, 0) for name in class_names]
+                             for split, summary in splits.items()}
+    labels = sorted({int(label) for summary in splits.values() for label in summary["label_counts"]})
+    return [f"label {label}" for label in labels], {
+        split: [summary["label_counts"].get(str(label), 0) for label in labels] for split, summary in splits.items()}
+
+
+def sheet_rows(class_names: list[str], lines: list[dict]) -> list[tuple[str, list]]:
+    """The contact sheet's rows: (class name, its sample images as uint8 arrays), from the ``sample`` lines."""
+    import numpy as np
+
+    samples_by_label = {line["label"]: line["images"] for line in lines if line["kind"] == "sample"}
+    return [(name, [np.frombuffer(base64.b64decode(image["pixels"]), dtype=np.uint8).reshape(
+        image["height"], image["width"], 3) for image in samples_by_label.get(label, [])])
+        for label, name in enumerate(class_names)]
