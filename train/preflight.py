@@ -175,10 +175,10 @@ def check(data_dir: str, train_split: str, val_split: str, output_dir: str | Non
                 raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
                                      f"{shard['num_bytes']:,} (truncated or replaced); run shardprep validate "
                                      f"{data_dir}, then rerun preprocess with --overwrite")
-    if image_size is not None:
-        _check_image_size(manifest, image_size, data_dir)
     if output_dir is not None:
         _check_output_dir(output_dir)
-        if not _is_url(output_dir):
-            _check_output_contents(output_dir, resume, overwrite)
+    if image_size is not None:
+        _check_image_size(manifest, image_size, data_dir)
+    if output_dir is not None and not _is_url(output_dir):
+        _check_output_contents(output_dir, resume, overwrite)
     return manifest
