@@ -28,8 +28,8 @@ def _epoch_list(ctx, param, value):
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
               help="Training crop size; at most the stored image size (checked before the run).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
-              help="auto (the default): mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
-                   "float32 on CPU; or name one of mixed_float16, mixed_bfloat16, float32.")
+              help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
+                   "float32 on CPU; the other three force that policy.")
 @click.option("--augment", type=click.Choice(AUGMENTATIONS), default="crop", show_default=True,
               help="crop: random crop + flip; rrc: random-resized-crop (area 8-100%, aspect 3/4-4/3) + flip.")
 @click.option("--learning-rate", type=float, default=None, help="Peak rate [default: 0.1 * batch size / 256].")
@@ -48,8 +48,10 @@ def _epoch_list(ctx, param, value):
 @click.option("--label-smoothing", type=click.FloatRange(0, 1), default=0.1, show_default=True)
 @click.option("--width-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Scales every layer's channels; 1.0 is ResNet-18 (small values for quick experiments).")
-@click.option("--train-split", default="train", show_default=True)
-@click.option("--val-split", default="validation", show_default=True)
+@click.option("--train-split", default="train", show_default=True,
+              help="The split to train on (a split of DATA's manifest.json).")
+@click.option("--val-split", default="validation", show_default=True,
+              help="The split evaluated after every epoch (e.g. val for a source with a val/ folder).")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
@@ -74,7 +76,7 @@ def _epoch_list(ctx, param, value):
 @click.option("--reduce-lr-factor", type=float, default=0.1, show_default=True)
 @click.option("--early-stopping/--no-early-stopping", default=True, show_default=True,
               help="On by default: stop when val_loss has not improved for --early-stopping-patience epochs "
-                   "(10 unless given).")
+                   "(10 by default); --no-early-stopping runs all --epochs.")
 @click.option("--early-stopping-patience", type=click.IntRange(min=0), default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/checkpoints/last.keras.")
 @click.option("--overwrite", is_flag=True,
