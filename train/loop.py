@@ -186,7 +186,8 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     summary = summarize(history, first_epoch_of_run=start_epoch + 1)
     checkpoints.write_json(paths["summary"], summary)
     report(
-        f"Summary: {_plural(summary['epochs'], 'epoch', True)}, best val_accuracy {summary['best_val_accuracy']:.4f} (epoch "
+        f"Summary: {_plural(summary['epochs'], 'epoch', True)}, best val_accuracy "
+        f"{summary['best_val_accuracy']:.4f} (epoch "
         f"{summary['best_epoch']}), final {summary['final_val_accuracy']:.4f}. Throughput "
         f"{summary['images_per_sec']:,.0f} images/s, waiting for input {100 * summary['input_wait_fraction']:.1f}% "
         f"of step time (epochs {summary['throughput_epochs']}): {summary['verdict']}. "
