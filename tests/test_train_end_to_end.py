@@ -62,6 +62,21 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
             total += 1
     assert correct / total >= 0.9
 
+    # New photos go through predict_images: the job's own decode and resize, class names from the manifest; photos
+    # smaller than the train size (10x8 here, under 32) are resized up like any other.
+    from shardprep.train.predict import predict_images
+
+    paths = sorted((source / "validation").glob("*/*.png"))
+    predictions = predict_images(str(output / "model.keras"), str(data), [str(p) for p in paths], top_k=2)
+    assert np.mean([p.class_name == path.parent.name for p, path in zip(predictions, paths)]) >= 0.9
+    assert all(abs(sum(prob for _, _, prob in p.top) - 1) < 1e-5 for p in predictions)
+    rng = np.random.default_rng(9)
+    tiny = rng.integers(0, 120, (10, 8, 3))
+    tiny[..., 0] += 120  # red
+    tiny_path = tmp_path / "tiny.png"
+    Image.fromarray(tiny.astype(np.uint8)).save(tiny_path)
+    assert predict_images(model, data, [tiny_path])[0].class_name == "red"
+
 
 def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
     from shardprep.train import reader

@@ -176,6 +176,19 @@ class CropFlipNormalize(keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
 
+    def build(self, input_shape):
+        """Rejects images smaller than the crop when their size is known here (``keras.Input((72, 72, 3))``);
+        a model built for any size (``(None, None, 3)``, as :func:`~shardprep.train.model.build_model` does) gets
+        no check, and must be given images of at least ``image_size`` a side."""
+        sides = [side for side in tuple(input_shape)[1:3] if side is not None]
+        if sides and min(sides) < self.image_size:
+            height, width = (tuple(input_shape)[1:3] + (None, None))[:2]
+            shown = "x".join("?" if side is None else str(side) for side in (height, width))
+            raise ValueError(f"CropFlipNormalize({self.image_size}) crops {self.image_size}x{self.image_size} "
+                             f"windows, but its input images are {shown}: give images of at least "
+                             f"{self.image_size}x{self.image_size}, or a smaller image_size")
+        super().build(input_shape)
+
     def call(self, images, training=None):
         if training:
             seed = self.seed_generator.next()

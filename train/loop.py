@@ -19,6 +19,8 @@ Keras callbacks (TensorBoard, ModelCheckpoint, ReduceLROnPlateau, EarlyStopping)
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from typing import Callable
 
@@ -26,7 +28,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardprep.preprocess import manifest as manifest_lib
 from shardprep.train import checkpoints, reader
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.model import build_model
@@ -34,6 +35,8 @@ from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimi
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
 INPUT_BOUND_THRESHOLD = 0.05
+# Seconds between progress lines within an epoch when stdout is not a terminal (logs, pipes).
+PROGRESS_INTERVAL = 10.0
 HISTORY_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec", "input_wait_fraction",
                 "learning_rate")
 
@@ -105,8 +108,10 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
     if config.image_size > min(stored_height, stored_width):
         raise ValueError(f"--image-size {config.image_size} is larger than the stored images "
                          f"({stored_height}x{stored_width})")
-    for split in (config.train_split, config.val_split):
-        manifest_lib.shard_files(manifest, split)  # a KeyError naming the splits there are
+    for option, split in (("--train-split", config.train_split), ("--val-split", config.val_split)):
+        if split not in manifest["splits"]:
+            raise ValueError(f"{option} {split!r} is not a split of {config.data_dir} (splits: "
+                             f"{', '.join(manifest['splits']) or 'none'}); pass {option} with one of them")
     strategy = strategy or choose_strategy()
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
@@ -165,6 +170,11 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     steps = _step_functions(config, strategy, model, optimizer, metrics, num_classes, jit_compile)
 
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, report)
+    if config.warmup_epochs >= config.epochs:
+        # Kept as asked rather than shortened: the run is what the flags say, and the note says what that means.
+        report(f"Note: the warm-up ({config.warmup_epochs:g} {_plural(config.warmup_epochs, 'epoch')}, "
+               f"--warmup-epochs) is as long as the run ({_plural(config.epochs, 'epoch', True)}), so the learning "
+               f"rate never reaches its peak {base_lr:g}; pass a smaller --warmup-epochs for short runs.")
     report(f"Training ResNet-18 (width x{config.width_multiplier:g}, {model.count_params():,} parameters) on "
            f"{_device_kind(strategy)}, {precision}{', XLA' if jit_compile else ''}: {train_examples:,} training "
            f"images, {steps_per_epoch} steps of {config.batch_size} per epoch, epochs {start_epoch + 1}-"
@@ -176,7 +186,8 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     summary = summarize(history, first_epoch_of_run=start_epoch + 1)
     checkpoints.write_json(paths["summary"], summary)
     report(
-        f"Summary: {summary['epochs']} epochs, best val_accuracy {summary['best_val_accuracy']:.4f} (epoch "
+        f"Summary: {_plural(summary['epochs'], 'epoch', True)}, best val_accuracy "
+        f"{summary['best_val_accuracy']:.4f} (epoch "
         f"{summary['best_epoch']}), final {summary['final_val_accuracy']:.4f}. Throughput "
         f"{summary['images_per_sec']:,.0f} images/s, waiting for input {100 * summary['input_wait_fraction']:.1f}% "
         f"of step time (epochs {summary['throughput_epochs']}): {summary['verdict']}. "
@@ -248,6 +259,7 @@ class _Epochs:
         self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
+        self.progress_factory = lambda steps, batch_size: EpochProgress(steps, batch_size, report)
 
     def run(self, start_epoch: int, callback_state: dict, train_data, val_data, train_step, eval_step) -> None:
         self.model.stop_training = False
@@ -269,7 +281,7 @@ class _Epochs:
             self._record(epoch, logs)
             if self.model.stop_training:
                 self.report(f"Early stopping after epoch {epoch + 1}: val_loss has not improved for "
-                            f"{self.config.early_stopping_patience} epochs.")
+                            f"{_plural(self.config.early_stopping_patience, 'epoch', True)}.")
                 break
         self.callback_list.on_train_end()
 
@@ -277,6 +289,7 @@ class _Epochs:
         """The epoch's training logs, the seconds spent waiting in ``next()`` and the epoch's training seconds."""
         wait_seconds = 0.0
         started = time.perf_counter()
+        progress = self.progress_factory(self.steps_per_epoch, self.config.batch_size)
         for step in range(self.steps_per_epoch):
             self.callback_list.on_train_batch_begin(step)
             before_next = time.perf_counter()
@@ -284,6 +297,8 @@ class _Epochs:
             wait_seconds += time.perf_counter() - before_next
             train_step(batch)
             self.callback_list.on_train_batch_end(step)
+            progress.update(step + 1)
+        progress.done()
         # Reading the metrics waits for the device, so the epoch's time is taken after it.
         logs = {"loss": float(self.metrics.loss.result()), "accuracy": float(self.metrics.accuracy.result())}
         return logs, wait_seconds, time.perf_counter() - started
@@ -300,6 +315,64 @@ class _Epochs:
         checkpoints.write_json(self.paths["history"], history)
         if config.checkpoint:
             checkpoints.save_epoch(self.model, self.paths, epoch + 1, history, self.callbacks)
+
+
+def _plural(count, word: str, with_count: bool = False) -> str:
+    """``word`` or ``word + "s"`` for ``count`` (``"1 epoch"``, ``"2 epochs"`` with ``with_count``)."""
+    text = word if count == 1 else word + "s"
+    return f"{count:g} {text}" if with_count else text
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class EpochProgress:
+    """Progress within an epoch: steps done, images/s and the ETA.
+
+    On a terminal, one line rewritten in place (carriage return) at most every ``interval_tty`` seconds; otherwise
+    (a log file, a pipe, a notebook's captured output) a plain line through ``report`` every ``interval`` seconds,
+    so logs stay readable. Images/s counts steps launched, not finished: the device may lag a step behind.
+    """
+
+    def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
+                 stream=None, interval: float | None = None, interval_tty: float = 0.5):
+        self.steps, self.batch_size, self.report = steps, batch_size, report
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval_tty if self.tty else (PROGRESS_INTERVAL if interval is None else interval)
+        self.started = time.perf_counter()
+        self.last_shown = self.started
+        self.shown = False
+
+    def line(self, step: int, elapsed: float) -> str:
+        rate = step * self.batch_size / elapsed if elapsed > 0 else math.nan
+        remaining = (self.steps - step) * elapsed / step if step else math.nan
+        eta = _duration(remaining) if math.isfinite(remaining) else "?"
+        return (f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%), "
+                f"{rate:,.0f} images/s, ETA {eta}")
+
+    def update(self, step: int) -> None:
+        now = time.perf_counter()
+        if now - self.last_shown < self.interval or step >= self.steps:
+            return
+        self.last_shown = now
+        self.shown = True
+        text = self.line(step, now - self.started)
+        if self.tty:
+            self.stream.write("\r" + text.ljust(72))
+            self.stream.flush()
+        else:
+            self.report(text)
+
+    def done(self) -> None:
+        """Clears the terminal's progress line before the epoch's report."""
+        if self.tty and self.shown:
+            self.stream.write("\r" + " " * 72 + "\r")
+            self.stream.flush()
 
 
 def tensorboard_installed() -> bool:

@@ -77,8 +77,73 @@ def _check_output_dir(output_dir: str) -> None:
                              "choose another --output-dir")
 
 
-def check(data_dir: str, train_split: str, val_split: str, output_dir: str | None = None) -> dict:
-    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest."""
+# What a training run writes into --output-dir (train/checkpoints.py run_paths): all that --overwrite may delete.
+RUN_FILES = ("history.json", "summary.json", "model.keras")
+RUN_FOLDERS = ("checkpoints", "logs")
+
+
+def _check_output_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
+    """A non-empty ``--output-dir`` is refused unless ``--resume`` or ``--overwrite``; ``--overwrite`` refuses a
+    folder holding anything a training run does not write (naming it)."""
+    if resume or not os.path.isdir(output_dir):
+        return
+    entries = sorted(os.listdir(output_dir))
+    if not entries:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise PreflightError(f"--output-dir {output_dir} is not empty ({shown}); pass --resume to continue that "
+                             "run, --overwrite to replace it, or choose another --output-dir")
+    foreign = [name for name in entries
+               if not ((name in RUN_FILES or name.endswith(".tmp") and name[:-4] in RUN_FILES)
+                       and os.path.isfile(os.path.join(output_dir, name))
+                       or name in RUN_FOLDERS and os.path.isdir(os.path.join(output_dir, name)))]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise PreflightError(f"--overwrite: --output-dir {output_dir} holds {shown}, which shardprep train did not "
+                             f"write; it deletes only {', '.join(RUN_FILES + RUN_FOLDERS)}: move those away or "
+                             "choose another --output-dir")
+
+
+def clear_run(output_dir: str) -> list[str]:
+    """Deletes what a training run wrote in ``output_dir`` (for ``--overwrite``); returns the names deleted.
+
+    Call :func:`check` with ``overwrite=True`` first: it refuses a folder holding anything else."""
+    import shutil
+
+    deleted = []
+    if _is_url(output_dir) or not os.path.isdir(output_dir):
+        return deleted
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif (name in RUN_FILES or name.endswith(".tmp") and name[:-4] in RUN_FILES) and os.path.isfile(path):
+            os.remove(path)
+        else:
+            continue
+        deleted.append(name)
+    return deleted
+
+
+def _check_image_size(manifest: dict, image_size: int, data_dir: str) -> None:
+    if manifest.get("crop") == "none":
+        height = width = manifest.get("shorter_side")
+    else:
+        height, width = manifest.get("image_height"), manifest.get("image_width")
+    if isinstance(height, int) and isinstance(width, int) and image_size > min(height, width):
+        raise PreflightError(f"--image-size {image_size} is larger than the stored images of {data_dir} "
+                             f"({height}x{width}); pass --image-size {min(height, width)} or less, or rerun "
+                             f"preprocess with --shorter-side {image_size} or more")
+
+
+def check(data_dir: str, train_split: str, val_split: str, output_dir: str | None = None, *,
+          image_size: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest.
+
+    With ``image_size``, refuses a crop larger than the stored images; with ``output_dir``, refuses a non-empty
+    local folder unless ``resume`` or ``overwrite`` (and, with ``overwrite``, one holding files a run does not write).
+    """
     manifest = load_manifest(data_dir)
     manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
     problems = manifest_schema.shape_problems(manifest)
@@ -112,4 +177,8 @@ def check(data_dir: str, train_split: str, val_split: str, output_dir: str | Non
                                      f"{data_dir}, then rerun preprocess with --overwrite")
     if output_dir is not None:
         _check_output_dir(output_dir)
+    if image_size is not None:
+        _check_image_size(manifest, image_size, data_dir)
+    if output_dir is not None and not _is_url(output_dir):
+        _check_output_contents(output_dir, resume, overwrite)
     return manifest

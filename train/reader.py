@@ -145,6 +145,12 @@ def make_dataset(
         (:mod:`shardprep.train.record_gather`) instead of streaming every shard through a read buffer. Default: on for local
         paths (needs ``os.preadv``), off for URLs. Both give the same batches; streaming reads each shard
         sequentially, which suits storage that is slow at random reads and not cached in memory.
+
+    In your own Keras code: a ``training=True`` dataset never ends, so give ``model.fit`` its ``steps_per_epoch``
+    (``split_size(manifest, split) // batch_size``); the ``training=False`` one is one pass. The images are stored
+    uint8 pixels (not normalized) and the labels int32 class indices (sparse, not one-hot): the model of
+    :func:`shardprep.train.model.build_model` takes those images and returns logits (no softmax), so use
+    ``keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -19,22 +19,25 @@ def _epoch_list(ctx, param, value):
 @click.command("train")
 @click.argument("data", metavar="DATA")
 @click.option("--output-dir", default="shardprep_train", show_default=True,
-              help="Receives history.json, summary.json, model.keras, checkpoints/ and logs/.")
-@click.option("--epochs", type=click.IntRange(min=1), default=90, show_default=True)
+              help="Receives history.json, summary.json, model.keras, checkpoints/ and logs/. Must be empty or "
+                   "missing unless --resume or --overwrite.")
+@click.option("--epochs", type=click.IntRange(min=1), default=90, show_default=True,
+              help="Epochs to train (fewer when early stopping ends the run).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
               help="Global batch size (split over the replicas).")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
-              help="Training crop size; at most the stored image size.")
+              help="Training crop size; at most the stored image size (checked before the run).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
-                   "float32 on CPU.")
+                   "float32 on CPU; the other three force that policy.")
 @click.option("--augment", type=click.Choice(AUGMENTATIONS), default="crop", show_default=True,
               help="crop: random crop + flip; rrc: random-resized-crop (area 8-100%, aspect 3/4-4/3) + flip.")
 @click.option("--learning-rate", type=float, default=None, help="Peak rate [default: 0.1 * batch size / 256].")
 @click.option("--lr-schedule", type=click.Choice(LR_SCHEDULES), default="cosine", show_default=True,
               help="After the warm-up: cosine decay to 0, step decay, or ReduceLROnPlateau on val_loss.")
 @click.option("--warmup-epochs", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Linear warm-up from ~0 to the peak rate.")
+              help="Linear warm-up from ~0 to the peak rate. When it is as long as --epochs or longer, the run "
+                   "says so at the start and never reaches the peak rate.")
 @click.option("--lr-step-epochs", callback=_epoch_list, default=None,
               help="Epochs at which --lr-schedule step multiplies the rate by --lr-decay [default: 1/3, 2/3 and "
                    "8/9 of --epochs, i.e. 30,60,80 of 90].")
@@ -45,8 +48,10 @@ def _epoch_list(ctx, param, value):
 @click.option("--label-smoothing", type=click.FloatRange(0, 1), default=0.1, show_default=True)
 @click.option("--width-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Scales every layer's channels; 1.0 is ResNet-18 (small values for quick experiments).")
-@click.option("--train-split", default="train", show_default=True)
-@click.option("--val-split", default="validation", show_default=True)
+@click.option("--train-split", default="train", show_default=True,
+              help="The split to train on (a split of DATA's manifest.json).")
+@click.option("--val-split", default="validation", show_default=True,
+              help="The split evaluated after every epoch (e.g. val for a source with a val/ folder).")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
@@ -70,26 +75,41 @@ def _epoch_list(ctx, param, value):
               help="--lr-schedule plateau: epochs without val_loss improvement before lowering the rate.")
 @click.option("--reduce-lr-factor", type=float, default=0.1, show_default=True)
 @click.option("--early-stopping/--no-early-stopping", default=True, show_default=True,
-              help="Stop when val_loss has not improved for --early-stopping-patience epochs.")
+              help="On by default: stop when val_loss has not improved for --early-stopping-patience epochs "
+                   "(10 by default); --no-early-stopping runs all --epochs.")
 @click.option("--early-stopping-patience", type=click.IntRange(min=0), default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/checkpoints/last.keras.")
-def command(data, **options):
+@click.option("--overwrite", is_flag=True,
+              help="Replace a previous run in OUTPUT_DIR: deletes history.json, summary.json, model.keras, "
+                   "checkpoints/ and logs/ there first; refuses a folder holding anything else.")
+def command(data, overwrite, **options):
     """Train ResNet-18 on the prepared dataset DATA (a local folder or gs:// URL holding manifest.json).
 
-    Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. Every epoch prints images/s and the share of step
-    time spent waiting for input; the run ends with a summary saying whether training was input-bound.
+    Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s and the ETA
+    within each epoch; every epoch prints images/s and the share of step time spent waiting for input; the run ends
+    with a summary saying whether training was input-bound. OUTPUT_DIR receives history.json, summary.json,
+    model.keras (uint8 images in, logits out: see shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
     from shardprep.train import preflight
 
+    if overwrite and options["resume"]:
+        raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
     try:
-        preflight.check(data, options["train_split"], options["val_split"], options["output_dir"])
+        preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
+                        image_size=options["image_size"], resume=options["resume"], overwrite=overwrite)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
+    if overwrite:
+        deleted = preflight.clear_run(options["output_dir"])
+        if deleted:
+            click.echo(f"--overwrite: deleted {', '.join(deleted)} from {options['output_dir']}")
 
     from shardprep.train.loop import TrainConfig, train
 
     config = TrainConfig(data_dir=data, **options)
     try:
         train(config, report=click.echo)
-    except (ValueError, KeyError) as error:
+    except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
+        raise click.ClickException(str(error.args[0]) if error.args else str(error)) from error
+    except ValueError as error:
         raise click.ClickException(str(error)) from error

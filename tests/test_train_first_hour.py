@@ -1,0 +1,259 @@
+"""A new user's first hour with ``shardprep train`` (issue #16): --output-dir refusals and --overwrite, errors that
+name the flag and the sizes, progress within an epoch, and inference on new photos with predict_images."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardprep.cli import main
+from shardprep.train import preflight
+from train_helpers import write_dataset
+
+
+@pytest.fixture(scope="module")
+def colour_dataset(tmp_path_factory):
+    """Two classes told apart by colour, 20x20 raw centre crops (shorter side 20)."""
+    root = tmp_path_factory.mktemp("colours")
+    rng = np.random.default_rng(0)
+
+    def image(label):
+        pixels = rng.integers(0, 120, (20, 20, 3))
+        pixels[..., 0 if label == 0 else 2] += 120
+        return pixels.astype(np.uint8), label
+
+    write_dataset(root, {"train": [image(i % 2) for i in range(64)],
+                         "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
+    return str(root)
+
+
+def _error_lines(result):
+    return [line for line in result.output.splitlines() if line.startswith("Error: ")]
+
+
+# --- --output-dir: refused when not empty, --overwrite deletes only a run's files ----------------------------------
+
+
+def _previous_run(folder):
+    os.makedirs(folder / "checkpoints")
+    os.makedirs(folder / "logs" / "train")
+    for name in ("history.json", "summary.json", "model.keras", "checkpoints/last.keras", "logs/train/events"):
+        (folder / name).write_text("old")
+
+
+def test_train_refuses_a_non_empty_output_dir(colour_dataset, tmp_path):
+    _previous_run(tmp_path / "run")
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
+                                       "--image-size", "16"])
+    assert result.exit_code == 1
+    assert _error_lines(result) == [_error_lines(result)[0]]
+    line = _error_lines(result)[0]
+    assert "is not empty" in line and "--resume" in line and "--overwrite" in line and "history.json" in line
+    assert (tmp_path / "run" / "model.keras").read_text() == "old"
+    # An empty folder, a missing one and --resume are fine.
+    os.makedirs(tmp_path / "empty")
+    for folder, resume in ((tmp_path / "empty", False), (tmp_path / "missing", False), (tmp_path / "run", True)):
+        preflight.check(colour_dataset, "train", "validation", str(folder), resume=resume)
+
+
+def test_overwrite_deletes_only_what_a_run_writes(colour_dataset, tmp_path):
+    run = tmp_path / "run"
+    _previous_run(run)
+    preflight.check(colour_dataset, "train", "validation", str(run), overwrite=True)
+    assert preflight.clear_run(str(run)) == ["checkpoints", "history.json", "logs", "model.keras", "summary.json"]
+    assert os.listdir(run) == []
+
+
+def test_overwrite_refuses_a_folder_holding_other_files_and_names_them(colour_dataset, tmp_path):
+    run = tmp_path / "run"
+    _previous_run(run)
+    (run / "notes.txt").write_text("mine")
+    os.makedirs(run / "photos")
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite",
+                                       "--image-size", "16"])
+    assert result.exit_code == 1
+    line, = _error_lines(result)
+    assert "notes.txt" in line and "photos" in line and "did not write" in line
+    assert sorted(os.listdir(run)) == ["checkpoints", "history.json", "logs", "model.keras", "notes.txt", "photos",
+                                       "summary.json"]
+    both = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite", "--resume"])
+    assert both.exit_code == 2 and "pass one" in both.output
+
+
+# --- errors that name the flag and the sizes -----------------------------------------------------------------------
+
+
+def test_a_split_typo_names_the_flag_without_stray_quotes(colour_dataset, tmp_path):
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
+                                       "--val-split", "val"])
+    line, = _error_lines(result)
+    assert line.startswith("Error: --val-split 'val' is not a split of") and '"' not in line
+    assert "splits: train, validation" in line
+
+
+def test_the_training_api_names_the_flag_for_a_split_typo(colour_dataset, tmp_path):
+    from shardprep.train import loop
+
+    config = loop.TrainConfig(data_dir=colour_dataset, output_dir=str(tmp_path), image_size=16, train_split="trian")
+    with pytest.raises(ValueError, match=r"--train-split 'trian' is not a split of .*\(splits: train, validation\)"):
+        loop.train(config, report=lambda message: None)
+
+
+def test_an_image_size_above_the_stored_size_is_one_line_before_the_run(colour_dataset, tmp_path):
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
+                                       "--image-size", "24"])
+    line, = _error_lines(result)
+    assert "--image-size 24 is larger than the stored images" in line and "(20x20)" in line
+    assert "--image-size 20 or less" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_augmentation_layer_rejects_a_crop_larger_than_its_input_when_built():
+    import keras
+
+    from shardprep.train.augment import CropFlipNormalize
+
+    with pytest.raises(ValueError, match=r"CropFlipNormalize\(96\) crops 96x96 windows, but its input images are "
+                                         r"72x72"):
+        CropFlipNormalize(96, [0.0] * 3, [1.0] * 3)(keras.Input((72, 72, 3), dtype="uint8"))
+    # Unknown sizes are left to run time; a large enough input builds.
+    CropFlipNormalize(96, [0.0] * 3, [1.0] * 3)(keras.Input((None, None, 3), dtype="uint8"))
+    CropFlipNormalize(64, [0.0] * 3, [1.0] * 3)(keras.Input((72, 72, 3), dtype="uint8"))
+
+
+# --- progress within an epoch, the warm-up note, "1 epoch" -------------------------------------------------------
+
+
+def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run(colour_dataset, tmp_path,
+                                                                                  monkeypatch):
+    from shardprep.train import loop
+
+    monkeypatch.setattr(loop, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
+    run = tmp_path / "run"
+    _previous_run(run)
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite",
+                                       "--epochs", "1", "--batch-size", "16", "--image-size", "16",
+                                       "--width-multiplier", "0.125", "--no-tensorboard", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("--overwrite: deleted checkpoints, history.json, logs, model.keras, summary.json")
+    progress = [line for line in lines if line.strip().startswith("step ")]
+    assert [line.split(",")[0].strip() for line in progress] == ["step 1/4 (25%)", "step 2/4 (50%)",
+                                                                 "step 3/4 (75%)"]
+    assert all("images/s, ETA " in line for line in progress)
+    assert "\r" not in result.output  # not a terminal: plain lines
+    assert any(line.startswith("Note: the warm-up (5 epochs, --warmup-epochs) is as long as the run (1 epoch)")
+               for line in lines)
+    assert any(line.startswith("Summary: 1 epoch, best") for line in lines)
+    assert (run / "model.keras").read_bytes() != b"old" and not (run / "logs").exists()
+
+
+def test_progress_rewrites_one_line_on_a_terminal():
+    from shardprep.train.loop import EpochProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, reported = Terminal(), []
+    progress = EpochProgress(10, 32, reported.append, stream=terminal, interval_tty=0.0)
+    for step in range(1, 11):
+        progress.update(step)
+    progress.done()
+    assert reported == []
+    shown = terminal.getvalue()
+    assert shown.count("\r  step ") == 9 and "step 9/10 (90%)" in shown and shown.endswith("\r")
+
+
+# --- predict_images -------------------------------------------------------------------------------------------------
+
+
+def _encoded(pixels, fmt, **kwargs):
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(colour_dataset):
+    import keras
+
+    from shardprep.train import reader
+    from shardprep.train.model import build_model
+
+    keras.utils.set_random_seed(3)
+    manifest = reader.load_manifest(colour_dataset)
+    return build_model(2, 16, manifest["mean_rgb"], manifest["std_rgb"], width_multiplier=0.125)
+
+
+def _expected(model, manifest, data):
+    """What the model says for ``data`` stored exactly as the preprocess job stores it."""
+    from shardprep.preprocess import image_ops
+    from shardprep.train.predict import _softmax, process_options
+
+    processed = image_ops.process_image(data, process_options(manifest))
+    pixels = np.frombuffer(processed.encoded, np.uint8).reshape(processed.height, processed.width, 3)
+    return _softmax(np.asarray(model(pixels[np.newaxis], training=False), np.float64))[0]
+
+
+def test_predict_images_takes_paths_and_bytes_and_names_the_classes(colour_dataset, tiny_model, tmp_path):
+    from shardprep.train.predict import Prediction, predict_images
+    from shardprep.train.reader import load_manifest
+
+    manifest = load_manifest(colour_dataset)
+    rng = np.random.default_rng(5)
+    photo = rng.integers(0, 256, (60, 45, 3), dtype=np.uint8)
+    jpeg = _encoded(photo, "JPEG", quality=92)
+    (tmp_path / "photo.jpg").write_bytes(jpeg)
+    rgba = np.dstack([photo, np.full(photo.shape[:2], 128, np.uint8)])
+    png_alpha = _encoded(rgba, "PNG")
+    small = _encoded(rng.integers(0, 256, (7, 5, 3), dtype=np.uint8), "PNG")  # smaller than the train size 16
+    images = [str(tmp_path / "photo.jpg"), jpeg, png_alpha, small]
+
+    predictions = predict_images(tiny_model, colour_dataset, images, top_k=2)
+    assert [p.source for p in predictions] == [str(tmp_path / "photo.jpg"), "<bytes #1>", "<bytes #2>",
+                                               "<bytes #3>"]
+    for prediction, data in zip(predictions, [jpeg, jpeg, png_alpha, small]):
+        assert isinstance(prediction, Prediction)
+        assert prediction.class_name in ("red", "blue")
+        assert prediction.class_name == manifest["classes"][prediction.index]
+        assert [name for name, _, _ in prediction.top] == [manifest["classes"][i] for _, i, _ in prediction.top]
+        assert sum(p for _, _, p in prediction.top) == pytest.approx(1.0, abs=1e-5)  # top 2 of 2 classes
+        assert prediction.top[0][2] >= prediction.top[1][2] and prediction.probability == prediction.top[0][2]
+        np.testing.assert_allclose([p for _, _, p in sorted(prediction.top, key=lambda t: t[1])],
+                                   _expected(tiny_model, manifest, data), atol=1e-5)
+    assert predictions[0].top == predictions[1].top  # a path and its bytes are the same image
+    # The manifest as a dict and the model as a saved file give the same answers.
+    tiny_model.save(tmp_path / "model.keras")
+    again = predict_images(str(tmp_path / "model.keras"), manifest, images[:1], top_k=1)
+    assert len(again[0].top) == 1 and again[0].top[0] == pytest.approx(predictions[0].top[0], abs=1e-5)
+
+
+def test_predict_images_resizes_up_a_stored_form_smaller_than_the_train_size(colour_dataset, tiny_model):
+    from shardprep.train.predict import predict_images, stored_pixels, process_options
+    from shardprep.train.reader import load_manifest
+
+    manifest = {**load_manifest(colour_dataset), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    photo = _encoded(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG")
+    assert stored_pixels(photo, process_options(manifest)).shape == (12, 12, 3)
+    assert stored_pixels(photo, process_options(manifest), min_side=16).shape == (16, 16, 3)
+    prediction, = predict_images(tiny_model, manifest, [photo])
+    assert prediction.class_name in ("red", "blue") and 0.0 < prediction.probability <= 1.0
+
+
+def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
+    from shardprep.train.predict import predict_images
+
+    with pytest.raises(ValueError, match=r"<bytes #0>: not usable as an image"):
+        predict_images(tiny_model, colour_dataset, [b"not an image"])
+    with pytest.raises(TypeError, match="give a path or the file's bytes"):
+        predict_images(tiny_model, colour_dataset, [np.zeros((4, 4, 3), np.uint8)])
+    from shardprep.train.reader import load_manifest
+
+    manifest = {**load_manifest(colour_dataset), "classes": ["a", "b", "c"]}
+    photo = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")
+    with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
+        predict_images(tiny_model, manifest, [photo])
