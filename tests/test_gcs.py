@@ -381,7 +381,7 @@ def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(s
     pipeline = beam_runner_api_pb2.Pipeline.FromString(
         read_object(storage, options["pipelineUrl"].split(f"gs://{storage.bucket}/", 1)[1]))
     stages = {t.unique_name for t in pipeline.components.transforms.values()}
-    assert {"DecodeResizeEncode", "WriteShards", "WriteManifest", "JoinLabels"} <= stages
+    assert {"DecodeResizeEncode", "WriteShards", "WriteManifest", "ListInputs/FlatFiles/JoinLabels"} <= stages
 
 
 def test_proxy_forwards_only_cloud_storage(storage):
