@@ -215,7 +215,8 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
             data = f.read()
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
-    return labels.csv_rows(data, path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
+    return labels.csv_rows(data, path,
+                           lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
 # --- TFRecord files and TFDS datasets --------------------------------------------------------------------------------

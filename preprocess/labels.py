@@ -36,8 +36,8 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
 
 def join(files, rows, labels_split: str):
     """Flat image files ``(split, key, path)`` and labels-file rows ``(filename, label)`` whose file names are equal
-    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", Reject(split, key,
-    reason, detail))`` per file without one label and per row without its file. Names must match exactly: a pair
+    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", Reject)`` per
+    file without one label and per row without its file. Names must match exactly: a pair
     that differs only in case is two ``case_mismatch`` rejects."""
     by_name: dict[str, list[tuple[str, str]]] = {}
     for filename, label in rows:
