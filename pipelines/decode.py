@@ -105,7 +105,7 @@ class DecodeGroup(_Decoder):
     def process(self, element, layouts):
         (split, _), batches = element
         layout = layouts.get(split)
-        items = [Input._make(item) for batch in batches for item in batch]
+        items = [item for batch in batches for item in batch]
         keyed = sorted(((sharding.sort_key(self.seed, item.split, item.key), item) for item in items),
                        key=lambda pair: pair[0])
         spill = pointers = held = None
@@ -139,7 +139,7 @@ class DecodeBundle(_Decoder):
         self.pointers: dict[str, record_pointers.RecordPointers] = {}
 
     def process(self, element, layouts):
-        for item in map(Input._make, element):
+        for item in element:
             record = self._decode(item)
             if isinstance(record, beam.pvalue.TaggedOutput):
                 yield record

@@ -20,7 +20,7 @@ from shardprep.preprocess.record_pointers import SortKeys
 
 def add_sort_keys(keys: dict, items, seed: int) -> dict:
     """Appends every input's sort key to ``keys[split]`` (SortKeys, with the input's index in ``items``)."""
-    for index, item in enumerate(map(Input._make, items)):
+    for index, item in enumerate(items):
         if item.split not in keys:
             keys[item.split] = SortKeys(item.split)
         keys[item.split].append(sharding.sort_key(seed, item.split, item.key), index)
@@ -65,7 +65,7 @@ class AssignDecodeGroups(beam.DoFn):
         self.groups: dict[tuple[str, int], bytearray] = {}
 
     def process(self, batch: sources.InputBatch, boundaries):
-        items = [Input._make(item) for item in batch]
+        items = list(batch)
         for split, split_keys in add_sort_keys({}, items, self.seed).items():
             for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
                 packed = self.groups.setdefault((split, group), bytearray())

@@ -18,9 +18,8 @@ def uses_fixed_layout(config) -> bool:
     return config.encoding == "raw" and config.crop == "center"
 
 
-def record_key_bounds(item) -> tuple[str, tuple[int, int, int]]:
+def record_key_bounds(item: Input) -> tuple[str, tuple[int, int, int]]:
     """(split, (filename bytes, filename bytes, label)) of a listed input, combined into a split's layout bounds."""
-    item = Input._make(item)
     length = len(item.key.encode("utf-8"))
     return item.split, (length, length, item.label)
 

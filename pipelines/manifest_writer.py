@@ -3,12 +3,15 @@
 ``CountInputs`` counts what listing found (inputs and listing rejects), the other half of the check that every
 input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest last, once
 every shard is written and the spill folder is gone. What the manifest says is built by the function the graph
-passes in (``shardprep.pipelines.preprocess.build_manifest``), which also refuses an unaccounted-for input.
+passes in (``build_manifest`` below, with the run's config and plan bound), which also refuses an unaccounted-for
+input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check), ``check_strict``, ``document``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import json
 import uuid
 
@@ -17,9 +20,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines.common import PreprocessError
+from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
-from shardprep.preprocess import manifest
-from shardprep.preprocess.elements import Input, Reject
+from shardprep.preprocess import accounting, manifest, record_format, sharding
 
 
 class CountInputs(beam.PTransform):
@@ -27,8 +30,8 @@ class CountInputs(beam.PTransform):
 
     def expand(self, listed_and_rejects):
         listed, rejects = listed_and_rejects
-        return ((listed | "InputSplit" >> beam.Map(lambda item: Input._make(item).split),
-                 rejects | "ListingRejectSplit" >> beam.Map(lambda item: Reject._make(item).split))
+        return ((listed | "InputSplit" >> beam.Map(lambda item: item.split),
+                 rejects | "ListingRejectSplit" >> beam.Map(lambda item: item.split))
                 | "InputSplits" >> beam.Flatten()
                 | "Count" >> beam.combiners.Count.PerElement())
 
@@ -37,7 +40,7 @@ def write_rejects(rejects: list, output: str) -> dict:
     """Writes OUTPUT/rejects.jsonl (sorted by split and key) and returns {split: {reason: count}}."""
     summary: dict[str, dict[str, int]] = {}
     lines = []
-    for reject in map(Reject._make, sorted(rejects)):
+    for reject in sorted(rejects):
         summary.setdefault(reject.split, {}).setdefault(reject.reason, 0)
         summary[reject.split][reject.reason] += 1
         lines.append(json.dumps({"key": reject.key, "split": reject.split, "reason": reject.reason,
@@ -110,3 +113,125 @@ class WriteManifest(beam.PTransform):
         return (pbegin
                 | "ManifestTrigger" >> beam.Create([None])
                 | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views))
+
+
+# --- the manifest document --------------------------------------------------------------------------------------
+
+def build_manifest(config, plan, runner: str, shard_entries, input_counts, summary: sharding.RecordSummary,
+                   reject_summary, layouts: dict | None = None) -> dict:
+    """The manifest document; raises PreprocessError if any input is unaccounted for or --strict saw rejects.
+
+    ``config`` a PreprocessConfig, ``plan`` a planning.SourcePlan; the rest are WriteManifest's side inputs.
+    """
+    check_inputs_found(config, plan, input_counts, reject_summary)
+    splits, problems = split_entries(config, plan, shard_entries, input_counts, summary, reject_summary, layouts)
+    extra_splits = set(reject_summary) - set(plan.splits)
+    if extra_splits:
+        problems.append(f"rejects for unknown splits {sorted(extra_splits)}")
+    if problems:
+        raise PreprocessError("inputs are not all accounted for, no manifest written: " + "; ".join(problems))
+    check_strict(config, splits, reject_summary)
+    return document(config, plan, runner, splits, summary)
+
+
+def check_inputs_found(config, plan, input_counts, reject_summary) -> None:
+    """Refuses a run that writes nothing: a split whose every input was rejected, or no input at all."""
+    empty = [problem for split in plan.splits if (problem := accounting.empty_run_problem(
+        split, input_counts.get(split, 0), reject_summary.get(split, {}), config.labels_file, config.max_pixels))]
+    if not empty and not sum(input_counts.values()):
+        empty = [f"found no inputs in {config.source} (empty class folders, or TFRecords without records)"]
+    if empty:
+        raise PreprocessError(accounting.empty_run_message(empty, manifest.join(config.output, manifest.REJECTS_NAME)))
+
+
+def split_entries(config, plan, shard_entries, input_counts, summary: sharding.RecordSummary, reject_summary,
+                  layouts: dict | None) -> tuple[dict, list[str]]:
+    """({split: its manifest entry}, problems): per split, examples + rejects must equal inputs, and the shards must
+    hold the examples. A split whose every input was rejected gets its (empty) shard written here."""
+    classes = class_names(plan, summary)
+    counts_by_split: dict[str, dict[int, int]] = {}
+    for (split, label), n in summary.classes.items():
+        counts_by_split.setdefault(split, {})[label] = n
+    shards_by_split: dict[str, list[dict]] = {}
+    for entry in shard_entries:
+        shards_by_split.setdefault(entry["split"], []).append(entry)
+    splits, problems = {}, []
+    for split in plan.splits:
+        label_counts = counts_by_split.get(split, {})
+        num_examples = sum(label_counts.values())
+        rejected = reject_summary.get(split, {})
+        num_rejected = sum(rejected.values())
+        num_inputs = input_counts.get(split, 0)
+        if num_examples + num_rejected != num_inputs:
+            problems.append(f"split {split}: {num_inputs} inputs but {num_examples} written + {num_rejected} rejected")
+        entries = sorted(shards_by_split.get(split, []), key=lambda e: e["index"])
+        if not entries:  # a split whose every input was rejected still gets its (empty) shard
+            entries = [write_shard_file(config.output, split, 0, 1, [])]
+        if sum(e["num_examples"] for e in entries) != num_examples:
+            problems.append(f"split {split}: shards hold {sum(e['num_examples'] for e in entries)} records, "
+                            f"expected {num_examples}")
+        splits[split] = {
+            "num_inputs": num_inputs,
+            "num_examples": num_examples,
+            "num_rejected": num_rejected,
+            "rejected_by_reason": dict(sorted(rejected.items())),
+            "class_counts": {name: label_counts.get(i, 0) for i, name in enumerate(classes)},
+            "num_shards": len(entries),
+            "shards": [{k: e[k] for k in ("file", "num_examples", "num_bytes", "sha256")} for e in entries],
+        }
+        if (layouts or {}).get(split) is not None:
+            splits[split]["record_layout"] = layouts[split].to_json()
+    return splits, problems
+
+
+def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
+    """The planned class names, or "0".."max" for unnamed int labels."""
+    return list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
+
+
+def check_strict(config, splits: dict, reject_summary) -> None:
+    """--strict: any reject fails the run (no manifest)."""
+    total_rejected = sum(s["num_rejected"] for s in splits.values())
+    if not config.strict or not total_rejected:
+        return
+    reasons: dict[str, int] = {}
+    for by_reason in reject_summary.values():
+        for reason, n in by_reason.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    raise PreprocessError(
+        f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
+        f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
+
+
+def document(config, plan, runner: str, splits: dict, summary: sharding.RecordSummary) -> dict:
+    """The manifest document of an accounted-for run (keys in the order readers and the pinned bytes expect)."""
+    mean, std = sharding.pixel_statistics(summary.pixel_sums)
+    classes = class_names(plan, summary)
+    square = config.crop == "center"
+    return {
+        "format_version": manifest.FORMAT_VERSION,
+        "tool": manifest.TOOL,
+        "tool_version": manifest.tool_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": config.source,
+        "source_kind": plan.kind,
+        "options": {**dataclasses.asdict(config), "runner": runner},
+        "classes": classes,
+        "num_classes": len(classes),
+        "encoding": config.encoding,
+        "jpeg_quality": config.jpeg_quality if config.encoding == "jpeg" else None,
+        "shorter_side": config.shorter_side,
+        "crop": config.crop,
+        "image_height": config.shorter_side if square else None,
+        "image_width": config.shorter_side if square else None,
+        "channels": record_format.CHANNELS,
+        "seed": config.seed,
+        "splits": splits,
+        "num_inputs": sum(s["num_inputs"] for s in splits.values()),
+        "num_examples": sum(s["num_examples"] for s in splits.values()),
+        "num_rejected": sum(s["num_rejected"] for s in splits.values()),
+        "rejects_file": manifest.REJECTS_NAME,
+        "stats_split": plan.stats_split,
+        "mean_rgb": mean,
+        "std_rgb": std,
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from shardprep.preprocess.elements import Reject
 from shardprep.preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
 # Reject reasons of entries the listing does not read.
@@ -21,9 +22,9 @@ _SKIPPED_DETAIL = {
 }
 
 
-def skipped_reject(split: str, key: str, reason: str, where: str = "") -> tuple[str, str, str, str]:
-    """(split, key, reason, detail) of an entry the listing skipped."""
-    return split, key, reason, _SKIPPED_DETAIL[reason] + where
+def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
+    """The Reject of an entry the listing skipped."""
+    return Reject(split, key, reason, _SKIPPED_DETAIL[reason] + where)
 
 
 def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> SourceError:

@@ -1,8 +1,7 @@
 """The typed elements that flow between the preprocess job's stages (no Beam here).
 
-``Input`` and ``Reject`` are NamedTuples, so code that still builds plain ``(split, key, label, path, data)`` or
-``(split, key, reason, detail)`` tuples interoperates with them; stages read them by attribute through
-:meth:`Input._make` / :meth:`Reject._make`. The other element types live beside their code:
+``Input`` and ``Reject`` are NamedTuples: the listing (``shardprep.pipelines.listing``) makes them, and every stage
+after it reads them by attribute. The other element types live beside their code:
 ``sources.InputBatch`` (inputs packed for a shuffle), ``record_pointers.SortKeys`` (listed inputs' sort keys),
 ``record_pointers.RecordPointers`` (written records' sort keys and places), ``sharding.RecordSummary`` (counts,
 bytes, pixel sums) and ``record_format.FixedLayout`` (a split's one record length).

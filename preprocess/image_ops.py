@@ -18,13 +18,12 @@ import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 from shardprep.preprocess import limits
+from shardprep.preprocess.config import CROPS, DEFAULT_MAX_PIXELS, ENCODINGS  # noqa: F401 - image_ops.CROPS etc.
 
 RESAMPLE = Image.Resampling.BICUBIC
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
-DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb threshold (2x its warning limit)
 JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
-CROPS = ("center", "none")
 
 # The pipeline enforces its own --max-pixels before decoding; Pillow's global guard would otherwise warn or raise
 # with a different threshold.
@@ -74,7 +73,7 @@ class ProcessOptions:
             raise ValueError("shorter_side must be positive")
         if self.crop not in CROPS:
             raise ValueError(f"crop must be one of {CROPS}")
-        if self.encoding not in ("raw", "jpeg"):
+        if self.encoding not in ENCODINGS:
             raise ValueError("encoding must be raw or jpeg")
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError("jpeg_quality must be in 1..100")

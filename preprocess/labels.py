@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from shardprep.preprocess import accounting, names, sources
+from shardprep.preprocess.elements import Reject
 
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
@@ -35,8 +36,8 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
 
 def join(files, rows, labels_split: str):
     """Flat image files ``(split, key, path)`` and labels-file rows ``(filename, label)`` whose file names are equal
-    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", (split, key,
-    reason, detail))`` per file without one label and per row without its file. Names must match exactly: a pair
+    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", Reject)`` per
+    file without one label and per row without its file. Names must match exactly: a pair
     that differs only in case is two ``case_mismatch`` rejects."""
     by_name: dict[str, list[tuple[str, str]]] = {}
     for filename, label in rows:
@@ -47,12 +48,12 @@ def join(files, rows, labels_split: str):
         found = sorted({label for _, label in by_name.get(name, ())})
         if not found and rows:
             others = ", ".join(sorted({filename for filename, _ in rows}))
-            yield "reject", (split, key, accounting.CASE_MISMATCH,
+            yield "reject", Reject(split, key, accounting.CASE_MISMATCH,
                              f"the labels file names {others}, which differs only in case; names must match exactly")
         elif not found:
-            yield "reject", (split, key, "no_label", f"{name} is not in the labels file")
+            yield "reject", Reject(split, key, "no_label", f"{name} is not in the labels file")
         elif len(found) > 1:
-            yield "reject", (split, key, "conflicting_labels", f"labels file gives {', '.join(found)}")
+            yield "reject", Reject(split, key, "conflicting_labels", f"labels file gives {', '.join(found)}")
         else:
             yield "input", split, key, found[0], path
     for filename, label in sorted(rows):
@@ -60,9 +61,9 @@ def join(files, rows, labels_split: str):
             continue
         key = f"labels-file:{filename}"
         if files:
-            yield "reject", (labels_split, key, accounting.CASE_MISMATCH,
+            yield "reject", Reject(labels_split, key, accounting.CASE_MISMATCH,
                              f"labels file row {filename},{label}: the source folder has "
                              f"{', '.join(sorted(file_names))}, which differs only in case; names must match exactly")
         else:
-            yield "reject", (labels_split, key, "missing_file",
+            yield "reject", Reject(labels_split, key, "missing_file",
                              f"labels file row {filename},{label} names no image in the source folder")

@@ -19,6 +19,7 @@ Shard ``file`` entries are relative to the dataset folder.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import posixpath
 
@@ -27,6 +28,12 @@ MANIFEST_NAME = "manifest.json"
 REJECTS_NAME = "rejects.jsonl"
 LOCK_NAME = ".shardprep.lock"
 SHARD_SUFFIX = ".tfrecord"
+TOOL = "shardprep"
+
+
+def tool_version() -> str:
+    """The installed shardprep's version (its distribution's metadata), the manifest's and reports' ``tool_version``."""
+    return importlib.metadata.version(TOOL)
 
 
 class ManifestError(ValueError):

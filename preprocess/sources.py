@@ -17,10 +17,13 @@ import io
 import os
 import re
 
+from shardprep.preprocess.elements import Input
+
 # Folder names taken as splits when every sub-folder of SOURCE has one of them.
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
-# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016
-_TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5}-of-\d{5})?$")
+# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (TFDS writes shard numbers as %05d: 5 digits or more).
+# The one rule for the split in a TFRecord file name: the preprocess job's planning and validate both use it.
+_TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?$")
 
 
 class SourceError(ValueError):
@@ -48,9 +51,29 @@ class SourceSpec:
 
 
 def split_from_tfrecord_name(filename: str) -> str | None:
-    """The split in a TFDS-style file name (``imagenette-train.tfrecord-00000-of-00016`` gives ``train``)."""
+    """The split in a TFDS-style file name or path (``imagenette-train.tfrecord-00000-of-00016`` gives ``train``),
+    or None for a file not named that way."""
     match = _TFDS_FILE_SPLIT.search(filename.rsplit("/", 1)[-1])
     return match.group(1) if match else None
+
+
+def source_key(root: str, path: str) -> str:
+    """A file's source key: its path relative to SOURCE."""
+    return path[len(root):].lstrip("/") if path.startswith(root) else path
+
+
+def is_utf8(text: str) -> bool:
+    """False for a name that the OS gave with undecodable bytes (Python's surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_key(name: str) -> str:
+    """``name`` with the bytes that are not UTF-8 shown as backslash-x escapes (``b\\xff.jpg``)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def is_hidden(name: str) -> bool:
@@ -149,7 +172,7 @@ def labels_key(filename: str) -> str:
 
 
 class InputBatch:
-    """A few listed inputs ``(split, source key, label, path, bytes or None)`` packed for the trip to the decoder.
+    """A few listed ``Input``s packed for the trip to the decoder; iterating gives them back as ``Input``s.
 
     Pickles as a handful of strings: splits, keys and paths each as their common prefix (the batch's folder,
     mostly) and the joined rest. The runner's shuffle then holds a few objects and ~20 bytes per input, not a tuple
@@ -189,7 +212,8 @@ class InputBatch:
         count, splits, keys, labels, paths, data = self._state
         path_list = [p or None for p in self._unpack(paths, count)] if paths is not None else [None] * count
         data_list = data if data is not None else [None] * count
-        return iter(list(zip(self._unpack(splits, count), self._unpack(keys, count), labels, path_list, data_list)))
+        return iter(list(map(Input._make, zip(self._unpack(splits, count), self._unpack(keys, count), labels,
+                                              path_list, data_list))))
 
     def __getstate__(self):
         return self._state

@@ -226,6 +226,16 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
     assert 0 < prepared["planning_requests"] < VAL_FILES, prepared["planning_requests"]
 
 
+def test_a_source_that_cannot_be_listed_says_why(storage):
+    """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
+    for source, message in ((f"gs://no-such-bucket-{storage.bucket}/imagenet",
+                             f"Error: gs://no-such-bucket-{storage.bucket}/imagenet does not exist: the bucket "
+                             f"gs://no-such-bucket-{storage.bucket} does not exist"),
+                            (gs(storage, "no-such-folder"), f"Error: {gs(storage, 'no-such-folder')} does not exist")):
+        result = run_shardprep(storage, "preprocess", source, gs(storage, "unwritten"), "--quiet", expect_exit=1)
+        assert result.stderr.strip().splitlines()[-1] == message, result.stderr[-3000:]
+
+
 def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     bucket = storage.client().bucket(storage.bucket)
     bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
@@ -381,7 +391,7 @@ def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(s
     pipeline = beam_runner_api_pb2.Pipeline.FromString(
         read_object(storage, options["pipelineUrl"].split(f"gs://{storage.bucket}/", 1)[1]))
     stages = {t.unique_name for t in pipeline.components.transforms.values()}
-    assert {"DecodeResizeEncode", "WriteShards", "WriteManifest", "JoinLabels"} <= stages
+    assert {"DecodeResizeEncode", "WriteShards", "WriteManifest", "ListInputs/FlatFiles/JoinLabels"} <= stages
 
 
 def test_proxy_forwards_only_cloud_storage(storage):

@@ -265,9 +265,8 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
 
 # Functions that run on the launcher only and import what workers do not install: (file, function) -> imports.
 LAUNCHER_ONLY = {
-    ("pipelines/preprocess.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/preprocess.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
-    ("pipelines/preprocess.py", "run"): {"shardprep.commands.preprocess"},  # the CLI, for run() callers
+    ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
+    ("pipelines/planning.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
     ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }

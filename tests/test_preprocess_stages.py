@@ -55,7 +55,7 @@ def shard_filenames(path) -> list[str]:
 def test_fixed_layouts_fit_every_key_and_label_of_a_split():
     inputs = [Input("train", "a/x.png", 0, "/s/a/x.png", None),
               Input("train", "a/longer.png", 3, "/s/a/longer.png", None),
-              ("val", "v.png", 1, "/s/v.png", None)]  # plain tuples from the listing still work
+              Input("val", "v.png", 1, "/s/v.png", None)]
     with pipeline() as p:
         layouts = p | beam.Create(inputs) | FixedLayouts(8)
         assert_that(layouts, equal_to([
@@ -191,14 +191,14 @@ def test_write_shards_adopts_a_whole_group_file_and_streams_the_rest(tmp_path):
 
 def test_count_inputs_counts_listed_inputs_and_listing_rejects_per_split():
     with pipeline() as p:
-        inputs = p | "Inputs" >> beam.Create([Input("train", "a", 0, "/a", None), ("train", "b", 0, "/b", None),
+        inputs = p | "Inputs" >> beam.Create([Input("train", "a", 0, "/a", None), Input("train", "b", 0, "/b", None),
                                               Input("val", "c", 1, "/c", None)])
         rejects = p | "Rejects" >> beam.Create([Reject("val", "d", "no_label", "")])
         assert_that((inputs, rejects) | CountInputs(), equal_to([("train", 2), ("val", 2)]))
 
 
 def test_write_rejects_writes_sorted_lines_and_counts_reasons(tmp_path):
-    rejects = [Reject("val", "b", "unreadable", "x"), ("train", "z", "no_label", "y"),
+    rejects = [Reject("val", "b", "unreadable", "x"), Reject("train", "z", "no_label", "y"),
                Reject("val", "a", "unreadable", "w")]
     with pipeline() as p:
         summary = p | beam.Create(rejects) | WriteRejects(str(tmp_path))

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from shardprep.pipelines import manifest_writer, spill
 from shardprep.pipelines import preprocess as job
+from shardprep.pipelines.common import METRICS_NAMESPACE
 from shardprep.pipelines import runner as runners
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format, sharding, tfrecord_io
@@ -385,7 +386,7 @@ def test_shard_assignment_work_per_worker_stays_bounded_as_the_dataset_grows(tmp
         result = pipeline.run()
         result.wait_until_finish()
         (bucket_keys,) = result.metrics().query(
-            MetricsFilter().with_namespace(job.METRICS_NAMESPACE).with_name("boundary_bucket_keys"))["distributions"]
+            MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name("boundary_bucket_keys"))["distributions"]
         sizes = bucket_keys.committed
         assert sizes.count == sharding.num_buckets(num_inputs) == -(-num_inputs // target)  # one call per bucket
         assert sizes.sum == num_inputs  # every key went through exactly one bucket

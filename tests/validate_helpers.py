@@ -15,10 +15,11 @@ from shardprep.preprocess.tfrecord_io import frame, read_records
 
 def preprocess(source: pathlib.Path, output: pathlib.Path, *options: str) -> dict:
     """Runs the real preprocess job in-process (one worker, no subprocesses) and returns its manifest."""
-    from shardprep.pipelines import preprocess as job
+    from shardprep.commands.preprocess import command
 
-    return job.run([str(source), str(output), "--shorter-side", "32", "--num-shards", "2", "--quiet", *options,
-                    "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"])
+    return command.main(args=[str(source), str(output), "--shorter-side", "32", "--num-shards", "2", "--quiet",
+                              *options, "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                        prog_name="shardprep preprocess", standalone_mode=False)
 
 
 def read_shard(shard: pathlib.Path) -> list[ImageRecord]:

@@ -8,8 +8,7 @@ import traceback
 import click
 
 from shardprep.display import LiveProgress, console
-
-DEFAULT_MAX_PIXELS = 178_956_970  # preprocess.image_ops.DEFAULT_MAX_PIXELS, repeated to keep --help import-free
+from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig, default
 
 HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
 
@@ -29,27 +28,30 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 @click.command("preprocess", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
-@click.option("--shorter-side", default=256, show_default=True, type=click.IntRange(min=1),
+@click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
               help="Resize so the shorter side has this many pixels (Pillow BICUBIC, antialiased).")
-@click.option("--crop", type=click.Choice(["center", "none"]), default="center", show_default=True,
+@click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
-@click.option("--encoding", type=click.Choice(["raw", "jpeg"]), default="raw", show_default=True,
+@click.option("--encoding", type=click.Choice(ENCODINGS), default=default("encoding"), show_default=True,
               help="raw: uint8 HxWx3 bytes (no decode at train time); jpeg: smaller shards.")
-@click.option("--jpeg-quality", default=90, show_default=True, type=click.IntRange(1, 100))
+@click.option("--jpeg-quality", default=default("jpeg_quality"), show_default=True, type=click.IntRange(1, 100))
 @click.option("--num-shards", type=click.IntRange(min=1), default=None,
               help="Shards per split [default: a power of two giving 100-200 MB shards].")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the record order within and across shards.")
-@click.option("--max-pixels", default=DEFAULT_MAX_PIXELS, show_default=True, type=click.IntRange(min=1),
+@click.option("--seed", default=default("seed"), show_default=True, type=int,
+              help="Seed of the record order within and across shards.")
+@click.option("--max-pixels", default=default("max_pixels"), show_default=True, type=click.IntRange(min=1),
               help="Reject images with more pixels than this before decoding (decompression bombs).")
 @click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders.")
-@click.option("--split", default="train", show_default=True,
+@click.option("--split", default=default("split"), show_default=True,
               help="Split name for single-split sources (a folder of class folders, TFRecords without a split in their name).")
 @click.option("--labels-split", default=None,
               help="Split that --labels-file rows naming missing images are counted in [default: validation/val/test if present].")
 @click.option("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: source.")
 @click.option("--tfds-download", is_flag=True, help="Allow a tfds: source to download and prepare the dataset.")
-@click.option("--image-key", default="image", show_default=True, help="Image bytes feature of tfrecord:/tfds: records.")
-@click.option("--label-key", default="label", show_default=True, help="int64 label feature of tfrecord:/tfds: records.")
+@click.option("--image-key", default=default("image_key"), show_default=True,
+              help="Image bytes feature of tfrecord:/tfds: records.")
+@click.option("--label-key", default=default("label_key"), show_default=True,
+              help="int64 label feature of tfrecord:/tfds: records.")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
@@ -69,7 +71,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT")
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
-    config = job.PreprocessConfig(
+    config = PreprocessConfig(
         source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,

@@ -1,0 +1,200 @@
+"""Listing: the planned source into typed elements, ``Input`` per image to read and ``Reject`` per entry that gives
+none (``shardprep.preprocess.elements``).
+
+``ListInputs`` is the pipeline's first stage: the start of the pipeline -> ``{"inputs": Input, "rejects": Reject}``.
+
+* A folder: one element per class directory (``ListClassDirectory``, spread over the workers so that listing runs in
+  parallel); flat files (no class folder) keyed by file name and joined with the labels file's rows
+  (``ListFlatDirectory``, ``JoinLabels``); the hidden entries planning skipped.
+* ``tfrecord:`` and ``tfds:``: one element per file (``read_tfrecords.ReadTFRecordFile``); these Inputs carry the
+  image bytes (``data``), the others a ``path``.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from shardprep.pipelines import progress
+from shardprep.pipelines.read_tfrecords import ReadTFRecordFile
+from shardprep.pipelines.storage import is_local
+from shardprep.preprocess import accounting, labels, manifest, sources
+from shardprep.preprocess.elements import REJECTS, Input, Reject
+
+
+class ListInputs(beam.PTransform):
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: everything the planned source holds, each
+    input once, with the rejects listing finds (hidden entries, bad file names, labels-file mismatches, bad records).
+    """
+
+    def __init__(self, config, plan, progress_dir: str | None = None):
+        super().__init__()
+        self.config, self.plan, self.progress_dir = config, plan, progress_dir
+
+    def expand(self, pbegin):
+        plan, config = self.plan, self.config
+        if plan.kind in ("tfds", "tfrecord"):
+            return pbegin | "TFRecordFiles" >> ListTFRecordFiles(
+                plan.tfrecord_files, config.image_key, config.label_key, len(plan.classes) if plan.classes else None,
+                self.progress_dir)
+        root = sources.SourceSpec.parse(config.source).location
+        class_index = {name: i for i, name in enumerate(plan.classes)}
+        listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, self.progress_dir)
+        rejects = [listed["rejects"]]
+        if plan.skipped:  # hidden entries seen when planning
+            rejects.append(pbegin | "SkippedEntries" >> beam.Create(list(plan.skipped)))
+        if not plan.flat_dirs and not config.labels_file:
+            return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
+        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
+            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or config.split, self.progress_dir)
+        return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
+                "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
+
+
+class ListTFRecordFiles(beam.PTransform):
+    """The pipeline's start -> {"inputs": Input with data, "rejects": Reject}: ``files`` ((split, file) pairs)
+    spread over the workers, each read where it lands (its images are decoded there too)."""
+
+    def __init__(self, files, image_key: str, label_key: str, num_classes: int | None, progress_dir: str | None):
+        super().__init__()
+        self.files = list(files)
+        self.reader = ReadTFRecordFile(image_key, label_key, num_classes, progress_dir)
+
+    def expand(self, pbegin):
+        read = (pbegin
+                | "Files" >> beam.Create(self.files, reshuffle=False)  # (split, file)
+                | "SpreadFiles" >> beam.Reshuffle()
+                | "ReadTFRecordFile" >> beam.ParDo(self.reader).with_outputs(REJECTS, main="inputs"))
+        return {"inputs": read.inputs, "rejects": read[REJECTS]}
+
+
+class ListClassDirectories(beam.PTransform):
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of each class directory
+    ``(split, class name, directory)``, labelled by ``class_index``."""
+
+    def __init__(self, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
+        super().__init__()
+        self.class_dirs = list(class_dirs)
+        self.lister = ListClassDirectory(root, class_index, progress_dir)
+
+    def expand(self, pbegin):
+        listed = (pbegin
+                  | "Directories" >> beam.Create(self.class_dirs, reshuffle=False)  # (split, class, directory)
+                  | "SpreadDirectories" >> beam.Reshuffle()
+                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_outputs(REJECTS, main="inputs"))
+        return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
+
+
+class ListLabelledFiles(beam.PTransform):
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of ``flat_dirs`` ((split, directory))
+    paired with the labels file's rows (``label_rows``, read when planning) by case-folded file name. A file without
+    a row, a row without a file and names differing only in case are rejects."""
+
+    def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
+                 progress_dir: str | None):
+        super().__init__()
+        self.root, self.flat_dirs, self.label_rows = root, list(flat_dirs), list(label_rows)
+        self.joiner = JoinLabels(class_index, labels_split, progress_dir)
+
+    def expand(self, pbegin):
+        flat = (pbegin
+                | "Directories" >> beam.Create(self.flat_dirs)  # (split, directory)
+                | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(self.root)).with_outputs(REJECTS, main="files"))
+        # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
+        rows = pbegin | "LabelRows" >> beam.Create(self.label_rows)  # (case-folded name, (filename, label))
+        joined = ({"files": flat.files, "rows": rows}
+                  | "JoinLabels" >> beam.CoGroupByKey()
+                  | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
+                  | "CheckLabels" >> beam.ParDo(self.joiner).with_outputs(REJECTS, main="inputs"))
+        return {"inputs": joined.inputs,
+                "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
+
+
+class ListClassDirectory(beam.DoFn):
+    """(split, class name, directory) -> an Input per image file in it or its sub-folders; Rejects (``REJECTS``)
+    for hidden entries, links to folders and file names that are not UTF-8."""
+
+    def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
+        self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, element):
+        split, class_name, directory = element
+        paths, skipped = list_files(directory, recursive=True)  # nested folders belong to the class too
+        for path, reason in skipped:
+            self.progress.add()
+            yield beam.pvalue.TaggedOutput(REJECTS, accounting.skipped_reject(
+                split, sources.printable_key(sources.source_key(self.root, path)), reason))
+        for path in paths:
+            self.progress.add()
+            key = sources.source_key(self.root, path)
+            if not sources.is_utf8(path):
+                yield _bad_file_name_reject(split, key)
+            else:
+                yield Input(split, key, self.class_index[class_name], path, None)
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+class ListFlatDirectory(beam.DoFn):
+    """(split, directory) -> (case-folded file name, (split, source key, path)) per image in it, for the join with
+    the labels file; file names that are not UTF-8 are Rejects (``REJECTS``)."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def process(self, element):
+        split, directory = element
+        for path in list_files(directory)[0]:  # hidden entries here became rejects when planning
+            if not sources.is_utf8(path):
+                yield _bad_file_name_reject(split, sources.source_key(self.root, path))
+            else:  # grouped with rows by case-folded name, so that names differing only in case are told apart
+                yield sources.labels_key(path).casefold(), (split, sources.source_key(self.root, path), path)
+
+
+class JoinLabels(beam.DoFn):
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with exactly one label;
+    a file without a row, or a row without a file, is a Reject (``REJECTS``)."""
+
+    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None):
+        self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, element):
+        _, (files, rows) = element  # keyed by the case-folded file name
+        for kind, *fields in labels.join(files, rows, self.labels_split):
+            self.progress.add()
+            if kind == "reject":
+                yield beam.pvalue.TaggedOutput(REJECTS, fields[0])
+            else:
+                split, key, label, path = fields
+                yield Input(split, key, self.class_index[label], path, None)
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+def _bad_file_name_reject(split: str, key: str):
+    # Records, the runner's coders and rejects.jsonl all need text.
+    return beam.pvalue.TaggedOutput(REJECTS, Reject(
+        split, sources.printable_key(key), "bad_file_name", "the file name is not valid UTF-8: rename the file"))
+
+
+def list_files(directory: str, recursive: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the input files in ``directory`` and, when ``recursive``, its sub-folders; (path, reject reason) of what is
+    not read: hidden files and folders, and links to folders inside it).
+
+    Everything else that is not a folder is listed, links to missing files and special files included: reading them
+    turns them into "unreadable" rejects instead of letting them vanish unseen.
+    """
+    if is_local(directory):
+        return accounting.walk_local(directory, recursive)
+    pattern = manifest.join(directory, "**" if recursive else "*")
+    paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
+    hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}
+    return sorted(set(paths) - hidden), sorted((path, accounting.HIDDEN_FILE) for path in hidden)
