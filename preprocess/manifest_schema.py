@@ -2,15 +2,15 @@
 
 :func:`shape_problems` returns human-readable problems (``"<path in the document>: <what is wrong>"``) for a loaded
 manifest dict, so that a hand-edited or damaged manifest is reported, not met as a crash deep in a reader. Every
-manifest ``shardprep.pipelines.preprocess.build_manifest`` writes has none.
+manifest ``shardprep.pipelines.manifest_writer.build_manifest`` writes has none.
 """
 
 from __future__ import annotations
 
 import re
 
-ENCODINGS = ("raw", "jpeg")
-CROPS = ("center", "none")
+from shardprep.preprocess.config import CROPS, ENCODINGS
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _LAYOUT_KEYS = ("record_bytes", "image_offset", "label_offset")
 

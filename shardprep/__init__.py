@@ -1,3 +1,5 @@
 """The ``shardprep`` command line."""
 
-__version__ = "0.1.0"
+from shardprep.preprocess.manifest import tool_version
+
+__version__ = tool_version()  # the installed distribution's version (setup.py), read from its metadata

@@ -203,3 +203,24 @@ def test_read_only_places_are_refused_even_when_run_as_root(data, tmp_path, monk
     refused(train(data, tmp_path, "--output-dir", tmp_path / "locked" / "run"), "--output-dir", "permission denied")
     refused(["demo-data", tmp_path / "locked" / "demo"], "permission denied")
     assert listing(tmp_path / "locked") == []
+
+
+def rename_split(m, old, new):
+    m["splits"][new] = m["splits"].pop(old)
+
+
+@pytest.mark.parametrize("name", ["val", "test"])
+def test_train_finds_the_validation_split_without_a_flag(data, name):
+    """A DIR/train + DIR/val dataset trains with no split flags: validation, then val, then test is used."""
+    from shardprep.train import preflight
+
+    edit_manifest(data, lambda m: rename_split(m, "validation", name))
+    manifest = preflight.check(str(data), "train", None)
+    assert preflight.validation_split(manifest, None, str(data)) == name
+    assert preflight.validation_split(manifest, "train", str(data)) == "train"  # --val-split still decides
+
+
+def test_train_without_a_validation_split_names_the_flag(data, tmp_path):
+    edit_manifest(data, lambda m: rename_split(m, "validation", "holdout"))
+    refused(train(data, tmp_path), "has no split named validation, val or test", "splits: train, holdout",
+            "pass --val-split")

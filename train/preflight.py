@@ -137,9 +137,26 @@ def _check_image_size(manifest: dict, image_size: int, data_dir: str) -> None:
                              f"preprocess with --shorter-side {image_size} or more")
 
 
-def check(data_dir: str, train_split: str, val_split: str, output_dir: str | None = None, *,
+VALIDATION_SPLITS = ("validation", "val", "test")  # tried in this order when --val-split is not given
+
+
+def validation_split(manifest: dict, requested: str | None, data_dir: str) -> str:
+    """``requested``, or the dataset's first split named like a validation split (``VALIDATION_SPLITS``)."""
+    if requested is not None:
+        return requested
+    found = next((name for name in VALIDATION_SPLITS if name in manifest["splits"]), None)
+    if found is None:
+        raise PreflightError(f"{data_dir} has no split named {', '.join(VALIDATION_SPLITS[:-1])} or "
+                             f"{VALIDATION_SPLITS[-1]} (splits: {', '.join(manifest['splits']) or 'none'}); "
+                             "pass --val-split with the split to evaluate on")
+    return found
+
+
+def check(data_dir: str, train_split: str, val_split: str | None, output_dir: str | None = None, *,
           image_size: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
     """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest.
+
+    ``val_split`` None: the first of ``VALIDATION_SPLITS`` the dataset has (:func:`validation_split`).
 
     With ``image_size``, refuses a crop larger than the stored images; with ``output_dir``, refuses a non-empty
     local folder unless ``resume`` or ``overwrite`` (and, with ``overwrite``, one holding files a run does not write).
@@ -155,6 +172,7 @@ def check(data_dir: str, train_split: str, val_split: str, output_dir: str | Non
         raise PreflightError(f"{manifest_path} lists no classes, so there is nothing to train; rerun preprocess on "
                              "a source with class folders or labels")
     splits = manifest["splits"]
+    val_split = validation_split(manifest, val_split, data_dir)
     present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info['num_examples']:,}"
                                                            for name, info in splits.items())) if splits else "none"
     for option, split in (("--train-split", train_split), ("--val-split", val_split)):

@@ -16,9 +16,8 @@ FOUND_FILES_LISTED = 50  # how many leftover files a manifest_missing problem (a
 
 
 def report_base(data: str, kind: str) -> dict:
-    from shardprep import __version__
-
-    return {"ok": False, "data": data, "kind": kind, "tool": "shardprep validate", "tool_version": __version__}
+    return {"ok": False, "data": data, "kind": kind, "tool": "shardprep validate",
+            "tool_version": manifest_lib.tool_version()}
 
 
 def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:

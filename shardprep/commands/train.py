@@ -50,8 +50,9 @@ def _epoch_list(ctx, param, value):
               help="Scales every layer's channels; 1.0 is ResNet-18 (small values for quick experiments).")
 @click.option("--train-split", default="train", show_default=True,
               help="The split to train on (a split of DATA's manifest.json).")
-@click.option("--val-split", default="validation", show_default=True,
-              help="The split evaluated after every epoch (e.g. val for a source with a val/ folder).")
+@click.option("--val-split", default=None,
+              help="The split evaluated after every epoch [default: the dataset's validation, val or test split, "
+                   "the first found].")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
@@ -95,8 +96,9 @@ def command(data, overwrite, **options):
     if overwrite and options["resume"]:
         raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
     try:
-        preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
-                        image_size=options["image_size"], resume=options["resume"], overwrite=overwrite)
+        manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
+                                   image_size=options["image_size"], resume=options["resume"], overwrite=overwrite)
+        options["val_split"] = preflight.validation_split(manifest, options["val_split"], data)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
     if overwrite:
