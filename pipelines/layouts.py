@@ -1,6 +1,6 @@
 """Fixed record layouts: raw centre crops are all S*S*3 bytes, so each split's records get one length.
 
-A split's ``record_format.FixedLayout`` must fit every key and label of the split, so it is found from the listed
+A split's ``fixed_layout.FixedLayout`` must fit every key and label of the split, so it is found from the listed
 inputs before decoding (``FixedLayouts``); it also makes the split's bytes, and thus its shard count, known up
 front. TFRecord sources have keys ``FILE:INDEX`` whose bounds are known from the file names alone.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from shardprep.preprocess import record_format
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.elements import Input
 
 
 def uses_fixed_layout(config) -> bool:
-    """Raw centre crops are all S*S*3 bytes, so their records get one length (record_format.FixedLayout)."""
+    """Raw centre crops are all S*S*3 bytes, so their records get one length (fixed_layout.FixedLayout)."""
     return config.encoding == "raw" and config.crop == "center"
 
 
@@ -30,9 +30,9 @@ def merge_key_bounds(bounds) -> tuple[int, int, int]:
     return min(b[0] for b in bounds), max(b[1] for b in bounds), max(b[2] for b in bounds)
 
 
-def fixed_layout(split_bounds, side: int) -> tuple[str, record_format.FixedLayout]:
+def fixed_layout(split_bounds, side: int) -> tuple[str, FixedLayout]:
     split, (shortest, longest, max_label) = split_bounds
-    return split, record_format.FixedLayout.for_records(side, side, (shortest, longest), max_label)
+    return split, FixedLayout.for_records(side, side, (shortest, longest), max_label)
 
 
 class FixedLayouts(beam.PTransform):
@@ -58,6 +58,6 @@ def tfrecord_layouts(config, plan) -> dict:
     for split, path in plan.tfrecord_files:
         names.setdefault(split, []).append(len(path.rsplit("/", 1)[-1].encode("utf-8")))
     index_digits = len(str((1 << 63) - 1))
-    return {split: record_format.FixedLayout.for_records(
+    return {split: FixedLayout.for_records(
                 config.shorter_side, config.shorter_side, (min(lengths) + 2, max(lengths) + 1 + index_digits), max_label)
             for split, lengths in names.items()}

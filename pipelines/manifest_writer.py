@@ -9,11 +9,9 @@ input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
-import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -22,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
+from shardprep.pipelines.storage import atomic_write
 from shardprep.preprocess import accounting, manifest, record_format, sharding
 
 
@@ -84,15 +83,9 @@ class WriteManifestFile(beam.DoFn):
         path = manifest.join(self.output, manifest.MANIFEST_NAME)
         # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
         # never an empty or partial one where readers look for the mark of a complete dataset.
-        temporary = manifest.join(self.output, f".tmp-{uuid.uuid4().hex}-{manifest.MANIFEST_NAME}")
         try:
-            with FileSystems.create(temporary, mime_type="application/json",
-                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                f.write(manifest.to_json(document).encode("utf-8"))
-            FileSystems.rename([temporary], [path])
+            atomic_write(path, manifest.to_json(document).encode("utf-8"), mime_type="application/json")
         except Exception as e:
-            with contextlib.suppress(Exception):
-                FileSystems.delete([temporary])
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
         yield document
 

@@ -15,6 +15,8 @@ import threading
 import time
 import uuid
 
+from shardprep.pipelines.storage import TEMPORARY_PREFIX, atomic_write
+
 
 class ProgressReporter:
     """Workers of a local run write their running counts to small files the launcher polls; a no-op elsewhere."""
@@ -41,10 +43,7 @@ class ProgressReporter:
             return
         if self._path is None:
             self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
-        tmp = self._path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(self.count))
-        os.replace(tmp, self._path)
+        atomic_write(self._path, str(self.count).encode())  # the launcher never reads half a number
 
 
 def read_progress(directory: str) -> dict[str, int]:
@@ -55,7 +54,7 @@ def read_progress(directory: str) -> dict[str, int]:
     except FileNotFoundError:
         return totals
     for name in names:
-        if name.endswith(".tmp"):
+        if name.startswith(TEMPORARY_PREFIX):
             continue
         try:
             with open(os.path.join(directory, name)) as f:

@@ -9,17 +9,13 @@ records re-padded so that only its last is a shard's end), written under a tempo
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import uuid
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
-from shardprep.pipelines.storage import is_local
+from shardprep.pipelines.storage import atomic_write, is_local
 from shardprep.pipelines.spill import SpillReader
 from shardprep.preprocess import manifest, record_pointers, sharding
 
@@ -98,20 +94,9 @@ def write_shard_file(output: str, split: str, shard: int, shards: int, framed_re
     """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
     relative = manifest.shard_path(split, shard, shards)
     final = manifest.join(output, relative)
-    temporary = manifest.join(output, split, f".tmp-{uuid.uuid4().hex}-{manifest.shard_name(split, shard, shards)}")
-    digest, num_bytes, num_examples = hashlib.sha256(), 0, 0
     try:
-        with FileSystems.create(temporary, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for framed in framed_records:
-                f.write(framed)
-                digest.update(framed)
-                num_bytes += len(framed)
-                num_examples += 1
-        FileSystems.rename([temporary], [final])
+        written = atomic_write(final, framed_records)
     except Exception as e:
-        with contextlib.suppress(Exception):
-            FileSystems.delete([temporary])
         raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
-    return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
-            "num_bytes": num_bytes, "sha256": digest.hexdigest()}
+    return {"split": split, "index": shard, "file": relative, "num_examples": written.num_chunks,
+            "num_bytes": written.num_bytes, "sha256": written.sha256}

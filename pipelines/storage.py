@@ -6,6 +6,7 @@ Every check here runs on the launching machine before anything under OUTPUT is c
 * ``check_apart``: OUTPUT never equals, contains or lies inside an input (SOURCE, each ``tfrecord:`` file and its
   glob's folder, ``--labels-file``, a ``tfds:`` data dir). Local paths are compared as resolved real paths
   (symlinks, ``..``, ``.``, trailing slashes), remote ones (``gs://``) as normalized prefixes.
+* ``atomic_write``: every file a run finishes (a streamed shard, the manifest) appears whole or not at all.
 * ``prepare_output``: a non-empty OUTPUT needs ``--overwrite``, and ``--overwrite`` deletes only what a shardprep
   run writes (``deletable``); a folder holding anything else is refused, naming it, and nothing is deleted.
 """
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import posixpath
 import re
+import uuid
+from typing import Iterable, NamedTuple
 
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess import manifest
@@ -34,6 +39,47 @@ class OutputError(RuntimeError):
 def is_local(path: str) -> bool:
     """True for a path on this machine's file system (no scheme, or file://)."""
     return FileSystems.get_scheme(path) in (None, "file")
+
+
+TEMPORARY_PREFIX = ".tmp-"  # ".tmp-<32 hex>-<name>": a file atomic_write has not finished, beside its final name
+
+
+class Written(NamedTuple):
+    """What ``atomic_write`` wrote: bytes, chunks (a shard's records) and the sha256 hex digest of the whole file."""
+
+    num_bytes: int
+    num_chunks: int
+    sha256: str
+
+
+def temporary_path(path: str) -> str:
+    """The name ``path`` is written under until it is complete: ``.tmp-<uuid>-<name>`` in the same folder."""
+    folder, name = posixpath.split(path)
+    return posixpath.join(folder, f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}-{name}")
+
+
+def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "application/octet-stream") -> Written:
+    """Writes ``data`` (bytes, or an iterable of byte chunks written in turn) to ``path``, local or any Beam file
+    system (``gs://``), so that ``path`` appears only once complete: written under ``temporary_path(path)``, then
+    renamed (on ``gs://`` a rename is a copy and a delete). On any error the temporary file is deleted and the error
+    raised as it came; ``path`` is left as it was. Returns the bytes, the chunks and the sha256 written.
+    """
+    chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    temporary = temporary_path(path)
+    digest, num_bytes, num_chunks = hashlib.sha256(), 0, 0
+    try:
+        with FileSystems.create(temporary, mime_type=mime_type, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for chunk in chunks:
+                f.write(chunk)
+                digest.update(chunk)
+                num_bytes += len(chunk)
+                num_chunks += 1
+        FileSystems.rename([temporary], [path])
+    except BaseException:
+        with contextlib.suppress(Exception):
+            FileSystems.delete([temporary])
+        raise
+    return Written(num_bytes, num_chunks, digest.hexdigest())
 
 
 def resolved(path: str) -> str:
@@ -142,7 +188,7 @@ def deletable(relative: str) -> bool:
     if len(parts) != 2:
         return False
     split, name = parts
-    if name.startswith(".tmp-"):
+    if name.startswith(TEMPORARY_PREFIX):
         return True
     match = _SHARD.fullmatch(name)
     return bool(match) and match.group("split") == split

@@ -4,7 +4,7 @@
 after it reads them by attribute. The other element types live beside their code:
 ``sources.InputBatch`` (inputs packed for a shuffle), ``record_pointers.SortKeys`` (listed inputs' sort keys),
 ``record_pointers.RecordPointers`` (written records' sort keys and places), ``sharding.RecordSummary`` (counts,
-bytes, pixel sums) and ``record_format.FixedLayout`` (a split's one record length).
+bytes, pixel sums) and ``fixed_layout.FixedLayout`` (a split's one record length).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ whenever the target is at most half the source, so large photos are never fully 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import threading
 import warnings
 
 import numpy as np
@@ -25,10 +27,6 @@ RESAMPLE = Image.Resampling.BICUBIC
 BACKGROUND_RGB = (255, 255, 255)
 JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 
-# The pipeline enforces its own --max-pixels before decoding; Pillow's global guard would otherwise warn or raise
-# with a different threshold.
-Image.MAX_IMAGE_PIXELS = None
-ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
 
@@ -49,6 +47,37 @@ _ORIENTATION_TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
+_settings_lock = threading.Lock()
+_settings_users = 0  # calls inside pillow_decoding now (DoFns may run in several threads of one worker)
+_settings_saved: tuple = ()
+
+
+@contextlib.contextmanager
+def pillow_decoding():
+    """Pillow's process-wide settings as shardprep decodes, for the calls inside this context only.
+
+    Pillow's decompression-bomb guard (``PIL.Image.MAX_IMAGE_PIXELS``) is off: :func:`process_image` enforces
+    ``--max-pixels`` itself, before any pixel is decoded, and Pillow's guard would otherwise warn or raise at its own
+    threshold with its own message. Truncated files are refused (``ImageFile.LOAD_TRUNCATED_IMAGES`` False, Pillow's
+    default): they become rejects. Pillow reads both from module globals, so they cannot be passed per call: they
+    are set while any call in this process is inside this context (counted, for threads) and put back as they were
+    when the last one leaves. Importing this module changes nothing. Usable as a decorator.
+    """
+    global _settings_users, _settings_saved
+    with _settings_lock:
+        if _settings_users == 0:
+            _settings_saved = (Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES)
+            Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = None, False
+        _settings_users += 1
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _settings_users -= 1
+            if _settings_users == 0:
+                Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = _settings_saved
 
 
 class RejectError(Exception):
@@ -101,11 +130,13 @@ def target_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
     return max(1, round(width * shorter_side / height)), shorter_side
 
 
+@pillow_decoding()
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_shorter_side: int | None = None) -> Image.Image:
     """Identifies the format by content and opens the image lazily (pixels are not decoded yet).
 
     Rejects empty input, non-images and images over ``max_pixels`` before any pixel is decoded. With
-    ``draft_shorter_side``, JPEGs are set up for reduced-size decoding that still covers that shorter side.
+    ``draft_shorter_side``, JPEGs are set up for reduced-size decoding that still covers that shorter side. Load the
+    pixels inside :func:`pillow_decoding` too (as :func:`decode_rgb` does).
     """
     image = _open_checked(data, max_pixels)
     if draft_shorter_side:
@@ -128,7 +159,7 @@ def _open_checked(data: bytes, max_pixels: int) -> Image.Image:
         if data.startswith(_IMAGE_SIGNATURES) or _is_webp(data):
             raise _failure_reject("an image signature, but the header is unreadable", data) from None
         raise RejectError("not_an_image", "no image format recognised from the file's content") from None
-    except Image.DecompressionBombError as e:  # only if someone re-enabled Pillow's global guard
+    except Image.DecompressionBombError as e:  # only if called outside pillow_decoding
         raise RejectError("too_many_pixels", str(e)) from None
     except MemoryError:
         raise RejectError("too_many_pixels", "out of memory while reading the header") from None
@@ -258,6 +289,7 @@ def _resize_and_crop_to(image: Image.Image, size: tuple[int, int], shorter_side:
     return image.resize((shorter_side, shorter_side), RESAMPLE, box=box)
 
 
+@pillow_decoding()
 def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Image:
     """Decodes ``data`` (any format Pillow reads; GIFs give their first frame) to an oriented RGB image."""
     options = options or ProcessOptions()
@@ -294,6 +326,7 @@ def _encode_rgb(image: Image.Image, encoding: str, jpeg_quality: int) -> bytes:
     return buffer.getvalue()
 
 
+@pillow_decoding()
 def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     """Decode, convert, resize, crop and encode one image; raises :class:`RejectError` for bad input."""
     image = _open_checked(data, options.max_pixels)

@@ -3,6 +3,8 @@ statistics and reject reasons. Pixel values are asserted, not just shapes."""
 
 import io
 import struct
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -373,5 +375,31 @@ def test_bomb_headers_are_well_formed(bomb):
     with Image.open(io.BytesIO(bomb(width=33, height=17))) as image:
         assert image.size == (33, 17)
     if bomb is not factory.webp_bomb:  # Pillow's WebP reader allocates its whole canvas on open
-        with Image.open(io.BytesIO(bomb())) as image:
+        with image_ops.pillow_decoding(), Image.open(io.BytesIO(bomb())) as image:  # Pillow's own guard lifted
             assert image.size[0] * image.size[1] > image_ops.DEFAULT_MAX_PIXELS
+
+
+def test_importing_image_ops_leaves_pillows_settings_alone():
+    # In a fresh process: the guard validate's own Image.open relies on must not depend on what was imported first.
+    code = ("from PIL import Image, ImageFile; before = (Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES); "
+            "import shardprep.preprocess.image_ops; "
+            "assert (Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES) == before, Image.MAX_IMAGE_PIXELS; "
+            "assert before[0] is not None")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pillows_settings_are_changed_only_while_decoding(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1234)
+    seen = []
+    with image_ops.pillow_decoding():
+        seen.append(Image.MAX_IMAGE_PIXELS)
+        with image_ops.pillow_decoding():  # nested, as another thread's call would be
+            seen.append(Image.MAX_IMAGE_PIXELS)
+        seen.append(Image.MAX_IMAGE_PIXELS)  # still inside the outer call
+    assert seen == [None, None, None]
+    assert Image.MAX_IMAGE_PIXELS == 1234
+    image_ops.process_image(factory.tiny_png(factory.YELLOW), ProcessOptions(shorter_side=4))
+    assert Image.MAX_IMAGE_PIXELS == 1234
+    with pytest.raises(RejectError):
+        image_ops.process_image(b"not an image", ProcessOptions())
+    assert Image.MAX_IMAGE_PIXELS == 1234

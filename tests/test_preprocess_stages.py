@@ -25,7 +25,7 @@ from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, Writ
 from shardprep.pipelines.shards import WriteShards
 from shardprep.pipelines import spill
 from shardprep.pipelines.spill import SPILL_DIR, SpillWriter
-from shardprep.preprocess import image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
+from shardprep.preprocess import fixed_layout, image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
 from shardprep.preprocess.elements import Input, Reject
 
 SEED = 7
@@ -59,8 +59,8 @@ def test_fixed_layouts_fit_every_key_and_label_of_a_split():
     with pipeline() as p:
         layouts = p | beam.Create(inputs) | FixedLayouts(8)
         assert_that(layouts, equal_to([
-            ("train", record_format.FixedLayout.for_records(8, 8, (len("a/x.png"), len("a/longer.png")), 3)),
-            ("val", record_format.FixedLayout.for_records(8, 8, (len("v.png"), len("v.png")), 1))]))
+            ("train", fixed_layout.FixedLayout.for_records(8, 8, (len("a/x.png"), len("a/longer.png")), 3)),
+            ("val", fixed_layout.FixedLayout.for_records(8, 8, (len("v.png"), len("v.png")), 1))]))
 
 
 def test_decode_groups_gather_consecutive_ranks_of_the_seeded_order():

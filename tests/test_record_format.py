@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess import fixed_layout, record_format, tfrecord_io
 from shardprep.preprocess.record_format import ImageRecord, RecordFormatError
 from shardprep.preprocess.tfrecord_io import CorruptRecordError
 
@@ -428,7 +428,7 @@ def test_tensorflow_agrees_that_the_damaged_files_are_damaged(tmp_path):
 def test_fixed_layout_records_are_one_length_with_pixels_and_label_in_place(height, width, max_label, filenames,
                                                                          data):
     lengths = [len(name.encode()) for name in filenames]
-    layout = record_format.FixedLayout.for_records(height, width, (min(lengths), max(lengths)), max_label)
+    layout = fixed_layout.FixedLayout.for_records(height, width, (min(lengths), max(lengths)), max_label)
     for name in filenames:
         pixels = data.draw(st.binary(min_size=height * width * 3, max_size=height * width * 3))
         label = data.draw(st.integers(0, max_label))
@@ -441,14 +441,14 @@ def test_fixed_layout_records_are_one_length_with_pixels_and_label_in_place(heig
             example = read_all(framed)[0]
             assert record_format.decode_example(example) == image
             features = tf_features(example)
-            assert features.pop(record_format.PADDING)[0] == "bytes_list"
+            assert features.pop(fixed_layout.PADDING)[0] == "bytes_list"
             assert features == tf_features(record_format.encode_example(image))
             assert layout.reframe(framed, not shard_end) == layout.encode(image, not shard_end)
-    assert record_format.FixedLayout.from_json(layout.to_json(), height, width) == layout
+    assert fixed_layout.FixedLayout.from_json(layout.to_json(), height, width) == layout
 
 
 def test_a_fixed_layout_shard_reads_as_tfrecords_and_as_fixed_length_chunks(tmp_path):
-    layout = record_format.FixedLayout.for_records(3, 2, (1, 40), 300)
+    layout = fixed_layout.FixedLayout.for_records(3, 2, (1, 40), 300)
     images = [ImageRecord(encoded=bytes([i]) * 18, format="raw", height=3, width=2, label=i * 50, filename="x" * i)
               for i in range(1, 7)]
     # Records as decode groups leave them: each group's last one is a shard end, here the 2nd and the 6th.
@@ -465,7 +465,7 @@ def test_a_fixed_layout_shard_reads_as_tfrecords_and_as_fixed_length_chunks(tmp_
 
 
 def test_records_outside_the_fixed_layout_are_refused():
-    layout = record_format.FixedLayout.for_records(2, 2, (3, 5), 9)
+    layout = fixed_layout.FixedLayout.for_records(2, 2, (3, 5), 9)
     fits = ImageRecord(encoded=bytes(12), format="raw", height=2, width=2, label=9, filename="abcde")
     layout.encode(fits)
     for changes in (dict(filename="abcdef"), dict(label=10**6), dict(encoded=bytes(11)), dict(height=3),
@@ -473,4 +473,4 @@ def test_records_outside_the_fixed_layout_are_refused():
         with pytest.raises(RecordFormatError):
             layout.encode(dataclasses.replace(fits, **changes))
     with pytest.raises(RecordFormatError, match="too different in length"):
-        record_format.FixedLayout.for_records(2, 2, (0, 1 << 36), 9)
+        fixed_layout.FixedLayout.for_records(2, 2, (0, 1 << 36), 9)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from shardprep.preprocess import record_format
+from shardprep.preprocess import fixed_layout, record_format
 from shardprep.train import reader, record_gather
 from train_helpers import random_images, write_dataset
 
@@ -115,7 +115,7 @@ def test_a_process_exits_while_its_iterator_is_reading(tmp_path):
 
 def test_a_layout_that_does_not_fit_the_images_is_refused(tmp_path):
     manifest = write_dataset(tmp_path, {"train": random_images(4, 8, 8, seed=15)}, classes=["a", "b"])
-    manifest["splits"]["train"]["record_layout"] = record_format.FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
+    manifest["splits"]["train"]["record_layout"] = fixed_layout.FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
     for random_access in (True, False):
         with pytest.raises(ValueError, match="does not fit 8x8 images"):
             reader.make_dataset(str(tmp_path), "train", 2, training=False, manifest=manifest,

@@ -17,7 +17,8 @@ from shardprep.pipelines.validation.report import merge_problems
 from shardprep.pipelines.validation.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
                                                   sample_rank, size_summary)
 from shardprep.preprocess import sharding
-from shardprep.preprocess.record_format import FixedLayout, ImageRecord
+from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.record_format import ImageRecord
 from shardprep.preprocess.tfrecord_io import frame
 
 

@@ -23,6 +23,7 @@ from shardprep.pipelines.validation.elements import RecordLocation, Sample, Shar
 from shardprep.pipelines.validation.report import sample_line, split_summary
 from shardprep.pipelines.validation.stats import SplitStats, channel_sums
 from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess.fixed_layout import FixedLayout
 
 SHARD = "train/train-00000-of-00001.tfrecord"
 VALUES = (10, 200, 90)  # one grey level per record
@@ -37,8 +38,8 @@ def records() -> list[record_format.ImageRecord]:
                                       filename=f"train/{i}.png") for i, value in enumerate(VALUES)]
 
 
-def layout() -> record_format.FixedLayout:
-    return record_format.FixedLayout.for_records(4, 4, (len("train/0.png"), len("train/0.png")), 1)
+def layout() -> FixedLayout:
+    return FixedLayout.for_records(4, 4, (len("train/0.png"), len("train/0.png")), 1)
 
 
 def manifest(shard_entry: dict) -> dict:

@@ -15,6 +15,7 @@ from PIL import Image
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.tfrecord_io import frame
 
 
@@ -41,7 +42,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
         if fixed_layout:
             name_lengths = [len(filename(split, i).encode()) for i in range(len(items))]
             height, width = items[0][0].shape[:2]
-            layout = record_format.FixedLayout.for_records(height, width, (min(name_lengths), max(name_lengths)),
+            layout = FixedLayout.for_records(height, width, (min(name_lengths), max(name_lengths)),
                                                            max(int(label) for _, label in items))
         for index, (pixels, label) in enumerate(items):
             pixels = np.ascontiguousarray(pixels, dtype=np.uint8)

@@ -42,7 +42,7 @@ def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool =
     False (then they are written as plain Examples, as for datasets without one)."""
     import hashlib
 
-    from shardprep.preprocess.record_format import FixedLayout
+    from shardprep.preprocess.fixed_layout import FixedLayout
 
     shard = data_dir / file
     records = change(read_shard(shard))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from shardprep.preprocess.record_format import FixedLayout
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train import record_gather
 from shardprep.train.read_plan import ReadPlan
 

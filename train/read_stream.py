@@ -6,7 +6,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from shardprep.preprocess import record_format
-from shardprep.preprocess.record_format import FixedLayout
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train.read_plan import ReadPlan
 from shardprep.train.record_gather import MAX_VARINT_BYTES
 

@@ -1,7 +1,7 @@
 """The training reader: prepared shards in, batches of uint8 images and int32 labels out, at almost no host cost.
 
 The fast path (``raw`` shards, ``crop: center``) never touches one image at a time. Such shards have a fixed record
-layout (``record_layout`` in the manifest, :class:`shardprep.preprocess.record_format.FixedLayout`): every record is
+layout (``record_layout`` in the manifest, :class:`shardprep.preprocess.fixed_layout.FixedLayout`): every record is
 ``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at ``label_offset``, and a shard
 file is ``image_offset + N * record_bytes`` bytes. So where a record lies follows from its index, and for local
 shards only the records' ids go through tf.data::
@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
-from shardprep.preprocess.record_format import FixedLayout
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Batches gathered from fixed-layout shards by random access: each image goes from the file into its batch slot.
 
-The fixed record layout (:class:`shardprep.preprocess.record_format.FixedLayout`) puts record ``r`` of a shard at byte
+The fixed record layout (:class:`shardprep.preprocess.fixed_layout.FixedLayout`) puts record ``r`` of a shard at byte
 ``image_offset + r * record_bytes``, its pixels first and its label's varint ``label_offset - image_offset`` bytes
 further on. So a batch of records is gathered with one ``preadv`` per image, whose first buffer is the image's slot
 in the batch and whose second receives the label's bytes: the kernel's copy out of the page cache is the only copy
@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from shardprep.preprocess import record_format
-from shardprep.preprocess.record_format import FixedLayout
+from shardprep.preprocess.fixed_layout import FixedLayout
 
 # Record ids carry the shard's index in the high bits and the record's index in the shard in the low bits.
 RECORD_INDEX_BITS = 32

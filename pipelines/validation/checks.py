@@ -13,7 +13,8 @@ import re
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
-from shardprep.preprocess.record_format import FixedLayout, ImageRecord, RecordFormatError, read_varint
+from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.record_format import ImageRecord, RecordFormatError, read_varint
 from shardprep.preprocess.tfrecord_io import HEADER_BYTES, framed_size
 
 CHECKS = {
