@@ -143,8 +143,6 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     Raises ``ValueError`` naming the image for a photo the job would reject (not an image, too many pixels), and
     when the model's number of outputs differs from the manifest's number of classes.
     """
-    import keras
-
     from shardprep.train.model import load_model
 
     if isinstance(model, (str, os.PathLike)):
@@ -153,10 +151,18 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     classes = list(manifest["classes"])
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    top_k = min(top_k, len(classes))
-    options = process_options(manifest)
-    min_side = model_image_size(model)
+    sources, arrays = _stored_images(images, process_options(manifest), model_image_size(model))
+    probabilities = _class_probabilities(model, arrays, len(classes), batch_size)
+    predictions = []
+    for source, row in zip(sources, probabilities):
+        order = np.argsort(-row, kind="stable")[:min(top_k, len(classes))]
+        top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
+        predictions.append(Prediction(source, *top[0], top=top))
+    return predictions
 
+
+def _stored_images(images, options: image_ops.ProcessOptions, min_side: int | None) -> tuple[list, list]:
+    """(sources, uint8 H x W x 3 arrays) of ``images`` in their stored form; a rejected image is a ValueError."""
     sources, arrays = [], []
     for position, image in enumerate(images):
         source, data = _read(image, position)
@@ -165,6 +171,12 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
         except image_ops.RejectError as error:
             raise ValueError(f"{source}: not usable as an image ({error})") from None
         sources.append(source)
+    return sources, arrays
+
+
+def _class_probabilities(model, arrays: list, num_classes: int, batch_size: int) -> list:
+    """The softmax of the model's logits for each array, in order (one batch per image shape)."""
+    import keras
 
     probabilities: list[np.ndarray | None] = [None] * len(arrays)
     by_shape: dict[tuple, list[int]] = {}
@@ -175,15 +187,9 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
             chunk = positions[start:start + batch_size]
             logits = model(np.stack([arrays[i] for i in chunk]), training=False)
             logits = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(logits, "float32")))
-            if logits.shape[-1] != len(classes):
+            if logits.shape[-1] != num_classes:
                 raise ValueError(f"the model has {logits.shape[-1]} outputs but the manifest lists "
-                                 f"{len(classes)} classes: give the dataset the model was trained on")
+                                 f"{num_classes} classes: give the dataset the model was trained on")
             for i, row in zip(chunk, _softmax(logits)):
                 probabilities[i] = row
-
-    predictions = []
-    for source, row in zip(sources, probabilities):
-        order = np.argsort(-row, kind="stable")[:top_k]
-        top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
-        predictions.append(Prediction(source, *top[0], top=top))
-    return predictions
+    return probabilities

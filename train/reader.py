@@ -119,9 +119,8 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
 
-    ``images`` is ``uint8 [B, H, W, 3]`` with ``(H, W) = stored_image_shape(manifest)``; ``labels`` is
-    ``int32 [B]``, indices into ``manifest["classes"]``. Batches are prefetched and ready to ship to the device;
-    crop, flip and normalization belong to the model (:mod:`shardprep.train.augment`).
+    ``images`` is ``uint8 [B, H, W, 3]`` (``stored_image_shape(manifest)``), ``labels`` ``int32 [B]`` indices into
+    ``manifest["classes"]``; batches are prefetched; crop, flip and normalization belong to the model (``augment``).
 
     Args:
       data_dir: dataset folder holding ``manifest.json`` (a local path or any ``tf.io.gfile`` URL, e.g. ``gs://``).
@@ -131,26 +130,21 @@ def make_dataset(
       training: ``True``: shuffle the file order every epoch and the records through a buffer, repeat forever, drop
         the last partial batch, random square crops for ``crop: none`` data. ``False``: one pass in a fixed order,
         the last batch may be smaller, centre crops.
-      seed: with a seed, training batches are deterministic (same seed, same batches, same crops); without one
-        the reader may reorder records between parallel reads for speed.
+      seed: same seed, same training batches and crops; without one, parallel reads may reorder records.
       input_context: given by ``strategy.distribute_datasets_from_function``: each input pipeline (worker) reads
         only its share of the shard files (by record if there are fewer files than pipelines).
       shuffle_buffer: records in the shuffle buffer; default :func:`default_shuffle_buffer` (about 1 GiB).
       cycle_length: shard files read concurrently (default ``min(files, 16)``).
       deterministic: force (or forbid) deterministic element order; default: ``training`` and no seed -> not.
-      manifest: the already loaded manifest, to skip reading it again.
+      manifest: the already loaded manifest.
       verify_records: read fixed-layout shards as TFRecords, checking every record's CRC (slower); other shards
         are always read that way.
       random_access: for fixed-layout shards, gather each batch's records straight from the files
-        (:mod:`shardprep.train.record_gather`) instead of streaming every shard through a read buffer. Default: on for local
-        paths (needs ``os.preadv``), off for URLs. Both give the same batches; streaming reads each shard
-        sequentially, which suits storage that is slow at random reads and not cached in memory.
+        (:mod:`~shardprep.train.record_gather`) instead of streaming each shard (same batches). Default: on for
+        local paths (needs ``os.preadv``), off for URLs; streaming suits storage slow at random reads.
 
-    In your own Keras code: a ``training=True`` dataset never ends, so give ``model.fit`` its ``steps_per_epoch``
-    (``split_size(manifest, split) // batch_size``); the ``training=False`` one is one pass. The images are stored
-    uint8 pixels (not normalized) and the labels int32 class indices (sparse, not one-hot): the model of
-    :func:`shardprep.train.model.build_model` takes those images and returns logits (no softmax), so use
-    ``keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
+    In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
+    sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
