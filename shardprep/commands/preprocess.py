@@ -106,7 +106,7 @@ class _ProgressDisplay(LiveProgress):
     """A progress bar fed with the workers' counts: images processed of listed, images/s and ETA."""
 
     def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=False, lazy=True, rate="")
+        super().__init__(enabled, _columns, transient=False, lazy=True, rate="", per_second=0.0)
         self.started = time.monotonic()
 
     def update(self, counts: dict):
@@ -114,7 +114,19 @@ class _ProgressDisplay(LiveProgress):
         elapsed = max(1e-6, time.monotonic() - self.started)
         self.show(description="images" if processed else "listing", completed=processed,
                   total=max(listed, processed) or None,
-                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed")
+                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed",
+                  per_second=processed / elapsed if processed else 0.0)
+
+    def plain_line(self, state: dict, elapsed: float) -> str:
+        """``images 120/303 (40%), 95 img/s, ETA 0:00:02, 0:00:03``, or ``listing, 1,200 listed, 0:00:01``."""
+        from shardprep.display import duration
+
+        done, total, rate = state.get("completed") or 0, state.get("total"), state.get("per_second") or 0.0
+        if state.get("description") != "images" or not total:
+            return f"{state.get('description', 'listing')}, {state.get('rate') or '0 listed'}, {duration(elapsed)}"
+        eta = f", ETA {duration((total - done) / rate)}" if rate and done < total else ""
+        return (f"images {done:,}/{total:,} ({100 * done / total:.0f}%), {state['rate']}{eta}, "
+                f"{duration(elapsed)}")
 
 
 def _columns():
