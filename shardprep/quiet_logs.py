@@ -7,8 +7,9 @@ later ones (``E0000 ... failed call to cuInit`` on a machine without a GPU) that
 
 :func:`quiet_tensorflow` sets ``TF_CPP_MIN_LOG_LEVEL`` (unless the user set it) and installs an import hook: when
 TensorFlow is first imported, file descriptor 2 goes to a temporary file for the import, and every captured line
-that is not a C++ log line (a Python warning, a crash message) is written to stderr afterwards. ``TF_ENABLE_ONEDNN_OPTS``
-is left alone: it changes numerics, not only the message. With ``--verbose`` nothing is hidden.
+that is not a C++ log line (a Python warning, a crash message) is written to stderr afterwards.
+``TF_ENABLE_ONEDNN_OPTS`` is left alone: it changes numerics, not only the message. With ``--verbose`` nothing is
+hidden.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_verbose_leaves_tensorflow_logging_alone(monkeypatch):
 def test_only_native_log_lines_are_filtered_from_the_import():
     captured = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
                 "I0000 00:00:1796063803.991698   11321 port.cc:153] oneDNN custom operations are on.\n"
-                "E0000 00:00:1796063806.212487   11321 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)\n"
+                "E0000 00:00:1796063806.212487   11321 cuda_platform.cc:52] failed call to cuInit: UNKNOWN (303)\n"
                 "W0630 12:01:02.000001 99 x.cc:1] something\n"
                 "/x/y.py:3: DeprecationWarning: a Python warning stays\n")
     assert quiet_logs.native_log_free(captured) == "/x/y.py:3: DeprecationWarning: a Python warning stays\n"
