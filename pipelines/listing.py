@@ -46,7 +46,8 @@ class ListInputs(beam.PTransform):
         if not plan.flat_dirs and not config.labels_file:
             return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
         labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or config.split, self.progress_dir)
+            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or config.split, self.progress_dir,
+            labels_file_given=config.labels_file is not None)
         return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
                 "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
 
@@ -91,10 +92,10 @@ class ListLabelledFiles(beam.PTransform):
     a row, a row without a file and names differing only in case are rejects."""
 
     def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
-                 progress_dir: str | None):
+                 progress_dir: str | None, labels_file_given: bool = True):
         super().__init__()
         self.root, self.flat_dirs, self.label_rows = root, list(flat_dirs), list(label_rows)
-        self.joiner = JoinLabels(class_index, labels_split, progress_dir)
+        self.joiner = JoinLabels(class_index, labels_split, progress_dir, labels_file_given)
 
     def expand(self, pbegin):
         flat = (pbegin
@@ -159,15 +160,17 @@ class JoinLabels(beam.DoFn):
     """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with exactly one label;
     a file without a row, or a row without a file, is a Reject (``REJECTS``)."""
 
-    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None):
+    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
+                 labels_file_given: bool = True):
         self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
+        self.labels_file_given = labels_file_given  # without one, a flat file's reject says that one is needed
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
-        for kind, *fields in labels.join(files, rows, self.labels_split):
+        for kind, *fields in labels.join(files, rows, self.labels_split, self.labels_file_given):
             self.progress.add()
             if kind == "reject":
                 yield beam.pvalue.TaggedOutput(REJECTS, fields[0])

@@ -34,11 +34,16 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
     return [name for _, name in lines] or None
 
 
-def join(files, rows, labels_split: str):
+NO_LABELS_FILE_DETAIL = ("not in a class folder, and no --labels-file was given: images outside class folders need one "
+                         "(a CSV of filename,label)")
+
+
+def join(files, rows, labels_split: str, labels_file_given: bool = True):
     """Flat image files ``(split, key, path)`` and labels-file rows ``(filename, label)`` whose file names are equal
     once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", Reject)`` per
-    file without one label and per row without its file. Names must match exactly: a pair
-    that differs only in case is two ``case_mismatch`` rejects."""
+    file without one label and per row without its file. Names must match exactly: a pair that differs only in case
+    is two ``case_mismatch`` rejects. Without a labels file (``labels_file_given`` false) a flat file's
+    ``no_label`` reject says that one is needed, not that the file lacks its row."""
     by_name: dict[str, list[tuple[str, str]]] = {}
     for filename, label in rows:
         by_name.setdefault(sources.labels_key(filename), []).append((filename, label))
@@ -50,6 +55,8 @@ def join(files, rows, labels_split: str):
             others = ", ".join(sorted({filename for filename, _ in rows}))
             yield "reject", Reject(split, key, accounting.CASE_MISMATCH,
                              f"the labels file names {others}, which differs only in case; names must match exactly")
+        elif not found and not labels_file_given:
+            yield "reject", Reject(split, key, "no_label", NO_LABELS_FILE_DETAIL)
         elif not found:
             yield "reject", Reject(split, key, "no_label", f"{name} is not in the labels file")
         elif len(found) > 1:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import posixpath
+import re
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -37,7 +39,9 @@ def tool_version() -> str:
 
 
 class ManifestError(ValueError):
-    """The manifest is missing, unreadable or of an unknown version."""
+    """The manifest is missing, unreadable or of an unknown version; ``kind`` says what a path without one is."""
+
+    kind: str | None = None
 
 
 def join(base: str, *parts: str) -> str:
@@ -71,11 +75,108 @@ def from_json(text: str | bytes) -> dict:
     return manifest
 
 
+# What a DATA path without a manifest is, for the error that says so (see :func:`dataset_path_kind`).
+PATH_MISSING, PATH_FILE, PATH_EMPTY, PATH_IMAGES, PATH_INCOMPLETE, PATH_OTHER, PATH_INSIDE = (
+    "missing", "file", "empty", "image_folder", "incomplete", "other", "inside_dataset")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
+                  ".pgm", ".pbm", ".pnm")
+_SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}" + re.escape(SHARD_SUFFIX))
+_FILES_LOOKED_AT = 5000  # a huge image folder is told apart from leftovers without listing all of it
+
+
+def _looks_like_output(relative: str) -> bool:
+    """A file a shardprep run writes: rejects, the lock, spill files, shards and their temporaries."""
+    name = relative.rsplit("/", 1)[-1]
+    return (relative in (REJECTS_NAME, LOCK_NAME) or relative.startswith(".tmp/")
+            or bool(_SHARD_NAME.match(name.split(".tmp", 1)[0] if ".tmp" in name else name)))
+
+
+def _local_files(data_dir: str):
+    """Relative paths of the files under a local folder, hidden folders included (``.tmp/``), top-down."""
+    for folder, sub_dirs, files in os.walk(data_dir):
+        sub_dirs.sort()
+        relative = os.path.relpath(folder, data_dir)
+        for name in sorted(files):
+            yield name if relative == "." else f"{relative.replace(os.sep, '/')}/{name}"
+
+
+def _remote_files(data_dir: str):
+    from apache_beam.io.filesystems import FileSystems
+
+    prefix = data_dir.rstrip("/") + "/"
+    try:
+        matched = FileSystems.match([prefix + "**"], limits=[_FILES_LOOKED_AT])[0].metadata_list
+    except Exception:  # noqa: BLE001 - Beam raises BeamIOError for a pattern without matches
+        return
+    for meta in matched:
+        yield meta.path[len(prefix):] if meta.path.startswith(prefix) else meta.path
+
+
+def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
+    """What ``data_dir``, which has no manifest, is: ``(kind, an example file)``; kind is one of
+    :data:`PATH_MISSING`, :data:`PATH_FILE`, :data:`PATH_EMPTY` (no files), :data:`PATH_IMAGES` (image files and
+    nothing a shardprep run writes: a SOURCE given as DATA), :data:`PATH_INCOMPLETE` (files a shardprep run writes:
+    a run that stopped early), :data:`PATH_INSIDE` (a folder of a prepared dataset, whose folder is the example)
+    or :data:`PATH_OTHER`."""
+    if "://" in data_dir:
+        files = _remote_files(data_dir)
+    else:
+        if not os.path.exists(data_dir):
+            return PATH_MISSING, None
+        if not os.path.isdir(data_dir):
+            return PATH_FILE, None
+        parent = os.path.dirname(os.path.abspath(data_dir))
+        if os.path.isfile(os.path.join(parent, MANIFEST_NAME)):
+            return PATH_INSIDE, parent
+        if os.path.isdir(os.path.join(data_dir, ".tmp")):
+            return PATH_INCOMPLETE, ".tmp/"
+        files = _local_files(data_dir)
+    first_image = first_other = None
+    for count, relative in enumerate(files):
+        if _looks_like_output(relative):
+            return PATH_INCOMPLETE, relative
+        name = relative.rsplit("/", 1)[-1]
+        if name.lower().endswith(IMAGE_SUFFIXES) and not name.startswith("."):
+            first_image = first_image or relative
+        else:
+            first_other = first_other or relative
+        if count >= _FILES_LOOKED_AT:
+            break
+    if first_image:
+        return PATH_IMAGES, first_image
+    if first_other:
+        return PATH_OTHER, first_other
+    return (PATH_MISSING, None) if "://" in data_dir else (PATH_EMPTY, None)
+
+
 def missing_manifest_error(data_dir: str) -> ManifestError:
-    """The error every reader raises for a folder without a manifest (e.g. a run that did not finish)."""
-    return ManifestError(
-        f"{join(data_dir, MANIFEST_NAME)} does not exist: {data_dir} is not a complete shardprep dataset "
-        "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with --overwrite)")
+    """The error every reader raises for ``data_dir`` without a manifest, saying what the path is (missing, a file,
+    an empty folder, an image folder, a run that did not finish, something else); its ``kind`` is
+    :func:`dataset_path_kind`'s."""
+    kind, example = dataset_path_kind(data_dir)
+    give = "give the folder shardprep preprocess wrote (it holds manifest.json)"
+    if kind == PATH_MISSING:
+        message = f"{data_dir} does not exist: {give}"
+    elif kind == PATH_FILE:
+        message = f"{data_dir} is a file, not a prepared dataset: {give}"
+    elif kind == PATH_EMPTY:
+        message = (f"{data_dir} is an empty folder, not a prepared dataset: run shardprep preprocess SOURCE "
+                   f"{data_dir} first, or {give}")
+    elif kind == PATH_IMAGES:
+        message = (f"{data_dir} is an image folder (e.g. {example}), not a prepared dataset: run shardprep "
+                   f"preprocess {data_dir} OUTPUT first, then give OUTPUT")
+    elif kind == PATH_INSIDE:
+        message = f"{data_dir} is a folder inside the prepared dataset {example}: give {example}"
+    elif kind == PATH_OTHER:
+        message = (f"{data_dir} has no {MANIFEST_NAME} and no files a shardprep run writes (e.g. {example}): it is "
+                   f"not a prepared dataset; {give}")
+    else:
+        message = (f"{join(data_dir, MANIFEST_NAME)} does not exist: {data_dir} is not a complete shardprep dataset "
+                   "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with "
+                   "--overwrite)")
+    error = ManifestError(message)
+    error.kind = kind
+    return error
 
 
 def load(data_dir: str) -> dict:

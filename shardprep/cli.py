@@ -1,6 +1,7 @@
 """``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
 
-Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports.
+Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports. Before any
+subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.quiet_logs``) unless ``--verbose`` is given.
 """
 
 import importlib
@@ -33,12 +34,17 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shardprep")
-@click.option("--verbose", is_flag=True, help="On failure, print the full traceback after the error line.")
+@click.option("--verbose", is_flag=True,
+              help="On failure, print the full traceback after the error line; show TensorFlow's and Beam's own logs.")
 def main(verbose):
     """shardprep: get image data into a GPU training loop without starving it.
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
+    if not verbose:
+        from shardprep import quiet_logs
+
+        quiet_logs.quiet_tensorflow()
 
 
 if __name__ == "__main__":

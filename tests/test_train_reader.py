@@ -264,7 +264,7 @@ def test_reads_through_a_tf_filesystem_url(raw_dataset):
 
 
 def test_missing_manifest_and_unknown_split_are_explained(tmp_path, raw_dataset):
-    with pytest.raises(manifest_lib.ManifestError, match="not a complete shardprep dataset"):
+    with pytest.raises(manifest_lib.ManifestError, match="is an empty folder, not a prepared dataset"):
         reader.make_dataset(str(tmp_path), "train", 4, training=True)
     with pytest.raises(KeyError, match="splits: train, validation"):
         reader.make_dataset(raw_dataset[0], "test", 4, training=False)

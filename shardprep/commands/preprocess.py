@@ -108,7 +108,7 @@ class _ProgressDisplay(LiveProgress):
     """A progress bar fed with the workers' counts: images processed of listed, images/s and ETA."""
 
     def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=False, lazy=True, rate="")
+        super().__init__(enabled, _columns, transient=False, lazy=True, rate="", per_second=0.0)
         self.started = time.monotonic()
 
     def update(self, counts: dict):
@@ -116,7 +116,19 @@ class _ProgressDisplay(LiveProgress):
         elapsed = max(1e-6, time.monotonic() - self.started)
         self.show(description="images" if processed else "listing", completed=processed,
                   total=max(listed, processed) or None,
-                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed")
+                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed",
+                  per_second=processed / elapsed if processed else 0.0)
+
+    def plain_line(self, state: dict, elapsed: float) -> str:
+        """``images 120/303 (40%), 95 img/s, ETA 0:00:02, 0:00:03``, or ``listing, 1,200 listed, 0:00:01``."""
+        from shardprep.display import duration
+
+        done, total, rate = state.get("completed") or 0, state.get("total"), state.get("per_second") or 0.0
+        if state.get("description") != "images" or not total:
+            return f"{state.get('description', 'listing')}, {state.get('rate') or '0 listed'}, {duration(elapsed)}"
+        eta = f", ETA {duration((total - done) / rate)}" if rate and done < total else ""
+        return (f"images {done:,}/{total:,} ({100 * done / total:.0f}%), {state['rate']}{eta}, "
+                f"{duration(elapsed)}")
 
 
 def _columns():
@@ -126,32 +138,44 @@ def _columns():
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
 
 
-def print_summary(manifest: dict, wall_seconds: float, output: str) -> None:
-    """The end-of-job table: inputs, written, rejected by reason, per-split counts and shard sizes, wall time."""
+def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) -> None:
+    """The end-of-job table (inputs, written, rejected, shards, records and MB per shard per split; 80 columns
+    wide), the rejects by reason per split on lines below it, then the classes, options, wall time and files."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"shardprep preprocess → {output}", title_justify="left")
-    for column in ("split", "inputs", "written", "rejected", "rejected by reason", "shards", "shard records",
-                   "shard MB"):
-        table.add_column(column, justify="left" if column in ("split", "rejected by reason") else "right")
+    out = out or console()
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    table.add_column("split", overflow="fold")  # folds only when a long split name leaves no room; never cut
+    for column in ("inputs", "written", "rejected", "shards", "records\nper shard", "MB\nper shard"):
+        table.add_column(column, justify="right", no_wrap=True)
     for split, info in manifest["splits"].items():
         shard_counts = [s["num_examples"] for s in info["shards"]]
         shard_mb = [s["num_bytes"] / 1e6 for s in info["shards"]]
-        reasons = ", ".join(f"{reason} {n}" for reason, n in info["rejected_by_reason"].items()) or "-"
         table.add_row(split, f"{info['num_inputs']:,}", f"{info['num_examples']:,}", f"{info['num_rejected']:,}",
-                      reasons, str(info["num_shards"]), _span(shard_counts, "{:,}"), _span(shard_mb, "{:.1f}"))
-    table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
-                  f"{manifest['num_rejected']:,}", "", "", "", "", style="bold")
-    out = console()
+                      f"{info['num_shards']:,}", _span(shard_counts, "{:,}"), _span(shard_mb, "{:.1f}"))
+    if len(manifest["splits"]) != 1:
+        table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
+                      f"{manifest['num_rejected']:,}", "", "", "", style="bold")
+    output = output.rstrip("/") or "/"
+    out.print(f"[bold]shardprep preprocess[/] → {output}", soft_wrap=True, highlight=False)
     out.print(table)
+    rejected = {split: info["rejected_by_reason"] for split, info in manifest["splits"].items()
+                if info["rejected_by_reason"]}
+    if rejected:
+        out.print("rejected by reason:", highlight=False)
+    for split, reasons in rejected.items():
+        out.print(f"  {split}: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.items()), highlight=False)
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
     std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    out.print(
-        f"{len(manifest['classes'])} classes, {manifest['encoding']} {manifest['crop']} shorter side "
-        f"{manifest['shorter_side']}; mean RGB {mean}, std RGB {std}\n"
-        f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s); manifest {output.rstrip('/')}/manifest.json"
-        + (f", rejects {output.rstrip('/')}/rejects.jsonl" if manifest["num_rejected"] else ""))
+    out.print(f"{len(manifest['classes']):,} classes; {manifest['encoding']} {manifest['crop']}, shorter side "
+              f"{manifest['shorter_side']}", highlight=False)
+    out.print(f"mean RGB {mean}; std RGB {std}", highlight=False)
+    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s)", highlight=False)
+    out.print(f"manifest {output}/manifest.json", soft_wrap=True, highlight=False)
+    if manifest["num_rejected"]:
+        out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)
 
 
 def _span(values, fmt: str) -> str:

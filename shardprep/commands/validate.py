@@ -93,6 +93,15 @@ class _ProgressDisplay(LiveProgress):
             self.show(description=stage, completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
 
+    def plain_line(self, state: dict, elapsed: float) -> str:
+        """``reading 12 shards (1.2 MiB): 5/12 files, 1,234 records, 0:00:04``."""
+        from shardprep.display import duration
+
+        done, total = state.get("completed") or 0, state.get("total")
+        files = f": {done:,}/{total:,} files" if total else ""
+        records = f", {state['records']}" if state.get("records") else ""
+        return f"{state['description']}{files}{records}, {duration(elapsed)}"
+
 
 def _columns():
     from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -119,11 +128,12 @@ def print_report(report: dict, json_path: str | None) -> None:
     else:
         for split, summary in report.get("splits", {}).items():
             console.print(_foreign_split_line(split, summary))
-            console.print(_foreign_split_table(summary))
+            console.print(_foreign_split_table(summary, report.get("classes")))
     if report["problems"]:
         console.print(_problems_table(report))
     for found in report["problems"]:
-        if found["check"] == "manifest_missing" and found.get("found_files"):
+        if (found["check"] == "manifest_missing" and found.get("found_files")
+                and found.get("path_kind", "incomplete") == "incomplete"):
             listed = found["found_files"]
             console.print(f"found in {report['data']} ({found['num_found_files']:,} files):\n  " + "\n  ".join(listed)
                           + (f"\n  … {found['num_found_files'] - len(listed):,} more" if found["num_found_files"] > len(listed)
@@ -158,7 +168,8 @@ def _dataset_split_table(summary: dict):
                 if n != summary["expected_class_counts"].get(name, 0)}
     table = Table()
     for column in ("label", "class", "records", "manifest", ""):
-        table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left")
+        table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left",
+                         **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
     rows = list(enumerate(summary["class_counts"].items()))
     shown = rows if len(rows) <= _CLASS_ROWS_SHOWN else [row for row in rows if row[1][0] in mismatch]
     for label, (name, n) in shown:
@@ -183,19 +194,29 @@ def _foreign_split_line(split: str, summary: dict) -> str:
              + "; modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))
 
 
-def _foreign_split_table(summary: dict):
+def _foreign_split_table(summary: dict, classes: list[str] | None = None):
+    """Records per label; with the class names of a ``label.labels.txt`` beside the files (``report["classes"]``),
+    a class column too."""
     from rich.table import Table
 
     table = Table()
-    table.add_column("label", justify="right")
-    table.add_column("records", justify="right")
+    table.add_column("label", justify="right", no_wrap=True)
+    if classes:
+        table.add_column("class", overflow="fold")
+    table.add_column("records", justify="right", no_wrap=True)
     rows = list(summary["label_counts"].items())
     for label, n in rows[:_CLASS_ROWS_SHOWN]:
-        table.add_row(label, f"{n:,}")
+        table.add_row(label, *([_class_name(classes, label)] if classes else []), f"{n:,}")
     if len(rows) > _CLASS_ROWS_SHOWN:
         counts = [n for _, n in rows]
-        table.add_row(f"… {len(rows) - _CLASS_ROWS_SHOWN:,} more", f"{min(counts):,}–{max(counts):,}")
+        table.add_row(f"… {len(rows) - _CLASS_ROWS_SHOWN:,} more", *([""] if classes else []),
+                      f"{min(counts):,}–{max(counts):,}")
     return table
+
+
+def _class_name(classes: list[str], label: str) -> str:
+    index = int(label)
+    return classes[index] if 0 <= index < len(classes) else "[red](out of range)[/]"
 
 
 def _problems_table(report: dict):
@@ -206,8 +227,10 @@ def _problems_table(report: dict):
     title = "problems" + (f" (first {_PROBLEM_ROWS_SHOWN} of {total:,}; all counted in the JSON report)"
                           if total > _PROBLEM_ROWS_SHOWN else "")
     table = Table(title=title, title_justify="left")
-    for column in ("check", "file", "record", "message"):
-        table.add_column(column, justify="right" if column == "record" else "left", overflow="fold")
+    table.add_column("check", no_wrap=True)
+    table.add_column("file", overflow="fold")
+    table.add_column("record", justify="right", no_wrap=True)
+    table.add_column("message", overflow="fold")
     for found in problems[:_PROBLEM_ROWS_SHOWN]:
         table.add_row(found["check"], found.get("file") or found.get("split") or "",
                       "" if found.get("index") is None else str(found["index"]), found["message"])
