@@ -227,7 +227,7 @@ def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_f
         if not matched:
             raise sources.SourceError(f"no files match {pattern}")
         split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
-        classes = _class_names_beside(matched[0])
+        classes = class_names_beside(matched[0])
     for split, path in split_files:
         names.check(split, "split", f"the TFRecord file {path}")
     splits = tuple(dict.fromkeys(split for split, _ in split_files))
@@ -235,7 +235,7 @@ def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_f
                       tfrecord_files=tuple(split_files))
 
 
-def _class_names_beside(path: str) -> list[str] | None:
+def class_names_beside(path: str) -> list[str] | None:
     """TFDS writes ``label.labels.txt`` (one class name per line) next to its TFRecords."""
     directory = path.rsplit("/", 1)[0]
     matches = FileSystems.match([manifest.join(directory, "*labels.txt")])[0].metadata_list

@@ -52,14 +52,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import runner, storage
+from shardprep.pipelines import planning, runner, storage
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems, manifest_problems, problem
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema
+from shardprep.preprocess import manifest_schema, sources
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "build_dataset_pipeline",
            "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
@@ -265,7 +265,14 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
     splits = report_lib.split_entries(lines)
     report.update(image_key=args.image_key, label_key=args.label_key, num_files=len(files),
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
-    report = report_lib.finish(report, [], lines, args.max_problems_per_check)
+    driver_problems = []
+    try:  # the class names preprocess would read for these files (TFDS's label.labels.txt beside them)
+        classes = planning.class_names_beside(files[0])
+    except sources.SourceError as e:
+        classes, driver_problems = None, [problem("class_names", str(e))]
+    if classes:
+        report["classes"] = classes
+    report = report_lib.finish(report, driver_problems, lines, args.max_problems_per_check)
     if args.pictures:
         progress(f"writing pictures to {args.pictures}", None, None, None)
         _write_pictures_or_fail(args, report, None)

@@ -18,6 +18,7 @@ from PIL import Image
 import validate_helpers as helpers
 from shardprep.pipelines import validate
 from shardprep.pipelines.validation import pictures
+from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.stats import sample_rank
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -334,3 +335,17 @@ def test_tfrecord_pattern_matching_nothing_fails(tmp_path):
 
     assert report["ok"] is False
     assert [p["check"] for p in report["problems"]] == ["no_files"]
+
+
+def test_foreign_tfrecords_show_the_class_names_beside_them(tmp_path):
+    """`validate tfrecord:` names classes as preprocess would: from the label.labels.txt TFDS writes beside its files."""
+    records = [helpers.foreign_example({"image": jpeg(12, 10, i), "label": i % 2}) for i in range(4)]
+    helpers.write_foreign_tfrecord(tmp_path / "cats-train.tfrecord-00000-of-00001", records)
+    (tmp_path / "label.labels.txt").write_text("tabby\nsiamese\n")
+    report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord-*")
+    assert report["ok"] is True, report["problems"]
+    assert report["classes"] == ["tabby", "siamese"]
+    assert report_lib.chart_counts(report) == (["tabby", "siamese"], {"train": [2, 2]})
+    (tmp_path / "label.labels.txt").write_text("tabby\n../escape\n")
+    report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord-*")
+    assert "classes" not in report and [p["check"] for p in report["problems"]] == ["class_names"]

@@ -29,16 +29,14 @@ def load_manifest(data_dir: str) -> dict:
         if _is_url(data_dir):
             return manifest_lib.load(data_dir)
         path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
-        if not os.path.isdir(data_dir):
-            raise PreflightError(f"{data_dir} does not exist or is not a folder: give the folder preprocess wrote "
-                                 "(it holds manifest.json)")
         if not os.path.isfile(path):
             raise manifest_lib.missing_manifest_error(data_dir)
         with open(path, "rb") as f:
             return manifest_lib.from_json(f.read())
     except manifest_lib.ManifestError as e:
-        raise PreflightError(f"{manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}" if "does not exist"
-                             not in str(e) else str(e)) from e
+        said_what_the_path_is = getattr(e, "kind", None) is not None  # missing_manifest_error's
+        raise PreflightError(str(e) if said_what_the_path_is
+                             else f"{manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}") from e
     except OSError as e:
         raise PreflightError(f"cannot read {manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}") from e
 

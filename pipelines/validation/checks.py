@@ -50,6 +50,7 @@ CHECKS = {
     "std_rgb": "the recomputed per-channel std differs from the manifest's by more than the tolerance",
     # Foreign tfrecord: inputs
     "no_files": "the tfrecord: pattern matched no files",
+    "class_names": "the label.labels.txt beside the tfrecord: files cannot be used as class names",
     "image_missing": "a foreign record lacks the image feature (see --image-key)",
     "label_missing": "a foreign record lacks a single int64 label (see --label-key)",
 }

@@ -45,20 +45,22 @@ def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per
 
 
 def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
-    """The one problem of a folder without ``manifest.json``: what it holds instead."""
+    """The one problem of a folder without ``manifest.json``: what the path is (``path_kind``), and for a run that
+    did not finish, what it holds instead."""
+    error = manifest_lib.missing_manifest_error(data_dir)
+    if error.kind != manifest_lib.PATH_INCOMPLETE:  # not a dataset at all: no list of its images or files
+        return problem("manifest_missing", str(error), path_kind=error.kind, found_files=[],
+                       num_found_files=len(found), num_found_shards=0, num_found_temporary=0, lock_present=False)
     kinds = classify_files(found)
     lock = manifest_lib.LOCK_NAME in found
-    if not found:
-        message = f"{data_dir} is empty or does not exist: nothing to validate"
-    else:
-        message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
-                   f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
-                   f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
-                   f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
-                                                      else "") + "; rerun preprocess with --overwrite")
-    return problem("manifest_missing", message, found_files=found[:FOUND_FILES_LISTED], num_found_files=len(found),
-                   num_found_shards=len(kinds["shards"]), num_found_temporary=len(kinds["temporary"]),
-                   lock_present=lock)
+    message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
+               f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
+               f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
+               f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
+                                                  else "") + "; rerun preprocess with --overwrite")
+    return problem("manifest_missing", message, path_kind=error.kind, found_files=found[:FOUND_FILES_LISTED],
+                   num_found_files=len(found), num_found_shards=len(kinds["shards"]),
+                   num_found_temporary=len(kinds["temporary"]), lock_present=lock)
 
 
 def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
@@ -148,7 +150,8 @@ def chart_counts(report: dict) -> tuple[list[str], dict[str, list[int]]]:
         return class_names, {split: [summary["class_counts"].get(name, 0) for name in class_names]
                              for split, summary in splits.items()}
     labels = sorted({int(label) for summary in splits.values() for label in summary["label_counts"]})
-    return [f"label {label}" for label in labels], {
+    names = report.get("classes") or []  # from a label.labels.txt beside the files, if any
+    return [names[label] if 0 <= label < len(names) else f"label {label}" for label in labels], {
         split: [summary["label_counts"].get(str(label), 0) for label in labels] for split, summary in splits.items()}
 
 
