@@ -4,7 +4,7 @@ import click
 
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
-from shardprep.train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS
+from shardprep.train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 
 def _epoch_list(ctx, param, value):
@@ -14,6 +14,14 @@ def _epoch_list(ctx, param, value):
         return tuple(float(v) for v in value.split(","))
     except ValueError:
         raise click.BadParameter("a comma-separated list of epochs, e.g. 30,60,80") from None
+
+
+def _profile_batches(ctx, param, value):
+    """Checked here, before TensorFlow starts: one batch number or a range ``FIRST,LAST``."""
+    parts = value.split(",")
+    if len(parts) > 2 or not all(part.strip().isdigit() for part in parts):
+        raise click.BadParameter("a batch number or a range FIRST,LAST, e.g. 10,20 (0: no profiling)")
+    return value
 
 
 @click.command("train")
@@ -68,7 +76,7 @@ def _epoch_list(ctx, param, value):
               help="XLA for the training step [default: on with exactly one GPU].")
 @click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
               help="TensorBoard logs in OUTPUT_DIR/logs.")
-@click.option("--profile-batch", default="0", show_default=True,
+@click.option("--profile-batch", default="0", show_default=True, callback=_profile_batches,
               help="Batches the TensorBoard profiler traces, e.g. 10,20 (0: none).")
 @click.option("--checkpoint/--no-checkpoint", default=True, show_default=True,
               help="checkpoints/best.keras on best val_loss, and checkpoints/last.keras every epoch for --resume.")
@@ -106,9 +114,14 @@ def command(data, overwrite, **options):
         if deleted:
             click.echo(f"--overwrite: deleted {', '.join(deleted)} from {options['output_dir']}")
 
-    from shardprep.train.loop import TrainConfig, train
-
     config = TrainConfig(data_dir=data, **options)
+    try:
+        config.validate()
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+
+    from shardprep.train.loop import train  # TensorFlow starts here, after every check that can fail fast
+
     try:
         train(config, report=click.echo)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
