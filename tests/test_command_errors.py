@@ -228,6 +228,6 @@ def test_train_without_a_validation_split_names_the_flag(data, tmp_path):
 
 @pytest.mark.parametrize("value", ["x", "10,20,30", "-1", "5,"])
 def test_train_checks_profile_batch_before_tensorflow_starts(data, tmp_path, value):
-    result = CliRunner().invoke(main, train(data, tmp_path, "--profile-batch", value))
+    result = CliRunner().invoke(main, [str(arg) for arg in train(data, tmp_path, "--profile-batch", value)])
     assert result.exit_code == 2 and "--profile-batch" in result.output
     assert not (tmp_path / "run").exists()
