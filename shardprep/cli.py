@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
     "train": "Train ResNet-18 from prepared shards and report how input-bound each epoch was.",
     "validate": "Check a prepared dataset (or tfrecord:GLOB input) and report its statistics.",
+    "predict": "Classify photos with a trained model.keras, naming the dataset's classes.",
     "demo-data": "Write the built-in demo dataset (a small generated ImageFolder tree) to a folder.",
 }
 

@@ -257,3 +257,21 @@ def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
     photo = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")
     with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
         predict_images(tiny_model, manifest, [photo])
+
+
+def test_shardprep_predict_prints_class_names_and_refuses_missing_files(colour_dataset, tiny_model, tmp_path):
+    from shardprep.cli import main
+
+    model_path = tmp_path / "model.keras"
+    tiny_model.save(model_path)
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(_encoded(np.random.default_rng(9).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG"))
+    result = CliRunner().invoke(main, ["predict", str(model_path), colour_dataset, str(photo), "--top-k", "2"])
+    assert result.exit_code == 0, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"{photo}: ") and {"red", "blue"} == {part.split(" (")[0]
+                                                                 for part in line.split(": ", 1)[1].split(", ")}
+    for args, expected in ((["predict", str(tmp_path / "nope.keras"), colour_dataset, str(photo)], "MODEL"),
+                           (["predict", str(model_path), colour_dataset, str(tmp_path / "nope.jpg")], "PHOTO")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and _error_lines(result)[0].startswith(f"Error: {expected} ")
