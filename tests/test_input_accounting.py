@@ -7,11 +7,11 @@ nothing outside OUTPUT.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import image_factory
+from file_trees import tree
 import pytest
 from click.testing import CliRunner
 
@@ -23,24 +23,6 @@ IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 
 def run_cli(*args):
     return CliRunner().invoke(cli, ["preprocess", *map(str, args)], catch_exceptions=False)
-
-
-def tree(path) -> dict:
-    """{relative path: sha256 (files) or "link -> target" or "dir"} under ``path``, links not followed."""
-    found = {}
-    for folder, dirs, files in os.walk(path):
-        for name in dirs + files:
-            full = os.path.join(folder, name)
-            rel = os.path.relpath(full, path)
-            if os.path.islink(full):
-                found[rel] = "link -> " + os.readlink(full)
-            elif os.path.isdir(full):
-                found[rel] = "dir"
-            elif os.path.isfile(full):
-                found[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-            else:
-                found[rel] = "special"
-    return found
 
 
 def ok(*args):

@@ -7,12 +7,12 @@ no OUTPUT created, nothing written anywhere else).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 
 import image_factory
+from file_trees import tree
 import pytest
 from click.testing import CliRunner
 
@@ -25,23 +25,6 @@ IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
-
-def tree(root) -> dict[str, str]:
-    """Every entry under ``root``: files by sha256, symlinks by target, folders as such."""
-    found = {}
-    for directory, sub_dirs, files in os.walk(root):
-        for name in sub_dirs + files:
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root)
-            if os.path.islink(path):
-                found[relative] = "link:" + os.readlink(path)
-            elif os.path.isdir(path):
-                found[relative] = "dir"
-            else:
-                with open(path, "rb") as f:
-                    found[relative] = hashlib.sha256(f.read()).hexdigest()
-    return found
-
 
 def invoke(*args):
     return CliRunner().invoke(cli, [*map(str, args)])

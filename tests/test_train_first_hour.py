@@ -11,23 +11,12 @@ from PIL import Image
 
 from shardprep.cli import main
 from shardprep.train import preflight
-from train_helpers import write_dataset
+from train_helpers import write_colour_dataset
 
 
 @pytest.fixture(scope="module")
 def colour_dataset(tmp_path_factory):
-    """Two classes told apart by colour, 20x20 raw centre crops (shorter side 20)."""
-    root = tmp_path_factory.mktemp("colours")
-    rng = np.random.default_rng(0)
-
-    def image(label):
-        pixels = rng.integers(0, 120, (20, 20, 3))
-        pixels[..., 0 if label == 0 else 2] += 120
-        return pixels.astype(np.uint8), label
-
-    write_dataset(root, {"train": [image(i % 2) for i in range(64)],
-                         "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
-    return str(root)
+    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def _error_lines(result):

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train import loop, reader, schedules
 from shardprep.train.model import load_model
-from train_helpers import write_dataset
+from train_helpers import write_colour_dataset
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
@@ -24,18 +24,7 @@ SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, war
 
 @pytest.fixture(scope="module")
 def colour_dataset(tmp_path_factory):
-    """Two classes told apart by colour, 20x20 raw images."""
-    root = tmp_path_factory.mktemp("colours")
-    rng = np.random.default_rng(0)
-
-    def image(label):
-        pixels = rng.integers(0, 120, (20, 20, 3))
-        pixels[..., 0 if label == 0 else 2] += 120
-        return pixels.astype(np.uint8), label
-
-    write_dataset(root, {"train": [image(i % 2) for i in range(64)],
-                         "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
-    return str(root)
+    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def _config(data_dir, output_dir, **overrides):

@@ -107,3 +107,17 @@ def random_images(count, height, width, seed=0, labels=(0, 1)):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def write_colour_dataset(root) -> str:
+    """Two classes told apart by colour (red, blue), 20x20 raw centre crops: 64 train and 32 validation images."""
+    rng = np.random.default_rng(0)
+
+    def image(label):
+        pixels = rng.integers(0, 120, (20, 20, 3))
+        pixels[..., 0 if label == 0 else 2] += 120
+        return pixels.astype(np.uint8), label
+
+    write_dataset(root, {"train": [image(i % 2) for i in range(64)],
+                         "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
+    return str(root)

@@ -78,7 +78,11 @@ class ReadPlan:
         return records
 
     def finish(self, batches: tf.data.Dataset) -> tf.data.Dataset:
-        """``batches`` with the plan's determinism and sharding options, prefetched."""
+        """``batches`` with the plan's determinism and sharding options, prefetched; an evaluation pass that is
+        not shared out among input pipelines declares its number of batches."""
+        if not self.training and not self.distributed and self.shard_records_by is None:
+            # Keras then reads the pass to its end without warning that the input "ran out of data".
+            batches = batches.apply(tf.data.experimental.assert_cardinality(-(-sum(self.counts) // self.batch_size)))
         options = tf.data.Options()
         options.deterministic = self.deterministic
         if self.distributed:
