@@ -110,10 +110,10 @@ class Manifest:
     std_rgb: tuple[float, float, float] | None
 
     @classmethod
-    def from_json(cls, document) -> "Manifest":
+    def from_json(cls, document, *, layouts_required: bool = True) -> "Manifest":
         """The typed manifest of a loaded document; raises ManifestError listing its shape problems, or naming a
-        split whose ``record_layout`` does not fit its images."""
-        problems = shape_problems(document)
+        split whose ``record_layout`` does not fit its images. ``layouts_required``: as ``shape_problems``'."""
+        problems = shape_problems(document, layouts_required=layouts_required)
         if problems:
             raise ManifestError("manifest is malformed: " + "; ".join(problems))
         raw_center = document["encoding"] == "raw" and document["crop"] == "center"
@@ -169,5 +169,6 @@ def _triple(value):
 
 
 def typed(manifest) -> Manifest:
-    """``manifest`` as a :class:`Manifest`: itself, or a loaded document converted (``Manifest.from_json``)."""
-    return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)
+    """``manifest`` as a :class:`Manifest` for the train reader: itself, or a loaded document converted
+    (``Manifest.from_json``; a raw centre-crop split without ``record_layout`` is allowed: it is read as TFRecords)."""
+    return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest, layouts_required=False)
