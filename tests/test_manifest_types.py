@@ -110,3 +110,13 @@ def test_a_hand_made_manifest_with_only_the_required_keys_is_read():
     m = Manifest.from_json(document)
     assert m.num_classes == 1 and m.split("train").num_shards == 1 and m.split("train").shards[0].sha256 is None
     assert m.mean_rgb is None and m.stored_shape == (8, 8)
+
+
+def test_preflight_refuses_a_layout_that_does_not_fit_before_tensorflow(outputs, tmp_path):
+    from shardprep.train import preflight
+
+    document = json.loads(outputs["raw-center"])
+    document["splits"]["train"]["record_layout"] = FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
+    (tmp_path / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.to_json(document))
+    with pytest.raises(preflight.PreflightError, match="split 'train'.*does not fit 16x16 images"):
+        preflight.check(str(tmp_path), "train", None)
