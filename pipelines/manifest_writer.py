@@ -4,7 +4,8 @@
 input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest last, once
 every shard is written and the spill folder is gone. What the manifest says is built by the function the graph
 passes in (``build_manifest`` below, with the run's config and plan bound), which also refuses an unaccounted-for
-input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check), ``check_strict``, ``document``.
+input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check, typed ``SplitInfo``s), ``check_strict``,
+``document`` (a typed ``Manifest``, written as its ``to_json``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
 from shardprep.preprocess import accounting, manifest, record_format, sharding
+from shardprep.preprocess.manifest_types import Manifest, ShardEntry, SplitInfo
 
 
 class CountInputs(beam.PTransform):
@@ -138,8 +140,8 @@ def check_inputs_found(config, plan, input_counts, reject_summary) -> None:
 
 
 def split_entries(config, plan, shard_entries, input_counts, summary: sharding.RecordSummary, reject_summary,
-                  layouts: dict | None) -> tuple[dict, list[str]]:
-    """({split: its manifest entry}, problems): per split, examples + rejects must equal inputs, and the shards must
+                  layouts: dict | None) -> tuple[dict[str, SplitInfo], list[str]]:
+    """({split: its SplitInfo}, problems): per split, examples + rejects must equal inputs, and the shards must
     hold the examples. A split whose every input was rejected gets its (empty) shard written here."""
     classes = class_names(plan, summary)
     counts_by_split: dict[str, dict[int, int]] = {}
@@ -163,17 +165,13 @@ def split_entries(config, plan, shard_entries, input_counts, summary: sharding.R
         if sum(e["num_examples"] for e in entries) != num_examples:
             problems.append(f"split {split}: shards hold {sum(e['num_examples'] for e in entries)} records, "
                             f"expected {num_examples}")
-        splits[split] = {
-            "num_inputs": num_inputs,
-            "num_examples": num_examples,
-            "num_rejected": num_rejected,
-            "rejected_by_reason": dict(sorted(rejected.items())),
-            "class_counts": {name: label_counts.get(i, 0) for i, name in enumerate(classes)},
-            "num_shards": len(entries),
-            "shards": [{k: e[k] for k in ("file", "num_examples", "num_bytes", "sha256")} for e in entries],
-        }
-        if (layouts or {}).get(split) is not None:
-            splits[split]["record_layout"] = layouts[split].to_json()
+        splits[split] = SplitInfo(
+            num_inputs=num_inputs, num_examples=num_examples, num_rejected=num_rejected,
+            rejected_by_reason=dict(sorted(rejected.items())),
+            class_counts={name: label_counts.get(i, 0) for i, name in enumerate(classes)},
+            num_shards=len(entries),
+            shards=tuple(ShardEntry(e["file"], e["num_examples"], e["num_bytes"], e["sha256"]) for e in entries),
+            record_layout=(layouts or {}).get(split))
     return splits, problems
 
 
@@ -182,9 +180,9 @@ def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
     return list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
 
 
-def check_strict(config, splits: dict, reject_summary) -> None:
+def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
     """--strict: any reject fails the run (no manifest)."""
-    total_rejected = sum(s["num_rejected"] for s in splits.values())
+    total_rejected = sum(s.num_rejected for s in splits.values())
     if not config.strict or not total_rejected:
         return
     reasons: dict[str, int] = {}
@@ -196,35 +194,36 @@ def check_strict(config, splits: dict, reject_summary) -> None:
         f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
 
 
-def document(config, plan, runner: str, splits: dict, summary: sharding.RecordSummary) -> dict:
-    """The manifest document of an accounted-for run (keys in the order readers and the pinned bytes expect)."""
+def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: sharding.RecordSummary) -> dict:
+    """The manifest document of an accounted-for run: the :class:`Manifest`'s ``to_json`` (keys in the order
+    readers and the pinned bytes expect)."""
     mean, std = sharding.pixel_statistics(summary.pixel_sums)
     classes = class_names(plan, summary)
     square = config.crop == "center"
-    return {
-        "format_version": manifest.FORMAT_VERSION,
-        "tool": manifest.TOOL,
-        "tool_version": manifest.tool_version(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": config.source,
-        "source_kind": plan.kind,
-        "options": {**dataclasses.asdict(config), "runner": runner},
-        "classes": classes,
-        "num_classes": len(classes),
-        "encoding": config.encoding,
-        "jpeg_quality": config.jpeg_quality if config.encoding == "jpeg" else None,
-        "shorter_side": config.shorter_side,
-        "crop": config.crop,
-        "image_height": config.shorter_side if square else None,
-        "image_width": config.shorter_side if square else None,
-        "channels": record_format.CHANNELS,
-        "seed": config.seed,
-        "splits": splits,
-        "num_inputs": sum(s["num_inputs"] for s in splits.values()),
-        "num_examples": sum(s["num_examples"] for s in splits.values()),
-        "num_rejected": sum(s["num_rejected"] for s in splits.values()),
-        "rejects_file": manifest.REJECTS_NAME,
-        "stats_split": plan.stats_split,
-        "mean_rgb": mean,
-        "std_rgb": std,
-    }
+    return Manifest(
+        format_version=manifest.FORMAT_VERSION,
+        tool=manifest.TOOL,
+        tool_version=manifest.tool_version(),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        source=config.source,
+        source_kind=plan.kind,
+        options={**dataclasses.asdict(config), "runner": runner},
+        classes=tuple(classes),
+        num_classes=len(classes),
+        encoding=config.encoding,
+        jpeg_quality=config.jpeg_quality if config.encoding == "jpeg" else None,
+        shorter_side=config.shorter_side,
+        crop=config.crop,
+        image_height=config.shorter_side if square else None,
+        image_width=config.shorter_side if square else None,
+        channels=record_format.CHANNELS,
+        seed=config.seed,
+        splits=splits,
+        num_inputs=sum(s.num_inputs for s in splits.values()),
+        num_examples=sum(s.num_examples for s in splits.values()),
+        num_rejected=sum(s.num_rejected for s in splits.values()),
+        rejects_file=manifest.REJECTS_NAME,
+        stats_split=plan.stats_split,
+        mean_rgb=tuple(mean) if mean is not None else None,
+        std_rgb=tuple(std) if std is not None else None,
+    ).to_json()

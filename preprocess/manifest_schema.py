@@ -138,8 +138,11 @@ def _classes(problems: list[str], manifest: dict) -> list | None:
     return classes
 
 
-def shape_problems(manifest) -> list[str]:
-    """Problems with the manifest's keys and value types; empty when every reader can rely on them."""
+def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
+    """Problems with the manifest's keys and value types; empty when every reader can rely on them.
+
+    ``layouts_required=False``: a raw centre-crop split without ``record_layout`` is no problem (the train reader
+    reads such a split as ordinary TFRecords); one that has a ``record_layout`` is still checked."""
     if not isinstance(manifest, dict):
         return [f"manifest: must be a JSON object, is {_describe(manifest)}"]
     problems: list[str] = []
@@ -182,7 +185,7 @@ def shape_problems(manifest) -> list[str]:
         if not isinstance(splits, dict):
             problems.append(f"splits: must be an object {{split: {{...}}}}, is {_describe(splits)}")
         else:
-            raw_center = manifest.get("encoding") == "raw" and square
+            raw_center = manifest.get("encoding") == "raw" and square and layouts_required
             for split, info in splits.items():
                 _split_problems(problems, split, info, raw_center, classes)
             stats_split = manifest.get("stats_split")

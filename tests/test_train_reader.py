@@ -271,9 +271,13 @@ def test_missing_manifest_and_unknown_split_are_explained(tmp_path, raw_dataset)
 
 
 def test_default_shuffle_buffer_is_about_a_gibibyte_of_records_within_the_split():
-    manifest = {"crop": "center", "image_height": 256, "image_width": 256, "splits": {
-        "train": {"num_examples": 100_000, "shards": [{"num_bytes": 100_000 * (256 * 256 * 3 + 80)}]},
-        "tiny": {"num_examples": 10, "shards": [{"num_bytes": 10 * 200_000}]}}}
+    def split(n, num_bytes):  # a well-formed split: the reader reads the manifest as a typed Manifest
+        return {"num_examples": n, "class_counts": {"a": n},
+                "shards": [{"file": "s.tfrecord", "num_examples": n, "num_bytes": num_bytes}]}
+
+    manifest = {"format_version": 1, "classes": ["a"], "encoding": "jpeg", "shorter_side": 256, "crop": "center",
+                "image_height": 256, "image_width": 256, "splits": {
+                    "train": split(100_000, 100_000 * (256 * 256 * 3 + 80)), "tiny": split(10, 10 * 200_000)}}
     assert reader.default_shuffle_buffer(manifest, "train") == (1 << 30) // (256 * 256 * 3 + 80)
     assert reader.default_shuffle_buffer(manifest, "tiny") == 10
 

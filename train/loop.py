@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import checkpoints, reader
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.model import build_model
@@ -103,15 +104,15 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
     """Trains ResNet-18 on ``config.data_dir`` and writes ``history.json``, ``summary.json`` and ``model.keras`` to
     ``config.output_dir``; returns the summary. ``strategy`` defaults to :func:`choose_strategy`."""
     config.validate()
-    manifest = reader.load_manifest(config.data_dir)
-    stored_height, stored_width = reader.stored_image_shape(manifest)
+    manifest = typed(reader.load_manifest(config.data_dir))
+    stored_height, stored_width = manifest.stored_shape
     if config.image_size > min(stored_height, stored_width):
         raise ValueError(f"--image-size {config.image_size} is larger than the stored images "
                          f"({stored_height}x{stored_width})")
     for option, split in (("--train-split", config.train_split), ("--val-split", config.val_split)):
-        if split not in manifest["splits"]:
+        if split not in manifest.splits:
             raise ValueError(f"{option} {split!r} is not a split of {config.data_dir} (splits: "
-                             f"{', '.join(manifest['splits']) or 'none'}); pass {option} with one of them")
+                             f"{', '.join(manifest.splits) or 'none'}); pass {option} with one of them")
     strategy = strategy or choose_strategy()
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
@@ -139,7 +140,7 @@ class _Metrics:
             metric.reset_state()
 
 
-def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report) -> dict:
+def _train(config: TrainConfig, strategy, precision: str, manifest: Manifest, report) -> dict:
     jit_compile = config.jit_compile
     if jit_compile is None:
         jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
@@ -151,10 +152,10 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     train_examples = reader.split_size(manifest, config.train_split)
     steps_per_epoch = config.steps_per_epoch or max(1, train_examples // config.batch_size)
     base_lr = config.learning_rate if config.learning_rate is not None else 0.1 * config.batch_size / 256
-    num_classes = len(manifest["classes"])
+    num_classes = manifest.num_classes
 
     with strategy.scope():
-        model = build_model(num_classes, config.image_size, manifest["mean_rgb"], manifest["std_rgb"],
+        model = build_model(num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
                             augment=config.augment, seed=config.seed,
                             width_multiplier=config.width_multiplier, weight_decay=config.weight_decay)
         optimizer = make_optimizer(config, base_lr, steps_per_epoch, precision)
@@ -195,7 +196,7 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: dict, report
     return summary
 
 
-def _distributed_datasets(config: TrainConfig, strategy, manifest: dict, data_seed: int | None):
+def _distributed_datasets(config: TrainConfig, strategy, manifest: Manifest, data_seed: int | None):
     """The training and validation splits, one input pipeline per worker (``distribute_datasets_from_function``)."""
     def dataset_fn(split, training):
         return lambda context: reader.make_dataset(

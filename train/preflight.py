@@ -13,6 +13,7 @@ import os
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import manifest_schema
+from shardprep.preprocess.manifest_types import Manifest
 
 
 class PreflightError(ValueError):
@@ -166,30 +167,35 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise PreflightError(f"{manifest_path} has the wrong shape: {problems[0]}{more}; run shardprep validate "
                              f"{data_dir} for the full list, or rerun preprocess with --overwrite")
-    if not manifest["classes"]:
+    try:
+        typed_manifest = Manifest.from_json(manifest)
+    except manifest_lib.ManifestError as e:  # a record_layout that does not fit the images
+        raise PreflightError(f"{manifest_path}: {e}; run shardprep validate {data_dir}, or rerun preprocess with "
+                             "--overwrite") from e
+    if not typed_manifest.classes:
         raise PreflightError(f"{manifest_path} lists no classes, so there is nothing to train; rerun preprocess on "
                              "a source with class folders or labels")
-    splits = manifest["splits"]
+    splits = typed_manifest.splits
     val_split = validation_split(manifest, val_split, data_dir)
-    present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info['num_examples']:,}"
+    present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info.num_examples:,}"
                                                            for name, info in splits.items())) if splits else "none"
     for option, split in (("--train-split", train_split), ("--val-split", val_split)):
         if split not in splits:
             raise PreflightError(f"{option} {split!r} is not a split of {data_dir} (splits: {present}); "
                                  f"pass {option} with one of them")
-        if splits[split]["num_examples"] == 0:
+        if splits[split].num_examples == 0:
             raise PreflightError(f"{option} {split!r} of {data_dir} has 0 examples (splits: {present}); pass "
                                  f"{option} with a non-empty split, or rerun preprocess with inputs for it")
     for split in dict.fromkeys((train_split, val_split)):
-        for shard in splits[split]["shards"]:
-            path = manifest_lib.join(data_dir, shard["file"])
+        for shard in splits[split].shards:
+            path = manifest_lib.join(data_dir, shard.file)
             size = _size(path)
             if size is None:
                 raise PreflightError(f"shard {path} of split {split!r} is missing; the dataset is damaged: run "
                                      f"shardprep validate {data_dir}, then rerun preprocess with --overwrite")
-            if size != shard["num_bytes"]:
+            if size != shard.num_bytes:
                 raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
-                                     f"{shard['num_bytes']:,} (truncated or replaced); run shardprep validate "
+                                     f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
                                      f"{data_dir}, then rerun preprocess with --overwrite")
     if output_dir is not None:
         _check_output_dir(output_dir)

@@ -44,6 +44,7 @@ import tensorflow as tf
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
 from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 
@@ -62,44 +63,38 @@ def load_manifest(data_dir: str) -> dict:
         return manifest_lib.from_json(f.read())
 
 
-def stored_image_shape(manifest: dict) -> tuple[int, int]:
+def stored_image_shape(manifest: dict | Manifest) -> tuple[int, int]:
     """(height, width) of the images :func:`make_dataset` yields for this dataset.
 
     ``crop: center`` datasets store one size; ``crop: none`` datasets keep the aspect ratio, and the reader cuts a
     ``shorter_side`` square out of each image.
     """
-    if manifest["crop"] == "none":
-        side = int(manifest["shorter_side"])
-        return side, side
-    return int(manifest["image_height"]), int(manifest["image_width"])
+    return typed(manifest).stored_shape
 
 
-def split_size(manifest: dict, split: str) -> int:
-    """Number of examples in ``split``."""
-    manifest_lib.shard_files(manifest, split)  # raises a KeyError naming the known splits
-    return int(manifest["splits"][split]["num_examples"])
+def split_size(manifest: dict | Manifest, split: str) -> int:
+    """Number of examples in ``split`` (a KeyError naming the known splits if there is none)."""
+    return typed(manifest).split(split).num_examples
 
 
-def default_shuffle_buffer(manifest: dict, split: str) -> int:
+def default_shuffle_buffer(manifest: dict | Manifest, split: str) -> int:
     """Records the shuffle buffer holds by default: about 1 GiB of records, within [1024, 16384], at most the split."""
-    info = manifest["splits"][split]
-    num_examples = max(1, int(info["num_examples"]))
-    total_bytes = sum(int(shard.get("num_bytes") or 0) for shard in info["shards"])
-    height, width = stored_image_shape(manifest)
+    manifest = typed(manifest)
+    info = manifest.split(split)
+    num_examples = max(1, info.num_examples)
+    total_bytes = info.num_bytes
+    height, width = manifest.stored_shape
     record_bytes = total_bytes / num_examples if total_bytes else height * width * record_format.CHANNELS
     buffer = int(SHUFFLE_BUFFER_BYTES // max(1.0, record_bytes))
     return max(1, min(num_examples, max(MIN_SHUFFLE_BUFFER, min(MAX_SHUFFLE_BUFFER, buffer))))
 
 
-def fixed_layout(manifest: dict, split: str) -> FixedLayout | None:
+def fixed_layout(manifest: dict | Manifest, split: str) -> FixedLayout | None:
     """The split's fixed record layout (raw centre crops written with one), else None.
 
-    Raises ``ValueError`` (``RecordFormatError``) if the manifest's ``record_layout`` does not fit its images.
+    Raises ``ManifestError`` (a ``ValueError``) if the manifest's ``record_layout`` does not fit its images.
     """
-    record_layout = manifest["splits"][split].get("record_layout")
-    if record_layout is None or manifest["encoding"] != "raw" or manifest["crop"] != "center":
-        return None
-    return FixedLayout.from_json(record_layout, *stored_image_shape(manifest))
+    return typed(manifest).split(split).record_layout
 
 
 def make_dataset(
@@ -113,7 +108,7 @@ def make_dataset(
     shuffle_buffer: int | None = None,
     cycle_length: int | None = None,
     deterministic: bool | None = None,
-    manifest: dict | None = None,
+    manifest: dict | Manifest | None = None,
     verify_records: bool = False,
     random_access: bool | None = None,
 ) -> tf.data.Dataset:
@@ -136,7 +131,7 @@ def make_dataset(
       shuffle_buffer: records in the shuffle buffer; default :func:`default_shuffle_buffer` (about 1 GiB).
       cycle_length: shard files read concurrently (default ``min(files, 16)``).
       deterministic: force (or forbid) deterministic element order; default: ``training`` and no seed -> not.
-      manifest: the already loaded manifest.
+      manifest: the already loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
       verify_records: read fixed-layout shards as TFRecords, checking every record's CRC (slower); other shards
         are always read that way.
       random_access: for fixed-layout shards, gather each batch's records straight from the files
@@ -148,13 +143,12 @@ def make_dataset(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    manifest = manifest if manifest is not None else load_manifest(data_dir)
+    manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
     plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
                  cycle_length, deterministic)
     layout = None if verify_records else fixed_layout(manifest, split)
     if layout is None:
-        batches = read_examples.example_batches(plan, manifest["encoding"], manifest["crop"],
-                                                int(manifest["shorter_side"]))
+        batches = read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
     else:
         plan = plan.without_empty_shards()
         if random_access is None:
@@ -164,18 +158,15 @@ def make_dataset(
     return plan.finish(batches)
 
 
-def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: dict,
+def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
           input_context, shuffle_buffer: int | None, cycle_length: int | None,
           deterministic: bool | None) -> ReadPlan:
     """The :class:`ReadPlan` of ``make_dataset``'s arguments: this input pipeline's shards and batch size."""
-    if manifest["encoding"] not in record_format.ENCODINGS:
-        raise manifest_lib.ManifestError(f"unknown encoding {manifest['encoding']!r} in manifest")
-    if manifest["crop"] not in ("center", "none"):
-        raise manifest_lib.ManifestError(f"unknown crop {manifest['crop']!r} in manifest")
-    files = [manifest_lib.join(data_dir, name) for name in manifest_lib.shard_files(manifest, split)]
+    shards = manifest.split(split).shards  # encoding and crop are known ones: Manifest.from_json checked the shape
+    files = [manifest_lib.join(data_dir, shard.file) for shard in shards]
     if not files:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    counts = [int(entry["num_examples"]) for entry in manifest["splits"][split]["shards"]]
+    counts = [shard.num_examples for shard in shards]
     per_replica_batch, shard_records_by = batch_size, None
     if input_context is not None:
         per_replica_batch = input_context.get_per_replica_batch_size(batch_size)
@@ -185,7 +176,7 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
                 files, counts = files[pipeline_id::pipelines], counts[pipeline_id::pipelines]
             else:
                 shard_records_by = (pipelines, pipeline_id)
-    height, width = stored_image_shape(manifest)
+    height, width = manifest.stored_shape
     return ReadPlan(
         data_dir=data_dir, split=split, files=files, counts=counts, height=height, width=width,
         batch_size=per_replica_batch, training=training, seed=seed,
