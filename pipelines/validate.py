@@ -59,7 +59,7 @@ from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, sources
+from shardprep.preprocess import manifest_schema, manifest_types, sources
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "build_dataset_pipeline",
            "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
@@ -204,6 +204,15 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[di
     return manifest, driver_problems + fixed_layouts(manifest)[1] + layout_problems(manifest, found)
 
 
+def _typed(manifest: dict) -> manifest_types.Manifest:
+    """The shape-checked manifest as typed values. A ``record_layout`` that fits no layout of its images is left out:
+    validate reports it as a ``record_layout`` problem and still reads the split's shards."""
+    unfit = {found["split"] for found in fixed_layouts(manifest)[1]}
+    splits = {name: {k: v for k, v in info.items() if not (k == "record_layout" and name in unfit)}
+              for name, info in manifest["splits"].items()}
+    return manifest_types.Manifest.from_json({**manifest, "splits": splits}, layouts_required=False)
+
+
 def _sample_options(manifest: dict, stats_split: str | None, args) -> SampleOptions | None:
     """Which records become contact-sheet candidates (``--pictures``, from the stats split), else None."""
     if not args.pictures or stats_split not in manifest["splits"]:
@@ -225,11 +234,11 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
     if manifest is None:
         return report_lib.finish(report, driver_problems, [], args.max_problems_per_check)
     present = set(found)
-    tasks = [ShardTask(split, shard["file"], manifest_lib.join(data_dir, shard["file"]), shard)
-             for split, info in manifest["splits"].items() for shard in info["shards"] if shard["file"] in present]
+    tasks = [ShardTask(split, shard.file, manifest_lib.join(data_dir, shard.file), shard)
+             for split, info in _typed(manifest).splits.items() for shard in info.shards if shard.file in present]
     stats_split = manifest.get("stats_split") or next(iter(manifest["splits"]), None)
     samples = _sample_options(manifest, stats_split, args)
-    total_bytes = sum(int(task.expected.get("num_bytes") or 0) for task in tasks)
+    total_bytes = sum(task.expected.num_bytes for task in tasks)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, args.samples_per_class, args.max_problems_per_check,

@@ -180,7 +180,9 @@ preprocess.build_pipeline(p, config, preprocess.plan_source(config))
 graphs["preprocess"] = p
 manifest = {"encoding": "raw", "crop": "center", "shorter_side": 16, "image_height": 16, "image_width": 16,
             "classes": ["cat", "dog"], "splits": {"train": {"num_examples": 2, "shards": []}}}
-task = validate.ShardTask("train", "train/train-00000-of-00001.tfrecord", str(out / "x.tfrecord"), {})
+from shardprep.preprocess.manifest_types import ShardEntry
+task = validate.ShardTask("train", "train/train-00000-of-00001.tfrecord", str(out / "x.tfrecord"),
+                          ShardEntry("train/train-00000-of-00001.tfrecord", 0, 0))
 p = beam.Pipeline(runner=FnApiRunner())
 validate.build_dataset_pipeline(p, manifest, [task], str(out / "results"),
                                 validate.SampleOptions("train", 1.0, 32), 2, 10)

@@ -24,6 +24,7 @@ from shardprep.pipelines.validation.report import sample_line, split_summary
 from shardprep.pipelines.validation.stats import SplitStats, channel_sums
 from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.manifest_types import ShardEntry
 
 SHARD = "train/train-00000-of-00001.tfrecord"
 VALUES = (10, 200, 90)  # one grey level per record
@@ -53,7 +54,7 @@ def write_shard(tmp_path, data: bytes) -> tuple[ShardTask, dict]:
     path = tmp_path / "shard.tfrecord"
     path.write_bytes(data)
     entry = {"file": SHARD, "num_examples": 3, "num_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    return ShardTask("train", SHARD, str(path), entry), manifest(entry)
+    return ShardTask("train", SHARD, str(path), ShardEntry.from_json(entry)), manifest(entry)
 
 
 def expected_stats() -> SplitStats:

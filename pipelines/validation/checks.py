@@ -14,6 +14,7 @@ import re
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
 from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.manifest_types import ShardEntry
 from shardprep.preprocess.record_format import ImageRecord, RecordFormatError, read_varint
 from shardprep.preprocess.tfrecord_io import HEADER_BYTES, framed_size
 
@@ -242,18 +243,19 @@ def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
     return found
 
 
-def shard_problems(split: str, file: str, expected: dict, num_records: int, num_bytes: int, sha256: str) -> list[dict]:
+def shard_problems(split: str, file: str, expected: ShardEntry, num_records: int, num_bytes: int,
+                   sha256: str) -> list[dict]:
     """Compares what was read from one shard with its manifest entry."""
     found = []
-    if num_records != expected.get("num_examples"):
-        found.append(problem("shard_count", f"{num_records} records, manifest says {expected.get('num_examples')}",
+    if num_records != expected.num_examples:
+        found.append(problem("shard_count", f"{num_records} records, manifest says {expected.num_examples}",
                              split=split, file=file, num_records=num_records,
-                             expected_num_records=expected.get("num_examples")))
-    if num_bytes != expected.get("num_bytes"):
-        found.append(problem("shard_size", f"{num_bytes} bytes, manifest says {expected.get('num_bytes')}",
+                             expected_num_records=expected.num_examples))
+    if num_bytes != expected.num_bytes:
+        found.append(problem("shard_size", f"{num_bytes} bytes, manifest says {expected.num_bytes}",
                              split=split, file=file))
-    if sha256 != expected.get("sha256"):
-        found.append(problem("shard_sha256", f"sha256 {sha256}, manifest says {expected.get('sha256')}",
+    if sha256 != expected.sha256:
+        found.append(problem("shard_sha256", f"sha256 {sha256}, manifest says {expected.sha256}",
                              split=split, file=file))
     return found
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from shardprep.preprocess.manifest_types import ShardEntry
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
@@ -13,7 +15,7 @@ class ShardTask:
     split: str
     file: str
     path: str
-    expected: dict
+    expected: ShardEntry
 
 
 @dataclasses.dataclass(frozen=True)
