@@ -54,13 +54,18 @@ def unsafe_relative_path(path: str) -> str | None:
     return None
 
 
+def _object_with_keys(problems: list[str], path: str, value, required) -> bool:
+    """Whether ``value`` is an object; each of ``required`` it lacks (or its not being one) is a problem."""
+    if not isinstance(value, dict):
+        problems.append(f"{path}: must be an object, is {_describe(value)}")
+        return False
+    problems.extend(f"{path}.{key}: missing" for key in required if key not in value)
+    return True
+
+
 def _shard_problems(problems: list[str], path: str, shard) -> None:
-    if not isinstance(shard, dict):
-        problems.append(f"{path}: must be an object, is {_describe(shard)}")
+    if not _object_with_keys(problems, path, shard, ("file", "num_examples", "num_bytes")):
         return
-    for key in ("file", "num_examples", "num_bytes"):
-        if key not in shard:
-            problems.append(f"{path}.{key}: missing")
     if "file" in shard:
         if not isinstance(shard["file"], str):
             problems.append(f"{path}.file: must be a string, is {_describe(shard['file'])}")
@@ -79,12 +84,8 @@ def _shard_problems(problems: list[str], path: str, shard) -> None:
 
 def _split_problems(problems: list[str], split: str, info, raw_center: bool, classes) -> None:
     path = f"splits.{split}"
-    if not isinstance(info, dict):
-        problems.append(f"{path}: must be an object, is {_describe(info)}")
+    if not _object_with_keys(problems, path, info, ("num_examples", "class_counts", "shards")):
         return
-    for key in ("num_examples", "class_counts", "shards"):
-        if key not in info:
-            problems.append(f"{path}.{key}: missing")
     for key in ("num_inputs", "num_examples", "num_rejected", "num_shards"):
         if key in info:
             _count(problems, f"{path}.{key}", info[key])
@@ -112,14 +113,9 @@ def _split_problems(problems: list[str], split: str, info, raw_center: bool, cla
                             "reads records by it)")
         elif raw_center:
             problems.append(f"{path}.record_layout: must be an object, is null")
-    elif not isinstance(layout, dict):
-        problems.append(f"{path}.record_layout: must be an object, is {_describe(layout)}")
-    else:
-        for key in _LAYOUT_KEYS:
-            if key not in layout:
-                problems.append(f"{path}.record_layout.{key}: missing")
-            else:
-                _count(problems, f"{path}.record_layout.{key}", layout[key], minimum=1 if key == "record_bytes" else 0)
+    elif _object_with_keys(problems, f"{path}.record_layout", layout, _LAYOUT_KEYS):
+        for key in (key for key in _LAYOUT_KEYS if key in layout):
+            _count(problems, f"{path}.record_layout.{key}", layout[key], minimum=1 if key == "record_bytes" else 0)
 
 
 def _classes(problems: list[str], manifest: dict) -> list | None:
