@@ -60,7 +60,9 @@ setuptools.setup(
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography"],
+        # JAX (CPU) runs the tests of training on a second Keras backend.
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
+                 "jax[cpu]"],
     },
     entry_points={"console_scripts": ["shardprep = shardprep.cli:main"]},
 )
