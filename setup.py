@@ -60,6 +60,9 @@ setuptools.setup(
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={
+        # Other Keras backends for `shardprep train --backend`: TensorFlow is installed anyway (preprocess needs it).
+        "jax": ["jax"],
+        "torch": ["torch"],
         # JAX (CPU) runs the tests of training on a second Keras backend.
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
                  "jax[cpu]"],
