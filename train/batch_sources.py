@@ -24,7 +24,7 @@ import numpy as np
 from shardprep.preprocess import record_format
 from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train import record_gather
-from shardprep.train.record_gather import RECORD_INDEX_BITS, FixedLayoutGather, ReusedBuffers
+from shardprep.train.record_gather import RECORD_INDEX_BITS, ReusedBuffers
 from shardprep.train.record_index import ExampleGather
 
 CHANNELS = record_format.CHANNELS
@@ -74,7 +74,7 @@ class FixedLayoutSource:
 
     def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None):
         record_gather.check_shard_sizes(paths, counts, layout)
-        self.gather = FixedLayoutGather(paths, layout, buffers)
+        self.gather = record_gather.FixedLayoutGather(paths, layout, buffers)
         self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.image_shape = self.gather.image_shape
 

@@ -47,6 +47,7 @@ from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
+from shardprep.train.record_order import RecordOrder
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
 SHUFFLE_BUFFER_BYTES = 1 << 30
@@ -111,6 +112,7 @@ def make_dataset(
     manifest: dict | Manifest | None = None,
     verify_records: bool = False,
     random_access: bool | None = None,
+    start_step: int = 0,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
 
@@ -143,19 +145,56 @@ def make_dataset(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
     manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
+    remote = "://" in data_dir
+    if random_access is None:
+        random_access = not remote and record_gather.AVAILABLE
+    if random_access and remote:
+        raise ValueError(f"random_access reads local shards only, not {data_dir}")
+    if random_access:
+        return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
+                                      verify_records, start_step)
+    if start_step:
+        raise ValueError(f"start_step={start_step}: resuming mid-epoch needs local shards read by random access "
+                         f"(a {'URL' if remote else 'streamed read'} follows tf.data's shuffles, which cannot "
+                         "start at a step); copy the dataset to a local disk, or start at 0")
     plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
                  cycle_length, deterministic)
     layout = None if verify_records else fixed_layout(manifest, split)
     if layout is None:
         batches = read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
     else:
-        plan = plan.without_empty_shards()
-        if random_access is None:
-            random_access = not plan.remote and record_gather.AVAILABLE
-        read = read_gather.gathered_batches if random_access else read_stream.streamed_batches
-        batches = read(plan, layout)
+        batches = read_stream.streamed_batches(plan.without_empty_shards(), layout)
     return plan.finish(batches)
+
+
+def _random_access_batches(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None,
+                           manifest: Manifest, input_context, verify_records: bool,
+                           start_step: int) -> tf.data.Dataset:
+    """The batches of the NumPy order (:mod:`~shardprep.train.record_order`), gathered from local shards."""
+    shards = manifest.split(split).shards
+    if not shards:
+        raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    counts = [shard.num_examples for shard in shards]
+    if not sum(counts):
+        raise ValueError(f"split {split!r} of {data_dir} has no examples")
+    num_shards, index = 1, 0
+    if input_context is not None:
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+        num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
+    paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
+    layout = None if verify_records else fixed_layout(manifest, split)
+    if layout is not None:
+        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step)
+    else:
+        height, width = manifest.stored_shape
+        serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step)
+        batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
+                                                height, width, training)
+    return read_gather.finish(batches, order, distributed=input_context is not None)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
