@@ -163,3 +163,132 @@ def test_torch_dataloader_yields_the_same_records(dataset):
         assert labels.tolist() == expected_labels.tolist()
         if records.manifest.crop == "center":
             np.testing.assert_array_equal(images.numpy(), expected_images)
+
+
+def _run(script, timeout=120):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]), TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_framework_free_reader_imports_no_tensorflow(dataset):
+    done = _run(f"""
+        import sys
+        from shardprep.train.numpy_reader import NumpyReader
+        from shardprep.train.record_dataset import EpochSampler, RecordDataset
+        reader = NumpyReader({dataset!r}, "train", 4, True, seed=0)
+        images, labels = next(iter(reader))
+        records = RecordDataset({dataset!r}, "train")
+        records[list(EpochSampler(records, seed=0))[0]]
+        list(NumpyReader({dataset!r}, "validation", 4, False))
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "jax",
+                                                                   "torch", "apache_beam")))
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_process_exits_while_the_reader_prefetches(tmp_path):
+    items = random_images(64, 128, 128, seed=13, labels=(0, 1))
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=4)
+    done = _run(f"""
+        from shardprep.train.numpy_reader import NumpyReader
+        reader = NumpyReader({str(tmp_path)!r}, "train", 16, True, seed=0, threads=4, prefetch=8)
+        kept = iter(reader)
+        for _ in range(5):
+            next(kept)
+        dropped = iter(NumpyReader({str(tmp_path)!r}, "train", 16, True, seed=1))
+        next(dropped)
+        del dropped
+        print("read", flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "read"
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten(dataset):
+    reader = NumpyReader(dataset, "train", 4, True, seed=3, prefetch=2)
+    kept = [(images, images.copy(), labels, labels.copy()) for images, labels in itertools.islice(reader, 30)]
+    for images, copy, labels, labels_copy in kept:
+        np.testing.assert_array_equal(images, copy)
+        np.testing.assert_array_equal(labels, labels_copy)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(batch_size=0), "batch_size must be positive"),
+    (dict(num_shards=2, index=2), r"index must be in \[0, num_shards=2\)"),
+    (dict(num_shards=30), "num_shards=30 is more than the split's 23 records"),
+    (dict(start_step=-1), "start_step must be"),
+    (dict(threads=0), "threads must be positive"),
+])
+def test_bad_arguments_are_refused_clearly(dataset, kwargs, message):
+    arguments = dict(batch_size=4) | kwargs
+    with pytest.raises(ValueError, match=message):
+        NumpyReader(dataset, "train", arguments.pop("batch_size"), True, **arguments)
+
+
+def test_missing_datasets_splits_and_urls_are_explained(tmp_path, dataset):
+    from shardprep.preprocess.manifest import ManifestError
+
+    with pytest.raises(ManifestError, match="is an empty folder, not a prepared dataset"):
+        NumpyReader(str(tmp_path), "train", 4, True)
+    with pytest.raises(KeyError, match="splits: train, validation"):
+        NumpyReader(dataset, "test", 4, False)
+    with pytest.raises(ValueError, match="NumpyReader reads local datasets only"):
+        NumpyReader("gs://bucket/data", "train", 4, True)
+
+
+def test_keras_py_dataset_gives_the_readers_batches_epoch_after_epoch(dataset):
+    reader = NumpyReader(dataset, "train", 4, True, seed=7)
+    expected = _numpy_batches(NumpyReader(dataset, "train", 4, True, seed=7), 10)
+    batches = reader.as_py_dataset()
+    assert batches.num_batches == len(batches) == 5
+    for epoch in range(2):
+        batches.on_epoch_begin()
+        _assert_same([batches[i] for i in (4, 0)], [expected[epoch * 5 + 4], expected[epoch * 5]])
+        batches.on_epoch_end()
+    assert reader.state().step == 10
+    validation = NumpyReader(dataset, "validation", 4, False).as_py_dataset()
+    assert len(validation) == 3 and len(validation[2][1]) == 3
+
+
+def test_keras_backup_and_restore_resumes_with_the_batches_of_an_uninterrupted_run(tmp_path):
+    # Keras 3 restores the weights, the optimizer (its iterations: the global step) and the epoch, and restarts that
+    # epoch at batch 0; steps_done makes the PyDataset start each epoch at the restored step instead.
+    keras = pytest.importorskip("keras")
+    write_dataset(tmp_path / "data", {"train": random_images(24, 6, 5, seed=3, labels=(0, 1, 2))},
+                  classes=["a", "b", "c"], num_shards=2)
+    fed, restored = [], []
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 9:
+                raise RuntimeError("interrupted")
+
+    class Watch(keras.callbacks.Callback):
+        def __init__(self, batches):
+            super().__init__()
+            self.batches = batches
+
+        def on_train_begin(self, logs=None):
+            restored.append(int(self.model.optimizer.iterations))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            fed.append(self.batches.epoch_start + batch)
+
+    def fit(*extra):
+        model = keras.Sequential([keras.Input((6, 5, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        batches = NumpyReader(str(tmp_path / "data"), "train", 4, True, seed=1).as_py_dataset(
+            steps_done=lambda: int(model.optimizer.iterations))  # 6 batches an epoch
+        callbacks = [keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=4), Watch(batches)]
+        model.fit(batches, epochs=3, callbacks=callbacks + list(extra), verbose=0)
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(Interrupt())
+    assert fed == list(range(9)) and restored == [0]
+    del fed[:]
+    fit()
+    step = restored[1]
+    assert 0 < step < 9 and step % 6  # restored mid-epoch
+    assert fed == list(range(step, step + len(fed))) and len(fed) == (3 - step // 6) * 6
