@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.train import record_gather
 from shardprep.train.batch_sources import FixedLayoutSource, gather_ids
 from shardprep.train.record_index import ExampleGather
 from shardprep.train.record_order import RecordOrder
@@ -61,8 +62,11 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
         draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
         return serialized, draws
 
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    read_guarded = record_gather.guarded(read_step, lambda: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
+
     def read(step):
-        serialized, draws = tf.numpy_function(read_step, [step], [tf.string, tf.int64], stateful=False,
+        serialized, draws = tf.numpy_function(read_guarded, [step], [tf.string, tf.int64], stateful=False,
                                               name="gather_serialized_records")
         batch = order.batch_size if order.training else None
         serialized.set_shape([batch])
