@@ -292,3 +292,21 @@ def test_keras_backup_and_restore_resumes_with_the_batches_of_an_uninterrupted_r
     step = restored[1]
     assert 0 < step < 9 and step % 6  # restored mid-epoch
     assert fed == list(range(step, step + len(fed))) and len(fed) == (3 - step // 6) * 6
+
+
+def test_dropping_an_iterator_stops_its_threads(dataset):
+    import threading
+    import time
+
+    def reading_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("shardprep-reader")]
+
+    before = len(reading_threads())
+    iterator = iter(NumpyReader(dataset, "train", 4, True, seed=0, threads=3))
+    next(iterator)
+    assert len(reading_threads()) > before
+    del iterator
+    deadline = time.monotonic() + 10
+    while len(reading_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(reading_threads()) == before

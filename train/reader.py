@@ -147,7 +147,9 @@ def make_dataset(
         random reads, and is the only way for URLs.
       start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with
         exactly the batch an uninterrupted run would read next, found without reading the ones before. Needs
-        random access (``ValueError`` otherwise, unless 0).
+        random access (``ValueError`` otherwise, unless 0). ``model.fit`` builds its iterator before
+        ``keras.callbacks.BackupAndRestore`` restores the step, so pass the step saved with your own checkpoint
+        here, or give ``fit`` ``NumpyReader(...).as_py_dataset(steps_done=...)``, which reads it at each epoch.
 
     In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
