@@ -76,14 +76,14 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
     return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool) -> tf.data.Dataset:
-    """``batches`` prefetched, deterministic, not sharded again by tf.distribute. An evaluation pass (a range of
-    steps, mapped) knows its number of batches, so Keras reads it to its end without warning that the input "ran
-    out of data"."""
+def finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool, start_step: int) -> tf.data.Dataset:
+    """``batches`` prefetched, deterministic, not sharded again by tf.distribute; an evaluation pass declares its
+    number of batches (Keras then reads it to its end without warning that the input "ran out of data")."""
+    if not order.training:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(len(order) - start_step))
     options = tf.data.Options()
     options.deterministic = True
     # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
     options.experimental_distribute.auto_shard_policy = (tf.data.experimental.AutoShardPolicy.OFF if distributed
                                                          else tf.data.experimental.AutoShardPolicy.DATA)
     return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
-

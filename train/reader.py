@@ -205,7 +205,7 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
         serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step)
         batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                                 height, width, training)
-    return read_gather.finish(batches, order, distributed=input_context is not None)
+    return read_gather.finish(batches, order, input_context is not None, start_step)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
