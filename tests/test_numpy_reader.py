@@ -298,15 +298,13 @@ def test_dropping_an_iterator_stops_its_threads(dataset):
     import threading
     import time
 
-    def reading_threads():
-        return [t for t in threading.enumerate() if t.name.startswith("shardprep-reader")]
-
-    before = len(reading_threads())
+    before = set(threading.enumerate())
     iterator = iter(NumpyReader(dataset, "train", 4, True, seed=0, threads=3))
     next(iterator)
-    assert len(reading_threads()) > before
+    started = [t for t in threading.enumerate() if t not in before and t.name.startswith("shardprep-reader")]
+    assert started
     del iterator
     deadline = time.monotonic() + 10
-    while len(reading_threads()) > before and time.monotonic() < deadline:
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(reading_threads()) == before
+    assert not any(t.is_alive() for t in started)
