@@ -336,3 +336,22 @@ def test_start_step_and_small_splits_are_checked(raw_dataset):
     for (images, labels), (tail_images, tail_labels) in zip(full[1:], tail):
         np.testing.assert_array_equal(images, tail_images)
         np.testing.assert_array_equal(labels, tail_labels)
+
+
+@pytest.mark.parametrize("encoding,record", [("raw", 2), ("raw", 5), ("jpeg", 5)])  # record 5 ends its shard
+def test_verify_records_finds_a_flipped_byte_that_plain_reads_pass_over(tmp_path, encoding, record):
+    items = random_images(12, 6, 5, seed=8, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], encoding=encoding, num_shards=2)
+    path = tmp_path / manifest["splits"]["train"]["shards"][1]["file"]
+    data = bytearray(path.read_bytes())
+    layout = manifest["splits"]["train"].get("record_layout")
+    # A byte inside the record's data that plain reads do not notice: a pixel (raw), a filename's digit (JPEG).
+    starts = [0]
+    while starts[-1] < len(data):
+        starts.append(starts[-1] + 16 + int.from_bytes(data[starts[-1]:starts[-1] + 8], "little"))
+    where = (starts[record] + layout["image_offset"] + 7) if layout else data.index(b".png", starts[record]) - 1
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert len(_take(reader.make_dataset(str(tmp_path), "train", 4, training=False), 10)) == 3
+    with pytest.raises(tf.errors.OpError, match=f"{path.name}: record {record} .*data checksum mismatch"):
+        _take(reader.make_dataset(str(tmp_path), "train", 4, training=False, verify_records=True), 10)

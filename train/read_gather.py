@@ -30,10 +30,11 @@ def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
 
 
-def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int) -> tf.data.Dataset:
+def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
+                     verify: bool = False) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of local fixed-layout shards whose sizes match ``layout`` and the
-    manifest's counts (checked here)."""
-    source = FixedLayoutSource(paths, counts, layout)
+    manifest's counts (checked here); ``verify`` checks every record's CRCs as it is gathered."""
+    source = FixedLayoutSource(paths, counts, layout, verify=verify)
     starts, gather = source.starts, source.gather
 
     def read_step(step):
