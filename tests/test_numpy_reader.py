@@ -308,3 +308,20 @@ def test_dropping_an_iterator_stops_its_threads(dataset):
     while any(t.is_alive() for t in started) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(t.is_alive() for t in started)
+
+
+def test_datasets_without_a_record_layout_and_damaged_shards(tmp_path):
+    from shardprep.train import reader
+
+    items = random_images(10, 6, 5, seed=6, labels=(0, 1))
+    manifest = write_dataset(tmp_path / "old", {"train": items}, classes=["a", "b"], fixed_layout=False)
+    assert "record_layout" not in manifest["splits"]["train"]
+    _assert_same(_numpy_batches(NumpyReader(tmp_path / "old", "train", 3, True, seed=1), 6),
+                 _tf_batches(reader.make_dataset(str(tmp_path / "old"), "train", 3, True, seed=1), 6))
+    for layout in (True, False):
+        root = tmp_path / f"cut-{layout}"
+        manifest = write_dataset(root, {"train": items}, classes=["a", "b"], fixed_layout=layout)
+        path = root / manifest["splits"]["train"]["shards"][0]["file"]
+        path.write_bytes(path.read_bytes()[:-7])
+        with pytest.raises(ValueError, match=path.name):
+            NumpyReader(root, "train", 3, True)
