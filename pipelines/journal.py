@@ -205,6 +205,7 @@ def check_resumable(config, plan, local_runner: bool) -> None:
         raise OutputError(
             "--resume works for local runs (no --runner, or a local one) of a local image folder into a local "
             "OUTPUT; on Dataflow, Beam retries failed work itself, and a killed job is rerun with --overwrite")
+    _existing_journal(config.output)  # before the lock, which would create OUTPUT
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
@@ -253,26 +254,32 @@ def reopen(config, plan, runner: str) -> tuple[UnitJournal, JournalHeader]:
     first difference, with nothing touched), then tidies what the kill left (a torn last line, files of unfinished
     groups, shards' temporaries) and puts back group files that had already been renamed into shards."""
     output = config.output
-    path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
-    if not os.path.isfile(path):
-        if os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME)):
-            raise OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
-                              "without --resume (with --overwrite to make it again)")
-        raise OutputError(f"nothing to resume in {output} (no {SPILL_DIR}/{JOURNAL_NAME} of a killed run); run "
-                          "without --resume")
+    path = _existing_journal(output)
     with open(path, "rb") as f:
         data = f.read()
     header = _header(data, path)
     difference = _difference(config, plan, runner, header)
     if difference:
-        raise OutputError(f"--resume refused: {difference} since the run in {output} was started; resume with the "
-                          "same SOURCE and options, or rerun with --overwrite")
+        raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
+                          "with the same SOURCE, inputs and options, or rerun with --overwrite")
     complete = data[:data.rfind(b"\n") + 1]
     if len(complete) != len(data):  # a kill while appending: the torn line is dropped
         os.truncate(path, len(complete))
     journal = UnitJournal(output, len(complete))
     _tidy(output, journal.recorded_units())
     return journal, header
+
+
+def _existing_journal(output: str) -> str:
+    """OUTPUT/.tmp/journal.jsonl, or a clear refusal when OUTPUT holds no run to resume."""
+    path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
+    if not os.path.isfile(path):
+        if os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME)):
+            raise OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
+                              "without --resume (with --overwrite to make it again)")
+        raise OutputError(f"nothing to resume in {output} (no {SPILL_DIR}/{JOURNAL_NAME} of a stopped run); run "
+                          "without --resume")
+    return path
 
 
 def _header(data: bytes, path: str) -> JournalHeader:

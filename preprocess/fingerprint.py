@@ -78,7 +78,7 @@ def listing_difference(old: list[ListedEntry], new: list[ListedEntry]) -> str | 
             return f"input {key} changed ({before.skipped or 'read'} -> {after.skipped or 'read'})"
         if before.size != after.size:
             return f"input {key} changed (size {before.size} -> {after.size} bytes)"
-        return f"input {key} changed (modified since: mtime {before.mtime_ns} -> {after.mtime_ns} ns)"
+        return f"input {key} changed (same size, modified: mtime {before.mtime_ns} -> {after.mtime_ns} ns)"
     return None
 
 
