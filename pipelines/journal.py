@@ -30,7 +30,8 @@ from typing import NamedTuple
 import numpy as np
 
 from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.storage import JOURNAL_NAME, SPILL_DIR, TEMPORARY_PREFIX, OutputError, atomic_write, is_local
+from shardprep.pipelines.storage import (JOURNAL_NAME, SPILL_DIR, TEMPORARY_PREFIX, OutputError, atomic_write,
+                                        existing_files, foreign_files, is_local)
 from shardprep.preprocess import accounting, fingerprint, manifest, record_pointers, sharding, sources
 from shardprep.preprocess.elements import Reject
 
@@ -206,6 +207,10 @@ def check_resumable(config, plan, local_runner: bool) -> None:
             "--resume works for local runs (no --runner, or a local one) of a local image folder into a local "
             "OUTPUT; on Dataflow, Beam retries failed work itself, and a killed job is rerun with --overwrite")
     _existing_journal(config.output)  # before the lock, which would create OUTPUT
+    foreign = foreign_files(config.output, existing_files(config.output))
+    if foreign:
+        raise OutputError(f"--resume refused: {config.output} holds {foreign[0]}, which no shardprep run wrote; "
+                          "move it away first")
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:

@@ -158,7 +158,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     local, runner = runners.is_local(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
     if resume:
         journal.check_resumable(config, plan, local)
-    storage.check_replaceable(config.output, config.overwrite or resume)
+    else:
+        storage.check_replaceable(config.output, config.overwrite)
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output):

@@ -262,6 +262,11 @@ def test_resume_without_a_run_to_resume_is_refused(source, reference, killed, tm
     assert "finished dataset" in refused(source, reference, *JOB_OPTIONS, "--resume")
     assert "pass one of them" in refused(source, killed, *JOB_OPTIONS, "--resume", "--overwrite")
     assert "local runs" in refused(source, killed, *JOB_OPTIONS, "--resume", "--", "--runner", "DataflowRunner")
+    foreign = tmp_path / "with-notes"
+    shutil.copytree(killed, foreign)
+    (foreign / "notes.txt").write_text("mine")
+    assert "notes.txt, which no shardprep run wrote" in refused(source, foreign, *JOB_OPTIONS, "--resume")
+    assert (foreign / "notes.txt").read_text() == "mine"
     # Without --resume, a killed run's OUTPUT is handled as before, with a hint.
     message = refused(source, killed, *JOB_OPTIONS)
     assert "not empty" in message and "--overwrite" in message and "--resume" in message
