@@ -5,7 +5,8 @@
 * :class:`DecodeGroup` (files and folders): each element is one decode group, ``((split, group), [InputBatch])``,
   a range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
   hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so the
-  records are written once.
+  records are written once. On local runs each finished group is recorded in the unit journal
+  (``shardprep.pipelines.journal``), and ``--resume`` re-emits an intact recorded group instead of decoding it.
 * :class:`DecodeBundle` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
   bundle appends to one spill file, and WriteShards copies the records into their shards.
 

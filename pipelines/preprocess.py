@@ -19,7 +19,8 @@ RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.
                           TFRecord inputs are decoded where their file was read
     DecodeResizeEncode    decode: image_ops.process_image, a group's inputs in seeded order; records go to the group's
                           file under OUTPUT/.tmp/ (spill), only pointers go on (RecordPointers), with the bundles'
-                          RecordSummary summed; bad inputs become Rejects
+                          RecordSummary summed; bad inputs become Rejects. Local runs record each finished group
+                          in OUTPUT/.tmp/journal.jsonl (journal); --resume re-emits the intact ones
     ShardBoundaries       boundaries: RecordPointers -> {split: shard-start sort keys}, exact rank boundaries of the
                           seeded order from sort keys grouped in bounded hash-range buckets
     WriteShards           shards: RecordPointers -> shard entries; a shard that is exactly one group's file is that
