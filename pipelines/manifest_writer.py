@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -194,6 +195,15 @@ def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
         f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
 
 
+def created_time() -> str:
+    """The manifest's ``created``: now, or the time SOURCE_DATE_EPOCH gives (the reproducible-builds convention), so
+    that two runs of the same inputs and options can write byte-identical manifests."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    moment = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
+              else datetime.datetime.now(datetime.timezone.utc))
+    return moment.isoformat(timespec="seconds")
+
+
 def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: sharding.RecordSummary) -> dict:
     """The manifest document of an accounted-for run: the :class:`Manifest`'s ``to_json`` (keys in the order
     readers and the pinned bytes expect)."""
@@ -204,7 +214,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         format_version=manifest.FORMAT_VERSION,
         tool=manifest.TOOL,
         tool_version=manifest.tool_version(),
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        created=created_time(),
         source=config.source,
         source_kind=plan.kind,
         options={**dataclasses.asdict(config), "runner": runner},

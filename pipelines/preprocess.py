@@ -19,7 +19,8 @@ RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.
                           TFRecord inputs are decoded where their file was read
     DecodeResizeEncode    decode: image_ops.process_image, a group's inputs in seeded order; records go to the group's
                           file under OUTPUT/.tmp/ (spill), only pointers go on (RecordPointers), with the bundles'
-                          RecordSummary summed; bad inputs become Rejects
+                          RecordSummary summed; bad inputs become Rejects. Local runs record each finished group
+                          in OUTPUT/.tmp/journal.jsonl (journal); --resume re-emits the intact ones
     ShardBoundaries       boundaries: RecordPointers -> {split: shard-start sort keys}, exact rank boundaries of the
                           seeded order from sort keys grouped in bounded hash-range buckets
     WriteShards           shards: RecordPointers -> shard entries; a shard that is exactly one group's file is that
@@ -34,13 +35,15 @@ its split and its source key), so shards are byte-identical whatever the number 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import apache_beam as beam
 
-from shardprep.pipelines import progress, storage
+from shardprep.pipelines import journal, progress, storage
 from shardprep.pipelines.boundaries import ShardBoundaries
-from shardprep.pipelines.common import PreprocessError
+from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
 from shardprep.pipelines.decode_groups import DecodeGroups
 from shardprep.pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
@@ -59,11 +62,13 @@ DEFAULT_MIN_DECODE_GROUPS = 64  # remote runners: workers come and go, keep enou
 
 
 def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan, runner: str = "",
-                   progress_dir: str | None = None, min_decode_groups: int = DEFAULT_MIN_DECODE_GROUPS):
+                   progress_dir: str | None = None, min_decode_groups: int = DEFAULT_MIN_DECODE_GROUPS,
+                   unit_journal: journal.UnitJournal | None = None):
     """Adds the preprocess stages to ``p``; returns the PCollection holding the manifest document.
 
     ``min_decode_groups``: the fewest groups a split's inputs are decoded in (each group is decoded by one worker):
-    local runs pass twice their worker count.
+    local runs pass twice their worker count. ``unit_journal``: where finished decode groups are recorded (and, on
+    --resume, the ones that may be kept); None for runs without one.
     """
     # -> {inputs: Input, rejects: Reject}: class folders and the labels file listed, or TFRecord files read
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
@@ -84,7 +89,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
         # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
-        decoder = DecodeGroup(*decoder_args)
+        decoder = DecodeGroup(*decoder_args, journal=unit_journal)
     # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]
@@ -123,12 +128,27 @@ def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:
 
 # --- running -----------------------------------------------------------------------------------------------
 
-def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) -> dict:
-    """Runs the preprocess job to completion and returns the manifest it wrote.
+class JobOutcome(NamedTuple):
+    """What a finished run returns: the manifest it wrote, and its decode stage's counts (kept groups on --resume)."""
+
+    manifest: dict
+    decode: journal.ResumeCounts
+
+
+def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> dict:
+    """Runs the preprocess job to completion and returns the manifest it wrote (``execute_job``'s manifest)."""
+    return execute_job(config, beam_args, on_progress, resume).manifest
+
+
+def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> JobOutcome:
+    """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
-    (``listed``, ``processed``); remote runs report progress in their runner's own UI.
+    (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
+    killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh.
     """
+    from shardprep.pipelines import runner as runners
+
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
     storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
     if config.source.startswith("tfrecord:"):
@@ -136,24 +156,35 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None) ->
     plan = plan_source(config)
     storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
     storage.check_output_path(config.output)
-    storage.check_replaceable(config.output, config.overwrite)
+    local, runner = runners.is_local(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
+    if resume:
+        journal.check_resumable(config, plan, local)
+    else:
+        storage.check_replaceable(config.output, config.overwrite)
+    # Two groups per local worker process: each gets work, a group as a shard where there are enough.
+    min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output):
-        prepare_output(config.output, config.overwrite)
-        return _run_pipeline(config, plan, beam_args, on_progress)
+        unit_journal = None
+        if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
+            unit_journal, header = journal.reopen(config, plan, runner)
+            config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
+        else:
+            prepare_output(config.output, config.overwrite)
+            if journal.journaled(config, plan, local):
+                unit_journal = journal.start(config, plan, runner, min_groups)
+        return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal)
 
 
-def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress) -> dict:
+def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,
+                  min_groups: int, unit_journal) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
     local = runners.is_local(beam_args)
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)
-            min_groups = DEFAULT_MIN_DECODE_GROUPS
-            if local:  # two groups per worker process: each gets work, a group as a shard where there are enough
-                min_groups = 2 * runners.local_workers(beam_args)
-            build_pipeline(p, config, plan, runner=runners.runner_name(beam_args) or "FnApiRunner",
-                           progress_dir=progress_dir, min_decode_groups=min_groups)
+            build_pipeline(p, config, plan, runner=runner, progress_dir=progress_dir, min_decode_groups=min_groups,
+                           unit_journal=unit_journal)
             with runners.worker_stderr_held(runners.uses_worker_processes(beam_args)):
                 result = p.run()
                 result.wait_until_finish()
@@ -162,9 +193,24 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
             raise PreprocessError(_root_cause(e)) from e
     template = runners.template_location(beam_args)
-    if template:
-        return {"template_location": template}  # Dataflow only wrote a template; nothing ran yet
-    return manifest.load(config.output)
+    if template:  # Dataflow only wrote a template; nothing ran yet
+        return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
+    return JobOutcome(manifest.load(config.output), decode_counts(result))
+
+
+def decode_counts(result) -> journal.ResumeCounts:
+    """The decode stage's counters (``DecodeGroup``) from a finished run's metrics; zeros where a runner has none."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    totals: dict[str, int] = {}
+    try:
+        for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
+            value = counter.committed if counter.committed is not None else counter.attempted
+            totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (value or 0)
+    except Exception:  # noqa: BLE001 - a runner without metrics: the counts are only reported
+        pass
+    return journal.ResumeCounts(*(totals.get(name, 0) for name in (
+        "decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")))
 
 
 def _root_cause(error: Exception) -> str:
@@ -172,7 +218,7 @@ def _root_cause(error: Exception) -> str:
     text = str(error)
     if any(sign in text for sign in ("Channel closed prematurely", "Socket closed", "Worker subprocess exited")):
         return ("a Beam worker process stopped unexpectedly (killed, or out of memory); the output has no "
-                "manifest and is not a dataset: rerun with --overwrite")
+                "manifest and is not a dataset: rerun with --overwrite, or with --resume to keep its finished work")
     for marker in ("PreprocessError: ",):
         if marker in text:
             return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()

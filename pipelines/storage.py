@@ -28,6 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from shardprep.preprocess import manifest
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
+JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
 _SHARD = re.compile(r"(?P<split>.+)-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX))
 _TOP_LEVEL_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME, manifest.LOCK_NAME)
 
@@ -271,8 +272,10 @@ def prepare_output(output: str, overwrite: bool) -> None:
     """
     existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
-        raise OutputError(
-            f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to replace it")
+        journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
+        resumable = " (or --resume to continue the run that stopped there)" if journal in existing else ""
+        raise OutputError(f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to "
+                          f"replace it{resumable}")
     if existing:
         manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
         try:

@@ -86,8 +86,9 @@ def wait_until(condition, process, log_path, what: str):
 
 
 def spill_files(output) -> list[str]:
+    """The decode groups' files under OUTPUT/.tmp/ (not the journal and listing the launcher writes first)."""
     with contextlib.suppress(FileNotFoundError):
-        return os.listdir(os.path.join(output, spill.SPILL_DIR))
+        return [name for name in os.listdir(os.path.join(output, spill.SPILL_DIR)) if name.startswith("spill-")]
     return []
 
 

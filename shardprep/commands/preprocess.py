@@ -54,13 +54,15 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
               help="int64 label feature of tfrecord:/tfds: records.")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--resume", is_flag=True,
+              help="Continue a killed local run in OUTPUT (same SOURCE and options): keep its finished decode groups.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--verbose", is_flag=True, help="On failure, print the full traceback (Beam's too) after the error.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
             labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite,
-            quiet, verbose, beam_args):
+            resume, quiet, verbose, beam_args):
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -80,18 +82,28 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     display = _ProgressDisplay(enabled=not quiet)
     try:
         with display:
-            manifest = job.run_job(config, list(beam_args), on_progress=display.update)
+            outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
+    manifest = outcome.manifest
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
         return manifest
     print_summary(manifest, time.monotonic() - started, output)
+    if resume:
+        click.echo(resumed_line(outcome.decode))
     for note in capped_shard_notes(manifest, num_shards):
         click.echo(note)
     return manifest
+
+
+def resumed_line(counts) -> str:
+    """``resumed: 23 of 32 decode groups kept, 1 damaged unit redone; 1,200 inputs decoded``."""
+    redone = f", {counts.redone} damaged unit{'s' if counts.redone != 1 else ''} redone" if counts.redone else ""
+    return (f"resumed: {counts.kept} of {counts.groups} decode groups kept{redone}; "
+            f"{counts.inputs_decoded:,} inputs decoded")
 
 
 def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:

@@ -1,0 +1,90 @@
+"""A run's fingerprint, and the first difference between two: what ``preprocess --resume`` compares (no Beam here).
+
+A resumed run may keep a killed run's finished work only when it would have made the same bytes: the same options
+that reach the output (every option but OUTPUT and ``--overwrite``), the same shardprep version, and the same
+listing. The listing is every entry the job reads or rejects, by source key, with the size and modification time
+(ns) of each file: what make and rsync compare. Hashing the contents would read the whole source again, which is
+what resuming saves; a file rewritten with the same size and its old modification time restored is not noticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import NamedTuple
+
+# Options that name where the output goes or how it is replaced, not what it holds.
+NOT_FINGERPRINTED = ("output", "overwrite")
+
+
+class ListedEntry(NamedTuple):
+    """One entry of the listing: an input file (its size and mtime in ns) or a skipped entry (its reject reason)."""
+
+    key: str
+    size: int  # -1: not a file that could be stat'ed (a broken link), or a skipped entry
+    mtime_ns: int
+    skipped: str = ""  # the reject reason of a skipped entry (hidden, symlinked folder); "" for an input
+
+    def line(self) -> str:
+        return json.dumps(list(self), ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> ListedEntry:
+        key, size, mtime_ns, skipped = json.loads(line)
+        return cls(key, int(size), int(mtime_ns), skipped)
+
+
+def listing_text(entries) -> str:
+    """The listing as JSON lines, sorted by key: what ``listing_sha256`` hashes and the journal folder keeps."""
+    return "".join(entry.line() for entry in sorted(entries))
+
+
+def listing_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def fingerprinted_options(config, runner: str) -> dict:
+    """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite)."""
+    options = {**dataclasses.asdict(config), "runner": runner}
+    return {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-") if name not in ("source", "runner") else name.upper()
+
+
+def options_difference(old: dict, new: dict) -> str | None:
+    """'--shorter-side was 64, is now 32' for the first option (in the config's order) that differs, else None."""
+    for name in list(old) + [name for name in new if name not in old]:
+        if old.get(name) != new.get(name):
+            return f"{option_flag(name)} was {old.get(name)!r}, is now {new.get(name)!r}"
+    return None
+
+
+def listing_difference(old: list[ListedEntry], new: list[ListedEntry]) -> str | None:
+    """The first difference between two sorted listings: 'input X changed (size 10 -> 12 bytes)', 'input X added',
+    'input X removed', or None when they are equal."""
+    old_by_key, new_by_key = {e.key: e for e in old}, {e.key: e for e in new}
+    for key in sorted(set(old_by_key) | set(new_by_key)):
+        before, after = old_by_key.get(key), new_by_key.get(key)
+        if before == after:
+            continue
+        if before is None:
+            return f"input {key} added"
+        if after is None:
+            return f"input {key} removed"
+        if before.skipped != after.skipped:
+            return f"input {key} changed ({before.skipped or 'read'} -> {after.skipped or 'read'})"
+        if before.size != after.size:
+            return f"input {key} changed (size {before.size} -> {after.size} bytes)"
+        return f"input {key} changed (same size, modified: mtime {before.mtime_ns} -> {after.mtime_ns} ns)"
+    return None
+
+
+def inputs_sha256(items) -> str:
+    """A decode group's identity: its inputs (source key and label) in seeded order."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(f"{item.key}\0{item.label}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
