@@ -140,12 +140,14 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, re
     return execute_job(config, beam_args, on_progress, resume).manifest
 
 
-def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> JobOutcome:
+def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
+                on_resume=None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
-    killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh.
+    killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
+    ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
     """
     from shardprep.pipelines import runner as runners
 
@@ -168,6 +170,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
             unit_journal, header = journal.reopen(config, plan, runner)
             config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
+            if on_resume is not None:
+                on_resume(len(unit_journal.recorded_units()))
         else:
             prepare_output(config.output, config.overwrite)
             if journal.journaled(config, plan, local):

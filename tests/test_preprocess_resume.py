@@ -162,6 +162,9 @@ def test_killed_run_resumed_is_byte_identical_and_decodes_only_the_rest(source, 
     log, units = resume(source, killed, tmp_path)
     kept, groups, redone, decoded = resumed_counts(log)
     assert (kept, groups, redone) == (len(units), NUM_GROUPS, 0)
+    # Before the progress display, the run says what it starts from.
+    assert f"resuming: {len(units)} decode groups finished before the stop" in log
+    assert log.index("resuming:") < log.index("resumed:")
     assert decoded == NUM_INPUTS - sum(unit_inputs(unit) for unit in units)
     assert 0 < decoded < NUM_INPUTS
     assert every_file(tmp_path / OUTPUT) == every_file(reference)  # shards, rejects and manifest, byte for byte

@@ -82,7 +82,8 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     display = _ProgressDisplay(enabled=not quiet)
     try:
         with display:
-            outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume)
+            outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
+                                      on_resume=lambda recorded: click.echo(resuming_line(recorded)))
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
@@ -97,6 +98,13 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     for note in capped_shard_notes(manifest, num_shards):
         click.echo(note)
     return manifest
+
+
+def resuming_line(recorded: int) -> str:
+    """What a resume starts from, before the progress display: the journal's finished groups."""
+    groups = f"{recorded} decode group{'s' if recorded != 1 else ''}"
+    return (f"resuming: {groups} finished before the stop (journal: .tmp/journal.jsonl); each is checked "
+            "(size, sha256) and kept, the rest decoded")
 
 
 def resumed_line(counts) -> str:
