@@ -1,6 +1,7 @@
 """The inference model.keras: Keras's own layers only, so plain ``keras.models.load_model`` reads it on any backend
 in a process that never imported shardprep, and predicts what the trained model predicts."""
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ MEAN, STD = [120.0, 110.0, 100.0], [60.0, 50.0, 40.0]
 
 # Loads model.keras with plain Keras and writes its logits for the images; never imports shardprep.
 LOAD_AND_PREDICT = textwrap.dedent("""
+    import json
     import sys
     import keras
     import numpy as np
@@ -24,12 +26,14 @@ LOAD_AND_PREDICT = textwrap.dedent("""
     model = keras.models.load_model(sys.argv[1])
     logits = keras.ops.convert_to_numpy(model(np.load(sys.argv[2])))
     np.save(sys.argv[3], logits)
-    print({"backend": keras.backend.backend(), "shardprep": any(m.startswith("shardprep") for m in sys.modules),
-           "layers": sorted({type(layer).__module__.split(".")[0] for layer in model.layers})})
+    print(json.dumps({"backend": keras.backend.backend(),
+                      "shardprep": any(m.startswith("shardprep") for m in sys.modules),
+                      "layers": sorted({type(layer).__module__.split(".")[0] for layer in model.layers})}))
 """)
 
 # Builds and saves a trained-like model on the subprocess's backend, with its logits for the images.
 BUILD_AND_SAVE = textwrap.dedent("""
+    import json
     import sys
     import keras
     import numpy as np
@@ -47,7 +51,7 @@ BUILD_AND_SAVE = textwrap.dedent("""
     # Before saving: Keras's serialization itself imports TensorFlow whenever it is installed, on any backend.
     tensorflow = "tensorflow" in sys.modules
     save_inference_model(model, sys.argv[1])
-    print({"backend": keras.backend.backend(), "tensorflow": tensorflow})
+    print(json.dumps({"backend": keras.backend.backend(), "tensorflow": tensorflow}))
 """)
 
 
@@ -79,7 +83,7 @@ def _run(script, backend, *args, cwd):
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return eval(done.stdout.strip().splitlines()[-1])  # a dict literal printed by our own script
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_inference_model_is_keras_layers_only_and_predicts_as_the_trained_model():
