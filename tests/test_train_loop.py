@@ -14,7 +14,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop, reader, schedules
+from shardprep.train import loop, reader, schedules, steps_tf
 from shardprep.train.model import load_model
 from train_helpers import write_colour_dataset
 
@@ -94,7 +94,7 @@ def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_pa
 
         return dataset.map(slow)  # after the prefetch: each next() pays the delay
 
-    monkeypatch.setattr(loop.reader, "make_dataset", slow_training_input)
+    monkeypatch.setattr(steps_tf.reader, "make_dataset", slow_training_input)
     messages = []
     summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, checkpoint=False), report=messages.append)
     assert summary["input_wait_fraction"] > 0.5
