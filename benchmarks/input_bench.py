@@ -16,12 +16,17 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
    uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are not
    host work here.
 4. shardprep reader on JPEG shards (the job with ``--encoding jpeg``, quality 90): a decode per image on the host.
-5. shardprep reader on the raw shards of 3 with ``verify_records=True``: TFRecordDataset (every CRC checked) and
-   ``parse_example`` on each batch, the way datasets without a fixed layout are read.
+5. shardprep reader on the raw shards of 3 with ``verify_records=True``: each record read whole by random access
+   (offsets from the TFRecord framing), both CRCs checked, ``parse_example`` on each batch, the way datasets without
+   a fixed layout are read.
 6. shardprep reader on the raw shards of 3 with ``random_access=False``: each shard streamed as fixed-length
    chunks (``FixedLengthRecordDataset``), shuffled through the buffer, ``decode_raw`` on each batch.
+7. the framework-free reader (``shardprep.train.numpy_reader.NumpyReader``) on the raw shards of 3: the same batches
+   as 3, gathered by ``preadv`` on its own threads into NumPy arrays, no TensorFlow on its path (targets: <= 0.05 ms
+   host CPU per image, >= 25x the seed pipeline's images/s).
 
-Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 3-6) and prefetches. For each it
+Every pipeline shuffles (1000 records for 1-2, the reader's default buffer for 6, a global permutation of the
+records each epoch for 3-5 and 7) and prefetches. For each it
 prints images/s (wall clock) and host CPU ms per image (process CPU time, all threads, / images), measured after
 warm-up batches over at least ``--seconds``, as the median of ``--rounds`` interleaved rounds, and the ratios
 against the seed pipeline. No accelerator is involved:
@@ -203,6 +208,12 @@ def shardprep_pipeline(data_dir, verify_records: bool = False, random_access: bo
                                random_access=random_access)
 
 
+def numpy_reader_pipeline(data_dir):
+    from shardprep.train.numpy_reader import NumpyReader
+
+    return NumpyReader(data_dir, "train", BATCH, training=True)
+
+
 # --- measurement ---------------------------------------------------------------------------------------------------
 
 def measure(name: str, dataset, seconds: float, warmup_batches: int, min_batches: int) -> dict:
@@ -210,7 +221,7 @@ def measure(name: str, dataset, seconds: float, warmup_batches: int, min_batches
     iterator = iter(dataset)
     for _ in range(warmup_batches):
         images, _ = next(iterator)
-    shape, dtype = images.shape.as_list(), images.dtype.name
+    shape, dtype = list(images.shape), images.dtype.name  # a tf.Tensor or a NumPy array
     batches = 0
     cpu_started, started = time.process_time(), time.perf_counter()
     while batches < min_batches or time.perf_counter() - started < seconds:
@@ -258,6 +269,7 @@ def main(argv=None):
             ("5 reader, raw shards, verify_records=True", lambda: shardprep_pipeline(inputs["raw"], True)),
             ("6 reader, raw shards, random_access=False",
              lambda: shardprep_pipeline(inputs["raw"], random_access=False)),
+            ("7 NumpyReader (no TensorFlow), raw shards", lambda: numpy_reader_pipeline(inputs["raw"])),
         ]
         # Rounds go through all pipelines in turn, so a slow spell on a shared machine hits them all alike; each
         # pipeline's figures are the medians over its rounds.
@@ -290,8 +302,11 @@ def main(argv=None):
               "than CPU ms/image)")
         print(f"\nraw-shard reader: {raw['cpu_ms_per_image']:.3f} ms CPU/image (target <= 0.25), "
               f"{raw['speed_vs_seed']:.1f}x the seed pipeline's images/s (target >= 20)")
+        framework_free = results[6]
+        print(f"framework-free reader (NumpyReader): {framework_free['cpu_ms_per_image']:.3f} ms CPU/image (target "
+              f"<= 0.05), {framework_free['speed_vs_seed']:.1f}x the seed pipeline's images/s (target >= 25)")
         for other, label in [(results[5], "streamed fixed-length chunks (random_access=False)"),
-                             (results[4], "TFRecord + parse_example (verify_records)")]:
+                             (results[4], "whole records, CRCs + parse_example (verify_records)")]:
             print(f"records gathered into the batch vs {label}: "
                   f"{other['cpu_ms_per_image'] / raw['cpu_ms_per_image']:.2f}x less CPU per image, "
                   f"{raw['images_per_sec'] / other['images_per_sec']:.2f}x the images/s")

@@ -37,10 +37,14 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
         (input_bench.shardprep_pipeline(inputs["jpeg"]), [4, 256, 256, 3], "uint8"),
         (input_bench.shardprep_pipeline(inputs["raw"], verify_records=True), [4, 256, 256, 3], "uint8"),
         (input_bench.shardprep_pipeline(inputs["raw"], random_access=False), [4, 256, 256, 3], "uint8"),
+        (input_bench.numpy_reader_pipeline(inputs["raw"]), [4, 256, 256, 3], "uint8"),
     ]:
         images, labels = next(iter(dataset))
-        assert images.shape.as_list() == shape and images.dtype.name == dtype
-        assert set(labels.numpy().tolist()) <= {0, 1, 2, 3}
+        assert list(images.shape) == shape and images.dtype.name == dtype
+        assert set(np.asarray(labels).tolist()) <= {0, 1, 2, 3}
     result = input_bench.measure("raw", input_bench.shardprep_pipeline(inputs["raw"]), seconds=0.0,
                                  warmup_batches=1, min_batches=2)
     assert result["images"] == 8 and result["images_per_sec"] > 0 and result["cpu_ms_per_image"] > 0
+    result = input_bench.measure("numpy", input_bench.numpy_reader_pipeline(inputs["raw"]), seconds=0.0,
+                                 warmup_batches=1, min_batches=2)
+    assert result["images"] == 8 and result["batch_shape"] == [4, 256, 256, 3] and result["dtype"] == "uint8"

@@ -3,6 +3,9 @@
 Public API:
 
 * :func:`shardprep.train.reader.make_dataset` — batches of ``(uint8 images, int32 labels)`` from a prepared dataset.
+* :class:`shardprep.train.numpy_reader.NumpyReader` — the same batches as NumPy arrays, without TensorFlow; its
+  ``as_py_dataset()`` for Keras on any backend, and :class:`shardprep.train.record_dataset.RecordDataset` with
+  :class:`~shardprep.train.record_dataset.EpochSampler` for PyTorch's ``DataLoader`` or Grain.
 * :class:`shardprep.train.augment.CropFlipNormalize` and the batched functions beside it — augmentation on the accelerator.
 * :func:`shardprep.train.resnet.resnet18`, :func:`shardprep.train.model.build_model`, :func:`shardprep.train.model.load_model`.
 * :func:`shardprep.train.predict.predict_images` — class names and probabilities for new photos (paths or bytes),
@@ -12,15 +15,22 @@ Public API:
 Modules, each one concern:
 
 * ``config``: the run's options and their choices (no TensorFlow: the CLI imports it).
+* ``record_order``: the one record order of random-access reads, in NumPy (a permutation per seed and epoch, each
+  process's share, start steps); ``record_index``: TFRecord offsets from the framing, and Examples read by offset.
 * ``reader``: the manifest helpers and ``make_dataset``, which dispatches to one read strategy:
-  ``read_gather`` (local fixed-layout shards, records gathered into the batch by ``record_gather``),
-  ``read_stream`` (fixed-layout shards streamed) or ``read_examples`` (TFRecords of Examples); all share the record
+  ``read_gather`` (local shards by random access in ``record_order``: fixed-layout records gathered into the batch
+  by ``record_gather``, other Examples read through ``record_index``), ``read_stream`` (fixed-layout shards
+  streamed) or ``read_examples`` (Examples decoded in TensorFlow, gathered or streamed); streams follow the tf.data
   order of ``read_plan``.
+* ``numpy_reader``: ``NumpyReader``, reading batches on threads (``batch_prefetch``) from ``batch_sources`` (the
+  fixed-layout gather, or Examples decoded with NumPy/Pillow); ``keras_batches``: it as a ``keras.utils.PyDataset``;
+  ``record_dataset``: one record at a time, with a seeded sampler, for PyTorch or Grain.
 * ``augment``, ``resnet``, ``model``: the model, with augmentation and normalization as its first layer.
 * ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
   from; ``loop``: the training loop, its progress within an epoch and its input-bound report; ``preflight``: the
   checks ``shardprep train`` makes before importing TensorFlow; ``predict``: inference on new photos.
 
-Modules other than ``config`` and ``record_gather`` import TensorFlow; import them, not this package, where that
-matters.
+``config``, ``record_order``, ``record_index``, ``record_gather``, ``batch_sources``, ``batch_prefetch``,
+``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches`` imports Keras, and Keras its backend);
+the other modules do: import them, not this package, where that matters.
 """

@@ -1,13 +1,15 @@
-"""Read strategy for shards read as TFRecords of Examples: ``verify_records=True``, datasets without a fixed record
-layout, JPEG and ``crop: none`` shards.
+"""Decoding shards of Examples in TensorFlow: ``verify_records=True``, datasets without a fixed record layout, JPEG
+and ``crop: none`` shards, whether their records were gathered by random access (:func:`indexed_batches`, local
+shards, the NumPy order) or streamed (:func:`example_batches`: ``TFRecordDataset`` through the tf.data order of
+:class:`~shardprep.train.read_plan.ReadPlan`, for URLs and ``random_access=False``).
 
-Raw centre crops are parsed a batch at a time (``parse_example``); the other layouts need one step per image, run in
-a parallel map before batching:
+Raw centre crops are parsed a batch at a time (``parse_example``); the other layouts need one step per image:
 
-* ``jpeg`` shards: a decode per image; with ``crop: none`` it is ``decode_and_crop_jpeg``, which decodes only the
-  crop window.
+* ``jpeg`` shards: a whole-image decode per image (``INTEGER_ACCURATE`` DCT, as Pillow's, so that
+  :class:`~shardprep.train.numpy_reader.NumpyReader` gives the same pixels);
 * ``crop: none`` shards (shorter side resized, aspect kept): a square ``shorter_side`` crop, random in training and
-  central in evaluation, so that images can be batched.
+  central in evaluation, so that images can be batched. Gathered reads take the crop positions from the NumPy
+  order's draws; streamed reads from a seeded stream zipped alongside.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from shardprep.train.read_plan import ReadPlan
 
 
 def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.data.Dataset:
-    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, each record parsed as an Example;
+    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards streamed, each record parsed as an Example;
     ``side`` is the manifest's ``shorter_side``."""
     shards = tf.data.Dataset.from_tensor_slices((plan.files, tf.constant(plan.counts, tf.int64)))
     buffer_size = plan.file_buffer_bytes
@@ -56,7 +58,38 @@ def _raw_batch_decoder(height: int, width: int):
     return decode
 
 
-def _per_image_decoder(encoding: str, crop: str, side: int, height: int, width: int, training: bool):
+def indexed_batches(serialized: tf.data.Dataset, encoding: str, crop: str, side: int, height: int, width: int,
+                    training: bool) -> tf.data.Dataset:
+    """``(uint8 [b, H, W, 3], int32 [b])`` batches of ``(serialized Examples [b], crop draws [b, 2])`` read by random
+    access (:func:`shardprep.train.read_gather.serialized_batches`): each batch decoded as it was gathered."""
+    if encoding == "raw" and crop == "center":
+        decode_raw = _raw_batch_decoder(height, width)
+        return serialized.map(lambda records, _: decode_raw(records), num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=True)
+    decode = _per_image_decoder(encoding, crop, side, height, width, training, _drawn_offsets)
+    image_spec = (tf.TensorSpec([height, width, record_format.CHANNELS], tf.uint8), tf.TensorSpec([], tf.int32))
+
+    def decode_batch(records, draws):
+        images, labels = tf.map_fn(lambda element: decode(*element), (records, draws), fn_output_signature=image_spec,
+                                   parallel_iterations=16)
+        return images, labels
+
+    return serialized.map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _seeded_offsets(spare, crop_seed):
+    """Random (top, left) in ``[0, spare]`` from a stateless seed (the streamed reads' crops)."""
+    offsets = tf.random.stateless_uniform([2], seed=crop_seed, maxval=tf.int32.max, dtype=tf.int32)
+    return offsets % (spare + 1)
+
+
+def _drawn_offsets(spare, draws):
+    """(top, left) from the NumPy order's crop draws: ``draw % (spare + 1)``, as the NumPy reader computes them."""
+    return tf.cast(draws % tf.cast(spare + 1, tf.int64), tf.int32)
+
+
+def _per_image_decoder(encoding: str, crop: str, side: int, height: int, width: int, training: bool,
+                       random_offsets=_seeded_offsets):
     spec = {
         record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
         record_format.LABEL: tf.io.FixedLenFeature([], tf.int64),
@@ -64,30 +97,22 @@ def _per_image_decoder(encoding: str, crop: str, side: int, height: int, width: 
         record_format.WIDTH: tf.io.FixedLenFeature([], tf.int64),
     }
 
-    def crop_window(stored_height, stored_width, crop_seed):
-        """(top, left) of the ``side`` x ``side`` square: random in training, central otherwise."""
-        spare = tf.stack([stored_height - side, stored_width - side])
-        if training:
-            offsets = tf.random.stateless_uniform([2], seed=crop_seed, maxval=tf.int32.max, dtype=tf.int32)
-            return offsets % (spare + 1)
-        return spare // 2
-
-    def decode(serialized, crop_seed):
+    def decode(serialized, crop_source):
         features = tf.io.parse_single_example(serialized, spec)
         encoded = features[record_format.ENCODED]
         stored_height = tf.cast(features[record_format.HEIGHT], tf.int32)
         stored_width = tf.cast(features[record_format.WIDTH], tf.int32)
-        if crop == "none":
-            top_left = crop_window(stored_height, stored_width, crop_seed)
-            if encoding == "jpeg":
-                window = tf.concat([top_left, [side, side]], axis=0)
-                image = tf.io.decode_and_crop_jpeg(encoded, window, channels=record_format.CHANNELS)
-            else:
-                image = tf.reshape(tf.io.decode_raw(encoded, tf.uint8),
-                                   [stored_height, stored_width, record_format.CHANNELS])
-                image = tf.slice(image, tf.concat([top_left, [0]], axis=0), [side, side, record_format.CHANNELS])
-        else:  # a centre-cropped JPEG: the whole stored image is the crop
-            image = tf.io.decode_jpeg(encoded, channels=record_format.CHANNELS)
+        if encoding == "jpeg":
+            # The whole image, with the integer DCT that Pillow (the NumPy reader) uses too, so both readers give
+            # the same pixels; decode_and_crop_jpeg would upsample chroma differently at the window's edges.
+            image = tf.io.decode_jpeg(encoded, channels=record_format.CHANNELS, dct_method="INTEGER_ACCURATE")
+        else:
+            image = tf.reshape(tf.io.decode_raw(encoded, tf.uint8),
+                               [stored_height, stored_width, record_format.CHANNELS])
+        if crop == "none":  # a side x side square: random in training, central otherwise
+            spare = tf.stack([stored_height - side, stored_width - side])
+            top_left = random_offsets(spare, crop_source) if training else spare // 2
+            image = tf.slice(image, tf.concat([top_left, [0]], axis=0), [side, side, record_format.CHANNELS])
         image = tf.ensure_shape(image, [height, width, record_format.CHANNELS])
         return image, tf.cast(features[record_format.LABEL], tf.int32)
 

@@ -1,39 +1,85 @@
-"""Read strategy for local fixed-layout shards: only record ids go through the shared order, and each batch's
-records are then gathered by random access straight into the batch (:mod:`shardprep.train.record_gather`)."""
+"""Random-access read strategies for local shards: the global step goes through tf.data, and each step's records,
+chosen by the NumPy order (:mod:`shardprep.train.record_order`), are then read straight into the batch.
+
+    global steps (start_step, start_step + 1, ...) -> records of the step (RecordOrder.batch_ids)
+      -> gather: one preadv per record into the batch (fixed layout, :mod:`shardprep.train.record_gather`)
+         or: one pread per serialized Example, decoded in TensorFlow (:mod:`shardprep.train.read_examples`)
+      -> prefetch
+
+Because a step's records follow from (seed, epoch, batch) alone, starting at ``start_step`` reads nothing before it.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.train import record_gather
-from shardprep.train.read_plan import ReadPlan
+from shardprep.train.batch_sources import FixedLayoutSource, gather_ids
+from shardprep.train.record_index import ExampleGather
+from shardprep.train.record_order import RecordOrder
 
 
-def gathered_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:
-    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, which must be local files whose sizes
-    match ``layout`` and the manifest's counts (checked here)."""
-    if plan.remote:
-        raise ValueError(f"random_access reads local shards only, not {plan.data_dir}")
-    record_gather.check_shard_sizes(plan.files, plan.counts, layout)
-    gather = record_gather.FixedLayoutGather(plan.files, layout)
-    # The records' ids go through the same shuffles, interleave and sharding as the streamed records would, so
-    # both ways give the same batches; only the ids are shuffled, the pixels are read once they are batched.
-    shards = tf.data.Dataset.from_tensor_slices((tf.range(len(plan.files), dtype=tf.int64),
-                                                tf.constant(plan.counts, tf.int64)))
-    ids = plan.ordered(shards, lambda shard, count: tf.data.Dataset.range(*record_gather.record_ids(shard, count)))
-    batches = ids.batch(plan.batch_size, drop_remainder=plan.training)
-    return batches.map(_gathered_batch_reader(gather), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=plan.deterministic)
+def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
+    """The global steps to read: endless in training, the rest of the pass in evaluation."""
+    if order.training:
+        return tf.data.Dataset.counter(start_step, dtype=tf.int64)
+    if not 0 <= start_step <= len(order):
+        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
+    return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
 
 
-def _gathered_batch_reader(gather: record_gather.FixedLayoutGather):
-    def read(ids):
-        # stateful=False: the same ids always read the same bytes.
-        images, labels = tf.numpy_function(gather, [ids], [tf.uint8, tf.int32], stateful=False,
+def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int) -> tf.data.Dataset:
+    """``(uint8 [B, H, W, 3], int32 [B])`` batches of local fixed-layout shards whose sizes match ``layout`` and the
+    manifest's counts (checked here)."""
+    source = FixedLayoutSource(paths, counts, layout)
+    starts, gather = source.starts, source.gather
+
+    def read_step(step):
+        return gather(gather_ids(starts, order.batch_ids(step)))
+
+    def read(step):
+        # stateful=False: the same step always reads the same bytes.
+        images, labels = tf.numpy_function(read_step, [step], [tf.uint8, tf.int32], stateful=False,
                                            name="gather_fixed_layout_records")
-        images.set_shape([ids.shape[0], *gather.image_shape])  # keep a static B
-        labels.set_shape([ids.shape[0]])
+        batch = order.batch_size if order.training else None  # keep a static B where there is one
+        images.set_shape([batch, *gather.image_shape])
+        labels.set_shape([batch])
         return images, labels
 
-    return read
+    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int) -> tf.data.Dataset:
+    """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access; ``verify`` checks
+    every record's CRCs as it is read."""
+    examples = ExampleGather(paths, counts, verify=verify)
+    crops = order.training
+
+    def read_step(step):
+        serialized = np.array(examples(order.batch_ids(step)), dtype=object)
+        draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
+        return serialized, draws
+
+    def read(step):
+        serialized, draws = tf.numpy_function(read_step, [step], [tf.string, tf.int64], stateful=False,
+                                              name="gather_serialized_records")
+        batch = order.batch_size if order.training else None
+        serialized.set_shape([batch])
+        draws.set_shape([batch, 2])
+        return serialized, draws
+
+    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool) -> tf.data.Dataset:
+    """``batches`` prefetched, deterministic, not sharded again by tf.distribute. An evaluation pass (a range of
+    steps, mapped) knows its number of batches, so Keras reads it to its end without warning that the input "ran
+    out of data"."""
+    options = tf.data.Options()
+    options.deterministic = True
+    # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
+    options.experimental_distribute.auto_shard_policy = (tf.data.experimental.AutoShardPolicy.OFF if distributed
+                                                         else tf.data.experimental.AutoShardPolicy.DATA)
+    return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
+

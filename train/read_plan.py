@@ -1,8 +1,10 @@
-"""What every read strategy shares: the shards one input pipeline reads (:class:`ReadPlan`) and the order their
-records go through, so that for a seed every strategy gives the same batches.
+"""The streamed reads' plan (URLs such as ``gs://``, ``random_access=False``): the shards one input pipeline reads
+(:class:`ReadPlan`) and the tf.data order their records go through.
 
 The order (:meth:`ReadPlan.ordered`): the shards shuffled each epoch (training), interleaved record by record, split
-among input pipelines by record when there are fewer shards than pipelines, then a shuffle buffer (training).
+among input pipelines by record when there are fewer shards than pipelines, then a shuffle buffer (training). It is
+seeded and repeatable, but it is not the random-access order (:mod:`shardprep.train.record_order`, a global
+permutation per epoch): a stream cannot follow a global permutation, nor start at a step without reading up to it.
 """
 
 from __future__ import annotations

@@ -1,40 +1,44 @@
 """The training reader: prepared shards in, batches of uint8 images and int32 labels out, at almost no host cost.
 
-The fast path (``raw`` shards, ``crop: center``) never touches one image at a time. Such shards have a fixed record
-layout (``record_layout`` in the manifest, :class:`shardprep.preprocess.fixed_layout.FixedLayout`): every record is
-``record_bytes`` long with its pixels at ``image_offset`` and its label's varint at ``label_offset``, and a shard
-file is ``image_offset + N * record_bytes`` bytes. So where a record lies follows from its index, and for local
-shards only the records' ids go through tf.data::
+Local shards are read by random access in one record order defined in NumPy (:mod:`shardprep.train.record_order`):
+records numbered in manifest shard order, a full permutation per (seed, epoch) in training, the global order in
+evaluation, each input pipeline (``input_context``) its own share with as many batches as every other. Only the global
+step goes through tf.data; each step's records follow from (seed, epoch, batch) alone, so ``start_step`` resumes
+mid-epoch in O(1), and :class:`shardprep.train.numpy_reader.NumpyReader` (no TensorFlow) gives the same batches::
 
-    shard indices -> shuffle (each epoch) -> parallel interleave of each shard's record ids -> shuffle buffer
-      -> batch of ids -> gather: one preadv per record, straight into the batch (train.record_gather) -> prefetch
+    global steps from start_step -> the step's record ids (RecordOrder.batch_ids)
+      -> gather: one preadv per record, straight into the batch (train.record_gather) -> prefetch
 
-The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no protobuf
-parsing, no intermediate strings (2.1x less host CPU per image than streaming the same shards, 3.4-3.6x less than
-TFRecordDataset + ``parse_example``; BENCHMARKS.md). ``random_access=False`` (``shardprep train
---sequential-reads``), and shards behind a URL such as ``gs://``, stream each shard instead::
+That is the fast path (``raw`` shards, ``crop: center``): such shards have a fixed record layout (``record_layout``
+in the manifest, :class:`shardprep.preprocess.fixed_layout.FixedLayout`), so where a record lies follows from its
+index. The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no
+protobuf parsing, no intermediate strings (2.1x less host CPU per image than streaming the same shards, 3.4-3.6x
+less than TFRecordDataset + ``parse_example``; BENCHMARKS.md). Every other layout (JPEG, ``crop: none``, datasets
+written before the layout existed) and ``verify_records=True`` are read by random access too: each shard's record
+offsets come from its framing's headers (:mod:`shardprep.train.record_index`), a step's serialized Examples are read
+with one ``pread`` each (``verify_records`` checks both CRCs of each) and decoded in TensorFlow
+(:mod:`shardprep.train.read_examples`).
+
+``random_access=False`` (``shardprep train --sequential-reads``), and shards behind a URL such as ``gs://``, stream
+each shard instead, in tf.data's order (:class:`shardprep.train.read_plan.ReadPlan`: shards shuffled each epoch,
+interleaved, a shuffle buffer): seeded and repeatable, but another order than the random-access one, and it cannot
+start mid-epoch (``start_step`` must be 0)::
 
     shard files -> shuffle (each epoch) -> parallel interleave of FixedLengthRecordDatasets -> shuffle buffer
       -> batch -> decode_raw on the batch -> prefetch
 
-Both go through the same shuffles, so for a seed they give the same batches. The shards' integrity is checked by
-``shardprep validate`` (CRCs, the manifest's sha256 and every record's layout); a file whose size or record count
-disagrees with the manifest still fails loudly. ``verify_records=True`` reads through TFRecordDataset and
-``parse_example`` instead, checking every record's CRC; so do datasets written before the layout existed.
+The shards' integrity is checked by ``shardprep validate`` (CRCs, the manifest's sha256 and every record's layout);
+a file whose size or record count disagrees with the manifest still fails loudly.
 
 The reshape to ``[B, H, W, 3]`` is free. Augmentation and normalization are not done here: they are part of the model
-(:mod:`shardprep.train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes than
-float32).
+(:mod:`shardprep.train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes
+than float32). Every dataset yields images of one shape, :func:`stored_image_shape`.
 
-The other layouts need one step per image, which runs in a parallel map before batching (:mod:`shardprep.train.read_examples`).
-Every dataset yields square-or-stored-size images of one shape, :func:`stored_image_shape`.
+This module reads the manifest and dispatches to a read strategy, each its own module:
 
-This module reads the manifest and dispatches; each read strategy is its own module, and all of them put their
-records through the one order of :class:`shardprep.train.read_plan.ReadPlan`:
-
-* :mod:`shardprep.train.read_gather`: local fixed-layout shards, records gathered into the batch (the default);
+* :mod:`shardprep.train.read_gather`: local shards by random access, in the NumPy order (the default);
 * :mod:`shardprep.train.read_stream`: fixed-layout shards streamed (``random_access=False``, URLs);
-* :mod:`shardprep.train.read_examples`: TFRecords of Examples (``verify_records=True``, every other layout).
+* :mod:`shardprep.train.read_examples`: Examples decoded in TensorFlow, gathered or streamed (every other layout).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
+from shardprep.train.record_order import RecordOrder
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
 SHUFFLE_BUFFER_BYTES = 1 << 30
@@ -111,6 +116,7 @@ def make_dataset(
     manifest: dict | Manifest | None = None,
     verify_records: bool = False,
     random_access: bool | None = None,
+    start_step: int = 0,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
 
@@ -122,40 +128,82 @@ def make_dataset(
       split: a split of the manifest, e.g. ``"train"`` or ``"validation"``.
       batch_size: the global batch size. Under ``tf.distribute`` the dataset yields per-replica batches of
         ``input_context.get_per_replica_batch_size(batch_size)``.
-      training: ``True``: shuffle the file order every epoch and the records through a buffer, repeat forever, drop
-        the last partial batch, random square crops for ``crop: none`` data. ``False``: one pass in a fixed order,
-        the last batch may be smaller, centre crops.
-      seed: same seed, same training batches and crops; without one, parallel reads may reorder records.
+      training: ``True``: a new permutation of the records every epoch (local shards; streamed ones: shuffled
+        files and a buffer), repeat forever, ``N // batch_size`` full batches an epoch, random square crops for
+        ``crop: none`` data. ``False``: one pass in a fixed order, the last batch may be smaller, centre crops.
+      seed: same seed, same training batches and crops (for local shards also :class:`~shardprep.train.numpy_reader.
+        NumpyReader`'s); without one, a random seed is drawn for this dataset.
       input_context: given by ``strategy.distribute_datasets_from_function``: each input pipeline (worker) reads
-        only its share of the shard files (by record if there are fewer files than pipelines).
-      shuffle_buffer: records in the shuffle buffer; default :func:`default_shuffle_buffer` (about 1 GiB).
-      cycle_length: shard files read concurrently (default ``min(files, 16)``).
-      deterministic: force (or forbid) deterministic element order; default: ``training`` and no seed -> not.
+        only its share of the records, with as many batches as every other.
+      shuffle_buffer: streamed reads only: records in the shuffle buffer; default :func:`default_shuffle_buffer`.
+      cycle_length: streamed reads only: shard files read concurrently (default ``min(files, 16)``).
+      deterministic: streamed reads only: force (or forbid) deterministic element order; default: ``training`` and
+        no seed -> not. Random-access reads are always in their order.
       manifest: the already loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
-      verify_records: read fixed-layout shards as TFRecords, checking every record's CRC (slower); other shards
-        are always read that way.
-      random_access: for fixed-layout shards, gather each batch's records straight from the files
-        (:mod:`~shardprep.train.record_gather`) instead of streaming each shard (same batches). Default: on for
-        local paths (needs ``os.preadv``), off for URLs; streaming suits storage slow at random reads.
+      verify_records: check every record's CRCs as it is read (slower; fixed-layout shards are then parsed as
+        Examples).
+      random_access: gather each batch's records straight from the files in the NumPy order (default: on for
+        local paths, where ``os.preadv`` exists) instead of streaming each shard; streaming suits storage slow at
+        random reads, and is the only way for URLs.
+      start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with
+        exactly the batch an uninterrupted run would read next, found without reading the ones before. Needs
+        random access (``ValueError`` otherwise, unless 0).
 
     In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
     manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
+    remote = "://" in data_dir
+    if random_access is None:
+        random_access = not remote and record_gather.AVAILABLE
+    if random_access and remote:
+        raise ValueError(f"random_access reads local shards only, not {data_dir}")
+    if random_access:
+        return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
+                                      verify_records, start_step)
+    if start_step:
+        raise ValueError(f"start_step={start_step}: resuming mid-epoch needs local shards read by random access "
+                         f"(a {'URL' if remote else 'streamed read'} follows tf.data's shuffles, which cannot "
+                         "start at a step); copy the dataset to a local disk, or start at 0")
     plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
                  cycle_length, deterministic)
     layout = None if verify_records else fixed_layout(manifest, split)
     if layout is None:
         batches = read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
     else:
-        plan = plan.without_empty_shards()
-        if random_access is None:
-            random_access = not plan.remote and record_gather.AVAILABLE
-        read = read_gather.gathered_batches if random_access else read_stream.streamed_batches
-        batches = read(plan, layout)
+        batches = read_stream.streamed_batches(plan.without_empty_shards(), layout)
     return plan.finish(batches)
+
+
+def _random_access_batches(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None,
+                           manifest: Manifest, input_context, verify_records: bool,
+                           start_step: int) -> tf.data.Dataset:
+    """The batches of the NumPy order (:mod:`~shardprep.train.record_order`), gathered from local shards."""
+    shards = manifest.split(split).shards
+    if not shards:
+        raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    counts = [shard.num_examples for shard in shards]
+    if not sum(counts):
+        raise ValueError(f"split {split!r} of {data_dir} has no examples")
+    num_shards, index = 1, 0
+    if input_context is not None:
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+        num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
+    paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
+    layout = None if verify_records else fixed_layout(manifest, split)
+    if layout is not None:
+        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step)
+    else:
+        height, width = manifest.stored_shape
+        serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step)
+        batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
+                                                height, width, training)
+    return read_gather.finish(batches, order, distributed=input_context is not None)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,

@@ -1,0 +1,196 @@
+"""The one record order of every random-access read, defined in NumPy: which records make batch ``step``.
+
+The records of a split are numbered ``0..N-1`` in manifest shard order (the *global index*; :meth:`RecordOrder.
+locate` maps it to ``(shard, record in shard)``). Training: epoch ``e`` is a full permutation of ``0..N-1`` drawn
+from ``np.random.Generator(PCG64(SeedSequence([seed, e])))``, a true global shuffle; process ``index`` of
+``num_shards`` takes ``perm[index::num_shards]`` cut to ``N // num_shards`` records, in batches of ``batch_size``
+(the remainder dropped), so every process has ``steps_per_epoch`` batches. Global step ``s`` is batch
+``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``: its records follow from (seed, epoch, batch) alone, so a
+reader starts at any step in O(1) (one permutation drawn; nothing read or discarded). Evaluation: one pass in global
+order; process ``index`` reads a contiguous near-equal slice, cut into the same number of batches as every other
+process.
+
+``crop: none`` training crops are random too: :meth:`RecordOrder.crop_draws` gives two int64 draws per record from a
+second stream of the same (seed, epoch), so the tf.data reader and the NumPy reader cut the same squares.
+
+No TensorFlow: :mod:`shardprep.train.reader` and :mod:`shardprep.train.numpy_reader` both use this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import secrets
+import threading
+
+import numpy as np
+
+# Crop draws are in [0, CROP_DRAW_LIMIT): an offset is draw % (spare + 1), exact in int64 on NumPy and TensorFlow.
+CROP_DRAW_LIMIT = 1 << 31
+_PERMUTATION_STREAM, _CROP_STREAM = 0, 1
+_CACHED_EPOCHS = 2  # parallel readers straddle an epoch boundary
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderState:
+    """A reader's position: ``step`` global batches already read (``epoch`` = ``step // steps_per_epoch``).
+
+    Pass ``state.step`` as ``start_step`` to resume exactly there."""
+
+    step: int
+    epoch: int
+    batch: int  # within the epoch
+
+
+class RecordOrder:
+    """The batches of one split, for one process, as global record indices.
+
+    Args:
+      counts: records per shard file, in manifest order.
+      batch_size: records per batch (per process).
+      training: ``True``: an endless sequence of reshuffled epochs; ``False``: one pass in order.
+      seed: the training order's seed; ``None`` draws one (once for this object) so that epochs still differ.
+      num_shards, index: this process's share of the records (multi-host reads).
+
+    Raises ``ValueError`` for ``batch_size < 1``, ``index`` outside ``[0, num_shards)``, more shards than records,
+    or (training) fewer records per shard than one batch.
+    """
+
+    def __init__(self, counts, batch_size: int, training: bool, seed: int | None = None, *, num_shards: int = 1,
+                 index: int = 0):
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        _check(int(counts.sum()), batch_size, num_shards, index, training)
+        self.counts = counts
+        self.starts = np.concatenate([[0], np.cumsum(counts)])  # global index of each shard's first record
+        self.num_records = int(self.starts[-1])
+        self.batch_size, self.training = int(batch_size), bool(training)
+        self.num_shards, self.index = int(num_shards), int(index)
+        self.seed = int(seed) if seed is not None else secrets.randbits(63)
+        self._epochs: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        if training:
+            self.records_per_shard = self.num_records // self.num_shards
+            self.steps_per_epoch = self.records_per_shard // self.batch_size
+            self._eval_sizes = None
+        else:
+            self._eval_first, self._eval_sizes = _eval_share(self.num_records, self.batch_size, self.num_shards,
+                                                             self.index)
+            self._eval_ends = self._eval_first + np.cumsum(self._eval_sizes)
+            self.steps_per_epoch = len(self._eval_sizes)
+
+    def __len__(self) -> int:
+        """Batches per epoch (training) or in the pass (evaluation)."""
+        return self.steps_per_epoch
+
+    def state(self, step: int) -> ReaderState:
+        return ReaderState(step, step // self.steps_per_epoch, step % self.steps_per_epoch)
+
+    def batch_ids(self, step) -> np.ndarray:
+        """Global indices (int64) of global batch ``step``'s records (any step >= 0 in training)."""
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if not self.training:
+            if step >= self.steps_per_epoch:
+                raise IndexError(f"evaluation has {self.steps_per_epoch} batches, no batch {step}")
+            end = int(self._eval_ends[step])
+            return np.arange(end - int(self._eval_sizes[step]), end, dtype=np.int64)
+        epoch, batch = divmod(step, self.steps_per_epoch)
+        first = self.index + batch * self.batch_size * self.num_shards
+        return self.epoch_ids(epoch)[first:first + self.batch_size * self.num_shards:self.num_shards]
+
+    def epoch_share(self, epoch: int = 0) -> np.ndarray:
+        """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice of the pass);
+        training batches are its consecutive runs of ``batch_size`` (what :class:`EpochSampler` hands out)."""
+        if not self.training:
+            return np.arange(self._eval_first, int(self._eval_ends[-1]) if len(self._eval_ends) else 0,
+                             dtype=np.int64)
+        return self.epoch_ids(epoch)[self.index::self.num_shards][:self.records_per_shard]
+
+    def positions(self, step) -> np.ndarray:
+        """Positions in its epoch's permutation of batch ``step``'s records (what :meth:`crop_draws` indexes)."""
+        epoch, batch = divmod(int(step), self.steps_per_epoch)
+        first = self.index + batch * self.batch_size * self.num_shards
+        return np.arange(first, first + self.batch_size * self.num_shards, self.num_shards, dtype=np.int64)
+
+    def epoch_ids(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s permutation of every global index (all shards), cached for the last two epochs."""
+        return self._epoch(epoch)[0]
+
+    def crop_draws(self, step) -> np.ndarray:
+        """int64 ``[B, 2]`` draws in ``[0, 2**31)`` for batch ``step``'s random crops: top ``= d[0] % (spare_h + 1)``,
+        left ``= d[1] % (spare_w + 1)``; zeros in evaluation (central crops are computed from the image size)."""
+        if not self.training:
+            return np.zeros((len(self.batch_ids(step)), 2), np.int64)
+        epoch = int(step) // self.steps_per_epoch
+        return self._epoch(epoch, crops=True)[1][self.positions(step)]
+
+    def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, record in shard)`` int64 arrays of global indices ``ids``."""
+        ids = np.asarray(ids, np.int64)
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        return shards, ids - self.starts[shards]
+
+    def _epoch(self, epoch: int, crops: bool = False):
+        with self._lock:
+            cached = self._epochs.get(epoch)
+            if cached is None or (crops and cached[1] is None):
+                permutation = cached[0] if cached is not None else epoch_permutation(self.seed, epoch,
+                                                                                      self.num_records)
+                draws = epoch_crop_draws(self.seed, epoch, self.num_records) if crops else None
+                cached = (permutation, draws)
+                self._epochs[epoch] = cached
+                while len(self._epochs) > _CACHED_EPOCHS:
+                    self._epochs.popitem(last=False)
+            self._epochs.move_to_end(epoch)
+            return cached
+
+
+def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
+    """The training order of epoch ``epoch``: a permutation of ``0..num_records-1`` (int64) for ``seed``."""
+    return _generator(seed, epoch, _PERMUTATION_STREAM).permutation(num_records).astype(np.int64, copy=False)
+
+
+def epoch_crop_draws(seed: int, epoch: int, num_records: int) -> np.ndarray:
+    """``[num_records, 2]`` int64 crop draws of epoch ``epoch``, one row per position in the epoch's permutation."""
+    return _generator(seed, epoch, _CROP_STREAM).integers(0, CROP_DRAW_LIMIT, (num_records, 2), dtype=np.int64)
+
+
+def _generator(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), stream])))
+
+
+def _check(num_records: int, batch_size: int, num_shards: int, index: int, training: bool) -> None:
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if int(num_shards) < 1:
+        raise ValueError(f"num_shards must be positive, got {num_shards}")
+    if not 0 <= int(index) < int(num_shards):
+        raise ValueError(f"index must be in [0, num_shards={num_shards}), got {index}")
+    if num_records < 1:
+        raise ValueError("the split has no records")
+    if int(num_shards) > num_records:
+        raise ValueError(f"num_shards={num_shards} is more than the split's {num_records} records: some processes "
+                         "would read nothing")
+    if training and num_records // int(num_shards) < int(batch_size):
+        raise ValueError(f"the split's {num_records} records make no training batch of {batch_size} "
+                         f"for each of {num_shards} process(es): lower batch_size")
+
+
+def _eval_share(num_records: int, batch_size: int, num_shards: int, index: int) -> tuple[int, np.ndarray]:
+    """(first global index, batch sizes) of process ``index``'s evaluation slice.
+
+    Contiguous near-equal slices (the first ``N % S`` one record longer), each cut into the same number of batches
+    ``K = ceil(ceil(N / S) / B)``, full batches first. With ``batch_size`` 1 and ``N % S != 0`` a shorter slice ends
+    with one empty batch: the only way every process gets ``K`` batches of at most one record.
+    """
+    base, extra = divmod(num_records, num_shards)
+    first = index * base + min(index, extra)
+    remaining = base + (1 if index < extra else 0)
+    batches = -(-(-(-num_records // num_shards)) // batch_size)
+    sizes = []
+    for left in range(batches, 0, -1):
+        size = min(batch_size, max(remaining - (left - 1), min(1, remaining)))
+        sizes.append(size)
+        remaining -= size
+    return first, np.asarray(sizes, np.int64)
