@@ -137,6 +137,9 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
     base_lr = config.learning_rate if config.learning_rate is not None else 0.1 * config.batch_size / 256
     num_classes = manifest.num_classes
     options = checkpoints.run_options(config, manifest, steps_per_epoch)
+    if config.checkpoint_every_steps and getattr(steps, "streamed", lambda: False)():
+        raise ValueError("--checkpoint-every-steps needs local shards read by random access: with "
+                         "--sequential-reads or a URL the order cannot be resumed mid-epoch; drop one of them")
 
     with steps.scope():
         model = build_model(num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
@@ -165,7 +168,7 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
     epochs = _Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report)
     epochs.options, epochs.on_batch = options, on_batch
     # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
-    epochs.run(start_step, state, steps.train_batches(config.seed, start_step), steps.val_batches)
+    epochs.run(start_step, state, steps.train_batches(config.seed, start_step, steps_per_epoch), steps.val_batches)
 
     checkpoints.save_inference_model(model, paths["model"])
     summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}

@@ -113,7 +113,7 @@ class KerasSteps:
         return NumpyReader(self.config.data_dir, split, self.config.batch_size, training, seed,
                            start_step=start_step, manifest=self.manifest)
 
-    def train_batches(self, seed: int | None, start_step: int):
+    def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
         """The endless training input from global step ``start_step`` of the seeded order."""
         return iter(self._reader(self.config.train_split, True, seed, start_step))
 

@@ -87,8 +87,23 @@ class TFSteps:
         self._train_step, self._eval_step = _step_functions(self.config, self.strategy, model, optimizer,
                                                             self.metrics, num_classes, self.jit_compile)
 
-    def train_batches(self, seed: int | None, start_step: int):
-        """The endless training input from global step ``start_step`` of the seeded order."""
+    def streamed(self) -> bool:
+        """Shards streamed in tf.data's shuffled order (``--sequential-reads``, URLs), which no step addresses."""
+        return self.config.sequential_reads or "://" in self.config.data_dir
+
+    def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
+        """The endless training input from global step ``start_step`` of the seeded order.
+
+        Streamed shards cannot start mid-epoch (a ValueError says so); at an epoch boundary they start a new
+        order, reseeded with the epoch, as runs resumed before the order was addressable by step did."""
+        if self.streamed() and start_step:
+            if start_step % steps_per_epoch:
+                raise ValueError(f"--resume: the checkpoint is mid-epoch (step {start_step}), and "
+                                 f"{'--sequential-reads' if self.config.sequential_reads else 'a URL'} streams the "
+                                 "shards in an order no step addresses; resume reading local shards by random "
+                                 "access (no --sequential-reads), or from an epoch-end checkpoint")
+            seed = None if seed is None else seed + start_step // steps_per_epoch
+            start_step = 0
         return iter(self._distributed(self.config.train_split, True, seed, start_step))
 
     def val_batches(self):
@@ -100,13 +115,12 @@ class TFSteps:
     def _distributed(self, split: str, training: bool, seed: int | None, start_step: int):
         """One input pipeline per worker (``distribute_datasets_from_function``)."""
         config = self.config
-        position = {"start_step": start_step} if start_step else {}
 
         def dataset_fn(context):
             return reader.make_dataset(
                 config.data_dir, split, config.batch_size, training, seed=seed, input_context=context,
                 shuffle_buffer=config.shuffle_buffer, manifest=self.manifest, verify_records=config.verify_records,
-                random_access=False if config.sequential_reads else None, **position)
+                random_access=False if config.sequential_reads else None, start_step=start_step)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
