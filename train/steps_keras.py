@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import numpy as np
 
 from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train.config import TrainConfig
@@ -128,8 +129,15 @@ class KerasSteps:
 
     def eval_step(self, batch) -> None:
         images, labels = batch
-        logs = self.model.test_on_batch(images, labels, return_dict=True)
-        self._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, len(labels))
+        examples, weights = len(labels), None
+        if examples % self.replicas:
+            # The pass's last batch may not divide over the devices: pad it with copies that weigh nothing.
+            padding = self.replicas - examples % self.replicas
+            images = np.concatenate([images, np.repeat(images[-1:], padding, axis=0)])
+            labels = np.concatenate([labels, np.repeat(labels[-1:], padding, axis=0)])
+            weights = np.concatenate([np.ones(examples, np.float32), np.zeros(padding, np.float32)])
+        logs = self.model.test_on_batch(images, labels, sample_weight=weights, return_dict=True)
+        self._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, examples)
 
     def reset(self) -> None:
         self._train, self._val = _Sums(), _Sums()
