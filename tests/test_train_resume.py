@@ -107,9 +107,18 @@ def _killed_run(data, output, tmp_path) -> dict:
     return {step: ids for step, ids in map(json.loads, ids_path.read_text().splitlines())}
 
 
-def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, tmp_path, monkeypatch):
-    uninterrupted, killed = tmp_path / "uninterrupted", tmp_path / "killed"
-    _, ids_a = _run_in_process(monkeypatch, _args(id_dataset, uninterrupted))
+@pytest.fixture(scope="module")
+def uninterrupted(id_dataset, tmp_path_factory):
+    """The uninterrupted run (TensorFlow, this process): its output folder and record ids by step."""
+    output = tmp_path_factory.mktemp("uninterrupted")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _, ids = _run_in_process(monkeypatch, _args(id_dataset, output))
+    return output, ids
+
+
+def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, tmp_path,
+                                                                            monkeypatch):
+    (uninterrupted, ids_a), killed = uninterrupted, tmp_path / "killed"
     assert sorted(ids_a) == list(range(3 * STEPS_PER_EPOCH))
     for epoch in range(3):  # every record once an epoch, in a new order each epoch
         seen = sum((ids_a[epoch * STEPS_PER_EPOCH + s] for s in range(STEPS_PER_EPOCH)), [])
@@ -145,3 +154,53 @@ def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_da
     refused = CliRunner().invoke(main, _args(id_dataset, killed, "--resume", "--batch-size", "16"))
     assert refused.exit_code == 1
     assert "Error: --resume:" in refused.output and "--batch-size 8 then, 16 now" in refused.output
+
+
+JAX_CRASH_AND_RESUME = textwrap.dedent("""
+    import functools, json, sys
+    import numpy as np
+    from click.testing import CliRunner
+    from shardprep.cli import main
+    from shardprep.train import loop
+
+    crash_at, args = int(sys.argv[1]), sys.argv[2:]
+    train, seen = loop.train, {}
+
+    def observe(step, batch):
+        if step == crash_at and "--resume" not in args:
+            raise RuntimeError("crashed")
+        images = np.asarray(batch[0]).astype(np.int64)
+        seen[step] = (images[:, 0, 0, 0] + 256 * images[:, 0, 0, 1]).tolist()
+
+    loop.train = functools.partial(train, on_batch=observe)
+    crashed = CliRunner().invoke(main, args)
+    args.append("--resume")
+    seen.clear()
+    resumed = CliRunner().invoke(main, args)
+    print(json.dumps({"crashed": str(crashed.exception), "resumed": resumed.exit_code, "output": resumed.output,
+                      "ids": seen}))
+""")
+
+
+def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tmp_path):
+    # A crash at step 13 (an exception in the loop: a second process kill would cost another JAX start) after
+    # the checkpoint of step 12; the resumed JAX run reads with the NumPy reader the batches the TensorFlow run
+    # read from step 12 on: one record order for every backend.
+    _, ids_a = uninterrupted
+    output = tmp_path / "jax-run"
+    # The script imports the loop (and so Keras) before the CLI runs: the backend comes from the environment.
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"}
+    done = subprocess.run([sys.executable, "-c", JAX_CRASH_AND_RESUME, str(BLOCK_AT),
+                           *_args(id_dataset, output, "--backend", "jax")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["crashed"] == "crashed" and report["resumed"] == 0, report["output"]
+    assert "with Keras on jax" in report["output"]
+    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in report["output"]
+    resumed = {int(step): ids for step, ids in report["ids"].items()}
+    assert resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
+    history = json.loads((output / "history.json").read_text())
+    assert history["epoch"] == [1, 2, 3] and all(np.isfinite(history["loss"]))
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["backend"] == "jax"
