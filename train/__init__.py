@@ -27,10 +27,13 @@ Modules, each one concern:
   ``record_dataset``: one record at a time, with a seeded sampler, for PyTorch or Grain.
 * ``augment``, ``resnet``, ``model``: the model, with augmentation and normalization as its first layer.
 * ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
-  from; ``loop``: the training loop, its progress within an epoch and its input-bound report; ``preflight``: the
-  checks ``shardprep train`` makes before importing TensorFlow; ``predict``: inference on new photos.
+  from (mid-epoch too); ``losses``: the smoothed cross-entropy; ``loop``: the backend-neutral training loop, its
+  progress within an epoch and its input-bound report, over ``steps_tf`` (TensorFlow) or ``steps_keras`` (JAX,
+  PyTorch); ``preflight``: the checks ``shardprep train`` makes before importing Keras; ``predict``: inference on
+  new photos.
 
 ``config``, ``record_order``, ``record_index``, ``record_gather``, ``batch_sources``, ``batch_prefetch``,
-``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches`` imports Keras, and Keras its backend);
+``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches``, ``losses``, ``schedules``,
+``checkpoints``, ``steps_keras`` and ``loop`` import Keras, and Keras its backend);
 the other modules do: import them, not this package, where that matters.
 """
