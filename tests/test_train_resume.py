@@ -204,3 +204,44 @@ def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tm
     assert history["epoch"] == [1, 2, 3] and all(np.isfinite(history["loss"]))
     summary = json.loads((output / "summary.json").read_text())
     assert summary["backend"] == "jax"
+
+
+def test_a_kill_between_writing_state_and_model_resumes_from_the_entry_that_matches_last_keras(tmp_path):
+    import keras
+
+    from shardprep.train import checkpoints
+
+    def compiled_model():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    model, paths = compiled_model(), checkpoints.run_paths(str(tmp_path))
+    checkpoints.make_dirs(paths["checkpoints"])
+    options = {"batch_size": 8, "seed": 1, "steps_per_epoch": 8, "train_split": "train", "train_examples": 64,
+               "data": "fingerprint"}
+    history = {"epoch": []}
+
+    def state(step):
+        return checkpoints.run_state(step, 8, history, [], options, checkpoints.optimizer_iterations(model),
+                                     {"loss": 1.0, "accuracy": 0.5, "examples": step * 8})
+
+    at_step_3 = state(3)
+    checkpoints.save_checkpoint(model, paths, at_step_3, None)
+    model.optimizer.iterations.assign(6)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing last.keras")
+
+    model.save = killed
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save_checkpoint(model, paths, state(6), at_step_3)
+    assert json.loads(open(paths["state"]).read())["global_step"] == 6  # state.json went first
+
+    restored = checkpoints.resume(compiled_model(), paths, options, 8, print)
+    assert restored["global_step"] == 3 and restored["partial_epoch"]["examples"] == 24
+
+    checkpoints.write_json(paths["state"], {**state(6), "previous": None})
+    with pytest.raises(ValueError, match="do not belong together"):
+        checkpoints.resume(compiled_model(), paths, options, 8, print)
