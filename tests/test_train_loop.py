@@ -208,3 +208,16 @@ def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
             if (epoch, batch) == (1, 2):
                 model.optimizer.learning_rate = 0.08  # what ReduceLROnPlateau would do
     np.testing.assert_allclose(rates, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8, 0.08, 0.08, 0.08], rtol=1e-6)
+
+
+def test_progress_of_a_resumed_epoch_counts_the_steps_this_process_ran():
+    import io
+
+    progress = loop.EpochProgress(120, 10, lambda message: None, first_step=40, stream=io.StringIO())
+    assert progress.line(60, 2.0) == "  step 60/120 (50%), 100 images/s, ETA 0:06"
+
+
+def test_mid_epoch_checkpoints_need_an_order_addressable_by_step(colour_dataset, tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint-every-steps needs local shards read by random access"):
+        loop.train(_config(colour_dataset, tmp_path, sequential_reads=True, checkpoint_every_steps=2),
+                   report=lambda message: None)
