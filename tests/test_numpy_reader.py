@@ -292,3 +292,36 @@ def test_keras_backup_and_restore_resumes_with_the_batches_of_an_uninterrupted_r
     step = restored[1]
     assert 0 < step < 9 and step % 6  # restored mid-epoch
     assert fed == list(range(step, step + len(fed))) and len(fed) == (3 - step // 6) * 6
+
+
+def test_dropping_an_iterator_stops_its_threads(dataset):
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    iterator = iter(NumpyReader(dataset, "train", 4, True, seed=0, threads=3))
+    next(iterator)
+    started = [t for t in threading.enumerate() if t not in before and t.name.startswith("shardprep-reader")]
+    assert started
+    del iterator
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(t.is_alive() for t in started)
+
+
+def test_datasets_without_a_record_layout_and_damaged_shards(tmp_path):
+    from shardprep.train import reader
+
+    items = random_images(10, 6, 5, seed=6, labels=(0, 1))
+    manifest = write_dataset(tmp_path / "old", {"train": items}, classes=["a", "b"], fixed_layout=False)
+    assert "record_layout" not in manifest["splits"]["train"]
+    _assert_same(_numpy_batches(NumpyReader(tmp_path / "old", "train", 3, True, seed=1), 6),
+                 _tf_batches(reader.make_dataset(str(tmp_path / "old"), "train", 3, True, seed=1), 6))
+    for layout in (True, False):
+        root = tmp_path / f"cut-{layout}"
+        manifest = write_dataset(root, {"train": items}, classes=["a", "b"], fixed_layout=layout)
+        path = root / manifest["splits"]["train"]["shards"][0]["file"]
+        path.write_bytes(path.read_bytes()[:-7])
+        with pytest.raises(ValueError, match=path.name):
+            NumpyReader(root, "train", 3, True)

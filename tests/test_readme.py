@@ -86,6 +86,13 @@ def test_the_inference_example_prints_class_names_for_a_path_and_bytes(dataset, 
         assert rest.split()[0] in ("blue", "red")  # a class name from the manifest, not an index
 
 
+def test_the_framework_free_reader_example_reads_an_epoch_and_the_validation_pass(dataset, capsys):
+    code = scaled(block_with("NumpyReader("), {'"imagenette-shards", 64': f'{str(dataset / "shards")!r}, 4'})
+    runpy.run_path(_write(dataset / "numpy_reader_example.py", code), run_name="__main__")
+    # 24 training images: 6 batches an epoch, so 7 batches read end in epoch 1 at batch 1.
+    assert capsys.readouterr().out.splitlines()[-1] == "epoch 1, batch 1; validation: 8 images"
+
+
 def _write(path: Path, code: str) -> str:
     path.write_text(code, encoding="utf-8")
     return str(path)

@@ -294,3 +294,64 @@ def test_eval_batch_through_the_model_input_layer_is_the_stored_centre_crop(raw_
         cropped = layer(tf.constant(images), training=False).numpy()
         for image, crop in zip(images, cropped):
             np.testing.assert_array_equal(crop, stored[image.tobytes()][2:10, 1:9].astype(np.float32))
+
+
+@pytest.mark.parametrize("encoding,crop", [("jpeg", "center"), ("raw", "none")])
+def test_a_process_exits_while_its_example_reads_run(tmp_path, encoding, crop):
+    # Serialized Examples are read by Python on tf.data's threads: the exit hook must cover them as it does gathers.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    items = random_images(48, 64, 80 if crop == "none" else 64, seed=13, labels=(0, 1))
+    write_dataset(tmp_path, {"train": items}, classes=["a", "b"], encoding=encoding, crop=crop, num_shards=3,
+                  shorter_side=64 if crop == "none" else None)
+    script = textwrap.dedent(f"""
+        from shardprep.train import reader
+        iterator = iter(reader.make_dataset({str(tmp_path)!r}, "train", 16, training=True, seed=0))
+        for _ in range(10):
+            next(iterator)
+        print("read", flush=True)
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "read"
+
+
+def test_start_step_and_small_splits_are_checked(raw_dataset):
+    root, _ = raw_dataset
+    with pytest.raises(ValueError, match="start_step must be >= 0"):
+        reader.make_dataset(root, "train", 4, training=True, start_step=-1)
+    with pytest.raises(ValueError, match="records make no training batch of 41"):
+        reader.make_dataset(root, "train", 41, training=True)
+    with pytest.raises(ValueError, match=r"start_step must be in \[0, 3\] in evaluation"):
+        reader.make_dataset(root, "validation", 5, training=False, start_step=4)
+    # An evaluation pass started at a step is the rest of the pass.
+    full = _take(reader.make_dataset(root, "validation", 5, training=False), 10)
+    tail = _take(reader.make_dataset(root, "validation", 5, training=False, start_step=1), 10)
+    assert len(tail) == 2
+    for (images, labels), (tail_images, tail_labels) in zip(full[1:], tail):
+        np.testing.assert_array_equal(images, tail_images)
+        np.testing.assert_array_equal(labels, tail_labels)
+
+
+@pytest.mark.parametrize("encoding,record", [("raw", 2), ("raw", 5), ("jpeg", 5)])  # record 5 ends its shard
+def test_verify_records_finds_a_flipped_byte_that_plain_reads_pass_over(tmp_path, encoding, record):
+    items = random_images(12, 6, 5, seed=8, labels=(0, 1))
+    manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], encoding=encoding, num_shards=2)
+    path = tmp_path / manifest["splits"]["train"]["shards"][1]["file"]
+    data = bytearray(path.read_bytes())
+    layout = manifest["splits"]["train"].get("record_layout")
+    # A byte inside the record's data that plain reads do not notice: a pixel (raw), a filename's digit (JPEG).
+    starts = [0]
+    while starts[-1] < len(data):
+        starts.append(starts[-1] + 16 + int.from_bytes(data[starts[-1]:starts[-1] + 8], "little"))
+    where = (starts[record] + layout["image_offset"] + 7) if layout else data.index(b".png", starts[record]) - 1
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert len(_take(reader.make_dataset(str(tmp_path), "train", 4, training=False), 10)) == 3
+    with pytest.raises(tf.errors.OpError, match=f"{path.name}: record {record} .*data checksum mismatch"):
+        _take(reader.make_dataset(str(tmp_path), "train", 4, training=False, verify_records=True), 10)

@@ -1,5 +1,6 @@
 """ResNet-18 as in He et al. 2015: layer layout and the parameter count torchvision gives."""
 
+import keras
 import numpy as np
 
 from shardprep.train.model import build_model
@@ -43,3 +44,18 @@ def test_full_model_takes_uint8_images_of_any_size_and_returns_float32_logits():
     for size in (32, 45):
         logits = model.predict(np.zeros((2, size, size + 3, 3), np.uint8), verbose=0)
         assert logits.shape == (2, 3) and logits.dtype == np.float32
+
+
+def test_network_is_keras_layers_only_and_channels_last_whatever_the_global_setting():
+    previous = keras.config.image_data_format()
+    keras.config.set_image_data_format("channels_first")
+    try:
+        model = build_model(3, 16, [0.0] * 3, [1.0] * 3, width_multiplier=0.125)
+    finally:
+        keras.config.set_image_data_format(previous)
+    network = model.layers[2:]  # after the input and the augmentation layer
+    assert all(type(layer).__module__.startswith("keras.src.layers.") for layer in network)
+    formats = {layer.data_format for layer in network if hasattr(layer, "data_format")}
+    assert formats == {"channels_last"}
+    assert {layer.axis for layer in network if isinstance(layer, keras.layers.BatchNormalization)} == {-1}
+    assert model.predict(np.zeros((2, 20, 18, 3), np.uint8), verbose=0).shape == (2, 3)

@@ -19,9 +19,9 @@ Modules, each one concern:
   process's share, start steps); ``record_index``: TFRecord offsets from the framing, and Examples read by offset.
 * ``reader``: the manifest helpers and ``make_dataset``, which dispatches to one read strategy:
   ``read_gather`` (local shards by random access in ``record_order``: fixed-layout records gathered into the batch
-  by ``record_gather``, other Examples read through ``record_index``), ``read_stream`` (fixed-layout shards
-  streamed) or ``read_examples`` (Examples decoded in TensorFlow, gathered or streamed); streams follow the tf.data
-  order of ``read_plan``.
+  by ``record_gather``, CRC-checked by ``verified_gather``, other Examples read through ``record_index``),
+  ``read_stream`` (fixed-layout shards streamed) or ``read_examples`` (Examples decoded in TensorFlow, gathered or
+  streamed); streams follow the tf.data order of ``read_plan``.
 * ``numpy_reader``: ``NumpyReader``, reading batches on threads (``batch_prefetch``) from ``batch_sources`` (the
   fixed-layout gather, or Examples decoded with NumPy/Pillow); ``keras_batches``: it as a ``keras.utils.PyDataset``;
   ``record_dataset``: one record at a time, with a seeded sampler, for PyTorch or Grain.
@@ -32,8 +32,8 @@ Modules, each one concern:
   PyTorch); ``preflight``: the checks ``shardprep train`` makes before importing Keras; ``predict``: inference on
   new photos.
 
-``config``, ``record_order``, ``record_index``, ``record_gather``, ``batch_sources``, ``batch_prefetch``,
-``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches``, ``losses``, ``schedules``,
-``checkpoints``, ``steps_keras`` and ``loop`` import Keras, and Keras its backend);
-the other modules do: import them, not this package, where that matters.
+``config``, ``record_order``, ``record_index``, ``record_gather``, ``verified_gather``, ``batch_sources``,
+``batch_prefetch``, ``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches``, ``augment``,
+``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints``, ``steps_keras`` and ``loop`` import Keras, and
+Keras its backend); the other modules do: import them, not this package, where that matters.
 """

@@ -1,9 +1,11 @@
 """On-device augmentation: batched crops, flips and normalization with per-image random parameters.
 
 The reader ships stored ``uint8`` images; these functions turn a whole batch into the network's ``float32`` input
-in a few batched ops (gathers and small matrix products), so they run on the accelerator as the first layer of
-the model, compile under XLA, and cost the host nothing. :class:`CropFlipNormalize` wraps them as a Keras layer,
-which is how the saved model applies the evaluation crop and normalization by itself.
+in a few batched ops (one gather, or two small matrix products), so they run on the accelerator as the first layer
+of the model, compile under XLA (``tf.function(jit_compile=True)``, ``jax.jit``) and cost the host nothing. They are
+written with ``keras.ops`` and ``keras.random`` only, so the same code runs on every Keras backend (TensorFlow, JAX,
+PyTorch), on images of any size (``(None, None, 3)``). :class:`CropFlipNormalize` wraps them as a Keras layer: the
+training model's first layer.
 
 * ``crop`` (default): a random ``size`` x ``size`` window (e.g. 224 of the stored 256) and a horizontal flip with
   probability 1/2. The window is gathered, not interpolated, so pixels are exactly the stored ones.
@@ -12,7 +14,10 @@ which is how the saved model applies the evaluation crop and normalization by it
   bilinear (triangle) filter, then flipped with probability 1/2.
 * evaluation: the central ``size`` x ``size`` window.
 
-Every function takes a stateless ``seed`` (shape ``[2]`` integers): the same seed gives the same augmentation.
+Every random function takes a ``seed`` that ``keras.random`` accepts: an int (stateless: the same seed gives the
+same augmentation on a backend) or a ``keras.random.SeedGenerator`` (a fresh draw per call, as the layer does).
+Each function draws all of its random numbers in one ``keras.random.uniform`` call, so that an int seed never gives
+two of its draws the same numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from shardprep.train.config import AUGMENTATIONS
 
@@ -29,44 +34,45 @@ RRC_ASPECT_RANGE = (3 / 4, 4 / 3)
 RRC_ATTEMPTS = 10
 
 
-def _split_seed(seed, count: int):
-    """``count`` independent stateless seeds derived from ``seed``."""
-    return tf.unstack(tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=count))
+def _uniforms(batch, count: int, seed):
+    """``float32 [batch, count]`` uniform in [0, 1): every random number one call needs, in one draw."""
+    return keras.random.uniform((batch, count), dtype="float32", seed=seed)
 
 
-def _uniform(shape, seed, low=0.0, high=1.0):
-    return tf.random.stateless_uniform(shape, seed=seed, minval=low, maxval=high, dtype=tf.float32)
+def _with_static_shape(images, size: int):
+    """``images`` reshaped to ``[B, size, size, C]``: a no-op that gives TensorFlow's graph the known sides back."""
+    channels = images.shape[-1] if images.shape[-1] is not None else ops.shape(images)[-1]
+    return ops.reshape(images, (-1, size, size, channels))
 
 
 def center_crop(images, size: int):
     """The central ``size`` x ``size`` window of each image of a ``[B, H, W, C]`` batch (H, W >= size)."""
-    shape = tf.shape(images)
-    top, left = (shape[1] - size) // 2, (shape[2] - size) // 2
-    cropped = images[:, top:top + size, left:left + size, :]
-    cropped.set_shape([images.shape[0], size, size, images.shape[-1]])
-    return cropped
+    batch, height, width, channels = ops.shape(images)
+    top, left = (height - size) // 2, (width - size) // 2
+    return _with_static_shape(ops.slice(images, (0, top, left, 0), (batch, size, size, channels)), size)
 
 
 def random_crop_flip(images, size: int, seed):
     """A random ``size`` x ``size`` window of each image, mirrored left-right for a random half of the batch.
 
-    Windows are gathered by index, so each output pixel is a stored pixel; every image gets its own position.
+    Windows are gathered by index (one ``take`` from the flattened batch), so each output pixel is a stored pixel
+    and keeps the input's dtype; every image gets its own position.
     """
-    offsets_seed, flip_seed = _split_seed(seed, 2)
-    shape = tf.shape(images)
-    batch = shape[0]
-    spare = tf.cast(tf.stack([shape[1], shape[2]]) - size + 1, tf.float32)  # possible positions per axis
-    positions = tf.cast(tf.floor(_uniform([batch, 2], offsets_seed) * spare), tf.int32)
-    positions = tf.minimum(positions, tf.cast(spare, tf.int32) - 1)  # uniform() < 1, but stay safe from rounding
-    steps = tf.range(size)[tf.newaxis, :]
-    rows = positions[:, :1] + steps
-    columns = positions[:, 1:] + steps
-    flip = _uniform([batch], flip_seed) < 0.5
-    columns = tf.where(flip[:, tf.newaxis], tf.reverse(columns, axis=[1]), columns)
-    cropped = tf.gather(images, rows, axis=1, batch_dims=1)
-    cropped = tf.gather(cropped, columns, axis=2, batch_dims=1)
-    cropped.set_shape([images.shape[0], size, size, images.shape[-1]])
-    return cropped
+    batch, height, width, channels = ops.shape(images)
+    draws = _uniforms(batch, 3, seed)  # top, left, flip
+    spare_rows, spare_columns = height - size + 1, width - size + 1  # possible positions per axis
+    top = ops.cast(ops.floor(draws[:, 0] * ops.cast(spare_rows, "float32")), "int32")
+    left = ops.cast(ops.floor(draws[:, 1] * ops.cast(spare_columns, "float32")), "int32")
+    top = ops.minimum(top, spare_rows - 1)  # uniform() < 1, but stay safe from rounding
+    left = ops.minimum(left, spare_columns - 1)
+    steps = ops.arange(size, dtype="int32")[None, :]
+    rows = top[:, None] + steps                                   # [B, size]
+    columns = left[:, None] + steps
+    columns = ops.where(draws[:, 2:3] < 0.5, ops.flip(columns, axis=1), columns)
+    image_starts = ops.arange(batch, dtype="int32") * ops.cast(height * width, "int32")
+    pixel_ids = image_starts[:, None, None] + rows[:, :, None] * ops.cast(width, "int32") + columns[:, None, :]
+    pixels = ops.reshape(images, (-1, channels))                 # [B * H * W, C]
+    return _with_static_shape(ops.take(pixels, pixel_ids, axis=0), size)
 
 
 def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
@@ -77,29 +83,34 @@ def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, as
     ``aspect_range``; the first that fits is used, else the largest central window whose aspect ratio is in the
     range (as torchvision does). Windows are in pixels and lie inside the image; they need not be whole pixels.
     """
-    area_seed, aspect_seed, position_seed = _split_seed(seed, 3)
-    height = tf.cast(height, tf.float32)
-    width = tf.cast(width, tf.float32)
-    area = _uniform([batch, attempts], area_seed, *area_range) * height * width
-    log_aspect = _uniform([batch, attempts], aspect_seed, math.log(aspect_range[0]), math.log(aspect_range[1]))
-    aspect = tf.exp(log_aspect)
-    window_width = tf.sqrt(area * aspect)
-    window_height = tf.sqrt(area / aspect)
-    fits = (window_width <= width) & (window_height <= height)
-    first_fit = tf.argmax(tf.cast(fits, tf.int32), axis=1, output_type=tf.int32)
-    window_height = tf.gather(window_height, first_fit, batch_dims=1)
-    window_width = tf.gather(window_width, first_fit, batch_dims=1)
+    draws = _uniforms(batch, 2 * attempts + 2, seed)
+    return _rrc_windows(draws, height, width, area_range, aspect_range, attempts)
+
+
+def _rrc_windows(draws, height, width, area_range, aspect_range, attempts: int):
+    """:func:`sample_rrc_windows` from ``draws``, uniforms ``[B, 2 * attempts + 2]``: areas, aspects, position."""
+    height = ops.cast(height, "float32")
+    width = ops.cast(width, "float32")
+    area = (area_range[0] + (area_range[1] - area_range[0]) * draws[:, :attempts]) * height * width
+    low, high = math.log(aspect_range[0]), math.log(aspect_range[1])
+    aspect = ops.exp(low + (high - low) * draws[:, attempts:2 * attempts])
+    window_width = ops.sqrt(area * aspect)
+    window_height = ops.sqrt(area / aspect)
+    fits = ops.logical_and(window_width <= width, window_height <= height)
+    first_fit = ops.argmax(ops.cast(fits, "int32"), axis=1)[:, None]
+    window_height = ops.take_along_axis(window_height, first_fit, axis=1)[:, 0]
+    window_width = ops.take_along_axis(window_width, first_fit, axis=1)[:, 0]
 
     image_aspect = width / height
-    fallback_width = tf.where(image_aspect > aspect_range[1], height * aspect_range[1], width)
-    fallback_height = tf.where(image_aspect < aspect_range[0], width / aspect_range[0], height)
-    any_fit = tf.reduce_any(fits, axis=1)
-    window_height = tf.where(any_fit, window_height, fallback_height)
-    window_width = tf.where(any_fit, window_width, fallback_width)
+    fallback_width = ops.where(image_aspect > aspect_range[1], height * aspect_range[1], width)
+    fallback_height = ops.where(image_aspect < aspect_range[0], width / aspect_range[0], height)
+    any_fit = ops.any(fits, axis=1)
+    window_height = ops.where(any_fit, window_height, fallback_height)
+    window_width = ops.where(any_fit, window_width, fallback_width)
 
-    position = _uniform([batch, 2], position_seed)
-    top = tf.where(any_fit, position[:, 0] * (height - window_height), (height - window_height) / 2)
-    left = tf.where(any_fit, position[:, 1] * (width - window_width), (width - window_width) / 2)
+    position = draws[:, 2 * attempts:2 * attempts + 2]
+    top = ops.where(any_fit, position[:, 0] * (height - window_height), (height - window_height) / 2)
+    left = ops.where(any_fit, position[:, 1] * (width - window_width), (width - window_width) / 2)
     return top, left, window_height, window_width
 
 
@@ -111,12 +122,12 @@ def _resize_weights(start, extent, source_size, size: int):
     is normalized, so edges renormalize instead of reading outside the window's image.
     """
     scale = extent / size  # source pixels per output pixel, [B]
-    centres = start[:, tf.newaxis] + (tf.range(size, dtype=tf.float32)[tf.newaxis, :] + 0.5) * scale[:, tf.newaxis]
-    centres -= 0.5
-    support = tf.maximum(scale, 1.0)[:, tf.newaxis, tf.newaxis]
-    source = tf.range(source_size, dtype=tf.float32)[tf.newaxis, tf.newaxis, :]
-    weights = tf.nn.relu(1.0 - tf.abs(source - centres[:, :, tf.newaxis]) / support)
-    return weights / tf.reduce_sum(weights, axis=2, keepdims=True)
+    outputs = ops.cast(ops.arange(size, dtype="int32"), "float32")
+    centres = start[:, None] + (outputs[None, :] + 0.5) * scale[:, None] - 0.5
+    support = ops.maximum(scale, 1.0)[:, None, None]
+    source = ops.cast(ops.arange(source_size, dtype="int32"), "float32")[None, None, :]
+    weights = ops.relu(1.0 - ops.abs(source - centres[:, :, None]) / support)
+    return weights / ops.sum(weights, axis=2, keepdims=True)
 
 
 def resize_windows(images, top, left, window_height, window_width, size: int, flip=None):
@@ -124,33 +135,30 @@ def resize_windows(images, top, left, window_height, window_width, size: int, fl
 
     Two batched matrix products (rows, then columns) with per-image interpolation weights: no per-image ops.
     """
-    images = tf.cast(images, tf.float32)
-    shape = tf.shape(images)
-    row_weights = _resize_weights(top, window_height, shape[1], size)      # [B, size, H]
-    column_weights = _resize_weights(left, window_width, shape[2], size)   # [B, size, W]
+    images = ops.cast(images, "float32")
+    _, height, width, _ = ops.shape(images)
+    row_weights = _resize_weights(top, window_height, height, size)      # [B, size, H]
+    column_weights = _resize_weights(left, window_width, width, size)    # [B, size, W]
     if flip is not None:
-        column_weights = tf.where(flip[:, tf.newaxis, tf.newaxis], tf.reverse(column_weights, axis=[1]),
-                                  column_weights)
-    resized = tf.einsum("bih,bhwc->biwc", row_weights, images)
-    resized = tf.einsum("bjw,biwc->bijc", column_weights, resized)
-    resized.set_shape([images.shape[0], size, size, images.shape[-1]])
-    return resized
+        column_weights = ops.where(flip[:, None, None], ops.flip(column_weights, axis=1), column_weights)
+    resized = ops.einsum("bih,bhwc->biwc", row_weights, images)
+    resized = ops.einsum("bjw,biwc->bijc", column_weights, resized)
+    return _with_static_shape(resized, size)
 
 
 def random_resized_crop_flip(images, size: int, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE):
     """Inception-style random-resized-crop of each image to ``size`` x ``size``, flipped for a random half."""
-    window_seed, flip_seed = _split_seed(seed, 2)
-    shape = tf.shape(images)
-    windows = sample_rrc_windows(shape[0], shape[1], shape[2], window_seed, area_range, aspect_range)
-    flip = _uniform([shape[0]], flip_seed) < 0.5
-    return resize_windows(images, *windows, size=size, flip=flip)
+    batch, height, width, _ = ops.shape(images)
+    draws = _uniforms(batch, 2 * RRC_ATTEMPTS + 3, seed)  # windows, then the flip
+    windows = _rrc_windows(draws, height, width, area_range, aspect_range, RRC_ATTEMPTS)
+    return resize_windows(images, *windows, size=size, flip=draws[:, -1] < 0.5)
 
 
 def normalize(images, mean_rgb, std_rgb):
     """``(images - mean) / std`` in float32, with per-channel mean and std on the 0-255 scale."""
-    mean = tf.constant(mean_rgb, tf.float32)
-    std = tf.constant(std_rgb, tf.float32)
-    return (tf.cast(images, tf.float32) - mean) / std
+    mean = ops.convert_to_tensor(mean_rgb, "float32")
+    std = ops.convert_to_tensor(std_rgb, "float32")
+    return (ops.cast(images, "float32") - mean) / std
 
 
 @keras.saving.register_keras_serializable(package="shardprep")
@@ -191,11 +199,10 @@ class CropFlipNormalize(keras.layers.Layer):
 
     def call(self, images, training=None):
         if training:
-            seed = self.seed_generator.next()
             if self.augment == "rrc":
-                images = random_resized_crop_flip(images, self.image_size, seed)
+                images = random_resized_crop_flip(images, self.image_size, self.seed_generator)
             else:
-                images = random_crop_flip(images, self.image_size, seed)
+                images = random_crop_flip(images, self.image_size, self.seed_generator)
         else:
             images = center_crop(images, self.image_size)
         return normalize(images, self.mean_rgb, self.std_rgb)

@@ -3,8 +3,9 @@
 Two sources, chosen by the split's layout (:func:`batch_source`):
 
 * :class:`FixedLayoutSource`: raw centre crops with a fixed record layout, gathered by ``preadv`` straight into a
-  reused, aligned batch buffer (:class:`shardprep.train.record_gather.FixedLayoutGather`);
-* :class:`ExampleSource`: every other layout (JPEG, ``crop: none``, datasets without a layout, ``verify=True``): the
+  reused, aligned batch buffer (:class:`shardprep.train.record_gather.FixedLayoutGather`; with ``verify``, every
+  record's CRCs checked: :class:`shardprep.train.verified_gather.VerifiedGather`);
+* :class:`ExampleSource`: every other layout (JPEG, ``crop: none``, datasets without a layout): the
   serialized Examples are read by random access (:mod:`shardprep.train.record_index`), parsed by the package's own
   protobuf reader (:mod:`shardprep.preprocess.record_format`) and decoded with NumPy or Pillow, whose JPEG decoder
   is libjpeg-turbo as TensorFlow's is (the tf.data reader decodes whole images the same way, then crops).
@@ -72,9 +73,14 @@ def crop_window(height: int, width: int, side: int, draws, training: bool) -> tu
 class FixedLayoutSource:
     """Batches of fixed-layout shards: ``(global ids, draws) -> (images, labels)``; draws are unused."""
 
-    def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None):
+    def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False):
         record_gather.check_shard_sizes(paths, counts, layout)
-        self.gather = record_gather.FixedLayoutGather(paths, layout, buffers)
+        if verify:
+            from shardprep.train.verified_gather import VerifiedGather
+
+            self.gather = VerifiedGather(paths, counts, layout, buffers)
+        else:
+            self.gather = record_gather.FixedLayoutGather(paths, layout, buffers)
         self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.image_shape = self.gather.image_shape
 
@@ -123,12 +129,12 @@ class ExampleSource:
 
 def batch_source(data_dir: str, manifest: Manifest, split: str, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None):
-    """The source of ``split``'s batches: fixed-layout gathers where the split has a layout (and ``verify`` is
-    off), else decoded Examples."""
+    """The source of ``split``'s batches: fixed-layout gathers where the split has a layout, else decoded Examples;
+    ``verify`` checks every record's CRCs."""
     shards = manifest.split(split).shards
     paths = [os.path.join(data_dir, shard.file) for shard in shards]
     counts = [shard.num_examples for shard in shards]
     layout = manifest.split(split).record_layout
-    if layout is not None and not verify and record_gather.AVAILABLE:
-        return FixedLayoutSource(paths, counts, layout, buffers)
+    if layout is not None and record_gather.AVAILABLE:
+        return FixedLayoutSource(paths, counts, layout, buffers, verify)
     return ExampleSource(paths, counts, manifest, training, verify, buffers)

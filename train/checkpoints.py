@@ -229,7 +229,8 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
 
 
 def save_inference_model(model: keras.Model, path: str) -> None:
-    """Saves the model without optimizer state: uint8 images of any size >= the train size in, logits out."""
-    inference = keras.Model.from_config(model.get_config())  # uncompiled: no optimizer in the file
-    inference.set_weights(model.get_weights())
-    inference.save(path)
+    """Saves the model for inference (:func:`shardprep.train.model.save_inference_model`): Keras's own layers, no
+    optimizer state; uint8 images of any size >= the train size in, logits out."""
+    from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
+
+    save(model, path)

@@ -22,7 +22,8 @@ class KerasBatches(keras.utils.PyDataset):
     Args:
       reader: a NumpyReader; its position (``reader.state()``) is where the first epoch starts (training).
       steps_done: optional zero-argument callable giving the global steps done; read at each epoch's start.
-      kwargs: ``keras.utils.PyDataset``'s ``workers``, ``use_multiprocessing``, ``max_queue_size``.
+      kwargs: ``keras.utils.PyDataset``'s ``workers``, ``use_multiprocessing``, ``max_queue_size``. Use threads
+        (``workers=4``): the reads release the GIL, and the reader's buffers and locks do not go to other processes.
     """
 
     def __init__(self, reader, *, steps_done=None, **kwargs):

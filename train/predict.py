@@ -69,11 +69,17 @@ def load_manifest(manifest) -> dict:
 
 def model_image_size(model) -> int | None:
     """The crop the model was trained at: its :class:`~shardprep.train.augment.CropFlipNormalize` layer's
-    ``image_size``, else a fixed input size, else None."""
+    ``image_size`` (a training model, or a ``model.keras`` of an earlier version), else its
+    ``keras.layers.CenterCrop``'s smaller side (the inference model ``shardprep train`` saves), else a fixed input
+    size, else None."""
+    import keras
+
     for layer in getattr(model, "layers", ()):
         size = getattr(layer, "image_size", None)
         if isinstance(size, int):
             return size
+        if isinstance(layer, keras.layers.CenterCrop):
+            return int(min(layer.height, layer.width))
     shape = getattr(model, "input_shape", None)
     if shape and len(shape) == 4 and shape[1] is not None and shape[2] is not None:
         return int(min(shape[1], shape[2]))
@@ -124,7 +130,7 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
 
     Args:
       model: a Keras model (uint8 images in, logits out, as ``shardprep train`` saves it) or the path of its
-        ``model.keras`` (loaded with :func:`shardprep.train.model.load_model`).
+        ``model.keras`` (loaded with :func:`shardprep.train.model.load_model`, which also reads older files).
       manifest: the dataset the model was trained on: its folder (local or ``gs://``), its ``manifest.json``, or
         the loaded dict. Its options say how to turn a photo into the stored form, and its ``classes`` name the
         predictions.

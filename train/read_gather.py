@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.train import record_gather
 from shardprep.train.batch_sources import FixedLayoutSource, gather_ids
 from shardprep.train.record_index import ExampleGather
 from shardprep.train.record_order import RecordOrder
@@ -29,10 +30,11 @@ def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
 
 
-def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int) -> tf.data.Dataset:
+def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
+                     verify: bool = False) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of local fixed-layout shards whose sizes match ``layout`` and the
-    manifest's counts (checked here)."""
-    source = FixedLayoutSource(paths, counts, layout)
+    manifest's counts (checked here); ``verify`` checks every record's CRCs as it is gathered."""
+    source = FixedLayoutSource(paths, counts, layout, verify=verify)
     starts, gather = source.starts, source.gather
 
     def read_step(step):
@@ -61,8 +63,11 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
         draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
         return serialized, draws
 
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    read_guarded = record_gather.guarded(read_step, lambda: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
+
     def read(step):
-        serialized, draws = tf.numpy_function(read_step, [step], [tf.string, tf.int64], stateful=False,
+        serialized, draws = tf.numpy_function(read_guarded, [step], [tf.string, tf.int64], stateful=False,
                                               name="gather_serialized_records")
         batch = order.batch_size if order.training else None
         serialized.set_shape([batch])
@@ -72,14 +77,14 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
     return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool) -> tf.data.Dataset:
-    """``batches`` prefetched, deterministic, not sharded again by tf.distribute. An evaluation pass (a range of
-    steps, mapped) knows its number of batches, so Keras reads it to its end without warning that the input "ran
-    out of data"."""
+def finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool, start_step: int) -> tf.data.Dataset:
+    """``batches`` prefetched, deterministic, not sharded again by tf.distribute; an evaluation pass declares its
+    number of batches (Keras then reads it to its end without warning that the input "ran out of data")."""
+    if not order.training:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(len(order) - start_step))
     options = tf.data.Options()
     options.deterministic = True
     # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
     options.experimental_distribute.auto_shard_policy = (tf.data.experimental.AutoShardPolicy.OFF if distributed
                                                          else tf.data.experimental.AutoShardPolicy.DATA)
     return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
-

@@ -13,10 +13,11 @@ That is the fast path (``raw`` shards, ``crop: center``): such shards have a fix
 in the manifest, :class:`shardprep.preprocess.fixed_layout.FixedLayout`), so where a record lies follows from its
 index. The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no
 protobuf parsing, no intermediate strings (2.1x less host CPU per image than streaming the same shards, 3.4-3.6x
-less than TFRecordDataset + ``parse_example``; BENCHMARKS.md). Every other layout (JPEG, ``crop: none``, datasets
-written before the layout existed) and ``verify_records=True`` are read by random access too: each shard's record
+less than TFRecordDataset + ``parse_example``; BENCHMARKS.md). ``verify_records=True`` gathers the same way and
+checks both CRCs of every record over the pieces it read (:mod:`shardprep.train.verified_gather`). Every other layout
+(JPEG, ``crop: none``, datasets written before the layout existed) is read by random access too: each shard's record
 offsets come from its framing's headers (:mod:`shardprep.train.record_index`), a step's serialized Examples are read
-with one ``pread`` each (``verify_records`` checks both CRCs of each) and decoded in TensorFlow
+with one ``pread`` each (CRCs checked with ``verify_records``) and decoded in TensorFlow
 (:mod:`shardprep.train.read_examples`).
 
 ``random_access=False`` (``shardprep train --sequential-reads``), and shards behind a URL such as ``gs://``, stream
@@ -140,14 +141,16 @@ def make_dataset(
       deterministic: streamed reads only: force (or forbid) deterministic element order; default: ``training`` and
         no seed -> not. Random-access reads are always in their order.
       manifest: the already loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
-      verify_records: check every record's CRCs as it is read (slower; fixed-layout shards are then parsed as
-        Examples).
+      verify_records: check both CRCs of every record as it is read (a little more host CPU); streamed
+        fixed-layout shards are then read as TFRecords and parsed as Examples.
       random_access: gather each batch's records straight from the files in the NumPy order (default: on for
         local paths, where ``os.preadv`` exists) instead of streaming each shard; streaming suits storage slow at
         random reads, and is the only way for URLs.
       start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with
         exactly the batch an uninterrupted run would read next, found without reading the ones before. Needs
-        random access (``ValueError`` otherwise, unless 0).
+        random access (``ValueError`` otherwise, unless 0). ``model.fit`` builds its iterator before
+        ``keras.callbacks.BackupAndRestore`` restores the step, so pass the step saved with your own checkpoint
+        here, or give ``fit`` ``NumpyReader(...).as_py_dataset(steps_done=...)``, which reads it at each epoch.
 
     In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
@@ -195,15 +198,15 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
         num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
     paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
-    layout = None if verify_records else fixed_layout(manifest, split)
-    if layout is not None:
-        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step)
+    layout = fixed_layout(manifest, split)
+    if layout is not None and record_gather.AVAILABLE:
+        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step, verify=verify_records)
     else:
         height, width = manifest.stored_shape
         serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step)
         batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                                 height, width, training)
-    return read_gather.finish(batches, order, distributed=input_context is not None)
+    return read_gather.finish(batches, order, input_context is not None, start_step)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,

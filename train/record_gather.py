@@ -132,6 +132,22 @@ def _register_exit_hook() -> None:
             _exit_hook_registered = True
 
 
+def guarded(function, empty):
+    """``function`` for a ``tf.numpy_function``, made safe at exit like the gathers: the exit hook (registered now)
+    waits for calls in progress, and calls after it return ``empty()`` at once."""
+    _register_exit_hook()
+
+    def call(*args):
+        if not _CALLS.start():
+            return empty()
+        try:
+            return function(*args)
+        finally:
+            _CALLS.end()
+
+    return call
+
+
 def _settle():
     gc.collect()
     with _CALLS.lock:

@@ -6,6 +6,9 @@ global average pooling and a dense classifier. Convolutions have no bias (batch 
 initialization is He-normal (fan-out) as in torchvision; batch normalization uses momentum 0.9 and epsilon 1e-5
 (PyTorch's 0.1 / 1e-5), so its moving statistics settle within tens of steps. With 1000 classes the network has
 11,689,512 trainable parameters, the figure torchvision gives.
+
+Only Keras's own layers, so it runs and saves on every Keras backend. Channels-last is fixed in every layer, not
+taken from ``keras.config.image_data_format()``: the augmentation layer before it yields ``[B, H, W, C]``.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ STAGE_WIDTHS = (64, 128, 256, 512)
 BLOCKS_PER_STAGE = (2, 2, 2, 2)
 BATCH_NORM_MOMENTUM = 0.9
 BATCH_NORM_EPSILON = 1e-5
+DATA_FORMAT = "channels_last"
 
 
 def _conv(filters: int, kernel_size: int, strides: int, regularizer, name: str):
     return layers.Conv2D(
-        filters, kernel_size, strides=strides, padding="same", use_bias=False,
+        filters, kernel_size, strides=strides, padding="same", use_bias=False, data_format=DATA_FORMAT,
         kernel_initializer=keras.initializers.VarianceScaling(2.0, mode="fan_out", distribution="untruncated_normal"),
         kernel_regularizer=regularizer, name=name)
 
 
 def _batch_norm(name: str):
-    return layers.BatchNormalization(momentum=BATCH_NORM_MOMENTUM, epsilon=BATCH_NORM_EPSILON, name=name)
+    return layers.BatchNormalization(axis=-1, momentum=BATCH_NORM_MOMENTUM, epsilon=BATCH_NORM_EPSILON, name=name)
 
 
 def _basic_block(x, filters: int, strides: int, regularizer, name: str):
@@ -57,12 +61,12 @@ def resnet18_layers(x, num_classes: int, width_multiplier: float = 1.0, weight_d
     x = _conv(widths[0], 7, 2, regularizer, "stem_conv")(x)
     x = _batch_norm("stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
-    x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+    x = layers.MaxPooling2D(3, strides=2, padding="same", data_format=DATA_FORMAT, name="stem_pool")(x)
     for stage, (filters, blocks) in enumerate(zip(widths, BLOCKS_PER_STAGE), start=1):
         for block in range(blocks):
             strides = 2 if stage > 1 and block == 0 else 1
             x = _basic_block(x, filters, strides, regularizer, f"stage{stage}_block{block + 1}")
-    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    x = layers.GlobalAveragePooling2D(data_format=DATA_FORMAT, name="pool")(x)
     # Logits in float32 under mixed precision: the softmax and the loss need the range.
     return layers.Dense(num_classes, kernel_regularizer=regularizer, dtype="float32", name="logits")(x)
 

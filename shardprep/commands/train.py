@@ -71,12 +71,13 @@ def _profile_batches(ctx, param, value):
 @click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
-              help="Records in the shuffle buffer [default: ~1 GiB of records].")
+              help="Records in the shuffle buffer of streamed reads (--sequential-reads, gs://) [default: ~1 GiB of "
+                   "records]; local shards are read in a full permutation each epoch.")
 @click.option("--verify-records", is_flag=True,
-              help="Read raw centre-crop shards as TFRecords, checking every record's CRC (more host CPU per image).")
+              help="Check every record's CRCs as it is read (a little more host CPU per image).")
 @click.option("--sequential-reads", is_flag=True,
-              help="Stream each raw centre-crop shard from start to end instead of reading each batch's records where "
-                   "they lie (for storage that is slow at random reads and not cached in memory).")
+              help="Stream each shard from start to end instead of reading each batch's records where they lie "
+                   "(for storage that is slow at random reads and not cached in memory; another record order).")
 @click.option("--seed", type=int, default=None,
               help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
 @click.option("--jit-compile/--no-jit-compile", default=None,
