@@ -1,7 +1,7 @@
 """Mid-epoch resume: a `shardprep train` process killed mid-epoch (SIGKILL) and resumed with --resume trains on
 exactly the batches the uninterrupted run trained on from the saved step, and its history continues.
 
-Each stored image says which record it is (channel 0 = id % 256, channel 1 = id // 256, constant over the image),
+Each stored image says which record it is (channel 0 = its id, constant over the image; ids < 256),
 and an `on_batch` observer (wrapped around `loop.train`, which the CLI calls) writes the record ids of every step.
 The killed run is a real `shardprep train` subprocess whose observer blocks before step 13, after the checkpoint
 of step 12 (--checkpoint-every-steps 3, 8 steps an epoch), so the kill lands mid-epoch at a known step.
@@ -37,14 +37,15 @@ def _args(data, output, *extra):
 
 def record_ids(batch) -> list[int]:
     images = np.asarray(batch[0]).astype(np.int64)
-    return (images[:, 0, 0, 0] + 256 * images[:, 0, 0, 1]).tolist()
+    return images[:, 0, 0, 0].tolist()
 
 
 @pytest.fixture(scope="module")
 def id_dataset(tmp_path_factory):
     def image(record_id):
         pixels = np.zeros((16, 16, 3), np.uint8)
-        pixels[..., 0], pixels[..., 1], pixels[..., 2] = record_id % 256, record_id // 256, 60 + 120 * (record_id % 2)
+        # Every channel varies over the dataset (normalization divides by its std); channel 2 tells the class.
+        pixels[..., 0], pixels[..., 1], pixels[..., 2] = record_id, 200 - record_id, 60 + 120 * (record_id % 2)
         return pixels, record_id % 2
 
     root = tmp_path_factory.mktemp("ids")
@@ -74,7 +75,7 @@ KILLED_RUN = textwrap.dedent("""
     def observe(step, batch):
         images = np.asarray(batch[0]).astype(np.int64)
         with open(ids_path, "a") as f:
-            f.write(json.dumps([step, (images[:, 0, 0, 0] + 256 * images[:, 0, 0, 1]).tolist()]) + "\\n")
+            f.write(json.dumps([step, images[:, 0, 0, 0].tolist()]) + "\\n")
         if step == block_at:
             open(marker, "w").close()
             time.sleep(600)  # killed here
@@ -142,10 +143,11 @@ def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_da
     history_a = json.loads((uninterrupted / "history.json").read_text())
     history_b = json.loads((killed / "history.json").read_text())
     assert history_b["epoch"] == history_a["epoch"] == [1, 2, 3]
+    assert all(np.isfinite(history_a["loss"] + history_a["val_loss"]))
     # Epoch 1 ran in the killed process, epoch 2 in both (its first 4 steps' loss kept in state.json), epoch 3 in
-    # the resumed one. Same seed on TensorFlow's CPU, no XLA: the losses agree closely.
-    np.testing.assert_allclose(history_b["loss"], history_a["loss"], rtol=1e-3)
-    np.testing.assert_allclose(history_b["val_loss"], history_a["val_loss"], rtol=1e-3)
+    # the resumed one. Same seed on TensorFlow's CPU, no XLA: the same losses (measured equal to 1e-7).
+    np.testing.assert_allclose(history_b["loss"], history_a["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history_b["val_loss"], history_a["val_loss"], rtol=1e-5)
     from shardprep.train.model import load_model
 
     assert int(load_model(str(killed / "checkpoints" / "last.keras")).optimizer.iterations.numpy()) == 24
@@ -170,7 +172,7 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
         if step == crash_at and "--resume" not in args:
             raise RuntimeError("crashed")
         images = np.asarray(batch[0]).astype(np.int64)
-        seen[step] = (images[:, 0, 0, 0] + 256 * images[:, 0, 0, 1]).tolist()
+        seen[step] = images[:, 0, 0, 0].tolist()
 
     loop.train = functools.partial(train, on_batch=observe)
     crashed = CliRunner().invoke(main, args)
