@@ -121,7 +121,7 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
 
     # Nothing left to do: the resumed model is the checkpoint, unchanged.
     loop.train(_config(colour_dataset, tmp_path, epochs=2, resume=True), report=messages.append)
-    assert any(m.startswith("Resuming") and "after epoch 2" in m for m in messages)
+    assert any(m.startswith("Resuming") and "after epoch 2: nothing left to train" in m for m in messages)
     resumed_model = load_model(str(tmp_path / "model.keras"))
     for saved, resumed in zip(checkpoint.get_weights(), resumed_model.get_weights()):
         np.testing.assert_array_equal(saved, resumed)
@@ -134,6 +134,7 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
     continued = load_model(str(tmp_path / "checkpoints/last.keras"))
     assert int(continued.optimizer.iterations.numpy()) == 3 * steps
     assert any("epochs 3-3" in m for m in messages)
+    assert any("after epoch 2: resumed at epoch 3, step 0 of 4 (0 steps kept)" in m for m in messages)
 
 
 def test_saved_model_takes_stored_uint8_images_and_centre_crops_them(colour_dataset, tmp_path):

@@ -164,7 +164,7 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
            f"{train_examples:,} training images, {steps_per_epoch} steps of {config.batch_size} per epoch, epochs "
            f"{start_epoch + 1}-{config.epochs}.")
     if state:
-        report(_resume_line(paths["last"], start_step, steps_per_epoch))
+        report(_resume_line(paths["last"], start_step, steps_per_epoch, config.epochs))
     epochs = _Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report)
     epochs.options, epochs.on_batch = options, on_batch
     # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
@@ -183,9 +183,12 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
     return summary
 
 
-def _resume_line(checkpoint: str, start_step: int, steps_per_epoch: int) -> str:
+def _resume_line(checkpoint: str, start_step: int, steps_per_epoch: int, epochs: int) -> str:
     epoch, step = divmod(start_step, steps_per_epoch)
     done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"
+    if epoch >= epochs:
+        return (f"Resuming from {checkpoint} {done}: nothing left to train ({_plural(epochs, 'epoch', True)} "
+                "asked for); pass a larger --epochs to train on.")
     return (f"Resuming from {checkpoint} {done}: resumed at epoch {epoch + 1}, step {step} of {steps_per_epoch} "
             f"({_plural(step, 'step', True)} kept); the reader starts at step {start_step} of the run without "
             "reading the records before it.")
