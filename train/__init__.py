@@ -25,7 +25,8 @@ Modules, each one concern:
 * ``numpy_reader``: ``NumpyReader``, reading batches on threads (``batch_prefetch``) from ``batch_sources`` (the
   fixed-layout gather, or Examples decoded with NumPy/Pillow); ``keras_batches``: it as a ``keras.utils.PyDataset``;
   ``record_dataset``: one record at a time, with a seeded sampler, for PyTorch or Grain.
-* ``augment``, ``resnet``, ``model``: the model, with augmentation and normalization as its first layer.
+* ``augment``, ``resnet``, ``model``: the training model, with augmentation and normalization as its first layer
+  (``keras.ops`` only: every Keras backend), and the inference model saved as ``model.keras`` (Keras's own layers).
 * ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
   from (mid-epoch too); ``losses``: the smoothed cross-entropy; ``loop``: the backend-neutral training loop, its
   progress within an epoch and its input-bound report, over ``steps_tf`` (TensorFlow) or ``steps_keras`` (JAX,
@@ -33,7 +34,8 @@ Modules, each one concern:
   new photos.
 
 ``config``, ``record_order``, ``record_index``, ``record_gather``, ``verified_gather``, ``batch_sources``,
-``batch_prefetch``, ``numpy_reader`` and ``record_dataset`` import no TensorFlow (``keras_batches``, ``augment``,
-``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints``, ``steps_keras`` and ``loop`` import Keras, and
-Keras its backend); the other modules do: import them, not this package, where that matters.
+``batch_prefetch``, ``numpy_reader`` and ``record_dataset`` import no TensorFlow; ``keras_batches``, ``augment``,
+``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints`` (but for ``gs://``), ``steps_keras`` and ``loop``
+import Keras, and Keras its backend (TensorFlow only when it is the backend); the other modules import TensorFlow:
+import them, not this package, where that matters.
 """
