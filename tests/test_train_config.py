@@ -12,7 +12,7 @@ from shardprep.train.config import AUGMENTATIONS, BACKENDS, LR_SCHEDULES, PRECIS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("module", ["shardprep.train.config", "shardprep.commands.train"])
+@pytest.mark.parametrize("module", ["shardprep.train.config", "shardprep.commands.train", "shardprep.cli"])
 def test_options_import_without_tensorflow(module):
     script = textwrap.dedent(f"""
         import sys

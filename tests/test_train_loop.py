@@ -222,3 +222,14 @@ def test_mid_epoch_checkpoints_need_an_order_addressable_by_step(colour_dataset,
     with pytest.raises(ValueError, match="--checkpoint-every-steps needs local shards read by random access"):
         loop.train(_config(colour_dataset, tmp_path, sequential_reads=True, checkpoint_every_steps=2),
                    report=lambda message: None)
+
+
+def test_streamed_reads_resume_at_an_epoch_end_with_a_new_order(colour_dataset, tmp_path):
+    # Streamed shards follow tf.data's shuffles, which no step addresses: an epoch-end checkpoint resumes with the
+    # order reseeded by the epoch (as before mid-epoch resume existed) instead of failing to start at a step.
+    messages = []
+    loop.train(_config(colour_dataset, tmp_path, epochs=1, sequential_reads=True), report=messages.append)
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, sequential_reads=True, resume=True),
+               report=messages.append)
+    assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
+    assert any("resumed at epoch 2, step 0 of 4" in m for m in messages)
