@@ -233,3 +233,16 @@ def test_streamed_reads_resume_at_an_epoch_end_with_a_new_order(colour_dataset, 
                report=messages.append)
     assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
     assert any("resumed at epoch 2, step 0 of 4" in m for m in messages)
+
+
+def test_a_run_without_seed_keeps_its_drawn_order_seed_for_resume(colour_dataset, tmp_path, monkeypatch):
+    seeds = []
+    make_dataset = steps_tf.reader.make_dataset
+    monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
+        (args[3], kwargs["seed"], kwargs["start_step"])) or make_dataset(*args, **kwargs))
+    loop.train(_config(colour_dataset, tmp_path, epochs=1, seed=None), report=lambda message: None)
+    drawn = json.loads((tmp_path / "checkpoints" / "state.json").read_text())["options"]["data_seed"]
+    assert isinstance(drawn, int) and (True, drawn, 0) in seeds
+    seeds.clear()
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None, resume=True), report=lambda message: None)
+    assert (True, drawn, 4) in seeds  # the same order, from the saved step

@@ -28,6 +28,7 @@ and sees exactly the batches an uninterrupted run would have seen from there, wi
 from __future__ import annotations
 
 import math
+import secrets
 import sys
 import time
 from typing import Callable
@@ -137,7 +138,7 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
     base_lr = config.learning_rate if config.learning_rate is not None else 0.1 * config.batch_size / 256
     num_classes = manifest.num_classes
     options = checkpoints.run_options(config, manifest, steps_per_epoch)
-    if config.checkpoint_every_steps and getattr(steps, "streamed", lambda: False)():
+    if config.checkpoint_every_steps and steps.streamed():
         raise ValueError("--checkpoint-every-steps needs local shards read by random access: with "
                          "--sequential-reads or a URL the order cannot be resumed mid-epoch; drop one of them")
 
@@ -151,6 +152,10 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
         state = (checkpoints.resume(model, paths, options, steps_per_epoch, report) if config.resume else None) or {}
     start_step = int(state.get("global_step", 0))
     start_epoch = start_step // steps_per_epoch
+    # The record order's seed: --seed, else one drawn for the run and kept in its checkpoints, so that a resumed
+    # run without --seed still continues the same order.
+    data_seed = config.seed if config.seed is not None else (state.get("options") or {}).get("data_seed")
+    options["data_seed"] = data_seed if data_seed is not None else secrets.randbelow(2**31)
     history = state["history"] if state else {key: [] for key in HISTORY_KEYS}
 
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, report)
@@ -168,7 +173,8 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> 
     epochs = _Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report)
     epochs.options, epochs.on_batch = options, on_batch
     # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
-    epochs.run(start_step, state, steps.train_batches(config.seed, start_step, steps_per_epoch), steps.val_batches)
+    train_batches = steps.train_batches(options["data_seed"], start_step, steps_per_epoch)
+    epochs.run(start_step, state, train_batches, steps.val_batches)
 
     checkpoints.save_inference_model(model, paths["model"])
     summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}

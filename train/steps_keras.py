@@ -114,6 +114,10 @@ class KerasSteps:
         return NumpyReader(self.config.data_dir, split, self.config.batch_size, training, seed,
                            start_step=start_step, manifest=self.manifest)
 
+    def streamed(self) -> bool:
+        """Never: NumpyReader reads local shards by random access, in an order addressed by step."""
+        return False
+
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
         """The endless training input from global step ``start_step`` of the seeded order."""
         return iter(self._reader(self.config.train_split, True, seed, start_step))

@@ -96,6 +96,8 @@ class TFSteps:
 
         Streamed shards cannot start mid-epoch (a ValueError says so); at an epoch boundary they start a new
         order, reseeded with the epoch, as runs resumed before the order was addressable by step did."""
+        if self.streamed() and self.config.seed is None:
+            seed = None  # the run's drawn order seed would only make streamed reads deterministic, and slower
         if self.streamed() and start_step:
             if start_step % steps_per_epoch:
                 raise ValueError(f"--resume: the checkpoint is mid-epoch (step {start_step}), and "
