@@ -14,7 +14,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop, reader, schedules
+from shardprep.train import loop, reader, schedules, steps_tf
 from shardprep.train.model import load_model
 from train_helpers import write_colour_dataset
 
@@ -94,7 +94,7 @@ def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_pa
 
         return dataset.map(slow)  # after the prefetch: each next() pays the delay
 
-    monkeypatch.setattr(loop.reader, "make_dataset", slow_training_input)
+    monkeypatch.setattr(steps_tf.reader, "make_dataset", slow_training_input)
     messages = []
     summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, checkpoint=False), report=messages.append)
     assert summary["input_wait_fraction"] > 0.5
@@ -121,7 +121,7 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
 
     # Nothing left to do: the resumed model is the checkpoint, unchanged.
     loop.train(_config(colour_dataset, tmp_path, epochs=2, resume=True), report=messages.append)
-    assert any(m.startswith("Resuming") and "after epoch 2" in m for m in messages)
+    assert any(m.startswith("Resuming") and "after epoch 2: nothing left to train" in m for m in messages)
     resumed_model = load_model(str(tmp_path / "model.keras"))
     for saved, resumed in zip(checkpoint.get_weights(), resumed_model.get_weights()):
         np.testing.assert_array_equal(saved, resumed)
@@ -134,6 +134,7 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
     continued = load_model(str(tmp_path / "checkpoints/last.keras"))
     assert int(continued.optimizer.iterations.numpy()) == 3 * steps
     assert any("epochs 3-3" in m for m in messages)
+    assert any("after epoch 2: resumed at epoch 3, step 0 of 4 (0 steps kept)" in m for m in messages)
 
 
 def test_saved_model_takes_stored_uint8_images_and_centre_crops_them(colour_dataset, tmp_path):
@@ -208,3 +209,40 @@ def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
             if (epoch, batch) == (1, 2):
                 model.optimizer.learning_rate = 0.08  # what ReduceLROnPlateau would do
     np.testing.assert_allclose(rates, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8, 0.08, 0.08, 0.08], rtol=1e-6)
+
+
+def test_progress_of_a_resumed_epoch_counts_the_steps_this_process_ran():
+    import io
+
+    progress = loop.EpochProgress(120, 10, lambda message: None, first_step=40, stream=io.StringIO())
+    assert progress.line(60, 2.0) == "  step 60/120 (50%), 100 images/s, ETA 0:06"
+
+
+def test_mid_epoch_checkpoints_need_an_order_addressable_by_step(colour_dataset, tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint-every-steps needs local shards read by random access"):
+        loop.train(_config(colour_dataset, tmp_path, sequential_reads=True, checkpoint_every_steps=2),
+                   report=lambda message: None)
+
+
+def test_streamed_reads_resume_at_an_epoch_end_with_a_new_order(colour_dataset, tmp_path):
+    # Streamed shards follow tf.data's shuffles, which no step addresses: an epoch-end checkpoint resumes with the
+    # order reseeded by the epoch (as before mid-epoch resume existed) instead of failing to start at a step.
+    messages = []
+    loop.train(_config(colour_dataset, tmp_path, epochs=1, sequential_reads=True), report=messages.append)
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, sequential_reads=True, resume=True),
+               report=messages.append)
+    assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
+    assert any("resumed at epoch 2, step 0 of 4" in m for m in messages)
+
+
+def test_a_run_without_seed_keeps_its_drawn_order_seed_for_resume(colour_dataset, tmp_path, monkeypatch):
+    seeds = []
+    make_dataset = steps_tf.reader.make_dataset
+    monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
+        (args[3], kwargs["seed"], kwargs["start_step"])) or make_dataset(*args, **kwargs))
+    loop.train(_config(colour_dataset, tmp_path, epochs=1, seed=None), report=lambda message: None)
+    drawn = json.loads((tmp_path / "checkpoints" / "state.json").read_text())["options"]["data_seed"]
+    assert isinstance(drawn, int) and (True, drawn, 0) in seeds
+    seeds.clear()
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None, resume=True), report=lambda message: None)
+    assert (True, drawn, 4) in seeds  # the same order, from the saved step

@@ -28,11 +28,14 @@ Modules, each one concern:
 * ``augment``, ``resnet``, ``model``: the training model, with augmentation and normalization as its first layer
   (``keras.ops`` only: every Keras backend), and the inference model saved as ``model.keras`` (Keras's own layers).
 * ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
-  from; ``loop``: the training loop, its progress within an epoch and its input-bound report; ``preflight``: the
-  checks ``shardprep train`` makes before importing TensorFlow; ``predict``: inference on new photos.
+  from (mid-epoch too); ``losses``: the smoothed cross-entropy; ``loop``: the backend-neutral training loop, its
+  progress within an epoch and its input-bound report, over ``steps_tf`` (TensorFlow) or ``steps_keras`` (JAX,
+  PyTorch); ``preflight``: the checks ``shardprep train`` makes before importing Keras; ``predict``: inference on
+  new photos.
 
 ``config``, ``record_order``, ``record_index``, ``record_gather``, ``verified_gather``, ``batch_sources``,
 ``batch_prefetch``, ``numpy_reader`` and ``record_dataset`` import no TensorFlow; ``keras_batches``, ``augment``,
-``resnet`` and ``model`` import Keras, and Keras its backend (TensorFlow only when it is the backend); the other
-modules import TensorFlow: import them, not this package, where that matters.
+``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints`` (but for ``gs://``), ``steps_keras`` and ``loop``
+import Keras, and Keras its backend (TensorFlow only when it is the backend); the other modules import TensorFlow:
+import them, not this package, where that matters.
 """

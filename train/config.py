@@ -1,16 +1,65 @@
 """The options of a training run (:class:`TrainConfig`) and their allowed values, free of TensorFlow and Keras.
 
 The CLI imports these to build ``shardprep train --help`` without loading TensorFlow; the training modules import
-them too, so there is one list of choices.
+them too, so there is one list of choices. The Keras backend is chosen here too (:func:`default_backend`,
+:func:`activate_backend`): Keras fixes its backend when it is first imported, so the choice must be made before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import sys
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 LR_SCHEDULES = ("cosine", "step", "plateau")
 AUGMENTATIONS = ("crop", "rrc")
+BACKENDS = ("tensorflow", "jax", "torch")
+# The module each backend needs, and how to install it, for the error when it is missing.
+_BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+_INSTALL_HINTS = {
+    "tensorflow": "pip install tensorflow",
+    "jax": "pip install jax (pip install 'jax[cuda12]' for NVIDIA GPUs)",
+    "torch": "pip install torch (the CUDA build for your GPU: see pytorch.org)",
+}
+
+
+class BackendError(ValueError):
+    """The requested Keras backend cannot be used in this process; the message says why and what to do."""
+
+
+def backend_installed(name: str) -> bool:
+    return importlib.util.find_spec(_BACKEND_MODULES[name]) is not None
+
+
+def default_backend(environ=None) -> str:
+    """``$KERAS_BACKEND`` when set, else tensorflow when it is installed, else jax, else torch."""
+    environ = os.environ if environ is None else environ
+    if environ.get("KERAS_BACKEND"):
+        return environ["KERAS_BACKEND"]
+    return next((name for name in BACKENDS if backend_installed(name)), BACKENDS[0])
+
+
+def activate_backend(name: str) -> str:
+    """Makes ``name`` the Keras backend of this process (``KERAS_BACKEND``) before Keras is imported; returns it.
+
+    Raises :class:`BackendError` for an unknown or uninstalled backend, or when Keras was already imported with
+    another one (it cannot change afterwards)."""
+    if name not in BACKENDS:
+        raise BackendError(f"backend {name!r} (--backend or KERAS_BACKEND) is not one shardprep trains on; choose "
+                           f"one of {', '.join(BACKENDS)}")
+    if not backend_installed(name):
+        installed = [other for other in BACKENDS if backend_installed(other)]
+        raise BackendError(f"--backend {name}: {_BACKEND_MODULES[name]} is not installed ({_INSTALL_HINTS[name]}); "
+                           f"installed here: {', '.join(installed) or 'none'}")
+    keras = sys.modules.get("keras")
+    if keras is not None and keras.backend.backend() != name:
+        raise BackendError(f"Keras is already imported with the {keras.backend.backend()} backend in this process, "
+                           f"and it fixes its backend at its first import: set KERAS_BACKEND={name} before "
+                           "anything imports keras (or run shardprep train in a new process)")
+    os.environ["KERAS_BACKEND"] = name
+    return name
 
 
 @dataclasses.dataclass
@@ -50,6 +99,10 @@ class TrainConfig:
     early_stopping: bool = True
     early_stopping_patience: int = 10
     resume: bool = False
+    # Also every N training steps, a checkpoint (model, optimizer, callbacks, the reader's position) --resume can
+    # continue from mid-epoch; None: at epoch ends only.
+    checkpoint_every_steps: int | None = None
+    backend: str | None = None  # None: the backend Keras was imported with (the CLI activates its choice first)
 
     def validate(self):
         if self.precision not in PRECISIONS:
@@ -60,3 +113,7 @@ class TrainConfig:
             raise ValueError(f"augment must be one of {AUGMENTATIONS}")
         if self.epochs < 1 or self.batch_size < 1 or self.image_size < 1:
             raise ValueError("epochs, batch_size and image_size must be positive")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
+            raise ValueError("checkpoint_every_steps must be positive")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}")

@@ -1,35 +1,43 @@
-"""The training loop: strategy, precision, the compiled steps, callbacks and the input-bound report.
+"""The training loop, the same on every Keras backend: timed input, callbacks, history, checkpoints, progress and the
+input-bound report.
 
-Its options are :class:`shardprep.train.config.TrainConfig`; learning-rate schedules live in :mod:`shardprep.train.schedules`,
-checkpoints and the files a run writes in :mod:`shardprep.train.checkpoints`.
+Its options are :class:`shardprep.train.config.TrainConfig`; the per-backend part is the steps: the strategy or
+devices, the precision policy, the input pipeline and the compiled training and evaluation steps, in
+:mod:`shardprep.train.steps_tf` (TensorFlow: ``tf.distribute``, ``tf.data``, ``tf.function``) and
+:mod:`shardprep.train.steps_keras` (JAX and PyTorch: NumPy input, ``train_on_batch``). Learning-rate schedules live
+in :mod:`shardprep.train.schedules`, checkpoints and the files a run writes in :mod:`shardprep.train.checkpoints`.
+This module imports no backend itself: Keras runs on whichever backend it was imported with.
 
 A custom loop rather than ``model.fit``: ``fit`` fetches each batch inside its compiled step, so the time spent
-waiting for input cannot be told apart from compute. Here the loop takes each batch from the distributed
-iterator itself (``next()``, timed) and then runs the compiled step on it. Batches are prefetched (to the device
-when there is one), so ``next()`` returns at once while the input pipeline keeps up; the time it blocks is time the
-accelerator had no batch to work on. Each epoch reports
+waiting for input cannot be told apart from compute. Here the loop takes each batch from the input iterator itself
+(``next()``, timed) and then runs the step on it. Batches are read ahead, so ``next()`` returns at once while the
+input pipeline keeps up; the time it blocks is time the accelerator had no batch to work on. Each epoch reports
 
-* ``images_per_sec``: training images / wall time of the epoch's training steps (validation excluded; the first
-  epoch includes compiling the step and filling the shuffle buffer);
+* ``images_per_sec``: training images / wall time of the epoch's training steps (validation and checkpoints
+  excluded; the first epoch includes compiling the step and filling the shuffle buffer);
 * ``input_wait_fraction``: time blocked in ``next()`` / that same wall time.
 
 Keras callbacks (TensorBoard, ModelCheckpoint, ReduceLROnPlateau, EarlyStopping) are driven through a
 ``CallbackList`` exactly as ``fit`` would, with the epoch's logs.
+
+Mid-epoch resume: training step ``s`` (counted over the whole run) reads batch ``s % steps_per_epoch`` of epoch
+``s // steps_per_epoch`` of the seeded order, so a run resumed after ``s`` steps builds its reader at ``start_step=s``
+and sees exactly the batches an uninterrupted run would have seen from there, without reading the ones before.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import sys
 import time
 from typing import Callable
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shardprep.preprocess.manifest_types import Manifest, typed
-from shardprep.train import checkpoints, reader
+from shardprep.train import checkpoints, preflight
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.model import build_model
 from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
@@ -40,34 +48,6 @@ INPUT_BOUND_THRESHOLD = 0.05
 PROGRESS_INTERVAL = 10.0
 HISTORY_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec", "input_wait_fraction",
                 "learning_rate")
-
-
-def choose_strategy() -> tf.distribute.Strategy:
-    """MirroredStrategy over all GPUs when there are several, the one GPU when there is one, else the CPU."""
-    gpus = tf.config.list_logical_devices("GPU")
-    if len(gpus) > 1:
-        return tf.distribute.MirroredStrategy()
-    if len(gpus) == 1:
-        return tf.distribute.OneDeviceStrategy(gpus[0].name)
-    return tf.distribute.get_strategy()
-
-
-def resolve_precision(precision: str) -> str:
-    """``auto``: bfloat16 on GPUs that have it fast (compute capability 8.0+), float16 on older ones, float32 on CPU."""
-    if precision != "auto":
-        return precision
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "float32"
-    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
-
-
-def _device_kind(strategy) -> str:
-    gpus = tf.config.list_logical_devices("GPU")
-    if isinstance(strategy, tf.distribute.MirroredStrategy):
-        return f"MirroredStrategy over {strategy.num_replicas_in_sync} devices"
-    return f"one GPU ({gpus[0].name})" if gpus else "CPU"
 
 
 def _verdict(wait_fraction: float) -> str:
@@ -99,12 +79,36 @@ def summarize(history: dict, first_epoch_of_run: int = 1) -> dict:
     }
 
 
-def train(config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
-          report: Callable[[str], None] = print) -> dict:
+def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=None):
+    """The steps of ``backend``: :class:`~shardprep.train.steps_tf.TFSteps` on TensorFlow (``strategy``: a
+    ``tf.distribute`` strategy, default chosen from the GPUs), else :class:`~shardprep.train.steps_keras.KerasSteps`."""
+    if backend == "tensorflow":
+        from shardprep.train.steps_tf import TFSteps
+
+        return TFSteps(config, manifest, strategy)
+    if strategy is not None:
+        raise ValueError(f"a tf.distribute strategy needs the tensorflow backend; Keras runs on {backend}")
+    from shardprep.train.steps_keras import KerasSteps
+
+    return KerasSteps(config, manifest, backend)
+
+
+def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
+          on_batch: Callable[[int, object], None] | None = None) -> dict:
     """Trains ResNet-18 on ``config.data_dir`` and writes ``history.json``, ``summary.json`` and ``model.keras`` to
-    ``config.output_dir``; returns the summary. ``strategy`` defaults to :func:`choose_strategy`."""
+    ``config.output_dir``; returns the summary.
+
+    Runs on the backend Keras was imported with (``config.backend``, when given, must be that one: see
+    :func:`shardprep.train.config.activate_backend`). ``strategy``: TensorFlow only, default chosen from the GPUs.
+    ``on_batch(global_step, batch)``, if given, sees each training batch before its step (e.g. to record which
+    records a run trained on)."""
     config.validate()
-    manifest = typed(reader.load_manifest(config.data_dir))
+    backend = keras.backend.backend()
+    if config.backend is not None and config.backend != backend:
+        raise ValueError(f"backend {config.backend} was asked for, but Keras is imported with the {backend} backend "
+                         f"in this process and cannot change it: set KERAS_BACKEND={config.backend} before importing "
+                         "keras")
+    manifest = typed(preflight.load_manifest(config.data_dir))
     stored_height, stored_width = manifest.stored_shape
     if config.image_size > min(stored_height, stored_width):
         raise ValueError(f"--image-size {config.image_size} is larger than the stored images "
@@ -113,62 +117,46 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy | None = None,
         if split not in manifest.splits:
             raise ValueError(f"{option} {split!r} is not a split of {config.data_dir} (splits: "
                              f"{', '.join(manifest.splits) or 'none'}); pass {option} with one of them")
-    strategy = strategy or choose_strategy()
-    replicas = strategy.num_replicas_in_sync
-    if config.batch_size % replicas:
-        raise ValueError(f"--batch-size {config.batch_size} does not divide over {replicas} replicas")
-    precision = resolve_precision(config.precision)
+    steps = make_steps(config, manifest, backend, strategy)
+    if config.batch_size % steps.replicas:
+        raise ValueError(f"--batch-size {config.batch_size} does not divide over {steps.replicas} replicas")
     previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(precision)
+    keras.mixed_precision.set_global_policy(steps.precision)
     try:
-        return _train(config, strategy, precision, manifest, report)
+        return _train(config, steps, manifest, report, on_batch)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-class _Metrics:
-    """The epoch's running training and validation loss and accuracy."""
-
-    def __init__(self):
-        self.loss = keras.metrics.Mean(name="loss")
-        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-        self.val_loss = keras.metrics.Mean(name="val_loss")
-        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
-
-    def reset(self) -> None:
-        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
-            metric.reset_state()
-
-
-def _train(config: TrainConfig, strategy, precision: str, manifest: Manifest, report) -> dict:
-    jit_compile = config.jit_compile
-    if jit_compile is None:
-        jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
+def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch) -> dict:
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
-
     paths = checkpoints.run_paths(config.output_dir)
-    tf.io.gfile.makedirs(paths["checkpoints"])
-    train_examples = reader.split_size(manifest, config.train_split)
+    checkpoints.make_dirs(paths["checkpoints"])
+    train_examples = manifest.split(config.train_split).num_examples
     steps_per_epoch = config.steps_per_epoch or max(1, train_examples // config.batch_size)
     base_lr = config.learning_rate if config.learning_rate is not None else 0.1 * config.batch_size / 256
     num_classes = manifest.num_classes
+    options = checkpoints.run_options(config, manifest, steps_per_epoch)
+    if config.checkpoint_every_steps and steps.streamed():
+        raise ValueError("--checkpoint-every-steps needs local shards read by random access: with "
+                         "--sequential-reads or a URL the order cannot be resumed mid-epoch; drop one of them")
 
-    with strategy.scope():
+    with steps.scope():
         model = build_model(num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
                             augment=config.augment, seed=config.seed,
                             width_multiplier=config.width_multiplier, weight_decay=config.weight_decay)
-        optimizer = make_optimizer(config, base_lr, steps_per_epoch, precision)
-        model.compile(optimizer=optimizer)
+        optimizer = make_optimizer(config, base_lr, steps_per_epoch, steps.precision)
+        steps.compile(model, optimizer, num_classes)
         optimizer.build(model.trainable_variables)
-        state = (checkpoints.resume(model, paths, report) if config.resume else None) or {}
-        metrics = _Metrics()
-    start_epoch = int(state.get("epochs_done", 0))
+        state = (checkpoints.resume(model, paths, options, steps_per_epoch, report) if config.resume else None) or {}
+    start_step = int(state.get("global_step", 0))
+    start_epoch = start_step // steps_per_epoch
+    # The record order's seed: --seed, else one drawn for the run and kept in its checkpoints, so that a resumed
+    # run without --seed still continues the same order.
+    data_seed = config.seed if config.seed is not None else (state.get("options") or {}).get("data_seed")
+    options["data_seed"] = data_seed if data_seed is not None else secrets.randbelow(2**31)
     history = state["history"] if state else {key: [] for key in HISTORY_KEYS}
-
-    data_seed = None if config.seed is None else config.seed + start_epoch  # a resumed run does not replay epoch 1
-    train_data, val_data = _distributed_datasets(config, strategy, manifest, data_seed)
-    steps = _step_functions(config, strategy, model, optimizer, metrics, num_classes, jit_compile)
 
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, report)
     if config.warmup_epochs >= config.epochs:
@@ -176,15 +164,20 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: Manifest, re
         report(f"Note: the warm-up ({config.warmup_epochs:g} {_plural(config.warmup_epochs, 'epoch')}, "
                f"--warmup-epochs) is as long as the run ({_plural(config.epochs, 'epoch', True)}), so the learning "
                f"rate never reaches its peak {base_lr:g}; pass a smaller --warmup-epochs for short runs.")
-    report(f"Training ResNet-18 (width x{config.width_multiplier:g}, {model.count_params():,} parameters) on "
-           f"{_device_kind(strategy)}, {precision}{', XLA' if jit_compile else ''}: {train_examples:,} training "
-           f"images, {steps_per_epoch} steps of {config.batch_size} per epoch, epochs {start_epoch + 1}-"
-           f"{config.epochs}.")
-    epochs = _Epochs(config, model, metrics, callbacks, steps_per_epoch, paths, history, report)
-    epochs.run(start_epoch, state.get("callbacks", {}), train_data, val_data, *steps)
+    report(f"Training ResNet-18 (width x{config.width_multiplier:g}, {model.count_params():,} parameters) with "
+           f"Keras on {steps.backend}, {steps.describe()}, {steps.precision}{', XLA' if steps.jit_compile else ''}: "
+           f"{train_examples:,} training images, {steps_per_epoch} steps of {config.batch_size} per epoch, epochs "
+           f"{start_epoch + 1}-{config.epochs}.")
+    if state:
+        report(_resume_line(paths["last"], start_step, steps_per_epoch, config.epochs))
+    epochs = _Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report)
+    epochs.options, epochs.on_batch = options, on_batch
+    # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
+    train_batches = steps.train_batches(options["data_seed"], start_step, steps_per_epoch)
+    epochs.run(start_step, state, train_batches, steps.val_batches)
 
     checkpoints.save_inference_model(model, paths["model"])
-    summary = summarize(history, first_epoch_of_run=start_epoch + 1)
+    summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}
     checkpoints.write_json(paths["summary"], summary)
     report(
         f"Summary: {_plural(summary['epochs'], 'epoch', True)}, best val_accuracy "
@@ -196,86 +189,59 @@ def _train(config: TrainConfig, strategy, precision: str, manifest: Manifest, re
     return summary
 
 
-def _distributed_datasets(config: TrainConfig, strategy, manifest: Manifest, data_seed: int | None):
-    """The training and validation splits, one input pipeline per worker (``distribute_datasets_from_function``)."""
-    def dataset_fn(split, training):
-        return lambda context: reader.make_dataset(
-            config.data_dir, split, config.batch_size, training, seed=data_seed, input_context=context,
-            shuffle_buffer=config.shuffle_buffer, manifest=manifest, verify_records=config.verify_records,
-            random_access=False if config.sequential_reads else None)
-
-    train_data = strategy.distribute_datasets_from_function(dataset_fn(config.train_split, True))
-    val_data = strategy.distribute_datasets_from_function(dataset_fn(config.val_split, False))
-    return train_data, val_data
+def _resume_line(checkpoint: str, start_step: int, steps_per_epoch: int, epochs: int) -> str:
+    epoch, step = divmod(start_step, steps_per_epoch)
+    done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"
+    if epoch >= epochs:
+        return (f"Resuming from {checkpoint} {done}: nothing left to train ({_plural(epochs, 'epoch', True)} "
+                "asked for); pass a larger --epochs to train on.")
+    return (f"Resuming from {checkpoint} {done}: resumed at epoch {epoch + 1}, step {step} of {steps_per_epoch} "
+            f"({_plural(step, 'step', True)} kept); the reader starts at step {start_step} of the run without "
+            "reading the records before it.")
 
 
-def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
-                    jit_compile: bool):
-    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``."""
-    replicas = strategy.num_replicas_in_sync
-
-    def smoothed_loss(labels, logits):
-        one_hot = tf.one_hot(labels, num_classes, dtype=tf.float32)
-        return keras.losses.categorical_crossentropy(one_hot, tf.cast(logits, tf.float32), from_logits=True,
-                                                     label_smoothing=config.label_smoothing)
-
-    def replica_train_step(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            per_example = smoothed_loss(labels, logits)
-            loss = tf.reduce_mean(per_example)
-            if model.losses:
-                loss += tf.add_n(model.losses)
-            # Gradients are summed over replicas: scale so that they average.
-            scaled = optimizer.scale_loss(loss / replicas)
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply(gradients, model.trainable_variables)
-        metrics.loss.update_state(per_example)
-        metrics.accuracy.update_state(labels, logits)
-
-    def replica_eval_step(images, labels):
-        logits = model(images, training=False)
-        metrics.val_loss.update_state(smoothed_loss(labels, logits))
-        metrics.val_accuracy.update_state(labels, logits)
-
-    compiled_replica_step = tf.function(replica_train_step, jit_compile=jit_compile)
-
-    @tf.function
-    def train_step(batch):
-        strategy.run(compiled_replica_step, args=batch)
-
-    @tf.function(reduce_retracing=True)
-    def eval_step(batch):
-        strategy.run(replica_eval_step, args=batch)
-
-    return train_step, eval_step
+def _combined(earlier: dict | None, later: dict, examples: int) -> dict:
+    """The epoch's training ``loss`` and ``accuracy`` over ``earlier`` (a checkpoint's partial epoch) and ``later``
+    (this process's ``examples`` images), weighted by examples; with the total ``examples``."""
+    if not earlier:
+        return {**later, "examples": examples}
+    total = earlier["examples"] + examples
+    return {key: (earlier[key] * earlier["examples"] + later[key] * examples) / total for key in ("loss", "accuracy")
+            } | {"examples": total}
 
 
 class _Epochs:
     """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
-    def __init__(self, config: TrainConfig, model, metrics: _Metrics, callbacks: list, steps_per_epoch: int,
+    def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int,
                  paths: dict, history: dict, report: Callable[[str], None]):
-        self.config, self.model, self.metrics, self.callbacks = config, model, metrics, callbacks
+        self.config, self.model, self.steps, self.callbacks = config, model, steps, callbacks
         self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
-        self.progress_factory = lambda steps, batch_size: EpochProgress(steps, batch_size, report)
+        self.progress_factory = lambda steps, batch_size, first_step=0: EpochProgress(
+            steps, batch_size, report, first_step=first_step)
+        self.options: dict = {}
+        self.on_batch = None
+        self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
 
-    def run(self, start_epoch: int, callback_state: dict, train_data, val_data, train_step, eval_step) -> None:
+    def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
         self.model.stop_training = False
         self.callback_list.on_train_begin()
-        checkpoints.restore_callback_state(self.callbacks, callback_state)
-        train_iterator = iter(train_data)
+        checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
+        self.saved_state = state or None
+        start_epoch, first_step = divmod(start_step, self.steps_per_epoch)
+        carried = state.get("partial_epoch") if first_step else None
         for epoch in range(start_epoch, self.config.epochs):
-            self.metrics.reset()
+            first = first_step if epoch == start_epoch else 0
+            self.steps.reset()
             self.callback_list.on_epoch_begin(epoch)
-            logs, wait_seconds, train_seconds = self._train_epoch(train_iterator, train_step)
-            for batch in val_data:
-                eval_step(batch)
-            logs.update(val_loss=float(self.metrics.val_loss.result()),
-                        val_accuracy=float(self.metrics.val_accuracy.result()),
-                        images_per_sec=self.steps_per_epoch * self.config.batch_size / train_seconds,
+            logs, wait_seconds, train_seconds = self._train_epoch(epoch, first, train_iterator,
+                                                                  carried if first else None)
+            for batch in val_batches():
+                self.steps.eval_step(batch)
+            logs.update(self.steps.val_results(),
+                        images_per_sec=(self.steps_per_epoch - first) * self.config.batch_size / train_seconds,
                         input_wait_fraction=wait_seconds / train_seconds,
                         learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
             self.callback_list.on_epoch_end(epoch, logs)
@@ -286,23 +252,42 @@ class _Epochs:
                 break
         self.callback_list.on_train_end()
 
-    def _train_epoch(self, train_iterator, train_step) -> tuple[dict, float, float]:
-        """The epoch's training logs, the seconds spent waiting in ``next()`` and the epoch's training seconds."""
-        wait_seconds = 0.0
+    def _train_epoch(self, epoch: int, first_step: int, train_iterator, carried: dict | None):
+        """The epoch's training logs, the seconds spent waiting in ``next()`` and the epoch's training seconds
+        (checkpoints excluded), from step ``first_step`` on; ``carried``: the partial epoch a checkpoint kept."""
+        wait_seconds = checkpoint_seconds = 0.0
         started = time.perf_counter()
-        progress = self.progress_factory(self.steps_per_epoch, self.config.batch_size)
-        for step in range(self.steps_per_epoch):
+        progress = self.progress_factory(self.steps_per_epoch, self.config.batch_size, first_step)
+        every = self.config.checkpoint_every_steps if self.config.checkpoint else None
+        for step in range(first_step, self.steps_per_epoch):
             self.callback_list.on_train_batch_begin(step)
             before_next = time.perf_counter()
             batch = next(train_iterator)
             wait_seconds += time.perf_counter() - before_next
-            train_step(batch)
+            global_step = epoch * self.steps_per_epoch + step
+            if self.on_batch is not None:
+                self.on_batch(global_step, batch)
+            self.steps.train_step(batch)
             self.callback_list.on_train_batch_end(step)
             progress.update(step + 1)
+            if every and (global_step + 1) % every == 0 and step + 1 < self.steps_per_epoch:
+                before_save = time.perf_counter()
+                partial = _combined(carried, self.steps.train_results(),
+                                    (step + 1 - first_step) * self.config.batch_size)
+                self._save(global_step + 1, partial)
+                checkpoint_seconds += time.perf_counter() - before_save
         progress.done()
         # Reading the metrics waits for the device, so the epoch's time is taken after it.
-        logs = {"loss": float(self.metrics.loss.result()), "accuracy": float(self.metrics.accuracy.result())}
-        return logs, wait_seconds, time.perf_counter() - started
+        logs = _combined(carried, self.steps.train_results(),
+                         (self.steps_per_epoch - first_step) * self.config.batch_size)
+        del logs["examples"]
+        return logs, wait_seconds, time.perf_counter() - started - checkpoint_seconds
+
+    def _save(self, global_step: int, partial_epoch: dict | None) -> None:
+        state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
+                                      checkpoints.optimizer_iterations(self.model), partial_epoch)
+        checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state)
+        self.saved_state = state
 
     def _record(self, epoch: int, logs: dict) -> None:
         history, config = self.history, self.config
@@ -315,7 +300,7 @@ class _Epochs:
                     f"{100 * logs['input_wait_fraction']:.1f}% of step time")
         checkpoints.write_json(self.paths["history"], history)
         if config.checkpoint:
-            checkpoints.save_epoch(self.model, self.paths, epoch + 1, history, self.callbacks)
+            self._save((epoch + 1) * self.steps_per_epoch, None)
 
 
 def _plural(count, word: str, with_count: bool = False) -> str:
@@ -340,8 +325,9 @@ class EpochProgress:
     """
 
     def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
-                 stream=None, interval: float | None = None, interval_tty: float = 0.5):
+                 stream=None, interval: float | None = None, interval_tty: float = 0.5, first_step: int = 0):
         self.steps, self.batch_size, self.report = steps, batch_size, report
+        self.first_step = first_step  # a resumed epoch starts here: rates count the steps this process ran
         self.stream = stream if stream is not None else sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = interval_tty if self.tty else (PROGRESS_INTERVAL if interval is None else interval)
@@ -350,8 +336,9 @@ class EpochProgress:
         self.shown = False
 
     def line(self, step: int, elapsed: float) -> str:
-        rate = step * self.batch_size / elapsed if elapsed > 0 else math.nan
-        remaining = (self.steps - step) * elapsed / step if step else math.nan
+        ran = step - self.first_step
+        rate = ran * self.batch_size / elapsed if elapsed > 0 else math.nan
+        remaining = (self.steps - step) * elapsed / ran if ran else math.nan
         eta = _duration(remaining) if math.isfinite(remaining) else "?"
         return (f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%), "
                 f"{rate:,.0f} images/s, ETA {eta}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from shardprep.train.config import TrainConfig
 
@@ -30,18 +30,19 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.decay = float(decay)
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
+        # keras.ops, so the schedule runs inside every backend's compiled step.
+        step = ops.cast(step, "float32")
         warmup = float(self.warmup_steps)
         if self.kind == "cosine":
-            progress = tf.clip_by_value((step - warmup) / max(1.0, self.total_steps - warmup), 0.0, 1.0)
-            lr = 0.5 * self.base_lr * (1.0 + tf.cos(math.pi * progress))
+            progress = ops.clip((step - warmup) / max(1.0, self.total_steps - warmup), 0.0, 1.0)
+            lr = 0.5 * self.base_lr * (1.0 + ops.cos(math.pi * progress))
         elif self.kind == "step":
-            passed = tf.add_n([tf.cast(step >= b, tf.float32) for b in self.boundaries]) if self.boundaries else 0.0
-            lr = self.base_lr * tf.pow(self.decay, passed)
+            passed = sum(ops.cast(step >= b, "float32") for b in self.boundaries) if self.boundaries else 0.0
+            lr = self.base_lr * ops.power(self.decay, passed)
         else:
-            lr = tf.constant(self.base_lr)
+            lr = ops.full((), self.base_lr, "float32")
         if self.warmup_steps:
-            lr = tf.where(step < warmup, self.base_lr * (step + 1.0) / warmup, lr)
+            lr = ops.where(step < warmup, self.base_lr * (step + 1.0) / warmup, lr)
         return lr
 
     def get_config(self):

@@ -4,7 +4,7 @@ import click
 
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
-from shardprep.train.config import AUGMENTATIONS, LR_SCHEDULES, PRECISIONS, TrainConfig
+from shardprep.train.config import AUGMENTATIONS, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 
 def _epoch_list(ctx, param, value):
@@ -26,6 +26,13 @@ def _profile_batches(ctx, param, value):
 
 @click.command("train")
 @click.argument("data", metavar="DATA")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="The Keras backend [default: $KERAS_BACKEND if set, else tensorflow if installed, else jax, else "
+                   "torch]. tensorflow: all GPUs (MirroredStrategy), tf.data input, XLA with one GPU. jax: every "
+                   "device JAX sees (keras.distribution.DataParallel when several), XLA always, NumPy input (local "
+                   "datasets only). torch: one device (the GPU when there is one), NumPy input (local datasets "
+                   "only), torch.compile with --jit-compile. Mixed precision, schedules, callbacks, checkpoints "
+                   "and --resume work on all three.")
 @click.option("--output-dir", default="shardprep_train", show_default=True,
               help="Receives history.json, summary.json, model.keras, checkpoints/ and logs/. Must be empty or "
                    "missing unless --resume or --overwrite.")
@@ -88,22 +95,38 @@ def _profile_batches(ctx, param, value):
               help="On by default: stop when val_loss has not improved for --early-stopping-patience epochs "
                    "(10 by default); --no-early-stopping runs all --epochs.")
 @click.option("--early-stopping-patience", type=click.IntRange(min=0), default=10, show_default=True)
-@click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/checkpoints/last.keras.")
+@click.option("--checkpoint-every-steps", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also save a checkpoint every N training steps (model, optimizer, callbacks' state and the "
+                   "reader's position), so --resume after a kill continues mid-epoch at the next step with the "
+                   "batches an uninterrupted run would have seen [default: at epoch ends only].")
+@click.option("--resume", is_flag=True,
+              help="Continue from OUTPUT_DIR/checkpoints/last.keras at the step it was saved after, with the same "
+                   "--batch-size, --seed, --steps-per-epoch and DATA (refused otherwise).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a previous run in OUTPUT_DIR: deletes history.json, summary.json, model.keras, "
                    "checkpoints/ and logs/ there first; refuses a folder holding anything else.")
 def command(data, overwrite, **options):
     """Train ResNet-18 on the prepared dataset DATA (a local folder or gs:// URL holding manifest.json).
 
-    Uses all GPUs (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s and the ETA
+    Runs on the Keras backend --backend names (TensorFlow by default); on TensorFlow it uses all GPUs
+    (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s and the ETA
     within each epoch; every epoch prints images/s and the share of step time spent waiting for input; the run ends
     with a summary saying whether training was input-bound. OUTPUT_DIR receives history.json, summary.json,
     model.keras (uint8 images in, logits out: see shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
     from shardprep.train import preflight
 
+    from shardprep.train import config as train_config
+
     if overwrite and options["resume"]:
         raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
+    if options["checkpoint_every_steps"] and not options["checkpoint"]:
+        raise click.UsageError("--checkpoint-every-steps saves checkpoints and --no-checkpoint turns them off: "
+                               "pass one")
+    try:  # before anything imports keras: it fixes its backend at its first import
+        options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
+    except train_config.BackendError as error:
+        raise click.ClickException(str(error)) from None
     try:
         manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
                                    image_size=options["image_size"], resume=options["resume"], overwrite=overwrite)
@@ -121,7 +144,7 @@ def command(data, overwrite, **options):
     except ValueError as error:
         raise click.ClickException(str(error)) from None
 
-    from shardprep.train.loop import train  # TensorFlow starts here, after every check that can fail fast
+    from shardprep.train.loop import train  # Keras and its backend start here, after every check that can fail fast
 
     try:
         train(config, report=click.echo)

@@ -1,0 +1,96 @@
+"""Training on every Keras backend: the choice of backend, its errors, and a learnable dataset learned on JAX.
+
+pytest's own process has Keras on TensorFlow (Keras fixes its backend at import), so runs on JAX go through a
+subprocess with their own environment.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from shardprep.train import config as train_config
+from shardprep.train.loop import HISTORY_KEYS
+from train_helpers import random_images, write_colour_dataset, write_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def colour_dataset(tmp_path_factory):
+    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
+
+
+def test_the_default_backend_is_keras_backend_else_the_first_installed(monkeypatch):
+    assert train_config.default_backend({"KERAS_BACKEND": "jax"}) == "jax"
+    assert train_config.default_backend({}) == "tensorflow"  # installed here
+    for installed, expected in ((("jax", "torch"), "jax"), (("torch",), "torch")):
+        monkeypatch.setattr(train_config, "backend_installed", lambda name, installed=installed: name in installed)
+        assert train_config.default_backend({}) == expected
+
+
+def test_a_backend_that_is_not_installed_is_one_error_line_saying_how_to_install_it(colour_dataset, tmp_path):
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
+                                       "--backend", "torch"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: --backend torch: torch is not installed (pip install torch")
+    assert "installed here: tensorflow, jax" in result.output and len(result.output.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_keras_backend_is_honoured_and_a_backend_keras_cannot_switch_to_is_refused(colour_dataset, tmp_path,
+                                                                                  monkeypatch):
+    # Keras is on TensorFlow in this process: KERAS_BACKEND=jax is taken as the choice, and refused clearly.
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"), *TINY])
+    assert result.exit_code == 1
+    assert "Error: Keras is already imported with the tensorflow backend" in result.output
+    assert "KERAS_BACKEND=jax" in result.output
+    monkeypatch.setenv("KERAS_BACKEND", "numpy")
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1 and "'numpy' (--backend or KERAS_BACKEND) is not one shardprep trains on" in \
+        result.output
+
+
+def test_a_train_and_val_dataset_trains_with_no_split_flags(tmp_path):
+    data = tmp_path / "data"
+    write_dataset(data, {"train": random_images(32, 20, 20), "val": random_images(16, 20, 20, seed=1)},
+                  classes=["a", "b"])
+    result = CliRunner().invoke(main, ["train", str(data), "--output-dir", str(tmp_path / "run"), "--epochs", "1",
+                                       *TINY])
+    assert result.exit_code == 0, result.output
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["epoch"] == [1] and 0 <= history["val_accuracy"][0] <= 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["backend"] == "tensorflow"
+
+
+def test_jax_learns_two_classes_with_every_history_key(colour_dataset, tmp_path):
+    output = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--backend", "jax", "--output-dir",
+         str(output), "--epochs", "6", "--warmup-epochs", "1", "--seed", "0", "--precision", "auto", *TINY],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "with Keras on jax, JAX on one CPU device, float32, XLA" in done.stdout
+    epoch_lines = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 6 and all("images/s, waiting for input" in line for line in epoch_lines)
+    assert "Summary:" in done.stdout and "input-bound" in done.stdout
+    history = json.loads((output / "history.json").read_text())
+    assert set(history) == set(HISTORY_KEYS)
+    assert history["epoch"] == list(range(1, 7)) and all(len(values) == 6 for values in history.values())
+    assert all(0 <= wait <= 1 for wait in history["input_wait_fraction"])
+    assert all(np.isfinite(history["loss"])) and history["images_per_sec"][-1] > 0
+    assert history["val_accuracy"][-1] >= 0.9
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["backend"] == "jax" and summary["final_val_accuracy"] >= 0.9
+    for name in ("model.keras", "checkpoints/last.keras", "checkpoints/best.keras", "checkpoints/state.json"):
+        assert (output / name).exists(), name

@@ -1,0 +1,249 @@
+"""Mid-epoch resume: a `shardprep train` process killed mid-epoch (SIGKILL) and resumed with --resume trains on
+exactly the batches the uninterrupted run trained on from the saved step, and its history continues.
+
+Each stored image says which record it is (channel 0 = its id, constant over the image; ids < 256),
+and an `on_batch` observer (wrapped around `loop.train`, which the CLI calls) writes the record ids of every step.
+The killed run is a real `shardprep train` subprocess whose observer blocks before step 13, after the checkpoint
+of step 12 (--checkpoint-every-steps 3, 8 steps an epoch), so the kill lands mid-epoch at a known step.
+"""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from shardprep.train import loop
+from train_helpers import write_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 8  # 64 images, batches of 8
+BLOCK_AT = 13  # the killed run stops before this step; its last checkpoint is after step 12
+
+
+def _args(data, output, *extra):
+    return ["train", str(data), "--output-dir", str(output), "--epochs", "3", "--batch-size", "8",
+            "--image-size", "16", "--width-multiplier", "0.125", "--warmup-epochs", "0.5", "--seed", "1",
+            "--no-tensorboard", "--no-early-stopping", "--checkpoint-every-steps", "3", *extra]
+
+
+def record_ids(batch) -> list[int]:
+    images = np.asarray(batch[0]).astype(np.int64)
+    return images[:, 0, 0, 0].tolist()
+
+
+@pytest.fixture(scope="module")
+def id_dataset(tmp_path_factory):
+    def image(record_id):
+        pixels = np.zeros((16, 16, 3), np.uint8)
+        # Every channel varies over the dataset (normalization divides by its std); channel 2 tells the class.
+        pixels[..., 0], pixels[..., 1], pixels[..., 2] = record_id, 200 - record_id, 60 + 120 * (record_id % 2)
+        return pixels, record_id % 2
+
+    root = tmp_path_factory.mktemp("ids")
+    write_dataset(root, {"train": [image(i) for i in range(64)], "validation": [image(i) for i in range(16)]},
+                  classes=["even", "odd"], num_shards=2)
+    return root
+
+
+def _run_in_process(monkeypatch, args):
+    """The CLI in this process; returns (result, {global step: record ids})."""
+    seen = {}
+    monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=lambda step, batch: seen.__setitem__(
+        step, record_ids(batch))))
+    result = CliRunner().invoke(main, args)
+    monkeypatch.undo()
+    assert result.exit_code == 0, result.output
+    return result, seen
+
+
+KILLED_RUN = textwrap.dedent("""
+    import functools, json, sys, time
+    import numpy as np
+    from shardprep.train import loop
+
+    ids_path, marker, block_at, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+
+    def observe(step, batch):
+        images = np.asarray(batch[0]).astype(np.int64)
+        with open(ids_path, "a") as f:
+            f.write(json.dumps([step, images[:, 0, 0, 0].tolist()]) + "\\n")
+        if step == block_at:
+            open(marker, "w").close()
+            time.sleep(600)  # killed here
+
+    loop.train = functools.partial(loop.train, on_batch=observe)
+    from shardprep.cli import main
+    main(args, prog_name="shardprep")
+""")
+
+
+def _killed_run(data, output, tmp_path) -> dict:
+    """`shardprep train` in a subprocess, SIGKILLed while it waits before step BLOCK_AT; its ids by step."""
+    ids_path, marker = tmp_path / "killed-ids.jsonl", tmp_path / "blocked"
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ids_path), str(marker), str(BLOCK_AT),
+                                *_args(data, output)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert process.poll() is None, process.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached the step it blocks at"
+            time.sleep(0.2)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+    return {step: ids for step, ids in map(json.loads, ids_path.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(id_dataset, tmp_path_factory):
+    """The uninterrupted run (TensorFlow, this process): its output folder and record ids by step."""
+    output = tmp_path_factory.mktemp("uninterrupted")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _, ids = _run_in_process(monkeypatch, _args(id_dataset, output))
+    return output, ids
+
+
+def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, tmp_path,
+                                                                            monkeypatch):
+    (uninterrupted, ids_a), killed = uninterrupted, tmp_path / "killed"
+    assert sorted(ids_a) == list(range(3 * STEPS_PER_EPOCH))
+    for epoch in range(3):  # every record once an epoch, in a new order each epoch
+        seen = sum((ids_a[epoch * STEPS_PER_EPOCH + s] for s in range(STEPS_PER_EPOCH)), [])
+        assert sorted(seen) == list(range(64))
+    assert ids_a[0] != ids_a[STEPS_PER_EPOCH]
+
+    ids_b = _killed_run(id_dataset, killed, tmp_path)
+    assert {step: ids_a[step] for step in ids_b} == ids_b  # same seed, same batches before the kill
+    state = json.loads((killed / "checkpoints" / "state.json").read_text())
+    assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (12, 2, 4)
+    assert state["epochs_done"] == 1 and state["partial_epoch"]["examples"] == 4 * 8
+    assert state["options"]["batch_size"] == 8 and state["seed"] == 1
+    assert not (killed / "summary.json").exists()
+
+    result, ids_resumed = _run_in_process(monkeypatch, _args(id_dataset, killed, "--resume"))
+    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in result.output
+    # The resumed run starts at the step after the checkpoint and sees exactly the uninterrupted run's batches.
+    assert sorted(ids_resumed) == list(range(12, 3 * STEPS_PER_EPOCH))
+    assert ids_resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
+
+    history_a = json.loads((uninterrupted / "history.json").read_text())
+    history_b = json.loads((killed / "history.json").read_text())
+    assert history_b["epoch"] == history_a["epoch"] == [1, 2, 3]
+    assert all(np.isfinite(history_a["loss"] + history_a["val_loss"]))
+    # Epoch 1 ran in the killed process, epoch 2 in both (its first 4 steps' loss kept in state.json), epoch 3 in
+    # the resumed one. Same seed on TensorFlow's CPU, no XLA: the same losses (measured equal to 1e-7).
+    np.testing.assert_allclose(history_b["loss"], history_a["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history_b["val_loss"], history_a["val_loss"], rtol=1e-5)
+    from shardprep.train.model import load_model
+
+    assert int(load_model(str(killed / "checkpoints" / "last.keras")).optimizer.iterations.numpy()) == 24
+
+    # Another batch size would make the saved position mean other batches: refused, naming the difference.
+    refused = CliRunner().invoke(main, _args(id_dataset, killed, "--resume", "--batch-size", "16"))
+    assert refused.exit_code == 1
+    assert "Error: --resume:" in refused.output and "--batch-size 8 then, 16 now" in refused.output
+
+
+JAX_CRASH_AND_RESUME = textwrap.dedent("""
+    import functools, json, sys
+    import numpy as np
+    from click.testing import CliRunner
+    from shardprep.cli import main
+    from shardprep.train import loop
+
+    crash_at, args = int(sys.argv[1]), sys.argv[2:]
+    train, seen = loop.train, {}
+
+    def observe(step, batch):
+        if step == crash_at and "--resume" not in args:
+            raise RuntimeError("crashed")
+        images = np.asarray(batch[0]).astype(np.int64)
+        seen[step] = images[:, 0, 0, 0].tolist()
+
+    loop.train = functools.partial(train, on_batch=observe)
+    crashed = CliRunner().invoke(main, args)
+    args.append("--resume")
+    seen.clear()
+    resumed = CliRunner().invoke(main, args)
+    print(json.dumps({"crashed": str(crashed.exception), "resumed": resumed.exit_code, "output": resumed.output,
+                      "ids": seen}))
+""")
+
+
+def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tmp_path):
+    # A crash at step 13 (an exception in the loop: a second process kill would cost another JAX start) after
+    # the checkpoint of step 12; the resumed JAX run reads with the NumPy reader the batches the TensorFlow run
+    # read from step 12 on: one record order for every backend.
+    _, ids_a = uninterrupted
+    output = tmp_path / "jax-run"
+    # The script imports the loop (and so Keras) before the CLI runs: the backend comes from the environment.
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"}
+    done = subprocess.run([sys.executable, "-c", JAX_CRASH_AND_RESUME, str(BLOCK_AT),
+                           *_args(id_dataset, output, "--backend", "jax")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["crashed"] == "crashed" and report["resumed"] == 0, report["output"]
+    assert "with Keras on jax" in report["output"]
+    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in report["output"]
+    resumed = {int(step): ids for step, ids in report["ids"].items()}
+    assert resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
+    history = json.loads((output / "history.json").read_text())
+    assert history["epoch"] == [1, 2, 3] and all(np.isfinite(history["loss"]))
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["backend"] == "jax"
+
+
+def test_a_kill_between_writing_state_and_model_resumes_from_the_entry_that_matches_last_keras(tmp_path):
+    import keras
+
+    from shardprep.train import checkpoints
+
+    def compiled_model():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    model, paths = compiled_model(), checkpoints.run_paths(str(tmp_path))
+    checkpoints.make_dirs(paths["checkpoints"])
+    options = {"batch_size": 8, "seed": 1, "steps_per_epoch": 8, "train_split": "train", "train_examples": 64,
+               "data": "fingerprint"}
+    history = {"epoch": []}
+
+    def state(step):
+        return checkpoints.run_state(step, 8, history, [], options, checkpoints.optimizer_iterations(model),
+                                     {"loss": 1.0, "accuracy": 0.5, "examples": step * 8})
+
+    at_step_3 = state(3)
+    checkpoints.save_checkpoint(model, paths, at_step_3, None)
+    model.optimizer.iterations.assign(6)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing last.keras")
+
+    model.save = killed
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save_checkpoint(model, paths, state(6), at_step_3)
+    assert json.loads(open(paths["state"]).read())["global_step"] == 6  # state.json went first
+
+    restored = checkpoints.resume(compiled_model(), paths, options, 8, print)
+    assert restored["global_step"] == 3 and restored["partial_epoch"]["examples"] == 24
+
+    checkpoints.write_json(paths["state"], {**state(6), "previous": None})
+    with pytest.raises(ValueError, match="do not belong together"):
+        checkpoints.resume(compiled_model(), paths, options, 8, print)

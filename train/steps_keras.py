@@ -1,0 +1,153 @@
+"""The training and evaluation steps on the JAX and PyTorch backends: Keras's own compiled steps, one batch at a time.
+
+:class:`KerasSteps` is the JAX/PyTorch counterpart of :class:`shardprep.train.steps_tf.TFSteps`, driven by the same
+loop (:mod:`shardprep.train.loop`). It uses the backend-neutral Keras API: ``model.compile(loss=..., metrics=...)``
+then ``model.train_on_batch`` / ``test_on_batch``. That is the simplest code that keeps every feature on both
+backends: Keras compiles the step (``jax.jit``; ``torch.compile`` with ``--jit-compile``), applies loss scaling
+under ``mixed_float16`` and adds the model's weight decay (``model.losses``), and shards the batch over devices under
+a ``keras.distribution``. Its cost: ``train_on_batch`` returns the batch's metrics, so the host waits for each step
+before taking the next batch (the NumPy reader keeps reading ahead meanwhile, so the timed ``next()`` still
+measures input wait only).
+
+Input comes from :class:`shardprep.train.numpy_reader.NumpyReader` (NumPy batches, no TensorFlow), in the same
+seeded order as the TensorFlow reader. Devices: JAX uses every device it sees (``keras.distribution.DataParallel``
+when there are several; one otherwise); PyTorch uses one device (the GPU when there is one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+
+from shardprep.preprocess.manifest_types import Manifest
+from shardprep.train.config import TrainConfig
+from shardprep.train.losses import SmoothedCrossentropy, SmoothedCrossentropyMean
+
+
+def _capability_precision(capability: tuple[int, int]) -> str:
+    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+
+
+def _jax_devices():
+    import jax
+
+    return jax.devices()
+
+
+def resolve_precision(precision: str, backend: str) -> str:
+    """``auto``: bfloat16 on GPUs of compute capability 8.0+ (and TPUs), float16 on older GPUs, float32 on CPU; found
+    with ``jax.devices()`` or ``torch.cuda``, without TensorFlow."""
+    if precision != "auto":
+        return precision
+    if backend == "jax":
+        device = _jax_devices()[0]
+        if device.platform == "tpu":
+            return "mixed_bfloat16"
+        if device.platform != "gpu":
+            return "float32"
+        capability = str(getattr(device, "compute_capability", "0.0")).split(".")
+        return _capability_precision((int(capability[0]), int(capability[1] if len(capability) > 1 else 0)))
+    import torch
+
+    if not torch.cuda.is_available():
+        return "float32"
+    return _capability_precision(torch.cuda.get_device_capability(0))
+
+
+class _Sums:
+    """Example-weighted sums of per-batch metrics (``train_on_batch`` reports each batch's own)."""
+
+    def __init__(self):
+        self.totals, self.examples = {}, 0
+
+    def add(self, logs: dict, examples: int) -> None:
+        for key, value in logs.items():
+            self.totals[key] = self.totals.get(key, 0.0) + float(value) * examples
+        self.examples += examples
+
+    def mean(self, key: str) -> float:
+        return self.totals.get(key, float("nan")) / self.examples if self.examples else float("nan")
+
+
+class KerasSteps:
+    """Devices, precision, NumPy input and Keras's compiled steps for one run on JAX or PyTorch."""
+
+    def __init__(self, config: TrainConfig, manifest: Manifest, backend: str):
+        self.config, self.manifest, self.backend = config, manifest, backend
+        self.precision = resolve_precision(config.precision, backend)
+        self.devices = _jax_devices() if backend == "jax" else None
+        self.distribution = None
+        if self.devices is not None and len(self.devices) > 1:
+            self.distribution = keras.distribution.DataParallel(devices=self.devices)
+        self.replicas = len(self.devices) if self.distribution is not None else 1
+        # JAX always compiles its step (XLA); PyTorch runs eagerly unless --jit-compile asks for torch.compile.
+        self.jit_compile = backend == "jax" or bool(config.jit_compile)
+        self.model = None
+        self._train, self._val = _Sums(), _Sums()
+
+    def describe(self) -> str:
+        if self.backend == "jax":
+            platform = self.devices[0].platform.upper()
+            if self.distribution is not None:
+                return f"JAX DataParallel over {self.replicas} {platform} devices"
+            return f"JAX on one {platform} device"
+        import torch
+
+        return f"PyTorch on {'one GPU (' + torch.cuda.get_device_name(0) + ')' if torch.cuda.is_available() else 'CPU'}"
+
+    def scope(self):
+        """Variables are laid out over the devices inside this scope (the distribution, when there is one)."""
+        return self.distribution.scope() if self.distribution is not None else contextlib.nullcontext()
+
+    def compile(self, model: keras.Model, optimizer, num_classes: int) -> None:
+        smoothing = self.config.label_smoothing
+        model.compile(optimizer=optimizer, loss=SmoothedCrossentropy(num_classes, smoothing),
+                      metrics=[SmoothedCrossentropyMean(num_classes, smoothing), "accuracy"],
+                      jit_compile=self.jit_compile)
+        self.model = model
+
+    def _reader(self, split: str, training: bool, seed: int | None, start_step: int):
+        from shardprep.train.numpy_reader import NumpyReader
+
+        return NumpyReader(self.config.data_dir, split, self.config.batch_size, training, seed,
+                           start_step=start_step, manifest=self.manifest)
+
+    def streamed(self) -> bool:
+        """Never: NumpyReader reads local shards by random access, in an order addressed by step."""
+        return False
+
+    def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
+        """The endless training input from global step ``start_step`` of the seeded order."""
+        return iter(self._reader(self.config.train_split, True, seed, start_step))
+
+    def val_batches(self):
+        """One pass over the validation split."""
+        return self._reader(self.config.val_split, False, None, 0)
+
+    def train_step(self, batch) -> None:
+        images, labels = batch
+        logs = self.model.train_on_batch(images, labels, return_dict=True)
+        self._train.add({"loss": logs["data_loss"], "accuracy": logs["accuracy"]}, len(labels))
+
+    def eval_step(self, batch) -> None:
+        images, labels = batch
+        examples, weights = len(labels), None
+        if examples % self.replicas:
+            # The pass's last batch may not divide over the devices: pad it with copies that weigh nothing.
+            padding = self.replicas - examples % self.replicas
+            images = np.concatenate([images, np.repeat(images[-1:], padding, axis=0)])
+            labels = np.concatenate([labels, np.repeat(labels[-1:], padding, axis=0)])
+            weights = np.concatenate([np.ones(examples, np.float32), np.zeros(padding, np.float32)])
+        logs = self.model.test_on_batch(images, labels, sample_weight=weights, return_dict=True)
+        self._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, examples)
+
+    def reset(self) -> None:
+        self._train, self._val = _Sums(), _Sums()
+
+    def train_results(self) -> dict:
+        return {"loss": self._train.mean("loss"), "accuracy": self._train.mean("accuracy")}
+
+    def val_results(self) -> dict:
+        return {"val_loss": self._val.mean("val_loss"), "val_accuracy": self._val.mean("val_accuracy")}

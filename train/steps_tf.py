@@ -1,0 +1,184 @@
+"""The training and evaluation steps on the TensorFlow backend: a ``tf.distribute`` strategy, the precision policy,
+``tf.data`` input and ``tf.function`` steps (XLA when asked).
+
+:class:`TFSteps` is what :mod:`shardprep.train.loop` drives on TensorFlow; :class:`shardprep.train.steps_keras.KerasSteps`
+is the same interface on JAX and PyTorch. Each step runs one distributed batch on every replica and updates the
+epoch's metrics on the device; nothing here waits for the device, so the loop's timed ``next()`` measures input
+wait only.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from shardprep.preprocess.manifest_types import Manifest
+from shardprep.train import reader
+from shardprep.train.config import TrainConfig
+from shardprep.train.losses import smoothed_crossentropy
+
+
+def choose_strategy() -> tf.distribute.Strategy:
+    """MirroredStrategy over all GPUs when there are several, the one GPU when there is one, else the CPU."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        return tf.distribute.MirroredStrategy()
+    if len(gpus) == 1:
+        return tf.distribute.OneDeviceStrategy(gpus[0].name)
+    return tf.distribute.get_strategy()
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto``: bfloat16 on GPUs that have it fast (compute capability 8.0+), float16 on older ones, float32 on CPU."""
+    if precision != "auto":
+        return precision
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "float32"
+    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+
+
+class _Metrics:
+    """The epoch's running training and validation loss and accuracy (device variables, read once an epoch)."""
+
+    def __init__(self):
+        self.loss = keras.metrics.Mean(name="loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        self.val_loss = keras.metrics.Mean(name="val_loss")
+        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
+
+    def reset(self) -> None:
+        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
+            metric.reset_state()
+
+
+class TFSteps:
+    """Strategy, precision, input and compiled steps for one run on TensorFlow (``strategy``: default
+    :func:`choose_strategy`)."""
+
+    backend = "tensorflow"
+
+    def __init__(self, config: TrainConfig, manifest: Manifest, strategy: tf.distribute.Strategy | None = None):
+        self.config, self.manifest = config, manifest
+        self.strategy = strategy or choose_strategy()
+        self.replicas = self.strategy.num_replicas_in_sync
+        self.precision = resolve_precision(config.precision)
+        self.jit_compile = config.jit_compile
+        if self.jit_compile is None:
+            self.jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
+        self.metrics = None
+        self._train_step = self._eval_step = self._val = None
+
+    def describe(self) -> str:
+        if isinstance(self.strategy, tf.distribute.MirroredStrategy):
+            return f"MirroredStrategy over {self.replicas} devices"
+        gpus = tf.config.list_logical_devices("GPU")
+        return f"one GPU ({gpus[0].name})" if gpus else "CPU"
+
+    def scope(self):
+        """Variables (model, optimizer, metrics) are created inside this scope."""
+        return self.strategy.scope()
+
+    def compile(self, model: keras.Model, optimizer, num_classes: int) -> None:
+        """Attaches the optimizer and builds the compiled steps; call inside :meth:`scope`."""
+        model.compile(optimizer=optimizer)
+        self.metrics = _Metrics()
+        self._train_step, self._eval_step = _step_functions(self.config, self.strategy, model, optimizer,
+                                                            self.metrics, num_classes, self.jit_compile)
+
+    def streamed(self) -> bool:
+        """Shards streamed in tf.data's shuffled order (``--sequential-reads``, URLs), which no step addresses."""
+        return self.config.sequential_reads or "://" in self.config.data_dir
+
+    def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
+        """The endless training input from global step ``start_step`` of the seeded order.
+
+        Streamed shards cannot start mid-epoch (a ValueError says so); at an epoch boundary they start a new
+        order, reseeded with the epoch, as runs resumed before the order was addressable by step did."""
+        if self.streamed() and self.config.seed is None:
+            seed = None  # the run's drawn order seed would only make streamed reads deterministic, and slower
+        if self.streamed() and start_step:
+            if start_step % steps_per_epoch:
+                raise ValueError(f"--resume: the checkpoint is mid-epoch (step {start_step}), and "
+                                 f"{'--sequential-reads' if self.config.sequential_reads else 'a URL'} streams the "
+                                 "shards in an order no step addresses; resume reading local shards by random "
+                                 "access (no --sequential-reads), or from an epoch-end checkpoint")
+            seed = None if seed is None else seed + start_step // steps_per_epoch
+            start_step = 0
+        return iter(self._distributed(self.config.train_split, True, seed, start_step))
+
+    def val_batches(self):
+        """One pass over the validation split; the same dataset every epoch (one traced evaluation step)."""
+        if self._val is None:
+            self._val = self._distributed(self.config.val_split, False, None, 0)
+        return self._val
+
+    def _distributed(self, split: str, training: bool, seed: int | None, start_step: int):
+        """One input pipeline per worker (``distribute_datasets_from_function``)."""
+        config = self.config
+
+        def dataset_fn(context):
+            return reader.make_dataset(
+                config.data_dir, split, config.batch_size, training, seed=seed, input_context=context,
+                shuffle_buffer=config.shuffle_buffer, manifest=self.manifest, verify_records=config.verify_records,
+                random_access=False if config.sequential_reads else None, start_step=start_step)
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def train_step(self, batch) -> None:
+        self._train_step(batch)
+
+    def eval_step(self, batch) -> None:
+        self._eval_step(batch)
+
+    def reset(self) -> None:
+        self.metrics.reset()
+
+    def train_results(self) -> dict:
+        """The epoch's training loss and accuracy so far (waits for the device)."""
+        return {"loss": float(self.metrics.loss.result()), "accuracy": float(self.metrics.accuracy.result())}
+
+    def val_results(self) -> dict:
+        return {"val_loss": float(self.metrics.val_loss.result()),
+                "val_accuracy": float(self.metrics.val_accuracy.result())}
+
+
+def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
+                    jit_compile: bool):
+    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``."""
+    replicas = strategy.num_replicas_in_sync
+
+    def smoothed_loss(labels, logits):
+        return smoothed_crossentropy(labels, logits, num_classes, config.label_smoothing)
+
+    def replica_train_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            per_example = smoothed_loss(labels, logits)
+            loss = tf.reduce_mean(per_example)
+            if model.losses:
+                loss += tf.add_n(model.losses)
+            # Gradients are summed over replicas: scale so that they average.
+            scaled = optimizer.scale_loss(loss / replicas)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+        metrics.loss.update_state(per_example)
+        metrics.accuracy.update_state(labels, logits)
+
+    def replica_eval_step(images, labels):
+        logits = model(images, training=False)
+        metrics.val_loss.update_state(smoothed_loss(labels, logits))
+        metrics.val_accuracy.update_state(labels, logits)
+
+    compiled_replica_step = tf.function(replica_train_step, jit_compile=jit_compile)
+
+    @tf.function
+    def train_step(batch):
+        strategy.run(compiled_replica_step, args=batch)
+
+    @tf.function(reduce_retracing=True)
+    def eval_step(batch):
+        strategy.run(replica_eval_step, args=batch)
+
+    return train_step, eval_step
