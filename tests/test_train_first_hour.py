@@ -264,3 +264,13 @@ def test_shardprep_predict_prints_class_names_and_refuses_missing_files(colour_d
                            (["predict", str(model_path), colour_dataset, str(tmp_path / "nope.jpg")], "PHOTO")):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 1 and _error_lines(result)[0].startswith(f"Error: {expected} ")
+
+
+def test_a_batch_larger_than_the_training_split_is_one_line_before_the_run(colour_dataset, tmp_path):
+    examples = preflight.Manifest.from_json(preflight.load_manifest(colour_dataset)).split("train").num_examples
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
+                                       "--image-size", "16", "--batch-size", str(examples + 1)])
+    line, = _error_lines(result)
+    assert f"--batch-size {examples + 1} is larger than the {examples:,} examples of training split 'train'" in line
+    assert f"pass --batch-size {examples} or smaller" in line
+    assert not (tmp_path / "run").exists()

@@ -8,7 +8,7 @@ them too, so there is one list of choices. The Keras backend is chosen here too 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib.machinery
 import os
 import sys
 
@@ -30,7 +30,13 @@ class BackendError(ValueError):
 
 
 def backend_installed(name: str) -> bool:
-    return importlib.util.find_spec(_BACKEND_MODULES[name]) is not None
+    """Whether the backend's package can be imported, asked of the path finder alone: ``importlib.util.find_spec``
+    would also ask import hooks such as the CLI's quiet TensorFlow import (``shardprep.quiet_logs``), which takes
+    the question for the import and would then miss the real one."""
+    module = _BACKEND_MODULES[name]
+    if module in sys.modules:
+        return True
+    return importlib.machinery.PathFinder.find_spec(module) is not None
 
 
 def default_backend(environ=None) -> str:

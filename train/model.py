@@ -78,6 +78,7 @@ def load_model(path: str) -> keras.Model:
     ``load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train size.
     """
     import shardprep.train.augment  # noqa: F401  registers CropFlipNormalize
+    import shardprep.train.losses  # noqa: F401  registers the smoothed loss and metric (JAX/PyTorch checkpoints)
     import shardprep.train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
 
     return keras.models.load_model(path)

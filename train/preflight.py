@@ -152,12 +152,14 @@ def validation_split(manifest: dict, requested: str | None, data_dir: str) -> st
 
 
 def check(data_dir: str, train_split: str, val_split: str | None, output_dir: str | None = None, *,
-          image_size: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+          image_size: int | None = None, batch_size: int | None = None, resume: bool = False,
+          overwrite: bool = False) -> dict:
     """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest.
 
     ``val_split`` None: the first of ``VALIDATION_SPLITS`` the dataset has (:func:`validation_split`).
 
-    With ``image_size``, refuses a crop larger than the stored images; with ``output_dir``, refuses a non-empty
+    With ``image_size``, refuses a crop larger than the stored images; with ``batch_size``, a training split smaller
+    than one batch (training batches are whole, so it would make none); with ``output_dir``, refuses a non-empty
     local folder unless ``resume`` or ``overwrite`` (and, with ``overwrite``, one holding files a run does not write).
     """
     manifest = load_manifest(data_dir)
@@ -203,4 +205,9 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         _check_image_size(manifest, image_size, data_dir)
     if output_dir is not None and not _is_url(output_dir):
         _check_output_contents(output_dir, resume, overwrite)
+    if batch_size is not None and splits[train_split].num_examples < batch_size:
+        examples = splits[train_split].num_examples
+        raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "
+                             f"{train_split!r} of {data_dir}, so an epoch would hold no whole batch; pass "
+                             f"--batch-size {examples} or smaller")
     return manifest

@@ -31,9 +31,15 @@ def _capability_precision(capability: tuple[int, int]) -> str:
 
 
 def _jax_devices():
+    """This process's devices; several JAX processes (multi-host) would each need their share of the input, which
+    the loop does not give them yet, so they are refused rather than trained on the same batches."""
     import jax
 
-    return jax.devices()
+    if jax.process_count() > 1:
+        raise ValueError(f"--backend jax runs in one process over its local devices; this is one of "
+                         f"{jax.process_count()} JAX processes (multi-host), which shardprep train does not support "
+                         "yet; run it on one host")
+    return jax.local_devices()
 
 
 def resolve_precision(precision: str, backend: str) -> str:

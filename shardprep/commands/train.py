@@ -29,7 +29,8 @@ def _profile_batches(ctx, param, value):
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="The Keras backend [default: $KERAS_BACKEND if set, else tensorflow if installed, else jax, else "
                    "torch]. tensorflow: all GPUs (MirroredStrategy), tf.data input, XLA with one GPU. jax: every "
-                   "device JAX sees (keras.distribution.DataParallel when several), XLA always, NumPy input (local "
+                   "device of one host (keras.distribution.DataParallel when several; one JAX process only), XLA "
+                   "always, NumPy input (local "
                    "datasets only). torch: one device (the GPU when there is one), NumPy input (local datasets "
                    "only), torch.compile with --jit-compile. Mixed precision, schedules, callbacks, checkpoints "
                    "and --resume work on all three.")
@@ -129,7 +130,8 @@ def command(data, overwrite, **options):
         raise click.ClickException(str(error)) from None
     try:
         manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
-                                   image_size=options["image_size"], resume=options["resume"], overwrite=overwrite)
+                                   image_size=options["image_size"], batch_size=options["batch_size"],
+                                   resume=options["resume"], overwrite=overwrite)
         options["val_split"] = preflight.validation_split(manifest, options["val_split"], data)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
