@@ -186,5 +186,7 @@ def test_the_cli_offers_the_configs_defaults_and_choices():
     params = {param.name: param for param in command.params}
     assert tuple(params["crop"].type.choices) == CROPS and tuple(params["encoding"].type.choices) == ENCODINGS
     parsed = command.make_context("preprocess", ["s", "o"]).params  # every option at its default
-    assert {name: parsed[name] for name in parsed if name not in ("quiet", "verbose", "beam_args")} == \
+    # --resume says how the run starts (from a stopped run's journal), not what it writes: no config field.
+    assert parsed["resume"] is False
+    assert {name: parsed[name] for name in parsed if name not in ("quiet", "verbose", "beam_args", "resume")} == \
         dataclasses.asdict(PreprocessConfig(source="s", output="o"))

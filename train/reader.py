@@ -140,46 +140,58 @@ def make_dataset(
       cycle_length: streamed reads only: shard files read concurrently (default ``min(files, 16)``).
       deterministic: streamed reads only: force (or forbid) deterministic element order; default: ``training`` and
         no seed -> not. Random-access reads are always in their order.
-      manifest: the already loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
+      manifest: the loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
       verify_records: check both CRCs of every record as it is read (a little more host CPU); streamed
         fixed-layout shards are then read as TFRecords and parsed as Examples.
       random_access: gather each batch's records straight from the files in the NumPy order (default: on for
         local paths, where ``os.preadv`` exists) instead of streaming each shard; streaming suits storage slow at
         random reads, and is the only way for URLs.
-      start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with
-        exactly the batch an uninterrupted run would read next, found without reading the ones before. Needs
-        random access (``ValueError`` otherwise, unless 0). ``model.fit`` builds its iterator before
-        ``keras.callbacks.BackupAndRestore`` restores the step, so pass the step saved with your own checkpoint
-        here, or give ``fit`` ``NumpyReader(...).as_py_dataset(steps_done=...)``, which reads it at each epoch.
+      start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with the
+        batch an uninterrupted run would read next, found without reading the ones before (random access only).
+        ``model.fit`` builds its iterator before ``BackupAndRestore`` restores the step: pass your checkpoint's
+        step here, or give ``fit`` ``NumpyReader(...).as_py_dataset(steps_done=...)``, which reads it each epoch.
 
     In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
+    _check_arguments(batch_size, start_step)
+    manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
+    if _reads_by_random_access(data_dir, random_access, start_step):
+        return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
+                                      verify_records, start_step)
+    plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
+                 cycle_length, deterministic)
+    return plan.finish(_streamed_batches(plan, manifest, split, verify_records))
+
+
+def _check_arguments(batch_size: int, start_step: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
-    manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
+
+
+def _reads_by_random_access(data_dir: str, random_access: bool | None, start_step: int) -> bool:
+    """Whether ``make_dataset`` gathers records by random access (default: local paths where ``os.preadv`` exists);
+    a ``ValueError`` for random access to a URL, or a start step on a streamed read."""
     remote = "://" in data_dir
     if random_access is None:
         random_access = not remote and record_gather.AVAILABLE
     if random_access and remote:
         raise ValueError(f"random_access reads local shards only, not {data_dir}")
-    if random_access:
-        return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
-                                      verify_records, start_step)
-    if start_step:
+    if not random_access and start_step:
         raise ValueError(f"start_step={start_step}: resuming mid-epoch needs local shards read by random access "
                          f"(a {'URL' if remote else 'streamed read'} follows tf.data's shuffles, which cannot "
                          "start at a step); copy the dataset to a local disk, or start at 0")
-    plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
-                 cycle_length, deterministic)
+    return random_access
+
+
+def _streamed_batches(plan: ReadPlan, manifest: Manifest, split: str, verify_records: bool) -> tf.data.Dataset:
+    """Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed."""
     layout = None if verify_records else fixed_layout(manifest, split)
     if layout is None:
-        batches = read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
-    else:
-        batches = read_stream.streamed_batches(plan.without_empty_shards(), layout)
-    return plan.finish(batches)
+        return read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
+    return read_stream.streamed_batches(plan.without_empty_shards(), layout)
 
 
 def _random_access_batches(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None,
