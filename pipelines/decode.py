@@ -160,7 +160,7 @@ class DecodeGroup(_Decoder):
             held = record  # one record behind: the group's last one is written as a shard's end
         if spill is not None:
             self._append(spill, pointers, held, layout, True, summary)
-            spill.close(durable=self.journal is not None)
+            spill.close()
             pointers.file_info = (len(pointers), spill.offset, spill.sha256())
         if self.journal is not None:  # only once the group's file is complete on disk
             self.journal.record(split, group, inputs_sha256, pointers, rejects, summary)

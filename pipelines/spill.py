@@ -54,12 +54,8 @@ class SpillWriter:
     def sha256(self) -> str:
         return self.digest.hexdigest()
 
-    def close(self, durable: bool = False) -> None:
-        """Closes the file; ``durable``: flushed and fsynced first (a local file a journal line will vouch for)."""
+    def close(self) -> None:
         try:
-            if durable and is_local(self.path):
-                self.stream.flush()
-                os.fsync(self.stream.fileno())
             self.stream.close()
         except Exception as e:
             raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
