@@ -103,9 +103,10 @@ class _QuietImport(importlib.abc.MetaPathFinder):
     """Runs the first import of a :data:`QUIET_MODULES` module inside :func:`native_stderr_filtered`."""
 
     def find_spec(self, name, path, target=None):
-        if name not in QUIET_MODULES:
+        if name not in QUIET_MODULES or name in sys.modules:
             return None
-        sys.meta_path.remove(self)  # once: TensorFlow's own imports, and later ones, go the usual way
+        # The finder stays until the module is executed (``_FilteredLoader``): ``importlib.util.find_spec`` asks
+        # finders without importing (other libraries probe for TensorFlow that way), and the real import comes later.
         if _verbose_requested():
             restore()
             return None
@@ -124,6 +125,8 @@ class _FilteredLoader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        for finder in [f for f in sys.meta_path if isinstance(f, _QuietImport)]:
+            sys.meta_path.remove(finder)  # once: TensorFlow's own imports, and later ones, go the usual way
         module.__loader__ = self.loader
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader

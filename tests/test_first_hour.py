@@ -68,6 +68,21 @@ def test_verbose_leaves_tensorflow_logging_alone(monkeypatch):
         quiet_logs.restore()
 
 
+def test_a_library_probing_for_tensorflow_does_not_let_its_log_lines_through():
+    """Other libraries (PyTorch, Keras) ask ``importlib.util.find_spec("tensorflow")`` before any import: the quiet
+    import must still catch the real one that follows."""
+    script = ("import importlib.util\n"
+              "from shardprep import quiet_logs\n"
+              "quiet_logs.quiet_tensorflow()\n"
+              "assert importlib.util.find_spec('tensorflow') is not None\n"
+              "import tensorflow as tf\n"
+              "print(tf.constant(2).numpy() * 21)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=user_env(),
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr
+    assert not NATIVE_LOG.search(done.stderr), done.stderr
+
+
 def test_only_native_log_lines_are_filtered_from_the_import():
     captured = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
                 "I0000 00:00:1796063803.991698   11321 port.cc:153] oneDNN custom operations are on.\n"
