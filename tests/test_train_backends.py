@@ -35,7 +35,9 @@ def test_the_default_backend_is_keras_backend_else_the_first_installed(monkeypat
         assert train_config.default_backend({}) == expected
 
 
-def test_a_backend_that_is_not_installed_is_one_error_line_saying_how_to_install_it(colour_dataset, tmp_path):
+def test_a_backend_that_is_not_installed_is_one_error_line_saying_how_to_install_it(colour_dataset, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setattr(train_config, "backend_installed", lambda name: name != "torch")  # wherever torch is
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
                                        "--backend", "torch"])
     assert result.exit_code == 1
@@ -71,16 +73,21 @@ def test_a_train_and_val_dataset_trains_with_no_split_flags(tmp_path):
     assert summary["backend"] == "tensorflow"
 
 
-def test_jax_learns_two_classes_with_every_history_key(colour_dataset, tmp_path):
+# JAX is in the test extra; PyTorch (large) is not, so its run is checked where it is installed.
+@pytest.mark.parametrize("backend, device", [("jax", "JAX on one CPU device, float32, XLA"),
+                                             ("torch", "PyTorch on CPU, float32")])
+def test_a_second_backend_learns_two_classes_with_every_history_key(colour_dataset, tmp_path, backend, device):
+    if backend == "torch":
+        pytest.importorskip("torch")
     output = tmp_path / "run"
     env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
     env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
-        [sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--backend", "jax", "--output-dir",
+        [sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--backend", backend, "--output-dir",
          str(output), "--epochs", "6", "--warmup-epochs", "1", "--seed", "0", "--precision", "auto", *TINY],
         env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "with Keras on jax, JAX on one CPU device, float32, XLA" in done.stdout
+    assert f"with Keras on {backend}, {device}" in done.stdout
     epoch_lines = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
     assert len(epoch_lines) == 6 and all("images/s, waiting for input" in line for line in epoch_lines)
     assert "Summary:" in done.stdout and "input-bound" in done.stdout
@@ -91,6 +98,6 @@ def test_jax_learns_two_classes_with_every_history_key(colour_dataset, tmp_path)
     assert all(np.isfinite(history["loss"])) and history["images_per_sec"][-1] > 0
     assert history["val_accuracy"][-1] >= 0.9
     summary = json.loads((output / "summary.json").read_text())
-    assert summary["backend"] == "jax" and summary["final_val_accuracy"] >= 0.9
+    assert summary["backend"] == backend and summary["final_val_accuracy"] >= 0.9
     for name in ("model.keras", "checkpoints/last.keras", "checkpoints/best.keras", "checkpoints/state.json"):
         assert (output / name).exists(), name
