@@ -41,7 +41,7 @@ def test_a_backend_that_is_not_installed_is_one_error_line_saying_how_to_install
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
                                        "--backend", "torch"])
     assert result.exit_code == 1
-    assert result.output.startswith("Error: --backend torch: torch is not installed (pip install torch")
+    assert result.output.startswith("Error: --backend torch: torch is not installed: pip install torch")
     assert "installed here: tensorflow, jax" in result.output and len(result.output.splitlines()) == 1
     assert not (tmp_path / "run").exists()
 

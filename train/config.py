@@ -20,8 +20,8 @@ BACKENDS = ("tensorflow", "jax", "torch")
 _BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 _INSTALL_HINTS = {
     "tensorflow": "pip install tensorflow",
-    "jax": "pip install jax (pip install 'jax[cuda12]' for NVIDIA GPUs)",
-    "torch": "pip install torch (the CUDA build for your GPU: see pytorch.org)",
+    "jax": "pip install jax, or 'jax[cuda12]' for NVIDIA GPUs",
+    "torch": "pip install torch, the CUDA build for your GPU: see pytorch.org",
 }
 
 
@@ -57,7 +57,7 @@ def activate_backend(name: str) -> str:
                            f"one of {', '.join(BACKENDS)}")
     if not backend_installed(name):
         installed = [other for other in BACKENDS if backend_installed(other)]
-        raise BackendError(f"--backend {name}: {_BACKEND_MODULES[name]} is not installed ({_INSTALL_HINTS[name]}); "
+        raise BackendError(f"--backend {name}: {_BACKEND_MODULES[name]} is not installed: {_INSTALL_HINTS[name]}; "
                            f"installed here: {', '.join(installed) or 'none'}")
     keras = sys.modules.get("keras")
     if keras is not None and keras.backend.backend() != name:
