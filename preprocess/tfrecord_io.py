@@ -27,7 +27,11 @@ class CorruptRecordError(IOError):
 
 
 def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+    return mask_crc(google_crc32c.value(data))
+
+
+def mask_crc(crc: int) -> int:
+    """TFRecord's masked form of a CRC32C (for a CRC computed in pieces, e.g. with ``google_crc32c.extend``)."""
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

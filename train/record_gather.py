@@ -20,6 +20,7 @@ This module is plain NumPy and ``os``; :mod:`shardprep.train.reader` wraps :clas
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -197,10 +198,7 @@ class FixedLayoutGather:
         shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
         wanted = self.image_bytes + self.tail_bytes
         image_bytes, tail_bytes = self.image_bytes, self.tail_bytes
-        descriptors = {}
-        try:
-            for shard in np.unique(shards).tolist():
-                descriptors[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        with open_shards(self.paths, shards) as descriptors:
             for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
                 offset = self.image_offset + record * self.record_bytes
                 got = os.preadv(descriptors[shard],
@@ -209,11 +207,22 @@ class FixedLayoutGather:
                 if got != wanted:
                     raise OSError(f"{self.paths[shard]}: record {record} ends {wanted - got} bytes early: the shard "
                                   "is shorter than its manifest says (run `shardprep validate` on the dataset)")
-        finally:
-            for descriptor in descriptors.values():
-                os.close(descriptor)
         labels = decode_varints(tails.reshape(count, tail_bytes)[:, -MAX_VARINT_BYTES:])
         return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
+
+
+@contextlib.contextmanager
+def open_shards(paths, shards: np.ndarray):
+    """``{shard: read-only descriptor}`` for the shard files a batch reads (``shards`` index ``paths``), each opened
+    once and closed on leaving, also when a read fails."""
+    descriptors = {}
+    try:
+        for shard in np.unique(shards).tolist():
+            descriptors[shard] = os.open(paths[shard], os.O_RDONLY)
+        yield descriptors
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
 
 
 def decode_varints(rows: np.ndarray) -> np.ndarray:

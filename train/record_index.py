@@ -16,6 +16,7 @@ import struct
 import numpy as np
 
 from shardprep.preprocess import tfrecord_io
+from shardprep.train.record_gather import open_shards
 
 _HEADER = tfrecord_io.HEADER_BYTES
 _FOOTER = tfrecord_io.FOOTER_BYTES
@@ -89,17 +90,9 @@ class ExampleGather:
         ids = np.asarray(ids, np.int64)
         shards = np.searchsorted(self._starts, ids, side="right") - 1
         records = ids - self._starts[shards]
-        out = []
-        descriptors = {}
-        try:
-            for shard in np.unique(shards).tolist():
-                descriptors[shard] = os.open(self.paths[shard], os.O_RDONLY)
-            for shard, record in zip(shards.tolist(), records.tolist()):
-                out.append(self._read(descriptors[shard], shard, record))
-        finally:
-            for descriptor in descriptors.values():
-                os.close(descriptor)
-        return out
+        with open_shards(self.paths, shards) as descriptors:
+            return [self._read(descriptors[shard], shard, record)
+                    for shard, record in zip(shards.tolist(), records.tolist())]
 
     def _read(self, fd: int, shard: int, record: int) -> bytes:
         index = self.indexes[shard]

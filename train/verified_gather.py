@@ -19,14 +19,9 @@ import numpy as np
 from shardprep.preprocess import tfrecord_io
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train.record_gather import MAX_VARINT_BYTES, RECORD_INDEX_BITS, FixedLayoutGather, ReusedBuffers, \
-    decode_varints
+    decode_varints, open_shards
 
-_MASK_DELTA = 0xA282EAD8
 _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
-
-
-def _masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 class VerifiedGather(FixedLayoutGather):
@@ -46,18 +41,12 @@ class VerifiedGather(FixedLayoutGather):
         after = np.empty(self.after_bytes + self.image_offset, np.uint8)
         label_rows = np.empty((count, MAX_VARINT_BYTES), np.uint8)
         shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
-        descriptors = {}
-        try:
-            for shard in np.unique(shards).tolist():
-                descriptors[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        with open_shards(self.paths, shards) as descriptors:
             for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
                 slot = images[j * self.image_bytes:(j + 1) * self.image_bytes]
                 tail = after[:self.after_bytes + (self.image_offset if record == self.counts[shard] - 1 else 0)]
                 self._read_checked(descriptors[shard], shard, record, before, slot, tail)
                 label_rows[j] = tail[self.label_at:self.label_at + MAX_VARINT_BYTES]
-        finally:
-            for descriptor in descriptors.values():
-                os.close(descriptor)
         labels = decode_varints(label_rows)
         return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
 
@@ -76,9 +65,9 @@ class VerifiedGather(FixedLayoutGather):
             (data_crc,) = struct.unpack("<I", tail[-_FOOTER:].tobytes())
             crc = google_crc32c.extend(google_crc32c.value(before[_HEADER:].tobytes()), slot)
             crc = google_crc32c.extend(crc, tail[:-_FOOTER])
-            if _masked(google_crc32c.value(length_bytes)) != length_crc or length != wanted - _HEADER - _FOOTER:
+            if tfrecord_io.masked_crc32c(length_bytes) != length_crc or length != wanted - _HEADER - _FOOTER:
                 problem = "has a wrong length or length checksum"
-            elif _masked(crc) != data_crc:
+            elif tfrecord_io.mask_crc(crc) != data_crc:
                 problem = "data checksum mismatch"
         if problem:
             raise OSError(f"{self.paths[shard]}: record {record} (byte {offset}) {problem} "
