@@ -64,7 +64,11 @@ class LiveProgress:
         if not stderr.is_terminal:
             self.plain = True
             return
-        self.progress = Progress(*self.columns_factory(), console=stderr, transient=self.transient)
+        # Rich would replace sys.stdout and sys.stderr while it runs and put back, when it stops, the ones it found:
+        # a stream another context swapped in meanwhile (the runner's, holding the Beam workers' stderr back) and
+        # has closed since, which fails at exit ("lost sys.stderr", exit status 120).
+        self.progress = Progress(*self.columns_factory(), console=stderr, transient=self.transient,
+                                 redirect_stdout=False, redirect_stderr=False)
         self.progress.start()
         self.task = self.progress.add_task("starting", total=None, **self.fields)
 
