@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -23,6 +19,13 @@ from terminal import ROOT, run_in_terminal, shardprep_argv
 
 WAIT_S = 240  # only against hangs on a loaded machine
 FINAL_PROGRESS = re.compile(r"^images\b.*\b(\d[\d,]*)/\1\b")  # a progress line whose count is complete
+
+
+@pytest.fixture(scope="module")
+def small_source(tmp_path_factory):
+    source = tmp_path_factory.mktemp("terminal") / "images"
+    image_factory.write_image_folder(source, {"train": 30, "validation": 10}, classes=("cat", "dog"))
+    return source
 
 
 def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
@@ -47,3 +50,21 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     assert run.status == 0, run.describe()
     assert "after the display; same stderr: True" in run.text and "stderr still writes" in run.text, run.describe()
     assert "Bad file descriptor" not in run.text
+
+
+def test_preprocess_in_an_80_column_terminal_ends_with_the_summary(small_source, tmp_path):
+    output = tmp_path / "shards"
+    run = run_in_terminal(shardprep_argv("preprocess", small_source, output, "--shorter-side", "16"),
+                          timeout=WAIT_S)
+    assert run.status == 0, run.describe()
+    screen = run.screen
+    assert any(line.startswith("shardprep preprocess → ") for line in screen), run.describe()
+    assert f"manifest {output}/manifest.json" in run.written_lines, run.describe()  # a path is never broken
+    assert os.path.exists(output / manifest_lib.MANIFEST_NAME)
+    # The last progress line once, complete; nothing wider than the terminal (the output path is given whole).
+    finals = [line for line in screen if FINAL_PROGRESS.match(line)]
+    assert len(finals) == 1 and "40/40" in finals[0], run.describe()
+    assert run.widest <= 80 or all(str(output) in line for line in run.written_lines if len(line) > 80), \
+        run.describe()
+    assert "Traceback" not in run.text and "lost sys.stderr" not in run.text
+    assert "2 classes" in run.text and " 1 shards" not in run.text

@@ -7,7 +7,7 @@ import traceback
 
 import click
 
-from shardprep.display import LiveProgress, console
+from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig, default
 
 HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
@@ -79,11 +79,12 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
         tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key)
     started = time.monotonic()
-    display = _ProgressDisplay(enabled=not quiet)
+    display = _ProgressDisplay(enabled=not quiet, source=source)
     try:
         with display:
             outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
                                       on_resume=lambda recorded: click.echo(resuming_line(recorded)))
+            display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
@@ -102,16 +103,15 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
 
 def resuming_line(recorded: int) -> str:
     """What a resume starts from, before the progress display: the journal's finished groups."""
-    groups = f"{recorded} decode group{'s' if recorded != 1 else ''}"
-    return (f"resuming: {groups} finished before the stop (journal: .tmp/journal.jsonl); each is checked "
-            "(size, sha256) and kept, the rest decoded")
+    return (f"resuming: {count(recorded, 'decode group')} finished before the stop (journal: .tmp/journal.jsonl); "
+            "each is checked (size, sha256) and kept, the rest decoded")
 
 
 def resumed_line(counts) -> str:
     """``resumed: 23 of 32 decode groups kept, 1 damaged unit redone; 1,200 inputs decoded``."""
-    redone = f", {counts.redone} damaged unit{'s' if counts.redone != 1 else ''} redone" if counts.redone else ""
-    return (f"resumed: {counts.kept} of {counts.groups} decode groups kept{redone}; "
-            f"{counts.inputs_decoded:,} inputs decoded")
+    redone = f", {count(counts.redone, 'damaged unit')} redone" if counts.redone else ""
+    return (f"resumed: {counts.kept} of {count(counts.groups, 'decode group')} kept{redone}; "
+            f"{count(counts.inputs_decoded, 'input')} decoded")
 
 
 def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
@@ -119,43 +119,108 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
     notes = []
     for split, info in manifest.get("splits", {}).items():
         if num_shards and info["num_shards"] < num_shards:
-            notes.append(f"note: --num-shards {num_shards} for split {split} with {info['num_examples']:,} "
-                         f"images: {info['num_shards']} shards written")
+            notes.append(f"note: --num-shards {num_shards} for split {split} with "
+                         f"{count(info['num_examples'], 'image')}: {count(info['num_shards'], 'shard')} written")
     return notes
 
 
-class _ProgressDisplay(LiveProgress):
-    """A progress bar fed with the workers' counts: images processed of listed, images/s and ETA."""
+# --- progress ------------------------------------------------------------------------------------------------------
 
-    def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=False, lazy=True, rate="", per_second=0.0)
+class _ProgressDisplay(LiveProgress):
+    """Progress fed with the workers' counts: images processed of listed, how many are saved (in finished decode
+    groups: what a stop keeps), images/s and ETA.
+
+    ``source``: SOURCE as given, named until the first counts arrive. TFRecord sources (``tfrecord:``, ``tfds:``)
+    are listed while they are decoded, so their total grows: it says "of at least" until the job ends.
+    """
+
+    def __init__(self, enabled: bool, source: str = ""):
+        super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
+        self.source = source
+        self.growing = source.startswith(("tfrecord:", "tfds:"))
         self.started = time.monotonic()
+        self.counts: dict = {}  # the workers' last counts, kept with --quiet too
 
     def update(self, counts: dict):
+        self.counts = dict(counts)
         listed, processed = counts.get("listed", 0), counts.get("processed", 0)
         elapsed = max(1e-6, time.monotonic() - self.started)
         self.show(description="images" if processed else "listing", completed=processed,
-                  total=max(listed, processed) or None,
-                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed",
+                  total=max(listed, processed) or None, listed=listed, final=bool(processed) and not self.growing,
+                  saved=counts.get("saved"), groups=counts.get("groups_saved", 0),
                   per_second=processed / elapsed if processed else 0.0)
 
+    def finish(self, manifest: dict) -> None:
+        """The job ended: every input is accounted for (listing rejects too), so the count is final."""
+        if "num_inputs" in manifest:
+            self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
+                      final=True)
+
+    def line_key(self, state: dict):
+        return state.get("description"), state.get("completed"), state.get("total"), state.get("final")
+
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        """What a line says after its description, ranked for :func:`fit` (higher: left out first)."""
+        done, total = state.get("completed") or 0, state.get("total")
+        rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
+        if state.get("description") != "images":
+            listed = state.get("listed") or 0
+            if not listed:
+                return [(shortened(self.source, width - 10) + "…", 1), clock]
+            return [(f"{listed:,} listed", 0), clock]
+        if not state.get("final"):
+            return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
+        parts = [(f"{done:,}/{total:,} ({100 * done / total:.0f}%)", 0)]
+        if state.get("saved") is not None and done < total:
+            saved, groups = min(state["saved"], done), state.get("groups") or 0  # read one after the other
+            parts.append((f"{saved:,} saved" + (f" in {count(groups, 'group')}" if groups else ""), 1))
+        parts.append((f"{rate:,.0f} img/s", 3))
+        if rate and done < total:
+            parts.append((f"ETA {duration((total - done) / rate)}", 1))
+        return parts + [clock]
+
     def plain_line(self, state: dict, elapsed: float) -> str:
-        """``images 120/303 (40%), 95 img/s, ETA 0:00:02, 0:00:03``, or ``listing, 1,200 listed, 0:00:01``."""
-        from shardprep.display import duration
+        """``images 120/303 (40%), 66 saved in 2 groups, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200
+        listed, 0:00:01`` or ``listing SOURCE…, 0:00:00``; as wide as stderr at most."""
+        description = state.get("description") or "listing"
+        room = self.width - len(description) - 2
+        rest = fit(self.parts(state, elapsed, room), room)
+        joined = description == "listing" and bool(state.get("listed"))
+        return f"{description}, {rest}" if joined else f"{description} {rest}"
 
-        done, total, rate = state.get("completed") or 0, state.get("total"), state.get("per_second") or 0.0
-        if state.get("description") != "images" or not total:
-            return f"{state.get('description', 'listing')}, {state.get('rate') or '0 listed'}, {duration(elapsed)}"
-        eta = f", ETA {duration((total - done) / rate)}" if rate and done < total else ""
-        return (f"images {done:,}/{total:,} ({100 * done / total:.0f}%), {state['rate']}{eta}, "
-                f"{duration(elapsed)}")
+    def _columns(self):
+        from rich.progress import ProgressColumn
+
+        display = self
+
+        class FittedLine(ProgressColumn):
+            def render(self, task):
+                return display.live_line()
+
+        return (FittedLine(),)
+
+    def live_line(self):
+        """The line in a terminal: description, bar, then :meth:`parts` fitted to the width, three columns spare:
+        some terminals wrap a line that fills the last column, and Ctrl-C echoes as "^C" after the line."""
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        state = dict(self.state)
+        description = state.get("description") or "listing"
+        width = self.width - 3
+        room = width - len(description) - BAR_COLUMNS[0] - 2
+        rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
+        bar = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
+        known = state.get("final") and state.get("total")
+        line = Table.grid(padding=(0, 1))
+        line.add_row(Text(description, style="bold"),
+                     ProgressBar(total=state["total"] if known else None, completed=state.get("completed") or 0,
+                                 width=bar), Text(rest))
+        return line
 
 
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+BAR_COLUMNS = (10, 40)  # the live bar's narrowest and widest
 
 
 def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) -> None:
@@ -189,10 +254,11 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
     std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    out.print(f"{len(manifest['classes']):,} classes; {manifest['encoding']} {manifest['crop']}, shorter side "
+    out.print(f"{count(len(manifest['classes']), 'class', 'classes')}; {manifest['encoding']} {manifest['crop']}, shorter side "
               f"{manifest['shorter_side']}", highlight=False)
     out.print(f"mean RGB {mean}; std RGB {std}", highlight=False)
-    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s)", highlight=False)
+    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} input{'' if round(rate) == 1 else 's'}/s)",
+              highlight=False)
     out.print(f"manifest {output}/manifest.json", soft_wrap=True, highlight=False)
     if manifest["num_rejected"]:
         out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)
