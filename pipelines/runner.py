@@ -8,6 +8,7 @@ download the Prism runner binary, which fails offline, so they are never picked 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -16,6 +17,8 @@ import traceback
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from shardprep.pipelines import stopping
 
 # Runners whose SDK workers run on this machine and so share its file system: Beam's DirectRunner (and the names it
 # goes by), FnApiRunner and PrismRunner. Lower-case, as ``--runner`` is matched without case; "" is no --runner.
@@ -109,7 +112,8 @@ def malloc_arenas_limited():
 
 
 def _local_runner():
-    """Beam's FnApiRunner, with the malloc cap (``malloc_arenas_limited``) around each run it makes.
+    """Beam's FnApiRunner, with the malloc cap (``malloc_arenas_limited``) around each run it makes, and each run
+    stoppable with Ctrl-C (``stopping.run_stoppable``).
 
     FnApiRunner.run_pipeline runs the whole pipeline before it returns, so the cap lasts exactly one run, whoever
     calls ``pipeline.run()``.
@@ -119,7 +123,8 @@ def _local_runner():
     class LocalRunner(FnApiRunner):
         def run_pipeline(self, pipeline, options):
             with malloc_arenas_limited():
-                return super().run_pipeline(pipeline, options)
+                return stopping.run_stoppable(
+                    functools.partial(FnApiRunner.run_pipeline, self, pipeline, options))
 
     return LocalRunner()
 

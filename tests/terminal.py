@@ -3,8 +3,9 @@
 ``run_in_terminal(argv, columns=80)`` starts ``argv`` in a pty of that size (pexpect), optionally presses Ctrl-C
 (the terminal's interrupt character: the kernel sends SIGINT to the whole foreground process group, as a real
 terminal does) when the output first matches a pattern, and returns a :class:`TerminalRun`: the exit status, the
-output with ANSI escape codes removed, the widest line written, and the final screen as a simple terminal of that
-width shows it (redraws of a progress line overwrite each other there, as on a real screen).
+output with ANSI escape codes removed, the widest line written, the final screen as a simple terminal of that
+width shows it (redraws of a progress line overwrite each other there, as on a real screen), and after Ctrl-C how
+long the command took to stop and which of its processes (worker processes) still run.
 
 Nothing here is specific to one subcommand: ``shardprep_argv("train", ...)`` builds the command line of any of them.
 """
@@ -38,6 +39,12 @@ class TerminalRun:
     raw: str  # everything written to the terminal, escape codes included (\r\n as the terminal got them)
     interrupted_at: float | None  # seconds after the start when Ctrl-C was pressed; None if never
     elapsed: float  # seconds from the start to the exit
+    processes_at_interrupt: list[int] = dataclasses.field(default_factory=list)  # under the command, at Ctrl-C
+
+    @property
+    def left_running(self) -> list[int]:
+        """Processes that were under the command when Ctrl-C was pressed and still run after it exited."""
+        return [pid for pid in self.processes_at_interrupt if running(pid)]
 
     @property
     def text(self) -> str:
@@ -97,7 +104,7 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
     child = pexpect.spawn(argv[0], list(map(str, argv[1:])), cwd=cwd, env=terminal_env(env),
                           dimensions=(rows, columns), encoding="utf-8", codec_errors="replace", timeout=timeout)
     chunks: list[str] = []
-    interrupted_at = None
+    interrupted_at, processes = None, []
     pattern = re.compile(interrupt_when) if interrupt_when else None
     deadline = started + timeout
     try:
@@ -113,6 +120,7 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
             if pattern is not None and interrupted_at is None and pattern.search(ANSI.sub("", "".join(chunks))):
                 time.sleep(interrupt_after)
                 interrupted_at = time.monotonic() - started
+                processes = descendants(child.pid)
                 for press in range(interrupts):
                     if press:
                         time.sleep(0.2)
@@ -124,7 +132,36 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
         child.close(force=True)
     status = child.exitstatus if child.exitstatus is not None else 128 + (child.signalstatus or 0)
     return TerminalRun(list(map(str, argv)), columns, status, "".join(chunks), interrupted_at,
-                       time.monotonic() - started)
+                       time.monotonic() - started, processes)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (Linux ``/proc``; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        stat = _stat(name) if name.isdigit() else None
+        if stat:
+            children.setdefault(int(stat[1]), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and has not exited (a zombie has)."""
+    stat = _stat(pid)
+    return bool(stat) and stat[0] != "Z"
+
+
+def _stat(pid) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
 
 
 # --- a small terminal: enough of a VT100 to see what a line-oriented program leaves on the screen ----------------

@@ -133,6 +133,16 @@ def test_plurals_in_the_notes_and_the_summary():
     assert command.resumed_line(Counts) == "resumed: 0 of 1 decode group kept, 1 damaged unit redone; 1 input decoded"
 
 
+@pytest.mark.parametrize("typed, resume", [
+    (["SRC", "OUT", "--overwrite", "--seed", "3"], ["SRC", "OUT", "--seed", "3", "--resume"]),
+    (["SRC", "OUT", "--resume", "--", "--direct_num_workers=2"], ["SRC", "OUT", "--resume", "--",
+                                                                   "--direct_num_workers=2"]),
+])
+def test_the_resume_command_is_the_typed_one_with_resume(typed, resume):
+    assert command._with_flag(["shardprep", "preprocess", *typed], "--resume", drop=("--overwrite",)) == [
+        "shardprep", "preprocess", *resume]
+
+
 # --- what the workers report -----------------------------------------------------------------------------------
 
 def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 import traceback
 
@@ -25,7 +27,16 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 """
 
 
-@click.command("preprocess", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+class _ArgsKept(click.Command):
+    """Keeps the arguments as typed (``ctx.meta["preprocess.args"]``): a stopped run prints the command that
+    resumes it."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["preprocess.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+@click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
@@ -89,6 +100,10 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         if verbose:
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        for line in stopped_lines(config.output, display.counts, _resume_command(ctx)):
+            click.echo(line, err=True)
+        ctx.exit(130)
     manifest = outcome.manifest
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
@@ -102,9 +117,10 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
 
 
 def resuming_line(recorded: int) -> str:
-    """What a resume starts from, before the progress display: the journal's finished groups."""
-    return (f"resuming: {count(recorded, 'decode group')} finished before the stop (journal: .tmp/journal.jsonl); "
-            "each is checked (size, sha256) and kept, the rest decoded")
+    """What a resume starts from, before the progress display: the journal's finished groups (two lines that fit
+    80 columns)."""
+    return (f"resuming: {count(recorded, 'decode group')} finished before the stop (.tmp/journal.jsonl)\n"
+            "  each is kept if its file checks out (size, sha256); the rest are decoded")
 
 
 def resumed_line(counts) -> str:
@@ -122,6 +138,52 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
             notes.append(f"note: --num-shards {num_shards} for split {split} with "
                          f"{count(info['num_examples'], 'image')}: {count(info['num_shards'], 'shard')} written")
     return notes
+
+
+# --- Ctrl-C --------------------------------------------------------------------------------------------------------
+
+def stopped_lines(output: str, counts: dict, command: list[str]) -> list[str]:
+    """After Ctrl-C: what the stopped run kept, and the command that goes on from there.
+
+    A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
+    keeps them. Other runs keep nothing: rerun, with ``--overwrite`` where the run had started to write OUTPUT.
+    """
+    from shardprep.pipelines import journal, storage
+
+    folder = os.path.join(output, storage.SPILL_DIR)
+    journal_path = os.path.join(folder, storage.JOURNAL_NAME)
+    if os.path.isfile(journal_path):
+        units = journal.UnitJournal(output, os.path.getsize(journal_path)).recorded_units().values()
+        kept = sum(unit.records + len(unit.rejects) for unit in units)
+        total = counts.get("listed", 0) if counts.get("processed") else 0  # final once decoding started
+        if units:
+            of = f" of {total:,}" if total >= kept else ""
+            said = (f"stopped: {kept:,}{of} image{'s' if (total or kept) != 1 else ''} kept "
+                    f"({count(len(units), 'finished decode group')}) in {folder}")
+        else:
+            said = "stopped: no decode group had finished, so nothing decoded is kept"
+        return [said, "resume: " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
+    try:
+        started = bool(storage.existing_files(output))
+    except storage.OutputError:
+        started = False
+    if started:
+        return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
+                "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
+    return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+
+
+def _resume_command(ctx) -> list[str]:
+    """``shardprep [--verbose] preprocess ARGS...`` as it was typed."""
+    verbose = ["--verbose"] if (ctx.find_root().params or {}).get("verbose") else []
+    return ["shardprep", *verbose, "preprocess", *ctx.meta.get("preprocess.args", [])]
+
+
+def _with_flag(command: list[str], flag: str, drop: tuple[str, ...]) -> list[str]:
+    """``command`` with ``flag`` last and without ``drop``, both before the Beam options after ``--``."""
+    beam = command.index("--") if "--" in command else len(command)
+    own = [arg for arg in command[:beam] if arg not in drop and arg != flag]
+    return own + [flag] + command[beam:]
 
 
 # --- progress ------------------------------------------------------------------------------------------------------
