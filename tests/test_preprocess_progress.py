@@ -4,6 +4,7 @@ else 80) and plurals. The terminal side is in ``test_terminal_preprocess.py``.""
 
 from __future__ import annotations
 
+import json
 import re
 
 import image_factory
@@ -141,6 +142,49 @@ def test_plurals_in_the_notes_and_the_summary():
 def test_the_resume_command_is_the_typed_one_with_resume(typed, resume):
     assert command._with_flag(["shardprep", "preprocess", *typed], "--resume", drop=("--overwrite",)) == [
         "shardprep", "preprocess", *resume]
+
+
+def _journal(output, units: list[tuple[int, int]]) -> None:
+    """OUTPUT/.tmp/journal.jsonl with a header line and one line per (records, rejects) group."""
+    from shardprep.pipelines import journal
+
+    folder = output / ".tmp"
+    folder.mkdir(parents=True)
+    lines = ['{"version": 1}']
+    for group, (records, rejects) in enumerate(units):
+        lines.append(json.dumps(journal.UnitRecord("train", group, "", f"spill-{group}", 1, "", records, "",
+                                                   [["k", "truncated", ""]] * rejects, {})._asdict()))
+    (folder / "journal.jsonl").write_text("\n".join(lines) + "\n" + '{"split": "train", "gro')  # a torn last line
+
+
+def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path):
+    typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
+    _journal(tmp_path, [(10, 1), (20, 0)])
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 120}, typed)
+    assert lines == [f"stopped: 31 of 300 images kept (2 finished decode groups) in {tmp_path}/.tmp",
+                     f"resume: shardprep preprocess SRC {tmp_path} --resume"]
+    assert command.stopped_lines(str(tmp_path), {}, typed)[0].startswith("stopped: 31 images kept (2 finished")
+
+
+def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path):
+    _journal(tmp_path, [])
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300}, ["shardprep", "preprocess", "S", str(tmp_path)])
+    assert lines == ["stopped: no decode group had finished, so nothing decoded is kept",
+                     f"resume: shardprep preprocess S {tmp_path} --resume"]
+
+
+def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path):
+    typed = ["shardprep", "preprocess", "tfds:mnist", str(tmp_path / "out"), "--resume"]
+    assert command.stopped_lines(str(tmp_path / "out"), {}, typed) == [
+        f"stopped before anything was written to {tmp_path}/out", "rerun: " + " ".join(typed)]
+    (tmp_path / "out" / "train").mkdir(parents=True)
+    (tmp_path / "out" / "train" / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    lines = command.stopped_lines(str(tmp_path / "out"), {}, typed)
+    assert lines[0].startswith("stopped: this run keeps no finished work")
+    assert lines[1] == f"rerun: shardprep preprocess tfds:mnist {tmp_path}/out --overwrite"
+    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner")
+    assert remote[0] == "stopped waiting: a job already submitted to DataflowRunner runs on there;"
+    assert all(len(line) <= 80 for line in remote)
 
 
 # --- what the workers report -----------------------------------------------------------------------------------

@@ -56,10 +56,11 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     assert "Bad file descriptor" not in run.text
 
 
-def test_preprocess_in_an_80_column_terminal_ends_with_the_summary(small_source, tmp_path):
+@pytest.mark.parametrize("columns_variable", [None, "200"])  # a stale COLUMNS never widens the output
+def test_preprocess_in_an_80_column_terminal_ends_with_the_summary(small_source, tmp_path, columns_variable):
     output = tmp_path / "shards"
     run = run_in_terminal(shardprep_argv("preprocess", small_source, output, "--shorter-side", "16"),
-                          timeout=WAIT_S)
+                          env={"COLUMNS": columns_variable} if columns_variable else None, timeout=WAIT_S)
     assert run.status == 0, run.describe()
     screen = run.screen
     assert any(line.startswith("shardprep preprocess → ") for line in screen), run.describe()

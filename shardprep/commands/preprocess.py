@@ -101,7 +101,8 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
-        for line in stopped_lines(config.output, display.counts, _resume_command(ctx)):
+        remote = None if runner.is_local(list(beam_args)) else runner.runner_name(list(beam_args))
+        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
             click.echo(line, err=True)
         ctx.exit(130)
     manifest = outcome.manifest
@@ -142,14 +143,18 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
 
 # --- Ctrl-C --------------------------------------------------------------------------------------------------------
 
-def stopped_lines(output: str, counts: dict, command: list[str]) -> list[str]:
+def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None) -> list[str]:
     """After Ctrl-C: what the stopped run kept, and the command that goes on from there.
 
     A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
-    keeps them. Other runs keep nothing: rerun, with ``--overwrite`` where the run had started to write OUTPUT.
+    keeps them. Other local runs keep nothing: rerun, with ``--overwrite`` where the run had started to write
+    OUTPUT. A job on a remote runner is not stopped by Ctrl-C here, only no longer waited for.
     """
     from shardprep.pipelines import journal, storage
 
+    if remote_runner:
+        return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
+                "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
     folder = os.path.join(output, storage.SPILL_DIR)
     journal_path = os.path.join(folder, storage.JOURNAL_NAME)
     if os.path.isfile(journal_path):
