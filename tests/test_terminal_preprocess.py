@@ -56,23 +56,36 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     assert "Bad file descriptor" not in run.text
 
 
-@pytest.mark.parametrize("columns_variable", [None, "200"])  # a stale COLUMNS never widens the output
-def test_preprocess_in_an_80_column_terminal_ends_with_the_summary(small_source, tmp_path, columns_variable):
-    output = tmp_path / "shards"
-    run = run_in_terminal(shardprep_argv("preprocess", small_source, output, "--shorter-side", "16"),
-                          env={"COLUMNS": columns_variable} if columns_variable else None, timeout=WAIT_S)
+def assert_ends_with_the_summary(run, output: str, inputs: int) -> None:
     assert run.status == 0, run.describe()
     screen = run.screen
-    assert any(line.startswith("shardprep preprocess → ") for line in screen), run.describe()
+    assert f"shardprep preprocess → {output}" in run.written_lines, run.describe()
     assert f"manifest {output}/manifest.json" in run.written_lines, run.describe()  # a path is never broken
-    assert os.path.exists(output / manifest_lib.MANIFEST_NAME)
-    # The last progress line once, complete; nothing wider than the terminal (the output path is given whole).
+    # The last progress line once, complete; nothing wider than the terminal (a long output path is given whole).
     finals = [line for line in screen if FINAL_PROGRESS.match(line)]
-    assert len(finals) == 1 and "40/40" in finals[0], run.describe()
-    assert run.widest <= 80 or all(str(output) in line for line in run.written_lines if len(line) > 80), \
-        run.describe()
+    assert len(finals) == 1 and f"{inputs}/{inputs}" in finals[0], run.describe()
+    assert all(len(line) <= 80 for line in run.written_lines if output not in line), run.describe()
     assert "Traceback" not in run.text and "lost sys.stderr" not in run.text
-    assert "2 classes" in run.text and " 1 shards" not in run.text
+    assert " 1 shards" not in run.text and " 1 classes" not in run.text
+
+
+def test_readme_command_1_in_an_80_column_terminal_ends_with_the_summary(tmp_path):
+    """README's first command after the install: the demo data, then preprocess, chained with && in a shell."""
+    shardprep = os.path.join(os.path.dirname(sys.executable), "shardprep")
+    run = run_in_terminal(["bash", "-c", f"{shardprep} demo-data demo/images && "
+                                         f"{shardprep} preprocess demo/images demo/shards --overwrite"],
+                          cwd=str(tmp_path), timeout=WAIT_S)
+    assert_ends_with_the_summary(run, "demo/shards", 303)
+    assert "rejected by reason:" in run.screen and "4 classes; raw center, shorter side 256" in run.screen
+    assert os.path.exists(tmp_path / "demo" / "shards" / manifest_lib.MANIFEST_NAME)
+
+
+def test_a_stale_columns_variable_never_widens_the_output_in_a_terminal(small_source, tmp_path):
+    output = tmp_path / "shards"
+    run = run_in_terminal(shardprep_argv("preprocess", small_source, output, "--shorter-side", "16"),
+                          env={"COLUMNS": "200"}, timeout=WAIT_S)
+    assert_ends_with_the_summary(run, str(output), 40)
+    assert "2 classes; raw center, shorter side 16" in run.written_lines
 
 
 # --- Ctrl-C ----------------------------------------------------------------------------------------------------
