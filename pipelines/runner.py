@@ -237,22 +237,23 @@ def worker_stderr_held(enabled: bool):
         yield
         failed = False
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            terminal.flush()
-        os.dup2(saved, 2)  # first: from here on fd 2 is the terminal again; the pipe closes once the workers exit
-        if sys.stderr is terminal:
-            sys.stderr = own_stderr
-        _close_unless_kept(terminal)
-        drainer.join(timeout=2)
-        if not failed and held:
-            os.write(saved, bytes(held))
-        os.close(saved)
-        threading.excepthook = own_excepthook
-        if not failed:
-            for args in thread_errors:
-                own_excepthook(args)
-        else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
-            threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+        with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
+            with contextlib.suppress(OSError, ValueError):
+                terminal.flush()
+            os.dup2(saved, 2)  # first: from here on fd 2 is the terminal again; the pipe closes once workers exit
+            if sys.stderr is terminal:
+                sys.stderr = own_stderr
+            _close_unless_kept(terminal)
+            drainer.join(timeout=2)
+            if not failed and held:
+                os.write(saved, bytes(held))
+            os.close(saved)
+            threading.excepthook = own_excepthook
+            if not failed:
+                for args in thread_errors:
+                    own_excepthook(args)
+            else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+                threading.excepthook = _quiet_about_runner_threads(own_excepthook)
 
 
 def _drain(read_end: int, held: bytearray) -> None:

@@ -44,3 +44,28 @@ def test_ctrl_c_while_a_run_is_waited_for_stops_the_wait_at_once():
         stopping.run_stoppable(lambda: release.wait(30))  # a run that would block for 30 s
     release.set()
     assert time.monotonic() - started < 10
+
+
+def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
+    """A KeyboardInterrupt in the middle of putting fd 2 back would leave it on the workers' pipe."""
+    import os
+    import signal
+    import sys
+
+    from shardprep.pipelines import runner
+
+    monkeypatch.setattr(runner, "_hide_worker_traces", True)  # as the CLI without --verbose
+    stderr_before = os.fstat(2)
+    original_dup2 = os.dup2
+
+    def dup2_interrupted(fd, fd2, *args):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just as the block puts fd 2 back
+        return original_dup2(fd, fd2, *args)
+
+    with pytest.raises(KeyboardInterrupt):
+        with runner.worker_stderr_held(True):
+            monkeypatch.setattr(os, "dup2", dup2_interrupted)
+    monkeypatch.setattr(os, "dup2", original_dup2)
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (stderr_before.st_dev, stderr_before.st_ino)
+    assert not sys.stderr.closed
