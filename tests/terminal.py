@@ -92,13 +92,14 @@ def terminal_env(extra: dict | None = None) -> dict:
 
 def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = None, cwd: str = ROOT,
                     timeout: float = 300, interrupt_when: str | None = None, interrupt_after: float = 0.0,
-                    interrupts: int = 1) -> TerminalRun:
+                    interrupts: int = 1, interrupt_at_s: float | None = None) -> TerminalRun:
     """Runs ``argv`` in a pseudo-terminal ``columns`` x ``rows`` and waits for it to exit (``timeout`` seconds, then
     it is killed and the test fails).
 
     ``interrupt_when``: a regular expression searched in the output (escape codes removed); when it first matches,
-    wait ``interrupt_after`` seconds, then press Ctrl-C ``interrupts`` times (0.2 s apart). ``env`` replaces
-    :func:`terminal_env`'s defaults where it names a variable.
+    wait ``interrupt_after`` seconds, then press Ctrl-C ``interrupts`` times (0.2 s apart). ``interrupt_at_s``: press
+    it that many seconds after the start instead. ``env`` replaces :func:`terminal_env`'s defaults where it names a
+    variable.
     """
     started = time.monotonic()
     child = pexpect.spawn(argv[0], list(map(str, argv[1:])), cwd=cwd, env=terminal_env(env),
@@ -117,7 +118,9 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
                 pass
             except pexpect.EOF:
                 break
-            if pattern is not None and interrupted_at is None and pattern.search(ANSI.sub("", "".join(chunks))):
+            due = (pattern.search(ANSI.sub("", "".join(chunks))) if pattern is not None
+                   else interrupt_at_s is not None and time.monotonic() - started >= interrupt_at_s)
+            if due and interrupted_at is None:
                 time.sleep(interrupt_after)
                 interrupted_at = time.monotonic() - started
                 processes = descendants(child.pid)
