@@ -48,7 +48,8 @@ class TerminalRun:
 
     @property
     def text(self) -> str:
-        """The output without escape codes, ``\\r\\n`` as ``\\n`` (redraws after a bare ``\\r`` stay in it)."""
+        """The output without escape codes, ``\\r\\n`` as ``\\n`` (redraws after a bare ``\\r`` stay in it, and so
+        does the terminal's own echo of Ctrl-C, ``^C``, as a person sees it)."""
         return ANSI.sub("", self.raw).replace("\r\n", "\n")
 
     @property
@@ -91,14 +92,15 @@ def terminal_env(extra: dict | None = None) -> dict:
 
 
 def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = None, cwd: str = ROOT,
-                    timeout: float = 300, interrupt_when: str | None = None, interrupt_after: float = 0.0,
+                    timeout: float = 300, interrupt_when=None, interrupt_after: float = 0.0,
                     interrupts: int = 1, interrupt_at_s: float | None = None) -> TerminalRun:
     """Runs ``argv`` in a pseudo-terminal ``columns`` x ``rows`` and waits for it to exit (``timeout`` seconds, then
     it is killed and the test fails).
 
-    ``interrupt_when``: a regular expression searched in the output (escape codes removed); when it first matches,
-    wait ``interrupt_after`` seconds, then press Ctrl-C ``interrupts`` times (0.2 s apart). ``interrupt_at_s``: press
-    it that many seconds after the start instead. ``env`` replaces :func:`terminal_env`'s defaults where it names a
+    ``interrupt_when``: a regular expression searched in the output (escape codes removed), or a function of that
+    text returning True (it may look elsewhere too, e.g. at files the command wrote); when it first matches, wait
+    ``interrupt_after`` seconds, then press Ctrl-C ``interrupts`` times (0.2 s apart). ``interrupt_at_s``: press it
+    that many seconds after the start instead. ``env`` replaces :func:`terminal_env`'s defaults where it names a
     variable.
     """
     started = time.monotonic()
@@ -106,7 +108,10 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
                           dimensions=(rows, columns), encoding="utf-8", codec_errors="replace", timeout=timeout)
     chunks: list[str] = []
     interrupted_at, processes = None, []
-    pattern = re.compile(interrupt_when) if interrupt_when else None
+    if isinstance(interrupt_when, str):
+        pattern = re.compile(interrupt_when).search
+    else:
+        pattern = interrupt_when
     deadline = started + timeout
     try:
         while True:
@@ -118,7 +123,7 @@ def run_in_terminal(argv, columns: int = 80, rows: int = 40, env: dict | None = 
                 pass
             except pexpect.EOF:
                 break
-            due = (pattern.search(ANSI.sub("", "".join(chunks))) if pattern is not None
+            due = (pattern(ANSI.sub("", "".join(chunks))) if pattern is not None
                    else interrupt_at_s is not None and time.monotonic() - started >= interrupt_at_s)
             if due and interrupted_at is None:
                 time.sleep(interrupt_after)
