@@ -210,3 +210,10 @@ def test_a_quiet_run_prints_no_progress(tmp_path):
     assert not re.search(r"^(listing|images)\b", result.output, re.M)
     output = str(tmp_path / "out")
     assert all(len(line) <= 80 for line in result.output.splitlines() if output not in line), result.output
+
+
+def test_preprocess_help_fits_80_columns():
+    result = CliRunner().invoke(cli, ["preprocess", "--help"], terminal_width=80)
+    assert result.exit_code == 0
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    assert "tfds:NAME[/CONFIG]" in result.output and "--tfds-download" in result.output

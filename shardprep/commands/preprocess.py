@@ -16,10 +16,13 @@ HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord
 
 \b
 SOURCE is one of:
-  DIR                   ImageFolder layout: DIR/<split>/<class>/<file> or DIR/<class>/<file>
-  DIR --labels-file F   images labelled by a CSV of filename,label (ImageNet validation layout)
-  tfds:NAME[/CONFIG]    a prepared TFDS dataset (--tfds-data-dir); never downloads without --tfds-download
-  tfrecord:GLOB         TFRecords of encoded images, TFDS style (image bytes, label int64)
+  DIR                  class folders: DIR/<split>/<class>/<file> or
+                       DIR/<class>/<file> (ImageFolder)
+  DIR --labels-file F  images labelled by a CSV of filename,label
+  tfds:NAME[/CONFIG]   a prepared TFDS dataset (--tfds-data-dir); never
+                       downloads without --tfds-download
+  tfrecord:GLOB        TFRecords of encoded images, TFDS style (image bytes,
+                       label int64)
 
 Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network). Everything after -- goes to
 Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
