@@ -217,3 +217,17 @@ def test_preprocess_help_fits_80_columns():
     assert result.exit_code == 0
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
     assert "tfds:NAME[/CONFIG]" in result.output and "--tfds-download" in result.output
+
+
+def test_the_rate_counts_from_when_decoding_began_not_from_the_start(log, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        progress.update({"listed": 1000})
+        clock[0] += 60  # Beam starting its workers, the listing
+        progress.update({"listed": 1000})
+        clock[0] += 10
+        progress.update({"listed": 1000, "processed": 500})
+    line = log()[-1]
+    assert ", 50 img/s, ETA 0:00:10, " in line, line

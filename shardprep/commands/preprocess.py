@@ -208,13 +208,16 @@ class _ProgressDisplay(LiveProgress):
         super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
         self.source = source
         self.growing = source.startswith(("tfrecord:", "tfds:"))
-        self.started = time.monotonic()
+        self.decoding_since = time.monotonic()
         self.counts: dict = {}  # the workers' last counts, kept with --quiet too
 
     def update(self, counts: dict):
         self.counts = dict(counts)
         listed, processed = counts.get("listed", 0), counts.get("processed", 0)
-        elapsed = max(1e-6, time.monotonic() - self.started)
+        now = time.monotonic()
+        if not processed:
+            self.decoding_since = now  # the rate counts from the last poll before the first image was done
+        elapsed = max(1e-3, now - self.decoding_since)
         self.show(description="images" if processed else "listing", completed=processed,
                   total=max(listed, processed) or None, listed=listed, final=bool(processed) and not self.growing,
                   saved=counts.get("saved"), groups=counts.get("groups_saved", 0),
