@@ -54,9 +54,11 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    if not verbose:
-        from shardprep import quiet_logs
+    from shardprep import quiet_logs
 
+    if verbose:
+        quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
+    else:
         quiet_logs.quiet_tensorflow()
 
 

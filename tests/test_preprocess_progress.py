@@ -231,3 +231,20 @@ def test_the_rate_counts_from_when_decoding_began_not_from_the_start(log, monkey
         progress.update({"listed": 1000, "processed": 500})
     line = log()[-1]
     assert ", 50 img/s, ETA 0:00:10, " in line, line
+
+
+def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_logging_alone(monkeypatch):
+    import os
+    import sys
+
+    from shardprep import quiet_logs
+
+    for name in quiet_logs.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    try:
+        assert CliRunner().invoke(cli, ["demo-data", "--help"]).exit_code == 0  # quiets TensorFlow
+        assert CliRunner().invoke(cli, ["--verbose", "demo-data", "--help"]).exit_code == 0
+        assert not any(isinstance(finder, quiet_logs._QuietImport) for finder in sys.meta_path)
+        assert not any(name in os.environ for name in quiet_logs.ENVIRONMENT)
+    finally:
+        quiet_logs.restore()
