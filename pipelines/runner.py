@@ -188,7 +188,8 @@ def quiet_beam_logging(verbose: bool = False) -> None:
     level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
         logging.getLogger(name).setLevel(level)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
