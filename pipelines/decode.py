@@ -120,6 +120,16 @@ class DecodeGroup(_Decoder):
     def setup(self):
         super().setup()
         self.recorded = self.journal.recorded_units() if self.journal is not None else {}
+        # Inputs and groups in the journal, so kept by a stop: 0 from the start, so the launcher knows they count.
+        self.saved = progress.ProgressReporter(self.progress_dir if self.journal is not None else None, "saved")
+        self.groups_saved = progress.ProgressReporter(self.saved.directory, "groups_saved")
+        self.saved.flush(zero=True)
+        self.groups_saved.flush(zero=True)
+
+    def _saved(self, inputs: int) -> None:
+        self.progress.flush()  # processed first: the launcher never sees more saved than processed
+        self.saved.add(inputs, now=True)
+        self.groups_saved.add(1, now=True)
 
     def process(self, element, layouts):
         (split, group), batches = element
@@ -134,6 +144,7 @@ class DecodeGroup(_Decoder):
             if kept is not None:
                 self.counters["decode_groups_kept"].inc()
                 self.progress.add(len(items))
+                self._saved(len(items))
                 self.summary = sharding.RecordSummary.merge([self.summary, kept.summary])
                 yield from (beam.pvalue.TaggedOutput(REJECTS, reject) for reject in kept.rejects)
                 if kept.pointers is not None:
@@ -164,6 +175,7 @@ class DecodeGroup(_Decoder):
             pointers.file_info = (len(pointers), spill.offset, spill.sha256())
         if self.journal is not None:  # only once the group's file is complete on disk
             self.journal.record(split, group, inputs_sha256, pointers, rejects, summary)
+            self._saved(len(keyed))
         self.summary = sharding.RecordSummary.merge([self.summary, summary])
         if pointers is not None:
             yield pointers

@@ -29,17 +29,19 @@ class ProgressReporter:
         self._path = None
         self._last = 0.0
 
-    def add(self, n: int = 1) -> None:
+    def add(self, n: int = 1, now: bool = False) -> None:
+        """Adds ``n``; the file is rewritten every INTERVAL_S, or at once when ``now``."""
         if not self.directory:
             return
         self.count += n
-        now = time.monotonic()
-        if now - self._last >= self.INTERVAL_S:
+        clock = time.monotonic()
+        if now or clock - self._last >= self.INTERVAL_S:
             self.flush()
-            self._last = now
+            self._last = clock
 
-    def flush(self) -> None:
-        if not self.directory or not self.count:
+    def flush(self, zero: bool = False) -> None:
+        """Writes the running count; a count of 0 only when ``zero`` (it then says the counter exists)."""
+        if not self.directory or not (self.count or zero):
             return
         if self._path is None:
             self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")

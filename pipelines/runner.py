@@ -8,6 +8,7 @@ download the Prism runner binary, which fails offline, so they are never picked 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -16,6 +17,8 @@ import traceback
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from shardprep.pipelines import stopping
 
 # Runners whose SDK workers run on this machine and so share its file system: Beam's DirectRunner (and the names it
 # goes by), FnApiRunner and PrismRunner. Lower-case, as ``--runner`` is matched without case; "" is no --runner.
@@ -109,7 +112,8 @@ def malloc_arenas_limited():
 
 
 def _local_runner():
-    """Beam's FnApiRunner, with the malloc cap (``malloc_arenas_limited``) around each run it makes.
+    """Beam's FnApiRunner, with the malloc cap (``malloc_arenas_limited``) around each run it makes, and each run
+    stoppable with Ctrl-C (``stopping.run_stoppable``).
 
     FnApiRunner.run_pipeline runs the whole pipeline before it returns, so the cap lasts exactly one run, whoever
     calls ``pipeline.run()``.
@@ -119,7 +123,8 @@ def _local_runner():
     class LocalRunner(FnApiRunner):
         def run_pipeline(self, pipeline, options):
             with malloc_arenas_limited():
-                return super().run_pipeline(pipeline, options)
+                return stopping.run_stoppable(
+                    functools.partial(FnApiRunner.run_pipeline, self, pipeline, options))
 
     return LocalRunner()
 
@@ -183,7 +188,8 @@ def quiet_beam_logging(verbose: bool = False) -> None:
     level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
         logging.getLogger(name).setLevel(level)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
@@ -203,57 +209,73 @@ def worker_stderr_held(enabled: bool):
     Beam's worker prints every failed bundle's chained traceback there (sdk_worker._execute: 70-140 lines for a
     ``--strict`` failure, a full disk or a killed sibling), before the job's own one-line error. A run that fails
     drops them (``--verbose`` shows them, and the full chain); a run that succeeds passes on whatever was held.
-    This process's own stderr (the progress display) keeps going to the terminal.
+    This process's own stderr (the progress display) keeps going to the terminal through a stream of its own on a
+    copy of the terminal's descriptor. That stream is never closed under anyone: whatever saved it as
+    ``sys.stderr`` meanwhile and puts it back later (a display started inside this block) still writes to the
+    terminal, where a closed descriptor would fail at exit ("lost sys.stderr", exit status 120).
     """
     if not (enabled and _hide_worker_traces):
         yield
         return
     sys.stderr.flush()
     saved = os.dup(2)
+    own_stderr = sys.stderr
+    terminal = open(os.dup(saved), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+                    errors="backslashreplace")
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
     held = bytearray()
-
-    def drain():
-        while True:
-            try:
-                chunk = os.read(read_end, 65536)
-            except OSError:
-                return
-            if not chunk:
-                os.close(read_end)
-                return
-            held.extend(chunk)
-            del held[:-WORKER_STDERR_KEPT]
-
-    drainer = threading.Thread(target=drain, name="shardprep-worker-stderr", daemon=True)
+    drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
     drainer.start()
     # The runner's gRPC threads die with tracebacks of their own when a worker is killed ("Exception in thread
     # run_worker: ... RuntimeError: Worker subprocess exited with return code 137"): held too.
     thread_errors, own_excepthook = [], threading.excepthook
     threading.excepthook = thread_errors.append
-    own_stderr = sys.stderr
-    sys.stderr = open(saved, "w", closefd=False, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
-                      errors="backslashreplace")
+    sys.stderr = terminal
     failed = True
     try:
         yield
         failed = False
     finally:
-        sys.stderr.flush()
-        sys.stderr = own_stderr
-        os.dup2(saved, 2)  # the pipe now closes once the last worker has exited
-        drainer.join(timeout=2)
-        if not failed and held:
-            os.write(saved, bytes(held))
-        os.close(saved)
-        threading.excepthook = own_excepthook
-        if not failed:
-            for args in thread_errors:
-                own_excepthook(args)
-        else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
-            threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+        with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
+            with contextlib.suppress(OSError, ValueError):
+                terminal.flush()
+            os.dup2(saved, 2)  # first: from here on fd 2 is the terminal again; the pipe closes once workers exit
+            if sys.stderr is terminal:
+                sys.stderr = own_stderr
+            _close_unless_kept(terminal)
+            drainer.join(timeout=2)
+            if not failed and held:
+                os.write(saved, bytes(held))
+            os.close(saved)
+            threading.excepthook = own_excepthook
+            if not failed:
+                for args in thread_errors:
+                    own_excepthook(args)
+            else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+                threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+
+
+def _drain(read_end: int, held: bytearray) -> None:
+    """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
+    while True:
+        try:
+            chunk = os.read(read_end, 65536)
+        except OSError:
+            return
+        if not chunk:
+            os.close(read_end)
+            return
+        held.extend(chunk)
+        del held[:-WORKER_STDERR_KEPT]
+
+
+def _close_unless_kept(stream) -> None:
+    """Closes ``stream`` unless something besides the caller still refers to it; it then closes with its last
+    reference, and writes to the terminal until then."""
+    if sys.getrefcount(stream) <= 3:  # the caller's name, this argument, getrefcount's own argument
+        stream.close()
 
 
 def _quiet_about_runner_threads(own_excepthook):

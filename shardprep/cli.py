@@ -10,6 +10,8 @@ import click
 
 from shardprep import __version__
 
+INTERRUPTED = 130  # the exit status after Ctrl-C
+
 SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
     "train": "Train ResNet-18 from prepared shards and report how input-bound each epoch was.",
@@ -28,6 +30,16 @@ class LazyGroup(click.Group):
             return None
         return importlib.import_module(f"shardprep.commands.{name.replace('-', '_')}").command
 
+    def invoke(self, ctx):
+        """Ctrl-C ends any subcommand with exit status 130 (128 + SIGINT, as shells report it) and one line,
+        where click's default is status 1 and "Aborted!". A subcommand may say more first (preprocess: what was
+        kept and how to resume)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("stopped (Ctrl-C)", err=True)
+            ctx.exit(INTERRUPTED)
+
     def format_commands(self, ctx, formatter):
         with formatter.section("Commands"):
             formatter.write_dl(list(SUBCOMMANDS.items()))
@@ -42,9 +54,11 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    if not verbose:
-        from shardprep import quiet_logs
+    from shardprep import quiet_logs
 
+    if verbose:
+        quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
+    else:
         quiet_logs.quiet_tensorflow()
 
 

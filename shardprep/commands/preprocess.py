@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 import traceback
 
 import click
 
-from shardprep.display import LiveProgress, console
+from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig, default
 
 HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
 
 \b
 SOURCE is one of:
-  DIR                   ImageFolder layout: DIR/<split>/<class>/<file> or DIR/<class>/<file>
-  DIR --labels-file F   images labelled by a CSV of filename,label (ImageNet validation layout)
-  tfds:NAME[/CONFIG]    a prepared TFDS dataset (--tfds-data-dir); never downloads without --tfds-download
-  tfrecord:GLOB         TFRecords of encoded images, TFDS style (image bytes, label int64)
+  DIR                  class folders: DIR/<split>/<class>/<file> or
+                       DIR/<class>/<file> (ImageFolder)
+  DIR --labels-file F  images labelled by a CSV of filename,label
+  tfds:NAME[/CONFIG]   a prepared TFDS dataset (--tfds-data-dir); never
+                       downloads without --tfds-download
+  tfrecord:GLOB        TFRecords of encoded images, TFDS style (image bytes,
+                       label int64)
 
 Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network). Everything after -- goes to
 Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
@@ -25,7 +30,16 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 """
 
 
-@click.command("preprocess", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+class _ArgsKept(click.Command):
+    """Keeps the arguments as typed (``ctx.meta["preprocess.args"]``): a stopped run prints the command that
+    resumes it."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["preprocess.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+@click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
@@ -79,15 +93,21 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
         tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key)
     started = time.monotonic()
-    display = _ProgressDisplay(enabled=not quiet)
+    display = _ProgressDisplay(enabled=not quiet, source=source)
     try:
         with display:
             outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
                                       on_resume=lambda recorded: click.echo(resuming_line(recorded)))
+            display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        remote = None if runner.is_local(list(beam_args)) else runner.runner_name(list(beam_args))
+        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
+            click.echo(line, err=True)
+        ctx.exit(130)
     manifest = outcome.manifest
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
@@ -101,17 +121,17 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
 
 
 def resuming_line(recorded: int) -> str:
-    """What a resume starts from, before the progress display: the journal's finished groups."""
-    groups = f"{recorded} decode group{'s' if recorded != 1 else ''}"
-    return (f"resuming: {groups} finished before the stop (journal: .tmp/journal.jsonl); each is checked "
-            "(size, sha256) and kept, the rest decoded")
+    """What a resume starts from, before the progress display: the journal's finished groups (two lines that fit
+    80 columns)."""
+    return (f"resuming: {count(recorded, 'decode group')} finished before the stop (.tmp/journal.jsonl)\n"
+            "  each is kept if its file checks out (size, sha256); the rest are decoded")
 
 
 def resumed_line(counts) -> str:
     """``resumed: 23 of 32 decode groups kept, 1 damaged unit redone; 1,200 inputs decoded``."""
-    redone = f", {counts.redone} damaged unit{'s' if counts.redone != 1 else ''} redone" if counts.redone else ""
-    return (f"resumed: {counts.kept} of {counts.groups} decode groups kept{redone}; "
-            f"{counts.inputs_decoded:,} inputs decoded")
+    redone = f", {count(counts.redone, 'damaged unit')} redone" if counts.redone else ""
+    return (f"resumed: {counts.kept} of {count(counts.groups, 'decode group')} kept{redone}; "
+            f"{count(counts.inputs_decoded, 'input')} decoded")
 
 
 def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
@@ -119,43 +139,161 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
     notes = []
     for split, info in manifest.get("splits", {}).items():
         if num_shards and info["num_shards"] < num_shards:
-            notes.append(f"note: --num-shards {num_shards} for split {split} with {info['num_examples']:,} "
-                         f"images: {info['num_shards']} shards written")
+            notes.append(f"note: --num-shards {num_shards} for split {split} with "
+                         f"{count(info['num_examples'], 'image')}: {count(info['num_shards'], 'shard')} written")
     return notes
 
 
-class _ProgressDisplay(LiveProgress):
-    """A progress bar fed with the workers' counts: images processed of listed, images/s and ETA."""
+# --- Ctrl-C --------------------------------------------------------------------------------------------------------
 
-    def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=False, lazy=True, rate="", per_second=0.0)
-        self.started = time.monotonic()
+def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None) -> list[str]:
+    """After Ctrl-C: what the stopped run kept, and the command that goes on from there.
+
+    A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
+    keeps them. Other local runs keep nothing: rerun, with ``--overwrite`` where the run had started to write
+    OUTPUT. A job on a remote runner is not stopped by Ctrl-C here, only no longer waited for.
+    """
+    from shardprep.pipelines import journal, storage
+
+    if remote_runner:
+        return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
+                "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
+    folder = os.path.join(output, storage.SPILL_DIR)
+    journal_path = os.path.join(folder, storage.JOURNAL_NAME)
+    if os.path.isfile(journal_path):
+        units = journal.UnitJournal(output, os.path.getsize(journal_path)).recorded_units().values()
+        kept = sum(unit.records + len(unit.rejects) for unit in units)
+        total = counts.get("listed", 0) if counts.get("processed") else 0  # final once decoding started
+        if units:
+            of = f" of {total:,}" if total >= kept else ""
+            said = (f"stopped: {kept:,}{of} image{'s' if (total or kept) != 1 else ''} kept "
+                    f"({count(len(units), 'finished decode group')}) in {folder}")
+        else:
+            said = "stopped: no decode group had finished, so nothing decoded is kept"
+        return [said, "resume: " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
+    try:
+        started = bool(storage.existing_files(output))
+    except storage.OutputError:
+        started = False
+    if started:
+        return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
+                "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
+    return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+
+
+def _resume_command(ctx) -> list[str]:
+    """``shardprep [--verbose] preprocess ARGS...`` as it was typed."""
+    verbose = ["--verbose"] if (ctx.find_root().params or {}).get("verbose") else []
+    return ["shardprep", *verbose, "preprocess", *ctx.meta.get("preprocess.args", [])]
+
+
+def _with_flag(command: list[str], flag: str, drop: tuple[str, ...]) -> list[str]:
+    """``command`` with ``flag`` last and without ``drop``, both before the Beam options after ``--``."""
+    beam = command.index("--") if "--" in command else len(command)
+    own = [arg for arg in command[:beam] if arg not in drop and arg != flag]
+    return own + [flag] + command[beam:]
+
+
+# --- progress ------------------------------------------------------------------------------------------------------
+
+class _ProgressDisplay(LiveProgress):
+    """Progress fed with the workers' counts: images processed of listed, how many are saved (in finished decode
+    groups: what a stop keeps), images/s and ETA.
+
+    ``source``: SOURCE as given, named until the first counts arrive. TFRecord sources (``tfrecord:``, ``tfds:``)
+    are listed while they are decoded, so their total grows: it says "of at least" until the job ends.
+    """
+
+    def __init__(self, enabled: bool, source: str = ""):
+        super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
+        self.source = source
+        self.growing = source.startswith(("tfrecord:", "tfds:"))
+        self.decoding_since = time.monotonic()
+        self.counts: dict = {}  # the workers' last counts, kept with --quiet too
 
     def update(self, counts: dict):
+        self.counts = dict(counts)
         listed, processed = counts.get("listed", 0), counts.get("processed", 0)
-        elapsed = max(1e-6, time.monotonic() - self.started)
+        now = time.monotonic()
+        if not processed:
+            self.decoding_since = now  # the rate counts from the last poll before the first image was done
+        elapsed = max(1e-3, now - self.decoding_since)
         self.show(description="images" if processed else "listing", completed=processed,
-                  total=max(listed, processed) or None,
-                  rate=f"{processed / elapsed:,.0f} img/s" if processed else f"{listed:,} listed",
+                  total=max(listed, processed) or None, listed=listed, final=bool(processed) and not self.growing,
+                  saved=counts.get("saved"), groups=counts.get("groups_saved", 0),
                   per_second=processed / elapsed if processed else 0.0)
 
+    def finish(self, manifest: dict) -> None:
+        """The job ended: every input is accounted for (listing rejects too), so the count is final."""
+        if "num_inputs" in manifest:
+            self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
+                      final=True)
+
+    def line_key(self, state: dict):
+        return state.get("description"), state.get("completed"), state.get("total"), state.get("final")
+
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        """What a line says after its description, ranked for :func:`fit` (higher: left out first)."""
+        done, total = state.get("completed") or 0, state.get("total")
+        rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
+        if state.get("description") != "images":
+            listed = state.get("listed") or 0
+            if not listed:
+                return [(shortened(self.source, width - 10) + "…", 1), clock]
+            return [(f"{listed:,} listed", 0), clock]
+        if not state.get("final"):
+            return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
+        parts = [(f"{done:,}/{total:,} ({100 * done / total:.0f}%)", 0)]
+        if state.get("saved") is not None and done < total:
+            saved, groups = min(state["saved"], done), state.get("groups") or 0  # read one after the other
+            parts.append((f"{saved:,} saved" + (f" in {count(groups, 'group')}" if groups else ""), 1))
+        parts.append((f"{rate:,.0f} img/s", 3))
+        if rate and done < total:
+            parts.append((f"ETA {duration((total - done) / rate)}", 1))
+        return parts + [clock]
+
     def plain_line(self, state: dict, elapsed: float) -> str:
-        """``images 120/303 (40%), 95 img/s, ETA 0:00:02, 0:00:03``, or ``listing, 1,200 listed, 0:00:01``."""
-        from shardprep.display import duration
+        """``images 120/303 (40%), 66 saved in 2 groups, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200
+        listed, 0:00:01`` or ``listing SOURCE…, 0:00:00``; as wide as stderr at most."""
+        description = state.get("description") or "listing"
+        room = self.width - len(description) - 2
+        rest = fit(self.parts(state, elapsed, room), room)
+        joined = description == "listing" and bool(state.get("listed"))
+        return f"{description}, {rest}" if joined else f"{description} {rest}"
 
-        done, total, rate = state.get("completed") or 0, state.get("total"), state.get("per_second") or 0.0
-        if state.get("description") != "images" or not total:
-            return f"{state.get('description', 'listing')}, {state.get('rate') or '0 listed'}, {duration(elapsed)}"
-        eta = f", ETA {duration((total - done) / rate)}" if rate and done < total else ""
-        return (f"images {done:,}/{total:,} ({100 * done / total:.0f}%), {state['rate']}{eta}, "
-                f"{duration(elapsed)}")
+    def _columns(self):
+        from rich.progress import ProgressColumn
+
+        display = self
+
+        class FittedLine(ProgressColumn):
+            def render(self, task):
+                return display.live_line()
+
+        return (FittedLine(),)
+
+    def live_line(self):
+        """The line in a terminal: description, bar, then :meth:`parts` fitted to the width, three columns spare:
+        some terminals wrap a line that fills the last column, and Ctrl-C echoes as "^C" after the line."""
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        state = dict(self.state)
+        description = state.get("description") or "listing"
+        width = self.width - 3
+        room = width - len(description) - BAR_COLUMNS[0] - 2
+        rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
+        bar = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
+        known = state.get("final") and state.get("total")
+        line = Table.grid(padding=(0, 1))
+        line.add_row(Text(description, style="bold"),
+                     ProgressBar(total=state["total"] if known else None, completed=state.get("completed") or 0,
+                                 width=bar), Text(rest))
+        return line
 
 
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+BAR_COLUMNS = (10, 40)  # the live bar's narrowest and widest
 
 
 def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) -> None:
@@ -189,10 +327,11 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
     std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    out.print(f"{len(manifest['classes']):,} classes; {manifest['encoding']} {manifest['crop']}, shorter side "
+    out.print(f"{count(len(manifest['classes']), 'class', 'classes')}; {manifest['encoding']} {manifest['crop']}, shorter side "
               f"{manifest['shorter_side']}", highlight=False)
     out.print(f"mean RGB {mean}; std RGB {std}", highlight=False)
-    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} inputs/s)", highlight=False)
+    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} input{'' if round(rate) == 1 else 's'}/s)",
+              highlight=False)
     out.print(f"manifest {output}/manifest.json", soft_wrap=True, highlight=False)
     if manifest["num_rejected"]:
         out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)

@@ -1,0 +1,127 @@
+"""Ctrl-C during a local Beam run: the run goes on a thread of its own while the main thread waits, so that a
+KeyboardInterrupt stops it, and the SDK worker processes it started are ended with it.
+
+No Beam import: this is plain process handling, for ``runner``'s local runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
+
+
+def run_stoppable(run):
+    """``run()`` (a local pipeline run) on a thread of its own, waited for here, so that Ctrl-C stops it.
+
+    On Beam's local runner, a KeyboardInterrupt in the thread that runs the pipeline can be swallowed by the runner
+    while its worker processes run on (a hang with SIGINT sent to this process alone), and the workers that a
+    terminal's Ctrl-C also reached die one by one with tracebacks. Here the main thread only waits: on
+    KeyboardInterrupt it stops the worker processes (``stop_worker_processes``), gives the run a few seconds to
+    unwind, and raises KeyboardInterrupt for the caller to report. A further Ctrl-C during those seconds is ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return run()  # only the main thread receives signals
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = run()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread as is
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="shardprep-pipeline", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            stop_worker_processes()
+            thread.join(STOP_WAIT_S)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
+    """Ends the Beam SDK worker processes under this process (and the shells that started them): SIGTERM, then
+    SIGKILL for any left after ``wait_s``. Returns their ids. Linux (``/proc``); elsewhere none are found."""
+    workers = [pid for pid in _descendants(os.getpid()) if b"apache_beam.runners.worker" in _cmdline(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_running(pid) for pid in workers):
+            time.sleep(0.05)
+    return workers
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid``, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        stat = _stat(name) if name.isdigit() else None
+        if stat:
+            children.setdefault(int(stat[1]), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _stat(pid) -> list[str] | None:
+    """(state, parent id, ...) of a process: the fields of ``/proc/PID/stat`` after its command name."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (one that exited and waits to be reaped)."""
+    stat = _stat(pid)
+    return bool(stat) and stat[0] != "Z"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Ctrl-C inside the block takes effect when it ends (for restoring what must not be left half done, such as
+    file descriptor 2). Main thread only, where Python runs signal handlers; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *received: caught.append(received))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])  # the default handler raises KeyboardInterrupt
+        elif caught and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)

@@ -1,0 +1,254 @@
+"""What preprocess prints while it runs and after, in a log file or a pipe: progress a person can trust (true from the
+first line, totals final or marked as estimates, the last line once, what a stop would keep), widths (``COLUMNS``,
+else 80) and plurals. The terminal side is in ``test_terminal_preprocess.py``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import image_factory
+import pytest
+from click.testing import CliRunner
+
+from shardprep import display
+from shardprep.cli import main as cli
+from shardprep.commands import preprocess as command
+from shardprep.pipelines import preprocess as job
+from shardprep.preprocess.config import PreprocessConfig
+
+IN_PROCESS = ["--direct_running_mode=in_memory"]
+
+
+@pytest.fixture
+def log(monkeypatch, capsys):
+    """Plain progress lines, every update (interval ~0), as a pipe or log file gets them; returns a reader."""
+    monkeypatch.setenv(display.PROGRESS_SECONDS_ENV, "0.000001")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    return lambda: capsys.readouterr().err.splitlines()
+
+
+def test_the_first_line_names_the_source_instead_of_a_count_of_nothing(log):
+    progress = command._ProgressDisplay(enabled=True, source="/data/imagenet/train")
+    with progress:
+        progress.update({})  # the workers have reported nothing yet
+        progress.update({"listed": 1200})
+    lines = log()
+    assert re.fullmatch(r"listing /data/imagenet/train…, 0:00:0\d", lines[0]), lines
+    assert not re.search(r"\b0 listed", "\n".join(lines))
+    assert lines[1].startswith("listing, 1,200 listed, ")
+
+
+def test_a_tfrecord_sources_growing_total_is_an_estimate_until_the_job_ends(log):
+    progress = command._ProgressDisplay(enabled=True, source="tfds:imagenette/320px")
+    with progress:
+        progress.update({"listed": 202, "processed": 191})
+        progress.finish({"num_inputs": 600})
+    lines = log()
+    assert lines[0].startswith("images 191 of at least 202, "), lines
+    assert "%" not in lines[0] and "ETA" not in lines[0]
+    assert lines[-1].startswith("images 600/600 (100%), ")
+
+
+def test_the_last_line_is_written_once(monkeypatch, capsys):
+    monkeypatch.setenv(display.PROGRESS_SECONDS_ENV, "1000")
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        progress.update({"listed": 303, "processed": 120})
+        progress.update({"listed": 303, "processed": 303})
+        progress.update({"listed": 303, "processed": 303})  # later polls: the shards are being written
+        progress.finish({"num_inputs": 303})
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["images 120/303 (40%)", "images 303/303 (100%)"], lines
+
+
+def test_repeated_counts_are_not_written_again_within_a_minute(log):
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        for _ in range(3):
+            progress.update({"listed": 303, "processed": 303})
+    lines = log()
+    assert len(lines) == 1 and lines[0].startswith("images 303/303 (100%)"), lines
+
+
+def test_progress_says_how_many_images_a_stop_would_keep(log):
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        progress.update({"listed": 303, "processed": 120, "saved": 0, "groups_saved": 0})
+        progress.update({"listed": 303, "processed": 140, "saved": 66, "groups_saved": 2})
+        progress.update({"listed": 303, "processed": 150, "saved": 151, "groups_saved": 3})  # read in between
+    lines = log()
+    assert re.fullmatch(r"images 120/303 \(40%\), 0 saved, [\d,]+ img/s, ETA \d:\d\d:\d\d, \d:\d\d:\d\d",
+                        lines[0]), lines
+    assert lines[1].startswith("images 140/303 (46%), 66 saved in 2 groups, "), lines
+    assert lines[2].startswith("images 150/303 (50%), 150 saved in 3 groups, "), lines
+
+
+@pytest.mark.parametrize("columns", [None, "60", "200"])
+def test_plain_lines_fit_columns_else_80(log, monkeypatch, columns):
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    width = int(columns or 80)
+    progress = command._ProgressDisplay(enabled=True, source="/data/" + "very-long-folder-name/" * 8 + "train")
+    with progress:
+        progress.update({})
+        progress.update({"listed": 1_281_167})
+        progress.update({"listed": 1_281_167, "processed": 1_000_000, "saved": 999_000, "groups_saved": 1_000})
+        progress.finish({"num_inputs": 1_281_167})
+    lines = log()
+    assert len(lines) == 4 and all(len(line) <= width for line in lines), lines
+    assert lines[2].startswith("images 1,000,000/1,281,167 (78%), ")
+    if width >= 80:
+        assert "999,000 saved" in lines[2]
+
+
+# --- widths and plurals outside a terminal -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("columns, width", [(None, 80), ("100", 100), ("60", 60), ("junk", 80)])
+def test_a_console_outside_a_terminal_is_columns_wide_else_80(monkeypatch, columns, width):
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert display.console().width == width
+    assert display.console(stderr=True).width == width
+
+
+def test_plurals_in_the_notes_and_the_summary():
+    from rich.console import Console
+
+    split = {"num_inputs": 1, "num_examples": 1, "num_rejected": 0, "rejected_by_reason": {}, "num_shards": 1,
+             "shards": [{"num_examples": 1, "num_bytes": 100}]}
+    manifest = {"splits": {"train": split}, "num_inputs": 1, "num_examples": 1, "num_rejected": 0,
+                "classes": ["cat"], "encoding": "raw", "crop": "center", "shorter_side": 8, "mean_rgb": [1, 2, 3],
+                "std_rgb": [1, 2, 3]}
+    assert command.capped_shard_notes(manifest, 4) == [
+        "note: --num-shards 4 for split train with 1 image: 1 shard written"]
+    out = Console(width=80, record=True)
+    command.print_summary(manifest, 1.0, "/out", out=out)
+    assert "1 class;" in out.export_text()
+
+    class Counts:
+        groups, kept, redone, inputs_decoded = 1, 0, 1, 1
+
+    assert command.resumed_line(Counts) == "resumed: 0 of 1 decode group kept, 1 damaged unit redone; 1 input decoded"
+
+
+@pytest.mark.parametrize("typed, resume", [
+    (["SRC", "OUT", "--overwrite", "--seed", "3"], ["SRC", "OUT", "--seed", "3", "--resume"]),
+    (["SRC", "OUT", "--resume", "--", "--direct_num_workers=2"], ["SRC", "OUT", "--resume", "--",
+                                                                   "--direct_num_workers=2"]),
+])
+def test_the_resume_command_is_the_typed_one_with_resume(typed, resume):
+    assert command._with_flag(["shardprep", "preprocess", *typed], "--resume", drop=("--overwrite",)) == [
+        "shardprep", "preprocess", *resume]
+
+
+def _journal(output, units: list[tuple[int, int]]) -> None:
+    """OUTPUT/.tmp/journal.jsonl with a header line and one line per (records, rejects) group."""
+    from shardprep.pipelines import journal
+
+    folder = output / ".tmp"
+    folder.mkdir(parents=True)
+    lines = ['{"version": 1}']
+    for group, (records, rejects) in enumerate(units):
+        lines.append(json.dumps(journal.UnitRecord("train", group, "", f"spill-{group}", 1, "", records, "",
+                                                   [["k", "truncated", ""]] * rejects, {})._asdict()))
+    (folder / "journal.jsonl").write_text("\n".join(lines) + "\n" + '{"split": "train", "gro')  # a torn last line
+
+
+def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path):
+    typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
+    _journal(tmp_path, [(10, 1), (20, 0)])
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 120}, typed)
+    assert lines == [f"stopped: 31 of 300 images kept (2 finished decode groups) in {tmp_path}/.tmp",
+                     f"resume: shardprep preprocess SRC {tmp_path} --resume"]
+    assert command.stopped_lines(str(tmp_path), {}, typed)[0].startswith("stopped: 31 images kept (2 finished")
+
+
+def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path):
+    _journal(tmp_path, [])
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300}, ["shardprep", "preprocess", "S", str(tmp_path)])
+    assert lines == ["stopped: no decode group had finished, so nothing decoded is kept",
+                     f"resume: shardprep preprocess S {tmp_path} --resume"]
+
+
+def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path):
+    typed = ["shardprep", "preprocess", "tfds:mnist", str(tmp_path / "out"), "--resume"]
+    assert command.stopped_lines(str(tmp_path / "out"), {}, typed) == [
+        f"stopped before anything was written to {tmp_path}/out", "rerun: " + " ".join(typed)]
+    (tmp_path / "out" / "train").mkdir(parents=True)
+    (tmp_path / "out" / "train" / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    lines = command.stopped_lines(str(tmp_path / "out"), {}, typed)
+    assert lines[0].startswith("stopped: this run keeps no finished work")
+    assert lines[1] == f"rerun: shardprep preprocess tfds:mnist {tmp_path}/out --overwrite"
+    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner")
+    assert remote[0] == "stopped waiting: a job already submitted to DataflowRunner runs on there;"
+    assert all(len(line) <= 80 for line in remote)
+
+
+# --- what the workers report -----------------------------------------------------------------------------------
+
+def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path):
+    source = tmp_path / "images"
+    image_factory.write_image_folder(source, {"train": 12, "validation": 4}, classes=("a", "b"))
+    seen = []
+    config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8)
+    outcome = job.execute_job(config, IN_PROCESS, on_progress=seen.append)
+    last = seen[-1]
+    assert last["processed"] == last["saved"] == 16
+    assert last["groups_saved"] == outcome.decode.groups > 1
+    assert any(counts.get("saved") == 0 for counts in seen) or seen[0].get("saved") is None
+
+
+def test_a_quiet_run_prints_no_progress(tmp_path):
+    source = tmp_path / "images"
+    image_factory.write_image_folder(source, {"train": 4}, classes=("a", "b"))
+    result = CliRunner().invoke(cli, ["preprocess", str(source), str(tmp_path / "out"), "--shorter-side", "8",
+                                      "--quiet", "--", *IN_PROCESS], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"^(listing|images)\b", result.output, re.M)
+    output = str(tmp_path / "out")
+    assert all(len(line) <= 80 for line in result.output.splitlines() if output not in line), result.output
+
+
+def test_preprocess_help_fits_80_columns():
+    result = CliRunner().invoke(cli, ["preprocess", "--help"], terminal_width=80)
+    assert result.exit_code == 0
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    assert "tfds:NAME[/CONFIG]" in result.output and "--tfds-download" in result.output
+
+
+def test_the_rate_counts_from_when_decoding_began_not_from_the_start(log, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        progress.update({"listed": 1000})
+        clock[0] += 60  # Beam starting its workers, the listing
+        progress.update({"listed": 1000})
+        clock[0] += 10
+        progress.update({"listed": 1000, "processed": 500})
+    line = log()[-1]
+    assert ", 50 img/s, ETA 0:00:10, " in line, line
+
+
+def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_logging_alone(monkeypatch):
+    import os
+    import sys
+
+    from shardprep import quiet_logs
+
+    for name in quiet_logs.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    try:
+        assert CliRunner().invoke(cli, ["demo-data", "--help"]).exit_code == 0  # quiets TensorFlow
+        assert CliRunner().invoke(cli, ["--verbose", "demo-data", "--help"]).exit_code == 0
+        assert not any(isinstance(finder, quiet_logs._QuietImport) for finder in sys.meta_path)
+        assert not any(name in os.environ for name in quiet_logs.ENVIRONMENT)
+        from shardprep.pipelines import runner
+
+        runner.quiet_beam_logging(verbose=True)  # what preprocess --verbose does first
+        assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    finally:
+        quiet_logs.restore()
