@@ -218,16 +218,20 @@ def check_resumable(config, plan, local_runner: bool) -> None:
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """Every entry the job reads or rejects (the class folders walked, the flat folders, the labels file), keyed
-    by source key, with each file's size and mtime."""
+    """Every entry the job reads, rejects or does not use (the class folders walked, the flat folders, the labels
+    file, what lies beside the folders), keyed by source key, with each file's size and mtime."""
     root = sources.SourceSpec.parse(config.source).location
+    source_root = os.path.realpath(root)
     entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
+    entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+    not_used = {entry.path for entry in plan.not_used}
     folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
     for directory, recursive in folders:
-        paths, skipped = accounting.walk_local(directory, recursive)
+        paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
         entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
                     for path, reason in skipped]
-        entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths]
+        entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
+                    if sources.source_key(root, path) not in not_used]
     if config.labels_file:
         entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
     return entries

@@ -236,4 +236,5 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         stats_split=plan.stats_split,
         mean_rgb=tuple(mean) if mean is not None else None,
         std_rgb=tuple(std) if std is not None else None,
+        not_used=tuple(entry.to_json() for entry in getattr(plan, "not_used", ())) or None,
     ).to_json()
