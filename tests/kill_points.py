@@ -17,20 +17,22 @@ from typing import NamedTuple
 WAIT_S = 240  # only against hangs on a loaded machine; nothing asserts on time
 
 _SCRIPT = """
-import importlib, os, signal, sys
+import importlib, os, signal, sys, threading
 module_name, function_name, nth, after, suffix = sys.argv[1:6]
 module, nth, after = importlib.import_module(module_name), int(nth), after == "after"
-original, calls = getattr(module, function_name), [0]
+original, calls, counting = getattr(module, function_name), [0], threading.Lock()
 
 def killing(*args, **kwargs):
     first = args[0] if args else ""
     if suffix and not (isinstance(first, str) and first.endswith(suffix)):
         return original(*args, **kwargs)
-    calls[0] += 1
-    if calls[0] == nth and not after:
+    with counting:  # the runner's threads call it concurrently (two splits' shards at once)
+        calls[0] += 1
+        index = calls[0]
+    if index == nth and not after:
         os.kill(os.getpid(), signal.SIGKILL)
     result = original(*args, **kwargs)
-    if calls[0] == nth and after:
+    if index == nth and after:
         os.kill(os.getpid(), signal.SIGKILL)
     return result
 
