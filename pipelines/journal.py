@@ -256,6 +256,11 @@ def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
     renamed into shards. ``begin()`` is called once the checks passed, before anything is changed."""
     output = config.output
     if _finished(output):
+        problem = _manifest_problem(output)
+        if problem and os.path.lexists(manifest.join(output, SPILL_DIR, JOURNAL_NAME)):
+            raise OutputError(f"--resume refused: {output} holds the journal of a stopped run beside a manifest.json "
+                              f"that {problem}; nothing was deleted: move manifest.json away to resume the run, or "
+                              "rerun with --overwrite")
         begin()
         return finish_committed(output)
     path = _existing_journal(output)
@@ -282,6 +287,23 @@ def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
 def _finished(output: str) -> bool:
     """True when OUTPUT holds a manifest: written last, so the run that wrote it had finished its dataset."""
     return os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME))
+
+
+def _manifest_problem(output: str) -> str | None:
+    """Why OUTPUT's manifest.json is not one a finished run wrote for the shards beside it (unreadable, of the
+    wrong shape, a shard missing or of another size); None when it is."""
+    from shardprep.preprocess.manifest_types import Manifest
+
+    try:
+        document = Manifest.from_json(manifest.load(output), layouts_required=False)
+    except (manifest.ManifestError, OSError) as e:
+        return f"cannot be read ({str(e)[:120]})"
+    for name, split in document.splits.items():
+        for shard in split.shards:
+            path = manifest.join(output, shard.file)
+            if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) != shard.num_bytes:
+                return f"lists {shard.file} of split {name}, which is missing or of another size"
+    return None
 
 
 def finish_committed(output: str) -> Reopened:

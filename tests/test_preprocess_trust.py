@@ -447,3 +447,20 @@ def test_an_output_under_a_dangling_link_is_one_error_line_naming_the_link(sourc
     result = run_cli(tmp_path, ["preprocess", str(source), output, "--quiet", *ADOPTED, *IN_PROCESS])
     assert_refused(result, f"{tmp_path / 'dangling'} is a link to {tmp_path / 'nowhere'}, which does not exist")
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("manifest", [b"not json", b'{"format_version": 1}', "another"])
+def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, killed, references, tmp_path,
+                                                                          manifest):
+    output = copy_killed(killed, tmp_path)
+    if manifest == "another":  # a finished dataset's manifest: its shards are not these
+        (tmp_path / "elsewhere").mkdir()
+        assert run_cli(tmp_path / "elsewhere", command(source, STREAMED)).exit_code == 0
+        manifest = (tmp_path / "elsewhere" / OUTPUT / manifest_lib.MANIFEST_NAME).read_bytes()
+    (output / manifest_lib.MANIFEST_NAME).write_bytes(manifest)
+    before = tree(tmp_path)
+    assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), "manifest.json", "nothing was deleted")
+    assert tree(tmp_path) == before
+    os.remove(output / manifest_lib.MANIFEST_NAME)
+    resumed(source, tmp_path)
+    assert every_file(output) == references["adopted"]
