@@ -276,11 +276,14 @@ def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
     begin()
     complete = data[:data.rfind(b"\n") + 1]
-    if len(complete) != len(data):  # a kill while appending: the torn line is dropped
-        os.truncate(path, len(complete))
     journal = UnitJournal(output, len(complete), header_line)
-    units = journal.recorded_units()
-    _tidy(output, units)
+    try:
+        if len(complete) != len(data):  # a kill while appending: the torn line is dropped
+            os.truncate(path, len(complete))
+        units = journal.recorded_units()
+        _tidy(output, units)
+    except OSError as e:  # a read-only or full disk: one line, the journal kept for the next try
+        raise OutputError(f"--resume could not tidy {output}: {e}; the stopped run's journal is kept") from None
     return Reopened(journal, header, False, len(units))
 
 
@@ -314,9 +317,12 @@ def finish_committed(output: str) -> Reopened:
     folder = manifest.join(output, SPILL_DIR)
     entries = regular_entries(folder) if os.path.lexists(folder) else None
     journal_path = manifest.join(folder, JOURNAL_NAME)
-    recorded = _count_recorded(journal_path) if entries and JOURNAL_NAME in entries else 0
-    if entries is not None:
-        spill.remove_local_spill(output)
+    try:
+        recorded = _count_recorded(journal_path) if entries and JOURNAL_NAME in entries else 0
+        if entries is not None:
+            spill.remove_local_spill(output)
+    except OSError as e:
+        raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
     return Reopened(None, None, True, recorded)
 
 

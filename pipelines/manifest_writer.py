@@ -87,7 +87,12 @@ class WriteManifestFile(beam.DoFn):
         except Exception as e:
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
         # After the manifest: until it is written, the journal under .tmp/ is what a resume finishes from.
-        remove_spill(self.output)
+        try:
+            remove_spill(self.output)
+        except Exception as e:
+            raise PreprocessError(
+                f"the dataset is complete ({path} written), but removing {manifest.join(self.output, '.tmp')} failed: "
+                f"{type(e).__name__}: {e}; rerun with --resume to remove it") from e
         yield document
 
 

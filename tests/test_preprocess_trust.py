@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 
 import image_factory
 import pytest
@@ -277,8 +278,10 @@ def test_an_edited_journal_line_is_redone_not_trusted(source, killed, references
     lambda line: {**line, "records": 10 ** 30},
     lambda line: {**line, "file": None},
     lambda line: {**line, "split": "../../x"},
+    lambda line: {**line, "size": float("nan")},
+    lambda line: {**line, "summary": {**line["summary"], "max_label": float("inf")}},
 ], ids=["list", "null", "rejects-int", "pointers", "summary-list", "group-text", "size-negative", "records-huge",
-        "file-null", "split-path"])
+        "file-null", "split-path", "size-nan", "label-infinity"])
 @pytest.mark.parametrize("forged", [False, True])
 def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garble, forged):
     output = copy_killed(killed, tmp_path)
@@ -464,3 +467,26 @@ def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, 
     os.remove(output / manifest_lib.MANIFEST_NAME)
     resumed(source, tmp_path)
     assert every_file(output) == references["adopted"]
+
+
+def test_a_read_only_tmp_is_one_error_line(source, killed, tmp_path):
+    """A read-only disk mounted where the resume must write: one Error line naming the path, no traceback."""
+    output = copy_killed(killed, tmp_path)
+    saved = tmp_path / "saved"
+    shutil.copytree(output / ".tmp", saved)
+    shutil.rmtree(output / ".tmp")
+    (output / ".tmp").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(output / ".tmp")], check=True)
+    try:
+        for name in os.listdir(saved):
+            shutil.copy2(saved / name, output / ".tmp" / name)
+        subprocess.run(["mount", "-o", "remount,ro", str(output / ".tmp")], check=True)
+        result = run_cli(tmp_path, command(source, ADOPTED, "--resume"))
+    finally:
+        subprocess.run(["umount", str(output / ".tmp")], check=True)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    # A .tmp mounted apart also fails the rename of a group's file into its shard (another device): either way,
+    # one line naming the path.
+    assert lines[-1].startswith("Error: ") and "dataset/" in lines[-1], result.output
+    assert len([line for line in lines if line.startswith("Error: ")]) == 1
