@@ -104,7 +104,7 @@ def walk_local(directory: str, recursive: bool,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """(files in a local ``directory``, and in its sub-folders when ``recursive``; (path, reject reason) of what is
     not read: hidden files and folders, when ``recursive`` links to folders, which are not followed, and links to
-    files inside ``source_root`` (SOURCE's real path, when given): that image is read where it is).
+    files that exist inside ``source_root`` (SOURCE's real path, when given): that image is read where it is).
 
     ``scandir`` tells links apart without a stat per file, so a link costs a ``realpath`` and a file nothing."""
     found, skipped = [], []
@@ -128,8 +128,9 @@ def walk_local(directory: str, recursive: bool,
                     folders.append(path)
             elif is_hidden(entry.name):
                 skipped.append((path, HIDDEN_FILE))
-            elif source_root is not None and entry.is_symlink() and links_into(path, source_root):
-                skipped.append((path, LOOPING_LINK))
+            elif (source_root is not None and entry.is_symlink() and os.path.exists(path)
+                  and links_into(path, source_root)):
+                skipped.append((path, LOOPING_LINK))  # a dangling link is read, and rejected as unreadable
             else:
                 found.append(path)
     return sorted(found), sorted(skipped)
