@@ -282,12 +282,13 @@ def test_an_edited_journal_line_is_redone_not_trusted(source, killed, references
     lambda line: {**line, "summary": {**line["summary"], "max_label": float("inf")}},
 ], ids=["list", "null", "rejects-int", "pointers", "summary-list", "group-text", "size-negative", "records-huge",
         "file-null", "split-path", "size-nan", "label-infinity"])
-@pytest.mark.parametrize("forged", [False, True])
-def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garble, forged):
+def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garble):
+    """Each garbled line re-hashed, as a forger would: the checks behind the hash must catch it (an unforged edit
+    fails the hash already, test_an_edited_journal_line_is_redone_not_trusted)."""
     output = copy_killed(killed, tmp_path)
     lines = journal_lines(output)
     lines[1] = garble(lines[1])
-    if forged and isinstance(lines[1], dict):
+    if isinstance(lines[1], dict):
         lines = rehashed(lines)
     write_journal(output, lines)
     resumed(source, tmp_path)
