@@ -2,23 +2,28 @@
 
 The unit of work is the decode group (``decode_groups``): its spill file is a pure function of its inputs, the
 options and the seed, and everything the later stages take from it (RecordPointers, Rejects, its share of the
-RecordSummary) fits in one line. Layout, under OUTPUT/.tmp/ (deleted with the spill files when a run succeeds)::
+RecordSummary) fits in one line. Layout, under OUTPUT/.tmp/ (deleted, the journal last, once the manifest is
+written)::
 
     listing.jsonl    the listing the run started from (fingerprint.ListedEntry per line), written before the header
     journal.jsonl    line 1: the header (JournalHeader: options, tool version, listing sha256, decode groups);
-                     then one UnitRecord per finished decode group, appended (under a flock) once its file is
-                     written and closed; a later line for the same group replaces an earlier one, and a torn last
-                     line (a kill while appending) is ignored
+                     then one UnitRecord per finished decode group, sealed with the hash of the header and its own
+                     fields (``journal_records``), appended (under a flock) once its file is written and closed; a
+                     later line for the same group replaces an earlier one, and a torn last line (a kill while
+                     appending) is ignored
 
 Nothing is fsynced. A killed process loses nothing it wrote (the kernel holds it), and after a machine crash a group
 whose bytes did not reach the disk fails the size and sha256 check on resume and is decoded again: the check, not
 the write order, is what makes a kept unit trustworthy. Forcing ~90 MB group files to disk one by one cost ~5% of
 a local run's wall time (BENCHMARKS.md).
 
-``--resume`` (``reopen``) compares the fingerprint and refuses, naming the first difference; the decode stage then
-asks ``UnitJournal.reuse`` for each group, which gives back the recorded outputs when the group's inputs are the
-same and its file has the recorded size and sha256, and otherwise deletes the damaged file so the group is redone.
-Local runs only: journal lines are appended to a local file by every worker.
+``--resume`` (``reopen``) finishes a run that had written its manifest (its leftovers removed), or compares the
+fingerprint and refuses, naming the first difference. Everything it reads back is untrusted: the header and every
+line are checked (``journal_records``), only regular files with the names runs write are touched, never through a
+link (``storage.regular_entries``). The decode stage then asks ``UnitJournal.reuse`` for each group, which gives
+back the recorded outputs when the group's line passed its checks, its inputs are the same and its file has the
+recorded size and sha256, and otherwise deletes the damaged file so the group is redone. Local runs only: journal
+lines are appended to a local file by every worker.
 """
 
 from __future__ import annotations
@@ -29,47 +34,21 @@ import fcntl
 import hashlib
 import json
 import os
-import re
+import stat
 from typing import NamedTuple
 
-import numpy as np
-
 from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.storage import (JOURNAL_NAME, SPILL_DIR, TEMPORARY_PREFIX, OutputError, atomic_write,
-                                        existing_files, foreign_files, is_local)
+from shardprep.pipelines.journal_records import (JOURNAL_VERSION, LINE_HASH, DamagedUnit, JournalError,
+                                                 JournalHeader, UnitRecord, parse_header, parse_unit,
+                                                 pointer_columns, sealed, summary_from_json, summary_to_json)
+from shardprep.pipelines.storage import (JOURNAL_NAME, SPILL_DIR, OutputError, atomic_write, deletable,
+                                        existing_files, foreign_files, is_local, regular_entries)
 from shardprep.preprocess import accounting, fingerprint, manifest, record_pointers, sharding, sources
 from shardprep.preprocess.elements import Reject
 
 LISTING_NAME = "listing.jsonl"
-JOURNAL_VERSION = 1
-_SHARD_FILE = re.compile(r".+-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX))
-
-
-class JournalHeader(NamedTuple):
-    """The journal's first line: the run's fingerprint, and what a resume must reuse to cut the same groups."""
-
-    version: int
-    tool_version: str
-    options: dict  # fingerprint.fingerprinted_options
-    overwrite: bool  # the killed run's --overwrite, so that the manifest records the command that was run
-    min_decode_groups: int
-    listing_sha256: str
-    num_listed: int
-
-
-class UnitRecord(NamedTuple):
-    """A journal line: one finished decode group, its file and what the decode stage emitted for it."""
-
-    split: str
-    group: int
-    inputs_sha256: str  # fingerprint.inputs_sha256 of the group's inputs
-    file: str | None  # the spill file's name under OUTPUT/.tmp/ (None: every input was rejected)
-    size: int
-    sha256: str
-    records: int
-    pointers: str  # base64 of the RecordPointers' uint64 columns
-    rejects: list  # [key, reason, detail] per rejected input
-    summary: dict  # the group's RecordSummary (summary_to_json)
+__all__ = ["JOURNAL_VERSION", "LINE_HASH", "JournalHeader", "UnitRecord", "DamagedUnit", "sealed",
+           "summary_to_json", "summary_from_json", "UnitJournal", "ResumeCounts", "Reopened"]
 
 
 class UnitOutputs(NamedTuple):
@@ -90,36 +69,23 @@ class ResumeCounts(NamedTuple):
     inputs_decoded: int
 
 
-def summary_to_json(summary: sharding.RecordSummary) -> dict:
-    return {"examples": summary.examples, "bytes": summary.bytes,
-            "classes": [[split, label, n] for (split, label), n in sorted(summary.classes.items())],
-            "pixel_sums": list(summary.pixel_sums), "max_label": summary.max_label}
-
-
-def summary_from_json(data: dict) -> sharding.RecordSummary:
-    summary = sharding.RecordSummary()
-    summary.examples, summary.bytes = dict(data["examples"]), dict(data["bytes"])
-    summary.classes = {(split, int(label)): int(n) for split, label, n in data["classes"]}
-    summary.pixel_sums, summary.max_label = tuple(int(v) for v in data["pixel_sums"]), int(data["max_label"])
-    return summary
-
-
 # --- the journal as the workers use it -----------------------------------------------------------------------------
 
 class UnitJournal:
-    """OUTPUT/.tmp/journal.jsonl for the decode stage's workers (picklable: paths only).
+    """OUTPUT/.tmp/journal.jsonl for the decode stage's workers (picklable: paths and the header line only).
 
     ``resume_bytes``: on ``--resume``, the journal's length when the run started; the groups recorded in it may be
-    kept. None for a fresh run.
+    kept. None for a fresh run. ``header_line``: the journal's first line (without its newline), which every unit
+    line's hash covers.
     """
 
-    def __init__(self, output: str, resume_bytes: int | None = None):
-        self.output, self.resume_bytes = output, resume_bytes
+    def __init__(self, output: str, resume_bytes: int | None = None, header_line: bytes = b""):
+        self.output, self.resume_bytes, self.header_line = output, resume_bytes, header_line
         self.path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
 
     def record(self, split: str, group: int, inputs_sha256: str, pointers, rejects: list[Reject],
                summary: sharding.RecordSummary) -> None:
-        """Appends a finished group's line (its file already written and closed)."""
+        """Appends a finished group's line, sealed (its file already written and closed)."""
         if pointers is not None:
             records, size, sha256 = pointers.file_info
             name, columns = os.path.basename(pointers.spill_path), pointers.columns.tobytes()
@@ -128,54 +94,61 @@ class UnitJournal:
         unit = UnitRecord(split, group, inputs_sha256, name, size, sha256, records,
                           base64.b64encode(columns).decode("ascii"),
                           [[r.key, r.reason, r.detail] for r in rejects], summary_to_json(summary))
-        append_line(self.path, json.dumps(unit._asdict(), ensure_ascii=False) + "\n")
+        append_line(self.path, json.dumps(sealed(self.header_line, unit._asdict()), ensure_ascii=False) + "\n")
 
-    def recorded_units(self) -> dict[tuple[str, int], UnitRecord]:
-        """The groups recorded when the run started (the last line of each), none for a fresh run."""
+    def recorded_units(self) -> dict[tuple[str, int], UnitRecord | DamagedUnit]:
+        """The groups recorded when the run started (the last line of each, checked: ``parse_unit``), none for a
+        fresh run. A damaged line stays as a DamagedUnit, so that its group counts as redone."""
         if self.resume_bytes is None:
             return {}
         with open(self.path, "rb") as f:
             lines = f.read(self.resume_bytes).splitlines()[1:]
         units = {}
         for line in lines:
-            try:
-                unit = UnitRecord(**json.loads(line))
-            except (ValueError, TypeError):
-                continue  # not a line this journal wrote whole: its group is redone
-            units[(unit.split, unit.group)] = unit
+            unit = parse_unit(line, self.header_line)
+            if unit is not None:  # not a line this journal wrote whole: its group is redone
+                units[(unit.split, unit.group)] = unit
         return units
 
-    def reuse(self, unit: UnitRecord, inputs_sha256: str) -> UnitOutputs | None:
-        """The recorded outputs of a group whose inputs match and whose file is intact; else None, after deleting
-        a damaged file (the group is decoded again into a new one)."""
-        if unit.inputs_sha256 != inputs_sha256:
+    def reuse(self, unit: UnitRecord | DamagedUnit, inputs_sha256: str) -> UnitOutputs | None:
+        """The recorded outputs of a group whose line passed its checks, whose inputs match and whose file is
+        intact; else None, after deleting a damaged file (the group is decoded again into a new one)."""
+        if isinstance(unit, DamagedUnit) or unit.inputs_sha256 != inputs_sha256:
             return None
         pointers = None
         if unit.file is not None:
-            path = manifest.join(self.output, SPILL_DIR, unit.file)
+            path = manifest.join(self.output, SPILL_DIR, unit.file)  # a bare spill-file name: parse_unit checked
             if file_sha256(path, unit.size) != unit.sha256:
                 with contextlib.suppress(OSError):
-                    os.remove(path)
+                    if stat.S_ISREG(os.lstat(path).st_mode):
+                        os.remove(path)
                 return None
-            columns = np.frombuffer(base64.b64decode(unit.pointers), dtype=np.uint64).reshape(-1, 4)
-            pointers = record_pointers.RecordPointers(unit.split, path, columns.copy(),
+            pointers = record_pointers.RecordPointers(unit.split, path, pointer_columns(unit),
                                                       (unit.records, unit.size, unit.sha256))
         rejects = [Reject(unit.split, key, reason, detail) for key, reason, detail in unit.rejects]
         return UnitOutputs(pointers, rejects, summary_from_json(unit.summary))
 
 
 def file_sha256(path: str, size: int) -> str | None:
-    """The sha256 of a local file that is ``size`` bytes long; None when it is missing or of another size."""
+    """The sha256 of a local regular file that is ``size`` bytes long; None when it is missing, of another size, or
+    not a regular file (a link is not followed, a FIFO not waited on)."""
     try:
-        if os.path.getsize(path) != size:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
             return None
         digest = hashlib.sha256()
-        with open(path, "rb") as f:
+        with open(fd, "rb", closefd=False) as f:
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
         return digest.hexdigest()
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
 def append_line(path: str, line: str) -> None:
@@ -203,31 +176,37 @@ def journaled(config, plan, local_runner: bool) -> bool:
 
 
 def check_resumable(config, plan, local_runner: bool) -> None:
-    """Refuses ``--resume`` where it cannot work, before anything is touched."""
+    """Refuses ``--resume`` where it cannot work, before anything is touched (before the lock, which would create
+    OUTPUT): --overwrite, a remote run, an OUTPUT holding anything no run wrote, or no stopped run at all."""
     if config.overwrite:
         raise OutputError("--resume keeps OUTPUT's finished work and --overwrite deletes it: pass one of them")
     if not journaled(config, plan, local_runner):
         raise OutputError(
             "--resume works for local runs (no --runner, or a local one) of a local image folder into a local "
             "OUTPUT; on Dataflow, Beam retries failed work itself, and a killed job is rerun with --overwrite")
-    _existing_journal(config.output)  # before the lock, which would create OUTPUT
     foreign = foreign_files(config.output, existing_files(config.output))
     if foreign:
         raise OutputError(f"--resume refused: {config.output} holds {foreign[0]}, which no shardprep run wrote; "
-                          "move it away first")
+                          "move it away first (nothing was deleted)")
+    if not _finished(config.output):
+        _existing_journal(config.output)
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """Every entry the job reads or rejects (the class folders walked, the flat folders, the labels file), keyed
-    by source key, with each file's size and mtime."""
+    """Every entry the job reads, rejects or does not use (the class folders walked, the flat folders, the labels
+    file, what lies beside the folders), keyed by source key, with each file's size and mtime."""
     root = sources.SourceSpec.parse(config.source).location
+    source_root = os.path.realpath(root)
     entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
+    entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+    not_used = {entry.path for entry in plan.not_used}
     folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
     for directory, recursive in folders:
-        paths, skipped = accounting.walk_local(directory, recursive)
+        paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
         entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
                     for path, reason in skipped]
-        entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths]
+        entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
+                    if sources.source_key(root, path) not in not_used]
     if config.labels_file:
         entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
     return entries
@@ -235,10 +214,10 @@ def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
 
 def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
     try:
-        stat = os.stat(path)
+        info = os.stat(path)
     except OSError:
         return fingerprint.ListedEntry(key, -1, 0)
-    return fingerprint.ListedEntry(key, stat.st_size, stat.st_mtime_ns)
+    return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
 
 
 def start(config, plan, runner: str, min_decode_groups: int) -> UnitJournal:
@@ -247,60 +226,144 @@ def start(config, plan, runner: str, min_decode_groups: int) -> UnitJournal:
 
     text = fingerprint.listing_text(listing_of(config, plan))
     folder = manifest.join(config.output, SPILL_DIR)
-    os.makedirs(folder, exist_ok=True)
     header = JournalHeader(JOURNAL_VERSION, tool_version(), fingerprint.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
+    header_line = json.dumps(header._asdict()).encode("utf-8")
     try:  # the listing first: a header always has its listing beside it
+        os.mkdir(folder)  # prepare_output left OUTPUT holding no .tmp: a link or folder there now is not ours
         atomic_write(manifest.join(folder, LISTING_NAME), text.encode("utf-8", "surrogateescape"))
-        atomic_write(manifest.join(folder, JOURNAL_NAME), (json.dumps(header._asdict()) + "\n").encode("utf-8"))
+        atomic_write(manifest.join(folder, JOURNAL_NAME), header_line + b"\n")
     except OSError as e:
         raise PreprocessError(f"writing {folder}/{JOURNAL_NAME} failed: {type(e).__name__}: {e}") from e
-    return UnitJournal(config.output)
+    return UnitJournal(config.output, header_line=header_line)
 
 
-def reopen(config, plan, runner: str) -> tuple[UnitJournal, JournalHeader]:
-    """``--resume``: checks that OUTPUT holds a killed run of the same options and listing (refusing, naming the
-    first difference, with nothing touched), then tidies what the kill left (a torn last line, files of unfinished
-    groups, shards' temporaries) and puts back group files that had already been renamed into shards."""
+class Reopened(NamedTuple):
+    """What ``reopen`` found: the stopped run's journal and header, or (``finished``) a run that had written its
+    manifest before it stopped, whose leftovers are now removed; ``recorded``: the groups its journal held."""
+
+    journal: UnitJournal | None
+    header: JournalHeader | None
+    finished: bool
+    recorded: int
+
+
+def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
+    """``--resume``, under the lock: a run that had written its manifest is finished (its leftovers removed);
+    otherwise checks that OUTPUT holds a killed run of the same options and listing (refusing, naming the first
+    difference, with nothing touched), then tidies what the kill left (a torn last line, files of unfinished
+    groups, shards' temporaries, shards of another shard count) and puts back group files that had already been
+    renamed into shards. ``begin()`` is called once the checks passed, before anything is changed."""
     output = config.output
+    if _finished(output):
+        problem = _manifest_problem(output)
+        if problem and os.path.lexists(manifest.join(output, SPILL_DIR, JOURNAL_NAME)):
+            raise OutputError(f"--resume refused: {output} holds the journal of a stopped run beside a manifest.json "
+                              f"that {problem}; nothing was deleted: move manifest.json away to resume the run, or "
+                              "rerun with --overwrite")
+        begin()
+        return finish_committed(output)
     path = _existing_journal(output)
-    with open(path, "rb") as f:
-        data = f.read()
-    header = _header(data, path)
+    data = _read_journal(path)
+    header_line = data.split(b"\n", 1)[0]
+    try:
+        header = parse_header(header_line, path)
+    except JournalError as e:
+        raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
     difference = _difference(config, plan, runner, header)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
+    begin()
     complete = data[:data.rfind(b"\n") + 1]
-    if len(complete) != len(data):  # a kill while appending: the torn line is dropped
-        os.truncate(path, len(complete))
-    journal = UnitJournal(output, len(complete))
-    _tidy(output, journal.recorded_units())
-    return journal, header
+    journal = UnitJournal(output, len(complete), header_line)
+    try:
+        if len(complete) != len(data):  # a kill while appending: the torn line is dropped
+            os.truncate(path, len(complete))
+        units = journal.recorded_units()
+        _tidy(output, units)
+    except OSError as e:  # a read-only or full disk: one line, the journal kept for the next try
+        raise OutputError(f"--resume could not tidy {output}: {e}; the stopped run's journal is kept") from None
+    return Reopened(journal, header, False, len(units))
+
+
+def _finished(output: str) -> bool:
+    """True when OUTPUT holds a manifest: written last, so the run that wrote it had finished its dataset."""
+    return os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME))
+
+
+def _manifest_problem(output: str) -> str | None:
+    """Why OUTPUT's manifest.json is not one a finished run wrote for the shards beside it (unreadable, of the
+    wrong shape, a shard missing or of another size); None when it is."""
+    from shardprep.preprocess.manifest_types import Manifest
+
+    try:
+        document = Manifest.from_json(manifest.load(output), layouts_required=False)
+    except (manifest.ManifestError, OSError) as e:
+        return f"cannot be read ({str(e)[:120]})"
+    for name, split in document.splits.items():
+        for shard in split.shards:
+            path = manifest.join(output, shard.file)
+            if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) != shard.num_bytes:
+                return f"lists {shard.file} of split {name}, which is missing or of another size"
+    return None
+
+
+def finish_committed(output: str) -> Reopened:
+    """A run killed after writing its manifest: removes what it had not removed yet (the files under OUTPUT/.tmp/,
+    the journal last, then the folder); ``recorded`` is 0 when nothing of its journal was left."""
+    from shardprep.pipelines import spill
+
+    folder = manifest.join(output, SPILL_DIR)
+    entries = regular_entries(folder) if os.path.lexists(folder) else None
+    journal_path = manifest.join(folder, JOURNAL_NAME)
+    try:
+        recorded = _count_recorded(journal_path) if entries and JOURNAL_NAME in entries else 0
+        if entries is not None:
+            spill.remove_local_spill(output)
+    except OSError as e:
+        raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
+    return Reopened(None, None, True, recorded)
+
+
+def _count_recorded(path: str) -> int:
+    """The groups a journal's lines name (whatever their checks: the run that wrote them finished)."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()[1:]
+    groups = set()
+    for line in lines:
+        with contextlib.suppress(ValueError, RecursionError):
+            data = json.loads(line)
+            if isinstance(data, dict):
+                groups.add((str(data.get("split")), str(data.get("group"))))
+    return len(groups)
 
 
 def _existing_journal(output: str) -> str:
     """OUTPUT/.tmp/journal.jsonl, or a clear refusal when OUTPUT holds no run to resume."""
     path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
     if not os.path.isfile(path):
-        if os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME)):
-            raise OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
-                              "without --resume (with --overwrite to make it again)")
+        shards = [p for p in existing_files(output) if p.endswith(manifest.SHARD_SUFFIX)]
+        if shards:
+            raise OutputError(f"nothing to resume in {output}: it holds shards ({shards[0]}, ...) but neither a "
+                              f"manifest.json nor the {SPILL_DIR}/{JOURNAL_NAME} of the run that wrote them, so "
+                              "they cannot be checked; rerun with --overwrite")
         raise OutputError(f"nothing to resume in {output} (no {SPILL_DIR}/{JOURNAL_NAME} of a stopped run); run "
                           "without --resume")
     return path
 
 
-def _header(data: bytes, path: str) -> JournalHeader:
+def _read_journal(path: str) -> bytes:
+    """The journal's bytes, read without following a link or waiting on a FIFO (the foreign-file check refused
+    those already; this holds if one was put there since)."""
     try:
-        header = JournalHeader(**json.loads(data.split(b"\n", 1)[0]))
-    except (ValueError, TypeError):
-        raise OutputError(f"{path} does not start with a journal header shardprep understands; rerun with "
-                          "--overwrite") from None
-    if header.version != JOURNAL_VERSION:
-        raise OutputError(f"{path} is a journal of version {header.version}, this shardprep writes "
-                          f"{JOURNAL_VERSION}; rerun with --overwrite")
-    return header
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise OutputError(f"cannot read {path}: {e.strerror or e}; rerun with --overwrite") from None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"{path} is not a regular file: no shardprep run wrote it; remove it yourself")
+        return f.read()
 
 
 def _difference(config, plan, runner: str, header: JournalHeader) -> str | None:
@@ -317,31 +380,46 @@ def _difference(config, plan, runner: str, header: JournalHeader) -> str | None:
         with open(manifest.join(config.output, SPILL_DIR, LISTING_NAME), encoding="utf-8",
                   errors="surrogateescape") as f:
             old = [fingerprint.ListedEntry.from_line(line) for line in f]
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError, RecursionError):
         return "the listing of SOURCE changed (the killed run's listing.jsonl is missing or damaged)"
     new = [fingerprint.ListedEntry.from_line(line) for line in text.splitlines()]
     return fingerprint.listing_difference(old, new) or "the listing of SOURCE changed"
 
 
-def _tidy(output: str, units: dict[tuple[str, int], UnitRecord]) -> None:
-    """Deletes what no kept group needs (files of unfinished groups, shards' temporaries) and moves group files
-    that a shard writer had renamed into place back under OUTPUT/.tmp/ (found by size and sha256)."""
+def _tidy(output: str, units: dict) -> None:
+    """Deletes what no kept group needs (files of unfinished or damaged groups; shards' temporaries and shards,
+    which are all written again) and moves group files that a shard writer had renamed into place back under
+    OUTPUT/.tmp/ (found by size and sha256). Only regular files with the names runs write are touched: the
+    foreign-file check refused anything else before the lock was taken."""
     folder = manifest.join(output, SPILL_DIR)
-    wanted = {unit.file: unit for unit in units.values() if unit.file is not None}
-    for name in os.listdir(folder):
-        if name not in wanted and name not in (JOURNAL_NAME, LISTING_NAME):
+    wanted = {unit.file: unit for unit in units.values() if isinstance(unit, UnitRecord) and unit.file is not None}
+    for name in regular_entries(folder):
+        if name not in wanted and name not in (JOURNAL_NAME, LISTING_NAME) and deletable(f"{SPILL_DIR}/{name}"):
             os.remove(os.path.join(folder, name))
     missing = {}
     for name, unit in wanted.items():
-        if not os.path.exists(os.path.join(folder, name)):
+        if not os.path.lexists(os.path.join(folder, name)):
             missing.setdefault((unit.size, unit.sha256), name)
-    for split_folder in sorted({unit.split for unit in units.values()}):
-        directory = os.path.join(output, split_folder)
-        for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-            path = os.path.join(directory, name)
-            if name.startswith(TEMPORARY_PREFIX):
-                os.remove(path)  # a shard the kill interrupted
-            elif missing and _SHARD_FILE.fullmatch(name) and any(size == os.path.getsize(path) for size, _ in missing):
-                found = missing.pop((os.path.getsize(path), file_sha256(path, os.path.getsize(path))), None)
-                if found is not None:
-                    os.rename(path, os.path.join(folder, found))
+    for top in sorted(os.listdir(output)):
+        directory = os.path.join(output, top)
+        if top == SPILL_DIR or os.path.islink(directory) or not os.path.isdir(directory):
+            if top != SPILL_DIR and top.startswith(".tmp-") and deletable(top) and os.path.isfile(directory):
+                os.remove(directory)  # a manifest or rejects file the kill interrupted
+            continue
+        for name in regular_entries(directory):
+            if deletable(f"{top}/{name}"):
+                _put_back_or_remove(os.path.join(directory, name), folder, missing)
+        if not os.listdir(directory):
+            os.rmdir(directory)
+
+
+def _put_back_or_remove(path: str, folder: str, missing: dict) -> None:
+    """A shard-named file: a kept group's file renamed into place goes back under ``folder``; anything else (a
+    temporary, a shard of an earlier shard count or streamed from several groups) is deleted, to be written again."""
+    size = os.path.getsize(path)
+    if missing and any(size == wanted_size for wanted_size, _ in missing):
+        found = missing.pop((size, file_sha256(path, size)), None)
+        if found is not None:
+            os.rename(path, os.path.join(folder, found))
+            return
+    os.remove(path)

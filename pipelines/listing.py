@@ -12,13 +12,15 @@ none (``shardprep.preprocess.elements``).
 
 from __future__ import annotations
 
+import os
+
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines import progress
 from shardprep.pipelines.read_tfrecords import ReadTFRecordFile
 from shardprep.pipelines.storage import is_local
-from shardprep.preprocess import accounting, labels, manifest, sources
+from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 
@@ -41,13 +43,14 @@ class ListInputs(beam.PTransform):
         class_index = {name: i for i, name in enumerate(plan.classes)}
         listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, self.progress_dir)
         rejects = [listed["rejects"]]
-        if plan.skipped:  # hidden entries seen when planning
+        if plan.skipped:  # hidden folders and looping links seen when planning
             rejects.append(pbegin | "SkippedEntries" >> beam.Create(list(plan.skipped)))
         if not plan.flat_dirs and not config.labels_file:
             return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
         labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or config.split, self.progress_dir,
-            labels_file_given=config.labels_file is not None)
+            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
+            self.progress_dir, labels_file_given=config.labels_file is not None,
+            not_used=frozenset(entry.path for entry in plan.not_used))
         return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
                 "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
 
@@ -92,17 +95,19 @@ class ListLabelledFiles(beam.PTransform):
     a row, a row without a file and names differing only in case are rejects."""
 
     def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
-                 progress_dir: str | None, labels_file_given: bool = True):
+                 progress_dir: str | None, labels_file_given: bool = True, not_used: frozenset[str] = frozenset()):
         super().__init__()
         self.root, self.flat_dirs, self.label_rows = root, list(flat_dirs), list(label_rows)
         self.joiner = JoinLabels(class_index, labels_split, progress_dir, labels_file_given)
+        self.not_used = not_used
 
     def expand(self, pbegin):
         flat = (pbegin
                 | "Directories" >> beam.Create(self.flat_dirs)  # (split, directory)
-                | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(self.root)).with_outputs(REJECTS, main="files"))
+                | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(self.root, self.not_used)).with_outputs(
+                    REJECTS, main="files"))
         # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
-        rows = pbegin | "LabelRows" >> beam.Create(self.label_rows)  # (case-folded name, (filename, label))
+        rows = pbegin | "LabelRows" >> beam.Create(self.label_rows)  # (labels.match_key, (filename, label))
         joined = ({"files": flat.files, "rows": rows}
                   | "JoinLabels" >> beam.CoGroupByKey()
                   | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
@@ -113,17 +118,19 @@ class ListLabelledFiles(beam.PTransform):
 
 class ListClassDirectory(beam.DoFn):
     """(split, class name, directory) -> an Input per image file in it or its sub-folders; Rejects (``REJECTS``)
-    for hidden entries, links to folders and file names that are not UTF-8."""
+    for hidden entries, links to folders, links to files back inside SOURCE and file names that are not UTF-8."""
 
     def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
         self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+        self.source_root = os.path.realpath(self.root) if is_local(self.root) else None
 
     def process(self, element):
         split, class_name, directory = element
-        paths, skipped = list_files(directory, recursive=True)  # nested folders belong to the class too
+        # Nested folders belong to the class too.
+        paths, skipped = list_files(directory, recursive=True, source_root=self.source_root)
         for path, reason in skipped:
             self.progress.add()
             yield beam.pvalue.TaggedOutput(REJECTS, accounting.skipped_reject(
@@ -141,19 +148,23 @@ class ListClassDirectory(beam.DoFn):
 
 
 class ListFlatDirectory(beam.DoFn):
-    """(split, directory) -> (case-folded file name, (split, source key, path)) per image in it, for the join with
-    the labels file; file names that are not UTF-8 are Rejects (``REJECTS``)."""
+    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per image in it, for the join with
+    the labels file; file names that are not UTF-8 are Rejects (``REJECTS``). ``not_used``: source keys planning
+    listed as not used (files that are not images beside class folders), skipped here."""
 
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, root: str, not_used: frozenset[str] = frozenset()):
+        self.root, self.not_used = root, not_used
 
     def process(self, element):
         split, directory = element
-        for path in list_files(directory)[0]:  # hidden entries here became rejects when planning
+        for path in list_files(directory)[0]:  # hidden entries here were listed when planning
+            key = sources.source_key(self.root, path)
+            if key in self.not_used:
+                continue
             if not sources.is_utf8(path):
-                yield _bad_file_name_reject(split, sources.source_key(self.root, path))
+                yield _bad_file_name_reject(split, key)
             else:  # grouped with rows by case-folded name, so that names differing only in case are told apart
-                yield sources.labels_key(path).casefold(), (split, sources.source_key(self.root, path), path)
+                yield labels.match_key(path), (split, key, path)
 
 
 class JoinLabels(beam.DoFn):
@@ -188,15 +199,17 @@ def _bad_file_name_reject(split: str, key: str):
         split, sources.printable_key(key), "bad_file_name", "the file name is not valid UTF-8: rename the file"))
 
 
-def list_files(directory: str, recursive: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
+def list_files(directory: str, recursive: bool = False,
+               source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """(the input files in ``directory`` and, when ``recursive``, its sub-folders; (path, reject reason) of what is
-    not read: hidden files and folders, and links to folders inside it).
+    not read: hidden files and folders, links to folders inside it, and links to files back inside ``source_root``,
+    SOURCE's real path, when given).
 
     Everything else that is not a folder is listed, links to missing files and special files included: reading them
     turns them into "unreadable" rejects instead of letting them vanish unseen.
     """
     if is_local(directory):
-        return accounting.walk_local(directory, recursive)
+        return accounting.walk_local(directory, recursive, source_root)
     pattern = manifest.join(directory, "**" if recursive else "*")
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
     hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}

@@ -1,8 +1,10 @@
 """The job's accounting and its last files: inputs counted per split, OUTPUT/rejects.jsonl, OUTPUT/manifest.json.
 
 ``CountInputs`` counts what listing found (inputs and listing rejects), the other half of the check that every
-input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest last, once
-every shard is written and the spill folder is gone. What the manifest says is built by the function the graph
+input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest once every
+shard and the rejects are written, then removes the spill folder (the journal last). Each file appears whole or not
+at all (``atomic_write``), so a kill at any point leaves either the journal (``--resume`` finishes the run) or a
+manifest (the dataset is complete; ``--resume`` removes what is left of ``.tmp/``). What the manifest says is built by the function the graph
 passes in (``build_manifest`` below, with the run's config and plan bound), which also refuses an unaccounted-for
 input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check, typed ``SplitInfo``s), ``check_strict``,
 ``document`` (a typed ``Manifest``, written as its ``to_json``).
@@ -16,9 +18,6 @@ import json
 import os
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
@@ -49,9 +48,7 @@ def write_rejects(rejects: list, output: str) -> dict:
                                  "detail": reject.detail}) + "\n")
     path = manifest.join(output, manifest.REJECTS_NAME)
     try:
-        with FileSystems.create(path, mime_type="application/json",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write("".join(lines).encode("utf-8"))
+        atomic_write(path, "".join(lines).encode("utf-8"), mime_type="application/json")
     except Exception as e:
         raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
     return summary
@@ -71,7 +68,7 @@ class WriteRejects(beam.PTransform):
 
 
 class WriteManifestFile(beam.DoFn):
-    """None -> the manifest document, after removing the spill folder and writing OUTPUT/manifest.json.
+    """None -> the manifest document, after writing OUTPUT/manifest.json and then removing the spill folder.
 
     ``build(shard_entries, input_counts, summary, reject_summary, layouts)`` makes the document from the side
     inputs, or raises PreprocessError (an input unaccounted for, or --strict saw rejects): then nothing is written.
@@ -82,7 +79,6 @@ class WriteManifestFile(beam.DoFn):
 
     def process(self, _, shard_entries, input_counts, summary, reject_summary, layouts):
         document = self.build(shard_entries, input_counts, summary, reject_summary, layouts)
-        remove_spill(self.output)
         path = manifest.join(self.output, manifest.MANIFEST_NAME)
         # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
         # never an empty or partial one where readers look for the mark of a complete dataset.
@@ -90,6 +86,13 @@ class WriteManifestFile(beam.DoFn):
             atomic_write(path, manifest.to_json(document).encode("utf-8"), mime_type="application/json")
         except Exception as e:
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
+        # After the manifest: until it is written, the journal under .tmp/ is what a resume finishes from.
+        try:
+            remove_spill(self.output)
+        except Exception as e:
+            raise PreprocessError(
+                f"the dataset is complete ({path} written), but removing {manifest.join(self.output, '.tmp')} failed: "
+                f"{type(e).__name__}: {e}; rerun with --resume to remove it") from e
         yield document
 
 
@@ -236,4 +239,5 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         stats_split=plan.stats_split,
         mean_rgb=tuple(mean) if mean is not None else None,
         std_rgb=tuple(std) if std is not None else None,
+        not_used=tuple(entry.to_json() for entry in getattr(plan, "not_used", ())) or None,
     ).to_json()

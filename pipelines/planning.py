@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -32,8 +33,9 @@ class SourcePlan:
     flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
     labels_split: str | None = None
     tfrecord_files: tuple[tuple[str, str], ...] = ()  # (split, file)
-    skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden ones)
-    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (casefolded file name, (filename, label)) per row
+    skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden folders, looping links)
+    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (labels.match_key of the file, (filename, label))
+    not_used: tuple[accounting.NotUsed, ...] = ()  # what lies beside the folders and is not an input
 
     @property
     def stats_split(self) -> str:
@@ -42,9 +44,10 @@ class SourcePlan:
 
 def plan_source(config: PreprocessConfig) -> SourcePlan:
     """Resolves SOURCE into splits, classes and the directories or files to read; refuses options that cannot work."""
-    names.check(config.split, "split", "--split")
+    config = dataclasses.replace(config, split=names.check(config.split, "split", "--split"))
     if config.labels_split is not None:
-        names.check(config.labels_split, "split", "--labels-split")
+        config = dataclasses.replace(
+            config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
     limits.check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
     spec = sources.SourceSpec.parse(config.source)
     if spec.kind == "folder":
@@ -56,15 +59,33 @@ def plan_source(config: PreprocessConfig) -> SourcePlan:
 
 # --- folders -------------------------------------------------------------------------------------------------------
 
-def list_children(path: str) -> tuple[list[str], list[str], list[tuple[str, bool]]]:
-    """(sub-directory names, file names, (hidden name, is a directory)) directly inside ``path``, sorted."""
+class Children(NamedTuple):
+    """What one folder holds, one level down, each list sorted by name."""
+
+    dirs: list[str]  # folders (and links to folders outside SOURCE), hidden ones apart
+    files: list[str]  # everything else that is not hidden
+    hidden: list[tuple[str, bool]]  # (name, is a folder) of names starting with '.'
+    looping: list[str]  # links to folders back into SOURCE or to a folder holding it (local only)
+
+
+def list_children(path: str, source_root: str | None = None) -> Children:
+    """What is directly inside ``path``; with ``source_root`` (SOURCE's real path), links to folders that loop back
+    into it (or to a folder holding it) are set apart instead of listed as folders."""
     if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
-        dirs = [e.name for e in entries if e.is_dir() and not sources.is_hidden(e.name)]
-        files = [e.name for e in entries if not e.is_dir() and not sources.is_hidden(e.name)]
-        return dirs, files, [(e.name, e.is_dir()) for e in entries if sources.is_hidden(e.name)]
+        children = Children([], [], [], [])
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            is_dir = accounting.is_folder(entry)
+            if sources.is_hidden(entry.name):
+                children.hidden.append((entry.name, is_dir))
+            elif not is_dir:
+                children.files.append(entry.name)
+            elif source_root and entry.is_symlink() and accounting.links_into(entry.path, source_root):
+                children.looping.append(entry.name)
+            else:
+                children.dirs.append(entry.name)
+        return children
     # Object stores have no directories; TensorFlow's file system lists one level with a delimiter query.
     import tensorflow as tf
 
@@ -85,7 +106,7 @@ def list_children(path: str) -> tuple[list[str], list[str], list[tuple[str, bool
             continue
         is_dir = name.endswith("/") or (not marks_directories and tf.io.gfile.isdir(manifest.join(path, clean)))
         (dirs if is_dir else files).append(clean)
-    return dirs, files, hidden
+    return Children(dirs, files, hidden, [])
 
 
 def _unlistable(path: str, tf) -> sources.SourceError:
@@ -129,65 +150,130 @@ def listing_failure(path: str, error: Exception, tf) -> str:
     return f"cannot list {path}: {type(error).__name__}{detail}"
 
 
+class _FolderListing(NamedTuple):
+    """What planning found at SOURCE's two top levels (SOURCE, its split folders), before the pipeline lists the
+    class folders."""
+
+    splits: list[str]
+    class_dirs: list[tuple[str, str, str]]  # (split, class name in NFC, directory)
+    flat_dirs: list[tuple[str, str]]  # (split, directory) of images read with the labels file
+    skipped: list[Reject]  # hidden folders where classes are, links looping back into SOURCE
+    not_used: list[accounting.NotUsed]  # beside the folders: not images, hidden, unlabelled splits
+
+
 def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
-    dirs, files, hidden = list_children(root)
-    split_dirs = _split_dirs(root, dirs, files, config.split)
-    # Hidden entries at the top level go to the split they are in, or (beside split folders) to the first split.
-    top_split = split_dirs[0][0] if split_dirs[0][1] == root else (
-        "train" if "train" in dirs else split_dirs[0][0])
-    skipped = [_skipped(root, top_split, manifest.join(root, name), is_dir) for name, is_dir in hidden]
-    class_dirs, flat_dirs = [], []
-    for split, directory in split_dirs:
-        if directory != root:
-            sub_dirs, sub_files, sub_hidden = list_children(directory)
-            skipped += [_skipped(root, split, manifest.join(directory, name), is_dir) for name, is_dir in sub_hidden]
-        else:
-            sub_dirs, sub_files = dirs, files
-        class_dirs += [(split, name, manifest.join(directory, name)) for name in sub_dirs]
-        if sub_files:
-            flat_dirs.append((split, directory))
-    _check_class_dirs(class_dirs)
-    class_names = {name for _, name, _ in class_dirs}
-    labels_split, label_rows = None, ()
+    source_root = os.path.realpath(root) if is_local(root) else None
+    top = list_children(root, source_root)
+    split_dirs = _split_dirs(root, top, config.split)
+    children = {directory: top if directory == root else list_children(directory, source_root)
+                for _, directory in split_dirs}
+    flat = _flat_files(split_dirs, children)
+    labels_split, label_rows, rows, unlabelled = None, (), [], {}
     if config.labels_file:
-        rows = _read_labels_file(config.labels_file, flat_dirs)
-        class_names |= {row.label for row in rows}
-        label_rows = tuple((sources.labels_key(row.filename).casefold(), (row.filename, row.label)) for row in rows)
-        labels_split = _labels_split(config.labels_split, [s for s, _ in split_dirs], flat_dirs)
+        rows = _read_labels_file(config.labels_file, [(s, d) for s, d, _ in flat])
+        label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
+        unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
+    listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
+    if config.labels_file:
+        labels_split = _labels_split(config.labels_split, listing.splits, listing.flat_dirs)
+    class_names = {name for _, name, _ in listing.class_dirs} | {row.label for row in rows}
     if not class_names:
         raise sources.SourceError(
             f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
             "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
-                                              if flat_dirs else ""))
-    return SourcePlan(kind="folder", splits=tuple(s for s, _ in split_dirs),
-                      classes=tuple(sources.sort_class_names(class_names)), class_dirs=tuple(class_dirs),
-                      flat_dirs=tuple(flat_dirs), labels_split=labels_split, skipped=tuple(skipped),
-                      label_rows=label_rows)
+                                              if listing.flat_dirs else ""))
+    return SourcePlan(kind="folder", splits=tuple(listing.splits),
+                      classes=tuple(sources.sort_class_names(class_names)), class_dirs=tuple(listing.class_dirs),
+                      flat_dirs=tuple(listing.flat_dirs), labels_split=labels_split, skipped=tuple(listing.skipped),
+                      label_rows=label_rows,
+                      not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
 
 
-def _split_dirs(root: str, dirs: list[str], files: list[str], split: str) -> list[tuple[str, str]]:
-    """(split, directory) of SOURCE: its split folders when every folder has a split name, else SOURCE as ``split``."""
+def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
+    """(split, directory, file names) of the folders whose files are read with the labels file: beside class
+    folders only files named like images (the rest is not used); in a folder of files only, every file."""
+    flat = []
+    for split, directory in split_dirs:
+        found = children[directory]
+        files = [name for name in found.files if accounting.is_image_name(name)] if found.dirs else found.files
+        if files:
+            flat.append((split, directory, files))
+    return flat
+
+
+def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[str, accounting.NotUsed]:
+    """{split: NotUsed} of the split folders of flat files that no labels-file row names, when other flat files
+    are named (Kaggle's ImageNet: ``val/`` labelled by LOC_val_solution.csv beside an unlabelled ``test/``)."""
+    named = {directory: any(labels.match_key(name) in row_keys for name in files) for _, directory, files in flat}
+    if not any(named.values()):
+        return {}  # the labels file names none of them: its rejects say why (case, missing files)
+    return {split: accounting.NotUsed(sources.source_key(root, directory) + "/", accounting.unlabelled_reason(
+                len(files)))
+            for split, directory, files in flat
+            if not named[directory] and directory != root and not children[directory].dirs}
+
+
+def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _FolderListing:
+    """Splits, class folders, flat folders, rejects and what is not used, from SOURCE's two top levels."""
+    beside_splits = split_dirs[0][1] != root
+    splits = [split for split, _ in split_dirs]
+    top_split = "train" if beside_splits and "train" in splits else splits[0]
+    listing = _FolderListing(splits, [], [], [], [])
+    _list_level(root, root, top_split, top, listing, classes_here=not beside_splits)
+    kept = {directory for _, directory in split_dirs}
+    for split, directory in split_dirs:
+        if directory != root:
+            _list_level(root, directory, split, children[directory], listing, classes_here=True)
+        for name in children[directory].dirs:
+            where = f"the folder {names.printable(manifest.join(directory, name))}"
+            if not sources.is_utf8(name) or not sources.is_utf8(directory):
+                raise sources.SourceError(
+                    f"the folder name {sources.printable_key(manifest.join(directory, name))} is not valid UTF-8; "
+                    "class and split names are stored as text in the records and the manifest: rename the folder")
+            listing.class_dirs.append((split, names.check(name, "class", where, "rename the folder"),
+                                       manifest.join(directory, name)))
+    listing.flat_dirs.extend((split, directory) for split, directory, _ in flat if directory in kept)
+    return listing
+
+
+def _list_level(root: str, directory: str, split: str, found: Children, listing: _FolderListing,
+                classes_here: bool) -> None:
+    """The rejects and not-used entries of one level: hidden files are not used; hidden folders are rejects where
+    classes are (they could be one), else not used; links looping back into SOURCE are rejects; files that are not
+    images beside folders are not used (beside split folders every file is, images having been refused)."""
+    def key(name: str) -> str:
+        return sources.printable_key(sources.source_key(root, manifest.join(directory, name)))
+
+    for name, is_dir in found.hidden:
+        if is_dir and classes_here:
+            listing.skipped.append(accounting.skipped_reject(split, key(name), accounting.HIDDEN_FOLDER))
+        else:
+            listing.not_used.append(accounting.NotUsed(key(name) + ("/" if is_dir else ""), accounting.HIDDEN_BESIDE))
+    listing.skipped.extend(accounting.skipped_reject(split, key(name), accounting.LOOPING_LINK)
+                           for name in found.looping)
+    if found.dirs or found.looping or not classes_here:
+        listing.not_used.extend(accounting.NotUsed(key(name), accounting.NOT_AN_IMAGE)
+                                for name in found.files if not accounting.is_image_name(name))
+
+
+def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
+    """(split, directory) of SOURCE: its split folders when every folder has a split name, else SOURCE as ``split``.
+    Beside split folders, files that are not images are not used; an image there is refused (it is in no split)."""
+    dirs = top.dirs
     split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
     if dirs and len(split_named) == len(dirs):
-        if files:
+        loose = [name for name in top.files if accounting.is_image_name(name)]
+        if loose:
             raise sources.SourceError(
-                f"{root} holds split folders ({', '.join(dirs)}) and loose files ({files[0]}, ...): "
-                "move the files into a split folder")
-        return [(d, manifest.join(root, d)) for d in dirs]
-    nested = [d for d in split_named if list_children(manifest.join(root, d))[0]]
+                f"{root} holds split folders ({', '.join(dirs)}) and loose images ({', '.join(loose[:3])}"
+                f"{', ...' if len(loose) > 3 else ''}), which are in no split: move them into a split's class folder "
+                "(files that are not images, such as a README or a CSV, may stay: they are listed as not used)")
+        return [(names.check(d, "split", f"the folder {names.printable(manifest.join(root, d))}", "rename the folder"),
+                 manifest.join(root, d)) for d in dirs]
+    nested = [d for d in split_named if list_children(manifest.join(root, d)).dirs]
     if nested:  # train/<class>/ beside cat/: neither layout; refused rather than made classes "train" and "cat"
         raise accounting.mixed_layout_error(root, nested, [d for d in dirs if d not in split_named])
     return [(split, root)]
-
-
-def _check_class_dirs(class_dirs) -> None:
-    """Class names become text in the records and the manifest: refuses folder names that cannot."""
-    for _, name, directory in class_dirs:
-        if not sources.is_utf8(name) or not sources.is_utf8(directory):
-            raise sources.SourceError(
-                f"the folder name {sources.printable_key(directory)} is not valid UTF-8; class and split names are "
-                "stored as text in the records and the manifest: rename the folder")
-        names.check(name, "class", f"the folder {names.printable(directory)}", "rename the folder")
 
 
 def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
@@ -197,11 +283,6 @@ def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
     if labels_split not in splits:
         raise sources.SourceError(f"--labels-split {labels_split} is not one of the splits {splits}")
     return labels_split
-
-
-def _skipped(root: str, split: str, path: str, is_dir: bool) -> Reject:
-    reason = accounting.HIDDEN_FOLDER if is_dir else accounting.HIDDEN_FILE
-    return accounting.skipped_reject(split, sources.printable_key(sources.source_key(root, path)), reason)
 
 
 def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:

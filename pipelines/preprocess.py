@@ -51,7 +51,8 @@ from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
 from shardprep.pipelines.planning import SourcePlan, plan_source
 from shardprep.pipelines.shards import WriteShards
-from shardprep.pipelines.storage import output_lock, prepare_output
+from shardprep.pipelines.output_lock import output_lock
+from shardprep.pipelines.storage import prepare_output
 from shardprep.preprocess import image_ops, manifest, sharding
 from shardprep.preprocess.config import PreprocessConfig
 
@@ -165,18 +166,33 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
         storage.check_replaceable(config.output, config.overwrite)
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
-    with output_lock(config.output):
+    with output_lock(config.output) as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
-            unit_journal, header = journal.reopen(config, plan, runner)
-            config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
+            reopened = journal.reopen(config, plan, runner, lock.begin)
+            if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
+                return _finished_outcome(config.output, reopened, on_resume)
             if on_resume is not None:
-                on_resume(len(unit_journal.recorded_units()))
+                on_resume(reopened.recorded)
+            unit_journal, header = reopened.journal, reopened.header
+            config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
         else:
-            prepare_output(config.output, config.overwrite)
+            prepare_output(config.output, config.overwrite, lock.stale)
+            lock.begin()
             if journal.journaled(config, plan, local):
                 unit_journal = journal.start(config, plan, runner, min_groups)
         return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal)
+
+
+def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> JobOutcome:
+    """A resume of a run that had written its manifest: its summary, every group kept; refused (after its
+    leftovers, a stale lock included, are gone) when nothing was left."""
+    if not reopened.recorded:
+        raise storage.OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
+                                  "without --resume (with --overwrite to make it again)")
+    if on_resume is not None:
+        on_resume(reopened.recorded)
+    return JobOutcome(manifest.load(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,

@@ -3,7 +3,7 @@
 :class:`SpillWriter` appends framed records to one new file (a decode group's, or a bundle's) and hashes them;
 :class:`SpillReader` reads records back by (file, offset, size) for a shard writer and owns the thread pool that
 overlaps remote reads (created on first remote read, shut down by :meth:`SpillReader.close`); :func:`remove_spill`
-deletes the folder once every shard is written.
+deletes the folder's files, the journal last, once the manifest is written.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.storage import SPILL_DIR, is_local
+from shardprep.pipelines.storage import JOURNAL_NAME, SPILL_DIR, deletable, is_local
 from shardprep.preprocess import manifest
 
 SPILL_READ_THREADS = 8  # remote spill reads are latency-bound: overlap them
@@ -62,13 +62,34 @@ class SpillWriter:
 
 
 def remove_spill(output: str) -> None:
-    """Deletes OUTPUT/.tmp/ once every shard is written (and before the manifest, which marks completion)."""
+    """Deletes OUTPUT/.tmp/ once the manifest is written (the last step of a run: until then the journal there is
+    what a resume finishes from)."""
+    if is_local(output):
+        remove_local_spill(output)
+        return
     spill_files = [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]
     if spill_files:
         FileSystems.delete(spill_files)
-    spill_dir = manifest.join(output, SPILL_DIR)
-    if is_local(output) and os.path.isdir(spill_dir):
-        os.rmdir(spill_dir)
+
+
+def remove_local_spill(output: str) -> None:
+    """Deletes the files a run writes in a local OUTPUT/.tmp/ (regular files with its names, never through a link),
+    the journal last, then the folder if that leaves it empty: a kill at any point leaves either the journal, or
+    nothing of the run's under ``.tmp/``. Anything else found there is left where it is."""
+    folder = manifest.join(output, SPILL_DIR)
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return
+    names = sorted(name for name in os.listdir(folder) if deletable(f"{SPILL_DIR}/{name}")
+                   and os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)))
+    for name in sorted(names, key=lambda name: name == JOURNAL_NAME):
+        remove_file(os.path.join(folder, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+def remove_file(path: str) -> None:
+    """Deletes one local file (the one place spill files are deleted at the end of a run)."""
+    os.remove(path)
 
 
 class SpillReader:

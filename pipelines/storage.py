@@ -8,17 +8,20 @@ Every check here runs on the launching machine before anything under OUTPUT is c
   (symlinks, ``..``, ``.``, trailing slashes), remote ones (``gs://``) as normalized prefixes.
 * ``atomic_write``: every file a run finishes (a streamed shard, the manifest) appears whole or not at all.
 * ``prepare_output``: a non-empty OUTPUT needs ``--overwrite``, and ``--overwrite`` deletes only what a shardprep
-  run writes (``deletable``); a folder holding anything else is refused, naming it, and nothing is deleted.
+  run writes (``deletable``), file by file, then the folders that leaves empty; a folder holding anything else is
+  refused, naming it, and nothing is deleted. A run writes only regular files and folders, so a link, a FIFO or a
+  device inside OUTPUT is never ours: it is refused, not followed and not deleted.
+The output lock is ``shardprep.pipelines.output_lock``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
 import os
 import posixpath
 import re
+import stat
 import uuid
 from typing import Iterable, NamedTuple
 
@@ -31,6 +34,12 @@ SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run write
 JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
 _SHARD = re.compile(r"(?P<split>.+)-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX))
 _TOP_LEVEL_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME, manifest.LOCK_NAME)
+# What a run writes under OUTPUT/.tmp/ (one level, no folders): spill files, the journal and listing, and the
+# temporaries atomic_write makes of those two.
+_SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jsonl"
+                          r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
+_TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
+                                  + re.escape(manifest.REJECTS_NAME) + ")")
 
 
 class OutputError(RuntimeError):
@@ -179,37 +188,84 @@ def check_apart_from_glob(output: str, pattern: str) -> None:
 # --- what OUTPUT may hold ------------------------------------------------------------------------------------------
 
 def deletable(relative: str) -> bool:
-    """True for what a shardprep run writes into OUTPUT (``relative`` to it, '/'-separated): manifest, rejects, lock,
-    ``.tmp/`` spill files, and in a split folder its shards and their ``.tmp-*`` temporaries."""
+    """True for what a shardprep run writes into OUTPUT (``relative`` to it, '/'-separated): manifest, rejects, lock
+    and the temporaries of the first two, the ``.tmp/`` folder and the files a run writes in it (spill files,
+    journal, listing), and in a split folder its shards and their ``.tmp-*`` temporaries."""
     parts = relative.strip("/").split("/")
     if len(parts) == 1:
-        return parts[0] in _TOP_LEVEL_FILES or parts[0] == SPILL_DIR
-    if parts[0] == SPILL_DIR:
-        return True
+        return (parts[0] in _TOP_LEVEL_FILES or parts[0] == SPILL_DIR
+                or _TOP_LEVEL_TEMPORARY.fullmatch(parts[0]) is not None)
     if len(parts) != 2:
         return False
-    split, name = parts
+    folder, name = parts
+    if folder == SPILL_DIR:
+        return _SPILL_ENTRY.fullmatch(name) is not None
     if name.startswith(TEMPORARY_PREFIX):
-        return True
+        name = name[len(TEMPORARY_PREFIX):].partition("-")[2]  # ".tmp-<hex>-<shard name>"
     match = _SHARD.fullmatch(name)
-    return bool(match) and match.group("split") == split
+    return bool(match) and match.group("split") == folder
 
 
 def foreign_files(output: str, existing: list[str]) -> list[str]:
-    """The paths of ``existing`` (files under OUTPUT) that no shardprep run wrote; empty folders are never foreign."""
+    """The paths of ``existing`` (files under OUTPUT) that no shardprep run wrote, each with what it is when that
+    is not a plain file ("a link to ...", "a FIFO"): a run writes only regular files and folders. An empty folder is
+    foreign only where a run makes none (deeper than a split folder, or inside ``.tmp/``)."""
     base = output.rstrip("/") + "/"
     foreign = []
     for path in existing:
         relative = path[len(base):] if path.startswith(base) else path
-        if is_local(output) and os.path.isdir(path) and not os.path.islink(path):
-            continue  # listed because empty: deleting it loses nothing
+        if is_local(output):
+            kind = special_kind(path)
+            if kind == "folder":
+                if "/" not in relative.strip("/"):
+                    continue  # an empty folder at the top (a split folder): deleting it loses nothing
+                kind = "a folder"
+            if kind:
+                foreign.append(f"{path} ({kind}, which no run writes)")
+                continue
         if not deletable(relative):
             foreign.append(path)
     return foreign
 
 
+def special_kind(path: str) -> str | None:
+    """What a local path is when it is not a regular file: 'folder', 'a link to T', 'a FIFO', 'a socket', 'a
+    device'; None for a regular file (or one that is gone)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return f"a link to {os.readlink(path)}"
+    if stat.S_ISDIR(mode):
+        return "folder"  # callers say "a folder" where a folder is foreign, and skip it where it is not
+    if stat.S_ISREG(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def regular_entries(folder: str) -> list[str]:
+    """The names in a local ``folder`` that a run may touch, sorted; OutputError when the folder is a link, or
+    holds anything but regular files (a run writes no folder, link or FIFO there): nothing is touched then."""
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{folder} is {special_kind(folder) or 'a file'}, not a folder a shardprep run made; "
+                          "nothing was deleted: move it away, then rerun")
+    names = sorted(os.listdir(folder))
+    for name in names:
+        kind = special_kind(os.path.join(folder, name))
+        if kind:
+            raise OutputError(f"{os.path.join(folder, name)} is {'a folder' if kind == 'folder' else kind}, which no "
+                              "shardprep run writes there; nothing was deleted: move it away, then rerun")
+    return names
+
+
 def existing_files(output: str) -> list[str]:
-    """Every file under OUTPUT except the lock (locally, empty sub-folders and symlinks count too)."""
+    """Every file under OUTPUT except the lock (locally, empty sub-folders and symlinks count too; links are listed,
+    never followed)."""
     lock = manifest.join(output, manifest.LOCK_NAME)
     if not is_local(output):
         return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list
@@ -229,9 +285,13 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file, or whose nearest existing folder cannot be written."""
+    """Refuses a local OUTPUT that is a file or a dangling link, or whose nearest existing folder is a dangling link
+    or cannot be written."""
     if not is_local(output):
         return
+    dangling = dangling_link(output)
+    if dangling:
+        raise OutputError(f"OUTPUT {output} cannot be created: {dangling}; pick another OUTPUT")
     if os.path.lexists(output) and not os.path.isdir(output):
         raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
     probe = os.path.abspath(output)
@@ -244,6 +304,21 @@ def check_output_path(output: str) -> None:
         raise OutputError(f"OUTPUT {output} cannot be created: {probe} is not a folder; pick another OUTPUT")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputError(f"OUTPUT {output} cannot be written: no write permission on {probe}; pick another OUTPUT")
+
+
+def dangling_link(path: str) -> str | None:
+    """'L is a link to T, which does not exist' for the first dangling link on the way to ``path`` (itself
+    included), else None."""
+    probe = os.path.abspath(path)
+    while True:
+        if os.path.islink(probe) and not os.path.exists(probe):
+            return f"{probe} is a link to {os.readlink(probe)}, which does not exist"
+        if os.path.exists(probe):
+            return None
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
 
 
 def check_replaceable(output: str, overwrite: bool) -> list[str]:
@@ -263,9 +338,10 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
     return existing
 
 
-def prepare_output(output: str, overwrite: bool) -> None:
+def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
     """Refuses a non-empty OUTPUT unless ``overwrite``, and one holding anything a shardprep run did not write even
-    then; removes the old manifest first, and the rest after it.
+    then; removes the old manifest first, and the rest after it. ``stale_lock``: what the lock file of a run that
+    stopped without finishing said (``output_lock``), named in the refusal.
 
     Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
     describes shards which are no longer there.
@@ -274,15 +350,17 @@ def prepare_output(output: str, overwrite: bool) -> None:
     if existing and not overwrite:
         journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
         resumable = " (or --resume to continue the run that stopped there)" if journal in existing else ""
-        raise OutputError(f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}); pass --overwrite to "
-                          f"replace it{resumable}")
+        stopped = (f"; a run stopped there without finishing (its lock file said: {stale_lock})"
+                   if stale_lock and not os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME)) else "")
+        raise OutputError(f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}){stopped}; pass "
+                          f"--overwrite to replace it{resumable}")
     if existing:
         manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
         try:
             if manifest_path in existing:
                 FileSystems.delete([manifest_path])
             if is_local(output):
-                _remove_local(output)
+                _remove_local(output, [path for path in existing if path != manifest_path])
             else:
                 rest = [path for path in existing if path != manifest_path]
                 if rest:
@@ -290,61 +368,30 @@ def prepare_output(output: str, overwrite: bool) -> None:
         except OSError as e:
             raise OutputError(f"--overwrite could not delete the old dataset in {output}: {e}") from e
     if is_local(output):
-        _make_folder(output)
+        make_folder(output)
 
 
-def _remove_local(output: str) -> None:
-    import shutil
-
-    for name in os.listdir(output):
-        path = os.path.join(output, name)
-        if name == manifest.LOCK_NAME:
-            continue
+def _remove_local(output: str, listed: list[str]) -> None:
+    """Deletes the ``listed`` files (what ``check_replaceable`` found, all of them a run's), never through a link,
+    then the folders that leaves empty, deepest first; never a whole folder at once."""
+    folders = set()
+    for path in listed:
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
+            folders.add(path)
+            continue
+        os.remove(path)
+        folders.add(os.path.dirname(path))
+    for folder in sorted(folders, key=lambda f: -f.count("/")):
+        while folder.rstrip("/") != output.rstrip("/") and folder.startswith(output.rstrip("/") + "/"):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only when empty: anything put there since stays
+            folder = os.path.dirname(folder)
 
 
-def _make_folder(output: str) -> None:
+def make_folder(output: str) -> None:
     try:
         os.makedirs(output, exist_ok=True)
     except FileExistsError:
         raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT") from None
     except OSError as e:
         raise OutputError(f"OUTPUT {output} cannot be created: {e.strerror or e}; pick another OUTPUT") from None
-
-
-@contextlib.contextmanager
-def output_lock(output: str):
-    """Holds OUTPUT/.shardprep.lock for the whole run, so a second run into the same OUTPUT is refused.
-
-    Locally this is an advisory ``flock``: the kernel releases it when the holder dies, so a killed run never
-    blocks the rerun. The lock file itself stays (hidden; readers ignore it). On object stores there is no
-    lock: there, a second run is refused because OUTPUT is not empty, unless it passes --overwrite.
-    """
-    if not is_local(output):
-        yield
-        return
-    import fcntl
-    import socket
-
-    _make_folder(output)
-    path = os.path.join(output, manifest.LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise OutputError(f"OUTPUT {output} cannot be written: {e.strerror or e}; pick another OUTPUT") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
-            raise OutputError(
-                f"another shardprep run is writing to {output} ({holder}); wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock

@@ -1,17 +1,21 @@
-"""Every input accounted for: what the listing skips becomes a reject, layouts that match none of the documented ones
-are refused, and a run that would write nothing fails with a hint. Pure functions, no Beam."""
+"""Every input accounted for: what the listing skips becomes a reject, what lies beside the folders and is not an
+input is listed as not used, layouts that match none of the documented ones are refused, and a run that would write
+nothing fails with a hint. Pure functions, no Beam."""
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from shardprep.preprocess.elements import Reject
+from shardprep.preprocess.manifest import IMAGE_SUFFIXES
 from shardprep.preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
 # Reject reasons of entries the listing does not read.
 HIDDEN_FILE = "hidden_file"
 HIDDEN_FOLDER = "hidden_folder"
 SYMLINKED_FOLDER = "symlinked_folder"
+LOOPING_LINK = "looping_link"
 CASE_MISMATCH = "case_mismatch"
 
 _SKIPPED_DETAIL = {
@@ -19,7 +23,35 @@ _SKIPPED_DETAIL = {
     HIDDEN_FOLDER: "a hidden folder (its name starts with '.'): nothing in it is read; rename it to use it",
     SYMLINKED_FOLDER: "a link to a folder inside a class folder: not followed (links can loop or leave SOURCE); "
                       "copy or move the folder there to use it",
+    LOOPING_LINK: "a link back into SOURCE, or to a folder holding it: not followed (it would read those images "
+                  "again, or forever); remove the link, or copy what it points to",
 }
+
+# Why an entry beside the split or class folders is not used (the manifest's not_used).
+NOT_AN_IMAGE = "not an image (by its name), beside the folders: not read"
+HIDDEN_BESIDE = "hidden (its name starts with '.'), beside the folders: not read"
+
+
+class NotUsed(NamedTuple):
+    """An entry beside the split or class folders that is not an input (a README, a licence, a CSV, ``.git/``):
+    its path relative to SOURCE (a folder's ends with '/') and why it is not read."""
+
+    path: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "reason": self.reason}
+
+
+def is_image_name(name: str) -> bool:
+    """True for a file named like an image (``.jpg``, ``.JPEG``, ``.png`` ...): beside folders, only these are
+    inputs; anything else there (README, CSV, synset lists) is listed as not used."""
+    return name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def unlabelled_reason(count: int) -> str:
+    return (f"no --labels-file row names any of its {count:,} file{'s' if count != 1 else ''} (an unlabelled split, "
+            "such as a test set without labels): not read")
 
 
 def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
@@ -68,21 +100,51 @@ def empty_run_message(problems: list[str], rejects_path: str) -> str:
     return "; ".join(problems) + f". See {rejects_path}; no manifest written."
 
 
-def walk_local(directory: str, recursive: bool) -> tuple[list[str], list[tuple[str, str]]]:
+def walk_local(directory: str, recursive: bool,
+               source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """(files in a local ``directory``, and in its sub-folders when ``recursive``; (path, reject reason) of what is
-    not read: hidden files and folders, and, when ``recursive``, links to folders, which are not followed)."""
+    not read: hidden files and folders, when ``recursive`` links to folders, which are not followed, and links to
+    files that exist inside ``source_root`` (SOURCE's real path, when given): that image is read where it is).
+
+    ``scandir`` tells links apart without a stat per file, so a link costs a ``realpath`` and a file nothing."""
     found, skipped = [], []
-    for folder, sub_dirs, files in os.walk(directory):
-        if recursive:
-            for name in sub_dirs:
-                path = os.path.join(folder, name)
-                if is_hidden(name):
+    folders = [directory]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            continue  # as os.walk: a folder that cannot be listed lists nothing (its reads would fail the same way)
+        for entry in entries:
+            path = os.path.join(folder, entry.name)
+            if is_folder(entry):
+                if not recursive:
+                    continue
+                if is_hidden(entry.name):
                     skipped.append((path, HIDDEN_FOLDER))
-                elif os.path.islink(path):
+                elif entry.is_symlink():
                     skipped.append((path, SYMLINKED_FOLDER))
-            sub_dirs[:] = sorted(d for d in sub_dirs if not is_hidden(d))
-        else:
-            sub_dirs[:] = []
-        found += [os.path.join(folder, name) for name in files if not is_hidden(name)]
-        skipped += [(os.path.join(folder, name), HIDDEN_FILE) for name in files if is_hidden(name)]
+                else:
+                    folders.append(path)
+            elif is_hidden(entry.name):
+                skipped.append((path, HIDDEN_FILE))
+            elif (source_root is not None and entry.is_symlink() and os.path.exists(path)
+                  and links_into(path, source_root)):
+                skipped.append((path, LOOPING_LINK))  # a dangling link is read, and rejected as unreadable
+            else:
+                found.append(path)
     return sorted(found), sorted(skipped)
+
+
+def is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def links_into(link: str, source_root: str) -> bool:
+    """True when the link ``link`` resolves to ``source_root`` (a real path), into it, or to a folder holding it."""
+    target = os.path.realpath(link)
+    return (target == source_root or target.startswith(source_root.rstrip("/") + "/")
+            or source_root.startswith(target.rstrip("/") + "/"))

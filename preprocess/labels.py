@@ -1,7 +1,10 @@
-"""Labels files, read one way wherever they are used: the labels CSV (``filename,label``) and TFDS's
-``label.labels.txt`` (one class name a line), and the join of CSV rows with flat image files. Pure, no Beam."""
+"""Labels files, read one way wherever they are used: the labels CSV (``filename,label``, or Kaggle's
+``ImageId,PredictionString``) and TFDS's ``label.labels.txt`` (one class name a line), and the join of CSV rows with
+flat image files. Pure, no Beam. File names and labels are compared in NFC (``names.canonical``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from shardprep.preprocess import accounting, names, sources
 from shardprep.preprocess.elements import Reject
@@ -16,9 +19,19 @@ def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
     first = rows[0]
     if not sources.has_file_extension(first.filename) and not file_exists(sources.labels_key(first.filename)):
         raise sources.unknown_header_error(f"labels file {path}", first)
-    for row in rows:
-        names.check(row.label, "class", f"labels file {path} line {row.line}", "fix the label")
-    return rows
+    return [dataclasses.replace(row, label=names.check(row.label, "class", f"labels file {path} line {row.line}",
+                                                       "fix the label")) for row in rows]
+
+
+def match_key(filename: str) -> str:
+    """How a labels-file row and an image file are grouped for the join: the file name, in NFC, case-folded (so
+    that names differing only in case meet, and are told apart as ``case_mismatch`` rejects)."""
+    return names.canonical(sources.labels_key(filename)).casefold()
+
+
+def file_name(filename: str) -> str:
+    """The file name a row and a file are matched by exactly: the part after the last '/', in NFC."""
+    return names.canonical(sources.labels_key(filename))
 
 
 def class_names_txt(data: bytes, path: str) -> list[str] | None:
@@ -46,10 +59,10 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
     ``no_label`` reject says that one is needed, not that the file lacks its row."""
     by_name: dict[str, list[tuple[str, str]]] = {}
     for filename, label in rows:
-        by_name.setdefault(sources.labels_key(filename), []).append((filename, label))
-    file_names = {sources.labels_key(path) for _, _, path in files}
+        by_name.setdefault(file_name(filename), []).append((filename, label))
+    file_names = {file_name(path) for _, _, path in files}
     for split, key, path in sorted(files):
-        name = sources.labels_key(path)
+        name = file_name(path)
         found = sorted({label for _, label in by_name.get(name, ())})
         if not found and rows:
             others = ", ".join(sorted({filename for filename, _ in rows}))
@@ -64,7 +77,7 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
         else:
             yield "input", split, key, found[0], path
     for filename, label in sorted(rows):
-        if sources.labels_key(filename) in file_names:
+        if file_name(filename) in file_names:
             continue
         key = f"labels-file:{filename}"
         if files:

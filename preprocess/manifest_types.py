@@ -108,6 +108,9 @@ class Manifest:
     stats_split: str | None
     mean_rgb: tuple[float, float, float] | None
     std_rgb: tuple[float, float, float] | None
+    # What lay beside the split or class folders and was not read ({path, reason} each); written only when there
+    # was something, so a dataset without any keeps the manifest it always had.
+    not_used: tuple[dict, ...] | None = None
 
     @classmethod
     def from_json(cls, document, *, layouts_required: bool = True) -> "Manifest":
@@ -127,7 +130,8 @@ class Manifest:
         fields = {field.name: document.get(field.name) for field in dataclasses.fields(cls)}
         classes = document["classes"]
         fields.update(classes=tuple(classes), num_classes=document.get("num_classes", len(classes)), splits=splits,
-                      mean_rgb=_triple(document.get("mean_rgb")), std_rgb=_triple(document.get("std_rgb")))
+                      mean_rgb=_triple(document.get("mean_rgb")), std_rgb=_triple(document.get("std_rgb")),
+                      not_used=tuple(document["not_used"]) if isinstance(document.get("not_used"), list) else None)
         return cls(**fields)
 
     def to_json(self) -> dict:
@@ -138,6 +142,10 @@ class Manifest:
             splits={name: info.to_json() for name, info in self.splits.items()},
             mean_rgb=list(self.mean_rgb) if self.mean_rgb is not None else None,
             std_rgb=list(self.std_rgb) if self.std_rgb is not None else None)
+        if self.not_used:
+            document["not_used"] = [dict(entry) for entry in self.not_used]
+        else:
+            del document["not_used"]
         return document
 
     def split(self, name: str) -> SplitInfo:

@@ -1,18 +1,34 @@
-"""The one rule for split and class names, whatever they are read from.
+"""The one rule for split and class names, whatever they are read from, and the one form they are compared in.
 
 Split names become folders and shard file names under OUTPUT; class names go into the manifest and the records. A
-name is refused when it is empty, holds a path separator or a control character, is ``.``/``..`` or starts with a dot
-(hidden: every lister skips it), or is not valid UTF-8. Split names are also kept short enough for a shard's
-temporary file name to fit the 255 bytes file systems allow.
+name is refused when it is empty or blank, starts or ends with white space, holds a path separator, a control
+character or an invisible formatting character (bidi controls such as U+202E, zero-width spaces, a byte order
+mark; the joiners U+200C/U+200D that some scripts spell words with are kept), is ``.``/``..`` or starts with a dot
+(hidden: every lister skips it), or is not valid UTF-8. A split name must also not be one of OUTPUT's own files
+(``manifest.json``, ``rejects.jsonl``, in any case) or look like a shard file, and is kept short enough for a
+shard's temporary file name to fit the 255 bytes file systems allow.
+
+Names are compared in Unicode NFC (``canonical``): ``Café`` typed on Linux (NFC) and copied from a Mac (NFD) is one
+class, named in NFC.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
+from shardprep.preprocess import manifest
 from shardprep.preprocess.sources import SourceError
 
 MAX_SPLIT_BYTES = 180  # "<split>-00000-of-00001.tfrecord" under ".tmp-<32 hex>-" stays under 255 bytes
+_JOINERS = ("\u200c", "\u200d")  # zero-width non-joiner and joiner: part of words in Persian, Hindi, emoji
+_OUTPUT_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME)  # a split folder of that name would take their place
+_SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX), re.IGNORECASE)
+
+
+def canonical(name: str) -> str:
+    """``name`` in the form names are compared and stored in: Unicode NFC."""
+    return unicodedata.normalize("NFC", name)
 
 
 def problem(name: str, kind: str = "class") -> str | None:
@@ -29,19 +45,38 @@ def problem(name: str, kind: str = "class") -> str | None:
         return f"is {name!r}, a path step"
     if name.startswith("."):
         return "starts with '.' (a hidden name, skipped by every reader)"
+    if not name.strip():
+        return "is blank (only white space)"
+    if name != name.strip():
+        return "starts or ends with a space or other white space, which no listing shows"
     for char in name:
         if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
             return f"contains the control character {char!r}"
-    if kind == "split" and len(encoded) > MAX_SPLIT_BYTES:
+        if unicodedata.category(char) == "Cf" and char not in _JOINERS:
+            return (f"contains the invisible formatting character U+{ord(char):04X} ({unicodedata.name(char, '?')}; "
+                    "bidi controls and zero-width characters make names that look like others)")
+    if kind == "split":
+        return _split_problem(name, encoded)
+    return None
+
+
+def _split_problem(name: str, encoded: bytes) -> str | None:
+    if name.casefold() in _OUTPUT_FILES:
+        return (f"is the name of OUTPUT's own {name.casefold()}: a split folder of that name would take its place; "
+                "pick another split name")
+    if _SHARD_NAME.fullmatch(name):
+        return "is named like a shard file (NAME-00000-of-00001.tfrecord); pick another split name"
+    if len(encoded) > MAX_SPLIT_BYTES:
         return f"is {len(encoded)} bytes long (split names have at most {MAX_SPLIT_BYTES})"
     return None
 
 
 def printable(text: str) -> str:
-    """``text`` on one line: bytes that are not UTF-8 and control characters as backslash escapes."""
+    """``text`` on one line: bytes that are not UTF-8, control and formatting characters (a bidi control would
+    turn the rest of the message around) as backslash escapes."""
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return "".join(char.encode("unicode_escape").decode("ascii") if unicodedata.category(char) in ("Cc", "Zl", "Zp")
-                   else char for char in text)
+    return "".join(char.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") else char for char in text)
 
 
 def describe(name: str) -> str:
@@ -50,11 +85,11 @@ def describe(name: str) -> str:
 
 
 def check(name: str, kind: str, where: str, fix: str = "") -> str:
-    """``name`` if it passes the rule; else SourceError naming the ``kind`` (split or class), ``where`` it was read
-    and what to do (``fix``)."""
+    """``name`` in NFC (``canonical``) if it passes the rule; else SourceError naming the ``kind`` (split or class),
+    ``where`` it was read and what to do (``fix``)."""
     wrong = problem(name, kind)
     if wrong is not None:
         raise SourceError(f"the {kind} name {describe(name)} from {where} {wrong}"
                           + (f": {fix}" if fix else "; split and class names must be non-empty, without '/', '\\', "
-                             "control characters or a leading '.'"))
-    return name
+                             "control or invisible characters, surrounding spaces or a leading '.'"))
+    return canonical(name)

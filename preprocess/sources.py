@@ -136,10 +136,11 @@ def has_file_extension(filename: str) -> bool:
 
 def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
     """Parses ``filename,label`` rows; a first row of known header names (FILENAME_HEADERS, LABEL_HEADERS) is
-    skipped. Raises SourceError on bad rows."""
+    skipped. Kaggle's ``ImageId,PredictionString`` files (``LOC_val_solution.csv``) are read as they are
+    (``kaggle_row``). Raises SourceError on bad rows."""
     rows: list[LabelRow] = []
     reader = csv.reader(io.StringIO(text))
-    line_number = 0
+    kaggle = False
     while True:
         try:
             fields = next(reader)
@@ -150,6 +151,12 @@ def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
         line_number = reader.line_num
         if not fields or all(not f.strip() for f in fields):
             continue
+        if not rows and not kaggle and is_kaggle_header(fields):
+            kaggle = True
+            continue
+        if kaggle:
+            rows.append(kaggle_row(fields, line_number, path))
+            continue
         if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
             raise SourceError(f"{path} line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
         filename, label = fields[0].strip(), fields[1].strip()
@@ -157,6 +164,26 @@ def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
             continue
         rows.append(LabelRow(line_number, filename, label))
     return rows
+
+
+KAGGLE_HEADER = ("imageid", "predictionstring")
+KAGGLE_IMAGE_SUFFIX = ".JPEG"  # Kaggle's ImageNet files are ImageId.JPEG
+
+
+def is_kaggle_header(fields: list[str]) -> bool:
+    return tuple(f.strip().lower() for f in fields) == KAGGLE_HEADER
+
+
+def kaggle_row(fields: list[str], line: int, path: str) -> LabelRow:
+    """A row of Kaggle's ``LOC_val_solution.csv``: ``ImageId,PredictionString``, where PredictionString is
+    ``wnid x_min y_min x_max y_max`` per box and the class is its first word; the file is ``ImageId.JPEG`` (an
+    ImageId with an extension of its own is the file name as it is)."""
+    words = fields[1].split() if len(fields) == 2 else []
+    if len(fields) != 2 or not fields[0].strip() or not words:
+        raise SourceError(f"{path} line {line}: expected 'ImageId,PredictionString' with the class as the first "
+                          f"word of PredictionString, got {','.join(fields)!r}")
+    image_id = fields[0].strip()
+    return LabelRow(line, image_id if has_file_extension(image_id) else image_id + KAGGLE_IMAGE_SUFFIX, words[0])
 
 
 def unknown_header_error(path: str, row: LabelRow) -> SourceError:

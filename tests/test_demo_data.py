@@ -63,3 +63,56 @@ def test_a_folder_of_someone_elses_files_is_refused_and_kept(tmp_path):
     assert result.exit_code == 1 and "holds .hidden and 1 more files" in result.output
     assert tree(tmp_path / "mine") == {"notes.txt": hashlib.sha256(b"keep me").hexdigest(),
                                         ".hidden": hashlib.sha256(b"me too").hexdigest()}
+
+
+def assert_one_error(result, *fragments):
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_a_folder_under_a_dangling_link_is_one_error_line(tmp_path):
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    for target in (tmp_path / "dangling", tmp_path / "dangling" / "demo"):
+        assert_one_error(demo_data(target), f"{tmp_path / 'dangling'} is a link to {tmp_path / 'nowhere'}",
+                         "does not exist")
+    assert not os.path.lexists(tmp_path / "nowhere")
+
+
+def test_links_fifos_and_folders_named_like_demo_files_are_refused_and_kept(tmp_path):
+    assert demo_data(tmp_path / "demo").exit_code == 0
+    victim = tmp_path / "victim.jpg"
+    victim.write_bytes(b"mine")
+    circle = tmp_path / "demo" / "train" / "circle"
+    names = sorted(os.listdir(circle))
+    os.remove(circle / names[0])
+    os.symlink(victim, circle / names[0])  # a link where a demo image was
+    for plant in ("fifo", "folder"):
+        os.remove(circle / names[1])
+        (os.mkfifo if plant == "fifo" else os.mkdir)(circle / names[1])
+        before = {path: os.lstat(path).st_mode for path in (circle / names[0], circle / names[1])}
+        assert_one_error(demo_data(tmp_path / "demo"), "which demo-data did not write")
+        assert {path: os.lstat(path).st_mode for path in before} == before
+        assert victim.read_bytes() == b"mine" and os.path.islink(circle / names[0])
+        (os.remove if plant == "fifo" else os.rmdir)(circle / names[1])
+        (circle / names[1]).write_bytes(b"demo")
+
+
+def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path):
+    assert demo_data(tmp_path / "demo").exit_code == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "circle_000.jpg").write_bytes(b"mine")
+    os.rename(tmp_path / "demo" / "validation", tmp_path / "old-validation")
+    os.symlink(mine, tmp_path / "demo" / "validation")
+    assert_one_error(demo_data(tmp_path / "demo"), "validation/", "which demo-data did not write")
+    assert (mine / "circle_000.jpg").read_bytes() == b"mine" and os.listdir(mine) == ["circle_000.jpg"]
+
+
+def test_regenerating_keeps_an_empty_folder_of_the_user(tmp_path):
+    assert demo_data(tmp_path / "demo").exit_code == 0
+    (tmp_path / "demo" / "notes").mkdir()
+    assert demo_data(tmp_path / "demo").exit_code == 0
+    assert os.path.isdir(tmp_path / "demo" / "notes")

@@ -110,9 +110,12 @@ def test_class_names_from_folders_labels_csv_and_labels_txt_follow_the_same_rule
 # --- 4. nothing skipped silently, no layout reinterpreted --------------------------------------------------------
 
 def test_hidden_entries_and_linked_folders_become_rejects_at_every_depth(tmp_path):
+    """Where classes are, a hidden folder is a reject (it could be a class), and so is anything hidden or linked
+    inside a class folder; hidden files beside the split or class folders, and hidden folders beside split folders,
+    are listed as not used."""
     source = tmp_path / "src"
     folder(source, {"train": 4, "val": 2})
-    (source / ".DS_Store").write_bytes(b"mac")  # top level beside split folders: counted in train
+    (source / ".DS_Store").write_bytes(b"mac")  # top level beside split folders: not used
     (source / ".git").mkdir()
     (source / ".git" / "HEAD").write_text("ref")
     (source / "train" / ".DS_Store").write_bytes(b"mac")
@@ -131,9 +134,6 @@ def test_hidden_entries_and_linked_folders_become_rejects_at_every_depth(tmp_pat
     out = tmp_path / "out"
     ok(source, out, "--shorter-side", 8, *IN_PROCESS)
     assert rejects(out) == [
-        ("train", ".DS_Store", "hidden_file"),
-        ("train", ".git", "hidden_folder"),
-        ("train", "train/.DS_Store", "hidden_file"),
         ("train", "train/.cache", "hidden_folder"),
         ("train", "train/a/.hidden.png", "hidden_file"),
         ("train", "train/a/deeper/._x.png", "hidden_file"),
@@ -145,7 +145,8 @@ def test_hidden_entries_and_linked_folders_become_rejects_at_every_depth(tmp_pat
     manifest = manifest_lib.load(str(out))
     assert manifest["classes"] == ["a", "b"]
     assert [(manifest["splits"][s]["num_inputs"], manifest["splits"][s]["num_examples"]) for s in ("train", "val")] \
-        == [(13, 4), (3, 2)]
+        == [(10, 4), (3, 2)]
+    assert [entry["path"] for entry in manifest["not_used"]] == [".DS_Store", ".git/", "train/.DS_Store"]
 
 
 def test_hidden_entries_of_a_single_split_source_count_in_its_split(tmp_path):
@@ -156,7 +157,8 @@ def test_hidden_entries_of_a_single_split_source_count_in_its_split(tmp_path):
     (source / "flat" / ".secret_class").mkdir()
     out = tmp_path / "out"
     ok(source / "flat", out, "--shorter-side", 8, "--split", "all", *IN_PROCESS)
-    assert rejects(out) == [("all", ".DS_Store", "hidden_file"), ("all", ".secret_class", "hidden_folder")]
+    assert rejects(out) == [("all", ".secret_class", "hidden_folder")]
+    assert [entry["path"] for entry in manifest_lib.load(str(out))["not_used"]] == [".DS_Store"]
 
 
 @pytest.mark.parametrize("split_folder, other", [("train", "cat"), ("val", "misc"), ("Test", "extra")])
@@ -228,7 +230,7 @@ def test_labels_file_that_is_a_folder_or_missing_is_a_clear_error(tmp_path):
             expect="does not exist")
 
 
-@pytest.mark.parametrize("header", ["ImageId,PredictionString", "id,wnid", "img;label,x"])
+@pytest.mark.parametrize("header", ["id,wnid", "img;label,x"])  # ImageId,PredictionString: Kaggle's, read
 def test_an_unknown_header_is_refused_not_made_a_class(tmp_path, header):
     flat_images(tmp_path / "val", ["ILSVRC2012_val_00000001.JPEG"])
     labels = tmp_path / "labels.csv"

@@ -188,8 +188,8 @@ def test_single_split_folder_and_overwrite_refusal(tmp_path):
     run_cli(source, out, "--shorter-side", 16, "--overwrite", "--split", "all", *IN_PROCESS)
     manifest = manifest_lib.load(str(out))
     assert list(manifest["splits"]) == ["all"]
-    assert sorted(os.listdir(out)) == [".shardprep.lock", "all", "manifest.json", "rejects.jsonl"], \
-        "old split folder removed"
+    assert sorted(os.listdir(out)) == ["all", "manifest.json", "rejects.jsonl"], \
+        "old split folder removed, and no lock file left by the finished run"
 
 
 def test_labels_file_source_with_missing_and_unlabelled_files(tmp_path):

@@ -43,10 +43,11 @@ def test_list_inputs_lists_class_folders_into_typed_inputs_and_rejects(tmp_path)
     b = touch(source, "train/cat/nested/b.png")  # nested folders belong to the class
     c = touch(source, "train/dog/c.jpg")
     touch(source, "train/dog/.DS_Store")  # hidden inside a class folder: a listing reject
-    touch(source, "train/.hidden")  # hidden beside the class folders: skipped when planning
+    touch(source, "train/.hidden")  # hidden beside the class folders: not used, listed when planning
     config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"))
     plan = plan_source(config)
     assert (plan.splits, plan.classes) == (("train",), ("cat", "dog"))
+    assert [entry.path for entry in plan.not_used] == ["train/.hidden"]
     with pipeline() as p:
         found = p | ListInputs(config, plan)
         assert_that(found["inputs"], equal_to([
@@ -54,8 +55,7 @@ def test_list_inputs_lists_class_folders_into_typed_inputs_and_rejects(tmp_path)
             Input("train", "train/dog/c.jpg", 1, c, None)]), label="Inputs")
         assert_that(found["inputs"] | "InputTypes" >> beam.Map(type), equal_to([Input] * 3), label="InputTypes")
         assert_that(found["rejects"] | "Reasons" >> beam.Map(lambda r: (type(r), r.split, r.key, r.reason)),
-                    equal_to([(Reject, "train", "train/dog/.DS_Store", "hidden_file"),
-                              (Reject, "train", "train/.hidden", "hidden_file")]), label="Rejects")
+                    equal_to([(Reject, "train", "train/dog/.DS_Store", "hidden_file")]), label="Rejects")
 
 
 def test_list_inputs_joins_flat_files_with_the_labels_rows(tmp_path):

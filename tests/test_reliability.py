@@ -241,24 +241,24 @@ def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side
 
 @pytest.mark.timeout(300)
 def test_full_disk_while_writing_the_manifest_leaves_no_manifest(tmp_path, monkeypatch):
-    """The last write of the job fails: no manifest.json at all (not an empty or partial one)."""
+    """The manifest's write fails: no manifest.json at all (not an empty or partial one)."""
     root = tmp_path / "source"
     image_factory.write_image_folder(root, {"train": 12}, min_side=20, max_side=40)
-    remove_spill = manifest_writer.remove_spill
+    atomic_write = manifest_writer.atomic_write
 
-    def remove_spill_then_fill_disk(output):
-        # Runs just before the manifest is written (in-process runner): take every byte the spill freed.
-        remove_spill(output)
-        fd = os.open(os.path.join(os.path.dirname(output), "filler"), os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 65536)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    def fill_disk_then_write(path, *args, **kwargs):
+        if path.endswith("manifest.json"):  # just before the manifest (in-process runner): take every free byte
+            fd = os.open(os.path.join(os.path.dirname(os.path.dirname(path)), "filler"), os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 65536)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return atomic_write(path, *args, **kwargs)
 
-    monkeypatch.setattr(manifest_writer, "remove_spill", remove_spill_then_fill_disk)
+    monkeypatch.setattr(manifest_writer, "atomic_write", fill_disk_then_write)
     with small_tmpfs(tmp_path / "disk", "1m") as disk:
         output = disk / "dataset"
         result = run_cli("preprocess", root, output, "--quiet", "--shorter-side", 8, "--",

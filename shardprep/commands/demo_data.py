@@ -1,5 +1,6 @@
 """``shardprep demo-data DIR``: write the built-in demo dataset (a small ImageFolder tree) to DIR."""
 
+import contextlib
 import os
 
 import click
@@ -15,39 +16,58 @@ def command(directory, train_per_class, validation_per_class, seed):
     40-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
     from shardprep import demo
 
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise click.ClickException(f"{directory} is a file, not a folder; choose a new or empty folder for the demo "
-                                   "dataset")
-    existing = os.path.abspath(directory)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise click.ClickException(f"{directory}: {existing} is a file, so the folder cannot be created; choose "
-                                   "another folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise click.ClickException(f"{directory}: cannot write into {existing} (permission denied); choose another "
-                                   "folder")
+    _check_folder(directory)
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
     count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
     click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
 
 
+def _check_folder(directory: str) -> None:
+    """Refuses, before anything is written, a DIRECTORY that is a file, lies under a dangling link or a file, or
+    whose nearest existing folder cannot be written."""
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):
+        if os.path.islink(existing):
+            raise click.ClickException(f"{directory}: {existing} is a link to {os.readlink(existing)}, which does not "
+                                       "exist; choose another folder")
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is a file, not a folder" if existing == os.path.abspath(directory) else \
+            f"cannot be created: {existing} is a file"
+        raise click.ClickException(f"{directory} {what}; choose a new or empty folder for the demo dataset")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.ClickException(f"{directory}: cannot write into {existing} (permission denied); choose another "
+                                   "folder")
+
+
 def _remove_earlier_demo(directory: str, is_demo_file) -> None:
-    """Deletes an earlier demo's files (same arguments, same files) and the folders they leave empty; refuses a
-    folder holding anything demo-data did not write, naming it, before deleting anything."""
-    found = []
+    """Deletes an earlier demo's files (same arguments, same files) and the demo folders they leave empty; refuses
+    a folder holding anything demo-data did not write (a link, a FIFO or a folder where a demo image goes included:
+    demo-data writes regular files only), naming it, before deleting anything."""
+    found, foreign = [], []
     for folder, sub_dirs, files in os.walk(directory):
-        found += [os.path.relpath(os.path.join(folder, name), directory).replace(os.sep, "/") for name in files]
-        found += [os.path.relpath(os.path.join(folder, name), directory).replace(os.sep, "/") + "/"
-                  for name in sub_dirs if os.path.islink(os.path.join(folder, name))]
-    foreign = sorted(path for path in found if not is_demo_file(path))
+        for name in sorted(files + sub_dirs):
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, directory).replace(os.sep, "/")
+            if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
+                foreign.append(relative + ("/" if os.path.isdir(path) else ""))  # a link, a FIFO, a device
+            elif os.path.isdir(path):
+                if is_demo_file(relative):
+                    foreign.append(relative + "/")  # a folder where a demo image goes
+            elif is_demo_file(relative):
+                found.append(relative)
+            else:
+                foreign.append(relative)
     if foreign:
+        foreign.sort()
         raise click.ClickException(
             f"{directory} holds {foreign[0]}" + (f" and {len(foreign) - 1} more files" if len(foreign) > 1 else "")
             + ", which demo-data did not write; choose a new or empty folder for the demo dataset")
     for relative in found:
         os.remove(os.path.join(directory, relative))
-    for folder, _, _ in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):
-        if folder != directory and not os.listdir(folder):
-            os.rmdir(folder)
+    for folder in sorted({os.path.dirname(relative) for relative in found}, key=lambda f: -f.count("/")):
+        while folder:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(directory, folder))  # only when empty: a file of someone's put there stays
+            folder = os.path.dirname(folder)

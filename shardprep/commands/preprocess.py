@@ -335,6 +335,19 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     out.print(f"manifest {output}/manifest.json", soft_wrap=True, highlight=False)
     if manifest["num_rejected"]:
         out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)
+    if manifest.get("not_used"):
+        out.print(not_used_line([entry["path"] for entry in manifest["not_used"]]), highlight=False)
+
+
+def not_used_line(paths: list[str], width: int = 80) -> str:
+    """``not used: 3 files (README.md, LICENSE, ...), listed in manifest.json``, within ``width`` columns."""
+    count = f"{len(paths):,} file{'s' if len(paths) != 1 else ''}"
+    for shown in range(len(paths), 0, -1):
+        names = ", ".join(paths[:shown]) + (", ..." if shown < len(paths) else "")
+        line = f"not used: {count} ({names}), listed in manifest.json"
+        if len(line) <= width:
+            return line
+    return f"not used: {count}, listed in manifest.json"
 
 
 def _span(values, fmt: str) -> str:

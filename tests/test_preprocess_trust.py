@@ -1,0 +1,493 @@
+"""What preprocess reads back from OUTPUT is untrusted, and what it deletes is only what it wrote.
+
+A killed run's OUTPUT (a real SIGKILL, ``kill_points``) is copied and then damaged as a careless or hostile user
+would: ``.tmp`` or a file in it made a link, a folder or a FIFO; journal lines pointing outside OUTPUT, edited,
+swapped or garbled; a stale shard from another shard count. ``--resume`` must then either refuse in one ``Error:``
+line with nothing touched anywhere, or end byte for byte as an uninterrupted run (the edited units redone, never
+trusted). The finish commit (shards, rejects, manifest, ``.tmp`` removal, lock) is killed between every two of its
+writes, and ``--resume`` must finish from each of those states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import image_factory
+import pytest
+from click.testing import CliRunner
+from file_trees import tree
+from kill_points import KILLED, KillPoint, run_killed
+
+from shardprep.cli import main as cli
+from shardprep.preprocess import manifest as manifest_lib
+
+SOURCE_SPLITS = {"train": 16, "validation": 8}
+ADOPTED = ["--shorter-side", "16", "--num-shards", "2"]  # 2 groups a split, each exactly one shard: renamed
+STREAMED = ["--shorter-side", "16", "--num-shards", "1"]  # 2 groups a split into 1 shard: copied record by record
+IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
+OUTPUT = "dataset"  # every run is given this OUTPUT from its own folder, so that manifests can be byte-identical
+ENV = {"SOURCE_DATE_EPOCH": "1700000000"}
+
+SHARDS, WRITER = "shardprep.pipelines.shards", "shardprep.pipelines.manifest_writer"
+SPILL, LOCK = "shardprep.pipelines.spill", "shardprep.pipelines.output_lock"
+
+
+def command(source, options, *extra) -> list[str]:
+    return ["preprocess", str(source), OUTPUT, "--quiet", *options, *extra, *IN_PROCESS]
+
+
+@contextlib.contextmanager
+def inside(folder):
+    """Runs in ``folder`` with SOURCE_DATE_EPOCH set, as the killed runs did."""
+    saved = {name: os.environ.get(name) for name in ENV}
+    os.environ.update(ENV)
+    try:
+        with contextlib.chdir(folder):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_cli(folder, args):
+    with inside(folder):
+        return CliRunner().invoke(cli, list(map(str, args)))
+
+
+def every_file(output) -> dict[str, str]:
+    """sha256 of every file under OUTPUT but the lock (the lock tests look at it)."""
+    found = {}
+    for directory, _, names in os.walk(output):
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.relpath(path, output) == manifest_lib.LOCK_NAME:
+                continue
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, output)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def assert_refused(result, *fragments) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("source")
+    image_factory.write_image_folder(root, SOURCE_SPLITS, min_side=20, max_side=48)
+    (root / "train" / "red" / "notes.jpg").write_bytes(image_factory.text_file())  # one reject
+    return root
+
+
+@pytest.fixture(scope="module")
+def references(source, tmp_path_factory):
+    """{options name: every file of an uninterrupted run}."""
+    found = {}
+    for name, options in (("adopted", ADOPTED), ("streamed", STREAMED)):
+        folder = tmp_path_factory.mktemp(f"reference-{name}")
+        result = run_cli(folder, command(source, options))
+        assert result.exit_code == 0, result.output
+        found[name] = every_file(folder / OUTPUT)
+    return found
+
+
+@pytest.fixture(scope="module")
+def killed(source, tmp_path_factory):
+    """OUTPUT of a run killed once every decode group was journaled, before its first adopted shard (the validation
+    split's shards are adopted; the train split's, cut apart by its reject, are streamed and may be written)."""
+    folder = tmp_path_factory.mktemp("killed")
+    returncode, log = run_killed(KillPoint(SHARDS, "adopt_spill_file"), folder, command(source, ADOPTED), ENV)
+    assert returncode == KILLED, log
+    assert os.path.isfile(folder / OUTPUT / ".tmp" / "journal.jsonl")
+    return folder / OUTPUT
+
+
+def copy_killed(killed, tmp_path):
+    output = tmp_path / OUTPUT
+    shutil.copytree(killed, output, symlinks=True)
+    return output
+
+
+def journal_lines(output) -> list[dict]:
+    with open(output / ".tmp" / "journal.jsonl", "rb") as f:
+        return [json.loads(line) for line in f.read().splitlines()]
+
+
+def write_journal(output, lines) -> None:
+    with open(output / ".tmp" / "journal.jsonl", "wb") as f:
+        f.write(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines))
+
+
+def resumed(source, tmp_path, options=ADOPTED):
+    result = run_cli(tmp_path, command(source, options, "--resume"))
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    return result.output
+
+
+# --- item 3: nothing through a link, no folder we did not make ------------------------------------------------------
+
+def victim_folder(tmp_path):
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious.txt").write_text("mine")
+    (victim / "sub" / "deep.txt").write_text("mine too")
+    return victim
+
+
+@pytest.mark.parametrize("extra", [["--resume"], ["--overwrite"], []])
+def test_a_linked_tmp_is_refused_and_the_folder_it_points_to_is_untouched(source, killed, tmp_path, extra):
+    output = copy_killed(killed, tmp_path)
+    victim = victim_folder(tmp_path)
+    for name in os.listdir(output / ".tmp"):  # the run's own files, reached through the link
+        shutil.copy(output / ".tmp" / name, victim / name)
+    shutil.rmtree(output / ".tmp")
+    os.symlink(victim, output / ".tmp")
+    before = tree(tmp_path)
+    line = assert_refused(run_cli(tmp_path, command(source, ADOPTED, *extra)))
+    assert "dataset/.tmp" in line and "link" in line, line
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("plant", ["subfolder", "foreign file", "linked journal", "fifo journal", "linked spill",
+                                   "linked split folder", "linked shard", "fifo shard"])
+@pytest.mark.timeout(120)
+def test_what_no_run_wrote_inside_output_is_refused_before_anything_is_deleted(source, killed, tmp_path, plant):
+    output = copy_killed(killed, tmp_path)
+    victim = victim_folder(tmp_path)
+    spill_name = journal_lines(output)[1]["file"]
+    if plant == "subfolder":
+        (output / ".tmp" / "sub").mkdir()
+        (output / ".tmp" / "sub" / "kept.txt").write_text("mine")
+    elif plant == "foreign file":
+        (output / ".tmp" / "notes.txt").write_text("mine")
+    elif plant == "linked journal":
+        shutil.copy(output / ".tmp" / "journal.jsonl", victim / "journal.jsonl")
+        os.remove(output / ".tmp" / "journal.jsonl")
+        os.symlink(victim / "journal.jsonl", output / ".tmp" / "journal.jsonl")
+    elif plant == "fifo journal":
+        os.remove(output / ".tmp" / "journal.jsonl")
+        os.mkfifo(output / ".tmp" / "journal.jsonl")
+    elif plant == "linked spill":
+        os.rename(output / ".tmp" / spill_name, victim / spill_name)
+        os.symlink(victim / spill_name, output / ".tmp" / spill_name)
+    elif plant == "linked split folder":
+        os.symlink(victim, output / "validation")
+    elif plant == "linked shard":
+        (output / "validation").mkdir()
+        os.symlink(victim / "precious.txt", output / "validation" / "validation-00000-of-00002.tfrecord")
+    else:
+        (output / "validation").mkdir()
+        os.mkfifo(output / "validation" / "validation-00001-of-00002.tfrecord")
+    before = tree(tmp_path)
+    for extra in (["--resume"], ["--overwrite"], []):
+        assert_refused(run_cli(tmp_path, command(source, ADOPTED, *extra)), "dataset/")
+        assert tree(tmp_path) == before, extra
+
+
+# --- item 4: the journal's paths and contents are verified ----------------------------------------------------------
+
+def rehashed(lines: list[dict]) -> list[dict]:
+    """The lines with each unit line's hash made to match its edited fields, as a forger who read the code would."""
+    from shardprep.pipelines import journal
+
+    header = json.dumps(lines[0]).encode()  # the first line, as write_journal writes it, without its newline
+    return [lines[0]] + [journal.sealed(header, {k: v for k, v in line.items() if k != journal.LINE_HASH})
+                         for line in lines[1:]]
+
+
+@pytest.mark.parametrize("forged", [False, True])
+@pytest.mark.parametrize("where", ["../../victim.txt", "ABSOLUTE", "../journal.jsonl", "sub/x.records"])
+def test_a_journal_file_outside_tmp_is_never_touched_and_its_group_is_redone(source, killed, references, tmp_path,
+                                                                             where, forged):
+    output = copy_killed(killed, tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    lines = journal_lines(output)
+    lines[1]["file"] = str(victim) if where == "ABSOLUTE" else where
+    write_journal(output, rehashed(lines) if forged else lines)
+    log = resumed(source, tmp_path)
+    assert victim.read_text() == "mine"
+    assert "1 damaged unit redone" in log
+    assert every_file(output) == references["adopted"]
+
+
+def swap_pointers(lines):
+    trains = [line for line in lines[1:] if line["split"] == "train"]
+    trains[0]["pointers"], trains[1]["pointers"] = trains[1]["pointers"], trains[0]["pointers"]
+    return 2
+
+
+def swap_files(lines):
+    trains = [line for line in lines[1:] if line["split"] == "train"]
+    for field in ("file", "size", "sha256"):
+        trains[0][field], trains[1][field] = trains[1][field], trains[0][field]
+    return 2
+
+
+def edit_class_counts(lines):
+    classes = lines[1]["summary"]["classes"]
+    classes[0][2], classes[-1][2] = classes[0][2] + 1, classes[-1][2] - 1
+    return 1
+
+
+def edit_pixel_sums(lines):
+    train = next(line for line in lines[1:] if line["split"] == "train")
+    train["summary"]["pixel_sums"][1] += 1000
+    return 1
+
+
+def edit_rejects(lines):
+    with_reject = next(line for line in lines[1:] if line["rejects"])
+    with_reject["rejects"] = []
+    return 1
+
+
+@pytest.mark.parametrize("edit", [swap_pointers, swap_files, edit_class_counts, edit_pixel_sums, edit_rejects])
+def test_an_edited_journal_line_is_redone_not_trusted(source, killed, references, tmp_path, edit):
+    output = copy_killed(killed, tmp_path)
+    lines = journal_lines(output)
+    edited = edit(lines)
+    write_journal(output, lines)
+    log = resumed(source, tmp_path)
+    assert f"{edited} damaged unit{'s' if edited > 1 else ''} redone" in log
+    assert every_file(output) == references["adopted"]
+
+
+@pytest.mark.parametrize("garble", [
+    lambda line: [],
+    lambda line: None,
+    lambda line: {**line, "rejects": 5},
+    lambda line: {**line, "pointers": "!!not base64!!"},
+    lambda line: {**line, "summary": []},
+    lambda line: {**line, "group": "one"},
+    lambda line: {**line, "size": -1},
+    lambda line: {**line, "records": 10 ** 30},
+    lambda line: {**line, "file": None},
+    lambda line: {**line, "split": "../../x"},
+    lambda line: {**line, "size": float("nan")},
+    lambda line: {**line, "summary": {**line["summary"], "max_label": float("inf")}},
+], ids=["list", "null", "rejects-int", "pointers", "summary-list", "group-text", "size-negative", "records-huge",
+        "file-null", "split-path", "size-nan", "label-infinity"])
+def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garble):
+    """Each garbled line re-hashed, as a forger would: the checks behind the hash must catch it (an unforged edit
+    fails the hash already, test_an_edited_journal_line_is_redone_not_trusted)."""
+    output = copy_killed(killed, tmp_path)
+    lines = journal_lines(output)
+    lines[1] = garble(lines[1])
+    if isinstance(lines[1], dict):
+        lines = rehashed(lines)
+    write_journal(output, lines)
+    resumed(source, tmp_path)
+    assert every_file(output) == references["adopted"]
+
+
+@pytest.mark.parametrize("garble, expect", [
+    (lambda header: [header], "journal header"),
+    (lambda header: {**header, "min_decode_groups": "many"}, "journal header"),
+    (lambda header: {**header, "min_decode_groups": 10 ** 12}, "journal header"),
+    (lambda header: {**header, "overwrite": "yes"}, "journal header"),
+    (lambda header: {**header, "options": None}, "journal header"),
+    (lambda header: {**header, "options": {**header["options"], "shorter_side": 20}}, "--shorter-side was 20"),
+    (lambda header: b"[" * 100_000 + b"]" * 100_000, "journal header"),
+    (lambda header: {**header, "version": 1}, "version 1"),
+], ids=["list", "groups-text", "groups-huge", "overwrite-text", "options-null", "options-edited", "deep", "v1"])
+def test_a_garbled_journal_header_is_one_error_line_and_nothing_is_touched(source, killed, tmp_path, garble, expect):
+    output = copy_killed(killed, tmp_path)
+    lines = journal_lines(output)
+    lines[0] = garble(lines[0])
+    write_journal(output, lines)
+    before = tree(tmp_path)
+    assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), expect)
+    assert tree(tmp_path) == before
+
+
+def test_an_edited_header_leaves_no_unit_trusted(source, killed, references, tmp_path):
+    """Each unit line's hash covers the header it was written under: a header edited in a way the fingerprint
+    check does not see keeps none of them."""
+    output = copy_killed(killed, tmp_path)
+    lines = journal_lines(output)
+    lines[0]["num_listed"] += 1
+    write_journal(output, lines)
+    log = resumed(source, tmp_path)
+    units = len(lines) - 1
+    assert f"resumed: 0 of 4 decode groups kept, {units} damaged units redone" in log
+    assert every_file(output) == references["adopted"]
+
+
+# --- item 14: shards of another shard count --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stale", ["train/train-00000-of-00005.tfrecord",
+                                   "validation/validation-00003-of-00004.tfrecord",
+                                   "train/.tmp-0a1b2c-train-00001-of-00002.tfrecord",
+                                   "old/old-00000-of-00001.tfrecord"])
+def test_a_resume_removes_stale_shards_of_another_shard_count(source, killed, references, tmp_path, stale):
+    output = copy_killed(killed, tmp_path)
+    os.makedirs(os.path.dirname(output / stale), exist_ok=True)
+    (output / stale).write_bytes(b"a shard of an earlier run")
+    resumed(source, tmp_path)
+    assert every_file(output) == references["adopted"]
+    assert not os.path.exists(output / "old")
+
+
+# --- item 5: the finish commit, killed between every two writes ------------------------------------------------------
+
+FINISH_POINTS = [
+    (ADOPTED, "adopted", KillPoint(SHARDS, "adopt_spill_file")),
+    (ADOPTED, "adopted", KillPoint(SHARDS, "adopt_spill_file", 1, "after")),
+    (ADOPTED, "adopted", KillPoint(SHARDS, "atomic_write", 1, "after", ".tfrecord")),
+    (ADOPTED, "adopted", KillPoint(WRITER, "write_rejects", 1, "after")),
+    (ADOPTED, "adopted", KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json")),
+    (ADOPTED, "adopted", KillPoint(WRITER, "atomic_write", 1, "after", "manifest.json")),
+    (ADOPTED, "adopted", KillPoint(SPILL, "remove_file", 1, "before", "journal.jsonl")),
+    (ADOPTED, "adopted", KillPoint(SPILL, "remove_file", 1, "after", "journal.jsonl")),
+    (ADOPTED, "adopted", KillPoint(LOCK, "remove_lock_file")),
+    (STREAMED, "streamed", KillPoint(SHARDS, "atomic_write", 1, "after", ".tfrecord")),
+    (STREAMED, "streamed", KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json")),
+    (STREAMED, "streamed", KillPoint(WRITER, "atomic_write", 1, "after", "manifest.json")),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("options, name, point", FINISH_POINTS, ids=[f"{n}: {p}" for _, n, p in FINISH_POINTS])
+def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, references, tmp_path, options, name, point):
+    returncode, log = run_killed(point, tmp_path, command(source, options), ENV)
+    assert returncode == KILLED, log
+    output = tmp_path / OUTPUT
+    result = run_cli(tmp_path, command(source, options, "--resume"))
+    assert "Traceback" not in result.output, result.output
+    if result.exit_code:  # nothing was left to do: the run had finished, and says so
+        assert_refused(result, "nothing to resume", "finished dataset")
+    assert every_file(output) == references[name]
+    assert not os.path.lexists(output / manifest_lib.LOCK_NAME) and not os.path.lexists(output / ".tmp")
+    # A plain rerun now sees a finished dataset, not a stopped run.
+    again = assert_refused(run_cli(tmp_path, command(source, options)), "not empty")
+    assert "--resume" not in again
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_resume_killed_while_it_tidies_is_resumed_again(source, references, tmp_path, when):
+    """A resume puts an adopted group's file back under .tmp/ before decoding: killed around that rename, the next
+    resume still ends byte-identical."""
+    returncode, log = run_killed(KillPoint(SHARDS, "adopt_spill_file", 1, "after"), tmp_path,
+                                 command(source, ADOPTED), ENV)
+    assert returncode == KILLED, log
+    returncode, log = run_killed(KillPoint("shardprep.pipelines.journal", "_put_back_or_remove", 1, when), tmp_path,
+                                 command(source, ADOPTED, "--resume"), ENV)
+    assert returncode == KILLED, log
+    resumed(source, tmp_path)
+    assert every_file(tmp_path / OUTPUT) == references["adopted"]
+
+
+def test_a_dataset_finished_by_resume_validates(source, tmp_path):
+    returncode, log = run_killed(KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json"), tmp_path,
+                                 command(source, ADOPTED), ENV)
+    assert returncode == KILLED, log
+    # Before the resume: no manifest, and the rerun says how to keep the work.
+    assert not os.path.exists(tmp_path / OUTPUT / manifest_lib.MANIFEST_NAME)
+    assert "--resume" in assert_refused(run_cli(tmp_path, command(source, ADOPTED)), "not empty")
+    resumed(source, tmp_path)
+    result = run_cli(tmp_path, ["validate", OUTPUT, "--quiet", *IN_PROCESS])
+    assert result.exit_code == 0, result.output
+
+
+# --- the lock ----------------------------------------------------------------------------------------------------------
+
+def test_no_lock_file_is_left_after_a_finished_or_failed_run(source, tmp_path):
+    (tmp_path / "finished").mkdir()
+    result = run_cli(tmp_path / "finished", command(source, ADOPTED))
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tmp_path / "finished" / OUTPUT)) == ["manifest.json", "rejects.jsonl", "train",
+                                                                  "validation"]
+    result = run_cli(tmp_path, command(source, ADOPTED, "--strict"))  # fails on its one reject
+    assert result.exit_code == 1 and "--strict" in result.output, result.output
+    assert not os.path.lexists(tmp_path / OUTPUT / manifest_lib.LOCK_NAME)
+
+
+def test_a_stale_lock_of_a_killed_run_is_explained_and_does_not_block(source, killed, references, tmp_path):
+    output = copy_killed(killed, tmp_path)
+    with open(output / manifest_lib.LOCK_NAME) as f:
+        holder = f.read().strip()
+    assert holder.startswith("pid ")
+    line = assert_refused(run_cli(tmp_path, command(source, ADOPTED)), "not empty", "--resume", "--overwrite")
+    assert "stopped" in line and holder in line, line
+    resumed(source, tmp_path)
+    assert every_file(output) == references["adopted"]
+
+
+@pytest.mark.parametrize("kind", ["link", "folder", "fifo"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_kept(source, tmp_path, kind):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (tmp_path / OUTPUT).mkdir()
+    lock = tmp_path / OUTPUT / manifest_lib.LOCK_NAME
+    {"link": lambda: os.symlink(victim, lock), "folder": lock.mkdir, "fifo": lambda: os.mkfifo(lock)}[kind]()
+    before = tree(tmp_path)
+    assert_refused(run_cli(tmp_path, command(source, ADOPTED)), manifest_lib.LOCK_NAME,
+                   {"link": "a link to", "folder": "a folder", "fifo": "a FIFO"}[kind])
+    assert tree(tmp_path) == before
+
+
+# --- OUTPUT's own path ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("output", ["dangling", "dangling/out", "dangling/deeper/out"])
+def test_an_output_under_a_dangling_link_is_one_error_line_naming_the_link(source, tmp_path, output):
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    before = tree(tmp_path)
+    result = run_cli(tmp_path, ["preprocess", str(source), output, "--quiet", *ADOPTED, *IN_PROCESS])
+    assert_refused(result, f"{tmp_path / 'dangling'} is a link to {tmp_path / 'nowhere'}, which does not exist")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("manifest", [b"not json", b'{"format_version": 1}', "another"])
+def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, killed, references, tmp_path,
+                                                                          manifest):
+    output = copy_killed(killed, tmp_path)
+    if manifest == "another":  # a finished dataset's manifest: its shards are not these
+        (tmp_path / "elsewhere").mkdir()
+        assert run_cli(tmp_path / "elsewhere", command(source, STREAMED)).exit_code == 0
+        manifest = (tmp_path / "elsewhere" / OUTPUT / manifest_lib.MANIFEST_NAME).read_bytes()
+    (output / manifest_lib.MANIFEST_NAME).write_bytes(manifest)
+    before = tree(tmp_path)
+    assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), "manifest.json", "nothing was deleted")
+    assert tree(tmp_path) == before
+    os.remove(output / manifest_lib.MANIFEST_NAME)
+    resumed(source, tmp_path)
+    assert every_file(output) == references["adopted"]
+
+
+def test_a_read_only_tmp_is_one_error_line(source, killed, tmp_path):
+    """A read-only disk mounted where the resume must write: one Error line naming the path, no traceback."""
+    output = copy_killed(killed, tmp_path)
+    saved = tmp_path / "saved"
+    shutil.copytree(output / ".tmp", saved)
+    shutil.rmtree(output / ".tmp")
+    (output / ".tmp").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(output / ".tmp")], check=True)
+    try:
+        for name in os.listdir(saved):
+            shutil.copy2(saved / name, output / ".tmp" / name)
+        subprocess.run(["mount", "-o", "remount,ro", str(output / ".tmp")], check=True)
+        result = run_cli(tmp_path, command(source, ADOPTED, "--resume"))
+    finally:
+        subprocess.run(["umount", str(output / ".tmp")], check=True)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    # A .tmp mounted apart also fails the rename of a group's file into its shard (another device): either way,
+    # one line naming the path.
+    assert lines[-1].startswith("Error: ") and "dataset/" in lines[-1], result.output
+    assert len([line for line in lines if line.startswith("Error: ")]) == 1
