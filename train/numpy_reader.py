@@ -41,15 +41,12 @@ from shardprep.train.record_order import ReaderState, RecordOrder
 
 
 def load_local_manifest(data_dir: str) -> Manifest:
-    """The typed manifest of a local dataset folder, read with plain ``open`` (no TensorFlow, no Beam)."""
+    """The typed manifest of a local dataset folder, read with plain ``open`` (no TensorFlow, no Beam): a regular
+    file within the manifest's bounds (``manifest_lib.read_local``)."""
     if "://" in data_dir:
         raise ValueError(f"NumpyReader reads local datasets only, not {data_dir}: copy the dataset to a local "
                          "disk, or use shardprep.train.reader.make_dataset")
-    path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
-    if not os.path.isfile(path):
-        raise manifest_lib.missing_manifest_error(data_dir)
-    with open(path, "rb") as f:
-        return typed(manifest_lib.from_json(f.read()))
+    return typed(manifest_lib.from_json(manifest_lib.read_local(data_dir)))
 
 
 class NumpyReader:

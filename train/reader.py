@@ -61,12 +61,19 @@ MAX_SHUFFLE_BUFFER = 16384
 
 
 def load_manifest(data_dir: str) -> dict:
-    """Reads ``data_dir/manifest.json`` through ``tf.io.gfile``, so local paths and ``gs://`` both work."""
+    """Reads ``data_dir/manifest.json``: a local one as a regular file within the manifest's bounds
+    (``manifest_lib.read_local``), a URL's (``gs://``) through ``tf.io.gfile``, at most ``MANIFEST_MAX_BYTES``."""
+    if "://" not in data_dir:
+        return manifest_lib.from_json(manifest_lib.read_local(data_dir))
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise manifest_lib.missing_manifest_error(data_dir)
     with tf.io.gfile.GFile(path, "rb") as f:
-        return manifest_lib.from_json(f.read())
+        data = f.read(manifest_lib.MANIFEST_MAX_BYTES + 1)
+    if len(data) > manifest_lib.MANIFEST_MAX_BYTES:
+        raise manifest_lib.ManifestError(f"{path} is more than the {manifest_lib.MANIFEST_MAX_BYTES:,} bytes a "
+                                         "manifest may be")
+    return manifest_lib.from_json(data)
 
 
 def stored_image_shape(manifest: dict | Manifest) -> tuple[int, int]:
