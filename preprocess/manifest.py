@@ -25,7 +25,7 @@ import os
 import posixpath
 import re
 
-from shardprep.preprocess import untrusted_json
+from shardprep.preprocess import untrusted
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -69,13 +69,13 @@ def to_json(manifest: dict) -> str:
 
 
 def from_json(text: str | bytes) -> dict:
-    """The manifest document in ``text``, read as untrusted input (:func:`shardprep.preprocess.untrusted_json.loads`:
+    """The manifest document in ``text``, read as untrusted input (:func:`shardprep.preprocess.untrusted.json_loads`:
     bounded size and nesting, finite numbers, no duplicate keys); a :class:`ManifestError` otherwise, or for an
     unknown ``format_version``. Its shape is checked by ``manifest_schema.shape_problems``."""
     try:
-        manifest = untrusted_json.loads(text, source=MANIFEST_NAME, max_bytes=MANIFEST_MAX_BYTES,
+        manifest = untrusted.json_loads(text, source=MANIFEST_NAME, max_bytes=MANIFEST_MAX_BYTES,
                                         max_depth=MANIFEST_MAX_DEPTH)
-    except untrusted_json.UntrustedJSONError as e:
+    except untrusted.UntrustedJSONError as e:
         raise ManifestError(str(e)) from e
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         raise ManifestError(
@@ -195,12 +195,12 @@ def read_local(data_dir: str) -> bytes:
     if not os.path.lexists(path):
         raise missing_manifest_error(data_dir)
     try:
-        return untrusted_json.read_regular_file(path, MANIFEST_MAX_BYTES)
+        return untrusted.read_regular_file(path, MANIFEST_MAX_BYTES)
     except FileNotFoundError:
         raise missing_manifest_error(data_dir) from None
     except OSError as e:
         raise ManifestError(f"{e}: a manifest is a small regular file" if isinstance(
-            e, untrusted_json.NotRegularFileError) else f"cannot read {path}: {e}") from e
+            e, untrusted.NotRegularFileError) else f"cannot read {path}: {e}") from e
 
 
 def load(data_dir: str) -> dict:

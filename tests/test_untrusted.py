@@ -10,21 +10,21 @@ import threading
 import pytest
 
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, untrusted_json
+from shardprep.preprocess import manifest_schema, untrusted
 from train_helpers import random_images, write_dataset
 
 
 def loads(text, **bounds):
-    return untrusted_json.loads(text, source="f.json", **{"max_bytes": 1 << 20, **bounds})
+    return untrusted.json_loads(text, source="f.json", **{"max_bytes": 1 << 20, **bounds})
 
 
 # ---- the reader ---------------------------------------------------------------------------------------------------
 
 def test_nesting_deeper_than_the_bound_is_an_error_not_a_recursion_error():
     deep = "[" * 100_000 + "]" * 100_000
-    with pytest.raises(untrusted_json.UntrustedJSONError, match=r"f\.json: nested deeper than 64 levels"):
+    with pytest.raises(untrusted.UntrustedJSONError, match=r"f\.json: nested deeper than 64 levels"):
         loads(deep)
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="nested deeper than 3"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="nested deeper than 3"):
         loads('{"a": [[{"b": 1}]]}', max_depth=3)
     assert loads('{"a": [[{"b": 1}]]}', max_depth=4) == {"a": [[{"b": 1}]]}
     # Brackets inside strings are text, not nesting.
@@ -40,27 +40,27 @@ def test_nesting_deeper_than_the_bound_is_an_error_not_a_recursion_error():
     ('{"splits": {"train": {"num_examples": -1e400}}}', "splits.train.num_examples"),
 ])
 def test_numbers_that_are_not_finite_are_refused_naming_where(text, where):
-    with pytest.raises(untrusted_json.UntrustedJSONError) as error:
+    with pytest.raises(untrusted.UntrustedJSONError) as error:
         loads(text)
     assert f"f.json: {where} " in str(error.value) and "finite" in str(error.value)
 
 
 def test_huge_integers_duplicate_keys_surrogates_and_encodings_are_refused():
-    with pytest.raises(untrusted_json.UntrustedJSONError, match=r"f\.json: a\[0\] is an integer of 5,000 digits"):
+    with pytest.raises(untrusted.UntrustedJSONError, match=r"f\.json: a\[0\] is an integer of 5,000 digits"):
         loads('{"a": [' + "1" * 5000 + "]}")
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="key 'a' appears twice"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="key 'a' appears twice"):
         loads('{"a": 1, "a": 2}')
-    with pytest.raises(untrusted_json.UntrustedJSONError, match=r"classes\[0\] .*lone surrogate"):
+    with pytest.raises(untrusted.UntrustedJSONError, match=r"classes\[0\] .*lone surrogate"):
         loads('{"classes": ["\\ud800"]}')
-    with pytest.raises(untrusted_json.UntrustedJSONError, match=r"key .*lone surrogate"):
+    with pytest.raises(untrusted.UntrustedJSONError, match=r"key .*lone surrogate"):
         loads('{"\\udc00": 1}')
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="not UTF-8"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="not UTF-8"):
         loads(b'{"a": "\xff"}')
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="not UTF-8"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="not UTF-8"):
         loads('{"a": 1}'.encode("utf-16"))
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="not valid JSON"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="not valid JSON"):
         loads('{"a": 1')
-    with pytest.raises(untrusted_json.UntrustedJSONError, match="is 11 bytes, more than the 10"):
+    with pytest.raises(untrusted.UntrustedJSONError, match="is 11 bytes, more than the 10"):
         loads('{"a": "bc"}', max_bytes=10)
     assert loads('{"a": "\\ud83d\\ude00", "b": [1.5, -2, null, true]}') == {"a": "\U0001F600",
                                                                              "b": [1.5, -2, None, True]}
@@ -73,7 +73,7 @@ def test_read_regular_file_refuses_fifos_devices_folders_and_oversized_files(tmp
 
     def read_fifo():
         try:
-            untrusted_json.read_regular_file(str(fifo), max_bytes=100)
+            untrusted.read_regular_file(str(fifo), max_bytes=100)
         except OSError as e:
             outcome["error"] = str(e)
 
@@ -86,16 +86,16 @@ def test_read_regular_file_refuses_fifos_devices_folders_and_oversized_files(tmp
     zero = tmp_path / "zero.json"
     zero.symlink_to("/dev/zero")
     with pytest.raises(OSError, match="is a character device, not a regular file"):
-        untrusted_json.read_regular_file(str(zero), max_bytes=100)
+        untrusted.read_regular_file(str(zero), max_bytes=100)
     with pytest.raises(OSError, match="is a folder, not a regular file"):
-        untrusted_json.read_regular_file(str(tmp_path), max_bytes=100)
+        untrusted.read_regular_file(str(tmp_path), max_bytes=100)
     big = tmp_path / "big.json"
     big.write_bytes(b" " * 101)
     with pytest.raises(OSError, match=r"is 101 bytes, more than the 100 bytes"):
-        untrusted_json.read_regular_file(str(big), max_bytes=100)
+        untrusted.read_regular_file(str(big), max_bytes=100)
     small = tmp_path / "small.json"
     small.write_bytes(b"[1]")
-    assert untrusted_json.read_regular_file(str(small), max_bytes=3) == b"[1]"
+    assert untrusted.read_regular_file(str(small), max_bytes=3) == b"[1]"
 
 
 # ---- the manifest's numbers -----------------------------------------------------------------------------------------

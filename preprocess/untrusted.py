@@ -1,6 +1,6 @@
-"""Reading back JSON files shardprep wrote (the manifest, and any other record of ours) as the untrusted input they are.
+"""Files shardprep wrote and reads back (the manifest, shards, any other record of ours), read as untrusted input.
 
-Such a file may have been edited, damaged or replaced by anything. :func:`loads` parses one within bounds, each
+Such a file may have been edited, damaged or replaced by anything. :func:`json_loads` parses one within bounds, each
 failure an :class:`UntrustedJSONError` (a ``ValueError``) whose message names the file and where in it:
 
 * size: at most ``max_bytes``;
@@ -75,7 +75,7 @@ def depth(text: str) -> int:
     return int(np.cumsum(steps).max())
 
 
-def loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DEPTH):
+def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DEPTH):
     """The JSON document in ``data`` (UTF-8 bytes or text), read from ``source`` (named in every error), within the
     bounds above; raises :class:`UntrustedJSONError`."""
     if len(data) > max_bytes:
