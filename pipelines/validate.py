@@ -186,7 +186,8 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[dict | None, list[dict]]:
     """(manifest, the driver's problems); the manifest is None when the shards cannot be read (the problems say
-    why, and ``report`` may say which checks were skipped)."""
+    why, and ``report`` may say which checks were skipped). Listed shards that exist locally but are not files (a
+    folder, a dangling link) are added to ``found``: reading them says what they are."""
     if manifest_lib.MANIFEST_NAME not in found:
         return None, [report_lib.manifest_missing_problem(data_dir, found)]
     try:
@@ -201,6 +202,10 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[di
     driver_problems = manifest_problems(manifest)
     if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
         return None, driver_problems
+    if storage.is_local(data_dir):
+        listed = {shard["file"] for info in manifest["splits"].values() for shard in info["shards"]}
+        found.extend(sorted(file for file in listed - set(found)
+                            if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
     return manifest, driver_problems + fixed_layouts(manifest)[1] + layout_problems(manifest, found)
 
 
