@@ -38,7 +38,12 @@ class UntrustedJSONError(ValueError):
 
 
 class NotRegularFileError(OSError):
-    """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large to read)."""
+    """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large to read);
+    ``reason`` is the message without the path (``is a FIFO (named pipe), not a regular file``)."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
 
 
 class _Refused:
@@ -161,7 +166,7 @@ def open_regular_file(path: str) -> int:
                 os.set_blocking(descriptor, True)
             return descriptor
         os.close(descriptor)
-    raise NotRegularFileError(f"{path} is {kind}, not a regular file")
+    raise NotRegularFileError(path, f"is {kind}, not a regular file")
 
 
 def read_regular_file(path: str, max_bytes: int) -> bytes:
@@ -172,5 +177,5 @@ def read_regular_file(path: str, max_bytes: int) -> bytes:
         data = f.read(max_bytes + 1) if size <= max_bytes else b""
         size = max(size, len(data))
     if size > max_bytes:
-        raise NotRegularFileError(f"{path} is {size:,} bytes, more than the {max_bytes:,} bytes allowed")
+        raise NotRegularFileError(path, f"is {size:,} bytes, more than the {max_bytes:,} bytes allowed")
     return data
