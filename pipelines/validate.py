@@ -237,6 +237,8 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
     report = report_lib.report_base(args.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
     found = list_files(data_dir)
+    if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
+        found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
     if manifest_lib.MANIFEST_NAME not in found:
         # Not a dataset at all (an image folder, a file, nothing): one error. A run that stopped early: a report.
         error = manifest_lib.missing_manifest_error(args.data[len("file://"):] if args.data.startswith("file://")

@@ -77,10 +77,13 @@ def from_json(text: str | bytes) -> dict:
                                         max_depth=MANIFEST_MAX_DEPTH)
     except untrusted.UntrustedJSONError as e:
         raise ManifestError(str(e)) from e
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(
-            f"unsupported manifest format_version {manifest.get('format_version') if isinstance(manifest, dict) else None!r}"
-            f" (this shardprep reads version {FORMAT_VERSION})")
+    if not isinstance(manifest, dict):
+        kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(manifest), "a number")
+        raise ManifestError(f"{MANIFEST_NAME}: must be a JSON object (the manifest shardprep preprocess writes), "
+                            f"is {kind}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(f"unsupported manifest format_version {manifest.get('format_version')!r} (this "
+                            f"shardprep reads version {FORMAT_VERSION})")
     return manifest
 
 
@@ -167,7 +170,7 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
     if kind == PATH_MISSING:
         message = f"{data_dir} does not exist: {give}"
     elif kind == PATH_FILE:
-        message = f"{data_dir} is a file, not a prepared dataset: {give}"
+        message = f"{data_dir} is {untrusted.file_kind(data_dir)}, not a prepared dataset: {give}"
     elif kind == PATH_EMPTY:
         message = (f"{data_dir} is an empty folder, not a prepared dataset: run shardprep preprocess SOURCE "
                    f"{data_dir} first, or {give}")

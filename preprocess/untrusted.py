@@ -153,6 +153,14 @@ def _kind(mode: int) -> str | None:
     return next((name for test, name in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
 
 
+def file_kind(path: str) -> str:
+    """What ``path`` is, for a message: ``a file`` (a regular one), ``a folder``, ``a FIFO (named pipe)``, ..."""
+    try:
+        return _kind(os.stat(path).st_mode) or "a file"
+    except OSError:
+        return "a file"
+
+
 def open_regular_file(path: str) -> int:
     """A read-only descriptor of ``path`` if it is a regular file (links followed); else
     :class:`NotRegularFileError` naming what it is. A FIFO is never waited on, a device never opened."""

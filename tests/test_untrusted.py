@@ -178,6 +178,38 @@ def test_nan_in_mean_rgb_is_refused_by_every_reader(dataset, tmp_path):
     assert "mean_rgb[0] is NaN" in report["problems"][0]["message"]
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "manifest.json: must be a JSON object (the manifest shardprep preprocess writes), is a list"),
+    ("null", "manifest.json: must be a JSON object (the manifest shardprep preprocess writes), is null"),
+    ('"text"', "manifest.json: must be a JSON object (the manifest shardprep preprocess writes), is a string"),
+])
+def test_a_manifest_that_is_no_object_says_so(text, message):
+    with pytest.raises(manifest_lib.ManifestError) as error:
+        manifest_lib.from_json(text)
+    assert str(error.value) == message
+
+
+def test_a_data_path_that_is_a_fifo_or_a_device_says_what_it_is(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    assert "fifo is a FIFO (named pipe), not a prepared dataset" in str(
+        manifest_lib.missing_manifest_error(str(tmp_path / "fifo")))
+    assert "zero is a character device, not a prepared dataset" in str(
+        manifest_lib.missing_manifest_error(str(tmp_path / "zero")))
+
+
+def test_a_manifest_json_that_is_a_folder_is_invalid_not_missing(dataset):
+    from shardprep.pipelines import validate
+
+    path = dataset / manifest_lib.MANIFEST_NAME
+    path.unlink()
+    path.mkdir()
+    report = validate.run([str(dataset), "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                          progress=lambda *_: None)
+    assert report["problem_counts"] == {"manifest_invalid": 1}
+    assert "manifest.json is a folder, not a regular file" in report["problems"][0]["message"]
+
+
 def test_deep_manifest_through_the_cli_is_one_problem_without_a_traceback(dataset):
     from click.testing import CliRunner
 

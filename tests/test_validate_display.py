@@ -93,6 +93,15 @@ def test_a_thousand_classes_that_all_match_are_summed_up_in_words():
     assert "60 more classes differ (all in the JSON report); the other 900 match" in text
 
 
+def test_the_verdict_of_one_problem_and_of_several():
+    report = {"kind": "dataset", "data": "d", "ok": False, "problems": [], "elapsed_seconds": 1.0,
+              "problem_counts": {"manifest_invalid": 1}}
+    assert rendered(report, 100)[-1] == ("FAILED: 1 problem (manifest_invalid 1) — d in 1.0 s; "
+                                         "report /some/where/report.json")
+    report["problem_counts"] = {"shard_size": 2, "shard_count": 1}
+    assert rendered(report, 80)[0].startswith("FAILED: 3 problems (shard_size 2, shard_count 1) — d in 1.0 s")
+
+
 def test_names_with_brackets_are_printed_as_they_are():
     summary = {"num_examples": 1, "expected_num_examples": 1, "num_shards": 1, "expected_num_shards": 1,
                "image_sizes": {"most_common": {}}, "mean_rgb": None, "std_rgb": None,

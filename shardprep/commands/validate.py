@@ -234,7 +234,8 @@ def _verdict(report: dict, json_path: str | None) -> list:
         items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
-        counts[0], counts[-1] = f"({counts[0]}", f"{counts[-1]})"
+        counts[0] = f"({counts[0]}"
+        counts[-1] = f"{counts[-1]})"
         items = [("", _styled("FAILED", "bold red")), ("", f": {_count(total, 'problem')}"), (" ", counts[0])]
         items += [(", ", part) for part in counts[1:]]
     items += [(" — ", report["data"]), (" ", f"in {report.get('elapsed_seconds', 0):.1f} s")]
