@@ -61,7 +61,7 @@ from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, manifest_types, sources
+from shardprep.preprocess import manifest_schema, manifest_types, sources, untrusted
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "build_dataset_pipeline",
            "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
@@ -110,6 +110,9 @@ def check_output_paths(json_path: str | None, pictures: str | None) -> None:
         if os.path.isdir(path):
             raise ValidateError(f"--json {json_path} is a folder; give a file name for the report, "
                                 f"e.g. {manifest_lib.join(json_path, 'report.json')}")
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
+            raise ValidateError(f"--json {json_path} is {untrusted.file_kind(path)}, not a file; give a file name "
+                                "for the report")
         if not os.path.isdir(parent):
             raise ValidateError(f"--json {json_path}: the folder {parent} does not exist; create it or choose "
                                 "another path")
@@ -279,6 +282,8 @@ def _foreign_files(args, progress: Progress) -> tuple[list, list[str] | None]:
         except ValueError as e:
             raise ValidateError(str(e)) from None
         return FileSystems.match(files), classes
+    if not args.data[len(TFRECORD_PREFIX):].strip():
+        raise ValidateError("tfrecord: needs a glob of TFRecord files, e.g. tfrecord:DIR/*-train.tfrecord*")
     pattern = _absolute(args.data[len(TFRECORD_PREFIX):])
     progress(f"matching {pattern}", None, None, None)
     try:
@@ -287,16 +292,29 @@ def _foreign_files(args, progress: Progress) -> tuple[list, list[str] | None]:
         return [], None
 
 
+def _no_files_problem(pattern: str, matched: list) -> dict:
+    """The ``no_files`` problem of a glob that matched nothing, or only folders (which hold the files)."""
+    folders = [meta.path for meta in matched]
+    if len(folders) == 1:
+        return problem("no_files", f"{folders[0]} is a folder: give a glob of its files, e.g. "
+                                   f"tfrecord:{manifest_lib.join(folders[0], '*.tfrecord*')}")
+    if folders:
+        return problem("no_files", f"{pattern} matched only folders ({', '.join(folders[:3])}"
+                                   f"{', …' if len(folders) > 3 else ''}): give a glob of their files")
+    return problem("no_files", f"{pattern} matched no files")
+
+
 def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
     report = report_lib.report_base(args.data, "tfds" if args.data.startswith(TFDS_PREFIX) else "tfrecord")
     matched, tfds_classes = _foreign_files(args, progress)
     if tfds_classes is not None:  # (a list of MatchResults, one per file)
         matched = [meta for result in matched for meta in result.metadata_list]
+    folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
+    matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
     if not files:
-        pattern = _absolute(args.data[len(TFRECORD_PREFIX):])
-        return report_lib.finish(report, [problem("no_files", f"{pattern} matched no files")], [],
-                                 args.max_problems_per_check)
+        return report_lib.finish(report, [_no_files_problem(_absolute(args.data[len(TFRECORD_PREFIX):]), folders)],
+                                 [], args.max_problems_per_check)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
             pipeline, files, args.image_key, args.label_key, results, args.max_problems_per_check, progress_dir),

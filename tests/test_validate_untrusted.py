@@ -120,3 +120,25 @@ def test_a_foreign_glob_matching_a_fifo_reports_it_without_hanging(tmp_path):
     assert unreadable["file"].endswith("x-train.tfrecord-00001-of-00002")
     assert "is a FIFO (named pipe), not a regular file" in unreadable["message"]
     assert report["splits"]["train"]["num_examples"] == 1
+
+
+def test_a_json_report_path_that_is_a_fifo_is_refused_before_anything_runs(clean, tmp_path):
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(validate.ValidateError, match=r"--json .*report\.json is a FIFO \(named pipe\), not a file"):
+        validate_within_timeout(clean, "--json", str(fifo))
+
+
+@pytest.mark.parametrize("pattern, message", [("", "tfrecord: needs a glob of TFRecord files"),
+                                              ("{folder}", "{folder} is a folder: give a glob of its files")])
+def test_a_tfrecord_glob_that_is_empty_or_a_folder_says_so(tmp_path, pattern, message):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    pattern, message = pattern.format(folder=folder), message.format(folder=folder)
+    if not pattern:
+        with pytest.raises(validate.ValidateError, match=message):
+            validate_within_timeout(f"tfrecord:{pattern}")
+        return
+    report = validate_within_timeout(f"tfrecord:{pattern}")
+    [no_files] = problems_of(report, "no_files")
+    assert message in no_files["message"] and problems_of(report, "shard_unreadable") == []
