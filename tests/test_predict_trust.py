@@ -98,6 +98,16 @@ def test_a_class_count_mismatch_is_refused_before_any_photo_is_read(trained):
         predict_images(model, manifest, [b"not an image"])
 
 
+def test_a_model_file_that_is_no_keras_archive_is_one_error_line(trained, tmp_path):
+    data, _, _, _ = trained
+    junk = tmp_path / "model.keras"
+    junk.write_bytes(os.urandom(3000))
+    result = invoke(junk, data, tmp_path / "photo.png")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert error_lines(result) == [f"Error: MODEL {junk} is not a .keras model file (not a zip archive: damaged, "
+                                   "or another kind of file): give the model.keras shardprep train wrote"]
+
+
 # ---- every photo reported --------------------------------------------------------------------------------------------
 
 def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_path):

@@ -271,6 +271,11 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
 
 
 def _load(load_model, path: str):
+    import zipfile
+
+    if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "
+                         "file): give the model.keras shardprep train wrote")
     try:
         return load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras raises many kinds for a file that is no model
