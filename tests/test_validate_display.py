@@ -229,3 +229,12 @@ def test_validate_on_a_tfds_name_not_prepared_says_what_to_do(tfds_dir):
                                        "--quiet"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert "no_such_dataset_here" in result.output and "not found" in result.output
+
+
+@pytest.mark.parametrize("command", ["validate", "predict"])
+def test_help_fits_80_columns(command):
+    from shardprep.cli import main
+
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=80)
+    assert result.exit_code == 0
+    assert [line for line in result.output.splitlines() if len(line) > 80] == []

@@ -16,11 +16,10 @@ def command(model, data, photos, top_k):
     model, and another dataset is refused. Each photo goes through the preprocess job's own decode and resize with
     DATA's options (any format preprocess reads; small photos are scaled up the same way).
 
-    \b
-    Prints one line per photo, in order: the photo, then "class probability" for its --top-k classes
-    (ImageNet WordNet IDs with their names: "golf ball (n03445777) 0.33"). A photo that cannot be used
-    (not an image, missing, a folder) gets a "PHOTO: not classified: why" line and the others are still
-    answered; the exit status is then 1, after every photo.
+    Prints one line per photo, in order: the photo, then "class probability" for its --top-k classes (ImageNet
+    WordNet IDs with their names: "golf ball (n03445777) 0.33"). A photo that cannot be used (not an image,
+    missing, a folder) gets a "PHOTO: not classified: why" line and the others are still answered; the exit status
+    is then 1, after every photo.
     """
     import os
 

@@ -17,29 +17,35 @@ HELP = """Check that a prepared dataset is whole and correct, and show its stati
 
 \b
 DATA is one of:
-  DIR             a dataset written by `shardprep preprocess` (local or gs://)
-  tfrecord:GLOB   TFDS-style TFRecords of encoded images (e.g. the input before preprocessing)
-  tfds:NAME       a prepared TFDS dataset's TFRecords (--tfds-data-dir; validate never downloads)
-A folder of images is not a dataset yet: run shardprep preprocess on it first.
+  DIR            a dataset written by `shardprep preprocess` (local or gs://)
+  tfrecord:GLOB  TFDS-style TFRecords of encoded images (e.g. the input
+                 before preprocessing)
+  tfds:NAME      a prepared TFDS dataset's TFRecords (--tfds-data-dir;
+                 validate never downloads)
+A folder of images is not a dataset yet: run shardprep preprocess on it.
 
 \b
 For a prepared dataset every shard is read (a Beam pipeline) and checked:
-  - every record passes the TFRecord CRC and parses; format, height and width agree with the manifest;
-  - per shard, split and class, record counts equal the manifest; labels in range; shard sha256 and size
-    equal the manifest; no shard missing or unlisted; shard sizes uniform (within one record);
-  - image/filename unique; no identical image (decoded-pixel hash) in two splits (leakage);
-  - per-channel mean/std of the manifest's stats_split recomputed from the stored pixels and equal to the
-    manifest's mean_rgb/std_rgb within 0.05 (raw) or 1.0 (jpeg: lossy against the pre-encode pixels the
-    manifest used), on the 0-255 scale.
+  - every record passes the TFRecord CRC and parses; format, height and
+    width agree with the manifest;
+  - per shard, split and class, record counts equal the manifest; labels
+    in range; shard sha256 and size equal the manifest; no shard missing
+    or unlisted; shard sizes uniform (within one record);
+  - image/filename unique; no identical image (decoded-pixel hash) in two
+    splits (leakage);
+  - per-channel mean/std of the manifest's stats_split recomputed from the
+    stored pixels and equal to the manifest's mean_rgb/std_rgb within 0.05
+    (raw) or 1.0 (jpeg: lossy against the pre-encode pixels the manifest
+    used), on the 0-255 scale.
+
 For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
 unreadable records or images, each with file and record index.
 
-\b
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
 contact_sheet.png (stored images, several per class, as the model sees them before augmentation) and
-class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network);
-everything after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R
---temp_location gs://B/tmp --setup_file ./setup.py
+class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
+after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
+--setup_file ./setup.py
 """
 
 
