@@ -40,6 +40,12 @@ def damaged(clean, tmp_path_factory):
     return data
 
 
+@pytest.fixture(scope="module")
+def reports(clean, damaged) -> list[dict]:
+    """The reports of the clean and the damaged dataset, made once for every width."""
+    return [run_report(clean), run_report(damaged)]
+
+
 def rendered(report: dict, width: int) -> list[str]:
     buffer = io.StringIO()
     print_report(report, "/some/where/report.json", console=Console(file=buffer, width=width, color_system=None))
@@ -57,8 +63,8 @@ PHRASES = [re.compile(p) for p in (r"tolerance \d\.\d+", r"mean RGB [\d.]+, [\d.
 
 
 @pytest.mark.parametrize("width", [80, 64, 100])
-def test_the_report_fits_the_console_and_never_breaks_a_phrase(clean, damaged, width):
-    for report in (run_report(clean), run_report(damaged)):
+def test_the_report_fits_the_console_and_never_breaks_a_phrase(reports, width):
+    for report in reports:
         lines = rendered(report, width)
         assert max(map(len, lines)) <= width, "\n".join(lines)
         text = "\n".join(lines)
