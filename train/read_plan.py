@@ -71,7 +71,7 @@ class ReadPlan:
         if self.training:
             shards = shards.shuffle(len(self.files), seed=self.seed, reshuffle_each_iteration=True).repeat()
         if self.snapshot is not None:
-            shards = shards.map(self._checked_shard, deterministic=True)
+            shards = shards.map(self._checked_shard)
         records = shards.interleave(
             open_shard,
             cycle_length=min(len(self.files), self.cycle_length or DEFAULT_CYCLE_LENGTH),

@@ -198,7 +198,7 @@ def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) ->
         with tf.control_dependencies([tf.debugging.Assert(in_range, [message, labels], summarize=16)]):
             return images, tf.identity(labels)
 
-    return batches.map(check, deterministic=True)
+    return batches.map(check)
 
 
 def _reads_by_random_access(data_dir: str, random_access: bool | None, start_step: int) -> bool:
