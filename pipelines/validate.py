@@ -1,4 +1,4 @@
-"""Validate a prepared dataset (or foreign ``tfrecord:GLOB`` input): the driver of ``shardprep validate``.
+"""Validate a prepared dataset (or foreign ``tfrecord:GLOB`` / ``tfds:NAME`` input): the driver of ``shardprep validate``.
 
 The driver lists DATA, reads and checks the manifest (its shape, its own totals, shards missing or unlisted), runs
 the Beam graph (``pipelines/validate_graph.py``: every shard read once, then checks across records), reads the
@@ -10,7 +10,7 @@ records goes through a combiner or a GroupByKey. Run ``python -m shardprep.pipel
 The JSON report (``--json``)::
 
     ok                      true only when problem_counts is empty (the exit status is 0 exactly then)
-    data, kind              DATA as given; "dataset" or "tfrecord"
+    data, kind              DATA as given; "dataset", "tfrecord" or "tfds" (a prepared TFDS dataset's TFRecords)
     problem_counts          {check: number of problems}, every problem counted
     problems                [{check, message, split, file, index, ...}] (file relative to the dataset, index the
                             0-based record in it; null where not applicable), at most --max-problems-per-check per
@@ -24,8 +24,9 @@ The JSON report (``--json``)::
     splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
              expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
              ({file: records}), duplicate_images (identical images within the split: not a failure)}}
-  tfrecord:GLOB:
-    image_key, label_key, num_files, num_examples
+  tfrecord:GLOB and tfds:NAME:
+    image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
+    dataset's label names)
     splits: {split from the TFDS file name, else "all": {num_examples, num_files, num_readable_images,
              label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
 
@@ -54,12 +55,13 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from shardprep.pipelines import progress as progress_lib
 from shardprep.pipelines import planning, runner, storage
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
+from shardprep.pipelines.validate_tfds import TFDS_PREFIX, prepared_files
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems, manifest_problems, problem
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, manifest_types, sources
+from shardprep.preprocess import manifest_schema, manifest_types, sources, untrusted
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "build_dataset_pipeline",
            "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
@@ -108,6 +110,9 @@ def check_output_paths(json_path: str | None, pictures: str | None) -> None:
         if os.path.isdir(path):
             raise ValidateError(f"--json {json_path} is a folder; give a file name for the report, "
                                 f"e.g. {manifest_lib.join(json_path, 'report.json')}")
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
+            raise ValidateError(f"--json {json_path} is {untrusted.file_kind(path)}, not a file; give a file name "
+                                "for the report")
         if not os.path.isdir(parent):
             raise ValidateError(f"--json {json_path}: the folder {parent} does not exist; create it or choose "
                                 "another path")
@@ -186,7 +191,8 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[dict | None, list[dict]]:
     """(manifest, the driver's problems); the manifest is None when the shards cannot be read (the problems say
-    why, and ``report`` may say which checks were skipped)."""
+    why, and ``report`` may say which checks were skipped). Listed shards that exist locally but are not files (a
+    folder, a dangling link) are added to ``found``: reading them says what they are."""
     if manifest_lib.MANIFEST_NAME not in found:
         return None, [report_lib.manifest_missing_problem(data_dir, found)]
     try:
@@ -201,6 +207,10 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[di
     driver_problems = manifest_problems(manifest)
     if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
         return None, driver_problems
+    if storage.is_local(data_dir):
+        listed = {shard["file"] for info in manifest["splits"].values() for shard in info["shards"]}
+        found.extend(sorted(file for file in listed - set(found)
+                            if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
     return manifest, driver_problems + fixed_layouts(manifest)[1] + layout_problems(manifest, found)
 
 
@@ -230,6 +240,14 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
     report = report_lib.report_base(args.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
     found = list_files(data_dir)
+    if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
+        found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
+    if manifest_lib.MANIFEST_NAME not in found:
+        # Not a dataset at all (an image folder, a file, nothing): one error. A run that stopped early: a report.
+        error = manifest_lib.missing_manifest_error(args.data[len("file://"):] if args.data.startswith("file://")
+                                                    else args.data.rstrip("/") or "/")
+        if error.kind != manifest_lib.PATH_INCOMPLETE:
+            raise ValidateError(str(error))
     manifest, driver_problems = _checked_manifest(data_dir, found, report)
     if manifest is None:
         return report_lib.finish(report, driver_problems, [], args.max_problems_per_check)
@@ -254,18 +272,49 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
-def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
+def _foreign_files(args, progress: Progress) -> tuple[list, list[str] | None]:
+    """(the matched files' metadata, the TFDS dataset's class names or None) of a ``tfrecord:`` or ``tfds:`` DATA."""
+    if args.data.startswith(TFDS_PREFIX):
+        name = args.data[len(TFDS_PREFIX):].strip("/")
+        progress(f"finding TFDS dataset {name}", None, None, None)
+        try:
+            files, classes = prepared_files(name, args.tfds_data_dir, args.label_key)
+        except ValueError as e:
+            raise ValidateError(str(e)) from None
+        return FileSystems.match(files), classes
+    if not args.data[len(TFRECORD_PREFIX):].strip():
+        raise ValidateError("tfrecord: needs a glob of TFRecord files, e.g. tfrecord:DIR/*-train.tfrecord*")
     pattern = _absolute(args.data[len(TFRECORD_PREFIX):])
-    report = report_lib.report_base(args.data, "tfrecord")
     progress(f"matching {pattern}", None, None, None)
     try:
-        matched = FileSystems.match([pattern])[0].metadata_list
+        return FileSystems.match([pattern])[0].metadata_list, None
     except BeamIOError:
-        matched = []
+        return [], None
+
+
+def _no_files_problem(pattern: str, matched: list) -> dict:
+    """The ``no_files`` problem of a glob that matched nothing, or only folders (which hold the files)."""
+    folders = [meta.path for meta in matched]
+    if len(folders) == 1:
+        return problem("no_files", f"{folders[0]} is a folder: give a glob of its files, e.g. "
+                                   f"tfrecord:{manifest_lib.join(folders[0], '*.tfrecord*')}")
+    if folders:
+        return problem("no_files", f"{pattern} matched only folders ({', '.join(folders[:3])}"
+                                   f"{', …' if len(folders) > 3 else ''}): give a glob of their files")
+    return problem("no_files", f"{pattern} matched no files")
+
+
+def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
+    report = report_lib.report_base(args.data, "tfds" if args.data.startswith(TFDS_PREFIX) else "tfrecord")
+    matched, tfds_classes = _foreign_files(args, progress)
+    if tfds_classes is not None:  # (a list of MatchResults, one per file)
+        matched = [meta for result in matched for meta in result.metadata_list]
+    folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
+    matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
     if not files:
-        return report_lib.finish(report, [problem("no_files", f"{pattern} matched no files")], [],
-                                 args.max_problems_per_check)
+        return report_lib.finish(report, [_no_files_problem(_absolute(args.data[len(TFRECORD_PREFIX):]), folders)],
+                                 [], args.max_problems_per_check)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
             pipeline, files, args.image_key, args.label_key, results, args.max_problems_per_check, progress_dir),
@@ -276,7 +325,7 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
     driver_problems = []
     try:  # the class names preprocess would read for these files (TFDS's label.labels.txt beside them)
-        classes = planning.class_names_beside(files[0])
+        classes = tfds_classes or planning.class_names_beside(files[0])
     except sources.SourceError as e:
         classes, driver_problems = None, [problem("class_names", str(e))]
     if classes:
@@ -337,12 +386,13 @@ def _write_report(json_path: str, report: dict) -> None:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m shardprep.pipelines.validate",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", help="a prepared dataset folder (local or gs://), or tfrecord:GLOB")
+    parser.add_argument("data", help="a prepared dataset folder (local or gs://), tfrecord:GLOB or tfds:NAME")
     parser.add_argument("--json", dest="json_path", help="write the JSON report here")
     parser.add_argument("--pictures", help="write contact_sheet.png and class_counts.png into this folder")
     parser.add_argument("--samples-per-class", type=int, default=DEFAULT_SAMPLES_PER_CLASS)
     parser.add_argument("--image-key", default=DEFAULT_IMAGE_KEY, help="tfrecord: input's image feature")
     parser.add_argument("--label-key", default=DEFAULT_LABEL_KEY, help="tfrecord: input's int64 label feature")
+    parser.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: DATA")
     parser.add_argument("--max-problems-per-check", type=int, default=DEFAULT_MAX_PROBLEMS_PER_CHECK)
     args, beam_args = parser.parse_known_args(argv)
     if args.samples_per_class < 1 or args.max_problems_per_check < 1:
@@ -363,7 +413,7 @@ def run(argv: list[str] | None = None, progress: Progress | None = None) -> dict
     check_output_paths(args.json_path, args.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
-    if args.data.startswith(TFRECORD_PREFIX):
+    if args.data.startswith((TFRECORD_PREFIX, TFDS_PREFIX)):
         report = validate_foreign(args, beam_args, progress)
     else:
         report = validate_dataset(args, beam_args, progress)

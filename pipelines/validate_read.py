@@ -10,6 +10,7 @@ No record is held: every cross-record check gets the keys and locations these st
 from __future__ import annotations
 
 import io
+import os
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
@@ -22,10 +23,23 @@ from shardprep.pipelines.validation.checks import (RecordExpectations, problem, 
 from shardprep.pipelines.validation.elements import RecordLocation, Sample, SampleOptions, ShardTask
 from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
 from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, channel_sums, pixel_hash, sample_rank
-from shardprep.preprocess import record_format
+from shardprep.preprocess import record_format, untrusted
 
 METRICS_NAMESPACE = "validate"
 SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "sample")
+
+
+def open_for_reading(path: str):
+    """``(binary stream, size in bytes)`` of a shard or input file. A local one must be a regular file (a FIFO would
+    block the read, a device such as ``/dev/zero`` never end): else ``NotRegularFileError`` naming what it is.
+    Remote files are opened through Beam's file systems, their size matched first."""
+    if "://" not in path or path.startswith("file://"):
+        descriptor = untrusted.open_regular_file(path[len("file://"):] if path.startswith("file://") else path)
+        return os.fdopen(descriptor, "rb"), os.fstat(descriptor).st_size
+    [matched] = FileSystems.match([path])[0].metadata_list[:1] or [None]
+    if matched is None:
+        raise FileNotFoundError(f"{path} does not exist")
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), matched.size_in_bytes
 
 
 def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
@@ -55,8 +69,10 @@ class ReadShardFn(beam.DoFn):
         layout = self.expectations.record_layouts.get(task.split)
         data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
         try:
-            with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-                reader = MeasuredReader(stream, hash_bytes=True)
+            stream, size = open_for_reading(task.path)
+            with stream:
+                # No further than the manifest's size: a file far larger (a sparse terabyte) is not read to its end.
+                reader = MeasuredReader(stream, hash_bytes=True, limit=task.expected.num_bytes)
                 for index, data, corruption in iter_framed_records(reader):
                     num_records += 1
                     if corruption is not None:
@@ -66,6 +82,7 @@ class ReadShardFn(beam.DoFn):
                         data_lengths.append(len(data))
                     yield from self._check_record(task, index, data, stats, layout)
                 reader.drain()
+                whole = not reader.beyond_limit()
         except (OSError, BeamIOError) as e:
             yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=task.split, file=task.file)
             yield task.split, stats
@@ -77,8 +94,9 @@ class ReadShardFn(beam.DoFn):
         self.bytes_read.inc(reader.num_bytes)
         self.shards_read.inc()
         progress_lib.mark(self.progress_dir, files=1, records=num_records)
-        for found in shard_problems(task.split, task.file, task.expected, num_records, reader.num_bytes,
-                                    reader.sha256.hexdigest()):
+        for found in shard_problems(task.split, task.file, task.expected, num_records,
+                                    reader.num_bytes if whole else max(size, reader.num_bytes + 1),
+                                    reader.sha256.hexdigest() if whole else None):
             yield beam.pvalue.TaggedOutput("problem", found)
         stats.shard_records[task.file] = num_records
         yield task.split, stats
@@ -155,8 +173,11 @@ class ReadForeignFileFn(beam.DoFn):
         stats = ForeignStats()
         num_records = 0
         try:
-            with FileSystems.open(file, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-                for index, data, corruption in iter_framed_records(MeasuredReader(stream, hash_bytes=False)):
+            stream, size = open_for_reading(file)
+            with stream:
+                # A record length read from the file never asks for more than the file holds.
+                for index, data, corruption in iter_framed_records(MeasuredReader(stream, hash_bytes=False,
+                                                                                  limit=size)):
                     num_records += 1
                     if corruption is not None:
                         yield _problem("record_corrupt", corruption, split=split, file=file, index=index)

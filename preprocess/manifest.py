@@ -25,12 +25,17 @@ import os
 import posixpath
 import re
 
+from shardprep.preprocess import untrusted
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 REJECTS_NAME = "rejects.jsonl"
 LOCK_NAME = ".shardprep.lock"
 SHARD_SUFFIX = ".tfrecord"
 TOOL = "shardprep"
+# Bounds on a manifest read back (an ImageNet manifest is ~0.3 MB, 6 levels deep): anything past them is not ours.
+MANIFEST_MAX_BYTES = 64 << 20
+MANIFEST_MAX_DEPTH = 32
 
 
 def tool_version() -> str:
@@ -64,14 +69,21 @@ def to_json(manifest: dict) -> str:
 
 
 def from_json(text: str | bytes) -> dict:
+    """The manifest document in ``text``, read as untrusted input (:func:`shardprep.preprocess.untrusted.json_loads`:
+    bounded size and nesting, finite numbers, no duplicate keys); a :class:`ManifestError` otherwise, or for an
+    unknown ``format_version``. Its shape is checked by ``manifest_schema.shape_problems``."""
     try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"manifest is not valid JSON: {e}") from e
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(
-            f"unsupported manifest format_version {manifest.get('format_version') if isinstance(manifest, dict) else None!r}"
-            f" (this shardprep reads version {FORMAT_VERSION})")
+        manifest = untrusted.json_loads(text, source=MANIFEST_NAME, max_bytes=MANIFEST_MAX_BYTES,
+                                        max_depth=MANIFEST_MAX_DEPTH)
+    except untrusted.UntrustedJSONError as e:
+        raise ManifestError(str(e)) from e
+    if not isinstance(manifest, dict):
+        kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(manifest), "a number")
+        raise ManifestError(f"{MANIFEST_NAME}: must be a JSON object (the manifest shardprep preprocess writes), "
+                            f"is {kind}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(f"unsupported manifest format_version {manifest.get('format_version')!r} (this "
+                            f"shardprep reads version {FORMAT_VERSION})")
     return manifest
 
 
@@ -158,7 +170,7 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
     if kind == PATH_MISSING:
         message = f"{data_dir} does not exist: {give}"
     elif kind == PATH_FILE:
-        message = f"{data_dir} is a file, not a prepared dataset: {give}"
+        message = f"{data_dir} is {untrusted.file_kind(data_dir)}, not a prepared dataset: {give}"
     elif kind == PATH_EMPTY:
         message = (f"{data_dir} is an empty folder, not a prepared dataset: run shardprep preprocess SOURCE "
                    f"{data_dir} first, or {give}")
@@ -179,15 +191,36 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
     return error
 
 
+def read_local(data_dir: str) -> bytes:
+    """The bytes of a local ``data_dir/manifest.json``: a regular file (never a FIFO or a device, which would block
+    or never end) of at most :data:`MANIFEST_MAX_BYTES`; a :class:`ManifestError` naming the path otherwise."""
+    path = os.path.join(data_dir, MANIFEST_NAME)
+    if not os.path.lexists(path):
+        raise missing_manifest_error(data_dir)
+    try:
+        return untrusted.read_regular_file(path, MANIFEST_MAX_BYTES)
+    except FileNotFoundError:
+        raise missing_manifest_error(data_dir) from None
+    except OSError as e:
+        raise ManifestError(f"{e}: a manifest is a small regular file" if isinstance(
+            e, untrusted.NotRegularFileError) else f"cannot read {path}: {e}") from e
+
+
 def load(data_dir: str) -> dict:
-    """Reads ``data_dir/manifest.json`` from a local path or any Beam file system (``gs://``)."""
+    """Reads ``data_dir/manifest.json`` from a local path or any Beam file system (``gs://``), within the bounds of
+    :func:`from_json` (and :func:`read_local` for local paths)."""
+    if "://" not in data_dir or data_dir.startswith("file://"):
+        return from_json(read_local(data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir))
     from apache_beam.io.filesystems import FileSystems
 
     path = join(data_dir, MANIFEST_NAME)
     if not FileSystems.exists(path):
         raise missing_manifest_error(data_dir)
     with FileSystems.open(path) as f:
-        return from_json(f.read())
+        data = f.read(MANIFEST_MAX_BYTES + 1)
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise ManifestError(f"{path} is more than the {MANIFEST_MAX_BYTES:,} bytes a manifest may be")
+    return from_json(data)
 
 
 def shard_files(manifest: dict, split: str) -> list[str]:

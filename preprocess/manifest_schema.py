@@ -7,11 +7,22 @@ manifest ``shardprep.pipelines.manifest_writer.build_manifest`` writes has none.
 
 from __future__ import annotations
 
+import math
 import re
 
+from shardprep.preprocess import names
 from shardprep.preprocess.config import CROPS, ENCODINGS
+from shardprep.preprocess.limits import JPEG_MAX_SIDE
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Counts and byte sizes stay exact in every JSON reader and in int64 (2**53 - 1, JSON's largest safe integer).
+MAX_COUNT = (1 << 53) - 1
+MAX_SIDE = JPEG_MAX_SIDE  # no stored image is larger a side (raw records stop far below it: protobuf's 2 GiB)
+MIN_FRAMED_RECORD_BYTES = 16  # a TFRecord record's length, its CRC and the data's CRC, with empty data
+# Per-channel pixel statistics on the 0-255 scale: a mean lies in 0-255, a standard deviation in 0-127.5 (values
+# half 0 and half 255); the small margin absorbs float rounding.
+_MEAN_RANGE, _STD_RANGE = (0.0, 255.0), (0.0, 127.5)
+_ROUNDING = 1e-6
 _LAYOUT_KEYS = ("record_bytes", "image_offset", "label_offset")
 
 
@@ -33,14 +44,30 @@ def _describe(value) -> str:
     return f"{_type_name(value)} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
-def _count(problems: list[str], path: str, value, *, minimum: int = 0) -> bool:
+def _count(problems: list[str], path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> bool:
     if not _is_int(value):
         problems.append(f"{path}: must be an integer, is {_describe(value)}")
         return False
     if value < minimum:
         problems.append(f"{path}: must be at least {minimum}, is {value}")
         return False
+    if value > maximum:
+        problems.append(f"{path}: must be at most {maximum:,}, is {_describe(value)}")
+        return False
     return True
+
+
+def _channel_values(problems: list[str], key: str, value, allowed: tuple[float, float]) -> None:
+    """``mean_rgb``/``std_rgb``: null, or 3 finite numbers within ``allowed`` (0-255 scale)."""
+    if value is None:
+        return
+    if not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
+        problems.append(f"{key}: must be a list of 3 numbers or null, is {_describe(value)}")
+        return
+    low, high = allowed
+    for index, number in enumerate(value):
+        if not (math.isfinite(number) and low - _ROUNDING <= number <= high + _ROUNDING):
+            problems.append(f"{key}[{index}]: must be within {low:g}-{high:g}, is {number!r}")
 
 
 def unsafe_relative_path(path: str) -> str | None:
@@ -73,9 +100,11 @@ def _shard_problems(problems: list[str], path: str, shard) -> None:
             unsafe = unsafe_relative_path(shard["file"])
             if unsafe:
                 problems.append(f"{path}.file: {shard['file']!r} {unsafe}")
-    for key in ("num_examples", "num_bytes"):
-        if key in shard:
-            _count(problems, f"{path}.{key}", shard[key])
+    counted = [key for key in ("num_examples", "num_bytes") if key in shard and _count(problems, f"{path}.{key}",
+                                                                                           shard[key])]
+    if len(counted) == 2 and shard["num_examples"] * MIN_FRAMED_RECORD_BYTES > shard["num_bytes"]:
+        problems.append(f"{path}.num_examples: {shard['num_examples']:,} records cannot fit in "
+                        f"{shard['num_bytes']:,} bytes (a record takes at least {MIN_FRAMED_RECORD_BYTES})")
     # sha256: null is allowed (datasets assembled by hand); a value must be 64 lowercase hex digits.
     sha = shard.get("sha256")
     if sha is not None and not (isinstance(sha, str) and _HEX64.match(sha)):
@@ -129,9 +158,23 @@ def _classes(problems: list[str], manifest: dict) -> list | None:
     for index, name in enumerate(classes):
         if not isinstance(name, str):
             problems.append(f"classes[{index}]: must be a string, is {_describe(name)}")
+        elif names.problem(name, "class"):
+            problems.append(f"classes[{index}]: {names.describe(name)} {names.problem(name, 'class')}")
     if len(set(map(str, classes))) != len(classes):
         problems.append("classes: names must be unique")
     return classes
+
+
+def _options_numbers(problems: list[str], manifest: dict) -> None:
+    """The numbers readers do not use but a person reads: ``channels`` (3), ``jpeg_quality`` (1-100), ``seed``."""
+    if manifest.get("channels") is not None and manifest["channels"] != 3:
+        problems.append(f"channels: must be 3 (RGB) or null, is {_describe(manifest['channels'])}")
+    if manifest.get("jpeg_quality") is not None:
+        quality = manifest["jpeg_quality"]
+        if not (_is_int(quality) and 1 <= quality <= 100):
+            problems.append(f"jpeg_quality: must be within 1-100 or null, is {_describe(quality)}")
+    if manifest.get("seed") is not None and not _is_int(manifest["seed"]):
+        problems.append(f"seed: must be an integer or null, is {_describe(manifest['seed'])}")
 
 
 def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
@@ -157,22 +200,21 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
     if "crop" in manifest and manifest["crop"] not in CROPS:
         problems.append(f"crop: must be one of {', '.join(CROPS)}, is {_describe(manifest['crop'])}")
     if "shorter_side" in manifest:
-        _count(problems, "shorter_side", manifest["shorter_side"], minimum=1)
+        _count(problems, "shorter_side", manifest["shorter_side"], minimum=1, maximum=MAX_SIDE)
     square = manifest.get("crop") == "center"
     for key in ("image_height", "image_width"):
         if square and key not in manifest:
             problems.append(f"{key}: missing (required for centre crops)")
         elif manifest.get(key) is not None:
-            _count(problems, key, manifest[key], minimum=1)
+            _count(problems, key, manifest[key], minimum=1, maximum=MAX_SIDE)
         elif square:
             problems.append(f"{key}: must be an integer for centre crops, is null")
     for key in ("num_inputs", "num_examples", "num_rejected"):
         if key in manifest:
             _count(problems, key, manifest[key])
-    for key in ("mean_rgb", "std_rgb"):
-        value = manifest.get(key)
-        if value is not None and not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
-            problems.append(f"{key}: must be a list of 3 numbers or null, is {_describe(value)}")
+    _channel_values(problems, "mean_rgb", manifest.get("mean_rgb"), _MEAN_RANGE)
+    _channel_values(problems, "std_rgb", manifest.get("std_rgb"), _STD_RANGE)
+    _options_numbers(problems, manifest)
     stats_split = manifest.get("stats_split")
     if stats_split is not None and not isinstance(stats_split, str):
         problems.append(f"stats_split: must be a split name or null, is {_describe(manifest['stats_split'])}")
@@ -183,6 +225,9 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
         else:
             raw_center = manifest.get("encoding") == "raw" and square and layouts_required
             for split, info in splits.items():
+                wrong = names.problem(split, "split")
+                if wrong:
+                    problems.append(f"splits: the split name {names.describe(split)} {wrong}")
                 _split_problems(problems, split, info, raw_center, classes)
             stats_split = manifest.get("stats_split")
             if isinstance(stats_split, str) and stats_split not in splits:

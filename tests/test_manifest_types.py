@@ -106,7 +106,7 @@ def test_a_malformed_manifest_lists_its_problems(outputs):
 def test_a_hand_made_manifest_with_only_the_required_keys_is_read():
     document = {"format_version": 1, "classes": ["a"], "encoding": "jpeg", "crop": "none", "shorter_side": 8,
                 "splits": {"train": {"num_examples": 1, "class_counts": {"a": 1},
-                                     "shards": [{"file": "train/x.tfrecord", "num_examples": 1, "num_bytes": 10}]}}}
+                                     "shards": [{"file": "train/x.tfrecord", "num_examples": 1, "num_bytes": 100}]}}}
     m = Manifest.from_json(document)
     assert m.num_classes == 1 and m.split("train").num_shards == 1 and m.split("train").shards[0].sha256 is None
     assert m.mean_rgb is None and m.stored_shape == (8, 8)

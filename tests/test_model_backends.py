@@ -154,7 +154,8 @@ def test_predict_images_and_shardprep_predict_take_the_inference_model(tmp_path)
 
     data = write_colour_dataset(tmp_path / "colours")  # 20x20 stored images, classes red and blue
     keras.utils.set_random_seed(0)
-    model = build_model(2, IMAGE_SIZE, MEAN, STD, width_multiplier=0.125)
+    manifest = json.loads((tmp_path / "colours" / "manifest.json").read_text())  # predict checks mean/std
+    model = build_model(2, IMAGE_SIZE, manifest["mean_rgb"], manifest["std_rgb"], width_multiplier=0.125)
     path = tmp_path / "model.keras"
     save_inference_model(model, str(path))
     loaded = keras.models.load_model(str(path))
@@ -171,4 +172,4 @@ def test_predict_images_and_shardprep_predict_take_the_inference_model(tmp_path)
     (tmp_path / "photo.png").write_bytes(photos[0])
     result = CliRunner().invoke(main, ["predict", str(path), data, str(tmp_path / "photo.png")])
     assert result.exit_code == 0, result.output
-    assert result.output.strip().startswith(f"{tmp_path / 'photo.png'}: {new[0].class_name} (")
+    assert result.output.strip().startswith(f"{tmp_path / 'photo.png'}: {new[0].class_name} ")

@@ -11,7 +11,9 @@ Two sources, chosen by the split's layout (:func:`batch_source`):
   is libjpeg-turbo as TensorFlow's is (the tf.data reader decodes whole images the same way, then crops).
 
 Crops for ``crop: none``: a ``side`` x ``side`` square at ``(draw % (spare + 1))`` in training, central otherwise,
-as :mod:`shardprep.train.read_examples` cuts them. No TensorFlow.
+as :mod:`shardprep.train.read_examples` cuts them. Both sources check every shard a batch reads against the
+:class:`~shardprep.train.record_identity.DatasetSnapshot` taken when they were made, and every label against the
+manifest's classes (:func:`~shardprep.train.record_identity.check_labels`). No TensorFlow.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from shardprep.preprocess import record_format
 from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train import record_gather
 from shardprep.train.record_gather import RECORD_INDEX_BITS, ReusedBuffers
+from shardprep.train.record_identity import DatasetSnapshot, check_labels
 from shardprep.train.record_index import ExampleGather
 
 CHANNELS = record_format.CHANNELS
@@ -71,21 +74,35 @@ def crop_window(height: int, width: int, side: int, draws, training: bool) -> tu
 
 
 class FixedLayoutSource:
-    """Batches of fixed-layout shards: ``(global ids, draws) -> (images, labels)``; draws are unused."""
+    """Batches of fixed-layout shards: ``(global ids, draws) -> (images, labels)``; draws are unused.
 
-    def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False):
+    ``snapshot``: the split's :class:`DatasetSnapshot` (every shard read is checked against it); ``num_classes``:
+    labels outside ``0..num_classes-1`` are a ``DatasetChangedError``."""
+
+    def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False,
+                 snapshot: DatasetSnapshot | None = None, num_classes: int | None = None):
         record_gather.check_shard_sizes(paths, counts, layout)
         if verify:
             from shardprep.train.verified_gather import VerifiedGather
 
-            self.gather = VerifiedGather(paths, counts, layout, buffers)
+            self.gather = VerifiedGather(paths, counts, layout, buffers, snapshot)
         else:
-            self.gather = record_gather.FixedLayoutGather(paths, layout, buffers)
+            self.gather = record_gather.FixedLayoutGather(paths, layout, buffers, snapshot)
+        self.snapshot, self.num_classes = snapshot, num_classes
         self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.image_shape = self.gather.image_shape
 
     def __call__(self, ids: np.ndarray, draws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self.gather(gather_ids(self.starts, ids))
+        images, labels = self.gather(gather_ids(self.starts, ids))
+        if self.num_classes is not None:
+            check_labels(labels, self.num_classes, ids, self.starts, self.gather.paths, _where(self.snapshot,
+                                                                                               self.gather.paths))
+        return images, labels
+
+
+def _where(snapshot: DatasetSnapshot | None, paths) -> str:
+    """The dataset folder an error names."""
+    return snapshot.data_dir if snapshot is not None else os.path.dirname(os.path.dirname(paths[0]))
 
 
 def gather_ids(starts: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -96,11 +113,14 @@ def gather_ids(starts: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 class ExampleSource:
-    """Batches of Examples decoded one by one into a reused batch buffer."""
+    """Batches of Examples decoded one by one into a reused batch buffer; ``snapshot`` as
+    :class:`FixedLayoutSource`'s, labels checked against the manifest's classes."""
 
     def __init__(self, paths, counts, manifest: Manifest, training: bool, verify: bool = False,
-                 buffers: ReusedBuffers | None = None):
-        self.records = ExampleGather(paths, counts, verify=verify)
+                 buffers: ReusedBuffers | None = None, snapshot: DatasetSnapshot | None = None):
+        self.records = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
+        self.snapshot, self.num_classes = snapshot, manifest.num_classes
+        self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.encoding, self.crop, self.side = manifest.encoding, manifest.crop, manifest.shorter_side
         height, width = manifest.stored_shape
         self.image_shape = (height, width, CHANNELS)
@@ -114,6 +134,8 @@ class ExampleSource:
         labels = np.empty(count, np.int32)
         for j, data in enumerate(serialized):
             images[j], labels[j] = self.decode(data, draws[j] if draws is not None else (0, 0))
+        check_labels(labels, self.num_classes, ids, self.starts, self.records.paths,
+                     _where(self.snapshot, self.records.paths))
         return images, labels
 
     def decode(self, serialized: bytes, draws) -> tuple[np.ndarray, int]:
@@ -130,11 +152,13 @@ class ExampleSource:
 def batch_source(data_dir: str, manifest: Manifest, split: str, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None):
     """The source of ``split``'s batches: fixed-layout gathers where the split has a layout, else decoded Examples;
-    ``verify`` checks every record's CRCs."""
+    ``verify`` checks every record's CRCs. Its ``snapshot`` is taken now: shards of another size than the manifest
+    says are a ``ValueError``."""
     shards = manifest.split(split).shards
     paths = [os.path.join(data_dir, shard.file) for shard in shards]
     counts = [shard.num_examples for shard in shards]
+    snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
-        return FixedLayoutSource(paths, counts, layout, buffers, verify)
-    return ExampleSource(paths, counts, manifest, training, verify, buffers)
+        return FixedLayoutSource(paths, counts, layout, buffers, verify, snapshot, manifest.num_classes)
+    return ExampleSource(paths, counts, manifest, training, verify, buffers, snapshot)

@@ -24,11 +24,22 @@ batches. For Keras (any backend), :meth:`NumpyReader.as_py_dataset` wraps the re
 :class:`shardprep.train.record_dataset.RecordDataset` with its seeded sampler.
 
 A batch handed out stays valid while the caller holds it (its buffer is reused only once nothing references it).
+
+One reader is one position in one stream of batches: ``iter(reader)`` continues from :meth:`NumpyReader.state`, and
+while one iterator is active (not finished, closed or dropped) a second ``iter()`` or a :meth:`~NumpyReader.set_state`
+is refused (``RuntimeError``) instead of handing out batches twice or skipping them. For two independent streams,
+make two readers; for any batch at any time, :meth:`~NumpyReader.read_batch`.
+
+The dataset is trusted no further than it was checked: every shard a batch reads must be the file the reader
+opened (same inode, size and modification time), ``manifest.json`` and the shards are checked again at each epoch
+boundary, and every label must be one of the manifest's classes; else ``DatasetChangedError``
+(:mod:`shardprep.train.record_identity`), a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -37,19 +48,16 @@ from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import batch_prefetch
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
-from shardprep.train.record_order import ReaderState, RecordOrder
+from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
 
 
 def load_local_manifest(data_dir: str) -> Manifest:
-    """The typed manifest of a local dataset folder, read with plain ``open`` (no TensorFlow, no Beam)."""
+    """The typed manifest of a local dataset folder, read with plain ``open`` (no TensorFlow, no Beam): a regular
+    file within the manifest's bounds (``manifest_lib.read_local``)."""
     if "://" in data_dir:
         raise ValueError(f"NumpyReader reads local datasets only, not {data_dir}: copy the dataset to a local "
                          "disk, or use shardprep.train.reader.make_dataset")
-    path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
-    if not os.path.isfile(path):
-        raise manifest_lib.missing_manifest_error(data_dir)
-    with open(path, "rb") as f:
-        return typed(manifest_lib.from_json(f.read()))
+    return typed(manifest_lib.from_json(manifest_lib.read_local(data_dir)))
 
 
 class NumpyReader:
@@ -67,21 +75,19 @@ class NumpyReader:
       manifest: the already loaded manifest (document or :class:`~shardprep.preprocess.manifest_types.Manifest`).
       threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
 
-    Raises ``ValueError`` for a bad ``batch_size``, ``num_shards``/``index`` or ``start_step``, a URL, or shards
-    that disagree with the manifest.
+    Raises ``TypeError`` for an argument of the wrong type (``batch_size=2.5``, ``training="yes"``), ``ValueError``
+    for one out of range (``batch_size``, ``num_shards``/``index``, ``seed``, ``start_step``), a URL, or shards that
+    disagree with the manifest.
     """
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
                  prefetch: int | None = None):
-        data_dir = os.fspath(data_dir)
+        data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch)
         self.manifest = typed(manifest) if manifest is not None else load_local_manifest(data_dir)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)
-        for name, value in (("threads", threads), ("prefetch", prefetch)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
@@ -89,6 +95,7 @@ class NumpyReader:
                                     buffers=ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH)
                                                           + 8))
         self._step = 0
+        self._active = None  # a weak reference to the iterator handing out batches, while there is one
         self.set_state(start_step)
 
     @property
@@ -113,24 +120,46 @@ class NumpyReader:
         return self.order.state(self._step)
 
     def set_state(self, state: ReaderState | int) -> None:
-        """Continues at ``state`` (a :class:`ReaderState` or a global step): the next iteration starts there."""
-        step = state.step if isinstance(state, ReaderState) else int(state)
+        """Continues at ``state`` (a :class:`ReaderState` or a global step): the next iteration starts there.
+        Refused (``RuntimeError``) while an iterator is active: it has already read ahead from where it is."""
+        step = state.step if isinstance(state, ReaderState) else integer_argument("start_step", state)
+        if self._iterating():
+            raise RuntimeError(f"NumpyReader.set_state while an iterator is active (at step {self._step}): finish, "
+                               "close or drop that iterator first")
         if step < 0 or (not self.training and step > len(self)):
             raise ValueError(f"start_step must be in [0, {len(self)}] in evaluation and >= 0 in training, "
                              f"got {step}")
         self._step = step
 
     def read_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global batch ``step``, read now on the calling thread (random access: any step, any order)."""
+        """Global batch ``step``, read now on the calling thread (random access: any step, any order). The first
+        batch of an epoch first checks that the manifest and every shard are still the files the reader opened."""
+        if step % self.order.steps_per_epoch == 0:
+            self._source.snapshot.check()
         return self._source(self.order.batch_ids(step), self.order.crop_draws(step) if self._crops else None)
 
     @property
     def _crops(self) -> bool:
         return self.training and self.manifest.crop == "none"
 
+    def _iterating(self) -> bool:
+        iterator = self._active() if self._active is not None else None
+        return iterator is not None and iterator.gi_frame is not None  # made, and neither finished nor closed
+
     def __iter__(self):
         """Batches from the current position: endless in training; to the end of the pass in evaluation, after
-        which the next iteration is a new pass."""
+        which the next iteration is a new pass. A ``RuntimeError`` while another iterator is active."""
+        if self._iterating():
+            raise RuntimeError(
+                f"this NumpyReader already has an active iterator (at step {self._step}): a reader is one position "
+                "in one stream, so a second iterator would hand out batches twice or skip them. Finish, close or "
+                "drop the first; make a second NumpyReader for an independent stream; or use read_batch(step)")
+        self._source.snapshot.check()
+        iterator = self._batches()
+        self._active = weakref.ref(iterator)
+        return iterator
+
+    def _batches(self):
         first = self._step
         steps = _count_from(first) if self.training else range(first, len(self))
         for step, batch in zip(_count_from(first), batch_prefetch.prefetched(self.read_batch, steps, self.threads,
@@ -149,6 +178,21 @@ class NumpyReader:
         from shardprep.train.keras_batches import KerasBatches
 
         return KerasBatches(self, steps_done=steps_done, **kwargs)
+
+
+def _checked_arguments(data_dir, split, training, manifest, threads, prefetch) -> str:
+    """``data_dir`` as a str, after the arguments RecordOrder does not check are checked (type and range)."""
+    if not isinstance(data_dir, (str, os.PathLike)):
+        raise TypeError(f"data_dir must be a path (str or os.PathLike), got {data_dir!r} ({type(data_dir).__name__})")
+    if not isinstance(split, str):
+        raise TypeError(f"split must be a split name (a string), got {split!r} ({type(split).__name__})")
+    bool_argument("training", training)
+    if manifest is not None and not isinstance(manifest, (dict, Manifest)):
+        raise TypeError(f"manifest must be a loaded manifest (dict or Manifest) or None, got a "
+                        f"{type(manifest).__name__}")
+    for name, value in (("threads", threads), ("prefetch", prefetch)):
+        integer_argument(name, value, minimum=1, optional=True)
+    return os.fspath(data_dir)
 
 
 def _count_from(first: int):

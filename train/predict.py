@@ -6,10 +6,21 @@ RGB, resized so the shorter side is the manifest's ``shorter_side``, centre-crop
 predictions, so this module runs each photo through the job's own :func:`shardprep.preprocess.image_ops.process_image`
 with the manifest's options, and reads the class names from the manifest.
 
+The manifest must be the one of the dataset the model was trained on, or the answers are silently wrong (another
+dataset's class names, or photos resized to another size): :func:`check_dataset` refuses, naming what differs, a
+manifest whose number of classes is not the model's number of outputs, whose stored images are smaller than the
+model's crop (a training crop always fits its stored images), or whose ``mean_rgb``/``std_rgb`` are not the ones the
+model normalizes with (within :data:`NORMALIZATION_TOLERANCE`: the same dataset gives the same numbers).
+
     from shardprep.train.predict import predict_images
 
     for p in predict_images("run/model.keras", "shards", ["cat.jpg", "dog.png"], top_k=3):
-        print(p.source, p.class_name, f"{p.probability:.2f}", p.top)
+        print(p.source, p.display_name, f"{p.probability:.2f}", p.top)
+
+Every photo is answered in order; a photo that cannot be used (not an image, missing, a folder, a FIFO) raises by
+default, or with ``errors="report"`` becomes a :class:`PhotoFailure` in its place while the others are answered.
+Classes that are ImageNet WordNet IDs get readable names (``golf ball (n03445777)``,
+:mod:`shardprep.preprocess.wordnet_names`).
 """
 
 from __future__ import annotations
@@ -21,8 +32,13 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from shardprep.preprocess import image_ops
+from shardprep.preprocess import image_ops, untrusted, wordnet_names
 from shardprep.preprocess import manifest as manifest_lib
+
+# How far the model's normalization may be from the manifest's mean_rgb/std_rgb (0-255 scale): the model stores
+# them in float32, so the same dataset agrees to ~1e-5; another dataset differs by far more.
+NORMALIZATION_TOLERANCE = 1e-3
+PHOTO_MAX_BYTES = 1 << 30  # a photo file larger than this is not read (no image format preprocess reads needs it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +56,19 @@ class Prediction:
     index: int
     probability: float
     top: tuple[tuple[str, int, float], ...]
+
+    @property
+    def display_name(self) -> str:
+        """The class as a person reads it: ``golf ball (n03445777)`` for an ImageNet WordNet ID, else the name."""
+        return wordnet_names.display_name(self.class_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhotoFailure:
+    """A photo that could not be classified (``errors="report"``): its source and why, e.g. ``does not exist``."""
+
+    source: str
+    message: str
 
 
 def process_options(manifest: dict) -> image_ops.ProcessOptions:
@@ -102,7 +131,58 @@ def stored_pixels(data: bytes, options: image_ops.ProcessOptions, min_side: int 
     return pixels
 
 
+def model_normalization(model) -> tuple[list[float], list[float]] | None:
+    """(mean RGB, std RGB) on the 0-255 scale that the model normalizes its input with: its
+    ``keras.layers.Normalization`` (the inference model ``shardprep train`` saves), or its ``CropFlipNormalize``'s
+    (a training model); None for a model with neither."""
+    import keras
+
+    for layer in getattr(model, "layers", ()):
+        if isinstance(layer, keras.layers.Normalization) and getattr(layer, "mean", None) is not None:
+            mean = np.asarray(keras.ops.convert_to_numpy(layer.mean), np.float64).ravel()
+            variance = np.asarray(keras.ops.convert_to_numpy(layer.variance), np.float64).ravel()
+            return mean.tolist(), np.sqrt(variance).tolist()
+        if getattr(layer, "mean_rgb", None) is not None and getattr(layer, "std_rgb", None) is not None:
+            return [float(v) for v in layer.mean_rgb], [float(v) for v in layer.std_rgb]
+    return None
+
+
+def _numbers(values) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) if values is not None else "none"
+
+
+def check_dataset(model, manifest: dict, data: str) -> None:
+    """Raises ``ValueError`` naming what differs when ``manifest`` (shape-checked; of ``data``, as the message names
+    it) cannot be the dataset ``model`` was trained on: the number of classes, stored images smaller than the
+    model's crop, or another normalization (mean/std). A model without a normalization layer is checked for the
+    first two only."""
+    give = "give the dataset the model was trained on (the DATA shardprep train was given)"
+    outputs = (getattr(model, "output_shape", None) or (None,))[-1]
+    if outputs is not None and outputs != len(manifest["classes"]):
+        raise ValueError(f"the model has {outputs} outputs but the manifest lists {len(manifest['classes'])} "
+                         f"classes: {give}")
+    size = model_image_size(model)
+    height, width = ((manifest["image_height"], manifest["image_width"]) if manifest["crop"] == "center"
+                     else (manifest["shorter_side"], manifest["shorter_side"]))
+    if size is not None and min(height, width) < size:
+        raise ValueError(f"{data} stores {height}x{width} images, smaller than the model's {size}-pixel crop, so "
+                         f"the model was not trained on it (training crops lie inside the stored images): {give}")
+    normalization = model_normalization(model)
+    if normalization is None:
+        return
+    stored = (manifest.get("mean_rgb"), manifest.get("std_rgb"))
+    if any(values is None for values in stored) or any(
+            abs(a - b) > NORMALIZATION_TOLERANCE for model_values, values in zip(normalization, stored)
+            for a, b in zip(model_values, values)):
+        raise ValueError(
+            f"the model was not trained on {data}: the model normalizes with mean RGB {_numbers(normalization[0])}, "
+            f"std RGB {_numbers(normalization[1])}, but {data}'s manifest says mean RGB {_numbers(stored[0])}, "
+            f"std RGB {_numbers(stored[1])}: {give}")
+
+
 def _read(image, position: int) -> tuple[str, bytes]:
+    """(source, the file's bytes); a local path only if it is a regular file (never a FIFO, which would block) of at
+    most PHOTO_MAX_BYTES. ``OSError`` for one that cannot be read."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         return f"<bytes #{position}>", bytes(image)
     if isinstance(image, (str, os.PathLike)):
@@ -111,10 +191,23 @@ def _read(image, position: int) -> tuple[str, bytes]:
             import tensorflow as tf
 
             with tf.io.gfile.GFile(path, "rb") as f:
-                return path, f.read()
-        with open(path, "rb") as f:
-            return path, f.read()
+                return path, f.read(PHOTO_MAX_BYTES + 1)
+        return path, untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
     raise TypeError(f"image #{position} is a {type(image).__name__}: give a path or the file's bytes")
+
+
+def _source(image, position: int) -> str:
+    if isinstance(image, (str, os.PathLike)):
+        return os.fspath(image)
+    return f"<bytes #{position}>"
+
+
+def _why_unreadable(error: OSError) -> str:
+    if isinstance(error, untrusted.NotRegularFileError):
+        return error.reason
+    if isinstance(error, FileNotFoundError):
+        return "does not exist"
+    return f"cannot be read ({error.strerror or error})"
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -124,8 +217,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
-def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
-                   batch_size: int = 32) -> list[Prediction]:
+def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
+                   errors: str = "raise") -> list:
     """Classifies photos with a model trained by ``shardprep train``; one :class:`Prediction` per image, in order.
 
     Args:
@@ -133,51 +226,83 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
         ``model.keras`` (loaded with :func:`shardprep.train.model.load_model`, which also reads older files).
       manifest: the dataset the model was trained on: its folder (local or ``gs://``), its ``manifest.json``, or
         the loaded dict. Its options say how to turn a photo into the stored form, and its ``classes`` name the
-        predictions.
+        predictions; it is checked against the model first (:func:`check_dataset`).
       images: paths (local or ``gs://``) or the files' bytes, in any format the preprocess job reads (JPEG, PNG with
         or without alpha, GIF, BMP, WebP, TIFF; EXIF orientation applied).
       top_k: how many classes each ``Prediction.top`` lists (at most the number of classes).
       batch_size: images per call of the model.
+      errors: ``"raise"``: a photo that cannot be used is a ``ValueError`` naming it; ``"report"``: it becomes a
+        :class:`PhotoFailure` in its place, and every other photo is still answered.
 
     Each photo goes through :func:`shardprep.preprocess.image_ops.process_image` with the manifest's options
     (:func:`process_options`), exactly as the job stored the training images, so small photos are resized up to the
-    manifest's ``shorter_side`` like any other. Should the stored form still be smaller than the model's train size
-    (the manifest's ``shorter_side`` below it: another dataset's manifest), it is resized up with the same resize
-    so that the model's centre crop fits, instead of failing with a shape error. The model then takes the central
-    train-size crop and normalizes, as in validation.
+    manifest's ``shorter_side`` like any other. The model then takes the central train-size crop and normalizes, as
+    in validation.
 
-    Raises ``ValueError`` naming the image for a photo the job would reject (not an image, too many pixels), and
-    when the model's number of outputs differs from the manifest's number of classes.
+    Raises ``ValueError`` for a manifest that is not the model's dataset (:func:`check_dataset`), and (``errors=
+    "raise"``) naming the image for a photo the job would reject (not an image, too many pixels) or that cannot be
+    read (missing, a folder, a FIFO).
     """
+    from shardprep.preprocess import manifest_schema
     from shardprep.train.model import load_model
 
-    if isinstance(model, (str, os.PathLike)):
-        model = load_model(os.fspath(model))
-    manifest = load_manifest(manifest)
-    classes = list(manifest["classes"])
+    if errors not in ("raise", "report"):
+        raise ValueError(f"errors must be 'raise' or 'report', got {errors!r}")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    sources, arrays = _stored_images(images, process_options(manifest), model_image_size(model))
-    probabilities = _class_probabilities(model, arrays, len(classes), batch_size)
-    predictions = []
-    for source, row in zip(sources, probabilities):
+    images = list(images)
+    data = "the given manifest" if isinstance(manifest, dict) else os.fspath(manifest)
+    if isinstance(model, (str, os.PathLike)):
+        model = _load(load_model, os.fspath(model))
+    manifest = load_manifest(manifest)
+    problems = manifest_schema.shape_problems(manifest, layouts_required=False)
+    if problems:
+        raise ValueError(f"{data}: the manifest has the wrong shape: {problems[0]}")
+    check_dataset(model, manifest, data)
+    classes = list(manifest["classes"])
+    results, arrays = _stored_images(images, process_options(manifest), errors)
+    good = [position for position, result in enumerate(results) if result is None]
+    probabilities = _class_probabilities(model, [arrays[p] for p in good], len(classes), batch_size)
+    for position, row in zip(good, probabilities):
         order = np.argsort(-row, kind="stable")[:min(top_k, len(classes))]
         top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
-        predictions.append(Prediction(source, *top[0], top=top))
-    return predictions
+        results[position] = Prediction(_source(images[position], position), *top[0], top=top)
+    return results
 
 
-def _stored_images(images, options: image_ops.ProcessOptions, min_side: int | None) -> tuple[list, list]:
-    """(sources, uint8 H x W x 3 arrays) of ``images`` in their stored form; a rejected image is a ValueError."""
-    sources, arrays = [], []
+def _load(load_model, path: str):
+    import zipfile
+
+    if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "
+                         "file): give the model.keras shardprep train wrote")
+    try:
+        return load_model(path)
+    except Exception as error:  # noqa: BLE001 - Keras raises many kinds for a file that is no model
+        raise ValueError(f"MODEL {path} cannot be loaded as a Keras model ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else 'no detail'}): give the model.keras "
+                         "shardprep train wrote") from None
+
+
+def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
+    """(a list with a :class:`PhotoFailure` for each photo that cannot be used and None for the others,
+    {position: uint8 H x W x 3 array}); with ``errors="raise"`` the first failure is a ValueError instead."""
+    results, arrays = [], {}
     for position, image in enumerate(images):
-        source, data = _read(image, position)
+        source = _source(image, position)
         try:
-            arrays.append(stored_pixels(data, options, min_side))
+            _, data = _read(image, position)
+            arrays[position] = stored_pixels(data, options)
+            results.append(None)
+            continue
         except image_ops.RejectError as error:
-            raise ValueError(f"{source}: not usable as an image ({error})") from None
-        sources.append(source)
-    return sources, arrays
+            message = f"not usable as an image ({error})"
+        except OSError as error:
+            message = _why_unreadable(error)
+        if errors == "raise":
+            raise ValueError(f"{source}: {message}")
+        results.append(PhotoFailure(source, message))
+    return results, arrays
 
 
 def _class_probabilities(model, arrays: list, num_classes: int, batch_size: int) -> list:

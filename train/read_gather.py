@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train import record_gather
-from shardprep.train.batch_sources import FixedLayoutSource, gather_ids
+from shardprep.train.batch_sources import FixedLayoutSource
+from shardprep.train.record_identity import DatasetSnapshot
 from shardprep.train.record_index import ExampleGather
 from shardprep.train.record_order import RecordOrder
 
@@ -31,14 +32,22 @@ def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
 
 
 def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
-                     verify: bool = False) -> tf.data.Dataset:
+                     verify: bool = False, snapshot: DatasetSnapshot | None = None,
+                     num_classes: int | None = None) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of local fixed-layout shards whose sizes match ``layout`` and the
-    manifest's counts (checked here); ``verify`` checks every record's CRCs as it is gathered."""
-    source = FixedLayoutSource(paths, counts, layout, verify=verify)
-    starts, gather = source.starts, source.gather
+    manifest's counts (checked here); ``verify`` checks every record's CRCs as it is gathered; ``snapshot`` and
+    ``num_classes``: as :class:`~shardprep.train.batch_sources.FixedLayoutSource`'s, the snapshot also checked in
+    full at each epoch's first step."""
+    source = FixedLayoutSource(paths, counts, layout, verify=verify, snapshot=snapshot, num_classes=num_classes)
+    gather = source.gather
 
     def read_step(step):
-        return gather(gather_ids(starts, order.batch_ids(step)))
+        _check_at_epoch_start(snapshot, order, step)
+        return source(order.batch_ids(step))
+
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    read_step = record_gather.guarded(read_step, lambda _: (np.zeros((0, *gather.image_shape), np.uint8),
+                                                            np.zeros(0, np.int32)))
 
     def read(step):
         # stateful=False: the same step always reads the same bytes.
@@ -52,19 +61,27 @@ def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, sta
     return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int) -> tf.data.Dataset:
+def _check_at_epoch_start(snapshot: DatasetSnapshot | None, order: RecordOrder, step) -> None:
+    if snapshot is not None and int(step) % order.steps_per_epoch == 0:
+        snapshot.check()
+
+
+def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int,
+                       snapshot: DatasetSnapshot | None = None) -> tf.data.Dataset:
     """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access; ``verify`` checks
-    every record's CRCs as it is read."""
-    examples = ExampleGather(paths, counts, verify=verify)
+    every record's CRCs as it is read; every shard read is checked against ``snapshot``, in full at each epoch's
+    first step."""
+    examples = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
     crops = order.training
 
     def read_step(step):
+        _check_at_epoch_start(snapshot, order, step)
         serialized = np.array(examples(order.batch_ids(step)), dtype=object)
         draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
         return serialized, draws
 
     # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
-    read_guarded = record_gather.guarded(read_step, lambda: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
+    read_guarded = record_gather.guarded(read_step, lambda _: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
 
     def read(step):
         serialized, draws = tf.numpy_function(read_guarded, [step], [tf.string, tf.int64], stateful=False,

@@ -13,6 +13,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from shardprep.train import record_gather
+
 # Files read at once: more files mix better; each open file costs one read buffer.
 DEFAULT_CYCLE_LENGTH = 16
 # Read buffer per open shard file, for remote files (gs://...), where fewer, larger reads pay. Local files are read
@@ -44,6 +46,8 @@ class ReadPlan:
     cycle_length: int | None
     shard_records_by: tuple[int, int] | None
     distributed: bool  # an input context was given: tf.distribute must not shard again
+    # Local shards: the DatasetSnapshot each shard is checked against as it is opened (None for URLs).
+    snapshot: object | None = None
 
     @property
     def remote(self) -> bool:
@@ -66,6 +70,8 @@ class ReadPlan:
         ``open_shard(*element)`` makes one shard's dataset of records."""
         if self.training:
             shards = shards.shuffle(len(self.files), seed=self.seed, reshuffle_each_iteration=True).repeat()
+        if self.snapshot is not None:
+            shards = shards.map(self._checked_shard)
         records = shards.interleave(
             open_shard,
             cycle_length=min(len(self.files), self.cycle_length or DEFAULT_CYCLE_LENGTH),
@@ -78,6 +84,13 @@ class ReadPlan:
         if self.training:
             records = records.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
         return records
+
+    def _checked_shard(self, path, *rest):
+        """The shard element, once its file is checked to be the one the snapshot saw (at every open)."""
+        check = record_gather.guarded(self.snapshot.check_path, lambda path: path)
+        checked = tf.numpy_function(check, [path], tf.string, stateful=True, name="check_shard_identity")
+        checked.set_shape([])
+        return (checked, *rest)
 
     def finish(self, batches: tf.data.Dataset) -> tf.data.Dataset:
         """``batches`` with the plan's determinism and sharding options, prefetched; an evaluation pass that is

@@ -28,6 +28,11 @@ start mid-epoch (``start_step`` must be 0)::
     shard files -> shuffle (each epoch) -> parallel interleave of FixedLengthRecordDatasets -> shuffle buffer
       -> batch -> decode_raw on the batch -> prefetch
 
+A dataset changed while it is read (rebuilt, a shard replaced: local shards are checked as they are opened and at
+each epoch's start), or a label outside the manifest's classes, fails the iteration with an error naming the file,
+never a garbage batch (:mod:`shardprep.train.record_identity`). Arguments of the wrong type (``batch_size=2.5``) are
+a ``TypeError``.
+
 The shards' integrity is checked by ``shardprep validate`` (CRCs, the manifest's sha256 and every record's layout);
 a file whose size or record count disagrees with the manifest still fails loudly.
 
@@ -52,7 +57,8 @@ from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest_types import Manifest, typed
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
-from shardprep.train.record_order import RecordOrder
+from shardprep.train.record_identity import DatasetSnapshot
+from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
 SHUFFLE_BUFFER_BYTES = 1 << 30
@@ -61,12 +67,19 @@ MAX_SHUFFLE_BUFFER = 16384
 
 
 def load_manifest(data_dir: str) -> dict:
-    """Reads ``data_dir/manifest.json`` through ``tf.io.gfile``, so local paths and ``gs://`` both work."""
+    """Reads ``data_dir/manifest.json``: a local one as a regular file within the manifest's bounds
+    (``manifest_lib.read_local``), a URL's (``gs://``) through ``tf.io.gfile``, at most ``MANIFEST_MAX_BYTES``."""
+    if "://" not in data_dir:
+        return manifest_lib.from_json(manifest_lib.read_local(data_dir))
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise manifest_lib.missing_manifest_error(data_dir)
     with tf.io.gfile.GFile(path, "rb") as f:
-        return manifest_lib.from_json(f.read())
+        data = f.read(manifest_lib.MANIFEST_MAX_BYTES + 1)
+    if len(data) > manifest_lib.MANIFEST_MAX_BYTES:
+        raise manifest_lib.ManifestError(f"{path} is more than the {manifest_lib.MANIFEST_MAX_BYTES:,} bytes a "
+                                         "manifest may be")
+    return manifest_lib.from_json(data)
 
 
 def stored_image_shape(manifest: dict | Manifest) -> tuple[int, int]:
@@ -154,21 +167,38 @@ def make_dataset(
     In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
-    _check_arguments(batch_size, start_step)
+    _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
     manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
     if _reads_by_random_access(data_dir, random_access, start_step):
         return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
                                       verify_records, start_step)
     plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
                  cycle_length, deterministic)
-    return plan.finish(_streamed_batches(plan, manifest, split, verify_records))
+    return plan.finish(labels_checked(_streamed_batches(plan, manifest, split, verify_records), manifest.num_classes,
+                                      data_dir))
 
 
-def _check_arguments(batch_size: int, start_step: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if start_step < 0:
-        raise ValueError(f"start_step must be >= 0, got {start_step}")
+def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:
+    integer_argument("batch_size", batch_size, minimum=1)
+    bool_argument("training", training)
+    integer_argument("seed", seed, minimum=0, optional=True)
+    integer_argument("start_step", start_step, minimum=0)
+    integer_argument("shuffle_buffer", shuffle_buffer, minimum=1, optional=True)
+    integer_argument("cycle_length", cycle_length, minimum=1, optional=True)
+
+
+def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) -> tf.data.Dataset:
+    """``batches`` with every batch's labels asserted to lie in ``0..num_classes-1`` (an ``InvalidArgumentError``
+    naming the dataset otherwise: it changed while read, or is damaged)."""
+    message = (f"a label is outside 0..{num_classes - 1} (the manifest's {num_classes} classes): {data_dir} changed "
+               f"since the reader opened it, or is damaged; run `shardprep validate {data_dir}`. Labels:")
+
+    def check(images, labels):
+        in_range = tf.logical_and(tf.reduce_all(labels >= 0), tf.reduce_all(labels < num_classes))
+        with tf.control_dependencies([tf.debugging.Assert(in_range, [message, labels], summarize=16)]):
+            return images, tf.identity(labels)
+
+    return batches.map(check)
 
 
 def _reads_by_random_access(data_dir: str, random_access: bool | None, start_step: int) -> bool:
@@ -210,15 +240,18 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
         num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
     paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
+    snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
     layout = fixed_layout(manifest, split)
     if layout is not None and record_gather.AVAILABLE:
-        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step, verify=verify_records)
+        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
+                                               snapshot=snapshot, num_classes=manifest.num_classes)
     else:
         height, width = manifest.stored_shape
-        serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step)
+        serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
         batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                                 height, width, training)
-    return read_gather.finish(batches, order, input_context is not None, start_step)
+    return read_gather.finish(labels_checked(batches, manifest.num_classes, data_dir), order,
+                              input_context is not None, start_step)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
@@ -245,4 +278,7 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
         batch_size=per_replica_batch, training=training, seed=seed,
         deterministic=deterministic if deterministic is not None else not training or seed is not None,
         shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
-        cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None)
+        cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None,
+        snapshot=None if "://" in data_dir else DatasetSnapshot(
+            data_dir, [manifest_lib.join(data_dir, shard.file) for shard in shards],
+            [shard.num_bytes for shard in shards]))

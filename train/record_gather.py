@@ -135,12 +135,12 @@ def _register_exit_hook() -> None:
 
 def guarded(function, empty):
     """``function`` for a ``tf.numpy_function``, made safe at exit like the gathers: the exit hook (registered now)
-    waits for calls in progress, and calls after it return ``empty()`` at once."""
+    waits for calls in progress, and calls after it return ``empty(*args)`` at once."""
     _register_exit_hook()
 
     def call(*args):
         if not _CALLS.start():
-            return empty()
+            return empty(*args)
         try:
             return function(*args)
         finally:
@@ -165,12 +165,15 @@ class FixedLayoutGather:
       paths: local paths of the shard files; an id's shard index (:func:`record_ids`) indexes this list.
       layout: the split's fixed record layout (and stored image size).
       buffers: where batch buffers come from (shared by every call, from any thread).
+      snapshot: a :class:`~shardprep.train.record_identity.DatasetSnapshot` of ``paths``: every shard a batch
+        reads is checked to be the file it was (else ``DatasetChangedError``).
 
     Making one registers the exit hook (``_settle``) that lets a process exit while gathers run.
     """
 
-    def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None):
+    def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
+        self.snapshot = snapshot
         # Plain ints on the instance: the layout's properties are computed, and the gather reads these per record.
         self.record_bytes = layout.record_bytes
         self.image_offset = layout.image_offset
@@ -198,7 +201,7 @@ class FixedLayoutGather:
         shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
         wanted = self.image_bytes + self.tail_bytes
         image_bytes, tail_bytes = self.image_bytes, self.tail_bytes
-        with open_shards(self.paths, shards) as descriptors:
+        with open_shards(self.paths, shards, self.snapshot) as descriptors:
             for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
                 offset = self.image_offset + record * self.record_bytes
                 got = os.preadv(descriptors[shard],
@@ -211,14 +214,21 @@ class FixedLayoutGather:
         return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
 
 
+# Opening never waits: a FIFO put in a shard's place would block a plain open (regular files ignore the flag).
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 @contextlib.contextmanager
-def open_shards(paths, shards: np.ndarray):
+def open_shards(paths, shards: np.ndarray, snapshot=None):
     """``{shard: read-only descriptor}`` for the shard files a batch reads (``shards`` index ``paths``), each opened
-    once and closed on leaving, also when a read fails."""
+    once and closed on leaving, also when a read fails. With a ``snapshot``
+    (:class:`~shardprep.train.record_identity.DatasetSnapshot`), each is first checked to be the file it was."""
     descriptors = {}
     try:
         for shard in np.unique(shards).tolist():
-            descriptors[shard] = os.open(paths[shard], os.O_RDONLY)
+            descriptors[shard] = os.open(paths[shard], OPEN_FLAGS)
+            if snapshot is not None:
+                snapshot.check_descriptor(shard, descriptors[shard])
         yield descriptors
     finally:
         for descriptor in descriptors.values():

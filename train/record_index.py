@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from shardprep.preprocess import tfrecord_io
-from shardprep.train.record_gather import open_shards
+from shardprep.train.record_gather import OPEN_FLAGS, open_shards
 
 _HEADER = tfrecord_io.HEADER_BYTES
 _FOOTER = tfrecord_io.FOOTER_BYTES
@@ -36,7 +36,7 @@ def record_offsets(path: str, expected: int | None = None) -> ShardIndex:
     """Walks ``path``'s framing: the data offset and length of each record. Raises ``ValueError`` naming the file
     if a header's CRC is wrong, the last record is cut short, or the count is not ``expected``."""
     offsets, lengths = [], []
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, OPEN_FLAGS)
     try:
         size = os.fstat(fd).st_size
         position = 0
@@ -76,10 +76,13 @@ class ExampleGather:
       paths, counts: the split's shard files (local paths) and their records, in manifest order.
       verify: check every record's data CRC as it is read (``verify_records=True``); header CRCs are checked
         when the index is built.
+      snapshot: a :class:`~shardprep.train.record_identity.DatasetSnapshot` of ``paths``: every shard a read
+        opens is checked to be the file that was indexed (else ``DatasetChangedError``).
     """
 
-    def __init__(self, paths, counts, verify: bool = False):
+    def __init__(self, paths, counts, verify: bool = False, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
+        self.snapshot = snapshot
         self.indexes = [record_offsets(path, int(count)) if count else ShardIndex(path, np.zeros(0, np.int64),
                                                                                     np.zeros(0, np.int64))
                         for path, count in zip(self.paths, counts)]
@@ -90,7 +93,7 @@ class ExampleGather:
         ids = np.asarray(ids, np.int64)
         shards = np.searchsorted(self._starts, ids, side="right") - 1
         records = ids - self._starts[shards]
-        with open_shards(self.paths, shards) as descriptors:
+        with open_shards(self.paths, shards, self.snapshot) as descriptors:
             return [self._read(descriptors[shard], shard, record)
                     for shard, record in zip(shards.tolist(), records.tolist())]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import numbers
 import secrets
 import threading
 
@@ -52,7 +53,8 @@ class RecordOrder:
       seed: the training order's seed; ``None`` draws one (once for this object) so that epochs still differ.
       num_shards, index: this process's share of the records (multi-host reads).
 
-    Raises ``ValueError`` for ``batch_size < 1``, ``index`` outside ``[0, num_shards)``, more shards than records,
+    Raises ``TypeError`` for an argument that is not an integer (``batch_size=2.5``), ``ValueError`` for
+    ``batch_size < 1``, a negative seed, ``index`` outside ``[0, num_shards)``, more shards than records,
     or (training) fewer records per shard than one batch.
     """
 
@@ -60,6 +62,7 @@ class RecordOrder:
                  index: int = 0):
         counts = np.asarray(counts, np.int64).reshape(-1)
         _check(int(counts.sum()), batch_size, num_shards, index, training)
+        seed = integer_argument("seed", seed, minimum=0, optional=True)
         self.counts = counts
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # global index of each shard's first record
         self.num_records = int(self.starts[-1])
@@ -160,11 +163,34 @@ def _generator(seed: int, epoch: int, stream: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), stream])))
 
 
+def integer_argument(name: str, value, *, minimum: int | None = None, optional: bool = False) -> int | None:
+    """``value`` as an int: an integer (NumPy's too, not a bool: ``2.5`` or ``"4"`` would be truncated or parsed,
+    ``True`` is no count) of at least ``minimum``, or None when ``optional``. ``TypeError`` or ``ValueError``,
+    naming the argument, otherwise."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer{' or None' if optional else ''}, got {value!r} "
+                        f"({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be positive, got {value}" if minimum == 1
+                         else f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def bool_argument(name: str, value) -> bool:
+    """``value`` if it is True or False (NumPy's too); ``TypeError`` naming the argument otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def _check(num_records: int, batch_size: int, num_shards: int, index: int, training: bool) -> None:
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if int(num_shards) < 1:
-        raise ValueError(f"num_shards must be positive, got {num_shards}")
+    batch_size = integer_argument("batch_size", batch_size, minimum=1)
+    num_shards = integer_argument("num_shards", num_shards, minimum=1)
+    index = integer_argument("index", index)
+    bool_argument("training", training)
     if not 0 <= int(index) < int(num_shards):
         raise ValueError(f"index must be in [0, num_shards={num_shards}), got {index}")
     if num_records < 1:

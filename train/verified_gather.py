@@ -28,8 +28,8 @@ class VerifiedGather(FixedLayoutGather):
     """:class:`FixedLayoutGather` that raises ``OSError`` naming the shard, record and byte offset of a record whose
     length or data CRC is wrong. ``counts``: records per shard (a shard's last record is longer)."""
 
-    def __init__(self, paths, counts, layout: FixedLayout, buffers: ReusedBuffers | None = None):
-        super().__init__(paths, layout, buffers)
+    def __init__(self, paths, counts, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
+        super().__init__(paths, layout, buffers, snapshot)
         self.counts = [int(count) for count in counts]
         self.label_at = layout.label_offset - self.image_offset - self.image_bytes  # in the piece after the pixels
         self.after_bytes = self.record_bytes - self.image_offset - self.image_bytes  # a shard's last: + image_offset
@@ -41,7 +41,7 @@ class VerifiedGather(FixedLayoutGather):
         after = np.empty(self.after_bytes + self.image_offset, np.uint8)
         label_rows = np.empty((count, MAX_VARINT_BYTES), np.uint8)
         shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
-        with open_shards(self.paths, shards) as descriptors:
+        with open_shards(self.paths, shards, self.snapshot) as descriptors:
             for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
                 slot = images[j * self.image_bytes:(j + 1) * self.image_bytes]
                 tail = after[:self.after_bytes + (self.image_offset if record == self.counts[shard] - 1 else 0)]

@@ -244,17 +244,21 @@ def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
 
 
 def shard_problems(split: str, file: str, expected: ShardEntry, num_records: int, num_bytes: int,
-                   sha256: str) -> list[dict]:
-    """Compares what was read from one shard with its manifest entry."""
+                   sha256: str | None) -> list[dict]:
+    """Compares what was read from one shard with its manifest entry. ``sha256`` None: the file is larger than
+    the manifest says (``num_bytes``) and was read only as far as that, so there is no hash of the whole file."""
     found = []
     if num_records != expected.num_examples:
         found.append(problem("shard_count", f"{num_records} records, manifest says {expected.num_examples}",
                              split=split, file=file, num_records=num_records,
                              expected_num_records=expected.num_examples))
-    if num_bytes != expected.num_bytes:
+    if sha256 is None:
+        found.append(problem("shard_size", f"{num_bytes:,} bytes, manifest says {expected.num_bytes:,}: only the "
+                                           f"first {expected.num_bytes:,} bytes were read", split=split, file=file))
+    elif num_bytes != expected.num_bytes:
         found.append(problem("shard_size", f"{num_bytes} bytes, manifest says {expected.num_bytes}",
                              split=split, file=file))
-    if sha256 != expected.sha256:
+    if sha256 is not None and sha256 != expected.sha256:
         found.append(problem("shard_sha256", f"sha256 {sha256}, manifest says {expected.sha256}",
                              split=split, file=file))
     return found

@@ -10,19 +10,34 @@ from shardprep.preprocess import tfrecord_io
 
 
 class MeasuredReader:
-    """Wraps a binary stream and counts (and optionally hashes) every byte read through it."""
+    """Wraps a binary stream and counts (and optionally hashes) every byte read through it.
 
-    def __init__(self, stream, hash_bytes: bool):
+    With ``limit``, it reads no further than ``limit`` bytes: a read asking for more gets what is left, so a record
+    length read from the file (which may be anything) never asks for more bytes than the file can give, and a file
+    far larger than it should be is read only as far as the limit (:meth:`beyond_limit` says whether it goes on).
+    """
+
+    def __init__(self, stream, hash_bytes: bool, limit: int | None = None):
         self._stream = stream
         self.sha256 = hashlib.sha256() if hash_bytes else None
         self.num_bytes = 0
+        self.limit = limit
 
     def read(self, size: int = -1) -> bytes:
+        if self.limit is not None:
+            left = self.limit - self.num_bytes
+            size = left if size is None or size < 0 else min(size, left)
+            if size <= 0:
+                return b""
         data = self._stream.read(size)
         if self.sha256 is not None:
             self.sha256.update(data)
         self.num_bytes += len(data)
         return data
+
+    def beyond_limit(self) -> bool:
+        """Whether the stream holds bytes past ``limit`` (reads one of them, uncounted)."""
+        return self.limit is not None and self.num_bytes >= self.limit and bool(self._stream.read(1))
 
     def drain(self) -> int:
         """Reads to the end (so the hash covers the whole file); returns how many bytes that was."""

@@ -12,9 +12,14 @@ import click
 def command(model, data, photos, top_k):
     """Classify PHOTO files with MODEL (a model.keras written by shardprep train) trained on the dataset DATA.
 
-    Each photo goes through the preprocess job's own decode and resize with DATA's options (any format preprocess
-    reads; photos smaller than the train size are scaled up the same way), and the answer names DATA's classes.
-    Prints one line per photo: the photo, then class (probability) for its --top-k classes.
+    DATA must be the dataset MODEL was trained on: its classes, image size and mean/std are checked against the
+    model, and another dataset is refused. Each photo goes through the preprocess job's own decode and resize with
+    DATA's options (any format preprocess reads; small photos are scaled up the same way).
+
+    Prints one line per photo, in order: the photo, then "class probability" for its --top-k classes (ImageNet
+    WordNet IDs with their names: "golf ball (n03445777) 0.33"). A photo that cannot be used (not an image,
+    missing, a folder) gets a "PHOTO: not classified: why" line and the others are still answered; the exit status
+    is then 1, after every photo.
     """
     import os
 
@@ -23,16 +28,25 @@ def command(model, data, photos, top_k):
     if "://" not in model and not os.path.isfile(model):
         raise click.ClickException(f"MODEL {model} is not a file: give the model.keras that shardprep train wrote "
                                    "(in its --output-dir)")
-    missing = [photo for photo in photos if "://" not in photo and not os.path.isfile(photo)]
-    if missing:
-        raise click.ClickException(f"PHOTO {missing[0]} is not a file" + (f" (nor {len(missing) - 1} more)"
-                                                                         if len(missing) > 1 else ""))
-    from shardprep.train.predict import predict_images  # TensorFlow starts here, after the checks above
+    from shardprep.train.predict import PhotoFailure, predict_images  # TensorFlow starts here
 
     try:
-        predictions = predict_images(model, data, list(photos), top_k=top_k)
+        results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
-    for prediction in predictions:
-        click.echo(f"{prediction.source}: " + ", ".join(f"{name} ({probability:.2f})"
-                                                        for name, _, probability in prediction.top))
+    for result in results:
+        if isinstance(result, PhotoFailure):
+            click.echo(f"{result.source}: not classified: {result.message}")
+        else:
+            click.echo(f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
+                                                        for name, _, probability in result.top))
+    failed = sum(isinstance(result, PhotoFailure) for result in results)
+    if failed:
+        raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "
+                                   "be classified (each is named above)")
+
+
+def _display(class_name: str) -> str:
+    from shardprep.preprocess.wordnet_names import display_name
+
+    return display_name(class_name)

@@ -17,27 +17,35 @@ HELP = """Check that a prepared dataset is whole and correct, and show its stati
 
 \b
 DATA is one of:
-  DIR             a dataset written by `shardprep preprocess` (local or gs://)
-  tfrecord:GLOB   TFDS-style TFRecords of encoded images (e.g. the input before preprocessing)
+  DIR            a dataset written by `shardprep preprocess` (local or gs://)
+  tfrecord:GLOB  TFDS-style TFRecords of encoded images (e.g. the input
+                 before preprocessing)
+  tfds:NAME      a prepared TFDS dataset's TFRecords (--tfds-data-dir;
+                 validate never downloads)
+A folder of images is not a dataset yet: run shardprep preprocess on it.
 
 \b
 For a prepared dataset every shard is read (a Beam pipeline) and checked:
-  - every record passes the TFRecord CRC and parses; format, height and width agree with the manifest;
-  - per shard, split and class, record counts equal the manifest; labels in range; shard sha256 and size
-    equal the manifest; no shard missing or unlisted; shard sizes uniform (within one record);
-  - image/filename unique; no identical image (decoded-pixel hash) in two splits (leakage);
-  - per-channel mean/std of the manifest's stats_split recomputed from the stored pixels and equal to the
-    manifest's mean_rgb/std_rgb within 0.05 (raw) or 1.0 (jpeg: lossy against the pre-encode pixels the
-    manifest used), on the 0-255 scale.
-For tfrecord:GLOB: per-file record counts, label histogram, image sizes/formats (headers only), and
+  - every record passes the TFRecord CRC and parses; format, height and
+    width agree with the manifest;
+  - per shard, split and class, record counts equal the manifest; labels
+    in range; shard sha256 and size equal the manifest; no shard missing
+    or unlisted; shard sizes uniform (within one record);
+  - image/filename unique; no identical image (decoded-pixel hash) in two
+    splits (leakage);
+  - per-channel mean/std of the manifest's stats_split recomputed from the
+    stored pixels and equal to the manifest's mean_rgb/std_rgb within 0.05
+    (raw) or 1.0 (jpeg: lossy against the pre-encode pixels the manifest
+    used), on the 0-255 scale.
+
+For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
 unreadable records or images, each with file and record index.
 
-\b
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
 contact_sheet.png (stored images, several per class, as the model sees them before augmentation) and
-class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network);
-everything after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R
---temp_location gs://B/tmp --setup_file ./setup.py
+class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
+after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
+--setup_file ./setup.py
 """
 
 
@@ -50,13 +58,14 @@ everything after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --pr
               type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key).")
 @click.option("--image-key", default="image", show_default=True, help="Image bytes feature of tfrecord: input.")
 @click.option("--label-key", default="label", show_default=True, help="int64 label feature of tfrecord: input.")
+@click.option("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: DATA (default: TFDS's own).")
 @click.option("--max-problems-per-check", default=DEFAULT_MAX_PROBLEMS_PER_CHECK, show_default=True,
               type=click.IntRange(min=1), help="Problems listed per check in the report (all are counted).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, max_problems_per_check, quiet,
-            beam_args):
+def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
+            max_problems_per_check, quiet, beam_args):
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
@@ -67,6 +76,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         argv += ["--json", json_path]
     if pictures:
         argv += ["--pictures", pictures]
+    if tfds_data_dir:
+        argv += ["--tfds-data-dir", tfds_data_dir]
     try:
         with _ProgressDisplay(enabled=not quiet) as progress_display:
             report = job.run(argv + list(beam_args), progress=progress_display.update)
@@ -114,84 +125,206 @@ def _rgb(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values else "-"
 
 
-def print_report(report: dict, json_path: str | None) -> None:
-    """Tables per split, the problems, and one verdict line."""
-    console = make_console()
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _flow(items, width: int, indent: str = "  "):
+    """One rich ``Text`` of ``items`` (``(separator before it, phrase)``; phrases are ``Text`` or plain strings,
+    never read as markup) laid out in lines of at most ``width`` cells, broken only between phrases: a line ends with
+    the separator's punctuation and the next starts indented. A phrase wider than a line alone is left to wrap."""
+    from rich.text import Text
+
+    lines, line = [], Text()
+    for separator, phrase in _words_of_long_phrases(items, width - len(indent)):
+        if not line.plain:
+            line.append_text(phrase)
+            continue
+        trailing = len(separator.rstrip())  # room for the punctuation a break leaves at the line's end
+        if line.cell_len + len(separator) + phrase.cell_len + trailing <= width:
+            line.append(separator)
+        else:
+            line.append(separator.rstrip())
+            lines.append(line)
+            line = Text(indent)
+        line.append_text(phrase)
+    lines.append(line)
+    return Text("\n").join(lines)
+
+
+def _words_of_long_phrases(items, room: int):
+    """``items`` as ``Text`` phrases, each phrase longer than ``room`` cut into its words (then it breaks between
+    words, indented like any other break, rather than being wrapped by the terminal)."""
+    from rich.text import Text
+
+    for separator, phrase in items:
+        phrase = phrase if isinstance(phrase, Text) else Text(phrase)
+        if phrase.cell_len <= room or " " not in phrase.plain:
+            yield separator, phrase
+            continue
+        start = 0
+        for index, word in enumerate(phrase.plain.split(" ")):
+            yield (separator if index == 0 else " "), phrase[start:start + len(word)]
+            start += len(word) + 1
+
+
+def print_report(report: dict, json_path: str | None, console=None) -> None:
+    """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width (default: the
+    shared console) without breaking a phrase; names from the data are printed as they are, never as markup."""
+    console = console or make_console()
+    width = console.width
+
+    def say(items, indent="  "):
+        console.print(_flow(items, width, indent), overflow="fold", highlight=False)
+
     if report["kind"] == "dataset":
         for split, summary in report.get("splits", {}).items():
-            console.print(_dataset_split_line(split, summary))
-            console.print(_dataset_split_table(summary))
+            say(_dataset_split_line(split, summary))
+            _print_class_table(console, say, summary)
         if report.get("stats_split"):
-            console.print(f"mean RGB {_rgb(report.get('mean_rgb'))} (manifest {_rgb(report.get('manifest_mean_rgb'))}),"
-                          f" std RGB {_rgb(report.get('std_rgb'))} (manifest {_rgb(report.get('manifest_std_rgb'))})"
-                          f" over {report['stats_split']}; tolerance {report.get('mean_std_tolerance')}")
+            say(_stats_line(report))
     else:
         for split, summary in report.get("splits", {}).items():
-            console.print(_foreign_split_line(split, summary))
+            say(_foreign_split_line(split, summary))
             console.print(_foreign_split_table(summary, report.get("classes")))
     if report["problems"]:
-        console.print(_problems_table(report))
+        _print_problems(say, report)
+    _print_found_files(console, report)
+    if report.get("skipped_checks"):
+        clauses = _clauses(report["skipped_checks"])
+        say([("", _styled("skipped", "bold"))] + [(": ", clauses[0][1])] + clauses[1:])
+    pictures = report.get("pictures") or {}
+    if pictures:
+        paths = list(pictures.values())
+        say([("", f"pictures: {paths[0]}")] + [(", ", path) for path in paths[1:]])
+    say(_verdict(report, json_path))
+
+
+def _styled(text: str, style: str):
+    from rich.text import Text
+
+    return Text(text, style=style)
+
+
+def _clauses(text: str) -> list[tuple[str, str]]:
+    """``text`` cut where a sentence of ours allows a break (after ': ', '; ', ', ' before a word, before a
+    parenthesis of words), as ``_flow`` items; lists of numbers stay whole."""
+    import re
+
+    pieces = re.split(r"(: |; |, (?=[A-Za-z])| (?=\([A-Za-z]))", text)
+    items, separator = [], ""
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            separator = piece
+        elif piece:
+            items.append((separator, piece))
+    return items
+
+
+def _print_found_files(console, report: dict) -> None:
+    from rich.text import Text
+
     for found in report["problems"]:
         if (found["check"] == "manifest_missing" and found.get("found_files")
                 and found.get("path_kind", "incomplete") == "incomplete"):
             listed = found["found_files"]
-            console.print(f"found in {report['data']} ({found['num_found_files']:,} files):\n  " + "\n  ".join(listed)
-                          + (f"\n  … {found['num_found_files'] - len(listed):,} more" if found["num_found_files"] > len(listed)
-                             else ""))
-    if report.get("skipped_checks"):
-        console.print(f"[bold]skipped[/]: {report['skipped_checks']}")
-    pictures = report.get("pictures") or {}
-    if pictures:
-        console.print("pictures: " + ", ".join(pictures.values()))
+            more = found["num_found_files"] - len(listed)
+            console.print(Text(f"found in {report['data']} ({_count(found['num_found_files'], 'file')}):\n  "
+                               + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")),
+                          overflow="fold")
+
+
+def _verdict(report: dict, json_path: str | None) -> list:
     total = sum(report["problem_counts"].values())
-    verdict = "[bold green]OK[/]: every check passed" if report["ok"] else (
-        f"[bold red]FAILED[/]: {total:,} problem{'s' if total != 1 else ''} ("
-        + ", ".join(f"{check} {n:,}" for check, n in report["problem_counts"].items()) + ")")
-    console.print(f"{verdict} — {report['data']} in {report.get('elapsed_seconds', 0):.1f} s"
-                  + (f"; report {json_path}" if json_path else ""))
+    if report["ok"]:
+        items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
+    else:
+        counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
+        counts[0] = f"({counts[0]}"
+        counts[-1] = f"{counts[-1]})"
+        items = [("", _styled("FAILED", "bold red")), ("", f": {_count(total, 'problem')}"), (" ", counts[0])]
+        items += [(", ", part) for part in counts[1:]]
+    items += [(" — ", report["data"]), (" ", f"in {report.get('elapsed_seconds', 0):.1f} s")]
+    if json_path:
+        items.append(("; ", f"report {json_path}"))
+    return items
 
 
-def _dataset_split_line(split: str, summary: dict) -> str:
-    sizes = summary["image_sizes"]["most_common"]
-    return (f"[bold]{split}[/]: {summary['num_examples']:,} records (manifest {summary['expected_num_examples']:,}) in "
-             f"{summary['num_shards']} shards (manifest {summary['expected_num_shards']}); sizes "
-             + (", ".join(f"{size} ×{n:,}" for size, n in list(sizes.items())[:3]) or "-")
-             + f"; mean RGB {_rgb(summary['mean_rgb'])}, std RGB {_rgb(summary['std_rgb'])}"
-             + (f"; {summary['duplicate_images']:,} duplicate images within the split"
-                if summary.get("duplicate_images") else ""))
+def _stats_line(report: dict) -> list:
+    return [("", f"mean RGB {_rgb(report.get('mean_rgb'))}"),
+            (" ", f"(manifest {_rgb(report.get('manifest_mean_rgb'))})"),
+            (", ", f"std RGB {_rgb(report.get('std_rgb'))}"),
+            (" ", f"(manifest {_rgb(report.get('manifest_std_rgb'))})"),
+            (" ", f"over {report['stats_split']}"), ("; ", f"tolerance {report.get('mean_std_tolerance')}")]
 
 
-def _dataset_split_table(summary: dict):
+def _dataset_split_line(split: str, summary: dict) -> list:
+    from rich.text import Text
+
+    sizes = list(summary["image_sizes"]["most_common"].items())[:3]
+    items = [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')} (manifest "
+                                                 f"{summary['expected_num_examples']:,})")),
+             (" ", f"in {_count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
+             ("; ", "sizes " + (", ".join(f"{size} ×{n:,}" for size, n in sizes) or "-")),
+             ("; ", f"mean RGB {_rgb(summary['mean_rgb'])}"), (", ", f"std RGB {_rgb(summary['std_rgb'])}")]
+    if summary.get("duplicate_images"):
+        items.append(("; ", f"{_count(summary['duplicate_images'], 'duplicate image')} within the split"))
+    return items
+
+
+def _print_class_table(console, say, summary: dict) -> None:
+    """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else the ones that differ (up to
+    as many), and a line for the rest."""
     from rich.table import Table
+    from rich.text import Text
 
-    mismatch = {name for name, n in summary["class_counts"].items()
-                if n != summary["expected_class_counts"].get(name, 0)}
-    table = Table()
-    for column in ("label", "class", "records", "manifest", ""):
-        table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left",
-                         **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
+    expected = summary["expected_class_counts"]
     rows = list(enumerate(summary["class_counts"].items()))
-    shown = rows if len(rows) <= _CLASS_ROWS_SHOWN else [row for row in rows if row[1][0] in mismatch]
-    for label, (name, n) in shown:
-        expected = summary["expected_class_counts"].get(name, 0)
-        table.add_row(str(label), name, f"{n:,}", f"{expected:,}", "[red]✗[/]" if name in mismatch else "[green]✓[/]")
+    differ = [row for row in rows if row[1][1] != expected.get(row[1][0], 0)]
+    shown = rows if len(rows) <= _CLASS_ROWS_SHOWN else differ[:_CLASS_ROWS_SHOWN]
+    out_of_range = summary.get("out_of_range_labels", {})
+    if shown or out_of_range:
+        table = Table()
+        for column in ("label", "class", "records", "manifest", ""):
+            table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left",
+                             **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
+        for label, (name, n) in shown:
+            mark = _styled("✗", "red") if n != expected.get(name, 0) else _styled("✓", "green")
+            table.add_row(str(label), Text(name), f"{n:,}", f"{expected.get(name, 0):,}", mark)
+        for label, n in out_of_range.items():
+            table.add_row(Text(label), _styled("(out of range)", "red"), f"{n:,}", "0", _styled("✗", "red"))
+        console.print(table)
     if len(shown) < len(rows):
-        counts = [n for _, (_, n) in rows]
-        table.add_row("", f"… {len(rows) - len(shown):,} more classes match the manifest "
-                          f"({min(counts):,}–{max(counts):,} records per class)", "", "", "")
-    for label, n in summary.get("out_of_range_labels", {}).items():
-        table.add_row(label, "[red](out of range)[/]", f"{n:,}", "0", "[red]✗[/]")
-    return table
+        say(_rest_of_classes(rows, differ, len(shown)))
 
 
-def _foreign_split_line(split: str, summary: dict) -> str:
+def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
+    """The line under a class table that does not list every class: how many more differ or match."""
+    differing = {label for label, _ in differ}
+    counts = [n for label, (_, n) in rows if label not in differing]
+    low, high = (min(counts), max(counts)) if counts else (0, 0)
+    per_class = (f"({_count(low, 'record')} per class)" if low == high
+                 else f"({low:,}–{high:,} records per class)")
+    if not differ:
+        return [("", f"all {len(rows):,} classes match the manifest"), (" ", per_class)]
+    if len(differ) == shown:
+        return [("", f"… the other {len(counts):,} classes match the manifest"), (" ", per_class)]
+    return [("", f"… {len(differ) - shown:,} more classes differ (all in the JSON report)"),
+            ("; ", f"the other {len(counts):,} match")]
+
+
+def _foreign_split_line(split: str, summary: dict) -> list:
+    from rich.text import Text
+
     sizes = summary["image_sizes"]
     size_text = (f"{sizes['min_height']}–{sizes['max_height']} × {sizes['min_width']}–{sizes['max_width']} "
                  f"(H×W, {sizes['num_distinct']:,} distinct)" if sizes["num_distinct"] else "-")
-    return (f"[bold]{split}[/]: {summary['num_examples']:,} records in {summary['num_files']} files, "
-             f"{summary['num_readable_images']:,} readable images, {summary['num_labels']:,} labels; sizes "
-             f"{size_text}; formats " + (", ".join(f"{k} {v:,}" for k, v in summary["image_formats"].items()) or "-")
-             + "; modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))
+    return [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')}")),
+            (" ", f"in {_count(summary['num_files'], 'file')}"),
+            (", ", f"{_count(summary['num_readable_images'], 'readable image')}"),
+            (", ", _count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
+            ("; ", "formats " + (", ".join(f"{k} {v:,}" for k, v in summary["image_formats"].items()) or "-")),
+            ("; ", "modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))]
 
 
 def _foreign_split_table(summary: dict, classes: list[str] | None = None):
@@ -214,24 +347,28 @@ def _foreign_split_table(summary: dict, classes: list[str] | None = None):
     return table
 
 
-def _class_name(classes: list[str], label: str) -> str:
+def _class_name(classes: list[str], label: str):
+    from rich.text import Text
+
     index = int(label)
-    return classes[index] if 0 <= index < len(classes) else "[red](out of range)[/]"
+    return Text(classes[index]) if 0 <= index < len(classes) else _styled("(out of range)", "red")
 
 
-def _problems_table(report: dict):
-    from rich.table import Table
+def _print_problems(say, report: dict) -> None:
+    """A heading, then one entry per problem (check, where, message), each flowed to the width: a list, not a
+    table, so that file names and messages keep whole at 80 columns."""
+    from rich.text import Text
 
     problems = report["problems"]
     total = sum(report["problem_counts"].values())
-    title = "problems" + (f" (first {_PROBLEM_ROWS_SHOWN} of {total:,}; all counted in the JSON report)"
-                          if total > _PROBLEM_ROWS_SHOWN else "")
-    table = Table(title=title, title_justify="left")
-    table.add_column("check", no_wrap=True)
-    table.add_column("file", overflow="fold")
-    table.add_column("record", justify="right", no_wrap=True)
-    table.add_column("message", overflow="fold")
+    say([("", _styled("problems", "bold")),
+         (" ", f"(first {_PROBLEM_ROWS_SHOWN} of {total:,}; all counted in the JSON report):"
+               if total > _PROBLEM_ROWS_SHOWN else f"({total:,}):")])
     for found in problems[:_PROBLEM_ROWS_SHOWN]:
-        table.add_row(found["check"], found.get("file") or found.get("split") or "",
-                      "" if found.get("index") is None else str(found["index"]), found["message"])
-    return table
+        where = found.get("file") or found.get("split") or ""
+        items = [("", Text.assemble("  ", (found["check"], "bold")))]
+        if where:
+            items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
+        clauses = _clauses(found["message"])
+        items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
+        say(items, indent="    ")

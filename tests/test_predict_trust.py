@@ -1,0 +1,203 @@
+"""``predict`` answers only for the dataset the model was trained on, reports every photo (bad ones one line each),
+and names ImageNet classes readably."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardprep.preprocess import wordnet_names
+from train_helpers import random_images, write_colour_dataset, write_dataset
+
+IMAGE_SIZE = 16
+
+
+def png(seed: int, shape=(30, 40, 3)) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def model_for(data_dir, path):
+    """An (untrained) inference model for ``data_dir``, saved at ``path`` as shardprep train saves one."""
+    import keras
+
+    from shardprep.train.model import build_model, save_inference_model
+    from shardprep.train.reader import load_manifest
+
+    manifest = load_manifest(str(data_dir))
+    keras.utils.set_random_seed(0)
+    model = build_model(len(manifest["classes"]), IMAGE_SIZE, manifest["mean_rgb"], manifest["std_rgb"],
+                        width_multiplier=0.125)
+    save_inference_model(model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(dataset, its model.keras, another dataset of the same two classes and size, its folder)."""
+    root = tmp_path_factory.mktemp("predict")
+    data = write_colour_dataset(root / "colours")
+    other = root / "other"
+    write_dataset(other, {"train": random_images(8, 20, 20, seed=4), "validation": random_images(4, 20, 20, seed=5)},
+                  classes=["red", "blue"])
+    return data, model_for(data, root / "model.keras"), str(other), root
+
+
+def invoke(*args):
+    from shardprep.cli import main
+
+    return CliRunner().invoke(main, ["predict", *map(str, args)])
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith("Error: ")]
+
+
+# ---- the dataset must be the model's -------------------------------------------------------------------------------
+
+def test_another_dataset_of_the_same_class_count_is_refused_by_its_mean_and_std(trained):
+    from shardprep.train.predict import predict_images
+
+    data, model, other, root = trained
+    photo = root / "photo.png"
+    photo.write_bytes(png(1))
+    with pytest.raises(ValueError, match=r"was not trained on .*other.*: the model normalizes with mean RGB "):
+        predict_images(model, other, [str(photo)])
+    result = invoke(model, other, photo)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [line] = error_lines(result)
+    assert "mean RGB" in line and "std RGB" in line and "give the dataset the model was trained on" in line
+    assert str(photo) + ":" not in result.output  # no answer at all
+    assert predict_images(model, data, [str(photo)])[0].class_name in ("red", "blue")
+
+
+def test_a_dataset_stored_smaller_than_the_models_crop_is_refused(trained, tmp_path):
+    from shardprep.train.predict import predict_images
+    from shardprep.train.reader import load_manifest
+
+    data, model, _, _ = trained
+    manifest = {**load_manifest(data), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    with pytest.raises(ValueError, match=r"stores 12x12 images, smaller than the model's 16-pixel crop"):
+        predict_images(model, manifest, [png(2)])
+
+
+def test_a_class_count_mismatch_is_refused_before_any_photo_is_read(trained):
+    from shardprep.train.predict import predict_images
+    from shardprep.train.reader import load_manifest
+
+    data, model, _, _ = trained
+    manifest = {**load_manifest(data), "classes": ["a", "b", "c"], "num_classes": 3}
+    with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
+        predict_images(model, manifest, [b"not an image"])
+
+
+def test_a_model_file_that_is_no_keras_archive_is_one_error_line(trained, tmp_path):
+    data, _, _, _ = trained
+    junk = tmp_path / "model.keras"
+    junk.write_bytes(os.urandom(3000))
+    result = invoke(junk, data, tmp_path / "photo.png")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert error_lines(result) == [f"Error: MODEL {junk} is not a .keras model file (not a zip archive: damaged, "
+                                   "or another kind of file): give the model.keras shardprep train wrote"]
+
+
+# ---- every photo reported --------------------------------------------------------------------------------------------
+
+def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_path):
+    data, model, _, _ = trained
+    good, later = tmp_path / "good.png", tmp_path / "later.png"
+    good.write_bytes(png(3))
+    later.write_bytes(png(4))
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image at all")
+    folder = tmp_path / "folder.jpg"
+    folder.mkdir()
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    missing = tmp_path / "missing.jpg"
+    outcome = {}
+
+    def run():
+        outcome["result"] = invoke(model, data, good, broken, folder, fifo, missing, later, "--top-k", "2")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "predict blocked on a FIFO"
+    result = outcome["result"]
+
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith("Error: ")]
+    assert [line.split(": ", 1)[0] for line in lines] == list(map(str, [good, broken, folder, fifo, missing, later]))
+    for line in (lines[0], lines[-1]):
+        answers = line.split(": ", 1)[1].split(", ")
+        assert len(answers) == 2 and {answer.rsplit(" ", 1)[0] for answer in answers} == {"red", "blue"}
+        assert all(0.0 <= float(answer.rsplit(" ", 1)[1]) <= 1.0 for answer in answers)
+    assert "not classified: not usable as an image" in lines[1]
+    assert "not classified: is a folder" in lines[2]
+    assert "not classified: is a FIFO (named pipe), not a regular file" in lines[3]
+    assert "not classified: does not exist" in lines[4]
+    assert error_lines(result) == ["Error: 4 of 6 photos could not be classified (each is named above)"]
+
+
+def test_predict_images_reports_bad_photos_when_asked_and_raises_by_default(trained):
+    from shardprep.train.predict import PhotoFailure, Prediction, predict_images
+
+    data, model, _, _ = trained
+    results = predict_images(model, data, [png(5), b"junk", png(6)], errors="report")
+    assert [type(result) for result in results] == [Prediction, PhotoFailure, Prediction]
+    assert results[1].source == "<bytes #1>" and "not usable as an image" in results[1].message
+    with pytest.raises(ValueError, match=r"<bytes #1>: not usable as an image"):
+        predict_images(model, data, [png(5), b"junk"])
+    with pytest.raises(ValueError, match="errors must be 'raise' or 'report'"):
+        predict_images(model, data, [png(5)], errors="ignore")
+
+
+# ---- readable ImageNet names -----------------------------------------------------------------------------------------
+
+def test_wordnet_ids_are_shown_with_their_readable_names(tmp_path):
+    data = tmp_path / "imagenette"
+    write_dataset(data, {"train": random_images(8, 20, 20, seed=7), "validation": random_images(4, 20, 20, seed=8)},
+                  classes=["n01440764", "n03445777"])
+    model = model_for(data, tmp_path / "model.keras")
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png(9))
+    result = invoke(model, data, photo, "--top-k", "2")
+    assert result.exit_code == 0, result.output
+    [line] = result.output.splitlines()
+    answers = line.split(": ", 1)[1].split(", ")
+    assert {answer.rsplit(" ", 1)[0] for answer in answers} == {"tench (n01440764)", "golf ball (n03445777)"}
+    from shardprep.train.predict import predict_images
+
+    prediction = predict_images(model, str(data), [str(photo)])[0]
+    assert prediction.class_name in ("n01440764", "n03445777")
+    assert prediction.display_name == wordnet_names.display_name(prediction.class_name)
+
+
+def test_the_wordnet_table_is_imagenet_1k_as_tfds_names_it():
+    import importlib.util
+
+    import tensorflow_datasets
+
+    root = os.path.dirname(tensorflow_datasets.__file__)
+    wnids = open(os.path.join(root, "datasets", "imagenet2012", "labels.txt")).read().split()
+    spec = importlib.util.spec_from_file_location("siscore_labels", os.path.join(root, "datasets", "siscore",
+                                                                                 "labels.py"))
+    labels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(labels)
+    assert wordnet_names.table() == dict(zip(wnids, labels.IMAGENET_LABELS_LIST))
+    assert len(wordnet_names.table()) == 1000
+    imagenette = {"n01440764": "tench", "n02102040": "English springer", "n02979186": "cassette player",
+                  "n03000684": "chain saw", "n03028079": "church", "n03394916": "French horn",
+                  "n03417042": "garbage truck", "n03425413": "gas pump", "n03445777": "golf ball",
+                  "n03888257": "parachute"}
+    for wnid, name in imagenette.items():
+        assert wordnet_names.display_name(wnid) == f"{name} ({wnid})"
+    assert wordnet_names.display_name("red") == "red" and wordnet_names.display_name("n99999999") == "n99999999"

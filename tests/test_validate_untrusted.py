@@ -1,0 +1,144 @@
+"""``validate`` on shard files that are not what the manifest says they are: FIFOs, devices, files far larger than
+listed, crafted record lengths. Each must end (no hang, no MemoryError) with a problem naming the file."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+import image_factory
+import pytest
+
+import validate_helpers as helpers
+from shardprep.pipelines import validate
+from shardprep.preprocess import tfrecord_io
+
+IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+SHARD = "train/train-00000-of-00002.tfrecord"
+TIMEOUT_S = 120
+
+
+def validate_within_timeout(data, *options) -> dict:
+    """validate.run in a thread that must finish within TIMEOUT_S (a hang fails the test instead of blocking it)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["report"] = validate.run([str(data), *options, *IN_PROCESS], progress=lambda *_: None)
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever it was
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive(), f"validate did not finish within {TIMEOUT_S} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]
+
+
+def problems_of(report: dict, check: str) -> list[dict]:
+    return [found for found in report["problems"] if found["check"] == check]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clean")
+    image_factory.write_image_folder(root / "source", {"train": 8, "validation": 4}, classes=("a", "b"))
+    helpers.preprocess(root / "source", root / "data")
+    return root / "data"
+
+
+@pytest.fixture
+def dataset(clean, tmp_path):
+    return helpers.copy_dataset(clean, tmp_path / "data")
+
+
+@pytest.mark.parametrize("kind, what", [("fifo", "is a FIFO (named pipe), not a regular file"),
+                                        ("dev_zero", "is a character device, not a regular file"),
+                                        ("folder", "is a folder, not a regular file"), ("dangling_link", "No such file")])
+def test_a_shard_that_is_not_a_regular_file_is_unreadable_without_hanging(dataset, kind, what):
+    shard = dataset / SHARD
+    shard.unlink()
+    if kind == "fifo":
+        os.mkfifo(shard)
+    elif kind == "dev_zero":
+        shard.symlink_to("/dev/zero")
+    elif kind == "folder":
+        shard.mkdir()
+    else:
+        shard.symlink_to(shard.parent / "gone.tfrecord")
+
+    report = validate_within_timeout(dataset)
+
+    assert report["ok"] is False
+    [unreadable] = problems_of(report, "shard_unreadable")
+    assert unreadable["file"] == SHARD and what in unreadable["message"]
+
+
+def test_a_shard_far_larger_than_the_manifest_says_is_read_only_as_far_as_the_manifest_says(dataset):
+    shard = dataset / SHARD
+    listed = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(1 << 40)  # a sparse terabyte: reading it would take hours
+
+    report = validate_within_timeout(dataset)
+
+    assert report["ok"] is False
+    [size] = problems_of(report, "shard_size")
+    assert size["file"] == SHARD
+    assert size["message"] == (f"{1 << 40:,} bytes, manifest says {listed:,}: only the first {listed:,} bytes were "
+                               "read")
+    # The listed bytes are the original shard: its records and hash are those the manifest lists.
+    assert problems_of(report, "shard_count") == [] and problems_of(report, "record_corrupt") == []
+
+
+def test_a_crafted_record_length_is_a_corrupt_record_not_a_memory_error(dataset):
+    shard = dataset / SHARD
+    length = struct.pack("<Q", 1 << 40)  # a terabyte-long record, with a valid length checksum
+    header = length + struct.pack("<I", tfrecord_io.masked_crc32c(length))
+    data = shard.read_bytes()
+    shard.write_bytes(header + data[len(header):])
+
+    report = validate_within_timeout(dataset)
+
+    assert report["ok"] is False
+    [corrupt] = problems_of(report, "record_corrupt")
+    assert (corrupt["file"], corrupt["index"]) == (SHARD, 0) and "truncated" in corrupt["message"]
+
+
+def test_a_foreign_glob_matching_a_fifo_reports_it_without_hanging(tmp_path):
+    records = tmp_path / "in"
+    helpers.write_foreign_tfrecord(records / "x-train.tfrecord-00000-of-00002", [helpers.foreign_example(
+        {"image": image_factory.encode(image_factory.solid((1, 2, 3)), "PNG"), "label": 0})])
+    os.mkfifo(records / "x-train.tfrecord-00001-of-00002")
+
+    report = validate_within_timeout(f"tfrecord:{records}/x-train.tfrecord-*")
+
+    [unreadable] = problems_of(report, "shard_unreadable")
+    assert unreadable["file"].endswith("x-train.tfrecord-00001-of-00002")
+    assert "is a FIFO (named pipe), not a regular file" in unreadable["message"]
+    assert report["splits"]["train"]["num_examples"] == 1
+
+
+def test_a_json_report_path_that_is_a_fifo_is_refused_before_anything_runs(clean, tmp_path):
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(validate.ValidateError, match=r"--json .*report\.json is a FIFO \(named pipe\), not a file"):
+        validate_within_timeout(clean, "--json", str(fifo))
+
+
+@pytest.mark.parametrize("pattern, message", [("", "tfrecord: needs a glob of TFRecord files"),
+                                              ("{folder}", "{folder} is a folder: give a glob of its files")])
+def test_a_tfrecord_glob_that_is_empty_or_a_folder_says_so(tmp_path, pattern, message):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    pattern, message = pattern.format(folder=folder), message.format(folder=folder)
+    if not pattern:
+        with pytest.raises(validate.ValidateError, match=message):
+            validate_within_timeout(f"tfrecord:{pattern}")
+        return
+    report = validate_within_timeout(f"tfrecord:{pattern}")
+    [no_files] = problems_of(report, "no_files")
+    assert message in no_files["message"] and problems_of(report, "shard_unreadable") == []
