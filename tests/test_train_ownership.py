@@ -251,10 +251,11 @@ def _state(folder) -> dict:
     lambda s: json.dumps({**s, "history": {**s["history"], "epoch": [1, 1]}}),
     lambda s: json.dumps({**s, "options": None}), lambda s: json.dumps({**s, "previous": [1]}),
     lambda s: json.dumps({**s, "callbacks": "x"}), lambda s: json.dumps({**s, "partial_epoch": 3}),
-    lambda s: "[" * 100000 + "]" * 100000,
+    lambda s: "[" * 100000 + "]" * 100000, lambda s: json.dumps({**s, "global_step": s["global_step"] + 1}),
+    lambda s: json.dumps({**s, "options": {**s["options"], "data_seed": 7}}),
 ], ids=["list", "null", "empty", "torn", "step-null", "step-negative", "step-huge", "step-string", "step-nan",
         "history-list", "history-epochs", "options-null", "previous-list", "callbacks-string", "partial-number",
-        "deep"])
+        "deep", "step-edited", "seed-edited"])
 def test_a_damaged_state_json_is_one_line_naming_it(colour_dataset, tmp_path, run_copy, edit):
     path = run_copy / "checkpoints" / "state.json"
     path.write_text(edit(_state(run_copy)))

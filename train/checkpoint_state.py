@@ -13,7 +13,8 @@ A kill anywhere leaves files that :func:`locate` pairs by hash: before 2 complet
 ``last.keras`` matches its entry; between 2 and 3, ``last.keras`` matches ``previous`` and ``last.writing.keras``
 the new entry, which is taken (the rename is finished on resume); after 3, the new entry. A torn temporary file is
 never a file the other names. Checkpoints written before the hash was kept are paired by the optimizer's step count
-after loading (the caller's part).
+after loading (the caller's part). Each entry also keeps ``state_sha256``, the hash of its own values, so an edited
+value is refused rather than resumed from.
 
 Every value read is checked (:func:`read_state`): a damaged, edited or foreign ``state.json`` is one error naming
 the file and what is wrong. No Keras here: the CLI checks a checkpoint before Keras starts.
@@ -70,6 +71,13 @@ def file_sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(2**20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def entry_sha256(entry: dict) -> str:
+    """The sha256 of an entry's values (all but ``previous`` and the hash itself), as JSON with sorted keys: kept
+    in the entry as ``state_sha256``, so that an edited value is told from the one saved."""
+    values = {key: value for key, value in entry.items() if key not in ("previous", "state_sha256")}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
 
 def _damaged(path: str, why: str) -> CheckpointError:
@@ -169,10 +177,11 @@ def entry_problem(entry, nested: bool = False) -> str | None:
         problem = _step_problem(entry, epochs_done)
         if problem:
             return problem
-    digest = entry.get("checkpoint_sha256")
-    if digest is not None and not (isinstance(digest, str) and len(digest) == 64
-                                   and all(c in "0123456789abcdef" for c in digest)):
-        return "'checkpoint_sha256' is not a sha256"
+    for key in ("checkpoint_sha256", "state_sha256"):
+        digest = entry.get(key)
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                       and all(c in "0123456789abcdef" for c in digest)):
+            return f"{key!r} is not a sha256"
     previous = entry.get("previous")
     if previous is not None:
         if nested:
@@ -197,6 +206,14 @@ class Located(NamedTuple):
     roll_forward: bool
 
 
+def _checked(located: Located, path: str) -> Located:
+    """``located``, after checking its entry's values against the ``state_sha256`` saved with them."""
+    entry = located.state
+    if entry is not None and entry.get("state_sha256") and entry_sha256(entry) != entry["state_sha256"]:
+        raise _damaged(path, "its values were edited: they do not match the state_sha256 saved with them")
+    return located
+
+
 def locate(paths: dict) -> Located | None:
     """The checkpoint in ``paths`` (:func:`shardprep.train.run_files.run_paths`); None when there is none at all.
 
@@ -215,12 +232,12 @@ def locate(paths: dict) -> Located | None:
     digest = file_sha256(last) if has_last and hashed else None
     newest = saved.get("checkpoint_sha256")
     if newest and digest == newest:
-        return Located(saved, [], False)
+        return _checked(Located(saved, [], False), state_path)
     if newest and exists(writing) and file_sha256(writing) == newest:
-        return Located(saved, [], True)  # stopped between writing state.json and renaming the model: finish it
+        return _checked(Located(saved, [], True), state_path)  # stopped between writing state.json and renaming the model: finish it
     match = next((entry for entry in hashed if entry["checkpoint_sha256"] == digest), None)
     if match is not None:
-        return Located(match, [], False)
+        return _checked(Located(match, [], False), state_path)
     if not has_last:
         raise CheckpointError(f"--resume: {last} is missing beside {state_path}, so the run cannot continue; start "
                               "again with --overwrite, or in a new --output-dir")

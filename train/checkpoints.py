@@ -193,8 +193,10 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
     """Commits a checkpoint: the model to ``last.writing.keras``, then ``state.json`` (``state`` with that file's
     sha256, and ``previous`` as its fallback), then the rename to ``last.keras`` (:mod:`checkpoint_state`).
 
-    Adds ``checkpoint_sha256`` to ``state``: pass it as ``previous`` to the next call."""
+    Adds ``checkpoint_sha256`` and ``state_sha256`` (its values' own hash) to ``state``: pass it as ``previous``
+    to the next call."""
     state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"])
+    state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
     try:
         _replace(paths["last_writing"], paths["last"])

@@ -90,8 +90,9 @@ def check_path(output_dir: str, data_dir: str) -> None:
         raise OutputDirError(f"--output-dir {output_dir} is a link (to {target}); shardprep train writes only into a "
                              "real folder, never through a link: pass the folder itself or another --output-dir")
     if os.path.lexists(path) and not os.path.isdir(path):
-        raise OutputDirError(f"--output-dir {output_dir} exists and is not a folder; choose a folder (it is created "
-                             "if missing)")
+        what = "a file" if os.path.isfile(path) else "a FIFO, socket or device"
+        raise OutputDirError(f"--output-dir {output_dir} is {what}, not a folder; choose a folder (it is created if "
+                             "missing)")
     existing = path
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)

@@ -176,10 +176,10 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
                 raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
                                      f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
                                      f"{data_dir}, then rerun preprocess with --overwrite")
-    if image_size is not None:
-        _check_image_size(manifest, image_size, data_dir)
     if output_dir is not None:
         _check_output(output_dir, data_dir, resume, overwrite)
+    if image_size is not None:
+        _check_image_size(manifest, image_size, data_dir)
     if batch_size is not None and splits[train_split].num_examples < batch_size:
         examples = splits[train_split].num_examples
         raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "
