@@ -372,3 +372,15 @@ def test_a_refusal_in_a_terminal_is_one_line_and_exit_1(colour_dataset, tmp_path
     # One Error line (the terminal wraps it; nothing else is printed).
     assert "".join(lines).startswith("Error: --overwrite refused:") and "Traceback" not in child.before
     assert tree(tmp_path) == before
+
+
+def test_names_in_a_refusal_cannot_rewrite_the_terminal(colour_dataset, tmp_path):
+    proj = tmp_path / "proj"
+    os.makedirs(proj)
+    (proj / "evil\x1b[2J\u202enames").write_text("mine")
+    line = refused_unchanged(tmp_path, colour_dataset, "--output-dir", proj, "--overwrite", *TINY,
+                             expect=("evil\\x1b[2J\\u202enames",))
+    assert "\x1b" not in line and "\u202e" not in line
+    refused_unchanged(tmp_path, colour_dataset, "--output-dir", "", *TINY, expect=("--output-dir is empty",))
+    refused_unchanged(tmp_path, colour_dataset, "--output-dir", " ", *TINY, expect=("--output-dir is empty",))
+

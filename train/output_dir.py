@@ -77,6 +77,8 @@ def holds_files(found: list[Entry]) -> bool:
 def check_path(output_dir: str, data_dir: str) -> None:
     """Refuses an ``--output-dir`` that is a link, not a folder, under a dangling link or a file, not writable, or
     that is, lies inside or contains DATA. Nothing is created."""
+    if not output_dir.strip():
+        raise OutputDirError("--output-dir is empty; name the folder the run writes into")
     if is_url(output_dir):
         if is_url(data_dir):
             _check_apart(output_dir, _normalized(output_dir), data_dir, _normalized(data_dir))
@@ -100,8 +102,8 @@ def check_path(output_dir: str, data_dir: str) -> None:
         raise OutputDirError(f"--output-dir {output_dir} cannot be created: {existing} is a dangling link (to "
                              f"{os.readlink(existing)}, which does not exist); choose another --output-dir")
     if not os.path.isdir(existing):
-        raise OutputDirError(f"--output-dir {output_dir}: {existing} is a file, so the folder cannot be created; "
-                             "choose another --output-dir")
+        raise OutputDirError(f"--output-dir {output_dir}: {existing} is a file, not a folder, so the folder cannot "
+                             "be created; choose another --output-dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputDirError(f"--output-dir {output_dir}: cannot write into {existing} (permission denied); "
                              "choose another --output-dir")

@@ -73,9 +73,9 @@ def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool)
                                  "and state.json): its run had --no-checkpoint or stopped before its first "
                                  "checkpoint; start again with --overwrite")
     except (run_files.OutputDirError, checkpoint_state.CheckpointError) as error:
-        raise PreflightError(str(error)) from None
+        raise PreflightError(run_files.printable(str(error))) from None
     except OSError as error:
-        raise PreflightError(run_files.describe_os_error(error, "reading")) from None
+        raise PreflightError(run_files.printable(run_files.describe_os_error(error, "reading"))) from None
 
 
 def clear_run(output_dir: str) -> list[str]:

@@ -274,6 +274,15 @@ def event_file_recorder(output_dir: str):
     return EventFileRecorder()
 
 
+_UNPRINTABLE = {*range(32), 0x7F, *range(0x80, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+
+
+def printable(text: str) -> str:
+    """``text`` with control and bidi characters escaped (``\\x1b``), so a file name cannot rewrite the terminal."""
+    return "".join(c if ord(c) not in _UNPRINTABLE else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                   for c in text)
+
+
 def describe_os_error(error: OSError, doing: str = "writing") -> str:
     """One line for a failed file operation: the path and the cause (``[Errno 28] No space left on device``)."""
     where = f" {error.filename}" if error.filename else ""
