@@ -179,6 +179,23 @@ def test_nothing_is_written_or_deleted_through_a_link(colour_dataset, tmp_path, 
     assert (mine / "last.keras").read_text() == "my model"
 
 
+def test_a_hard_link_to_a_users_file_is_never_written_or_counted_ours(colour_dataset, tmp_path, run_copy):
+    # Keras writes best.keras in place: through a second name it would overwrite the user's file.
+    mine = tmp_path / "mine.keras"
+    mine.write_text("my model")
+    os.remove(run_copy / "checkpoints" / "best.keras")
+    os.link(mine, run_copy / "checkpoints" / "best.keras")
+    for flag in ("--resume", "--overwrite"):
+        refused_unchanged(tmp_path, colour_dataset, "--output-dir", run_copy, flag, *TINY,
+                          expect=("checkpoints/best.keras (a hard link",))
+    # A temporary name a killed run left is written as a new file, whatever it was.
+    from shardprep.train import checkpoints
+
+    os.link(mine, run_copy / "history.json.tmp")
+    checkpoints.write_json(str(run_copy / "history.json"), {"epoch": []})
+    assert mine.read_text() == "my model"
+
+
 def test_output_dir_under_a_dangling_link_or_not_a_folder_is_one_line(colour_dataset, tmp_path):
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
     refused_unchanged(tmp_path, colour_dataset, "--output-dir", tmp_path / "dangling" / "run", *TINY,

@@ -88,13 +88,21 @@ def write_json(path: str, value) -> None:
             with _gfile().GFile(temporary, "w") as f:
                 f.write(text)
         else:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            _fresh(temporary)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         _replace(temporary, path)
     except OSError as error:
         _discard(temporary)
         raise _failed(path, error) from error
+
+
+def _fresh(temporary: str) -> None:
+    """Removes a temporary file a killed run left, so that it is written as a new file: never through a link, and
+    never into a file it shares with another name (a hard link)."""
+    if not _is_url(temporary) and os.path.lexists(temporary):
+        os.remove(temporary)
 
 
 def _discard(path: str) -> None:
@@ -119,8 +127,7 @@ def read_json(path: str):
 def _save_model(model: keras.Model, temporary: str, path: str) -> str:
     """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``."""
     try:
-        if not _is_url(temporary) and os.path.islink(temporary):
-            os.remove(temporary)  # a link is never written through
+        _fresh(temporary)
         model.save(temporary)
         return checkpoint_state.file_sha256(temporary)
     except OSError as error:
@@ -309,8 +316,7 @@ def save_inference_model(model: keras.Model, path: str) -> None:
 
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
     try:
-        if not _is_url(temporary) and os.path.islink(temporary):
-            os.remove(temporary)  # a link is never written through
+        _fresh(temporary)
         save(model, temporary)
         _replace(temporary, path)
     except OSError as error:

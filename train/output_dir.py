@@ -50,7 +50,8 @@ def entries(output_dir: str, record: RunRecord | None = None) -> list[Entry]:
 
 def _shown(entry: Entry) -> str:
     return {"folder": entry.relative + "/", "link": f"{entry.relative} (a link)",
-            "special": f"{entry.relative} (not a regular file)"}.get(entry.kind, entry.relative)
+            "special": f"{entry.relative} (not a regular file)",
+            "hard link": f"{entry.relative} (a hard link to another file)"}.get(entry.kind, entry.relative)
 
 
 def names(found: list[Entry], limit: int = 5) -> str:

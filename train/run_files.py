@@ -228,11 +228,15 @@ def children(folder: str) -> list[tuple[str, str]]:
 
 
 def kind(entry: os.DirEntry) -> str:
+    """"link", "folder", "file", "hard link" (a file with another name too: writing it in place would change that
+    one) or "special" (a FIFO, socket or device)."""
     if entry.is_symlink():
         return "link"
     if entry.is_dir(follow_symlinks=False):
         return "folder"
-    return "file" if entry.is_file(follow_symlinks=False) else "special"
+    if not entry.is_file(follow_symlinks=False):
+        return "special"
+    return "file" if entry.stat(follow_symlinks=False).st_nlink == 1 else "hard link"
 
 
 def record_new_files(output_dir: str) -> None:
