@@ -319,13 +319,35 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_s
     lines = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert lines == [f"Error: writing {output / 'checkpoints' / 'last.keras'} failed: No space left on device; "
-                     "free some space, then rerun with --resume"], result.output
+                     "free some space, then rerun with --resume to continue from the last checkpoint (--overwrite "
+                     "when there is none)"], result.output
     assert not (output / "checkpoints" / "last.writing.keras").exists()  # nothing half written is kept
     monkeypatch.setattr(keras.Model, "save", save)
     resumed = CliRunner().invoke(main, _args(data, output, "--epochs", "1", "--resume"))
     assert resumed.exit_code == 0, resumed.output
     assert "resumed at epoch 1, step 3 of 4" in resumed.output
     assert _history(output)["epoch"] == [1]
+
+
+def test_a_full_disk_while_keras_writes_best_keras_is_one_line(tmp_path, monkeypatch):
+    import keras
+
+    data = write_colour_dataset(tmp_path / "data")
+    output = tmp_path / "run"
+    save = keras.Model.save
+
+    def full_disk(model, path, *args, **kwargs):
+        if path.endswith("best.keras"):  # written by Keras's ModelCheckpoint, not by shardprep
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    result = CliRunner().invoke(main, _args(data, output, "--epochs", "1", "--checkpoint-every-steps", "100"))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [
+        f"Error: writing {output / 'checkpoints' / 'best.keras'} failed: No space left on device; free some space, "
+        "then rerun with --resume to continue from the last checkpoint (--overwrite when there is none)"
+    ], result.output
 
 
 def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch):

@@ -287,9 +287,12 @@ def printable(text: str) -> str:
                    for c in text)
 
 
+RESUME_HINT = "--resume to continue from the last checkpoint (--overwrite when there is none)"
+
+
 def describe_os_error(error: OSError, doing: str = "writing") -> str:
     """One line for a failed file operation: the path and the cause (``[Errno 28] No space left on device``)."""
     where = f" {error.filename}" if error.filename else ""
     cause = error.strerror or str(error)
-    hint = "; free some space, then rerun with --resume" if error.errno == errno.ENOSPC else ""
+    hint = (f"; free some space, then rerun with {RESUME_HINT}" if error.errno == errno.ENOSPC else "")
     return f"{doing}{where} failed: {cause}{hint}"
