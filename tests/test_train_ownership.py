@@ -401,3 +401,16 @@ def test_names_in_a_refusal_cannot_rewrite_the_terminal(colour_dataset, tmp_path
     refused_unchanged(tmp_path, colour_dataset, "--output-dir", "", *TINY, expect=("--output-dir is empty",))
     refused_unchanged(tmp_path, colour_dataset, "--output-dir", " ", *TINY, expect=("--output-dir is empty",))
 
+
+
+def test_every_file_a_run_writes_is_listed_before_it_is_written(tmp_path):
+    # The names the run writes (run_paths, and the temporary names of the JSON files) are the record's fixed list;
+    # the history the checkpoint keeps is the loop's.
+    from shardprep.train import checkpoint_state, loop, run_files
+
+    paths = run_files.run_paths(str(tmp_path))
+    files = {os.path.relpath(path, tmp_path) for key, path in paths.items() if key not in ("checkpoints", "logs")}
+    temporaries = {name + ".tmp" for name in files if name.endswith(".json")}
+    assert files | temporaries == set(run_files.RUN_FILES)
+    assert set(run_files.RUN_FOLDERS) == {"checkpoints", "logs"}
+    assert checkpoint_state.HISTORY_KEYS == loop.HISTORY_KEYS
