@@ -61,12 +61,14 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool) -> None:
-    """``--output-dir``: a real folder (or one that can be made) apart from DATA, holding nothing or, with
-    ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.output_dir`); with ``--resume``
-    a whole checkpoint (:func:`shardprep.train.checkpoint_state.locate`). Reads only."""
+def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool, contents: bool) -> None:
+    """``--output-dir``: a real folder (or one that can be made) apart from DATA; with ``contents``, holding nothing
+    or, with ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.output_dir`), and with
+    ``--resume`` a whole checkpoint (:func:`shardprep.train.checkpoint_state.locate`). Reads only."""
     try:
-        output_checks.check_path(output_dir, data_dir)
+        if not contents:
+            output_checks.check_path(output_dir, data_dir)
+            return
         output_checks.check_contents(output_dir, resume, overwrite)
         if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
             raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
@@ -177,9 +179,11 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
                                      f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
                                      f"{data_dir}, then rerun preprocess with --overwrite")
     if output_dir is not None:
-        _check_output(output_dir, data_dir, resume, overwrite)
+        _check_output(output_dir, data_dir, resume, overwrite, contents=False)
     if image_size is not None:
         _check_image_size(manifest, image_size, data_dir)
+    if output_dir is not None:
+        _check_output(output_dir, data_dir, resume, overwrite, contents=True)
     if batch_size is not None and splits[train_split].num_examples < batch_size:
         examples = splits[train_split].num_examples
         raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "
