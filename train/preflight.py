@@ -167,17 +167,7 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         if splits[split].num_examples == 0:
             raise PreflightError(f"{option} {split!r} of {data_dir} has 0 examples (splits: {present}); pass "
                                  f"{option} with a non-empty split, or rerun preprocess with inputs for it")
-    for split in dict.fromkeys((train_split, val_split)):
-        for shard in splits[split].shards:
-            path = manifest_lib.join(data_dir, shard.file)
-            size = _size(path)
-            if size is None:
-                raise PreflightError(f"shard {path} of split {split!r} is missing; the dataset is damaged: run "
-                                     f"shardprep validate {data_dir}, then rerun preprocess with --overwrite")
-            if size != shard.num_bytes:
-                raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
-                                     f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
-                                     f"{data_dir}, then rerun preprocess with --overwrite")
+    _check_shards(splits, (train_split, val_split), data_dir)
     if output_dir is not None:
         _check_output(output_dir, data_dir, resume, overwrite, contents=False)
     if image_size is not None:
@@ -190,3 +180,18 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
                              f"{train_split!r} of {data_dir}, so an epoch would hold no whole batch; pass "
                              f"--batch-size {examples} or smaller")
     return manifest
+
+
+def _check_shards(splits: dict, names: tuple, data_dir: str) -> None:
+    """Every shard file of the splits ``names`` is there with its manifest size."""
+    for split in dict.fromkeys(names):
+        for shard in splits[split].shards:
+            path = manifest_lib.join(data_dir, shard.file)
+            size = _size(path)
+            if size is None:
+                raise PreflightError(f"shard {path} of split {split!r} is missing; the dataset is damaged: run "
+                                     f"shardprep validate {data_dir}, then rerun preprocess with --overwrite")
+            if size != shard.num_bytes:
+                raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
+                                     f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
+                                     f"{data_dir}, then rerun preprocess with --overwrite")
