@@ -26,11 +26,19 @@ def _error_lines(result):
 # --- --output-dir: refused when not empty, --overwrite deletes only a run's files ----------------------------------
 
 
+EVENTS = "logs/train/events.out.tfevents.1700000000.host.1.0.v2"
+
+
 def _previous_run(folder):
-    os.makedirs(folder / "checkpoints")
+    """The files of an earlier run, listed in its run record as `shardprep train` lists them."""
+    from shardprep.train import run_files
+
+    run_files.claim(str(folder), resume=False)
+    os.makedirs(folder / "checkpoints", exist_ok=True)
     os.makedirs(folder / "logs" / "train")
-    for name in ("history.json", "summary.json", "model.keras", "checkpoints/last.keras", "logs/train/events"):
+    for name in ("history.json", "summary.json", "model.keras", "checkpoints/last.keras", EVENTS):
         (folder / name).write_text("old")
+    run_files.record_new_files(str(folder))
 
 
 def test_train_refuses_a_non_empty_output_dir(colour_dataset, tmp_path):
@@ -42,18 +50,21 @@ def test_train_refuses_a_non_empty_output_dir(colour_dataset, tmp_path):
     line = _error_lines(result)[0]
     assert "is not empty" in line and "--resume" in line and "--overwrite" in line and "history.json" in line
     assert (tmp_path / "run" / "model.keras").read_text() == "old"
-    # An empty folder, a missing one and --resume are fine.
+    # An empty folder and a missing one are fine; --resume needs a whole checkpoint (state.json is missing here).
     os.makedirs(tmp_path / "empty")
-    for folder, resume in ((tmp_path / "empty", False), (tmp_path / "missing", False), (tmp_path / "run", True)):
-        preflight.check(colour_dataset, "train", "validation", str(folder), resume=resume)
+    for folder in (tmp_path / "empty", tmp_path / "missing"):
+        preflight.check(colour_dataset, "train", "validation", str(folder))
+    with pytest.raises(preflight.PreflightError, match="state.json is missing beside .*last.keras"):
+        preflight.check(colour_dataset, "train", "validation", str(tmp_path / "run"), resume=True)
 
 
 def test_overwrite_deletes_only_what_a_run_writes(colour_dataset, tmp_path):
     run = tmp_path / "run"
     _previous_run(run)
     preflight.check(colour_dataset, "train", "validation", str(run), overwrite=True)
-    assert preflight.clear_run(str(run)) == ["checkpoints", "history.json", "logs", "model.keras", "summary.json"]
-    assert os.listdir(run) == []
+    assert preflight.clear_run(str(run)) == ["checkpoints/last.keras", "history.json", EVENTS, "model.keras",
+                                             "summary.json"]
+    assert os.listdir(run) == [".shardprep-train.json"]  # the record: the next run rewrites it
 
 
 def test_overwrite_refuses_a_folder_holding_other_files_and_names_them(colour_dataset, tmp_path):
@@ -65,9 +76,9 @@ def test_overwrite_refuses_a_folder_holding_other_files_and_names_them(colour_da
                                        "--image-size", "16"])
     assert result.exit_code == 1
     line, = _error_lines(result)
-    assert "notes.txt" in line and "photos" in line and "did not write" in line
-    assert sorted(os.listdir(run)) == ["checkpoints", "history.json", "logs", "model.keras", "notes.txt", "photos",
-                                       "summary.json"]
+    assert "notes.txt" in line and "photos/" in line and "did not write" in line
+    assert sorted(os.listdir(run)) == [".shardprep-train.json", "checkpoints", "history.json", "logs", "model.keras",
+                                       "notes.txt", "photos", "summary.json"]
     both = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite", "--resume"])
     assert both.exit_code == 2 and "pass one" in both.output
 
@@ -128,7 +139,7 @@ def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run
                                        "--width-multiplier", "0.125", "--no-tensorboard", "--seed", "1"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("--overwrite: deleted checkpoints, history.json, logs, model.keras, summary.json")
+    assert lines[0] == f"--overwrite: deleted the 5 files of the earlier run in {run}"
     progress = [line for line in lines if line.strip().startswith("step ")]
     assert [line.split(",")[0].strip() for line in progress] == ["step 1/4 (25%)", "step 2/4 (50%)",
                                                                  "step 3/4 (75%)"]
@@ -138,6 +149,7 @@ def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run
                for line in lines)
     assert any(line.startswith("Summary: 1 epoch, best") for line in lines)
     assert (run / "model.keras").read_bytes() != b"old" and not (run / "logs").exists()
+    assert not (run / "checkpoints" / "last.keras").read_bytes() == b"old"
 
 
 def test_progress_rewrites_one_line_on_a_terminal():

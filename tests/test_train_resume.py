@@ -208,7 +208,10 @@ def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tm
     assert summary["backend"] == "jax"
 
 
-def test_a_kill_between_writing_state_and_model_resumes_from_the_entry_that_matches_last_keras(tmp_path):
+def test_an_interrupted_checkpoint_resumes_from_the_entry_whose_model_is_on_disk(tmp_path):
+    # The commit order (checkpoint_state's docstring): the model to last.writing.keras, state.json (new entry with
+    # that file's sha256, the old one as "previous"), the rename to last.keras. An exception at each point stands in
+    # for a kill here (test_train_checkpoint_crash kills real processes).
     import keras
 
     from shardprep.train import checkpoints
@@ -223,7 +226,7 @@ def test_a_kill_between_writing_state_and_model_resumes_from_the_entry_that_matc
     checkpoints.make_dirs(paths["checkpoints"])
     options = {"batch_size": 8, "seed": 1, "steps_per_epoch": 8, "train_split": "train", "train_examples": 64,
                "data": "fingerprint"}
-    history = {"epoch": []}
+    history = {key: [] for key in checkpoints.checkpoint_state.HISTORY_KEYS}
 
     def state(step):
         return checkpoints.run_state(step, 8, history, [], options, checkpoints.optimizer_iterations(model),
@@ -233,17 +236,37 @@ def test_a_kill_between_writing_state_and_model_resumes_from_the_entry_that_matc
     checkpoints.save_checkpoint(model, paths, at_step_3, None)
     model.optimizer.iterations.assign(6)
 
-    def killed(*args, **kwargs):
-        raise KeyboardInterrupt("killed while writing last.keras")
+    def resumed_step():
+        return checkpoints.resume(compiled_model(), paths, options, 8, print)["global_step"]
 
-    model.save = killed
+    # Stopped while the model was written: state.json is the old one, and so is last.keras.
+    save = model.save
+    model.save = lambda path: (save(path), open(path, "r+b").truncate(100), exec("raise KeyboardInterrupt"))
     with pytest.raises(KeyboardInterrupt):
         checkpoints.save_checkpoint(model, paths, state(6), at_step_3)
-    assert json.loads(open(paths["state"]).read())["global_step"] == 6  # state.json went first
+    assert json.loads(open(paths["state"]).read())["global_step"] == 3
+    assert resumed_step() == 3
+    model.save = save
 
-    restored = checkpoints.resume(compiled_model(), paths, options, 8, print)
-    assert restored["global_step"] == 3 and restored["partial_epoch"]["examples"] == 24
+    # Stopped between state.json and the rename: last.writing.keras is the new entry's model; the resume finishes
+    # the rename.
+    replace = checkpoints._replace
+    checkpoints._replace = lambda source, target: (replace(source, target) if target != paths["last"]
+                                                   else exec("raise KeyboardInterrupt"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save_checkpoint(model, paths, state(6), at_step_3)
+    finally:
+        checkpoints._replace = replace
+    assert json.loads(open(paths["state"]).read())["global_step"] == 6
+    assert resumed_step() == 6 and not os.path.exists(paths["last_writing"])
 
-    checkpoints.write_json(paths["state"], {**state(6), "previous": None})
+    # A state.json without hashes (written before they were kept): paired by the optimizer's step count.
+    entry = {key: value for key, value in state(6).items() if key != "checkpoint_sha256"}
+    checkpoints.write_json(paths["state"], {**entry, "previous": None})
+    assert resumed_step() == 6
+    model.optimizer.iterations.assign(9)
+    checkpoints.save_checkpoint(model, paths, state(9), None)
+    checkpoints.write_json(paths["state"], {**entry, "previous": None})
     with pytest.raises(ValueError, match="do not belong together"):
-        checkpoints.resume(compiled_model(), paths, options, 8, print)
+        resumed_step()

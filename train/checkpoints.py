@@ -1,18 +1,22 @@
-"""What a training run writes and reads back: its output paths, JSON files, checkpoints (weights, optimizer state,
-the callbacks' state and the reader's position) for ``--resume``, and the inference model.
+"""What a training run writes and reads back: its JSON files, checkpoints (weights, optimizer state, the callbacks'
+state and the reader's position) for ``--resume``, and the inference model.
 
 A checkpoint is ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (:func:`run_state`:
 the global step, the epoch's partial metrics, history, callbacks' state, and the options a resumed run must share).
-It is written at epoch ends and, with ``--checkpoint-every-steps N``, every N steps. Both files are written under a
-temporary name and renamed; ``state.json`` goes first and also holds the state of the checkpoint before, so a kill
-between the two renames leaves a ``state.json`` entry that matches ``last.keras`` (told apart by the optimizer's
-step count, :func:`resume`).
+It is written at epoch ends and, with ``--checkpoint-every-steps N``, every N steps, in an order that a kill at any
+point leaves either the old checkpoint or the new one (:func:`save_checkpoint`; the order and how a resume pairs
+the two files are :mod:`shardprep.train.checkpoint_state`'s docstring). A resumed run rewrites ``history.json``
+from the checkpoint it continues from, so the history always matches the checkpoint.
+
+Every file is written under a temporary name and renamed (never through a link); a write that fails (a full disk)
+is a :class:`RunFileError` naming the file, and the checkpoint before it stays whole.
 
 TensorFlow is imported only for ``gs://`` and other URLs (``tf.io.gfile``); local runs on JAX or PyTorch need none.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -23,9 +27,9 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.manifest_types import Manifest
+from shardprep.train import checkpoint_state, run_files
 from shardprep.train import losses  # noqa: F401  registers the loss a JAX/PyTorch checkpoint is compiled with
-
-STATE_FORMAT = 2  # 1: epoch ends only (epochs_done, history, callbacks)
+from shardprep.train.checkpoint_state import STATE_FORMAT  # noqa: F401  (public here too)
 
 # Callback state that a resumed run carries on with (Keras resets it in on_train_begin).
 _CALLBACK_STATE = {
@@ -34,25 +38,16 @@ _CALLBACK_STATE = {
     keras.callbacks.EarlyStopping: ("best", "wait", "best_epoch"),
 }
 
+run_paths = run_files.run_paths  # the names of a run's files, with the record that lists them
 
-def run_paths(output_dir: str) -> dict:
-    """The files and folders of a run under ``output_dir``, by name."""
-    checkpoints = os.path.join(output_dir, "checkpoints")
-    return {
-        "checkpoints": checkpoints,
-        "best": os.path.join(checkpoints, "best.keras"),
-        "last": os.path.join(checkpoints, "last.keras"),
-        "last_writing": os.path.join(checkpoints, "last.writing.keras"),  # renamed to last.keras when complete
-        "state": os.path.join(checkpoints, "state.json"),
-        "history": os.path.join(output_dir, "history.json"),
-        "summary": os.path.join(output_dir, "summary.json"),
-        "model": os.path.join(output_dir, "model.keras"),
-        "logs": os.path.join(output_dir, "logs"),
-    }
+
+class RunFileError(ValueError):
+    """A file of the run could not be written (a full disk, no permission); the message names it."""
 
 
 def _gfile():
-    
+    import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
+
     return tf.io.gfile
 
 
@@ -78,17 +73,47 @@ def _replace(source: str, target: str) -> None:
         os.replace(source, target)
 
 
+def _failed(path: str, error: OSError) -> RunFileError:
+    """``writing PATH failed: CAUSE`` for the file the user knows (``path``, not its temporary name)."""
+    return RunFileError(run_files.describe_os_error(OSError(error.errno, error.strerror or str(error), path)))
+
+
 def write_json(path: str, value) -> None:
-    """Writes ``value`` to a temporary file renamed over ``path``, so a reader never sees half a file."""
+    """Writes ``value`` to a temporary file renamed over ``path``, so a reader never sees half a file; never
+    through a link. A :class:`RunFileError` when it cannot be written (the file before stays as it was)."""
     temporary = path + ".tmp"
     text = json.dumps(value, indent=2) + "\n"
-    if _is_url(path):
-        with _gfile().GFile(temporary, "w") as f:
-            f.write(text)
-    else:
-        with open(temporary, "w") as f:
-            f.write(text)
-    _replace(temporary, path)
+    try:
+        if _is_url(path):
+            with _gfile().GFile(temporary, "w") as f:
+                f.write(text)
+        else:
+            _fresh(temporary)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        _replace(temporary, path)
+    except OSError as error:
+        _discard(temporary)
+        raise _failed(path, error) from error
+
+
+def _fresh(temporary: str) -> None:
+    """Removes a temporary file a killed run left, so that it is written as a new file: never through a link, and
+    never into a file it shares with another name (a hard link)."""
+    if not _is_url(temporary) and os.path.lexists(temporary):
+        os.remove(temporary)
+
+
+def _discard(path: str) -> None:
+    """Removes a temporary file of ours that could not be finished (a full disk keeps nothing half written)."""
+    try:
+        if _is_url(path):
+            _gfile().remove(path)
+        elif os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+    except Exception:  # noqa: BLE001 - best effort: the failure reported is the write's
+        pass
 
 
 def read_json(path: str):
@@ -99,6 +124,17 @@ def read_json(path: str):
         return json.load(f)
 
 
+def _save_model(model: keras.Model, temporary: str, path: str) -> str:
+    """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``."""
+    try:
+        _fresh(temporary)
+        model.save(temporary)
+        return checkpoint_state.file_sha256(temporary)
+    except OSError as error:
+        _discard(temporary)
+        raise _failed(path, error) from error
+
+
 def data_fingerprint(manifest: Manifest, split: str) -> str:
     """A short hash of the training split's shards (names, counts, sizes, checksums) and the classes."""
     info = manifest.split(split)
@@ -107,24 +143,36 @@ def data_fingerprint(manifest: Manifest, split: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# The options a resumed run must share with its checkpoint: the first ones make its saved position mean the same
+# batches, the others the same model, optimizer and schedule (--epochs may change: the schedule is recomputed).
+_OPTION_NAMES = {"batch_size": "--batch-size", "seed": "--seed", "steps_per_epoch": "--steps-per-epoch",
+                 "train_split": "--train-split", "image_size": "--image-size", "precision": "--precision",
+                 "augment": "--augment", "width_multiplier": "--width-multiplier", "lr_schedule": "--lr-schedule",
+                 "learning_rate": "--learning-rate", "warmup_epochs": "--warmup-epochs",
+                 "lr_step_epochs": "--lr-step-epochs", "lr_decay": "--lr-decay", "momentum": "--momentum",
+                 "weight_decay": "--weight-decay", "label_smoothing": "--label-smoothing"}
+
+
 def run_options(config, manifest: Manifest, steps_per_epoch: int) -> dict:
-    """What a resumed run must share with the checkpoint for its saved position to mean the same batches."""
-    return {"batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": steps_per_epoch,
-            "train_split": config.train_split,
+    """What a resumed run must share with the checkpoint (``_OPTION_NAMES``), and the training data."""
+    options = {key: getattr(config, key) for key in _OPTION_NAMES if key != "steps_per_epoch"}
+    options["lr_step_epochs"] = list(options["lr_step_epochs"]) if options["lr_step_epochs"] else None
+    return {**options, "steps_per_epoch": steps_per_epoch,
             "train_examples": manifest.split(config.train_split).num_examples,
             "data": data_fingerprint(manifest, config.train_split)}
 
 
-_OPTION_NAMES = {"batch_size": "--batch-size", "seed": "--seed", "steps_per_epoch": "--steps-per-epoch",
-                 "train_split": "--train-split"}
+def _shown(value) -> str:
+    return "the default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
-    """A ValueError naming each difference between the checkpoint's options and this run's."""
+    """A ValueError naming each difference between the checkpoint's options and this run's (options a checkpoint
+    from an older shardprep did not save are not compared)."""
     if not saved:
         return  # a checkpoint from before the options were saved: nothing to compare
-    differences = [f"{flag} {saved.get(key)} then, {current[key]} now" for key, flag in _OPTION_NAMES.items()
-                   if saved.get(key) != current[key]]
+    differences = [f"{flag} {_shown(saved[key])} then, {_shown(current[key])} now"
+                   for key, flag in _OPTION_NAMES.items() if key in saved and saved[key] != current[key]]
     if saved.get("data") != current["data"]:
         differences.append(f"DATA's {current['train_split']!r} split is another one ({saved.get('train_examples')} "
                            f"examples then, {current['train_examples']} now, or other shards)")
@@ -134,22 +182,42 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
 
 
 def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
-              optimizer_iterations: int, partial_epoch: dict | None = None) -> dict:
-    """The ``state.json`` entry of a checkpoint after ``global_step`` training steps.
+              optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
+    """The ``state.json`` entry of a checkpoint after ``global_step`` training steps: a copy, so that the run going
+    on (its history growing) never changes an entry already taken.
 
     ``partial_epoch``: the running training ``loss`` and ``accuracy`` of the epoch in progress over its first
-    ``examples`` images (kept as means and a count, so a resumed run combines them with its own)."""
+    ``examples`` images (kept as means and a count, so a resumed run combines them with its own). ``extra``: more
+    JSON-safe fields kept with the checkpoint (e.g. random generators' state)."""
     return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
             "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
-            "partial_epoch": partial_epoch, "history": history, "callbacks": callback_state(callbacks),
-            "seed": options.get("seed"), "options": options, "optimizer_iterations": optimizer_iterations}
+            "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
+            "callbacks": callback_state(callbacks), "seed": options.get("seed"), "options": copy.deepcopy(options),
+            "optimizer_iterations": optimizer_iterations, **copy.deepcopy(extra)}
 
 
 def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None) -> None:
-    """Writes ``state.json`` (``state``, and ``previous`` as its fallback) then ``last.keras``, each atomically."""
-    write_json(paths["state"], {**state, "previous": previous and {**previous, "previous": None}})
-    model.save(paths["last_writing"])
-    _replace(paths["last_writing"], paths["last"])
+    """Commits a checkpoint: the model to ``last.writing.keras``, then ``state.json`` (``state`` with that file's
+    sha256, and ``previous`` as its fallback), then the rename to ``last.keras`` (:mod:`checkpoint_state`).
+
+    Adds ``checkpoint_sha256`` and ``state_sha256`` (its values' own hash) to ``state``: pass it as ``previous``
+    to the next call."""
+    state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"])
+    state["state_sha256"] = checkpoint_state.entry_sha256(state)
+    write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
+    try:
+        _replace(paths["last_writing"], paths["last"])
+    except OSError as error:
+        raise _failed(paths["last"], error) from error
+
+
+def _as_previous(entry: dict) -> dict:
+    """``entry`` as the fallback of the next checkpoint: its history cut to the epochs it had when it was saved
+    (``epochs_done``), whatever the run appended since to a history it shares (a resumed run's state is its
+    history), and no fallback of its own."""
+    done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
+    return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
+            "previous": None}
 
 
 def optimizer_iterations(model: keras.Model) -> int:
@@ -158,23 +226,30 @@ def optimizer_iterations(model: keras.Model) -> int:
 
 def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
            report: Callable[[str], None]) -> dict | None:
-    """The saved run state after loading the last checkpoint into ``model``; None, reported, when there is nothing
-    to resume from. A ValueError when the checkpoint was made with other options (:func:`check_options`)."""
-    if not (exists(paths["state"]) and exists(paths["last"])):
+    """The saved run state after loading the last checkpoint into ``model``, with ``history.json`` rewritten from
+    it; None, reported, when there is no checkpoint at all. A ValueError when the files are incomplete, damaged or
+    do not belong together (:func:`checkpoint_state.locate`), or were made with other options
+    (:func:`check_options`, compared before anything is loaded)."""
+    located = checkpoint_state.locate(paths)
+    if located is None:
         report(f"--resume: no checkpoint in {paths['checkpoints']}; starting from scratch.")
         return None
-    saved = read_json(paths["state"])
+    check_options((located.state or located.candidates[0]).get("options"), options, paths["last"])
+    if located.roll_forward:
+        _replace(paths["last_writing"], paths["last"])
     restore_checkpoint(model, paths["last"])
-    iterations = optimizer_iterations(model)
-    entries = [entry for entry in (saved, saved.get("previous")) if entry]
-    state = next((entry for entry in entries if entry.get("optimizer_iterations", iterations) == iterations), None)
-    if state is None:
-        raise ValueError(f"--resume: {paths['last']} is at optimizer step {iterations}, which no entry of "
-                         f"{paths['state']} describes; these files do not belong together: start again in a new "
-                         "--output-dir")
-    check_options(state.get("options"), options, paths["last"])
+    state = located.state
+    if state is None:  # a checkpoint from before the hash was kept: told apart by the optimizer's step count
+        iterations = optimizer_iterations(model)
+        state = next((entry for entry in located.candidates
+                      if entry.get("optimizer_iterations", iterations) == iterations), None)
+        if state is None:
+            raise ValueError(f"--resume: {paths['last']} is at optimizer step {iterations}, which no entry of "
+                             f"{paths['state']} describes; these files do not belong together: start again in a "
+                             "new --output-dir")
     if "global_step" not in state:  # format 1: saved at an epoch end
         state = {**state, "global_step": int(state["epochs_done"]) * steps_per_epoch, "partial_epoch": None}
+    write_json(paths["history"], state["history"])  # the history of the checkpoint, not of a later kill
     return state
 
 
@@ -215,15 +290,21 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
     """
     from shardprep.train.model import load_model
 
-    saved = load_model(path)
+    try:
+        saved = load_model(path)
+    except Exception as error:  # noqa: BLE001 - Keras reports a damaged zip as anything from ValueError to OSError
+        cause = f"{type(error).__name__}: {str(error)[:120]}"
+        raise ValueError(f"--resume: {path} is damaged or not a Keras checkpoint and cannot be read ({cause}); start "
+                         "again with --overwrite, or in a new --output-dir") from error
     try:
         model.set_weights(saved.get_weights())
     except ValueError as error:
-        raise ValueError(f"{path} holds another architecture (was --width-multiplier changed?): {error}") from error
+        raise ValueError(f"--resume: {path} holds another architecture than this run builds ({error}); resume with "
+                         "the options of the run that saved it") from error
     saved_state, state = saved.optimizer.variables, model.optimizer.variables
     if [tuple(v.shape) for v in saved_state] != [tuple(v.shape) for v in state]:
-        raise ValueError(f"the optimizer state in {path} does not match this run's optimizer "
-                         "(was --precision changed between mixed_float16 and another precision?)")
+        raise ValueError(f"--resume: the optimizer state in {path} does not match this run's optimizer; resume "
+                         "with the options of the run that saved it")
     for variable, value in zip(state, saved_state):
         variable.assign(value)
 
@@ -233,4 +314,11 @@ def save_inference_model(model: keras.Model, path: str) -> None:
     optimizer state; uint8 images of any size >= the train size in, logits out."""
     from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
 
-    save(model, path)
+    temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
+    try:
+        _fresh(temporary)
+        save(model, temporary)
+        _replace(temporary, path)
+    except OSError as error:
+        _discard(temporary)
+        raise _failed(path, error) from error

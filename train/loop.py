@@ -37,7 +37,7 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.manifest_types import Manifest, typed
-from shardprep.train import checkpoints, preflight
+from shardprep.train import checkpoints, preflight, run_files
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.model import build_model
 from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
@@ -385,6 +385,7 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
     elif config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=paths["logs"], write_graph=False,
                                                      profile_batch=_profile_batches(config.profile_batch)))
+        callbacks.append(run_files.event_file_recorder(config.output_dir))  # lists TensorBoard's files in the record
     if config.checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(paths["best"], monitor="val_loss", save_best_only=True))
     if config.early_stopping:

@@ -3,7 +3,8 @@
 :func:`check` reads the manifest (plain ``json`` for local paths, Beam's file systems for ``gs://``), checks its
 shape with the shared :func:`shardprep.preprocess.manifest_schema.shape_problems`, that the training and validation splits
 exist and hold examples, that every shard file of those splits is there with its manifest size, and that
-``--output-dir`` is (or can become) a folder. Each failure is a :class:`PreflightError` whose message is one line:
+``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.output_dir`), with a checkpoint
+for ``--resume``. Each failure is a :class:`PreflightError` whose message is one line:
 what is wrong, where, and what to do.
 """
 
@@ -14,6 +15,8 @@ import os
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import manifest_schema
 from shardprep.preprocess.manifest_types import Manifest
+from shardprep.train import checkpoint_state, run_files
+from shardprep.train import output_dir as output_checks
 
 
 class PreflightError(ValueError):
@@ -58,71 +61,46 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _check_output_dir(output_dir: str) -> None:
-    if _is_url(output_dir):
-        return
-    path = os.path.abspath(output_dir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise PreflightError(f"--output-dir {output_dir} is a file, not a folder; choose a folder (it is created "
-                             "if missing)")
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise PreflightError(f"--output-dir {output_dir}: {existing} is a file, so the folder cannot be created; "
-                             "choose another --output-dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PreflightError(f"--output-dir {output_dir}: cannot write into {existing} (permission denied); "
-                             "choose another --output-dir")
-
-
-# What a training run writes into --output-dir (train/checkpoints.py run_paths): all that --overwrite may delete.
-RUN_FILES = ("history.json", "summary.json", "model.keras")
-RUN_FOLDERS = ("checkpoints", "logs")
-
-
-def _check_output_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
-    """A non-empty ``--output-dir`` is refused unless ``--resume`` or ``--overwrite``; ``--overwrite`` refuses a
-    folder holding anything a training run does not write (naming it)."""
-    if resume or not os.path.isdir(output_dir):
-        return
-    entries = sorted(os.listdir(output_dir))
-    if not entries:
-        return
-    if not overwrite:
-        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        raise PreflightError(f"--output-dir {output_dir} is not empty ({shown}); pass --resume to continue that "
-                             "run, --overwrite to replace it, or choose another --output-dir")
-    foreign = [name for name in entries
-               if not ((name in RUN_FILES or name.endswith(".tmp") and name[:-4] in RUN_FILES)
-                       and os.path.isfile(os.path.join(output_dir, name))
-                       or name in RUN_FOLDERS and os.path.isdir(os.path.join(output_dir, name)))]
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise PreflightError(f"--overwrite: --output-dir {output_dir} holds {shown}, which shardprep train did not "
-                             f"write; it deletes only {', '.join(RUN_FILES + RUN_FOLDERS)}: move those away or "
-                             "choose another --output-dir")
+def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool, contents: bool) -> None:
+    """``--output-dir``: a real folder (or one that can be made) apart from DATA; with ``contents``, holding nothing
+    or, with ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.output_dir`), and with
+    ``--resume`` a whole checkpoint (:func:`shardprep.train.checkpoint_state.locate`). Reads only."""
+    try:
+        if not contents:
+            output_checks.check_path(output_dir, data_dir)
+            return
+        output_checks.check_contents(output_dir, resume, overwrite)
+        if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
+            raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
+                                 "and state.json): its run had --no-checkpoint or stopped before its first "
+                                 "checkpoint; start again with --overwrite")
+    except (run_files.OutputDirError, checkpoint_state.CheckpointError) as error:
+        raise PreflightError(run_files.printable(str(error))) from None
+    except OSError as error:
+        raise PreflightError(run_files.printable(run_files.describe_os_error(error, "reading"))) from None
 
 
 def clear_run(output_dir: str) -> list[str]:
-    """Deletes what a training run wrote in ``output_dir`` (for ``--overwrite``); returns the names deleted.
+    """Deletes the files the run recorded in ``output_dir`` lists (for ``--overwrite``), never a folder that holds
+    anything else, never through a link; returns the files deleted (relative paths).
 
     Call :func:`check` with ``overwrite=True`` first: it refuses a folder holding anything else."""
-    import shutil
+    try:
+        return output_checks.clear(output_dir)
+    except run_files.OutputDirError as error:
+        raise PreflightError(str(error)) from None
+    except OSError as error:
+        raise PreflightError(f"--overwrite: {run_files.describe_os_error(error, 'deleting')}") from None
 
-    deleted = []
-    if _is_url(output_dir) or not os.path.isdir(output_dir):
-        return deleted
-    for name in sorted(os.listdir(output_dir)):
-        path = os.path.join(output_dir, name)
-        if name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif (name in RUN_FILES or name.endswith(".tmp") and name[:-4] in RUN_FILES) and os.path.isfile(path):
-            os.remove(path)
-        else:
-            continue
-        deleted.append(name)
-    return deleted
+
+def claim_output_dir(output_dir: str, resume: bool) -> None:
+    """Makes ``output_dir`` and writes its run record (what the run may write there) before the run writes."""
+    try:
+        run_files.claim(output_dir, resume)
+    except run_files.OutputDirError as error:
+        raise PreflightError(str(error)) from None
+    except OSError as error:
+        raise PreflightError(run_files.describe_os_error(error)) from None
 
 
 def _check_image_size(manifest: dict, image_size: int, data_dir: str) -> None:
@@ -159,8 +137,9 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
     ``val_split`` None: the first of ``VALIDATION_SPLITS`` the dataset has (:func:`validation_split`).
 
     With ``image_size``, refuses a crop larger than the stored images; with ``batch_size``, a training split smaller
-    than one batch (training batches are whole, so it would make none); with ``output_dir``, refuses a non-empty
-    local folder unless ``resume`` or ``overwrite`` (and, with ``overwrite``, one holding files a run does not write).
+    than one batch (training batches are whole, so it would make none); with ``output_dir``, refuses a folder that
+    is a link, DATA or a dataset, and a non-empty one unless ``resume`` or ``overwrite`` finds the run record and
+    nothing it does not list (and, with ``resume``, a whole checkpoint).
     """
     manifest = load_manifest(data_dir)
     manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
@@ -188,7 +167,24 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         if splits[split].num_examples == 0:
             raise PreflightError(f"{option} {split!r} of {data_dir} has 0 examples (splits: {present}); pass "
                                  f"{option} with a non-empty split, or rerun preprocess with inputs for it")
-    for split in dict.fromkeys((train_split, val_split)):
+    _check_shards(splits, (train_split, val_split), data_dir)
+    if output_dir is not None:
+        _check_output(output_dir, data_dir, resume, overwrite, contents=False)
+    if image_size is not None:
+        _check_image_size(manifest, image_size, data_dir)
+    if output_dir is not None:
+        _check_output(output_dir, data_dir, resume, overwrite, contents=True)
+    if batch_size is not None and splits[train_split].num_examples < batch_size:
+        examples = splits[train_split].num_examples
+        raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "
+                             f"{train_split!r} of {data_dir}, so an epoch would hold no whole batch; pass "
+                             f"--batch-size {examples} or smaller")
+    return manifest
+
+
+def _check_shards(splits: dict, names: tuple, data_dir: str) -> None:
+    """Every shard file of the splits ``names`` is there with its manifest size."""
+    for split in dict.fromkeys(names):
         for shard in splits[split].shards:
             path = manifest_lib.join(data_dir, shard.file)
             size = _size(path)
@@ -199,15 +195,3 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
                 raise PreflightError(f"shard {path} of split {split!r} is {size:,} bytes, the manifest says "
                                      f"{shard.num_bytes:,} (truncated or replaced); run shardprep validate "
                                      f"{data_dir}, then rerun preprocess with --overwrite")
-    if output_dir is not None:
-        _check_output_dir(output_dir)
-    if image_size is not None:
-        _check_image_size(manifest, image_size, data_dir)
-    if output_dir is not None and not _is_url(output_dir):
-        _check_output_contents(output_dir, resume, overwrite)
-    if batch_size is not None and splits[train_split].num_examples < batch_size:
-        examples = splits[train_split].num_examples
-        raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "
-                             f"{train_split!r} of {data_dir}, so an epoch would hold no whole batch; pass "
-                             f"--batch-size {examples} or smaller")
-    return manifest

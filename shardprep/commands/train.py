@@ -101,11 +101,11 @@ def _profile_batches(ctx, param, value):
                    "reader's position), so --resume after a kill continues mid-epoch at the next step with the "
                    "batches an uninterrupted run would have seen [default: at epoch ends only].")
 @click.option("--resume", is_flag=True,
-              help="Continue from OUTPUT_DIR/checkpoints/last.keras at the step it was saved after, with the same "
-                   "--batch-size, --seed, --steps-per-epoch and DATA (refused otherwise).")
+              help="Continue the run in OUTPUT_DIR from its checkpoint, at the step it was saved after, with the "
+                   "same DATA and options (--epochs may grow; another option is refused, named).")
 @click.option("--overwrite", is_flag=True,
-              help="Replace a previous run in OUTPUT_DIR: deletes history.json, summary.json, model.keras, "
-                   "checkpoints/ and logs/ there first; refuses a folder holding anything else.")
+              help="Replace the run in OUTPUT_DIR: deletes only the files it listed in "
+                   "OUTPUT_DIR/.shardprep-train.json; refuses a folder holding anything else.")
 def command(data, overwrite, **options):
     """Train ResNet-18 on the prepared dataset DATA (a local folder or gs:// URL holding manifest.json).
 
@@ -124,6 +124,8 @@ def command(data, overwrite, **options):
     if options["checkpoint_every_steps"] and not options["checkpoint"]:
         raise click.UsageError("--checkpoint-every-steps saves checkpoints and --no-checkpoint turns them off: "
                                "pass one")
+    if options["output_dir"].startswith("file://"):  # a local folder, checked and written as one
+        options["output_dir"] = options["output_dir"][len("file://"):]
     try:  # before anything imports keras: it fixes its backend at its first import
         options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
     except train_config.BackendError as error:
@@ -133,12 +135,12 @@ def command(data, overwrite, **options):
                                    image_size=options["image_size"], batch_size=options["batch_size"],
                                    resume=options["resume"], overwrite=overwrite)
         options["val_split"] = preflight.validation_split(manifest, options["val_split"], data)
+        deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
+        preflight.claim_output_dir(options["output_dir"], options["resume"])
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
-    if overwrite:
-        deleted = preflight.clear_run(options["output_dir"])
-        if deleted:
-            click.echo(f"--overwrite: deleted {', '.join(deleted)} from {options['output_dir']}")
+    if deleted:
+        click.echo(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
 
     config = TrainConfig(data_dir=data, **options)
     try:
@@ -154,3 +156,7 @@ def command(data, overwrite, **options):
         raise click.ClickException(str(error.args[0]) if error.args else str(error)) from error
     except ValueError as error:
         raise click.ClickException(str(error)) from error
+    except OSError as error:  # a file a Keras callback writes (best.keras, TensorBoard's): a full disk, say
+        from shardprep.train.run_files import describe_os_error
+
+        raise click.ClickException(describe_os_error(error)) from error

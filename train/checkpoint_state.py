@@ -1,0 +1,249 @@
+"""A checkpoint's ``state.json`` read back as untrusted input, and which of its entries ``last.keras`` holds.
+
+A checkpoint is two files, ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (where the
+run stood: the step, the history, the callbacks' state, the options; :func:`shardprep.train.checkpoints.run_state`).
+They are committed in this order (:func:`shardprep.train.checkpoints.save_checkpoint`):
+
+1. the model is saved to ``last.writing.keras`` and its sha256 taken;
+2. ``state.json`` is written under a temporary name and renamed: the new entry, with that sha256, and the entry
+   before it (``previous``, the one the current ``last.keras`` holds, with its own sha256);
+3. ``last.writing.keras`` is renamed to ``last.keras``.
+
+A kill anywhere leaves files that :func:`locate` pairs by hash: before 2 completes, ``state.json`` is the old one and
+``last.keras`` matches its entry; between 2 and 3, ``last.keras`` matches ``previous`` and ``last.writing.keras``
+the new entry, which is taken (the rename is finished on resume); after 3, the new entry. A torn temporary file is
+never a file the other names. Checkpoints written before the hash was kept are paired by the optimizer's step count
+after loading (the caller's part). Each entry also keeps ``state_sha256``, the hash of its own values, so an edited
+value is refused rather than resumed from.
+
+Every value read is checked (:func:`read_state`): a damaged, edited or foreign ``state.json`` is one error naming
+the file and what is wrong. No Keras here: the CLI checks a checkpoint before Keras starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import stat
+from typing import NamedTuple
+
+STATE_FORMAT = 2  # 1: epoch ends only (epochs_done, history, callbacks)
+MAX_STATE_BYTES = 64 * 2**20
+MAX_STEP = 2**53  # JSON numbers beyond this are not exact integers
+# The history the training loop keeps (shardprep.train.loop.HISTORY_KEYS): a resumed run appends to every key.
+HISTORY_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec", "input_wait_fraction",
+                "learning_rate")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be resumed from; the message names the file and the cause."""
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _gfile():
+    import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
+
+    return tf.io.gfile
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if _is_url(path) else os.path.lexists(path)
+
+
+def _open(path: str):
+    """A file to read; locally only a regular file (a FIFO or a device would block or never end)."""
+    if _is_url(path):
+        return _gfile().GFile(path, "rb")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise CheckpointError(f"--resume: {path} is not a regular file (a FIFO, device or folder), so the run "
+                              "cannot continue from it; start again with --overwrite, or in a new --output-dir")
+    return open(path, "rb")
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with _open(path) as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def entry_sha256(entry: dict) -> str:
+    """The sha256 of an entry's values (all but ``previous`` and the hash itself), as JSON with sorted keys: kept
+    in the entry as ``state_sha256``, so that an edited value is told from the one saved."""
+    values = {key: value for key, value in entry.items() if key not in ("previous", "state_sha256")}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
+def _damaged(path: str, why: str) -> CheckpointError:
+    return CheckpointError(f"--resume: {path} is damaged ({why}), so the run cannot continue from it; start again "
+                           "with --overwrite, or in a new --output-dir")
+
+
+def read_state(path: str) -> dict:
+    """``state.json``, checked entry by entry (:func:`entry_problem`); a :class:`CheckpointError` otherwise."""
+    try:
+        with _open(path) as f:
+            text = f.read(MAX_STATE_BYTES + 1)
+        if len(text) > MAX_STATE_BYTES:
+            raise _damaged(path, f"more than {MAX_STATE_BYTES:,} bytes, more than any run writes")
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise _damaged(path, f"not JSON: {str(error)[:80] or type(error).__name__}") from None
+    except OSError as error:
+        raise CheckpointError(f"--resume: cannot read {path}: {error.strerror or error}") from None
+    problem = entry_problem(document)
+    if problem:
+        raise _damaged(path, problem)
+    return document
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def _history_problem(history) -> str | None:
+    if not isinstance(history, dict):
+        return "'history' is not an object"
+    missing = [key for key in HISTORY_KEYS if not isinstance(history.get(key), list)]
+    if missing:
+        return f"'history' has no list {missing[0]!r}"
+    epochs = history["epoch"]
+    if epochs != list(range(1, len(epochs) + 1)) or not all(_count(epoch) for epoch in epochs):
+        return f"'history.epoch' is {json.dumps(epochs)[:60]}, not 1, 2, 3, ..."
+    for key, values in history.items():
+        if not isinstance(values, list) or len(values) != len(epochs):
+            return f"'history.{key}' does not hold one value per epoch"
+        if key != "epoch" and not all(_number(value) for value in values):
+            return f"'history.{key}' holds a value that is not a number"
+    return None
+
+
+def _partial_problem(partial) -> str | None:
+    if partial is None:
+        return None
+    if not isinstance(partial, dict) or not _count(partial.get("examples")) or not all(
+            _number(partial.get(key)) and math.isfinite(partial[key]) for key in ("loss", "accuracy")):
+        return "'partial_epoch' is not {loss, accuracy, examples}"
+    return None
+
+
+def _step_problem(entry: dict, epochs_done: int) -> str | None:
+    """Format 2: the step, optimizer step and options, and the step within the epochs the history holds."""
+    for key in ("global_step", "optimizer_iterations"):
+        if not _count(entry.get(key)):
+            return f"{key!r} is {json.dumps(entry.get(key))[:40]}, not a whole number of steps"
+    options = entry.get("options")
+    if not isinstance(options, dict):
+        return "'options' is not an object"
+    steps_per_epoch = options.get("steps_per_epoch")
+    if not _count(steps_per_epoch) or steps_per_epoch < 1:
+        return "'options.steps_per_epoch' is not a positive whole number"
+    step = entry["global_step"]
+    if not epochs_done * steps_per_epoch <= step < (epochs_done + 1) * steps_per_epoch:
+        return (f"'global_step' {step} is not in epoch {epochs_done + 1} ({epochs_done} epochs in its history, "
+                f"{steps_per_epoch} steps each)")
+    return _partial_problem(entry.get("partial_epoch"))
+
+
+def entry_problem(entry, nested: bool = False) -> str | None:
+    """What is wrong with one entry of ``state.json`` (the file, or its ``previous``); None when it reads well."""
+    if not isinstance(entry, dict):
+        return f"a JSON {_json_type(entry)}, not an object"
+    version = entry.get("format", 1)
+    if version not in (1, STATE_FORMAT) or isinstance(version, bool):
+        return f"format {json.dumps(version)[:20]}, which this shardprep does not read"
+    problem = _history_problem(entry.get("history"))
+    if problem:
+        return problem
+    epochs_done = len(entry["history"]["epoch"])
+    if entry.get("epochs_done") != epochs_done:
+        return f"'epochs_done' is {json.dumps(entry.get('epochs_done'))[:20]}, its history holds {epochs_done} epochs"
+    callbacks = entry.get("callbacks", {})
+    if not isinstance(callbacks, dict) or not all(isinstance(value, dict) for value in callbacks.values()):
+        return "'callbacks' is not an object of objects"
+    if version == STATE_FORMAT:
+        problem = _step_problem(entry, epochs_done)
+        if problem:
+            return problem
+    for key in ("checkpoint_sha256", "state_sha256"):
+        digest = entry.get(key)
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                       and all(c in "0123456789abcdef" for c in digest)):
+            return f"{key!r} is not a sha256"
+    previous = entry.get("previous")
+    if previous is not None:
+        if nested:
+            return "'previous' holds another 'previous'"
+        problem = entry_problem(previous, nested=True)
+        if problem:
+            return f"its previous entry: {problem}"
+    return None
+
+
+def _json_type(value) -> str:
+    return {list: "list", str: "string", type(None): "null", bool: "boolean"}.get(type(value), "number")
+
+
+class Located(NamedTuple):
+    """Where a resume starts: ``state``, the entry ``last.keras`` holds (None for checkpoints without a hash:
+    ``candidates`` are then matched by the optimizer's step after loading); ``roll_forward``: ``last.writing.keras``
+    holds ``state`` and is to be renamed to ``last.keras`` first."""
+
+    state: dict | None
+    candidates: list
+    roll_forward: bool
+
+
+def _checked(located: Located, path: str) -> Located:
+    """``located``, after checking its entry's values against the ``state_sha256`` saved with them."""
+    entry = located.state
+    if entry is not None and entry.get("state_sha256") and entry_sha256(entry) != entry["state_sha256"]:
+        raise _damaged(path, "its values were edited: they do not match the state_sha256 saved with them")
+    return located
+
+
+def locate(paths: dict) -> Located | None:
+    """The checkpoint in ``paths`` (:func:`shardprep.train.run_files.run_paths`); None when there is none at all.
+
+    A :class:`CheckpointError` names what is missing, damaged or does not match. Reads only."""
+    state_path, last, writing = paths["state"], paths["last"], paths["last_writing"]
+    has_state, has_last = exists(state_path), exists(last)
+    if not has_state and not has_last:
+        return None
+    if not has_state:
+        raise CheckpointError(f"--resume: {state_path} is missing beside {last}: a checkpoint is both files (the "
+                              "model, and where the run stood), so the run cannot continue; start again with "
+                              "--overwrite, or in a new --output-dir")
+    saved = read_state(state_path)
+    entries = [entry for entry in (saved, saved.get("previous")) if entry]
+    hashed = [entry for entry in entries if entry.get("checkpoint_sha256")]
+    digest = file_sha256(last) if has_last and hashed else None
+    newest = saved.get("checkpoint_sha256")
+    if newest and digest == newest:
+        return _checked(Located(saved, [], False), state_path)
+    if newest and exists(writing) and file_sha256(writing) == newest:
+        return _checked(Located(saved, [], True), state_path)  # stopped between writing state.json and renaming the model: finish it
+    match = next((entry for entry in hashed if entry["checkpoint_sha256"] == digest), None)
+    if match is not None:
+        return _checked(Located(match, [], False), state_path)
+    if not has_last:
+        raise CheckpointError(f"--resume: {last} is missing beside {state_path}, so the run cannot continue; start "
+                              "again with --overwrite, or in a new --output-dir")
+    unhashed = [entry for entry in entries if not entry.get("checkpoint_sha256")]
+    if unhashed:
+        return Located(None, unhashed, False)
+    raise CheckpointError(f"--resume: {last} is damaged or was replaced: it is not the model {state_path} describes "
+                          "(its sha256 differs), so the run cannot continue from it; start again with --overwrite, "
+                          "or in a new --output-dir")
