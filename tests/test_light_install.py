@@ -91,6 +91,8 @@ commands = [
     ["validate", data, "--pictures", "gs://bucket/pictures"],
     ["train", "gs://bucket/shards", "--output-dir", fresh],
     ["train", data, "--output-dir", "gs://bucket/run"],
+    ["train", data, "--output-dir=gs://bucket/run-2"],
+    ["--verbose", "train", "gs://bucket/shards-2"],
     ["predict", "gs://bucket/run/model.keras", data, photo],
     ["predict", model, "gs://bucket/shards", photo],
     ["predict", model, data, "gs://bucket/photos/a.jpg"],
@@ -108,7 +110,8 @@ print(json.dumps({
 GS_ARGUMENT = ["gs://bucket/images", "gs://bucket/shards", "gs://bucket/labels.csv",
                "gs://bucket/tfrecords/*.tfrecord*", "gs://bucket/tmp", "gs://bucket/shards",
                "gs://bucket/tfrecords/*.tfrecord*", "gs://bucket/report.json", "gs://bucket/pictures",
-               "gs://bucket/shards", "gs://bucket/run", "gs://bucket/run/model.keras", "gs://bucket/shards",
+               "gs://bucket/shards", "gs://bucket/run", "gs://bucket/run-2", "gs://bucket/shards-2",
+               "gs://bucket/run/model.keras", "gs://bucket/shards",
                "gs://bucket/photos/a.jpg"]
 
 
