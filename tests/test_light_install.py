@@ -60,7 +60,7 @@ def test_a_local_preprocess_validate_train_and_predict_need_no_google_cloud_modu
     assert found["exit_codes"] == [0, 0, 0, 0], "\n---\n".join(found["outputs"])
     # No module of google.cloud. Its namespace package alone may be there, empty (no file): a default install has
     # the folder (googleapis-common-protos, which TensorFlow Datasets needs, puts google/cloud/location in it), and
-    # Beam's optional `from google.cloud import storage` finds it before it finds no storage.
+    # Beam's optional imports (`from google.cloud import pubsub`, …) import it before they find nothing in it.
     assert found["google_cloud"] in ({}, {"google.cloud": None})
     assert "red" in found["outputs"][3] or "blue" in found["outputs"][3]
     # No third-party log lines, here or from the local Beam workers (whose stderr is this process's).
