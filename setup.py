@@ -1,10 +1,13 @@
 """shardprep: decode, resize and re-shard image datasets once, offline, so training never waits for input.
 
-`pip install -e .` for development; `--setup_file ./setup.py` stages this package to Dataflow workers.
+`pip install -e .` for development and local runs; `pip install -e '.[gcp]'` adds gs:// paths and Dataflow;
+`--setup_file ./setup.py` stages this package to Dataflow workers.
 
-Worker requirements: a normal install (`pip install -e .`, `pip install .`, `python -m build`) declares everything the
-commands need (REQUIRED). Before a Dataflow run the launcher sets SHARDPREP_WORKER_SDIST=1 (shardprep.pipelines.staging, pipelines/staging.py), so
-the sdist Beam builds from this file for staging declares only WORKER_REQUIRED and carries the WORKER_SDIST marker
+Requirements: a normal install (`pip install -e .`, `pip install .`, `python -m build`) declares everything the
+commands need on local paths (REQUIRED: Beam without its gcp extra, so none of the Google Cloud client libraries);
+the gcp extra adds Beam's gcp extra (GCP). Before a Dataflow run the launcher sets SHARDPREP_WORKER_SDIST=1
+(shardprep.pipelines.staging, pipelines/staging.py), so the sdist Beam builds from this file for staging declares
+only WORKER_REQUIRED (Beam with its gcp extra: workers read and write gs://) and carries the WORKER_SDIST marker
 file; when a worker pip installs that sdist, this file finds the marker and declares only WORKER_REQUIRED again.
 """
 
@@ -13,9 +16,12 @@ import os
 import setuptools
 from setuptools.command.sdist import sdist
 
-# What the job's DoFns and the preprocess/ modules they use import on Dataflow workers.
+BEAM = "apache-beam>=2.60,<3"
+# Beam's Cloud Storage file system and Dataflow runner, with the Google Cloud client libraries (75 packages, 333 MB).
+BEAM_GCP = "apache-beam[gcp]>=2.60,<3"
+# What the job's DoFns and the preprocess/ modules they use import on Dataflow workers, which read and write gs://.
 WORKER_REQUIRED = [
-    "apache-beam[gcp]>=2.60,<3",
+    BEAM_GCP,
     "pillow>=10,<13",  # Beam pins pillow<13
     "numpy",
     "google-crc32c",  # TFRecord checksums (Beam's TFRecord IO and ours)
@@ -30,7 +36,14 @@ LAUNCHER_REQUIRED = [
     "tensorboard",  # the TensorBoard callback; TensorFlow 2.21 no longer installs it
     "importlib_resources",  # TFDS imports it
 ]
-REQUIRED = WORKER_REQUIRED + LAUNCHER_REQUIRED
+# `import apache_beam` tries Beam's BigQuery client; without apitools it logs a warning through the root logger,
+# which also sets up a handler that prints every INFO line of the local Beam workers. With it (1 MB, and 4 small
+# packages it needs) a default install prints nothing of Beam's. The gcp extra installs it too.
+QUIET_BEAM = "google-apitools>=0.5.31"
+# A default install runs every command on local paths: the workers' list without Google Cloud, and the launcher's.
+REQUIRED = [BEAM, QUIET_BEAM, *WORKER_REQUIRED[1:], *LAUNCHER_REQUIRED]
+# gs:// paths and Dataflow (shardprep.preprocess.install_extras refuses a gs:// argument without it).
+GCP = [BEAM_GCP]
 
 WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"  # set by pipelines.staging.stage_worker_requirements_only()
 WORKER_SDIST_MARKER = "WORKER_SDIST"  # a file beside setup.py in the staged sdist only
@@ -63,9 +76,11 @@ setuptools.setup(
         # Other Keras backends for `shardprep train --backend`: TensorFlow is installed anyway (preprocess needs it).
         "jax": ["jax"],
         "torch": ["torch"],
-        # JAX (CPU) runs the tests of training on a second Keras backend.
+        "gcp": GCP,
+        # JAX (CPU) runs the tests of training on a second Keras backend; pexpect drives the CLI in a terminal;
+        # tests/test_gcs.py needs gs:// (gcp).
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
-                 "jax[cpu]"],
+                 "jax[cpu]", "pexpect", *GCP],
     },
     entry_points={"console_scripts": ["shardprep = shardprep.cli:main"]},
 )

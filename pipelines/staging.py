@@ -1,4 +1,5 @@
-"""What `--setup_file ./setup.py` stages: only the workers' requirements (see setup.py's docstring).
+"""What `--setup_file ./setup.py` stages: only the workers' requirements, Beam with its gcp extra among them (see
+setup.py's docstring; a default install leaves that extra out, the workers read and write gs://).
 
 Beam's stager builds the sdist in a child process of the launcher (``python -m build --sdist`` or
 ``setup.py sdist``), which inherits this process's environment.

@@ -40,6 +40,17 @@ class LazyGroup(click.Group):
             click.echo("stopped (Ctrl-C)", err=True)
             ctx.exit(INTERRUPTED)
 
+    def resolve_command(self, ctx, args):
+        """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""
+        if args and args[0] in SUBCOMMANDS and not ctx.resilient_parsing and not {"-h", "--help"} & set(args[1:]):
+            from shardprep.preprocess import install_extras
+
+            try:
+                install_extras.check_arguments(args[1:])
+            except install_extras.MissingExtraError as error:
+                raise click.ClickException(str(error)) from None
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx, formatter):
         with formatter.section("Commands"):
             formatter.write_dl(list(SUBCOMMANDS.items()))

@@ -10,9 +10,10 @@ directory, no PYTHONPATH), imports every module and deserializes the preprocess 
 Reinstalling TensorFlow and Beam into the fresh virtualenv would take minutes and network access, so it sees this
 environment's site-packages through a ``.pth`` file and gets only shardprep itself installed (``--no-deps``). Whether
 ``install_requires`` resolves on a worker is pip's job; what is checked against the wheels' metadata below: the staged
-wheel declares only the workers' requirements and a normal build declares everything; every import the code makes is
-declared by a normal build, and every import the workers' code makes (``pipelines/``, ``preprocess/`` and what they
-import, less the launcher-only functions in ``LAUNCHER_ONLY``) by the staged wheel.
+wheel declares only the workers' requirements (Beam with its gcp extra) and a normal build everything a local run
+needs (Beam without it); every import the code makes is declared by a normal build, and every import the workers'
+code makes (``pipelines/``, ``preprocess/`` and what they import, less the launcher-only functions in
+``LAUNCHER_ONLY``) by the staged wheel.
 """
 
 from __future__ import annotations
@@ -145,6 +146,21 @@ def test_staged_wheel_declares_only_the_workers_requirements(built, built_normal
         top_files = {Path(name).name for name in archive.getnames() if len(Path(name).parts) == 2}
     assert "WORKER_SDIST" in top_files and "setup.py" in top_files  # what makes the worker's wheel build pick it
     assert not (REPO / "WORKER_SDIST").exists()  # written into the sdist only, never the checkout
+
+
+def test_the_google_cloud_stack_is_an_extra_and_the_staged_workers_get_it(built, built_normally):
+    """A local install leaves Beam's gcp extra out; the gcp and test extras and the workers' staged wheel have it."""
+    _, staged = built
+    for wheel in built_normally:
+        requirements = requires_dist(wheel)
+        default = [r for r in requirements if r.marker is None]
+        assert [str(r) for r in default if r.extras] == []
+        assert "google-cloud-storage" not in _with_dependencies(default)
+        for extra in ("gcp", "test"):
+            assert any(_normalize(r.name) == "apache-beam" and r.extras == {"gcp"} and r.marker is not None
+                       and r.marker.evaluate({"extra": extra}) for r in requirements), extra
+    workers = [r for r in requires_dist(staged) if r.marker is None and _normalize(r.name) == "apache-beam"]
+    assert [r.extras for r in workers] == [{"gcp"}]
 
 
 def test_wheel_built_from_the_staged_sdist_holds_every_module_and_no_tests(built):

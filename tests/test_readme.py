@@ -96,3 +96,86 @@ def test_the_framework_free_reader_example_reads_an_epoch_and_the_validation_pas
 def _write(path: Path, code: str) -> str:
     path.write_text(code, encoding="utf-8")
     return str(path)
+
+
+# --- the install, the first hour, the extras ------------------------------------------------------------------------
+
+REPO = README.parent
+
+
+def section(title: str) -> str:
+    """The README's text from the heading ``## title`` (any level) to the next heading."""
+    match = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", README.read_text(encoding="utf-8"),
+                      flags=re.S | re.M)
+    assert match, f"the README has no section {title!r}: update tests/test_readme.py"
+    return match.group(1)
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+
+
+def test_the_two_commands_install_the_default_then_the_test_extra_as_ci_does():
+    from extras_blocker import setup_arguments
+
+    first, second = bash_blocks(section("Two commands for a fresh machine"))
+    assert ".venv/bin/pip install -e . &&" in first and "shardprep preprocess demo/images demo/shards" in first
+    assert ".venv/bin/pip install -e '.[test]' &&" in second and "pytest" in second
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "pip install --quiet -e '.[test]'" in ci and "pytest -q -p no:cacheprovider tests" in ci
+    extras = setup_arguments()["extras_require"]
+    assert set(extras["gcp"]) <= set(extras["test"])  # the tests run gs:// paths (tests/test_gcs.py)
+
+
+def test_bare_shardprep_commands_come_after_the_activation_line():
+    text = README.read_text(encoding="utf-8")
+    activation = re.search(r"^\. \.venv/bin/activate$", text, flags=re.M)
+    first_bare = re.search(r"^shardprep \w", text, flags=re.M)
+    assert activation and first_bare and activation.start() < first_bare.start()
+
+
+def test_every_extra_is_documented_and_every_documented_extra_exists():
+    from extras_blocker import setup_arguments
+
+    text = README.read_text(encoding="utf-8")
+    documented = {extra for group in re.findall(r"(?:\.|shardprep)\[([a-z,]+)\]", text) for extra in group.split(",")}
+    assert documented == set(setup_arguments()["extras_require"])
+
+
+def test_the_missing_gcp_extra_error_is_quoted_as_the_cli_prints_it(monkeypatch):
+    from shardprep.preprocess import install_extras
+
+    monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
+    with pytest.raises(install_extras.MissingExtraError) as error:
+        install_extras.check_arguments(["gs://BUCKET/imagenet"])
+    assert str(error.value) in README.read_text(encoding="utf-8")
+
+
+def test_the_first_training_run_is_sized_for_a_laptop_cpu():
+    """Small stored images, crop, epochs; a batch size that leaves none of the demo's train images out; a photo the
+    demo has."""
+    import inspect
+
+    from shardprep import demo
+    from shardprep.commands.preprocess import command as preprocess
+    from shardprep.commands.train import command as train
+
+    lines = [line for block in bash_blocks(section("Your first hour")) for line in block.splitlines()]
+    (prepared,) = [line for line in lines if line.startswith("shardprep preprocess demo/images ")]
+    (trained,) = [line for line in lines if line.startswith("shardprep train demo/")]
+    (predicted,) = [line for line in lines if line.startswith("shardprep predict demo/")]
+    stored = preprocess.make_context("preprocess", prepared.split()[2:]).params
+    options = train.make_context("train", trained.split()[2:]).params
+    assert trained.split()[2] == stored["output"] == predicted.split()[3]
+    assert options["image_size"] <= stored["shorter_side"] <= 128
+    assert options["epochs"] <= 10 and options["warmup_epochs"] < options["epochs"]
+    defaults = inspect.signature(demo.write_demo_dataset).parameters
+    train_images = defaults["train_per_class"].default * len(demo.CLASSES)  # its broken files are rejected
+    assert train_images % options["batch_size"] == 0
+    assert predicted.split()[2] == f"{options['output_dir']}/model.keras"
+    photo = predicted.split()[4]
+    assert photo.startswith("demo/images/") and demo.is_demo_file(photo[len("demo/images/"):])
+    split, class_name, name = photo[len("demo/images/"):].split("/")
+    index = int(name.split("_")[1].split(".")[0])
+    kind = demo.KINDS[(index + demo.CLASSES.index(class_name)) % len(demo.KINDS)]
+    assert name == f"{class_name}_{index:03d}{demo._EXTENSIONS[kind]}"  # a photo write_demo_dataset writes

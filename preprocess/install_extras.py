@@ -1,0 +1,51 @@
+"""Which optional part of the install (an extra of setup.py) a command line needs, checked before any work.
+
+A default install (``pip install shardprep``) runs every command on local paths. ``gs://`` paths, and with them
+Dataflow (whose locations are ``gs://`` paths), need the ``gcp`` extra: Beam's Cloud Storage file system and
+Dataflow runner, with the Google Cloud client libraries they import. Without it Beam fails deep inside a run
+("Unable to get filesystem from specified path"), or, where a caller asks whether a file exists, answers as if it
+were missing; the CLI checks its arguments here first, so a missing extra is one error naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+
+GCP_EXTRA = "gcp"
+# What lets Beam's FileSystems take gs:// (apache_beam.io.filesystems registers it when it imports).
+_GCS_FILE_SYSTEM = "apache_beam.io.gcp.gcsfilesystem"
+_WRAPPERS = ("tfrecord:",)  # source spellings that wrap a path
+
+
+class MissingExtraError(Exception):
+    """A command line needs an extra this install leaves out; the message says what to install."""
+
+
+def gcs_path(argument: str) -> str | None:
+    """The ``gs://`` path an argument names (bare, as ``tfrecord:gs://…`` or as ``--option=gs://…``), else None."""
+    value = argument.split("=", 1)[1] if argument.startswith("--") and "=" in argument else argument
+    for wrapper in _WRAPPERS:
+        value = value.removeprefix(wrapper)
+    return value if value.startswith("gs://") else None
+
+
+def gcp_installed() -> bool:
+    """True when Beam can read and write ``gs://`` here."""
+    try:
+        importlib.import_module(_GCS_FILE_SYSTEM)
+    except ImportError:
+        return False
+    return True
+
+
+def check_arguments(arguments: Iterable[str]) -> None:
+    """Raises MissingExtraError naming the first ``gs://`` argument when the gcp extra is not installed.
+
+    Imports nothing unless an argument is a ``gs://`` path, so a local command line costs nothing here."""
+    path = next((path for path in map(gcs_path, arguments) if path is not None), None)
+    if path is None or gcp_installed():
+        return
+    raise MissingExtraError(
+        f"{path} needs shardprep's {GCP_EXTRA} extra (Cloud Storage and Dataflow), which is not installed: "
+        f"pip install 'shardprep[{GCP_EXTRA}]' (in a checkout: pip install -e '.[{GCP_EXTRA}]')")
