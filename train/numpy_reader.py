@@ -66,6 +66,7 @@ class NumpyReader:
       start_step: global batches already read: the reader starts right after them.
       manifest: the already loaded manifest (document or :class:`~shardprep.preprocess.manifest_types.Manifest`).
       threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
+      verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
 
     Raises ``ValueError`` for a bad ``batch_size``, ``num_shards``/``index`` or ``start_step``, a URL, or shards
     that disagree with the manifest.
@@ -73,7 +74,7 @@ class NumpyReader:
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
-                 prefetch: int | None = None):
+                 prefetch: int | None = None, verify_records: bool = False):
         data_dir = os.fspath(data_dir)
         self.manifest = typed(manifest) if manifest is not None else load_local_manifest(data_dir)
         info = self.manifest.split(split)
@@ -85,7 +86,7 @@ class NumpyReader:
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
-        self._source = batch_source(data_dir, self.manifest, split, training,
+        self._source = batch_source(data_dir, self.manifest, split, training, verify=verify_records,
                                     buffers=ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH)
                                                           + 8))
         self._step = 0

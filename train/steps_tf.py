@@ -9,6 +9,8 @@ wait only.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import tensorflow as tf
 
@@ -16,6 +18,10 @@ from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train import reader
 from shardprep.train.config import TrainConfig
 from shardprep.train.losses import smoothed_crossentropy
+
+
+# A Python exception quoted in a tf.data error ("OSError: shard: record 3 ... mismatch"), a line of its own.
+_RAISED = re.compile(r"^\w*(?:Error|Exception): (.+)$", re.MULTILINE)
 
 
 def choose_strategy() -> tf.distribute.Strategy:
@@ -51,6 +57,18 @@ class _Metrics:
     def reset(self) -> None:
         for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
             metric.reset_state()
+
+    def training_state(self) -> dict:
+        """The training metrics' accumulators (totals and counts, float32 values as exact floats)."""
+        return {metric.name: [float(keras.ops.convert_to_numpy(variable.value)) for variable in metric.variables]
+                for metric in (self.loss, self.accuracy)}
+
+    def restore_training_state(self, state: dict) -> None:
+        """Continues the training metrics from :meth:`training_state`: the epoch's sums go on exactly as they
+        would have in one process."""
+        for metric in (self.loss, self.accuracy):
+            for variable, value in zip(metric.variables, state[metric.name], strict=True):
+                variable.assign(value)
 
 
 class TFSteps:
@@ -108,6 +126,18 @@ class TFSteps:
             start_step = 0
         return iter(self._distributed(self.config.train_split, True, seed, start_step))
 
+    @staticmethod
+    def input_error(error: Exception) -> str | None:
+        """What a tf.data error raised by ``next()`` says, for one error line: the Python exception a reading
+        function raised (a record's CRC, a short shard), else TensorFlow's own first line."""
+        if not isinstance(error, tf.errors.OpError):
+            return None
+        raised = [match.group(1) for match in _RAISED.finditer(error.message)]
+        if raised:
+            return raised[-1]
+        first = error.message.strip().splitlines()[0] if error.message.strip() else type(error).__name__
+        return re.sub(r"^\{\{[^}]*\}\}\s*", "", first)
+
     def val_batches(self):
         """One pass over the validation split; the same dataset every epoch (one traced evaluation step)."""
         if self._val is None:
@@ -134,6 +164,13 @@ class TFSteps:
 
     def reset(self) -> None:
         self.metrics.reset()
+
+    def metric_state(self) -> dict:
+        """The epoch's training metrics so far as they accumulate (waits for the device)."""
+        return self.metrics.training_state()
+
+    def restore_metric_state(self, state: dict) -> None:
+        self.metrics.restore_training_state(state)
 
     def train_results(self) -> dict:
         """The epoch's training loss and accuracy so far (waits for the device)."""
