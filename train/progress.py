@@ -30,11 +30,12 @@ def terminal_width() -> int:
 
 def fit(text: str, width: int, indent: str = "  ") -> str:
     """``text`` wrapped at spaces into lines of at most ``width`` columns, each paragraph (``\\n``) on its own,
-    continuation lines indented by ``indent``; a word longer than a line is cut."""
+    continuation lines indented by ``indent``. A word is never cut: a path or a command stays whole, to copy, so
+    only a word longer than a line is wider than ``width``."""
     lines = []
     for paragraph in text.split("\n"):
         lines.extend(textwrap.wrap(paragraph, width, subsequent_indent=indent, break_on_hyphens=False,
-                                   break_long_words=True) or [""])
+                                   break_long_words=False) or [""])
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ draw again and augment the next batches as the first ones were. Keras's global g
 without a seed) is kept too, where one exists. The reader's order needs nothing here: it follows from the seed and
 the global step (:mod:`shardprep.train.record_order`).
 
-The state is plain JSON (lists of ints by variable path), kept in ``state.json`` beside the step it belongs to.
+The state is plain JSON (lists of ints), kept in ``state.json`` beside the step it belongs to.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-GLOBAL = "keras:global_seed_generator"
 
 
-def _seed_variables(model: keras.Model) -> dict:
-    """The model's seed-generator state variables by path: its variables that are not weights."""
+def _seed_variables(model: keras.Model) -> list:
+    """The model's seed-generator state variables (its variables that are not weights), in the model's order.
+
+    Kept by position, not name: Keras names generators by a counter of the process (``seed_generator_2``), so the
+    same model built twice in one process has other names; its order is the architecture's."""
     weights = {id(weight) for weight in model.weights}
-    return {variable.path: variable for variable in model.variables if id(variable) not in weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
 
 
 def _global_generator():
@@ -35,31 +37,30 @@ def _global_generator():
     return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
 
 
+def _value(variable) -> list[int]:
+    return np.asarray(keras.ops.convert_to_numpy(variable.value)).tolist()
+
+
 def capture(model: keras.Model) -> dict:
-    """``{variable path: [seed, counter]}`` of every seed generator the model holds, and Keras's global one."""
-    state = {path: np.asarray(keras.ops.convert_to_numpy(variable.value)).tolist()
-             for path, variable in _seed_variables(model).items()}
+    """``{"layers": [[seed, counter], ...], "global": [seed, counter] or None}``: every seed generator the model
+    holds, in order, and Keras's global one."""
     generator = _global_generator()
-    if generator is not None:
-        state[GLOBAL] = np.asarray(keras.ops.convert_to_numpy(generator.state.value)).tolist()
-    return state
+    return {"layers": [_value(variable) for variable in _seed_variables(model)],
+            "global": _value(generator.state) if generator is not None else None}
 
 
 def restore(model: keras.Model, state: dict) -> None:
-    """Sets the model's seed generators (and the global one) to ``state`` from :func:`capture`.
-
-    A ``ValueError`` names a saved generator the model lacks, or one of the model's that the state leaves out
-    (another model, or a checkpoint written before this state was kept)."""
+    """Sets the model's seed generators (and the global one) to ``state`` from :func:`capture`; a ``ValueError``
+    when the state holds another number of generators than the model (another model)."""
     variables = _seed_variables(model)
-    saved = {path: value for path, value in state.items() if path != GLOBAL}
-    if saved.keys() != variables.keys():
-        missing, extra = sorted(variables.keys() - saved.keys()), sorted(saved.keys() - variables.keys())
-        raise ValueError(f"the checkpoint's random state does not fit this model (missing {missing or 'none'}, "
-                         f"unknown {extra or 'none'})")
-    for path, variable in variables.items():
-        variable.assign(np.asarray(saved[path], dtype=variable.dtype))
-    if GLOBAL in state:
+    saved = state.get("layers", [])
+    if len(saved) != len(variables):
+        raise ValueError(f"the checkpoint's random state holds {len(saved)} seed generators, this model "
+                         f"{len(variables)}: the checkpoint is of another model")
+    for variable, value in zip(variables, saved):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    if state.get("global") is not None:
         from keras.src.random.seed_generator import global_seed_generator
 
         generator = global_seed_generator()
-        generator.state.assign(np.asarray(state[GLOBAL], dtype=generator.state.dtype))
+        generator.state.assign(np.asarray(state["global"], dtype=generator.state.dtype))
