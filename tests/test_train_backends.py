@@ -90,7 +90,8 @@ def test_a_second_backend_learns_two_classes_with_every_history_key(colour_datas
     assert f"with Keras on {backend}, {device}" in " ".join(done.stdout.split())  # wrapped at 80 columns
     lines = done.stdout.splitlines()
     epoch_lines = [line for line in lines if line.startswith("epoch ")]
-    assert len(epoch_lines) == 6 and sum("images/s, waiting for input" in line for line in lines) == 6
+    took = [line for line in lines if line.startswith("  took ")]  # each epoch's second line
+    assert len(epoch_lines) == len(took) == 6 and all("images/s, waiting for input" in line for line in took)
     assert "Summary:" in done.stdout and "input-bound" in done.stdout
     history = json.loads((output / "history.json").read_text())
     assert set(history) == set(HISTORY_KEYS)

@@ -46,7 +46,8 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
     assert trained.exit_code == 0, trained.output
     lines = trained.output.splitlines()
     epoch_lines = [line for line in lines if line.startswith("epoch ")]
-    assert len(epoch_lines) == 6 and sum("images/s, waiting for input" in line for line in lines) == 6
+    took = [line for line in lines if line.startswith("  took ")]  # each epoch's second line
+    assert len(epoch_lines) == len(took) == 6 and all("images/s, waiting for input" in line for line in took)
     assert "Summary:" in trained.output
     history = json.loads((output / "history.json").read_text())
     assert history["epoch"] == list(range(1, 7))

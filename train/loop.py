@@ -22,7 +22,12 @@ Keras callbacks (TensorBoard, ModelCheckpoint, ReduceLROnPlateau, EarlyStopping)
 
 Mid-epoch resume: training step ``s`` (counted over the whole run) reads batch ``s % steps_per_epoch`` of epoch
 ``s // steps_per_epoch`` of the seeded order, so a run resumed after ``s`` steps builds its reader at ``start_step=s``
-and sees exactly the batches an uninterrupted run would have seen from there, without reading the ones before.
+and sees exactly the batches an uninterrupted run would have seen from there, without reading the ones before. The
+checkpoint also holds every seed generator's state and the epoch's metric sums, so a resumed ``--seed`` run ends
+bit for bit as the uninterrupted one (measured on CPU, TensorFlow with and without XLA, and JAX).
+
+The epochs themselves (steps, validation, checkpoints, Ctrl-C) are :mod:`shardprep.train.epochs`; what a person
+reads (progress, the header, the summary, widths) is :mod:`shardprep.train.progress`.
 """
 
 from __future__ import annotations
