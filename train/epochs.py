@@ -84,6 +84,9 @@ class Epochs:
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
             rng_state.restore(self.model, state["rng"])
+        elif state and self.config.seed is not None:
+            self.say("Note: this checkpoint was saved without the random generators' state, so augmentation goes "
+                     "on with other draws than the uninterrupted run's.")
         self.saved_state = state or None
         start_epoch, first_step = divmod(start_step, self.steps_per_epoch)
         partial = state.get("partial_epoch")

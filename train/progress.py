@@ -205,7 +205,7 @@ def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: i
     """Where a resumed run starts, from the checkpoint's ``state``."""
     start_step = int(state["global_step"])
     epoch, step = divmod(start_step, steps_per_epoch)
-    if (state.get("partial_epoch") or {}).get("validation_pending"):
+    if (state.get("partial_epoch") or {}).get("validation_pending") and epoch <= epochs:
         return (f"Resuming from {checkpoint}: the steps of epoch {epoch} are done and Ctrl-C stopped its "
                 f"validation; validating epoch {epoch} first, then training on from step {start_step} of the run.")
     done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"

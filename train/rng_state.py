@@ -55,7 +55,7 @@ def restore(model: keras.Model, state: dict) -> None:
     variables = _seed_variables(model)
     saved = state.get("layers", [])
     if len(saved) != len(variables):
-        raise ValueError(f"the checkpoint's random state holds {len(saved)} seed generators, this model "
+        raise ValueError(f"the checkpoint's random state is of {len(saved)} seed generator(s), this model has "
                          f"{len(variables)}: the checkpoint is of another model")
     for variable, value in zip(variables, saved):
         variable.assign(np.asarray(value, dtype=variable.dtype))

@@ -109,7 +109,9 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
 @click.option("--epochs", type=click.IntRange(min=1), default=90, show_default=True,
               help="Epochs to train (fewer when early stopping ends the run).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Global batch size (split over the replicas).")
+              help="Global batch size (split over the replicas). Each epoch is the training split's whole "
+                   "batches; when the rest left out is more than 10% of the split, a warning says how many images "
+                   "each epoch leaves out.")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
               help="Training crop size; at most the stored image size (checked before the run).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
@@ -149,7 +151,8 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
               help="Stream each shard from start to end instead of reading each batch's records where they lie "
                    "(for storage that is slow at random reads and not cached in memory; another record order).")
 @click.option("--seed", type=int, default=None,
-              help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
+              help="Makes initialization, input order and augmentation repeatable (slightly slower input); a "
+                   "run stopped and resumed with --resume then ends exactly as an uninterrupted one.")
 @click.option("--jit-compile/--no-jit-compile", default=None,
               help="XLA for the training step [default: on with exactly one GPU].")
 @click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
