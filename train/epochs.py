@@ -14,6 +14,8 @@ entry (:func:`shardprep.train.checkpoints.run_state`) gets from here, besides th
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Callable
 
@@ -107,10 +109,18 @@ class Epochs:
         self.callback_list.on_train_end()
 
     def _stopping(self) -> None:
-        if self.progress is not None:
-            self.progress.interrupt_line()
+        """Says at once what the first Ctrl-C does. It runs in the signal handler, which may interrupt a write to
+        stdout, so it writes to the file descriptor itself (a second buffered write there could fail as
+        reentrant); where stdout has none (captured output), the stop message that follows says it all."""
         saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
-        self.say(f"Ctrl-C: stopping after this step {saves}; Ctrl-C again stops at once, without saving.")
+        text = progress.fit(f"Ctrl-C: stopping after this step {saves}; Ctrl-C again stops at once, without "
+                            "saving.", self.width) + "\n"
+        if self.progress is not None and self.progress.live:
+            text, self.progress.live = "\n" + text, False
+        try:
+            os.write(sys.stdout.fileno(), text.encode())
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+            pass
 
     def _epoch(self, epoch: int, first: int, train_iterator, val_batches: Callable, carried: dict | None) -> bool:
         """One epoch from step ``first``; True when early stopping ends the run."""
