@@ -112,18 +112,19 @@ def check_fits(text: str, columns: int = 80) -> None:
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(dataset, tmp_path, backend):
+    # Paths relative to tmp_path, where the runs start: the messages name them as a person would type them.
     uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
-    done = run(train_args(dataset, uninterrupted, backend), backend, tmp_path)
+    done = run(train_args(dataset, "uninterrupted", backend), backend, tmp_path)
     assert done.returncode == 0, done.output[-3000:]
 
     # 1. SIGKILL mid-epoch 1.
-    killed = run(train_args(dataset, stopped, backend), backend, tmp_path, block_at=4)
+    killed = run(train_args(dataset, "stopped", backend), backend, tmp_path, block_at=4)
     assert killed.returncode == -signal.SIGKILL
     assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (3, 0)
 
     # 2. Ctrl-C mid-epoch 2 (TensorFlow, a terminal) or in epoch 2's validation (JAX, a pipe).
     if backend == "tensorflow":
-        status, shown, seconds = ctrl_c_in_a_terminal(train_args(dataset, stopped, backend, "--resume"), backend,
+        status, shown, seconds = ctrl_c_in_a_terminal(train_args(dataset, "stopped", backend, "--resume"), backend,
                                                       tmp_path, block_at=8)
         assert "resumed at epoch 1, step 3 of 6" in flat(shown)
         stopped_at = state(stopped)["global_step"]
@@ -132,7 +133,7 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
             shown)
         check_fits(shown)
     else:
-        interrupted = run(train_args(dataset, stopped, backend, "--resume"), backend, tmp_path, block_at=11,
+        interrupted = run(train_args(dataset, "stopped", backend, "--resume"), backend, tmp_path, block_at=11,
                           stop=signal.SIGINT, step_seconds=1.0)
         status, shown, seconds = interrupted.returncode, interrupted.output, interrupted.seconds_after_signal
         assert "Interrupted (Ctrl-C) while validating epoch 2 (its 6 steps done)" in flat(shown)
@@ -142,7 +143,7 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     assert status == 130, shown[-3000:]
     assert seconds < 30, seconds  # stops after the step in flight (seconds on a loaded machine, not a minute)
     resume = printed_command(shown)
-    assert resume[-1] == "--resume" and str(stopped) in resume
+    assert resume[-1] == "--resume" and "stopped" in resume
 
     # 3. SIGKILL at an epoch end.
     killed = run(resume, backend, tmp_path, block_at=12)
@@ -150,7 +151,7 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
 
     # 4. The rest.
-    last = run(train_args(dataset, stopped, backend, "--resume"), backend, tmp_path)
+    last = run(train_args(dataset, "stopped", backend, "--resume"), backend, tmp_path)
     assert last.returncode == 0, last.output[-3000:]
     assert "Resuming from" in last.output and "after epoch 2" in last.output
 

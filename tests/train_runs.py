@@ -63,15 +63,15 @@ def environment(backend: str, **extra) -> dict:
 
 def run(args, backend: str, tmp_path, *, block_at: int | None = None, stop: int = signal.SIGKILL,
         step_seconds: float = 0.0, timeout: float = 300) -> Finished:
-    """The driver with ``args`` (CLI arguments after ``shardprep``) in a pipe; with ``block_at``, ``stop`` is sent
-    once the run reaches that step."""
+    """The driver with ``args`` (CLI arguments after ``shardprep``) in a pipe, in the folder ``tmp_path`` (relative
+    paths in ``args`` are there); with ``block_at``, ``stop`` is sent once the run reaches that step."""
     marker = tmp_path / f"reached-{time.monotonic_ns()}"
     extra = {}
     if block_at is not None:
         extra = dict(TRAIN_RUNS_BLOCK_AT=str(block_at), TRAIN_RUNS_MARKER=str(marker),
                      TRAIN_RUNS_STEP_SECONDS=str(step_seconds))
     process = subprocess.Popen([sys.executable, "-c", DRIVER, *map(str, args)], env=environment(backend, **extra),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     signalled = None
     try:
         if block_at is not None:
@@ -94,8 +94,8 @@ def run(args, backend: str, tmp_path, *, block_at: int | None = None, stop: int 
 
 def spawn_in_terminal(args, backend: str, tmp_path, *, block_at: int | None = None, step_seconds: float = 0.0,
                       columns: int = 80):
-    """The driver in a pseudo-terminal of ``columns`` columns (a ``pexpect.spawn``) and the marker it creates at
-    ``block_at``; the caller reads and signals it."""
+    """The driver in a pseudo-terminal of ``columns`` columns (a ``pexpect.spawn``) in the folder ``tmp_path``, and
+    the marker it creates at ``block_at``; the caller reads and signals it."""
     import pexpect
 
     marker = tmp_path / f"reached-{time.monotonic_ns()}"
@@ -106,7 +106,7 @@ def spawn_in_terminal(args, backend: str, tmp_path, *, block_at: int | None = No
     env = environment(backend, **extra)
     env.pop("COLUMNS")  # the terminal says how wide it is
     child = pexpect.spawn(sys.executable, ["-c", DRIVER, *map(str, args)], env=env, dimensions=(24, columns),
-                          encoding="utf-8", timeout=300)
+                          cwd=str(tmp_path), encoding="utf-8", timeout=300)
     return child, marker
 
 
