@@ -209,3 +209,53 @@ def test_ctrl_c_before_training_starts_says_so_and_gives_the_command(tmp_path, m
     assert result.exit_code == 130, result.output
     assert "Stopped (Ctrl-C) before training started.\nStart again with:\n  shardprep train" in result.output
     assert "Aborted!" not in result.output and "Traceback" not in result.output
+
+
+def test_the_width_is_columns_else_the_terminal_else_80(monkeypatch):
+    import os
+
+    def no_terminal(*args):
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert progress.terminal_width() == 80  # a pipe or a log file
+    monkeypatch.setenv("COLUMNS", "132")
+    assert progress.terminal_width() == 132
+    monkeypatch.setenv("COLUMNS", "12")
+    assert progress.terminal_width() == progress.MIN_WIDTH
+
+
+def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
+    import os
+    import signal
+
+    from shardprep.train.interrupt import StopRequests
+
+    notices = []
+    with StopRequests(lambda: notices.append("notice")) as stop:
+        with pytest.raises(KeyboardInterrupt):  # before the first step there is nothing to save: at once
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT; Python runs its handler at the next bytecode
+        stop.armed = True
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and notices == ["notice"]  # the loop stops after the step in flight
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_a_damaged_state_json_is_named_not_a_traceback():
+    from shardprep.train.epochs import saved_state_problem
+
+    good = {"rng": {"layers": [[1, 5]], "global": None},
+            "partial_epoch": {"loss": 1.0, "accuracy": 0.5, "examples": 24, "metrics": {"loss": [3.0, 24.0]},
+                              "timing": {"steps": 3, "seconds": 1.5, "wait": 0.1}, "validation_pending": False}}
+    assert saved_state_problem(good) is None and saved_state_problem({}) is None
+    for rng in ("x", [], {"layers": [[1]]}, {"layers": [["a", 1]]}, {"layers": [[1, -2]]},
+                {"layers": [], "global": "x"}):
+        assert "random state" in saved_state_problem({**good, "rng": rng})
+    for partial in ("x", [], {"loss": "1"}, {**good["partial_epoch"], "examples": None}):
+        assert "partial epoch" in saved_state_problem({**good, "partial_epoch": partial})
+    assert "timing" in saved_state_problem({**good, "partial_epoch": {**good["partial_epoch"], "timing": [1]}})
+    assert "validation_pending" in saved_state_problem(
+        {**good, "partial_epoch": {**good["partial_epoch"], "validation_pending": "yes"}})

@@ -39,9 +39,45 @@ def combined(earlier: dict | None, later: dict, examples: int) -> dict:
     its accumulators) and ``later`` (this process's ``examples`` images), weighted by examples; with the total."""
     if not earlier:
         return {**later, "examples": examples}
+    if not examples:  # nothing ran here (a resume whose epoch had only its validation left)
+        return {key: earlier[key] for key in ("loss", "accuracy", "examples")}
     total = earlier["examples"] + examples
     return {key: (earlier[key] * earlier["examples"] + later[key] * examples) / total for key in ("loss", "accuracy")
             } | {"examples": total}
+
+
+def _pair(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           for v in value.values())
+
+
+def saved_state_problem(state: dict) -> str | None:
+    """What is wrong with the parts of a checkpoint's ``state.json`` entry that this module wrote (``rng``,
+    ``partial_epoch``), or None: the file is read back as untrusted input."""
+    rng = state.get("rng")
+    if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
+                                and all(_pair(pair) for pair in rng["layers"])
+                                and (rng.get("global") is None or _pair(rng["global"]))):
+        return "its random state (rng) is not a list of [seed, counter] pairs"
+    partial = state.get("partial_epoch")
+    if partial is None:
+        return None
+    if not (isinstance(partial, dict) and _numbers({key: partial.get(key) for key in ("loss", "accuracy")})
+            and isinstance(partial.get("examples"), int) and not isinstance(partial.get("examples"), bool)):
+        return "its partial epoch (partial_epoch) lacks the numbers loss, accuracy and examples"
+    if partial.get("timing") is not None and not _numbers(partial["timing"]):
+        return "its partial epoch's timing is not numbers"
+    metrics = partial.get("metrics")
+    if metrics is not None and not (isinstance(metrics, dict) and all(
+            isinstance(value, (list, dict, int, float)) for value in metrics.values())):
+        return "its partial epoch's metric sums (metrics) are not numbers"
+    if not isinstance(partial.get("validation_pending", False), bool):
+        return "its partial epoch's validation_pending is not true or false"
+    return None
 
 
 class _Timing:
@@ -81,11 +117,19 @@ class Epochs:
     def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
         """Epochs from ``start_step`` (``state``: the checkpoint resumed from, or empty) to the last; raises
         :class:`TrainingInterrupted` when Ctrl-C stops it."""
+        problem = saved_state_problem(state)
+        if problem:
+            raise ValueError(f"--resume: {self.paths['state']}: {problem}; the file is damaged: start again in a new "
+                             "--output-dir")
         self.model.stop_training = False
         self.callback_list.on_train_begin()
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
-            rng_state.restore(self.model, state["rng"])
+            try:
+                rng_state.restore(self.model, state["rng"])
+            except ValueError as error:
+                raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
+                    from error
         elif state and self.config.seed is not None:
             self.say("Note: this checkpoint was saved without the random generators' state, so augmentation goes "
                      "on with other draws than the uninterrupted run's.")
@@ -150,9 +194,9 @@ class Epochs:
         """The epoch's training logs and :class:`_Timing` from step ``first_step`` on; ``carried``: the partial
         epoch a checkpoint kept."""
         timing = _Timing(carried.get("timing") if carried else None)
-        if carried and carried.get("metrics") is not None:
-            # The saved accumulators go on as in one process; only checkpoints without them are combined.
-            self.steps.restore_metric_state(carried["metrics"])
+        if carried and carried.get("metrics") is not None and self.steps.restore_metric_state(carried["metrics"]):
+            # The saved accumulators go on as in one process; checkpoints without them (or another backend's) are
+            # combined as weighted means.
             carried = None
         checkpoint_seconds = 0.0
         started = time.perf_counter()

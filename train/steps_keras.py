@@ -172,8 +172,15 @@ class KerasSteps:
         """The epoch's training sums so far (Python floats: JSON keeps them exactly)."""
         return self._train.state()
 
-    def restore_metric_state(self, state: dict) -> None:
+    def restore_metric_state(self, state: dict) -> bool:
+        """Continues the epoch's sums from :meth:`metric_state`; False, changing nothing, for a state of another
+        form (a TensorFlow run's)."""
+        totals, examples = state.get("totals"), state.get("examples")
+        if not (isinstance(totals, dict) and isinstance(examples, int)
+                and all(isinstance(value, (int, float)) for value in totals.values())):
+            return False
         self._train = _Sums.from_state(state)
+        return True
 
     def train_results(self) -> dict:
         return {"loss": self._train.mean("loss"), "accuracy": self._train.mean("accuracy")}

@@ -63,12 +63,17 @@ class _Metrics:
         return {metric.name: [float(keras.ops.convert_to_numpy(variable.value)) for variable in metric.variables]
                 for metric in (self.loss, self.accuracy)}
 
-    def restore_training_state(self, state: dict) -> None:
+    def restore_training_state(self, state: dict) -> bool:
         """Continues the training metrics from :meth:`training_state`: the epoch's sums go on exactly as they
-        would have in one process."""
-        for metric in (self.loss, self.accuracy):
-            for variable, value in zip(metric.variables, state[metric.name], strict=True):
+        would have in one process. False, changing nothing, for a state of another form (another backend's)."""
+        metrics = (self.loss, self.accuracy)
+        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
+                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
+            return False
+        for metric in metrics:
+            for variable, value in zip(metric.variables, state[metric.name]):
                 variable.assign(value)
+        return True
 
 
 class TFSteps:
@@ -169,8 +174,8 @@ class TFSteps:
         """The epoch's training metrics so far as they accumulate (waits for the device)."""
         return self.metrics.training_state()
 
-    def restore_metric_state(self, state: dict) -> None:
-        self.metrics.restore_training_state(state)
+    def restore_metric_state(self, state: dict) -> bool:
+        return self.metrics.restore_training_state(state)
 
     def train_results(self) -> dict:
         """The epoch's training loss and accuracy so far (waits for the device)."""
