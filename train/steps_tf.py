@@ -59,8 +59,9 @@ class _Metrics:
             metric.reset_state()
 
     def training_state(self) -> dict:
-        """The training metrics' accumulators (totals and counts, float32 values as exact floats)."""
-        return {metric.name: [float(keras.ops.convert_to_numpy(variable.value)) for variable in metric.variables]
+        """The training metrics' accumulators (totals and counts, float32 values as exact floats), summed over the
+        replicas (reading a tf.distribute on-read variable aggregates it; assigning it back spreads it again)."""
+        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
                 for metric in (self.loss, self.accuracy)}
 
     def restore_training_state(self, state: dict) -> bool:
@@ -154,10 +155,13 @@ class TFSteps:
         config = self.config
 
         def dataset_fn(context):
+            # An input pipeline yields per-replica batches and feeds each of its replicas one per step, so a
+            # global step is that many of its batches: a resumed pipeline starts after all the steps' batches.
+            per_step = context.num_replicas_in_sync // context.num_input_pipelines
             return reader.make_dataset(
                 config.data_dir, split, config.batch_size, training, seed=seed, input_context=context,
                 shuffle_buffer=config.shuffle_buffer, manifest=self.manifest, verify_records=config.verify_records,
-                random_access=False if config.sequential_reads else None, start_step=start_step)
+                random_access=False if config.sequential_reads else None, start_step=start_step * per_step)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
