@@ -186,8 +186,9 @@ def command(ctx, data, overwrite, **options):
     (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s, the ETA and the running
     loss and accuracy within each epoch, then the validation; every epoch prints its time, images/s and the share of
     step time spent waiting for input; the run ends with a summary saying whether training was input-bound. Ctrl-C
-    stops after the step in flight, saves a checkpoint there and prints the command that resumes the run. OUTPUT_DIR receives history.json, summary.json,
-    model.keras (uint8 images in, logits out: see shardprep.train.predict.predict_images), checkpoints/ and logs/.
+    stops after the step in flight, saves a checkpoint there and prints the command that resumes the run.
+    OUTPUT_DIR receives history.json, summary.json, model.keras (uint8 images in, logits out: see
+    shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
     from shardprep.train import preflight
 
