@@ -162,7 +162,10 @@ class Epochs:
         if self.progress is not None and self.progress.live:
             text, self.progress.live = "\n" + text, False
         try:
-            os.write(sys.stdout.fileno(), text.encode())
+            descriptor = sys.stdout.fileno()
+            if os.isatty(descriptor):
+                text = "\r" + text  # over the "^C" the terminal echoed at the start of the line
+            os.write(descriptor, text.encode())
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
             pass
 
