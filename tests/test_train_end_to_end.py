@@ -44,8 +44,10 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
                                    "--batch-size", "16", "--image-size", "32", "--width-multiplier", "0.125",
                                    "--warmup-epochs", "1", "--seed", "0", "--no-tensorboard"])
     assert trained.exit_code == 0, trained.output
-    epoch_lines = [line for line in trained.output.splitlines() if line.startswith("epoch ")]
-    assert len(epoch_lines) == 6 and all("images/s, waiting for input" in line for line in epoch_lines)
+    lines = trained.output.splitlines()
+    epoch_lines = [line for line in lines if line.startswith("epoch ")]
+    took = [line for line in lines if line.startswith("  took ")]  # each epoch's second line
+    assert len(epoch_lines) == len(took) == 6 and all("images/s, waiting for input" in line for line in took)
     assert "Summary:" in trained.output
     history = json.loads((output / "history.json").read_text())
     assert history["epoch"] == list(range(1, 7))

@@ -129,9 +129,9 @@ def test_the_augmentation_layer_rejects_a_crop_larger_than_its_input_when_built(
 
 def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run(colour_dataset, tmp_path,
                                                                                   monkeypatch):
-    from shardprep.train import loop
+    from shardprep.train import progress
 
-    monkeypatch.setattr(loop, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
+    monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
     run = tmp_path / "run"
     _previous_run(run)
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite",
@@ -142,12 +142,13 @@ def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run
     assert lines[0] == f"--overwrite: deleted the 5 files of the earlier run in {run}"
     progress = [line for line in lines if line.strip().startswith("step ")]
     assert [line.split(",")[0].strip() for line in progress] == ["step 1/4 (25%)", "step 2/4 (50%)",
-                                                                 "step 3/4 (75%)"]
-    assert all("images/s, ETA " in line for line in progress)
+                                                                 "step 3/4 (75%)", "step 4/4 (100%)"]
+    assert all("images/s, ETA " in line for line in progress[:-1]) and ", took " in progress[-1]
+    assert all("loss " in line and "accuracy " in line for line in progress)  # the epoch's running metrics
     assert "\r" not in result.output  # not a terminal: plain lines
     assert any(line.startswith("Note: the warm-up (5 epochs, --warmup-epochs) is as long as the run (1 epoch)")
                for line in lines)
-    assert any(line.startswith("Summary: 1 epoch, best") for line in lines)
+    assert any(line.startswith("Summary: 1 epoch; best by val_loss") for line in lines)
     assert (run / "model.keras").read_bytes() != b"old" and not (run / "logs").exists()
     assert not (run / "checkpoints" / "last.keras").read_bytes() == b"old"
 
@@ -160,13 +161,18 @@ def test_progress_rewrites_one_line_on_a_terminal():
             return True
 
     terminal, reported = Terminal(), []
-    progress = EpochProgress(10, 32, reported.append, stream=terminal, interval_tty=0.0)
+    progress = EpochProgress(10, 32, reported.append, stream=terminal, interval_tty=0.0, width=80)
     for step in range(1, 11):
-        progress.update(step)
+        progress.update(step, lambda: {"loss": 0.5, "accuracy": 0.75})
+    progress.finish({"loss": 0.5, "accuracy": 0.75})
+    progress.validating(1, 2)
     progress.done()
     assert reported == []
     shown = terminal.getvalue()
-    assert shown.count("\r  step ") == 9 and "step 9/10 (90%)" in shown and shown.endswith("\r")
+    # The count reaches N/N, and that line stays; the validation line is cleared before the epoch's report.
+    assert shown.count("\r  step ") == 10 and "step 9/10 " in shown and "step 10/10 " in shown
+    assert "loss 0.5000, accuracy 0.7500" in shown and "\r  validation: batch 1/2" in shown and shown.endswith("\r")
+    assert max(len(line) for line in shown.replace("\n", "\r").split("\r")) <= 79  # never wraps at 80
 
 
 # --- predict_images -------------------------------------------------------------------------------------------------

@@ -413,4 +413,3 @@ def test_every_file_a_run_writes_is_listed_before_it_is_written(tmp_path):
     temporaries = {name + ".tmp" for name in files if name.endswith(".json")}
     assert files | temporaries == set(run_files.RUN_FILES)
     assert set(run_files.RUN_FOLDERS) == {"checkpoints", "logs"}
-    assert checkpoint_state.HISTORY_KEYS == loop.HISTORY_KEYS

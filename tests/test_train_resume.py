@@ -135,7 +135,7 @@ def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_da
     assert not (killed / "summary.json").exists()
 
     result, ids_resumed = _run_in_process(monkeypatch, _args(id_dataset, killed, "--resume"))
-    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in result.output
+    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in " ".join(result.output.split())
     # The resumed run starts at the step after the checkpoint and sees exactly the uninterrupted run's batches.
     assert sorted(ids_resumed) == list(range(12, 3 * STEPS_PER_EPOCH))
     assert ids_resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
@@ -199,7 +199,7 @@ def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tm
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["crashed"] == "crashed" and report["resumed"] == 0, report["output"]
     assert "with Keras on jax" in report["output"]
-    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in report["output"]
+    assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in " ".join(report["output"].split())
     resumed = {int(step): ids for step, ids in report["ids"].items()}
     assert resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
     history = json.loads((output / "history.json").read_text())

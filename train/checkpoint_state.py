@@ -32,7 +32,7 @@ from typing import NamedTuple
 STATE_FORMAT = 2  # 1: epoch ends only (epochs_done, history, callbacks)
 MAX_STATE_BYTES = 64 * 2**20
 MAX_STEP = 2**53  # JSON numbers beyond this are not exact integers
-# The history the training loop keeps (shardprep.train.loop.HISTORY_KEYS): a resumed run appends to every key.
+# The history the training loop keeps, one list per key: a resumed run appends to every key.
 HISTORY_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec", "input_wait_fraction",
                 "learning_rate")
 

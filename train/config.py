@@ -123,3 +123,49 @@ class TrainConfig:
             raise ValueError("checkpoint_every_steps must be positive")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}")
+        if self.backend is not None:
+            self.check_backend(self.backend)
+
+    def streamed(self) -> bool:
+        """Whether the TensorFlow reader streams the shards (``--sequential-reads``, or a URL) instead of reading
+        them by random access."""
+        return self.sequential_reads or "://" in self.data_dir
+
+    def check_backend(self, backend: str) -> None:
+        """A ValueError naming the first option ``backend`` cannot honour: options are refused, never ignored."""
+        problem = unsupported_option(self, backend)
+        if problem:
+            raise ValueError(problem)
+
+
+def unsupported_option(config: TrainConfig, backend: str) -> str | None:
+    """Why ``backend`` cannot run ``config`` as asked (naming the option and what to do instead), or None.
+
+    JAX and PyTorch read with :class:`shardprep.train.numpy_reader.NumpyReader`: local shards by random access,
+    records verified on request; it neither streams shards nor has a shuffle buffer."""
+    other = "--backend tensorflow"
+    if backend != "tensorflow":
+        if "://" in config.data_dir:
+            return (f"--backend {backend} reads local datasets only (NumPy input), not {config.data_dir}: copy the "
+                    f"dataset to a local disk, or train with {other}")
+        if config.sequential_reads:
+            return (f"--sequential-reads streams shards through tf.data, which --backend {backend} does not use "
+                    f"(its NumPy input reads local shards by random access): drop --sequential-reads, or train "
+                    f"with {other}")
+    if config.shuffle_buffer is not None and not (backend == "tensorflow" and config.streamed()):
+        return ("--shuffle-buffer sizes the shuffle buffer of streamed reads (--sequential-reads or a gs:// dataset "
+                "on --backend tensorflow); local shards read by random access are shuffled in a full permutation "
+                "each epoch and have no buffer: drop --shuffle-buffer" +
+                (", or add --sequential-reads" if backend == "tensorflow" else ""))
+    if backend == "jax" and config.jit_compile is False:
+        return "--no-jit-compile: --backend jax always compiles its step with XLA (jax.jit); drop --no-jit-compile"
+    if config.profile_batch not in ("0", 0):
+        if not config.tensorboard:
+            return ("--profile-batch traces batches into the TensorBoard logs, which --no-tensorboard turns off: "
+                    "drop one of them")
+        if backend == "torch":
+            return "--profile-batch: Keras's TensorBoard profiler does not run on --backend torch; drop it"
+        if backend == "jax" and sys.version_info < (3, 12):
+            return (f"--profile-batch on --backend jax needs Python 3.12 or newer (Keras's profiler), this is "
+                    f"{sys.version_info.major}.{sys.version_info.minor}: drop it, or train with {other}")
+    return None

@@ -74,6 +74,7 @@ class NumpyReader:
       start_step: global batches already read: the reader starts right after them.
       manifest: the already loaded manifest (document or :class:`~shardprep.preprocess.manifest_types.Manifest`).
       threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
+      verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
 
     Raises ``TypeError`` for an argument of the wrong type (``batch_size=2.5``, ``training="yes"``), ``ValueError``
     for one out of range (``batch_size``, ``num_shards``/``index``, ``seed``, ``start_step``), a URL, or shards that
@@ -82,8 +83,8 @@ class NumpyReader:
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
-                 prefetch: int | None = None):
-        data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch)
+                 prefetch: int | None = None, verify_records: bool = False):
+        data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
         self.manifest = typed(manifest) if manifest is not None else load_local_manifest(data_dir)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
@@ -91,7 +92,7 @@ class NumpyReader:
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
-        self._source = batch_source(data_dir, self.manifest, split, training,
+        self._source = batch_source(data_dir, self.manifest, split, training, verify=verify_records,
                                     buffers=ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH)
                                                           + 8))
         self._step = 0
@@ -180,13 +181,14 @@ class NumpyReader:
         return KerasBatches(self, steps_done=steps_done, **kwargs)
 
 
-def _checked_arguments(data_dir, split, training, manifest, threads, prefetch) -> str:
+def _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records) -> str:
     """``data_dir`` as a str, after the arguments RecordOrder does not check are checked (type and range)."""
     if not isinstance(data_dir, (str, os.PathLike)):
         raise TypeError(f"data_dir must be a path (str or os.PathLike), got {data_dir!r} ({type(data_dir).__name__})")
     if not isinstance(split, str):
         raise TypeError(f"split must be a split name (a string), got {split!r} ({type(split).__name__})")
     bool_argument("training", training)
+    bool_argument("verify_records", verify_records)
     if manifest is not None and not isinstance(manifest, (dict, Manifest)):
         raise TypeError(f"manifest must be a loaded manifest (dict or Manifest) or None, got a "
                         f"{type(manifest).__name__}")

@@ -73,6 +73,15 @@ class _Sums:
             self.totals[key] = self.totals.get(key, 0.0) + float(value) * examples
         self.examples += examples
 
+    def state(self) -> dict:
+        return {"totals": dict(self.totals), "examples": self.examples}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "_Sums":
+        sums = cls()
+        sums.totals, sums.examples = {key: float(value) for key, value in state["totals"].items()}, state["examples"]
+        return sums
+
     def mean(self, key: str) -> float:
         return self.totals.get(key, float("nan")) / self.examples if self.examples else float("nan")
 
@@ -118,11 +127,18 @@ class KerasSteps:
         from shardprep.train.numpy_reader import NumpyReader
 
         return NumpyReader(self.config.data_dir, split, self.config.batch_size, training, seed,
-                           start_step=start_step, manifest=self.manifest)
+                           start_step=start_step, manifest=self.manifest, verify_records=self.config.verify_records)
 
     def streamed(self) -> bool:
         """Never: NumpyReader reads local shards by random access, in an order addressed by step."""
         return False
+
+    @staticmethod
+    def input_error(error: Exception) -> str | None:
+        """What a reading error raised by ``next()`` says, for one error line (a bad or short record)."""
+        from shardprep.preprocess.record_format import RecordFormatError
+
+        return str(error) if isinstance(error, (OSError, RecordFormatError)) else None
 
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
         """The endless training input from global step ``start_step`` of the seeded order."""
@@ -151,6 +167,20 @@ class KerasSteps:
 
     def reset(self) -> None:
         self._train, self._val = _Sums(), _Sums()
+
+    def metric_state(self) -> dict:
+        """The epoch's training sums so far (Python floats: JSON keeps them exactly)."""
+        return self._train.state()
+
+    def restore_metric_state(self, state: dict) -> bool:
+        """Continues the epoch's sums from :meth:`metric_state`; False, changing nothing, for a state of another
+        form (a TensorFlow run's)."""
+        totals, examples = state.get("totals"), state.get("examples")
+        if not (isinstance(totals, dict) and isinstance(examples, int)
+                and all(isinstance(value, (int, float)) for value in totals.values())):
+            return False
+        self._train = _Sums.from_state(state)
+        return True
 
     def train_results(self) -> dict:
         return {"loss": self._train.mean("loss"), "accuracy": self._train.mean("accuracy")}

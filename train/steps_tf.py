@@ -9,6 +9,8 @@ wait only.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import tensorflow as tf
 
@@ -16,6 +18,10 @@ from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train import reader
 from shardprep.train.config import TrainConfig
 from shardprep.train.losses import smoothed_crossentropy
+
+
+# A Python exception quoted in a tf.data error ("OSError: shard: record 3 ... mismatch"), a line of its own.
+_RAISED = re.compile(r"^\w*(?:Error|Exception): (.+)$", re.MULTILINE)
 
 
 def choose_strategy() -> tf.distribute.Strategy:
@@ -51,6 +57,24 @@ class _Metrics:
     def reset(self) -> None:
         for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
             metric.reset_state()
+
+    def training_state(self) -> dict:
+        """The training metrics' accumulators (totals and counts, float32 values as exact floats), summed over the
+        replicas (reading a tf.distribute on-read variable aggregates it; assigning it back spreads it again)."""
+        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
+                for metric in (self.loss, self.accuracy)}
+
+    def restore_training_state(self, state: dict) -> bool:
+        """Continues the training metrics from :meth:`training_state`: the epoch's sums go on exactly as they
+        would have in one process. False, changing nothing, for a state of another form (another backend's)."""
+        metrics = (self.loss, self.accuracy)
+        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
+                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
+            return False
+        for metric in metrics:
+            for variable, value in zip(metric.variables, state[metric.name]):
+                variable.assign(value)
+        return True
 
 
 class TFSteps:
@@ -108,6 +132,18 @@ class TFSteps:
             start_step = 0
         return iter(self._distributed(self.config.train_split, True, seed, start_step))
 
+    @staticmethod
+    def input_error(error: Exception) -> str | None:
+        """What a tf.data error raised by ``next()`` says, for one error line: the Python exception a reading
+        function raised (a record's CRC, a short shard), else TensorFlow's own first line."""
+        if not isinstance(error, tf.errors.OpError):
+            return None
+        raised = [match.group(1) for match in _RAISED.finditer(error.message)]
+        if raised:
+            return raised[-1]
+        first = error.message.strip().splitlines()[0] if error.message.strip() else type(error).__name__
+        return re.sub(r"^\{\{[^}]*\}\}\s*", "", first)
+
     def val_batches(self):
         """One pass over the validation split; the same dataset every epoch (one traced evaluation step)."""
         if self._val is None:
@@ -119,10 +155,13 @@ class TFSteps:
         config = self.config
 
         def dataset_fn(context):
+            # An input pipeline yields per-replica batches and feeds each of its replicas one per step, so a
+            # global step is that many of its batches: a resumed pipeline starts after all the steps' batches.
+            per_step = context.num_replicas_in_sync // context.num_input_pipelines
             return reader.make_dataset(
                 config.data_dir, split, config.batch_size, training, seed=seed, input_context=context,
                 shuffle_buffer=config.shuffle_buffer, manifest=self.manifest, verify_records=config.verify_records,
-                random_access=False if config.sequential_reads else None, start_step=start_step)
+                random_access=False if config.sequential_reads else None, start_step=start_step * per_step)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -134,6 +173,13 @@ class TFSteps:
 
     def reset(self) -> None:
         self.metrics.reset()
+
+    def metric_state(self) -> dict:
+        """The epoch's training metrics so far as they accumulate (waits for the device)."""
+        return self.metrics.training_state()
+
+    def restore_metric_state(self, state: dict) -> bool:
+        return self.metrics.restore_training_state(state)
 
     def train_results(self) -> dict:
         """The epoch's training loss and accuracy so far (waits for the device)."""

@@ -1,5 +1,8 @@
 """``shardprep train DATA``: ResNet-18 from prepared shards, with an input-bound report every epoch."""
 
+import os
+import shlex
+
 import click
 
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
@@ -24,7 +27,73 @@ def _profile_batches(ctx, param, value):
     return value
 
 
-@click.command("train")
+class _TrainCommand(click.Command):
+    """Keeps the arguments as typed, so that a run stopped by Ctrl-C can print the exact command that resumes it."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["train_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _rerun_words(ctx, action: str | None) -> list[str]:
+    """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added
+    (when given).
+
+    Grouped for wrapping: an option with its value is one entry."""
+    takes_value = {name for param in ctx.command.params if isinstance(param, click.Option) and not param.is_flag
+                   for name in param.opts}
+    words, args = [], ctx.meta.get("train_args", [])
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg in takes_value and index + 1 < len(args):
+            words.append(f"{shlex.quote(arg)} {shlex.quote(args[index + 1])}")
+            index += 2
+            continue
+        if arg not in ("--resume", "--overwrite"):
+            words.append(shlex.quote(arg))
+        index += 1
+    return ["shardprep train", *words, *([f"--{action}"] if action else [])]
+
+
+def _shell_lines(words: list[str], width: int) -> str:
+    """``words`` as a shell command of lines within ``width`` columns, continued with a backslash; indented. An
+    option and its value part when together they are too long for a line; one word longer than a line stays whole
+    (the command must still paste as it is)."""
+    indent = "    "
+    units = []
+    for word in words[1:]:
+        units.extend(word.split(" ", 1) if len(indent) + len(word) + 2 > width and " " in word else [word])
+    lines, line = [], "  " + words[0]
+    for unit in units:
+        if len(line) + len(unit) + 3 > width:
+            lines.append(line + " \\")
+            line = indent + unit
+        else:
+            line += " " + unit
+    return "\n".join([*lines, line])
+
+
+def _report_interrupt(ctx, stop, output_dir: str) -> None:
+    """Says what Ctrl-C left and the command that goes on from there; exits 130 as a shell does after SIGINT."""
+    from shardprep.train import progress
+    from shardprep.train.interrupt import TrainingInterrupted
+
+    width = progress.terminal_width()
+    if isinstance(stop, TrainingInterrupted):
+        message, action = progress.interrupted_message(stop)
+    elif os.path.isfile(os.path.join(output_dir, "checkpoints", "state.json")):
+        message, action = "Stopped at once (Ctrl-C): nothing saved since the last checkpoint.", "resume"
+    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+        message, action = "Stopped at once (Ctrl-C) before a checkpoint was saved.", "overwrite"
+    else:
+        message, action = "Stopped (Ctrl-C) before training started.", None
+    how = "Resume with:" if action == "resume" else "Start again with:"
+    click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
+    ctx.exit(130)
+
+
+@click.command("train", cls=_TrainCommand)
 @click.argument("data", metavar="DATA")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="The Keras backend [default: $KERAS_BACKEND if set, else tensorflow if installed, else jax, else "
@@ -40,7 +109,9 @@ def _profile_batches(ctx, param, value):
 @click.option("--epochs", type=click.IntRange(min=1), default=90, show_default=True,
               help="Epochs to train (fewer when early stopping ends the run).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Global batch size (split over the replicas).")
+              help="Global batch size (split over the replicas). Each epoch is the training split's whole "
+                   "batches; when the rest left out is more than 10% of the split, a warning says how many images "
+                   "each epoch leaves out.")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
               help="Training crop size; at most the stored image size (checked before the run).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
@@ -80,7 +151,8 @@ def _profile_batches(ctx, param, value):
               help="Stream each shard from start to end instead of reading each batch's records where they lie "
                    "(for storage that is slow at random reads and not cached in memory; another record order).")
 @click.option("--seed", type=int, default=None,
-              help="Makes initialization, input order and augmentation repeatable (slightly slower input).")
+              help="Makes initialization, input order and augmentation repeatable (slightly slower input); a "
+                   "run stopped and resumed with --resume then ends exactly as an uninterrupted one.")
 @click.option("--jit-compile/--no-jit-compile", default=None,
               help="XLA for the training step [default: on with exactly one GPU].")
 @click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
@@ -106,14 +178,17 @@ def _profile_batches(ctx, param, value):
 @click.option("--overwrite", is_flag=True,
               help="Replace the run in OUTPUT_DIR: deletes only the files it listed in "
                    "OUTPUT_DIR/.shardprep-train.json; refuses a folder holding anything else.")
-def command(data, overwrite, **options):
+@click.pass_context
+def command(ctx, data, overwrite, **options):
     """Train ResNet-18 on the prepared dataset DATA (a local folder or gs:// URL holding manifest.json).
 
     Runs on the Keras backend --backend names (TensorFlow by default); on TensorFlow it uses all GPUs
-    (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s and the ETA
-    within each epoch; every epoch prints images/s and the share of step time spent waiting for input; the run ends
-    with a summary saying whether training was input-bound. OUTPUT_DIR receives history.json, summary.json,
-    model.keras (uint8 images in, logits out: see shardprep.train.predict.predict_images), checkpoints/ and logs/.
+    (MirroredStrategy), the one GPU, or the CPU. A progress line shows steps, images/s, the ETA and the running
+    loss and accuracy within each epoch, then the validation; every epoch prints its time, images/s and the share of
+    step time spent waiting for input; the run ends with a summary saying whether training was input-bound. Ctrl-C
+    stops after the step in flight, saves a checkpoint there and prints the command that resumes the run.
+    OUTPUT_DIR receives history.json, summary.json, model.keras (uint8 images in, logits out: see
+    shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
     from shardprep.train import preflight
 
@@ -135,6 +210,14 @@ def command(data, overwrite, **options):
                                    image_size=options["image_size"], batch_size=options["batch_size"],
                                    resume=options["resume"], overwrite=overwrite)
         options["val_split"] = preflight.validation_split(manifest, options["val_split"], data)
+    except preflight.PreflightError as error:
+        raise click.ClickException(str(error)) from None
+    config = TrainConfig(data_dir=data, **options)
+    try:  # every refusal comes before the folder is cleared or claimed: a refused run touches nothing
+        config.validate()
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    try:
         deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
         preflight.claim_output_dir(options["output_dir"], options["resume"])
     except preflight.PreflightError as error:
@@ -142,16 +225,12 @@ def command(data, overwrite, **options):
     if deleted:
         click.echo(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
 
-    config = TrainConfig(data_dir=data, **options)
     try:
-        config.validate()
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
+        from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-    from shardprep.train.loop import train  # Keras and its backend start here, after every check that can fail fast
-
-    try:
         train(config, report=click.echo)
+    except KeyboardInterrupt as stop:
+        _report_interrupt(ctx, stop, options["output_dir"])
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
         raise click.ClickException(str(error.args[0]) if error.args else str(error)) from error
     except ValueError as error:

@@ -1,0 +1,261 @@
+"""`shardprep train` as a person reads it: in a real 80-column terminal and in a pipe, every line fits the width;
+the step counter reaches N/N with the running loss and accuracy, validation shows a line, every epoch says its time;
+plurals are right; the summary says which metric picks best.keras and gives that epoch; a batch size that leaves
+much of the training split out of every epoch is warned about. (Ctrl-C in a terminal and in a pipe:
+test_train_exact_resume.py, which resumes the stopped runs too.)"""
+
+import re
+import shlex
+import sys
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from shardprep.train import loop, progress
+from shardprep.train.interrupt import TrainingInterrupted
+from train_helpers import random_images, write_colour_dataset, write_dataset
+from train_runs import environment
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def segments(text: str) -> list[str]:
+    """Every stretch a terminal draws on one row: the text between line ends and carriage returns."""
+    return re.split(r"[\r\n]", ANSI.sub("", text))
+
+
+def flat(text: str) -> str:
+    return " ".join(ANSI.sub("", text).split())
+
+
+@pytest.fixture(scope="module")
+def colour_dataset(tmp_path_factory):
+    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
+
+
+def test_a_run_in_an_80_column_terminal_fits_it_and_ends_with_the_summary(tmp_path):
+    import pexpect
+
+    data = tmp_path / "data"
+    write_dataset(data, {"train": random_images(48, 20, 20), "validation": random_images(16, 20, 20, seed=1)},
+                  classes=["a", "b"])
+    env = environment("tensorflow")
+    env.pop("COLUMNS")  # the terminal says how wide it is
+    child = pexpect.spawn(sys.executable, ["-m", "shardprep.cli", "train", "data", "--output-dir", "run", "--epochs",
+                                           "2", "--batch-size", "40", "--image-size", "16", "--width-multiplier",
+                                           "0.125", "--seed", "1", "--no-tensorboard"],
+                          cwd=str(tmp_path), env=env, dimensions=(24, 80), encoding="utf-8", timeout=300)
+    child.expect(pexpect.EOF)
+    child.close()
+    shown = child.before
+    assert child.exitstatus == 0, shown[-3000:]
+    wide = [line for line in segments(shown) if len(line) > 80]
+    assert not wide, wide
+    text = flat(shown)
+    assert "48 training images, 1 step of 40 per epoch, epochs 1-2." in text  # not "1 steps"
+    assert "Warning: 1 step of 40 per epoch; 8 images (17%) unused each epoch" in text
+    # The counter reaches N/N and stays, with the running loss and accuracy and the time the steps took.
+    finished = [line for line in segments(shown) if line.startswith("  step 1/1 ")]
+    assert len(finished) == 2 and all(", took 0:" in line and "loss " in line and "accuracy " in line
+                                      for line in finished)
+    assert any(line.startswith("  validation: batch 1/1") for line in segments(shown))
+    assert re.search(r"epoch 2/2: loss \d\.\d{4}, accuracy .* took \d+:\d\d, [\d,]+ images/s, waiting for input", text)
+    assert re.search(r"Summary: 2 epochs; best by val_loss \(the metric that picks \S+best\.keras\): epoch \d", text)
+    assert "(epoch 2)" in text and "epochs 2-2" not in text
+    assert "Model: " in text
+
+
+def test_a_pipe_gets_plain_lines_of_at_most_columns(colour_dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a progress line after every step
+    monkeypatch.chdir(tmp_path)  # paths as a person types them (a path longer than a line stays whole)
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", "run", "--epochs",
+                                       "1", "--batch-size", "24", "--image-size", "16", "--width-multiplier",
+                                       "0.125", "--no-tensorboard", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert "\r" not in result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    text = flat(result.output)
+    assert "64 training images, 2 steps of 24 per epoch, epoch 1." in text
+    assert "Warning: 2 steps of 24 per epoch; 16 images (25%) unused each epoch" in text
+    assert [line.split(",")[0] for line in lines if line.startswith("  step ")] == ["  step 1/2 (50%)",
+                                                                                    "  step 2/2 (100%)"]
+    assert "Summary: 1 epoch; best by val_loss" in text and "(epoch 1)" in text
+
+
+class _Steps(SimpleNamespace):
+    def describe(self):
+        return "CPU"
+
+
+def _start(train_examples, batch_size, steps_per_epoch=None, epochs=90, start_epoch=0):
+    config = loop.TrainConfig(data_dir="unused", batch_size=batch_size, epochs=epochs,
+                              steps_per_epoch=steps_per_epoch)
+    steps = steps_per_epoch or max(1, train_examples // batch_size)
+    return progress.start_messages(config, _Steps(backend="tensorflow", precision="float32", jit_compile=False),
+                                   11_689_512, train_examples, steps, 0.1, start_epoch)
+
+
+def test_a_batch_size_that_leaves_out_more_than_a_tenth_of_the_split_is_warned_about():
+    header, warning = _start(300, 256)
+    assert "300 training images, 1 step of 256 per epoch, epochs 1-90." in header
+    assert warning.startswith("Warning: 1 step of 256 per epoch; 44 images (15%) unused each epoch")
+    assert len(_start(300, 32)) == 1  # 9 steps leave 12 images (4%): no warning
+    assert len(_start(300, 256, steps_per_epoch=5)) == 1  # the steps were asked for
+    assert "1 training image, 1 step of 1 per epoch, epoch 90." in _start(1, 1, start_epoch=89)[0]
+    assert "no epoch left to train" in _start(300, 32, start_epoch=90)[0]
+
+
+def test_the_summary_reports_the_epoch_of_best_val_loss_and_says_it_picks_best_keras():
+    history = {"epoch": [1, 2, 3], "val_accuracy": [0.9, 0.6, 0.7], "val_loss": [0.8, 0.5, float("nan")],
+               "images_per_sec": [10.0, 100.0, 200.0], "input_wait_fraction": [0.9, 0.01, 0.03]}
+    summary = loop.summarize(history)
+    assert (summary["best_metric"], summary["best_epoch"], summary["best_val_loss"]) == ("val_loss", 2, 0.5)
+    assert summary["best_val_accuracy"] == 0.6  # that epoch's, not the highest (epoch 1's 0.9)
+    paths = {"best": "run/checkpoints/best.keras", "model": "run/model.keras"}
+    first, throughput, model = progress.summary_messages(summary, paths, checkpoint=True)
+    assert first.startswith("Summary: 3 epochs; best by val_loss (the metric that picks run/checkpoints/best.keras): "
+                            "epoch 2, val_loss 0.5000, val_accuracy 0.6000;")
+    assert "(epochs 2-3)" in throughput and model == "Model: run/model.keras"
+    assert "picks" not in progress.summary_messages(summary, paths, checkpoint=False)[0]
+    assert "(epoch 3)" in progress.summary_messages(loop.summarize(history, first_epoch_of_run=3), paths, True)[1]
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_messages_and_the_progress_line_fit_any_width(width):
+    import io
+
+    long = "word " * 60 + "Model: /a/path/" + "x" * 20
+    assert all(len(line) <= width for line in progress.fit(long, width).splitlines())
+    path = "/" + "p" * 150
+    assert path in progress.fit("Model: " + path, width).splitlines()[-1]  # a path is never cut
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for steps in (7, 12_345):
+        terminal = Terminal()
+        bar = progress.EpochProgress(steps, 1024, stream=terminal, interval_tty=0.0, width=width)
+        bar.update(3, lambda: {"loss": 123.456789, "accuracy": 0.5})
+        bar.finish({"loss": 1.5, "accuracy": 0.25})
+        assert max(len(line) for line in segments(terminal.getvalue())) <= width - 1
+        assert f"step {steps}/{steps}" in terminal.getvalue()
+
+
+def test_the_stop_message_says_what_was_saved_and_which_command_goes_on():
+    def stopped(stage, step, **kwargs):
+        defaults = dict(checkpoint="run/checkpoints/last.keras", resumes_at=9, unsaved="")
+        return TrainingInterrupted(9, 2, step, 6, stage, **{**defaults, **kwargs})
+
+    text, action = progress.interrupted_message(stopped("training", 3))
+    assert (text, action) == ("Interrupted (Ctrl-C) in epoch 2 after step 3 of 6: checkpoint saved there "
+                              "(run/checkpoints/last.keras).", "resume")
+    text, action = progress.interrupted_message(stopped("validation", 6))
+    assert "while validating epoch 2 (its 6 steps done)" in text and "validates epoch 2 first" in text
+    text, action = progress.interrupted_message(stopped("training", 3, unsaved="streamed", resumes_at=6))
+    assert "cannot resume mid-epoch" in text and "after epoch 1" in text and action == "resume"
+    text, action = progress.interrupted_message(stopped("training", 3, unsaved="streamed", checkpoint=None,
+                                                        resumes_at=None))
+    assert "no checkpoint yet" in text and action == "overwrite"
+    text, action = progress.interrupted_message(stopped("epoch end", 6, unsaved="--no-checkpoint",
+                                                        checkpoint=None, resumes_at=None))
+    assert "after epoch 2; nothing saved (--no-checkpoint)" in text and action == "overwrite"
+
+
+def test_the_printed_command_pastes_as_typed_and_fits_the_width():
+    import click
+
+    from shardprep.commands import train as train_command
+
+    args = ["my data", "--output-dir", "/runs/" + "deep/" * 20 + "run", "--epochs", "3", "--overwrite",
+            "--batch-size", "8", "--no-tensorboard", "--seed", "1"]
+    ctx = click.Context(train_command.command, info_name="train")
+    ctx.meta["train_args"] = args
+    words = train_command._rerun_words(ctx, "resume")
+    text = train_command._shell_lines(words, 80)
+    assert all(len(line) <= 80 for line in text.splitlines() if "/deep/" not in line)
+    pasted = shlex.split(text.replace("\\\n", " "))
+    assert pasted == ["shardprep", "train", "my data", "--output-dir", args[2], "--epochs", "3", "--batch-size", "8",
+                      "--no-tensorboard", "--seed", "1", "--resume"]
+
+
+def test_an_option_value_that_looks_like_a_flag_is_kept(tmp_path):
+    import click
+
+    from shardprep.commands import train as train_command
+
+    ctx = click.Context(train_command.command, info_name="train")
+    ctx.meta["train_args"] = ["data", "--output-dir", "--resume", "--resume"]
+    assert train_command._rerun_words(ctx, "resume") == ["shardprep train", "data", "--output-dir --resume",
+                                                         "--resume"]
+
+
+def test_ctrl_c_before_training_starts_says_so_and_gives_the_command(tmp_path, monkeypatch):
+    from shardprep.train import loop as train_loop
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_loop, "train", interrupted)
+    data = tmp_path / "data"
+    write_dataset(data, {"train": random_images(8, 8, 8), "validation": random_images(4, 8, 8, seed=1)},
+                  classes=["a", "b"])
+    result = CliRunner().invoke(main, ["train", str(data), "--output-dir", str(tmp_path / "run"), "--epochs", "1",
+                                       "--batch-size", "4", "--image-size", "8"])
+    assert result.exit_code == 130, result.output
+    assert "Stopped (Ctrl-C) before training started.\nStart again with:\n  shardprep train" in result.output
+    assert "Aborted!" not in result.output and "Traceback" not in result.output
+
+
+def test_the_width_is_columns_else_the_terminal_else_80(monkeypatch):
+    import os
+
+    def no_terminal(*args):
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert progress.terminal_width() == 80  # a pipe or a log file
+    monkeypatch.setenv("COLUMNS", "132")
+    assert progress.terminal_width() == 132
+    monkeypatch.setenv("COLUMNS", "12")
+    assert progress.terminal_width() == progress.MIN_WIDTH
+
+
+def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
+    import os
+    import signal
+
+    from shardprep.train.interrupt import StopRequests
+
+    notices = []
+    with StopRequests(lambda: notices.append("notice")) as stop:
+        with pytest.raises(KeyboardInterrupt):  # before the first step there is nothing to save: at once
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT; Python runs its handler at the next bytecode
+        stop.armed = True
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and notices == ["notice"]  # the loop stops after the step in flight
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_a_damaged_state_json_is_named_not_a_traceback():
+    from shardprep.train.epochs import saved_state_problem
+
+    good = {"rng": {"layers": [[1, 5]], "global": None},
+            "partial_epoch": {"loss": 1.0, "accuracy": 0.5, "examples": 24, "metrics": {"loss": [3.0, 24.0]},
+                              "timing": {"steps": 3, "seconds": 1.5, "wait": 0.1}, "validation_pending": False}}
+    assert saved_state_problem(good) is None and saved_state_problem({}) is None
+    for rng in ("x", [], {"layers": [[1]]}, {"layers": [["a", 1]]}, {"layers": [[1, -2]]},
+                {"layers": [], "global": "x"}):
+        assert "random state" in saved_state_problem({**good, "rng": rng})
+    for partial in ("x", [], {"loss": "1"}, {**good["partial_epoch"], "examples": None}):
+        assert "partial epoch" in saved_state_problem({**good, "partial_epoch": partial})
+    assert "timing" in saved_state_problem({**good, "partial_epoch": {**good["partial_epoch"], "timing": [1]}})
+    assert "validation_pending" in saved_state_problem(
+        {**good, "partial_epoch": {**good["partial_epoch"], "validation_pending": "yes"}})

@@ -1,0 +1,255 @@
+"""What ``shardprep train`` shows a person: progress within an epoch (steps to N/N, running loss and accuracy, a
+line during validation, the epoch's time), and every message fitted to the terminal's width.
+
+Widths: :func:`terminal_width` is ``$COLUMNS``, else the terminal's, else 80 (a pipe, a log file); :func:`fit` wraps
+a message into lines of at most that many columns, continuation lines indented. On a terminal the progress line is
+rewritten in place (carriage return), one column short of the width so it never wraps; elsewhere a plain line every
+``interval`` seconds keeps logs readable.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import textwrap
+import time
+from typing import Callable
+
+# Seconds between progress lines within an epoch when stdout is not a terminal (logs, pipes).
+PROGRESS_INTERVAL = 10.0
+MIN_WIDTH = 40
+BAR_WIDTH = 20
+BAR_DONE, BAR_LEFT = "━", "─"
+
+
+def terminal_width() -> int:
+    """``$COLUMNS``, else the terminal's width, else 80; at least :data:`MIN_WIDTH`."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((80, 24)).columns)
+
+
+def fit(text: str, width: int, indent: str = "  ") -> str:
+    """``text`` wrapped at spaces into lines of at most ``width`` columns, each paragraph (``\\n``) on its own,
+    continuation lines indented by ``indent``. A word is never cut: a path or a command stays whole, to copy, so
+    only a word longer than a line is wider than ``width``."""
+    lines = []
+    for paragraph in text.split("\n"):
+        lines.extend(textwrap.wrap(paragraph, width, subsequent_indent=indent, break_on_hyphens=False,
+                                   break_long_words=False) or [""])
+    return "\n".join(lines)
+
+
+def plural(count, word: str, with_count: bool = False) -> str:
+    """``word`` or ``word + "s"`` for ``count`` (``"1 epoch"``, ``"2 epochs"`` with ``with_count``)."""
+    text = word if count == 1 else word + "s"
+    if not with_count:
+        return text
+    return f"{count:,} {text}" if isinstance(count, int) else f"{count:g} {text}"
+
+
+def span(word: str, first: int, last: int) -> str:
+    """``"epochs 2-5"``, or ``"epoch 3"`` when ``first == last``."""
+    return f"{word} {first}" if first == last else f"{word}s {first}-{last}"
+
+
+def duration(seconds: float) -> str:
+    """``0:07``, ``12:03``, ``1:02:03``."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _metrics_text(metrics: dict | None) -> list[str]:
+    if not metrics:
+        return []
+    return [f"{name} {value:.4f}" for name, value in metrics.items() if value is not None and math.isfinite(value)]
+
+
+class EpochProgress:
+    """Progress within an epoch: training steps up to N/N with images/s, the ETA and the running loss and accuracy,
+    then the validation batches.
+
+    On a terminal, one line rewritten in place at most every ``interval_tty`` seconds; the training line is left at
+    N/N when the steps are done (with the epoch's training time), the validation line is cleared before the epoch's
+    report. Elsewhere (a log file, a pipe), a plain line through ``report`` every ``interval`` seconds, and a last
+    N/N line when the epoch showed any. Images/s counts steps launched, not finished: the device may lag a step.
+    """
+
+    def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
+                 stream=None, interval: float | None = None, interval_tty: float = 0.5, first_step: int = 0,
+                 width: int | None = None):
+        self.steps, self.batch_size, self.report = steps, batch_size, report
+        self.first_step = first_step  # a resumed epoch starts here: rates count the steps this process ran
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval_tty if self.tty else (PROGRESS_INTERVAL if interval is None else interval)
+        self.width = width or terminal_width()
+        self.started = time.perf_counter()
+        self.last_shown = self.started
+        self.shown = False  # a line of this epoch is on the screen or in the log
+        self.live = False  # a terminal line waits to be rewritten
+
+    def line(self, step: int, elapsed: float, metrics: dict | None = None) -> str:
+        """The plain progress line of ``step`` done after ``elapsed`` seconds."""
+        parts = [f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%)", *self._rates(step, elapsed),
+                 *_metrics_text(metrics)]
+        return ", ".join(parts)
+
+    def _rates(self, step: int, elapsed: float) -> list[str]:
+        ran = step - self.first_step
+        rate = ran * self.batch_size / elapsed if elapsed > 0 else math.nan
+        remaining = (self.steps - step) * elapsed / ran if ran else math.nan
+        shown_rate = f"{rate:,.0f} images/s" if math.isfinite(rate) else "? images/s"
+        if step >= self.steps:
+            return [shown_rate, f"took {duration(elapsed)}"]
+        return [shown_rate, f"ETA {duration(remaining) if math.isfinite(remaining) else '?'}"]
+
+    def terminal_line(self, step: int, elapsed: float, metrics: dict | None = None) -> str:
+        """The terminal's line: the count, a bar in the space left, rates and metrics, within ``width - 1``."""
+        count = f"  step {step}/{self.steps}"
+        rest = ", ".join([*self._rates(step, elapsed), *_metrics_text(metrics)])
+        room = self.width - 1 - len(count) - len(rest) - 2
+        if room >= 5:
+            bar_width = min(BAR_WIDTH, room)
+            done = min(bar_width, int(bar_width * step / self.steps))
+            return f"{count} {BAR_DONE * done}{BAR_LEFT * (bar_width - done)} {rest}"
+        return f"{count} {rest}"[:self.width - 1]
+
+    def _show(self, text: str) -> None:
+        self.shown = True
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self.width - 1)[:self.width - 1])
+            self.stream.flush()
+            self.live = True
+        else:
+            self.report(fit(text, self.width, indent="    "))
+
+    def update(self, step: int, metrics: Callable[[], dict] | None = None) -> None:
+        """After ``step`` of the epoch; ``metrics()`` (the running loss and accuracy) is asked only when a line is
+        shown, since reading them waits for the device."""
+        now = time.perf_counter()
+        if now - self.last_shown < self.interval or step >= self.steps:
+            return
+        self.last_shown = now
+        elapsed = now - self.started
+        values = metrics() if metrics is not None else None
+        self._show(self.terminal_line(step, elapsed, values) if self.tty else self.line(step, elapsed, values))
+
+    def finish(self, metrics: dict | None = None) -> None:
+        """The training steps are done: the line at N/N stays (a terminal), or ends the epoch's lines (a log)."""
+        elapsed = time.perf_counter() - self.started
+        if self.tty:
+            self._show(self.terminal_line(self.steps, elapsed, metrics))
+            self.stream.write("\n")
+            self.stream.flush()
+            self.live = False
+        elif self.shown:
+            self._show(self.line(self.steps, elapsed, metrics))
+        self.last_shown = time.perf_counter()
+
+    def validating(self, batch: int, batches: int | None) -> None:
+        """After validation batch ``batch`` (of ``batches`` when known): a line every interval."""
+        now = time.perf_counter()
+        if now - self.last_shown < self.interval and not (self.tty and batch == 1):
+            return
+        self.last_shown = now
+        total = f"/{batches}" if batches else ""
+        self._show(f"  validation: batch {batch}{total}")
+
+    def done(self) -> None:
+        """Clears the terminal's live line before the epoch's report."""
+        if self.tty and self.live:
+            self.stream.write("\r" + " " * (self.width - 1) + "\r")
+            self.stream.flush()
+            self.live = False
+
+    def interrupt_line(self) -> None:
+        """Ends a live terminal line so that a message printed now starts on a line of its own."""
+        if self.tty and self.live:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.live = False
+
+
+# A batch size that leaves more than this share of the training split out of every epoch gets a warning.
+UNUSED_WARNING_SHARE = 0.10
+
+
+def start_messages(config, steps, parameters: int, train_examples: int, steps_per_epoch: int, base_lr: float,
+                   start_epoch: int) -> list[str]:
+    """What a run says before its first step: the warm-up note, the run's shape, and the images a batch size
+    leaves out of every epoch when that is more than :data:`UNUSED_WARNING_SHARE` of the split."""
+    messages = []
+    if config.warmup_epochs >= config.epochs:
+        # Kept as asked rather than shortened: the run is what the flags say, and the note says what that means.
+        messages.append(f"Note: the warm-up ({plural(config.warmup_epochs, 'epoch', True)}, --warmup-epochs) is "
+                        f"as long as the run ({plural(config.epochs, 'epoch', True)}), so the learning rate never "
+                        f"reaches its peak {base_lr:g}; pass a smaller --warmup-epochs for short runs.")
+    left = (span("epoch", start_epoch + 1, config.epochs) if start_epoch < config.epochs
+            else "no epoch left to train")
+    messages.append(
+        f"Training ResNet-18 (width x{config.width_multiplier:g}, {parameters:,} parameters) with Keras on "
+        f"{steps.backend}, {steps.describe()}, {steps.precision}{', XLA' if steps.jit_compile else ''}: "
+        f"{plural(train_examples, 'training image', True)}, {plural(steps_per_epoch, 'step', True)} of "
+        f"{config.batch_size} per epoch, {left}.")
+    unused = train_examples - steps_per_epoch * config.batch_size
+    if config.steps_per_epoch is None and unused > UNUSED_WARNING_SHARE * train_examples:
+        messages.append(f"Warning: {plural(steps_per_epoch, 'step', True)} of {config.batch_size} per epoch; "
+                        f"{plural(unused, 'image', True)} ({100 * unused / train_examples:.0f}%) unused each epoch "
+                        "(other ones each epoch); a smaller --batch-size leaves out fewer.")
+    return messages
+
+
+def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: int) -> str:
+    """Where a resumed run starts, from the checkpoint's ``state``."""
+    start_step = int(state["global_step"])
+    epoch, step = divmod(start_step, steps_per_epoch)
+    if (state.get("partial_epoch") or {}).get("validation_pending") and epoch <= epochs:
+        return (f"Resuming from {checkpoint}: the steps of epoch {epoch} are done and Ctrl-C stopped its "
+                f"validation; validating epoch {epoch} first, then training on from step {start_step} of the run.")
+    done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"
+    if epoch >= epochs:
+        return (f"Resuming from {checkpoint} {done}: nothing left to train ({plural(epochs, 'epoch', True)} "
+                "asked for); pass a larger --epochs to train on.")
+    return (f"Resuming from {checkpoint} {done}: resumed at epoch {epoch + 1}, step {step} of {steps_per_epoch} "
+            f"({plural(step, 'step', True)} kept); the reader starts at step {start_step} of the run without "
+            "reading the records before it.")
+
+
+def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
+    """The run's closing lines: epochs, the best epoch by the metric that picks ``best.keras``, the last epoch,
+    throughput and the input-bound verdict, the saved model."""
+    picks = f" (the metric that picks {paths['best']})" if checkpoint else ""
+    first, last = (int(epoch) for epoch in summary["throughput_epochs"].split("-"))
+    return [
+        f"Summary: {plural(summary['epochs'], 'epoch', True)}; best by {summary['best_metric']}{picks}: epoch "
+        f"{summary['best_epoch']}, val_loss {summary['best_val_loss']:.4f}, val_accuracy "
+        f"{summary['best_val_accuracy']:.4f}; last: val_loss {summary['final_val_loss']:.4f}, val_accuracy "
+        f"{summary['final_val_accuracy']:.4f}.",
+        f"Throughput: {summary['images_per_sec']:,.0f} images/s, waiting for input "
+        f"{100 * summary['input_wait_fraction']:.1f}% of step time ({span('epoch', first, last)}): "
+        f"{summary['verdict']}.",
+        f"Model: {paths['model']}",
+    ]
+
+
+def interrupted_message(stop) -> tuple[str, str]:
+    """What a run stopped by Ctrl-C (a :class:`~shardprep.train.interrupt.TrainingInterrupted`) saved, and how to
+    go on: ``"resume"`` when ``--resume`` continues from a checkpoint, ``"overwrite"`` when there is none."""
+    where = {"training": f"in epoch {stop.epoch} after step {stop.step} of {stop.steps_per_epoch}",
+             "validation": f"while validating epoch {stop.epoch} (its {plural(stop.steps_per_epoch, 'step', True)} "
+                           "done)",
+             "epoch end": f"after epoch {stop.epoch}"}[stop.stage]
+    if stop.unsaved == "--no-checkpoint":
+        return (f"Interrupted (Ctrl-C) {where}; nothing saved (--no-checkpoint), history.json holds the finished "
+                "epochs.", "overwrite")
+    if stop.unsaved == "streamed":
+        cannot = (f"Interrupted (Ctrl-C) {where}. Streamed reads (--sequential-reads, or a URL) cannot resume "
+                  "mid-epoch, so nothing was saved here")
+        if stop.checkpoint is None:
+            return f"{cannot}, and there is no checkpoint yet.", "overwrite"
+        return (f"{cannot}; --resume continues from the last checkpoint, after epoch "
+                f"{stop.resumes_at // stop.steps_per_epoch} ({stop.checkpoint}).", "resume")
+    then = f"; the resumed run validates epoch {stop.epoch} first" if stop.stage == "validation" else ""
+    return f"Interrupted (Ctrl-C) {where}: checkpoint saved there ({stop.checkpoint}){then}.", "resume"
