@@ -287,6 +287,26 @@ def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
     return Reopened(journal, header, False, len(units))
 
 
+class KeptWork(NamedTuple):
+    """What a stopped run's journal keeps for ``--resume``: the inputs of its intact finished decode groups."""
+
+    inputs: int  # records and rejects
+    groups: int
+
+
+def kept_work(output: str) -> KeptWork | None:
+    """The finished work a stopped run left in OUTPUT's journal, counting only lines that pass their checks (what
+    ``--resume`` would keep); None when OUTPUT holds no journal."""
+    path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
+    if not os.path.isfile(path):
+        return None
+    data = _read_journal(path)
+    complete = data[:data.rfind(b"\n") + 1]
+    units = UnitJournal(output, len(complete), data.split(b"\n", 1)[0]).recorded_units().values()
+    intact = [unit for unit in units if isinstance(unit, UnitRecord)]
+    return KeptWork(sum(unit.records + len(unit.rejects) for unit in intact), len(intact))
+
+
 def _finished(output: str) -> bool:
     """True when OUTPUT holds a manifest: written last, so the run that wrote it had finished its dataset."""
     return os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME))

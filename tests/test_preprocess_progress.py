@@ -145,25 +145,35 @@ def test_the_resume_command_is_the_typed_one_with_resume(typed, resume):
 
 
 def _journal(output, units: list[tuple[int, int]]) -> None:
-    """OUTPUT/.tmp/journal.jsonl with a header line and one line per (records, rejects) group."""
-    from shardprep.pipelines import journal
-
+    """OUTPUT/.tmp/journal.jsonl with a header line and one unsealed line per (records, rejects) group, and a torn
+    last line: lines no run wrote whole, which --resume would not keep."""
     folder = output / ".tmp"
     folder.mkdir(parents=True)
-    lines = ['{"version": 1}']
+    lines = ['{"version": 2}']
     for group, (records, rejects) in enumerate(units):
-        lines.append(json.dumps(journal.UnitRecord("train", group, "", f"spill-{group}", 1, "", records, "",
-                                                   [["k", "truncated", ""]] * rejects, {})._asdict()))
-    (folder / "journal.jsonl").write_text("\n".join(lines) + "\n" + '{"split": "train", "gro')  # a torn last line
+        lines.append(json.dumps({"split": "train", "group": group, "records": records,
+                                 "rejects": [["k", "truncated", ""]] * rejects}))
+    (folder / "journal.jsonl").write_text("\n".join(lines) + "\n" + '{"split": "train", "gro')
 
 
-def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path):
+def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypatch):
+    from shardprep.pipelines import journal
+
     typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
-    _journal(tmp_path, [(10, 1), (20, 0)])
+    _journal(tmp_path, [])
+    monkeypatch.setattr(journal, "kept_work", lambda output: journal.KeptWork(31, 2))
     lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 120}, typed)
     assert lines == [f"stopped: 31 of 300 images kept (2 finished decode groups) in {tmp_path}/.tmp",
                      f"resume: shardprep preprocess SRC {tmp_path} --resume"]
     assert command.stopped_lines(str(tmp_path), {}, typed)[0].startswith("stopped: 31 images kept (2 finished")
+
+
+def test_only_journal_lines_that_pass_their_checks_count_as_kept(tmp_path):
+    from shardprep.pipelines import journal
+
+    _journal(tmp_path, [(10, 1), (20, 0)])  # lines that name their groups but are not sealed by a run
+    assert journal.kept_work(str(tmp_path)) == journal.KeptWork(0, 0)
+    assert journal.kept_work(str(tmp_path / "elsewhere")) is None
 
 
 def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path):

@@ -159,15 +159,17 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
                 "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
     folder = os.path.join(output, storage.SPILL_DIR)
-    journal_path = os.path.join(folder, storage.JOURNAL_NAME)
-    if os.path.isfile(journal_path):
-        units = journal.UnitJournal(output, os.path.getsize(journal_path)).recorded_units().values()
-        kept = sum(unit.records + len(unit.rejects) for unit in units)
+    try:
+        kept_work = journal.kept_work(output)
+    except (storage.OutputError, OSError):
+        kept_work = None
+    if kept_work is not None:
+        kept = kept_work.inputs
         total = counts.get("listed", 0) if counts.get("processed") else 0  # final once decoding started
-        if units:
+        if kept_work.groups:
             of = f" of {total:,}" if total >= kept else ""
             said = (f"stopped: {kept:,}{of} image{'s' if (total or kept) != 1 else ''} kept "
-                    f"({count(len(units), 'finished decode group')}) in {folder}")
+                    f"({count(kept_work.groups, 'finished decode group')}) in {folder}")
         else:
             said = "stopped: no decode group had finished, so nothing decoded is kept"
         return [said, "resume: " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
