@@ -151,9 +151,14 @@ def _step_problem(entry: dict, epochs_done: int) -> str | None:
     if not _count(steps_per_epoch) or steps_per_epoch < 1:
         return "'options.steps_per_epoch' is not a positive whole number"
     step = entry["global_step"]
-    if not epochs_done * steps_per_epoch <= step < (epochs_done + 1) * steps_per_epoch:
-        return (f"'global_step' {step} is not in epoch {epochs_done + 1} ({epochs_done} epochs in its history, "
-                f"{steps_per_epoch} steps each)")
+    # A checkpoint saved between an epoch's last step and its validation (Ctrl-C while validating) is at the epoch's
+    # end with that epoch not yet in its history: its partial epoch says the validation is pending.
+    pending = isinstance(entry.get("partial_epoch"), dict) and entry["partial_epoch"].get("validation_pending") is True
+    last = (epochs_done + 1) * steps_per_epoch + (1 if pending else 0)
+    if not epochs_done * steps_per_epoch + (steps_per_epoch if pending else 0) <= step < last:
+        epochs = f"{epochs_done} epoch{'s' if epochs_done != 1 else ''}"
+        return (f"'global_step' {step} is not in epoch {epochs_done + 1} ({epochs} in its history, "
+                f"{steps_per_epoch} steps each{', its validation pending' if pending else ''})")
     return _partial_problem(entry.get("partial_epoch"))
 
 

@@ -84,13 +84,26 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
         message, action = progress.interrupted_message(stop)
     elif os.path.isfile(os.path.join(output_dir, "checkpoints", "state.json")):
         message, action = "Stopped at once (Ctrl-C): nothing saved since the last checkpoint.", "resume"
-    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+    elif _holds_run_files(output_dir):
         message, action = "Stopped at once (Ctrl-C) before a checkpoint was saved.", "overwrite"
     else:
         message, action = "Stopped (Ctrl-C) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
     click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
     ctx.exit(130)
+
+
+def _holds_run_files(output_dir: str) -> bool:
+    """Whether the stopped run wrote more into ``output_dir`` than its run record and empty folders (a rerun then
+    needs --overwrite)."""
+    from shardprep.train import output_dir as output_folder
+    from shardprep.train import run_files
+
+    try:
+        record = run_files.read_record(output_dir)
+        return output_folder.holds_files(output_folder.entries(output_dir, record))
+    except (OSError, ValueError):
+        return os.path.isdir(output_dir)  # unreadable: say --overwrite, which checks the folder again first
 
 
 @click.command("train", cls=_TrainCommand)
