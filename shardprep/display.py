@@ -1,7 +1,6 @@
 """Terminal output shared by the subcommands: consoles as wide as the output, lines that fit, and live progress.
 
-Widths: in a terminal, its width (``COLUMNS`` may narrow it, never widen it); anywhere else (a pipe, a log file,
-CI) ``COLUMNS``, else 80. Live progress never touches ``sys.stdout`` or ``sys.stderr``: other code may swap them
+Widths follow :func:`shardprep.preprocess.text.output_width`, the one rule for every command. Live progress never touches ``sys.stdout`` or ``sys.stderr``: other code may swap them
 while it runs (the preprocess runner holds the Beam workers' stderr back), and a display that saved one and put it
 back later would leave a stale stream behind.
 """
@@ -13,36 +12,12 @@ import sys
 import threading
 import time
 
+from shardprep.preprocess.text import count, output_width, terminal_columns  # noqa: F401  (shared by the commands)
+
 # Outside a terminal (output sent to a file, CI) progress is a plain line this often, in seconds.
 PROGRESS_SECONDS_ENV = "SHARDPREP_PROGRESS_SECONDS"
 DEFAULT_PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
-DEFAULT_COLUMNS = 80
-
-
-def _columns_variable() -> int | None:
-    value = os.environ.get("COLUMNS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def terminal_columns(stream) -> int | None:
-    """The width of the terminal ``stream`` writes to; None when it is not a terminal."""
-    try:
-        if not stream.isatty():
-            return None
-        return os.get_terminal_size(stream.fileno()).columns or None
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def output_width(stream=None) -> int:
-    """Columns for text written to ``stream`` (stdout by default): a terminal's width, never more (``COLUMNS`` may
-    ask for less); elsewhere ``COLUMNS``, else 80."""
-    stream = sys.stdout if stream is None else stream
-    terminal, variable = terminal_columns(stream), _columns_variable()
-    if terminal is not None:
-        return min(terminal, variable) if variable else terminal
-    return variable or DEFAULT_COLUMNS
 
 
 def console(stderr: bool = False):
@@ -50,11 +25,6 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, width=output_width(sys.stderr if stderr else sys.stdout))
-
-
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """``1 shard``, ``2 shards``, ``1,024 shards`` (``plural`` for nouns that do not take an s)."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:

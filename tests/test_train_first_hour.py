@@ -11,7 +11,7 @@ from PIL import Image
 
 from shardprep.cli import main
 from shardprep.train import preflight
-from train_helpers import write_colour_dataset
+from train_helpers import predict_entries, write_colour_dataset
 
 
 @pytest.fixture(scope="module")
@@ -276,13 +276,14 @@ def test_shardprep_predict_prints_class_names_and_refuses_missing_files(colour_d
     photo.write_bytes(_encoded(np.random.default_rng(9).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG"))
     result = CliRunner().invoke(main, ["predict", str(model_path), colour_dataset, str(photo), "--top-k", "2"])
     assert result.exit_code == 0, result.output
-    (line,) = result.output.strip().splitlines()
+    (line,) = predict_entries(result.output)
     assert line.startswith(f"{photo}: ") and {"red", "blue"} == {part.rsplit(" ", 1)[0]
                                                                  for part in line.split(": ", 1)[1].split(", ")}
     result = CliRunner().invoke(main, ["predict", str(tmp_path / "nope.keras"), colour_dataset, str(photo)])
     assert result.exit_code == 1 and _error_lines(result)[0].startswith("Error: MODEL ")
     result = CliRunner().invoke(main, ["predict", str(model_path), colour_dataset, str(tmp_path / "nope.jpg")])
-    assert result.exit_code == 1 and f"{tmp_path / 'nope.jpg'}: not classified: does not exist" in result.output
+    assert result.exit_code == 1
+    assert predict_entries(result.output) == [f"{tmp_path / 'nope.jpg'}: not classified: does not exist"]
     assert _error_lines(result) == ["Error: 1 of 1 photo could not be classified (each is named above)"]
 
 

@@ -121,3 +121,15 @@ def write_colour_dataset(root) -> str:
     write_dataset(root, {"train": [image(i % 2) for i in range(64)],
                          "validation": [image(i % 2) for i in range(32)]}, classes=["red", "blue"], num_shards=2)
     return str(root)
+
+
+def predict_entries(output: str) -> list[str]:
+    """``shardprep predict``'s output as one entry per photo: a line wider than the output continues on lines
+    indented by two spaces, joined back here; the closing ``Error:`` line is left out."""
+    entries = []
+    for line in output.splitlines():
+        if line.startswith("  ") and entries:
+            entries[-1] += " " + line.strip()
+        elif not line.startswith("Error: "):
+            entries.append(line)
+    return entries

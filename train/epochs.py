@@ -21,6 +21,7 @@ from typing import Callable
 
 import keras
 
+from shardprep.preprocess.text import count
 from shardprep.train import checkpoints, progress, rng_state
 from shardprep.train.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.config import TrainConfig
@@ -187,7 +188,7 @@ class Epochs:
                                       "" if saved else "--no-checkpoint")
         if self.model.stop_training:
             self.say(f"Early stopping after epoch {epoch + 1}: val_loss has not improved for "
-                     f"{progress.plural(self.config.early_stopping_patience, 'epoch', True)}.")
+                     f"{count(self.config.early_stopping_patience, 'epoch')}.")
             return True
         return False
 

@@ -10,11 +10,11 @@ rewritten in place (carriage return), one column short of the width so it never 
 from __future__ import annotations
 
 import math
-import shutil
 import sys
-import textwrap
 import time
 from typing import Callable
+
+from shardprep.preprocess.text import count, output_width, wrap
 
 # Seconds between progress lines within an epoch when stdout is not a terminal (logs, pipes).
 PROGRESS_INTERVAL = 10.0
@@ -24,27 +24,12 @@ BAR_DONE, BAR_LEFT = "━", "─"
 
 
 def terminal_width() -> int:
-    """``$COLUMNS``, else the terminal's width, else 80; at least :data:`MIN_WIDTH`."""
-    return max(MIN_WIDTH, shutil.get_terminal_size((80, 24)).columns)
+    """The width every command writes to (:func:`shardprep.preprocess.text.output_width`), at least
+    :data:`MIN_WIDTH`."""
+    return max(MIN_WIDTH, output_width())
 
 
-def fit(text: str, width: int, indent: str = "  ") -> str:
-    """``text`` wrapped at spaces into lines of at most ``width`` columns, each paragraph (``\\n``) on its own,
-    continuation lines indented by ``indent``. A word is never cut: a path or a command stays whole, to copy, so
-    only a word longer than a line is wider than ``width``."""
-    lines = []
-    for paragraph in text.split("\n"):
-        lines.extend(textwrap.wrap(paragraph, width, subsequent_indent=indent, break_on_hyphens=False,
-                                   break_long_words=False) or [""])
-    return "\n".join(lines)
-
-
-def plural(count, word: str, with_count: bool = False) -> str:
-    """``word`` or ``word + "s"`` for ``count`` (``"1 epoch"``, ``"2 epochs"`` with ``with_count``)."""
-    text = word if count == 1 else word + "s"
-    if not with_count:
-        return text
-    return f"{count:,} {text}" if isinstance(count, int) else f"{count:g} {text}"
+fit = wrap  # a message wrapped to the width, continuation lines indented; words never cut
 
 
 def span(word: str, first: int, last: int) -> str:
@@ -183,20 +168,20 @@ def start_messages(config, steps, parameters: int, train_examples: int, steps_pe
     messages = []
     if config.warmup_epochs >= config.epochs:
         # Kept as asked rather than shortened: the run is what the flags say, and the note says what that means.
-        messages.append(f"Note: the warm-up ({plural(config.warmup_epochs, 'epoch', True)}, --warmup-epochs) is "
-                        f"as long as the run ({plural(config.epochs, 'epoch', True)}), so the learning rate never "
+        messages.append(f"Note: the warm-up ({count(config.warmup_epochs, 'epoch')}, --warmup-epochs) is "
+                        f"as long as the run ({count(config.epochs, 'epoch')}), so the learning rate never "
                         f"reaches its peak {base_lr:g}; pass a smaller --warmup-epochs for short runs.")
     left = (span("epoch", start_epoch + 1, config.epochs) if start_epoch < config.epochs
             else "no epoch left to train")
     messages.append(
         f"Training ResNet-18 (width x{config.width_multiplier:g}, {parameters:,} parameters) with Keras on "
         f"{steps.backend}, {steps.describe()}, {steps.precision}{', XLA' if steps.jit_compile else ''}: "
-        f"{plural(train_examples, 'training image', True)}, {plural(steps_per_epoch, 'step', True)} of "
+        f"{count(train_examples, 'training image')}, {count(steps_per_epoch, 'step')} of "
         f"{config.batch_size} per epoch, {left}.")
     unused = train_examples - steps_per_epoch * config.batch_size
     if config.steps_per_epoch is None and unused > UNUSED_WARNING_SHARE * train_examples:
-        messages.append(f"Warning: {plural(steps_per_epoch, 'step', True)} of {config.batch_size} per epoch; "
-                        f"{plural(unused, 'image', True)} ({100 * unused / train_examples:.0f}%) unused each epoch "
+        messages.append(f"Warning: {count(steps_per_epoch, 'step')} of {config.batch_size} per epoch; "
+                        f"{count(unused, 'image')} ({100 * unused / train_examples:.0f}%) unused each epoch "
                         "(other ones each epoch); a smaller --batch-size leaves out fewer.")
     return messages
 
@@ -210,10 +195,10 @@ def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: i
                 f"validation; validating epoch {epoch} first, then training on from step {start_step} of the run.")
     done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"
     if epoch >= epochs:
-        return (f"Resuming from {checkpoint} {done}: nothing left to train ({plural(epochs, 'epoch', True)} "
+        return (f"Resuming from {checkpoint} {done}: nothing left to train ({count(epochs, 'epoch')} "
                 "asked for); pass a larger --epochs to train on.")
     return (f"Resuming from {checkpoint} {done}: resumed at epoch {epoch + 1}, step {step} of {steps_per_epoch} "
-            f"({plural(step, 'step', True)} kept); the reader starts at step {start_step} of the run without "
+            f"({count(step, 'step')} kept); the reader starts at step {start_step} of the run without "
             "reading the records before it.")
 
 
@@ -223,7 +208,7 @@ def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
     picks = f" (the metric that picks {paths['best']})" if checkpoint else ""
     first, last = (int(epoch) for epoch in summary["throughput_epochs"].split("-"))
     return [
-        f"Summary: {plural(summary['epochs'], 'epoch', True)}; best by {summary['best_metric']}{picks}: epoch "
+        f"Summary: {count(summary['epochs'], 'epoch')}; best by {summary['best_metric']}{picks}: epoch "
         f"{summary['best_epoch']}, val_loss {summary['best_val_loss']:.4f}, val_accuracy "
         f"{summary['best_val_accuracy']:.4f}; last: val_loss {summary['final_val_loss']:.4f}, val_accuracy "
         f"{summary['final_val_accuracy']:.4f}.",
@@ -238,7 +223,7 @@ def interrupted_message(stop) -> tuple[str, str]:
     """What a run stopped by Ctrl-C (a :class:`~shardprep.train.interrupt.TrainingInterrupted`) saved, and how to
     go on: ``"resume"`` when ``--resume`` continues from a checkpoint, ``"overwrite"`` when there is none."""
     where = {"training": f"in epoch {stop.epoch} after step {stop.step} of {stop.steps_per_epoch}",
-             "validation": f"while validating epoch {stop.epoch} (its {plural(stop.steps_per_epoch, 'step', True)} "
+             "validation": f"while validating epoch {stop.epoch} (its {count(stop.steps_per_epoch, 'step')} "
                            "done)",
              "epoch end": f"after epoch {stop.epoch}"}[stop.stage]
     if stop.unsaved == "--no-checkpoint":

@@ -34,12 +34,16 @@ def command(model, data, photos, top_k):
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
+    from shardprep.preprocess.text import output_width, wrap
+
+    width = output_width()
     for result in results:
         if isinstance(result, PhotoFailure):
-            click.echo(f"{result.source}: not classified: {result.message}")
+            line = f"{result.source}: not classified: {result.message}"
         else:
-            click.echo(f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
-                                                        for name, _, probability in result.top))
+            line = f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
+                                                    for name, _, probability in result.top)
+        click.echo(wrap(line, width))
     failed = sum(isinstance(result, PhotoFailure) for result in results)
     if failed:
         raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "
