@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main
+from shardprep.preprocess.dataset import load_manifest
 from shardprep.train import preflight
 from train_helpers import predict_entries, write_colour_dataset
 
@@ -193,7 +194,7 @@ def tiny_model(colour_dataset):
 
     keras.utils.set_random_seed(3)
     manifest = reader.load_manifest(colour_dataset)
-    return build_model(2, 16, manifest["mean_rgb"], manifest["std_rgb"], width_multiplier=0.125)
+    return build_model(2, 16, manifest.mean_rgb, manifest.std_rgb, width_multiplier=0.125)
 
 
 def _expected(model, manifest, data):
@@ -243,7 +244,7 @@ def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour
     from shardprep.train.predict import predict_images, stored_pixels, process_options
     from shardprep.train.reader import load_manifest
 
-    manifest = {**load_manifest(colour_dataset), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    manifest = {**load_manifest(colour_dataset).to_json(), "shorter_side": 12, "image_height": 12, "image_width": 12}
     photo = _encoded(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG")
     assert stored_pixels(photo, process_options(manifest)).shape == (12, 12, 3)
     assert stored_pixels(photo, process_options(manifest), min_side=16).shape == (16, 16, 3)
@@ -261,7 +262,7 @@ def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
         predict_images(tiny_model, colour_dataset, [np.zeros((4, 4, 3), np.uint8)])
     from shardprep.train.reader import load_manifest
 
-    manifest = {**load_manifest(colour_dataset), "classes": ["a", "b", "c"], "num_classes": 3}
+    manifest = {**load_manifest(colour_dataset).to_json(), "classes": ["a", "b", "c"], "num_classes": 3}
     photo = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")
     with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
         predict_images(tiny_model, manifest, [photo])
@@ -288,7 +289,7 @@ def test_shardprep_predict_prints_class_names_and_refuses_missing_files(colour_d
 
 
 def test_a_batch_larger_than_the_training_split_is_one_line_before_the_run(colour_dataset, tmp_path):
-    examples = preflight.Manifest.from_json(preflight.load_manifest(colour_dataset)).split("train").num_examples
+    examples = load_manifest(colour_dataset).split("train").num_examples
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
                                        "--image-size", "16", "--batch-size", str(examples + 1)])
     line, = _error_lines(result)
