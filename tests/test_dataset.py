@@ -120,3 +120,16 @@ def test_preflight_refuses_a_layout_that_does_not_fit_before_tensorflow(outputs,
     (tmp_path / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.document_text(document))
     with pytest.raises(preflight.PreflightError, match="split 'train'.*does not fit 16x16 images"):
         preflight.check(str(tmp_path), "train", None)
+
+
+def test_a_gs_manifest_without_the_gcp_extra_is_one_error_naming_the_extra(monkeypatch):
+    """``load_manifest`` is also the library's loader (``make_dataset``, ``NumpyReader``): without the gcp extra a
+    ``gs://`` DATA is a ManifestError saying what to install, not Beam's "no file system" from deep inside."""
+    from shardprep.preprocess import install_extras
+    from shardprep.preprocess.dataset import load_manifest
+
+    monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
+    with pytest.raises(manifest_lib.ManifestError) as error:
+        load_manifest("gs://bucket/shards")
+    assert str(error.value).startswith("cannot read gs://bucket/shards/manifest.json: gs://bucket/shards needs "
+                                       "shardprep's gcp extra")
