@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest import SHARD_FILES, ManifestError, manifest_path, read_document  # noqa: F401
@@ -241,8 +242,8 @@ def typed(manifest) -> Manifest:
     return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest, layouts_required=False)
 
 
-def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False,
-                  lenient_layouts: bool = False) -> Manifest:
+def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False, lenient_layouts: bool = False,
+                  read_url: Callable[[str, int], bytes | None] | None = None) -> Manifest:
     """The :class:`Manifest` of the prepared dataset in ``data_dir`` (a local folder, ``file://`` or any Beam file
     system such as ``gs://``, which needs the gcp extra): ``manifest.json`` read once as untrusted input, its shape
     checked once, typed. Pass the result on (``make_dataset(..., manifest=)``, ``NumpyReader(..., manifest=)``):
@@ -252,7 +253,8 @@ def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False
     what the path is instead), unreadable, not of this version, :class:`ManifestShapeError`,
     :class:`UnfitLayoutError`. ``layouts_required``: every raw centre-crop split with records must have a
     ``record_layout`` (``shardprep train`` and ``validate`` require it; a reader reads such a split as TFRecords).
-    ``lenient_layouts``: a ``record_layout`` that does not fit is left out (:attr:`Manifest.layout_problems`)."""
+    ``lenient_layouts``: a ``record_layout`` that does not fit is left out (:attr:`Manifest.layout_problems`).
+    ``read_url``: how a URL's ``manifest.json`` is read (see ``read_document``; default: Beam's file systems)."""
     data_dir = os.fspath(data_dir)
-    return Manifest.from_json(read_document(data_dir), layouts_required=layouts_required,
+    return Manifest.from_json(read_document(data_dir, read_url), layouts_required=layouts_required,
                               lenient_layouts=lenient_layouts, source=manifest_path(data_dir))

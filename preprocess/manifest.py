@@ -30,6 +30,7 @@ import json
 import os
 import posixpath
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 from shardprep.preprocess import install_extras, untrusted
@@ -260,34 +261,42 @@ def read_local(data_dir: str) -> bytes:
             e, untrusted.NotRegularFileError) else f"cannot read {path}: {e}") from e
 
 
+def _read_with_beam(path: str, at_most: int) -> bytes | None:
+    """At most ``at_most`` bytes of the file at the URL ``path``, through Beam's ``FileSystems``; None if absent."""
+    try:  # without the gcp extra Beam would say only that it has no file system for gs://
+        install_extras.check_arguments([path])
+    except install_extras.MissingExtraError as e:
+        raise ManifestError(str(e)) from None  # names the file and what to install
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as f:
+        return f.read(at_most)
+
+
 def manifest_path(data_dir: str) -> str:
     """``data_dir/manifest.json``, as the errors about it name it."""
     return join(data_dir, MANIFEST_NAME)
 
 
-def read_document(data_dir: str) -> dict:
-    """The manifest document of ``data_dir`` (a local path, ``file://`` or any Beam file system such as ``gs://``),
-    read within the bounds of :func:`parse_document` (and :func:`read_local` for local paths); every error a
-    :class:`ManifestError` naming the file. The shape is checked by ``Manifest.from_json``
-    (:func:`shardprep.preprocess.dataset.load_manifest` does both)."""
+def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | None = None) -> dict:
+    """The manifest document of ``data_dir`` (a local path, ``file://`` or a URL such as ``gs://``), read within the
+    bounds of :func:`parse_document` (and :func:`read_local` for local paths); every error a :class:`ManifestError`
+    naming the file. The shape is checked by ``Manifest.from_json`` (:func:`shardprep.preprocess.dataset.load_manifest`
+    does both). A URL's file is read by ``read_url(path, at_most_bytes)`` (None: there is none; the train reader
+    gives TensorFlow's file systems), by default through Beam's ``FileSystems``."""
     data_dir = os.fspath(data_dir)
     if "://" not in data_dir or data_dir.startswith("file://"):
         local = data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir
         return parse_document(read_local(local), manifest_path(local))
-    from apache_beam.io.filesystems import FileSystems
-
     path = manifest_path(data_dir)
-    try:  # without the gcp extra Beam would say only that it has no file system for gs://
-        install_extras.check_arguments([data_dir])
-    except install_extras.MissingExtraError as e:
-        raise ManifestError(f"cannot read {path}: {e}") from None
     try:
-        if not FileSystems.exists(path):
-            raise missing_manifest_error(data_dir)
-        with FileSystems.open(path) as f:
-            data = f.read(MANIFEST_MAX_BYTES + 1)
+        data = (read_url or _read_with_beam)(path, MANIFEST_MAX_BYTES + 1)
     except OSError as e:  # BeamIOError is one
         raise ManifestError(f"cannot read {path}: {e}") from e
+    if data is None:
+        raise missing_manifest_error(data_dir)
     if len(data) > MANIFEST_MAX_BYTES:
         raise ManifestError(f"{path} is more than the {MANIFEST_MAX_BYTES:,} bytes a manifest may be")
     return parse_document(data, path)

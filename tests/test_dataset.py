@@ -131,5 +131,4 @@ def test_a_gs_manifest_without_the_gcp_extra_is_one_error_naming_the_extra(monke
     monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
     with pytest.raises(manifest_lib.ManifestError) as error:
         load_manifest("gs://bucket/shards")
-    assert str(error.value).startswith("cannot read gs://bucket/shards/manifest.json: gs://bucket/shards needs "
-                                       "shardprep's gcp extra")
+    assert str(error.value).startswith("gs://bucket/shards/manifest.json needs shardprep's gcp extra")

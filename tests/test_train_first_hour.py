@@ -1,6 +1,7 @@
 """A new user's first hour with ``shardprep train`` (issue #16): --output-dir refusals and --overwrite, errors that
 name the flag and the sizes, progress within an epoch, and inference on new photos with predict_images."""
 
+import dataclasses
 import io
 import os
 
@@ -227,14 +228,14 @@ def test_predict_images_takes_paths_and_bytes_and_names_the_classes(colour_datas
     for prediction, data in zip(predictions, [jpeg, jpeg, png_alpha, small]):
         assert isinstance(prediction, Prediction)
         assert prediction.class_name in ("red", "blue")
-        assert prediction.class_name == manifest["classes"][prediction.index]
-        assert [name for name, _, _ in prediction.top] == [manifest["classes"][i] for _, i, _ in prediction.top]
+        assert prediction.class_name == manifest.classes[prediction.index]
+        assert [name for name, _, _ in prediction.top] == [manifest.classes[i] for _, i, _ in prediction.top]
         assert sum(p for _, _, p in prediction.top) == pytest.approx(1.0, abs=1e-5)  # top 2 of 2 classes
         assert prediction.top[0][2] >= prediction.top[1][2] and prediction.probability == prediction.top[0][2]
         np.testing.assert_allclose([p for _, _, p in sorted(prediction.top, key=lambda t: t[1])],
                                    _expected(tiny_model, manifest, data), atol=1e-5)
     assert predictions[0].top == predictions[1].top  # a path and its bytes are the same image
-    # The manifest as a dict and the model as a saved file give the same answers.
+    # The loaded manifest and the model as a saved file give the same answers.
     tiny_model.save(tmp_path / "model.keras")
     again = predict_images(str(tmp_path / "model.keras"), manifest, images[:1], top_k=1)
     assert len(again[0].top) == 1 and again[0].top[0] == pytest.approx(predictions[0].top[0], abs=1e-5)
@@ -244,7 +245,7 @@ def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour
     from shardprep.train.predict import predict_images, stored_pixels, process_options
     from shardprep.train.reader import load_manifest
 
-    manifest = {**load_manifest(colour_dataset).to_json(), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    manifest = dataclasses.replace(load_manifest(colour_dataset), shorter_side=12, image_height=12, image_width=12)
     photo = _encoded(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG")
     assert stored_pixels(photo, process_options(manifest)).shape == (12, 12, 3)
     assert stored_pixels(photo, process_options(manifest), min_side=16).shape == (16, 16, 3)

@@ -66,6 +66,19 @@ MIN_SHUFFLE_BUFFER = 1024
 MAX_SHUFFLE_BUFFER = 16384
 
 
+def read_url(path: str, at_most: int) -> bytes | None:
+    """At most ``at_most`` bytes of the file at the URL ``path`` through ``tf.io.gfile`` (``gs://`` and every other
+    TensorFlow file system, as the shards are read), None if there is none: how :func:`make_dataset` has
+    ``load_manifest`` read a URL's manifest."""
+    try:
+        if not tf.io.gfile.exists(path):
+            return None
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read(at_most)
+    except tf.errors.OpError as e:
+        raise OSError(e.message) from e
+
+
 def split_size(manifest: dict | Manifest, split: str) -> int:
     """Number of examples in ``split`` (a KeyError naming the known splits if there is none)."""
     return typed(manifest).split(split).num_examples
@@ -135,7 +148,7 @@ def make_dataset(
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
-    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
     if _reads_by_random_access(data_dir, random_access, start_step):
         return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
                                       verify_records, start_step)
