@@ -159,7 +159,7 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     plan = plan_source(config)
     storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
     storage.check_output_path(config.output)
-    local, runner = runners.is_local(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
+    local, runner = runners.runs_locally(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
     if resume:
         journal.check_resumable(config, plan, local)
     else:
@@ -199,7 +199,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                   min_groups: int, unit_journal) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
-    local = runners.is_local(beam_args)
+    local = runners.runs_locally(beam_args)
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)

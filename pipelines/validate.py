@@ -151,7 +151,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     pipeline's ``--temp_location``.
     """
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
-    if runner.is_local(beam_args) and not temp_location:
+    if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
         return manifest_lib.join(folder, RESULTS_NAME), lambda: shutil.rmtree(folder, ignore_errors=True)
     if not temp_location:
@@ -174,7 +174,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
     def report(counts: dict[str, int]) -> None:
         progress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0))
 
-    local = runner.is_local(beam_args)
+    local = runner.runs_locally(beam_args)
     progress(stage, 0 if local else None, total_files, 0)
     try:
         with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:

@@ -104,7 +104,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
-        remote = None if runner.is_local(list(beam_args)) else runner.runner_name(list(beam_args))
+        remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
             click.echo(line, err=True)
         ctx.exit(130)
