@@ -44,7 +44,7 @@ import apache_beam as beam
 from shardprep.pipelines import journal, progress, storage
 from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
-from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
 from shardprep.pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
@@ -84,13 +84,13 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     if plan.kind in ("tfds", "tfrecord"):
         # TFRecord inputs carry their image bytes: they are decoded where their file is read (the listing spread
         # the files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode, decoder = batches, DecodeBundle(*decoder_args)
+        to_decode, decoder = batches, BundleDecoder(*decoder_args)
     else:
         # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
         # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
-        decoder = DecodeGroup(*decoder_args, journal=unit_journal)
+        decoder = GroupDecoder(*decoder_args, journal=unit_journal)
     # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]
@@ -219,7 +219,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 
 
 def decode_counts(result) -> journal.ResumeCounts:
-    """The decode stage's counters (``DecodeGroup``) from a finished run's metrics; zeros where a runner has none."""
+    """The decode stage's counters (``GroupDecoder``) from a finished run's metrics; zeros where a runner has none."""
     from apache_beam.metrics.metric import MetricsFilter
 
     totals: dict[str, int] = {}

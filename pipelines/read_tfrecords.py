@@ -1,7 +1,7 @@
 """TFRecord sources: each file of encoded images (TFDS style) read into Inputs, its bad records into Rejects.
 
 One element per file, so files are read in parallel; the images stay where their file was read and are decoded
-there (``decode.DecodeBundle``) instead of crossing the runner's shuffle.
+there (``decode.BundleDecoder``) instead of crossing the runner's shuffle.
 """
 
 from __future__ import annotations
