@@ -70,12 +70,12 @@ class ReadTasks(beam.PTransform):
         read = (pbegin
                 | "Tasks" >> beam.Create(self.tasks, reshuffle=False)
                 | "SpreadTasks" >> beam.Reshuffle()
-                | "ReadTask" >> beam.ParDo(ReadTask(self.reader, self.progress_dir)).with_outputs(
+                | "ListTask" >> beam.ParDo(TaskLister(self.reader, self.progress_dir)).with_outputs(
                     REJECTS, main="inputs"))
         return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
-class ReadTask(beam.DoFn):
+class TaskLister(beam.DoFn):
     """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``); each counted as listed."""
 
     def __init__(self, reader, progress_dir: str | None):
