@@ -82,6 +82,30 @@ def test_numpy_and_tf_decoders_give_the_same_pixels(encoding):
     np.testing.assert_array_equal(in_graph(tf.constant(encoded)).numpy(), decoded)
 
 
+def test_the_default_tf_decoder_hands_numpy_every_byte():
+    """An encoding without a TensorFlow decoder of its own runs its NumPy one in ``tf.numpy_function``: the bytes
+    must arrive whole, trailing NUL bytes included (a string tensor reaches NumPy as ``np.bytes_``, which drops
+    them)."""
+    import tensorflow as tf
+
+    class TrailingZeros(encodings.PillowEncoding):
+        name, pillow_format = "png-and-zeros", "PNG"
+
+        def encode(self, image, quality):
+            return super().encode(image, quality) + bytes(3)
+
+        def decode(self, encoded, height, width):
+            assert encoded.endswith(bytes(3)), "trailing bytes lost"
+            return super().decode(encoded[:-3], height, width)
+
+    stored = TrailingZeros()
+    original = _image(seed=2)
+    encoded = stored.encode(Image.fromarray(original, "RGB"), 90)
+    decoded = stored.decode_tf(tf.constant(encoded), tf.constant(9), tf.constant(13))
+    assert decoded.shape.rank == 3
+    np.testing.assert_array_equal(decoded.numpy(), original)
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_record_round_trips_through_the_record_format(encoding):
     original = _image(seed=1)

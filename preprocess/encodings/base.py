@@ -57,9 +57,11 @@ class Encoding:
         import tensorflow as tf
 
         def decode(data, stored_height, stored_width):
-            return self.decode(bytes(data), int(stored_height), int(stored_width))
+            return self.decode(data.tobytes(), int(stored_height), int(stored_width))
 
-        image = tf.numpy_function(decode, [encoded, height, width], tf.uint8, stateful=False)
+        # The bytes as uint8: a string would reach NumPy as np.bytes_, which drops trailing NUL bytes.
+        data = tf.io.decode_raw(encoded, tf.uint8)
+        image = tf.numpy_function(decode, [data, height, width], tf.uint8, stateful=False)
         image.set_shape([None, None, CHANNELS])
         return image
 
