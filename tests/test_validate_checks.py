@@ -227,10 +227,12 @@ def test_help_states_the_tolerances_the_checks_use():
     from shardprep.commands import validate as command
 
     flat_help = " ".join(command.HELP.split())
-    raw, jpeg = encodings.get("raw"), encodings.get("jpeg")
-    assert f"within {raw.mean_std_tolerance} (raw) or {jpeg.mean_std_tolerance} (jpeg" in flat_help
-    assert validate_graph.mean_std_tolerance({"encoding": "jpeg"}) == jpeg.mean_std_tolerance == 1.0
-    assert validate_graph.mean_std_tolerance({"encoding": "raw"}) == raw.mean_std_tolerance == 0.05
+    assert "within 0.05 (raw), " in flat_help or "within 0.05 (raw) or " in flat_help
+    assert "1.0 (jpeg: lossy against the pre-encode pixels the manifest used)" in flat_help
+    for encoding in encodings.REGISTERED:
+        assert f"{encoding.mean_std_tolerance} ({encoding.name}" in flat_help
+        assert validate_graph.mean_std_tolerance({"encoding": encoding.name}) == encoding.mean_std_tolerance
+    assert validate_graph.mean_std_tolerance({"encoding": "webp2"}) == 1.0  # unknown: the loosest
     assert command.DEFAULT_SAMPLES_PER_CLASS == validate.DEFAULT_SAMPLES_PER_CLASS
     assert command.DEFAULT_MAX_PROBLEMS_PER_CHECK == validate.DEFAULT_MAX_PROBLEMS_PER_CHECK
 
