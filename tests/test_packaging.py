@@ -290,6 +290,10 @@ LAUNCHER_ONLY = {
     ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
+# Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
+LAUNCHER_ONLY.update({(f"preprocess/encodings/{path.name}", "decode_tf"): {"tensorflow"}
+                      for path in sorted((REPO / "preprocess" / "encodings").glob("*.py"))
+                      if "def decode_tf" in path.read_text()})
 WORKER_PACKAGES = ("pipelines", "preprocess")
 
 
