@@ -53,9 +53,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import planning, runner, storage
+from shardprep.pipelines import runner, source_registry, storage
+from shardprep.pipelines.source_kind import RecordFiles
+from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
-from shardprep.pipelines.validate_tfds import TFDS_PREFIX, prepared_files
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import (layout_problems, manifest_problems, problem,
                                                    unfit_layout_problems)
@@ -69,7 +70,6 @@ __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "b
            "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
            "validate_foreign"]
 
-TFRECORD_PREFIX = "tfrecord:"
 DEFAULT_SAMPLES_PER_CLASS = 6
 DEFAULT_MAX_PROBLEMS_PER_CHECK = 100
 DEFAULT_IMAGE_KEY = "image"
@@ -153,7 +153,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     pipeline's ``--temp_location``.
     """
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
-    if runner.is_local(beam_args) and not temp_location:
+    if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
         return manifest_lib.join(folder, RESULTS_NAME), lambda: shutil.rmtree(folder, ignore_errors=True)
     if not temp_location:
@@ -176,7 +176,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
     def report(counts: dict[str, int]) -> None:
         progress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0))
 
-    local = runner.is_local(beam_args)
+    local = runner.runs_locally(beam_args)
     progress(stage, 0 if local else None, total_files, 0)
     try:
         with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:
@@ -267,24 +267,22 @@ def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
-def _foreign_files(args, progress: Progress) -> tuple[list, list[str] | None]:
-    """(the matched files' metadata, the TFDS dataset's class names or None) of a ``tfrecord:`` or ``tfds:`` DATA."""
-    if args.data.startswith(TFDS_PREFIX):
-        name = args.data[len(TFDS_PREFIX):].strip("/")
-        progress(f"finding TFDS dataset {name}", None, None, None)
-        try:
-            files, classes = prepared_files(name, args.tfds_data_dir, args.label_key)
-        except ValueError as e:
-            raise ValidateError(str(e)) from None
-        return FileSystems.match(files), classes
-    if not args.data[len(TFRECORD_PREFIX):].strip():
-        raise ValidateError("tfrecord: needs a glob of TFRecord files, e.g. tfrecord:DIR/*-train.tfrecord*")
-    pattern = _absolute(args.data[len(TFRECORD_PREFIX):])
-    progress(f"matching {pattern}", None, None, None)
+def _foreign_files(args, progress: Progress) -> tuple[str, RecordFiles, list]:
+    """(DATA's kind, its globs or files and the class names it gives, the matched files' metadata) of a DATA its
+    kind validates as TFRecords (``tfrecord:``, ``tfds:``)."""
+    progress(f"finding the files of {args.data}", None, None, None)
     try:
-        return FileSystems.match([pattern])[0].metadata_list, None
-    except BeamIOError:
-        return [], None
+        parsed = source_registry.parse(args.data)
+        found = parsed.kind.record_files(parsed.location, args.tfds_data_dir, args.label_key)
+    except sources.SourceError as e:
+        raise ValidateError(str(e)) from None
+    matched = []
+    for pattern in found.patterns:
+        try:
+            matched += FileSystems.match([_absolute(pattern)])[0].metadata_list
+        except BeamIOError:
+            pass
+    return parsed.kind.name, found, matched
 
 
 def _no_files_problem(pattern: str, matched: list) -> dict:
@@ -300,15 +298,14 @@ def _no_files_problem(pattern: str, matched: list) -> dict:
 
 
 def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
-    report = report_lib.report_base(args.data, "tfds" if args.data.startswith(TFDS_PREFIX) else "tfrecord")
-    matched, tfds_classes = _foreign_files(args, progress)
-    if tfds_classes is not None:  # (a list of MatchResults, one per file)
-        matched = [meta for result in matched for meta in result.metadata_list]
+    kind, found, matched = _foreign_files(args, progress)
+    report = report_lib.report_base(args.data, kind)
     folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
     matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
     if not files:
-        return report_lib.finish(report, [_no_files_problem(_absolute(args.data[len(TFRECORD_PREFIX):]), folders)],
+        pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else args.data
+        return report_lib.finish(report, [_no_files_problem(pattern, folders)],
                                  [], args.max_problems_per_check)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
@@ -320,7 +317,7 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
     driver_problems = []
     try:  # the class names preprocess would read for these files (TFDS's label.labels.txt beside them)
-        classes = tfds_classes or planning.class_names_beside(files[0])
+        classes = found.classes or class_names_beside(files[0])
     except sources.SourceError as e:
         classes, driver_problems = None, [problem("class_names", str(e))]
     if classes:
@@ -408,7 +405,7 @@ def run(argv: list[str] | None = None, progress: Progress | None = None) -> dict
     check_output_paths(args.json_path, args.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
-    if args.data.startswith((TFRECORD_PREFIX, TFDS_PREFIX)):
+    if source_registry.kind_of(args.data).validated_as_records:
         report = validate_foreign(args, beam_args, progress)
     else:
         report = validate_dataset(args, beam_args, progress)

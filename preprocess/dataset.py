@@ -23,6 +23,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest import SHARD_FILES, ManifestError, manifest_path, read_document  # noqa: F401
 from shardprep.preprocess.manifest_schema import shape_problems
@@ -220,7 +221,7 @@ def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict
     the splits of a shape-checked document that give a ``record_layout``. Only raw centre crops have one; another
     dataset's is not read (no reader uses it), only said."""
     layouts, problems = {}, {}
-    fixed = document["encoding"] == "raw" and document["crop"] == "center"
+    fixed = encodings.has_fixed_layout(document["encoding"], document["crop"])
     for split, info in document["splits"].items():
         record_layout = info.get("record_layout")
         if not record_layout:

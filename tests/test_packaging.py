@@ -288,11 +288,14 @@ OPTIONAL_BACKENDS = ("jax", "torch")
 
 LAUNCHER_ONLY = {
     ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/planning.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
-    ("pipelines/validate_tfds.py", "prepared_files"): {"tensorflow_datasets"},  # validate's driver: tfds: DATA
+    ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
+# Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
+LAUNCHER_ONLY.update({(f"preprocess/encodings/{path.name}", "decode_tf"): {"tensorflow"}
+                      for path in sorted((REPO / "preprocess" / "encodings").glob("*.py"))
+                      if "def decode_tf" in path.read_text()})
 WORKER_PACKAGES = ("pipelines", "preprocess")
 
 

@@ -18,9 +18,10 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from shardprep.pipelines import planning
 from shardprep.pipelines.listing import ListInputs
-from shardprep.pipelines.planning import plan_source
+from shardprep.pipelines.source_registry import plan_source
 from shardprep.preprocess import record_format, sources, tfrecord_io
-from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig
+from shardprep.preprocess import encodings
+from shardprep.preprocess.config import CROPS, PreprocessConfig
 from shardprep.preprocess.elements import Input, Reject
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +88,7 @@ def test_list_inputs_reads_a_tfrecord_file_into_inputs_with_bytes(tmp_path):
     config = PreprocessConfig(source=f"tfrecord:{tmp_path}/*.tfrecord-*", output=str(tmp_path / "out"),
                               image_key="image/encoded", label_key="image/class/label")
     plan = plan_source(config)
-    assert (plan.kind, plan.splits, plan.classes) == ("tfrecord", ("validation",), ("cat", "dog"))
+    assert (plan.kind.name, plan.splits, plan.classes) == ("tfrecord", ("validation",), ("cat", "dog"))
     name = path.name
     with pipeline() as p:
         found = p | ListInputs(config, plan)
@@ -184,7 +185,7 @@ def test_the_cli_offers_the_configs_defaults_and_choices():
     from shardprep.commands.preprocess import command
 
     params = {param.name: param for param in command.params}
-    assert tuple(params["crop"].type.choices) == CROPS and tuple(params["encoding"].type.choices) == ENCODINGS
+    assert tuple(params["crop"].type.choices) == CROPS and tuple(params["encoding"].type.choices) == encodings.NAMES
     parsed = command.make_context("preprocess", ["s", "o"]).params  # every option at its default
     # --resume says how the run starts (from a stopped run's journal), not what it writes: no config field.
     assert parsed["resume"] is False

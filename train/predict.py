@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from shardprep.preprocess import image_ops, untrusted, wordnet_names
+from shardprep.preprocess import encodings, image_ops, untrusted, wordnet_names
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
@@ -81,7 +81,7 @@ def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
     """
     max_pixels = (manifest.options or {}).get("max_pixels")
     return image_ops.ProcessOptions(
-        shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding="raw",
+        shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
         max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS)
 
 
