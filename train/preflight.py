@@ -1,8 +1,8 @@
 """Checks ``shardprep train`` makes before it imports TensorFlow or builds anything.
 
-:func:`check` reads the manifest (plain ``json`` for local paths, Beam's file systems for ``gs://``), checks its
-shape with the shared :func:`shardprep.preprocess.manifest_schema.shape_problems`, that the training and validation splits
-exist and hold examples, that every shard file of those splits is there with its manifest size, and that
+:func:`check` loads the manifest once (:func:`shardprep.preprocess.dataset.load_manifest`: read as untrusted input,
+its shape checked, every raw centre-crop split laid out), checks that the training and validation splits exist and
+hold examples, that every shard file of those splits is there with its manifest size, and that
 ``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.output_dir`), with a checkpoint
 for ``--resume``, and returns the manifest for the run to use. Each failure is a :class:`PreflightError` whose message
 is one line: what is wrong, where, and what to do.
