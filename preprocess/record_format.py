@@ -39,9 +39,6 @@ FILENAME = "image/filename"
 ENCODINGS = ("raw", "jpeg")
 CHANNELS = 3
 
-_BYTES_KEYS = (ENCODED, FORMAT, FILENAME)
-_INT_KEYS = (HEIGHT, WIDTH, LABEL)
-
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
@@ -257,21 +254,3 @@ def decode_pixels(record: ImageRecord):
         return np.frombuffer(record.encoded, dtype=np.uint8).reshape(record.height, record.width, CHANNELS)
     with Image.open(io.BytesIO(record.encoded)) as image:
         return np.asarray(image.convert("RGB"))
-
-
-def tf_feature_spec(with_metadata: bool = False) -> dict:
-    """The ``tf.io.parse_example`` spec for the keys a reader needs (TensorFlow is imported lazily)."""
-    import tensorflow as tf
-
-    spec = {
-        ENCODED: tf.io.FixedLenFeature([], tf.string),
-        LABEL: tf.io.FixedLenFeature([], tf.int64),
-    }
-    if with_metadata:
-        spec.update({
-            FORMAT: tf.io.FixedLenFeature([], tf.string),
-            HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-            WIDTH: tf.io.FixedLenFeature([], tf.int64),
-            FILENAME: tf.io.FixedLenFeature([], tf.string),
-        })
-    return spec
