@@ -2,12 +2,12 @@
 
 ``DecodeResizeEncode`` (a composite) runs one of two DoFns, one per element type, and sums their summaries:
 
-* :class:`DecodeGroup` (files and folders): each element is one decode group, ``((split, group), [InputBatch])``,
+* :class:`GroupDecoder` (files and folders): each element is one decode group, ``((split, group), [InputBatch])``,
   a range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
   hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so the
   records are written once. On local runs each finished group is recorded in the unit journal
   (``shardprep.pipelines.journal``), and ``--resume`` re-emits an intact recorded group instead of decoding it.
-* :class:`DecodeBundle` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
+* :class:`BundleDecoder` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
   bundle appends to one spill file, and WriteShards copies the records into their shards.
 
 Either way the main output is :class:`~shardprep.preprocess.record_pointers.RecordPointers` (every record's sort key and
@@ -37,7 +37,7 @@ RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (
 
 
 class DecodeResizeEncode(beam.PTransform):
-    """Decode groups (``DecodeGroup``) or lists of Inputs (``DecodeBundle``) ->
+    """Decode groups (``GroupDecoder``) or lists of Inputs (``BundleDecoder``) ->
     {"records": RecordPointers, "rejects": Reject, "summary": RecordSummary (one, merged; none if no bundle ran)}.
 
     ``layouts`` is a side input {split: FixedLayout} (empty without fixed layouts).
@@ -101,7 +101,7 @@ class _Decoder(beam.DoFn):
         yield beam.pvalue.TaggedOutput(SUMMARY, GlobalWindows.windowed_value(self.summary))
 
 
-class DecodeGroup(_Decoder):
+class GroupDecoder(_Decoder):
     """((split, group), [InputBatch]) -> one RecordPointers for the group's own hashed spill file (with file_info),
     its inputs decoded in seeded order; the group's last record is written as a shard's end.
 
@@ -184,7 +184,7 @@ class DecodeGroup(_Decoder):
         yield from self._finish()
 
 
-class DecodeBundle(_Decoder):
+class BundleDecoder(_Decoder):
     """[Input] -> at the bundle's end, one RecordPointers per split into the bundle's one spill file."""
 
     def start_bundle(self):

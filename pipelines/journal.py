@@ -43,7 +43,7 @@ from shardprep.pipelines.journal_records import (JOURNAL_VERSION, LINE_HASH, Dam
                                                  pointer_columns, sealed, summary_from_json, summary_to_json)
 from shardprep.pipelines.storage import (JOURNAL_NAME, SPILL_DIR, OutputError, atomic_write, deletable,
                                         existing_files, foreign_files, is_local, regular_entries)
-from shardprep.preprocess import accounting, fingerprint, manifest, record_pointers, sharding, sources
+from shardprep.preprocess import fingerprint, manifest, record_pointers, sharding
 from shardprep.preprocess.elements import Reject
 
 LISTING_NAME = "listing.jsonl"
@@ -169,21 +169,23 @@ def append_line(path: str, line: str) -> None:
 # --- the launcher's side: start, or reopen for --resume ---------------------------------------------------------
 
 def journaled(config, plan, local_runner: bool) -> bool:
-    """Local runs of a local image folder into a local OUTPUT keep a journal (TFRecord sources are decoded per
-    bundle, whose contents depend on the runner's scheduling: they have no units to keep)."""
-    return (local_runner and plan.kind == "folder" and is_local(config.output)
-            and is_local(sources.SourceSpec.parse(config.source).location))
+    """Local runs into a local OUTPUT of a source its kind can resume (a local image folder) keep a journal."""
+    return local_runner and is_local(config.output) and plan.kind.resume_refusal(plan) is None
 
 
 def check_resumable(config, plan, local_runner: bool) -> None:
     """Refuses ``--resume`` where it cannot work, before anything is touched (before the lock, which would create
-    OUTPUT): --overwrite, a remote run, an OUTPUT holding anything no run wrote, or no stopped run at all."""
+    OUTPUT): --overwrite, a remote run, a source its kind cannot resume (saying why), an OUTPUT holding anything no
+    run wrote, or no stopped run at all."""
     if config.overwrite:
         raise OutputError("--resume keeps OUTPUT's finished work and --overwrite deletes it: pass one of them")
-    if not journaled(config, plan, local_runner):
+    if not local_runner or not is_local(config.output):
         raise OutputError(
             "--resume works for local runs (no --runner, or a local one) of a local image folder into a local "
             "OUTPUT; on Dataflow, Beam retries failed work itself, and a killed job is rerun with --overwrite")
+    refusal = plan.kind.resume_refusal(plan)
+    if refusal:
+        raise OutputError(f"--resume refused: {refusal}; rerun with --overwrite")
     foreign = foreign_files(config.output, existing_files(config.output))
     if foreign:
         raise OutputError(f"--resume refused: {config.output} holds {foreign[0]}, which no shardprep run wrote; "
@@ -193,31 +195,9 @@ def check_resumable(config, plan, local_runner: bool) -> None:
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """Every entry the job reads, rejects or does not use (the class folders walked, the flat folders, the labels
-    file, what lies beside the folders), keyed by source key, with each file's size and mtime."""
-    root = sources.SourceSpec.parse(config.source).location
-    source_root = os.path.realpath(root)
-    entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
-    entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
-    not_used = {entry.path for entry in plan.not_used}
-    folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
-    for directory, recursive in folders:
-        paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
-        entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
-                    for path, reason in skipped]
-        entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
-                    if sources.source_key(root, path) not in not_used]
-    if config.labels_file:
-        entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
-    return entries
-
-
-def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return fingerprint.ListedEntry(key, -1, 0)
-    return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
+    """Every entry the job reads, rejects or does not use, with each file's size and mtime, as the plan's kind
+    lists them (``SourceKind.listed_entries``): the listing a ``--resume`` compares."""
+    return plan.kind.listed_entries(config, plan)
 
 
 def start(config, plan, runner: str, min_decode_groups: int) -> UnitJournal:

@@ -2,7 +2,8 @@
 
 A split's ``fixed_layout.FixedLayout`` must fit every key and label of the split, so it is found from the listed
 inputs before decoding (``FixedLayouts``); it also makes the split's bytes, and thus its shard count, known up
-front. TFRecord sources have keys ``FILE:INDEX`` whose bounds are known from the file names alone.
+front. A source whose images are decoded where they are read (``tfrecord:``) knows its key bounds from its plan
+(``planned_layouts``).
 """
 
 from __future__ import annotations
@@ -49,15 +50,9 @@ class FixedLayouts(beam.PTransform):
                 | "FixedLayout" >> beam.Map(fixed_layout, self.side))
 
 
-def tfrecord_layouts(config, plan) -> dict:
-    """Fixed layouts of a TFRecord source's splits, from bounds known before reading: keys are ``FILE:INDEX``."""
+def planned_layouts(config, key_bounds: dict) -> dict:
+    """Fixed layouts from bounds known before reading ({split: (shortest key, longest key, largest label)}, a
+    source kind's ``planned_key_bounds``); empty unless the records are raw centre crops."""
     if not uses_fixed_layout(config):
         return {}
-    max_label = len(plan.classes) - 1 if plan.classes else (1 << 63) - 1
-    names: dict[str, list[int]] = {}
-    for split, path in plan.tfrecord_files:
-        names.setdefault(split, []).append(len(path.rsplit("/", 1)[-1].encode("utf-8")))
-    index_digits = len(str((1 << 63) - 1))
-    return {split: FixedLayout.for_records(
-                config.shorter_side, config.shorter_side, (min(lengths) + 2, max(lengths) + 1 + index_digits), max_label)
-            for split, lengths in names.items()}
+    return dict(fixed_layout(split_bounds, config.shorter_side) for split_bounds in key_bounds.items())

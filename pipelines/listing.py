@@ -1,13 +1,16 @@
 """Listing: the planned source into typed elements, ``Input`` per image to read and ``Reject`` per entry that gives
 none (``shardprep.preprocess.elements``).
 
-``ListInputs`` is the pipeline's first stage: the start of the pipeline -> ``{"inputs": Input, "rejects": Reject}``.
+``ListInputs`` is the pipeline's first stage: the start of the pipeline -> ``{"inputs": Input, "rejects": Reject}``,
+built by the plan's kind (``SourceKind.list_inputs``). Two ways of listing live here:
 
-* A folder: one element per class directory (``ListClassDirectory``, spread over the workers so that listing runs in
-  parallel); flat files (no class folder) keyed by file name and joined with the labels file's rows
-  (``ListFlatDirectory``, ``JoinLabels``); the hidden entries planning skipped.
-* ``tfrecord:`` and ``tfds:``: one element per file (``read_tfrecords.ReadTFRecordFile``); these Inputs carry the
-  image bytes (``data``), the others a ``path``.
+* ``ReadTasks``, every kind's default: the plan's read tasks (a file, a row group) spread over the workers, each
+  read where it lands by the kind's reader (``tfrecord:`` and ``tfds:``: one task per file, Inputs carrying the image
+  bytes, ``data``).
+* ``list_folder``, the folder kind's: one element per class directory (``ClassDirectoryLister``, spread over the
+  workers so that listing runs in parallel); flat files (no class folder) keyed by file name and joined with the
+  labels file's rows (``FlatDirectoryLister``, ``JoinLabels``); the hidden entries planning skipped. These Inputs
+  carry a ``path``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines import progress
-from shardprep.pipelines.read_tfrecords import ReadTFRecordFile
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
@@ -34,42 +36,61 @@ class ListInputs(beam.PTransform):
         self.config, self.plan, self.progress_dir = config, plan, progress_dir
 
     def expand(self, pbegin):
-        plan, config = self.plan, self.config
-        if plan.kind in ("tfds", "tfrecord"):
-            return pbegin | "TFRecordFiles" >> ListTFRecordFiles(
-                plan.tfrecord_files, config.image_key, config.label_key, len(plan.classes) if plan.classes else None,
-                self.progress_dir)
-        root = sources.SourceSpec.parse(config.source).location
-        class_index = {name: i for i, name in enumerate(plan.classes)}
-        listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, self.progress_dir)
-        rejects = [listed["rejects"]]
-        if plan.skipped:  # hidden folders and looping links seen when planning
-            rejects.append(pbegin | "SkippedEntries" >> beam.Create(list(plan.skipped)))
-        if not plan.flat_dirs and not config.labels_file:
-            return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
-        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
-            self.progress_dir, labels_file_given=config.labels_file is not None,
-            not_used=frozenset(entry.path for entry in plan.not_used))
-        return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
-                "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
+        return self.plan.kind.list_inputs(pbegin, self.config, self.plan, self.progress_dir)
 
 
-class ListTFRecordFiles(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input with data, "rejects": Reject}: ``files`` ((split, file) pairs)
-    spread over the workers, each read where it lands (its images are decoded there too)."""
+def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
+    """A folder's listing (``planning.FolderPlan``): its class folders, its flat files joined with the labels
+    file, and the entries planning skipped -> {"inputs": Input, "rejects": Reject}."""
+    root = plan.location
+    class_index = {name: i for i, name in enumerate(plan.classes)}
+    listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
+    rejects = [listed["rejects"]]
+    if plan.skipped:  # hidden folders and looping links seen when planning
+        rejects.append(pbegin | "SkippedEntries" >> beam.Create(list(plan.skipped)))
+    if not plan.flat_dirs and not config.labels_file:
+        return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
+    labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
+        root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
+        progress_dir, labels_file_given=config.labels_file is not None,
+        not_used=frozenset(entry.path for entry in plan.not_used))
+    return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
+            "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
 
-    def __init__(self, files, image_key: str, label_key: str, num_classes: int | None, progress_dir: str | None):
+
+class ReadTasks(beam.PTransform):
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: ``tasks`` spread over the workers, each read
+    where it lands by ``reader`` (task -> Inputs and Rejects; a kind's ``task_reader``)."""
+
+    def __init__(self, tasks, reader, progress_dir: str | None):
         super().__init__()
-        self.files = list(files)
-        self.reader = ReadTFRecordFile(image_key, label_key, num_classes, progress_dir)
+        self.tasks, self.reader, self.progress_dir = list(tasks), reader, progress_dir
 
     def expand(self, pbegin):
         read = (pbegin
-                | "Files" >> beam.Create(self.files, reshuffle=False)  # (split, file)
-                | "SpreadFiles" >> beam.Reshuffle()
-                | "ReadTFRecordFile" >> beam.ParDo(self.reader).with_outputs(REJECTS, main="inputs"))
+                | "Tasks" >> beam.Create(self.tasks, reshuffle=False)
+                | "SpreadTasks" >> beam.Reshuffle()
+                | "ListTask" >> beam.ParDo(TaskLister(self.reader, self.progress_dir)).with_outputs(
+                    REJECTS, main="inputs"))
         return {"inputs": read.inputs, "rejects": read[REJECTS]}
+
+
+class TaskLister(beam.DoFn):
+    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``); each counted as listed."""
+
+    def __init__(self, reader, progress_dir: str | None):
+        self.reader, self.progress_dir = reader, progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+
+    def process(self, task):
+        for item in self.reader(task):
+            self.progress.add()
+            yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
+
+    def finish_bundle(self):
+        self.progress.flush()
 
 
 class ListClassDirectories(beam.PTransform):
@@ -79,7 +100,7 @@ class ListClassDirectories(beam.PTransform):
     def __init__(self, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
         super().__init__()
         self.class_dirs = list(class_dirs)
-        self.lister = ListClassDirectory(root, class_index, progress_dir)
+        self.lister = ClassDirectoryLister(root, class_index, progress_dir)
 
     def expand(self, pbegin):
         listed = (pbegin
@@ -104,7 +125,7 @@ class ListLabelledFiles(beam.PTransform):
     def expand(self, pbegin):
         flat = (pbegin
                 | "Directories" >> beam.Create(self.flat_dirs)  # (split, directory)
-                | "ListFlatFiles" >> beam.ParDo(ListFlatDirectory(self.root, self.not_used)).with_outputs(
+                | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
                     REJECTS, main="files"))
         # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
         rows = pbegin | "LabelRows" >> beam.Create(self.label_rows)  # (labels.match_key, (filename, label))
@@ -116,7 +137,7 @@ class ListLabelledFiles(beam.PTransform):
                 "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
 
 
-class ListClassDirectory(beam.DoFn):
+class ClassDirectoryLister(beam.DoFn):
     """(split, class name, directory) -> an Input per image file in it or its sub-folders; Rejects (``REJECTS``)
     for hidden entries, links to folders, links to files back inside SOURCE and file names that are not UTF-8."""
 
@@ -147,7 +168,7 @@ class ListClassDirectory(beam.DoFn):
         self.progress.flush()
 
 
-class ListFlatDirectory(beam.DoFn):
+class FlatDirectoryLister(beam.DoFn):
     """(split, directory) -> (``labels.match_key``, (split, source key, path)) per image in it, for the join with
     the labels file; file names that are not UTF-8 are Rejects (``REJECTS``). ``not_used``: source keys planning
     listed as not used (files that are not images beside class folders), skipped here."""

@@ -219,7 +219,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         tool_version=manifest.tool_version(),
         created=created_time(),
         source=config.source,
-        source_kind=plan.kind,
+        source_kind=plan.kind.name,
         options={**dataclasses.asdict(config), "runner": runner},
         classes=tuple(classes),
         num_classes=len(classes),

@@ -1,10 +1,10 @@
-"""Planning: SOURCE resolved into splits, classes and the directories or files to read, on the launching machine
-before the pipeline starts (directories and files, never images), and options that cannot work refused.
+"""Planning a folder SOURCE (``source_folder``): its splits, classes and the directories to read, on the launching
+machine before the pipeline starts (directories and files, never images), and options that cannot work refused.
 
-``plan_source(config) -> SourcePlan``. A folder is listed one level at a time (``list_children``): SOURCE, then its
-split folders; class folders are listed by the pipeline (``shardprep.pipelines.listing``). The labels file is read
-and checked here, once. ``tfrecord:`` globs are matched here; ``tfds:`` names are resolved through TFDS. Launcher
-only: ``list_children`` imports TensorFlow for ``gs://``, ``_plan_tfds`` imports TFDS.
+``plan_folder(kind, root, config) -> FolderPlan``. A folder is listed one level at a time (``list_children``, local
+or ``gs://``): SOURCE, then its split folders; class folders are listed by the pipeline
+(``shardprep.pipelines.listing``). The labels file is read and checked here, once. Launcher only:
+``list_children`` imports TensorFlow for ``gs://``.
 """
 
 from __future__ import annotations
@@ -16,45 +16,21 @@ from typing import NamedTuple
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from shardprep.pipelines.source_kind import SourceKind, SourcePlan
 from shardprep.pipelines.storage import is_local
-from shardprep.preprocess import accounting, labels, limits, manifest, names, sources
+from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.config import PreprocessConfig
 from shardprep.preprocess.elements import Reject
 
 
 @dataclasses.dataclass(frozen=True)
-class SourcePlan:
-    """What the job reads, resolved before the pipeline starts (small: directories and files, not images)."""
+class FolderPlan(SourcePlan):
+    """A folder's plan: the class folders and flat folders to list, and the labels file's rows."""
 
-    kind: str
-    splits: tuple[str, ...]
-    classes: tuple[str, ...] | None  # None: unnamed int labels, class names become "0".."max"
     class_dirs: tuple[tuple[str, str, str], ...] = ()  # (split, class name, directory)
     flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
     labels_split: str | None = None
-    tfrecord_files: tuple[tuple[str, str], ...] = ()  # (split, file)
-    skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden folders, looping links)
     label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (labels.match_key of the file, (filename, label))
-    not_used: tuple[accounting.NotUsed, ...] = ()  # what lies beside the folders and is not an input
-
-    @property
-    def stats_split(self) -> str:
-        return "train" if "train" in self.splits else self.splits[0]
-
-
-def plan_source(config: PreprocessConfig) -> SourcePlan:
-    """Resolves SOURCE into splits, classes and the directories or files to read; refuses options that cannot work."""
-    config = dataclasses.replace(config, split=names.check(config.split, "split", "--split"))
-    if config.labels_split is not None:
-        config = dataclasses.replace(
-            config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
-    limits.check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
-    spec = sources.SourceSpec.parse(config.source)
-    if spec.kind == "folder":
-        return _plan_folder(spec.location, config)
-    if spec.kind == "tfds":
-        return _plan_tfds(spec.location, config)
-    return _plan_tfrecord(spec.location, config)
 
 
 # --- folders -------------------------------------------------------------------------------------------------------
@@ -161,7 +137,8 @@ class _FolderListing(NamedTuple):
     not_used: list[accounting.NotUsed]  # beside the folders: not images, hidden, unlabelled splits
 
 
-def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
+def plan_folder(kind: SourceKind, root: str, config: PreprocessConfig) -> FolderPlan:
+    """The folder ``root``'s plan (``kind``: the folder kind, carried by the plan)."""
     source_root = os.path.realpath(root) if is_local(root) else None
     top = list_children(root, source_root)
     split_dirs = _split_dirs(root, top, config.split)
@@ -182,7 +159,7 @@ def _plan_folder(root: str, config: PreprocessConfig) -> SourcePlan:
             f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
             "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
                                               if listing.flat_dirs else ""))
-    return SourcePlan(kind="folder", splits=tuple(listing.splits),
+    return FolderPlan(kind=kind, location=root, splits=tuple(listing.splits),
                       classes=tuple(sources.sort_class_names(class_names)), class_dirs=tuple(listing.class_dirs),
                       flat_dirs=tuple(listing.flat_dirs), labels_split=labels_split, skipped=tuple(listing.skipped),
                       label_rows=label_rows,
@@ -298,54 +275,3 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
     return labels.csv_rows(data, path,
                            lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
-
-
-# --- TFRecord files and TFDS datasets --------------------------------------------------------------------------------
-
-def _plan_tfrecord(pattern: str, config: PreprocessConfig, classes=None, split_files=None) -> SourcePlan:
-    if split_files is None:
-        matched = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-        if not matched:
-            raise sources.SourceError(f"no files match {pattern}")
-        split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
-        classes = class_names_beside(matched[0])
-    for split, path in split_files:
-        names.check(split, "split", f"the TFRecord file {path}")
-    splits = tuple(dict.fromkeys(split for split, _ in split_files))
-    return SourcePlan(kind="tfrecord", splits=splits, classes=tuple(classes) if classes else None,
-                      tfrecord_files=tuple(split_files))
-
-
-def class_names_beside(path: str) -> list[str] | None:
-    """TFDS writes ``label.labels.txt`` (one class name per line) next to its TFRecords."""
-    directory = path.rsplit("/", 1)[0]
-    matches = FileSystems.match([manifest.join(directory, "*labels.txt")])[0].metadata_list
-    if not matches:
-        return None
-    path = sorted(m.path for m in matches)[0]
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        data = f.read()
-    return labels.class_names_txt(data, path)
-
-
-def _plan_tfds(name: str, config: PreprocessConfig) -> SourcePlan:
-    import tensorflow_datasets as tfds
-
-    try:
-        builder = tfds.builder(name, data_dir=config.tfds_data_dir, try_gcs=False)
-    except Exception as e:  # noqa: BLE001 - TFDS raises many kinds for unknown names and missing folders
-        raise sources.SourceError(
-            f"cannot load TFDS dataset {name!r} from {config.tfds_data_dir or 'the default data dir'}: {e}") from e
-    if not builder.is_prepared():
-        if not config.tfds_download:
-            raise sources.SourceError(
-                f"TFDS dataset {name} is not prepared in {builder.data_dir}; prepare it there (tfds build) or pass "
-                "--tfds-download to download and prepare it now")
-        builder.download_and_prepare()
-    label_feature = builder.info.features[config.label_key] if config.label_key in builder.info.features else None
-    classes = list(getattr(label_feature, "names", None) or []) or None
-    split_files = [(split, str(path)) for split, info in builder.info.splits.items() for path in info.filepaths]
-    if not split_files:
-        raise sources.SourceError(f"TFDS dataset {name} has no prepared files in {builder.data_dir}")
-    plan = _plan_tfrecord("", config, classes=classes, split_files=split_files)
-    return dataclasses.replace(plan, kind="tfds")

@@ -1,14 +1,14 @@
 """The preprocess job: decode, convert, resize and re-shard a source of images into uniform TFRecord shards.
 
 This module holds the graph (``build_pipeline``, read it top to bottom) and ``run_job``. Planning runs before the
-graph, on the launching machine (``planning.plan_source``: SOURCE -> ``SourcePlan``); each stage of the graph is a
-composite transform in a module of its own. Labels as in the Beam graph; element types in
+graph, on the launching machine (``source_registry.plan_source``: SOURCE -> its kind's ``SourcePlan``); each stage
+of the graph is a composite transform in a module of its own. Labels as in the Beam graph; element types in
 ``shardprep.preprocess.elements`` (Input, Reject), ``shardprep.preprocess.record_pointers`` (SortKeys,
 RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.preprocess.fixed_layout``
 (FixedLayout)::
 
-    ListInputs            listing: class folders, flat files joined with the labels file, or TFRecord files read ->
-                          Input, Reject
+    ListInputs            listing, as the plan's kind lists: class folders, flat files joined with the labels file,
+                          or TFRecord files read -> Input, Reject
     CountInputs           manifest_writer: (Input, Reject) -> (split, inputs); the accounting check's other half
     BatchInputs           Input -> [Input], so the runner handles one element per batch, not per image
     FixedLayouts          layouts: raw centre crops: Input -> (split, FixedLayout), the one record length fitting every
@@ -44,14 +44,15 @@ import apache_beam as beam
 from shardprep.pipelines import journal, progress, storage
 from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
-from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
-from shardprep.pipelines.layouts import FixedLayouts, tfrecord_layouts, uses_fixed_layout
+from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
-from shardprep.pipelines.planning import SourcePlan, plan_source
 from shardprep.pipelines.shards import WriteShards
 from shardprep.pipelines.output_lock import output_lock
+from shardprep.pipelines.source_kind import SourcePlan
+from shardprep.pipelines.source_registry import parse, plan_source
 from shardprep.pipelines.storage import prepare_output
 from shardprep.preprocess import image_ops, manifest, sharding
 from shardprep.preprocess.config import PreprocessConfig
@@ -71,7 +72,8 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     local runs pass twice their worker count. ``unit_journal``: where finished decode groups are recorded (and, on
     --resume, the ones that may be kept); None for runs without one.
     """
-    # -> {inputs: Input, rejects: Reject}: class folders and the labels file listed, or TFRecord files read
+    # -> {inputs: Input, rejects: Reject}: listed as the plan's kind lists (class folders and the labels file, or
+    # TFRecord files read)
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     # (Input, Reject) -> (split, number of inputs): the accounting check's other half
@@ -81,16 +83,16 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     # -> {split: FixedLayout} (side input; empty unless raw centre crops)
     layouts = _fixed_layouts(p, config, plan, inputs)
     decoder_args = (process_options(config), config.seed, plan.stats_split, config.output, progress_dir)
-    if plan.kind in ("tfds", "tfrecord"):
-        # TFRecord inputs carry their image bytes: they are decoded where their file is read (the listing spread
-        # the files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode, decoder = batches, DecodeBundle(*decoder_args)
+    if plan.kind.decoded_where_read:
+        # Inputs carrying their image bytes (TFRecords) are decoded where they were read (the listing spread the
+        # files over the workers) instead of every encoded image crossing the runner's shuffle.
+        to_decode, decoder = batches, BundleDecoder(*decoder_args)
     else:
         # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
         # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
-        decoder = DecodeGroup(*decoder_args, journal=unit_journal)
+        decoder = GroupDecoder(*decoder_args, journal=unit_journal)
     # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]
@@ -112,10 +114,11 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
 
 
 def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
-    """{split: FixedLayout} as a side input: a folder's from its listed keys, a TFRecord source's from its file
-    names; empty unless the records are raw centre crops."""
-    if plan.kind in ("tfds", "tfrecord"):
-        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([tfrecord_layouts(config, plan)]))
+    """{split: FixedLayout} as a side input: from key bounds the plan's kind knows before reading (a TFRecord
+    source's file names), else from the listed keys; empty unless the records are raw centre crops."""
+    key_bounds = plan.kind.planned_key_bounds(plan)
+    if key_bounds is not None:
+        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([planned_layouts(config, key_bounds)]))
     if uses_fixed_layout(config):
         return beam.pvalue.AsDict(inputs | "FixedLayouts" >> FixedLayouts(config.shorter_side))
     return beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> beam.Create([{}]))
@@ -153,13 +156,12 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     from shardprep.pipelines import runner as runners
 
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
-    storage.check_apart(config.output, storage.inputs_of(config.source, config.labels_file, config.tfds_data_dir))
-    if config.source.startswith("tfrecord:"):
-        storage.check_apart_from_glob(config.output, config.source[len("tfrecord:"):])
-    plan = plan_source(config)
-    storage.check_apart_from_files(config.output, [path for _, path in plan.tfrecord_files], "input TFRecord file")
+    parsed = parse(config.source)
+    storage.keep_apart(config.output, parsed.kind.apart_from(parsed.location, config))
+    plan = plan_source(config, parsed)
+    storage.keep_apart(config.output, plan.kind.planned_inputs(plan))
     storage.check_output_path(config.output)
-    local, runner = runners.is_local(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
+    local, runner = runners.runs_locally(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
     if resume:
         journal.check_resumable(config, plan, local)
     else:
@@ -199,7 +201,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                   min_groups: int, unit_journal) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
-    local = runners.is_local(beam_args)
+    local = runners.runs_locally(beam_args)
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)
@@ -219,7 +221,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 
 
 def decode_counts(result) -> journal.ResumeCounts:
-    """The decode stage's counters (``DecodeGroup``) from a finished run's metrics; zeros where a runner has none."""
+    """The decode stage's counters (``GroupDecoder``) from a finished run's metrics; zeros where a runner has none."""
     from apache_beam.metrics.metric import MetricsFilter
 
     totals: dict[str, int] = {}

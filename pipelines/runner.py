@@ -38,11 +38,12 @@ def _normalized(name: str) -> str:
     return name if not name or name.endswith("runner") else name + "runner"
 
 
-def is_local(beam_args: list[str]) -> bool:
+def runs_locally(beam_args: list[str]) -> bool:
     """True when the pipeline's workers run on this machine and share its file system: no ``--runner``, or
     DirectRunner, FnApiRunner or PrismRunner (any case, with or without the ``Runner`` suffix or module path).
 
-    The one notion of "local" for every caller. Preprocess: live progress (workers write counts to a local
+    The one test of a local runner for every caller (``storage.is_local`` is the other question: whether a path
+    is on this machine's file system). Preprocess: live progress (workers write counts to a local
     folder the launcher polls) and two decode groups per local worker. Validate: the workers can write their result
     lines into a local temporary folder, so no ``--temp_location`` is needed.
     """
@@ -197,7 +198,7 @@ WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held b
 
 def uses_worker_processes(beam_args: list[str]) -> bool:
     """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
-    if not is_local(beam_args):
+    if not runs_locally(beam_args):
         return False
     return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
 

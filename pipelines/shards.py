@@ -41,11 +41,11 @@ class WriteShards(beam.PTransform):
                 | "AssignShards" >> beam.FlatMap(assign_shards,
                                                  beam.pvalue.AsSingleton(self.boundaries, default_value={}))
                 | "GroupShards" >> beam.GroupByKey()
-                | "WriteShard" >> beam.ParDo(WriteShard(self.output, self.requested_shards), self.summary,
-                                             self.layouts))
+                | "WriteShardFile" >> beam.ParDo(ShardWriter(self.output, self.requested_shards), self.summary,
+                                                 self.layouts))
 
 
-class WriteShard(beam.DoFn):
+class ShardWriter(beam.DoFn):
     """((split, shard), [RecordPointers]) -> the shard's entry; the records sorted by their seeded key."""
 
     def __init__(self, output: str, requested_shards: int | None):

@@ -3,9 +3,9 @@
 
 Every check here runs on the launching machine before anything under OUTPUT is created or deleted:
 
-* ``check_apart``: OUTPUT never equals, contains or lies inside an input (SOURCE, each ``tfrecord:`` file and its
-  glob's folder, ``--labels-file``, a ``tfds:`` data dir). Local paths are compared as resolved real paths
-  (symlinks, ``..``, ``.``, trailing slashes), remote ones (``gs://``) as normalized prefixes.
+* ``keep_apart``: OUTPUT never equals, contains or lies inside an input (what the source's kind names: SOURCE, each
+  ``tfrecord:`` file and its glob's folder, ``--labels-file``, a ``tfds:`` data dir). Local paths are compared as
+  resolved real paths (symlinks, ``..``, ``.``, trailing slashes), remote ones (``gs://``) as normalized prefixes.
 * ``atomic_write``: every file a run finishes (a streamed shard, the manifest) appears whole or not at all.
 * ``prepare_output``: a non-empty OUTPUT needs ``--overwrite``, and ``--overwrite`` deletes only what a shardprep
   run writes (``deletable``), file by file, then the folders that leaves empty; a folder holding anything else is
@@ -133,6 +133,18 @@ def glob_folder(pattern: str) -> str:
     return head.rsplit("/", 1)[0] if "/" in head else "."
 
 
+def keep_apart(output: str, inputs) -> None:
+    """Refuses an OUTPUT that overlaps one of ``inputs`` (``source_kind.ApartFrom``: what, path, and whether it is a
+    glob or a file a glob matched), naming the first."""
+    for found in inputs:
+        if found.glob:
+            check_apart_from_glob(output, found.path, found.what)
+        elif found.matched:
+            check_apart_from_files(output, [found.path], found.what)
+        else:
+            check_apart(output, [(found.what, found.path)])
+
+
 def check_apart(output: str, inputs: list[tuple[str, str]]) -> None:
     """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` ((what, path) pairs)."""
     for what, path in inputs:
@@ -153,35 +165,14 @@ def check_apart_from_files(output: str, files, what: str) -> None:
                               "the input; pick an OUTPUT outside every input")
 
 
-def inputs_of(source: str, labels_file: str | None, tfds_data_dir: str | None) -> list[tuple[str, str]]:
-    """The (what, path) inputs a run reads that OUTPUT must keep apart from (the files a ``tfrecord:`` glob matches
-    are checked once matched, with ``check_apart_from_files``)."""
-    from shardprep.preprocess.sources import SourceSpec
-
-    spec = SourceSpec.parse(source)
-    inputs = []
-    if spec.kind == "folder":
-        inputs.append(("SOURCE", spec.location))
-    elif spec.kind == "tfrecord" and not re.search(r"[*?\[]", spec.location):
-        inputs.append(("input TFRecord file", spec.location))
-    elif spec.kind == "tfds":
-        data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-        if is_local(data_dir):
-            data_dir = os.path.expanduser(data_dir)  # as TFDS reads it
-        inputs.append(("TFDS data dir", data_dir))
-    if labels_file:
-        inputs.append(("labels file", labels_file))
-    return inputs
-
-
-def check_apart_from_glob(output: str, pattern: str) -> None:
-    """A ``tfrecord:`` glob: OUTPUT must not be or contain its folder, nor lie inside it when the glob recurses
-    (``**``: the next run would read the shards as input)."""
+def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecords") -> None:
+    """A glob of inputs (``what``): OUTPUT must not be or contain its folder, nor lie inside it when the glob
+    recurses (``**``: the next run would read the shards as input)."""
     folder = glob_folder(pattern)
     how = overlap(output, folder)
     if how in ("is", "contains") or (how == "is inside" and "**" in pattern):
         raise OutputError(
-            f"OUTPUT {output} {how} the folder of the input TFRecords {pattern} ({resolved(folder)}): writing there "
+            f"OUTPUT {output} {how} the folder of the {what} {pattern} ({resolved(folder)}): writing there "
             "would change or delete the input; pick an OUTPUT outside every input")
 
 

@@ -52,10 +52,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import planning, runner, storage
+from shardprep.pipelines import runner, source_registry, storage
+from shardprep.pipelines.source_kind import RecordFiles
+from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.pipelines.validate_tfds import TFDS_PREFIX, prepared_files
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems, manifest_problems, problem
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
@@ -67,7 +68,6 @@ __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "V
            "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run", "validate_dataset",
            "validate_foreign"]
 
-TFRECORD_PREFIX = "tfrecord:"
 RESULTS_NAME = "validate-results.jsonl"
 
 _LOGGER = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     pipeline's ``--temp_location``.
     """
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
-    if runner.is_local(beam_args) and not temp_location:
+    if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
         return manifest_lib.join(folder, RESULTS_NAME), lambda: shutil.rmtree(folder, ignore_errors=True)
     if not temp_location:
@@ -170,7 +170,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
     def report(counts: dict[str, int]) -> None:
         progress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0))
 
-    local = runner.is_local(beam_args)
+    local = runner.runs_locally(beam_args)
     progress(stage, 0 if local else None, total_files, 0)
     try:
         with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:
@@ -268,24 +268,22 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
-def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[list, list[str] | None]:
-    """(the matched files' metadata, the TFDS dataset's class names or None) of a ``tfrecord:`` or ``tfds:`` DATA."""
-    if options.data.startswith(TFDS_PREFIX):
-        name = options.data[len(TFDS_PREFIX):].strip("/")
-        progress(f"finding TFDS dataset {name}", None, None, None)
-        try:
-            files, classes = prepared_files(name, options.tfds_data_dir, options.label_key)
-        except ValueError as e:
-            raise ValidateError(str(e)) from None
-        return FileSystems.match(files), classes
-    if not options.data[len(TFRECORD_PREFIX):].strip():
-        raise ValidateError("tfrecord: needs a glob of TFRecord files, e.g. tfrecord:DIR/*-train.tfrecord*")
-    pattern = _absolute(options.data[len(TFRECORD_PREFIX):])
-    progress(f"matching {pattern}", None, None, None)
+def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:
+    """(DATA's kind, its globs or files and the class names it gives, the matched files' metadata) of a DATA its
+    kind validates as TFRecords (``tfrecord:``, ``tfds:``)."""
+    progress(f"finding the files of {options.data}", None, None, None)
     try:
-        return FileSystems.match([pattern])[0].metadata_list, None
-    except BeamIOError:
-        return [], None
+        parsed = source_registry.parse(options.data)
+        found = parsed.kind.record_files(parsed.location, options.tfds_data_dir, options.label_key)
+    except sources.SourceError as e:
+        raise ValidateError(str(e)) from None
+    matched = []
+    for pattern in found.patterns:
+        try:
+            matched += FileSystems.match([_absolute(pattern)])[0].metadata_list
+        except BeamIOError:
+            pass
+    return parsed.kind.name, found, matched
 
 
 def _no_files_problem(pattern: str, matched: list) -> dict:
@@ -301,15 +299,14 @@ def _no_files_problem(pattern: str, matched: list) -> dict:
 
 
 def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
-    report = report_lib.report_base(options.data, "tfds" if options.data.startswith(TFDS_PREFIX) else "tfrecord")
-    matched, tfds_classes = _foreign_files(options, progress)
-    if tfds_classes is not None:  # (a list of MatchResults, one per file)
-        matched = [meta for result in matched for meta in result.metadata_list]
+    kind, found, matched = _foreign_files(options, progress)
+    report = report_lib.report_base(options.data, kind)
     folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
     matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
     if not files:
-        return report_lib.finish(report, [_no_files_problem(_absolute(options.data[len(TFRECORD_PREFIX):]), folders)],
+        pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
+        return report_lib.finish(report, [_no_files_problem(pattern, folders)],
                                  [], options.max_problems_per_check)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
@@ -321,7 +318,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
     driver_problems = []
     try:  # the class names preprocess would read for these files (TFDS's label.labels.txt beside them)
-        classes = tfds_classes or planning.class_names_beside(files[0])
+        classes = found.classes or class_names_beside(files[0])
     except sources.SourceError as e:
         classes, driver_problems = None, [problem("class_names", str(e))]
     if classes:
@@ -393,7 +390,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     check_output_paths(options.json_path, options.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
-    if options.data.startswith((TFRECORD_PREFIX, TFDS_PREFIX)):
+    if source_registry.kind_of(options.data).validated_as_records:
         report = validate_foreign(options, beam_args, progress)
     else:
         report = validate_dataset(options, beam_args, progress)

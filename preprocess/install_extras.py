@@ -10,12 +10,14 @@ were missing; the CLI checks its arguments here first, so a missing extra is one
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterable
 
 GCP_EXTRA = "gcp"
 # What lets Beam's FileSystems take gs:// (apache_beam.io.filesystems registers it when it imports).
 _GCS_FILE_SYSTEM = "apache_beam.io.gcp.gcsfilesystem"
-_WRAPPERS = ("tfrecord:",)  # source spellings that wrap a path
+# A source kind's prefix wrapping a gs:// path (``tfrecord:gs://…``): every kind's, with no list of them to keep.
+_WRAPPED_GCS = re.compile(r"[a-z][a-z0-9_]*:(?=gs://)")
 
 
 class MissingExtraError(Exception):
@@ -23,10 +25,11 @@ class MissingExtraError(Exception):
 
 
 def gcs_path(argument: str) -> str | None:
-    """The ``gs://`` path an argument names (bare, as ``tfrecord:gs://…`` or as ``--option=gs://…``), else None."""
+    """The ``gs://`` path an argument names (bare, after a source kind's prefix as ``tfrecord:gs://…``, or as
+    ``--option=gs://…``), else None."""
     value = argument.split("=", 1)[1] if argument.startswith("--") and "=" in argument else argument
-    for wrapper in _WRAPPERS:
-        value = value.removeprefix(wrapper)
+    wrapper = _WRAPPED_GCS.match(value)
+    value = value[wrapper.end():] if wrapper else value
     return value if value.startswith("gs://") else None
 
 

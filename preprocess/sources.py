@@ -1,12 +1,6 @@
-"""What a SOURCE argument names, and the pure parts of reading it (no Beam here).
-
-Four kinds of source:
-
-* a folder in ImageFolder layout, ``SOURCE/<split>/<class>/<file>`` or ``SOURCE/<class>/<file>`` (one split);
-* a folder of images plus ``--labels-file`` (CSV ``filename,label``), the ImageNet validation layout; flat image files
-  inside an ImageFolder tree (e.g. ``SOURCE/val/*.JPEG`` beside ``SOURCE/train/<class>/``) take their labels from it;
-* ``tfds:NAME[/CONFIG]``, an already prepared TFDS dataset;
-* ``tfrecord:GLOB``, TFRecords of ``tf.train.Example`` with an encoded image and an int64 label (TFDS style).
+"""The pure parts of reading a SOURCE (no Beam here): split names, source keys, file names, the labels CSV, and
+``InputBatch``. Which kinds of SOURCE there are, and how each is parsed, planned and listed, is
+``shardprep.pipelines.source_registry``.
 """
 
 from __future__ import annotations
@@ -28,26 +22,6 @@ _TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?
 
 class SourceError(ValueError):
     """The SOURCE argument or its options cannot be used; the message says why and what to do."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceSpec:
-    kind: str  # "folder", "tfds" or "tfrecord"
-    location: str  # folder path, TFDS name[/config], or glob
-
-    @classmethod
-    def parse(cls, source: str) -> "SourceSpec":
-        if source.startswith("tfds:"):
-            name = source[len("tfds:"):].strip("/")
-            if not name:
-                raise SourceError("tfds: source needs a dataset name, e.g. tfds:imagenette/320px-v2")
-            return cls("tfds", name)
-        if source.startswith("tfrecord:"):
-            pattern = source[len("tfrecord:"):]
-            if not pattern:
-                raise SourceError("tfrecord: source needs a file pattern, e.g. tfrecord:/data/train-*.tfrecord*")
-            return cls("tfrecord", pattern)
-        return cls("folder", source.rstrip("/") or "/")
 
 
 def split_from_tfrecord_name(filename: str) -> str | None:

@@ -288,8 +288,7 @@ OPTIONAL_BACKENDS = tuple(name for name in BACKENDS if name != "tensorflow")  # 
 
 LAUNCHER_ONLY = {
     ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/planning.py", "_plan_tfds"): {"tensorflow_datasets"},  # planning: tfds: sources
-    ("pipelines/validate_tfds.py", "prepared_files"): {"tensorflow_datasets"},  # validate's driver: tfds: DATA
+    ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
 WORKER_PACKAGES = ("pipelines", "preprocess")

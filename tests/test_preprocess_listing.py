@@ -18,7 +18,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from shardprep.pipelines import planning
 from shardprep.pipelines.listing import ListInputs
-from shardprep.pipelines.planning import plan_source
+from shardprep.pipelines.source_registry import plan_source
 from shardprep.preprocess import record_format, sources, tfrecord_io
 from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig
 from shardprep.preprocess.elements import Input, Reject
@@ -87,7 +87,7 @@ def test_list_inputs_reads_a_tfrecord_file_into_inputs_with_bytes(tmp_path):
     config = PreprocessConfig(source=f"tfrecord:{tmp_path}/*.tfrecord-*", output=str(tmp_path / "out"),
                               image_key="image/encoded", label_key="image/class/label")
     plan = plan_source(config)
-    assert (plan.kind, plan.splits, plan.classes) == ("tfrecord", ("validation",), ("cat", "dog"))
+    assert (plan.kind.name, plan.splits, plan.classes) == ("tfrecord", ("validation",), ("cat", "dog"))
     name = path.name
     with pipeline() as p:
         found = p | ListInputs(config, plan)

@@ -18,7 +18,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from shardprep.pipelines.boundaries import ShardBoundaries
-from shardprep.pipelines.decode import DecodeBundle, DecodeGroup, DecodeResizeEncode
+from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
 from shardprep.pipelines.layouts import FixedLayouts
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
@@ -107,7 +107,7 @@ def test_decode_group_writes_its_records_in_seeded_order_to_one_hashed_file(tmp_
         layouts = beam.pvalue.AsSingleton(p | "Layouts" >> beam.Create([{}]))
         decoded = (p
                    | beam.Create([(("train", 0), [sources.InputBatch(items[:2]), sources.InputBatch(items[2:])])])
-                   | DecodeResizeEncode(DecodeGroup(OPTIONS, SEED, "train", output, None), layouts))
+                   | DecodeResizeEncode(GroupDecoder(OPTIONS, SEED, "train", output, None), layouts))
         assert_that(decoded["records"] | "Spilled" >> beam.Map(spilled),
                     equal_to([(seeded("train", names), [(8, 8)] * 3, True)]), label="Records")
         assert_that(decoded["rejects"] | "Reason" >> beam.Map(lambda r: (r.split, r.key, r.reason)),
@@ -124,7 +124,7 @@ def test_decode_bundle_appends_a_bundles_inputs_to_its_spill_file(tmp_path):
         layouts = beam.pvalue.AsSingleton(p | "Layouts" >> beam.Create([{}]))
         decoded = (p
                    | beam.Create([items])
-                   | DecodeResizeEncode(DecodeBundle(OPTIONS, SEED, "train", str(tmp_path), None), layouts))
+                   | DecodeResizeEncode(BundleDecoder(OPTIONS, SEED, "train", str(tmp_path), None), layouts))
         records = decoded["records"] | "Keys" >> beam.Map(
             lambda pointers: (pointers.split, len(pointers), pointers.file_info,
                               os.path.dirname(pointers.spill_path) == str(tmp_path / SPILL_DIR)))

@@ -18,7 +18,7 @@ from shardprep.pipelines import runner
     ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
 ])
 def test_runners_whose_workers_share_this_machine_are_local(beam_args):
-    assert runner.is_local(beam_args)
+    assert runner.runs_locally(beam_args)
 
 
 @pytest.mark.parametrize("beam_args", [
@@ -27,7 +27,7 @@ def test_runners_whose_workers_share_this_machine_are_local(beam_args):
     ["--runner=SwissKnife"],
 ])
 def test_other_runners_are_remote(beam_args):
-    assert not runner.is_local(beam_args)
+    assert not runner.runs_locally(beam_args)
 
 
 def test_the_malloc_cap_is_set_only_while_a_local_run_goes(monkeypatch):

@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import os
 import shlex
+import textwrap
 import time
 import traceback
 
 import click
 
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
+from shardprep.pipelines import source_registry
 from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig, default
 
-HELP = """Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
+
+def _source_lines(syntax_width: int = 21, width: int = 80) -> str:
+    """SOURCE's kinds, one ``syntax  meaning`` entry each (``source_registry.usage_lines``), the meanings wrapped
+    beside the syntax column to ``width``."""
+    lines = []
+    for syntax, meaning in source_registry.usage_lines():
+        wrapped = textwrap.wrap(meaning, width - 2 - syntax_width) or [""]
+        lines.append(f"  {syntax:<{syntax_width}}{wrapped[0]}")
+        lines.extend(" " * (2 + syntax_width) + line for line in wrapped[1:])
+    return "\n".join(lines)
+
+
+HELP = f"""Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
 
 \b
 SOURCE is one of:
-  DIR                  class folders: DIR/<split>/<class>/<file> or
-                       DIR/<class>/<file> (ImageFolder)
-  DIR --labels-file F  images labelled by a CSV of filename,label
-  tfds:NAME[/CONFIG]   a prepared TFDS dataset (--tfds-data-dir); never
-                       downloads without --tfds-download
-  tfrecord:GLOB        TFRecords of encoded images, TFDS style (image bytes,
-                       label int64)
+{_source_lines()}
 
 Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network). Everything after -- goes to
 Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
@@ -104,7 +112,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
-        remote = None if runner.is_local(list(beam_args)) else runner.runner_name(list(beam_args))
+        remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
             click.echo(line, err=True)
         ctx.exit(130)
@@ -202,14 +210,15 @@ class _ProgressDisplay(LiveProgress):
     """Progress fed with the workers' counts: images processed of listed, how many are saved (in finished decode
     groups: what a stop keeps), images/s and ETA.
 
-    ``source``: SOURCE as given, named until the first counts arrive. TFRecord sources (``tfrecord:``, ``tfds:``)
-    are listed while they are decoded, so their total grows: it says "of at least" until the job ends.
+    ``source``: SOURCE as given, named until the first counts arrive. Sources whose images are decoded where they
+    are read (``tfrecord:``, ``tfds:``: their kind's ``decoded_where_read``) are listed while they are decoded, so
+    their total grows: it says "of at least" until the job ends.
     """
 
     def __init__(self, enabled: bool, source: str = ""):
         super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
         self.source = source
-        self.growing = source.startswith(("tfrecord:", "tfds:"))
+        self.growing = source_registry.kind_of(source).decoded_where_read
         self.decoding_since = time.monotonic()
         self.counts: dict = {}  # the workers' last counts, kept with --quiet too
 

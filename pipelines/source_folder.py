@@ -1,0 +1,81 @@
+"""The folder kind: a SOURCE that is a path, local or ``gs://``, to a folder of images.
+
+``SOURCE/<split>/<class>/<file>`` or ``SOURCE/<class>/<file>`` (ImageFolder); images outside class folders (ImageNet's
+flat ``val/*.JPEG``, or a folder of images only) take their labels from ``--labels-file`` (CSV ``filename,label``,
+or Kaggle's ``LOC_val_solution.csv``). Planned by ``shardprep.pipelines.planning`` (SOURCE and its split folders,
+the labels file read once), listed by ``shardprep.pipelines.listing`` (class folders spread over the workers, flat
+files joined with the labels file's rows). Inputs are files, decoded in decode groups; a local folder's run keeps a
+journal, so ``--resume`` works.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage
+from shardprep.preprocess import accounting, fingerprint, sources
+
+if TYPE_CHECKING:
+    from shardprep.pipelines.planning import FolderPlan
+
+
+class FolderSource(SourceKind):
+    name = "folder"
+    usage = (Usage("DIR", "class folders: DIR/<split>/<class>/<file> or DIR/<class>/<file> (ImageFolder)"),
+             Usage("DIR --labels-file F", "images labelled by a CSV of filename,label"))
+    options = ("labels_file", "labels_split")
+
+    def location(self, source: str) -> str:
+        return source.rstrip("/") or "/"
+
+    def apart_from(self, location: str, config) -> list[ApartFrom]:
+        return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
+                                                   if config.labels_file else [])
+
+    def plan(self, location: str, config) -> FolderPlan:
+        from shardprep.pipelines.planning import plan_folder
+
+        return plan_folder(self, location, config)
+
+    def list_inputs(self, pbegin, config, plan: FolderPlan, progress_dir: str | None) -> dict:
+        from shardprep.pipelines.listing import list_folder
+
+        return list_folder(pbegin, config, plan, progress_dir)
+
+    def resume_refusal(self, plan: FolderPlan) -> str | None:
+        from shardprep.pipelines.storage import is_local
+
+        if is_local(plan.location):
+            return None
+        return f"the SOURCE {plan.location} is not on this machine, and only a local folder's files are fingerprinted"
+
+    def listed_entries(self, config, plan: FolderPlan) -> list[fingerprint.ListedEntry]:
+        """The class folders walked, the flat folders, the labels file, what lies beside the folders: keyed by
+        source key, with each file's size and mtime."""
+        root = plan.location
+        source_root = os.path.realpath(root)
+        entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
+        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+        not_used = {entry.path for entry in plan.not_used}
+        folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
+        for directory, recursive in folders:
+            paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
+            entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
+                        for path, reason in skipped]
+            entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
+                        if sources.source_key(root, path) not in not_used]
+        if config.labels_file:
+            entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
+        return entries
+
+
+def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return fingerprint.ListedEntry(key, -1, 0)
+    return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
+
+
+FOLDER = FolderSource()

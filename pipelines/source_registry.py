@@ -1,0 +1,60 @@
+"""The source kinds, registered once: which kind a SOURCE is (parsed once), its plan, and SOURCE's help lines.
+
+A new kind is a module ``pipelines/source_<name>.py`` with a ``source_kind.SourceKind`` subclass, and one entry in
+``KINDS``. Importing this module imports no Beam (the CLI's help lists ``usage_lines``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shardprep.pipelines import source_folder, source_tfds, source_tfrecord
+from shardprep.pipelines.source_kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
+from shardprep.preprocess import limits, names, sources
+from shardprep.preprocess.config import PreprocessConfig, default
+
+# Asked in this order which kind claims SOURCE; the order of SOURCE's lines in `shardprep preprocess --help`.
+KINDS: tuple[SourceKind, ...] = (
+    source_folder.FOLDER,
+    source_tfds.TFDS,
+    source_tfrecord.TFRECORD,
+)
+FALLBACK = source_folder.FOLDER  # a SOURCE no kind claims is a path: a folder
+
+
+def kind_of(source: str) -> SourceKind:
+    """The kind that claims SOURCE (its text only: nothing is read)."""
+    return next((kind for kind in KINDS if kind.claims(source)), FALLBACK)
+
+
+def parse(source: str) -> ParsedSource:
+    """SOURCE's kind and location; ``sources.SourceError`` when it points nowhere (``tfrecord:`` alone)."""
+    kind = kind_of(source)
+    return ParsedSource(kind, kind.location(source))
+
+
+def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) -> SourcePlan:
+    """Resolves SOURCE (``parsed``, else parsed here) into its kind's plan; refuses options that cannot work,
+    among them an option of another kind (``--labels-file`` for ``tfrecord:``), by name."""
+    parsed = parsed or parse(config.source)
+    config = dataclasses.replace(config, split=names.check(config.split, "split", "--split"))
+    if config.labels_split is not None:
+        config = dataclasses.replace(
+            config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
+    limits.check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
+    check_kind_options(config, parsed.kind)
+    return parsed.kind.plan(parsed.location, config)
+
+
+def check_kind_options(config: PreprocessConfig, kind: SourceKind) -> None:
+    """Refuses, by name, an option set away from its default that ``kind`` does not read."""
+    for field, flag in KIND_OPTIONS.items():
+        if field not in kind.options and getattr(config, field) != default(field):
+            takers = " and ".join(other.name for other in KINDS if field in other.options)
+            raise sources.SourceError(f"{flag} is for {takers} sources, and {config.source} is a {kind.name} "
+                                      f"source: drop {flag}")
+
+
+def usage_lines() -> list[tuple[str, str]]:
+    """(how SOURCE is written, what it is) for every kind, in ``KINDS`` order."""
+    return [(line.syntax, line.meaning) for kind in KINDS for line in kind.usage]
