@@ -67,8 +67,8 @@ setuptools.setup(
     description="Pre-decode and re-shard image datasets into uniform TFRecords with Apache Beam; train without input stalls.",
     python_requires=">=3.10",
     # The layers stay folders at the repository's top (the design card) and install under one name: shardprep.*.
-    packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.pipelines",
-              "shardprep.pipelines.validation", "shardprep.train"],
+    packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.preprocess.encodings",
+              "shardprep.pipelines", "shardprep.pipelines.validation", "shardprep.train"],
     package_dir={"shardprep.preprocess": "preprocess", "shardprep.pipelines": "pipelines", "shardprep.train": "train"},
     package_data={"shardprep": ["py.typed"]},  # PEP 561: type checkers read the package's own annotations
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,

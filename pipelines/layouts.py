@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import apache_beam as beam
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.elements import Input
 
 
 def uses_fixed_layout(config) -> bool:
-    """Raw centre crops are all S*S*3 bytes, so their records get one length (fixed_layout.FixedLayout)."""
-    return config.encoding == "raw" and config.crop == "center"
+    """Raw centre crops are all S*S*3 bytes, so their records get one length (fixed_layout.FixedLayout): the
+    encoding says (``Encoding.has_fixed_layout``)."""
+    return encodings.get(config.encoding).has_fixed_layout(config.crop)
 
 
 def record_key_bounds(item: Input) -> tuple[str, tuple[int, int, int]]:

@@ -22,7 +22,7 @@ from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
-from shardprep.preprocess import accounting, manifest, record_format, sharding
+from shardprep.preprocess import accounting, encodings, manifest, record_format, sharding
 from shardprep.preprocess.manifest_types import Manifest, ShardEntry, SplitInfo
 
 
@@ -224,7 +224,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         classes=tuple(classes),
         num_classes=len(classes),
         encoding=config.encoding,
-        jpeg_quality=config.jpeg_quality if config.encoding == "jpeg" else None,
+        jpeg_quality=config.jpeg_quality if encodings.get(config.encoding).uses_quality else None,
         shorter_side=config.shorter_side,
         crop=config.crop,
         image_height=config.shorter_side if square else None,

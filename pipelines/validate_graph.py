@@ -27,12 +27,16 @@ from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilen
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
 from shardprep.pipelines.validation.checks import RecordExpectations
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
-from shardprep.pipelines.validation.stats import MEAN_STD_TOLERANCE, foreign_split
+from shardprep.pipelines.validation.stats import foreign_split
+from shardprep.preprocess import encodings
 
 
 def mean_std_tolerance(manifest: dict) -> float:
-    """How far the recomputed mean/std may be from the manifest's, for its encoding."""
-    return MEAN_STD_TOLERANCE.get(manifest["encoding"], max(MEAN_STD_TOLERANCE.values()))
+    """How far the recomputed mean/std may be from the manifest's: its encoding's ``mean_std_tolerance``; the
+    loosest for an encoding this version does not know (the manifest check names it)."""
+    if manifest["encoding"] in encodings.NAMES:
+        return encodings.get(manifest["encoding"]).mean_std_tolerance
+    return max(encoding.mean_std_tolerance for encoding in encodings.REGISTERED)
 
 
 def _duplicate_line(split: str, count: int) -> str:

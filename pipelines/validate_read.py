@@ -112,7 +112,7 @@ class ReadShardFn(beam.DoFn):
             return
         for check, message in record_problems(record, self.expectations):
             yield report(check, message)
-        if layout is not None and record.format == "raw":
+        if layout is not None and record.format == self.expectations.encoding:  # a layout is the encoding's
             misplaced = record_layout_offset_problem(data, record, layout)
             if misplaced:
                 yield report("record_layout", misplaced)
@@ -126,10 +126,9 @@ class ReadShardFn(beam.DoFn):
             yield report("record_size", f"stored pixels are {height}x{width}, record says "
                                         f"{record.height}x{record.width}")
         stats.add_image(record.label, height, width, *channel_sums(pixels))
-        pixel_bytes = record.encoded if record.format == "raw" else pixels.tobytes()
         location = RecordLocation(task.split, task.file, index, record.filename)
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
-        yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixel_bytes), location))
+        yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):

@@ -1,7 +1,8 @@
 """The options of a preprocess run (:class:`PreprocessConfig`), their defaults and choices, free of Beam and TensorFlow.
 
 The CLI imports these to build ``shardprep preprocess --help`` without loading Beam, TensorFlow or Pillow; the job and
-``image_ops`` import them too, so every default and choice is defined here once. The manifest records the config as
+``image_ops`` import them too, so every default and choice is defined here once (``--encoding``'s choices are the
+registry's names, :data:`shardprep.preprocess.encodings.NAMES`). The manifest records the config as
 ``options`` (``dataclasses.asdict``): field names and their order are part of the manifest.
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from shardprep.preprocess.encodings import RAW
+
 CROPS = ("center", "none")  # center: S x S images; none: the aspect ratio kept
-ENCODINGS = ("raw", "jpeg")  # raw: uint8 H x W x 3 bytes; jpeg: a JPEG per image
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb threshold (2x its warning limit)
 
 
@@ -22,7 +24,7 @@ class PreprocessConfig:
     output: str
     shorter_side: int = 256
     crop: str = "center"
-    encoding: str = "raw"
+    encoding: str = RAW.name
     jpeg_quality: int = 90
     num_shards: int | None = None
     seed: int = 0

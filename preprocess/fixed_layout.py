@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from shardprep.preprocess import tfrecord_io
+from shardprep.preprocess.encodings import RAW
 from shardprep.preprocess.record_format import (CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, LABEL, WIDTH, ImageRecord,
                                                 RecordFormatError, _bytes_feature, _entry, _field, _int64_feature,
                                                 _varint, decode_example)
@@ -110,7 +111,7 @@ class FixedLayout:
 
     def encode(self, record: ImageRecord, shard_end: bool = False) -> bytes:
         """The framed record: ``record_bytes`` long, or ``record_bytes + image_offset`` if it ends its shard."""
-        if record.format != "raw" or (record.height, record.width) != (self.height, self.width):
+        if record.format != RAW.name or (record.height, record.width) != (self.height, self.width):
             raise RecordFormatError(f"a {record.format} {record.height}x{record.width} image does not fit the fixed "
                                     f"layout of raw {self.height}x{self.width} records")
         if len(record.encoded) != self.image_bytes:
@@ -185,7 +186,7 @@ def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_b
         ENCODED: _bytes_feature_size(image_bytes),
         LABEL: len(_int64_feature(label)),
         FILENAME: _bytes_feature_size(filename_bytes),
-        FORMAT: _bytes_feature_size(len(b"raw")),
+        FORMAT: _bytes_feature_size(len(RAW.name.encode())),
         HEIGHT: len(_int64_feature(height)),
         WIDTH: len(_int64_feature(width)),
     }

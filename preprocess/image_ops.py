@@ -19,13 +19,12 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
-from shardprep.preprocess import limits
-from shardprep.preprocess.config import CROPS, DEFAULT_MAX_PIXELS, ENCODINGS  # noqa: F401 - image_ops.CROPS etc.
+from shardprep.preprocess import encodings, limits
+from shardprep.preprocess.config import CROPS, DEFAULT_MAX_PIXELS  # noqa: F401 - image_ops.CROPS etc.
 
 RESAMPLE = Image.Resampling.BICUBIC
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
-JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 
 
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
@@ -93,7 +92,7 @@ class RejectError(Exception):
 class ProcessOptions:
     shorter_side: int = 256
     crop: str = "center"
-    encoding: str = "raw"
+    encoding: str = encodings.RAW.name
     jpeg_quality: int = 90
     max_pixels: int = DEFAULT_MAX_PIXELS
 
@@ -102,10 +101,14 @@ class ProcessOptions:
             raise ValueError("shorter_side must be positive")
         if self.crop not in CROPS:
             raise ValueError(f"crop must be one of {CROPS}")
-        if self.encoding not in ENCODINGS:
-            raise ValueError("encoding must be raw or jpeg")
+        encodings.get(self.encoding)  # UnknownEncodingError (a ValueError) naming the known ones
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError("jpeg_quality must be in 1..100")
+
+    @property
+    def stored(self) -> encodings.Encoding:
+        """The :class:`~shardprep.preprocess.encodings.Encoding` called ``encoding``."""
+        return encodings.get(self.encoding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,21 +312,15 @@ def _load_rgb(image: Image.Image, data: bytes) -> Image.Image:
         raise _failure_reject(f"{type(e).__name__}: {e}", data) from None
 
 
-def encode(pixels: np.ndarray, encoding: str, jpeg_quality: int = 90) -> bytes:
-    """Stored bytes of an (H, W, 3) uint8 image: the raw bytes, or a baseline JPEG without chroma subsampling."""
-    if encoding == "raw":
-        return np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()
-    return _encode_rgb(Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB"), encoding, jpeg_quality)
-
-
-def _encode_rgb(image: Image.Image, encoding: str, jpeg_quality: int) -> bytes:
-    """:func:`encode` for an RGB Pillow image, without going through a numpy copy."""
-    if encoding == "raw":
-        return image.tobytes()
-    buffer = io.BytesIO()
-    # 4:4:4 keeps colour detail at 256 px; optimize=False keeps encoding fast and the bytes deterministic.
-    image.save(buffer, format="JPEG", quality=jpeg_quality, subsampling=0)
-    return buffer.getvalue()
+def _check_stored_size(stored: encodings.Encoding, width: int, height: int, resized: str) -> None:
+    """A reject for a ``--crop none`` size the encoding cannot store, or whose bytes (fixed by the size) overflow a
+    record; checked before decoding."""
+    if stored.max_side is not None and max(width, height) > stored.max_side:
+        raise RejectError("too_many_pixels", f"{resized}: {stored.label} stores at most {stored.max_side} pixels a side")
+    stored_bytes = stored.stored_bytes(width, height)
+    if stored_bytes is not None and not limits.record_fits(stored_bytes):
+        raise RejectError("record_too_large", f"{resized}: {stored_bytes:,} {stored.label} bytes, over the "
+                                              f"{limits.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
 
 
 @pillow_decoding()
@@ -338,11 +335,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         resized = f"{source_width}x{source_height} resized to shorter side {options.shorter_side} is {width}x{height}"
         if width * height > options.max_pixels:
             raise RejectError("too_many_pixels", f"{resized} > --max-pixels {options.max_pixels}")
-        if options.encoding == "jpeg" and max(width, height) > JPEG_MAX_SIDE:
-            raise RejectError("too_many_pixels", f"{resized}: JPEG stores at most {JPEG_MAX_SIDE} pixels a side")
-        if options.encoding == "raw" and not limits.record_fits(width * height * 3):
-            raise RejectError("record_too_large", f"{resized}: {width * height * 3:,} raw bytes, over the "
-                                                  f"{limits.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
+        _check_stored_size(options.stored, width, height, resized)
     _draft(image, options.shorter_side)
     decoded_size = image.size
     rgb = _load_rgb(image, data)
@@ -361,7 +354,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     counts = np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
     values = np.arange(256, dtype=np.int64)
     try:
-        encoded = _encode_rgb(rgb, options.encoding, options.jpeg_quality)
+        encoded = options.stored.encode(rgb, options.jpeg_quality)
     except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
         raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
     if not limits.record_fits(len(encoded)):

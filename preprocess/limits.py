@@ -5,28 +5,39 @@
 * A record is one protobuf message: TensorFlow's parser and protobuf refuse messages of 2 GiB and more. A raw
   image is at least S*S*3 bytes plus a small overhead (exactly that for centre crops); ``--crop none`` images and
   JPEGs also get the per-image check :func:`record_fits` (a long side is not bounded by S).
-* JPEG stores at most 65,500 pixels a side.
+* An encoding may store at most so many pixels a side (``Encoding.max_side``: JPEG's 65,500).
 """
 
 from __future__ import annotations
 
 import math
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess.sources import SourceError
 
 MAX_RECORD_BYTES = (1 << 31) - 1  # protobuf's limit on a serialized message (INT_MAX)
 RECORD_OVERHEAD = 1 << 16  # feature keys, filename, label, sizes, padding: far less than this
-JPEG_MAX_SIDE = 65_500  # image_ops.JPEG_MAX_SIDE, libjpeg's limit on either side
-CHANNELS = 3
+CHANNELS = encodings.CHANNELS
 
 
 def largest_side_for_pixels(max_pixels: int) -> int:
     return math.isqrt(max_pixels)
 
 
-def largest_raw_square_side() -> int:
-    """The largest S whose raw S x S x 3 record stays under MAX_RECORD_BYTES."""
-    return math.isqrt((MAX_RECORD_BYTES - RECORD_OVERHEAD) // CHANNELS)
+def largest_square_side(stored: encodings.Encoding) -> int:
+    """The largest S whose S x S image makes a record under MAX_RECORD_BYTES, where ``stored``'s size fixes its
+    bytes (raw: S x S x 3), and at most its ``max_side``."""
+    low, high = 1, stored.max_side or math.isqrt(MAX_RECORD_BYTES)  # every stored pixel takes a byte or more
+    while low < high:  # stored bytes grow with the side
+        middle = (low + high + 1) // 2
+        stored_bytes = stored.stored_bytes(middle, middle)
+        low, high = (middle, high) if stored_bytes is None or record_fits(stored_bytes) else (low, middle - 1)
+    return low
+
+
+def largest_stored_side() -> int:
+    """The most pixels a side any encoding stores: no manifest can give a larger image size."""
+    return max(largest_square_side(stored) for stored in encodings.REGISTERED)
 
 
 def record_fits(num_bytes: int) -> bool:
@@ -41,11 +52,18 @@ def check_options(shorter_side: int, crop: str, encoding: str, max_pixels: int) 
             f"--shorter-side {shorter_side} makes every image at least {shorter_side}x{shorter_side} = "
             f"{shorter_side * shorter_side:,} pixels, more than --max-pixels {max_pixels:,}: the largest --shorter-side "
             f"it allows is {largest_side_for_pixels(max_pixels)} (or raise --max-pixels)")
-    if encoding == "jpeg" and shorter_side > JPEG_MAX_SIDE:
-        raise SourceError(f"--shorter-side {shorter_side} is more than JPEG stores a side ({JPEG_MAX_SIDE}): the "
-                          f"largest --shorter-side for --encoding jpeg is {JPEG_MAX_SIDE}")
-    if encoding == "raw" and not record_fits(shorter_side * shorter_side * CHANNELS):
+    stored = encodings.get(encoding)
+    if stored.max_side is not None and shorter_side > stored.max_side:
+        raise SourceError(f"--shorter-side {shorter_side} is more than {stored.label} stores a side ({stored.max_side}): "
+                          f"the largest --shorter-side for --encoding {stored.name} is {stored.max_side}")
+    stored_bytes = stored.stored_bytes(shorter_side, shorter_side)
+    if stored_bytes is not None and not record_fits(stored_bytes):
         raise SourceError(
-            f"--shorter-side {shorter_side} makes raw records of {shorter_side * shorter_side * CHANNELS:,} bytes, over "
+            f"--shorter-side {shorter_side} makes {stored.label} records of {stored_bytes:,} bytes, over "
             f"the {MAX_RECORD_BYTES:,} bytes a TFRecord example can hold (protobuf's 2 GiB limit): the largest "
-            f"--shorter-side that fits is {largest_raw_square_side()} (or use --encoding jpeg)")
+            f"--shorter-side that fits is {largest_square_side(stored)} (or use {_compressed_choices()})")
+
+
+def _compressed_choices() -> str:
+    """The encodings whose record length the size alone does not fix, as options: ``--encoding jpeg``."""
+    return " or ".join(f"--encoding {e.name}" for e in encodings.REGISTERED if e.stored_bytes(1, 1) is None)

@@ -11,13 +11,14 @@ import math
 import re
 
 from shardprep.preprocess import names
-from shardprep.preprocess.config import CROPS, ENCODINGS
-from shardprep.preprocess.limits import JPEG_MAX_SIDE
+from shardprep.preprocess import encodings
+from shardprep.preprocess.config import CROPS
+from shardprep.preprocess.limits import largest_stored_side
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Counts and byte sizes stay exact in every JSON reader and in int64 (2**53 - 1, JSON's largest safe integer).
 MAX_COUNT = (1 << 53) - 1
-MAX_SIDE = JPEG_MAX_SIDE  # no stored image is larger a side (raw records stop far below it: protobuf's 2 GiB)
+MAX_SIDE = largest_stored_side()  # no stored image is larger a side (JPEG's 65,500; raw stops below: 2 GiB records)
 MIN_FRAMED_RECORD_BYTES = 16  # a TFRecord record's length, its CRC and the data's CRC, with empty data
 # Per-channel pixel statistics on the 0-255 scale: a mean lies in 0-255, a standard deviation in 0-127.5 (values
 # half 0 and half 255); the small margin absorbs float rounding.
@@ -111,7 +112,7 @@ def _shard_problems(problems: list[str], path: str, shard) -> None:
         problems.append(f"{path}.sha256: must be 64 lowercase hex digits, is {_describe(sha)}")
 
 
-def _split_problems(problems: list[str], split: str, info, raw_center: bool, classes) -> None:
+def _split_problems(problems: list[str], split: str, info, fixed_layout: bool, classes) -> None:
     path = f"splits.{split}"
     if not _object_with_keys(problems, path, info, ("num_examples", "class_counts", "shards")):
         return
@@ -135,12 +136,12 @@ def _split_problems(problems: list[str], split: str, info, raw_center: bool, cla
             for index, shard in enumerate(shards):
                 _shard_problems(problems, f"{path}.shards[{index}]", shard)
     layout = info.get("record_layout")
-    raw_center = raw_center and info.get("num_examples") != 0  # an empty split has no records to lay out
+    fixed_layout = fixed_layout and info.get("num_examples") != 0  # an empty split has no records to lay out
     if layout is None:
-        if raw_center and "record_layout" not in info:
+        if fixed_layout and "record_layout" not in info:
             problems.append(f"{path}.record_layout: missing (required for raw centre crops: the train reader "
                             "reads records by it)")
-        elif raw_center:
+        elif fixed_layout:
             problems.append(f"{path}.record_layout: must be an object, is null")
     elif _object_with_keys(problems, f"{path}.record_layout", layout, _LAYOUT_KEYS):
         for key in (key for key in _LAYOUT_KEYS if key in layout):
@@ -195,8 +196,8 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
     if "num_classes" in manifest and _count(problems, "num_classes", manifest["num_classes"]) and classes is not None:
         if manifest["num_classes"] != len(classes):
             problems.append(f"num_classes: is {manifest['num_classes']} but classes lists {len(classes)}")
-    if "encoding" in manifest and manifest["encoding"] not in ENCODINGS:
-        problems.append(f"encoding: must be one of {', '.join(ENCODINGS)}, is {_describe(manifest['encoding'])}")
+    if "encoding" in manifest and manifest["encoding"] not in encodings.NAMES:
+        problems.append(f"encoding: must be one of {', '.join(encodings.NAMES)}, is {_describe(manifest['encoding'])}")
     if "crop" in manifest and manifest["crop"] not in CROPS:
         problems.append(f"crop: must be one of {', '.join(CROPS)}, is {_describe(manifest['crop'])}")
     if "shorter_side" in manifest:
@@ -223,12 +224,12 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
         if not isinstance(splits, dict):
             problems.append(f"splits: must be an object {{split: {{...}}}}, is {_describe(splits)}")
         else:
-            raw_center = manifest.get("encoding") == "raw" and square and layouts_required
+            fixed_layout = layouts_required and encodings.has_fixed_layout(manifest.get("encoding"), manifest.get("crop"))
             for split, info in splits.items():
                 wrong = names.problem(split, "split")
                 if wrong:
                     problems.append(f"splits: the split name {names.describe(split)} {wrong}")
-                _split_problems(problems, split, info, raw_center, classes)
+                _split_problems(problems, split, info, fixed_layout, classes)
             stats_split = manifest.get("stats_split")
             if isinstance(stats_split, str) and stats_split not in splits:
                 problems.append(f"stats_split: {stats_split!r} is not one of the splits ({', '.join(splits)})")

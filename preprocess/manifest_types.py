@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest import ManifestError
 from shardprep.preprocess.manifest_schema import shape_problems
@@ -119,8 +120,8 @@ class Manifest:
         problems = shape_problems(document, layouts_required=layouts_required)
         if problems:
             raise ManifestError("manifest is malformed: " + "; ".join(problems))
-        raw_center = document["encoding"] == "raw" and document["crop"] == "center"
-        image_shape = (document["image_height"], document["image_width"]) if raw_center else None
+        fixed_layout = encodings.has_fixed_layout(document["encoding"], document["crop"])
+        image_shape = (document["image_height"], document["image_width"]) if fixed_layout else None
         splits = {}
         for name, info in document["splits"].items():
             try:

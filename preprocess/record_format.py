@@ -8,8 +8,8 @@ Keys follow TensorFlow's official vision loaders:
 =====================  =======  ==========================================================
 key                    type     value
 =====================  =======  ==========================================================
-``image/encoded``      bytes    ``raw``: H*W*3 uint8 RGB bytes, row-major; ``jpeg``: a JPEG
-``image/format``       bytes    ``raw`` or ``jpeg``
+``image/encoded``      bytes    the image as its encoding stores it (``raw``: H*W*3 uint8 RGB bytes, row-major)
+``image/format``       bytes    the encoding's name (``raw``, ``jpeg``): :mod:`shardprep.preprocess.encodings`
 ``image/height``       int64    H
 ``image/width``        int64    W
 ``image/class/label``  int64    0-based index into the manifest's ``classes``
@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from shardprep.preprocess import encodings
+
 ENCODED = "image/encoded"
 FORMAT = "image/format"
 HEIGHT = "image/height"
@@ -36,8 +38,7 @@ WIDTH = "image/width"
 LABEL = "image/class/label"
 FILENAME = "image/filename"
 
-ENCODINGS = ("raw", "jpeg")
-CHANNELS = 3
+CHANNELS = encodings.CHANNELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +97,7 @@ def _entry(key: str, feature: bytes) -> bytes:
 
 def encode_example(record: ImageRecord) -> bytes:
     """Serializes ``record`` as a ``tf.train.Example`` (features in sorted key order, so bytes are stable)."""
-    if record.format not in ENCODINGS:
+    if record.format not in encodings.NAMES:
         raise RecordFormatError(f"unknown image format {record.format!r}")
     return _serialize_features({
         ENCODED: _bytes_feature(record.encoded),
@@ -235,22 +236,16 @@ def decode_example(serialized: bytes) -> ImageRecord:
         raise RecordFormatError(f"record has text that is not UTF-8: {e}") from e
     if record.height < 1 or record.width < 1:
         raise RecordFormatError(f"image size {record.height}x{record.width} is not positive")
-    if record.format not in ENCODINGS:
+    if record.format not in encodings.NAMES:
         raise RecordFormatError(f"unknown image format {record.format!r}")
-    if record.format == "raw" and len(record.encoded) != record.height * record.width * CHANNELS:
-        raise RecordFormatError(
-            f"raw image holds {len(record.encoded)} bytes, expected {record.height}x{record.width}x{CHANNELS}")
+    stored = encodings.get(record.format)
+    stored_bytes = stored.stored_bytes(record.width, record.height)
+    if stored_bytes is not None and len(record.encoded) != stored_bytes:
+        raise RecordFormatError(f"{stored.label} image holds {len(record.encoded)} bytes, expected "
+                                f"{record.height}x{record.width}x{CHANNELS}")
     return record
 
 
 def decode_pixels(record: ImageRecord):
-    """The record's image as a uint8 numpy array of shape (H, W, 3)."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    if record.format == "raw":
-        return np.frombuffer(record.encoded, dtype=np.uint8).reshape(record.height, record.width, CHANNELS)
-    with Image.open(io.BytesIO(record.encoded)) as image:
-        return np.asarray(image.convert("RGB"))
+    """The record's image as a uint8 numpy array of shape (H, W, 3) (its encoding's NumPy decoder)."""
+    return encodings.get(record.format).decode(record.encoded, record.height, record.width)

@@ -291,6 +291,10 @@ LAUNCHER_ONLY = {
     ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
+# Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
+LAUNCHER_ONLY.update({(f"preprocess/encodings/{path.name}", "decode_tf"): {"tensorflow"}
+                      for path in sorted((REPO / "preprocess" / "encodings").glob("*.py"))
+                      if "def decode_tf" in path.read_text()})
 WORKER_PACKAGES = ("pipelines", "preprocess")
 
 

@@ -20,7 +20,8 @@ from shardprep.pipelines import planning
 from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.source_registry import plan_source
 from shardprep.preprocess import record_format, sources, tfrecord_io
-from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig
+from shardprep.preprocess import encodings
+from shardprep.preprocess.config import CROPS, PreprocessConfig
 from shardprep.preprocess.elements import Input, Reject
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,7 +185,7 @@ def test_the_cli_offers_the_configs_defaults_and_choices():
     from shardprep.commands.preprocess import command
 
     params = {param.name: param for param in command.params}
-    assert tuple(params["crop"].type.choices) == CROPS and tuple(params["encoding"].type.choices) == ENCODINGS
+    assert tuple(params["crop"].type.choices) == CROPS and tuple(params["encoding"].type.choices) == encodings.NAMES
     parsed = command.make_context("preprocess", ["s", "o"]).params  # every option at its default
     # --resume says how the run starts (from a stopped run's journal), not what it writes: no config field.
     assert parsed["resume"] is False

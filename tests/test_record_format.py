@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardprep.preprocess import fixed_layout, record_format, tfrecord_io
+from shardprep.preprocess import encodings, fixed_layout, record_format, tfrecord_io
 from shardprep.preprocess.record_format import ImageRecord, RecordFormatError
 from shardprep.preprocess.tfrecord_io import CorruptRecordError
 
@@ -49,7 +49,7 @@ def tf_features(serialized: bytes) -> dict:
 image_records = st.builds(
     ImageRecord,
     encoded=st.binary(max_size=300),
-    format=st.sampled_from(record_format.ENCODINGS),
+    format=st.sampled_from(encodings.NAMES),
     height=INT64,
     width=INT64,
     label=INT64,

@@ -1,12 +1,11 @@
 """The tf.data training reader: shapes, dtypes, labels, pixels, crops, determinism, sharding, URLs."""
 
-import io
-
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.train import reader
 from train_helpers import random_images, write_dataset
@@ -211,9 +210,8 @@ def test_crop_none_shards_give_square_crops_inside_each_image(tmp_path, encoding
     else:  # a full decode of each stored JPEG (the helper encodes deterministically); steps of 12 tell shifts apart
         references, tolerance = [], 10  # cropped decoding upsamples chroma differently at the edges
         for pixels, _ in items:
-            buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, format="JPEG", quality=100)
-            references.append(tf.io.decode_jpeg(buffer.getvalue(), channels=3).numpy())
+            stored = encodings.get("jpeg").encode(Image.fromarray(pixels), 100)  # as the helper stores it
+            references.append(tf.io.decode_jpeg(stored, channels=3).numpy())
 
     def locate(image):
         """(image number, its label, top, left) of the in-bounds 8x8 window that ``image`` is."""

@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 
+from shardprep.pipelines import validate_graph
 from shardprep.pipelines.validation import pictures
 from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, fixed_layouts,
                                                    layout_problems, manifest_problems, mean_std_problems, problem,
@@ -222,11 +223,16 @@ def test_class_chart_size_for_many_classes():
 
 
 def test_help_states_the_tolerances_the_checks_use():
-    from shardprep.pipelines.validation.stats import MEAN_STD_TOLERANCE
+    from shardprep.preprocess import encodings
     from shardprep.commands import validate as command
 
     flat_help = " ".join(command.HELP.split())
-    assert f"within {MEAN_STD_TOLERANCE['raw']} (raw) or {MEAN_STD_TOLERANCE['jpeg']} (jpeg" in flat_help
+    assert "within 0.05 (raw), " in flat_help or "within 0.05 (raw) or " in flat_help
+    assert "1.0 (jpeg: lossy against the pre-encode pixels the manifest used)" in flat_help
+    for encoding in encodings.REGISTERED:
+        assert f"{encoding.mean_std_tolerance} ({encoding.name}" in flat_help
+        assert validate_graph.mean_std_tolerance({"encoding": encoding.name}) == encoding.mean_std_tolerance
+    assert validate_graph.mean_std_tolerance({"encoding": "webp2"}) == 1.0  # unknown: the loosest
 
 
 def test_record_layout_lengths_allow_the_longer_record_only_at_the_shard_end():

@@ -6,13 +6,13 @@ end-to-end test goes through the real job.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
 import numpy as np
 from PIL import Image
 
+from shardprep.preprocess import encodings
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
 from shardprep.preprocess.fixed_layout import FixedLayout
@@ -28,7 +28,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
     before it existed). ``filename(split, index)`` names the records (default ``split/000000.png``).
     """
     if fixed_layout is None:
-        fixed_layout = encoding == "raw" and crop == "center"
+        fixed_layout = encodings.has_fixed_layout(encoding, crop)
     filename = filename or (lambda split, index: f"{split}/{index:06d}.png")
     root = str(root)
     os.makedirs(root, exist_ok=True)
@@ -47,12 +47,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
         for index, (pixels, label) in enumerate(items):
             pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
             height, width = pixels.shape[:2]
-            if encoding == "raw":
-                encoded = pixels.tobytes()
-            else:
-                buffer = io.BytesIO()
-                Image.fromarray(pixels).save(buffer, format="JPEG", quality=jpeg_quality)
-                encoded = buffer.getvalue()
+            encoded = encodings.get(encoding).encode(Image.fromarray(pixels, "RGB"), jpeg_quality)
             record = record_format.ImageRecord(encoded=encoded, format=encoding, height=height, width=width,
                                                label=int(label), filename=filename(split, index))
             if layout is not None:
@@ -82,7 +77,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
     manifest = {
         "format_version": manifest_lib.FORMAT_VERSION, "tool": "tests", "tool_version": "0", "created": "",
         "source": "fixture", "options": {}, "classes": list(classes), "num_classes": len(classes),
-        "encoding": encoding, "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
+        "encoding": encoding, "jpeg_quality": jpeg_quality if encodings.get(encoding).uses_quality else None,
         "shorter_side": shorter_side or min(first.shape[:2]), "crop": crop,
         "image_height": first.shape[0] if crop == "center" else None,
         "image_width": first.shape[1] if crop == "center" else None,

@@ -7,8 +7,9 @@ Two sources, chosen by the split's layout (:func:`batch_source`):
   record's CRCs checked: :class:`shardprep.train.verified_gather.VerifiedGather`);
 * :class:`ExampleSource`: every other layout (JPEG, ``crop: none``, datasets without a layout): the
   serialized Examples are read by random access (:mod:`shardprep.train.record_index`), parsed by the package's own
-  protobuf reader (:mod:`shardprep.preprocess.record_format`) and decoded with NumPy or Pillow, whose JPEG decoder
-  is libjpeg-turbo as TensorFlow's is (the tf.data reader decodes whole images the same way, then crops).
+  protobuf reader (:mod:`shardprep.preprocess.record_format`) and decoded by the manifest's encoding
+  (:meth:`~shardprep.preprocess.encodings.Encoding.decode`: NumPy, or Pillow, whose JPEG decoder is libjpeg-turbo as
+  TensorFlow's is; the tf.data reader decodes whole images the same way, then crops).
 
 Crops for ``crop: none``: a ``side`` x ``side`` square at ``(draw % (spare + 1))`` in training, central otherwise,
 as :mod:`shardprep.train.read_examples` cuts them. Both sources check every shard a batch reads against the
@@ -18,13 +19,12 @@ manifest's classes (:func:`~shardprep.train.record_identity.check_labels`). No T
 
 from __future__ import annotations
 
-import io
 import os
 from typing import NamedTuple
 
 import numpy as np
 
-from shardprep.preprocess import record_format
+from shardprep.preprocess import encodings, record_format
 from shardprep.preprocess.manifest_types import Manifest
 from shardprep.train import record_gather
 from shardprep.train.record_gather import RECORD_INDEX_BITS, ReusedBuffers
@@ -51,16 +51,6 @@ def parse_record(serialized: bytes) -> ParsedRecord:
                             int(features[record_format.HEIGHT][0]), int(features[record_format.WIDTH][0]))
     except (KeyError, IndexError, TypeError) as e:
         raise record_format.RecordFormatError(f"record lacks {e}: not a shardprep record") from e
-
-
-def decode_image(record: ParsedRecord, encoding: str) -> np.ndarray:
-    """The stored image as uint8 ``[height, width, 3]``."""
-    if encoding == "raw":
-        return np.frombuffer(record.encoded, np.uint8).reshape(record.height, record.width, CHANNELS)
-    from PIL import Image  # only JPEG datasets need it
-
-    with Image.open(io.BytesIO(record.encoded)) as image:
-        return np.asarray(image.convert("RGB") if image.mode != "RGB" else image)
 
 
 def crop_window(height: int, width: int, side: int, draws, training: bool) -> tuple[int, int]:
@@ -121,7 +111,8 @@ class ExampleSource:
         self.records = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
         self.snapshot, self.num_classes = snapshot, manifest.num_classes
         self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
-        self.encoding, self.crop, self.side = manifest.encoding, manifest.crop, manifest.shorter_side
+        self.encoding = encodings.get(manifest.encoding)  # UnknownEncodingError for a name this version lacks
+        self.crop, self.side = manifest.crop, manifest.shorter_side
         height, width = manifest.stored_shape
         self.image_shape = (height, width, CHANNELS)
         self.training = training
@@ -140,7 +131,7 @@ class ExampleSource:
 
     def decode(self, serialized: bytes, draws) -> tuple[np.ndarray, int]:
         record = parse_record(serialized)
-        image = decode_image(record, self.encoding)
+        image = self.encoding.decode(record.encoded, record.height, record.width)
         if self.crop == "none":
             top, left = crop_window(record.height, record.width, self.side, draws, self.training)
             image = image[top:top + self.side, left:left + self.side]

@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from shardprep.preprocess import image_ops, untrusted, wordnet_names
+from shardprep.preprocess import encodings, image_ops, untrusted, wordnet_names
 from shardprep.preprocess import manifest as manifest_lib
 
 # How far the model's normalization may be from the manifest's mean_rgb/std_rgb (0-255 scale): the model stores
@@ -80,7 +80,7 @@ def process_options(manifest: dict) -> image_ops.ProcessOptions:
     options = manifest.get("options") or {}
     max_pixels = options.get("max_pixels")
     return image_ops.ProcessOptions(
-        shorter_side=int(manifest["shorter_side"]), crop=manifest.get("crop", "center"), encoding="raw",
+        shorter_side=int(manifest["shorter_side"]), crop=manifest.get("crop", "center"), encoding=encodings.RAW.name,
         max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS)
 
 

@@ -3,10 +3,13 @@ and ``crop: none`` shards, whether their records were gathered by random access 
 shards, the NumPy order) or streamed (:func:`example_batches`: ``TFRecordDataset`` through the tf.data order of
 :class:`~shardprep.train.read_plan.ReadPlan`, for URLs and ``random_access=False``).
 
-Raw centre crops are parsed a batch at a time (``parse_example``); the other layouts need one step per image:
+Raw centre crops (an encoding with a fixed layout) are parsed a batch at a time (``parse_example``); the other
+layouts need one step per image:
 
-* ``jpeg`` shards: a whole-image decode per image (``INTEGER_ACCURATE`` DCT, as Pillow's, so that
-  :class:`~shardprep.train.numpy_reader.NumpyReader` gives the same pixels);
+* each image decoded by the manifest's encoding
+  (:meth:`~shardprep.preprocess.encodings.Encoding.decode_tf`, the same pixels as the NumPy decoder that
+  :class:`~shardprep.train.numpy_reader.NumpyReader` uses; JPEG: a whole-image decode, ``INTEGER_ACCURATE`` DCT);
+  an encoding this version does not know is an ``UnknownEncodingError`` before anything is read;
 * ``crop: none`` shards (shorter side resized, aspect kept): a square ``shorter_side`` crop, random in training and
   central in evaluation, so that images can be batched. Gathered reads take the crop positions from the NumPy
   order's draws; streamed reads from a seeded stream zipped alongside.
@@ -16,17 +19,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from shardprep.preprocess import record_format
+from shardprep.preprocess import encodings, record_format
 from shardprep.train.read_plan import ReadPlan
 
 
 def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards streamed, each record parsed as an Example;
     ``side`` is the manifest's ``shorter_side``."""
+    stored = encodings.get(encoding)
     shards = tf.data.Dataset.from_tensor_slices((plan.files, tf.constant(plan.counts, tf.int64)))
     buffer_size = plan.file_buffer_bytes
     records = plan.ordered(shards, lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
-    if encoding == "raw" and crop == "center":
+    if stored.has_fixed_layout(crop):
         # Parallel batching: assembling a batch copies every record once, and one thread doing it all falls behind.
         batches = records.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=plan.deterministic)
@@ -34,7 +38,7 @@ def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.d
                            deterministic=plan.deterministic)
     # One image at a time is unavoidable here (JPEG decode, or a crop of a variable-size image); the random crop
     # positions come from a seeded stream zipped alongside, so a seed still makes the batches repeatable.
-    decode = _per_image_decoder(encoding, crop, side, plan.height, plan.width, plan.training)
+    decode = _per_image_decoder(stored, crop, side, plan.height, plan.width, plan.training)
     crop_seeds = tf.data.Dataset.random(seed=plan.seed).batch(2)
     images = tf.data.Dataset.zip(records, crop_seeds).map(
         decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic)
@@ -62,11 +66,12 @@ def indexed_batches(serialized: tf.data.Dataset, encoding: str, crop: str, side:
                     training: bool) -> tf.data.Dataset:
     """``(uint8 [b, H, W, 3], int32 [b])`` batches of ``(serialized Examples [b], crop draws [b, 2])`` read by random
     access (:func:`shardprep.train.read_gather.serialized_batches`): each batch decoded as it was gathered."""
-    if encoding == "raw" and crop == "center":
+    stored = encodings.get(encoding)
+    if stored.has_fixed_layout(crop):
         decode_raw = _raw_batch_decoder(height, width)
         return serialized.map(lambda records, _: decode_raw(records), num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=True)
-    decode = _per_image_decoder(encoding, crop, side, height, width, training, _drawn_offsets)
+    decode = _per_image_decoder(stored, crop, side, height, width, training, _drawn_offsets)
     image_spec = (tf.TensorSpec([height, width, record_format.CHANNELS], tf.uint8), tf.TensorSpec([], tf.int32))
 
     def decode_batch(records, draws):
@@ -88,7 +93,7 @@ def _drawn_offsets(spare, draws):
     return tf.cast(draws % tf.cast(spare + 1, tf.int64), tf.int32)
 
 
-def _per_image_decoder(encoding: str, crop: str, side: int, height: int, width: int, training: bool,
+def _per_image_decoder(stored: encodings.Encoding, crop: str, side: int, height: int, width: int, training: bool,
                        random_offsets=_seeded_offsets):
     spec = {
         record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
@@ -102,13 +107,7 @@ def _per_image_decoder(encoding: str, crop: str, side: int, height: int, width: 
         encoded = features[record_format.ENCODED]
         stored_height = tf.cast(features[record_format.HEIGHT], tf.int32)
         stored_width = tf.cast(features[record_format.WIDTH], tf.int32)
-        if encoding == "jpeg":
-            # The whole image, with the integer DCT that Pillow (the NumPy reader) uses too, so both readers give
-            # the same pixels; decode_and_crop_jpeg would upsample chroma differently at the window's edges.
-            image = tf.io.decode_jpeg(encoded, channels=record_format.CHANNELS, dct_method="INTEGER_ACCURATE")
-        else:
-            image = tf.reshape(tf.io.decode_raw(encoded, tf.uint8),
-                               [stored_height, stored_width, record_format.CHANNELS])
+        image = stored.decode_tf(encoded, stored_height, stored_width)
         if crop == "none":  # a side x side square: random in training, central otherwise
             spare = tf.stack([stored_height - side, stored_width - side])
             top_left = random_offsets(spare, crop_source) if training else spare // 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import encodings, manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest_types import ShardEntry
@@ -100,7 +100,7 @@ def fixed_layouts(manifest: dict) -> tuple[dict[str, FixedLayout], list[dict]]:
     """Each split's ``FixedLayout`` from its ``record_layout`` (as the train reader rebuilds it), and a
     ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records."""
     layouts, found = {}, []
-    fixed = manifest["encoding"] == "raw" and manifest["crop"] == "center"
+    fixed = encodings.has_fixed_layout(manifest["encoding"], manifest["crop"])
     for split, info in manifest["splits"].items():
         record_layout = info.get("record_layout") if isinstance(info, dict) else None
         if not record_layout:

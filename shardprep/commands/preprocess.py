@@ -12,7 +12,8 @@ import click
 
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
-from shardprep.preprocess.config import CROPS, ENCODINGS, PreprocessConfig, default
+from shardprep.preprocess import encodings
+from shardprep.preprocess.config import CROPS, PreprocessConfig, default
 
 
 def _source_lines(syntax_width: int = 21, width: int = 80) -> str:
@@ -54,8 +55,8 @@ class _ArgsKept(click.Command):
               help="Resize so the shorter side has this many pixels (Pillow BICUBIC, antialiased).")
 @click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
-@click.option("--encoding", type=click.Choice(ENCODINGS), default=default("encoding"), show_default=True,
-              help="raw: uint8 HxWx3 bytes (no decode at train time); jpeg: smaller shards.")
+@click.option("--encoding", type=click.Choice(encodings.NAMES), default=default("encoding"), show_default=True,
+              help="; ".join(f"{encoding.name}: {encoding.summary}" for encoding in encodings.REGISTERED) + ".")
 @click.option("--jpeg-quality", default=default("jpeg_quality"), show_default=True, type=click.IntRange(1, 100))
 @click.option("--num-shards", type=click.IntRange(min=1), default=None,
               help="Shards per split [default: a power of two giving 100-200 MB shards].")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import click
 
 from shardprep.display import LiveProgress
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import ValidateOptions, default
+from shardprep.preprocess import encodings
 
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
 _PROBLEM_ROWS_SHOWN = 25
@@ -31,10 +34,7 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
     or unlisted; shard sizes uniform (within one record);
   - image/filename unique; no identical image (decoded-pixel hash) in two
     splits (leakage);
-  - per-channel mean/std of the manifest's stats_split recomputed from the
-    stored pixels and equal to the manifest's mean_rgb/std_rgb within 0.05
-    (raw) or 1.0 (jpeg: lossy against the pre-encode pixels the manifest
-    used), on the 0-255 scale.
+{mean_std_check}
 
 For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
 unreadable records or images, each with file and record index.
@@ -45,6 +45,20 @@ class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-
 after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
 --setup_file ./setup.py
 """
+
+
+def _mean_std_check() -> str:
+    """HELP's mean/std bullet: each encoding's tolerance, with why where it says."""
+    tolerances = [f"{encoding.mean_std_tolerance} ({encoding.name}"
+                  + (f": {encoding.tolerance_reason})" if encoding.tolerance_reason else ")")
+                  for encoding in encodings.REGISTERED]
+    within = ", ".join(tolerances[:-1]) + " or " + tolerances[-1] if len(tolerances) > 1 else tolerances[0]
+    bullet = (f"per-channel mean/std of the manifest's stats_split recomputed from the stored pixels and equal to the "
+              f"manifest's mean_rgb/std_rgb within {within}, on the 0-255 scale.")
+    return textwrap.fill(bullet, width=76, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
+
+
+HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 
 
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
