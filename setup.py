@@ -70,6 +70,7 @@ setuptools.setup(
     packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.preprocess.encodings",
               "shardprep.pipelines", "shardprep.pipelines.validation", "shardprep.train"],
     package_dir={"shardprep.preprocess": "preprocess", "shardprep.pipelines": "pipelines", "shardprep.train": "train"},
+    package_data={"shardprep": ["py.typed"]},  # PEP 561: type checkers read the package's own annotations
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={
@@ -78,9 +79,9 @@ setuptools.setup(
         "torch": ["torch"],
         "gcp": GCP,
         # JAX (CPU) runs the tests of training on a second Keras backend; pexpect drives the CLI in a terminal;
-        # tests/test_gcs.py needs gs:// (gcp).
+        # tests/test_gcs.py needs gs:// (gcp); tests/test_types.py runs mypy (pinned: a new mypy finds new things).
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
-                 "jax[cpu]", "pexpect", *GCP],
+                 "jax[cpu]", "pexpect", "mypy==2.4.*", *GCP],
     },
     entry_points={"console_scripts": ["shardprep = shardprep.cli:main"]},
 )

@@ -4,7 +4,7 @@ This module holds the graph (``build_pipeline``, read it top to bottom) and ``ru
 graph, on the launching machine (``source_registry.plan_source``: SOURCE -> its kind's ``SourcePlan``); each stage
 of the graph is a composite transform in a module of its own. Labels as in the Beam graph; element types in
 ``shardprep.preprocess.elements`` (Input, Reject), ``shardprep.preprocess.record_pointers`` (SortKeys,
-RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.preprocess.record_format``
+RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.preprocess.fixed_layout``
 (FixedLayout)::
 
     ListInputs            listing, as the plan's kind lists: class folders, flat files joined with the labels file,

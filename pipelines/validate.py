@@ -4,8 +4,9 @@ The driver lists DATA, reads and checks the manifest (its shape, its own totals,
 the Beam graph (``pipelines/validate_graph.py``: every shard read once, then checks across records), reads the
 graph's result lines back, assembles the report (``pipelines/validation/report.py``) and writes ``--json`` and
 ``--pictures``. No stage holds the dataset: shards are read one record at a time, and everything that crosses
-records goes through a combiner or a GroupByKey. Run ``python -m shardprep.pipelines.validate DATA [--json REPORT]
-[-- beam options]`` or ``shardprep validate``.
+records goes through a combiner or a GroupByKey. ``shardprep validate`` runs it: :func:`run` takes the
+:class:`~shardprep.pipelines.validate_options.ValidateOptions` the command built from its flags, and Beam's pipeline
+options (what follows ``--``) as given.
 
 The JSON report (``--json``)::
 
@@ -36,17 +37,15 @@ with their meaning in ``shardprep.pipelines.validation.checks.CHECKS``.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Sequence
 
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -57,6 +56,7 @@ from shardprep.pipelines import runner, source_registry, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
+from shardprep.pipelines.validate_options import ValidateOptions
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import (layout_problems, manifest_problems, problem,
                                                    unfit_layout_problems)
@@ -66,14 +66,10 @@ from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import sources, untrusted
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
-__all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "build_dataset_pipeline",
-           "build_foreign_pipeline", "check_output_paths", "parse_args", "run", "validate_dataset",
+__all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "ValidateOptions",
+           "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run", "validate_dataset",
            "validate_foreign"]
 
-DEFAULT_SAMPLES_PER_CLASS = 6
-DEFAULT_MAX_PROBLEMS_PER_CHECK = 100
-DEFAULT_IMAGE_KEY = "image"
-DEFAULT_LABEL_KEY = "label"
 RESULTS_NAME = "validate-results.jsonl"
 
 _LOGGER = logging.getLogger(__name__)
@@ -217,63 +213,63 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Ma
     return manifest, driver_problems + unfit_layout_problems(manifest) + layout_problems(document, found)
 
 
-def _sample_options(manifest: Manifest, stats_split: str | None, args) -> SampleOptions | None:
+def _sample_options(manifest: Manifest, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
     """Which records become contact-sheet candidates (``--pictures``, from the stats split), else None."""
-    if not args.pictures or stats_split not in manifest.splits:
+    if not options.pictures or stats_split is None or stats_split not in manifest.splits:
         return None
     from shardprep.pipelines.validation.pictures import sheet_cell_cap
 
     return SampleOptions(
         split=stats_split,
-        fraction=sample_fraction(manifest.splits[stats_split].class_counts, args.samples_per_class),
+        fraction=sample_fraction(manifest.splits[stats_split].class_counts, options.samples_per_class),
         cell_cap=sheet_cell_cap(len(manifest.classes)))
 
 
-def validate_dataset(args, beam_args: list[str], progress: Progress) -> dict:
-    data_dir = _absolute(args.data).rstrip("/")
-    report = report_lib.report_base(args.data, "dataset")
+def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
+    data_dir = _absolute(options.data).rstrip("/")
+    report = report_lib.report_base(options.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
     found = list_files(data_dir)
     if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
         found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
     if manifest_lib.MANIFEST_NAME not in found:
         # Not a dataset at all (an image folder, a file, nothing): one error. A run that stopped early: a report.
-        error = manifest_lib.missing_manifest_error(args.data[len("file://"):] if args.data.startswith("file://")
-                                                    else args.data.rstrip("/") or "/")
+        error = manifest_lib.missing_manifest_error(options.data[len("file://"):] if options.data.startswith("file://")
+                                                    else options.data.rstrip("/") or "/")
         if error.kind != manifest_lib.PATH_INCOMPLETE:
             raise ValidateError(str(error))
     manifest, driver_problems = _checked_manifest(data_dir, found, report)
     if manifest is None:
-        return report_lib.finish(report, driver_problems, [], args.max_problems_per_check)
+        return report_lib.finish(report, driver_problems, [], options.max_problems_per_check)
     present = set(found)
     tasks = [ShardTask(split, shard.file, manifest_lib.join(data_dir, shard.file), shard)
              for split, info in manifest.splits.items() for shard in info.shards if shard.file in present]
     stats_split = manifest.stats_split or next(iter(manifest.splits), None)
-    samples = _sample_options(manifest, stats_split, args)
+    samples = _sample_options(manifest, stats_split, options)
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
-            pipeline, manifest, tasks, results, samples, args.samples_per_class, args.max_problems_per_check,
+            pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
             progress_dir),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
-    report = report_lib.finish(report, driver_problems, lines, args.max_problems_per_check)
-    if args.pictures:
-        progress(f"writing pictures to {args.pictures}", None, None, None)
-        _write_pictures_or_fail(args, report, lines)
+    report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
+    if options.pictures:
+        progress(f"writing pictures to {options.pictures}", None, None, None)
+        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines)
     return report
 
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
-def _foreign_files(args, progress: Progress) -> tuple[str, RecordFiles, list]:
+def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:
     """(DATA's kind, its globs or files and the class names it gives, the matched files' metadata) of a DATA its
     kind validates as TFRecords (``tfrecord:``, ``tfds:``)."""
-    progress(f"finding the files of {args.data}", None, None, None)
+    progress(f"finding the files of {options.data}", None, None, None)
     try:
-        parsed = source_registry.parse(args.data)
-        found = parsed.kind.record_files(parsed.location, args.tfds_data_dir, args.label_key)
+        parsed = source_registry.parse(options.data)
+        found = parsed.kind.record_files(parsed.location, options.tfds_data_dir, options.label_key)
     except sources.SourceError as e:
         raise ValidateError(str(e)) from None
     matched = []
@@ -297,23 +293,23 @@ def _no_files_problem(pattern: str, matched: list) -> dict:
     return problem("no_files", f"{pattern} matched no files")
 
 
-def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
-    kind, found, matched = _foreign_files(args, progress)
-    report = report_lib.report_base(args.data, kind)
+def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
+    kind, found, matched = _foreign_files(options, progress)
+    report = report_lib.report_base(options.data, kind)
     folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
     matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
     if not files:
-        pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else args.data
+        pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
         return report_lib.finish(report, [_no_files_problem(pattern, folders)],
-                                 [], args.max_problems_per_check)
+                                 [], options.max_problems_per_check)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
-            pipeline, files, args.image_key, args.label_key, results, args.max_problems_per_check, progress_dir),
+            pipeline, files, options.image_key, options.label_key, results, options.max_problems_per_check, progress_dir),
         beam_args, progress, f"reading {len(files)} files ({sum(m.size_in_bytes for m in matched) / 2**20:,.1f} MiB)",
         len(files))
     splits = report_lib.split_entries(lines)
-    report.update(image_key=args.image_key, label_key=args.label_key, num_files=len(files),
+    report.update(image_key=options.image_key, label_key=options.label_key, num_files=len(files),
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
     driver_problems = []
     try:  # the class names preprocess would read for these files (TFDS's label.labels.txt beside them)
@@ -322,20 +318,20 @@ def validate_foreign(args, beam_args: list[str], progress: Progress) -> dict:
         classes, driver_problems = None, [problem("class_names", str(e))]
     if classes:
         report["classes"] = classes
-    report = report_lib.finish(report, driver_problems, lines, args.max_problems_per_check)
-    if args.pictures:
-        progress(f"writing pictures to {args.pictures}", None, None, None)
-        _write_pictures_or_fail(args, report, None)
+    report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
+    if options.pictures:
+        progress(f"writing pictures to {options.pictures}", None, None, None)
+        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, None)
     return report
 
 
 # --- writing the report and the pictures --------------------------------------------------------------------------
 
-def _write_pictures_or_fail(args, report: dict, lines: list[dict] | None) -> None:
+def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict, lines: list[dict] | None) -> None:
     try:
-        report["pictures"] = write_pictures(args.pictures, report, lines, args.samples_per_class)
+        report["pictures"] = write_pictures(pictures, report, lines, samples_per_class)
     except (OSError, BeamIOError) as e:
-        raise ReportWriteError(f"writing pictures to {args.pictures} failed: {e}; the report above is complete",
+        raise ReportWriteError(f"writing pictures to {pictures} failed: {e}; the report above is complete",
                                report) from e
 
 
@@ -375,48 +371,26 @@ def _write_report(json_path: str, report: dict) -> None:
 
 # --- entry point --------------------------------------------------------------------------------------------------
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m shardprep.pipelines.validate",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", help="a prepared dataset folder (local or gs://), tfrecord:GLOB or tfds:NAME")
-    parser.add_argument("--json", dest="json_path", help="write the JSON report here")
-    parser.add_argument("--pictures", help="write contact_sheet.png and class_counts.png into this folder")
-    parser.add_argument("--samples-per-class", type=int, default=DEFAULT_SAMPLES_PER_CLASS)
-    parser.add_argument("--image-key", default=DEFAULT_IMAGE_KEY, help="tfrecord: input's image feature")
-    parser.add_argument("--label-key", default=DEFAULT_LABEL_KEY, help="tfrecord: input's int64 label feature")
-    parser.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: DATA")
-    parser.add_argument("--max-problems-per-check", type=int, default=DEFAULT_MAX_PROBLEMS_PER_CHECK)
-    args, beam_args = parser.parse_known_args(argv)
-    if args.samples_per_class < 1 or args.max_problems_per_check < 1:
-        parser.error("--samples-per-class and --max-problems-per-check must be positive")
-    return args, beam_args
-
-
 def _log_progress(stage: str, done: int | None, total: int | None, records: int | None) -> None:
     _LOGGER.info("%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else "")
 
 
-def run(argv: list[str] | None = None, progress: Progress | None = None) -> dict:
+def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None) -> dict:
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
 
+    ``beam_args``: Beam's pipeline options, as command-line strings (``["--runner", "DataflowRunner", ...]``).
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
     """
-    args, beam_args = parse_args(argv)
-    check_output_paths(args.json_path, args.pictures)
+    beam_args = list(beam_args)
+    check_output_paths(options.json_path, options.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
-    if source_registry.kind_of(args.data).validated_as_records:
-        report = validate_foreign(args, beam_args, progress)
+    if source_registry.kind_of(options.data).validated_as_records:
+        report = validate_foreign(options, beam_args, progress)
     else:
-        report = validate_dataset(args, beam_args, progress)
+        report = validate_dataset(options, beam_args, progress)
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
-    if args.json_path:
-        _write_report(args.json_path, report)
+    if options.json_path:
+        _write_report(options.json_path, report)
     return report
 
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    result = run()
-    print(json.dumps({k: result[k] for k in ("ok", "problem_counts")}, indent=2))
-    sys.exit(0 if result["ok"] else 1)

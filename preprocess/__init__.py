@@ -1,4 +1,29 @@
 """Pure per-image and per-record operations: decode by content, colour conversion, resize, encode, record format.
 
 Nothing here imports Apache Beam's pipeline API; the Beam graphs in ``pipelines/`` call these functions.
+
+Public API, importable from this package (each name imported from its module on first use): ``PreprocessConfig``
+(``config``: the options of a preprocess run), ``process_image`` with ``ProcessOptions``, ``ProcessedImage`` and
+``RejectError`` (``image_ops``: one image's bytes decoded, resized, cropped and encoded as the job stores it).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if __name__ != "shardprep.preprocess":  # the folder imported by its bare name, e.g. from the repository's root
+    raise ImportError(f"preprocess/ is installed as shardprep.preprocess: import shardprep.preprocess, not {__name__} "
+                      "(a second copy of its modules, with classes of their own)")
+
+from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
+
+# Each public name and the module of this package that defines it.
+_EXPORTS = {"PreprocessConfig": "config", "process_image": "image_ops", "ProcessOptions": "image_ops",
+            "ProcessedImage": "image_ops", "RejectError": "image_ops"}
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports each name when first used
+    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.preprocess.image_ops import ProcessedImage, ProcessOptions, RejectError, process_image

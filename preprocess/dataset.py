@@ -220,7 +220,8 @@ def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict
     """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used}) for
     the splits of a shape-checked document that give a ``record_layout``. Only raw centre crops have one; another
     dataset's is not read (no reader uses it), only said."""
-    layouts, problems = {}, {}
+    layouts: dict[str, FixedLayout | None] = {}
+    problems: dict[str, str] = {}
     fixed = encodings.has_fixed_layout(document["encoding"], document["crop"])
     for split, info in document["splits"].items():
         record_layout = info.get("record_layout")

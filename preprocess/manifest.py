@@ -63,10 +63,10 @@ def join(base: str, *parts: str) -> str:
 
 
 class ShardName(NamedTuple):
-    """What a shard's file name says: its split, its index and the split's number of shards."""
+    """What a shard's file name says: its split, its index in the split and the split's number of shards."""
 
     split: str
-    index: int
+    shard_index: int
     num_shards: int
 
 

@@ -40,9 +40,6 @@ FILENAME = "image/filename"
 
 CHANNELS = encodings.CHANNELS
 
-_BYTES_KEYS = (ENCODED, FORMAT, FILENAME)
-_INT_KEYS = (HEIGHT, WIDTH, LABEL)
-
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
@@ -252,21 +249,3 @@ def decode_example(serialized: bytes) -> ImageRecord:
 def decode_pixels(record: ImageRecord):
     """The record's image as a uint8 numpy array of shape (H, W, 3) (its encoding's NumPy decoder)."""
     return encodings.get(record.format).decode(record.encoded, record.height, record.width)
-
-
-def tf_feature_spec(with_metadata: bool = False) -> dict:
-    """The ``tf.io.parse_example`` spec for the keys a reader needs (TensorFlow is imported lazily)."""
-    import tensorflow as tf
-
-    spec = {
-        ENCODED: tf.io.FixedLenFeature([], tf.string),
-        LABEL: tf.io.FixedLenFeature([], tf.int64),
-    }
-    if with_metadata:
-        spec.update({
-            FORMAT: tf.io.FixedLenFeature([], tf.string),
-            HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-            WIDTH: tf.io.FixedLenFeature([], tf.int64),
-            FILENAME: tf.io.FixedLenFeature([], tf.string),
-        })
-    return spec

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from shardprep.train.config import BACKENDS
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("preprocess", "pipelines", "train", "shardprep")  # folders; installed as shardprep and shardprep.<folder>
 # Files besides the packages that setup.py may read while building.
@@ -284,12 +286,11 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
 
 
 # Functions that run on the launcher only and import what workers do not install: (file, function) -> imports.
-OPTIONAL_BACKENDS = ("jax", "torch")
+OPTIONAL_BACKENDS = tuple(name for name in BACKENDS if name != "tensorflow")  # TensorFlow: installed anyway
 
 LAUNCHER_ONLY = {
     ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
     ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
-    ("preprocess/record_format.py", "tf_feature_spec"): {"tensorflow"},  # train's reader
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.

@@ -39,3 +39,17 @@ def test_the_cli_offers_the_configs_choices():
 def test_a_config_with_an_unknown_choice_is_refused(option):
     with pytest.raises(ValueError):
         TrainConfig(data_dir="unused", **option).validate()
+
+
+def test_a_backend_is_one_entry_that_the_help_and_the_missing_package_error_read(monkeypatch):
+    from shardprep.commands.train import command
+    from shardprep.train import config
+
+    backend_help = " ".join(next(param.help for param in command.params if param.name == "backend").split())
+    assert all(f"{name}: {info.summary}." in backend_help for name, info in config.BACKEND_INFO.items())
+    added = config.BackendInfo("no_such_backend_package", "pip install no-such-backend", "nothing at all")
+    monkeypatch.setattr(config, "BACKEND_INFO", {**config.BACKEND_INFO, "nosuch": added})
+    monkeypatch.setattr(config, "BACKENDS", (*config.BACKENDS, "nosuch"))
+    with pytest.raises(config.BackendError, match=r"^--backend nosuch: no_such_backend_package is not installed: "
+                                                  r"pip install no-such-backend; installed here: "):
+        config.activate_backend("nosuch")

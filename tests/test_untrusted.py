@@ -172,8 +172,8 @@ def test_nan_in_mean_rgb_is_refused_by_every_reader(dataset, tmp_path):
         NumpyReader(str(dataset), "train", 2, training=True)
     from shardprep.pipelines import validate
 
-    report = validate.run([str(dataset), "--direct_running_mode=in_memory", "--direct_num_workers=1"],
-                          progress=lambda *_: None)
+    report = validate.run(validate.ValidateOptions(str(dataset)), ["--direct_running_mode=in_memory",
+                                                                   "--direct_num_workers=1"], progress=lambda *_: None)
     assert report["ok"] is False and report["problem_counts"] == {"manifest_invalid": 1}
     assert "mean_rgb[0] is NaN" in report["problems"][0]["message"]
 
@@ -204,8 +204,8 @@ def test_a_manifest_json_that_is_a_folder_is_invalid_not_missing(dataset):
     path = dataset / manifest_lib.MANIFEST_NAME
     path.unlink()
     path.mkdir()
-    report = validate.run([str(dataset), "--direct_running_mode=in_memory", "--direct_num_workers=1"],
-                          progress=lambda *_: None)
+    report = validate.run(validate.ValidateOptions(str(dataset)), ["--direct_running_mode=in_memory",
+                                                                   "--direct_num_workers=1"], progress=lambda *_: None)
     assert report["problem_counts"] == {"manifest_invalid": 1}
     assert "manifest.json is a folder, not a regular file" in report["problems"][0]["message"]
 

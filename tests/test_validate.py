@@ -17,6 +17,7 @@ from PIL import Image
 
 import validate_helpers as helpers
 from shardprep.pipelines import validate
+from shardprep.pipelines.validate_options import ValidateOptions, default
 from shardprep.pipelines.validation import pictures
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.stats import sample_rank
@@ -24,8 +25,8 @@ from shardprep.pipelines.validation.stats import sample_rank
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
-def run_validate(data, *options: str, progress=None) -> dict:
-    return validate.run([str(data), *options, *IN_PROCESS], progress=progress or (lambda *_: None))
+def run_validate(data, progress=None, **options) -> dict:
+    return validate.run(ValidateOptions(str(data), **options), IN_PROCESS, progress=progress or (lambda *_: None))
 
 
 def problems_of(report: dict, check: str) -> list[dict]:
@@ -245,7 +246,7 @@ def test_jpeg_uncropped_dataset_passes_within_jpeg_tolerance(tmp_path):
     image_factory.write_image_folder(tmp_path / "source", {"train": 6, "validation": 3})
     helpers.preprocess(tmp_path / "source", tmp_path / "data", "--encoding", "jpeg", "--crop", "none")
 
-    report = run_validate(tmp_path / "data", "--pictures", str(tmp_path / "pictures"))
+    report = run_validate(tmp_path / "data", pictures=str(tmp_path / "pictures"))
 
     assert report["ok"] is True, report["problems"]
     assert report["mean_std_tolerance"] == 1.0
@@ -254,7 +255,7 @@ def test_jpeg_uncropped_dataset_passes_within_jpeg_tolerance(tmp_path):
     # Every train image is a sample here (2 per class); the cell fits the longest side of any of them.
     cell = max(sizes["max_height"], sizes["max_width"])
     with Image.open(tmp_path / "pictures" / pictures.CONTACT_SHEET_NAME) as sheet:
-        assert sheet.size == pictures.contact_sheet_size(3, validate.DEFAULT_SAMPLES_PER_CLASS, cell)
+        assert sheet.size == pictures.contact_sheet_size(3, default("samples_per_class"), cell)
 
 
 def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset, tmp_path):
@@ -320,8 +321,8 @@ def test_foreign_tfrecords_with_other_keys_pass_and_chart_is_written(tmp_path):
     records = [helpers.foreign_example({"jpeg": jpeg(12, 10, i), "class": i % 2}) for i in range(4)]
     helpers.write_foreign_tfrecord(tmp_path / "records.tfrecord", records)
 
-    report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord", "--image-key", "jpeg", "--label-key", "class",
-                          "--pictures", str(tmp_path / "pictures"))
+    report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord", image_key="jpeg", label_key="class",
+                          pictures=str(tmp_path / "pictures"))
 
     assert report["ok"] is True, report["problems"]
     assert report["splits"]["all"]["label_counts"] == {"0": 2, "1": 2}

@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from shardprep.pipelines import validate, validate_graph
+from shardprep.pipelines import validate_graph
 from shardprep.pipelines.validation import pictures
 from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, unfit_layout_problems,
                                                    layout_problems, manifest_problems, mean_std_problems, problem,
@@ -236,8 +236,6 @@ def test_help_states_the_tolerances_the_checks_use():
         assert f"{encoding.mean_std_tolerance} ({encoding.name}" in flat_help
         assert validate_graph.mean_std_tolerance({"encoding": encoding.name}) == encoding.mean_std_tolerance
     assert validate_graph.mean_std_tolerance({"encoding": "webp2"}) == 1.0  # unknown: the loosest
-    assert command.DEFAULT_SAMPLES_PER_CLASS == validate.DEFAULT_SAMPLES_PER_CLASS
-    assert command.DEFAULT_MAX_PROBLEMS_PER_CHECK == validate.DEFAULT_MAX_PROBLEMS_PER_CHECK
 
 
 def test_record_layout_lengths_allow_the_longer_record_only_at_the_shard_end():

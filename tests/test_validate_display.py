@@ -18,6 +18,7 @@ from rich.console import Console
 import validate_helpers as helpers
 from shardprep.commands.validate import print_report
 from shardprep.pipelines import validate
+from shardprep.pipelines.validate_options import ValidateOptions
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -53,7 +54,7 @@ def rendered(report: dict, width: int) -> list[str]:
 
 
 def run_report(data) -> dict:
-    return validate.run([str(data), *IN_PROCESS], progress=lambda *_: None)
+    return validate.run(ValidateOptions(str(data)), IN_PROCESS, progress=lambda *_: None)
 
 
 # Phrases a line must never break: each appears whole on one line, at any width it fits.
@@ -214,7 +215,7 @@ def tfds_dir(tmp_path_factory):
 
 
 def test_validate_takes_a_prepared_tfds_dataset_as_preprocess_does(tfds_dir):
-    report = validate.run(["tfds:mini_wordnet", "--tfds-data-dir", str(tfds_dir), *IN_PROCESS],
+    report = validate.run(ValidateOptions("tfds:mini_wordnet", tfds_data_dir=str(tfds_dir)), IN_PROCESS,
                           progress=lambda *_: None)
     assert report["ok"] is True, report["problems"]
     assert report["kind"] == "tfds" and report["classes"] == ["n01440764", "n03445777"]

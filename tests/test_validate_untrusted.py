@@ -12,6 +12,7 @@ import pytest
 
 import validate_helpers as helpers
 from shardprep.pipelines import validate
+from shardprep.pipelines.validate_options import ValidateOptions
 from shardprep.preprocess import tfrecord_io
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -19,13 +20,14 @@ SHARD = "train/train-00000-of-00002.tfrecord"
 TIMEOUT_S = 120
 
 
-def validate_within_timeout(data, *options) -> dict:
+def validate_within_timeout(data, **options) -> dict:
     """validate.run in a thread that must finish within TIMEOUT_S (a hang fails the test instead of blocking it)."""
     outcome = {}
 
     def run():
         try:
-            outcome["report"] = validate.run([str(data), *options, *IN_PROCESS], progress=lambda *_: None)
+            outcome["report"] = validate.run(ValidateOptions(str(data), **options), IN_PROCESS,
+                                             progress=lambda *_: None)
         except BaseException as e:  # noqa: BLE001 - the test reports whatever it was
             outcome["error"] = e
 
@@ -126,7 +128,7 @@ def test_a_json_report_path_that_is_a_fifo_is_refused_before_anything_runs(clean
     fifo = tmp_path / "report.json"
     os.mkfifo(fifo)
     with pytest.raises(validate.ValidateError, match=r"--json .*report\.json is a FIFO \(named pipe\), not a file"):
-        validate_within_timeout(clean, "--json", str(fifo))
+        validate_within_timeout(clean, json_path=str(fifo))
 
 
 @pytest.mark.parametrize("pattern, message", [("", "tfrecord: needs a glob of TFRecord files"),

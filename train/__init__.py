@@ -1,16 +1,20 @@
 """Training from prepared shards: tf.data reader, on-device augmentation, ResNet-18 and the training loop.
 
-Public API:
+Public API, importable from this package (``from shardprep.train import NumpyReader``); each name is imported from
+its module on first use, so a name costs only what its module imports (``NumpyReader``: no TensorFlow, Keras or
+Beam):
 
-* :func:`shardprep.train.reader.make_dataset` — batches of ``(uint8 images, int32 labels)`` from a prepared dataset.
-* :class:`shardprep.train.numpy_reader.NumpyReader` — the same batches as NumPy arrays, without TensorFlow; its
-  ``as_py_dataset()`` for Keras on any backend, and :class:`shardprep.train.record_dataset.RecordDataset` with
-  :class:`~shardprep.train.record_dataset.EpochSampler` for PyTorch's ``DataLoader`` or Grain.
-* :class:`shardprep.train.augment.CropFlipNormalize` and the batched functions beside it — augmentation on the accelerator.
-* :func:`shardprep.train.resnet.resnet18`, :func:`shardprep.train.model.build_model`, :func:`shardprep.train.model.load_model`.
-* :func:`shardprep.train.predict.predict_images` — class names and probabilities for new photos (paths or bytes),
+* ``make_dataset`` (``reader``) — batches of ``(uint8 images, int32 labels)`` from a prepared dataset, with
+  ``load_manifest`` and ``split_size``.
+* ``NumpyReader`` (``numpy_reader``) — the same batches as NumPy arrays, without TensorFlow; its
+  ``as_py_dataset()`` for Keras on any backend; its ``state()`` a ``ReaderState``; ``RecordDataset`` with
+  ``EpochSampler`` (``record_dataset``) for PyTorch's ``DataLoader`` or Grain. ``DatasetChangedError``: a dataset
+  rebuilt or changed while read.
+* ``CropFlipNormalize`` (``augment``) — augmentation and normalization on the accelerator, as the model's first layer.
+* ``resnet18``, ``resnet18_layers`` (``resnet``), ``build_model``, ``load_model`` (``model``).
+* ``predict_images`` (``predict``) — a ``Prediction`` (or ``PhotoFailure``) for each new photo (a path or bytes),
   turned into the stored form with the dataset's own options.
-* :func:`shardprep.train.loop.train` with :class:`shardprep.train.config.TrainConfig` — what ``shardprep train`` runs.
+* ``train`` (``loop``) with ``TrainConfig`` (``config``) — what ``shardprep train`` runs.
 
 Modules, each one concern:
 
@@ -39,6 +43,43 @@ Modules, each one concern:
 ``batch_prefetch``, ``numpy_reader``, ``record_dataset``, ``run_files``, ``output_dir`` and ``checkpoint_state``
 import no TensorFlow (but for ``gs://``); ``keras_batches``, ``augment``,
 ``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints`` (but for ``gs://``), ``steps_keras`` and ``loop``
-import Keras, and Keras its backend (TensorFlow only when it is the backend); the other modules import TensorFlow:
-import them, not this package, where that matters.
+import Keras, and Keras its backend (TensorFlow only when it is the backend); the other modules import TensorFlow.
+A public name imported from this package costs what its own module imports, nothing more.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if __name__ != "shardprep.train":  # the folder imported by its bare name, e.g. from the repository's root
+    raise ImportError(f"train/ is installed as shardprep.train: import shardprep.train, not {__name__} (a second "
+                      "copy of its modules, with classes of their own)")
+
+from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
+
+# Each public name and the module of this package that defines it.
+_EXPORTS = {
+    "make_dataset": "reader", "load_manifest": "reader", "split_size": "reader",
+    "NumpyReader": "numpy_reader", "ReaderState": "record_order", "DatasetChangedError": "record_identity",
+    "RecordDataset": "record_dataset", "EpochSampler": "record_dataset",
+    "CropFlipNormalize": "augment", "resnet18": "resnet", "resnet18_layers": "resnet",
+    "build_model": "model", "load_model": "model",
+    "predict_images": "predict", "Prediction": "predict", "PhotoFailure": "predict",
+    "train": "loop", "TrainConfig": "config",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports each name when first used
+    from shardprep.train.augment import CropFlipNormalize
+    from shardprep.train.config import TrainConfig
+    from shardprep.train.loop import train
+    from shardprep.train.model import build_model, load_model
+    from shardprep.train.numpy_reader import NumpyReader
+    from shardprep.train.predict import PhotoFailure, Prediction, predict_images
+    from shardprep.train.reader import load_manifest, make_dataset, split_size
+    from shardprep.train.record_dataset import EpochSampler, RecordDataset
+    from shardprep.train.record_identity import DatasetChangedError
+    from shardprep.train.record_order import ReaderState
+    from shardprep.train.resnet import resnet18, resnet18_layers

@@ -11,18 +11,34 @@ import dataclasses
 import importlib.machinery
 import os
 import sys
+from typing import NamedTuple
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 LR_SCHEDULES = ("cosine", "step", "plateau")
 AUGMENTATIONS = ("crop", "rrc")
-BACKENDS = ("tensorflow", "jax", "torch")
-# The module each backend needs, and how to install it, for the error when it is missing.
-_BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
-_INSTALL_HINTS = {
-    "tensorflow": "pip install tensorflow",
-    "jax": "pip install jax, or 'jax[cuda12]' for NVIDIA GPUs",
-    "torch": "pip install torch, the CUDA build for your GPU: see pytorch.org",
+
+
+class BackendInfo(NamedTuple):
+    """A Keras backend shardprep trains on: the package it needs, how to install it (the error when it is missing),
+    and what a run on it uses (``--backend``'s help)."""
+
+    module: str
+    install: str
+    summary: str
+
+
+# In the order of preference when neither --backend nor KERAS_BACKEND chooses (the first installed).
+BACKEND_INFO = {
+    "tensorflow": BackendInfo("tensorflow", "pip install tensorflow",
+                              "all GPUs (MirroredStrategy), tf.data input, XLA with one GPU"),
+    "jax": BackendInfo("jax", "pip install jax, or 'jax[cuda12]' for NVIDIA GPUs",
+                       "every device of one host (keras.distribution.DataParallel when several; one JAX process "
+                       "only), XLA always, NumPy input (local datasets only)"),
+    "torch": BackendInfo("torch", "pip install torch, the CUDA build for your GPU: see pytorch.org",
+                         "one device (the GPU when there is one), NumPy input (local datasets only), torch.compile "
+                         "with --jit-compile"),
 }
+BACKENDS = tuple(BACKEND_INFO)
 
 
 class BackendError(ValueError):
@@ -33,7 +49,7 @@ def backend_installed(name: str) -> bool:
     """Whether the backend's package can be imported, asked of the path finder alone: ``importlib.util.find_spec``
     would also ask import hooks such as the CLI's quiet TensorFlow import (``shardprep.quiet_logs``), which takes
     the question for the import and would then miss the real one."""
-    module = _BACKEND_MODULES[name]
+    module = BACKEND_INFO[name].module
     if module in sys.modules:
         return True
     return importlib.machinery.PathFinder.find_spec(module) is not None
@@ -57,7 +73,8 @@ def activate_backend(name: str) -> str:
                            f"one of {', '.join(BACKENDS)}")
     if not backend_installed(name):
         installed = [other for other in BACKENDS if backend_installed(other)]
-        raise BackendError(f"--backend {name}: {_BACKEND_MODULES[name]} is not installed: {_INSTALL_HINTS[name]}; "
+        raise BackendError(f"--backend {name}: {BACKEND_INFO[name].module} is not installed: "
+                           f"{BACKEND_INFO[name].install}; "
                            f"installed here: {', '.join(installed) or 'none'}")
     keras = sys.modules.get("keras")
     if keras is not None and keras.backend.backend() != name:

@@ -7,7 +7,7 @@ import click
 
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
-from shardprep.train.config import AUGMENTATIONS, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
+from shardprep.train.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 
 def _epoch_list(ctx, param, value):
@@ -109,13 +109,10 @@ def _holds_run_files(output_dir: str) -> bool:
 @click.command("train", cls=_TrainCommand)
 @click.argument("data", metavar="DATA")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="The Keras backend [default: $KERAS_BACKEND if set, else tensorflow if installed, else jax, else "
-                   "torch]. tensorflow: all GPUs (MirroredStrategy), tf.data input, XLA with one GPU. jax: every "
-                   "device of one host (keras.distribution.DataParallel when several; one JAX process only), XLA "
-                   "always, NumPy input (local "
-                   "datasets only). torch: one device (the GPU when there is one), NumPy input (local datasets "
-                   "only), torch.compile with --jit-compile. Mixed precision, schedules, callbacks, checkpoints "
-                   "and --resume work on all three.")
+              help=f"The Keras backend [default: $KERAS_BACKEND if set, else {BACKENDS[0]} if installed, else "
+                   + ", else ".join(BACKENDS[1:]) + "]. "
+                   + " ".join(f"{name}: {info.summary}." for name, info in BACKEND_INFO.items())
+                   + " Mixed precision, schedules, callbacks, checkpoints and --resume work on each.")
 @click.option("--output-dir", default="shardprep_train", show_default=True,
               help="Receives history.json, summary.json, model.keras, checkpoints/ and logs/. Must be empty or "
                    "missing unless --resume or --overwrite.")

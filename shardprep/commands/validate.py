@@ -8,11 +8,9 @@ import click
 
 from shardprep.display import LiveProgress
 from shardprep.display import console as make_console
+from shardprep.pipelines.validate_options import ValidateOptions, default
 from shardprep.preprocess import encodings
 
-# Repeated from pipelines.validate / pipelines.validation.stats so --help imports neither Beam nor numpy.
-DEFAULT_SAMPLES_PER_CLASS = 6
-DEFAULT_MAX_PROBLEMS_PER_CHECK = 100
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
 _PROBLEM_ROWS_SHOWN = 25
 
@@ -65,15 +63,19 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("data")
-@click.option("--json", "json_path", default=None, metavar="REPORT", help="Write the JSON report to this path.")
-@click.option("--pictures", default=None, metavar="DIR",
+@click.option("--json", "json_path", default=default("json_path"), metavar="REPORT",
+              help="Write the JSON report to this path.")
+@click.option("--pictures", default=default("pictures"), metavar="DIR",
               help="Write contact_sheet.png and class_counts.png into DIR (contact sheet: prepared datasets only).")
-@click.option("--samples-per-class", default=DEFAULT_SAMPLES_PER_CLASS, show_default=True,
+@click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
               type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key).")
-@click.option("--image-key", default="image", show_default=True, help="Image bytes feature of tfrecord: input.")
-@click.option("--label-key", default="label", show_default=True, help="int64 label feature of tfrecord: input.")
-@click.option("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: DATA (default: TFDS's own).")
-@click.option("--max-problems-per-check", default=DEFAULT_MAX_PROBLEMS_PER_CHECK, show_default=True,
+@click.option("--image-key", default=default("image_key"), show_default=True,
+              help="Image bytes feature of tfrecord: input.")
+@click.option("--label-key", default=default("label_key"), show_default=True,
+              help="int64 label feature of tfrecord: input.")
+@click.option("--tfds-data-dir", default=default("tfds_data_dir"),
+              help="TFDS data_dir of a tfds: DATA (default: TFDS's own).")
+@click.option("--max-problems-per-check", default=default("max_problems_per_check"), show_default=True,
               type=click.IntRange(min=1), help="Problems listed per check in the report (all are counted).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
@@ -83,18 +85,16 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
+    try:
+        options = ValidateOptions(data, json_path=json_path, pictures=pictures, samples_per_class=samples_per_class,
+                                  image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
+                                  max_problems_per_check=max_problems_per_check)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
-    argv = [data, "--samples-per-class", str(samples_per_class), "--image-key", image_key, "--label-key", label_key,
-            "--max-problems-per-check", str(max_problems_per_check)]
-    if json_path:
-        argv += ["--json", json_path]
-    if pictures:
-        argv += ["--pictures", pictures]
-    if tfds_data_dir:
-        argv += ["--tfds-data-dir", tfds_data_dir]
     try:
         with _ProgressDisplay(enabled=not quiet) as progress_display:
-            report = job.run(argv + list(beam_args), progress=progress_display.update)
+            report = job.run(options, list(beam_args), progress=progress_display.update)
     except job.ReportWriteError as e:
         e.report.setdefault("elapsed_seconds", 0)
         print_report(e.report, None)
@@ -380,7 +380,7 @@ def _print_problems(say, report: dict) -> None:
                if total > _PROBLEM_ROWS_SHOWN else f"({total:,}):")])
     for found in problems[:_PROBLEM_ROWS_SHOWN]:
         where = found.get("file") or found.get("split") or ""
-        items = [("", Text.assemble("  ", (found["check"], "bold")))]
+        items: list[tuple[str, Text | str]] = [("", Text.assemble("  ", (found["check"], "bold")))]
         if where:
             items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
         clauses = _clauses(found["message"])

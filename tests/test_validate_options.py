@@ -1,0 +1,82 @@
+"""``shardprep validate`` hands its flags to the driver as one typed ``ValidateOptions``, each default defined once;
+what follows ``--`` reaches Beam as it was given, never read again as validate's own options."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from shardprep.cli import main
+from shardprep.commands import validate as command
+from shardprep.pipelines import validate as job
+from shardprep.pipelines.validate_options import ValidateOptions, default
+
+
+def test_the_cli_passes_its_flags_as_one_options_object_and_the_beam_options_as_given(monkeypatch, tmp_path):
+    calls = []
+
+    def run(options, beam_args, progress=None):
+        calls.append((options, beam_args))
+        return {"kind": "tfrecord", "data": options.data, "ok": True, "problems": [], "problem_counts": {},
+                "splits": {}}
+
+    monkeypatch.setattr(job, "run", run)
+    result = CliRunner().invoke(main, ["validate", "tfrecord:in/*.tfrecord", "--samples-per-class", "3",
+                                       "--image-key", "jpeg", "--json", str(tmp_path / "r.json"), "--quiet", "--",
+                                       "--runner", "DirectRunner", "--json", "for-beam"])
+    assert result.exit_code == 0, result.output
+    assert calls == [(ValidateOptions("tfrecord:in/*.tfrecord", json_path=str(tmp_path / "r.json"),
+                                      samples_per_class=3, image_key="jpeg"),
+                      ["--runner", "DirectRunner", "--json", "for-beam"])]
+
+
+def test_every_flag_defaults_to_the_options_default():
+    fields = {field.name for field in dataclasses.fields(ValidateOptions)} - {"data"}
+    flags = {param.name: param.default for param in command.command.params if param.name in fields}
+    assert set(flags) == fields and "data" in {param.name for param in command.command.params}
+    assert flags == {name: default(name) for name in fields}
+    assert "[default: 6;" in CliRunner().invoke(main, ["validate", "--help"]).output
+
+
+@pytest.mark.parametrize("name, value", [("samples_per_class", 0), ("max_problems_per_check", -1),
+                                         ("samples_per_class", 2.5), ("max_problems_per_check", True)])
+def test_options_refuse_a_count_that_is_not_positive(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a positive whole number"):
+        ValidateOptions("data", **{name: value})
+
+
+def test_options_refuse_an_empty_data():
+    with pytest.raises(ValueError, match="DATA '' is empty"):
+        ValidateOptions("")
+    result = CliRunner().invoke(main, ["validate", ""])
+    assert result.exit_code == 1 and result.output.splitlines() == [
+        "Error: DATA '' is empty: give a prepared dataset folder, tfrecord:GLOB or tfds:NAME"]
+
+
+def test_a_beam_option_spelled_like_a_validate_flag_is_not_taken_as_one(tmp_path):
+    """``-- --json PATH`` is Beam's (which has no such option), not validate's --json: no report is written."""
+    stolen = tmp_path / "stolen.json"
+    result = CliRunner().invoke(main, ["validate", f"tfrecord:{tmp_path}/none-*.tfrecord", "--quiet", "--",
+                                       "--json", str(stolen), "--samples-per-class", "0"])
+    assert result.exit_code == 1, result.output
+    assert "no_files" in result.output and "Traceback" not in result.output
+    assert not stolen.exists()
+
+
+def test_the_driver_takes_the_options_object(tmp_path):
+    report = job.run(ValidateOptions(f"tfrecord:{tmp_path}/none-*.tfrecord", json_path=str(tmp_path / "r.json")),
+                     ["--direct_running_mode=in_memory"], progress=lambda *_: None)
+    assert report["problem_counts"] == {"no_files": 1} and (tmp_path / "r.json").exists()
+
+
+def test_the_validate_command_module_loads_no_beam():
+    """The flags' defaults come from the options module, which imports no Beam (so --help starts fast)."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, shardprep.commands.validate; "
+                                                   "print('apache_beam' in sys.modules)"],
+                            capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "False"
