@@ -16,15 +16,9 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train import loop, reader, schedules, steps_tf
 from shardprep.train.model import load_model
-from train_helpers import write_colour_dataset
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def _flat(messages):
