@@ -134,8 +134,8 @@ def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_
     result = outcome["result"]
 
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert all(len(line) <= 80 or " " not in line.strip() for line in result.output.splitlines())  # fits a pipe
     lines = predict_entries(result.output)
+    assert result.output.splitlines()[:-1] == lines  # in a pipe one line per photo, for scripts: never wrapped
     assert [line.split(": ", 1)[0] for line in lines] == list(map(str, [good, broken, folder, fifo, missing, later]))
     for line in (lines[0], lines[-1]):
         answers = line.split(": ", 1)[1].split(", ")
@@ -146,6 +146,25 @@ def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_
     assert "not classified: is a FIFO (named pipe), not a regular file" in lines[3]
     assert "not classified: does not exist" in lines[4]
     assert error_lines(result) == ["Error: 4 of 6 photos could not be classified (each is named above)"]
+
+
+def test_predict_wraps_its_lines_to_a_terminal_only(trained, tmp_path, monkeypatch):
+    import shardprep.preprocess.text as text
+
+    data, model, _, _ = trained
+    photo = tmp_path / ("a-long-folder-name-" * 3) / "photo with spaces in its name.png"
+    photo.parent.mkdir()
+    photo.write_bytes(png(3))
+    piped = invoke(model, data, photo, "--top-k", "2")
+    assert piped.exit_code == 0 and len(piped.output.splitlines()) == 1, piped.output
+    monkeypatch.setattr(text, "terminal_columns", lambda stream: 40)  # stdout is a 40-column terminal
+    monkeypatch.delenv("COLUMNS", raising=False)
+    shown = invoke(model, data, photo, "--top-k", "2")
+    assert shown.exit_code == 0
+    lines = shown.output.splitlines()
+    assert len(lines) > 1 and all(line.startswith("  ") for line in lines[1:])
+    assert all(len(line) <= 40 for line in lines if " " in line.strip())  # only an unbreakable word is wider
+    assert predict_entries(shown.output) == piped.output.splitlines()
 
 
 def test_predict_images_reports_bad_photos_when_asked_and_raises_by_default(trained):

@@ -17,7 +17,8 @@ def command(model, data, photos, top_k):
     DATA's options (any format preprocess reads; small photos are scaled up the same way).
 
     Prints one line per photo, in order: the photo, then "class probability" for its --top-k classes (ImageNet
-    WordNet IDs with their names: "golf ball (n03445777) 0.33"). A photo that cannot be used (not an image,
+    WordNet IDs with their names: "golf ball (n03445777) 0.33"); in a terminal a line wider than it continues on
+    lines indented by two spaces, in a pipe or a file each photo stays on one line, for scripts. A photo that cannot be used (not an image,
     missing, a folder) gets a "PHOTO: not classified: why" line and the others are still answered; the exit status
     is then 1, after every photo.
     """
@@ -34,16 +35,19 @@ def command(model, data, photos, top_k):
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
-    from shardprep.preprocess.text import output_width, wrap
+    import sys
 
-    width = output_width()
+    from shardprep.preprocess.text import output_width, terminal_columns, wrap
+
+    # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
+    width = output_width() if terminal_columns(sys.stdout) else None
     for result in results:
         if isinstance(result, PhotoFailure):
             line = f"{result.source}: not classified: {result.message}"
         else:
             line = f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
                                                     for name, _, probability in result.top)
-        click.echo(wrap(line, width))
+        click.echo(wrap(line, width) if width else line)
     failed = sum(isinstance(result, PhotoFailure) for result in results)
     if failed:
         raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "
