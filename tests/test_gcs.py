@@ -24,6 +24,7 @@ import sys
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -120,6 +121,40 @@ def run_shardprep(storage: LoopbackStorage, *args: str, expect_exit: int | None 
     return result
 
 
+class Started(NamedTuple):
+    """A child process started before the test that reads it (so the commands that need only the prepared dataset
+    overlap one another), its output going to files, and the proxy's refusals before it started."""
+    process: subprocess.Popen
+    folder: Path
+    refused_before: int
+
+
+def start_python(storage: LoopbackStorage, folder: Path, *argv: str) -> Started:
+    """``python -c ARGV...`` in a child process pointed at the loopback server, in the background."""
+    folder.mkdir(parents=True)
+    refused_before = len(storage.proxy.refused)
+    with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", *argv], env={**os.environ, **storage.environment},
+                                   stdout=stdout, stderr=stderr, text=True)
+    return Started(process, folder, refused_before)
+
+
+def finish(storage: LoopbackStorage, started: Started,
+           expect_exit: int | None = 0) -> subprocess.CompletedProcess:
+    """What ``run_shardprep`` returns and checks, for a command started with ``start_python``."""
+    try:
+        returncode = started.process.wait(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if started.process.poll() is None:
+            started.process.kill()
+            started.process.wait()
+    stdout, stderr = (started.folder / "stdout").read_text(), (started.folder / "stderr").read_text()
+    if expect_exit is not None:
+        assert returncode == expect_exit, f"exit {returncode}\n{stdout[-4000:]}\n{stderr[-8000:]}"
+    assert storage.proxy.refused[started.refused_before:] == [], "a request tried to leave the machine"
+    return subprocess.CompletedProcess(started.process.args, returncode, stdout, stderr)
+
+
 def run_python(storage: LoopbackStorage, code: str, *args: str) -> str:
     refused_before = len(storage.proxy.refused)
     result = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **storage.environment},
@@ -180,9 +215,55 @@ def prepared(storage, source):
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
+CLI = "from shardprep.cli import main; main()"
+
+
+def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
+    """(SOURCE, the error line it gets): a missing bucket and a missing folder, told apart."""
+    return [(f"gs://no-such-bucket-{storage.bucket}/imagenet",
+             f"Error: gs://no-such-bucket-{storage.bucket}/imagenet does not exist: the bucket "
+             f"gs://no-such-bucket-{storage.bucket} does not exist"),
+            (gs(storage, "no-such-folder"), f"Error: {gs(storage, 'no-such-folder')} does not exist")]
+
+
+def copy_damaged(storage: LoopbackStorage) -> None:
+    """gs://BUCKET/damaged/: the prepared dataset with one byte of a train shard flipped."""
+    bucket = storage.client().bucket(storage.bucket)
+    for name in object_names(storage, "imagenet-shards/"):
+        data = read_object(storage, name)
+        if name.endswith("train-00001-of-00002.tfrecord"):
+            data = data[:40] + bytes([data[40] ^ 0xFF]) + data[41:]
+        bucket.blob(name.replace("imagenet-shards/", "damaged/", 1)).upload_from_string(data)
+
+
+@pytest.fixture(scope="module")
+def background(storage, prepared, tmp_path_factory):
+    """The commands that need only the prepared dataset (or nothing), started together once it is written (not
+    while it is: the planning test counts that run's requests); each test below finishes and checks its own."""
+    folder = tmp_path_factory.mktemp("background")
+    copy_damaged(storage)
+    started = {
+        "validate": start_python(storage, folder / "validate", CLI, "validate", gs(storage, "imagenet-shards"),
+                                 "--json", gs(storage, "reports/imagenet.json"), "--pictures",
+                                 gs(storage, "reports/pictures"), "--quiet"),
+        "damaged": start_python(storage, folder / "damaged", CLI, "validate", gs(storage, "damaged"), "--json",
+                                gs(storage, "reports/damaged.json"), "--quiet"),
+    }
+    for index, (source, _) in enumerate(unlistable_sources(storage)):
+        started[f"unlistable-{index}"] = start_python(storage, folder / f"unlistable-{index}", CLI, "preprocess",
+                                                      source, gs(storage, "unwritten"), "--quiet")
+    try:
+        yield started
+    finally:
+        for run in started.values():
+            if run.process.poll() is None:
+                run.process.kill()
+                run.process.wait()
+
+
 # --- tests ---------------------------------------------------------------------------------------------------
 
-def test_preprocess_gs_to_gs_writes_the_dataset_and_nothing_else(storage, source, prepared):
+def test_preprocess_gs_to_gs_writes_the_dataset_and_nothing_else(storage, source, prepared, background):
     manifest = prepared["manifest"]
     assert manifest["classes"] == list(CLASSES)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
@@ -227,13 +308,10 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
     assert 0 < prepared["planning_requests"] < VAL_FILES, prepared["planning_requests"]
 
 
-def test_a_source_that_cannot_be_listed_says_why(storage):
+def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
-    for source, message in ((f"gs://no-such-bucket-{storage.bucket}/imagenet",
-                             f"Error: gs://no-such-bucket-{storage.bucket}/imagenet does not exist: the bucket "
-                             f"gs://no-such-bucket-{storage.bucket} does not exist"),
-                            (gs(storage, "no-such-folder"), f"Error: {gs(storage, 'no-such-folder')} does not exist")):
-        result = run_shardprep(storage, "preprocess", source, gs(storage, "unwritten"), "--quiet", expect_exit=1)
+    for index, (_, message) in enumerate(unlistable_sources(storage)):
+        result = finish(storage, background[f"unlistable-{index}"], expect_exit=1)
         assert result.stderr.strip().splitlines()[-1] == message, result.stderr[-3000:]
 
 
@@ -269,10 +347,8 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
 
-def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared):
-    result = run_shardprep(storage, "validate", gs(storage, "imagenet-shards"),
-                           "--json", gs(storage, "reports/imagenet.json"), "--pictures", gs(storage, "reports/pictures"),
-                           "--quiet")
+def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared, background):
+    result = finish(storage, background["validate"])
     report = json.loads(read_object(storage, "reports/imagenet.json"))
     assert report["ok"], (report["problem_counts"], result.stdout[-3000:])
     assert report["num_examples"] == report["expected_num_examples"] == prepared["manifest"]["num_examples"]
@@ -280,16 +356,8 @@ def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepare
         "reports/pictures/class_counts.png", "reports/pictures/contact_sheet.png"]
 
 
-def test_validate_finds_a_damaged_gs_shard(storage, prepared):
-    client = storage.client()
-    bucket = client.bucket(storage.bucket)
-    for name in object_names(storage, "imagenet-shards/"):
-        data = read_object(storage, name)
-        if name.endswith("train-00001-of-00002.tfrecord"):
-            data = data[:40] + bytes([data[40] ^ 0xFF]) + data[41:]
-        bucket.blob(name.replace("imagenet-shards/", "damaged/", 1)).upload_from_string(data)
-    run_shardprep(storage, "validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"),
-                  "--quiet", expect_exit=1)
+def test_validate_finds_a_damaged_gs_shard(storage, background):
+    finish(storage, background["damaged"], expect_exit=1)  # a copy with one byte flipped: copy_damaged
     report = json.loads(read_object(storage, "reports/damaged.json"))
     assert not report["ok"]
     assert any(problem.get("file") == "train/train-00001-of-00002.tfrecord" for problem in report["problems"]), \
@@ -312,8 +380,10 @@ print(json.dumps({"shape": images.shape.as_list(), "dtype": images.dtype.name,
 """
 
 
-def test_train_reader_reads_batches_from_gs(storage, prepared):
+def test_train_reader_reads_batches_from_gs(storage, prepared, background):
     """make_dataset on gs:// yields the stored images and labels (TensorFlow's own GCS file system, via the proxy)."""
+    for run in background.values():  # nothing else may make requests through the proxy meanwhile
+        finish(storage, run, expect_exit=None)
     forwarded_before = storage.proxy.forwarded
     read = json.loads(run_python(storage, TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards")).splitlines()[-1])
     assert storage.proxy.forwarded > forwarded_before  # TensorFlow itself read the shards from the server

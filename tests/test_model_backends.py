@@ -142,7 +142,7 @@ def test_a_model_saved_on_jax_loads_and_predicts_the_same_classes_here(tmp_path)
     assert len(set(expected.argmax(axis=1))) > 1
 
 
-def test_predict_images_and_shardprep_predict_take_the_inference_model(tmp_path):
+def test_predict_images_and_shardprep_predict_take_the_inference_model(colour_dataset, tmp_path):
     import io
 
     from click.testing import CliRunner
@@ -150,11 +150,11 @@ def test_predict_images_and_shardprep_predict_take_the_inference_model(tmp_path)
 
     from shardprep.cli import main
     from shardprep.train.predict import model_image_size, predict_images
-    from train_helpers import write_colour_dataset
 
-    data = write_colour_dataset(tmp_path / "colours")  # 20x20 stored images, classes red and blue
+    data = colour_dataset  # 20x20 stored images, classes red and blue
     keras.utils.set_random_seed(0)
-    manifest = json.loads((tmp_path / "colours" / "manifest.json").read_text())  # predict checks mean/std
+    with open(os.path.join(data, "manifest.json")) as f:
+        manifest = json.load(f)  # predict checks mean/std
     model = build_model(2, IMAGE_SIZE, manifest["mean_rgb"], manifest["std_rgb"], width_multiplier=0.125)
     path = tmp_path / "model.keras"
     save_inference_model(model, str(path))

@@ -113,15 +113,31 @@ def source(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(source, tmp_path_factory):
-    """The uninterrupted run."""
+def reference_job(source, tmp_path_factory):
+    """The uninterrupted run, started in the background: it needs nothing from the killed run, so they overlap."""
     folder = tmp_path_factory.mktemp("reference")
-    run_job(source, folder)
+    with open(folder / "log", "wb") as log:
+        process = subprocess.Popen(job_command(source), cwd=folder, env=job_env(), stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield process, folder
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_job, killed):
+    """The uninterrupted run's OUTPUT, once it finished (after the killed run was caught)."""
+    process, folder = reference_job
+    returncode = process.wait(timeout=WAIT_S)
+    assert returncode == 0, (folder / "log").read_bytes().decode("utf-8", "replace")
     return folder / OUTPUT
 
 
 @pytest.fixture(scope="module")
-def killed(source, tmp_path_factory):
+def killed(source, reference_job, tmp_path_factory):
     """The OUTPUT of a run killed (SIGKILL to its whole process group) once half its decode groups are recorded."""
     folder = tmp_path_factory.mktemp("killed")
     journal_path = folder / OUTPUT / ".tmp" / "journal.jsonl"

@@ -16,15 +16,10 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train import config as train_config
 from shardprep.train.loop import HISTORY_KEYS
-from train_helpers import random_images, write_colour_dataset, write_dataset
+from train_helpers import random_images, write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--no-tensorboard"]
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def test_the_default_backend_is_keras_backend_else_the_first_installed(monkeypatch):

@@ -30,7 +30,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from train_helpers import write_colour_dataset, write_dataset
+from train_helpers import write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS_PER_EPOCH = 4  # 64 images, batches of 16
@@ -298,10 +298,11 @@ def test_a_checkpoints_entries_keep_the_history_they_were_saved_with(tmp_path):
 # --- a full disk, and gs:// output folders --------------------------------------------------------------------------
 
 
-def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_stays(tmp_path, monkeypatch):
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_stays(colour_dataset, tmp_path,
+                                                                                      monkeypatch):
     import keras
 
-    data = write_colour_dataset(tmp_path / "data")
+    data = colour_dataset
     output = tmp_path / "run"
     save = keras.Model.save
     calls: list = []
@@ -329,10 +330,10 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_s
     assert _history(output)["epoch"] == [1]
 
 
-def test_a_full_disk_while_keras_writes_best_keras_is_one_line(tmp_path, monkeypatch):
+def test_a_full_disk_while_keras_writes_best_keras_is_one_line(colour_dataset, tmp_path, monkeypatch):
     import keras
 
-    data = write_colour_dataset(tmp_path / "data")
+    data = colour_dataset
     output = tmp_path / "run"
     save = keras.Model.save
 

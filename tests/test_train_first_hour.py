@@ -13,12 +13,7 @@ from PIL import Image
 from shardprep.cli import main
 from shardprep.preprocess.dataset import load_manifest
 from shardprep.train import preflight
-from train_helpers import predict_entries, write_colour_dataset
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
+from train_helpers import predict_entries
 
 
 def _error_lines(result):

@@ -16,15 +16,9 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train import loop, reader, schedules, steps_tf
 from shardprep.train.model import load_model
-from train_helpers import write_colour_dataset
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def _flat(messages):
@@ -34,6 +28,53 @@ def _flat(messages):
 
 def _config(data_dir, output_dir, **overrides):
     return loop.TrainConfig(data_dir=data_dir, output_dir=str(output_dir), **{**SMALL, **overrides})
+
+
+MIRRORED_TEST = "test_mirrored_strategy_over_two_devices_shards_the_batch"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mirrored_run(request, colour_dataset, tmp_path_factory):
+    """The MirroredStrategy runs (a fresh process: devices are fixed at start-up), started with the module's first
+    test when that test is selected, so that it overlaps the in-process tests before it; (process, its folder)."""
+    if not any(item.name == MIRRORED_TEST for item in request.session.items):
+        yield None
+        return
+    tmp_path = tmp_path_factory.mktemp("mirrored") / "run"  # its output folder; the child's output beside it
+    script = textwrap.dedent(f"""
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from shardprep.train import loop
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+        def config(output, **options):
+            return loop.TrainConfig(data_dir={colour_dataset!r}, output_dir=output, epochs=2, batch_size=16,
+                                    image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
+                                    tensorboard=False, checkpoint_every_steps=2, **options)
+
+        summary = loop.train(config({str(tmp_path)!r}), strategy=strategy)
+        print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
+
+        def crash(step, batch):
+            if step == 7:
+                raise RuntimeError("crashed")
+        try:
+            loop.train(config({str(tmp_path / "resumed")!r}), strategy=strategy, on_batch=crash)
+        except RuntimeError:
+            loop.train(config({str(tmp_path / "resumed")!r}, resume=True), strategy=strategy)
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": repo}
+    # Output to files: a pipe nobody reads while the other tests run could fill and stall the child.
+    with open(tmp_path.parent / "stdout.txt", "w") as stdout, open(tmp_path.parent / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=stdout, stderr=stderr, env=env)
+    try:
+        yield process, tmp_path
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
 
 
 def test_warmup_then_cosine_reaches_zero_at_the_end():
@@ -154,36 +195,15 @@ def test_saved_model_takes_stored_uint8_images_and_centre_crops_them(colour_data
     assert getattr(model, "optimizer", None) is None  # the inference model carries no training state
 
 
-def test_mirrored_strategy_over_two_devices_shards_the_batch(colour_dataset, tmp_path):
+def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     # Two logical CPUs stand in for two GPUs; this must run in a fresh process (devices are fixed at start-up).
     # A second run crashes mid-epoch 2 and resumes: its input pipeline feeds both replicas, two of its batches a
     # step, so it must start after all the saved steps' batches; the training history then equals the first run's.
-    script = textwrap.dedent(f"""
-        import tensorflow as tf
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from shardprep.train import loop
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-        def config(output, **options):
-            return loop.TrainConfig(data_dir={colour_dataset!r}, output_dir=output, epochs=2, batch_size=16,
-                                    image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
-                                    tensorboard=False, checkpoint_every_steps=2, **options)
-
-        summary = loop.train(config({str(tmp_path)!r}), strategy=strategy)
-        print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
-
-        def crash(step, batch):
-            if step == 7:
-                raise RuntimeError("crashed")
-        try:
-            loop.train(config({str(tmp_path / "resumed")!r}), strategy=strategy, on_batch=crash)
-        except RuntimeError:
-            loop.train(config({str(tmp_path / "resumed")!r}, resume=True), strategy=strategy)
-    """)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": repo}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    process, tmp_path = mirrored_run
+    process.wait(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode,
+                                         (tmp_path.parent / "stdout.txt").read_text(),
+                                         (tmp_path.parent / "stderr.txt").read_text())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MirroredStrategy over 2 devices" in result.stdout
     assert "REPLICAS 2" in result.stdout

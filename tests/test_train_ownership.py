@@ -18,16 +18,11 @@ from click.testing import CliRunner
 
 from file_trees import tree
 from shardprep.cli import main
-from train_helpers import write_colour_dataset, write_dataset, random_images
+from train_helpers import write_dataset, random_images
 
 RECORD = ".shardprep-train.json"  # the run record's name is a contract (docs/safety.md)
 TINY = ["--epochs", "1", "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--seed", "1",
         "--warmup-epochs", "0", "--no-early-stopping"]
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours") / "data")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -86,47 +88,82 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
-def _killed_run(data, output, tmp_path) -> dict:
-    """`shardprep train` in a subprocess, SIGKILLed while it waits before step BLOCK_AT; its ids by step."""
-    ids_path, marker = tmp_path / "killed-ids.jsonl", tmp_path / "blocked"
+class Started(NamedTuple):
+    """A child process started in the background (so that it overlaps the in-process runs); its stdout and stderr
+    go to files (a pipe nobody reads meanwhile could fill and stall it)."""
+    process: subprocess.Popen
+    folder: Path
+
+    def output(self, name="stdout") -> str:
+        return (self.folder / name).read_text()
+
+
+def _popen(script_and_args, env, folder: Path) -> Started:
+    with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
+        return Started(subprocess.Popen([sys.executable, "-c", *map(str, script_and_args)], env=env, stdout=stdout,
+                                        stderr=stderr), folder)
+
+
+def _start_killed_run(data, output, folder: Path) -> Started:
+    """`shardprep train` in a subprocess, to be SIGKILLed while it waits before step BLOCK_AT."""
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ids_path), str(marker), str(BLOCK_AT),
-                                *_args(data, output)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert process.poll() is None, process.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached the step it blocks at"
-            time.sleep(0.2)
-        os.kill(process.pid, signal.SIGKILL)
-        assert process.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdout.close()
-    return {step: ids for step, ids in map(json.loads, ids_path.read_text().splitlines())}
+    return _popen([KILLED_RUN, folder / "killed-ids.jsonl", folder / "blocked", BLOCK_AT, *_args(data, output)],
+                  env, folder)
+
+
+def _killed_run_ids(started: Started) -> dict:
+    """Waits for the run to block before step BLOCK_AT and SIGKILLs it there; its ids by step."""
+    process, marker = started.process, started.folder / "blocked"
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert process.poll() is None, (started.output() + started.output("stderr"))[-3000:]
+        assert time.monotonic() < deadline, "the run never reached the step it blocks at"
+        time.sleep(0.2)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    return {step: ids for step, ids in map(json.loads, started.output("killed-ids.jsonl").splitlines())}
+
+
+def _stop(started: Started) -> None:
+    if started.process.poll() is None:
+        started.process.kill()
+    started.process.wait()
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(id_dataset, tmp_path_factory):
-    """The uninterrupted run (TensorFlow, this process): its output folder and record ids by step."""
+def background(id_dataset, tmp_path_factory):
+    """The child processes, started before the uninterrupted run so that they overlap it: the TensorFlow run to be
+    killed mid-epoch, and the JAX run that crashes and resumes."""
+    killed_folder, jax_folder = tmp_path_factory.mktemp("killed"), tmp_path_factory.mktemp("jax")
+    killed = _start_killed_run(id_dataset, killed_folder / "run", killed_folder)
+    jax = _start_jax_run(id_dataset, jax_folder / "run", jax_folder)
+    try:
+        yield {"killed": killed, "killed_output": killed_folder / "run", "jax": jax, "jax_output": jax_folder / "run"}
+    finally:
+        _stop(killed)
+        _stop(jax)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(id_dataset, background, tmp_path_factory):
+    """The uninterrupted run (TensorFlow, this process, while the child processes run): its output folder and
+    record ids by step."""
     output = tmp_path_factory.mktemp("uninterrupted")
     with pytest.MonkeyPatch.context() as monkeypatch:
         _, ids = _run_in_process(monkeypatch, _args(id_dataset, output))
     return output, ids
 
 
-def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, tmp_path,
+def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, background,
                                                                             monkeypatch):
-    (uninterrupted, ids_a), killed = uninterrupted, tmp_path / "killed"
+    (uninterrupted, ids_a), killed = uninterrupted, background["killed_output"]
     assert sorted(ids_a) == list(range(3 * STEPS_PER_EPOCH))
     for epoch in range(3):  # every record once an epoch, in a new order each epoch
         seen = sum((ids_a[epoch * STEPS_PER_EPOCH + s] for s in range(STEPS_PER_EPOCH)), [])
         assert sorted(seen) == list(range(64))
     assert ids_a[0] != ids_a[STEPS_PER_EPOCH]
 
-    ids_b = _killed_run(id_dataset, killed, tmp_path)
+    ids_b = _killed_run_ids(background["killed"])
     assert {step: ids_a[step] for step in ids_b} == ids_b  # same seed, same batches before the kill
     state = json.loads((killed / "checkpoints" / "state.json").read_text())
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (12, 2, 4)
@@ -184,19 +221,21 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
 """)
 
 
-def test_jax_resumes_mid_epoch_on_the_same_batches(id_dataset, uninterrupted, tmp_path):
+def _start_jax_run(data, output, folder: Path) -> Started:
+    """JAX_CRASH_AND_RESUME in a subprocess; its report is the last line of its stdout."""
+    # The script imports the loop (and so Keras) before the CLI runs: the backend comes from the environment.
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"}
+    return _popen([JAX_CRASH_AND_RESUME, BLOCK_AT, *_args(data, output, "--backend", "jax")], env, folder)
+
+
+def test_jax_resumes_mid_epoch_on_the_same_batches(uninterrupted, background):
     # A crash at step 13 (an exception in the loop: a second process kill would cost another JAX start) after
     # the checkpoint of step 12; the resumed JAX run reads with the NumPy reader the batches the TensorFlow run
     # read from step 12 on: one record order for every backend.
     _, ids_a = uninterrupted
-    output = tmp_path / "jax-run"
-    # The script imports the loop (and so Keras) before the CLI runs: the backend comes from the environment.
-    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"}
-    done = subprocess.run([sys.executable, "-c", JAX_CRASH_AND_RESUME, str(BLOCK_AT),
-                           *_args(id_dataset, output, "--backend", "jax")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    output, jax = background["jax_output"], background["jax"]
+    assert jax.process.wait(timeout=600) == 0, jax.output("stderr")[-3000:]
+    report = json.loads(jax.output().strip().splitlines()[-1])
     assert report["crashed"] == "crashed" and report["resumed"] == 0, report["output"]
     assert "with Keras on jax" in report["output"]
     assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in " ".join(report["output"].split())

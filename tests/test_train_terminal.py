@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train import loop, progress
 from shardprep.train.interrupt import TrainingInterrupted
-from train_helpers import random_images, write_colour_dataset, write_dataset
+from train_helpers import random_images, write_dataset
 from train_runs import environment
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -28,11 +28,6 @@ def segments(text: str) -> list[str]:
 
 def flat(text: str) -> str:
     return " ".join(ANSI.sub("", text).split())
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colours"))
 
 
 def test_a_run_in_an_80_column_terminal_fits_it_and_ends_with_the_summary(tmp_path):

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import NamedTuple
 
@@ -49,15 +48,9 @@ class Finished(NamedTuple):
     seconds_after_signal: float | None  # from the signal to the child's exit
 
 
-# JAX compiles every initializer and step afresh in each process (~70 programs for ResNet-18 on the CPU, most of a
-# tiny run's time); its persistent cache lets the later runs of a test session reuse them.
-JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"shardprep-tests-jax-{os.getuid()}"),
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
 def environment(backend: str, **extra) -> dict:
     env = {key: value for key, value in os.environ.items() if not key.startswith("TRAIN_RUNS_")}
-    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend, COLUMNS="80", **JAX_CACHE, **extra)
+    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend, COLUMNS="80", **extra)
     return env
 
 
