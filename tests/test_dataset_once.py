@@ -15,14 +15,8 @@ from shardprep.cli import main
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import manifest_schema, untrusted
 from shardprep.preprocess.fixed_layout import FixedLayout
-from train_helpers import write_colour_dataset
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def colour_dataset(tmp_path_factory):
-    return write_colour_dataset(tmp_path_factory.mktemp("colour") / "data")  # raw centre crops: two fixed layouts
 
 
 @pytest.fixture
@@ -57,6 +51,7 @@ def manifest_reads(monkeypatch):
 
 
 def test_a_train_run_reads_and_checks_the_manifest_once(colour_dataset, tmp_path, manifest_reads):
+    # colour_dataset (conftest.py): raw centre crops, so each of its two splits has a fixed layout
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
                                        "--epochs", "1", "--batch-size", "32", "--image-size", "16",
                                        "--width-multiplier", "0.125", "--no-tensorboard", "--seed", "1"])
