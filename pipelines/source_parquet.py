@@ -97,8 +97,9 @@ class ParquetSource(SourceKind):
         if not readable:
             first = footers[0]
             raise sources.SourceError(f"no readable Parquet file matches {location}: {first.path}: {first.error}")
-        features = dataset_features(base, readable[0].features)
-        image_column, label_column = find_columns(readable[0], features, config)
+        widest = max(readable, key=lambda footer: len(footer.columns))  # the first by name may lack labels (test)
+        features = dataset_features(base, widest.features)
+        image_column, label_column = find_columns(widest, features, config)
         classes = features[label_column].names if label_column in features else None
         tasks, unlabelled = [], []
         for footer in readable:
@@ -242,9 +243,15 @@ def dataset_features(base: str, file_features: hub_features.Features) -> hub_fea
 
 
 def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:
-    """(image column, label column): ``--image-key`` / ``--label-key`` when the file has them, else the columns
-    the features name, else a struct with ``bytes`` and an integer column called ``label``."""
+    """(image column, label column): ``--image-key`` / ``--label-key`` (refused when the file lacks a column they
+    name away from their defaults), else the columns the features name, else a column of image bytes by its type."""
     import pyarrow as pa
+    from shardprep.preprocess.config import default
+
+    for key, flag in ((config.image_key, "--image-key"), (config.label_key, "--label-key")):
+        if key != default(flag[2:].replace("-", "_")) and key not in footer.columns:
+            raise sources.SourceError(f"no column {key!r} ({flag}) in {footer.path} (columns: "
+                                      f"{', '.join(footer.columns)})")
 
     def image_like(kind) -> bool:
         return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or (
@@ -261,6 +268,9 @@ def find_columns(footer: _FileFooter, features: hub_features.Features, config) -
     if label is None:
         raise sources.SourceError(f"no label column {config.label_key!r} in {footer.path} (columns: "
                                   f"{', '.join(footer.columns)}): name it with --label-key")
+    if not pa.types.is_integer(footer.columns.get(label, pa.int64())):
+        raise sources.SourceError(f"the label column {label!r} of {footer.path} holds {footer.columns[label]}, not "
+                                  "integer class indices: name another with --label-key")
     return image, label
 
 

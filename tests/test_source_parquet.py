@@ -73,9 +73,10 @@ def hub_dataset(root, splits=None, card_text=None) -> dict[str, list]:
     return by_split
 
 
-def unlabelled_test(root, count: int = 4):
+def unlabelled_test(root, count: int = 4, label_column: str | None = "label"):
+    """The Hub's test split: labels -1, or (``label_column`` None) no label column at all."""
     rows = [(image_factory.tiny_png(), f"t{i}.png", -1) for i in range(count)]
-    write_parquet(root / "hub" / "data" / "test-00000-of-00001.parquet", rows)
+    write_parquet(root / "hub" / "data" / "test-00000-of-00001.parquet", rows, label_column=label_column)
 
 
 def config_for(root, **options) -> PreprocessConfig:
@@ -99,9 +100,10 @@ def pixels_and_labels(output, split, names) -> list[tuple[str, bytes]]:
 
 # --- planning -------------------------------------------------------------------------------------------------------
 
-def test_plan_finds_splits_row_groups_columns_and_the_cards_class_names(tmp_path):
+@pytest.mark.parametrize("test_labels", ["label", None])
+def test_plan_finds_splits_row_groups_columns_and_the_cards_class_names(tmp_path, test_labels):
     hub_dataset(tmp_path)
-    unlabelled_test(tmp_path)
+    unlabelled_test(tmp_path, label_column=test_labels)
     plan = source_registry.plan_source(config_for(tmp_path))
     assert plan.kind is PARQUET and plan.kind.name == "parquet"
     assert (plan.splits, plan.classes) == (("train", "validation"), CLASSES)
@@ -128,6 +130,8 @@ def test_class_names_from_dataset_info_json_then_from_the_files_else_integers_wi
     hub_dataset(tmp_path, {"train": 6}, card_text="# no front matter\n")
     plan = source_registry.plan_source(config_for(tmp_path))
     assert plan.classes is None and "labels named by their integers" in plan.notes[0]
+    unlabelled_test(tmp_path, label_column=None)  # the first file by name, without the label column
+    assert source_registry.plan_source(config_for(tmp_path)).label_column == "label"
     info = {"features": {"image": {"_type": "Image"}, "label": {"names": ["a", "b", "c"], "_type": "ClassLabel"}}}
     (tmp_path / "hub" / "data" / "dataset_info.json").write_text(json.dumps(info))
     plan = source_registry.plan_source(config_for(tmp_path))
@@ -153,6 +157,14 @@ def test_image_key_and_label_key_name_other_columns(tmp_path):
     assert (plan.image_column, plan.label_column) == ("img", "y")  # the image struct found by its type
     with pytest.raises(sources.SourceError, match="no label column 'label'.*--label-key"):
         source_registry.plan_source(config_for(tmp_path))
+    with pytest.raises(sources.SourceError, match="no column 'picture' \\(--image-key\\)"):  # named: never another
+        source_registry.plan_source(config_for(tmp_path, image_key="picture", label_key="y"))
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    pq.write_table(pa.table({"image": pa.array([{"bytes": b"x", "path": "a"}], type=IMAGE_TYPE),
+                             "label": pa.array(["cat"])}), str(texts / "train-00000-of-00001.parquet"))
+    with pytest.raises(sources.SourceError, match="the label column 'label' of .* holds string, not integer"):
+        source_registry.plan_source(PreprocessConfig(source=f"parquet:{texts}/*", output=str(tmp_path / "o")))
     with pytest.raises(sources.SourceError, match="--labels-file is for folder sources"):
         source_registry.plan_source(config_for(tmp_path, labels_file="x.csv"))
 
@@ -259,3 +271,32 @@ def test_a_run_in_a_terminal_at_80_columns(tmp_path):
     assert any(line.startswith("images ") and "6/6 (100%)" in line for line in run.screen), run.describe()
     assert "not used: 1 file (test-00000-of-00001.parquet), listed in manifest.json" in run.written_lines
     assert "note: labels named by their integers: no class names found for 'label'" in run.written_lines
+
+
+# --- gs:// ------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_a_gs_glob_is_read_through_beams_file_systems_with_the_card_above_it(tmp_path):
+    import subprocess
+
+    from gcs_emulator import LoopbackStorage
+
+    hub_dataset(tmp_path, {"train": 6})
+    unlabelled_test(tmp_path)
+    storage = LoopbackStorage(tmp_path / "gcs").start()
+    try:
+        bucket = storage.client().bucket(storage.bucket)
+        for path in (tmp_path / "hub").rglob("*"):
+            if path.is_file():
+                bucket.blob(f"hub/{path.relative_to(tmp_path / 'hub')}").upload_from_filename(str(path))
+        result = subprocess.run(
+            [sys.executable, "-m", "shardprep.cli", "preprocess", f"parquet:gs://{storage.bucket}/hub/data/*.parquet",
+             str(tmp_path / "out"), "--shorter-side", "8", "--quiet"],
+            env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert storage.proxy.refused == [], "a request tried to leave the machine"
+    finally:
+        storage.stop()
+    document = json.loads((tmp_path / "out" / manifest.MANIFEST_NAME).read_text())
+    assert (document["classes"], document["num_examples"]) == (list(CLASSES), 6)
+    assert [entry["path"] for entry in document["not_used"]] == ["test-00000-of-00001.parquet"]
