@@ -115,8 +115,13 @@ class ParquetSource(SourceKind):
         tasks += [t for s, f in unlabelled if s in labelled for t in row_group_tasks(s, f, relative(base, f.path))]
         if not tasks:
             raise sources.SourceError(f"no labelled rows in the Parquet files matching {location}")
+        splits = tuple(dict.fromkeys(t.split for t in tasks))
+        for reject in skipped:  # its split has no rows to count it in
+            if reject.split not in splits:
+                raise sources.SourceError(f"{reject.key} cannot be read ({reject.detail}), and no other file of "
+                                          f"split {reject.split} can: download it again, or leave it out of the glob")
         notes = () if classes else (f"labels named by their integers: no class names found for {label_column!r}",)
-        return ParquetPlan(kind=self, location=location, splits=tuple(dict.fromkeys(t.split for t in tasks)),
+        return ParquetPlan(kind=self, location=location, splits=splits,
                            classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=notes,
                            row_groups=tuple(tasks), image_column=image_column, label_column=label_column)
 

@@ -34,9 +34,9 @@ class Feature(NamedTuple):
 Features = dict[str, Feature]
 
 
-def from_card(data: bytes, path: str, config_name: str | None = None) -> Features:
+def from_card(data: bytes, path: str) -> Features:
     """The features in a dataset card's YAML front matter (``---`` lines around it); {} when it has none. A card
-    with several configurations (``dataset_info`` a list) gives ``config_name``'s, else the first with a class label.
+    with several configurations (``dataset_info`` a list) gives the first that has a class label.
     ``sources.SourceError`` for front matter that is not YAML."""
     import yaml
 
@@ -55,8 +55,7 @@ def from_card(data: bytes, path: str, config_name: str | None = None) -> Feature
     info = front.get("dataset_info") if isinstance(front, dict) else None
     configs = [info] if isinstance(info, dict) else [c for c in info if isinstance(c, dict)] if isinstance(
         info, list) else []
-    found = [_card_features(c.get("features")) for c in configs if not config_name
-             or c.get("config_name") in (None, config_name)]
+    found = [_card_features(c.get("features")) for c in configs]
     return next((f for f in found if any(v.type == CLASS_LABEL for v in f.values())), found[0] if found else {})
 
 

@@ -300,3 +300,13 @@ def test_a_gs_glob_is_read_through_beams_file_systems_with_the_card_above_it(tmp
     document = json.loads((tmp_path / "out" / manifest.MANIFEST_NAME).read_text())
     assert (document["classes"], document["num_examples"]) == (list(CLASSES), 6)
     assert [entry["path"] for entry in document["not_used"]] == ["test-00000-of-00001.parquet"]
+
+
+def test_an_unreadable_file_that_is_its_splits_only_file_is_one_clear_error(tmp_path):
+    hub_dataset(tmp_path, {"train": 3})
+    whole = (tmp_path / "hub" / "data" / "train-00000-of-00002.parquet").read_bytes()
+    (tmp_path / "hub" / "data" / "test-00000-of-00001.parquet").write_bytes(whole[:100])  # a cut download
+    with pytest.raises(sources.SourceError, match=r"^test-00000-of-00001.parquet cannot be read \(ArrowInvalid: .*\), "
+                                                  r"and no other file of split test can: download it again, or "
+                                                  r"leave it out of the glob$"):
+        source_registry.plan_source(config_for(tmp_path))
