@@ -98,9 +98,14 @@ class ParquetSource(SourceKind):
             first = footers[0]
             raise sources.SourceError(f"no readable Parquet file matches {location}: {first.path}: {first.error}")
         widest = max(readable, key=lambda footer: len(footer.columns))  # the first by name may lack labels (test)
-        features = dataset_features(base, widest.features)
+        features, origin = dataset_features(base, widest)
         image_column, label_column = find_columns(widest, features, config)
-        classes = features[label_column].names if label_column in features else None
+        classes, notes = features[label_column].names if label_column in features else None, []
+        if classes:
+            classes, repeated = hub_features.usable_class_names(classes, origin)
+            notes += [repeated] if repeated else []
+        else:
+            notes.append(f"labels named by their integers: no class names found for {label_column!r}")
         tasks, unlabelled = [], []
         for footer in readable:
             split = names.check(split_of(footer.path, config.split), "split", f"the Parquet file {footer.path}")
@@ -120,9 +125,8 @@ class ParquetSource(SourceKind):
             if reject.split not in splits:
                 raise sources.SourceError(f"{reject.key} cannot be read ({reject.detail}), and no other file of "
                                           f"split {reject.split} can: download it again, or leave it out of the glob")
-        notes = () if classes else (f"labels named by their integers: no class names found for {label_column!r}",)
         return ParquetPlan(kind=self, location=location, splits=splits,
-                           classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=notes,
+                           classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=tuple(notes),
                            row_groups=tuple(tasks), image_column=image_column, label_column=label_column)
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
@@ -228,9 +232,10 @@ def _column_max(metadata, index: int) -> int | None:
     return max(found, default=None)
 
 
-def dataset_features(base: str, file_features: hub_features.Features) -> hub_features.Features:
-    """The features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
-    above it (the Hub keeps the card at the top, the files under ``data/``); else the files' own."""
+def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
+    """(the features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
+    above it (the Hub keeps the card at the top, the files under ``data/``), else ``footer``'s file's own; the file
+    they come from)."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -243,8 +248,8 @@ def dataset_features(base: str, file_features: hub_features.Features) -> hub_fea
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 features = parse(f.read(), path)
             if hub_features.column_of(features, hub_features.CLASS_LABEL):
-                return features
-    return file_features
+                return features, path
+    return footer.features, footer.path
 
 
 def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:

@@ -15,8 +15,10 @@ All three become ``{column: Feature}``. Pure functions of bytes and dicts: no fi
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import NamedTuple
 
+from shardprep.preprocess import names as name_rules
 from shardprep.preprocess import sources
 
 IMAGE = "image"
@@ -112,3 +114,16 @@ def _names(names) -> tuple[str, ...] | None:
 def column_of(features: Features, kind: str) -> str | None:
     """The first column whose feature is ``kind`` (IMAGE or CLASS_LABEL)."""
     return next((name for name, feature in features.items() if feature.type == kind), None)
+
+
+def usable_class_names(names: tuple[str, ...], where: str) -> tuple[tuple[str, ...], str | None]:
+    """(``names`` as shardprep keeps class names: each checked by the rule for names, one that repeats told apart by
+    its label, ``crane (134)``; a note naming those, or None). ``sources.SourceError`` naming ``where`` for a name
+    that breaks the rule."""
+    checked = [name_rules.check(name, "class", where) for name in names]
+    counts = Counter(checked)
+    unique = tuple(f"{name} ({label})" if counts[name] > 1 else name for label, name in enumerate(checked))
+    if len(set(unique)) != len(unique):
+        raise sources.SourceError(f"the class names in {where} repeat even when told apart by their label")
+    repeated = [name for name, given in zip(unique, checked) if counts[given] > 1]
+    return unique, ("repeated class names told apart by label: " + ", ".join(repeated) if repeated else None)

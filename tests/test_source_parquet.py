@@ -310,3 +310,14 @@ def test_an_unreadable_file_that_is_its_splits_only_file_is_one_clear_error(tmp_
                                                   r"and no other file of split test can: download it again, or "
                                                   r"leave it out of the glob$"):
         source_registry.plan_source(config_for(tmp_path))
+
+
+def test_repeated_class_names_are_told_apart_by_their_index_and_bad_ones_refused(tmp_path):
+    # ImageNet's names on the Hub repeat one: "crane" is 134 (the bird) and 517 (the machine).
+    hub_dataset(tmp_path, {"train": 3}, card_text=card(("crane", "goldfish", "crane")))
+    plan = source_registry.plan_source(config_for(tmp_path))
+    assert plan.classes == ("crane (0)", "goldfish", "crane (2)")
+    assert plan.notes == ("repeated class names told apart by label: crane (0), crane (2)",)
+    (tmp_path / "hub" / "README.md").write_text(card(("tench", "a/b", "shark")))
+    with pytest.raises(sources.SourceError, match=r"the class name 'a/b' from .*README.md contains a path separator"):
+        source_registry.plan_source(config_for(tmp_path))
