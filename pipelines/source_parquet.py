@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, prefixed_location
 from shardprep.preprocess import accounting, hub_features, manifest, names, sources
@@ -78,8 +78,9 @@ class ParquetSource(SourceKind):
         literal = [] if any(c in location for c in _WILDCARDS) else [ApartFrom("input Parquet file", location)]
         return literal + [ApartFrom("input Parquet files", location, glob=True)]
 
-    def planned_inputs(self, plan: ParquetPlan) -> list[ApartFrom]:
-        return [ApartFrom("input Parquet file", path, matched=True) for path in {t.path for t in plan.row_groups}]
+    def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
+        paths = sorted({task.path for task in parquet_plan(plan).row_groups})
+        return [ApartFrom("input Parquet file", path, matched=True) for path in paths]
 
     def plan(self, location: str, config) -> ParquetPlan:
         from apache_beam.io.filesystems import FileSystems
@@ -133,7 +134,7 @@ class ParquetSource(SourceKind):
         return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of work " \
                "can be kept"
 
-    def list_inputs(self, pbegin, config, plan: ParquetPlan, progress_dir: str | None) -> dict:
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
         """The row groups read on the workers, and the files planning could not read as rejects."""
         import apache_beam as beam
 
@@ -144,22 +145,30 @@ class ParquetSource(SourceKind):
         return {"inputs": listed["inputs"],
                 "rejects": (listed["rejects"], unreadable) | "AllListingRejects" >> beam.Flatten()}
 
-    def read_tasks(self, plan: ParquetPlan) -> list[RowGroupTask]:
-        return list(plan.row_groups)
+    def read_tasks(self, plan: SourcePlan) -> list[RowGroupTask]:
+        return list(parquet_plan(plan).row_groups)
 
-    def task_reader(self, config, plan: ParquetPlan) -> RowGroupReader:
-        return RowGroupReader(plan.image_column, plan.label_column, len(plan.classes) if plan.classes else None)
+    def task_reader(self, config, plan: SourcePlan) -> Callable[[Any], Iterable[Input | Reject]]:
+        planned = parquet_plan(plan)
+        return RowGroupReader(planned.image_column, planned.label_column,
+                              len(planned.classes) if planned.classes else None)
 
-    def planned_key_bounds(self, plan: ParquetPlan) -> dict[str, KeyBounds]:
+    def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
         """Keys ``NAME:ROW``, rows counted in each file: bounds from the names and the files' row counts."""
         max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
         bounds: dict[str, list[int]] = {}
-        for task in plan.row_groups:
+        for task in parquet_plan(plan).row_groups:
             name = len(task.name.encode("utf-8"))
             last = len(str(task.first_row + task.num_rows - 1))
             low, high = bounds.setdefault(task.split, [name + 2, name + 1 + last])
             bounds[task.split] = [min(low, name + 2), max(high, name + 1 + last)]
         return {split: (low, high, max_label) for split, (low, high) in bounds.items()}
+
+
+def parquet_plan(plan: SourcePlan) -> ParquetPlan:
+    """``plan``, which this kind made, as the ParquetPlan it is."""
+    assert isinstance(plan, ParquetPlan), type(plan)
+    return plan
 
 
 def glob_folder(location: str) -> str:
