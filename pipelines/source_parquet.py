@@ -112,7 +112,7 @@ class ParquetSource(SourceKind):
             split = names.check(split_of(footer.path, config.split), "split", f"the Parquet file {footer.path}")
             if image_column not in footer.columns:
                 skipped.append(Reject(split, relative(base, footer.path), "bad_record", f"no column {image_column!r}"))
-            elif label_column not in footer.columns or (footer.maxima.get(label_column) or 0) < 0:
+            elif label_column not in footer.columns or label_max(footer, label_column) < 0:
                 unlabelled.append((split, footer))
             else:
                 tasks += row_group_tasks(split, footer, relative(base, footer.path))
@@ -239,6 +239,26 @@ def _column_max(metadata, index: int) -> int | None:
             return None
         found.append(stats.max)
     return max(found, default=None)
+
+
+def label_max(footer: _FileFooter, column: str) -> int:
+    """The largest label in ``column`` of the file: by the footer's statistics, else read (that column only; files
+    written without statistics); 0 for a file without rows or labels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    found = footer.maxima.get(column)
+    if found is not None or not sum(footer.row_groups):
+        return found or 0
+    try:
+        with FileSystems.open(footer.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            largest = pc.max(pq.ParquetFile(stream).read(columns=[column]).column(column)).as_py()
+    except (pa.ArrowException, OSError):  # damaged pages: its row groups are read, and rejected, row by row
+        return 0
+    return largest if isinstance(largest, int) else 0
 
 
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:

@@ -321,3 +321,19 @@ def test_repeated_class_names_are_told_apart_by_their_index_and_bad_ones_refused
     (tmp_path / "hub" / "README.md").write_text(card(("tench", "a/b", "shark")))
     with pytest.raises(sources.SourceError, match=r"the class name 'a/b' from .*README.md contains a path separator"):
         source_registry.plan_source(config_for(tmp_path))
+
+
+def test_a_split_named_like_a_path_is_refused_and_labels_without_statistics_are_read(tmp_path):
+    png = image_factory.tiny_png()
+    data = tmp_path / "hub" / "data"
+    write_parquet(data / "train-00000-of-00001.parquet", [(png, "a.png", 0), (png, "b.png", 1)])
+    # An unlabelled test split written without column statistics: its labels are read to find it has none.
+    pq.write_table(pa.table({"image": pa.array([{"bytes": png, "path": "t"}] * 2, type=IMAGE_TYPE),
+                             "label": pa.array([-1, -1], type=pa.int64())}),
+                   str(data / "test-00000-of-00001.parquet"), write_statistics=False)
+    plan = source_registry.plan_source(config_for(tmp_path))
+    assert plan.splits == ("train",)
+    assert [entry.path for entry in plan.not_used] == ["test-00000-of-00001.parquet"]
+    write_parquet(data / "..-00000-of-00001.parquet", [(png, "c.png", 0)])
+    with pytest.raises(sources.SourceError, match=r"the split name '\.\.' from the Parquet file .*\.\.-00000-of"):
+        source_registry.plan_source(config_for(tmp_path))
