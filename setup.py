@@ -25,6 +25,8 @@ WORKER_REQUIRED = [
     "pillow>=10,<13",  # Beam pins pillow<13
     "numpy",
     "google-crc32c",  # TFRecord checksums (Beam's TFRecord IO and ours)
+    "pyarrow",  # parquet: sources (Beam requires it too)
+    "pyyaml",  # parquet: sources' dataset cards (Beam requires it too)
 ]
 # The launcher and the trainer only: the CLI, gs:// planning, TFDS sources, validate's pictures, train.
 LAUNCHER_REQUIRED = [

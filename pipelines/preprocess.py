@@ -137,6 +137,7 @@ class JobOutcome(NamedTuple):
 
     manifest: dict
     decode: journal.ResumeCounts
+    notes: tuple[str, ...] = ()  # the plan's notes for the user (SourcePlan.notes)
 
 
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> dict:
@@ -217,7 +218,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
     template = runners.template_location(beam_args)
     if template:  # Dataflow only wrote a template; nothing ran yet
         return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
-    return JobOutcome(manifest.read_document(config.output), decode_counts(result))
+    return JobOutcome(manifest.read_document(config.output), decode_counts(result), plan.notes)
 
 
 def decode_counts(result) -> journal.ResumeCounts:

@@ -60,6 +60,7 @@ class SourcePlan:
     classes: tuple[str, ...] | None  # None: unnamed int labels, class names become "0".."max"
     skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden folders, looping links)
     not_used: tuple[accounting.NotUsed, ...] = ()  # what lies beside the inputs and is not one
+    notes: tuple[str, ...] = ()  # what the user is told after the run (labels named by their integers)
 
     @property
     def stats_split(self) -> str:

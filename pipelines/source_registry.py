@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardprep.pipelines import source_folder, source_tfds, source_tfrecord
+from shardprep.pipelines import source_folder, source_parquet, source_tfds, source_tfrecord
 from shardprep.pipelines.source_kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
 from shardprep.preprocess import limits, names, sources
 from shardprep.preprocess.config import PreprocessConfig, default
@@ -18,6 +18,7 @@ KINDS: tuple[SourceKind, ...] = (
     source_folder.FOLDER,
     source_tfds.TFDS,
     source_tfrecord.TFRECORD,
+    source_parquet.PARQUET,
 )
 FALLBACK = source_folder.FOLDER  # a SOURCE no kind claims is a path: a folder
 
@@ -50,7 +51,8 @@ def check_kind_options(config: PreprocessConfig, kind: SourceKind) -> None:
     """Refuses, by name, an option set away from its default that ``kind`` does not read."""
     for field, flag in KIND_OPTIONS.items():
         if field not in kind.options and getattr(config, field) != default(field):
-            takers = " and ".join(other.name for other in KINDS if field in other.options)
+            named = [other.name for other in KINDS if field in other.options]
+            takers = " and ".join(filter(None, (", ".join(named[:-1]), named[-1])))
             raise sources.SourceError(f"{flag} is for {takers} sources, and {config.source} is a {kind.name} "
                                       f"source: drop {flag}")
 

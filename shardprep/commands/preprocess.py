@@ -72,9 +72,9 @@ class _ArgsKept(click.Command):
 @click.option("--tfds-data-dir", default=None, help="TFDS data_dir of a tfds: source.")
 @click.option("--tfds-download", is_flag=True, help="Allow a tfds: source to download and prepare the dataset.")
 @click.option("--image-key", default=default("image_key"), show_default=True,
-              help="Image bytes feature of tfrecord:/tfds: records.")
+              help="Image bytes feature of tfrecord:/tfds: records; image column of parquet: files.")
 @click.option("--label-key", default=default("label_key"), show_default=True,
-              help="int64 label feature of tfrecord:/tfds: records.")
+              help="int64 label feature of tfrecord:/tfds: records; label column of parquet: files.")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--resume", is_flag=True,
@@ -124,7 +124,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     print_summary(manifest, time.monotonic() - started, output)
     if resume:
         click.echo(resumed_line(outcome.decode))
-    for note in capped_shard_notes(manifest, num_shards):
+    for note in capped_shard_notes(manifest, num_shards) + [f"note: {note}" for note in outcome.notes]:
         click.echo(note)
     return manifest
 

@@ -1,0 +1,358 @@
+"""The ``parquet:GLOB`` kind: Parquet files as the Hugging Face Hub holds image datasets (``data/train-00000-of-00004
+.parquet``: rows of an image struct ``{bytes, path}`` and an integer label).
+
+Planning matches the glob and reads each file's footer (row groups, schema, statistics), on the launching machine.
+A file's split comes from its name (``SPLIT-00000-of-00004.parquet``, ``SPLIT.parquet``, ``SPLIT/0000.parquet``),
+else ``--split``. The image and label columns are found by their features (``preprocess.hub_features``: the
+dataset card ``README.md``, ``dataset_info.json``, or the files' own metadata), unless ``--image-key`` /
+``--label-key`` name them; the class names come from the label's feature, else the labels are named by their
+integers (a note says so). A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
+The listing reads one row group per task where it lands (``RowGroupReader``): its rows become Inputs carrying the
+image bytes, decoded there too. Keys are ``FILE:ROW``, FILE relative to the glob's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, prefixed_location
+from shardprep.preprocess import accounting, hub_features, manifest, names, sources
+from shardprep.preprocess.elements import Input, Reject
+
+_WILDCARDS = "*?["
+_MAX_LABEL = (1 << 63) - 1  # an int64 label, when no class names bound it
+# train-00000-of-00004.parquet, train-00000-of-00004-2a3b4c5d.parquet (older uploads), train.parquet
+_HUB_FILE_SPLIT = re.compile(r"^(?P<split>[^/]+?)(-\d+-of-\d+(-[0-9a-zA-Z]+)?)?\.parquet$")
+_NUMBERED_FILE = re.compile(r"^\d+\.parquet$")  # the Hub's converted layout: CONFIG/SPLIT/0000.parquet
+UNLABELLED = "a split without labels (every label -1 or no label column), as the Hub's test splits are: not read"
+NOT_PARQUET = "not a Parquet file, matched by the glob: not read"
+
+
+class RowGroupTask(NamedTuple):
+    """One row group to read: its file's split, path and name in keys, its index, and its rows' first index."""
+
+    split: str
+    path: str
+    name: str  # the file relative to the glob's folder: keys are NAME:ROW
+    row_group: int
+    first_row: int
+    num_rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetPlan(SourcePlan):
+    """Row groups to read, with the columns holding the images and the labels."""
+
+    row_groups: tuple[RowGroupTask, ...] = ()
+    image_column: str = ""
+    label_column: str = ""
+
+
+class _FileFooter(NamedTuple):
+    """What planning read of one matched file: its schema and row groups, or why it cannot be read."""
+
+    path: str
+    columns: dict  # column -> Arrow type
+    row_groups: tuple[int, ...]  # rows per row group
+    maxima: dict  # integer column -> its largest value by the footer's statistics (None: not known)
+    features: hub_features.Features  # from the file's huggingface metadata
+    error: str | None = None
+
+
+class ParquetSource(SourceKind):
+    name = "parquet"
+    prefix = "parquet:"
+    usage = (Usage("parquet:GLOB", "Parquet files as on the Hugging Face Hub (image struct, int label)"),)
+    options = ("image_key", "label_key")
+    decoded_where_read = True
+
+    def claims(self, source: str) -> bool:
+        return source.startswith(self.prefix)
+
+    def location(self, source: str) -> str:
+        return prefixed_location(source, self.prefix, "DIR/data/*.parquet", "a glob of Parquet files")
+
+    def apart_from(self, location: str, config) -> list[ApartFrom]:
+        literal = [] if any(c in location for c in _WILDCARDS) else [ApartFrom("input Parquet file", location)]
+        return literal + [ApartFrom("input Parquet files", location, glob=True)]
+
+    def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
+        paths = sorted({task.path for task in parquet_plan(plan).row_groups})
+        return [ApartFrom("input Parquet file", path, matched=True) for path in paths]
+
+    def plan(self, location: str, config) -> ParquetPlan:
+        from apache_beam.io.filesystems import FileSystems
+
+        matched = sorted(m.path for m in FileSystems.match([location])[0].metadata_list if not m.path.endswith("/"))
+        if not matched:
+            raise sources.SourceError(f"no files match {location}")
+        base = glob_folder(location)
+        footers = read_footers(matched)
+        readable = [f for f in footers if f.error is None]
+        not_used = [accounting.NotUsed(relative(base, f.path), NOT_PARQUET) for f in footers
+                    if f.error is not None and not f.path.endswith(".parquet")]
+        skipped = [Reject(split_of(f.path, config.split), relative(base, f.path), "unreadable", f.error)
+                   for f in footers if f.error is not None and f.path.endswith(".parquet")]
+        if not readable:
+            first = footers[0]
+            raise sources.SourceError(f"no readable Parquet file matches {location}: {first.path}: {first.error}")
+        widest = max(readable, key=lambda footer: len(footer.columns))  # the first by name may lack labels (test)
+        features, origin = dataset_features(base, widest)
+        image_column, label_column = find_columns(widest, features, config)
+        classes, notes = features[label_column].names if label_column in features else None, []
+        if classes:
+            classes, repeated = hub_features.usable_class_names(classes, origin)
+            notes += [repeated] if repeated else []
+        else:
+            notes.append(f"labels named by their integers: no class names found for {label_column!r}")
+        tasks, unlabelled = [], []
+        for footer in readable:
+            split = names.check(split_of(footer.path, config.split), "split", f"the Parquet file {footer.path}")
+            if image_column not in footer.columns:
+                skipped.append(Reject(split, relative(base, footer.path), "bad_record", f"no column {image_column!r}"))
+            elif label_column not in footer.columns or label_max(footer, label_column) < 0:
+                unlabelled.append((split, footer))
+            else:
+                tasks += row_group_tasks(split, footer, relative(base, footer.path))
+        labelled = {task.split for task in tasks}
+        not_used += [accounting.NotUsed(relative(base, f.path), UNLABELLED) for s, f in unlabelled if s not in labelled]
+        tasks += [t for s, f in unlabelled if s in labelled for t in row_group_tasks(s, f, relative(base, f.path))]
+        if not tasks:
+            raise sources.SourceError(f"no labelled rows in the Parquet files matching {location}")
+        splits = tuple(dict.fromkeys(t.split for t in tasks))
+        for reject in skipped:  # its split has no rows to count it in
+            if reject.split not in splits:
+                raise sources.SourceError(f"{reject.key} cannot be read ({reject.detail}), and no other file of "
+                                          f"split {reject.split} can: download it again, or leave it out of the glob")
+        return ParquetPlan(kind=self, location=location, splits=splits,
+                           classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=tuple(notes),
+                           row_groups=tuple(tasks), image_column=image_column, label_column=label_column)
+
+    def resume_refusal(self, plan: SourcePlan) -> str | None:
+        return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of work " \
+               "can be kept"
+
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
+        """The row groups read on the workers, and the files planning could not read as rejects."""
+        import apache_beam as beam
+
+        listed = super().list_inputs(pbegin, config, plan, progress_dir)
+        if not plan.skipped:
+            return listed
+        unreadable = pbegin | "UnreadableFiles" >> beam.Create(list(plan.skipped))
+        return {"inputs": listed["inputs"],
+                "rejects": (listed["rejects"], unreadable) | "AllListingRejects" >> beam.Flatten()}
+
+    def read_tasks(self, plan: SourcePlan) -> list[RowGroupTask]:
+        return list(parquet_plan(plan).row_groups)
+
+    def task_reader(self, config, plan: SourcePlan) -> Callable[[Any], Iterable[Input | Reject]]:
+        planned = parquet_plan(plan)
+        return RowGroupReader(planned.image_column, planned.label_column,
+                              len(planned.classes) if planned.classes else None)
+
+    def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
+        """Keys ``NAME:ROW``, rows counted in each file: bounds from the names and the files' row counts."""
+        max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
+        bounds: dict[str, list[int]] = {}
+        for task in parquet_plan(plan).row_groups:
+            name = len(task.name.encode("utf-8"))
+            last = len(str(task.first_row + task.num_rows - 1))
+            low, high = bounds.setdefault(task.split, [name + 2, name + 1 + last])
+            bounds[task.split] = [min(low, name + 2), max(high, name + 1 + last)]
+        return {split: (low, high, max_label) for split, (low, high) in bounds.items()}
+
+
+def parquet_plan(plan: SourcePlan) -> ParquetPlan:
+    """``plan``, which this kind made, as the ParquetPlan it is."""
+    assert isinstance(plan, ParquetPlan), type(plan)
+    return plan
+
+
+def glob_folder(location: str) -> str:
+    """The folder of the glob's fixed part (``d/data/*.parquet`` gives ``d/data``): keys name files from there."""
+    fixed = re.split(r"[*?\[]", location, maxsplit=1)[0]
+    return fixed.rsplit("/", 1)[0] if "/" in fixed else ""
+
+
+def relative(base: str, path: str) -> str:
+    return sources.source_key(base, path) if base else path
+
+
+def split_of(path: str, default: str) -> str:
+    """The split in a Hub file name, or in its folder's name for the Hub's numbered files, else ``default``."""
+    parts = path.rsplit("/", 2)
+    if _NUMBERED_FILE.match(parts[-1]) and len(parts) > 1:
+        return parts[-2]
+    match = _HUB_FILE_SPLIT.match(parts[-1])
+    return match.group("split") if match and match.group(2) else default
+
+
+def row_group_tasks(split: str, footer: _FileFooter, name: str) -> list[RowGroupTask]:
+    tasks, first = [], 0
+    for index, rows in enumerate(footer.row_groups):
+        if rows:
+            tasks.append(RowGroupTask(split, footer.path, name, index, first, rows))
+        first += rows
+    return tasks
+
+
+def read_footers(paths: list[str]) -> list[_FileFooter]:
+    """Every file's footer, read a few at a time (each a round trip on ``gs://``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(read_footer, paths))
+
+
+def read_footer(path: str) -> _FileFooter:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            metadata = pq.ParquetFile(stream).metadata
+    except (pa.ArrowException, OSError, ValueError) as e:
+        return _FileFooter(path, {}, (), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    schema = metadata.schema.to_arrow_schema()
+    hub = (schema.metadata or {}).get(b"huggingface")
+    try:
+        features = hub_features.from_info(hub, path) if hub else {}
+    except sources.SourceError:
+        features = {}
+    columns = {field.name: field.type for field in schema}
+    groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    maxima = {metadata.schema.column(i).path: _column_max(metadata, i) for i in range(metadata.num_columns)}
+    return _FileFooter(path, columns, groups, maxima, features)
+
+
+def _column_max(metadata, index: int) -> int | None:
+    """The largest value of column ``index`` over all row groups by the footer's statistics; None when unknown."""
+    found = []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max or not isinstance(stats.max, int):
+            return None
+        found.append(stats.max)
+    return max(found, default=None)
+
+
+def label_max(footer: _FileFooter, column: str) -> int:
+    """The largest label in ``column`` of the file: by the footer's statistics, else read (that column only; files
+    written without statistics); 0 for a file without rows or labels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    found = footer.maxima.get(column)
+    if found is not None or not sum(footer.row_groups):
+        return found or 0
+    try:
+        with FileSystems.open(footer.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            largest = pc.max(pq.ParquetFile(stream).read(columns=[column]).column(column)).as_py()
+    except (pa.ArrowException, OSError):  # damaged pages: its row groups are read, and rejected, row by row
+        return 0
+    return largest if isinstance(largest, int) else 0
+
+
+def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
+    """(the features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
+    above it (the Hub keeps the card at the top, the files under ``data/``), else ``footer``'s file's own; the file
+    they come from)."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
+    for folder in folders:
+        for name, parse in (("README.md", hub_features.from_card), ("dataset_info.json", hub_features.from_info)):
+            path = manifest.join(folder, name) if folder else name
+            if not FileSystems.exists(path):
+                continue
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                features = parse(f.read(), path)
+            if hub_features.column_of(features, hub_features.CLASS_LABEL):
+                return features, path
+    return footer.features, footer.path
+
+
+def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:
+    """(image column, label column): ``--image-key`` / ``--label-key`` (refused when the file lacks a column they
+    name away from their defaults), else the columns the features name, else a column of image bytes by its type."""
+    import pyarrow as pa
+    from shardprep.preprocess.config import default
+
+    for key, flag in ((config.image_key, "--image-key"), (config.label_key, "--label-key")):
+        if key != default(flag[2:].replace("-", "_")) and key not in footer.columns:
+            raise sources.SourceError(f"no column {key!r} ({flag}) in {footer.path} (columns: "
+                                      f"{', '.join(footer.columns)})")
+
+    def image_like(kind) -> bool:
+        return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or (
+            pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0)
+
+    image = next((c for c in (config.image_key, hub_features.column_of(features, hub_features.IMAGE))
+                  if c in footer.columns), None) or next(
+        (c for c, kind in footer.columns.items() if image_like(kind)), None)
+    label = next((c for c in (config.label_key, hub_features.column_of(features, hub_features.CLASS_LABEL))
+                  if c in footer.columns), None) or hub_features.column_of(features, hub_features.CLASS_LABEL)
+    if image is None or not image_like(footer.columns[image]):
+        raise sources.SourceError(f"no image column in {footer.path} (columns: {', '.join(footer.columns)}): "
+                                  "name it with --image-key")
+    if label is None:
+        raise sources.SourceError(f"no label column {config.label_key!r} in {footer.path} (columns: "
+                                  f"{', '.join(footer.columns)}): name it with --label-key")
+    if not pa.types.is_integer(footer.columns.get(label, pa.int64())):
+        raise sources.SourceError(f"the label column {label!r} of {footer.path} holds {footer.columns[label]}, not "
+                                  "integer class indices: name another with --label-key")
+    return image, label
+
+
+class RowGroupReader:
+    """A RowGroupTask -> an Input per row of encoded image and int label. A row without an image or label, or with
+    a label out of range, is a Reject; a row group that cannot be read is a Reject per row."""
+
+    def __init__(self, image_column: str, label_column: str, num_classes: int | None):
+        self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
+
+    def __call__(self, task: RowGroupTask) -> Iterator[Input | Reject]:
+        try:
+            images, found = self.read(task)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for damaged files
+            cause = (str(e).splitlines() or [""])[0][:300]
+            detail = f"row group {task.row_group} of {task.name}: {type(e).__name__}: {cause}"
+            for row in range(task.first_row, task.first_row + task.num_rows):
+                yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
+            return
+        for offset, (image, label) in enumerate(zip(images, found)):
+            yield self.row(task.split, f"{task.name}:{task.first_row + offset}", image, label)
+
+    def read(self, task: RowGroupTask) -> tuple[list, list]:
+        import pyarrow.parquet as pq
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            table = pq.ParquetFile(stream).read_row_group(task.row_group, columns=[self.image_column,
+                                                                                   self.label_column])
+        images = table.column(self.image_column).to_pylist()
+        return images, table.column(self.label_column).to_pylist()
+
+    def row(self, split: str, key: str, image, label) -> Input | Reject:
+        data = image.get("bytes") if isinstance(image, dict) else image
+        if not isinstance(data, bytes) or not data:
+            return Reject(split, key, "no_image", f"no image bytes in column {self.image_column!r}")
+        if label is None or label == -1:
+            return Reject(split, key, "no_label", f"no label in column {self.label_column!r}")
+        if not isinstance(label, int) or label < 0 or (self.num_classes is not None and label >= self.num_classes):
+            return Reject(split, key, "label_out_of_range", f"label {label} not in 0..{(self.num_classes or 0) - 1}"
+                          if self.num_classes else f"label {label} is not a class index")
+        return Input(split, key, label, None, data)
+
+
+PARQUET = ParquetSource()
