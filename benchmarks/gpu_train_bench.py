@@ -124,7 +124,7 @@ def write_synthetic_dataset(root: str, count: int, size: int, num_classes: int, 
     os.makedirs(os.path.join(root, "train"), exist_ok=True)
     entries = []
     for index, framed in enumerate(shards):
-        relative = manifest_lib.shard_path("train", index, num_shards)
+        relative = manifest_lib.SHARD_FILES.path("train", index, num_shards)
         data = b"".join(layout.shard_records(framed))
         with open(os.path.join(root, relative), "wb") as f:
             f.write(data)
@@ -144,7 +144,7 @@ def write_synthetic_dataset(root: str, count: int, size: int, num_classes: int, 
         "stats_split": "train", "mean_rgb": mean.tolist(), "std_rgb": std.tolist(),
     }
     with open(os.path.join(root, manifest_lib.MANIFEST_NAME), "w") as f:
-        f.write(manifest_lib.to_json(manifest))
+        f.write(manifest_lib.document_text(manifest))
     return root
 
 
@@ -254,9 +254,11 @@ def _device_name(backend: str) -> str:
 def run(args) -> dict:
     """Both measurements on ``args.data`` (a synthetic dataset if None); the JSON result."""
     _import_shardprep_from_checkout()
-    from shardprep.train.numpy_reader import NumpyReader, load_local_manifest
+    from shardprep.preprocess.dataset import load_manifest
+    from shardprep.train.numpy_reader import NumpyReader, check_local
 
-    manifest = load_local_manifest(args.data)  # a bad --data is refused before any framework starts
+    check_local(args.data)
+    manifest = load_manifest(args.data)  # a bad --data is refused before any framework starts
     reader = NumpyReader(args.data, args.split, args.batch_size, training=True, seed=0, threads=args.threads,
                          prefetch=args.prefetch, manifest=manifest)
 

@@ -295,13 +295,13 @@ def _finished(output: str) -> bool:
 def _manifest_problem(output: str) -> str | None:
     """Why OUTPUT's manifest.json is not one a finished run wrote for the shards beside it (unreadable, of the
     wrong shape, a shard missing or of another size); None when it is."""
-    from shardprep.preprocess.manifest_types import Manifest
+    from shardprep.preprocess.dataset import load_manifest
 
     try:
-        document = Manifest.from_json(manifest.load(output), layouts_required=False)
-    except (manifest.ManifestError, OSError) as e:
-        return f"cannot be read ({str(e)[:120]})"
-    for name, split in document.splits.items():
+        written = load_manifest(output)
+    except (manifest.ManifestError, OSError) as e:  # each names the file: OUTPUT's manifest.json, named already
+        return f"cannot be read ({str(e).removeprefix(manifest.manifest_path(output) + ': ')[:120]})"
+    for name, split in written.splits.items():
         for shard in split.shards:
             path = manifest.join(output, shard.file)
             if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) != shard.num_bytes:

@@ -23,7 +23,7 @@ from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
 from shardprep.preprocess import accounting, encodings, manifest, record_format, sharding
-from shardprep.preprocess.manifest_types import Manifest, ShardEntry, SplitInfo
+from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo
 
 
 class CountInputs(beam.PTransform):
@@ -83,7 +83,7 @@ class WriteManifestFile(beam.DoFn):
         # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
         # never an empty or partial one where readers look for the mark of a complete dataset.
         try:
-            atomic_write(path, manifest.to_json(document).encode("utf-8"), mime_type="application/json")
+            atomic_write(path, manifest.document_text(document).encode("utf-8"), mime_type="application/json")
         except Exception as e:
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
         # After the manifest: until it is written, the journal under .tmp/ is what a resume finishes from.

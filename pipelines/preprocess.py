@@ -195,7 +195,7 @@ def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> Job
                                   "without --resume (with --overwrite to make it again)")
     if on_resume is not None:
         on_resume(reopened.recorded)
-    return JobOutcome(manifest.load(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
+    return JobOutcome(manifest.read_document(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,
@@ -218,7 +218,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
     template = runners.template_location(beam_args)
     if template:  # Dataflow only wrote a template; nothing ran yet
         return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
-    return JobOutcome(manifest.load(config.output), decode_counts(result), plan.notes)
+    return JobOutcome(manifest.read_document(config.output), decode_counts(result), plan.notes)
 
 
 def decode_counts(result) -> journal.ResumeCounts:

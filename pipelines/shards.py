@@ -75,7 +75,7 @@ class ShardWriter(beam.DoFn):
 
 def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
     """Moves a decode group's file into place as a shard and returns its manifest entry (from the file's hash)."""
-    relative = manifest.shard_path(split, shard, shards)
+    relative = manifest.SHARD_FILES.path(split, shard, shards)
     final = manifest.join(output, relative)
     try:
         if is_local(final):
@@ -92,7 +92,7 @@ def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: rec
 
 def write_shard_file(output: str, split: str, shard: int, shards: int, framed_records) -> dict:
     """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
-    relative = manifest.shard_path(split, shard, shards)
+    relative = manifest.SHARD_FILES.path(split, shard, shards)
     final = manifest.join(output, relative)
     try:
         written = atomic_write(final, framed_records)

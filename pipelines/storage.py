@@ -32,7 +32,6 @@ from shardprep.preprocess import manifest
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
 JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
-_SHARD = re.compile(r"(?P<split>.+)-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX))
 _TOP_LEVEL_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME, manifest.LOCK_NAME)
 # What a run writes under OUTPUT/.tmp/ (one level, no folders): spill files, the journal and listing, and the
 # temporaries atomic_write makes of those two.
@@ -193,8 +192,7 @@ def deletable(relative: str) -> bool:
         return _SPILL_ENTRY.fullmatch(name) is not None
     if name.startswith(TEMPORARY_PREFIX):
         name = name[len(TEMPORARY_PREFIX):].partition("-")[2]  # ".tmp-<hex>-<shard name>"
-    match = _SHARD.fullmatch(name)
-    return bool(match) and match.group("split") == folder
+    return manifest.SHARD_FILES.parse_path(f"{folder}/{name}") is not None
 
 
 def foreign_files(output: str, existing: list[str]) -> list[str]:

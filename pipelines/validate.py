@@ -58,11 +58,13 @@ from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_options import ValidateOptions
 from shardprep.pipelines.validation import report as report_lib
-from shardprep.pipelines.validation.checks import fixed_layouts, layout_problems, manifest_problems, problem
+from shardprep.pipelines.validation.checks import (layout_problems, manifest_problems, problem,
+                                                   unfit_layout_problems)
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, manifest_types, sources, untrusted
+from shardprep.preprocess import sources, untrusted
+from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "ValidateOptions",
            "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run", "validate_dataset",
@@ -185,50 +187,42 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 
 # --- prepared dataset ---------------------------------------------------------------------------------------------
 
-def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[dict | None, list[dict]]:
+def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Manifest | None, list[dict]]:
     """(manifest, the driver's problems); the manifest is None when the shards cannot be read (the problems say
-    why, and ``report`` may say which checks were skipped). Listed shards that exist locally but are not files (a
-    folder, a dangling link) are added to ``found``: reading them says what they are."""
+    why, and ``report`` may say which checks were skipped). The manifest is read and checked once, here: a
+    ``record_layout`` that does not fit is a problem, and its split is read without it. Listed shards that exist
+    locally but are not files (a folder, a dangling link) are added to ``found``: reading them says what they are."""
     if manifest_lib.MANIFEST_NAME not in found:
         return None, [report_lib.manifest_missing_problem(data_dir, found)]
     try:
-        manifest = manifest_lib.load(data_dir)
-    except manifest_lib.ManifestError as e:
-        return None, [problem("manifest_invalid", str(e))]
-    shape = manifest_schema.shape_problems(manifest)
-    if shape:
+        manifest = load_manifest(data_dir, layouts_required=True, lenient_layouts=True)
+    except ManifestShapeError as e:
         report["skipped_checks"] = ("manifest.json has the wrong shape, so the shards were not read and no other "
                                     "check ran: fix manifest.json or rerun preprocess with --overwrite")
-        return None, [problem("manifest_shape", message) for message in shape]
-    driver_problems = manifest_problems(manifest)
+        return None, [problem("manifest_shape", message) for message in e.problems]
+    except manifest_lib.ManifestError as e:
+        return None, [problem("manifest_invalid", str(e))]
+    document = manifest.to_json()
+    driver_problems = manifest_problems(document)
     if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
         return None, driver_problems
     if storage.is_local(data_dir):
-        listed = {shard["file"] for info in manifest["splits"].values() for shard in info["shards"]}
+        listed = {shard.file for info in manifest.splits.values() for shard in info.shards}
         found.extend(sorted(file for file in listed - set(found)
                             if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
-    return manifest, driver_problems + fixed_layouts(manifest)[1] + layout_problems(manifest, found)
+    return manifest, driver_problems + unfit_layout_problems(manifest) + layout_problems(document, found)
 
 
-def _typed(manifest: dict) -> manifest_types.Manifest:
-    """The shape-checked manifest as typed values. A ``record_layout`` that fits no layout of its images is left out:
-    validate reports it as a ``record_layout`` problem and still reads the split's shards."""
-    unfit = {found["split"] for found in fixed_layouts(manifest)[1]}
-    splits = {name: {k: v for k, v in info.items() if not (k == "record_layout" and name in unfit)}
-              for name, info in manifest["splits"].items()}
-    return manifest_types.Manifest.from_json({**manifest, "splits": splits}, layouts_required=False)
-
-
-def _sample_options(manifest: dict, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
+def _sample_options(manifest: Manifest, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
     """Which records become contact-sheet candidates (``--pictures``, from the stats split), else None."""
-    if not options.pictures or stats_split is None or stats_split not in manifest["splits"]:
+    if not options.pictures or stats_split is None or stats_split not in manifest.splits:
         return None
     from shardprep.pipelines.validation.pictures import sheet_cell_cap
 
     return SampleOptions(
         split=stats_split,
-        fraction=sample_fraction(manifest["splits"][stats_split].get("class_counts", {}), options.samples_per_class),
-        cell_cap=sheet_cell_cap(len(manifest["classes"])))
+        fraction=sample_fraction(manifest.splits[stats_split].class_counts, options.samples_per_class),
+        cell_cap=sheet_cell_cap(len(manifest.classes)))
 
 
 def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
@@ -249,16 +243,17 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
         return report_lib.finish(report, driver_problems, [], options.max_problems_per_check)
     present = set(found)
     tasks = [ShardTask(split, shard.file, manifest_lib.join(data_dir, shard.file), shard)
-             for split, info in _typed(manifest).splits.items() for shard in info.shards if shard.file in present]
-    stats_split = manifest.get("stats_split") or next(iter(manifest["splits"]), None)
+             for split, info in manifest.splits.items() for shard in info.shards if shard.file in present]
+    stats_split = manifest.stats_split or next(iter(manifest.splits), None)
     samples = _sample_options(manifest, stats_split, options)
+    document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
             progress_dir),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
-    report.update(report_lib.dataset_fields(manifest, found, lines, stats_split, mean_std_tolerance(manifest)))
+    report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
         progress(f"writing pictures to {options.pictures}", None, None, None)

@@ -29,6 +29,7 @@ from shardprep.pipelines.validation.checks import RecordExpectations
 from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import foreign_split
 from shardprep.preprocess import encodings
+from shardprep.preprocess.dataset import Manifest
 
 
 def mean_std_tolerance(manifest: dict) -> float:
@@ -43,18 +44,19 @@ def _duplicate_line(split: str, count: int) -> str:
     return json.dumps({"kind": "duplicate_images", "split": split, "count": count})
 
 
-def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: dict, tasks: list[ShardTask], results_path: str,
+def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
                            samples: SampleOptions | None, samples_per_class: int, max_problems_per_check: int,
                            progress_dir: str | None = None) -> None:
-    """The validate graph for a prepared dataset."""
+    """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it)."""
+    document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
             | "ListShards" >> beam.Create(tasks)  # ShardTask
             | "ReadShards" >> ReadShards(RecordExpectations.from_manifest(manifest), samples, progress_dir))
     # read.stats: (split, SplitStats) per shard; read.filename, read.pixel_hash: (key, RecordLocation)
-    checked = read.stats | "CheckSplits" >> CheckSplits(manifest, mean_std_tolerance(manifest))
+    checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
     # checked.split: the split's summary dict; checked.problem: problem dicts
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
-    leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest["splits"]))
+    leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
     # leakage["problem"]: problem dicts; leakage["duplicates"]: (split, identical images within it)
     problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
                 | "FlattenProblems" >> beam.Flatten())

@@ -1,10 +1,11 @@
-"""The dataset manifest (``OUTPUT/manifest.json``) and the output layout, shared by the writer and readers.
+"""The files of a prepared dataset: their names, the shard-file template, and ``manifest.json`` read as a document.
 
 Layout of a prepared dataset::
 
     OUTPUT/manifest.json                                  written last: its presence marks a complete dataset
     OUTPUT/rejects.jsonl                                  one JSON line per rejected input: key, split, reason, detail
-    OUTPUT/<split>/<split>-00000-of-000NN.tfrecord        shards, ``num_examples`` differ by at most one per split
+    OUTPUT/<split>/<split>-00000-of-000NN.tfrecord        shards (:data:`SHARD_FILES`), ``num_examples`` differ by
+                                                          at most one per split
 
 Manifest keys (``format_version`` 1)::
 
@@ -15,6 +16,11 @@ Manifest keys (``format_version`` 1)::
     num_inputs, num_examples, num_rejected, rejects_file, stats_split, mean_rgb, std_rgb (0-255, per channel)
 
 Shard ``file`` entries are relative to the dataset folder.
+
+:func:`read_document` reads the document (untrusted input: bounded, finite, of this ``format_version``; its errors
+name the file); the typed :class:`~shardprep.preprocess.dataset.Manifest`, shape-checked, is what
+:func:`shardprep.preprocess.dataset.load_manifest` returns, and what every reader takes. When a path holds no
+manifest, :func:`missing_manifest_error` says what it is instead.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import json
 import os
 import posixpath
 import re
+from collections.abc import Callable
+from typing import NamedTuple
 
-from shardprep.preprocess import untrusted
+from shardprep.preprocess import install_extras, untrusted
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -54,37 +62,82 @@ def join(base: str, *parts: str) -> str:
     return posixpath.join(base.rstrip("/") if base not in ("/",) else base, *parts)
 
 
-def shard_name(split: str, index: int, num_shards: int) -> str:
-    """``<split>-00000-of-000NN.tfrecord``, the TFDS naming scheme."""
-    return f"{split}-{index:05d}-of-{num_shards:05d}{SHARD_SUFFIX}"
+class ShardName(NamedTuple):
+    """What a shard's file name says: its split, its index in the split and the split's number of shards."""
+
+    split: str
+    shard_index: int
+    num_shards: int
 
 
-def shard_path(split: str, index: int, num_shards: int) -> str:
-    """A shard's path relative to the dataset folder."""
-    return f"{split}/{shard_name(split, index, num_shards)}"
+class ShardFileTemplate:
+    """The one spelling of a shard's file: ``<split>/<split>-00000-of-000NN.tfrecord``, TFDS's scheme (as TFDS's
+    ``ShardedFileTemplate``): :meth:`name` and :meth:`path` format one, :meth:`parse_name` and :meth:`parse_path`
+    read one back (None for anything :meth:`name` does not write). Numbers have at least :attr:`digits` digits,
+    more when they need them (shard 100000), and no other leading zeros."""
+
+    def __init__(self, suffix: str = ".tfrecord", digits: int = 5):
+        self.suffix, self.digits = suffix, digits
+        number = rf"\d{{{digits},}}"
+        pattern = rf"(?P<split>.+)-(?P<index>{number})-of-(?P<num_shards>{number}){re.escape(suffix)}"
+        self._name = re.compile(pattern)
+        self._name_any_case = re.compile(pattern, re.IGNORECASE)
+
+    def __repr__(self) -> str:
+        return f"ShardFileTemplate(suffix={self.suffix!r}, digits={self.digits})"
+
+    def name(self, split: str, index: int, num_shards: int) -> str:
+        """``<split>-00000-of-000NN.tfrecord``: shard ``index`` of ``num_shards`` of ``split``."""
+        return f"{split}-{index:0{self.digits}d}-of-{num_shards:0{self.digits}d}{self.suffix}"
+
+    def path(self, split: str, index: int, num_shards: int) -> str:
+        """The shard's path relative to the dataset folder: in its split's folder."""
+        return f"{split}/{self.name(split, index, num_shards)}"
+
+    def parse_name(self, name: str, *, any_case: bool = False) -> ShardName | None:
+        """What the file name ``name`` says, if :meth:`name` writes it (``any_case``: letters in any case, as a
+        case-insensitive file system would match them); else None."""
+        match = (self._name_any_case if any_case else self._name).fullmatch(name)
+        if match is None:
+            return None
+        index, num_shards = match["index"], match["num_shards"]
+        if not all(text == f"{int(text):0{self.digits}d}" for text in (index, num_shards)):
+            return None  # zeros beyond the padding: not a name this template writes
+        return ShardName(match["split"], int(index), int(num_shards))
+
+    def parse_path(self, relative: str) -> ShardName | None:
+        """What ``relative`` (to the dataset folder, '/'-separated) says, if it is a shard's path: a shard name
+        inside the folder of its own split; else None."""
+        folder, _, name = relative.partition("/")
+        parsed = self.parse_name(name) if folder and "/" not in name else None
+        return parsed if parsed is not None and parsed.split == folder else None
 
 
-def to_json(manifest: dict) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=False) + "\n"
+SHARD_FILES = ShardFileTemplate(SHARD_SUFFIX)
 
 
-def from_json(text: str | bytes) -> dict:
-    """The manifest document in ``text``, read as untrusted input (:func:`shardprep.preprocess.untrusted.json_loads`:
-    bounded size and nesting, finite numbers, no duplicate keys); a :class:`ManifestError` otherwise, or for an
-    unknown ``format_version``. Its shape is checked by ``manifest_schema.shape_problems``."""
+def document_text(document: dict) -> str:
+    """The text of ``manifest.json`` for a document (a ``Manifest.to_json()``): two-space indents, keys in order."""
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+def parse_document(text: str | bytes, source: str = MANIFEST_NAME) -> dict:
+    """The manifest document in ``text``, read from ``source`` (each error begins ``"<source>: "``) as untrusted
+    input (:func:`shardprep.preprocess.untrusted.json_loads`: bounded size and nesting, finite numbers, no duplicate
+    keys); a :class:`ManifestError` otherwise, or for an unknown ``format_version``. Its shape is not checked here:
+    ``Manifest.from_json`` does that."""
     try:
-        manifest = untrusted.json_loads(text, source=MANIFEST_NAME, max_bytes=MANIFEST_MAX_BYTES,
+        document = untrusted.json_loads(text, source=source, max_bytes=MANIFEST_MAX_BYTES,
                                         max_depth=MANIFEST_MAX_DEPTH)
     except untrusted.UntrustedJSONError as e:
         raise ManifestError(str(e)) from e
-    if not isinstance(manifest, dict):
-        kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(manifest), "a number")
-        raise ManifestError(f"{MANIFEST_NAME}: must be a JSON object (the manifest shardprep preprocess writes), "
-                            f"is {kind}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(f"unsupported manifest format_version {manifest.get('format_version')!r} (this "
-                            f"shardprep reads version {FORMAT_VERSION})")
-    return manifest
+    if not isinstance(document, dict):
+        kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(document), "a number")
+        raise ManifestError(f"{source}: must be a JSON object (the manifest shardprep preprocess writes), is {kind}")
+    if document.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(f"{source}: unsupported manifest format_version {document.get('format_version')!r} "
+                            f"(this shardprep reads version {FORMAT_VERSION})")
+    return document
 
 
 # What a DATA path without a manifest is, for the error that says so (see :func:`dataset_path_kind`).
@@ -92,15 +145,17 @@ PATH_MISSING, PATH_FILE, PATH_EMPTY, PATH_IMAGES, PATH_INCOMPLETE, PATH_OTHER, P
     "missing", "file", "empty", "image_folder", "incomplete", "other", "inside_dataset")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
                   ".pgm", ".pbm", ".pnm")
-_SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}" + re.escape(SHARD_SUFFIX))
 _FILES_LOOKED_AT = 5000  # a huge image folder is told apart from leftovers without listing all of it
 
 
 def _looks_like_output(relative: str) -> bool:
-    """A file a shardprep run writes: rejects, the lock, spill files, shards and their temporaries."""
+    """A file a shardprep run writes: rejects, the lock, spill files, shards and their temporaries
+    (``.tmp-<hex>-<shard name>``, beside the shard)."""
     name = relative.rsplit("/", 1)[-1]
+    if name.startswith(".tmp-"):
+        name = name[len(".tmp-"):].partition("-")[2]
     return (relative in (REJECTS_NAME, LOCK_NAME) or relative.startswith(".tmp/")
-            or bool(_SHARD_NAME.match(name.split(".tmp", 1)[0] if ".tmp" in name else name)))
+            or SHARD_FILES.parse_name(name) is not None)
 
 
 def _local_files(data_dir: str):
@@ -206,26 +261,42 @@ def read_local(data_dir: str) -> bytes:
             e, untrusted.NotRegularFileError) else f"cannot read {path}: {e}") from e
 
 
-def load(data_dir: str) -> dict:
-    """Reads ``data_dir/manifest.json`` from a local path or any Beam file system (``gs://``), within the bounds of
-    :func:`from_json` (and :func:`read_local` for local paths)."""
-    if "://" not in data_dir or data_dir.startswith("file://"):
-        return from_json(read_local(data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir))
+def _read_with_beam(path: str, at_most: int) -> bytes | None:
+    """At most ``at_most`` bytes of the file at the URL ``path``, through Beam's ``FileSystems``; None if absent."""
+    try:  # without the gcp extra Beam would say only that it has no file system for gs://
+        install_extras.check_arguments([path])
+    except install_extras.MissingExtraError as e:
+        raise ManifestError(str(e)) from None  # names the file and what to install
     from apache_beam.io.filesystems import FileSystems
 
-    path = join(data_dir, MANIFEST_NAME)
     if not FileSystems.exists(path):
-        raise missing_manifest_error(data_dir)
+        return None
     with FileSystems.open(path) as f:
-        data = f.read(MANIFEST_MAX_BYTES + 1)
+        return f.read(at_most)
+
+
+def manifest_path(data_dir: str) -> str:
+    """``data_dir/manifest.json``, as the errors about it name it."""
+    return join(data_dir, MANIFEST_NAME)
+
+
+def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | None = None) -> dict:
+    """The manifest document of ``data_dir`` (a local path, ``file://`` or a URL such as ``gs://``), read within the
+    bounds of :func:`parse_document` (and :func:`read_local` for local paths); every error a :class:`ManifestError`
+    naming the file. The shape is checked by ``Manifest.from_json`` (:func:`shardprep.preprocess.dataset.load_manifest`
+    does both). A URL's file is read by ``read_url(path, at_most_bytes)`` (None: there is none; the train reader
+    gives TensorFlow's file systems), by default through Beam's ``FileSystems``."""
+    data_dir = os.fspath(data_dir)
+    if "://" not in data_dir or data_dir.startswith("file://"):
+        local = data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir
+        return parse_document(read_local(local), manifest_path(local))
+    path = manifest_path(data_dir)
+    try:
+        data = (read_url or _read_with_beam)(path, MANIFEST_MAX_BYTES + 1)
+    except OSError as e:  # BeamIOError is one
+        raise ManifestError(f"cannot read {path}: {e}") from e
+    if data is None:
+        raise missing_manifest_error(data_dir)
     if len(data) > MANIFEST_MAX_BYTES:
         raise ManifestError(f"{path} is more than the {MANIFEST_MAX_BYTES:,} bytes a manifest may be")
-    return from_json(data)
-
-
-def shard_files(manifest: dict, split: str) -> list[str]:
-    """Relative paths of a split's shards in order; raises KeyError with the known splits if absent."""
-    splits = manifest["splits"]
-    if split not in splits:
-        raise KeyError(f"split {split!r} not in dataset (splits: {', '.join(splits)})")
-    return [shard["file"] for shard in splits[split]["shards"]]
+    return parse_document(data, path)

@@ -14,7 +14,6 @@ class, named in NFC.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from shardprep.preprocess import manifest
@@ -23,7 +22,6 @@ from shardprep.preprocess.sources import SourceError
 MAX_SPLIT_BYTES = 180  # "<split>-00000-of-00001.tfrecord" under ".tmp-<32 hex>-" stays under 255 bytes
 _JOINERS = ("\u200c", "\u200d")  # zero-width non-joiner and joiner: part of words in Persian, Hindi, emoji
 _OUTPUT_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME)  # a split folder of that name would take their place
-_SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}" + re.escape(manifest.SHARD_SUFFIX), re.IGNORECASE)
 
 
 def canonical(name: str) -> str:
@@ -64,7 +62,7 @@ def _split_problem(name: str, encoded: bytes) -> str | None:
     if name.casefold() in _OUTPUT_FILES:
         return (f"is the name of OUTPUT's own {name.casefold()}: a split folder of that name would take its place; "
                 "pick another split name")
-    if _SHARD_NAME.fullmatch(name):
+    if manifest.SHARD_FILES.parse_name(name, any_case=True) is not None:
         return "is named like a shard file (NAME-00000-of-00001.tfrecord); pick another split name"
     if len(encoded) > MAX_SPLIT_BYTES:
         return f"is {len(encoded)} bytes long (split names have at most {MAX_SPLIT_BYTES})"

@@ -12,7 +12,7 @@ from PIL import Image
 
 from shardprep.preprocess import encodings, record_format
 from shardprep.preprocess.encodings import UnknownEncodingError
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest
 from shardprep.train.batch_sources import ExampleSource
 from shardprep.train.numpy_reader import NumpyReader
 from train_helpers import read_json, write_dataset

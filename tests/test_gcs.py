@@ -33,6 +33,7 @@ from PIL import Image
 
 from gcs_emulator import LoopbackStorage
 from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
@@ -173,7 +174,7 @@ def object_names(storage: LoopbackStorage, prefix: str) -> list[str]:
 
 def shard_records(storage: LoopbackStorage, dataset: str, manifest: dict, split: str) -> list[record_format.ImageRecord]:
     records = []
-    for relative in manifest_lib.shard_files(manifest, split):
+    for relative in Manifest.from_json(manifest).shard_files(split):
         data = read_object(storage, f"{dataset}/{relative}")
         records += [record_format.decode_example(r) for r in tfrecord_io.read_records(io.BytesIO(data))]
     return records
@@ -270,7 +271,7 @@ def test_preprocess_gs_to_gs_writes_the_dataset_and_nothing_else(storage, source
     assert (val["num_examples"], val["rejected_by_reason"]) == (VAL_FILES - 1, {"missing_file": 1, "no_label": 1})
     assert object_names(storage, "imagenet-shards/") == sorted(
         ["imagenet-shards/manifest.json", "imagenet-shards/rejects.jsonl"]
-        + [f"imagenet-shards/{f}" for split in ("train", "val") for f in manifest_lib.shard_files(manifest, split)]
+        + [f"imagenet-shards/{f}" for split in ("train", "val") for f in Manifest.from_json(manifest).shard_files(split)]
     ), "spill files under .tmp/ or temporary shards were left behind"
     rejects = [json.loads(line) for line in read_object(storage, "imagenet-shards/rejects.jsonl").splitlines()]
     assert sorted((r["split"], r["reason"]) for r in rejects) == [
@@ -292,7 +293,7 @@ def test_gs_run_and_local_run_write_identical_shards(source, prepared, tmp_path)
         "--labels-file", str(source["local"] / "LOC_val.csv"), "--shorter-side", str(SHORTER_SIDE),
         "--num-shards", "2", "--quiet", "--", "--direct_running_mode=in_memory"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    local = manifest_lib.load(str(local_out))
+    local = manifest_lib.read_document(str(local_out))
     remote = prepared["manifest"]
     for key in ("classes", "splits", "mean_rgb", "std_rgb", "num_examples", "num_rejected"):
         assert remote[key] == local[key], key

@@ -142,7 +142,7 @@ def test_hidden_entries_and_linked_folders_become_rejects_at_every_depth(tmp_pat
         ("train", "train/b/linked", "symlinked_folder"),
         ("val", "val/b/.DS_Store", "hidden_file"),
     ]
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert manifest["classes"] == ["a", "b"]
     assert [(manifest["splits"][s]["num_inputs"], manifest["splits"][s]["num_examples"]) for s in ("train", "val")] \
         == [(10, 4), (3, 2)]
@@ -158,7 +158,7 @@ def test_hidden_entries_of_a_single_split_source_count_in_its_split(tmp_path):
     out = tmp_path / "out"
     ok(source / "flat", out, "--shorter-side", 8, "--split", "all", *IN_PROCESS)
     assert rejects(out) == [("all", ".secret_class", "hidden_folder")]
-    assert [entry["path"] for entry in manifest_lib.load(str(out))["not_used"]] == [".DS_Store"]
+    assert [entry["path"] for entry in manifest_lib.read_document(str(out))["not_used"]] == [".DS_Store"]
 
 
 @pytest.mark.parametrize("split_folder, other", [("train", "cat"), ("val", "misc"), ("Test", "extra")])
@@ -179,7 +179,7 @@ def test_a_class_named_like_a_split_without_class_folders_inside_is_still_a_clas
         (source / name / "x.png").write_bytes(image_factory.tiny_png())
     out = tmp_path / "out"
     ok(source, out, "--shorter-side", 8, *IN_PROCESS)
-    assert manifest_lib.load(str(out))["classes"] == ["cat", "test"]
+    assert manifest_lib.read_document(str(out))["classes"] == ["cat", "test"]
 
 
 # --- 5. labels CSVs: one decoding, headers detected or refused -------------------------------------------------------
@@ -197,9 +197,9 @@ def test_a_utf8_bom_costs_no_row(tmp_path, header):
     labels.write_bytes(b"\xef\xbb\xbf" + f"{header}img500.JPEG,n01\r\nimg501.JPEG,n02\r\n".encode())
     out = tmp_path / "out"
     ok(tmp_path / "val", out, "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS)
-    info = manifest_lib.load(str(out))["splits"]["train"]
+    info = manifest_lib.read_document(str(out))["splits"]["train"]
     assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (2, 2, 0)
-    assert manifest_lib.load(str(out))["classes"] == ["n01", "n02"]
+    assert manifest_lib.read_document(str(out))["classes"] == ["n01", "n02"]
 
 
 @pytest.mark.parametrize("content, expect", [
@@ -245,7 +245,7 @@ def test_a_first_row_without_extension_naming_a_file_is_a_row(tmp_path):
     labels.write_text("README,n01\nimg1.JPEG,n02\n")
     out = tmp_path / "out"
     ok(tmp_path / "val", out, "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS)
-    assert manifest_lib.load(str(out))["splits"]["train"]["num_examples"] == 2
+    assert manifest_lib.read_document(str(out))["splits"]["train"]["num_examples"] == 2
 
 
 def test_names_that_differ_only_in_case_fail_with_that_hint(tmp_path):
@@ -263,7 +263,7 @@ def test_one_name_differing_in_case_is_a_reject_of_its_own(tmp_path):
     out = tmp_path / "out"
     ok(tmp_path / "val", out, "--labels-file", labels, "--split", "val", "--shorter-side", 8, *IN_PROCESS)
     assert rejects(out) == [("val", "B.JPEG", "case_mismatch"), ("val", "labels-file:b.jpeg", "case_mismatch")]
-    info = manifest_lib.load(str(out))["splits"]["val"]
+    info = manifest_lib.read_document(str(out))["splits"]["val"]
     assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (4, 2, 2)
 
 
@@ -368,4 +368,4 @@ def test_tfrecord_split_names_from_file_names_and_split_option_follow_the_rule(t
             expect="split name '../x' from --split")
     out = tmp_path / "out"
     ok(f"tfrecord:{records}/*", out, "--split", "holdout", "--shorter-side", 8, *IN_PROCESS)
-    assert list(manifest_lib.load(str(out))["splits"]) == ["holdout"]
+    assert list(manifest_lib.read_document(str(out))["splits"]) == ["holdout"]

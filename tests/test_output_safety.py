@@ -316,7 +316,7 @@ def test_capped_num_shards_is_noted(work):
     result = invoke("preprocess", "src", "out", "--quiet", "--shorter-side", 16, "--num-shards", 64, *IN_PROCESS)
     assert result.exit_code == 0, result.output
     assert "note: --num-shards 64 for split train with 6 images: 6 shards written" in result.output
-    manifest = manifest_lib.load(str(work / "out"))
+    manifest = manifest_lib.read_document(str(work / "out"))
     assert manifest["splits"]["train"]["num_shards"] == 6 and manifest["options"]["num_shards"] == 64
     uncapped = invoke("preprocess", "src", "out2", "--quiet", "--shorter-side", 16, "--num-shards", 6, *IN_PROCESS)
     assert uncapped.exit_code == 0 and "note:" not in uncapped.output

@@ -196,9 +196,11 @@ graphs = {}
 p = beam.Pipeline(runner=FnApiRunner())
 preprocess.build_pipeline(p, config, preprocess.plan_source(config))
 graphs["preprocess"] = p
-manifest = {"encoding": "raw", "crop": "center", "shorter_side": 16, "image_height": 16, "image_width": 16,
-            "classes": ["cat", "dog"], "splits": {"train": {"num_examples": 2, "shards": []}}}
-from shardprep.preprocess.manifest_types import ShardEntry
+from shardprep.preprocess.dataset import Manifest, ShardEntry
+manifest = Manifest.from_json({"format_version": 1, "encoding": "raw", "crop": "center", "shorter_side": 16,
+                               "image_height": 16, "image_width": 16, "classes": ["cat", "dog"],
+                               "splits": {"train": {"num_examples": 0, "class_counts": {}, "shards": []}}},
+                              layouts_required=False)
 task = validate.ShardTask("train", "train/train-00000-of-00001.tfrecord", str(out / "x.tfrecord"),
                           ShardEntry("train/train-00000-of-00001.tfrecord", 0, 0))
 p = beam.Pipeline(runner=FnApiRunner())

@@ -33,7 +33,7 @@ def model_for(data_dir, path):
 
     manifest = load_manifest(str(data_dir))
     keras.utils.set_random_seed(0)
-    model = build_model(len(manifest["classes"]), IMAGE_SIZE, manifest["mean_rgb"], manifest["std_rgb"],
+    model = build_model(len(manifest.classes), IMAGE_SIZE, manifest.mean_rgb, manifest.std_rgb,
                         width_multiplier=0.125)
     save_inference_model(model, str(path))
     return str(path)
@@ -83,7 +83,7 @@ def test_a_dataset_stored_smaller_than_the_models_crop_is_refused(trained, tmp_p
     from shardprep.train.reader import load_manifest
 
     data, model, _, _ = trained
-    manifest = {**load_manifest(data), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    manifest = {**load_manifest(data).to_json(), "shorter_side": 12, "image_height": 12, "image_width": 12}
     with pytest.raises(ValueError, match=r"stores 12x12 images, smaller than the model's 16-pixel crop"):
         predict_images(model, manifest, [png(2)])
 
@@ -93,7 +93,7 @@ def test_a_class_count_mismatch_is_refused_before_any_photo_is_read(trained):
     from shardprep.train.reader import load_manifest
 
     data, model, _, _ = trained
-    manifest = {**load_manifest(data), "classes": ["a", "b", "c"], "num_classes": 3}
+    manifest = {**load_manifest(data).to_json(), "classes": ["a", "b", "c"], "num_classes": 3}
     with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
         predict_images(model, manifest, [b"not an image"])
 

@@ -17,6 +17,7 @@ from PIL import Image
 from shardprep.pipelines import preprocess as job
 from shardprep.preprocess import sharding
 from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
@@ -36,8 +37,8 @@ def read_records(path: str) -> list[record_format.ImageRecord]:
 
 
 def all_records(out, split) -> list[record_format.ImageRecord]:
-    manifest = manifest_lib.load(str(out))
-    return [r for rel in manifest_lib.shard_files(manifest, split) for r in read_records(os.path.join(out, rel))]
+    manifest = manifest_lib.read_document(str(out))
+    return [r for rel in Manifest.from_json(manifest).shard_files(split) for r in read_records(os.path.join(out, rel))]
 
 
 def assert_fixed_layout(out, manifest: dict) -> None:
@@ -97,7 +98,7 @@ def folder_dataset(tmp_path_factory):
 
 def test_folder_source_manifest_accounts_for_every_input(folder_dataset):
     root, out, images, bad, result = folder_dataset
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert manifest["classes"] == ["blue", "green", "red"]
     assert manifest["encoding"] == "raw" and manifest["crop"] == "center" and manifest["shorter_side"] == 32
     for split in ("train", "validation"):
@@ -126,7 +127,7 @@ def test_rejects_name_input_and_reason(folder_dataset):
 
 def test_shards_are_uniform_listed_and_hashed(folder_dataset):
     _, out, _, _, _ = folder_dataset
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     for split, info in manifest["splits"].items():
         counts = [s["num_examples"] for s in info["shards"]]
         assert len(counts) == 3 and max(counts) - min(counts) <= 1
@@ -149,8 +150,8 @@ def test_records_read_back_with_tf_data_match_pillow_reference(folder_dataset):
             record_format.LABEL: tf.io.FixedLenFeature([], tf.int64)}
 
     root, out, images, _, _ = folder_dataset
-    manifest = manifest_lib.load(str(out))
-    files = [os.path.join(out, f) for f in manifest_lib.shard_files(manifest, "train")]
+    manifest = manifest_lib.read_document(str(out))
+    files = [os.path.join(out, f) for f in Manifest.from_json(manifest).shard_files("train")]
     parsed = tf.io.parse_example(
         tf.constant([r.numpy() for r in tf.data.TFRecordDataset(files)]), spec)
     pixels = tf.reshape(tf.io.decode_raw(parsed[record_format.ENCODED], tf.uint8), [-1, 32, 32, 3]).numpy()
@@ -167,7 +168,7 @@ def test_records_read_back_with_tf_data_match_pillow_reference(folder_dataset):
 
 def test_mean_std_match_stored_train_pixels(folder_dataset):
     _, out, _, _, _ = folder_dataset
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     pixels = np.concatenate([record_format.decode_pixels(r).reshape(-1, 3) for r in all_records(out, "train")])
     np.testing.assert_allclose(manifest["mean_rgb"], pixels.mean(axis=0), atol=1e-4)
     np.testing.assert_allclose(manifest["std_rgb"], pixels.std(axis=0), atol=1e-4)
@@ -180,16 +181,16 @@ def test_single_split_folder_and_overwrite_refusal(tmp_path):
     source = root / "flat"
     out = tmp_path / "out"
     run_cli(source, out, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert list(manifest["splits"]) == ["train"] and manifest["classes"] == ["cat", "dog"]
     assert manifest["splits"]["train"]["num_examples"] == 6
 
     refused = run_cli(source, out, "--shorter-side", 16, *IN_PROCESS, expect_ok=False)
     assert refused.exit_code != 0 and "not empty" in refused.output and "--overwrite" in refused.output
-    assert manifest_lib.load(str(out))["created"] == manifest["created"], "refusal leaves the dataset alone"
+    assert manifest_lib.read_document(str(out))["created"] == manifest["created"], "refusal leaves the dataset alone"
 
     run_cli(source, out, "--shorter-side", 16, "--overwrite", "--split", "all", *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert list(manifest["splits"]) == ["all"]
     assert sorted(os.listdir(out)) == ["all", "manifest.json", "rejects.jsonl"], \
         "old split folder removed, and no lock file left by the finished run"
@@ -211,7 +212,7 @@ def test_labels_file_source_with_missing_and_unlabelled_files(tmp_path):
         csv.writer(f).writerows([("filename", "label"), *rows])
     out = tmp_path / "out"
     run_cli(images, out, "--labels-file", labels, "--split", "validation", "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     info = manifest["splits"]["validation"]
     assert manifest["classes"] == ["n01", "n02"]
     assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (7, 5, 2)
@@ -233,7 +234,7 @@ def test_imagenet_layout_train_folders_and_flat_validation_with_labels(tmp_path)
     labels.write_text("a.JPEG,n02\nb.JPEG,n01\n")
     out = tmp_path / "out"
     run_cli(root, out, "--labels-file", labels, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert manifest["classes"] == ["n01", "n02"]
     assert manifest["splits"]["val"]["class_counts"] == {"n01": 1, "n02": 1}
     assert manifest["splits"]["train"]["num_examples"] == 6
@@ -252,7 +253,7 @@ def test_file_names_that_are_not_utf8_are_rejects_and_folder_names_a_clear_error
     labels.write_text("a.JPEG,n02\n")
     out = tmp_path / "out"
     run_cli(root, out, "--labels-file", labels, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     with open(out / manifest_lib.REJECTS_NAME) as f:
         rejects = sorted((line["split"], line["key"], line["reason"]) for line in map(json.loads, f))
     assert rejects == [("train", "train/n01/b\\xff.JPEG", "bad_file_name"), ("val", "val/b\\xff.JPEG", "bad_file_name")]
@@ -294,7 +295,7 @@ def test_tfrecord_source_reads_tfds_style_records_and_rejects_corrupt_ones(tmp_p
     open(paths[0], "wb").write(bytes(data))
     out = tmp_path / "out"
     run_cli(f"tfrecord:{tmp_path}/tfrecords/*", out, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert set(manifest["splits"]) == {"train", "test"}
     assert manifest["classes"] == ["0", "1", "2"]
     train_info = manifest["splits"]["train"]
@@ -337,7 +338,7 @@ def test_tfds_source_reads_a_prepared_dataset_without_downloading(tmp_path):
     ShardprepTinyColors(data_dir=str(data_dir)).download_and_prepare()
     out = tmp_path / "out"
     run_cli("tfds:shardprep_tiny_colors", out, "--tfds-data-dir", data_dir, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert manifest["classes"] == ["red", "blue"]
     assert manifest["splits"]["train"]["class_counts"] == {"red": 3, "blue": 3}
     for record in all_records(out, "train"):
@@ -350,7 +351,7 @@ def test_crop_none_and_jpeg_encoding(tmp_path):
     images = image_factory.write_image_folder(root, {"train": 8}, classes=("a", "b"), min_side=30, max_side=80)
     out = tmp_path / "out"
     run_cli(root, out, "--shorter-side", 24, "--crop", "none", "--encoding", "jpeg", "--jpeg-quality", 95, *IN_PROCESS)
-    manifest = manifest_lib.load(str(out))
+    manifest = manifest_lib.read_document(str(out))
     assert manifest["image_height"] is None and manifest["encoding"] == "jpeg"
     assert "record_layout" not in manifest["splits"]["train"]  # records of varied lengths
     for record in all_records(out, "train"):
@@ -368,12 +369,12 @@ def test_same_inputs_give_identical_shards_with_one_or_two_workers(tmp_path):
         out = tmp_path / f"out{workers}"
         run_cli(root, out, "--shorter-side", 16, "--num-shards", 4, "--",
                 "--direct_running_mode=multi_processing", f"--direct_num_workers={workers}")
-        manifest = manifest_lib.load(str(out))
+        manifest = manifest_lib.read_document(str(out))
         digests.append({s["file"]: s["sha256"] for info in manifest["splits"].values() for s in info["shards"]})
     assert digests[0] == digests[1]
     out = tmp_path / "seed1"
     run_cli(root, out, "--shorter-side", 16, "--num-shards", 4, "--seed", 1, *IN_PROCESS)
-    reseeded = manifest_lib.load(str(out))
+    reseeded = manifest_lib.read_document(str(out))
     assert {s["file"]: s["sha256"] for i in reseeded["splits"].values() for s in i["shards"]} != digests[0]
 
 
@@ -384,7 +385,7 @@ def test_shard_boundaries_are_exact_when_sort_keys_span_many_buckets(tmp_path, m
     run_cli(root, tmp_path / "one", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
     monkeypatch.setattr(sharding, "BUCKET_TARGET", 3)
     run_cli(root, tmp_path / "many", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
-    one, many = manifest_lib.load(str(tmp_path / "one")), manifest_lib.load(str(tmp_path / "many"))
+    one, many = manifest_lib.read_document(str(tmp_path / "one")), manifest_lib.read_document(str(tmp_path / "many"))
     assert one["splits"]["train"]["shards"] == many["splits"]["train"]["shards"]
     assert [s["num_examples"] for s in many["splits"]["train"]["shards"]] == list(
         np.diff([0, *sharding.boundary_ranks(23, 5), 23]))  # [5, 5, 4, 5, 4]
@@ -420,7 +421,7 @@ def test_nested_folders_and_special_files_are_inputs_too(tmp_path):
     os.mkfifo(root / "train" / "b" / "pipe.jpg")
     out = tmp_path / "out"
     run_cli(root, out, "--shorter-side", 8, *IN_PROCESS)
-    info = manifest_lib.load(str(out))["splits"]["train"]
+    info = manifest_lib.read_document(str(out))["splits"]["train"]
     assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (6, 5, 1)
     assert "train/a/more/nested.png" in {r.filename for r in all_records(out, "train")}
     assert [(r["key"], r["reason"]) for r in read_rejects(out)] == [("train/b/pipe.jpg", "unreadable")]
@@ -439,7 +440,7 @@ def _run_in_process(source, output, min_decode_groups: int, **options) -> tuple[
     result = pipeline.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_name("shards_renamed_from_decode_groups"))["counters"]
-    return manifest_lib.load(config.output), sum(c.committed for c in counters)
+    return manifest_lib.read_document(config.output), sum(c.committed for c in counters)
 
 
 def _shard_hashes(manifest: dict) -> dict:
@@ -457,7 +458,7 @@ def test_shards_that_are_whole_decode_groups_are_renamed_and_equal_copied_ones(t
     assert (renamed, renamed_when_cut) == (8, 0)
     assert _shard_hashes(once) == _shard_hashes(copied)
     for split in ("train", "validation"):
-        for shard in manifest_lib.shard_files(once, split):
+        for shard in Manifest.from_json(once).shard_files(split):
             with open(tmp_path / "once" / shard, "rb") as f:
                 assert hashlib.sha256(f.read()).hexdigest() in _shard_hashes(once)[split]
     assert not glob.glob(str(tmp_path / "once" / ".tmp" / "*")), "no decode-group file is left behind"

@@ -211,7 +211,7 @@ def rename_into_a_shard(output, units):
     split_folder = os.path.join(output, units[0]["split"])
     os.makedirs(split_folder, exist_ok=True)
     os.rename(os.path.join(output, ".tmp", units[0]["file"]),
-              os.path.join(split_folder, manifest_lib.shard_name(units[0]["split"], units[0]["group"], 8)))
+              os.path.join(split_folder, manifest_lib.SHARD_FILES.name(units[0]["split"], units[0]["group"], 8)))
 
 
 @pytest.mark.timeout(600)

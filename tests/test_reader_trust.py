@@ -161,7 +161,7 @@ def test_labels_outside_the_classes_are_an_error_naming_the_record(tmp_path):
     document["classes"], document["num_classes"] = ["a", "b"], 2  # records labelled 2 are now outside
     for info in document["splits"].values():
         info["class_counts"]["a"] += info["class_counts"].pop("c")
-    open(path, "w").write(manifest_lib.to_json(document))
+    open(path, "w").write(manifest_lib.document_text(document))
     reader = NumpyReader(root, "validation", 9, False)
     with pytest.raises(ValueError, match=r"label 2 is outside 0\.\.1 .*validation/validation-0000\d-of-00003"
                                          r"\.tfrecord record \d"):
@@ -199,7 +199,7 @@ def test_make_dataset_refuses_labels_outside_the_classes(tmp_path):
     document["classes"], document["num_classes"] = ["a", "b"], 2
     for info in document["splits"].values():
         info["class_counts"]["a"] += info["class_counts"].pop("c")
-    open(path, "w").write(manifest_lib.to_json(document))
+    open(path, "w").write(manifest_lib.document_text(document))
     for random_access in (True, False):
         with pytest.raises(tf.errors.OpError, match=r"outside 0\.\.1"):
             list(tf_reader.make_dataset(root, "validation", 9, False, random_access=random_access))

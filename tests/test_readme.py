@@ -53,7 +53,7 @@ def keras_example(dataset) -> Path:
     code = scaled(block_with("model.fit("), {
         '"imagenette-shards", 64, 224': f'{str(dataset / "shards")!r}, 4, 12',
         "epochs=5": "epochs=1",
-        "resnet18_layers(x, manifest[\"num_classes\"])": "resnet18_layers(x, manifest[\"num_classes\"], 0.125)",
+        "resnet18_layers(x, manifest.num_classes)": "resnet18_layers(x, manifest.num_classes, 0.125)",
         '"my-model.keras"': repr(str(dataset / "my-model.keras")),
     })
     with warnings.catch_warnings(record=True) as caught:

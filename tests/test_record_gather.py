@@ -58,8 +58,8 @@ def test_buffers_go_back_to_the_pool_when_batches_are_dropped(tmp_path):
     items = random_images(24, 8, 6, seed=12, labels=(0, 1))
     write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=2)
     manifest = reader.load_manifest(str(tmp_path))
-    shards = [str(tmp_path / shard["file"]) for shard in manifest["splits"]["train"]["shards"]]
-    gather = record_gather.FixedLayoutGather(shards, reader.fixed_layout(manifest, "train"))
+    shards = [str(tmp_path / shard.file) for shard in manifest.split("train").shards]
+    gather = record_gather.FixedLayoutGather(shards, manifest.split("train").record_layout)
     ids = np.array([record_gather.record_ids(shard, 0)[0] + record for shard, record in [(0, 3), (1, 0), (1, 11)]])
     for _ in range(50):
         images, labels = gather(ids)  # the previous batch is still held while this one is read
@@ -73,7 +73,7 @@ def test_at_exit_running_gathers_finish_and_later_ones_read_nothing(tmp_path, mo
     items = random_images(6, 8, 6, seed=14, labels=(0, 1))
     manifest = write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=1)
     gather = record_gather.FixedLayoutGather([str(tmp_path / manifest["splits"]["train"]["shards"][0]["file"])],
-                                             reader.fixed_layout(manifest, "train"))
+                                             reader.load_manifest(str(tmp_path)).split("train").record_layout)
     monkeypatch.setattr(record_gather._CALLS, "exiting", False)  # restored after the test
     release, reads = threading.Event(), []
     read = gather._gather

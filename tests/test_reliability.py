@@ -30,6 +30,7 @@ from shardprep.pipelines import preprocess as job
 from shardprep.pipelines.common import METRICS_NAMESPACE
 from shardprep.pipelines import runner as runners
 from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, sharding, tfrecord_io
 from shardprep.cli import main as cli
 
@@ -123,7 +124,7 @@ def assert_reported_incomplete(output, report_path):
     """What a user sees after a failed run: no manifest, readers refuse the folder, validate says incomplete."""
     assert not os.path.exists(os.path.join(output, manifest_lib.MANIFEST_NAME))
     with pytest.raises(manifest_lib.ManifestError, match="not a complete shardprep dataset"):
-        manifest_lib.load(str(output))
+        manifest_lib.read_document(str(output))
     result = run_cli("validate", output, "--quiet", "--json", report_path)
     assert result.exit_code == 1, result.output
     with open(report_path) as f:
@@ -137,7 +138,7 @@ def assert_reported_incomplete(output, report_path):
 def assert_same_dataset(output, clean_output):
     """Shards (and rejects) byte for byte, and the manifest's description of them, equal a clean run's."""
     assert dataset_files(output) == dataset_files(clean_output)
-    rerun, clean = manifest_lib.load(str(output)), manifest_lib.load(str(clean_output))
+    rerun, clean = manifest_lib.read_document(str(output)), manifest_lib.read_document(str(clean_output))
     for key in ("splits", "classes", "mean_rgb", "std_rgb", "num_inputs", "num_examples", "num_rejected"):
         assert rerun[key] == clean[key], key
 
@@ -338,7 +339,7 @@ def test_mixed_folder_every_input_is_written_or_rejected_with_its_reason(tmp_pat
                      *LOCAL_WORKERS)
     assert result.exit_code == 0, result.output
 
-    manifest = manifest_lib.load(str(output))
+    manifest = manifest_lib.read_document(str(output))
     with open(output / manifest_lib.REJECTS_NAME) as f:
         rejects = [json.loads(line) for line in f]
     for split in ("train", "val"):
@@ -347,7 +348,7 @@ def test_mixed_folder_every_input_is_written_or_rejected_with_its_reason(tmp_pat
         inputs = len(os.listdir(root / split)) if split == "val" else sum(
             len(os.listdir(root / split / name)) for name in os.listdir(root / split))
         inputs += sum(1 for key, (s, _) in expected_rejects.items() if s == split and key.startswith("labels-file:"))
-        written = [record.filename for shard in manifest_lib.shard_files(manifest, split)
+        written = [record.filename for shard in Manifest.from_json(manifest).shard_files(split)
                    for record in read_records(output / shard)]
         rejected = [line["key"] for line in rejects if line["split"] == split]
         assert len(written) + len(rejected) == inputs == info["num_inputs"]
@@ -392,7 +393,7 @@ def test_shard_assignment_work_per_worker_stays_bounded_as_the_dataset_grows(tmp
         assert sizes.count == sharding.num_buckets(num_inputs) == -(-num_inputs // target)  # one call per bucket
         assert sizes.sum == num_inputs  # every key went through exactly one bucket
         assert sizes.max <= 2 * target, f"{num_inputs} inputs: a bucket of {sizes.max} keys"
-        shard_sizes = [s["num_examples"] for s in manifest_lib.load(str(output))["splits"]["train"]["shards"]]
+        shard_sizes = [s["num_examples"] for s in manifest_lib.read_document(str(output))["splits"]["train"]["shards"]]
         assert sum(shard_sizes) == num_inputs and max(shard_sizes) - min(shard_sizes) <= 1
 
 
@@ -412,7 +413,7 @@ def test_peak_memory_stays_flat_as_the_number_of_inputs_grows(tmp_path):
                          "--num-shards", num_inputs // 1000) as process:
             peaks[num_inputs] = peak_rss(process)
             assert process.wait(timeout=WAIT_S) == 0, read_text(tmp_path / f"log{num_inputs}")
-        assert manifest_lib.load(str(output))["num_examples"] == num_inputs
+        assert manifest_lib.read_document(str(output))["num_examples"] == num_inputs
     for role in ("launcher", "largest_worker"):
         per_input = (peaks[12000][role] - peaks[1000][role]) / 11000
         assert per_input < 1000, f"{role} peak grew by {per_input:.0f} bytes per added input: {peaks}"
@@ -445,7 +446,7 @@ def test_no_process_holds_the_image_bytes_of_the_dataset(tmp_path):
         with started_job(root, output, log_path, "--shorter-side", shorter_side, "--num-shards", 2) as process:
             peaks[shorter_side] = peak_rss(process)
             assert process.wait(timeout=WAIT_S) == 0, read_text(log_path)
-        shards = manifest_lib.load(str(output))["splits"]["train"]["shards"]
+        shards = manifest_lib.read_document(str(output))["splits"]["train"]["shards"]
         record_bytes[shorter_side] = sum(shard["num_bytes"] for shard in shards)
     extra_records = record_bytes[128] - record_bytes[16]
     assert extra_records > 85 * 2**20

@@ -35,7 +35,7 @@ def ok(source, out, *options) -> dict:
     result = preprocess(source, out, "--shorter-side", 8, *options, *IN_PROCESS)
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
-    return manifest_lib.load(str(out)) | {"_output": result.output}
+    return manifest_lib.read_document(str(out)) | {"_output": result.output}
 
 
 def refused(workspace, *args, expect=()) -> str:

@@ -29,6 +29,7 @@ from shardprep.pipelines.source_parquet import PARQUET, UNLABELLED, split_of
 from shardprep.pipelines.storage import OutputError
 from shardprep.preprocess import hub_features, manifest, record_format, sources, tfrecord_io
 from shardprep.preprocess.config import PreprocessConfig
+from shardprep.preprocess.dataset import load_manifest
 from shardprep.preprocess.elements import Input
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -86,9 +87,8 @@ def config_for(root, **options) -> PreprocessConfig:
 
 def pixels_and_labels(output, split, names) -> list[tuple[str, bytes]]:
     """(class name, decoded pixels) of every record of ``split``, sorted: what two sources' outputs must share."""
-    document = manifest.load(str(output))
     found = []
-    for relative in manifest.shard_files(document, split):
+    for relative in load_manifest(str(output)).shard_files(split):
         with open(os.path.join(output, relative), "rb") as f:
             for serialized in tfrecord_io.read_records(f):
                 record = record_format.decode_example(serialized)

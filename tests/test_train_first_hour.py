@@ -1,6 +1,7 @@
 """A new user's first hour with ``shardprep train`` (issue #16): --output-dir refusals and --overwrite, errors that
 name the flag and the sizes, progress within an epoch, and inference on new photos with predict_images."""
 
+import dataclasses
 import io
 import os
 
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main
+from shardprep.preprocess.dataset import load_manifest
 from shardprep.train import preflight
 from train_helpers import predict_entries
 
@@ -188,7 +190,7 @@ def tiny_model(colour_dataset):
 
     keras.utils.set_random_seed(3)
     manifest = reader.load_manifest(colour_dataset)
-    return build_model(2, 16, manifest["mean_rgb"], manifest["std_rgb"], width_multiplier=0.125)
+    return build_model(2, 16, manifest.mean_rgb, manifest.std_rgb, width_multiplier=0.125)
 
 
 def _expected(model, manifest, data):
@@ -221,14 +223,14 @@ def test_predict_images_takes_paths_and_bytes_and_names_the_classes(colour_datas
     for prediction, data in zip(predictions, [jpeg, jpeg, png_alpha, small]):
         assert isinstance(prediction, Prediction)
         assert prediction.class_name in ("red", "blue")
-        assert prediction.class_name == manifest["classes"][prediction.index]
-        assert [name for name, _, _ in prediction.top] == [manifest["classes"][i] for _, i, _ in prediction.top]
+        assert prediction.class_name == manifest.classes[prediction.index]
+        assert [name for name, _, _ in prediction.top] == [manifest.classes[i] for _, i, _ in prediction.top]
         assert sum(p for _, _, p in prediction.top) == pytest.approx(1.0, abs=1e-5)  # top 2 of 2 classes
         assert prediction.top[0][2] >= prediction.top[1][2] and prediction.probability == prediction.top[0][2]
         np.testing.assert_allclose([p for _, _, p in sorted(prediction.top, key=lambda t: t[1])],
                                    _expected(tiny_model, manifest, data), atol=1e-5)
     assert predictions[0].top == predictions[1].top  # a path and its bytes are the same image
-    # The manifest as a dict and the model as a saved file give the same answers.
+    # The loaded manifest and the model as a saved file give the same answers.
     tiny_model.save(tmp_path / "model.keras")
     again = predict_images(str(tmp_path / "model.keras"), manifest, images[:1], top_k=1)
     assert len(again[0].top) == 1 and again[0].top[0] == pytest.approx(predictions[0].top[0], abs=1e-5)
@@ -238,7 +240,7 @@ def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour
     from shardprep.train.predict import predict_images, stored_pixels, process_options
     from shardprep.train.reader import load_manifest
 
-    manifest = {**load_manifest(colour_dataset), "shorter_side": 12, "image_height": 12, "image_width": 12}
+    manifest = dataclasses.replace(load_manifest(colour_dataset), shorter_side=12, image_height=12, image_width=12)
     photo = _encoded(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG")
     assert stored_pixels(photo, process_options(manifest)).shape == (12, 12, 3)
     assert stored_pixels(photo, process_options(manifest), min_side=16).shape == (16, 16, 3)
@@ -256,7 +258,7 @@ def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
         predict_images(tiny_model, colour_dataset, [np.zeros((4, 4, 3), np.uint8)])
     from shardprep.train.reader import load_manifest
 
-    manifest = {**load_manifest(colour_dataset), "classes": ["a", "b", "c"], "num_classes": 3}
+    manifest = {**load_manifest(colour_dataset).to_json(), "classes": ["a", "b", "c"], "num_classes": 3}
     photo = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")
     with pytest.raises(ValueError, match="the model has 2 outputs but the manifest lists 3 classes"):
         predict_images(tiny_model, manifest, [photo])
@@ -283,7 +285,7 @@ def test_shardprep_predict_prints_class_names_and_refuses_missing_files(colour_d
 
 
 def test_a_batch_larger_than_the_training_split_is_one_line_before_the_run(colour_dataset, tmp_path):
-    examples = preflight.Manifest.from_json(preflight.load_manifest(colour_dataset)).split("train").num_examples
+    examples = load_manifest(colour_dataset).split("train").num_examples
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path / "run"),
                                        "--image-size", "16", "--batch-size", str(examples + 1)])
     line, = _error_lines(result)

@@ -25,10 +25,10 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
 
     for encoding in ("raw", "jpeg"):  # written by the preprocess job itself
         manifest = reader.load_manifest(inputs[encoding])
-        assert manifest["encoding"] == encoding and manifest["image_height"] == manifest["image_width"] == 256
-        assert manifest["splits"]["train"]["num_examples"] == 10 and len(manifest["classes"]) == 4
-        assert ("record_layout" in manifest["splits"]["train"]) == (encoding == "raw")
-        assert len(manifest["splits"]["train"]["shards"]) == input_bench.NUM_SHARDS
+        assert manifest.encoding == encoding and manifest.image_height == manifest.image_width == 256
+        assert manifest.split("train").num_examples == 10 and len(manifest.classes) == 4
+        assert (manifest.split("train").record_layout is not None) == (encoding == "raw")
+        assert len(manifest.split("train").shards) == input_bench.NUM_SHARDS
 
     for dataset, shape, dtype in [
         (input_bench.seed_pipeline(inputs["seed_files"]), [4, 224, 224, 3], "float32"),

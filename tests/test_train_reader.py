@@ -108,7 +108,7 @@ def test_fixed_layout_records_read_as_the_tfrecords_do(tmp_path, num_classes):
     write_dataset(tmp_path, {"train": items}, classes=[f"c{i}" for i in range(num_classes)], num_shards=3,
                   filename=lambda split, index: f"{split}/{'é' * (index % 7)}{index}.jpg")
     manifest = reader.load_manifest(str(tmp_path))
-    assert manifest["splits"]["train"]["record_layout"]
+    assert manifest.split("train").record_layout is not None
     stored = _index(items)
     for kwargs in (dict(training=False), dict(training=True, seed=5)):
         gathered = _take(reader.make_dataset(str(tmp_path), "train", 4, random_access=True, **kwargs), 12)

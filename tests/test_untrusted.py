@@ -161,7 +161,7 @@ def test_nan_in_mean_rgb_is_refused_by_every_reader(dataset, tmp_path):
     assert "NaN" in (dataset / manifest_lib.MANIFEST_NAME).read_text()
 
     with pytest.raises(manifest_lib.ManifestError, match=NAN_MANIFEST):
-        manifest_lib.load(str(dataset))
+        manifest_lib.read_document(str(dataset))
     from shardprep.train import preflight
 
     with pytest.raises(preflight.PreflightError, match=NAN_MANIFEST):
@@ -185,7 +185,7 @@ def test_nan_in_mean_rgb_is_refused_by_every_reader(dataset, tmp_path):
 ])
 def test_a_manifest_that_is_no_object_says_so(text, message):
     with pytest.raises(manifest_lib.ManifestError) as error:
-        manifest_lib.from_json(text)
+        manifest_lib.parse_document(text)
     assert str(error.value) == message
 
 
@@ -224,20 +224,14 @@ def test_deep_manifest_through_the_cli_is_one_problem_without_a_traceback(datase
     assert [line for line in result.output.splitlines() if line.startswith("Error: ")], result.output
 
 
-def _numpy_reader_load():
-    from shardprep.train.numpy_reader import load_local_manifest
-
-    return load_local_manifest
-
-
-def _tf_reader_load():
-    from shardprep.train.reader import load_manifest  # TensorFlow is imported here, before the timed load
+def _dataset_load():
+    from shardprep.preprocess.dataset import load_manifest  # what every reader, train and validate call
 
     return load_manifest
 
 
-@pytest.mark.parametrize("loader", [lambda: manifest_lib.load, _numpy_reader_load, _tf_reader_load],
-                         ids=["manifest.load", "numpy_reader", "tf_reader"])
+@pytest.mark.parametrize("loader", [lambda: manifest_lib.read_document, _dataset_load],
+                         ids=["manifest.read_document", "dataset.load_manifest"])
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
 def test_a_manifest_that_is_not_a_small_regular_file_is_refused_without_hanging(dataset, kind, loader):
     path = dataset / manifest_lib.MANIFEST_NAME

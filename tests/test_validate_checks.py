@@ -9,7 +9,7 @@ import pytest
 
 from shardprep.pipelines import validate_graph
 from shardprep.pipelines.validation import pictures
-from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, fixed_layouts,
+from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, unfit_layout_problems,
                                                    layout_problems, manifest_problems, mean_std_problems, problem,
                                                    record_layout_length_problems, record_problems, split_problems)
 from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
@@ -17,6 +17,7 @@ from shardprep.pipelines.validation.report import merge_problems
 from shardprep.pipelines.validation.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
                                                   sample_rank, size_summary)
 from shardprep.preprocess import sharding
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.record_format import ImageRecord
 from shardprep.preprocess.tfrecord_io import frame
@@ -89,6 +90,7 @@ def test_framed_records_stop_at_a_bad_length_and_still_hash_the_whole_file():
 
 
 MANIFEST = {
+    "format_version": 1,
     "classes": ["cat", "dog"],
     "encoding": "raw",
     "crop": "center",
@@ -99,19 +101,20 @@ MANIFEST = {
     "mean_rgb": [100.0, 110.0, 120.0],
     "std_rgb": [50.0, 50.0, 50.0],
     "splits": {"train": {"num_examples": 3, "num_shards": 2, "class_counts": {"cat": 2, "dog": 1},
-                         "shards": [{"file": "train/train-00000-of-00002.tfrecord", "num_examples": 2},
-                                    {"file": "train/train-00001-of-00002.tfrecord", "num_examples": 1}]}},
+                         "shards": [{"file": "train/train-00000-of-00002.tfrecord", "num_examples": 2, "num_bytes": 200},
+                                    {"file": "train/train-00001-of-00002.tfrecord", "num_examples": 1,
+                                     "num_bytes": 100}]}},
 }
 
 
 def test_record_problems_against_manifest_options():
-    expected = RecordExpectations.from_manifest(MANIFEST)
+    expected = RecordExpectations.from_manifest(Manifest.from_json(MANIFEST, layouts_required=False))
     good = ImageRecord(b"", "raw", 4, 4, 1, "a.png")
     assert record_problems(good, expected) == []
     bad = ImageRecord(b"", "jpeg", 4, 5, 2, "a.png")
     assert [check for check, _ in record_problems(bad, expected)] == ["record_format", "record_size", "record_label"]
-    uncropped = RecordExpectations.from_manifest({**MANIFEST, "crop": "none", "image_height": None,
-                                                  "image_width": None})
+    uncropped = RecordExpectations.from_manifest(Manifest.from_json(
+        {**MANIFEST, "crop": "none", "image_height": None, "image_width": None}))
     assert record_problems(ImageRecord(b"", "raw", 4, 9, 0, "a"), uncropped) == []
     assert [c for c, _ in record_problems(ImageRecord(b"", "raw", 5, 9, 0, "a"), uncropped)] == ["record_size"]
 
@@ -246,10 +249,12 @@ def test_record_layout_lengths_allow_the_longer_record_only_at_the_shard_end():
 
 def test_fixed_layouts_are_rebuilt_as_the_train_reader_does_and_an_unfit_one_is_a_problem():
     layout = FixedLayout.for_records(4, 4, (5, 9), max_label=1)
-    manifest = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "record_layout": layout.to_json()}}}
-    assert fixed_layouts(manifest) == ({"train": layout}, [])
+    document = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "record_layout": layout.to_json()}}}
+    manifest = Manifest.from_json(document, lenient_layouts=True)  # as validate loads it
+    assert (manifest.fixed_layout_splits, unfit_layout_problems(manifest)) == ({"train": layout}, [])
     assert RecordExpectations.from_manifest(manifest).record_layouts == {"train": layout}
-    manifest["splits"]["train"]["record_layout"] = {**layout.to_json(), "image_offset": layout.image_offset + 1}
-    layouts, [unfit] = fixed_layouts(manifest)
+    document["splits"]["train"]["record_layout"] = {**layout.to_json(), "image_offset": layout.image_offset + 1}
+    manifest = Manifest.from_json(document, lenient_layouts=True)
+    layouts, [unfit] = manifest.fixed_layout_splits, unfit_layout_problems(manifest)
     assert layouts == {} and (unfit["check"], unfit["split"]) == ("record_layout", "train")
     assert "does not fit 4x4 images" in unfit["message"]

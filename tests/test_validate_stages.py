@@ -24,7 +24,7 @@ from shardprep.pipelines.validation.report import sample_line, split_summary
 from shardprep.pipelines.validation.stats import SplitStats, channel_sums
 from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.manifest_types import ShardEntry
+from shardprep.preprocess.dataset import Manifest, ShardEntry
 
 SHARD = "train/train-00000-of-00001.tfrecord"
 VALUES = (10, 200, 90)  # one grey level per record
@@ -44,7 +44,7 @@ def layout() -> FixedLayout:
 
 
 def manifest(shard_entry: dict) -> dict:
-    return {"classes": ["cat", "dog"], "encoding": "raw", "crop": "center", "shorter_side": 4, "image_height": 4,
+    return {"format_version": 1, "classes": ["cat", "dog"], "encoding": "raw", "crop": "center", "shorter_side": 4, "image_height": 4,
             "image_width": 4, "stats_split": "train", "mean_rgb": None, "std_rgb": None,
             "splits": {"train": {"num_examples": 3, "class_counts": {"cat": 2, "dog": 1}, "shards": [shard_entry],
                                  "record_layout": layout().to_json()}}}
@@ -69,7 +69,7 @@ def test_read_shards_emits_the_shards_statistics_and_every_records_location(tmp_
     fixed = layout()
     task, dataset = write_shard(tmp_path, b"".join(fixed.shard_records(fixed.encode(r) for r in records())))
     with pipeline() as p:
-        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(dataset), None)
+        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(Manifest.from_json(dataset)), None)
         assert_that(read.stats, equal_to([("train", expected_stats())]), label="Stats")
         assert_that(read.problem, equal_to([]), label="NoProblems")
         assert_that(read.filename, equal_to([(r.filename, RecordLocation("train", SHARD, i, r.filename))
@@ -83,7 +83,7 @@ def test_read_shards_names_a_corrupt_record_and_the_shards_changed_hash(tmp_path
     data[fixed.record_bytes + fixed.image_offset + 1] ^= 0xFF  # inside record 1's pixels: its data CRC fails
     (tmp_path / "shard.tfrecord").write_bytes(bytes(data))
     with pipeline() as p:
-        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(dataset), None)
+        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(Manifest.from_json(dataset)), None)
         checks = read.problem | beam.Map(lambda found: (found["check"], found["file"], found["index"]))
         assert_that(checks, equal_to([("record_corrupt", SHARD, 1), ("shard_sha256", SHARD, None)]))
 

@@ -58,7 +58,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
             all_pixels.append(pixels.reshape(-1, 3))
         shard_entries = []
         for shard_index, framed in enumerate(shards):
-            relative = manifest_lib.shard_path(split, shard_index, num_shards)
+            relative = manifest_lib.SHARD_FILES.path(split, shard_index, num_shards)
             if layout is not None:
                 framed = list(layout.shard_records(framed))
             data = b"".join(framed)
@@ -88,7 +88,7 @@ def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center",
         "mean_rgb": pixels.mean(axis=0).tolist(), "std_rgb": pixels.std(axis=0).tolist(),
     }
     with open(os.path.join(root, manifest_lib.MANIFEST_NAME), "w") as f:
-        f.write(manifest_lib.to_json(manifest))
+        f.write(manifest_lib.document_text(manifest))
     return manifest
 
 

@@ -74,7 +74,7 @@ def load_manifest(data_dir: pathlib.Path) -> dict:
 
 
 def save_manifest(data_dir: pathlib.Path, manifest: dict) -> None:
-    (data_dir / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.to_json(manifest))
+    (data_dir / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.document_text(manifest))
 
 
 def record_offsets(shard: pathlib.Path) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shardprep.preprocess import encodings, record_format
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest
 from shardprep.train import record_gather
 from shardprep.train.record_gather import RECORD_INDEX_BITS, ReusedBuffers
 from shardprep.train.record_identity import DatasetSnapshot, check_labels

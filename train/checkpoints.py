@@ -26,7 +26,7 @@ from typing import Callable
 import keras
 import numpy as np
 
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest
 from shardprep.train import checkpoint_state, run_files
 from shardprep.train import losses  # noqa: F401  registers the loss a JAX/PyTorch checkpoint is compiled with
 from shardprep.train.checkpoint_state import STATE_FORMAT  # noqa: F401  (public here too)

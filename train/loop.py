@@ -39,8 +39,8 @@ from typing import Callable
 import keras
 import numpy as np
 
-from shardprep.preprocess.manifest_types import Manifest, typed
-from shardprep.train import checkpoints, preflight, progress, run_files
+from shardprep.preprocess.dataset import Manifest, load_manifest, typed
+from shardprep.train import checkpoints, progress, run_files
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
 from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
@@ -99,7 +99,8 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 
 
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
-          on_batch: Callable[[int, object], None] | None = None, width: int | None = None) -> dict:
+          on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
+          manifest: Manifest | None = None) -> dict:
     """Trains ResNet-18 on ``config.data_dir`` and writes ``history.json``, ``summary.json`` and ``model.keras`` to
     ``config.output_dir``; returns the summary.
 
@@ -108,7 +109,8 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
     ``on_batch(global_step, batch)``, if given, sees each training batch before its step (e.g. to record which
     records a run trained on). Messages go to ``report``, each fitted to ``width`` columns (default: the terminal's,
     ``$COLUMNS``, else 80). Ctrl-C stops after the step in flight, saves a checkpoint there (when checkpoints are
-    on) and raises :class:`~shardprep.train.interrupt.TrainingInterrupted` saying where to resume."""
+    on) and raises :class:`~shardprep.train.interrupt.TrainingInterrupted` saying where to resume. ``manifest``:
+    ``config.data_dir``'s, already loaded (``shardprep.train.preflight.check`` returns it); else it is loaded here."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:
@@ -116,7 +118,7 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
                          f"in this process and cannot change it: set KERAS_BACKEND={config.backend} before importing "
                          "keras")
     config.check_backend(backend)
-    manifest = typed(preflight.load_manifest(config.data_dir))
+    manifest = typed(manifest) if manifest is not None else load_manifest(config.data_dir)
     stored_height, stored_width = manifest.stored_shape
     if config.image_size > min(stored_height, stored_width):
         raise ValueError(f"--image-size {config.image_size} is larger than the stored images "

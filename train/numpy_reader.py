@@ -43,21 +43,18 @@ import weakref
 
 import numpy as np
 
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.manifest_types import Manifest, typed
+from shardprep.preprocess.dataset import Manifest, load_manifest, typed
 from shardprep.train import batch_prefetch
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
 
 
-def load_local_manifest(data_dir: str) -> Manifest:
-    """The typed manifest of a local dataset folder, read with plain ``open`` (no TensorFlow, no Beam): a regular
-    file within the manifest's bounds (``manifest_lib.read_local``)."""
+def check_local(data_dir: str) -> None:
+    """Refuses (``ValueError``) a URL: the NumPy readers read local datasets only (``preadv``, ``os.stat``)."""
     if "://" in data_dir:
         raise ValueError(f"NumpyReader reads local datasets only, not {data_dir}: copy the dataset to a local "
                          "disk, or use shardprep.train.reader.make_dataset")
-    return typed(manifest_lib.from_json(manifest_lib.read_local(data_dir)))
 
 
 class NumpyReader:
@@ -72,7 +69,8 @@ class NumpyReader:
       seed: same seed, same batches (and the same as ``make_dataset``'s); ``None`` draws one for this reader.
       num_shards, index: this process's share of the records (multi-host runs).
       start_step: global batches already read: the reader starts right after them.
-      manifest: the already loaded manifest (document or :class:`~shardprep.preprocess.manifest_types.Manifest`).
+      manifest: the manifest :func:`~shardprep.preprocess.dataset.load_manifest` returned (or its document); by
+        default it is loaded from ``data_dir``.
       threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
       verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
 
@@ -85,7 +83,8 @@ class NumpyReader:
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
                  prefetch: int | None = None, verify_records: bool = False):
         data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
-        self.manifest = typed(manifest) if manifest is not None else load_local_manifest(data_dir)
+        check_local(data_dir)
+        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)

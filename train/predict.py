@@ -34,6 +34,7 @@ from PIL import Image
 
 from shardprep.preprocess import encodings, image_ops, untrusted, wordnet_names
 from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
 # How far the model's normalization may be from the manifest's mean_rgb/std_rgb (0-255 scale): the model stores
 # them in float32, so the same dataset agrees to ~1e-5; another dataset differs by far more.
@@ -71,29 +72,35 @@ class PhotoFailure:
     message: str
 
 
-def process_options(manifest: dict) -> image_ops.ProcessOptions:
+def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
     """The options the preprocess job used for this dataset, with raw encoding (pixels, not a JPEG round trip).
 
-    Built from the manifest the way the job builds them (``PreprocessConfig.process_options``): ``shorter_side``,
-    ``crop`` and, when the manifest records it, ``max_pixels``.
+    Built from the manifest the way the job builds them from its ``PreprocessConfig``
+    (``shardprep.pipelines.preprocess.process_options``): ``shorter_side``, ``crop`` and, when the manifest's
+    ``options`` record it, ``max_pixels``.
     """
-    options = manifest.get("options") or {}
-    max_pixels = options.get("max_pixels")
+    max_pixels = (manifest.options or {}).get("max_pixels")
     return image_ops.ProcessOptions(
-        shorter_side=int(manifest["shorter_side"]), crop=manifest.get("crop", "center"), encoding=encodings.RAW.name,
+        shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
         max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS)
 
 
-def load_manifest(manifest) -> dict:
-    """``manifest`` as a dict: a loaded manifest, a dataset folder (local or ``gs://``) or its ``manifest.json``."""
-    if isinstance(manifest, dict):
-        return manifest
-    path = os.fspath(manifest)
-    if path.endswith(manifest_lib.MANIFEST_NAME) and not path.endswith("/"):
-        path = path[: -len(manifest_lib.MANIFEST_NAME)].rstrip("/") or "."
-    from shardprep.train import preflight  # no TensorFlow: the manifest alone, with one-line errors
-
-    return preflight.load_manifest(path)
+def _dataset_manifest(manifest, data: str) -> Manifest:
+    """``predict_images``'s ``manifest`` as a :class:`~shardprep.preprocess.dataset.Manifest`: itself, a document
+    (shape-checked), or loaded from a dataset folder (local or ``gs://``) or its ``manifest.json``. A ``ValueError``
+    naming ``data`` for one of the wrong shape; the loader's ``ManifestError`` (naming the file) otherwise. A
+    ``record_layout`` that does not fit is no problem here: prediction reads no records."""
+    try:
+        if isinstance(manifest, Manifest):
+            return manifest
+        if isinstance(manifest, dict):
+            return Manifest.from_json(manifest, layouts_required=False, lenient_layouts=True)
+        path = os.fspath(manifest)
+        if path.endswith(manifest_lib.MANIFEST_NAME) and not path.endswith("/"):
+            path = path[: -len(manifest_lib.MANIFEST_NAME)].rstrip("/") or "."
+        return load_manifest(path, lenient_layouts=True)
+    except ManifestShapeError as e:
+        raise ValueError(f"{data}: the manifest has the wrong shape: {e.problems[0]}") from None
 
 
 def model_image_size(model) -> int | None:
@@ -151,26 +158,24 @@ def _numbers(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values is not None else "none"
 
 
-def check_dataset(model, manifest: dict, data: str) -> None:
-    """Raises ``ValueError`` naming what differs when ``manifest`` (shape-checked; of ``data``, as the message names
-    it) cannot be the dataset ``model`` was trained on: the number of classes, stored images smaller than the
-    model's crop, or another normalization (mean/std). A model without a normalization layer is checked for the
-    first two only."""
+def check_dataset(model, manifest: Manifest, data: str) -> None:
+    """Raises ``ValueError`` naming what differs when ``manifest`` (of ``data``, as the message names it) cannot be
+    the dataset ``model`` was trained on: the number of classes, stored images smaller than the model's crop, or
+    another normalization (mean/std). A model without a normalization layer is checked for the first two only."""
     give = "give the dataset the model was trained on (the DATA shardprep train was given)"
     outputs = (getattr(model, "output_shape", None) or (None,))[-1]
-    if outputs is not None and outputs != len(manifest["classes"]):
-        raise ValueError(f"the model has {outputs} outputs but the manifest lists {len(manifest['classes'])} "
+    if outputs is not None and outputs != len(manifest.classes):
+        raise ValueError(f"the model has {outputs} outputs but the manifest lists {len(manifest.classes)} "
                          f"classes: {give}")
     size = model_image_size(model)
-    height, width = ((manifest["image_height"], manifest["image_width"]) if manifest["crop"] == "center"
-                     else (manifest["shorter_side"], manifest["shorter_side"]))
+    height, width = manifest.stored_shape
     if size is not None and min(height, width) < size:
         raise ValueError(f"{data} stores {height}x{width} images, smaller than the model's {size}-pixel crop, so "
                          f"the model was not trained on it (training crops lie inside the stored images): {give}")
     normalization = model_normalization(model)
     if normalization is None:
         return
-    stored = (manifest.get("mean_rgb"), manifest.get("std_rgb"))
+    stored = (manifest.mean_rgb, manifest.std_rgb)
     if any(values is None for values in stored) or any(
             abs(a - b) > NORMALIZATION_TOLERANCE for model_values, values in zip(normalization, stored)
             for a, b in zip(model_values, values)):
@@ -225,8 +230,9 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
       model: a Keras model (uint8 images in, logits out, as ``shardprep train`` saves it) or the path of its
         ``model.keras`` (loaded with :func:`shardprep.train.model.load_model`, which also reads older files).
       manifest: the dataset the model was trained on: its folder (local or ``gs://``), its ``manifest.json``, or
-        the loaded dict. Its options say how to turn a photo into the stored form, and its ``classes`` name the
-        predictions; it is checked against the model first (:func:`check_dataset`).
+        the manifest :func:`~shardprep.preprocess.dataset.load_manifest` returned (or its document). Its options
+        say how to turn a photo into the stored form, and its ``classes`` name the predictions; it is checked
+        against the model first (:func:`check_dataset`).
       images: paths (local or ``gs://``) or the files' bytes, in any format the preprocess job reads (JPEG, PNG with
         or without alpha, GIF, BMP, WebP, TIFF; EXIF orientation applied).
       top_k: how many classes each ``Prediction.top`` lists (at most the number of classes).
@@ -243,7 +249,6 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     "raise"``) naming the image for a photo the job would reject (not an image, too many pixels) or that cannot be
     read (missing, a folder, a FIFO).
     """
-    from shardprep.preprocess import manifest_schema
     from shardprep.train.model import load_model
 
     if errors not in ("raise", "report"):
@@ -251,15 +256,12 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     images = list(images)
-    data = "the given manifest" if isinstance(manifest, dict) else os.fspath(manifest)
+    data = "the given manifest" if isinstance(manifest, (dict, Manifest)) else os.fspath(manifest)
     if isinstance(model, (str, os.PathLike)):
         model = _load(load_model, os.fspath(model))
-    manifest = load_manifest(manifest)
-    problems = manifest_schema.shape_problems(manifest, layouts_required=False)
-    if problems:
-        raise ValueError(f"{data}: the manifest has the wrong shape: {problems[0]}")
+    manifest = _dataset_manifest(manifest, data)
     check_dataset(model, manifest, data)
-    classes = list(manifest["classes"])
+    classes = list(manifest.classes)
     results, arrays = _stored_images(images, process_options(manifest), errors)
     good = [position for position, result in enumerate(results) if result is None]
     probabilities = _class_probabilities(model, [arrays[p] for p in good], len(classes), batch_size)

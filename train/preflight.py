@@ -1,11 +1,11 @@
 """Checks ``shardprep train`` makes before it imports TensorFlow or builds anything.
 
-:func:`check` reads the manifest (plain ``json`` for local paths, Beam's file systems for ``gs://``), checks its
-shape with the shared :func:`shardprep.preprocess.manifest_schema.shape_problems`, that the training and validation splits
-exist and hold examples, that every shard file of those splits is there with its manifest size, and that
+:func:`check` loads the manifest once (:func:`shardprep.preprocess.dataset.load_manifest`: read as untrusted input,
+its shape checked, every raw centre-crop split laid out), checks that the training and validation splits exist and
+hold examples, that every shard file of those splits is there with its manifest size, and that
 ``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.output_dir`), with a checkpoint
-for ``--resume``. Each failure is a :class:`PreflightError` whose message is one line:
-what is wrong, where, and what to do.
+for ``--resume``, and returns the manifest for the run to use. Each failure is a :class:`PreflightError` whose message
+is one line: what is wrong, where, and what to do.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest, ManifestShapeError, UnfitLayoutError, load_manifest
 from shardprep.train import checkpoint_state, run_files
 from shardprep.train import output_dir as output_checks
 
@@ -27,22 +26,20 @@ def _is_url(path: str) -> bool:
     return "://" in path
 
 
-def load_manifest(data_dir: str) -> dict:
-    """The manifest of ``data_dir``; a :class:`PreflightError` when it is missing, unreadable or of another version."""
+def _loaded_manifest(data_dir: str) -> Manifest:
+    """The manifest of ``data_dir``, every raw centre-crop split with records laid out; a :class:`PreflightError`
+    naming the file when it is missing, unreadable, of another version or of the wrong shape."""
     try:
-        if _is_url(data_dir):
-            return manifest_lib.load(data_dir)
-        path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
-        if not os.path.isfile(path):
-            raise manifest_lib.missing_manifest_error(data_dir)
-        with open(path, "rb") as f:
-            return manifest_lib.from_json(f.read())
-    except manifest_lib.ManifestError as e:
-        said_what_the_path_is = getattr(e, "kind", None) is not None  # missing_manifest_error's
-        raise PreflightError(str(e) if said_what_the_path_is
-                             else f"{manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}") from e
-    except OSError as e:
-        raise PreflightError(f"cannot read {manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)}: {e}") from e
+        return load_manifest(data_dir, layouts_required=True)
+    except ManifestShapeError as e:
+        more = f" (and {len(e.problems) - 1} more)" if len(e.problems) > 1 else ""
+        raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} has the wrong shape: {e.problems[0]}{more}; run "
+                             f"shardprep validate {data_dir} for the full list, or rerun preprocess with "
+                             "--overwrite") from e
+    except UnfitLayoutError as e:
+        raise PreflightError(f"{e}; run shardprep validate {data_dir}, or rerun preprocess with --overwrite") from e
+    except manifest_lib.ManifestError as e:  # each names the file, or says what the path is instead
+        raise PreflightError(str(e)) from e
 
 
 def _size(path: str) -> int | None:
@@ -103,12 +100,9 @@ def claim_output_dir(output_dir: str, resume: bool) -> None:
         raise PreflightError(run_files.describe_os_error(error)) from None
 
 
-def _check_image_size(manifest: dict, image_size: int, data_dir: str) -> None:
-    if manifest.get("crop") == "none":
-        height = width = manifest.get("shorter_side")
-    else:
-        height, width = manifest.get("image_height"), manifest.get("image_width")
-    if isinstance(height, int) and isinstance(width, int) and image_size > min(height, width):
+def _check_image_size(manifest: Manifest, image_size: int, data_dir: str) -> None:
+    height, width = manifest.stored_shape
+    if image_size > min(height, width):
         raise PreflightError(f"--image-size {image_size} is larger than the stored images of {data_dir} "
                              f"({height}x{width}); pass --image-size {min(height, width)} or less, or rerun "
                              f"preprocess with --shorter-side {image_size} or more")
@@ -117,22 +111,23 @@ def _check_image_size(manifest: dict, image_size: int, data_dir: str) -> None:
 VALIDATION_SPLITS = ("validation", "val", "test")  # tried in this order when --val-split is not given
 
 
-def validation_split(manifest: dict, requested: str | None, data_dir: str) -> str:
+def validation_split(manifest: Manifest, requested: str | None, data_dir: str) -> str:
     """``requested``, or the dataset's first split named like a validation split (``VALIDATION_SPLITS``)."""
     if requested is not None:
         return requested
-    found = next((name for name in VALIDATION_SPLITS if name in manifest["splits"]), None)
+    found = next((name for name in VALIDATION_SPLITS if name in manifest.splits), None)
     if found is None:
         raise PreflightError(f"{data_dir} has no split named {', '.join(VALIDATION_SPLITS[:-1])} or "
-                             f"{VALIDATION_SPLITS[-1]} (splits: {', '.join(manifest['splits']) or 'none'}); "
+                             f"{VALIDATION_SPLITS[-1]} (splits: {', '.join(manifest.splits) or 'none'}); "
                              "pass --val-split with the split to evaluate on")
     return found
 
 
 def check(data_dir: str, train_split: str, val_split: str | None, output_dir: str | None = None, *,
           image_size: int | None = None, batch_size: int | None = None, resume: bool = False,
-          overwrite: bool = False) -> dict:
-    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest.
+          overwrite: bool = False) -> Manifest:
+    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest, loaded and
+    checked once here: pass it on (``shardprep.train.loop.train(..., manifest=)``).
 
     ``val_split`` None: the first of ``VALIDATION_SPLITS`` the dataset has (:func:`validation_split`).
 
@@ -141,22 +136,11 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
     is a link, DATA or a dataset, and a non-empty one unless ``resume`` or ``overwrite`` finds the run record and
     nothing it does not list (and, with ``resume``, a whole checkpoint).
     """
-    manifest = load_manifest(data_dir)
-    manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
-    problems = manifest_schema.shape_problems(manifest)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PreflightError(f"{manifest_path} has the wrong shape: {problems[0]}{more}; run shardprep validate "
-                             f"{data_dir} for the full list, or rerun preprocess with --overwrite")
-    try:
-        typed_manifest = Manifest.from_json(manifest)
-    except manifest_lib.ManifestError as e:  # a record_layout that does not fit the images
-        raise PreflightError(f"{manifest_path}: {e}; run shardprep validate {data_dir}, or rerun preprocess with "
-                             "--overwrite") from e
-    if not typed_manifest.classes:
-        raise PreflightError(f"{manifest_path} lists no classes, so there is nothing to train; rerun preprocess on "
-                             "a source with class folders or labels")
-    splits = typed_manifest.splits
+    manifest = _loaded_manifest(data_dir)
+    if not manifest.classes:
+        raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} lists no classes, so there is nothing to "
+                             "train; rerun preprocess on a source with class folders or labels")
+    splits = manifest.splits
     val_split = validation_split(manifest, val_split, data_dir)
     present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info.num_examples:,}"
                                                            for name, info in splits.items())) if splits else "none"

@@ -38,9 +38,10 @@ a file whose size or record count disagrees with the manifest still fails loudly
 
 The reshape to ``[B, H, W, 3]`` is free. Augmentation and normalization are not done here: they are part of the model
 (:mod:`shardprep.train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes
-than float32). Every dataset yields images of one shape, :func:`stored_image_shape`.
+than float32). Every dataset yields images of one shape, its manifest's ``stored_shape``.
 
-This module reads the manifest and dispatches to a read strategy, each its own module:
+This module takes the manifest (:func:`shardprep.preprocess.dataset.load_manifest`, read once and passed on) and
+dispatches to a read strategy, each its own module:
 
 * :mod:`shardprep.train.read_gather`: local shards by random access, in the NumPy order (the default);
 * :mod:`shardprep.train.read_stream`: fixed-layout shards streamed (``random_access=False``, URLs);
@@ -53,8 +54,7 @@ import tensorflow as tf
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
-from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.manifest_types import Manifest, typed
+from shardprep.preprocess.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
 from shardprep.train import read_examples, read_gather, read_stream, record_gather
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 from shardprep.train.record_identity import DatasetSnapshot
@@ -66,29 +66,17 @@ MIN_SHUFFLE_BUFFER = 1024
 MAX_SHUFFLE_BUFFER = 16384
 
 
-def load_manifest(data_dir: str) -> dict:
-    """Reads ``data_dir/manifest.json``: a local one as a regular file within the manifest's bounds
-    (``manifest_lib.read_local``), a URL's (``gs://``) through ``tf.io.gfile``, at most ``MANIFEST_MAX_BYTES``."""
-    if "://" not in data_dir:
-        return manifest_lib.from_json(manifest_lib.read_local(data_dir))
-    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_NAME)
-    if not tf.io.gfile.exists(path):
-        raise manifest_lib.missing_manifest_error(data_dir)
-    with tf.io.gfile.GFile(path, "rb") as f:
-        data = f.read(manifest_lib.MANIFEST_MAX_BYTES + 1)
-    if len(data) > manifest_lib.MANIFEST_MAX_BYTES:
-        raise manifest_lib.ManifestError(f"{path} is more than the {manifest_lib.MANIFEST_MAX_BYTES:,} bytes a "
-                                         "manifest may be")
-    return manifest_lib.from_json(data)
-
-
-def stored_image_shape(manifest: dict | Manifest) -> tuple[int, int]:
-    """(height, width) of the images :func:`make_dataset` yields for this dataset.
-
-    ``crop: center`` datasets store one size; ``crop: none`` datasets keep the aspect ratio, and the reader cuts a
-    ``shorter_side`` square out of each image.
-    """
-    return typed(manifest).stored_shape
+def read_url(path: str, at_most: int) -> bytes | None:
+    """At most ``at_most`` bytes of the file at the URL ``path`` through ``tf.io.gfile`` (``gs://`` and every other
+    TensorFlow file system, as the shards are read), None if there is none: how :func:`make_dataset` has
+    ``load_manifest`` read a URL's manifest."""
+    try:
+        if not tf.io.gfile.exists(path):
+            return None
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read(at_most)
+    except tf.errors.OpError as e:
+        raise OSError(e.message) from e
 
 
 def split_size(manifest: dict | Manifest, split: str) -> int:
@@ -106,14 +94,6 @@ def default_shuffle_buffer(manifest: dict | Manifest, split: str) -> int:
     record_bytes = total_bytes / num_examples if total_bytes else height * width * record_format.CHANNELS
     buffer = int(SHUFFLE_BUFFER_BYTES // max(1.0, record_bytes))
     return max(1, min(num_examples, max(MIN_SHUFFLE_BUFFER, min(MAX_SHUFFLE_BUFFER, buffer))))
-
-
-def fixed_layout(manifest: dict | Manifest, split: str) -> FixedLayout | None:
-    """The split's fixed record layout (raw centre crops written with one), else None.
-
-    Raises ``ManifestError`` (a ``ValueError``) if the manifest's ``record_layout`` does not fit its images.
-    """
-    return typed(manifest).split(split).record_layout
 
 
 def make_dataset(
@@ -134,11 +114,11 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
 
-    ``images`` is ``uint8 [B, H, W, 3]`` (``stored_image_shape(manifest)``), ``labels`` ``int32 [B]`` indices into
-    ``manifest["classes"]``; batches are prefetched; crop, flip and normalization belong to the model (``augment``).
+    ``images`` is ``uint8 [B, H, W, 3]`` (``manifest.stored_shape``), ``labels`` ``int32 [B]`` indices into
+    ``manifest.classes``; batches are prefetched; crop, flip and normalization belong to the model (``augment``).
 
     Args:
-      data_dir: dataset folder holding ``manifest.json`` (a local path or any ``tf.io.gfile`` URL, e.g. ``gs://``).
+      data_dir: dataset folder holding ``manifest.json`` (local, or ``gs://``: shards through ``tf.io.gfile``).
       split: a split of the manifest, e.g. ``"train"`` or ``"validation"``.
       batch_size: the global batch size. Under ``tf.distribute`` the dataset yields per-replica batches of
         ``input_context.get_per_replica_batch_size(batch_size)``.
@@ -153,7 +133,7 @@ def make_dataset(
       cycle_length: streamed reads only: shard files read concurrently (default ``min(files, 16)``).
       deterministic: streamed reads only: force (or forbid) deterministic element order; default: ``training`` and
         no seed -> not. Random-access reads are always in their order.
-      manifest: the loaded manifest (the document, or a :class:`~shardprep.preprocess.manifest_types.Manifest`).
+      manifest: what :func:`~shardprep.preprocess.dataset.load_manifest` returned; by default loaded here.
       verify_records: check both CRCs of every record as it is read (a little more host CPU); streamed
         fixed-layout shards are then read as TFRecords and parsed as Examples.
       random_access: gather each batch's records straight from the files in the NumPy order (default: on for
@@ -168,7 +148,7 @@ def make_dataset(
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
-    manifest = typed(manifest if manifest is not None else load_manifest(data_dir))
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
     if _reads_by_random_access(data_dir, random_access, start_step):
         return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
                                       verify_records, start_step)
@@ -218,7 +198,7 @@ def _reads_by_random_access(data_dir: str, random_access: bool | None, start_ste
 
 def _streamed_batches(plan: ReadPlan, manifest: Manifest, split: str, verify_records: bool) -> tf.data.Dataset:
     """Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed."""
-    layout = None if verify_records else fixed_layout(manifest, split)
+    layout = None if verify_records else manifest.split(split).record_layout
     if layout is None:
         return read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
     return read_stream.streamed_batches(plan.without_empty_shards(), layout)
@@ -241,7 +221,7 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
     order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
     paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
     snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
-    layout = fixed_layout(manifest, split)
+    layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
         batches = read_gather.gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
                                                snapshot=snapshot, num_classes=manifest.num_classes)

@@ -32,9 +32,9 @@ import os
 
 import numpy as np
 
-from shardprep.preprocess.manifest_types import typed
+from shardprep.preprocess.dataset import load_manifest, typed
 from shardprep.train.batch_sources import ExampleSource, FixedLayoutSource, batch_source
-from shardprep.train.numpy_reader import load_local_manifest
+from shardprep.train.numpy_reader import check_local
 from shardprep.train.record_order import RecordOrder
 
 
@@ -42,12 +42,14 @@ class RecordDataset:
     """The records of one split of a local prepared dataset, by global index.
 
     Args:
-      data_dir: the local dataset folder; split: its split; manifest: the already loaded manifest, if any.
+      data_dir: the local dataset folder; split: its split; manifest: the manifest
+        :func:`~shardprep.preprocess.dataset.load_manifest` returned, if you have it.
     """
 
     def __init__(self, data_dir, split: str, *, manifest=None):
         data_dir = os.fspath(data_dir)
-        self.manifest = typed(manifest) if manifest is not None else load_local_manifest(data_dir)
+        check_local(data_dir)
+        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
         self.data_dir, self.split = data_dir, split
         self.counts = [shard.num_examples for shard in self.manifest.split(split).shards]
         self.num_records = sum(self.counts)

@@ -21,7 +21,7 @@ import contextlib
 import keras
 import numpy as np
 
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest
 from shardprep.train.config import TrainConfig
 from shardprep.train.losses import SmoothedCrossentropy, SmoothedCrossentropyMean
 

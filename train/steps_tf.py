@@ -14,7 +14,7 @@ import re
 import keras
 import tensorflow as tf
 
-from shardprep.preprocess.manifest_types import Manifest
+from shardprep.preprocess.dataset import Manifest
 from shardprep.train import reader
 from shardprep.train.config import TrainConfig
 from shardprep.train.losses import smoothed_crossentropy

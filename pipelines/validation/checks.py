@@ -9,12 +9,11 @@ that file), the last three ``None`` where they do not apply, plus check-specific
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from shardprep.preprocess import encodings, manifest as manifest_lib
+from shardprep.preprocess import manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
+from shardprep.preprocess.dataset import Manifest, ShardEntry
 from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.manifest_types import ShardEntry
 from shardprep.preprocess.record_format import ImageRecord, RecordFormatError, read_varint
 from shardprep.preprocess.tfrecord_io import HEADER_BYTES, framed_size
 
@@ -84,37 +83,23 @@ class RecordExpectations:
     record_layouts: dict[str, FixedLayout] = dataclasses.field(default_factory=dict)  # split -> its fixed layout
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "RecordExpectations":
+    def from_manifest(cls, manifest: Manifest) -> "RecordExpectations":
         return cls(
-            encoding=manifest["encoding"],
-            crop=manifest["crop"],
-            shorter_side=int(manifest["shorter_side"]),
-            image_height=manifest.get("image_height"),
-            image_width=manifest.get("image_width"),
-            num_classes=len(manifest["classes"]),
-            record_layouts=fixed_layouts(manifest)[0],
+            encoding=manifest.encoding,
+            crop=manifest.crop,
+            shorter_side=int(manifest.shorter_side),
+            image_height=manifest.image_height,
+            image_width=manifest.image_width,
+            num_classes=len(manifest.classes),
+            record_layouts=manifest.fixed_layout_splits,
         )
 
 
-def fixed_layouts(manifest: dict) -> tuple[dict[str, FixedLayout], list[dict]]:
-    """Each split's ``FixedLayout`` from its ``record_layout`` (as the train reader rebuilds it), and a
-    ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records."""
-    layouts, found = {}, []
-    fixed = encodings.has_fixed_layout(manifest["encoding"], manifest["crop"])
-    for split, info in manifest["splits"].items():
-        record_layout = info.get("record_layout") if isinstance(info, dict) else None
-        if not record_layout:
-            continue
-        if not fixed:
-            found.append(problem("record_layout", f"record_layout {record_layout} given for {manifest['encoding']} "
-                                                  f"records with crop {manifest['crop']!r}: only raw centre crops "
-                                                  "have a fixed layout", split=split))
-            continue
-        try:
-            layouts[split] = FixedLayout.from_json(record_layout, manifest["image_height"], manifest["image_width"])
-        except RecordFormatError as e:
-            found.append(problem("record_layout", str(e), split=split))
-    return layouts, found
+def unfit_layout_problems(manifest: Manifest) -> list[dict]:
+    """A ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records
+    (``Manifest.layout_problems``; validate reads the manifest with ``lenient_layouts``, so such a split's shards
+    are still read, without that layout)."""
+    return [problem("record_layout", why, split=split) for split, why in manifest.layout_problems.items()]
 
 
 def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[tuple[str, str]]:
@@ -199,9 +184,6 @@ def manifest_problems(manifest: dict) -> list[dict]:
     return found
 
 
-_SHARD_PATH = re.compile(r"^(?P<split>[^/]+)/(?P=split)-\d{5}-of-\d{5}" + re.escape(manifest_lib.SHARD_SUFFIX) + "$")
-
-
 def is_shard_path(relative_path: str) -> bool:
     """Whether a file in the dataset folder looks like a shard (what an unlisted extra shard would be)."""
     return relative_path.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)
@@ -219,7 +201,7 @@ def classify_files(found: list[str]) -> dict[str, list[str]]:
     for path in found:
         if is_temporary_path(path):
             classes["temporary"].append(path)
-        elif _SHARD_PATH.match(path):
+        elif manifest_lib.SHARD_FILES.parse_path(path) is not None:
             classes["shards"].append(path)
         else:
             classes["other"].append(path)

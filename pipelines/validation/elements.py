@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from shardprep.preprocess.manifest_types import ShardEntry
+from shardprep.preprocess.dataset import ShardEntry
 
 
 @dataclasses.dataclass(frozen=True)

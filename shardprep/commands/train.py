@@ -238,7 +238,7 @@ def command(ctx, data, overwrite, **options):
     try:
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        train(config, report=click.echo)
+        train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, options["output_dir"])
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from shardprep.cli import main as cli
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.manifest_types import Manifest, ShardEntry, SplitInfo, typed
+from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo, typed
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_a_written_manifest_round_trips_key_for_key_and_byte_for_byte(outputs, n
     again = typed_manifest.to_json()
     assert again == document
     assert json.dumps(again) == json.dumps(document)  # same key order, same value types (1 vs 1.0)
-    assert manifest_lib.to_json(again) == outputs[name]
+    assert manifest_lib.document_text(again) == outputs[name]
 
 
 def test_typed_fields(outputs):
@@ -117,6 +117,18 @@ def test_preflight_refuses_a_layout_that_does_not_fit_before_tensorflow(outputs,
 
     document = json.loads(outputs["raw-center"])
     document["splits"]["train"]["record_layout"] = FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
-    (tmp_path / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.to_json(document))
+    (tmp_path / manifest_lib.MANIFEST_NAME).write_text(manifest_lib.document_text(document))
     with pytest.raises(preflight.PreflightError, match="split 'train'.*does not fit 16x16 images"):
         preflight.check(str(tmp_path), "train", None)
+
+
+def test_a_gs_manifest_without_the_gcp_extra_is_one_error_naming_the_extra(monkeypatch):
+    """``load_manifest`` is also the library's loader (``make_dataset``, ``NumpyReader``): without the gcp extra a
+    ``gs://`` DATA is a ManifestError saying what to install, not Beam's "no file system" from deep inside."""
+    from shardprep.preprocess import install_extras
+    from shardprep.preprocess.dataset import load_manifest
+
+    monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
+    with pytest.raises(manifest_lib.ManifestError) as error:
+        load_manifest("gs://bucket/shards")
+    assert str(error.value).startswith("gs://bucket/shards/manifest.json needs shardprep's gcp extra")

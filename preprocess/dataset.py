@@ -1,0 +1,262 @@
+"""A prepared dataset as one typed value: :class:`Manifest` (its :class:`SplitInfo` per split, :class:`ShardEntry` per
+shard), loaded and checked once by :func:`load_manifest`, then passed on to every reader, train, predict, validate
+and the journal.
+
+:func:`load_manifest` reads ``DATA/manifest.json`` (``shardprep.preprocess.manifest.read_document``: untrusted input,
+bounded, of this ``format_version``), checks its shape (``manifest_schema.shape_problems``) and builds the
+:class:`Manifest`: each error a :class:`~shardprep.preprocess.manifest.ManifestError` naming the file
+(:class:`ManifestShapeError` lists every shape problem, :class:`UnfitLayoutError` names a split whose
+``record_layout`` cannot be its records' layout). Shard files are named by :data:`SHARD_FILES`, the one shard-name
+template (``<split>/<split>-00000-of-000NN.tfrecord``): it is spelled in ``shardprep.preprocess.manifest``, which
+names the dataset's files and sits below this module (it tells a stopped run's leftovers from an image folder by
+their names), and every module that formats or recognises a shard name asks it.
+
+The writer (``shardprep.pipelines.manifest_writer``) builds a :class:`Manifest` and writes :meth:`Manifest.to_json`.
+``to_json`` gives back every document the writer writes key for key, in order, with the same values and types, so
+the manifest's bytes do not depend on this module. Keys a hand-made manifest may leave out (all but the schema's
+required ones) are None here; ``to_json`` then writes null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+from shardprep.preprocess import encodings
+from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.manifest import SHARD_FILES, ManifestError, manifest_path, read_document  # noqa: F401
+from shardprep.preprocess.manifest_schema import shape_problems
+from shardprep.preprocess.record_format import RecordFormatError
+
+
+class ManifestShapeError(ManifestError):
+    """The document's keys or values are not the manifest's: ``problems`` lists each (``"<key>: <what>"``)."""
+
+    def __init__(self, message: str, problems: list[str]):
+        super().__init__(message)
+        self.problems = problems
+
+
+class UnfitLayoutError(ManifestError):
+    """A split's ``record_layout`` cannot be the layout of its records (``split`` names it)."""
+
+    def __init__(self, message: str, split: str):
+        super().__init__(message)
+        self.split = split
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    """One shard: its path relative to the dataset folder, records, bytes and sha256 (None if not recorded)."""
+
+    file: str
+    num_examples: int
+    num_bytes: int
+    sha256: str | None = None
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "ShardEntry":
+        return cls(entry["file"], entry["num_examples"], entry["num_bytes"], entry.get("sha256"))
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "num_examples": self.num_examples, "num_bytes": self.num_bytes,
+                "sha256": self.sha256}
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """One split's accounting, class counts, shards and, for raw centre crops with records, its fixed layout."""
+
+    num_inputs: int | None
+    num_examples: int
+    num_rejected: int | None
+    rejected_by_reason: dict[str, int]
+    class_counts: dict[str, int]
+    num_shards: int
+    shards: tuple[ShardEntry, ...]
+    record_layout: FixedLayout | None = None
+
+    @classmethod
+    def from_json(cls, info: dict, record_layout: FixedLayout | None = None) -> "SplitInfo":
+        """``info`` a manifest's split entry; ``record_layout`` its layout, already rebuilt (``Manifest.from_json``
+        does that: it needs the dataset's image size)."""
+        shards = tuple(ShardEntry.from_json(entry) for entry in info["shards"])
+        return cls(
+            num_inputs=info.get("num_inputs"), num_examples=info["num_examples"],
+            num_rejected=info.get("num_rejected"), rejected_by_reason=dict(info.get("rejected_by_reason") or {}),
+            class_counts=dict(info["class_counts"]), num_shards=info.get("num_shards", len(shards)), shards=shards,
+            record_layout=record_layout)
+
+    def to_json(self) -> dict:
+        document = {
+            "num_inputs": self.num_inputs,
+            "num_examples": self.num_examples,
+            "num_rejected": self.num_rejected,
+            "rejected_by_reason": dict(self.rejected_by_reason),
+            "class_counts": dict(self.class_counts),
+            "num_shards": self.num_shards,
+            "shards": [shard.to_json() for shard in self.shards],
+        }
+        if self.record_layout is not None:
+            document["record_layout"] = self.record_layout.to_json()
+        return document
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(shard.num_bytes for shard in self.shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """``OUTPUT/manifest.json`` as a typed value; fields in the document's key order (see ``shardprep.preprocess.manifest``)."""
+
+    format_version: int
+    tool: str | None
+    tool_version: str | None
+    created: str | None
+    source: str | None
+    source_kind: str | None
+    options: dict | None
+    classes: tuple[str, ...]
+    num_classes: int
+    encoding: str
+    jpeg_quality: int | None
+    shorter_side: int
+    crop: str
+    image_height: int | None
+    image_width: int | None
+    channels: int | None
+    seed: int | None
+    splits: dict[str, SplitInfo]
+    num_inputs: int | None
+    num_examples: int | None
+    num_rejected: int | None
+    rejects_file: str | None
+    stats_split: str | None
+    mean_rgb: tuple[float, float, float] | None
+    std_rgb: tuple[float, float, float] | None
+    # What lay beside the split or class folders and was not read ({path, reason} each); written only when there
+    # was something, so a dataset without any keeps the manifest it always had.
+    not_used: tuple[dict, ...] | None = None
+    # Not in the document: {split: why its record_layout is not used} (given for records without a fixed layout,
+    # or one that does not fit: see ``from_json``'s ``lenient_layouts``).
+    layout_problems: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, document, *, layouts_required: bool = True, lenient_layouts: bool = False,
+                  source: str | None = None) -> "Manifest":
+        """The typed manifest of a loaded document.
+
+        Raises :class:`ManifestShapeError` listing its shape problems (``layouts_required``: as
+        ``shape_problems``'), or :class:`UnfitLayoutError` naming a split whose ``record_layout`` does not fit its
+        images; with ``lenient_layouts`` such a layout is left out instead, and said in :attr:`layout_problems`.
+        ``source``: the file the document was read from, which each message then begins with."""
+        where = f"{source}: " if source else ""
+        problems = shape_problems(document, layouts_required=layouts_required)
+        if problems:
+            raise ManifestShapeError(f"{where}manifest is malformed: " + "; ".join(problems), problems)
+        layouts, layout_problems = _record_layouts(document)
+        for split, why in layout_problems.items():
+            if split in layouts and not lenient_layouts:
+                raise UnfitLayoutError(f"{where}split {split!r}: {why}", split)
+        layouts = {split: layout for split, layout in layouts.items() if split not in layout_problems}
+        splits = {name: SplitInfo.from_json(info, layouts.get(name)) for name, info in document["splits"].items()}
+        fields = {field.name: document.get(field.name) for field in _document_fields(cls)}
+        classes = document["classes"]
+        fields.update(classes=tuple(classes), num_classes=document.get("num_classes", len(classes)), splits=splits,
+                      mean_rgb=_triple(document.get("mean_rgb")), std_rgb=_triple(document.get("std_rgb")),
+                      not_used=tuple(document["not_used"]) if isinstance(document.get("not_used"), list) else None)
+        return cls(**fields, layout_problems=layout_problems)
+
+    def to_json(self) -> dict:
+        """The document: every key, in the written order, with the written values and types."""
+        document = {field.name: getattr(self, field.name) for field in _document_fields(self)}
+        document.update(
+            options=dict(self.options) if self.options is not None else None, classes=list(self.classes),
+            splits={name: info.to_json() for name, info in self.splits.items()},
+            mean_rgb=list(self.mean_rgb) if self.mean_rgb is not None else None,
+            std_rgb=list(self.std_rgb) if self.std_rgb is not None else None)
+        if self.not_used:
+            document["not_used"] = [dict(entry) for entry in self.not_used]
+        else:
+            del document["not_used"]
+        return document
+
+    def split(self, name: str) -> SplitInfo:
+        """The split ``name``; raises KeyError naming the dataset's splits if it has none of that name."""
+        if name not in self.splits:
+            raise KeyError(f"split {name!r} not in dataset (splits: {', '.join(self.splits)})")
+        return self.splits[name]
+
+    def shard_files(self, split: str) -> list[str]:
+        """Relative paths of ``split``'s shards, in order."""
+        return [shard.file for shard in self.split(split).shards]
+
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        """(height, width) of every stored image: the crop's, or ``shorter_side`` square for ``crop: none``
+        (whose stored images differ; readers resize them to this)."""
+        if self.crop == "none":
+            return self.shorter_side, self.shorter_side
+        return self.image_height, self.image_width
+
+    @property
+    def fixed_layout_splits(self) -> dict[str, FixedLayout]:
+        """{split: its FixedLayout} for the splits that have one (raw centre crops with records)."""
+        return {name: info.record_layout for name, info in self.splits.items() if info.record_layout is not None}
+
+
+def _triple(value):
+    return tuple(value) if value is not None else None
+
+
+def _document_fields(manifest) -> list[dataclasses.Field]:
+    """The fields that are the document's keys (all but ``layout_problems``)."""
+    return [field for field in dataclasses.fields(manifest) if field.name != "layout_problems"]
+
+
+def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict[str, str]]:
+    """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used}) for
+    the splits of a shape-checked document that give a ``record_layout``. Only raw centre crops have one; another
+    dataset's is not read (no reader uses it), only said."""
+    layouts: dict[str, FixedLayout | None] = {}
+    problems: dict[str, str] = {}
+    fixed = encodings.has_fixed_layout(document["encoding"], document["crop"])
+    for split, info in document["splits"].items():
+        record_layout = info.get("record_layout")
+        if not record_layout:
+            continue
+        if not fixed:
+            problems[split] = (f"record_layout {record_layout} given for {document['encoding']} records with crop "
+                               f"{document['crop']!r}: only raw centre crops have a fixed layout")
+            continue
+        try:
+            layouts[split] = FixedLayout.from_json(record_layout, document["image_height"], document["image_width"])
+        except RecordFormatError as e:
+            layouts[split], problems[split] = None, str(e)
+    return layouts, problems
+
+
+def typed(manifest) -> Manifest:
+    """``manifest`` as a :class:`Manifest` for a reader: itself, or a loaded document converted
+    (``Manifest.from_json``; a raw centre-crop split without ``record_layout`` is allowed: it is read as TFRecords)."""
+    return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest, layouts_required=False)
+
+
+def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False, lenient_layouts: bool = False,
+                  read_url: Callable[[str, int], bytes | None] | None = None) -> Manifest:
+    """The :class:`Manifest` of the prepared dataset in ``data_dir`` (a local folder, ``file://`` or any Beam file
+    system such as ``gs://``, which needs the gcp extra): ``manifest.json`` read once as untrusted input, its shape
+    checked once, typed. Pass the result on (``make_dataset(..., manifest=)``, ``NumpyReader(..., manifest=)``):
+    nothing reads it again.
+
+    Raises :class:`~shardprep.preprocess.manifest.ManifestError`, naming the file: no manifest (its ``kind`` says
+    what the path is instead), unreadable, not of this version, :class:`ManifestShapeError`,
+    :class:`UnfitLayoutError`. ``layouts_required``: every raw centre-crop split with records must have a
+    ``record_layout`` (``shardprep train`` and ``validate`` require it; a reader reads such a split as TFRecords).
+    ``lenient_layouts``: a ``record_layout`` that does not fit is left out (:attr:`Manifest.layout_problems`).
+    ``read_url``: how a URL's ``manifest.json`` is read (see ``read_document``; default: Beam's file systems)."""
+    data_dir = os.fspath(data_dir)
+    return Manifest.from_json(read_document(data_dir, read_url), layouts_required=layouts_required,
+                              lenient_layouts=lenient_layouts, source=manifest_path(data_dir))
