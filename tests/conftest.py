@@ -2,6 +2,7 @@
 child process; the datasets several test files train on."""
 
 import os
+import signal
 import tempfile
 
 import pytest
@@ -17,6 +18,16 @@ JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 for _name, _value in JAX_CACHE.items():
     os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_reaches_the_tests():
+    """A suite started in the background by a non-interactive shell (``pytest ... &``, nohup, some CI runners)
+    inherits SIGINT ignored, and so would every child it starts: the Ctrl-C tests would see no Ctrl-C at all. Python's
+    own handler is put back for the session; children then start with the default action, as from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(scope="session")
