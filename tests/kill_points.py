@@ -57,12 +57,15 @@ class KillPoint(NamedTuple):
         return f"{self.when} {what}"
 
 
-def run_killed(point: KillPoint, folder, args: list[str], env: dict | None = None) -> tuple[int, str]:
+def run_killed(point: KillPoint, folder, args: list[str], env: dict | None = None, *,
+               base_env: dict | None = None) -> tuple[int, str]:
     """Runs ``shardprep *args`` in ``folder`` with ``point`` armed; returns its exit status (``-SIGKILL`` when the
-    point was reached) and its output."""
+    point was reached) and its output. Its environment is ``base_env`` (default: this process's) with ``env``; a
+    caller on another thread passes a copy taken on its own, as the main thread may change ``os.environ``."""
     command = [sys.executable, "-c", _SCRIPT, point.module, point.function, str(point.nth), point.when,
                point.suffix, *map(str, args)]
-    completed = subprocess.run(command, cwd=folder, env={**os.environ, **(env or {})}, capture_output=True,
+    base = os.environ if base_env is None else base_env
+    completed = subprocess.run(command, cwd=folder, env={**base, **(env or {})}, capture_output=True,
                                timeout=WAIT_S)
     return completed.returncode, (completed.stdout + completed.stderr).decode("utf-8", "replace")
 

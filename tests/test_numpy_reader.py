@@ -25,14 +25,26 @@ def _items(crop, count, seed):
     return [(rng.integers(0, 256, (*sizes[i % len(sizes)], 3), dtype=np.uint8), i % 3) for i in range(count)]
 
 
+@pytest.fixture(scope="module")
+def layout_dataset(tmp_path_factory):
+    """``layout_dataset(encoding, crop)``: the module's dataset of that layout, written once on first use."""
+    written = {}
+
+    def get(encoding, crop):
+        if (encoding, crop) not in written:
+            root = tmp_path_factory.mktemp(f"{encoding}-{crop}")
+            splits = {"train": _items(crop, 23, 1), "validation": _items(crop, 11, 2)}
+            write_dataset(root, splits, classes=["a", "b", "c"], encoding=encoding, crop=crop, num_shards=3,
+                          shorter_side=8 if crop == "none" else None)
+            written[encoding, crop] = str(root)
+        return written[encoding, crop]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=LAYOUTS, ids=["-".join(layout) for layout in LAYOUTS])
-def dataset(request, tmp_path_factory):
-    encoding, crop = request.param
-    root = tmp_path_factory.mktemp(f"{encoding}-{crop}")
-    splits = {"train": _items(crop, 23, 1), "validation": _items(crop, 11, 2)}
-    write_dataset(root, splits, classes=["a", "b", "c"], encoding=encoding, crop=crop, num_shards=3,
-                  shorter_side=8 if crop == "none" else None)
-    return str(root)
+def dataset(request, layout_dataset):
+    return layout_dataset(*request.param)
 
 
 def _numpy_batches(reader, count):
@@ -171,16 +183,19 @@ def _run(script, timeout=120):
                           timeout=timeout)
 
 
-def test_the_framework_free_reader_imports_no_tensorflow(dataset):
+def test_the_framework_free_reader_imports_no_tensorflow(layout_dataset):
+    # One process reads every layout (each decodes its own way): no framework is imported by any of them.
+    datasets = [layout_dataset(*layout) for layout in LAYOUTS]
     done = _run(f"""
         import sys
         from shardprep.train.numpy_reader import NumpyReader
         from shardprep.train.record_dataset import EpochSampler, RecordDataset
-        reader = NumpyReader({dataset!r}, "train", 4, True, seed=0)
-        images, labels = next(iter(reader))
-        records = RecordDataset({dataset!r}, "train")
-        records[list(EpochSampler(records, seed=0))[0]]
-        list(NumpyReader({dataset!r}, "validation", 4, False))
+        for dataset in {datasets!r}:
+            reader = NumpyReader(dataset, "train", 4, True, seed=0)
+            images, labels = next(iter(reader))
+            records = RecordDataset(dataset, "train")
+            records[list(EpochSampler(records, seed=0))[0]]
+            assert len(list(NumpyReader(dataset, "validation", 4, False))) == 3, dataset
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "tf_keras", "jax",
                                                                    "torch", "apache_beam")))
     """)

@@ -87,15 +87,33 @@ def every_file(output) -> dict[str, str]:
     return digests
 
 
-def resume(source, snapshot, folder, damage=None) -> tuple[str, list[dict]]:
-    """Copies the killed run's OUTPUT into ``folder``, applies ``damage(output, units)``, resumes it; returns the
-    command's output and the units recorded before resuming."""
+def run_job_here(source, folder, *options) -> str:
+    """``run_job`` in this process, on the in-process runner (the same files: the runner does not change them)."""
+    saved = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = job_env()["SOURCE_DATE_EPOCH"]
+    try:
+        with contextlib.chdir(folder):
+            result = CliRunner().invoke(cli, ["preprocess", str(source), OUTPUT, "--quiet", *JOB_OPTIONS, *options,
+                                              "--", "--direct_running_mode=in_memory"])
+    finally:
+        if saved is None:
+            os.environ.pop("SOURCE_DATE_EPOCH", None)
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = saved
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def resume(source, snapshot, folder, damage=None, in_process=False) -> tuple[str, list[dict]]:
+    """Copies the killed run's OUTPUT into ``folder``, applies ``damage(output, units)``, resumes it (as a real
+    process with two workers, or ``in_process``); returns the command's output and the units recorded before
+    resuming."""
     output = os.path.join(folder, OUTPUT)
     shutil.copytree(snapshot, output)
     units = recorded_units(output)
     if damage:
         damage(output, units)
-    return run_job(source, folder, "--resume"), units
+    return (run_job_here if in_process else run_job)(source, folder, "--resume"), units
 
 
 def resumed_counts(log: str) -> tuple[int, int, int, int]:
@@ -219,7 +237,8 @@ def rename_into_a_shard(output, units):
                                              (rename_into_a_shard, 0)])
 def test_a_damaged_unit_is_redone_and_the_output_is_still_identical(source, reference, killed, tmp_path, damage,
                                                                      damaged):
-    log, units = resume(source, killed, tmp_path, damage)
+    # In this process: resuming as a real two-worker process is the test above.
+    log, units = resume(source, killed, tmp_path, damage, in_process=True)
     kept, groups, redone, decoded = resumed_counts(log)
     assert (kept, groups, redone) == (len(units) - damaged, NUM_GROUPS, damaged)
     kept_inputs = sum(unit_inputs(unit) for unit in units) - damaged * unit_inputs(units[0])

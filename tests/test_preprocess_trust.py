@@ -10,6 +10,7 @@ writes, and ``--resume`` must finish from each of those states.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -105,14 +106,35 @@ def references(source, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def killed(source, tmp_path_factory):
+def kills(source, tmp_path_factory):
+    """Every killed run of the module (KILLED_RUNS), started at once, two at a time, while the tests run: {(options
+    name, kill point): (its folder, a future of (exit status, output))}. Tests resume copies of their OUTPUT."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    environment = dict(os.environ)  # taken here: the tests change os.environ while the runs start
+    started = {}
+    for name, point in KILLED_RUNS:
+        folder = tmp_path_factory.mktemp("killed")
+        started[name, point] = folder, pool.submit(run_killed, point, folder, command(source, OPTIONS[name]), ENV,
+                                                   base_env=environment)
+    yield started
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def killed_output(kills, name: str, point: KillPoint):
+    """OUTPUT of the killed run (killed where meant), once it has ended: copy it before changing it."""
+    folder, future = kills[name, point]
+    returncode, log = future.result()
+    assert returncode == KILLED, log
+    return folder / OUTPUT
+
+
+@pytest.fixture(scope="module")
+def killed(kills):
     """OUTPUT of a run killed once every decode group was journaled, before its first adopted shard (the validation
     split's shards are adopted; the train split's, cut apart by its reject, are streamed and may be written)."""
-    folder = tmp_path_factory.mktemp("killed")
-    returncode, log = run_killed(KillPoint(SHARDS, "adopt_spill_file"), folder, command(source, ADOPTED), ENV)
-    assert returncode == KILLED, log
-    assert os.path.isfile(folder / OUTPUT / ".tmp" / "journal.jsonl")
-    return folder / OUTPUT
+    output = killed_output(kills, "adopted", KillPoint(SHARDS, "adopt_spill_file"))
+    assert os.path.isfile(output / ".tmp" / "journal.jsonl")
+    return output
 
 
 def copy_killed(killed, tmp_path):
@@ -359,14 +381,20 @@ FINISH_POINTS = [
     (STREAMED, "streamed", KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json")),
     (STREAMED, "streamed", KillPoint(WRITER, "atomic_write", 1, "after", "manifest.json")),
 ]
+OPTIONS = {"adopted": ADOPTED, "streamed": STREAMED}
+ADOPTED_ONE = KillPoint(SHARDS, "adopt_spill_file", 1, "after")
+BEFORE_THE_MANIFEST = KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json")
+# Each distinct killed run once: the tests that start from the same kill resume copies of its OUTPUT.
+KILLED_RUNS = list(dict.fromkeys([("adopted", KillPoint(SHARDS, "adopt_spill_file")),
+                                  *((name, point) for _, name, point in FINISH_POINTS),
+                                  ("adopted", ADOPTED_ONE), ("adopted", BEFORE_THE_MANIFEST)]))
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("options, name, point", FINISH_POINTS, ids=[f"{n}: {p}" for _, n, p in FINISH_POINTS])
-def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, references, tmp_path, options, name, point):
-    returncode, log = run_killed(point, tmp_path, command(source, options), ENV)
-    assert returncode == KILLED, log
-    output = tmp_path / OUTPUT
+def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, kills, references, tmp_path, options, name,
+                                                                 point):
+    output = copy_killed(killed_output(kills, name, point), tmp_path)
     result = run_cli(tmp_path, command(source, options, "--resume"))
     assert "Traceback" not in result.output, result.output
     if result.exit_code:  # nothing was left to do: the run had finished, and says so
@@ -380,12 +408,10 @@ def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, referen
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_resume_killed_while_it_tidies_is_resumed_again(source, references, tmp_path, when):
+def test_a_resume_killed_while_it_tidies_is_resumed_again(source, kills, references, tmp_path, when):
     """A resume puts an adopted group's file back under .tmp/ before decoding: killed around that rename, the next
     resume still ends byte-identical."""
-    returncode, log = run_killed(KillPoint(SHARDS, "adopt_spill_file", 1, "after"), tmp_path,
-                                 command(source, ADOPTED), ENV)
-    assert returncode == KILLED, log
+    copy_killed(killed_output(kills, "adopted", ADOPTED_ONE), tmp_path)
     returncode, log = run_killed(KillPoint("shardprep.pipelines.journal", "_put_back_or_remove", 1, when), tmp_path,
                                  command(source, ADOPTED, "--resume"), ENV)
     assert returncode == KILLED, log
@@ -393,10 +419,8 @@ def test_a_resume_killed_while_it_tidies_is_resumed_again(source, references, tm
     assert every_file(tmp_path / OUTPUT) == references["adopted"]
 
 
-def test_a_dataset_finished_by_resume_validates(source, tmp_path):
-    returncode, log = run_killed(KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json"), tmp_path,
-                                 command(source, ADOPTED), ENV)
-    assert returncode == KILLED, log
+def test_a_dataset_finished_by_resume_validates(source, kills, tmp_path):
+    copy_killed(killed_output(kills, "adopted", BEFORE_THE_MANIFEST), tmp_path)
     # Before the resume: no manifest, and the rerun says how to keep the work.
     assert not os.path.exists(tmp_path / OUTPUT / manifest_lib.MANIFEST_NAME)
     assert "--resume" in assert_refused(run_cli(tmp_path, command(source, ADOPTED)), "not empty")

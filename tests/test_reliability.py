@@ -209,11 +209,13 @@ def test_killed_run_leaves_no_dataset_and_the_rerun_matches_a_clean_run(source, 
     report = assert_reported_incomplete(output, tmp_path / "report.json")
     assert report["problems"][0]["num_found_temporary"] >= 1
 
-    # Without --overwrite the rerun is refused (nothing is deleted), with it the job completes.
+    # Without --overwrite the rerun is refused (nothing is deleted), with it the job completes (in this process: the
+    # kill was real, the rerun's runner does not change its bytes).
     refused = run_cli("preprocess", source, output, *JOB_OPTIONS, "--", "--direct_running_mode=in_memory")
     assert refused.exit_code == 1 and "not empty" in refused.output and "--overwrite" in refused.output
-    returncode, log = run_job_process(source, output, tmp_path / "rerun-log", *JOB_OPTIONS, "--overwrite")
-    assert returncode == 0, log
+    rerun = run_cli("preprocess", source, output, "--quiet", *JOB_OPTIONS, "--overwrite", "--",
+                    "--direct_running_mode=in_memory")
+    assert rerun.exit_code == 0, rerun.output
     assert_same_dataset(output, clean_run)
     assert not spill_files(output)
 
@@ -397,26 +399,61 @@ def test_shard_assignment_work_per_worker_stays_bounded_as_the_dataset_grows(tmp
         assert sum(shard_sizes) == num_inputs and max(shard_sizes) - min(shard_sizes) <= 1
 
 
+# The memory tests share their jobs: 1,000 distinct PNGs of 40-64 px (a larger folder repeats their bytes under
+# other names: the job neither knows nor cares), 500 records per shard at every size.
+MEMORY_BASE_INPUTS = 1000
+MEMORY_RECORDS_PER_SHARD = 500
+
+
+@pytest.fixture(scope="module")
+def measured_job(tmp_path_factory):
+    """``measured_job(num_inputs, shorter_side)``: runs that job once per module; its peaks and its record bytes."""
+    work = tmp_path_factory.mktemp("memory")
+    base = work / f"source{MEMORY_BASE_INPUTS}"
+    images = image_factory.write_image_folder(base, {"train": MEMORY_BASE_INPUTS}, min_side=40, max_side=64,
+                                              kinds=("png",))
+    measured = {}
+
+    def run(num_inputs: int, shorter_side: int) -> tuple[dict[str, int], int]:
+        if (num_inputs, shorter_side) not in measured:
+            root = base if num_inputs == MEMORY_BASE_INPUTS else repeated_folder(images, work / f"source{num_inputs}",
+                                                                                   num_inputs)
+            output, log_path = work / f"dataset{num_inputs}-{shorter_side}", work / f"log{num_inputs}-{shorter_side}"
+            with started_job(root, output, log_path, "--shorter-side", shorter_side,
+                             "--num-shards", num_inputs // MEMORY_RECORDS_PER_SHARD) as process:
+                peaks = peak_rss(process)
+                assert process.wait(timeout=WAIT_S) == 0, read_text(log_path)
+            manifest = manifest_lib.read_document(str(output))
+            assert manifest["num_examples"] == num_inputs
+            measured[num_inputs, shorter_side] = peaks, sum(
+                shard["num_bytes"] for shard in manifest["splits"]["train"]["shards"])
+        return measured[num_inputs, shorter_side]
+
+    return run
+
+
+def repeated_folder(images, root, count: int):
+    """An ImageFolder of ``count`` files: ``images``' bytes in turn, each under a name of its own."""
+    for i in range(count):
+        image = images[i % len(images)]
+        folder = root / image.split / image.class_name
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(image.path, folder / f"{image.split}_{image.class_name}_{i:05d}.png")
+    return root
+
+
 @pytest.mark.timeout(600)
-def test_peak_memory_stays_flat_as_the_number_of_inputs_grows(tmp_path):
-    """12x the inputs (1,000 -> 12,000 tiny PNGs, 1,000 records per shard): no process's peak grows per input.
+def test_peak_memory_stays_flat_as_the_number_of_inputs_grows(measured_job):
+    """12x the inputs (1,000 -> 12,000 tiny PNGs, 500 records per shard): no process's peak grows per input.
 
     What still grows is the local runner's own bookkeeping, ~0.3-0.5 KB per input (BENCHMARKS.md). Per-input
     elements through its shuffles cost ~2.5 KB per input in the launcher and ~1.7 KB in a worker, and glibc's
     per-thread malloc arenas kept what each stage freed; the bound catches either coming back.
     """
-    peaks = {}
-    for num_inputs in (1000, 12000):
-        root, output = tmp_path / f"source{num_inputs}", tmp_path / f"dataset{num_inputs}"
-        image_factory.write_image_folder(root, {"train": num_inputs}, min_side=16, max_side=24, kinds=("png",))
-        with started_job(root, output, tmp_path / f"log{num_inputs}", "--shorter-side", 8,
-                         "--num-shards", num_inputs // 1000) as process:
-            peaks[num_inputs] = peak_rss(process)
-            assert process.wait(timeout=WAIT_S) == 0, read_text(tmp_path / f"log{num_inputs}")
-        assert manifest_lib.read_document(str(output))["num_examples"] == num_inputs
+    (small, _), (large, _) = measured_job(1000, 16), measured_job(12000, 16)
     for role in ("launcher", "largest_worker"):
-        per_input = (peaks[12000][role] - peaks[1000][role]) / 11000
-        assert per_input < 1000, f"{role} peak grew by {per_input:.0f} bytes per added input: {peaks}"
+        per_input = (large[role] - small[role]) / 11000
+        assert per_input < 1000, f"{role} peak grew by {per_input:.0f} bytes per added input: {small}, {large}"
 
 
 def peak_rss(process: subprocess.Popen) -> dict[str, int]:
@@ -432,25 +469,17 @@ def peak_rss(process: subprocess.Popen) -> dict[str, int]:
 
 
 @pytest.mark.timeout(600)
-def test_no_process_holds_the_image_bytes_of_the_dataset(tmp_path):
-    """The same 2,000 inputs stored 64x larger (shorter side 16, then 128: ~90 MiB more records): no process's
+def test_no_process_holds_the_image_bytes_of_the_dataset(measured_job):
+    """The same 1,000 inputs stored 128x larger (shorter side 16, then 181: ~92 MiB more records): no process's
     peak memory follows, because records go to spill files, only pointers cross the shuffle, and a shard writer
-    streams its records from the spill files: with two shards of ~45 MiB each, a writer that held its shard (as
+    streams its records from the spill files: with two shards of ~47 MiB each, a writer that held its shard (as
     one once did) grows by more than the bound.
     """
-    root = tmp_path / "source"
-    image_factory.write_image_folder(root, {"train": 2000}, min_side=40, max_side=64, kinds=("png",))
-    peaks, record_bytes = {}, {}
-    for shorter_side in (16, 128):
-        output, log_path = tmp_path / f"dataset{shorter_side}", tmp_path / f"log{shorter_side}"
-        with started_job(root, output, log_path, "--shorter-side", shorter_side, "--num-shards", 2) as process:
-            peaks[shorter_side] = peak_rss(process)
-            assert process.wait(timeout=WAIT_S) == 0, read_text(log_path)
-        shards = manifest_lib.read_document(str(output))["splits"]["train"]["shards"]
-        record_bytes[shorter_side] = sum(shard["num_bytes"] for shard in shards)
-    extra_records = record_bytes[128] - record_bytes[16]
+    (small, small_bytes), (large, large_bytes) = measured_job(1000, 16), measured_job(1000, 181)
+    extra_records = large_bytes - small_bytes
     assert extra_records > 85 * 2**20
     for role in ("launcher", "largest_worker"):
-        growth = peaks[128][role] - peaks[16][role]
+        growth = large[role] - small[role]
         assert growth < extra_records / 4, (
-            f"{role} peak grew by {growth / 2**20:.0f} MiB for {extra_records / 2**20:.0f} MiB more records: {peaks}")
+            f"{role} peak grew by {growth / 2**20:.0f} MiB for {extra_records / 2**20:.0f} MiB more records: "
+            f"{small}, {large}")

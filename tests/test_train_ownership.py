@@ -115,10 +115,14 @@ def test_overwrite_and_resume_refuse_a_folder_no_run_recorded(colour_dataset, tm
 
 
 def test_output_dir_is_never_data_inside_it_around_it_or_another_dataset(colour_dataset, tmp_path):
-    data = colour_dataset
+    # A copy of the dataset in this test's folder: "nothing changes" is checked up to DATA's grandparent, which for
+    # the session's dataset would be every test's temporary files.
+    data = str(tmp_path / "colours" / "data")
+    shutil.copytree(colour_dataset, data)
     other = tmp_path / "other-data"
     write_dataset(other, {"train": random_images(4, 8, 8)}, classes=["a", "b"], num_shards=1)
     root = os.path.dirname(data)
+    assert os.path.dirname(root) == str(tmp_path)
     for output, expect in ((data, "is DATA"), (os.path.join(data, "run"), "inside DATA"),
                            (os.path.join(data, "train"), "inside DATA"), (root, "contains DATA"),
                            (data + "/", "is DATA"), (os.path.join(data, "train", ".."), "is DATA"),
