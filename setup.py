@@ -81,8 +81,9 @@ setuptools.setup(
         "torch": ["torch"],
         "gcp": GCP,
         # JAX (CPU) runs the tests of training on a second Keras backend; pexpect drives the CLI in a terminal;
-        # tests/test_gcs.py needs gs:// (gcp); tests/test_types.py runs mypy (pinned: a new mypy finds new things).
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
+        # tests/test_gcs.py needs gs:// (gcp); tests/test_types.py runs mypy (pinned: a new mypy finds new things);
+        # pytest-xdist runs the suite on every core (`-n auto`).
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6", "gcp-storage-emulator", "psutil", "cryptography",
                  "jax[cpu]", "pexpect", "mypy==2.4.*", *GCP],
     },
     entry_points={"console_scripts": ["shardprep = shardprep.cli:main"]},

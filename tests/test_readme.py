@@ -119,12 +119,15 @@ def test_the_two_commands_install_the_default_then_the_test_extra_as_ci_does():
     from extras_blocker import setup_arguments
 
     first, second = bash_blocks(section("Two commands for a fresh machine"))
+    extras = setup_arguments()["extras_require"]
     # --quiet: pip's hundreds of lines (most wider than a terminal) would bury the summary the first command ends with
     assert ".venv/bin/pip install --quiet -e . &&" in first and "shardprep preprocess demo/images demo/shards" in first
     assert ".venv/bin/pip install --quiet -e '.[test]' &&" in second and "pytest" in second
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    assert "pip install --quiet -e '.[test]'" in ci and "pytest -q -p no:cacheprovider tests" in ci
-    extras = setup_arguments()["extras_require"]
+    assert "pip install --quiet -e '.[test]'" in ci
+    assert "pytest -q -p no:cacheprovider -n auto --dist loadgroup tests" in ci
+    # one test process per core (pytest-xdist); tests sharing a module-scoped fixture on one (tests/conftest.py)
+    assert "-m pytest -q -n auto --dist loadgroup tests" in second and "pytest-xdist>=3.5" in extras["test"]
     assert set(extras["gcp"]) <= set(extras["test"])  # the tests run gs:// paths (tests/test_gcs.py)
 
 
