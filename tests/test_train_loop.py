@@ -152,6 +152,15 @@ def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_pa
     assert any("waiting for input" in m and "% of step time" in m for m in _flat(messages))
 
 
+def _assert_takes_stored_uint8_images_and_centre_crops_them(model) -> None:
+    """The saved model.keras takes the stored uint8 images: same logits for the stored 20x20 images and their 16x16
+    centres (the crop is inside the model); it carries no training state."""
+    images = np.random.default_rng(3).integers(0, 255, (4, 20, 20, 3)).astype(np.uint8)
+    centre = images[:, 2:18, 2:18]
+    np.testing.assert_allclose(model.predict(images, verbose=0), model.predict(centre, verbose=0), atol=1e-5)
+    assert getattr(model, "optimizer", None) is None
+
+
 def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path):
     messages = []
     loop.train(_config(colour_dataset, tmp_path, epochs=2), report=messages.append)
@@ -166,6 +175,7 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
         assert (tmp_path / name).exists(), name
     checkpoint = load_model(str(tmp_path / "checkpoints/last.keras"))
     assert int(checkpoint.optimizer.iterations.numpy()) == 2 * steps
+    _assert_takes_stored_uint8_images_and_centre_crops_them(load_model(str(tmp_path / "model.keras")))
 
     # Nothing left to do: the resumed model is the checkpoint, unchanged.
     loop.train(_config(colour_dataset, tmp_path, epochs=2, resume=True), report=messages.append)
@@ -183,16 +193,6 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
     assert int(continued.optimizer.iterations.numpy()) == 3 * steps
     assert any("of 16 per epoch, epoch 3." in m for m in _flat(messages))  # not "epochs 3-3"
     assert any("after epoch 2: resumed at epoch 3, step 0 of 4 (0 steps kept)" in m for m in _flat(messages))
-
-
-def test_saved_model_takes_stored_uint8_images_and_centre_crops_them(colour_dataset, tmp_path):
-    loop.train(_config(colour_dataset, tmp_path, epochs=1, checkpoint=False), report=lambda m: None)
-    model = load_model(str(tmp_path / "model.keras"))
-    images = np.random.default_rng(3).integers(0, 255, (4, 20, 20, 3)).astype(np.uint8)
-    centre = images[:, 2:18, 2:18]
-    # Same logits for the stored 20x20 images and their 16x16 centres: the crop is inside the model.
-    np.testing.assert_allclose(model.predict(images, verbose=0), model.predict(centre, verbose=0), atol=1e-5)
-    assert getattr(model, "optimizer", None) is None  # the inference model carries no training state
 
 
 def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
