@@ -385,7 +385,12 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     check_output_paths(options.json_path, options.pictures)
     progress = progress or _log_progress
     started = time.monotonic()
-    if source_registry.kind_of(options.data).validated_as_records:
+    kind = source_registry.kind_of(options.data)
+    if kind is not source_registry.FALLBACK and not kind.validated_as_records:
+        raise ValidateError(f"{options.data} is a {kind.name} source, which validate does not read: give a folder "
+                            f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
+                            f"tfds:NAME")
+    if kind.validated_as_records:
         report = validate_foreign(options, beam_args, progress)
     else:
         report = validate_dataset(options, beam_args, progress)
