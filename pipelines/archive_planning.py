@@ -1,0 +1,274 @@
+"""Planning an archive SOURCE (``source_archive``): its archives indexed once on the launching machine, the folder
+rules applied to their member names (``preprocess/archive_layout.py``), labels joined, and what the workers read.
+
+An uncompressed tar is indexed from its headers alone (seeking past the data), a zip from its central directory;
+a tar inside a tar (ImageNet's per-class train tars) is left to a worker to index (``NestedTask``); a compressed tar
+is read once here for its member names (a stream has no index) and once by a worker for its bytes (``StreamTask``).
+Launcher only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple
+
+from shardprep.pipelines.source_kind import SourceKind, SourcePlan
+from shardprep.preprocess import accounting, archive_index, archive_layout, imagenet_labels, labels, names, sources
+from shardprep.preprocess.archive_index import Member, MemberRef
+from shardprep.preprocess.elements import Reject
+
+MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
+DUPLICATE = "duplicate_member"
+SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
+
+
+class MembersTask(NamedTuple):
+    """Members of a seekable archive, already labelled: (source key, label, ``MemberRef`` text) each."""
+
+    split: str
+    entries: tuple[tuple[str, int, str], ...]
+
+
+class NestedTask(NamedTuple):
+    """A tar inside a tar, one class: a worker indexes its headers and names its members by range."""
+
+    split: str
+    archive: str
+    key_prefix: str  # "n01440764/": the class folder its members would be extracted to
+    label: int
+    offset: int
+    size: int
+
+
+class StreamTask(NamedTuple):
+    """A compressed tar read once front to back: ``wanted`` are (member name, occurrence, split, key, label)."""
+
+    archive: str
+    wanted: tuple[tuple[str, int, str, str, int], ...]
+
+
+class ArchiveFile(NamedTuple):
+    path: str
+    type: str  # "tar", "tgz", "zip"
+    split: str | None  # the split a folder of archives names it by; None: split folders inside, else --split
+    size: int
+    mtime_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchivePlan(SourcePlan):
+    """An archive source's plan: the archives (for the fingerprint) and the read tasks."""
+
+    archives: tuple[ArchiveFile, ...] = ()
+    tasks: tuple[MembersTask | NestedTask | StreamTask, ...] = ()
+
+
+class _Found(NamedTuple):
+    archive: ArchiveFile
+    layout: archive_layout.ArchiveLayout
+    occurrences: dict[int, int]  # id of a member of a compressed tar -> its occurrence of that name
+
+
+def open_archive(path: str):
+    """A binary file object of a local or remote archive, seekable."""
+    if "://" not in path:
+        return open(path, "rb")
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
+    """The plan of an archive, or of a folder holding archives of splits."""
+    archives, not_used = _archive_files(location, config.split)
+    found = [_index(archive, config.split) for archive in archives]
+    layouts = [f.layout for f in found]
+    flat = [item for layout in layouts for item in layout.flat]
+    label_of, label_names = _flat_labels(config.labels_file, flat)
+    unlabelled = _unlabelled(found, label_of)
+    class_names = sorted_classes({c for layout in layouts for c in layout.classes} | label_names, location)
+    if not class_names:
+        raise sources.SourceError(
+            f"no classes found in {location}: expected <split>/<class>/<file>, <class>/<file>, a tar per class, or "
+            "flat images with --labels-file" + (" (its images are not in class folders: did you forget "
+                                                "--labels-file?)" if flat else ""))
+    class_index = {name: i for i, name in enumerate(class_names)}
+    tasks, skipped = [], []
+    for item in found:
+        not_used += item.layout.not_used
+        if item.archive.path in unlabelled:
+            not_used.append(unlabelled[item.archive.path])
+            continue
+        made, rejected = _tasks(item, class_index, label_of, config.labels_file is not None)
+        tasks += made
+        skipped += rejected
+    splits = sorted({task.split for task in tasks if not isinstance(task, StreamTask)}
+                    | {w[2] for task in tasks if isinstance(task, StreamTask) for w in task.wanted}
+                    | {reject.split for reject in skipped})
+    if not splits:
+        raise sources.SourceError(f"{location} holds no images to read")
+    for split in splits:
+        names.check(split, "split", f"the archive {location}")
+    return ArchivePlan(kind=kind, location=location, splits=tuple(splits), classes=tuple(class_names),
+                       skipped=tuple(sorted(skipped)), not_used=tuple(sorted(not_used)),
+                       archives=tuple(archives), tasks=tuple(tasks))
+
+
+def sorted_classes(found: set[str], location: str) -> list[str]:
+    return sources.sort_class_names(names.check(name, "class", f"the archive {location}", "rename it")
+                                    for name in found)
+
+
+def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[accounting.NotUsed]]:
+    """The archive SOURCE, or the archives of a folder of them, each with its split (by file name in a folder)."""
+    if archive_index.archive_type(location):
+        return [_archive_file(location, None)], []
+    archives, not_used, by_split = [], [], {}
+    for name in _folder_files(location):
+        named = next((s for word, s in SPLIT_WORDS if word in name.lower()), None)
+        if sources.is_hidden(name):
+            not_used.append(accounting.NotUsed(name, accounting.HIDDEN_BESIDE))
+        elif not archive_index.archive_type(name):
+            not_used.append(accounting.NotUsed(name, "not an archive, beside the archives: not read"))
+        elif named is None:
+            not_used.append(accounting.NotUsed(name, "an archive whose name says no split (train, val, test): not "
+                                                     "read"))
+        elif named in by_split:
+            raise sources.SourceError(f"{location} holds two archives of the split {named} ({by_split[named]}, "
+                                      f"{name}): keep one")
+        else:
+            by_split[named] = name
+            archives.append(_archive_file(location.rstrip("/") + "/" + name, named))
+    if not archives:
+        raise sources.SourceError(f"{location} holds no archive of a split (train, val or test in its name)")
+    return archives, not_used
+
+
+def _folder_files(location: str) -> list[str]:
+    if "://" not in location:
+        return sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
+    from apache_beam.io.filesystems import FileSystems
+
+    prefix = location.rstrip("/") + "/"
+    matched = FileSystems.match([prefix + "*"])[0].metadata_list
+    return sorted(m.path[len(prefix):] for m in matched if "/" not in m.path[len(prefix):].rstrip("/"))
+
+
+def _archive_file(path: str, split: str | None) -> ArchiveFile:
+    if "://" not in path:
+        if not os.path.exists(path):
+            raise sources.SourceError(f"{path} does not exist")
+        if not os.path.isfile(path):
+            raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
+        info = os.stat(path)
+        return ArchiveFile(path, archive_index.archive_type(path), split, info.st_size, info.st_mtime_ns)
+    from apache_beam.io.filesystems import FileSystems
+
+    matched = FileSystems.match([path])[0].metadata_list
+    if not matched:
+        raise sources.SourceError(f"{path} does not exist")
+    return ArchiveFile(path, archive_index.archive_type(path), split, matched[0].size_in_bytes,
+                       int(matched[0].last_updated_in_seconds * 1e9))
+
+
+def _index(archive: ArchiveFile, default_split: str) -> _Found:
+    """One archive's members (read from its index, or its stream) arranged by the folder rules."""
+    occurrences: dict[int, int] = {}
+    try:
+        with open_archive(archive.path) as raw:
+            if archive.type == "tgz":
+                members, seen = [], {}
+                for streamed in archive_index.stream_tar(raw, with_data=False):
+                    seen[streamed.member.name] = seen.get(streamed.member.name, -1) + 1
+                    occurrences[len(members)] = seen[streamed.member.name]
+                    members.append(streamed.member)
+                index = archive_index.ArchiveIndex(members)
+            else:
+                index = (archive_index.index_zip if archive.type == "zip" else archive_index.index_tar)(raw)
+    except archive_index.MemberError as e:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {e}") from None
+    except OSError as e:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {type(e).__name__}: {e}") from None
+    if index.damage:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {index.damage}")
+    members = [m if archive.type != "zip" or archive_index.archive_type(m.name) != "tar" or m.problem else
+               m._replace(problem=archive_index.NOT_A_FILE, detail="a tar inside a zip is not read: extract it")
+               for m in index.members]
+    if archive.type == "tgz":
+        members = [m if archive_index.archive_type(m.name) != "tar" or m.problem else m._replace(
+            problem=archive_index.NOT_A_FILE, detail="a tar inside a compressed tar is not read: extract it")
+            for m in members]
+    split = archive.split or default_split
+    prefix = f"{archive.split}/" if archive.split else ""
+    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
+    return _Found(archive, layout, {id(m): occurrences[i] for i, m in enumerate(members)} if occurrences else {})
+
+
+def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
+    """({file name: class} for flat images, every class the labels name): from ``--labels-file`` (a CSV, or
+    Kaggle's LOC_val_solution.csv), else, for ImageNet's validation images, TFDS's shipped labels."""
+    if labels_file:
+        from shardprep.pipelines.planning import read_labels_file_rows
+
+        present = {labels.file_name(key) for _, key, _ in flat}
+        rows = read_labels_file_rows(labels_file, lambda name: labels.file_name(name) in present)
+        return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
+    if any(imagenet_labels.is_validation_name(key) for _, key, _ in flat):
+        table = imagenet_labels.validation_labels()
+        return table, set(table.values())
+    return {}, set()
+
+
+def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[str, accounting.NotUsed]:
+    """{archive path: NotUsed} of the archives of flat images only, none of which has a label, when some other
+    archive gives inputs (ImageNet's test tar beside the train and val tars)."""
+    unlabelled = {}
+    for item in found:
+        layout = item.layout
+        if layout.flat and not layout.images and not layout.nested and not any(
+                labels.file_name(key) in label_of for _, key, _ in layout.flat):
+            name = item.archive.path.rsplit("/", 1)[-1]
+            count = len(layout.flat)
+            unlabelled[item.archive.path] = accounting.NotUsed(name, (
+                f"no label names any of its {count:,} image{'s' if count != 1 else ''} (an unlabelled split, such as "
+                "a test set without labels): not read"))
+    return unlabelled if len(unlabelled) < len(found) else {}
+
+
+def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str],
+           labels_file_given: bool) -> tuple[list, list[Reject]]:
+    """One archive's read tasks, and the rejects its names alone give (unsafe names, links, no label, copies)."""
+    layout, archive = item.layout, item.archive
+    rejects = list(layout.rejects)
+    labelled: list[tuple[str, str, int, Member]] = [(s, key, class_index[c], m) for s, key, c, m in layout.images]
+    for split, key, member in layout.flat:
+        found = label_of.get(labels.file_name(key))
+        if found is None:
+            rejects.append(Reject(split, sources.printable_key(key), "no_label", labels.NO_LABELS_FILE_DETAIL
+                                  if not labels_file_given else "no row of the labels file names it"))
+        else:
+            labelled.append((split, key, class_index[found], member))
+    last = {key: i for i, (_, key, _, _) in enumerate(labelled)}  # a name stored twice: the last copy, as extracted
+    kept = []
+    for i, (split, key, label, member) in enumerate(labelled):
+        if last[key] != i:
+            rejects.append(Reject(split, sources.printable_key(key), DUPLICATE,
+                                  "the archive holds this name again later; the last copy is read, as tar does"))
+        elif not sources.is_utf8(key):
+            rejects.append(Reject(split, sources.printable_key(key), "bad_file_name",
+                                  "the member name is not valid UTF-8"))
+        else:
+            kept.append((split, key, label, member))
+    nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)
+              for split, c, prefix, m in layout.nested]
+    if archive.type == "tgz":
+        wanted = tuple((m.name, item.occurrences[id(m)], split, key, label) for split, key, label, m in kept)
+        return ([StreamTask(archive.path, wanted)] if wanted else []) + nested, rejects
+    tasks = []
+    for split in sorted({s for s, *_ in kept}):
+        entries = [(key, label, MemberRef.of(archive.path, m).text()) for s, key, label, m in kept if s == split]
+        tasks += [MembersTask(split, tuple(entries[i:i + MEMBERS_PER_TASK]))
+                  for i in range(0, len(entries), MEMBERS_PER_TASK)]
+    return tasks + nested, rejects
