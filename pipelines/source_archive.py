@@ -209,7 +209,7 @@ class ArchiveMemberReader:
                 raw = self.open_files[ref.archive] = open_archive(ref.archive)
             return archive_index.read_member(raw, ref)
         except archive_index.MemberError as e:
-            raise RejectError(archive_index.TRUNCATED, str(e)) from None
+            raise RejectError(archive_index.DAMAGED_MEMBER, str(e)) from None
         except OSError as e:
             raise RejectError("unreadable", f"{type(e).__name__}: {e}") from None
 

@@ -16,6 +16,7 @@ or garbled archive, which Python's ``tarfile`` would end on silently) is the ind
 
 from __future__ import annotations
 
+import gzip
 import io
 import posixpath
 import struct
@@ -34,6 +35,7 @@ ARCHIVE_SUFFIXES = TAR_SUFFIXES + COMPRESSED_TAR_SUFFIXES + ZIP_SUFFIXES
 UNSAFE_NAME = "unsafe_member_name"
 NOT_A_FILE = "not_a_regular_file"
 TRUNCATED = "truncated_member"
+DAMAGED_MEMBER = "damaged_member"
 DAMAGED_ARCHIVE = "damaged_archive"
 
 
@@ -218,15 +220,14 @@ class StreamedMember(NamedTuple):
 
 
 def stream_tar(raw: BinaryIO, with_data: bool = True) -> Iterator[StreamedMember]:
-    """The members of a compressed tar (gzip, bzip2, xz: ``tarfile`` tells them apart), once, front to back, with
-    the bytes of each regular file (``with_data``); damage (a cut or garbled stream) raises ``MemberError`` after
-    what was read."""
-    try:
-        archive = tarfile.open(fileobj=raw, mode="r|*")
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-        raise MemberError(f"not a compressed tar archive ({type(e).__name__}: {e})") from None
+    """The members of a gzip-compressed tar, once, front to back, with the bytes of each regular file
+    (``with_data``). The gzip stream is read to its end and its trailer checked (CRC-32 and length), so an archive
+    cut short or damaged raises ``MemberError`` after what was read, even where ``tarfile`` alone would end quietly
+    (a cut between two members)."""
+    unpacked = gzip.GzipFile(fileobj=raw, mode="rb")
     count = 0
     try:
+        archive = tarfile.open(fileobj=unpacked, mode="r|")
         for info in archive:
             count += 1
             member = _tar_member(info, 0, 1 << 62)  # offsets mean nothing in a stream; sizes are checked on read
@@ -239,6 +240,8 @@ def stream_tar(raw: BinaryIO, with_data: bool = True) -> Iterator[StreamedMember
                                              "there: the archive was cut short")
                     data = None
             yield StreamedMember(member, data)
+        while unpacked.read(1 << 20):  # to the gzip trailer, which checks every byte
+            pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise MemberError(f"after {count} members: {type(e).__name__}: {e}; the archive was cut short or is "
                           "damaged") from None
