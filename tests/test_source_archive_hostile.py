@@ -66,7 +66,11 @@ def test_hostile_members_are_rejects_with_reasons_and_nothing_is_written_outside
                                      shorter_side=8), IN_PROCESS)
     assert {path for path in files_under(tmp_path) - before if not path.startswith("out/")} == set()
     assert not os.path.exists("/tmp/absolute.jpg") and not (tmp_path.parent / "escaped.jpg").exists()
-    rejects = {(r["key"], r["reason"]) for r in map(json.loads, (tmp_path / "out" / "rejects.jsonl").open())}
+    lines = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
+    details = {r["key"]: r["detail"] for r in lines}
+    assert "symbolic link" in details["cat/link.jpg"] and "hard link" in details["cat/hard.jpg"]
+    assert "FIFO" in details["cat/fifo.jpg"] and "device" in details["cat/device.jpg"]
+    rejects = {(r["key"], r["reason"]) for r in lines}
     assert rejects == {("dog/b.jpg", "duplicate_member"), ("../../escaped.jpg", "unsafe_member_name"),
                        ("/tmp/absolute.jpg", "unsafe_member_name"), ("cat/link.jpg", "not_a_regular_file"),
                        ("cat/hard.jpg", "not_a_regular_file"), ("cat/fifo.jpg", "not_a_regular_file"),
