@@ -37,9 +37,11 @@ class ArchiveSource(SourceKind):
         return bool(archive_index.archive_type(source.rstrip("/")))
 
     def claims_folder(self, location: str) -> bool:
-        """True for a local folder that holds no folders and at least one archive named for a split (a listing
-        of one folder, asked only of a SOURCE no kind claimed by its text)."""
-        if "://" in location or not os.path.isdir(location):
+        """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
+        listing, asked only of a SOURCE no kind claimed by its text."""
+        if "://" in location:
+            return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
+        if not os.path.isdir(location):
             return False
         try:
             entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
@@ -47,8 +49,7 @@ class ArchiveSource(SourceKind):
             return False
         if any(e.is_dir() for e in entries):
             return False
-        return any(archive_index.archive_type(e.name) and any(word in e.name.lower() for word in ("train", "val"))
-                   for e in entries)
+        return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
 
     def location(self, source: str) -> str:
         return source.rstrip("/") or "/"
@@ -104,6 +105,21 @@ class ArchiveSource(SourceKind):
         if config.labels_file:
             entries.append(fingerprint.ListedEntry(f"--labels-file {config.labels_file}", *_stat(config.labels_file)))
         return entries
+
+
+def _names_split(name: str) -> bool:
+    return any(word in name.lower() for word in ("train", "val"))
+
+
+def _remote_names(location: str) -> list[str]:
+    """The names one level inside a remote folder; none when it cannot be listed (the folder kind then says why)."""
+    try:
+        from apache_beam.io.filesystems import FileSystems
+
+        prefix = location.rstrip("/") + "/"
+        return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
+    except Exception:  # noqa: BLE001 - any failure: not claimed here; planning the folder reports it
+        return []
 
 
 def _stat(path: str) -> tuple[int, int]:
@@ -163,7 +179,7 @@ class ArchiveTaskReader:
         seen: dict[str, int] = {}
         failure = ""
         try:
-            with open_archive(task.archive) as raw:
+            with open_archive(task.archive, sequential=True) as raw:
                 for streamed in archive_index.stream_tar(raw):
                     name = streamed.member.name
                     seen[name] = seen.get(name, -1) + 1
