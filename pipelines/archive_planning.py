@@ -54,6 +54,7 @@ class ArchiveFile(NamedTuple):
     split: str | None  # the split a folder of archives names it by; None: split folders inside, else --split
     size: int
     mtime_ns: int
+    inner: str = ""  # the folder inside it that is SOURCE (ARCHIVE/PATH); "": all of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +107,9 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     tasks, skipped = [], []
     for item in found:
         not_used += item.layout.not_used
-        if item.archive.path in unlabelled:
-            not_used.append(unlabelled[item.archive.path])
-            continue
-        made, rejected = _tasks(item, class_index, label_of, config.labels_file is not None)
+        skipped_splits = {split for path, split in unlabelled if path == item.archive.path}
+        not_used += [unlabelled[(item.archive.path, split)] for split in sorted(skipped_splits)]
+        made, rejected = _tasks(item, class_index, label_of, config.labels_file is not None, skipped_splits)
         tasks += made
         skipped += rejected
     splits = sorted({task.split for task in tasks if not isinstance(task, StreamTask)}
@@ -131,8 +131,9 @@ def sorted_classes(found: set[str], location: str) -> list[str]:
 
 def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[accounting.NotUsed]]:
     """The archive SOURCE, or the archives of a folder of them, each with its split (by file name in a folder)."""
-    if archive_index.archive_type(location):
-        return [_archive_file(location, None)], []
+    archive, inner = archive_index.split_inner(location)
+    if archive_index.archive_type(archive):
+        return [_archive_file(archive, None)._replace(inner=inner)], []
     archives, not_used, by_split = [], [], {}
     for name in _folder_files(location):
         named = next((s for word, s in SPLIT_WORDS if word in name.lower()), None)
@@ -208,6 +209,11 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
         members = [m if archive_index.archive_type(m.name) != "tar" or m.problem else m._replace(
             problem=archive_index.NOT_A_FILE, detail="a tar inside a compressed tar is not read: extract it")
             for m in members]
+    if archive.inner:  # SOURCE is a folder inside: what lies outside it is not SOURCE's
+        inner = archive.inner + "/"
+        members = [m._replace(name=m.name[len(inner):]) for m in members if m.name.startswith(inner)]
+        if not members:
+            raise sources.SourceError(f"{archive.path} holds nothing under {archive.inner}/")
     split = archive.split or default_split
     prefix = f"{archive.split}/" if archive.split else ""
     layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
@@ -218,10 +224,8 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
     """({file name: class} for flat images, every class the labels name): from ``--labels-file`` (a CSV, or
     Kaggle's LOC_val_solution.csv), else, for ImageNet's validation images, TFDS's shipped labels."""
     if labels_file:
-        from shardprep.pipelines.planning import read_labels_file_rows
-
         present = {labels.file_name(key) for _, key, _ in flat}
-        rows = read_labels_file_rows(labels_file, lambda name: labels.file_name(name) in present)
+        rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
         return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
     if any(imagenet_labels.is_validation_name(key) for _, key, _ in flat):
         table = imagenet_labels.validation_labels()
@@ -229,29 +233,52 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
     return {}, set()
 
 
-def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[str, accounting.NotUsed]:
-    """{archive path: NotUsed} of the archives of flat images only, none of which has a label, when some other
-    archive gives inputs (ImageNet's test tar beside the train and val tars)."""
-    unlabelled = {}
+def _labels_rows(labels_file: str, file_exists) -> list[sources.LabelRow]:
+    """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
+    from shardprep.pipelines.planning import read_labels_file_rows
+
+    archive, inner = archive_index.split_inner(labels_file)
+    if not inner:
+        return read_labels_file_rows(labels_file, file_exists)
+    try:
+        with open_archive(archive, sequential=True) as raw:
+            data = archive_index.read_named(raw, archive_index.archive_type(archive), inner)
+    except (archive_index.MemberError, OSError) as e:
+        raise sources.SourceError(f"cannot read labels file {labels_file}: {e}") from None
+    return labels.csv_rows(data, labels_file, file_exists)
+
+
+def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str, str], accounting.NotUsed]:
+    """{(archive path, split): NotUsed} of the splits of flat images only, none of which has a label, when another
+    split gives inputs (ImageNet's test tar beside the train and val tars; Kaggle's ``test/`` beside ``val/``)."""
+    unlabelled, splits = {}, set()
     for item in found:
         layout = item.layout
-        if layout.flat and not layout.images and not layout.nested and not any(
-                labels.file_name(key) in label_of for _, key, _ in layout.flat):
-            name = item.archive.path.rsplit("/", 1)[-1]
-            count = len(layout.flat)
-            unlabelled[item.archive.path] = accounting.NotUsed(name, (
-                f"no label names any of its {count:,} image{'s' if count != 1 else ''} (an unlabelled split, such as "
-                "a test set without labels): not read"))
-    return unlabelled if len(unlabelled) < len(found) else {}
+        by_split: dict[str, list[str]] = {}
+        for split, key, _ in layout.flat:
+            by_split.setdefault(split, []).append(key)
+        classed = {s for s, *_ in layout.images} | {s for s, *_ in layout.nested}
+        splits |= {(item.archive.path, split) for split in set(by_split) | classed}
+        for split, keys in by_split.items():
+            if split in classed or any(labels.file_name(key) in label_of for key in keys):
+                continue
+            where = item.archive.path.rsplit("/", 1)[-1] if item.archive.split else keys[0].rsplit("/", 1)[0] + "/"
+            where = where if "/" in keys[0] or item.archive.split else item.archive.path.rsplit("/", 1)[-1]
+            unlabelled[(item.archive.path, split)] = accounting.NotUsed(where, (
+                f"no label names any of its {len(keys):,} image{'s' if len(keys) != 1 else ''} (an unlabelled split, "
+                "such as a test set without labels): not read"))
+    return unlabelled if len(unlabelled) < len(splits) else {}
 
 
-def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str],
-           labels_file_given: bool) -> tuple[list, list[Reject]]:
+def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], labels_file_given: bool,
+           unlabelled_splits: set[str]) -> tuple[list, list[Reject]]:
     """One archive's read tasks, and the rejects its names alone give (unsafe names, links, no label, copies)."""
     layout, archive = item.layout, item.archive
     rejects = list(layout.rejects)
     labelled: list[tuple[str, str, int, Member]] = [(s, key, class_index[c], m) for s, key, c, m in layout.images]
     for split, key, member in layout.flat:
+        if split in unlabelled_splits:
+            continue
         found = label_of.get(labels.file_name(key))
         if found is None:
             rejects.append(Reject(split, sources.printable_key(key), "no_label", labels.NO_LABELS_FILE_DETAIL

@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 class ArchiveSource(SourceKind):
     name = "archive"
     usage = (Usage("ARCHIVE", ".tar (a tar of per-class tars too), .tar.gz, .tgz or .zip, read in place"),
+             Usage("ARCHIVE/PATH", "a folder inside an archive (ILSVRC/Data/CLS-LOC in Kaggle's ImageNet zip)"),
              Usage("DIR of ARCHIVEs", "archives of splits side by side (ImageNet's train and val tars)"))
     options = ("labels_file",)
 
     def claims(self, source: str) -> bool:
-        return bool(archive_index.archive_type(source.rstrip("/")))
+        return bool(archive_index.archive_type(archive_index.split_inner(source.rstrip("/"))[0]))
 
     def claims_folder(self, location: str) -> bool:
         """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
@@ -55,8 +56,9 @@ class ArchiveSource(SourceKind):
         return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
-        return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
-                                                   if config.labels_file else [])
+        archive = archive_index.split_inner(location)[0]
+        labels = archive_index.split_inner(config.labels_file)[0] if config.labels_file else None
+        return [ApartFrom("SOURCE", archive)] + ([ApartFrom("labels file", labels)] if labels else [])
 
     def plan(self, location: str, config) -> ArchivePlan:
         """The archives' plan; with a compressed tar among them, of the streamed kind (``STREAMED``)."""

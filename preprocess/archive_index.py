@@ -304,6 +304,37 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
     return data
 
 
+def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
+    """The bytes of the member called ``name`` (a small file such as a labels CSV) of an archive of type ``kind``;
+    ``MemberError`` when there is none."""
+    try:
+        if kind == "zip":
+            with zipfile.ZipFile(raw) as archive:  # type: ignore[arg-type]
+                return archive.read(name)
+        with tarfile.open(fileobj=raw, mode="r|gz" if kind == "tgz" else "r|") as archive:
+            for info in archive:
+                if clean_name(info.name)[0] == name and info.isfile():
+                    handle = archive.extractfile(info)
+                    return handle.read() if handle is not None else b""
+    except KeyError:
+        pass
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise MemberError(f"{type(e).__name__}: {e}") from None
+    raise MemberError(f"the archive holds no file {name}")
+
+
+def split_inner(path: str) -> tuple[str, str]:
+    """(the archive, the folder or file inside it) of ``ARCHIVE/INNER`` (``imagenet.zip/ILSVRC/Data/CLS-LOC``), or
+    (``path``, "") when no archive's name is followed by a folder inside it."""
+    lower = path.lower()
+    for suffix in ARCHIVE_SUFFIXES:
+        at = lower.find(suffix + "/")
+        if at > 0:
+            cut = at + len(suffix)
+            return path[:cut], path[cut + 1:].strip("/")
+    return path, ""
+
+
 def archive_type(name: str) -> str:
     """"tar", "tgz" or "zip" by the file name's suffix (case-insensitive); "" for anything else."""
     lower = name.lower()

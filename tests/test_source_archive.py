@@ -188,3 +188,31 @@ def test_imagenette_tgz_and_zip_give_the_records_of_the_extracted_folder(tmp_pat
     assert sorted(document["splits"]) == ["train", "val"] and document["classes"] == list(TRAIN)
     assert document["not_used"] == [{"path": "noisy_imagenette.csv",
                                      "reason": "not an image (by its name), beside the folders: not read"}]
+
+
+def test_kaggle_imagenet_zip_read_in_place_gives_the_records_of_its_extracted_folder(tmp_path):
+    train, val = imagenet_files()
+    inside = {f"ILSVRC/Data/CLS-LOC/train/{wnid}/{name}": data for wnid, files in train.items()
+              for name, data in files.items()}
+    inside |= {f"ILSVRC/Data/CLS-LOC/val/{name}": data for name, data in val.items()}
+    inside["ILSVRC/Data/CLS-LOC/test/ILSVRC2012_test_00000001.JPEG"] = jpeg(0)
+    inside["ILSVRC/Annotations/CLS-LOC/val/ILSVRC2012_val_00000001.xml"] = b"<annotation/>"  # outside SOURCE
+    wnids = list(TRAIN)
+    inside["LOC_val_solution.csv"] = ("ImageId,PredictionString\n" + "".join(
+        f"{name[:-5]},{wnids[i % 2]} 1 2 3 4 {wnids[i % 2]} 5 6 7 8\n" for i, name in enumerate(val))).encode()
+    inside["LOC_synset_mapping.txt"] = b"n01440764 tench, Tinca tinca\n"
+    kaggle = tmp_path / "imagenet-object-localization-challenge.zip"
+    with zipfile.ZipFile(kaggle, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in inside.items():
+            archive.writestr(name, data)
+    write_extracted(tmp_path / "imagenet", inside)
+    job.execute_job(PreprocessConfig(source=f"{kaggle}/ILSVRC/Data/CLS-LOC", output=str(tmp_path / "z"),
+                                     labels_file=f"{kaggle}/LOC_val_solution.csv", shorter_side=8), IN_PROCESS)
+    job.execute_job(PreprocessConfig(source=str(tmp_path / "imagenet/ILSVRC/Data/CLS-LOC"), output=str(tmp_path / "f"),
+                                     labels_file=str(tmp_path / "imagenet/LOC_val_solution.csv"), shorter_side=8),
+                    IN_PROCESS)
+    assert shards(tmp_path / "z") == shards(tmp_path / "f") and len(shards(tmp_path / "z")) == 2
+    from_zip, from_folder = (json.loads((tmp_path / out / manifest.MANIFEST_NAME).read_text()) for out in "zf")
+    assert from_zip["classes"] == from_folder["classes"] == wnids
+    assert [entry["path"] for entry in from_zip["not_used"]] == [entry["path"] for entry in from_folder["not_used"]] \
+        == ["test/"]

@@ -1,0 +1,161 @@
+"""ImageNet as downloaded, read in place against extracted first: a tar of per-class tars (ImageNet's train tar),
+and the same images as a .tgz and a .zip, each run as ``shardprep preprocess`` side by side in one run of this script.
+
+    python benchmarks/archive_bench.py ../shared/data/imagenet-sample [--classes 100] [--per-class 20] [--rounds 1]
+
+The photos of SOURCE_DIR are repeated into ``--classes`` classes of ``--per-class`` images each (names
+``nXXXXXXXX_N.JPEG``) and written as: ``train.tar``, a tar of per-class tars ``nXXXXXXXX.tar`` (image-net.org's
+shape); ``imagenet.tgz`` (gzip, ``imagenet/train/<class>/<file>``, Imagenette's shape); and ``imagenet.zip`` (stored,
+the same paths). Each round runs, in turn:
+
+* ``in place, tar of tars``: ``shardprep preprocess train.tar OUT``;
+* ``extract, then folder``: ``tar -xf train.tar`` then ``tar -xf`` of each class tar into its folder (as the usual
+  ImageNet recipe does), the class tars deleted, then ``shardprep preprocess`` of the folder; timed together;
+* ``in place, .tgz`` and ``in place, .zip``.
+
+Every job runs with the same options (raw, centre crop 256, ``--quiet``, ``-- --direct_num_workers=N``). Printed:
+wall time of each (start-up included), images/s, the ratio to ``extract, then folder``, and the disk each needs
+beyond the archive and the output (the extracted folder's bytes for the extracting route, none in place); plus the
+time ``plan_source`` alone takes per archive kind (the launcher's index: headers of the outer tar, a zip's central
+directory, a .tgz decompressed once for its names). The shards of every route are checked equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDPREP = [sys.executable, "-c", "from shardprep.cli import main; main()"]
+
+
+def photos(source_dir: str, classes: int, per_class: int) -> dict[str, dict[str, str]]:
+    """{class: {file name: photo path}}: the sample's photos dealt round-robin into ``classes`` synthetic WNIDs."""
+    names = sorted(f for f in os.listdir(source_dir) if not f.startswith("."))
+    dealt: dict[str, dict[str, str]] = {}
+    for c in range(classes):
+        wnid = f"n{1440764 + c:08d}"
+        dealt[wnid] = {f"{wnid}_{i}.JPEG": os.path.join(source_dir, names[(c * per_class + i) % len(names)])
+                       for i in range(per_class)}
+    return dealt
+
+
+def write_archives(root: str, dealt) -> None:
+    with tarfile.open(os.path.join(root, "train.tar"), "w", format=tarfile.GNU_FORMAT) as outer:
+        for wnid, files in dealt.items():
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                for name, path in files.items():
+                    tar.add(path, arcname=name)
+            info = tarfile.TarInfo(f"{wnid}.tar")
+            info.size = len(inner.getvalue())
+            outer.addfile(info, io.BytesIO(inner.getvalue()))
+    with tarfile.open(os.path.join(root, "imagenet.tgz"), "w:gz") as tgz, \
+            zipfile.ZipFile(os.path.join(root, "imagenet.zip"), "w", zipfile.ZIP_STORED) as archive:
+        for wnid, files in dealt.items():
+            for name, path in files.items():
+                tgz.add(path, arcname=f"imagenet/train/{wnid}/{name}")
+                archive.write(path, f"imagenet/train/{wnid}/{name}")
+
+
+def folder_bytes(root: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def preprocess(source: str, output: str, workers: int) -> float:
+    started = time.perf_counter()
+    subprocess.run(SHARDPREP + ["preprocess", source, output, "--quiet", "--", f"--direct_num_workers={workers}"],
+                   check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def extract_then_preprocess(root: str, output: str, workers: int) -> tuple[float, int]:
+    """(wall time of extracting the tar of tars and preprocessing the folder, the extracted folder's bytes)."""
+    folder = os.path.join(root, "extracted", "train")
+    started = time.perf_counter()
+    os.makedirs(folder)
+    subprocess.run(["tar", "-xf", os.path.join(root, "train.tar"), "-C", folder], check=True)
+    for name in sorted(os.listdir(folder)):
+        class_folder = os.path.join(folder, name[:-len(".tar")])
+        os.makedirs(class_folder)
+        subprocess.run(["tar", "-xf", os.path.join(folder, name), "-C", class_folder], check=True)
+        os.remove(os.path.join(folder, name))
+    extracted = folder_bytes(folder)
+    seconds = time.perf_counter() - started + preprocess(folder, output, workers)
+    shutil.rmtree(os.path.join(root, "extracted"))
+    return seconds, extracted
+
+
+def plan_seconds(source: str) -> float:
+    from shardprep.pipelines.source_registry import plan_source
+    from shardprep.preprocess.config import PreprocessConfig
+
+    started = time.perf_counter()
+    plan_source(PreprocessConfig(source=source, output=source + ".plan-out"))
+    return time.perf_counter() - started
+
+
+def shard_hashes(output: str) -> dict[str, str]:
+    with open(os.path.join(output, "manifest.json")) as f:
+        document = json.load(f)
+    return {s["file"]: s["sha256"] for split in document["splits"].values() for s in split["shards"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source_dir")
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--per-class", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    images = args.classes * args.per_class
+    root = tempfile.mkdtemp(prefix="archive-bench-")
+    try:
+        write_archives(root, photos(args.source_dir, args.classes, args.per_class))
+        sizes = {name: os.path.getsize(os.path.join(root, name)) for name in ("train.tar", "imagenet.tgz",
+                                                                              "imagenet.zip")}
+        plans = {name: plan_seconds(os.path.join(root, name)) for name in sizes}
+        results: dict[str, list[float]] = {}
+        extracted_bytes = 0
+        for round_index in range(args.rounds):
+            out = os.path.join(root, f"out-{round_index}")
+            results.setdefault("in place, tar of tars", []).append(
+                preprocess(os.path.join(root, "train.tar"), out + "-tar", args.workers))
+            seconds, extracted_bytes = extract_then_preprocess(root, out + "-folder", args.workers)
+            results.setdefault("extract, then folder", []).append(seconds)
+            results.setdefault("in place, .tgz", []).append(
+                preprocess(os.path.join(root, "imagenet.tgz"), out + "-tgz", args.workers))
+            results.setdefault("in place, .zip", []).append(
+                preprocess(os.path.join(root, "imagenet.zip"), out + "-zip", args.workers))
+            hashes = [shard_hashes(out + suffix) for suffix in ("-tar", "-folder")]
+            assert hashes[0] == hashes[1], "the tar of tars and the extracted folder gave different shards"
+            assert shard_hashes(out + "-tgz") == shard_hashes(out + "-zip"), "the .tgz and the .zip differ"
+            for suffix in ("-tar", "-folder", "-tgz", "-zip"):
+                shutil.rmtree(out + suffix)
+        print(f"{images:,} images ({args.classes} classes x {args.per_class}), {args.workers} workers, "
+              f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}")
+        print(f"archives: " + ", ".join(f"{name} {size / 1e6:.1f} MB (plan {plans[name]:.2f} s)"
+                                        for name, size in sizes.items()))
+        best_folder = min(results["extract, then folder"])
+        print(f"{'route':<24}{'wall s (each round)':>26}{'images/s':>10}{'x extract':>11}{'extra disk MB':>15}")
+        for route, times in results.items():
+            extra = extracted_bytes if route.startswith("extract") else 0
+            print(f"{route:<24}{', '.join(f'{t:.1f}' for t in times):>26}{images / min(times):>10.1f}"
+                  f"{best_folder / min(times):>11.2f}{extra / 1e6:>15.1f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
