@@ -134,7 +134,9 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
     archive, inner = archive_index.split_inner(location)
     if archive_index.archive_type(archive):
         return [_archive_file(archive, None)._replace(inner=inner)], []
-    archives, not_used, by_split = [], [], {}
+    archives: list[ArchiveFile] = []
+    not_used: list[accounting.NotUsed] = []
+    by_split: dict[str, str] = {}
     for name in _folder_files(location):
         named = next((s for word, s in SPLIT_WORDS if word in name.lower()), None)
         if sources.is_hidden(name):
@@ -188,7 +190,8 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
     try:
         with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
             if archive.type == "tgz":
-                members, seen = [], {}
+                members: list[Member] = []
+                seen: dict[str, int] = {}
                 for streamed in archive_index.stream_tar(raw, with_data=False):
                     seen[streamed.member.name] = seen.get(streamed.member.name, -1) + 1
                     occurrences[len(members)] = seen[streamed.member.name]

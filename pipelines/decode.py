@@ -60,7 +60,7 @@ class _Decoder(beam.DoFn):
     spill file and note its pointer; per bundle, one RecordSummary (counts, bytes, pixel sums of ``stats_split``)."""
 
     def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
-                 progress_dir: str | None, read_path=None):
+                 progress_dir: str | None, *, read_path=None):
         self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
         self.progress_dir = progress_dir
         self.read_path = read_path or read_file  # an Input's path -> its bytes (the kind's ``path_reader``)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, cast
 
-from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, Usage
+from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
+    plan_archives
+from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage
 from shardprep.preprocess import archive_index, fingerprint, sources
 from shardprep.preprocess.elements import Input, Reject
 
-if TYPE_CHECKING:
-    from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask
 
 
 class ArchiveSource(SourceKind):
@@ -62,8 +62,6 @@ class ArchiveSource(SourceKind):
 
     def plan(self, location: str, config) -> ArchivePlan:
         """The archives' plan; with a compressed tar among them, of the streamed kind (``STREAMED``)."""
-        from shardprep.pipelines.archive_planning import NestedTask, plan_archives
-
         plan = plan_archives(self, location, config)
         streamed = [a.path for a in plan.archives if a.type == "tgz"]
         if not streamed:
@@ -73,7 +71,7 @@ class ArchiveSource(SourceKind):
                                       "give them as separate sources")
         return dataclasses.replace(plan, kind=STREAMED)
 
-    def list_inputs(self, pbegin, config, plan: ArchivePlan, progress_dir: str | None) -> dict:
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
         import apache_beam as beam
 
         listed = super().list_inputs(pbegin, config, plan, progress_dir)
@@ -83,25 +81,26 @@ class ArchiveSource(SourceKind):
         return {"inputs": listed["inputs"],
                 "rejects": (listed["rejects"], skipped) | "AllListingRejects" >> beam.Flatten()}
 
-    def read_tasks(self, plan: ArchivePlan) -> list:
-        return list(plan.tasks)
+    def read_tasks(self, plan: SourcePlan) -> list:
+        return list(cast(ArchivePlan, plan).tasks)
 
-    def task_reader(self, config, plan: ArchivePlan) -> ArchiveTaskReader:
+    def task_reader(self, config, plan: SourcePlan) -> ArchiveTaskReader:
         return ArchiveTaskReader()
 
-    def path_reader(self, plan: ArchivePlan) -> ArchiveMemberReader:
+    def path_reader(self, plan: SourcePlan) -> ArchiveMemberReader:
         return ArchiveMemberReader()
 
-    def resume_refusal(self, plan: ArchivePlan) -> str | None:
-        remote = [a.path for a in plan.archives if "://" in a.path]
+    def resume_refusal(self, plan: SourcePlan) -> str | None:
+        remote = [a.path for a in cast(ArchivePlan, plan).archives if "://" in a.path]
         if remote:
             return f"the archive {remote[0]} is not on this machine, and only local archives are fingerprinted"
         return None
 
-    def listed_entries(self, config, plan: ArchivePlan) -> list[fingerprint.ListedEntry]:
+    def listed_entries(self, config, plan: SourcePlan) -> list[fingerprint.ListedEntry]:
         """Each archive with its size and mtime (a member cannot change without them), the rejects and what is
         not used, and the labels file."""
-        entries = [fingerprint.ListedEntry(f"archive {a.path}", *_stat(a.path)) for a in plan.archives]
+        entries = [fingerprint.ListedEntry(f"archive {a.path}", *_stat(a.path))
+                   for a in cast(ArchivePlan, plan).archives]
         entries += [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
         entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
         if config.labels_file:
@@ -136,8 +135,6 @@ class ArchiveTaskReader:
     """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
 
     def __call__(self, task) -> Iterator[Input | Reject]:
-        from shardprep.pipelines.archive_planning import MembersTask, NestedTask
-
         if isinstance(task, MembersTask):
             yield from (Input(task.split, key, label, ref, None) for key, label, ref in task.entries)
         elif isinstance(task, NestedTask):
@@ -147,8 +144,6 @@ class ArchiveTaskReader:
 
     def nested(self, task: NestedTask) -> Iterator[Input | Reject]:
         """A class's tar inside the archive: indexed here, its members named by their range in the archive."""
-        from shardprep.pipelines.archive_planning import open_archive
-
         name = task.key_prefix.rstrip("/") + ".tar"
         try:
             with open_archive(task.archive) as raw:
@@ -175,8 +170,6 @@ class ArchiveTaskReader:
     def stream(self, task: StreamTask) -> Iterator[Input | Reject]:
         """A compressed tar, front to back: an Input carrying its bytes per wanted member; members the stream no
         longer holds (cut short, changed since planning) are rejects, so every planned input is accounted for."""
-        from shardprep.pipelines.archive_planning import open_archive
-
         wanted = {(name, occurrence): (split, key, label) for name, occurrence, split, key, label in task.wanted}
         seen: dict[str, int] = {}
         failure = ""
@@ -215,7 +208,6 @@ class ArchiveMemberReader:
         self.open_files = {}
 
     def __call__(self, path: str) -> bytes:
-        from shardprep.pipelines.archive_planning import open_archive
         from shardprep.preprocess.image_ops import RejectError
 
         ref = archive_index.MemberRef.parse(path)
@@ -251,23 +243,21 @@ class StreamedArchiveSource(ArchiveSource):
     def claims_folder(self, location: str) -> bool:
         return False
 
-    def list_inputs(self, pbegin, config, plan: ArchivePlan, progress_dir: str | None) -> dict:
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
         import apache_beam as beam
 
         listed = super().list_inputs(pbegin, config, plan, progress_dir)
         # One worker read the stream: its images go to every worker (bytes cross this one shuffle).
         return {"inputs": listed["inputs"] | "FanOut" >> beam.Reshuffle(), "rejects": listed["rejects"]}
 
-    def resume_refusal(self, plan: ArchivePlan) -> str | None:
+    def resume_refusal(self, plan: SourcePlan) -> str | None:
         return ("a compressed archive's images are decoded per bundle, whose contents depend on the runner: no unit "
                 "of work can be kept (an uncompressed .tar or a .zip can be resumed)")
 
-    def planned_key_bounds(self, plan: ArchivePlan) -> dict[str, KeyBounds]:
+    def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
         """From every input the plan names (the stream's wanted members, a seekable archive's members)."""
-        from shardprep.pipelines.archive_planning import MembersTask, StreamTask
-
         named: list[tuple[str, str, int]] = []
-        for task in plan.tasks:
+        for task in cast(ArchivePlan, plan).tasks:
             if isinstance(task, MembersTask):
                 named += [(task.split, key, label) for key, label, _ in task.entries]
             elif isinstance(task, StreamTask):

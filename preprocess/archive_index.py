@@ -188,7 +188,7 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
     window = RangeFile(raw, start, size)
     members: list[Member] = []
     try:
-        archive = tarfile.TarFile(fileobj=window, mode="r")  # type: ignore[arg-type]
+        archive = tarfile.TarFile(fileobj=window, mode="r")
     except tarfile.TarError as e:
         return ArchiveIndex([], f"not a tar archive ({e})")
     try:
@@ -251,7 +251,7 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
     """The members of a zip from its central directory (at the file's end): names, local header offsets, sizes,
     compression and CRC; nothing else is read."""
     try:
-        archive = zipfile.ZipFile(raw)  # type: ignore[arg-type]
+        archive = zipfile.ZipFile(raw)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         return ArchiveIndex([], f"not a zip archive, or its central directory is damaged ({e})")
     members = []
@@ -309,7 +309,7 @@ def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
     ``MemberError`` when there is none."""
     try:
         if kind == "zip":
-            with zipfile.ZipFile(raw) as archive:  # type: ignore[arg-type]
+            with zipfile.ZipFile(raw) as archive:
                 return archive.read(name)
         with tarfile.open(fileobj=raw, mode="r|gz" if kind == "tgz" else "r|") as archive:
             for info in archive:

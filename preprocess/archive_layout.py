@@ -93,7 +93,7 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
 
 
 def _folders(names: list[str], prefix: str) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for name in names:
         inside = name[len(prefix):] if name.startswith(prefix) else name
         parts = inside.split("/")
