@@ -195,7 +195,8 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
         for info in archive:
             members.append(_tar_member(info, start, start + size))
     except tarfile.TarError as e:
-        return ArchiveIndex(members, f"a header after {len(members)} members cannot be read ({e})")
+        return ArchiveIndex(members, f"it was cut short or is damaged after {len(members)} members: the next header "
+                                     f"cannot be read ({e})")
     return ArchiveIndex(members, _tar_end_damage(window, archive.offset, len(members)))
 
 
