@@ -164,3 +164,15 @@ def test_resume_of_an_archive_run_keeps_its_work_and_a_compressed_one_is_refused
         add(tar, "cat/a.jpg", jpeg(0))
     refused(["preprocess", tmp_path / "photos.tgz", tmp_path / "out2", "--resume"], "--resume refused",
             "compressed archive")
+
+
+def test_output_apart_from_the_archive_bad_class_names_and_foreign_options_are_refused_by_name(tmp_path):
+    with tarfile.open(tmp_path / "photos.tar", "w") as tar:
+        add(tar, "cat/a.jpg", jpeg(0))
+    refused(["preprocess", tmp_path / "photos.tar", tmp_path / "photos.tar"], "photos.tar")
+    refused(["preprocess", tmp_path / "photos.tar", tmp_path / "out", "--labels-split", "val"], "--labels-split",
+            "archive source")
+    with tarfile.open(tmp_path / "odd.tar", "w") as tar:
+        add(tar, "ca\u202et/a.jpg", jpeg(0))  # a bidi override in a class name
+    refused(["preprocess", tmp_path / "odd.tar", tmp_path / "out"], "class name")
+    assert not (tmp_path / "out").exists()
