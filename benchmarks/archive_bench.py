@@ -82,8 +82,60 @@ def preprocess(source: str, output: str, workers: int) -> float:
 def extract_then_preprocess(root: str, output: str, workers: int) -> tuple[float, float, int]:
     """(wall time of extracting the tar of tars and preprocessing the folder, of extracting alone, the extracted
     folder's bytes)."""
-    folder = os.path.join(root, "extracted", "train")
     started = time.perf_counter()
+    folder = extract(root)
+    extracted = folder_bytes(folder)
+    extracting = time.perf_counter() - started
+    seconds = extracting + preprocess(folder, output, workers)
+    shutil.rmtree(os.path.join(root, "extracted"))
+    return seconds, extracting, extracted
+
+
+def read_seconds(root: str) -> dict[str, float]:
+    """Seconds to get every image's bytes the way the job does, one process, no decoding: each archive kind against
+    the extracted folder (the archives and the folder just written, so in the page cache alike)."""
+    from shardprep.preprocess import archive_index
+
+    def tar_of_tars() -> int:
+        total = 0
+        with open(os.path.join(root, "train.tar"), "rb") as raw:
+            for outer in archive_index.index_tar(raw).members:
+                for member in archive_index.index_tar(raw, outer.offset, outer.size).members:
+                    total += len(archive_index.read_member(raw, archive_index.MemberRef.of("", member)))
+        return total
+
+    def zip_ranges() -> int:
+        with open(os.path.join(root, "imagenet.zip"), "rb") as raw:
+            return sum(len(archive_index.read_member(raw, archive_index.MemberRef.of("", member)))
+                       for member in archive_index.index_zip(raw).members if not member.is_dir)
+
+    def tgz_stream() -> int:
+        with open(os.path.join(root, "imagenet.tgz"), "rb") as raw:
+            return sum(len(streamed.data or b"") for streamed in archive_index.stream_tar(raw))
+
+    def folder_files() -> int:
+        total = 0
+        for folder, _, files in os.walk(os.path.join(root, "extracted")):
+            for name in files:
+                with open(os.path.join(folder, name), "rb") as f:
+                    total += len(f.read())
+        return total
+
+    extract(root)
+    seconds = {}
+    for name, read in (("folder", folder_files), ("tar of tars", tar_of_tars), ("zip", zip_ranges),
+                       (".tgz", tgz_stream)):
+        started = time.perf_counter()
+        read_bytes = read()
+        seconds[name] = time.perf_counter() - started
+        seconds[name + " MB"] = read_bytes / 1e6
+    shutil.rmtree(os.path.join(root, "extracted"))
+    return seconds
+
+
+def extract(root: str) -> str:
+    """The tar of tars extracted as the usual ImageNet recipe does; the folder."""
+    folder = os.path.join(root, "extracted", "train")
     os.makedirs(folder)
     subprocess.run(["tar", "-xf", os.path.join(root, "train.tar"), "-C", folder], check=True)
     for name in sorted(os.listdir(folder)):
@@ -91,11 +143,7 @@ def extract_then_preprocess(root: str, output: str, workers: int) -> tuple[float
         os.makedirs(class_folder)
         subprocess.run(["tar", "-xf", os.path.join(folder, name), "-C", class_folder], check=True)
         os.remove(os.path.join(folder, name))
-    extracted = folder_bytes(folder)
-    extracting = time.perf_counter() - started
-    seconds = extracting + preprocess(folder, output, workers)
-    shutil.rmtree(os.path.join(root, "extracted"))
-    return seconds, extracting, extracted
+    return folder
 
 
 def plan_seconds(source: str) -> float:
@@ -120,6 +168,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=20)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--read-only", action="store_true", help="only the reading costs, no preprocess jobs")
     args = parser.parse_args()
     images = args.classes * args.per_class
     root = tempfile.mkdtemp(prefix="archive-bench-")
@@ -128,6 +177,13 @@ def main() -> None:
         sizes = {name: os.path.getsize(os.path.join(root, name)) for name in ("train.tar", "imagenet.tgz",
                                                                               "imagenet.zip")}
         plans = {name: plan_seconds(os.path.join(root, name)) for name in sizes}
+        for round_index in range(max(args.rounds, 3)):
+            reads = read_seconds(root)
+            print("reading every image's bytes, one process (s): " + ", ".join(
+                f"{name} {reads[name]:.2f} ({reads[name + ' MB'] / reads[name]:.0f} MB/s)"
+                for name in ("folder", "tar of tars", "zip", ".tgz")), flush=True)
+        if args.read_only:
+            return
         results: dict[str, list[float]] = {}
         extracted_bytes, extracting = 0, []
         for round_index in range(args.rounds):
