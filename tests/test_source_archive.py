@@ -216,3 +216,20 @@ def test_kaggle_imagenet_zip_read_in_place_gives_the_records_of_its_extracted_fo
     assert from_zip["classes"] == from_folder["classes"] == wnids
     assert [entry["path"] for entry in from_zip["not_used"]] == [entry["path"] for entry in from_folder["not_used"]] \
         == ["test/"]
+
+
+def test_a_member_reader_travels_to_workers_without_its_open_files(tmp_path):
+    import pickle
+
+    from shardprep.pipelines.source_archive import ArchiveMemberReader
+
+    (tmp_path / "a.tar").write_bytes(tar_bytes({"cat/a.jpg": jpeg(0), "cat/b.jpg": jpeg(1)}))
+    with open(tmp_path / "a.tar", "rb") as raw:
+        refs = [archive_index.MemberRef.of(str(tmp_path / "a.tar"), m).text()
+                for m in archive_index.index_tar(raw).members]
+    reader = ArchiveMemberReader()
+    assert reader(refs[0]) == jpeg(0) and reader.open_files  # the archive stays open for the next member
+    travelled = pickle.loads(pickle.dumps(reader))  # as Beam ships it to each worker process
+    assert travelled.open_files == {} and travelled(refs[1]) == jpeg(1)
+    reader.close()
+    travelled.close()
