@@ -68,7 +68,7 @@ class ArchivePlan(SourcePlan):
 class _Found(NamedTuple):
     archive: ArchiveFile
     layout: archive_layout.ArchiveLayout
-    occurrences: dict[int, int]  # id of a member of a compressed tar -> its occurrence of that name
+    stored: dict[int, tuple[str, int]]  # id of a member -> (its name as stored, its occurrence of that name)
 
 
 RANGE_READ_CHUNK = 64 * 1024  # gs:// reads by range fetch at least this much (Beam's default: 16 MiB per seek)
@@ -186,16 +186,31 @@ def _archive_file(path: str, split: str | None) -> ArchiveFile:
 
 def _index(archive: ArchiveFile, default_split: str) -> _Found:
     """One archive's members (read from its index, or its stream) arranged by the folder rules."""
-    occurrences: dict[int, int] = {}
+    index, occurrences = _read_index(archive)
+    nested_refused = {"zip": "a tar inside a zip is not read: extract it",
+                      "tgz": "a tar inside a compressed tar is not read: extract it"}.get(archive.type)
+    pairs = [(m if not nested_refused or archive_index.archive_type(m.name) != "tar" or m.problem else
+              m._replace(problem=archive_index.NOT_A_FILE, detail=nested_refused), (m.name, occurrence))
+             for m, occurrence in zip(index.members, occurrences)]
+    if archive.inner:  # SOURCE is a folder inside: what lies outside it is not SOURCE's
+        inner = archive.inner + "/"
+        pairs = [(m._replace(name=m.name[len(inner):]), stored) for m, stored in pairs if m.name.startswith(inner)]
+        if not pairs:
+            raise sources.SourceError(f"{archive.path} holds nothing under {archive.inner}/")
+    members = [m for m, _ in pairs]
+    split = archive.split or default_split
+    prefix = f"{archive.split}/" if archive.split else ""
+    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
+    return _Found(archive, layout, {id(m): stored for m, stored in pairs})
+
+
+def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[int]]:
+    """(the archive's index, each member's occurrence of its name: 0, or 1 for a name's second copy ...);
+    SourceError for an archive that cannot be read or is damaged."""
     try:
         with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
             if archive.type == "tgz":
-                members: list[Member] = []
-                seen: dict[str, int] = {}
-                for streamed in archive_index.stream_tar(raw, with_data=False):
-                    seen[streamed.member.name] = seen.get(streamed.member.name, -1) + 1
-                    occurrences[len(members)] = seen[streamed.member.name]
-                    members.append(streamed.member)
+                members = [streamed.member for streamed in archive_index.stream_tar(raw, with_data=False)]
                 index = archive_index.ArchiveIndex(members)
             else:
                 index = (archive_index.index_zip if archive.type == "zip" else archive_index.index_tar)(raw)
@@ -205,22 +220,12 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
         raise sources.SourceError(f"cannot read the archive {archive.path}: {type(e).__name__}: {e}") from None
     if index.damage:
         raise sources.SourceError(f"cannot read the archive {archive.path}: {index.damage}")
-    members = [m if archive.type != "zip" or archive_index.archive_type(m.name) != "tar" or m.problem else
-               m._replace(problem=archive_index.NOT_A_FILE, detail="a tar inside a zip is not read: extract it")
-               for m in index.members]
-    if archive.type == "tgz":
-        members = [m if archive_index.archive_type(m.name) != "tar" or m.problem else m._replace(
-            problem=archive_index.NOT_A_FILE, detail="a tar inside a compressed tar is not read: extract it")
-            for m in members]
-    if archive.inner:  # SOURCE is a folder inside: what lies outside it is not SOURCE's
-        inner = archive.inner + "/"
-        members = [m._replace(name=m.name[len(inner):]) for m in members if m.name.startswith(inner)]
-        if not members:
-            raise sources.SourceError(f"{archive.path} holds nothing under {archive.inner}/")
-    split = archive.split or default_split
-    prefix = f"{archive.split}/" if archive.split else ""
-    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
-    return _Found(archive, layout, {id(m): occurrences[i] for i, m in enumerate(members)} if occurrences else {})
+    seen: dict[str, int] = {}
+    occurrences = []
+    for member in index.members:
+        seen[member.name] = seen.get(member.name, -1) + 1
+        occurrences.append(seen[member.name])
+    return index, occurrences
 
 
 def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
@@ -302,7 +307,7 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
     nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)
               for split, c, prefix, m in layout.nested]
     if archive.type == "tgz":
-        wanted = tuple((m.name, item.occurrences[id(m)], split, key, label) for split, key, label, m in kept)
+        wanted = tuple((*item.stored[id(m)], split, key, label) for split, key, label, m in kept)
         return ([StreamTask(archive.path, wanted)] if wanted else []) + nested, rejects
     tasks = []
     for split in sorted({s for s, *_ in kept}):

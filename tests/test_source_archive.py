@@ -233,3 +233,22 @@ def test_a_member_reader_travels_to_workers_without_its_open_files(tmp_path):
     assert travelled.open_files == {} and travelled(refs[1]) == jpeg(1)
     reader.close()
     travelled.close()
+
+
+def test_a_folder_inside_a_tgz_is_streamed_with_the_last_copy_of_a_name(tmp_path):
+    files = [("top/photos/cat/a.jpg", jpeg(0)), ("top/photos/cat/a.jpg", jpeg(1)), ("top/photos/dog/b.jpg", jpeg(2)),
+             ("top/other/c.jpg", jpeg(3))]
+    with tarfile.open(tmp_path / "photos.tgz", "w:gz") as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    config = PreprocessConfig(source=f"{tmp_path}/photos.tgz/top/photos", output=str(tmp_path / "out"))
+    plan = source_registry.plan_source(config)
+    assert (plan.kind.name, plan.classes, plan.kind.decoded_where_read) == ("archive", ("cat", "dog"), True)
+    with pipeline() as p:
+        found = p | ListInputs(config, plan)
+        assert_that(found["inputs"] | "Inputs" >> beam.Map(lambda i: (i.key, i.label, i.data)), equal_to(
+            [("cat/a.jpg", 0, jpeg(1)), ("dog/b.jpg", 1, jpeg(2))]), label="Inputs")
+        assert_that(found["rejects"] | "Rejects" >> beam.Map(lambda r: (r.key, r.reason)), equal_to(
+            [("cat/a.jpg", "duplicate_member")]), label="Rejects")
