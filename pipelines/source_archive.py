@@ -151,11 +151,15 @@ class ArchiveTaskReader:
         except OSError as e:
             yield Reject(task.split, sources.printable_key(name), "unreadable", f"{type(e).__name__}: {e}")
             return
-        for member in index.members:
+        last = {member.name: i for i, member in enumerate(index.members)}  # a name twice: the last copy is read
+        for i, member in enumerate(index.members):
             key = task.key_prefix + member.name
             if member.is_dir:
                 continue
-            if member.problem:
+            if last[member.name] != i:
+                yield Reject(task.split, sources.printable_key(key), "duplicate_member",
+                             "the class tar holds this name again later; the last copy is read, as tar does")
+            elif member.problem:
                 yield Reject(task.split, sources.printable_key(key), member.problem, member.detail)
             elif any(sources.is_hidden(part) for part in member.name.split("/")):
                 yield Reject(task.split, sources.printable_key(key), "hidden_file", "hidden (its name starts with '.')")

@@ -80,15 +80,20 @@ def test_hostile_members_are_rejects_with_reasons_and_nothing_is_written_outside
     assert document["classes"] == ["cat", "dog"] and document["splits"]["train"]["num_examples"] == 2
 
 
-def test_a_class_tar_cut_short_gives_rejects_for_what_is_missing(tmp_path):
+def test_a_class_tar_cut_short_or_holding_a_name_twice_gives_rejects(tmp_path):
     inner = io.BytesIO()
     with tarfile.open(fileobj=inner, mode="w", format=tarfile.GNU_FORMAT) as tar:
         add(tar, "n0_1.JPEG", jpeg(0))
         add(tar, "n0_2.JPEG", jpeg(1))
     second_data = archive_index.index_tar(io.BytesIO(inner.getvalue())).members[1].offset + 100  # into its data
+    copies = io.BytesIO()
+    with tarfile.open(fileobj=copies, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        add(tar, "n0_1.JPEG", jpeg(0))
+        add(tar, "n0_2.JPEG", jpeg(1))
+        add(tar, "n0_1.JPEG", jpeg(1))  # the same name again in a class tar
     with tarfile.open(tmp_path / "train.tar", "w", format=tarfile.GNU_FORMAT) as tar:
         add(tar, "n00000001.tar", inner.getvalue()[:second_data])
-        add(tar, "n00000002.tar", inner.getvalue())
+        add(tar, "n00000002.tar", copies.getvalue())
     config = PreprocessConfig(source=str(tmp_path / "train.tar"), output=str(tmp_path / "out"))
     plan = source_registry.plan_source(config)
     with test_pipeline.TestPipeline(runner=FnApiRunner()) as p:
@@ -96,7 +101,8 @@ def test_a_class_tar_cut_short_gives_rejects_for_what_is_missing(tmp_path):
         assert_that(found["inputs"] | "Keys" >> beam.Map(lambda i: i.key), equal_to(
             ["n00000001/n0_1.JPEG", "n00000002/n0_1.JPEG", "n00000002/n0_2.JPEG"]), label="Inputs")
         assert_that(found["rejects"] | "Reasons" >> beam.Map(lambda r: (r.key, r.reason)), equal_to(
-            [("n00000001/n0_2.JPEG", archive_index.TRUNCATED), ("n00000001.tar", archive_index.DAMAGED_ARCHIVE)]),
+            [("n00000001/n0_2.JPEG", archive_index.TRUNCATED), ("n00000001.tar", archive_index.DAMAGED_ARCHIVE),
+             ("n00000002/n0_1.JPEG", "duplicate_member")]),
             label="Rejects")
 
 
