@@ -387,7 +387,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     started = time.monotonic()
     kind = source_registry.kind_of(options.data)
     if kind is not source_registry.FALLBACK and not kind.validated_as_records:
-        raise ValidateError(f"{options.data} is a {kind.name} source, which validate does not read: give a folder "
+        raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
     if kind.validated_as_records:
