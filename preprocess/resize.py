@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use the
 PILLOW_BICUBIC = "pillow-bicubic"
 LANCZOS2_CUBIC = "lanczos2-cubic"
 RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
-DEFAULT_METHOD = LANCZOS2_CUBIC
+DEFAULT_METHOD = PILLOW_BICUBIC
 # What made a dataset whose manifest has no resize_method: every shardprep version before the key.
 METHOD_WITHOUT_KEY = PILLOW_BICUBIC
 
@@ -37,6 +37,12 @@ _LOBES = {LANCZOS2_CUBIC: 2}
 _WHOLE_RESIZE_LIMIT = 4
 _kernels: dict[tuple[float, int], np.ndarray] = {}  # scale -> its normalised low-pass kernel (few distinct scales per dataset)
 _opencv_ready = False
+
+
+def recorded(method: str) -> str | None:
+    """The manifest's ``resize_method`` for a dataset made by ``method``: None (the key left out) for
+    :data:`METHOD_WITHOUT_KEY`, whose datasets never recorded one, so they keep the manifest they always had."""
+    return None if method == METHOD_WITHOUT_KEY else method
 
 
 def method_of(document: dict) -> str:
