@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use the
 PILLOW_BICUBIC = "pillow-bicubic"
 LANCZOS2_CUBIC = "lanczos2-cubic"
 RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
-DEFAULT_METHOD = PILLOW_BICUBIC
+DEFAULT_METHOD = LANCZOS2_CUBIC
 # What made a dataset whose manifest has no resize_method: every shardprep version before the key.
 METHOD_WITHOUT_KEY = PILLOW_BICUBIC
 

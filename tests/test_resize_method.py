@@ -78,3 +78,10 @@ def test_recorded_is_none_only_for_the_method_without_key():
     assert resize.recorded(resize.PILLOW_BICUBIC) is None
     assert resize.recorded(resize.LANCZOS2_CUBIC) == resize.LANCZOS2_CUBIC
     assert resize.method_of({}) == resize.method_of({"resize_method": None}) == resize.PILLOW_BICUBIC
+
+
+def test_the_job_records_its_method(made):
+    document = json.loads((made / "manifest.json").read_text())
+    assert document["resize_method"] == resize.LANCZOS2_CUBIC == resize.DEFAULT_METHOD
+    keys = list(document)
+    assert keys.index("resize_method") == keys.index("crop") + 1
