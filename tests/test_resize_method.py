@@ -85,3 +85,16 @@ def test_the_job_records_its_method(made):
     assert document["resize_method"] == resize.LANCZOS2_CUBIC == resize.DEFAULT_METHOD
     keys = list(document)
     assert keys.index("resize_method") == keys.index("crop") + 1
+
+
+def test_resume_refuses_a_run_stopped_while_another_method_resized():
+    # A run stopped by a version that resized with pillow-bicubic (its journal's options have no resize_method)
+    # must not be finished with lanczos2-cubic: the dataset would mix the two.
+    from shardprep.preprocess import fingerprint
+    from shardprep.preprocess.config import PreprocessConfig
+
+    now = fingerprint.fingerprinted_options(PreprocessConfig(source="s", output="o"), "")
+    before = {name: value for name, value in now.items() if name != "resize_method"}
+    assert fingerprint.options_difference(before, now) == (
+        "the resize method was 'pillow-bicubic', is now 'lanczos2-cubic'")
+    assert fingerprint.options_difference(now, dict(now)) is None
