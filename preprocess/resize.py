@@ -33,6 +33,8 @@ DEFAULT_METHOD = LANCZOS2_CUBIC
 METHOD_WITHOUT_KEY = PILLOW_BICUBIC
 
 _LOBES = {LANCZOS2_CUBIC: 2}
+# A downscale by twice this or more is first reduced by area to within this and twice this of the target.
+_REDUCED_SCALE = 2
 # A centre crop resizes the whole image when that is at most this many times the crop's pixels (4:3 photos: 1.33).
 _WHOLE_RESIZE_LIMIT = 4
 _kernels: dict[tuple[float, int], np.ndarray] = {}  # scale -> its normalised low-pass kernel (few distinct scales per dataset)
@@ -89,16 +91,23 @@ def lanczos_cubic(image: Image.Image, size: tuple[int, int], origin: tuple[int, 
                   lobes: int) -> np.ndarray:
     """The RGB ``image`` resized to ``size`` (width, height), of which the ``out`` (width, height) rectangle at
     ``origin`` (left, top), as uint8 H x W x 3: a Lanczos low-pass of ``lobes`` lobes widened by the scale factor,
-    then cubic interpolation."""
+    then cubic interpolation. A downscale by 4 or more is first reduced by area averaging to within 2-4 times the
+    target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at any scale."""
     import cv2
     import numpy as np
 
     _ready_opencv(cv2)
-    x_scale, y_scale = image.width / size[0], image.height / size[1]
+    pixels = None  # the image's pixels as an array, made only where they are all needed
+    reduce = int(min(image.width / size[0], image.height / size[1]) // _REDUCED_SCALE)
+    if reduce >= 2:
+        reduced = (max(1, round(image.width / reduce)), max(1, round(image.height / reduce)))
+        pixels = cv2.resize(np.asarray(image), reduced, interpolation=cv2.INTER_AREA)
+    width, height = image.size if pixels is None else (pixels.shape[1], pixels.shape[0])
+    x_scale, y_scale = width / size[0], height / size[1]
     kernel_x, kernel_y = _kernel(x_scale, lobes), _kernel(y_scale, lobes)
     if size[0] * size[1] <= _WHOLE_RESIZE_LIMIT * out[0] * out[1]:
         # The usual case: resize the whole image, then cut the rectangle out (cv2.resize's loops are the fast ones).
-        pixels = np.asarray(image)
+        pixels = np.asarray(image) if pixels is None else pixels
         if len(kernel_x) > 1 or len(kernel_y) > 1:
             pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
         resized = cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
@@ -108,9 +117,10 @@ def lanczos_cubic(image: Image.Image, size: tuple[int, int], origin: tuple[int, 
     # A very long image: only the source pixels the rectangle needs (its own, the cubic's reach of 2 and the
     # low-pass filter's, plus one), resampled straight to the rectangle.
     left, top = origin[0] * x_scale, origin[1] * y_scale
-    x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, image.width)
-    y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, image.height)
-    pixels = np.asarray(image.crop((x0, y0, x1, y1)))
+    x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
+    y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
+    pixels = (np.asarray(image.crop((x0, y0, x1, y1))) if pixels is None
+              else np.ascontiguousarray(pixels[y0:y1, x0:x1]))
     if len(kernel_x) > 1 or len(kernel_y) > 1:
         pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
     # Output pixel x's centre (x + 0.5) lies at left + (x + 0.5) * x_scale in the source, whose pixel i is centred

@@ -442,3 +442,24 @@ def test_pillows_settings_are_changed_only_while_decoding(monkeypatch):
     with pytest.raises(RejectError):
         image_ops.process_image(b"not an image", ProcessOptions())
     assert Image.MAX_IMAGE_PIXELS == 1234
+
+
+def test_a_large_downscale_filters_with_a_short_kernel(monkeypatch):
+    # 1024 x 1024 to 1 pixel: a Lanczos-2 widened by 1024 would be 4,097 taps over a million pixels (seconds an
+    # image); an area reduction first keeps the low-pass filter short, whatever the scale.
+    import cv2
+
+    lengths = []
+    real = cv2.sepFilter2D
+
+    def spy(pixels, depth, kernel_x, kernel_y, **kwargs):
+        lengths.extend((len(kernel_x), len(kernel_y)))
+        return real(pixels, depth, kernel_x, kernel_y, **kwargs)
+
+    monkeypatch.setattr(cv2, "sepFilter2D", spy)
+    image = Image.fromarray(np.full((1024, 1024, 3), 90, np.uint8))
+    for side, crop in [(1, "center"), (7, "none"), (16, "center")]:
+        result = image_ops.resize_and_crop(image, side, crop, resize.LANCZOS2_CUBIC)
+        assert result.size == (side, side)
+        assert_uniform(np.asarray(result, int), (90, 90, 90), 1)
+    assert lengths and max(lengths) <= 2 * 2 * 4 + 1
