@@ -7,8 +7,9 @@ the key existed, by :data:`PILLOW_BICUBIC`. New datasets are made with :data:`DE
   the scale factor), applied to the kept square only.
 * ``lanczos2-cubic``: when downscaling, a Lanczos-2 low-pass filter widened by the scale factor (OpenCV's
   ``sepFilter2D``), then cubic interpolation at the output pixels' centres (``cv2.resize``; ``warpAffine`` on just
-  the pixels it needs for a very long image's centre crop). The pair approximates an antialiased resize; OpenCV's
-  vectorised loops take about a third of the time of Pillow's filter, at about the same error against a float
+  the pixels it needs for a very long image's centre crop); a downscale by 4 or more is first reduced by area
+  averaging, so the filter stays short. The pair approximates an antialiased resize; OpenCV's
+  vectorised loops take about half the time of Pillow's filter, at about the same error against a float
   Lanczos resize of the full decode (``benchmarks/resize_bench.py`` measures both). OpenCV is imported on first
   use, and told to use one thread: the job runs one worker per core.
 
