@@ -22,7 +22,7 @@ from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
-from shardprep.preprocess import accounting, encodings, manifest, record_format, sharding
+from shardprep.preprocess import accounting, encodings, manifest, record_format, resize, sharding
 from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo
 
 
@@ -227,6 +227,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         jpeg_quality=config.jpeg_quality if encodings.get(config.encoding).uses_quality else None,
         shorter_side=config.shorter_side,
         crop=config.crop,
+        resize_method=resize.recorded(resize.DEFAULT_METHOD),
         image_height=config.shorter_side if square else None,
         image_width=config.shorter_side if square else None,
         channels=record_format.CHANNELS,

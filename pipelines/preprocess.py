@@ -54,7 +54,7 @@ from shardprep.pipelines.output_lock import output_lock
 from shardprep.pipelines.source_kind import SourcePlan
 from shardprep.pipelines.source_registry import parse, plan_source
 from shardprep.pipelines.storage import prepare_output
-from shardprep.preprocess import image_ops, manifest, sharding
+from shardprep.preprocess import image_ops, manifest, resize, sharding
 from shardprep.preprocess.config import PreprocessConfig
 
 # Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
@@ -127,7 +127,7 @@ def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:
     """What the decoders need of the config: the per-image options."""
     return image_ops.ProcessOptions(config.shorter_side, config.crop, config.encoding, config.jpeg_quality,
-                                    config.max_pixels)
+                                    config.max_pixels, resize.DEFAULT_METHOD)  # the manifest records this method
 
 
 # --- running -----------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ The JSON report (``--json``)::
     pictures                {contact_sheet, class_counts}: paths written (with --pictures)
   prepared dataset, once a manifest was read:
     classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
+    resize_method           the manifest's, or "pillow-bicubic" for a manifest written before it had the key
     stats_split, mean_rgb, std_rgb, manifest_mean_rgb, manifest_std_rgb, mean_std_tolerance
     num_examples, expected_num_examples, other_files (non-shard files found, e.g. rejects.jsonl)
     splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,

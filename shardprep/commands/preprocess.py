@@ -52,7 +52,8 @@ class _ArgsKept(click.Command):
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
-              help="Resize so the shorter side has this many pixels (Pillow BICUBIC, antialiased).")
+              help="Resize so the shorter side has this many pixels (antialiased: Lanczos-2 low-pass, "
+                   "cubic interpolation).")
 @click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
 @click.option("--encoding", type=click.Choice(encodings.NAMES), default=default("encoding"), show_default=True,
