@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
+import apache_beam as beam
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
 import image_factory
+from shardprep.pipelines.near_duplicates import FindNearDuplicates
+from shardprep.pipelines.validation.elements import RecordLocation
+from shardprep.pipelines.validation.near_pairs import HashPair, SearchKeys, SplitPair, bucket_pairs
 from shardprep.preprocess import perceptual_hash
 from shardprep.preprocess.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
 
@@ -109,3 +117,86 @@ def test_the_hash_has_64_bits_and_distance_counts_them():
     assert 0 <= value.hash < 2 ** perceptual_hash.HASH_BITS
     assert perceptual_hash.hamming(0, 2 ** 64 - 1) == 64
     assert distance(Fingerprint(0b1011, 0), Fingerprint(0b0001, 0b1011)) == 0
+
+
+# --- the Beam stage alone -----------------------------------------------------------------------------------------
+
+def pipeline() -> test_pipeline.TestPipeline:
+    return test_pipeline.TestPipeline(runner=FnApiRunner())
+
+
+def at(split: str, index: int, name: str | None = None) -> RecordLocation:
+    return RecordLocation(split, f"{split}/{split}-00000-of-00001.tfrecord", index, name or f"{split}/{index}.jpg")
+
+
+def planted_records():
+    """Train: 8 distinct photos and 3 flat images. Validation: copies of train 0 (JPEG 30), 1 (0.6x, crop) and 2
+    (flipped), 3 distinct photos, 2 flat images. Test: a copy of validation's distinct photo 20 (brightness)."""
+    train = [(fp(photo(seed)), at("train", seed)) for seed in range(8)]
+    train += [(fingerprint(np.full((8, 8, 3), value, np.uint8)), at("train", 8 + i)) for i, value in enumerate((0, 90, 255))]
+    copies = [jpeg(photo(0), 30), crop(rescale(photo(1), 0.6), 0.01), photo(2).transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    validation = [(fp(image), at("validation", i)) for i, image in enumerate(copies)]
+    validation += [(fp(photo(20 + i)), at("validation", 3 + i)) for i in range(3)]
+    validation += [(fingerprint(np.full((8, 8, 3), value, np.uint8)), at("validation", 6 + i)) for i, value in enumerate((30, 200))]
+    test = [(fp(ImageEnhance.Brightness(photo(20)).enhance(1.1)), at("test", 0))]
+    return train + validation + test
+
+
+def test_the_stage_finds_planted_copies_and_flat_images_across_splits_and_nothing_else():
+    records = planted_records()
+    with pipeline() as p:
+        found = p | beam.Create(records) | FindNearDuplicates(["train", "validation", "test"], THRESHOLD, 10)
+        assert_that(found["counts"], equal_to([
+            (SplitPair("train", "validation"), 5),  # 3 copies + 2 flat images
+            (SplitPair("train", "train"), 3),  # the 3 flat images are one another's duplicates
+            (SplitPair("validation", "validation"), 2),
+            (SplitPair("validation", "test"), 1)]), label="Counts")
+        assert_that(found["leaked"], equal_to([at("validation", i) for i in (0, 1, 2, 6, 7)] + [at("test", 0)]),
+                    label="Leaked")
+        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+
+        def check_pairs(listed):
+            pairs = dict(listed)
+            across = pairs[SplitPair("train", "validation")]
+            assert [pair.distance for pair in across] == sorted(pair.distance for pair in across)
+            assert {(pair.reference.index, pair.duplicate.index) for pair in across if pair.duplicate.index < 3} == {
+                (0, 0), (1, 1), (2, 2)}
+            assert [(p.reference, p.duplicate) for p in pairs[SplitPair("validation", "test")]] == [
+                (at("validation", 3), at("test", 0))]
+
+        assert_that(found["pairs"], check_pairs, label="Pairs")
+
+
+def same_features(count: int) -> list[int]:
+    """``count`` distinct hashes with the same flip-invariant features (so every search key puts them in one
+    bucket), 4 bits apart: a base hash with one pair of odd-frequency bits inverted each."""
+    base = 0x0123456789ABCDEF
+    hashes = [base] + [base ^ (1 << first) ^ (1 << second) for first, second in perceptual_hash._ODD_PAIRS]
+    assert len({flip_invariant_features(h) for h in hashes}) == 1
+    return hashes[:count]
+
+
+def test_a_bucket_over_the_cap_is_counted_not_compared_pairwise():
+    records = [(Fingerprint(h, h), at("train", i)) for i, h in enumerate(same_features(16))]
+    with pipeline() as p:
+        found = p | beam.Create(records) | FindNearDuplicates(["train"], 4, 5, SearchKeys(tables=3), cap=8)
+        assert_that(found["search"], equal_to([(3, 24)]), label="Unchecked")
+        assert_that(found["counts"], equal_to([(SplitPair("train", "train"), 8)]), label="OnlyTheCappedCompared")
+
+
+def test_thousands_of_flat_images_are_one_group_counted_whole():
+    flat = Fingerprint(0, 0)
+    records = [(flat, at("train", i)) for i in range(1500)] + [(flat, at("validation", i)) for i in range(300)]
+    with pipeline() as p:
+        found = p | beam.Create(records) | FindNearDuplicates(["train", "validation"], THRESHOLD, 3, cap=8)
+        assert_that(found["counts"], equal_to([(SplitPair("train", "validation"), 300),
+                                               (SplitPair("train", "train"), 1500),
+                                               (SplitPair("validation", "validation"), 300)]), label="Counts")
+        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
+
+
+def test_bucket_pairs_compares_each_member_once_within_the_cap():
+    found = bucket_pairs([(0b0000, 0b0000), (0b0011, 0b1100), (0b1100, 0b0011), (0b0000, 0)], 2, cap=3)
+    assert sorted(found.pairs) == sorted([HashPair(0, 0b0011, 2), HashPair(0, 0b1100, 2), HashPair(0b0011, 0b1100, 0)])
+    assert found.unchecked == 1
