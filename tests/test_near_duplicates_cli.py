@@ -1,0 +1,92 @@
+"""Near-duplicates end to end: a folder with planted copies across splits prepared by the real job, ``shardprep
+validate`` finding them (a warning, keys file, report, pictures), ``--strict`` failing on them, and ``shardprep
+preprocess --exclude`` rebuilding without them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+import validate_helpers as helpers
+from near_duplicate_images import crop, jpeg, photo, rescale
+from shardprep.cli import main
+from shardprep.pipelines import validate
+from shardprep.pipelines.validate_options import ValidateOptions
+
+IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+CLASSES = ("cat", "dog")
+# validation's planted copies: (file name, the train photo's seed, how it was changed)
+COPIES = (("copy_q30.jpg", 0, lambda image: jpeg(image, 30)),
+          ("copy_small.jpg", 1, lambda image: crop(rescale(image, 0.6), 0.01)),
+          ("copy_flipped.jpg", 2, lambda image: image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)))
+
+
+def save(image: Image.Image, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, "JPEG", quality=95)
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    """(source folder, prepared dataset): train 8 distinct photos, validation 3 planted copies of train photos 0-2
+    and 3 distinct photos; 2 classes."""
+    root = tmp_path_factory.mktemp("leaky")
+    for seed in range(8):
+        save(photo(seed), root / "source" / "train" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    for name, seed, change in COPIES:
+        save(change(photo(seed)), root / "source" / "validation" / CLASSES[seed % 2] / name)
+    for seed in range(20, 23):
+        save(photo(seed), root / "source" / "validation" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    helpers.preprocess(root / "source", root / "data")
+    return root / "source", root / "data"
+
+
+def copy_keys() -> list[str]:
+    return sorted(f"validation/{CLASSES[seed % 2]}/{name}" for name, seed, _ in COPIES)
+
+
+def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_path):
+    _, data = leaky
+    report_path, keys_path = tmp_path / "report.json", tmp_path / "leaked.txt"
+    result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--leaked-keys",
+                                       str(keys_path), "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    assert "OK: every check passed; 1 warning (near_duplicates)" in " ".join(result.output.split())
+    report = json.loads(report_path.read_text())
+    near = report["near_duplicates"]
+    [across] = near["across_splits"]
+    assert (across["reference"], across["split"], across["records"], across["split_records"]) == (
+        "train", "validation", 3, 6)
+    assert sorted(pair["duplicate"]["filename"] for pair in across["pairs"]) == copy_keys()
+    assert {pair["reference"]["filename"] for pair in across["pairs"]} == {
+        f"train/{CLASSES[seed % 2]}/photo_{seed}.jpg" for seed in range(3)}
+    assert all(pair["distance"] <= near["max_distance"] for pair in across["pairs"])
+    assert near["within_splits"] == {"train": {"records": 0, "pairs": []},
+                                     "validation": {"records": 0, "pairs": []}}
+    assert near["leaked_records"] == 3 and near["leaked_keys_file"] == str(keys_path)
+    [warning] = report["warnings"]
+    assert warning["check"] == "near_duplicates" and warning["split"] == "validation" and warning["count"] == 3
+    assert report["ok"] is True and report["problems"] == []
+    lines = keys_path.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1:] == copy_keys()
+
+
+def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
+    _, data = leaky
+    for options in ({"strict": True}, {"near_duplicate_limit": 2}):
+        report = validate.run(ValidateOptions(str(data), **options), IN_PROCESS, progress=lambda *_: None)
+        assert report["ok"] is False and report["problem_counts"] == {"near_duplicates": 1}
+        assert "warnings" not in report
+
+
+def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meaning(tmp_path):
+    for given, message in ((tmp_path, "is a folder; give a file name for the keys"),
+                           (tmp_path / "no" / "keys.txt", "does not exist")):
+        with pytest.raises(validate.ValidateError, match=message):
+            validate.check_output_paths(None, None, str(given))
+    with pytest.raises(validate.ValidateError, match="--leaked-keys needs a prepared dataset"):
+        validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", leaked_keys=str(tmp_path / "k.txt")))
