@@ -67,6 +67,8 @@ def _bits(coefficients: np.ndarray) -> int:
 
 def fingerprint(pixels: np.ndarray) -> Fingerprint:
     """The :class:`Fingerprint` of an image's pixels (H×W×3 or H×W uint8, any size of at least 1×1)."""
+    if not np.asarray(pixels).size:
+        raise ValueError("an image of no pixels has no fingerprint")
     thumbnail = grey_thumbnail(pixels)
     # Rounded, so that a flat image's coefficients (zero up to rounding noise) give the hash 0, not noise.
     coefficients = np.round((_DCT @ thumbnail @ _DCT.T)[_ROWS, _COLUMNS], 3)
