@@ -381,7 +381,9 @@ def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict,
 def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int) -> dict:
     """Writes the contact sheet (prepared datasets: ``lines`` holds the samples) and the class-count chart;
     returns their paths."""
+    from shardprep.pipelines.validate_read import read_record_pixels
     from shardprep.pipelines.validation import pictures
+    from shardprep.pipelines.validation.near_pictures import NEAR_DUPLICATES_NAME, near_duplicate_sheet, shown_pairs
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
@@ -389,6 +391,11 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
                                                "image/png")
+    if report.get("near_duplicates"):
+        written["near_duplicates"] = _write_file(directory, NEAR_DUPLICATES_NAME, pictures.png_bytes(
+            near_duplicate_sheet(shown_pairs(report["near_duplicates"]), lambda file, index: read_record_pixels(
+                manifest_lib.join(_absolute(report["data"]).rstrip("/"), file), index),
+                f"closest near-duplicates: {report['data']}")), "image/png")
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = _write_file(directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart),
                                           "image/png")

@@ -44,6 +44,19 @@ def open_for_reading(path: str):
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), matched.size_in_bytes
 
 
+def read_record_pixels(path: str, index: int):
+    """The pixels (H×W×3 uint8) of record ``index`` of the shard at ``path``, or None when it cannot be read or
+    decoded (validate has reported why)."""
+    from shardprep.pipelines.validation.framing import record_at
+
+    try:
+        stream, _ = open_for_reading(path)
+        with stream:
+            return record_format.decode_pixels(record_format.decode_example(record_at(stream, index)))
+    except Exception:  # noqa: BLE001 - unreadable, broken framing, or whatever a codec raises: validate named it
+        return None
+
+
 def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
     return beam.pvalue.TaggedOutput("problem", problem(check, message, **where))
 

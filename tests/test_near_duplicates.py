@@ -148,3 +148,18 @@ def test_bucket_pairs_compares_each_member_once_within_the_cap():
     found = bucket_pairs([(0b0000, 0b0000), (0b0011, 0b1100), (0b1100, 0b0011), (0b0000, 0)], 2, cap=3)
     assert sorted(found.pairs) == sorted([HashPair(0, 0b0011, 2), HashPair(0, 0b1100, 2), HashPair(0b0011, 0b1100, 0)])
     assert found.unchecked == 1
+
+
+def test_record_at_reads_one_record_and_refuses_broken_framing():
+    import io
+    import struct
+
+    from shardprep.pipelines.validation.framing import record_at
+    from shardprep.preprocess import tfrecord_io
+
+    framed = b"".join(tfrecord_io.frame(bytes([i]) * (10 + i)) for i in range(3))
+    assert record_at(io.BytesIO(framed), 2) == bytes([2]) * 12
+    for broken, message in ((framed[:-10], "truncated"), (framed[:30], "ends before record 2"),
+                            (struct.pack("<Q", 2 ** 62) + b"\0" * 20, "a record length of")):
+        with pytest.raises(tfrecord_io.CorruptRecordError, match=message):
+            record_at(io.BytesIO(broken), 2 if len(broken) != 28 else 0)

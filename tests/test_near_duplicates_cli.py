@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
@@ -15,6 +16,7 @@ from near_duplicate_images import crop, jpeg, photo, rescale
 from shardprep.cli import main
 from shardprep.pipelines import validate
 from shardprep.pipelines.validate_options import ValidateOptions
+from shardprep.pipelines.validation import near_pictures
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 CLASSES = ("cat", "dog")
@@ -50,9 +52,10 @@ def copy_keys() -> list[str]:
 
 def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_path):
     _, data = leaky
-    report_path, keys_path = tmp_path / "report.json", tmp_path / "leaked.txt"
+    report_path, keys_path, pictures_dir = tmp_path / "report.json", tmp_path / "leaked.txt", tmp_path / "pictures"
     result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--leaked-keys",
-                                       str(keys_path), "--quiet", "--", *IN_PROCESS])
+                                       str(keys_path), "--pictures", str(pictures_dir), "--quiet", "--",
+                                       *IN_PROCESS])
 
     assert result.exit_code == 0, result.output
     assert "OK: every check passed; 1 warning (near_duplicates)" in " ".join(result.output.split())
@@ -73,6 +76,21 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
     assert report["ok"] is True and report["problems"] == []
     lines = keys_path.read_text().splitlines()
     assert lines[0].startswith("# ") and lines[1:] == copy_keys()
+
+    # The picture: one row per pair, closest first; each cell the stored pixels of the record the report names.
+    assert report["pictures"]["near_duplicates"] == str(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME)
+    shown = near_pictures.shown_pairs(near)
+    assert [pair["duplicate"]["filename"] for pair in shown] == [
+        pair["duplicate"]["filename"] for pair in sorted(across["pairs"], key=lambda pair: pair["distance"])]
+    with Image.open(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME) as sheet:
+        pixels = np.asarray(sheet.convert("RGB"))
+    for row, pair in enumerate(shown):
+        for column, side in enumerate(("duplicate", "reference")):
+            location = pair[side]
+            [record] = [r for r in helpers.read_shard(data / location["file"]) if r.filename == location["filename"]]
+            x, y = near_pictures.cell_origin(row, column)
+            np.testing.assert_array_equal(pixels[y:y + 32, x:x + 32],
+                                          np.frombuffer(record.encoded, np.uint8).reshape(32, 32, 3))
 
 
 def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
