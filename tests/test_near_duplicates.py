@@ -163,3 +163,18 @@ def test_record_at_reads_one_record_and_refuses_broken_framing():
                             (struct.pack("<Q", 2 ** 62) + b"\0" * 20, "a record length of")):
         with pytest.raises(tfrecord_io.CorruptRecordError, match=message):
             record_at(io.BytesIO(broken), 2 if len(broken) != 28 else 0)
+
+
+def test_the_keys_file_reads_back_every_key_however_it_is_named():
+    from shardprep.preprocess.exclude_keys import ExcludeKeysError, format_keys, parse_keys
+
+    keys = ["train/a.jpg", "val/line\nbreak.jpg", "#hash.jpg", '"quoted.jpg', " spaced.jpg ", "ünï cødé.png",
+            "cr\r.jpg", "sep\u2028.jpg", ""]
+    text = format_keys(keys, "made by a test\nover two lines")
+    assert text.startswith("# made by a test\n# over two lines\n")
+    assert parse_keys(text, "k.txt") == keys
+    assert parse_keys("a\r\nb\n\n# c\na\n", "k.txt") == ["a", "b"]
+    with pytest.raises(ExcludeKeysError, match="k.txt line 2: a quoted key"):
+        parse_keys('a\n"b\n', "k.txt")
+    with pytest.raises(ExcludeKeysError, match="k.txt line 1: a quoted key"):
+        parse_keys('"unterminated\n', "k.txt")

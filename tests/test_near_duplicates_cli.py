@@ -108,3 +108,42 @@ def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meani
             validate.check_output_paths(None, None, str(given))
     with pytest.raises(validate.ValidateError, match="--leaked-keys needs a prepared dataset"):
         validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", leaked_keys=str(tmp_path / "k.txt")))
+
+
+def test_preprocess_exclude_rebuilds_without_the_leaked_images_each_accounted_for(leaky, tmp_path):
+    from shardprep.commands.preprocess import command
+
+    source, _ = leaky
+    keys = tmp_path / "leaked.txt"
+    keys.write_text("# from validate --leaked-keys\n" + "\n".join(copy_keys()) + "\nvalidation/cat/gone.jpg\n\n")
+    result = CliRunner().invoke(command, [str(source), str(tmp_path / "data"), "--shorter-side", "32",
+                                          "--num-shards", "2", "--quiet", "--exclude", str(keys), "--strict", "--",
+                                          *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    manifest = helpers.load_manifest(tmp_path / "data")
+    assert manifest["splits"]["validation"]["num_examples"] == 3
+    assert manifest["splits"]["validation"]["num_rejected"] == 3
+    assert manifest["options"]["exclude"] == str(keys)
+    rejects = [json.loads(line) for line in (tmp_path / "data" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["reason"]) for r in rejects] == [(key, "excluded") for key in copy_keys()]
+    note = " ".join(result.output.split())
+    assert "3 of 4 keys excluded" in note and "1 key matches no input of SOURCE: 'validation/cat/gone.jpg'" in note
+    written = [r.filename for shard in sorted((tmp_path / "data").glob("*/*.tfrecord"))
+               for r in helpers.read_shard(shard)]
+    assert not set(copy_keys()) & set(written) and len(written) == 11
+
+
+def test_preprocess_exclude_refuses_a_file_it_cannot_read_before_touching_output(leaky, tmp_path):
+    from shardprep.commands.preprocess import command
+
+    source, _ = leaky
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b'"unterminated\n')
+    for given, message in ((tmp_path / "missing.txt", "cannot read it"), (tmp_path, "cannot read it"),
+                           (bad, "line 1: a quoted key that is not a JSON string")):
+        result = CliRunner().invoke(command, [str(source), str(tmp_path / "out"), "--exclude", str(given), "--quiet",
+                                              "--", *IN_PROCESS])
+        assert result.exit_code == 1 and f"Error: --exclude {given}" in result.output and message in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert not (tmp_path / "out").exists()
