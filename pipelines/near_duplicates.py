@@ -162,12 +162,12 @@ class FindNearDuplicates(beam.PTransform):
         from_groups = groups | "GroupFindings" >> beam.ParDo(GroupFindingsFn(self.split_order)).with_outputs(
             "flag", "near_pair")
         flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
-                 | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.count))
+                 | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
                  | "DistinctFlags" >> beam.Distinct()
                  | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
         near_pairs = (from_pairs.near_pair, from_groups.near_pair) | "FlattenNearPairs" >> beam.Flatten()
         return {
-            "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.count))
+            "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
             | "SumPerSplitPair" >> beam.CombinePerKey(sum),
             "pairs": near_pairs | "KeyBySplitPair" >> beam.Map(lambda pair: (_split_pair(pair), pair))
             | "ClosestPairs" >> beam.combiners.Top.SmallestPerKey(self.pairs_listed),

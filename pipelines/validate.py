@@ -30,7 +30,8 @@ The JSON report (``--json``)::
              split), leaked_keys_file (--leaked-keys), across_splits [{reference, split, records (of split with a
              near-duplicate in reference), split_records, pairs [{distance, reference, duplicate (RecordLocation
              JSON)}] closest first}], within_splits {split: {records, pairs}},
-             search {buckets_over_cap, members_unchecked, bucket_cap, tables, key_bits}}
+             search {buckets_over_cap, members_unchecked, tables, key_bits, bucket_cap, expected_recall
+             ({distance: the chance a pair that far apart is compared})}}
   tfrecord:GLOB and tfds:NAME:
     image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
     dataset's label names)
@@ -119,17 +120,20 @@ def _check_file_path(flag: str, given: str, what: str, example: str) -> None:
         raise ValidateError(f"{flag} {given}: cannot write there (permission denied); choose a writable path")
 
 
-def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None) -> None:
+def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
+                       data: str | None = None) -> None:
     """Refuses, before anything runs, a local ``--json``, ``--leaked-keys`` or ``--pictures`` that could not be
     written.
 
-    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder); ``--pictures``
-    must be a folder, or a new one in an existing, writable folder (not a file). Remote (``gs://``) paths are not
-    checked ahead."""
+    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder), the keys file
+    outside ``data``; ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file).
+    Remote (``gs://``) paths are checked only against ``data``."""
     if json_path and storage.is_local(json_path):
         _check_file_path("--json", json_path, "the report", "report.json")
     if leaked_keys and storage.is_local(leaked_keys):
         _check_file_path("--leaked-keys", leaked_keys, "the keys", "leaked-keys.txt")
+    if leaked_keys and data and storage.inside(storage.resolved(leaked_keys), storage.resolved(data)):
+        raise ValidateError(f"--leaked-keys {leaked_keys} is inside the dataset {data}: choose a path outside it")
     if pictures and storage.is_local(pictures):
         path = _absolute(pictures)
         if os.path.exists(path) and not os.path.isdir(path):
@@ -289,19 +293,15 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
         text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data,
                                           options.near_duplicate_distance)
         try:
-            near["leaked_keys_file"] = _write_file(*_split_path(options.leaked_keys), text.encode("utf-8"),
-                                                   "text/plain")
+            path = _absolute(options.leaked_keys)
+            near["leaked_keys_file"] = _write_file(os.path.dirname(path), os.path.basename(path),
+                                                   text.encode("utf-8"), "text/plain")
         except (OSError, BeamIOError) as e:
             raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
     if near_report.fails(near):
         return found
     report["warnings"] = found
     return []
-
-
-def _split_path(path: str) -> tuple[str, str]:
-    absolute = _absolute(path)
-    return absolute.rsplit("/", 1)[0] or "/", absolute.rsplit("/", 1)[1]
 
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
     """
     beam_args = list(beam_args)
-    check_output_paths(options.json_path, options.pictures, options.leaked_keys)
+    check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
     progress = progress or _log_progress
     started = time.monotonic()
     if source_registry.kind_of(options.data).validated_as_records:

@@ -25,6 +25,7 @@ import json
 import apache_beam as beam
 
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
+from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
 from shardprep.pipelines.validate_options import default
 from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
 from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
@@ -48,9 +49,12 @@ def _duplicate_line(split: str, count: int) -> str:
     return json.dumps({"kind": "duplicate_images", "split": split, "count": count})
 
 
-def near_duplicate_lines(found: dict) -> list:
+def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
     """FindNearDuplicates' outputs as result lines (``near_duplicate_count``, ``near_duplicate_pairs``,
-    ``near_duplicate_key``, ``near_duplicate_search``)."""
+    ``near_duplicate_key``, ``near_duplicate_search``: how the search went and how it was keyed)."""
+    keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
+             "expected_recall": {str(d): round(search.recall(d), 4)
+                                 for d in sorted({max_distance // 2, max_distance})}}
     return [
         found["counts"] | "NearCountLines" >> beam.MapTuple(lambda pair, count: json.dumps(
             {"kind": "near_duplicate_count", "reference": pair[0], "split": pair[1], "count": count})),
@@ -60,7 +64,8 @@ def near_duplicate_lines(found: dict) -> list:
         found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda location: json.dumps(
             {"kind": "near_duplicate_key", "split": location.split, "key": location.filename})),
         found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked: json.dumps(
-            {"kind": "near_duplicate_search", "buckets_over_cap": buckets, "members_unchecked": unchecked})),
+            {"kind": "near_duplicate_search", "buckets_over_cap": buckets, "members_unchecked": unchecked,
+             **keyed})),
     ]
 
 
@@ -86,8 +91,9 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
              problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
              leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(_duplicate_line)]
+    search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), near.max_distance)
     lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
-        list(manifest.splits), near.max_distance, near.pairs_listed))
+        list(manifest.splits), near.max_distance, near.pairs_listed, search), search, near.max_distance)
     if samples is not None:  # read.sample: (label, Sample)
         lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(samples_per_class))
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

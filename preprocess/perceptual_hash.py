@@ -54,7 +54,8 @@ class Fingerprint(NamedTuple):
 
 
 def grey_thumbnail(pixels: np.ndarray) -> np.ndarray:
-    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image (ITU-R 601 luma), shrunk by area averaging."""
+    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image (ITU-R 601 luma), shrunk by area
+    averaging."""
     from PIL import Image
 
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))

@@ -77,15 +77,20 @@ def at(split: str, index: int, name: str | None = None) -> RecordLocation:
     return RecordLocation(split, f"{split}/{split}-00000-of-00001.tfrecord", index, name or f"{split}/{index}.jpg")
 
 
+def flat(value: int) -> Fingerprint:
+    return fingerprint(np.full((8, 8, 3), value, np.uint8))
+
+
 def planted_records():
     """Train: 8 distinct photos and 3 flat images. Validation: copies of train 0 (JPEG 30), 1 (0.6x, crop) and 2
     (flipped), 3 distinct photos, 2 flat images. Test: a copy of validation's distinct photo 20 (brightness)."""
     train = [(fp(photo(seed)), at("train", seed)) for seed in range(8)]
-    train += [(fingerprint(np.full((8, 8, 3), value, np.uint8)), at("train", 8 + i)) for i, value in enumerate((0, 90, 255))]
-    copies = [jpeg(photo(0), 30), crop(rescale(photo(1), 0.6), 0.01), photo(2).transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    train += [(flat(value), at("train", 8 + i)) for i, value in enumerate((0, 90, 255))]
+    copies = [jpeg(photo(0), 30), crop(rescale(photo(1), 0.6), 0.01),
+              photo(2).transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
     validation = [(fp(image), at("validation", i)) for i, image in enumerate(copies)]
     validation += [(fp(photo(20 + i)), at("validation", 3 + i)) for i in range(3)]
-    validation += [(fingerprint(np.full((8, 8, 3), value, np.uint8)), at("validation", 6 + i)) for i, value in enumerate((30, 200))]
+    validation += [(flat(value), at("validation", 6 + i)) for i, value in enumerate((30, 200))]
     test = [(fp(ImageEnhance.Brightness(photo(20)).enhance(1.1)), at("test", 0))]
     return train + validation + test
 
@@ -178,3 +183,12 @@ def test_the_keys_file_reads_back_every_key_however_it_is_named():
         parse_keys('a\n"b\n', "k.txt")
     with pytest.raises(ExcludeKeysError, match="k.txt line 1: a quoted key"):
         parse_keys('"unterminated\n', "k.txt")
+
+
+def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold():
+    small, large = SearchKeys.for_records(10_000, THRESHOLD), SearchKeys.for_records(1_300_000, THRESHOLD)
+    assert small.bits < large.bits and small.tables < large.tables
+    for keys in (small, large):
+        assert keys.recall(THRESHOLD) >= 0.9 and keys.recall(THRESHOLD // 2) > 0.99
+        assert keys.recall(30) < keys.recall(THRESHOLD)
+    assert SearchKeys.for_records(0, 0) == SearchKeys(1, 6)

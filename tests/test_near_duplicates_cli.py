@@ -147,3 +147,19 @@ def test_preprocess_exclude_refuses_a_file_it_cannot_read_before_touching_output
         assert result.exit_code == 1 and f"Error: --exclude {given}" in result.output and message in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
         assert not (tmp_path / "out").exists()
+
+
+def test_leaked_keys_never_overwrites_a_file_of_the_dataset(leaky, tmp_path):
+    import os
+
+    _, data = leaky
+    link = tmp_path / "link.txt"
+    os.symlink(data / "manifest.json", link)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = (data / "manifest.json").read_bytes()
+    for given, message in ((data / "manifest.json", "inside the dataset"), (data / "keys.txt", "inside the dataset"),
+                           (link, "inside the dataset"), (fifo, "is a FIFO")):
+        with pytest.raises(validate.ValidateError, match=message):
+            validate.run(ValidateOptions(str(data), leaked_keys=str(given)), IN_PROCESS)
+    assert (data / "manifest.json").read_bytes() == before and not (data / "keys.txt").exists()

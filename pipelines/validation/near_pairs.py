@@ -12,6 +12,7 @@ unchecked, so no bucket costs more than ``BUCKET_CAP²/2`` comparisons.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -20,9 +21,12 @@ from shardprep.pipelines.validation.elements import RecordLocation
 from shardprep.preprocess.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
-BUCKET_CAP = 1000  # members of one search bucket compared pairwise; the rest are counted as unchecked
-SEARCH_TABLES = 24  # default number of bit-sampling tables
-SEARCH_KEY_BITS = 16  # default features sampled per table
+BUCKET_CAP = 4000  # members of one search bucket compared pairwise; the rest are counted as unchecked
+SEARCH_TABLES = 24  # number of bit-sampling tables when the dataset's size is not given
+SEARCH_KEY_BITS = 10  # features sampled per table when the dataset's size is not given
+MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about this many hashes on average
+TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
+MAX_TABLES = 96
 
 
 class SplitPair(NamedTuple):
@@ -54,11 +58,11 @@ class NearPair(NamedTuple):
 
 
 class Flag(NamedTuple):
-    """``count`` records of ``pair.split`` with hash ``hash`` have a near-duplicate in ``pair.reference``."""
+    """``records`` records of ``pair.split`` with hash ``hash`` have a near-duplicate in ``pair.reference``."""
 
     hash: int
     pair: SplitPair
-    count: int
+    records: int
 
 
 @dataclasses.dataclass
@@ -98,6 +102,31 @@ class SearchKeys:
     def __post_init__(self) -> None:
         if not 1 <= self.bits <= FEATURE_BITS or self.tables < 1:
             raise ValueError(f"search keys need 1..{FEATURE_BITS} bits and at least one table")
+
+    @classmethod
+    def for_records(cls, records: int, max_distance: int) -> SearchKeys:
+        """Keys for a search over ``records`` hashes: enough bits for buckets of about MEAN_BUCKET hashes (at
+        least 6), then enough tables (at most MAX_TABLES) for a pair ``max_distance`` bits apart to share a key
+        with probability TARGET_RECALL."""
+        bits = min(FEATURE_BITS, max(6, math.ceil(math.log2(max(records, 1) / MEAN_BUCKET))))
+        chance = cls(1, bits).key_match(max_distance)
+        if chance >= 1:
+            return cls(1, bits)
+        if chance <= 0:
+            return cls(MAX_TABLES, bits)
+        return cls(min(MAX_TABLES, math.ceil(math.log(1 - TARGET_RECALL) / math.log(1 - chance))), bits)
+
+    def key_match(self, distance: int) -> float:
+        """The chance that two hashes ``distance`` bits apart (taken as that many of the features) share one
+        table's key."""
+        chance = 1.0
+        for i in range(self.bits):
+            chance *= max(0, FEATURE_BITS - distance - i) / (FEATURE_BITS - i)
+        return chance
+
+    def recall(self, distance: int) -> float:
+        """The chance that two hashes ``distance`` bits apart share some table's key (are compared)."""
+        return 1 - (1 - self.key_match(distance)) ** self.tables
 
     def samples(self) -> list[list[int]]:
         """Each table's feature positions: the same on every worker and every run (a fixed seed)."""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from shardprep.pipelines.validation.checks import problem
-from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SEARCH_KEY_BITS, SEARCH_TABLES
 from shardprep.preprocess.exclude_keys import format_keys
 
 CHECK = "near_duplicates"
@@ -25,8 +24,8 @@ def section(lines: list[dict], split_order: list[str], split_records: dict[str, 
               for i, reference in enumerate(split_order) for split in split_order[i + 1:]]
     within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), [])}
               for split in split_order}
-    search = next((line for line in lines if line["kind"] == "near_duplicate_search"),
-                  {"buckets_over_cap": 0, "members_unchecked": 0})
+    search = next(({k: v for k, v in line.items() if k != "kind"} for line in lines
+                   if line["kind"] == "near_duplicate_search"), {"buckets_over_cap": 0, "members_unchecked": 0})
     extra = sorted(set(counts) - {(a["reference"], a["split"]) for a in across} - {(s, s) for s in split_order},
                    key=lambda pair: (rank.get(pair[0], len(rank)), pair))
     across += [{"reference": reference, "split": split, "records": counts[(reference, split)],
@@ -34,9 +33,7 @@ def section(lines: list[dict], split_order: list[str], split_records: dict[str, 
                for reference, split in extra]  # splits the manifest does not list (a damaged dataset)
     return {"max_distance": max_distance, "limit": limit, "strict": strict, "across_splits": across,
             "within_splits": within, "leaked_records": len(leaked_keys(lines)), "leaked_keys_file": None,
-            "search": {"buckets_over_cap": search["buckets_over_cap"],
-                       "members_unchecked": search["members_unchecked"], "bucket_cap": BUCKET_CAP,
-                       "tables": SEARCH_TABLES, "key_bits": SEARCH_KEY_BITS}}
+            "search": search}
 
 
 def fails(near: dict) -> bool:
