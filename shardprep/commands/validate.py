@@ -47,8 +47,8 @@ For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image 
 unreadable records or images, each with file and record index.
 
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
-contact_sheet.png (stored images, several per class, as the model sees them before augmentation) and
-class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
+contact_sheet.png (stored images, several per class, as the model sees them before augmentation),
+near_duplicates.png (the closest near-duplicate pairs side by side) and class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
 after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
 --setup_file ./setup.py
 """
@@ -73,7 +73,8 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--json", "json_path", default=default("json_path"), metavar="REPORT",
               help="Write the JSON report to this path.")
 @click.option("--pictures", default=default("pictures"), metavar="DIR",
-              help="Write contact_sheet.png and class_counts.png into DIR (contact sheet: prepared datasets only).")
+              help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR (the first two: "
+                   "prepared datasets only).")
 @click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
               type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key).")
 @click.option("--image-key", default=default("image_key"), show_default=True,
