@@ -7,6 +7,7 @@ names that no input has are found after the run from ``rejects.jsonl`` (:func:`u
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 
@@ -17,7 +18,7 @@ from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.storage import is_local
-from shardprep.preprocess import manifest, untrusted
+from shardprep.preprocess import fingerprint, manifest, untrusted
 from shardprep.preprocess.accounting import EXCLUDED
 from shardprep.preprocess.elements import REJECTS, Input, Reject
 from shardprep.preprocess.exclude_keys import ExcludeKeysError, parse_keys
@@ -71,6 +72,16 @@ class ExcludeInputs(beam.PTransform):
     def expand(self, inputs):
         split = inputs | "Exclude" >> beam.ParDo(ExcludeFn(self.keys, self.path)).with_outputs(REJECTS, main="inputs")
         return {"inputs": split.inputs, "rejects": split[REJECTS]}
+
+
+def fingerprinted_options(config, runner: str) -> dict:
+    """The run's fingerprinted options (``fingerprint.fingerprinted_options``), with ``--exclude`` standing for
+    its keys too (a hash of them), so a resume after the keys file changed is refused, naming ``--exclude``."""
+    options = fingerprint.fingerprinted_options(config, runner)
+    if config.exclude is not None:
+        keys = json.dumps(sorted(read_keys(config.exclude))).encode("utf-8")
+        options["exclude"] = f"{config.exclude} (keys sha256 {hashlib.sha256(keys).hexdigest()[:16]})"
+    return options
 
 
 def unknown_keys(keys: frozenset[str], output: str) -> list[str]:

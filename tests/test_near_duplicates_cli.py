@@ -163,3 +163,20 @@ def test_leaked_keys_never_overwrites_a_file_of_the_dataset(leaky, tmp_path):
         with pytest.raises(validate.ValidateError, match=message):
             validate.run(ValidateOptions(str(data), leaked_keys=str(given)), IN_PROCESS)
     assert (data / "manifest.json").read_bytes() == before and not (data / "keys.txt").exists()
+
+
+def test_a_changed_keys_file_changes_the_runs_fingerprint_so_a_resume_is_refused(tmp_path):
+    from shardprep.pipelines.exclude import fingerprinted_options
+    from shardprep.preprocess import fingerprint
+    from shardprep.preprocess.config import PreprocessConfig
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("a.jpg\nb.jpg\n")
+    config = PreprocessConfig("src", "out", exclude=str(keys))
+    before = fingerprinted_options(config, "FnApiRunner")
+    keys.write_text("b.jpg\na.jpg\n# same keys\n")
+    assert fingerprinted_options(config, "FnApiRunner") == before
+    keys.write_text("a.jpg\n")
+    changed = fingerprint.options_difference(before, fingerprinted_options(config, "FnApiRunner"))
+    assert changed is not None and changed.startswith("--exclude was")
+    assert "exclude" not in fingerprinted_options(PreprocessConfig("src", "out"), "FnApiRunner")
