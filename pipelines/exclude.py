@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import textwrap
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
@@ -99,12 +100,14 @@ def unknown_keys(keys: frozenset[str], output: str) -> list[str]:
 
 
 def exclude_note(path: str, keys: frozenset[str], unknown: list[str]) -> str:
-    """What the user is told after a run with ``--exclude``: how many keys were left out, and which match no input."""
-    note = f"--exclude {path}: {len(keys) - len(unknown):,} of {len(keys):,} keys excluded (rejects.jsonl, " \
-           f"reason {EXCLUDED})"
+    """What the user is told after a run with ``--exclude``: how many keys were left out, and which match no input;
+    in lines that fit 80 columns after the CLI's ``note: `` (the continuation lines indented)."""
+    clauses = [f"--exclude {path}: {len(keys) - len(unknown):,} of {len(keys):,} keys excluded (rejects.jsonl, "
+               f"reason {EXCLUDED})"]
     if unknown:
         named = ", ".join(repr(key) for key in unknown[:UNKNOWN_KEYS_NAMED])
         more = f" and {len(unknown) - UNKNOWN_KEYS_NAMED:,} more" if len(unknown) > UNKNOWN_KEYS_NAMED else ""
-        note += (f"; {len(unknown):,} {'key matches' if len(unknown) == 1 else 'keys match'} no input of SOURCE: "
-                 f"{named}{more}")
-    return note
+        clauses.append(f"{len(unknown):,} {'key matches' if len(unknown) == 1 else 'keys match'} no input of "
+                       f"SOURCE: {named}{more}")
+    text = "; ".join(clauses)
+    return textwrap.fill(text, width=74, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
