@@ -92,13 +92,13 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     if plan.kind.decoded_where_read:
         # Inputs carrying their image bytes (TFRecords) are decoded where they were read (the listing spread the
         # files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode, decoder = batches, BundleDecoder(*decoder_args)
+        to_decode, decoder = batches, BundleDecoder(*decoder_args, read_path=plan.kind.path_reader(plan))
     else:
         # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
         # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
-        decoder = GroupDecoder(*decoder_args, journal=unit_journal)
+        decoder = GroupDecoder(*decoder_args, journal=unit_journal, read_path=plan.kind.path_reader(plan))
     # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]

@@ -285,9 +285,8 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
     """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
     (near-duplicates across splits that fail the run)."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
-    near = near_report.section(lines, split_order, split_records, options.near_duplicate_distance,
-                               options.near_duplicate_limit, options.strict)
-    report["near_duplicates"] = near
+    report["near_duplicates"] = near = near_report.section(
+        lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
     found = near_report.findings(near)
     if options.leaked_keys:
         text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data,
@@ -298,10 +297,9 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
                                                    text.encode("utf-8"), "text/plain")
         except (OSError, BeamIOError) as e:
             raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
-    if near_report.fails(near):
-        return found
-    report["warnings"] = found
-    return []
+    failing = near_report.fails(near)
+    report.update({} if failing else {"warnings": found})
+    return found if failing else []
 
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
@@ -382,8 +380,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     """Writes the contact sheet (prepared datasets: ``lines`` holds the samples) and the class-count chart;
     returns their paths."""
     from shardprep.pipelines.validate_read import read_record_pixels
-    from shardprep.pipelines.validation import pictures
-    from shardprep.pipelines.validation.near_pictures import NEAR_DUPLICATES_NAME, near_duplicate_sheet, shown_pairs
+    from shardprep.pipelines.validation import near_pictures, pictures
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
@@ -392,10 +389,9 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
                                                "image/png")
     if report.get("near_duplicates"):
-        written["near_duplicates"] = _write_file(directory, NEAR_DUPLICATES_NAME, pictures.png_bytes(
-            near_duplicate_sheet(shown_pairs(report["near_duplicates"]), lambda file, index: read_record_pixels(
-                manifest_lib.join(_absolute(report["data"]).rstrip("/"), file), index),
-                f"closest near-duplicates: {report['data']}")), "image/png")
+        data_dir = _absolute(report["data"]).rstrip("/")
+        written["near_duplicates"] = _write_file(directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(
+            report, lambda file, index: read_record_pixels(manifest_lib.join(data_dir, file), index)), "image/png")
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = _write_file(directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart),
                                           "image/png")
@@ -435,7 +431,12 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
     progress = progress or _log_progress
     started = time.monotonic()
-    if source_registry.kind_of(options.data).validated_as_records:
+    kind = source_registry.kind_of(options.data)
+    if kind is not source_registry.FALLBACK and not kind.validated_as_records:
+        raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
+                            f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
+                            f"tfds:NAME")
+    if kind.validated_as_records:
         if options.leaked_keys:
             raise ValidateError(f"--leaked-keys needs a prepared dataset: {options.data} is read as TFRecords, "
                                 "where validate looks for no near-duplicates")

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from shardprep.pipelines.validation.pictures import BACKGROUND, EMPTY_CELL, PAD, _fit_text, thumbnail
+from shardprep.pipelines.validation.pictures import BACKGROUND, EMPTY_CELL, PAD, _fit_text, png_bytes, thumbnail
 
 NEAR_DUPLICATES_NAME = "near_duplicates.png"
 PAIRS_SHOWN = 12
@@ -67,3 +67,10 @@ def near_duplicate_sheet(pairs: list[dict], read_pixels: PixelReader, title: str
             draw.text((x, y + 14 + 18 * i), _fit_text(draw, text, font, CAPTION_WIDTH - 12), fill=(0, 0, 0),
                       font=font, anchor="lm")
     return sheet
+
+
+def png_of(report: dict, read_pixels: PixelReader) -> bytes:
+    """``near_duplicates.png`` of a finished report (its ``near_duplicates``), as PNG bytes."""
+    sheet = near_duplicate_sheet(shown_pairs(report["near_duplicates"]), read_pixels,
+                                 f"closest near-duplicates: {report['data']}")
+    return png_bytes(sheet)

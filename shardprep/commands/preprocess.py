@@ -64,7 +64,7 @@ class _ArgsKept(click.Command):
               help="Seed of the record order within and across shards.")
 @click.option("--max-pixels", default=default("max_pixels"), show_default=True, type=click.IntRange(min=1),
               help="Reject images with more pixels than this before decoding (decompression bombs).")
-@click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders.")
+@click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders (ARCHIVE/FILE: a member of an archive).")
 @click.option("--split", default=default("split"), show_default=True,
               help="Split name for single-split sources (a folder of class folders, TFRecords without a split in their name).")
 @click.option("--labels-split", default=None,
