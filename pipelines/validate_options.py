@@ -11,6 +11,9 @@ import dataclasses
 from typing import Any
 
 
+MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
+
+
 @dataclasses.dataclass(frozen=True)
 class ValidateOptions:
     """What to validate and what to write; every field but ``data`` has the default ``shardprep validate`` shows."""
@@ -23,6 +26,12 @@ class ValidateOptions:
     label_key: str = "label"  # a tfrecord: input's int64 label feature
     tfds_data_dir: str | None = None  # TFDS data_dir of a tfds: DATA (None: TFDS's own)
     max_problems_per_check: int = 100  # problems listed per check in the report (all are counted)
+    # Near-duplicates: records whose perceptual hashes (64 bits) differ in at most this many bits. 10 finds the
+    # planted copies of BENCHMARKS.md's near-duplicate section and paired none of 19,900 distinct photos.
+    near_duplicate_distance: int = 10
+    near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
+    strict: bool = False  # --strict: any near-duplicate across splits fails the run (else a warning)
+    leaked_keys: str | None = None  # --leaked-keys: write those records' keys here, for preprocess --exclude
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, str) or not self.data:
@@ -31,6 +40,13 @@ class ValidateOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive whole number, not {value!r}")
+        distance = self.near_duplicate_distance
+        if isinstance(distance, bool) or not isinstance(distance, int) or not 0 <= distance <= MAX_DISTANCE:
+            raise ValueError(f"near_duplicate_distance must be a whole number of bits from 0 to {MAX_DISTANCE}, "
+                             f"not {distance!r}")
+        limit = self.near_duplicate_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"near_duplicate_limit must be a whole number of records (0 or more), not {limit!r}")
 
 
 def default(name: str) -> Any:

@@ -9,12 +9,12 @@ what resuming saves; a file rewritten with the same size and its old modificatio
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import NamedTuple
 
 from shardprep.preprocess import resize
+from shardprep.preprocess.config import recorded_options
 
 # Options that name where the output goes or how it is replaced, not what it holds.
 NOT_FINGERPRINTED = ("output", "overwrite")
@@ -50,7 +50,7 @@ def listing_sha256(text: str) -> str:
 
 def fingerprinted_options(config, runner: str) -> dict:
     """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite)."""
-    options = {**dataclasses.asdict(config), "runner": runner, RESIZE_METHOD: resize.DEFAULT_METHOD}
+    options = {**recorded_options(config, runner), RESIZE_METHOD: resize.DEFAULT_METHOD}
     return {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
 
 

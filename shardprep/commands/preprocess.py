@@ -77,6 +77,9 @@ class _ArgsKept(click.Command):
 @click.option("--label-key", default=default("label_key"), show_default=True,
               help="int64 label feature of tfrecord:/tfds: records; label column of parquet: files.")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
+@click.option("--exclude", default=default("exclude"), metavar="FILE",
+              help="Leave out the inputs whose keys FILE lists, one a line (e.g. validate --leaked-keys): each "
+                   "recorded in rejects.jsonl as excluded.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed local run in OUTPUT (same SOURCE and options): keep its finished decode groups.")
@@ -85,8 +88,8 @@ class _ArgsKept(click.Command):
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
-            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite,
-            resume, quiet, verbose, beam_args):
+            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, exclude,
+            overwrite, resume, quiet, verbose, beam_args):
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -101,7 +104,8 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
-        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key)
+        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
+        exclude=exclude)
     started = time.monotonic()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     try:
