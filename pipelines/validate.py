@@ -64,11 +64,10 @@ from shardprep.pipelines import runner, source_registry, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
-from shardprep.pipelines.validate_options import ValidateOptions
+from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
 from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
-from shardprep.pipelines.validation.checks import (layout_problems, manifest_problems, problem,
-                                                   unfit_layout_problems)
+from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
 from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
@@ -149,17 +148,6 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
 
 
 # --- running a graph ----------------------------------------------------------------------------------------------
-
-def list_files(directory: str) -> list[str]:
-    """Every file under ``directory`` (recursively), relative to it; local and ``gs://`` alike."""
-    directory = directory.rstrip("/")
-    try:
-        matched = FileSystems.match([manifest_lib.join(directory, "**")])[0].metadata_list
-    except BeamIOError:
-        return []
-    prefix = directory + "/"
-    return sorted(meta.path[len(prefix):] for meta in matched if meta.path.startswith(prefix))
-
 
 def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     """Where the pipeline writes its result lines, and how to remove them afterwards.
@@ -248,7 +236,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     data_dir = _absolute(options.data).rstrip("/")
     report = report_lib.report_base(options.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
-    found = list_files(data_dir)
+    found = storage.list_files(data_dir)
     if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
         found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
     if manifest_lib.MANIFEST_NAME not in found:
@@ -268,13 +256,18 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
     near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
+    skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
+                                         runner.runs_locally(beam_args))
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
-            progress_dir, near),
+            progress_dir, near, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
-    driver_problems += _near_duplicates(report, lines, list(manifest.splits), options)
+    if skipped:
+        report["near_duplicates"] = near_report.skipped(skipped)
+    else:
+        driver_problems += _near_duplicates(report, lines, list(manifest.splits), options)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
         progress(f"writing pictures to {options.pictures}", None, None, None)
@@ -389,7 +382,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
                                                "image/png")
-    if report.get("near_duplicates"):
+    if near_report.searched(report):
         data_dir = _absolute(report["data"]).rstrip("/")
         written["near_duplicates"] = _write_file(directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(
             report, lambda file, index: read_record_pixels(manifest_lib.join(data_dir, file), index)), "image/png")

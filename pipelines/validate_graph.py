@@ -71,9 +71,11 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
                            samples: SampleOptions | None, samples_per_class: int, max_problems_per_check: int,
-                           progress_dir: str | None = None, near: NearDuplicateOptions | None = None) -> None:
+                           progress_dir: str | None = None, near: NearDuplicateOptions | None = None,
+                           search_near_duplicates: bool = True) -> None:
     """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it); ``near``:
-    the near-duplicate search's options (default: ValidateOptions' distance, ``max_problems_per_check`` pairs)."""
+    the near-duplicate search's options (default: ValidateOptions' distance, ``max_problems_per_check`` pairs);
+    ``search_near_duplicates``: False leaves the search out (see validate_options.near_duplicate_skip_reason)."""
     near = near or NearDuplicateOptions(default("near_duplicate_distance"), max_problems_per_check)
     document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
@@ -92,8 +94,9 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
              problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
              leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(_duplicate_line)]
     search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), near.max_distance)
-    lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
-        list(manifest.splits), near.max_distance, near.pairs_listed, search), search, near.max_distance)
+    if search_near_duplicates:
+        lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
+            list(manifest.splits), near.max_distance, near.pairs_listed, search), search, near.max_distance)
     if samples is not None:  # read.sample: (label, Sample)
         lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(samples_per_class))
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

@@ -180,3 +180,49 @@ def test_a_changed_keys_file_changes_the_runs_fingerprint_so_a_resume_is_refused
     changed = fingerprint.options_difference(before, fingerprinted_options(config, "FnApiRunner"))
     assert changed is not None and changed.startswith("--exclude was")
     assert "exclude" not in fingerprinted_options(PreprocessConfig("src", "out"), "FnApiRunner")
+
+
+def test_a_local_run_over_the_limit_skips_the_search_and_says_so(leaky, tmp_path, monkeypatch):
+    from shardprep.pipelines import validate_options
+
+    _, data = leaky
+    monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)
+    report_path, pictures_dir = tmp_path / "report.json", tmp_path / "pictures"
+    result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--pictures",
+                                       str(pictures_dir), "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    skipped = report["near_duplicates"]["skipped"]
+    assert "14 records" in skipped and "4" in skipped and "--near-duplicates" in skipped
+    assert report["ok"] is True and "warnings" not in report
+    warnings = [line for line in result.output.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "near-duplicates not searched" in warnings[0], result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())
+    assert "near_duplicates" not in report["pictures"] and not (pictures_dir / "near_duplicates.png").exists()
+
+
+def test_near_duplicates_runs_the_search_despite_the_local_limit(leaky, tmp_path, monkeypatch):
+    from shardprep.pipelines import validate_options
+
+    _, data = leaky
+    monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)
+    report_path = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["validate", str(data), "--near-duplicates", "--json", str(report_path),
+                                       "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    near = json.loads(report_path.read_text())["near_duplicates"]
+    assert "skipped" not in near and near["leaked_records"] == 3
+
+
+def test_no_near_duplicates_with_leaked_keys_is_refused(leaky, tmp_path):
+    _, data = leaky
+    keys = tmp_path / "keys.txt"
+    result = CliRunner().invoke(main, ["validate", str(data), "--no-near-duplicates", "--leaked-keys", str(keys),
+                                       "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code != 0
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("Error:") and "--no-near-duplicates" in line and "--leaked-keys" in line
+    assert not keys.exists()

@@ -36,6 +36,17 @@ def section(lines: list[dict], split_order: list[str], split_records: dict[str, 
             "search": search}
 
 
+def skipped(reason: str) -> dict:
+    """The report's ``near_duplicates`` entry when the search did not run (see validate_options'
+    near_duplicate_skip_reason): why, in a sentence the CLI shows as a warning."""
+    return {"skipped": reason}
+
+
+def searched(report: dict) -> bool:
+    """Whether the report holds a near-duplicate search's results (not a prepared dataset's, or skipped: no)."""
+    return bool(report.get("near_duplicates")) and "skipped" not in report["near_duplicates"]
+
+
 def fails(near: dict) -> bool:
     """Whether the near-duplicates fail the run: any under --strict, more than --near-duplicate-limit otherwise."""
     if near["strict"]:

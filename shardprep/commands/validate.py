@@ -6,9 +6,9 @@ import textwrap
 
 import click
 
-from shardprep.display import LiveProgress
+from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
-from shardprep.pipelines.validate_options import MAX_DISTANCE, ValidateOptions, default
+from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
 
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
@@ -40,7 +40,9 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
     --near-duplicate-distance bits of a record in an earlier split: a
     warning with the count, a failure under --strict or above
     --near-duplicate-limit; --leaked-keys writes their keys for
-    `shardprep preprocess --exclude`;
+    `shardprep preprocess --exclude`; a local run of more than
+    {local_limit} records skips this search with a warning (memory),
+    unless asked for (--near-duplicates);
 {mean_std_check}
 
 For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
@@ -65,7 +67,8 @@ def _mean_std_check() -> str:
     return textwrap.fill(bullet, width=76, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
 
 
-HELP = HELP.replace("{mean_std_check}", _mean_std_check())
+HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
+        .replace("{local_limit}", f"{LOCAL_NEAR_DUPLICATE_RECORDS:,}"))
 
 
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -96,12 +99,16 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--leaked-keys", default=default("leaked_keys"), metavar="FILE",
               help="Write the keys of records with a near-duplicate in an earlier split to FILE, for "
                    "shardprep preprocess --exclude FILE.")
+@click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
+              help="Run the near-duplicate search or not (default: it runs, except on a local run of more than "
+                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~14 KiB of memory each, where it is skipped with a "
+                   "warning; --strict, --near-duplicate-limit and --leaked-keys run it too).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
-            max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys, quiet,
-            beam_args):
+            max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
+            near_duplicates, quiet, beam_args):
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
@@ -110,12 +117,13 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
                                   image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
                                   max_problems_per_check=max_problems_per_check,
                                   near_duplicate_distance=near_duplicate_distance,
-                                  near_duplicate_limit=near_duplicate_limit, strict=strict, leaked_keys=leaked_keys)
+                                  near_duplicate_limit=near_duplicate_limit, strict=strict, leaked_keys=leaked_keys,
+                                  near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
     try:
-        with _ProgressDisplay(enabled=not quiet) as progress_display:
+        with ProgressDisplay(enabled=not quiet) as progress_display:
             report = job.run(options, list(beam_args), progress=progress_display.update)
     except job.ReportWriteError as e:
         e.report.setdefault("elapsed_seconds", 0)
@@ -125,36 +133,6 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         raise click.ClickException(str(e)) from None
     print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
-
-
-class _ProgressDisplay(LiveProgress):
-    """A spinner with elapsed time; during the pipeline also files read of total and records read."""
-
-    def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=True, lazy=False, records="")
-
-    def update(self, stage: str, done: int | None, total: int | None, records: int | None):
-        if done is None:
-            self.show(description=stage, completed=0, total=None, records="")
-        else:
-            self.show(description=stage, completed=done, total=total,
-                      records=f"{records:,} records" if records is not None else "")
-
-    def plain_line(self, state: dict, elapsed: float) -> str:
-        """``reading 12 shards (1.2 MiB): 5/12 files, 1,234 records, 0:00:04``."""
-        from shardprep.display import duration
-
-        done, total = state.get("completed") or 0, state.get("total")
-        files = f": {done:,}/{total:,} files" if total else ""
-        records = f", {state['records']}" if state.get("records") else ""
-        return f"{state['description']}{files}{records}, {duration(elapsed)}"
-
-
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
 
 
 def _rgb(values) -> str:
@@ -400,7 +378,11 @@ def _print_near_duplicates(say, report: dict) -> None:
     from rich.text import Text
 
     near = report.get("near_duplicates")
-    if not near:
+    if near and near.get("skipped"):
+        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", "near-duplicates not searched")]
+            + [(": " if i == 0 else separator, clause) for i, (separator, clause) in
+               enumerate(_clauses(near["skipped"]))], indent="    ")
+    if not near or near.get("skipped"):
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
     within = [(split, entry["records"]) for split, entry in near["within_splits"].items() if entry["records"]]
