@@ -27,7 +27,8 @@ The JSON report (``--json``)::
     splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
              expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
              ({file: records}), duplicate_images (identical images within the split: not a failure)}}
-    near_duplicates: {max_distance, limit, strict, leaked_records (records with a near-duplicate in an earlier
+    near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
+             --no-near-duplicates), else {max_distance, limit, strict, leaked_records (records with a near-duplicate in an earlier
              split), leaked_keys_file (--leaked-keys), across_splits [{reference, split, records (of split with a
              near-duplicate in reference), split_records, pairs [{distance, reference, duplicate (RecordLocation
              JSON)}] closest first}], within_splits {split: {records, pairs}},
