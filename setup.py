@@ -27,6 +27,7 @@ WORKER_REQUIRED = [
     "google-crc32c",  # TFRecord checksums (Beam's TFRecord IO and ours)
     "pyarrow",  # parquet: sources (Beam requires it too)
     "pyyaml",  # parquet: sources' dataset cards (Beam requires it too)
+    "opencv-python-headless>=4.8",  # the lanczos2-cubic resize (shardprep.preprocess.resize)
 ]
 # The launcher and the trainer only: the CLI, gs:// planning, TFDS sources, validate's pictures, train.
 LAUNCHER_REQUIRED = [

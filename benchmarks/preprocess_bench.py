@@ -3,8 +3,9 @@
     python benchmarks/preprocess_bench.py ../shared/data/imagenet-sample [--copies 100] [--workers N]
 
 Both sides do the same work per image on the same files in the same run: read the file, decode (JPEG draft
-decoding when the target is at most half the source), convert to RGB, resize the shorter side to 256 (BICUBIC),
-centre-crop 256x256, and produce the raw bytes. The job also does what the loop does not: serialize records,
+decoding when the target is at most half the source), convert to RGB, resize the shorter side to 256 and
+centre-crop 256x256 with the job's resize method (``--loop-method``, default the job's: ``lanczos2-cubic``; the
+method the job used before: ``pillow-bicubic``), and produce the raw bytes. The job also does what the loop does not: serialize records,
 shuffle them into seeded uniform shards, hash and write them, count classes and pixel statistics.
 
 Inputs are the images of SOURCE_DIR replicated ``--copies`` times (hard links) into an ImageFolder tree, so Beam's
@@ -30,8 +31,10 @@ from PIL import Image
 SHORTER_SIDE = 256
 
 
-def pillow_loop(paths: list[str]) -> float:
-    """Images/s of a plain single-process Pillow loop over ``paths``."""
+def pillow_loop(paths: list[str], method: str = "lanczos2-cubic") -> float:
+    """Images/s of a plain single-process Pillow loop over ``paths``, resizing with ``method``."""
+    from shardprep.preprocess import resize
+
     started = time.perf_counter()
     for path in paths:
         with open(path, "rb") as f:
@@ -49,9 +52,7 @@ def pillow_loop(paths: list[str]) -> float:
             size = (SHORTER_SIDE, max(1, round(height * SHORTER_SIDE / width)))
         else:
             size = (max(1, round(width * SHORTER_SIDE / height)), SHORTER_SIDE)
-        image = image.resize(size, Image.Resampling.BICUBIC)
-        left, top = (size[0] - SHORTER_SIDE) // 2, (size[1] - SHORTER_SIDE) // 2
-        image.crop((left, top, left + SHORTER_SIDE, top + SHORTER_SIDE)).tobytes()
+        resize.resize_and_crop(image, size, SHORTER_SIDE, "center", method).tobytes()
     return len(paths) / (time.perf_counter() - started)
 
 
@@ -79,13 +80,15 @@ def main(argv=None) -> int:
                         help="replicas of each image (default 100: 20,000 inputs)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="local job workers (default: cores)")
     parser.add_argument("--loop-passes", type=int, default=3, help="passes of the loop over every distinct image")
+    parser.add_argument("--loop-method", default="lanczos2-cubic", choices=("lanczos2-cubic", "pillow-bicubic"),
+                        help="the loop's resize method (the job's is lanczos2-cubic)")
     args = parser.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="shardprep-bench-")
     try:
         paths = replicate(args.source_dir, os.path.join(work, "src"), args.copies)
         distinct = paths[:: args.copies]  # one copy of every image, so the loop sees the same mix as the job
-        loop_before = pillow_loop(distinct * args.loop_passes)
+        loop_before = pillow_loop(distinct * args.loop_passes, args.loop_method)
 
         def run_job(source: str, output: str) -> float:
             command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--",
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
         os.link(distinct[0], os.path.join(work, "one", "train", "x", "image.JPEG"))
         startup_seconds = run_job(os.path.join(work, "one"), os.path.join(work, "one-out"))
         job_seconds = run_job(os.path.join(work, "src"), os.path.join(work, "out"))
-        loop_after = pillow_loop(distinct * args.loop_passes)
+        loop_after = pillow_loop(distinct * args.loop_passes, args.loop_method)
         loop_rate = (loop_before + loop_after) / 2
         job_rate = len(paths) / job_seconds
         steady_rate = len(paths) / max(1e-9, job_seconds - startup_seconds)

@@ -60,9 +60,10 @@ class _Decoder(beam.DoFn):
     spill file and note its pointer; per bundle, one RecordSummary (counts, bytes, pixel sums of ``stats_split``)."""
 
     def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
-                 progress_dir: str | None):
+                 progress_dir: str | None, *, read_path=None):
         self.options, self.seed, self.stats_split, self.output = options, seed, stats_split, output
         self.progress_dir = progress_dir
+        self.read_path = read_path or read_file  # an Input's path -> its bytes (the kind's ``path_reader``)
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "processed")
@@ -74,7 +75,7 @@ class _Decoder(beam.DoFn):
         """The input's ImageRecord (its pixel sums added to ``summary``), or its Reject as a TaggedOutput."""
         self.progress.add()
         try:
-            data = item.data if item.data is not None else read_file(item.path)
+            data = item.data if item.data is not None else self.read_path(item.path)
             image = image_ops.process_image(data, self.options)
         except image_ops.RejectError as e:
             return beam.pvalue.TaggedOutput(REJECTS, Reject(item.split, item.key, e.reason, e.detail))
@@ -111,8 +112,8 @@ class GroupDecoder(_Decoder):
     inputs_decoded.
     """
 
-    def __init__(self, *args, journal: UnitJournal | None = None):
-        super().__init__(*args)
+    def __init__(self, *args, journal: UnitJournal | None = None, read_path=None):
+        super().__init__(*args, read_path=read_path)
         self.journal = journal
         self.counters = {name: beam.metrics.Metrics.counter(METRICS_NAMESPACE, name) for name in (
             "decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")}

@@ -37,6 +37,7 @@ import os
 import stat
 from typing import NamedTuple
 
+from shardprep.pipelines import exclude
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.journal_records import (JOURNAL_VERSION, LINE_HASH, DamagedUnit, JournalError,
                                                  JournalHeader, UnitRecord, parse_header, parse_unit,
@@ -206,7 +207,7 @@ def start(config, plan, runner: str, min_decode_groups: int) -> UnitJournal:
 
     text = fingerprint.listing_text(listing_of(config, plan))
     folder = manifest.join(config.output, SPILL_DIR)
-    header = JournalHeader(JOURNAL_VERSION, tool_version(), fingerprint.fingerprinted_options(config, runner),
+    header = JournalHeader(JOURNAL_VERSION, tool_version(), exclude.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
     header_line = json.dumps(header._asdict()).encode("utf-8")
     try:  # the listing first: a header always has its listing beside it
@@ -370,7 +371,7 @@ def _difference(config, plan, runner: str, header: JournalHeader) -> str | None:
     """The first difference between the killed run's fingerprint and this run's, in words; None if the same."""
     if header.tool_version != manifest.tool_version():
         return f"shardprep's version changed ({header.tool_version} -> {manifest.tool_version()})"
-    changed = fingerprint.options_difference(header.options, fingerprint.fingerprinted_options(config, runner))
+    changed = fingerprint.options_difference(header.options, exclude.fingerprinted_options(config, runner))
     if changed:
         return changed
     text = fingerprint.listing_text(listing_of(config, plan))

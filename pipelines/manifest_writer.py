@@ -12,7 +12,6 @@ input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -22,7 +21,9 @@ from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.shards import write_shard_file
 from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
-from shardprep.preprocess import accounting, encodings, manifest, record_format, sharding
+from shardprep.preprocess import accounting, encodings, manifest, record_format, resize, sharding
+from shardprep.preprocess.accounting import EXCLUDED
+from shardprep.preprocess.config import recorded_options
 from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo
 
 
@@ -186,13 +187,14 @@ def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
 
 def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
     """--strict: any reject fails the run (no manifest)."""
-    total_rejected = sum(s.num_rejected for s in splits.values())
-    if not config.strict or not total_rejected:
-        return
     reasons: dict[str, int] = {}
     for by_reason in reject_summary.values():
         for reason, n in by_reason.items():
-            reasons[reason] = reasons.get(reason, 0) + n
+            if reason != EXCLUDED:  # what the user asked to leave out is no failure
+                reasons[reason] = reasons.get(reason, 0) + n
+    total_rejected = sum(reasons.values())
+    if not config.strict or not total_rejected:
+        return
     raise PreprocessError(
         f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
         f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
@@ -220,13 +222,14 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         created=created_time(),
         source=config.source,
         source_kind=plan.kind.name,
-        options={**dataclasses.asdict(config), "runner": runner},
+        options=recorded_options(config, runner),
         classes=tuple(classes),
         num_classes=len(classes),
         encoding=config.encoding,
         jpeg_quality=config.jpeg_quality if encodings.get(config.encoding).uses_quality else None,
         shorter_side=config.shorter_side,
         crop=config.crop,
+        resize_method=resize.recorded(resize.DEFAULT_METHOD),
         image_height=config.shorter_side if square else None,
         image_width=config.shorter_side if square else None,
         channels=record_format.CHANNELS,

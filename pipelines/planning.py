@@ -264,6 +264,13 @@ def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
 
 def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
     """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
+    return read_labels_file_rows(
+        path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
+
+
+def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:
+    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name); a
+    SourceError when it is missing, a folder, unreadable or not a labels CSV."""
     if not FileSystems.exists(path):
         raise sources.SourceError(f"labels file {path} does not exist")
     if is_local(path) and not os.path.isfile(path):
@@ -273,5 +280,4 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
             data = f.read()
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
-    return labels.csv_rows(data, path,
-                           lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
+    return labels.csv_rows(data, path, file_exists)

@@ -9,6 +9,7 @@ RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.
 
     ListInputs            listing, as the plan's kind lists: class folders, flat files joined with the labels file,
                           or TFRecord files read -> Input, Reject
+    ExcludeInputs         exclude (--exclude FILE only): an Input the file names -> a Reject, reason "excluded"
     CountInputs           manifest_writer: (Input, Reject) -> (split, inputs); the accounting check's other half
     BatchInputs           Input -> [Input], so the runner handles one element per batch, not per image
     FixedLayouts          layouts: raw centre crops: Input -> (split, FixedLayout), the one record length fitting every
@@ -46,6 +47,7 @@ from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
+from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, read_keys, unknown_keys
 from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
@@ -54,7 +56,7 @@ from shardprep.pipelines.output_lock import output_lock
 from shardprep.pipelines.source_kind import SourcePlan
 from shardprep.pipelines.source_registry import parse, plan_source
 from shardprep.pipelines.storage import prepare_output
-from shardprep.preprocess import image_ops, manifest, sharding
+from shardprep.preprocess import image_ops, manifest, resize, sharding
 from shardprep.preprocess.config import PreprocessConfig
 
 # Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
@@ -76,6 +78,10 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     # TFRecord files read)
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
+    if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
+        kept = inputs | "ExcludeInputs" >> ExcludeInputs(read_keys(config.exclude), config.exclude)
+        inputs = kept["inputs"]
+        listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
     # (Input, Reject) -> (split, number of inputs): the accounting check's other half
     input_counts = (inputs, listing_rejects) | "CountInputs" >> CountInputs()
     # Input -> [Input]: the runner handles one element per batch, not per image
@@ -86,13 +92,13 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     if plan.kind.decoded_where_read:
         # Inputs carrying their image bytes (TFRecords) are decoded where they were read (the listing spread the
         # files over the workers) instead of every encoded image crossing the runner's shuffle.
-        to_decode, decoder = batches, BundleDecoder(*decoder_args)
+        to_decode, decoder = batches, BundleDecoder(*decoder_args, read_path=plan.kind.path_reader(plan))
     else:
         # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
         # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
-        decoder = GroupDecoder(*decoder_args, journal=unit_journal)
+        decoder = GroupDecoder(*decoder_args, journal=unit_journal, read_path=plan.kind.path_reader(plan))
     # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]
@@ -127,7 +133,7 @@ def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:
     """What the decoders need of the config: the per-image options."""
     return image_ops.ProcessOptions(config.shorter_side, config.crop, config.encoding, config.jpeg_quality,
-                                    config.max_pixels)
+                                    config.max_pixels, resize.DEFAULT_METHOD)  # the manifest records this method
 
 
 # --- running -----------------------------------------------------------------------------------------------
@@ -160,6 +166,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     parsed = parse(config.source)
     storage.keep_apart(config.output, parsed.kind.apart_from(parsed.location, config))
     plan = plan_source(config, parsed)
+    if config.exclude is not None:
+        read_keys(config.exclude)  # an unreadable keys file is refused before OUTPUT is touched
     storage.keep_apart(config.output, plan.kind.planned_inputs(plan))
     storage.check_output_path(config.output)
     local, runner = runners.runs_locally(beam_args), runners.runner_name(beam_args) or "FnApiRunner"
@@ -218,7 +226,11 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
     template = runners.template_location(beam_args)
     if template:  # Dataflow only wrote a template; nothing ran yet
         return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
-    return JobOutcome(manifest.read_document(config.output), decode_counts(result), plan.notes)
+    notes = plan.notes
+    if config.exclude is not None:  # the file's keys that match no input: told, never silently ignored
+        keys = read_keys(config.exclude)
+        notes += (exclude_note(config.exclude, keys, unknown_keys(keys, config.output)),)
+    return JobOutcome(manifest.read_document(config.output), decode_counts(result), notes)
 
 
 def decode_counts(result) -> journal.ResumeCounts:

@@ -124,6 +124,11 @@ class SourceKind:
         """A picklable callable reading one of ``read_tasks`` into Inputs and Rejects, on a worker."""
         raise NotImplementedError
 
+    def path_reader(self, plan: SourcePlan) -> Callable[[str], bytes] | None:
+        """A picklable callable reading an Input's ``path`` into its bytes on a worker (an archive member's range;
+        ``image_ops.RejectError`` when it cannot); None: the path is a file, read whole (``decode.read_file``)."""
+        return None
+
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds] | None:
         """{split: KeyBounds} known from the plan alone; None: they are found from the listed inputs."""
         return None

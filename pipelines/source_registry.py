@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardprep.pipelines import source_folder, source_parquet, source_tfds, source_tfrecord
+from shardprep.pipelines import source_archive, source_folder, source_parquet, source_tfds, source_tfrecord
 from shardprep.pipelines.source_kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
 from shardprep.preprocess import limits, names, sources
 from shardprep.preprocess.config import PreprocessConfig, default
@@ -19,6 +19,7 @@ KINDS: tuple[SourceKind, ...] = (
     source_tfds.TFDS,
     source_tfrecord.TFRECORD,
     source_parquet.PARQUET,
+    source_archive.ARCHIVE,
 )
 FALLBACK = source_folder.FOLDER  # a SOURCE no kind claims is a path: a folder
 
@@ -31,7 +32,10 @@ def kind_of(source: str) -> SourceKind:
 def parse(source: str) -> ParsedSource:
     """SOURCE's kind and location; ``sources.SourceError`` when it points nowhere (``tfrecord:`` alone)."""
     kind = kind_of(source)
-    return ParsedSource(kind, kind.location(source))
+    location = kind.location(source)
+    if kind is FALLBACK and source_archive.ARCHIVE.claims_folder(location):  # a folder of archives of splits
+        kind = source_archive.ARCHIVE
+    return ParsedSource(kind, location)
 
 
 def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) -> SourcePlan:

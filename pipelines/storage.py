@@ -25,7 +25,7 @@ import stat
 import uuid
 from typing import Iterable, NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess import manifest
@@ -59,6 +59,17 @@ class Written(NamedTuple):
     num_bytes: int
     num_chunks: int
     sha256: str
+
+
+def list_files(directory: str) -> list[str]:
+    """Every file under ``directory`` (recursively), relative to it; local and ``gs://`` alike."""
+    directory = directory.rstrip("/")
+    try:
+        matched = FileSystems.match([manifest.join(directory, "**")])[0].metadata_list
+    except BeamIOError:
+        return []
+    prefix = directory + "/"
+    return sorted(meta.path[len(prefix):] for meta in matched if meta.path.startswith(prefix))
 
 
 def temporary_path(path: str) -> str:

@@ -17,14 +17,23 @@ The JSON report (``--json``)::
                             0-based record in it; null where not applicable), at most --max-problems-per-check per
                             check, lowest file/record first; problems_truncated says whether some were left out
     elapsed_seconds, tool, tool_version
-    pictures                {contact_sheet, class_counts}: paths written (with --pictures)
+    pictures                {contact_sheet, class_counts, near_duplicates}: paths written (with --pictures)
+    warnings                [{check, message, split, file, index, ...}]: near-duplicates that do not fail the run
   prepared dataset, once a manifest was read:
     classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
+    resize_method           the manifest's, or "pillow-bicubic" for a manifest written before it had the key
     stats_split, mean_rgb, std_rgb, manifest_mean_rgb, manifest_std_rgb, mean_std_tolerance
     num_examples, expected_num_examples, other_files (non-shard files found, e.g. rejects.jsonl)
     splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
              expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
              ({file: records}), duplicate_images (identical images within the split: not a failure)}}
+    near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
+             --no-near-duplicates), else {max_distance, limit, strict, leaked_records (records with a near-duplicate in an earlier
+             split), leaked_keys_file (--leaked-keys), across_splits [{reference, split, records (of split with a
+             near-duplicate in reference), split_records, pairs [{distance, reference, duplicate (RecordLocation
+             JSON)}] closest first}], within_splits {split: {records, pairs}},
+             search {buckets_over_cap, members_unchecked, tables, key_bits, bucket_cap, expected_recall
+             ({distance: the chance a pair that far apart is compared})}}
   tfrecord:GLOB and tfds:NAME:
     image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
     dataset's label names)
@@ -56,11 +65,11 @@ from shardprep.pipelines import runner, source_registry, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
-from shardprep.pipelines.validate_options import ValidateOptions
+from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
+from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
-from shardprep.pipelines.validation.checks import (layout_problems, manifest_problems, problem,
-                                                   unfit_layout_problems)
-from shardprep.pipelines.validation.elements import SampleOptions, ShardTask
+from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
+from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import sources, untrusted
@@ -97,25 +106,35 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def check_output_paths(json_path: str | None, pictures: str | None) -> None:
-    """Refuses, before anything runs, a local ``--json`` or ``--pictures`` that could not be written.
+def _check_file_path(flag: str, given: str, what: str, example: str) -> None:
+    """Refuses a local file path ``given`` for ``flag`` that could not be written (see check_output_paths)."""
+    path = _absolute(given)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise ValidateError(f"{flag} {given} is a folder; give a file name for {what}, "
+                            f"e.g. {manifest_lib.join(given, example)}")
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
+        raise ValidateError(f"{flag} {given} is {untrusted.file_kind(path)}, not a file; give a file name for {what}")
+    if not os.path.isdir(parent):
+        raise ValidateError(f"{flag} {given}: the folder {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValidateError(f"{flag} {given}: cannot write there (permission denied); choose a writable path")
 
-    ``--json`` must name a file in an existing, writable folder (not a folder); ``--pictures`` must be a folder, or
-    a new one in an existing, writable folder (not a file). Remote (``gs://``) paths are not checked ahead."""
+
+def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
+                       data: str | None = None) -> None:
+    """Refuses, before anything runs, a local ``--json``, ``--leaked-keys`` or ``--pictures`` that could not be
+    written.
+
+    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder), the keys file
+    outside ``data``; ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file).
+    Remote (``gs://``) paths are checked only against ``data``."""
     if json_path and storage.is_local(json_path):
-        path = _absolute(json_path)
-        parent = os.path.dirname(path)
-        if os.path.isdir(path):
-            raise ValidateError(f"--json {json_path} is a folder; give a file name for the report, "
-                                f"e.g. {manifest_lib.join(json_path, 'report.json')}")
-        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
-            raise ValidateError(f"--json {json_path} is {untrusted.file_kind(path)}, not a file; give a file name "
-                                "for the report")
-        if not os.path.isdir(parent):
-            raise ValidateError(f"--json {json_path}: the folder {parent} does not exist; create it or choose "
-                                "another path")
-        if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            raise ValidateError(f"--json {json_path}: cannot write there (permission denied); choose a writable path")
+        _check_file_path("--json", json_path, "the report", "report.json")
+    if leaked_keys and storage.is_local(leaked_keys):
+        _check_file_path("--leaked-keys", leaked_keys, "the keys", "leaked-keys.txt")
+    if leaked_keys and data and storage.inside(storage.resolved(leaked_keys), storage.resolved(data)):
+        raise ValidateError(f"--leaked-keys {leaked_keys} is inside the dataset {data}: choose a path outside it")
     if pictures and storage.is_local(pictures):
         path = _absolute(pictures)
         if os.path.exists(path) and not os.path.isdir(path):
@@ -130,17 +149,6 @@ def check_output_paths(json_path: str | None, pictures: str | None) -> None:
 
 
 # --- running a graph ----------------------------------------------------------------------------------------------
-
-def list_files(directory: str) -> list[str]:
-    """Every file under ``directory`` (recursively), relative to it; local and ``gs://`` alike."""
-    directory = directory.rstrip("/")
-    try:
-        matched = FileSystems.match([manifest_lib.join(directory, "**")])[0].metadata_list
-    except BeamIOError:
-        return []
-    prefix = directory + "/"
-    return sorted(meta.path[len(prefix):] for meta in matched if meta.path.startswith(prefix))
-
 
 def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     """Where the pipeline writes its result lines, and how to remove them afterwards.
@@ -229,7 +237,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     data_dir = _absolute(options.data).rstrip("/")
     report = report_lib.report_base(options.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
-    found = list_files(data_dir)
+    found = storage.list_files(data_dir)
     if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
         found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
     if manifest_lib.MANIFEST_NAME not in found:
@@ -248,17 +256,45 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     samples = _sample_options(manifest, stats_split, options)
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
+    near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
+    skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
+                                         runner.runs_locally(beam_args))
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
-            progress_dir),
+            progress_dir, near, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
+    if skipped:
+        report["near_duplicates"] = near_report.skipped(skipped)
+    else:
+        driver_problems += _near_duplicates(report, lines, list(manifest.splits), options)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
         progress(f"writing pictures to {options.pictures}", None, None, None)
         _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines)
     return report
+
+
+def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], options: ValidateOptions) -> list:
+    """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
+    (near-duplicates across splits that fail the run)."""
+    split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
+    report["near_duplicates"] = near = near_report.section(
+        lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
+    found = near_report.findings(near)
+    if options.leaked_keys:
+        text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data,
+                                          options.near_duplicate_distance)
+        try:
+            path = _absolute(options.leaked_keys)
+            near["leaked_keys_file"] = _write_file(os.path.dirname(path), os.path.basename(path),
+                                                   text.encode("utf-8"), "text/plain")
+        except (OSError, BeamIOError) as e:
+            raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
+    failing = near_report.fails(near)
+    report.update({} if failing else {"warnings": found})
+    return found if failing else []
 
 
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
@@ -338,7 +374,8 @@ def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict,
 def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int) -> dict:
     """Writes the contact sheet (prepared datasets: ``lines`` holds the samples) and the class-count chart;
     returns their paths."""
-    from shardprep.pipelines.validation import pictures
+    from shardprep.pipelines.validate_read import read_record_pixels
+    from shardprep.pipelines.validation import near_pictures, pictures
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
@@ -346,6 +383,10 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
                                                "image/png")
+    if near_report.searched(report):
+        data_dir = _absolute(report["data"]).rstrip("/")
+        written["near_duplicates"] = _write_file(directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(
+            report, lambda file, index: read_record_pixels(manifest_lib.join(data_dir, file), index)), "image/png")
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = _write_file(directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart),
                                           "image/png")
@@ -382,10 +423,18 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
     """
     beam_args = list(beam_args)
-    check_output_paths(options.json_path, options.pictures)
+    check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
     progress = progress or _log_progress
     started = time.monotonic()
-    if source_registry.kind_of(options.data).validated_as_records:
+    kind = source_registry.kind_of(options.data)
+    if kind is not source_registry.FALLBACK and not kind.validated_as_records:
+        raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
+                            f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
+                            f"tfds:NAME")
+    if kind.validated_as_records:
+        if options.leaked_keys:
+            raise ValidateError(f"--leaked-keys needs a prepared dataset: {options.data} is read as TFRecords, "
+                                "where validate looks for no near-duplicates")
         report = validate_foreign(options, beam_args, progress)
     else:
         report = validate_dataset(options, beam_args, progress)

@@ -11,6 +11,12 @@ import dataclasses
 from typing import Any
 
 
+MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
+# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 14 KiB a
+# record measured (BENCHMARKS.md), so ~3 GiB here. Above it a local run skips the search unless asked for it.
+LOCAL_NEAR_DUPLICATE_RECORDS = 200_000
+
+
 @dataclasses.dataclass(frozen=True)
 class ValidateOptions:
     """What to validate and what to write; every field but ``data`` has the default ``shardprep validate`` shows."""
@@ -23,6 +29,14 @@ class ValidateOptions:
     label_key: str = "label"  # a tfrecord: input's int64 label feature
     tfds_data_dir: str | None = None  # TFDS data_dir of a tfds: DATA (None: TFDS's own)
     max_problems_per_check: int = 100  # problems listed per check in the report (all are counted)
+    # Near-duplicates: records whose perceptual hashes (64 bits) differ in at most this many bits. 10 finds the
+    # planted copies of BENCHMARKS.md's near-duplicate section and paired none of 19,900 distinct photos.
+    near_duplicate_distance: int = 10
+    near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
+    strict: bool = False  # --strict: any near-duplicate across splits fails the run (else a warning)
+    leaked_keys: str | None = None  # --leaked-keys: write those records' keys here, for preprocess --exclude
+    # --near-duplicates/--no-near-duplicates; None: search unless a local run reads over LOCAL_NEAR_DUPLICATE_RECORDS
+    near_duplicates: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, str) or not self.data:
@@ -31,6 +45,35 @@ class ValidateOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive whole number, not {value!r}")
+        distance = self.near_duplicate_distance
+        if isinstance(distance, bool) or not isinstance(distance, int) or not 0 <= distance <= MAX_DISTANCE:
+            raise ValueError(f"near_duplicate_distance must be a whole number of bits from 0 to {MAX_DISTANCE}, "
+                             f"not {distance!r}")
+        limit = self.near_duplicate_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"near_duplicate_limit must be a whole number of records (0 or more), not {limit!r}")
+        if self.near_duplicates is False and self.near_duplicate_flags():
+            raise ValueError(f"--no-near-duplicates cannot go with {' and '.join(self.near_duplicate_flags())}, "
+                             "which need the near-duplicate search: leave out one or the other")
+
+    def near_duplicate_flags(self) -> list[str]:
+        """The flags given that only mean something with the near-duplicate search (they ask for it)."""
+        given = {"--strict": self.strict, "--near-duplicate-limit": self.near_duplicate_limit is not None,
+                 "--leaked-keys": bool(self.leaked_keys)}
+        return [flag for flag, is_given in given.items() if is_given]
+
+
+def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
+    """Why the near-duplicate search does not run over a dataset of ``records`` records (``local``: on this
+    machine), or None when it runs: always when asked for (--near-duplicates, --strict, --near-duplicate-limit,
+    --leaked-keys) or off this machine, never with --no-near-duplicates, else up to LOCAL_NEAR_DUPLICATE_RECORDS."""
+    if options.near_duplicates is False:
+        return "--no-near-duplicates"
+    asked = options.near_duplicates or options.near_duplicate_flags()
+    if asked or not local or records <= LOCAL_NEAR_DUPLICATE_RECORDS:
+        return None
+    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about 14 KiB "
+            f"of memory a record); --near-duplicates runs it here, or run on Dataflow")
 
 
 def default(name: str) -> Any:

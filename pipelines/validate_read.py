@@ -1,7 +1,8 @@
 """Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call.
 
 ``ReadShards``: ``ShardTask`` -> ``(split, SplitStats)`` per shard, plus tagged outputs ``problem`` (dicts),
-``filename`` and ``pixel_hash`` (``(key, RecordLocation)``) and ``sample`` (``(label, Sample)``).
+``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``(Fingerprint, RecordLocation)``)
+and ``sample`` (``(label, Sample)``).
 ``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)`` per file, plus tagged output ``problem``.
 
 No record is held: every cross-record check gets the keys and locations these stages emit.
@@ -24,9 +25,10 @@ from shardprep.pipelines.validation.elements import RecordLocation, Sample, Samp
 from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
 from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, channel_sums, pixel_hash, sample_rank
 from shardprep.preprocess import record_format, untrusted
+from shardprep.preprocess.perceptual_hash import fingerprint
 
 METRICS_NAMESPACE = "validate"
-SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "sample")
+SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "perceptual_hash", "sample")
 
 
 def open_for_reading(path: str):
@@ -42,6 +44,19 @@ def open_for_reading(path: str):
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), matched.size_in_bytes
 
 
+def read_record_pixels(path: str, index: int):
+    """The pixels (H×W×3 uint8) of record ``index`` of the shard at ``path``, or None when it cannot be read or
+    decoded (validate has reported why)."""
+    from shardprep.pipelines.validation.framing import record_at
+
+    try:
+        stream, _ = open_for_reading(path)
+        with stream:
+            return record_format.decode_pixels(record_format.decode_example(record_at(stream, index)))
+    except Exception:  # noqa: BLE001 - unreadable, broken framing, or whatever a codec raises: validate named it
+        return None
+
+
 def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
     return beam.pvalue.TaggedOutput("problem", problem(check, message, **where))
 
@@ -51,7 +66,8 @@ class ReadShardFn(beam.DoFn):
     pixel statistics, filename and pixel hash for every record.
 
     Main output: ``(split, SplitStats)`` for the shard. Tagged outputs: ``problem`` (dicts), ``filename`` and
-    ``pixel_hash`` (``(key, RecordLocation)`` for the duplicate searches), ``sample`` (contact-sheet candidates).
+    ``pixel_hash`` (``(key, RecordLocation)`` for the duplicate searches), ``perceptual_hash``
+    (``(Fingerprint, RecordLocation)`` for the near-duplicate search), ``sample`` (contact-sheet candidates).
     """
 
     def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
@@ -129,6 +145,8 @@ class ReadShardFn(beam.DoFn):
         location = RecordLocation(task.split, task.file, index, record.filename)
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
         yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
+        if height and width:
+            yield beam.pvalue.TaggedOutput("perceptual_hash", (fingerprint(pixels), location))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):

@@ -17,6 +17,7 @@ HIDDEN_FOLDER = "hidden_folder"
 SYMLINKED_FOLDER = "symlinked_folder"
 LOOPING_LINK = "looping_link"
 CASE_MISMATCH = "case_mismatch"
+EXCLUDED = "excluded"  # a key the --exclude file lists: read, but left out as asked
 
 _SKIPPED_DETAIL = {
     HIDDEN_FILE: "a hidden file (its name starts with '.'): not read; rename it to use it",

@@ -38,6 +38,19 @@ class PreprocessConfig:
     tfds_download: bool = False
     image_key: str = "image"
     label_key: str = "label"
+    exclude: str | None = None  # --exclude FILE: source keys to leave out (each recorded as a reject, "excluded")
+
+
+# Options the manifest (and a run's fingerprint) records only when set, so runs without them write what they did
+# before the option existed.
+RECORDED_WHEN_SET = ("exclude",)
+
+
+def recorded_options(config: PreprocessConfig, runner: str) -> dict:
+    """The manifest's ``options``: every field (the unset ones of RECORDED_WHEN_SET left out) and the runner."""
+    options = {name: value for name, value in dataclasses.asdict(config).items()
+               if not (name in RECORDED_WHEN_SET and value is None)}
+    return {**options, "runner": runner}
 
 
 def default(name: str):

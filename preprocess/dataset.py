@@ -23,7 +23,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
-from shardprep.preprocess import encodings
+from shardprep.preprocess import encodings, resize
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.preprocess.manifest import SHARD_FILES, ManifestError, manifest_path, read_document  # noqa: F401
 from shardprep.preprocess.manifest_schema import shape_problems
@@ -124,6 +124,9 @@ class Manifest:
     jpeg_quality: int | None
     shorter_side: int
     crop: str
+    # The resize method that made the images (``shardprep.preprocess.resize``); None in a manifest written before
+    # the key existed, whose images ``pillow-bicubic`` made (``resize_method_used``). Written only when known.
+    resize_method: str | None
     image_height: int | None
     image_width: int | None
     channels: int | None
@@ -181,7 +184,15 @@ class Manifest:
             document["not_used"] = [dict(entry) for entry in self.not_used]
         else:
             del document["not_used"]
+        if self.resize_method is None:
+            del document["resize_method"]
         return document
+
+    @property
+    def resize_method_used(self) -> str:
+        """The resize method that made the stored images: the recorded one, else the one every version before the
+        key used."""
+        return resize.METHOD_WITHOUT_KEY if self.resize_method is None else self.resize_method
 
     def split(self, name: str) -> SplitInfo:
         """The split ``name``; raises KeyError naming the dataset's splits if it has none of that name."""

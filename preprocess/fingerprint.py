@@ -9,13 +9,17 @@ what resuming saves; a file rewritten with the same size and its old modificatio
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import NamedTuple
 
+from shardprep.preprocess import resize
+from shardprep.preprocess.config import recorded_options
+
 # Options that name where the output goes or how it is replaced, not what it holds.
 NOT_FINGERPRINTED = ("output", "overwrite")
+# Not an option, but it reaches the bytes: the resize method (a journal without it was written by pillow-bicubic).
+RESIZE_METHOD = "resize_method"
 
 
 class ListedEntry(NamedTuple):
@@ -46,16 +50,20 @@ def listing_sha256(text: str) -> str:
 
 def fingerprinted_options(config, runner: str) -> dict:
     """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite)."""
-    options = {**dataclasses.asdict(config), "runner": runner}
+    options = {**recorded_options(config, runner), RESIZE_METHOD: resize.DEFAULT_METHOD}
     return {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
 
 
 def option_flag(name: str) -> str:
+    if name == RESIZE_METHOD:
+        return "the resize method"
     return "--" + name.replace("_", "-") if name not in ("source", "runner") else name.upper()
 
 
 def options_difference(old: dict, new: dict) -> str | None:
     """'--shorter-side was 64, is now 32' for the first option (in the config's order) that differs, else None."""
+    old, new = ({**options, RESIZE_METHOD: options.get(RESIZE_METHOD, resize.METHOD_WITHOUT_KEY)}
+                for options in (old, new))
     for name in list(old) + [name for name in new if name not in old]:
         if old.get(name) != new.get(name):
             return f"{option_flag(name)} was {old.get(name)!r}, is now {new.get(name)!r}"

@@ -3,9 +3,10 @@
 Every failure on a bad input surfaces as :class:`RejectError` with a short reason code, so the pipeline can record a
 reject and go on; no other exception escapes :func:`process_image` for any input bytes.
 
-Resampling: Pillow's ``BICUBIC`` filter, which Pillow antialiases when downscaling (its support widens with the scale
-factor). For JPEGs, Pillow's reduced-size decoding (``draft``: libjpeg DCT scaling by 1/2, 1/4 or 1/8) runs first
-whenever the target is at most half the source, so large photos are never fully decoded.
+Resampling: the method ``ProcessOptions.resize_method`` names (``shardprep.preprocess.resize``: ``lanczos2-cubic`` by
+default, ``pillow-bicubic`` for datasets made before the manifest recorded a method). For JPEGs, Pillow's reduced-size
+decoding (``draft``: libjpeg DCT scaling by 1/2, 1/4 or 1/8) runs first whenever the target is at most half the
+source, so large photos are never fully decoded.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
-from shardprep.preprocess import encodings, limits
+from shardprep.preprocess import encodings, limits, resize
 from shardprep.preprocess.config import CROPS, DEFAULT_MAX_PIXELS  # noqa: F401 - image_ops.CROPS etc.
 
-RESAMPLE = Image.Resampling.BICUBIC
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
 
@@ -95,6 +95,7 @@ class ProcessOptions:
     encoding: str = encodings.RAW.name
     jpeg_quality: int = 90
     max_pixels: int = DEFAULT_MAX_PIXELS
+    resize_method: str = resize.DEFAULT_METHOD
 
     def __post_init__(self):
         if self.shorter_side < 1:
@@ -104,6 +105,7 @@ class ProcessOptions:
         encodings.get(self.encoding)  # UnknownEncodingError (a ValueError) naming the known ones
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError("jpeg_quality must be in 1..100")
+        resize.check_method(self.resize_method)
 
     @property
     def stored(self) -> encodings.Encoding:
@@ -272,24 +274,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def resize_and_crop(image: Image.Image, shorter_side: int, crop: str) -> Image.Image:
-    """Resizes so the shorter side is ``shorter_side``; with ``crop="center"`` also cuts the centred square."""
-    return _resize_and_crop_to(image, target_size(*image.size, shorter_side), shorter_side, crop)
-
-
-def _resize_and_crop_to(image: Image.Image, size: tuple[int, int], shorter_side: int, crop: str) -> Image.Image:
-    """Scales ``image`` to ``size`` (shorter side ``shorter_side``); with ``crop="center"`` keeps the centred square."""
-    new_width, new_height = size
-    if crop == "none" or new_width == new_height:
-        return image if size == image.size else image.resize(size, RESAMPLE)
-    left, top = (new_width - shorter_side) // 2, (new_height - shorter_side) // 2
-    if size == image.size:
-        return image.crop((left, top, left + shorter_side, top + shorter_side))
-    # Resample just the kept square: the filter still reads the source pixels around it, so the result is that of
-    # resizing then cropping, without allocating the whole resized image (a 1x100000 strip would become 256x25.6M).
-    x_scale, y_scale = image.width / new_width, image.height / new_height
-    box = (left * x_scale, top * y_scale, (left + shorter_side) * x_scale, (top + shorter_side) * y_scale)
-    return image.resize((shorter_side, shorter_side), RESAMPLE, box=box)
+def resize_and_crop(image: Image.Image, shorter_side: int, crop: str,
+                    method: str = resize.DEFAULT_METHOD) -> Image.Image:
+    """Resizes the RGB ``image`` so the shorter side is ``shorter_side`` (by ``method``); with ``crop="center"``
+    also cuts the centred square."""
+    return resize.resize_and_crop(image, target_size(*image.size, shorter_side), shorter_side, crop, method)
 
 
 @pillow_decoding()
@@ -343,7 +332,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         source_width, source_height = source_height, source_width
     size = target_size(source_width, source_height, options.shorter_side)
     try:
-        rgb = _resize_and_crop_to(rgb, size, options.shorter_side, options.crop)
+        rgb = resize.resize_and_crop(rgb, size, options.shorter_side, options.crop, options.resize_method)
     except MemoryError:
         raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001

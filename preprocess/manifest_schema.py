@@ -11,7 +11,7 @@ import math
 import re
 
 from shardprep.preprocess import names
-from shardprep.preprocess import encodings
+from shardprep.preprocess import encodings, resize
 from shardprep.preprocess.config import CROPS
 from shardprep.preprocess.limits import largest_stored_side
 
@@ -200,6 +200,10 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
         problems.append(f"encoding: must be one of {', '.join(encodings.NAMES)}, is {_describe(manifest['encoding'])}")
     if "crop" in manifest and manifest["crop"] not in CROPS:
         problems.append(f"crop: must be one of {', '.join(CROPS)}, is {_describe(manifest['crop'])}")
+    method = manifest.get("resize_method")
+    if method is not None and method not in resize.RESIZE_METHODS:  # absent or null: made before the key existed
+        problems.append(f"resize_method: must be one of {', '.join(resize.RESIZE_METHODS)} or null, "
+                        f"is {_describe(method)}")
     if "shorter_side" in manifest:
         _count(problems, "shorter_side", manifest["shorter_side"], minimum=1, maximum=MAX_SIDE)
     square = manifest.get("crop") == "center"

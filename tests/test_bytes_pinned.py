@@ -1,7 +1,9 @@
 """The job's output bytes, pinned: shards, rejects and manifest of small generated datasets have fixed sha256s.
 
-Refactoring the job must not change a single byte of what it writes. These hashes were taken on the tree before the
-preprocess job was split into stage modules; a change that alters them changes the product's output and must say so.
+Refactoring the job must not change a single byte of what it writes; a change that alters these hashes changes the
+product's output and must say so. They were last taken when the job's resize became ``lanczos2-cubic`` (Lanczos-2
+low-pass + cubic interpolation in OpenCV, ``shardprep.preprocess.resize``) instead of Pillow's BICUBIC, and its
+manifest gained ``resize_method``; the bytes depend on OpenCV's version as they do on Pillow's.
 The images are lossless formats only (PNG, palette PNG, PNG with alpha, BMP), so their bytes and decoded pixels do not
 depend on the JPEG codec's version; the ``jpeg`` run pins the JPEG encoder's output through Pillow's libjpeg-turbo.
 The manifest is compared without the fields that name the run rather than the data (time, tool version, paths).
@@ -25,26 +27,26 @@ RUN_SPECIFIC_OPTIONS = ("source", "output", "labels_file")
 
 PINNED = {
     "jpeg-center": {
-        "manifest.json": "b33d5ada2f4969f14f9352235ffc0c50cdbd174ac9e2b879571e45c9ab0e7fbb",
+        "manifest.json": "2e951419221f3cab7621202b765709e57502574b5d269462d55aee648312436b",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
-        "train/train-00000-of-00001.tfrecord": "eefac330346e2137789dbdf6b7131c241e2cd389a01550b41642fae8fa4f162b",
-        "validation/validation-00000-of-00001.tfrecord": "d8f4c27a31687baa7f15966e521107ed88209c08bd73a632d32f13d4d85c3183"
+        "train/train-00000-of-00001.tfrecord": "b49255fe1e6544559cd36d0312760e2faecc19d18984d85d33895b7ed588cfa1",
+        "validation/validation-00000-of-00001.tfrecord": "c9b715ab50ce126b587f838aadbb06c8a1819d5f6828be8bc8832d6e2ecab1ac"
     },
     "raw-center": {
-        "manifest.json": "6429a4f4f262db24e080eeed4fc6efda04c23ec71b842a6c660eac87cf535593",
+        "manifest.json": "2bb495a97c28da938989ac5e7d834b526e840a9daf444bf7360ba0786ea8becd",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
-        "train/train-00000-of-00001.tfrecord": "bd2ee361e548d9cdf3d1deafb7b65b304c9b980705b4af59e436004c408169c2",
-        "validation/validation-00000-of-00001.tfrecord": "0a873f8be03651570ea7ae242b78e6bb2895339de58f710bc84dcf01a3d4b0aa"
+        "train/train-00000-of-00001.tfrecord": "bebcf4f77a8c077176a8fc4a851646bc41ac436b11f4e104e96f702ab5bf3a7c",
+        "validation/validation-00000-of-00001.tfrecord": "3a6355c030dc2ff92ad87bf66b30132238a57c03674166b651afff3b5808c159"
     },
     "raw-none-shards": {
-        "manifest.json": "a1186b0bfd7f720d678ee9f55dc05fa53b4e382a507c3e359ff0241c1b92987d",
+        "manifest.json": "a43b994a385e68794642fdb05063caad6d048cdc3aed3c840bda7b4e1391d756",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
-        "train/train-00000-of-00003.tfrecord": "1d3622fa44dbac0732a030e26fc11e3783c24456d697064bdb5cb958faf55435",
-        "train/train-00001-of-00003.tfrecord": "a3c54c61c31de56f63f44eeb78d248e4a6f2b51341e4df0745e64976461a6fe7",
-        "train/train-00002-of-00003.tfrecord": "cb66f0d97d4de0df0e80f0e495ee52e6db90d25f82173d338f8f4e21b83c93c5",
-        "validation/validation-00000-of-00003.tfrecord": "42e9934318a116e30b181922f2238264b2784c4ac042c00792d762b3eeec18d0",
-        "validation/validation-00001-of-00003.tfrecord": "d0d719c85c30fe1b9e051a57ad5973cafdbcc55ea7524a530de476882103e56a",
-        "validation/validation-00002-of-00003.tfrecord": "c57a8e555388de34aa2370d74b383c21f89bdf84c0df9c729b5e8559be9ffb35"
+        "train/train-00000-of-00003.tfrecord": "2fbdd09501718619fbeee4fd0bb8f8372c3e9b25f97750050c1d4bc380999fd5",
+        "train/train-00001-of-00003.tfrecord": "dd06d0f4a29dfb9660104b975bca9fa317a92eed179fedf81648da2c26d5435e",
+        "train/train-00002-of-00003.tfrecord": "75a87eeed5944c5eef6213f5df6e3d71bbf907682efbe0a7722f3873966bdf5f",
+        "validation/validation-00000-of-00003.tfrecord": "b622c9d8fe878a5c188ccf6c6de5b1a37791f857f41763f9b8f5f19aee12321a",
+        "validation/validation-00001-of-00003.tfrecord": "75daf3b16ec5346ed4a2fde364e29536a73e03502893823b577fe506bda32dfa",
+        "validation/validation-00002-of-00003.tfrecord": "ddba0f4450c4e2e41476d5c433855c8164409cda3b6695f619c8ba8f6a5893f0"
     }
 }
 

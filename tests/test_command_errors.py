@@ -231,3 +231,18 @@ def test_train_checks_profile_batch_before_tensorflow_starts(data, tmp_path, val
     result = CliRunner().invoke(main, [str(arg) for arg in train(data, tmp_path, "--profile-batch", value)])
     assert result.exit_code == 2 and "--profile-batch" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_validate_names_a_source_kind_it_does_not_read(tmp_path):
+    """validate reads prepared datasets, tfrecord: and tfds:; a parquet: SOURCE is preprocess's input, and is said so
+    (it used to be taken as a dataset folder and reported as not existing)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"label": [0]}), tmp_path / "train.parquet")
+    result = CliRunner().invoke(main, ["validate", f"parquet:{tmp_path}/*.parquet"])
+    assert result.exit_code == 1, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, result.output
+    assert "does not exist" not in error[0]
+    assert "parquet" in error[0] and "shardprep preprocess" in error[0]
+    assert "tfrecord:GLOB" in error[0]

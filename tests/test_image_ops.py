@@ -1,6 +1,7 @@
 """The per-image decode path on known inputs: colours per mode, orientation, geometry, draft decoding, encoding,
 statistics and reject reasons. Pixel values are asserted, not just shapes."""
 
+import dataclasses
 import io
 import struct
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 import image_factory as factory
-from shardprep.preprocess import image_ops
+from shardprep.preprocess import image_ops, resize
 from shardprep.preprocess.image_ops import ProcessOptions, RejectError
 
 WHITE = image_ops.BACKGROUND_RGB
@@ -179,31 +180,69 @@ def noise_png(width: int, height: int, seed: int = 0) -> tuple[bytes, Image.Imag
 SIZES = [(97, 61), (61, 97), (300, 200), (13, 40), (256, 300), (40, 13), (256, 256)]
 
 
+def full_resize(image: Image.Image, size: tuple[int, int], method: str) -> np.ndarray:
+    """``image`` resized to ``size`` whole by ``method``, computed apart from the job's crop path."""
+    if method == resize.PILLOW_BICUBIC:
+        return np.asarray(image.resize(size, Image.Resampling.BICUBIC))
+    return resize.lanczos_cubic(image, size, (0, 0), size, 2)
+
+
+@pytest.mark.parametrize("method", resize.RESIZE_METHODS)
 @pytest.mark.parametrize("width, height", SIZES)
 @pytest.mark.parametrize("shorter_side", [32, 256])
-def test_crop_none_keeps_the_aspect_ratio(width, height, shorter_side):
+def test_crop_none_keeps_the_aspect_ratio(width, height, shorter_side, method):
     data, image = noise_png(width, height)
-    result = image_ops.process_image(data, ProcessOptions(shorter_side=shorter_side, crop="none"))
+    result = image_ops.process_image(data, ProcessOptions(shorter_side=shorter_side, crop="none",
+                                                          resize_method=method))
     short, long = sorted((width, height))
     expected_long = round(long * shorter_side / short)
     assert (result.height, result.width) == ((shorter_side, expected_long) if width >= height
                                              else (expected_long, shorter_side))
-    reference = image.resize((result.width, result.height), Image.Resampling.BICUBIC)
-    assert_close(processed_pixels(result), np.asarray(reference), 0)
+    assert_close(processed_pixels(result), full_resize(image, (result.width, result.height), method), 0)
 
 
+@pytest.mark.parametrize("method", resize.RESIZE_METHODS)
 @pytest.mark.parametrize("width, height", SIZES)
 @pytest.mark.parametrize("shorter_side", [32, 256])
-def test_centre_crop_is_the_middle_of_the_full_resize(width, height, shorter_side):
+def test_centre_crop_is_the_middle_of_the_full_resize(width, height, shorter_side, method):
     # Noise makes any one-pixel shift of the crop window show as large differences.
     data, image = noise_png(width, height, seed=1)
-    result = image_ops.process_image(data, ProcessOptions(shorter_side=shorter_side, crop="center"))
+    result = image_ops.process_image(data, ProcessOptions(shorter_side=shorter_side, crop="center",
+                                                          resize_method=method))
     assert (result.height, result.width) == (shorter_side, shorter_side)
     new_width, new_height = image_ops.target_size(width, height, shorter_side)
     left, top = (new_width - shorter_side) // 2, (new_height - shorter_side) // 2
-    reference = image.resize((new_width, new_height), Image.Resampling.BICUBIC).crop(
-        (left, top, left + shorter_side, top + shorter_side))
-    assert_close(processed_pixels(result), np.asarray(reference), 1)  # 1: fixed-point rounding of the box resample
+    reference = full_resize(image, (new_width, new_height), method)[top:top + shorter_side, left:left + shorter_side]
+    assert_close(processed_pixels(result), reference, 1)  # 1: fixed-point rounding of Pillow's box resample
+
+
+@pytest.mark.parametrize("width, height", [(40, 400), (400, 40), (7, 300)])
+def test_long_image_centre_crop_matches_the_whole_resize(width, height):
+    # More than 4x the crop's pixels: the crop is resampled from just the pixels it needs (warpAffine), not from
+    # the whole resized image; smooth content, since the two interpolate at positions 1/32 of a pixel apart.
+    rng = np.random.default_rng(2)
+    coarse = rng.integers(0, 256, (max(2, height // 8), max(2, width // 8), 3), dtype=np.uint8)
+    image = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
+    result = image_ops.resize_and_crop(image, 32, "center", resize.LANCZOS2_CUBIC)
+    new_width, new_height = image_ops.target_size(width, height, 32)
+    left, top = (new_width - 32) // 2, (new_height - 32) // 2
+    reference = resize.lanczos_cubic(image, (new_width, new_height), (0, 0), (new_width, new_height), 2)
+    difference = np.abs(np.asarray(result, int) - reference[top:top + 32, left:left + 32])
+    assert difference.mean() < 1.0 and difference.max() <= 8
+
+
+def test_lanczos2_cubic_is_close_to_pillow_bicubic_on_a_photo(large_jpeg):
+    # The new default against the method datasets were made with before it: the same geometry, a similar filter.
+    options = ProcessOptions(shorter_side=96, crop="center", resize_method=resize.LANCZOS2_CUBIC)
+    new = processed_pixels(image_ops.process_image(large_jpeg, options))
+    old = processed_pixels(image_ops.process_image(large_jpeg, dataclasses.replace(
+        options, resize_method=resize.PILLOW_BICUBIC)))
+    assert np.abs(new - old).mean() < 1.0
+
+
+def test_unknown_resize_method_is_refused():
+    with pytest.raises(ValueError, match="lanczos2-cubic"):
+        ProcessOptions(resize_method="nearest")
 
 
 def test_extreme_strip_centre_crop_works_and_crop_none_is_rejected():
@@ -403,3 +442,24 @@ def test_pillows_settings_are_changed_only_while_decoding(monkeypatch):
     with pytest.raises(RejectError):
         image_ops.process_image(b"not an image", ProcessOptions())
     assert Image.MAX_IMAGE_PIXELS == 1234
+
+
+def test_a_large_downscale_filters_with_a_short_kernel(monkeypatch):
+    # 1024 x 1024 to 1 pixel: a Lanczos-2 widened by 1024 would be 4,097 taps over a million pixels (seconds an
+    # image); an area reduction first keeps the low-pass filter short, whatever the scale.
+    import cv2
+
+    lengths = []
+    real = cv2.sepFilter2D
+
+    def spy(pixels, depth, kernel_x, kernel_y, **kwargs):
+        lengths.extend((len(kernel_x), len(kernel_y)))
+        return real(pixels, depth, kernel_x, kernel_y, **kwargs)
+
+    monkeypatch.setattr(cv2, "sepFilter2D", spy)
+    image = Image.fromarray(np.full((1024, 1024, 3), 90, np.uint8))
+    for side, crop in [(1, "center"), (7, "none"), (16, "center")]:
+        result = image_ops.resize_and_crop(image, side, crop, resize.LANCZOS2_CUBIC)
+        assert result.size == (side, side)
+        assert_uniform(np.asarray(result, int), (90, 90, 90), 1)
+    assert lengths and max(lengths) <= 2 * 2 * 4 + 1

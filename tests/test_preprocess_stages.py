@@ -247,3 +247,16 @@ def test_spill_reader_reads_remote_records_on_its_own_pool_and_close_shuts_it_do
         pool = reader._pool
         assert got == [f"k{i}" for i in reversed(range(40))] and pool is not None
     assert reader._pool is None and pool._shutdown
+
+
+def test_exclude_inputs_turns_the_named_inputs_into_rejects_and_passes_the_rest():
+    from shardprep.pipelines.exclude import ExcludeInputs
+
+    listed = [Input("train", "train/a/1.jpg", 0, "/s/train/a/1.jpg", None),
+              Input("validation", "validation/a/2.jpg", 0, "/s/validation/a/2.jpg", None),
+              Input("validation", "validation/b/3.jpg", 1, "/s/validation/b/3.jpg", None)]
+    with pipeline() as p:
+        kept = p | beam.Create(listed) | ExcludeInputs(frozenset({"validation/a/2.jpg", "not/listed.jpg"}), "k.txt")
+        assert_that(kept["inputs"], equal_to([listed[0], listed[2]]), label="Kept")
+        assert_that(kept["rejects"], equal_to([Reject("validation", "validation/a/2.jpg", "excluded",
+                                                      "listed in --exclude k.txt")]), label="Excluded")

@@ -44,7 +44,7 @@ def test_a_prefix_without_its_location_is_refused(source, message):
 
 
 @pytest.mark.parametrize("source, option, flag, takers", [
-    ("tfrecord:x/*.tfrecord", {"labels_file": "labels.csv"}, "--labels-file", "folder"),
+    ("tfrecord:x/*.tfrecord", {"labels_file": "labels.csv"}, "--labels-file", "folder and archive"),
     ("tfds:mnist", {"labels_split": "val"}, "--labels-split", "folder"),
     ("photos", {"image_key": "image/encoded"}, "--image-key", "tfds, tfrecord and parquet"),
     ("tfrecord:x/*.tfrecord", {"tfds_download": True}, "--tfds-download", "tfds"),

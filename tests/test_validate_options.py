@@ -80,3 +80,45 @@ def test_the_validate_command_module_loads_no_beam():
                             capture_output=True, text=True, timeout=60)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip() == "False"
+
+
+# --- whether the near-duplicate search runs ------------------------------------------------------------------------
+
+def _skip(records: int, local: bool, **flags) -> str | None:
+    from shardprep.pipelines.validate_options import near_duplicate_skip_reason
+
+    return near_duplicate_skip_reason(ValidateOptions("data", **flags), records, local)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_the_near_duplicate_search_runs_up_to_the_local_limit_and_always_off_this_machine(local):
+    from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS
+
+    assert _skip(LOCAL_NEAR_DUPLICATE_RECORDS, local) is None
+    assert _skip(10, local) is None
+    over = _skip(LOCAL_NEAR_DUPLICATE_RECORDS + 1, local)
+    if local:
+        assert f"{LOCAL_NEAR_DUPLICATE_RECORDS + 1:,} records" in over
+        assert f"{LOCAL_NEAR_DUPLICATE_RECORDS:,}" in over and "--near-duplicates" in over and "Dataflow" in over
+    else:
+        assert over is None
+
+
+@pytest.mark.parametrize("flags", [{"near_duplicates": True}, {"strict": True}, {"near_duplicate_limit": 0},
+                                   {"leaked_keys": "keys.txt"}])
+def test_asking_for_the_search_runs_it_locally_however_many_records(flags):
+    assert _skip(10**7, True, **flags) is None
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_no_near_duplicates_skips_it_anywhere_and_says_so(local):
+    reason = _skip(10, local, near_duplicates=False)
+    assert reason and "--no-near-duplicates" in reason
+
+
+@pytest.mark.parametrize("flags, named", [({"strict": True}, "--strict"),
+                                          ({"near_duplicate_limit": 3}, "--near-duplicate-limit"),
+                                          ({"leaked_keys": "keys.txt"}, "--leaked-keys")])
+def test_no_near_duplicates_with_a_flag_that_needs_the_search_is_refused_by_name(flags, named):
+    with pytest.raises(ValueError, match=f"--no-near-duplicates.*{named}"):
+        ValidateOptions("data", near_duplicates=False, **flags)

@@ -76,13 +76,14 @@ def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
     """The options the preprocess job used for this dataset, with raw encoding (pixels, not a JPEG round trip).
 
     Built from the manifest the way the job builds them from its ``PreprocessConfig``
-    (``shardprep.pipelines.preprocess.process_options``): ``shorter_side``, ``crop`` and, when the manifest's
-    ``options`` record it, ``max_pixels``.
+    (``shardprep.pipelines.preprocess.process_options``): ``shorter_side``, ``crop``, the resize method that made
+    the dataset and, when the manifest's ``options`` record it, ``max_pixels``.
     """
     max_pixels = (manifest.options or {}).get("max_pixels")
     return image_ops.ProcessOptions(
         shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
-        max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS)
+        max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS,
+        resize_method=manifest.resize_method_used)
 
 
 def _dataset_manifest(manifest, data: str) -> Manifest:
@@ -133,7 +134,7 @@ def stored_pixels(data: bytes, options: image_ops.ProcessOptions, min_side: int 
     processed = image_ops.process_image(bytes(data), options)
     pixels = np.frombuffer(processed.encoded, np.uint8).reshape(processed.height, processed.width, 3)
     if min_side is not None and min(pixels.shape[:2]) < min_side:
-        image = image_ops.resize_and_crop(Image.fromarray(pixels, "RGB"), min_side, options.crop)
+        image = image_ops.resize_and_crop(Image.fromarray(pixels, "RGB"), min_side, options.crop, options.resize_method)
         pixels = np.asarray(image.convert("RGB"), np.uint8)
     return pixels
 

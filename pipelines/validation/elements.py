@@ -49,3 +49,12 @@ class Sample(NamedTuple):
     height: int
     width: int
     pixels: bytes  # height x width x 3 uint8
+
+
+@dataclasses.dataclass(frozen=True)
+class NearDuplicateOptions:
+    """The near-duplicate search's threshold (bits of the perceptual hash) and the closest pairs listed per split
+    pair."""
+
+    max_distance: int
+    pairs_listed: int

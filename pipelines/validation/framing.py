@@ -4,6 +4,7 @@ record whose data checksum fails (its framing is intact), so one bad record does
 from __future__ import annotations
 
 import hashlib
+import struct
 from typing import Iterator
 
 from shardprep.preprocess import tfrecord_io
@@ -74,3 +75,33 @@ def iter_framed_records(reader: MeasuredReader) -> Iterator[tuple[int, bytes | N
             if not framing_intact:
                 return
             base_index = record_index + 1
+
+
+RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not read
+
+
+def record_at(stream, index: int) -> bytes:
+    """Record ``index`` (0-based) of a TFRecord stream: the headers before it read and their records skipped
+    (sought past where the stream can seek), its data read whole; ``tfrecord_io.CorruptRecordError`` if the
+    stream ends or its framing breaks first."""
+    for number in range(index + 1):
+        header = stream.read(tfrecord_io.HEADER_BYTES)
+        if len(header) < tfrecord_io.HEADER_BYTES:
+            raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
+        (length,) = struct.unpack("<Q", header[:8])
+        if length > RECORD_AT_MAX_BYTES:
+            raise tfrecord_io.CorruptRecordError(f"a record length of {length} bytes", number, 0)
+        if number == index:
+            data = stream.read(length)
+            if len(data) < length:
+                raise tfrecord_io.CorruptRecordError(f"record {index} is truncated", number, 0)
+            return data
+        if stream.seekable():
+            stream.seek(length + 4, 1)
+        else:
+            while length + 4 > 0:
+                skipped = len(stream.read(min(length + 4, 1 << 20)))
+                if not skipped:
+                    raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
+                length -= skipped
+    raise AssertionError("unreachable")

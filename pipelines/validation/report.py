@@ -11,6 +11,7 @@ from shardprep.pipelines.validation.checks import classify_files, problem, probl
 from shardprep.pipelines.validation.elements import Sample
 from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, size_summary
 from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import resize
 
 FOUND_FILES_LISTED = 50  # how many leftover files a manifest_missing problem (and other_files) names
 
@@ -129,6 +130,7 @@ def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_sp
     return dict(
         classes=manifest["classes"],
         encoding=manifest["encoding"], crop=manifest["crop"], shorter_side=manifest["shorter_side"],
+        resize_method=resize.method_of(manifest),
         image_height=manifest.get("image_height"), image_width=manifest.get("image_width"),
         stats_split=stats_split,
         mean_rgb=stats_summary.get("mean_rgb"), std_rgb=stats_summary.get("std_rgb"),

@@ -52,7 +52,8 @@ class _ArgsKept(click.Command):
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
-              help="Resize so the shorter side has this many pixels (Pillow BICUBIC, antialiased).")
+              help="Resize so the shorter side has this many pixels (antialiased: Lanczos-2 low-pass, "
+                   "cubic interpolation).")
 @click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
 @click.option("--encoding", type=click.Choice(encodings.NAMES), default=default("encoding"), show_default=True,
@@ -64,7 +65,7 @@ class _ArgsKept(click.Command):
               help="Seed of the record order within and across shards.")
 @click.option("--max-pixels", default=default("max_pixels"), show_default=True, type=click.IntRange(min=1),
               help="Reject images with more pixels than this before decoding (decompression bombs).")
-@click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders.")
+@click.option("--labels-file", default=None, help="CSV of filename,label for images not in class folders (ARCHIVE/FILE: a member of an archive).")
 @click.option("--split", default=default("split"), show_default=True,
               help="Split name for single-split sources (a folder of class folders, TFRecords without a split in their name).")
 @click.option("--labels-split", default=None,
@@ -76,6 +77,9 @@ class _ArgsKept(click.Command):
 @click.option("--label-key", default=default("label_key"), show_default=True,
               help="int64 label feature of tfrecord:/tfds: records; label column of parquet: files.")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
+@click.option("--exclude", default=default("exclude"), metavar="FILE",
+              help="Leave out the inputs whose keys FILE lists, one a line (e.g. validate --leaked-keys): each "
+                   "recorded in rejects.jsonl as excluded.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed local run in OUTPUT (same SOURCE and options): keep its finished decode groups.")
@@ -84,8 +88,8 @@ class _ArgsKept(click.Command):
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
-            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, overwrite,
-            resume, quiet, verbose, beam_args):
+            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, exclude,
+            overwrite, resume, quiet, verbose, beam_args):
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -100,7 +104,8 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
-        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key)
+        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
+        exclude=exclude)
     started = time.monotonic()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     try:

@@ -6,9 +6,9 @@ import textwrap
 
 import click
 
-from shardprep.display import LiveProgress
+from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
-from shardprep.pipelines.validate_options import ValidateOptions, default
+from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
 
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
@@ -34,14 +34,23 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
     or unlisted; shard sizes uniform (within one record);
   - image/filename unique; no identical image (decoded-pixel hash) in two
     splits (leakage);
+  - near-duplicates: records whose perceptual hashes (64-bit DCT hash of
+    the stored pixels; re-encoded, rescaled, slightly cropped or shifted,
+    brighter or darker, or mirrored copies) are within
+    --near-duplicate-distance bits of a record in an earlier split: a
+    warning with the count, a failure under --strict or above
+    --near-duplicate-limit; --leaked-keys writes their keys for
+    `shardprep preprocess --exclude`; a local run of more than
+    {local_limit} records skips this search with a warning (memory),
+    unless asked for (--near-duplicates);
 {mean_std_check}
 
 For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
 unreadable records or images, each with file and record index.
 
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
-contact_sheet.png (stored images, several per class, as the model sees them before augmentation) and
-class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
+contact_sheet.png (stored images, several per class, as the model sees them before augmentation),
+near_duplicates.png (the closest near-duplicate pairs side by side) and class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
 after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
 --setup_file ./setup.py
 """
@@ -58,7 +67,8 @@ def _mean_std_check() -> str:
     return textwrap.fill(bullet, width=76, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
 
 
-HELP = HELP.replace("{mean_std_check}", _mean_std_check())
+HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
+        .replace("{local_limit}", f"{LOCAL_NEAR_DUPLICATE_RECORDS:,}"))
 
 
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,7 +76,8 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--json", "json_path", default=default("json_path"), metavar="REPORT",
               help="Write the JSON report to this path.")
 @click.option("--pictures", default=default("pictures"), metavar="DIR",
-              help="Write contact_sheet.png and class_counts.png into DIR (contact sheet: prepared datasets only).")
+              help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR (the first two: "
+                   "prepared datasets only).")
 @click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
               type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key).")
 @click.option("--image-key", default=default("image_key"), show_default=True,
@@ -77,23 +88,42 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
               help="TFDS data_dir of a tfds: DATA (default: TFDS's own).")
 @click.option("--max-problems-per-check", default=default("max_problems_per_check"), show_default=True,
               type=click.IntRange(min=1), help="Problems listed per check in the report (all are counted).")
+@click.option("--near-duplicate-distance", default=default("near_duplicate_distance"), show_default=True,
+              type=click.IntRange(min=0, max=MAX_DISTANCE), metavar="BITS",
+              help="Records whose 64-bit perceptual hashes differ in at most BITS bits are near-duplicates.")
+@click.option("--near-duplicate-limit", default=default("near_duplicate_limit"), type=click.IntRange(min=0),
+              metavar="N", help="Fail when more than N records have a near-duplicate in an earlier split "
+                                "(default: a warning, however many).")
+@click.option("--strict", is_flag=True, default=default("strict"),
+              help="Fail on any near-duplicate across splits (exact duplicates always fail).")
+@click.option("--leaked-keys", default=default("leaked_keys"), metavar="FILE",
+              help="Write the keys of records with a near-duplicate in an earlier split to FILE, for "
+                   "shardprep preprocess --exclude FILE.")
+@click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
+              help="Run the near-duplicate search or not (default: it runs, except on a local run of more than "
+                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~14 KiB of memory each, where it is skipped with a "
+                   "warning; --strict, --near-duplicate-limit and --leaked-keys run it too).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
-            max_problems_per_check, quiet, beam_args):
+            max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
+            near_duplicates, quiet, beam_args):
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
     try:
         options = ValidateOptions(data, json_path=json_path, pictures=pictures, samples_per_class=samples_per_class,
                                   image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
-                                  max_problems_per_check=max_problems_per_check)
+                                  max_problems_per_check=max_problems_per_check,
+                                  near_duplicate_distance=near_duplicate_distance,
+                                  near_duplicate_limit=near_duplicate_limit, strict=strict, leaked_keys=leaked_keys,
+                                  near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
     try:
-        with _ProgressDisplay(enabled=not quiet) as progress_display:
+        with ProgressDisplay(enabled=not quiet) as progress_display:
             report = job.run(options, list(beam_args), progress=progress_display.update)
     except job.ReportWriteError as e:
         e.report.setdefault("elapsed_seconds", 0)
@@ -103,36 +133,6 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         raise click.ClickException(str(e)) from None
     print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
-
-
-class _ProgressDisplay(LiveProgress):
-    """A spinner with elapsed time; during the pipeline also files read of total and records read."""
-
-    def __init__(self, enabled: bool):
-        super().__init__(enabled, _columns, transient=True, lazy=False, records="")
-
-    def update(self, stage: str, done: int | None, total: int | None, records: int | None):
-        if done is None:
-            self.show(description=stage, completed=0, total=None, records="")
-        else:
-            self.show(description=stage, completed=done, total=total,
-                      records=f"{records:,} records" if records is not None else "")
-
-    def plain_line(self, state: dict, elapsed: float) -> str:
-        """``reading 12 shards (1.2 MiB): 5/12 files, 1,234 records, 0:00:04``."""
-        from shardprep.display import duration
-
-        done, total = state.get("completed") or 0, state.get("total")
-        files = f": {done:,}/{total:,} files" if total else ""
-        records = f", {state['records']}" if state.get("records") else ""
-        return f"{state['description']}{files}{records}, {duration(elapsed)}"
-
-
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
 
 
 def _rgb(values) -> str:
@@ -203,6 +203,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
             console.print(_foreign_split_table(summary, report.get("classes")))
     if report["problems"]:
         _print_problems(say, report)
+    _print_near_duplicates(say, report)
     _print_found_files(console, report)
     if report.get("skipped_checks"):
         clauses = _clauses(report["skipped_checks"])
@@ -250,7 +251,11 @@ def _print_found_files(console, report: dict) -> None:
 
 def _verdict(report: dict, json_path: str | None) -> list:
     total = sum(report["problem_counts"].values())
-    if report["ok"]:
+    warnings = len(report.get("warnings") or [])
+    if report["ok"] and warnings:
+        items = [("", _styled("OK", "bold green")), ("", ": every check passed"),
+                 ("; ", _styled(_count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
+    elif report["ok"]:
         items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
@@ -366,6 +371,40 @@ def _class_name(classes: list[str], label: str):
 
     index = int(label)
     return Text(classes[index]) if 0 <= index < len(classes) else _styled("(out of range)", "red")
+
+
+def _print_near_duplicates(say, report: dict) -> None:
+    """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
+    from rich.text import Text
+
+    near = report.get("near_duplicates")
+    if near and near.get("skipped"):
+        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", "near-duplicates not searched")]
+            + [(": " if i == 0 else separator, clause) for i, (separator, clause) in
+               enumerate(_clauses(near["skipped"]))], indent="    ")
+    if not near or near.get("skipped"):
+        return
+    across = [entry for entry in near["across_splits"] if entry["records"]]
+    within = [(split, entry["records"]) for split, entry in near["within_splits"].items() if entry["records"]]
+    items: list = [("", _styled("near-duplicates", "bold")), (" ", f"(within {near['max_distance']} bits):")]
+    items += [(" " if i == 0 else ", ", f"{entry['split']} {entry['records']:,} of {entry['split_records']:,} "
+                                        f"in {entry['reference']}") for i, entry in enumerate(across)]
+    if not across:
+        items.append((" ", "none across splits"))
+    if within:
+        items += [("; ", "within a split:")] + [(" " if i == 0 else ", ", f"{split} {n:,}")
+                                                for i, (split, n) in enumerate(within)]
+    if near["search"]["members_unchecked"]:
+        items.append(("; ", f"{near['search']['members_unchecked']:,} records in crowded search buckets "
+                            "not compared"))
+    say(items)
+    for found in report.get("warnings") or []:
+        clauses = _clauses(found["message"])
+        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
+            + [(": ", clauses[0][1])] + clauses[1:], indent="    ")
+    if near.get("leaked_keys_file"):
+        say([("", f"leaked keys: {near['leaked_keys_file']}"),
+             (" ", f"({_count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
 
 
 def _print_problems(say, report: dict) -> None:

@@ -1,0 +1,102 @@
+"""Start-up of a local preprocess run: where the seconds before the first decode go.
+
+    python benchmarks/startup_bench.py [--repeats 3] [--workers 2] [--image PATH]
+
+Each repeat times, as separate processes: the bare interpreter (``python -c pass``); the launcher's imports
+(``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess``, which imports Beam); and a
+one-image ``shardprep preprocess SRC OUT --quiet`` on ``--workers`` local worker processes, from its start to the
+first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``, polled every 5 ms) and to its
+exit. Medians are printed. ``--image`` defaults to a generated 500x375 JPEG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+POLL_S = 0.005
+
+
+def timed(command: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def first_spill(folder: str) -> bool:
+    try:
+        return any(name.startswith("spill-") for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def one_run(source: str, output: str, workers: int) -> tuple[float, float]:
+    """(seconds to the first decode, seconds to exit) of a one-image run."""
+    command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--",
+               f"--direct_num_workers={workers}"]
+    started = time.perf_counter()
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = None
+    spill_folder = os.path.join(output, ".tmp")
+    while run.poll() is None:
+        if first is None and first_spill(spill_folder):
+            first = time.perf_counter() - started
+        time.sleep(POLL_S)
+    total = time.perf_counter() - started
+    if run.returncode != 0:
+        raise RuntimeError(f"preprocess failed: {run.stderr.read().decode(errors='replace')[-2000:]}")
+    return (first if first is not None else float("nan")), total
+
+
+def write_image(folder: str, image: str | None) -> None:
+    os.makedirs(os.path.join(folder, "train", "x"))
+    target = os.path.join(folder, "train", "x", "image.jpg")
+    if image:
+        shutil.copyfile(image, target)
+        return
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (375, 500, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    with open(target, "wb") as f:
+        f.write(buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--image")
+    args = parser.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="shardprep-startup-bench-")
+    rows: dict[str, list[float]] = {"interpreter": [], "imports": [], "first decode": [], "exit": []}
+    try:
+        write_image(os.path.join(work, "src"), args.image)
+        for repeat in range(args.repeats):
+            rows["interpreter"].append(timed([sys.executable, "-c", "pass"]))
+            rows["imports"].append(timed([sys.executable, "-c",
+                                          "import shardprep.cli, shardprep.pipelines.preprocess"]))
+            first, total = one_run(os.path.join(work, "src"), os.path.join(work, f"out-{repeat}"), args.workers)
+            rows["first decode"].append(first)
+            rows["exit"].append(total)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {args.workers} workers, "
+          f"load {os.getloadavg()[0]:.1f}, {args.repeats} repeats (median, then each)")
+    for name, values in rows.items():
+        print(f"{name:13} {statistics.median(values):6.2f} s   " + " ".join(f"{v:.2f}" for v in values))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

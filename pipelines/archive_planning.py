@@ -1,0 +1,317 @@
+"""Planning an archive SOURCE (``source_archive``): its archives indexed once on the launching machine, the folder
+rules applied to their member names (``preprocess/archive_layout.py``), labels joined, and what the workers read.
+
+An uncompressed tar is indexed from its headers alone (seeking past the data), a zip from its central directory;
+a tar inside a tar (ImageNet's per-class train tars) is left to a worker to index (``NestedTask``); a compressed tar
+is read once here for its member names (a stream has no index) and once by a worker for its bytes (``StreamTask``).
+Launcher only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple
+
+from shardprep.pipelines.source_kind import SourceKind, SourcePlan
+from shardprep.preprocess import accounting, archive_index, archive_layout, imagenet_labels, labels, names, sources
+from shardprep.preprocess.archive_index import Member, MemberRef
+from shardprep.preprocess.elements import Reject
+
+MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
+DUPLICATE = "duplicate_member"
+SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
+
+
+class MembersTask(NamedTuple):
+    """Members of a seekable archive, already labelled: (source key, label, ``MemberRef`` text) each."""
+
+    split: str
+    entries: tuple[tuple[str, int, str], ...]
+
+
+class NestedTask(NamedTuple):
+    """A tar inside a tar, one class: a worker indexes its headers and names its members by range."""
+
+    split: str
+    archive: str
+    key_prefix: str  # "n01440764/": the class folder its members would be extracted to
+    label: int
+    offset: int
+    size: int
+
+
+class StreamTask(NamedTuple):
+    """A compressed tar read once front to back: ``wanted`` are (member name, occurrence, split, key, label)."""
+
+    archive: str
+    wanted: tuple[tuple[str, int, str, str, int], ...]
+
+
+class ArchiveFile(NamedTuple):
+    path: str
+    type: str  # "tar", "tgz", "zip"
+    split: str | None  # the split a folder of archives names it by; None: split folders inside, else --split
+    size: int
+    mtime_ns: int
+    inner: str = ""  # the folder inside it that is SOURCE (ARCHIVE/PATH); "": all of it
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchivePlan(SourcePlan):
+    """An archive source's plan: the archives (for the fingerprint) and the read tasks."""
+
+    archives: tuple[ArchiveFile, ...] = ()
+    tasks: tuple[MembersTask | NestedTask | StreamTask, ...] = ()
+
+
+class _Found(NamedTuple):
+    archive: ArchiveFile
+    layout: archive_layout.ArchiveLayout
+    stored: dict[int, tuple[str, int]]  # id of a member -> (its name as stored, its occurrence of that name)
+
+
+RANGE_READ_CHUNK = 64 * 1024  # gs:// reads by range fetch at least this much (Beam's default: 16 MiB per seek)
+
+
+def open_archive(path: str, sequential: bool = False):
+    """A binary file object of a local or remote archive, seekable. On ``gs://`` a read after a seek fetches only
+    what it needs (and at least ``RANGE_READ_CHUNK``), unless ``sequential`` (a stream read front to back)."""
+    if "://" not in path:
+        return open(path, "rb")
+    if path.startswith("gs://") and not sequential:
+        from apache_beam.io.gcp import gcsio
+
+        return gcsio.GcsIO().open(path, "rb", read_buffer_size=RANGE_READ_CHUNK)
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
+    """The plan of an archive, or of a folder holding archives of splits."""
+    archives, not_used = _archive_files(location, config.split)
+    found = [_index(archive, config.split) for archive in archives]
+    layouts = [f.layout for f in found]
+    flat = [item for layout in layouts for item in layout.flat]
+    label_of, label_names = _flat_labels(config.labels_file, flat)
+    unlabelled = _unlabelled(found, label_of)
+    class_names = sorted_classes({c for layout in layouts for c in layout.classes} | label_names, location)
+    if not class_names:
+        raise sources.SourceError(
+            f"no classes found in {location}: expected <split>/<class>/<file>, <class>/<file>, a tar per class, or "
+            "flat images with --labels-file" + (" (its images are not in class folders: did you forget "
+                                                "--labels-file?)" if flat else ""))
+    class_index = {name: i for i, name in enumerate(class_names)}
+    tasks, skipped = [], []
+    for item in found:
+        not_used += item.layout.not_used
+        skipped_splits = {split for path, split in unlabelled if path == item.archive.path}
+        not_used += [unlabelled[(item.archive.path, split)] for split in sorted(skipped_splits)]
+        made, rejected = _tasks(item, class_index, label_of, config.labels_file is not None, skipped_splits)
+        tasks += made
+        skipped += rejected
+    splits = sorted({task.split for task in tasks if not isinstance(task, StreamTask)}
+                    | {w[2] for task in tasks if isinstance(task, StreamTask) for w in task.wanted}
+                    | {reject.split for reject in skipped})
+    if not splits:
+        raise sources.SourceError(f"{location} holds no images to read")
+    for split in splits:
+        names.check(split, "split", f"the archive {location}")
+    return ArchivePlan(kind=kind, location=location, splits=tuple(splits), classes=tuple(class_names),
+                       skipped=tuple(sorted(skipped)), not_used=tuple(sorted(not_used)),
+                       archives=tuple(archives), tasks=tuple(tasks))
+
+
+def sorted_classes(found: set[str], location: str) -> list[str]:
+    return sources.sort_class_names(names.check(name, "class", f"the archive {location}", "rename it")
+                                    for name in found)
+
+
+def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[accounting.NotUsed]]:
+    """The archive SOURCE, or the archives of a folder of them, each with its split (by file name in a folder)."""
+    archive, inner = archive_index.split_inner(location)
+    if archive_index.archive_type(archive):
+        return [_archive_file(archive, None)._replace(inner=inner)], []
+    archives: list[ArchiveFile] = []
+    not_used: list[accounting.NotUsed] = []
+    by_split: dict[str, str] = {}
+    for name in _folder_files(location):
+        named = next((s for word, s in SPLIT_WORDS if word in name.lower()), None)
+        if sources.is_hidden(name):
+            not_used.append(accounting.NotUsed(name, accounting.HIDDEN_BESIDE))
+        elif not archive_index.archive_type(name):
+            not_used.append(accounting.NotUsed(name, "not an archive, beside the archives: not read"))
+        elif named is None:
+            not_used.append(accounting.NotUsed(name, "an archive whose name says no split (train, val, test): not "
+                                                     "read"))
+        elif named in by_split:
+            raise sources.SourceError(f"{location} holds two archives of the split {named} ({by_split[named]}, "
+                                      f"{name}): keep one")
+        else:
+            by_split[named] = name
+            archives.append(_archive_file(location.rstrip("/") + "/" + name, named))
+    if not archives:
+        raise sources.SourceError(f"{location} holds no archive of a split (train, val or test in its name)")
+    return archives, not_used
+
+
+def _folder_files(location: str) -> list[str]:
+    if "://" not in location:
+        return sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
+    from apache_beam.io.filesystems import FileSystems
+
+    prefix = location.rstrip("/") + "/"
+    matched = FileSystems.match([prefix + "*"])[0].metadata_list
+    return sorted(m.path[len(prefix):] for m in matched if "/" not in m.path[len(prefix):].rstrip("/"))
+
+
+def _archive_file(path: str, split: str | None) -> ArchiveFile:
+    if "://" not in path:
+        if not os.path.exists(path):
+            raise sources.SourceError(f"{path} does not exist")
+        if not os.path.isfile(path):
+            raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
+        info = os.stat(path)
+        return ArchiveFile(path, archive_index.archive_type(path), split, info.st_size, info.st_mtime_ns)
+    from apache_beam.io.filesystems import FileSystems
+
+    matched = FileSystems.match([path])[0].metadata_list
+    if not matched:
+        raise sources.SourceError(f"{path} does not exist")
+    return ArchiveFile(path, archive_index.archive_type(path), split, matched[0].size_in_bytes,
+                       int(matched[0].last_updated_in_seconds * 1e9))
+
+
+def _index(archive: ArchiveFile, default_split: str) -> _Found:
+    """One archive's members (read from its index, or its stream) arranged by the folder rules."""
+    index, occurrences = _read_index(archive)
+    nested_refused = {"zip": "a tar inside a zip is not read: extract it",
+                      "tgz": "a tar inside a compressed tar is not read: extract it"}.get(archive.type)
+    pairs = [(m if not nested_refused or archive_index.archive_type(m.name) != "tar" or m.problem else
+              m._replace(problem=archive_index.NOT_A_FILE, detail=nested_refused), (m.name, occurrence))
+             for m, occurrence in zip(index.members, occurrences)]
+    if archive.inner:  # SOURCE is a folder inside: what lies outside it is not SOURCE's
+        inner = archive.inner + "/"
+        pairs = [(m._replace(name=m.name[len(inner):]), stored) for m, stored in pairs if m.name.startswith(inner)]
+        if not pairs:
+            raise sources.SourceError(f"{archive.path} holds nothing under {archive.inner}/")
+    members = [m for m, _ in pairs]
+    split = archive.split or default_split
+    prefix = f"{archive.split}/" if archive.split else ""
+    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
+    return _Found(archive, layout, {id(m): stored for m, stored in pairs})
+
+
+def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[int]]:
+    """(the archive's index, each member's occurrence of its name: 0, or 1 for a name's second copy ...);
+    SourceError for an archive that cannot be read or is damaged."""
+    try:
+        with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
+            if archive.type == "tgz":
+                members = [streamed.member for streamed in archive_index.stream_tar(raw, with_data=False)]
+                index = archive_index.ArchiveIndex(members)
+            else:
+                index = (archive_index.index_zip if archive.type == "zip" else archive_index.index_tar)(raw)
+    except archive_index.MemberError as e:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {e}") from None
+    except OSError as e:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {type(e).__name__}: {e}") from None
+    if index.damage:
+        raise sources.SourceError(f"cannot read the archive {archive.path}: {index.damage}")
+    seen: dict[str, int] = {}
+    occurrences = []
+    for member in index.members:
+        seen[member.name] = seen.get(member.name, -1) + 1
+        occurrences.append(seen[member.name])
+    return index, occurrences
+
+
+def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
+    """({file name: class} for flat images, every class the labels name): from ``--labels-file`` (a CSV, or
+    Kaggle's LOC_val_solution.csv), else, for ImageNet's validation images, TFDS's shipped labels."""
+    if labels_file:
+        present = {labels.file_name(key) for _, key, _ in flat}
+        rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
+        return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
+    if any(imagenet_labels.is_validation_name(key) for _, key, _ in flat):
+        table = imagenet_labels.validation_labels()
+        return table, set(table.values())
+    return {}, set()
+
+
+def _labels_rows(labels_file: str, file_exists) -> list[sources.LabelRow]:
+    """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
+    from shardprep.pipelines.planning import read_labels_file_rows
+
+    archive, inner = archive_index.split_inner(labels_file)
+    if not inner:
+        return read_labels_file_rows(labels_file, file_exists)
+    try:
+        with open_archive(archive, sequential=True) as raw:
+            data = archive_index.read_named(raw, archive_index.archive_type(archive), inner)
+    except (archive_index.MemberError, OSError) as e:
+        raise sources.SourceError(f"cannot read labels file {labels_file}: {e}") from None
+    return labels.csv_rows(data, labels_file, file_exists)
+
+
+def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str, str], accounting.NotUsed]:
+    """{(archive path, split): NotUsed} of the splits of flat images only, none of which has a label, when another
+    split gives inputs (ImageNet's test tar beside the train and val tars; Kaggle's ``test/`` beside ``val/``)."""
+    unlabelled, splits = {}, set()
+    for item in found:
+        layout = item.layout
+        by_split: dict[str, list[str]] = {}
+        for split, key, _ in layout.flat:
+            by_split.setdefault(split, []).append(key)
+        classed = {s for s, *_ in layout.images} | {s for s, *_ in layout.nested}
+        splits |= {(item.archive.path, split) for split in set(by_split) | classed}
+        for split, keys in by_split.items():
+            if split in classed or any(labels.file_name(key) in label_of for key in keys):
+                continue
+            where = item.archive.path.rsplit("/", 1)[-1] if item.archive.split else keys[0].rsplit("/", 1)[0] + "/"
+            where = where if "/" in keys[0] or item.archive.split else item.archive.path.rsplit("/", 1)[-1]
+            unlabelled[(item.archive.path, split)] = accounting.NotUsed(where, (
+                f"no label names any of its {len(keys):,} image{'s' if len(keys) != 1 else ''} (an unlabelled split, "
+                "such as a test set without labels): not read"))
+    return unlabelled if len(unlabelled) < len(splits) else {}
+
+
+def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], labels_file_given: bool,
+           unlabelled_splits: set[str]) -> tuple[list, list[Reject]]:
+    """One archive's read tasks, and the rejects its names alone give (unsafe names, links, no label, copies)."""
+    layout, archive = item.layout, item.archive
+    rejects = list(layout.rejects)
+    labelled: list[tuple[str, str, int, Member]] = [(s, key, class_index[c], m) for s, key, c, m in layout.images]
+    for split, key, member in layout.flat:
+        if split in unlabelled_splits:
+            continue
+        found = label_of.get(labels.file_name(key))
+        if found is None:
+            rejects.append(Reject(split, sources.printable_key(key), "no_label", labels.NO_LABELS_FILE_DETAIL
+                                  if not labels_file_given else "no row of the labels file names it"))
+        else:
+            labelled.append((split, key, class_index[found], member))
+    last = {key: i for i, (_, key, _, _) in enumerate(labelled)}  # a name stored twice: the last copy, as extracted
+    kept = []
+    for i, (split, key, label, member) in enumerate(labelled):
+        if last[key] != i:
+            rejects.append(Reject(split, sources.printable_key(key), DUPLICATE,
+                                  "the archive holds this name again later; the last copy is read, as tar does"))
+        elif not sources.is_utf8(key):
+            rejects.append(Reject(split, sources.printable_key(key), "bad_file_name",
+                                  "the member name is not valid UTF-8"))
+        else:
+            kept.append((split, key, label, member))
+    nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)
+              for split, c, prefix, m in layout.nested]
+    if archive.type == "tgz":
+        wanted = tuple((*item.stored[id(m)], split, key, label) for split, key, label, m in kept)
+        return ([StreamTask(archive.path, wanted)] if wanted else []) + nested, rejects
+    tasks = []
+    for split in sorted({s for s, *_ in kept}):
+        entries = [(key, label, MemberRef.of(archive.path, m).text()) for s, key, label, m in kept if s == split]
+        tasks += [MembersTask(split, tuple(entries[i:i + MEMBERS_PER_TASK]))
+                  for i in range(0, len(entries), MEMBERS_PER_TASK)]
+    return tasks + nested, rejects

@@ -1,0 +1,194 @@
+"""``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance, across and within splits,
+found the Beam way (``pipelines/validation/near_pairs.py`` holds the plain-Python parts).
+
+Input: ``(Fingerprint, RecordLocation)`` per record. Outputs (a dict of PCollections):
+
+    counts      ((reference, split), n): n records of the later split have a near-duplicate in the reference split
+    pairs       ((reference, split), [NearPair]): the closest ``pairs_listed`` pairs of each split pair, closest first
+    leaked      RecordLocation of every record with a near-duplicate in an earlier split (what to exclude)
+    search      (buckets over the cap, members left unchecked in them): one element
+
+Steps, none holding more than one hash's records or one bucket's capped members::
+
+    GroupByHash       CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
+    SearchKeys        each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
+    GroupByBucket     GroupByKey(search key) -> bucket_pairs: hash pairs within the distance (capped buckets)
+    DistinctPairs     a pair found in several tables once
+    JoinLow/JoinHigh  CoGroupByKey(hash) twice: each pair with both of its groups -> flags and listed pairs
+    GroupFindings     a group's own records (distance 0): splits against each other, duplicates within a split
+    leaked keys       CoGroupByKey(hash) of flagged (hash, split) with every record's location
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from shardprep.pipelines.validation.near_pairs import (BUCKET_CAP, Flag, HashGroup, HashPair, NearPair, SearchKeys,
+                                                       SplitPair, bucket_pairs, group_findings, pair_findings)
+
+
+class GroupByHashFn(beam.CombineFn):
+    """``(Fingerprint, RecordLocation)`` values of one hash -> their ``HashGroup`` (bounded: counts, a few
+    locations per split)."""
+
+    def create_accumulator(self):
+        return HashGroup()
+
+    def add_input(self, accumulator, element):
+        fingerprint, location = element
+        return accumulator.add(fingerprint, location)
+
+    def merge_accumulators(self, accumulators):
+        merged = HashGroup()
+        for accumulator in accumulators:
+            merged.merge(accumulator)
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class SearchKeysFn(beam.DoFn):
+    """``(hash, HashGroup)`` -> ``(search key, (hash, mirror))`` per table."""
+
+    def __init__(self, search: SearchKeys):
+        self.search = search
+        self.samples: list[list[int]] = []
+
+    def setup(self):
+        self.samples = self.search.samples()
+
+    def process(self, element):
+        image_hash, group = element
+        for key in self.search.keys(image_hash, self.samples):
+            yield key, (image_hash, group.mirror)
+
+
+class BucketPairsFn(beam.DoFn):
+    """``(search key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; tagged output ``unchecked``:
+    the number of members a bucket over ``cap`` left uncompared."""
+
+    def __init__(self, max_distance: int, cap: int):
+        self.max_distance, self.cap = max_distance, cap
+
+    def process(self, element):
+        _, members = element
+        found = bucket_pairs(members, self.max_distance, self.cap)
+        yield from found.pairs
+        if found.unchecked:
+            yield beam.pvalue.TaggedOutput("unchecked", found.unchecked)
+
+
+def _attach_low(element):
+    """``(low, {group: [HashGroup], pair: [HashPair]})`` -> ``(high, (HashPair, low's HashGroup))``."""
+    _, joined = element
+    for group in joined["group"]:
+        for pair in joined["pair"]:
+            yield pair.high, (pair, group)
+
+
+class PairFindingsFn(beam.DoFn):
+    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> ``Flag`` and ``NearPair`` (tagged)."""
+
+    def __init__(self, split_order: list[str]):
+        self.order = {split: i for i, split in enumerate(split_order)}
+
+    def process(self, element):
+        _, joined = element
+        for high in joined["group"]:
+            for pair, low in joined["pair"]:
+                yield from _tagged(pair_findings(low, high, pair.distance, self.order))
+
+
+class GroupFindingsFn(beam.DoFn):
+    """``(hash, HashGroup)`` -> the ``Flag`` and ``NearPair`` of its own records (tagged)."""
+
+    def __init__(self, split_order: list[str]):
+        self.order = {split: i for i, split in enumerate(split_order)}
+
+    def process(self, element):
+        yield from _tagged(group_findings(element[1], self.order))
+
+
+def _tagged(findings):
+    for found in findings:
+        yield beam.pvalue.TaggedOutput("flag" if isinstance(found, Flag) else "near_pair", found)
+
+
+def _leaked_locations(element):
+    """``(hash, {split: [split], location: [RecordLocation]})`` -> the locations in a flagged split."""
+    _, joined = element
+    flagged = set(joined["split"])
+    if flagged:
+        for location in joined["location"]:
+            if location.split in flagged:
+                yield location
+
+
+def _sum_pairs(values):
+    buckets, members = 0, 0
+    for b, m in values:
+        buckets, members = buckets + b, members + m
+    return buckets, members
+
+
+class FindNearDuplicates(beam.PTransform):
+    """``(Fingerprint, RecordLocation)`` per record -> ``{counts, pairs, leaked, search}`` (see the module)."""
+
+    def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
+                 search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP):
+        super().__init__()
+        self.split_order, self.max_distance, self.pairs_listed = list(split_order), max_distance, pairs_listed
+        self.search, self.cap = search, cap
+
+    def expand(self, fingerprints):
+        by_hash = fingerprints | "KeyByHash" >> beam.Map(lambda element: (element[0].hash, element))
+        groups = by_hash | "GroupByHash" >> beam.CombinePerKey(GroupByHashFn())  # (hash, HashGroup)
+        buckets = (groups
+                   | "SearchKeys" >> beam.ParDo(SearchKeysFn(self.search))  # (search key, (hash, mirror))
+                   | "GroupByBucket" >> beam.GroupByKey()
+                   | "BucketPairs" >> beam.ParDo(BucketPairsFn(self.max_distance, self.cap)).with_outputs(
+                       "unchecked", main="pair"))
+        pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
+                 | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
+                 | "HashPairs" >> beam.MapTuple(HashPair))
+        with_low = ({"group": groups, "pair": pairs | "KeyByLow" >> beam.Map(lambda pair: (pair.low, pair))}
+                    | "JoinLow" >> beam.CoGroupByKey()
+                    | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
+        from_pairs = ({"group": groups, "pair": with_low}
+                      | "JoinHigh" >> beam.CoGroupByKey()
+                      | "PairFindings" >> beam.ParDo(PairFindingsFn(self.split_order)).with_outputs(
+                          "flag", "near_pair"))
+        from_groups = groups | "GroupFindings" >> beam.ParDo(GroupFindingsFn(self.split_order)).with_outputs(
+            "flag", "near_pair")
+        flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
+                 | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
+                 | "DistinctFlags" >> beam.Distinct()
+                 | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
+        near_pairs = (from_pairs.near_pair, from_groups.near_pair) | "FlattenNearPairs" >> beam.Flatten()
+        return {
+            "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
+            | "SumPerSplitPair" >> beam.CombinePerKey(sum),
+            "pairs": near_pairs | "KeyBySplitPair" >> beam.Map(lambda pair: (_split_pair(pair), pair))
+            | "ClosestPairs" >> beam.combiners.Top.SmallestPerKey(self.pairs_listed),
+            "leaked": self._leaked(by_hash, flags),
+            "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
+            | "SumUnchecked" >> beam.CombineGlobally(_sum_pairs),
+        }
+
+    def _leaked(self, by_hash, flags):
+        flagged = (flags
+                   | "AcrossSplits" >> beam.Filter(lambda flag: flag.pair.reference != flag.pair.split)
+                   | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
+        locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, element: (image_hash, element[1]))
+        return ({"split": flagged, "location": locations}
+                | "JoinLeaked" >> beam.CoGroupByKey()
+                | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
+
+
+def _split_pair(pair: NearPair) -> tuple[str, str]:
+    """The SplitPair of a listed pair, as a plain tuple (a key Beam encodes deterministically)."""
+    return pair.reference.split, pair.duplicate.split
+
+
+__all__ = ["FindNearDuplicates", "Flag", "HashPair", "NearPair"]

@@ -1,0 +1,280 @@
+"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), or a folder holding
+archives of splits (image-net.org's download: ``ILSVRC2012_img_train.tar`` beside ``ILSVRC2012_img_val.tar``), read
+in place, never extracted.
+
+Planned by ``shardprep.pipelines.archive_planning`` (each archive indexed once, the folder rules applied to its
+member names, labels joined: ``--labels-file``, or for ImageNet's validation images the labels tensorflow-datasets
+ships). The listing reads the plan's tasks on the workers: members named by range (``MembersTask``), a tar of a
+class indexed where it lands (``NestedTask``), a compressed tar streamed once with its images' bytes
+(``StreamTask``), those bytes then crossing to the decode groups. Inputs of a seekable archive name a member's range
+(``archive_index.MemberRef``) and every worker reads its own members by range (``ArchiveMemberReader``), so
+decoding scales with the workers as for a folder. Keys are the member paths the same files would have extracted,
+so records, their order and their shards are those of the extracted folder. A local archive's run keeps a journal
+(its archives' size and mtime are the fingerprint), so ``--resume`` works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterator, cast
+
+from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
+    plan_archives
+from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage
+from shardprep.preprocess import archive_index, fingerprint, sources
+from shardprep.preprocess.elements import Input, Reject
+
+
+
+class ArchiveSource(SourceKind):
+    name = "archive"
+    usage = (Usage("ARCHIVE", ".tar (a tar of per-class tars too), .tar.gz, .tgz or .zip, read in place"),
+             Usage("ARCHIVE/PATH", "a folder inside an archive (ILSVRC/Data/CLS-LOC in Kaggle's ImageNet zip)"),
+             Usage("DIR of ARCHIVEs", "archives of splits side by side (ImageNet's train and val tars)"))
+    options = ("labels_file",)
+
+    def claims(self, source: str) -> bool:
+        return bool(archive_index.archive_type(archive_index.split_inner(source.rstrip("/"))[0]))
+
+    def claims_folder(self, location: str) -> bool:
+        """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
+        listing, asked only of a SOURCE no kind claimed by its text."""
+        if "://" in location:
+            return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
+        if not os.path.isdir(location):
+            return False
+        try:
+            entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
+        except OSError:
+            return False
+        if any(e.is_dir() for e in entries):
+            return False
+        return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
+
+    def location(self, source: str) -> str:
+        return source.rstrip("/") or "/"
+
+    def apart_from(self, location: str, config) -> list[ApartFrom]:
+        archive = archive_index.split_inner(location)[0]
+        labels = archive_index.split_inner(config.labels_file)[0] if config.labels_file else None
+        return [ApartFrom("SOURCE", archive)] + ([ApartFrom("labels file", labels)] if labels else [])
+
+    def plan(self, location: str, config) -> ArchivePlan:
+        """The archives' plan; with a compressed tar among them, of the streamed kind (``STREAMED``)."""
+        plan = plan_archives(self, location, config)
+        streamed = [a.path for a in plan.archives if a.type == "tgz"]
+        if not streamed:
+            return plan
+        if any(isinstance(task, NestedTask) for task in plan.tasks):
+            raise sources.SourceError(f"{location} holds a compressed archive ({streamed[0]}) beside a tar of tars: "
+                                      "give them as separate sources")
+        return dataclasses.replace(plan, kind=STREAMED)
+
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
+        import apache_beam as beam
+
+        listed = super().list_inputs(pbegin, config, plan, progress_dir)
+        if not plan.skipped:
+            return listed
+        skipped = pbegin | "SkippedMembers" >> beam.Create(list(plan.skipped))
+        return {"inputs": listed["inputs"],
+                "rejects": (listed["rejects"], skipped) | "AllListingRejects" >> beam.Flatten()}
+
+    def read_tasks(self, plan: SourcePlan) -> list:
+        return list(cast(ArchivePlan, plan).tasks)
+
+    def task_reader(self, config, plan: SourcePlan) -> ArchiveTaskReader:
+        return ArchiveTaskReader()
+
+    def path_reader(self, plan: SourcePlan) -> ArchiveMemberReader:
+        return ArchiveMemberReader()
+
+    def resume_refusal(self, plan: SourcePlan) -> str | None:
+        remote = [a.path for a in cast(ArchivePlan, plan).archives if "://" in a.path]
+        if remote:
+            return f"the archive {remote[0]} is not on this machine, and only local archives are fingerprinted"
+        return None
+
+    def listed_entries(self, config, plan: SourcePlan) -> list[fingerprint.ListedEntry]:
+        """Each archive with its size and mtime (a member cannot change without them), the rejects and what is
+        not used, and the labels file."""
+        entries = [fingerprint.ListedEntry(f"archive {a.path}", *_stat(a.path))
+                   for a in cast(ArchivePlan, plan).archives]
+        entries += [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
+        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+        if config.labels_file:
+            entries.append(fingerprint.ListedEntry(f"--labels-file {config.labels_file}", *_stat(config.labels_file)))
+        return entries
+
+
+def _names_split(name: str) -> bool:
+    return any(word in name.lower() for word in ("train", "val"))
+
+
+def _remote_names(location: str) -> list[str]:
+    """The names one level inside a remote folder; none when it cannot be listed (the folder kind then says why)."""
+    try:
+        from apache_beam.io.filesystems import FileSystems
+
+        prefix = location.rstrip("/") + "/"
+        return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
+    except Exception:  # noqa: BLE001 - any failure: not claimed here; planning the folder reports it
+        return []
+
+
+def _stat(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return -1, 0
+    return info.st_size, info.st_mtime_ns
+
+
+class ArchiveTaskReader:
+    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
+
+    def __call__(self, task) -> Iterator[Input | Reject]:
+        if isinstance(task, MembersTask):
+            yield from (Input(task.split, key, label, ref, None) for key, label, ref in task.entries)
+        elif isinstance(task, NestedTask):
+            yield from self.nested(task)
+        else:
+            yield from self.stream(task)
+
+    def nested(self, task: NestedTask) -> Iterator[Input | Reject]:
+        """A class's tar inside the archive: indexed here, its members named by their range in the archive."""
+        name = task.key_prefix.rstrip("/") + ".tar"
+        try:
+            with open_archive(task.archive) as raw:
+                index = archive_index.index_tar(raw, task.offset, task.size)
+        except OSError as e:
+            yield Reject(task.split, sources.printable_key(name), "unreadable", f"{type(e).__name__}: {e}")
+            return
+        last = {member.name: i for i, member in enumerate(index.members)}  # a name twice: the last copy is read
+        for i, member in enumerate(index.members):
+            key = task.key_prefix + member.name
+            if member.is_dir:
+                continue
+            if last[member.name] != i:
+                yield Reject(task.split, sources.printable_key(key), "duplicate_member",
+                             "the class tar holds this name again later; the last copy is read, as tar does")
+            elif member.problem:
+                yield Reject(task.split, sources.printable_key(key), member.problem, member.detail)
+            elif any(sources.is_hidden(part) for part in member.name.split("/")):
+                yield Reject(task.split, sources.printable_key(key), "hidden_file", "hidden (its name starts with '.')")
+            elif not sources.is_utf8(key):
+                yield Reject(task.split, sources.printable_key(key), "bad_file_name", "the member name is not UTF-8")
+            else:
+                yield Input(task.split, key, task.label, archive_index.MemberRef.of(task.archive, member).text(), None)
+        if index.damage:
+            yield Reject(task.split, sources.printable_key(name), archive_index.DAMAGED_ARCHIVE,
+                         f"{index.damage}; the members after it are not read")
+
+    def stream(self, task: StreamTask) -> Iterator[Input | Reject]:
+        """A compressed tar, front to back: an Input carrying its bytes per wanted member; members the stream no
+        longer holds (cut short, changed since planning) are rejects, so every planned input is accounted for."""
+        wanted = {(name, occurrence): (split, key, label) for name, occurrence, split, key, label in task.wanted}
+        seen: dict[str, int] = {}
+        failure = ""
+        try:
+            with open_archive(task.archive, sequential=True) as raw:
+                for streamed in archive_index.stream_tar(raw):
+                    name = streamed.member.name
+                    seen[name] = seen.get(name, -1) + 1
+                    found = wanted.pop((name, seen[name]), None)
+                    if found is None:
+                        continue
+                    split, key, label = found
+                    if streamed.data is None:
+                        yield Reject(split, key, streamed.member.problem or archive_index.TRUNCATED,
+                                     streamed.member.detail)
+                    else:
+                        yield Input(split, key, label, None, streamed.data)
+        except (archive_index.MemberError, OSError) as e:
+            failure = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
+        for split, key, _ in wanted.values():
+            yield Reject(split, key, archive_index.DAMAGED_ARCHIVE,
+                         f"not read: {failure}" if failure else "not found when the archive was read again: it "
+                         "changed since the job started")
+
+
+class ArchiveMemberReader:
+    """An Input's path (``MemberRef`` text) -> the member's bytes, read by range; archives stay open per worker."""
+
+    def __init__(self):
+        self.open_files: dict = {}
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state) -> None:
+        self.open_files = {}
+
+    def __call__(self, path: str) -> bytes:
+        from shardprep.preprocess.image_ops import RejectError
+
+        ref = archive_index.MemberRef.parse(path)
+        try:
+            raw = self.open_files.get(ref.archive)
+            if raw is None:
+                if len(self.open_files) > 16:
+                    self.close()
+                raw = self.open_files[ref.archive] = open_archive(ref.archive)
+            return archive_index.read_member(raw, ref)
+        except archive_index.MemberError as e:
+            raise RejectError(archive_index.DAMAGED_MEMBER, str(e)) from None
+        except OSError as e:
+            raise RejectError("unreadable", f"{type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        for raw in self.open_files.values():
+            raw.close()
+        self.open_files = {}
+
+
+class StreamedArchiveSource(ArchiveSource):
+    """An archive source holding a compressed tar: read by one worker, front to back, its images' bytes then
+    fanned out to every worker (a reshuffle) and decoded where they land, per bundle; so no unit of work can be
+    kept, and the key bounds come from the names the plan read. Never claims a SOURCE: ``ArchiveSource.plan``
+    gives its plan this kind."""
+
+    decoded_where_read = True
+
+    def claims(self, source: str) -> bool:
+        return False
+
+    def claims_folder(self, location: str) -> bool:
+        return False
+
+    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
+        import apache_beam as beam
+
+        listed = super().list_inputs(pbegin, config, plan, progress_dir)
+        # One worker read the stream: its images go to every worker (bytes cross this one shuffle).
+        return {"inputs": listed["inputs"] | "FanOut" >> beam.Reshuffle(), "rejects": listed["rejects"]}
+
+    def resume_refusal(self, plan: SourcePlan) -> str | None:
+        return ("a compressed archive's images are decoded per bundle, whose contents depend on the runner: no unit "
+                "of work can be kept (an uncompressed .tar or a .zip can be resumed)")
+
+    def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
+        """From every input the plan names (the stream's wanted members, a seekable archive's members)."""
+        named: list[tuple[str, str, int]] = []
+        for task in cast(ArchivePlan, plan).tasks:
+            if isinstance(task, MembersTask):
+                named += [(task.split, key, label) for key, label, _ in task.entries]
+            elif isinstance(task, StreamTask):
+                named += [(split, key, label) for _, _, split, key, label in task.wanted]
+        bounds: dict[str, KeyBounds] = {split: (1, 1, 0) for split in plan.splits}  # a split of rejects only
+        found: dict[str, list[tuple[int, int]]] = {}
+        for split, key, label in named:
+            found.setdefault(split, []).append((len(key.encode("utf-8")), label))
+        for split, pairs in found.items():
+            lengths = [length for length, _ in pairs]
+            bounds[split] = (min(lengths), max(lengths), max(label for _, label in pairs))
+        return bounds
+
+
+ARCHIVE = ArchiveSource()
+STREAMED = StreamedArchiveSource()

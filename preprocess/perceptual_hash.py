@@ -1,0 +1,111 @@
+"""A perceptual fingerprint of an image's pixels: 64 bits that stay close when the photo is re-encoded, rescaled,
+slightly cropped or shifted, or made brighter or darker, and differ in about half their bits between unrelated
+photos. Pure NumPy and Pillow; validate's near-duplicate search compares these by Hamming distance.
+
+The hash is a DCT hash: the image in grey, shrunk to 32×32 by area averaging, its 2-D DCT, and one bit per
+low-frequency coefficient (the 64 lowest in zigzag order, DC left out): set when the coefficient is positive.
+Brightness changes move only the DC term and a contrast change scales every coefficient, so neither moves a bit
+(until pixels clip); re-encoding and rescaling change high frequencies, which the hash ignores; a crop or shift of a
+few percent moves the low frequencies a little. A flat image hashes to 0.
+
+A horizontal flip negates every coefficient of odd horizontal frequency, so the mirror image's hash is the same
+coefficients' bits with those negated (:attr:`Fingerprint.mirror`: the hash with the odd-frequency bits inverted);
+:func:`distance` compares a hash with the other's mirror too, so flipped copies are caught, and
+:func:`flip_invariant_features` gives bits a flip leaves alone, for search keys that find a copy and its mirror
+alike. A vertical flip, a rotation or a large crop is not caught.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+HASH_BITS = 64
+SIDE = 32  # the grey image is shrunk to SIDE × SIDE before the DCT
+
+
+def _dct_matrix(n: int) -> np.ndarray:
+    """The orthonormal DCT-II matrix: ``D @ x`` is the DCT of the column vector ``x``."""
+    k = np.arange(n)[:, None]
+    i = np.arange(n)[None, :]
+    matrix = np.cos(np.pi * (2 * i + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
+    matrix[0] /= np.sqrt(2.0)
+    return matrix
+
+
+def _low_frequencies(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(vertical, horizontal) frequency indices of the ``count`` lowest coefficients, DC left out, in zigzag order."""
+    order = sorted(((v, u) for v in range(SIDE) for u in range(SIDE) if (v, u) != (0, 0)),
+                   key=lambda vu: (vu[0] + vu[1], vu[0]))[:count]
+    return np.array([v for v, _ in order]), np.array([u for _, u in order])
+
+
+_DCT = _dct_matrix(SIDE)
+_ROWS, _COLUMNS = _low_frequencies(HASH_BITS)
+_MIRROR_SIGNS = np.where(_COLUMNS % 2 == 1, -1.0, 1.0)  # a horizontal flip negates odd horizontal frequencies
+
+
+class Fingerprint(NamedTuple):
+    """An image's perceptual hash and its mirror image's, as unsigned 64-bit integers."""
+
+    hash: int
+    mirror: int
+
+
+def grey_thumbnail(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image (ITU-R 601 luma), shrunk by area
+    averaging."""
+    from PIL import Image
+
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
+    return np.asarray(image.convert("L").resize((SIDE, SIDE), Image.Resampling.BOX), dtype=np.float64)
+
+
+def _bits(coefficients: np.ndarray) -> int:
+    return int.from_bytes(np.packbits(coefficients > 0).tobytes(), "big")
+
+
+def fingerprint(pixels: np.ndarray) -> Fingerprint:
+    """The :class:`Fingerprint` of an image's pixels (H×W×3 or H×W uint8, any size of at least 1×1)."""
+    if not np.asarray(pixels).size:
+        raise ValueError("an image of no pixels has no fingerprint")
+    thumbnail = grey_thumbnail(pixels)
+    # Rounded, so that a flat image's coefficients (zero up to rounding noise) give the hash 0, not noise.
+    coefficients = np.round((_DCT @ thumbnail @ _DCT.T)[_ROWS, _COLUMNS], 3)
+    return Fingerprint(_bits(coefficients), _bits(coefficients * _MIRROR_SIGNS))
+
+
+def _feature_bits() -> tuple[list[int], list[tuple[int, int]]]:
+    """(hash bit positions of even horizontal frequency, pairs of positions of odd horizontal frequency)."""
+    positions = [HASH_BITS - 1 - i for i in range(HASH_BITS)]  # bit i of the zigzag order, as a shift
+    even = [shift for shift, column in zip(positions, _COLUMNS.tolist()) if column % 2 == 0]
+    odd = [shift for shift, column in zip(positions, _COLUMNS.tolist()) if column % 2 == 1]
+    return even, list(zip(odd[0::2], odd[1::2]))
+
+
+_EVEN_SHIFTS, _ODD_PAIRS = _feature_bits()
+FEATURE_BITS = len(_EVEN_SHIFTS) + len(_ODD_PAIRS)
+
+
+def flip_invariant_features(image_hash: int) -> int:
+    """FEATURE_BITS bits of ``image_hash`` that a horizontal flip leaves unchanged: each bit of even horizontal
+    frequency, and the XOR of each pair of bits of odd frequency (a flip inverts both). An image and its mirror
+    image have the same features (up to coefficients of exactly zero)."""
+    value = 0
+    for shift in _EVEN_SHIFTS:
+        value = (value << 1) | ((image_hash >> shift) & 1)
+    for first, second in _ODD_PAIRS:
+        value = (value << 1) | (((image_hash >> first) ^ (image_hash >> second)) & 1)
+    return value
+
+
+def hamming(a: int, b: int) -> int:
+    """The number of bits in which two hashes differ."""
+    return (a ^ b).bit_count()
+
+
+def distance(a: Fingerprint, b: Fingerprint) -> int:
+    """How far apart two images are: the Hamming distance of their hashes, or of one's hash and the other's mirror
+    (a flipped copy), whichever is smaller."""
+    return min(hamming(a.hash, b.hash), hamming(a.hash, b.mirror))

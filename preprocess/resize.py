@@ -1,0 +1,162 @@
+"""The resize methods: how a decoded RGB image becomes the stored size, and which method made a dataset.
+
+A dataset's ``manifest.json`` records its method as ``resize_method``; a manifest without the key was made before
+the key existed, by :data:`PILLOW_BICUBIC`. New datasets are made with :data:`DEFAULT_METHOD`.
+
+* ``pillow-bicubic``: Pillow's ``BICUBIC`` filter, which Pillow antialiases when downscaling (its support widens with
+  the scale factor), applied to the kept square only.
+* ``lanczos2-cubic``: when downscaling, a Lanczos-2 low-pass filter widened by the scale factor (OpenCV's
+  ``sepFilter2D``), then cubic interpolation at the output pixels' centres (``cv2.resize``; ``warpAffine`` on just
+  the pixels it needs for a very long image's centre crop); a downscale by 4 or more is first reduced by area
+  averaging, so the filter stays short. The pair approximates an antialiased resize; OpenCV's
+  vectorised loops take about half the time of Pillow's filter, at about the same error against a float
+  Lanczos resize of the full decode (``benchmarks/resize_bench.py`` measures both). OpenCV is imported on first
+  use, and told to use one thread: the job runs one worker per core.
+
+Both give the image resized so its shorter side is ``shorter_side``, then, with ``crop="center"``, its centred
+square; neither allocates the whole resized image for a centre crop (a 1x100000 strip would become 256x25.6M).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use them (the CLI imports this module)
+    import numpy as np
+    from PIL import Image
+
+PILLOW_BICUBIC = "pillow-bicubic"
+LANCZOS2_CUBIC = "lanczos2-cubic"
+RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
+DEFAULT_METHOD = LANCZOS2_CUBIC
+# What made a dataset whose manifest has no resize_method: every shardprep version before the key.
+METHOD_WITHOUT_KEY = PILLOW_BICUBIC
+
+_LOBES = {LANCZOS2_CUBIC: 2}
+# A downscale by twice this or more is first reduced by area to within this and twice this of the target.
+_REDUCED_SCALE = 2
+# A centre crop resizes the whole image when that is at most this many times the crop's pixels (4:3 photos: 1.33).
+_WHOLE_RESIZE_LIMIT = 4
+_kernels: dict[tuple[float, int], np.ndarray] = {}  # scale -> its normalised low-pass kernel (few distinct scales per dataset)
+_opencv_ready = False
+
+
+def recorded(method: str) -> str | None:
+    """The manifest's ``resize_method`` for a dataset made by ``method``: None (the key left out) for
+    :data:`METHOD_WITHOUT_KEY`, whose datasets never recorded one, so they keep the manifest they always had."""
+    return None if method == METHOD_WITHOUT_KEY else method
+
+
+def method_of(document: dict) -> str:
+    """The resize method recorded by a manifest document (:data:`METHOD_WITHOUT_KEY` when it records none)."""
+    method = document.get("resize_method")
+    return METHOD_WITHOUT_KEY if method is None else method
+
+
+def check_method(method: str) -> None:
+    if method not in RESIZE_METHODS:
+        raise ValueError(f"resize method must be one of {', '.join(RESIZE_METHODS)}, is {method!r}")
+
+
+def centre_box(size: tuple[int, int], source: tuple[int, int], shorter_side: int) -> tuple[float, float, float, float]:
+    """The centred ``shorter_side`` square of an image resized to ``size``, in the coordinates of the ``source``
+    size (left, top, right, bottom)."""
+    new_width, new_height = size
+    left, top = (new_width - shorter_side) // 2, (new_height - shorter_side) // 2
+    x_scale, y_scale = source[0] / new_width, source[1] / new_height
+    return left * x_scale, top * y_scale, (left + shorter_side) * x_scale, (top + shorter_side) * y_scale
+
+
+def resize_and_crop(image: Image.Image, size: tuple[int, int], shorter_side: int, crop: str, method: str) -> Image.Image:
+    """Scales the RGB ``image`` to ``size`` (shorter side ``shorter_side``) by ``method``; with ``crop="center"``
+    keeps the centred square."""
+    from PIL import Image
+
+    new_width, new_height = size
+    if crop == "none" or new_width == new_height:
+        origin, out = (0, 0), size
+    else:
+        origin, out = ((new_width - shorter_side) // 2, (new_height - shorter_side) // 2), (shorter_side, shorter_side)
+    if size == image.size:
+        return image if out == size else image.crop((*origin, origin[0] + out[0], origin[1] + out[1]))
+    if method == PILLOW_BICUBIC:
+        if out == size:
+            return image.resize(size, Image.Resampling.BICUBIC)
+        return image.resize(out, Image.Resampling.BICUBIC, box=centre_box(size, image.size, shorter_side))
+    check_method(method)
+    return Image.fromarray(lanczos_cubic(image, size, origin, out, _LOBES[method]), "RGB")
+
+
+def lanczos_cubic(image: Image.Image, size: tuple[int, int], origin: tuple[int, int], out: tuple[int, int],
+                  lobes: int) -> np.ndarray:
+    """The RGB ``image`` resized to ``size`` (width, height), of which the ``out`` (width, height) rectangle at
+    ``origin`` (left, top), as uint8 H x W x 3: a Lanczos low-pass of ``lobes`` lobes widened by the scale factor,
+    then cubic interpolation. A downscale by 4 or more is first reduced by area averaging to within 2-4 times the
+    target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at any scale."""
+    import cv2
+    import numpy as np
+
+    _ready_opencv(cv2)
+    pixels = None  # the image's pixels as an array, made only where they are all needed
+    reduce = int(min(image.width / size[0], image.height / size[1]) // _REDUCED_SCALE)
+    if reduce >= 2:
+        reduced = (max(1, round(image.width / reduce)), max(1, round(image.height / reduce)))
+        pixels = cv2.resize(np.asarray(image), reduced, interpolation=cv2.INTER_AREA)
+    width, height = image.size if pixels is None else (pixels.shape[1], pixels.shape[0])
+    x_scale, y_scale = width / size[0], height / size[1]
+    kernel_x, kernel_y = _kernel(x_scale, lobes), _kernel(y_scale, lobes)
+    if size[0] * size[1] <= _WHOLE_RESIZE_LIMIT * out[0] * out[1]:
+        # The usual case: resize the whole image, then cut the rectangle out (cv2.resize's loops are the fast ones).
+        pixels = np.asarray(image) if pixels is None else pixels
+        if len(kernel_x) > 1 or len(kernel_y) > 1:
+            pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
+        resized = cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
+        if out == size:
+            return resized
+        return np.ascontiguousarray(resized[origin[1]:origin[1] + out[1], origin[0]:origin[0] + out[0]])
+    # A very long image: only the source pixels the rectangle needs (its own, the cubic's reach of 2 and the
+    # low-pass filter's, plus one), resampled straight to the rectangle.
+    left, top = origin[0] * x_scale, origin[1] * y_scale
+    x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
+    y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
+    pixels = (np.asarray(image.crop((x0, y0, x1, y1))) if pixels is None
+              else np.ascontiguousarray(pixels[y0:y1, x0:x1]))
+    if len(kernel_x) > 1 or len(kernel_y) > 1:
+        pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
+    # Output pixel x's centre (x + 0.5) lies at left + (x + 0.5) * x_scale in the source, whose pixel i is centred
+    # at i + 0.5; the matrix maps output pixels to source pixels of the cut-out region.
+    matrix = np.array([[x_scale, 0.0, left - x0 + 0.5 * x_scale - 0.5],
+                       [0.0, y_scale, top - y0 + 0.5 * y_scale - 0.5]])
+    return cv2.warpAffine(pixels, matrix, out, flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
+                          borderMode=cv2.BORDER_REFLECT)
+
+
+def _reach(start: float, end: float, margin: int, limit: int) -> tuple[int, int]:
+    return max(0, math.floor(start) - margin), min(limit, math.ceil(end) + margin)
+
+
+def _kernel(scale: float, lobes: int) -> np.ndarray:
+    """Lanczos of ``lobes`` lobes widened by ``scale`` (a downscale's factor), sampled at whole pixels, summing to 1; ``[1]`` when
+    not downscaling."""
+    import numpy as np
+
+    if scale <= 1.0:
+        return np.ones(1, dtype=np.float32)
+    key = (round(scale, 6), lobes)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        radius = math.ceil(lobes * scale)
+        x = np.arange(-radius, radius + 1, dtype=np.float64) / scale
+        weights = np.sinc(x) * np.sinc(x / lobes) * (np.abs(x) < lobes)
+        kernel = (weights / weights.sum()).astype(np.float32)
+        if len(_kernels) < 1024:
+            _kernels[key] = kernel
+    return kernel
+
+
+def _ready_opencv(cv2) -> None:
+    global _opencv_ready
+    if not _opencv_ready:
+        cv2.setNumThreads(1)  # one image per core: the job's parallelism is its worker processes
+        _opencv_ready = True

@@ -1,0 +1,228 @@
+"""Near-duplicates end to end: a folder with planted copies across splits prepared by the real job, ``shardprep
+validate`` finding them (a warning, keys file, report, pictures), ``--strict`` failing on them, and ``shardprep
+preprocess --exclude`` rebuilding without them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+import validate_helpers as helpers
+from near_duplicate_images import crop, jpeg, photo, rescale
+from shardprep.cli import main
+from shardprep.pipelines import validate
+from shardprep.pipelines.validate_options import ValidateOptions
+from shardprep.pipelines.validation import near_pictures
+
+IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+CLASSES = ("cat", "dog")
+# validation's planted copies: (file name, the train photo's seed, how it was changed)
+COPIES = (("copy_q30.jpg", 0, lambda image: jpeg(image, 30)),
+          ("copy_small.jpg", 1, lambda image: crop(rescale(image, 0.6), 0.01)),
+          ("copy_flipped.jpg", 2, lambda image: image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)))
+
+
+def save(image: Image.Image, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, "JPEG", quality=95)
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    """(source folder, prepared dataset): train 8 distinct photos, validation 3 planted copies of train photos 0-2
+    and 3 distinct photos; 2 classes."""
+    root = tmp_path_factory.mktemp("leaky")
+    for seed in range(8):
+        save(photo(seed), root / "source" / "train" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    for name, seed, change in COPIES:
+        save(change(photo(seed)), root / "source" / "validation" / CLASSES[seed % 2] / name)
+    for seed in range(20, 23):
+        save(photo(seed), root / "source" / "validation" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    helpers.preprocess(root / "source", root / "data")
+    return root / "source", root / "data"
+
+
+def copy_keys() -> list[str]:
+    return sorted(f"validation/{CLASSES[seed % 2]}/{name}" for name, seed, _ in COPIES)
+
+
+def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_path):
+    _, data = leaky
+    report_path, keys_path, pictures_dir = tmp_path / "report.json", tmp_path / "leaked.txt", tmp_path / "pictures"
+    result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--leaked-keys",
+                                       str(keys_path), "--pictures", str(pictures_dir), "--quiet", "--",
+                                       *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    assert "OK: every check passed; 1 warning (near_duplicates)" in " ".join(result.output.split())
+    report = json.loads(report_path.read_text())
+    near = report["near_duplicates"]
+    [across] = near["across_splits"]
+    assert (across["reference"], across["split"], across["records"], across["split_records"]) == (
+        "train", "validation", 3, 6)
+    assert sorted(pair["duplicate"]["filename"] for pair in across["pairs"]) == copy_keys()
+    assert {pair["reference"]["filename"] for pair in across["pairs"]} == {
+        f"train/{CLASSES[seed % 2]}/photo_{seed}.jpg" for seed in range(3)}
+    assert all(pair["distance"] <= near["max_distance"] for pair in across["pairs"])
+    assert near["within_splits"] == {"train": {"records": 0, "pairs": []},
+                                     "validation": {"records": 0, "pairs": []}}
+    assert near["leaked_records"] == 3 and near["leaked_keys_file"] == str(keys_path)
+    [warning] = report["warnings"]
+    assert warning["check"] == "near_duplicates" and warning["split"] == "validation" and warning["count"] == 3
+    assert report["ok"] is True and report["problems"] == []
+    lines = keys_path.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1:] == copy_keys()
+
+    # The picture: one row per pair, closest first; each cell the stored pixels of the record the report names.
+    assert report["pictures"]["near_duplicates"] == str(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME)
+    shown = near_pictures.shown_pairs(near)
+    assert [pair["duplicate"]["filename"] for pair in shown] == [
+        pair["duplicate"]["filename"] for pair in sorted(across["pairs"], key=lambda pair: pair["distance"])]
+    with Image.open(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME) as sheet:
+        pixels = np.asarray(sheet.convert("RGB"))
+    for row, pair in enumerate(shown):
+        for column, side in enumerate(("duplicate", "reference")):
+            location = pair[side]
+            [record] = [r for r in helpers.read_shard(data / location["file"]) if r.filename == location["filename"]]
+            x, y = near_pictures.cell_origin(row, column)
+            np.testing.assert_array_equal(pixels[y:y + 32, x:x + 32],
+                                          np.frombuffer(record.encoded, np.uint8).reshape(32, 32, 3))
+
+
+def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
+    _, data = leaky
+    for options in ({"strict": True}, {"near_duplicate_limit": 2}):
+        report = validate.run(ValidateOptions(str(data), **options), IN_PROCESS, progress=lambda *_: None)
+        assert report["ok"] is False and report["problem_counts"] == {"near_duplicates": 1}
+        assert "warnings" not in report
+
+
+def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meaning(tmp_path):
+    for given, message in ((tmp_path, "is a folder; give a file name for the keys"),
+                           (tmp_path / "no" / "keys.txt", "does not exist")):
+        with pytest.raises(validate.ValidateError, match=message):
+            validate.check_output_paths(None, None, str(given))
+    with pytest.raises(validate.ValidateError, match="--leaked-keys needs a prepared dataset"):
+        validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", leaked_keys=str(tmp_path / "k.txt")))
+
+
+def test_preprocess_exclude_rebuilds_without_the_leaked_images_each_accounted_for(leaky, tmp_path):
+    from shardprep.commands.preprocess import command
+
+    source, _ = leaky
+    keys = tmp_path / "leaked.txt"
+    keys.write_text("# from validate --leaked-keys\n" + "\n".join(copy_keys()) + "\nvalidation/cat/gone.jpg\n\n")
+    result = CliRunner().invoke(command, [str(source), str(tmp_path / "data"), "--shorter-side", "32",
+                                          "--num-shards", "2", "--quiet", "--exclude", str(keys), "--strict", "--",
+                                          *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    manifest = helpers.load_manifest(tmp_path / "data")
+    assert manifest["splits"]["validation"]["num_examples"] == 3
+    assert manifest["splits"]["validation"]["num_rejected"] == 3
+    assert manifest["options"]["exclude"] == str(keys)
+    rejects = [json.loads(line) for line in (tmp_path / "data" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["reason"]) for r in rejects] == [(key, "excluded") for key in copy_keys()]
+    note = " ".join(result.output.split())
+    assert "3 of 4 keys excluded" in note and "1 key matches no input of SOURCE: 'validation/cat/gone.jpg'" in note
+    written = [r.filename for shard in sorted((tmp_path / "data").glob("*/*.tfrecord"))
+               for r in helpers.read_shard(shard)]
+    assert not set(copy_keys()) & set(written) and len(written) == 11
+
+
+def test_preprocess_exclude_refuses_a_file_it_cannot_read_before_touching_output(leaky, tmp_path):
+    from shardprep.commands.preprocess import command
+
+    source, _ = leaky
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b'"unterminated\n')
+    for given, message in ((tmp_path / "missing.txt", "cannot read it"), (tmp_path, "cannot read it"),
+                           (bad, "line 1: a quoted key that is not a JSON string")):
+        result = CliRunner().invoke(command, [str(source), str(tmp_path / "out"), "--exclude", str(given), "--quiet",
+                                              "--", *IN_PROCESS])
+        assert result.exit_code == 1 and f"Error: --exclude {given}" in result.output and message in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert not (tmp_path / "out").exists()
+
+
+def test_leaked_keys_never_overwrites_a_file_of_the_dataset(leaky, tmp_path):
+    import os
+
+    _, data = leaky
+    link = tmp_path / "link.txt"
+    os.symlink(data / "manifest.json", link)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = (data / "manifest.json").read_bytes()
+    for given, message in ((data / "manifest.json", "inside the dataset"), (data / "keys.txt", "inside the dataset"),
+                           (link, "inside the dataset"), (fifo, "is a FIFO")):
+        with pytest.raises(validate.ValidateError, match=message):
+            validate.run(ValidateOptions(str(data), leaked_keys=str(given)), IN_PROCESS)
+    assert (data / "manifest.json").read_bytes() == before and not (data / "keys.txt").exists()
+
+
+def test_a_changed_keys_file_changes_the_runs_fingerprint_so_a_resume_is_refused(tmp_path):
+    from shardprep.pipelines.exclude import fingerprinted_options
+    from shardprep.preprocess import fingerprint
+    from shardprep.preprocess.config import PreprocessConfig
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("a.jpg\nb.jpg\n")
+    config = PreprocessConfig("src", "out", exclude=str(keys))
+    before = fingerprinted_options(config, "FnApiRunner")
+    keys.write_text("b.jpg\na.jpg\n# same keys\n")
+    assert fingerprinted_options(config, "FnApiRunner") == before
+    keys.write_text("a.jpg\n")
+    changed = fingerprint.options_difference(before, fingerprinted_options(config, "FnApiRunner"))
+    assert changed is not None and changed.startswith("--exclude was")
+    assert "exclude" not in fingerprinted_options(PreprocessConfig("src", "out"), "FnApiRunner")
+
+
+def test_a_local_run_over_the_limit_skips_the_search_and_says_so(leaky, tmp_path, monkeypatch):
+    from shardprep.pipelines import validate_options
+
+    _, data = leaky
+    monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)
+    report_path, pictures_dir = tmp_path / "report.json", tmp_path / "pictures"
+    result = CliRunner().invoke(main, ["validate", str(data), "--json", str(report_path), "--pictures",
+                                       str(pictures_dir), "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    skipped = report["near_duplicates"]["skipped"]
+    assert "14 records" in skipped and "4" in skipped and "--near-duplicates" in skipped
+    assert report["ok"] is True and "warnings" not in report
+    warnings = [line for line in result.output.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "near-duplicates not searched" in warnings[0], result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())
+    assert "near_duplicates" not in report["pictures"] and not (pictures_dir / "near_duplicates.png").exists()
+
+
+def test_near_duplicates_runs_the_search_despite_the_local_limit(leaky, tmp_path, monkeypatch):
+    from shardprep.pipelines import validate_options
+
+    _, data = leaky
+    monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)
+    report_path = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["validate", str(data), "--near-duplicates", "--json", str(report_path),
+                                       "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code == 0, result.output
+    near = json.loads(report_path.read_text())["near_duplicates"]
+    assert "skipped" not in near and near["leaked_records"] == 3
+
+
+def test_no_near_duplicates_with_leaked_keys_is_refused(leaky, tmp_path):
+    _, data = leaky
+    keys = tmp_path / "keys.txt"
+    result = CliRunner().invoke(main, ["validate", str(data), "--no-near-duplicates", "--leaked-keys", str(keys),
+                                       "--quiet", "--", *IN_PROCESS])
+
+    assert result.exit_code != 0
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("Error:") and "--no-near-duplicates" in line and "--leaked-keys" in line
+    assert not keys.exists()

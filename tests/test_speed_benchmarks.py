@@ -1,0 +1,48 @@
+"""Smoke runs of the resize, start-up and scale benchmarks on a few generated inputs: each runs end to end and says
+what it claims (no timing is asserted)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import resize_bench  # noqa: E402
+import scale_bench  # noqa: E402
+import startup_bench  # noqa: E402
+
+
+def test_resize_candidates_give_the_same_crop_and_their_error(capsys):
+    photos = resize_bench.smoke_photos()
+    names = resize_bench.available(["pillow_bicubic", "lanczos2_cubic", "job_lanczos2_cubic", "job_pillow_bicubic"])
+    for name in names:
+        assert resize_bench.CANDIDATES[name](photos[0]).shape == (256, 256, 3)
+    results = resize_bench.measure(photos, names, rounds=1)
+    assert results["pillow_bicubic"]["ratio"] == 1.0
+    # The job's function with a method gives that method's pixels: the same error as the loop's.
+    assert results["job_lanczos2_cubic"]["mean_abs_error"] == results["lanczos2_cubic"]["mean_abs_error"]
+    for result in results.values():
+        assert 0 < result["mean_abs_error"] < 3
+    assert resize_bench.main(["--smoke", "--only", "lanczos2_cubic"]) == 0
+    assert "lanczos2_cubic" in capsys.readouterr().out
+
+
+def test_scale_source_is_imagenet_shaped(tmp_path):
+    pool = scale_bench.distinct_jpegs(str(tmp_path / "pool"))
+    scale_bench.write_source(str(tmp_path / "src"), 2500, pool)
+    classes = sorted((tmp_path / "src" / "train").iterdir())
+    assert len(classes) == scale_bench.CLASSES
+    files = [f for c in classes for f in c.iterdir()]
+    assert len(files) == 2500
+    assert sum(f.read_bytes().startswith(b"not an image") for f in files) == 2500 // scale_bench.REJECT_EVERY
+
+
+def test_scale_and_startup_benchmarks_run(capsys):
+    assert scale_bench.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| 300 | 1 | preprocess |" in out and "| 300 | 1 | validate |" in out  # both ran and passed
+    assert startup_bench.main(["--repeats", "1", "--workers", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first, total = (float(line.split()[-1]) for line in lines if line.startswith(("first decode", "exit")))
+    assert 0 < first < total and not np.isnan(first)
