@@ -38,17 +38,3 @@ def colour_dataset(tmp_path_factory) -> str:
 
     return write_colour_dataset(tmp_path_factory.mktemp("colours") / "data")
 
-
-SHARED_SCOPES = ("module", "class", "package")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` (the README's test command), the tests of a file that use a
-    module- or class-scoped fixture (a dataset, a killed run, a server) go to one worker, so it is built once; every
-    other test is scheduled on its own, on whichever worker is free. A test file needs no marker for this."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = info.name2fixturedefs.values() if info else ()
-        if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
