@@ -165,7 +165,7 @@ def test_image_key_and_label_key_name_other_columns(tmp_path):
                              "label": pa.array(["cat"])}), str(texts / "train-00000-of-00001.parquet"))
     with pytest.raises(sources.SourceError, match="the label column 'label' of .* holds string, not integer"):
         source_registry.plan_source(PreprocessConfig(source=f"parquet:{texts}/*", output=str(tmp_path / "o")))
-    with pytest.raises(sources.SourceError, match="--labels-file is for folder sources"):
+    with pytest.raises(sources.SourceError, match="--labels-file is for folder and archive sources"):
         source_registry.plan_source(config_for(tmp_path, labels_file="x.csv"))
 
 

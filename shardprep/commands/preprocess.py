@@ -16,9 +16,9 @@ from shardprep.preprocess import encodings
 from shardprep.preprocess.config import CROPS, PreprocessConfig, default
 
 
-def _source_lines(syntax_width: int = 21, width: int = 80) -> str:
+def _source_lines(syntax_width: int = 21, width: int = 78) -> str:
     """SOURCE's kinds, one ``syntax  meaning`` entry each (``source_registry.usage_lines``), the meanings wrapped
-    beside the syntax column to ``width``."""
+    beside the syntax column to ``width`` (78: click indents the help text by 2, and --help fits 80 columns)."""
     lines = []
     for syntax, meaning in source_registry.usage_lines():
         wrapped = textwrap.wrap(meaning, width - 2 - syntax_width) or [""]
