@@ -262,3 +262,22 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
         assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     finally:
         quiet_logs.restore()
+
+
+def test_the_summary_table_is_plain_ascii_so_it_fits_80_columns_counted_any_way():
+    """The table's rule is ASCII: a terminal without UTF-8, or a log viewer counting bytes, sees 80 columns too
+    (a rule of 67 box-drawing characters is 203 bytes)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    split = {"num_inputs": 242, "num_examples": 240, "num_rejected": 2, "rejected_by_reason": {"truncated": 2},
+             "num_shards": 1, "shards": [{"num_examples": 240, "num_bytes": 47_185_920}]}
+    manifest = {"splits": {"train": split, "validation": split}, "num_inputs": 484, "num_examples": 480,
+                "num_rejected": 4, "classes": ["cat"], "encoding": "raw", "crop": "center", "shorter_side": 256,
+                "mean_rgb": [1, 2, 3], "std_rgb": [1, 2, 3]}
+    text = StringIO()
+    command.print_summary(manifest, 1.0, "out", out=Console(width=80, file=text, color_system=None))
+    table = [line for line in text.getvalue().splitlines() if "split" in line or "total" in line or "--" in line]
+    assert table and all(line.isascii() for line in table), table
+    assert max(len(line.encode()) for line in text.getvalue().splitlines()) <= 80

@@ -320,7 +320,9 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     from rich.table import Table
 
     out = out or console()
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    # rich's SIMPLE_HEAD with an ASCII rule: 80 columns however they are counted (bytes, a non-UTF-8 terminal)
+    simple_ascii_head = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    table = Table(box=simple_ascii_head, padding=(0, 1), collapse_padding=True, pad_edge=False)
     table.add_column("split", overflow="fold")  # folds only when a long split name leaves no room; never cut
     for column in ("inputs", "written", "rejected", "shards", "records\nper shard", "MB\nper shard"):
         table.add_column(column, justify="right", no_wrap=True)
