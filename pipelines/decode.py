@@ -25,7 +25,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from shardprep.pipelines import progress
+from shardprep.pipelines import progress, stopping
 from shardprep.pipelines.common import METRICS_NAMESPACE
 from shardprep.pipelines.journal import UnitJournal
 from shardprep.pipelines.storage import is_local
@@ -73,6 +73,7 @@ class _Decoder(beam.DoFn):
 
     def _decode(self, item: Input, summary: sharding.RecordSummary):
         """The input's ImageRecord (its pixel sums added to ``summary``), or its Reject as a TaggedOutput."""
+        stopping.check_not_stopped()
         self.progress.add()
         try:
             data = item.data if item.data is not None else self.read_path(item.path)

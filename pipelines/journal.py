@@ -201,11 +201,12 @@ def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
     return plan.kind.listed_entries(config, plan)
 
 
-def start(config, plan, runner: str, min_decode_groups: int) -> UnitJournal:
-    """Writes the listing and the journal's header into a freshly prepared OUTPUT; returns the workers' journal."""
+def start(config, plan, runner: str, min_decode_groups: int, listing: list | None = None) -> UnitJournal:
+    """Writes the listing (``listing_of``, unless given) and the journal's header into a freshly prepared OUTPUT;
+    returns the workers' journal."""
     from shardprep.preprocess.manifest import tool_version
 
-    text = fingerprint.listing_text(listing_of(config, plan))
+    text = fingerprint.listing_text(listing_of(config, plan) if listing is None else listing)
     folder = manifest.join(config.output, SPILL_DIR)
     header = JournalHeader(JOURNAL_VERSION, tool_version(), exclude.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
@@ -229,12 +230,13 @@ class Reopened(NamedTuple):
     recorded: int
 
 
-def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
+def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None = None) -> Reopened:
     """``--resume``, under the lock: a run that had written its manifest is finished (its leftovers removed);
     otherwise checks that OUTPUT holds a killed run of the same options and listing (refusing, naming the first
     difference, with nothing touched), then tidies what the kill left (a torn last line, files of unfinished
     groups, shards' temporaries, shards of another shard count) and puts back group files that had already been
-    renamed into shards. ``begin()`` is called once the checks passed, before anything is changed."""
+    renamed into shards. ``begin()`` is called once the checks passed, before anything is changed. ``listing``:
+    SOURCE's listing (``listing_of``), when the caller made it already."""
     output = config.output
     if _finished(output):
         problem = _manifest_problem(output)
@@ -251,7 +253,7 @@ def reopen(config, plan, runner: str, begin=lambda: None) -> Reopened:
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, plan, runner, header)
+    difference = _difference(config, plan, runner, header, listing_of(config, plan) if listing is None else listing)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
@@ -367,14 +369,14 @@ def _read_journal(path: str) -> bytes:
         return f.read()
 
 
-def _difference(config, plan, runner: str, header: JournalHeader) -> str | None:
+def _difference(config, plan, runner: str, header: JournalHeader, listing: list) -> str | None:
     """The first difference between the killed run's fingerprint and this run's, in words; None if the same."""
     if header.tool_version != manifest.tool_version():
         return f"shardprep's version changed ({header.tool_version} -> {manifest.tool_version()})"
     changed = fingerprint.options_difference(header.options, exclude.fingerprinted_options(config, runner))
     if changed:
         return changed
-    text = fingerprint.listing_text(listing_of(config, plan))
+    text = fingerprint.listing_text(listing)
     if fingerprint.listing_sha256(text) == header.listing_sha256:
         return None
     try:

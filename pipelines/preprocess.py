@@ -175,12 +175,17 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
         journal.check_resumable(config, plan, local)
     else:
         storage.check_replaceable(config.output, config.overwrite)
+    # The listing a journaled run fingerprints, made once here: its sizes also fit the local workers to the work.
+    listing = journal.listing_of(config, plan) if journal.journaled(config, plan, local) else None
+    if listing is not None:
+        work_bytes = sum(entry.size for entry in listing if entry.size > 0)
+        beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output) as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
-            reopened = journal.reopen(config, plan, runner, lock.begin)
+            reopened = journal.reopen(config, plan, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
                 return _finished_outcome(config.output, reopened, on_resume)
             if on_resume is not None:
@@ -190,8 +195,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
         else:
             prepare_output(config.output, config.overwrite, lock.stale)
             lock.begin()
-            if journal.journaled(config, plan, local):
-                unit_journal = journal.start(config, plan, runner, min_groups)
+            if listing is not None:
+                unit_journal = journal.start(config, plan, runner, min_groups, listing)
         return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal)
 
 

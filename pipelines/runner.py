@@ -70,6 +70,27 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
+# What one local SDK worker process must have to do before starting it pays: a worker costs 2-3 s of CPU to start
+# (it imports Beam), about what it takes to decode 64 MiB of JPEG photos (~30 MB/s a core) or to read and check
+# 256 MiB of prepared shards (see BENCHMARKS.md, "Local workers sized to the work").
+PREPROCESS_BYTES_PER_WORKER = 64 * 2**20
+VALIDATE_BYTES_PER_WORKER = 256 * 2**20
+
+
+def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) -> list[str]:
+    """``beam_args`` with the local worker processes fitted to the work, where the user chose none (no
+    ``--runner``, ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker`` of input, at
+    most one per core; work for one worker or less runs in this process (``in_memory``), starting no worker
+    process at all. Other ``beam_args`` are returned as they are."""
+    chosen = ("--runner", "--direct_num_workers", "--direct_running_mode")
+    if any(arg.startswith(chosen) for arg in beam_args):
+        return beam_args
+    workers = min(os.cpu_count() or 1, max(1, -(-work_bytes // bytes_per_worker)))
+    if workers == 1:
+        return [*beam_args, "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+    return [*beam_args, f"--direct_num_workers={workers}"]
+
+
 def local_workers(beam_args: list[str]) -> int:
     """How many SDK worker processes a local run of ``beam_args`` uses."""
     options = pipeline_options(beam_args).view_as(DirectOptions)

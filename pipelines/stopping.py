@@ -13,6 +13,18 @@ import threading
 import time
 
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
+# Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
+_stop_requested = threading.Event()
+
+
+class RunStopped(Exception):
+    """Raised inside an in-process run after Ctrl-C, so that the run's thread unwinds instead of going on."""
+
+
+def check_not_stopped() -> None:
+    """Raises RunStopped once Ctrl-C stopped the run of this process; a no-op in a worker process."""
+    if _stop_requested.is_set():
+        raise RunStopped("stopped by Ctrl-C")
 
 
 def run_stoppable(run):
@@ -21,7 +33,8 @@ def run_stoppable(run):
     On Beam's local runner, a KeyboardInterrupt in the thread that runs the pipeline can be swallowed by the runner
     while its worker processes run on (a hang with SIGINT sent to this process alone), and the workers that a
     terminal's Ctrl-C also reached die one by one with tracebacks. Here the main thread only waits: on
-    KeyboardInterrupt it stops the worker processes (``stop_worker_processes``), gives the run a few seconds to
+    KeyboardInterrupt it stops the worker processes (``stop_worker_processes``; a run without them, in this process,
+    at its next input: ``check_not_stopped``), gives the run a few seconds to
     unwind, and raises KeyboardInterrupt for the caller to report. A further Ctrl-C during those seconds is ignored.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -35,6 +48,7 @@ def run_stoppable(run):
             outcome["error"] = e
 
     thread = threading.Thread(target=target, name="shardprep-pipeline", daemon=True)
+    _stop_requested.clear()
     thread.start()
     try:
         while thread.is_alive():
@@ -42,6 +56,7 @@ def run_stoppable(run):
     except KeyboardInterrupt:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            _stop_requested.set()
             stop_worker_processes()
             thread.join(STOP_WAIT_S)
         finally:

@@ -259,6 +259,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
+    beam_args = runner.sized_to_work(beam_args, total_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
@@ -339,6 +340,8 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
         pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
         return report_lib.finish(report, [_no_files_problem(pattern, folders)],
                                  [], options.max_problems_per_check)
+    beam_args = runner.sized_to_work(beam_args, sum(meta.size_in_bytes for meta in matched),
+                                     runner.VALIDATE_BYTES_PER_WORKER)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
             pipeline, files, options.image_key, options.label_key, results, options.max_problems_per_check, progress_dir),

@@ -115,16 +115,19 @@ def slow_source(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-def test_ctrl_c_stops_cleanly_says_what_is_kept_and_the_resume_command_finishes(slow_source, tmp_path):
+@pytest.mark.parametrize("beam", [[], ["--", "--direct_num_workers=2"]], ids=["in-process", "two-workers"])
+def test_ctrl_c_stops_cleanly_says_what_is_kept_and_the_resume_command_finishes(slow_source, tmp_path, beam):
+    """By default this small folder runs in shardprep's own process; with two worker processes, they stop too."""
     output = tmp_path / "shards"
-    argv = shardprep_argv("preprocess", slow_source, output, "--shorter-side", "64")
+    argv = shardprep_argv("preprocess", slow_source, output, "--shorter-side", "64", *beam)
     # Ctrl-C once the journal holds a finished decode group (so some work is kept), most likely while others are
     # still decoded (if the run got further, everything is kept: the checks below hold all the same).
     run = run_in_terminal(argv, timeout=WAIT_S, interrupt_when=lambda _: journal_lines(output) >= 2)
     assert run.interrupted_at is not None, run.describe()
     assert run.status == 130, run.describe()
     assert run.stopped_after < 15, run.describe()  # a clean stop, not a hang (seconds on an idle machine)
-    assert run.processes_at_interrupt and not run.left_running, run.describe()  # the Beam workers stopped too
+    assert bool(run.processes_at_interrupt) == bool(beam), run.describe()
+    assert not run.left_running, run.describe()  # the Beam workers stopped too
     assert "Traceback" not in run.text and "Aborted!" not in run.text, run.describe()
     stopped = [line for line in run.written_lines if line.startswith("stopped:")]
     assert len(stopped) == 1, run.describe()
@@ -138,8 +141,8 @@ def test_ctrl_c_stops_cleanly_says_what_is_kept_and_the_resume_command_finishes(
     commands = [line for line in run.written_lines if line.startswith("resume: ")]
     assert len(commands) == 1, run.describe()
     command = shlex.split(commands[0][len("resume: "):])
-    assert command[:2] == ["shardprep", "preprocess"] and command[-1] == "--resume"
-    assert command[2:-1] == [str(slow_source), str(output), "--shorter-side", "64"]
+    assert command == ["shardprep", "preprocess", str(slow_source), str(output), "--shorter-side", "64", "--resume",
+                       *beam]
 
     resumed = run_in_terminal(shardprep_argv(*command[1:]), timeout=WAIT_S)
     assert resumed.status == 0, resumed.describe()
@@ -156,7 +159,8 @@ def test_sigint_to_the_launcher_alone_stops_its_beam_workers(slow_source, tmp_pa
     processes it started are stopped too, and it exits 130."""
     output = tmp_path / "shards"
     process = subprocess.Popen(
-        shardprep_argv("preprocess", slow_source, output, "--shorter-side", "64"), cwd=ROOT,
+        shardprep_argv("preprocess", slow_source, output, "--shorter-side", "64", "--", "--direct_num_workers=2"),
+        cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
