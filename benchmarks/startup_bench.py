@@ -4,9 +4,12 @@
 
 Each repeat times, as separate processes: the bare interpreter (``python -c pass``); the launcher's imports
 (``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess``, which imports Beam); and a
-one-image ``shardprep preprocess SRC OUT --quiet`` on ``--workers`` local worker processes, from its start to the
-first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``, polled every 5 ms) and to its
-exit. Medians are printed. ``--image`` defaults to a generated 500x375 JPEG.
+one-image ``shardprep preprocess SRC OUT --quiet`` run twice, interleaved: as a user starts it (no Beam options: a
+folder this small runs in shardprep's own process, no worker process started) and with ``-- --direct_num_workers=N``
+(``--workers``: N SDK worker processes, as every local run started before workers were sized to the work). Each
+from its start to the first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``,
+polled every 5 ms), to its exit, and its CPU seconds (the whole process tree). Medians are printed. ``--image``
+defaults to a generated 500x375 JPEG.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ def first_spill(folder: str) -> bool:
         return False
 
 
-def one_run(source: str, output: str, workers: int) -> tuple[float, float]:
-    """(seconds to the first decode, seconds to exit) of a one-image run."""
-    command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--",
-               f"--direct_num_workers={workers}"]
+def one_run(source: str, output: str, workers: int | None) -> tuple[float, float, float]:
+    """(seconds to the first decode, seconds to exit, CPU seconds) of a one-image run; ``workers`` None: as a user
+    starts it, without Beam options."""
+    command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet"]
+    if workers is not None:
+        command += ["--", f"--direct_num_workers={workers}"]
+    cpu_before = _children_cpu()
     started = time.perf_counter()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = None
@@ -53,7 +59,15 @@ def one_run(source: str, output: str, workers: int) -> tuple[float, float]:
     total = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"preprocess failed: {run.stderr.read().decode(errors='replace')[-2000:]}")
-    return (first if first is not None else float("nan")), total
+    return (first if first is not None else float("nan")), total, _children_cpu() - cpu_before
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every process this one has waited for (a waited-for launcher's workers included)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def write_image(folder: str, image: str | None) -> None:
@@ -79,22 +93,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="shardprep-startup-bench-")
-    rows: dict[str, list[float]] = {"interpreter": [], "imports": [], "first decode": [], "exit": []}
+    modes = {"default (in-process)": None, f"{args.workers} workers": args.workers}
+    rows: dict[str, list[float]] = {"interpreter": [], "imports": []}
+    for mode in modes:
+        rows.update({f"{mode}: first decode": [], f"{mode}: exit": [], f"{mode}: CPU s": []})
     try:
         write_image(os.path.join(work, "src"), args.image)
         for repeat in range(args.repeats):
             rows["interpreter"].append(timed([sys.executable, "-c", "pass"]))
             rows["imports"].append(timed([sys.executable, "-c",
                                           "import shardprep.cli, shardprep.pipelines.preprocess"]))
-            first, total = one_run(os.path.join(work, "src"), os.path.join(work, f"out-{repeat}"), args.workers)
-            rows["first decode"].append(first)
-            rows["exit"].append(total)
+            for mode, workers in modes.items():
+                output = os.path.join(work, f"out-{repeat}-{workers}")
+                first, total, cpu = one_run(os.path.join(work, "src"), output, workers)
+                rows[f"{mode}: first decode"].append(first)
+                rows[f"{mode}: exit"].append(total)
+                rows[f"{mode}: CPU s"].append(cpu)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {args.workers} workers, "
           f"load {os.getloadavg()[0]:.1f}, {args.repeats} repeats (median, then each)")
     for name, values in rows.items():
-        print(f"{name:13} {statistics.median(values):6.2f} s   " + " ".join(f"{v:.2f}" for v in values))
+        print(f"{name:34} {statistics.median(values):6.2f} s   " + " ".join(f"{v:.2f}" for v in values))
     return 0
 
 

@@ -120,3 +120,14 @@ def test_ctrl_c_stops_a_run_in_this_process_at_its_next_input():
     assert not pipeline_threads  # it unwound, not left running beside the caller
     # The next run in the same process is not stopped by the last one's Ctrl-C.
     assert stopping.run_stoppable(lambda: (stopping.check_not_stopped(), "ran")[1]) == "ran"
+
+
+def test_the_worker_sizing_benchmark_runs(capsys):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        import worker_sizing_bench
+    finally:
+        sys.path.pop(0)
+    assert worker_sizing_bench.main(["--smoke"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 1 and float(rows[0][-1]) > 0  # one size: its three runs' figures and the wall ratio
