@@ -1,0 +1,52 @@
+"""Plain JPEGs decoded straight to an RGB array by libjpeg-turbo (simplejpeg): Pillow's pixels, at less cost.
+
+Pillow decodes a JPEG with the same libjpeg-turbo settings (accurate integer IDCT, fancy upsampling, DCT scaling by
+its ``draft``), but through its row-by-row decoder loop and into an image that is copied again on the way to NumPy;
+simplejpeg's one call writes the array directly, faster per photo (``benchmarks/resize_bench.py``:
+``decode_only_simplejpeg`` against ``decode_only``). The pixels are the same, byte for byte (``tests/test_jpeg_decode.py``
+holds the two decoders to that), so datasets do not change.
+
+Only what the two decode alike is taken: a baseline or progressive JPEG (not MPO) that Pillow opened as RGB or
+greyscale, with no EXIF orientation to apply; anything else, any error or warning from simplejpeg (``strict``), or
+no simplejpeg installed, returns None and the caller decodes with Pillow, which decides every reject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+_DECODED_MODES = ("RGB", "L")  # libjpeg gives both as RGB, as Pillow's convert("RGB") does (grey replicated)
+
+
+def decode_plain_rgb(image: Image.Image, data: bytes, turns: Callable[[Image.Image], bool]) -> Image.Image | None:
+    """``image`` (opened by Pillow from ``data``, perhaps drafted, not loaded) decoded as RGB, or None where only
+    Pillow's decode applies. ``turns(image)``: True when its EXIF orientation would turn it."""
+    if image.format != "JPEG" or image.mode not in _DECODED_MODES or len(image.tile) != 1:
+        return None
+    try:
+        if "transparency" in image.info or turns(image):
+            return None
+    except Exception:  # noqa: BLE001 - unreadable metadata: Pillow's decode meets it again and decides
+        return None
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    scale = image.decoderconfig[0] if image.decoderconfig else 1  # draft()'s DCT scaling: 1, 2, 4 or 8
+    width, height = image.size  # the drafted size: each side divided by the scale, rounded up
+    try:
+        if scale > 1:
+            pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=height, min_width=width, min_factor=scale)
+        else:
+            pixels = simplejpeg.decode_jpeg(data, "RGB")
+    except (ValueError, MemoryError):  # a damaged file, or one libjpeg only warns about: Pillow's decode decides
+        return None
+    if pixels.shape != (height, width, 3):
+        return None
+    from PIL import Image
+
+    return Image.fromarray(pixels, "RGB")
