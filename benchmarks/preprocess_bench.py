@@ -31,9 +31,10 @@ from PIL import Image
 SHORTER_SIDE = 256
 
 
-def pillow_loop(paths: list[str], method: str = "lanczos2-cubic") -> float:
-    """Images/s of a plain single-process Pillow loop over ``paths``, resizing with ``method``."""
-    from shardprep.preprocess import resize
+def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bool = True) -> float:
+    """Images/s of a plain single-process loop over ``paths``, resizing with ``method``; ``job_decode``: plain JPEGs
+    decoded as the job decodes them (``jpeg_decode``: libjpeg-turbo straight to an array), else all by Pillow."""
+    from shardprep.preprocess import image_ops, jpeg_decode, resize
 
     started = time.perf_counter()
     for path in paths:
@@ -46,7 +47,8 @@ def pillow_loop(paths: list[str], method: str = "lanczos2-cubic") -> float:
         scale = SHORTER_SIDE / min(width, height)
         if image.format == "JPEG" and scale <= 0.5:
             image.draft(None, (int(width * scale + 1), int(height * scale + 1)))
-        image = image.convert("RGB")
+        fast = jpeg_decode.decode_plain_rgb(image, data, image_ops._turns) if job_decode else None
+        image = fast if fast is not None else image.convert("RGB")
         width, height = image.size
         if width <= height:
             size = (SHORTER_SIDE, max(1, round(height * SHORTER_SIDE / width)))
@@ -82,13 +84,15 @@ def main(argv=None) -> int:
     parser.add_argument("--loop-passes", type=int, default=3, help="passes of the loop over every distinct image")
     parser.add_argument("--loop-method", default="lanczos2-cubic", choices=("lanczos2-cubic", "pillow-bicubic"),
                         help="the loop's resize method (the job's is lanczos2-cubic)")
+    parser.add_argument("--loop-decode", default="job", choices=("job", "pillow"),
+                        help="the loop's JPEG decode: the job's (simplejpeg for plain JPEGs) or Pillow's for all")
     args = parser.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="shardprep-bench-")
     try:
         paths = replicate(args.source_dir, os.path.join(work, "src"), args.copies)
         distinct = paths[:: args.copies]  # one copy of every image, so the loop sees the same mix as the job
-        loop_before = pillow_loop(distinct * args.loop_passes, args.loop_method)
+        loop_before = pillow_loop(distinct * args.loop_passes, args.loop_method, args.loop_decode == "job")
 
         def run_job(source: str, output: str) -> float:
             command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--",
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
         os.link(distinct[0], os.path.join(work, "one", "train", "x", "image.JPEG"))
         startup_seconds = run_job(os.path.join(work, "one"), os.path.join(work, "one-out"))
         job_seconds = run_job(os.path.join(work, "src"), os.path.join(work, "out"))
-        loop_after = pillow_loop(distinct * args.loop_passes, args.loop_method)
+        loop_after = pillow_loop(distinct * args.loop_passes, args.loop_method, args.loop_decode == "job")
         loop_rate = (loop_before + loop_after) / 2
         job_rate = len(paths) / job_seconds
         steady_rate = len(paths) / max(1e-9, job_seconds - startup_seconds)
