@@ -47,6 +47,10 @@ TRAIN_PER_CLASS = 4
 VAL_FILES = 12  # flat files: planning must not cost a storage request per file
 SHORTER_SIDE = 16
 COMMAND_TIMEOUT_S = 180
+# Beam's SDK workers in the command's own process: for the commands whose checks are not about worker processes.
+# The prepared dataset's run keeps the default worker processes, so reading and writing gs:// from a worker
+# process (which builds its own clients from the inherited environment) is still run once.
+IN_PROCESS = ("--", "--direct_running_mode=in_memory")
 
 
 def _image_bytes(seed: int, fmt: str) -> bytes:
@@ -217,6 +221,25 @@ def prepared(storage, source):
 
 CLI = "from shardprep.cli import main; main()"
 
+# Several command lines in turn in one child process (each with its own fresh click context), for commands that fail
+# in the launcher before any pipeline runs: it prints, per command line, its exit status and what it wrote to
+# stderr, as JSON on its last stdout line. Importing TensorFlow and Beam is most of such a command's cost.
+CLI_IN_TURN = """
+import contextlib, io, json, sys
+from shardprep.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            main(argv, prog_name="shardprep")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code
+    results.append({"exit": status, "stderr": stderr.getvalue()})
+print(json.dumps(results))
+"""
+
 
 def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
     """(SOURCE, the error line it gets): a missing bucket and a missing folder, told apart."""
@@ -245,13 +268,13 @@ def background(storage, prepared, tmp_path_factory):
     started = {
         "validate": start_python(storage, folder / "validate", CLI, "validate", gs(storage, "imagenet-shards"),
                                  "--json", gs(storage, "reports/imagenet.json"), "--pictures",
-                                 gs(storage, "reports/pictures"), "--quiet"),
+                                 gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS),
         "damaged": start_python(storage, folder / "damaged", CLI, "validate", gs(storage, "damaged"), "--json",
-                                gs(storage, "reports/damaged.json"), "--quiet"),
+                                gs(storage, "reports/damaged.json"), "--quiet", *IN_PROCESS),
+        "unlistable": start_python(storage, folder / "unlistable", CLI_IN_TURN, json.dumps(
+            [["preprocess", source, gs(storage, "unwritten"), "--quiet"]
+             for source, _ in unlistable_sources(storage)])),
     }
-    for index, (source, _) in enumerate(unlistable_sources(storage)):
-        started[f"unlistable-{index}"] = start_python(storage, folder / f"unlistable-{index}", CLI, "preprocess",
-                                                      source, gs(storage, "unwritten"), "--quiet")
     try:
         yield started
     finally:
@@ -310,9 +333,11 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
 
 def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
-    for index, (_, message) in enumerate(unlistable_sources(storage)):
-        result = finish(storage, background[f"unlistable-{index}"], expect_exit=1)
-        assert result.stderr.strip().splitlines()[-1] == message, result.stderr[-3000:]
+    results = json.loads(finish(storage, background["unlistable"]).stdout.splitlines()[-1])
+    assert len(results) == len(unlistable_sources(storage))
+    for result, (_, message) in zip(results, unlistable_sources(storage)):
+        assert result["exit"] == 1, result
+        assert result["stderr"].strip().splitlines()[-1] == message, result["stderr"][-3000:]
 
 
 def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
@@ -334,7 +359,7 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
     bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
     run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
-                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet")
+                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet", *IN_PROCESS)
     manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
     assert manifest["splits"]["train"]["num_examples"] == 4
@@ -342,7 +367,7 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
         set(object_names(storage, "tfds-shards/"))
     run_shardprep(storage, "validate", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
-                  "--json", gs(storage, "reports/tfds.json"), "--quiet")
+                  "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS)
     report = json.loads(read_object(storage, "reports/tfds.json"))
     assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
