@@ -1,9 +1,11 @@
 """gs:// end to end against a Cloud Storage API server on loopback: preprocess gs:// -> gs://, validate, train reader.
 
 The server is gcp-storage-emulator (a test extra); the real Google client libraries talk to it (see gcs_emulator.py
-for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command runs as a
-child process with the emulator's environment, exactly as a user runs it, so nothing in the test process (cached
-clients, credentials, environment) can stand in for what the command does itself.
+for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command on gs://
+runs in a child process with the emulator's environment, so nothing in the test process (cached clients,
+credentials, environment) can stand in for what the command does itself: the prepared dataset's run as a user runs
+it (``python -c main()``, Beam's worker processes), the others with Beam's workers in the command's process, and
+the validate runs, and the runs that fail before any pipeline, each kind in turn in one child process.
 
 The source is laid out like ImageNet on Cloud Storage: ``train/<class>/<file>``, a flat ``val/`` folder labelled by a
 CSV outside the source folder, plus rejects of each listing kind.
@@ -31,7 +33,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from gcs_emulator import LoopbackStorage
+from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
@@ -111,12 +113,15 @@ def gs(storage: LoopbackStorage, path: str) -> str:
     return f"gs://{storage.bucket}/{path}"
 
 
+CLI = "from shardprep.cli import main; main()"
+
+
 def run_shardprep(storage: LoopbackStorage, *args: str, expect_exit: int | None = 0,
                   cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs the shardprep CLI in a child process pointed at the loopback server; fails on an unexpected exit."""
     refused_before = len(storage.proxy.refused)
     result = subprocess.run(
-        [sys.executable, "-c", "from shardprep.cli import main; main()", *args], cwd=cwd,
+        [sys.executable, "-c", CLI, *args], cwd=cwd,
         env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     if expect_exit is not None:
         assert result.returncode == expect_exit, \
@@ -219,26 +224,15 @@ def prepared(storage, source):
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
-CLI = "from shardprep.cli import main; main()"
+def start_in_turn(storage: LoopbackStorage, folder: Path, *command_lines: list[str]) -> Started:
+    """``shardprep COMMAND_LINE`` for each command line in turn, in one child process started in the background
+    (gcs_emulator.SHARDPREP_IN_TURN: the commands of one kind pay for importing TensorFlow and Beam once)."""
+    return start_python(storage, folder, *shardprep_in_turn(list(command_lines))[2:])
 
-# Several command lines in turn in one child process (each with its own fresh click context), for commands that fail
-# in the launcher before any pipeline runs: it prints, per command line, its exit status and what it wrote to
-# stderr, as JSON on its last stdout line. Importing TensorFlow and Beam is most of such a command's cost.
-CLI_IN_TURN = """
-import contextlib, io, json, sys
-from shardprep.cli import main
-results = []
-for argv in json.loads(sys.argv[1]):
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr):
-        try:
-            main(argv, prog_name="shardprep")
-            status = 0
-        except SystemExit as exit:
-            status = exit.code
-    results.append({"exit": status, "stderr": stderr.getvalue()})
-print(json.dumps(results))
-"""
+
+def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
+    """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
+    return in_turn_results(finish(storage, started).stdout, json.loads(started.process.args[-1]))
 
 
 def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
@@ -259,21 +253,39 @@ def copy_damaged(storage: LoopbackStorage) -> None:
         bucket.blob(name.replace("imagenet-shards/", "damaged/", 1)).upload_from_string(data)
 
 
+TFDS_GLOB = "tfds/*-train.tfrecord*"
+# The validate runs the background fixture starts, in this order, in one child process: of the prepared dataset,
+# of its damaged copy, of the TFDS-style files at TFDS_GLOB.
+VALIDATE_PREPARED, VALIDATE_DAMAGED, VALIDATE_TFDS = range(3)
+
+
 @pytest.fixture(scope="module")
-def background(storage, prepared, tmp_path_factory):
+def tfds_source(storage):
+    """gs://BUCKET/tfds/: one TFDS-style TFRecord file (TFDS_GLOB matches it) and its label.labels.txt beside it."""
+    bucket = storage.client().bucket(storage.bucket)
+    bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
+    bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
+    return f"tfrecord:{gs(storage, TFDS_GLOB)}"
+
+
+@pytest.fixture(scope="module")
+def background(storage, prepared, tfds_source, tmp_path_factory):
     """The commands that need only the prepared dataset (or nothing), started together once it is written (not
     while it is: the planning test counts that run's requests); each test below finishes and checks its own."""
     folder = tmp_path_factory.mktemp("background")
     copy_damaged(storage)
     started = {
-        "validate": start_python(storage, folder / "validate", CLI, "validate", gs(storage, "imagenet-shards"),
-                                 "--json", gs(storage, "reports/imagenet.json"), "--pictures",
-                                 gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS),
-        "damaged": start_python(storage, folder / "damaged", CLI, "validate", gs(storage, "damaged"), "--json",
-                                gs(storage, "reports/damaged.json"), "--quiet", *IN_PROCESS),
-        "unlistable": start_python(storage, folder / "unlistable", CLI_IN_TURN, json.dumps(
-            [["preprocess", source, gs(storage, "unwritten"), "--quiet"]
-             for source, _ in unlistable_sources(storage)])),
+        # VALIDATE_PREPARED, VALIDATE_DAMAGED, VALIDATE_TFDS
+        "validate": start_in_turn(
+            storage, folder / "validate",
+            ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
+             "--pictures", gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS],
+            ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"), "--quiet",
+             *IN_PROCESS],
+            ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]),
+        "unlistable": start_in_turn(storage, folder / "unlistable",
+                                    *[["preprocess", source, gs(storage, "unwritten"), "--quiet"]
+                                      for source, _ in unlistable_sources(storage)]),
     }
     try:
         yield started
@@ -333,20 +345,17 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
 
 def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
-    results = json.loads(finish(storage, background["unlistable"]).stdout.splitlines()[-1])
-    assert len(results) == len(unlistable_sources(storage))
-    for result, (_, message) in zip(results, unlistable_sources(storage)):
+    results = finish_in_turn(storage, background["unlistable"])
+    for result, (_, message) in zip(results, unlistable_sources(storage), strict=True):
         assert result["exit"] == 1, result
         assert result["stderr"].strip().splitlines()[-1] == message, result["stderr"][-3000:]
 
 
-def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
+def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage, tfds_source, background):
     bucket = storage.client().bucket(storage.bucket)
-    bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
-    bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
     # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept
     bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"someone's file")
-    refused = run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
+    refused = run_shardprep(storage, "preprocess", tfds_source,
                             gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet",
                             expect_exit=1)
     assert refused.stderr.splitlines() == [
@@ -358,7 +367,7 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     # an earlier run's leftovers are deleted
     bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
     bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
-    run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
+    run_shardprep(storage, "preprocess", tfds_source,
                   gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet", *IN_PROCESS)
     manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
@@ -366,16 +375,16 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
     assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
         set(object_names(storage, "tfds-shards/"))
-    run_shardprep(storage, "validate", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
-                  "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS)
+    validated = finish_in_turn(storage, background["validate"])[VALIDATE_TFDS]  # started with the background runs
+    assert validated["exit"] == 0, validated
     report = json.loads(read_object(storage, "reports/tfds.json"))
     assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
 
 def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared, background):
-    result = finish(storage, background["validate"])
+    result = finish_in_turn(storage, background["validate"])[VALIDATE_PREPARED]
     report = json.loads(read_object(storage, "reports/imagenet.json"))
-    assert report["ok"], (report["problem_counts"], result.stdout[-3000:])
+    assert result["exit"] == 0 and report["ok"], (report["problem_counts"], result)
     assert report["num_examples"] == report["expected_num_examples"] == prepared["manifest"]["num_examples"]
     assert object_names(storage, "reports/pictures/") == [
         "reports/pictures/class_counts.png", "reports/pictures/contact_sheet.png",
@@ -383,7 +392,8 @@ def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepare
 
 
 def test_validate_finds_a_damaged_gs_shard(storage, background):
-    finish(storage, background["damaged"], expect_exit=1)  # a copy with one byte flipped: copy_damaged
+    result = finish_in_turn(storage, background["validate"])[VALIDATE_DAMAGED]  # one byte flipped: copy_damaged
+    assert result["exit"] == 1, result
     report = json.loads(read_object(storage, "reports/damaged.json"))
     assert not report["ok"]
     assert any(problem.get("file") == "train/train-00001-of-00002.tfrecord" for problem in report["problems"]), \
