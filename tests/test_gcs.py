@@ -4,8 +4,8 @@ The server is gcp-storage-emulator (a test extra); the real Google client librar
 for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command on gs://
 runs in a child process with the emulator's environment, so nothing in the test process (cached clients,
 credentials, environment) can stand in for what the command does itself: the prepared dataset's run as a user runs
-it (``python -c main()``, Beam's worker processes), the others with Beam's workers in the command's process, and
-the validate runs, and the runs that fail before any pipeline, each kind in turn in one child process.
+it (``python -c main()``, with a Beam worker process), the others with Beam's workers in the command's process, and
+the commands that need only the prepared dataset in turn in one child process (one import of TensorFlow and Beam).
 
 The source is laid out like ImageNet on Cloud Storage: ``train/<class>/<file>``, a flat ``val/`` folder labelled by a
 CSV outside the source folder, plus rejects of each listing kind.
@@ -50,9 +50,10 @@ VAL_FILES = 12  # flat files: planning must not cost a storage request per file
 SHORTER_SIDE = 16
 COMMAND_TIMEOUT_S = 180
 # Beam's SDK workers in the command's own process: for the commands whose checks are not about worker processes.
-# The prepared dataset's run keeps the default worker processes, so reading and writing gs:// from a worker
-# process (which builds its own clients from the inherited environment) is still run once.
 IN_PROCESS = ("--", "--direct_running_mode=in_memory")
+# The prepared dataset's run: one SDK worker process of its own (whatever the local default), so reading and writing
+# gs:// from a worker process, which builds its own clients from the environment it inherits, is run once.
+WORKER_PROCESS = ("--", "--direct_running_mode=multi_processing", "--direct_num_workers=1")
 
 
 def _image_bytes(seed: int, fmt: str) -> bytes:
@@ -218,7 +219,7 @@ def prepared(storage, source):
     result = run_shardprep(
         storage, "preprocess", gs(storage, "imagenet"), gs(storage, "imagenet-shards"),
         "--labels-file", gs(storage, "LOC_val.csv"), "--shorter-side", str(SHORTER_SIDE), "--num-shards", "2",
-        "--quiet")
+        "--quiet", *WORKER_PROCESS)
     manifest = json.loads(read_object(storage, "imagenet-shards/manifest.json"))
     return {"manifest": manifest, "output": result.stdout,
             "planning_requests": storage.proxy.forwarded - forwarded_before}
@@ -226,7 +227,7 @@ def prepared(storage, source):
 
 def start_in_turn(storage: LoopbackStorage, folder: Path, *command_lines: list[str]) -> Started:
     """``shardprep COMMAND_LINE`` for each command line in turn, in one child process started in the background
-    (gcs_emulator.SHARDPREP_IN_TURN: the commands of one kind pay for importing TensorFlow and Beam once)."""
+    (gcs_emulator.SHARDPREP_IN_TURN: the commands pay for importing TensorFlow and Beam once)."""
     return start_python(storage, folder, *shardprep_in_turn(list(command_lines))[2:])
 
 
@@ -254,9 +255,6 @@ def copy_damaged(storage: LoopbackStorage) -> None:
 
 
 TFDS_GLOB = "tfds/*-train.tfrecord*"
-# The validate runs the background fixture starts, in this order, in one child process: of the prepared dataset,
-# of its damaged copy, of the TFDS-style files at TFDS_GLOB.
-VALIDATE_PREPARED, VALIDATE_DAMAGED, VALIDATE_TFDS = range(3)
 
 
 @pytest.fixture(scope="module")
@@ -268,32 +266,42 @@ def tfds_source(storage):
     return f"tfrecord:{gs(storage, TFDS_GLOB)}"
 
 
+def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str, list[str]]:
+    """The commands that need only the prepared dataset (or nothing), by name: the preprocess runs of sources that
+    cannot be listed; validate of the prepared dataset, of its damaged copy (copy_damaged), of the TFDS-style files."""
+    commands = {f"unlistable-{index}": ["preprocess", source, gs(storage, "unwritten"), "--quiet"]
+                for index, (source, _) in enumerate(unlistable_sources(storage))}
+    commands["validate"] = ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
+                            "--pictures", gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS]
+    commands["damaged"] = ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"),
+                           "--quiet", *IN_PROCESS]
+    commands["tfds"] = ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]
+    return commands
+
+
+class Background(NamedTuple):
+    """background_commands, by name, run in turn in one child process."""
+    names: list[str]
+    started: Started
+
+    def result(self, storage: LoopbackStorage, name: str) -> dict:
+        """{"argv", "exit", "stdout", "stderr"} of the command ``name``, once the child process has ended."""
+        return finish_in_turn(storage, self.started)[self.names.index(name)]
+
+
 @pytest.fixture(scope="module")
 def background(storage, prepared, tfds_source, tmp_path_factory):
-    """The commands that need only the prepared dataset (or nothing), started together once it is written (not
-    while it is: the planning test counts that run's requests); each test below finishes and checks its own."""
-    folder = tmp_path_factory.mktemp("background")
+    """background_commands, started once the prepared dataset is written (not while it is: the planning test counts
+    that run's requests), in turn in one child process; each test below checks its own command's result."""
     copy_damaged(storage)
-    started = {
-        # VALIDATE_PREPARED, VALIDATE_DAMAGED, VALIDATE_TFDS
-        "validate": start_in_turn(
-            storage, folder / "validate",
-            ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
-             "--pictures", gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS],
-            ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"), "--quiet",
-             *IN_PROCESS],
-            ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]),
-        "unlistable": start_in_turn(storage, folder / "unlistable",
-                                    *[["preprocess", source, gs(storage, "unwritten"), "--quiet"]
-                                      for source, _ in unlistable_sources(storage)]),
-    }
+    commands = background_commands(storage, tfds_source)
+    started = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands", *commands.values())
     try:
-        yield started
+        yield Background(list(commands), started)
     finally:
-        for run in started.values():
-            if run.process.poll() is None:
-                run.process.kill()
-                run.process.wait()
+        if started.process.poll() is None:
+            started.process.kill()
+            started.process.wait()
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
@@ -345,8 +353,8 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
 
 def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
-    results = finish_in_turn(storage, background["unlistable"])
-    for result, (_, message) in zip(results, unlistable_sources(storage), strict=True):
+    for index, (_, message) in enumerate(unlistable_sources(storage)):
+        result = background.result(storage, f"unlistable-{index}")
         assert result["exit"] == 1, result
         assert result["stderr"].strip().splitlines()[-1] == message, result["stderr"][-3000:]
 
@@ -375,14 +383,14 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage, tfd
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
     assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
         set(object_names(storage, "tfds-shards/"))
-    validated = finish_in_turn(storage, background["validate"])[VALIDATE_TFDS]  # started with the background runs
+    validated = background.result(storage, "tfds")  # validate of the same glob, started with the background runs
     assert validated["exit"] == 0, validated
     report = json.loads(read_object(storage, "reports/tfds.json"))
     assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
 
 def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared, background):
-    result = finish_in_turn(storage, background["validate"])[VALIDATE_PREPARED]
+    result = background.result(storage, "validate")
     report = json.loads(read_object(storage, "reports/imagenet.json"))
     assert result["exit"] == 0 and report["ok"], (report["problem_counts"], result)
     assert report["num_examples"] == report["expected_num_examples"] == prepared["manifest"]["num_examples"]
@@ -392,7 +400,7 @@ def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepare
 
 
 def test_validate_finds_a_damaged_gs_shard(storage, background):
-    result = finish_in_turn(storage, background["validate"])[VALIDATE_DAMAGED]  # one byte flipped: copy_damaged
+    result = background.result(storage, "damaged")  # one byte flipped: copy_damaged
     assert result["exit"] == 1, result
     report = json.loads(read_object(storage, "reports/damaged.json"))
     assert not report["ok"]
@@ -418,8 +426,7 @@ print(json.dumps({"shape": images.shape.as_list(), "dtype": images.dtype.name,
 
 def test_train_reader_reads_batches_from_gs(storage, prepared, background):
     """make_dataset on gs:// yields the stored images and labels (TensorFlow's own GCS file system, via the proxy)."""
-    for run in background.values():  # nothing else may make requests through the proxy meanwhile
-        finish(storage, run, expect_exit=None)
+    finish(storage, background.started, expect_exit=None)  # nothing else may make requests through the proxy meanwhile
     forwarded_before = storage.proxy.forwarded
     read = json.loads(run_python(storage, TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards")).splitlines()[-1])
     assert storage.proxy.forwarded > forwarded_before  # TensorFlow itself read the shards from the server
