@@ -42,6 +42,39 @@ STARTUP_TIMEOUT_S = 30
 _MAX_HEAD_BYTES = 64 * 1024
 
 
+# ``shardprep ARGV`` for each ARGV of the JSON list in sys.argv[1], in turn, in one process (``python -c``), each
+# with its own click context: it prints, per command line, its exit status and what it wrote to stdout and
+# stderr, as JSON on its last stdout line. Importing TensorFlow and Beam is most of a small command's cost; commands
+# run against the server this way pay it once.
+SHARDPREP_IN_TURN = """
+import contextlib, io, json, sys
+from shardprep.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv, prog_name="shardprep")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code
+    results.append({"argv": argv, "exit": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def shardprep_in_turn(command_lines: list[list[str]]) -> list[str]:
+    """The child process's argv that runs each of ``command_lines`` in turn (see SHARDPREP_IN_TURN)."""
+    return [sys.executable, "-c", SHARDPREP_IN_TURN, json.dumps(command_lines)]
+
+
+def in_turn_results(stdout: str, command_lines: list[list[str]]) -> list[dict]:
+    """{"argv", "exit", "stdout", "stderr"} of each command line, from a ``shardprep_in_turn`` process's stdout."""
+    results = json.loads(stdout.splitlines()[-1])
+    assert [result["argv"] for result in results] == command_lines, results
+    return results
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

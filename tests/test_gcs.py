@@ -1,9 +1,11 @@
 """gs:// end to end against a Cloud Storage API server on loopback: preprocess gs:// -> gs://, validate, train reader.
 
 The server is gcp-storage-emulator (a test extra); the real Google client libraries talk to it (see gcs_emulator.py
-for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command runs as a
-child process with the emulator's environment, exactly as a user runs it, so nothing in the test process (cached
-clients, credentials, environment) can stand in for what the command does itself.
+for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command on gs://
+runs in a child process with the emulator's environment, so nothing in the test process (cached clients,
+credentials, environment) can stand in for what the command does itself: the prepared dataset's run as a user runs
+it (``python -c main()``, with a Beam worker process), the others with Beam's workers in the command's process, and
+the commands that need only the prepared dataset in turn in one child process (one import of TensorFlow and Beam).
 
 The source is laid out like ImageNet on Cloud Storage: ``train/<class>/<file>``, a flat ``val/`` folder labelled by a
 CSV outside the source folder, plus rejects of each listing kind.
@@ -31,7 +33,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from gcs_emulator import LoopbackStorage
+from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
@@ -47,6 +49,11 @@ TRAIN_PER_CLASS = 4
 VAL_FILES = 12  # flat files: planning must not cost a storage request per file
 SHORTER_SIDE = 16
 COMMAND_TIMEOUT_S = 180
+# Beam's SDK workers in the command's own process: for the commands whose checks are not about worker processes.
+IN_PROCESS = ("--", "--direct_running_mode=in_memory")
+# The prepared dataset's run: one SDK worker process of its own (whatever the local default), so reading and writing
+# gs:// from a worker process, which builds its own clients from the environment it inherits, is run once.
+WORKER_PROCESS = ("--", "--direct_running_mode=multi_processing", "--direct_num_workers=1")
 
 
 def _image_bytes(seed: int, fmt: str) -> bytes:
@@ -107,12 +114,15 @@ def gs(storage: LoopbackStorage, path: str) -> str:
     return f"gs://{storage.bucket}/{path}"
 
 
+CLI = "from shardprep.cli import main; main()"
+
+
 def run_shardprep(storage: LoopbackStorage, *args: str, expect_exit: int | None = 0,
                   cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs the shardprep CLI in a child process pointed at the loopback server; fails on an unexpected exit."""
     refused_before = len(storage.proxy.refused)
     result = subprocess.run(
-        [sys.executable, "-c", "from shardprep.cli import main; main()", *args], cwd=cwd,
+        [sys.executable, "-c", CLI, *args], cwd=cwd,
         env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     if expect_exit is not None:
         assert result.returncode == expect_exit, \
@@ -209,13 +219,21 @@ def prepared(storage, source):
     result = run_shardprep(
         storage, "preprocess", gs(storage, "imagenet"), gs(storage, "imagenet-shards"),
         "--labels-file", gs(storage, "LOC_val.csv"), "--shorter-side", str(SHORTER_SIDE), "--num-shards", "2",
-        "--quiet")
+        "--quiet", *WORKER_PROCESS)
     manifest = json.loads(read_object(storage, "imagenet-shards/manifest.json"))
     return {"manifest": manifest, "output": result.stdout,
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
-CLI = "from shardprep.cli import main; main()"
+def start_in_turn(storage: LoopbackStorage, folder: Path, *command_lines: list[str]) -> Started:
+    """``shardprep COMMAND_LINE`` for each command line in turn, in one child process started in the background
+    (gcs_emulator.SHARDPREP_IN_TURN: the commands pay for importing TensorFlow and Beam once)."""
+    return start_python(storage, folder, *shardprep_in_turn(list(command_lines))[2:])
+
+
+def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
+    """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
+    return in_turn_results(finish(storage, started).stdout, json.loads(started.process.args[-1]))
 
 
 def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
@@ -236,29 +254,54 @@ def copy_damaged(storage: LoopbackStorage) -> None:
         bucket.blob(name.replace("imagenet-shards/", "damaged/", 1)).upload_from_string(data)
 
 
+TFDS_GLOB = "tfds/*-train.tfrecord*"
+
+
 @pytest.fixture(scope="module")
-def background(storage, prepared, tmp_path_factory):
-    """The commands that need only the prepared dataset (or nothing), started together once it is written (not
-    while it is: the planning test counts that run's requests); each test below finishes and checks its own."""
-    folder = tmp_path_factory.mktemp("background")
+def tfds_source(storage):
+    """gs://BUCKET/tfds/: one TFDS-style TFRecord file (TFDS_GLOB matches it) and its label.labels.txt beside it."""
+    bucket = storage.client().bucket(storage.bucket)
+    bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
+    bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
+    return f"tfrecord:{gs(storage, TFDS_GLOB)}"
+
+
+def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str, list[str]]:
+    """The commands that need only the prepared dataset (or nothing), by name: the preprocess runs of sources that
+    cannot be listed; validate of the prepared dataset, of its damaged copy (copy_damaged), of the TFDS-style files."""
+    commands = {f"unlistable-{index}": ["preprocess", source, gs(storage, "unwritten"), "--quiet"]
+                for index, (source, _) in enumerate(unlistable_sources(storage))}
+    commands["validate"] = ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
+                            "--pictures", gs(storage, "reports/pictures"), "--quiet", *IN_PROCESS]
+    commands["damaged"] = ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"),
+                           "--quiet", *IN_PROCESS]
+    commands["tfds"] = ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]
+    return commands
+
+
+class Background(NamedTuple):
+    """background_commands, by name, run in turn in one child process."""
+    names: list[str]
+    started: Started
+
+    def result(self, storage: LoopbackStorage, name: str) -> dict:
+        """{"argv", "exit", "stdout", "stderr"} of the command ``name``, once the child process has ended."""
+        return finish_in_turn(storage, self.started)[self.names.index(name)]
+
+
+@pytest.fixture(scope="module")
+def background(storage, prepared, tfds_source, tmp_path_factory):
+    """background_commands, started once the prepared dataset is written (not while it is: the planning test counts
+    that run's requests), in turn in one child process; each test below checks its own command's result."""
     copy_damaged(storage)
-    started = {
-        "validate": start_python(storage, folder / "validate", CLI, "validate", gs(storage, "imagenet-shards"),
-                                 "--json", gs(storage, "reports/imagenet.json"), "--pictures",
-                                 gs(storage, "reports/pictures"), "--quiet"),
-        "damaged": start_python(storage, folder / "damaged", CLI, "validate", gs(storage, "damaged"), "--json",
-                                gs(storage, "reports/damaged.json"), "--quiet"),
-    }
-    for index, (source, _) in enumerate(unlistable_sources(storage)):
-        started[f"unlistable-{index}"] = start_python(storage, folder / f"unlistable-{index}", CLI, "preprocess",
-                                                      source, gs(storage, "unwritten"), "--quiet")
+    commands = background_commands(storage, tfds_source)
+    started = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands", *commands.values())
     try:
-        yield started
+        yield Background(list(commands), started)
     finally:
-        for run in started.values():
-            if run.process.poll() is None:
-                run.process.kill()
-                run.process.wait()
+        if started.process.poll() is None:
+            started.process.kill()
+            started.process.wait()
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
@@ -311,17 +354,16 @@ def test_planning_a_gs_source_lists_folders_not_files(prepared):
 def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
     for index, (_, message) in enumerate(unlistable_sources(storage)):
-        result = finish(storage, background[f"unlistable-{index}"], expect_exit=1)
-        assert result.stderr.strip().splitlines()[-1] == message, result.stderr[-3000:]
+        result = background.result(storage, f"unlistable-{index}")
+        assert result["exit"] == 1, result
+        assert result["stderr"].strip().splitlines()[-1] == message, result["stderr"][-3000:]
 
 
-def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
+def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage, tfds_source, background):
     bucket = storage.client().bucket(storage.bucket)
-    bucket.blob("tfds/mini-train.tfrecord-00000-of-00001").upload_from_string(tfds_like_records())
-    bucket.blob("tfds/label.labels.txt").upload_from_string("cat\ndog\nfox\n")
     # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept
     bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"someone's file")
-    refused = run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
+    refused = run_shardprep(storage, "preprocess", tfds_source,
                             gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet",
                             expect_exit=1)
     assert refused.stderr.splitlines() == [
@@ -333,24 +375,24 @@ def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage):
     # an earlier run's leftovers are deleted
     bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
     bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
-    run_shardprep(storage, "preprocess", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
-                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet")
+    run_shardprep(storage, "preprocess", tfds_source,
+                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet", *IN_PROCESS)
     manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
     assert manifest["splits"]["train"]["num_examples"] == 4
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
     assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
         set(object_names(storage, "tfds-shards/"))
-    run_shardprep(storage, "validate", f"tfrecord:{gs(storage, 'tfds/*-train.tfrecord*')}",
-                  "--json", gs(storage, "reports/tfds.json"), "--quiet")
+    validated = background.result(storage, "tfds")  # validate of the same glob, started with the background runs
+    assert validated["exit"] == 0, validated
     report = json.loads(read_object(storage, "reports/tfds.json"))
     assert (report["ok"], report["num_files"], report["num_examples"]) == (True, 1, 5)
 
 
 def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepared, background):
-    result = finish(storage, background["validate"])
+    result = background.result(storage, "validate")
     report = json.loads(read_object(storage, "reports/imagenet.json"))
-    assert report["ok"], (report["problem_counts"], result.stdout[-3000:])
+    assert result["exit"] == 0 and report["ok"], (report["problem_counts"], result)
     assert report["num_examples"] == report["expected_num_examples"] == prepared["manifest"]["num_examples"]
     assert object_names(storage, "reports/pictures/") == [
         "reports/pictures/class_counts.png", "reports/pictures/contact_sheet.png",
@@ -358,7 +400,8 @@ def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepare
 
 
 def test_validate_finds_a_damaged_gs_shard(storage, background):
-    finish(storage, background["damaged"], expect_exit=1)  # a copy with one byte flipped: copy_damaged
+    result = background.result(storage, "damaged")  # one byte flipped: copy_damaged
+    assert result["exit"] == 1, result
     report = json.loads(read_object(storage, "reports/damaged.json"))
     assert not report["ok"]
     assert any(problem.get("file") == "train/train-00001-of-00002.tfrecord" for problem in report["problems"]), \
@@ -383,8 +426,7 @@ print(json.dumps({"shape": images.shape.as_list(), "dtype": images.dtype.name,
 
 def test_train_reader_reads_batches_from_gs(storage, prepared, background):
     """make_dataset on gs:// yields the stored images and labels (TensorFlow's own GCS file system, via the proxy)."""
-    for run in background.values():  # nothing else may make requests through the proxy meanwhile
-        finish(storage, run, expect_exit=None)
+    finish(storage, background.started, expect_exit=None)  # nothing else may make requests through the proxy meanwhile
     forwarded_before = storage.proxy.forwarded
     read = json.loads(run_python(storage, TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards")).splitlines()[-1])
     assert storage.proxy.forwarded > forwarded_before  # TensorFlow itself read the shards from the server

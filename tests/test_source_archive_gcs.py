@@ -1,7 +1,7 @@
 """Archives on gs://, through the loopback Cloud Storage server (tests/gcs_emulator.py): image-net.org's download
 folder (a tar of per-class tars beside the flat val tar) and a .tgz, read in place by range and as a stream, giving
-the records of the same archives read locally. The command runs as a child process with the server's environment,
-as tests/test_gcs.py runs every command."""
+the records of the same archives read locally. The two commands run in turn in one child process with the server's
+environment, as tests/test_gcs.py runs its commands."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tarfile
 
 import pytest
-from gcs_emulator import LoopbackStorage
+from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
 from test_source_archive import IN_PROCESS, imagenet_download, imagenette_files, shards
 
 from shardprep.pipelines import preprocess as job
@@ -22,11 +21,15 @@ from shardprep.preprocess.config import PreprocessConfig
 pytestmark = pytest.mark.timeout(300)
 
 
-def run_shardprep(storage: LoopbackStorage, *args: str) -> None:
+def run_shardprep_in_turn(storage: LoopbackStorage, *command_lines: list[str]) -> None:
+    """Each ``shardprep COMMAND_LINE`` in turn in one child process (one import of TensorFlow and Beam for all)."""
+    command_lines = [list(map(str, argv)) for argv in command_lines]
     refused_before = len(storage.proxy.refused)
-    result = subprocess.run([sys.executable, "-c", "from shardprep.cli import main; main()", *map(str, args)],
-                            env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(shardprep_in_turn(command_lines), env={**os.environ, **storage.environment},
+                            capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    for done in in_turn_results(result.stdout, command_lines):
+        assert done["exit"] == 0, done
     assert storage.proxy.refused[refused_before:] == [], "a request tried to leave the machine"
 
 
@@ -42,10 +45,12 @@ def test_archives_on_gcs_give_the_records_of_the_same_archives_read_locally(tmp_
         for path in sorted((tmp_path / "download").iterdir()):
             bucket.blob(f"download/{path.name}").upload_from_filename(str(path))
         bucket.blob("imagenette2-320.tgz").upload_from_filename(str(tmp_path / "imagenette2-320.tgz"))
-        run_shardprep(storage, "preprocess", f"gs://{storage.bucket}/download", tmp_path / "remote-imagenet",
-                      "--shorter-side", "8", "--", *IN_PROCESS)
-        run_shardprep(storage, "preprocess", f"gs://{storage.bucket}/imagenette2-320.tgz",
-                      tmp_path / "remote-imagenette", "--shorter-side", "8", "--", *IN_PROCESS)
+        run_shardprep_in_turn(
+            storage,
+            ["preprocess", f"gs://{storage.bucket}/download", tmp_path / "remote-imagenet", "--shorter-side", "8",
+             "--", *IN_PROCESS],
+            ["preprocess", f"gs://{storage.bucket}/imagenette2-320.tgz", tmp_path / "remote-imagenette",
+             "--shorter-side", "8", "--", *IN_PROCESS])
     for source, remote in (("download", "remote-imagenet"), ("imagenette2-320.tgz", "remote-imagenette")):
         job.execute_job(PreprocessConfig(source=str(tmp_path / source), output=str(tmp_path / f"local-{remote}"),
                                          shorter_side=8), IN_PROCESS)
