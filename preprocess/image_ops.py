@@ -292,10 +292,28 @@ def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Imag
     """Decodes ``data`` (any format Pillow reads; GIFs give their first frame) to an oriented RGB image."""
     options = options or ProcessOptions()
     image = open_image(data, options.max_pixels, draft_shorter_side=options.shorter_side)
-    return _load_rgb(image, data)
+    rgb = _load_rgb(image, data)
+    return Image.fromarray(rgb, "RGB") if isinstance(rgb, np.ndarray) else rgb
 
 
-def _load_rgb(image: Image.Image, data: bytes) -> Image.Image:
+def _size_of(rgb: Image.Image | np.ndarray) -> tuple[int, int]:
+    """(width, height) of a decoded image: Pillow's, or an H x W x 3 array (a plain JPEG's)."""
+    return (rgb.shape[1], rgb.shape[0]) if isinstance(rgb, np.ndarray) else rgb.size
+
+
+def _channel_counts(rgb: Image.Image | np.ndarray) -> np.ndarray:
+    """Each channel's count of every value 0-255 (3 x 256), from which sums and sums of squares are exact."""
+    if isinstance(rgb, np.ndarray):
+        rgb = Image.fromarray(rgb, "RGB")  # the stored size only; Pillow's histogram is the fastest exact count here
+    elif rgb.mode != "RGB":  # _load_rgb gives RGB; this keeps the histogram and byte layout true regardless
+        rgb = rgb.convert("RGB")
+    # Pillow's per-band histograms (computed in C, no copy of the image).
+    return np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
+
+
+def _load_rgb(image: Image.Image, data: bytes) -> Image.Image | np.ndarray:
+    """The opened ``image`` decoded as RGB: a plain JPEG as an H x W x 3 array (``jpeg_decode``), any other image
+    as a Pillow image (EXIF orientation, colour and transparency applied by :func:`to_rgb`)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Palette images with Transparency expressed in bytes"
@@ -337,7 +355,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     _draft(image, options.shorter_side)
     decoded_size = image.size
     rgb = _load_rgb(image, data)
-    if rgb.size != decoded_size:  # EXIF orientation turned it by 90 degrees
+    if _size_of(rgb) != decoded_size:  # EXIF orientation turned it by 90 degrees
         source_width, source_height = source_height, source_width
     size = target_size(source_width, source_height, options.shorter_side)
     try:
@@ -346,10 +364,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001
         raise RejectError("decode_error", f"resize failed: {type(e).__name__}: {e}") from None
-    if rgb.mode != "RGB":  # _load_rgb gives RGB; this keeps the histogram and byte layout below true regardless
-        rgb = rgb.convert("RGB")
-    # Pillow's per-band histograms (computed in C, no copy of the image) give exact sums and sums of squares.
-    counts = np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
+    counts = _channel_counts(rgb)
     values = np.arange(256, dtype=np.int64)
     try:
         encoded = options.stored.encode(rgb, options.jpeg_quality)
@@ -358,10 +373,11 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     if not limits.record_fits(len(encoded)):
         raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {limits.MAX_RECORD_BYTES:,} "
                                               "bytes a TFRecord example can hold")
+    width, height = _size_of(rgb)
     return ProcessedImage(
         encoded=encoded,
-        height=rgb.height,
-        width=rgb.width,
+        height=height,
+        width=width,
         channel_sums=tuple(int(v) for v in counts @ values),
         channel_square_sums=tuple(int(v) for v in counts @ (values * values)),
     )

@@ -17,14 +17,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
     from PIL import Image
 
 _DECODED_MODES = ("RGB", "L")  # libjpeg gives both as RGB, as Pillow's convert("RGB") does (grey replicated)
 
 
-def decode_plain_rgb(image: Image.Image, data: bytes, turns: Callable[[Image.Image], bool]) -> Image.Image | None:
-    """``image`` (opened by Pillow from ``data``, perhaps drafted, not loaded) decoded as RGB, or None where only
-    Pillow's decode applies. ``turns(image)``: True when its EXIF orientation would turn it."""
+def decode_plain_rgb(image: Image.Image, data: bytes, turns: Callable[[Image.Image], bool]) -> np.ndarray | None:
+    """``image`` (opened by Pillow from ``data``, perhaps drafted, not loaded) decoded as an RGB uint8 array
+    (H x W x 3), or None where only Pillow's decode applies. ``turns(image)``: True when its EXIF orientation would
+    turn it. The array goes on to the resize as it is: no Pillow image is made of the full-size pixels."""
     if image.format != "JPEG" or image.mode not in _DECODED_MODES or len(image.tile) != 1:
         return None
     try:
@@ -47,6 +49,4 @@ def decode_plain_rgb(image: Image.Image, data: bytes, turns: Callable[[Image.Ima
         return None
     if pixels.shape != (height, width, 3):
         return None
-    from PIL import Image
-
-    return Image.fromarray(pixels, "RGB")
+    return pixels

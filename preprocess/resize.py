@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use the
     import numpy as np
     from PIL import Image
 
+    Pixels = Image.Image | np.ndarray  # a decoded RGB image: Pillow's, or an H x W x 3 uint8 array
+
 PILLOW_BICUBIC = "pillow-bicubic"
 LANCZOS2_CUBIC = "lanczos2-cubic"
 RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
@@ -68,42 +70,63 @@ def centre_box(size: tuple[int, int], source: tuple[int, int], shorter_side: int
     return left * x_scale, top * y_scale, (left + shorter_side) * x_scale, (top + shorter_side) * y_scale
 
 
-def resize_and_crop(image: Image.Image, size: tuple[int, int], shorter_side: int, crop: str, method: str) -> Image.Image:
+def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, crop: str, method: str) -> Pixels:
     """Scales the RGB ``image`` to ``size`` (shorter side ``shorter_side``) by ``method``; with ``crop="center"``
-    keeps the centred square."""
+    keeps the centred square. ``image``: a Pillow image, or an RGB uint8 array (H x W x 3); answered in kind."""
     from PIL import Image
 
+    is_array = not isinstance(image, Image.Image)
+    source = (image.shape[1], image.shape[0]) if is_array else image.size
     new_width, new_height = size
     if crop == "none" or new_width == new_height:
         origin, out = (0, 0), size
     else:
         origin, out = ((new_width - shorter_side) // 2, (new_height - shorter_side) // 2), (shorter_side, shorter_side)
-    if size == image.size:
-        return image if out == size else image.crop((*origin, origin[0] + out[0], origin[1] + out[1]))
-    if method == PILLOW_BICUBIC:
+    if size == source:
         if out == size:
-            return image.resize(size, Image.Resampling.BICUBIC)
-        return image.resize(out, Image.Resampling.BICUBIC, box=centre_box(size, image.size, shorter_side))
+            return image
+        if is_array:
+            return _cut(image, origin, out)
+        return image.crop((*origin, origin[0] + out[0], origin[1] + out[1]))
+    if method == PILLOW_BICUBIC:
+        import numpy as np
+
+        pillow = Image.fromarray(image, "RGB") if is_array else image
+        if out == size:
+            resized = pillow.resize(size, Image.Resampling.BICUBIC)
+        else:
+            resized = pillow.resize(out, Image.Resampling.BICUBIC, box=centre_box(size, pillow.size, shorter_side))
+        return np.asarray(resized) if is_array else resized
     check_method(method)
-    return Image.fromarray(lanczos_cubic(image, size, origin, out, _LOBES[method]), "RGB")
+    pixels = lanczos_cubic(image, size, origin, out, _LOBES[method])
+    return pixels if is_array else Image.fromarray(pixels, "RGB")
 
 
-def lanczos_cubic(image: Image.Image, size: tuple[int, int], origin: tuple[int, int], out: tuple[int, int],
+def _cut(pixels: np.ndarray, origin: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
+    import numpy as np
+
+    return np.ascontiguousarray(pixels[origin[1]:origin[1] + out[1], origin[0]:origin[0] + out[0]])
+
+
+def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int], out: tuple[int, int],
                   lobes: int) -> np.ndarray:
-    """The RGB ``image`` resized to ``size`` (width, height), of which the ``out`` (width, height) rectangle at
-    ``origin`` (left, top), as uint8 H x W x 3: a Lanczos low-pass of ``lobes`` lobes widened by the scale factor,
-    then cubic interpolation. A downscale by 4 or more is first reduced by area averaging to within 2-4 times the
-    target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at any scale."""
+    """The RGB ``image`` (a Pillow image or an RGB uint8 array) resized to ``size`` (width, height), of which the
+    ``out`` (width, height) rectangle at ``origin`` (left, top), as uint8 H x W x 3: a Lanczos low-pass of ``lobes``
+    lobes widened by the scale factor, then cubic interpolation. A downscale by 4 or more is first reduced by area
+    averaging to within 2-4 times the target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at
+    any scale."""
     import cv2
     import numpy as np
 
     _ready_opencv(cv2)
+    given = image if isinstance(image, np.ndarray) else None  # an array is used as it is, never copied whole
+    image_width, image_height = (given.shape[1], given.shape[0]) if given is not None else image.size
     pixels = None  # the image's pixels as an array, made only where they are all needed
-    reduce = int(min(image.width / size[0], image.height / size[1]) // _REDUCED_SCALE)
+    reduce = int(min(image_width / size[0], image_height / size[1]) // _REDUCED_SCALE)
     if reduce >= 2:
-        reduced = (max(1, round(image.width / reduce)), max(1, round(image.height / reduce)))
+        reduced = (max(1, round(image_width / reduce)), max(1, round(image_height / reduce)))
         pixels = cv2.resize(np.asarray(image), reduced, interpolation=cv2.INTER_AREA)
-    width, height = image.size if pixels is None else (pixels.shape[1], pixels.shape[0])
+    width, height = (image_width, image_height) if pixels is None else (pixels.shape[1], pixels.shape[0])
     x_scale, y_scale = width / size[0], height / size[1]
     kernel_x, kernel_y = _kernel(x_scale, lobes), _kernel(y_scale, lobes)
     if size[0] * size[1] <= _WHOLE_RESIZE_LIMIT * out[0] * out[1]:
@@ -114,12 +137,13 @@ def lanczos_cubic(image: Image.Image, size: tuple[int, int], origin: tuple[int, 
         resized = cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
         if out == size:
             return resized
-        return np.ascontiguousarray(resized[origin[1]:origin[1] + out[1], origin[0]:origin[0] + out[0]])
+        return _cut(resized, origin, out)
     # A very long image: only the source pixels the rectangle needs (its own, the cubic's reach of 2 and the
     # low-pass filter's, plus one), resampled straight to the rectangle.
     left, top = origin[0] * x_scale, origin[1] * y_scale
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
     y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
+    pixels = given if pixels is None else pixels
     pixels = (np.asarray(image.crop((x0, y0, x1, y1))) if pixels is None
               else np.ascontiguousarray(pixels[y0:y1, x0:x1]))
     if len(kernel_x) > 1 or len(kernel_y) > 1:

@@ -56,8 +56,8 @@ def test_the_pixels_are_pillows_byte_for_byte(name, shorter_side):
     fast = _fast_rgb(data, shorter_side)
     assert fast is not None, "a plain JPEG takes the fast path"
     expected = _pillow_rgb(data, shorter_side)
-    assert fast.mode == "RGB" and np.asarray(fast).shape == expected.shape
-    assert np.array_equal(np.asarray(fast), expected)
+    assert isinstance(fast, np.ndarray) and fast.dtype == np.uint8 and fast.shape == expected.shape
+    assert np.array_equal(fast, expected)
 
 
 def test_the_job_decodes_a_plain_jpeg_without_pillows_decoder(monkeypatch):
@@ -68,8 +68,27 @@ def test_the_job_decodes_a_plain_jpeg_without_pillows_decoder(monkeypatch):
         raise AssertionError("Pillow's decoder was used")
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", refuse)
+    fromarray = Image.fromarray
+
+    def small_only(pixels, *args, **kwargs):  # nor a Pillow image of its full-size pixels (only of the stored ones)
+        assert pixels.shape[0] * pixels.shape[1] <= 64 * 64, "a Pillow image of the full-size pixels was made"
+        return fromarray(pixels, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "fromarray", small_only)
     after = image_ops.process_image(JPEGS["rgb 4:2:0"], options)
     assert after == before
+
+
+@pytest.mark.parametrize("method", ["lanczos2-cubic", "pillow-bicubic"])
+@pytest.mark.parametrize("encoding, crop, side", [("raw", "center", 64), ("raw", "none", 50), ("jpeg", "center", 40),
+                                                  ("raw", "center", 203)])  # the last: no resize, only the cut
+def test_an_array_and_a_pillow_image_give_the_same_record(monkeypatch, method, encoding, crop, side):
+    """The array route (a plain JPEG's) and the Pillow route store the same bytes and statistics."""
+    data = JPEGS["rgb 4:2:0"]
+    options = image_ops.ProcessOptions(shorter_side=side, crop=crop, encoding=encoding, resize_method=method)
+    from_array = image_ops.process_image(data, options)
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)  # every image through Pillow
+    assert image_ops.process_image(data, options) == from_array
 
 
 def _oriented_jpeg() -> bytes:

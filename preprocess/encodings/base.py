@@ -42,7 +42,8 @@ class Encoding:
     tolerance_reason: str = ""  # why the tolerance is what it is, in validate's help
 
     def encode(self, image, quality: int) -> bytes:
-        """The stored bytes of ``image`` (an RGB ``PIL.Image.Image``); ``quality`` is ``--jpeg-quality``."""
+        """The stored bytes of ``image`` (an RGB ``PIL.Image.Image``, or an RGB uint8 array H x W x 3, C order);
+        ``quality`` is ``--jpeg-quality``."""
         raise NotImplementedError
 
     def decode(self, encoded: bytes, height: int, width: int):
@@ -91,6 +92,10 @@ class PillowEncoding(Encoding):
     def encode(self, image, quality: int) -> bytes:
         import io
 
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            image = Image.fromarray(image, "RGB")
         buffer = io.BytesIO()
         image.save(buffer, format=self.pillow_format, **self.save_options(quality))
         return buffer.getvalue()

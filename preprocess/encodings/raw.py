@@ -16,7 +16,7 @@ class Raw(Encoding):
     mean_std_tolerance = 0.05
 
     def encode(self, image, quality: int) -> bytes:
-        return image.tobytes()
+        return image.tobytes()  # a Pillow RGB image's and a C-order H x W x 3 array's bytes are the same layout
 
     def decode(self, encoded: bytes, height: int, width: int):
         import numpy as np
