@@ -11,6 +11,9 @@ from shardprep.cli import main
 from shardprep.train.model import load_model
 
 CLASSES = ("blue", "red")  # ImageFolder sorts class folders: blue = 0, red = 1
+# The job in this process: what is checked here is what training makes of its output, not Beam's worker processes
+# (each costs seconds of CPU just to start; the preprocess tests run real workers).
+IN_PROCESS = ["--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
     runner = CliRunner()
     data = tmp_path / "prepared"
     prepared = runner.invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
-                                    "--num-shards", "2", "--quiet"])
+                                    "--num-shards", "2", "--quiet", *IN_PROCESS])
     assert prepared.exit_code == 0, prepared.output
     manifest = json.loads((data / "manifest.json").read_text())
     assert manifest["classes"] == list(CLASSES) and manifest["encoding"] == "raw"
@@ -86,7 +89,8 @@ def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
 
     data = tmp_path / "jpeg-none"
     prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
-                                         "--crop", "none", "--encoding", "jpeg", "--num-shards", "2", "--quiet"])
+                                         "--crop", "none", "--encoding", "jpeg", "--num-shards", "2", "--quiet",
+                                         *IN_PROCESS])
     assert prepared.exit_code == 0, prepared.output
     count = 0
     for training in (False, True):

@@ -124,30 +124,41 @@ def test_the_augmentation_layer_rejects_a_crop_larger_than_its_input_when_built(
 # --- progress within an epoch, the warm-up note, "1 epoch" -------------------------------------------------------
 
 
-def test_a_tiny_run_shows_progress_within_the_epoch_and_overwrite_replaces_a_run(colour_dataset, tmp_path,
-                                                                                  monkeypatch):
+def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_replaces_a_run(colour_dataset, tmp_path,
+                                                                                          monkeypatch):
+    """One run, as a pipe (or a log file) gets it: plain lines of at most $COLUMNS, a line after every step with the
+    running metrics, the warm-up note, the unused-images warning, the summary; and --overwrite replacing a run."""
+    import json
+
     from shardprep.train import progress
 
     monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)  # paths as a person types them (a path longer than a line stays whole)
     run = tmp_path / "run"
     _previous_run(run)
-    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(run), "--overwrite",
-                                       "--epochs", "1", "--batch-size", "16", "--image-size", "16",
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", "run", "--overwrite",
+                                       "--epochs", "1", "--batch-size", "24", "--image-size", "16",
                                        "--width-multiplier", "0.125", "--no-tensorboard", "--seed", "1"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == f"--overwrite: deleted the 5 files of the earlier run in {run}"
+    assert lines[0] == "--overwrite: deleted the 5 files of the earlier run in run"
+    assert "\r" not in result.output  # not a terminal: plain lines
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    text = " ".join(result.output.split())
+    assert "64 training images, 2 steps of 24 per epoch, epoch 1." in text
+    assert "Warning: 2 steps of 24 per epoch; 16 images (25%) unused each epoch" in text
     progress = [line for line in lines if line.strip().startswith("step ")]
-    assert [line.split(",")[0].strip() for line in progress] == ["step 1/4 (25%)", "step 2/4 (50%)",
-                                                                 "step 3/4 (75%)", "step 4/4 (100%)"]
+    assert [line.split(",")[0] for line in progress] == ["  step 1/2 (50%)", "  step 2/2 (100%)"]
     assert all("images/s, ETA " in line for line in progress[:-1]) and ", took " in progress[-1]
     assert all("loss " in line and "accuracy " in line for line in progress)  # the epoch's running metrics
-    assert "\r" not in result.output  # not a terminal: plain lines
     assert any(line.startswith("Note: the warm-up (5 epochs, --warmup-epochs) is as long as the run (1 epoch)")
                for line in lines)
-    assert any(line.startswith("Summary: 1 epoch; best by val_loss") for line in lines)
+    assert "Summary: 1 epoch; best by val_loss" in text and "(epoch 1)" in text
     assert (run / "model.keras").read_bytes() != b"old" and not (run / "logs").exists()
     assert not (run / "checkpoints" / "last.keras").read_bytes() == b"old"
+    # No --backend: the default, TensorFlow here (test_train_backends.py: the choice), and the summary says so.
+    assert json.loads((run / "summary.json").read_text())["backend"] == "tensorflow"
 
 
 def test_progress_rewrites_one_line_on_a_terminal():

@@ -19,6 +19,16 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
         Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(photos / f"n{index}_x.JPEG")
     Image.fromarray(rng.integers(0, 256, (280, 300), dtype=np.uint8)).save(photos / "n3_grey.JPEG")
     monkeypatch.setattr(input_bench, "BATCH", 4)
+    run = input_bench.subprocess.run
+
+    def job_in_its_one_process(command, **kwargs):
+        # The benchmark's own `shardprep preprocess` command, its Beam job run inside that process: ten photos
+        # need no SDK worker processes (each costs seconds of CPU just to start).
+        if "preprocess" in command and "--" not in command:
+            command = [*command, "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+        return run(command, **kwargs)
+
+    monkeypatch.setattr(input_bench.subprocess, "run", job_in_its_one_process)
     inputs = input_bench.build_inputs(str(photos), str(tmp_path / "work"), num_images=10)
     assert len(inputs["classes"]) == 4 and len(inputs["seed_files"]) == input_bench.NUM_SHARDS
     from shardprep.train import reader

@@ -1,7 +1,8 @@
 """`shardprep train` as a person reads it: in a real 80-column terminal and in a pipe, every line fits the width;
 the step counter reaches N/N with the running loss and accuracy, validation shows a line, every epoch says its time;
 plurals are right; the summary says which metric picks best.keras and gives that epoch; a batch size that leaves
-much of the training split out of every epoch is warned about. (Ctrl-C in a terminal and in a pipe:
+much of the training split out of every epoch is warned about; in a user's environment, no TensorFlow log line
+reaches the terminal. (A run in a pipe: test_train_first_hour.py's tiny run. Ctrl-C in a terminal and in a pipe:
 test_train_exact_resume.py, which resumes the stopped runs too.)"""
 
 import re
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
+from shardprep import quiet_logs
 from shardprep.cli import main
 from shardprep.train import loop, progress
 from shardprep.train.interrupt import TrainingInterrupted
@@ -19,6 +21,8 @@ from train_helpers import random_images, write_dataset
 from train_runs import environment
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# TensorFlow's and absl's own log lines (its C++ logging, the oneDNN and CUDA notices): never on our output.
+NATIVE_LOG = re.compile(r"I0000|E0000|W0000|oneDNN|cuInit|absl::InitializeLog|cuda drivers")
 
 
 def segments(text: str) -> list[str]:
@@ -38,6 +42,8 @@ def test_a_run_in_an_80_column_terminal_fits_it_and_ends_with_the_summary(tmp_pa
                   classes=["a", "b"])
     env = environment("tensorflow")
     env.pop("COLUMNS")  # the terminal says how wide it is
+    for name in quiet_logs.ENVIRONMENT:  # a user's shell: none of the test suite's TensorFlow quieting
+        env.pop(name, None)
     child = pexpect.spawn(sys.executable, ["-m", "shardprep.cli", "train", "data", "--output-dir", "run", "--epochs",
                                            "2", "--batch-size", "40", "--image-size", "16", "--width-multiplier",
                                            "0.125", "--seed", "1", "--no-tensorboard"],
@@ -46,6 +52,7 @@ def test_a_run_in_an_80_column_terminal_fits_it_and_ends_with_the_summary(tmp_pa
     child.close()
     shown = child.before
     assert child.exitstatus == 0, shown[-3000:]
+    assert not NATIVE_LOG.search(shown), shown  # the terminal shows stderr too: the import, the devices, the steps
     wide = [line for line in segments(shown) if len(line) > 80]
     assert not wide, wide
     text = flat(shown)
@@ -60,25 +67,6 @@ def test_a_run_in_an_80_column_terminal_fits_it_and_ends_with_the_summary(tmp_pa
     assert re.search(r"Summary: 2 epochs; best by val_loss \(the metric that picks \S+best\.keras\): epoch \d", text)
     assert "(epoch 2)" in text and "epochs 2-2" not in text
     assert "Model: " in text
-
-
-def test_a_pipe_gets_plain_lines_of_at_most_columns(colour_dataset, tmp_path, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a progress line after every step
-    monkeypatch.chdir(tmp_path)  # paths as a person types them (a path longer than a line stays whole)
-    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", "run", "--epochs",
-                                       "1", "--batch-size", "24", "--image-size", "16", "--width-multiplier",
-                                       "0.125", "--no-tensorboard", "--seed", "1"])
-    assert result.exit_code == 0, result.output
-    assert "\r" not in result.output
-    lines = result.output.splitlines()
-    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
-    text = flat(result.output)
-    assert "64 training images, 2 steps of 24 per epoch, epoch 1." in text
-    assert "Warning: 2 steps of 24 per epoch; 16 images (25%) unused each epoch" in text
-    assert [line.split(",")[0] for line in lines if line.startswith("  step ")] == ["  step 1/2 (50%)",
-                                                                                    "  step 2/2 (100%)"]
-    assert "Summary: 1 epoch; best by val_loss" in text and "(epoch 1)" in text
 
 
 class _Steps(SimpleNamespace):
