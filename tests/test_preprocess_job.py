@@ -102,7 +102,7 @@ def folder_dataset(tmp_path_factory):
             f.write(data)
     out = tmp_path_factory.mktemp("out") / "dataset"
     # Two worker processes, named so that a change of the default runner keeps this run multi-process: the one-worker
-    # run of test_same_inputs_give_identical_shards_with_one_or_two_workers is compared with it.
+    # run of test_same_inputs_give_identical_shards_with_one_or_two_workers_and_any_bucket_size is compared with it.
     result = run_cli(root, out, *FOLDER_OPTIONS, "--", "--direct_running_mode=multi_processing",
                      "--direct_num_workers=2")
     return root, out, images, bad, result
