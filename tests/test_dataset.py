@@ -25,10 +25,11 @@ def source(tmp_path_factory):
     return root
 
 
+# The two shapes a manifest takes: raw centre crops (image size and a record layout per split), and the other
+# encoding without a crop (no image size, no layout; several shards).
 OPTIONS = {
     "raw-center": ["--shorter-side", "16"],
-    "raw-none": ["--shorter-side", "12", "--crop", "none", "--num-shards", "2"],
-    "jpeg-center": ["--shorter-side", "16", "--encoding", "jpeg"],
+    "jpeg-none": ["--shorter-side", "12", "--crop", "none", "--num-shards", "2", "--encoding", "jpeg"],
 }
 
 
@@ -67,7 +68,8 @@ def test_typed_fields(outputs):
     assert m.shard_files("validation") == ["validation/validation-00000-of-00001.tfrecord"]
     assert set(m.fixed_layout_splits) == {"train", "validation"}
     assert typed(m) is m and typed(m.to_json()) == m
-    none = Manifest.from_json(json.loads(outputs["raw-none"]))
+    none = Manifest.from_json(json.loads(outputs["jpeg-none"]))
+    assert none.encoding == "jpeg" and none.image_height is None
     assert none.stored_shape == (12, 12) and none.split("train").record_layout is None
     assert none.split("train").num_shards == 2 and none.fixed_layout_splits == {}
 

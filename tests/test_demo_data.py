@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main as cli
@@ -26,25 +28,40 @@ def tree(root) -> dict[str, str]:
     return found
 
 
-def test_the_demo_holds_only_images_and_the_three_broken_files(tmp_path):
-    result = demo_data(tmp_path / "demo")
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """One demo written by the command: (its folder, the command's result). Tests that start from an existing demo
+    copy it (generating the images is most of the command's time)."""
+    folder = tmp_path_factory.mktemp("written") / "demo"
+    return folder, demo_data(folder)
+
+
+@pytest.fixture
+def demo(written, tmp_path):
+    """A copy of the written demo at ``tmp_path/demo``, as if demo-data had written it there."""
+    shutil.copytree(written[0], tmp_path / "demo", symlinks=True)
+    return tmp_path / "demo"
+
+
+def test_the_demo_holds_only_images_and_the_three_broken_files(written):
+    folder, result = written
     assert result.exit_code == 0, result.output
-    files = tree(tmp_path / "demo")
+    files = tree(folder)
     assert len(files) == 4 * 3 + 3 and "wrote 15 files" in result.output
     assert not any(os.path.basename(path).startswith(".") for path in files)  # nothing the listing must reject
 
 
-def test_regenerating_replaces_an_earlier_demo_with_the_same_files(tmp_path):
-    assert demo_data(tmp_path / "demo").exit_code == 0
-    first = tree(tmp_path / "demo")
-    (tmp_path / "demo" / ".shardprep-demo").write_text("an earlier version's marker\n")
-    result = demo_data(tmp_path / "demo")
+def test_regenerating_replaces_an_earlier_demo_with_the_same_files_and_keeps_an_empty_folder_of_the_user(demo):
+    first = tree(demo)
+    (demo / ".shardprep-demo").write_text("an earlier version's marker\n")
+    (demo / "notes").mkdir()
+    result = demo_data(demo)
     assert result.exit_code == 0, result.output
-    assert tree(tmp_path / "demo") == first
+    assert tree(demo) == first
+    assert os.path.isdir(demo / "notes")
 
 
-def test_a_folder_holding_other_files_is_refused_and_kept(tmp_path):
-    assert demo_data(tmp_path / "demo").exit_code == 0
+def test_a_folder_holding_other_files_is_refused_and_kept(tmp_path, demo):
     (tmp_path / "demo" / "train" / "circle" / "my_photo.jpg").write_bytes(b"mine")
     before = tree(tmp_path / "demo")
     result = demo_data(tmp_path / "demo")
@@ -81,8 +98,7 @@ def test_a_folder_under_a_dangling_link_is_one_error_line(tmp_path):
     assert not os.path.lexists(tmp_path / "nowhere")
 
 
-def test_links_fifos_and_folders_named_like_demo_files_are_refused_and_kept(tmp_path):
-    assert demo_data(tmp_path / "demo").exit_code == 0
+def test_links_fifos_and_folders_named_like_demo_files_are_refused_and_kept(tmp_path, demo):
     victim = tmp_path / "victim.jpg"
     victim.write_bytes(b"mine")
     circle = tmp_path / "demo" / "train" / "circle"
@@ -100,8 +116,7 @@ def test_links_fifos_and_folders_named_like_demo_files_are_refused_and_kept(tmp_
         (circle / names[1]).write_bytes(b"demo")
 
 
-def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path):
-    assert demo_data(tmp_path / "demo").exit_code == 0
+def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path, demo):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "circle_000.jpg").write_bytes(b"mine")
@@ -109,10 +124,3 @@ def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path):
     os.symlink(mine, tmp_path / "demo" / "validation")
     assert_one_error(demo_data(tmp_path / "demo"), "validation/", "which demo-data did not write")
     assert (mine / "circle_000.jpg").read_bytes() == b"mine" and os.listdir(mine) == ["circle_000.jpg"]
-
-
-def test_regenerating_keeps_an_empty_folder_of_the_user(tmp_path):
-    assert demo_data(tmp_path / "demo").exit_code == 0
-    (tmp_path / "demo" / "notes").mkdir()
-    assert demo_data(tmp_path / "demo").exit_code == 0
-    assert os.path.isdir(tmp_path / "demo" / "notes")

@@ -190,15 +190,34 @@ def flat_images(directory, names):
         (directory / name).write_bytes(image_factory.rgb_jpeg(image_factory.RED if i % 2 else image_factory.BLUE))
 
 
-@pytest.mark.parametrize("header", ["", "filename,label\n", "image,class\n", "File_Name,Category\n"])
-def test_a_utf8_bom_costs_no_row(tmp_path, header):
+def bom_labels(tmp_path, header: str):
     flat_images(tmp_path / "val", ["img500.JPEG", "img501.JPEG"])
     labels = tmp_path / "labels.csv"
     labels.write_bytes(b"\xef\xbb\xbf" + f"{header}img500.JPEG,n01\r\nimg501.JPEG,n02\r\n".encode())
+    return labels
+
+
+@pytest.mark.parametrize("header", ["", "filename,label\n", "image,class\n", "File_Name,Category\n"])
+def test_a_utf8_bom_costs_no_row(tmp_path, header):
+    """The labels file is read when the source is planned: each header (or none) behind a BOM gives both rows."""
+    from shardprep.pipelines.source_registry import plan_source
+    from shardprep.preprocess.config import PreprocessConfig
+
+    labels = bom_labels(tmp_path, header)
+    plan = plan_source(PreprocessConfig(source=str(tmp_path / "val"), output=str(tmp_path / "out"),
+                                        labels_file=str(labels)))
+    assert [row for _, row in plan.label_rows] == [("img500.JPEG", "n01"), ("img501.JPEG", "n02")]
+    assert plan.classes == ("n01", "n02")
+
+
+def test_a_utf8_bom_costs_no_row_and_a_first_row_without_extension_naming_a_file_is_a_row_end_to_end(tmp_path):
+    flat_images(tmp_path / "val", ["README", "img500.JPEG", "img501.JPEG"])
+    labels = tmp_path / "labels.csv"  # no header: the BOM sits on the first row's file name, which has no extension
+    labels.write_bytes(b"\xef\xbb\xbfREADME,n01\r\nimg500.JPEG,n01\r\nimg501.JPEG,n02\r\n")
     out = tmp_path / "out"
     ok(tmp_path / "val", out, "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS)
     info = manifest_lib.read_document(str(out))["splits"]["train"]
-    assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (2, 2, 0)
+    assert (info["num_inputs"], info["num_examples"], info["num_rejected"]) == (3, 3, 0)
     assert manifest_lib.read_document(str(out))["classes"] == ["n01", "n02"]
 
 
@@ -240,12 +259,16 @@ def test_an_unknown_header_is_refused_not_made_a_class(tmp_path, header):
 
 
 def test_a_first_row_without_extension_naming_a_file_is_a_row(tmp_path):
+    """The labels file as planned (the end-to-end run with such a first row is the BOM test's above)."""
+    from shardprep.pipelines.source_registry import plan_source
+    from shardprep.preprocess.config import PreprocessConfig
+
     flat_images(tmp_path / "val", ["README", "img1.JPEG"])
     labels = tmp_path / "labels.csv"
     labels.write_text("README,n01\nimg1.JPEG,n02\n")
-    out = tmp_path / "out"
-    ok(tmp_path / "val", out, "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS)
-    assert manifest_lib.read_document(str(out))["splits"]["train"]["num_examples"] == 2
+    plan = plan_source(PreprocessConfig(source=str(tmp_path / "val"), output=str(tmp_path / "out"),
+                                        labels_file=str(labels)))
+    assert [row for _, row in plan.label_rows] == [("README", "n01"), ("img1.JPEG", "n02")]
 
 
 def test_names_that_differ_only_in_case_fail_with_that_hint(tmp_path):

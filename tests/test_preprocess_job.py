@@ -81,6 +81,15 @@ def pillow_reference(path: str, shorter_side: int) -> np.ndarray:
         return np.asarray(image.crop((left, top, left + shorter_side, top + shorter_side)))
 
 
+FOLDER_OPTIONS = ("--shorter-side", 32, "--num-shards", 3)
+
+
+def shard_digests(out) -> dict[str, str]:
+    """{shard file: sha256} of every split of the dataset in ``out``."""
+    manifest = manifest_lib.read_document(str(out))
+    return {s["file"]: s["sha256"] for info in manifest["splits"].values() for s in info["shards"]}
+
+
 @pytest.fixture(scope="module")
 def folder_dataset(tmp_path_factory):
     """An ImageFolder source (train + validation, 3 classes, every format) with bad files, preprocessed once."""
@@ -92,7 +101,10 @@ def folder_dataset(tmp_path_factory):
         with open(root / split / "red" / f"bad_{i:02d}.jpg", "wb") as f:
             f.write(data)
     out = tmp_path_factory.mktemp("out") / "dataset"
-    result = run_cli(root, out, "--shorter-side", 32, "--num-shards", 3)  # multi-process, the default runner
+    # Two worker processes, named so that a change of the default runner keeps this run multi-process: the one-worker
+    # run of test_same_inputs_give_identical_shards_with_one_or_two_workers_and_any_bucket_size is compared with it.
+    result = run_cli(root, out, *FOLDER_OPTIONS, "--", "--direct_running_mode=multi_processing",
+                     "--direct_num_workers=2")
     return root, out, images, bad, result
 
 
@@ -224,12 +236,17 @@ def test_labels_file_source_with_missing_and_unlabelled_files(tmp_path):
     assert record_format.decode_pixels(records["ILSVRC2012_val_00000001.JPEG"])[..., 0].mean() > 150
 
 
-def test_imagenet_layout_train_folders_and_flat_validation_with_labels(tmp_path):
+def test_imagenet_layout_and_file_names_that_are_not_utf8_are_rejects_and_folder_names_a_clear_error(tmp_path):
+    """ImageNet's layout: train class folders beside a flat validation folder labelled by a CSV. Linux file names are
+    bytes; records, the manifest and the runner's coders need text."""
     root = tmp_path / "imagenet"
-    image_factory.write_image_folder(root, {"train": 6}, classes=("n01", "n02"))
+    image_factory.write_image_folder(root, {"train": 4}, classes=("n01", "n02"))
     (root / "val").mkdir()
     (root / "val" / "a.JPEG").write_bytes(image_factory.rgb_jpeg(image_factory.RED))
     (root / "val" / "b.JPEG").write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
+    bad_name = os.fsdecode(b"b\xff.JPEG")
+    (root / "val" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
+    (root / "train" / "n01" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
     labels = tmp_path / "val.csv"
     labels.write_text("a.JPEG,n02\nb.JPEG,n01\n")
     out = tmp_path / "out"
@@ -237,28 +254,11 @@ def test_imagenet_layout_train_folders_and_flat_validation_with_labels(tmp_path)
     manifest = manifest_lib.read_document(str(out))
     assert manifest["classes"] == ["n01", "n02"]
     assert manifest["splits"]["val"]["class_counts"] == {"n01": 1, "n02": 1}
-    assert manifest["splits"]["train"]["num_examples"] == 6
-
-
-def test_file_names_that_are_not_utf8_are_rejects_and_folder_names_a_clear_error(tmp_path):
-    """Linux file names are bytes; records, the manifest and the runner's coders need text."""
-    root = tmp_path / "imagenet"
-    image_factory.write_image_folder(root, {"train": 4}, classes=("n01", "n02"))
-    (root / "val").mkdir()
-    (root / "val" / "a.JPEG").write_bytes(image_factory.rgb_jpeg(image_factory.RED))
-    bad_name = os.fsdecode(b"b\xff.JPEG")
-    (root / "val" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
-    (root / "train" / "n01" / bad_name).write_bytes(image_factory.rgb_jpeg(image_factory.BLUE))
-    labels = tmp_path / "val.csv"
-    labels.write_text("a.JPEG,n02\n")
-    out = tmp_path / "out"
-    run_cli(root, out, "--labels-file", labels, "--shorter-side", 16, *IN_PROCESS)
-    manifest = manifest_lib.read_document(str(out))
     with open(out / manifest_lib.REJECTS_NAME) as f:
         rejects = sorted((line["split"], line["key"], line["reason"]) for line in map(json.loads, f))
     assert rejects == [("train", "train/n01/b\\xff.JPEG", "bad_file_name"), ("val", "val/b\\xff.JPEG", "bad_file_name")]
     assert [(manifest["splits"][s]["num_inputs"], manifest["splits"][s]["num_examples"]) for s in ("train", "val")] == [
-        (5, 4), (2, 1)]
+        (5, 4), (3, 2)]
 
     (root / "train" / os.fsdecode(b"n\xfe")).mkdir()
     result = run_cli(root, tmp_path / "out2", "--labels-file", labels, *IN_PROCESS, expect_ok=False)
@@ -266,21 +266,29 @@ def test_file_names_that_are_not_utf8_are_rejects_and_folder_names_a_clear_error
 
 
 def write_tfds_style_tfrecords(directory, split: str, images: list[tuple[bytes, int]], num_files: int = 2):
-    """TFRecords as TFDS writes them: ``image`` (encoded bytes) and ``label`` (int64)."""
-    import tensorflow as tf
-
+    """TFRecords as TFDS writes them: ``tf.train.Example``s of ``image`` (encoded bytes) and ``label`` (int64),
+    serialized as protobuf does with sorted keys (tests/test_record_format.py checks that encoding against
+    TensorFlow's; test_tfrecord_source_reads_tfds_style_records_and_rejects_corrupt_ones reads these back with
+    TensorFlow), without importing TensorFlow."""
     os.makedirs(directory, exist_ok=True)
     paths = []
     for file_index in range(num_files):
         path = os.path.join(directory, f"seed-{split}.tfrecord-{file_index:05d}-of-{num_files:05d}")
-        with tf.io.TFRecordWriter(path) as writer:
+        with open(path, "wb") as f:
             for data, label in images[file_index::num_files]:
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                })).SerializeToString())
+                f.write(tfrecord_io.frame(record_format._serialize_features(
+                    {"image": record_format._bytes_feature(data), "label": record_format._int64_feature(label)})))
         paths.append(path)
     return paths
+
+
+def read_with_tensorflow(paths) -> list[tuple[bytes, int]]:
+    """(image, label) of every record of ``paths``, as TensorFlow's own reader and protobuf parser find them."""
+    import tensorflow as tf
+
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset([str(p) for p in paths])]
+    return [(e.features.feature["image"].bytes_list.value[0], e.features.feature["label"].int64_list.value[0])
+            for e in examples]
 
 
 def test_tfrecord_source_reads_tfds_style_records_and_rejects_corrupt_ones(tmp_path):
@@ -289,6 +297,7 @@ def test_tfrecord_source_reads_tfds_style_records_and_rejects_corrupt_ones(tmp_p
     train.append((b"not an image", 1))
     paths = write_tfds_style_tfrecords(tmp_path / "tfrecords", "train", train)
     write_tfds_style_tfrecords(tmp_path / "tfrecords", "test", [(image_factory.rgb_jpeg(colors[0]), 0)], num_files=1)
+    assert read_with_tensorflow(paths) == train[0::2] + train[1::2]  # TensorFlow reads what was written
     # Flip one byte inside the last record of the first train file: its data CRC fails.
     data = bytearray(open(paths[0], "rb").read())
     data[-10] ^= 0xFF
@@ -361,34 +370,26 @@ def test_crop_none_and_jpeg_encoding(tmp_path):
         assert record_format.decode_pixels(record).shape == (record.height, record.width, 3)
 
 
-def test_same_inputs_give_identical_shards_with_one_or_two_workers(tmp_path):
-    root = tmp_path / "src"
-    image_factory.write_image_folder(root, {"train": 40, "validation": 10})
-    digests = []
-    for workers in (1, 2):
-        out = tmp_path / f"out{workers}"
-        run_cli(root, out, "--shorter-side", 16, "--num-shards", 4, "--",
-                "--direct_running_mode=multi_processing", f"--direct_num_workers={workers}")
-        manifest = manifest_lib.read_document(str(out))
-        digests.append({s["file"]: s["sha256"] for info in manifest["splits"].values() for s in info["shards"]})
-    assert digests[0] == digests[1]
-    out = tmp_path / "seed1"
-    run_cli(root, out, "--shorter-side", 16, "--num-shards", 4, "--seed", 1, *IN_PROCESS)
-    reseeded = manifest_lib.read_document(str(out))
-    assert {s["file"]: s["sha256"] for i in reseeded["splits"].values() for s in i["shards"]} != digests[0]
-
-
-def test_shard_boundaries_are_exact_when_sort_keys_span_many_buckets(tmp_path, monkeypatch):
-    """Forcing tiny buckets (as a big dataset has many) must give the same shards as one bucket."""
-    root = tmp_path / "src"
-    image_factory.write_image_folder(root, {"train": 23})
-    run_cli(root, tmp_path / "one", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
+def test_same_inputs_give_identical_shards_with_one_or_two_workers_and_any_bucket_size(folder_dataset, tmp_path,
+                                                                                       monkeypatch):
+    """The fixture's run had two worker processes, and its splits of 30 and 9 records were one bucket each. One
+    in-process worker with tiny buckets (as a big dataset has many; shard starts then fall inside buckets of 3)
+    writes the same shards and rejects; another seed writes other shards."""
+    root, out, _, _, _ = folder_dataset
     monkeypatch.setattr(sharding, "BUCKET_TARGET", 3)
-    run_cli(root, tmp_path / "many", "--shorter-side", 8, "--num-shards", 5, *IN_PROCESS)
-    one, many = manifest_lib.read_document(str(tmp_path / "one")), manifest_lib.read_document(str(tmp_path / "many"))
-    assert one["splits"]["train"]["shards"] == many["splits"]["train"]["shards"]
-    assert [s["num_examples"] for s in many["splits"]["train"]["shards"]] == list(
-        np.diff([0, *sharding.boundary_ranks(23, 5), 23]))  # [5, 5, 4, 5, 4]
+    run_cli(root, tmp_path / "one", *FOLDER_OPTIONS, *IN_PROCESS)
+    two, one = manifest_lib.read_document(str(out)), manifest_lib.read_document(str(tmp_path / "one"))
+    assert shard_digests(tmp_path / "one") == shard_digests(out)
+    assert read_rejects(tmp_path / "one") == read_rejects(out)
+    for split, info in one["splits"].items():
+        assert sharding.num_buckets(info["num_examples"]) > 1
+        assert two["splits"][split]["shards"] == info["shards"]
+        assert [s["num_examples"] for s in info["shards"]] == list(
+            np.diff([0, *sharding.boundary_ranks(info["num_examples"], 3), info["num_examples"]]))
+    monkeypatch.undo()
+    run_cli(root, tmp_path / "seed1", *FOLDER_OPTIONS, "--seed", 1, *IN_PROCESS)
+    reseeded = shard_digests(tmp_path / "seed1")
+    assert reseeded.keys() == shard_digests(out).keys() and reseeded != shard_digests(out)
 
 
 def test_strict_fails_without_manifest(tmp_path):
@@ -449,31 +450,26 @@ def _shard_hashes(manifest: dict) -> dict:
 
 def test_shards_that_are_whole_decode_groups_are_renamed_and_equal_copied_ones(tmp_path):
     """Decoded in as many groups as shards, a split without rejects is written once: each group's file, already in
-    seeded order and hashed, becomes its shard. Cut into more groups than shards, every shard is copied from its
-    groups. Both give the same bytes; so does a split where a reject moves every later boundary (copied)."""
+    seeded order and hashed, becomes its shard (validation here). In a split where a reject moves every later
+    boundary (train: its first input in the seeded order is not an image), every shard is copied from its groups.
+    Cut into more groups than shards, every shard of both splits is copied; all give the same bytes."""
     source = tmp_path / "source"
-    image_factory.write_image_folder(source, {"train": 60, "validation": 21}, min_side=20, max_side=40)
+    image_factory.write_image_folder(source, {"train": 24, "validation": 13}, min_side=20, max_side=40)
+    train_keys = [os.path.relpath(path, source) for path in glob.glob(str(source / "train" / "*" / "*"))]
+    first = min(train_keys, key=lambda key: sharding.sort_key(0, "train", key))
+    with open(source / first, "wb") as f:
+        f.write(b"not an image")
     once, renamed = _run_in_process(source, tmp_path / "once", min_decode_groups=4, num_shards=4)
     copied, renamed_when_cut = _run_in_process(source, tmp_path / "copied", min_decode_groups=12, num_shards=4)
-    assert (renamed, renamed_when_cut) == (8, 0)
+    assert (renamed, renamed_when_cut) == (4, 0)  # validation's 4 shards; train's, whose boundaries moved, copied
     assert _shard_hashes(once) == _shard_hashes(copied)
     for split in ("train", "validation"):
         for shard in Manifest.from_json(once).shard_files(split):
             with open(tmp_path / "once" / shard, "rb") as f:
                 assert hashlib.sha256(f.read()).hexdigest() in _shard_hashes(once)[split]
     assert not glob.glob(str(tmp_path / "once" / ".tmp" / "*")), "no decode-group file is left behind"
-
-    # The first input of the seeded order turns into a reject: every train shard then starts one input later.
-    train_keys = [os.path.relpath(path, source) for path in glob.glob(str(source / "train" / "*" / "*"))]
-    first = min(train_keys, key=lambda key: sharding.sort_key(0, "train", key))
-    with open(source / first, "wb") as f:
-        f.write(b"not an image")
-    rejected, renamed = _run_in_process(source, tmp_path / "rejected", min_decode_groups=4, num_shards=4)
-    rejected_copied, _ = _run_in_process(source, tmp_path / "rejected-copied", min_decode_groups=12, num_shards=4)
-    assert rejected["splits"]["train"]["num_rejected"] == 1
-    sizes = [s["num_examples"] for s in rejected["splits"]["train"]["shards"]]
-    assert sum(sizes) == 59 and max(sizes) - min(sizes) <= 1
-    assert _shard_hashes(rejected) == _shard_hashes(rejected_copied)
-    for out, manifest in (("once", once), ("copied", copied), ("rejected", rejected)):
+    assert once["splits"]["train"]["num_rejected"] == 1
+    sizes = [s["num_examples"] for s in once["splits"]["train"]["shards"]]
+    assert sum(sizes) == 23 and max(sizes) - min(sizes) <= 1
+    for out, manifest in (("once", once), ("copied", copied)):
         assert_fixed_layout(tmp_path / out, manifest)
-    assert renamed == 4  # validation's 4 shards are renamed; train's, whose boundaries all moved, are copied

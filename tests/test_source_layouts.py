@@ -116,13 +116,6 @@ def test_an_image_loose_beside_split_folders_is_still_refused_naming_it(tmp_path
     refused(tmp_path, source, tmp_path / "out", expect=("cover.jpg", "split folders (train, val)"))
 
 
-def test_a_run_without_not_used_files_writes_no_not_used_key(tmp_path):
-    source = tmp_path / "src"
-    images(source, {"train": 2})
-    manifest = ok(source, tmp_path / "out")
-    assert "not_used" not in manifest and "not used" not in manifest["_output"]
-
-
 # --- Kaggle's ImageNet ---------------------------------------------------------------------------------------------
 
 def kaggle_imagenet(root):
@@ -229,25 +222,22 @@ def test_class_folder_names_follow_the_same_rule(tmp_path, name, why):
     refused(tmp_path, source, tmp_path / "out", expect=("class name", "rename the folder", why))
 
 
-def test_joiners_in_a_class_name_are_kept(tmp_path):
-    source = tmp_path / "src"
-    images(source, {"train": 2}, classes=("cat", "\u0645\u06cc\u200c\u0631\u0648\u062f"))  # ZWNJ in Persian
-    assert len(ok(source, tmp_path / "out")["classes"]) == 2
-
-
-def test_a_class_in_nfc_and_nfd_is_one_class_named_in_nfc(tmp_path):
+def test_a_class_in_nfc_and_nfd_is_one_class_named_in_nfc_and_joiners_in_a_class_name_are_kept(tmp_path):
+    """Also: a run without files beside the folders writes no ``not_used`` key and prints no "not used" line."""
     nfc, nfd = unicodedata.normalize("NFC", "Café"), unicodedata.normalize("NFD", "Café")
     assert nfc != nfd
+    persian = "\u0645\u06cc\u200c\u0631\u0648\u062f"  # a ZWNJ inside: kept, not a refused invisible character
     source = tmp_path / "src"
-    images(source, {"train": 4}, classes=(nfc, "dog"))
+    images(source, {"train": 6}, classes=(nfc, "dog", persian))
     images(tmp_path / "other", {"validation": 2}, classes=(nfd, "dog"))
     os.rename(tmp_path / "other" / "validation", source / "validation")
     os.makedirs(source / "train" / nfd)
     (source / "train" / nfd / "mac.png").write_bytes(image_factory.tiny_png())  # the same class, copied from a Mac
     manifest = ok(source, tmp_path / "out")
-    assert manifest["classes"] == [nfc, "dog"]
-    assert manifest["splits"]["train"]["class_counts"] == {nfc: 3, "dog": 2}
-    assert manifest["splits"]["validation"]["class_counts"] == {nfc: 1, "dog": 1}
+    assert manifest["classes"] == [nfc, "dog", persian]
+    assert manifest["splits"]["train"]["class_counts"] == {nfc: 3, "dog": 2, persian: 2}
+    assert manifest["splits"]["validation"]["class_counts"] == {nfc: 1, "dog": 1, persian: 0}
+    assert "not_used" not in manifest and "not used" not in manifest["_output"]
 
 
 def test_labels_file_names_match_files_in_either_normal_form(tmp_path):

@@ -263,8 +263,9 @@ def test_a_run_in_a_terminal_at_80_columns(tmp_path):
     hub_dataset(tmp_path, {"train": 6})
     (tmp_path / "hub" / "README.md").write_text("no card\n")
     unlabelled_test(tmp_path)
-    run = run_in_terminal(shardprep_argv("preprocess", "parquet:hub/data/*.parquet", "shards", "--shorter-side", "8"),
-                          cwd=str(tmp_path), timeout=240)
+    # One in-process worker: what is drawn on the terminal, not the worker processes, is checked here.
+    run = run_in_terminal(shardprep_argv("preprocess", "parquet:hub/data/*.parquet", "shards", "--shorter-side", "8",
+                                         "--", *IN_PROCESS), cwd=str(tmp_path), timeout=240)
     assert run.status == 0, run.describe()
     assert run.widest <= 80, run.describe()
     assert "Traceback" not in run.text
@@ -291,7 +292,7 @@ def test_a_gs_glob_is_read_through_beams_file_systems_with_the_card_above_it(tmp
                 bucket.blob(f"hub/{path.relative_to(tmp_path / 'hub')}").upload_from_filename(str(path))
         result = subprocess.run(
             [sys.executable, "-m", "shardprep.cli", "preprocess", f"parquet:gs://{storage.bucket}/hub/data/*.parquet",
-             str(tmp_path / "out"), "--shorter-side", "8", "--quiet"],
+             str(tmp_path / "out"), "--shorter-side", "8", "--quiet", "--", *IN_PROCESS],
             env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stderr[-4000:]
         assert storage.proxy.refused == [], "a request tried to leave the machine"
