@@ -5,9 +5,10 @@ The checkpoint commit (train/checkpoint_state.py's docstring) and the epoch end 
 --output-dir. In one run, the hook copies --output-dir before each such operation (what the disk holds when the
 process is killed at that point: a copy reads what the kernel has, as a kill leaves it), and a copy with the file
 written just before torn in half (killed while writing it); every copy must name a whole checkpoint, never an older
-one than a copy before it, with a history that is the uninterrupted run's. Others are SIGKILLed at chosen
-points and resumed with --resume to the end: the history (every value but timings) and the final weights must be the
-uninterrupted run's. Tiny model, CPU, TensorFlow.
+one than a copy before it, with a history that is the uninterrupted run's; that run goes on to its end and is the
+uninterrupted run. Copies (kill points) are resumed with --resume to the end, one in a process SIGKILLed at a chosen
+point and resumed again: the history (every value but timings) and the final weights must be the uninterrupted run's.
+Tiny model, CPU, TensorFlow.
 
 The images are flat (each channel one value) and stored at the crop size, so crops and flips change nothing and the
 comparison is exact whatever state the augmentation's random generator resumes with; the batches and their order
@@ -149,27 +150,27 @@ def _finished(process: subprocess.Popen, killed: bool) -> None:
 
 RENAME_LAST = "in save {}: rename checkpoints/last.writing.keras -> checkpoints/last.keras"
 TORN_MODEL = "in save {}: write checkpoints/state.json.tmp (torn checkpoints/last.writing.keras)"
-# SIGKILLed at the epoch-2 end after state.json was renamed and before last.keras was (where a state.json sharing
-# the live history once recorded epoch 2 twice: [1, 2, 2, 3]); resumed with --resume, and that process SIGKILLed in
-# its first checkpoint (mid-epoch 3, step 9) at the same point; then resumed to the end.
+# Killed at the epoch-2 end after state.json was renamed and before last.keras was (where a state.json sharing the live
+# history once recorded epoch 2 twice: [1, 2, 2, 3]): the snapshot taken before that rename, which is what the disk
+# holds after a SIGKILL there. Resumed with --resume in a real process SIGKILLed in its first checkpoint (mid-epoch 3,
+# step 9) at the same point; then resumed to the end.
 KILLS = (RENAME_LAST.format(4), RENAME_LAST.format(1))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The subprocesses (started together, so they overlap the uninterrupted run) and the uninterrupted run."""
+    """The subprocesses. The snapshotting run goes on to its end: it is also the uninterrupted run every resumed run
+    is compared with (its hook only copies the folder, it changes nothing the run reads or writes)."""
     root = tmp_path_factory.mktemp("crash")
     data = _flat_dataset(root / "data")
-    snapshots = _crashing_run("snapshot", "3,4", data, root / "snapshot-run", root / "snapshots")
-    killed = _crashing_run("kill", KILLS[0], data, root / "killed", root / "unused")
     reference = root / "uninterrupted"
-    result = CliRunner().invoke(main, _args(data, reference))
-    assert result.exit_code == 0, result.output
-    _finished(killed, killed=True)
-    state = json.loads((root / "killed" / "checkpoints" / "state.json").read_text())
-    assert state["global_step"] == 8 and not (root / "killed" / "summary.json").exists()  # killed where meant
-    _finished(_crashing_run("kill", KILLS[1], data, root / "killed", root / "unused", "--resume"), killed=True)
-    _finished(snapshots, killed=False)
+    _finished(_crashing_run("snapshot", "3,4", data, reference, root / "snapshots"), killed=False)
+    killed = root / "killed"
+    first_kill = next(s for s in _snapshots({"root": root}) if s["label"] == KILLS[0])
+    shutil.copytree(first_kill["folder"], killed, symlinks=True)
+    state = json.loads((killed / "checkpoints" / "state.json").read_text())
+    assert state["global_step"] == 8 and not (killed / "summary.json").exists()  # killed where meant
+    _finished(_crashing_run("kill", KILLS[1], data, killed, root / "unused", "--resume"), killed=True)
     return {"data": data, "root": root, "reference": reference}
 
 

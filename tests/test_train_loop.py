@@ -42,6 +42,7 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
         return
     tmp_path = tmp_path_factory.mktemp("mirrored") / "run"  # its output folder; the child's output beside it
     script = textwrap.dedent(f"""
+        import shutil
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -53,16 +54,13 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
                                     image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
                                     tensorboard=False, checkpoint_every_steps=2, **options)
 
-        summary = loop.train(config({str(tmp_path)!r}), strategy=strategy)
-        print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
-
-        def crash(step, batch):
+        def copy_before_step_7(step, batch):  # the folder as a run stopped there leaves it (checkpoint: step 6)
             if step == 7:
-                raise RuntimeError("crashed")
-        try:
-            loop.train(config({str(tmp_path / "resumed")!r}), strategy=strategy, on_batch=crash)
-        except RuntimeError:
-            loop.train(config({str(tmp_path / "resumed")!r}, resume=True), strategy=strategy)
+                shutil.copytree({str(tmp_path)!r}, {str(tmp_path.parent / "resumed")!r}, symlinks=True)
+
+        summary = loop.train(config({str(tmp_path)!r}), strategy=strategy, on_batch=copy_before_step_7)
+        print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
+        loop.train(config({str(tmp_path.parent / "resumed")!r}, resume=True), strategy=strategy)
     """)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": repo}
@@ -161,9 +159,14 @@ def _assert_takes_stored_uint8_images_and_centre_crops_them(model) -> None:
     assert getattr(model, "optimizer", None) is None
 
 
-def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path):
+def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path, monkeypatch):
+    # A run without --seed: the record order's seed it drew is kept in its checkpoints and read again on resume.
+    seeds = []
+    make_dataset = steps_tf.reader.make_dataset
+    monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
+        (args[3], kwargs["seed"], kwargs["start_step"])) or make_dataset(*args, **kwargs))
     messages = []
-    loop.train(_config(colour_dataset, tmp_path, epochs=2), report=messages.append)
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None), report=messages.append)
     steps = 64 // 16
     first = json.loads((tmp_path / "history.json").read_text())
     assert first["epoch"] == [1, 2]
@@ -173,19 +176,23 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
     for name in ("model.keras", "summary.json", "checkpoints/last.keras", "checkpoints/best.keras",
                  "checkpoints/state.json"):
         assert (tmp_path / name).exists(), name
+    drawn = json.loads((tmp_path / "checkpoints" / "state.json").read_text())["options"]["data_seed"]
+    assert isinstance(drawn, int) and (True, drawn, 0) in seeds
     checkpoint = load_model(str(tmp_path / "checkpoints/last.keras"))
     assert int(checkpoint.optimizer.iterations.numpy()) == 2 * steps
     _assert_takes_stored_uint8_images_and_centre_crops_them(load_model(str(tmp_path / "model.keras")))
 
     # Nothing left to do: the resumed model is the checkpoint, unchanged.
-    loop.train(_config(colour_dataset, tmp_path, epochs=2, resume=True), report=messages.append)
+    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None, resume=True), report=messages.append)
     assert any(m.startswith("Resuming") and "after epoch 2: nothing left to train" in m for m in _flat(messages))
     resumed_model = load_model(str(tmp_path / "model.keras"))
     for saved, resumed in zip(checkpoint.get_weights(), resumed_model.get_weights()):
         np.testing.assert_array_equal(saved, resumed)
 
-    # One more epoch continues the step count and the history.
-    loop.train(_config(colour_dataset, tmp_path, epochs=3, resume=True), report=messages.append)
+    # One more epoch continues the step count, the history and the drawn order, from the saved step.
+    seeds.clear()
+    loop.train(_config(colour_dataset, tmp_path, epochs=3, seed=None, resume=True), report=messages.append)
+    assert (True, drawn, 2 * steps) in seeds
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["epoch"] == [1, 2, 3]
     assert history["loss"][:2] == first["loss"]
@@ -197,8 +204,9 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path)
 
 def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     # Two logical CPUs stand in for two GPUs; this must run in a fresh process (devices are fixed at start-up).
-    # A second run crashes mid-epoch 2 and resumes: its input pipeline feeds both replicas, two of its batches a
-    # step, so it must start after all the saved steps' batches; the training history then equals the first run's.
+    # The run's folder as it was mid-epoch 2 (a copy taken before step 7) is resumed: its input pipeline feeds both
+    # replicas, two of its batches a step, so it must start after all the saved steps' batches; the training history
+    # then equals the uninterrupted run's.
     process, tmp_path = mirrored_run
     process.wait(timeout=300)
     result = subprocess.CompletedProcess(process.args, process.returncode,
@@ -209,7 +217,7 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     assert "REPLICAS 2" in result.stdout
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["epoch"] == [1, 2] and all(np.isfinite(history["loss"]))
-    resumed = json.loads((tmp_path / "resumed" / "history.json").read_text())
+    resumed = json.loads((tmp_path.parent / "resumed" / "history.json").read_text())
     assert "resumed at epoch 2, step 2 of 4" in " ".join(result.stdout.split())
     # Exactly the same steps. (Not val_loss: Keras keeps a batch normalization's moving statistics per replica
     # under MirroredStrategy, and a checkpoint holds the first replica's, so the resumed run validates the second
@@ -279,16 +287,3 @@ def test_streamed_reads_resume_at_an_epoch_end_with_a_new_order(colour_dataset, 
                report=messages.append)
     assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
     assert any("resumed at epoch 2, step 0 of 4" in m for m in _flat(messages))
-
-
-def test_a_run_without_seed_keeps_its_drawn_order_seed_for_resume(colour_dataset, tmp_path, monkeypatch):
-    seeds = []
-    make_dataset = steps_tf.reader.make_dataset
-    monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
-        (args[3], kwargs["seed"], kwargs["start_step"])) or make_dataset(*args, **kwargs))
-    loop.train(_config(colour_dataset, tmp_path, epochs=1, seed=None), report=lambda message: None)
-    drawn = json.loads((tmp_path / "checkpoints" / "state.json").read_text())["options"]["data_seed"]
-    assert isinstance(drawn, int) and (True, drawn, 0) in seeds
-    seeds.clear()
-    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None, resume=True), report=lambda message: None)
-    assert (True, drawn, 4) in seeds  # the same order, from the saved step

@@ -1,20 +1,20 @@
-"""Mid-epoch resume: a `shardprep train` process killed mid-epoch (SIGKILL) and resumed with --resume trains on
-exactly the batches the uninterrupted run trained on from the saved step, and its history continues.
+"""Mid-epoch resume: a `shardprep train` run stopped mid-epoch and resumed with --resume trains on exactly the
+batches the uninterrupted run trained on from the saved step, and its history continues.
 
 Each stored image says which record it is (channel 0 = its id, constant over the image; ids < 256),
 and an `on_batch` observer (wrapped around `loop.train`, which the CLI calls) writes the record ids of every step.
-The killed run is a real `shardprep train` subprocess whose observer blocks before step 13, after the checkpoint
-of step 12 (--checkpoint-every-steps 3, 8 steps an epoch), so the kill lands mid-epoch at a known step.
+The stopped run is the uninterrupted run's folder as it was before step 13, after the checkpoint of step 12
+(--checkpoint-every-steps 3, 8 steps an epoch): a copy taken there holds what the disk holds after a SIGKILL at that
+point (test_train_exact_resume and test_train_checkpoint_crash SIGKILL real processes).
 """
 
 import functools
 import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,36 +56,22 @@ def id_dataset(tmp_path_factory):
     return root
 
 
-def _run_in_process(monkeypatch, args):
-    """The CLI in this process; returns (result, {global step: record ids})."""
+def _run_in_process(monkeypatch, args, copy_before_step=None, copy_to=None):
+    """The CLI in this process; returns (result, {global step: record ids}). With ``copy_before_step``, the output
+    folder (the last argument after --output-dir) is copied to ``copy_to`` before that step runs."""
     seen = {}
-    monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=lambda step, batch: seen.__setitem__(
-        step, record_ids(batch))))
+    output = args[args.index("--output-dir") + 1]
+
+    def observe(step, batch):
+        if step == copy_before_step:
+            shutil.copytree(output, copy_to, symlinks=True)
+        seen[step] = record_ids(batch)
+
+    monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=observe))
     result = CliRunner().invoke(main, args)
     monkeypatch.undo()
     assert result.exit_code == 0, result.output
     return result, seen
-
-
-KILLED_RUN = textwrap.dedent("""
-    import functools, json, sys, time
-    import numpy as np
-    from shardprep.train import loop
-
-    ids_path, marker, block_at, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-
-    def observe(step, batch):
-        images = np.asarray(batch[0]).astype(np.int64)
-        with open(ids_path, "a") as f:
-            f.write(json.dumps([step, images[:, 0, 0, 0].tolist()]) + "\\n")
-        if step == block_at:
-            open(marker, "w").close()
-            time.sleep(600)  # killed here
-
-    loop.train = functools.partial(loop.train, on_batch=observe)
-    from shardprep.cli import main
-    main(args, prog_name="shardprep")
-""")
 
 
 class Started(NamedTuple):
@@ -104,26 +90,6 @@ def _popen(script_and_args, env, folder: Path) -> Started:
                                         stderr=stderr), folder)
 
 
-def _start_killed_run(data, output, folder: Path) -> Started:
-    """`shardprep train` in a subprocess, to be SIGKILLed while it waits before step BLOCK_AT."""
-    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return _popen([KILLED_RUN, folder / "killed-ids.jsonl", folder / "blocked", BLOCK_AT, *_args(data, output)],
-                  env, folder)
-
-
-def _killed_run_ids(started: Started) -> dict:
-    """Waits for the run to block before step BLOCK_AT and SIGKILLs it there; its ids by step."""
-    process, marker = started.process, started.folder / "blocked"
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert process.poll() is None, (started.output() + started.output("stderr"))[-3000:]
-        assert time.monotonic() < deadline, "the run never reached the step it blocks at"
-        time.sleep(0.2)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait(timeout=60) == -signal.SIGKILL
-    return {step: ids for step, ids in map(json.loads, started.output("killed-ids.jsonl").splitlines())}
-
-
 def _stop(started: Started) -> None:
     if started.process.poll() is None:
         started.process.kill()
@@ -132,39 +98,35 @@ def _stop(started: Started) -> None:
 
 @pytest.fixture(scope="module")
 def background(id_dataset, tmp_path_factory):
-    """The child processes, started before the uninterrupted run so that they overlap it: the TensorFlow run to be
-    killed mid-epoch, and the JAX run that crashes and resumes."""
-    killed_folder, jax_folder = tmp_path_factory.mktemp("killed"), tmp_path_factory.mktemp("jax")
-    killed = _start_killed_run(id_dataset, killed_folder / "run", killed_folder)
+    """The child process, started before the uninterrupted run so that it overlaps it: the JAX run that crashes and
+    resumes."""
+    jax_folder = tmp_path_factory.mktemp("jax")
     jax = _start_jax_run(id_dataset, jax_folder / "run", jax_folder)
     try:
-        yield {"killed": killed, "killed_output": killed_folder / "run", "jax": jax, "jax_output": jax_folder / "run"}
+        yield {"jax": jax, "jax_output": jax_folder / "run"}
     finally:
-        _stop(killed)
         _stop(jax)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(id_dataset, background, tmp_path_factory):
-    """The uninterrupted run (TensorFlow, this process, while the child processes run): its output folder and
-    record ids by step."""
-    output = tmp_path_factory.mktemp("uninterrupted")
+    """The uninterrupted run (TensorFlow, this process, while the child process runs): its output folder, record ids
+    by step, and the copy of its folder taken before step BLOCK_AT (the stopped run)."""
+    output = tmp_path_factory.mktemp("uninterrupted") / "run"
+    stopped = output.parent / "stopped"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _, ids = _run_in_process(monkeypatch, _args(id_dataset, output))
-    return output, ids
+        _, ids = _run_in_process(monkeypatch, _args(id_dataset, output), copy_before_step=BLOCK_AT, copy_to=stopped)
+    return output, ids, stopped
 
 
-def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, background,
-                                                                            monkeypatch):
-    (uninterrupted, ids_a), killed = uninterrupted, background["killed_output"]
+def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_dataset, uninterrupted, monkeypatch):
+    uninterrupted, ids_a, killed = uninterrupted
     assert sorted(ids_a) == list(range(3 * STEPS_PER_EPOCH))
     for epoch in range(3):  # every record once an epoch, in a new order each epoch
         seen = sum((ids_a[epoch * STEPS_PER_EPOCH + s] for s in range(STEPS_PER_EPOCH)), [])
         assert sorted(seen) == list(range(64))
     assert ids_a[0] != ids_a[STEPS_PER_EPOCH]
 
-    ids_b = _killed_run_ids(background["killed"])
-    assert {step: ids_a[step] for step in ids_b} == ids_b  # same seed, same batches before the kill
     state = json.loads((killed / "checkpoints" / "state.json").read_text())
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (12, 2, 4)
     assert state["epochs_done"] == 1 and state["partial_epoch"]["examples"] == 4 * 8
@@ -181,8 +143,8 @@ def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_da
     history_b = json.loads((killed / "history.json").read_text())
     assert history_b["epoch"] == history_a["epoch"] == [1, 2, 3]
     assert all(np.isfinite(history_a["loss"] + history_a["val_loss"]))
-    # Epoch 1 ran in the killed process, epoch 2 in both (its first 4 steps' loss kept in state.json), epoch 3 in
-    # the resumed one. Same seed on TensorFlow's CPU, no XLA: the same losses (measured equal to 1e-7).
+    # Epoch 1 ran before the stop, epoch 2 on both sides (its first 4 steps' loss kept in state.json), epoch 3 in
+    # the resumed run. Same seed on TensorFlow's CPU, no XLA: the same losses (measured equal to 1e-7).
     np.testing.assert_allclose(history_b["loss"], history_a["loss"], rtol=1e-5)
     np.testing.assert_allclose(history_b["val_loss"], history_a["val_loss"], rtol=1e-5)
     from shardprep.train.model import load_model
@@ -213,11 +175,12 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
 
     loop.train = functools.partial(train, on_batch=observe)
     crashed = CliRunner().invoke(main, args)
+    before = dict(seen)
     args.append("--resume")
     seen.clear()
     resumed = CliRunner().invoke(main, args)
     print(json.dumps({"crashed": str(crashed.exception), "resumed": resumed.exit_code, "output": resumed.output,
-                      "ids": seen}))
+                      "ids_before": before, "ids": seen}))
 """)
 
 
@@ -232,13 +195,15 @@ def test_jax_resumes_mid_epoch_on_the_same_batches(uninterrupted, background):
     # A crash at step 13 (an exception in the loop: a second process kill would cost another JAX start) after
     # the checkpoint of step 12; the resumed JAX run reads with the NumPy reader the batches the TensorFlow run
     # read from step 12 on: one record order for every backend.
-    _, ids_a = uninterrupted
+    _, ids_a, _ = uninterrupted
     output, jax = background["jax_output"], background["jax"]
     assert jax.process.wait(timeout=600) == 0, jax.output("stderr")[-3000:]
     report = json.loads(jax.output().strip().splitlines()[-1])
     assert report["crashed"] == "crashed" and report["resumed"] == 0, report["output"]
     assert "with Keras on jax" in report["output"]
     assert "resumed at epoch 2, step 4 of 8 (4 steps kept)" in " ".join(report["output"].split())
+    before = {int(step): ids for step, ids in report["ids_before"].items()}
+    assert before == {step: ids_a[step] for step in range(BLOCK_AT)}  # same seed, same batches before the crash
     resumed = {int(step): ids for step, ids in report["ids"].items()}
     assert resumed == {step: ids_a[step] for step in range(12, 3 * STEPS_PER_EPOCH)}
     history = json.loads((output / "history.json").read_text())

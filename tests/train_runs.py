@@ -5,6 +5,8 @@ The child is :data:`DRIVER`: the CLI with an ``on_batch`` observer around ``loop
 ``$TRAIN_RUNS_BLOCK_AT`` (before that step runs) the observer creates the file ``$TRAIN_RUNS_MARKER`` and then either
 waits there for good (a kill lands at a known step) or, with ``$TRAIN_RUNS_STEP_SECONDS``, sleeps that long before
 each step from then on (a SIGINT lands while a step is in flight and the run can still stop on its own).
+With ``$TRAIN_RUNS_FIRST`` (a JSON list of CLI arguments), the child first runs that command to its end, unobserved
+(e.g. an uninterrupted reference run, without paying a second process's start), then the one it is stopped in.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import NamedTuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = """
-import functools, os, sys, time
+import functools, json, os, sys, time
 from shardprep import quiet_logs
 quiet_logs.quiet_tensorflow()  # the CLI's own quiet import of TensorFlow, before the loop imports it
 from shardprep.train import loop
@@ -27,8 +29,12 @@ from shardprep.train import loop
 block_at = int(os.environ.get("TRAIN_RUNS_BLOCK_AT", "-1"))
 marker = os.environ.get("TRAIN_RUNS_MARKER", "")
 step_seconds = float(os.environ.get("TRAIN_RUNS_STEP_SECONDS", "0"))
+first = json.loads(os.environ.get("TRAIN_RUNS_FIRST", "null"))
+armed = [first is None]
 
 def observe(step, batch):
+    if not armed[0]:
+        return
     if step == block_at:
         open(marker, "w").close()
         if not step_seconds:
@@ -38,6 +44,13 @@ def observe(step, batch):
 
 loop.train = functools.partial(loop.train, on_batch=observe)
 from shardprep.cli import main
+if first is not None:
+    try:
+        main(first, prog_name="shardprep")
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise
+    armed[0] = True
 main(sys.argv[1:], prog_name="shardprep")
 """
 
@@ -55,13 +68,19 @@ def environment(backend: str, **extra) -> dict:
 
 
 def run(args, backend: str, tmp_path, *, block_at: int | None = None, stop: int = signal.SIGKILL,
-        step_seconds: float = 0.0, timeout: float = 300) -> Finished:
+        step_seconds: float = 0.0, timeout: float = 300, first_args=None) -> Finished:
     """The driver with ``args`` (CLI arguments after ``shardprep``) in a pipe, in the folder ``tmp_path`` (relative
-    paths in ``args`` are there); with ``block_at``, ``stop`` is sent once the run reaches that step."""
+    paths in ``args`` are there); with ``block_at``, ``stop`` is sent once the run reaches that step. With
+    ``first_args``, the same process first runs ``shardprep *first_args`` to its end (an exit status other than 0
+    ends the child there)."""
+    import json
+
     marker = tmp_path / f"reached-{time.monotonic_ns()}"
     extra = {}
+    if first_args is not None:
+        extra["TRAIN_RUNS_FIRST"] = json.dumps(list(map(str, first_args)))
     if block_at is not None:
-        extra = dict(TRAIN_RUNS_BLOCK_AT=str(block_at), TRAIN_RUNS_MARKER=str(marker),
+        extra.update(TRAIN_RUNS_BLOCK_AT=str(block_at), TRAIN_RUNS_MARKER=str(marker),
                      TRAIN_RUNS_STEP_SECONDS=str(step_seconds))
     process = subprocess.Popen([sys.executable, "-c", DRIVER, *map(str, args)], env=environment(backend, **extra),
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
