@@ -1,4 +1,4 @@
-"""Preprocess throughput: the Beam job on N local workers against a plain single-process Pillow loop.
+"""Preprocess throughput: the Beam job on N local workers against N plain loops running at once.
 
     python benchmarks/preprocess_bench.py ../shared/data/imagenet-sample [--copies 100] [--workers N]
 
@@ -11,8 +11,10 @@ shuffle them into seeded uniform shards, hash and write them, count classes and 
 Inputs are the images of SOURCE_DIR replicated ``--copies`` times (hard links) into an ImageFolder tree, so Beam's
 start-up cost (~4.5 s on 2 cores, measured separately on a one-image dataset) is amortised. The loop runs right
 before and right after the job, and the job is compared with their mean: on a shared machine the speed drifts
-during a run, and a baseline taken only before the job would carry that drift into the ratio. Prints images/s of
-both and the ratio job / (N x loop); the target is >= 0.8.
+during a run, and a baseline taken only before the job would carry that drift into the ratio. The N loops run at
+once, one process each, and their rates are summed: two processes on this 2-vCPU machine give 1.05-1.25x one, not
+2x, so N x one loop would overstate what N cores do. Prints images/s of both and the ratio job / N parallel loops,
+with and without the job's start-up; the target is >= 0.9 without it.
 """
 
 from __future__ import annotations
@@ -49,13 +51,25 @@ def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bo
             image.draft(None, (int(width * scale + 1), int(height * scale + 1)))
         fast = jpeg_decode.decode_plain_rgb(image, data, image_ops._turns) if job_decode else None
         image = fast if fast is not None else image.convert("RGB")
-        width, height = image.size
+        width, height = (image.shape[1], image.shape[0]) if fast is not None else image.size
         if width <= height:
             size = (SHORTER_SIDE, max(1, round(height * SHORTER_SIDE / width)))
         else:
             size = (max(1, round(width * SHORTER_SIDE / height)), SHORTER_SIDE)
         resize.resize_and_crop(image, size, SHORTER_SIDE, "center", method).tobytes()
     return len(paths) / (time.perf_counter() - started)
+
+
+def _one_loop(arguments: tuple) -> float:
+    return pillow_loop(*arguments)
+
+
+def parallel_loops(paths: list[str], processes: int, method: str, job_decode: bool) -> float:
+    """Images/s of ``processes`` loops run at once, one process each (their rates summed): what N cores give."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return sum(pool.map(_one_loop, [(paths, method, job_decode)] * processes))
 
 
 def replicate(source_dir: str, root: str, copies: int) -> list[str]:
@@ -92,7 +106,8 @@ def main(argv=None) -> int:
     try:
         paths = replicate(args.source_dir, os.path.join(work, "src"), args.copies)
         distinct = paths[:: args.copies]  # one copy of every image, so the loop sees the same mix as the job
-        loop_before = pillow_loop(distinct * args.loop_passes, args.loop_method, args.loop_decode == "job")
+        loop_args = (distinct * args.loop_passes, args.workers, args.loop_method, args.loop_decode == "job")
+        loop_before = parallel_loops(*loop_args)
 
         def run_job(source: str, output: str) -> float:
             command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--",
@@ -106,18 +121,18 @@ def main(argv=None) -> int:
         os.link(distinct[0], os.path.join(work, "one", "train", "x", "image.JPEG"))
         startup_seconds = run_job(os.path.join(work, "one"), os.path.join(work, "one-out"))
         job_seconds = run_job(os.path.join(work, "src"), os.path.join(work, "out"))
-        loop_after = pillow_loop(distinct * args.loop_passes, args.loop_method, args.loop_decode == "job")
+        loop_after = parallel_loops(*loop_args)
         loop_rate = (loop_before + loop_after) / 2
         job_rate = len(paths) / job_seconds
         steady_rate = len(paths) / max(1e-9, job_seconds - startup_seconds)
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
         print(f"inputs: {len(paths)} ({args.copies} copies of {len(distinct)} images from {args.source_dir})")
-        print(f"pillow loop (1 process, {len(distinct) * args.loop_passes} images, before and after the job): "
-              f"{loop_before:.1f} and {loop_after:.1f}, mean {loop_rate:8.1f} images/s")
+        print(f"{args.workers} loops at once ({args.workers} processes, {len(distinct) * args.loop_passes} images each, "
+              f"before and after the job): {loop_before:.1f} and {loop_after:.1f}, mean {loop_rate:8.1f} images/s")
         print(f"preprocess job ({args.workers} workers, wall {job_seconds:.1f} s incl. start-up): {job_rate:8.1f} images/s"
-              f"  -> ratio job / ({args.workers} x loop) {job_rate / (args.workers * loop_rate):.2f}  (target >= 0.8)")
+              f"  -> ratio job / {args.workers} parallel loops {job_rate / loop_rate:.2f}")
         print(f"  start-up alone (1-image run): {startup_seconds:.1f} s; job without it: {steady_rate:8.1f} images/s"
-              f"  -> ratio {steady_rate / (args.workers * loop_rate):.2f}")
+              f"  -> ratio {steady_rate / loop_rate:.2f}  (target >= 0.9)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
