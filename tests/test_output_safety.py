@@ -7,7 +7,9 @@ no OUTPUT created, nothing written anywhere else).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -50,10 +52,15 @@ def refuse_unchanged(work, *args, expect=()):
     return line
 
 
+def write_source(folder) -> None:
+    """An ImageFolder SOURCE ``folder/src`` (one split, three classes); the same files every time."""
+    image_factory.write_image_folder(folder / "src", {"train": 6}, min_side=20, max_side=40)
+
+
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     """tmp_path as the current folder, with an ImageFolder SOURCE ``src`` (one split, three classes)."""
-    image_factory.write_image_folder(tmp_path / "src", {"train": 6}, min_side=20, max_side=40)
+    write_source(tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -62,6 +69,15 @@ def write_dataset(work, output="out", *extra):
     result = invoke("preprocess", "src", output, "--quiet", "--shorter-side", 16, *extra, *IN_PROCESS)
     assert result.exit_code == 0, result.output
     return work / output
+
+
+@pytest.fixture(scope="module")
+def written_dataset(tmp_path_factory):
+    """``write_dataset``'s OUTPUT ``out`` of ``src``, written once for the module: tests copy it into their work."""
+    folder = tmp_path_factory.mktemp("written")
+    write_source(folder)
+    with contextlib.chdir(folder):
+        return write_dataset(folder)
 
 
 # --- pure path logic -----------------------------------------------------------------------------------------------
@@ -204,9 +220,10 @@ def test_remote_output_inside_remote_source_is_refused_before_any_request(work):
 
 # --- OUTPUT apart from the other inputs ----------------------------------------------------------------------------
 
-def test_labels_file_inside_output_is_refused_and_kept(work):
+def test_labels_file_inside_output_is_refused_and_kept(work, written_dataset):
     """`--labels-file out/labels.csv --overwrite` used to delete the labels file before reading it."""
-    output = write_dataset(work)
+    output = work / "out"
+    shutil.copytree(written_dataset, output, symlinks=True)
     (output / "labels.csv").write_text("filename,label\n")
     for output_spelling in ("out", "out/", "./out/../out"):
         refuse_unchanged(work, "src", output_spelling, "--overwrite", "--labels-file", "out/labels.csv",
@@ -250,8 +267,9 @@ def test_output_overlapping_the_tfds_data_dir_is_refused(work, output):
 
 @pytest.mark.parametrize("foreign", ["notes.txt", "train/notes.txt", "train/red/img.jpg", "pictures/sheet.png",
                                      "train-00000-of-00001.tfrecord", "validation/train-00000-of-00001.tfrecord"])
-def test_overwrite_refuses_a_folder_holding_anything_else(work, foreign):
-    output = write_dataset(work)
+def test_overwrite_refuses_a_folder_holding_anything_else(work, written_dataset, foreign):
+    output = work / "out"
+    shutil.copytree(written_dataset, output, symlinks=True)
     os.makedirs(os.path.dirname(output / foreign), exist_ok=True)
     (output / foreign).write_bytes(b"someone's file")
     line = refuse_unchanged(work, "src", "out", "--overwrite", expect=("--overwrite refused",))

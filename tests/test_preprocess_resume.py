@@ -29,8 +29,10 @@ from shardprep.pipelines import journal
 from shardprep.preprocess import fingerprint
 from shardprep.preprocess import manifest as manifest_lib
 
-# 480 images of 200-500 px: some seconds of decoding, so the run can be caught half way.
+# 480 small images (64-160 px): the decoding of the second half of the groups still takes long enough (hundreds of
+# milliseconds on an idle machine, more under load) for the run to be caught half way, polled every 10 ms.
 SOURCE_SPLITS = {"train": 400, "validation": 80}
+SOURCE_SIDES = {"min_side": 64, "max_side": 160}
 NUM_INPUTS = sum(SOURCE_SPLITS.values())
 # 2 workers -> at least 4 groups a split; 8 shards a split -> 8 groups a split, each exactly one shard.
 JOB_OPTIONS = ["--shorter-side", "32", "--num-shards", "8"]
@@ -126,36 +128,21 @@ def resumed_counts(log: str) -> tuple[int, int, int, int]:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     root = tmp_path_factory.mktemp("source")
-    image_factory.write_image_folder(root, SOURCE_SPLITS, min_side=200, max_side=500)
+    image_factory.write_image_folder(root, SOURCE_SPLITS, **SOURCE_SIDES)
     return root
 
 
 @pytest.fixture(scope="module")
-def reference_job(source, tmp_path_factory):
-    """The uninterrupted run, started in the background: it needs nothing from the killed run, so they overlap."""
+def reference(source, tmp_path_factory):
+    """The uninterrupted run's OUTPUT, made in this process (the runner does not change the files: the resumes,
+    killed and resumed with two worker processes or in this process, are compared with it byte for byte)."""
     folder = tmp_path_factory.mktemp("reference")
-    with open(folder / "log", "wb") as log:
-        process = subprocess.Popen(job_command(source), cwd=folder, env=job_env(), stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield process, folder
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=WAIT_S)
-
-
-@pytest.fixture(scope="module")
-def reference(reference_job, killed):
-    """The uninterrupted run's OUTPUT, once it finished (after the killed run was caught)."""
-    process, folder = reference_job
-    returncode = process.wait(timeout=WAIT_S)
-    assert returncode == 0, (folder / "log").read_bytes().decode("utf-8", "replace")
+    run_job_here(source, folder)
     return folder / OUTPUT
 
 
 @pytest.fixture(scope="module")
-def killed(source, reference_job, tmp_path_factory):
+def killed(source, tmp_path_factory):
     """The OUTPUT of a run killed (SIGKILL to its whole process group) once half its decode groups are recorded."""
     folder = tmp_path_factory.mktemp("killed")
     journal_path = folder / OUTPUT / ".tmp" / "journal.jsonl"

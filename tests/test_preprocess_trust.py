@@ -94,18 +94,6 @@ def source(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def references(source, tmp_path_factory):
-    """{options name: every file of an uninterrupted run}."""
-    found = {}
-    for name, options in (("adopted", ADOPTED), ("streamed", STREAMED)):
-        folder = tmp_path_factory.mktemp(f"reference-{name}")
-        result = run_cli(folder, command(source, options))
-        assert result.exit_code == 0, result.output
-        found[name] = every_file(folder / OUTPUT)
-    return found
-
-
-@pytest.fixture(scope="module")
 def kills(source, tmp_path_factory):
     """Every killed run of the module (KILLED_RUNS), started at once, two at a time, while the tests run: {(options
     name, kill point): (its folder, a future of (exit status, output))}. Tests resume copies of their OUTPUT."""
@@ -118,6 +106,24 @@ def kills(source, tmp_path_factory):
                                                    base_env=environment)
     yield started
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(source, tmp_path_factory):
+    """{options name: OUTPUT of an uninterrupted run}."""
+    found = {}
+    for name, options in (("adopted", ADOPTED), ("streamed", STREAMED)):
+        folder = tmp_path_factory.mktemp(f"reference-{name}")
+        result = run_cli(folder, command(source, options))
+        assert result.exit_code == 0, result.output
+        found[name] = folder / OUTPUT
+    return found
+
+
+@pytest.fixture(scope="module")
+def references(reference_outputs):
+    """{options name: every file of an uninterrupted run}."""
+    return {name: every_file(output) for name, output in reference_outputs.items()}
 
 
 def killed_output(kills, name: str, point: KillPoint):
@@ -222,28 +228,35 @@ def test_what_no_run_wrote_inside_output_is_refused_before_anything_is_deleted(s
 
 # --- item 4: the journal's paths and contents are verified ----------------------------------------------------------
 
-def rehashed(lines: list[dict]) -> list[dict]:
-    """The lines with each unit line's hash made to match its edited fields, as a forger who read the code would."""
+def rehashed(lines: list) -> list:
+    """The lines with each unit line's hash made to match its edited fields, as a forger who read the code would
+    (a line that is no longer an object has no hash to forge)."""
     from shardprep.pipelines import journal
 
     header = json.dumps(lines[0]).encode()  # the first line, as write_journal writes it, without its newline
     return [lines[0]] + [journal.sealed(header, {k: v for k, v in line.items() if k != journal.LINE_HASH})
-                         for line in lines[1:]]
+                         if isinstance(line, dict) else line for line in lines[1:]]
+
+
+OUTSIDE_TMP = ["../../victim.txt", "ABSOLUTE", "../journal.jsonl", "sub/x.records"]
 
 
 @pytest.mark.parametrize("forged", [False, True])
-@pytest.mark.parametrize("where", ["../../victim.txt", "ABSOLUTE", "../journal.jsonl", "sub/x.records"])
 def test_a_journal_file_outside_tmp_is_never_touched_and_its_group_is_redone(source, killed, references, tmp_path,
-                                                                             where, forged):
+                                                                             forged):
+    """Each unit line names a file in another place outside .tmp/ (one resume for the four: each line is checked
+    on its own, and any one trusted would touch the victim or change the output)."""
     output = copy_killed(killed, tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
     lines = journal_lines(output)
-    lines[1]["file"] = str(victim) if where == "ABSOLUTE" else where
+    assert len(lines) - 1 == len(OUTSIDE_TMP)  # a unit line for each decode group
+    for line, where in zip(lines[1:], OUTSIDE_TMP):
+        line["file"] = str(victim) if where == "ABSOLUTE" else where
     write_journal(output, rehashed(lines) if forged else lines)
     log = resumed(source, tmp_path)
     assert victim.read_text() == "mine"
-    assert "1 damaged unit redone" in log
+    assert f"{len(OUTSIDE_TMP)} damaged units redone" in log
     assert every_file(output) == references["adopted"]
 
 
@@ -289,29 +302,33 @@ def test_an_edited_journal_line_is_redone_not_trusted(source, killed, references
     assert every_file(output) == references["adopted"]
 
 
-@pytest.mark.parametrize("garble", [
-    lambda line: [],
-    lambda line: None,
-    lambda line: {**line, "rejects": 5},
-    lambda line: {**line, "pointers": "!!not base64!!"},
-    lambda line: {**line, "summary": []},
-    lambda line: {**line, "group": "one"},
-    lambda line: {**line, "size": -1},
-    lambda line: {**line, "records": 10 ** 30},
-    lambda line: {**line, "file": None},
-    lambda line: {**line, "split": "../../x"},
-    lambda line: {**line, "size": float("nan")},
-    lambda line: {**line, "summary": {**line["summary"], "max_label": float("inf")}},
-], ids=["list", "null", "rejects-int", "pointers", "summary-list", "group-text", "size-negative", "records-huge",
-        "file-null", "split-path", "size-nan", "label-infinity"])
-def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garble):
+GARBLES = {
+    "list": lambda line: [],
+    "null": lambda line: None,
+    "rejects-int": lambda line: {**line, "rejects": 5},
+    "pointers": lambda line: {**line, "pointers": "!!not base64!!"},
+    "summary-list": lambda line: {**line, "summary": []},
+    "group-text": lambda line: {**line, "group": "one"},
+    "size-negative": lambda line: {**line, "size": -1},
+    "records-huge": lambda line: {**line, "records": 10 ** 30},
+    "file-null": lambda line: {**line, "file": None},
+    "split-path": lambda line: {**line, "split": "../../x"},
+    "size-nan": lambda line: {**line, "size": float("nan")},
+    "label-infinity": lambda line: {**line, "summary": {**line["summary"], "max_label": float("inf")}},
+}
+# Four garbles a resume, one on each unit line: each line is checked on its own, and any one trusted would end in a
+# traceback or other bytes.
+GARBLE_SETS = [list(GARBLES)[i:i + 4] for i in range(0, len(GARBLES), 4)]
+
+
+@pytest.mark.parametrize("garbles", GARBLE_SETS, ids=["+".join(names) for names in GARBLE_SETS])
+def test_a_garbled_journal_line_is_redone_without_a_traceback(source, killed, references, tmp_path, garbles):
     """Each garbled line re-hashed, as a forger would: the checks behind the hash must catch it (an unforged edit
     fails the hash already, test_an_edited_journal_line_is_redone_not_trusted)."""
     output = copy_killed(killed, tmp_path)
     lines = journal_lines(output)
-    lines[1] = garble(lines[1])
-    if isinstance(lines[1], dict):
-        lines = rehashed(lines)
+    assert len(lines) - 1 == len(garbles)  # a unit line for each decode group
+    lines = rehashed([lines[0]] + [GARBLES[name](line) for name, line in zip(garbles, lines[1:])])
     write_journal(output, lines)
     resumed(source, tmp_path)
     assert every_file(output) == references["adopted"]
@@ -352,14 +369,16 @@ def test_an_edited_header_leaves_no_unit_trusted(source, killed, references, tmp
 
 # --- item 14: shards of another shard count --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stale", ["train/train-00000-of-00005.tfrecord",
-                                   "validation/validation-00003-of-00004.tfrecord",
-                                   "train/.tmp-0a1b2c-train-00001-of-00002.tfrecord",
-                                   "old/old-00000-of-00001.tfrecord"])
-def test_a_resume_removes_stale_shards_of_another_shard_count(source, killed, references, tmp_path, stale):
+STALE_SHARDS = ["train/train-00000-of-00005.tfrecord", "validation/validation-00003-of-00004.tfrecord",
+                "train/.tmp-0a1b2c-train-00001-of-00002.tfrecord", "old/old-00000-of-00001.tfrecord"]
+
+
+def test_a_resume_removes_stale_shards_of_another_shard_count(source, killed, references, tmp_path):
+    """Every kind of stale shard at once: any one left would be an extra file."""
     output = copy_killed(killed, tmp_path)
-    os.makedirs(os.path.dirname(output / stale), exist_ok=True)
-    (output / stale).write_bytes(b"a shard of an earlier run")
+    for stale in STALE_SHARDS:
+        os.makedirs(os.path.dirname(output / stale), exist_ok=True)
+        (output / stale).write_bytes(b"a shard of an earlier run")
     resumed(source, tmp_path)
     assert every_file(output) == references["adopted"]
     assert not os.path.exists(output / "old")
@@ -372,7 +391,7 @@ FINISH_POINTS = [
     (ADOPTED, "adopted", KillPoint(SHARDS, "adopt_spill_file", 1, "after")),
     (ADOPTED, "adopted", KillPoint(SHARDS, "atomic_write", 1, "after", ".tfrecord")),
     (ADOPTED, "adopted", KillPoint(WRITER, "write_rejects", 1, "after")),
-    (ADOPTED, "adopted", KillPoint(WRITER, "atomic_write", 1, "before", "manifest.json")),
+    # (adopted, before the manifest's write: test_a_dataset_finished_by_resume_validates)
     (ADOPTED, "adopted", KillPoint(WRITER, "atomic_write", 1, "after", "manifest.json")),
     (ADOPTED, "adopted", KillPoint(SPILL, "remove_file", 1, "before", "journal.jsonl")),
     (ADOPTED, "adopted", KillPoint(SPILL, "remove_file", 1, "after", "journal.jsonl")),
@@ -390,20 +409,26 @@ KILLED_RUNS = list(dict.fromkeys([("adopted", KillPoint(SHARDS, "adopt_spill_fil
                                   ("adopted", ADOPTED_ONE), ("adopted", BEFORE_THE_MANIFEST)]))
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("options, name, point", FINISH_POINTS, ids=[f"{n}: {p}" for _, n, p in FINISH_POINTS])
-def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, kills, references, tmp_path, options, name,
-                                                                 point):
-    output = copy_killed(killed_output(kills, name, point), tmp_path)
+def assert_finished_by_resume(source, tmp_path, options, reference) -> None:
+    """Resumes the copy in ``tmp_path``: it ends as ``reference``, with no lock and no .tmp/ left."""
+    output = tmp_path / OUTPUT
     result = run_cli(tmp_path, command(source, options, "--resume"))
     assert "Traceback" not in result.output, result.output
     if result.exit_code:  # nothing was left to do: the run had finished, and says so
         assert_refused(result, "nothing to resume", "finished dataset")
-    assert every_file(output) == references[name]
+    assert every_file(output) == reference
     assert not os.path.lexists(output / manifest_lib.LOCK_NAME) and not os.path.lexists(output / ".tmp")
     # A plain rerun now sees a finished dataset, not a stopped run.
     again = assert_refused(run_cli(tmp_path, command(source, options)), "not empty")
     assert "--resume" not in again
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("options, name, point", FINISH_POINTS, ids=[f"{n}: {p}" for _, n, p in FINISH_POINTS])
+def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, kills, references, tmp_path, options, name,
+                                                                 point):
+    copy_killed(killed_output(kills, name, point), tmp_path)
+    assert_finished_by_resume(source, tmp_path, options, references[name])
 
 
 @pytest.mark.timeout(300)
@@ -419,24 +444,23 @@ def test_a_resume_killed_while_it_tidies_is_resumed_again(source, kills, referen
     assert every_file(tmp_path / OUTPUT) == references["adopted"]
 
 
-def test_a_dataset_finished_by_resume_validates(source, kills, tmp_path):
+@pytest.mark.timeout(300)
+def test_a_dataset_finished_by_resume_validates(source, kills, references, tmp_path):
+    """The finish killed (adopted) before the manifest's write: finished by resume as every other point, and valid."""
     copy_killed(killed_output(kills, "adopted", BEFORE_THE_MANIFEST), tmp_path)
     # Before the resume: no manifest, and the rerun says how to keep the work.
     assert not os.path.exists(tmp_path / OUTPUT / manifest_lib.MANIFEST_NAME)
     assert "--resume" in assert_refused(run_cli(tmp_path, command(source, ADOPTED)), "not empty")
-    resumed(source, tmp_path)
+    assert_finished_by_resume(source, tmp_path, ADOPTED, references["adopted"])
     result = run_cli(tmp_path, ["validate", OUTPUT, "--quiet", *IN_PROCESS])
     assert result.exit_code == 0, result.output
 
 
 # --- the lock ----------------------------------------------------------------------------------------------------------
 
-def test_no_lock_file_is_left_after_a_finished_or_failed_run(source, tmp_path):
-    (tmp_path / "finished").mkdir()
-    result = run_cli(tmp_path / "finished", command(source, ADOPTED))
-    assert result.exit_code == 0, result.output
-    assert sorted(os.listdir(tmp_path / "finished" / OUTPUT)) == ["manifest.json", "rejects.jsonl", "train",
-                                                                  "validation"]
+def test_no_lock_file_is_left_after_a_finished_or_failed_run(source, reference_outputs, tmp_path):
+    for finished in reference_outputs.values():  # uninterrupted runs
+        assert sorted(os.listdir(finished)) == ["manifest.json", "rejects.jsonl", "train", "validation"]
     result = run_cli(tmp_path, command(source, ADOPTED, "--strict"))  # fails on its one reject
     assert result.exit_code == 1 and "--strict" in result.output, result.output
     assert not os.path.lexists(tmp_path / OUTPUT / manifest_lib.LOCK_NAME)
@@ -477,20 +501,19 @@ def test_an_output_under_a_dangling_link_is_one_error_line_naming_the_link(sourc
     assert tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("manifest", [b"not json", b'{"format_version": 1}', "another"])
-def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, killed, references, tmp_path,
-                                                                          manifest):
+def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, killed, references,
+                                                                          reference_outputs, tmp_path):
     output = copy_killed(killed, tmp_path)
-    if manifest == "another":  # a finished dataset's manifest: its shards are not these
-        (tmp_path / "elsewhere").mkdir()
-        assert run_cli(tmp_path / "elsewhere", command(source, STREAMED)).exit_code == 0
-        manifest = (tmp_path / "elsewhere" / OUTPUT / manifest_lib.MANIFEST_NAME).read_bytes()
-    (output / manifest_lib.MANIFEST_NAME).write_bytes(manifest)
-    before = tree(tmp_path)
-    assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), "manifest.json", "nothing was deleted")
-    assert tree(tmp_path) == before
-    os.remove(output / manifest_lib.MANIFEST_NAME)
-    resumed(source, tmp_path)
+    # A finished dataset's manifest (another run's, with other options): its shards are not these.
+    another = (reference_outputs["streamed"] / manifest_lib.MANIFEST_NAME).read_bytes()
+    for manifest in (b"not json", b'{"format_version": 1}', another):
+        (output / manifest_lib.MANIFEST_NAME).write_bytes(manifest)
+        before = tree(tmp_path)
+        assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), "manifest.json",
+                       "nothing was deleted")
+        assert tree(tmp_path) == before
+        os.remove(output / manifest_lib.MANIFEST_NAME)
+    resumed(source, tmp_path)  # the refusals kept every file of the stopped run
     assert every_file(output) == references["adopted"]
 
 

@@ -164,11 +164,11 @@ def source(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clean_run(source, tmp_path_factory):
-    """The reference: the same job, uninterrupted."""
-    work = tmp_path_factory.mktemp("clean")
-    output = work / "dataset"
-    returncode, log = run_job_process(source, output, work / "log")
-    assert returncode == 0, log
+    """The reference: the same job, uninterrupted, in this process (the runner does not change the files: the
+    concurrent test's run, a real process with two workers, is compared with it byte for byte)."""
+    output = tmp_path_factory.mktemp("clean") / "dataset"
+    result = run_cli("preprocess", source, output, "--quiet", *JOB_OPTIONS, "--", "--direct_running_mode=in_memory")
+    assert result.exit_code == 0, result.output
     return output
 
 
