@@ -54,7 +54,7 @@ from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, Writ
 from shardprep.pipelines.shards import WriteShards
 from shardprep.pipelines.output_lock import output_lock
 from shardprep.pipelines.source_kind import SourcePlan
-from shardprep.pipelines.source_registry import parse, plan_source
+from shardprep.pipelines.source_registry import kind_of, parse, plan_source
 from shardprep.pipelines.storage import prepare_output
 from shardprep.preprocess import image_ops, manifest, resize, sharding
 from shardprep.preprocess.config import PreprocessConfig
@@ -163,6 +163,9 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     from shardprep.pipelines import runner as runners
 
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
+    # First by SOURCE's text alone: telling a folder from a folder of archives lists it, a request for gs://.
+    claimed = kind_of(config.source)
+    storage.keep_apart(config.output, claimed.apart_from(claimed.location(config.source), config))
     parsed = parse(config.source)
     storage.keep_apart(config.output, parsed.kind.apart_from(parsed.location, config))
     plan = plan_source(config, parsed)
