@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
-    from PIL import Image
+    from PIL import ImageFile
 
 _DECODED_MODES = ("RGB", "L")  # libjpeg gives both as RGB, as Pillow's convert("RGB") does (grey replicated)
 
 
-def decode_plain_rgb(image: Image.Image, data: bytes, turns: Callable[[Image.Image], bool]) -> np.ndarray | None:
+def decode_plain_rgb(image: ImageFile.ImageFile, data: bytes,
+                     turns: Callable[[ImageFile.ImageFile], bool]) -> np.ndarray | None:
     """``image`` (opened by Pillow from ``data``, perhaps drafted, not loaded) decoded as an RGB uint8 array
     (H x W x 3), or None where only Pillow's decode applies. ``turns(image)``: True when its EXIF orientation would
     turn it. The array goes on to the resize as it is: no Pillow image is made of the full-size pixels."""

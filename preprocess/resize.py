@@ -20,7 +20,7 @@ square; neither allocates the whole resized image for a centre crop (a 1x100000 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use them (the CLI imports this module)
     import numpy as np
@@ -73,10 +73,10 @@ def centre_box(size: tuple[int, int], source: tuple[int, int], shorter_side: int
 def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, crop: str, method: str) -> Pixels:
     """Scales the RGB ``image`` to ``size`` (shorter side ``shorter_side``) by ``method``; with ``crop="center"``
     keeps the centred square. ``image``: a Pillow image, or an RGB uint8 array (H x W x 3); answered in kind."""
+    import numpy as np
     from PIL import Image
 
-    is_array = not isinstance(image, Image.Image)
-    source = (image.shape[1], image.shape[0]) if is_array else image.size
+    source = (image.shape[1], image.shape[0]) if isinstance(image, np.ndarray) else image.size
     new_width, new_height = size
     if crop == "none" or new_width == new_height:
         origin, out = (0, 0), size
@@ -85,21 +85,19 @@ def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, cro
     if size == source:
         if out == size:
             return image
-        if is_array:
+        if isinstance(image, np.ndarray):
             return _cut(image, origin, out)
         return image.crop((*origin, origin[0] + out[0], origin[1] + out[1]))
     if method == PILLOW_BICUBIC:
-        import numpy as np
-
-        pillow = Image.fromarray(image, "RGB") if is_array else image
+        pillow = Image.fromarray(image, "RGB") if isinstance(image, np.ndarray) else image
         if out == size:
             resized = pillow.resize(size, Image.Resampling.BICUBIC)
         else:
             resized = pillow.resize(out, Image.Resampling.BICUBIC, box=centre_box(size, pillow.size, shorter_side))
-        return np.asarray(resized) if is_array else resized
+        return np.asarray(resized) if isinstance(image, np.ndarray) else resized
     check_method(method)
     pixels = lanczos_cubic(image, size, origin, out, _LOBES[method])
-    return pixels if is_array else Image.fromarray(pixels, "RGB")
+    return pixels if isinstance(image, np.ndarray) else Image.fromarray(pixels, "RGB")
 
 
 def _cut(pixels: np.ndarray, origin: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
@@ -119,8 +117,11 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
     import numpy as np
 
     _ready_opencv(cv2)
-    given = image if isinstance(image, np.ndarray) else None  # an array is used as it is, never copied whole
-    image_width, image_height = (given.shape[1], given.shape[0]) if given is not None else image.size
+    # An array is used as it is, never copied whole; a Pillow image becomes one only where all of it is needed.
+    if isinstance(image, np.ndarray):
+        given, (image_width, image_height) = image, (image.shape[1], image.shape[0])
+    else:
+        given, (image_width, image_height) = None, image.size
     pixels = None  # the image's pixels as an array, made only where they are all needed
     reduce = int(min(image_width / size[0], image_height / size[1]) // _REDUCED_SCALE)
     if reduce >= 2:
@@ -144,8 +145,10 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
     y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
     pixels = given if pixels is None else pixels
-    pixels = (np.asarray(image.crop((x0, y0, x1, y1))) if pixels is None
-              else np.ascontiguousarray(pixels[y0:y1, x0:x1]))
+    if pixels is not None:
+        pixels = np.ascontiguousarray(pixels[y0:y1, x0:x1])
+    else:
+        pixels = np.asarray(cast("Image.Image", image).crop((x0, y0, x1, y1)))  # given is None: a Pillow image
     if len(kernel_x) > 1 or len(kernel_y) > 1:
         pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
     # Output pixel x's centre (x + 0.5) lies at left + (x + 0.5) * x_scale in the source, whose pixel i is centred
