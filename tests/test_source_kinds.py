@@ -30,10 +30,22 @@ IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
     ("tfrecord:data/*-train.tfrecord*", TFRECORD, "data/*-train.tfrecord*"),
     ("photos/", FOLDER, "photos"),
     ("/", FOLDER, "/"),
-    ("gs://bucket/photos", FOLDER, "gs://bucket/photos"),
 ])
 def test_source_is_parsed_once_into_the_kind_that_claims_it(source, kind, location):
     assert source_registry.parse(source) == (kind, location)
+
+
+@pytest.mark.parametrize("names, kind", [(["train/", "val/", "README.txt"], FOLDER),
+                                         (["train.tar", "val.tar", "LICENSE"], "archive")])
+def test_a_remote_folder_is_listed_once_to_tell_a_folder_from_a_folder_of_archives(monkeypatch, names, kind):
+    """No request here: the listing is stood in for (a real one without credentials waits ~2 min to fail)."""
+    from shardprep.pipelines import source_archive
+
+    listed = []
+    monkeypatch.setattr(source_archive, "_remote_names", lambda location: listed.append(location) or names)
+    parsed = source_registry.parse("gs://bucket/photos/")
+    assert parsed.location == "gs://bucket/photos" and listed == ["gs://bucket/photos"]
+    assert parsed.kind is (source_archive.ARCHIVE if kind == "archive" else kind)
 
 
 @pytest.mark.parametrize("source, message", [("tfrecord:", "tfrecord: needs a glob of TFRecord files"),
