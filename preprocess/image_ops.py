@@ -305,8 +305,6 @@ def _channel_counts(rgb: Image.Image | np.ndarray) -> np.ndarray:
     """Each channel's count of every value 0-255 (3 x 256), from which sums and sums of squares are exact."""
     if isinstance(rgb, np.ndarray):
         rgb = Image.fromarray(rgb, "RGB")  # the stored size only; Pillow's histogram is the fastest exact count here
-    elif rgb.mode != "RGB":  # _load_rgb gives RGB; this keeps the histogram and byte layout true regardless
-        rgb = rgb.convert("RGB")
     # Pillow's per-band histograms (computed in C, no copy of the image).
     return np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
 
@@ -364,6 +362,8 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001
         raise RejectError("decode_error", f"resize failed: {type(e).__name__}: {e}") from None
+    if not isinstance(rgb, np.ndarray) and rgb.mode != "RGB":  # _load_rgb gives RGB; the bytes below rely on it
+        rgb = rgb.convert("RGB")
     counts = _channel_counts(rgb)
     values = np.arange(256, dtype=np.int64)
     try:
