@@ -70,10 +70,10 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
-# What one local SDK worker process must have to do before starting it pays: a worker costs 2-3 s of CPU to start
-# (it imports Beam), about what it takes to decode 64 MiB of JPEG photos (~30 MB/s a core) or to read and check
-# 256 MiB of prepared shards (see BENCHMARKS.md, "Local workers sized to the work").
-PREPROCESS_BYTES_PER_WORKER = 64 * 2**20
+# What one local SDK worker process must have to do before starting it pays: a worker costs ~3 s to start (it
+# imports Beam), and a folder of 128 MiB of photos took as long in-process as on two workers (BENCHMARKS.md, "Local
+# workers sized to the work"); reading and checking shards costs less per byte than decoding photos.
+PREPROCESS_BYTES_PER_WORKER = 128 * 2**20
 VALIDATE_BYTES_PER_WORKER = 256 * 2**20
 
 
