@@ -169,12 +169,15 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
 
 
 def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, stage: str,
-                  total_files: int) -> list[dict]:
-    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph; returns its parsed result lines.
+                  total_files: int, work_bytes: int) -> list[dict]:
+    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files;
+    returns its parsed result lines.
 
-    Local runs report files read as the workers finish them (marker files in a temporary folder); a remote
-    runner shows its progress in its own UI.
+    Local runs report files read as the workers finish them (marker files in a temporary folder), on as many
+    worker processes as ``work_bytes`` pays for (``runner.sized_to_work``); a remote runner shows its progress in
+    its own UI.
     """
+    beam_args = runner.sized_to_work(beam_args, work_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     results_path, cleanup = _results_location(beam_args)
 
     def report(counts: dict[str, int]) -> None:
@@ -259,12 +262,11 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
-    beam_args = runner.sized_to_work(beam_args, total_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
             progress_dir, near, search_near_duplicates=skipped is None),
-        beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks))
+        beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
     if skipped:
         report["near_duplicates"] = near_report.skipped(skipped)
@@ -340,13 +342,11 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
         pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
         return report_lib.finish(report, [_no_files_problem(pattern, folders)],
                                  [], options.max_problems_per_check)
-    beam_args = runner.sized_to_work(beam_args, sum(meta.size_in_bytes for meta in matched),
-                                     runner.VALIDATE_BYTES_PER_WORKER)
+    total_bytes = sum(meta.size_in_bytes for meta in matched)
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_foreign_pipeline(
             pipeline, files, options.image_key, options.label_key, results, options.max_problems_per_check, progress_dir),
-        beam_args, progress, f"reading {len(files)} files ({sum(m.size_in_bytes for m in matched) / 2**20:,.1f} MiB)",
-        len(files))
+        beam_args, progress, f"reading {len(files)} files ({total_bytes / 2**20:,.1f} MiB)", len(files), total_bytes)
     splits = report_lib.split_entries(lines)
     report.update(image_key=options.image_key, label_key=options.label_key, num_files=len(files),
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
