@@ -128,13 +128,24 @@ class ListLabelledFiles(beam.PTransform):
                 | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
                     REJECTS, main="files"))
         # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
-        rows = pbegin | "LabelRows" >> beam.Create(self.label_rows)  # (labels.match_key, (filename, label))
+        # They travel as one element's worth: beam.Create of the rows would infer a type from every row and encode
+        # each into the graph (4.3 s of CPU for ImageNet's 50,000 validation rows, against 0.1 s).
+        rows = (pbegin
+                | "LabelRows" >> beam.Create([None])
+                | "EachLabelRow" >> beam.FlatMap(_given_rows, self.label_rows).with_output_types(LABEL_ROW))
         joined = ({"files": flat.files, "rows": rows}
                   | "JoinLabels" >> beam.CoGroupByKey()
                   | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
                   | "CheckLabels" >> beam.ParDo(self.joiner).with_outputs(REJECTS, main="inputs"))
         return {"inputs": joined.inputs,
                 "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
+
+
+LABEL_ROW = beam.typehints.Tuple[str, beam.typehints.Tuple[str, str]]  # (labels.match_key, (filename, label))
+
+
+def _given_rows(_, rows):
+    return rows
 
 
 class ClassDirectoryLister(beam.DoFn):
