@@ -33,7 +33,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
+from gcs_emulator import LoopbackStorage, in_turn_results
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
@@ -225,15 +225,36 @@ def prepared(storage, source):
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
-def start_in_turn(storage: LoopbackStorage, folder: Path, *command_lines: list[str]) -> Started:
-    """``shardprep COMMAND_LINE`` for each command line in turn, in one child process started in the background
-    (gcs_emulator.SHARDPREP_IN_TURN: the commands pay for importing TensorFlow and Beam once)."""
-    return start_python(storage, folder, *shardprep_in_turn(list(command_lines))[2:])
+# gcs_emulator.SHARDPREP_IN_TURN, each command line run in its own working folder (None: the child's own), as a
+# command run from a checkout (docs/dataflow.md's, whose ``--setup_file ./setup.py`` is relative) needs.
+SHARDPREP_IN_TURN_IN_FOLDERS = """
+import contextlib, io, json, os, sys
+from shardprep.cli import main
+results, home = [], os.getcwd()
+for argv, folder in json.loads(sys.argv[1]):
+    os.chdir(folder or home)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv, prog_name="shardprep")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code
+    results.append({"argv": argv, "exit": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def start_in_turn(storage: LoopbackStorage, folder: Path, *commands: tuple[list[str], str | None]) -> Started:
+    """``shardprep COMMAND_LINE`` in its folder, for each (command line, folder) in turn, in one child process started
+    in the background (the commands pay for importing TensorFlow and Beam once)."""
+    return start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands]))
 
 
 def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
     """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
-    return in_turn_results(finish(storage, started).stdout, json.loads(started.process.args[-1]))
+    commands = json.loads(started.process.args[-1])
+    return in_turn_results(finish(storage, started).stdout, [argv for argv, _ in commands])
 
 
 def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
@@ -266,9 +287,26 @@ def tfds_source(storage):
     return f"tfrecord:{gs(storage, TFDS_GLOB)}"
 
 
-def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str, list[str]]:
-    """The commands that need only the prepared dataset (or nothing), by name: the preprocess runs of sources that
-    cannot be listed; validate of the prepared dataset, of its damaged copy (copy_damaged), of the TFDS-style files."""
+TFDS_OUTPUT, TFDS_REFUSED_OUTPUT = "tfds-shards", "tfds-refused"
+FOREIGN_OBJECT = f"{TFDS_REFUSED_OUTPUT}/stale/left-over.txt"
+LEFTOVERS = ("stale/stale-00000-of-00001.tfrecord", ".tmp/spill-0.records")  # an earlier run's files
+
+
+def leave_earlier_outputs(storage: LoopbackStorage) -> None:
+    """Two OUTPUTs holding an earlier run's leftovers; the refused one also holds someone's file (FOREIGN_OBJECT)."""
+    bucket = storage.client().bucket(storage.bucket)
+    for output in (TFDS_OUTPUT, TFDS_REFUSED_OUTPUT):
+        for leftover in LEFTOVERS:
+            bucket.blob(f"{output}/{leftover}").upload_from_string(b"from an earlier run")
+    bucket.blob(FOREIGN_OBJECT).upload_from_string(b"someone's file")
+
+
+def background_commands(storage: LoopbackStorage, tfds_source: str,
+                        checkout: Path) -> dict[str, tuple[list[str], str | None]]:
+    """The commands that need only the prepared dataset (or nothing), by name, each with its working folder: the
+    preprocess runs of sources that cannot be listed; validate of the prepared dataset, of its damaged copy
+    (copy_damaged), of the TFDS-style files; preprocess --overwrite of those files into OUTPUTs left by
+    leave_earlier_outputs; and docs/dataflow.md's command, run from a copy of the checkout (dataflow_docs_command)."""
     commands = {f"unlistable-{index}": ["preprocess", source, gs(storage, "unwritten"), "--quiet"]
                 for index, (source, _) in enumerate(unlistable_sources(storage))}
     commands["validate"] = ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
@@ -276,7 +314,13 @@ def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str,
     commands["damaged"] = ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"),
                            "--quiet", *IN_PROCESS]
     commands["tfds"] = ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]
-    return commands
+    commands["tfds-refused"] = ["preprocess", tfds_source, gs(storage, TFDS_REFUSED_OUTPUT), "--shorter-side", "8",
+                                "--overwrite", "--quiet"]
+    commands["tfds-overwrite"] = ["preprocess", tfds_source, gs(storage, TFDS_OUTPUT), "--shorter-side", "8",
+                                  "--overwrite", "--quiet", *IN_PROCESS]
+    in_folders = {name: (argv, None) for name, argv in commands.items()}
+    in_folders["dataflow"] = (dataflow_docs_command(storage), str(checkout))
+    return in_folders
 
 
 class Background(NamedTuple):
@@ -294,7 +338,10 @@ def background(storage, prepared, tfds_source, tmp_path_factory):
     """background_commands, started once the prepared dataset is written (not while it is: the planning test counts
     that run's requests), in turn in one child process; each test below checks its own command's result."""
     copy_damaged(storage)
-    commands = background_commands(storage, tfds_source)
+    leave_earlier_outputs(storage)
+    upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
+    checkout = copy_of_checkout(tmp_path_factory.mktemp("dataflow") / "checkout")
+    commands = background_commands(storage, tfds_source, checkout)
     started = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands", *commands.values())
     try:
         yield Background(list(commands), started)
@@ -360,29 +407,24 @@ def test_a_source_that_cannot_be_listed_says_why(storage, background):
 
 
 def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage, tfds_source, background):
-    bucket = storage.client().bucket(storage.bucket)
-    # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept
-    bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"someone's file")
-    refused = run_shardprep(storage, "preprocess", tfds_source,
-                            gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet",
-                            expect_exit=1)
-    assert refused.stderr.splitlines() == [
-        f"Error: --overwrite refused: {gs(storage, 'tfds-shards')} holds "
-        f"{gs(storage, 'tfds-shards/stale/left-over.txt')}, which no shardprep run wrote (--overwrite deletes only "
+    # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept, and so
+    # is everything beside it
+    refused = background.result(storage, "tfds-refused")
+    assert refused["exit"] == 1, refused
+    assert refused["stderr"].splitlines() == [
+        f"Error: --overwrite refused: {gs(storage, TFDS_REFUSED_OUTPUT)} holds "
+        f"{gs(storage, FOREIGN_OBJECT)}, which no shardprep run wrote (--overwrite deletes only "
         "a dataset's manifest, shards, rejects and temporary files); move it away or pick another OUTPUT"]
-    assert "tfds-shards/stale/left-over.txt" in object_names(storage, "tfds-shards/")
-    bucket.blob("tfds-shards/stale/left-over.txt").delete()
-    # an earlier run's leftovers are deleted
-    bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
-    bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
-    run_shardprep(storage, "preprocess", tfds_source,
-                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet", *IN_PROCESS)
-    manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
+    assert object_names(storage, f"{TFDS_REFUSED_OUTPUT}/") == sorted(
+        [FOREIGN_OBJECT] + [f"{TFDS_REFUSED_OUTPUT}/{leftover}" for leftover in LEFTOVERS])
+    # without it, an earlier run's leftovers are deleted
+    written = background.result(storage, "tfds-overwrite")
+    assert written["exit"] == 0, written
+    manifest = json.loads(read_object(storage, f"{TFDS_OUTPUT}/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
     assert manifest["splits"]["train"]["num_examples"] == 4
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
-    assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
-        set(object_names(storage, "tfds-shards/"))
+    assert not {f"{TFDS_OUTPUT}/{leftover}" for leftover in LEFTOVERS} & set(object_names(storage, f"{TFDS_OUTPUT}/"))
     validated = background.result(storage, "tfds")  # validate of the same glob, started with the background runs
     assert validated["exit"] == 0, validated
     report = json.loads(read_object(storage, "reports/tfds.json"))
@@ -471,21 +513,26 @@ def copy_of_checkout(destination: Path) -> Path:
     return destination
 
 
-def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(storage, tmp_path):
-    """The docs' ImageNet command, run as written (from a copy of the repository root) with the bucket pointed at
-    the server and ``--template_location`` added: Beam builds the sdist from setup.py, uploads it and the pipeline
-    to --temp_location, and writes the Dataflow job description instead of submitting it."""
-    checkout = copy_of_checkout(tmp_path / "checkout")
+def dataflow_docs_command(storage: LoopbackStorage) -> list[str]:
+    """The docs' ImageNet command line (after ``shardprep``), its bucket pointed at the server, ``--template_location``
+    added."""
+    variables, argv = dataflow_command_from_docs()
+    values = {**variables, "BUCKET": gs(storage, "docs-bucket")}
+    return [string.Template(arg).substitute(values) for arg in argv[1:]] + [
+        "--template_location", gs(storage, "docs-bucket/templates/imagenet.json")]
+
+
+def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(storage, background):
+    """The docs' ImageNet command, run as written (from a copy of the repository root, with the background commands)
+    with the bucket pointed at the server and ``--template_location`` added: Beam builds the sdist from setup.py,
+    uploads it and the pipeline to --temp_location, and writes the Dataflow job description instead of submitting
+    it."""
     variables, argv = dataflow_command_from_docs()
     assert set(variables) == {"PROJECT", "REGION", "BUCKET"} and argv[:2] == ["shardprep", "preprocess"]
-    values = {**variables, "BUCKET": gs(storage, "docs-bucket")}
-    argv = [string.Template(arg).substitute(values) for arg in argv[1:]]
-    upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
-    template = gs(storage, "docs-bucket/templates/imagenet.json")
-    result = run_shardprep(storage, *argv, "--template_location", template, cwd=checkout, expect_exit=None)
+    result = background.result(storage, "dataflow")
     # A template is not a run, so no manifest follows and the command reports that (exit 1); anything else fails.
-    assert result.returncode == 0 or (result.returncode == 1 and "manifest.json does not exist" in result.stderr), \
-        f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    assert result["exit"] == 0 or (result["exit"] == 1 and "manifest.json does not exist" in result["stderr"]), \
+        f"exit {result['exit']}\n{result['stdout'][-3000:]}\n{result['stderr'][-6000:]}"
 
     job = json.loads(read_object(storage, "docs-bucket/templates/imagenet.json"))
     (pool,) = job["environment"]["workerPools"]
