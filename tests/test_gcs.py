@@ -4,8 +4,8 @@ The server is gcp-storage-emulator (a test extra); the real Google client librar
 for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command on gs://
 runs in a child process with the emulator's environment, so nothing in the test process (cached clients,
 credentials, environment) can stand in for what the command does itself: the prepared dataset's run as a user runs
-it (``python -c main()``, with a Beam worker process), the others with Beam's workers in the command's process, and
-the commands that need only the prepared dataset in turn in one child process (one import of TensorFlow and Beam).
+it (``python -c main()``, with a Beam worker process); every other command with Beam's workers in the command's
+process, in turn in one child process started once that dataset is written (one import of TensorFlow and Beam).
 
 The source is laid out like ImageNet on Cloud Storage: ``train/<class>/<file>``, a flat ``val/`` folder labelled by a
 CSV outside the source folder, plus rejects of each listing kind.

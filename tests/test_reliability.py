@@ -3,8 +3,10 @@ OUTPUT, every input accounted for on a mixed folder, per-worker shard-assignment
 dataset, and no process that holds the dataset's image bytes (peak memory against dataset size:
 benchmarks/memory_bench.py and BENCHMARKS.md).
 
-Jobs that must be killed or must overlap run as real ``shardprep preprocess`` processes with two Beam worker
-processes, in their own session, so a test can kill the whole tree and never leaves orphans behind.
+Jobs that must be killed or must overlap run as real ``shardprep preprocess`` processes in their own session, so a
+test can kill the whole tree and never leaves orphans behind; with two Beam worker processes where the workers are
+what is tested (a killed worker, orphans of a killed launcher, a full disk in a worker, the workers' peak memory),
+in-process where only the launcher is (the runner does not change the files).
 """
 
 from __future__ import annotations
