@@ -24,6 +24,7 @@ import string
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
@@ -165,15 +166,6 @@ def finish(storage: LoopbackStorage, started: Started,
     return subprocess.CompletedProcess(started.process.args, returncode, stdout, stderr)
 
 
-def run_python(storage: LoopbackStorage, code: str, *args: str) -> str:
-    refused_before = len(storage.proxy.refused)
-    result = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **storage.environment},
-                            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert storage.proxy.refused[refused_before:] == [], "a request tried to leave the machine"
-    return result.stdout
-
-
 def read_object(storage: LoopbackStorage, name: str) -> bytes:
     return storage.client().bucket(storage.bucket).blob(name).download_as_bytes()
 
@@ -225,14 +217,28 @@ def prepared(storage, source):
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
-# gcs_emulator.SHARDPREP_IN_TURN, each command line run in its own working folder (None: the child's own), as a
-# command run from a checkout (docs/dataflow.md's, whose ``--setup_file ./setup.py`` is relative) needs.
-SHARDPREP_IN_TURN_IN_FOLDERS = """
-import contextlib, io, json, os, sys
+# First TRAIN_READER_SCRIPT alone (its stdout to READER_OUTPUT in the folder given), then, once the test process has
+# counted the requests it made and created GO there, gcs_emulator.SHARDPREP_IN_TURN: each command line run in its own
+# working folder (None: the child's own), as a command run from a checkout (docs/dataflow.md's, whose
+# ``--setup_file ./setup.py`` is relative) needs.
+READER_OUTPUT, READER_DONE, GO = "reader.json", "reader.done", "go"
+SHARDPREP_IN_TURN_IN_FOLDERS = f"READER_OUTPUT, READER_DONE, GO = {(READER_OUTPUT, READER_DONE, GO)!r}\n" + """
+import contextlib, io, json, os, sys, time
+commands, folder, reader_script, data_dir = json.loads(sys.argv[1]), *sys.argv[2:5]
+read = io.StringIO()
+with contextlib.redirect_stdout(read):
+    sys.argv = ["-c", data_dir]
+    exec(reader_script, {"__name__": "__main__"})
+with open(os.path.join(folder, READER_OUTPUT), "w") as f:
+    f.write(read.getvalue())
+open(os.path.join(folder, READER_DONE), "w").close()
+deadline = time.monotonic() + 300  # the test process creates GO at once; this only guards against its failure
+while not os.path.exists(os.path.join(folder, GO)) and time.monotonic() < deadline:
+    time.sleep(0.05)
 from shardprep.cli import main
 results, home = [], os.getcwd()
-for argv, folder in json.loads(sys.argv[1]):
-    os.chdir(folder or home)
+for argv, working_folder in commands:
+    os.chdir(working_folder or home)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -245,15 +251,25 @@ print(json.dumps(results))
 """
 
 
-def start_in_turn(storage: LoopbackStorage, folder: Path, *commands: tuple[list[str], str | None]) -> Started:
-    """``shardprep COMMAND_LINE`` in its folder, for each (command line, folder) in turn, in one child process started
-    in the background (the commands pay for importing TensorFlow and Beam once)."""
-    return start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands]))
+def start_in_turn(storage: LoopbackStorage, folder: Path, data_dir: str,
+                  *commands: tuple[list[str], str | None]) -> tuple[Started, int]:
+    """TRAIN_READER_SCRIPT on ``data_dir``, then ``shardprep COMMAND_LINE`` in its folder for each (command line,
+    folder) in turn, in one child process started in the background (it pays for importing TensorFlow and Beam
+    once). Returns once the reader is done, with the requests the proxy forwarded meanwhile."""
+    forwarded_before = storage.proxy.forwarded
+    started = start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands]),
+                           str(folder), TRAIN_READER_SCRIPT, data_dir)
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    while not (folder / READER_DONE).exists() and started.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forwarded = storage.proxy.forwarded - forwarded_before
+    (folder / GO).touch()
+    return started, forwarded
 
 
 def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
     """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
-    commands = json.loads(started.process.args[-1])
+    commands = json.loads(started.process.args[3])
     return in_turn_results(finish(storage, started).stdout, [argv for argv, _ in commands])
 
 
@@ -324,9 +340,16 @@ def background_commands(storage: LoopbackStorage, tfds_source: str,
 
 
 class Background(NamedTuple):
-    """background_commands, by name, run in turn in one child process."""
+    """background_commands, by name, run in turn in one child process after the train reader (TRAIN_READER_SCRIPT
+    on the prepared dataset), and the requests the proxy forwarded while that read alone."""
     names: list[str]
     started: Started
+    reader_requests: int
+
+    def reader_output(self, storage: LoopbackStorage) -> str:
+        if not (self.started.folder / READER_OUTPUT).exists():  # the child process failed first: say how
+            finish(storage, self.started)
+        return (self.started.folder / READER_OUTPUT).read_text()
 
     def result(self, storage: LoopbackStorage, name: str) -> dict:
         """{"argv", "exit", "stdout", "stderr"} of the command ``name``, once the child process has ended."""
@@ -342,9 +365,10 @@ def background(storage, prepared, tfds_source, tmp_path_factory):
     upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
     checkout = copy_of_checkout(tmp_path_factory.mktemp("dataflow") / "checkout")
     commands = background_commands(storage, tfds_source, checkout)
-    started = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands", *commands.values())
+    started, reader_requests = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands",
+                                             gs(storage, "imagenet-shards"), *commands.values())
     try:
-        yield Background(list(commands), started)
+        yield Background(list(commands), started, reader_requests)
     finally:
         if started.process.poll() is None:
             started.process.kill()
@@ -468,10 +492,9 @@ print(json.dumps({"shape": images.shape.as_list(), "dtype": images.dtype.name,
 
 def test_train_reader_reads_batches_from_gs(storage, prepared, background):
     """make_dataset on gs:// yields the stored images and labels (TensorFlow's own GCS file system, via the proxy)."""
-    finish(storage, background.started, expect_exit=None)  # nothing else may make requests through the proxy meanwhile
-    forwarded_before = storage.proxy.forwarded
-    read = json.loads(run_python(storage, TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards")).splitlines()[-1])
-    assert storage.proxy.forwarded > forwarded_before  # TensorFlow itself read the shards from the server
+    # Read first in the background child process, alone: nothing else made requests through the proxy meanwhile.
+    assert background.reader_requests > 0  # TensorFlow itself read the shards from the server
+    read = json.loads(background.reader_output(storage).splitlines()[-1])
     assert (read["shape"], read["dtype"]) == ([4, SHORTER_SIDE, SHORTER_SIDE, 3], "uint8")
 
     def stored(split):
