@@ -4,8 +4,8 @@ The server is gcp-storage-emulator (a test extra); the real Google client librar
 for how Beam's GCS IO and TensorFlow's GCS file system are each pointed at it). Every shardprep command on gs://
 runs in a child process with the emulator's environment, so nothing in the test process (cached clients,
 credentials, environment) can stand in for what the command does itself: the prepared dataset's run as a user runs
-it (``python -c main()``, with a Beam worker process), the others with Beam's workers in the command's process, and
-the commands that need only the prepared dataset in turn in one child process (one import of TensorFlow and Beam).
+it (``python -c main()``, with a Beam worker process); every other command with Beam's workers in the command's
+process, in turn in one child process started once that dataset is written (one import of TensorFlow and Beam).
 
 The source is laid out like ImageNet on Cloud Storage: ``train/<class>/<file>``, a flat ``val/`` folder labelled by a
 CSV outside the source folder, plus rejects of each listing kind.
@@ -24,6 +24,7 @@ import string
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
@@ -33,7 +34,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
+from gcs_emulator import LoopbackStorage, in_turn_results
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
@@ -165,15 +166,6 @@ def finish(storage: LoopbackStorage, started: Started,
     return subprocess.CompletedProcess(started.process.args, returncode, stdout, stderr)
 
 
-def run_python(storage: LoopbackStorage, code: str, *args: str) -> str:
-    refused_before = len(storage.proxy.refused)
-    result = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **storage.environment},
-                            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert storage.proxy.refused[refused_before:] == [], "a request tried to leave the machine"
-    return result.stdout
-
-
 def read_object(storage: LoopbackStorage, name: str) -> bytes:
     return storage.client().bucket(storage.bucket).blob(name).download_as_bytes()
 
@@ -225,15 +217,60 @@ def prepared(storage, source):
             "planning_requests": storage.proxy.forwarded - forwarded_before}
 
 
-def start_in_turn(storage: LoopbackStorage, folder: Path, *command_lines: list[str]) -> Started:
-    """``shardprep COMMAND_LINE`` for each command line in turn, in one child process started in the background
-    (gcs_emulator.SHARDPREP_IN_TURN: the commands pay for importing TensorFlow and Beam once)."""
-    return start_python(storage, folder, *shardprep_in_turn(list(command_lines))[2:])
+# First TRAIN_READER_SCRIPT alone (its stdout to READER_OUTPUT in the folder given), then, once the test process has
+# counted the requests it made and created GO there, gcs_emulator.SHARDPREP_IN_TURN: each command line run in its own
+# working folder (None: the child's own), as a command run from a checkout (docs/dataflow.md's, whose
+# ``--setup_file ./setup.py`` is relative) needs.
+READER_OUTPUT, READER_DONE, GO = "reader.json", "reader.done", "go"
+SHARDPREP_IN_TURN_IN_FOLDERS = f"READER_OUTPUT, READER_DONE, GO = {(READER_OUTPUT, READER_DONE, GO)!r}\n" + """
+import contextlib, io, json, os, sys, time
+commands, folder, reader_script, data_dir = json.loads(sys.argv[1]), *sys.argv[2:5]
+read = io.StringIO()
+with contextlib.redirect_stdout(read):
+    sys.argv = ["-c", data_dir]
+    exec(reader_script, {"__name__": "__main__"})
+with open(os.path.join(folder, READER_OUTPUT), "w") as f:
+    f.write(read.getvalue())
+open(os.path.join(folder, READER_DONE), "w").close()
+deadline = time.monotonic() + 300  # the test process creates GO at once; this only guards against its failure
+while not os.path.exists(os.path.join(folder, GO)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+from shardprep.cli import main
+results, home = [], os.getcwd()
+for argv, working_folder in commands:
+    os.chdir(working_folder or home)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv, prog_name="shardprep")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code
+    results.append({"argv": argv, "exit": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def start_in_turn(storage: LoopbackStorage, folder: Path, data_dir: str,
+                  *commands: tuple[list[str], str | None]) -> tuple[Started, int]:
+    """TRAIN_READER_SCRIPT on ``data_dir``, then ``shardprep COMMAND_LINE`` in its folder for each (command line,
+    folder) in turn, in one child process started in the background (it pays for importing TensorFlow and Beam
+    once). Returns once the reader is done, with the requests the proxy forwarded meanwhile."""
+    forwarded_before = storage.proxy.forwarded
+    started = start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands]),
+                           str(folder), TRAIN_READER_SCRIPT, data_dir)
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    while not (folder / READER_DONE).exists() and started.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forwarded = storage.proxy.forwarded - forwarded_before
+    (folder / GO).touch()
+    return started, forwarded
 
 
 def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
     """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
-    return in_turn_results(finish(storage, started).stdout, json.loads(started.process.args[-1]))
+    commands = json.loads(started.process.args[3])
+    return in_turn_results(finish(storage, started).stdout, [argv for argv, _ in commands])
 
 
 def unlistable_sources(storage: LoopbackStorage) -> list[tuple[str, str]]:
@@ -266,9 +303,26 @@ def tfds_source(storage):
     return f"tfrecord:{gs(storage, TFDS_GLOB)}"
 
 
-def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str, list[str]]:
-    """The commands that need only the prepared dataset (or nothing), by name: the preprocess runs of sources that
-    cannot be listed; validate of the prepared dataset, of its damaged copy (copy_damaged), of the TFDS-style files."""
+TFDS_OUTPUT, TFDS_REFUSED_OUTPUT = "tfds-shards", "tfds-refused"
+FOREIGN_OBJECT = f"{TFDS_REFUSED_OUTPUT}/stale/left-over.txt"
+LEFTOVERS = ("stale/stale-00000-of-00001.tfrecord", ".tmp/spill-0.records")  # an earlier run's files
+
+
+def leave_earlier_outputs(storage: LoopbackStorage) -> None:
+    """Two OUTPUTs holding an earlier run's leftovers; the refused one also holds someone's file (FOREIGN_OBJECT)."""
+    bucket = storage.client().bucket(storage.bucket)
+    for output in (TFDS_OUTPUT, TFDS_REFUSED_OUTPUT):
+        for leftover in LEFTOVERS:
+            bucket.blob(f"{output}/{leftover}").upload_from_string(b"from an earlier run")
+    bucket.blob(FOREIGN_OBJECT).upload_from_string(b"someone's file")
+
+
+def background_commands(storage: LoopbackStorage, tfds_source: str,
+                        checkout: Path) -> dict[str, tuple[list[str], str | None]]:
+    """The commands that need only the prepared dataset (or nothing), by name, each with its working folder: the
+    preprocess runs of sources that cannot be listed; validate of the prepared dataset, of its damaged copy
+    (copy_damaged), of the TFDS-style files; preprocess --overwrite of those files into OUTPUTs left by
+    leave_earlier_outputs; and docs/dataflow.md's command, run from a copy of the checkout (dataflow_docs_command)."""
     commands = {f"unlistable-{index}": ["preprocess", source, gs(storage, "unwritten"), "--quiet"]
                 for index, (source, _) in enumerate(unlistable_sources(storage))}
     commands["validate"] = ["validate", gs(storage, "imagenet-shards"), "--json", gs(storage, "reports/imagenet.json"),
@@ -276,13 +330,26 @@ def background_commands(storage: LoopbackStorage, tfds_source: str) -> dict[str,
     commands["damaged"] = ["validate", gs(storage, "damaged"), "--json", gs(storage, "reports/damaged.json"),
                            "--quiet", *IN_PROCESS]
     commands["tfds"] = ["validate", tfds_source, "--json", gs(storage, "reports/tfds.json"), "--quiet", *IN_PROCESS]
-    return commands
+    commands["tfds-refused"] = ["preprocess", tfds_source, gs(storage, TFDS_REFUSED_OUTPUT), "--shorter-side", "8",
+                                "--overwrite", "--quiet"]
+    commands["tfds-overwrite"] = ["preprocess", tfds_source, gs(storage, TFDS_OUTPUT), "--shorter-side", "8",
+                                  "--overwrite", "--quiet", *IN_PROCESS]
+    in_folders = {name: (argv, None) for name, argv in commands.items()}
+    in_folders["dataflow"] = (dataflow_docs_command(storage), str(checkout))
+    return in_folders
 
 
 class Background(NamedTuple):
-    """background_commands, by name, run in turn in one child process."""
+    """background_commands, by name, run in turn in one child process after the train reader (TRAIN_READER_SCRIPT
+    on the prepared dataset), and the requests the proxy forwarded while that read alone."""
     names: list[str]
     started: Started
+    reader_requests: int
+
+    def reader_output(self, storage: LoopbackStorage) -> str:
+        if not (self.started.folder / READER_OUTPUT).exists():  # the child process failed first: say how
+            finish(storage, self.started)
+        return (self.started.folder / READER_OUTPUT).read_text()
 
     def result(self, storage: LoopbackStorage, name: str) -> dict:
         """{"argv", "exit", "stdout", "stderr"} of the command ``name``, once the child process has ended."""
@@ -294,10 +361,14 @@ def background(storage, prepared, tfds_source, tmp_path_factory):
     """background_commands, started once the prepared dataset is written (not while it is: the planning test counts
     that run's requests), in turn in one child process; each test below checks its own command's result."""
     copy_damaged(storage)
-    commands = background_commands(storage, tfds_source)
-    started = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands", *commands.values())
+    leave_earlier_outputs(storage)
+    upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
+    checkout = copy_of_checkout(tmp_path_factory.mktemp("dataflow") / "checkout")
+    commands = background_commands(storage, tfds_source, checkout)
+    started, reader_requests = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands",
+                                             gs(storage, "imagenet-shards"), *commands.values())
     try:
-        yield Background(list(commands), started)
+        yield Background(list(commands), started, reader_requests)
     finally:
         if started.process.poll() is None:
             started.process.kill()
@@ -360,29 +431,24 @@ def test_a_source_that_cannot_be_listed_says_why(storage, background):
 
 
 def test_tfrecord_glob_on_gs_preprocess_with_overwrite_and_validate(storage, tfds_source, background):
-    bucket = storage.client().bucket(storage.bucket)
-    # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept
-    bucket.blob("tfds-shards/stale/left-over.txt").upload_from_string(b"someone's file")
-    refused = run_shardprep(storage, "preprocess", tfds_source,
-                            gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet",
-                            expect_exit=1)
-    assert refused.stderr.splitlines() == [
-        f"Error: --overwrite refused: {gs(storage, 'tfds-shards')} holds "
-        f"{gs(storage, 'tfds-shards/stale/left-over.txt')}, which no shardprep run wrote (--overwrite deletes only "
+    # --overwrite deletes only what a shardprep run wrote (issue 12): a foreign object is refused, and kept, and so
+    # is everything beside it
+    refused = background.result(storage, "tfds-refused")
+    assert refused["exit"] == 1, refused
+    assert refused["stderr"].splitlines() == [
+        f"Error: --overwrite refused: {gs(storage, TFDS_REFUSED_OUTPUT)} holds "
+        f"{gs(storage, FOREIGN_OBJECT)}, which no shardprep run wrote (--overwrite deletes only "
         "a dataset's manifest, shards, rejects and temporary files); move it away or pick another OUTPUT"]
-    assert "tfds-shards/stale/left-over.txt" in object_names(storage, "tfds-shards/")
-    bucket.blob("tfds-shards/stale/left-over.txt").delete()
-    # an earlier run's leftovers are deleted
-    bucket.blob("tfds-shards/stale/stale-00000-of-00001.tfrecord").upload_from_string(b"from an earlier run")
-    bucket.blob("tfds-shards/.tmp/spill-0.records").upload_from_string(b"from an earlier run")
-    run_shardprep(storage, "preprocess", tfds_source,
-                  gs(storage, "tfds-shards"), "--shorter-side", "8", "--overwrite", "--quiet", *IN_PROCESS)
-    manifest = json.loads(read_object(storage, "tfds-shards/manifest.json"))
+    assert object_names(storage, f"{TFDS_REFUSED_OUTPUT}/") == sorted(
+        [FOREIGN_OBJECT] + [f"{TFDS_REFUSED_OUTPUT}/{leftover}" for leftover in LEFTOVERS])
+    # without it, an earlier run's leftovers are deleted
+    written = background.result(storage, "tfds-overwrite")
+    assert written["exit"] == 0, written
+    manifest = json.loads(read_object(storage, f"{TFDS_OUTPUT}/manifest.json"))
     assert manifest["classes"] == ["cat", "dog", "fox"]  # from label.labels.txt beside the files
     assert manifest["splits"]["train"]["num_examples"] == 4
     assert manifest["splits"]["train"]["rejected_by_reason"] == {"label_out_of_range": 1}
-    assert not {"tfds-shards/stale/stale-00000-of-00001.tfrecord", "tfds-shards/.tmp/spill-0.records"} & \
-        set(object_names(storage, "tfds-shards/"))
+    assert not {f"{TFDS_OUTPUT}/{leftover}" for leftover in LEFTOVERS} & set(object_names(storage, f"{TFDS_OUTPUT}/"))
     validated = background.result(storage, "tfds")  # validate of the same glob, started with the background runs
     assert validated["exit"] == 0, validated
     report = json.loads(read_object(storage, "reports/tfds.json"))
@@ -426,10 +492,9 @@ print(json.dumps({"shape": images.shape.as_list(), "dtype": images.dtype.name,
 
 def test_train_reader_reads_batches_from_gs(storage, prepared, background):
     """make_dataset on gs:// yields the stored images and labels (TensorFlow's own GCS file system, via the proxy)."""
-    finish(storage, background.started, expect_exit=None)  # nothing else may make requests through the proxy meanwhile
-    forwarded_before = storage.proxy.forwarded
-    read = json.loads(run_python(storage, TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards")).splitlines()[-1])
-    assert storage.proxy.forwarded > forwarded_before  # TensorFlow itself read the shards from the server
+    # Read first in the background child process, alone: nothing else made requests through the proxy meanwhile.
+    assert background.reader_requests > 0  # TensorFlow itself read the shards from the server
+    read = json.loads(background.reader_output(storage).splitlines()[-1])
     assert (read["shape"], read["dtype"]) == ([4, SHORTER_SIDE, SHORTER_SIDE, 3], "uint8")
 
     def stored(split):
@@ -471,21 +536,26 @@ def copy_of_checkout(destination: Path) -> Path:
     return destination
 
 
-def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(storage, tmp_path):
-    """The docs' ImageNet command, run as written (from a copy of the repository root) with the bucket pointed at
-    the server and ``--template_location`` added: Beam builds the sdist from setup.py, uploads it and the pipeline
-    to --temp_location, and writes the Dataflow job description instead of submitting it."""
-    checkout = copy_of_checkout(tmp_path / "checkout")
+def dataflow_docs_command(storage: LoopbackStorage) -> list[str]:
+    """The docs' ImageNet command line (after ``shardprep``), its bucket pointed at the server, ``--template_location``
+    added."""
+    variables, argv = dataflow_command_from_docs()
+    values = {**variables, "BUCKET": gs(storage, "docs-bucket")}
+    return [string.Template(arg).substitute(values) for arg in argv[1:]] + [
+        "--template_location", gs(storage, "docs-bucket/templates/imagenet.json")]
+
+
+def test_dataflow_command_in_the_docs_stages_the_package_and_describes_the_job(storage, background):
+    """The docs' ImageNet command, run as written (from a copy of the repository root, with the background commands)
+    with the bucket pointed at the server and ``--template_location`` added: Beam builds the sdist from setup.py,
+    uploads it and the pipeline to --temp_location, and writes the Dataflow job description instead of submitting
+    it."""
     variables, argv = dataflow_command_from_docs()
     assert set(variables) == {"PROJECT", "REGION", "BUCKET"} and argv[:2] == ["shardprep", "preprocess"]
-    values = {**variables, "BUCKET": gs(storage, "docs-bucket")}
-    argv = [string.Template(arg).substitute(values) for arg in argv[1:]]
-    upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
-    template = gs(storage, "docs-bucket/templates/imagenet.json")
-    result = run_shardprep(storage, *argv, "--template_location", template, cwd=checkout, expect_exit=None)
+    result = background.result(storage, "dataflow")
     # A template is not a run, so no manifest follows and the command reports that (exit 1); anything else fails.
-    assert result.returncode == 0 or (result.returncode == 1 and "manifest.json does not exist" in result.stderr), \
-        f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    assert result["exit"] == 0 or (result["exit"] == 1 and "manifest.json does not exist" in result["stderr"]), \
+        f"exit {result['exit']}\n{result['stdout'][-3000:]}\n{result['stderr'][-6000:]}"
 
     job = json.loads(read_object(storage, "docs-bucket/templates/imagenet.json"))
     (pool,) = job["environment"]["workerPools"]

@@ -291,10 +291,10 @@ def test_output_of_images_is_refused_and_gets_no_lock_file(work):
     refuse_unchanged(work, "src", "photos", expect=("photos is not empty",))
 
 
-def test_overwrite_replaces_a_dataset_and_its_leftovers(work):
+def test_overwrite_replaces_a_dataset_and_its_leftovers(work, written_dataset):
     """What a shardprep run writes (shards, manifest, rejects, spill, temporaries, empty folders) is replaced, and
-    the new dataset equals a fresh run's."""
-    write_dataset(work, "fresh")
+    the new dataset equals a fresh run's (written_dataset: the same SOURCE and options)."""
+    shutil.copytree(written_dataset, work / "fresh", symlinks=True)
     output = write_dataset(work, "out", "--seed", 1)
     os.makedirs(output / ".tmp")
     (output / ".tmp" / "spill-0a.records").write_bytes(b"x")
@@ -375,6 +375,7 @@ def test_strict_failure_is_one_line_and_verbose_shows_the_traces(work):
     assert completed.returncode == 1, completed.stderr
     assert completed.stderr.splitlines() == [
         "Error: --strict: 1 inputs rejected (not_an_image: 1); see out/rejects.jsonl. No manifest written."]
-    verbose = run_process(work, "--verbose", *args[:3], "--overwrite", *args[3:])
+    # --verbose adds the traces whichever runner ran the job: here the in-process one (no worker processes to start)
+    verbose = run_process(work, "--verbose", *args[:3], "--overwrite", *args[3:-1], "--direct_running_mode=in_memory")
     assert verbose.returncode == 1
     assert "Traceback" in verbose.stderr and verbose.stderr.splitlines()[-1].startswith("Error: --strict: 1 inputs")

@@ -3,8 +3,10 @@ OUTPUT, every input accounted for on a mixed folder, per-worker shard-assignment
 dataset, and no process that holds the dataset's image bytes (peak memory against dataset size:
 benchmarks/memory_bench.py and BENCHMARKS.md).
 
-Jobs that must be killed or must overlap run as real ``shardprep preprocess`` processes with two Beam worker
-processes, in their own session, so a test can kill the whole tree and never leaves orphans behind.
+Jobs that must be killed or must overlap run as real ``shardprep preprocess`` processes in their own session, so a
+test can kill the whole tree and never leaves orphans behind; with two Beam worker processes where the workers are
+what is tested (a killed worker, orphans of a killed launcher, a full disk in a worker, the workers' peak memory),
+in-process where only the launcher is (the runner does not change the files).
 """
 
 from __future__ import annotations
@@ -38,21 +40,23 @@ from shardprep.cli import main as cli
 SOURCE_SPLITS = {"train": 300, "validation": 60}
 JOB_OPTIONS = ["--shorter-side", "64", "--num-shards", "4"]
 LOCAL_WORKERS = ["--", "--direct_num_workers=2"]
+IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 WAIT_S = 240  # only against hangs on a loaded machine; nothing asserts on time
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
 
-def job_command(source, output, *options) -> list[str]:
+def job_command(source, output, *options, beam=LOCAL_WORKERS) -> list[str]:
     return [sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output), "--quiet",
-            *map(str, options), *LOCAL_WORKERS]
+            *map(str, options), *beam]
 
 
 @contextlib.contextmanager
-def started_job(source, output, log_path, *options):
-    """A preprocess process in its own session; on exit its whole process group is killed (no orphan workers)."""
+def started_job(source, output, log_path, *options, beam=LOCAL_WORKERS):
+    """A preprocess process in its own session; on exit its whole process group is killed (no orphan workers).
+    ``beam``: its Beam options (two worker processes unless told otherwise)."""
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(job_command(source, output, *(options or JOB_OPTIONS)), stdout=log,
+        process = subprocess.Popen(job_command(source, output, *(options or JOB_OPTIONS), beam=beam), stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield process
@@ -165,7 +169,7 @@ def source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clean_run(source, tmp_path_factory):
     """The reference: the same job, uninterrupted, in this process (the runner does not change the files: the
-    concurrent test's run, a real process with two workers, is compared with it byte for byte)."""
+    killed runs' reruns are compared with it byte for byte)."""
     output = tmp_path_factory.mktemp("clean") / "dataset"
     result = run_cli("preprocess", source, output, "--quiet", *JOB_OPTIONS, "--", "--direct_running_mode=in_memory")
     assert result.exit_code == 0, result.output
@@ -183,14 +187,17 @@ def clean_run(source, tmp_path_factory):
 def test_killed_run_leaves_no_dataset_and_the_rerun_matches_a_clean_run(source, clean_run, tmp_path, victim,
                                                                         over_complete_dataset):
     output, log_path = tmp_path / "dataset", tmp_path / "log"
-    options = JOB_OPTIONS
+    options, beam = JOB_OPTIONS, LOCAL_WORKERS
     if over_complete_dataset:
+        # What the old manifest's fate hangs on happens in the launcher: the killed run is the in-process job (the
+        # default for a folder this small), whose launcher is the whole job.
         shutil.copytree(clean_run, output)
-        options = [*JOB_OPTIONS, "--overwrite", "--seed", 1]
-    with started_job(source, output, log_path, *options) as process:
+        options, beam = [*JOB_OPTIONS, "--overwrite", "--seed", 1], IN_PROCESS
+    with started_job(source, output, log_path, *options, beam=beam) as process:
         # Part-way: the first spill files appear when decoding starts, seconds before any shard is written.
         wait_until(lambda: spill_files(output), process, log_path, "spill files appeared")
-        workers = wait_until(lambda: worker_processes(process.pid), process, log_path, "worker processes started")
+        workers = [] if beam == IN_PROCESS else wait_until(lambda: worker_processes(process.pid), process, log_path,
+                                                           "worker processes started")
         os.kill(process.pid if victim == "launcher" else workers[0].pid, signal.SIGKILL)
         returncode = process.wait(timeout=WAIT_S)
         if victim == "launcher":
@@ -223,16 +230,18 @@ def test_killed_run_leaves_no_dataset_and_the_rerun_matches_a_clean_run(source, 
 # --- disk full -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("shorter_side, num_shards, full_while", [
-    (64, 4, "/.tmp/spill-"),  # 4.7 MB of records: the disk fills while decoded records are spilled
-    # 1.2 MB of records spilled in 4 decode groups (2 per worker); one shard per split is a copy of its groups,
-    # which fills the disk (with 4 shards each group would be renamed into place: nothing more to write)
-    (32, 1, "writing shard "),
+@pytest.mark.parametrize("shorter_side, num_shards, full_while, beam", [
+    # 4.7 MB of records: the disk fills while decoded records are spilled, in a worker process
+    (64, 4, "/.tmp/spill-", LOCAL_WORKERS),
+    # 1.2 MB of records spilled in 2 decode groups by the in-process runner (the default for a folder this small);
+    # one shard per split is a copy of its groups, which fills the disk (with 4 shards each group would be renamed
+    # into place: nothing more to write)
+    (32, 1, "writing shard ", IN_PROCESS),
 ])
-def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side, num_shards, full_while):
+def test_full_disk_fails_clearly_without_manifest(source, tmp_path, shorter_side, num_shards, full_while, beam):
     with small_tmpfs(tmp_path / "disk", "2m") as disk:
         output = disk / "dataset"
-        command = job_command(source, output, "--shorter-side", shorter_side, "--num-shards", num_shards)
+        command = job_command(source, output, "--shorter-side", shorter_side, "--num-shards", num_shards, beam=beam)
         with open(tmp_path / "log", "wb") as log:
             completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=WAIT_S)
         error = [line for line in read_text(tmp_path / "log").splitlines() if line.startswith("Error: ")]
@@ -278,7 +287,7 @@ def test_full_disk_while_writing_the_manifest_leaves_no_manifest(tmp_path, monke
 def test_second_run_into_the_same_output_is_refused_and_the_first_completes(source, clean_run, tmp_path):
     output, log_path = tmp_path / "dataset", tmp_path / "log"
     lock_path = output / manifest_lib.LOCK_NAME
-    with started_job(source, output, log_path) as first:
+    with started_job(source, output, log_path, beam=IN_PROCESS) as first:  # the lock is the launcher's
         def lock_held_by_first():  # the holder writes its pid into the lock file once it has the lock
             with contextlib.suppress(FileNotFoundError):
                 return read_text(lock_path).startswith(f"pid {first.pid} ")
@@ -338,7 +347,7 @@ def test_mixed_folder_every_input_is_written_or_rejected_with_its_reason(tmp_pat
 
     output = tmp_path / "dataset"
     result = run_cli("preprocess", root, output, "--labels-file", labels, "--shorter-side", 16, "--quiet",
-                     *LOCAL_WORKERS)
+                     *IN_PROCESS)
     assert result.exit_code == 0, result.output
 
     manifest = manifest_lib.read_document(str(output))
@@ -457,13 +466,20 @@ def test_peak_memory_stays_flat_as_the_number_of_inputs_grows(measured_job):
 
 
 def peak_rss(process: subprocess.Popen) -> dict[str, int]:
-    """Peak resident memory of the launcher and of the largest worker process, sampled until the job exits."""
+    """Peak resident memory of the launcher and of the largest worker process, sampled every 50 ms until the job
+    exits. The workers are looked for once a second: finding them walks every process on the machine, reading a
+    known process's memory does not."""
     peaks = {"launcher": 0, "largest_worker": 0}
+    launcher, workers, samples = psutil.Process(process.pid), [], 0
     while process.poll() is None:
         with contextlib.suppress(psutil.NoSuchProcess):
-            peaks["launcher"] = max(peaks["launcher"], psutil.Process(process.pid).memory_info().rss)
-            for worker in worker_processes(process.pid):
+            if samples % 20 == 0:
+                workers = worker_processes(process.pid)
+            peaks["launcher"] = max(peaks["launcher"], launcher.memory_info().rss)
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 peaks["largest_worker"] = max(peaks["largest_worker"], worker.memory_info().rss)
+        samples += 1
         time.sleep(0.05)
     return peaks
 
