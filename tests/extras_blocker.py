@@ -8,6 +8,7 @@ each of them, and everything under it, fail to import as if it were not installe
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -97,14 +98,15 @@ def _import_names(distribution: str) -> set[str]:
     return names
 
 
-def gcp_only_packages() -> list[str]:
+@functools.cache  # scanning every installed distribution's file list takes about a second of CPU
+def gcp_only_packages() -> tuple[str, ...]:
     """The outermost import names that only the gcp extra's distributions provide, not a default install's."""
     arguments = setup_arguments()
     default = distributions(arguments["install_requires"])
     with_gcp = distributions(arguments["install_requires"] + arguments["extras_require"]["gcp"])
     default_names = set().union(*(_import_names(d) for d in default))
     only_gcp = set().union(*(_import_names(d) for d in with_gcp - default)) - default_names
-    return sorted(name for name in only_gcp if name.rpartition(".")[0] not in only_gcp)
+    return tuple(sorted(name for name in only_gcp if name.rpartition(".")[0] not in only_gcp))
 
 
 def blocked_env(folder: Path, attempts: Path | None = None) -> dict:

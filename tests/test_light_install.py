@@ -22,19 +22,17 @@ pytestmark = pytest.mark.timeout(300)
 HINT = "needs shardprep's gcp extra (Cloud Storage and Dataflow), which is not installed: " \
        "pip install 'shardprep[gcp]' (in a checkout: pip install -e '.[gcp]')"
 
+# Run after FAILING_RUNS in the same child process (one interpreter start for both).
 LOCAL_RUN = r"""
-import json, sys
-from click.testing import CliRunner
-from shardprep.cli import main
 from shardprep.preprocess import install_extras
 
-root = sys.argv[1]
+root = sys.argv[2]
 commands = [
     ["preprocess", f"{root}/images", f"{root}/shards", "--shorter-side", "16", "--quiet"],
     ["validate", f"{root}/shards", "--json", f"{root}/report.json", "--pictures", f"{root}/pictures"],
     ["train", f"{root}/shards", "--epochs", "1", "--batch-size", "4", "--image-size", "12", "--width-multiplier",
      "0.125", "--output-dir", f"{root}/run"],
-    ["predict", f"{root}/run/model.keras", f"{root}/shards", sys.argv[2]],
+    ["predict", f"{root}/run/model.keras", f"{root}/shards", sys.argv[3]],
 ]
 results = [CliRunner().invoke(main, command) for command in commands]
 print(json.dumps({
@@ -47,15 +45,8 @@ print(json.dumps({
 """
 
 
-def test_a_local_preprocess_validate_train_and_predict_need_no_google_cloud_module(tmp_path):
-    image_factory.write_image_folder(tmp_path / "images", {"train": 16, "validation": 8}, classes=("red", "blue"))
-    photo = next((tmp_path / "images" / "validation").rglob("*.png"))
-    attempts = tmp_path / "blocked-imports.txt"
-    result = subprocess.run([sys.executable, "-c", LOCAL_RUN, str(tmp_path), str(photo)], cwd=tmp_path,
-                            env=blocked_env(tmp_path / "no-gcp", attempts), capture_output=True, text=True,
-                            timeout=280)
-    assert result.returncode == 0, result.stderr[-5000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+def test_a_local_preprocess_validate_train_and_predict_need_no_google_cloud_module(default_install_runs):
+    result, attempts, _, found = default_install_runs
     assert found["gcp_installed"] is False  # the simulation holds: Beam cannot take gs:// in this process
     assert found["exit_codes"] == [0, 0, 0, 0], "\n---\n".join(found["outputs"])
     # No module of google.cloud. Its namespace package alone may be there, empty (no file): a default install has
@@ -115,13 +106,28 @@ GS_ARGUMENT = ["gs://bucket/images", "gs://bucket/shards", "gs://bucket/labels.c
                "gs://bucket/photos/a.jpg"]
 
 
-def test_every_gs_path_of_every_command_without_the_gcp_extra_is_one_error_naming_it(tmp_path):
-    image_factory.write_image_folder(tmp_path / "images", {"train": 2}, classes=("red",))
-    (tmp_path / "shards").mkdir()
-    result = subprocess.run([sys.executable, "-c", FAILING_RUNS, str(tmp_path)], cwd=tmp_path,
-                            env=blocked_env(tmp_path / "no-gcp"), capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def default_install_runs(tmp_path_factory):
+    """One child process under the simulated default install: first every gs:// path refused (FAILING_RUNS, in a
+    process that has imported no command yet), then a whole local run (LOCAL_RUN). (the completed process, the
+    blocked-imports file, FAILING_RUNS' findings, LOCAL_RUN's findings)."""
+    root = tmp_path_factory.mktemp("light-install")
+    refused, local = root / "refused", root / "local"
+    image_factory.write_image_folder(refused / "images", {"train": 2}, classes=("red",))
+    (refused / "shards").mkdir()
+    image_factory.write_image_folder(local / "images", {"train": 16, "validation": 8}, classes=("red", "blue"))
+    photo = next((local / "images" / "validation").rglob("*.png"))
+    attempts = root / "blocked-imports.txt"
+    result = subprocess.run([sys.executable, "-c", FAILING_RUNS + LOCAL_RUN, str(refused), str(local), str(photo)],
+                            cwd=root, env=blocked_env(root / "no-gcp", attempts), capture_output=True, text=True,
+                            timeout=280)
     assert result.returncode == 0, result.stderr[-5000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    refused_found, local_found = (json.loads(line) for line in result.stdout.splitlines()[-2:])
+    return result, attempts, refused_found, local_found
+
+
+def test_every_gs_path_of_every_command_without_the_gcp_extra_is_one_error_naming_it(default_install_runs):
+    _, _, found, _ = default_install_runs
     for (exit_code, output), path in zip(found["results"], GS_ARGUMENT, strict=True):
         assert exit_code == 1, output
         assert output.splitlines() == [f"Error: {path} {HINT}"]

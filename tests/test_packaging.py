@@ -18,6 +18,7 @@ code makes (``pipelines/``, ``preprocess/`` and what they import, less the launc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -178,42 +179,43 @@ def test_wheel_built_from_the_staged_sdist_holds_every_module_and_no_tests(built
         assert "shardprep = shardprep.cli:main" in archive.read(entry_points).decode()
 
 
-GRAPHS_SCRIPT = r"""
-import json, sys
-from pathlib import Path
-import apache_beam as beam
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from shardprep.pipelines import preprocess, validate
+def write_pipeline_graphs(out: Path) -> list[str]:
+    """The preprocess and validate pipelines (and validate's for foreign TFRecords) built here, in this process, each
+    serialized as a worker receives it: ``out/<name>.pb``; their names."""
+    import apache_beam as beam
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-out = Path(sys.argv[1])
-source = out / "source"
-for relative in ("train/cat/a.png", "train/dog/b.png", "val/c.png"):
-    (source / relative).parent.mkdir(parents=True, exist_ok=True)
-    (source / relative).write_bytes(b"")  # planning lists names only
-(out / "labels.csv").write_text("c.png,cat\n")
-config = preprocess.PreprocessConfig(source=str(source), output=str(out / "shards"), labels_file=str(out / "labels.csv"))
-graphs = {}
-p = beam.Pipeline(runner=FnApiRunner())
-preprocess.build_pipeline(p, config, preprocess.plan_source(config))
-graphs["preprocess"] = p
-from shardprep.preprocess.dataset import Manifest, ShardEntry
-manifest = Manifest.from_json({"format_version": 1, "encoding": "raw", "crop": "center", "shorter_side": 16,
-                               "image_height": 16, "image_width": 16, "classes": ["cat", "dog"],
-                               "splits": {"train": {"num_examples": 0, "class_counts": {}, "shards": []}}},
-                              layouts_required=False)
-task = validate.ShardTask("train", "train/train-00000-of-00001.tfrecord", str(out / "x.tfrecord"),
-                          ShardEntry("train/train-00000-of-00001.tfrecord", 0, 0))
-p = beam.Pipeline(runner=FnApiRunner())
-validate.build_dataset_pipeline(p, manifest, [task], str(out / "results"),
-                                validate.SampleOptions("train", 1.0, 32), 2, 10)
-graphs["validate"] = p
-p = beam.Pipeline(runner=FnApiRunner())
-validate.build_foreign_pipeline(p, [str(out / "x.tfrecord")], "image", "label", str(out / "results"), 10)
-graphs["validate_tfrecord"] = p
-for name, pipeline in graphs.items():
-    (out / f"{name}.pb").write_bytes(pipeline.to_runner_api().SerializeToString())
-print(json.dumps(sorted(graphs)))
-"""
+    from shardprep.pipelines import preprocess, validate
+    from shardprep.preprocess.dataset import Manifest, ShardEntry
+
+    source = out / "source"
+    for relative in ("train/cat/a.png", "train/dog/b.png", "val/c.png"):
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_bytes(b"")  # planning lists names only
+    (out / "labels.csv").write_text("c.png,cat\n")
+    config = preprocess.PreprocessConfig(source=str(source), output=str(out / "shards"),
+                                         labels_file=str(out / "labels.csv"))
+    graphs = {}
+    p = beam.Pipeline(runner=FnApiRunner())
+    preprocess.build_pipeline(p, config, preprocess.plan_source(config))
+    graphs["preprocess"] = p
+    manifest = Manifest.from_json({"format_version": 1, "encoding": "raw", "crop": "center", "shorter_side": 16,
+                                   "image_height": 16, "image_width": 16, "classes": ["cat", "dog"],
+                                   "splits": {"train": {"num_examples": 0, "class_counts": {}, "shards": []}}},
+                                  layouts_required=False)
+    task = validate.ShardTask("train", "train/train-00000-of-00001.tfrecord", str(out / "x.tfrecord"),
+                              ShardEntry("train/train-00000-of-00001.tfrecord", 0, 0))
+    p = beam.Pipeline(runner=FnApiRunner())
+    validate.build_dataset_pipeline(p, manifest, [task], str(out / "results"),
+                                    validate.SampleOptions("train", 1.0, 32), 2, 10)
+    graphs["validate"] = p
+    p = beam.Pipeline(runner=FnApiRunner())
+    validate.build_foreign_pipeline(p, [str(out / "x.tfrecord")], "image", "label", str(out / "results"), 10)
+    graphs["validate_tfrecord"] = p
+    for name, pipeline in graphs.items():
+        (out / f"{name}.pb").write_bytes(pipeline.to_runner_api().SerializeToString())
+    return sorted(graphs)
+
 
 WORKER_SCRIPT = r"""
 import importlib, json, sys
@@ -257,9 +259,7 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
 
     graphs_dir = tmp_path / "graphs"
     graphs_dir.mkdir()
-    made = subprocess.run([sys.executable, "-c", GRAPHS_SCRIPT, str(graphs_dir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr[-5000:]
+    assert write_pipeline_graphs(graphs_dir) == ["preprocess", "validate", "validate_tfrecord"]
     graph_files = sorted(str(p) for p in graphs_dir.glob("*.pb"))
     assert len(graph_files) == 3
 
@@ -342,11 +342,9 @@ def first_party_file(module: str) -> Path | None:
 def undeclared_imports(files: list[Path], wheel: Path, follow: bool) -> dict[str, list[str]]:
     """Third-party top-level imports of ``files`` that ``pip install`` of ``wheel`` does not provide; with ``follow``,
     also of the first-party modules they import (skipping the ``LAUNCHER_ONLY`` functions)."""
-    from importlib import metadata
-
     installable = _with_dependencies([r for r in requires_dist(wheel)
                                       if r.marker is None or r.marker.evaluate({"extra": ""})])
-    provided_by = metadata.packages_distributions()
+    provided_by = _packages_distributions()
     undeclared: dict[str, list[str]] = {}
     todo, seen = list(files), set()
     while todo:
@@ -394,6 +392,13 @@ def test_every_worker_import_is_declared_in_the_staged_wheel(built):
     for (relative, function), names in LAUNCHER_ONLY.items():  # no stale exceptions
         imported = [name for f, name in module_imports(REPO / relative) if f == function]
         assert all(any(_within(name, [n]) for name in imported) for n in names), (relative, function, names)
+
+
+@functools.cache  # reads every installed distribution's metadata: about a second of CPU
+def _packages_distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
 
 
 def _within(module: str, packages) -> bool:

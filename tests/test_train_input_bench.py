@@ -21,14 +21,22 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(input_bench, "BATCH", 4)
     run = input_bench.subprocess.run
 
-    def job_in_its_one_process(command, **kwargs):
-        # The benchmark's own `shardprep preprocess` command, its Beam job run inside that process: ten photos
-        # need no SDK worker processes (each costs seconds of CPU just to start).
-        if "preprocess" in command and "--" not in command:
-            command = [*command, "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
-        return run(command, **kwargs)
+    def job_in_this_process(command, **kwargs):
+        # The benchmark's own `shardprep preprocess` command, run in this process (which has Beam imported
+        # already) with the Beam job in it too: ten photos need no interpreter or SDK worker process of their own
+        # (each costs seconds of CPU just to start). Its own process matters only for the benchmark's timings.
+        if command[1:4] != ["-m", "shardprep.cli", "preprocess"]:
+            return run(command, **kwargs)
+        from click.testing import CliRunner
 
-    monkeypatch.setattr(input_bench.subprocess, "run", job_in_its_one_process)
+        from shardprep.cli import main
+
+        result = CliRunner().invoke(main, [*command[3:], "--", "--direct_running_mode=in_memory",
+                                           "--direct_num_workers=1"])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+        return input_bench.subprocess.CompletedProcess(command, result.exit_code, result.output, "")
+
+    monkeypatch.setattr(input_bench.subprocess, "run", job_in_this_process)
     inputs = input_bench.build_inputs(str(photos), str(tmp_path / "work"), num_images=10)
     assert len(inputs["classes"]) == 4 and len(inputs["seed_files"]) == input_bench.NUM_SHARDS
     from shardprep.train import reader

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -76,21 +75,34 @@ def _worker_processes(pid: int) -> list[int]:
 
 
 def test_a_small_folder_is_preprocessed_without_starting_a_worker_process(tmp_path):
-    """The whole run, as a user starts it (no Beam options), in a process of its own: no SDK worker ever appears."""
+    """The whole run, as a user starts it (the command, no Beam options), here: no SDK worker process ever appears
+    under this process while it runs (a thread watches every 20 ms)."""
+    from click.testing import CliRunner
     from PIL import Image
+
+    from shardprep.cli import main
 
     source = tmp_path / "source"
     for index in range(6):
         (source / "train" / f"c{index % 2}").mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (64, 48), (index * 40, 0, 0)).save(source / "train" / f"c{index % 2}" / f"{index}.jpg")
-    run = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(tmp_path / "out"),
-                            "--shorter-side", "16", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen_workers: set[int] = set()
-    while run.poll() is None:
-        seen_workers.update(_worker_processes(run.pid))
-        time.sleep(0.02)
-    output = run.stdout.read().decode()
-    assert run.returncode == 0, output
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen_workers.update(_worker_processes(os.getpid()))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = CliRunner().invoke(main, ["preprocess", str(source), str(tmp_path / "out"), "--shorter-side", "16",
+                                           "--quiet"])
+    finally:
+        done.set()
+        watcher.join()
+    assert result.exit_code == 0, result.output
     assert not seen_workers
     assert (tmp_path / "out" / "manifest.json").is_file()
 
