@@ -148,6 +148,8 @@ class TFSteps:
         """One pass over the validation split; the same dataset every epoch (one traced evaluation step)."""
         if self._val is None:
             self._val = self._distributed(self.config.val_split, False, None, 0)
+            # Traced once for the dataset's batches of any size: else a short last batch traces it again.
+            self._eval_step = tf.function(self._eval_step, input_signature=(self._val.element_spec,))
         return self._val
 
     def _distributed(self, split: str, training: bool, seed: int | None, start_step: int):
@@ -169,6 +171,7 @@ class TFSteps:
         self._train_step(batch)
 
     def eval_step(self, batch) -> None:
+        """Runs after :meth:`val_batches` made the dataset it is traced for."""
         self._eval_step(batch)
 
     def reset(self) -> None:
@@ -192,7 +195,8 @@ class TFSteps:
 
 def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
                     jit_compile: bool):
-    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``."""
+    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``;
+    ``eval_step`` is left to trace (:meth:`TFSteps.val_batches` does, for its dataset's element spec)."""
     replicas = strategy.num_replicas_in_sync
 
     def smoothed_loss(labels, logits):
@@ -223,7 +227,6 @@ def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _M
     def train_step(batch):
         strategy.run(compiled_replica_step, args=batch)
 
-    @tf.function(reduce_retracing=True)
     def eval_step(batch):
         strategy.run(replica_eval_step, args=batch)
 
