@@ -1,13 +1,13 @@
 """The training and evaluation steps on the JAX and PyTorch backends: Keras's own compiled steps, one batch at a time.
 
 :class:`KerasSteps` is the JAX/PyTorch counterpart of :class:`shardprep.train.steps_tf.TFSteps`, driven by the same
-loop (:mod:`shardprep.train.loop`). It uses the backend-neutral Keras API: ``model.compile(loss=..., metrics=...)``
-then ``model.train_on_batch`` / ``test_on_batch``. That is the simplest code that keeps every feature on both
-backends: Keras compiles the step (``jax.jit``; ``torch.compile`` with ``--jit-compile``), applies loss scaling
-under ``mixed_float16`` and adds the model's weight decay (``model.losses``), and shards the batch over devices under
-a ``keras.distribution``. Its cost: ``train_on_batch`` returns the batch's metrics, so the host waits for each step
-before taking the next batch (the NumPy reader keeps reading ahead meanwhile, so the timed ``next()`` still
-measures input wait only).
+loop (:mod:`shardprep.train.loop`). It uses the backend-neutral Keras API: ``model.compile(loss=...,
+weighted_metrics=...)`` then ``model.train_on_batch`` / ``test_on_batch``. That is the simplest code that keeps
+every feature on both backends: Keras compiles the step (``jax.jit``; ``torch.compile`` with ``--jit-compile``),
+applies loss scaling under ``mixed_float16`` and adds the model's weight decay (``model.losses``), and shards the
+batch over devices under a ``keras.distribution``. Its cost: ``train_on_batch`` returns the batch's metrics, so the
+host waits for each step before taking the next batch (the NumPy reader keeps reading ahead meanwhile, so the timed
+``next()`` still measures input wait only).
 
 Input comes from :class:`shardprep.train.numpy_reader.NumpyReader` (NumPy batches, no TensorFlow), in the same
 seeded order as the TensorFlow reader. Devices: JAX uses every device it sees (``keras.distribution.DataParallel``
@@ -118,8 +118,10 @@ class KerasSteps:
 
     def compile(self, model: keras.Model, optimizer, num_classes: int) -> None:
         smoothing = self.config.label_smoothing
+        # Weighted: the copies padding a validation batch over the devices weigh nothing (Keras applies sample
+        # weights to weighted_metrics only); without weights they are the same metrics, to the bit.
         model.compile(optimizer=optimizer, loss=SmoothedCrossentropy(num_classes, smoothing),
-                      metrics=[SmoothedCrossentropyMean(num_classes, smoothing), "accuracy"],
+                      weighted_metrics=[SmoothedCrossentropyMean(num_classes, smoothing), "accuracy"],
                       jit_compile=self.jit_compile)
         self.model = model
 
