@@ -7,16 +7,18 @@ what the model sees (6 steps an epoch, 3 epochs, a checkpoint every 3 steps). Th
 each link resumed with the command the previous one printed or with `--resume`:
 
 1. the disk a SIGKILL mid-epoch 1 leaves (before step 4; the checkpoint is at step 3): the uninterrupted run's
-   folder copied there, before that step ran (the real SIGKILL is 3's: one real kill and its resume per backend);
+   folder copied there, before that step ran (the real SIGKILL is 3's);
 2. Ctrl-C in a real process: TensorFlow in a pseudo-terminal of 80 columns mid-epoch 2 (a checkpoint at the step
    it stops after); JAX in a pipe during the last step of epoch 2, so the stop lands in its validation (saved as
    steps done, validation pending);
-3. SIGKILL of a real process at an epoch end (before step 12, right after epoch 2's checkpoint);
+3. SIGKILL at an epoch end (before step 12, right after epoch 2's checkpoint): on TensorFlow a real process,
+   killed; on JAX the folder of the run resumed after the Ctrl-C, copied there (that run goes on to its end, and
+   the copy is resumed to the end as well);
 4. the rest of the run.
 
 It must end exactly where the uninterrupted run ends. On TensorFlow (the backend this process's Keras runs on) the
 uninterrupted run and step 4 run in this process, through the CLI; on JAX the uninterrupted run goes first in the
-process of step 2, which then resumes the copy and is stopped.
+process of step 2, which then resumes the copy and is stopped, and both ends run in one more process.
 """
 
 import io
@@ -171,25 +173,34 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     resume = printed_command(shown)
     assert resume[-1] == "--resume" and "stopped" in resume
 
-    # 3. SIGKILL at an epoch end: a real process, killed.
-    killed = run(resume, backend, tmp_path, block_at=12)
-    assert killed.returncode == -signal.SIGKILL, killed.output[-3000:]
-    assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
-
-    # 4. The rest.
-    rest = resume_stopped
-    if backend == "tensorflow":
-        status, output = in_process(rest)
-    else:
-        last = run(rest, backend, tmp_path)
-        status, output = last.returncode, last.output
-    assert status == 0, output[-3000:]
-    assert "Resuming from" in output and "after epoch 2" in output
-
-    expected, got = history(uninterrupted), history(stopped)
+    # 3. SIGKILL at an epoch end (before step 12, after epoch 2's checkpoint), and 4. the rest.
+    expected = history(uninterrupted)
     assert expected["epoch"] == list(range(1, EPOCHS + 1))
-    assert got == expected  # exact: every float as the uninterrupted run wrote it
-    expected_variables, got_variables = saved_variables(uninterrupted), saved_variables(stopped)
-    assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
-    for name, expected_array in expected_variables.items():
-        np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=name)
+    if backend == "tensorflow":  # a real process, killed; the rest in this process
+        killed = run(resume, backend, tmp_path, block_at=12)
+        assert killed.returncode == -signal.SIGKILL, killed.output[-3000:]
+        assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
+        status, output = in_process(resume_stopped)
+        assert status == 0, output[-3000:]
+        assert "Resuming from" in output and "after epoch 2" in output
+        ends = [stopped]
+    else:
+        # One process: the printed command resumed to the end (the run stopped by Ctrl-C, then no other stop), its
+        # folder copied before step 12 (the disk the SIGKILL there leaves: TensorFlow's run above is killed for real);
+        # then the copy resumed to the end.
+        at_epoch_end = tmp_path / "killed-at-epoch-end"
+        last = run(train_args(dataset, at_epoch_end.name, backend, "--resume"), backend, tmp_path, timeout=600,
+                   first_args=resume, first_copy=(12, at_epoch_end.name))
+        assert last.returncode == 0, last.output[-3000:]
+        assert (stopped / "summary.json").exists(), last.output[-3000:]
+        assert last.output.count("Resuming from") == 2
+        assert "after epoch 2" in last.output.split("Resuming from")[-1]  # the copy: epoch 2's checkpoint
+        ends = [stopped, at_epoch_end]
+
+    expected_variables = saved_variables(uninterrupted)
+    for end in ends:
+        assert history(end) == expected  # exact: every float as the uninterrupted run wrote it
+        got_variables = saved_variables(end)
+        assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
+        for name, expected_array in expected_variables.items():
+            np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=f"{end.name}: {name}")

@@ -39,7 +39,8 @@ armed = [first is None]
 def observe(step, batch):
     if not armed[0]:
         if step == copy_at:
-            shutil.copytree(first[first.index("--output-dir") + 1], copy_to, symlinks=True)
+            named = [a.split("=", 1)[1] for a in first if a.startswith("--output-dir=")]
+            shutil.copytree((named or [first[first.index("--output-dir") + 1]])[0], copy_to, symlinks=True)
         return
     if step == block_at:
         open(marker, "w").close()
