@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,14 +63,15 @@ def _args(data, output, *extra):
 # mode: SIGKILL before the operation whose label is SPEC. snapshot mode (SPEC "FIRST,LAST"): from the start of save
 # FIRST to the end of save LAST, copy OUTPUT before every operation into SNAPSHOTS/NNN (listed in
 # SNAPSHOTS/index.jsonl), and a second copy with the file opened for writing just before torn in half: the disk after
-# a kill while that file was being written.
+# a kill while that file was being written. The argument is a JSON list of such runs (mode, spec, output,
+# snapshots, args, and optionally copy: [index.jsonl, label], the snapshot copied to OUTPUT first), run one after the
+# other in this one process (one TensorFlow start); a run that fails ends the process with its exit status.
 CRASHING_RUN = textwrap.dedent("""
     import json, os, shutil, signal, sys
     from shardprep.train import checkpoints
 
-    mode, spec, output, snapshots, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
-    output = os.path.realpath(output)
-    first, last = map(int, spec.split(",")) if mode == "snapshot" else (0, 0)
+    mode, spec, output, snapshots = "none", "", os.path.realpath(os.sep + "no-run-yet"), ""
+    first = last = 0
     now = {"save": 0, "in_save": False, "busy": False, "count": 0, "writing": None}
 
     def relative(path):
@@ -132,15 +134,33 @@ CRASHING_RUN = textwrap.dedent("""
     checkpoints.save_checkpoint = counted
     sys.addaudithook(hook)
     from shardprep.cli import main
-    main(args, prog_name="shardprep")
+    for run in json.loads(sys.argv[1]):
+        if run.get("copy"):
+            index, wanted = run["copy"]
+            with open(index) as f:
+                found = next(entry for entry in map(json.loads, f) if entry["label"] == wanted)
+            shutil.copytree(found["folder"], run["output"], symlinks=True)
+        mode, spec, snapshots = run["mode"], run["spec"], run["snapshots"]
+        output = os.path.realpath(run["output"])
+        first, last = map(int, spec.split(",")) if mode == "snapshot" else (0, 0)
+        now.update({"save": 0, "in_save": False, "busy": False, "count": 0, "writing": None})
+        os.makedirs(snapshots, exist_ok=True)
+        try:
+            main(run["args"], prog_name="shardprep")
+        except SystemExit as done:
+            if done.code not in (0, None):
+                raise
 """)
 
 
-def _crashing_run(mode, spec, data, output, snapshots, *extra) -> subprocess.Popen:
+def _crashing_runs(*runs: dict) -> subprocess.Popen:
+    """CRASHING_RUN with ``runs`` (each: mode, spec, data, output, snapshots, extra arguments, optionally copy)."""
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    os.makedirs(snapshots, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-c", CRASHING_RUN, mode, spec, str(output), str(snapshots),
-                             *_args(data, output, *extra)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    plan = [{"mode": run["mode"], "spec": run["spec"], "output": str(run["output"]),
+             "snapshots": str(run["snapshots"]), "args": _args(run["data"], run["output"], *run.get("extra", ())),
+             "copy": [str(part) for part in run["copy"]] if run.get("copy") else None} for run in runs]
+    return subprocess.Popen([sys.executable, "-c", CRASHING_RUN, json.dumps(plan)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
 
 
 def _finished(process: subprocess.Popen, killed: bool) -> None:
@@ -163,14 +183,16 @@ def runs(tmp_path_factory):
     is compared with (its hook only copies the folder, it changes nothing the run reads or writes)."""
     root = tmp_path_factory.mktemp("crash")
     data = _flat_dataset(root / "data")
-    reference = root / "uninterrupted"
-    _finished(_crashing_run("snapshot", "3,4", data, reference, root / "snapshots"), killed=False)
-    killed = root / "killed"
-    first_kill = next(s for s in _snapshots({"root": root}) if s["label"] == KILLS[0])
-    shutil.copytree(first_kill["folder"], killed, symlinks=True)
-    state = json.loads((killed / "checkpoints" / "state.json").read_text())
-    assert state["global_step"] == 8 and not (killed / "summary.json").exists()  # killed where meant
-    _finished(_crashing_run("kill", KILLS[1], data, killed, root / "unused", "--resume"), killed=True)
+    reference, killed, snapshots = root / "uninterrupted", root / "killed", root / "snapshots"
+    # One process: the snapshotting run to its end, then the kill point KILLS[0]'s snapshot resumed and SIGKILLed.
+    _finished(_crashing_runs(
+        {"mode": "snapshot", "spec": "3,4", "data": data, "output": reference, "snapshots": snapshots},
+        {"mode": "kill", "spec": KILLS[1], "data": data, "output": killed, "snapshots": root / "unused",
+         "extra": ["--resume"], "copy": [snapshots / "index.jsonl", KILLS[0]]}), killed=True)
+    assert (reference / "summary.json").exists()  # the snapshotting run went on to its end
+    first_kill = Path(next(s for s in _snapshots({"root": root}) if s["label"] == KILLS[0])["folder"])
+    state = json.loads((first_kill / "checkpoints" / "state.json").read_text())
+    assert state["global_step"] == 8 and not (first_kill / "summary.json").exists()  # killed where meant
     return {"data": data, "root": root, "reference": reference}
 
 
@@ -299,8 +321,8 @@ def test_a_checkpoints_entries_keep_the_history_they_were_saved_with(tmp_path):
 # --- a full disk, and gs:// output folders --------------------------------------------------------------------------
 
 
-def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_stays(colour_dataset, tmp_path,
-                                                                                      monkeypatch):
+def test_a_full_disk_while_checkpointing_or_writing_best_keras_is_one_line_and_the_checkpoint_before_stays(
+        colour_dataset, tmp_path, monkeypatch):
     import keras
 
     data = colour_dataset
@@ -324,32 +346,25 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_checkpoint_before_s
                      "free some space, then rerun with --resume to continue from the last checkpoint (--overwrite "
                      "when there is none)"], result.output
     assert not (output / "checkpoints" / "last.writing.keras").exists()  # nothing half written is kept
-    monkeypatch.setattr(keras.Model, "save", save)
-    resumed = CliRunner().invoke(main, _args(data, output, "--epochs", "1", "--resume"))
-    assert resumed.exit_code == 0, resumed.output
-    assert "resumed at epoch 1, step 3 of 4" in resumed.output
-    assert _history(output)["epoch"] == [1]
 
-
-def test_a_full_disk_while_keras_writes_best_keras_is_one_line(colour_dataset, tmp_path, monkeypatch):
-    import keras
-
-    data = colour_dataset
-    output = tmp_path / "run"
-    save = keras.Model.save
-
-    def full_disk(model, path, *args, **kwargs):
-        if path.endswith("best.keras"):  # written by Keras's ModelCheckpoint, not by shardprep
+    # The resumed run goes on from the checkpoint before (step 3). At its epoch end the disk is full while Keras's
+    # ModelCheckpoint, not shardprep, writes best.keras (the step-3 checkpoint kept no best value: it writes): one
+    # line too.
+    def full_disk_for_best(model, path, *args, **kwargs):
+        if path.endswith("best.keras"):
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return save(model, path, *args, **kwargs)
 
-    monkeypatch.setattr(keras.Model, "save", full_disk)
-    result = CliRunner().invoke(main, _args(data, output, "--epochs", "1", "--checkpoint-every-steps", "100"))
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [
+    monkeypatch.setattr(keras.Model, "save", full_disk_for_best)
+    resumed = CliRunner().invoke(main, _args(data, output, "--epochs", "1", "--resume"))
+    assert "resumed at epoch 1, step 3 of 4" in resumed.output
+    assert resumed.exit_code == 1 and "Traceback" not in resumed.output
+    assert [line for line in resumed.output.splitlines() if line.startswith("Error")] == [
         f"Error: writing {output / 'checkpoints' / 'best.keras'} failed: No space left on device; free some space, "
         "then rerun with --resume to continue from the last checkpoint (--overwrite when there is none)"
-    ], result.output
+    ], resumed.output
+    # It stopped at epoch 1's end, before recording it: the history is the step-3 checkpoint's, which has no epoch.
+    assert _history(output)["epoch"] == []
 
 
 def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch):

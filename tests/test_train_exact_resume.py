@@ -3,19 +3,22 @@ val_loss, val_accuracy and learning rate) and the final weights, on TensorFlow a
 cleanly, saves where it is and prints the command that resumes it.
 
 Each backend trains a tiny model on random images larger than the crop, so that the augmentation's draws change
-what the model sees (6 steps an epoch, 3 epochs, a checkpoint every 3 steps). The interrupted run is one chain of
-real processes, each resumed with the command the previous one printed or with `--resume`:
+what the model sees (6 steps an epoch, 3 epochs, a checkpoint every 3 steps). The interrupted run is one chain,
+each link resumed with the command the previous one printed or with `--resume`:
 
-1. SIGKILL mid-epoch 1 (before step 4; the checkpoint is at step 3);
-2. Ctrl-C: TensorFlow in a pseudo-terminal of 80 columns mid-epoch 2 (a checkpoint at the step it stops after);
-   JAX in a pipe during the last step of epoch 2, so the stop lands in its validation (saved as steps done,
-   validation pending);
-3. SIGKILL at an epoch end (before step 12, right after epoch 2's checkpoint);
+1. the disk a SIGKILL mid-epoch 1 leaves (before step 4; the checkpoint is at step 3): the uninterrupted run's
+   folder copied there, before that step ran (the real SIGKILL is 3's);
+2. Ctrl-C in a real process: TensorFlow in a pseudo-terminal of 80 columns mid-epoch 2 (a checkpoint at the step
+   it stops after); JAX in a pipe during the last step of epoch 2, so the stop lands in its validation (saved as
+   steps done, validation pending);
+3. SIGKILL at an epoch end (before step 12, right after epoch 2's checkpoint): on TensorFlow a real process,
+   killed; on JAX the folder of the run resumed after the Ctrl-C, copied there (that run goes on to its end, and
+   the copy is resumed to the end as well);
 4. the rest of the run.
 
-It must end exactly where one uninterrupted run ends. On TensorFlow (the backend this process's Keras runs on) the
+It must end exactly where the uninterrupted run ends. On TensorFlow (the backend this process's Keras runs on) the
 uninterrupted run and step 4 run in this process, through the CLI; on JAX the uninterrupted run goes first in the
-process of step 1, which then starts the stopped run afresh.
+process of step 2, which then resumes the copy and is stopped, and both ends run in one more process.
 """
 
 import io
@@ -30,6 +33,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
+from shardprep.train import loop
 
 from train_helpers import random_images, write_dataset
 from train_runs import run, screen_lines, spawn_in_terminal, wait_for
@@ -115,9 +119,21 @@ def check_fits(text: str, columns: int = 80) -> None:
     assert not wide, wide
 
 
-def in_process(args):
-    """``shardprep *args`` in this process (its Keras runs on TensorFlow), in the current folder."""
-    result = CliRunner().invoke(main, list(map(str, args)))
+def in_process(args, copy_at=None, copy_to=None):
+    """``shardprep *args`` in this process (its Keras runs on TensorFlow), in the current folder. With ``copy_at``,
+    the run's --output-dir is copied to ``copy_to`` before that global step runs."""
+    import functools
+    import shutil
+
+    output = args[args.index("--output-dir") + 1]
+
+    def observe(step, batch):
+        if step == copy_at:
+            shutil.copytree(output, copy_to, symlinks=True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "train", functools.partial(loop.train, on_batch=observe))
+        result = CliRunner().invoke(main, list(map(str, args)))
     return result.exit_code, result.output
 
 
@@ -128,22 +144,13 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
     monkeypatch.chdir(tmp_path)
 
-    # The uninterrupted run, then 1. SIGKILL mid-epoch 1.
+    # The uninterrupted run, its folder copied before step 4: 1. the disk a SIGKILL mid-epoch 1 leaves. 2. Ctrl-C.
+    resume_stopped = train_args(dataset, "stopped", backend, "--resume")
     if backend == "tensorflow":
-        reference = in_process(train_args(dataset, "uninterrupted", backend))
-        killed = run(train_args(dataset, "stopped", backend), backend, tmp_path, block_at=4)
-    else:
-        killed = run(train_args(dataset, "stopped", backend), backend, tmp_path, block_at=4, timeout=600,
-                     first_args=train_args(dataset, "uninterrupted", backend))
-        reference = (0 if (uninterrupted / "summary.json").exists() else 1, killed.output)
-    assert reference[0] == 0, reference[1][-3000:]
-    assert killed.returncode == -signal.SIGKILL
-    assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (3, 0)
-
-    # 2. Ctrl-C mid-epoch 2 (TensorFlow, a terminal) or in epoch 2's validation (JAX, a pipe).
-    if backend == "tensorflow":
-        status, shown, seconds = ctrl_c_in_a_terminal(train_args(dataset, "stopped", backend, "--resume"), backend,
-                                                      tmp_path, block_at=8)
+        reference = in_process(train_args(dataset, "uninterrupted", backend), copy_at=4, copy_to=stopped)
+        assert reference[0] == 0, reference[1][-3000:]
+        assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (3, 0)
+        status, shown, seconds = ctrl_c_in_a_terminal(resume_stopped, backend, tmp_path, block_at=8)
         assert "resumed at epoch 1, step 3 of 6" in flat(shown)
         stopped_at = state(stopped)["global_step"]
         assert stopped_at in (9, 10)  # after the step in flight when Ctrl-C came (or the next, a slow machine)
@@ -151,8 +158,11 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
             shown)
         check_fits(shown)
     else:
-        interrupted = run(train_args(dataset, "stopped", backend, "--resume"), backend, tmp_path, block_at=11,
-                          stop=signal.SIGINT, step_seconds=1.0)
+        interrupted = run(resume_stopped, backend, tmp_path, block_at=11, stop=signal.SIGINT, step_seconds=1.0,
+                          timeout=600, first_args=train_args(dataset, "uninterrupted", backend),
+                          first_copy=(4, "stopped"))
+        assert (uninterrupted / "summary.json").exists(), interrupted.output[-3000:]
+        assert "resumed at epoch 1, step 3 of 6" in flat(interrupted.output)  # the copy: the checkpoint of step 3
         status, shown, seconds = interrupted.returncode, interrupted.output, interrupted.seconds_after_signal
         assert "Interrupted (Ctrl-C) while validating epoch 2 (its 6 steps done)" in flat(shown)
         assert state(stopped)["global_step"] == 12 and state(stopped)["partial_epoch"]["validation_pending"]
@@ -163,25 +173,34 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     resume = printed_command(shown)
     assert resume[-1] == "--resume" and "stopped" in resume
 
-    # 3. SIGKILL at an epoch end.
-    killed = run(resume, backend, tmp_path, block_at=12)
-    assert killed.returncode == -signal.SIGKILL, killed.output[-3000:]
-    assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
-
-    # 4. The rest.
-    rest = train_args(dataset, "stopped", backend, "--resume")
-    if backend == "tensorflow":
-        status, output = in_process(rest)
-    else:
-        last = run(rest, backend, tmp_path)
-        status, output = last.returncode, last.output
-    assert status == 0, output[-3000:]
-    assert "Resuming from" in output and "after epoch 2" in output
-
-    expected, got = history(uninterrupted), history(stopped)
+    # 3. SIGKILL at an epoch end (before step 12, after epoch 2's checkpoint), and 4. the rest.
+    expected = history(uninterrupted)
     assert expected["epoch"] == list(range(1, EPOCHS + 1))
-    assert got == expected  # exact: every float as the uninterrupted run wrote it
-    expected_variables, got_variables = saved_variables(uninterrupted), saved_variables(stopped)
-    assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
-    for name, expected_array in expected_variables.items():
-        np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=name)
+    if backend == "tensorflow":  # a real process, killed; the rest in this process
+        killed = run(resume, backend, tmp_path, block_at=12)
+        assert killed.returncode == -signal.SIGKILL, killed.output[-3000:]
+        assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
+        status, output = in_process(resume_stopped)
+        assert status == 0, output[-3000:]
+        assert "Resuming from" in output and "after epoch 2" in output
+        ends = [stopped]
+    else:
+        # One process: the printed command resumed to the end (the run stopped by Ctrl-C, then no other stop), its
+        # folder copied before step 12 (the disk the SIGKILL there leaves: TensorFlow's run above is killed for real);
+        # then the copy resumed to the end.
+        at_epoch_end = tmp_path / "killed-at-epoch-end"
+        last = run(train_args(dataset, at_epoch_end.name, backend, "--resume"), backend, tmp_path, timeout=600,
+                   first_args=resume, first_copy=(12, at_epoch_end.name))
+        assert last.returncode == 0, last.output[-3000:]
+        assert (stopped / "summary.json").exists(), last.output[-3000:]
+        assert last.output.count("Resuming from") == 2
+        assert "after epoch 2" in last.output.split("Resuming from")[-1]  # the copy: epoch 2's checkpoint
+        ends = [stopped, at_epoch_end]
+
+    expected_variables = saved_variables(uninterrupted)
+    for end in ends:
+        assert history(end) == expected  # exact: every float as the uninterrupted run wrote it
+        got_variables = saved_variables(end)
+        assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
+        for name, expected_array in expected_variables.items():
+            np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=f"{end.name}: {name}")

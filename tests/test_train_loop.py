@@ -122,16 +122,15 @@ def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
     assert "tensorboard package is not installed" in messages[-1]
 
 
-def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_path, monkeypatch):
-    make_dataset = reader.make_dataset
-
-    def slow_training_input(*args, **kwargs):
+def _slow_training_input(make_dataset, seconds):
+    """``reader.make_dataset`` whose training batches each take ``seconds`` more to arrive (validation stays fast)."""
+    def make(*args, **kwargs):
         dataset = make_dataset(*args, **kwargs)
         if not args[3]:  # validation stays fast
             return dataset
 
         def sleep_then_pass(images):
-            time.sleep(0.15)
+            time.sleep(seconds)
             return images
 
         def slow(images, labels):
@@ -140,14 +139,7 @@ def test_a_slow_input_pipeline_is_reported_as_input_bound(colour_dataset, tmp_pa
 
         return dataset.map(slow)  # after the prefetch: each next() pays the delay
 
-    monkeypatch.setattr(steps_tf.reader, "make_dataset", slow_training_input)
-    messages = []
-    summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, checkpoint=False), report=messages.append)
-    assert summary["input_wait_fraction"] > 0.5
-    assert summary["verdict"].startswith("input-bound")
-    history = json.loads((tmp_path / "history.json").read_text())
-    assert history["input_wait_fraction"][1] > 0.5  # the first epoch also compiles the step
-    assert any("waiting for input" in m and "% of step time" in m for m in _flat(messages))
+    return make
 
 
 def _assert_takes_stored_uint8_images_and_centre_crops_them(model) -> None:
@@ -161,18 +153,25 @@ def _assert_takes_stored_uint8_images_and_centre_crops_them(model) -> None:
 
 def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path, monkeypatch):
     # A run without --seed: the record order's seed it drew is kept in its checkpoints and read again on resume.
+    # Its training input is slow (each batch waits 0.4 s; validation is fast): it is reported as input-bound.
     seeds = []
     make_dataset = steps_tf.reader.make_dataset
+    slow_input = [_slow_training_input(make_dataset, 0.4)]
     monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
-        (args[3], kwargs["seed"], kwargs["start_step"])) or make_dataset(*args, **kwargs))
+        (args[3], kwargs["seed"], kwargs["start_step"])) or (slow_input or [make_dataset])[0](*args, **kwargs))
     messages = []
-    loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None), report=messages.append)
+    summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None), report=messages.append)
+    slow_input.clear()
     steps = 64 // 16
     first = json.loads((tmp_path / "history.json").read_text())
     assert first["epoch"] == [1, 2]
     assert set(first) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec",
                           "input_wait_fraction", "learning_rate"}
     assert all(len(values) == 2 for values in first.values())
+    assert summary["input_wait_fraction"] > 0.5
+    assert summary["verdict"].startswith("input-bound")
+    assert first["input_wait_fraction"][1] > 0.5  # the first epoch also compiles the step
+    assert any("waiting for input" in m and "% of step time" in m for m in _flat(messages))
     for name in ("model.keras", "summary.json", "checkpoints/last.keras", "checkpoints/best.keras",
                  "checkpoints/state.json"):
         assert (tmp_path / name).exists(), name
@@ -225,7 +224,8 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     assert (resumed["loss"], resumed["accuracy"]) == (history["loss"], history["accuracy"])
 
 
-def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path, monkeypatch):
+def test_cli_runs_and_explains_bad_options_and_streamed_reads_resume_at_an_epoch_end(colour_dataset, tmp_path,
+                                                                                      monkeypatch):
     from shardprep.train import reader
 
     verified = []
@@ -234,14 +234,22 @@ def test_cli_runs_and_explains_bad_options(colour_dataset, tmp_path, monkeypatch
                         lambda *args, **kwargs: verified.append((kwargs["verify_records"], kwargs["random_access"]))
                         or make_dataset(*args, **kwargs))
     runner = CliRunner()
-    result = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--epochs", "1",
-                                  "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125",
-                                  "--no-tensorboard", "--augment", "rrc", "--lr-schedule", "plateau",
-                                  "--precision", "mixed_bfloat16", "--verify-records", "--sequential-reads"])
+    args = ["train", colour_dataset, "--output-dir", str(tmp_path), "--batch-size", "16", "--image-size", "16",
+            "--width-multiplier", "0.125", "--no-tensorboard", "--augment", "rrc", "--lr-schedule", "plateau",
+            "--precision", "mixed_bfloat16", "--verify-records", "--sequential-reads"]
+    result = runner.invoke(main, [*args, "--epochs", "1"])
     assert result.exit_code == 0, result.output
     assert verified and all(flags == (True, False) for flags in verified)
     assert "epoch 1/1" in result.output and "Summary:" in result.output
     assert keras.mixed_precision.global_policy().name == "float32"  # the run's policy does not leak
+
+    # Streamed shards follow tf.data's shuffles, which no step addresses: an epoch-end checkpoint resumes with the
+    # order reseeded by the epoch (as before mid-epoch resume existed) instead of failing to start at a step.
+    resumed = runner.invoke(main, [*args, "--epochs", "2", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
+    assert "resumed at epoch 2, step 0 of 4" in " ".join(resumed.output.split())
+
     too_big = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--image-size", "32"])
     assert too_big.exit_code != 0 and "larger than the stored images" in too_big.output
     no_split = runner.invoke(main, ["train", colour_dataset, "--output-dir", str(tmp_path), "--val-split", "dev",
@@ -276,14 +284,3 @@ def test_mid_epoch_checkpoints_need_an_order_addressable_by_step(colour_dataset,
     with pytest.raises(ValueError, match="--checkpoint-every-steps needs local shards read by random access"):
         loop.train(_config(colour_dataset, tmp_path, sequential_reads=True, checkpoint_every_steps=2),
                    report=lambda message: None)
-
-
-def test_streamed_reads_resume_at_an_epoch_end_with_a_new_order(colour_dataset, tmp_path):
-    # Streamed shards follow tf.data's shuffles, which no step addresses: an epoch-end checkpoint resumes with the
-    # order reseeded by the epoch (as before mid-epoch resume existed) instead of failing to start at a step.
-    messages = []
-    loop.train(_config(colour_dataset, tmp_path, epochs=1, sequential_reads=True), report=messages.append)
-    loop.train(_config(colour_dataset, tmp_path, epochs=2, sequential_reads=True, resume=True),
-               report=messages.append)
-    assert json.loads((tmp_path / "history.json").read_text())["epoch"] == [1, 2]
-    assert any("resumed at epoch 2, step 0 of 4" in m for m in _flat(messages))

@@ -3,9 +3,9 @@ batches the uninterrupted run trained on from the saved step, and its history co
 
 Each stored image says which record it is (channel 0 = its id, constant over the image; ids < 256),
 and an `on_batch` observer (wrapped around `loop.train`, which the CLI calls) writes the record ids of every step.
-The stopped run is the uninterrupted run's folder as it was before step 13, after the checkpoint of step 12
-(--checkpoint-every-steps 3, 8 steps an epoch): a copy taken there holds what the disk holds after a SIGKILL at that
-point (test_train_exact_resume and test_train_checkpoint_crash SIGKILL real processes).
+The stopped run is the uninterrupted run's folder as it was before step 13, after the mid-epoch checkpoint of
+step 12 (--checkpoint-every-steps 12, 8 steps an epoch): a copy taken there holds what the disk holds after a
+SIGKILL at that point (test_train_exact_resume and test_train_checkpoint_crash SIGKILL real processes).
 """
 
 import functools
@@ -34,7 +34,7 @@ BLOCK_AT = 13  # the killed run stops before this step; its last checkpoint is a
 def _args(data, output, *extra):
     return ["train", str(data), "--output-dir", str(output), "--epochs", "3", "--batch-size", "8",
             "--image-size", "16", "--width-multiplier", "0.125", "--warmup-epochs", "0.5", "--seed", "1",
-            "--no-tensorboard", "--no-early-stopping", "--checkpoint-every-steps", "3", *extra]
+            "--no-tensorboard", "--no-early-stopping", "--checkpoint-every-steps", "12", *extra]
 
 
 def record_ids(batch) -> list[int]:

@@ -6,7 +6,9 @@ The child is :data:`DRIVER`: the CLI with an ``on_batch`` observer around ``loop
 waits there for good (a kill lands at a known step) or, with ``$TRAIN_RUNS_STEP_SECONDS``, sleeps that long before
 each step from then on (a SIGINT lands while a step is in flight and the run can still stop on its own).
 With ``$TRAIN_RUNS_FIRST`` (a JSON list of CLI arguments), the child first runs that command to its end, unobserved
-(e.g. an uninterrupted reference run, without paying a second process's start), then the one it is stopped in.
+(e.g. an uninterrupted reference run, without paying a second process's start), then the one it is stopped in; with
+``$TRAIN_RUNS_FIRST_COPY_AT`` too, that first run's --output-dir is copied to ``$TRAIN_RUNS_FIRST_COPY_TO`` before
+that global step runs (the disk a SIGKILL there would leave).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import NamedTuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = """
-import functools, json, os, sys, time
+import functools, json, os, shutil, sys, time
 from shardprep import quiet_logs
 quiet_logs.quiet_tensorflow()  # the CLI's own quiet import of TensorFlow, before the loop imports it
 from shardprep.train import loop
@@ -30,10 +32,15 @@ block_at = int(os.environ.get("TRAIN_RUNS_BLOCK_AT", "-1"))
 marker = os.environ.get("TRAIN_RUNS_MARKER", "")
 step_seconds = float(os.environ.get("TRAIN_RUNS_STEP_SECONDS", "0"))
 first = json.loads(os.environ.get("TRAIN_RUNS_FIRST", "null"))
+copy_at = int(os.environ.get("TRAIN_RUNS_FIRST_COPY_AT", "-1"))
+copy_to = os.environ.get("TRAIN_RUNS_FIRST_COPY_TO", "")
 armed = [first is None]
 
 def observe(step, batch):
     if not armed[0]:
+        if step == copy_at:
+            named = [a.split("=", 1)[1] for a in first if a.startswith("--output-dir=")]
+            shutil.copytree((named or [first[first.index("--output-dir") + 1]])[0], copy_to, symlinks=True)
         return
     if step == block_at:
         open(marker, "w").close()
@@ -68,17 +75,20 @@ def environment(backend: str, **extra) -> dict:
 
 
 def run(args, backend: str, tmp_path, *, block_at: int | None = None, stop: int = signal.SIGKILL,
-        step_seconds: float = 0.0, timeout: float = 300, first_args=None) -> Finished:
+        step_seconds: float = 0.0, timeout: float = 300, first_args=None, first_copy=None) -> Finished:
     """The driver with ``args`` (CLI arguments after ``shardprep``) in a pipe, in the folder ``tmp_path`` (relative
     paths in ``args`` are there); with ``block_at``, ``stop`` is sent once the run reaches that step. With
     ``first_args``, the same process first runs ``shardprep *first_args`` to its end (an exit status other than 0
-    ends the child there)."""
+    ends the child there); with ``first_copy`` = (step, folder) too, that run's --output-dir is copied to ``folder``
+    (relative to ``tmp_path``) before that step."""
     import json
 
     marker = tmp_path / f"reached-{time.monotonic_ns()}"
     extra = {}
     if first_args is not None:
         extra["TRAIN_RUNS_FIRST"] = json.dumps(list(map(str, first_args)))
+    if first_copy is not None:
+        extra.update(TRAIN_RUNS_FIRST_COPY_AT=str(first_copy[0]), TRAIN_RUNS_FIRST_COPY_TO=str(first_copy[1]))
     if block_at is not None:
         extra.update(TRAIN_RUNS_BLOCK_AT=str(block_at), TRAIN_RUNS_MARKER=str(marker),
                      TRAIN_RUNS_STEP_SECONDS=str(step_seconds))
