@@ -224,17 +224,28 @@ def optimizer_iterations(model: keras.Model) -> int:
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
-def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
-           report: Callable[[str], None]) -> dict | None:
-    """The saved run state after loading the last checkpoint into ``model``, with ``history.json`` rewritten from
-    it; None, reported, when there is no checkpoint at all. A ValueError when the files are incomplete, damaged or
-    do not belong together (:func:`checkpoint_state.locate`), or were made with other options
-    (:func:`check_options`, compared before anything is loaded)."""
+def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> checkpoint_state.Located | None:
+    """The checkpoint ``--resume`` continues from, its options checked against this run's ``options``
+    (:func:`check_options`) and nothing loaded; None, reported, when there is no checkpoint at all. A ValueError when
+    the files are incomplete, damaged or do not belong together (:func:`checkpoint_state.locate`), or were made with
+    other options."""
     located = checkpoint_state.locate(paths)
     if located is None:
         report(f"--resume: no checkpoint in {paths['checkpoints']}; starting from scratch.")
         return None
     check_options((located.state or located.candidates[0]).get("options"), options, paths["last"])
+    return located
+
+
+def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
+           report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
+    """The saved run state after loading the last checkpoint into ``model``, with ``history.json`` rewritten from
+    it; None, reported, when there is no checkpoint at all. ``located``: what :func:`resumable` found (a run checks
+    the options before it builds its model), else found here; a ValueError as :func:`resumable` raises one."""
+    if located is None:
+        located = resumable(paths, options, report)
+        if located is None:
+            return None
     if located.roll_forward:
         _replace(paths["last_writing"], paths["last"])
     restore_checkpoint(model, paths["last"])
