@@ -42,15 +42,17 @@ STARTUP_TIMEOUT_S = 30
 _MAX_HEAD_BYTES = 64 * 1024
 
 
-# ``shardprep ARGV`` for each ARGV of the JSON list in sys.argv[1], in turn, in one process (``python -c``), each
-# with its own click context: it prints, per command line, its exit status and what it wrote to stdout and
-# stderr, as JSON on its last stdout line. Importing TensorFlow and Beam is most of a small command's cost; commands
-# run against the server this way pay it once.
-SHARDPREP_IN_TURN = """
-import contextlib, io, json, sys
+# ``shardprep ARGV`` for each (ARGV, working folder or None: the child's own) of the list ``commands``, in turn, in
+# one process, each with its own click context: it prints, per command line, its exit status and what it wrote to
+# stdout and stderr, as JSON on its last stdout line. Importing TensorFlow and Beam is most of a small command's
+# cost; commands run against the server this way pay it once. A script that does more first puts its own lines,
+# ending with ``commands = ...``, before COMMANDS_IN_TURN.
+COMMANDS_IN_TURN = """
+import contextlib, io, json, os
 from shardprep.cli import main
-results = []
-for argv in json.loads(sys.argv[1]):
+results, home = [], os.getcwd()
+for argv, working_folder in commands:
+    os.chdir(working_folder or home)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -61,11 +63,12 @@ for argv in json.loads(sys.argv[1]):
     results.append({"argv": argv, "exit": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
 print(json.dumps(results))
 """
+SHARDPREP_IN_TURN = "import json, sys\ncommands = json.loads(sys.argv[1])\n" + COMMANDS_IN_TURN
 
 
 def shardprep_in_turn(command_lines: list[list[str]]) -> list[str]:
-    """The child process's argv that runs each of ``command_lines`` in turn (see SHARDPREP_IN_TURN)."""
-    return [sys.executable, "-c", SHARDPREP_IN_TURN, json.dumps(command_lines)]
+    """The child process's argv that runs each of ``command_lines`` in turn, in its own folder (SHARDPREP_IN_TURN)."""
+    return [sys.executable, "-c", SHARDPREP_IN_TURN, json.dumps([[argv, None] for argv in command_lines])]
 
 
 def in_turn_results(stdout: str, command_lines: list[list[str]]) -> list[dict]:

@@ -34,7 +34,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from gcs_emulator import LoopbackStorage, in_turn_results
+from gcs_emulator import COMMANDS_IN_TURN, LoopbackStorage, in_turn_results
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, tfrecord_io
@@ -218,7 +218,7 @@ def prepared(storage, source):
 
 
 # First TRAIN_READER_SCRIPT alone (its stdout to READER_OUTPUT in the folder given), then, once the test process has
-# counted the requests it made and created GO there, gcs_emulator.SHARDPREP_IN_TURN: each command line run in its own
+# counted the requests it made and created GO there, gcs_emulator.COMMANDS_IN_TURN: each command line run in its own
 # working folder (None: the child's own), as a command run from a checkout (docs/dataflow.md's, whose
 # ``--setup_file ./setup.py`` is relative) needs.
 READER_OUTPUT, READER_DONE, GO = "reader.json", "reader.done", "go"
@@ -235,20 +235,7 @@ open(os.path.join(folder, READER_DONE), "w").close()
 deadline = time.monotonic() + 300  # the test process creates GO at once; this only guards against its failure
 while not os.path.exists(os.path.join(folder, GO)) and time.monotonic() < deadline:
     time.sleep(0.05)
-from shardprep.cli import main
-results, home = [], os.getcwd()
-for argv, working_folder in commands:
-    os.chdir(working_folder or home)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main(argv, prog_name="shardprep")
-            status = 0
-        except SystemExit as exit:
-            status = exit.code
-    results.append({"argv": argv, "exit": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
-print(json.dumps(results))
-"""
+""" + COMMANDS_IN_TURN
 
 
 def start_in_turn(storage: LoopbackStorage, folder: Path, data_dir: str,
