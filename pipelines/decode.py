@@ -92,7 +92,7 @@ class _Decoder(beam.DoFn):
         if layout is not None:
             framed = layout.encode(record, shard_end)
         else:
-            framed = tfrecord_io.frame(record_format.encode_example(record))
+            framed = tfrecord_io.frame_parts(record_format.example_parts(record))
         offset, size = spill.append(framed)
         pointers.append(sharding.sort_key(self.seed, pointers.split, record.filename), offset, size)
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
