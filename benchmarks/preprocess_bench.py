@@ -15,8 +15,9 @@ Two loops are measured, each as N processes at once, on the same files in the sa
   function costs; the ``decode-resize`` ratio also charges the job for its checks and statistics, which are part
   of its per-input cost to cut, so that one is the target's.
 
-The job also does what neither loop does: frame records, write them to its group files with their sha256, order
-them into seeded uniform shards, keep its journal and its counts.
+The job also does what neither loop does: frame records, write them to its group files (neither loop writes its
+output: a raw 256x256 record is 196 KB, 3.9 GB for 20,000 inputs) hashed with sha256 for the manifest, order them
+into seeded uniform shards, keep its journal and its counts.
 
 Inputs are the images of SOURCE_DIR replicated ``--copies`` times (hard links) into an ImageFolder tree, so Beam's
 start-up cost (~4.5 s on 2 cores, measured separately on a one-image dataset) is amortised. The loop runs right
