@@ -86,15 +86,18 @@ class _Decoder(beam.DoFn):
                                          width=image.width, label=item.label, filename=item.key)
 
     def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
-                shard_end: bool, summary: sharding.RecordSummary) -> None:
+                shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int] | None = None) -> None:
         """Writes ``record`` to ``spill``: in the split's fixed layout if it has one (a group's last record as a
-        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise)."""
+        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise).
+        ``key``: the record's sort key when the caller has it already (a SHA-256 per record saved)."""
         if layout is not None:
             framed = layout.encode(record, shard_end)
         else:
-            framed = tfrecord_io.frame(record_format.encode_example(record))
+            framed = tfrecord_io.frame_parts(record_format.example_parts(record))
         offset, size = spill.append(framed)
-        pointers.append(sharding.sort_key(self.seed, pointers.split, record.filename), offset, size)
+        if key is None:
+            key = sharding.sort_key(self.seed, pointers.split, record.filename)
+        pointers.append(key, offset, size)
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
         summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
 
@@ -158,8 +161,8 @@ class GroupDecoder(_Decoder):
 
     def _decode_group(self, split: str, group: int, keyed, layout, inputs_sha256: str):
         summary, rejects = sharding.RecordSummary(), []
-        spill = pointers = held = None
-        for _, item in keyed:
+        spill = pointers = held = held_key = None
+        for key, item in keyed:
             record = self._decode(item, summary)
             if isinstance(record, beam.pvalue.TaggedOutput):
                 rejects.append(record.value)
@@ -169,10 +172,10 @@ class GroupDecoder(_Decoder):
                 spill = SpillWriter(self.output, hashed=True)
                 pointers = record_pointers.RecordPointers(split, spill.path)
             if held is not None:
-                self._append(spill, pointers, held, layout, False, summary)
-            held = record  # one record behind: the group's last one is written as a shard's end
+                self._append(spill, pointers, held, layout, False, summary, held_key)
+            held, held_key = record, key  # one record behind: the group's last one is written as a shard's end
         if spill is not None:
-            self._append(spill, pointers, held, layout, True, summary)
+            self._append(spill, pointers, held, layout, True, summary, held_key)
             spill.close()
             pointers.file_info = (len(pointers), spill.offset, spill.sha256())
         if self.journal is not None:  # only once the group's file is complete on disk

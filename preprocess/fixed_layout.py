@@ -20,8 +20,8 @@ import dataclasses
 from shardprep.preprocess import tfrecord_io
 from shardprep.preprocess.encodings import RAW
 from shardprep.preprocess.record_format import (CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, LABEL, WIDTH, ImageRecord,
-                                                RecordFormatError, _bytes_feature, _entry, _field, _int64_feature,
-                                                _varint, decode_example)
+                                                RecordFormatError, _bytes_entry_parts, _bytes_feature, _entry,
+                                                _field_parts, _int64_feature, _varint, decode_example)
 
 PADDING = "image/padding"
 _FIXED_ORDER = (ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH)  # then PADDING
@@ -116,14 +116,17 @@ class FixedLayout:
                                     f"layout of raw {self.height}x{self.width} records")
         if len(record.encoded) != self.image_bytes:
             raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
-        entries = b"".join(_entry(key, feature) for key, feature in _fixed_features(record))
+        # The pixels' entry first, as parts (the pixels are copied once, by the framing), then the others.
+        entries = [*_bytes_entry_parts(ENCODED, record.encoded),
+                   b"".join(_entry(key, feature) for key, feature in _fixed_features(record))]
         target = self.record_bytes + (self.image_offset if shard_end else 0)
-        padding_entry = self.entries_bytes + (self._shard_end_growth() if shard_end else 0) - len(entries)
+        padding_entry = (self.entries_bytes + (self._shard_end_growth() if shard_end else 0)
+                         - sum(len(part) for part in entries))
         padding = _padding_for_entry_size(padding_entry)
         if padding is None:
             raise RecordFormatError(f"record {record.filename!r} (label {record.label}) does not fit its split's "
                                     "fixed layout: filename or label longer than the layout was made for")
-        framed = tfrecord_io.frame(_field(1, entries + _entry(PADDING, _bytes_feature(bytes(padding)))))
+        framed = tfrecord_io.frame_parts(_field_parts(1, [*entries, _entry(PADDING, _bytes_feature(bytes(padding)))]))
         if len(framed) != target:
             raise RecordFormatError(f"fixed layout error: record of {len(framed)} bytes, expected {target}")
         return framed
@@ -170,15 +173,15 @@ def _padding_for_entry_size(size: int) -> int | None:
 
 
 def _fixed_features(record: ImageRecord) -> list[tuple[str, bytes]]:
+    """The features after ``image/encoded``, in the fixed order."""
     features = {
-        ENCODED: _bytes_feature(record.encoded),
         LABEL: _int64_feature(record.label),
         FILENAME: _bytes_feature(record.filename.encode("utf-8")),
         FORMAT: _bytes_feature(record.format.encode()),
         HEIGHT: _int64_feature(record.height),
         WIDTH: _int64_feature(record.width),
     }
-    return [(key, features[key]) for key in _FIXED_ORDER]
+    return [(key, features[key]) for key in _FIXED_ORDER[1:]]
 
 
 def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_bytes: int, label: int) -> int:

@@ -182,6 +182,14 @@ def _kernel(scale: float, lobes: int) -> np.ndarray:
     return kernel
 
 
+def opencv():
+    """OpenCV (``cv2``), imported when first needed and set up as the job uses it."""
+    import cv2
+
+    _ready_opencv(cv2)
+    return cv2
+
+
 def _ready_opencv(cv2) -> None:
     global _opencv_ready
     if not _opencv_ready:

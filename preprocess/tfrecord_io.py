@@ -37,8 +37,16 @@ def mask_crc(crc: int) -> int:
 
 def frame(data: bytes) -> bytes:
     """One record exactly as it is stored in a TFRecord file."""
-    length = struct.pack("<Q", len(data))
-    return b"".join((length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data))))
+    return frame_parts((data,))
+
+
+def frame_parts(parts) -> bytes:
+    """:func:`frame` of ``b"".join(parts)``, joined once: the CRC is extended part by part, no part is copied first."""
+    length = struct.pack("<Q", sum(len(part) for part in parts))
+    crc = 0
+    for part in parts:
+        crc = google_crc32c.extend(crc, part)
+    return b"".join((length, struct.pack("<I", masked_crc32c(length)), *parts, struct.pack("<I", mask_crc(crc))))
 
 
 def framed_size(data_length: int) -> int:

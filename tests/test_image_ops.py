@@ -381,6 +381,34 @@ def test_jpeg_with_too_many_scans_is_rejected():
     assert image_ops.process_image(fewer, ProcessOptions(shorter_side=8)).height == 8
 
 
+def test_channel_counts_of_arrays_are_pillows_histogram():
+    random = np.random.default_rng(3)
+    wide = random.integers(0, 256, (37, 101, 3), dtype=np.uint8)
+    for pixels in (wide, wide[:, ::2], wide[5:30, 7:90], np.full((256, 256, 3), 255, np.uint8)):
+        expected = np.array(Image.fromarray(np.ascontiguousarray(pixels), "RGB").histogram()).reshape(3, 256)
+        counts = image_ops.channel_counts(pixels)
+        assert counts.dtype == np.int64 and (counts == expected).all()
+
+
+def test_channel_counts_stay_exact_past_float32():
+    # 4097 x 4097 pixels of one colour: a count float32 cannot hold (it rounds 16785409 to 16785408).
+    pixels = np.zeros((4097, 4097, 3), np.uint8)
+    pixels[..., 1] = 7
+    counts = image_ops.channel_counts(pixels)
+    assert (counts[0, 0], counts[1, 7], counts[2, 0]) == (4097 * 4097,) * 3
+    assert counts.sum() == 3 * 4097 * 4097
+
+
+def test_scan_markers_counts_as_bytes_count_does():
+    random = np.random.default_rng(7)
+    noisy = random.choice(np.array([0x00, 0xFF, 0xDA, 0x12], np.uint8), 10_001).tobytes()  # many FF DA, both parities
+    cases = [b"", b"\xff", b"\xda", b"\xff\xda", b"x\xff\xda", b"\xff\xff\xda\xda", b"\xda\xff" * 5, noisy, noisy[1:],
+             factory.progressive_jpeg_with_repeated_scan(30)]
+    for data in cases:
+        assert image_ops.scan_markers(data) == data.count(b"\xff\xda")
+    assert image_ops.scan_markers(noisy) > 100
+
+
 def test_warnings_while_opening_do_not_reject_a_good_image():
     # Pillow warns "malformed MPO file" and reads the JPEG; a strict warnings filter must not turn that into a reject.
     with warnings.catch_warnings():
