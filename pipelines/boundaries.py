@@ -65,7 +65,8 @@ class RankBoundaries(beam.PTransform):
         return (bucketed.parts
                 | "GroupBuckets" >> beam.GroupByKey()
                 | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(self.metric_name), self.sizes, self.parts,
-                                                      beam.pvalue.AsDict(bucket_sizes))
+                                                      beam.pvalue.AsDict(bucket_sizes)).with_output_types(
+                    beam.typehints.Any)  # declared: Beam would infer it from the DoFn's bytecode, at start-up
                 | "CollectBoundaries" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
                 | "BoundariesBySplit" >> beam.Map(_boundaries_by_split))
 

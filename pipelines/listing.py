@@ -105,7 +105,9 @@ class ListClassDirectories(beam.PTransform):
     def expand(self, pbegin):
         listed = (pbegin
                   | "SpreadDirectories" >> SpreadValues(self.class_dirs)  # (split, class, directory)
-                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_outputs(REJECTS, main="inputs"))
+                  # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
+                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_output_types(beam.typehints.Any).with_outputs(
+                      REJECTS, main="inputs"))
         return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
 
 

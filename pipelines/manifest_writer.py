@@ -128,7 +128,8 @@ class WriteManifest(beam.PTransform):
     def expand(self, pbegin):
         return (pbegin
                 | "ManifestTrigger" >> beam.Impulse()  # one element, in no ParDo (beam.Create takes two)
-                | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views))
+                | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views)
+                .with_output_types(beam.typehints.Any))  # declared: not inferred from the bytecode at start-up
 
 
 # --- the manifest document --------------------------------------------------------------------------------------
