@@ -32,10 +32,12 @@ class CountInputs(beam.PTransform):
     """(Inputs, listing Rejects) -> (split, inputs listed), rejects included."""
 
     def expand(self, listed_and_rejects):
-        # One Map and one combine for both: every ParDo costs start-up (Beam inspects each DoFn several times)
-        return (listed_and_rejects
-                | "InputsAndRejects" >> beam.Flatten()
-                | "SplitOfEach" >> beam.Map(_split_counted_once)
+        # Each element is cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements (here
+        # every listed input) in the launcher. One combine for both (Count.PerElement takes one more ParDo each).
+        listed, rejects = listed_and_rejects
+        return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
+                 rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
+                | "InputSplits" >> beam.Flatten()
                 | "Count" >> beam.CombinePerKey(sum))
 
 
