@@ -15,15 +15,20 @@ from shardprep.pipelines.common import METRICS_NAMESPACE
 from shardprep.preprocess import record_pointers, sharding
 
 
+BUCKET_SIZES = "bucket_sizes"  # bucket_sort_keys' second output
+
+
 def bucket_sort_keys(keys, sizes: dict):
-    """((split, bucket), the rows of ``keys`` in that bucket) for every bucket its sort keys fall in."""
+    """((split, bucket), the rows of ``keys`` in that bucket) for every bucket its sort keys fall in; and, tagged
+    ``BUCKET_SIZES``, ((split, bucket), how many rows) of each."""
     for bucket, part in keys.by_bucket(sharding.num_buckets(sizes[keys.split])).items():
         yield (keys.split, bucket), part
+        yield beam.pvalue.TaggedOutput(BUCKET_SIZES, ((keys.split, bucket), len(part)))
 
 
 class FindShardBoundaries(beam.DoFn):
-    """((split, bucket), [rows]) -> (split, (part, sort key)) for the sort keys that start a part (a shard, or a
-    decode group) and fall in this bucket."""
+    """((split, bucket), [rows]) -> (None, (split, (part, sort key))) for the sort keys that start a part (a shard,
+    or a decode group) and fall in this bucket."""
 
     def __init__(self, metric_name: str):
         # Keys sorted per call: shows that this work stays about BUCKET_TARGET however large the dataset.
@@ -37,7 +42,7 @@ class FindShardBoundaries(beam.DoFn):
         for part, rank in enumerate(sharding.boundary_ranks(sizes[split], parts[split]), start=1):
             if first_rank <= rank < first_rank + len(keys):
                 high, low = keys[rank - first_rank]
-                yield split, (part, (int(high), int(low)))
+                yield None, (split, (part, (int(high), int(low))))  # one key: all collected together
 
 
 class RankBoundaries(beam.PTransform):
@@ -52,16 +57,23 @@ class RankBoundaries(beam.PTransform):
         self.sizes, self.parts, self.metric_name = sizes, parts, metric_name
 
     def expand(self, keys):
-        bucketed = keys | "BucketSortKeys" >> beam.FlatMap(bucket_sort_keys, self.sizes)
-        bucket_sizes = (bucketed
-                        | "BucketSize" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
-                        | "CountBuckets" >> beam.CombinePerKey(sum))
-        return (bucketed
+        # Few ParDos (each costs start-up): the bucket sizes come out of the bucketing, and the boundaries are
+        # collected under one key rather than by a global combine (which adds two ParDos to key and unkey).
+        bucketed = keys | "BucketSortKeys" >> beam.FlatMap(bucket_sort_keys, self.sizes).with_outputs(
+            BUCKET_SIZES, main="parts")
+        bucket_sizes = bucketed[BUCKET_SIZES] | "CountBuckets" >> beam.CombinePerKey(sum)
+        return (bucketed.parts
                 | "GroupBuckets" >> beam.GroupByKey()
                 | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(self.metric_name), self.sizes, self.parts,
-                                                      beam.pvalue.AsDict(bucket_sizes))
-                | "CollectBoundaries" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
-                | "BoundariesBySplit" >> beam.Map(sharding.collect_boundaries))
+                                                      beam.pvalue.AsDict(bucket_sizes)).with_output_types(
+                    beam.typehints.Any)  # declared: Beam would infer it from the DoFn's bytecode, at start-up
+                | "CollectBoundaries" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
+                | "BoundariesBySplit" >> beam.Map(_boundaries_by_split))
+
+
+def _boundaries_by_split(collected) -> dict[str, tuple]:
+    _, pairs = collected
+    return sharding.collect_boundaries(pairs)
 
 
 def shard_counts(total: sharding.RecordSummary, requested: int | None):

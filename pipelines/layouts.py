@@ -38,6 +38,27 @@ def fixed_layout(split_bounds, side: int) -> tuple[str, FixedLayout]:
     return split, FixedLayout.for_records(side, side, (shortest, longest), max_label)
 
 
+class LayoutOfKeyBounds(beam.CombineFn):
+    """A split's key bounds (``record_key_bounds``) merged (``merge_key_bounds``) into its FixedLayout for records
+    of ``side`` x ``side`` raw pixels: the layout made where the bounds are merged, not by one more ParDo."""
+
+    def __init__(self, side: int):
+        self.side = side
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, bounds, element):
+        return element if bounds is None else merge_key_bounds([bounds, element])
+
+    def merge_accumulators(self, accumulators):
+        present = [bounds for bounds in accumulators if bounds is not None]
+        return merge_key_bounds(present) if present else None
+
+    def extract_output(self, bounds):
+        return fixed_layout((None, bounds), self.side)[1]
+
+
 class FixedLayouts(beam.PTransform):
     """Inputs -> (split, FixedLayout) per split, for records of ``side`` x ``side`` raw pixels."""
 
@@ -48,8 +69,7 @@ class FixedLayouts(beam.PTransform):
     def expand(self, inputs):
         return (inputs
                 | "RecordKeyBounds" >> beam.Map(record_key_bounds)
-                | "MergeKeyBounds" >> beam.CombinePerKey(merge_key_bounds)
-                | "FixedLayout" >> beam.Map(fixed_layout, self.side))
+                | "MergeKeyBounds" >> beam.CombinePerKey(LayoutOfKeyBounds(self.side)))
 
 
 def planned_layouts(config, key_bounds: dict) -> dict:

@@ -21,6 +21,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines import progress
+from shardprep.pipelines.given_values import GivenValues, SpreadValues
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
@@ -47,7 +48,7 @@ def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
     listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
     rejects = [listed["rejects"]]
     if plan.skipped:  # hidden folders and looping links seen when planning
-        rejects.append(pbegin | "SkippedEntries" >> beam.Create(list(plan.skipped)))
+        rejects.append(pbegin | "SkippedEntries" >> GivenValues(plan.skipped))
     if not plan.flat_dirs and not config.labels_file:
         return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
     labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
@@ -68,8 +69,7 @@ class ReadTasks(beam.PTransform):
 
     def expand(self, pbegin):
         read = (pbegin
-                | "Tasks" >> beam.Create(self.tasks, reshuffle=False)
-                | "SpreadTasks" >> beam.Reshuffle()
+                | "SpreadTasks" >> SpreadValues(self.tasks)
                 | "ListTask" >> beam.ParDo(TaskLister(self.reader, self.progress_dir)).with_outputs(
                     REJECTS, main="inputs"))
         return {"inputs": read.inputs, "rejects": read[REJECTS]}
@@ -104,9 +104,10 @@ class ListClassDirectories(beam.PTransform):
 
     def expand(self, pbegin):
         listed = (pbegin
-                  | "Directories" >> beam.Create(self.class_dirs, reshuffle=False)  # (split, class, directory)
-                  | "SpreadDirectories" >> beam.Reshuffle()
-                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_outputs(REJECTS, main="inputs"))
+                  | "SpreadDirectories" >> SpreadValues(self.class_dirs)  # (split, class, directory)
+                  # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
+                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_output_types(beam.typehints.Any).with_outputs(
+                      REJECTS, main="inputs"))
         return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
 
 
@@ -124,14 +125,14 @@ class ListLabelledFiles(beam.PTransform):
 
     def expand(self, pbegin):
         flat = (pbegin
-                | "Directories" >> beam.Create(self.flat_dirs)  # (split, directory)
+                | "Directories" >> GivenValues(self.flat_dirs)  # (split, directory)
                 | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
                     REJECTS, main="files"))
         # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
-        # They travel as one element's worth: beam.Create of the rows would infer a type from every row and encode
+        # They travel pickled in one DoFn: beam.Create of the rows would infer a type from every row and encode
         # each into the graph (4.3 s of CPU for ImageNet's 50,000 validation rows, against 0.1 s).
         rows = (pbegin
-                | "LabelRows" >> beam.Create([None])
+                | "LabelRows" >> beam.Impulse()
                 | "EachLabelRow" >> beam.FlatMap(_given_rows, self.label_rows).with_output_types(LABEL_ROW))
         joined = ({"files": flat.files, "rows": rows}
                   | "JoinLabels" >> beam.CoGroupByKey()

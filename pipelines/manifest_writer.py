@@ -13,6 +13,7 @@ input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 
@@ -31,11 +32,17 @@ class CountInputs(beam.PTransform):
     """(Inputs, listing Rejects) -> (split, inputs listed), rejects included."""
 
     def expand(self, listed_and_rejects):
+        # Each element is cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements (here
+        # every listed input) in the launcher. One combine for both (Count.PerElement takes one more ParDo each).
         listed, rejects = listed_and_rejects
-        return ((listed | "InputSplit" >> beam.Map(lambda item: item.split),
-                 rejects | "ListingRejectSplit" >> beam.Map(lambda item: item.split))
+        return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
+                 rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
                 | "InputSplits" >> beam.Flatten()
-                | "Count" >> beam.combiners.Count.PerElement())
+                | "Count" >> beam.CombinePerKey(sum))
+
+
+def _split_counted_once(item) -> tuple[str, int]:
+    return item.split, 1
 
 
 def write_rejects(rejects: list, output: str) -> dict:
@@ -56,20 +63,31 @@ def write_rejects(rejects: list, output: str) -> dict:
 
 
 class WriteRejects(beam.PTransform):
-    """Rejects -> {split: {reason: count}} (a singleton), after writing them all to OUTPUT/rejects.jsonl."""
+    """Rejects (a PCollection, or a tuple of them) -> {split: {reason: count}} (a singleton), after writing them all
+    to OUTPUT/rejects.jsonl."""
 
     def __init__(self, output: str):
         super().__init__()
         self.output = output
 
     def expand(self, rejects):
-        return (rejects
-                | "CollectRejects" >> beam.combiners.ToList()
-                | "WriteRejectsFile" >> beam.Map(write_rejects, self.output))
+        # The rejects as side inputs of one element: a rejects file even without rejects, in one ParDo where a
+        # global combine with its default takes six and two more stages. Several PCollections (a tuple) are each
+        # a side input of their own: their Flatten would be one more stage.
+        parts = rejects if isinstance(rejects, tuple) else (rejects,)
+        return (parts[0].pipeline
+                | "Start" >> beam.Impulse()
+                | "WriteRejectsFile" >> beam.Map(_write_all_rejects, self.output,
+                                                 *(beam.pvalue.AsList(part) for part in parts)))
+
+
+def _write_all_rejects(_, output: str, *parts) -> dict:
+    return write_rejects(itertools.chain(*parts), output)
 
 
 class WriteManifestFile(beam.DoFn):
-    """None -> the manifest document, after writing OUTPUT/manifest.json and then removing the spill folder.
+    """Impulse's one element -> the manifest document, after writing OUTPUT/manifest.json and then removing the
+    spill folder.
 
     ``build(shard_entries, input_counts, summary, reject_summary, layouts)`` makes the document from the side
     inputs, or raises PreprocessError (an input unaccounted for, or --strict saw rejects): then nothing is written.
@@ -111,8 +129,9 @@ class WriteManifest(beam.PTransform):
 
     def expand(self, pbegin):
         return (pbegin
-                | "ManifestTrigger" >> beam.Create([None])
-                | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views))
+                | "ManifestTrigger" >> beam.Impulse()  # one element, in no ParDo (beam.Create takes two)
+                | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views)
+                .with_output_types(beam.typehints.Any))  # declared: not inferred from the bytecode at start-up
 
 
 # --- the manifest document --------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
 from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, read_keys, unknown_keys
+from shardprep.pipelines.given_values import GivenValues
 from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
@@ -110,9 +111,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     shard_entries = records | "WriteShards" >> WriteShards(config.output, config.num_shards, boundaries, summary,
                                                            layouts)
     # Reject -> {split: {reason: count}}, after OUTPUT/rejects.jsonl is written
-    reject_summary = ((listing_rejects, decoded["rejects"])
-                      | "AllRejects" >> beam.Flatten()
-                      | "WriteRejects" >> WriteRejects(config.output))
+    reject_summary = (listing_rejects, decoded["rejects"]) | "WriteRejects" >> WriteRejects(config.output)
     # -> the manifest document, OUTPUT/manifest.json written last
     return p | "WriteManifest" >> WriteManifest(
         config.output, functools.partial(build_manifest, config, plan, runner), beam.pvalue.AsList(shard_entries),
@@ -124,10 +123,10 @@ def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
     source's file names), else from the listed keys; empty unless the records are raw centre crops."""
     key_bounds = plan.kind.planned_key_bounds(plan)
     if key_bounds is not None:
-        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> beam.Create([planned_layouts(config, key_bounds)]))
+        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> GivenValues([planned_layouts(config, key_bounds)]))
     if uses_fixed_layout(config):
         return beam.pvalue.AsDict(inputs | "FixedLayouts" >> FixedLayouts(config.shorter_side))
-    return beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> beam.Create([{}]))
+    return beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> GivenValues([{}]))
 
 
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:

@@ -74,10 +74,12 @@ class ArchiveSource(SourceKind):
     def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
         import apache_beam as beam
 
+        from shardprep.pipelines.given_values import GivenValues
+
         listed = super().list_inputs(pbegin, config, plan, progress_dir)
         if not plan.skipped:
             return listed
-        skipped = pbegin | "SkippedMembers" >> beam.Create(list(plan.skipped))
+        skipped = pbegin | "SkippedMembers" >> GivenValues(plan.skipped)
         return {"inputs": listed["inputs"],
                 "rejects": (listed["rejects"], skipped) | "AllListingRejects" >> beam.Flatten()}
 

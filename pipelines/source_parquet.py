@@ -138,10 +138,12 @@ class ParquetSource(SourceKind):
         """The row groups read on the workers, and the files planning could not read as rejects."""
         import apache_beam as beam
 
+        from shardprep.pipelines.given_values import GivenValues
+
         listed = super().list_inputs(pbegin, config, plan, progress_dir)
         if not plan.skipped:
             return listed
-        unreadable = pbegin | "UnreadableFiles" >> beam.Create(list(plan.skipped))
+        unreadable = pbegin | "UnreadableFiles" >> GivenValues(plan.skipped)
         return {"inputs": listed["inputs"],
                 "rejects": (listed["rejects"], unreadable) | "AllListingRejects" >> beam.Flatten()}
 
