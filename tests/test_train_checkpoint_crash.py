@@ -327,18 +327,22 @@ def test_a_full_disk_while_checkpointing_or_writing_best_keras_is_one_line_and_t
 
     data = colour_dataset
     output = tmp_path / "run"
-    save = keras.Model.save
+    save, copyfile = keras.Model.save, shutil.copyfile
     calls: list = []
 
-    def full_disk(model, path, *args, **kwargs):
-        calls.extend([path] if path.endswith("last.writing.keras") else [])
+    def full_disk(path, write):
+        calls.extend([path] if str(path).endswith("last.writing.keras") else [])
         if len(calls) == 2:  # the checkpoint of the epoch-1 end (step 4), after the one of step 3
             with open(path, "wb") as f:
                 f.write(b"PK\x03\x04 half a zip")
             raise OSError(errno.ENOSPC, "No space left on device", path)
-        return save(model, path, *args, **kwargs)
+        return write()
 
-    monkeypatch.setattr(keras.Model, "save", full_disk)
+    # The model is written by Keras (step 3), or copied from the best.keras it was just saved to (an epoch end).
+    monkeypatch.setattr(keras.Model, "save", lambda model, path, *args, **kwargs: full_disk(
+        path, lambda: save(model, path, *args, **kwargs)))
+    monkeypatch.setattr(shutil, "copyfile", lambda source, path, *args, **kwargs: full_disk(
+        path, lambda: copyfile(source, path, *args, **kwargs)))
     result = CliRunner().invoke(main, _args(data, output, "--epochs", "1"))
     lines = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert result.exit_code == 1 and "Traceback" not in result.output

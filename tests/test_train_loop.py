@@ -159,9 +159,17 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path,
     slow_input = [_slow_training_input(make_dataset, 0.4)]
     monkeypatch.setattr(steps_tf.reader, "make_dataset", lambda *args, **kwargs: seeds.append(
         (args[3], kwargs["seed"], kwargs["start_step"])) or (slow_input or [make_dataset])[0](*args, **kwargs))
+    saved_to = []  # every model.save of the run: the file it wrote
+    save = keras.Model.save
+    monkeypatch.setattr(keras.Model, "save", lambda model, path, *a, **k: saved_to.append(os.path.basename(path))
+                        or save(model, path, *a, **k))
     messages = []
     summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None), report=messages.append)
     slow_input.clear()
+    # The training model is serialized once an epoch end: an epoch that improves val_loss writes best.keras, and
+    # last.keras is a copy of it; the inference model.keras once.
+    assert len(saved_to) == 2 + 1 and saved_to[-1] == "model.writing.keras", saved_to
+    assert saved_to[0] == "best.keras"  # the first epoch always improves on no best at all
     steps = 64 // 16
     first = json.loads((tmp_path / "history.json").read_text())
     assert first["epoch"] == [1, 2]

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from typing import Callable
 
 import keras
@@ -124,11 +125,15 @@ def read_json(path: str):
         return json.load(f)
 
 
-def _save_model(model: keras.Model, temporary: str, path: str) -> str:
-    """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``."""
+def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
+    """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``. ``saved_as``: a
+    local file ``model`` was just saved to, copied instead (the same state: serializing it again would only cost)."""
     try:
         _fresh(temporary)
-        model.save(temporary)
+        if saved_as is not None and not _is_url(saved_as) and not _is_url(temporary):
+            shutil.copyfile(saved_as, temporary)
+        else:
+            model.save(temporary)
         return checkpoint_state.file_sha256(temporary)
     except OSError as error:
         _discard(temporary)
@@ -196,13 +201,14 @@ def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, 
             "optimizer_iterations": optimizer_iterations, **copy.deepcopy(extra)}
 
 
-def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None) -> None:
+def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
+                    saved_as: str | None = None) -> None:
     """Commits a checkpoint: the model to ``last.writing.keras``, then ``state.json`` (``state`` with that file's
     sha256, and ``previous`` as its fallback), then the rename to ``last.keras`` (:mod:`checkpoint_state`).
 
     Adds ``checkpoint_sha256`` and ``state_sha256`` (its values' own hash) to ``state``: pass it as ``previous``
-    to the next call."""
-    state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"])
+    to the next call. ``saved_as``: a file ``model`` was just saved to in this state (:func:`_save_model`)."""
+    state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
     try:

@@ -179,8 +179,13 @@ class Epochs:
                     images_per_sec=timing.steps * self.config.batch_size / timing.seconds if timing.seconds else 0.0,
                     input_wait_fraction=timing.wait / timing.seconds if timing.seconds else 0.0,
                     learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+        best = [callback.best for callback in self._best_checkpoints()]
         self.callback_list.on_epoch_end(epoch, logs)
-        self._record(epoch, logs, time.perf_counter() - started)
+        # A ModelCheckpoint sets `best` only when it saves: then best.keras holds the model the epoch end checkpoints
+        # (the callbacks that change the optimizer come before it, and nothing after it changes the model).
+        written = [callback.filepath for callback, before in zip(self._best_checkpoints(), best)
+                   if callback.best is not before]
+        self._record(epoch, logs, time.perf_counter() - started, written[0] if written else None)
         if self.stop.requested:
             at, saved = (epoch + 1) * self.steps_per_epoch, self.config.checkpoint
             raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "epoch end",
@@ -296,14 +301,19 @@ class Epochs:
         self._save(at, partial)
         raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training", self.paths["last"], at)
 
-    def _save(self, global_step: int, partial_epoch: dict | None) -> None:
+    def _best_checkpoints(self) -> list:
+        return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]
+
+    def _save(self, global_step: int, partial_epoch: dict | None, saved_as: str | None = None) -> None:
+        """A checkpoint after ``global_step`` steps; ``saved_as``: a file the model was saved to in this very state
+        (best.keras, just written), copied instead of serializing the model a second time."""
         state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
                                       checkpoints.optimizer_iterations(self.model), partial_epoch)
         state["rng"] = rng_state.capture(self.model)  # the draws the next step makes
-        checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state)
+        checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state, saved_as)
         self.saved_state = state
 
-    def _record(self, epoch: int, logs: dict, seconds: float) -> None:
+    def _record(self, epoch: int, logs: dict, seconds: float, saved_as: str | None = None) -> None:
         history, config = self.history, self.config
         history["epoch"].append(epoch + 1)
         for key in HISTORY_KEYS[1:]:
@@ -314,4 +324,4 @@ class Epochs:
                  f"{100 * logs['input_wait_fraction']:.1f}% of step time")
         checkpoints.write_json(self.paths["history"], history)
         if config.checkpoint:
-            self._save((epoch + 1) * self.steps_per_epoch, None)
+            self._save((epoch + 1) * self.steps_per_epoch, None, saved_as)

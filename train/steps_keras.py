@@ -158,14 +158,22 @@ class KerasSteps:
     def eval_step(self, batch) -> None:
         images, labels = batch
         examples, weights = len(labels), None
-        if examples % self.replicas:
-            # The pass's last batch may not divide over the devices: pad it with copies that weigh nothing.
-            padding = self.replicas - examples % self.replicas
+        padding = self._eval_rows(examples) - examples
+        if padding:
             images = np.concatenate([images, np.repeat(images[-1:], padding, axis=0)])
             labels = np.concatenate([labels, np.repeat(labels[-1:], padding, axis=0)])
+        if padding or self.jit_compile:
+            # Weights on every batch of a compiled step: a batch with them is another input than one without.
             weights = np.concatenate([np.ones(examples, np.float32), np.zeros(padding, np.float32)])
         logs = self.model.test_on_batch(images, labels, sample_weight=weights, return_dict=True)
         self._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, examples)
+
+    def _eval_rows(self, examples: int) -> int:
+        """The rows a validation batch of ``examples`` is evaluated as, padded with copies that weigh nothing: a
+        multiple of the devices (a batch must divide over them) and, when the step is compiled, the full batch (a
+        short last batch would compile a second evaluation step: XLA compiles one per input shape)."""
+        rows = max(examples, self.config.batch_size) if self.jit_compile else examples
+        return -(-rows // self.replicas) * self.replicas
 
     def reset(self) -> None:
         self._train, self._val = _Sums(), _Sums()
