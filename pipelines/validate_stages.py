@@ -4,8 +4,10 @@ contact-sheet samples, and the result lines the driver reads back. Element types
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+from apache_beam import coders
 
 from shardprep.pipelines.validation.checks import mean_std_problems, problem, problem_sort_key, split_problems
 from shardprep.pipelines.validation.elements import RecordLocation
@@ -13,6 +15,35 @@ from shardprep.pipelines.validation.report import foreign_summary, sample_line, 
 from shardprep.pipelines.validation.stats import ForeignStats, SplitStats
 
 OCCURRENCES_LISTED = 10  # how many records a duplicate/leakage problem names
+
+# A local run (Beam's in-process runner) holds every value of a shuffle in the launcher's memory, as its encoding,
+# until the last shard is read: a RecordLocation pickled with its class (~160 bytes) where its fields alone take ~75.
+# So the duplicate and leakage shuffles carry each location as its fields encoded, and decode it after the grouping;
+# the filename shuffle leaves out the filename, which is its key.
+_LOCATION_CODER = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.VarIntCoder(),
+                                     coders.StrUtf8Coder()])  # split, file, index, filename
+_PLACE_CODER = coders.TupleCoder(_LOCATION_CODER.coders()[:3])  # split, file, index
+
+
+def packed_location(key, location: RecordLocation) -> tuple:
+    """``(key, RecordLocation)`` -> ``(key, bytes)``: the location encoded, as it crosses the leakage shuffle."""
+    return key, _LOCATION_CODER.encode(location)
+
+
+def unpacked_locations(packed: Iterable[bytes]) -> Iterator[RecordLocation]:
+    """The ``RecordLocation`` of each value ``packed_location`` encoded."""
+    return (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in packed)
+
+
+def packed_place(filename: str, location: RecordLocation) -> tuple:
+    """``(image/filename, RecordLocation)`` -> ``(image/filename, bytes)``: the location without its filename (the
+    key) encoded, as it crosses the filename shuffle."""
+    return filename, _PLACE_CODER.encode(location[:3])
+
+
+def unpacked_places(filename: str, packed: Iterable[bytes]) -> Iterator[RecordLocation]:
+    """The ``RecordLocation`` of each value ``packed_place`` encoded for ``filename``."""
+    return (RecordLocation(*_PLACE_CODER.decode(data), filename) for data in packed)
 
 
 class MergeStatsFn(beam.CombineFn):
@@ -79,7 +110,7 @@ class FindDuplicateFilenamesFn(beam.DoFn):
     def process(self, element):
         filename, locations = element
         count, first = 0, []
-        for location in locations:
+        for location in unpacked_places(filename, locations):
             count += 1
             first = sorted(first + [location])[:OCCURRENCES_LISTED]
         if count < 2:
@@ -96,7 +127,8 @@ class FindDuplicateFilenames(beam.PTransform):
 
     def expand(self, filenames):
         return (filenames
-                | "GroupByFilename" >> beam.GroupByKey()  # (filename, [RecordLocation])
+                | "PackLocations" >> beam.MapTuple(packed_place)  # (filename, bytes)
+                | "GroupByFilename" >> beam.GroupByKey()  # (filename, [RecordLocation encoded])
                 | "FindDuplicates" >> beam.ParDo(FindDuplicateFilenamesFn()))
 
 
@@ -113,7 +145,7 @@ class FindLeakageFn(beam.DoFn):
         _, locations = element
         first_by_split: dict[str, RecordLocation] = {}
         count_by_split: dict[str, int] = {}
-        for location in locations:
+        for location in unpacked_locations(locations):
             count_by_split[location.split] = count_by_split.get(location.split, 0) + 1
             if location.split not in first_by_split or location < first_by_split[location.split]:
                 first_by_split[location.split] = location
@@ -144,7 +176,8 @@ class FindLeakage(beam.PTransform):
 
     def expand(self, pixel_hashes):
         found = (pixel_hashes
-                 | "GroupByPixelHash" >> beam.GroupByKey()  # (pixel hash, [RecordLocation])
+                 | "PackLocations" >> beam.MapTuple(packed_location)  # (pixel hash, bytes)
+                 | "GroupByPixelHash" >> beam.GroupByKey()  # (pixel hash, [RecordLocation encoded])
                  | "FindLeaks" >> beam.ParDo(FindLeakageFn(self.split_order)).with_outputs(
                      "duplicates", main="problem"))
         duplicates = found.duplicates | "CountDuplicateImages" >> beam.CombinePerKey(sum)

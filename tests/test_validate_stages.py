@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -74,6 +76,9 @@ def test_read_shards_emits_the_shards_statistics_and_every_records_location(tmp_
         assert_that(read.problem, equal_to([]), label="NoProblems")
         assert_that(read.filename, equal_to([(r.filename, RecordLocation("train", SHARD, i, r.filename))
                                              for i, r in enumerate(records())]), label="Filenames")
+        # The leakage shuffle's key, which a local run holds for every record: the raw 16-byte digest.
+        assert_that(read.pixel_hash | beam.MapTuple(lambda key, location: (type(key).__name__, len(key))),
+                    equal_to([("bytes", 16)] * 3), label="PixelHashKeys")
 
 
 def test_read_shards_names_a_corrupt_record_and_the_shards_changed_hash(tmp_path):
@@ -129,6 +134,44 @@ def test_find_leakage_reports_an_image_in_two_splits_and_counts_duplicates_withi
         assert_that(leakage["problem"] | beam.Map(lambda found: (found["file"], found["index"], found["keys"])),
                     equal_to([("test/a", 1, ["t.png", "copy.png"])]), label="Leakage")
         assert_that(leakage["duplicates"], equal_to([("train", 1)]), label="Duplicates")
+
+
+def deep_size(value) -> int:
+    """Bytes of memory a decoded value takes: the object and, for a tuple, its items."""
+    return sys.getsizeof(value) + (sum(deep_size(item) for item in value) if isinstance(value, tuple) else 0)
+
+
+def test_the_duplicate_and_leakage_shuffles_hold_each_location_in_one_small_object(monkeypatch):
+    # The local runner keeps every grouped value in the launcher's memory until the last shard is read: per record,
+    # one value in the filename shuffle and one in the pixel-hash shuffle.
+    location = RecordLocation("train", "train/train-00042-of-01024.tfrecord", 1249, "n01440764/n01440764_10026.JPEG")
+    assert deep_size(location) > 300  # what the location takes decoded
+    held = []
+    append = GroupingBuffer.append
+
+    def counting_append(self, elements_data):
+        append(self, elements_data)
+        held.extend(deep_size(value) for values in self._table.values() for value in values)
+
+    monkeypatch.setattr(GroupingBuffer, "append", counting_append)
+    with pipeline() as p:
+        _ = p | "Filenames" >> beam.Create([(location.filename, location)]) | FindDuplicateFilenames()
+        _ = p | "PixelHashes" >> beam.Create([("0" * 32, location)]) | FindLeakage(["train"])
+    assert len(held) >= 2 and max(held) <= 144, held
+
+
+def test_locations_cross_the_shuffles_unchanged():
+    odd = [("", "", 0), ("train", "train/a", 5), ("tr\u00e4in", "a/\u65e5\u672c.tfrecord", 2**40)]
+    named = [RecordLocation(*place, "x\x00y\U0001f600") for place in odd]  # one image/filename
+    leaked = [RecordLocation(*place, filename) for place, filename in zip(odd, ["", "t.png", "\u00e9\ud7ff.png"])]
+    with pipeline() as p:
+        found = (p | "Named" >> beam.Create([(location.filename, location) for location in named])
+                 | FindDuplicateFilenames() | "Occurrences" >> beam.Map(lambda found: found["occurrences"]))
+        assert_that(found, equal_to([[location.to_json() for location in sorted(named)]]), label="Duplicates")
+        leakage = (p | "Leaked" >> beam.Create([(b"h", location) for location in leaked])
+                   | FindLeakage(["", "train", "tr\u00e4in"]))
+        assert_that(leakage["problem"] | beam.Map(lambda found: found["occurrences"]),
+                    equal_to([[location.to_json() for location in leaked]]), label="Leakage")
 
 
 def test_keep_first_problems_caps_each_check_and_counts_all():

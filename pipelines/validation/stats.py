@@ -35,12 +35,13 @@ def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
     return sums, squares
 
 
-def pixel_hash(height: int, width: int, pixels: np.ndarray) -> str:
-    """A digest of an image's decoded pixels (and shape): identical images hash alike whatever their keys."""
+def pixel_hash(height: int, width: int, pixels: np.ndarray) -> bytes:
+    """A digest (16 bytes) of an image's decoded pixels (and shape): identical images hash alike whatever their
+    keys. Raw, not hex: it is the key of a shuffle a local run holds in memory, and no report shows it."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{height}x{width}:".encode())
     digest.update(np.ascontiguousarray(pixels))  # the bytes row by row, without a copy when already contiguous
-    return digest.hexdigest()
+    return digest.digest()
 
 
 def sample_rank(filename: str) -> float:
