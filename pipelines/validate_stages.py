@@ -43,7 +43,9 @@ def packed_place(filename: str, location: RecordLocation) -> tuple:
 
 def unpacked_places(filename: str, packed: Iterable[bytes]) -> Iterator[RecordLocation]:
     """The ``RecordLocation`` of each value ``packed_place`` encoded for ``filename``."""
-    return (RecordLocation(*_PLACE_CODER.decode(data), filename) for data in packed)
+    for data in packed:
+        split, file, index = _PLACE_CODER.decode(data)
+        yield RecordLocation(split, file, index, filename)
 
 
 class MergeStatsFn(beam.CombineFn):
