@@ -38,14 +38,10 @@ class GivenValues(beam.PTransform):
                 | "Values" >> beam.FlatMap(_given, self.values).with_output_types(beam.typehints.Any))
 
 
-class SpreadValues(beam.PTransform):
+class SpreadValues(GivenValues):
     """The pipeline's start -> each of ``values``, spread over the workers: each keyed by its index and grouped,
     the shuffle ``beam.Reshuffle`` makes, so that the next ParDo runs on several workers at once (``beam.Create``
     then ``beam.Reshuffle``: six ParDos; here two)."""
-
-    def __init__(self, values):
-        super().__init__()
-        self.values = list(values)
 
     def expand(self, pbegin):
         return (pbegin
