@@ -113,10 +113,9 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
     lobes widened by the scale factor, then cubic interpolation. A downscale by 4 or more is first reduced by area
     averaging to within 2-4 times the target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at
     any scale."""
-    import cv2
     import numpy as np
 
-    _ready_opencv(cv2)
+    cv2 = opencv()
     # An array is used as it is, never copied whole; a Pillow image becomes one only where all of it is needed.
     if isinstance(image, np.ndarray):
         given, (image_width, image_height) = image, (image.shape[1], image.shape[0])
