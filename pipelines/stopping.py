@@ -6,13 +6,16 @@ No Beam import: this is plain process handling, for ``runner``'s local runner.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
+INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
 _stop_requested = threading.Event()
 
@@ -40,31 +43,53 @@ def run_stoppable(run):
     if threading.current_thread() is not threading.main_thread():
         return run()  # only the main thread receives signals
     outcome: dict = {}
+    # Waited for through this Event, not Thread.join: a KeyboardInterrupt inside join can leave the Thread marked
+    # stopped while it runs on (Python 3.11's bpo-45274 handling releases the running thread's lock), and is_alive()
+    # then says False.
+    finished = threading.Event()
 
     def target():
         try:
             outcome["result"] = run()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread as is
             outcome["error"] = e
+        finally:
+            finished.set()
 
     thread = threading.Thread(target=target, name="shardprep-pipeline", daemon=True)
     _stop_requested.clear()
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(0.2)
+        while not finished.wait(0.2):
+            pass
     except KeyboardInterrupt:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             _stop_requested.set()
             stop_worker_processes()
-            thread.join(STOP_WAIT_S)
+            if not finished.wait(STOP_WAIT_S):
+                atexit.register(_exit_before_finalizing, finished)
         finally:
             signal.signal(signal.SIGINT, previous)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _exit_before_finalizing(finished: threading.Event) -> None:
+    """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C has still not unwound: ends the
+    process with status 130 before Python finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it
+    next takes the interpreter lock, and one coming back from a C++ library (OpenCV's resize in a long decode)
+    unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
+    without an active exception") after the stop lines. The run's files are as a kill leaves them, which resume
+    handles."""
+    if finished.is_set():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(INTERRUPTED)
 
 
 def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:

@@ -9,8 +9,7 @@ import importlib
 import click
 
 from shardprep import __version__
-
-INTERRUPTED = 130  # the exit status after Ctrl-C
+from shardprep.pipelines.stopping import INTERRUPTED  # the exit status after Ctrl-C (130)
 
 SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",

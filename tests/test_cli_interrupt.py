@@ -46,6 +46,25 @@ def test_ctrl_c_while_a_run_is_waited_for_stops_the_wait_at_once():
     assert time.monotonic() - started < 10
 
 
+
+def test_ctrl_c_gives_the_run_time_to_unwind_before_it_is_reported():
+    """The stop lines count what the run saved, so the run gets up to STOP_WAIT_S to reach its next input check
+    and unwind. (A KeyboardInterrupt inside Thread.join had marked the running thread stopped: no wait at all.)"""
+    unwound = threading.Event()
+
+    def run():
+        try:
+            while True:
+                stopping.check_not_stopped()
+                time.sleep(1.0)  # one input's work, uninterruptible
+        finally:
+            unwound.set()
+
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        stopping.run_stoppable(run)
+    assert unwound.is_set()
+
 def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
     """A KeyboardInterrupt in the middle of putting fd 2 back would leave it on the workers' pipe."""
     import os
@@ -69,3 +88,48 @@ def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
     after = os.fstat(2)
     assert (after.st_dev, after.st_ino) == (stderr_before.st_dev, stderr_before.st_ino)
     assert not sys.stderr.closed
+
+
+# A run that never reaches its next input check: it stays in OpenCV's native code, as a long decode does.
+_RUN_IN_NATIVE_CODE = """
+import sys
+import numpy as np
+from shardprep.pipelines import stopping
+from shardprep.preprocess import resize
+
+cv2 = resize.opencv()
+image = np.zeros((3000, 4000, 3), np.uint8)
+
+def run():
+    print("running", flush=True)
+    while True:
+        cv2.resize(image, (2000, 1500), interpolation=cv2.INTER_AREA)
+
+try:
+    stopping.run_stoppable(run)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_the_run_is_in_native_code_exits_130_not_an_abort(tmp_path):
+    """After Ctrl-C the run's thread may still be inside a C++ library when the interpreter exits; Python then ends
+    that thread with pthread_exit, and the C++ frames it unwinds through abort the process ("terminate called
+    without an active exception", status 134) after the stop lines were printed. The process ends 130 instead."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(_RUN_IN_NATIVE_CODE)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"running\n"
+    time.sleep(0.5)  # inside the resize loop
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err.decode()
+    assert out.decode() == "stopped\n"
+    assert b"terminate called" not in err and not err, err.decode()
+    assert time.monotonic() - started < stopping.STOP_WAIT_S + 10

@@ -12,6 +12,7 @@ import click
 
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
+from shardprep.pipelines.stopping import INTERRUPTED
 from shardprep.preprocess import encodings
 from shardprep.preprocess.config import CROPS, PreprocessConfig, default
 
@@ -121,7 +122,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
             click.echo(line, err=True)
-        ctx.exit(130)
+        ctx.exit(INTERRUPTED)
     manifest = outcome.manifest
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")

@@ -5,6 +5,7 @@ import shlex
 
 import click
 
+from shardprep.pipelines.stopping import INTERRUPTED
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
 from shardprep.train.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
@@ -90,7 +91,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
         message, action = "Stopped (Ctrl-C) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
     click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
-    ctx.exit(130)
+    ctx.exit(INTERRUPTED)
 
 
 def _holds_run_files(output_dir: str) -> bool:
