@@ -66,13 +66,14 @@ from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
+from shardprep.pipelines.validate_paths import ValidateError, absolute, check_not_read, check_output_paths
 from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
 from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
 from shardprep.pipelines.validation.stats import sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import sources, untrusted
+from shardprep.preprocess import sources
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "ValidateOptions",
@@ -87,65 +88,12 @@ _LOGGER = logging.getLogger(__name__)
 Progress = Callable[[str, "int | None", "int | None", "int | None"], None]
 
 
-class ValidateError(Exception):
-    """Validation cannot run at all (not: the dataset has problems); the message is meant for the user."""
-
-
 class ReportWriteError(ValidateError):
     """Validation ran, but writing ``--json`` or ``--pictures`` failed; ``report`` holds the result to show."""
 
     def __init__(self, message: str, report: dict):
         super().__init__(message)
         self.report = report
-
-
-def _absolute(path: str) -> str:
-    """Local paths made absolute (so listed files can be made relative again); remote ones unchanged."""
-    if not storage.is_local(path):
-        return path
-    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
-
-
-def _check_file_path(flag: str, given: str, what: str, example: str) -> None:
-    """Refuses a local file path ``given`` for ``flag`` that could not be written (see check_output_paths)."""
-    path = _absolute(given)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise ValidateError(f"{flag} {given} is a folder; give a file name for {what}, "
-                            f"e.g. {manifest_lib.join(given, example)}")
-    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
-        raise ValidateError(f"{flag} {given} is {untrusted.file_kind(path)}, not a file; give a file name for {what}")
-    if not os.path.isdir(parent):
-        raise ValidateError(f"{flag} {given}: the folder {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValidateError(f"{flag} {given}: cannot write there (permission denied); choose a writable path")
-
-
-def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
-                       data: str | None = None) -> None:
-    """Refuses, before anything runs, a local ``--json``, ``--leaked-keys`` or ``--pictures`` that could not be
-    written.
-
-    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder), the keys file
-    outside ``data``; ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file).
-    Remote (``gs://``) paths are checked only against ``data``."""
-    if json_path and storage.is_local(json_path):
-        _check_file_path("--json", json_path, "the report", "report.json")
-    if leaked_keys and storage.is_local(leaked_keys):
-        _check_file_path("--leaked-keys", leaked_keys, "the keys", "leaked-keys.txt")
-    if leaked_keys and data and storage.inside(storage.resolved(leaked_keys), storage.resolved(data)):
-        raise ValidateError(f"--leaked-keys {leaked_keys} is inside the dataset {data}: choose a path outside it")
-    if pictures and storage.is_local(pictures):
-        path = _absolute(pictures)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ValidateError(f"--pictures {pictures} is a file, not a folder; give a folder for the pictures")
-        existing = path if os.path.isdir(path) else os.path.dirname(path)
-        if not os.path.isdir(existing):
-            raise ValidateError(f"--pictures {pictures}: the folder {existing} does not exist; create it or choose "
-                                "another path")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
-                                "choose a writable folder")
 
 
 # --- running a graph ----------------------------------------------------------------------------------------------
@@ -237,7 +185,7 @@ def _sample_options(manifest: Manifest, stats_split: str | None, options: Valida
 
 
 def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
-    data_dir = _absolute(options.data).rstrip("/")
+    data_dir = absolute(options.data).rstrip("/")
     report = report_lib.report_base(options.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
     found = storage.list_files(data_dir)
@@ -290,7 +238,7 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
         text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data,
                                           options.near_duplicate_distance)
         try:
-            path = _absolute(options.leaked_keys)
+            path = absolute(options.leaked_keys)
             near["leaked_keys_file"] = _write_file(os.path.dirname(path), os.path.basename(path),
                                                    text.encode("utf-8"), "text/plain")
         except (OSError, BeamIOError) as e:
@@ -314,7 +262,7 @@ def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, R
     matched = []
     for pattern in found.patterns:
         try:
-            matched += FileSystems.match([_absolute(pattern)])[0].metadata_list
+            matched += FileSystems.match([absolute(pattern)])[0].metadata_list
         except BeamIOError:
             pass
     return parsed.kind.name, found, matched
@@ -335,11 +283,12 @@ def _no_files_problem(pattern: str, matched: list) -> dict:
 def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
     kind, found, matched = _foreign_files(options, progress)
     report = report_lib.report_base(options.data, kind)
-    folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(_absolute(meta.path))]
+    folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(absolute(meta.path))]
     matched = [meta for meta in matched if meta not in folders]
     files = sorted(meta.path for meta in matched)
+    check_not_read(options, files)
     if not files:
-        pattern = _absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
+        pattern = absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
         return report_lib.finish(report, [_no_files_problem(pattern, folders)],
                                  [], options.max_problems_per_check)
     total_bytes = sum(meta.size_in_bytes for meta in matched)
@@ -387,7 +336,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
                                                "image/png")
     if near_report.searched(report):
-        data_dir = _absolute(report["data"]).rstrip("/")
+        data_dir = absolute(report["data"]).rstrip("/")
         written["near_duplicates"] = _write_file(directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(
             report, lambda file, index: read_record_pixels(manifest_lib.join(data_dir, file), index)), "image/png")
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
@@ -397,7 +346,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 
 
 def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:
-    path = manifest_lib.join(_absolute(directory), name)
+    path = manifest_lib.join(absolute(directory), name)
     with FileSystems.create(path, mime_type=mime_type, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
     return path
@@ -405,7 +354,7 @@ def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:
 
 def _write_report(json_path: str, report: dict) -> None:
     try:
-        with FileSystems.create(_absolute(json_path), mime_type="application/json",
+        with FileSystems.create(absolute(json_path), mime_type="application/json",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except (OSError, BeamIOError) as e:

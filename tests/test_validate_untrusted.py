@@ -131,6 +131,33 @@ def test_a_json_report_path_that_is_a_fifo_is_refused_before_anything_runs(clean
         validate_within_timeout(clean, json_path=str(fifo))
 
 
+def test_validate_writes_nothing_inside_the_dataset_it_checks(dataset, tmp_path):
+    """--json, --pictures and --leaked-keys inside DATA (its manifest, a shard, a new name there, through a link
+    or ``..``) are refused before anything runs: the report must not replace the manifest it was read from."""
+    link = tmp_path / "link.json"
+    os.symlink(dataset / "manifest.json", link)
+    files = {path: path.read_bytes() for path in dataset.rglob("*") if path.is_file()}
+    inside = [dataset / "manifest.json", dataset / SHARD, dataset / "report.json", link,
+              dataset / "train" / ".." / "report.json"]
+    for given in inside:
+        for flag, options in (("--json", {"json_path": str(given)}), ("--leaked-keys", {"leaked_keys": str(given)})):
+            with pytest.raises(validate.ValidateError, match=f"{flag} .* is inside the dataset"):
+                validate_within_timeout(dataset, **options)
+    for given in (dataset, dataset / "train", dataset / "pictures"):
+        with pytest.raises(validate.ValidateError, match="--pictures .* is inside the dataset"):
+            validate_within_timeout(dataset, pictures=str(given))
+    assert {path: path.read_bytes() for path in dataset.rglob("*") if path.is_file()} == files
+
+
+def test_a_json_report_never_replaces_a_file_a_tfrecord_glob_reads(tmp_path):
+    shard = tmp_path / "in" / "x-train.tfrecord-00000-of-00001"
+    helpers.write_foreign_tfrecord(shard, [helpers.foreign_example({"image": image_factory.rgb_jpeg(), "label": 0})])
+    before = shard.read_bytes()
+    with pytest.raises(validate.ValidateError, match="--json .* is a file that tfrecord:.* reads"):
+        validate_within_timeout(f"tfrecord:{shard.parent}/*.tfrecord*", json_path=str(shard))
+    assert shard.read_bytes() == before
+
+
 @pytest.mark.parametrize("pattern, message", [("", "tfrecord: needs a glob of TFRecord files"),
                                               ("{folder}", "{folder} is a folder: give a glob of its files")])
 def test_a_tfrecord_glob_that_is_empty_or_a_folder_says_so(tmp_path, pattern, message):

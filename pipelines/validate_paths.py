@@ -1,0 +1,95 @@
+"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``): checked before anything runs.
+
+Validate writes nothing inside what it checks: a report must not replace the manifest it was read from, nor a
+picture land among the shards. For a prepared dataset that is any path inside DATA (links and ``..`` resolved);
+for ``tfrecord:GLOB`` and ``tfds:NAME``, any file validate reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from shardprep.pipelines import source_registry, storage
+from shardprep.pipelines.validation.near_pictures import NEAR_DUPLICATES_NAME
+from shardprep.pipelines.validation.pictures import CLASS_COUNTS_NAME, CONTACT_SHEET_NAME
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import untrusted
+
+
+class ValidateError(Exception):
+    """Validation cannot run at all (not: the dataset has problems); the message is meant for the user."""
+
+
+def absolute(path: str) -> str:
+    """Local paths made absolute (so listed files can be made relative again); remote ones unchanged."""
+    if not storage.is_local(path):
+        return path
+    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+
+
+def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
+                       data: str | None = None) -> None:
+    """Refuses, before anything runs, a ``--json``, ``--leaked-keys`` or ``--pictures`` inside the prepared dataset
+    ``data``, or a local one that could not be written.
+
+    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder);
+    ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file). Remote (``gs://``)
+    paths are checked only against ``data``."""
+    for flag, given in (("--json", json_path), ("--leaked-keys", leaked_keys), ("--pictures", pictures)):
+        if given and data:
+            _check_outside_dataset(flag, given, data)
+    if json_path and storage.is_local(json_path):
+        _check_file_path("--json", json_path, "the report", "report.json")
+    if leaked_keys and storage.is_local(leaked_keys):
+        _check_file_path("--leaked-keys", leaked_keys, "the keys", "leaked-keys.txt")
+    if pictures and storage.is_local(pictures):
+        path = absolute(pictures)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ValidateError(f"--pictures {pictures} is a file, not a folder; give a folder for the pictures")
+        existing = path if os.path.isdir(path) else os.path.dirname(path)
+        if not os.path.isdir(existing):
+            raise ValidateError(f"--pictures {pictures}: the folder {existing} does not exist; create it or choose "
+                                "another path")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
+                                "choose a writable folder")
+
+
+def check_not_read(options, read_files: list[str]) -> None:
+    """Refuses a ``--json``, ``--leaked-keys`` or a ``--pictures`` file that is one of ``read_files`` (what a
+    ``tfrecord:``/``tfds:`` DATA matched), once they are known."""
+    read = {storage.resolved(path) for path in read_files}
+    for flag, given in (("--json", options.json_path), ("--leaked-keys", options.leaked_keys)):
+        if given and storage.resolved(given) in read:
+            raise ValidateError(f"{flag} {given} is a file that {options.data} reads: validate writes nothing "
+                                "there; choose another path")
+    if options.pictures:
+        names = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME)
+        named = {storage.resolved(manifest_lib.join(options.pictures, name)) for name in names}
+        if named & read:
+            raise ValidateError(f"--pictures {options.pictures} holds files that {options.data} reads: validate "
+                                "writes nothing there; choose another folder")
+
+
+def _check_outside_dataset(flag: str, given: str, data: str) -> None:
+    """Refuses ``given`` inside the prepared dataset ``data`` (a folder; other kinds: ``check_not_read``)."""
+    if source_registry.kind_of(data) is not source_registry.FALLBACK:
+        return
+    if storage.inside(storage.resolved(given), storage.resolved(data)):
+        raise ValidateError(f"{flag} {given} is inside the dataset {data}: validate writes nothing there; choose a "
+                            "path outside it")
+
+
+def _check_file_path(flag: str, given: str, what: str, example: str) -> None:
+    """Refuses a local file path ``given`` for ``flag`` that could not be written (see check_output_paths)."""
+    path = absolute(given)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise ValidateError(f"{flag} {given} is a folder; give a file name for {what}, "
+                            f"e.g. {manifest_lib.join(given, example)}")
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the write, a device swallow it
+        raise ValidateError(f"{flag} {given} is {untrusted.file_kind(path)}, not a file; give a file name for {what}")
+    if not os.path.isdir(parent):
+        raise ValidateError(f"{flag} {given}: the folder {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValidateError(f"{flag} {given}: cannot write there (permission denied); choose a writable path")
