@@ -246,3 +246,15 @@ def test_help_fits_80_columns(command):
     result = CliRunner().invoke(main, [command, "--help"], terminal_width=80)
     assert result.exit_code == 0
     assert [line for line in result.output.splitlines() if len(line) > 80] == []
+
+
+@pytest.mark.parametrize("width", range(16, 26))
+def test_a_phrase_that_fits_only_without_the_next_punctuation_moves_to_the_next_line(width):
+    """A line is full when the phrase and the punctuation a break after it leaves (the next separator's ';') fit:
+    "in 1.2 s" that filled a line exactly had its ';' folded onto a line of its own ("in 1.2 " / "s;")."""
+    from shardprep.commands.validate import _flow
+
+    items = [("", "a" * (width - 9)), (" ", "in 1.2 s"), ("; ", "report r.json")]
+    lines = _flow(items, width).plain.split("\n")
+    assert max(map(len, lines)) <= width, lines
+    assert any("in 1.2 s" in line for line in lines), lines

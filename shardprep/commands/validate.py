@@ -150,11 +150,13 @@ def _flow(items, width: int, indent: str = "  "):
     from rich.text import Text
 
     lines, line = [], Text()
-    for separator, phrase in _words_of_long_phrases(items, width - len(indent)):
+    phrases = list(_words_of_long_phrases(items, width - len(indent)))
+    for index, (separator, phrase) in enumerate(phrases):
         if not line.plain:
             line.append_text(phrase)
             continue
-        trailing = len(separator.rstrip())  # room for the punctuation a break leaves at the line's end
+        # Room for the punctuation that a break after this phrase would leave at the line's end (the next ';').
+        trailing = len(phrases[index + 1][0].rstrip()) if index + 1 < len(phrases) else 0
         if line.cell_len + len(separator) + phrase.cell_len + trailing <= width:
             line.append(separator)
         else:
