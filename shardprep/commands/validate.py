@@ -74,10 +74,10 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("data")
 @click.option("--json", "json_path", default=default("json_path"), metavar="REPORT",
-              help="Write the JSON report to this path.")
+              help="Write the JSON report to this path (outside DATA: validate writes nothing in what it checks).")
 @click.option("--pictures", default=default("pictures"), metavar="DIR",
-              help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR (the first two: "
-                   "prepared datasets only).")
+              help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR, outside DATA (the "
+                   "first two: prepared datasets only).")
 @click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
               type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key).")
 @click.option("--image-key", default=default("image_key"), show_default=True,
