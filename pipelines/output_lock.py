@@ -9,12 +9,10 @@ remove the file; a refused run leaves a stale one as it found it.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import stat
 
 from shardprep.pipelines.storage import OutputError, is_local, make_folder, special_kind
-from shardprep.preprocess import manifest
+from shardprep.preprocess import folder_lock, manifest
 
 
 class Lock:
@@ -69,52 +67,21 @@ def output_lock(output: str):
 
 def _take_lock(output: str, path: str) -> tuple[int, str | None]:
     """(the lock file's descriptor, flocked and naming this process; what a stale lock file said, or None)."""
-    import fcntl
-    import socket
-
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        except OSError as e:
-            kind = special_kind(path)
-            kind = "a folder" if kind == "folder" else kind
-            if kind:
-                raise OutputError(f"{path} is {kind}, not a lock file shardprep made; nothing was changed: remove "
-                                  "it yourself if no shardprep run is writing there") from None
-            raise OutputError(f"OUTPUT {output} cannot be written: {e.strerror or e}; pick another OUTPUT") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OutputError(f"{path} is {special_kind(path)}, not a lock file shardprep made; nothing was changed")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
-            os.close(fd)
-            raise OutputError(
-                f"another shardprep run is writing to {output} ({holder}); wait for it to finish or stop it") from None
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # the holder removed it as it finished: take the lock anew
-    stale = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                  f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
-    return fd, stale
-
-
-def _same_file(fd: int, path: str) -> bool:
     try:
-        here, there = os.fstat(fd), os.lstat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+        return folder_lock.take(path)
+    except folder_lock.NotALockFile:
+        kind = special_kind(path)
+        kind = "a folder" if kind == "folder" else kind
+        raise OutputError(f"{path} is {kind}, not a lock file shardprep made; nothing was changed: remove it "
+                          "yourself if no shardprep run is writing there") from None
+    except folder_lock.LockHeld as held:
+        raise OutputError(f"another shardprep run is writing to {output} ({held.holder}); wait for it to finish or "
+                          "stop it") from None
+    except OSError as e:
+        raise OutputError(f"OUTPUT {output} cannot be written: {e.strerror or e}; pick another OUTPUT") from None
 
 
-def remove_lock_file(path: str, fd: int) -> None:
-    """Removes the lock file while its flock is held, if it is still the file this run locked."""
-    if _same_file(fd, path):
-        with contextlib.suppress(OSError):
-            os.remove(path)
+remove_lock_file = folder_lock.remove_lock_file
 
 
 def _remove_if_empty(output: str, created: bool) -> None:

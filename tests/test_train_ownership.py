@@ -418,3 +418,57 @@ def test_every_file_a_run_writes_is_listed_before_it_is_written(tmp_path):
     temporaries = {name + ".tmp" for name in files if name.endswith(".json")}
     assert files | temporaries == set(run_files.RUN_FILES)
     assert set(run_files.RUN_FOLDERS) == {"checkpoints", "logs"}
+
+
+# --- a second run into the same folder ------------------------------------------------------------------------------
+
+def test_a_second_run_into_a_folder_a_run_is_writing_is_refused_and_changes_nothing(colour_dataset, tmp_path):
+    """--overwrite or --resume while another train writes to the same --output-dir (another terminal, a re-run
+    thought dead) would delete or rewrite the files it is writing: refused by name while it runs; a killed run's
+    lock never blocks the next."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import train_runs
+
+    folder = tmp_path / "run"
+    marker = tmp_path / "reached"
+    args = ["train", colour_dataset, "--output-dir", str(folder), *TINY, "--epochs", "2"]
+    first = subprocess.Popen(
+        [sys.executable, "-c", train_runs.DRIVER, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, env=train_runs.environment(
+            "tensorflow", TRAIN_RUNS_BLOCK_AT="5", TRAIN_RUNS_MARKER=str(marker)))  # in epoch 2: one checkpoint
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read().decode()[-3000:]
+            time.sleep(0.05)
+        for again in ("--overwrite", "--resume"):
+            line = refused_unchanged(folder, *args[1:], again, expect=("another shardprep run is writing to",
+                                                                       f"pid {first.pid}"))
+            assert str(folder) in line
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+    result = train(*args[1:], "--resume")  # the killed run's lock is no obstacle
+    assert result.exit_code == 0, result.output
+    assert not (folder / ".shardprep.lock").exists()
+
+
+def test_a_lock_file_left_by_a_killed_run_is_taken_over_and_a_linked_one_refused(colour_dataset, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".shardprep.lock").write_text("pid 999999 on elsewhere since 2026-01-01T00:00:00\n")
+    result = train(colour_dataset, "--output-dir", folder, *TINY)
+    assert result.exit_code == 0, result.output
+    assert not (folder / ".shardprep.lock").exists()
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    target = tmp_path / "users-file"
+    target.write_text("mine\n")
+    os.symlink(target, linked / ".shardprep.lock")
+    refused_unchanged(tmp_path, colour_dataset, "--output-dir", linked, *TINY, expect=(".shardprep.lock (a link)",))
+    assert target.read_text() == "mine\n"

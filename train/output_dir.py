@@ -21,7 +21,7 @@ import stat
 from typing import NamedTuple
 
 from shardprep.train import run_files
-from shardprep.train.run_files import RECORD_NAME, RECORD_TEMPORARY, OutputDirError, RunRecord, is_url
+from shardprep.train.run_files import LOCK_NAME, RECORD_NAME, RECORD_TEMPORARY, OutputDirError, RunRecord, is_url
 
 
 class Entry(NamedTuple):
@@ -61,7 +61,7 @@ def names(found: list[Entry], limit: int = 5) -> str:
 
 def foreign(found: list[Entry], record: RunRecord) -> list[Entry]:
     """The entries a run did not write: links, special files, and files or folders the record does not list."""
-    ours = {RECORD_NAME: "file", RECORD_TEMPORARY: "file"}
+    ours = {RECORD_NAME: "file", RECORD_TEMPORARY: "file", LOCK_NAME: "file"}
     ours.update({name: "file" for name in record.files})
     ours.update({name: "folder" for name in record.folders})
     return [entry for entry in found if ours.get(entry.relative) != entry.kind]
@@ -69,7 +69,7 @@ def foreign(found: list[Entry], record: RunRecord) -> list[Entry]:
 
 def holds_files(found: list[Entry]) -> bool:
     """Whether a folder holds more than the run record and empty folders (a run that stopped before writing)."""
-    return any(entry.kind != "folder" and entry.relative != RECORD_NAME for entry in found)
+    return any(entry.kind != "folder" and entry.relative not in (RECORD_NAME, LOCK_NAME) for entry in found)
 
 
 # --- the checks before a run -----------------------------------------------------------------------------------------
@@ -140,7 +140,9 @@ def check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
         if resume:
             raise OutputDirError(f"--resume: nothing to resume: {output_dir} does not exist; run without --resume")
         return
-    found = entries(path)
+    # A lock file (a regular one) is a run's: held by one writing there (refused when this run takes the lock), or
+    # left by a killed one (taken over).
+    found = [entry for entry in entries(path) if (entry.relative, entry.kind) != (LOCK_NAME, "file")]
     if not found:
         if resume:
             raise OutputDirError(f"--resume: nothing to resume: {output_dir} is empty; run without --resume")
@@ -156,7 +158,7 @@ def check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
     if not (resume or overwrite):
         if alien or holds_files(found):
             shown = names(alien or [entry for entry in found if "/" not in entry.relative
-                                    and entry.relative != RECORD_NAME])
+                                    and entry.relative not in (RECORD_NAME, LOCK_NAME)])
             raise OutputDirError(f"--output-dir {output_dir} is not empty: it holds an earlier run ({shown}); pass "
                                  "--resume to continue it, --overwrite to replace it, or choose another --output-dir")
         return

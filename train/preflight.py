@@ -10,6 +10,7 @@ is one line: what is wrong, where, and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from shardprep.preprocess import manifest as manifest_lib
@@ -88,6 +89,21 @@ def clear_run(output_dir: str) -> list[str]:
         raise PreflightError(str(error)) from None
     except OSError as error:
         raise PreflightError(f"--overwrite: {run_files.describe_os_error(error, 'deleting')}") from None
+
+
+@contextlib.contextmanager
+def holding_output_dir(output_dir: str):
+    """Holds ``output_dir``'s lock for the block (``run_files.holding_lock``): a second run into the folder while
+    this one clears, claims and writes it is refused with a :class:`PreflightError`, touching nothing."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(run_files.holding_lock(output_dir))
+    except run_files.OutputDirError as error:
+        raise PreflightError(run_files.printable(str(error))) from None
+    except OSError as error:
+        raise PreflightError(run_files.printable(run_files.describe_os_error(error))) from None
+    with held:
+        yield
 
 
 def claim_output_dir(output_dir: str, resume: bool) -> None:

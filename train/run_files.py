@@ -15,11 +15,15 @@ URLs; :func:`event_file_recorder` imports Keras when called), so the CLI checks 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
 from typing import NamedTuple
+
+from shardprep.preprocess import folder_lock
+from shardprep.preprocess.folder_lock import LOCK_NAME
 
 RECORD_NAME = ".shardprep-train.json"
 RECORD_TEMPORARY = RECORD_NAME + ".tmp"
@@ -212,6 +216,32 @@ def claim(output_dir: str, resume: bool) -> None:
                        frozenset(RUN_FOLDERS) | (existing.folders if existing else frozenset()))
     if record != existing:
         write_record(output_dir, record)
+
+
+@contextlib.contextmanager
+def holding_lock(output_dir: str):
+    """Holds ``output_dir``'s ``.shardprep.lock`` (``preprocess.folder_lock``) around a run's clearing, claiming
+    and training, so that a second run into the same folder (``--overwrite`` or ``--resume`` from another
+    terminal) is refused while this one writes there. Makes the folder if it is missing; removes the lock file when
+    the run ends. URLs (``gs://``) have no lock."""
+    if is_url(output_dir):
+        yield
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, LOCK_NAME)
+    try:
+        fd, _ = folder_lock.take(path)
+    except folder_lock.LockHeld as held:
+        raise OutputDirError(f"another shardprep run is writing to {output_dir} ({held.holder}); wait for it to "
+                             "finish or stop it") from None
+    except folder_lock.NotALockFile:
+        raise OutputDirError(f"{path} is not a regular file (a link, a folder or a special file), not a lock file "
+                             "shardprep made; nothing was changed: remove it yourself if no shardprep run is "
+                             "writing there") from None
+    try:
+        yield
+    finally:
+        folder_lock.release(path, fd)
 
 
 def children(folder: str) -> list[tuple[str, str]]:

@@ -228,20 +228,26 @@ def command(ctx, data, overwrite, **options):
         config.validate()
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    try:
-        deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
-        preflight.claim_output_dir(options["output_dir"], options["resume"])
+    try:  # held from the clearing to the run's end: a second run into the folder meanwhile is refused
+        with preflight.holding_output_dir(options["output_dir"]):
+            deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
+            preflight.claim_output_dir(options["output_dir"], options["resume"])
+            if deleted:
+                click.echo(f"--overwrite: deleted the {len(deleted)} files of the earlier run in "
+                           f"{options['output_dir']}")
+            _train(ctx, config, manifest)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
-    if deleted:
-        click.echo(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
 
+
+def _train(ctx, config: TrainConfig, manifest) -> None:
+    """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume."""
     try:
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
         train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
     except KeyboardInterrupt as stop:
-        _report_interrupt(ctx, stop, options["output_dir"])
+        _report_interrupt(ctx, stop, config.output_dir)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
         raise click.ClickException(str(error.args[0]) if error.args else str(error)) from error
     except ValueError as error:
