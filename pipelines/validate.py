@@ -384,9 +384,10 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
     if kind.validated_as_records:
-        if options.leaked_keys:
-            raise ValidateError(f"--leaked-keys needs a prepared dataset: {options.data} is read as TFRecords, "
-                                "where validate looks for no near-duplicates")
+        flags = options.near_duplicate_search_flags()
+        if flags:
+            raise ValidateError(f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: "
+                                f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
         report = validate_foreign(options, beam_args, progress)
     else:
         report = validate_dataset(options, beam_args, progress)

@@ -63,6 +63,14 @@ class ValidateOptions:
         return [flag for flag, is_given in given.items() if is_given]
 
 
+    def near_duplicate_search_flags(self) -> list[str]:
+        """Every flag given that sets or asks for the near-duplicate search (--near-duplicates and a
+        --near-duplicate-distance other than the default too): refused where no search runs."""
+        distance = self.near_duplicate_distance != default("near_duplicate_distance")
+        return (self.near_duplicate_flags() + ["--near-duplicates"] * (self.near_duplicates is True)
+                + ["--near-duplicate-distance"] * distance)
+
+
 def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
     """Why the near-duplicate search does not run over a dataset of ``records`` records (``local``: on this
     machine), or None when it runs: always when asked for (--near-duplicates, --strict, --near-duplicate-limit,

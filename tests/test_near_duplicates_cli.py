@@ -110,6 +110,17 @@ def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meani
         validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", leaked_keys=str(tmp_path / "k.txt")))
 
 
+@pytest.mark.parametrize("options, named", [({"strict": True}, "--strict"),
+                                            ({"near_duplicate_limit": 0}, "--near-duplicate-limit"),
+                                            ({"near_duplicates": True}, "--near-duplicates"),
+                                            ({"near_duplicate_distance": 4}, "--near-duplicate-distance")])
+def test_a_near_duplicate_flag_on_tfrecords_is_refused_by_name_not_ignored(tmp_path, options, named):
+    """validate looks for no near-duplicates in tfrecord:/tfds: DATA: --strict there would pass silently."""
+    with pytest.raises(validate.ValidateError, match=f"{named} needs a prepared dataset"):
+        validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", **options))
+    validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", near_duplicates=False))  # asks for nothing
+
+
 def test_preprocess_exclude_rebuilds_without_the_leaked_images_each_accounted_for(leaky, tmp_path):
     from shardprep.commands.preprocess import command
 
