@@ -368,6 +368,21 @@ def _log_progress(stage: str, done: int | None, total: int | None, records: int 
     _LOGGER.info("%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else "")
 
 
+def _refuse_flags_not_applying(options: ValidateOptions, kind) -> None:
+    """Options this DATA cannot honour are refused by name, never ignored."""
+    prepared = not kind.validated_as_records
+    flags = options.flags_not_applying(kind.options, prepared)
+    if not flags:
+        return
+    verb = "does" if len(flags) == 1 else "do"
+    if flags == ["--samples-per-class"]:
+        raise ValidateError(f"--samples-per-class does not apply without a contact sheet to fill: only --pictures "
+                            "DIR on a prepared dataset writes one; add --pictures or leave it out")
+    data = f"a dataset shardprep preprocess wrote ({options.data})" if prepared else f"{kind.name}: DATA"
+    raise ValidateError(f"{' and '.join(flags)} {verb} not apply to {data}; leave {'it' if len(flags) == 1 else 'them'} "
+                        "out")
+
+
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None) -> dict:
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
 
@@ -383,6 +398,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
         raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
+    _refuse_flags_not_applying(options, kind)
     if kind.validated_as_records:
         flags = options.near_duplicate_search_flags()
         if flags:

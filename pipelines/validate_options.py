@@ -71,6 +71,22 @@ class ValidateOptions:
                 + ["--near-duplicate-distance"] * distance)
 
 
+    def flags_not_applying(self, kind_options: tuple[str, ...], prepared: bool) -> list[str]:
+        """The flags given (set away from their defaults) that this DATA cannot honour: a source kind's options
+        (``--image-key``, ``--label-key``, ``--tfds-data-dir``) where its kind (``kind_options``: the fields it
+        reads) takes none, or DATA is a prepared dataset, whose keys are its own; ``--samples-per-class``
+        without the contact sheet it sets (``--pictures`` on a prepared dataset)."""
+        given = [flag for field, flag in _SOURCE_FLAGS.items()
+                 if getattr(self, field) != default(field) and (prepared or field not in kind_options)]
+        if self.samples_per_class != default("samples_per_class") and not (prepared and self.pictures):
+            given.append("--samples-per-class")
+        return given
+
+
+# ValidateOptions fields that only a source kind's records use, and their flags.
+_SOURCE_FLAGS = {"image_key": "--image-key", "label_key": "--label-key", "tfds_data_dir": "--tfds-data-dir"}
+
+
 def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
     """Why the near-duplicate search does not run over a dataset of ``records`` records (``local``: on this
     machine), or None when it runs: always when asked for (--near-duplicates, --strict, --near-duplicate-limit,

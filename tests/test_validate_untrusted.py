@@ -149,6 +149,24 @@ def test_validate_writes_nothing_inside_the_dataset_it_checks(dataset, tmp_path)
     assert {path: path.read_bytes() for path in dataset.rglob("*") if path.is_file()} == files
 
 
+@pytest.mark.parametrize("options, named", [({"image_key": "jpeg"}, "--image-key"),
+                                            ({"label_key": "y"}, "--label-key"),
+                                            ({"tfds_data_dir": "/tmp"}, "--tfds-data-dir"),
+                                            ({"samples_per_class": 3}, "--samples-per-class")])
+def test_a_flag_that_does_not_apply_to_a_prepared_dataset_is_refused_by_name(clean, options, named):
+    """Options validate cannot honour on this DATA are refused by name, never ignored (the checklist's rule)."""
+    with pytest.raises(validate.ValidateError, match=f"{named} does not apply"):
+        validate_within_timeout(clean, **options)
+
+
+def test_flags_that_do_not_apply_to_tfrecord_input_are_refused_by_name(tmp_path):
+    data = f"tfrecord:{tmp_path}/*.tfrecord"
+    for options, named in (({"tfds_data_dir": "/tmp"}, "--tfds-data-dir"),
+                           ({"samples_per_class": 3, "pictures": str(tmp_path)}, "--samples-per-class")):
+        with pytest.raises(validate.ValidateError, match=f"{named} does not apply"):
+            validate_within_timeout(data, **options)
+
+
 def test_a_json_report_never_replaces_a_file_a_tfrecord_glob_reads(tmp_path):
     shard = tmp_path / "in" / "x-train.tfrecord-00000-of-00001"
     helpers.write_foreign_tfrecord(shard, [helpers.foreign_example({"image": image_factory.rgb_jpeg(), "label": 0})])
