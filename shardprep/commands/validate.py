@@ -79,7 +79,8 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
               help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR, outside DATA (the "
                    "first two: prepared datasets only).")
 @click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
-              type=click.IntRange(min=1), help="Contact-sheet images per class (a deterministic choice by key; with --pictures).")
+              type=click.IntRange(min=1),
+              help="Contact-sheet images per class (a deterministic choice by key; with --pictures).")
 @click.option("--image-key", default=default("image_key"), show_default=True,
               help="Image bytes feature of tfrecord: input.")
 @click.option("--label-key", default=default("label_key"), show_default=True,
