@@ -346,17 +346,17 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 
 
 def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:
+    """Writes ``data`` as ``name`` in ``directory`` under a temporary name, then renamed over ``name``
+    (``storage.atomic_write``): a link or a hard link already there is replaced, never written through."""
     path = manifest_lib.join(absolute(directory), name)
-    with FileSystems.create(path, mime_type=mime_type, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
+    storage.atomic_write(path, data, mime_type)
     return path
 
 
 def _write_report(json_path: str, report: dict) -> None:
     try:
-        with FileSystems.create(absolute(json_path), mime_type="application/json",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
+        storage.atomic_write(absolute(json_path), (json.dumps(report, indent=2) + "\n").encode("utf-8"),
+                             "application/json")
     except (OSError, BeamIOError) as e:
         raise ReportWriteError(f"writing the report to {json_path} failed: {e}; the report above is complete",
                                report) from e

@@ -7,6 +7,7 @@ for ``tfrecord:GLOB`` and ``tfds:NAME``, any file validate reads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from shardprep.pipelines import source_registry, storage
@@ -75,9 +76,30 @@ def _check_outside_dataset(flag: str, given: str, data: str) -> None:
     """Refuses ``given`` inside the prepared dataset ``data`` (a folder; other kinds: ``check_not_read``)."""
     if source_registry.kind_of(data) is not source_registry.FALLBACK:
         return
-    if storage.inside(storage.resolved(given), storage.resolved(data)):
+    if storage.inside(storage.resolved(given), storage.resolved(data)) or _under_same_folder(given, data):
         raise ValidateError(f"{flag} {given} is inside the dataset {data}: validate writes nothing there; choose a "
                             "path outside it")
+
+
+def _under_same_folder(given: str, data: str) -> bool:
+    """True when a folder on the way to local ``given`` is DATA's folder itself, by device and inode: DATA seen
+    through a bind mount (another path to the same folder, which no spelling rule finds)."""
+    if not (storage.is_local(given) and storage.is_local(data)):
+        return False
+    try:
+        data_folder = os.stat(storage.resolved(data))
+    except OSError:
+        return False
+    folder = storage.resolved(given)
+    while True:
+        with contextlib.suppress(OSError):
+            found = os.stat(folder)
+            if (found.st_dev, found.st_ino) == (data_folder.st_dev, data_folder.st_ino):
+                return True
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return False
+        folder = parent
 
 
 def _check_file_path(flag: str, given: str, what: str, example: str) -> None:

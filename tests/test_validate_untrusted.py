@@ -3,6 +3,7 @@ listed, crafted record lengths. Each must end (no hang, no MemoryError) with a p
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import threading
@@ -165,6 +166,25 @@ def test_flags_that_do_not_apply_to_tfrecord_input_are_refused_by_name(tmp_path)
                            ({"samples_per_class": 3, "pictures": str(tmp_path)}, "--samples-per-class")):
         with pytest.raises(validate.ValidateError, match=f"{named} does not apply"):
             validate_within_timeout(data, **options)
+
+
+def test_validate_never_writes_through_a_link_or_into_a_hard_link_of_a_dataset_file(dataset, tmp_path):
+    """A picture name that is a link into DATA, or a --json/--leaked-keys path that is a hard link to one of DATA's
+    files: the file written replaces the name, so DATA's files stay as they were (they were overwritten)."""
+    files = {path: path.read_bytes() for path in dataset.rglob("*") if path.is_file()}
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    os.symlink(dataset / "manifest.json", pictures / "class_counts.png")
+    os.symlink(dataset / "rejects.jsonl", pictures / "contact_sheet.png")
+    os.link(dataset / "manifest.json", tmp_path / "report.json")
+    os.link(dataset / SHARD, tmp_path / "keys.txt")
+    report = validate_within_timeout(dataset, pictures=str(pictures), json_path=str(tmp_path / "report.json"),
+                                     leaked_keys=str(tmp_path / "keys.txt"))
+    assert {path: path.read_bytes() for path in dataset.rglob("*") if path.is_file()} == files
+    assert not (pictures / "class_counts.png").is_symlink()
+    assert (pictures / "class_counts.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((tmp_path / "report.json").read_text())["data"] == report["data"]
+    assert os.stat(tmp_path / "keys.txt").st_nlink == 1
 
 
 def test_a_json_report_never_replaces_a_file_a_tfrecord_glob_reads(tmp_path):
