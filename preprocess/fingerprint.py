@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import NamedTuple
 
 from shardprep.preprocess import resize
@@ -65,9 +66,29 @@ def options_difference(old: dict, new: dict) -> str | None:
     old, new = ({**options, RESIZE_METHOD: options.get(RESIZE_METHOD, resize.METHOD_WITHOUT_KEY)}
                 for options in (old, new))
     for name in list(old) + [name for name in new if name not in old]:
-        if old.get(name) != new.get(name):
+        if _comparable(name, old.get(name)) != _comparable(name, new.get(name)):
             return f"{option_flag(name)} was {old.get(name)!r}, is now {new.get(name)!r}"
     return None
+
+
+# Options whose value is a local path (SOURCE: after its kind's prefix): compared as the folder or file they name.
+_PATH_OPTIONS = ("source", "labels_file", "tfds_data_dir")
+_GLOB_PREFIXES = ("tfrecord:", "parquet:")
+
+
+def _comparable(name: str, value):
+    """``value`` as compared across a resume: a local path option made absolute with links and ``..`` resolved
+    (``img``, ``img/``, ``./img``, ``file:///abs/img`` and a link to it are one folder); anything else as it is.
+    What a path holds is compared by the listing, so a relative one resolved from another folder is caught there."""
+    if name not in _PATH_OPTIONS or not isinstance(value, str) or not value:
+        return value
+    prefix = next((p for p in _GLOB_PREFIXES if value.startswith(p)), "")
+    path = value[len(prefix):]
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    elif "://" in path or (name == "source" and not prefix and ":" in path.split("/", 1)[0]):
+        return value  # a URL (gs://...) or another kind's name (tfds:mnist): compared as typed
+    return prefix + os.path.realpath(os.path.abspath(path))
 
 
 def listing_difference(old: list[ListedEntry], new: list[ListedEntry]) -> str | None:

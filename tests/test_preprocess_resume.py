@@ -312,6 +312,24 @@ def test_first_difference_of_listings_and_options():
     assert fingerprint.ListedEntry.from_line(old[2].line()) == old[2]
 
 
+def test_a_path_option_spelled_another_way_is_the_same_option(tmp_path, monkeypatch):
+    """The resume command names SOURCE as first typed; a user who types it relative, with a trailing slash, through
+    a link or as file:// means the same folder and must not be told to --overwrite the work kept."""
+    (tmp_path / "img").mkdir()
+    os.symlink(tmp_path / "img", tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    first = {"source": str(tmp_path / "img"), "labels_file": None, "seed": 0}
+    for typed in ("img", "img/", "./img", "link", f"file://{tmp_path}/img", f"{tmp_path}/other/../img"):
+        assert fingerprint.options_difference(first, {**first, "source": typed}) is None, typed
+    assert fingerprint.options_difference(first, {**first, "source": "other"}) == \
+        f"SOURCE was {str(tmp_path / 'img')!r}, is now 'other'"
+    globbed = {**first, "source": f"tfrecord:{tmp_path}/img/*.tfrecord"}
+    assert fingerprint.options_difference(globbed, {**first, "source": "tfrecord:img/*.tfrecord"}) is None
+    assert fingerprint.options_difference({**first, "source": "tfds:mnist"}, {**first, "source": "tfds:mnist"}) is None
+    assert fingerprint.options_difference({**first, "labels_file": str(tmp_path / "l.csv")},
+                                          {**first, "labels_file": "l.csv"}) is None
+
+
 def test_a_torn_or_foreign_journal_line_is_not_trusted(tmp_path):
     folder = tmp_path / ".tmp"
     folder.mkdir()
