@@ -197,6 +197,23 @@ def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path):
     assert all(len(line) <= 80 for line in remote)
 
 
+def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_path):
+    """Ctrl-C between writing manifest.json and the summary: the dataset is finished; the lines must not advise
+    --overwrite (which would make it again) nor claim nothing was kept."""
+    import os
+    import time
+
+    typed = ["shardprep", "preprocess", "SRC", str(tmp_path)]
+    began = time.time() - 5
+    (tmp_path / "manifest.json").write_text("{}")
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 300}, typed, run_began=began)
+    assert lines == [f"stopped after the dataset was complete: {tmp_path}/manifest.json is written",
+                     f"check it: shardprep validate {tmp_path}"]
+    os.utime(tmp_path / "manifest.json", (began - 60, began - 60))  # an earlier run's: this one had not finished
+    assert not command.stopped_lines(str(tmp_path), {}, typed, run_began=began)[0].startswith(
+        "stopped after the dataset was complete")
+
+
 # --- what the workers report -----------------------------------------------------------------------------------
 
 def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path):

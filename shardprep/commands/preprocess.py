@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 import textwrap
 import time
 import traceback
@@ -14,6 +15,7 @@ from shardprep.display import LiveProgress, console, count, duration, fit, short
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import INTERRUPTED
 from shardprep.preprocess import encodings
+from shardprep.preprocess.manifest import MANIFEST_NAME
 from shardprep.preprocess.config import CROPS, PreprocessConfig, default
 
 
@@ -107,7 +109,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
         tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
         exclude=exclude)
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     try:
         with display:
@@ -120,7 +122,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
-        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote):
+        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote, began):
             click.echo(line, err=True)
         ctx.exit(INTERRUPTED)
     manifest = outcome.manifest
@@ -161,8 +163,10 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
 
 # --- Ctrl-C --------------------------------------------------------------------------------------------------------
 
-def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None) -> list[str]:
-    """After Ctrl-C: what the stopped run kept, and the command that goes on from there.
+def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None,
+                  run_began: float | None = None) -> list[str]:
+    """After Ctrl-C: what the stopped run kept, and the command that goes on from there. A stop that came after the
+    run wrote manifest.json (``run_began``: the run's start, ``time.time()``) lost nothing: the dataset is complete.
 
     A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
     keeps them. Other local runs keep nothing: rerun, with ``--overwrite`` where the run had started to write
@@ -173,6 +177,10 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
     if remote_runner:
         return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
                 "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
+    manifest = os.path.join(output, MANIFEST_NAME)
+    if run_began is not None and _written_since(manifest, run_began):
+        return [f"stopped after the dataset was complete: {manifest} is written",
+                f"check it: {shlex.join(['shardprep', 'validate', output])}"]
     folder = os.path.join(output, storage.SPILL_DIR)
     try:
         kept_work = journal.kept_work(output)
@@ -196,6 +204,15 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
                 "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
     return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+
+
+def _written_since(path: str, since: float) -> bool:
+    """Whether ``path`` is a regular file modified at or after ``since`` (``time.time()``)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_mtime >= since
 
 
 def _resume_command(ctx) -> list[str]:
