@@ -52,9 +52,12 @@ class ValidateOptions:
         limit = self.near_duplicate_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"near_duplicate_limit must be a whole number of records (0 or more), not {limit!r}")
-        if self.near_duplicates is False and self.near_duplicate_flags():
-            raise ValueError(f"--no-near-duplicates cannot go with {' and '.join(self.near_duplicate_flags())}, "
-                             "which need the near-duplicate search: leave out one or the other")
+        if self.near_duplicates is False and self.near_duplicate_search_flags():
+            raise ValueError(f"--no-near-duplicates cannot go with {' and '.join(self.near_duplicate_search_flags())}"
+                             ", which set or need the near-duplicate search: leave out one or the other")
+        for field, flag in (("json_path", "--json"), ("pictures", "--pictures"), ("leaked_keys", "--leaked-keys")):
+            if getattr(self, field) is not None and not str(getattr(self, field)).strip():
+                raise ValueError(f"{flag} is empty: give a path")
 
     def near_duplicate_flags(self) -> list[str]:
         """The flags given that only mean something with the near-duplicate search (they ask for it)."""

@@ -57,6 +57,18 @@ def test_options_refuse_an_empty_data():
         "Error: DATA '' is empty: give a prepared dataset folder, tfrecord:GLOB or tfds:NAME"]
 
 
+@pytest.mark.parametrize("flag", ["--json", "--pictures", "--leaked-keys"])
+def test_an_empty_output_path_is_refused_not_taken_as_no_output(flag):
+    result = CliRunner().invoke(main, ["validate", "data", flag, ""])
+    assert result.exit_code == 1 and result.output.splitlines() == [f"Error: {flag} is empty: give a path"]
+
+
+def test_no_near_duplicates_with_a_distance_is_refused_by_name():
+    with pytest.raises(ValueError, match="--no-near-duplicates cannot go with --near-duplicate-distance"):
+        ValidateOptions("data", near_duplicates=False, near_duplicate_distance=5)
+    ValidateOptions("data", near_duplicates=False, near_duplicate_distance=10)  # the default: nothing asked
+
+
 def test_a_beam_option_spelled_like_a_validate_flag_is_not_taken_as_one(tmp_path):
     """``-- --json PATH`` is Beam's (which has no such option), not validate's --json: no report is written."""
     stolen = tmp_path / "stolen.json"
