@@ -61,6 +61,27 @@ def take(path: str) -> tuple[int, str | None]:
     return fd, stale
 
 
+def held_by(path: str) -> str | None:
+    """What the lock file at ``path`` says of the live process holding it (pid, host, start), or None when no
+    process holds it (no file, a stale one, or not a regular file: :func:`take` decides those). Takes nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+        return None  # closing the descriptor drops the shared lock just taken
+    finally:
+        os.close(fd)
+
+
 def same_file(fd: int, path: str) -> bool:
     try:
         here, there = os.fstat(fd), os.lstat(path)

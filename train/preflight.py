@@ -67,6 +67,7 @@ def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool,
         if not contents:
             output_checks.check_path(output_dir, data_dir)
             return
+        run_files.check_not_busy(output_dir)
         output_checks.check_contents(output_dir, resume, overwrite)
         if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
             raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "

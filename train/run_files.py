@@ -218,6 +218,19 @@ def claim(output_dir: str, resume: bool) -> None:
         write_record(output_dir, record)
 
 
+def check_not_busy(output_dir: str) -> None:
+    """Refuses a local ``output_dir`` whose lock a live run holds, before its contents are judged (whatever else
+    would be refused, the run writing there is what to know)."""
+    if not is_url(output_dir):
+        holder = folder_lock.held_by(os.path.join(output_dir, LOCK_NAME))
+        if holder is not None:
+            raise OutputDirError(busy_message(output_dir, holder))
+
+
+def busy_message(output_dir: str, holder: str) -> str:
+    return f"another shardprep run is writing to {output_dir} ({holder}); wait for it to finish or stop it"
+
+
 @contextlib.contextmanager
 def holding_lock(output_dir: str):
     """Holds ``output_dir``'s ``.shardprep.lock`` (``preprocess.folder_lock``) around a run's clearing, claiming
@@ -232,8 +245,7 @@ def holding_lock(output_dir: str):
     try:
         fd, _ = folder_lock.take(path)
     except folder_lock.LockHeld as held:
-        raise OutputDirError(f"another shardprep run is writing to {output_dir} ({held.holder}); wait for it to "
-                             "finish or stop it") from None
+        raise OutputDirError(busy_message(output_dir, held.holder)) from None
     except folder_lock.NotALockFile:
         raise OutputDirError(f"{path} is not a regular file (a link, a folder or a special file), not a lock file "
                              "shardprep made; nothing was changed: remove it yourself if no shardprep run is "
