@@ -71,7 +71,7 @@ class ReadPlan:
         if self.training:
             shards = shards.shuffle(len(self.files), seed=self.seed, reshuffle_each_iteration=True).repeat()
         if self.snapshot is not None:
-            shards = shards.map(self._checked_shard)
+            open_shard = self._checked_open(open_shard)
         records = shards.interleave(
             open_shard,
             cycle_length=min(len(self.files), self.cycle_length or DEFAULT_CYCLE_LENGTH),
@@ -85,12 +85,22 @@ class ReadPlan:
             records = records.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
         return records
 
-    def _checked_shard(self, path, *rest):
-        """The shard element, once its file is checked to be the one the snapshot saw (at every open)."""
+    def _checked_open(self, open_shard):
+        """``open_shard`` behind a check that the file is the one the snapshot saw, made as the shard is opened
+        (not when the interleave takes the element ahead of time: a dataset rebuilt in between would reach the file
+        reader first, and fail with its own message about record sizes instead of naming the change)."""
         check = record_gather.guarded(self.snapshot.check_path, lambda path: path)
-        checked = tf.numpy_function(check, [path], tf.string, stateful=True, name="check_shard_identity")
-        checked.set_shape([])
-        return (checked, *rest)
+
+        def checked(path, *rest):
+            def open_checked(element):
+                verified = tf.numpy_function(check, [element[0]], tf.string, stateful=True,
+                                             name="check_shard_identity")
+                verified.set_shape([])
+                return open_shard(verified, *element[1:])
+
+            return tf.data.Dataset.from_tensors((path, *rest)).flat_map(lambda *element: open_checked(element))
+
+        return checked
 
     def finish(self, batches: tf.data.Dataset) -> tf.data.Dataset:
         """``batches`` with the plan's determinism and sharding options, prefetched; an evaluation pass that is
