@@ -50,9 +50,15 @@ def listing_sha256(text: str) -> str:
 
 
 def fingerprinted_options(config, runner: str) -> dict:
-    """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite)."""
+    """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite), and where
+    each local path option pointed when the run started (``source_resolved``: absolute, links resolved, in that
+    run's working folder), which a resume compares instead of the text typed."""
     options = {**recorded_options(config, runner), RESIZE_METHOD: resize.DEFAULT_METHOD}
-    return {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
+    options = {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
+    for name in _PATH_OPTIONS:
+        if isinstance(options.get(name), str):
+            options[name + _RESOLVED] = _comparable(name, options[name])
+    return options
 
 
 def option_flag(name: str) -> str:
@@ -66,14 +72,27 @@ def options_difference(old: dict, new: dict) -> str | None:
     old, new = ({**options, RESIZE_METHOD: options.get(RESIZE_METHOD, resize.METHOD_WITHOUT_KEY)}
                 for options in (old, new))
     for name in list(old) + [name for name in new if name not in old]:
-        if _comparable(name, old.get(name)) != _comparable(name, new.get(name)):
-            return f"{option_flag(name)} was {old.get(name)!r}, is now {new.get(name)!r}"
+        if name.endswith(_RESOLVED):
+            continue  # compared with its option
+        before, after = _where(name, old), _where(name, new)
+        if before == after:
+            continue
+        if old.get(name) == new.get(name):  # the same text naming another folder (a link moved, another cwd)
+            return f"{option_flag(name)} {old.get(name)!r} was {before}, is now {after}"
+        return f"{option_flag(name)} was {old.get(name)!r}, is now {new.get(name)!r}"
     return None
+
+
+def _where(name: str, options: dict):
+    """What option ``name`` stands for in ``options``: a path option, where it pointed when they were recorded
+    (a journal from before that was recorded: resolved now); any other, its value."""
+    return options.get(name + _RESOLVED, _comparable(name, options.get(name)))
 
 
 # Options whose value is a local path (SOURCE: after its kind's prefix): compared as the folder or file they name.
 _PATH_OPTIONS = ("source", "labels_file", "tfds_data_dir")
 _GLOB_PREFIXES = ("tfrecord:", "parquet:")
+_RESOLVED = "_resolved"
 
 
 def _comparable(name: str, value):

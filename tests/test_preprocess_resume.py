@@ -328,6 +328,14 @@ def test_a_path_option_spelled_another_way_is_the_same_option(tmp_path, monkeypa
     assert fingerprint.options_difference({**first, "source": "tfds:mnist"}, {**first, "source": "tfds:mnist"}) is None
     assert fingerprint.options_difference({**first, "labels_file": str(tmp_path / "l.csv")},
                                           {**first, "labels_file": "l.csv"}) is None
+    # Recorded where it pointed when the run started: the same folder typed from another folder is the same, the
+    # same text behind a link moved since is not.
+    recorded = {"source": "img", "source_resolved": str(tmp_path / "img")}
+    assert fingerprint.options_difference(recorded, {"source": "../img", "source_resolved": str(tmp_path / "img")}) \
+        is None
+    assert fingerprint.options_difference({"source": "swap", "source_resolved": "/a"},
+                                          {"source": "swap", "source_resolved": "/b"}) == \
+        "SOURCE 'swap' was /a, is now /b"
 
 
 def test_a_torn_or_foreign_journal_line_is_not_trusted(tmp_path):
