@@ -54,6 +54,11 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
                                 "choose a writable folder")
+        for name in (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME):
+            named = os.path.join(path, name)
+            if os.path.lexists(named) and not os.path.islink(named) and not os.path.isfile(named):
+                raise ValidateError(f"--pictures {pictures}: {named} is {untrusted.file_kind(named)}, where the "
+                                    "picture of that name goes; move it or choose another folder")
 
 
 def check_not_read(options, read_files: list[str]) -> None:

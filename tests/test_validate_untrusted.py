@@ -187,6 +187,15 @@ def test_validate_never_writes_through_a_link_or_into_a_hard_link_of_a_dataset_f
     assert os.stat(tmp_path / "keys.txt").st_nlink == 1
 
 
+def test_a_pictures_folder_whose_picture_name_is_a_folder_is_refused_before_anything_runs(clean, tmp_path):
+    """The rename into place would fail after the run, losing the --json report with it."""
+    pictures = tmp_path / "pictures"
+    (pictures / "contact_sheet.png").mkdir(parents=True)
+    with pytest.raises(validate.ValidateError, match=r"--pictures .*contact_sheet\.png is a folder"):
+        validate_within_timeout(clean, pictures=str(pictures), json_path=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists() and os.listdir(pictures) == ["contact_sheet.png"]
+
+
 def test_a_json_report_never_replaces_a_file_a_tfrecord_glob_reads(tmp_path):
     shard = tmp_path / "in" / "x-train.tfrecord-00000-of-00001"
     helpers.write_foreign_tfrecord(shard, [helpers.foreign_example({"image": image_factory.rgb_jpeg(), "label": 0})])
