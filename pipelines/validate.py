@@ -404,9 +404,16 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
         if flags:
             raise ValidateError(f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: "
                                 f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
-        report = validate_foreign(options, beam_args, progress)
-    else:
-        report = validate_dataset(options, beam_args, progress)
+    try:
+        report = (validate_foreign if kind.validated_as_records else validate_dataset)(options, beam_args, progress)
+    except ReportWriteError as failed:  # the pictures or keys after the checks: the report is still written
+        _finish(failed.report, options, started)
+        raise
+    return _finish(report, options, started)
+
+
+def _finish(report: dict, options: ValidateOptions, started: float) -> dict:
+    """``report`` with the run's time, written to ``--json`` if asked."""
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if options.json_path:
         _write_report(options.json_path, report)

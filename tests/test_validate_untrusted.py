@@ -196,6 +196,18 @@ def test_a_pictures_folder_whose_picture_name_is_a_folder_is_refused_before_anyt
     assert not (tmp_path / "r.json").exists() and os.listdir(pictures) == ["contact_sheet.png"]
 
 
+def test_a_picture_that_cannot_be_written_still_leaves_the_json_report(clean, tmp_path, monkeypatch):
+    """The error says the report is complete: --json must hold it, with the run's time."""
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(validate, "write_pictures", full_disk)
+    with pytest.raises(validate.ReportWriteError, match="writing pictures to .* failed"):
+        validate_within_timeout(clean, pictures=str(tmp_path), json_path=str(tmp_path / "r.json"))
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["ok"] is True and written["elapsed_seconds"] > 0
+
+
 def test_a_json_report_never_replaces_a_file_a_tfrecord_glob_reads(tmp_path):
     shard = tmp_path / "in" / "x-train.tfrecord-00000-of-00001"
     helpers.write_foreign_tfrecord(shard, [helpers.foreign_example({"image": image_factory.rgb_jpeg(), "label": 0})])
