@@ -16,6 +16,8 @@ from shardprep.pipelines.validation.pictures import CLASS_COUNTS_NAME, CONTACT_S
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import untrusted
 
+PICTURE_NAMES = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME)  # what --pictures writes
+
 
 class ValidateError(Exception):
     """Validation cannot run at all (not: the dataset has problems); the message is meant for the user."""
@@ -54,7 +56,7 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
                                 "choose a writable folder")
-        for name in (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME):
+        for name in PICTURE_NAMES:
             named = os.path.join(path, name)
             if os.path.lexists(named) and not os.path.islink(named) and not os.path.isfile(named):
                 raise ValidateError(f"--pictures {pictures}: {named} is {untrusted.file_kind(named)}, where the "
@@ -70,8 +72,7 @@ def check_not_read(options, read_files: list[str]) -> None:
             raise ValidateError(f"{flag} {given} is a file that {options.data} reads: validate writes nothing "
                                 "there; choose another path")
     if options.pictures:
-        names = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME)
-        named = {storage.resolved(manifest_lib.join(options.pictures, name)) for name in names}
+        named = {storage.resolved(manifest_lib.join(options.pictures, name)) for name in PICTURE_NAMES}
         if named & read:
             raise ValidateError(f"--pictures {options.pictures} holds files that {options.data} reads: validate "
                                 "writes nothing there; choose another folder")
