@@ -152,6 +152,9 @@ def test_glob_folder(pattern, folder):
     [], ["--direct_num_workers=2"], ["--direct_num_workers", "2"], ["--runner", "DataflowRunner", "--project", "P",
                                                                     "--region", "R", "--save_main_session"],
     ["--runner=DataflowRunner", "--project=P"], ["--direct_running_mode=in_memory"],
+    ["--direct_running_mode=multi_threading", "--direct_num_workers=1"],
+    ["--direct_running_mode", "multi_threading", "--direct_num_workers", "1"],
+    ["--runner=DataflowRunner", "--project=P", "--direct_running_mode=multi_threading"],  # not a local run
 ])
 def test_beam_args_accepted(beam_args):
     runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
@@ -167,11 +170,26 @@ def test_beam_args_accepted(beam_args):
     (["--direct_num_workers", "0"], "at least 1"),
     (["--direct_num_workers=abc"], "invalid Beam option: argument --direct_num_workers: invalid int value: 'abc'"),
     (["--direct_running_mode=bogus"], "invalid Beam option: argument --direct_running_mode: invalid choice"),
+    (["--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+     "--direct_running_mode=multi_threading with 2 workers: Beam's local runner mixes up the data its worker threads "
+     "send it when there is more than one"),
+    (["--direct_running_mode", "multi_threading", "--direct_num_workers", "3"], "with 3 workers"),
+    (["--runner=FnApiRunner", "--direct_running_mode=multi_threading", "--direct_num_workers=2"], "with 2 workers"),
 ])
 def test_beam_args_refused(beam_args, message):
     with pytest.raises(runners.BeamArgsError, match=None) as refused:
         runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
     assert message in str(refused.value)
+
+
+def test_multi_threading_without_a_worker_count_is_refused_where_it_would_get_one_per_core(monkeypatch):
+    """Without --direct_num_workers a local run gets one worker per core: more than one thread on most machines."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    with pytest.raises(runners.BeamArgsError, match="multi_threading with 4 workers") as refused:
+        runners.check_beam_args(["--direct_running_mode=multi_threading"], "preprocess takes SOURCE OUTPUT")
+    assert "--direct_num_workers=1" in str(refused.value) and "multi_processing" in str(refused.value)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    runners.check_beam_args(["--direct_running_mode=multi_threading"], "preprocess takes SOURCE OUTPUT")
 
 
 # --- OUTPUT apart from SOURCE ----------------------------------------------------------------------------------------

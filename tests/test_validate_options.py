@@ -79,6 +79,28 @@ def test_a_beam_option_spelled_like_a_validate_flag_is_not_taken_as_one(tmp_path
     assert not stolen.exists()
 
 
+@pytest.mark.parametrize("args, line", [
+    (["EXTRA"], "Error: unexpected argument EXTRA: validate takes DATA; Beam options go after --"),
+    (["--quiet", "EXTRA", "--", "--direct_num_workers=1"],
+     "Error: unexpected argument EXTRA: validate takes DATA; Beam options go after --"),
+    (["--", "--direct_num_workers=0"], "Error: --direct_num_workers=0: the number of local worker processes must be "
+                                        "at least 1 (default: one per core)"),
+    (["--", "--direct_running_mode=bogus"], "Error: invalid Beam option: argument --direct_running_mode: invalid "
+                                             "choice: 'bogus' (choose from 'in_memory', 'multi_threading', "
+                                             "'multi_processing')"),
+    (["--", "--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+     "Error: --direct_running_mode=multi_threading with 2 workers: Beam's local runner mixes up the data its worker "
+     "threads send it when there is more than one; use multi_processing (the default) or --direct_num_workers=1"),
+])
+def test_beam_options_validate_cannot_use_are_refused_in_one_line_before_anything_runs(monkeypatch, tmp_path, args,
+                                                                                          line):
+    """As preprocess refuses them: a stray argument was ignored, a worker count of 0 taken as one per core, a
+    malformed option printed Beam's whole usage (tens of lines) and exited 2."""
+    monkeypatch.setattr(job, "run", lambda *a, **k: pytest.fail("the run started"))
+    result = CliRunner().invoke(main, ["validate", f"tfrecord:{tmp_path}/none-*.tfrecord", *args])
+    assert result.exit_code == 1 and result.output.splitlines() == [line], result.output
+
+
 def test_the_driver_takes_the_options_object(tmp_path):
     report = job.run(ValidateOptions(f"tfrecord:{tmp_path}/none-*.tfrecord", json_path=str(tmp_path / "r.json")),
                      ["--direct_running_mode=in_memory"], progress=lambda *_: None)

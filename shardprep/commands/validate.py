@@ -123,6 +123,10 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
                                   near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    try:
+        runner.check_beam_args(list(beam_args), "validate takes DATA")
+    except runner.BeamArgsError as e:
+        raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
     try:
         with ProgressDisplay(enabled=not quiet) as progress_display:
