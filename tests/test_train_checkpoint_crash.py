@@ -168,6 +168,8 @@ def _finished(process: subprocess.Popen, killed: bool) -> None:
     assert process.returncode == (-signal.SIGKILL if killed else 0), output
 
 
+TORN_BEST = ("after save 3: rename checkpoints/best.writing.keras -> checkpoints/best.keras "
+             "(torn checkpoints/best.writing.keras)")
 RENAME_LAST = "in save {}: rename checkpoints/last.writing.keras -> checkpoints/last.keras"
 TORN_MODEL = "in save {}: write checkpoints/state.json.tmp (torn checkpoints/last.writing.keras)"
 # Killed at the epoch-2 end after state.json was renamed and before last.keras was (where a state.json sharing the live
@@ -261,6 +263,7 @@ def test_every_kill_point_leaves_the_old_checkpoint_or_the_new_one(runs):
 @pytest.mark.parametrize("label", [
     "after save 3: rename history.json.tmp -> history.json",  # history.json ahead of the checkpoint by an epoch
     TORN_MODEL.format(4),  # killed while last.writing.keras was written
+    TORN_BEST,  # killed while Keras wrote best.writing.keras: resumed, it is written anew, never left behind
 ])  # (state.json renamed, last.keras not yet: the first kill of test_a_run_sigkilled_twice_...)
 def test_resumed_from_a_kill_point_is_the_uninterrupted_run(runs, label, tmp_path):
     snapshot = next(s for s in _snapshots(runs) if s["label"] == label)
@@ -268,6 +271,7 @@ def test_resumed_from_a_kill_point_is_the_uninterrupted_run(runs, label, tmp_pat
     shutil.copytree(snapshot["folder"], folder, symlinks=True)
     _resume(runs, folder)
     _assert_same_run(folder, runs["reference"])
+    assert not (folder / "checkpoints" / "best.writing.keras").exists()
 
 
 def test_a_run_sigkilled_twice_resumes_to_the_uninterrupted_history_and_weights(runs):
@@ -355,7 +359,7 @@ def test_a_full_disk_while_checkpointing_or_writing_best_keras_is_one_line_and_t
     # ModelCheckpoint, not shardprep, writes best.keras (the step-3 checkpoint kept no best value: it writes): one
     # line too.
     def full_disk_for_best(model, path, *args, **kwargs):
-        if path.endswith("best.keras"):
+        if os.path.basename(path).startswith("best."):  # written under a temporary name, renamed when whole
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return save(model, path, *args, **kwargs)
 
@@ -396,3 +400,17 @@ def test_url_output_dirs_reach_tensorflows_file_system(tmp_path):
     assert checkpoints.exists(folder + "/state.json") and checkpoints.read_json(folder + "/state.json") == {
         "global_step": 3}
     assert checkpoint_state.exists(folder + "/state.json") and not checkpoint_state.exists(folder + "/last.keras")
+
+
+def test_every_kill_point_leaves_a_whole_best_keras(runs):
+    """best.keras is the model a user keeps: a kill while it is rewritten leaves the one before, never half a file."""
+    import zipfile
+
+    labels = [snapshot["label"] for snapshot in _snapshots(runs)]
+    assert any("checkpoints/best.keras" in label for label in labels), labels  # the window saw it rewritten
+    for snapshot in _snapshots(runs):
+        best = Path(snapshot["folder"]) / "checkpoints" / "best.keras"
+        if best.exists():
+            with zipfile.ZipFile(best) as archive:
+                assert archive.testzip() is None, snapshot["label"]
+            assert _weights(best), snapshot["label"]

@@ -103,7 +103,8 @@ def test_summary_leaves_out_the_compiling_epoch_and_gives_a_verdict():
 
 
 def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
-    paths = {"logs": str(tmp_path / "logs"), "best": str(tmp_path / "best.keras")}
+    paths = {"logs": str(tmp_path / "logs"), "best": str(tmp_path / "best.keras"),
+             "best_writing": str(tmp_path / "best.writing.keras")}
     messages = []
     monkeypatch.setattr(loop, "tensorboard_installed", lambda: True)
     config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
@@ -167,9 +168,9 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path,
     summary = loop.train(_config(colour_dataset, tmp_path, epochs=2, seed=None), report=messages.append)
     slow_input.clear()
     # The training model is serialized once an epoch end: an epoch that improves val_loss writes best.keras, and
-    # last.keras is a copy of it; the inference model.keras once.
+    # last.keras is a copy of it; the inference model.keras once. Each is written under a temporary name.
     assert len(saved_to) == 2 + 1 and saved_to[-1] == "model.writing.keras", saved_to
-    assert saved_to[0] == "best.keras"  # the first epoch always improves on no best at all
+    assert saved_to[0] == "best.writing.keras"  # the first epoch always improves on no best at all
     steps = 64 // 16
     first = json.loads((tmp_path / "history.json").read_text())
     assert first["epoch"] == [1, 2]

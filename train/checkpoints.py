@@ -226,6 +226,24 @@ def _as_previous(entry: dict) -> dict:
             "previous": None}
 
 
+def commit_best(paths: dict) -> None:
+    """Renames the model Keras's ModelCheckpoint just wrote (``best.writing.keras``) to ``best.keras``: a kill while
+    it was written leaves the best model before it whole."""
+    try:
+        _replace(paths["best_writing"], paths["best"])
+    except OSError as error:
+        raise _failed(paths["best"], error) from error
+
+
+def discard_best_writing(paths: dict) -> None:
+    """Removes a ``best.writing.keras`` a killed run left half written (``best.keras`` is whole without it): the
+    name itself, never what a link there points at."""
+    if _is_url(paths["best_writing"]):
+        _discard(paths["best_writing"])
+    else:
+        _fresh(paths["best_writing"])
+
+
 def optimizer_iterations(model: keras.Model) -> int:
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 

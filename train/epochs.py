@@ -183,9 +183,10 @@ class Epochs:
         self.callback_list.on_epoch_end(epoch, logs)
         # A ModelCheckpoint sets `best` only when it saves: then best.keras holds the model the epoch end checkpoints
         # (the callbacks that change the optimizer come before it, and nothing after it changes the model).
-        written = [callback.filepath for callback, before in zip(self._best_checkpoints(), best)
-                   if callback.best is not before]
-        self._record(epoch, logs, time.perf_counter() - started, written[0] if written else None)
+        written = any(callback.best is not before for callback, before in zip(self._best_checkpoints(), best))
+        if written:
+            checkpoints.commit_best(self.paths)
+        self._record(epoch, logs, time.perf_counter() - started, self.paths["best"] if written else None)
         if self.stop.requested:
             at, saved = (epoch + 1) * self.steps_per_epoch, self.config.checkpoint
             raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "epoch end",

@@ -173,6 +173,8 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
     options["data_seed"] = data_seed if data_seed is not None else secrets.randbelow(2**31)
     history = state["history"] if state else {key: [] for key in HISTORY_KEYS}
 
+    if config.checkpoint:
+        checkpoints.discard_best_writing(paths)  # half a model a killed run was writing: Keras writes it anew
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, say)
     for message in progress.start_messages(config, steps, model.count_params(), train_examples, steps_per_epoch,
                                            base_lr, start_epoch):
@@ -218,7 +220,10 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
                                                      profile_batch=_profile_batches(config.profile_batch)))
         callbacks.append(run_files.event_file_recorder(config.output_dir))  # lists TensorBoard's files in the record
     if config.checkpoint:
-        callbacks.append(keras.callbacks.ModelCheckpoint(paths["best"], monitor="val_loss", save_best_only=True))
+        # Keras writes the file in place: under its own name, a kill while it writes would leave half of the model a
+        # user keeps. The epoch loop renames it to best.keras (checkpoints.commit_best).
+        callbacks.append(keras.callbacks.ModelCheckpoint(paths["best_writing"], monitor="val_loss",
+                                                         save_best_only=True))
     if config.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss",
                                                        patience=config.early_stopping_patience))

@@ -32,7 +32,7 @@ MAX_RECORD_BYTES = 16 * 2**20
 # Every file a run writes into --output-dir (run_paths), with the temporary names each is written under before the
 # rename that completes it; relative, '/'-separated.
 RUN_FILES = ("history.json", "history.json.tmp", "summary.json", "summary.json.tmp", "model.keras",
-             "model.writing.keras", "checkpoints/best.keras", "checkpoints/last.keras",
+             "model.writing.keras", "checkpoints/best.keras", "checkpoints/best.writing.keras", "checkpoints/last.keras",
              "checkpoints/last.writing.keras", "checkpoints/state.json", "checkpoints/state.json.tmp")
 RUN_FOLDERS = ("checkpoints", "logs")
 LOGS = "logs"
@@ -58,6 +58,7 @@ def run_paths(output_dir: str) -> dict:
     return {
         "checkpoints": checkpoints,
         "best": os.path.join(checkpoints, "best.keras"),
+        "best_writing": os.path.join(checkpoints, "best.writing.keras"),  # Keras writes here; renamed to best.keras
         "last": os.path.join(checkpoints, "last.keras"),
         "last_writing": os.path.join(checkpoints, "last.writing.keras"),  # renamed to last.keras when complete
         "state": os.path.join(checkpoints, "state.json"),
@@ -332,9 +333,17 @@ def printable(text: str) -> str:
 RESUME_HINT = "--resume to continue from the last checkpoint (--overwrite when there is none)"
 
 
+def user_name(path: str) -> str:
+    """The name a user knows for ``path``: ``best.keras`` for the ``best.writing.keras`` it is written under."""
+    return path[:-len(WRITING_SUFFIX)] + ".keras" if path.endswith(WRITING_SUFFIX) else path
+
+
+WRITING_SUFFIX = ".writing.keras"  # a model written under a temporary name, renamed to NAME.keras when whole
+
+
 def describe_os_error(error: OSError, doing: str = "writing") -> str:
     """One line for a failed file operation: the path and the cause (``[Errno 28] No space left on device``)."""
-    where = f" {error.filename}" if error.filename else ""
+    where = f" {user_name(str(error.filename))}" if error.filename else ""
     cause = error.strerror or str(error)
     hint = (f"; free some space, then rerun with {RESUME_HINT}" if error.errno == errno.ENOSPC else "")
     return f"{doing}{where} failed: {cause}{hint}"
