@@ -209,6 +209,15 @@ def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_
     lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 300}, typed, run_began=began)
     assert lines == [f"stopped after the dataset was complete: {tmp_path}/manifest.json is written",
                      f"check it: shardprep validate {tmp_path}"]
+    # Stopped while removing its temporary files (the last step): what is left, and the command that removes it.
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "journal.jsonl").write_bytes(b"{}\n")
+    (tmp_path / ".tmp" / "spill-train-00000.records").write_bytes(b"x" * (3 * 2**20))
+    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 300}, typed, run_began=began)
+    assert lines == [f"stopped after the dataset was complete: {tmp_path}/manifest.json is written",
+                     f"  {tmp_path}/.tmp still holds 3.0 MiB of the run's temporary files; they go with",
+                     f"  shardprep preprocess SRC {tmp_path} --resume",
+                     f"check it: shardprep validate {tmp_path}"]
     os.utime(tmp_path / "manifest.json", (began - 60, began - 60))  # an earlier run's: this one had not finished
     assert not command.stopped_lines(str(tmp_path), {}, typed, run_began=began)[0].startswith(
         "stopped after the dataset was complete")

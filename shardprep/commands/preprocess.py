@@ -178,10 +178,10 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
                 "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
     manifest = os.path.join(output, MANIFEST_NAME)
+    folder = os.path.join(output, storage.SPILL_DIR)
     if run_began is not None and _written_since(manifest, run_began):
         return [f"stopped after the dataset was complete: {manifest} is written",
-                f"check it: {shlex.join(['shardprep', 'validate', output])}"]
-    folder = os.path.join(output, storage.SPILL_DIR)
+                *_leftover_lines(folder, command), f"check it: {shlex.join(['shardprep', 'validate', output])}"]
     try:
         kept_work = journal.kept_work(output)
     except (storage.OutputError, OSError):
@@ -204,6 +204,23 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
                 "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
     return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+
+
+def _leftover_lines(folder: str, command: list[str]) -> list[str]:
+    """A run stopped while removing OUTPUT/.tmp (its last step): how much is left, and the command that removes it
+    (``--resume`` of a finished run finishes that step); nothing when the journal is gone (then nothing of the
+    run's is left there)."""
+    from shardprep.pipelines.storage import JOURNAL_NAME
+
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    if JOURNAL_NAME not in {entry.name for entry in entries}:
+        return []
+    size = sum(entry.stat(follow_symlinks=False).st_size for entry in entries if entry.is_file(follow_symlinks=False))
+    return [f"  {folder} still holds {size / 2**20:.1f} MiB of the run's temporary files; they go with",
+            "  " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
 
 
 def _written_since(path: str, since: float) -> bool:
