@@ -8,7 +8,6 @@ import importlib
 
 import click
 
-from shardprep import __version__
 from shardprep.pipelines.stopping import INTERRUPTED  # the exit status after Ctrl-C (130)
 
 SUBCOMMANDS = {
@@ -55,8 +54,20 @@ class LazyGroup(click.Group):
             formatter.write_dl(list(SUBCOMMANDS.items()))
 
 
+def _print_version(ctx, param, value) -> None:
+    """``--version``, as click's version option prints it; the version is looked up only when asked (the console
+    script imports this module first, before Ctrl-C ends a command cleanly: it imports little)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from shardprep import __version__
+
+    click.echo(f"shardprep, version {__version__}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="shardprep")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 @click.option("--verbose", is_flag=True,
               help="On failure, print the full traceback after the error line; show TensorFlow's and Beam's own logs.")
 def main(verbose):

@@ -133,3 +133,21 @@ def test_ctrl_c_while_the_run_is_in_native_code_exits_130_not_an_abort(tmp_path)
     assert out.decode() == "stopped\n"
     assert b"terminate called" not in err and not err, err.decode()
     assert time.monotonic() - started < stopping.STOP_WAIT_S + 10
+
+
+def test_the_command_line_entry_imports_little_so_ctrl_c_at_start_is_the_clis_own():
+    """The console script imports ``shardprep.cli`` before any Ctrl-C handling can run: a Ctrl-C then printed
+    Python's KeyboardInterrupt traceback. That import took ~0.2 s (NumPy, for the version); it now takes what click
+    does, and everything after it (the subcommand's imports too) ends with exit 130 and one line."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, shardprep.cli; "
+                                                   "print(sorted(m for m in ('numpy', 'rich', 'PIL') if m in sys.modules))"],
+                            capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "[]"
+    version = CliRunner().invoke(cli.main, ["--version"])
+    from shardprep.preprocess.manifest import tool_version
+
+    assert version.exit_code == 0 and version.output == f"shardprep, version {tool_version()}\n"
