@@ -16,6 +16,7 @@ import time
 
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
 INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
+TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
 _stop_requested = threading.Event()
 

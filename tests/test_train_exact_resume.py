@@ -204,3 +204,22 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
         assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
         for name, expected_array in expected_variables.items():
             np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=f"{end.name}: {name}")
+
+
+def test_sigterm_stops_as_ctrl_c_does_saving_a_checkpoint_where_it_is(dataset, tmp_path, monkeypatch):
+    """A scheduler's stop (Slurm, Kubernetes, `timeout`: SIGTERM, then SIGKILL after a grace period) ended the run
+    where it was, exit -15, losing every step since the last checkpoint. It now stops as the first Ctrl-C does:
+    after the step in flight, a checkpoint there, the command that resumes, exit 143 (128 + SIGTERM)."""
+    monkeypatch.chdir(tmp_path)
+    # Checkpoints every 5 steps (the last --checkpoint-every-steps counts): the stop's own is told apart.
+    stopped = run(train_args(dataset, "stopped", "tensorflow", "--checkpoint-every-steps", 5), "tensorflow",
+                  tmp_path, block_at=8, stop=signal.SIGTERM, step_seconds=1.0, timeout=600)
+    assert stopped.returncode == 143, stopped.output[-3000:]
+    shown = flat(stopped.output)
+    assert "SIGTERM: stopping after this step and saving a checkpoint there" in shown
+    at = state(tmp_path / "stopped")["global_step"]
+    assert at in (8, 9)  # after the step in flight (or the next, on a slow machine); not the step-5 checkpoint
+    assert f"Interrupted (SIGTERM) in epoch 2 after step {at - 6} of 6: checkpoint saved there" in shown
+    assert "(Ctrl-C)" not in shown
+    assert printed_command(stopped.output)[-1] == "--resume"
+    assert not (tmp_path / "stopped" / ".shardprep.lock").exists()

@@ -216,15 +216,32 @@ def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
     from shardprep.train.interrupt import StopRequests
 
     notices = []
-    with StopRequests(lambda: notices.append("notice")) as stop:
+    with StopRequests(notices.append) as stop:
         with pytest.raises(KeyboardInterrupt):  # before the first step there is nothing to save: at once
             os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT; Python runs its handler at the next bytecode
         stop.armed = True
         os.kill(os.getpid(), signal.SIGINT)
-        assert stop.requested and notices == ["notice"]  # the loop stops after the step in flight
+        assert stop.requested and notices == ["Ctrl-C"]  # the loop stops after the step in flight
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
+    import os
+    import signal
+
+    from shardprep.train.interrupt import StopRequests, stopped_by
+
+    notices, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        with StopRequests(notices.append) as stop:
+            stop.armed = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.requested and notices == ["SIGTERM"]
+            os.kill(os.getpid(), signal.SIGINT)  # a second stop of either kind: at once
+    assert stopped_by(stopped.value) == "SIGTERM"  # the first stop names the run's end
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_damaged_state_json_is_named_not_a_traceback():

@@ -151,13 +151,14 @@ class Epochs:
                 raise
         self.callback_list.on_train_end()
 
-    def _stopping(self) -> None:
-        """Says at once what the first Ctrl-C does. It runs in the signal handler, which may interrupt a write to
-        stdout, so it writes to the file descriptor itself (a second buffered write there could fail as
-        reentrant); where stdout has none (captured output), the stop message that follows says it all."""
+    def _stopping(self, by: str = "Ctrl-C") -> None:
+        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does. It runs in the signal handler, which may
+        interrupt a write to stdout, so it writes to the file descriptor itself (a second buffered write there could
+        fail as reentrant); where stdout has none (captured output), the stop message that follows says it all."""
         saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
-        text = progress.fit(f"Ctrl-C: stopping after this step {saves}; Ctrl-C again stops at once, without "
-                            "saving.", self.width) + "\n"
+        again = "Ctrl-C again" if by == "Ctrl-C" else f"another {by} or Ctrl-C"
+        text = progress.fit(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
+                            self.width) + "\n"
         if self.progress is not None and self.progress.live:
             text, self.progress.live = "\n" + text, False
         try:

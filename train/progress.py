@@ -191,8 +191,8 @@ def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: i
     start_step = int(state["global_step"])
     epoch, step = divmod(start_step, steps_per_epoch)
     if (state.get("partial_epoch") or {}).get("validation_pending") and epoch <= epochs:
-        return (f"Resuming from {checkpoint}: the steps of epoch {epoch} are done and Ctrl-C stopped its "
-                f"validation; validating epoch {epoch} first, then training on from step {start_step} of the run.")
+        return (f"Resuming from {checkpoint}: the steps of epoch {epoch} are done and its validation was "
+                f"stopped; validating epoch {epoch} first, then training on from step {start_step} of the run.")
     done = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1}"
     if epoch >= epochs:
         return (f"Resuming from {checkpoint} {done}: nothing left to train ({count(epochs, 'epoch')} "
@@ -220,21 +220,25 @@ def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
 
 
 def interrupted_message(stop) -> tuple[str, str]:
-    """What a run stopped by Ctrl-C (a :class:`~shardprep.train.interrupt.TrainingInterrupted`) saved, and how to
-    go on: ``"resume"`` when ``--resume`` continues from a checkpoint, ``"overwrite"`` when there is none."""
+    """What a run stopped by Ctrl-C or SIGTERM (a :class:`~shardprep.train.interrupt.TrainingInterrupted`) saved,
+    and how to go on: ``"resume"`` when ``--resume`` continues from a checkpoint, ``"overwrite"`` when there is
+    none."""
+    from shardprep.train.interrupt import stopped_by
+
+    by = stopped_by(stop)
     where = {"training": f"in epoch {stop.epoch} after step {stop.step} of {stop.steps_per_epoch}",
              "validation": f"while validating epoch {stop.epoch} (its {count(stop.steps_per_epoch, 'step')} "
                            "done)",
              "epoch end": f"after epoch {stop.epoch}"}[stop.stage]
     if stop.unsaved == "--no-checkpoint":
-        return (f"Interrupted (Ctrl-C) {where}; nothing saved (--no-checkpoint), history.json holds the finished "
+        return (f"Interrupted ({by}) {where}; nothing saved (--no-checkpoint), history.json holds the finished "
                 "epochs.", "overwrite")
     if stop.unsaved == "streamed":
-        cannot = (f"Interrupted (Ctrl-C) {where}. Streamed reads (--sequential-reads, or a URL) cannot resume "
+        cannot = (f"Interrupted ({by}) {where}. Streamed reads (--sequential-reads, or a URL) cannot resume "
                   "mid-epoch, so nothing was saved here")
         if stop.checkpoint is None:
             return f"{cannot}, and there is no checkpoint yet.", "overwrite"
         return (f"{cannot}; --resume continues from the last checkpoint, after epoch "
                 f"{stop.resumes_at // stop.steps_per_epoch} ({stop.checkpoint}).", "resume")
     then = f"; the resumed run validates epoch {stop.epoch} first" if stop.stage == "validation" else ""
-    return f"Interrupted (Ctrl-C) {where}: checkpoint saved there ({stop.checkpoint}){then}.", "resume"
+    return f"Interrupted ({by}) {where}: checkpoint saved there ({stop.checkpoint}){then}.", "resume"

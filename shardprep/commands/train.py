@@ -1,11 +1,13 @@
 """``shardprep train DATA``: ResNet-18 from prepared shards, with an input-bound report every epoch."""
 
+import contextlib
 import os
 import shlex
+import threading
 
 import click
 
-from shardprep.pipelines.stopping import INTERRUPTED
+from shardprep.pipelines.stopping import INTERRUPTED, TERMINATED
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
 from shardprep.train.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
@@ -75,23 +77,42 @@ def _shell_lines(words: list[str], width: int) -> str:
     return "\n".join([*lines, line])
 
 
-def _report_interrupt(ctx, stop, output_dir: str) -> None:
-    """Says what Ctrl-C left and the command that goes on from there; exits 130 as a shell does after SIGINT."""
-    from shardprep.train import progress
-    from shardprep.train.interrupt import TrainingInterrupted
+@contextlib.contextmanager
+def _sigterm_as_a_stop():
+    """SIGTERM, while the run goes, stops it as Ctrl-C does (Python's default is to end the process silently); the
+    epochs take it as a request to stop after the step in flight (train.interrupt.StopRequests)."""
+    import signal
 
-    width = progress.terminal_width()
+    from shardprep.train.interrupt import raise_stop
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_interrupt(ctx, stop, output_dir: str) -> None:
+    """Says what Ctrl-C (or SIGTERM) left and the command that goes on from there; exits 130 (143) as a shell does
+    after SIGINT (SIGTERM)."""
+    from shardprep.train import progress
+    from shardprep.train.interrupt import TrainingInterrupted, stopped_by
+
+    width, by = progress.terminal_width(), stopped_by(stop)
     if isinstance(stop, TrainingInterrupted):
         message, action = progress.interrupted_message(stop)
     elif os.path.isfile(os.path.join(output_dir, "checkpoints", "state.json")):
-        message, action = "Stopped at once (Ctrl-C): nothing saved since the last checkpoint.", "resume"
+        message, action = f"Stopped at once ({by}): nothing saved since the last checkpoint.", "resume"
     elif _holds_run_files(output_dir):
-        message, action = "Stopped at once (Ctrl-C) before a checkpoint was saved.", "overwrite"
+        message, action = f"Stopped at once ({by}) before a checkpoint was saved.", "overwrite"
     else:
-        message, action = "Stopped (Ctrl-C) before training started.", None
+        message, action = f"Stopped ({by}) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
     click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
-    ctx.exit(INTERRUPTED)
+    ctx.exit(INTERRUPTED if by == "Ctrl-C" else TERMINATED)
 
 
 def _holds_run_files(output_dir: str) -> bool:
@@ -245,7 +266,8 @@ def _train(ctx, config: TrainConfig, manifest) -> None:
     try:
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
+        with _sigterm_as_a_stop():
+            train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
