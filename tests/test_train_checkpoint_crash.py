@@ -414,3 +414,31 @@ def test_every_kill_point_leaves_a_whole_best_keras(runs):
             with zipfile.ZipFile(best) as archive:
                 assert archive.testzip() is None, snapshot["label"]
             assert _weights(best), snapshot["label"]
+
+
+def test_a_link_planted_at_best_writing_keras_during_a_run_is_never_written_through(colour_dataset, tmp_path,
+                                                                                     monkeypatch):
+    """Keras opens best.writing.keras itself at every epoch end that improves: a link put there meanwhile (a symlink
+    or a hard link to a user's file) was written through, the user's file became the model and best.keras the link.
+    The name is cleared, never followed, before each epoch end."""
+    import functools
+
+    from shardprep.train import loop
+
+    output = tmp_path / "run"
+    writing = output / "checkpoints" / "best.writing.keras"
+    mine, mine_too = tmp_path / "mine.txt", tmp_path / "mine-too.txt"
+    mine.write_text("mine")
+    mine_too.write_text("mine too")
+
+    def plant(step, batch):  # 4 steps an epoch: mid-epoch 2 a symlink, mid-epoch 3 a hard link
+        if step in (5, 9) and not os.path.lexists(writing):
+            (os.symlink if step == 5 else os.link)(mine if step == 5 else mine_too, writing)
+
+    monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=plant))
+    result = CliRunner().invoke(main, _args(colour_dataset, output))
+    assert result.exit_code == 0, result.output[-3000:]
+    assert mine.read_text() == "mine" and mine_too.read_text() == "mine too"
+    assert not os.path.lexists(writing)
+    best = output / "checkpoints" / "best.keras"
+    assert not best.is_symlink() and best.stat().st_nlink == 1 and _weights(best)

@@ -181,6 +181,8 @@ class Epochs:
                     input_wait_fraction=timing.wait / timing.seconds if timing.seconds else 0.0,
                     learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
         best = [callback.best for callback in self._best_checkpoints()]
+        if self.config.checkpoint:  # Keras opens the name itself: whatever was put there meanwhile is not followed
+            checkpoints.discard_best_writing(self.paths)
         self.callback_list.on_epoch_end(epoch, logs)
         # A ModelCheckpoint sets `best` only when it saves: then best.keras holds the model the epoch end checkpoints
         # (the callbacks that change the optimizer come before it, and nothing after it changes the model).
