@@ -151,3 +151,44 @@ def test_the_command_line_entry_imports_little_so_ctrl_c_at_start_is_the_clis_ow
     from shardprep.preprocess.manifest import tool_version
 
     assert version.exit_code == 0 and version.output == f"shardprep, version {tool_version()}\n"
+
+
+def test_ctrl_c_of_validate_on_worker_processes_is_one_line_not_their_tracebacks(tmp_path):
+    """validate let its SDK worker processes write to the terminal: a Ctrl-C there printed 60-90 lines of their
+    and Beam's thread tracebacks ("Worker subprocess exited with return code -15") before "stopped (Ctrl-C)". It
+    holds them back now, as preprocess does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from train_helpers import random_images, write_dataset
+
+    def sdk_workers() -> int:  # Beam's SDK worker processes running now (only this test starts any)
+        count = 0
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    count += b"apache_beam.runners.worker.sdk_worker_main" in f.read()
+            except OSError:
+                pass
+        return count
+
+    write_dataset(tmp_path / "data", {"train": random_images(800, 256, 256)}, classes=["a", "b"], num_shards=2)
+    process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "validate", str(tmp_path / "data"), "--",
+                                "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while sdk_workers() < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the workers started, reading
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        output = process.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 130, output[-3000:]  # stopped mid-run, not finished first
+    assert "Traceback" not in output and "Exception in thread" not in output, output[-3000:]
+    assert output.rstrip().splitlines()[-1] == "stopped (Ctrl-C)"
