@@ -20,7 +20,9 @@ def test_a_line_wider_than_the_terminal_wraps_and_cursor_moves_apply():
 
 def test_a_run_reports_status_text_widths_and_a_ctrl_c():
     script = "import time\nprint('x' * 100, flush=True)\nprint('ready', flush=True)\ntime.sleep(30)"
-    run = run_in_terminal([sys.executable, "-c", script], columns=80, interrupt_when="ready", timeout=60)
+    # Ctrl-C a moment after "ready": one that lands before the sleep starts is handled only when it ends (30 s).
+    run = run_in_terminal([sys.executable, "-c", script], columns=80, interrupt_when="ready", interrupt_after=0.5,
+                          timeout=60)
     assert run.status == 130  # Python re-raises SIGINT after an uncaught KeyboardInterrupt: 128 + 2
     assert run.widest == 100 and "KeyboardInterrupt" in run.text
     assert run.screen[:2] == ["x" * 80, "x" * 20] and run.stopped_after < 10
