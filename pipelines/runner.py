@@ -192,11 +192,14 @@ class BeamArgsError(ValueError):
     """The Beam options after ``--`` cannot be used (a stray argument, a worker count below one); for the user."""
 
 
-def check_beam_args(beam_args: list[str], usage: str) -> None:
+def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
     """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run.
 
     A token that is not an option and not the value of the option before it (``--runner DataflowRunner``) is a
     stray positional argument (``shardprep preprocess SRC OUT EXTRA``): click hands it over with the Beam options.
+    An option no Beam options class knows (Beam drops it with a log line) is refused by name: one of the command's
+    own ``own_options`` put after ``--``, or a misspelling (``--direct_num_worker``); so is a malformed value of any
+    Beam option (which Beam reports with its whole usage, exit 2, once the run starts).
     """
     previous_takes_value = False
     for token in beam_args:
@@ -220,7 +223,37 @@ def check_beam_args(beam_args: list[str], usage: str) -> None:
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
         raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
                             "1 (default: one per core)")
+    _check_known(beam_args, usage, own_options)
     _check_running_mode(beam_args)
+
+
+def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
+    """Parses ``beam_args`` with every Beam options class, as Beam's ``PipelineOptions.get_all_options`` does."""
+    import difflib
+    import io
+
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001 - how Beam itself builds the parser
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            _, unknown = parser.parse_known_args(beam_args)
+    except (SystemExit, Exception) as e:  # noqa: BLE001
+        reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
+        raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        if name in own_options:
+            raise BeamArgsError(f"{name} is an option of {usage.split()[0]}, not of Beam: put it before --")
+        if not token.startswith("-"):
+            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
+        known = [option for action in parser._actions for option in action.option_strings]  # noqa: SLF001
+        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), [k.lstrip("-") for k in known], 1)
+        hint = f" (did you mean --{near[0]}?)" if near else ""
+        raise BeamArgsError(f"unknown Beam option {token}{hint}: Beam would ignore it")
 
 
 def _check_running_mode(beam_args: list[str]) -> None:

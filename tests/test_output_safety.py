@@ -155,6 +155,9 @@ def test_glob_folder(pattern, folder):
     ["--direct_running_mode=multi_threading", "--direct_num_workers=1"],
     ["--direct_running_mode", "multi_threading", "--direct_num_workers", "1"],
     ["--runner=DataflowRunner", "--project=P", "--direct_running_mode=multi_threading"],  # not a local run
+    ["--runner", "DataflowRunner", "--project", "PROJECT", "--region", "REGION", "--temp_location", "gs://B/tmp",
+     "--setup_file", "./setup.py", "--machine_type", "n2-standard-8", "--max_num_workers", "64"],  # README's
+    ["--experiments=use_runner_v2", "--experiments", "x", "--save_main_session", "--no_pipeline_type_check"],
 ])
 def test_beam_args_accepted(beam_args):
     runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
@@ -175,11 +178,42 @@ def test_beam_args_accepted(beam_args):
      "send it when there is more than one"),
     (["--direct_running_mode", "multi_threading", "--direct_num_workers", "3"], "with 3 workers"),
     (["--runner=FnApiRunner", "--direct_running_mode=multi_threading", "--direct_num_workers=2"], "with 2 workers"),
+    # Beam drops options no options class knows (a log line, hidden): refused by name, with the nearest known one.
+    (["--direct_num_worker=0"], "unknown Beam option --direct_num_worker=0 (did you mean --direct_num_workers?): "
+                                "Beam would ignore it"),
+    (["--direct-num-workers=2"], "(did you mean --direct_num_workers?)"),
+    (["--runer", "DataflowRunner"], "unknown Beam option --runer (did you mean --runner?)"),
+    (["-x"], "unknown Beam option -x"),
+    (["--save_main_session", "EXTRA"], "unexpected argument EXTRA: preprocess takes SOURCE OUTPUT"),
+    # A malformed value of any Beam option, not only the local runner's: Beam printed its usage once running.
+    (["--max_num_workers=abc"], "invalid Beam option: argument --max_num_workers: invalid int value: 'abc'"),
+    (["--temp_location"], "invalid Beam option: argument --temp_location: expected one argument"),
+    (["--flexrs_goal=CHEAP"], "invalid Beam option: argument --flexrs_goal: invalid choice: 'CHEAP'"),
 ])
 def test_beam_args_refused(beam_args, message):
     with pytest.raises(runners.BeamArgsError, match=None) as refused:
         runners.check_beam_args(beam_args, "preprocess takes SOURCE OUTPUT")
     assert message in str(refused.value)
+
+
+def test_the_commands_own_options_after_the_separator_are_refused_by_name():
+    """``preprocess SRC OUT -- --shorter-side 24`` built at 256 and exited 0: Beam dropped the option and its value."""
+    with pytest.raises(runners.BeamArgsError) as refused:
+        runners.check_beam_args(["--direct_num_workers=1", "--shorter-side", "24"], "preprocess takes SOURCE OUTPUT",
+                                ("--shorter-side", "--crop"))
+    assert str(refused.value) == "--shorter-side is an option of preprocess, not of Beam: put it before --"
+    with pytest.raises(runners.BeamArgsError, match="--crop is an option of preprocess"):
+        runners.check_beam_args(["--crop=none"], "preprocess takes SOURCE OUTPUT", ("--shorter-side", "--crop"))
+
+
+def test_a_preprocess_option_after_the_separator_is_one_line_and_nothing_is_made(tmp_path):
+    source = tmp_path / "src"
+    image_factory.write_image_folder(source, {"train": 2}, classes=("a",))
+    result = CliRunner().invoke(cli, ["preprocess", str(source), str(tmp_path / "out"), "--",
+                                       "--direct_num_workers=1", "--shorter-side", "24"])
+    assert result.exit_code == 1 and result.output.splitlines() == [
+        "Error: --shorter-side is an option of preprocess, not of Beam: put it before --"], result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_multi_threading_without_a_worker_count_is_refused_where_it_would_get_one_per_core(monkeypatch):

@@ -100,7 +100,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
     runner.quiet_beam_logging(verbose)
     try:
-        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT")
+        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT", _own_options(ctx))
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
     config = PreprocessConfig(
@@ -409,3 +409,9 @@ def _span(values, fmt: str) -> str:
         return "-"
     low, high = min(values), max(values)
     return fmt.format(low) if low == high else f"{fmt.format(low)}–{fmt.format(high)}"
+
+
+def _own_options(ctx) -> tuple[str, ...]:
+    """This command's own long options (``--shorter-side``): given after ``--`` they reach Beam, which drops them."""
+    return tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
+                 if option.startswith("--"))

@@ -124,7 +124,7 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     try:
-        runner.check_beam_args(list(beam_args), "validate takes DATA")
+        runner.check_beam_args(list(beam_args), "validate takes DATA", _own_options(ctx))
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
@@ -433,3 +433,9 @@ def _print_problems(say, report: dict) -> None:
         clauses = _clauses(found["message"])
         items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
         say(items, indent="    ")
+
+
+def _own_options(ctx) -> tuple[str, ...]:
+    """This command's own long options (``--shorter-side``): given after ``--`` they reach Beam, which drops them."""
+    return tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
+                 if option.startswith("--"))
