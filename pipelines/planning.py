@@ -250,6 +250,10 @@ def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
     nested = [d for d in split_named if list_children(manifest.join(root, d)).dirs]
     if nested:  # train/<class>/ beside cat/: neither layout; refused rather than made classes "train" and "cat"
         raise accounting.mixed_layout_error(root, nested, [d for d in dirs if d not in split_named])
+    if len(dirs) == 1:  # the folder a download was extracted into: its one folder would be one class of everything
+        inner = list_children(manifest.join(root, dirs[0])).dirs
+        if inner and all(d.lower() in sources.SPLIT_NAMES for d in inner):
+            raise accounting.holder_folder_error(root, dirs[0], inner)
     return [(split, root)]
 
 

@@ -68,6 +68,13 @@ def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> Sourc
         f"or SOURCE/<class>/<file>; move {', '.join(_few(others))} into a split folder, or point SOURCE at one split")
 
 
+def holder_folder_error(root: str, folder: str, splits: list[str]) -> SourceError:
+    """SOURCE holds one folder, which holds split folders: the dataset is that folder (a download's top folder)."""
+    return SourceError(
+        f"{root} holds one folder, {folder}, which holds split folders ({', '.join(_few(sorted(splits)))}): give "
+        f"{root.rstrip('/')}/{folder} as SOURCE (as given, {folder} would be one class holding every split's images)")
+
+
 def _few(names: list[str], shown: int = 5) -> list[str]:
     return names[:shown] + ([f"... ({len(names)} in all)"] if len(names) > shown else [])
 

@@ -116,6 +116,21 @@ def test_an_image_loose_beside_split_folders_is_still_refused_naming_it(tmp_path
     refused(tmp_path, source, tmp_path / "out", expect=("cover.jpg", "split folders (train, val)"))
 
 
+@pytest.mark.parametrize("beside", [(), ("README.md",)])
+def test_the_folder_that_holds_a_download_is_refused_naming_the_one_to_give(tmp_path, beside):
+    """SOURCE/imagenette2/{train,val}/<class>/ (the folder a .tgz was extracted into) was read as one class named
+    imagenette2, the val images training images of it, exit 0. It is refused, naming the folder to give."""
+    holder = tmp_path / "downloads"
+    images(holder / "imagenette2", {"train": 2, "val": 2}, classes=("n01440764", "n02102040"), kinds=("jpeg",))
+    for name in beside:
+        (holder / name).write_text("about\n")
+    line = refused(tmp_path, holder, tmp_path / "out")
+    assert line == (f"Error: {holder} holds one folder, imagenette2, which holds split folders (train, val): give "
+                    f"{holder / 'imagenette2'} as SOURCE (as given, imagenette2 would be one class holding every "
+                    "split's images)")
+    ok(holder / "imagenette2", tmp_path / "out")
+
+
 # --- Kaggle's ImageNet ---------------------------------------------------------------------------------------------
 
 def kaggle_imagenet(root):
