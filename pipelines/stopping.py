@@ -17,6 +17,36 @@ import time
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
 INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
 TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, ``timeout``, a scheduler's stop), raised in the main thread by :func:`sigterm_stops`:
+    a command stops as on Ctrl-C (its workers ended, what was kept said), where Python would end it silently
+    (leaving its worker processes running and its lock file in place). ``by`` names it in messages."""
+
+    by = "SIGTERM"
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_stops():
+    """While the block runs, SIGTERM raises :class:`Terminated` (main thread only, where Python runs handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exit_status(stop: BaseException) -> int:
+    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`, or any stop whose ``by`` says so)."""
+    return TERMINATED if getattr(stop, "by", "Ctrl-C") == "SIGTERM" else INTERRUPTED
+
+
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
 _stop_requested = threading.Event()
 
@@ -63,24 +93,25 @@ def run_stoppable(run):
     try:
         while not finished.wait(0.2):
             pass
-    except KeyboardInterrupt:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt as stop:
+        previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
         try:
             _stop_requested.set()
             stop_worker_processes()
             if not finished.wait(STOP_WAIT_S):
-                atexit.register(_exit_before_finalizing, finished)
+                atexit.register(_exit_before_finalizing, finished, exit_status(stop))
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
 
 
-def _exit_before_finalizing(finished: threading.Event) -> None:
+def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
     """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C has still not unwound: ends the
-    process with status 130 before Python finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it
+    process with ``status`` (130; 143 after SIGTERM) before Python finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it
     next takes the interpreter lock, and one coming back from a C++ library (OpenCV's resize in a long decode)
     unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
     without an active exception") after the stop lines. The run's files are as a kill leaves them, which resume
@@ -90,7 +121,7 @@ def _exit_before_finalizing(finished: threading.Event) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(INTERRUPTED)
+    os._exit(status)
 
 
 def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
@@ -151,18 +182,23 @@ def _cmdline(pid: int) -> bytes:
 
 @contextlib.contextmanager
 def sigint_deferred():
-    """Ctrl-C inside the block takes effect when it ends (for restoring what must not be left half done, such as
-    file descriptor 2). Main thread only, where Python runs signal handlers; elsewhere the block runs as is."""
+    """Ctrl-C (or SIGTERM) inside the block takes effect when it ends (for restoring what must not be left half
+    done, such as file descriptor 2). Main thread only, where Python runs signal handlers; elsewhere the block runs
+    as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda *received: caught.append(received))
+    previous = {number: signal.signal(number, lambda *received: caught.append(received))
+                for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(*caught[0])  # the default handler raises KeyboardInterrupt
-        elif caught and previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signal.SIGINT)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if caught:
+            handler = previous[caught[0][0]]
+            if callable(handler):
+                handler(*caught[0])  # the default SIGINT handler raises KeyboardInterrupt; sigterm_stops' too
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0][0])

@@ -8,7 +8,7 @@ import importlib
 
 import click
 
-from shardprep.pipelines.stopping import INTERRUPTED  # the exit status after Ctrl-C (130)
+from shardprep.pipelines import stopping
 
 SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
@@ -30,13 +30,15 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         """Ctrl-C ends any subcommand with exit status 130 (128 + SIGINT, as shells report it) and one line,
-        where click's default is status 1 and "Aborted!". A subcommand may say more first (preprocess: what was
+        where click's default is status 1 and "Aborted!"; SIGTERM likewise, with 143 (Python's default ended the
+        process silently, its worker processes left running). A subcommand may say more first (preprocess: what was
         kept and how to resume)."""
         try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("stopped (Ctrl-C)", err=True)
-            ctx.exit(INTERRUPTED)
+            with stopping.sigterm_stops():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as stop:
+            click.echo(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
+            ctx.exit(stopping.exit_status(stop))
 
     def resolve_command(self, ctx, args):
         """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""

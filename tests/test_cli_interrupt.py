@@ -192,3 +192,40 @@ def test_ctrl_c_of_validate_on_worker_processes_is_one_line_not_their_tracebacks
     assert process.returncode == 130, output[-3000:]  # stopped mid-run, not finished first
     assert "Traceback" not in output and "Exception in thread" not in output, output[-3000:]
     assert output.rstrip().splitlines()[-1] == "stopped (Ctrl-C)"
+
+
+def test_sigterm_stops_preprocess_as_ctrl_c_does_workers_ended_lines_printed_exit_143(tmp_path):
+    """`kill PID` / `timeout` sends SIGTERM to shardprep alone: it died at once, printed nothing, left its lock file
+    and its SDK worker processes running (holding the output pipe open for ~2 minutes). It now stops as Ctrl-C
+    does: the workers ended, what was kept and the resume command, exit 143 (128 + SIGTERM), no lock left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import image_factory
+
+    source, output = tmp_path / "src", tmp_path / "out"
+    image_factory.write_image_folder(source, {"train": 60}, classes=("a", "b"), min_side=200, max_side=400,
+                                     kinds=("jpeg",))
+    process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
+                                "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (output / ".tmp").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the run is going: workers starting or decoding
+        process.send_signal(signal.SIGTERM)  # to shardprep alone, as kill and timeout send it
+        started = time.monotonic()
+        text = process.communicate(timeout=60)[0].decode(errors="replace")  # the pipe closes: no worker holds it
+        waited = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, text[-3000:]
+    assert waited < 20, waited
+    assert "Traceback" not in text, text[-3000:]
+    lines = text.rstrip().splitlines()
+    assert lines[-1].startswith("resume: shardprep preprocess ") or lines[-1] == "stopped (SIGTERM)", text[-3000:]
+    assert not (output / ".shardprep.lock").exists()

@@ -21,21 +21,9 @@ SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 def stopped_by(stop: BaseException) -> str:
-    """``"Ctrl-C"`` or ``"SIGTERM"``: which stop ended the run (``by``, set where it was caught)."""
+    """``"Ctrl-C"`` or ``"SIGTERM"``: which stop ended the run (``by``: set on leaving :class:`StopRequests`, or
+    the CLI's SIGTERM outside the epochs, pipelines.stopping.Terminated)."""
     return getattr(stop, "by", "Ctrl-C")
-
-
-class StopSignal(KeyboardInterrupt):
-    """A stop at once by ``by`` (``"SIGTERM"``), outside the epochs: a SIGTERM is otherwise Python's silent exit."""
-
-    def __init__(self, by: str):
-        super().__init__(by)
-        self.by = by
-
-
-def raise_stop(signum, frame) -> None:
-    """A signal handler: SIGTERM as a :class:`StopSignal` (the CLI's, around a whole train run)."""
-    raise StopSignal(SIGNAL_NAMES.get(signum, "SIGTERM"))
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -13,7 +13,7 @@ import click
 
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
-from shardprep.pipelines.stopping import INTERRUPTED
+from shardprep.pipelines.stopping import exit_status
 from shardprep.preprocess import encodings
 from shardprep.preprocess.manifest import MANIFEST_NAME
 from shardprep.preprocess.config import CROPS, PreprocessConfig, default
@@ -120,11 +120,11 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         if verbose:
             traceback.print_exception(e)
         raise click.ClickException(str(e)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote, began):
             click.echo(line, err=True)
-        ctx.exit(INTERRUPTED)
+        ctx.exit(exit_status(stop))
     manifest = outcome.manifest
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")

@@ -1,13 +1,11 @@
 """``shardprep train DATA``: ResNet-18 from prepared shards, with an input-bound report every epoch."""
 
-import contextlib
 import os
 import shlex
-import threading
 
 import click
 
-from shardprep.pipelines.stopping import INTERRUPTED, TERMINATED
+from shardprep.pipelines.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
 from shardprep.train.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
@@ -77,24 +75,6 @@ def _shell_lines(words: list[str], width: int) -> str:
     return "\n".join([*lines, line])
 
 
-@contextlib.contextmanager
-def _sigterm_as_a_stop():
-    """SIGTERM, while the run goes, stops it as Ctrl-C does (Python's default is to end the process silently); the
-    epochs take it as a request to stop after the step in flight (train.interrupt.StopRequests)."""
-    import signal
-
-    from shardprep.train.interrupt import raise_stop
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, raise_stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
     """Says what Ctrl-C (or SIGTERM) left and the command that goes on from there; exits 130 (143) as a shell does
     after SIGINT (SIGTERM)."""
@@ -112,7 +92,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
         message, action = f"Stopped ({by}) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
     click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
-    ctx.exit(INTERRUPTED if by == "Ctrl-C" else TERMINATED)
+    ctx.exit(exit_status(stop))
 
 
 def _holds_run_files(output_dir: str) -> bool:
@@ -266,8 +246,7 @@ def _train(ctx, config: TrainConfig, manifest) -> None:
     try:
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        with _sigterm_as_a_stop():
-            train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
+        train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
