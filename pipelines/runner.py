@@ -265,7 +265,10 @@ def _check_running_mode(beam_args: list[str]) -> None:
         return
     options = pipeline_options(beam_args).view_as(DirectOptions)
     if options.direct_running_mode == "multi_threading" and options.direct_num_workers > 1:
-        raise BeamArgsError(f"--direct_running_mode=multi_threading with {options.direct_num_workers} workers: Beam's "
+        given = any(arg.startswith("--direct_num_workers") for arg in beam_args)
+        workers = f"{options.direct_num_workers} workers" if given else (
+            f"the default of {options.direct_num_workers} workers (one per core)")
+        raise BeamArgsError(f"--direct_running_mode=multi_threading with {workers}: Beam's "
                             "local runner mixes up the data its worker threads send it when there is more than one; "
                             "use multi_processing (the default) or --direct_num_workers=1")
 

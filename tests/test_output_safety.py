@@ -219,7 +219,8 @@ def test_a_preprocess_option_after_the_separator_is_one_line_and_nothing_is_made
 def test_multi_threading_without_a_worker_count_is_refused_where_it_would_get_one_per_core(monkeypatch):
     """Without --direct_num_workers a local run gets one worker per core: more than one thread on most machines."""
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    with pytest.raises(runners.BeamArgsError, match="multi_threading with 4 workers") as refused:
+    with pytest.raises(runners.BeamArgsError, match=r"multi_threading with the default of 4 workers \(one per "
+                                                    r"core\)") as refused:
         runners.check_beam_args(["--direct_running_mode=multi_threading"], "preprocess takes SOURCE OUTPUT")
     assert "--direct_num_workers=1" in str(refused.value) and "multi_processing" in str(refused.value)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
