@@ -24,7 +24,9 @@ from shardprep.pipelines import stopping
 # goes by), FnApiRunner and PrismRunner. Lower-case, as ``--runner`` is matched without case; "" is no --runner.
 LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
                       "fnapirunner", "prismrunner")
-_OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner")  # make_pipeline builds the FnApiRunner itself (offline, multi-process)
+# make_pipeline builds the FnApiRunner itself (offline, multi-process); Beam's DirectRunner, named, would first fetch
+# its Prism runner from github.com (and run on the FnApiRunner offline, after the failed lookup).
+_OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner", "directrunner")
 
 
 def runner_name(beam_args: list[str]) -> str:
@@ -180,7 +182,7 @@ def _local_runner():
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line)."""
     options = pipeline_options(beam_args)
-    if runner_name(beam_args).lower() in _OWN_FNAPI_RUNNER_NAMES:
+    if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
         return beam.Pipeline(runner=_local_runner(), options=options)
     from shardprep.pipelines import staging
 

@@ -91,3 +91,15 @@ def test_building_a_graph_makes_few_options_views(monkeypatch):
             numbers = numbers | f"Add{step}" >> beam.Map(lambda n: n + 1)
         assert_that(numbers, equal_to([40, 41, 42, 43]))
     assert len(made) < 40
+
+
+@pytest.mark.parametrize("name", ["DirectRunner", "direct", "apache_beam.runners.direct.direct_runner.DirectRunner",
+                                  "FnApiRunner", None])
+def test_beams_direct_runner_by_name_runs_on_the_offline_local_runner(name):
+    """Beam's DirectRunner first fetches its Prism runner from github.com (offline it falls back to the FnApiRunner
+    after a failed lookup): named by the user, it runs on shardprep's own FnApiRunner, which never reaches for the
+    network, as a run without --runner does."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    pipeline = runner.make_pipeline(["--runner", name] if name else [])
+    assert isinstance(pipeline.runner, FnApiRunner)
