@@ -150,6 +150,8 @@ def plan_folder(kind: SourceKind, root: str, config: PreprocessConfig) -> Folder
         rows = _read_labels_file(config.labels_file, [(s, d) for s, d, _ in flat])
         label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
         unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
+    else:
+        _refuse_flat_splits_beside_classes(root, flat, children)
     listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
     if config.labels_file:
         labels_split = _labels_split(config.labels_split, listing.splits, listing.flat_dirs)
@@ -188,6 +190,19 @@ def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[st
                 len(files)))
             for split, directory, files in flat
             if not named[directory] and directory != root and not children[directory].dirs}
+
+
+def _refuse_flat_splits_beside_classes(root: str, flat, children) -> None:
+    """Without a labels file, split folders holding files only beside splits of class folders (ImageNet's flat
+    ``val/``, Kaggle's ``test/``) are refused before anything is decoded: every image there would be a ``no_label``
+    reject, and the job failed on that split only once everything was decoded. Where no split has class folders,
+    the plan's "no classes" error says it."""
+    if not any(children[directory].dirs for directory in children if directory != root):
+        return
+    found = [(split, len(files)) for split, directory, files in flat if directory != root
+             and not children[directory].dirs]
+    if found:
+        raise sources.SourceError(accounting.flat_split_error(found))
 
 
 def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _FolderListing:

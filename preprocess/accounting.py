@@ -55,6 +55,14 @@ def unlabelled_reason(count: int) -> str:
             "such as a test set without labels): not read")
 
 
+def flat_split_error(found: list[tuple[str, int]]) -> str:
+    """Split folders of images not in class folders, beside splits of class folders, with no labels file."""
+    splits = ", ".join(f"{split} ({count:,} file{'s' if count != 1 else ''})" for split, count in found)
+    return (f"split {splits} holds images not in class folders, and no --labels-file names their classes: did you "
+            "forget --labels-file? (a split it names none of, such as an unlabelled test set, is then not used; or "
+            "move the folder out of SOURCE)")
+
+
 def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
     """The Reject of an entry the listing skipped."""
     return Reject(split, key, reason, _SKIPPED_DETAIL[reason] + where)

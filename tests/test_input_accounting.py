@@ -362,7 +362,7 @@ def test_flat_images_without_labels_file_fail_with_a_hint(tmp_path):
     folder(root)
     flat_images(root / "val", ["a.JPEG", "b.JPEG"])
     refused(tmp_path, root, tmp_path / "out", "--shorter-side", 8, "--overwrite", *IN_PROCESS,
-            expect=("split val: all 2 inputs were rejected (no_label: 2)", "did you forget --labels-file?"))
+            expect=("split val (2 files) holds images not in class folders", "did you forget --labels-file?"))
 
 
 def test_class_folders_without_files_fail(tmp_path):

@@ -163,6 +163,20 @@ def test_kaggle_imagenet_is_one_command_with_loc_val_solution_as_is(tmp_path):
     assert path == "test/" and "no --labels-file row names" in reason and "2 files" in reason
 
 
+def test_a_split_of_images_not_in_class_folders_without_a_labels_file_is_refused_before_decoding(tmp_path):
+    """train/ and val/ of class folders beside a flat, unlabelled test/ (Kaggle's layout without its CSV): every
+    image was decoded, then the whole job failed ("split test: all 2 inputs were rejected (no_label: 2)"), leaving a
+    shard, the rejects and .tmp. It is refused before anything runs, with the hint."""
+    source = tmp_path / "src"
+    images(source, {"train": 4, "val": 2})
+    (source / "test").mkdir()
+    for i in range(2):
+        (source / "test" / f"t{i}.jpg").write_bytes(image_factory.rgb_jpeg())
+    line = refused(tmp_path, source, tmp_path / "out")
+    assert line.startswith("Error: split test (2 files) holds images not in class folders, and no --labels-file "
+                           "names their classes: did you forget --labels-file?"), line
+
+
 def test_a_kaggle_row_without_a_prediction_is_an_error_naming_the_line(tmp_path):
     cls_loc = kaggle_imagenet(tmp_path / "imagenet")
     labels = tmp_path / "imagenet" / "LOC_val_solution.csv"
