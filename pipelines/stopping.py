@@ -17,6 +17,8 @@ import time
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
 INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
 TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill PID``, ``timeout``, a scheduler's stop), raised in the main thread by :func:`sigterm_stops`:
     a command stops as on Ctrl-C (its workers ended, what was kept said), where Python would end it silently
@@ -111,9 +113,9 @@ def run_stoppable(run):
 
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
     """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C has still not unwound: ends the
-    process with ``status`` (130; 143 after SIGTERM) before Python finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it
-    next takes the interpreter lock, and one coming back from a C++ library (OpenCV's resize in a long decode)
-    unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
+    process with ``status`` (130; 143 after SIGTERM) before Python finalizes. Finalizing ends a daemon thread with
+    ``pthread_exit`` when it next takes the interpreter lock, and one coming back from a C++ library (OpenCV's
+    resize in a long decode) unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
     without an active exception") after the stop lines. The run's files are as a kill leaves them, which resume
     handles."""
     if finished.is_set():

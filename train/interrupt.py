@@ -3,8 +3,9 @@ written at that step (when checkpoints are on), and the caller is told where to 
 
 :class:`StopRequests` holds SIGINT and SIGTERM while the epochs run (in the main thread only; elsewhere Python
 delivers no signals). SIGTERM is how schedulers (Slurm, Kubernetes) and ``timeout`` stop a job, with SIGKILL after a
-grace period: treated as Ctrl-C, the job keeps its work up to the step in flight. The first Ctrl-C sets :attr:`StopRequests.requested`, which the loop checks after every step and
-validation batch; a second one raises ``KeyboardInterrupt`` at once, saving nothing more. Before the first step of
+grace period: treated as Ctrl-C, the job keeps its work up to the step in flight. The first Ctrl-C sets
+:attr:`StopRequests.requested`, which the loop checks after every step and validation batch; a second one raises
+``KeyboardInterrupt`` at once, saving nothing more. Before the first step of
 the process is done there is nothing new to save, so Ctrl-C stops at once then. The loop ends a requested stop by
 raising :class:`TrainingInterrupted`, a ``KeyboardInterrupt`` that says where the run stopped and what it saved.
 Whatever ``KeyboardInterrupt`` leaves the context carries ``by``: which stop it was (:data:`SIGNAL_NAMES`).
