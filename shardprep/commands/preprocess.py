@@ -11,6 +11,7 @@ import traceback
 
 import click
 
+from shardprep.commands import own_long_options
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import exit_status
@@ -100,7 +101,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
     runner.quiet_beam_logging(verbose)
     try:
-        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT", _own_options(ctx))
+        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT", own_long_options(ctx))
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
     config = PreprocessConfig(
@@ -409,9 +410,3 @@ def _span(values, fmt: str) -> str:
         return "-"
     low, high = min(values), max(values)
     return fmt.format(low) if low == high else f"{fmt.format(low)}–{fmt.format(high)}"
-
-
-def _own_options(ctx) -> tuple[str, ...]:
-    """This command's own long options (``--shorter-side``): given after ``--`` they reach Beam, which drops them."""
-    return tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
-                 if option.startswith("--"))

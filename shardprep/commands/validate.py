@@ -6,6 +6,7 @@ import textwrap
 
 import click
 
+from shardprep.commands import own_long_options
 from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
@@ -124,7 +125,7 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     try:
-        runner.check_beam_args(list(beam_args), "validate takes DATA", _own_options(ctx))
+        runner.check_beam_args(list(beam_args), "validate takes DATA", own_long_options(ctx))
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
@@ -433,9 +434,3 @@ def _print_problems(say, report: dict) -> None:
         clauses = _clauses(found["message"])
         items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
         say(items, indent="    ")
-
-
-def _own_options(ctx) -> tuple[str, ...]:
-    """This command's own long options (``--shorter-side``): given after ``--`` they reach Beam, which drops them."""
-    return tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
-                 if option.startswith("--"))
