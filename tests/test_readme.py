@@ -120,9 +120,9 @@ def test_the_two_commands_install_the_default_then_the_test_extra_as_ci_does():
 
     first, second = bash_blocks(section("Two commands for a fresh machine"))
     extras = setup_arguments()["extras_require"]
-    # -qq: pip's hundreds of lines, and its warnings (wider than a terminal), would bury the summary the first command
-    # ends with; errors still show
-    assert ".venv/bin/pip install -qq -e . &&" in first and "shardprep preprocess demo/images demo/shards" in first
+    # -qqq: pip's hundreds of lines, and its warnings and the build backend's (wider than a terminal), would bury the
+    # summary the first command ends with; the errors that stop it still show
+    assert ".venv/bin/pip install -qqq -e . &&" in first and "shardprep preprocess demo/images demo/shards" in first
     assert ".venv/bin/pip install --quiet -e '.[test]' &&" in second and "pytest" in second
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "pip install --quiet -e '.[test]'" in ci
