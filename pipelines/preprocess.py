@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import apache_beam as beam
 
-from shardprep.pipelines import journal, progress, storage
+from shardprep.pipelines import journal, progress, storage, worker_zygote
 from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
@@ -161,6 +161,13 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     """
     from shardprep.pipelines import runner as runners
 
+    with runners.worker_zygote_for(beam_args):
+        return _execute_job(config, beam_args, on_progress, resume, on_resume)
+
+
+def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume) -> JobOutcome:
+    from shardprep.pipelines import runner as runners
+
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
     # First by SOURCE's text alone: telling a folder from a folder of archives lists it, a request for gs://.
     claimed = kind_of(config.source)
@@ -182,6 +189,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     if listing is not None:
         work_bytes = sum(entry.size for entry in listing if entry.size > 0)
         beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
+        if not runners.uses_worker_processes(beam_args):
+            worker_zygote.end_unneeded()
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output) as lock:

@@ -170,19 +170,45 @@ def _local_runner():
     """
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+    from shardprep.pipelines import forked_worker_handler
+
     class LocalRunner(FnApiRunner):
         def run_pipeline(self, pipeline, options):
             with malloc_arenas_limited():
                 return stopping.run_stoppable(
                     functools.partial(FnApiRunner.run_pipeline, self, pipeline, options))
 
+        # FnApiRunner.run_pipeline sets the worker processes' environment: while a worker zygote is active, the same
+        # environment whose workers the zygote forks.
+        @property
+        def _default_environment(self):
+            return self.__dict__["_environment"]
+
+        @_default_environment.setter
+        def _default_environment(self, environment):
+            self.__dict__["_environment"] = forked_worker_handler.forked_if_possible(environment)
+
     return LocalRunner()
+
+
+def worker_zygote_for(beam_args: list[str]):
+    """A worker zygote (``worker_zygote``) for the block, if a run of ``beam_args`` may use local worker processes:
+    call it early, before anything starts a thread. Runs made meanwhile fork their workers from it."""
+    from shardprep.pipelines import worker_zygote
+
+    own_runner = _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
+    return worker_zygote.forked_for(own_runner and uses_worker_processes(beam_args))
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line)."""
     options = pipeline_options(beam_args)
     if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
+        from shardprep.pipelines import worker_zygote
+
+        zygote = worker_zygote.active()
+        if zygote is not None and uses_worker_processes(beam_args):
+            zygote.prepare()  # the workers' own imports, while the graph is built
         return beam.Pipeline(runner=_local_runner(), options=options)
     from shardprep.pipelines import staging
 

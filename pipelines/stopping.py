@@ -129,7 +129,7 @@ def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED
 def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
     """Ends the Beam SDK worker processes under this process (and the shells that started them): SIGTERM, then
     SIGKILL for any left after ``wait_s``. Returns their ids. Linux (``/proc``); elsewhere none are found."""
-    workers = [pid for pid in _descendants(os.getpid()) if b"apache_beam.runners.worker" in _cmdline(pid)]
+    workers = worker_processes(os.getpid())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in workers:
             with contextlib.suppress(OSError):
@@ -138,6 +138,23 @@ def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
         while time.monotonic() < deadline and any(_running(pid) for pid in workers):
             time.sleep(0.05)
     return workers
+
+
+def worker_processes(pid: int) -> list[int]:
+    """The Beam SDK worker processes under ``pid``: started as new interpreters (their command line names Beam's
+    worker module; the shells that started them too), or forked by the worker zygote (their process name)."""
+    from shardprep.pipelines.worker_zygote import WORKER_NAME
+
+    return [child for child in _descendants(pid)
+            if b"apache_beam.runners.worker" in _cmdline(child) or _name(child) == WORKER_NAME]
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _descendants(pid: int) -> list[int]:

@@ -406,7 +406,8 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
             raise ValidateError(f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: "
                                 f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
     try:
-        report = (validate_foreign if kind.validated_as_records else validate_dataset)(options, beam_args, progress)
+        with runner.worker_zygote_for(beam_args):  # before the first pipeline, while no thread runs here
+            report = (validate_foreign if kind.validated_as_records else validate_dataset)(options, beam_args, progress)
     except ReportWriteError as failed:  # the pictures or keys after the checks: the report is still written
         _finish(failed.report, options, started)
         raise

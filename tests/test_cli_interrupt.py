@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from shardprep import cli
 from shardprep.pipelines import stopping
+from shardprep.pipelines.worker_zygote import WORKER_NAME
 
 
 def test_ctrl_c_in_any_subcommand_exits_130_with_one_line(monkeypatch):
@@ -170,6 +171,8 @@ def test_ctrl_c_of_validate_on_worker_processes_is_one_line_not_their_tracebacks
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
                     count += b"apache_beam.runners.worker.sdk_worker_main" in f.read()
+                with open(f"/proc/{name}/comm", "rb") as f:  # a worker forked by the worker zygote
+                    count += f.read().strip() == WORKER_NAME.encode()
             except OSError:
                 pass
         return count

@@ -31,6 +31,7 @@ from shardprep.pipelines import manifest_writer, spill
 from shardprep.pipelines import preprocess as job
 from shardprep.pipelines.common import METRICS_NAMESPACE
 from shardprep.pipelines import runner as runners
+from shardprep.pipelines.worker_zygote import WORKER_NAME
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess import record_format, sharding, tfrecord_io
@@ -104,6 +105,8 @@ def worker_processes(launcher_pid: int) -> list[psutil.Process]:
         with contextlib.suppress(psutil.NoSuchProcess):
             command = child.cmdline()
             if any("sdk_worker_main" in part for part in command) and not command[0].endswith("sh"):
+                found.append(child)
+            elif child.name() == WORKER_NAME:  # forked by the worker zygote: the launcher's command line
                 found.append(child)
     return found
 

@@ -18,8 +18,9 @@ import time
 import pytest
 
 import image_factory
+from shardprep.pipelines import stopping
 from shardprep.preprocess import manifest as manifest_lib
-from terminal import ROOT, descendants, run_in_terminal, running, shardprep_argv
+from terminal import ROOT, run_in_terminal, running, shardprep_argv
 
 WAIT_S = 240  # only against hangs on a loaded machine
 FINAL_PROGRESS = re.compile(r"^images\b.*\b(\d[\d,]*)/\1\b")  # a progress line whose count is complete
@@ -159,7 +160,7 @@ def test_sigint_to_the_launcher_alone_stops_its_beam_workers(slow_source, tmp_pa
         deadline = time.monotonic() + WAIT_S
         workers: list[int] = []
         while time.monotonic() < deadline and process.poll() is None:
-            workers = [pid for pid in descendants(process.pid) if b"sdk_worker_main" in _cmdline(pid)]
+            workers = stopping.worker_processes(process.pid)
             if len(workers) >= 2 and os.path.exists(output / ".tmp" / "journal.jsonl"):
                 break
             time.sleep(0.2)
@@ -184,10 +185,3 @@ def journal_lines(output) -> int:
     except OSError:
         return 0
 
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

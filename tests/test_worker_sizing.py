@@ -71,7 +71,7 @@ def test_a_preprocess_run_sizes_its_workers_from_the_listed_bytes(tmp_path, monk
 
 
 def _worker_processes(pid: int) -> list[int]:
-    return [child for child in stopping._descendants(pid) if b"apache_beam.runners.worker" in stopping._cmdline(child)]
+    return stopping.worker_processes(pid)
 
 
 def test_a_small_folder_is_preprocessed_without_starting_a_worker_process(tmp_path):

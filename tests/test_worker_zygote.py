@@ -1,0 +1,188 @@
+"""The worker zygote (pipelines/worker_zygote.py): local SDK workers forked from a copy of the launcher.
+
+Each run is a fresh interpreter (a zygote is only made where no other thread runs, which a test process is not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from shardprep.pipelines import stopping, worker_zygote
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote forks on Linux only")
+
+# A two-worker pipeline whose elements record which process handled them: its pid, parent, name and command line.
+PIPELINE = textwrap.dedent("""
+    import json, os, sys
+    import apache_beam as beam
+    from shardprep.pipelines import runner, worker_zygote
+
+    out, beam_args = sys.argv[1], sys.argv[2:]
+
+    def where(element):
+        with open(f"/proc/{os.getpid()}/comm") as f:
+            name = f.read().strip()
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            command = f.read().decode(errors="replace")
+        with open(os.path.join(out, f"{element}.json"), "w") as f:
+            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "name": name, "command": command,
+                       "arenas": os.environ.get("MALLOC_ARENA_MAX")}, f)
+        return element
+
+    with runner.worker_zygote_for(beam_args) as zygote:
+        print(json.dumps({"zygote": zygote.pid if zygote else None, "launcher": os.getpid()}), flush=True)
+        p = runner.make_pipeline(beam_args)
+        _ = p | beam.Create(range(16)) | beam.Reshuffle() | beam.Map(where)
+        p.run().wait_until_finish()
+""")
+
+
+def _run(tmp_path, beam_args, env=None, script=PIPELINE):
+    out = tmp_path / "where"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-c", script, str(out), *beam_args], capture_output=True, text=True,
+                          timeout=240, env=dict(os.environ, **(env or {})))
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = json.loads(done.stdout.splitlines()[0])
+    return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())]
+
+
+def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
+    started, where = _run(tmp_path, ["--direct_num_workers=2"])
+    assert started["zygote"] is not None
+    assert len(where) == 16
+    assert {w["ppid"] for w in where} == {started["zygote"]}  # every element in a worker the zygote forked
+    assert {w["name"] for w in where} == {worker_zygote.WORKER_NAME}
+    assert started["launcher"] not in {w["pid"] for w in where}
+    assert {w["arenas"] for w in where} == {"2"}  # the run's malloc cap reached the workers' environment
+
+
+def test_forked_workers_can_be_turned_off(tmp_path):
+    started, where = _run(tmp_path, ["--direct_num_workers=2"], env={worker_zygote.DISABLE_VARIABLE: "0"})
+    assert started["zygote"] is None
+    assert all("sdk_worker_main" in w["command"] for w in where)  # Beam's own new interpreters
+    assert worker_zygote.WORKER_NAME not in {w["name"] for w in where}
+
+
+@pytest.mark.parametrize("beam_args", [["--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                                       ["--runner", "PrismRunner"], ["--runner", "DataflowRunner"]])
+def test_no_zygote_where_the_run_starts_no_local_worker_process(beam_args):
+    with worker_zygote_made(beam_args) as zygote:
+        assert zygote is None
+
+
+def test_no_zygote_while_another_thread_runs():
+    """A copy of a process with another thread running could find a lock held forever (a stream's): not forked."""
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with worker_zygote.forked_for(True) as zygote:
+            assert zygote is None
+    finally:
+        stop.set()
+        thread.join()
+
+
+def worker_zygote_made(beam_args):
+    from shardprep.pipelines import runner
+
+    return runner.worker_zygote_for(beam_args)
+
+
+def test_the_zygote_ends_with_its_launcher_even_killed(tmp_path):
+    """The zygote holds no standard stream of the launcher's (a ``| tee`` ends with the launcher), and exits when
+    the launcher is gone, however it went."""
+    script = textwrap.dedent("""
+        import time
+        from shardprep.pipelines import worker_zygote
+        with worker_zygote.forked_for(True) as zygote:
+            print(zygote.pid, flush=True)
+            time.sleep(60)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        zygote = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 10  # the zygote lets go of the launcher's streams as it starts
+        while time.monotonic() < deadline and os.readlink(f"/proc/{zygote}/fd/1") != os.devnull:
+            time.sleep(0.02)
+        assert os.readlink(f"/proc/{zygote}/fd/1") == os.devnull
+        assert _name(zygote) == worker_zygote.ZYGOTE_NAME
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(zygote):
+            time.sleep(0.05)
+        assert not _alive(zygote)
+    finally:
+        launcher.kill()
+        launcher.stdout.close()
+
+
+@pytest.mark.parametrize("status, error", [(0, None), (1, "return code 1"), (-9, "return code -9"),
+                                           (None, "return code -9")])
+def test_a_worker_s_exit_is_reported_as_beam_reports_it(status, error):
+    """As Beam's ``SubprocessSdkWorker``: a failed worker is a RuntimeError naming its exit status (which
+    ``preprocess._root_cause`` turns into "a Beam worker process stopped unexpectedly": test_reliability kills a
+    forked worker mid-run). A worker whose zygote went first (status unknown) is killed and reported as killed."""
+    from shardprep.pipelines import forked_worker_handler
+
+    killed = []
+
+    class Worker:
+        def wait(self):
+            return status
+
+        def kill(self):
+            killed.append(True)
+
+    if error is None:
+        forked_worker_handler._wait_for(Worker())
+    else:
+        with pytest.raises(RuntimeError, match=f"Worker subprocess exited with {error}$"):
+            forked_worker_handler._wait_for(Worker())
+    assert killed == ([True] if status is None else [])
+
+
+def test_stopping_finds_forked_workers(tmp_path):
+    """``stopping.worker_processes`` (what Ctrl-C ends) finds workers by name: their command line is the
+    launcher's."""
+    script = "import time\n" + PIPELINE.replace("    return element\n", "    time.sleep(60)\n    return element\n")
+    assert "sleep" in script
+    out = tmp_path / "where"
+    out.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", script, str(out), "--direct_num_workers=2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while time.monotonic() < deadline and len(workers) < 2:
+            workers = stopping.worker_processes(launcher.pid)
+            time.sleep(0.1)
+        assert len(workers) == 2
+        assert {_name(pid) for pid in workers} == {worker_zygote.WORKER_NAME}
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        launcher.stdout.close()
+
+
+def _name(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
