@@ -29,6 +29,8 @@ import time
 
 import psutil
 
+from shardprep.pipelines.worker_zygote import WORKER_NAME
+
 SAMPLE_INTERVAL_S = 0.1
 CLASSES = tuple(f"class{i:02d}" for i in range(10))
 MIB = 2**20
@@ -55,7 +57,8 @@ def sample_tree(root: psutil.Process) -> dict[str, int]:
         processes += 1
         if process.pid == root.pid:
             launcher = rss
-        elif any("sdk_worker_main" in part for part in command) and not command[0].endswith("sh"):
+        elif any("sdk_worker_main" in part for part in command) and not command[0].endswith("sh") or \
+                process.name() == WORKER_NAME:  # a worker forked by the worker zygote has the launcher's command
             largest_worker = max(largest_worker, rss)
     return {"tree": total, "launcher": launcher, "largest_worker": largest_worker, "processes": processes}
 

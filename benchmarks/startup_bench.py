@@ -6,8 +6,9 @@ Each repeat times, as separate processes: the bare interpreter (``python -c pass
 (``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess``, which imports Beam); and a
 one-image ``shardprep preprocess SRC OUT --quiet`` run twice, interleaved: as a user starts it (no Beam options: a
 folder this small runs in shardprep's own process, no worker process started) and with ``-- --direct_num_workers=N``
-(``--workers``: N SDK worker processes, as every local run started before workers were sized to the work). Each
-from its start to the first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``,
+(``--workers``: N SDK worker processes, as every local run started before workers were sized to the work), the
+workers forked from the worker zygote (the default) and, third, started as new interpreters as Beam starts them
+(``SHARDPREP_FORKED_WORKERS=0``: every run with workers before the zygote). Each from its start to the first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``,
 polled every 5 ms), to its exit, and its CPU seconds (the whole process tree). Medians are printed. ``--image``
 defaults to a generated 500x375 JPEG.
 """
@@ -41,15 +42,16 @@ def first_spill(folder: str) -> bool:
         return False
 
 
-def one_run(source: str, output: str, workers: int | None) -> tuple[float, float, float]:
+def one_run(source: str, output: str, workers: int | None, forked: bool = True) -> tuple[float, float, float]:
     """(seconds to the first decode, seconds to exit, CPU seconds) of a one-image run; ``workers`` None: as a user
-    starts it, without Beam options."""
+    starts it, without Beam options; ``forked`` False: worker processes started as new interpreters."""
     command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet"]
     if workers is not None:
         command += ["--", f"--direct_num_workers={workers}"]
     cpu_before = _children_cpu()
     started = time.perf_counter()
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    environment = dict(os.environ, SHARDPREP_FORKED_WORKERS="1" if forked else "0")
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment)
     first = None
     spill_folder = os.path.join(output, ".tmp")
     while run.poll() is None:
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="shardprep-startup-bench-")
-    modes = {"default (in-process)": None, f"{args.workers} workers": args.workers}
+    modes = {"default (in-process)": (None, True), f"{args.workers} workers, forked": (args.workers, True),
+             f"{args.workers} workers, new interpreters": (args.workers, False)}
     rows: dict[str, list[float]] = {"interpreter": [], "imports": []}
     for mode in modes:
         rows.update({f"{mode}: first decode": [], f"{mode}: exit": [], f"{mode}: CPU s": []})
@@ -103,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             rows["interpreter"].append(timed([sys.executable, "-c", "pass"]))
             rows["imports"].append(timed([sys.executable, "-c",
                                           "import shardprep.cli, shardprep.pipelines.preprocess"]))
-            for mode, workers in modes.items():
-                output = os.path.join(work, f"out-{repeat}-{workers}")
-                first, total, cpu = one_run(os.path.join(work, "src"), output, workers)
+            for mode, (workers, forked) in modes.items():
+                output = os.path.join(work, f"out-{repeat}-{workers}-{forked}")
+                first, total, cpu = one_run(os.path.join(work, "src"), output, workers, forked)
                 rows[f"{mode}: first decode"].append(first)
                 rows[f"{mode}: exit"].append(total)
                 rows[f"{mode}: CPU s"].append(cpu)
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {args.workers} workers, "
           f"load {os.getloadavg()[0]:.1f}, {args.repeats} repeats (median, then each)")
     for name, values in rows.items():
-        print(f"{name:34} {statistics.median(values):6.2f} s   " + " ".join(f"{v:.2f}" for v in values))
+        print(f"{name:50} {statistics.median(values):6.2f} s   " + " ".join(f"{v:.2f}" for v in values))
     return 0
 
 

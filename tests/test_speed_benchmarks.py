@@ -44,7 +44,8 @@ def test_scale_and_startup_benchmarks_run(capsys):
     assert "| 300 | 1 | preprocess |" in out and "| 300 | 1 | validate |" in out  # both ran and passed
     assert startup_bench.main(["--repeats", "1", "--workers", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    for mode in ("default (in-process)", "1 workers"):  # a user's start (one image: in-process), then N workers
+    # A user's start (one image: in-process), then N workers forked by the worker zygote, then started as Beam does.
+    for mode in ("default (in-process)", "1 workers, forked", "1 workers, new interpreters"):
         first, total, cpu = (float(line.split()[-1]) for line in lines
                              if line.startswith((f"{mode}: first decode", f"{mode}: exit", f"{mode}: CPU s")))
         assert 0 < first < total and not np.isnan(first) and cpu > 0
