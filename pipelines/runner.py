@@ -98,9 +98,10 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
-# What one local SDK worker process must have to do before starting it pays: a worker costs ~3 s to start (it
-# imports Beam), and a folder of 128 MiB of photos took as long in-process as on two workers (BENCHMARKS.md, "Local
-# workers sized to the work"); reading and checking shards costs less per byte than decoding photos.
+# What one local SDK worker process must have to do before starting it pays: a folder of 128 MiB of photos took as
+# long in-process as on two workers, both when a worker cost ~3 s to start (a new interpreter importing Beam) and
+# since workers are forked from the worker zygote (~0.3 s): on this 2-vCPU VM two processes do only ~1.1x one
+# (BENCHMARKS.md, "Local workers sized to the work"). Reading and checking shards costs less per byte than decoding.
 PREPROCESS_BYTES_PER_WORKER = 128 * 2**20
 VALIDATE_BYTES_PER_WORKER = 256 * 2**20
 
