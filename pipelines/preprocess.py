@@ -159,8 +159,12 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
     ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
     """
+    from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
 
+    refused = remote_runs.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
+    if refused:
+        raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
         return _execute_job(config, beam_args, on_progress, resume, on_resume)
 

@@ -61,7 +61,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import runner, source_registry, storage
+from shardprep.pipelines import remote_runs, runner, source_registry, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
@@ -391,6 +391,9 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
     """
     beam_args = list(beam_args)
+    refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
+    if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read
+        raise ValidateError(refused)
     check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
     progress = progress or _log_progress
     started = time.monotonic()

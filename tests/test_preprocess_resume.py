@@ -286,7 +286,8 @@ def test_resume_without_a_run_to_resume_is_refused(source, reference, killed, tm
     assert not os.path.exists(tmp_path / "new"), "a refused resume creates nothing"
     assert "finished dataset" in refused(source, reference, *JOB_OPTIONS, "--resume")
     assert "pass one of them" in refused(source, killed, *JOB_OPTIONS, "--resume", "--overwrite")
-    assert "local runs" in refused(source, killed, *JOB_OPTIONS, "--resume", "--", "--runner", "DataflowRunner")
+    # A remote runner (Dataflow with these local paths is refused sooner, tests/test_remote_runs.py).
+    assert "local runs" in refused(source, killed, *JOB_OPTIONS, "--resume", "--", "--runner", "FlinkRunner")
     foreign = tmp_path / "with-notes"
     shutil.copytree(killed, foreign)
     (foreign / "notes.txt").write_text("mine")
