@@ -375,6 +375,31 @@ def test_a_full_disk_while_checkpointing_or_writing_best_keras_is_one_line_and_t
     assert _history(output)["epoch"] == []
 
 
+def test_a_full_disk_while_keras_writes_best_keras_names_the_file(colour_dataset, tmp_path, monkeypatch):
+    """A disk that fills while Keras writes the zip: the OSError comes from a write to an open file and names none
+    (a real full disk said "Error: writing failed: No space left on device"). The error names best.keras, the file
+    the user knows, not the best.writing.keras it is written under."""
+    import keras
+
+    output = tmp_path / "run"
+    save = keras.Model.save
+
+    def full_disk(model, path, *args, **kwargs):
+        if os.path.basename(path).startswith("best."):
+            raise OSError(errno.ENOSPC, "No space left on device")  # no filename, as a write() reports it
+        return save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(output), "--epochs", "1",
+                                       "--batch-size", "16", "--image-size", "8", "--width-multiplier", "0.125",
+                                       "--no-tensorboard"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [
+        f"Error: writing {output / 'checkpoints' / 'best.keras'} failed: No space left on device; free some space, "
+        "then rerun with --resume to continue from the last checkpoint (--overwrite when there is none)"
+    ], result.output
+
+
 def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch):
     from shardprep.train import checkpoints
 

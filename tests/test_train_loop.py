@@ -110,11 +110,13 @@ def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
     config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
     kinds = {type(c).__name__: c for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)}
     assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoard", "EventFileRecorder",
-                          "ModelCheckpoint", "EarlyStopping"}
+                          "BestCheckpoint", "EarlyStopping"}
     names = [type(c).__name__ for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)]
     assert names.index("EventFileRecorder") == names.index("TensorBoard") + 1  # sees the files TensorBoard made
     assert (kinds["TensorBoard"]._start_batch, kinds["TensorBoard"]._stop_batch) == (10, 20)
-    assert kinds["ModelCheckpoint"].monitor == "val_loss" and kinds["ModelCheckpoint"].save_best_only
+    best = kinds["BestCheckpoint"]  # Keras's ModelCheckpoint, its write failures naming best.keras
+    assert isinstance(best, loop.keras.callbacks.ModelCheckpoint) and best.monitor == "val_loss" and best.save_best_only
+    assert best.filepath == paths["best_writing"] and best.user_path == paths["best"]
     assert kinds["EarlyStopping"].patience == 10 and kinds["ReduceLROnPlateau"].patience == 5
 
     monkeypatch.setattr(loop, "tensorboard_installed", lambda: False)

@@ -235,6 +235,22 @@ def commit_best(paths: dict) -> None:
         raise _failed(paths["best"], error) from error
 
 
+class BestCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ModelCheckpoint writing the best model so far to ``best.writing.keras`` (``commit_best`` renames it),
+    a failure to write it a :class:`RunFileError` naming ``best.keras``, the file the user knows: a disk that fills
+    while Keras writes the zip raises from a write to an open file, an OSError naming no file at all."""
+
+    def __init__(self, paths: dict):
+        super().__init__(paths["best_writing"], monitor="val_loss", save_best_only=True)
+        self.user_path = paths["best"]
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            super().on_epoch_end(epoch, logs)
+        except OSError as error:
+            raise _failed(self.user_path, error) from error
+
+
 def discard_best_writing(paths: dict) -> None:
     """Removes a ``best.writing.keras`` a killed run left half written (``best.keras`` is whole without it): the
     name itself, never what a link there points at."""

@@ -222,8 +222,7 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
     if config.checkpoint:
         # Keras writes the file in place: under its own name, a kill while it writes would leave half of the model a
         # user keeps. The epoch loop renames it to best.keras (checkpoints.commit_best).
-        callbacks.append(keras.callbacks.ModelCheckpoint(paths["best_writing"], monitor="val_loss",
-                                                         save_best_only=True))
+        callbacks.append(checkpoints.BestCheckpoint(paths))  # a failure to write it names best.keras
     if config.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss",
                                                        patience=config.early_stopping_patience))
