@@ -259,3 +259,31 @@ def test_a_damaged_state_json_is_named_not_a_traceback():
     assert "timing" in saved_state_problem({**good, "partial_epoch": {**good["partial_epoch"], "timing": [1]}})
     assert "validation_pending" in saved_state_problem(
         {**good, "partial_epoch": {**good["partial_epoch"], "validation_pending": "yes"}})
+
+
+def test_a_run_whose_reader_goes_away_trains_to_the_end_without_printing(colour_dataset, tmp_path):
+    """``shardprep train ... | head -1``: the run ended with "Error: writing failed: Broken pipe" at the first line
+    after head exited, its training lost. It now trains to the end and writes every file, exit status 0; stderr,
+    still a terminal or a file, says once that the output's reader went away. When stderr is the same pipe
+    (``2>&1 | head -1``) nothing more is said. Never Python's "Exception ignored ... BrokenPipeError" at exit."""
+    import json
+    import subprocess
+
+    train = shlex.join([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--epochs", "2",
+                        "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125",
+                        "--warmup-epochs", "0.5", "--no-tensorboard", "--output-dir"])
+    script = (f"( {train} apart 2>apart.err | head -1 >apart.head; echo ${{PIPESTATUS[0]}} >apart.status ) &\n"
+              f"( {train} joined 2>&1 | head -1 >joined.head; echo ${{PIPESTATUS[0]}} >joined.status ) &\n"
+              "wait\n")
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment("tensorflow"), timeout=600, check=True)
+    said = (tmp_path / "apart.err").read_text()
+    assert [(tmp_path / f"{run}.status").read_text().strip() for run in ("apart", "joined")] == ["0", "0"], said
+    assert flat(said) == ("note: the reader of this output went away (broken pipe); training goes on to the end "
+                          "without printing, its files in apart"), said
+    assert (tmp_path / "apart.head").read_text().startswith("Training ResNet-18 ")  # the first line
+    assert (tmp_path / "joined.head").read_text().startswith("Training ResNet-18 ")
+    for run in ("apart", "joined"):
+        folder = tmp_path / run
+        assert json.loads((folder / "history.json").read_text())["epoch"] == [1, 2], run
+        for name in ("summary.json", "model.keras", "checkpoints/best.keras", "checkpoints/last.keras"):
+            assert (folder / name).is_file(), (run, name)

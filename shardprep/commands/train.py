@@ -5,6 +5,7 @@ import shlex
 
 import click
 
+from shardprep.broken_pipe import Reporter, say
 from shardprep.pipelines.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
@@ -91,7 +92,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
     else:
         message, action = f"Stopped ({by}) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
-    click.echo(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
+    say(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
     ctx.exit(exit_status(stop))
 
 
@@ -234,19 +235,22 @@ def command(ctx, data, overwrite, **options):
             deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
             preflight.claim_output_dir(options["output_dir"], options["resume"])
             if deleted:
-                click.echo(f"--overwrite: deleted the {len(deleted)} files of the earlier run in "
-                           f"{options['output_dir']}")
+                say(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
             _train(ctx, config, manifest)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
 
 
 def _train(ctx, config: TrainConfig, manifest) -> None:
-    """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume."""
+    """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume. Output whose
+    reader went away (``| head``) stops, the training goes on (``shardprep.broken_pipe``)."""
     try:
+        from shardprep.train import progress
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        train(config, report=click.echo, manifest=manifest)  # loaded and checked once, by preflight
+        gone = progress.fit("note: the reader of this output went away (broken pipe); training goes on to the end "
+                            f"without printing, its files in {config.output_dir}", progress.terminal_width())
+        train(config, report=Reporter(gone), manifest=manifest)  # loaded and checked once, by preflight
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself
