@@ -256,8 +256,12 @@ def discard_best_writing(paths: dict) -> None:
     name itself, never what a link there points at."""
     if _is_url(paths["best_writing"]):
         _discard(paths["best_writing"])
-    else:
+        return
+    try:
         _fresh(paths["best_writing"])
+    except OSError as error:  # named as it is: not best.keras, which nothing was writing
+        raise RunFileError(f"deleting {paths['best_writing']} (a half-written temporary file of the run) failed: "
+                           f"{error.strerror or error}") from error
 
 
 def optimizer_iterations(model: keras.Model) -> int:

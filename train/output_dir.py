@@ -166,6 +166,25 @@ def check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
         raise OutputDirError(f"{'--resume' if resume else '--overwrite'} refused: {output_dir} holds {names(alien)}, "
                              f"which the shardprep train run recorded in {RECORD_NAME} did not write; move them away "
                              "or choose another --output-dir")
+    if not is_url(path):
+        _check_writable(output_dir, [os.path.join(path, entry.relative) for entry in found if entry.kind == "folder"])
+
+
+def _check_writable(output_dir: str, folders: list[str]) -> None:
+    """Refuses a folder of the run (``checkpoints/``, ``logs/…``) that cannot be written: found before training,
+    not at the first checkpoint, and before ``--overwrite`` deletes anything."""
+    for folder in folders:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputDirError(f"--output-dir {output_dir}: cannot write into {folder} ({_why_not_writable(folder)}), "
+                                 "where the run writes its files; make it writable or choose another --output-dir")
+
+
+def _why_not_writable(folder: str) -> str:
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
 
 
 def _refuse_unrecorded(output_dir: str, found: list[Entry], resume: bool, overwrite: bool) -> None:
@@ -244,13 +263,22 @@ def _remove_at(root: int, relative: str, output_dir: str, folder: bool = False) 
             except OSError as error:
                 if error.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
                     return False
-                raise
+                raise _named(error, os.path.join(output_dir, relative)) from error
             return True
         if not stat.S_ISREG(info.st_mode):
             raise OutputDirError(f"{os.path.join(output_dir, relative)} was not deleted: it is not a regular file "
                                  "(a link, folder or device), which no run writes")
-        os.unlink(name, dir_fd=at)
+        try:
+            os.unlink(name, dir_fd=at)
+        except OSError as error:
+            raise _named(error, os.path.join(output_dir, relative)) from error
         return True
     finally:
         for fd in opened:
             os.close(fd)
+
+
+def _named(error: OSError, path: str) -> OSError:
+    """``error`` of an operation by name inside an open folder, naming the whole path (its own name is the last
+    part only)."""
+    return OSError(error.errno, error.strerror or str(error), path)
