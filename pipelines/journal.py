@@ -348,9 +348,11 @@ def _existing_journal(output: str) -> str:
     if not os.path.isfile(path):
         shards = [p for p in existing_files(output) if p.endswith(manifest.SHARD_SUFFIX)]
         if shards:
-            raise OutputError(f"nothing to resume in {output}: it holds shards ({shards[0]}, ...) but neither a "
-                              f"manifest.json nor the {SPILL_DIR}/{JOURNAL_NAME} of the run that wrote them, so "
-                              "they cannot be checked; rerun with --overwrite")
+            held, them, they = ((f"a shard ({shards[0]})", "it", "it") if len(shards) == 1 else
+                                (f"{len(shards):,} shards ({shards[0]}, ...)", "them", "they"))
+            raise OutputError(f"nothing to resume in {output}: it holds {held} but neither a manifest.json nor the "
+                              f"{SPILL_DIR}/{JOURNAL_NAME} of the run that wrote {them}, so {they} cannot be checked; "
+                              "rerun with --overwrite")
         raise OutputError(f"nothing to resume in {output} (no {SPILL_DIR}/{JOURNAL_NAME} of a stopped run); run "
                           "without --resume")
     return path

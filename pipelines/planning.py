@@ -256,9 +256,11 @@ def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
     if dirs and len(split_named) == len(dirs):
         loose = [name for name in top.files if accounting.is_image_name(name)]
         if loose:
+            one = len(loose) == 1
             raise sources.SourceError(
-                f"{root} holds split folders ({', '.join(dirs)}) and loose images ({', '.join(loose[:3])}"
-                f"{', ...' if len(loose) > 3 else ''}), which are in no split: move them into a split's class folder "
+                f"{root} holds split folders ({', '.join(dirs)}) and {'a loose image' if one else 'loose images'} "
+                f"({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}), which {'is' if one else 'are'} in no "
+                f"split: move {'it' if one else 'them'} into a split's class folder "
                 "(files that are not images, such as a README or a CSV, may stay: they are listed as not used)")
         return [(names.check(d, "split", f"the folder {names.printable(manifest.join(root, d))}", "rename the folder"),
                  manifest.join(root, d)) for d in dirs]

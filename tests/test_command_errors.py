@@ -246,3 +246,21 @@ def test_validate_names_a_source_kind_it_does_not_read(tmp_path):
     assert "does not exist" not in error[0]
     assert "parquet" in error[0] and "shardprep preprocess" in error[0]
     assert "tfrecord:GLOB" in error[0]
+
+
+# ---- train: what a run did not write, one file or several ------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--resume", "--overwrite"])
+def test_train_names_what_it_did_not_write_one_file_as_it_several_as_them(data, tmp_path, flag):
+    """"holds notes.txt, which ... did not write; move them away": one file is "it"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    if flag == "--resume":  # a run's folder (its record), with a file of the user's
+        (run / ".shardprep-train.json").write_text(json.dumps(
+            {"format": 1, "written_by": "shardprep train", "files": [], "folders": []}))
+    line = refused(train(data, tmp_path, flag)).output
+    assert "notes.txt" in line and "move it away" in line and "move them" not in line and "wrote them" not in line
+    (run / "todo.txt").write_text("mine too")
+    line = refused(train(data, tmp_path, flag)).output
+    assert "notes.txt, todo.txt" in line and "move them away" in line

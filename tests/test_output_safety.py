@@ -432,3 +432,17 @@ def test_strict_failure_is_one_line_and_verbose_shows_the_traces(work):
     verbose = run_process(work, "--verbose", *args[:3], "--overwrite", *args[3:-1], "--direct_running_mode=in_memory")
     assert verbose.returncode == 1
     assert "Traceback" in verbose.stderr and verbose.stderr.splitlines()[-1].startswith("Error: --strict: 1 inputs")
+
+
+def test_resume_of_shards_without_a_journal_names_one_shard_as_one(work):
+    """"it holds shards (train/train-00000-of-00002.tfrecord, ...) ... the run that wrote them, so they cannot be
+    checked", said of a single shard too: one is "a shard", "it"."""
+    shards = work / "out" / "train"
+    shards.mkdir(parents=True)
+    (shards / "train-00000-of-00002.tfrecord").write_bytes(b"")
+    line = refuse_unchanged(work, "src", "out", "--resume")
+    assert "it holds a shard (out/train/train-00000-of-00002.tfrecord) but" in line and "wrote it, so it cannot" in line
+    (shards / "train-00001-of-00002.tfrecord").write_bytes(b"")
+    line = refuse_unchanged(work, "src", "out", "--resume")
+    assert "it holds 2 shards (out/train/train-00000-of-00002.tfrecord, ...) but" in line
+    assert "wrote them, so they cannot" in line

@@ -113,7 +113,10 @@ def test_an_image_loose_beside_split_folders_is_still_refused_naming_it(tmp_path
     images(source, {"train": 2, "val": 2})
     (source / "README.md").write_text("fine\n")
     (source / "cover.jpg").write_bytes(image_factory.rgb_jpeg())
-    refused(tmp_path, source, tmp_path / "out", expect=("cover.jpg", "split folders (train, val)"))
+    refused(tmp_path, source, tmp_path / "out", expect=("cover.jpg), which is in no split: move it into",
+                                                        "split folders (train, val)"))
+    (source / "back.jpg").write_bytes(image_factory.rgb_jpeg())
+    refused(tmp_path, source, tmp_path / "out", expect=("(back.jpg, cover.jpg), which are in no split: move them",))
 
 
 @pytest.mark.parametrize("beside", [(), ("README.md",)])

@@ -164,8 +164,8 @@ def check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
         return
     if alien:
         raise OutputDirError(f"{'--resume' if resume else '--overwrite'} refused: {output_dir} holds {names(alien)}, "
-                             f"which the shardprep train run recorded in {RECORD_NAME} did not write; move them away "
-                             "or choose another --output-dir")
+                             f"which the shardprep train run recorded in {RECORD_NAME} did not write; move "
+                             f"{_them(alien)} away or choose another --output-dir")
     if not is_url(path):
         _check_writable(output_dir, [os.path.join(path, entry.relative) for entry in found if entry.kind == "folder"])
 
@@ -187,6 +187,11 @@ def _why_not_writable(folder: str) -> str:
     return "read-only file system" if read_only else "permission denied"
 
 
+def _them(found: list[Entry]) -> str:
+    """The pronoun for ``found`` in a refusal: one entry is "it"."""
+    return "it" if len(found) == 1 else "them"
+
+
 def _refuse_unrecorded(output_dir: str, found: list[Entry], resume: bool, overwrite: bool) -> None:
     shown = names(found)
     if resume:
@@ -194,8 +199,8 @@ def _refuse_unrecorded(output_dir: str, found: list[Entry], resume: bool, overwr
                              f"run (no {RECORD_NAME}); choose the folder of the run to resume")
     if overwrite:
         raise OutputDirError(f"--overwrite refused: {output_dir} holds {shown} and no {RECORD_NAME}, so no "
-                             "shardprep train run wrote them (it deletes only the files a run recorded); move them "
-                             "away or choose another --output-dir")
+                             f"shardprep train run wrote {_them(found)} (it deletes only the files a run recorded); "
+                             f"move {_them(found)} away or choose another --output-dir")
     raise OutputDirError(f"--output-dir {output_dir} is not empty ({shown}) and holds no shardprep train run; "
                          "choose a new or empty --output-dir")
 
