@@ -246,11 +246,12 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
     template = runners.template_location(beam_args)
     if template:  # Dataflow only wrote a template; nothing ran yet
         return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
-    notes = plan.notes
+    document = manifest.read_document(config.output)
+    notes = plan.notes + plan.kind.notes_after_run(plan, document)
     if config.exclude is not None:  # the file's keys that match no input: told, never silently ignored
         keys = read_keys(config.exclude)
         notes += (exclude_note(config.exclude, keys, unknown_keys(keys, config.output)),)
-    return JobOutcome(manifest.read_document(config.output), decode_counts(result), notes)
+    return JobOutcome(document, decode_counts(result), notes)
 
 
 def decode_counts(result) -> journal.ResumeCounts:

@@ -11,7 +11,8 @@ journal, so ``--resume`` works.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import textwrap
+from typing import TYPE_CHECKING, Callable
 
 from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage
 from shardprep.preprocess import accounting, fingerprint, sources
@@ -43,6 +44,12 @@ class FolderSource(SourceKind):
 
         return list_folder(pbegin, config, plan, progress_dir)
 
+    def notes_after_run(self, plan: FolderPlan, document: dict) -> tuple[str, ...]:
+        from shardprep.pipelines.listing import list_files
+
+        source_root = os.path.realpath(plan.location) if _is_local(plan.location) else None
+        return empty_class_notes(plan, document, lambda folder: list_files(folder, True, source_root))
+
     def resume_refusal(self, plan: FolderPlan) -> str | None:
         from shardprep.pipelines.storage import is_local
 
@@ -70,12 +77,44 @@ class FolderSource(SourceKind):
         return entries
 
 
+def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tuple[str, ...]:
+    """A note per class whose folders hold no file at all (``listed(directory)``: its files and skipped entries),
+    for the folders whose class got no record in their split (others are not listed again); a folder whose files
+    were all rejected is in rejects.jsonl instead. The class stays a class, as classes are the class folders' names
+    (its label, and every other label, as they were); a class without an image in any split is said to be one."""
+    counts = {split: info.get("class_counts", {}) for split, info in document.get("splits", {}).items()}
+    empty: dict[str, list[str]] = {}
+    for split, class_name, directory in plan.class_dirs:
+        if counts.get(split, {}).get(class_name, 0) == 0 and listed(directory) == ([], []):
+            empty.setdefault(class_name, []).append(sources.printable_key(sources.source_key(plan.location,
+                                                                                               directory)))
+    notes = []
+    for class_name, folders in empty.items():
+        one = len(folders) == 1
+        named = folders[0] if one else ", ".join(folders[:-1]) + " and " + folders[-1]
+        said = f"class folder{'' if one else 's'} {named} hold{'s' if one else ''} no images"
+        classes = document.get("classes", [])
+        if class_name in classes and not any(split_counts.get(class_name, 0) for split_counts in counts.values()):
+            said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
+                     "dataset (a model trained on it has an output nothing trains): remove the "
+                     f"folder{'' if one else 's'} and rerun to leave it out")
+        notes.append(textwrap.fill(said, width=74, subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False))
+    return tuple(notes)
+
+
 def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
     try:
         info = os.stat(path)
     except OSError:
         return fingerprint.ListedEntry(key, -1, 0)
     return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
+
+
+def _is_local(path: str) -> bool:
+    from shardprep.pipelines.storage import is_local
+
+    return is_local(path)
 
 
 FOLDER = FolderSource()

@@ -87,6 +87,11 @@ class SourceKind:
     # DATA are read as prepared datasets.
     validated_as_records = False
 
+    def notes_after_run(self, plan: SourcePlan, document: dict) -> tuple[str, ...]:
+        """What the user is told after a run, besides the plan's ``notes``, from what it wrote (``document``: the
+        manifest), e.g. a class folder that held nothing."""
+        return ()
+
     def claims(self, source: str) -> bool:
         """True when SOURCE is written as this kind (its prefix, its file name's suffix); cheap, no file access."""
         return False

@@ -88,6 +88,41 @@ def test_cifar10_as_cloned_runs_and_lists_what_it_does_not_use(tmp_path):
     assert len(summary[0]) <= 80
 
 
+def test_an_empty_class_folder_is_told_and_still_a_class(tmp_path):
+    """``SOURCE/train/bird/`` with no files got no word at all. It stays a class, as it always was (the label map
+    and the output's bytes do not change: classes are the class folders' names), and the run says so: a note per
+    empty folder, and for a class without an image in any split, that the model gets an output nothing trains."""
+    source = tmp_path / "src"
+    images(source, {"train": 4, "validation": 2})
+    (source / "train" / "bird").mkdir()  # no files; validation/bird/ does not exist at all
+    (source / "validation" / "eel").mkdir()
+    (source / "train" / "eel").mkdir()
+    manifest = ok(source, tmp_path / "out")
+    assert manifest["classes"] == ["bird", "cat", "dog", "eel"]  # as before: labels 0 and 3 hold no images
+    output = manifest["_output"]
+    notes = output[output.index("note: "):].splitlines()  # the last lines, each note wrapped to 80 columns
+    assert notes == [
+        "note: class folder train/bird holds no images; bird has none in any split, yet",
+        "  it is class 0 of the dataset (a model trained on it has an output",
+        "  nothing trains): remove the folder and rerun to leave it out",
+        "note: class folders train/eel and validation/eel hold no images; eel has none in",
+        "  any split, yet it is class 3 of the dataset (a model trained on it has",
+        "  an output nothing trains): remove the folders and rerun to leave it out",
+    ], output
+    assert max(map(len, notes)) <= 80
+
+
+def test_a_class_folder_empty_in_one_split_only_is_told(tmp_path):
+    source = tmp_path / "src"
+    images(source, {"train": 4, "validation": 2})
+    (source / "validation" / "dog").rename(tmp_path / "dogs")
+    (source / "validation" / "dog").mkdir()
+    manifest = ok(source, tmp_path / "out")
+    assert manifest["splits"]["validation"]["class_counts"] == {"cat": 1, "dog": 0}
+    notes = [line for line in manifest["_output"].splitlines() if line.startswith("note:")]
+    assert notes == ["note: class folder validation/dog holds no images"], manifest["_output"]
+
+
 def test_imagenette2_as_downloaded_runs(tmp_path):
     source = tmp_path / "imagenette2-320"
     images(source, {"train": 4, "val": 2}, classes=("n01440764", "n02102040"), kinds=("jpeg",))
