@@ -103,5 +103,7 @@ class _TFDSDataDir:
 
 def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """``paths`` without a second entry for a path already named (a literal glob is its file and its glob)."""
-    seen: set[str] = set()
-    return [(what, path) for what, path in paths if not (path in seen or seen.add(path))]
+    unique: dict[str, str] = {}
+    for what, path in paths:
+        unique.setdefault(path, what)
+    return [(what, path) for path, what in unique.items()]
