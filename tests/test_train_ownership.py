@@ -17,28 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from file_trees import tree
+from finished_runs import TINY, finished_run, run_copy  # noqa: F401 - fixtures
 from shardprep.cli import main
 from train_helpers import write_dataset, random_images
 
 RECORD = ".shardprep-train.json"  # the run record's name is a contract (docs/safety.md)
-TINY = ["--epochs", "1", "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--seed", "1",
-        "--warmup-epochs", "0", "--no-early-stopping"]
-
-
-@pytest.fixture(scope="module")
-def finished_run(colour_dataset, tmp_path_factory):
-    """A finished one-epoch run with TensorBoard logs and checkpoints: copy it before changing it."""
-    folder = tmp_path_factory.mktemp("finished") / "run"
-    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(folder), *TINY])
-    assert result.exit_code == 0, result.output
-    return folder
-
-
-@pytest.fixture
-def run_copy(finished_run, tmp_path):
-    folder = tmp_path / "run"
-    shutil.copytree(finished_run, folder, symlinks=True)
-    return folder
 
 
 def train(*args):
