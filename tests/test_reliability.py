@@ -435,6 +435,7 @@ def measured_job(tmp_path_factory):
                              "--num-shards", num_inputs // MEMORY_RECORDS_PER_SHARD) as process:
                 peaks = peak_rss(process)
                 assert process.wait(timeout=WAIT_S) == 0, read_text(log_path)
+            assert peaks["largest_worker"] > 0, "no worker process was seen: the peaks would compare nothing"
             manifest = manifest_lib.read_document(str(output))
             assert manifest["num_examples"] == num_inputs
             measured[num_inputs, shorter_side] = peaks, sum(
@@ -470,13 +471,14 @@ def test_peak_memory_stays_flat_as_the_number_of_inputs_grows(measured_job):
 
 def peak_rss(process: subprocess.Popen) -> dict[str, int]:
     """Peak resident memory of the launcher and of the largest worker process, sampled every 50 ms until the job
-    exits. The workers are looked for once a second: finding them walks every process on the machine, reading a
-    known process's memory does not."""
+    exits. The workers are looked for at every sample until found (a forked worker can be done within a second),
+    then once a second: finding them walks every process on the machine, reading a known process's memory does
+    not."""
     peaks = {"launcher": 0, "largest_worker": 0}
     launcher, workers, samples = psutil.Process(process.pid), [], 0
     while process.poll() is None:
         with contextlib.suppress(psutil.NoSuchProcess):
-            if samples % 20 == 0:
+            if not workers or samples % 20 == 0:
                 workers = worker_processes(process.pid)
             peaks["launcher"] = max(peaks["launcher"], launcher.memory_info().rss)
         for worker in workers:
