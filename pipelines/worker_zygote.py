@@ -194,7 +194,7 @@ def _fork_with_signals_blocked() -> int:
 def _serve(control: socket.socket) -> int:
     """The zygote: forks a worker for each request, reports each worker's exit, ends when the launcher's end closes."""
     _name_process(ZYGOTE_NAME)
-    _detach_from_launcher()
+    _detach_from_launcher(keep=control.fileno())
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the handler's only job: the wakeup byte above
@@ -230,13 +230,18 @@ def _name_process(name: str) -> None:
         ctypes.CDLL("libc.so.6").prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
 
 
-def _detach_from_launcher() -> None:
-    """The zygote keeps none of the launcher's standard streams: a pipe the launcher writes to (``| tee``) must close
-    when the launcher exits. Workers get the launcher's streams with each request."""
+def _detach_from_launcher(keep: int) -> None:
+    """The zygote keeps none of the launcher's files, as a new interpreter would have none (Beam starts its
+    workers with ``close_fds``): a pipe the launcher writes to (``| tee``) must close when the launcher exits, a
+    file or socket of a program that runs the job as a library must not outlive its own close. Its standard
+    streams are ``/dev/null``; workers get the launcher's with each request. ``keep``: its socket to the launcher."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.close(devnull)
+    for name in os.listdir("/proc/self/fd"):  # the listing's own descriptor is among them: closed already, or soon
+        if int(name) > 2 and int(name) != keep:
+            with contextlib.suppress(OSError):
+                os.close(int(name))
 
 
 def _import_worker_modules() -> None:

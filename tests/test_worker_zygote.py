@@ -128,6 +128,47 @@ def test_the_zygote_ends_with_its_launcher_even_killed(tmp_path):
         launcher.stdout.close()
 
 
+def test_the_zygote_holds_none_of_the_launcher_s_files(tmp_path):
+    """As a new interpreter (Beam starts its workers with ``close_fds``): a file or pipe the launcher (or a program
+    running the job as a library) had open is not kept open by the zygote, nor by the workers it forks."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        from shardprep.pipelines import worker_zygote
+        held = open(sys.argv[1], "w")
+        read_end, write_end = os.pipe()
+        with worker_zygote.forked_for(True) as zygote:
+            print(zygote.pid, flush=True)
+            time.sleep(60)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "held.txt")], stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        zygote = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 10  # it lets go of the launcher's files as it starts, then makes its own
+        while time.monotonic() < deadline and os.readlink(f"/proc/{zygote}/fd/1") != os.devnull:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        targets = _targets(zygote)
+        assert not any("held.txt" in target for target in targets), targets
+        assert sum(target.startswith("pipe:") for target in targets) == 2, targets  # its own wakeup pipe's two ends
+        assert sum(target.startswith("socket:") for target in targets) == 1, targets  # its socket to the launcher
+    finally:
+        launcher.kill()
+        launcher.wait()
+        launcher.stdout.close()
+
+
+def _targets(pid: int) -> list[str]:
+    folder = f"/proc/{pid}/fd"
+    found = []
+    for name in os.listdir(folder):
+        try:
+            found.append(os.readlink(os.path.join(folder, name)))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.mark.parametrize("status, error", [(0, None), (1, "return code 1"), (-9, "return code -9"),
                                            (None, "return code -9")])
 def test_a_worker_s_exit_is_reported_as_beam_reports_it(status, error):
