@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-from shardprep.pipelines import worker_zygote
+from shardprep.pipelines import stopping, worker_zygote
 
 FORKED_PYTHON_URN = "shardprep:env:forked_python_worker:v1"
 
@@ -97,8 +97,9 @@ class _ForkedSdkWorker:
             environment["WORKER_ID"] = self.worker_id
         try:
             worker = self.zygote.start_worker(environment)
-        except OSError:  # the zygote is gone (killed): Beam's own way
+        except OSError:  # the zygote is gone (killed) or stuck: Beam's own way, unless the run is being stopped
             logging_server.stop(0)
+            stopping.check_not_stopped()
             return self.fallback.run()
         try:
             _wait_for(worker)

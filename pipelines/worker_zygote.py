@@ -15,6 +15,7 @@ zygote is made and Beam starts its workers itself; ``SHARDPREP_FORKED_WORKERS=0`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -32,6 +33,7 @@ DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new inter
 # command line, so this is how a worker is told from the launcher (``stopping.worker_processes``).
 ZYGOTE_NAME, WORKER_NAME = "worker-zygote", "beam-sdk-worker"
 _BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
+START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it runs): longer, it is stopped or stuck
 _MESSAGE_LIMIT = 4 * 2**20  # a worker's environment (the launcher's, and the pipeline options as JSON)
 _WORKER_MODULES = ("numpy", "cv2", "simplejpeg", "PIL.Image", "shardprep.preprocess.image_ops",
                    "shardprep.preprocess.jpeg_decode", "shardprep.preprocess.resize")
@@ -62,8 +64,9 @@ class ForkedWorker(NamedTuple):
 class WorkerZygote:
     """The launcher's end of a zygote process (``forked_for``)."""
 
-    def __init__(self, pid: int, control: socket.socket):
+    def __init__(self, pid: int, control: socket.socket, closed_streams: frozenset[int] = frozenset()):
         self.pid, self.control = pid, control
+        self.closed_streams = closed_streams  # of 0, 1, 2: closed in this process (then reused by whatever came)
         self.lock = threading.Lock()
         self.prepared = False
 
@@ -77,15 +80,26 @@ class WorkerZygote:
                     self.control.send(b"prepare")
 
     def start_worker(self, environment: dict[str, str]) -> ForkedWorker:
-        """Forks a worker with ``environment`` and this process's standard streams; OSError if the zygote is gone."""
-        ours, theirs = socket.socketpair()
+        """Forks a worker with ``environment`` and this process's standard streams (``/dev/null`` for one that is
+        closed); OSError if the zygote is gone, or has not answered within START_WAIT_S (stopped: it is killed)."""
+        ours, theirs = _socket_pair(socket.SOCK_STREAM)
+        streams = _standard_streams(self.closed_streams)
         try:
             message = b"start " + json.dumps(environment).encode()
             with self.lock:
-                socket.send_fds(self.control, [message], [0, 1, 2, theirs.fileno()])
+                socket.send_fds(self.control, [message], [*streams, theirs.fileno()])
         finally:
             theirs.close()
-        first = _read_line(ours)
+            for fd in streams:
+                if fd > 2:
+                    os.close(fd)
+        ours.settimeout(START_WAIT_S)
+        try:
+            first = _read_line(ours)
+        except TimeoutError:
+            first = ""
+            self.close(wait_s=0)
+        ours.settimeout(None)
         if not first.startswith("pid "):
             ours.close()
             raise OSError("the worker zygote did not start a worker")
@@ -110,6 +124,45 @@ class WorkerZygote:
                     os.waitpid(self.pid, 0)
                     return
                 time.sleep(0.005)
+
+
+def _socket_pair(kind: int) -> tuple[socket.socket, socket.socket]:
+    """A connected pair whose descriptors are above the standard streams' (where a launcher started with one of
+    them closed would otherwise get it: a worker's stdin would then be the zygote's socket)."""
+    return tuple(_above_standard_streams(end) for end in socket.socketpair(socket.AF_UNIX, kind))  # type: ignore
+
+
+def _above_standard_streams(end: socket.socket) -> socket.socket:
+    if end.fileno() > 2:
+        return end
+    moved = fcntl.fcntl(end.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)
+    replacement = socket.socket(end.family, end.type, fileno=moved)
+    end.close()
+    return replacement
+
+
+def _closed_standard_streams() -> frozenset[int]:
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    return frozenset(closed)
+
+
+def _standard_streams(closed: frozenset[int]) -> list[int]:
+    """This process's descriptors 0, 1 and 2, each replaced by a new ``/dev/null`` descriptor where it was closed
+    when the zygote was made (by now the number may be another file's: a gRPC poller's)."""
+    streams = []
+    for fd in (0, 1, 2):
+        if fd in closed:
+            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            streams.append(fcntl.fcntl(null, fcntl.F_DUPFD_CLOEXEC, 3))
+            os.close(null)
+        else:
+            streams.append(fd)
+    return streams
 
 
 def _read_line(status_socket: socket.socket) -> str:
@@ -140,6 +193,9 @@ def forked_for(may_use_worker_processes: bool):
 
     Call it early, after Beam is imported and before anything starts a thread."""
     global _active
+    if active() is not None:  # made by a caller, before it started a thread (the validate command's display)
+        yield active()
+        return
     zygote = _fork_zygote() if may_use_worker_processes and _can_fork() else None
     if zygote is None:
         yield None
@@ -163,7 +219,8 @@ def _can_fork() -> bool:
 
 
 def _fork_zygote() -> WorkerZygote | None:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    closed_streams = _closed_standard_streams()  # before the sockets, which may take their numbers
+    ours, theirs = _socket_pair(socket.SOCK_SEQPACKET)
     pid = _fork_with_signals_blocked()
     if pid == 0:
         code = 1
@@ -173,7 +230,7 @@ def _fork_zygote() -> WorkerZygote | None:
         finally:
             os._exit(code)  # never back into the launcher's stack, its cleanups, or its atexit hooks
     theirs.close()
-    return WorkerZygote(pid, ours)
+    return WorkerZygote(pid, ours, closed_streams)
 
 
 def _fork_with_signals_blocked() -> int:

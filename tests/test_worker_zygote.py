@@ -33,7 +33,7 @@ PIPELINE = textwrap.dedent("""
             command = f.read().decode(errors="replace")
         with open(os.path.join(out, f"{element}.json"), "w") as f:
             json.dump({"pid": os.getpid(), "ppid": os.getppid(), "name": name, "command": command,
-                       "arenas": os.environ.get("MALLOC_ARENA_MAX")}, f)
+                       "arenas": os.environ.get("MALLOC_ARENA_MAX"), "stdin": os.readlink("/proc/self/fd/0")}, f)
         return element
 
     with runner.worker_zygote_for(beam_args) as zygote:
@@ -44,11 +44,11 @@ PIPELINE = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, beam_args, env=None, script=PIPELINE):
+def _run(tmp_path, beam_args, env=None, script=PIPELINE, **popen):
     out = tmp_path / "where"
     out.mkdir()
     done = subprocess.run([sys.executable, "-c", script, str(out), *beam_args], capture_output=True, text=True,
-                          timeout=240, env=dict(os.environ, **(env or {})))
+                          timeout=240, env=dict(os.environ, **(env or {})), **popen)
     assert done.returncode == 0, done.stderr[-3000:]
     started = json.loads(done.stdout.splitlines()[0])
     return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())]
@@ -62,6 +62,50 @@ def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
     assert {w["name"] for w in where} == {worker_zygote.WORKER_NAME}
     assert started["launcher"] not in {w["pid"] for w in where}
     assert {w["arenas"] for w in where} == {"2"}  # the run's malloc cap reached the workers' environment
+
+
+def test_a_launcher_without_stdin_gives_its_workers_dev_null(tmp_path):
+    """Started with stdin closed (``<&-``), the launcher's socket to the zygote took descriptor 0 and every worker
+    got it as its stdin (then the zygote could not see the launcher go while a worker lived)."""
+    started, where = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
+                          preexec_fn=lambda: os.close(0))
+    assert started["zygote"] is not None
+    assert {w["stdin"] for w in where} == {os.devnull}
+    assert {w["ppid"] for w in where} == {started["zygote"]}
+
+
+def test_a_stopped_zygote_gives_way_to_beam_s_own_workers(tmp_path):
+    """A zygote that does not answer (stopped: ``kill -STOP``) is killed after START_WAIT_S and the run goes on
+    with workers started as Beam starts them, instead of waiting for good."""
+    script = PIPELINE.replace("with runner.worker_zygote_for(beam_args) as zygote:\n",
+                              "worker_zygote.START_WAIT_S = 1\n"
+                              "with runner.worker_zygote_for(beam_args) as zygote:\n"
+                              "    os.kill(zygote.pid, 19)  # SIGSTOP\n")
+    assert "SIGSTOP" in script
+    started, where = _run(tmp_path, ["--direct_num_workers=2"], script=script)
+    assert len(where) == 16
+    assert started["zygote"] not in {w["ppid"] for w in where}
+    assert all("sdk_worker_main" in w["command"] for w in where)
+    assert not _alive(started["zygote"])
+
+
+def test_a_zygote_made_by_a_caller_is_used_after_threads_started():
+    """The validate command makes the zygote before its display's thread starts; the job's own ``forked_for`` then
+    uses it (it would fork none with that thread running)."""
+    import threading
+
+    script = textwrap.dedent("""
+        import threading
+        from shardprep.pipelines import worker_zygote
+        with worker_zygote.forked_for(True) as outer:
+            stop = threading.Event()
+            threading.Thread(target=stop.wait).start()
+            with worker_zygote.forked_for(True) as inner:
+                print(outer is not None and inner is outer)
+            stop.set()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
 
 
 def test_forked_workers_can_be_turned_off(tmp_path):
