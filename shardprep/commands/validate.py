@@ -130,7 +130,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
     try:
-        with ProgressDisplay(enabled=not quiet) as progress_display:
+        # The worker zygote before the display's thread starts: a process with another thread is not forked.
+        with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(enabled=not quiet) as progress_display:
             report = job.run(options, list(beam_args), progress=progress_display.update)
     except job.ReportWriteError as e:
         e.report.setdefault("elapsed_seconds", 0)
