@@ -185,7 +185,7 @@ def test_ctrl_c_of_validate_on_worker_processes_is_one_line_not_their_tracebacks
         deadline = time.monotonic() + 120
         while sdk_workers() < 2 and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)  # the workers started, reading
+        time.sleep(0.3)  # the workers started (forked: at once), reading
         os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         output = process.communicate(timeout=120)[0].decode(errors="replace")
     finally:
@@ -209,15 +209,14 @@ def test_sigterm_stops_preprocess_as_ctrl_c_does_workers_ended_lines_printed_exi
     import image_factory
 
     source, output = tmp_path / "src", tmp_path / "out"
-    image_factory.write_image_folder(source, {"train": 60}, classes=("a", "b"), min_side=200, max_side=400,
+    image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
                                      kinds=("jpeg",))
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
                                 "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        while not (output / ".tmp").exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)  # the run is going: workers starting or decoding
+        while not stopping.worker_processes(process.pid) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the run is going: its workers (forked in milliseconds) have started
         process.send_signal(signal.SIGTERM)  # to shardprep alone, as kill and timeout send it
         started = time.monotonic()
         text = process.communicate(timeout=60)[0].decode(errors="replace")  # the pipe closes: no worker holds it
