@@ -271,3 +271,31 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_validate_in_a_terminal_forks_its_workers(tmp_path):
+    """In a terminal, validate's progress display starts a thread before the job runs; the zygote is made before
+    it, so the workers are forked (they were started as new interpreters there, and only there)."""
+    from terminal import run_in_terminal, shardprep_argv
+    from train_helpers import random_images, write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(data, {"train": random_images(400, 64, 64)}, classes=["a", "b"], num_shards=2)
+    seen: set[str] = set()
+
+    def workers_seen(_text: str) -> bool:  # called as the output comes: which kinds of worker this run has
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    command = f.read().decode(errors="replace")
+                if str(data) in command:  # a forked worker has its launcher's command line
+                    seen.add(_name(int(name)))
+            except OSError:
+                pass
+        return False
+
+    run = run_in_terminal(shardprep_argv("validate", data, "--", "--direct_num_workers=2"),
+                          interrupt_when=workers_seen, timeout=240)
+    assert run.status in (0, 1) and "FAILED: 2 problems (shard_sha256 2)" in run.text, run.describe()  # no hashes
+    assert "Traceback" not in run.text, run.describe()
+    assert worker_zygote.WORKER_NAME in seen, seen
