@@ -13,6 +13,7 @@ whatever else writes there (a library, a warning) fails no more.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -58,6 +59,19 @@ class Reporter:
             self.gone = True
             silence(sys.stdout)
             say(self.note, err=True)
+
+
+@contextlib.contextmanager
+def reader_may_go(stream=None):
+    """For the lines a command prints after its work is done: if their reader has gone (``| head``), the rest goes
+    nowhere and the command ends as it would have, its exit status still its result (click's own handling of a
+    broken pipe exits 1)."""
+    try:
+        yield
+    except OSError as error:
+        if not reader_gone(error):
+            raise
+        silence(stream or sys.stdout)
 
 
 def say(text: str, err: bool = False) -> None:

@@ -7,6 +7,7 @@ back later would leave a stale stream behind.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -21,10 +22,17 @@ HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this ofte
 
 
 def console(stderr: bool = False):
-    """A rich console for stdout (or stderr) as wide as :func:`output_width` says."""
+    """A rich console for stdout (or stderr) as wide as :func:`output_width` says. A write whose reader has gone
+    (``| head``) raises BrokenPipeError, as ``click.echo``'s does, for the command to decide
+    (``broken_pipe.reader_may_go``): rich's own handling ends the process with status 1 there and then."""
     from rich.console import Console
 
-    return Console(stderr=stderr, width=output_width(sys.stderr if stderr else sys.stdout))
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
+
+    return PipeAwareConsole(stderr=stderr, width=output_width(sys.stderr if stderr else sys.stdout))
 
 
 def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:

@@ -11,6 +11,7 @@ import traceback
 
 import click
 
+from shardprep.broken_pipe import reader_may_go
 from shardprep.commands import own_long_options
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
@@ -130,11 +131,12 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     if "template_location" in manifest:
         click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
         return manifest
-    print_summary(manifest, time.monotonic() - started, output)
-    if resume:
-        click.echo(resumed_line(outcome.decode))
-    for note in capped_shard_notes(manifest, num_shards) + [f"note: {note}" for note in outcome.notes]:
-        click.echo(note)
+    with reader_may_go():  # `preprocess ... | head`: the dataset is complete, and the exit status says so
+        print_summary(manifest, time.monotonic() - started, output)
+        if resume:
+            click.echo(resumed_line(outcome.decode))
+        for note in capped_shard_notes(manifest, num_shards) + [f"note: {note}" for note in outcome.notes]:
+            click.echo(note)
     return manifest
 
 

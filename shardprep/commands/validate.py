@@ -6,6 +6,7 @@ import textwrap
 
 import click
 
+from shardprep.broken_pipe import reader_may_go
 from shardprep.commands import own_long_options
 from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
@@ -139,7 +140,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         raise click.ClickException(str(e)) from None
     except job.ValidateError as e:
         raise click.ClickException(str(e)) from None
-    print_report(report, json_path)
+    with reader_may_go():  # `validate DATA | head`: the verdict is still the exit status
+        print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
 
 

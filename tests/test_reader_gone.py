@@ -1,0 +1,53 @@
+"""preprocess and validate whose output's reader went away (``| head``, a closed pipe): the run's result is its
+exit status, as without the pipe (click's own handling exited 1 after a complete dataset, and 1 for a dataset that
+passed every check: ``validate DATA | head`` read as failed), with no traceback or "Exception ignored"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import image_factory
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reader-gone") / "photos"
+    image_factory.write_image_folder(root, {"train": 12, "val": 4}, classes=("a", "b"), min_side=40, max_side=80,
+                                     kinds=("jpeg",))
+    return root
+
+
+def run_with_gone_reader(*args) -> tuple[int, str]:
+    """Runs ``shardprep ARGS`` with stdout a pipe whose read end is closed before anything is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "shardprep.cli", *map(str, args)], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    return done.returncode, done.stderr
+
+
+def test_preprocess_whose_reader_went_away_exits_0_after_a_complete_dataset(source, tmp_path):
+    status, stderr = run_with_gone_reader("preprocess", source, tmp_path / "out", "--quiet", "--shorter-side", "16")
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert status == 0, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_validate_whose_reader_went_away_still_tells_the_verdict(source, tmp_path):
+    made = subprocess.run([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(tmp_path / "out"),
+                           "--quiet", "--shorter-side", "16"], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    status, stderr = run_with_gone_reader("validate", tmp_path / "out", "--quiet")
+    assert status == 0, stderr  # every check passed
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    shards = sorted((tmp_path / "out" / "train").glob("*.tfrecord"))
+    shards[0].write_bytes(b"damaged")
+    status, stderr = run_with_gone_reader("validate", tmp_path / "out", "--quiet")
+    assert status == 1, stderr  # a problem found: 1, as without the pipe
