@@ -375,7 +375,8 @@ def worker_stderr_held(enabled: bool):
             _close_unless_kept(terminal)
             drainer.join(timeout=2)
             if not failed and held:
-                os.write(saved, bytes(held))
+                with contextlib.suppress(BrokenPipeError):  # `2>&1 | head`: a finished run is not failed by it
+                    os.write(saved, bytes(held))
             os.close(saved)
             threading.excepthook = own_excepthook
             if not failed:

@@ -149,8 +149,14 @@ class LiveProgress:
     def _write_line(self, now: float) -> None:
         line = self.plain_line(self.state, now - self.started_at)
         self.last_line_at, self.last_line, self.last_key = now, line, self.line_key(self.state)
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except BrokenPipeError:  # its reader went away (`2>&1 | head`): the run goes on without progress lines
+            from shardprep.broken_pipe import silence
+
+            self.enabled = False
+            silence(sys.stderr)
 
     def __enter__(self):
         if self.enabled and not self.lazy:

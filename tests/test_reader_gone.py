@@ -21,16 +21,17 @@ def source(tmp_path_factory):
     return root
 
 
-def run_with_gone_reader(*args) -> tuple[int, str]:
-    """Runs ``shardprep ARGS`` with stdout a pipe whose read end is closed before anything is written."""
+def run_with_gone_reader(*args, stderr_too: bool = False) -> tuple[int, str]:
+    """Runs ``shardprep ARGS`` with stdout (and with ``stderr_too`` stderr: ``2>&1 | head``) a pipe whose read end
+    is closed before anything is written."""
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
         done = subprocess.run([sys.executable, "-m", "shardprep.cli", *map(str, args)], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=300)
+                              stderr=write_end if stderr_too else subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write_end)
-    return done.returncode, done.stderr
+    return done.returncode, done.stderr or ""
 
 
 def test_preprocess_whose_reader_went_away_exits_0_after_a_complete_dataset(source, tmp_path):
@@ -51,3 +52,13 @@ def test_validate_whose_reader_went_away_still_tells_the_verdict(source, tmp_pat
     shards[0].write_bytes(b"damaged")
     status, stderr = run_with_gone_reader("validate", tmp_path / "out", "--quiet")
     assert status == 1, stderr  # a problem found: 1, as without the pipe
+
+
+@pytest.mark.parametrize("beam", [[], ["--", "--direct_num_workers=2"]], ids=["in-process", "two-workers"])
+def test_preprocess_whose_stderr_reader_went_away_too_exits_0(source, tmp_path, beam):
+    """``2>&1 | head``: the progress lines and the workers' held-back stderr (passed on after a run that succeeds)
+    meet the closed pipe too; neither fails the finished run (the second became "Error: [Errno 32] Broken pipe")."""
+    status, _ = run_with_gone_reader("preprocess", source, tmp_path / "out", "--shorter-side", "16", *beam,
+                                     stderr_too=True)
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert status == 0
