@@ -225,9 +225,20 @@ def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_
 
 # --- what the workers report -----------------------------------------------------------------------------------
 
-def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path):
+def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path, monkeypatch):
+    import time
+
+    from shardprep.preprocess import image_ops
+
     source = tmp_path / "images"
     image_factory.write_image_folder(source, {"train": 12, "validation": 4}, classes=("a", "b"))
+    process_image = image_ops.process_image
+
+    def slowly(*args, **kwargs):  # the run outlasts the first progress poll (0.5 s) on a fast machine too
+        time.sleep(0.05)
+        return process_image(*args, **kwargs)
+
+    monkeypatch.setattr(image_ops, "process_image", slowly)
     seen = []
     config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8)
     outcome = job.execute_job(config, IN_PROCESS, on_progress=seen.append)
