@@ -1,13 +1,16 @@
-"""Smoke runs of the resize, start-up and scale benchmarks on a few generated inputs: each runs end to end and says
+"""Smoke runs of the resize, start-up, scale and preprocess-throughput benchmarks on a few generated inputs: each runs end to end and says
 what it claims (no timing is asserted)."""
 
 import sys
 from pathlib import Path
 
+import tempfile
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import preprocess_bench  # noqa: E402
 import resize_bench  # noqa: E402
 import scale_bench  # noqa: E402
 import startup_bench  # noqa: E402
@@ -49,3 +52,21 @@ def test_scale_and_startup_benchmarks_run(capsys):
         first, total, cpu = (float(line.split()[-1]) for line in lines
                              if line.startswith((f"{mode}: first decode", f"{mode}: exit", f"{mode}: CPU s")))
         assert 0 < first < total and not np.isnan(first) and cpu > 0
+
+
+def test_preprocess_benchmark_compares_the_job_with_three_loops_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    source = tmp_path / "photos"
+    source.mkdir()
+    for index, photo in enumerate(resize_bench.smoke_photos()):
+        (source / f"n0{index}_photo.JPEG").write_bytes(photo)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    assert preprocess_bench.main([str(source), "--copies", "2", "--workers", "1", "--loop-passes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs: 4 (2 copies of 2 images" in out
+    for loop in preprocess_bench.LOOP_WORKS:
+        line = next(line for line in out.splitlines() if line.startswith(f"1 {loop} loops at once"))
+        assert line.endswith("(target >= 0.9)") == (loop == "write-records"), line
+        without = float(line.split(", ")[-1].split()[0])
+        assert without > 0
+    assert list((tmp_path / "scratch").iterdir()) == []  # the replicated tree, the job's outputs, the loops' files
