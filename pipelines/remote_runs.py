@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from shardprep.pipelines import runner, source_registry, storage
 from shardprep.preprocess import sources
@@ -70,7 +70,17 @@ def preprocess_refusal(config, beam_args: list[str]) -> str | None:
 
 def validate_refusal(data: str, tfds_data_dir: str | None, beam_args: list[str]) -> str | None:
     """Why a validate run of DATA on ``beam_args`` cannot start, else None."""
-    return refusal(beam_args, validate_paths(data, tfds_data_dir) if on_dataflow(beam_args) else [])
+    return (refusal(beam_args, validate_paths(data, tfds_data_dir) if on_dataflow(beam_args) else [])
+            or no_results_location(beam_args))
+
+
+def no_results_location(beam_args: list[str]) -> str | None:
+    """Why validate's workers would have nowhere to write their result lines (a runner not on this machine, and no
+    ``--temp_location``), else None."""
+    if runner.runs_locally(beam_args) or PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location:
+        return None
+    return (f"validate with --runner={runner.runner_name(beam_args)} needs --temp_location (a bucket path its "
+            "workers can write their results to)")
 
 
 def preprocess_paths(config) -> list[tuple[str, str]]:

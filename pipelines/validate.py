@@ -108,9 +108,9 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
         return manifest_lib.join(folder, RESULTS_NAME), lambda: shutil.rmtree(folder, ignore_errors=True)
-    if not temp_location:
-        raise ValidateError(f"validate with --runner={runner.runner_name(beam_args)} needs --temp_location "
-                            "(a bucket path its workers can write their results to)")
+    refused = remote_runs.no_results_location(beam_args)
+    if refused:  # checked before DATA is listed too (``validate_refusal``); here for a caller of the graph alone
+        raise ValidateError(refused)
     folder = manifest_lib.join(temp_location, f"shardprep-validate-{uuid.uuid4().hex}")
     path = manifest_lib.join(folder, RESULTS_NAME)
     return path, lambda: FileSystems.delete([path]) if FileSystems.exists(path) else None

@@ -94,3 +94,18 @@ def _config(source, output, **fields):
     from shardprep.preprocess.config import PreprocessConfig
 
     return PreprocessConfig(source=source, output=output, **fields)
+
+
+@pytest.mark.parametrize("runner", ["DataflowRunner", "FlinkRunner"])
+def test_validate_on_a_remote_runner_without_temp_location_is_refused_before_listing(nothing_runs, runner):
+    """Its workers write their result lines under --temp_location: without it, validate listed (and on Cloud Storage
+    read) all of DATA first, then refused."""
+    beam = [arg for arg in DATAFLOW if arg not in ("--temp_location", "gs://b/tmp")]
+    line = one_error_line(["validate", "gs://b/shards", "--", *beam[:1], runner, *beam[2:]])
+    assert line == (f"Error: validate with --runner={runner} needs --temp_location (a bucket path its workers can "
+                    "write their results to)")
+
+
+def test_validate_on_the_local_runner_needs_no_temp_location():
+    assert remote_runs.validate_refusal("gs://b/shards", None, ["--direct_num_workers=2"]) is None
+    assert remote_runs.validate_refusal("gs://b/shards", None, DATAFLOW) is None
