@@ -299,3 +299,82 @@ def test_validate_in_a_terminal_forks_its_workers(tmp_path):
     assert run.status in (0, 1) and "FAILED: 2 problems (shard_sha256 2)" in run.text, run.describe()  # no hashes
     assert "Traceback" not in run.text, run.describe()
     assert worker_zygote.WORKER_NAME in seen, seen
+
+
+# The preprocess command with its first SDK worker killed as soon as it exists, before it can connect to the runner:
+# a forked one when the zygote reports its pid, one Beam starts by its command line (a shell that kills itself).
+KILLED_AT_START = textwrap.dedent("""
+    import os, signal, sys
+    from apache_beam.runners.portability import local_job_service
+    from shardprep.pipelines import worker_zygote
+
+    killed, log = [], open(os.environ["KILLED_LOG"], "a")
+
+    def first(kind):
+        log.write(kind + "\\n")
+        log.flush()
+        killed.append(kind)
+        return len(killed) == 1
+
+    start_worker = worker_zygote.WorkerZygote.start_worker
+    def started_then_killed(self, environment):
+        worker = start_worker(self, environment)
+        if first("forked"):
+            os.kill(worker.pid, signal.SIGKILL)
+        return worker
+    worker_zygote.WorkerZygote.start_worker = started_then_killed
+
+    beam_run = local_job_service.SubprocessSdkWorker.run
+    def killing_itself(self):
+        if first("beam"):
+            self._worker_command_line = "kill -9 $$"
+        return beam_run(self)
+    local_job_service.SubprocessSdkWorker.run = killing_itself
+
+    from shardprep.cli import main
+    main(sys.argv[1:], prog_name="shardprep")
+""")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_worker_killed_while_starting_ends_the_run(tmp_path, forked):
+    """A worker that dies before it connects fails the run at once, as one killed mid-run does (it hung for good:
+    the runner waited for a connection that would never come), and leaves nothing running; --resume finishes it."""
+    import image_factory
+
+    image_factory.write_image_folder(tmp_path / "src", {"train": 40})
+    output, log = tmp_path / "out", tmp_path / "killed"
+    command = ["preprocess", str(tmp_path / "src"), str(output), "--", "--direct_num_workers=2"]
+    env = dict(os.environ, KILLED_LOG=str(log), **({} if forked else {worker_zygote.DISABLE_VARIABLE: "0"}))
+    started = time.monotonic()
+    launcher = subprocess.Popen([sys.executable, "-c", KILLED_AT_START, *command], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        text, hung = launcher.communicate(timeout=30)[0], False
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        text, hung = launcher.communicate()[0], True
+    assert not hung, f"still running after 30 s (killed): {text[-2000:]}"
+    assert log.read_text().split()[0] == ("forked" if forked else "beam")
+    assert launcher.returncode == 1, text
+    assert "a Beam worker process stopped unexpectedly" in text and "Traceback" not in text, text
+    assert text.strip().splitlines()[-1].startswith("Error: "), text
+    assert time.monotonic() - started < 30
+    assert _session_members(launcher.pid) == [], "a zygote or worker outlived its launcher"
+    assert not (output / "manifest.json").exists()
+    resumed = subprocess.run([sys.executable, "-m", "shardprep.cli", *command[:3], "--resume", *command[3:]],
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (output / "manifest.json").exists()
+
+
+def _session_members(session: int) -> list[int]:
+    members = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(name)) == session and _alive(int(name)):
+                members.append(int(name))
+        except OSError:
+            pass
+    return members
