@@ -54,10 +54,28 @@ def _registered():
                 return super().start_worker()
             self.worker = _ForkedSdkWorker(zygote, self._worker_command_line, self.control_address,
                                            self.provision_info, self.worker_id)
-            self.worker_thread = threading.Thread(name="run_worker", target=self.worker.run)
+            self.worker_thread = threading.Thread(name="run_worker", target=_run_worker,
+                                                  args=(self.worker, self.data_conn))
             self.worker_thread.start()
 
     return ForkedPythonEnvironment, ForkedSdkWorkerHandler
+
+
+def _run_worker(worker, data_conn) -> None:
+    """Runs ``worker`` until its process ends; if it failed, breaks the runner's data stream from it, as Beam does
+    when a connected worker's stream breaks (the run then fails with "Channel closed prematurely"). A worker that
+    died before it connected has no stream to break: the runner would wait for its data forever. Aborting its
+    control connection would not do: the runner waits on the data channel, which polls only for a response."""
+    try:
+        worker.run()
+    except Exception as error:
+        data_conn.set_inputs(_broken_stream(RuntimeError(str(error))))
+        raise
+
+
+def _broken_stream(error: Exception):
+    raise error
+    yield  # a generator: the data channel's reader thread raises it
 
 
 def _sdk_worker_class():
