@@ -2,9 +2,10 @@
 runner's SDK workers are forked by the zygote instead of started as new interpreters.
 
 The environment is Beam's subprocess environment under a URN of our own, so that only runs made by
-``runner.make_pipeline`` while a zygote is active use this handler; it starts a worker as Beam's
+``runner.make_pipeline`` use this handler; while a zygote is active it starts a worker as Beam's
 ``SubprocessSdkWorker`` does (its logging server, its environment variables, its exit-status check), asking the
-zygote instead of ``subprocess.Popen``, and falls back to Beam's own way if the zygote is gone.
+zygote instead of ``subprocess.Popen``, and falls back to Beam's own way if the zygote is gone. Without a zygote
+Beam's own ``SubprocessSdkWorker`` starts it. Either way a worker that fails fails the run (``_run_worker``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from shardprep.pipelines import stopping, worker_zygote
 FORKED_PYTHON_URN = "shardprep:env:forked_python_worker:v1"
 
 
-def forked_if_possible(environment):
-    """``environment`` itself, or, for Beam's subprocess environment while a zygote is active, the same environment
-    whose workers the zygote forks."""
+def local_workers_environment(environment):
+    """``environment`` itself, or, for Beam's subprocess environment, the same environment under our URN: its workers
+    forked by the zygote while one is active, and watched (``_run_worker``) however they are started."""
     from apache_beam.transforms import environments
 
-    if worker_zygote.active() is None or type(environment) is not environments.SubprocessSDKEnvironment:
+    if type(environment) is not environments.SubprocessSDKEnvironment:
         return environment
     forked = _registered()[0]
     return forked(environment.command_string, environment.capabilities(), environment.artifacts(),
@@ -50,10 +51,12 @@ def _registered():
     class ForkedSdkWorkerHandler(worker_handlers.SubprocessSdkWorkerHandler):
         def start_worker(self):
             zygote = worker_zygote.active()
-            if zygote is None:
-                return super().start_worker()
-            self.worker = _ForkedSdkWorker(zygote, self._worker_command_line, self.control_address,
-                                           self.provision_info, self.worker_id)
+            if zygote is None:  # SHARDPREP_FORKED_WORKERS=0, or no zygote could be made: Beam starts the worker
+                self.worker = _sdk_worker_class()(self._worker_command_line, self.control_address,
+                                                  self.provision_info, self.worker_id)
+            else:
+                self.worker = _ForkedSdkWorker(zygote, self._worker_command_line, self.control_address,
+                                               self.provision_info, self.worker_id)
             self.worker_thread = threading.Thread(name="run_worker", target=_run_worker,
                                                   args=(self.worker, self.data_conn))
             self.worker_thread.start()

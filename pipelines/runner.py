@@ -179,15 +179,15 @@ def _local_runner():
                 return stopping.run_stoppable(
                     functools.partial(FnApiRunner.run_pipeline, self, pipeline, options))
 
-        # FnApiRunner.run_pipeline sets the worker processes' environment: while a worker zygote is active, the same
-        # environment whose workers the zygote forks.
+        # FnApiRunner.run_pipeline sets the worker processes' environment: the same one under our handler, which forks
+        # them from the worker zygote while one is active and fails the run if one fails before it connects.
         @property
         def _default_environment(self):
             return self.__dict__["_environment"]
 
         @_default_environment.setter
         def _default_environment(self, environment):
-            self.__dict__["_environment"] = forked_worker_handler.forked_if_possible(environment)
+            self.__dict__["_environment"] = forked_worker_handler.local_workers_environment(environment)
 
     return LocalRunner()
 
