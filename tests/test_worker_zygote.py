@@ -238,6 +238,41 @@ def test_a_worker_s_exit_is_reported_as_beam_reports_it(status, error):
     assert killed == ([True] if status is None else [])
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the channel's reader's
+@pytest.mark.parametrize("waiting_first", [True, False])
+def test_a_failed_worker_ends_the_runner_s_wait_for_its_data(waiting_first):
+    """A worker that failed before it connected has no stream whose end would tell the runner: its handler breaks
+    the data channel the runner waits on, whether the runner waits already or only after (its first request is
+    pushed once the worker handler exists, maybe after the worker died)."""
+    import threading
+
+    from apache_beam.runners.worker import data_plane
+
+    from shardprep.pipelines import forked_worker_handler
+
+    class Worker:
+        def run(self):
+            raise RuntimeError("Worker subprocess exited with return code -9")
+
+    channel, errors = data_plane._GrpcDataChannel(), []
+
+    def wait_for_data():
+        with pytest.raises(RuntimeError) as error:
+            list(channel.input_elements("bundle", ["transform"]))
+        errors.append(str(error.value))
+
+    waiter = threading.Thread(target=wait_for_data)
+    if waiting_first:
+        waiter.start()
+        time.sleep(0.2)
+    with pytest.raises(RuntimeError, match="return code -9$"):
+        forked_worker_handler._run_worker(Worker(), channel)
+    if not waiting_first:
+        waiter.start()
+    waiter.join(timeout=10)
+    assert errors == ["Channel closed prematurely."]
+
+
 def test_stopping_finds_forked_workers(tmp_path):
     """``stopping.worker_processes`` (what Ctrl-C ends) finds workers by name: their command line is the
     launcher's."""
