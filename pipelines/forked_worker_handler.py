@@ -68,7 +68,8 @@ def _run_worker(worker, data_conn) -> None:
     """Runs ``worker`` until its process ends; if it failed, breaks the runner's data stream from it, as Beam does
     when a connected worker's stream breaks (the run then fails with "Channel closed prematurely"). A worker that
     died before it connected has no stream to break: the runner would wait for its data forever. Aborting its
-    control connection would not do: the runner waits on the data channel, which polls only for a response."""
+    control connection would not do: that wait asks the control side only whether a response came (an aborted
+    request has none); the broken channel also fails every later wait on it."""
     try:
         worker.run()
     except Exception as error:
