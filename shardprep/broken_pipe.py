@@ -1,4 +1,5 @@
-"""Output whose reader went away: ``shardprep train ... | head -3``.
+"""Output that cannot be written: a reader that went away (``shardprep train ... | head -3``), a full disk or an I/O
+error (``shardprep validate DATA > log`` on a full disk, ``> /dev/full``).
 
 When ``head`` exits, every later write to the pipe fails (``BrokenPipeError``; Python ignores SIGPIPE, so the
 process is not killed). A training run is hours of work whose result is its files, not its output: losing it
@@ -6,7 +7,13 @@ because the reader of its progress went away is never what the person wanted. :c
 a stream whose reader has gone, says so once on stderr (where that still has a reader), and lets the run go on to
 its end; the command then exits as it would have.
 
-A gone stream's file descriptor is pointed at ``/dev/null`` (:func:`silence`): what Python still holds in its
+Any other write error on stdout (ENOSPC, EIO, EDQUOT) means output the person meant to keep is lost: the command
+ends (a training run at its end, its files complete) with one line on stderr, ``Error: cannot write to standard
+output: [Errno 28] No space left on device``, saying what was done, and exit status 1, as coreutils'
+``echo hi > /dev/full`` does (:class:`OutputError`). A stderr that cannot be written is silenced: the exit status
+still tells the result.
+
+A failed stream's file descriptor is pointed at ``/dev/null`` (:func:`silence`): what Python still holds in its
 buffer, and its flush at exit, go nowhere, so no "Exception ignored ... BrokenPipeError" is printed at exit, and
 whatever else writes there (a library, a warning) fails no more.
 """
@@ -17,6 +24,7 @@ import contextlib
 import errno
 import os
 import sys
+from typing import Callable, Iterator, NoReturn
 
 import click
 
@@ -40,13 +48,31 @@ def silence(stream) -> None:
         os.close(null)
 
 
-class Reporter:
-    """``report(text)`` for a long run: ``click.echo`` to stdout until its reader goes away, then ``note`` once on
-    stderr, and nothing more."""
+class OutputError(click.ClickException):
+    """Standard output could not be written (not a reader that went away): exit status 1 and one line on stderr,
+    ``done`` (what the command finished: "the dataset is complete (OUT/manifest.json)") after the error."""
 
-    def __init__(self, note: str):
+    def __init__(self, error: OSError, done: str | None = None):
+        super().__init__(f"cannot write to standard output: {error}" + (f"; {done}" if done else ""))
+
+    def show(self, file=None) -> None:
+        from shardprep.preprocess.text import terminal_columns, wrap
+
+        line = f"Error: {self.format_message()}"
+        columns = terminal_columns(sys.stderr)  # a person's terminal: broken between words; a log: one line
+        say(wrap(line, columns) if columns else line, err=True)
+
+
+class Reporter:
+    """``report(text)`` for a long run: ``click.echo`` to stdout until a write fails, then a note once on stderr,
+    and nothing more. ``note`` is said when the reader went away, ``failed_note(error)`` for any other write error
+    (a full disk), which :meth:`raise_failure` then reports when the run is done; None says nothing."""
+
+    def __init__(self, note: str | None, failed_note: Callable[[OSError], str] | None = None):
         self.note = note
+        self.failed_note = failed_note
         self.gone = False
+        self.failure: OSError | None = None
 
     def __call__(self, text: str) -> None:
         if self.gone:
@@ -54,31 +80,90 @@ class Reporter:
         try:
             click.echo(text)
         except OSError as error:
-            if not reader_gone(error):
-                raise
             self.gone = True
             silence(sys.stdout)
-            say(self.note, err=True)
+            if not reader_gone(error):
+                self.failure = error
+            note = self.note if self.failure is None else self.failed_note and self.failed_note(error)
+            if note:
+                say(note, err=True)
+
+    def raise_failure(self, done: str | None = None) -> None:
+        """Ends the command (:class:`OutputError`) if a write failed other than for a reader that went away."""
+        if self.failure is not None:
+            raise OutputError(self.failure, done)
 
 
 @contextlib.contextmanager
-def reader_may_go(stream=None):
+def reader_may_go(stream=None, done: str | None = None) -> Iterator[None]:
     """For the lines a command prints after its work is done: if their reader has gone (``| head``), the rest goes
     nowhere and the command ends as it would have, its exit status still its result (click's own handling of a
-    broken pipe exits 1)."""
+    broken pipe exits 1). Any other write error ends it with :class:`OutputError`, saying ``done``."""
     try:
         yield
     except OSError as error:
-        if not reader_gone(error):
-            raise
         silence(stream or sys.stdout)
+        if not reader_gone(error):
+            raise OutputError(error, done) from None
 
 
 def say(text: str, err: bool = False) -> None:
-    """``click.echo``, a stream whose reader has gone silenced instead of failing."""
+    """``click.echo``, a stream whose reader has gone silenced instead of failing. On stdout any other write error
+    raises :class:`OutputError`; on stderr it is silenced too (nowhere is left to say it)."""
     try:
         click.echo(text, err=err)
     except OSError as error:
-        if not reader_gone(error):
-            raise
         silence(sys.stderr if err else sys.stdout)
+        if not err and not reader_gone(error):
+            raise OutputError(error) from None
+
+
+@contextlib.contextmanager
+def failed_writes_exit() -> Iterator[None]:
+    """Around the CLI's ``main``: a write error that escapes from click's own output (``--help``; an error line on a
+    stderr that cannot be written) ends the process with its exit status, never a traceback."""
+    try:
+        yield
+    except OSError as error:
+        stream = _echo_stream(error)
+        if stream is None or (stream is sys.stdout and reader_gone(error)):
+            raise  # not click writing to stdout or stderr; or a broken pipe on stdout, which click handles itself
+        _exit_after(error, stream)
+
+
+def _echo_stream(error: OSError):
+    """``sys.stdout`` or ``sys.stderr``: the one ``click.echo`` was writing when ``error`` was raised; None when it
+    was raised elsewhere, or writing another file (the traceback's frames tell: click prints through ``echo``)."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        if frame.f_code is click.utils.echo.__code__:
+            written = frame.f_locals.get("file")
+            return next((stream for stream in (sys.stdout, sys.stderr) if _same_file(written, stream)), None)
+        traceback = traceback.tb_next
+    return None
+
+
+def _same_file(stream, other) -> bool:
+    if stream is other:
+        return True
+    try:
+        return stream.fileno() == other.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _exit_after(error: OSError, stream) -> NoReturn:
+    """Exits as the command would have: 1 after stdout's :class:`OutputError`; the status of the error whose line
+    could not be written on stderr (a usage error's 2)."""
+    silence(stream)
+    if stream is sys.stdout:
+        OutputError(error).show()
+        sys.exit(1)
+    traceback, status = error.__traceback__, 1
+    while traceback is not None:  # the ClickException whose show() wrote it
+        shown = traceback.tb_frame.f_locals.get("self")
+        if isinstance(shown, click.ClickException):
+            status = shown.exit_code
+        traceback = traceback.tb_next
+    sys.exit(status)

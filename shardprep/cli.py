@@ -8,6 +8,7 @@ import importlib
 
 import click
 
+from shardprep import broken_pipe
 from shardprep.pipelines import stopping
 
 SUBCOMMANDS = {
@@ -20,6 +21,13 @@ SUBCOMMANDS = {
 
 
 class LazyGroup(click.Group):
+    def main(self, *args, **kwargs):
+        """click's own output that cannot be written (``--help > /dev/full``; an error line on a stderr that cannot
+        be written) ends the process with one line and its exit status, not a traceback
+        (``shardprep.broken_pipe``)."""
+        with broken_pipe.failed_writes_exit():
+            return super().main(*args, **kwargs)
+
     def list_commands(self, ctx):
         return list(SUBCOMMANDS)
 
@@ -37,7 +45,7 @@ class LazyGroup(click.Group):
             with stopping.sigterm_stops():
                 return super().invoke(ctx)
         except KeyboardInterrupt as stop:
-            click.echo(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
+            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
             ctx.exit(stopping.exit_status(stop))
 
     def resolve_command(self, ctx, args):
@@ -63,7 +71,7 @@ def _print_version(ctx, param, value) -> None:
         return
     from shardprep import __version__
 
-    click.echo(f"shardprep, version {__version__}")
+    broken_pipe.say(f"shardprep, version {__version__}")
     ctx.exit()
 
 

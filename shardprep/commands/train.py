@@ -234,23 +234,34 @@ def command(ctx, data, overwrite, **options):
         with preflight.holding_output_dir(options["output_dir"]):
             deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
             preflight.claim_output_dir(options["output_dir"], options["resume"])
+            report = _reporter(options["output_dir"])  # from the first line: a failed write stops no training
             if deleted:
-                say(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
-            _train(ctx, config, manifest)
+                report(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
+            _train(ctx, config, manifest, report)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
 
 
-def _train(ctx, config: TrainConfig, manifest) -> None:
-    """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume. Output whose
-    reader went away (``| head``) stops, the training goes on (``shardprep.broken_pipe``)."""
+def _reporter(output_dir: str) -> Reporter:
+    """The run's stdout: output whose reader went away (``| head``) or that cannot be written (a full disk) stops
+    with a note on stderr, and the training goes on (``shardprep.broken_pipe``)."""
+    from shardprep.train import progress
+
+    goes_on = f"training goes on to the end without printing, its files in {output_dir}"
+    width = progress.terminal_width()
+    return Reporter(progress.fit(f"note: the reader of this output went away (broken pipe); {goes_on}", width),
+                    lambda error: progress.fit(f"note: cannot write to standard output ({error}); {goes_on}", width))
+
+
+def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:
+    """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume. Output that
+    could not be written (not for a reader that went away) ends the command with an error once the training's files
+    are complete."""
     try:
-        from shardprep.train import progress
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        gone = progress.fit("note: the reader of this output went away (broken pipe); training goes on to the end "
-                            f"without printing, its files in {config.output_dir}", progress.terminal_width())
-        train(config, report=Reporter(gone), manifest=manifest)  # loaded and checked once, by preflight
+        train(config, report=report, manifest=manifest)  # loaded and checked once, by preflight
+        report.raise_failure(f"the training run is complete, its files in {config.output_dir}")
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)
     except KeyError as error:  # str() of a KeyError is its repr, quotes included: show the message itself

@@ -1,0 +1,105 @@
+"""Every command whose output cannot be written for another reason than a reader that went away (a full disk:
+``> /dev/full``, an I/O error): one line on stderr that says so, and what was done, and exit status 1 (as
+coreutils' ``echo hi > /dev/full``); never a traceback or "Exception ignored", and a training run goes on to its end.
+A stderr that cannot be written either never turns a good run into a failed one (test_reader_gone.py: ``| head``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+
+from shardprep import broken_pipe
+
+FULL = "Error: cannot write to standard output: [Errno 28] No space left on device"
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+
+
+def run_shardprep(*args, stdout: str | None = "/dev/full", stderr: str | None = None, env=None) -> tuple[int, str]:
+    """Runs ``shardprep ARGS`` with stdout (and, when given, stderr) written to that file; returns the exit status
+    and what stderr said (nothing when it is a file)."""
+    with open(stdout or os.devnull, "w") as out, open(stderr or os.devnull, "w") as err:
+        done = subprocess.run([sys.executable, "-m", "shardprep.cli", *map(str, args)], stdout=out,
+                              stderr=err if stderr else subprocess.PIPE, text=True, timeout=300, env=env)
+    return done.returncode, done.stderr or ""
+
+
+def assert_one_error_line(stderr: str, ending: str = "") -> None:
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert stderr.splitlines()[-1:] == [FULL + ending], stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["preprocess", "--help"], ["--version"]], ids=" ".join)
+def test_help_and_version_to_a_full_disk(args):
+    status, stderr = run_shardprep(*args)
+    assert_one_error_line(stderr)
+    assert stderr.count("\n") == 1, stderr
+    assert status == 1
+
+
+class _FullStream:
+    """A stream whose every write fails as a full disk's does (it has no file descriptor to silence)."""
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self):
+        pass
+
+
+def test_a_reporter_whose_output_fails_goes_on_silently_then_ends_the_command(monkeypatch, capsys):
+    report = broken_pipe.Reporter("note: the reader went away", failed_note=lambda error: f"note: {error}; on")
+    monkeypatch.setattr(sys, "stdout", _FullStream())
+    report("epoch 1")
+    report("epoch 2")  # not tried again: one note
+    assert capsys.readouterr().err == "note: [Errno 28] No space left on device; on\n"
+    with pytest.raises(click.ClickException) as raised:
+        report.raise_failure("its files are complete")
+    assert raised.value.exit_code == 1
+    assert raised.value.format_message() == ("cannot write to standard output: [Errno 28] No space left on device; "
+                                             "its files are complete")
+
+
+def test_say_on_a_stderr_that_cannot_be_written_raises_nothing(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _FullStream())
+    broken_pipe.say("a note nobody can read", err=True)
+
+
+def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(colour_dataset, tmp_path):
+    """``train ... > log`` on a full disk: one note when the first line fails, the run goes on to its end and writes
+    every file, then the error line and status 1 (it ended with a traceback, the training lost). With stderr full
+    too, nothing is said and the status is still 1. ``predict`` answers nothing and says why."""
+    import json
+    import shlex
+
+    from finished_runs import TINY
+    from train_runs import environment
+
+    train = shlex.join([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, *TINY, "--no-tensorboard",
+                        "--output-dir"])
+    script = (f"( {train} apart >/dev/full 2>apart.err; echo $? >apart.status ) &\n"
+              f"( {train} both >/dev/full 2>/dev/full; echo $? >both.status ) &\n"
+              "wait\n")
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment("tensorflow"), timeout=600, check=True)
+    said = (tmp_path / "apart.err").read_text()
+    assert [(tmp_path / f"{run}.status").read_text().strip() for run in ("apart", "both")] == ["1", "1"], said
+    assert " ".join(said.split()) == (
+        "note: cannot write to standard output ([Errno 28] No space left on device); training goes on to the end "
+        f"without printing, its files in apart {FULL}; the training run is complete, its files in apart"), said
+    for run in ("apart", "both"):
+        folder = tmp_path / run
+        assert json.loads((folder / "history.json").read_text())["epoch"] == [1], run
+        for name in ("summary.json", "model.keras", "checkpoints/last.keras"):
+            assert (folder / name).is_file(), (run, name)
+    from PIL import Image
+
+    Image.new("RGB", (20, 20), (220, 40, 40)).save(tmp_path / "red.png")
+    status, stderr = run_shardprep("predict", tmp_path / "apart" / "model.keras", colour_dataset, tmp_path / "red.png",
+                                   env=environment("tensorflow"))
+    assert_one_error_line(stderr)
+    assert status == 1
