@@ -13,11 +13,28 @@ import sys
 import click
 import pytest
 
+import image_factory
 from shardprep import broken_pipe
 
 FULL = "Error: cannot write to standard output: [Errno 28] No space left on device"
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("output-full") / "photos"
+    image_factory.write_image_folder(root, {"train": 12, "val": 4}, classes=("a", "b"), min_side=40, max_side=80,
+                                     kinds=("jpeg",))
+    return root
+
+
+@pytest.fixture(scope="module")
+def dataset(source, tmp_path_factory):
+    output = tmp_path_factory.mktemp("output-full-data") / "out"
+    status, stderr = run_shardprep("preprocess", source, output, "--quiet", "--shorter-side", "16", stdout=None)
+    assert status == 0, stderr
+    return output
 
 
 def run_shardprep(*args, stdout: str | None = "/dev/full", stderr: str | None = None, env=None) -> tuple[int, str]:
@@ -34,11 +51,33 @@ def assert_one_error_line(stderr: str, ending: str = "") -> None:
     assert stderr.splitlines()[-1:] == [FULL + ending], stderr
 
 
+def test_preprocess_to_a_full_disk_says_so_and_that_the_dataset_is_complete(source, tmp_path):
+    output = tmp_path / "out"
+    status, stderr = run_shardprep("preprocess", source, output, "--quiet", "--shorter-side", "16")
+    assert (output / "manifest.json").is_file()
+    assert_one_error_line(stderr, f"; the dataset is complete ({output}/manifest.json)")
+    assert status == 1
+
+
+def test_validate_to_a_full_disk_still_tells_the_verdict(dataset):
+    status, stderr = run_shardprep("validate", dataset, "--quiet")
+    assert_one_error_line(stderr, "; the dataset passed every check")
+    assert status == 1
+
+
 @pytest.mark.parametrize("args", [["--help"], ["preprocess", "--help"], ["--version"]], ids=" ".join)
 def test_help_and_version_to_a_full_disk(args):
     status, stderr = run_shardprep(*args)
     assert_one_error_line(stderr)
     assert stderr.count("\n") == 1, stderr
+    assert status == 1
+
+
+def test_demo_data_to_a_full_disk_says_its_files_are_complete(tmp_path):
+    status, stderr = run_shardprep("demo-data", tmp_path / "demo", "--train-per-class", "1",
+                                   "--validation-per-class", "1")
+    assert (tmp_path / "demo" / "train").is_dir()
+    assert_one_error_line(stderr, f"; the demo dataset is complete in {tmp_path / 'demo'}")
     assert status == 1
 
 

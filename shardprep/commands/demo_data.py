@@ -5,6 +5,8 @@ import os
 
 import click
 
+from shardprep.broken_pipe import reader_may_go
+
 
 @click.command("demo-data", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("directory")
@@ -20,7 +22,8 @@ def command(directory, train_per_class, validation_per_class, seed):
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
     count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
-    click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
+    with reader_may_go(done=f"the demo dataset is complete in {directory}"):
+        click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
 
 
 def _check_folder(directory: str) -> None:

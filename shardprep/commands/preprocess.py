@@ -11,7 +11,7 @@ import traceback
 
 import click
 
-from shardprep.broken_pipe import reader_may_go
+from shardprep.broken_pipe import Reporter, reader_may_go, say
 from shardprep.commands import own_long_options
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
 from shardprep.pipelines import source_registry
@@ -113,10 +113,11 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         exclude=exclude)
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
+    lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
     try:
         with display:
             outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
-                                      on_resume=lambda recorded: click.echo(resuming_line(recorded)))
+                                      on_resume=lambda recorded: lines_while_running(resuming_line(recorded)))
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
@@ -125,13 +126,17 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote, began):
-            click.echo(line, err=True)
+            say(line, err=True)
         ctx.exit(exit_status(stop))
     manifest = outcome.manifest
     if "template_location" in manifest:
-        click.echo(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
+        lines_while_running.raise_failure()
+        say(f"Dataflow template written to {manifest['template_location']}; the job has not run yet")
         return manifest
-    with reader_may_go():  # `preprocess ... | head`: the dataset is complete, and the exit status says so
+    complete = f"the dataset is complete ({config.output}/{MANIFEST_NAME})"
+    lines_while_running.raise_failure(complete)
+    # `preprocess ... | head`: the dataset is complete, and the exit status says so; a full disk: status 1
+    with reader_may_go(done=complete):
         print_summary(manifest, time.monotonic() - started, output)
         if resume:
             click.echo(resumed_line(outcome.decode))

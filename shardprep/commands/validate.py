@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 
 import click
 
-from shardprep.broken_pipe import reader_may_go
+from shardprep.broken_pipe import OutputError, reader_may_go
 from shardprep.commands import own_long_options
 from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
@@ -136,13 +137,22 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
             report = job.run(options, list(beam_args), progress=progress_display.update)
     except job.ReportWriteError as e:
         e.report.setdefault("elapsed_seconds", 0)
-        print_report(e.report, None)
+        with contextlib.suppress(OutputError), reader_may_go():  # its own error is the one to tell (a full disk)
+            print_report(e.report, None)
         raise click.ClickException(str(e)) from None
     except job.ValidateError as e:
         raise click.ClickException(str(e)) from None
-    with reader_may_go():  # `validate DATA | head`: the verdict is still the exit status
+    # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
+    with reader_may_go(done=_verdict_said(report, json_path)):
         print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
+
+
+def _verdict_said(report: dict, json_path: str | None) -> str:
+    """The verdict in words, for the error line of a report that could not be printed."""
+    verdict = "the dataset passed every check" if report["ok"] else \
+        f"the checks found {_count(sum(report['problem_counts'].values()), 'problem')}"
+    return verdict + (f" (report {json_path})" if json_path else "")
 
 
 def _rgb(values) -> str:
