@@ -375,7 +375,7 @@ def worker_stderr_held(enabled: bool):
             _close_unless_kept(terminal)
             drainer.join(timeout=2)
             if not failed and held:
-                with contextlib.suppress(BrokenPipeError):  # `2>&1 | head`: a finished run is not failed by it
+                with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
                     os.write(saved, bytes(held))
             os.close(saved)
             threading.excepthook = own_excepthook

@@ -152,7 +152,7 @@ class LiveProgress:
         try:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
-        except BrokenPipeError:  # its reader went away (`2>&1 | head`): the run goes on without progress lines
+        except OSError:  # its reader went away (`2>&1 | head`), a full disk: the run goes on without progress lines
             from shardprep.broken_pipe import silence
 
             self.enabled = False

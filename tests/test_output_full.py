@@ -81,6 +81,24 @@ def test_demo_data_to_a_full_disk_says_its_files_are_complete(tmp_path):
     assert status == 1
 
 
+def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_path):
+    """``2>/dev/full``: the progress lines (every 0.1 s here) go nowhere; the result is the exit status."""
+    env = {**os.environ, "SHARDPREP_PROGRESS_SECONDS": "0.1"}
+    summary = tmp_path / "summary.txt"
+    status, _ = run_shardprep("preprocess", source, tmp_path / "out", "--shorter-side", "16", stdout=str(summary),
+                              stderr="/dev/full", env=env)
+    assert status == 0
+    assert f"manifest {tmp_path / 'out'}/manifest.json" in summary.read_text()
+    assert run_shardprep("validate", dataset, stdout=None, stderr="/dev/full", env=env)[0] == 0
+    assert run_shardprep("validate", tmp_path / "missing", stdout=None, stderr="/dev/full")[0] == 1  # its error
+    assert run_shardprep("validate", "--no-such-option", stdout=None, stderr="/dev/full")[0] == 2  # a usage error
+    # Neither stream writable: the work is done, the output lost: 1.
+    assert run_shardprep("validate", dataset, stderr="/dev/full", env=env)[0] == 1
+    assert run_shardprep("preprocess", source, tmp_path / "again", "--shorter-side", "16", stderr="/dev/full",
+                         env=env)[0] == 1
+    assert (tmp_path / "again" / "manifest.json").is_file()
+
+
 class _FullStream:
     """A stream whose every write fails as a full disk's does (it has no file descriptor to silence)."""
 
