@@ -1,5 +1,5 @@
-"""Text a person reads, the same rule for every command: how wide a line may be, counts with their nouns, and
-messages wrapped to the width.
+"""Text a person reads, the same rule for every command: how wide a line may be, counts with their nouns,
+messages wrapped to the width, and progress bars.
 
 Widths: in a terminal, its width (``COLUMNS`` may narrow it, never widen it: a stale ``COLUMNS`` from another
 window must not overflow this one); anywhere else (a pipe, a log file, CI) ``COLUMNS``, else 80.
@@ -12,6 +12,10 @@ import sys
 import textwrap
 
 DEFAULT_COLUMNS = 80
+# A bar's characters are ASCII, as the summary table's rule: a line's columns are then its bytes in any terminal
+# encoding and in a log viewer that counts bytes ("━" counted 3 each: an 80-column progress line read as 147).
+BAR_DONE, BAR_LEFT = "#", "-"
+PULSE_CELLS = 3  # the block that moves along a bar whose total is not known yet
 
 
 def _columns_variable() -> int | None:
@@ -54,3 +58,15 @@ def wrap(text: str, width: int, indent: str = "  ") -> str:
         lines.extend(textwrap.wrap(paragraph, width, subsequent_indent=indent, break_on_hyphens=False,
                                    break_long_words=False) or [""])
     return "\n".join(lines)
+
+
+def bar(fraction: float | None, width: int, tick: int = 0) -> str:
+    """A progress bar ``width`` characters wide, ``fraction`` (0 to 1) of it done; with ``fraction`` None (a total
+    not known yet) a block of PULSE_CELLS at position ``tick`` (wrapping), which moves as ``tick`` grows."""
+    if width <= 0:
+        return ""
+    if fraction is None:
+        start = tick % width
+        return "".join(BAR_DONE if (cell - start) % width < PULSE_CELLS else BAR_LEFT for cell in range(width))
+    done = min(width, max(0, int(width * fraction)))
+    return BAR_DONE * done + BAR_LEFT * (width - done)

@@ -261,7 +261,7 @@ def test_preprocess_writes_plain_progress_lines_to_a_log_file_while_it_runs(tmp_
     text = log.read_text()
     assert seen_while_running, text
     assert re.search(r"^images 48/48 \(100%\), [\d,]+ img/s, \d+:\d\d:\d\d$", text, re.M), text
-    assert "━" not in text and "\r" not in text and "\x1b[" not in text  # no bar drawn at the end
+    assert "###" not in text and "\r" not in text and "\x1b[" not in text  # no bar drawn at the end
     assert text.index("images 48/48") < text.index("shardprep preprocess →")
 
 

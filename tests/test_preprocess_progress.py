@@ -318,3 +318,34 @@ def test_the_summary_table_is_plain_ascii_so_it_fits_80_columns_counted_any_way(
     table = [line for line in text.getvalue().splitlines() if "split" in line or "total" in line or "--" in line]
     assert table and all(line.isascii() for line in table), table
     assert max(len(line.encode()) for line in text.getvalue().splitlines()) <= 80
+
+
+def test_progress_bars_are_ascii_so_a_line_s_columns_are_its_bytes():
+    """Every command's bar (preprocess, validate, train) is drawn by ``text.bar``: ASCII, exactly ``width`` wide; a
+    known fraction fills from the left, an unknown total shows a block that moves with ``tick``."""
+    from shardprep.preprocess.text import PULSE_CELLS, bar
+
+    assert bar(0.5, 10) == "#####-----" and bar(1.0, 4) == "####" and bar(0.0, 3) == "---"
+    assert bar(1.7, 5) == "#####" and bar(-1, 5) == "-----" and bar(0.5, 0) == ""
+    pulses = [bar(None, 12, tick) for tick in range(24)]
+    assert all(len(p) == 12 and p.isascii() and p.count("#") == PULSE_CELLS for p in pulses)
+    assert pulses[0] != pulses[1] and pulses[0] == pulses[12]  # it moves, and wraps round
+    assert bar(None, 5, tick=4) == "##--#"  # the block starts at cell 4 and wraps to cells 0 and 1
+
+
+def test_the_live_preprocess_line_is_ascii_and_fits_80_columns_in_bytes(monkeypatch):
+    from io import StringIO
+
+    from rich.console import Console
+
+    for state in ({"description": "listing", "total": None, "listed": 0},
+                  {"description": "images", "completed": 120, "total": 303, "final": True, "saved": 60, "groups": 2,
+                   "per_second": 95.0},
+                  {"description": "images", "completed": 303, "total": 303, "final": True, "per_second": 211.0}):
+        monkeypatch.setenv("COLUMNS", "80")
+        display = command._ProgressDisplay(enabled=True, source="demo/images")
+        display.state.update(state)
+        text = StringIO()
+        Console(width=80, file=text, color_system=None).print(display.live_line())
+        line = text.getvalue().rstrip("\n")
+        assert line.replace("…", "").isascii() and len(line.encode()) <= 80, line

@@ -14,13 +14,12 @@ import sys
 import time
 from typing import Callable
 
-from shardprep.preprocess.text import count, output_width, wrap
+from shardprep.preprocess.text import bar, count, output_width, wrap
 
 # Seconds between progress lines within an epoch when stdout is not a terminal (logs, pipes).
 PROGRESS_INTERVAL = 10.0
 MIN_WIDTH = 40
 BAR_WIDTH = 20
-BAR_DONE, BAR_LEFT = "━", "─"
 
 
 def terminal_width() -> int:
@@ -96,9 +95,7 @@ class EpochProgress:
         rest = ", ".join([*self._rates(step, elapsed), *_metrics_text(metrics)])
         room = self.width - 1 - len(count) - len(rest) - 2
         if room >= 5:
-            bar_width = min(BAR_WIDTH, room)
-            done = min(bar_width, int(bar_width * step / self.steps))
-            return f"{count} {BAR_DONE * done}{BAR_LEFT * (bar_width - done)} {rest}"
+            return f"{count} {bar(step / self.steps, min(BAR_WIDTH, room))} {rest}"
         return f"{count} {rest}"[:self.width - 1]
 
     def _show(self, text: str) -> None:

@@ -14,6 +14,7 @@ import click
 from shardprep.broken_pipe import Reporter, reader_may_go, say
 from shardprep.commands import own_long_options
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
+from shardprep.preprocess.text import bar
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import exit_status
 from shardprep.preprocess import encodings
@@ -335,7 +336,6 @@ class _ProgressDisplay(LiveProgress):
     def live_line(self):
         """The line in a terminal: description, bar, then :meth:`parts` fitted to the width, three columns spare:
         some terminals wrap a line that fills the last column, and Ctrl-C echoes as "^C" after the line."""
-        from rich.progress_bar import ProgressBar
         from rich.table import Table
         from rich.text import Text
 
@@ -344,12 +344,13 @@ class _ProgressDisplay(LiveProgress):
         width = self.width - 3
         room = width - len(description) - BAR_COLUMNS[0] - 2
         rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
-        bar = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
-        known = state.get("final") and state.get("total")
+        cells = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
+        done, total = state.get("completed") or 0, state.get("total") if state.get("final") else None
+        fraction = min(1.0, done / total) if total else None
+        style = "bar.pulse" if fraction is None else "bar.finished" if fraction >= 1 else "bar.complete"
         line = Table.grid(padding=(0, 1))
-        line.add_row(Text(description, style="bold"),
-                     ProgressBar(total=state["total"] if known else None, completed=state.get("completed") or 0,
-                                 width=bar), Text(rest))
+        pulse = int(time.monotonic() * 8)  # the block's place while the total is not known: it moves, so alive
+        line.add_row(Text(description, style="bold"), Text(bar(fraction, cells, pulse), style=style), Text(rest))
         return line
 
 

@@ -28,8 +28,24 @@ class ProgressDisplay(LiveProgress):
         return f"{state['description']}{files}{records}, {duration(elapsed)}"
 
 
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+BAR_CELLS = 20
 
-    return (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+
+def _columns():
+    import time
+
+    from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    from shardprep.preprocess.text import bar
+
+    class AsciiBar(ProgressColumn):
+        """rich's bar drawn with ``text.bar``'s ASCII characters (80 columns counted in bytes too)."""
+
+        def render(self, task):
+            fraction = task.completed / task.total if task.total else None
+            style = "bar.pulse" if fraction is None else "bar.finished" if task.finished else "bar.complete"
+            return Text(bar(fraction, BAR_CELLS, int(time.monotonic() * 8)), style=style)
+
+    return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
             TextColumn("{task.fields[records]}"), TimeElapsedColumn())
