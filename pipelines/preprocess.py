@@ -145,19 +145,29 @@ class JobOutcome(NamedTuple):
     notes: tuple[str, ...] = ()  # the plan's notes for the user (SourcePlan.notes)
 
 
+@dataclasses.dataclass
+class JobSubmission:
+    """Whether the run's job was handed to its runner: ``submitted`` once ``p.run()`` returned. A remote runner
+    creates the job inside ``p.run()`` (Dataflow: after staging and uploading) and it runs on without the launcher,
+    so after a stop the command says, from this, whether a job can exist there."""
+
+    submitted: bool = False
+
+
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> dict:
     """Runs the preprocess job to completion and returns the manifest it wrote (``execute_job``'s manifest)."""
     return execute_job(config, beam_args, on_progress, resume).manifest
 
 
 def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
-                on_resume=None) -> JobOutcome:
+                on_resume=None, submission: JobSubmission | None = None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
     killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
     ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
+    ``submission``: marked submitted once the runner has the job (read after a stop).
     """
     from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
@@ -166,10 +176,11 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
-        return _execute_job(config, beam_args, on_progress, resume, on_resume)
+        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission())
 
 
-def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume) -> JobOutcome:
+def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
+                 submission: JobSubmission) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
@@ -212,7 +223,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
-        return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal)
+        return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal, submission)
 
 
 def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> JobOutcome:
@@ -227,7 +238,7 @@ def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> Job
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,
-                  min_groups: int, unit_journal) -> JobOutcome:
+                  min_groups: int, unit_journal, submission: JobSubmission) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
     local = runners.runs_locally(beam_args)
@@ -238,6 +249,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
                            unit_journal=unit_journal)
             with runners.worker_stderr_held(runners.uses_worker_processes(beam_args)):
                 result = p.run()
+                submission.submitted = True  # a remote runner has created the job: it runs on after a stop here
                 result.wait_until_finish()
         except PreprocessError:
             raise

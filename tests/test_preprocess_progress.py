@@ -183,7 +183,8 @@ def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path):
                      f"resume: shardprep preprocess S {tmp_path} --resume"]
 
 
-def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path):
+def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     typed = ["shardprep", "preprocess", "tfds:mnist", str(tmp_path / "out"), "--resume"]
     assert command.stopped_lines(str(tmp_path / "out"), {}, typed) == [
         f"stopped before anything was written to {tmp_path}/out", "rerun: " + " ".join(typed)]
@@ -192,8 +193,14 @@ def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path):
     lines = command.stopped_lines(str(tmp_path / "out"), {}, typed)
     assert lines[0].startswith("stopped: this run keeps no finished work")
     assert lines[1] == f"rerun: shardprep preprocess tfds:mnist {tmp_path}/out --overwrite"
-    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner")
-    assert remote[0] == "stopped waiting: a job already submitted to DataflowRunner runs on there;"
+    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner", job_submitted=True)
+    assert remote == ["stopped waiting: a job already submitted to DataflowRunner runs on there; cancel",
+                      "  it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
+    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner", job_submitted=False)
+    assert " ".join(" ".join(remote).split()) == (
+        "stopped before or during the submission of the job to DataflowRunner: a job may or may not have been "
+        "created there; look for it and cancel it if it is listed (e.g. gcloud dataflow jobs list, then gcloud "
+        "dataflow jobs cancel JOB_ID)")
     assert all(len(line) <= 80 for line in remote)
 
 

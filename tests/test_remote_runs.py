@@ -109,3 +109,47 @@ def test_validate_on_a_remote_runner_without_temp_location_is_refused_before_lis
 def test_validate_on_the_local_runner_needs_no_temp_location():
     assert remote_runs.validate_refusal("gs://b/shards", None, ["--direct_num_workers=2"]) is None
     assert remote_runs.validate_refusal("gs://b/shards", None, DATAFLOW) is None
+
+
+# --- a stop of a remote run: was its job submitted? --------------------------------------------------------------
+
+class _RemotePipeline:
+    """A remote runner's pipeline as the launcher sees it: ``run()`` stages and submits the job (Dataflow: uploads,
+    then creates it), then the launcher waits on the result. ``stop_in`` names where Ctrl-C lands."""
+
+    def __init__(self, stop_in: str, stop: type[BaseException]):
+        self.stop_in, self.stop = stop_in, stop
+
+    def run(self):
+        if self.stop_in == "run":  # still staging or submitting: a job may or may not exist yet
+            raise self.stop()
+        return self
+
+    def wait_until_finish(self):  # the job was submitted: it runs on without this launcher
+        raise self.stop()
+
+
+@pytest.mark.parametrize("stop, status", [(KeyboardInterrupt, 130), ("Terminated", 143)], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("stop_in", ["run", "wait_until_finish"])
+def test_a_stop_of_a_remote_run_says_whether_its_job_was_submitted(tmp_path, monkeypatch, stop, status, stop_in):
+    """It always said "a job already submitted to X runs on there": false for a stop while Beam still staged or
+    submitted it (before ``p.run()`` returned), when a job may or may not have been created."""
+    import image_factory
+
+    from shardprep.pipelines import runner, stopping
+
+    stop = stopping.Terminated if stop == "Terminated" else stop
+    image_factory.write_image_folder(tmp_path / "images", {"train": 2}, classes=("a", "b"))
+    monkeypatch.setattr(runner, "make_pipeline", lambda beam_args: _RemotePipeline(stop_in, stop))
+    monkeypatch.setattr(preprocess_job, "build_pipeline", lambda *_, **__: None)
+    result = CliRunner().invoke(main, ["preprocess", str(tmp_path / "images"), str(tmp_path / "out"), "--quiet",
+                                       "--", "--runner", "FlinkRunner"])
+    assert result.exit_code == status, result.output
+    said = " ".join(result.output.split())
+    if stop_in == "run":
+        assert "already submitted" not in said, result.output
+        assert said.startswith("stopped before or during the submission of the job to FlinkRunner: a job may or "
+                               "may not have been created there; look for it and cancel it if it is listed"), said
+    else:
+        assert said.startswith("stopped waiting: a job already submitted to FlinkRunner runs on there; cancel it "
+                               "there if it should stop"), said

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import stat
+import sys
 import textwrap
 import time
 import traceback
@@ -14,7 +15,7 @@ import click
 from shardprep.broken_pipe import Reporter, reader_may_go, say
 from shardprep.commands import own_long_options
 from shardprep.display import LiveProgress, console, count, duration, fit, shortened
-from shardprep.preprocess.text import bar
+from shardprep.preprocess.text import bar, output_width, wrap
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import exit_status
 from shardprep.preprocess import encodings
@@ -115,10 +116,12 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
+    submission = job.JobSubmission()
     try:
         with display:
             outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
-                                      on_resume=lambda recorded: lines_while_running(resuming_line(recorded)))
+                                      on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
+                                      submission=submission)
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
@@ -126,7 +129,8 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
-        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote, began):
+        for line in stopped_lines(config.output, display.counts, _resume_command(ctx), remote, began,
+                                  submission.submitted):
             say(line, err=True)
         ctx.exit(exit_status(stop))
     manifest = outcome.manifest
@@ -173,19 +177,18 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
 # --- Ctrl-C --------------------------------------------------------------------------------------------------------
 
 def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None,
-                  run_began: float | None = None) -> list[str]:
+                  run_began: float | None = None, job_submitted: bool = False) -> list[str]:
     """After Ctrl-C: what the stopped run kept, and the command that goes on from there. A stop that came after the
     run wrote manifest.json (``run_began``: the run's start, ``time.time()``) lost nothing: the dataset is complete.
 
     A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
     keeps them. Other local runs keep nothing: rerun, with ``--overwrite`` where the run had started to write
-    OUTPUT. A job on a remote runner is not stopped by Ctrl-C here, only no longer waited for.
+    OUTPUT. A job on a remote runner is not stopped by Ctrl-C here (``remote_lines``).
     """
     from shardprep.pipelines import journal, storage
 
     if remote_runner:
-        return [f"stopped waiting: a job already submitted to {remote_runner} runs on there;",
-                "  cancel it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
+        return remote_lines(remote_runner, job_submitted)
     manifest = os.path.join(output, MANIFEST_NAME)
     folder = os.path.join(output, storage.SPILL_DIR)
     if run_began is not None and _written_since(manifest, run_began):
@@ -213,6 +216,22 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
                 "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
     return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+
+
+def remote_lines(runner: str, submitted: bool) -> list[str]:
+    """A stopped remote run: its job, once submitted (``p.run()`` returned), runs on there, only no longer waited
+    for; a stop before that came while Beam staged, uploaded or submitted it, so a job may or may not exist."""
+    from shardprep.pipelines import remote_runs
+
+    dataflow = remote_runs.on_dataflow(["--runner", runner])  # gcloud names only Dataflow's jobs
+    if submitted:
+        said = (f"stopped waiting: a job already submitted to {runner} runs on there; cancel it there if it should "
+                "stop" + (" (e.g. gcloud dataflow jobs cancel JOB_ID)" if dataflow else ""))
+    else:
+        said = (f"stopped before or during the submission of the job to {runner}: a job may or may not have been "
+                "created there; look for it and cancel it if it is listed"
+                + (" (e.g. gcloud dataflow jobs list, then gcloud dataflow jobs cancel JOB_ID)" if dataflow else ""))
+    return wrap(said, output_width(sys.stderr)).splitlines()
 
 
 def _leftover_lines(folder: str, command: list[str]) -> list[str]:
