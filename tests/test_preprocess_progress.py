@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from shardprep import display
 from shardprep.cli import main as cli
 from shardprep.commands import preprocess as command
+from shardprep.commands import preprocess_stop
 from shardprep.pipelines import preprocess as job
 from shardprep.preprocess.config import PreprocessConfig
 
@@ -140,7 +141,7 @@ def test_plurals_in_the_notes_and_the_summary():
                                                                    "--direct_num_workers=2"]),
 ])
 def test_the_resume_command_is_the_typed_one_with_resume(typed, resume):
-    assert command._with_flag(["shardprep", "preprocess", *typed], "--resume", drop=("--overwrite",)) == [
+    assert preprocess_stop._with_flag(["shardprep", "preprocess", *typed], "--resume", drop=("--overwrite",)) == [
         "shardprep", "preprocess", *resume]
 
 
