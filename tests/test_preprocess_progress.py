@@ -157,7 +157,13 @@ def _journal(output, units: list[tuple[int, int]]) -> None:
     (folder / "journal.jsonl").write_text("\n".join(lines) + "\n" + '{"split": "train", "gro')
 
 
-def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypatch):
+@pytest.fixture
+def wide(monkeypatch):
+    """Stop lines one line each whatever the tmp path's length (their breaking is tested at 80 and 60 columns)."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypatch, wide):
     from shardprep.pipelines import journal
 
     typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
@@ -177,15 +183,14 @@ def test_only_journal_lines_that_pass_their_checks_count_as_kept(tmp_path):
     assert journal.kept_work(str(tmp_path / "elsewhere")) is None
 
 
-def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path):
+def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path, wide):
     _journal(tmp_path, [])
     lines = command.stopped_lines(str(tmp_path), {"listed": 300}, ["shardprep", "preprocess", "S", str(tmp_path)])
     assert lines == ["stopped: no decode group had finished, so nothing decoded is kept",
                      f"resume: shardprep preprocess S {tmp_path} --resume"]
 
 
-def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
+def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, monkeypatch, wide):
     typed = ["shardprep", "preprocess", "tfds:mnist", str(tmp_path / "out"), "--resume"]
     assert command.stopped_lines(str(tmp_path / "out"), {}, typed) == [
         f"stopped before anything was written to {tmp_path}/out", "rerun: " + " ".join(typed)]
@@ -194,6 +199,7 @@ def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, mon
     lines = command.stopped_lines(str(tmp_path / "out"), {}, typed)
     assert lines[0].startswith("stopped: this run keeps no finished work")
     assert lines[1] == f"rerun: shardprep preprocess tfds:mnist {tmp_path}/out --overwrite"
+    monkeypatch.setenv("COLUMNS", "80")
     remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner", job_submitted=True)
     assert remote == ["stopped waiting: a job already submitted to DataflowRunner runs on there; cancel",
                       "  it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
@@ -205,7 +211,7 @@ def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, mon
     assert all(len(line) <= 80 for line in remote)
 
 
-def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_path):
+def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_path, wide):
     """Ctrl-C between writing manifest.json and the summary: the dataset is finished; the lines must not advise
     --overwrite (which would make it again) nor claim nothing was kept."""
     import os
@@ -229,6 +235,65 @@ def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_
     os.utime(tmp_path / "manifest.json", (began - 60, began - 60))  # an earlier run's: this one had not finished
     assert not command.stopped_lines(str(tmp_path), {}, typed, run_began=began)[0].startswith(
         "stopped after the dataset was complete")
+
+
+def _stop_line_cases(tmp_path, monkeypatch) -> dict[str, list[str]]:
+    """The stop lines of each kind of stop, for an OUTPUT whose path is long but fits a line of its own (relative
+    to ``tmp_path``, the working folder)."""
+    import os
+    import time
+    from pathlib import Path
+
+    from shardprep.pipelines import journal
+
+    monkeypatch.chdir(tmp_path)
+    typed = ["shardprep", "preprocess", "/data/photos/imagenet/ILSVRC2012_img_train", "--shorter-side", "256"]
+    kept, fresh, complete = (Path(name) / "imagenet-2012" / "shorter-side-256" for name in ("kept", "fresh", "done"))
+    _journal(kept, [])
+    real_kept_work = journal.kept_work
+    monkeypatch.setattr(journal, "kept_work", lambda output: journal.KeptWork(1_234_567, 512)
+                        if output == str(kept) else real_kept_work(output))
+    (fresh / "train").mkdir(parents=True)
+    (fresh / "train" / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    (complete / ".tmp").mkdir(parents=True)
+    (complete / ".tmp" / "journal.jsonl").write_bytes(b"{}\n")
+    (complete / "manifest.json").write_text("{}")
+    began = time.time() - 5
+    os.utime(complete / "manifest.json")
+    return {
+        "kept": command.stopped_lines(str(kept), {"listed": 1_281_167, "processed": 9}, typed + [str(kept)]),
+        "rerun": command.stopped_lines(str(fresh), {}, typed + [str(fresh)]),
+        "complete": command.stopped_lines(str(complete), {}, typed + [str(complete)], run_began=began),
+        "submitted": command.stopped_lines(str(fresh), {}, typed + [str(fresh)], "DataflowRunner", None, True),
+        "not submitted": command.stopped_lines(str(fresh), {}, typed + [str(fresh)], "DataflowRunner", None, False),
+    }
+
+
+COMMAND_LINE = re.compile(r"^(resume: |rerun: |check it: |  )?shardprep ")
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_stop_lines_break_their_prose_between_words_at_the_width_and_keep_commands_whole(tmp_path, monkeypatch,
+                                                                                       columns):
+    """In an 80-column terminal the stop line ran past the edge and the terminal broke it mid-word (or mid-path);
+    only the prose is broken now, between words; a path stays whole, and a command stays one line, to copy."""
+    import shlex
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    cases = _stop_line_cases(tmp_path, monkeypatch)
+    for case, lines in cases.items():
+        prose = [line for line in lines if not COMMAND_LINE.match(line)]
+        assert all(len(line) <= columns for line in prose), (case, lines)
+        assert any(line.startswith("  ") for line in prose), (case, lines)  # it was broken, the rest indented
+        for line in lines:
+            if COMMAND_LINE.match(line):  # each a whole command line, as typed: it reads back with its OUTPUT
+                assert shlex.split(line.split("shardprep ", 1)[1])[-1] in ("--resume", "--overwrite", "done/"
+                                                                           "imagenet-2012/shorter-side-256"), line
+    said = " ".join(" ".join(line for line in cases["kept"] if not COMMAND_LINE.match(line)).split())
+    assert said == ("stopped: 1,234,567 of 1,281,167 images kept (512 finished decode groups) in "
+                    "kept/imagenet-2012/shorter-side-256/.tmp")
+    assert cases["kept"][-1] == ("resume: shardprep preprocess /data/photos/imagenet/ILSVRC2012_img_train "
+                                 "--shorter-side 256 kept/imagenet-2012/shorter-side-256 --resume")
 
 
 # --- what the workers report -----------------------------------------------------------------------------------

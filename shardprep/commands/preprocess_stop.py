@@ -1,5 +1,9 @@
 """What ``shardprep preprocess`` says after Ctrl-C or SIGTERM: what the stopped run kept, and the command that goes
-on from there (``--resume``, or a rerun); for a remote run, whether its job was submitted."""
+on from there (``--resume``, or a rerun); for a remote run, whether its job was submitted.
+
+The prose is broken between words to stderr's width (``_prose``), never inside a path; a command (``resume:``,
+``rerun:``, ``check it:``) is one line however wide, so that it can be copied whole.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
     manifest = os.path.join(output, MANIFEST_NAME)
     folder = os.path.join(output, storage.SPILL_DIR)
     if run_began is not None and _written_since(manifest, run_began):
-        return [f"stopped after the dataset was complete: {manifest} is written",
+        return [*_prose(f"stopped after the dataset was complete: {manifest} is written"),
                 *_leftover_lines(folder, command), f"check it: {shlex.join(['shardprep', 'validate', output])}"]
     try:
         kept_work = journal.kept_work(output)
@@ -43,15 +47,16 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
                     f"({count(kept_work.groups, 'finished decode group')}) in {folder}")
         else:
             said = "stopped: no decode group had finished, so nothing decoded is kept"
-        return [said, "resume: " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
+        return [*_prose(said), "resume: " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
     try:
         started = bool(storage.existing_files(output))
     except storage.OutputError:
         started = False
     if started:
-        return ["stopped: this run keeps no finished work (only a local run of an image folder can be resumed)",
+        return [*_prose("stopped: this run keeps no finished work (only a local run of an image folder can be "
+                        "resumed)"),
                 "rerun: " + shlex.join(_with_flag(command, "--overwrite", drop=("--resume",)))]
-    return [f"stopped before anything was written to {output}", "rerun: " + shlex.join(command)]
+    return [*_prose(f"stopped before anything was written to {output}"), "rerun: " + shlex.join(command)]
 
 
 def remote_lines(runner: str, submitted: bool) -> list[str]:
@@ -67,7 +72,7 @@ def remote_lines(runner: str, submitted: bool) -> list[str]:
         said = (f"stopped before or during the submission of the job to {runner}: a job may or may not have been "
                 "created there; look for it and cancel it if it is listed"
                 + (" (e.g. gcloud dataflow jobs list, then gcloud dataflow jobs cancel JOB_ID)" if dataflow else ""))
-    return wrap(said, output_width(sys.stderr)).splitlines()
+    return _prose(said)
 
 
 def _leftover_lines(folder: str, command: list[str]) -> list[str]:
@@ -83,8 +88,15 @@ def _leftover_lines(folder: str, command: list[str]) -> list[str]:
     if JOURNAL_NAME not in {entry.name for entry in entries}:
         return []
     size = sum(entry.stat(follow_symlinks=False).st_size for entry in entries if entry.is_file(follow_symlinks=False))
-    return [f"  {folder} still holds {size / 2**20:.1f} MiB of the run's temporary files; they go with",
+    return [*_prose(f"{folder} still holds {size / 2**20:.1f} MiB of the run's temporary files; they go with", "  "),
             "  " + shlex.join(_with_flag(command, "--resume", drop=("--overwrite",)))]
+
+
+def _prose(text: str, indent: str = "") -> list[str]:
+    """``text`` in lines of stderr's width (``output_width``) after ``indent``, broken only between words
+    (``text.wrap``: a path stays whole), the lines after the first indented two more."""
+    width = max(output_width(sys.stderr) - len(indent), 20)  # narrower would set one word a line
+    return [indent + line for line in wrap(text, width).splitlines()]
 
 
 def _written_since(path: str, since: float) -> bool:
