@@ -252,9 +252,9 @@ def test_help_fits_80_columns(command):
 def test_a_phrase_that_fits_only_without_the_next_punctuation_moves_to_the_next_line(width):
     """A line is full when the phrase and the punctuation a break after it leaves (the next separator's ';') fit:
     "in 1.2 s" that filled a line exactly had its ';' folded onto a line of its own ("in 1.2 " / "s;")."""
-    from shardprep.commands.validate import _flow
+    from shardprep.commands.phrases import flow
 
     items = [("", "a" * (width - 9)), (" ", "in 1.2 s"), ("; ", "report r.json")]
-    lines = _flow(items, width).plain.split("\n")
+    lines = flow(items, width).plain.split("\n")
     assert max(map(len, lines)) <= width, lines
     assert any("in 1.2 s" in line for line in lines), lines

@@ -8,7 +8,7 @@ import textwrap
 import click
 
 from shardprep.broken_pipe import OutputError, reader_may_go
-from shardprep.commands import own_long_options
+from shardprep.commands import own_long_options, phrases
 from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
@@ -163,47 +163,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def _flow(items, width: int, indent: str = "  "):
-    """One rich ``Text`` of ``items`` (``(separator before it, phrase)``; phrases are ``Text`` or plain strings,
-    never read as markup) laid out in lines of at most ``width`` cells, broken only between phrases: a line ends with
-    the separator's punctuation and the next starts indented. A phrase wider than a line alone is left to wrap."""
-    from rich.text import Text
-
-    lines, line = [], Text()
-    phrases = list(_words_of_long_phrases(items, width - len(indent)))
-    for index, (separator, phrase) in enumerate(phrases):
-        if not line.plain:
-            line.append_text(phrase)
-            continue
-        # Room for the punctuation that a break after this phrase would leave at the line's end (the next ';').
-        trailing = len(phrases[index + 1][0].rstrip()) if index + 1 < len(phrases) else 0
-        if line.cell_len + len(separator) + phrase.cell_len + trailing <= width:
-            line.append(separator)
-        else:
-            line.append(separator.rstrip())
-            lines.append(line)
-            line = Text(indent)
-        line.append_text(phrase)
-    lines.append(line)
-    return Text("\n").join(lines)
-
-
-def _words_of_long_phrases(items, room: int):
-    """``items`` as ``Text`` phrases, each phrase longer than ``room`` cut into its words (then it breaks between
-    words, indented like any other break, rather than being wrapped by the terminal)."""
-    from rich.text import Text
-
-    for separator, phrase in items:
-        phrase = phrase if isinstance(phrase, Text) else Text(phrase)
-        if phrase.cell_len <= room or " " not in phrase.plain:
-            yield separator, phrase
-            continue
-        start = 0
-        for index, word in enumerate(phrase.plain.split(" ")):
-            yield (separator if index == 0 else " "), phrase[start:start + len(word)]
-            start += len(word) + 1
-
-
 def print_report(report: dict, json_path: str | None, console=None) -> None:
     """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width (default: the
     shared console) without breaking a phrase; names from the data are printed as they are, never as markup."""
@@ -211,7 +170,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     width = console.width
 
     def say(items, indent="  "):
-        console.print(_flow(items, width, indent), overflow="fold", highlight=False)
+        console.print(phrases.flow(items, width, indent), overflow="fold", highlight=False)
 
     if report["kind"] == "dataset":
         for split, summary in report.get("splits", {}).items():
@@ -228,7 +187,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_near_duplicates(say, report)
     _print_found_files(console, report)
     if report.get("skipped_checks"):
-        clauses = _clauses(report["skipped_checks"])
+        clauses = phrases.clauses(report["skipped_checks"])
         say([("", _styled("skipped", "bold"))] + [(": ", clauses[0][1])] + clauses[1:])
     pictures = report.get("pictures") or {}
     if pictures:
@@ -241,21 +200,6 @@ def _styled(text: str, style: str):
     from rich.text import Text
 
     return Text(text, style=style)
-
-
-def _clauses(text: str) -> list[tuple[str, str]]:
-    """``text`` cut where a sentence of ours allows a break (after ': ', '; ', ', ' before a word, before a
-    parenthesis of words), as ``_flow`` items; lists of numbers stay whole."""
-    import re
-
-    pieces = re.split(r"(: |; |, (?=[A-Za-z])| (?=\([A-Za-z]))", text)
-    items, separator = [], ""
-    for index, piece in enumerate(pieces):
-        if index % 2:
-            separator = piece
-        elif piece:
-            items.append((separator, piece))
-    return items
 
 
 def _print_found_files(console, report: dict) -> None:
@@ -403,7 +347,7 @@ def _print_near_duplicates(say, report: dict) -> None:
     if near and near.get("skipped"):
         say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", "near-duplicates not searched")]
             + [(": " if i == 0 else separator, clause) for i, (separator, clause) in
-               enumerate(_clauses(near["skipped"]))], indent="    ")
+               enumerate(phrases.clauses(near["skipped"]))], indent="    ")
     if not near or near.get("skipped"):
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
@@ -421,7 +365,7 @@ def _print_near_duplicates(say, report: dict) -> None:
                             "not compared"))
     say(items)
     for found in report.get("warnings") or []:
-        clauses = _clauses(found["message"])
+        clauses = phrases.clauses(found["message"])
         say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
             + [(": ", clauses[0][1])] + clauses[1:], indent="    ")
     if near.get("leaked_keys_file"):
@@ -444,6 +388,6 @@ def _print_problems(say, report: dict) -> None:
         items: list[tuple[str, Text | str]] = [("", Text.assemble("  ", (found["check"], "bold")))]
         if where:
             items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
-        clauses = _clauses(found["message"])
+        clauses = phrases.clauses(found["message"])
         items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
         say(items, indent="    ")
