@@ -66,7 +66,8 @@ from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
-from shardprep.pipelines.validate_paths import ValidateError, absolute, check_not_read, check_output_paths
+from shardprep.pipelines.validate_paths import (ValidateError, WrittenOutputs, absolute, check_not_read,
+                                                check_output_paths)
 from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
@@ -77,8 +78,8 @@ from shardprep.preprocess import sources
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 
 __all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "ValidateOptions",
-           "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run", "validate_dataset",
-           "validate_foreign"]
+           "WrittenOutputs", "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run",
+           "validate_dataset", "validate_foreign"]
 
 RESULTS_NAME = "validate-results.jsonl"
 
@@ -185,7 +186,8 @@ def _sample_options(manifest: Manifest, stats_split: str | None, options: Valida
         cell_cap=sheet_cell_cap(len(manifest.classes)))
 
 
-def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
+def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress,
+                     outputs: WrittenOutputs) -> dict:
     data_dir = absolute(options.data).rstrip("/")
     report = report_lib.report_base(options.data, "dataset")
     progress(f"listing {data_dir}", None, None, None)
@@ -220,15 +222,16 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     if skipped:
         report["near_duplicates"] = near_report.skipped(skipped)
     else:
-        driver_problems += _near_duplicates(report, lines, list(manifest.splits), options)
+        driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
         progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines)
+        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines, outputs)
     return report
 
 
-def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], options: ValidateOptions) -> list:
+def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], options: ValidateOptions,
+                     outputs: WrittenOutputs) -> list:
     """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
     (near-duplicates across splits that fail the run)."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
@@ -240,8 +243,8 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
                                           options.near_duplicate_distance)
         try:
             path = absolute(options.leaked_keys)
-            near["leaked_keys_file"] = _write_file(os.path.dirname(path), os.path.basename(path),
-                                                   text.encode("utf-8"), "text/plain")
+            near["leaked_keys_file"] = outputs.wrote("--leaked-keys", _write_file(
+                os.path.dirname(path), os.path.basename(path), text.encode("utf-8"), "text/plain"))
         except (OSError, BeamIOError) as e:
             raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
     failing = near_report.fails(near)
@@ -281,7 +284,8 @@ def _no_files_problem(pattern: str, matched: list) -> dict:
     return problem("no_files", f"{pattern} matched no files")
 
 
-def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: Progress) -> dict:
+def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: Progress,
+                     outputs: WrittenOutputs) -> dict:
     kind, found, matched = _foreign_files(options, progress)
     report = report_lib.report_base(options.data, kind)
     folders = [meta for meta in matched if storage.is_local(meta.path) and os.path.isdir(absolute(meta.path))]
@@ -310,23 +314,25 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
         progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, None)
+        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, None, outputs)
     return report
 
 
 # --- writing the report and the pictures --------------------------------------------------------------------------
 
-def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict, lines: list[dict] | None) -> None:
+def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict, lines: list[dict] | None,
+                            outputs: WrittenOutputs) -> None:
     try:
-        report["pictures"] = write_pictures(pictures, report, lines, samples_per_class)
+        report["pictures"] = write_pictures(pictures, report, lines, samples_per_class, outputs)
     except (OSError, BeamIOError) as e:
         raise ReportWriteError(f"writing pictures to {pictures} failed: {e}; the report above is complete",
                                report) from e
 
 
-def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int) -> dict:
-    """Writes the contact sheet (prepared datasets: ``lines`` holds the samples) and the class-count chart;
-    returns their paths."""
+def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int,
+                   outputs: WrittenOutputs) -> dict:
+    """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pairs and the
+    class-count chart, last (``outputs`` then has them whole); returns their paths."""
     from shardprep.pipelines.validate_read import read_record_pixels
     from shardprep.pipelines.validation import near_pictures, pictures
 
@@ -334,15 +340,16 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     class_names, counts = report_lib.chart_counts(report)
     if lines is not None:
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
-        written["contact_sheet"] = _write_file(directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet),
-                                               "image/png")
+        written["contact_sheet"] = outputs.wrote("--pictures", _write_file(
+            directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet), "image/png"), whole=False)
     if near_report.searched(report):
         data_dir = absolute(report["data"]).rstrip("/")
-        written["near_duplicates"] = _write_file(directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(
-            report, lambda file, index: read_record_pixels(manifest_lib.join(data_dir, file), index)), "image/png")
+        written["near_duplicates"] = outputs.wrote("--pictures", _write_file(
+            directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(report, lambda file, index: (
+                read_record_pixels(manifest_lib.join(data_dir, file), index))), "image/png"), whole=False)
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
-    written["class_counts"] = _write_file(directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart),
-                                          "image/png")
+    written["class_counts"] = outputs.wrote("--pictures", _write_file(
+        directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart), "image/png"))
     return written
 
 
@@ -354,10 +361,11 @@ def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:
     return path
 
 
-def _write_report(json_path: str, report: dict) -> None:
+def _write_report(json_path: str, report: dict, outputs: WrittenOutputs) -> None:
     try:
         storage.atomic_write(absolute(json_path), (json.dumps(report, indent=2) + "\n").encode("utf-8"),
                              "application/json")
+        outputs.wrote("--json", absolute(json_path))
     except (OSError, BeamIOError) as e:
         raise ReportWriteError(f"writing the report to {json_path} failed: {e}; the report above is complete",
                                report) from e
@@ -384,18 +392,20 @@ def _refuse_flags_not_applying(options: ValidateOptions, kind) -> None:
                         "out")
 
 
-def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None) -> dict:
+def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
+        outputs: WrittenOutputs | None = None) -> dict:
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
 
     ``beam_args``: Beam's pipeline options, as command-line strings (``["--runner", "DataflowRunner", ...]``).
     ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
+    ``outputs`` records each file as it is written (what a caller tells after a stop).
     """
     beam_args = list(beam_args)
     refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read
         raise ValidateError(refused)
     check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
-    progress = progress or _log_progress
+    progress, outputs = progress or _log_progress, WrittenOutputs() if outputs is None else outputs
     started = time.monotonic()
     kind = source_registry.kind_of(options.data)
     if kind is not source_registry.FALLBACK and not kind.validated_as_records:
@@ -410,17 +420,18 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
                                 f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
     try:
         with runner.worker_zygote_for(beam_args):  # before the first pipeline, while no thread runs here
-            report = (validate_foreign if kind.validated_as_records else validate_dataset)(options, beam_args, progress)
+            report = (validate_foreign if kind.validated_as_records else validate_dataset)(
+                options, beam_args, progress, outputs)
     except ReportWriteError as failed:  # the pictures or keys after the checks: the report is still written
-        _finish(failed.report, options, started)
+        _finish(failed.report, options, started, outputs)
         raise
-    return _finish(report, options, started)
+    return _finish(report, options, started, outputs)
 
 
-def _finish(report: dict, options: ValidateOptions, started: float) -> dict:
+def _finish(report: dict, options: ValidateOptions, started: float, outputs: WrittenOutputs) -> dict:
     """``report`` with the run's time, written to ``--json`` if asked."""
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if options.json_path:
-        _write_report(options.json_path, report)
+        _write_report(options.json_path, report, outputs)
     return report
 

@@ -1,4 +1,5 @@
-"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``): checked before anything runs.
+"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``): checked before anything runs; and what
+a run has written so far (``WrittenOutputs``).
 
 Validate writes nothing inside what it checks: a report must not replace the manifest it was read from, nor a
 picture land among the shards. For a prepared dataset that is any path inside DATA (links and ``..`` resolved);
@@ -8,6 +9,7 @@ for ``tfrecord:GLOB`` and ``tfds:NAME``, any file validate reads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 from shardprep.pipelines import source_registry, storage
@@ -21,6 +23,23 @@ PICTURE_NAMES = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME)  #
 
 class ValidateError(Exception):
     """Validation cannot run at all (not: the dataset has problems); the message is meant for the user."""
+
+
+@dataclasses.dataclass
+class WrittenOutputs:
+    """What a validate run has written so far, for what it says after a stop: a file of the same name that is not
+    listed here is an earlier run's. ``files``: (flag, path) as each file is in place (``--leaked-keys``, then each
+    of ``--pictures``' pictures, then ``--json``); ``whole``: the flags whose output is complete."""
+
+    files: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    whole: list[str] = dataclasses.field(default_factory=list)
+
+    def wrote(self, flag: str, path: str, whole: bool = True) -> str:
+        """Records ``path`` written for ``flag`` (``whole``: its output is complete with it); returns ``path``."""
+        self.files.append((flag, path))
+        if whole:
+            self.whole.append(flag)
+        return path
 
 
 def absolute(path: str) -> str:

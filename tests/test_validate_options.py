@@ -19,7 +19,7 @@ from shardprep.pipelines.validate_options import ValidateOptions, default
 def test_the_cli_passes_its_flags_as_one_options_object_and_the_beam_options_as_given(monkeypatch, tmp_path):
     calls = []
 
-    def run(options, beam_args, progress=None):
+    def run(options, beam_args, progress=None, outputs=None):
         calls.append((options, beam_args))
         return {"kind": "tfrecord", "data": options.data, "ok": True, "problems": [], "problem_counts": {},
                 "splits": {}}

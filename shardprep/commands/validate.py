@@ -8,7 +8,7 @@ import textwrap
 import click
 
 from shardprep.broken_pipe import OutputError, reader_may_go
-from shardprep.commands import own_long_options, phrases
+from shardprep.commands import own_long_options, phrases, validate_stop
 from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
@@ -131,20 +131,22 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
-    try:
-        # The worker zygote before the display's thread starts: a process with another thread is not forked.
-        with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(enabled=not quiet) as progress_display:
-            report = job.run(options, list(beam_args), progress=progress_display.update)
-    except job.ReportWriteError as e:
-        e.report.setdefault("elapsed_seconds", 0)
-        with contextlib.suppress(OutputError), reader_may_go():  # its own error is the one to tell (a full disk)
-            print_report(e.report, None)
-        raise click.ClickException(str(e)) from None
-    except job.ValidateError as e:
-        raise click.ClickException(str(e)) from None
-    # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
-    with reader_may_go(done=_verdict_said(report, json_path)):
-        print_report(report, json_path)
+    outputs = job.WrittenOutputs()
+    with validate_stop.outputs_told(ctx, options, outputs):  # a stop says which files are this run's
+        try:
+            # The worker zygote before the display's thread starts: a process with another thread is not forked.
+            with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(enabled=not quiet) as progress_display:
+                report = job.run(options, list(beam_args), progress=progress_display.update, outputs=outputs)
+        except job.ReportWriteError as e:
+            e.report.setdefault("elapsed_seconds", 0)
+            with contextlib.suppress(OutputError), reader_may_go():  # its own error is the one to tell (a full disk)
+                print_report(e.report, None)
+            raise click.ClickException(str(e)) from None
+        except job.ValidateError as e:
+            raise click.ClickException(str(e)) from None
+        # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
+        with reader_may_go(done=_verdict_said(report, json_path)):
+            print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
 
 
