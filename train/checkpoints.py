@@ -238,16 +238,19 @@ def commit_best(paths: dict) -> None:
 class BestCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras's ModelCheckpoint writing the best model so far to ``best.writing.keras`` (``commit_best`` renames it),
     a failure to write it a :class:`RunFileError` naming ``best.keras``, the file the user knows: a disk that fills
-    while Keras writes the zip raises from a write to an open file, an OSError naming no file at all."""
+    while Keras writes the zip raises from a write to an open file, an OSError naming no file at all. What it had
+    written is removed (a full disk keeps nothing half written)."""
 
     def __init__(self, paths: dict):
         super().__init__(paths["best_writing"], monitor="val_loss", save_best_only=True)
-        self.user_path = paths["best"]
+        self.writing, self.user_path = paths["best_writing"], paths["best"]
 
     def on_epoch_end(self, epoch, logs=None):
         try:
             super().on_epoch_end(epoch, logs)
         except OSError as error:
+            # Half a zip, made by this save: the epoch loop cleared the name just before (discard_best_writing).
+            _discard(self.writing)
             raise _failed(self.user_path, error) from error
 
 
