@@ -2,12 +2,13 @@
 error (``shardprep validate DATA > log`` on a full disk, ``> /dev/full``).
 
 When ``head`` exits, every later write to the pipe fails (``BrokenPipeError``; Python ignores SIGPIPE, so the
-process is not killed). A training run is hours of work whose result is its files, not its output: losing it
+process is not killed). A terminal whose window closed (or whose ssh connection dropped) under a process that
+ignores the hang-up fails every later write with EIO: its reader went away too. A training run is hours of work whose result is its files, not its output: losing it
 because the reader of its progress went away is never what the person wanted. :class:`Reporter` stops printing to
 a stream whose reader has gone, says so once on stderr (where that still has a reader), and lets the run go on to
 its end; the command then exits as it would have.
 
-Any other write error on stdout (ENOSPC, EIO, EDQUOT) means output the person meant to keep is lost: the command
+Any other write error on stdout (ENOSPC, EIO from a disk, EDQUOT) means output the person meant to keep is lost: the command
 ends (a training run at its end, its files complete) with one line on stderr, ``Error: cannot write to standard
 output: [Errno 28] No space left on device``, saying what was done, and exit status 1, as coreutils'
 ``echo hi > /dev/full`` does (:class:`OutputError`). A stderr that cannot be written is silenced: the exit status
@@ -24,14 +25,39 @@ import contextlib
 import errno
 import os
 import sys
+import termios
 from typing import Callable, Iterator, NoReturn
 
 import click
 
 
-def reader_gone(error: BaseException) -> bool:
-    """True for the error of a write to a pipe nobody reads any more."""
-    return isinstance(error, OSError) and (isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE)
+def reader_gone(error: BaseException, stream=None) -> bool:
+    """True for the error of a write to a pipe nobody reads any more, or to a terminal that hung up: EIO from
+    ``stream`` (the one written, asked before it is silenced) when it is a terminal; from a file, EIO is a disk's."""
+    if not isinstance(error, OSError):
+        return False
+    if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
+        return True
+    return error.errno == errno.EIO and stream is not None and _terminal(stream)
+
+
+def gone_reason(error: OSError) -> str:
+    """Why the reader of a write that failed with ``error`` is gone (:func:`reader_gone`), in a few words."""
+    return "broken pipe" if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE else "the terminal hung up"
+
+
+def _terminal(stream) -> bool:
+    """Whether ``stream`` writes to a terminal, hung up or not: a hung-up one answers a terminal's query with EIO
+    (and ``isatty()`` with False), any other file with ENOTTY. A stream without a descriptor answers ``isatty()``."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return bool(getattr(stream, "isatty", lambda: False)())
+    try:
+        termios.tcgetattr(descriptor)
+    except termios.error as error:
+        return error.args[0] == errno.EIO
+    return True
 
 
 def silence(stream) -> None:
@@ -65,26 +91,37 @@ class OutputError(click.ClickException):
 
 class Reporter:
     """``report(text)`` for a long run: ``click.echo`` to stdout until a write fails, then a note once on stderr,
-    and nothing more. ``note`` is said when the reader went away, ``failed_note(error)`` for any other write error
-    (a full disk), which :meth:`raise_failure` then reports when the run is done; None says nothing."""
+    and nothing more. ``note`` (or ``note(error)``) is said when the reader went away, ``failed_note(error)`` for any
+    other write error (a full disk), which :meth:`raise_failure` then reports when the run is done; None says
+    nothing. :meth:`write` writes text as it is (a terminal's live line), its failure handled the same way."""
 
-    def __init__(self, note: str | None, failed_note: Callable[[OSError], str] | None = None):
+    def __init__(self, note: str | Callable[[OSError], str] | None,
+                 failed_note: Callable[[OSError], str] | None = None):
         self.note = note
         self.failed_note = failed_note
         self.gone = False
         self.failure: OSError | None = None
 
     def __call__(self, text: str) -> None:
+        self._echo(text, nl=True)
+
+    def write(self, text: str) -> None:
+        """``text`` without a newline added: a live line rewritten in place (``"\\r..."``) on a terminal."""
+        self._echo(text, nl=False)
+
+    def _echo(self, text: str, nl: bool) -> None:
         if self.gone:
             return
         try:
-            click.echo(text)
+            click.echo(text, nl=nl)
         except OSError as error:
             self.gone = True
+            gone = reader_gone(error, sys.stdout)
             silence(sys.stdout)
-            if not reader_gone(error):
+            if not gone:
                 self.failure = error
-            note = self.note if self.failure is None else self.failed_note and self.failed_note(error)
+            note = (self.note(error) if callable(self.note) else self.note) if gone else (
+                self.failed_note and self.failed_note(error))
             if note:
                 say(note, err=True)
 
@@ -102,19 +139,22 @@ def reader_may_go(stream=None, done: str | None = None) -> Iterator[None]:
     try:
         yield
     except OSError as error:
+        gone = reader_gone(error, stream or sys.stdout)
         silence(stream or sys.stdout)
-        if not reader_gone(error):
+        if not gone:
             raise OutputError(error, done) from None
 
 
 def say(text: str, err: bool = False) -> None:
     """``click.echo``, a stream whose reader has gone silenced instead of failing. On stdout any other write error
     raises :class:`OutputError`; on stderr it is silenced too (nowhere is left to say it)."""
+    stream = sys.stderr if err else sys.stdout
     try:
         click.echo(text, err=err)
     except OSError as error:
-        silence(sys.stderr if err else sys.stdout)
-        if not err and not reader_gone(error):
+        gone = reader_gone(error, stream)
+        silence(stream)
+        if not err and not gone:
             raise OutputError(error) from None
 
 

@@ -4,6 +4,7 @@ passed every check: ``validate DATA | head`` read as failed), with no traceback 
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -62,3 +63,43 @@ def test_preprocess_whose_stderr_reader_went_away_too_exits_0(source, tmp_path, 
                                      stderr_too=True)
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert status == 0
+
+
+class _HungUpTerminal:
+    """A terminal whose window closed: every write fails with EIO (it has no file descriptor to silence)."""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def flush(self):
+        pass
+
+
+def test_a_terminal_that_hung_up_is_a_reader_gone_and_ends_nothing(monkeypatch, capsys):
+    """EIO from a terminal is its reader gone (its window closed, its ssh connection dropped), as EPIPE from a pipe:
+    a run stops printing and ends with its own status. From a file, EIO stays a failed write (a disk's I/O error)."""
+    import click
+
+    from shardprep import broken_pipe
+
+    report = broken_pipe.Reporter("note: gone", failed_note=lambda error: f"note: {error}")
+    monkeypatch.setattr(sys, "stdout", _HungUpTerminal())
+    report("epoch 1")
+    report("epoch 2")
+    assert capsys.readouterr().err == "note: gone\n"
+    report.raise_failure("done")  # nothing to raise: the reader went away
+    broken_pipe.say("a line after the work is done")  # silenced, not an error
+
+    class DiskError(_HungUpTerminal):
+        def isatty(self):
+            return False
+
+    monkeypatch.setattr(sys, "stdout", DiskError())
+    report = broken_pipe.Reporter("note: gone", failed_note=lambda error: "note: failed")
+    report("epoch 1")
+    assert capsys.readouterr().err == "note: failed\n"
+    with pytest.raises(click.ClickException):
+        report.raise_failure("done")

@@ -287,3 +287,89 @@ def test_a_run_whose_reader_goes_away_trains_to_the_end_without_printing(colour_
         assert json.loads((folder / "history.json").read_text())["epoch"] == [1, 2], run
         for name in ("summary.json", "model.keras", "checkpoints/best.keras", "checkpoints/last.keras"):
             assert (folder / name).is_file(), (run, name)
+
+
+def test_a_terminal_that_closes_under_a_run_stops_its_output_not_its_training(colour_dataset, tmp_path):
+    """The terminal's window closed (or its ssh connection dropped) under a run that ignores the hang-up: every
+    write to it fails with EIO. The live progress line wrote to it past the run's Reporter, so the run ended at the
+    next line ("Error: writing failed: Input/output error"), its epoch lost. The terminal's reader is gone, as a
+    pipe's is after ``| head``: the run trains to its end without printing, every file written, exit status 0, and
+    stderr (a log file here) says once why nothing more was printed."""
+    import json
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    leader, follower = pty.openpty()
+    with open(tmp_path / "stderr", "w") as stderr:
+        # A session of its own: the pseudo-terminal is not its controlling terminal, so no SIGHUP when it closes.
+        child = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--output-dir", "run",
+                                  "--epochs", "3", "--batch-size", "8", "--image-size", "16", "--width-multiplier",
+                                  "0.125", "--seed", "1", "--no-early-stopping", "--no-tensorboard"],
+                                 stdin=subprocess.DEVNULL, stdout=follower, stderr=stderr, cwd=tmp_path,
+                                 env=environment("tensorflow"), start_new_session=True)
+    os.close(follower)
+    shown, deadline = b"", time.monotonic() + 300
+    try:
+        while b"  step " not in shown and time.monotonic() < deadline:  # the first progress line, in epoch 1
+            if select.select([leader], [], [], 1)[0]:
+                shown += os.read(leader, 4096)
+    finally:
+        os.close(leader)  # the window closes: the terminal hangs up
+    status = child.wait(timeout=600)
+    said = (tmp_path / "stderr").read_text()
+    assert b"  step " in shown, shown
+    assert status == 0, said
+    assert "Traceback" not in said and "Error" not in said, said
+    assert flat(said) == ("note: the reader of this output went away (the terminal hung up); training goes on to "
+                          "the end without printing, its files in run"), said
+    folder = tmp_path / "run"
+    assert json.loads((folder / "history.json").read_text())["epoch"] == [1, 2, 3]
+    for name in ("summary.json", "model.keras", "checkpoints/best.keras", "checkpoints/last.keras"):
+        assert (folder / name).is_file(), name
+
+
+@pytest.mark.parametrize("failure", ["EIO", "ENOSPC"])
+def test_a_progress_line_that_cannot_be_written_is_handled_as_the_reporters_lines_are(monkeypatch, capsys, failure):
+    """The live line goes through the run's Reporter (``write``): a terminal that hung up (EIO) is a reader gone,
+    nothing more is printed and nothing fails; any other write error stops the printing too, and the command ends
+    with the Reporter's one error line once the training is done. Neither reaches the training loop."""
+    import errno
+    import os
+
+    import click
+
+    from shardprep.broken_pipe import Reporter
+
+    class Terminal:
+        def __init__(self):
+            self.writes = 0
+
+        def isatty(self):
+            return True
+
+        def write(self, text):
+            if text:  # not click's probe of the stream (an empty write)
+                self.writes += 1
+                raise OSError(getattr(errno, failure), os.strerror(getattr(errno, failure)))
+
+        def flush(self):
+            pass
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    report = Reporter("note: gone", failed_note=lambda error: "note: failed")
+    bar = progress.EpochProgress(4, 8, report, stream=terminal, write=report.write, interval_tty=0.0, width=80)
+    for step in (1, 2, 3):
+        bar.update(step, lambda: {"loss": 1.0, "accuracy": 0.5})
+    bar.finish({"loss": 1.0, "accuracy": 0.5})
+    bar.done()
+    assert terminal.writes == 1  # tried once, then nothing more
+    assert capsys.readouterr().err == ("note: gone\n" if failure == "EIO" else "note: failed\n")
+    if failure == "EIO":
+        report.raise_failure("done")
+    else:
+        with pytest.raises(click.ClickException, match="No space left on device; done"):
+            report.raise_failure("done")

@@ -103,9 +103,10 @@ class Epochs:
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
         self.progress_factory = lambda steps, batch_size, first_step=0: progress.EpochProgress(
-            steps, batch_size, self.say, first_step=first_step, width=width)
+            steps, batch_size, self.say, write=self.live, first_step=first_step, width=width)
         self.options: dict = {}
         self.on_batch = None
+        self.live: Callable[[str], None] | None = None  # writes the terminal's progress line (EpochProgress)
         self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
         self.stop: StopRequests | None = None
         self.progress = None

@@ -100,7 +100,7 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
           on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
-          manifest: Manifest | None = None) -> dict:
+          manifest: Manifest | None = None, live: Callable[[str], None] | None = None) -> dict:
     """Trains ResNet-18 on ``config.data_dir`` and writes ``history.json``, ``summary.json`` and ``model.keras`` to
     ``config.output_dir``; returns the summary.
 
@@ -110,7 +110,9 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
     records a run trained on). Messages go to ``report``, each fitted to ``width`` columns (default: the terminal's,
     ``$COLUMNS``, else 80). Ctrl-C stops after the step in flight, saves a checkpoint there (when checkpoints are
     on) and raises :class:`~shardprep.train.interrupt.TrainingInterrupted` saying where to resume. ``manifest``:
-    ``config.data_dir``'s, already loaded (``shardprep.train.preflight.check`` returns it); else it is loaded here."""
+    ``config.data_dir``'s, already loaded (``shardprep.train.preflight.check`` returns it); else it is loaded here.
+    ``live``: writes the terminal's progress line, rewritten in place (default: straight to stdout); the CLI passes
+    its Reporter's ``write``, which handles a failed write as a line's."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:
@@ -133,12 +135,12 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(steps.precision)
     try:
-        return _train(config, steps, manifest, report, on_batch, width or progress.terminal_width())
+        return _train(config, steps, manifest, report, on_batch, width or progress.terminal_width(), live)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, width: int) -> dict:
+def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, width: int, live=None) -> dict:
     def say(text: str) -> None:
         report(progress.fit(text, width))
 
@@ -183,7 +185,7 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
         say(progress.resume_message(paths["last"], state, steps_per_epoch, config.epochs))
     val_steps = -(-manifest.split(config.val_split).num_examples // config.batch_size)
     epochs = Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps)
-    epochs.options, epochs.on_batch = options, on_batch
+    epochs.options, epochs.on_batch, epochs.live = options, on_batch, live
     # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
     train_batches = steps.train_batches(options["data_seed"], start_step, steps_per_epoch)
     epochs.run(start_step, state, train_batches, steps.val_batches)

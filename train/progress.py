@@ -58,14 +58,18 @@ class EpochProgress:
     N/N when the steps are done (with the epoch's training time), the validation line is cleared before the epoch's
     report. Elsewhere (a log file, a pipe), a plain line through ``report`` every ``interval`` seconds, and a last
     N/N line when the epoch showed any. Images/s counts steps launched, not finished: the device may lag a step.
+
+    ``write`` writes the terminal's line as it is (default: to ``stream``, flushed). ``shardprep train`` passes its
+    Reporter's, so that a terminal gone away, or one that cannot be written, stops the printing, not the training.
     """
 
     def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
-                 stream=None, interval: float | None = None, interval_tty: float = 0.5, first_step: int = 0,
-                 width: int | None = None):
+                 stream=None, write: Callable[[str], None] | None = None, interval: float | None = None,
+                 interval_tty: float = 0.5, first_step: int = 0, width: int | None = None):
         self.steps, self.batch_size, self.report = steps, batch_size, report
         self.first_step = first_step  # a resumed epoch starts here: rates count the steps this process ran
         self.stream = stream if stream is not None else sys.stdout
+        self.write = write or self._write_stream
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = interval_tty if self.tty else (PROGRESS_INTERVAL if interval is None else interval)
         self.width = width or terminal_width()
@@ -98,11 +102,14 @@ class EpochProgress:
             return f"{count} {bar(step / self.steps, min(BAR_WIDTH, room))} {rest}"
         return f"{count} {rest}"[:self.width - 1]
 
+    def _write_stream(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
     def _show(self, text: str) -> None:
         self.shown = True
         if self.tty:
-            self.stream.write("\r" + text.ljust(self.width - 1)[:self.width - 1])
-            self.stream.flush()
+            self.write("\r" + text.ljust(self.width - 1)[:self.width - 1])
             self.live = True
         else:
             self.report(fit(text, self.width, indent="    "))
@@ -123,8 +130,7 @@ class EpochProgress:
         elapsed = time.perf_counter() - self.started
         if self.tty:
             self._show(self.terminal_line(self.steps, elapsed, metrics))
-            self.stream.write("\n")
-            self.stream.flush()
+            self.write("\n")
             self.live = False
         elif self.shown:
             self._show(self.line(self.steps, elapsed, metrics))
@@ -142,15 +148,13 @@ class EpochProgress:
     def done(self) -> None:
         """Clears the terminal's live line before the epoch's report."""
         if self.tty and self.live:
-            self.stream.write("\r" + " " * (self.width - 1) + "\r")
-            self.stream.flush()
+            self.write("\r" + " " * (self.width - 1) + "\r")
             self.live = False
 
     def interrupt_line(self) -> None:
         """Ends a live terminal line so that a message printed now starts on a line of its own."""
         if self.tty and self.live:
-            self.stream.write("\n")
-            self.stream.flush()
+            self.write("\n")
             self.live = False
 
 

@@ -5,7 +5,7 @@ import shlex
 
 import click
 
-from shardprep.broken_pipe import Reporter, say
+from shardprep.broken_pipe import Reporter, gone_reason, say
 from shardprep.pipelines.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
@@ -243,13 +243,14 @@ def command(ctx, data, overwrite, **options):
 
 
 def _reporter(output_dir: str) -> Reporter:
-    """The run's stdout: output whose reader went away (``| head``) or that cannot be written (a full disk) stops
-    with a note on stderr, and the training goes on (``shardprep.broken_pipe``)."""
+    """The run's stdout: output whose reader went away (``| head``, a terminal that hung up) or that cannot be
+    written (a full disk) stops with a note on stderr, and the training goes on (``shardprep.broken_pipe``)."""
     from shardprep.train import progress
 
     goes_on = f"training goes on to the end without printing, its files in {output_dir}"
     width = progress.terminal_width()
-    return Reporter(progress.fit(f"note: the reader of this output went away (broken pipe); {goes_on}", width),
+    return Reporter(lambda error: progress.fit(f"note: the reader of this output went away ({gone_reason(error)}); "
+                                               f"{goes_on}", width),
                     lambda error: progress.fit(f"note: cannot write to standard output ({error}); {goes_on}", width))
 
 
@@ -260,7 +261,8 @@ def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:
     try:
         from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
 
-        train(config, report=report, manifest=manifest)  # loaded and checked once, by preflight
+        # The live progress line goes through the Reporter too: a terminal gone away stops no training.
+        train(config, report=report, manifest=manifest, live=report.write)  # manifest: loaded once, by preflight
         report.raise_failure(f"the training run is complete, its files in {config.output_dir}")
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)
