@@ -109,11 +109,13 @@ def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "tensorboard_installed", lambda: True)
     config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
     kinds = {type(c).__name__: c for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)}
-    assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoard", "EventFileRecorder",
+    assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoardLogs", "EventFileRecorder",
                           "BestCheckpoint", "EarlyStopping"}
     names = [type(c).__name__ for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)]
-    assert names.index("EventFileRecorder") == names.index("TensorBoard") + 1  # sees the files TensorBoard made
-    assert (kinds["TensorBoard"]._start_batch, kinds["TensorBoard"]._stop_batch) == (10, 20)
+    assert names.index("EventFileRecorder") == names.index("TensorBoardLogs") + 1  # sees the files TensorBoard made
+    board = kinds["TensorBoardLogs"]  # Keras's TensorBoard, its write failures kept for the epoch loop
+    assert isinstance(board, loop.keras.callbacks.TensorBoard) and board.log_dir == paths["logs"]
+    assert (board._start_batch, board._stop_batch) == (10, 20)
     best = kinds["BestCheckpoint"]  # Keras's ModelCheckpoint, its write failures naming best.keras
     assert isinstance(best, loop.keras.callbacks.ModelCheckpoint) and best.monitor == "val_loss" and best.save_best_only
     assert best.filepath == paths["best_writing"] and best.user_path == paths["best"]

@@ -22,7 +22,7 @@ from typing import Callable
 import keras
 
 from shardprep.preprocess.text import count
-from shardprep.train import checkpoints, progress, rng_state
+from shardprep.train import checkpoints, progress, rng_state, tensorboard_logs
 from shardprep.train.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.config import TrainConfig
 from shardprep.train.interrupt import StopRequests, TrainingInterrupted
@@ -140,17 +140,29 @@ class Epochs:
             start_epoch, first_step = start_epoch - 1, self.steps_per_epoch  # the epoch's steps are done
         with StopRequests(self._stopping) as self.stop:
             try:
+                self._stop_if_logs_failed()  # at the start: nothing trained since the last checkpoint
                 for epoch in range(start_epoch, self.config.epochs):
                     first = first_step if epoch == start_epoch else 0
                     if self._epoch(epoch, first, train_iterator, val_batches, partial if first else None):
                         break
+                    if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
+                        self._stop_if_logs_failed()
             except BaseException as stop:
                 if self.progress is not None:
                     self.progress.interrupt_line()  # what is printed next starts on a line of its own
-                if isinstance(stop, TrainingInterrupted):
+                if isinstance(stop, (TrainingInterrupted, tensorboard_logs.LogsError)):
                     self.callback_list.on_train_end()  # TensorBoard's writers flush and close
                 raise
         self.callback_list.on_train_end()
+
+    def _stop_if_logs_failed(self) -> None:
+        """TensorBoard's logs could not be written (a full disk): the run ends here, its epochs saved, rather than
+        train on without them (:mod:`shardprep.train.tensorboard_logs`)."""
+        failed = tensorboard_logs.failure(self.callbacks)
+        if failed is not None:
+            checkpoint = self.paths["last"] if self.config.checkpoint else None
+            raise tensorboard_logs.LogsError(tensorboard_logs.stopped_message(failed, self.saved_state,
+                                                                               self.steps_per_epoch, checkpoint))
 
     def _stopping(self, by: str = "Ctrl-C") -> None:
         """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does. It runs in the signal handler, which may

@@ -40,7 +40,7 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import checkpoints, progress, run_files
+from shardprep.train import checkpoints, progress, run_files, tensorboard_logs
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
 from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
@@ -195,6 +195,9 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
     checkpoints.write_json(paths["summary"], summary)
     for message in progress.summary_messages(summary, paths, config.checkpoint):
         say(message)
+    failed_logs = tensorboard_logs.failure(callbacks)
+    if failed_logs is not None:  # in the last epoch, or at the end: the run's files are all written by now
+        raise tensorboard_logs.LogsError(tensorboard_logs.complete_message(failed_logs, config.output_dir))
     return summary
 
 
@@ -218,8 +221,9 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
     if config.tensorboard and not tensorboard_installed():
         report("TensorBoard logs skipped: the tensorboard package is not installed (pip install tensorboard).")
     elif config.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=paths["logs"], write_graph=False,
-                                                     profile_batch=_profile_batches(config.profile_batch)))
+        # A failure to write the logs is kept, and the epoch loop stops where the run is saved (tensorboard_logs).
+        callbacks.append(tensorboard_logs.TensorBoardLogs(paths["logs"],
+                                                          profile_batch=_profile_batches(config.profile_batch)))
         callbacks.append(run_files.event_file_recorder(config.output_dir))  # lists TensorBoard's files in the record
     if config.checkpoint:
         # Keras writes the file in place: under its own name, a kill while it writes would leave half of the model a
