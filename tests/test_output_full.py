@@ -13,7 +13,7 @@ import sys
 import click
 import pytest
 
-import image_factory
+from small_sources import two_class_photos as source  # noqa: F401 - a fixture
 from shardprep import broken_pipe
 
 FULL = "Error: cannot write to standard output: [Errno 28] No space left on device"
@@ -21,12 +21,6 @@ FULL = "Error: cannot write to standard output: [Errno 28] No space left on devi
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("output-full") / "photos"
-    image_factory.write_image_folder(root, {"train": 12, "val": 4}, classes=("a", "b"), min_side=40, max_side=80,
-                                     kinds=("jpeg",))
-    return root
 
 
 @pytest.fixture(scope="module")

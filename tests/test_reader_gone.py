@@ -11,15 +11,7 @@ import sys
 
 import pytest
 
-import image_factory
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reader-gone") / "photos"
-    image_factory.write_image_folder(root, {"train": 12, "val": 4}, classes=("a", "b"), min_side=40, max_side=80,
-                                     kinds=("jpeg",))
-    return root
+from small_sources import two_class_photos as source  # noqa: F401 - a fixture
 
 
 def run_with_gone_reader(*args, stderr_too: bool = False) -> tuple[int, str]:
