@@ -14,7 +14,7 @@ import difflib
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from shardprep.pipelines import runner, source_registry, storage
-from shardprep.preprocess import sources
+from shardprep.preprocess import sources, text
 
 # --runner as Beam's create_runner resolves it: a known runner's lower-case class name (or that name without its
 # "runner" suffix), else the name as given, which Beam imports when it holds a module path.
@@ -52,7 +52,7 @@ def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | Non
     local = [f"{what} {path}" for what, path in paths if storage.is_local(path)]
     if not local:
         return None
-    named = ", ".join(local[:-1]) + " and " + local[-1] if len(local) > 1 else local[0]
+    named = text.series(local)
     return (f"--runner {runner.runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local "
             f"paths: {named} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
 

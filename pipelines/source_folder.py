@@ -15,7 +15,7 @@ import textwrap
 from typing import TYPE_CHECKING, Callable
 
 from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage
-from shardprep.preprocess import accounting, fingerprint, sources
+from shardprep.preprocess import accounting, fingerprint, sources, text
 
 if TYPE_CHECKING:
     from shardprep.pipelines.planning import FolderPlan
@@ -91,7 +91,7 @@ def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tup
     notes = []
     for class_name, folders in empty.items():
         one = len(folders) == 1
-        named = folders[0] if one else ", ".join(folders[:-1]) + " and " + folders[-1]
+        named = text.series(folders)
         said = f"class folder{'' if one else 's'} {named} hold{'s' if one else ''} no images"
         classes = document.get("classes", [])
         if class_name in classes and not any(split_counts.get(class_name, 0) for split_counts in counts.values()):

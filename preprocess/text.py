@@ -49,6 +49,11 @@ def count(n, noun: str, plural: str | None = None) -> str:
     return f"{shown} {noun if n == 1 else plural or noun + 's'}"
 
 
+def series(items: list[str], last: str = "and") -> str:
+    """``a``, ``a and b``, ``a, b and c`` (``last``: the word before the last item)."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
 def wrap(text: str, width: int, indent: str = "  ") -> str:
     """``text`` wrapped at spaces into lines of at most ``width`` columns, each paragraph (``\\n``) on its own,
     continuation lines indented by ``indent``. A word is never cut: a path or a command stays whole, to copy, so

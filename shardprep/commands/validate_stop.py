@@ -14,7 +14,7 @@ import click
 from shardprep.broken_pipe import say
 from shardprep.pipelines.stopping import exit_status
 from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.preprocess.text import output_width, wrap
+from shardprep.preprocess.text import output_width, series, wrap
 
 if TYPE_CHECKING:  # validate_paths imports NumPy and PIL: not for `validate --help`
     from shardprep.pipelines.validate_paths import WrittenOutputs
@@ -51,13 +51,8 @@ def stopped_line(options: ValidateOptions, outputs: WrittenOutputs, by: str) -> 
         not_written.append(f"the rest of {flag} {given}" if files else f"{flag} {given}")
     earlier = ": a file there now is an earlier run's"
     if not written:
-        return f"stopped ({by}) before validate wrote {_listed(not_written, 'or')}{earlier}"
+        return f"stopped ({by}) before validate wrote {series(not_written, 'or')}{earlier}"
     if not not_written:
-        return f"stopped ({by}) after validate wrote {_listed(written, 'and')}"
-    return f"stopped ({by}) after validate wrote {_listed(written, 'and')}, before it wrote " \
-           f"{_listed(not_written, 'and')}{earlier}"
-
-
-def _listed(items: list[str], last: str) -> str:
-    """``a``, ``a and b``, ``a, b and c`` (``last``: the word before the last item)."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+        return f"stopped ({by}) after validate wrote {series(written, 'and')}"
+    return f"stopped ({by}) after validate wrote {series(written, 'and')}, before it wrote " \
+           f"{series(not_written, 'and')}{earlier}"
