@@ -126,19 +126,14 @@ def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(col
     every file, then the error line and status 1 (it ended with a traceback, the training lost). With stderr full
     too, nothing is said and the status is still 1. ``predict`` answers nothing and says why."""
     import json
-    import shlex
 
     from finished_runs import TINY
-    from train_runs import environment
+    from train_runs import environment, side_by_side
 
-    train = shlex.join([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, *TINY, "--no-tensorboard",
-                        "--output-dir"])
-    script = (f"( {train} apart >/dev/full 2>apart.err; echo $? >apart.status ) &\n"
-              f"( {train} both >/dev/full 2>/dev/full; echo $? >both.status ) &\n"
-              "wait\n")
-    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment("tensorflow"), timeout=600, check=True)
+    statuses = side_by_side([colour_dataset, *TINY, "--no-tensorboard"], tmp_path,
+                            {"apart": ">/dev/full 2>apart.err", "both": ">/dev/full 2>/dev/full"})
     said = (tmp_path / "apart.err").read_text()
-    assert [(tmp_path / f"{run}.status").read_text().strip() for run in ("apart", "both")] == ["1", "1"], said
+    assert statuses == {"apart": "1", "both": "1"}, said
     assert " ".join(said.split()) == (
         "note: cannot write to standard output ([Errno 28] No space left on device); training goes on to the end "
         f"without printing, its files in apart {FULL}; the training run is complete, its files in apart"), said

@@ -267,17 +267,14 @@ def test_a_run_whose_reader_goes_away_trains_to_the_end_without_printing(colour_
     still a terminal or a file, says once that the output's reader went away. When stderr is the same pipe
     (``2>&1 | head -1``) nothing more is said. Never Python's "Exception ignored ... BrokenPipeError" at exit."""
     import json
-    import subprocess
 
-    train = shlex.join([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--epochs", "2",
-                        "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125",
-                        "--warmup-epochs", "0.5", "--no-tensorboard", "--output-dir"])
-    script = (f"( {train} apart 2>apart.err | head -1 >apart.head; echo ${{PIPESTATUS[0]}} >apart.status ) &\n"
-              f"( {train} joined 2>&1 | head -1 >joined.head; echo ${{PIPESTATUS[0]}} >joined.status ) &\n"
-              "wait\n")
-    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment("tensorflow"), timeout=600, check=True)
+    from train_runs import side_by_side
+
+    statuses = side_by_side([colour_dataset, "--epochs", "2", "--batch-size", "16", "--image-size", "16",
+                             "--width-multiplier", "0.125", "--warmup-epochs", "0.5", "--no-tensorboard"], tmp_path,
+                            {"apart": "2>apart.err | head -1 >apart.head", "joined": "2>&1 | head -1 >joined.head"})
     said = (tmp_path / "apart.err").read_text()
-    assert [(tmp_path / f"{run}.status").read_text().strip() for run in ("apart", "joined")] == ["0", "0"], said
+    assert statuses == {"apart": "0", "joined": "0"}, said
     assert flat(said) == ("note: the reader of this output went away (broken pipe); training goes on to the end "
                           "without printing, its files in apart"), said
     assert (tmp_path / "apart.head").read_text().startswith("Training ResNet-18 ")  # the first line
