@@ -91,19 +91,25 @@ def open_archive(path: str, sequential: bool = False):
 
 def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     """The plan of an archive, or of a folder holding archives of splits."""
+    from shardprep.pipelines import planning  # Beam's file systems: not for the CLI's help, which imports this
+
     archives, not_used = _archive_files(location, config.split)
     found = [_index(archive, config.split) for archive in archives]
     layouts = [f.layout for f in found]
     flat = [item for layout in layouts for item in layout.flat]
     label_of, label_names = _flat_labels(config.labels_file, flat)
     unlabelled = _unlabelled(found, label_of)
-    class_names = sorted_classes({c for layout in layouts for c in layout.classes} | label_names, location)
+    stored = [c for layout in layouts for c in layout.classes]
+    for name in stored:
+        names.check(name, "class", f"the archive {location}", "rename it")
+    class_names = planning.ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
     if not class_names:
         raise sources.SourceError(
             f"no classes found in {location}: expected <split>/<class>/<file>, <class>/<file>, a tar per class, or "
             "flat images with --labels-file" + (" (its images are not in class folders: did you forget "
                                                 "--labels-file?)" if flat else ""))
     class_index = {name: i for i, name in enumerate(class_names)}
+    class_index.update({name: class_index[names.canonical(name)] for name in stored})  # as stored: NFD too
     tasks, skipped = [], []
     for item in found:
         not_used += item.layout.not_used
@@ -122,11 +128,6 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     return ArchivePlan(kind=kind, location=location, splits=tuple(splits), classes=tuple(class_names),
                        skipped=tuple(sorted(skipped)), not_used=tuple(sorted(not_used)),
                        archives=tuple(archives), tasks=tuple(tasks))
-
-
-def sorted_classes(found: set[str], location: str) -> list[str]:
-    return sources.sort_class_names(names.check(name, "class", f"the archive {location}", "rename it")
-                                    for name in found)
 
 
 def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[accounting.NotUsed]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -155,14 +156,15 @@ def plan_folder(kind: SourceKind, root: str, config: PreprocessConfig) -> Folder
     listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
     if config.labels_file:
         labels_split = _labels_split(config.labels_split, listing.splits, listing.flat_dirs)
-    class_names = {name for _, name, _ in listing.class_dirs} | {row.label for row in rows}
-    if not class_names:
+    stored = [posixpath.basename(directory) for _, _, directory in listing.class_dirs] + [row.label for row in rows]
+    if not stored:
         raise sources.SourceError(
             f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
             "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
                                               if listing.flat_dirs else ""))
     return FolderPlan(kind=kind, location=root, splits=tuple(listing.splits),
-                      classes=tuple(sources.sort_class_names(class_names)), class_dirs=tuple(listing.class_dirs),
+                      classes=tuple(ordered_classes(stored, f"the folder {names.printable(root)}", config)),
+                      class_dirs=tuple(listing.class_dirs),
                       flat_dirs=tuple(listing.flat_dirs), labels_split=labels_split, skipped=tuple(listing.skipped),
                       label_rows=label_rows,
                       not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
@@ -287,6 +289,33 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
     """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
     return read_labels_file_rows(
         path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
+
+
+def ordered_classes(stored, where: str, config: PreprocessConfig) -> list[str]:
+    """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
+    if config.classes_file is None:
+        return names.class_order(stored, where)
+    return names.class_order(stored, where, read_classes_file(config.classes_file), f"--classes {config.classes_file}")
+
+
+def read_classes_file(path: str) -> list[str]:
+    """The class names of a ``--classes`` file, one a line, in its order (local or ``gs://``)."""
+    if not FileSystems.exists(path):
+        raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"--classes {path} is not a file: give a text file of class names, one a line")
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            data = f.read(names.MAX_CLASS_LIST_BYTES + 1)
+    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
+        raise sources.SourceError(f"cannot read --classes {path}: {type(e).__name__}: {e}") from None
+    if len(data) > names.MAX_CLASS_LIST_BYTES:
+        raise sources.SourceError(f"--classes {path} is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold "
+                                  "class names, one a line")
+    found = labels.class_names_txt(data, f"--classes {path}")
+    if not found:
+        raise sources.SourceError(f"--classes {path} names no class: give class names, one a line")
+    return found
 
 
 def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:

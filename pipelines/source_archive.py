@@ -21,7 +21,7 @@ from typing import Iterator, cast
 
 from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
     plan_archives
-from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage
+from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, classes_file_apart
 from shardprep.preprocess import archive_index, fingerprint, sources
 from shardprep.preprocess.elements import Input, Reject
 
@@ -32,7 +32,7 @@ class ArchiveSource(SourceKind):
     usage = (Usage("ARCHIVE", ".tar (a tar of per-class tars too), .tar.gz, .tgz or .zip, read in place"),
              Usage("ARCHIVE/PATH", "a folder inside an archive (ILSVRC/Data/CLS-LOC in Kaggle's ImageNet zip)"),
              Usage("DIR of ARCHIVEs", "archives of splits side by side (ImageNet's train and val tars)"))
-    options = ("labels_file",)
+    options = ("labels_file", "classes_file")
 
     def claims(self, source: str) -> bool:
         return bool(archive_index.archive_type(archive_index.split_inner(source.rstrip("/"))[0]))
@@ -58,7 +58,8 @@ class ArchiveSource(SourceKind):
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
         labels = archive_index.split_inner(config.labels_file)[0] if config.labels_file else None
-        return [ApartFrom("SOURCE", archive)] + ([ApartFrom("labels file", labels)] if labels else [])
+        return ([ApartFrom("SOURCE", archive)] + ([ApartFrom("labels file", labels)] if labels else [])
+                + classes_file_apart(config))
 
     def plan(self, location: str, config) -> ArchivePlan:
         """The archives' plan; with a compressed tar among them, of the streamed kind (``STREAMED``)."""

@@ -14,7 +14,7 @@ import os
 import textwrap
 from typing import TYPE_CHECKING, Callable
 
-from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage
+from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage, classes_file_apart
 from shardprep.preprocess import accounting, fingerprint, sources, text
 
 if TYPE_CHECKING:
@@ -25,14 +25,14 @@ class FolderSource(SourceKind):
     name = "folder"
     usage = (Usage("DIR", "class folders: DIR/<split>/<class>/<file> or DIR/<class>/<file> (ImageFolder)"),
              Usage("DIR --labels-file F", "images labelled by a CSV of filename,label"))
-    options = ("labels_file", "labels_split")
+    options = ("labels_file", "labels_split", "classes_file")
 
     def location(self, source: str) -> str:
         return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
-                                                   if config.labels_file else [])
+                                                   if config.labels_file else []) + classes_file_apart(config)
 
     def plan(self, location: str, config) -> FolderPlan:
         from shardprep.pipelines.planning import plan_folder

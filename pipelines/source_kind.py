@@ -155,7 +155,12 @@ class SourceKind:
 
 # PreprocessConfig fields that some kinds read and others do not, with the option that sets each.
 KIND_OPTIONS = {"labels_file": "--labels-file", "labels_split": "--labels-split", "tfds_data_dir": "--tfds-data-dir",
-                "tfds_download": "--tfds-download", "image_key": "--image-key", "label_key": "--label-key"}
+                "tfds_download": "--tfds-download", "image_key": "--image-key", "label_key": "--label-key", "classes_file": "--classes"}
+
+
+def classes_file_apart(config) -> list[ApartFrom]:
+    """``--classes FILE``, read when planning: OUTPUT must not be it nor hold it."""
+    return [ApartFrom("--classes file", config.classes_file)] if config.classes_file else []
 
 
 def prefixed_location(source: str, prefix: str, example: str, what: str, strip: str | None = None) -> str:

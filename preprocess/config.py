@@ -39,11 +39,12 @@ class PreprocessConfig:
     image_key: str = "image"
     label_key: str = "label"
     exclude: str | None = None  # --exclude FILE: source keys to leave out (each recorded as a reject, "excluded")
+    classes_file: str | None = None  # --classes FILE: the classes' label order, one name a line
 
 
 # Options the manifest (and a run's fingerprint) records only when set, so runs without them write what they did
 # before the option existed.
-RECORDED_WHEN_SET = ("exclude",)
+RECORDED_WHEN_SET = ("exclude", "classes_file")
 
 
 def recorded_options(config: PreprocessConfig, runner: str) -> dict:

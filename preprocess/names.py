@@ -8,16 +8,24 @@ mark; the joiners U+200C/U+200D that some scripts spell words with are kept), is
 (``manifest.json``, ``rejects.jsonl``, in any case) or look like a shard file, and is kept short enough for a
 shard's temporary file name to fit the 255 bytes file systems allow.
 
-Names are compared in Unicode NFC (``canonical``): ``Café`` typed on Linux (NFC) and copied from a Mac (NFD) is one
-class, named in NFC.
+Names are compared and shown in Unicode NFC (``canonical``): ``Café`` typed on Linux (NFC) and copied from a Mac
+(NFD) is one name, shown in NFC; one class stored in both spellings is refused (other tools would read two classes).
+
+Class order (``class_order``) is the ecosystem's: the names sorted as they are stored, by code point, as
+torchvision's ``ImageFolder``, Keras's ``image_dataset_from_directory``, TFDS's ``ImageFolder`` and Hugging Face's
+``imagefolder`` sort them ("10" before "2"); a list the dataset or the user gives (``--classes FILE``) wins, in its
+order.
 """
 
 from __future__ import annotations
 
+import collections
 import unicodedata
 
 from shardprep.preprocess import manifest
 from shardprep.preprocess.sources import SourceError
+
+MAX_CLASS_LIST_BYTES = 64 << 20  # a --classes file: a million long names fit
 
 MAX_SPLIT_BYTES = 180  # "<split>-00000-of-00001.tfrecord" under ".tmp-<32 hex>-" stays under 255 bytes
 _JOINERS = ("\u200c", "\u200d")  # zero-width non-joiner and joiner: part of words in Persian, Hindi, emoji
@@ -91,3 +99,32 @@ def check(name: str, kind: str, where: str, fix: str = "") -> str:
                           + (f": {fix}" if fix else "; split and class names must be non-empty, without '/', '\\', "
                              "control or invisible characters, surrounding spaces or a leading '.'"))
     return canonical(name)
+
+
+def class_order(stored, where: str, listed: list[str] | None = None, listed_where: str = "") -> list[str]:
+    """The class names (NFC) in label order, from the names as ``stored`` (folder or member names, any repeats):
+    sorted by code point as stored, the rule of torchvision's ``ImageFolder``; or the ``listed`` order (a class
+    list, ``listed_where`` naming it), which must name every stored class. A class stored in two spellings of one
+    NFC name, or listed twice, is a SourceError naming both; ``where`` says where the stored names were read."""
+    spellings: dict[str, set[str]] = {}
+    for name in stored:
+        spellings.setdefault(canonical(name), set()).add(name)
+    for shown, found in sorted(spellings.items()):
+        if len(found) > 1:
+            first, second = sorted(found)[:2]
+            raise SourceError(f"the class {describe(shown)} is stored twice in {where}, spelled {ascii(first)} and "
+                              f"{ascii(second)} (two Unicode forms of one name; other tools would read two classes): "
+                              "rename one so that both are spelled alike")
+    if listed is None:
+        return [canonical(name) for name in sorted(name for found in spellings.values() for name in found)]
+    order = [canonical(name) for name in listed]
+    repeated = sorted(name for name, count in collections.Counter(order).items() if count > 1)
+    if repeated:
+        raise SourceError(f"{listed_where} names the class {describe(repeated[0])} twice: each class once, in the "
+                          "order of its label")
+    missing = sorted(set(spellings) - set(order))
+    if missing:
+        shown = ", ".join(describe(name) for name in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise SourceError(f"{listed_where} does not name {len(missing)} class{'es' if len(missing) > 1 else ''} "
+                          f"found in {where}: {shown}; add {'them' if len(missing) > 1 else 'it'} (one name a line)")
+    return order

@@ -55,14 +55,6 @@ def is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def sort_class_names(names) -> list[str]:
-    """Sorted class names; numerically when every name is an integer (so '10' comes after '9')."""
-    names = set(names)
-    if names and all(re.fullmatch(r"-?\d+", n) for n in names):
-        return sorted(names, key=int)
-    return sorted(names)
-
-
 @dataclasses.dataclass(frozen=True)
 class LabelRow:
     line: int

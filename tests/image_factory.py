@@ -456,13 +456,11 @@ def write_image_folder(root, splits: dict[str, int] | None = None, classes=("red
     belongs to class ``i % len(classes)``, so classes are balanced. Each image is its class's colour
     (:func:`class_color`, by position in ``classes``) with noise and a darker rectangle, of a random size between
     ``min_side`` and ``max_side`` per side, encoded as ``kinds[i % len(kinds)]`` (formats and modes in turn). Labels
-    are indices into the sorted class names, as shardprep's folder source assigns them. Same arguments, same files.
+    are indices into the class names sorted by code point, as shardprep's folder source assigns them. Same arguments, same files.
     """
-    from shardprep.preprocess.sources import sort_class_names
-
     splits = {"train": 24, "validation": 8} if splits is None else splits
     classes = list(classes)
-    label_of = {name: label for label, name in enumerate(sort_class_names(classes))}
+    label_of = {name: label for label, name in enumerate(sorted(set(classes)))}
     rng = np.random.default_rng(seed)
     written = []
     for split, count in splits.items():

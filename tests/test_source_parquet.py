@@ -63,7 +63,7 @@ def hub_dataset(root, splits=None, card_text=None) -> dict[str, list]:
     by_split: dict[str, list] = {}
     for image in written:
         by_split.setdefault(image.split, []).append(image)
-    sorted_names = sources.sort_class_names(CLASSES)  # the folder's labels: indices into its sorted names
+    sorted_names = sorted(CLASSES)  # the folder's labels: indices into its sorted names
     for split, images in by_split.items():
         rows = [(open(i.path, "rb").read(), os.path.basename(i.path), CLASSES.index(sorted_names[i.label]))
                 for i in images]

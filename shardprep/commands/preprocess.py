@@ -80,6 +80,9 @@ class _ArgsKept(click.Command):
               help="Image bytes feature of tfrecord:/tfds: records; image column of parquet: files.")
 @click.option("--label-key", default=default("label_key"), show_default=True,
               help="int64 label feature of tfrecord:/tfds: records; label column of parquet: files.")
+@click.option("--classes", "classes_file", default=None, metavar="FILE",
+              help="Class names, one a line, in the order of their labels (folder and archive sources) "
+                   "[default: the names sorted as stored, by code point, as torchvision's ImageFolder does].")
 @click.option("--strict", is_flag=True, help="Fail the job (no manifest) if any input is rejected.")
 @click.option("--exclude", default=default("exclude"), metavar="FILE",
               help="Leave out the inputs whose keys FILE lists, one a line (e.g. validate --leaked-keys): each "
@@ -92,8 +95,8 @@ class _ArgsKept(click.Command):
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
-            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, strict, exclude,
-            overwrite, resume, quiet, verbose, beam_args):
+            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, classes_file, strict,
+            exclude, overwrite, resume, quiet, verbose, beam_args):
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -109,7 +112,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
         tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
-        exclude=exclude)
+        exclude=exclude, classes_file=classes_file)
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end

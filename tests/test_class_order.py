@@ -1,0 +1,185 @@
+"""One class-order rule on every route: a class's label is its index among the names sorted as stored, by code
+point (torchvision's ``ImageFolder``: ``sorted(entry.name for entry in os.scandir(root) if entry.is_dir())``), for a
+folder, a tar, a zip, a ``.tgz`` and Parquet alike; a list the dataset or the user gives (``--classes FILE``) wins."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import unicodedata
+import zipfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardprep.cli import main as cli
+from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess import names, record_format, tfrecord_io
+from shardprep.preprocess.dataset import Manifest
+from shardprep.preprocess.sources import SourceError
+
+IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
+# Integers ("10" before "2", "007" first), case ("B" before "a"), a leading underscore, a non-ASCII name.
+INTEGER_NAMES = ("2", "10", "1", "007")
+CLASS_NAMES = INTEGER_NAMES + ("a", "B", "Z", "_x", "é", "Ab")
+SPLITS = ("train", "val")
+
+
+def png(index: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (10 + index % 3, 12), (40 * index % 256, 90, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+def write_tree(root, class_names=CLASS_NAMES) -> dict[str, bytes]:
+    """SPLIT/CLASS/CLASS_N.png for every split and class; {relative path: bytes}."""
+    files = {}
+    for split in SPLITS:
+        for index, name in enumerate(class_names):
+            for n in range(2):
+                files[f"{split}/{name}/{name}_{n}.png"] = png(index + n)
+    for relative, data in files.items():
+        os.makedirs(os.path.dirname(os.path.join(root, relative)), exist_ok=True)
+        with open(os.path.join(root, relative), "wb") as f:
+            f.write(data)
+    return files
+
+
+def torchvision_classes(root) -> list[str]:
+    """torchvision's ``ImageFolder.find_classes``, per split (each split here holds every class)."""
+    found = {split: sorted(entry.name for entry in os.scandir(os.path.join(root, split)) if entry.is_dir())
+             for split in SPLITS}
+    assert found["train"] == found["val"]
+    return found["train"]
+
+
+def write_archive(path: str, files: dict[str, bytes]) -> None:
+    if path.endswith(".zip"):
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in files.items():
+                archive.writestr(name, data)
+        return
+    with tarfile.open(path, "w:gz" if path.endswith(".tgz") else "w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def write_hub_parquet(root, files: dict[str, bytes], classes: list[str]) -> dict[str, str]:
+    """The Hub's layout: data/SPLIT-00000-of-00001.parquet and dataset_info.json naming the ClassLabel's names in
+    the order Hugging Face's ``imagefolder`` gives them (``sorted`` names); {a row's source key: its class}."""
+    os.makedirs(os.path.join(root, "data"))
+    class_of = {}
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    for split in SPLITS:
+        rows = [(data, name) for name, data in files.items() if name.startswith(split + "/")]
+        table = pa.table({"image": pa.array([{"bytes": data, "path": os.path.basename(name)} for data, name in rows],
+                                            type=image_type),
+                          "label": pa.array([classes.index(name.split("/")[1]) for _, name in rows], pa.int64())})
+        pq.write_table(table, os.path.join(root, "data", f"{split}-00000-of-00001.parquet"))
+        class_of.update({f"{split}-00000-of-00001.parquet:{row}": name.split("/")[1]
+                         for row, (_, name) in enumerate(rows)})
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": classes}}
+    with open(os.path.join(root, "dataset_info.json"), "w") as f:
+        json.dump({"features": features}, f)
+    return class_of
+
+
+def preprocess(source: str, output: str, *options: str):
+    return CliRunner().invoke(cli, ["preprocess", source, output, "--shorter-side", "8", *options, *IN_PROCESS],
+                              catch_exceptions=False)
+
+
+def labelled_pairs(output: str, class_of: dict[str, str] | None = None) -> set[tuple[str, str, int]]:
+    """(split, the class folder a record's file came from, its label) for every record written; ``class_of``: the
+    class of a record's file name where the name does not say it (a Parquet row's)."""
+    document = Manifest.from_json(manifest_lib.read_document(output))
+    pairs = set()
+    for split in SPLITS:
+        for relative in document.shard_files(split):
+            with open(os.path.join(output, relative), "rb") as f:
+                for data in tfrecord_io.read_records(f):
+                    record = record_format.decode_example(data)
+                    name = (class_of[record.filename] if class_of is not None
+                            else os.path.basename(record.filename).rsplit("_", 1)[0])
+                    pairs.add((split, name, record.label))
+    return pairs
+
+
+@pytest.mark.parametrize("class_names", [INTEGER_NAMES, CLASS_NAMES], ids=["integers", "mixed"])
+def test_folder_tar_zip_tgz_and_parquet_give_torchvision_s_name_index_pairs(tmp_path, class_names):
+    files = write_tree(tmp_path / "folder", class_names)
+    expected = torchvision_classes(tmp_path / "folder")
+    assert expected.index("007") < expected.index("10") < expected.index("2")
+    sources = {"folder": str(tmp_path / "folder")}
+    for suffix in ("tar", "zip", "tgz"):
+        sources[suffix] = str(tmp_path / f"photos.{suffix}")
+        write_archive(sources[suffix], files)
+    class_of = write_hub_parquet(tmp_path / "hub", files, expected)
+    sources["parquet"] = f"parquet:{tmp_path / 'hub' / 'data' / '*.parquet'}"
+    want = {(split, name, expected.index(name)) for split in SPLITS for name in class_names}
+    for route, source in sources.items():
+        output = str(tmp_path / f"out-{route}")
+        result = preprocess(source, output)
+        assert result.exit_code == 0, (route, result.output)
+        assert manifest_lib.read_document(output)["classes"] == expected, route
+        assert labelled_pairs(output, class_of if route == "parquet" else None) == want, route
+
+
+def test_class_order_sorts_the_names_as_stored_by_code_point():
+    assert names.class_order(["2", "10", "1", "10"], "here") == ["1", "10", "2"]
+    decomposed = unicodedata.normalize("NFD", "é")  # e + combining accent: sorts with "e", before "f"
+    assert names.class_order([decomposed, "f", "ea"], "here") == ["ea", "é", "f"]  # shown in NFC, stored order
+
+
+def test_one_class_stored_in_two_unicode_forms_is_refused_naming_both(tmp_path):
+    for spelling in (unicodedata.normalize("NFC", "Café"), unicodedata.normalize("NFD", "Café")):
+        os.makedirs(tmp_path / "photos" / spelling)
+        (tmp_path / "photos" / spelling / f"{len(spelling)}.png").write_bytes(png(len(spelling)))
+    result = preprocess(str(tmp_path / "photos"), str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert "stored twice" in result.output and "'Caf\\xe9'" in result.output and "'Cafe\\u0301'" in result.output
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_classes_file_gives_the_order_and_must_name_every_class(tmp_path):
+    files = write_tree(tmp_path / "folder")
+    order = list(reversed(CLASS_NAMES)) + ["unseen"]
+    (tmp_path / "classes.txt").write_text("\ufeff" + "\r\n".join(order) + "\r\n", encoding="utf-8")
+    write_archive(str(tmp_path / "photos.zip"), files)
+    for source in (str(tmp_path / "folder"), str(tmp_path / "photos.zip")):
+        output = str(tmp_path / f"out-{os.path.basename(source)}")
+        result = preprocess(source, output, "--classes", str(tmp_path / "classes.txt"))
+        assert result.exit_code == 0, result.output
+        document = manifest_lib.read_document(output)
+        assert document["classes"] == order and document["options"]["classes_file"] == str(tmp_path / "classes.txt")
+        assert labelled_pairs(output) == {(split, name, order.index(name)) for split in SPLITS for name in CLASS_NAMES}
+    (tmp_path / "short.txt").write_text("\n".join(CLASS_NAMES[:-2]) + "\n")
+    result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out-short"), "--classes", str(tmp_path / "short.txt"))
+    assert result.exit_code == 1 and "does not name 2 classes found in the folder" in result.output
+    assert "'é'" in result.output and "'Ab'" in result.output
+    (tmp_path / "twice.txt").write_text("\n".join(CLASS_NAMES + ("a",)) + "\n")
+    result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out-twice"), "--classes", str(tmp_path / "twice.txt"))
+    assert result.exit_code == 1 and "names the class 'a' twice" in result.output
+
+
+def test_classes_file_is_refused_by_name_where_the_source_ships_its_list(tmp_path):
+    files = write_tree(tmp_path / "folder")
+    write_hub_parquet(tmp_path / "hub", files, sorted(CLASS_NAMES))
+    (tmp_path / "classes.txt").write_text("\n".join(CLASS_NAMES) + "\n")
+    result = preprocess(f"parquet:{tmp_path / 'hub' / 'data' / '*.parquet'}", str(tmp_path / "out"),
+                        "--classes", str(tmp_path / "classes.txt"))
+    assert result.exit_code == 1 and "--classes is for folder and archive sources" in result.output
+    result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out"), "--classes", str(tmp_path / "missing.txt"))
+    assert result.exit_code == 1 and "--classes" in result.output and "does not exist" in result.output
+
+
+def test_a_class_listed_twice_is_refused():
+    with pytest.raises(SourceError, match="names the class 'x' twice"):
+        names.class_order(["x"], "here", ["x", "x"], "the list")
