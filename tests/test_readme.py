@@ -1,4 +1,4 @@
-"""The README's Python examples run as written, on a small dataset made by the real preprocess job.
+"""The Python examples of the README and docs/ run as written, on a small dataset made by the real preprocess job.
 
 Each example is taken from README.md as it is; only the sizes that make it an ImageNet-scale run are scaled down
 (the data path, batch size, image size, epochs, the output file), and each of those replacements must find its text,
@@ -19,10 +19,13 @@ from click.testing import CliRunner
 from shardprep.cli import main as cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = sorted((README.parent / "docs").glob("*.md"))
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    """Every Python example of the README and docs/."""
+    return [block for path in [README, *DOCS]
+            for block in re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)]
 
 
 def block_with(text: str) -> str:
@@ -165,7 +168,7 @@ def test_the_first_training_run_is_sized_for_a_laptop_cpu():
     from shardprep.commands.preprocess import command as preprocess
     from shardprep.commands.train import command as train
 
-    lines = [line for block in bash_blocks(section("Your first hour")) for line in block.splitlines()]
+    lines = [line for block in bash_blocks(section("Your first day with your own data")) for line in block.splitlines()]
     (prepared,) = [line for line in lines if line.startswith("shardprep preprocess demo/images ")]
     (trained,) = [line for line in lines if line.startswith("shardprep train demo/")]
     (predicted,) = [line for line in lines if line.startswith("shardprep predict demo/")]
