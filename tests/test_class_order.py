@@ -5,15 +5,11 @@ folder, a tar, a zip, a ``.tgz`` and Parquet alike; a list the dataset or the us
 from __future__ import annotations
 
 import io
-import json
 import os
-import tarfile
 import unicodedata
-import zipfile
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from source_routes import write_archive, write_hub_parquet
 from click.testing import CliRunner
 from PIL import Image
 
@@ -56,39 +52,6 @@ def torchvision_classes(root) -> list[str]:
              for split in SPLITS}
     assert found["train"] == found["val"]
     return found["train"]
-
-
-def write_archive(path: str, files: dict[str, bytes]) -> None:
-    if path.endswith(".zip"):
-        with zipfile.ZipFile(path, "w") as archive:
-            for name, data in files.items():
-                archive.writestr(name, data)
-        return
-    with tarfile.open(path, "w:gz" if path.endswith(".tgz") else "w") as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-
-
-def write_hub_parquet(root, files: dict[str, bytes], classes: list[str]) -> dict[str, str]:
-    """The Hub's layout: data/SPLIT-00000-of-00001.parquet and dataset_info.json naming the ClassLabel's names in
-    the order Hugging Face's ``imagefolder`` gives them (``sorted`` names); {a row's source key: its class}."""
-    os.makedirs(os.path.join(root, "data"))
-    class_of = {}
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    for split in SPLITS:
-        rows = [(data, name) for name, data in files.items() if name.startswith(split + "/")]
-        table = pa.table({"image": pa.array([{"bytes": data, "path": os.path.basename(name)} for data, name in rows],
-                                            type=image_type),
-                          "label": pa.array([classes.index(name.split("/")[1]) for _, name in rows], pa.int64())})
-        pq.write_table(table, os.path.join(root, "data", f"{split}-00000-of-00001.parquet"))
-        class_of.update({f"{split}-00000-of-00001.parquet:{row}": name.split("/")[1]
-                         for row, (_, name) in enumerate(rows)})
-    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": classes}}
-    with open(os.path.join(root, "dataset_info.json"), "w") as f:
-        json.dump({"features": features}, f)
-    return class_of
 
 
 def preprocess(source: str, output: str, *options: str):
