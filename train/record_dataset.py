@@ -36,13 +36,15 @@ from shardprep.preprocess.dataset import load_manifest, typed
 from shardprep.train.batch_sources import ExampleSource, FixedLayoutSource, batch_source
 from shardprep.train.numpy_reader import check_local
 from shardprep.train.record_order import RecordOrder
+from shardprep.train.split_roles import reading
 
 
 class RecordDataset:
     """The records of one split of a local prepared dataset, by global index.
 
     Args:
-      data_dir: the local dataset folder; split: its split; manifest: the manifest
+      data_dir: the local dataset folder; split: its split, or a role (``"validation"`` finds ``val``:
+        :mod:`shardprep.train.split_roles`); manifest: the manifest
         :func:`~shardprep.preprocess.dataset.load_manifest` returned, if you have it.
     """
 
@@ -50,8 +52,8 @@ class RecordDataset:
         data_dir = os.fspath(data_dir)
         check_local(data_dir)
         self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        self.data_dir, self.split = data_dir, split
-        self.counts = [shard.num_examples for shard in self.manifest.split(split).shards]
+        self.data_dir, self.split = data_dir, reading(self.manifest.splits, split, data_dir)
+        self.counts = [shard.num_examples for shard in self.manifest.split(self.split).shards]
         self.num_records = sum(self.counts)
         self._source: FixedLayoutSource | ExampleSource | None = None
 
