@@ -31,11 +31,12 @@ def test_test_plays_validation_only_when_it_is_the_only_held_out_split():
     assert resolved.name == "test"
     assert resolved.reason == ("no split is named like a validation split (validation, valid, val), and 'test' is "
                                "the only split besides the training split 'train'")
-    with pytest.raises(SplitRoleError) as refused:
-        resolve_split(["train", "test", "extra"], "validation")
-    assert str(refused.value) == ("'validation' is not a split of the dataset, nor is any split named like a "
-                                  "validation split (valid, val) or the only one besides the training split "
-                                  "(splits: train, test, extra)")
+    for splits in (["train", "test", "extra"], ["train", "holdout"]):
+        with pytest.raises(SplitRoleError) as refused:
+            resolve_split(splits, "validation")
+        assert str(refused.value) == ("'validation' is not a split of the dataset, nor is any split named like a "
+                                      "validation split (valid, val) or a test split that is the only one besides "
+                                      f"the training split (splits: {', '.join(splits)})")
 
 
 def test_a_split_s_own_name_always_wins_and_says_nothing():

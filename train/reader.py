@@ -121,8 +121,7 @@ def make_dataset(
 
     Args:
       data_dir: dataset folder holding ``manifest.json`` (local, or ``gs://``: shards through ``tf.io.gfile``).
-      split: a split of the manifest, or a role: ``"train"``, ``"validation"`` or ``"test"`` find the split that
-        plays it (``val``, ``valid``, ...: :mod:`shardprep.train.split_roles`), and say once which they picked.
+      split: a split's name, or a role: ``"validation"`` reads ``val`` (:mod:`~shardprep.train.split_roles`).
       batch_size: the global batch size. Under ``tf.distribute`` the dataset yields per-replica batches of
         ``input_context.get_per_replica_batch_size(batch_size)``.
       training: ``True``: a new permutation of the records every epoch (local shards; streamed ones: shuffled
@@ -151,8 +150,7 @@ def make_dataset(
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
-    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
-    split = split_roles.reading(manifest.splits, split, data_dir)
+    manifest, split = _opened(data_dir, split, manifest)
     if _reads_by_random_access(data_dir, random_access, start_step):
         return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
                                       verify_records, start_step)
@@ -160,6 +158,12 @@ def make_dataset(
                  cycle_length, deterministic)
     return plan.finish(labels_checked(_streamed_batches(plan, manifest, split, verify_records), manifest.num_classes,
                                       data_dir))
+
+
+def _opened(data_dir: str, split: str, manifest: dict | Manifest | None) -> tuple[Manifest, str]:
+    """The manifest (loaded here when not given) and the split that ``split``, a name or a role, means."""
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
+    return manifest, split_roles.reading(manifest.splits, split, data_dir)
 
 
 def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:

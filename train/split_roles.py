@@ -2,8 +2,8 @@
 rule every reader (``make_dataset``, ``NumpyReader``, ``RecordDataset``) and ``shardprep train`` follow.
 
 A split's own name always wins. Otherwise a role is the one split named like it (:data:`ROLES`, any case: an
-imagenette2 ``.tgz`` makes a ``val`` split); for ``validation`` with no such split, ``test`` or any other split
-when it is the only one besides the training split. Two candidates, or none, is a :class:`SplitRoleError` (a
+imagenette2 ``.tgz`` makes a ``val`` split); for ``validation`` with no such split, a ``test`` split when it is the
+only one besides the training split. Two candidates, or none, is a :class:`SplitRoleError` (a
 ``KeyError``, as a missing split always was) listing the splits. A reader that picked another split than the name
 it was given says so once per process: one line through :mod:`logging` (logger ``shardprep.train.split_roles``,
 level WARNING, so a plain session shows it on stderr and ``logging`` settings can silence it). No TensorFlow.
@@ -36,51 +36,50 @@ class SplitRoleError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _listing(splits: list[str]) -> str:
-    return f"(splits: {', '.join(splits) or 'none'})"
-
-
 def _named_like(splits: list[str], role: str) -> list[str]:
     return [name for name in splits if name.casefold() in ROLES[role]]
 
 
 def resolve_split(splits: Iterable[str], asked: str, *, train_split: str | None = None,
-                  dataset: str = "the dataset") -> ResolvedSplit:
+                  dataset: str = "the dataset", listing: str | None = None) -> ResolvedSplit:
     """The split of ``splits`` that ``asked`` (a split's name, or a role of :data:`ROLES`) means.
 
     ``train_split``: the split trained on (default: the one the ``train`` role finds, if any), which the
-    ``validation`` role never picks as the only split besides it. ``dataset`` names the dataset in errors."""
+    ``validation`` role never picks as the only split besides it. ``dataset`` names the dataset in errors, which end
+    with ``(splits: <listing>)`` (default: the names)."""
     splits = list(splits)
+    listed = f"(splits: {listing or ', '.join(splits) or 'none'})"
     if asked in splits:
         role = asked if asked in ROLES else next((r for r in ROLES if asked.casefold() in ROLES[r]), None)
         return ResolvedSplit(asked, asked, role, f"the split named {asked!r}")
     if asked not in ROLES:
-        raise SplitRoleError(f"{asked!r} is not a split of {dataset} {_listing(splits)}")
+        raise SplitRoleError(f"{asked!r} is not a split of {dataset} {listed}")
     found = _named_like(splits, asked)
     if len(found) > 1:
         both = ", ".join(repr(name) for name in found[:-1]) + f" and {found[-1]!r}"
         raise SplitRoleError(f"{asked!r} is ambiguous in {dataset}: {both} are "
-                             f"{'both' if len(found) == 2 else 'all'} named like a {asked} split {_listing(splits)}")
+                             f"{'both' if len(found) == 2 else 'all'} named like a {asked} split {listed}")
     if found:
         return ResolvedSplit(found[0], asked, asked,
                              f"no split is named {asked!r}, and {found[0]!r} is named like a {asked} split")
     others = ", ".join(name for name in ROLES[asked] if name != asked)
     if asked != "validation":
         raise SplitRoleError(f"{asked!r} is not a split of {dataset}, nor is any split named like a {asked} split "
-                             f"({others}) {_listing(splits)}")
-    return _only_held_out(splits, train_split, f"{dataset}, nor is any split named like a validation split "
-                                               f"({others}) or the only one besides the training split")
+                             f"({others}) {listed}")
+    return _only_held_out(splits, train_split, listed, f"{dataset}, nor is any split named like a validation split "
+                                               f"({others}) or a test split that is the only one besides the "
+                                               "training split")
 
 
-def _only_held_out(splits: list[str], train_split: str | None, missing: str) -> ResolvedSplit:
-    """The validation role played by the only split besides the training split; ``missing`` completes the
+def _only_held_out(splits: list[str], train_split: str | None, listed: str, missing: str) -> ResolvedSplit:
+    """The validation role played by a test split, the only split besides the training split; ``missing`` completes the
     error's "'validation' is not a split of ..."."""
     if train_split is None:
         training = _named_like(splits, "train")
         train_split = training[0] if len(training) == 1 else None
     held_out = [name for name in splits if name != train_split]
-    if train_split is None or len(held_out) != 1:
-        raise SplitRoleError(f"'validation' is not a split of {missing} {_listing(splits)}")
+    if train_split is None or len(held_out) != 1 or not _named_like(held_out, "test"):
+        raise SplitRoleError(f"'validation' is not a split of {missing} {listed}")
     return ResolvedSplit(held_out[0], "validation", "validation",
                          f"no split is named like a validation split ({', '.join(ROLES['validation'])}), and "
                          f"{held_out[0]!r} is the only split besides the training split {train_split!r}")
