@@ -126,7 +126,8 @@ def _holds_run_files(output_dir: str) -> bool:
                    "batches; when the rest left out is more than 10% of the split, a warning says how many images "
                    "each epoch leaves out.")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
-              help="Training crop size; at most the stored image size (checked before the run).")
+              help="Training crop size; at most the stored image size (checked before the run); under half of "
+                   "it, a warning says the run trains on small patches of each image and what to pass.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
                    "float32 on CPU; the other three force that policy.")
