@@ -1,7 +1,7 @@
 """``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
 
 Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports. Before any
-subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.quiet_logs``) unless ``--verbose`` is given.
+subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.train.quiet_logs``) unless ``--verbose`` is given.
 """
 
 import importlib
@@ -85,7 +85,7 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    from shardprep import quiet_logs
+    from shardprep.train import quiet_logs
 
     if verbose:
         quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it

@@ -44,7 +44,7 @@ import weakref
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import batch_prefetch, host_crop
+from shardprep.train import batch_prefetch, host_crop, split_roles
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
@@ -62,7 +62,8 @@ class NumpyReader:
 
     Args:
       data_dir: the local dataset folder holding ``manifest.json``.
-      split: a split of the manifest, e.g. ``"train"``.
+      split: a split of the manifest, or a role (``"train"``, ``"validation"``, ``"test"``: the split that plays
+        it, said once when another name: :mod:`shardprep.train.split_roles`); ``self.split`` is the split read.
       batch_size: records per batch of this process.
       training: ``True``: endless, reshuffled every epoch, ``steps_per_epoch`` full batches an epoch, random square
         crops for ``crop: none``. ``False``: one pass in order, the last batch may be smaller, central crops.
@@ -90,6 +91,7 @@ class NumpyReader:
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
         check_local(data_dir)
         self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
+        split = split_roles.reading(self.manifest.splits, split, data_dir)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)

@@ -40,13 +40,15 @@ from shardprep.train.batch_sources import ExampleSource, FixedLayoutSource, batc
 from shardprep.train.numpy_reader import check_local
 from shardprep.train import host_crop
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
+from shardprep.train.split_roles import reading
 
 
 class RecordDataset:
     """The records of one split of a local prepared dataset, by global index.
 
     Args:
-      data_dir: the local dataset folder; split: its split; manifest: the manifest
+      data_dir: the local dataset folder; split: its split, or a role (``"validation"`` finds ``val``:
+        :mod:`shardprep.train.split_roles`); manifest: the manifest
         :func:`~shardprep.preprocess.dataset.load_manifest` returned, if you have it.
       crop_size: cut each image to a ``crop_size`` square: the window a ``CropAt`` item names (what
         ``EpochSampler(..., crops=True)`` hands out), else the central one. ``None``: the stored images.
@@ -56,8 +58,8 @@ class RecordDataset:
         data_dir = os.fspath(data_dir)
         check_local(data_dir)
         self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        self.data_dir, self.split = data_dir, split
-        self.counts = [shard.num_examples for shard in self.manifest.split(split).shards]
+        self.data_dir, self.split = data_dir, reading(self.manifest.splits, split, data_dir)
+        self.counts = [shard.num_examples for shard in self.manifest.split(self.split).shards]
         self.num_records = sum(self.counts)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
         if self.crop_size is not None:
