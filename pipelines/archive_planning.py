@@ -200,7 +200,8 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
     members = [m for m, _ in pairs]
     split = archive.split or default_split
     prefix = f"{archive.split}/" if archive.split else ""
-    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
+    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None,
+                                    where=archive.path)
     return _Found(archive, layout, {id(m): stored for m, stored in pairs})
 
 
