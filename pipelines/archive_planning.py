@@ -21,6 +21,7 @@ from shardprep.preprocess.elements import Reject
 MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
 DUPLICATE = "duplicate_member"
 SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
+ANNOTATION_WORDS = ("bbox", "annotation", "devkit")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz beside its tars
 
 
 class MembersTask(NamedTuple):
@@ -143,6 +144,9 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
             not_used.append(accounting.NotUsed(name, accounting.HIDDEN_BESIDE))
         elif not archive_index.archive_type(name):
             not_used.append(accounting.NotUsed(name, "not an archive, beside the archives: not read"))
+        elif any(word in name.lower() for word in ANNOTATION_WORDS):
+            not_used.append(accounting.NotUsed(name, "an archive of annotations (bounding boxes, a devkit; by its "
+                                                     "name), not of images: not read"))
         elif named is None:
             not_used.append(accounting.NotUsed(name, "an archive whose name says no split (train, val, test): not "
                                                      "read"))

@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from shardprep.pipelines.source_kind import SourceKind, SourcePlan
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
+from shardprep.preprocess.archive_index import split_inner
 from shardprep.preprocess.config import PreprocessConfig
 from shardprep.preprocess.elements import Reject
 
@@ -293,6 +294,11 @@ def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:
     """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name); a
     SourceError when it is missing, a folder, unreadable or not a labels CSV."""
     if not FileSystems.exists(path):
+        archive, inner = split_inner(path)
+        if inner and FileSystems.exists(archive):
+            raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
+                                      "from inside an archive only with that archive as SOURCE; extract it and give "
+                                      "its path")
         raise sources.SourceError(f"labels file {path} does not exist")
     if is_local(path) and not os.path.isfile(path):
         raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")

@@ -36,7 +36,10 @@ class ArchiveSource(SourceKind):
     options = ("labels_file",)
 
     def claims(self, source: str) -> bool:
-        return bool(archive_index.archive_type(archive_index.split_inner(source.rstrip("/"))[0]))
+        """A SOURCE named like an archive (or a folder inside one), unless that name is a local folder
+        (``photos.zip/``): a folder is read as a folder, whatever its name."""
+        archive = archive_index.split_inner(source.rstrip("/"))[0]
+        return bool(archive_index.archive_type(archive)) and not ("://" not in archive and os.path.isdir(archive))
 
     def claims_folder(self, location: str) -> bool:
         """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
