@@ -45,6 +45,7 @@ TOO_LARGE = "member_too_large"
 MAX_MEMBER_BYTES = 256 << 20  # an image member, uncompressed (a 100-megapixel RGB bitmap is 300 MB)
 MAX_RATIO = 100  # uncompressed bytes per compressed byte (images hardly compress; a bomb's member does 1000 times)
 RATIO_FLOOR = 1 << 20  # members smaller than this are not checked for their ratio (headers compress well)
+MAX_STREAM_RATIO = 10  # a compressed tar, over all it has inflated so far: its images cross a shuffle in memory
 MAX_LABELS_MEMBER_BYTES = 32 << 20  # a labels file read from inside an archive (ImageNet's val CSV: 2.4 MB)
 CHUNK = 1 << 20  # a streamed member is read and checked this much at a time
 
@@ -250,8 +251,8 @@ class StreamedMember(NamedTuple):
 
 def stream_tar(raw: BinaryIO, with_data: bool | str = True) -> Iterator[StreamedMember]:
     """The members of a gzip-compressed tar, once, front to back, with the bytes of each regular file
-    (``with_data``; a name: of the member so named only). Each member is read a chunk at a time and given up when it inflates beyond the limits
-    (``size_problem``), without ever holding more of it. The gzip stream is read to its end and its trailer checked
+    (``with_data``; a name: of the member so named only). Each member is read a chunk at a time and given up when it
+    or the stream so far inflates beyond the limits (``MAX_RATIO``, ``MAX_STREAM_RATIO``), never held whole first. The gzip stream is read to its end and its trailer checked
     (CRC-32 and length), so an archive cut short or damaged raises ``MemberError`` after what was read, even where
     ``tarfile`` alone would end quietly (a cut between two members)."""
     counted = _CountingReader(raw)
@@ -280,7 +281,8 @@ STREAM_SLACK = 256 << 10  # compressed bytes gzip may have read ahead of what it
 def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, counted: _CountingReader,
               with_data: bool) -> StreamedMember:
     """One member of a stream read a chunk at a time; given up (unread rest skipped by ``tarfile``) as soon as its
-    bytes so far show a ratio beyond ``MAX_RATIO`` over the compressed bytes read meanwhile."""
+    bytes so far show a ratio beyond ``MAX_RATIO`` over the compressed bytes read meanwhile, or the stream's beyond
+    ``MAX_STREAM_RATIO`` over all it read."""
     handle = archive.extractfile(info)
     start, got, pieces = counted.count, 0, []
     while handle is not None:
@@ -288,10 +290,16 @@ def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, c
         if not piece:
             break
         got += len(piece)
+        counted.inflated += len(piece)
         compressed = counted.count - start + STREAM_SLACK
+        detail = ""
         if got > RATIO_FLOOR and got > MAX_RATIO * compressed:
-            return StreamedMember(member._replace(problem=TOO_LARGE, detail=size_problem(info.size, compressed)),
-                                  None)
+            detail = size_problem(info.size, compressed)
+        elif counted.inflated > RATIO_FLOOR and counted.inflated > MAX_STREAM_RATIO * (counted.count + STREAM_SLACK):
+            detail = (f"the archive inflated to {counted.inflated:,} bytes from {counted.count:,} compressed by this "
+                      f"member, a ratio over the {MAX_STREAM_RATIO}:1 a compressed tar may have (a compression bomb)")
+        if detail:
+            return StreamedMember(member._replace(problem=TOO_LARGE, detail=detail), None)
         if with_data:
             pieces.append(piece)
     if got != info.size:
@@ -305,7 +313,7 @@ class _CountingReader(io.RawIOBase):
 
     def __init__(self, raw: BinaryIO):
         super().__init__()
-        self.raw, self.count = raw, 0
+        self.raw, self.count, self.inflated = raw, 0, 0  # inflated: the members' bytes read from it so far
 
     def readable(self) -> bool:
         return True
@@ -336,9 +344,9 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
         elif mode and (mode & 0o170000) not in (0, 0o100000):
             members.append(Member(name, info.header_offset, 0, False, NOT_A_FILE,
                                   "a link or special file (by its mode): not a file"))
-        elif size_problem(info.file_size, info.compress_size):
-            members.append(Member(name, info.header_offset, info.compress_size, False, TOO_LARGE,
-                                  size_problem(info.file_size, info.compress_size), data_size=info.file_size))
+        elif size_problem(max(info.file_size, info.compress_size), info.compress_size):  # either size may lie
+            members.append(Member(name, info.header_offset, info.compress_size, False, TOO_LARGE, size_problem(
+                max(info.file_size, info.compress_size), info.compress_size), data_size=info.file_size))
         elif info.header_offset + 30 + info.compress_size > total:
             members.append(Member(name, info.header_offset, info.compress_size, False, TRUNCATED,
                                   "its bytes run past the archive's end: the archive was cut short"))

@@ -228,3 +228,16 @@ def test_a_folder_named_like_an_archive_is_read_as_a_folder(tmp_path):
         (tmp_path / "photos.zip" / name).write_bytes(data)
     document = run(tmp_path, str(tmp_path / "photos.zip") + "/")
     assert document["source_kind"] == "folder" and document["classes"] == ["cat", "dog"]
+
+
+def test_a_compressed_tar_inflating_beyond_its_stream_ratio_gives_up_the_members_after(tmp_path):
+    with tarfile.open(tmp_path / "photos.tgz", "w:gz") as tar:
+        add(tar, "cat/a.jpg", jpeg(0))
+        add(tar, "dog/b.jpg", jpeg(1))
+        for i in range(8):  # each under the ratio floor; together a thousand times their compressed bytes
+            add(tar, f"cat/zeros{i}.jpg", b"\0" * archive_index.RATIO_FLOOR)
+    run(tmp_path, tmp_path / "photos.tgz")
+    lines = list(map(json.loads, (tmp_path / "out" / "rejects.jsonl").open()))
+    given_up = [r for r in lines if r["reason"] == archive_index.TOO_LARGE]
+    assert given_up and f"{archive_index.MAX_STREAM_RATIO}:1" in given_up[0]["detail"]
+    assert given_up[-1]["key"] == "cat/zeros7.jpg" and len(lines) == 8
