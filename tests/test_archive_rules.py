@@ -241,3 +241,17 @@ def test_a_compressed_tar_inflating_beyond_its_stream_ratio_gives_up_the_members
     given_up = [r for r in lines if r["reason"] == archive_index.TOO_LARGE]
     assert given_up and f"{archive_index.MAX_STREAM_RATIO}:1" in given_up[0]["detail"]
     assert given_up[-1]["key"] == "cat/zeros7.jpg" and len(lines) == 8
+
+
+def test_a_macos_zip_and_its_extracted_folder_give_the_same_records_and_not_used(tmp_path):
+    litter = {"__MACOSX/train/cat/._a.jpg": b"\0\5\26\7", "train/Thumbs.db": b"win", "desktop.ini": b"[x]"}
+    source = write_zip(tmp_path / "photos.zip", {**SPLITS, **litter})
+    folder = tmp_path / "extracted"
+    zipfile.ZipFile(source).extractall(folder)
+    from_zip = run(tmp_path / "zip", source) if (tmp_path / "zip").mkdir() is None else None
+    from_folder = run(tmp_path / "folder", folder) if (tmp_path / "folder").mkdir() is None else None
+    assert from_zip["not_used"] == from_folder["not_used"] != []
+    assert from_zip["classes"] == from_folder["classes"] == ["cat", "dog"]
+    for split in ("train", "val"):
+        assert [s["sha256"] for s in from_zip["splits"][split]["shards"]] == \
+            [s["sha256"] for s in from_folder["splits"][split]["shards"]]
