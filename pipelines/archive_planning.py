@@ -21,7 +21,7 @@ from shardprep.preprocess.elements import Reject
 MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
 DUPLICATE = "duplicate_member"
 SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
-ANNOTATION_WORDS = ("bbox", "annotation", "devkit")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz beside its tars
+ANNOTATION_WORDS = ("bbox", "annotation")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz: a split's boxes
 
 
 class MembersTask(NamedTuple):
@@ -144,12 +144,12 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
             not_used.append(accounting.NotUsed(name, accounting.HIDDEN_BESIDE))
         elif not archive_index.archive_type(name):
             not_used.append(accounting.NotUsed(name, "not an archive, beside the archives: not read"))
-        elif any(word in name.lower() for word in ANNOTATION_WORDS):
-            not_used.append(accounting.NotUsed(name, "an archive of annotations (bounding boxes, a devkit; by its "
-                                                     "name), not of images: not read"))
         elif named is None:
             not_used.append(accounting.NotUsed(name, "an archive whose name says no split (train, val, test): not "
                                                      "read"))
+        elif any(word in name.lower() for word in ANNOTATION_WORDS):
+            not_used.append(accounting.NotUsed(name, "an archive of annotations (bounding boxes, by its name), not "
+                                                     "of images: not read"))
         elif named in by_split:
             raise sources.SourceError(f"{location} holds two archives of the split {named} ({by_split[named]}, "
                                       f"{name}): keep one")
