@@ -10,7 +10,8 @@ class indexed where it lands (``NestedTask``), a compressed tar streamed once wi
 (``archive_index.MemberRef``) and every worker reads its own members by range (``ArchiveMemberReader``), so
 decoding scales with the workers as for a folder. Keys are the member paths the same files would have extracted,
 so records, their order and their shards are those of the extracted folder. A local archive's run keeps a journal
-(its archives' size and mtime are the fingerprint), so ``--resume`` works.
+(its archives' size and mtime are the fingerprint), so ``--resume`` works. Workers check each archive's size and mtime
+against the plan before reading it (``check_unchanged``): one replaced meanwhile fails the run, naming it.
 """
 
 from __future__ import annotations
