@@ -176,6 +176,8 @@ def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: boo
     first = layout.places.setdefault((split, label), (place, is_tar))
     if first != (place, is_tar) or (is_tar and first[0] == place and label in layout.classes):
         again = " again (a second copy)" if first[0] == place else ""
+        if first[0] != place and names.canonical(first[0]) == names.canonical(place):  # they look the same
+            again = f"; two Unicode spellings of one name: {ascii(first[0])} and {ascii(place)}"
         raise sources.SourceError(
             f"{layout.where} holds the class {names.printable(label)} twice ({names.printable(first[0])} and "
             f"{names.printable(place)}{again}): its images would be written twice; keep one")

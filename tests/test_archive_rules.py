@@ -97,7 +97,8 @@ def test_a_class_tar_beside_a_class_folder_of_its_name_is_refused_naming_both(tm
 def test_nfc_and_nfd_spellings_of_one_class_are_refused_naming_both(tmp_path):
     source = write_zip(tmp_path / "photos.zip", {"Caf\u00e9/a.jpg": jpeg(0), "Cafe\u0301/b.jpg": jpeg(1),
                                                  "dog/c.jpg": jpeg(2)})
-    refused(["preprocess", source, tmp_path / "out"], "Caf\u00e9/", "Cafe\u0301/", "twice")
+    refused(["preprocess", source, tmp_path / "out"], "Caf\u00e9/", "Cafe\u0301/", "twice", "two Unicode spellings",
+            "'Caf\\xe9/' and 'Cafe\\u0301/'")
 
 
 def test_a_class_named_in_nfd_is_read_and_named_in_nfc(tmp_path):
