@@ -114,7 +114,7 @@ def _refuse_unsafe(members: list[Member], where: str) -> None:
 
 def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str) -> list[Member]:
     """``members`` without what an operating system left (listed as not used: a litter folder once, ending '/')."""
-    kept = []
+    kept, seen = [], set()
     for member in members:
         parts = member.name.split("/")
         folders = parts if member.is_dir else parts[:-1]
@@ -124,7 +124,8 @@ def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str)
             continue
         path = "/".join(parts[:folder + 1]) + "/" if folder is not None else member.name
         entry = accounting.NotUsed(sources.printable_key(key_prefix + path), accounting.OS_LITTER)
-        if entry not in layout.not_used:
+        if entry not in seen:  # a litter folder's members: one entry
+            seen.add(entry)
             layout.not_used.append(entry)
     return kept
 
