@@ -9,6 +9,10 @@ import dataclasses
 from shardprep.preprocess import accounting, names, sources
 from shardprep.preprocess.elements import Reject
 
+# The most classes a source may have: its class names, or without names its largest label + 1 (the manifest then
+# names each by its integer). Bounds what a hostile label (10**12) can make us write or hold.
+MAX_CLASSES = 100_000
+
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
     """The rows of a labels CSV's bytes; SourceError for an encoding, a row or a label that cannot be used, and for a
@@ -41,7 +45,9 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise sources.SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
-    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    # Lines end at "\n" only ("\r\n" too): str.splitlines would also cut a name at U+0085 or U+2028, shifting every
+    # label after it by one; such a character is refused by the rule for names instead.
+    lines = [(number, line.strip()) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
     for number, name in lines:
         names.check(name, "class", f"{path} line {number}", "fix that line")
     return [name for _, name in lines] or None
