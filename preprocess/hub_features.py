@@ -102,6 +102,9 @@ def from_info(data: bytes, path: str) -> Features:
     """The features of a ``dataset_info.json`` (or of a Parquet file's ``huggingface`` metadata, whose ``info``
     holds them), read within ``untrusted.json_loads``'s bounds; ``sources.SourceError`` for one that is not JSON or
     breaks them."""
+    if len(data) > MAX_FEATURES_BYTES:
+        raise sources.SourceError(f"{path}: more than the {MAX_FEATURES_BYTES:,} bytes shardprep reads of a dataset's "
+                                  "features")
     try:
         document = untrusted.json_loads(data, source=path, max_bytes=MAX_FEATURES_BYTES,
                                         expected="a dataset's features")
