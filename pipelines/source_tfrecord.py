@@ -156,9 +156,11 @@ class TFRecordFileReader:
             return Reject(split, key, "bad_record", f"no bytes feature {self.image_key!r}")
         if not found or not isinstance(found[0], int):
             return Reject(split, key, "bad_record", f"no int64 feature {self.label_key!r}")
-        if found[0] < 0 or (self.num_classes is not None and found[0] >= self.num_classes):
-            return Reject(split, key, "label_out_of_range",
-                          f"label {found[0]} not in 0..{(self.num_classes or 0) - 1}")
+        # Without class names the labels are the classes: at most labels.MAX_CLASSES of them.
+        limit = self.num_classes if self.num_classes is not None else labels.MAX_CLASSES
+        if not 0 <= found[0] < limit:
+            return Reject(split, key, "label_out_of_range", f"label {found[0]} not in 0..{limit - 1}"
+                          + ("" if self.num_classes is not None else " (no class names)"))
         return Input(split, key, found[0], None, images[0])
 
 

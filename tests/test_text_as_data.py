@@ -73,6 +73,17 @@ def test_the_reader_rejects_labels_beyond_the_limit_whatever_the_statistics_said
     assert reader.row("train", "f:2", png, labels.MAX_CLASSES - 1).label == labels.MAX_CLASSES - 1
 
 
+def test_a_tfrecord_label_beyond_the_limit_without_names_is_a_reject():
+    from shardprep.pipelines.source_tfrecord import TFRecordFileReader
+    from shardprep.preprocess import record_format
+
+    reader = TFRecordFileReader(record_format.ENCODED, record_format.LABEL, None)
+    for label, reason in ((10 ** 12, "label_out_of_range"), (labels.MAX_CLASSES - 1, None)):
+        serialized = record_format.encode_example(record_format.ImageRecord(b"jpg", "jpeg", 1, 1, label, "a.jpg"))
+        found = reader.record("train", "f:0", serialized)
+        assert getattr(found, "reason", None) == reason, found
+
+
 def deep_card(depth: int) -> str:
     return "---\nlicense: other\nextra: " + "[" * depth + "]" * depth + "\n---\n"
 
