@@ -340,27 +340,29 @@ class RowGroupReader:
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
 
     def __call__(self, task: RowGroupTask) -> Iterator[Input | Reject]:
+        done = 0  # rows given so far: should reading fail, the rest are rejects
         try:
-            images, found = self.read(task)
+            for images, found in self.batches(task):
+                for image, label in zip(images, found):
+                    yield self.row(task.split, f"{task.name}:{task.first_row + done}", image, label)
+                    done += 1
         except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for damaged files
             cause = (str(e).splitlines() or [""])[0][:300]
             detail = f"row group {task.row_group} of {task.name}: {type(e).__name__}: {cause}"
-            for row in range(task.first_row, task.first_row + task.num_rows):
+            for row in range(task.first_row + done, task.first_row + task.num_rows):
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
-            return
-        for offset, (image, label) in enumerate(zip(images, found)):
-            yield self.row(task.split, f"{task.name}:{task.first_row + offset}", image, label)
 
-    def read(self, task: RowGroupTask) -> tuple[list, list]:
+    def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
+        """(images, labels) of the row group, _BATCH_ROWS rows at a time: a row group of a few kilobytes can hold
+        millions of rows (one image, dictionary-encoded), too many to hold as Python objects at once."""
         import pyarrow.parquet as pq
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
 
         with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-            table = pq.ParquetFile(stream).read_row_group(task.row_group, columns=[self.image_column,
-                                                                                   self.label_column])
-        images = table.column(self.image_column).to_pylist()
-        return images, table.column(self.label_column).to_pylist()
+            for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group],
+                                                             columns=[self.image_column, self.label_column]):
+                yield batch.column(self.image_column).to_pylist(), batch.column(self.label_column).to_pylist()
 
     def row(self, split: str, key: str, image, label) -> Input | Reject:
         data = image.get("bytes") if isinstance(image, dict) else image

@@ -73,6 +73,28 @@ def test_the_reader_rejects_labels_beyond_the_limit_whatever_the_statistics_said
     assert reader.row("train", "f:2", png, labels.MAX_CLASSES - 1).label == labels.MAX_CLASSES - 1
 
 
+def test_a_row_group_of_many_rows_is_read_a_batch_at_a_time(tmp_path):
+    import tracemalloc
+
+    from shardprep.pipelines.source_parquet import RowGroupTask
+
+    rows = 300_000  # one row group of a few kilobytes: its rows as Python objects would be ~100 MB
+    image = pa.array([{"bytes": image_factory.tiny_png(), "path": "a.png"}], type=IMAGE_TYPE)
+    path = str(tmp_path / TRAIN)
+    pq.write_table(pa.table({"image": image.take(pa.array([0] * rows)), "label": pa.array([0] * rows)}), path,
+                   row_group_size=rows)
+    rows_read = RowGroupReader("image", "label", 1)(RowGroupTask("train", path, TRAIN, 0, 0, rows))
+    tracemalloc.start()
+    try:
+        first = next(rows_read)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (first.key, first.label) == (f"{TRAIN}:0", 0)
+    assert peak < 10 * 2 ** 20, f"{peak:,} bytes held to give the first row"
+    assert sum(1 for _ in rows_read) == rows - 1
+
+
 def test_a_tfrecord_label_beyond_the_limit_without_names_is_a_reject():
     from shardprep.pipelines.source_tfrecord import TFRecordFileReader
     from shardprep.preprocess import record_format
