@@ -8,6 +8,7 @@ Cases (Parquet files in the Hugging Face Hub's layout, ``hub/data/train-00000-of
 * ``label 10**12``, ``label 3,000,000``, ``uint64 label 2**64-1``: an integer label far beyond the class limit, no
   class names (before: a MemoryError, a 108 MB manifest, a failed job);
 * ``card 5,000-digit number``: a card whose front matter holds a 5,000-digit number, and its class names (a run);
+* ``card 100,000 names`` (3 MB, a run) and ``card 10 MB front matter`` (beyond the size bound);
 * ``card 100,000-deep``, ``dataset_info.json 100,000-deep``, ``huggingface metadata 100,000-deep``: nesting;
 * ``N rows, one row group``: ``--rows`` rows of one repeated image in a single row group (dictionary-encoded, a few
   kilobytes of Parquet), read batch by batch.
@@ -96,6 +97,10 @@ CASES = (
     Case("uint64 label 2**64-1", lambda root, a: table(root, [0, 2 ** 64 - 1], "uint64")),
     Case("card 5,000-digit number", lambda root, a: (table(root, [0, 1, 2]), write(
         os.path.join(root, "hub", "README.md"), card(extra="size_in_bytes: " + "9" * 5000)))),
+    Case("card 100,000 names", lambda root, a: (table(root, [0, 1, 2]), write(
+        os.path.join(root, "hub", "README.md"), card([f"name{i}" for i in range(100_000)])))),
+    Case("card 10 MB front matter", lambda root, a: (table(root, [0, 1]), write(
+        os.path.join(root, "hub", "README.md"), card(extra="k: v\n" * 1_900_000)))),
     Case("card 100,000-deep", lambda root, a: (table(root, [0, 1]), write(
         os.path.join(root, "hub", "README.md"), card(extra="x: " + "[" * DEEP + "]" * DEEP)))),
     Case("dataset_info.json 100,000-deep", lambda root, a: (table(root, [0, 1]), write(

@@ -223,3 +223,18 @@ def test_class_names_txt_takes_a_byte_order_mark_and_crlf_and_splits_on_newlines
 def test_a_labels_csv_takes_a_byte_order_mark_and_crlf():
     rows = labels.csv_rows(b"\xef\xbb\xbffilename,label\r\na.jpg,no\r\nb.jpg,yes\r\n", "l.csv", lambda name: False)
     assert [(row.line, row.filename, row.label) for row in rows] == [(2, "a.jpg", "no"), (3, "b.jpg", "yes")]
+
+
+# --- TFDS -----------------------------------------------------------------------------------------------------------
+
+def test_a_tfds_class_label_of_more_classes_than_the_limit_is_refused_before_its_names_are_made():
+    import tensorflow_datasets as tfds
+
+    from shardprep.pipelines.source_tfds import class_label_names
+
+    # TFDS makes a ClassLabel without names name its classes "0".."N-1": 10**12 strings.
+    with pytest.raises(sources.SourceError, match=r"^the TFDS feature 'label' has 1,000,000,000,000 classes, more "
+                                                  r"than the 100,000 shardprep takes$"):
+        class_label_names(tfds.features.ClassLabel(num_classes=10 ** 12), "label")
+    assert class_label_names(tfds.features.ClassLabel(names=["no", "yes"]), "label") == ["no", "yes"]
+    assert class_label_names(tfds.features.Image(), "image") is None
