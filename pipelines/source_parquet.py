@@ -6,7 +6,8 @@ A file's split comes from its name (``SPLIT-00000-of-00004.parquet``, ``SPLIT.pa
 else ``--split``. The image and label columns are found by their features (``preprocess.hub_features``: the
 dataset card ``README.md``, ``dataset_info.json``, or the files' own metadata), unless ``--image-key`` /
 ``--label-key`` name them; the class names come from the label's feature, else the labels are named by their
-integers (a note says so). A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
+integers (a note says so), at most ``labels.MAX_CLASSES`` of them: a larger label in a footer's statistics (or, without
+statistics, in the column read batch by batch) is refused at planning, one beyond them in a row a reject. A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
 The listing reads one row group per task where it lands (``RowGroupReader``): its rows become Inputs carrying the
 image bytes, decoded there too. Keys are ``FILE:ROW``, FILE relative to the glob's folder.
 """

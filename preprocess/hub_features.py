@@ -9,7 +9,11 @@ label with its names), read from the three places they are written.
 * A Parquet file's own schema metadata, key ``huggingface``: ``{"info": {"features": ...}}`` as in
   ``dataset_info.json``.
 
-All three become ``{column: Feature}``. Pure functions of bytes and dicts: no file access.
+All three become ``{column: Feature}``. Pure functions of bytes and dicts: no file access. They are read as untrusted
+data: at most MAX_FEATURES_BYTES, nested at most ``untrusted.MAX_DEPTH`` deep, the YAML with every scalar kept the
+string it was written as (a class ``no`` is "no", never False; a 5,000-digit number is never converted), the JSON
+through ``untrusted.json_loads``; class names must be strings, at most ``labels.MAX_CLASSES`` of them, and a name or
+numbering that is wrong is a ``sources.SourceError`` naming it and where.
 """
 
 from __future__ import annotations

@@ -238,3 +238,22 @@ def test_a_tfds_class_label_of_more_classes_than_the_limit_is_refused_before_its
         class_label_names(tfds.features.ClassLabel(num_classes=10 ** 12), "label")
     assert class_label_names(tfds.features.ClassLabel(names=["no", "yes"]), "label") == ["no", "yes"]
     assert class_label_names(tfds.features.Image(), "image") is None
+
+
+def test_class_names_txt_is_bounded_in_bytes_and_count():
+    with pytest.raises(sources.SourceError, match=r"^x.txt is more than [\d,]+ bytes: class names are one a line"):
+        labels.class_names_txt(b"a\n" * (labels.MAX_NAMES_BYTES // 2 + 1), "x.txt")
+    many = "".join(f"c{i}\n" for i in range(labels.MAX_CLASSES + 1)).encode()
+    with pytest.raises(sources.SourceError, match=r"^x.txt names 100,001 classes, more than the 100,000"):
+        labels.class_names_txt(many, "x.txt")
+
+
+@pytest.mark.timeout(60)
+def test_a_labels_txt_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    from shardprep.pipelines.source_tfrecord import class_names_beside
+
+    os.mkfifo(tmp_path / "label.labels.txt")
+    with pytest.raises(sources.SourceError, match=r"label.labels.txt is a FIFO \(named pipe\), not a regular file"):
+        class_names_beside(str(tmp_path / "data-train.tfrecord-00000-of-00001"))
