@@ -81,9 +81,10 @@ def _yaml_document(text: str, path: str):
                 raise sources.SourceError(f"{path}: nested deeper than {untrusted.MAX_DEPTH} levels (lists or "
                                           "mappings inside each other): not a dataset card shardprep reads")
         return yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:  # libyaml refuses nesting beyond 1,000 itself (flow lists are scanned ahead)
+    except yaml.YAMLError as e:  # libyaml refuses nesting beyond 1,000 itself (flow lists are scanned ahead).
+        # Lines are the card's: its front matter starts on its second line.
         problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
-        detail = (f"{problem} (line {mark.line + 1})" if problem and mark else problem) or \
+        detail = (f"{problem} (line {mark.line + 2} of the card)" if problem and mark else problem) or \
             (str(e).splitlines() or [type(e).__name__])[0]
         raise sources.SourceError(f"the dataset card {path} has front matter that is not YAML: {detail}") from None
 

@@ -141,7 +141,7 @@ def test_a_card_with_a_huge_number_keeps_its_names_and_deep_nesting_is_one_line(
     with pytest.raises(sources.SourceError, match=r"^README.md: nested deeper than 64 levels .*not a dataset card"):
         hub_features.from_card(deep_card(100).encode(), "README.md")
     with pytest.raises(sources.SourceError, match=r"^the dataset card README.md has front matter that is not YAML: "
-                                                  r"exceeded maximum nesting depth \(line 2\)$"):  # libyaml's bound
+                                                  r"exceeded maximum nesting depth \(line 3 of the card\)$"):  # libyaml's
         hub_features.from_card(deep_card(3000).encode(), "README.md")
     flow = "---\na: " + "{b: " * 100 + "1" + "}" * 100 + "\n---\n"
     with pytest.raises(sources.SourceError, match=r"^README.md: nested deeper than 64 levels"):
