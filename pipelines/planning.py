@@ -299,6 +299,9 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
         path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
+MAX_LABELS_FILE_BYTES = 256 << 20  # read whole, once: ImageNet's validation labels are 2 MB
+
+
 def ordered_classes(stored, where: str, config: PreprocessConfig) -> list[str]:
     """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
     if config.classes_file is None:
@@ -340,7 +343,10 @@ def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:
         raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            data = f.read()
+            data = f.read(MAX_LABELS_FILE_BYTES + 1)
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
+    if len(data) > MAX_LABELS_FILE_BYTES:
+        raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
+                                  "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
     return labels.csv_rows(data, path, file_exists)

@@ -149,3 +149,4 @@ def test_classes_file_is_refused_by_name_where_the_source_ships_its_list(tmp_pat
 def test_a_class_listed_twice_is_refused():
     with pytest.raises(SourceError, match="names the class 'x' twice"):
         names.class_order(["x"], "here", ["x", "x"], "the list")
+

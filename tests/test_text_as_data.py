@@ -257,3 +257,12 @@ def test_a_labels_txt_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "label.labels.txt")
     with pytest.raises(sources.SourceError, match=r"label.labels.txt is a FIFO \(named pipe\), not a regular file"):
         class_names_beside(str(tmp_path / "data-train.tfrecord-00000-of-00001"))
+
+
+def test_a_labels_file_past_its_limit_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    from shardprep.pipelines import planning
+
+    monkeypatch.setattr(planning, "MAX_LABELS_FILE_BYTES", 64)
+    (tmp_path / "labels.csv").write_text("filename,label\n" + "".join(f"{i}.png,cat\n" for i in range(20)))
+    with pytest.raises(sources.SourceError, match="labels file .* is over 64 bytes"):
+        planning.read_labels_file_rows(str(tmp_path / "labels.csv"), lambda name: True)
