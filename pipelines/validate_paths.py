@@ -56,7 +56,8 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
 
     ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder);
     ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file). Remote (``gs://``)
-    paths are checked only against ``data``."""
+    paths are checked only against ``data``; no two outputs may be one path (see ``_check_apart``)."""
+    _check_apart(json_path, pictures, leaked_keys)
     for flag, given in (("--json", json_path), ("--leaked-keys", leaked_keys), ("--pictures", pictures)):
         if given and data:
             _check_outside_dataset(flag, given, data)
@@ -80,6 +81,25 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
             if os.path.lexists(named) and not os.path.islink(named) and not os.path.isfile(named):
                 raise ValidateError(f"--pictures {pictures}: {named} is {untrusted.file_kind(named)}, where the "
                                     "picture of that name goes; move it or choose another folder")
+
+
+def _check_apart(json_path: str | None, pictures: str | None, leaked_keys: str | None) -> None:
+    """Refuses one path (however spelled: links and ``..`` resolved) for two outputs, or a ``--json`` or
+    ``--leaked-keys`` that is one of the pictures ``--pictures`` writes: the second write would replace the first and
+    both would be claimed written."""
+    given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
+                                             ("--pictures", pictures)) if path]
+    for i, (flag, path) in enumerate(given):
+        for other_flag, other in given[i + 1:]:
+            if storage.resolved(path) == storage.resolved(other):
+                raise ValidateError(f"{flag} {path} and {other_flag} {other} are the same path: each output needs "
+                                    "its own; choose another path for one of them")
+    if pictures:
+        named = {storage.resolved(manifest_lib.join(pictures, name)) for name in PICTURE_NAMES}
+        for flag, path in given:
+            if flag != "--pictures" and storage.resolved(path) in named:
+                raise ValidateError(f"{flag} {path} is a picture --pictures {pictures} writes: each output needs "
+                                    "its own path; choose another")
 
 
 def check_not_read(options, read_files: list[str]) -> None:
