@@ -1,9 +1,10 @@
 """The keys file: source keys to leave out of a ``preprocess`` run (``--exclude FILE``), as ``validate
 --leaked-keys FILE`` writes it. No Beam.
 
-One key per line, as it is; blank lines and lines starting with ``#`` are skipped. A key that could not be read back
-so (one holding a line break, starting with ``"`` or ``#``, or with spaces at either end) is written as a JSON string,
-and a line starting with ``"`` is read as one.
+One key per line, as it is; blank lines and lines starting with ``#`` are skipped; a leading byte-order mark (some
+editors write one) is not part of the first key. A key that could not be read back so (one holding a line break,
+starting with ``"`` or ``#``, or with spaces at either end) is written as a JSON string, and a line starting with
+``"`` is read as one.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def format_keys(keys: list[str], comment: str = "") -> str:
 def parse_keys(text: str, path: str) -> list[str]:
     """The keys in a file's ``text`` (read from ``path``, which errors name), in file order, repeats dropped."""
     keys: dict[str, None] = {}
+    text = text[1:] if text.startswith("\ufeff") else text  # "UTF-8 with BOM": the mark is no key's first character
     for number, line in enumerate(text.split("\n"), start=1):
         line = line[:-1] if line.endswith("\r") else line
         if not line.strip() or line.startswith("#"):
