@@ -24,7 +24,8 @@ class LazyGroup(click.Group):
     def main(self, *args, **kwargs):
         """click's own output that cannot be written (``--help > /dev/full``; an error line on a stderr that cannot
         be written) ends the process with one line and its exit status, not a traceback
-        (``shardprep.broken_pipe``)."""
+        (``shardprep.broken_pipe``). A stderr closed at the start (``2>&-``) is ``/dev/null``: the run is the same."""
+        broken_pipe.open_closed_streams()
         with broken_pipe.failed_writes_exit():
             return super().main(*args, **kwargs)
 
