@@ -17,6 +17,7 @@ import time
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
 INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
 TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
+HUNG_UP = 129  # after SIGHUP (128 + SIGHUP): the terminal closed, the ssh connection dropped
 
 
 class Terminated(KeyboardInterrupt):
@@ -27,26 +28,37 @@ class Terminated(KeyboardInterrupt):
     by = "SIGTERM"
 
 
+class HungUp(KeyboardInterrupt):
+    """SIGHUP (the terminal closed, the ssh connection dropped), raised as :class:`Terminated` is: Python's default
+    ended the process at once, its worker processes and its temporary folders left behind."""
+
+    by = "SIGHUP"
+
+
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+    raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 @contextlib.contextmanager
 def sigterm_stops():
-    """While the block runs, SIGTERM raises :class:`Terminated` (main thread only, where Python runs handlers)."""
+    """While the block runs, SIGTERM raises :class:`Terminated` and SIGHUP :class:`HungUp` (main thread only, where
+    Python runs handlers); a SIGHUP ignored (``nohup``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    numbers = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
+    previous = {number: signal.signal(number, _raise_terminated) for number in numbers}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def exit_status(stop: BaseException) -> int:
-    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`, or any stop whose ``by`` says so)."""
-    return TERMINATED if getattr(stop, "by", "Ctrl-C") == "SIGTERM" else INTERRUPTED
+    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`), 129 after SIGHUP (:class:`HungUp`), as any stop
+    whose ``by`` says so."""
+    return {"SIGTERM": TERMINATED, "SIGHUP": HUNG_UP}.get(getattr(stop, "by", "Ctrl-C"), INTERRUPTED)
 
 
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
@@ -96,7 +108,8 @@ def run_stoppable(run):
         while not finished.wait(0.2):
             pass
     except KeyboardInterrupt as stop:
-        previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+        previous = {number: signal.signal(number, signal.SIG_IGN)
+                    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             _stop_requested.set()
             stop_worker_processes()
