@@ -42,6 +42,16 @@ class WrittenOutputs:
         return path
 
 
+def data_kind(data: str):
+    """DATA's source kind as validate reads it: a local folder whose name ends like an archive's (``preprocess SRC
+    x.tar`` writes one) is a folder (the prepared dataset kind, ``FALLBACK``), not an archive."""
+    kind = source_registry.kind_of(data)
+    if (kind is not source_registry.FALLBACK and not kind.validated_as_records and storage.is_local(data)
+            and os.path.isdir(absolute(data))):
+        return source_registry.FALLBACK
+    return kind
+
+
 def absolute(path: str) -> str:
     """Local paths made absolute (so listed files can be made relative again); remote ones unchanged."""
     if not storage.is_local(path):
@@ -119,7 +129,7 @@ def check_not_read(options, read_files: list[str]) -> None:
 
 def _check_outside_dataset(flag: str, given: str, data: str) -> None:
     """Refuses ``given`` inside the prepared dataset ``data`` (a folder; other kinds: ``check_not_read``)."""
-    if source_registry.kind_of(data) is not source_registry.FALLBACK:
+    if data_kind(data) is not source_registry.FALLBACK:
         return
     if storage.inside(storage.resolved(given), storage.resolved(data)) or _under_same_folder(given, data):
         raise ValidateError(f"{flag} {given} is inside the dataset {data}: validate writes nothing there; choose a "
