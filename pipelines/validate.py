@@ -61,7 +61,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import remote_runs, runner, source_registry, storage
+from shardprep.pipelines import remote_runs, runner, source_registry, stopping, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
@@ -142,6 +142,8 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
                 pipeline.run().wait_until_finish()
         with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
+    except stopping.WorkerStopped as e:  # the workers were ended: the run has no result
+        raise ValidateError(str(e)) from None
     finally:
         cleanup()
 
