@@ -47,7 +47,7 @@ from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
-from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, read_keys, unknown_keys
+from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, keys_file, read_keys, unknown_keys
 from shardprep.pipelines.given_values import GivenValues
 from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
@@ -80,7 +80,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
-        kept = inputs | "ExcludeInputs" >> ExcludeInputs(read_keys(config.exclude), config.exclude)
+        kept = inputs | "ExcludeInputs" >> ExcludeInputs(_exclude_keys(config.exclude, runner), config.exclude)
         inputs = kept["inputs"]
         listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
     # (Input, Reject) -> (split, number of inputs): the accounting check's other half
@@ -177,6 +177,15 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
         return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission())
+
+
+def _exclude_keys(path: str, runner: str):
+    """What the exclude stage carries: on this machine's workers the file's name (each reads it once), elsewhere
+    the keys themselves (the launcher's file is not theirs to read)."""
+    from shardprep.pipelines import runner as runners
+
+    local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
+    return keys_file(path) if local else read_keys(path)
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
