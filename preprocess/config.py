@@ -39,17 +39,18 @@ class PreprocessConfig:
     image_key: str = "image"
     label_key: str = "label"
     exclude: str | None = None  # --exclude FILE: source keys to leave out (each recorded as a reject, "excluded")
+    allow_upscale: bool = False  # run even when most inputs are smaller than shorter_side (input_sizes)
 
 
 # Options the manifest (and a run's fingerprint) records only when set, so runs without them write what they did
 # before the option existed.
-RECORDED_WHEN_SET = ("exclude",)
+RECORDED_WHEN_SET = ("exclude", "allow_upscale")
 
 
 def recorded_options(config: PreprocessConfig, runner: str) -> dict:
     """The manifest's ``options``: every field (the unset ones of RECORDED_WHEN_SET left out) and the runner."""
     options = {name: value for name, value in dataclasses.asdict(config).items()
-               if not (name in RECORDED_WHEN_SET and value is None)}
+               if not (name in RECORDED_WHEN_SET and value in (None, False))}
     return {**options, "runner": runner}
 
 

@@ -9,7 +9,6 @@ a small record overhead; JPEG records are a rough estimate per pixel. No Beam.
 
 from __future__ import annotations
 
-import io
 import statistics
 import textwrap
 from typing import NamedTuple, Sequence, TypeVar
@@ -42,12 +41,16 @@ def spread(items: Sequence[T], limit: int) -> list[T]:
     return [items[(i * last + gaps // 2) // gaps] for i in range(limit)]  # integers: the same picks everywhere
 
 
-def header_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from an image's header; None for anything Pillow cannot open."""
+def header_size(stream) -> tuple[int, int] | None:
+    """(width, height) from the header of the image in the binary ``stream``; None for anything Pillow cannot
+    open. Pillow's bomb guard is off meanwhile (``image_ops.pillow_decoding``): a header is no decode, and the job
+    applies ``--max-pixels`` itself."""
     from PIL import Image
 
+    from shardprep.preprocess.image_ops import pillow_decoding
+
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with pillow_decoding(), Image.open(stream) as image:
             return image.size
     except Exception:  # noqa: BLE001 - not an image, or a broken one: the job itself rejects it, saying why
         return None
@@ -125,7 +128,7 @@ def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: 
     target = _total(sample, _mean_bytes(sample, shorter_side, crop, encoding))
     own = _total(sample, _mean_bytes(sample, None, crop, encoding))
     said = (f"most inputs are smaller than --shorter-side {shorter_side}: the median input is {width}x{height} (a "
-            f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.1f}x, the expected "
-            f"output {target} instead of {own} at their own size. Nothing was written. Pass --shorter-side "
+            f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.1f}x: the output "
+            f"would be {target} instead of {own} at their own size. Nothing was written. Pass --shorter-side "
             f"{min(width, height)} to keep them near their size, or --allow-upscale to upscale them.")
     return textwrap.fill(said, width=72, break_long_words=False, break_on_hyphens=False)

@@ -40,7 +40,7 @@ def test_small_inputs_stop_the_run_before_output_is_written(tmp_path):
     assert "most inputs are smaller than --shorter-side 256: the median input is 32x32" in text
     assert "upscaled 8.0x" in text
     assert "--shorter-side 32" in text and "--allow-upscale" in text
-    assert "expected output about 2.3 MiB instead of about 37.5 KiB at their own size" in text
+    assert "the output would be about 2.3 MiB instead of about 37.5 KiB at their own size" in text
     assert not out.exists()  # nothing written, not even the folder
 
 

@@ -1,0 +1,133 @@
+"""The inputs' sizes before the job runs, on the launcher: a sample of their headers (``preprocess.input_sizes``).
+
+``sample_sizes(config, plan, listing) -> SizeSample``. A folder: up to ``MAX_FOLDERS`` class or flat folders spread
+over the plan, each listed, its files spread over the sample; the number of inputs counted from the listing a local
+run makes anyway, else from the sampled folders (exact when they are all of them). Other kinds: the first inputs
+of up to ``MAX_TASKS`` read tasks spread over the plan, read by the kind's own task reader (a TFRecord file's or a
+compressed tar's first records, a row group, an archive's members by range); their number is not known before
+the job lists them. Headers only: Pillow reads no pixels, and a file that is not a regular one is not opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from shardprep.pipelines.common import PreprocessError
+from shardprep.pipelines.listing import list_files
+from shardprep.pipelines.planning import FolderPlan
+from shardprep.pipelines.source_kind import SourcePlan
+from shardprep.pipelines.storage import is_local
+from shardprep.preprocess.elements import Input
+from shardprep.preprocess.input_sizes import (SAMPLE_SIZE, SizeSample, header_size, median_size, plan_lines, spread,
+                                              upscale_refusal)
+
+MAX_FOLDERS = 32  # folders listed for the sample (ImageNet has 1,000 class folders: a request each on gs://)
+MAX_TASKS = 8  # read tasks started for the sample (a TFRecord file, a row group, a class tar)
+READ_THREADS = 16  # headers read at once (gs://: a request each)
+
+
+def sample_sizes(config, plan: SourcePlan, listing: list | None = None) -> SizeSample:
+    """The sampled inputs' sizes and, when known, the number of inputs; ``listing``: the run's
+    ``journal.listing_of``, where a local run made one."""
+    if isinstance(plan, FolderPlan):
+        return _folder_sample(config, plan, listing)
+    return _task_sample(config, plan)
+
+
+def _folder_sample(config, plan: FolderPlan, listing: list | None) -> SizeSample:
+    folders = [(d, True) for _, _, d in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
+    picked = spread(folders, MAX_FOLDERS)
+    source_root = os.path.realpath(plan.location) if is_local(plan.location) else None
+    per_folder = -(-SAMPLE_SIZE // max(1, len(picked)))
+    paths, listed = [], 0
+    for directory, recursive in picked:
+        files = list_files(directory, recursive, source_root if recursive else None)[0]
+        listed += len(files)
+        paths += spread(files, per_folder)
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        sizes = [size for size in pool.map(_file_size, paths) if size is not None]
+    if listing is not None:  # its inputs: the entries not skipped, less the labels file's own entry
+        num_inputs = sum(1 for entry in listing if not entry.skipped) - (1 if config.labels_file else 0)
+        return SizeSample(tuple(sizes), len(paths), num_inputs)
+    estimated = len(picked) < len(folders)
+    num_inputs = round(listed * len(folders) / len(picked)) if picked else 0
+    return SizeSample(tuple(sizes), len(paths), num_inputs, estimated)
+
+
+def _file_size(path: str) -> tuple[int, int] | None:
+    """A file's image size from its header; None for anything else (a pipe or device is never opened)."""
+    if is_local(path) and not os.path.isfile(path):
+        return None
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            return header_size(stream)
+    except Exception:  # noqa: BLE001 - unreadable: the job rejects it, saying why
+        return None
+
+
+def _task_sample(config, plan: SourcePlan) -> SizeSample:
+    try:
+        tasks = plan.kind.read_tasks(plan)
+    except NotImplementedError:  # a kind that lists its inputs another way: nothing sampled, said so
+        return SizeSample((), 0, None)
+    picked = spread(tasks, MAX_TASKS)
+    per_task = -(-SAMPLE_SIZE // max(1, len(picked)))
+    reader, read_path = plan.kind.task_reader(config, plan), plan.kind.path_reader(plan)
+    inputs: list[Input] = []
+    for task in picked:
+        try:
+            with contextlib.closing(iter(reader(task))) as read:  # closed early: a tar stream stops here
+                inputs += itertools.islice((item for item in read if isinstance(item, Input)), per_task)
+        except Exception:  # noqa: BLE001 - a task that cannot be read: the job reads it and says what is wrong
+            continue
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        sizes = [size for size in pool.map(lambda item: _input_size(item, read_path), inputs) if size is not None]
+    return SizeSample(tuple(sizes), len(inputs), None)
+
+
+def _input_size(item: Input, read_path) -> tuple[int, int] | None:
+    """An Input's image size: its bytes, or its path read by the kind's reader (an archive member) or opened."""
+    if item.data is not None:
+        return header_size(io.BytesIO(item.data))
+    if read_path is None:
+        return _file_size(item.path)
+    try:
+        return header_size(io.BytesIO(read_path(item.path)))
+    except Exception:  # noqa: BLE001 - an unreadable member: the job rejects it, saying why
+        return None
+
+
+class UpscaleRefused(PreprocessError):
+    """Most inputs are smaller than ``--shorter-side`` and ``--allow-upscale`` was not given: the command's exit
+    status is 2, as for a bad argument."""
+
+    exit_code = 2
+
+
+class SizedPlan(NamedTuple):
+    """The plan with its inputs' median size, and what the plan says about them before the job runs."""
+
+    plan: SourcePlan
+    lines: list[str]
+
+
+def sized_plan(config, plan: SourcePlan, listing: list | None = None) -> SizedPlan:
+    """Samples the inputs (``sample_sizes``); raises :class:`UpscaleRefused` when most are smaller than
+    ``--shorter-side`` (unless ``--allow-upscale``), before OUTPUT is touched."""
+    sample = sample_sizes(config, plan, listing)
+    if not config.allow_upscale:
+        refusal = upscale_refusal(sample, config.shorter_side, config.crop, config.encoding)
+        if refusal:
+            raise UpscaleRefused(refusal)
+    median = median_size(sample.sizes) if sample.sizes else None
+    return SizedPlan(dataclasses.replace(plan, median_input_size=median),
+                     plan_lines(sample, config.shorter_side, config.crop, config.encoding))
