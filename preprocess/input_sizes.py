@@ -125,10 +125,12 @@ def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: 
     if min(width, height) >= shorter_side:
         return None
     factor = shorter_side / min(width, height)
-    target = _total(sample, _mean_bytes(sample, shorter_side, crop, encoding))
-    own = _total(sample, _mean_bytes(sample, None, crop, encoding))
+    target, own = _mean_bytes(sample, shorter_side, crop, encoding), _mean_bytes(sample, None, crop, encoding)
+    # At their own size: what the run would write without resizing (larger than the upscaled output when the
+    # inputs above the median are large: then not said)
+    instead = f" instead of {_total(sample, own)} at their own size" if own < target else ""
     said = (f"most inputs are smaller than --shorter-side {shorter_side}: the median input is {width}x{height} (a "
             f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.1f}x: the output "
-            f"would be {target} instead of {own} at their own size. Nothing was written. Pass --shorter-side "
+            f"would be {_total(sample, target)}{instead}. Nothing was written. Pass --shorter-side "
             f"{min(width, height)} to keep them near their size, or --allow-upscale to upscale them.")
     return textwrap.fill(said, width=72, break_long_words=False, break_on_hyphens=False)
