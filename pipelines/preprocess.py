@@ -168,8 +168,9 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
     ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
     ``submission``: marked submitted once the runner has the job (read after a stop). ``on_plan(lines)`` is
-    called before OUTPUT is touched with what a sample of the inputs says (their median size, the expected output
-    size); a run that would upscale most inputs stops there (``input_sizes.UpscaleRefused``).
+    called before the pipeline starts with what a sample of the inputs says (their number and median size, the
+    expected output size); a run that would upscale most inputs stops before OUTPUT is touched
+    (``input_sizes.UpscaleRefused``).
     """
     from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
@@ -210,8 +211,6 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
         if not runners.uses_worker_processes(beam_args):
             worker_zygote.end_unneeded()
     plan, plan_lines = input_sizes.sized_plan(config, plan, listing)  # small inputs stop here, before OUTPUT
-    if on_plan is not None:
-        on_plan(plan_lines)
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output) as lock:
@@ -229,6 +228,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
+        if on_plan is not None:  # said once the run will go ahead (a refused resume says only why)
+            on_plan(plan_lines)
         return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal, submission)
 
 

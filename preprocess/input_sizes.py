@@ -87,32 +87,32 @@ def size_text(num_bytes: float) -> str:
 
 
 def _records_described(shorter_side: int, crop: str, encoding: str) -> str:
-    shape = f"{shorter_side}x{shorter_side} centre crops" if crop == "center" else (
-        f"shorter side {shorter_side}, aspect kept")
-    return f"raw {shape}" if encoding == encodings.RAW.name else f"{encoding} {shape}, a rough estimate"
+    shape = f"{shorter_side}x{shorter_side} crops" if crop == "center" else f"shorter side {shorter_side}"
+    return f"{encoding} {shape}" + ("" if encoding == encodings.RAW.name else ", roughly")
 
 
 def _total(sample: SizeSample, per_input: float) -> str:
-    """``about 2.3 MiB``; ``about 12.1 KiB an input`` when the number of inputs is not known yet."""
+    """``about 2.3 MiB``; ``about 12.1 KiB an image`` when the number of inputs is not known yet."""
     if sample.num_inputs is None:
-        return f"about {size_text(per_input)} an input"
+        return f"about {size_text(per_input)} an image"
     return f"about {size_text(per_input * sample.num_inputs)}"
 
 
 def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) -> list[str]:
-    """What the plan says before the job runs: the inputs' median size and the output's expected size."""
+    """What the plan says before the job runs, in 80 columns: the inputs, their median size and the output's
+    expected size."""
+    if sample.num_inputs is None:
+        inputs = "not counted before they are listed"
+    else:
+        inputs = ("about " if sample.estimated else "") + f"{sample.num_inputs:,}"
     if not sample.sizes:
-        return [f"expected output: not estimated (no image header read in a sample of {count(sample.sampled, 'input')})"]
+        return [f"inputs: {inputs} (no image header read in a sample of {sample.sampled:,})"]
     width, height = median_size(sample.sizes)
     per_input = _mean_bytes(sample, shorter_side, crop, encoding)
     records = _records_described(shorter_side, crop, encoding)
-    inputs = f"median {width}x{height} in a sample of {count(len(sample.sizes), 'image')} (their headers)"
-    if sample.num_inputs is None:
-        return [f"inputs: {inputs}",
-                f"expected output: {_total(sample, per_input)} ({records}); the number of inputs is known once listed"]
-    about = "about " if sample.estimated else ""
-    return [f"inputs: {inputs}", f"expected output: {_total(sample, per_input)} ({about}"
-                                 f"{count(sample.num_inputs, 'input')} of {size_text(per_input)}: {records})"]
+    each = "" if sample.num_inputs is None else f", {size_text(per_input)} an image"
+    return [f"inputs: {inputs} (median {width}x{height}, from the headers of {len(sample.sizes):,})",
+            f"expected output: {_total(sample, per_input)}{each} ({records})"]
 
 
 def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: str) -> str | None:

@@ -48,7 +48,8 @@ def test_allow_upscale_runs_and_the_manifest_records_the_median_input_size(tmp_p
     source, out = cifar_like(tmp_path / "cifar"), tmp_path / "out"
     result = preprocess(source, out, "--shorter-side", 64, "--allow-upscale", *IN_PROCESS)
     assert result.exit_code == 0, result.output
-    assert "expected output: about 145.5 KiB (12 inputs of 12.1 KiB: raw 64x64 centre crops)" in result.output
+    assert "inputs: 12 (median 32x32, from the headers of 12)\n" in result.output
+    assert "expected output: about 145.5 KiB, 12.1 KiB an image (raw 64x64 crops)\n" in result.output
     document = json.loads((out / "manifest.json").read_text())
     assert document["median_input_size"] == {"width": 32, "height": 32}
     assert document["options"]["allow_upscale"] is True
