@@ -1,8 +1,9 @@
 """The inputs' sizes before the job runs, on the launcher: a sample of their headers (``preprocess.input_sizes``).
 
-``sample_sizes(config, plan, listing) -> SizeSample``. A folder: up to ``MAX_FOLDERS`` class or flat folders spread
-over the plan, each listed, its files spread over the sample; the number of inputs counted from the listing a local
-run makes anyway, else from the sampled folders (exact when they are all of them). Other kinds: the first inputs
+``sample_sizes(config, plan, listing) -> SizeSample``. A folder: the sample spread over the listing a local run
+makes anyway, every input counted; without one (gs://), up to ``MAX_FOLDERS`` class or flat folders spread over the
+plan, each listed, its files spread over the sample, the number of inputs scaled from theirs (exact when they are
+all of them). Other kinds: the first inputs
 of up to ``MAX_TASKS`` read tasks spread over the plan, read by the kind's own task reader (a TFRecord file's or a
 compressed tar's first records, a row group, an archive's members by range); their number is not known before
 the job lists them. Headers only: Pillow reads no pixels, and a file that is not a regular one is not opened.
@@ -44,6 +45,8 @@ def sample_sizes(config, plan: SourcePlan, listing: list | None = None) -> SizeS
 
 
 def _folder_sample(config, plan: FolderPlan, listing: list | None) -> SizeSample:
+    if listing is not None:
+        return _listed_sample(config, plan, listing)
     folders = [(d, True) for _, _, d in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
     picked = spread(folders, MAX_FOLDERS)
     source_root = os.path.realpath(plan.location) if is_local(plan.location) else None
@@ -53,14 +56,30 @@ def _folder_sample(config, plan: FolderPlan, listing: list | None) -> SizeSample
         files = list_files(directory, recursive, source_root if recursive else None)[0]
         listed += len(files)
         paths += spread(files, per_folder)
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        sizes = [size for size in pool.map(_file_size, paths) if size is not None]
-    if listing is not None:  # its inputs: the entries not skipped, less the labels file's own entry
-        num_inputs = sum(1 for entry in listing if not entry.skipped) - (1 if config.labels_file else 0)
-        return SizeSample(tuple(sizes), len(paths), num_inputs)
+    sizes = _read_all(_file_size, paths, remote=not is_local(plan.location))
     estimated = len(picked) < len(folders)
     num_inputs = round(listed * len(folders) / len(picked)) if picked else 0
     return SizeSample(tuple(sizes), len(paths), num_inputs, estimated)
+
+
+def _listed_sample(config, plan: FolderPlan, listing: list) -> SizeSample:
+    """From the listing a local run makes anyway (``journal.listing_of``): every input counted, the sample spread
+    over all of them, no folder listed again. Its entries are keyed by source key (a name that is not valid
+    UTF-8 is escaped there: that file is not sampled)."""
+    labels_entry = f"--labels-file {config.labels_file}"
+    inputs = [entry for entry in listing if not entry.skipped and entry.key != labels_entry]
+    paths = [os.path.join(plan.location, entry.key) for entry in spread(inputs, SAMPLE_SIZE)]
+    sizes = _read_all(_file_size, paths, remote=not is_local(plan.location))
+    return SizeSample(tuple(sizes), len(paths), len(inputs))
+
+
+def _read_all(read_size, items: list, remote: bool) -> list[tuple[int, int]]:
+    """The sizes ``read_size`` finds for ``items``, in their order; remote ones on threads (a request each). Local
+    ones on this thread: threads here would leave malloc arenas that the run's own allocations then spread over."""
+    if not remote:
+        return [size for size in map(read_size, items) if size is not None]
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        return [size for size in pool.map(read_size, items) if size is not None]
 
 
 def _file_size(path: str) -> tuple[int, int] | None:
@@ -89,8 +108,8 @@ def _task_sample(config, plan: SourcePlan) -> SizeSample:
                 inputs += itertools.islice((item for item in read if isinstance(item, Input)), per_task)
         except Exception:  # noqa: BLE001 - a task that cannot be read: the job reads it and says what is wrong
             continue
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        sizes = [size for size in pool.map(lambda item: _input_size(item, read_path), inputs) if size is not None]
+    remote = any(item.data is None and not is_local(item.path) for item in inputs)
+    sizes = _read_all(lambda item: _input_size(item, read_path), inputs, remote)
     return SizeSample(tuple(sizes), len(inputs), None)
 
 
