@@ -96,3 +96,33 @@ def test_a_manifest_without_the_key_still_loads(tmp_path):
     assert Manifest.from_json(document).median_input_size is None
     assert "median_input_size" not in Manifest.from_json(document).to_json()
     assert os.path.exists(out / "train")
+
+
+def test_an_archive_of_small_images_is_sampled_from_its_members(tmp_path):
+    import tarfile
+
+    source = cifar_like(tmp_path / "cifar")
+    with tarfile.open(tmp_path / "cifar.tar", "w") as tar:
+        tar.add(source / "train", arcname="train")
+    result = preprocess(tmp_path / "cifar.tar", tmp_path / "out", *IN_PROCESS)
+    assert result.exit_code == 2, result.output
+    assert "the median input is 32x32 (a sample of 12 images)" in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_larger_inputs_above_the_median_leave_out_the_own_size_comparison():
+    """Half the inputs small, half large: at their own size the output would be larger than the upscaled one."""
+    sample = input_sizes.SizeSample(sizes=((200, 200), (210, 210), (2000, 2000)), sampled=3, num_inputs=3)
+    said = " ".join(input_sizes.upscale_refusal(sample, 256, "center", "raw").split())
+    assert "the output would be about 576.4 KiB. Nothing was written." in said and "own size" not in said
+
+
+def test_the_plan_lines_fit_80_columns_and_say_what_is_not_known():
+    sample = input_sizes.SizeSample(sizes=((500, 375),) * 3, sampled=4, num_inputs=1_281_167, estimated=True)
+    lines = input_sizes.plan_lines(sample, 256, "center", "jpeg")
+    assert lines == ["inputs: about 1,281,167 (median 500x375, from the headers of 3)",
+                     "expected output: about 27.5 GiB, 22.5 KiB an image (jpeg 256x256 crops, roughly)"]
+    unknown = input_sizes.plan_lines(sample._replace(num_inputs=None), 256, "none", "raw")
+    assert unknown == ["inputs: not counted before they are listed (median 500x375, from the headers of 3)",
+                       "expected output: about 255.9 KiB an image (raw shorter side 256)"]
+    assert all(len(line) <= 80 for line in lines + unknown)
