@@ -102,7 +102,7 @@ def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) 
     """What the plan says before the job runs, in 80 columns: the inputs, their median size and the output's
     expected size."""
     if sample.num_inputs is None:
-        inputs = "not counted before they are listed"
+        inputs = "not counted until listed"
     else:
         inputs = ("about " if sample.estimated else "") + f"{sample.num_inputs:,}"
     if not sample.sizes:

@@ -123,6 +123,6 @@ def test_the_plan_lines_fit_80_columns_and_say_what_is_not_known():
     assert lines == ["inputs: about 1,281,167 (median 500x375, from the headers of 3)",
                      "expected output: about 27.5 GiB, 22.5 KiB an image (jpeg 256x256 crops, roughly)"]
     unknown = input_sizes.plan_lines(sample._replace(num_inputs=None), 256, "none", "raw")
-    assert unknown == ["inputs: not counted before they are listed (median 500x375, from the headers of 3)",
+    assert unknown == ["inputs: not counted until listed (median 500x375, from the headers of 3)",
                        "expected output: about 255.9 KiB an image (raw shorter side 256)"]
     assert all(len(line) <= 80 for line in lines + unknown)
