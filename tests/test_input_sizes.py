@@ -126,3 +126,16 @@ def test_the_plan_lines_fit_80_columns_and_say_what_is_not_known():
     assert unknown == ["inputs: not counted until listed (median 500x375, from the headers of 3)",
                        "expected output: about 255.9 KiB an image (raw shorter side 256)"]
     assert all(len(line) <= 80 for line in lines + unknown)
+
+
+def test_a_malformed_median_input_size_is_a_shape_problem(tmp_path):
+    import pytest
+
+    from shardprep.preprocess.dataset import ManifestShapeError
+
+    source, out = cifar_like(tmp_path / "cifar"), tmp_path / "out"
+    assert preprocess(source, out, "--shorter-side", 32, "--quiet", *IN_PROCESS).exit_code == 0
+    document = json.loads((out / "manifest.json").read_text())
+    for wrong in ([32, 32], {"width": 0, "height": 32}, {"width": 32}):
+        with pytest.raises(ManifestShapeError, match="median_input_size"):
+            Manifest.from_json({**document, "median_input_size": wrong})
