@@ -11,7 +11,6 @@ the job lists them. Headers only: Pillow reads no pixels, and a file that is not
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import itertools
@@ -103,12 +102,15 @@ def _task_sample(config, plan: SourcePlan) -> SizeSample:
     reader, read_path = plan.kind.task_reader(config, plan), plan.kind.path_reader(plan)
     inputs: list[Input] = []
     for task in picked:
+        read = None
         try:
-            with contextlib.closing(iter(reader(task))) as read:  # closed early: a tar stream stops here
-                inputs += itertools.islice((item for item in read if isinstance(item, Input)), per_task)
+            read = iter(reader(task))
+            inputs += itertools.islice((item for item in read if isinstance(item, Input)), per_task)
         except Exception:  # noqa: BLE001 - a task that cannot be read: the job reads it and says what is wrong
             continue
-    remote = any(item.data is None and not is_local(item.path) for item in inputs)
+        finally:  # a generator closed early: a tar stream stops here, its file closed
+            getattr(read, "close", lambda: None)()
+    remote = any(item.data is None and item.path is not None and not is_local(item.path) for item in inputs)
     sizes = _read_all(lambda item: _input_size(item, read_path), inputs, remote)
     return SizeSample(tuple(sizes), len(inputs), None)
 
@@ -117,6 +119,8 @@ def _input_size(item: Input, read_path) -> tuple[int, int] | None:
     """An Input's image size: its bytes, or its path read by the kind's reader (an archive member) or opened."""
     if item.data is not None:
         return header_size(io.BytesIO(item.data))
+    if item.path is None:
+        return None
     if read_path is None:
         return _file_size(item.path)
     try:
