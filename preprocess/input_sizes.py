@@ -130,7 +130,7 @@ def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: 
     # inputs above the median are large: then not said)
     instead = f" instead of {_total(sample, own)} at their own size" if own < target else ""
     said = (f"most inputs are smaller than --shorter-side {shorter_side}: the median input is {width}x{height} (a "
-            f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.1f}x: the output "
+            f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.{1 if factor >= 1.1 else 2}f}x: the output "
             f"would be {_total(sample, target)}{instead}. Nothing was written. Pass --shorter-side "
             f"{min(width, height)} to keep them near their size, or --allow-upscale to upscale them.")
     return textwrap.fill(said, width=72, break_long_words=False, break_on_hyphens=False)

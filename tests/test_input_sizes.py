@@ -85,7 +85,7 @@ def test_the_median_input_is_the_middle_one_by_its_shorter_side():
     assert input_sizes.median_size(sample.sizes) == (500, 375)
     assert input_sizes.upscale_refusal(sample, shorter_side=256, crop="center", encoding="raw") is None
     said = " ".join(input_sizes.upscale_refusal(sample, 400, "center", "raw").split())
-    assert "median input is 500x375" in said and "upscaled 1.1x" in said and "--shorter-side 375" in said
+    assert "median input is 500x375" in said and "upscaled 1.07x" in said and "--shorter-side 375" in said
 
 
 def test_a_manifest_without_the_key_still_loads(tmp_path):
@@ -139,3 +139,8 @@ def test_a_malformed_median_input_size_is_a_shape_problem(tmp_path):
     for wrong in ([32, 32], {"width": 0, "height": 32}, {"width": 32}):
         with pytest.raises(ManifestShapeError, match="median_input_size"):
             Manifest.from_json({**document, "median_input_size": wrong})
+
+
+def test_a_factor_near_one_is_said_to_two_decimals():
+    sample = input_sizes.SizeSample(sizes=((391, 252),), sampled=1, num_inputs=1)
+    assert "upscaled 1.02x" in " ".join(input_sizes.upscale_refusal(sample, 256, "center", "raw").split())
