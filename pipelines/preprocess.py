@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import apache_beam as beam
 
-from shardprep.pipelines import journal, progress, storage, worker_zygote
+from shardprep.pipelines import input_sizes, journal, progress, storage, worker_zygote
 from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
@@ -160,14 +160,17 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, re
 
 
 def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
-                on_resume=None, submission: JobSubmission | None = None) -> JobOutcome:
+                on_resume=None, submission: JobSubmission | None = None, on_plan=None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
     killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
     ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
-    ``submission``: marked submitted once the runner has the job (read after a stop).
+    ``submission``: marked submitted once the runner has the job (read after a stop). ``on_plan(lines)`` is
+    called before the pipeline starts with what a sample of the inputs says (their number and median size, the
+    expected output size); a run that would upscale most inputs stops before OUTPUT is touched
+    (``input_sizes.UpscaleRefused``).
     """
     from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
@@ -176,7 +179,8 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
-        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission())
+        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission(),
+                            on_plan)
 
 
 def _exclude_keys(path: str, runner: str):
@@ -189,7 +193,7 @@ def _exclude_keys(path: str, runner: str):
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
-                 submission: JobSubmission) -> JobOutcome:
+                 submission: JobSubmission, on_plan) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
@@ -215,6 +219,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
         beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
         if not runners.uses_worker_processes(beam_args):
             worker_zygote.end_unneeded()
+    plan, plan_lines = input_sizes.sized_plan(config, plan, listing)  # small inputs stop here, before OUTPUT
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output) as lock:
@@ -232,6 +237,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
+        if on_plan is not None:  # said once the run will go ahead (a refused resume says only why)
+            on_plan(plan_lines)
         return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal, submission)
 
 

@@ -380,7 +380,7 @@ def test_a_worker_killed_while_starting_ends_the_run(tmp_path, forked):
 
     image_factory.write_image_folder(tmp_path / "src", {"train": 40})
     output, log = tmp_path / "out", tmp_path / "killed"
-    command = ["preprocess", str(tmp_path / "src"), str(output), "--", "--direct_num_workers=2"]
+    command = ["preprocess", str(tmp_path / "src"), str(output), "--shorter-side", "16", "--", "--direct_num_workers=2"]
     env = dict(os.environ, KILLED_LOG=str(log), **({} if forked else {worker_zygote.DISABLE_VARIABLE: "0"}))
     started = time.monotonic()
     launcher = subprocess.Popen([sys.executable, "-c", KILLED_AT_START, *command], stdout=subprocess.PIPE,
