@@ -341,6 +341,9 @@ def _class_name(classes: list[str], label: str):
     return Text(classes[index]) if 0 <= index < len(classes) else _styled("(out of range)", "red")
 
 
+_NEAR_PAIRS_SHOWN = 5
+
+
 def _print_near_duplicates(say, report: dict) -> None:
     """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
     from rich.text import Text
@@ -354,7 +357,8 @@ def _print_near_duplicates(say, report: dict) -> None:
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
     within = [(split, entry["records"]) for split, entry in near["within_splits"].items() if entry["records"]]
-    items: list = [("", _styled("near-duplicates", "bold")), (" ", f"(within {near['max_distance']} bits):")]
+    items: list = [("", _styled("near-duplicates", "bold")),
+                   (" ", f"(score ≥ {near['min_score']:.2f}, hashes within {near['max_distance']} bits):")]
     items += [(" " if i == 0 else ", ", f"{entry['split']} {entry['records']:,} of {entry['split_records']:,} "
                                         f"in {entry['reference']}") for i, entry in enumerate(across)]
     if not across:
@@ -366,6 +370,12 @@ def _print_near_duplicates(say, report: dict) -> None:
         items.append(("; ", f"{near['search']['members_unchecked']:,} records in crowded search buckets "
                             "not compared"))
     say(items)
+    pairs = [pair for entry in across for pair in entry["pairs"]]
+    for pair in pairs[:_NEAR_PAIRS_SHOWN]:  # held-out key first; every pair is in the JSON report
+        say([("", f"  {pair['duplicate']['filename']} ~ {pair['reference']['filename']}"),
+             (" ", f"(score {pair['score']:.2f}, {pair['distance']} bits)")], indent="    ")
+    if len(pairs) > _NEAR_PAIRS_SHOWN:
+        say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs (every one in the JSON report)")])
     for found in report.get("warnings") or []:
         clauses = phrases.clauses(found["message"])
         say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
