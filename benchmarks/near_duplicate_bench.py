@@ -133,13 +133,11 @@ def generated(count: int, seed: int = 0) -> np.ndarray:
 
 
 def scale_child(count: int) -> dict:
-    from shardprep.pipelines.validation.elements import RecordLocation
-
     images = generated(count)
     started = time.perf_counter()
     fingerprints = [(fingerprint(image), thumbnail(image)) for image in images]
     hash_s = time.perf_counter() - started
-    held = max(1, count // 10)  # validation: the last tenth, 1 in 10 of them copies of a train record
+    held = max(1, count // 10)  # test: the last tenth, 1 in 10 of them copies of a train record
     records = []
     for i, (fp, thumb) in enumerate(fingerprints):
         split = "test" if i >= count - held else "train"

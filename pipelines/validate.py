@@ -17,8 +17,7 @@ The JSON report (``--json``)::
                             0-based record in it; null where not applicable), at most --max-problems-per-check per
                             check, lowest file/record first; problems_truncated says whether some were left out
     elapsed_seconds, tool, tool_version
-    pictures                {contact_sheet, class_counts, near_duplicates (the first page; near_duplicates.pages lists
-                            every page), near_duplicates_html}: paths written (with --pictures)
+    pictures                {contact_sheet, class_counts, near_duplicates (page 1), near_duplicates_html}: paths written
     warnings                [{check, message, split, file, index, ...}]: near-duplicates that do not fail the run
   prepared dataset, once a manifest was read:
     classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
@@ -29,15 +28,14 @@ The JSON report (``--json``)::
              expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
              ({file: records}), duplicate_images (identical images within the split: not a failure)}}
     near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
-             --no-near-duplicates), else {max_distance (of the candidates' hashes), min_score, limit, strict,
-             leaked_records (held-out records with a near-duplicate in a training split), leaked_keys_file
-             (--leaked-keys), across_splits [{reference (the training split), split (the held-out one), leak,
-             records (of split with a near-duplicate in reference), split_records, pairs (every one) and borderline
-             (the best candidates short of min_score) [{score, distance, reference, duplicate (RecordLocation
-             JSON)}] most alike first}], within_splits {split: {records, pairs, borderline}},
-             search {buckets_over_cap, members_unchecked, tables, key_bits, bucket_cap, expected_recall
-             ({distance: the chance a pair that far apart is compared})}, pages (with --pictures: every
-             near_duplicates*.png written)}
+             --no-near-duplicates), else {max_distance (candidates' hashes), min_score, limit, strict, leaked_records
+             (held-out records with a near-duplicate in a training split), leaked_keys_file (--leaked-keys),
+             across_splits [{reference (the training split), split (the held-out one), leak, records (of split with a
+             near-duplicate in reference), split_records, pairs (every one) and borderline (the best candidates short
+             of min_score) [{score, distance, reference, duplicate (RecordLocation JSON)}] most alike first}],
+             within_splits {split: {records, pairs, borderline}}, search {buckets_over_cap, members_unchecked, tables,
+             key_bits, bucket_cap, expected_recall ({distance: the chance a pair that far apart is compared})},
+             pages (with --pictures: every near_duplicates*.png written)}
   tfrecord:GLOB and tfds:NAME:
     image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
     dataset's label names)
@@ -353,8 +351,8 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 
 
 def _write_near_duplicate_pages(directory: str, report: dict, outputs: WrittenOutputs) -> dict:
-    """Writes near_duplicates.png and its further pages (listed in the report's ``near_duplicates.pages``), then
-    near_duplicates.html showing them; returns ``near_duplicates`` (the first page) and ``near_duplicates_html``."""
+    """Writes near_duplicates.png, its further pages (the report's ``near_duplicates.pages``), then
+    near_duplicates.html; returns ``near_duplicates`` (the first page) and ``near_duplicates_html``."""
     from shardprep.pipelines.validate_read import read_record_pixels
     from shardprep.pipelines.validation import near_pictures
 
@@ -362,11 +360,10 @@ def _write_near_duplicate_pages(directory: str, report: dict, outputs: WrittenOu
     pages = [outputs.wrote("--pictures", _write_file(directory, name, png, "image/png"), whole=False)
              for name, png in near_pictures.pages_of(report, lambda file, index: (
                  read_record_pixels(manifest_lib.join(data_dir, file), index)))]
-    page_html = near_pictures.html_of(report, [os.path.basename(page) for page in pages])
-    html_path = outputs.wrote("--pictures", _write_file(directory, near_pictures.NEAR_DUPLICATES_HTML, page_html,
-                                                        "text/html"), whole=False)
     report["near_duplicates"]["pages"] = pages
-    return {"near_duplicates": pages[0], "near_duplicates_html": html_path}
+    page = near_pictures.html_of(report, [os.path.basename(path) for path in pages])
+    return {"near_duplicates": pages[0], "near_duplicates_html": outputs.wrote("--pictures", _write_file(
+        directory, near_pictures.NEAR_DUPLICATES_HTML, page, "text/html"), whole=False)}
 
 
 def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:

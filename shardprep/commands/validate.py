@@ -38,11 +38,12 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
   - image/filename unique; no identical image (decoded-pixel hash) in two
     splits (leakage);
   - near-duplicates: records whose perceptual hashes (64-bit DCT hash of
-    the stored pixels; re-encoded, rescaled, slightly cropped or shifted,
-    brighter or darker, or mirrored copies) are within
-    --near-duplicate-distance bits of a record in an earlier split: a
-    warning with the count, a failure under --strict or above
-    --near-duplicate-limit; --leaked-keys writes their keys for
+    the stored pixels) are within --near-duplicate-distance bits of
+    another's, confirmed on their pixels (a score of at least 0.85:
+    re-encoded, rescaled, cropped, shifted, brighter or darker, or
+    mirrored copies); a held-out record with a twin in train is a leak:
+    a warning with the count, a failure under --strict or above
+    --near-duplicate-limit; --leaked-keys writes the held-out keys for
     `shardprep preprocess --exclude`; a local run of more than
     {local_limit} records skips this search with a warning (memory),
     unless asked for (--near-duplicates);
@@ -94,7 +95,8 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
               type=click.IntRange(min=1), help="Problems listed per check in the report (all are counted).")
 @click.option("--near-duplicate-distance", default=default("near_duplicate_distance"), show_default=True,
               type=click.IntRange(min=0, max=MAX_DISTANCE), metavar="BITS",
-              help="Records whose 64-bit perceptual hashes differ in at most BITS bits are near-duplicates.")
+              help="Records whose 64-bit perceptual hashes differ in at most BITS bits are candidates, each then "
+                   "confirmed on its pixels.")
 @click.option("--near-duplicate-limit", default=default("near_duplicate_limit"), type=click.IntRange(min=0),
               metavar="N", help="Fail when more than N records have a near-duplicate in an earlier split "
                                 "(default: a warning, however many).")
