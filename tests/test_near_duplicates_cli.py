@@ -288,3 +288,13 @@ def test_no_near_duplicates_with_leaked_keys_is_refused(leaky, tmp_path):
     [line] = result.output.strip().splitlines()
     assert line.startswith("Error:") and "--no-near-duplicates" in line and "--leaked-keys" in line
     assert not keys.exists()
+
+
+def test_a_pictures_folder_holding_a_folder_where_a_page_goes_is_refused_before_anything_runs(leaky, tmp_path):
+    """The rename into place would fail after the run: near_duplicates.html or a later page a folder."""
+    _, data = leaky
+    for name in (near_pictures.NEAR_DUPLICATES_HTML, near_pictures.page_name(2)):
+        pictures = tmp_path / name.replace(".", "_")
+        (pictures / name).mkdir(parents=True)
+        with pytest.raises(validate.ValidateError, match=f"--pictures .*{name} is a folder"):
+            validate.run(ValidateOptions(str(data), pictures=str(pictures)), IN_PROCESS)
