@@ -12,9 +12,11 @@ from typing import Any
 
 
 MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
-# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 14 KiB a
-# record measured (BENCHMARKS.md), so ~3 GiB here. Above it a local run skips the search unless asked for it.
-LOCAL_NEAR_DUPLICATE_RECORDS = 200_000
+# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 64 KiB a
+# record measured with the thumbnails and the 16-bit candidates' keys (BENCHMARKS.md), so ~6 GiB here. Above it a
+# local run skips the search unless asked for it.
+LOCAL_NEAR_DUPLICATE_KIB = 64
+LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +102,8 @@ def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bo
     asked = options.near_duplicates or options.near_duplicate_flags()
     if asked or not local or records <= LOCAL_NEAR_DUPLICATE_RECORDS:
         return None
-    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about 14 KiB "
-            f"of memory a record); --near-duplicates runs it here, or run on Dataflow")
+    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about "
+            f"{LOCAL_NEAR_DUPLICATE_KIB} KiB of memory a record); --near-duplicates runs it here, or run on Dataflow")
 
 
 def default(name: str) -> Any:

@@ -303,3 +303,14 @@ def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold(
     small, large = SearchKeys.for_records(10_000, 10), SearchKeys.for_records(1_300_000, 10)
     assert small.bits < large.bits and small.tables < large.tables
     assert SearchKeys.for_records(0, 0) == SearchKeys(1, 6)
+
+
+def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
+    """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
+    from shardprep.pipelines import validate_options
+    from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
+
+    kib = validate_options.LOCAL_NEAR_DUPLICATE_KIB
+    assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
+    reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
+    assert f"about {kib} KiB" in reason

@@ -107,7 +107,7 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
                    "shardprep preprocess --exclude FILE.")
 @click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
               help="Run the near-duplicate search or not (default: it runs, except on a local run of more than "
-                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~14 KiB of memory each, where it is skipped with a "
+                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~64 KiB of memory each, where it is skipped with a "
                    "warning; --strict, --near-duplicate-limit and --leaked-keys run it too). Prepared datasets "
                    "only: on tfrecord:/tfds: DATA these flags are refused.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
