@@ -1,15 +1,18 @@
 """Near-duplicate detection: what it finds, what it wrongly pairs, and what it costs as the dataset grows.
 
-    .venv/bin/python benchmarks/near_duplicate_bench.py ../shared/data/imagenet-sample [--sizes 10000,30000,100000]
+    .venv/bin/python benchmarks/near_duplicate_bench.py ../shared/data/imagenet-sample [--sides 32,256]
+        [--sizes 10000,30000,100000]
 
-1. Recall on planted copies. Each photo of the folder is stored as preprocess stores it (shorter side 128, centre
-   crop, raw), and so is each changed copy of it (JPEG quality 30, rescaled 0.5 and 0.8, cropped 2% and 4% of each
-   side, shifted 2% and 3%, brightness +/-10%, contrast -10%, flipped, and all of rescale 0.6 + 1% crop + brightness
-   + JPEG 40 at once). Per change: the share of copies within 6, 8, 10 and 12 bits of their original; and the share
-   validate's search (FindNearDuplicates, train = the originals, validation = every copy) flags, with its default
-   threshold, and any pair it lists between different photos.
-2. False pairs: every pair of distinct photos of the folder (19,900 for 200) within 6..14 bits.
-3. Cost as the dataset grows: N generated 32x32 records (distinct textures; 1% planted copies), each size in a child
+1. Precision and recall per kind, at each side (32 px: CIFAR's size; 256 px: ImageNet-like). Each photo of the
+   folder is stored as a dataset would hold it (shorter side to SIDE, centre crop); each planted kind of
+   ``tests/near_duplicate_images.PLANTED`` (JPEG quality 30/60/90, resized, cropped up to 10%, shifted 1-4 px,
+   brightness, contrast, flipped, colour jitter, all at once) is applied to every stored photo. validate's search
+   (FindNearDuplicates with its defaults) runs once per kind: train = the photos, test = their copies. Recall: the
+   share of copies reported with their own original; precision: the share of reported pairs that are right.
+   Hard negatives (``HARD_NEGATIVES``: same background, same object, distinct look-alikes) from photo triples:
+   first in train, second in test; every reported pair is wrong. And the photos alone (every pair of distinct
+   photos, 19,900 for 200): every pair reported within the split is wrong.
+2. Cost as the dataset grows: N generated 32x32 records (distinct textures; 1% planted copies), each size in a child
    process of its own: fingerprinting per record, the search's wall time on the in-process runner (one worker), and
    the child's peak resident memory.
 """
@@ -18,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import io
-import itertools
 import json
 import os
 import resource
@@ -30,86 +31,64 @@ import time
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from shardprep.preprocess import encodings, image_ops
-from shardprep.preprocess.perceptual_hash import distance, fingerprint
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-THRESHOLDS = (6, 8, 10, 12)
-DEFAULT = 10
+from near_duplicate_images import HARD_NEGATIVES, PLANTED  # noqa: E402
+from shardprep.pipelines.validate_options import default  # noqa: E402
+from shardprep.pipelines.validation.elements import RecordLocation  # noqa: E402
+from shardprep.pipelines.validation.near_pairs import NearRecord  # noqa: E402
+from shardprep.pipelines.validation.near_score import thumbnail  # noqa: E402
+from shardprep.preprocess.perceptual_hash import fingerprint  # noqa: E402
 
-
-def _jpeg(image: Image.Image, quality: int) -> Image.Image:
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=quality)
-    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-
-
-def _crop(image: Image.Image, fraction: float) -> Image.Image:
-    w, h = image.size
-    return image.crop((round(w * fraction), round(h * fraction), w - round(w * fraction), h - round(h * fraction)))
+DEFAULT = default("near_duplicate_distance")
 
 
-def _shift(image: Image.Image, fraction: float) -> Image.Image:
-    array = np.asarray(image)
-    pixels = max(1, round(array.shape[1] * fraction))
-    return Image.fromarray(np.concatenate([np.repeat(array[:, :1], pixels, axis=1), array[:, :-pixels]], axis=1))
+def stored(image: Image.Image, side: int) -> Image.Image:
+    """``image`` with its shorter side resized to ``side`` (bicubic) and centre-cropped square."""
+    scale = side / min(image.size)
+    image = image.resize((max(side, round(image.width * scale)), max(side, round(image.height * scale))),
+                         Image.Resampling.BICUBIC)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    return image.crop((left, top, left + side, top + side))
 
 
-def _scale(image: Image.Image, factor: float) -> Image.Image:
-    return image.resize((round(image.width * factor), round(image.height * factor)), Image.Resampling.BILINEAR)
+def near_record(image: Image.Image, split: str, index: int, name: str) -> NearRecord:
+    pixels = np.asarray(image.convert("RGB"))
+    return NearRecord(fingerprint(pixels), RecordLocation(split, name, index, f"{split}/{index}"), thumbnail(pixels))
 
 
-CHANGES = {
-    "JPEG quality 30": lambda im: _jpeg(im, 30),
-    "rescaled 0.5x": lambda im: _scale(im, 0.5),
-    "rescaled 0.8x": lambda im: _scale(im, 0.8),
-    "cropped 2% a side": lambda im: _crop(im, 0.02),
-    "cropped 4% a side": lambda im: _crop(im, 0.04),
-    "shifted 2%": lambda im: _shift(im, 0.02),
-    "shifted 3%": lambda im: _shift(im, 0.03),
-    "brightness +10%": lambda im: ImageEnhance.Brightness(im).enhance(1.1),
-    "brightness -10%": lambda im: ImageEnhance.Brightness(im).enhance(0.9),
-    "contrast -10%": lambda im: ImageEnhance.Contrast(im).enhance(0.9),
-    "flipped": lambda im: im.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
-    "all at once": lambda im: _jpeg(ImageEnhance.Brightness(_crop(_scale(im, 0.6), 0.01)).enhance(1.1), 40),
-}
+def _row(kind: str, side: int, planted: int, found: dict) -> dict:
+    """One table row: right pairs are a test copy reported with the train photo of its own index."""
+    pairs = [pair for _, listed in found["pairs"] for pair in listed
+             if pair.reference.split != pair.duplicate.split]
+    right = sum(pair.reference.index == pair.duplicate.index for pair in pairs)
+    within = sum(len(listed) for key, listed in found["pairs"] if key[0] == key[1])
+    return {"side": side, "kind": kind, "planted": planted, "reported": len(pairs), "right": right,
+            "recall": right / planted if planted else None, "precision": right / len(pairs) if pairs else None,
+            "within_split_pairs": within}
 
 
-def stored(image: Image.Image) -> np.ndarray:
-    """The pixels preprocess would store for ``image`` (shorter side 128, centre crop, raw)."""
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    options = image_ops.ProcessOptions(shorter_side=128)
-    done = image_ops.process_image(buffer.getvalue(), options)
-    return encodings.get(options.encoding).decode(done.encoded, done.height, done.width)
+def quality(folder: str, side: int) -> list[dict]:
+    photos = [stored(Image.open(path).convert("RGB"), side) for path in sorted(glob.glob(os.path.join(folder, "*")))]
+    originals = [near_record(photo, "train", i, "photos") for i, photo in enumerate(photos)]
+    rows = [_row(f"distinct photos ({len(photos) * (len(photos) - 1) // 2:,} pairs)", side, 0,
+                 _search(originals, len(originals)))]
+    for kind, change in PLANTED.items():
+        copies = [near_record(change(photo), "test", i, kind) for i, photo in enumerate(photos)]
+        rows.append(_row(kind, side, len(photos), _search(originals + copies, len(originals) + len(copies))))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    for kind, make in HARD_NEGATIVES.items():
+        records = []
+        for i in range(0, len(photos) - 2, 3):
+            first, second = make(*photos[i:i + 3])
+            records += [near_record(first, "train", i, kind), near_record(second, "test", i + 1000, kind)]
+        rows.append(_row(f"hard negative: {kind}", side, 0, _search(records, len(records))))
+    return rows
 
 
-def quality(folder: str) -> dict:
-    from shardprep.pipelines.validation.elements import RecordLocation
-
-    photos = [Image.open(path).convert("RGB") for path in sorted(glob.glob(os.path.join(folder, "*")))]
-    originals = [fingerprint(stored(photo)) for photo in photos]
-    records = [(fp, RecordLocation("train", "t", i, f"photo_{i}")) for i, fp in enumerate(originals)]
-    distances: dict[str, list[int]] = {}
-    for name, change in CHANGES.items():
-        for i, photo in enumerate(photos):
-            copy = fingerprint(stored(change(photo)))
-            distances.setdefault(name, []).append(distance(originals[i], copy))
-            records.append((copy, RecordLocation("validation", name, i, f"{name}/photo_{i}")))
-    found = _search(records, len(records))
-    flagged = {(location.file, location.index) for location in found["leaked"]}
-    per_change = {name: {"within": {t: float(np.mean(np.array(d) <= t)) for t in THRESHOLDS},
-                         "max": int(max(d)), "searched_recall": sum((name, i) in flagged for i in range(len(photos)))
-                         / len(photos)} for name, d in distances.items()}
-    wrong = [pair for pair in found["pairs"] if pair.reference.index != pair.duplicate.index]
-    all_pairs = np.array([distance(a, b) for a, b in itertools.combinations(originals, 2)])
-    return {"photos": len(photos), "per_change": per_change, "wrong_pairs_listed": len(wrong),
-            "distinct_pairs": int(all_pairs.size), "closest_distinct": int(all_pairs.min()),
-            "false_pairs": {t: int((all_pairs <= t).sum()) for t in (6, 8, 10, 12, 14)},
-            "search": found["search"]}
-
-
-def _search(records, pairs_listed: int) -> dict:
-    """FindNearDuplicates on ``records`` in this process (one worker); its outputs read back from text files."""
+def _search(records, size: int) -> dict:
+    """FindNearDuplicates with validate's defaults on ``records`` in this process (one worker); its outputs read
+    back from text files."""
     import pickle
     import tempfile
 
@@ -119,11 +98,10 @@ def _search(records, pairs_listed: int) -> dict:
     from shardprep.pipelines.near_duplicates import FindNearDuplicates
     from shardprep.pipelines.validation.near_pairs import SearchKeys
 
-    search = SearchKeys.for_records(len(records), DEFAULT)  # as validate keys a dataset of this many records
+    search = SearchKeys.for_records(size, DEFAULT)  # as validate keys a dataset of this many records
     with tempfile.TemporaryDirectory(prefix="near-bench-") as folder:
         with beam.Pipeline(runner=FnApiRunner()) as p:
-            found = p | beam.Create(records) | FindNearDuplicates(["train", "validation"], DEFAULT, pairs_listed,
-                                                                    search)
+            found = p | beam.Create(records) | FindNearDuplicates(["train", "test"], DEFAULT, 10, search)
             for name in ("leaked", "pairs", "search"):
                 _ = (found[name] | f"Pickle{name}" >> beam.Map(lambda element: pickle.dumps(element).hex())
                      | f"Write{name}" >> beam.io.WriteToText(os.path.join(folder, name), shard_name_template=""))
@@ -131,10 +109,20 @@ def _search(records, pairs_listed: int) -> dict:
         for name in ("leaked", "pairs", "search"):
             with open(os.path.join(folder, name)) as f:
                 out[name] = [pickle.loads(bytes.fromhex(line.strip())) for line in f if line.strip()]
-    out["pairs"] = [pair for _, pairs in out["pairs"] for pair in pairs]
     out["search"] = {"result": out["search"][0] if out["search"] else None, "tables": search.tables,
-                     "key_bits": search.bits, "expected_recall_at_10": round(search.recall(DEFAULT), 3)}
+                     "key_bits": search.bits, "expected_recall": round(search.recall(DEFAULT), 3)}
     return out
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| px | kind | planted | pairs reported | right | recall | precision |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        reported = row["reported"] + row["within_split_pairs"]
+        fmt = lambda value: "—" if value is None else f"{value:.3f}"  # noqa: E731
+        lines.append(f"| {row['side']} | {row['kind']} | {row['planted'] or '—'} | {reported} | {row['right']} | "
+                     f"{fmt(row['recall'])} | {fmt(row['precision']) if row['planted'] else '—'} |")
+    return "\n".join(lines)
 
 
 def generated(count: int, seed: int = 0) -> np.ndarray:
@@ -145,21 +133,20 @@ def generated(count: int, seed: int = 0) -> np.ndarray:
 
 
 def scale_child(count: int) -> dict:
-    from shardprep.pipelines.validation.elements import RecordLocation
-
     images = generated(count)
     started = time.perf_counter()
-    fingerprints = [fingerprint(image) for image in images]
+    fingerprints = [(fingerprint(image), thumbnail(image)) for image in images]
     hash_s = time.perf_counter() - started
-    held = max(1, count // 10)  # validation: the last tenth, 1 in 10 of them copies of a train record
+    held = max(1, count // 10)  # test: the last tenth, 1 in 10 of them copies of a train record
     records = []
-    for i, fp in enumerate(fingerprints):
-        split = "validation" if i >= count - held else "train"
-        if split == "validation" and i % 10 == 0:
-            fp = fingerprint(np.asarray(ImageEnhance.Brightness(Image.fromarray(images[i - held])).enhance(1.1)))
-        records.append((fp, RecordLocation(split, "f", i, f"r{i}")))
+    for i, (fp, thumb) in enumerate(fingerprints):
+        split = "test" if i >= count - held else "train"
+        if split == "test" and i % 10 == 0:
+            copy = np.asarray(ImageEnhance.Brightness(Image.fromarray(images[i - held])).enhance(1.1))
+            fp, thumb = fingerprint(copy), thumbnail(copy)
+        records.append(NearRecord(fp, RecordLocation(split, "f", i, f"r{i}"), thumb))
     started = time.perf_counter()
-    found = _search(records, 10)
+    found = _search(records, len(records))
     search_s = time.perf_counter() - started
     planted = sum(1 for i in range(count - held, count) if i % 10 == 0)
     return {"records": count, "hash_us_per_record": hash_s / count * 1e6, "search_s": search_s,
@@ -171,6 +158,7 @@ def scale_child(count: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", nargs="?")
+    parser.add_argument("--sides", default="32,256")
     parser.add_argument("--sizes", default="10000,30000,100000")
     parser.add_argument("--child", type=int)
     args = parser.parse_args()
@@ -178,10 +166,8 @@ def main() -> None:
         print(json.dumps(scale_child(args.child)))
         return
     if args.folder:
-        result = quality(args.folder)
-        for name, change in result.pop("per_change").items():
-            print(json.dumps({"change": name, **change}), flush=True)
-        print(json.dumps(result), flush=True)
+        rows = [row for side in args.sides.split(",") if side for row in quality(args.folder, int(side))]
+        print(table(rows), flush=True)
     for size in [int(s) for s in args.sizes.split(",") if s]:
         child = subprocess.run([sys.executable, __file__, "--child", str(size)], capture_output=True, text=True,
                                check=True)

@@ -1,11 +1,14 @@
-"""``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance, across and within splits,
-found the Beam way (``pipelines/validation/near_pairs.py`` holds the plain-Python parts).
+"""``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance (candidates) and whose
+thumbnails then score at least the minimum (near-duplicates), across and within splits, found the Beam way
+(``pipelines/validation/near_pairs.py`` holds the plain-Python parts, ``near_score.py`` the score).
 
-Input: ``(Fingerprint, RecordLocation)`` per record. Outputs (a dict of PCollections):
+Input: a ``NearRecord`` per record. Outputs (a dict of PCollections):
 
-    counts      ((reference, split), n): n records of the later split have a near-duplicate in the reference split
-    pairs       ((reference, split), [NearPair]): the closest ``pairs_listed`` pairs of each split pair, closest first
-    leaked      RecordLocation of every record with a near-duplicate in an earlier split (what to exclude)
+    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split (the
+                training split of a held-out one: near_pairs.split_ranks)
+    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
+    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
+    leaked      RecordLocation of every held-out record with a near-duplicate in a training split (what to exclude)
     search      (buckets over the cap, members left unchecked in them): one element
 
 Steps, none holding more than one hash's records or one bucket's capped members::
@@ -14,8 +17,8 @@ Steps, none holding more than one hash's records or one bucket's capped members:
     SearchKeys        each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
     GroupByBucket     GroupByKey(search key) -> bucket_pairs: hash pairs within the distance (capped buckets)
     DistinctPairs     a pair found in several tables once
-    JoinLow/JoinHigh  CoGroupByKey(hash) twice: each pair with both of its groups -> flags and listed pairs
-    GroupFindings     a group's own records (distance 0): splits against each other, duplicates within a split
+    JoinLow/JoinHigh  CoGroupByKey(hash) twice: each pair with both of its groups -> scored -> flags, pairs
+    GroupFindings     a group's own records (distance 0), scored: splits against each other, within a split
     leaked keys       CoGroupByKey(hash) of flagged (hash, split) with every record's location
 """
 
@@ -23,20 +26,20 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from shardprep.pipelines.validation.near_pairs import (BUCKET_CAP, Flag, HashGroup, HashPair, NearPair, SearchKeys,
-                                                       SplitPair, bucket_pairs, group_findings, pair_findings)
+from shardprep.pipelines.validation.near_pairs import (BUCKET_CAP, Borderline, Flag, HashGroup, HashPair, NearPair,
+                                                       NearRecord, SearchKeys, SplitPair, bucket_pairs, group_findings,
+                                                       pair_findings, split_ranks)
+from shardprep.pipelines.validation.near_score import MIN_SCORE
 
 
 class GroupByHashFn(beam.CombineFn):
-    """``(Fingerprint, RecordLocation)`` values of one hash -> their ``HashGroup`` (bounded: counts, a few
-    locations per split)."""
+    """``NearRecord`` values of one hash -> their ``HashGroup`` (bounded: counts, a few members per split)."""
 
     def create_accumulator(self):
         return HashGroup()
 
     def add_input(self, accumulator, element):
-        fingerprint, location = element
-        return accumulator.add(fingerprint, location)
+        return accumulator.add(element)
 
     def merge_accumulators(self, accumulators):
         merged = HashGroup()
@@ -88,31 +91,36 @@ def _attach_low(element):
 
 
 class PairFindingsFn(beam.DoFn):
-    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> ``Flag`` and ``NearPair`` (tagged)."""
+    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> ``Flag``, ``NearPair`` and
+    ``Borderline`` (tagged)."""
 
-    def __init__(self, split_order: list[str]):
-        self.order = {split: i for i, split in enumerate(split_order)}
+    def __init__(self, split_order: list[str], min_score: float):
+        self.ranks, self.min_score = split_ranks(split_order), min_score
 
     def process(self, element):
         _, joined = element
         for high in joined["group"]:
             for pair, low in joined["pair"]:
-                yield from _tagged(pair_findings(low, high, pair.distance, self.order))
+                yield from _tagged(pair_findings(low, high, pair.distance, self.ranks, self.min_score))
 
 
 class GroupFindingsFn(beam.DoFn):
-    """``(hash, HashGroup)`` -> the ``Flag`` and ``NearPair`` of its own records (tagged)."""
+    """``(hash, HashGroup)`` -> the ``Flag``, ``NearPair`` and ``Borderline`` of its own records (tagged)."""
 
-    def __init__(self, split_order: list[str]):
-        self.order = {split: i for i, split in enumerate(split_order)}
+    def __init__(self, split_order: list[str], min_score: float):
+        self.ranks, self.min_score = split_ranks(split_order), min_score
 
     def process(self, element):
-        yield from _tagged(group_findings(element[1], self.order))
+        yield from _tagged(group_findings(element[1], self.ranks, self.min_score))
+
+
+_TAGS = {Flag: "flag", NearPair: "near_pair", Borderline: "borderline"}
+FINDINGS = tuple(_TAGS.values())
 
 
 def _tagged(findings):
     for found in findings:
-        yield beam.pvalue.TaggedOutput("flag" if isinstance(found, Flag) else "near_pair", found)
+        yield beam.pvalue.TaggedOutput(_TAGS[type(found)], found.pair if isinstance(found, Borderline) else found)
 
 
 def _leaked_locations(element):
@@ -133,16 +141,16 @@ def _sum_pairs(values):
 
 
 class FindNearDuplicates(beam.PTransform):
-    """``(Fingerprint, RecordLocation)`` per record -> ``{counts, pairs, leaked, search}`` (see the module)."""
+    """``NearRecord`` per record -> ``{counts, pairs, borderline, leaked, search}`` (see the module)."""
 
     def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
-                 search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP):
+                 search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
         super().__init__()
         self.split_order, self.max_distance, self.pairs_listed = list(split_order), max_distance, pairs_listed
-        self.search, self.cap = search, cap
+        self.search, self.cap, self.min_score = search, cap, min_score
 
-    def expand(self, fingerprints):
-        by_hash = fingerprints | "KeyByHash" >> beam.Map(lambda element: (element[0].hash, element))
+    def expand(self, records):
+        by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
         groups = by_hash | "GroupByHash" >> beam.CombinePerKey(GroupByHashFn())  # (hash, HashGroup)
         buckets = (groups
                    | "SearchKeys" >> beam.ParDo(SearchKeysFn(self.search))  # (search key, (hash, mirror))
@@ -157,30 +165,36 @@ class FindNearDuplicates(beam.PTransform):
                     | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
         from_pairs = ({"group": groups, "pair": with_low}
                       | "JoinHigh" >> beam.CoGroupByKey()
-                      | "PairFindings" >> beam.ParDo(PairFindingsFn(self.split_order)).with_outputs(
-                          "flag", "near_pair"))
-        from_groups = groups | "GroupFindings" >> beam.ParDo(GroupFindingsFn(self.split_order)).with_outputs(
-            "flag", "near_pair")
+                      | "PairFindings" >> beam.ParDo(PairFindingsFn(self.split_order, self.min_score))
+                      .with_outputs(*FINDINGS))
+        from_groups = groups | "GroupFindings" >> beam.ParDo(GroupFindingsFn(
+            self.split_order, self.min_score)).with_outputs(*FINDINGS)
         flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
                  | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
                  | "DistinctFlags" >> beam.Distinct()
                  | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
         near_pairs = (from_pairs.near_pair, from_groups.near_pair) | "FlattenNearPairs" >> beam.Flatten()
+        borderline = (from_pairs.borderline, from_groups.borderline) | "FlattenBorderline" >> beam.Flatten()
         return {
             "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
             | "SumPerSplitPair" >> beam.CombinePerKey(sum),
             "pairs": near_pairs | "KeyBySplitPair" >> beam.Map(lambda pair: (_split_pair(pair), pair))
-            | "ClosestPairs" >> beam.combiners.Top.SmallestPerKey(self.pairs_listed),
+            | "GroupPairs" >> beam.GroupByKey()
+            | "MostAlikeFirst" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
+            "borderline": borderline | "KeyBorderline" >> beam.Map(lambda pair: (_split_pair(pair), pair))
+            | "BestBorderline" >> beam.combiners.Top.PerKey(self.pairs_listed, key=lambda pair: pair.score)
+            | "BorderlineOrder" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
             "leaked": self._leaked(by_hash, flags),
             "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
             | "SumUnchecked" >> beam.CombineGlobally(_sum_pairs),
         }
 
     def _leaked(self, by_hash, flags):
+        ranks = split_ranks(self.split_order)
         flagged = (flags
-                   | "AcrossSplits" >> beam.Filter(lambda flag: flag.pair.reference != flag.pair.split)
+                   | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
                    | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
-        locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, element: (image_hash, element[1]))
+        locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, record: (image_hash, record.location))
         return ({"split": flagged, "location": locations}
                 | "JoinLeaked" >> beam.CoGroupByKey()
                 | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
@@ -191,4 +205,4 @@ def _split_pair(pair: NearPair) -> tuple[str, str]:
     return pair.reference.split, pair.duplicate.split
 
 
-__all__ = ["FindNearDuplicates", "Flag", "HashPair", "NearPair"]
+__all__ = ["FindNearDuplicates", "Flag", "HashPair", "NearPair", "NearRecord"]

@@ -17,7 +17,7 @@ The JSON report (``--json``)::
                             0-based record in it; null where not applicable), at most --max-problems-per-check per
                             check, lowest file/record first; problems_truncated says whether some were left out
     elapsed_seconds, tool, tool_version
-    pictures                {contact_sheet, class_counts, near_duplicates}: paths written (with --pictures)
+    pictures                {contact_sheet, class_counts, near_duplicates (page 1), near_duplicates_html}: paths written
     warnings                [{check, message, split, file, index, ...}]: near-duplicates that do not fail the run
   prepared dataset, once a manifest was read:
     classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
@@ -28,12 +28,14 @@ The JSON report (``--json``)::
              expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
              ({file: records}), duplicate_images (identical images within the split: not a failure)}}
     near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
-             --no-near-duplicates), else {max_distance, limit, strict, leaked_records (records with a near-duplicate in an earlier
-             split), leaked_keys_file (--leaked-keys), across_splits [{reference, split, records (of split with a
-             near-duplicate in reference), split_records, pairs [{distance, reference, duplicate (RecordLocation
-             JSON)}] closest first}], within_splits {split: {records, pairs}},
-             search {buckets_over_cap, members_unchecked, tables, key_bits, bucket_cap, expected_recall
-             ({distance: the chance a pair that far apart is compared})}}
+             --no-near-duplicates), else {max_distance (candidates' hashes), min_score, limit, strict, leaked_records
+             (held-out records with a near-duplicate in a training split), leaked_keys_file (--leaked-keys),
+             across_splits [{reference (the training split), split (the held-out one), leak, records (of split with a
+             near-duplicate in reference), split_records, pairs (every one) and borderline (the best candidates short
+             of min_score) [{score, distance, reference, duplicate (RecordLocation JSON)}] most alike first}],
+             within_splits {split: {records, pairs, borderline}}, search {buckets_over_cap, members_unchecked, tables,
+             key_bits, bucket_cap, expected_recall ({distance: the chance a pair that far apart is compared})},
+             pages (with --pictures: every near_duplicates*.png written)}
   tfrecord:GLOB and tfds:NAME:
     image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
     dataset's label names)
@@ -241,8 +243,7 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
         lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
     found = near_report.findings(near)
     if options.leaked_keys:
-        text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data,
-                                          options.near_duplicate_distance)
+        text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data, near)
         try:
             path = absolute(options.leaked_keys)
             near["leaked_keys_file"] = outputs.wrote("--leaked-keys", _write_file(
@@ -335,8 +336,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
                    outputs: WrittenOutputs) -> dict:
     """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pairs and the
     class-count chart, last (``outputs`` then has them whole); returns their paths."""
-    from shardprep.pipelines.validate_read import read_record_pixels
-    from shardprep.pipelines.validation import near_pictures, pictures
+    from shardprep.pipelines.validation import pictures
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
@@ -345,14 +345,27 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         written["contact_sheet"] = outputs.wrote("--pictures", _write_file(
             directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet), "image/png"), whole=False)
     if near_report.searched(report):
-        data_dir = absolute(report["data"]).rstrip("/")
-        written["near_duplicates"] = outputs.wrote("--pictures", _write_file(
-            directory, near_pictures.NEAR_DUPLICATES_NAME, near_pictures.png_of(report, lambda file, index: (
-                read_record_pixels(manifest_lib.join(data_dir, file), index))), "image/png"), whole=False)
+        written.update(_write_near_duplicate_pages(directory, report, outputs))
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = outputs.wrote("--pictures", _write_file(
         directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart), "image/png"))
     return written
+
+
+def _write_near_duplicate_pages(directory: str, report: dict, outputs: WrittenOutputs) -> dict:
+    """Writes near_duplicates.png, its further pages (the report's ``near_duplicates.pages``), then
+    near_duplicates.html; returns ``near_duplicates`` (the first page) and ``near_duplicates_html``."""
+    from shardprep.pipelines.validate_read import read_record_pixels
+    from shardprep.pipelines.validation import near_pictures
+
+    data_dir = absolute(report["data"]).rstrip("/")
+    pages = [outputs.wrote("--pictures", _write_file(directory, name, png, "image/png"), whole=False)
+             for name, png in near_pictures.pages_of(report, lambda file, index: (
+                 read_record_pixels(manifest_lib.join(data_dir, file), index)))]
+    report["near_duplicates"]["pages"] = pages
+    page = near_pictures.html_of(report, [os.path.basename(path) for path in pages])
+    return {"near_duplicates": pages[0], "near_duplicates_html": outputs.wrote("--pictures", _write_file(
+        directory, near_pictures.NEAR_DUPLICATES_HTML, page, "text/html"), whole=False)}
 
 
 def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:

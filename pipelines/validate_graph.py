@@ -9,7 +9,8 @@ Prepared dataset (``DATA`` holds ``manifest.json`` and shards)::
     FindDuplicateFilenames    GroupByKey(image/filename)
     FindLeakage               GroupByKey(pixel hash): an identical image in two splits
     FindNearDuplicates        perceptual hashes grouped, bucketed by search keys, pairs within the distance
-                              (pipelines/near_duplicates.py): counts per split pair, closest pairs, leaked keys
+                              scored on thumbnails (pipelines/near_duplicates.py): counts per split pair,
+                              every verified pair, borderline candidates, leaked (held-out) keys
     SampleForContactSheet     deterministic lowest-rank k records per class (only with --pictures)
     KeepFirstProblems         at most --max-problems-per-check problems per check (all are counted)
     WriteResults              one JSON line per result
@@ -51,7 +52,8 @@ def _duplicate_line(split: str, count: int) -> str:
 
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
     """FindNearDuplicates' outputs as result lines (``near_duplicate_count``, ``near_duplicate_pairs``,
-    ``near_duplicate_key``, ``near_duplicate_search``: how the search went and how it was keyed)."""
+    ``near_duplicate_borderline``, ``near_duplicate_key``, ``near_duplicate_search``: how the search went and how
+    it was keyed)."""
     keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
              "expected_recall": {str(d): round(search.recall(d), 4)
                                  for d in sorted({max_distance // 2, max_distance})}}
@@ -60,6 +62,9 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
             {"kind": "near_duplicate_count", "reference": pair[0], "split": pair[1], "count": count})),
         found["pairs"] | "NearPairLines" >> beam.MapTuple(lambda pair, pairs: json.dumps(
             {"kind": "near_duplicate_pairs", "reference": pair[0], "split": pair[1],
+             "pairs": [near.to_json() for near in pairs]})),
+        found["borderline"] | "BorderlineLines" >> beam.MapTuple(lambda pair, pairs: json.dumps(
+            {"kind": "near_duplicate_borderline", "reference": pair[0], "split": pair[1],
              "pairs": [near.to_json() for near in pairs]})),
         found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda location: json.dumps(
             {"kind": "near_duplicate_key", "split": location.split, "key": location.filename})),
@@ -82,7 +87,7 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
             | "ListShards" >> beam.Create(tasks)  # ShardTask
             | "ReadShards" >> ReadShards(RecordExpectations.from_manifest(manifest), samples, progress_dir))
     # read.stats: (split, SplitStats) per shard; read.filename, read.pixel_hash: (key, RecordLocation);
-    # read.perceptual_hash: (Fingerprint, RecordLocation)
+    # read.perceptual_hash: NearRecord (hash, location, thumbnail)
     checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
     # checked.split: the split's summary dict; checked.problem: problem dicts
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()

@@ -12,9 +12,11 @@ from typing import Any
 
 
 MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
-# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 14 KiB a
-# record measured (BENCHMARKS.md), so ~3 GiB here. Above it a local run skips the search unless asked for it.
-LOCAL_NEAR_DUPLICATE_RECORDS = 200_000
+# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 64 KiB a
+# record measured with the thumbnails and the 16-bit candidates' keys (BENCHMARKS.md), so ~6 GiB here. Above it a
+# local run skips the search unless asked for it.
+LOCAL_NEAR_DUPLICATE_KIB = 64
+LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,9 +31,10 @@ class ValidateOptions:
     label_key: str = "label"  # a tfrecord: input's int64 label feature
     tfds_data_dir: str | None = None  # TFDS data_dir of a tfds: DATA (None: TFDS's own)
     max_problems_per_check: int = 100  # problems listed per check in the report (all are counted)
-    # Near-duplicates: records whose perceptual hashes (64 bits) differ in at most this many bits. 10 finds the
-    # planted copies of BENCHMARKS.md's near-duplicate section and paired none of 19,900 distinct photos.
-    near_duplicate_distance: int = 10
+    # Near-duplicate candidates: records whose perceptual hashes (64 bits) differ in at most this many bits; each is
+    # then scored on its pixels (near_score.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
+    # shifts of 2 px and more at 32 px; the score keeps every one of 19,900 pairs of distinct photos out.
+    near_duplicate_distance: int = 16
     near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
     strict: bool = False  # --strict: any near-duplicate across splits fails the run (else a warning)
     leaked_keys: str | None = None  # --leaked-keys: write those records' keys here, for preprocess --exclude
@@ -99,8 +102,8 @@ def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bo
     asked = options.near_duplicates or options.near_duplicate_flags()
     if asked or not local or records <= LOCAL_NEAR_DUPLICATE_RECORDS:
         return None
-    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about 14 KiB "
-            f"of memory a record); --near-duplicates runs it here, or run on Dataflow")
+    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about "
+            f"{LOCAL_NEAR_DUPLICATE_KIB} KiB of memory a record); --near-duplicates runs it here, or run on Dataflow")
 
 
 def default(name: str) -> Any:

@@ -13,12 +13,15 @@ import dataclasses
 import os
 
 from shardprep.pipelines import source_registry, storage
-from shardprep.pipelines.validation.near_pictures import NEAR_DUPLICATES_NAME
+from shardprep.pipelines.validation.near_pictures import (MAX_PAGES, NEAR_DUPLICATES_HTML, NEAR_DUPLICATES_NAME,
+                                                          page_name)
 from shardprep.pipelines.validation.pictures import CLASS_COUNTS_NAME, CONTACT_SHEET_NAME
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import untrusted
 
-PICTURE_NAMES = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, CLASS_COUNTS_NAME)  # what --pictures writes
+# what --pictures writes (the near-duplicate pages as far as they may run)
+PICTURE_NAMES = (CONTACT_SHEET_NAME, NEAR_DUPLICATES_NAME, NEAR_DUPLICATES_HTML, CLASS_COUNTS_NAME,
+                 *(page_name(page) for page in range(2, MAX_PAGES + 1)))
 
 
 class ValidateError(Exception):

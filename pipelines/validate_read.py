@@ -1,8 +1,8 @@
 """Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call.
 
 ``ReadShards``: ``ShardTask`` -> ``(split, SplitStats)`` per shard, plus tagged outputs ``problem`` (dicts),
-``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``(Fingerprint, RecordLocation)``)
-and ``sample`` (``(label, Sample)``).
+``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``NearRecord``: the hash, the
+location and a 1 KiB grey thumbnail) and ``sample`` (``(label, Sample)``).
 ``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)`` per file, plus tagged output ``problem``.
 
 No record is held: every cross-record check gets the keys and locations these stages emit.
@@ -25,6 +25,8 @@ from shardprep.pipelines.validation.elements import RecordLocation, Sample, Samp
 from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
 from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, channel_sums, pixel_hash, sample_rank
 from shardprep.preprocess import record_format, untrusted
+from shardprep.pipelines.validation.near_pairs import NearRecord
+from shardprep.pipelines.validation.near_score import thumbnail
 from shardprep.preprocess.perceptual_hash import fingerprint
 
 METRICS_NAMESPACE = "validate"
@@ -67,7 +69,7 @@ class ReadShardFn(beam.DoFn):
 
     Main output: ``(split, SplitStats)`` for the shard. Tagged outputs: ``problem`` (dicts), ``filename`` and
     ``pixel_hash`` (``(key, RecordLocation)`` for the duplicate searches), ``perceptual_hash``
-    (``(Fingerprint, RecordLocation)`` for the near-duplicate search), ``sample`` (contact-sheet candidates).
+    (``NearRecord`` for the near-duplicate search), ``sample`` (contact-sheet candidates).
     """
 
     def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
@@ -146,7 +148,8 @@ class ReadShardFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
         yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
         if height and width:
-            yield beam.pvalue.TaggedOutput("perceptual_hash", (fingerprint(pixels), location))
+            yield beam.pvalue.TaggedOutput("perceptual_hash", NearRecord(fingerprint(pixels), location,
+                                                                         thumbnail(pixels)))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):

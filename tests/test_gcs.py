@@ -449,7 +449,7 @@ def test_validate_reads_the_gs_dataset_and_writes_reports_to_gs(storage, prepare
     assert report["num_examples"] == report["expected_num_examples"] == prepared["manifest"]["num_examples"]
     assert object_names(storage, "reports/pictures/") == [
         "reports/pictures/class_counts.png", "reports/pictures/contact_sheet.png",
-        "reports/pictures/near_duplicates.png"]
+        "reports/pictures/near_duplicates.html", "reports/pictures/near_duplicates.png"]
 
 
 def test_validate_finds_a_damaged_gs_shard(storage, background):

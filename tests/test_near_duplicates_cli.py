@@ -4,6 +4,7 @@ preprocess --exclude`` rebuilding without them."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -67,9 +68,11 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
     assert sorted(pair["duplicate"]["filename"] for pair in across["pairs"]) == copy_keys()
     assert {pair["reference"]["filename"] for pair in across["pairs"]} == {
         f"train/{CLASSES[seed % 2]}/photo_{seed}.jpg" for seed in range(3)}
-    assert all(pair["distance"] <= near["max_distance"] for pair in across["pairs"])
-    assert near["within_splits"] == {"train": {"records": 0, "pairs": []},
-                                     "validation": {"records": 0, "pairs": []}}
+    assert all(pair["distance"] <= near["max_distance"] and pair["score"] >= near["min_score"]
+               for pair in across["pairs"])
+    assert across["leak"] is True
+    assert near["within_splits"] == {"train": {"records": 0, "pairs": [], "borderline": []},
+                                     "validation": {"records": 0, "pairs": [], "borderline": []}}
     assert near["leaked_records"] == 3 and near["leaked_keys_file"] == str(keys_path)
     [warning] = report["warnings"]
     assert warning["check"] == "near_duplicates" and warning["split"] == "validation" and warning["count"] == 3
@@ -77,11 +80,21 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
     lines = keys_path.read_text().splitlines()
     assert lines[0].startswith("# ") and lines[1:] == copy_keys()
 
-    # The picture: one row per pair, closest first; each cell the stored pixels of the record the report names.
+    # The terminal shows the pairs themselves, held-out key first.
+    flowed = " ".join(result.output.split())
+    first = across["pairs"][0]
+    assert f"{first['duplicate']['filename']} ~ {first['reference']['filename']}" in flowed
+    assert f"score {first['score']:.2f}" in flowed
+
+    # The picture: one row per pair, most alike first; each cell the stored pixels of the record the report names,
+    # enlarged 4x (nearest neighbour) to fill a 128-px cell.
     assert report["pictures"]["near_duplicates"] == str(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME)
+    assert near["pages"] == [str(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME)]
+    assert report["pictures"]["near_duplicates_html"] == str(pictures_dir / near_pictures.NEAR_DUPLICATES_HTML)
+    assert 'src="near_duplicates.png"' in (pictures_dir / near_pictures.NEAR_DUPLICATES_HTML).read_text()
     shown = near_pictures.shown_pairs(near)
-    assert [pair["duplicate"]["filename"] for pair in shown] == [
-        pair["duplicate"]["filename"] for pair in sorted(across["pairs"], key=lambda pair: pair["distance"])]
+    assert [pair["duplicate"]["filename"] for pair in shown] == [pair["duplicate"]["filename"]
+                                                                for pair in across["pairs"]]
     with Image.open(pictures_dir / near_pictures.NEAR_DUPLICATES_NAME) as sheet:
         pixels = np.asarray(sheet.convert("RGB"))
     for row, pair in enumerate(shown):
@@ -89,8 +102,46 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
             location = pair[side]
             [record] = [r for r in helpers.read_shard(data / location["file"]) if r.filename == location["filename"]]
             x, y = near_pictures.cell_origin(row, column)
-            np.testing.assert_array_equal(pixels[y:y + 32, x:x + 32],
-                                          np.frombuffer(record.encoded, np.uint8).reshape(32, 32, 3))
+            stored = np.frombuffer(record.encoded, np.uint8).reshape(32, 32, 3)
+            np.testing.assert_array_equal(pixels[y:y + 128, x:x + 128], stored.repeat(4, axis=0).repeat(4, axis=1))
+
+
+@pytest.fixture(scope="module")
+def test_before_train(tmp_path_factory):
+    """A CIFAR-like dataset whose splits list ``test`` before ``train``: test holds the 3 planted copies."""
+    root = tmp_path_factory.mktemp("test_first")
+    for seed in range(8):
+        save(photo(seed), root / "source" / "train" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    for name, seed, change in COPIES:
+        save(change(photo(seed)), root / "source" / "test" / CLASSES[seed % 2] / name)
+    helpers.preprocess(root / "source", root / "data")
+    return root / "data"
+
+
+def test_the_leaked_keys_are_the_held_out_copies_when_test_comes_first(test_before_train, tmp_path):
+    data, keys = test_before_train, tmp_path / "leaked.txt"
+    assert list(helpers.load_manifest(data)["splits"])[0] == "test"
+    report = validate.run(ValidateOptions(str(data), leaked_keys=str(keys)), IN_PROCESS, progress=lambda *_: None)
+
+    [across] = [entry for entry in report["near_duplicates"]["across_splits"] if entry["records"]]
+    assert (across["reference"], across["split"], across["records"]) == ("train", "test", 3)
+    assert keys.read_text().splitlines()[1:] == [key.replace("validation/", "test/") for key in copy_keys()]
+    assert "held-out" in keys.read_text().splitlines()[0]
+
+
+def test_pictures_enlarge_small_images_and_run_to_as_many_pages_as_the_pairs_need():
+    location = {"split": "test", "file": "f", "index": 0, "filename": "a.png"}
+    pair = {"score": 0.9, "distance": 3, "reference": {**location, "split": "train"}, "duplicate": location}
+    near = {"across_splits": [{"pairs": [pair] * 25, "borderline": [{**pair, "score": 0.8}]}],
+            "within_splits": {"train": {"pairs": [pair] * 2, "borderline": []}}}
+    small = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    pages = near_pictures.pages_of({"data": "d", "near_duplicates": near}, lambda file, index: small)
+    assert [name for name, _ in pages] == ["near_duplicates.png", "near_duplicates-2.png", "near_duplicates-3.png"]
+    with Image.open(io.BytesIO(pages[0][1])) as sheet:
+        pixels = np.asarray(sheet.convert("RGB"))
+    x, y = near_pictures.cell_origin(0, 0)
+    np.testing.assert_array_equal(pixels[y:y + 128, x:x + 128], small.repeat(16, axis=0).repeat(16, axis=1))
+    assert len(near_pictures.shown_pairs(near)) == 28 and near_pictures.shown_pairs(near)[-1]["score"] == 0.8
 
 
 def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
@@ -237,3 +288,13 @@ def test_no_near_duplicates_with_leaked_keys_is_refused(leaky, tmp_path):
     [line] = result.output.strip().splitlines()
     assert line.startswith("Error:") and "--no-near-duplicates" in line and "--leaked-keys" in line
     assert not keys.exists()
+
+
+def test_a_pictures_folder_holding_a_folder_where_a_page_goes_is_refused_before_anything_runs(leaky, tmp_path):
+    """The rename into place would fail after the run: near_duplicates.html or a later page a folder."""
+    _, data = leaky
+    for name in (near_pictures.NEAR_DUPLICATES_HTML, near_pictures.page_name(2)):
+        pictures = tmp_path / name.replace(".", "_")
+        (pictures / name).mkdir(parents=True)
+        with pytest.raises(validate.ValidateError, match=f"--pictures .*{name} is a folder"):
+            validate.run(ValidateOptions(str(data), pictures=str(pictures)), IN_PROCESS)

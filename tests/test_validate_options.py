@@ -66,7 +66,7 @@ def test_an_empty_output_path_is_refused_not_taken_as_no_output(flag):
 def test_no_near_duplicates_with_a_distance_is_refused_by_name():
     with pytest.raises(ValueError, match="--no-near-duplicates cannot go with --near-duplicate-distance"):
         ValidateOptions("data", near_duplicates=False, near_duplicate_distance=5)
-    ValidateOptions("data", near_duplicates=False, near_duplicate_distance=10)  # the default: nothing asked
+    ValidateOptions("data", near_duplicates=False, near_duplicate_distance=default("near_duplicate_distance"))
 
 
 def test_a_validate_flag_after_the_separator_is_refused_not_taken_nor_dropped(tmp_path):

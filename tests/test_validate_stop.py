@@ -62,7 +62,8 @@ def test_a_stop_while_the_pictures_are_written_names_what_was_written_and_what_n
     assert status == 143, said
     folder = paths["pictures"]
     assert said == (f"stopped (SIGTERM) after validate wrote --leaked-keys {paths['keys']}, "
-                    f"{folder}/contact_sheet.png and {folder}/near_duplicates.png, before it wrote the rest of "
+                    f"{folder}/contact_sheet.png, {folder}/near_duplicates.png and {folder}/near_duplicates.html, "
+                    "before it wrote the rest of "
                     f"--pictures {folder} and --json {paths['json']}: a file there now is an earlier run's")
 
 

@@ -46,8 +46,9 @@ CHECKS = {
     "class_count": "a class holds a different number of records in a split than the manifest says",
     "filename_duplicate": "two records share an image/filename",
     "leakage": "an identical image (same decoded pixels) is in two splits",
-    "near_duplicates": "records have a near-duplicate (perceptual hash within --near-duplicate-distance bits) in an "
-                       "earlier split: a failure under --strict or above --near-duplicate-limit, else a warning",
+    "near_duplicates": "held-out records have a near-duplicate in a training split (hashes within "
+                       "--near-duplicate-distance bits, confirmed by a score on their pixels): a failure under --strict "
+                       "or above --near-duplicate-limit, else a warning",
     "mean_rgb": "the recomputed per-channel mean differs from the manifest's by more than the tolerance",
     "std_rgb": "the recomputed per-channel std differs from the manifest's by more than the tolerance",
     # Foreign tfrecord: inputs

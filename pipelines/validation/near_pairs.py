@@ -6,7 +6,13 @@ one element, counted, never compared pairwise); the groups are then bucketed by 
 (locality-sensitive hashing by bit sampling: each table keys a group by a fixed sample of its hash's flip-invariant
 features, so two hashes a few bits apart share a key in some table with high probability); each bucket's members are
 compared by Hamming distance; a bucket holds at most :data:`BUCKET_CAP` compared members, the rest are counted as
-unchecked, so no bucket costs more than ``BUCKET_CAP²/2`` comparisons.
+unchecked, so no bucket costs more than ``BUCKET_CAP²/2`` comparisons. The hash only nominates candidates: a pair
+is a near-duplicate when its thumbnails' :func:`~shardprep.pipelines.validation.near_score.score` reaches the
+minimum score.
+
+Which copy is the leak goes by the splits' roles, not their order: a split named ``train`` or ``training`` is
+training data, any other is held out; a held-out record with a twin in a training split is a leak (the copy to
+drop). Without a training split, the manifest's first split stands for it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Iterable, Iterator, NamedTuple
 import numpy as np
 
 from shardprep.pipelines.validation.elements import RecordLocation
+from shardprep.pipelines.validation.near_score import score
 from shardprep.preprocess.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
@@ -27,14 +34,51 @@ SEARCH_KEY_BITS = 10  # features sampled per table when the dataset's size is no
 MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about this many hashes on average
 TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
 MAX_TABLES = 96
+BORDERLINE = 0.1  # candidates scoring this little below the minimum are listed apart, for a person to judge
+TRAIN_SPLITS = ("train", "training")  # split names (any case) of training data; every other split is held out
+
+
+def is_train(split: str) -> bool:
+    """Whether ``split`` holds training data (by its name: TRAIN_SPLITS)."""
+    return split.lower() in TRAIN_SPLITS
+
+
+def split_ranks(split_order: list[str]) -> dict[str, int]:
+    """Each split's rank as a reference: training splits first, then the held-out ones, each in the manifest's
+    order; a pair's reference is its lower-ranked split."""
+    ranked = [split for split in split_order if is_train(split)] + [s for s in split_order if not is_train(s)]
+    return {split: i for i, split in enumerate(ranked)}
 
 
 class SplitPair(NamedTuple):
-    """``split``'s records that have a near-duplicate in ``reference`` (the earlier split in the manifest's order,
-    or the same split for duplicates within it)."""
+    """``split``'s records that have a near-duplicate in ``reference`` (the lower-ranked split, see
+    :func:`split_ranks`, or the same split for duplicates within it)."""
 
     reference: str
     split: str
+
+    def is_leak(self, ranks: dict[str, int]) -> bool:
+        """Whether ``split``'s records here are leaks: held out, with a twin in a training split (or, without any
+        training split, in the first split)."""
+        if self.reference == self.split or is_train(self.split):
+            return False
+        return is_train(self.reference) or not any(is_train(split) for split in ranks)
+
+
+class NearRecord(NamedTuple):
+    """What the search gets of one record: its perceptual hash, where it is, and its grey thumbnail
+    (``near_score.thumbnail``, SIDE² bytes)."""
+
+    fingerprint: Fingerprint
+    location: RecordLocation
+    thumbnail: bytes
+
+
+class Member(NamedTuple):
+    """One record of a :class:`HashGroup` kept to stand for it: its location and thumbnail."""
+
+    location: RecordLocation
+    thumbnail: bytes
 
 
 class HashPair(NamedTuple):
@@ -46,15 +90,27 @@ class HashPair(NamedTuple):
 
 
 class NearPair(NamedTuple):
-    """A listed pair: distance first, so pairs order closest first; ``reference`` is in the earlier split."""
+    """A candidate pair: its score, its hashes' distance, and the two records (``reference`` in the
+    lower-ranked split: the training twin of a held-out ``duplicate``)."""
 
+    score: float
     distance: int
     reference: RecordLocation
     duplicate: RecordLocation
 
     def to_json(self) -> dict:
-        return {"distance": self.distance, "reference": self.reference.to_json(),
+        return {"score": round(self.score, 4), "distance": self.distance, "reference": self.reference.to_json(),
                 "duplicate": self.duplicate.to_json()}
+
+    def order(self) -> tuple:
+        """Most alike first, then closest hashes, then by location."""
+        return -self.score, self.distance, self.duplicate, self.reference
+
+
+class Borderline(NamedTuple):
+    """A candidate pair that scored below the minimum by less than BORDERLINE: listed apart, not counted."""
+
+    pair: NearPair
 
 
 class Flag(NamedTuple):
@@ -67,17 +123,20 @@ class Flag(NamedTuple):
 
 @dataclasses.dataclass
 class HashGroup:
-    """Every record with one hash: its mirror hash, records per split, and each split's lowest locations."""
+    """Every record with one hash: its mirror hash, records per split, and each split's lowest records (location
+    and thumbnail)."""
 
     hash: int = 0
     mirror: int = 0
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
-    first: dict[str, list[RecordLocation]] = dataclasses.field(default_factory=dict)
+    first: dict[str, list[Member]] = dataclasses.field(default_factory=dict)
 
-    def add(self, fingerprint: Fingerprint, location: RecordLocation) -> HashGroup:
-        self.hash, self.mirror = fingerprint
-        self.counts[location.split] = self.counts.get(location.split, 0) + 1
-        self.first[location.split] = sorted(self.first.get(location.split, []) + [location])[:LOCATIONS_KEPT]
+    def add(self, record: NearRecord) -> HashGroup:
+        self.hash, self.mirror = record.fingerprint
+        split = record.location.split
+        self.counts[split] = self.counts.get(split, 0) + 1
+        self.first[split] = sorted(self.first.get(split, []) + [Member(record.location, record.thumbnail)])[
+            :LOCATIONS_KEPT]
         return self
 
     def merge(self, other: HashGroup) -> HashGroup:
@@ -177,43 +236,59 @@ def bucket_pairs(members: Iterable[tuple[int, int]], max_distance: int, cap: int
     return BucketResult(pairs, unchecked)
 
 
-def _split_pairs(first: HashGroup, second: HashGroup, order: dict[str, int]) -> Iterator[tuple[HashGroup, SplitPair,
+def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple[HashGroup, SplitPair,
                                                                                                 HashGroup]]:
     """(reference group, split pair, duplicate group) for every split of ``first`` against every split of
-    ``second``: the later split's records are the duplicates (both ways within one split)."""
-    rank = lambda split: (order.get(split, len(order)), split)  # noqa: E731
+    ``second``: the higher-ranked split's records are the duplicates (within one split: once, ``first`` as the
+    reference; the caller flags both)."""
+    rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     for a in first.counts:
         for b in second.counts:
-            if rank(a) < rank(b):
+            if rank(a) <= rank(b):
                 yield first, SplitPair(a, b), second
-            elif rank(b) < rank(a):
-                yield second, SplitPair(b, a), first
             else:
-                yield first, SplitPair(a, a), second
-                yield second, SplitPair(a, a), first
+                yield second, SplitPair(b, a), first
 
 
-def pair_findings(first: HashGroup, second: HashGroup, distance: int,
-                  order: dict[str, int]) -> Iterator[Flag | NearPair]:
-    """What two groups within the threshold say: a :class:`Flag` per split pair (the duplicates' count) and one
-    :class:`NearPair` to list per split pair (the lowest locations)."""
-    listed = set()
-    for reference, pair, duplicate in _split_pairs(first, second, order):
+def _best(references: list[Member], duplicates: list[Member], distance: int) -> NearPair:
+    """The best-scoring pair of the members kept."""
+    return min((NearPair(score(reference.thumbnail, duplicate.thumbnail), distance, reference.location,
+                         duplicate.location) for reference in references for duplicate in duplicates),
+               key=NearPair.order)
+
+
+def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
+              min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+    """A candidate's findings: Flags (both ways within one split) and its NearPair when ``found`` scores at least
+    ``min_score``; a Borderline when it falls short by less than BORDERLINE."""
+    if found.score >= min_score:
         yield Flag(duplicate.hash, pair, duplicate.counts[pair.split])
-        if pair not in listed:  # within one split, the pair once
-            listed.add(pair)
-            yield NearPair(distance, reference.first[pair.reference][0], duplicate.first[pair.split][0])
+        if pair.reference == pair.split:
+            yield Flag(reference.hash, pair, reference.counts[pair.split])
+        yield found
+    elif found.score >= min_score - BORDERLINE:
+        yield Borderline(found)
 
 
-def group_findings(group: HashGroup, order: dict[str, int]) -> Iterator[Flag | NearPair]:
-    """What one group's own records say (distance 0): splits against earlier splits, and a split's records among
-    themselves when it holds two or more."""
-    rank = lambda split: (order.get(split, len(order)), split)  # noqa: E731
+def pair_findings(first: HashGroup, second: HashGroup, distance: int, ranks: dict[str, int],
+                  min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+    """What two candidate groups say, per split pair: verified on their kept members' thumbnails, a
+    :class:`Flag` (the duplicates' count) and one :class:`NearPair`; else maybe a :class:`Borderline`."""
+    for reference, pair, duplicate in _split_pairs(first, second, ranks):
+        found = _best(reference.first[pair.reference], duplicate.first[pair.split], distance)
+        yield from _verified(reference, pair, duplicate, found, min_score)
+
+
+def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+    """What one group's own records say (hash distance 0), verified like any candidate: splits against
+    lower-ranked splits, and a split's records among themselves when it holds two or more."""
+    rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     splits = sorted(group.counts, key=rank)
     for i, reference in enumerate(splits):
         for split in splits[i + 1:]:
-            yield Flag(group.hash, SplitPair(reference, split), group.counts[split])
-            yield NearPair(0, group.first[reference][0], group.first[split][0])
+            found = _best(group.first[reference], group.first[split], 0)
+            yield from _verified(group, SplitPair(reference, split), group, found, min_score)
         if group.counts[reference] > 1:
-            yield Flag(group.hash, SplitPair(reference, reference), group.counts[reference])
-            yield NearPair(0, *group.first[reference][:2])
+            kept = group.first[reference]  # two or more records: LOCATIONS_KEPT of them
+            found = _best(kept[:1], kept[1:], 0)
+            yield from _verified(group, SplitPair(reference, reference), group, found, min_score)  # flags: distinct

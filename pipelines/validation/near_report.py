@@ -4,36 +4,41 @@
 from __future__ import annotations
 
 from shardprep.pipelines.validation.checks import problem
+from shardprep.pipelines.validation.near_pairs import SplitPair, split_ranks
+from shardprep.pipelines.validation.near_score import MIN_SCORE
 from shardprep.preprocess.exclude_keys import format_keys
 
 CHECK = "near_duplicates"
 
 
+def _by_split_pair(lines: list[dict], kind: str, field: str) -> dict:
+    return {(line["reference"], line["split"]): line[field] for line in lines if line["kind"] == kind}
+
+
 def section(lines: list[dict], split_order: list[str], split_records: dict[str, int], max_distance: int,
-            limit: int | None, strict: bool) -> dict:
-    """The report's ``near_duplicates`` entry: per split pair across splits (earlier split first) the records of
-    the later split with a near-duplicate in the earlier one and the closest pairs; the same within each split;
-    how many distinct records in all (``leaked_records``); and how the search went."""
-    counts = {(line["reference"], line["split"]): line["count"] for line in lines
-              if line["kind"] == "near_duplicate_count"}
-    pairs = {(line["reference"], line["split"]): line["pairs"] for line in lines
-             if line["kind"] == "near_duplicate_pairs"}
-    rank = {split: i for i, split in enumerate(split_order)}
-    across = [{"reference": reference, "split": split, "records": counts.get((reference, split), 0),
-               "split_records": split_records.get(split, 0), "pairs": pairs.get((reference, split), [])}
-              for i, reference in enumerate(split_order) for split in split_order[i + 1:]]
-    within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), [])}
-              for split in split_order}
+            limit: int | None, strict: bool, min_score: float = MIN_SCORE) -> dict:
+    """The report's ``near_duplicates`` entry: per split pair across splits (the training split first, see
+    near_pairs.split_ranks) the records of the held-out split with a near-duplicate in the other, whether they
+    are leaks, every verified pair and the borderline candidates; the same within each split; how many distinct
+    records leak (``leaked_records``); and how the search went."""
+    counts = _by_split_pair(lines, "near_duplicate_count", "count")
+    pairs = _by_split_pair(lines, "near_duplicate_pairs", "pairs")
+    borderline = _by_split_pair(lines, "near_duplicate_borderline", "pairs")
+    ranks = split_ranks(split_order)
+    ranked = sorted(split_order, key=ranks.__getitem__)
+    extra = sorted(set(counts) - {(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]}
+                   - {(s, s) for s in split_order}, key=lambda pair: (ranks.get(pair[0], len(ranks)), pair))
+    across = [{"reference": reference, "split": split, "leak": SplitPair(reference, split).is_leak(ranks),
+               "records": counts.get((reference, split), 0), "split_records": split_records.get(split, 0),
+               "pairs": pairs.get((reference, split), []), "borderline": borderline.get((reference, split), [])}
+              for reference, split in [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]] + extra]
+    within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
+                      "borderline": borderline.get((split, split), [])} for split in split_order}
     search = next(({k: v for k, v in line.items() if k != "kind"} for line in lines
                    if line["kind"] == "near_duplicate_search"), {"buckets_over_cap": 0, "members_unchecked": 0})
-    extra = sorted(set(counts) - {(a["reference"], a["split"]) for a in across} - {(s, s) for s in split_order},
-                   key=lambda pair: (rank.get(pair[0], len(rank)), pair))
-    across += [{"reference": reference, "split": split, "records": counts[(reference, split)],
-                "split_records": split_records.get(split, 0), "pairs": pairs.get((reference, split), [])}
-               for reference, split in extra]  # splits the manifest does not list (a damaged dataset)
-    return {"max_distance": max_distance, "limit": limit, "strict": strict, "across_splits": across,
-            "within_splits": within, "leaked_records": len(leaked_keys(lines)), "leaked_keys_file": None,
-            "search": search}
+    return {"max_distance": max_distance, "min_score": min_score, "limit": limit, "strict": strict,
+            "across_splits": across, "within_splits": within, "leaked_records": len(leaked_keys(lines)),
+            "leaked_keys_file": None, "search": search}
 
 
 def skipped(reason: str) -> dict:
@@ -48,10 +53,16 @@ def searched(report: dict) -> bool:
 
 
 def fails(near: dict) -> bool:
-    """Whether the near-duplicates fail the run: any under --strict, more than --near-duplicate-limit otherwise."""
+    """Whether the near-duplicates fail the run: any leak under --strict, more than --near-duplicate-limit
+    otherwise."""
     if near["strict"]:
         return near["leaked_records"] > 0
     return near["limit"] is not None and near["leaked_records"] > near["limit"]
+
+
+def measure(near: dict) -> str:
+    """What makes a pair, in words: ``score ≥ 0.85 on the pixels, hashes within 16 bits``."""
+    return f"score ≥ {near['min_score']:.2f} on the pixels, hashes within {near['max_distance']} bits"
 
 
 def findings(near: dict) -> list[dict]:
@@ -61,14 +72,16 @@ def findings(near: dict) -> list[dict]:
     for entry in near["across_splits"]:
         if not entry["records"]:
             continue
-        closest = entry["pairs"][0] if entry["pairs"] else None
+        best = entry["pairs"][0] if entry["pairs"] else None
         message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
-                   f"near-duplicate in {entry['reference']} (perceptual hash within {near['max_distance']} bits)")
+                   f"near-duplicate in {entry['reference']} ({measure(near)})")
+        if not entry["leak"]:
+            message += "; both splits held out, so not in --leaked-keys"
         where = {}
-        if closest:
-            message += (f"; closest: {closest['duplicate']['filename']!r} and {closest['reference']['filename']!r}"
-                        f" at {closest['distance']} bits")
-            where = {"file": closest["duplicate"]["file"], "index": closest["duplicate"]["index"]}
+        if best:
+            message += (f"; most alike: {best['duplicate']['filename']!r} and {best['reference']['filename']!r}"
+                        f" (score {best['score']:.2f}, {best['distance']} bits)")
+            where = {"file": best["duplicate"]["file"], "index": best["duplicate"]["index"]}
         if fails(near):
             message += ("; --strict" if near["strict"] else f"; more than --near-duplicate-limit {near['limit']:,}")
         found.append(problem(CHECK, message, split=entry["split"], reference=entry["reference"],
@@ -77,12 +90,12 @@ def findings(near: dict) -> list[dict]:
 
 
 def leaked_keys(lines: list[dict]) -> list[str]:
-    """The keys (image/filename) of records with a near-duplicate in an earlier split, sorted."""
+    """The keys (image/filename) of held-out records with a near-duplicate in a training split, sorted."""
     return sorted({line["key"] for line in lines if line["kind"] == "near_duplicate_key"})
 
 
-def keys_file_text(keys: list[str], data: str, max_distance: int) -> str:
+def keys_file_text(keys: list[str], data: str, near: dict) -> str:
     """The ``--leaked-keys`` file: a comment line, then one key per line (what ``preprocess --exclude`` reads)."""
-    comment = (f"shardprep validate {' '.join(data.splitlines())}: {len(keys)} keys of records with a near-duplicate "
-               f"in an earlier split (perceptual hash within {max_distance} bits); for shardprep preprocess --exclude")
+    comment = (f"shardprep validate {' '.join(data.splitlines())}: {len(keys)} keys of held-out records with a "
+               f"near-duplicate in a training split ({measure(near)}); for shardprep preprocess --exclude")
     return format_keys(keys, comment)

@@ -38,11 +38,12 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
   - image/filename unique; no identical image (decoded-pixel hash) in two
     splits (leakage);
   - near-duplicates: records whose perceptual hashes (64-bit DCT hash of
-    the stored pixels; re-encoded, rescaled, slightly cropped or shifted,
-    brighter or darker, or mirrored copies) are within
-    --near-duplicate-distance bits of a record in an earlier split: a
-    warning with the count, a failure under --strict or above
-    --near-duplicate-limit; --leaked-keys writes their keys for
+    the stored pixels) are within --near-duplicate-distance bits of
+    another's, confirmed on their pixels (a score of at least 0.85:
+    re-encoded, rescaled, cropped, shifted, brighter or darker, or
+    mirrored copies); a held-out record with a twin in train is a leak:
+    a warning with the count, a failure under --strict or above
+    --near-duplicate-limit; --leaked-keys writes the held-out keys for
     `shardprep preprocess --exclude`; a local run of more than
     {local_limit} records skips this search with a warning (memory),
     unless asked for (--near-duplicates);
@@ -94,7 +95,8 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
               type=click.IntRange(min=1), help="Problems listed per check in the report (all are counted).")
 @click.option("--near-duplicate-distance", default=default("near_duplicate_distance"), show_default=True,
               type=click.IntRange(min=0, max=MAX_DISTANCE), metavar="BITS",
-              help="Records whose 64-bit perceptual hashes differ in at most BITS bits are near-duplicates.")
+              help="Records whose 64-bit perceptual hashes differ in at most BITS bits are candidates, each then "
+                   "confirmed on its pixels.")
 @click.option("--near-duplicate-limit", default=default("near_duplicate_limit"), type=click.IntRange(min=0),
               metavar="N", help="Fail when more than N records have a near-duplicate in an earlier split "
                                 "(default: a warning, however many).")
@@ -105,7 +107,7 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
                    "shardprep preprocess --exclude FILE.")
 @click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
               help="Run the near-duplicate search or not (default: it runs, except on a local run of more than "
-                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~14 KiB of memory each, where it is skipped with a "
+                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~64 KiB of memory each, where it is skipped with a "
                    "warning; --strict, --near-duplicate-limit and --leaked-keys run it too). Prepared datasets "
                    "only: on tfrecord:/tfds: DATA these flags are refused.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
@@ -341,6 +343,9 @@ def _class_name(classes: list[str], label: str):
     return Text(classes[index]) if 0 <= index < len(classes) else _styled("(out of range)", "red")
 
 
+_NEAR_PAIRS_SHOWN = 5
+
+
 def _print_near_duplicates(say, report: dict) -> None:
     """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
     from rich.text import Text
@@ -354,7 +359,8 @@ def _print_near_duplicates(say, report: dict) -> None:
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
     within = [(split, entry["records"]) for split, entry in near["within_splits"].items() if entry["records"]]
-    items: list = [("", _styled("near-duplicates", "bold")), (" ", f"(within {near['max_distance']} bits):")]
+    items: list = [("", _styled("near-duplicates", "bold")),
+                   (" ", f"(score ≥ {near['min_score']:.2f}, hashes within {near['max_distance']} bits):")]
     items += [(" " if i == 0 else ", ", f"{entry['split']} {entry['records']:,} of {entry['split_records']:,} "
                                         f"in {entry['reference']}") for i, entry in enumerate(across)]
     if not across:
@@ -366,6 +372,12 @@ def _print_near_duplicates(say, report: dict) -> None:
         items.append(("; ", f"{near['search']['members_unchecked']:,} records in crowded search buckets "
                             "not compared"))
     say(items)
+    pairs = [pair for entry in across for pair in entry["pairs"]]
+    for pair in pairs[:_NEAR_PAIRS_SHOWN]:  # held-out key first; every pair is in the JSON report
+        say([("", f"  {pair['duplicate']['filename']} ~ {pair['reference']['filename']}"),
+             (" ", f"(score {pair['score']:.2f}, {pair['distance']} bits)")], indent="    ")
+    if len(pairs) > _NEAR_PAIRS_SHOWN:
+        say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs (every one in the JSON report)")])
     for found in report.get("warnings") or []:
         clauses = phrases.clauses(found["message"])
         say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
