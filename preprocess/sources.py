@@ -21,7 +21,11 @@ _TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?
 
 
 class SourceError(ValueError):
-    """The SOURCE argument or its options cannot be used; the message says why and what to do."""
+    """The SOURCE argument or its options cannot be used; the message says why and what to do. Raised while
+    planning, before anything is written; the CLI exits with ``exit_code`` (2, as for a command line click refuses,
+    where a run that failed exits 1)."""
+
+    exit_code = 2
 
 
 def split_from_tfrecord_name(filename: str) -> str | None:
