@@ -109,7 +109,7 @@ def test_one_class_stored_in_two_unicode_forms_is_refused_naming_both(tmp_path):
         os.makedirs(tmp_path / "photos" / spelling)
         (tmp_path / "photos" / spelling / f"{len(spelling)}.png").write_bytes(png(len(spelling)))
     result = preprocess(str(tmp_path / "photos"), str(tmp_path / "out"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "stored twice" in result.output and "'Caf\\xe9'" in result.output and "'Cafe\\u0301'" in result.output
     assert not os.path.exists(tmp_path / "out" / "manifest.json")
 
@@ -128,11 +128,11 @@ def test_classes_file_gives_the_order_and_must_name_every_class(tmp_path):
         assert labelled_pairs(output) == {(split, name, order.index(name)) for split in SPLITS for name in CLASS_NAMES}
     (tmp_path / "short.txt").write_text("\n".join(CLASS_NAMES[:-2]) + "\n")
     result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out-short"), "--classes", str(tmp_path / "short.txt"))
-    assert result.exit_code == 1 and "does not name 2 classes found in the folder" in result.output
+    assert result.exit_code == 2 and "does not name 2 classes found in the folder" in result.output
     assert "'é'" in result.output and "'Ab'" in result.output
     (tmp_path / "twice.txt").write_text("\n".join(CLASS_NAMES + ("a",)) + "\n")
     result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out-twice"), "--classes", str(tmp_path / "twice.txt"))
-    assert result.exit_code == 1 and "names the class 'a' twice" in result.output
+    assert result.exit_code == 2 and "names the class 'a' twice" in result.output
 
 
 def test_classes_file_is_refused_by_name_where_the_source_ships_its_list(tmp_path):
@@ -141,9 +141,9 @@ def test_classes_file_is_refused_by_name_where_the_source_ships_its_list(tmp_pat
     (tmp_path / "classes.txt").write_text("\n".join(CLASS_NAMES) + "\n")
     result = preprocess(f"parquet:{tmp_path / 'hub' / 'data' / '*.parquet'}", str(tmp_path / "out"),
                         "--classes", str(tmp_path / "classes.txt"))
-    assert result.exit_code == 1 and "--classes is for folder and archive sources" in result.output
+    assert result.exit_code == 2 and "--classes is for folder and archive sources" in result.output
     result = preprocess(str(tmp_path / "folder"), str(tmp_path / "out"), "--classes", str(tmp_path / "missing.txt"))
-    assert result.exit_code == 1 and "--classes" in result.output and "does not exist" in result.output
+    assert result.exit_code == 2 and "--classes" in result.output and "does not exist" in result.output
 
 
 def test_a_class_listed_twice_is_refused():

@@ -31,12 +31,13 @@ def ok(*args):
     return result
 
 
-def refused(workspace, *args, expect: str | tuple[str, ...]):
-    """Runs the CLI (OUTPUT is ``workspace/out``) and checks the refusal: exit 1, one Error line naming ``expect``,
-    no traceback, ``workspace`` unchanged outside OUTPUT."""
+def refused(workspace, *args, expect: str | tuple[str, ...], status: int = 2):
+    """Runs the CLI (OUTPUT is ``workspace/out``) and checks the refusal: exit ``status`` (2: SOURCE or its options
+    refused while planning; 1: an output path), one Error line naming ``expect``, no traceback, ``workspace``
+    unchanged outside OUTPUT."""
     before = {k: v for k, v in tree(workspace).items() if not k.startswith("out")}
     result = run_cli(*args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == status, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("Error: ")]
     assert len(errors) == 1 and "Traceback" not in result.output, result.output
@@ -276,7 +277,7 @@ def test_names_that_differ_only_in_case_fail_with_that_hint(tmp_path):
     labels = tmp_path / "labels.csv"
     labels.write_text("img1.jpeg,n01\nimg2.jpeg,n02\n")
     refused(tmp_path, tmp_path / "val", tmp_path / "out", "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS,
-            expect=("split train: all 4 inputs were rejected (case_mismatch: 4)", "differ only in case"))
+            status=1, expect=("split train: all 4 inputs were rejected (case_mismatch: 4)", "differ only in case"))
 
 
 def test_one_name_differing_in_case_is_a_reject_of_its_own(tmp_path):
@@ -344,14 +345,14 @@ def test_an_image_whose_record_would_be_too_large_is_a_reject(monkeypatch, encod
 def test_tfrecord_glob_of_jpegs_fails_with_a_hint(tmp_path):
     flat_images(tmp_path / "jpegs", ["a.JPEG", "b.JPEG"])
     refused(tmp_path, f"tfrecord:{tmp_path}/jpegs/*", tmp_path / "out", *IN_PROCESS,
-            expect=("split train: all 2 inputs were rejected", "not TFRecords of encoded images"))
+            status=1, expect=("split train: all 2 inputs were rejected", "not TFRecords of encoded images"))
 
 
 def test_every_image_over_max_pixels_fails_with_a_hint(tmp_path):
     source = tmp_path / "src"
     folder(source)
     refused(tmp_path, source, tmp_path / "out", "--shorter-side", 4, "--max-pixels", 100, *IN_PROCESS,
-            expect=("all 4 inputs were rejected (too_many_pixels: 4)", "--max-pixels (100)"))
+            status=1, expect=("all 4 inputs were rejected (too_many_pixels: 4)", "--max-pixels (100)"))
 
 
 def test_flat_images_without_labels_file_fail_with_a_hint(tmp_path):
@@ -369,7 +370,7 @@ def test_class_folders_without_files_fail(tmp_path):
     source = tmp_path / "src"
     (source / "a").mkdir(parents=True)
     (source / "b").mkdir()
-    refused(tmp_path, source, tmp_path / "out", *IN_PROCESS, expect="found no inputs")
+    refused(tmp_path, source, tmp_path / "out", *IN_PROCESS, status=1, expect="found no inputs")
 
 
 def test_a_split_of_only_hidden_entries_fails_with_that_hint(tmp_path):
@@ -378,7 +379,7 @@ def test_a_split_of_only_hidden_entries_fails_with_that_hint(tmp_path):
     (source / "val" / "a").mkdir(parents=True)
     (source / "val" / "a" / ".DS_Store").write_bytes(b"mac")
     refused(tmp_path, source, tmp_path / "out", "--shorter-side", 8, *IN_PROCESS,
-            expect=("split val: all 1 inputs were rejected (hidden_file: 1)", "only hidden entries"))
+            status=1, expect=("split val: all 1 inputs were rejected (hidden_file: 1)", "only hidden entries"))
 
 
 def test_tfrecord_split_names_from_file_names_and_split_option_follow_the_rule(tmp_path):

@@ -118,9 +118,10 @@ def test_a_damaged_zip_member_is_a_reject(tmp_path):
     assert "CRC-32" in rejects[0]["detail"]
 
 
-def refused(args, *expected) -> None:
+def refused(args, *expected, status: int = 2) -> None:
+    """A refusal: exit ``status`` (2: SOURCE or its options refused while planning; 1: an output path)."""
     result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == status, result.output
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert len(lines) == 1, result.output
@@ -165,13 +166,13 @@ def test_resume_of_an_archive_run_keeps_its_work_and_a_compressed_one_is_refused
     with tarfile.open(tmp_path / "photos.tgz", "w:gz") as tar:
         add(tar, "cat/a.jpg", jpeg(0))
     refused(["preprocess", tmp_path / "photos.tgz", tmp_path / "out2", "--resume"], "--resume refused",
-            "compressed archive")
+            "compressed archive", status=1)
 
 
 def test_output_apart_from_the_archive_bad_class_names_and_foreign_options_are_refused_by_name(tmp_path):
     with tarfile.open(tmp_path / "photos.tar", "w") as tar:
         add(tar, "cat/a.jpg", jpeg(0))
-    refused(["preprocess", tmp_path / "photos.tar", tmp_path / "photos.tar"], "photos.tar")
+    refused(["preprocess", tmp_path / "photos.tar", tmp_path / "photos.tar"], "photos.tar", status=1)
     refused(["preprocess", tmp_path / "photos.tar", tmp_path / "out", "--labels-split", "val"], "--labels-split",
             "archive source")
     with tarfile.open(tmp_path / "odd.tar", "w") as tar:

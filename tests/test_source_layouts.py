@@ -38,11 +38,12 @@ def ok(source, out, *options) -> dict:
     return manifest_lib.read_document(str(out)) | {"_output": result.output}
 
 
-def refused(workspace, *args, expect=()) -> str:
+def refused(workspace, *args, expect=(), status: int = 2) -> str:
+    """A refusal: exit ``status`` (2: SOURCE or its options refused while planning; 1: an output path)."""
     before = tree(workspace)
     result = preprocess(*args, "--quiet", *IN_PROCESS)
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == status, result.output
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
     for fragment in expect:
         assert fragment in lines[0], lines[0]

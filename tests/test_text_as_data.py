@@ -119,8 +119,7 @@ def test_a_hostile_table_or_card_is_one_line_and_exit_2_before_anything_is_writt
     make(tmp_path)
     result = subprocess.run(shardprep_argv("preprocess", f"parquet:{tmp_path}/hub/data/*.parquet",
                                            tmp_path / "out", "--quiet"), capture_output=True, text=True, timeout=240)
-    # exit 1: the CLI's status for a SOURCE it cannot use (shardprep/commands maps it; the issue asks for 2)
-    assert (result.returncode, result.stdout) == (1, ""), result.stderr[-3000:]
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]  # refused while planning
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("Error: "), result.stderr[-3000:]
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
