@@ -67,8 +67,8 @@ class WorkerZygote:
 
     def worker_command(self) -> str:
         """The shell command that starts one worker forked by this zygote, for Beam's subprocess environment."""
-        return " ".join(shlex.quote(part) for part in (sys.executable, "-S", "-E", os.path.abspath(__file__),
-                                                       self.address, str(START_WAIT_S)))
+        arguments = (sys.executable, "-S", "-E", os.path.abspath(__file__), self.address, self.pid, START_WAIT_S)
+        return "exec " + " ".join(shlex.quote(str(part)) for part in arguments)  # exec: no shell left in between
 
     @property
     def closed(self) -> bool:
@@ -363,11 +363,11 @@ def _flush_streams() -> None:
             stream.flush()
 
 
-def request_worker(address: str, wait_s: float) -> int:
+def request_worker(address: str, zygote: int, wait_s: float) -> int:
     """The worker command (``worker_command``), in a bare interpreter Beam started for one worker: has the zygote
-    at ``address`` fork the worker with this process's environment and standard streams, and returns its exit
-    status once it exits. Where no zygote answers within ``wait_s`` (gone; stopped: then killed), this process
-    becomes the worker as Beam would start it."""
+    at ``address`` (process ``zygote``) fork the worker with this process's environment and standard streams, and
+    returns its exit status once it exits. Where no zygote answers within ``wait_s`` (gone; stopped: then killed),
+    this process becomes the worker as Beam would start it."""
     for fd in (0, 1, 2):  # a stream Beam left closed: /dev/null, which takes its number
         try:
             os.fstat(fd)
@@ -383,7 +383,7 @@ def request_worker(address: str, wait_s: float) -> int:
         answer = connection.recv(64)
     except TimeoutError:  # stopped or stuck: killed, so that the next request fails at once
         with contextlib.suppress(OSError):
-            os.kill(_peer_credentials(connection)[0], signal.SIGKILL)
+            os.kill(zygote, signal.SIGKILL)  # the launcher's child, reaped by it only: not a pid reused meanwhile
     except OSError:
         pass
     if not answer.startswith(b"pid "):
@@ -406,4 +406,4 @@ def request_worker(address: str, wait_s: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(request_worker(sys.argv[1], float(sys.argv[2])))
+    sys.exit(request_worker(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))

@@ -33,13 +33,14 @@ def test_other_runners_are_remote(beam_args):
 def test_the_malloc_cap_is_set_only_while_a_local_run_goes(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     before = dict(os.environ)
-    pipeline = runner.make_pipeline(["--direct_running_mode=in_memory"])  # DoFns run in this process
+    beam_args = ["--direct_running_mode=in_memory"]  # DoFns run in this process
+    pipeline = runner.make_pipeline(beam_args)
     seen = (pipeline
             | beam.Create([0])
             | beam.Map(lambda _: os.environ.get("MALLOC_ARENA_MAX")))
     assert_that(seen, equal_to([str(runner.LOCAL_MALLOC_ARENAS)]))
     assert dict(os.environ) == before  # building the pipeline changes nothing
-    pipeline.run().wait_until_finish()
+    runner.run_to_end(pipeline, beam_args)
     assert dict(os.environ) == before
 
 
