@@ -147,11 +147,10 @@ def _worker_failures():
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
     """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C (or left waiting for a failed
     worker) has still not unwound: ends the process with ``status`` (130; 143 after SIGTERM; 1) before Python
-    finalizes. Finalizing ends a daemon thread with
-    ``pthread_exit`` when it next takes the interpreter lock, and one coming back from a C++ library (OpenCV's
-    resize in a long decode) unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
-    without an active exception") after the stop lines. The run's files are as a kill leaves them, which resume
-    handles."""
+    finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it next takes the interpreter lock, and
+    one coming back from a C++ library (OpenCV's resize in a long decode) unwinds through frames that may not be
+    left that way: the process aborted (status 134, "terminate called without an active exception") after the stop
+    lines. The run's files are as a kill leaves them, which resume handles."""
     if finished.is_set():
         return
     for stream in (sys.stdout, sys.stderr):
