@@ -262,19 +262,16 @@ def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ..
 
 
 def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
-    """Parses ``beam_args`` with every Beam options class, as Beam's ``PipelineOptions.get_all_options`` does."""
+    """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
     import difflib
     import io
 
-    from apache_beam.options.pipeline_options import _BeamArgumentParser
-
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
-        cls._add_argparse_args(parser)  # noqa: SLF001 - how Beam itself builds the parser
+    parsers: list = []
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            _, unknown = parser.parse_known_args(beam_args)
+            PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
+            _, unknown = parsers[0].parse_known_args(beam_args)
     except (SystemExit, Exception) as e:  # noqa: BLE001
         reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
         raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
@@ -284,8 +281,8 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
             raise BeamArgsError(f"{name} is an option of {usage.split()[0]}, not of Beam: put it before --")
         if not token.startswith("-"):
             raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
-        known = [option for action in parser._actions for option in action.option_strings]  # noqa: SLF001
-        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), [k.lstrip("-") for k in known], 1)
+        known = list(PipelineOptions([]).get_all_options())  # every option's name
+        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), known, 1)
         hint = f" (did you mean --{near[0]}?)" if near else ""
         raise BeamArgsError(f"unknown Beam option {token}{hint}: Beam would ignore it")
 
