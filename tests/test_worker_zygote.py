@@ -51,13 +51,14 @@ def _run(tmp_path, beam_args, env=None, script=PIPELINE, **popen):
                           timeout=240, env=dict(os.environ, **(env or {})), **popen)
     assert done.returncode == 0, done.stderr[-3000:]
     started = json.loads(done.stdout.splitlines()[0])
-    return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())]
+    return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())], done.stderr
 
 
 def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
-    started, where = _run(tmp_path, ["--direct_num_workers=2"])
+    started, where, said = _run(tmp_path, ["--direct_num_workers=2"])
     assert started["zygote"] is not None
     assert len(where) == 16
+    assert "direct_running_mode should be" not in said  # Beam's warning, for the mode its workers are started in
     assert {w["ppid"] for w in where} == {started["zygote"]}  # every element in a worker the zygote forked
     assert {w["name"] for w in where} == {worker_zygote.WORKER_NAME}
     assert started["launcher"] not in {w["pid"] for w in where}
@@ -67,7 +68,7 @@ def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
 def test_a_launcher_without_stdin_gives_its_workers_dev_null(tmp_path):
     """Started with stdin closed (``<&-``), the launcher's socket to the zygote took descriptor 0 and every worker
     got it as its stdin (then the zygote could not see the launcher go while a worker lived)."""
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
                           preexec_fn=lambda: os.close(0))
     assert started["zygote"] is not None
     assert {w["stdin"] for w in where} == {os.devnull}
@@ -82,7 +83,7 @@ def test_a_stopped_zygote_gives_way_to_beam_s_own_workers(tmp_path):
                               "with runner.worker_zygote_for(beam_args) as zygote:\n"
                               "    os.kill(zygote.pid, 19)  # SIGSTOP\n")
     assert "SIGSTOP" in script
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], script=script)
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], script=script)
     assert len(where) == 16
     assert started["zygote"] not in {w["ppid"] for w in where}
     assert all("sdk_worker_main" in w["command"] for w in where)
@@ -109,7 +110,7 @@ def test_a_zygote_made_by_a_caller_is_used_after_threads_started():
 
 
 def test_forked_workers_can_be_turned_off(tmp_path):
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], env={worker_zygote.DISABLE_VARIABLE: "0"})
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], env={worker_zygote.DISABLE_VARIABLE: "0"})
     assert started["zygote"] is None
     assert all("sdk_worker_main" in w["command"] for w in where)  # Beam's own new interpreters
     assert worker_zygote.WORKER_NAME not in {w["name"] for w in where}
