@@ -66,6 +66,7 @@ def sample_tree(root: psutil.Process) -> dict[str, int]:
 def measure_run(source: str, output: str, workers: int, shorter_side: int, num_shards: int | None) -> dict:
     """Runs the job once and returns its peaks (bytes) and wall time; raises if the job fails."""
     command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet", "--overwrite",
+               "--allow-upscale",  # a larger shorter side stores more bytes per input on purpose
                "--shorter-side", str(shorter_side), *(["--num-shards", str(num_shards)] if num_shards else []),
                "--", f"--direct_num_workers={workers}"]
     peaks = {"tree": 0, "launcher": 0, "largest_worker": 0, "processes": 0}

@@ -21,6 +21,7 @@ from shardprep.preprocess.elements import Reject
 MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
 DUPLICATE = "duplicate_member"
 SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
+ANNOTATION_WORDS = ("bbox", "annotation")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz: a split's boxes
 
 
 class MembersTask(NamedTuple):
@@ -99,7 +100,7 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     flat = [item for layout in layouts for item in layout.flat]
     label_of, label_names = _flat_labels(config.labels_file, flat)
     unlabelled = _unlabelled(found, label_of)
-    stored = [c for layout in layouts for c in layout.classes]
+    stored = [c for layout in layouts for c in layout.stored_classes]
     for name in stored:
         names.check(name, "class", f"the archive {location}", "rename it")
     class_names = planning.ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
@@ -147,6 +148,9 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
         elif named is None:
             not_used.append(accounting.NotUsed(name, "an archive whose name says no split (train, val, test): not "
                                                      "read"))
+        elif any(word in name.lower() for word in ANNOTATION_WORDS):
+            not_used.append(accounting.NotUsed(name, "an archive of annotations (bounding boxes, by its name), not "
+                                                     "of images: not read"))
         elif named in by_split:
             raise sources.SourceError(f"{location} holds two archives of the split {named} ({by_split[named]}, "
                                       f"{name}): keep one")
@@ -201,7 +205,8 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
     members = [m for m, _ in pairs]
     split = archive.split or default_split
     prefix = f"{archive.split}/" if archive.split else ""
-    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None)
+    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None,
+                                    where=archive.path)
     return _Found(archive, layout, {id(m): stored for m, stored in pairs})
 
 

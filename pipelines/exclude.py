@@ -7,10 +7,13 @@ names that no input has are found after the run from ``rejects.jsonl`` (:func:`u
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import os
 import textwrap
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
@@ -22,14 +25,54 @@ from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import fingerprint, manifest, untrusted
 from shardprep.preprocess.accounting import EXCLUDED
 from shardprep.preprocess.elements import REJECTS, Input, Reject
-from shardprep.preprocess.exclude_keys import ExcludeKeysError, parse_keys
+from shardprep.preprocess.exclude_keys import ExcludeKeysError, SortedKeys, parse_keys
 
 MAX_KEYS_FILE_BYTES = 1 << 30
 UNKNOWN_KEYS_NAMED = 5  # in the note after the run
 
 
-def read_keys(path: str) -> frozenset[str]:
+class KeysFile(NamedTuple):
+    """The keys file as a local run's workers get it: its path and the SHA-256 of the bytes the launcher read (the
+    keys themselves would travel inside the DoFn, which Beam bz2-compresses each time it serializes it: minutes
+    for 3,000,000 keys)."""
+
+    path: str
+    sha256: str
+
+
+class _Loaded(NamedTuple):
+    keys: SortedKeys
+    sha256: str  # of the file's bytes
+
+
+def read_keys(path: str) -> SortedKeys:
     """The keys an ``--exclude`` file names; ``PreprocessError`` (one line naming the file) if it cannot be read."""
+    return _load(path).keys
+
+
+def keys_file(path: str) -> KeysFile:
+    """``path`` with the SHA-256 of its bytes, for workers on this machine to read it themselves."""
+    return KeysFile(path, _load(path).sha256)
+
+
+def _load(path: str) -> _Loaded:
+    """The file read once for the calls of a run and of a worker (refusal up front, the graph, the journal's
+    fingerprint, the note after): the last file read is kept while its size and modification time stay the same."""
+    try:
+        if is_local(path):
+            found = os.stat(path[len("file://"):] if path.startswith("file://") else path)
+            stamp = (found.st_size, found.st_mtime_ns, found.st_ino)
+        else:
+            matched = FileSystems.match([path])[0].metadata_list
+            stamp = (matched[0].size_in_bytes, matched[0].last_updated_in_seconds) if matched else None
+        return _read(path, stamp)
+    except (OSError, BeamIOError) as e:
+        raise PreprocessError(f"--exclude {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _read(path: str, stamp: tuple | None) -> _Loaded:
+    """_load's reading, for the file ``path`` as it was when it had ``stamp`` (size and times)."""
     try:
         if is_local(path):
             local = path[len("file://"):] if path.startswith("file://") else path
@@ -38,7 +81,7 @@ def read_keys(path: str) -> frozenset[str]:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 data = f.read(MAX_KEYS_FILE_BYTES + 1)
         text = data.decode("utf-8")
-        return frozenset(parse_keys(text, path))
+        return _Loaded(SortedKeys(parse_keys(text, path)), hashlib.sha256(data).hexdigest())
     except (OSError, BeamIOError) as e:
         raise PreprocessError(f"--exclude {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except UnicodeDecodeError as e:
@@ -48,11 +91,21 @@ def read_keys(path: str) -> frozenset[str]:
 
 
 class ExcludeFn(beam.DoFn):
-    """An ``Input`` whose key is in ``keys`` -> a ``Reject`` (tagged ``REJECTS``); any other passes on."""
+    """An ``Input`` whose key is in the keys -> a ``Reject`` (tagged ``REJECTS``); any other passes on. ``keys``:
+    the keys, or (local runs) the file a worker reads once at setup."""
 
-    def __init__(self, keys: frozenset[str], path: str):
-        self.keys, self.path = keys, path
+    def __init__(self, keys: SortedKeys | KeysFile, path: str):
+        self.given, self.path, self.keys = keys, path, None
         self.excluded = Metrics.counter(METRICS_NAMESPACE, "inputs_excluded")
+
+    def setup(self):
+        self.keys = self.given
+        if isinstance(self.given, KeysFile):
+            loaded = _load(self.given.path)
+            if loaded.sha256 != self.given.sha256:
+                raise PreprocessError(f"--exclude {self.path} changed during the run: run again with the file as "
+                                      "it is to be")
+            self.keys = loaded.keys
 
     def process(self, item: Input):
         if item.key in self.keys:
@@ -66,7 +119,7 @@ class ExcludeFn(beam.DoFn):
 class ExcludeInputs(beam.PTransform):
     """``Input`` -> ``{"inputs": Input, "rejects": Reject}``: the inputs ``keys`` names become rejects."""
 
-    def __init__(self, keys: frozenset[str], path: str):
+    def __init__(self, keys: SortedKeys | KeysFile, path: str):
         super().__init__()
         self.keys, self.path = keys, path
 
@@ -80,12 +133,12 @@ def fingerprinted_options(config, runner: str) -> dict:
     its keys too (a hash of them), so a resume after the keys file changed is refused, naming ``--exclude``."""
     options = fingerprint.fingerprinted_options(config, runner)
     if config.exclude is not None:
-        keys = json.dumps(sorted(read_keys(config.exclude))).encode("utf-8")
+        keys = json.dumps(list(read_keys(config.exclude))).encode("utf-8")  # sorted
         options["exclude"] = f"{config.exclude} (keys sha256 {hashlib.sha256(keys).hexdigest()[:16]})"
     return options
 
 
-def unknown_keys(keys: frozenset[str], output: str) -> list[str]:
+def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
     """The keys of ``keys`` that no input had: those ``OUTPUT/rejects.jsonl`` (just written) does not list as
     excluded; sorted."""
     path = manifest.join(output, manifest.REJECTS_NAME)
@@ -96,10 +149,10 @@ def unknown_keys(keys: frozenset[str], output: str) -> list[str]:
                 entry = json.loads(line)
                 if entry.get("reason") == EXCLUDED:
                     found.add(entry.get("key"))
-    return sorted(keys - found)
+    return [key for key in keys if key not in found]  # sorted, as keys iterate
 
 
-def exclude_note(path: str, keys: frozenset[str], unknown: list[str]) -> str:
+def exclude_note(path: str, keys: SortedKeys, unknown: list[str]) -> str:
     """What the user is told after a run with ``--exclude``: how many keys were left out, and which match no input;
     in lines that fit 80 columns after the CLI's ``note: `` (the continuation lines indented)."""
     clauses = [f"--exclude {path}: {len(keys) - len(unknown):,} of {len(keys):,} keys excluded (rejects.jsonl, "

@@ -262,4 +262,6 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         mean_rgb=tuple(mean) if mean is not None else None,
         std_rgb=tuple(std) if std is not None else None,
         not_used=tuple(entry.to_json() for entry in getattr(plan, "not_used", ())) or None,
+        median_input_size=(dict(zip(("width", "height"), plan.median_input_size))
+                           if plan.median_input_size is not None else None),
     ).to_json()

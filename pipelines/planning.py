@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from shardprep.pipelines.source_kind import SourceKind, SourcePlan
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
+from shardprep.preprocess.archive_index import split_inner
 from shardprep.preprocess.config import PreprocessConfig
 from shardprep.preprocess.elements import Reject
 
@@ -43,6 +44,7 @@ class Children(NamedTuple):
     files: list[str]  # everything else that is not hidden
     hidden: list[tuple[str, bool]]  # (name, is a folder) of names starting with '.'
     looping: list[str]  # links to folders back into SOURCE or to a folder holding it (local only)
+    litter: list[tuple[str, bool]]  # (name, is a folder) of what an OS left (``accounting.is_os_litter``)
 
 
 def list_children(path: str, source_root: str | None = None) -> Children:
@@ -51,10 +53,12 @@ def list_children(path: str, source_root: str | None = None) -> Children:
     if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
-        children = Children([], [], [], [])
+        children = Children([], [], [], [], [])
         for entry in sorted(os.scandir(path), key=lambda e: e.name):
             is_dir = accounting.is_folder(entry)
-            if sources.is_hidden(entry.name):
+            if accounting.is_os_litter(entry.name, is_dir):
+                children.litter.append((entry.name, is_dir))
+            elif sources.is_hidden(entry.name):
                 children.hidden.append((entry.name, is_dir))
             elif not is_dir:
                 children.files.append(entry.name)
@@ -75,15 +79,17 @@ def list_children(path: str, source_root: str | None = None) -> Children:
     # On gs:// every sub-directory (a common prefix) comes back with a trailing "/", so no entry needs a probe; a
     # probe per file would be a request per file (50,000 for ImageNet's flat val/ folder) before the job starts.
     marks_directories = FileSystems.get_scheme(path) == "gs"
-    dirs, files, hidden = [], [], []
+    dirs, files, hidden, litter = [], [], [], []
     for name in sorted(listed):
         clean = name.rstrip("/")
-        if sources.is_hidden(clean):
+        if accounting.is_os_litter(clean, name.endswith("/")):
+            litter.append((clean, name.endswith("/")))
+        elif sources.is_hidden(clean):
             hidden.append((clean, name.endswith("/")))
             continue
         is_dir = name.endswith("/") or (not marks_directories and tf.io.gfile.isdir(manifest.join(path, clean)))
         (dirs if is_dir else files).append(clean)
-    return Children(dirs, files, hidden, [])
+    return Children(dirs, files, hidden, [], litter)
 
 
 def _unlistable(path: str, tf) -> sources.SourceError:
@@ -238,6 +244,8 @@ def _list_level(root: str, directory: str, split: str, found: Children, listing:
     def key(name: str) -> str:
         return sources.printable_key(sources.source_key(root, manifest.join(directory, name)))
 
+    listing.not_used.extend(accounting.NotUsed(key(name) + ("/" if is_dir else ""), accounting.OS_LITTER)
+                            for name, is_dir in found.litter)
     for name, is_dir in found.hidden:
         if is_dir and classes_here:
             listing.skipped.append(accounting.skipped_reject(split, key(name), accounting.HIDDEN_FOLDER))
@@ -291,6 +299,9 @@ def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
         path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
+MAX_LABELS_FILE_BYTES = 256 << 20  # read whole, once: ImageNet's validation labels are 2 MB
+
+
 def ordered_classes(stored, where: str, config: PreprocessConfig) -> list[str]:
     """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
     if config.classes_file is None:
@@ -322,12 +333,20 @@ def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:
     """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name); a
     SourceError when it is missing, a folder, unreadable or not a labels CSV."""
     if not FileSystems.exists(path):
+        archive, inner = split_inner(path)
+        if inner and FileSystems.exists(archive):
+            raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
+                                      "from inside an archive only with that archive as SOURCE; extract it and give "
+                                      "its path")
         raise sources.SourceError(f"labels file {path} does not exist")
     if is_local(path) and not os.path.isfile(path):
         raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            data = f.read()
+            data = f.read(MAX_LABELS_FILE_BYTES + 1)
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
+    if len(data) > MAX_LABELS_FILE_BYTES:
+        raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
+                                  "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
     return labels.csv_rows(data, path, file_exists)

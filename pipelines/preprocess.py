@@ -42,12 +42,12 @@ from typing import NamedTuple
 
 import apache_beam as beam
 
-from shardprep.pipelines import journal, progress, storage, worker_zygote
+from shardprep.pipelines import input_sizes, journal, progress, storage, worker_zygote
 from shardprep.pipelines.boundaries import ShardBoundaries
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
-from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, read_keys, unknown_keys
+from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, keys_file, read_keys, unknown_keys
 from shardprep.pipelines.given_values import GivenValues
 from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.listing import ListInputs
@@ -80,7 +80,7 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
-        kept = inputs | "ExcludeInputs" >> ExcludeInputs(read_keys(config.exclude), config.exclude)
+        kept = inputs | "ExcludeInputs" >> ExcludeInputs(_exclude_keys(config.exclude, runner), config.exclude)
         inputs = kept["inputs"]
         listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
     # (Input, Reject) -> (split, number of inputs): the accounting check's other half
@@ -160,14 +160,17 @@ def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, re
 
 
 def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
-                on_resume=None, submission: JobSubmission | None = None) -> JobOutcome:
+                on_resume=None, submission: JobSubmission | None = None, on_plan=None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
 
     ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
     (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
     killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
     ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
-    ``submission``: marked submitted once the runner has the job (read after a stop).
+    ``submission``: marked submitted once the runner has the job (read after a stop). ``on_plan(lines)`` is
+    called before the pipeline starts with what a sample of the inputs says (their number and median size, the
+    expected output size); a run that would upscale most inputs stops before OUTPUT is touched
+    (``input_sizes.UpscaleRefused``).
     """
     from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
@@ -176,11 +179,21 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
-        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission())
+        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission(),
+                            on_plan)
+
+
+def _exclude_keys(path: str, runner: str):
+    """What the exclude stage carries: on this machine's workers the file's name (each reads it once), elsewhere
+    the keys themselves (the launcher's file is not theirs to read)."""
+    from shardprep.pipelines import runner as runners
+
+    local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
+    return keys_file(path) if local else read_keys(path)
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
-                 submission: JobSubmission) -> JobOutcome:
+                 submission: JobSubmission, on_plan) -> JobOutcome:
     from shardprep.pipelines import runner as runners
 
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
@@ -206,6 +219,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
         beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
         if not runners.uses_worker_processes(beam_args):
             worker_zygote.end_unneeded()
+    plan, plan_lines = input_sizes.sized_plan(config, plan, listing)  # small inputs stop here, before OUTPUT
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
     with output_lock(config.output) as lock:
@@ -223,6 +237,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
+        if on_plan is not None:  # said once the run will go ahead (a refused resume says only why)
+            on_plan(plan_lines)
         return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal, submission)
 
 

@@ -10,7 +10,8 @@ class indexed where it lands (``NestedTask``), a compressed tar streamed once wi
 (``archive_index.MemberRef``) and every worker reads its own members by range (``ArchiveMemberReader``), so
 decoding scales with the workers as for a folder. Keys are the member paths the same files would have extracted,
 so records, their order and their shards are those of the extracted folder. A local archive's run keeps a journal
-(its archives' size and mtime are the fingerprint), so ``--resume`` works.
+(its archives' size and mtime are the fingerprint), so ``--resume`` works. Workers check each archive's size and mtime
+against the plan before reading it (``check_unchanged``): one replaced meanwhile fails the run, naming it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterator, cast
 
 from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
     plan_archives
+from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, classes_file_apart
 from shardprep.preprocess import archive_index, fingerprint, sources
 from shardprep.preprocess.elements import Input, Reject
@@ -35,7 +37,10 @@ class ArchiveSource(SourceKind):
     options = ("labels_file", "classes_file")
 
     def claims(self, source: str) -> bool:
-        return bool(archive_index.archive_type(archive_index.split_inner(source.rstrip("/"))[0]))
+        """A SOURCE named like an archive (or a folder inside one), unless that name is a local folder
+        (``photos.zip/``): a folder is read as a folder, whatever its name."""
+        archive = archive_index.split_inner(source.rstrip("/"))[0]
+        return bool(archive_index.archive_type(archive)) and not ("://" not in archive and os.path.isdir(archive))
 
     def claims_folder(self, location: str) -> bool:
         """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
@@ -88,10 +93,10 @@ class ArchiveSource(SourceKind):
         return list(cast(ArchivePlan, plan).tasks)
 
     def task_reader(self, config, plan: SourcePlan) -> ArchiveTaskReader:
-        return ArchiveTaskReader()
+        return ArchiveTaskReader(planned_identities(plan))
 
     def path_reader(self, plan: SourcePlan) -> ArchiveMemberReader:
-        return ArchiveMemberReader()
+        return ArchiveMemberReader(planned_identities(plan))
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
         remote = [a.path for a in cast(ArchivePlan, plan).archives if "://" in a.path]
@@ -126,6 +131,33 @@ def _remote_names(location: str) -> list[str]:
         return []
 
 
+Identities = dict[str, tuple[int, int]]  # an archive's path -> (size, mtime in ns) when it was planned
+
+
+def planned_identities(plan: SourcePlan) -> Identities:
+    return {a.path: (a.size, a.mtime_ns) for a in cast(ArchivePlan, plan).archives}
+
+
+def check_unchanged(path: str, planned: Identities, raw=None) -> None:
+    """PreprocessError (the run fails, naming the archive) when the archive at ``path`` (``raw``: its open file, a
+    local one checked by its descriptor) no longer has the size and mtime it had when planned: its members' ranges
+    and labels would be another archive's. Before any of its bytes are read into a record."""
+    if path not in planned:
+        return
+    if "://" not in path:
+        info = os.fstat(raw.fileno()) if raw is not None else os.stat(path)
+        now = (info.st_size, info.st_mtime_ns)
+    else:
+        from apache_beam.io.filesystems import FileSystems
+
+        found = FileSystems.match([path])[0].metadata_list
+        now = (found[0].size_in_bytes, int(found[0].last_updated_in_seconds * 1e9)) if found else (-1, 0)
+    if now != planned[path]:
+        raise PreprocessError(f"the archive {path} changed after it was planned (size {planned[path][0]:,} bytes "
+                              f"then, {now[0]:,} now, or its modification time): its members would be read under "
+                              "the old plan's names and labels; the run stops; rerun to plan it again")
+
+
 def _stat(path: str) -> tuple[int, int]:
     try:
         info = os.stat(path)
@@ -135,7 +167,11 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 class ArchiveTaskReader:
-    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
+    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker; an archive changed since it was
+    planned fails the run (``check_unchanged``)."""
+
+    def __init__(self, planned: Identities | None = None):
+        self.planned = planned or {}
 
     def __call__(self, task) -> Iterator[Input | Reject]:
         if isinstance(task, MembersTask):
@@ -150,6 +186,7 @@ class ArchiveTaskReader:
         name = task.key_prefix.rstrip("/") + ".tar"
         try:
             with open_archive(task.archive) as raw:
+                check_unchanged(task.archive, self.planned, raw)
                 index = archive_index.index_tar(raw, task.offset, task.size)
         except OSError as e:
             yield Reject(task.split, sources.printable_key(name), "unreadable", f"{type(e).__name__}: {e}")
@@ -182,6 +219,7 @@ class ArchiveTaskReader:
         failure = ""
         try:
             with open_archive(task.archive, sequential=True) as raw:
+                check_unchanged(task.archive, self.planned, raw if "://" not in task.archive else None)
                 for streamed in archive_index.stream_tar(raw):
                     name = streamed.member.name
                     seen[name] = seen.get(name, -1) + 1
@@ -203,16 +241,18 @@ class ArchiveTaskReader:
 
 
 class ArchiveMemberReader:
-    """An Input's path (``MemberRef`` text) -> the member's bytes, read by range; archives stay open per worker."""
+    """An Input's path (``MemberRef`` text) -> the member's bytes, read by range; archives stay open per worker,
+    checked against the plan (``check_unchanged``) when opened and, locally, at every read (one ``fstat``)."""
 
-    def __init__(self):
+    def __init__(self, planned: Identities | None = None):
+        self.planned = planned or {}
         self.open_files: dict = {}
 
     def __getstate__(self):
-        return {}
+        return {"planned": self.planned}
 
     def __setstate__(self, state) -> None:
-        self.open_files = {}
+        self.planned, self.open_files = state["planned"], {}
 
     def __call__(self, path: str) -> bytes:
         from shardprep.preprocess.image_ops import RejectError
@@ -224,6 +264,9 @@ class ArchiveMemberReader:
                 if len(self.open_files) > 16:
                     self.close()
                 raw = self.open_files[ref.archive] = open_archive(ref.archive)
+                check_unchanged(ref.archive, self.planned, raw if "://" not in ref.archive else None)
+            elif "://" not in ref.archive:
+                check_unchanged(ref.archive, self.planned, raw)
             return archive_index.read_member(raw, ref)
         except archive_index.MemberError as e:
             raise RejectError(archive_index.DAMAGED_MEMBER, str(e)) from None

@@ -61,6 +61,7 @@ class SourcePlan:
     skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden folders, looping links)
     not_used: tuple[accounting.NotUsed, ...] = ()  # what lies beside the inputs and is not one
     notes: tuple[str, ...] = ()  # what the user is told after the run (labels named by their integers)
+    median_input_size: tuple[int, int] | None = None  # (width, height): the sampled inputs' median (input_sizes)
 
     @property
     def stats_split(self) -> str:

@@ -6,7 +6,8 @@ A file's split comes from its name (``SPLIT-00000-of-00004.parquet``, ``SPLIT.pa
 else ``--split``. The image and label columns are found by their features (``preprocess.hub_features``: the
 dataset card ``README.md``, ``dataset_info.json``, or the files' own metadata), unless ``--image-key`` /
 ``--label-key`` name them; the class names come from the label's feature, else the labels are named by their
-integers (a note says so). A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
+integers (a note says so), at most ``labels.MAX_CLASSES`` of them: a larger label in a footer's statistics (or, without
+statistics, in the column read batch by batch) is refused at planning, one beyond them in a row a reject. A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
 The listing reads one row group per task where it lands (``RowGroupReader``): its rows become Inputs carrying the
 image bytes, decoded there too. Keys are ``FILE:ROW``, FILE relative to the glob's folder.
 """
@@ -18,11 +19,13 @@ import re
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, prefixed_location
-from shardprep.preprocess import accounting, hub_features, manifest, names, sources
+from shardprep.pipelines.source_tfrecord import read_head
+from shardprep.preprocess import accounting, hub_features, labels, manifest, names, sources
 from shardprep.preprocess.elements import Input, Reject
 
 _WILDCARDS = "*?["
-_MAX_LABEL = (1 << 63) - 1  # an int64 label, when no class names bound it
+_MAX_LABEL = (1 << 63) - 1  # the key bounds' label without class names (records' padding: kept as it was)
+_BATCH_ROWS = 1024  # rows read at a time, so that no row group is held whole
 # train-00000-of-00004.parquet, train-00000-of-00004-2a3b4c5d.parquet (older uploads), train.parquet
 _HUB_FILE_SPLIT = re.compile(r"^(?P<split>[^/]+?)(-\d+-of-\d+(-[0-9a-zA-Z]+)?)?\.parquet$")
 _NUMBERED_FILE = re.compile(r"^\d+\.parquet$")  # the Hub's converted layout: CONFIG/SPLIT/0000.parquet
@@ -101,20 +104,17 @@ class ParquetSource(SourceKind):
         widest = max(readable, key=lambda footer: len(footer.columns))  # the first by name may lack labels (test)
         features, origin = dataset_features(base, widest)
         image_column, label_column = find_columns(widest, features, config)
-        classes, notes = features[label_column].names if label_column in features else None, []
-        if classes:
-            classes, repeated = hub_features.usable_class_names(classes, origin)
-            notes += [repeated] if repeated else []
-        else:
-            notes.append(f"labels named by their integers: no class names found for {label_column!r}")
+        classes, notes = class_names(features, label_column, origin)
         tasks, unlabelled = [], []
         for footer in readable:
             split = names.check(split_of(footer.path, config.split), "split", f"the Parquet file {footer.path}")
+            largest = label_max(footer, label_column) if label_column in footer.columns else -1
             if image_column not in footer.columns:
                 skipped.append(Reject(split, relative(base, footer.path), "bad_record", f"no column {image_column!r}"))
-            elif label_column not in footer.columns or label_max(footer, label_column) < 0:
+            elif largest < 0:
                 unlabelled.append((split, footer))
             else:
+                check_label_bound(largest, classes, label_column, relative(base, footer.path))
                 tasks += row_group_tasks(split, footer, relative(base, footer.path))
         labelled = {task.split for task in tasks}
         not_used += [accounting.NotUsed(relative(base, f.path), UNLABELLED) for s, f in unlabelled if s not in labelled]
@@ -165,6 +165,26 @@ class ParquetSource(SourceKind):
             low, high = bounds.setdefault(task.split, [name + 2, name + 1 + last])
             bounds[task.split] = [min(low, name + 2), max(high, name + 1 + last)]
         return {split: (low, high, max_label) for split, (low, high) in bounds.items()}
+
+
+def class_names(features: hub_features.Features, label_column: str, origin: str) -> tuple[tuple[str, ...] | None,
+                                                                                      list[str]]:
+    """(the label column's class names as shardprep keeps them, or None; the notes to show about them)."""
+    classes = features[label_column].names if label_column in features else None
+    if not classes:
+        return None, [f"labels named by their integers: no class names found for {label_column!r}"]
+    classes, repeated = hub_features.usable_class_names(classes, origin)
+    return classes, [repeated] if repeated else []
+
+
+def check_label_bound(largest: int, classes, column: str, name: str) -> None:
+    """Without class names the labels are the classes (the manifest names each by its integer): a label beyond
+    ``labels.MAX_CLASSES`` is refused here, before anything is written. With names, a row beyond them is a reject."""
+    if classes is None and largest >= labels.MAX_CLASSES:
+        raise sources.SourceError(
+            f"the label column {column!r} of {name} holds the label {largest:,}, beyond the {labels.MAX_CLASSES:,} "
+            f"classes shardprep takes without class names (labels 0 to {labels.MAX_CLASSES - 1:,}): name the classes "
+            "in the dataset card (dataset_info.features) or dataset_info.json, or leave that file out of the glob")
 
 
 def parquet_plan(plan: SourcePlan) -> ParquetPlan:
@@ -222,10 +242,7 @@ def read_footer(path: str) -> _FileFooter:
         return _FileFooter(path, {}, (), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     schema = metadata.schema.to_arrow_schema()
     hub = (schema.metadata or {}).get(b"huggingface")
-    try:
-        features = hub_features.from_info(hub, path) if hub else {}
-    except sources.SourceError:
-        features = {}
+    features = hub_features.from_info(hub, f"the huggingface metadata of {path}") if hub else {}
     columns = {field.name: field.type for field in schema}
     groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
     maxima = {metadata.schema.column(i).path: _column_max(metadata, i) for i in range(metadata.num_columns)}
@@ -255,11 +272,14 @@ def label_max(footer: _FileFooter, column: str) -> int:
     found = footer.maxima.get(column)
     if found is not None or not sum(footer.row_groups):
         return found or 0
-    try:
+    largest = None
+    try:  # batch by batch: a few kilobytes of Parquet can hold a billion labels
         with FileSystems.open(footer.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-            largest = pc.max(pq.ParquetFile(stream).read(columns=[column]).column(column)).as_py()
+            for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, columns=[column]):
+                found = pc.max(batch.column(0)).as_py()
+                largest = found if largest is None or (isinstance(found, int) and found > largest) else largest
     except (pa.ArrowException, OSError):  # damaged pages: its row groups are read, and rejected, row by row
-        return 0
+        pass
     return largest if isinstance(largest, int) else 0
 
 
@@ -267,7 +287,6 @@ def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Featu
     """(the features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
     above it (the Hub keeps the card at the top, the files under ``data/``), else ``footer``'s file's own; the file
     they come from)."""
-    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
@@ -276,8 +295,7 @@ def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Featu
             path = manifest.join(folder, name) if folder else name
             if not FileSystems.exists(path):
                 continue
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                features = parse(f.read(), path)
+            features = parse(read_head(path, hub_features.MAX_FEATURES_BYTES + 1), path)
             if hub_features.column_of(features, hub_features.CLASS_LABEL):
                 return features, path
     return footer.features, footer.path
@@ -323,27 +341,29 @@ class RowGroupReader:
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
 
     def __call__(self, task: RowGroupTask) -> Iterator[Input | Reject]:
+        done = 0  # rows given so far: should reading fail, the rest are rejects
         try:
-            images, found = self.read(task)
+            for images, found in self.batches(task):
+                for image, label in zip(images, found):
+                    yield self.row(task.split, f"{task.name}:{task.first_row + done}", image, label)
+                    done += 1
         except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for damaged files
             cause = (str(e).splitlines() or [""])[0][:300]
             detail = f"row group {task.row_group} of {task.name}: {type(e).__name__}: {cause}"
-            for row in range(task.first_row, task.first_row + task.num_rows):
+            for row in range(task.first_row + done, task.first_row + task.num_rows):
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
-            return
-        for offset, (image, label) in enumerate(zip(images, found)):
-            yield self.row(task.split, f"{task.name}:{task.first_row + offset}", image, label)
 
-    def read(self, task: RowGroupTask) -> tuple[list, list]:
+    def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
+        """(images, labels) of the row group, _BATCH_ROWS rows at a time: a row group of a few kilobytes can hold
+        millions of rows (one image, dictionary-encoded), too many to hold as Python objects at once."""
         import pyarrow.parquet as pq
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
 
         with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-            table = pq.ParquetFile(stream).read_row_group(task.row_group, columns=[self.image_column,
-                                                                                   self.label_column])
-        images = table.column(self.image_column).to_pylist()
-        return images, table.column(self.label_column).to_pylist()
+            for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group],
+                                                             columns=[self.image_column, self.label_column]):
+                yield batch.column(self.image_column).to_pylist(), batch.column(self.label_column).to_pylist()
 
     def row(self, split: str, key: str, image, label) -> Input | Reject:
         data = image.get("bytes") if isinstance(image, dict) else image
@@ -351,9 +371,12 @@ class RowGroupReader:
             return Reject(split, key, "no_image", f"no image bytes in column {self.image_column!r}")
         if label is None or label == -1:
             return Reject(split, key, "no_label", f"no label in column {self.label_column!r}")
-        if not isinstance(label, int) or label < 0 or (self.num_classes is not None and label >= self.num_classes):
-            return Reject(split, key, "label_out_of_range", f"label {label} not in 0..{(self.num_classes or 0) - 1}"
-                          if self.num_classes else f"label {label} is not a class index")
+        if self.num_classes is None:  # planning checked the footers' statistics; the rows are checked here too
+            if not isinstance(label, int) or not 0 <= label < labels.MAX_CLASSES:
+                return Reject(split, key, "label_out_of_range",
+                              f"label {label:,} not in 0..{labels.MAX_CLASSES - 1:,} (no class names)")
+        elif not isinstance(label, int) or not 0 <= label < self.num_classes:
+            return Reject(split, key, "label_out_of_range", f"label {label} not in 0..{self.num_classes - 1}")
         return Input(split, key, label, None, data)
 
 

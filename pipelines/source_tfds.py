@@ -10,7 +10,7 @@ import os
 
 from shardprep.pipelines.source_kind import ApartFrom, RecordFiles, Usage, prefixed_location
 from shardprep.pipelines.source_tfrecord import FilesPlan, TFRecordSource
-from shardprep.preprocess import sources
+from shardprep.preprocess import labels, sources
 
 
 class TFDSSource(TFRecordSource):
@@ -74,7 +74,17 @@ def tfds_builder(name: str, data_dir: str | None):
 
 def label_names(builder, label_key: str) -> list[str] | None:
     """The class names of the dataset's ``label_key`` feature (a ClassLabel), or None."""
-    feature = builder.info.features[label_key] if label_key in builder.info.features else None
+    return class_label_names(builder.info.features[label_key], label_key) if label_key in builder.info.features \
+        else None
+
+
+def class_label_names(feature, label_key: str) -> list[str] | None:
+    """The class names of ``feature`` (None unless a ClassLabel), at most ``labels.MAX_CLASSES``: counted before
+    TFDS is asked for them, as a ClassLabel without names makes one per class ("0", "1", ...)."""
+    count = getattr(feature, "num_classes", None)
+    if isinstance(count, int) and count > labels.MAX_CLASSES:
+        raise sources.SourceError(f"the TFDS feature {label_key!r} has {count:,} classes, more than the "
+                                  f"{labels.MAX_CLASSES:,} shardprep takes")
     return list(getattr(feature, "names", None) or []) or None
 
 

@@ -91,7 +91,6 @@ class TFRecordSource(SourceKind):
 
 def class_names_beside(path: str) -> list[str] | None:
     """TFDS writes ``label.labels.txt`` (one class name per line) next to its TFRecords."""
-    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     directory = path.rsplit("/", 1)[0]
@@ -99,9 +98,29 @@ def class_names_beside(path: str) -> list[str] | None:
     if not matches:
         return None
     path = sorted(m.path for m in matches)[0]
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        data = f.read()
-    return labels.class_names_txt(data, path)
+    return labels.class_names_txt(read_head(path, labels.MAX_NAMES_BYTES + 1), path)
+
+
+def read_head(path: str, at_most: int) -> bytes:
+    """At most ``at_most`` bytes from the start of the small text file ``path`` (local or a URL): a local one only
+    if it is a regular file (a FIFO would block, ``/dev/zero`` never end). ``sources.SourceError`` naming the file
+    when it cannot be read."""
+    import os
+
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    from shardprep.pipelines.storage import is_local
+    from shardprep.preprocess import untrusted
+
+    try:
+        if is_local(path):
+            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
+                return f.read(at_most)
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read(at_most)
+    except OSError as e:  # BeamIOError is one
+        raise sources.SourceError(f"cannot read {path}: {e}") from None
 
 
 class TFRecordFileReader:
@@ -137,9 +156,11 @@ class TFRecordFileReader:
             return Reject(split, key, "bad_record", f"no bytes feature {self.image_key!r}")
         if not found or not isinstance(found[0], int):
             return Reject(split, key, "bad_record", f"no int64 feature {self.label_key!r}")
-        if found[0] < 0 or (self.num_classes is not None and found[0] >= self.num_classes):
-            return Reject(split, key, "label_out_of_range",
-                          f"label {found[0]} not in 0..{(self.num_classes or 0) - 1}")
+        # Without class names the labels are the classes: at most labels.MAX_CLASSES of them.
+        limit = self.num_classes if self.num_classes is not None else labels.MAX_CLASSES
+        if not 0 <= found[0] < limit:
+            return Reject(split, key, "label_out_of_range", f"label {found[0]} not in 0..{limit - 1}"
+                          + ("" if self.num_classes is not None else " (no class names)"))
         return Input(split, key, found[0], None, images[0])
 
 

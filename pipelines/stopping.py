@@ -17,6 +17,9 @@ import time
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
 INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
 TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
+HUNG_UP = 129  # after SIGHUP (128 + SIGHUP): the terminal closed, the ssh connection dropped
+# A worker process stopped (SIGSTOP, Ctrl-Z sent to it alone) this long ends the run: its work would wait forever.
+STOPPED_WORKER_S = 60.0
 
 
 class Terminated(KeyboardInterrupt):
@@ -27,26 +30,37 @@ class Terminated(KeyboardInterrupt):
     by = "SIGTERM"
 
 
+class HungUp(KeyboardInterrupt):
+    """SIGHUP (the terminal closed, the ssh connection dropped), raised as :class:`Terminated` is: Python's default
+    ended the process at once, its worker processes and its temporary folders left behind."""
+
+    by = "SIGHUP"
+
+
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+    raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 @contextlib.contextmanager
 def sigterm_stops():
-    """While the block runs, SIGTERM raises :class:`Terminated` (main thread only, where Python runs handlers)."""
+    """While the block runs, SIGTERM raises :class:`Terminated` and SIGHUP :class:`HungUp` (main thread only, where
+    Python runs handlers); a SIGHUP ignored (``nohup``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    numbers = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
+    previous = {number: signal.signal(number, _raise_terminated) for number in numbers}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def exit_status(stop: BaseException) -> int:
-    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`, or any stop whose ``by`` says so)."""
-    return TERMINATED if getattr(stop, "by", "Ctrl-C") == "SIGTERM" else INTERRUPTED
+    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`), 129 after SIGHUP (:class:`HungUp`), as any stop
+    whose ``by`` says so."""
+    return {"SIGTERM": TERMINATED, "SIGHUP": HUNG_UP}.get(getattr(stop, "by", "Ctrl-C"), INTERRUPTED)
 
 
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
@@ -67,7 +81,32 @@ WORKER_FAILED = "Worker subprocess exited"  # how Beam's local runner words a wo
 FAILED = 1  # the exit status after a failed worker left the run's thread stuck (the CLI's, for an Error: line)
 
 
-def run_stoppable(run):
+class WorkerStopped(ChildProcessError):
+    """A worker process of the run has been stopped for longer than the limit (``run_stoppable``)."""
+
+
+class _StoppedWorkers:
+    """The run's worker processes' states, looked at about once a second from ``/proc``: :meth:`check` raises
+    :class:`WorkerStopped` when one has stayed stopped (state T or t) for ``limit_s``."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s, self.since, self.looked = limit_s, {}, 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.looked < min(1.0, self.limit_s / 4):
+            return
+        self.looked = now
+        stopped = [pid for pid in worker_processes(os.getpid()) if (_stat(pid) or ["R"])[0] in "Tt"]
+        self.since = {pid: self.since.get(pid, now) for pid in stopped}
+        for pid, since in self.since.items():
+            if now - since >= self.limit_s:
+                raise WorkerStopped(f"worker process {pid} has been stopped (SIGSTOP or Ctrl-Z sent to it) for "
+                                    f"{now - since:.0f} s: the run cannot finish without it, so it was ended; send "
+                                    "SIGCONT to a worker you stop")
+
+
+def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
     """``run()`` (a local pipeline run) on a thread of its own, waited for here, so that Ctrl-C stops it, and so does
     a worker process that failed.
 
@@ -77,6 +116,7 @@ def run_stoppable(run):
     KeyboardInterrupt it stops the worker processes (``stop_worker_processes``; a run without them, in this process,
     at its next input: ``check_not_stopped``), gives the run a few seconds to
     unwind, and raises KeyboardInterrupt for the caller to report. A further Ctrl-C during those seconds is ignored.
+    A worker process stopped for ``stopped_limit_s`` ends the run the same way, raising :class:`WorkerStopped`.
 
     A worker process that fails is reported by the runner on a thread of its own (``WORKER_FAILED``), and the run
     fails with it, except for one that had not yet connected: the runner then waits for it forever. So the run
@@ -100,24 +140,17 @@ def run_stoppable(run):
 
     thread = threading.Thread(target=target, name="shardprep-pipeline", daemon=True)
     _stop_requested.clear()
+    workers = _StoppedWorkers(stopped_limit_s)
     with _worker_failures() as failures:
         thread.start()
         try:
             while not finished.wait(0.2):
+                workers.check()
                 if failures and not finished.wait(STOP_WAIT_S):
-                    stop_worker_processes()
-                    atexit.register(_exit_before_finalizing, finished, FAILED)
+                    _end_run(finished, FAILED)
                     raise failures[0]
-        except KeyboardInterrupt as stop:
-            previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                _stop_requested.set()
-                stop_worker_processes()
-                if not finished.wait(STOP_WAIT_S):
-                    atexit.register(_exit_before_finalizing, finished, exit_status(stop))
-            finally:
-                for number, handler in previous.items():
-                    signal.signal(number, handler)
+        except (KeyboardInterrupt, WorkerStopped) as stop:
+            _end_run(finished, exit_status(stop) if isinstance(stop, KeyboardInterrupt) else FAILED)
             raise
     if "error" in outcome:
         raise outcome["error"]
@@ -144,6 +177,21 @@ def _worker_failures():
             threading.excepthook = outer
 
 
+def _end_run(finished: threading.Event, status: int) -> None:
+    """Stops the run whose thread sets ``finished``: its worker processes ended, a few seconds to unwind, else the
+    process exits with ``status`` at interpreter exit. Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile."""
+    previous = {number: signal.signal(number, signal.SIG_IGN)
+                for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        _stop_requested.set()
+        stop_worker_processes()
+        if not finished.wait(STOP_WAIT_S):
+            atexit.register(_exit_before_finalizing, finished, status)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
     """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C (or left waiting for a failed
     worker) has still not unwound: ends the process with ``status`` (130; 143 after SIGTERM; 1) before Python
@@ -167,6 +215,7 @@ def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
         for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
+                os.kill(pid, signal.SIGCONT)  # a stopped worker acts on SIGTERM only once continued
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(_running(pid) for pid in workers):
             time.sleep(0.05)

@@ -61,13 +61,13 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines import remote_runs, runner, source_registry, storage
+from shardprep.pipelines import remote_runs, runner, source_registry, stopping, storage
 from shardprep.pipelines.source_kind import RecordFiles
 from shardprep.pipelines.source_tfrecord import class_names_beside
 from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
 from shardprep.pipelines.validate_paths import (ValidateError, WrittenOutputs, absolute, check_not_read,
-                                                check_output_paths)
+                                                check_output_paths, data_kind)
 from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
@@ -141,6 +141,8 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
             runner.run_to_end(pipeline, beam_args)
         with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
+    except stopping.WorkerStopped as e:  # the workers were ended: the run has no result
+        raise ValidateError(str(e)) from None
     finally:
         cleanup()
 
@@ -406,7 +408,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
     progress, outputs = progress or _log_progress, WrittenOutputs() if outputs is None else outputs
     started = time.monotonic()
-    kind = source_registry.kind_of(options.data)
+    kind = data_kind(options.data)
     if kind is not source_registry.FALLBACK and not kind.validated_as_records:
         raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "

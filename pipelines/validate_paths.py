@@ -42,6 +42,16 @@ class WrittenOutputs:
         return path
 
 
+def data_kind(data: str):
+    """DATA's source kind as validate reads it: a local folder whose name ends like an archive's (``preprocess SRC
+    x.tar`` writes one) is a folder (the prepared dataset kind, ``FALLBACK``), not an archive."""
+    kind = source_registry.kind_of(data)
+    if (kind is not source_registry.FALLBACK and not kind.validated_as_records and storage.is_local(data)
+            and os.path.isdir(absolute(data))):
+        return source_registry.FALLBACK
+    return kind
+
+
 def absolute(path: str) -> str:
     """Local paths made absolute (so listed files can be made relative again); remote ones unchanged."""
     if not storage.is_local(path):
@@ -56,7 +66,8 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
 
     ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder);
     ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file). Remote (``gs://``)
-    paths are checked only against ``data``."""
+    paths are checked only against ``data``; no two outputs may be one path (see ``_check_apart``)."""
+    _check_apart(json_path, pictures, leaked_keys)
     for flag, given in (("--json", json_path), ("--leaked-keys", leaked_keys), ("--pictures", pictures)):
         if given and data:
             _check_outside_dataset(flag, given, data)
@@ -82,6 +93,25 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
                                     "picture of that name goes; move it or choose another folder")
 
 
+def _check_apart(json_path: str | None, pictures: str | None, leaked_keys: str | None) -> None:
+    """Refuses one path (however spelled: links and ``..`` resolved) for two outputs, or a ``--json`` or
+    ``--leaked-keys`` that is one of the pictures ``--pictures`` writes: the second write would replace the first and
+    both would be claimed written."""
+    given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
+                                             ("--pictures", pictures)) if path]
+    for i, (flag, path) in enumerate(given):
+        for other_flag, other in given[i + 1:]:
+            if storage.resolved(path) == storage.resolved(other):
+                raise ValidateError(f"{flag} {path} and {other_flag} {other} are the same path: each output needs "
+                                    "its own; choose another path for one of them")
+    if pictures:
+        named = {storage.resolved(manifest_lib.join(pictures, name)) for name in PICTURE_NAMES}
+        for flag, path in given:
+            if flag != "--pictures" and storage.resolved(path) in named:
+                raise ValidateError(f"{flag} {path} is a picture --pictures {pictures} writes: each output needs "
+                                    "its own path; choose another")
+
+
 def check_not_read(options, read_files: list[str]) -> None:
     """Refuses a ``--json``, ``--leaked-keys`` or a ``--pictures`` file that is one of ``read_files`` (what a
     ``tfrecord:``/``tfds:`` DATA matched), once they are known."""
@@ -99,7 +129,7 @@ def check_not_read(options, read_files: list[str]) -> None:
 
 def _check_outside_dataset(flag: str, given: str, data: str) -> None:
     """Refuses ``given`` inside the prepared dataset ``data`` (a folder; other kinds: ``check_not_read``)."""
-    if source_registry.kind_of(data) is not source_registry.FALLBACK:
+    if data_kind(data) is not source_registry.FALLBACK:
         return
     if storage.inside(storage.resolved(given), storage.resolved(data)) or _under_same_folder(given, data):
         raise ValidateError(f"{flag} {given} is inside the dataset {data}: validate writes nothing there; choose a "

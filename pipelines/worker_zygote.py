@@ -37,7 +37,7 @@ DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new inter
 # The processes' names (``ps -o comm``, /proc/PID/comm; 15 bytes at most): a forked process keeps the launcher's
 # command line, so this is how a worker is told from the launcher (``stopping.worker_processes``).
 ZYGOTE_NAME, WORKER_NAME = "worker-zygote", "beam-sdk-worker"
-_BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
+_BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it runs): longer, it is stopped or stuck
 _MESSAGE_LIMIT = 4 * 2**20  # a worker's environment (the launcher's, and the pipeline options as JSON)
 BEAM_WORKER = ("-m", "apache_beam.runners.worker.sdk_worker_main")  # how Beam starts a local worker itself
@@ -197,6 +197,7 @@ def _serve(control: socket.socket, listener: socket.socket) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the handler's only job: the wakeup byte above
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # not the launcher's handler (stopping.sigterm_stops)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     workers: dict[int, socket.socket] = {}
     own_fds = [control.fileno(), listener.fileno(), wakeup_read, wakeup_write]

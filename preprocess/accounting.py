@@ -31,6 +31,11 @@ _SKIPPED_DETAIL = {
 # Why an entry beside the split or class folders is not used (the manifest's not_used).
 NOT_AN_IMAGE = "not an image (by its name), beside the folders: not read"
 HIDDEN_BESIDE = "hidden (its name starts with '.'), beside the folders: not read"
+OS_LITTER = ("left by an operating system (macOS's __MACOSX/, ._ files and .DS_Store; Windows's Thumbs.db and "
+             "desktop.ini), not part of the dataset: not read")
+
+_LITTER_FOLDERS = ("__MACOSX",)  # what macOS's "Compress" adds beside the folders it zips
+_LITTER_FILES = (".ds_store", "thumbs.db", "desktop.ini")  # Finder's and Explorer's folder settings, in any case
 
 
 class NotUsed(NamedTuple):
@@ -48,6 +53,14 @@ def is_image_name(name: str) -> bool:
     """True for a file named like an image (``.jpg``, ``.JPEG``, ``.png`` ...): beside folders, only these are
     inputs; anything else there (README, CSV, synset lists) is listed as not used."""
     return name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def is_os_litter(name: str, is_dir: bool = False) -> bool:
+    """True for what an operating system leaves in the folders it touches (``__MACOSX/``, ``._*`` resource forks,
+    ``.DS_Store``, ``Thumbs.db``, ``desktop.ini``): never a dataset's input, listed as not used wherever it lies."""
+    if is_dir:
+        return name in _LITTER_FOLDERS
+    return name.startswith("._") or name.casefold() in _LITTER_FILES
 
 
 def unlabelled_reason(count: int) -> str:

@@ -37,6 +37,17 @@ NOT_A_FILE = "not_a_regular_file"
 TRUNCATED = "truncated_member"
 DAMAGED_MEMBER = "damaged_member"
 DAMAGED_ARCHIVE = "damaged_archive"
+SPARSE = "sparse_member"
+TOO_LARGE = "member_too_large"
+
+# The limits on one member, so that no archive (a 2 MB zip can inflate to gigabytes) makes a process hold more than
+# a bounded amount: a member is read whole into memory to be decoded, and never inflated past its recorded size.
+MAX_MEMBER_BYTES = 256 << 20  # an image member, uncompressed (a 100-megapixel RGB bitmap is 300 MB)
+MAX_RATIO = 100  # uncompressed bytes per compressed byte (images hardly compress; a bomb's member does 1000 times)
+RATIO_FLOOR = 1 << 20  # members smaller than this are not checked for their ratio (headers compress well)
+MAX_STREAM_RATIO = 10  # a compressed tar, over all it has inflated so far: its images cross a shuffle in memory
+MAX_LABELS_MEMBER_BYTES = 32 << 20  # a labels file read from inside an archive (ImageNet's val CSV: 2.4 MB)
+CHUNK = 1 << 20  # a streamed member is read and checked this much at a time
 
 
 class MemberError(Exception):
@@ -56,6 +67,18 @@ class Member(NamedTuple):
     method: int = 0  # zip's compression method (0 stored, 8 deflated); 0 for tar
     crc: int = -1  # zip's CRC-32 of the uncompressed bytes; -1: none to check (tar)
     data_size: int = -1  # zip's uncompressed size; -1: ``size``
+
+
+def size_problem(data_size: int, stored: int | None = None, limit: int = MAX_MEMBER_BYTES) -> str:
+    """Why a member of ``data_size`` bytes uncompressed (``stored`` compressed, when known) is not read: beyond
+    ``limit`` bytes, or a compression ratio beyond ``MAX_RATIO`` (a zip bomb); "" when it is within both."""
+    if data_size > limit:
+        return (f"{data_size:,} bytes uncompressed, over the {limit:,} a member may have (a limit that keeps "
+                "every process's memory bounded)")
+    if stored is not None and data_size > RATIO_FLOOR and data_size > MAX_RATIO * max(stored, 1):
+        return (f"{data_size:,} bytes from {stored:,} compressed, a ratio over the {MAX_RATIO}:1 a member may "
+                "have (a compression bomb)")
+    return ""
 
 
 class ArchiveIndex(NamedTuple):
@@ -168,10 +191,16 @@ def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
     if info.issym() or info.islnk():
         kind = "a symbolic link" if info.issym() else "a hard link"
         return Member(name, offset, 0, False, NOT_A_FILE, f"{kind} (to {info.linkname!r}): links are not followed")
+    if info.issparse():
+        return Member(name, offset, info.size, False, SPARSE, "a sparse file (GNU tar -S): its holes are not stored "
+                      "where its bytes would be, so it is not read; pack it without -S")
     if not info.isfile():
         kind = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
                 tarfile.FIFOTYPE: "a FIFO"}.get(info.type, f"an entry of tar type {info.type!r}")
         return Member(name, offset, 0, False, NOT_A_FILE, f"{kind}, not a file")
+    too_large = size_problem(info.size)
+    if too_large:
+        return Member(name, offset, info.size, False, TOO_LARGE, too_large)
     if offset + info.size > end:
         return Member(name, offset, info.size, False, TRUNCATED,
                       f"its {info.size} bytes run past the archive's end ({max(0, end - offset)} there): the archive "
@@ -220,32 +249,80 @@ class StreamedMember(NamedTuple):
     data: bytes | None
 
 
-def stream_tar(raw: BinaryIO, with_data: bool = True) -> Iterator[StreamedMember]:
+def stream_tar(raw: BinaryIO, with_data: bool | str = True) -> Iterator[StreamedMember]:
     """The members of a gzip-compressed tar, once, front to back, with the bytes of each regular file
-    (``with_data``). The gzip stream is read to its end and its trailer checked (CRC-32 and length), so an archive
-    cut short or damaged raises ``MemberError`` after what was read, even where ``tarfile`` alone would end quietly
-    (a cut between two members)."""
-    unpacked = gzip.GzipFile(fileobj=raw, mode="rb")
+    (``with_data``; a name: of the member so named only). Each member is read a chunk at a time and given up when it
+    or the stream so far inflates beyond the limits (``MAX_RATIO``, ``MAX_STREAM_RATIO``), never held whole first. The gzip stream is read to its end and its trailer checked
+    (CRC-32 and length), so an archive cut short or damaged raises ``MemberError`` after what was read, even where
+    ``tarfile`` alone would end quietly (a cut between two members)."""
+    counted = _CountingReader(raw)
+    unpacked = gzip.GzipFile(fileobj=counted, mode="rb")
     count = 0
     try:
         archive = tarfile.open(fileobj=unpacked, mode="r|")
         for info in archive:
             count += 1
             member = _tar_member(info, 0, 1 << 62)  # offsets mean nothing in a stream; sizes are checked on read
-            data = None
-            if with_data and not member.problem and not member.is_dir:
-                handle = archive.extractfile(info)
-                data = handle.read() if handle is not None else b""
-                if len(data) != info.size:
-                    member = member._replace(problem=TRUNCATED, detail=f"{len(data)} of its {info.size} bytes are "
-                                             "there: the archive was cut short")
-                    data = None
-            yield StreamedMember(member, data)
-        while unpacked.read(1 << 20):  # to the gzip trailer, which checks every byte
+            if member.problem or member.is_dir:
+                yield StreamedMember(member, None)
+            else:
+                keep = with_data if isinstance(with_data, bool) else member.name == with_data
+                yield _streamed(archive, info, member, counted, keep)
+        while unpacked.read(CHUNK):  # to the gzip trailer, which checks every byte
             pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise MemberError(f"after {count} members: {type(e).__name__}: {e}; the archive was cut short or is "
                           "damaged") from None
+
+
+STREAM_SLACK = 256 << 10  # compressed bytes gzip may have read ahead of what it gave (its buffers)
+
+
+def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, counted: _CountingReader,
+              with_data: bool) -> StreamedMember:
+    """One member of a stream read a chunk at a time; given up (unread rest skipped by ``tarfile``) as soon as its
+    bytes so far show a ratio beyond ``MAX_RATIO`` over the compressed bytes read meanwhile, or the stream's beyond
+    ``MAX_STREAM_RATIO`` over all it read."""
+    handle = archive.extractfile(info)
+    start, got, pieces = counted.count, 0, []
+    while handle is not None:
+        piece = handle.read(CHUNK)
+        if not piece:
+            break
+        got += len(piece)
+        counted.inflated += len(piece)
+        compressed = counted.count - start + STREAM_SLACK
+        detail = ""
+        if got > RATIO_FLOOR and got > MAX_RATIO * compressed:
+            detail = size_problem(info.size, compressed)
+        elif counted.inflated > RATIO_FLOOR and counted.inflated > MAX_STREAM_RATIO * (counted.count + STREAM_SLACK):
+            detail = (f"the archive inflated to {counted.inflated:,} bytes from {counted.count:,} compressed by this "
+                      f"member, a ratio over the {MAX_STREAM_RATIO}:1 a compressed tar may have (a compression bomb)")
+        if detail:
+            return StreamedMember(member._replace(problem=TOO_LARGE, detail=detail), None)
+        if with_data:
+            pieces.append(piece)
+    if got != info.size:
+        return StreamedMember(member._replace(problem=TRUNCATED, detail=f"{got} of its {info.size} bytes are there: "
+                                              "the archive was cut short"), None)
+    return StreamedMember(member, b"".join(pieces) if with_data else None)
+
+
+class _CountingReader(io.RawIOBase):
+    """A file read front to back, counting the bytes read (the compressed bytes behind a gzip stream)."""
+
+    def __init__(self, raw: BinaryIO):
+        super().__init__()
+        self.raw, self.count, self.inflated = raw, 0, 0  # inflated: the members' bytes read from it so far
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[:len(data)] = data
+        self.count += len(data)
+        return len(data)
 
 
 def index_zip(raw: BinaryIO) -> ArchiveIndex:
@@ -267,6 +344,9 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
         elif mode and (mode & 0o170000) not in (0, 0o100000):
             members.append(Member(name, info.header_offset, 0, False, NOT_A_FILE,
                                   "a link or special file (by its mode): not a file"))
+        elif size_problem(max(info.file_size, info.compress_size), info.compress_size):  # either size may lie
+            members.append(Member(name, info.header_offset, info.compress_size, False, TOO_LARGE, size_problem(
+                max(info.file_size, info.compress_size), info.compress_size), data_size=info.file_size))
         elif info.header_offset + 30 + info.compress_size > total:
             members.append(Member(name, info.header_offset, info.compress_size, False, TRUNCATED,
                                   "its bytes run past the archive's end: the archive was cut short"))
@@ -293,9 +373,9 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
         raise MemberError(f"{len(data)} of its {ref.size} bytes are there: the archive was cut short")
     if ref.crc < 0:
         return data
-    if ref.method == zipfile.ZIP_DEFLATED:
+    if ref.method == zipfile.ZIP_DEFLATED:  # never inflated past its recorded size, whatever the data says
         try:
-            data = zlib.decompress(data, -15)
+            data = zlib.decompressobj(-15).decompress(data, ref.data_size + 1)
         except zlib.error as e:
             raise MemberError(f"its deflated bytes are damaged ({e})") from None
     elif ref.method != zipfile.ZIP_STORED:
@@ -306,22 +386,29 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
 
 
 def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
-    """The bytes of the member called ``name`` (a small file such as a labels CSV) of an archive of type ``kind``;
-    ``MemberError`` when there is none."""
-    try:
-        if kind == "zip":
-            with zipfile.ZipFile(raw) as archive:
-                return archive.read(name)
-        with tarfile.open(fileobj=raw, mode="r|gz" if kind == "tgz" else "r|") as archive:
-            for info in archive:
-                if clean_name(info.name)[0] == name and info.isfile():
-                    handle = archive.extractfile(info)
-                    return handle.read() if handle is not None else b""
-    except KeyError:
-        pass
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
-        raise MemberError(f"{type(e).__name__}: {e}") from None
-    raise MemberError(f"the archive holds no file {name}")
+    """The bytes of the member called ``name`` (a small file such as a labels CSV) of an archive of type ``kind``,
+    within ``MAX_LABELS_MEMBER_BYTES``; ``MemberError`` when there is none, or it is beyond the limits."""
+    if kind == "tgz":
+        for streamed in stream_tar(raw, with_data=name):
+            if streamed.member.name == name and not streamed.member.is_dir:
+                return _named_bytes(streamed.member, lambda: streamed.data or b"")
+        raise MemberError(f"the archive holds no file {name}")
+    index = index_zip(raw) if kind == "zip" else index_tar(raw)
+    found = [member for member in index.members if member.name == name and not member.is_dir]
+    if not found:
+        raise MemberError(f"the archive holds no file {name}" + (f" ({index.damage})" if index.damage else ""))
+    return _named_bytes(found[-1], lambda: read_member(raw, MemberRef.of("", found[-1])))
+
+
+def _named_bytes(member: Member, read) -> bytes:
+    """A named member's bytes (``read()``), or ``MemberError`` saying why it is not read."""
+    too_large = size_problem(member.size if member.data_size < 0 else member.data_size,
+                             None if member.crc < 0 else member.size, MAX_LABELS_MEMBER_BYTES)
+    if too_large and member.problem in ("", TOO_LARGE):
+        raise MemberError(f"its member {member.name} is {too_large.replace('a member', 'a labels file in an archive')}")
+    if member.problem:
+        raise MemberError(f"its member {member.name} is not read: {member.detail}")
+    return read()
 
 
 def split_inner(path: str) -> tuple[str, str]:

@@ -9,8 +9,12 @@ labels file, each the way the folder kind reads them (``pipelines/planning.py``)
 * below a split (or the top), a folder is a class and every file under it is one of its inputs; a ``.tar`` member
   is a class too, named by its stem, its members its inputs (ImageNet's train tar: ``n01440764.tar`` ...); an image
   directly there is a flat image, labelled by the labels (``flat``); other files there are not used;
-* hidden names (a part starting with '.') are rejects inside a class and not used elsewhere; members the index
-  marked (``Member.problem``: ``../`` and absolute names, links, devices, cut-short data) are rejects.
+* hidden names (a part starting with '.') are rejects inside a class and not used elsewhere; what an operating
+  system leaves (``accounting.is_os_litter``: ``__MACOSX/``, ``._*``, ``Thumbs.db`` ...) is not used wherever it
+  lies; members the index marked (``Member.problem``: links, devices, sparse or cut-short data) are rejects;
+* refused, as the folder kind refuses them: a member named outside the archive (absolute, a drive letter, ``..``),
+  split folders holding classes beside another top folder, and a class stored twice in any form (two tars of one
+  name, a tar beside a folder of its name, two Unicode spellings of one name), each named.
 
 A source key is the member's path below what was looked through (``key_prefix`` before it: ``validation/`` for an
 archive that is one split of a folder of archives), and a nested tar's members are ``<stem>/<name>``: the keys of the
@@ -21,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardprep.preprocess import accounting, sources
-from shardprep.preprocess.archive_index import Member, archive_type, stem
+from shardprep.preprocess import accounting, names, sources
+from shardprep.preprocess.archive_index import UNSAFE_NAME, Member, archive_type, stem
 from shardprep.preprocess.elements import Reject
 
 
@@ -31,12 +35,16 @@ class ArchiveLayout:
     """What one archive's member names say, before any labels are applied."""
 
     splits: list[str] = dataclasses.field(default_factory=list)
-    classes: set[str] = dataclasses.field(default_factory=set)
+    classes: set[str] = dataclasses.field(default_factory=set)  # in NFC
+    stored_classes: set[str] = dataclasses.field(default_factory=set)  # as the member names spell them: the sort's
     images: list[tuple[str, str, str, Member]] = dataclasses.field(default_factory=list)  # (split, key, class, m)
     flat: list[tuple[str, str, Member]] = dataclasses.field(default_factory=list)  # (split, key, member): by labels
     nested: list[tuple[str, str, str, Member]] = dataclasses.field(default_factory=list)  # (split, class, prefix, m)
     rejects: list[Reject] = dataclasses.field(default_factory=list)
     not_used: list[accounting.NotUsed] = dataclasses.field(default_factory=list)
+    where: str = "the archive"  # for messages: the archive's path
+    places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)  # (split, class) ->
+    # (where it was first found, whether that is a class tar)
 
 
 def looked_through(names: list[str]) -> str:
@@ -59,18 +67,22 @@ def looked_through(names: list[str]) -> str:
         prefix += top + "/"
 
 
-def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split: bool = False) -> ArchiveLayout:
+def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split: bool = False,
+            where: str = "the archive") -> ArchiveLayout:
     """The layout of one archive's ``members`` (in stored order). ``split``: the split of an archive without split
     folders (``--split``, or the split a folder of archives named it by, with ``fixed_split``: then its own folders
-    are never splits). ``key_prefix``: put before every source key."""
-    layout = ArchiveLayout()
+    are never splits). ``key_prefix``: put before every source key; ``where``: the archive, for messages."""
+    layout = ArchiveLayout(where=where)
+    _refuse_unsafe(members, where)
+    members = _litter_apart(members, layout, key_prefix)
     entries = [m for m in members if not m.is_dir]
-    names = [m.name for m in members]
-    prefix = looked_through(names)
-    folders = _folders(names, prefix)
+    prefix = looked_through([m.name for m in members])
+    folders = _folders([m.name for m in members], prefix)
     tops = {name.split("/", 1)[0] for name in folders if "/" not in name}
     visible_tops = {name for name in tops if not sources.is_hidden(name)}
     by_split = bool(visible_tops) and not fixed_split and all(t.lower() in sources.SPLIT_NAMES for t in visible_tops)
+    if not by_split and not fixed_split:
+        _refuse_mixed(visible_tops, folders, where)
     loose = []
     for member in entries:
         inside = member.name[len(prefix):] if member.name.startswith(prefix) else member.name
@@ -92,6 +104,42 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
     return layout
 
 
+def _refuse_unsafe(members: list[Member], where: str) -> None:
+    """A member named outside the archive (absolute, a drive letter, ``..``) refuses it: extracted, it would be
+    written elsewhere, so no reading of it is the folder it stands for."""
+    unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
+    if unsafe is not None:
+        raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
+                                  "refused, as extracting it would write outside its folder; repack it without")
+
+
+def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str) -> list[Member]:
+    """``members`` without what an operating system left (listed as not used: a litter folder once, ending '/')."""
+    kept, seen = [], set()
+    for member in members:
+        parts = member.name.split("/")
+        folders = parts if member.is_dir else parts[:-1]
+        folder = next((i for i, part in enumerate(folders) if accounting.is_os_litter(part, is_dir=True)), None)
+        if folder is None and (member.is_dir or not accounting.is_os_litter(parts[-1])):
+            kept.append(member)
+            continue
+        path = "/".join(parts[:folder + 1]) + "/" if folder is not None else member.name
+        entry = accounting.NotUsed(sources.printable_key(key_prefix + path), accounting.OS_LITTER)
+        if entry not in seen:  # a litter folder's members: one entry
+            seen.add(entry)
+            layout.not_used.append(entry)
+    return kept
+
+
+def _refuse_mixed(visible_tops: set[str], folders: set[str], where: str) -> None:
+    """Split folders holding class folders beside folders not named like a split: neither layout (the folder
+    kind's ``mixed_layout_error``), refused rather than made classes "train", "val" and "docs"."""
+    nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
+                    and any(f.startswith(t + "/") for f in folders))
+    if nested:
+        raise accounting.mixed_layout_error(where, nested, sorted(visible_tops - set(nested)))
+
+
 def _folders(names: list[str], prefix: str) -> set[str]:
     found: set[str] = set()
     for name in names:
@@ -109,8 +157,8 @@ def _place(layout: ArchiveLayout, member: Member, split: str, parts: list[str], 
         if hidden:
             layout.not_used.append(accounting.NotUsed(sources.printable_key(key), accounting.HIDDEN_BESIDE))
         elif archive_type(name) == "tar":
-            layout.classes.add(stem(name))
-            layout.nested.append((split, stem(name), key[:len(key) - len(name)] + stem(name) + "/", member))
+            label = _claim(layout, split, stem(name), key, True)
+            layout.nested.append((split, label, key[:len(key) - len(name)] + stem(name) + "/", member))
         elif accounting.is_image_name(name):
             layout.flat.append((split, key, member))
         else:
@@ -119,8 +167,25 @@ def _place(layout: ArchiveLayout, member: Member, split: str, parts: list[str], 
     if hidden:
         layout.rejects.append(accounting.skipped_reject(split, sources.printable_key(key), accounting.HIDDEN_FILE))
         return
-    layout.classes.add(parts[0])
-    layout.images.append((split, key, parts[0], member))
+    folder = key[:len(key) - len("/".join(parts))] + parts[0] + "/"
+    layout.images.append((split, key, _claim(layout, split, parts[0], folder, False), member))
+
+
+def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: bool) -> str:
+    """The class ``name`` in NFC, found at ``place`` (a folder, or a class tar); refused when the split already has
+    it elsewhere: a second tar of its name, a tar and a folder, or another Unicode spelling."""
+    label = names.canonical(name)
+    first = layout.places.setdefault((split, label), (place, is_tar))
+    if first != (place, is_tar) or (is_tar and first[0] == place and label in layout.classes):
+        again = " again (a second copy)" if first[0] == place else ""
+        if first[0] != place and names.canonical(first[0]) == names.canonical(place):  # they look the same
+            again = f"; two Unicode spellings of one name: {ascii(first[0])} and {ascii(place)}"
+        raise sources.SourceError(
+            f"{layout.where} holds the class {names.printable(label)} twice ({names.printable(first[0])} and "
+            f"{names.printable(place)}{again}): its images would be written twice; keep one")
+    layout.classes.add(label)
+    layout.stored_classes.add(name)
+    return label
 
 
 def _loose_files(layout: ArchiveLayout, loose: list[tuple[Member, str]], split: str) -> None:

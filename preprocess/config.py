@@ -40,17 +40,18 @@ class PreprocessConfig:
     label_key: str = "label"
     exclude: str | None = None  # --exclude FILE: source keys to leave out (each recorded as a reject, "excluded")
     classes_file: str | None = None  # --classes FILE: the classes' label order, one name a line
+    allow_upscale: bool = False  # run even when most inputs are smaller than shorter_side (input_sizes)
 
 
 # Options the manifest (and a run's fingerprint) records only when set, so runs without them write what they did
 # before the option existed.
-RECORDED_WHEN_SET = ("exclude", "classes_file")
+RECORDED_WHEN_SET = ("exclude", "classes_file", "allow_upscale")
 
 
 def recorded_options(config: PreprocessConfig, runner: str) -> dict:
     """The manifest's ``options``: every field (the unset ones of RECORDED_WHEN_SET left out) and the runner."""
     options = {name: value for name, value in dataclasses.asdict(config).items()
-               if not (name in RECORDED_WHEN_SET and value is None)}
+               if not (name in RECORDED_WHEN_SET and value in (None, False))}
     return {**options, "runner": runner}
 
 

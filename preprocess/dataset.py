@@ -142,6 +142,9 @@ class Manifest:
     # What lay beside the split or class folders and was not read ({path, reason} each); written only when there
     # was something, so a dataset without any keeps the manifest it always had.
     not_used: tuple[dict, ...] | None = None
+    # {"width", "height"} of the median input in a sample of their headers (``input_sizes``); written when one was
+    # read, absent from manifests written before the key existed.
+    median_input_size: dict | None = None
     # Not in the document: {split: why its record_layout is not used} (given for records without a fixed layout,
     # or one that does not fit: see ``from_json``'s ``lenient_layouts``).
     layout_problems: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -186,6 +189,8 @@ class Manifest:
             del document["not_used"]
         if self.resize_method is None:
             del document["resize_method"]
+        if self.median_input_size is None:
+            del document["median_input_size"]
         return document
 
     @property

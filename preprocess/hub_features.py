@@ -9,20 +9,27 @@ label with its names), read from the three places they are written.
 * A Parquet file's own schema metadata, key ``huggingface``: ``{"info": {"features": ...}}`` as in
   ``dataset_info.json``.
 
-All three become ``{column: Feature}``. Pure functions of bytes and dicts: no file access.
+All three become ``{column: Feature}``. Pure functions of bytes and dicts: no file access. They are read as untrusted
+data: at most MAX_FEATURES_BYTES, nested at most ``untrusted.MAX_DEPTH`` deep, the YAML with every scalar kept the
+string it was written as (a class ``no`` is "no", never False; a 5,000-digit number is never converted), the JSON
+through ``untrusted.json_loads``; class names must be strings, at most ``labels.MAX_CLASSES`` of them, and a name or
+numbering that is wrong is a ``sources.SourceError`` naming it and where.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import NamedTuple
 
+from shardprep.preprocess import labels, sources, untrusted
 from shardprep.preprocess import names as name_rules
-from shardprep.preprocess import sources
 
 IMAGE = "image"
 CLASS_LABEL = "class_label"
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)  # a class's number in the Hub's mapping '0': name
+MAX_FEATURES_BYTES = 4 << 20  # a card's front matter, a dataset_info.json, a file's huggingface metadata
 
 
 class Feature(NamedTuple):
@@ -38,37 +45,59 @@ Features = dict[str, Feature]
 
 def from_card(data: bytes, path: str) -> Features:
     """The features in a dataset card's YAML front matter (``---`` lines around it); {} when it has none. A card
-    with several configurations (``dataset_info`` a list) gives the first that has a class label.
-    ``sources.SourceError`` for front matter that is not YAML."""
-    import yaml
-
+    with several configurations (``dataset_info`` a list) gives the first that has a class label. ``data`` may be
+    the card's first MAX_FEATURES_BYTES (and one more) bytes only: the front matter must end within them.
+    ``sources.SourceError`` for front matter that is too long, nested too deeply or not YAML."""
     text = data.decode("utf-8", "replace").lstrip("\ufeff")
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return {}
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    front = "\n".join(lines[1:end]) if end is not None else text
+    if len(front.encode("utf-8")) > MAX_FEATURES_BYTES or (end is None and len(data) > MAX_FEATURES_BYTES):
+        raise sources.SourceError(f"{path}: front matter of more than {MAX_FEATURES_BYTES:,} bytes: not a dataset "
+                                  "card shardprep reads")
     if end is None:
         return {}
-    try:
-        front = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError as e:
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise sources.SourceError(f"the dataset card {path} has front matter that is not YAML: {detail}") from None
+    front = _yaml_document(front, path)
     info = front.get("dataset_info") if isinstance(front, dict) else None
     configs = [info] if isinstance(info, dict) else [c for c in info if isinstance(c, dict)] if isinstance(
         info, list) else []
-    found = [_card_features(c.get("features")) for c in configs]
+    found = [_card_features(c.get("features"), path) for c in configs]
     return next((f for f in found if any(v.type == CLASS_LABEL for v in f.values())), found[0] if found else {})
 
 
-def _card_features(listed) -> Features:
+def _yaml_document(text: str, path: str):
+    """The YAML document ``text`` with every scalar the string it was written as (``no`` stays ``"no"``, a 5,000-digit
+    number is text, never converted), its nesting checked on the parser's events before anything is built."""
+    import yaml
+
+    loader = getattr(yaml, "CBaseLoader", yaml.BaseLoader)  # libyaml's when installed: the same, faster
+    try:
+        level = 0
+        for event in yaml.parse(text, Loader=loader):
+            level += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if level > untrusted.MAX_DEPTH:
+                raise sources.SourceError(f"{path}: nested deeper than {untrusted.MAX_DEPTH} levels (lists or "
+                                          "mappings inside each other): not a dataset card shardprep reads")
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:  # libyaml refuses nesting beyond 1,000 itself (flow lists are scanned ahead).
+        # Lines are the card's: its front matter starts on its second line.
+        problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+        detail = (f"{problem} (line {mark.line + 2} of the card)" if problem and mark else problem) or \
+            (str(e).splitlines() or [type(e).__name__])[0]
+        raise sources.SourceError(f"the dataset card {path} has front matter that is not YAML: {detail}") from None
+
+
+def _card_features(listed, path: str) -> Features:
     features: Features = {}
     for entry in listed if isinstance(listed, list) else []:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             continue
         dtype = entry.get("dtype", entry)
         if isinstance(dtype, dict) and isinstance(dtype.get(CLASS_LABEL), dict):
-            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names")))
+            where = _Where(path, entry["name"])
+            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names"), where))
         elif isinstance(dtype, str):
             features[entry["name"]] = Feature(dtype)
     return features
@@ -76,11 +105,16 @@ def _card_features(listed) -> Features:
 
 def from_info(data: bytes, path: str) -> Features:
     """The features of a ``dataset_info.json`` (or of a Parquet file's ``huggingface`` metadata, whose ``info``
-    holds them); ``sources.SourceError`` for one that is not JSON."""
+    holds them), read within ``untrusted.json_loads``'s bounds; ``sources.SourceError`` for one that is not JSON or
+    breaks them."""
+    if len(data) > MAX_FEATURES_BYTES:
+        raise sources.SourceError(f"{path}: more than the {MAX_FEATURES_BYTES:,} bytes shardprep reads of a dataset's "
+                                  "features")
     try:
-        document = json.loads(data)
-    except ValueError as e:
-        raise sources.SourceError(f"{path} is not JSON: {e}") from None
+        document = untrusted.json_loads(data, source=path, max_bytes=MAX_FEATURES_BYTES,
+                                        expected="a dataset's features")
+    except untrusted.UntrustedJSONError as e:
+        raise sources.SourceError(str(e)) from None
     if isinstance(document, dict) and isinstance(document.get("info"), dict):
         document = document["info"]
     listed = document.get("features") if isinstance(document, dict) else None
@@ -88,7 +122,7 @@ def from_info(data: bytes, path: str) -> Features:
     for name, feature in (listed.items() if isinstance(listed, dict) else ()):
         kind = feature.get("_type") if isinstance(feature, dict) else None
         if kind == "ClassLabel":
-            features[name] = Feature(CLASS_LABEL, _names(feature.get("names")))
+            features[name] = Feature(CLASS_LABEL, _names(feature.get("names"), _Where(path, name)))
         elif kind == "Image":
             features[name] = Feature(IMAGE)
         elif isinstance(kind, str):
@@ -96,19 +130,48 @@ def from_info(data: bytes, path: str) -> Features:
     return features
 
 
-def _names(names) -> tuple[str, ...] | None:
-    """Class names as a list, or as the Hub's mapping ``{'0': name, ...}`` (ordered by its integer keys)."""
+class _Where(NamedTuple):
+    """Where class names were read: the file and the label column's name."""
+
+    path: str
+    column: str
+
+    def __str__(self) -> str:
+        return f"{self.path} (feature {self.column!r})"
+
+
+def _names(names, where: _Where) -> tuple[str, ...] | None:
+    """Class names as a list, or as the Hub's mapping ``{'0': name, ...}`` (ordered by its numbers); None for none.
+    ``sources.SourceError`` naming ``where`` for more than ``labels.MAX_CLASSES``, a mapping not numbered 0 to N-1,
+    or a name that is not a string."""
+    if names is None or names == [] or names == {}:
+        return None
+    if not isinstance(names, (list, dict)):
+        raise sources.SourceError(f"the class names in {where} are {_shown(names)}, not a list or a mapping")
+    if len(names) > labels.MAX_CLASSES:
+        raise sources.SourceError(f"{where.path} names {len(names):,} classes for {where.column!r}, more than the "
+                                  f"{labels.MAX_CLASSES:,} shardprep takes")
     if isinstance(names, dict):
-        try:
-            ordered = sorted((int(key), value) for key, value in names.items())
-        except (TypeError, ValueError):
-            return None
-        if [key for key, _ in ordered] != list(range(len(ordered))):
-            return None
-        names = [value for _, value in ordered]
-    if isinstance(names, list) and names and all(isinstance(n, (str, int)) for n in names):
-        return tuple(str(n) for n in names)
-    return None
+        keys = list(names)
+        if not all(isinstance(k, str) and _NUMBER.fullmatch(k) for k in keys) or sorted(map(int, keys)) != list(
+                range(len(keys))):
+            shown = ", ".join(str(k)[:20] for k in keys[:6]) + (", ..." if len(keys) > 6 else "")
+            raise sources.SourceError(f"the class names in {where} are numbered {shown}, not 0 to {len(keys) - 1}")
+        names = [names[str(label)] for label in range(len(keys))]
+    for label, name in enumerate(names):
+        if not isinstance(name, str):
+            raise sources.SourceError(f"class name {label} in {where} is {_shown(name)}, not a string: write it in "
+                                      "quotes")
+    return tuple(names)
+
+
+def _shown(value) -> str:
+    """A value that is not a class name, as a message names it."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
 
 
 def column_of(features: Features, kind: str) -> str | None:

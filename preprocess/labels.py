@@ -9,6 +9,11 @@ import dataclasses
 from shardprep.preprocess import accounting, names, sources
 from shardprep.preprocess.elements import Reject
 
+# The most classes a source may have: its class names, or without names its largest label + 1 (the manifest then
+# names each by its integer). Bounds what a hostile label (10**12) can make us write or hold.
+MAX_CLASSES = 100_000
+MAX_NAMES_BYTES = 4 << 20  # a file of class names, one a line: 100,000 names of 40 bytes
+
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
     """The rows of a labels CSV's bytes; SourceError for an encoding, a row or a label that cannot be used, and for a
@@ -35,13 +40,21 @@ def file_name(filename: str) -> str:
 
 
 def class_names_txt(data: bytes, path: str) -> list[str] | None:
-    """Class names, one a line (blank lines skipped), from a ``label.labels.txt``; None when it names none."""
+    """Class names, one a line (blank lines skipped), from a ``label.labels.txt``; None when it names none. At most
+    MAX_NAMES_BYTES and MAX_CLASSES of them (``data`` may be the file's first MAX_NAMES_BYTES + 1 bytes)."""
+    if len(data) > MAX_NAMES_BYTES:
+        raise sources.SourceError(f"{path} is more than {MAX_NAMES_BYTES:,} bytes: class names are one a line, at "
+                                  f"most {MAX_CLASSES:,} of them")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise sources.SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
-    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    # Lines end at "\n" only ("\r\n" too): str.splitlines would also cut a name at U+0085 or U+2028, shifting every
+    # label after it by one; such a character is refused by the rule for names instead.
+    lines = [(number, line.strip()) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if len(lines) > MAX_CLASSES:
+        raise sources.SourceError(f"{path} names {len(lines):,} classes, more than the {MAX_CLASSES:,} shardprep takes")
     for number, name in lines:
         names.check(name, "class", f"{path} line {number}", "fix that line")
     return [name for _, name in lines] or None

@@ -13,7 +13,8 @@ Manifest keys (``format_version`` 1)::
     num_classes, encoding, jpeg_quality, shorter_side, crop, image_height/image_width (null when crop is none),
     channels, seed, splits: {split: {num_inputs, num_examples, num_rejected, rejected_by_reason,
     class_counts ({class: n} in label order), num_shards, shards: [{file, num_examples, num_bytes, sha256}]}},
-    num_inputs, num_examples, num_rejected, rejects_file, stats_split, mean_rgb, std_rgb (0-255, per channel)
+    num_inputs, num_examples, num_rejected, rejects_file, stats_split, mean_rgb, std_rgb (0-255, per channel),
+    median_input_size ({width, height} of the median input in a sample of their headers; absent before it existed)
 
 Shard ``file`` entries are relative to the dataset folder.
 

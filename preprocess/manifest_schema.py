@@ -45,6 +45,24 @@ def _describe(value) -> str:
     return f"{_type_name(value)} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
+def _input_statistics(problems: list[str], manifest: dict) -> None:
+    """``mean_rgb``, ``std_rgb`` and ``median_input_size``: what the run found of its inputs."""
+    _channel_values(problems, "mean_rgb", manifest.get("mean_rgb"), _MEAN_RANGE)
+    _channel_values(problems, "std_rgb", manifest.get("std_rgb"), _STD_RANGE)
+    _median_input_size(problems, manifest.get("median_input_size"))
+
+
+def _median_input_size(problems: list[str], value) -> None:
+    """``median_input_size``: absent or null (written before the key existed), else {"width": n, "height": n}."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) != {"width", "height"}:
+        problems.append(f"median_input_size: must be {{\"width\": n, \"height\": n}} or null, is {_describe(value)}")
+        return
+    for key in ("width", "height"):
+        _count(problems, f"median_input_size.{key}", value[key], minimum=1)
+
+
 def _count(problems: list[str], path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> bool:
     if not _is_int(value):
         problems.append(f"{path}: must be an integer, is {_describe(value)}")
@@ -217,8 +235,7 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
     for key in ("num_inputs", "num_examples", "num_rejected"):
         if key in manifest:
             _count(problems, key, manifest[key])
-    _channel_values(problems, "mean_rgb", manifest.get("mean_rgb"), _MEAN_RANGE)
-    _channel_values(problems, "std_rgb", manifest.get("std_rgb"), _STD_RANGE)
+    _input_statistics(problems, manifest)
     _options_numbers(problems, manifest)
     stats_split = manifest.get("stats_split")
     if stats_split is not None and not isinstance(stats_split, str):

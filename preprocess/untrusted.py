@@ -80,9 +80,10 @@ def depth(text: str) -> int:
     return int(np.cumsum(steps).max())
 
 
-def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DEPTH):
+def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DEPTH,
+               expected: str = "a file shardprep writes"):
     """The JSON document in ``data`` (UTF-8 bytes or text), read from ``source`` (named in every error), within the
-    bounds above; raises :class:`UntrustedJSONError`."""
+    bounds above; raises :class:`UntrustedJSONError`. ``expected``: what the file should be, for the nesting error."""
     if len(data) > max_bytes:
         raise UntrustedJSONError(f"{source}: is {len(data):,} bytes, more than the {max_bytes:,} bytes allowed")
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -93,7 +94,7 @@ def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int
                                      f"{e.start})") from None
     if depth(data) > max_depth:
         raise UntrustedJSONError(f"{source}: nested deeper than {max_depth} levels (arrays or objects inside each "
-                                 "other): not a file shardprep writes")
+                                 f"other): not {expected}")
 
     def pairs(items):
         document = {}

@@ -74,6 +74,23 @@ def silence(stream) -> None:
         os.close(null)
 
 
+def open_closed_streams() -> None:
+    """Puts ``/dev/null`` on a standard input or error the command was started without (``2>&-``, ``<&-``): Python
+    leaves ``sys.stderr`` None then, which the first progress line failed on (exit 1, no word), and the first file
+    the run opens would take the free descriptor, and what writes to "stderr" (a worker process) go into it."""
+    for descriptor, name, mode in ((0, "stdin", os.O_RDONLY), (2, "stderr", os.O_WRONLY)):
+        try:
+            os.fstat(descriptor)
+            continue
+        except OSError:
+            null = os.open(os.devnull, mode)
+        if null != descriptor:
+            os.dup2(null, descriptor)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(descriptor, "w" if descriptor else "r", closefd=False))
+
+
 class OutputError(click.ClickException):
     """Standard output could not be written (not a reader that went away): exit status 1 and one line on stderr,
     ``done`` (what the command finished: "the dataset is complete (OUT/manifest.json)") after the error."""

@@ -1,15 +1,21 @@
 """``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
 
 Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports. Before any
-subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.quiet_logs``) unless ``--verbose`` is given.
+subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.train.quiet_logs``) unless ``--verbose`` is given.
 """
 
-import importlib
+import sys
 
-import click
+try:  # the console script imports this module before any Ctrl-C handling runs: a Ctrl-C now is the CLI's too
+    import importlib
 
-from shardprep import broken_pipe
-from shardprep.pipelines import stopping
+    import click
+
+    from shardprep import broken_pipe
+    from shardprep.pipelines import stopping
+except KeyboardInterrupt:
+    sys.stderr.write("stopped (Ctrl-C)\n")
+    raise SystemExit(130) from None
 
 SUBCOMMANDS = {
     "preprocess": "Decode, resize and re-shard images into uniform TFRecords (an Apache Beam job).",
@@ -24,9 +30,19 @@ class LazyGroup(click.Group):
     def main(self, *args, **kwargs):
         """click's own output that cannot be written (``--help > /dev/full``; an error line on a stderr that cannot
         be written) ends the process with one line and its exit status, not a traceback
-        (``shardprep.broken_pipe``)."""
+        (``shardprep.broken_pipe``). A stderr closed at the start (``2>&-``) is ``/dev/null``: the run is the same."""
+        broken_pipe.open_closed_streams()
         with broken_pipe.failed_writes_exit():
             return super().main(*args, **kwargs)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        """A Ctrl-C while click reads the arguments (before ``invoke``) ends as in a command, not click's
+        "Aborted!" and status 1."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as stop:
+            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
+            raise click.exceptions.Exit(stopping.exit_status(stop)) from None
 
     def list_commands(self, ctx):
         return list(SUBCOMMANDS)
@@ -85,7 +101,7 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    from shardprep import quiet_logs
+    from shardprep.train import quiet_logs
 
     if verbose:
         quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it

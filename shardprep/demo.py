@@ -1,6 +1,6 @@
 """The built-in demo dataset: a small generated ImageFolder tree in every format and mode the job handles.
 
-Four classes of shapes (circle, square, triangle, stripes) on noisy backgrounds, sizes from 40 to 640 px, stored as
+Four classes of shapes (circle, square, triangle, stripes) on noisy backgrounds, sizes from 160 to 640 px, stored as
 RGB/greyscale/CMYK/EXIF-rotated JPEG, RGBA/palette/16-bit PNG, GIF, WebP and BMP, plus three broken files that the
 job must reject (empty, truncated, not an image). Deterministic for a seed; a small CNN can learn the classes.
 """
@@ -91,7 +91,7 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
             directory = os.path.join(root, split, class_name)
             os.makedirs(directory, exist_ok=True)
             for i in range(per_class):
-                width, height = (int(v) for v in rng.integers(40, 641, size=2))
+                width, height = (int(v) for v in rng.integers(160, 641, size=2))  # most at least 256: no upscale stop
                 kind = KINDS[(i + class_index) % len(KINDS)]
                 data = encode(draw_shape(class_name, width, height, rng), kind)
                 with open(os.path.join(directory, f"{class_name}_{i:03d}{_EXTENSIONS[kind]}"), "wb") as f:

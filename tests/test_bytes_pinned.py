@@ -3,7 +3,8 @@
 Refactoring the job must not change a single byte of what it writes; a change that alters these hashes changes the
 product's output and must say so. They were last taken when the job's resize became ``lanczos2-cubic`` (Lanczos-2
 low-pass + cubic interpolation in OpenCV, ``shardprep.preprocess.resize``) instead of Pillow's BICUBIC, and its
-manifest gained ``resize_method``; the bytes depend on OpenCV's version as they do on Pillow's.
+manifest gained ``resize_method``; the bytes depend on OpenCV's version as they do on Pillow's. The manifests'
+hashes were taken again when they gained ``median_input_size`` (the same hashes without that key).
 The images are lossless formats only (PNG, palette PNG, PNG with alpha, BMP), so their bytes and decoded pixels do not
 depend on the JPEG codec's version; the ``jpeg`` run pins the JPEG encoder's output through Pillow's libjpeg-turbo.
 The manifest is compared without the fields that name the run rather than the data (time, tool version, paths).
@@ -27,19 +28,19 @@ RUN_SPECIFIC_OPTIONS = ("source", "output", "labels_file")
 
 PINNED = {
     "jpeg-center": {
-        "manifest.json": "2e951419221f3cab7621202b765709e57502574b5d269462d55aee648312436b",
+        "manifest.json": "1fd7631ed1a4eeed7130700bd5ca0b8d3c263662a668d442184090a7c9add7c4",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
         "train/train-00000-of-00001.tfrecord": "b49255fe1e6544559cd36d0312760e2faecc19d18984d85d33895b7ed588cfa1",
         "validation/validation-00000-of-00001.tfrecord": "c9b715ab50ce126b587f838aadbb06c8a1819d5f6828be8bc8832d6e2ecab1ac"
     },
     "raw-center": {
-        "manifest.json": "2bb495a97c28da938989ac5e7d834b526e840a9daf444bf7360ba0786ea8becd",
+        "manifest.json": "1391530fd8d1157d8597759c63ae2e9885354c837c5b9c25fc1aec72afed2e9b",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
         "train/train-00000-of-00001.tfrecord": "bebcf4f77a8c077176a8fc4a851646bc41ac436b11f4e104e96f702ab5bf3a7c",
         "validation/validation-00000-of-00001.tfrecord": "3a6355c030dc2ff92ad87bf66b30132238a57c03674166b651afff3b5808c159"
     },
     "raw-none-shards": {
-        "manifest.json": "a43b994a385e68794642fdb05063caad6d048cdc3aed3c840bda7b4e1391d756",
+        "manifest.json": "ee63cd48ad9ab18bf8bd9a613deba866a79c738ea8722d9278ead362017bf379",
         "rejects.jsonl": "63c32faaebe6ebbd5d48b4e191a925b41ff115f260336b56fd4a9bd7e06a7708",
         "train/train-00000-of-00003.tfrecord": "2fbdd09501718619fbeee4fd0bb8f8372c3e9b25f97750050c1d4bc380999fd5",
         "train/train-00001-of-00003.tfrecord": "dd06d0f4a29dfb9660104b975bca9fa317a92eed179fedf81648da2c26d5435e",

@@ -212,7 +212,7 @@ def test_sigterm_stops_preprocess_as_ctrl_c_does_workers_ended_lines_printed_exi
     image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
                                      kinds=("jpeg",))
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
-                                "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                "--allow-upscale", "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while not stopping.worker_processes(process.pid) and process.poll() is None and time.monotonic() < deadline:

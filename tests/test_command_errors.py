@@ -209,21 +209,33 @@ def rename_split(m, old, new):
     m["splits"][new] = m["splits"].pop(old)
 
 
-@pytest.mark.parametrize("name", ["val", "test"])
+@pytest.mark.parametrize("name", ["val", "valid", "test"])
 def test_train_finds_the_validation_split_without_a_flag(data, name):
-    """A DIR/train + DIR/val dataset trains with no split flags: validation, then val, then test is used."""
+    """A DIR/train + DIR/val dataset trains with no split flags (test when it is the only split besides train)."""
     from shardprep.train import preflight
+    from shardprep.train.split_roles import resolve_split
 
     edit_manifest(data, lambda m: rename_split(m, "validation", name))
     manifest = preflight.check(str(data), "train", None)
-    assert preflight.validation_split(manifest, None, str(data)) == name
-    assert preflight.validation_split(manifest, "train", str(data)) == "train"  # --val-split still decides
+    assert resolve_split(manifest.splits, "validation", train_split="train").name == name
+    assert preflight.check(str(data), "train", "train") is not None  # --val-split still decides
 
 
 def test_train_without_a_validation_split_names_the_flag(data, tmp_path):
     edit_manifest(data, lambda m: rename_split(m, "validation", "holdout"))
-    refused(train(data, tmp_path), "has no split named validation, val or test", "splits: train, holdout",
-            "pass --val-split")
+    refused(train(data, tmp_path), f"'validation' is not a split of {data}, nor is any split named like a validation "
+            "split (valid, val) or a test split that is the only one besides the training split (splits: train, "
+            "holdout; examples: train 8, holdout 4); pass --val-split with the split to evaluate on")
+
+
+def test_train_refuses_an_ambiguous_validation_split_listing_the_splits(data, tmp_path):
+    edit_manifest(data, lambda m: (rename_split(m, "validation", "val"),
+                                   m["splits"].__setitem__("valid", m["splits"]["val"])))
+    refused(train(data, tmp_path), f"Error: 'validation' is ambiguous in {data}: 'val' and 'valid' are both named "
+            "like a validation split (splits: train, val, valid; examples: train 8, val 4, valid 4); pass --val-split "
+            "with the split to evaluate on")
+    refused(train(data, tmp_path, "--val-split", "validation"), "Error: --val-split 'validation' is ambiguous in",
+            "valid 4); pass --val-split with one of them")
 
 
 @pytest.mark.parametrize("value", ["x", "10,20,30", "-1", "5,"])

@@ -124,3 +124,22 @@ def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path, d
     os.symlink(mine, tmp_path / "demo" / "validation")
     assert_one_error(demo_data(tmp_path / "demo"), "validation/", "which demo-data did not write")
     assert (mine / "circle_000.jpg").read_bytes() == b"mine" and os.listdir(mine) == ["circle_000.jpg"]
+
+
+def test_most_demo_images_are_at_least_the_default_shorter_side(tmp_path):
+    """README's first command preprocesses the demo at the default --shorter-side: no small-input stop."""
+    from shardprep import demo
+    from shardprep.preprocess.config import default
+    from shardprep.preprocess.input_sizes import median_size
+    from PIL import Image
+
+    demo.write_demo_dataset(str(tmp_path), train_per_class=20, validation_per_class=5)
+    sizes = []
+    for folder, _, files in os.walk(tmp_path):
+        for name in files:
+            try:
+                with Image.open(os.path.join(folder, name)) as image:
+                    sizes.append(image.size)
+            except Exception:  # noqa: BLE001 - the demo's three broken files
+                pass
+    assert min(median_size(sizes)) >= default("shorter_side") > min(min(size) for size in sizes)  # some upscaled

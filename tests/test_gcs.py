@@ -525,10 +525,11 @@ def copy_of_checkout(destination: Path) -> Path:
 
 def dataflow_docs_command(storage: LoopbackStorage) -> list[str]:
     """The docs' ImageNet command line (after ``shardprep``), its bucket pointed at the server, ``--template_location``
-    added."""
+    added, and ``--allow-upscale``: the stand-in images are far smaller than ImageNet's."""
     variables, argv = dataflow_command_from_docs()
     values = {**variables, "BUCKET": gs(storage, "docs-bucket")}
-    return [string.Template(arg).substitute(values) for arg in argv[1:]] + [
+    command = [string.Template(arg).substitute(values) for arg in argv[1:]]
+    return command[:1] + ["--allow-upscale"] + command[1:] + [
         "--template_location", gs(storage, "docs-bucket/templates/imagenet.json")]
 
 

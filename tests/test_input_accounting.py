@@ -178,7 +178,7 @@ def test_a_class_named_like_a_split_without_class_folders_inside_is_still_a_clas
         (source / name).mkdir(parents=True)
         (source / name / "x.png").write_bytes(image_factory.tiny_png())
     out = tmp_path / "out"
-    ok(source, out, "--shorter-side", 8, *IN_PROCESS)
+    ok(source, out, "--shorter-side", 8, "--allow-upscale", *IN_PROCESS)  # 1x1 images
     assert manifest_lib.read_document(str(out))["classes"] == ["cat", "test"]
 
 
@@ -275,7 +275,7 @@ def test_names_that_differ_only_in_case_fail_with_that_hint(tmp_path):
     flat_images(tmp_path / "val", ["IMG1.JPEG", "IMG2.JPEG"])
     labels = tmp_path / "labels.csv"
     labels.write_text("img1.jpeg,n01\nimg2.jpeg,n02\n")
-    refused(tmp_path, tmp_path / "val", tmp_path / "out", "--labels-file", labels, *IN_PROCESS,
+    refused(tmp_path, tmp_path / "val", tmp_path / "out", "--labels-file", labels, "--shorter-side", 8, *IN_PROCESS,
             expect=("split train: all 4 inputs were rejected (case_mismatch: 4)", "differ only in case"))
 
 

@@ -374,7 +374,8 @@ def test_output_that_is_a_file_is_refused(work):
 
 
 def test_unwritable_output_is_refused(work):
-    refuse_unchanged(work, "src", "/proc/shardprep-output", expect=("OUTPUT /proc/shardprep-output cannot be",))
+    refuse_unchanged(work, "src", "/proc/shardprep-output", "--shorter-side", 16,
+                     expect=("OUTPUT /proc/shardprep-output cannot be",))
 
 
 @pytest.mark.parametrize("args, expect", [

@@ -357,7 +357,7 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
     import os
     import sys
 
-    from shardprep import quiet_logs
+    from shardprep.train import quiet_logs
 
     for name in quiet_logs.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)

@@ -65,7 +65,8 @@ def test_an_unknown_name_is_an_attribute_error_and_submodules_still_import():
 
 
 def test_the_readme_examples_import_only_public_names():
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    blocks = [block for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+              for block in re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)]
     imported = [(node.module, alias.name) for block in blocks for node in ast.walk(ast.parse(block))
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardprep")
                 for alias in node.names]

@@ -1,4 +1,4 @@
-"""The README's Python examples run as written, on a small dataset made by the real preprocess job.
+"""The Python examples of the README and docs/ run as written, on a small dataset made by the real preprocess job.
 
 Each example is taken from README.md as it is; only the sizes that make it an ImageNet-scale run are scaled down
 (the data path, batch size, image size, epochs, the output file), and each of those replacements must find its text,
@@ -15,14 +15,18 @@ from pathlib import Path
 import image_factory
 import pytest
 from click.testing import CliRunner
+from source_routes import folder_files, write_archive, write_hub_parquet
 
 from shardprep.cli import main as cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = sorted((README.parent / "docs").glob("*.md"))
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    """Every Python example of the README and docs/."""
+    return [block for path in [README, *DOCS]
+            for block in re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)]
 
 
 def block_with(text: str) -> str:
@@ -37,12 +41,36 @@ def scaled(code: str, replacements: dict[str, str]) -> str:
     return code
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
+# Every documented route a user brings a dataset by, each with its own name for the held-out split: the examples
+# ask for "validation" and must find it on all of them.
+ROUTES = ("folder with val", "folder with validation", ".tgz", "folder of archives", "parquet")
+
+
+def _source(root: Path, route: str) -> str:
+    """The route's SOURCE for 24 train and 8 held-out images of two classes, written under ``root``."""
+    held_out = "validation" if route in ("folder with validation", "parquet") else "val"
+    image_factory.write_image_folder(root / "images", {"train": 24, held_out: 8}, classes=("red", "blue"))
+    files = folder_files(root / "images")
+    if route.startswith("folder with"):
+        return str(root / "images")
+    if route == ".tgz":  # as fast.ai ships Imagenette: one top folder holding the splits
+        write_archive(str(root / "photos.tgz"), {f"photos/{name}": data for name, data in files.items()})
+        return str(root / "photos.tgz")
+    if route == "folder of archives":  # as image-net.org's download folder: an archive per split
+        (root / "download").mkdir()
+        for split in ("train", "val"):
+            write_archive(str(root / "download" / f"{split}.zip"),
+                          {name.split("/", 1)[1]: data for name, data in files.items() if name.startswith(split + "/")})
+        return str(root / "download")
+    write_hub_parquet(root / "hub", files, ["blue", "red"])
+    return f"parquet:{root / 'hub' / 'data' / '*.parquet'}"
+
+
+@pytest.fixture(scope="module", params=ROUTES)
+def dataset(request, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("readme")
-    image_factory.write_image_folder(root / "images", {"train": 24, "validation": 8}, classes=("red", "blue"))
-    result = CliRunner().invoke(cli, ["preprocess", str(root / "images"), str(root / "shards"), "--shorter-side",
-                                      "16", "--quiet", "--", "--direct_running_mode=in_memory"])
+    result = CliRunner().invoke(cli, ["preprocess", _source(root, request.param), str(root / "shards"),
+                                      "--shorter-side", "16", "--quiet", "--", "--direct_running_mode=in_memory"])
     assert result.exit_code == 0, result.output
     return root
 
@@ -69,7 +97,7 @@ def test_the_keras_example_trains_and_saves_a_model(keras_example):
 
 
 def test_the_inference_example_prints_class_names_for_a_path_and_bytes(dataset, keras_example, capsys):
-    photos = sorted((dataset / "images" / "validation").rglob("*.png"))[:2]
+    photos = sorted((dataset / "images").rglob("*.png"))[:2]
     assert len(photos) == 2
     code = scaled(block_with("predict_images("), {
         '"cat.jpg"': repr(str(photos[0])),
@@ -165,7 +193,7 @@ def test_the_first_training_run_is_sized_for_a_laptop_cpu():
     from shardprep.commands.preprocess import command as preprocess
     from shardprep.commands.train import command as train
 
-    lines = [line for block in bash_blocks(section("Your first hour")) for line in block.splitlines()]
+    lines = [line for block in bash_blocks(section("Your first day with your own data")) for line in block.splitlines()]
     (prepared,) = [line for line in lines if line.startswith("shardprep preprocess demo/images ")]
     (trained,) = [line for line in lines if line.startswith("shardprep train demo/")]
     (predicted,) = [line for line in lines if line.startswith("shardprep predict demo/")]

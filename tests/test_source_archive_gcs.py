@@ -57,3 +57,26 @@ def test_archives_on_gcs_give_the_records_of_the_same_archives_read_locally(tmp_
         assert shards(tmp_path / remote) == shards(tmp_path / f"local-{remote}") != {}
     document = json.loads((tmp_path / "remote-imagenet" / "manifest.json").read_text())
     assert sorted(document["splits"]) == ["train", "validation"] and document["source_kind"] == "archive"
+
+
+def test_archives_on_gcs_follow_the_folder_rules_litter_not_used_and_a_mixed_layout_refused(tmp_path):
+    from test_archive_rules import SPLITS, write_zip
+
+    write_zip(tmp_path / "mac.zip", {**SPLITS, "__MACOSX/train/cat/._a.jpg": b"\0\5\26\7", "val/Thumbs.db": b"w"})
+    write_zip(tmp_path / "docs.zip", {**SPLITS, "docs/readme.txt": b"hi"})
+    with LoopbackStorage(tmp_path / "gcs") as storage:
+        bucket = storage.client().bucket(storage.bucket)
+        for name in ("mac.zip", "docs.zip"):
+            bucket.blob(name).upload_from_filename(str(tmp_path / name))
+        command_lines = [["preprocess", f"gs://{storage.bucket}/{name}", str(tmp_path / name.replace(".", "-")),
+                          "--shorter-side", "8", "--", *IN_PROCESS] for name in ("mac.zip", "docs.zip")]
+        result = subprocess.run(shardprep_in_turn(command_lines), env={**os.environ, **storage.environment},
+                                capture_output=True, text=True, timeout=240)
+    mac, docs = in_turn_results(result.stdout, command_lines)
+    assert mac["exit"] == 0, mac
+    document = json.loads((tmp_path / "mac-zip" / "manifest.json").read_text())
+    assert document["classes"] == ["cat", "dog"] and sorted(document["splits"]) == ["train", "val"]
+    assert [entry["path"] for entry in document["not_used"]] == ["__MACOSX/", "val/Thumbs.db"]
+    assert docs["exit"] != 0 and "Traceback" not in docs["stdout"] + docs["stderr"]
+    errors = [line for line in (docs["stdout"] + docs["stderr"]).splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "docs" in errors[0] and "docs.zip" in errors[0], errors

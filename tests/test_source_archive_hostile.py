@@ -1,4 +1,4 @@
-"""Hostile archives: names that leave the archive, links, devices, FIFOs, copies, members cut short or damaged,
+"""Hostile archives (names that leave the archive: tests/test_archive_rules.py): links, devices, FIFOs, copies, members cut short or damaged,
 archives cut short, members that are not images; each a recorded reject with its reason or one clear ``Error:``
 line, nothing written outside OUTPUT; and ``--resume`` on archive sources (kept work, or refused by name)."""
 
@@ -45,8 +45,6 @@ def hostile_tar(path) -> None:
         add(tar, "cat/a.jpg", jpeg(0))
         add(tar, "dog/b.jpg", jpeg(1))
         add(tar, "dog/b.jpg", jpeg(2))  # the same name again: the last copy is read, as extracting it would
-        add(tar, "../../escaped.jpg", jpeg(3))
-        add(tar, "/tmp/absolute.jpg", jpeg(3))
         add(tar, "cat/link.jpg", kind=tarfile.SYMTYPE, link="../../../etc/passwd")
         add(tar, "cat/hard.jpg", kind=tarfile.LNKTYPE, link="cat/a.jpg")
         add(tar, "cat/fifo.jpg", kind=tarfile.FIFOTYPE)
@@ -65,14 +63,12 @@ def test_hostile_members_are_rejects_with_reasons_and_nothing_is_written_outside
     job.execute_job(PreprocessConfig(source=str(tmp_path / "hostile.tar"), output=str(tmp_path / "out"),
                                      shorter_side=8), IN_PROCESS)
     assert {path for path in files_under(tmp_path) - before if not path.startswith("out/")} == set()
-    assert not os.path.exists("/tmp/absolute.jpg") and not (tmp_path.parent / "escaped.jpg").exists()
     lines = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
     details = {r["key"]: r["detail"] for r in lines}
     assert "symbolic link" in details["cat/link.jpg"] and "hard link" in details["cat/hard.jpg"]
     assert "FIFO" in details["cat/fifo.jpg"] and "device" in details["cat/device.jpg"]
     rejects = {(r["key"], r["reason"]) for r in lines}
-    assert rejects == {("dog/b.jpg", "duplicate_member"), ("../../escaped.jpg", "unsafe_member_name"),
-                       ("/tmp/absolute.jpg", "unsafe_member_name"), ("cat/link.jpg", "not_a_regular_file"),
+    assert rejects == {("dog/b.jpg", "duplicate_member"), ("cat/link.jpg", "not_a_regular_file"),
                        ("cat/hard.jpg", "not_a_regular_file"), ("cat/fifo.jpg", "not_a_regular_file"),
                        ("cat/device.jpg", "not_a_regular_file"), ("dog/notes.jpg", "not_an_image"),
                        ("dog/.hidden.jpg", "hidden_file")}

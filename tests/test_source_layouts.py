@@ -312,5 +312,5 @@ def test_labels_file_names_match_files_in_either_normal_form(tmp_path):
     (flat / unicodedata.normalize("NFD", "café.png")).write_bytes(image_factory.tiny_png())
     labels = tmp_path / "labels.csv"
     labels.write_text(unicodedata.normalize("NFC", "filename,label\ncafé.png,Crème\n"))
-    manifest = ok(flat, tmp_path / "out", "--labels-file", labels)
+    manifest = ok(flat, tmp_path / "out", "--labels-file", labels, "--allow-upscale")  # a 1x1 image
     assert manifest["num_examples"] == 1 and manifest["classes"] == [unicodedata.normalize("NFC", "Crème")]

@@ -242,7 +242,8 @@ def test_hostile_files_become_rejects_or_not_used_never_a_silent_stop(tmp_path):
     (data / "validation-00001-of-00002.parquet").write_bytes(bytes(damaged))
     (data / "notes.txt").write_text("a file that is not Parquet, matched by the glob")
     (tmp_path / "hub" / "README.md").write_text(card())
-    config = PreprocessConfig(source=f"parquet:{data}/*", output=str(tmp_path / "out"), shorter_side=8)
+    config = PreprocessConfig(source=f"parquet:{data}/*", output=str(tmp_path / "out"), shorter_side=8,
+                              allow_upscale=True)  # 1x1 images
     job.execute_job(config, IN_PROCESS)
     document = json.loads((tmp_path / "out" / manifest.MANIFEST_NAME).read_text())
     rejects = [json.loads(line) for line in (tmp_path / "out" / manifest.REJECTS_NAME).read_text().splitlines()]

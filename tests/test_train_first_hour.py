@@ -13,7 +13,7 @@ from PIL import Image
 from shardprep.cli import main
 from shardprep.preprocess.dataset import load_manifest
 from shardprep.train import preflight
-from train_helpers import predict_entries
+from train_helpers import predict_entries, random_images, write_dataset
 
 
 def _error_lines(result):
@@ -95,7 +95,8 @@ def test_the_training_api_names_the_flag_for_a_split_typo(colour_dataset, tmp_pa
     from shardprep.train import loop
 
     config = loop.TrainConfig(data_dir=colour_dataset, output_dir=str(tmp_path), image_size=16, train_split="trian")
-    with pytest.raises(ValueError, match=r"--train-split 'trian' is not a split of .*\(splits: train, validation\)"):
+    with pytest.raises(ValueError, match=r"--train-split 'trian' is not a split of .*\(splits: train, validation; "
+                                         r"examples: train 64, validation 32\)"):
         loop.train(config, report=lambda message: None)
 
 
@@ -106,6 +107,24 @@ def test_an_image_size_above_the_stored_size_is_one_line_before_the_run(colour_d
     assert "--image-size 24 is larger than the stored images" in line and "(20x20)" in line
     assert "--image-size 20 or less" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_val_split_and_a_small_crop_are_said_before_the_first_step(tmp_path):
+    """A dataset as imagenette2's .tgz makes it (splits train and val), trained with a crop under half the stored
+    size: the run says which split it validates on and why, and warns of the patches, saying what to pass."""
+    data = tmp_path / "data"
+    write_dataset(data, {"train": random_images(16, 20, 20), "val": random_images(8, 20, 20, seed=1)},
+                  classes=["a", "b"])
+    result = CliRunner().invoke(main, [
+        "train", str(data), "--output-dir", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "8",
+        "--image-size", "8", "--width-multiplier", "0.125", "--no-tensorboard", "--no-checkpoint"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # lines fitted to the width
+    assert ("Validating on split 'val' after each epoch (no split is named 'validation', and 'val' is named like a "
+            "validation split).") in text
+    assert ("Warning: --image-size 8 trains on random 8x8 patches of the stored 20x20 images (under half their "
+            "size); pass --image-size 17 to train on most of each image, or rerun preprocess with --shorter-side 10 "
+            "to store images of about that size.") in text
 
 
 def test_the_augmentation_layer_rejects_a_crop_larger_than_its_input_when_built():
@@ -155,6 +174,8 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
     assert any(line.startswith("Note: the warm-up (5 epochs, --warmup-epochs) is as long as the run (1 epoch)")
                for line in lines)
     assert "Summary: 1 epoch; best by val_loss" in text and "(epoch 1)" in text
+    assert "Validating on split 'validation' after each epoch (the split named 'validation')." in text
+    assert "patches" not in text  # --image-size 16 of 20: no crop warning
     assert (run / "model.keras").read_bytes() != b"old" and not (run / "logs").exists()
     assert not (run / "checkpoints" / "last.keras").read_bytes() == b"old"
     # No --backend: the default, TensorFlow here (test_train_backends.py: the choice), and the summary says so.

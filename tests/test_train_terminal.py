@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from shardprep import quiet_logs
+from shardprep.train import quiet_logs
 from shardprep.cli import main
 from shardprep.train import loop, progress
 from shardprep.train.interrupt import TrainingInterrupted

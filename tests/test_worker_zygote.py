@@ -393,7 +393,7 @@ def test_a_worker_killed_while_starting_ends_the_run(tmp_path, forked):
 
     image_factory.write_image_folder(tmp_path / "src", {"train": 40})
     output, log = tmp_path / "out", tmp_path / "killed"
-    command = ["preprocess", str(tmp_path / "src"), str(output), "--", "--direct_num_workers=2"]
+    command = ["preprocess", str(tmp_path / "src"), str(output), "--shorter-side", "16", "--", "--direct_num_workers=2"]
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = dict(os.environ, KILLED_LOG=str(log), PYTHONPATH=str(tmp_path / "site"),

@@ -32,6 +32,7 @@ reads (progress, the header, the summary, widths) is :mod:`shardprep.train.progr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from typing import Callable
@@ -40,7 +41,7 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import checkpoints, progress, run_files, tensorboard_logs
+from shardprep.train import checkpoints, preflight, progress, run_files, tensorboard_logs
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
 from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
@@ -125,22 +126,23 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
     if config.image_size > min(stored_height, stored_width):
         raise ValueError(f"--image-size {config.image_size} is larger than the stored images "
                          f"({stored_height}x{stored_width})")
-    for option, split in (("--train-split", config.train_split), ("--val-split", config.val_split)):
-        if split not in manifest.splits:
-            raise ValueError(f"{option} {split!r} is not a split of {config.data_dir} (splits: "
-                             f"{', '.join(manifest.splits) or 'none'}); pass {option} with one of them")
+    splits = preflight.training_splits(manifest, config.train_split, config.val_split, config.data_dir)
+    config = dataclasses.replace(config, train_split=splits.train.name, val_split=splits.validation.name)
+    notes = (*progress.split_lines(splits.train, splits.validation),
+             *progress.crop_warnings(config.image_size, manifest.stored_shape))
     steps = make_steps(config, manifest, backend, strategy)
     if config.batch_size % steps.replicas:
         raise ValueError(f"--batch-size {config.batch_size} does not divide over {steps.replicas} replicas")
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(steps.precision)
     try:
-        return _train(config, steps, manifest, report, on_batch, width or progress.terminal_width(), live)
+        return _train(config, steps, manifest, report, on_batch, width or progress.terminal_width(), live, notes)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, width: int, live=None) -> dict:
+def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, width: int, live=None,
+           notes: tuple[str, ...] = ()) -> dict:
     def say(text: str) -> None:
         report(progress.fit(text, width))
 
@@ -179,7 +181,7 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
         checkpoints.discard_best_writing(paths)  # half a model a killed run was writing: Keras writes it anew
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, say)
     for message in progress.start_messages(config, steps, model.count_params(), train_examples, steps_per_epoch,
-                                           base_lr, start_epoch):
+                                           base_lr, start_epoch) + list(notes):
         say(message)
     if state:
         say(progress.resume_message(paths["last"], state, steps_per_epoch, config.epochs))

@@ -44,7 +44,7 @@ import weakref
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import batch_prefetch
+from shardprep.train import batch_prefetch, host_crop, split_roles
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
@@ -62,7 +62,8 @@ class NumpyReader:
 
     Args:
       data_dir: the local dataset folder holding ``manifest.json``.
-      split: a split of the manifest, e.g. ``"train"``.
+      split: a split of the manifest, or a role (``"train"``, ``"validation"``, ``"test"``: the split that plays
+        it, said once when another name: :mod:`shardprep.train.split_roles`); ``self.split`` is the split read.
       batch_size: records per batch of this process.
       training: ``True``: endless, reshuffled every epoch, ``steps_per_epoch`` full batches an epoch, random square
         crops for ``crop: none``. ``False``: one pass in order, the last batch may be smaller, central crops.
@@ -73,6 +74,10 @@ class NumpyReader:
         default it is loaded from ``data_dir``.
       threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
       verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
+      crop_size: cut every image to a ``crop_size`` square on the host (:mod:`shardprep.train.host_crop`): in
+        training a random window, mirrored for half of them, the same for the same seed and step (a resumed reader
+        cuts the same windows); in evaluation the central window. ``None`` (default): the stored images, for
+        augmentation on the accelerator.
 
     Raises ``TypeError`` for an argument of the wrong type (``batch_size=2.5``, ``training="yes"``), ``ValueError``
     for one out of range (``batch_size``, ``num_shards``/``index``, ``seed``, ``start_step``), a URL, or shards that
@@ -81,19 +86,23 @@ class NumpyReader:
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
-                 prefetch: int | None = None, verify_records: bool = False):
+                 prefetch: int | None = None, verify_records: bool = False, crop_size: int | None = None):
         data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
+        self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
         check_local(data_dir)
         self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
+        split = split_roles.reading(self.manifest.splits, split, data_dir)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
+        self._buffers = ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH) + 8)
         self._source = batch_source(data_dir, self.manifest, split, training, verify=verify_records,
-                                    buffers=ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH)
-                                                          + 8))
+                                    buffers=self._buffers)
+        if self.crop_size is not None:
+            host_crop.check_fits(self.crop_size, self._source.image_shape)
         self._step = 0
         self._active = None  # a weak reference to the iterator handing out batches, while there is one
         self.set_state(start_step)
@@ -110,7 +119,8 @@ class NumpyReader:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return self._source.image_shape
+        stored = self._source.image_shape
+        return stored if self.crop_size is None else (self.crop_size, self.crop_size, stored[2])
 
     def __len__(self) -> int:
         return self.order.steps_per_epoch
@@ -136,7 +146,14 @@ class NumpyReader:
         batch of an epoch first checks that the manifest and every shard are still the files the reader opened."""
         if step % self.order.steps_per_epoch == 0:
             self._source.snapshot.check()
-        return self._source(self.order.batch_ids(step), self.order.crop_draws(step) if self._crops else None)
+        images, labels = self._source(self.order.batch_ids(step),
+                                      self.order.crop_draws(step) if self._crops else None)
+        if self.crop_size is None:
+            return images, labels
+        draws = (host_crop.window_draws(self.seed, step // self.order.steps_per_epoch, self.order.positions(step))
+                 if self.training else None)
+        out = self._buffers.take(len(images) * int(np.prod(self.image_shape))).reshape((-1,) + self.image_shape)
+        return host_crop.crop_flip(images, self.crop_size, draws, out), labels
 
     @property
     def _crops(self) -> bool:

@@ -1,8 +1,8 @@
 """Checks ``shardprep train`` makes before it imports TensorFlow or builds anything.
 
 :func:`check` loads the manifest once (:func:`shardprep.preprocess.dataset.load_manifest`: read as untrusted input,
-its shape checked, every raw centre-crop split laid out), checks that the training and validation splits exist and
-hold examples, that every shard file of those splits is there with its manifest size, and that
+its shape checked, every raw centre-crop split laid out), finds the training and validation splits (names or roles:
+:func:`training_splits`) and checks that they hold examples, that every shard file of those splits is there with its manifest size, and that
 ``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.output_dir`), with a checkpoint
 for ``--resume``, and returns the manifest for the run to use. Each failure is a :class:`PreflightError` whose message
 is one line: what is wrong, where, and what to do.
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import NamedTuple
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, UnfitLayoutError, load_manifest
 from shardprep.train import checkpoint_state, run_files
 from shardprep.train import output_dir as output_checks
+from shardprep.train.split_roles import ResolvedSplit, SplitRoleError, resolve_split
 
 
 class PreflightError(ValueError):
@@ -125,19 +127,35 @@ def _check_image_size(manifest: Manifest, image_size: int, data_dir: str) -> Non
                              f"preprocess with --shorter-side {image_size} or more")
 
 
-VALIDATION_SPLITS = ("validation", "val", "test")  # tried in this order when --val-split is not given
+class TrainingSplits(NamedTuple):
+    train: ResolvedSplit
+    validation: ResolvedSplit
 
 
-def validation_split(manifest: Manifest, requested: str | None, data_dir: str) -> str:
-    """``requested``, or the dataset's first split named like a validation split (``VALIDATION_SPLITS``)."""
-    if requested is not None:
-        return requested
-    found = next((name for name in VALIDATION_SPLITS if name in manifest.splits), None)
-    if found is None:
-        raise PreflightError(f"{data_dir} has no split named {', '.join(VALIDATION_SPLITS[:-1])} or "
-                             f"{VALIDATION_SPLITS[-1]} (splits: {', '.join(manifest.splits) or 'none'}); "
-                             "pass --val-split with the split to evaluate on")
-    return found
+def splits_present(manifest: Manifest) -> str:
+    """The splits and their examples, as errors list them: ``train, val; examples: train 9,469, val 3,925``."""
+    splits = manifest.splits
+    return ", ".join(splits) + "; examples: " + ", ".join(f"{name} {info.num_examples:,}"
+                                                          for name, info in splits.items()) if splits else "none"
+
+
+def training_splits(manifest: Manifest, train_split: str, val_split: str | None, data_dir: str) -> TrainingSplits:
+    """The splits ``--train-split`` and ``--val-split`` mean, names or roles (:mod:`shardprep.train.split_roles`);
+    ``val_split`` None: the ``validation`` role (``validation``, ``valid``, ``val``, or a lone ``test``). A missing or
+    ambiguous one is a :class:`PreflightError` naming the flag and listing the splits."""
+    present = splits_present(manifest)
+    try:
+        train = resolve_split(manifest.splits, train_split, dataset=data_dir, listing=present)
+    except SplitRoleError as error:
+        raise PreflightError(f"--train-split {error}; pass --train-split with one of them") from None
+    try:
+        validation = resolve_split(manifest.splits, val_split or "validation", train_split=train.name,
+                                   dataset=data_dir, listing=present)
+    except SplitRoleError as error:
+        if val_split is None:
+            raise PreflightError(f"{error}; pass --val-split with the split to evaluate on") from None
+        raise PreflightError(f"--val-split {error}; pass --val-split with one of them") from None
+    return TrainingSplits(train, validation)
 
 
 def check(data_dir: str, train_split: str, val_split: str | None, output_dir: str | None = None, *,
@@ -146,7 +164,7 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
     """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest, loaded and
     checked once here: pass it on (``shardprep.train.loop.train(..., manifest=)``).
 
-    ``val_split`` None: the first of ``VALIDATION_SPLITS`` the dataset has (:func:`validation_split`).
+    ``train_split``, ``val_split``: names or roles (:func:`training_splits`; ``val_split`` None: the validation role).
 
     With ``image_size``, refuses a crop larger than the stored images; with ``batch_size``, a training split smaller
     than one batch (training batches are whole, so it would make none); with ``output_dir``, refuses a folder that
@@ -158,13 +176,10 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} lists no classes, so there is nothing to "
                              "train; rerun preprocess on a source with class folders or labels")
     splits = manifest.splits
-    val_split = validation_split(manifest, val_split, data_dir)
-    present = (", ".join(splits) + "; examples: " + ", ".join(f"{name} {info.num_examples:,}"
-                                                           for name, info in splits.items())) if splits else "none"
+    train_split, val_split = (resolved.name for resolved in training_splits(manifest, train_split, val_split,
+                                                                            data_dir))
+    present = splits_present(manifest)
     for option, split in (("--train-split", train_split), ("--val-split", val_split)):
-        if split not in splits:
-            raise PreflightError(f"{option} {split!r} is not a split of {data_dir} (splits: {present}); "
-                                 f"pass {option} with one of them")
         if splits[split].num_examples == 0:
             raise PreflightError(f"{option} {split!r} of {data_dir} has 0 examples (splits: {present}); pass "
                                  f"{option} with a non-empty split, or rerun preprocess with inputs for it")

@@ -187,6 +187,27 @@ def start_messages(config, steps, parameters: int, train_examples: int, steps_pe
     return messages
 
 
+def split_lines(train, validation) -> list[str]:
+    """Which splits the run reads and why (``ResolvedSplit``s of :mod:`shardprep.train.split_roles`): the
+    validation split always, the training split when a role found another name."""
+    lines = [f"Training on split {train.name!r} ({train.reason})."] if train.name != train.asked else []
+    return lines + [f"Validating on split {validation.name!r} after each epoch ({validation.reason})."]
+
+
+def crop_warnings(image_size: int, stored_shape: tuple[int, int]) -> list[str]:
+    """A warning when ``--image-size`` is under half the stored images' side: the run would train on small patches
+    of them (28 of 256), which is rarely meant; it says the size to pass (7/8 of the side, as 224 of 256) or the
+    ``--shorter-side`` that stores images this crop nearly covers."""
+    height, width = stored_shape
+    side = min(height, width)
+    if 2 * image_size >= side:
+        return []
+    return [f"Warning: --image-size {image_size} trains on random {image_size}x{image_size} patches of the stored "
+            f"{height}x{width} images (under half their size); pass --image-size {side * 7 // 8} to train on most "
+            f"of each image, or rerun preprocess with --shorter-side {math.ceil(image_size * 8 / 7)} to store "
+            "images of about that size."]
+
+
 def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: int) -> str:
     """Where a resumed run starts, from the checkpoint's ``state``."""
     start_step = int(state["global_step"])

@@ -55,7 +55,7 @@ import tensorflow as tf
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
-from shardprep.train import read_examples, read_gather, read_stream, record_gather
+from shardprep.train import read_examples, read_gather, read_stream, record_gather, split_roles
 from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 from shardprep.train.record_identity import DatasetSnapshot
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
@@ -80,8 +80,10 @@ def read_url(path: str, at_most: int) -> bytes | None:
 
 
 def split_size(manifest: dict | Manifest, split: str) -> int:
-    """Number of examples in ``split`` (a KeyError naming the known splits if there is none)."""
-    return typed(manifest).split(split).num_examples
+    """Number of examples in ``split``, a split's name or a role (``"validation"`` finds ``val``: see
+    :mod:`shardprep.train.split_roles`; a KeyError naming the known splits if there is none)."""
+    manifest = typed(manifest)
+    return manifest.split(split_roles.resolve_split(manifest.splits, split).name).num_examples
 
 
 def default_shuffle_buffer(manifest: dict | Manifest, split: str) -> int:
@@ -119,7 +121,7 @@ def make_dataset(
 
     Args:
       data_dir: dataset folder holding ``manifest.json`` (local, or ``gs://``: shards through ``tf.io.gfile``).
-      split: a split of the manifest, e.g. ``"train"`` or ``"validation"``.
+      split: a split's name, or a role: ``"validation"`` reads ``val`` (:mod:`~shardprep.train.split_roles`).
       batch_size: the global batch size. Under ``tf.distribute`` the dataset yields per-replica batches of
         ``input_context.get_per_replica_batch_size(batch_size)``.
       training: ``True``: a new permutation of the records every epoch (local shards; streamed ones: shuffled
@@ -148,7 +150,7 @@ def make_dataset(
     sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
-    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
+    manifest, split = _opened(data_dir, split, manifest)
     if _reads_by_random_access(data_dir, random_access, start_step):
         return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
                                       verify_records, start_step)
@@ -156,6 +158,12 @@ def make_dataset(
                  cycle_length, deterministic)
     return plan.finish(labels_checked(_streamed_batches(plan, manifest, split, verify_records), manifest.num_classes,
                                       data_dir))
+
+
+def _opened(data_dir: str, split: str, manifest: dict | Manifest | None) -> tuple[Manifest, str]:
+    """The manifest (loaded here when not given) and the split that ``split``, a name or a role, means."""
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
+    return manifest, split_roles.reading(manifest.splits, split, data_dir)
 
 
 def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:

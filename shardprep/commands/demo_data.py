@@ -15,7 +15,7 @@ from shardprep.broken_pipe import reader_may_go
 @click.option("--seed", default=0, show_default=True, type=int)
 def command(directory, train_per_class, validation_per_class, seed):
     """Write a generated ImageFolder dataset to DIRECTORY: 4 shape classes, train and validation splits, images of
-    40-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
+    160-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
     from shardprep import demo
 
     _check_folder(directory)

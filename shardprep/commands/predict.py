@@ -29,6 +29,10 @@ def command(model, data, photos, top_k):
     if "://" not in model and not os.path.isfile(model):
         raise click.ClickException(f"MODEL {model} is not a file: give the model.keras that shardprep train wrote "
                                    "(in its --output-dir)")
+    inside = _file_on_the_way(data)
+    if inside:
+        raise click.ClickException(f"DATA {data}: {inside} is a file (an archive?), not a folder: predict reads a "
+                                   "prepared dataset's folder, not members of an archive; extract it first")
     from shardprep.train.predict import PhotoFailure, predict_images  # TensorFlow starts here
 
     try:
@@ -43,7 +47,10 @@ def command(model, data, photos, top_k):
     width = output_width() if terminal_columns(sys.stdout) else None
     for result in results:
         if isinstance(result, PhotoFailure):
-            line = f"{result.source}: not classified: {result.message}"
+            inside = _file_on_the_way(str(result.source))
+            why = (f"{inside} is a file (an archive?), not a folder: predict reads photo files, not members of an "
+                   "archive; extract it first") if inside else result.message
+            line = f"{result.source}: not classified: {why}"
         else:
             line = f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
                                                     for name, _, probability in result.top)
@@ -52,6 +59,21 @@ def command(model, data, photos, top_k):
     if failed:
         raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "
                                    "be classified (each is named above)")
+
+
+def _file_on_the_way(path: str) -> str | None:
+    """The first folder on the way to the local ``path`` that is a file (``photos.tar`` of ``photos.tar/cat.png``),
+    as spelled in ``path``; None when there is none, and for remote paths. The system says "Not a directory"."""
+    import os
+
+    if "://" in path:
+        return None
+    folder = os.path.dirname(path)
+    while folder and folder != os.path.dirname(folder):
+        if os.path.isfile(folder):
+            return folder
+        folder = os.path.dirname(folder)
+    return None
 
 
 def _display(class_name: str) -> str:

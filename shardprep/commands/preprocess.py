@@ -58,6 +58,9 @@ class _ArgsKept(click.Command):
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
               help="Resize so the shorter side has this many pixels (antialiased: Lanczos-2 low-pass, "
                    "cubic interpolation).")
+@click.option("--allow-upscale", is_flag=True,
+              help="Run even when most inputs are smaller than --shorter-side (they are upscaled); without it such "
+                   "a run stops before writing, saying their median size.")
 @click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
 @click.option("--encoding", type=click.Choice(encodings.NAMES), default=default("encoding"), show_default=True,
@@ -94,9 +97,9 @@ class _ArgsKept(click.Command):
 @click.option("--verbose", is_flag=True, help="On failure, print the full traceback (Beam's too) after the error.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num_shards, seed, max_pixels,
-            labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key, classes_file, strict,
-            exclude, overwrite, resume, quiet, verbose, beam_args):
+def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
+            max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
+            classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -112,7 +115,7 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
         overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
         tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
-        exclude=exclude, classes_file=classes_file)
+        exclude=exclude, classes_file=classes_file, allow_upscale=allow_upscale)
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
@@ -121,12 +124,15 @@ def command(ctx, source, output, shorter_side, crop, encoding, jpeg_quality, num
         with display:
             outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
                                       on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
-                                      submission=submission)
+                                      submission=submission,
+                                      on_plan=lambda lines: lines_while_running("\n".join(lines)))
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
-        raise click.ClickException(str(e)) from None
+        error = click.ClickException(str(e))
+        error.exit_code = getattr(e, "exit_code", error.exit_code)  # 2: a run refused for its options' sake
+        raise error from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, typed_command(ctx), remote, began,

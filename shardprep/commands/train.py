@@ -126,7 +126,8 @@ def _holds_run_files(output_dir: str) -> bool:
                    "batches; when the rest left out is more than 10% of the split, a warning says how many images "
                    "each epoch leaves out.")
 @click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
-              help="Training crop size; at most the stored image size (checked before the run).")
+              help="Training crop size; at most the stored image size (checked before the run); under half of "
+                   "it, a warning says the run trains on small patches of each image and what to pass.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: mixed_bfloat16 on GPUs of compute capability 8.0+, mixed_float16 on older ones, "
                    "float32 on CPU; the other three force that policy.")
@@ -149,10 +150,12 @@ def _holds_run_files(output_dir: str) -> bool:
 @click.option("--width-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Scales every layer's channels; 1.0 is ResNet-18 (small values for quick experiments).")
 @click.option("--train-split", default="train", show_default=True,
-              help="The split to train on (a split of DATA's manifest.json).")
+              help="The split to train on: a split of DATA's manifest.json, or the role train (a split named train "
+                   "or training).")
 @click.option("--val-split", default=None,
-              help="The split evaluated after every epoch [default: the dataset's validation, val or test split, "
-                   "the first found].")
+              help="The split evaluated after every epoch, said at the start [default: the role validation: the "
+                   "split named validation, valid or val, else test when it is the only split besides the "
+                   "training split].")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1), default=None,
               help="[default: one pass over the training split]")
 @click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
@@ -222,7 +225,7 @@ def command(ctx, data, overwrite, **options):
         manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
                                    image_size=options["image_size"], batch_size=options["batch_size"],
                                    resume=options["resume"], overwrite=overwrite)
-        options["val_split"] = preflight.validation_split(manifest, options["val_split"], data)
+        options["val_split"] = options["val_split"] or TrainConfig.val_split  # the role: the run says what it finds
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
     config = TrainConfig(data_dir=data, **options)

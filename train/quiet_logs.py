@@ -1,4 +1,4 @@
-"""Third-party log noise kept off our commands' output.
+"""Third-party log noise kept off our commands' output, and off a library user's session.
 
 TensorFlow writes C++ log lines to stderr: some while its libraries load (oneDNN, "Could not find cuda drivers", and
 absl's "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"), which no
@@ -10,6 +10,9 @@ TensorFlow is first imported, file descriptor 2 goes to a temporary file for the
 that is not a C++ log line (a Python warning, a crash message) is written to stderr afterwards.
 ``TF_ENABLE_ONEDNN_OPTS`` is left alone: it changes numerics, not only the message. With ``--verbose`` nothing is
 hidden.
+
+Importing ``shardprep.train`` calls :func:`quiet_library`: the same, only where TensorFlow is not imported yet and
+the user has not set ``TF_CPP_MIN_LOG_LEVEL`` (their own choice, e.g. ``0`` to see every line, stands).
 """
 
 from __future__ import annotations
@@ -45,6 +48,14 @@ def quiet_tensorflow() -> None:
         return
     if not any(isinstance(finder, _QuietImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietImport())
+
+
+def quiet_library() -> None:
+    """:func:`quiet_tensorflow` for a library session (``import shardprep.train``), unless TensorFlow is already
+    imported or the user set ``TF_CPP_MIN_LOG_LEVEL``: then their logging is theirs."""
+    if any(name in os.environ for name in ENVIRONMENT) or any(name in sys.modules for name in QUIET_MODULES):
+        return
+    quiet_tensorflow()
 
 
 def restore() -> None:

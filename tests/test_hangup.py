@@ -1,0 +1,50 @@
+"""SIGHUP (the terminal closed, the ssh connection dropped) and SIGTERM stop a run as Ctrl-C does: its worker
+processes ended, exit 129 or 143, and nothing of it left in TMPDIR (SIGHUP killed it at once: Beam's
+``beam-pipeline-temp*`` and the progress display's ``shardprep-progress-*`` folders stayed behind)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import image_factory
+import pytest
+
+from shardprep.pipelines import stopping
+
+
+@pytest.mark.parametrize("number, status", [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(tmp_path, number, status):
+    source, output, temporary = tmp_path / "src", tmp_path / "out", tmp_path / "tmp"
+    temporary.mkdir()
+    image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
+                                     kinds=("jpeg",))
+    process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
+                                "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, "TMPDIR": str(temporary)})
+    try:
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline and not (
+                stopping.worker_processes(process.pid) and list(temporary.glob("shardprep-progress-*"))):
+            time.sleep(0.02)
+        process.send_signal(number)
+        text = process.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == status, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert sorted(path.name for path in temporary.iterdir()) == []
+
+
+def test_a_hangup_ignored_by_nohup_stays_ignored():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stopping.sigterm_stops():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
