@@ -90,7 +90,8 @@ class _StoppedWorkers:
     :class:`WorkerStopped` when one has stayed stopped (state T or t) for ``limit_s``."""
 
     def __init__(self, limit_s: float):
-        self.limit_s, self.since, self.looked = limit_s, {}, 0.0
+        self.limit_s, self.looked = limit_s, 0.0
+        self.since: dict[int, float] = {}  # pid -> when it was first seen stopped
 
     def check(self) -> None:
         now = time.monotonic()
