@@ -1,6 +1,6 @@
 """Start-up of a local preprocess run: where the seconds before the first decode go.
 
-    python benchmarks/startup_bench.py [--repeats 3] [--workers 2] [--image PATH]
+    python benchmarks/startup_bench.py [--repeats 3] [--workers 2] [--image PATH] [--also TREE]
 
 Each repeat times, as separate processes: the bare interpreter (``python -c pass``); the launcher's imports
 (``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess``, which imports Beam); and a
@@ -10,7 +10,9 @@ folder this small runs in shardprep's own process, no worker process started) an
 workers forked from the worker zygote (the default) and, third, started as new interpreters as Beam starts them
 (``SHARDPREP_FORKED_WORKERS=0``: every run with workers before the zygote). Each from its start to the first decode (the moment the decode stage's spill file appears under ``OUTPUT/.tmp/``,
 polled every 5 ms), to its exit, and its CPU seconds (the whole process tree). Medians are printed. ``--image``
-defaults to a generated 500x375 JPEG.
+defaults to a generated 500x375 JPEG. ``--also TREE`` adds the forked mode run from another source tree (``git
+archive COMMIT | tar -x -C TREE``; put first on PYTHONPATH: run the benchmark outside this tree), to compare two
+versions side by side in one run.
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ def first_spill(folder: str) -> bool:
         return False
 
 
-def one_run(source: str, output: str, workers: int | None, forked: bool = True) -> tuple[float, float, float]:
+def one_run(source: str, output: str, workers: int | None, forked: bool = True,
+            tree: str | None = None) -> tuple[float, float, float]:
     """(seconds to the first decode, seconds to exit, CPU seconds) of a one-image run; ``workers`` None: as a user
-    starts it, without Beam options; ``forked`` False: worker processes started as new interpreters."""
+    starts it, without Beam options; ``forked`` False: worker processes started as new interpreters; ``tree``: the
+    shardprep of that source tree."""
     command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet"]
     if workers is not None:
         command += ["--", f"--direct_num_workers={workers}"]
     cpu_before = _children_cpu()
     started = time.perf_counter()
     environment = dict(os.environ, SHARDPREP_FORKED_WORKERS="1" if forked else "0")
+    if tree:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, environment.get("PYTHONPATH"))))
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment)
     first = None
     spill_folder = os.path.join(output, ".tmp")
@@ -93,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--image")
+    parser.add_argument("--also", metavar="TREE", help="also the forked mode from this source tree")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="shardprep-startup-bench-")
-    modes = {"default (in-process)": (None, True), f"{args.workers} workers, forked": (args.workers, True),
-             f"{args.workers} workers, new interpreters": (args.workers, False)}
+    modes = {"default (in-process)": (None, True, None), f"{args.workers} workers, forked": (args.workers, True, None),
+             f"{args.workers} workers, new interpreters": (args.workers, False, None)}
+    if args.also:
+        modes[f"{args.workers} workers, forked, {os.path.basename(args.also.rstrip('/'))}"] = (args.workers, True,
+                                                                                               args.also)
     rows: dict[str, list[float]] = {"interpreter": [], "imports": []}
     for mode in modes:
         rows.update({f"{mode}: first decode": [], f"{mode}: exit": [], f"{mode}: CPU s": []})
@@ -106,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             rows["interpreter"].append(timed([sys.executable, "-c", "pass"]))
             rows["imports"].append(timed([sys.executable, "-c",
                                           "import shardprep.cli, shardprep.pipelines.preprocess"]))
-            for mode, (workers, forked) in modes.items():
-                output = os.path.join(work, f"out-{repeat}-{workers}-{forked}")
-                first, total, cpu = one_run(os.path.join(work, "src"), output, workers, forked)
+            for number, (mode, (workers, forked, tree)) in enumerate(modes.items()):
+                output = os.path.join(work, f"out-{repeat}-{number}")
+                first, total, cpu = one_run(os.path.join(work, "src"), output, workers, forked, tree)
                 rows[f"{mode}: first decode"].append(first)
                 rows[f"{mode}: exit"].append(total)
                 rows[f"{mode}: CPU s"].append(cpu)

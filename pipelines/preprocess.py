@@ -263,10 +263,8 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
             p = runners.make_pipeline(beam_args)
             build_pipeline(p, config, plan, runner=runner, progress_dir=progress_dir, min_decode_groups=min_groups,
                            unit_journal=unit_journal)
-            with runners.worker_stderr_held(runners.uses_worker_processes(beam_args)):
-                result = p.run()
-                submission.submitted = True  # a remote runner has created the job: it runs on after a stop here
-                result.wait_until_finish()
+            # submitted: a remote runner has created the job, which runs on after a stop here
+            result = runners.run_to_end(p, beam_args, submitted=lambda: setattr(submission, "submitted", True))
         except PreprocessError:
             raise
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably

@@ -8,7 +8,6 @@ download the Prism runner binary, which fails offline, so they are never picked 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import sys
@@ -162,34 +161,23 @@ def malloc_arenas_limited():
         os.environ.pop("MALLOC_ARENA_MAX", None)
 
 
-def _local_runner():
-    """Beam's FnApiRunner, with the malloc cap (``malloc_arenas_limited``) around each run it makes, and each run
-    stoppable with Ctrl-C (``stopping.run_stoppable``).
+def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
+    """Runs ``pipeline`` (from ``make_pipeline``) to its end and returns its result; ``submitted()`` is called once
+    the runner has the job (a remote one: it runs on after a stop here).
 
-    FnApiRunner.run_pipeline runs the whole pipeline before it returns, so the cap lasts exactly one run, whoever
-    calls ``pipeline.run()``.
+    A run on shardprep's local runner goes with the malloc cap (``malloc_arenas_limited``), the workers' stderr
+    held back (``worker_stderr_held``), and stoppable with Ctrl-C or ended by a failed worker process
+    (``stopping.run_stoppable``): FnApiRunner runs the whole pipeline inside ``run()``.
     """
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-    from shardprep.pipelines import forked_worker_handler
-
-    class LocalRunner(FnApiRunner):
-        def run_pipeline(self, pipeline, options):
+    with worker_stderr_held(uses_worker_processes(beam_args)):
+        if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
             with malloc_arenas_limited():
-                return stopping.run_stoppable(
-                    functools.partial(FnApiRunner.run_pipeline, self, pipeline, options))
-
-        # FnApiRunner.run_pipeline sets the worker processes' environment: the same one under our handler, which forks
-        # them from the worker zygote while one is active and fails the run if one fails before it connects.
-        @property
-        def _default_environment(self):
-            return self.__dict__["_environment"]
-
-        @_default_environment.setter
-        def _default_environment(self, environment):
-            self.__dict__["_environment"] = forked_worker_handler.local_workers_environment(environment)
-
-    return LocalRunner()
+                result = stopping.run_stoppable(pipeline.run)
+        else:
+            result = pipeline.run()
+        submitted()
+        result.wait_until_finish()
+    return result
 
 
 def worker_zygote_for(beam_args: list[str]):
@@ -202,19 +190,36 @@ def worker_zygote_for(beam_args: list[str]):
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
-    """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line)."""
+    """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line); run it with
+    ``run_to_end``."""
     options = pipeline_options(beam_args)
-    if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
-        from shardprep.pipelines import worker_zygote
+    if _normalized(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
+        from shardprep.pipelines import staging
 
-        zygote = worker_zygote.active()
-        if zygote is not None and uses_worker_processes(beam_args):
-            zygote.prepare()  # the workers' own imports, while the graph is built
-        return beam.Pipeline(runner=_local_runner(), options=options)
-    from shardprep.pipelines import staging
+        staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
-    return beam.Pipeline(options=options)
+    from shardprep.pipelines import worker_zygote
+
+    zygote = worker_zygote.active()
+    if zygote is None or not uses_worker_processes(beam_args):
+        return beam.Pipeline(runner=FnApiRunner(), options=options)
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    zygote.prepare()  # the workers' own imports, while the graph is built
+    # Each worker started by the zygote's command. FnApiRunner puts its own command in place of the environment it
+    # was given in multi_processing mode only; in in_memory mode it keeps it, and still starts direct_num_workers.
+    options.view_as(DirectOptions).direct_running_mode = "in_memory"
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
+    environment = SubprocessSDKEnvironment.from_command_string(zygote.worker_command())
+    return beam.Pipeline(runner=FnApiRunner(default_environment=environment), options=options)
+
+
+def _no_in_memory_warning(record: logging.LogRecord) -> bool:
+    """Drops FnApiRunner's warning that in_memory mode with several workers wants multi_processing (make_pipeline
+    asks for it on purpose: its workers are processes all the same)."""
+    return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
 
 
 class BeamArgsError(ValueError):
@@ -257,19 +262,16 @@ def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ..
 
 
 def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
-    """Parses ``beam_args`` with every Beam options class, as Beam's ``PipelineOptions.get_all_options`` does."""
+    """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
     import difflib
     import io
 
-    from apache_beam.options.pipeline_options import _BeamArgumentParser
-
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
-        cls._add_argparse_args(parser)  # noqa: SLF001 - how Beam itself builds the parser
+    parsers: list = []
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            _, unknown = parser.parse_known_args(beam_args)
+            PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
+            _, unknown = parsers[0].parse_known_args(beam_args)
     except (SystemExit, Exception) as e:  # noqa: BLE001
         reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
         raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
@@ -279,8 +281,8 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
             raise BeamArgsError(f"{name} is an option of {usage.split()[0]}, not of Beam: put it before --")
         if not token.startswith("-"):
             raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
-        known = [option for action in parser._actions for option in action.option_strings]  # noqa: SLF001
-        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), [k.lstrip("-") for k in known], 1)
+        known = list(PipelineOptions([]).get_all_options())  # every option's name
+        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), known, 1)
         hint = f" (did you mean --{near[0]}?)" if near else ""
         raise BeamArgsError(f"unknown Beam option {token}{hint}: Beam would ignore it")
 

@@ -77,6 +77,10 @@ def check_not_stopped() -> None:
         raise RunStopped("stopped by Ctrl-C")
 
 
+WORKER_FAILED = "Worker subprocess exited"  # how Beam's local runner words a worker process's failure
+FAILED = 1  # the exit status after a failed worker left the run's thread stuck (the CLI's, for an Error: line)
+
+
 class WorkerStopped(ChildProcessError):
     """A worker process of the run has been stopped for longer than the limit (``run_stoppable``)."""
 
@@ -86,7 +90,8 @@ class _StoppedWorkers:
     :class:`WorkerStopped` when one has stayed stopped (state T or t) for ``limit_s``."""
 
     def __init__(self, limit_s: float):
-        self.limit_s, self.since, self.looked = limit_s, {}, 0.0
+        self.limit_s, self.looked = limit_s, 0.0
+        self.since: dict[int, float] = {}  # pid -> when it was first seen stopped
 
     def check(self) -> None:
         now = time.monotonic()
@@ -103,7 +108,8 @@ class _StoppedWorkers:
 
 
 def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
-    """``run()`` (a local pipeline run) on a thread of its own, waited for here, so that Ctrl-C stops it.
+    """``run()`` (a local pipeline run) on a thread of its own, waited for here, so that Ctrl-C stops it, and so does
+    a worker process that failed.
 
     On Beam's local runner, a KeyboardInterrupt in the thread that runs the pipeline can be swallowed by the runner
     while its worker processes run on (a hang with SIGINT sent to this process alone), and the workers that a
@@ -112,6 +118,10 @@ def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
     at its next input: ``check_not_stopped``), gives the run a few seconds to
     unwind, and raises KeyboardInterrupt for the caller to report. A further Ctrl-C during those seconds is ignored.
     A worker process stopped for ``stopped_limit_s`` ends the run the same way, raising :class:`WorkerStopped`.
+
+    A worker process that fails is reported by the runner on a thread of its own (``WORKER_FAILED``), and the run
+    fails with it, except for one that had not yet connected: the runner then waits for it forever. So the run
+    gets a few seconds to end on its own, then its workers are stopped and the failure is raised here.
     """
     if threading.current_thread() is not threading.main_thread():
         return run()  # only the main thread receives signals
@@ -131,17 +141,41 @@ def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
 
     thread = threading.Thread(target=target, name="shardprep-pipeline", daemon=True)
     _stop_requested.clear()
-    thread.start()
     workers = _StoppedWorkers(stopped_limit_s)
-    try:
-        while not finished.wait(0.2):
-            workers.check()
-    except (KeyboardInterrupt, WorkerStopped) as stop:
-        _end_run(finished, exit_status(stop) if isinstance(stop, KeyboardInterrupt) else 1)
-        raise
+    with _worker_failures() as failures:
+        thread.start()
+        try:
+            while not finished.wait(0.2):
+                workers.check()
+                if failures and not finished.wait(STOP_WAIT_S):
+                    _end_run(finished, FAILED)
+                    raise failures[0]
+        except (KeyboardInterrupt, WorkerStopped) as stop:
+            _end_run(finished, exit_status(stop) if isinstance(stop, KeyboardInterrupt) else FAILED)
+            raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+@contextlib.contextmanager
+def _worker_failures():
+    """A list that gets each worker process failure the runner's threads raise while the block runs (they go on
+    to the thread hook that was there: held back with the workers' stderr, or printed)."""
+    failures: list[BaseException] = []
+    outer = threading.excepthook
+
+    def hook(args):
+        if args.exc_value is not None and str(args.exc_value).startswith(WORKER_FAILED):
+            failures.append(args.exc_value)
+        outer(args)
+
+    threading.excepthook = hook
+    try:
+        yield failures
+    finally:
+        if threading.excepthook is hook:
+            threading.excepthook = outer
 
 
 def _end_run(finished: threading.Event, status: int) -> None:
@@ -160,12 +194,12 @@ def _end_run(finished: threading.Event, status: int) -> None:
 
 
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
-    """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C has still not unwound: ends the
-    process with ``status`` (130; 143 after SIGTERM) before Python finalizes. Finalizing ends a daemon thread with
-    ``pthread_exit`` when it next takes the interpreter lock, and one coming back from a C++ library (OpenCV's
-    resize in a long decode) unwinds through frames that may not be left that way: the process aborted (status 134, "terminate called
-    without an active exception") after the stop lines. The run's files are as a kill leaves them, which resume
-    handles."""
+    """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C (or left waiting for a failed
+    worker) has still not unwound: ends the process with ``status`` (130; 143 after SIGTERM; 1) before Python
+    finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it next takes the interpreter lock, and
+    one coming back from a C++ library (OpenCV's resize in a long decode) unwinds through frames that may not be
+    left that way: the process aborted (status 134, "terminate called without an active exception") after the stop
+    lines. The run's files are as a kill leaves them, which resume handles."""
     if finished.is_set():
         return
     for stream in (sys.stdout, sys.stderr):

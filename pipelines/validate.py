@@ -140,8 +140,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
         with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:
             pipeline = runner.make_pipeline(beam_args)
             build(pipeline, results_path, progress_dir)
-            with runner.worker_stderr_held(runner.uses_worker_processes(beam_args)):  # as preprocess: no tracebacks
-                pipeline.run().wait_until_finish()
+            runner.run_to_end(pipeline, beam_args)
         with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
     except stopping.WorkerStopped as e:  # the workers were ended: the run has no result

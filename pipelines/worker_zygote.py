@@ -3,10 +3,13 @@
 Beam's FnApiRunner starts each local worker process as a new interpreter (``python -m
 apache_beam.runners.worker.sdk_worker_main``), which imports Beam again: ~1 s of CPU a worker before its first
 element, while the launcher already holds every module a worker needs. The zygote is forked from the launcher once,
-early, while the launcher has started no thread of its own, no gRPC server and no run; it then only waits. When the
-runner asks for a worker, the zygote forks one, which becomes Beam's SDK harness with exactly the environment Beam
-would have given the subprocess, and the launcher's standard streams of that moment (so held-back stderr still
-works). The launcher hears the worker's pid, and later its exit status, on a socket of that worker's own.
+early, while the launcher has started no thread of its own, no gRPC server and no run; it then only waits.
+
+The runner is given, through Beam's public subprocess environment (``runner.make_pipeline``), the command
+``worker_command()``: this file run as a script by a bare interpreter (no site, no Beam, ~20 ms), which hands its
+environment (the one Beam gives a worker) and standard streams to the zygote on the zygote's socket, and then
+stands for the worker: it exits as the worker exits, with its status. The zygote forks the worker, which becomes
+Beam's SDK harness. A zygote that is gone or does not answer leaves the command to start Beam's own worker.
 
 Where forking is not safe (not Linux, Python threads already running) or the run cannot use worker processes, no
 zygote is made and Beam starts its workers itself; ``SHARDPREP_FORKED_WORKERS=0`` does the same on purpose.
@@ -18,15 +21,17 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import select
+import shlex
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 import traceback
 import warnings
-from typing import NamedTuple
 
 DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new interpreters, as Beam starts them
 # The processes' names (``ps -o comm``, /proc/PID/comm; 15 bytes at most): a forked process keeps the launcher's
@@ -35,38 +40,19 @@ ZYGOTE_NAME, WORKER_NAME = "worker-zygote", "beam-sdk-worker"
 _BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it runs): longer, it is stopped or stuck
 _MESSAGE_LIMIT = 4 * 2**20  # a worker's environment (the launcher's, and the pipeline options as JSON)
+BEAM_WORKER = ("-m", "apache_beam.runners.worker.sdk_worker_main")  # how Beam starts a local worker itself
 _WORKER_MODULES = ("numpy", "cv2", "simplejpeg", "PIL.Image", "shardprep.preprocess.image_ops",
                    "shardprep.preprocess.jpeg_decode", "shardprep.preprocess.resize")
 
 _active: WorkerZygote | None = None
 
 
-class ForkedWorker(NamedTuple):
-    """A worker the zygote forked: its pid, and the socket on which its exit status will come."""
-
-    pid: int
-    status_socket: socket.socket
-
-    def wait(self) -> int | None:
-        """The worker's exit status, as ``subprocess`` gives it (negative: the signal that ended it); None if the
-        zygote ended before it could tell."""
-        line = _read_line(self.status_socket)
-        self.status_socket.close()
-        if line.startswith("exit "):
-            return int(line.split()[1])
-        return None
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.pid, signal.SIGKILL)
-
-
 class WorkerZygote:
-    """The launcher's end of a zygote process (``forked_for``)."""
+    """The launcher's end of a zygote process (``forked_for``): its pid, its control socket (whose close ends it)
+    and the name of the socket on which it takes requests for workers (Linux's abstract namespace: no file)."""
 
-    def __init__(self, pid: int, control: socket.socket, closed_streams: frozenset[int] = frozenset()):
-        self.pid, self.control = pid, control
-        self.closed_streams = closed_streams  # of 0, 1, 2: closed in this process (then reused by whatever came)
+    def __init__(self, pid: int, control: socket.socket, address: str):
+        self.pid, self.control, self.address = pid, control, address
         self.lock = threading.Lock()
         self.prepared = False
 
@@ -79,31 +65,10 @@ class WorkerZygote:
                 with contextlib.suppress(OSError):
                     self.control.send(b"prepare")
 
-    def start_worker(self, environment: dict[str, str]) -> ForkedWorker:
-        """Forks a worker with ``environment`` and this process's standard streams (``/dev/null`` for one that is
-        closed); OSError if the zygote is gone, or has not answered within START_WAIT_S (stopped: it is killed)."""
-        ours, theirs = _socket_pair(socket.SOCK_STREAM)
-        streams = _standard_streams(self.closed_streams)
-        try:
-            message = b"start " + json.dumps(environment).encode()
-            with self.lock:
-                socket.send_fds(self.control, [message], [*streams, theirs.fileno()])
-        finally:
-            theirs.close()
-            for fd in streams:
-                if fd > 2:
-                    os.close(fd)
-        ours.settimeout(START_WAIT_S)
-        try:
-            first = _read_line(ours)
-        except TimeoutError:
-            first = ""
-            self.close(wait_s=0)
-        ours.settimeout(None)
-        if not first.startswith("pid "):
-            ours.close()
-            raise OSError("the worker zygote did not start a worker")
-        return ForkedWorker(int(first.split()[1]), ours)
+    def worker_command(self) -> str:
+        """The shell command that starts one worker forked by this zygote, for Beam's subprocess environment."""
+        arguments = (sys.executable, "-S", "-E", os.path.abspath(__file__), self.address, self.pid, START_WAIT_S)
+        return "exec " + " ".join(shlex.quote(str(part)) for part in arguments)  # exec: no shell left in between
 
     @property
     def closed(self) -> bool:
@@ -141,39 +106,9 @@ def _above_standard_streams(end: socket.socket) -> socket.socket:
     return replacement
 
 
-def _closed_standard_streams() -> frozenset[int]:
-    closed = set()
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            closed.add(fd)
-    return frozenset(closed)
-
-
-def _standard_streams(closed: frozenset[int]) -> list[int]:
-    """This process's descriptors 0, 1 and 2, each replaced by a new ``/dev/null`` descriptor where it was closed
-    when the zygote was made (by now the number may be another file's: a gRPC poller's)."""
-    streams = []
-    for fd in (0, 1, 2):
-        if fd in closed:
-            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-            streams.append(fcntl.fcntl(null, fcntl.F_DUPFD_CLOEXEC, 3))
-            os.close(null)
-        else:
-            streams.append(fd)
-    return streams
-
-
-def _read_line(status_socket: socket.socket) -> str:
-    """One line from a worker's status socket, read a byte at a time: nothing after it is taken off the socket."""
-    line = bytearray()
-    while not line.endswith(b"\n"):
-        byte = status_socket.recv(1)
-        if not byte:
-            break
-        line += byte
-    return line.decode()
+def _peer_credentials(connection: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux's SO_PEERCRED)."""
+    return struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
 
 
 def active() -> WorkerZygote | None:
@@ -219,18 +154,22 @@ def _can_fork() -> bool:
 
 
 def _fork_zygote() -> WorkerZygote | None:
-    closed_streams = _closed_standard_streams()  # before the sockets, which may take their numbers
     ours, theirs = _socket_pair(socket.SOCK_SEQPACKET)
+    address = f"shardprep-worker-zygote-{os.getpid()}-{secrets.token_hex(8)}"
+    listener = _above_standard_streams(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+    listener.bind("\0" + address)
+    listener.listen(64)
     pid = _fork_with_signals_blocked()
     if pid == 0:
         code = 1
         try:
             ours.close()
-            code = _serve(theirs)
+            code = _serve(theirs, listener)
         finally:
             os._exit(code)  # never back into the launcher's stack, its cleanups, or its atexit hooks
     theirs.close()
-    return WorkerZygote(pid, ours, closed_streams)
+    listener.close()
+    return WorkerZygote(pid, ours, address)
 
 
 def _fork_with_signals_blocked() -> int:
@@ -248,10 +187,11 @@ def _fork_with_signals_blocked() -> int:
     return pid
 
 
-def _serve(control: socket.socket) -> int:
-    """The zygote: forks a worker for each request, reports each worker's exit, ends when the launcher's end closes."""
+def _serve(control: socket.socket, listener: socket.socket) -> int:
+    """The zygote: forks a worker for each request on ``listener``, reports each worker's exit to its requester (and
+    kills a worker whose requester went), ends when the launcher's end of ``control`` closes."""
     _name_process(ZYGOTE_NAME)
-    _detach_from_launcher(keep=control.fileno())
+    _detach_from_launcher(keep=(control.fileno(), listener.fileno()))
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the handler's only job: the wakeup byte above
@@ -260,24 +200,43 @@ def _serve(control: socket.socket) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)  # not the launcher's handler (stopping.sigterm_stops)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     workers: dict[int, socket.socket] = {}
+    own_fds = [control.fileno(), listener.fileno(), wakeup_read, wakeup_write]
     while True:
-        ready = select.select([control.fileno(), wakeup_read], [], [])[0]  # retried after each signal (PEP 475)
-        if wakeup_read in ready:
+        requesters = {c.fileno(): pid for pid, c in workers.items() if c.fileno() != -1}
+        ready = select.select([control.fileno(), listener.fileno(), wakeup_read, *requesters], [], [])[0]
+        if wakeup_read in ready:  # select is retried after each signal (PEP 475): SIGCHLD wakes it through here
             with contextlib.suppress(BlockingIOError):
                 os.read(wakeup_read, 4096)
         _report_exits(workers)
-        if control.fileno() not in ready:
-            continue
-        message, fds, _, _ = socket.recv_fds(control, _MESSAGE_LIMIT, 4)
-        if not message:
-            return 0  # the launcher closed its end, or exited
-        if message == b"prepare":
-            _import_worker_modules()
-        elif message.startswith(b"start "):
-            environment = json.loads(message[len(b"start "):])
-            _start_worker(environment, fds, workers, [control.fileno(), wakeup_read, wakeup_write])
-        else:
-            for fd in fds:
+        for fd in set(ready) & set(requesters):  # a requester sends nothing after its request: it has gone
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(requesters[fd], signal.SIGKILL)
+            workers[requesters[fd]].close()
+        if listener.fileno() in ready:
+            _take_request(listener, workers, own_fds)
+        if control.fileno() in ready:
+            if not control.recv(64):
+                return 0  # the launcher closed its end, or exited
+            _import_worker_modules()  # "prepare"
+
+
+def _take_request(listener: socket.socket, workers: dict[int, socket.socket], own_fds: list[int]) -> None:
+    """One request for a worker: the environment and three standard streams, from a process of this user."""
+    connection = listener.accept()[0]
+    fds: list[int] = []
+    try:
+        connection.settimeout(5.0)  # the requester sends as it connects: never held up by one that does not
+        if _peer_credentials(connection)[1] != os.getuid():
+            raise PermissionError("a worker requested by another user")
+        message, fds, _, _ = socket.recv_fds(connection, _MESSAGE_LIMIT, 3)
+        if not message.startswith(b"start ") or len(fds) != 3:
+            raise ValueError("not a request for a worker")
+        _start_worker(json.loads(message[len(b"start "):]), fds, connection, workers, own_fds)
+    except (OSError, ValueError):
+        connection.close()
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
                 os.close(fd)
 
 
@@ -288,16 +247,16 @@ def _name_process(name: str) -> None:
         ctypes.CDLL("libc.so.6").prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
 
 
-def _detach_from_launcher(keep: int) -> None:
+def _detach_from_launcher(keep: tuple[int, ...]) -> None:
     """The zygote keeps none of the launcher's files, as a new interpreter would have none (Beam starts its
     workers with ``close_fds``): a pipe the launcher writes to (``| tee``) must close when the launcher exits, a
     file or socket of a program that runs the job as a library must not outlive its own close. Its standard
-    streams are ``/dev/null``; workers get the launcher's with each request. ``keep``: its socket to the launcher."""
+    streams are ``/dev/null``; workers get their requester's. ``keep``: its sockets (to the launcher, for requests)."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     for name in os.listdir("/proc/self/fd"):  # the listing's own descriptor is among them: closed already, or soon
-        if int(name) > 2 and int(name) != keep:
+        if int(name) > 2 and int(name) not in keep:
             with contextlib.suppress(OSError):
                 os.close(int(name))
 
@@ -308,22 +267,21 @@ def _import_worker_modules() -> None:
             __import__(name)
 
 
-def _start_worker(environment: dict, fds: list[int], workers: dict[int, socket.socket], own_fds: list[int]) -> None:
-    status_socket = socket.socket(fileno=fds[3])
+def _start_worker(environment: dict, stdio: list[int], connection: socket.socket,
+                  workers: dict[int, socket.socket], own_fds: list[int]) -> None:
     pid = _fork_with_signals_blocked()
     if pid == 0:
         code = 1
         try:
-            for fd in own_fds + [other.fileno() for other in workers.values()] + [fds[3]]:
+            for fd in own_fds + [other.fileno() for other in workers.values() if other.fileno() != -1]:
                 os.close(fd)
-            code = _become_worker(environment, fds[:3])
+            connection.close()
+            code = _become_worker(environment, stdio)
         finally:
             os._exit(code)
-    for fd in fds[:3]:
-        os.close(fd)
-    workers[pid] = status_socket
-    with contextlib.suppress(OSError):
-        status_socket.sendall(f"pid {pid}\n".encode())
+    workers[pid] = connection
+    connection.settimeout(None)
+    connection.send(f"pid {pid}".encode())
 
 
 def _report_exits(workers: dict[int, socket.socket]) -> None:
@@ -334,11 +292,11 @@ def _report_exits(workers: dict[int, socket.socket]) -> None:
             return
         if pid == 0:
             return
-        status_socket = workers.pop(pid, None)
-        if status_socket is not None:
-            with contextlib.suppress(OSError):
-                status_socket.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-            status_socket.close()
+        connection = workers.pop(pid, None)
+        if connection is not None:
+            with contextlib.suppress(OSError):  # its requester gone: nobody to tell
+                connection.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+            connection.close()
 
 
 def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
@@ -404,3 +362,49 @@ def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+
+
+def request_worker(address: str, zygote: int, wait_s: float) -> int:
+    """The worker command (``worker_command``), in a bare interpreter Beam started for one worker: has the zygote
+    at ``address`` (process ``zygote``) fork the worker with this process's environment and standard streams, and
+    returns its exit status once it exits. Where no zygote answers within ``wait_s`` (gone; stopped: then killed),
+    this process becomes the worker as Beam would start it."""
+    for fd in (0, 1, 2):  # a stream Beam left closed: /dev/null, which takes its number
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the worker decides
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    connection.settimeout(wait_s)
+    answer = b""
+    try:
+        connection.connect("\0" + address)
+        socket.send_fds(connection, [b"start " + json.dumps(dict(os.environ)).encode()], [0, 1, 2])
+        answer = connection.recv(64)
+    except TimeoutError:  # stopped or stuck: killed, so that the next request fails at once
+        with contextlib.suppress(OSError):
+            os.kill(zygote, signal.SIGKILL)  # the launcher's child, reaped by it only: not a pid reused meanwhile
+    except OSError:
+        pass
+    if not answer.startswith(b"pid "):
+        connection.close()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execv(sys.executable, [sys.executable, *BEAM_WORKER])
+    worker = int(answer.split()[1])
+    connection.settimeout(None)
+    answer = connection.recv(64)
+    if not answer.startswith(b"exit "):  # the zygote went first: the status is unknown, the worker killed
+        with contextlib.suppress(OSError):
+            os.kill(worker, signal.SIGKILL)
+        answer = b"exit %d" % -signal.SIGKILL
+    status = int(answer.split()[1])
+    if status < 0:  # ended by a signal: this process too, so that Beam reports it as it would the worker
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's own cannot be set, and needs not be
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status if status >= 0 else 128 - status
+
+
+if __name__ == "__main__":
+    sys.exit(request_worker(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))

@@ -1,6 +1,6 @@
 """What `--setup_file ./setup.py` ships to Dataflow workers, checked the way a worker gets it.
 
-Beam's stager builds an sdist of the project (its own ``Stager._build_setup_package``, used here, with the launcher's
+Beam's stager builds an sdist of the project (``stager_sdist`` builds it as the stager does, with the launcher's
 ``shardprep.pipelines.staging.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
 ``install_requires`` and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
 wheel a worker would build from it, checks the wheel holds every module of the four packages and no tests, installs
@@ -71,12 +71,27 @@ def copy_project(source: Path) -> None:
         shutil.copytree(REPO / name, source / name, ignore=ignore)
 
 
+def stager_sdist(setup_py: Path, out: Path) -> Path:
+    """The sdist of ``setup_py``'s project, built in ``out`` as Beam's stager builds it for ``--setup_file`` (Beam
+    2.77's ``Stager``: ``python -m build --no-isolation --sdist`` where the build module is installed, else
+    ``python setup.py sdist``, in the project's folder, with this environment)."""
+    import importlib.util
+
+    if importlib.util.find_spec("build") is not None:
+        command = [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--outdir", str(out),
+                   str(setup_py.parent)]
+    else:
+        command = [sys.executable, setup_py.name, "sdist", "--dist-dir", str(out)]
+    done = subprocess.run(command, cwd=setup_py.parent, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = out.glob("*.tar.gz")
+    return sdist
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """(sdist, wheel) as staged for Dataflow: Beam's stager, run the way the launcher runs it before a remote job."""
     from unittest import mock
-
-    from apache_beam.runners.portability.stager import Stager
 
     from shardprep.pipelines import staging
 
@@ -86,7 +101,7 @@ def built(tmp_path_factory):
     sdist_dir.mkdir()
     with mock.patch.dict(os.environ):
         staging.stage_worker_requirements_only()
-        sdist = Path(Stager._build_setup_package(str(root / "project" / "setup.py"), str(sdist_dir)))
+        sdist = stager_sdist(root / "project" / "setup.py", sdist_dir)
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheel_dir), str(sdist), cwd=root)
     (wheel,) = wheel_dir.glob("shardprep-*.whl")
     return sdist, wheel
@@ -96,8 +111,6 @@ def built(tmp_path_factory):
 def built_normally(tmp_path_factory):
     """Wheels of a normal install: pip's in-tree build (``pip install .``, ``-e .`` reads the same metadata), and
     ``python -m build`` (a wheel from an sdist built without the launcher's environment variable)."""
-    from apache_beam.runners.portability.stager import Stager
-
     root = tmp_path_factory.mktemp("packaging-normal")
     assert staging_env() not in os.environ
     copy_project(root / "in-tree")
@@ -105,7 +118,7 @@ def built_normally(tmp_path_factory):
         str(root / "in-tree"), cwd=root)
     copy_project(root / "project")
     (root / "sdist").mkdir()
-    sdist = Stager._build_setup_package(str(root / "project" / "setup.py"), str(root / "sdist"))
+    sdist = str(stager_sdist(root / "project" / "setup.py", root / "sdist"))
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(root / "sdist-wheel"), sdist, cwd=root)
     (in_tree,) = (root / "in-tree-wheel").glob("shardprep-*.whl")
     (from_sdist,) = (root / "sdist-wheel").glob("shardprep-*.whl")

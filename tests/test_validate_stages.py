@@ -13,7 +13,6 @@ import sys
 import apache_beam as beam
 import numpy as np
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -141,23 +140,39 @@ def deep_size(value) -> int:
     return sys.getsizeof(value) + (sum(deep_size(item) for item in value) if isinstance(value, tuple) else 0)
 
 
-def test_the_duplicate_and_leakage_shuffles_hold_each_location_in_one_small_object(monkeypatch):
+class GroupedInputs(beam.pipeline.PipelineVisitor):
+    """The PCollections grouped by a pipeline's GroupByKey transforms named ``names``."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names, self.found = names, []
+
+    def visit_transform(self, applied) -> None:
+        if isinstance(applied.transform, beam.GroupByKey) and applied.full_label.endswith(self.names):
+            self.found.extend(applied.inputs)
+
+    enter_composite_transform = visit_transform
+
+
+def at_most_144_bytes(sizes: list[int]) -> None:
+    assert sizes and max(sizes) <= 144, sizes
+
+
+def test_the_duplicate_and_leakage_shuffles_hold_each_location_in_one_small_object():
     # The local runner keeps every grouped value in the launcher's memory until the last shard is read: per record,
-    # one value in the filename shuffle and one in the pixel-hash shuffle.
+    # one value in the filename shuffle and one in the pixel-hash shuffle, as the coder of the grouped PCollection
+    # decodes it.
     location = RecordLocation("train", "train/train-00042-of-01024.tfrecord", 1249, "n01440764/n01440764_10026.JPEG")
     assert deep_size(location) > 300  # what the location takes decoded
-    held = []
-    append = GroupingBuffer.append
-
-    def counting_append(self, elements_data):
-        append(self, elements_data)
-        held.extend(deep_size(value) for values in self._table.values() for value in values)
-
-    monkeypatch.setattr(GroupingBuffer, "append", counting_append)
     with pipeline() as p:
         _ = p | "Filenames" >> beam.Create([(location.filename, location)]) | FindDuplicateFilenames()
         _ = p | "PixelHashes" >> beam.Create([("0" * 32, location)]) | FindLeakage(["train"])
-    assert len(held) >= 2 and max(held) <= 144, held
+        grouped = GroupedInputs(("/GroupByFilename", "/GroupByPixelHash"))
+        p.visit(grouped)
+        assert len(grouped.found) == 2
+        for i, pairs in enumerate(grouped.found):
+            coder = beam.coders.registry.get_coder(pairs.element_type)
+            held = pairs | f"Held{i}" >> beam.Map(lambda pair, c=coder: deep_size(c.decode(c.encode(pair))[1]))
+            assert_that(held, at_most_144_bytes, label=f"Small{i}")
 
 
 def test_locations_cross_the_shuffles_unchanged():

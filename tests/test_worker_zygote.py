@@ -40,7 +40,7 @@ PIPELINE = textwrap.dedent("""
         print(json.dumps({"zygote": zygote.pid if zygote else None, "launcher": os.getpid()}), flush=True)
         p = runner.make_pipeline(beam_args)
         _ = p | beam.Create(range(16)) | beam.Reshuffle() | beam.Map(where)
-        p.run().wait_until_finish()
+        runner.run_to_end(p, beam_args)
 """)
 
 
@@ -51,13 +51,14 @@ def _run(tmp_path, beam_args, env=None, script=PIPELINE, **popen):
                           timeout=240, env=dict(os.environ, **(env or {})), **popen)
     assert done.returncode == 0, done.stderr[-3000:]
     started = json.loads(done.stdout.splitlines()[0])
-    return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())]
+    return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())], done.stderr
 
 
 def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
-    started, where = _run(tmp_path, ["--direct_num_workers=2"])
+    started, where, said = _run(tmp_path, ["--direct_num_workers=2"])
     assert started["zygote"] is not None
     assert len(where) == 16
+    assert "direct_running_mode should be" not in said  # Beam's warning, for the mode its workers are started in
     assert {w["ppid"] for w in where} == {started["zygote"]}  # every element in a worker the zygote forked
     assert {w["name"] for w in where} == {worker_zygote.WORKER_NAME}
     assert started["launcher"] not in {w["pid"] for w in where}
@@ -67,7 +68,7 @@ def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
 def test_a_launcher_without_stdin_gives_its_workers_dev_null(tmp_path):
     """Started with stdin closed (``<&-``), the launcher's socket to the zygote took descriptor 0 and every worker
     got it as its stdin (then the zygote could not see the launcher go while a worker lived)."""
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
                           preexec_fn=lambda: os.close(0))
     assert started["zygote"] is not None
     assert {w["stdin"] for w in where} == {os.devnull}
@@ -82,7 +83,7 @@ def test_a_stopped_zygote_gives_way_to_beam_s_own_workers(tmp_path):
                               "with runner.worker_zygote_for(beam_args) as zygote:\n"
                               "    os.kill(zygote.pid, 19)  # SIGSTOP\n")
     assert "SIGSTOP" in script
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], script=script)
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], script=script)
     assert len(where) == 16
     assert started["zygote"] not in {w["ppid"] for w in where}
     assert all("sdk_worker_main" in w["command"] for w in where)
@@ -109,7 +110,7 @@ def test_a_zygote_made_by_a_caller_is_used_after_threads_started():
 
 
 def test_forked_workers_can_be_turned_off(tmp_path):
-    started, where = _run(tmp_path, ["--direct_num_workers=2"], env={worker_zygote.DISABLE_VARIABLE: "0"})
+    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], env={worker_zygote.DISABLE_VARIABLE: "0"})
     assert started["zygote"] is None
     assert all("sdk_worker_main" in w["command"] for w in where)  # Beam's own new interpreters
     assert worker_zygote.WORKER_NAME not in {w["name"] for w in where}
@@ -195,7 +196,7 @@ def test_the_zygote_holds_none_of_the_launcher_s_files(tmp_path):
         targets = _targets(zygote)
         assert not any("held.txt" in target for target in targets), targets
         assert sum(target.startswith("pipe:") for target in targets) == 2, targets  # its own wakeup pipe's two ends
-        assert sum(target.startswith("socket:") for target in targets) == 1, targets  # its socket to the launcher
+        assert sum(target.startswith("socket:") for target in targets) == 2, targets  # to the launcher, for requests
     finally:
         launcher.kill()
         launcher.wait()
@@ -213,64 +214,76 @@ def _targets(pid: int) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("status, error", [(0, None), (1, "return code 1"), (-9, "return code -9"),
-                                           (None, "return code -9")])
-def test_a_worker_s_exit_is_reported_as_beam_reports_it(status, error):
-    """As Beam's ``SubprocessSdkWorker``: a failed worker is a RuntimeError naming its exit status (which
-    ``preprocess._root_cause`` turns into "a Beam worker process stopped unexpectedly": test_reliability kills a
-    forked worker mid-run). A worker whose zygote went first (status unknown) is killed and reported as killed."""
-    from shardprep.pipelines import forked_worker_handler
+# A zygote whose workers exit at once with the status their environment asks for (SIGKILL: "-9"), or, for "hang",
+# live on until killed; a worker command run per line of stdin, its status printed (as Beam's Popen would see it).
+STATUS_RELAYED = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from shardprep.pipelines import worker_zygote
 
-    killed = []
+    def become_worker(environment, stdio):
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())  # as the real one: forked with signals held back
+        status = environment["STATUS"]
+        if status == "hang":
+            time.sleep(60)
+        if status.startswith("-"):
+            os.kill(os.getpid(), -int(status))
+        return int(status)
+    worker_zygote._become_worker = become_worker  # in the zygote too: a copy of this process
 
-    class Worker:
-        def wait(self):
-            return status
-
-        def kill(self):
-            killed.append(True)
-
-    if error is None:
-        forked_worker_handler._wait_for(Worker())
-    else:
-        with pytest.raises(RuntimeError, match=f"Worker subprocess exited with {error}$"):
-            forked_worker_handler._wait_for(Worker())
-    assert killed == ([True] if status is None else [])
+    with worker_zygote.forked_for(True) as zygote:
+        for status in sys.stdin.read().split():
+            command = subprocess.Popen(zygote.worker_command(), shell=True, env=dict(os.environ, STATUS=status))
+            if status == "hang":
+                time.sleep(2)
+                os.kill(zygote.pid, signal.SIGKILL)  # the zygote goes first: the worker is killed with it
+            print(command.wait(), flush=True)
+""")
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the channel's reader's
-@pytest.mark.parametrize("waiting_first", [True, False])
-def test_a_failed_worker_ends_the_runner_s_wait_for_its_data(waiting_first):
-    """A worker that failed before it connected has no stream whose end would tell the runner: its handler breaks
-    the data channel the runner waits on, whether the runner waits already or only after (its first request is
-    pushed once the worker handler exists, maybe after the worker died)."""
+def test_the_worker_command_exits_as_its_worker_did():
+    """Beam reports a worker's failure by the exit status of the command it started ("Worker subprocess exited with
+    return code -9": a Beam worker process stopped unexpectedly); the command hands on its worker's, and one whose
+    zygote went first (the status unknown) kills its worker and reports it killed."""
+    done = subprocess.run([sys.executable, "-c", STATUS_RELAYED], input="0 3 -9 -15 hang", capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["0", "3", "-9", "-15", "-9"], done.stderr[-2000:]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("then", ["waits", "fails", "succeeds"])
+def test_a_failed_worker_ends_the_wait_for_the_run(then, monkeypatch):
+    """A worker that failed before it connected leaves the runner waiting for it forever: its failure, which the
+    runner raises on a thread of its own, ends the wait after STOP_WAIT_S and is raised. A run that ends on its own
+    meanwhile (a connected worker's failure fails it) ends with its own outcome."""
     import threading
 
-    from apache_beam.runners.worker import data_plane
+    monkeypatch.setattr(stopping, "STOP_WAIT_S", 0.5)
+    release = threading.Event()
 
-    from shardprep.pipelines import forked_worker_handler
+    def run():
+        threading.Thread(target=_fails, name="run_worker").start()
+        if then == "waits":
+            release.wait(60)
+        elif then == "fails":
+            time.sleep(0.2)
+            raise RuntimeError("Channel closed prematurely.")
+        return "result"
 
-    class Worker:
-        def run(self):
-            raise RuntimeError("Worker subprocess exited with return code -9")
+    started = time.monotonic()
+    try:
+        if then == "succeeds":
+            assert stopping.run_stoppable(run) == "result"
+        else:
+            expected = "return code -9$" if then == "waits" else "Channel closed"
+            with pytest.raises(RuntimeError, match=expected):
+                stopping.run_stoppable(run)
+    finally:
+        release.set()  # the stuck run's thread ends: no exit status forced at this process's exit
+    assert time.monotonic() - started < 10
 
-    channel, errors = data_plane._GrpcDataChannel(), []
 
-    def wait_for_data():
-        with pytest.raises(RuntimeError) as error:
-            list(channel.input_elements("bundle", ["transform"]))
-        errors.append(str(error.value))
-
-    waiter = threading.Thread(target=wait_for_data)
-    if waiting_first:
-        waiter.start()
-        time.sleep(0.2)
-    with pytest.raises(RuntimeError, match="return code -9$"):
-        forked_worker_handler._run_worker(Worker(), channel)
-    if not waiting_first:
-        waiter.start()
-    waiter.join(timeout=10)
-    assert errors == ["Channel closed prematurely."]
+def _fails():
+    raise RuntimeError(f"{stopping.WORKER_FAILED} with return code -9")
 
 
 def test_stopping_finds_forked_workers(tmp_path):
@@ -336,38 +349,38 @@ def test_validate_in_a_terminal_forks_its_workers(tmp_path):
     assert worker_zygote.WORKER_NAME in seen, seen
 
 
-# The preprocess command with its first SDK worker killed as soon as it exists, before it can connect to the runner:
-# a forked one when the zygote reports its pid, one Beam starts by its command line (a shell that kills itself).
-KILLED_AT_START = textwrap.dedent("""
-    import os, signal, sys
-    from apache_beam.runners.portability import local_job_service
+# The preprocess command with its first SDK worker killed as it starts, before it can connect to the runner: a
+# forked one as the zygote's copy begins to become the worker, one Beam starts as its interpreter starts
+# (sitecustomize, on PYTHONPATH). "First" across processes: the first to create the marker file.
+FIRST_KILLS_ITSELF = textwrap.dedent("""
+    import os, signal
+
+    def kill_if_first(kind):
+        try:
+            os.close(os.open(os.environ["KILLED_LOG"] + ".first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        with open(os.environ["KILLED_LOG"], "a") as log:
+            log.write(kind + "\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+KILLED_AT_START = FIRST_KILLS_ITSELF + textwrap.dedent("""
+    import sys
     from shardprep.pipelines import worker_zygote
 
-    killed, log = [], open(os.environ["KILLED_LOG"], "a")
-
-    def first(kind):
-        log.write(kind + "\\n")
-        log.flush()
-        killed.append(kind)
-        return len(killed) == 1
-
-    start_worker = worker_zygote.WorkerZygote.start_worker
-    def started_then_killed(self, environment):
-        worker = start_worker(self, environment)
-        if first("forked"):
-            os.kill(worker.pid, signal.SIGKILL)
-        return worker
-    worker_zygote.WorkerZygote.start_worker = started_then_killed
-
-    beam_run = local_job_service.SubprocessSdkWorker.run
-    def killing_itself(self):
-        if first("beam"):
-            self._worker_command_line = "kill -9 $$"
-        return beam_run(self)
-    local_job_service.SubprocessSdkWorker.run = killing_itself
+    become_worker = worker_zygote._become_worker
+    def killed_first(*args):
+        kill_if_first("forked")
+        return become_worker(*args)
+    worker_zygote._become_worker = killed_first  # in the zygote too: a copy of this process
 
     from shardprep.cli import main
     main(sys.argv[1:], prog_name="shardprep")
+""")
+SITECUSTOMIZE = FIRST_KILLS_ITSELF + textwrap.dedent("""
+    with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+        if b"sdk_worker_main" in f.read():
+            kill_if_first("beam")
 """)
 
 
@@ -381,7 +394,10 @@ def test_a_worker_killed_while_starting_ends_the_run(tmp_path, forked):
     image_factory.write_image_folder(tmp_path / "src", {"train": 40})
     output, log = tmp_path / "out", tmp_path / "killed"
     command = ["preprocess", str(tmp_path / "src"), str(output), "--shorter-side", "16", "--", "--direct_num_workers=2"]
-    env = dict(os.environ, KILLED_LOG=str(log), **({} if forked else {worker_zygote.DISABLE_VARIABLE: "0"}))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ, KILLED_LOG=str(log), PYTHONPATH=str(tmp_path / "site"),
+               **({} if forked else {worker_zygote.DISABLE_VARIABLE: "0"}))
     started = time.monotonic()
     launcher = subprocess.Popen([sys.executable, "-c", KILLED_AT_START, *command], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
