@@ -61,7 +61,7 @@ def _load(path: str) -> _Loaded:
     try:
         if is_local(path):
             found = os.stat(path[len("file://"):] if path.startswith("file://") else path)
-            stamp = (found.st_size, found.st_mtime_ns, found.st_ino)
+            stamp: tuple | None = (found.st_size, found.st_mtime_ns, found.st_ino)
         else:
             matched = FileSystems.match([path])[0].metadata_list
             stamp = (matched[0].size_in_bytes, matched[0].last_updated_in_seconds) if matched else None
@@ -95,12 +95,14 @@ class ExcludeFn(beam.DoFn):
     the keys, or (local runs) the file a worker reads once at setup."""
 
     def __init__(self, keys: SortedKeys | KeysFile, path: str):
-        self.given, self.path, self.keys = keys, path, None
+        self.given, self.path = keys, path
+        self.keys: SortedKeys | None = None  # set up on the worker
         self.excluded = Metrics.counter(METRICS_NAMESPACE, "inputs_excluded")
 
     def setup(self):
-        self.keys = self.given
-        if isinstance(self.given, KeysFile):
+        if not isinstance(self.given, KeysFile):
+            self.keys = self.given
+        else:
             loaded = _load(self.given.path)
             if loaded.sha256 != self.given.sha256:
                 raise PreprocessError(f"--exclude {self.path} changed during the run: run again with the file as "
@@ -108,7 +110,7 @@ class ExcludeFn(beam.DoFn):
             self.keys = loaded.keys
 
     def process(self, item: Input):
-        if item.key in self.keys:
+        if self.keys is not None and item.key in self.keys:
             self.excluded.inc()
             yield beam.pvalue.TaggedOutput(REJECTS, Reject(item.split, item.key, EXCLUDED,
                                                            f"listed in --exclude {self.path}"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import threading
 import traceback
@@ -172,7 +173,11 @@ def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: 
     with worker_stderr_held(uses_worker_processes(beam_args)):
         if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
             with malloc_arenas_limited():
-                result = stopping.run_stoppable(pipeline.run)
+                try:
+                    result = stopping.run_stoppable(pipeline.run)
+                except BaseException:  # a stop or a failed worker: pipeline.run is left on its thread, its own
+                    shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)  # clean-up of this folder never runs
+                    raise
         else:
             result = pipeline.run()
         submitted()

@@ -23,7 +23,7 @@ def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(tmp
     image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
                                      kinds=("jpeg",))
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
-                                "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                "--shorter-side", "160", "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env={**os.environ, "TMPDIR": str(temporary)})
     try:
         deadline = time.monotonic() + 120

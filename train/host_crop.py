@@ -23,7 +23,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 class CropAt(NamedTuple):
     """What ``EpochSampler(..., crops=True)`` hands a ``RecordDataset``: a record and its window's draws."""
 
-    index: int  # the record's global index
+    record: int  # the record's global index
     draws: tuple[int, int, int]  # top, left, flip: see ``crop_flip``
 
 

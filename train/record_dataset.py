@@ -71,7 +71,7 @@ class RecordDataset:
         return self.num_records
 
     def __getitem__(self, item) -> tuple[np.ndarray, int]:
-        index, draws = (item.index, [item.draws]) if isinstance(item, host_crop.CropAt) else (item, None)
+        index, draws = (item.record, [item.draws]) if isinstance(item, host_crop.CropAt) else (item, None)
         index = int(index)
         if not 0 <= index < self.num_records:
             raise IndexError(f"record {index} of {self.num_records}")
