@@ -336,9 +336,11 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pairs and the
     class-count chart, last (``outputs`` then has them whole); returns their paths."""
     from shardprep.pipelines.validation import pictures
+    from shardprep.preprocess import wordnet_names
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
+    class_names = [wordnet_names.display_name(name) for name in class_names]  # tench (n01440764), as predict says
     if lines is not None:
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = outputs.wrote("--pictures", _write_file(

@@ -258,3 +258,26 @@ def test_a_phrase_that_fits_only_without_the_next_punctuation_moves_to_the_next_
     lines = flow(items, width).plain.split("\n")
     assert max(map(len, lines)) <= width, lines
     assert any("in 1.2 s" in line for line in lines), lines
+
+
+def test_wordnet_ids_are_shown_with_their_names_in_the_class_table():
+    classes = ["n01440764", "n02102040", "cat"]
+    summary = {"num_examples": 3, "expected_num_examples": 3, "num_shards": 1, "expected_num_shards": 1,
+               "image_sizes": {"most_common": {"8x8": 3}}, "mean_rgb": [1, 2, 3], "std_rgb": [1, 2, 3],
+               "class_counts": {name: 1 for name in classes}, "expected_class_counts": {name: 1 for name in classes}}
+    report = {"kind": "dataset", "data": "d", "ok": True, "problems": [], "problem_counts": {},
+              "splits": {"train": summary}, "classes": classes}
+    text = "\n".join(rendered(report, 100))
+    assert "tench (n01440764)" in text and "English springer (n02102040)" in text and "cat" in text
+
+
+def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
+    from shardprep.pipelines.validation import pictures
+
+    seen = {}
+    monkeypatch.setattr(pictures, "class_count_chart", lambda names, counts, title: seen.setdefault("chart", names)
+                        and pictures.Image.new("RGB", (4, 4)))
+    report = {"kind": "dataset", "data": "d", "classes": ["n01440764", "cat"],
+              "splits": {"train": {"class_counts": {"n01440764": 1, "cat": 1}}}}
+    validate.write_pictures(str(tmp_path), report, None, 2, validate.WrittenOutputs())
+    assert seen["chart"] == ["tench (n01440764)", "cat"]

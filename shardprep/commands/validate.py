@@ -13,6 +13,7 @@ from shardprep.commands.validate_progress import ProgressDisplay
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
+from shardprep.preprocess.wordnet_names import display_name
 
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
 _PROBLEM_ROWS_SHOWN = 25
@@ -279,7 +280,7 @@ def _print_class_table(console, say, summary: dict) -> None:
                              **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
         for label, (name, n) in shown:
             mark = _styled("✗", "red") if n != expected.get(name, 0) else _styled("✓", "green")
-            table.add_row(str(label), Text(name), f"{n:,}", f"{expected.get(name, 0):,}", mark)
+            table.add_row(str(label), Text(display_name(name)), f"{n:,}", f"{expected.get(name, 0):,}", mark)
         for label, n in out_of_range.items():
             table.add_row(Text(label), _styled("(out of range)", "red"), f"{n:,}", "0", _styled("✗", "red"))
         console.print(table)
@@ -340,7 +341,7 @@ def _class_name(classes: list[str], label: str):
     from rich.text import Text
 
     index = int(label)
-    return Text(classes[index]) if 0 <= index < len(classes) else _styled("(out of range)", "red")
+    return Text(display_name(classes[index])) if 0 <= index < len(classes) else _styled("(out of range)", "red")
 
 
 _NEAR_PAIRS_SHOWN = 5
