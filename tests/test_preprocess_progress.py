@@ -72,17 +72,22 @@ def test_repeated_counts_are_not_written_again_within_a_minute(log):
     assert len(lines) == 1 and lines[0].startswith("images 303/303 (100%)"), lines
 
 
-def test_progress_says_how_many_images_a_stop_would_keep(log):
+def test_progress_says_how_many_images_a_stop_would_keep_and_an_eta_once_it_is_worth_reading(log, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
+        progress.update({"listed": 303, "processed": 0})
+        clock[0] += 1
         progress.update({"listed": 303, "processed": 120, "saved": 0, "groups_saved": 0})
+        clock[0] += 1
         progress.update({"listed": 303, "processed": 140, "saved": 66, "groups_saved": 2})
+        clock[0] += command.ETA_AFTER_S
         progress.update({"listed": 303, "processed": 150, "saved": 151, "groups_saved": 3})  # read in between
     lines = log()
-    assert re.fullmatch(r"images 120/303 \(40%\), 0 saved, [\d,]+ img/s, ETA \d:\d\d:\d\d, \d:\d\d:\d\d",
-                        lines[0]), lines
-    assert lines[1].startswith("images 140/303 (46%), 66 saved in 2 groups, "), lines
-    assert lines[2].startswith("images 150/303 (50%), 150 saved in 3 groups, "), lines
+    assert re.fullmatch(r"images 120/303 \(40%\), 0 kept if stopped, [\d,]+ img/s, \d:\d\d:\d\d", lines[-3]), lines
+    assert lines[-2].startswith("images 140/303 (46%), 66 kept if stopped, ") and "ETA" not in lines[-2], lines
+    assert re.match(r"images 150/303 \(50%\), 150 kept if stopped, [\d,]+ img/s, ETA \d:\d\d:\d\d, ", lines[-1]), lines
 
 
 @pytest.mark.parametrize("columns", [None, "60", "200"])
@@ -100,7 +105,7 @@ def test_plain_lines_fit_columns_else_80(log, monkeypatch, columns):
     assert len(lines) == 4 and all(len(line) <= width for line in lines), lines
     assert lines[2].startswith("images 1,000,000/1,281,167 (78%), ")
     if width >= 80:
-        assert "999,000 saved" in lines[2]
+        assert "999,000 kept if stopped" in lines[2]
 
 
 # --- widths and plurals outside a terminal -------------------------------------------------------------------------

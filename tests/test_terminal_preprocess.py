@@ -73,8 +73,8 @@ def test_readme_command_1_in_an_80_column_terminal_ends_with_the_summary(tmp_pat
                                          f"{shardprep} preprocess demo/images demo/shards --overwrite"],
                           cwd=str(tmp_path), env={"COLUMNS": "200"}, timeout=WAIT_S)
     assert_ends_with_the_summary(run, "demo/shards", 303)
-    assert "rejected by reason:" in run.screen and "4 classes; raw center, shorter side 256" in run.screen
-    assert "4 classes; raw center, shorter side 256" in run.written_lines  # a whole line: not wrapped at 200
+    assert "rejected by reason:" in run.screen and "4 classes; raw pixels, 256x256 centre crops" in run.screen
+    assert "4 classes; raw pixels, 256x256 centre crops" in run.written_lines  # a whole line: not wrapped at 200
     assert os.path.exists(tmp_path / "demo" / "shards" / manifest_lib.MANIFEST_NAME)
 
 

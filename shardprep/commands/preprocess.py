@@ -182,9 +182,12 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
 
 # --- progress ------------------------------------------------------------------------------------------------------
 
+ETA_AFTER_S = 5.0  # an ETA from the first seconds' rate (workers still starting) misleads: 12 min for a 7 s job
+
+
 class _ProgressDisplay(LiveProgress):
-    """Progress fed with the workers' counts: images processed of listed, how many are saved (in finished decode
-    groups: what a stop keeps), images/s and ETA.
+    """Progress fed with the workers' counts: images processed of listed, how many a stop would keep (those in
+    finished decode groups), images/s and, after ETA_AFTER_S of decoding, the ETA.
 
     ``source``: SOURCE as given, named until the first counts arrive. Sources whose images are decoded where they
     are read (``tfrecord:``, ``tfds:``: their kind's ``decoded_where_read``) are listed while they are decoded, so
@@ -207,7 +210,7 @@ class _ProgressDisplay(LiveProgress):
         elapsed = max(1e-3, now - self.decoding_since)
         self.show(description="images" if processed else "listing", completed=processed,
                   total=max(listed, processed) or None, listed=listed, final=bool(processed) and not self.growing,
-                  saved=counts.get("saved"), groups=counts.get("groups_saved", 0),
+                  saved=counts.get("saved"), decoding_seconds=elapsed if processed else 0.0,
                   per_second=processed / elapsed if processed else 0.0)
 
     def finish(self, manifest: dict) -> None:
@@ -231,16 +234,15 @@ class _ProgressDisplay(LiveProgress):
         if not state.get("final"):
             return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
         parts = [(f"{done:,}/{total:,} ({100 * done / total:.0f}%)", 0)]
-        if state.get("saved") is not None and done < total:
-            saved, groups = min(state["saved"], done), state.get("groups") or 0  # read one after the other
-            parts.append((f"{saved:,} saved" + (f" in {count(groups, 'group')}" if groups else ""), 1))
+        if state.get("saved") is not None and done < total:  # what a Ctrl-C now would keep (finished decode groups)
+            parts.append((f"{min(state['saved'], done):,} kept if stopped", 1))
         parts.append((f"{rate:,.0f} img/s", 3))
-        if rate and done < total:
+        if rate and done < total and state.get("decoding_seconds", 0) >= ETA_AFTER_S:
             parts.append((f"ETA {duration((total - done) / rate)}", 1))
         return parts + [clock]
 
     def plain_line(self, state: dict, elapsed: float) -> str:
-        """``images 120/303 (40%), 66 saved in 2 groups, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200
+        """``images 120/303 (40%), 66 kept if stopped, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200
         listed, 0:00:01`` or ``listing SOURCE…, 0:00:00``; as wide as stderr at most."""
         description = state.get("description") or "listing"
         room = self.width - len(description) - 2
@@ -316,8 +318,7 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
     std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    out.print(f"{count(len(manifest['classes']), 'class', 'classes')}; {manifest['encoding']} {manifest['crop']}, shorter side "
-              f"{manifest['shorter_side']}", highlight=False)
+    out.print(f"{count(len(manifest['classes']), 'class', 'classes')}; {stored_as(manifest)}", highlight=False)
     out.print(f"mean RGB {mean}; std RGB {std}", highlight=False)
     out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} input{'' if round(rate) == 1 else 's'}/s)",
               highlight=False)
@@ -326,6 +327,15 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
         out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)
     if manifest.get("not_used"):
         out.print(not_used_line([entry["path"] for entry in manifest["not_used"]]), highlight=False)
+
+
+def stored_as(manifest: dict) -> str:
+    """How the images are stored, in words: ``raw pixels, 256x256 centre crops`` or ``JPEG, shorter side 256, aspect
+    ratio kept``."""
+    side, kind = manifest["shorter_side"], encodings.get(manifest["encoding"])
+    what = "raw pixels" if manifest["encoding"] == encodings.RAW.name else kind.label
+    shape = f"{side}x{side} centre crops" if manifest["crop"] == "center" else f"shorter side {side}, aspect ratio kept"
+    return f"{what}, {shape}"
 
 
 def not_used_line(paths: list[str], width: int = 80) -> str:
