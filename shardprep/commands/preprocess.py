@@ -100,6 +100,7 @@ class _ArgsKept(click.Command):
 def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
             max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
             classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
+    _refuse_a_source_not_there(source)  # in a moment, before Beam is imported (seconds under load)
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -154,6 +155,26 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
         for note in capped_shard_notes(manifest, num_shards) + [f"note: {note}" for note in outcome.notes]:
             click.echo(note)
     return manifest
+
+
+def _refuse_a_source_not_there(source: str) -> None:
+    """A local folder or archive SOURCE that does not exist, refused with exit 2 as a SOURCE refused while planning
+    is (``SourceError``), before the job's imports."""
+    import os
+
+    from shardprep.preprocess.archive_index import split_inner
+    from shardprep.preprocess.sources import SourceError
+
+    try:
+        parsed = source_registry.parse(source)
+    except SourceError:
+        return  # the job says what is wrong with it, as for any SOURCE
+    path = split_inner(parsed.location)[0] if parsed.kind.name == "archive" else parsed.location
+    path = path.removeprefix("file://")
+    if parsed.kind.name in ("folder", "archive") and "://" not in path and not os.path.lexists(path):
+        error = click.ClickException(f"SOURCE {source} does not exist")
+        error.exit_code = 2
+        raise error
 
 
 def resuming_line(recorded: int) -> str:

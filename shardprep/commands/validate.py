@@ -117,6 +117,7 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
 def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
             max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
             near_duplicates, quiet, beam_args):
+    refuse_what_is_no_dataset(data)  # in a moment, before Beam is imported (seconds under load)
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
@@ -151,6 +152,24 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         with reader_may_go(done=_verdict_said(report, json_path)):
             print_report(report, json_path)
     ctx.exit(0 if report["ok"] else 1)
+
+
+def refuse_what_is_no_dataset(data: str) -> None:
+    """A local DATA that is no prepared dataset at all (missing, a file, an empty or image folder, a folder inside
+    one) is one error line now; a run that stopped early (shards, no manifest) is left to the report."""
+    import os
+
+    from shardprep.pipelines import source_registry
+    from shardprep.preprocess import manifest as manifest_lib
+
+    path = data.removeprefix("file://")
+    if source_registry.kind_of(data).name != "folder" or "://" in path:  # tfrecord:, tfds:, parquet:, gs://
+        return
+    path = path.rstrip("/") or "/"
+    if not os.path.lexists(os.path.join(path, manifest_lib.MANIFEST_NAME)):
+        error = manifest_lib.missing_manifest_error(path)
+        if error.kind != manifest_lib.PATH_INCOMPLETE:
+            raise click.ClickException(str(error))
 
 
 def _verdict_said(report: dict, json_path: str | None) -> str:
