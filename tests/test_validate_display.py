@@ -281,3 +281,11 @@ def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
               "splits": {"train": {"class_counts": {"n01440764": 1, "cat": 1}}}}
     validate.write_pictures(str(tmp_path), report, None, 2, validate.WrittenOutputs())
     assert seen["chart"] == ["tench (n01440764)", "cat"]
+
+
+def test_progress_says_what_it_waits_for_once_every_shard_is_read():
+    from shardprep.commands import validate_progress
+
+    assert validate_progress.stage_words("reading 12 shards (1.2 MiB)", 5, 12) == "reading 12 shards (1.2 MiB)"
+    words = validate_progress.stage_words("reading 12 shards (1.2 MiB)", 12, 12)
+    assert "comparing records across shards" in words and "near-duplicates" in words

@@ -15,8 +15,17 @@ class ProgressDisplay(LiveProgress):
         if done is None:
             self.show(description=stage, completed=0, total=None, records="")
         else:
-            self.show(description=stage, completed=done, total=total,
+            self.show(description=stage_words(stage, done, total), completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
+
+
+ACROSS_RECORDS = "every shard read; comparing records across shards (near-duplicates, splits)"
+
+
+def stage_words(stage: str, done: int, total: int | None) -> str:
+    """What validate is doing: once every file is read the pipeline still compares records across shards (the
+    near-duplicate search above all, a minute on a large dataset), said instead of a full bar that seems stuck."""
+    return ACROSS_RECORDS if total and done >= total else stage
 
     def plain_line(self, state: dict, elapsed: float) -> str:
         """``reading 12 shards (1.2 MiB): 5/12 files, 1,234 records, 0:00:04``."""
