@@ -288,4 +288,4 @@ def test_progress_says_what_it_waits_for_once_every_shard_is_read():
 
     assert validate_progress.stage_words("reading 12 shards (1.2 MiB)", 5, 12) == "reading 12 shards (1.2 MiB)"
     words = validate_progress.stage_words("reading 12 shards (1.2 MiB)", 12, 12)
-    assert "comparing records across shards" in words and "near-duplicates" in words
+    assert "every shard read; comparing records" in words and "near-duplicates" in words

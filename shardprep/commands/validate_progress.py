@@ -19,7 +19,7 @@ class ProgressDisplay(LiveProgress):
                       records=f"{records:,} records" if records is not None else "")
 
 
-ACROSS_RECORDS = "every shard read; comparing records across shards (near-duplicates, splits)"
+ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
 
 
 def stage_words(stage: str, done: int, total: int | None) -> str:
