@@ -1,12 +1,10 @@
 """Validate a prepared dataset (or foreign ``tfrecord:GLOB`` / ``tfds:NAME`` input): the driver of ``shardprep validate``.
 
-The driver lists DATA, reads and checks the manifest (its shape, its own totals, shards missing or unlisted), runs
-the Beam graph (``pipelines/validate_graph.py``: every shard read once, then checks across records), reads the
-graph's result lines back, assembles the report (``pipelines/validation/report.py``) and writes ``--json`` and
-``--pictures``. No stage holds the dataset: shards are read one record at a time, and everything that crosses
-records goes through a combiner or a GroupByKey. ``shardprep validate`` runs it: :func:`run` takes the
-:class:`~shardprep.pipelines.validate_options.ValidateOptions` the command built from its flags, and Beam's pipeline
-options (what follows ``--``) as given.
+The driver lists DATA, checks the manifest (its shape, its totals, shards missing or unlisted), runs the Beam graph
+(``validate_graph.py``: every shard read once, then checks across records), reads its result lines back, assembles
+the report (``validation/report.py``) and writes ``--json`` and ``--pictures``. No stage holds the dataset: shards
+are read one record at a time, and what crosses records goes through a combiner or a GroupByKey. :func:`run` takes
+the command's ``ValidateOptions`` and Beam's pipeline options (what follows ``--``) as given.
 
 The JSON report (``--json``)::
 
