@@ -40,8 +40,7 @@ The JSON report (``--json``)::
     splits: {split from the TFDS file name, else "all": {num_examples, num_files, num_readable_images,
              label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
 
-``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}. The checks are listed
-with their meaning in ``shardprep.pipelines.validation.checks.CHECKS``.
+``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}; the checks' meanings: CHECKS.
 """
 
 from __future__ import annotations
