@@ -135,7 +135,7 @@ ARCHIVES = {"zip-bomb": ("bomb.zip", zip_bomb), "zip-lying": ("lying.zip", zip_l
             "tgz-many": ("many.tgz", tgz_many), "labels-bomb": ("labels.zip", labels_bomb)}
 
 
-def _peaks(root: psutil.Process) -> tuple[int, int]:
+def peaks(root: psutil.Process) -> tuple[int, int]:
     """(the largest single process's RSS, the tree's sum) at one instant."""
     largest = total = 0
     for process in [root, *root.children(recursive=True)]:
@@ -157,7 +157,7 @@ def measure(args: list[str], workers: int) -> dict:
     try:
         root = psutil.Process(job.pid)
         while job.poll() is None:
-            one, tree = _peaks(root)
+            one, tree = peaks(root)
             largest, total = max(largest, one), max(total, tree)
             time.sleep(SAMPLE_INTERVAL_S)
     finally:

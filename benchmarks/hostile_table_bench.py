@@ -30,6 +30,7 @@ import time
 from typing import Callable, NamedTuple
 
 import psutil
+from hostile_memory_bench import peaks  # the one way both benchmarks sample a process tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -126,14 +127,8 @@ def measure(root: str, timeout_s: float) -> Peaks:
     try:
         root_process = psutil.Process(job.pid)
         while job.poll() is None and time.perf_counter() - started < timeout_s:
-            total = 0
-            for process in [root_process, *root_process.children(recursive=True)]:
-                try:
-                    rss = process.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                    continue
-                largest, total = max(largest, rss), total + rss
-            tree = max(tree, total)
+            one, total = peaks(root_process)
+            largest, tree = max(largest, one), max(tree, total)
             time.sleep(SAMPLE_INTERVAL_S)
     finally:
         if job.poll() is None:
