@@ -82,10 +82,12 @@ def encode(image: Image.Image, kind: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_class: int = 15, seed: int = 0) -> int:
-    """Writes ``root/<split>/<class>/<file>`` and three broken files; returns the number of files written."""
+def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_class: int = 15, seed: int = 0,
+                       on_file=None) -> int:
+    """Writes ``root/<split>/<class>/<file>`` and three broken files; returns the number of files written.
+    ``on_file(written, total)`` is called after each image."""
     rng = np.random.default_rng(seed)
-    written = 0
+    written, total = 0, (train_per_class + validation_per_class) * len(CLASSES) + 3
     for split, per_class in (("train", train_per_class), ("validation", validation_per_class)):
         for class_index, class_name in enumerate(CLASSES):
             directory = os.path.join(root, split, class_name)
@@ -97,6 +99,8 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
                 with open(os.path.join(directory, f"{class_name}_{i:03d}{_EXTENSIONS[kind]}"), "wb") as f:
                     f.write(data)
                 written += 1
+                if on_file is not None:
+                    on_file(written, total)
     broken = {
         "train/circle/broken_empty.jpg": b"",
         "train/square/broken_truncated.jpg": encode(draw_shape("square", 200, 150, rng), "rgb_jpeg")[:900],

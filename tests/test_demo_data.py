@@ -143,3 +143,17 @@ def test_most_demo_images_are_at_least_the_default_shorter_side(tmp_path):
             except Exception:  # noqa: BLE001 - the demo's three broken files
                 pass
     assert min(median_size(sizes)) >= default("shorter_side") > min(min(size) for size in sizes)  # some upscaled
+
+
+def test_demo_data_says_how_far_it_is_while_it_writes(tmp_path, monkeypatch):
+    """~15 s of drawing images: a progress line (a spinner in a terminal), not silence."""
+    from click.testing import CliRunner
+
+    from shardprep.cli import main
+
+    monkeypatch.setenv("SHARDPREP_PROGRESS_SECONDS", "0")
+    result = CliRunner().invoke(main, ["demo-data", str(tmp_path / "d"), "--train-per-class", "2",
+                                       "--validation-per-class", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("writing the demo images")]
+    assert lines and lines[0].startswith("writing the demo images 1/15"), result.stderr

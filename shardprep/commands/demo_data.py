@@ -21,7 +21,12 @@ def command(directory, train_per_class, validation_per_class, seed):
     _check_folder(directory)
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
-    count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed)
+    from shardprep.commands.validate_progress import ProgressDisplay
+
+    with ProgressDisplay(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
+        count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
+                                        on_file=lambda done, total: progress.update("writing the demo images", done,
+                                                                                    total, None))
     with reader_may_go(done=f"the demo dataset is complete in {directory}"):
         click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
 

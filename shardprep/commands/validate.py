@@ -9,7 +9,7 @@ import click
 
 from shardprep.broken_pipe import OutputError, reader_may_go
 from shardprep.commands import own_long_options, phrases, validate_stop
-from shardprep.commands.validate_progress import ProgressDisplay
+from shardprep.commands.validate_progress import ACROSS_RECORDS, ProgressDisplay
 from shardprep.display import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
@@ -139,7 +139,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
     with validate_stop.outputs_told(ctx, options, outputs):  # a stop says which files are this run's
         try:
             # The worker zygote before the display's thread starts: a process with another thread is not forked.
-            with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(enabled=not quiet) as progress_display:
+            with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(
+                    enabled=not quiet, all_done=ACROSS_RECORDS) as progress_display:
                 report = job.run(options, list(beam_args), progress=progress_display.update, outputs=outputs)
         except job.ReportWriteError as e:
             e.report.setdefault("elapsed_seconds", 0)

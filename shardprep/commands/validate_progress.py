@@ -1,4 +1,4 @@
-"""``shardprep validate``'s live progress: a spinner with elapsed time, files and records read."""
+"""``shardprep validate``'s live progress (and ``demo-data``'s): a spinner with elapsed time, files and records."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from shardprep.display import LiveProgress
 class ProgressDisplay(LiveProgress):
     """A spinner with elapsed time; during the pipeline also files read of total and records read."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, all_done: str | None = None):
         super().__init__(enabled, _columns, transient=True, lazy=False, records="")
+        self.all_done = all_done  # what the stage says once every file is done, when work goes on after them
 
     def update(self, stage: str, done: int | None, total: int | None, records: int | None):
         if done is None:
             self.show(description=stage, completed=0, total=None, records="")
         else:
-            self.show(description=stage_words(stage, done, total), completed=done, total=total,
+            words = stage_words(stage, done, total) if self.all_done else stage
+            self.show(description=words, completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
 
 
