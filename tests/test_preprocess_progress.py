@@ -427,3 +427,12 @@ def test_the_live_preprocess_line_is_ascii_and_fits_80_columns_in_bytes(monkeypa
         Console(width=80, file=text, color_system=None).print(display.live_line())
         line = text.getvalue().rstrip("\n")
         assert line.replace("…", "").isascii() and len(line.encode()) <= 80, line
+
+
+def test_progress_says_the_shards_are_written_once_every_image_is_done(log):
+    progress = command._ProgressDisplay(enabled=True, source="src")
+    with progress:
+        progress.update({"listed": 303, "processed": 303})
+        progress.finish({"num_inputs": 303})
+    lines = log()
+    assert "writing shards" in lines[0] and "writing shards" not in lines[-1], lines

@@ -238,10 +238,11 @@ class _ProgressDisplay(LiveProgress):
         """The job ended: every input is accounted for (listing rejects too), so the count is final."""
         if "num_inputs" in manifest:
             self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
-                      final=True)
+                      final=True, finished=True)
 
     def line_key(self, state: dict):
-        return state.get("description"), state.get("completed"), state.get("total"), state.get("final")
+        return (state.get("description"), state.get("completed"), state.get("total"), state.get("final"),
+                state.get("finished"))
 
     def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
         """What a line says after its description, ranked for :func:`fit` (higher: left out first)."""
@@ -260,6 +261,8 @@ class _ProgressDisplay(LiveProgress):
         parts.append((f"{rate:,.0f} img/s", 3))
         if rate and done < total and state.get("decoding_seconds", 0) >= ETA_AFTER_S:
             parts.append((f"ETA {duration((total - done) / rate)}", 1))
+        if done >= total and not state.get("finished"):  # the shards and the manifest, after the last image
+            parts.append(("writing shards", 1))
         return parts + [clock]
 
     def plain_line(self, state: dict, elapsed: float) -> str:
