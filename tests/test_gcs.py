@@ -413,7 +413,7 @@ def test_a_source_that_cannot_be_listed_says_why(storage, background):
     """Not "is not a directory" for every failure: a missing bucket and a missing folder are told apart."""
     for index, (_, message) in enumerate(unlistable_sources(storage)):
         result = background.result(storage, f"unlistable-{index}")
-        assert result["exit"] == 1, result
+        assert result["exit"] == 2, result  # a SOURCE refused while planning
         assert result["stderr"].strip().splitlines()[-1] == message, result["stderr"][-3000:]
 
 
