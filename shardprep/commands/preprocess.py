@@ -100,7 +100,8 @@ class _ArgsKept(click.Command):
 def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
             max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
             classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
-    _refuse_a_source_not_there(source)  # in a moment, before Beam is imported (seconds under load)
+    if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
+        _refuse_a_source_not_there(source)
     from shardprep.pipelines import preprocess as job
     from shardprep.pipelines import runner, storage
     from shardprep.preprocess.sources import SourceError
@@ -131,9 +132,7 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
             traceback.print_exception(e)
-        error = click.ClickException(str(e))
-        error.exit_code = getattr(e, "exit_code", error.exit_code)  # 2: a run refused for its options' sake
-        raise error from None
+        raise (SourceRefused if getattr(e, "exit_code", 1) == 2 else click.ClickException)(str(e)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, typed_command(ctx), remote, began,
@@ -157,6 +156,12 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
     return manifest
 
 
+class SourceRefused(click.ClickException):
+    """SOURCE or its options refused while planning, before anything is written: exit 2 (a run that failed: 1)."""
+
+    exit_code = 2
+
+
 def _refuse_a_source_not_there(source: str) -> None:
     """A local folder or archive SOURCE that does not exist, refused with exit 2 as a SOURCE refused while planning
     is (``SourceError``), before the job's imports."""
@@ -172,9 +177,7 @@ def _refuse_a_source_not_there(source: str) -> None:
     path = split_inner(parsed.location)[0] if parsed.kind.name == "archive" else parsed.location
     path = path.removeprefix("file://")
     if parsed.kind.name in ("folder", "archive") and "://" not in path and not os.path.lexists(path):
-        error = click.ClickException(f"SOURCE {source} does not exist")
-        error.exit_code = 2
-        raise error
+        raise SourceRefused(f"SOURCE {source} does not exist")
 
 
 def resuming_line(recorded: int) -> str:

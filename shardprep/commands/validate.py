@@ -117,10 +117,6 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
 def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
             max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
             near_duplicates, quiet, beam_args):
-    refuse_what_is_no_dataset(data)  # in a moment, before Beam is imported (seconds under load)
-    from shardprep.pipelines import runner
-    from shardprep.pipelines import validate as job
-
     try:
         options = ValidateOptions(data, json_path=json_path, pictures=pictures, samples_per_class=samples_per_class,
                                   image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
@@ -130,6 +126,11 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
                                   near_duplicates=near_duplicates)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    if not beam_args and (json_path, pictures, leaked_keys) == (None, None, None):  # nothing else to check first
+        refuse_what_is_no_dataset(data)  # so refused now, before Beam is imported
+    from shardprep.pipelines import runner
+    from shardprep.pipelines import validate as job
+
     try:
         runner.check_beam_args(list(beam_args), "validate takes DATA", own_long_options(ctx))
     except runner.BeamArgsError as e:
