@@ -31,6 +31,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from typing import NamedTuple
 
 import psutil
 
@@ -147,16 +148,26 @@ def peaks(root: psutil.Process) -> tuple[int, int]:
     return largest, total
 
 
-def measure(args: list[str], workers: int) -> dict:
-    command = [sys.executable, "-m", "shardprep.cli", "preprocess", *args, "--shorter-side", "8", "--overwrite",
-               "--", f"--direct_num_workers={workers}"]
+class SampledRun(NamedTuple):
+    """A command run to its end (or its time limit) with its process tree's peak memory sampled."""
+
+    returncode: int | None
+    largest: int  # the largest single process's peak RSS
+    tree: int  # the tree's peak summed RSS
+    wall_s: float
+    output: str  # what it wrote (stdout and stderr together)
+
+
+def sampled_run(command: list[str], timeout_s: float | None = None) -> SampledRun:
+    """Runs ``command`` in a session of its own, sampling ``peaks`` every SAMPLE_INTERVAL_S; killed past
+    ``timeout_s``."""
     log = tempfile.TemporaryFile()
     started = time.perf_counter()
     job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     largest = total = 0
     try:
         root = psutil.Process(job.pid)
-        while job.poll() is None:
+        while job.poll() is None and (timeout_s is None or time.perf_counter() - started < timeout_s):
             one, tree = peaks(root)
             largest, total = max(largest, one), max(total, tree)
             time.sleep(SAMPLE_INTERVAL_S)
@@ -165,11 +176,19 @@ def measure(args: list[str], workers: int) -> dict:
             os.killpg(job.pid, 9)
             job.wait()
     log.seek(0)
-    lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return SampledRun(job.returncode, largest, total, time.perf_counter() - started,
+                      log.read().decode(errors="replace"))
+
+
+def measure(args: list[str], workers: int) -> dict:
+    command = [sys.executable, "-m", "shardprep.cli", "preprocess", *args, "--shorter-side", "8", "--overwrite",
+               "--", f"--direct_num_workers={workers}"]
+    run = sampled_run(command)
+    lines = [line for line in run.output.splitlines() if line.strip()]
     error = [line for line in lines if line.startswith("Error:")]
     at = next((i for i, line in enumerate(lines) if line.startswith("rejected by reason")), len(lines))
     reasons = "; ".join(line.strip() for line in lines[at + 1:] if line.startswith("  "))  # the summary's reasons
-    return {"exit": job.returncode, "largest": largest, "tree": total, "wall_s": time.perf_counter() - started,
+    return {"exit": run.returncode, "largest": run.largest, "tree": run.tree, "wall_s": run.wall_s,
             "last": (error or [f"rejected: {reasons}"] if reasons else lines or [""])[-1].strip(),
             "tracebacks": sum("Traceback" in line for line in lines)}
 

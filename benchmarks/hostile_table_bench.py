@@ -30,7 +30,7 @@ import time
 from typing import Callable, NamedTuple
 
 import psutil
-from hostile_memory_bench import peaks  # the one way both benchmarks sample a process tree
+from hostile_memory_bench import sampled_run  # the one way both benchmarks sample a process tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -120,23 +120,9 @@ def input_bytes(root: str) -> int:
 def measure(root: str, timeout_s: float) -> Peaks:
     command = [sys.executable, "-m", "shardprep.cli", "preprocess", f"parquet:{root}/hub/data/*.parquet",
                os.path.join(root, "out"), "--quiet", "--shorter-side", "8"]
-    largest = tree = 0
-    log = tempfile.TemporaryFile()
-    started = time.perf_counter()
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    try:
-        root_process = psutil.Process(job.pid)
-        while job.poll() is None and time.perf_counter() - started < timeout_s:
-            one, total = peaks(root_process)
-            largest, tree = max(largest, one), max(tree, total)
-            time.sleep(SAMPLE_INTERVAL_S)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, 9)
-            job.wait()
-    log.seek(0)
-    lines = log.read().decode(errors="replace").strip().splitlines()
-    return Peaks(job.returncode, lines[-1] if lines else "", time.perf_counter() - started, largest, tree)
+    run = sampled_run(command, timeout_s)  # --quiet: what it writes is the error line, if any
+    lines = run.output.strip().splitlines()
+    return Peaks(run.returncode, lines[-1] if lines else "", run.wall_s, largest_process=run.largest, tree=run.tree)
 
 
 def main(argv=None) -> int:
