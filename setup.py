@@ -74,7 +74,8 @@ setuptools.setup(
     packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.preprocess.encodings",
               "shardprep.pipelines", "shardprep.pipelines.validation", "shardprep.train"],
     package_dir={"shardprep.preprocess": "preprocess", "shardprep.pipelines": "pipelines", "shardprep.train": "train"},
-    package_data={"shardprep": ["py.typed"]},  # PEP 561: type checkers read the package's own annotations
+    package_data={"shardprep": ["py.typed"],  # PEP 561: type checkers read the package's own annotations
+                  "shardprep.preprocess": ["wordnet_names.txt"]},
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={

@@ -251,7 +251,8 @@ for graph in sys.argv[2:]:
 launcher_only_loaded = sorted(m for m in ("tensorflow", "tensorflow_datasets", "matplotlib", "click", "rich")
                               if m in sys.modules)
 files = {name: importlib.import_module(name).__file__ for name in modules}
-print(json.dumps({"files": files, "transforms": transforms, "launcher_only_loaded": launcher_only_loaded,
+from shardprep.preprocess import wordnet_names  # its table is package data (wordnet_names.txt)
+print(json.dumps({"files": files, "wordnet": [len(wordnet_names.table()), wordnet_names.display_name("n03445777")], "transforms": transforms, "launcher_only_loaded": launcher_only_loaded,
                   "path": sys.path}))
 """
 
@@ -292,6 +293,7 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
     assert any(label.startswith("ReadShards") for label in found["transforms"]["validate"])
     # docs/dataflow.md: workers import Beam, Pillow, numpy and google-crc32c, not TensorFlow, TFDS or matplotlib
     assert found["launcher_only_loaded"] == []
+    assert found["wordnet"] == [1000, "golf ball (n03445777)"]
     console_script = venv / "bin" / "shardprep"
     version = subprocess.run([str(console_script), "--version"], cwd=outside, capture_output=True, text=True,
                              timeout=60)
