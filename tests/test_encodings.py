@@ -181,3 +181,51 @@ def test_an_unknown_encoding_in_a_manifest_or_record_names_it(jpeg_dataset):
     good = record_format.encode_example(dataclasses.replace(record, format="jpeg"))
     with pytest.raises(record_format.RecordFormatError, match="unknown image format 'zzzz'"):
         record_format.decode_example(good.replace(b"jpeg", b"zzzz"))  # a name of the same length: a valid Example
+
+
+def test_png_is_lossless_through_a_record():
+    png = encodings.get("png")
+    original = _image(seed=3)
+    record = record_format.ImageRecord(encoded=png.encode(Image.fromarray(original, "RGB"), 90), format="png",
+                                       height=9, width=13, label=0, filename="a.png")
+    parsed = record_format.decode_example(record_format.encode_example(record))
+    np.testing.assert_array_equal(record_format.decode_pixels(parsed), original)
+
+
+@pytest.mark.parametrize("text, expected", [("raw", ("raw", None)), ("png", ("png", None)), ("jpeg", ("jpeg", None)),
+                                            ("jpeg:75", ("jpeg", 75)), ("jpeg:100", ("jpeg", 100))])
+def test_an_encoding_is_named_with_its_parameter(text, expected):
+    spec = encodings.parse_spec(text)
+    assert (spec.encoding.name, spec.quality) == expected
+
+
+@pytest.mark.parametrize("text, message", [("jpeg:0", "within 1-100"), ("jpeg:x", "within 1-100"),
+                                           ("jpeg:", "within 1-100"), ("raw:5", "raw takes no parameter"),
+                                           ("webp2:3", "unknown encoding 'webp2'")])
+def test_a_wrong_spec_says_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        encodings.parse_spec(text)
+
+
+def test_the_command_line_takes_both_spellings(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from shardprep.commands.preprocess import command
+    from shardprep.pipelines import preprocess as job
+
+    configs = []
+
+    def stop(config, *args, **kwargs):
+        configs.append(config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "execute_job", stop)
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    for args in (["--encoding", "jpeg:75"], ["--encoding", "jpeg", "--jpeg-quality", "75"],
+                 ["--encoding", "jpeg:75", "--jpeg-quality", "75"]):
+        CliRunner().invoke(command, [str(tmp_path / "src"), str(tmp_path / "out"), "--quiet", *args])
+    assert [(c.encoding, c.jpeg_quality) for c in configs] == [("jpeg", 75)] * 3
+    for args, message in ((["--encoding", "jpeg:75", "--jpeg-quality", "80"], "disagree"),
+                          (["--encoding", "jpeg:101"], "within 1-100"), (["--encoding", "gif"], "'gif'")):
+        result = CliRunner().invoke(command, [str(tmp_path / "src"), str(tmp_path / "out"), *args])
+        assert result.exit_code == 2 and message in result.output, result.output

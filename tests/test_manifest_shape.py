@@ -75,7 +75,7 @@ CASES = {
                              "splits.train.shards[1].num_bytes: must be at least 0"),
     "sha256 not hex": (lambda m: m["splits"]["train"]["shards"][0].update(sha256="xyz"),
                        "splits.train.shards[0].sha256: must be 64 lowercase hex digits"),
-    "encoding unknown": (lambda m: m.update(encoding="png"), "encoding: must be one of raw, jpeg"),
+    "encoding unknown": (lambda m: m.update(encoding="webp2"), "encoding: must be one of raw, jpeg"),
     "crop unknown": (lambda m: m.update(crop="centre"), "crop: must be one of center, none"),
     "shorter_side zero": (lambda m: m.update(shorter_side=0), "shorter_side: must be at least 1"),
     "shorter_side a bool": (lambda m: m.update(shorter_side=True), "shorter_side: must be an integer, is a boolean"),

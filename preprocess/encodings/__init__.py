@@ -1,26 +1,170 @@
-"""The encodings by name: one :class:`~shardprep.preprocess.encodings.base.Encoding` per ``--encoding`` choice.
+"""How an image is stored in a record: one :class:`Encoding` per ``--encoding`` choice, looked up by name.
 
-Every part of shardprep that does something different for an encoding (the writer, the record parser, the limits,
-validate, both train readers) looks its name up here with :func:`get` (the manifest's ``encoding``, a record's
-``image/format``, ``--encoding``) and asks the :class:`Encoding`; none tests the name. A name this version does not
-know is an :class:`UnknownEncodingError` naming it and the known ones, never read as another encoding.
+Everything that differs between encodings lives on the :class:`Encoding` (the writer, the record parser, the
+limits, validate and both train readers ask it through :func:`get`; none tests a name): :meth:`~Encoding.encode`,
+the most pixels a side it stores (``max_side``), whether ``--jpeg-quality`` applies (``uses_quality``, then
+recorded as the manifest's ``jpeg_quality``), the bytes a size fixes (:meth:`~Encoding.stored_bytes`: raw pixels,
+which makes raw centre crops a fixed layout), :meth:`~Encoding.decode` (NumPy) and :meth:`~Encoding.decode_tf`
+(tf.data; the same pixels), and validate's ``mean_std_tolerance``. A name this version does not know is an
+:class:`UnknownEncodingError`, never read as another encoding. An encoding is named with its parameter in a spec
+(:func:`parse_spec`: ``raw``, ``png``, ``jpeg``, ``jpeg:90``).
 
-A new encoding is a module beside these with its ``Encoding`` subclass, and its instance in :data:`REGISTERED`:
-``--encoding``'s choices and help, validate's help, the manifest check and both readers follow from the registry.
+Nothing heavy is imported at module level (the CLI imports this for ``--help``): each method imports Pillow, NumPy
+or TensorFlow itself, and workers never call ``decode_tf``.
 """
 
 from __future__ import annotations
 
-from shardprep.preprocess.encodings.base import CHANNELS, Encoding, PillowEncoding, UnknownEncodingError
-from shardprep.preprocess.encodings.jpeg import Jpeg
-from shardprep.preprocess.encodings.raw import Raw
+from typing import NamedTuple
 
-__all__ = ["CHANNELS", "Encoding", "NAMES", "PillowEncoding", "RAW", "REGISTERED", "UnknownEncodingError", "get",
-           "has_fixed_layout"]
+CHANNELS = 3  # every stored image is RGB
+
+
+class UnknownEncodingError(ValueError):
+    """An encoding name this version of shardprep does not know (a manifest or record of a newer version, a typo)."""
+
+
+class Encoding:
+    """One way of storing an image; subclasses set the class attributes and implement :meth:`encode` and
+    :meth:`decode` (and :meth:`decode_tf` where TensorFlow decodes the format natively)."""
+
+    name: str = ""  # --encoding, the manifest's "encoding", every record's image/format
+    summary: str = ""  # what it is for, in --encoding's help
+    label: str = ""  # the format as messages name it ("JPEG")
+    max_side: int | None = None  # the most pixels a side the format stores; None: only the record limit bounds it
+    uses_quality: bool = False  # --jpeg-quality applies (recorded as the manifest's jpeg_quality)
+    mean_std_tolerance: float = 1.0  # validate: recomputed mean/std vs. the manifest's, on the 0-255 scale
+    tolerance_reason: str = ""  # why the tolerance is what it is, in validate's help
+
+    def encode(self, image, quality: int) -> bytes:
+        """The stored bytes of ``image`` (an RGB ``PIL.Image.Image``, or an RGB uint8 array H x W x 3, C order)."""
+        raise NotImplementedError
+
+    def decode(self, encoded: bytes, height: int, width: int):
+        """The stored image as a uint8 array ``[H, W, 3]`` (a decoder reading the size from the bytes may give
+        another than the record's: callers check)."""
+        raise NotImplementedError
+
+    def decode_tf(self, encoded, height, width):
+        """:meth:`decode` in TensorFlow (uint8 ``[H, W, 3]``, static rank 3): by default :meth:`decode` itself in
+        ``tf.numpy_function``."""
+        import tensorflow as tf
+
+        def decode(data, stored_height, stored_width):
+            return self.decode(data.tobytes(), int(stored_height), int(stored_width))
+
+        # The bytes as uint8: a string would reach NumPy as np.bytes_, which drops trailing NUL bytes.
+        data = tf.io.decode_raw(encoded, tf.uint8)
+        image = tf.numpy_function(decode, [data, height, width], tf.uint8, stateful=False)
+        image.set_shape([None, None, CHANNELS])
+        return image
+
+    def stored_bytes(self, width: int, height: int) -> int | None:
+        """Bytes of every stored ``width`` x ``height`` image when the size alone fixes them, else None."""
+        return None
+
+    def has_fixed_layout(self, crop: str) -> bool:
+        """Whether records of this encoding and ``crop`` all have one length (``FixedLayout``)."""
+        return crop == "center" and self.stored_bytes(1, 1) is not None
+
+    def __repr__(self) -> str:
+        return f"<encoding {self.name}>"
+
+
+class Raw(Encoding):
+    """The uint8 pixels themselves, H x W x 3 bytes, row-major: nothing to decode at train time."""
+
+    name, label = "raw", "raw"
+    summary = "uint8 HxWx3 bytes (no decode at train time)"
+    # The shards hold exactly the pixels the manifest's mean/std were computed from: only float rounding differs.
+    mean_std_tolerance = 0.05
+
+    def encode(self, image, quality: int) -> bytes:
+        return image.tobytes()  # a Pillow RGB image's and a C-order H x W x 3 array's bytes are the same layout
+
+    def decode(self, encoded: bytes, height: int, width: int):
+        import numpy as np
+
+        return np.frombuffer(encoded, dtype=np.uint8).reshape(height, width, CHANNELS)
+
+    def decode_tf(self, encoded, height, width):
+        import tensorflow as tf
+
+        return tf.reshape(tf.io.decode_raw(encoded, tf.uint8), [height, width, CHANNELS])
+
+    def stored_bytes(self, width: int, height: int) -> int | None:
+        return width * height * CHANNELS
+
+
+class PillowEncoding(Encoding):
+    """An encoding Pillow writes (``pillow_format``, :meth:`save_options`) and reads (by content, to RGB)."""
+
+    pillow_format: str = ""  # Pillow's name of the format, for Image.save
+
+    def save_options(self, quality: int) -> dict:
+        """Keyword arguments of ``Image.save`` besides the format (fixed ones: the bytes must not vary)."""
+        return {}
+
+    def encode(self, image, quality: int) -> bytes:
+        import io
+
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            image = Image.fromarray(image, "RGB")
+        buffer = io.BytesIO()
+        image.save(buffer, format=self.pillow_format, **self.save_options(quality))
+        return buffer.getvalue()
+
+    def decode(self, encoded: bytes, height: int, width: int):
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(io.BytesIO(encoded)) as image:
+            return np.asarray(image.convert("RGB") if image.mode != "RGB" else image)
+
+
+class Jpeg(PillowEncoding):
+    """A baseline JPEG per image, without chroma subsampling: smaller shards, decoded per image at train time."""
+
+    name, label, pillow_format = "jpeg", "JPEG", "JPEG"
+    summary = "smaller shards"
+    max_side = 65_500  # libjpeg's limit on either side
+    uses_quality = True
+    tolerance_reason = "lossy against the pre-encode pixels the manifest used"
+
+    def save_options(self, quality: int) -> dict:
+        # 4:4:4 keeps colour detail at 256 px; optimize=False (Pillow's default) keeps the bytes deterministic.
+        return {"quality": quality, "subsampling": 0}
+
+    def decode_tf(self, encoded, height, width):
+        import tensorflow as tf
+
+        # The integer DCT Pillow uses too, so both readers give the same pixels (decode_and_crop_jpeg would
+        # upsample chroma differently at a window's edges).
+        return tf.io.decode_jpeg(encoded, channels=CHANNELS, dct_method="INTEGER_ACCURATE")
+
+
+class Png(PillowEncoding):
+    """A PNG per image: lossless, smaller than raw, decoded per image at train time."""
+
+    name, label, pillow_format = "png", "PNG", "PNG"
+    summary = "lossless, smaller than raw"
+    mean_std_tolerance = 0.05  # lossless: as raw, only float rounding differs
+
+    def save_options(self, quality: int) -> dict:
+        return {"compress_level": 6, "optimize": False}  # fixed: the bytes must not vary with Pillow's defaults
+
+    def decode_tf(self, encoded, height, width):
+        import tensorflow as tf
+
+        return tf.io.decode_png(encoded, channels=CHANNELS)
+
 
 RAW = Raw()  # the pixels themselves: what the fixed layout holds, and what predict feeds the model
-REGISTERED: tuple[Encoding, ...] = (RAW, Jpeg())  # --encoding's choices, in its help's order
-
+REGISTERED: tuple[Encoding, ...] = (RAW, Jpeg(), Png())  # --encoding's choices, in its help's order
 NAMES = tuple(encoding.name for encoding in REGISTERED)
 _BY_NAME = {encoding.name: encoding for encoding in REGISTERED}
 
@@ -29,13 +173,43 @@ def get(name) -> Encoding:
     """The encoding called ``name``; :class:`UnknownEncodingError` (a ``ValueError``) for any other value."""
     encoding = _BY_NAME.get(name) if isinstance(name, str) else None
     if encoding is None:
-        raise UnknownEncodingError(f"unknown encoding {name!r}: this version of shardprep knows "
-                                   f"{', '.join(NAMES)}")
+        raise UnknownEncodingError(f"unknown encoding {name!r}: this version of shardprep knows {', '.join(NAMES)}")
     return encoding
 
 
 def has_fixed_layout(name, crop) -> bool:
-    """Whether records of the encoding ``name`` and ``crop`` have one length (raw centre crops); False for a name this
-    version does not know (a manifest's shape check names it)."""
+    """Whether records of the encoding ``name`` and ``crop`` have one length; False for an unknown name."""
     encoding = _BY_NAME.get(name) if isinstance(name, str) else None
     return encoding is not None and encoding.has_fixed_layout(crop)
+
+
+class EncodingSpec(NamedTuple):
+    """An encoding named with its parameter: ``jpeg:90`` is ``EncodingSpec(jpeg, 90)``."""
+
+    encoding: Encoding
+    quality: int | None  # None: not given (the default applies)
+
+
+def parse_spec(text: str) -> EncodingSpec:
+    """``raw``, ``png``, ``jpeg`` or ``jpeg:Q`` (Q in 1-100) as an :class:`EncodingSpec`; a ValueError saying what
+    is wrong otherwise."""
+    name, colon, parameter = text.partition(":")
+    encoding = get(name)
+    if not colon:
+        return EncodingSpec(encoding, None)
+    if not encoding.uses_quality:
+        raise ValueError(f"{name} takes no parameter, is {text!r}")
+    if not (parameter.isdigit() and 1 <= int(parameter) <= 100):
+        raise ValueError(f"{name}'s quality must be an integer within 1-100, is {parameter!r}")
+    return EncodingSpec(encoding, int(parameter))
+
+
+def resolve(text: str, quality: int, quality_given: bool = False) -> tuple[str, int]:
+    """(encoding name, JPEG quality) of ``--encoding TEXT`` beside ``--jpeg-quality QUALITY`` (``quality_given``:
+    typed, not its default): a spec's quality wins over the default; a ValueError when both are typed and differ."""
+    spec = parse_spec(text)
+    if spec.quality is None:
+        return spec.encoding.name, quality
+    if quality_given and quality != spec.quality:
+        raise ValueError(f"--encoding {text} and --jpeg-quality {quality} disagree: give the quality once")
+    return spec.encoding.name, spec.quality

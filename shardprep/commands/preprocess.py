@@ -52,6 +52,18 @@ class _ArgsKept(click.Command):
         return super().parse_args(ctx, args)
 
 
+class _EncodingSpec(click.Choice):
+    """--encoding's choices, each also with its parameter (``jpeg:90``: ``encodings.parse_spec``)."""
+
+    def convert(self, value, param, ctx):
+        super().convert(str(value).partition(":")[0], param, ctx)
+        try:
+            encodings.parse_spec(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return str(value)
+
+
 @click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
@@ -63,8 +75,9 @@ class _ArgsKept(click.Command):
                    "a run stops before writing, saying their median size.")
 @click.option("--crop", type=click.Choice(CROPS), default=default("crop"), show_default=True,
               help="center: uniform SxS images; none: aspect ratio kept.")
-@click.option("--encoding", type=click.Choice(encodings.NAMES), default=default("encoding"), show_default=True,
-              help="; ".join(f"{encoding.name}: {encoding.summary}" for encoding in encodings.REGISTERED) + ".")
+@click.option("--encoding", type=_EncodingSpec(encodings.NAMES), default=default("encoding"), show_default=True,
+              help="; ".join(f"{encoding.name}: {encoding.summary}" for encoding in encodings.REGISTERED)
+              + " (jpeg:Q sets --jpeg-quality too).")
 @click.option("--jpeg-quality", default=default("jpeg_quality"), show_default=True, type=click.IntRange(1, 100))
 @click.option("--num-shards", type=click.IntRange(min=1), default=None,
               help="Shards per split [default: a power of two giving 100-200 MB shards].")
@@ -100,6 +113,11 @@ class _ArgsKept(click.Command):
 def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
             max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
             classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
+    try:
+        encoding, jpeg_quality = encodings.resolve(
+            encoding, jpeg_quality, ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
     from shardprep.pipelines import preprocess as job
