@@ -1,27 +1,12 @@
 """The files of a prepared dataset: their names, the shard-file template, and ``manifest.json`` read as a document.
 
-Layout of a prepared dataset::
+Layout: ``OUTPUT/manifest.json`` (written last: its presence marks a complete dataset; its keys are
+``manifest_schema``'s, docs/manifest.md), ``OUTPUT/rejects.jsonl`` (one JSON line per rejected input) and
+``OUTPUT/<split>/<split>-00000-of-000NN.tfrecord`` (:data:`SHARD_FILES`).
 
-    OUTPUT/manifest.json                                  written last: its presence marks a complete dataset
-    OUTPUT/rejects.jsonl                                  one JSON line per rejected input: key, split, reason, detail
-    OUTPUT/<split>/<split>-00000-of-000NN.tfrecord        shards (:data:`SHARD_FILES`), ``num_examples`` differ by
-                                                          at most one per split
-
-Manifest keys (``format_version`` 1)::
-
-    format_version, tool, tool_version, created, source, options (every option used), classes (label order),
-    num_classes, encoding, jpeg_quality, shorter_side, crop, image_height/image_width (null when crop is none),
-    channels, seed, splits: {split: {num_inputs, num_examples, num_rejected, rejected_by_reason,
-    class_counts ({class: n} in label order), num_shards, shards: [{file, num_examples, num_bytes, sha256}]}},
-    num_inputs, num_examples, num_rejected, rejects_file, stats_split, mean_rgb, std_rgb (0-255, per channel),
-    median_input_size ({width, height} of the median input in a sample of their headers; absent before it existed)
-
-Shard ``file`` entries are relative to the dataset folder.
-
-:func:`read_document` reads the document (untrusted input: bounded, finite, of this ``format_version``; its errors
-name the file); the typed :class:`~shardprep.preprocess.dataset.Manifest`, shape-checked, is what
-:func:`shardprep.preprocess.dataset.load_manifest` returns, and what every reader takes. When a path holds no
-manifest, :func:`missing_manifest_error` says what it is instead.
+:func:`read_document` reads the document as untrusted input (bounded, finite, of this ``format_version``; errors
+name the file); ``dataset.load_manifest`` checks its shape and types it. :func:`missing_manifest_error` says what
+a path without a manifest is instead.
 """
 
 from __future__ import annotations

@@ -113,3 +113,23 @@ def test_empty_raw_split_needs_no_layout(good):
                                       ("..\\b", False), ("C:/x", False)])
 def test_unsafe_relative_path(path, ok):
     assert (unsafe_relative_path(path) is None) is ok
+
+
+def test_the_docs_table_is_the_schemas_rendering():
+    from pathlib import Path
+
+    from shardprep.preprocess.manifest_schema import docs_table
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "manifest.md").read_text()
+    start = text.index("-->\n", text.index("<!-- schema:")) + len("-->\n")
+    assert text[start:text.index("<!-- /schema -->")] == docs_table()
+
+
+def test_the_typed_manifest_has_the_schemas_keys_in_order():
+    import dataclasses
+
+    from shardprep.preprocess.dataset import Manifest
+    from shardprep.preprocess.manifest_schema import MANIFEST_KEYS
+
+    fields = [field.name for field in dataclasses.fields(Manifest) if field.name != "layout_problems"]
+    assert fields == [key.name for key in MANIFEST_KEYS]
