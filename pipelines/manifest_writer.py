@@ -24,7 +24,7 @@ from shardprep.pipelines.spill import remove_spill
 from shardprep.pipelines.storage import atomic_write
 from shardprep.preprocess import accounting, encodings, manifest, record_format, resize, sharding
 from shardprep.preprocess.accounting import EXCLUDED
-from shardprep.preprocess.config import recorded_options
+from shardprep.preprocess.config import DEFAULT_RESIZE_METHOD, recorded_options
 from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo
 
 
@@ -248,7 +248,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         jpeg_quality=config.jpeg_quality if encodings.get(config.encoding).uses_quality else None,
         shorter_side=config.shorter_side,
         crop=config.crop,
-        resize_method=resize.recorded(resize.DEFAULT_METHOD),
+        resize_method=resize.recorded(DEFAULT_RESIZE_METHOD),
         image_height=config.shorter_side if square else None,
         image_width=config.shorter_side if square else None,
         channels=record_format.CHANNELS,

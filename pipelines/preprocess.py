@@ -57,8 +57,8 @@ from shardprep.pipelines.output_lock import output_lock
 from shardprep.pipelines.source_kind import SourcePlan
 from shardprep.pipelines.source_registry import kind_of, parse, plan_source
 from shardprep.pipelines.storage import prepare_output
-from shardprep.preprocess import image_ops, manifest, resize, sharding
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.preprocess import image_ops, manifest, sharding
+from shardprep.preprocess.config import DEFAULT_RESIZE_METHOD, PreprocessConfig
 
 # Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
 # evenly over its workers, enough that it handles a few elements per 100 images instead of one per image.
@@ -132,7 +132,7 @@ def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:
     """What the decoders need of the config: the per-image options."""
     return image_ops.ProcessOptions(config.shorter_side, config.crop, config.encoding, config.jpeg_quality,
-                                    config.max_pixels, resize.DEFAULT_METHOD)  # the manifest records this method
+                                    config.max_pixels, DEFAULT_RESIZE_METHOD)  # the manifest records this method
 
 
 # --- running -----------------------------------------------------------------------------------------------

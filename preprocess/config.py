@@ -1,19 +1,25 @@
-"""The options of a preprocess run (:class:`PreprocessConfig`), their defaults and choices, free of Beam and TensorFlow.
+"""The options of a preprocess run (:class:`PreprocessConfig`) and every default of the job, in one place.
 
-The CLI imports these to build ``shardprep preprocess --help`` without loading Beam, TensorFlow or Pillow; the job and
-``image_ops`` import them too, so every default and choice is defined here once (``--encoding``'s choices are the
-registry's names, :data:`shardprep.preprocess.encodings.NAMES`). The manifest records the config as
-``options`` (``dataclasses.asdict``): field names and their order are part of the manifest.
+Free of Beam, TensorFlow and Pillow: the CLI builds ``shardprep preprocess --help`` from it (``--encoding``'s
+choices are :data:`shardprep.preprocess.encodings.NAMES`). The manifest records the config as ``options``
+(``dataclasses.asdict``): field names and their order are part of the manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from shardprep.preprocess import resize
 from shardprep.preprocess.encodings import RAW
 
 CROPS = ("center", "none")  # center: S x S images; none: the aspect ratio kept
+DEFAULT_SHORTER_SIDE = 256
+DEFAULT_CROP = "center"
+DEFAULT_ENCODING = RAW.name
+DEFAULT_JPEG_QUALITY = 90
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb threshold (2x its warning limit)
+DEFAULT_RESIZE_METHOD = resize.LANCZOS2_CUBIC  # what new datasets are made with (the manifest's resize_method)
+TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,10 +28,10 @@ class PreprocessConfig:
 
     source: str
     output: str
-    shorter_side: int = 256
-    crop: str = "center"
-    encoding: str = RAW.name
-    jpeg_quality: int = 90
+    shorter_side: int = DEFAULT_SHORTER_SIDE
+    crop: str = DEFAULT_CROP
+    encoding: str = DEFAULT_ENCODING
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
     num_shards: int | None = None
     seed: int = 0
     max_pixels: int = DEFAULT_MAX_PIXELS

@@ -15,7 +15,7 @@ import os
 from typing import NamedTuple
 
 from shardprep.preprocess import resize
-from shardprep.preprocess.config import recorded_options
+from shardprep.preprocess.config import DEFAULT_RESIZE_METHOD, recorded_options
 
 # Options that name where the output goes or how it is replaced, not what it holds.
 NOT_FINGERPRINTED = ("output", "overwrite")
@@ -53,7 +53,7 @@ def fingerprinted_options(config, runner: str) -> dict:
     """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite), and where
     each local path option pointed when the run started (``source_resolved``: absolute, links resolved, in that
     run's working folder), which a resume compares instead of the text typed."""
-    options = {**recorded_options(config, runner), RESIZE_METHOD: resize.DEFAULT_METHOD}
+    options = {**recorded_options(config, runner), RESIZE_METHOD: DEFAULT_RESIZE_METHOD}
     options = {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
     for name in _PATH_OPTIONS:
         if isinstance(options.get(name), str):

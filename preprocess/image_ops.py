@@ -22,7 +22,8 @@ import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 from shardprep.preprocess import encodings, jpeg_decode, limits, resize
-from shardprep.preprocess.config import CROPS, DEFAULT_MAX_PIXELS  # noqa: F401 - image_ops.CROPS etc.
+from shardprep.preprocess.config import (CROPS, DEFAULT_CROP, DEFAULT_ENCODING, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS,
+                                         DEFAULT_RESIZE_METHOD, DEFAULT_SHORTER_SIDE)
 
 # Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
 BACKGROUND_RGB = (255, 255, 255)
@@ -91,12 +92,12 @@ class RejectError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessOptions:
-    shorter_side: int = 256
-    crop: str = "center"
-    encoding: str = encodings.RAW.name
-    jpeg_quality: int = 90
+    shorter_side: int = DEFAULT_SHORTER_SIDE
+    crop: str = DEFAULT_CROP
+    encoding: str = DEFAULT_ENCODING
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
     max_pixels: int = DEFAULT_MAX_PIXELS
-    resize_method: str = resize.DEFAULT_METHOD
+    resize_method: str = DEFAULT_RESIZE_METHOD
 
     def __post_init__(self):
         if self.shorter_side < 1:
@@ -295,7 +296,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def resize_and_crop(image: Image.Image, shorter_side: int, crop: str,
-                    method: str = resize.DEFAULT_METHOD) -> Image.Image:
+                    method: str = DEFAULT_RESIZE_METHOD) -> Image.Image:
     """Resizes the RGB ``image`` so the shorter side is ``shorter_side`` (by ``method``); with ``crop="center"``
     also cuts the centred square."""
     return resize.resize_and_crop(image, target_size(*image.size, shorter_side), shorter_side, crop, method)

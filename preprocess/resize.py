@@ -1,7 +1,7 @@
 """The resize methods: how a decoded RGB image becomes the stored size, and which method made a dataset.
 
 A dataset's ``manifest.json`` records its method as ``resize_method``; a manifest without the key was made before
-the key existed, by :data:`PILLOW_BICUBIC`. New datasets are made with :data:`DEFAULT_METHOD`.
+the key existed, by :data:`PILLOW_BICUBIC`. New datasets are made with ``config.DEFAULT_RESIZE_METHOD``.
 
 * ``pillow-bicubic``: Pillow's ``BICUBIC`` filter, which Pillow antialiases when downscaling (its support widens with
   the scale factor), applied to the kept square only.
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use the
 PILLOW_BICUBIC = "pillow-bicubic"
 LANCZOS2_CUBIC = "lanczos2-cubic"
 RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
-DEFAULT_METHOD = LANCZOS2_CUBIC
 # What made a dataset whose manifest has no resize_method: every shardprep version before the key.
 METHOD_WITHOUT_KEY = PILLOW_BICUBIC
 

@@ -12,7 +12,8 @@ import bisect
 import hashlib
 import math
 
-TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
+from shardprep.preprocess.config import TARGET_SHARD_BYTES
+
 BUCKET_TARGET = 8192  # sort keys per bucket when finding shard boundaries: bounds the work of one worker
 
 

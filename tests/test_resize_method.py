@@ -12,7 +12,7 @@ import pytest
 import validate_helpers as helpers
 from shardprep.pipelines import validate
 from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.preprocess import resize
+from shardprep.preprocess import config, resize
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
 from shardprep.train import predict
 
@@ -82,7 +82,7 @@ def test_recorded_is_none_only_for_the_method_without_key():
 
 def test_the_job_records_its_method(made):
     document = json.loads((made / "manifest.json").read_text())
-    assert document["resize_method"] == resize.LANCZOS2_CUBIC == resize.DEFAULT_METHOD
+    assert document["resize_method"] == resize.LANCZOS2_CUBIC == config.DEFAULT_RESIZE_METHOD
     keys = list(document)
     assert keys.index("resize_method") == keys.index("crop") + 1
 
