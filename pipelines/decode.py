@@ -1,19 +1,11 @@
 """The decode stage: inputs become stored records in spill files; only pointers to them go on.
 
-``DecodeResizeEncode`` (a composite) runs one of two DoFns, one per element type, and sums their summaries:
-
-* :class:`GroupDecoder` (files and folders): each element is one decode group, ``((split, group), [InputBatch])``,
-  a range of consecutive ranks of the seeded order. Its inputs are decoded in that order into a file of their own,
-  hashed as it is written; when the group is exactly one shard, WriteShards renames that file into place, so the
-  records are written once. On local runs each finished group is recorded in the unit journal
-  (``shardprep.pipelines.journal``), and ``--resume`` re-emits an intact recorded group instead of decoding it.
-* :class:`BundleDecoder` (TFRecord sources, decoded where their file is read): each element is a list of inputs; a
-  bundle appends to one spill file, and WriteShards copies the records into their shards.
-
-Either way the main output is :class:`~shardprep.preprocess.record_pointers.RecordPointers` (every record's sort key and
-place in its file), so image bytes never travel through the runner's shuffle (on Beam's local runner, every
-element crossing costs a gRPC copy). A retried element or bundle writes a new file, and only the successful
-attempt's outputs are kept by the runner, so pointers always name complete data.
+``DecodeResizeEncode`` runs one of two DoFns and sums their summaries. :class:`GroupDecoder` (files): each element
+is one decode group (consecutive ranks of the seeded order) decoded in order into a file of its own, renamed into
+place when it is exactly one shard; local runs journal finished groups and ``--resume`` re-emits intact ones.
+:class:`BundleDecoder` (TFRecord sources, decoded where read): a bundle appends to one spill file. Either way only
+:class:`~shardprep.preprocess.record_pointers.RecordPointers` go on, so image bytes never cross the runner's
+shuffle; a retry writes a new file and the runner keeps only the successful attempt's outputs.
 """
 
 from __future__ import annotations

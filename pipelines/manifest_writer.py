@@ -1,13 +1,8 @@
 """The job's accounting and its last files: inputs counted per split, OUTPUT/rejects.jsonl, OUTPUT/manifest.json.
 
-``CountInputs`` counts what listing found (inputs and listing rejects), the other half of the check that every
-input is accounted for; ``WriteRejects`` writes the rejects file; ``WriteManifest`` writes the manifest once every
-shard and the rejects are written, then removes the spill folder (the journal last). Each file appears whole or not
-at all (``atomic_write``), so a kill at any point leaves either the journal (``--resume`` finishes the run) or a
-manifest (the dataset is complete; ``--resume`` removes what is left of ``.tmp/``). What the manifest says is built by the function the graph
-passes in (``build_manifest`` below, with the run's config and plan bound), which also refuses an unaccounted-for
-input: ``check_inputs_found``, ``split_entries`` (the per-split accounting check, typed ``SplitInfo``s), ``check_strict``,
-``document`` (a typed ``Manifest``, written as its ``to_json``).
+Each file appears whole or not at all (``atomic_write``): a kill leaves either the journal (``--resume`` finishes
+the run) or a manifest (the dataset is complete). :func:`build_manifest` refuses an unaccounted-for input (every
+input is a record or a reject), and a run --strict saw rejects in, before anything is written.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ class CountInputs(beam.PTransform):
     """(Inputs, listing Rejects) -> (split, inputs listed), rejects included."""
 
     def expand(self, listed_and_rejects):
-        # Each element is cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements (here
-        # every listed input) in the launcher. One combine for both (Count.PerElement takes one more ParDo each).
+        # Cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements in the launcher.
         listed, rejects = listed_and_rejects
         return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
                  rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
@@ -71,9 +65,8 @@ class WriteRejects(beam.PTransform):
         self.output = output
 
     def expand(self, rejects):
-        # The rejects as side inputs of one element: a rejects file even without rejects, in one ParDo where a
-        # global combine with its default takes six and two more stages. Several PCollections (a tuple) are each
-        # a side input of their own: their Flatten would be one more stage.
+        # Side inputs of one element: a rejects file even without rejects, in one ParDo (a global combine with
+        # its default takes six stages more); a tuple's parts each a side input (a Flatten is one more stage).
         parts = rejects if isinstance(rejects, tuple) else (rejects,)
         return (parts[0].pipeline
                 | "Start" >> beam.Impulse()
@@ -86,12 +79,8 @@ def _write_all_rejects(_, output: str, *parts) -> dict:
 
 
 class WriteManifestFile(beam.DoFn):
-    """Impulse's one element -> the manifest document, after writing OUTPUT/manifest.json and then removing the
-    spill folder.
-
-    ``build(shard_entries, input_counts, summary, reject_summary, layouts)`` makes the document from the side
-    inputs, or raises PreprocessError (an input unaccounted for, or --strict saw rejects): then nothing is written.
-    """
+    """Impulse's one element -> the manifest document ``build(side inputs...)`` makes (or its PreprocessError:
+    nothing written), after writing OUTPUT/manifest.json and then removing the spill folder."""
 
     def __init__(self, output: str, build):
         self.output, self.build = output, build
@@ -99,8 +88,6 @@ class WriteManifestFile(beam.DoFn):
     def process(self, _, shard_entries, input_counts, summary, reject_summary, layouts):
         document = self.build(shard_entries, input_counts, summary, reject_summary, layouts)
         path = manifest.join(self.output, manifest.MANIFEST_NAME)
-        # Written under a temporary name, then renamed: a failed write (a full disk) leaves no manifest at all,
-        # never an empty or partial one where readers look for the mark of a complete dataset.
         try:
             atomic_write(path, manifest.document_text(document).encode("utf-8"), mime_type="application/json")
         except Exception as e:
@@ -116,11 +103,8 @@ class WriteManifestFile(beam.DoFn):
 
 
 class WriteManifest(beam.PTransform):
-    """The pipeline's start -> the manifest document (one), written once every side input is complete.
-
-    The side inputs: ``shard_entries`` (AsList of the shard entries), ``input_counts`` (AsDict), ``summary``
-    (AsSingleton RecordSummary), ``reject_summary`` (AsSingleton) and ``layouts`` ({split: FixedLayout}).
-    """
+    """The pipeline's start -> the manifest document, written once every side input (shard entries, input
+    counts, RecordSummary, reject summary, {split: FixedLayout}) is complete."""
 
     def __init__(self, output: str, build, shard_entries, input_counts, summary, reject_summary, layouts):
         super().__init__()
@@ -138,10 +122,8 @@ class WriteManifest(beam.PTransform):
 
 def build_manifest(config, plan, runner: str, shard_entries, input_counts, summary: sharding.RecordSummary,
                    reject_summary, layouts: dict | None = None) -> dict:
-    """The manifest document; raises PreprocessError if any input is unaccounted for or --strict saw rejects.
-
-    ``config`` a PreprocessConfig, ``plan`` a planning.SourcePlan; the rest are WriteManifest's side inputs.
-    """
+    """The manifest document of ``config``'s run of ``plan`` (the rest: WriteManifest's side inputs); raises
+    PreprocessError if any input is unaccounted for or --strict saw rejects."""
     check_inputs_found(config, plan, input_counts, reject_summary)
     splits, problems = split_entries(config, plan, shard_entries, input_counts, summary, reject_summary, layouts)
     extra_splits = set(reject_summary) - set(plan.splits)
@@ -220,8 +202,7 @@ def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
 
 
 def created_time() -> str:
-    """The manifest's ``created``: now, or the time SOURCE_DATE_EPOCH gives (the reproducible-builds convention), so
-    that two runs of the same inputs and options can write byte-identical manifests."""
+    """The manifest's ``created``: now, or SOURCE_DATE_EPOCH's time (reproducible builds: byte-identical manifests)."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     moment = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
               else datetime.datetime.now(datetime.timezone.utc))
@@ -229,8 +210,7 @@ def created_time() -> str:
 
 
 def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: sharding.RecordSummary) -> dict:
-    """The manifest document of an accounted-for run: the :class:`Manifest`'s ``to_json`` (keys in the order
-    readers and the pinned bytes expect)."""
+    """The manifest document of an accounted-for run (the :class:`Manifest`'s ``to_json``)."""
     mean, std = sharding.pixel_statistics(summary.pixel_sums)
     classes = class_names(plan, summary)
     square = config.crop == "center"

@@ -1,37 +1,12 @@
-"""The preprocess job: decode, convert, resize and re-shard a source of images into uniform TFRecord shards.
+"""The preprocess job: the graph (``build_pipeline``, read top to bottom) and ``execute_job``.
 
-This module holds the graph (``build_pipeline``, read it top to bottom) and ``run_job``. Planning runs before the
-graph, on the launching machine (``source_registry.plan_source``: SOURCE -> its kind's ``SourcePlan``); each stage
-of the graph is a composite transform in a module of its own. Labels as in the Beam graph; element types in
-``shardprep.preprocess.elements`` (Input, Reject), ``shardprep.preprocess.record_pointers`` (SortKeys,
-RecordPointers), ``shardprep.preprocess.sharding`` (RecordSummary), ``shardprep.preprocess.fixed_layout``
-(FixedLayout)::
-
-    ListInputs            listing, as the plan's kind lists: class folders, flat files joined with the labels file,
-                          or TFRecord files read -> Input, Reject
-    ExcludeInputs         exclude (--exclude FILE only): an Input the file names -> a Reject, reason "excluded"
-    CountInputs           manifest_writer: (Input, Reject) -> (split, inputs); the accounting check's other half
-    BatchInputs           Input -> [Input], so the runner handles one element per batch, not per image
-    FixedLayouts          layouts: raw centre crops: Input -> (split, FixedLayout), the one record length fitting every
-                          listed key and label; it makes the split's bytes known before decoding
-    DecodeGroups          decode_groups: [Input] -> ((split, group), [InputBatch]); the inputs' SortKeys ranked into
-                          decode groups: the shards when their count is known before decoding (--num-shards, or raw
-                          centre crops), else pieces of them, at least two groups per local worker. Files only:
-                          TFRecord inputs are decoded where their file was read
-    DecodeResizeEncode    decode: image_ops.process_image, a group's inputs in seeded order; records go to the group's
-                          file under OUTPUT/.tmp/ (spill), only pointers go on (RecordPointers), with the bundles'
-                          RecordSummary summed; bad inputs become Rejects. Local runs record each finished group
-                          in OUTPUT/.tmp/journal.jsonl (journal); --resume re-emits the intact ones
-    ShardBoundaries       boundaries: RecordPointers -> {split: shard-start sort keys}, exact rank boundaries of the
-                          seeded order from sort keys grouped in bounded hash-range buckets
-    WriteShards           shards: RecordPointers -> shard entries; a shard that is exactly one group's file is that
-                          file, renamed; any other is streamed from its groups' files in seeded order
-    WriteRejects          manifest_writer: Reject -> OUTPUT/rejects.jsonl, {split: {reason: count}}
-    WriteManifest         manifest_writer: OUTPUT/manifest.json (build_manifest), last, only when every input is
-                          accounted for
-
-Order and sharding depend only on the inputs, the options and ``--seed`` (a record's sort key is a hash of the seed,
-its split and its source key), so shards are byte-identical whatever the number or speed of workers.
+Planning runs first, on the launcher (``source_registry.plan_source``). Stages, each a transform in its own module:
+ListInputs (Input, Reject) -> ExcludeInputs (--exclude) -> CountInputs -> BatchInputs -> FixedLayouts (raw centre
+crops: one record length per split) -> DecodeGroups (files: decode groups of consecutive ranks of the seeded order)
+-> DecodeResizeEncode (``image_ops.process_image``; records to spill files, RecordPointers on; local runs journal
+finished groups for --resume) -> ShardBoundaries -> WriteShards -> WriteRejects -> WriteManifest (last, only when
+every input is accounted for). Order and sharding depend only on the inputs, the options and ``--seed``, so shards
+are byte-identical whatever the number or speed of workers.
 """
 
 from __future__ import annotations

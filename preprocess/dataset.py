@@ -1,20 +1,8 @@
-"""A prepared dataset as one typed value: :class:`Manifest` (its :class:`SplitInfo` per split, :class:`ShardEntry` per
-shard), loaded and checked once by :func:`load_manifest`, then passed on to every reader, train, predict, validate
-and the journal.
+"""A prepared dataset as one typed value: :class:`Manifest` (a :class:`SplitInfo` per split, a :class:`ShardEntry`
+per shard), loaded and checked once by :func:`load_manifest`, then passed to every reader.
 
-:func:`load_manifest` reads ``DATA/manifest.json`` (``shardprep.preprocess.manifest.read_document``: untrusted input,
-bounded, of this ``format_version``), checks its shape (``manifest_schema.shape_problems``) and builds the
-:class:`Manifest`: each error a :class:`~shardprep.preprocess.manifest.ManifestError` naming the file
-(:class:`ManifestShapeError` lists every shape problem, :class:`UnfitLayoutError` names a split whose
-``record_layout`` cannot be its records' layout). Shard files are named by :data:`SHARD_FILES`, the one shard-name
-template (``<split>/<split>-00000-of-000NN.tfrecord``): it is spelled in ``shardprep.preprocess.manifest``, which
-names the dataset's files and sits below this module (it tells a stopped run's leftovers from an image folder by
-their names), and every module that formats or recognises a shard name asks it.
-
-The writer (``shardprep.pipelines.manifest_writer``) builds a :class:`Manifest` and writes :meth:`Manifest.to_json`.
-``to_json`` gives back every document the writer writes key for key, in order, with the same values and types, so
-the manifest's bytes do not depend on this module. Keys a hand-made manifest may leave out (all but the schema's
-required ones) are None here; ``to_json`` then writes null.
+:meth:`Manifest.to_json` gives back every document the writer writes, key for key, in order, with the same values
+and types (the keys are ``manifest_schema``'s); keys a hand-made manifest leaves out are None here, null there.
 """
 
 from __future__ import annotations
@@ -60,8 +48,7 @@ class ShardEntry:
         return cls(entry["file"], entry["num_examples"], entry["num_bytes"], entry.get("sha256"))
 
     def to_json(self) -> dict:
-        return {"file": self.file, "num_examples": self.num_examples, "num_bytes": self.num_bytes,
-                "sha256": self.sha256}
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +66,7 @@ class SplitInfo:
 
     @classmethod
     def from_json(cls, info: dict, record_layout: FixedLayout | None = None) -> "SplitInfo":
-        """``info`` a manifest's split entry; ``record_layout`` its layout, already rebuilt (``Manifest.from_json``
-        does that: it needs the dataset's image size)."""
+        """``info`` a manifest's split entry; ``record_layout`` its layout, rebuilt by ``Manifest.from_json``."""
         shards = tuple(ShardEntry.from_json(entry) for entry in info["shards"])
         return cls(
             num_inputs=info.get("num_inputs"), num_examples=info["num_examples"],
@@ -89,16 +75,12 @@ class SplitInfo:
             record_layout=record_layout)
 
     def to_json(self) -> dict:
-        document = {
-            "num_inputs": self.num_inputs,
-            "num_examples": self.num_examples,
-            "num_rejected": self.num_rejected,
-            "rejected_by_reason": dict(self.rejected_by_reason),
-            "class_counts": dict(self.class_counts),
-            "num_shards": self.num_shards,
-            "shards": [shard.to_json() for shard in self.shards],
-        }
-        if self.record_layout is not None:
+        document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        document.update(rejected_by_reason=dict(self.rejected_by_reason), class_counts=dict(self.class_counts),
+                        shards=[shard.to_json() for shard in self.shards])
+        if self.record_layout is None:
+            del document["record_layout"]
+        else:
             document["record_layout"] = self.record_layout.to_json()
         return document
 
@@ -109,7 +91,7 @@ class SplitInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """``OUTPUT/manifest.json`` as a typed value; fields in the document's key order (see ``shardprep.preprocess.manifest``)."""
+    """``OUTPUT/manifest.json`` as a typed value; its fields are ``manifest_schema.MANIFEST_KEYS``, in order."""
 
     format_version: int
     tool: str | None
@@ -124,9 +106,7 @@ class Manifest:
     jpeg_quality: int | None
     shorter_side: int
     crop: str
-    # The resize method that made the images (``shardprep.preprocess.resize``); None in a manifest written before
-    # the key existed, whose images ``pillow-bicubic`` made (``resize_method_used``). Written only when known.
-    resize_method: str | None
+    resize_method: str | None  # None (not written): made before the key existed, by pillow-bicubic
     image_height: int | None
     image_width: int | None
     channels: int | None
@@ -139,25 +119,17 @@ class Manifest:
     stats_split: str | None
     mean_rgb: tuple[float, float, float] | None
     std_rgb: tuple[float, float, float] | None
-    # What lay beside the split or class folders and was not read ({path, reason} each); written only when there
-    # was something, so a dataset without any keeps the manifest it always had.
-    not_used: tuple[dict, ...] | None = None
-    # {"width", "height"} of the median input in a sample of their headers (``input_sizes``); written when one was
-    # read, absent from manifests written before the key existed.
-    median_input_size: dict | None = None
-    # Not in the document: {split: why its record_layout is not used} (given for records without a fixed layout,
-    # or one that does not fit: see ``from_json``'s ``lenient_layouts``).
+    not_used: tuple[dict, ...] | None = None  # written only when there was something
+    median_input_size: dict | None = None  # written when known
+    # Not in the document: {split: why its record_layout is not used} (``from_json``'s ``lenient_layouts``).
     layout_problems: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, document, *, layouts_required: bool = True, lenient_layouts: bool = False,
                   source: str | None = None) -> "Manifest":
-        """The typed manifest of a loaded document.
-
-        Raises :class:`ManifestShapeError` listing its shape problems (``layouts_required``: as
-        ``shape_problems``'), or :class:`UnfitLayoutError` naming a split whose ``record_layout`` does not fit its
-        images; with ``lenient_layouts`` such a layout is left out instead, and said in :attr:`layout_problems`.
-        ``source``: the file the document was read from, which each message then begins with."""
+        """The typed manifest of a loaded document; :class:`ManifestShapeError` listing its shape problems, or
+        :class:`UnfitLayoutError` for a ``record_layout`` that does not fit (``lenient_layouts``: left out and said
+        in :attr:`layout_problems`). Messages begin with ``source``, the file read, when given."""
         where = f"{source}: " if source else ""
         problems = shape_problems(document, layouts_required=layouts_required)
         if problems:
@@ -195,8 +167,7 @@ class Manifest:
 
     @property
     def resize_method_used(self) -> str:
-        """The resize method that made the stored images: the recorded one, else the one every version before the
-        key used."""
+        """The resize method that made the stored images (the one before the key existed when none is recorded)."""
         return resize.METHOD_WITHOUT_KEY if self.resize_method is None else self.resize_method
 
     def split(self, name: str) -> SplitInfo:
@@ -211,8 +182,7 @@ class Manifest:
 
     @property
     def stored_shape(self) -> tuple[int, int]:
-        """(height, width) of every stored image: the crop's, or ``shorter_side`` square for ``crop: none``
-        (whose stored images differ; readers resize them to this)."""
+        """(height, width) of every stored image; ``shorter_side`` square for ``crop: none`` (readers resize to it)."""
         if self.crop == "none":
             return self.shorter_side, self.shorter_side
         return self.image_height, self.image_width
@@ -233,9 +203,8 @@ def _document_fields(manifest) -> list[dataclasses.Field]:
 
 
 def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict[str, str]]:
-    """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used}) for
-    the splits of a shape-checked document that give a ``record_layout``. Only raw centre crops have one; another
-    dataset's is not read (no reader uses it), only said."""
+    """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used}); only
+    raw centre crops have one, another dataset's is only said."""
     layouts: dict[str, FixedLayout | None] = {}
     problems: dict[str, str] = {}
     fixed = encodings.has_fixed_layout(document["encoding"], document["crop"])
@@ -255,24 +224,17 @@ def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict
 
 
 def typed(manifest) -> Manifest:
-    """``manifest`` as a :class:`Manifest` for a reader: itself, or a loaded document converted
-    (``Manifest.from_json``; a raw centre-crop split without ``record_layout`` is allowed: it is read as TFRecords)."""
+    """``manifest`` as a :class:`Manifest`: itself, or a document converted (layouts not required)."""
     return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest, layouts_required=False)
 
 
 def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False, lenient_layouts: bool = False,
                   read_url: Callable[[str, int], bytes | None] | None = None) -> Manifest:
-    """The :class:`Manifest` of the prepared dataset in ``data_dir`` (a local folder, ``file://`` or any Beam file
-    system such as ``gs://``, which needs the gcp extra): ``manifest.json`` read once as untrusted input, its shape
-    checked once, typed. Pass the result on (``make_dataset(..., manifest=)``, ``NumpyReader(..., manifest=)``):
-    nothing reads it again.
-
-    Raises :class:`~shardprep.preprocess.manifest.ManifestError`, naming the file: no manifest (its ``kind`` says
-    what the path is instead), unreadable, not of this version, :class:`ManifestShapeError`,
-    :class:`UnfitLayoutError`. ``layouts_required``: every raw centre-crop split with records must have a
-    ``record_layout`` (``shardprep train`` and ``validate`` require it; a reader reads such a split as TFRecords).
-    ``lenient_layouts``: a ``record_layout`` that does not fit is left out (:attr:`Manifest.layout_problems`).
-    ``read_url``: how a URL's ``manifest.json`` is read (see ``read_document``; default: Beam's file systems)."""
+    """The :class:`Manifest` of the dataset in ``data_dir`` (local, ``file://`` or a Beam file system such as
+    ``gs://``): read once as untrusted input, shape-checked, typed; pass it on, nothing reads it again. Raises a
+    :class:`~shardprep.preprocess.manifest.ManifestError` naming the file. ``layouts_required``: raw centre-crop
+    splits must have a ``record_layout`` (train and validate); ``lenient_layouts``: one that does not fit is left
+    out; ``read_url``: how a URL's file is read (``read_document``)."""
     data_dir = os.fspath(data_dir)
     return Manifest.from_json(read_document(data_dir, read_url), layouts_required=layouts_required,
                               lenient_layouts=lenient_layouts, source=manifest_path(data_dir))

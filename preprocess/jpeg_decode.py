@@ -1,14 +1,9 @@
 """Plain JPEGs decoded straight to an RGB array by libjpeg-turbo (simplejpeg): Pillow's pixels, at less cost.
 
-Pillow decodes a JPEG with the same libjpeg-turbo settings (accurate integer IDCT, fancy upsampling, DCT scaling by
-its ``draft``), but through its row-by-row decoder loop and into an image that is copied again on the way to NumPy;
-simplejpeg's one call writes the array directly, faster per photo (``benchmarks/resize_bench.py``:
-``decode_only_simplejpeg`` against ``decode_only``). The pixels are the same, byte for byte (``tests/test_jpeg_decode.py``
-holds the two decoders to that), so datasets do not change.
-
-Only what the two decode alike is taken: a baseline or progressive JPEG (not MPO) that Pillow opened as RGB or
-greyscale, with no EXIF orientation to apply; anything else, any error or warning from simplejpeg (``strict``), or
-no simplejpeg installed, returns None and the caller decodes with Pillow, which decides every reject.
+Pillow uses the same libjpeg-turbo settings but its row loop and an extra copy; the pixels are the same byte for
+byte (``tests/test_jpeg_decode.py``), so datasets do not change. Only a baseline or progressive JPEG Pillow opened
+as RGB or grey, without EXIF orientation, is taken; anything else, any simplejpeg error or warning, or no
+simplejpeg returns None and the caller decodes with Pillow, which decides every reject.
 """
 
 from __future__ import annotations

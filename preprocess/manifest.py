@@ -57,10 +57,9 @@ class ShardName(NamedTuple):
 
 
 class ShardFileTemplate:
-    """The one spelling of a shard's file: ``<split>/<split>-00000-of-000NN.tfrecord``, TFDS's scheme (as TFDS's
-    ``ShardedFileTemplate``): :meth:`name` and :meth:`path` format one, :meth:`parse_name` and :meth:`parse_path`
-    read one back (None for anything :meth:`name` does not write). Numbers have at least :attr:`digits` digits,
-    more when they need them (shard 100000), and no other leading zeros."""
+    """The one spelling of a shard's file, TFDS's ``<split>/<split>-00000-of-000NN.tfrecord``: formatted by
+    :meth:`name`/:meth:`path`, read back by :meth:`parse_name`/:meth:`parse_path` (None for anything else).
+    Numbers have at least :attr:`digits` digits and no other leading zeros."""
 
     def __init__(self, suffix: str = ".tfrecord", digits: int = 5):
         self.suffix, self.digits = suffix, digits
@@ -81,8 +80,8 @@ class ShardFileTemplate:
         return f"{split}/{self.name(split, index, num_shards)}"
 
     def parse_name(self, name: str, *, any_case: bool = False) -> ShardName | None:
-        """What the file name ``name`` says, if :meth:`name` writes it (``any_case``: letters in any case, as a
-        case-insensitive file system would match them); else None."""
+        """What the file name ``name`` says, if :meth:`name` writes it (``any_case``: as a case-insensitive file
+        system matches); else None."""
         match = (self._name_any_case if any_case else self._name).fullmatch(name)
         if match is None:
             return None
@@ -92,8 +91,7 @@ class ShardFileTemplate:
         return ShardName(match["split"], int(index), int(num_shards))
 
     def parse_path(self, relative: str) -> ShardName | None:
-        """What ``relative`` (to the dataset folder, '/'-separated) says, if it is a shard's path: a shard name
-        inside the folder of its own split; else None."""
+        """What ``relative`` (to the dataset folder) says, if it is a shard's name in its own split's folder."""
         folder, _, name = relative.partition("/")
         parsed = self.parse_name(name) if folder and "/" not in name else None
         return parsed if parsed is not None and parsed.split == folder else None
@@ -108,10 +106,8 @@ def document_text(document: dict) -> str:
 
 
 def parse_document(text: str | bytes, source: str = MANIFEST_NAME) -> dict:
-    """The manifest document in ``text``, read from ``source`` (each error begins ``"<source>: "``) as untrusted
-    input (:func:`shardprep.preprocess.untrusted.json_loads`: bounded size and nesting, finite numbers, no duplicate
-    keys); a :class:`ManifestError` otherwise, or for an unknown ``format_version``. Its shape is not checked here:
-    ``Manifest.from_json`` does that."""
+    """The manifest document in ``text`` read from ``source`` as untrusted input (``untrusted.json_loads``), of
+    this ``format_version``; a :class:`ManifestError` beginning ``"<source>: "`` otherwise. Shape not checked."""
     try:
         document = untrusted.json_loads(text, source=source, max_bytes=MANIFEST_MAX_BYTES,
                                         max_depth=MANIFEST_MAX_DEPTH)
@@ -135,8 +131,7 @@ _FILES_LOOKED_AT = 5000  # a huge image folder is told apart from leftovers with
 
 
 def _looks_like_output(relative: str) -> bool:
-    """A file a shardprep run writes: rejects, the lock, spill files, shards and their temporaries
-    (``.tmp-<hex>-<shard name>``, beside the shard)."""
+    """A file a shardprep run writes: rejects, the lock, spill files, shards and their ``.tmp-<hex>-`` copies."""
     name = relative.rsplit("/", 1)[-1]
     if name.startswith(".tmp-"):
         name = name[len(".tmp-"):].partition("-")[2]
@@ -166,11 +161,8 @@ def _remote_files(data_dir: str):
 
 
 def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
-    """What ``data_dir``, which has no manifest, is: ``(kind, an example file)``; kind is one of
-    :data:`PATH_MISSING`, :data:`PATH_FILE`, :data:`PATH_EMPTY` (no files), :data:`PATH_IMAGES` (image files and
-    nothing a shardprep run writes: a SOURCE given as DATA), :data:`PATH_INCOMPLETE` (files a shardprep run writes:
-    a run that stopped early), :data:`PATH_INSIDE` (a folder of a prepared dataset, whose folder is the example)
-    or :data:`PATH_OTHER`."""
+    """What ``data_dir``, which has no manifest, is: ``(one of the PATH_ kinds, an example file)``; images and
+    nothing a run writes are a SOURCE given as DATA, files a run writes a run that stopped early."""
     if "://" in data_dir:
         files = _remote_files(data_dir)
     else:
@@ -203,9 +195,8 @@ def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
 
 
 def missing_manifest_error(data_dir: str) -> ManifestError:
-    """The error every reader raises for ``data_dir`` without a manifest, saying what the path is (missing, a file,
-    an empty folder, an image folder, a run that did not finish, something else); its ``kind`` is
-    :func:`dataset_path_kind`'s."""
+    """The error every reader raises for ``data_dir`` without a manifest, saying what the path is instead (its
+    ``kind``: :func:`dataset_path_kind`'s)."""
     kind, example = dataset_path_kind(data_dir)
     give = "give the folder shardprep preprocess wrote (it holds manifest.json)"
     if kind == PATH_MISSING:
@@ -233,8 +224,8 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
 
 
 def read_local(data_dir: str) -> bytes:
-    """The bytes of a local ``data_dir/manifest.json``: a regular file (never a FIFO or a device, which would block
-    or never end) of at most :data:`MANIFEST_MAX_BYTES`; a :class:`ManifestError` naming the path otherwise."""
+    """The bytes of a local ``data_dir/manifest.json``, a regular file (never a FIFO or device) of at most
+    :data:`MANIFEST_MAX_BYTES`; a :class:`ManifestError` naming the path otherwise."""
     path = os.path.join(data_dir, MANIFEST_NAME)
     if not os.path.lexists(path):
         raise missing_manifest_error(data_dir)
@@ -267,11 +258,9 @@ def manifest_path(data_dir: str) -> str:
 
 
 def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | None = None) -> dict:
-    """The manifest document of ``data_dir`` (a local path, ``file://`` or a URL such as ``gs://``), read within the
-    bounds of :func:`parse_document` (and :func:`read_local` for local paths); every error a :class:`ManifestError`
-    naming the file. The shape is checked by ``Manifest.from_json`` (:func:`shardprep.preprocess.dataset.load_manifest`
-    does both). A URL's file is read by ``read_url(path, at_most_bytes)`` (None: there is none; the train reader
-    gives TensorFlow's file systems), by default through Beam's ``FileSystems``."""
+    """The manifest document of ``data_dir`` (local, ``file://`` or a URL such as ``gs://``), within the bounds of
+    :func:`parse_document`; every error a :class:`ManifestError` naming the file. A URL's file is read by
+    ``read_url(path, at_most_bytes)`` (None: absent; train gives TensorFlow's), by default Beam's ``FileSystems``."""
     data_dir = os.fspath(data_dir)
     if "://" not in data_dir or data_dir.startswith("file://"):
         local = data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir

@@ -1,20 +1,11 @@
 """The one rule for split and class names, whatever they are read from, and the one form they are compared in.
 
-Split names become folders and shard file names under OUTPUT; class names go into the manifest and the records. A
-name is refused when it is empty or blank, starts or ends with white space, holds a path separator, a control
-character or an invisible formatting character (bidi controls such as U+202E, zero-width spaces, a byte order
-mark; the joiners U+200C/U+200D that some scripts spell words with are kept), is ``.``/``..`` or starts with a dot
-(hidden: every lister skips it), or is not valid UTF-8. A split name must also not be one of OUTPUT's own files
-(``manifest.json``, ``rejects.jsonl``, in any case) or look like a shard file, and is kept short enough for a
-shard's temporary file name to fit the 255 bytes file systems allow.
-
-Names are compared and shown in Unicode NFC (``canonical``): ``Café`` typed on Linux (NFC) and copied from a Mac
-(NFD) is one name, shown in NFC; one class stored in both spellings is refused (other tools would read two classes).
-
-Class order (``class_order``) is the ecosystem's: the names sorted as they are stored, by code point, as
-torchvision's ``ImageFolder``, Keras's ``image_dataset_from_directory``, TFDS's ``ImageFolder`` and Hugging Face's
-``imagefolder`` sort them ("10" before "2"); a list the dataset or the user gives (``--classes FILE``) wins, in its
-order.
+A name is refused when empty or blank, edged with white space, holding a path separator, a control or invisible
+formatting character (bidi controls, zero-width spaces, a BOM; the joiners U+200C/U+200D are kept), ``.``/``..`` or
+a leading dot (hidden), or not UTF-8. A split name must also not be one of OUTPUT's files (any case) or look like
+a shard, and must leave a shard's temporary name within 255 bytes. Names compare in Unicode NFC (``canonical``):
+one class in both spellings is refused. Class order (``class_order``) is the ecosystem's (by code point, as
+torchvision's ``ImageFolder``: "10" before "2"), unless ``--classes FILE`` or the dataset gives one.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""A perceptual fingerprint of an image's pixels: 64 bits that stay close when the photo is re-encoded, rescaled,
-slightly cropped or shifted, or made brighter or darker, and differ in about half their bits between unrelated
-photos. Pure NumPy and Pillow; validate's near-duplicate search compares these by Hamming distance.
+"""A perceptual fingerprint of an image's pixels: 64 bits that stay close when a photo is re-encoded, rescaled,
+slightly cropped or shifted, or made brighter or darker; validate's near-duplicate search compares them.
 
-The hash is a DCT hash: the image in grey, shrunk to 32×32 by area averaging, its 2-D DCT, and one bit per
-low-frequency coefficient (the 64 lowest in zigzag order, DC left out): set when the coefficient is positive.
-Brightness changes move only the DC term and a contrast change scales every coefficient, so neither moves a bit
-(until pixels clip); re-encoding and rescaling change high frequencies, which the hash ignores; a crop or shift of a
-few percent moves the low frequencies a little. A flat image hashes to 0.
-
-A horizontal flip negates every coefficient of odd horizontal frequency, so the mirror image's hash is the same
-coefficients' bits with those negated (:attr:`Fingerprint.mirror`: the hash with the odd-frequency bits inverted);
-:func:`distance` compares a hash with the other's mirror too, so flipped copies are caught, and
-:func:`flip_invariant_features` gives bits a flip leaves alone, for search keys that find a copy and its mirror
-alike. A vertical flip, a rotation or a large crop is not caught.
+A DCT hash: the image in grey, area-shrunk to 32x32, its 2-D DCT, one bit per low-frequency coefficient (the 64
+lowest in zigzag order, DC left out) set when positive; a flat image hashes to 0. A horizontal flip negates the
+odd horizontal frequencies, so :attr:`Fingerprint.mirror` is the hash with those bits inverted: :func:`distance`
+compares against it too, and :func:`flip_invariant_features` gives bits a flip leaves alone. Vertical flips,
+rotations and large crops are not caught.
 """
 
 from __future__ import annotations

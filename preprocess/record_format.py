@@ -1,27 +1,11 @@
-"""The shard record format: one ``tf.train.Example`` per image.
+"""The shard record format, one ``tf.train.Example`` per image, defined once for the writer and every reader.
 
-This module is the single definition of what a shardprep record holds. The Beam writer and every reader
-(the tf.data training reader, the validate pipeline) import their keys, encoders and parsers from here.
-
-Keys follow TensorFlow's official vision loaders:
-
-=====================  =======  ==========================================================
-key                    type     value
-=====================  =======  ==========================================================
-``image/encoded``      bytes    the image as its encoding stores it (``raw``: H*W*3 uint8 RGB bytes, row-major)
-``image/format``       bytes    the encoding's name (``raw``, ``jpeg``): :mod:`shardprep.preprocess.encodings`
-``image/height``       int64    H
-``image/width``        int64    W
-``image/class/label``  int64    0-based index into the manifest's ``classes``
-``image/filename``     bytes    the source key (unique within the dataset)
-=====================  =======  ==========================================================
-
-Raw centre crops add ``image/padding`` (zero bytes) and have a fixed layout:
-:class:`shardprep.preprocess.fixed_layout.FixedLayout`.
-
-Writers and the validate pipeline encode and decode Examples with the small protobuf codec below instead of
-importing TensorFlow: workers start faster, and the byte layout is fixed (features sorted by key, or the fixed
-layout's order), which keeps shards byte-identical from run to run. The codec is cross-checked against ``tf.train.Example`` in the tests.
+Keys, as TensorFlow's vision loaders: ``image/encoded`` (bytes as the encoding stores them), ``image/format`` (the
+encoding's name), ``image/height`` and ``image/width`` (int64), ``image/class/label`` (int64, 0-based into the
+manifest's ``classes``), ``image/filename`` (the source key). Raw centre crops add ``image/padding`` and have a
+fixed layout (``fixed_layout.FixedLayout``). The small protobuf codec below avoids importing TensorFlow on workers
+and fixes the byte layout (features sorted by key), so shards are byte-identical run to run; tests cross-check it
+against ``tf.train.Example``.
 """
 
 from __future__ import annotations

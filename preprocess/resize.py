@@ -1,20 +1,11 @@
 """The resize methods: how a decoded RGB image becomes the stored size, and which method made a dataset.
 
-A dataset's ``manifest.json`` records its method as ``resize_method``; a manifest without the key was made before
-the key existed, by :data:`PILLOW_BICUBIC`. New datasets are made with ``config.DEFAULT_RESIZE_METHOD``.
-
-* ``pillow-bicubic``: Pillow's ``BICUBIC`` filter, which Pillow antialiases when downscaling (its support widens with
-  the scale factor), applied to the kept square only.
-* ``lanczos2-cubic``: when downscaling, a Lanczos-2 low-pass filter widened by the scale factor (OpenCV's
-  ``sepFilter2D``), then cubic interpolation at the output pixels' centres (``cv2.resize``; ``warpAffine`` on just
-  the pixels it needs for a very long image's centre crop); a downscale by 4 or more is first reduced by area
-  averaging, so the filter stays short. The pair approximates an antialiased resize; OpenCV's
-  vectorised loops take about half the time of Pillow's filter, at about the same error against a float
-  Lanczos resize of the full decode (``benchmarks/resize_bench.py`` measures both). OpenCV is imported on first
-  use, and told to use one thread: the job runs one worker per core.
-
-Both give the image resized so its shorter side is ``shorter_side``, then, with ``crop="center"``, its centred
-square; neither allocates the whole resized image for a centre crop (a 1x100000 strip would become 256x25.6M).
+``manifest.json`` records the method as ``resize_method``; a manifest without the key was made by
+:data:`PILLOW_BICUBIC` (Pillow's antialiased ``BICUBIC`` on the kept square). :data:`LANCZOS2_CUBIC`: a Lanczos-2
+low-pass widened by the scale factor (OpenCV ``sepFilter2D``), then cubic interpolation (``cv2.resize``;
+``warpAffine`` on just the needed pixels of a very long image's centre crop), a downscale by 4 or more first
+area-reduced; about half Pillow's time at about its error (``benchmarks/resize_bench.py``). OpenCV is imported on
+first use, one thread (one worker per core). Neither allocates the whole resized image for a centre crop.
 """
 
 from __future__ import annotations

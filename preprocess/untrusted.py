@@ -1,19 +1,10 @@
-"""Files shardprep wrote and reads back (the manifest, shards, any other record of ours), read as untrusted input.
+"""Files shardprep wrote and reads back (the manifest, shards, its other records), read as untrusted input.
 
-Such a file may have been edited, damaged or replaced by anything. :func:`json_loads` parses one within bounds, each
-failure an :class:`UntrustedJSONError` (a ``ValueError``) whose message names the file and where in it:
-
-* size: at most ``max_bytes``;
-* nesting: at most ``max_depth`` levels, counted before parsing, so a 100,000-deep document is an error, not a
-  ``RecursionError`` from the parser;
-* numbers: finite only (``NaN``, ``Infinity`` and ``1e999``, which overflows to infinity, are refused, naming the
-  key), integers of at most :data:`MAX_INT_DIGITS` digits;
-* text: UTF-8, no lone surrogates (``"\\ud800"`` parses, but cannot be printed or written back), no key twice in
-  one object (which of the two a reader takes is not something to leave to chance).
-
-:func:`read_regular_file` reads a local file only if it is a regular file (never a FIFO, which would block, nor a
-device such as ``/dev/zero``, which never ends) of at most ``max_bytes``; :func:`open_regular_file` opens one for
-streaming. Both follow symbolic links to what they point at, and judge that.
+:func:`json_loads` parses within bounds, each failure an :class:`UntrustedJSONError` naming the file and where: at
+most ``max_bytes``; at most ``max_depth`` levels, counted before parsing (no ``RecursionError``); finite numbers
+only (``NaN``, ``1e999`` refused), integers of at most :data:`MAX_INT_DIGITS` digits; UTF-8 without lone
+surrogates; no key twice in one object. :func:`read_regular_file` and :func:`open_regular_file` take only a regular
+file (a FIFO would block, ``/dev/zero`` never ends), following symbolic links.
 """
 
 from __future__ import annotations
