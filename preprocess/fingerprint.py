@@ -1,10 +1,8 @@
 """A run's fingerprint, and the first difference between two: what ``preprocess --resume`` compares (no Beam here).
 
-A resumed run may keep a killed run's finished work only when it would have made the same bytes: the same options
-that reach the output (every option but OUTPUT and ``--overwrite``), the same shardprep version, and the same
-listing. The listing is every entry the job reads or rejects, by source key, with the size and modification time
-(ns) of each file: what make and rsync compare. Hashing the contents would read the whole source again, which is
-what resuming saves; a file rewritten with the same size and its old modification time restored is not noticed.
+A resumed run keeps a killed run's work only when it would make the same bytes: the same options that reach the
+output (all but OUTPUT and ``--overwrite``), shardprep version and listing (every entry read or rejected, with each
+file's size and modification time in ns, as make and rsync compare; hashing contents would read the source again).
 """
 
 from __future__ import annotations

@@ -147,8 +147,6 @@ def _object_of_counts(problems, path, value) -> None:
         _count(problems, f"{path}.{name}", n)
 
 
-_NULL_OR_STR = _expect(lambda v: v is None or isinstance(v, str), "a split name or null")
-
 SHARD_KEYS = (
     Key("file", "string", True, "the shard's path relative to the dataset folder", _shard_file),
     Key("num_examples", "integer", True, "records in the shard", _counted()),
@@ -203,7 +201,8 @@ MANIFEST_KEYS = (
     Key("num_examples", "integer", False, "records written, all splits", _counted()),
     Key("num_rejected", "integer", False, "inputs rejected, all splits", _counted()),
     Key("rejects_file", "string", False, "rejects.jsonl: one JSON line per rejected input"),
-    Key("stats_split", "string or null", False, "the split mean_rgb and std_rgb were computed over", _NULL_OR_STR),
+    Key("stats_split", "string or null", False, "the split mean_rgb and std_rgb were computed over",
+        _expect(lambda v: v is None or isinstance(v, str), "a split name or null")),
     Key("mean_rgb", "list or null", False, "per-channel mean, 0-255", _channel_values(255.0)),
     Key("std_rgb", "list or null", False, "per-channel standard deviation, 0-255 scale", _channel_values(127.5)),
     Key("not_used", "list", False, "{path, reason} of what lay beside the splits or classes and was not read "

@@ -1,13 +1,9 @@
 """Compact lists of pointers to spilled records: what the preprocess job's shuffles carry instead of images.
 
-The decode stage appends each record to its bundle's spill file and notes the record's sort key (two 64-bit
-integers, :func:`shardprep.preprocess.sharding.sort_key`) and where it lies. One :class:`RecordPointers` holds those notes
-for a bundle (one split, one spill file) in four integer arrays; bucketing and shard assignment cut it into smaller
-ones with array arithmetic. So the runner moves a few elements per bundle instead of one per image, and no stage
-makes Python objects per record: on Beam's local runner a bundle is a worker's whole share of the dataset, and
-per-record objects (paths, keys, tuples) made a run's memory grow with its number of inputs. A record costs 32 bytes.
-
-:class:`SortKeys` is the same for listed inputs before decoding: sort keys and each input's index in its batch.
+One :class:`RecordPointers` holds, for a bundle (one split, one spill file), every record's sort key (two uint64,
+``sharding.sort_key``) and place, in integer arrays cut by bucket or shard with array arithmetic: the runner moves
+a few elements per bundle and no stage makes Python objects per record (which made a local run's memory grow with
+its inputs); a record costs 32 bytes. :class:`SortKeys` is the same for listed inputs before decoding.
 """
 
 from __future__ import annotations

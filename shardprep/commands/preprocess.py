@@ -64,6 +64,16 @@ class _EncodingSpec(click.Choice):
         return str(value)
 
 
+def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, int]:
+    """--encoding (a spec such as jpeg:90) and --jpeg-quality as one: ``encodings.resolve``; a usage error when they
+    disagree."""
+    typed = ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE
+    try:
+        return encodings.resolve(encoding, jpeg_quality, typed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 @click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
@@ -113,11 +123,7 @@ class _EncodingSpec(click.Choice):
 def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
             max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
             classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
-    try:
-        encoding, jpeg_quality = encodings.resolve(
-            encoding, jpeg_quality, ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    encoding, jpeg_quality = _encoding_and_quality(ctx, encoding, jpeg_quality)
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
     from shardprep.pipelines import preprocess as job
