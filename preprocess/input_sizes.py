@@ -4,7 +4,7 @@ the run would upscale most of them (:func:`upscale_refusal`).
 Sizes come from image headers: Pillow's ``Image.open`` reads the header and no pixels (:func:`header_size`). The
 sample is spread over the listing (:func:`spread`), so the same inputs give the same sample and the same lines.
 Expected sizes: raw records are the pixels (``S x S x 3`` a centre crop, the resized aspect with ``crop none``) and
-a small record overhead; JPEG records are a rough estimate per pixel. No Beam.
+a small record overhead; others a rough estimate per pixel (``Encoding.bytes_per_pixel``). No Beam.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from shardprep.preprocess.text import count
 
 SAMPLE_SIZE = 256  # inputs whose headers are read: enough for a median, a few ms each on local files
 RECORD_OVERHEAD = 128  # bytes of a record besides its image: key, label, sizes, the TFRecord framing
-JPEG_BYTES_PER_PIXEL = 0.35  # about what quality 90 gives photos; a rough estimate, said so
 T = TypeVar("T")
 
 
@@ -68,9 +67,8 @@ def _record_bytes(size: tuple[int, int], shorter_side: int | None, crop: str, en
 
     side = min(size) if shorter_side is None else shorter_side
     width, height = (side, side) if crop == "center" else target_size(*size, side)
-    pixels = width * height
-    image = pixels * encodings.CHANNELS if encoding == encodings.RAW.name else pixels * JPEG_BYTES_PER_PIXEL
-    return image + RECORD_OVERHEAD
+    stored = encodings.get(encoding)
+    return (stored.stored_bytes(width, height) or width * height * stored.bytes_per_pixel) + RECORD_OVERHEAD
 
 
 def _mean_bytes(sample: SizeSample, shorter_side: int | None, crop: str, encoding: str) -> float:
@@ -88,7 +86,7 @@ def size_text(num_bytes: float) -> str:
 
 def _records_described(shorter_side: int, crop: str, encoding: str) -> str:
     shape = f"{shorter_side}x{shorter_side} crops" if crop == "center" else f"shorter side {shorter_side}"
-    return f"{encoding} {shape}" + ("" if encoding == encodings.RAW.name else ", roughly")
+    return f"{encoding} {shape}" + ("" if encodings.get(encoding).stored_bytes(1, 1) else ", roughly")
 
 
 def _total(sample: SizeSample, per_input: float) -> str:

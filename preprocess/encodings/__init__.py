@@ -33,6 +33,7 @@ class Encoding:
     label: str = ""  # the format as messages name it ("JPEG")
     max_side: int | None = None  # the most pixels a side the format stores; None: only the record limit bounds it
     uses_quality: bool = False  # --jpeg-quality applies (recorded as the manifest's jpeg_quality)
+    bytes_per_pixel: float = CHANNELS  # a photo's stored bytes a pixel, for the size a run expects (rough but raw)
     mean_std_tolerance: float = 1.0  # validate: recomputed mean/std vs. the manifest's, on the 0-255 scale
     tolerance_reason: str = ""  # why the tolerance is what it is, in validate's help
 
@@ -133,6 +134,7 @@ class Jpeg(PillowEncoding):
     summary = "smaller shards"
     max_side = 65_500  # libjpeg's limit on either side
     uses_quality = True
+    bytes_per_pixel = 0.35  # about what quality 90 gives photos
     tolerance_reason = "lossy against the pre-encode pixels the manifest used"
 
     def save_options(self, quality: int) -> dict:
@@ -153,6 +155,7 @@ class Png(PillowEncoding):
     name, label, pillow_format = "png", "PNG", "PNG"
     summary = "lossless, smaller than raw"
     mean_std_tolerance = 0.05  # lossless: as raw, only float rounding differs
+    bytes_per_pixel = 2.0  # about what photos take losslessly (2/3 of raw)
 
     def save_options(self, quality: int) -> dict:
         return {"compress_level": 6, "optimize": False}  # fixed: the bytes must not vary with Pillow's defaults
