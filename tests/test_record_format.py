@@ -81,7 +81,7 @@ def test_encode_decode_round_trip():
 
 def test_encode_rejects_unknown_format():
     with pytest.raises(RecordFormatError):
-        record_format.encode_example(record(format="png"))
+        record_format.encode_example(record(format="webp2"))
 
 
 def test_decode_reads_what_tensorflow_writes():
@@ -236,7 +236,7 @@ INVALID_RECORDS = dict([
     ("negative size", record_format.encode_example(record(height=-2, width=-2))),
     ("zero width", record_format.encode_example(record(width=0, encoded=b""))),
     ("raw length mismatch", record_format.encode_example(record(encoded=bytes(11)))),
-    ("unknown format", _with(record_format.FORMAT, record_format._bytes_feature(b"png"))),
+    ("unknown format", _with(record_format.FORMAT, record_format._bytes_feature(b"webp2"))),
     ("filename not utf-8", _with(record_format.FILENAME, record_format._bytes_feature(b"\xff"))),
 ])
 
