@@ -57,15 +57,10 @@ _settings_saved: tuple = ()
 
 @contextlib.contextmanager
 def pillow_decoding():
-    """Pillow's process-wide settings as shardprep decodes, for the calls inside this context only.
-
-    Pillow's decompression-bomb guard (``PIL.Image.MAX_IMAGE_PIXELS``) is off: :func:`process_image` enforces
-    ``--max-pixels`` itself, before any pixel is decoded, and Pillow's guard would otherwise warn or raise at its own
-    threshold with its own message. Truncated files are refused (``ImageFile.LOAD_TRUNCATED_IMAGES`` False, Pillow's
-    default): they become rejects. Pillow reads both from module globals, so they cannot be passed per call: they
-    are set while any call in this process is inside this context (counted, for threads) and put back as they were
-    when the last one leaves. Importing this module changes nothing. Usable as a decorator.
-    """
+    """Pillow's process-wide settings as shardprep decodes, while any call (any thread) is inside this context:
+    the decompression-bomb guard off (:func:`process_image` enforces ``--max-pixels`` itself, with its own message),
+    truncated files refused (they become rejects). Pillow reads both from module globals; they are put back when
+    the last call leaves. Usable as a decorator."""
     global _settings_users, _settings_saved
     with _settings_lock:
         if _settings_users == 0:
@@ -139,12 +134,9 @@ def target_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
 
 @pillow_decoding()
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_shorter_side: int | None = None) -> Image.Image:
-    """Identifies the format by content and opens the image lazily (pixels are not decoded yet).
-
-    Rejects empty input, non-images and images over ``max_pixels`` before any pixel is decoded. With
-    ``draft_shorter_side``, JPEGs are set up for reduced-size decoding that still covers that shorter side. Load the
-    pixels inside :func:`pillow_decoding` too (as :func:`decode_rgb` does).
-    """
+    """The image opened lazily, its format found by content; empty input, non-images and images over
+    ``max_pixels`` rejected before any pixel is decoded. ``draft_shorter_side``: JPEGs set up for reduced-size
+    decoding covering it. Load the pixels inside :func:`pillow_decoding` too."""
     image = _open_checked(data, max_pixels)
     if draft_shorter_side:
         _draft(image, draft_shorter_side)
@@ -321,12 +313,8 @@ _OPENCV_COUNT_LIMIT = 1 << 24
 
 
 def channel_counts(rgb: Image.Image | np.ndarray) -> np.ndarray:
-    """Each channel's count of every value 0-255 (3 x 256), from which sums and sums of squares are exact.
-
-    An array (a plain JPEG's, the usual case) is counted by OpenCV's ``calcHist``, one channel at a time, in about
-    half the time of Pillow's ``histogram`` on an image made of it; a Pillow image, or an array of more pixels than
-    float32 counts exactly, by Pillow.
-    """
+    """Each channel's count of every value 0-255 (3 x 256), from which sums and sums of squares are exact: an array
+    by OpenCV's ``calcHist`` (half Pillow's time), a Pillow image or a too large array by Pillow."""
     if isinstance(rgb, np.ndarray) and rgb.shape[0] * rgb.shape[1] <= _OPENCV_COUNT_LIMIT:
         cv2 = resize.opencv()
         pixels = np.ascontiguousarray(rgb)

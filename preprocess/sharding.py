@@ -29,13 +29,9 @@ def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -
 
 
 def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int | None, min_groups: int) -> int:
-    """How many groups of consecutive ranks a split's inputs are decoded in, each group into its own file.
-
-    When the shard count is known before decoding (``--num-shards``, or bytes predicted for raw centre crops), the
-    groups are the shards, or each shard cut into equal pieces when there are fewer shards than ``min_groups`` (so
-    that every worker gets work). A group that turns out to be exactly one shard is renamed into place; the others
-    are copied into their shards. Unknown shard count: ``min_groups`` groups.
-    """
+    """How many groups of consecutive ranks a split's inputs are decoded in, each into its own file: the shards
+    when their count is known before decoding (each cut in equal pieces when fewer than ``min_groups``, so every
+    worker gets work), else ``min_groups``."""
     if requested or predicted_bytes is not None:
         shards = num_shards_for(num_inputs, predicted_bytes or 0, requested)
     else:
@@ -45,12 +41,8 @@ def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int |
 
 
 def sort_key(seed: int, split: str, key: str) -> tuple[int, int]:
-    """A record's place in the seeded pseudo-random order: the first 128 bits of a SHA-256 of seed, split and key.
-
-    Two 64-bit halves, so they travel in integer arrays: records are ordered by the first half, and by the second
-    where first halves are equal. Two source keys would need equal 128-bit hashes to tie (about 1 in 10^26 for
-    ImageNet's 1.28 M keys), so the order is a function of the keys alone.
-    """
+    """A record's place in the seeded pseudo-random order: the first 128 bits of a SHA-256 of seed, split and key,
+    as two 64-bit halves (they travel in integer arrays); a tie would need equal 128-bit hashes."""
     digest = hashlib.sha256(f"{seed}\0{split}\0{key}".encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:16], "big")
 
@@ -102,11 +94,8 @@ def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None
 
 
 class RecordSummary:
-    """What the manifest and the shard sizing need from the written records, summed per bundle then merged.
-
-    Per split: records and their framed bytes; per (split, label): records; the largest label; and the exact
-    pixel sums of the statistics split. One summary per bundle replaces one small element per image.
-    """
+    """What the manifest and the shard sizing need of the written records (per split records and bytes, per
+    (split, label) records, the largest label, the statistics split's exact pixel sums): one per bundle, merged."""
 
     __slots__ = ("examples", "bytes", "classes", "pixel_sums", "max_label")
 
