@@ -68,13 +68,33 @@ class _KeyedRows:
     def _with_columns(self, columns: np.ndarray):
         raise NotImplementedError
 
+    _FIELDS: tuple[str, ...] = ()  # attributes besides the split and the rows: compared, shown and pickled
+    _NOUN = "rows"
+
+    def _identity(self) -> tuple:
+        return (self.split, *(getattr(self, name) for name in self._FIELDS))
+
+    def __eq__(self, other) -> bool:
+        return (type(other) is type(self) and self._identity() == other._identity()
+                and np.array_equal(self.columns, other.columns))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(value) for value in self._identity() if value is not None)
+        return f"{type(self).__name__}({shown}, {len(self)} {self._NOUN})"
+
+    def __getstate__(self):
+        return self.split, self.columns.tobytes(), *(getattr(self, name) for name in self._FIELDS)
+
+    def __setstate__(self, state) -> None:
+        self.split, data, *values = state
+        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
+        for name, value in zip(self._FIELDS, values):
+            setattr(self, name, value)
+
 
 class SortKeys(_KeyedRows):
-    """The sort keys of one split's listed inputs, each with the input's index in the batch it came from.
-
-    What the decode-group stage ranks and cuts before anything is decoded (no file, no offsets: see RecordPointers
-    for written records). Three uint64 per input: the sort key's high and low halves, the index.
-    """
+    """The sort keys of one split's listed inputs (what the decode-group stage ranks before decoding), each with
+    the input's index in its batch: three uint64 per input."""
 
     __slots__ = ()
     WIDTH = 3
@@ -86,22 +106,10 @@ class SortKeys(_KeyedRows):
         """The inputs' indices in their batch, in insertion order."""
         return [int(index) for index in self.columns[:, 2]]
 
+    _NOUN = "keys"
+
     def _with_columns(self, columns: np.ndarray) -> SortKeys:
         return SortKeys(self.split, columns)
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, SortKeys) and self.split == other.split
-                and np.array_equal(self.columns, other.columns))
-
-    def __repr__(self) -> str:
-        return f"SortKeys({self.split!r}, {len(self)} keys)"
-
-    def __getstate__(self):
-        return self.split, self.columns.tobytes()
-
-    def __setstate__(self, state) -> None:
-        self.split, data = state
-        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
 
 
 class RecordPointers(_KeyedRows):
@@ -109,6 +117,7 @@ class RecordPointers(_KeyedRows):
 
     __slots__ = ("spill_path", "file_info")
     WIDTH = 4
+    _FIELDS, _NOUN = ("spill_path", "file_info"), "records"
 
     def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
         super().__init__(split, columns)
@@ -135,20 +144,6 @@ class RecordPointers(_KeyedRows):
         """True when these records are all of their spill file's records, which is in sort-key order."""
         return self.file_info is not None and self.file_info[0] == len(self)
 
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, RecordPointers)
-                and (self.split, self.spill_path, self.file_info) == (other.split, other.spill_path, other.file_info)
-                and np.array_equal(self.columns, other.columns))
-
-    def __repr__(self) -> str:
-        return f"RecordPointers({self.split!r}, {self.spill_path!r}, {len(self)} records)"
-
-    def __getstate__(self):
-        return self.split, self.spill_path, self.columns.tobytes(), self.file_info
-
-    def __setstate__(self, state) -> None:
-        self.split, self.spill_path, data, self.file_info = state
-        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
 
 
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
