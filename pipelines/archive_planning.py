@@ -1,10 +1,6 @@
-"""Planning an archive SOURCE (``source_archive``): its archives indexed once on the launching machine, the folder
-rules applied to their member names (``preprocess/archive_layout.py``), labels joined, and what the workers read.
-
-An uncompressed tar is indexed from its headers alone (seeking past the data), a zip from its central directory;
-a tar inside a tar (ImageNet's per-class train tars) is left to a worker to index (``NestedTask``); a compressed tar
-is read once here for its member names (a stream has no index) and once by a worker for its bytes (``StreamTask``).
-Launcher only.
+"""Planning an archive SOURCE, launcher only: each archive indexed once (a tar from its headers, a zip from its
+central directory, a compressed tar streamed for its names), the folder rules applied (``archive_layout``), labels
+joined, and the workers' read tasks (``MembersTask``, ``NestedTask`` for a class tar, ``StreamTask``).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import dataclasses
 import os
 from typing import NamedTuple
 
-from shardprep.pipelines.source_kind import SourceKind, SourcePlan
+from shardprep.pipelines.source_kind import SourceKind, SourcePlan, file_stamp, open_file
 from shardprep.preprocess import accounting, archive_index, archive_layout, imagenet_labels, labels, names, sources
 from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
@@ -84,10 +80,7 @@ def open_archive(path: str, sequential: bool = False):
         from apache_beam.io.gcp import gcsio
 
         return gcsio.GcsIO().open(path, "rb", read_buffer_size=RANGE_READ_CHUNK)
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return open_file(path)
 
 
 def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
@@ -173,20 +166,12 @@ def _folder_files(location: str) -> list[str]:
 
 
 def _archive_file(path: str, split: str | None) -> ArchiveFile:
-    if "://" not in path:
-        if not os.path.exists(path):
-            raise sources.SourceError(f"{path} does not exist")
-        if not os.path.isfile(path):
-            raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
-        info = os.stat(path)
-        return ArchiveFile(path, archive_index.archive_type(path), split, info.st_size, info.st_mtime_ns)
-    from apache_beam.io.filesystems import FileSystems
-
-    matched = FileSystems.match([path])[0].metadata_list
-    if not matched:
+    if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
+    stamp = file_stamp(path)
+    if stamp is None:
         raise sources.SourceError(f"{path} does not exist")
-    return ArchiveFile(path, archive_index.archive_type(path), split, matched[0].size_in_bytes,
-                       int(matched[0].last_updated_in_seconds * 1e9))
+    return ArchiveFile(path, archive_index.archive_type(path), split, *stamp)
 
 
 def _index(archive: ArchiveFile, default_split: str) -> _Found:

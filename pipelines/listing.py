@@ -1,16 +1,9 @@
-"""Listing: the planned source into typed elements, ``Input`` per image to read and ``Reject`` per entry that gives
-none (``shardprep.preprocess.elements``).
+"""Listing: the planned source into ``Input`` per image to read and ``Reject`` per entry that gives none.
 
-``ListInputs`` is the pipeline's first stage: the start of the pipeline -> ``{"inputs": Input, "rejects": Reject}``,
-built by the plan's kind (``SourceKind.list_inputs``). Two ways of listing live here:
-
-* ``ReadTasks``, every kind's default: the plan's read tasks (a file, a row group) spread over the workers, each
-  read where it lands by the kind's reader (``tfrecord:`` and ``tfds:``: one task per file, Inputs carrying the image
-  bytes, ``data``).
-* ``list_folder``, the folder kind's: one element per class directory (``ClassDirectoryLister``, spread over the
-  workers so that listing runs in parallel); flat files (no class folder) keyed by file name and joined with the
-  labels file's rows (``FlatDirectoryLister``, ``JoinLabels``); the hidden entries planning skipped. These Inputs
-  carry a ``path``.
+``ListInputs`` (the pipeline's first stage) is built by the plan's kind (``SourceKind.list_inputs``): ``ReadTasks``,
+every kind's default (read tasks spread over the workers, each read where it lands), or ``list_folder`` (class
+folders spread over the workers; flat files joined with the labels file's rows). ``GivenValues``/``SpreadValues``:
+values the launcher holds as the graph's first elements, in as few ParDos as Beam allows.
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines import progress
-from shardprep.pipelines.given_values import GivenValues, SpreadValues
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
@@ -29,8 +21,7 @@ from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 class ListInputs(beam.PTransform):
     """The pipeline's start -> {"inputs": Input, "rejects": Reject}: everything the planned source holds, each
-    input once, with the rejects listing finds (hidden entries, bad file names, labels-file mismatches, bad records).
-    """
+    input once, with the rejects listing finds."""
 
     def __init__(self, config, plan, progress_dir: str | None = None):
         super().__init__()
@@ -40,23 +31,29 @@ class ListInputs(beam.PTransform):
         return self.plan.kind.list_inputs(pbegin, self.config, self.plan, self.progress_dir)
 
 
+def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
+    """{"inputs": Input, "rejects": Reject} of a listing's parts, with the rejects planning found (``skipped``)."""
+    if plan.skipped:
+        rejects = rejects + [pbegin | "SkippedEntries" >> GivenValues(plan.skipped)]
+    return {"inputs": inputs[0] if len(inputs) == 1 else inputs | "AllInputs" >> beam.Flatten(),
+            "rejects": rejects[0] if len(rejects) == 1 else rejects | "AllListingRejects" >> beam.Flatten()}
+
+
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
-    """A folder's listing (``planning.FolderPlan``): its class folders, its flat files joined with the labels
-    file, and the entries planning skipped -> {"inputs": Input, "rejects": Reject}."""
+    """A folder's listing (``planning.FolderPlan``): its class folders, and its flat files joined with the labels
+    file."""
     root = plan.location
     class_index = {name: i for i, name in enumerate(plan.classes)}
-    listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
-    rejects = [listed["rejects"]]
-    if plan.skipped:  # hidden folders and looping links seen when planning
-        rejects.append(pbegin | "SkippedEntries" >> GivenValues(plan.skipped))
-    if not plan.flat_dirs and not config.labels_file:
-        return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
-    labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-        root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
-        progress_dir, labels_file_given=config.labels_file is not None,
-        not_used=frozenset(entry.path for entry in plan.not_used))
-    return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
-            "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
+    found = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
+    inputs, rejects = [found["inputs"]], [found["rejects"]]
+    if plan.flat_dirs or config.labels_file:
+        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
+            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
+            progress_dir, labels_file_given=config.labels_file is not None,
+            not_used=frozenset(entry.path for entry in plan.not_used))
+        inputs.append(labelled["inputs"])
+        rejects.append(labelled["rejects"])
+    return listed(pbegin, plan, inputs, rejects)
 
 
 class ReadTasks(beam.PTransform):
@@ -247,3 +244,42 @@ def list_files(directory: str, recursive: bool = False,
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
     hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}
     return sorted(set(paths) - hidden), sorted((path, accounting.HIDDEN_FILE) for path in hidden)
+
+
+def _given(_, values):
+    return values
+
+
+def _keyed_by_index(_, values):
+    return enumerate(values)
+
+
+def _grouped_values(keyed):
+    return keyed[1]
+
+
+class GivenValues(beam.PTransform):
+    """The pipeline's start -> each of ``values``, on the worker that runs the start: ``beam.Create(values)`` in
+    one ParDo instead of two (every ParDo costs a local run's start-up); the values travel pickled in the DoFn."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Impulse()
+                | "Values" >> beam.FlatMap(_given, self.values).with_output_types(beam.typehints.Any))
+
+
+class SpreadValues(GivenValues):
+    """The pipeline's start -> each of ``values``, spread over the workers (keyed by index and grouped, the
+    shuffle ``beam.Reshuffle`` makes, in two ParDos instead of six)."""
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Impulse()
+                | "KeyedByIndex" >> beam.FlatMap(_keyed_by_index, self.values).with_output_types(
+                    beam.typehints.KV[int, beam.typehints.Any])
+                | "Spread" >> beam.GroupByKey()
+                | "Values" >> beam.FlatMap(_grouped_values).with_output_types(beam.typehints.Any))

@@ -1,17 +1,10 @@
-"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), or a folder holding
-archives of splits (image-net.org's download: ``ILSVRC2012_img_train.tar`` beside ``ILSVRC2012_img_val.tar``), read
-in place, never extracted.
+"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), ``ARCHIVE/PATH``, or a
+folder of split archives (ImageNet's train and val tars), read in place, never extracted; planned by
+``archive_planning``.
 
-Planned by ``shardprep.pipelines.archive_planning`` (each archive indexed once, the folder rules applied to its
-member names, labels joined: ``--labels-file``, or for ImageNet's validation images the labels tensorflow-datasets
-ships). The listing reads the plan's tasks on the workers: members named by range (``MembersTask``), a tar of a
-class indexed where it lands (``NestedTask``), a compressed tar streamed once with its images' bytes
-(``StreamTask``), those bytes then crossing to the decode groups. Inputs of a seekable archive name a member's range
-(``archive_index.MemberRef``) and every worker reads its own members by range (``ArchiveMemberReader``), so
-decoding scales with the workers as for a folder. Keys are the member paths the same files would have extracted,
-so records, their order and their shards are those of the extracted folder. A local archive's run keeps a journal
-(its archives' size and mtime are the fingerprint), so ``--resume`` works. Workers check each archive's size and mtime
-against the plan before reading it (``check_unchanged``): one replaced meanwhile fails the run, naming it.
+The workers read the plan's tasks (``ArchiveTaskReader``); a seekable archive's Inputs name member ranges, read by
+any worker (``ArchiveMemberReader``). Keys are the member paths the files would have extracted, so records equal the
+extracted folder's. Workers check each archive's size and mtime against the plan (``check_unchanged``).
 """
 
 from __future__ import annotations
@@ -23,10 +16,11 @@ from typing import Iterator, cast
 from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
     plan_archives
 from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, classes_file_apart
+from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, bounds_by_split,
+                                             classes_file_apart, file_entry, file_stamp, labels_file_entries,
+                                             planned_entries)
 from shardprep.preprocess import archive_index, fingerprint, sources
 from shardprep.preprocess.elements import Input, Reject
-
 
 
 class ArchiveSource(SourceKind):
@@ -57,9 +51,6 @@ class ArchiveSource(SourceKind):
             return False
         return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
 
-    def location(self, source: str) -> str:
-        return source.rstrip("/") or "/"
-
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
         labels = archive_index.split_inner(config.labels_file)[0] if config.labels_file else None
@@ -77,18 +68,6 @@ class ArchiveSource(SourceKind):
                                       "give them as separate sources")
         return dataclasses.replace(plan, kind=STREAMED)
 
-    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        import apache_beam as beam
-
-        from shardprep.pipelines.given_values import GivenValues
-
-        listed = super().list_inputs(pbegin, config, plan, progress_dir)
-        if not plan.skipped:
-            return listed
-        skipped = pbegin | "SkippedMembers" >> GivenValues(plan.skipped)
-        return {"inputs": listed["inputs"],
-                "rejects": (listed["rejects"], skipped) | "AllListingRejects" >> beam.Flatten()}
-
     def read_tasks(self, plan: SourcePlan) -> list:
         return list(cast(ArchivePlan, plan).tasks)
 
@@ -105,15 +84,9 @@ class ArchiveSource(SourceKind):
         return None
 
     def listed_entries(self, config, plan: SourcePlan) -> list[fingerprint.ListedEntry]:
-        """Each archive with its size and mtime (a member cannot change without them), the rejects and what is
-        not used, and the labels file."""
-        entries = [fingerprint.ListedEntry(f"archive {a.path}", *_stat(a.path))
-                   for a in cast(ArchivePlan, plan).archives]
-        entries += [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
-        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
-        if config.labels_file:
-            entries.append(fingerprint.ListedEntry(f"--labels-file {config.labels_file}", *_stat(config.labels_file)))
-        return entries
+        """Each archive with its size and mtime (a member cannot change without them), then the plan's entries."""
+        return ([file_entry(f"archive {a.path}", a.path) for a in cast(ArchivePlan, plan).archives]
+                + planned_entries(plan) + labels_file_entries(config))
 
 
 def _names_split(name: str) -> bool:
@@ -144,26 +117,15 @@ def check_unchanged(path: str, planned: Identities, raw=None) -> None:
     and labels would be another archive's. Before any of its bytes are read into a record."""
     if path not in planned:
         return
-    if "://" not in path:
-        info = os.fstat(raw.fileno()) if raw is not None else os.stat(path)
+    if "://" not in path and raw is not None:
+        info = os.fstat(raw.fileno())
         now = (info.st_size, info.st_mtime_ns)
     else:
-        from apache_beam.io.filesystems import FileSystems
-
-        found = FileSystems.match([path])[0].metadata_list
-        now = (found[0].size_in_bytes, int(found[0].last_updated_in_seconds * 1e9)) if found else (-1, 0)
+        now = file_stamp(path) or (-1, 0)
     if now != planned[path]:
         raise PreprocessError(f"the archive {path} changed after it was planned (size {planned[path][0]:,} bytes "
                               f"then, {now[0]:,} now, or its modification time): its members would be read under "
                               "the old plan's names and labels; the run stops; rerun to plan it again")
-
-
-def _stat(path: str) -> tuple[int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return -1, 0
-    return info.st_size, info.st_mtime_ns
 
 
 class ArchiveTaskReader:
@@ -312,14 +274,9 @@ class StreamedArchiveSource(ArchiveSource):
                 named += [(task.split, key, label) for key, label, _ in task.entries]
             elif isinstance(task, StreamTask):
                 named += [(split, key, label) for _, _, split, key, label in task.wanted]
-        bounds: dict[str, KeyBounds] = {split: (1, 1, 0) for split in plan.splits}  # a split of rejects only
-        found: dict[str, list[tuple[int, int]]] = {}
-        for split, key, label in named:
-            found.setdefault(split, []).append((len(key.encode("utf-8")), label))
-        for split, pairs in found.items():
-            lengths = [length for length, _ in pairs]
-            bounds[split] = (min(lengths), max(lengths), max(label for _, label in pairs))
-        return bounds
+        lengths = ((split, len(key.encode("utf-8")), label) for split, key, label in named)
+        return {split: (1, 1, 0) for split in plan.splits} | bounds_by_split(  # (1, 1, 0): a split of rejects only
+            (split, n, n, label) for split, n, label in lengths)
 
 
 ARCHIVE = ArchiveSource()

@@ -1,11 +1,6 @@
-"""The folder kind: a SOURCE that is a path, local or ``gs://``, to a folder of images.
-
-``SOURCE/<split>/<class>/<file>`` or ``SOURCE/<class>/<file>`` (ImageFolder); images outside class folders (ImageNet's
-flat ``val/*.JPEG``, or a folder of images only) take their labels from ``--labels-file`` (CSV ``filename,label``,
-or Kaggle's ``LOC_val_solution.csv``). Planned by ``shardprep.pipelines.planning`` (SOURCE and its split folders,
-the labels file read once), listed by ``shardprep.pipelines.listing`` (class folders spread over the workers, flat
-files joined with the labels file's rows). Inputs are files, decoded in decode groups; a local folder's run keeps a
-journal, so ``--resume`` works.
+"""The folder kind: a path, local or ``gs://``, to ``DIR/<split>/<class>/<file>`` or ``DIR/<class>/<file>``; flat images
+take their labels from ``--labels-file``. Planned by ``planning``, listed by ``listing.list_folder``; a local
+folder's run keeps a journal, so ``--resume`` works.
 """
 
 from __future__ import annotations
@@ -14,7 +9,8 @@ import os
 import textwrap
 from typing import TYPE_CHECKING, Callable
 
-from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage, classes_file_apart
+from shardprep.pipelines.source_kind import (ApartFrom, SourceKind, Usage, classes_file_apart, file_entry,
+                                             labels_file_entries, planned_entries)
 from shardprep.preprocess import accounting, fingerprint, sources, text
 
 if TYPE_CHECKING:
@@ -26,9 +22,6 @@ class FolderSource(SourceKind):
     usage = (Usage("DIR", "class folders: DIR/<split>/<class>/<file> or DIR/<class>/<file> (ImageFolder)"),
              Usage("DIR --labels-file F", "images labelled by a CSV of filename,label"))
     options = ("labels_file", "labels_split", "classes_file")
-
-    def location(self, source: str) -> str:
-        return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
@@ -58,23 +51,19 @@ class FolderSource(SourceKind):
         return f"the SOURCE {plan.location} is not on this machine, and only a local folder's files are fingerprinted"
 
     def listed_entries(self, config, plan: FolderPlan) -> list[fingerprint.ListedEntry]:
-        """The class folders walked, the flat folders, the labels file, what lies beside the folders: keyed by
-        source key, with each file's size and mtime."""
+        """The plan's entries, then every file of the class and flat folders by source key, then the labels file."""
         root = plan.location
         source_root = os.path.realpath(root)
-        entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
-        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+        entries = planned_entries(plan)
         not_used = {entry.path for entry in plan.not_used}
         folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
         for directory, recursive in folders:
             paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
             entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
                         for path, reason in skipped]
-            entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
+            entries += [file_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
                         if sources.source_key(root, path) not in not_used]
-        if config.labels_file:
-            entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
-        return entries
+        return entries + labels_file_entries(config)
 
 
 def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tuple[str, ...]:
@@ -101,14 +90,6 @@ def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tup
         notes.append(textwrap.fill(said, width=74, subsequent_indent="  ", break_long_words=False,
                                    break_on_hyphens=False))
     return tuple(notes)
-
-
-def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return fingerprint.ListedEntry(key, -1, 0)
-    return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
 
 
 def _is_local(path: str) -> bool:

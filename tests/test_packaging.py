@@ -303,7 +303,7 @@ OPTIONAL_BACKENDS = tuple(name for name in BACKENDS if name != "tensorflow")  # 
 
 LAUNCHER_ONLY = {
     ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
+    ("pipelines/source_tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.

@@ -229,7 +229,7 @@ def test_a_labels_csv_takes_a_byte_order_mark_and_crlf():
 def test_a_tfds_class_label_of_more_classes_than_the_limit_is_refused_before_its_names_are_made():
     import tensorflow_datasets as tfds
 
-    from shardprep.pipelines.source_tfds import class_label_names
+    from shardprep.pipelines.source_tfrecord import class_label_names
 
     # TFDS makes a ClassLabel without names name its classes "0".."N-1": 10**12 strings.
     with pytest.raises(sources.SourceError, match=r"^the TFDS feature 'label' has 1,000,000,000,000 classes, more "
