@@ -232,7 +232,7 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
     return {}, set()
 
 
-def _labels_rows(labels_file: str, file_exists) -> list[sources.LabelRow]:
+def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
     """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
     from shardprep.pipelines.planning import read_labels_file_rows
 

@@ -293,7 +293,7 @@ def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
     return labels_split
 
 
-def _read_labels_file(path: str, flat_dirs) -> list[sources.LabelRow]:
+def _read_labels_file(path: str, flat_dirs) -> list[labels.LabelRow]:
     """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
     return read_labels_file_rows(
         path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
@@ -329,7 +329,7 @@ def read_classes_file(path: str) -> list[str]:
     return found
 
 
-def read_labels_file_rows(path: str, file_exists) -> list[sources.LabelRow]:
+def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
     """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name); a
     SourceError when it is missing, a folder, unreadable or not a labels CSV."""
     if not FileSystems.exists(path):

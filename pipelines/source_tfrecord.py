@@ -29,7 +29,7 @@ class FilesPlan(SourcePlan):
 class TFRecordSource(GlobKind):
     name, prefix, example, what = "tfrecord", "tfrecord:", "DIR/*-train.tfrecord*", "a glob of TFRecord files"
     usage = (Usage("tfrecord:GLOB", "TFRecords of encoded images, TFDS style (image bytes, label int64)"),)
-    options = ("image_key", "label_key")
+    options: tuple[str, ...] = ("image_key", "label_key")
     files_name, glob_name = "input TFRecord file", "input TFRecords"
     validated_as_records = True
 
