@@ -10,7 +10,7 @@ import os
 from typing import NamedTuple
 
 from shardprep.pipelines.source_kind import SourceKind, SourcePlan, file_stamp, open_file
-from shardprep.preprocess import accounting, archive_index, archive_layout, imagenet_labels, labels, names, sources
+from shardprep.preprocess import accounting, archive_index, archive_layout, labels, names, sources
 from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
 
@@ -72,8 +72,8 @@ RANGE_READ_CHUNK = 64 * 1024  # gs:// reads by range fetch at least this much (B
 
 
 def open_archive(path: str, sequential: bool = False):
-    """A binary file object of a local or remote archive, seekable. On ``gs://`` a read after a seek fetches only
-    what it needs (and at least ``RANGE_READ_CHUNK``), unless ``sequential`` (a stream read front to back)."""
+    """A seekable binary file of an archive; on ``gs://`` a read after a seek fetches ``RANGE_READ_CHUNK`` or what
+    it needs, unless ``sequential``."""
     if "://" not in path:
         return open(path, "rb")
     if path.startswith("gs://") and not sequential:
@@ -196,8 +196,7 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
 
 
 def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[int]]:
-    """(the archive's index, each member's occurrence of its name: 0, or 1 for a name's second copy ...);
-    SourceError for an archive that cannot be read or is damaged."""
+    """(the archive's index, each member's occurrence of its name: 0, 1 for a second copy ...); else SourceError."""
     try:
         with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
             if archive.type == "tgz":
@@ -220,14 +219,14 @@ def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[
 
 
 def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
-    """({file name: class} for flat images, every class the labels name): from ``--labels-file`` (a CSV, or
-    Kaggle's LOC_val_solution.csv), else, for ImageNet's validation images, TFDS's shipped labels."""
+    """({file name: class} for flat images, every class named): ``--labels-file``, else for ImageNet's
+    validation images TFDS's labels."""
     if labels_file:
         present = {labels.file_name(key) for _, key, _ in flat}
         rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
         return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
-    if any(imagenet_labels.is_validation_name(key) for _, key, _ in flat):
-        table = imagenet_labels.validation_labels()
+    if any(labels.is_imagenet_validation_name(key) for _, key, _ in flat):
+        table = labels.imagenet_validation_labels()
         return table, set(table.values())
     return {}, set()
 
@@ -248,8 +247,8 @@ def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
 
 
 def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str, str], accounting.NotUsed]:
-    """{(archive path, split): NotUsed} of the splits of flat images only, none of which has a label, when another
-    split gives inputs (ImageNet's test tar beside the train and val tars; Kaggle's ``test/`` beside ``val/``)."""
+    """{(archive path, split): NotUsed} of splits of flat images none of which has a label, when another split
+    gives inputs (ImageNet's test tar)."""
     unlabelled, splits = {}, set()
     for item in found:
         layout = item.layout

@@ -20,8 +20,7 @@ from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 
 class ListInputs(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: everything the planned source holds, each
-    input once, with the rejects listing finds."""
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the planned source, each input once."""
 
     def __init__(self, config, plan, progress_dir: str | None = None):
         super().__init__()
@@ -40,8 +39,7 @@ def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
 
 
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
-    """A folder's listing (``planning.FolderPlan``): its class folders, and its flat files joined with the labels
-    file."""
+    """A folder's listing: its class folders, and its flat files joined with the labels file."""
     root = plan.location
     class_index = {name: i for i, name in enumerate(plan.classes)}
     found = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
@@ -57,8 +55,7 @@ def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
 
 
 class ReadTasks(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: ``tasks`` spread over the workers, each read
-    where it lands by ``reader`` (task -> Inputs and Rejects; a kind's ``task_reader``)."""
+    """``tasks`` spread over the workers, each read where it lands by ``reader`` (a kind's ``task_reader``)."""
 
     def __init__(self, tasks, reader, progress_dir: str | None):
         super().__init__()
@@ -72,27 +69,32 @@ class ReadTasks(beam.PTransform):
         return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
-class TaskLister(beam.DoFn):
-    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``); each counted as listed."""
+class _Counting(beam.DoFn):
+    """A DoFn whose outputs are counted as listed (``progress``)."""
 
-    def __init__(self, reader, progress_dir: str | None):
-        self.reader, self.progress_dir = reader, progress_dir
+    progress_dir: str | None = None
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+class TaskLister(_Counting):
+    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``)."""
+
+    def __init__(self, reader, progress_dir: str | None):
+        self.reader, self.progress_dir = reader, progress_dir
 
     def process(self, task):
         for item in self.reader(task):
             self.progress.add()
             yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 class ListClassDirectories(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of each class directory
-    ``(split, class name, directory)``, labelled by ``class_index``."""
+    """The files of each class directory ``(split, class name, directory)``, labelled by ``class_index``."""
 
     def __init__(self, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
         super().__init__()
@@ -109,9 +111,8 @@ class ListClassDirectories(beam.PTransform):
 
 
 class ListLabelledFiles(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of ``flat_dirs`` ((split, directory))
-    paired with the labels file's rows (``label_rows``, read when planning) by case-folded file name. A file without
-    a row, a row without a file and names differing only in case are rejects."""
+    """The files of ``flat_dirs`` ((split, directory)) joined with the labels file's rows (read when planning) by
+    case-folded file name; a file without a row, a row without a file, names differing in case are rejects."""
 
     def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
                  progress_dir: str | None, labels_file_given: bool = True, not_used: frozenset[str] = frozenset()):
@@ -146,15 +147,15 @@ def _given_rows(_, rows):
     return rows
 
 
-class ClassDirectoryLister(beam.DoFn):
-    """(split, class name, directory) -> an Input per image file in it or its sub-folders; Rejects (``REJECTS``)
-    for hidden entries, links to folders, links to files back inside SOURCE and file names that are not UTF-8."""
+class ClassDirectoryLister(_Counting):
+    """(split, class name, directory) -> an Input per file in it or its sub-folders; Rejects (``REJECTS``) for
+    hidden entries, links to folders, links back inside SOURCE, names that are not UTF-8."""
 
     def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
         self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
 
     def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+        super().setup()
         self.source_root = os.path.realpath(self.root) if is_local(self.root) else None
 
     def process(self, element):
@@ -173,14 +174,10 @@ class ClassDirectoryLister(beam.DoFn):
             else:
                 yield Input(split, key, self.class_index[class_name], path, None)
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 class FlatDirectoryLister(beam.DoFn):
-    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per image in it, for the join with
-    the labels file; file names that are not UTF-8 are Rejects (``REJECTS``). ``not_used``: source keys planning
-    listed as not used (files that are not images beside class folders), skipped here."""
+    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per file but those planning found
+    not used (``not_used``); names that are not UTF-8 are Rejects (``REJECTS``)."""
 
     def __init__(self, root: str, not_used: frozenset[str] = frozenset()):
         self.root, self.not_used = root, not_used
@@ -197,17 +194,14 @@ class FlatDirectoryLister(beam.DoFn):
                 yield labels.match_key(path), (split, key, path)
 
 
-class JoinLabels(beam.DoFn):
-    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with exactly one label;
-    a file without a row, or a row without a file, is a Reject (``REJECTS``)."""
+class JoinLabels(_Counting):
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label, else
+    Rejects (``REJECTS``)."""
 
     def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
                  labels_file_given: bool = True):
         self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
         self.labels_file_given = labels_file_given  # without one, a flat file's reject says that one is needed
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
@@ -219,9 +213,6 @@ class JoinLabels(beam.DoFn):
                 split, key, label, path = fields
                 yield Input(split, key, self.class_index[label], path, None)
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 def _bad_file_name_reject(split: str, key: str):
     # Records, the runner's coders and rejects.jsonl all need text.
@@ -231,13 +222,9 @@ def _bad_file_name_reject(split: str, key: str):
 
 def list_files(directory: str, recursive: bool = False,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """(the input files in ``directory`` and, when ``recursive``, its sub-folders; (path, reject reason) of what is
-    not read: hidden files and folders, links to folders inside it, and links to files back inside ``source_root``,
-    SOURCE's real path, when given).
-
-    Everything else that is not a folder is listed, links to missing files and special files included: reading them
-    turns them into "unreadable" rejects instead of letting them vanish unseen.
-    """
+    """(the files in ``directory`` (and its sub-folders when ``recursive``); (path, reject reason) of hidden
+    entries, links to folders, links back inside ``source_root``). Links to missing files and special files are
+    listed: reading them makes "unreadable" rejects, never a silent drop."""
     if is_local(directory):
         return accounting.walk_local(directory, recursive, source_root)
     pattern = manifest.join(directory, "**" if recursive else "*")

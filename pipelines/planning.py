@@ -1,10 +1,6 @@
-"""Planning a folder SOURCE (``source_folder``): its splits, classes and the directories to read, on the launching
-machine before the pipeline starts (directories and files, never images), and options that cannot work refused.
-
-``plan_folder(kind, root, config) -> FolderPlan``. A folder is listed one level at a time (``list_children``, local
-or ``gs://``): SOURCE, then its split folders; class folders are listed by the pipeline
-(``shardprep.pipelines.listing``). The labels file is read and checked here, once. Launcher only:
-``list_children`` imports TensorFlow for ``gs://``.
+"""The folder kind's plan, launcher only (``list_children`` imports TensorFlow for ``gs://``): SOURCE and its split
+folders listed one level at a time, class folders left to the pipeline, the labels file read once;
+``ordered_classes`` (class order, ``--classes FILE``) for folders and archives.
 """
 
 from __future__ import annotations
@@ -14,10 +10,9 @@ import os
 import posixpath
 from typing import NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from shardprep.pipelines.source_kind import SourceKind, SourcePlan
+from shardprep.pipelines.source_kind import SourceKind, SourcePlan, open_file
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.archive_index import split_inner
@@ -27,15 +22,13 @@ from shardprep.preprocess.elements import Reject
 
 @dataclasses.dataclass(frozen=True)
 class FolderPlan(SourcePlan):
-    """A folder's plan: the class folders and flat folders to list, and the labels file's rows."""
+    """The class folders and flat folders to list, and the labels file's rows."""
 
     class_dirs: tuple[tuple[str, str, str], ...] = ()  # (split, class name, directory)
     flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
     labels_split: str | None = None
     label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (labels.match_key of the file, (filename, label))
 
-
-# --- folders -------------------------------------------------------------------------------------------------------
 
 class Children(NamedTuple):
     """What one folder holds, one level down, each list sorted by name."""
@@ -48,8 +41,8 @@ class Children(NamedTuple):
 
 
 def list_children(path: str, source_root: str | None = None) -> Children:
-    """What is directly inside ``path``; with ``source_root`` (SOURCE's real path), links to folders that loop back
-    into it (or to a folder holding it) are set apart instead of listed as folders."""
+    """What is directly inside ``path``; with ``source_root`` (SOURCE's real path), links to folders looping back
+    into it are set apart."""
     if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
@@ -93,9 +86,8 @@ def list_children(path: str, source_root: str | None = None) -> Children:
 
 
 def _unlistable(path: str, tf) -> sources.SourceError:
-    """Why a remote ``path`` could not be listed: it is missing (or its bucket is), a file, or the store refused or
-    could not be reached. ``tf.io.gfile.listdir`` and ``isdir`` turn every failure into "not a directory"; ``stat``
-    keeps the store's answer."""
+    """Why a remote ``path`` could not be listed (``listdir`` says "not a directory" for every failure; ``stat``
+    keeps the store's answer)."""
     try:
         is_directory = tf.io.gfile.stat(path).is_directory
     except tf.errors.NotFoundError:
@@ -134,8 +126,7 @@ def listing_failure(path: str, error: Exception, tf) -> str:
 
 
 class _FolderListing(NamedTuple):
-    """What planning found at SOURCE's two top levels (SOURCE, its split folders), before the pipeline lists the
-    class folders."""
+    """What planning found at SOURCE's two top levels (SOURCE, its split folders)."""
 
     splits: list[str]
     class_dirs: list[tuple[str, str, str]]  # (split, class name in NFC, directory)
@@ -177,8 +168,8 @@ def plan_folder(kind: SourceKind, root: str, config: PreprocessConfig) -> Folder
 
 
 def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
-    """(split, directory, file names) of the folders whose files are read with the labels file: beside class
-    folders only files named like images (the rest is not used); in a folder of files only, every file."""
+    """(split, directory, file names) read with the labels file: beside class folders only images, else every
+    file."""
     flat = []
     for split, directory in split_dirs:
         found = children[directory]
@@ -189,8 +180,8 @@ def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
 
 
 def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[str, accounting.NotUsed]:
-    """{split: NotUsed} of the split folders of flat files that no labels-file row names, when other flat files
-    are named (Kaggle's ImageNet: ``val/`` labelled by LOC_val_solution.csv beside an unlabelled ``test/``)."""
+    """{split: NotUsed} of flat split folders no labels-file row names, when others are named (Kaggle's ``test/``
+    beside ``val/``)."""
     named = {directory: any(labels.match_key(name) in row_keys for name in files) for _, directory, files in flat}
     if not any(named.values()):
         return {}  # the labels file names none of them: its rejects say why (case, missing files)
@@ -201,10 +192,8 @@ def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[st
 
 
 def _refuse_flat_splits_beside_classes(root: str, flat, children) -> None:
-    """Without a labels file, split folders holding files only beside splits of class folders (ImageNet's flat
-    ``val/``, Kaggle's ``test/``) are refused before anything is decoded: every image there would be a ``no_label``
-    reject, and the job failed on that split only once everything was decoded. Where no split has class folders,
-    the plan's "no classes" error says it."""
+    """Without a labels file, flat split folders beside splits of class folders (ImageNet's ``val/``) are refused
+    before anything is decoded: every image there would be a ``no_label`` reject."""
     if not any(children[directory].dirs for directory in children if directory != root):
         return
     found = [(split, len(files)) for split, directory, files in flat if directory != root
@@ -238,9 +227,8 @@ def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _Folde
 
 def _list_level(root: str, directory: str, split: str, found: Children, listing: _FolderListing,
                 classes_here: bool) -> None:
-    """The rejects and not-used entries of one level: hidden files are not used; hidden folders are rejects where
-    classes are (they could be one), else not used; links looping back into SOURCE are rejects; files that are not
-    images beside folders are not used (beside split folders every file is, images having been refused)."""
+    """One level's rejects (hidden folders where classes are, looping links) and what is not used (hidden files,
+    other hidden folders, OS litter, files that are not images beside folders)."""
     def key(name: str) -> str:
         return sources.printable_key(sources.source_key(root, manifest.join(directory, name)))
 
@@ -259,8 +247,8 @@ def _list_level(root: str, directory: str, split: str, found: Children, listing:
 
 
 def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
-    """(split, directory) of SOURCE: its split folders when every folder has a split name, else SOURCE as ``split``.
-    Beside split folders, files that are not images are not used; an image there is refused (it is in no split)."""
+    """(split, directory): the split folders when every folder has a split name (loose images refused), else
+    SOURCE as ``split``."""
     dirs = top.dirs
     split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
     if dirs and len(split_named) == len(dirs):
@@ -294,7 +282,7 @@ def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
 
 
 def _read_labels_file(path: str, flat_dirs) -> list[labels.LabelRow]:
-    """The labels file's rows, decoded and checked here, once: the pipeline gets these rows, not the file."""
+    """The labels file's rows, checked here once: the pipeline gets these rows, not the file."""
     return read_labels_file_rows(
         path, lambda name: any(FileSystems.exists(manifest.join(d, name)) for _, d in flat_dirs))
 
@@ -315,11 +303,7 @@ def read_classes_file(path: str) -> list[str]:
         raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
     if is_local(path) and not os.path.isfile(path):
         raise sources.SourceError(f"--classes {path} is not a file: give a text file of class names, one a line")
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            data = f.read(names.MAX_CLASS_LIST_BYTES + 1)
-    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
-        raise sources.SourceError(f"cannot read --classes {path}: {type(e).__name__}: {e}") from None
+    data = _read_bounded(path, f"--classes {path}", names.MAX_CLASS_LIST_BYTES)
     if len(data) > names.MAX_CLASS_LIST_BYTES:
         raise sources.SourceError(f"--classes {path} is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold "
                                   "class names, one a line")
@@ -330,8 +314,7 @@ def read_classes_file(path: str) -> list[str]:
 
 
 def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
-    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name); a
-    SourceError when it is missing, a folder, unreadable or not a labels CSV."""
+    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name)."""
     if not FileSystems.exists(path):
         archive, inner = split_inner(path)
         if inner and FileSystems.exists(archive):
@@ -341,12 +324,16 @@ def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
         raise sources.SourceError(f"labels file {path} does not exist")
     if is_local(path) and not os.path.isfile(path):
         raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            data = f.read(MAX_LABELS_FILE_BYTES + 1)
-    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
-        raise sources.SourceError(f"cannot read labels file {path}: {type(e).__name__}: {e}") from None
+    data = _read_bounded(path, f"labels file {path}", MAX_LABELS_FILE_BYTES)
     if len(data) > MAX_LABELS_FILE_BYTES:
         raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
                                   "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
     return labels.csv_rows(data, path, file_exists)
+
+
+def _read_bounded(path: str, what: str, limit: int) -> bytes:
+    try:
+        with open_file(path) as f:
+            return f.read(limit + 1)
+    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
+        raise sources.SourceError(f"cannot read {what}: {type(e).__name__}: {e}") from None

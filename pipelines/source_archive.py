@@ -31,14 +31,12 @@ class ArchiveSource(SourceKind):
     options = ("labels_file", "classes_file")
 
     def claims(self, source: str) -> bool:
-        """A SOURCE named like an archive (or a folder inside one), unless that name is a local folder
-        (``photos.zip/``): a folder is read as a folder, whatever its name."""
+        """Named like an archive (or a folder inside one), unless a local folder (``photos.zip/``)."""
         archive = archive_index.split_inner(source.rstrip("/"))[0]
         return bool(archive_index.archive_type(archive)) and not ("://" not in archive and os.path.isdir(archive))
 
     def claims_folder(self, location: str) -> bool:
-        """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
-        listing, asked only of a SOURCE no kind claimed by its text."""
+        """A folder holding archives named for a split (train, val) and, locally, no folders: one listing."""
         if "://" in location:
             return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
         if not os.path.isdir(location):
@@ -112,9 +110,8 @@ def planned_identities(plan: SourcePlan) -> Identities:
 
 
 def check_unchanged(path: str, planned: Identities, raw=None) -> None:
-    """PreprocessError (the run fails, naming the archive) when the archive at ``path`` (``raw``: its open file, a
-    local one checked by its descriptor) no longer has the size and mtime it had when planned: its members' ranges
-    and labels would be another archive's. Before any of its bytes are read into a record."""
+    """PreprocessError naming the archive at ``path`` (``raw``: its open local file) when its size or mtime are
+    not those planned: its ranges and labels would be another archive's."""
     if path not in planned:
         return
     if "://" not in path and raw is not None:
@@ -129,8 +126,7 @@ def check_unchanged(path: str, planned: Identities, raw=None) -> None:
 
 
 class ArchiveTaskReader:
-    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker; an archive changed since it was
-    planned fails the run (``check_unchanged``)."""
+    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -174,8 +170,8 @@ class ArchiveTaskReader:
                          f"{index.damage}; the members after it are not read")
 
     def stream(self, task: StreamTask) -> Iterator[Input | Reject]:
-        """A compressed tar, front to back: an Input carrying its bytes per wanted member; members the stream no
-        longer holds (cut short, changed since planning) are rejects, so every planned input is accounted for."""
+        """A compressed tar, front to back: an Input with its bytes per wanted member; one the stream no longer
+        holds is a reject."""
         wanted = {(name, occurrence): (split, key, label) for name, occurrence, split, key, label in task.wanted}
         seen: dict[str, int] = {}
         failure = ""
@@ -203,8 +199,8 @@ class ArchiveTaskReader:
 
 
 class ArchiveMemberReader:
-    """An Input's path (``MemberRef`` text) -> the member's bytes, read by range; archives stay open per worker,
-    checked against the plan (``check_unchanged``) when opened and, locally, at every read (one ``fstat``)."""
+    """An Input's path (``MemberRef`` text) -> the member's bytes; archives stay open per worker, checked against
+    the plan when opened and, locally, at every read (one ``fstat``)."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -242,10 +238,8 @@ class ArchiveMemberReader:
 
 
 class StreamedArchiveSource(ArchiveSource):
-    """An archive source holding a compressed tar: read by one worker, front to back, its images' bytes then
-    fanned out to every worker (a reshuffle) and decoded where they land, per bundle; so no unit of work can be
-    kept, and the key bounds come from the names the plan read. Never claims a SOURCE: ``ArchiveSource.plan``
-    gives its plan this kind."""
+    """The kind ``ArchiveSource.plan`` gives a plan holding a compressed tar: one worker streams it, its images'
+    bytes fanned out and decoded where they land; key bounds from the names planned."""
 
     decoded_where_read = True
 

@@ -28,7 +28,7 @@ NOT_PARQUET = "not a Parquet file, matched by the glob: not read"
 
 
 class RowGroupTask(NamedTuple):
-    """One row group to read: its file's split, path and name in keys, its index, and its rows' first index."""
+    """One row group to read, with its file's split, path and name in keys, and its rows' first index."""
 
     split: str
     path: str
@@ -40,15 +40,13 @@ class RowGroupTask(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ParquetPlan(SourcePlan):
-    """Row groups to read, with the columns holding the images and the labels."""
-
     row_groups: tuple[RowGroupTask, ...] = ()
     image_column: str = ""
     label_column: str = ""
 
 
 class _FileFooter(NamedTuple):
-    """What planning read of one matched file: its schema and row groups, or why it cannot be read."""
+    """One matched file's schema and row groups, or why it cannot be read."""
 
     path: str
     columns: dict  # column -> Arrow type
@@ -134,8 +132,8 @@ def class_names(features: hub_features.Features, label_column: str, origin: str)
 
 
 def check_label_bound(largest: int, classes, column: str, name: str) -> None:
-    """Without class names the labels are the classes (the manifest names each by its integer): a label beyond
-    ``labels.MAX_CLASSES`` is refused here, before anything is written. With names, a row beyond them is a reject."""
+    """Without class names a label beyond ``labels.MAX_CLASSES`` is refused before anything is written (with names,
+    a row beyond them is a reject)."""
     if classes is None and largest >= labels.MAX_CLASSES:
         raise sources.SourceError(
             f"the label column {column!r} of {name} holds the label {largest:,}, beyond the {labels.MAX_CLASSES:,} "
@@ -209,8 +207,7 @@ def _column_max(metadata, index: int) -> int | None:
 
 
 def label_max(footer: _FileFooter, column: str) -> int:
-    """The largest label in ``column`` of the file: by the footer's statistics, else read (that column only; files
-    written without statistics); 0 for a file without rows or labels."""
+    """The file's largest label: by the footer's statistics, else read (that column only); 0 for none."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -230,9 +227,8 @@ def label_max(footer: _FileFooter, column: str) -> int:
 
 
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
-    """(the features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
-    above it (the Hub keeps the card at the top, the files under ``data/``), else ``footer``'s file's own; the file
-    they come from)."""
+    """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or the one above (the Hub's
+    ``data/``), else of ``footer``'s file; the file they come from)."""
     from apache_beam.io.filesystems import FileSystems
 
     folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
@@ -248,8 +244,8 @@ def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Featu
 
 
 def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:
-    """(image column, label column): ``--image-key`` / ``--label-key`` (refused when the file lacks a column they
-    name away from their defaults), else the columns the features name, else a column of image bytes by its type."""
+    """(image column, label column): ``--image-key``/``--label-key`` (a column they name must exist), else the
+    features', else a column of image bytes by its type."""
     import pyarrow as pa
     from shardprep.preprocess.config import default
 
@@ -280,8 +276,8 @@ def find_columns(footer: _FileFooter, features: hub_features.Features, config) -
 
 
 class RowGroupReader:
-    """A RowGroupTask -> an Input per row of encoded image and int label. A row without an image or label, or with
-    a label out of range, is a Reject; a row group that cannot be read is a Reject per row."""
+    """A RowGroupTask -> an Input per row; a row without an image or a label in range, or that cannot be read, is
+    a Reject."""
 
     def __init__(self, image_column: str, label_column: str, num_classes: int | None):
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
@@ -300,8 +296,8 @@ class RowGroupReader:
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
 
     def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
-        """(images, labels) of the row group, _BATCH_ROWS rows at a time: a row group of a few kilobytes can hold
-        millions of rows (one image, dictionary-encoded), too many to hold as Python objects at once."""
+        """(images, labels), _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows (one image,
+        dictionary-encoded)."""
         import pyarrow.parquet as pq
 
         with open_file(task.path) as stream:

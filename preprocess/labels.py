@@ -1,13 +1,17 @@
 """Labels files, read one way wherever they are used: the labels CSV (``filename,label``, or Kaggle's
-``ImageId,PredictionString``), a file of class names one a line (TFDS's ``label.labels.txt``, ``--classes``), and
-the join of CSV rows with flat image files. Pure. Names are compared in NFC (``names.canonical``).
+``ImageId,PredictionString``), a file of class names one a line (TFDS's ``label.labels.txt``, ``--classes``),
+ImageNet's validation labels as tensorflow-datasets ships them, and the join of CSV rows with flat image files.
+Pure. Names are compared in NFC (``names.canonical``).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
+import os
+import re
 
 from shardprep.preprocess import accounting, names
 from shardprep.preprocess.elements import Reject
@@ -190,3 +194,41 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
         else:
             yield "reject", Reject(labels_split, key, "missing_file",
                              f"labels file row {filename},{label} names no image in the source folder")
+
+
+IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
+_WNID = re.compile(r"^n\d{8}$")
+
+
+def is_imagenet_validation_name(name: str) -> bool:
+    """True for an ILSVRC2012 validation image's file name (the part after the last '/')."""
+    return IMAGENET_VALIDATION_NAME.match(name.rsplit("/", 1)[-1]) is not None
+
+
+def tfds_imagenet_labels_path() -> str | None:
+    """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt`` (found, not imported), or None."""
+    try:
+        spec = importlib.util.find_spec("tensorflow_datasets")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "datasets", "imagenet2012", "validation_labels.txt")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
+    """{file name: WordNet ID} of ImageNet's 50,000 validation images (flat, their classes elsewhere) from
+    ``path``, else TFDS's file (image i's ID on line i; the IDs sorted are the usual class order)."""
+    path = path or tfds_imagenet_labels_path()
+    if path is None:
+        raise SourceError(
+            "ImageNet validation images (ILSVRC2012_val_*.JPEG) need their labels: install tensorflow-datasets "
+            "(it ships them) or give --labels-file (a CSV of filename,label, or Kaggle's LOC_val_solution.csv)")
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    bad = next((number for number, wnid in enumerate(lines, start=1) if not _WNID.match(wnid)), None)
+    if bad is not None:
+        raise SourceError(f"{path} line {bad} is not a WordNet ID (n01440764): not ImageNet's validation labels")
+    return {f"ILSVRC2012_val_{index:08d}.JPEG": wnid for index, wnid in enumerate(lines, start=1)}
