@@ -11,7 +11,7 @@ import dataclasses
 import os
 from typing import Callable, Iterable, NamedTuple
 
-from shardprep.preprocess import accounting, fingerprint, sources
+from shardprep.preprocess import accounting, fingerprint, labels, sources
 from shardprep.preprocess.elements import Input, Reject
 
 WILDCARDS = "*?["
@@ -205,12 +205,39 @@ def bounds_by_split(found: Iterable[tuple[str, int, int, int]]) -> dict[str, Key
     return bounds
 
 
+def label_out_of_range(split: str, key: str, label, num_classes: int | None) -> Reject | None:
+    """A reject for a label that is no class index; without class names the labels are the classes, at most
+    ``labels.MAX_CLASSES`` (the rows are checked even where planning read the files' statistics)."""
+    limit = labels.MAX_CLASSES if num_classes is None else num_classes
+    if isinstance(label, int) and 0 <= label < limit:
+        return None
+    shown = f"{label:,}" if isinstance(label, int) else str(label)
+    return Reject(split, key, "label_out_of_range", f"label {shown} not in 0..{limit - 1:,}"
+                  + (" (no class names)" if num_classes is None else ""))
+
+
 def open_file(path: str):
     """A binary file object of ``path``, local or a URL, read as stored (never decompressed by its name)."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def read_head(path: str, at_most: int, what: str = "") -> bytes:
+    """At most ``at_most`` bytes of the small file ``path`` (local or a URL): a local one only if it is a regular
+    file (a FIFO would block, ``/dev/zero`` never end). A SourceError naming it (``what``) when it cannot be read."""
+    from shardprep.pipelines.storage import is_local
+    from shardprep.preprocess import untrusted
+
+    try:
+        if is_local(path):
+            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
+                return f.read(at_most)
+        with open_file(path) as f:
+            return f.read(at_most)
+    except OSError as e:  # BeamIOError is one
+        raise sources.SourceError(f"cannot read {what or path}: {e}") from None
 
 
 def file_stamp(path: str) -> tuple[int, int] | None:

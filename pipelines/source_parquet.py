@@ -13,8 +13,8 @@ import dataclasses
 import re
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, cast
 
-from shardprep.pipelines.source_kind import GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split, open_file
-from shardprep.pipelines.source_tfrecord import read_head
+from shardprep.pipelines.source_kind import (GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split,
+                                             label_out_of_range, open_file, read_head)
 from shardprep.preprocess import accounting, hub_features, labels, manifest, names, sources
 from shardprep.preprocess.elements import Input, Reject
 
@@ -311,13 +311,7 @@ class RowGroupReader:
             return Reject(split, key, "no_image", f"no image bytes in column {self.image_column!r}")
         if label is None or label == -1:
             return Reject(split, key, "no_label", f"no label in column {self.label_column!r}")
-        if self.num_classes is None:  # planning checked the footers' statistics; the rows are checked here too
-            if not isinstance(label, int) or not 0 <= label < labels.MAX_CLASSES:
-                return Reject(split, key, "label_out_of_range",
-                              f"label {label:,} not in 0..{labels.MAX_CLASSES - 1:,} (no class names)")
-        elif not isinstance(label, int) or not 0 <= label < self.num_classes:
-            return Reject(split, key, "label_out_of_range", f"label {label} not in 0..{self.num_classes - 1}")
-        return Input(split, key, label, None, data)
+        return label_out_of_range(split, key, label, self.num_classes) or Input(split, key, label, None, data)
 
 
 PARQUET = ParquetSource()

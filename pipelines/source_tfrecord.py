@@ -13,7 +13,8 @@ import os
 from typing import Iterator
 
 from shardprep.pipelines.source_kind import (ApartFrom, GlobKind, KeyBounds, RecordFiles, SourcePlan, Usage,
-                                             bounds_by_split, open_file, prefixed_location)
+                                             bounds_by_split, label_out_of_range, open_file,
+                                             prefixed_location, read_head)
 from shardprep.preprocess import labels, manifest, names, record_format, sources, tfrecord_io
 from shardprep.preprocess.elements import Input, Reject
 
@@ -153,22 +154,6 @@ def class_names_beside(path: str) -> list[str] | None:
     return labels.class_names_txt(read_head(path, labels.MAX_NAMES_BYTES + 1), path)
 
 
-def read_head(path: str, at_most: int, what: str = "") -> bytes:
-    """At most ``at_most`` bytes of the small file ``path`` (local or a URL): a local one only if it is a regular
-    file (a FIFO would block, ``/dev/zero`` never end). A SourceError naming it (``what``) when it cannot be read."""
-    from shardprep.pipelines.storage import is_local
-    from shardprep.preprocess import untrusted
-
-    try:
-        if is_local(path):
-            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
-                return f.read(at_most)
-        with open_file(path) as f:
-            return f.read(at_most)
-    except OSError as e:  # BeamIOError is one
-        raise sources.SourceError(f"cannot read {what or path}: {e}") from None
-
-
 class TFRecordFileReader:
     """(split, file) -> an Input per record of encoded image and int label; bad records become Rejects. The framing
     is lost after a bad length, so the rest of that file is one reject."""
@@ -199,12 +184,7 @@ class TFRecordFileReader:
             return Reject(split, key, "bad_record", f"no bytes feature {self.image_key!r}")
         if not found or not isinstance(found[0], int):
             return Reject(split, key, "bad_record", f"no int64 feature {self.label_key!r}")
-        # Without class names the labels are the classes: at most labels.MAX_CLASSES of them.
-        limit = self.num_classes if self.num_classes is not None else labels.MAX_CLASSES
-        if not 0 <= found[0] < limit:
-            return Reject(split, key, "label_out_of_range", f"label {found[0]} not in 0..{limit - 1}"
-                          + ("" if self.num_classes is not None else " (no class names)"))
-        return Input(split, key, found[0], None, images[0])
+        return label_out_of_range(split, key, found[0], self.num_classes) or Input(split, key, found[0], None, images[0])
 
 
 TFRECORD = TFRecordSource()
