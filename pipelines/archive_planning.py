@@ -9,7 +9,8 @@ import dataclasses
 import os
 from typing import NamedTuple
 
-from shardprep.pipelines.source_kind import SourceKind, SourcePlan, file_stamp, open_file
+from shardprep.pipelines.source_kind import (SourceKind, SourcePlan, file_stamp, open_file, ordered_classes,
+                                             read_labels_file_rows)
 from shardprep.preprocess import accounting, archive_index, archive_layout, labels, names, sources
 from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
@@ -85,7 +86,6 @@ def open_archive(path: str, sequential: bool = False):
 
 def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     """The plan of an archive, or of a folder holding archives of splits."""
-    from shardprep.pipelines import planning  # Beam's file systems: not for the CLI's help, which imports this
 
     archives, not_used = _archive_files(location, config.split)
     found = [_index(archive, config.split) for archive in archives]
@@ -96,7 +96,7 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     stored = [c for layout in layouts for c in layout.stored_classes]
     for name in stored:
         names.check(name, "class", f"the archive {location}", "rename it")
-    class_names = planning.ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
+    class_names = ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
     if not class_names:
         raise sources.SourceError(
             f"no classes found in {location}: expected <split>/<class>/<file>, <class>/<file>, a tar per class, or "
@@ -233,8 +233,6 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
 
 def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
     """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
-    from shardprep.pipelines.planning import read_labels_file_rows
-
     archive, inner = archive_index.split_inner(labels_file)
     if not inner:
         return read_labels_file_rows(labels_file, file_exists)

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from typing import Callable, Iterable, NamedTuple
 
-from shardprep.preprocess import accounting, fingerprint, labels, sources
+from shardprep.preprocess import accounting, fingerprint, labels, names, sources
 from shardprep.preprocess.elements import Input, Reject
 
 WILDCARDS = "*?["
@@ -267,3 +267,69 @@ def planned_entries(plan: SourcePlan) -> list[fingerprint.ListedEntry]:
 
 def labels_file_entries(config) -> list[fingerprint.ListedEntry]:
     return [file_entry(f"--labels-file {config.labels_file}", config.labels_file)] if config.labels_file else []
+
+
+def is_local(path: str) -> bool:
+    from shardprep.pipelines.storage import is_local as local
+
+    return local(path)
+
+
+def exists(path: str) -> bool:
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
+
+
+MAX_LABELS_FILE_BYTES = 256 << 20  # read whole, once: ImageNet's validation labels are 2 MB
+
+
+def ordered_classes(stored, where: str, config) -> list[str]:
+    """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
+    if config.classes_file is None:
+        return names.class_order(stored, where)
+    return names.class_order(stored, where, read_classes_file(config.classes_file), f"--classes {config.classes_file}")
+
+
+def read_classes_file(path: str) -> list[str]:
+    """The class names of a ``--classes`` file, one a line, in its order (local or ``gs://``)."""
+    if not exists(path):
+        raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"--classes {path} is not a file: give a text file of class names, one a line")
+    data = _read_bounded(path, f"--classes {path}", names.MAX_CLASS_LIST_BYTES)
+    if len(data) > names.MAX_CLASS_LIST_BYTES:
+        raise sources.SourceError(f"--classes {path} is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold "
+                                  "class names, one a line")
+    found = labels.class_names_txt(data, f"--classes {path}")
+    if not found:
+        raise sources.SourceError(f"--classes {path} names no class: give class names, one a line")
+    return found
+
+
+def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
+    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name)."""
+    if not exists(path):
+        from shardprep.preprocess.archive_index import split_inner
+
+        archive, inner = split_inner(path)
+        if inner and exists(archive):
+            raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
+                                      "from inside an archive only with that archive as SOURCE; extract it and give "
+                                      "its path")
+        raise sources.SourceError(f"labels file {path} does not exist")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
+    data = _read_bounded(path, f"labels file {path}", MAX_LABELS_FILE_BYTES)
+    if len(data) > MAX_LABELS_FILE_BYTES:
+        raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
+                                  "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
+    return labels.csv_rows(data, path, file_exists)
+
+
+def _read_bounded(path: str, what: str, limit: int) -> bytes:
+    try:
+        with open_file(path) as f:
+            return f.read(limit + 1)
+    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
+        raise sources.SourceError(f"cannot read {what}: {type(e).__name__}: {e}") from None
