@@ -71,7 +71,10 @@ def list_children(path: str, source_root: str | None = None) -> Children:
     # On gs:// every sub-directory (a common prefix) comes back with a trailing "/", so no entry needs a probe; a
     # probe per file would be a request per file (50,000 for ImageNet's flat val/ folder) before the job starts.
     marks_directories = path.startswith("gs://")
-    dirs, files, hidden, litter = [], [], [], []
+    dirs: list[str] = []
+    files: list[str] = []
+    hidden: list[tuple[str, bool]] = []
+    litter: list[tuple[str, bool]] = []
     for name in sorted(listed):
         clean = name.rstrip("/")
         if accounting.is_os_litter(clean, name.endswith("/")):
@@ -142,7 +145,8 @@ def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
     children = {directory: top if directory == root else list_children(directory, source_root)
                 for _, directory in split_dirs}
     flat = _flat_files(split_dirs, children)
-    labels_split, label_rows, rows, unlabelled = None, (), [], {}
+    labels_split, rows, unlabelled = None, [], {}
+    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()
     if config.labels_file:
         rows = _read_labels_file(config.labels_file, [(s, d) for s, d, _ in flat])
         label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
