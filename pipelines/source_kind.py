@@ -1,8 +1,8 @@
-"""What every kind of SOURCE provides (``SourceKind``) and what planning found (``SourcePlan``). No Beam at import.
-
-A kind is one module (``pipelines/source_<name>.py``) holding a ``SourceKind`` subclass, registered once in
-``source_registry``. After SOURCE is parsed the job asks the plan's kind, never the SOURCE text. What needs Beam,
-TensorFlow or a reader library imports it where it is used (the CLI's help imports every kind).
+"""What every kind of SOURCE provides (``SourceKind``), what planning found (``SourcePlan``), and what the kinds
+share: key bounds, file stamps for the fingerprint, the label-range check, small files read bounded (labels file,
+``--classes``, class order). A kind is one module ``pipelines/source_<name>.py`` registered in ``source_registry``;
+after SOURCE is parsed the job asks the plan's kind, never the text. Beam and readers are imported where used (the
+CLI's help imports every kind).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from typing import Callable, Iterable, NamedTuple
 
 from shardprep.preprocess import accounting, fingerprint, labels, names, sources
+from shardprep.preprocess.archive_index import split_inner
 from shardprep.preprocess.elements import Input, Reject
 
 WILDCARDS = "*?["
@@ -310,8 +311,6 @@ def read_classes_file(path: str) -> list[str]:
 def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
     """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name)."""
     if not exists(path):
-        from shardprep.preprocess.archive_index import split_inner
-
         archive, inner = split_inner(path)
         if inner and exists(archive):
             raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
