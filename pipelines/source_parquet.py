@@ -101,8 +101,8 @@ class ParquetSource(GlobKind):
             if reject.split not in splits:
                 raise sources.SourceError(f"{reject.key} cannot be read ({reject.detail}), and no other file of "
                                           f"split {reject.split} can: download it again, or leave it out of the glob")
-        return ParquetPlan(kind=self, location=location, splits=splits,
-                           classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=tuple(notes),
+        return ParquetPlan(kind=self, location=location, splits=splits, classes=classes, skipped=tuple(skipped),
+                           not_used=tuple(sorted(not_used)), notes=tuple(notes),
                            row_groups=tuple(tasks), image_column=image_column, label_column=label_column)
 
     def read_tasks(self, plan: SourcePlan) -> list[RowGroupTask]:

@@ -184,7 +184,8 @@ class TFRecordFileReader:
             return Reject(split, key, "bad_record", f"no bytes feature {self.image_key!r}")
         if not found or not isinstance(found[0], int):
             return Reject(split, key, "bad_record", f"no int64 feature {self.label_key!r}")
-        return label_out_of_range(split, key, found[0], self.num_classes) or Input(split, key, found[0], None, images[0])
+        label = found[0]
+        return label_out_of_range(split, key, label, self.num_classes) or Input(split, key, label, None, images[0])
 
 
 TFRECORD = TFRecordSource()

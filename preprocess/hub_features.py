@@ -80,8 +80,7 @@ def _card_features(listed, path: str) -> Features:
             continue
         dtype = entry.get("dtype", entry)
         if isinstance(dtype, dict) and isinstance(dtype.get(CLASS_LABEL), dict):
-            where = _Where(path, entry["name"])
-            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names"), where))
+            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names"), path, entry["name"]))
         elif isinstance(dtype, str):
             features[entry["name"]] = Feature(dtype)
     return features
@@ -105,7 +104,7 @@ def from_info(data: bytes, path: str) -> Features:
     for name, feature in (listed.items() if isinstance(listed, dict) else ()):
         kind = feature.get("_type") if isinstance(feature, dict) else None
         if kind == "ClassLabel":
-            features[name] = Feature(CLASS_LABEL, _names(feature.get("names"), _Where(path, name)))
+            features[name] = Feature(CLASS_LABEL, _names(feature.get("names"), path, name))
         elif kind == "Image":
             features[name] = Feature(IMAGE)
         elif isinstance(kind, str):
@@ -113,25 +112,16 @@ def from_info(data: bytes, path: str) -> Features:
     return features
 
 
-class _Where(NamedTuple):
-    """Where class names were read: the file and the label column's name."""
-
-    path: str
-    column: str
-
-    def __str__(self) -> str:
-        return f"{self.path} (feature {self.column!r})"
-
-
-def _names(names, where: _Where) -> tuple[str, ...] | None:
+def _names(names, path: str, column: str) -> tuple[str, ...] | None:
     """Class names from a list or the Hub's mapping ``{'0': name, ...}``; None for none. Refused, naming ``where``:
     more than ``labels.MAX_CLASSES``, a mapping not numbered 0 to N-1, a name that is not a string."""
+    where = f"{path} (feature {column!r})"
     if names is None or names == [] or names == {}:
         return None
     if not isinstance(names, (list, dict)):
         raise sources.SourceError(f"the class names in {where} are {_shown(names)}, not a list or a mapping")
     if len(names) > labels.MAX_CLASSES:
-        raise sources.SourceError(f"{where.path} names {len(names):,} classes for {where.column!r}, more than the "
+        raise sources.SourceError(f"{path} names {len(names):,} classes for {column!r}, more than the "
                                   f"{labels.MAX_CLASSES:,} shardprep takes")
     if isinstance(names, dict):
         keys = list(names)
