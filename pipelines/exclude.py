@@ -56,7 +56,7 @@ def _load(path: str) -> _Loaded:
     """The file read once per process: the last file read is kept while its size and times stay the same."""
     try:
         if is_local(path):
-            found = os.stat(path[len("file://"):] if path.startswith("file://") else path)
+            found = os.stat(path.removeprefix("file://"))
             stamp: tuple | None = (found.st_size, found.st_mtime_ns, found.st_ino)
         else:
             matched = FileSystems.match([path])[0].metadata_list
@@ -67,18 +67,15 @@ def _load(path: str) -> _Loaded:
 
 
 @functools.lru_cache(maxsize=1)
-def _read(path: str, stamp: tuple | None) -> _Loaded:
+def _read(path: str, stamp: tuple | None) -> _Loaded:  # read failures: _load says them
     try:
         if is_local(path):
-            local = path[len("file://"):] if path.startswith("file://") else path
-            data = untrusted.read_regular_file(local, MAX_KEYS_FILE_BYTES)
+            data = untrusted.read_regular_file(path.removeprefix("file://"), MAX_KEYS_FILE_BYTES)
         else:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 data = f.read(MAX_KEYS_FILE_BYTES + 1)
         text = data.decode("utf-8")
         return _Loaded(SortedKeys(parse_keys(text, path)), hashlib.sha256(data).hexdigest())
-    except (OSError, BeamIOError) as e:
-        raise PreprocessError(f"--exclude {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except UnicodeDecodeError as e:
         raise PreprocessError(f"--exclude {path}: not UTF-8 text (byte {e.start})") from None
     except ExcludeKeysError as e:
