@@ -1,10 +1,6 @@
-"""Planning an archive SOURCE (``source_archive``): its archives indexed once on the launching machine, the folder
-rules applied to their member names (``preprocess/archive_layout.py``), labels joined, and what the workers read.
-
-An uncompressed tar is indexed from its headers alone (seeking past the data), a zip from its central directory;
-a tar inside a tar (ImageNet's per-class train tars) is left to a worker to index (``NestedTask``); a compressed tar
-is read once here for its member names (a stream has no index) and once by a worker for its bytes (``StreamTask``).
-Launcher only.
+"""Planning an archive SOURCE, launcher only: each archive indexed once (a tar from its headers, a zip from its
+central directory, a compressed tar streamed for its names), the folder rules applied (``archive_layout``), labels
+joined, and the workers' read tasks (``MembersTask``, ``NestedTask`` for a class tar, ``StreamTask``).
 """
 
 from __future__ import annotations
@@ -13,8 +9,9 @@ import dataclasses
 import os
 from typing import NamedTuple
 
-from shardprep.pipelines.source_kind import SourceKind, SourcePlan
-from shardprep.preprocess import accounting, archive_index, archive_layout, imagenet_labels, labels, names, sources
+from shardprep.pipelines.source_kind import (SourceKind, SourcePlan, file_stamp, open_file, ordered_classes,
+                                             read_labels_file_rows)
+from shardprep.preprocess import accounting, archive_index, archive_layout, labels, names, sources
 from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
 
@@ -76,23 +73,19 @@ RANGE_READ_CHUNK = 64 * 1024  # gs:// reads by range fetch at least this much (B
 
 
 def open_archive(path: str, sequential: bool = False):
-    """A binary file object of a local or remote archive, seekable. On ``gs://`` a read after a seek fetches only
-    what it needs (and at least ``RANGE_READ_CHUNK``), unless ``sequential`` (a stream read front to back)."""
+    """A seekable binary file of an archive; on ``gs://`` a read after a seek fetches ``RANGE_READ_CHUNK`` or what
+    it needs, unless ``sequential``."""
     if "://" not in path:
         return open(path, "rb")
     if path.startswith("gs://") and not sequential:
         from apache_beam.io.gcp import gcsio
 
         return gcsio.GcsIO().open(path, "rb", read_buffer_size=RANGE_READ_CHUNK)
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return open_file(path)
 
 
 def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     """The plan of an archive, or of a folder holding archives of splits."""
-    from shardprep.pipelines import planning  # Beam's file systems: not for the CLI's help, which imports this
 
     archives, not_used = _archive_files(location, config.split)
     found = [_index(archive, config.split) for archive in archives]
@@ -103,7 +96,7 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
     stored = [c for layout in layouts for c in layout.stored_classes]
     for name in stored:
         names.check(name, "class", f"the archive {location}", "rename it")
-    class_names = planning.ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
+    class_names = ordered_classes(stored + sorted(label_names), f"the archive {location}", config)
     if not class_names:
         raise sources.SourceError(
             f"no classes found in {location}: expected <split>/<class>/<file>, <class>/<file>, a tar per class, or "
@@ -173,20 +166,12 @@ def _folder_files(location: str) -> list[str]:
 
 
 def _archive_file(path: str, split: str | None) -> ArchiveFile:
-    if "://" not in path:
-        if not os.path.exists(path):
-            raise sources.SourceError(f"{path} does not exist")
-        if not os.path.isfile(path):
-            raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
-        info = os.stat(path)
-        return ArchiveFile(path, archive_index.archive_type(path), split, info.st_size, info.st_mtime_ns)
-    from apache_beam.io.filesystems import FileSystems
-
-    matched = FileSystems.match([path])[0].metadata_list
-    if not matched:
+    if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"{path} is not a file: an archive SOURCE is a .tar, .tar.gz, .tgz or .zip")
+    stamp = file_stamp(path)
+    if stamp is None:
         raise sources.SourceError(f"{path} does not exist")
-    return ArchiveFile(path, archive_index.archive_type(path), split, matched[0].size_in_bytes,
-                       int(matched[0].last_updated_in_seconds * 1e9))
+    return ArchiveFile(path, archive_index.archive_type(path), split, *stamp)
 
 
 def _index(archive: ArchiveFile, default_split: str) -> _Found:
@@ -211,8 +196,7 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
 
 
 def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[int]]:
-    """(the archive's index, each member's occurrence of its name: 0, or 1 for a name's second copy ...);
-    SourceError for an archive that cannot be read or is damaged."""
+    """(the archive's index, each member's occurrence of its name: 0, 1 for a second copy ...); else SourceError."""
     try:
         with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
             if archive.type == "tgz":
@@ -235,22 +219,20 @@ def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[
 
 
 def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
-    """({file name: class} for flat images, every class the labels name): from ``--labels-file`` (a CSV, or
-    Kaggle's LOC_val_solution.csv), else, for ImageNet's validation images, TFDS's shipped labels."""
+    """({file name: class} for flat images, every class named): ``--labels-file``, else for ImageNet's
+    validation images TFDS's labels."""
     if labels_file:
         present = {labels.file_name(key) for _, key, _ in flat}
         rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
         return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
-    if any(imagenet_labels.is_validation_name(key) for _, key, _ in flat):
-        table = imagenet_labels.validation_labels()
+    if any(labels.is_imagenet_validation_name(key) for _, key, _ in flat):
+        table = labels.imagenet_validation_labels()
         return table, set(table.values())
     return {}, set()
 
 
-def _labels_rows(labels_file: str, file_exists) -> list[sources.LabelRow]:
+def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
     """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
-    from shardprep.pipelines.planning import read_labels_file_rows
-
     archive, inner = archive_index.split_inner(labels_file)
     if not inner:
         return read_labels_file_rows(labels_file, file_exists)
@@ -263,8 +245,8 @@ def _labels_rows(labels_file: str, file_exists) -> list[sources.LabelRow]:
 
 
 def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str, str], accounting.NotUsed]:
-    """{(archive path, split): NotUsed} of the splits of flat images only, none of which has a label, when another
-    split gives inputs (ImageNet's test tar beside the train and val tars; Kaggle's ``test/`` beside ``val/``)."""
+    """{(archive path, split): NotUsed} of splits of flat images none of which has a label, when another split
+    gives inputs (ImageNet's test tar)."""
     unlabelled, splits = {}, set()
     for item in found:
         layout = item.layout

@@ -1,8 +1,6 @@
-"""``preprocess --exclude FILE``: the keys file read on the launcher, and ``ExcludeInputs``, the stage that turns
-each listed input it names into a reject (reason ``excluded``), so the input is accounted for, never dropped.
-
-``ExcludeInputs``: ``Input`` -> ``{"inputs": Input not named, "rejects": Reject per named one}``. Keys the file
-names that no input has are found after the run from ``rejects.jsonl`` (:func:`unknown_keys`) and told to the user.
+"""``preprocess --exclude FILE``: the keys file read on the launcher (``read_keys``), ``ExcludeInputs`` (each input
+it names -> a reject, reason ``excluded``: accounted for, never dropped), and the keys no input had
+(``unknown_keys``, from ``rejects.jsonl`` after the run).
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ UNKNOWN_KEYS_NAMED = 5  # in the note after the run
 
 
 class KeysFile(NamedTuple):
-    """The keys file as a local run's workers get it: its path and the SHA-256 of the bytes the launcher read (the
-    keys themselves would travel inside the DoFn, which Beam bz2-compresses each time it serializes it: minutes
-    for 3,000,000 keys)."""
+    """The keys file as a local run's workers get it, path and SHA-256 (Beam bz2-compresses a DoFn each time it
+    serializes it: minutes for 3,000,000 keys)."""
 
     path: str
     sha256: str
@@ -56,11 +53,10 @@ def keys_file(path: str) -> KeysFile:
 
 
 def _load(path: str) -> _Loaded:
-    """The file read once for the calls of a run and of a worker (refusal up front, the graph, the journal's
-    fingerprint, the note after): the last file read is kept while its size and modification time stay the same."""
+    """The file read once per process: the last file read is kept while its size and times stay the same."""
     try:
         if is_local(path):
-            found = os.stat(path[len("file://"):] if path.startswith("file://") else path)
+            found = os.stat(path.removeprefix("file://"))
             stamp: tuple | None = (found.st_size, found.st_mtime_ns, found.st_ino)
         else:
             matched = FileSystems.match([path])[0].metadata_list
@@ -71,19 +67,15 @@ def _load(path: str) -> _Loaded:
 
 
 @functools.lru_cache(maxsize=1)
-def _read(path: str, stamp: tuple | None) -> _Loaded:
-    """_load's reading, for the file ``path`` as it was when it had ``stamp`` (size and times)."""
+def _read(path: str, stamp: tuple | None) -> _Loaded:  # read failures: _load says them
     try:
         if is_local(path):
-            local = path[len("file://"):] if path.startswith("file://") else path
-            data = untrusted.read_regular_file(local, MAX_KEYS_FILE_BYTES)
+            data = untrusted.read_regular_file(path.removeprefix("file://"), MAX_KEYS_FILE_BYTES)
         else:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 data = f.read(MAX_KEYS_FILE_BYTES + 1)
         text = data.decode("utf-8")
         return _Loaded(SortedKeys(parse_keys(text, path)), hashlib.sha256(data).hexdigest())
-    except (OSError, BeamIOError) as e:
-        raise PreprocessError(f"--exclude {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except UnicodeDecodeError as e:
         raise PreprocessError(f"--exclude {path}: not UTF-8 text (byte {e.start})") from None
     except ExcludeKeysError as e:
@@ -91,8 +83,7 @@ def _read(path: str, stamp: tuple | None) -> _Loaded:
 
 
 class ExcludeFn(beam.DoFn):
-    """An ``Input`` whose key is in the keys -> a ``Reject`` (tagged ``REJECTS``); any other passes on. ``keys``:
-    the keys, or (local runs) the file a worker reads once at setup."""
+    """An ``Input`` whose key is in the keys (or, local runs, the file read at setup) -> a ``Reject``."""
 
     def __init__(self, keys: SortedKeys | KeysFile, path: str):
         self.given, self.path = keys, path
@@ -131,8 +122,7 @@ class ExcludeInputs(beam.PTransform):
 
 
 def fingerprinted_options(config, runner: str) -> dict:
-    """The run's fingerprinted options (``fingerprint.fingerprinted_options``), with ``--exclude`` standing for
-    its keys too (a hash of them), so a resume after the keys file changed is refused, naming ``--exclude``."""
+    """The run's fingerprinted options, ``--exclude`` with a hash of its keys (a changed file refuses a resume)."""
     options = fingerprint.fingerprinted_options(config, runner)
     if config.exclude is not None:
         keys = json.dumps(list(read_keys(config.exclude))).encode("utf-8")  # sorted
@@ -141,8 +131,7 @@ def fingerprinted_options(config, runner: str) -> dict:
 
 
 def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
-    """The keys of ``keys`` that no input had: those ``OUTPUT/rejects.jsonl`` (just written) does not list as
-    excluded; sorted."""
+    """The keys no input had (``OUTPUT/rejects.jsonl`` lists no such exclusion), sorted."""
     path = manifest.join(output, manifest.REJECTS_NAME)
     found = set()
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -155,8 +144,7 @@ def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
 
 
 def exclude_note(path: str, keys: SortedKeys, unknown: list[str]) -> str:
-    """What the user is told after a run with ``--exclude``: how many keys were left out, and which match no input;
-    in lines that fit 80 columns after the CLI's ``note: `` (the continuation lines indented)."""
+    """The note after a run with ``--exclude``: keys left out, and those matching no input (fits after ``note: ``)."""
     clauses = [f"--exclude {path}: {len(keys) - len(unknown):,} of {len(keys):,} keys excluded (rejects.jsonl, "
                f"reason {EXCLUDED})"]
     if unknown:

@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.listing import list_files
-from shardprep.pipelines.planning import FolderPlan
+from shardprep.pipelines.source_folder import FolderPlan
 from shardprep.pipelines.source_kind import SourcePlan
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess.elements import Input

@@ -1,16 +1,9 @@
-"""Listing: the planned source into typed elements, ``Input`` per image to read and ``Reject`` per entry that gives
-none (``shardprep.preprocess.elements``).
+"""Listing: the planned source into ``Input`` per image to read and ``Reject`` per entry that gives none.
 
-``ListInputs`` is the pipeline's first stage: the start of the pipeline -> ``{"inputs": Input, "rejects": Reject}``,
-built by the plan's kind (``SourceKind.list_inputs``). Two ways of listing live here:
-
-* ``ReadTasks``, every kind's default: the plan's read tasks (a file, a row group) spread over the workers, each
-  read where it lands by the kind's reader (``tfrecord:`` and ``tfds:``: one task per file, Inputs carrying the image
-  bytes, ``data``).
-* ``list_folder``, the folder kind's: one element per class directory (``ClassDirectoryLister``, spread over the
-  workers so that listing runs in parallel); flat files (no class folder) keyed by file name and joined with the
-  labels file's rows (``FlatDirectoryLister``, ``JoinLabels``); the hidden entries planning skipped. These Inputs
-  carry a ``path``.
+``ListInputs`` (the pipeline's first stage) is built by the plan's kind (``SourceKind.list_inputs``): ``ReadTasks``,
+every kind's default (read tasks spread over the workers, each read where it lands), or ``list_folder`` (class
+folders spread over the workers; flat files joined with the labels file's rows). ``GivenValues``/``SpreadValues``:
+values the launcher holds as the graph's first elements, in as few ParDos as Beam allows.
 """
 
 from __future__ import annotations
@@ -21,16 +14,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines import progress
-from shardprep.pipelines.given_values import GivenValues, SpreadValues
 from shardprep.pipelines.storage import is_local
 from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 
 class ListInputs(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: everything the planned source holds, each
-    input once, with the rejects listing finds (hidden entries, bad file names, labels-file mismatches, bad records).
-    """
+    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the planned source, each input once."""
 
     def __init__(self, config, plan, progress_dir: str | None = None):
         super().__init__()
@@ -40,28 +30,32 @@ class ListInputs(beam.PTransform):
         return self.plan.kind.list_inputs(pbegin, self.config, self.plan, self.progress_dir)
 
 
+def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
+    """{"inputs": Input, "rejects": Reject} of a listing's parts, with the rejects planning found (``skipped``)."""
+    if plan.skipped:
+        rejects = rejects + [pbegin | "SkippedEntries" >> GivenValues(plan.skipped)]
+    return {"inputs": inputs[0] if len(inputs) == 1 else inputs | "AllInputs" >> beam.Flatten(),
+            "rejects": rejects[0] if len(rejects) == 1 else rejects | "AllListingRejects" >> beam.Flatten()}
+
+
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
-    """A folder's listing (``planning.FolderPlan``): its class folders, its flat files joined with the labels
-    file, and the entries planning skipped -> {"inputs": Input, "rejects": Reject}."""
+    """A folder's listing: its class folders, and its flat files joined with the labels file."""
     root = plan.location
     class_index = {name: i for i, name in enumerate(plan.classes)}
-    listed = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
-    rejects = [listed["rejects"]]
-    if plan.skipped:  # hidden folders and looping links seen when planning
-        rejects.append(pbegin | "SkippedEntries" >> GivenValues(plan.skipped))
-    if not plan.flat_dirs and not config.labels_file:
-        return {"inputs": listed["inputs"], "rejects": rejects | "AllListingRejects" >> beam.Flatten()}
-    labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-        root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
-        progress_dir, labels_file_given=config.labels_file is not None,
-        not_used=frozenset(entry.path for entry in plan.not_used))
-    return {"inputs": (listed["inputs"], labelled["inputs"]) | "AllInputs" >> beam.Flatten(),
-            "rejects": rejects + [labelled["rejects"]] | "AllListingRejects" >> beam.Flatten()}
+    found = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
+    inputs, rejects = [found["inputs"]], [found["rejects"]]
+    if plan.flat_dirs or config.labels_file:
+        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
+            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
+            progress_dir, labels_file_given=config.labels_file is not None,
+            not_used=frozenset(entry.path for entry in plan.not_used))
+        inputs.append(labelled["inputs"])
+        rejects.append(labelled["rejects"])
+    return listed(pbegin, plan, inputs, rejects)
 
 
 class ReadTasks(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: ``tasks`` spread over the workers, each read
-    where it lands by ``reader`` (task -> Inputs and Rejects; a kind's ``task_reader``)."""
+    """``tasks`` spread over the workers, each read where it lands by ``reader`` (a kind's ``task_reader``)."""
 
     def __init__(self, tasks, reader, progress_dir: str | None):
         super().__init__()
@@ -75,27 +69,32 @@ class ReadTasks(beam.PTransform):
         return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
-class TaskLister(beam.DoFn):
-    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``); each counted as listed."""
+class _Counting(beam.DoFn):
+    """A DoFn whose outputs are counted as listed (``progress``)."""
 
-    def __init__(self, reader, progress_dir: str | None):
-        self.reader, self.progress_dir = reader, progress_dir
+    progress_dir: str | None = None
 
     def setup(self):
         self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+
+    def finish_bundle(self):
+        self.progress.flush()
+
+
+class TaskLister(_Counting):
+    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``)."""
+
+    def __init__(self, reader, progress_dir: str | None):
+        self.reader, self.progress_dir = reader, progress_dir
 
     def process(self, task):
         for item in self.reader(task):
             self.progress.add()
             yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 class ListClassDirectories(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of each class directory
-    ``(split, class name, directory)``, labelled by ``class_index``."""
+    """The files of each class directory ``(split, class name, directory)``, labelled by ``class_index``."""
 
     def __init__(self, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
         super().__init__()
@@ -112,9 +111,8 @@ class ListClassDirectories(beam.PTransform):
 
 
 class ListLabelledFiles(beam.PTransform):
-    """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the files of ``flat_dirs`` ((split, directory))
-    paired with the labels file's rows (``label_rows``, read when planning) by case-folded file name. A file without
-    a row, a row without a file and names differing only in case are rejects."""
+    """The files of ``flat_dirs`` ((split, directory)) joined with the labels file's rows (read when planning) by
+    case-folded file name; a file without a row, a row without a file, names differing in case are rejects."""
 
     def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
                  progress_dir: str | None, labels_file_given: bool = True, not_used: frozenset[str] = frozenset()):
@@ -128,12 +126,9 @@ class ListLabelledFiles(beam.PTransform):
                 | "Directories" >> GivenValues(self.flat_dirs)  # (split, directory)
                 | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
                     REJECTS, main="files"))
-        # The rows decoded and checked when planning: the pipeline never reads the file a second, different way.
-        # They travel pickled in one DoFn: beam.Create of the rows would infer a type from every row and encode
-        # each into the graph (4.3 s of CPU for ImageNet's 50,000 validation rows, against 0.1 s).
-        rows = (pbegin
-                | "LabelRows" >> beam.Impulse()
-                | "EachLabelRow" >> beam.FlatMap(_given_rows, self.label_rows).with_output_types(LABEL_ROW))
+        # The rows checked when planning, pickled in one DoFn (beam.Create would infer a type from each row and
+        # encode it into the graph: 4.3 s of CPU for ImageNet's 50,000 validation rows, against 0.1 s).
+        rows = pbegin | "LabelRows" >> GivenValues(self.label_rows, LABEL_ROW)
         joined = ({"files": flat.files, "rows": rows}
                   | "JoinLabels" >> beam.CoGroupByKey()
                   | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
@@ -145,19 +140,15 @@ class ListLabelledFiles(beam.PTransform):
 LABEL_ROW = beam.typehints.Tuple[str, beam.typehints.Tuple[str, str]]  # (labels.match_key, (filename, label))
 
 
-def _given_rows(_, rows):
-    return rows
-
-
-class ClassDirectoryLister(beam.DoFn):
-    """(split, class name, directory) -> an Input per image file in it or its sub-folders; Rejects (``REJECTS``)
-    for hidden entries, links to folders, links to files back inside SOURCE and file names that are not UTF-8."""
+class ClassDirectoryLister(_Counting):
+    """(split, class name, directory) -> an Input per file in it or its sub-folders; Rejects (``REJECTS``) for
+    hidden entries, links to folders, links back inside SOURCE, names that are not UTF-8."""
 
     def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
         self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
 
     def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
+        super().setup()
         self.source_root = os.path.realpath(self.root) if is_local(self.root) else None
 
     def process(self, element):
@@ -176,14 +167,10 @@ class ClassDirectoryLister(beam.DoFn):
             else:
                 yield Input(split, key, self.class_index[class_name], path, None)
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 class FlatDirectoryLister(beam.DoFn):
-    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per image in it, for the join with
-    the labels file; file names that are not UTF-8 are Rejects (``REJECTS``). ``not_used``: source keys planning
-    listed as not used (files that are not images beside class folders), skipped here."""
+    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per file but those planning found
+    not used (``not_used``); names that are not UTF-8 are Rejects (``REJECTS``)."""
 
     def __init__(self, root: str, not_used: frozenset[str] = frozenset()):
         self.root, self.not_used = root, not_used
@@ -200,17 +187,14 @@ class FlatDirectoryLister(beam.DoFn):
                 yield labels.match_key(path), (split, key, path)
 
 
-class JoinLabels(beam.DoFn):
-    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with exactly one label;
-    a file without a row, or a row without a file, is a Reject (``REJECTS``)."""
+class JoinLabels(_Counting):
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label, else
+    Rejects (``REJECTS``)."""
 
     def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
                  labels_file_given: bool = True):
         self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
         self.labels_file_given = labels_file_given  # without one, a flat file's reject says that one is needed
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
@@ -222,9 +206,6 @@ class JoinLabels(beam.DoFn):
                 split, key, label, path = fields
                 yield Input(split, key, self.class_index[label], path, None)
 
-    def finish_bundle(self):
-        self.progress.flush()
-
 
 def _bad_file_name_reject(split: str, key: str):
     # Records, the runner's coders and rejects.jsonl all need text.
@@ -234,16 +215,51 @@ def _bad_file_name_reject(split: str, key: str):
 
 def list_files(directory: str, recursive: bool = False,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """(the input files in ``directory`` and, when ``recursive``, its sub-folders; (path, reject reason) of what is
-    not read: hidden files and folders, links to folders inside it, and links to files back inside ``source_root``,
-    SOURCE's real path, when given).
-
-    Everything else that is not a folder is listed, links to missing files and special files included: reading them
-    turns them into "unreadable" rejects instead of letting them vanish unseen.
-    """
+    """(the files in ``directory`` (and its sub-folders when ``recursive``); (path, reject reason) of hidden
+    entries, links to folders, links back inside ``source_root``). Links to missing files and special files are
+    listed: reading them makes "unreadable" rejects, never a silent drop."""
     if is_local(directory):
         return accounting.walk_local(directory, recursive, source_root)
     pattern = manifest.join(directory, "**" if recursive else "*")
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
     hidden = {path for path in paths if any(sources.is_hidden(part) for part in path[len(directory):].split("/"))}
     return sorted(set(paths) - hidden), sorted((path, accounting.HIDDEN_FILE) for path in hidden)
+
+
+def _given(_, values):
+    return values
+
+
+def _keyed_by_index(_, values):
+    return enumerate(values)
+
+
+def _grouped_values(keyed):
+    return keyed[1]
+
+
+class GivenValues(beam.PTransform):
+    """The pipeline's start -> each of ``values``, on the worker that runs the start: ``beam.Create(values)`` in
+    one ParDo instead of two (every ParDo costs a local run's start-up); the values travel pickled in the DoFn."""
+
+    def __init__(self, values, output_type=beam.typehints.Any):
+        super().__init__()
+        self.values, self.output_type = list(values), output_type
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Impulse()
+                | "Values" >> beam.FlatMap(_given, self.values).with_output_types(self.output_type))
+
+
+class SpreadValues(GivenValues):
+    """The pipeline's start -> each of ``values``, spread over the workers (keyed by index and grouped, the
+    shuffle ``beam.Reshuffle`` makes, in two ParDos instead of six)."""
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Impulse()
+                | "KeyedByIndex" >> beam.FlatMap(_keyed_by_index, self.values).with_output_types(
+                    beam.typehints.KV[int, beam.typehints.Any])
+                | "Spread" >> beam.GroupByKey()
+                | "Values" >> beam.FlatMap(_grouped_values).with_output_types(beam.typehints.Any))

@@ -23,9 +23,8 @@ from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.decode_groups import DecodeGroups
 from shardprep.pipelines.exclude import ExcludeInputs, exclude_note, keys_file, read_keys, unknown_keys
-from shardprep.pipelines.given_values import GivenValues
 from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
-from shardprep.pipelines.listing import ListInputs
+from shardprep.pipelines.listing import GivenValues, ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
 from shardprep.pipelines.shards import WriteShards
 from shardprep.pipelines.output_lock import output_lock

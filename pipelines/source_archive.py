@@ -1,17 +1,10 @@
-"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), or a folder holding
-archives of splits (image-net.org's download: ``ILSVRC2012_img_train.tar`` beside ``ILSVRC2012_img_val.tar``), read
-in place, never extracted.
+"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), ``ARCHIVE/PATH``, or a
+folder of split archives (ImageNet's train and val tars), read in place, never extracted; planned by
+``archive_planning``.
 
-Planned by ``shardprep.pipelines.archive_planning`` (each archive indexed once, the folder rules applied to its
-member names, labels joined: ``--labels-file``, or for ImageNet's validation images the labels tensorflow-datasets
-ships). The listing reads the plan's tasks on the workers: members named by range (``MembersTask``), a tar of a
-class indexed where it lands (``NestedTask``), a compressed tar streamed once with its images' bytes
-(``StreamTask``), those bytes then crossing to the decode groups. Inputs of a seekable archive name a member's range
-(``archive_index.MemberRef``) and every worker reads its own members by range (``ArchiveMemberReader``), so
-decoding scales with the workers as for a folder. Keys are the member paths the same files would have extracted,
-so records, their order and their shards are those of the extracted folder. A local archive's run keeps a journal
-(its archives' size and mtime are the fingerprint), so ``--resume`` works. Workers check each archive's size and mtime
-against the plan before reading it (``check_unchanged``): one replaced meanwhile fails the run, naming it.
+The workers read the plan's tasks (``ArchiveTaskReader``); a seekable archive's Inputs name member ranges, read by
+any worker (``ArchiveMemberReader``). Keys are the member paths the files would have extracted, so records equal the
+extracted folder's. Workers check each archive's size and mtime against the plan (``check_unchanged``).
 """
 
 from __future__ import annotations
@@ -23,10 +16,11 @@ from typing import Iterator, cast
 from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
     plan_archives
 from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, classes_file_apart
+from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, bounds_by_split,
+                                             classes_file_apart, file_entry, file_stamp, labels_file_entries,
+                                             planned_entries)
 from shardprep.preprocess import archive_index, fingerprint, sources
 from shardprep.preprocess.elements import Input, Reject
-
 
 
 class ArchiveSource(SourceKind):
@@ -37,14 +31,12 @@ class ArchiveSource(SourceKind):
     options = ("labels_file", "classes_file")
 
     def claims(self, source: str) -> bool:
-        """A SOURCE named like an archive (or a folder inside one), unless that name is a local folder
-        (``photos.zip/``): a folder is read as a folder, whatever its name."""
+        """Named like an archive (or a folder inside one), unless a local folder (``photos.zip/``)."""
         archive = archive_index.split_inner(source.rstrip("/"))[0]
         return bool(archive_index.archive_type(archive)) and not ("://" not in archive and os.path.isdir(archive))
 
     def claims_folder(self, location: str) -> bool:
-        """True for a folder that holds archives named for a split (train, val) and, locally, no folders: one
-        listing, asked only of a SOURCE no kind claimed by its text."""
+        """A folder holding archives named for a split (train, val) and, locally, no folders: one listing."""
         if "://" in location:
             return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
         if not os.path.isdir(location):
@@ -56,9 +48,6 @@ class ArchiveSource(SourceKind):
         if any(e.is_dir() for e in entries):
             return False
         return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
-
-    def location(self, source: str) -> str:
-        return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
@@ -77,18 +66,6 @@ class ArchiveSource(SourceKind):
                                       "give them as separate sources")
         return dataclasses.replace(plan, kind=STREAMED)
 
-    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        import apache_beam as beam
-
-        from shardprep.pipelines.given_values import GivenValues
-
-        listed = super().list_inputs(pbegin, config, plan, progress_dir)
-        if not plan.skipped:
-            return listed
-        skipped = pbegin | "SkippedMembers" >> GivenValues(plan.skipped)
-        return {"inputs": listed["inputs"],
-                "rejects": (listed["rejects"], skipped) | "AllListingRejects" >> beam.Flatten()}
-
     def read_tasks(self, plan: SourcePlan) -> list:
         return list(cast(ArchivePlan, plan).tasks)
 
@@ -105,15 +82,9 @@ class ArchiveSource(SourceKind):
         return None
 
     def listed_entries(self, config, plan: SourcePlan) -> list[fingerprint.ListedEntry]:
-        """Each archive with its size and mtime (a member cannot change without them), the rejects and what is
-        not used, and the labels file."""
-        entries = [fingerprint.ListedEntry(f"archive {a.path}", *_stat(a.path))
-                   for a in cast(ArchivePlan, plan).archives]
-        entries += [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
-        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
-        if config.labels_file:
-            entries.append(fingerprint.ListedEntry(f"--labels-file {config.labels_file}", *_stat(config.labels_file)))
-        return entries
+        """Each archive with its size and mtime (a member cannot change without them), then the plan's entries."""
+        return ([file_entry(f"archive {a.path}", a.path) for a in cast(ArchivePlan, plan).archives]
+                + planned_entries(plan) + labels_file_entries(config))
 
 
 def _names_split(name: str) -> bool:
@@ -139,36 +110,23 @@ def planned_identities(plan: SourcePlan) -> Identities:
 
 
 def check_unchanged(path: str, planned: Identities, raw=None) -> None:
-    """PreprocessError (the run fails, naming the archive) when the archive at ``path`` (``raw``: its open file, a
-    local one checked by its descriptor) no longer has the size and mtime it had when planned: its members' ranges
-    and labels would be another archive's. Before any of its bytes are read into a record."""
+    """PreprocessError naming the archive at ``path`` (``raw``: its open local file) when its size or mtime are
+    not those planned: its ranges and labels would be another archive's."""
     if path not in planned:
         return
-    if "://" not in path:
-        info = os.fstat(raw.fileno()) if raw is not None else os.stat(path)
+    if "://" not in path and raw is not None:
+        info = os.fstat(raw.fileno())
         now = (info.st_size, info.st_mtime_ns)
     else:
-        from apache_beam.io.filesystems import FileSystems
-
-        found = FileSystems.match([path])[0].metadata_list
-        now = (found[0].size_in_bytes, int(found[0].last_updated_in_seconds * 1e9)) if found else (-1, 0)
+        now = file_stamp(path) or (-1, 0)
     if now != planned[path]:
         raise PreprocessError(f"the archive {path} changed after it was planned (size {planned[path][0]:,} bytes "
                               f"then, {now[0]:,} now, or its modification time): its members would be read under "
                               "the old plan's names and labels; the run stops; rerun to plan it again")
 
 
-def _stat(path: str) -> tuple[int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return -1, 0
-    return info.st_size, info.st_mtime_ns
-
-
 class ArchiveTaskReader:
-    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker; an archive changed since it was
-    planned fails the run (``check_unchanged``)."""
+    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -212,8 +170,8 @@ class ArchiveTaskReader:
                          f"{index.damage}; the members after it are not read")
 
     def stream(self, task: StreamTask) -> Iterator[Input | Reject]:
-        """A compressed tar, front to back: an Input carrying its bytes per wanted member; members the stream no
-        longer holds (cut short, changed since planning) are rejects, so every planned input is accounted for."""
+        """A compressed tar, front to back: an Input with its bytes per wanted member; one the stream no longer
+        holds is a reject."""
         wanted = {(name, occurrence): (split, key, label) for name, occurrence, split, key, label in task.wanted}
         seen: dict[str, int] = {}
         failure = ""
@@ -241,8 +199,8 @@ class ArchiveTaskReader:
 
 
 class ArchiveMemberReader:
-    """An Input's path (``MemberRef`` text) -> the member's bytes, read by range; archives stay open per worker,
-    checked against the plan (``check_unchanged``) when opened and, locally, at every read (one ``fstat``)."""
+    """An Input's path (``MemberRef`` text) -> the member's bytes; archives stay open per worker, checked against
+    the plan when opened and, locally, at every read (one ``fstat``)."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -280,10 +238,8 @@ class ArchiveMemberReader:
 
 
 class StreamedArchiveSource(ArchiveSource):
-    """An archive source holding a compressed tar: read by one worker, front to back, its images' bytes then
-    fanned out to every worker (a reshuffle) and decoded where they land, per bundle; so no unit of work can be
-    kept, and the key bounds come from the names the plan read. Never claims a SOURCE: ``ArchiveSource.plan``
-    gives its plan this kind."""
+    """The kind ``ArchiveSource.plan`` gives a plan holding a compressed tar: one worker streams it, its images'
+    bytes fanned out and decoded where they land; key bounds from the names planned."""
 
     decoded_where_read = True
 
@@ -312,14 +268,9 @@ class StreamedArchiveSource(ArchiveSource):
                 named += [(task.split, key, label) for key, label, _ in task.entries]
             elif isinstance(task, StreamTask):
                 named += [(split, key, label) for _, _, split, key, label in task.wanted]
-        bounds: dict[str, KeyBounds] = {split: (1, 1, 0) for split in plan.splits}  # a split of rejects only
-        found: dict[str, list[tuple[int, int]]] = {}
-        for split, key, label in named:
-            found.setdefault(split, []).append((len(key.encode("utf-8")), label))
-        for split, pairs in found.items():
-            lengths = [length for length, _ in pairs]
-            bounds[split] = (min(lengths), max(lengths), max(label for _, label in pairs))
-        return bounds
+        lengths = ((split, len(key.encode("utf-8")), label) for split, key, label in named)
+        return {split: (1, 1, 0) for split in plan.splits} | bounds_by_split(  # (1, 1, 0): a split of rejects only
+            (split, n, n, label) for split, n, label in lengths)
 
 
 ARCHIVE = ArchiveSource()

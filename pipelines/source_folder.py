@@ -1,24 +1,293 @@
-"""The folder kind: a SOURCE that is a path, local or ``gs://``, to a folder of images.
-
-``SOURCE/<split>/<class>/<file>`` or ``SOURCE/<class>/<file>`` (ImageFolder); images outside class folders (ImageNet's
-flat ``val/*.JPEG``, or a folder of images only) take their labels from ``--labels-file`` (CSV ``filename,label``,
-or Kaggle's ``LOC_val_solution.csv``). Planned by ``shardprep.pipelines.planning`` (SOURCE and its split folders,
-the labels file read once), listed by ``shardprep.pipelines.listing`` (class folders spread over the workers, flat
-files joined with the labels file's rows). Inputs are files, decoded in decode groups; a local folder's run keeps a
-journal, so ``--resume`` works.
+"""The folder kind: a path, local or ``gs://``, to ``DIR/<split>/<class>/<file>`` or ``DIR/<class>/<file>``; flat images
+take their labels from ``--labels-file``. Planned here on the launcher (SOURCE and its split folders listed one level
+at a time; ``list_children`` imports TensorFlow for ``gs://``), class folders listed by ``listing.list_folder``; a
+local folder's run keeps a journal, so ``--resume`` works. Beam is imported where used (the CLI's help imports this).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import posixpath
 import textwrap
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, NamedTuple
 
-from shardprep.pipelines.source_kind import ApartFrom, SourceKind, Usage, classes_file_apart
-from shardprep.preprocess import accounting, fingerprint, sources, text
+from shardprep.pipelines.source_kind import (ApartFrom, SourceKind, SourcePlan, Usage, classes_file_apart, exists,
+                                             file_entry, is_local, labels_file_entries, ordered_classes,
+                                             planned_entries, read_labels_file_rows)
+from shardprep.preprocess import accounting, fingerprint, labels, manifest, names, sources, text
+from shardprep.preprocess.elements import Reject
 
-if TYPE_CHECKING:
-    from shardprep.pipelines.planning import FolderPlan
+
+@dataclasses.dataclass(frozen=True)
+class FolderPlan(SourcePlan):
+    """The class folders and flat folders to list, and the labels file's rows."""
+
+    class_dirs: tuple[tuple[str, str, str], ...] = ()  # (split, class name, directory)
+    flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
+    labels_split: str | None = None
+    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()  # (labels.match_key of the file, (filename, label))
+
+
+class Children(NamedTuple):
+    """What one folder holds, one level down, each list sorted by name."""
+
+    dirs: list[str]  # folders (and links to folders outside SOURCE), hidden ones apart
+    files: list[str]  # everything else that is not hidden
+    hidden: list[tuple[str, bool]]  # (name, is a folder) of names starting with '.'
+    looping: list[str]  # links to folders back into SOURCE or to a folder holding it (local only)
+    litter: list[tuple[str, bool]]  # (name, is a folder) of what an OS left (``accounting.is_os_litter``)
+
+
+def list_children(path: str, source_root: str | None = None) -> Children:
+    """What is directly inside ``path``; with ``source_root`` (SOURCE's real path), links to folders looping back
+    into it are set apart."""
+    if is_local(path):
+        if not os.path.isdir(path):
+            raise sources.SourceError(f"{path} is not a directory")
+        children = Children([], [], [], [], [])
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            is_dir = accounting.is_folder(entry)
+            if accounting.is_os_litter(entry.name, is_dir):
+                children.litter.append((entry.name, is_dir))
+            elif sources.is_hidden(entry.name):
+                children.hidden.append((entry.name, is_dir))
+            elif not is_dir:
+                children.files.append(entry.name)
+            elif source_root and entry.is_symlink() and accounting.links_into(entry.path, source_root):
+                children.looping.append(entry.name)
+            else:
+                children.dirs.append(entry.name)
+        return children
+    # Object stores have no directories; TensorFlow's file system lists one level with a delimiter query.
+    import tensorflow as tf
+
+    try:
+        listed = tf.io.gfile.listdir(path)
+    except tf.errors.NotFoundError:  # what listdir says for every failure of its first probe: ask which it was
+        raise _unlistable(path, tf) from None
+    except tf.errors.OpError as e:
+        raise sources.SourceError(listing_failure(path, e, tf)) from None
+    # On gs:// every sub-directory (a common prefix) comes back with a trailing "/", so no entry needs a probe; a
+    # probe per file would be a request per file (50,000 for ImageNet's flat val/ folder) before the job starts.
+    marks_directories = path.startswith("gs://")
+    dirs: list[str] = []
+    files: list[str] = []
+    hidden: list[tuple[str, bool]] = []
+    litter: list[tuple[str, bool]] = []
+    for name in sorted(listed):
+        clean = name.rstrip("/")
+        if accounting.is_os_litter(clean, name.endswith("/")):
+            litter.append((clean, name.endswith("/")))
+        elif sources.is_hidden(clean):
+            hidden.append((clean, name.endswith("/")))
+            continue
+        is_dir = name.endswith("/") or (not marks_directories and tf.io.gfile.isdir(manifest.join(path, clean)))
+        (dirs if is_dir else files).append(clean)
+    return Children(dirs, files, hidden, [], litter)
+
+
+def _unlistable(path: str, tf) -> sources.SourceError:
+    """Why a remote ``path`` could not be listed (``listdir`` says "not a directory" for every failure; ``stat``
+    keeps the store's answer)."""
+    try:
+        is_directory = tf.io.gfile.stat(path).is_directory
+    except tf.errors.NotFoundError:
+        return sources.SourceError(f"{path} does not exist" + _missing_bucket(path, tf))
+    except tf.errors.OpError as e:
+        return sources.SourceError(listing_failure(path, e, tf))
+    if not is_directory:
+        return sources.SourceError(f"{path} is not a directory (it is a file)")
+    return sources.SourceError(f"{path} could not be listed")
+
+
+def _missing_bucket(path: str, tf) -> str:
+    scheme, rest = path.split("://", 1)
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    if bucket == path:
+        return ""
+    try:
+        tf.io.gfile.stat(bucket)
+    except tf.errors.NotFoundError:
+        return f": the bucket {bucket} does not exist"
+    except tf.errors.OpError:
+        pass
+    return ""
+
+
+def listing_failure(path: str, error: Exception, tf) -> str:
+    """One line for a store that refused a listing or could not be reached (``error`` a ``tf.errors.OpError``)."""
+    detail = (getattr(error, "message", "") or str(error)).strip().splitlines()
+    detail = f" ({detail[0][:300]})" if detail else ""
+    if isinstance(error, (tf.errors.PermissionDeniedError, tf.errors.UnauthenticatedError)):
+        return (f"cannot list {path}: access denied{detail}; check the credentials (gcloud auth application-default "
+                "login, or GOOGLE_APPLICATION_CREDENTIALS) and their permission on the bucket")
+    if isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+        return f"cannot list {path}: the storage service could not be reached{detail}; check the network"
+    return f"cannot list {path}: {type(error).__name__}{detail}"
+
+
+class _FolderListing(NamedTuple):
+    """What planning found at SOURCE's two top levels (SOURCE, its split folders)."""
+
+    splits: list[str]
+    class_dirs: list[tuple[str, str, str]]  # (split, class name in NFC, directory)
+    flat_dirs: list[tuple[str, str]]  # (split, directory) of images read with the labels file
+    skipped: list[Reject]  # hidden folders where classes are, links looping back into SOURCE
+    not_used: list[accounting.NotUsed]  # beside the folders: not images, hidden, unlabelled splits
+
+
+def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
+    """The folder ``root``'s plan (``kind``: the folder kind, carried by the plan)."""
+    source_root = os.path.realpath(root) if is_local(root) else None
+    top = list_children(root, source_root)
+    split_dirs = _split_dirs(root, top, config.split)
+    children = {directory: top if directory == root else list_children(directory, source_root)
+                for _, directory in split_dirs}
+    flat = _flat_files(split_dirs, children)
+    labels_split, rows, unlabelled = None, [], {}
+    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()
+    if config.labels_file:
+        rows = _read_labels_file(config.labels_file, [(s, d) for s, d, _ in flat])
+        label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
+        unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
+    else:
+        _refuse_flat_splits_beside_classes(root, flat, children)
+    listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
+    if config.labels_file:
+        labels_split = _labels_split(config.labels_split, listing.splits, listing.flat_dirs)
+    stored = [posixpath.basename(directory) for _, _, directory in listing.class_dirs] + [row.label for row in rows]
+    if not stored:
+        raise sources.SourceError(
+            f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
+            "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
+                                              if listing.flat_dirs else ""))
+    return FolderPlan(kind=kind, location=root, splits=tuple(listing.splits),
+                      classes=tuple(ordered_classes(stored, f"the folder {names.printable(root)}", config)),
+                      class_dirs=tuple(listing.class_dirs),
+                      flat_dirs=tuple(listing.flat_dirs), labels_split=labels_split, skipped=tuple(listing.skipped),
+                      label_rows=label_rows,
+                      not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
+
+
+def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
+    """(split, directory, file names) read with the labels file: beside class folders only images, else every
+    file."""
+    flat = []
+    for split, directory in split_dirs:
+        found = children[directory]
+        files = [name for name in found.files if accounting.is_image_name(name)] if found.dirs else found.files
+        if files:
+            flat.append((split, directory, files))
+    return flat
+
+
+def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[str, accounting.NotUsed]:
+    """{split: NotUsed} of flat split folders no labels-file row names, when others are named (Kaggle's ``test/``
+    beside ``val/``)."""
+    named = {directory: any(labels.match_key(name) in row_keys for name in files) for _, directory, files in flat}
+    if not any(named.values()):
+        return {}  # the labels file names none of them: its rejects say why (case, missing files)
+    return {split: accounting.NotUsed(sources.source_key(root, directory) + "/", accounting.unlabelled_reason(
+                len(files)))
+            for split, directory, files in flat
+            if not named[directory] and directory != root and not children[directory].dirs}
+
+
+def _refuse_flat_splits_beside_classes(root: str, flat, children) -> None:
+    """Without a labels file, flat split folders beside splits of class folders (ImageNet's ``val/``) are refused
+    before anything is decoded: every image there would be a ``no_label`` reject."""
+    if not any(children[directory].dirs for directory in children if directory != root):
+        return
+    found = [(split, len(files)) for split, directory, files in flat if directory != root
+             and not children[directory].dirs]
+    if found:
+        raise sources.SourceError(accounting.flat_split_error(found))
+
+
+def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _FolderListing:
+    """Splits, class folders, flat folders, rejects and what is not used, from SOURCE's two top levels."""
+    beside_splits = split_dirs[0][1] != root
+    splits = [split for split, _ in split_dirs]
+    top_split = "train" if beside_splits and "train" in splits else splits[0]
+    listing = _FolderListing(splits, [], [], [], [])
+    _list_level(root, root, top_split, top, listing, classes_here=not beside_splits)
+    kept = {directory for _, directory in split_dirs}
+    for split, directory in split_dirs:
+        if directory != root:
+            _list_level(root, directory, split, children[directory], listing, classes_here=True)
+        for name in children[directory].dirs:
+            where = f"the folder {names.printable(manifest.join(directory, name))}"
+            if not sources.is_utf8(name) or not sources.is_utf8(directory):
+                raise sources.SourceError(
+                    f"the folder name {sources.printable_key(manifest.join(directory, name))} is not valid UTF-8; "
+                    "class and split names are stored as text in the records and the manifest: rename the folder")
+            listing.class_dirs.append((split, names.check(name, "class", where, "rename the folder"),
+                                       manifest.join(directory, name)))
+    listing.flat_dirs.extend((split, directory) for split, directory, _ in flat if directory in kept)
+    return listing
+
+
+def _list_level(root: str, directory: str, split: str, found: Children, listing: _FolderListing,
+                classes_here: bool) -> None:
+    """One level's rejects (hidden folders where classes are, looping links) and what is not used (hidden files,
+    other hidden folders, OS litter, files that are not images beside folders)."""
+    def key(name: str) -> str:
+        return sources.printable_key(sources.source_key(root, manifest.join(directory, name)))
+
+    listing.not_used.extend(accounting.NotUsed(key(name) + ("/" if is_dir else ""), accounting.OS_LITTER)
+                            for name, is_dir in found.litter)
+    for name, is_dir in found.hidden:
+        if is_dir and classes_here:
+            listing.skipped.append(accounting.skipped_reject(split, key(name), accounting.HIDDEN_FOLDER))
+        else:
+            listing.not_used.append(accounting.NotUsed(key(name) + ("/" if is_dir else ""), accounting.HIDDEN_BESIDE))
+    listing.skipped.extend(accounting.skipped_reject(split, key(name), accounting.LOOPING_LINK)
+                           for name in found.looping)
+    if found.dirs or found.looping or not classes_here:
+        listing.not_used.extend(accounting.NotUsed(key(name), accounting.NOT_AN_IMAGE)
+                                for name in found.files if not accounting.is_image_name(name))
+
+
+def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
+    """(split, directory): the split folders when every folder has a split name (loose images refused), else
+    SOURCE as ``split``."""
+    dirs = top.dirs
+    split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
+    if dirs and len(split_named) == len(dirs):
+        loose = [name for name in top.files if accounting.is_image_name(name)]
+        if loose:
+            one = len(loose) == 1
+            raise sources.SourceError(
+                f"{root} holds split folders ({', '.join(dirs)}) and {'a loose image' if one else 'loose images'} "
+                f"({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}), which {'is' if one else 'are'} in no "
+                f"split: move {'it' if one else 'them'} into a split's class folder "
+                "(files that are not images, such as a README or a CSV, may stay: they are listed as not used)")
+        return [(names.check(d, "split", f"the folder {names.printable(manifest.join(root, d))}", "rename the folder"),
+                 manifest.join(root, d)) for d in dirs]
+    nested = [d for d in split_named if list_children(manifest.join(root, d)).dirs]
+    if nested:  # train/<class>/ beside cat/: neither layout; refused rather than made classes "train" and "cat"
+        raise accounting.mixed_layout_error(root, nested, [d for d in dirs if d not in split_named])
+    if len(dirs) == 1:  # the folder a download was extracted into: its one folder would be one class of everything
+        inner = list_children(manifest.join(root, dirs[0])).dirs
+        if inner and all(d.lower() in sources.SPLIT_NAMES for d in inner):
+            raise accounting.holder_folder_error(root, dirs[0], inner)
+    return [(split, root)]
+
+
+def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
+    """The split that labels-file rows naming no file are counted in."""
+    labels_split = requested or next((s for s in ("validation", "val", "test") if s in splits), None) or (
+        flat_dirs[0][0] if flat_dirs else splits[0])
+    if labels_split not in splits:
+        raise sources.SourceError(f"--labels-split {labels_split} is not one of the splits {splits}")
+    return labels_split
+
+
+def _read_labels_file(path: str, flat_dirs) -> list[labels.LabelRow]:
+    """The labels file's rows, checked here once: the pipeline gets these rows, not the file."""
+    return read_labels_file_rows(
+        path, lambda name: any(exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
 class FolderSource(SourceKind):
@@ -27,16 +296,11 @@ class FolderSource(SourceKind):
              Usage("DIR --labels-file F", "images labelled by a CSV of filename,label"))
     options = ("labels_file", "labels_split", "classes_file")
 
-    def location(self, source: str) -> str:
-        return source.rstrip("/") or "/"
-
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
                                                    if config.labels_file else []) + classes_file_apart(config)
 
     def plan(self, location: str, config) -> FolderPlan:
-        from shardprep.pipelines.planning import plan_folder
-
         return plan_folder(self, location, config)
 
     def list_inputs(self, pbegin, config, plan: FolderPlan, progress_dir: str | None) -> dict:
@@ -47,34 +311,28 @@ class FolderSource(SourceKind):
     def notes_after_run(self, plan: FolderPlan, document: dict) -> tuple[str, ...]:
         from shardprep.pipelines.listing import list_files
 
-        source_root = os.path.realpath(plan.location) if _is_local(plan.location) else None
+        source_root = os.path.realpath(plan.location) if is_local(plan.location) else None
         return empty_class_notes(plan, document, lambda folder: list_files(folder, True, source_root))
 
     def resume_refusal(self, plan: FolderPlan) -> str | None:
-        from shardprep.pipelines.storage import is_local
-
         if is_local(plan.location):
             return None
         return f"the SOURCE {plan.location} is not on this machine, and only a local folder's files are fingerprinted"
 
     def listed_entries(self, config, plan: FolderPlan) -> list[fingerprint.ListedEntry]:
-        """The class folders walked, the flat folders, the labels file, what lies beside the folders: keyed by
-        source key, with each file's size and mtime."""
+        """The plan's entries, then every file of the class and flat folders by source key, then the labels file."""
         root = plan.location
         source_root = os.path.realpath(root)
-        entries = [fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
-        entries += [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used]
+        entries = planned_entries(plan)
         not_used = {entry.path for entry in plan.not_used}
         folders = [(directory, True) for _, _, directory in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
         for directory, recursive in folders:
             paths, skipped = accounting.walk_local(directory, recursive, source_root if recursive else None)
             entries += [fingerprint.ListedEntry(sources.printable_key(sources.source_key(root, path)), -1, 0, reason)
                         for path, reason in skipped]
-            entries += [_stat_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
+            entries += [file_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
                         if sources.source_key(root, path) not in not_used]
-        if config.labels_file:
-            entries.append(_stat_entry(f"--labels-file {config.labels_file}", config.labels_file))
-        return entries
+        return entries + labels_file_entries(config)
 
 
 def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tuple[str, ...]:
@@ -101,20 +359,6 @@ def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tup
         notes.append(textwrap.fill(said, width=74, subsequent_indent="  ", break_long_words=False,
                                    break_on_hyphens=False))
     return tuple(notes)
-
-
-def _stat_entry(key: str, path: str) -> fingerprint.ListedEntry:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return fingerprint.ListedEntry(key, -1, 0)
-    return fingerprint.ListedEntry(key, info.st_size, info.st_mtime_ns)
-
-
-def _is_local(path: str) -> bool:
-    from shardprep.pipelines.storage import is_local
-
-    return is_local(path)
 
 
 FOLDER = FolderSource()

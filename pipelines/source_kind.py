@@ -1,29 +1,28 @@
-"""What a source kind is: the questions the job asks of every kind of SOURCE, and ``SourcePlan``, what planning found.
-
-A kind is one module (``pipelines/source_<name>.py``) holding a ``SourceKind`` subclass, registered once in
-``shardprep.pipelines.source_registry``. SOURCE is parsed once (``source_registry.parse``); from then on the job
-asks the plan's kind, never the SOURCE text: what OUTPUT must stay apart from, the plan, the pipeline's listing
-stage, whether the inputs are decoded where they are read, the key bounds known before reading, and whether a run
-of it can be resumed. ``shardprep preprocess --help`` lists each kind's ``usage`` lines.
-
-Kind modules import no Beam, TensorFlow or reader library at module level (the CLI's help imports the registry):
-what needs one imports it inside the function that uses it, as workers and the launcher run them.
+"""What every kind of SOURCE provides (``SourceKind``), what planning found (``SourcePlan``), and what the kinds
+share: key bounds, file stamps for the fingerprint, the label-range check, small files read bounded (labels file,
+``--classes``, class order). A kind is one module ``pipelines/source_<name>.py`` registered in ``source_registry``;
+after SOURCE is parsed the job asks the plan's kind, never the text. Beam and readers are imported where used (the
+CLI's help imports every kind).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Iterable, NamedTuple
 
-from shardprep.preprocess import accounting, sources
+from shardprep.preprocess import accounting, fingerprint, labels, names, sources
+from shardprep.preprocess.archive_index import split_inner
 from shardprep.preprocess.elements import Input, Reject
+
+WILDCARDS = "*?["
 
 
 class Usage(NamedTuple):
-    """One line of SOURCE in ``shardprep preprocess --help``: how it is written and what it is."""
+    """One line of SOURCE in ``shardprep preprocess --help``."""
 
     syntax: str  # "tfrecord:GLOB"
-    meaning: str  # "TFRecords of encoded images, TFDS style (image bytes, label int64)"
+    meaning: str
 
 
 class ApartFrom(NamedTuple):
@@ -36,31 +35,29 @@ class ApartFrom(NamedTuple):
 
 
 class RecordFiles(NamedTuple):
-    """What validate reads of a source that is TFRecords of encoded images (``SourceKind.record_files``)."""
+    """What validate reads of a source of TFRecords (``SourceKind.record_files``)."""
 
     patterns: list[str]  # globs, or the files themselves
-    classes: list[str] | None  # the names the source gives its labels; None: a label.labels.txt beside the files
+    classes: list[str] | None  # None: a label.labels.txt beside the files
 
 
 class ParsedSource(NamedTuple):
-    """SOURCE parsed once: the kind that claimed it and where it points (a folder, a glob, a TFDS name)."""
-
     kind: "SourceKind"
-    location: str
+    location: str  # a folder, a glob, a TFDS name
 
 
 @dataclasses.dataclass(frozen=True)
 class SourcePlan:
-    """What the job reads, resolved before the pipeline starts (small: folders and files, never images). A kind
-    with more to say subclasses it (``planning.FolderPlan``, ``source_tfrecord.FilesPlan``)."""
+    """What the job reads, resolved before the pipeline starts (folders and files, never images); a kind with more
+    to say subclasses it."""
 
     kind: "SourceKind"
-    location: str  # SOURCE as its kind parsed it
+    location: str
     splits: tuple[str, ...]
     classes: tuple[str, ...] | None  # None: unnamed int labels, class names become "0".."max"
-    skipped: tuple[Reject, ...] = ()  # rejects of entries the planning skipped (hidden folders, looping links)
+    skipped: tuple[Reject, ...] = ()  # rejects planning found (hidden folders, looping links, unreadable files)
     not_used: tuple[accounting.NotUsed, ...] = ()  # what lies beside the inputs and is not one
-    notes: tuple[str, ...] = ()  # what the user is told after the run (labels named by their integers)
+    notes: tuple[str, ...] = ()  # told to the user after the run
     median_input_size: tuple[int, int] | None = None  # (width, height): the sampled inputs' median (input_sizes)
 
     @property
@@ -72,42 +69,35 @@ KeyBounds = tuple[int, int, int]  # (shortest source key, longest source key, la
 
 
 class SourceKind:
-    """One kind of SOURCE. Subclasses set the class attributes and implement ``location`` and ``plan``, and either
-    ``read_tasks`` with ``task_reader`` (the default listing stage) or ``list_inputs``."""
+    """One kind of SOURCE: set the class attributes, implement ``plan`` and either ``read_tasks`` with
+    ``task_reader`` (the default listing) or ``list_inputs``."""
 
     name = ""  # the manifest's source_kind
+    prefix = ""  # SOURCE written as PREFIX + location claims this kind ("tfrecord:")
+    example = ""  # a location shown when PREFIX stands alone
+    what = ""  # what the location is, for that message
     usage: tuple[Usage, ...] = ()
-    # The PreprocessConfig fields only this kind reads (among those that belong to some kinds: KIND_OPTIONS); the
-    # others, given with this kind, are refused by name instead of ignored.
-    options: tuple[str, ...] = ()
-    # True: the listing reads the images themselves (Inputs carry ``data``), and they are decoded where they were
-    # read, per bundle (``decode.BundleDecoder``), while the listing goes on; ``planned_key_bounds`` must then give
-    # every split's bounds. False: Inputs name files (``path``), decoded in decode groups once all are listed.
+    options: tuple[str, ...] = ()  # the KIND_OPTIONS fields this kind reads; others set are refused by name
+    # True: the listing reads the images (Inputs carry ``data``), decoded per bundle where read; then
+    # ``planned_key_bounds`` gives every split's bounds. False: Inputs name files, decoded in decode groups.
     decoded_where_read = False
-    # True: ``shardprep validate`` takes such a DATA as TFRecords of encoded images (``record_files``); other kinds'
-    # DATA are read as prepared datasets.
-    validated_as_records = False
-
-    def notes_after_run(self, plan: SourcePlan, document: dict) -> tuple[str, ...]:
-        """What the user is told after a run, besides the plan's ``notes``, from what it wrote (``document``: the
-        manifest), e.g. a class folder that held nothing."""
-        return ()
+    validated_as_records = False  # validate reads such a DATA as TFRecords of encoded images (``record_files``)
 
     def claims(self, source: str) -> bool:
-        """True when SOURCE is written as this kind (its prefix, its file name's suffix); cheap, no file access."""
-        return False
+        """SOURCE is written as this kind (text only, no file access)."""
+        return bool(self.prefix) and source.startswith(self.prefix)
 
     def location(self, source: str) -> str:
-        """Where SOURCE points, from its text alone; ``sources.SourceError`` when it points nowhere."""
-        raise NotImplementedError
+        """Where SOURCE points; ``sources.SourceError`` when it points nowhere."""
+        if self.prefix:
+            return prefixed_location(source, self.prefix, self.example, self.what)
+        return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         """The inputs OUTPUT must stay apart from, known before planning."""
         return []
 
     def plan(self, location: str, config) -> SourcePlan:
-        """The splits, classes and what to read, found on the launching machine; ``sources.SourceError`` for a
-        source that cannot be used."""
         raise NotImplementedError
 
     def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
@@ -115,15 +105,15 @@ class SourceKind:
         return []
 
     def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        """The pipeline's start -> {"inputs": Input, "rejects": Reject}: everything ``plan`` holds, each input
-        once. By default the plan's read tasks spread over the workers, each read where it lands by
-        ``task_reader`` (``listing.ReadTasks``)."""
-        from shardprep.pipelines.listing import ReadTasks
+        """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the plan's read tasks spread over the
+        workers, each read by ``task_reader``, and the rejects planning found."""
+        from shardprep.pipelines.listing import ReadTasks, listed
 
-        return pbegin | "ReadTasks" >> ReadTasks(self.read_tasks(plan), self.task_reader(config, plan), progress_dir)
+        read = pbegin | "ReadTasks" >> ReadTasks(self.read_tasks(plan), self.task_reader(config, plan), progress_dir)
+        return listed(pbegin, plan, [read["inputs"]], [read["rejects"]])
 
     def read_tasks(self, plan: SourcePlan) -> list:
-        """The pieces the listing reads one at a time (a file, a row group): small, picklable, with their split."""
+        """Small, picklable pieces read one at a time (a file, a row group), each with its split."""
         raise NotImplementedError
 
     def task_reader(self, config, plan: SourcePlan) -> Callable[[object], Iterable[Input | Reject]]:
@@ -131,17 +121,20 @@ class SourceKind:
         raise NotImplementedError
 
     def path_reader(self, plan: SourcePlan) -> Callable[[str], bytes] | None:
-        """A picklable callable reading an Input's ``path`` into its bytes on a worker (an archive member's range;
-        ``image_ops.RejectError`` when it cannot); None: the path is a file, read whole (``decode.read_file``)."""
+        """A picklable callable reading an Input's ``path`` into its bytes (``image_ops.RejectError`` when it
+        cannot); None: the path is a file, read whole."""
         return None
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds] | None:
-        """{split: KeyBounds} known from the plan alone; None: they are found from the listed inputs."""
+        """{split: KeyBounds} known from the plan alone; None: found from the listed inputs."""
         return None
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
-        """Why a local run of this source keeps no journal and so cannot be resumed; None when it can (its inputs
-        are files decoded in decode groups, and ``listed_entries`` fingerprints them)."""
+        """Why a local run of this source cannot be resumed; None when it can (``listed_entries`` then
+        fingerprints its inputs)."""
+        if self.decoded_where_read:
+            return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of " \
+                   "work can be kept"
         return f"{self.name} sources list no fingerprint of their inputs, so a stopped run's work cannot be trusted"
 
     def record_files(self, location: str, tfds_data_dir: str | None, label_key: str) -> RecordFiles:
@@ -149,14 +142,45 @@ class SourceKind:
         raise NotImplementedError
 
     def listed_entries(self, config, plan: SourcePlan) -> list:
-        """Every entry the job reads, rejects or does not use, with each file's size and mtime
-        (``fingerprint.ListedEntry``): what ``--resume`` compares. Only for kinds that can be resumed."""
+        """Every entry read, rejected or not used, with each file's size and mtime (``fingerprint.ListedEntry``):
+        what ``--resume`` compares. Only for kinds that can be resumed."""
         raise NotImplementedError
+
+    def notes_after_run(self, plan: SourcePlan, document: dict) -> tuple[str, ...]:
+        """What the user is told after a run besides the plan's ``notes``, from the manifest written."""
+        return ()
+
+
+class GlobKind(SourceKind):
+    """``PREFIX:GLOB`` of files read where they land, one task per file or part of one (tfrecord:, parquet:)."""
+
+    decoded_where_read = True
+    files_name, glob_name = "input file", "input files"  # how OUTPUT's refusal names one of them, and the glob
+
+    def apart_from(self, location: str, config) -> list[ApartFrom]:
+        literal = [] if any(c in location for c in WILDCARDS) else [ApartFrom(self.files_name, location)]
+        return literal + [ApartFrom(self.glob_name, location, glob=True)]
+
+    def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
+        return [ApartFrom(self.files_name, path, matched=True) for path in sorted(set(self.planned_files(plan)))]
+
+    def planned_files(self, plan: SourcePlan) -> list[str]:
+        raise NotImplementedError
+
+    def matched(self, location: str) -> list[str]:
+        """The files the glob matches, sorted; a SourceError for none."""
+        from apache_beam.io.filesystems import FileSystems
+
+        found = sorted(m.path for m in FileSystems.match([location])[0].metadata_list if not m.path.endswith("/"))
+        if not found:
+            raise sources.SourceError(f"no files match {location}")
+        return found
 
 
 # PreprocessConfig fields that some kinds read and others do not, with the option that sets each.
 KIND_OPTIONS = {"labels_file": "--labels-file", "labels_split": "--labels-split", "tfds_data_dir": "--tfds-data-dir",
-                "tfds_download": "--tfds-download", "image_key": "--image-key", "label_key": "--label-key", "classes_file": "--classes"}
+                "tfds_download": "--tfds-download", "image_key": "--image-key", "label_key": "--label-key",
+                "classes_file": "--classes"}
 
 
 def classes_file_apart(config) -> list[ApartFrom]:
@@ -165,10 +189,146 @@ def classes_file_apart(config) -> list[ApartFrom]:
 
 
 def prefixed_location(source: str, prefix: str, example: str, what: str, strip: str | None = None) -> str:
-    """What follows ``prefix`` in SOURCE (without the ``strip`` characters at its ends, when given); a SourceError
-    saying what is missing when nothing does."""
+    """What follows ``prefix`` in SOURCE (``strip`` characters off its ends); a SourceError when nothing does."""
     rest = source[len(prefix):]
     rest = rest.strip(strip) if strip else rest
     if not rest.strip():
         raise sources.SourceError(f"{prefix} needs {what}, e.g. {prefix}{example}")
     return rest
+
+
+def bounds_by_split(found: Iterable[tuple[str, int, int, int]]) -> dict[str, KeyBounds]:
+    """{split: KeyBounds} merged from (split, shortest key, longest key, largest label) items."""
+    bounds: dict[str, KeyBounds] = {}
+    for split, low, high, label in found:
+        old = bounds.get(split, (low, high, label))
+        bounds[split] = (min(old[0], low), max(old[1], high), max(old[2], label))
+    return bounds
+
+
+def label_out_of_range(split: str, key: str, label, num_classes: int | None) -> Reject | None:
+    """A reject for a label that is no class index; without class names the labels are the classes, at most
+    ``labels.MAX_CLASSES`` (the rows are checked even where planning read the files' statistics)."""
+    limit = labels.MAX_CLASSES if num_classes is None else num_classes
+    if isinstance(label, int) and 0 <= label < limit:
+        return None
+    shown = f"{label:,}" if isinstance(label, int) else str(label)
+    return Reject(split, key, "label_out_of_range", f"label {shown} not in 0..{limit - 1:,}"
+                  + (" (no class names)" if num_classes is None else ""))
+
+
+def open_file(path: str):
+    """A binary file object of ``path``, local or a URL, read as stored (never decompressed by its name)."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def read_head(path: str, at_most: int, what: str = "") -> bytes:
+    """At most ``at_most`` bytes of the small file ``path`` (local or a URL): a local one only if it is a regular
+    file (a FIFO would block, ``/dev/zero`` never end). A SourceError naming it (``what``) when it cannot be read."""
+    from shardprep.pipelines.storage import is_local
+    from shardprep.preprocess import untrusted
+
+    try:
+        if is_local(path):
+            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
+                return f.read(at_most)
+        with open_file(path) as f:
+            return f.read(at_most)
+    except OSError as e:  # BeamIOError is one
+        raise sources.SourceError(f"cannot read {what or path}: {e}") from None
+
+
+def file_stamp(path: str) -> tuple[int, int] | None:
+    """(size, mtime in ns) of a local or remote file; None when it is not there."""
+    if "://" not in path:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return info.st_size, info.st_mtime_ns
+    from apache_beam.io.filesystems import FileSystems
+
+    found = FileSystems.match([path])[0].metadata_list
+    return (found[0].size_in_bytes, int(found[0].last_updated_in_seconds * 1e9)) if found else None
+
+
+def file_entry(key: str, path: str) -> fingerprint.ListedEntry:
+    """``path``'s entry in the fingerprint, under ``key``: its size and mtime (-1, 0 when it is not there)."""
+    return fingerprint.ListedEntry(key, *(file_stamp(path) or (-1, 0)))
+
+
+def planned_entries(plan: SourcePlan) -> list[fingerprint.ListedEntry]:
+    """The fingerprint's entries of what planning rejected or found not used."""
+    return ([fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
+            + [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used])
+
+
+def labels_file_entries(config) -> list[fingerprint.ListedEntry]:
+    return [file_entry(f"--labels-file {config.labels_file}", config.labels_file)] if config.labels_file else []
+
+
+def is_local(path: str) -> bool:
+    from shardprep.pipelines.storage import is_local as local
+
+    return local(path)
+
+
+def exists(path: str) -> bool:
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
+
+
+MAX_LABELS_FILE_BYTES = 256 << 20  # read whole, once: ImageNet's validation labels are 2 MB
+
+
+def ordered_classes(stored, where: str, config) -> list[str]:
+    """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
+    if config.classes_file is None:
+        return names.class_order(stored, where)
+    return names.class_order(stored, where, read_classes_file(config.classes_file), f"--classes {config.classes_file}")
+
+
+def read_classes_file(path: str) -> list[str]:
+    """The class names of a ``--classes`` file, one a line, in its order (local or ``gs://``)."""
+    if not exists(path):
+        raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"--classes {path} is not a file: give a text file of class names, one a line")
+    data = _read_bounded(path, f"--classes {path}", names.MAX_CLASS_LIST_BYTES)
+    if len(data) > names.MAX_CLASS_LIST_BYTES:
+        raise sources.SourceError(f"--classes {path} is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold "
+                                  "class names, one a line")
+    found = labels.class_names_txt(data, f"--classes {path}")
+    if not found:
+        raise sources.SourceError(f"--classes {path} names no class: give class names, one a line")
+    return found
+
+
+def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
+    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name)."""
+    if not exists(path):
+        archive, inner = split_inner(path)
+        if inner and exists(archive):
+            raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
+                                      "from inside an archive only with that archive as SOURCE; extract it and give "
+                                      "its path")
+        raise sources.SourceError(f"labels file {path} does not exist")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
+    data = _read_bounded(path, f"labels file {path}", MAX_LABELS_FILE_BYTES)
+    if len(data) > MAX_LABELS_FILE_BYTES:
+        raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
+                                  "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
+    return labels.csv_rows(data, path, file_exists)
+
+
+def _read_bounded(path: str, what: str, limit: int) -> bytes:
+    try:
+        with open_file(path) as f:
+            return f.read(limit + 1)
+    except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
+        raise sources.SourceError(f"cannot read {what}: {type(e).__name__}: {e}") from None

@@ -1,29 +1,23 @@
-"""The ``parquet:GLOB`` kind: Parquet files as the Hugging Face Hub holds image datasets (``data/train-00000-of-00004
-.parquet``: rows of an image struct ``{bytes, path}`` and an integer label).
+"""The ``parquet:GLOB`` kind: Parquet files as the Hugging Face Hub holds image datasets (rows of an image struct
+``{bytes, path}`` and an integer label), one task per row group (``RowGroupReader``), keys ``FILE:ROW``.
 
-Planning matches the glob and reads each file's footer (row groups, schema, statistics), on the launching machine.
-A file's split comes from its name (``SPLIT-00000-of-00004.parquet``, ``SPLIT.parquet``, ``SPLIT/0000.parquet``),
-else ``--split``. The image and label columns are found by their features (``preprocess.hub_features``: the
-dataset card ``README.md``, ``dataset_info.json``, or the files' own metadata), unless ``--image-key`` /
-``--label-key`` name them; the class names come from the label's feature, else the labels are named by their
-integers (a note says so), at most ``labels.MAX_CLASSES`` of them: a larger label in a footer's statistics (or, without
-statistics, in the column read batch by batch) is refused at planning, one beyond them in a row a reject. A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
-The listing reads one row group per task where it lands (``RowGroupReader``): its rows become Inputs carrying the
-image bytes, decoded there too. Keys are ``FILE:ROW``, FILE relative to the glob's folder.
+Planning reads each file's footer: its split from the file name (``split_of``), else ``--split``; the image and
+label columns and class names from the Hub features (``hub_features``) unless ``--image-key``/``--label-key`` name
+them; without names, labels are their integers (at most ``labels.MAX_CLASSES``: a larger one in a footer is refused,
+one in a row a reject). A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, cast
 
-from shardprep.pipelines.source_kind import ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, prefixed_location
-from shardprep.pipelines.source_tfrecord import read_head
+from shardprep.pipelines.source_kind import (GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split,
+                                             label_out_of_range, open_file, read_head)
 from shardprep.preprocess import accounting, hub_features, labels, manifest, names, sources
 from shardprep.preprocess.elements import Input, Reject
 
-_WILDCARDS = "*?["
 _MAX_LABEL = (1 << 63) - 1  # the key bounds' label without class names (records' padding: kept as it was)
 _BATCH_ROWS = 1024  # rows read at a time, so that no row group is held whole
 # train-00000-of-00004.parquet, train-00000-of-00004-2a3b4c5d.parquet (older uploads), train.parquet
@@ -34,7 +28,7 @@ NOT_PARQUET = "not a Parquet file, matched by the glob: not read"
 
 
 class RowGroupTask(NamedTuple):
-    """One row group to read: its file's split, path and name in keys, its index, and its rows' first index."""
+    """One row group to read, with its file's split, path and name in keys, and its rows' first index."""
 
     split: str
     path: str
@@ -46,15 +40,13 @@ class RowGroupTask(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ParquetPlan(SourcePlan):
-    """Row groups to read, with the columns holding the images and the labels."""
-
     row_groups: tuple[RowGroupTask, ...] = ()
     image_column: str = ""
     label_column: str = ""
 
 
 class _FileFooter(NamedTuple):
-    """What planning read of one matched file: its schema and row groups, or why it cannot be read."""
+    """One matched file's schema and row groups, or why it cannot be read."""
 
     path: str
     columns: dict  # column -> Arrow type
@@ -64,35 +56,18 @@ class _FileFooter(NamedTuple):
     error: str | None = None
 
 
-class ParquetSource(SourceKind):
-    name = "parquet"
-    prefix = "parquet:"
+class ParquetSource(GlobKind):
+    name, prefix, example, what = "parquet", "parquet:", "DIR/data/*.parquet", "a glob of Parquet files"
     usage = (Usage("parquet:GLOB", "Parquet files as on the Hugging Face Hub (image struct, int label)"),)
     options = ("image_key", "label_key")
-    decoded_where_read = True
+    files_name, glob_name = "input Parquet file", "input Parquet files"
 
-    def claims(self, source: str) -> bool:
-        return source.startswith(self.prefix)
-
-    def location(self, source: str) -> str:
-        return prefixed_location(source, self.prefix, "DIR/data/*.parquet", "a glob of Parquet files")
-
-    def apart_from(self, location: str, config) -> list[ApartFrom]:
-        literal = [] if any(c in location for c in _WILDCARDS) else [ApartFrom("input Parquet file", location)]
-        return literal + [ApartFrom("input Parquet files", location, glob=True)]
-
-    def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
-        paths = sorted({task.path for task in parquet_plan(plan).row_groups})
-        return [ApartFrom("input Parquet file", path, matched=True) for path in paths]
+    def planned_files(self, plan: SourcePlan) -> list[str]:
+        return [task.path for task in cast(ParquetPlan, plan).row_groups]
 
     def plan(self, location: str, config) -> ParquetPlan:
-        from apache_beam.io.filesystems import FileSystems
-
-        matched = sorted(m.path for m in FileSystems.match([location])[0].metadata_list if not m.path.endswith("/"))
-        if not matched:
-            raise sources.SourceError(f"no files match {location}")
         base = glob_folder(location)
-        footers = read_footers(matched)
+        footers = read_footers(self.matched(location))
         readable = [f for f in footers if f.error is None]
         not_used = [accounting.NotUsed(relative(base, f.path), NOT_PARQUET) for f in footers
                     if f.error is not None and not f.path.endswith(".parquet")]
@@ -126,45 +101,24 @@ class ParquetSource(SourceKind):
             if reject.split not in splits:
                 raise sources.SourceError(f"{reject.key} cannot be read ({reject.detail}), and no other file of "
                                           f"split {reject.split} can: download it again, or leave it out of the glob")
-        return ParquetPlan(kind=self, location=location, splits=splits,
-                           classes=classes, skipped=tuple(skipped), not_used=tuple(sorted(not_used)), notes=tuple(notes),
+        return ParquetPlan(kind=self, location=location, splits=splits, classes=classes, skipped=tuple(skipped),
+                           not_used=tuple(sorted(not_used)), notes=tuple(notes),
                            row_groups=tuple(tasks), image_column=image_column, label_column=label_column)
 
-    def resume_refusal(self, plan: SourcePlan) -> str | None:
-        return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of work " \
-               "can be kept"
-
-    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        """The row groups read on the workers, and the files planning could not read as rejects."""
-        import apache_beam as beam
-
-        from shardprep.pipelines.given_values import GivenValues
-
-        listed = super().list_inputs(pbegin, config, plan, progress_dir)
-        if not plan.skipped:
-            return listed
-        unreadable = pbegin | "UnreadableFiles" >> GivenValues(plan.skipped)
-        return {"inputs": listed["inputs"],
-                "rejects": (listed["rejects"], unreadable) | "AllListingRejects" >> beam.Flatten()}
-
     def read_tasks(self, plan: SourcePlan) -> list[RowGroupTask]:
-        return list(parquet_plan(plan).row_groups)
+        return list(cast(ParquetPlan, plan).row_groups)
 
     def task_reader(self, config, plan: SourcePlan) -> Callable[[Any], Iterable[Input | Reject]]:
-        planned = parquet_plan(plan)
+        planned = cast(ParquetPlan, plan)
         return RowGroupReader(planned.image_column, planned.label_column,
                               len(planned.classes) if planned.classes else None)
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
         """Keys ``NAME:ROW``, rows counted in each file: bounds from the names and the files' row counts."""
         max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
-        bounds: dict[str, list[int]] = {}
-        for task in parquet_plan(plan).row_groups:
-            name = len(task.name.encode("utf-8"))
-            last = len(str(task.first_row + task.num_rows - 1))
-            low, high = bounds.setdefault(task.split, [name + 2, name + 1 + last])
-            bounds[task.split] = [min(low, name + 2), max(high, name + 1 + last)]
-        return {split: (low, high, max_label) for split, (low, high) in bounds.items()}
+        return bounds_by_split((task.split, len(task.name.encode("utf-8")) + 2, len(task.name.encode("utf-8")) + 1
+                                + len(str(task.first_row + task.num_rows - 1)), max_label)
+                               for task in cast(ParquetPlan, plan).row_groups)
 
 
 def class_names(features: hub_features.Features, label_column: str, origin: str) -> tuple[tuple[str, ...] | None,
@@ -178,19 +132,13 @@ def class_names(features: hub_features.Features, label_column: str, origin: str)
 
 
 def check_label_bound(largest: int, classes, column: str, name: str) -> None:
-    """Without class names the labels are the classes (the manifest names each by its integer): a label beyond
-    ``labels.MAX_CLASSES`` is refused here, before anything is written. With names, a row beyond them is a reject."""
+    """Without class names a label beyond ``labels.MAX_CLASSES`` is refused before anything is written (with names,
+    a row beyond them is a reject)."""
     if classes is None and largest >= labels.MAX_CLASSES:
         raise sources.SourceError(
             f"the label column {column!r} of {name} holds the label {largest:,}, beyond the {labels.MAX_CLASSES:,} "
             f"classes shardprep takes without class names (labels 0 to {labels.MAX_CLASSES - 1:,}): name the classes "
             "in the dataset card (dataset_info.features) or dataset_info.json, or leave that file out of the glob")
-
-
-def parquet_plan(plan: SourcePlan) -> ParquetPlan:
-    """``plan``, which this kind made, as the ParquetPlan it is."""
-    assert isinstance(plan, ParquetPlan), type(plan)
-    return plan
 
 
 def glob_folder(location: str) -> str:
@@ -232,11 +180,9 @@ def read_footers(paths: list[str]) -> list[_FileFooter]:
 def read_footer(path: str) -> _FileFooter:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
 
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        with open_file(path) as stream:
             metadata = pq.ParquetFile(stream).metadata
     except (pa.ArrowException, OSError, ValueError) as e:
         return _FileFooter(path, {}, (), {}, {}, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -261,20 +207,17 @@ def _column_max(metadata, index: int) -> int | None:
 
 
 def label_max(footer: _FileFooter, column: str) -> int:
-    """The largest label in ``column`` of the file: by the footer's statistics, else read (that column only; files
-    written without statistics); 0 for a file without rows or labels."""
+    """The file's largest label: by the footer's statistics, else read (that column only); 0 for none."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
 
     found = footer.maxima.get(column)
     if found is not None or not sum(footer.row_groups):
         return found or 0
     largest = None
     try:  # batch by batch: a few kilobytes of Parquet can hold a billion labels
-        with FileSystems.open(footer.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        with open_file(footer.path) as stream:
             for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, columns=[column]):
                 found = pc.max(batch.column(0)).as_py()
                 largest = found if largest is None or (isinstance(found, int) and found > largest) else largest
@@ -284,9 +227,8 @@ def label_max(footer: _FileFooter, column: str) -> int:
 
 
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
-    """(the features the dataset card or ``dataset_info.json`` give, looked for in the glob's folder and the one
-    above it (the Hub keeps the card at the top, the files under ``data/``), else ``footer``'s file's own; the file
-    they come from)."""
+    """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or the one above (the Hub's
+    ``data/``), else of ``footer``'s file; the file they come from)."""
     from apache_beam.io.filesystems import FileSystems
 
     folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
@@ -302,8 +244,8 @@ def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Featu
 
 
 def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:
-    """(image column, label column): ``--image-key`` / ``--label-key`` (refused when the file lacks a column they
-    name away from their defaults), else the columns the features name, else a column of image bytes by its type."""
+    """(image column, label column): ``--image-key``/``--label-key`` (a column they name must exist), else the
+    features', else a column of image bytes by its type."""
     import pyarrow as pa
     from shardprep.preprocess.config import default
 
@@ -334,8 +276,8 @@ def find_columns(footer: _FileFooter, features: hub_features.Features, config) -
 
 
 class RowGroupReader:
-    """A RowGroupTask -> an Input per row of encoded image and int label. A row without an image or label, or with
-    a label out of range, is a Reject; a row group that cannot be read is a Reject per row."""
+    """A RowGroupTask -> an Input per row; a row without an image or a label in range, or that cannot be read, is
+    a Reject."""
 
     def __init__(self, image_column: str, label_column: str, num_classes: int | None):
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
@@ -354,13 +296,11 @@ class RowGroupReader:
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
 
     def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
-        """(images, labels) of the row group, _BATCH_ROWS rows at a time: a row group of a few kilobytes can hold
-        millions of rows (one image, dictionary-encoded), too many to hold as Python objects at once."""
+        """(images, labels), _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows (one image,
+        dictionary-encoded)."""
         import pyarrow.parquet as pq
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
 
-        with FileSystems.open(task.path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        with open_file(task.path) as stream:
             for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group],
                                                              columns=[self.image_column, self.label_column]):
                 yield batch.column(self.image_column).to_pylist(), batch.column(self.label_column).to_pylist()
@@ -371,13 +311,7 @@ class RowGroupReader:
             return Reject(split, key, "no_image", f"no image bytes in column {self.image_column!r}")
         if label is None or label == -1:
             return Reject(split, key, "no_label", f"no label in column {self.label_column!r}")
-        if self.num_classes is None:  # planning checked the footers' statistics; the rows are checked here too
-            if not isinstance(label, int) or not 0 <= label < labels.MAX_CLASSES:
-                return Reject(split, key, "label_out_of_range",
-                              f"label {label:,} not in 0..{labels.MAX_CLASSES - 1:,} (no class names)")
-        elif not isinstance(label, int) or not 0 <= label < self.num_classes:
-            return Reject(split, key, "label_out_of_range", f"label {label} not in 0..{self.num_classes - 1}")
-        return Input(split, key, label, None, data)
+        return label_out_of_range(split, key, label, self.num_classes) or Input(split, key, label, None, data)
 
 
 PARQUET = ParquetSource()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardprep.pipelines import source_archive, source_folder, source_parquet, source_tfds, source_tfrecord
+from shardprep.pipelines import source_archive, source_folder, source_parquet, source_tfrecord
 from shardprep.pipelines.source_kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
 from shardprep.preprocess import limits, names, sources
 from shardprep.preprocess.config import PreprocessConfig, default
@@ -16,7 +16,7 @@ from shardprep.preprocess.config import PreprocessConfig, default
 # Asked in this order which kind claims SOURCE; the order of SOURCE's lines in `shardprep preprocess --help`.
 KINDS: tuple[SourceKind, ...] = (
     source_folder.FOLDER,
-    source_tfds.TFDS,
+    source_tfrecord.TFDS,
     source_tfrecord.TFRECORD,
     source_parquet.PARQUET,
     source_archive.ARCHIVE,

@@ -1,57 +1,41 @@
-"""The ``tfrecord:GLOB`` kind: TFRecords of ``tf.train.Example`` with an encoded image and an int64 label (TFDS style).
+"""The ``tfrecord:GLOB`` and ``tfds:NAME[/CONFIG]`` kinds: TFRecords of ``tf.train.Example`` with an encoded image
+and an int64 label (TFDS style), one task per file (``TFRecordFileReader``), keys ``FILE:INDEX``.
 
-Planning matches the glob; each file's split comes from its TFDS-style name (``sources.split_from_tfrecord_name``,
-else ``--split``), the class names from a ``label.labels.txt`` beside the files. The listing reads one file per task
-where it lands (``TFRecordFileReader``): its records become Inputs carrying the image bytes, decoded there too, and
-its bad records Rejects. Keys are ``FILE:INDEX``, so their bounds are known from the file names alone.
+A file's split comes from its TFDS-style name (``sources.split_from_tfrecord_name``), else ``--split``; the class
+names from a ``label.labels.txt`` beside the files, or a TFDS dataset's label feature. TFDS is imported only in
+``tfds_builder``, on the launcher; it downloads only with ``--tfds-download``, validate never.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Iterator
 
-from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, RecordFiles, SourceKind, SourcePlan, Usage,
-                                             prefixed_location)
+from shardprep.pipelines.source_kind import (ApartFrom, GlobKind, KeyBounds, RecordFiles, SourcePlan, Usage,
+                                             bounds_by_split, label_out_of_range, open_file,
+                                             prefixed_location, read_head)
 from shardprep.preprocess import labels, manifest, names, record_format, sources, tfrecord_io
 from shardprep.preprocess.elements import Input, Reject
 
-_WILDCARDS = "*?["
 _MAX_INDEX_DIGITS = len(str((1 << 63) - 1))  # a record's index in its file, in a key FILE:INDEX
 _MAX_LABEL = (1 << 63) - 1  # an int64 label, when no class names bound it
 
 
 @dataclasses.dataclass(frozen=True)
 class FilesPlan(SourcePlan):
-    """A plan of files read one per task: ``files`` are (split, file) pairs."""
-
-    files: tuple[tuple[str, str], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (split, file), read one per task
 
 
-class TFRecordSource(SourceKind):
-    name = "tfrecord"
-    prefix = "tfrecord:"
+class TFRecordSource(GlobKind):
+    name, prefix, example, what = "tfrecord", "tfrecord:", "DIR/*-train.tfrecord*", "a glob of TFRecord files"
     usage = (Usage("tfrecord:GLOB", "TFRecords of encoded images, TFDS style (image bytes, label int64)"),)
-    options = ("image_key", "label_key")
-    decoded_where_read = True
+    options: tuple[str, ...] = ("image_key", "label_key")
+    files_name, glob_name = "input TFRecord file", "input TFRecords"
     validated_as_records = True
 
-    def claims(self, source: str) -> bool:
-        return source.startswith(self.prefix)
-
-    def location(self, source: str) -> str:
-        return prefixed_location(source, self.prefix, "DIR/*-train.tfrecord*", "a glob of TFRecord files")
-
-    def apart_from(self, location: str, config) -> list[ApartFrom]:
-        literal = [] if any(c in location for c in _WILDCARDS) else [ApartFrom("input TFRecord file", location)]
-        return literal + [ApartFrom("input TFRecords", location, glob=True)]
-
     def plan(self, location: str, config) -> FilesPlan:
-        from apache_beam.io.filesystems import FileSystems
-
-        matched = sorted(m.path for m in FileSystems.match([location])[0].metadata_list)
-        if not matched:
-            raise sources.SourceError(f"no files match {location}")
+        matched = self.matched(location)
         split_files = [(sources.split_from_tfrecord_name(path) or config.split, path) for path in matched]
         return self.files_plan(location, split_files, class_names_beside(matched[0]))
 
@@ -66,12 +50,8 @@ class TFRecordSource(SourceKind):
     def record_files(self, location: str, tfds_data_dir: str | None, label_key: str) -> RecordFiles:
         return RecordFiles([location], None)
 
-    def resume_refusal(self, plan: SourcePlan) -> str | None:
-        return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of work " \
-               "can be kept"
-
-    def planned_inputs(self, plan: FilesPlan) -> list[ApartFrom]:
-        return [ApartFrom("input TFRecord file", path, matched=True) for _, path in plan.files]
+    def planned_files(self, plan: FilesPlan) -> list[str]:
+        return [path for _, path in plan.files]
 
     def read_tasks(self, plan: FilesPlan) -> list[tuple[str, str]]:
         return list(plan.files)
@@ -82,11 +62,84 @@ class TFRecordSource(SourceKind):
     def planned_key_bounds(self, plan: FilesPlan) -> dict[str, KeyBounds]:
         """Keys ``FILE:INDEX``: from the shortest file name with ``:0`` to the longest with an int64 index."""
         max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
-        lengths: dict[str, list[int]] = {}
-        for split, path in plan.files:
-            lengths.setdefault(split, []).append(len(path.rsplit("/", 1)[-1].encode("utf-8")))
-        return {split: (min(found) + 2, max(found) + 1 + _MAX_INDEX_DIGITS, max_label)
-                for split, found in lengths.items()}
+        named = ((split, len(path.rsplit("/", 1)[-1].encode("utf-8"))) for split, path in plan.files)
+        return bounds_by_split((split, n + 2, n + 1 + _MAX_INDEX_DIGITS, max_label) for split, n in named)
+
+
+class TFDSSource(TFRecordSource):
+    name, prefix, example, what = "tfds", "tfds:", "imagenette/320px-v2", "a dataset name"
+    usage = (Usage("tfds:NAME[/CONFIG]", "a prepared TFDS dataset (--tfds-data-dir); never downloads without "
+                                         "--tfds-download"),)
+    options = ("tfds_data_dir", "tfds_download", "image_key", "label_key")
+
+    def location(self, source: str) -> str:
+        return prefixed_location(source, self.prefix, self.example, self.what, strip="/")
+
+    def apart_from(self, location: str, config) -> list[ApartFrom]:
+        from shardprep.pipelines.storage import is_local
+
+        data_dir = config.tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+        if is_local(data_dir):
+            data_dir = os.path.expanduser(data_dir)  # as TFDS reads it
+        return [ApartFrom("TFDS data dir", data_dir)]
+
+    def plan(self, location: str, config) -> FilesPlan:
+        builder = tfds_builder(location, config.tfds_data_dir)
+        if not builder.is_prepared():
+            if not config.tfds_download:
+                raise sources.SourceError(
+                    f"TFDS dataset {location} is not prepared in {builder.data_dir}; prepare it there (tfds build) "
+                    "or pass --tfds-download to download and prepare it now")
+            builder.download_and_prepare()
+        split_files = [(split, str(path)) for split, info in builder.info.splits.items() for path in info.filepaths]
+        _check_prepared(location, builder, split_files)
+        return self.files_plan(location, split_files, label_names(builder, config.label_key))
+
+    def record_files(self, location: str, tfds_data_dir: str | None, label_key: str) -> RecordFiles:
+        """Every split's files of the prepared dataset and its label names; one not prepared is refused."""
+        builder = tfds_builder(location, tfds_data_dir)
+        if not builder.is_prepared():
+            raise sources.SourceError(
+                f"TFDS dataset {location} is not prepared in {builder.data_dir} and validate never downloads: "
+                f"prepare it there (tfds build, or shardprep preprocess tfds:{location} OUTPUT --tfds-download), or "
+                "pass --tfds-data-dir where it is prepared")
+        files = sorted(str(path) for info in builder.info.splits.values() for path in info.filepaths)
+        _check_prepared(location, builder, files)
+        return RecordFiles(files, label_names(builder, label_key))
+
+
+def _check_prepared(location: str, builder, files: list) -> None:
+    if not files:
+        raise sources.SourceError(f"TFDS dataset {location} has no prepared files in {builder.data_dir}")
+
+
+def tfds_builder(name: str, data_dir: str | None):
+    """TFDS's builder of ``name`` in ``data_dir`` (None: TFDS's default), never looking on GCS; a one-line
+    SourceError for a name TFDS does not know or a folder it cannot use."""
+    import tensorflow_datasets as tfds
+
+    try:
+        return tfds.builder(name, data_dir=data_dir, try_gcs=False)
+    except Exception as e:  # noqa: BLE001 - TFDS raises many kinds for unknown names and missing folders
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise sources.SourceError(f"TFDS dataset {name!r} cannot be loaded from "
+                                  f"{data_dir or 'the default TFDS data dir'}: {detail}") from None
+
+
+def label_names(builder, label_key: str) -> list[str] | None:
+    """The class names of the dataset's ``label_key`` feature (a ClassLabel), or None."""
+    features = builder.info.features
+    return class_label_names(features[label_key], label_key) if label_key in features else None
+
+
+def class_label_names(feature, label_key: str) -> list[str] | None:
+    """The class names of ``feature`` (None unless a ClassLabel), at most ``labels.MAX_CLASSES``: counted first,
+    as a ClassLabel without names makes one per class."""
+    count = getattr(feature, "num_classes", None)
+    if isinstance(count, int) and count > labels.MAX_CLASSES:
+        raise sources.SourceError(f"the TFDS feature {label_key!r} has {count:,} classes, more than the "
+                                  f"{labels.MAX_CLASSES:,} shardprep takes")
+    return list(getattr(feature, "names", None) or []) or None
 
 
 def class_names_beside(path: str) -> list[str] | None:
@@ -101,28 +154,6 @@ def class_names_beside(path: str) -> list[str] | None:
     return labels.class_names_txt(read_head(path, labels.MAX_NAMES_BYTES + 1), path)
 
 
-def read_head(path: str, at_most: int) -> bytes:
-    """At most ``at_most`` bytes from the start of the small text file ``path`` (local or a URL): a local one only
-    if it is a regular file (a FIFO would block, ``/dev/zero`` never end). ``sources.SourceError`` naming the file
-    when it cannot be read."""
-    import os
-
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    from shardprep.pipelines.storage import is_local
-    from shardprep.preprocess import untrusted
-
-    try:
-        if is_local(path):
-            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
-                return f.read(at_most)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read(at_most)
-    except OSError as e:  # BeamIOError is one
-        raise sources.SourceError(f"cannot read {path}: {e}") from None
-
-
 class TFRecordFileReader:
     """(split, file) -> an Input per record of encoded image and int label; bad records become Rejects. The framing
     is lost after a bad length, so the rest of that file is one reject."""
@@ -131,14 +162,11 @@ class TFRecordFileReader:
         self.image_key, self.label_key, self.num_classes = image_key, label_key, num_classes
 
     def __call__(self, task: tuple[str, str]) -> Iterator[Input | Reject]:
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
-
         split, path = task
         name = path.rsplit("/", 1)[-1]
         index = 0
         try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            with open_file(path) as stream:
                 for index, serialized in enumerate(tfrecord_io.read_records(stream)):
                     yield self.record(split, f"{name}:{index}", serialized)
         except tfrecord_io.CorruptRecordError as e:
@@ -156,12 +184,9 @@ class TFRecordFileReader:
             return Reject(split, key, "bad_record", f"no bytes feature {self.image_key!r}")
         if not found or not isinstance(found[0], int):
             return Reject(split, key, "bad_record", f"no int64 feature {self.label_key!r}")
-        # Without class names the labels are the classes: at most labels.MAX_CLASSES of them.
-        limit = self.num_classes if self.num_classes is not None else labels.MAX_CLASSES
-        if not 0 <= found[0] < limit:
-            return Reject(split, key, "label_out_of_range", f"label {found[0]} not in 0..{limit - 1}"
-                          + ("" if self.num_classes is not None else " (no class names)"))
-        return Input(split, key, found[0], None, images[0])
+        label = found[0]
+        return label_out_of_range(split, key, label, self.num_classes) or Input(split, key, label, None, images[0])
 
 
 TFRECORD = TFRecordSource()
+TFDS = TFDSSource()

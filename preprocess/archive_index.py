@@ -1,17 +1,9 @@
-"""Archives read in place: a tar indexed from its headers alone, a zip from its central directory, and one member
-read back by its byte range. Pure: every function takes an open binary file object (local or ``gs://``, the caller
-opens it), nothing is extracted and nothing is written.
+"""Archives read in place, pure (the caller opens the file, local or ``gs://``): ``index_tar`` (headers only; a tar
+inside a tar to offsets in the outer file), ``stream_tar`` (a .tgz once, its gzip trailer checked), ``index_zip``
+(the central directory), ``MemberRef``/``read_member`` (one member by its range, size and CRC checked).
 
-* ``index_tar``: the members of an uncompressed tar, or of a tar lying inside another one (ImageNet's train tar holds
-  one tar per class), with each member's data offset in the outermost file: headers only, seeking past the data.
-* ``stream_tar``: the members of a compressed tar (``.tar.gz``, ``.tgz``), read once front to back with their bytes.
-* ``index_zip``: the members of a zip, from its central directory.
-* ``MemberRef`` and ``read_member``: one member's bytes from its range (inflated for a deflated zip member), checked
-  against its size and CRC, so a member cut short is a ``MemberError``, never a short image.
-
-An archive is untrusted input: a member whose name leaves the archive (``../``, absolute), a link, a device or a
-FIFO is indexed as ``Member`` with a ``problem`` (a reject's reason), and damage after the last good header (a cut
-or garbled archive, which Python's ``tarfile`` would end on silently) is the index's ``damage``.
+An archive is untrusted: unsafe names, links, devices and FIFOs are indexed with a ``problem`` (a reject reason), and
+damage after the last good header is the index's ``damage``, never a silent stop.
 """
 
 from __future__ import annotations
@@ -40,8 +32,7 @@ DAMAGED_ARCHIVE = "damaged_archive"
 SPARSE = "sparse_member"
 TOO_LARGE = "member_too_large"
 
-# The limits on one member, so that no archive (a 2 MB zip can inflate to gigabytes) makes a process hold more than
-# a bounded amount: a member is read whole into memory to be decoded, and never inflated past its recorded size.
+# A member is read whole to be decoded, never inflated past its recorded size: these bound a process's memory.
 MAX_MEMBER_BYTES = 256 << 20  # an image member, uncompressed (a 100-megapixel RGB bitmap is 300 MB)
 MAX_RATIO = 100  # uncompressed bytes per compressed byte (images hardly compress; a bomb's member does 1000 times)
 RATIO_FLOOR = 1 << 20  # members smaller than this are not checked for their ratio (headers compress well)
@@ -51,12 +42,12 @@ CHUNK = 1 << 20  # a streamed member is read and checked this much at a time
 
 
 class MemberError(Exception):
-    """A member's bytes cannot be read as indexed (cut short, bad CRC, an unknown compression)."""
+    """A member's bytes cannot be read as indexed (cut short, bad CRC, unknown compression)."""
 
 
 class Member(NamedTuple):
-    """One entry of an archive: its name inside it, where its data lies in the outermost file, and why it gives no
-    input (``problem``: a reject reason, with ``detail``) when it cannot."""
+    """One entry of an archive: its name, where its data lies in the outermost file, and why it gives no input
+    (``problem``: a reject reason, with ``detail``)."""
 
     name: str  # as stored, "./" and trailing "/" removed
     offset: int  # the data's first byte in the outermost file (zip: the member's local header)
@@ -70,8 +61,8 @@ class Member(NamedTuple):
 
 
 def size_problem(data_size: int, stored: int | None = None, limit: int = MAX_MEMBER_BYTES) -> str:
-    """Why a member of ``data_size`` bytes uncompressed (``stored`` compressed, when known) is not read: beyond
-    ``limit`` bytes, or a compression ratio beyond ``MAX_RATIO`` (a zip bomb); "" when it is within both."""
+    """Why a member of ``data_size`` bytes (``stored`` compressed) is not read: beyond ``limit``, or beyond
+    ``MAX_RATIO`` (a bomb); "" when within both."""
     if data_size > limit:
         return (f"{data_size:,} bytes uncompressed, over the {limit:,} a member may have (a limit that keeps "
                 "every process's memory bounded)")
@@ -82,15 +73,14 @@ def size_problem(data_size: int, stored: int | None = None, limit: int = MAX_MEM
 
 
 class ArchiveIndex(NamedTuple):
-    """An archive's members in stored order, and what ended the index early (empty: it ended as it should)."""
+    """An archive's members in stored order, and what ended the index early ("": nothing)."""
 
     members: list[Member]
     damage: str = ""
 
 
 class MemberRef(NamedTuple):
-    """Where one member's bytes are: what ``read_member`` needs, written as text on an ``Input``'s path
-    (``ARCHIVE#OFFSET+SIZE+METHOD+CRC+DATA_SIZE``; the archive's path may hold '#', the suffix never does)."""
+    """Where one member's bytes are, as text on an ``Input``'s path: ``ARCHIVE#OFFSET+SIZE+METHOD+CRC+DATA_SIZE``."""
 
     archive: str
     offset: int
@@ -114,8 +104,7 @@ class MemberRef(NamedTuple):
 
 
 def clean_name(name: str) -> tuple[str, str]:
-    """(the member name without "./" and trailing "/", why it is unsafe or ""): a name that is absolute, climbs out
-    with "..", or is empty would leave the archive when extracted, so it gives no input."""
+    """(the name without "./" and trailing "/", why it would leave the archive when extracted, or "")."""
     stripped = name.replace("\\", "/")
     while stripped.startswith("./"):
         stripped = stripped[2:]
@@ -151,24 +140,19 @@ class RangeFile(io.RawIOBase):
         self.position = max(0, base + offset)
         return self.position
 
-    def read(self, count: int = -1) -> bytes:
-        left = max(0, self.size - self.position)
-        count = left if count is None or count < 0 else min(count, left)
+    def readinto(self, buffer) -> int:
+        count = max(0, min(len(buffer), self.size - self.position))
         if count == 0:
-            return b""
+            return 0
         self.raw.seek(self.start + self.position)
         data = read_fully(self.raw, count)
-        self.position += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
         buffer[:len(data)] = data
+        self.position += len(data)
         return len(data)
 
 
 def read_fully(raw: BinaryIO, count: int) -> bytes:
-    """Up to ``count`` bytes: fewer only at the end of the file (a stream may return short reads)."""
+    """Up to ``count`` bytes: fewer only at the end of the file (streams return short reads)."""
     pieces, left = [], count
     while left > 0:
         piece = raw.read(left)
@@ -180,8 +164,8 @@ def read_fully(raw: BinaryIO, count: int) -> bytes:
 
 
 def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
-    """``info`` as a Member whose data offset is counted from the outermost file (``base``: where this tar starts;
-    ``end``: the outermost file's size, or where the enclosing member ends)."""
+    """``info`` as a Member, its offset in the outermost file (``base``: where this tar starts; ``end``: where it
+    must end)."""
     name, unsafe = clean_name(info.name)
     offset = base + info.offset_data
     if unsafe:
@@ -209,9 +193,8 @@ def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
 
 
 def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> ArchiveIndex:
-    """The members of the uncompressed tar at bytes ``start``..``start + size`` of ``raw`` (the whole file when
-    ``size`` is None), from their headers only. Damage after the last good header (a header cut short, a garbled
-    one, no end-of-archive marker) is the index's ``damage``: ``tarfile`` alone would stop there without a word."""
+    """The members of the tar at ``start``..``start + size`` of ``raw`` (None: to the end), from headers only;
+    damage after the last good header (where ``tarfile`` stops without a word) is the index's ``damage``."""
     if size is None:
         size = raw.seek(0, 2) - start
     window = RangeFile(raw, start, size)
@@ -230,8 +213,7 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
 
 
 def _tar_end_damage(window: RangeFile, offset: int, count: int) -> str:
-    """Why the tar does not end where its headers stopped (``offset``): the end-of-archive marker (a zero block)
-    should be there."""
+    """Why the tar has no end-of-archive marker (a zero block) where its headers stopped; "" when it has."""
     window.seek(offset)
     block = window.read(BLOCK)
     if len(block) < BLOCK:
@@ -243,18 +225,16 @@ def _tar_end_damage(window: RangeFile, offset: int, count: int) -> str:
 
 
 class StreamedMember(NamedTuple):
-    """A member of a compressed tar read front to back: its entry, and its bytes (None for what gives no input)."""
+    """A member of a compressed tar and its bytes (None for what gives no input)."""
 
     member: Member
     data: bytes | None
 
 
 def stream_tar(raw: BinaryIO, with_data: bool | str = True) -> Iterator[StreamedMember]:
-    """The members of a gzip-compressed tar, once, front to back, with the bytes of each regular file
-    (``with_data``; a name: of the member so named only). Each member is read a chunk at a time and given up when it
-    or the stream so far inflates beyond the limits (``MAX_RATIO``, ``MAX_STREAM_RATIO``), never held whole first. The gzip stream is read to its end and its trailer checked
-    (CRC-32 and length), so an archive cut short or damaged raises ``MemberError`` after what was read, even where
-    ``tarfile`` alone would end quietly (a cut between two members)."""
+    """The members of a gzip-compressed tar, front to back, with each regular file's bytes (``with_data``; a name:
+    that member's only), each given up when it or the stream inflates beyond the limits. The gzip trailer is
+    checked, so a cut or damaged archive raises ``MemberError`` where ``tarfile`` would end quietly."""
     counted = _CountingReader(raw)
     unpacked = gzip.GzipFile(fileobj=counted, mode="rb")
     count = 0
@@ -280,9 +260,8 @@ STREAM_SLACK = 256 << 10  # compressed bytes gzip may have read ahead of what it
 
 def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, counted: _CountingReader,
               with_data: bool) -> StreamedMember:
-    """One member of a stream read a chunk at a time; given up (unread rest skipped by ``tarfile``) as soon as its
-    bytes so far show a ratio beyond ``MAX_RATIO`` over the compressed bytes read meanwhile, or the stream's beyond
-    ``MAX_STREAM_RATIO`` over all it read."""
+    """One member read a chunk at a time, given up once its ratio passes ``MAX_RATIO`` or the stream's
+    ``MAX_STREAM_RATIO``."""
     handle = archive.extractfile(info)
     start, got, pieces = counted.count, 0, []
     while handle is not None:
@@ -326,8 +305,7 @@ class _CountingReader(io.RawIOBase):
 
 
 def index_zip(raw: BinaryIO) -> ArchiveIndex:
-    """The members of a zip from its central directory (at the file's end): names, local header offsets, sizes,
-    compression and CRC; nothing else is read."""
+    """The members of a zip from its central directory alone."""
     try:
         archive = zipfile.ZipFile(raw)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
@@ -357,8 +335,7 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
 
 
 def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
-    """The member's bytes (a zip member's local header skipped and its data inflated); ``MemberError`` when they
-    are cut short or do not match their CRC."""
+    """The member's bytes (a zip member inflated); ``MemberError`` when cut short or not matching their CRC."""
     offset = ref.offset
     if ref.crc >= 0:  # a zip member: its data follows a local header of variable length
         raw.seek(offset)
@@ -386,8 +363,8 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
 
 
 def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
-    """The bytes of the member called ``name`` (a small file such as a labels CSV) of an archive of type ``kind``,
-    within ``MAX_LABELS_MEMBER_BYTES``; ``MemberError`` when there is none, or it is beyond the limits."""
+    """The bytes of the small member ``name`` (a labels CSV), within ``MAX_LABELS_MEMBER_BYTES``; else
+    ``MemberError``."""
     if kind == "tgz":
         for streamed in stream_tar(raw, with_data=name):
             if streamed.member.name == name and not streamed.member.is_dir:
@@ -412,8 +389,7 @@ def _named_bytes(member: Member, read) -> bytes:
 
 
 def split_inner(path: str) -> tuple[str, str]:
-    """(the archive, the folder or file inside it) of ``ARCHIVE/INNER`` (``imagenet.zip/ILSVRC/Data/CLS-LOC``), or
-    (``path``, "") when no archive's name is followed by a folder inside it."""
+    """(archive, inner path) of ``ARCHIVE/INNER`` (``imagenet.zip/ILSVRC/Data/CLS-LOC``), else (``path``, "")."""
     lower = path.lower()
     for suffix in ARCHIVE_SUFFIXES:
         at = lower.find(suffix + "/")

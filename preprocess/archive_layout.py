@@ -1,24 +1,11 @@
-"""The folder rules applied to the member names of an archive: splits, classes, flat images, tars of a class. Pure.
+"""The folder rules on an archive's member names (``arrange``), pure, as the folder kind applies them to a folder.
 
-An archive holds what a folder would: ``<split>/<class>/<file>``, ``<class>/<file>`` or flat images labelled by a
-labels file, each the way the folder kind reads them (``pipelines/planning.py``):
-
-* a single top folder that holds folders (``imagenette2-320/`` in its ``.tgz``) is looked through, as often as it
-  is the only one;
-* top folders that all have split names are the splits; images beside them are in no split (refused);
-* below a split (or the top), a folder is a class and every file under it is one of its inputs; a ``.tar`` member
-  is a class too, named by its stem, its members its inputs (ImageNet's train tar: ``n01440764.tar`` ...); an image
-  directly there is a flat image, labelled by the labels (``flat``); other files there are not used;
-* hidden names (a part starting with '.') are rejects inside a class and not used elsewhere; what an operating
-  system leaves (``accounting.is_os_litter``: ``__MACOSX/``, ``._*``, ``Thumbs.db`` ...) is not used wherever it
-  lies; members the index marked (``Member.problem``: links, devices, sparse or cut-short data) are rejects;
-* refused, as the folder kind refuses them: a member named outside the archive (absolute, a drive letter, ``..``),
-  split folders holding classes beside another top folder, and a class stored twice in any form (two tars of one
-  name, a tar beside a folder of its name, two Unicode spellings of one name), each named.
-
-A source key is the member's path below what was looked through (``key_prefix`` before it: ``validation/`` for an
-archive that is one split of a folder of archives), and a nested tar's members are ``<stem>/<name>``: the keys of the
-same files extracted and read as a folder, so both give the same sort keys and the same order.
+A single top folder holding folders (``imagenette2-320/``) is looked through; top folders all named like splits are
+the splits; below, a folder or a ``.tar`` member (named by its stem) is a class, an image directly there a flat
+image (labelled by the labels), other files not used. Hidden names are rejects inside a class and not used
+elsewhere; OS litter is not used anywhere; members the index marked are rejects. Refused: names outside the archive,
+split folders beside other folders, a class stored twice in any form. Keys are the paths below what was looked
+through (after ``key_prefix``; a class tar's members ``<stem>/<name>``): the extracted folder's keys.
 """
 
 from __future__ import annotations
@@ -32,7 +19,7 @@ from shardprep.preprocess.elements import Reject
 
 @dataclasses.dataclass
 class ArchiveLayout:
-    """What one archive's member names say, before any labels are applied."""
+    """What one archive's member names say, before labels are applied."""
 
     splits: list[str] = dataclasses.field(default_factory=list)
     classes: set[str] = dataclasses.field(default_factory=set)  # in NFC
@@ -49,7 +36,7 @@ class ArchiveLayout:
 
 def looked_through(names: list[str]) -> str:
     """The top folders to look through (``a/b/``, or ""): while every visible name lies under one folder that is
-    not a split's and holds folders (files beside them, a README or a CSV, are then not used)."""
+    not a split's and holds folders."""
     visible = [name for name in names if not any(sources.is_hidden(part) for part in name.split("/"))]
     prefix = ""
     while True:
@@ -69,9 +56,8 @@ def looked_through(names: list[str]) -> str:
 
 def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split: bool = False,
             where: str = "the archive") -> ArchiveLayout:
-    """The layout of one archive's ``members`` (in stored order). ``split``: the split of an archive without split
-    folders (``--split``, or the split a folder of archives named it by, with ``fixed_split``: then its own folders
-    are never splits). ``key_prefix``: put before every source key; ``where``: the archive, for messages."""
+    """The layout of one archive's ``members`` (stored order). ``split``: for an archive without split folders
+    (with ``fixed_split`` its folders are never splits); ``key_prefix`` starts every key; ``where`` names it."""
     layout = ArchiveLayout(where=where)
     _refuse_unsafe(members, where)
     members = _litter_apart(members, layout, key_prefix)
@@ -105,8 +91,7 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
 
 
 def _refuse_unsafe(members: list[Member], where: str) -> None:
-    """A member named outside the archive (absolute, a drive letter, ``..``) refuses it: extracted, it would be
-    written elsewhere, so no reading of it is the folder it stands for."""
+    """A member named outside the archive (absolute, a drive letter, ``..``) refuses it."""
     unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
     if unsafe is not None:
         raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
@@ -132,8 +117,7 @@ def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str)
 
 
 def _refuse_mixed(visible_tops: set[str], folders: set[str], where: str) -> None:
-    """Split folders holding class folders beside folders not named like a split: neither layout (the folder
-    kind's ``mixed_layout_error``), refused rather than made classes "train", "val" and "docs"."""
+    """Split folders holding class folders beside folders not named like a split: neither layout, refused."""
     nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
                     and any(f.startswith(t + "/") for f in folders))
     if nested:
@@ -172,8 +156,8 @@ def _place(layout: ArchiveLayout, member: Member, split: str, parts: list[str], 
 
 
 def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: bool) -> str:
-    """The class ``name`` in NFC, found at ``place`` (a folder, or a class tar); refused when the split already has
-    it elsewhere: a second tar of its name, a tar and a folder, or another Unicode spelling."""
+    """The class ``name`` in NFC, found at ``place`` (a folder or a class tar); refused when the split has it
+    elsewhere (a second tar, a tar and a folder, another Unicode spelling)."""
     label = names.canonical(name)
     first = layout.places.setdefault((split, label), (place, is_tar))
     if first != (place, is_tar) or (is_tar and first[0] == place and label in layout.classes):

@@ -1,10 +1,7 @@
-"""The keys file: source keys to leave out of a ``preprocess`` run (``--exclude FILE``), as ``validate
---leaked-keys FILE`` writes it. No Beam.
+"""The keys file (``validate --leaked-keys`` writes it, ``preprocess --exclude`` reads it). No Beam.
 
-One key per line, as it is; blank lines and lines starting with ``#`` are skipped; a leading byte-order mark (some
-editors write one) is not part of the first key. A key that could not be read back so (one holding a line break,
-starting with ``"`` or ``#``, or with spaces at either end) is written as a JSON string, and a line starting with
-``"`` is read as one.
+One key a line; blank lines and ``#`` lines skipped; a leading byte-order mark dropped. A key a line cannot hold
+(a line break, a leading ``"`` or ``#``, spaces at an end) is written as a JSON string, and read back as one.
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ class ExcludeKeysError(ValueError):
 
 
 class SortedKeys:
-    """A set of keys as one sorted buffer of their UTF-8 bytes and the end offset of each: built once in O(n log n),
-    looked up by binary search, and pickled (to every worker of a run) as two buffers, not an object per key (a
-    frozenset of 3,000,000 keys cost each worker seconds and ~2 GB to unpickle). Iterates in sorted order, which is
-    the keys' ``sorted()`` order (UTF-8 bytes sort as code points)."""
+    """A set of keys as one sorted UTF-8 buffer and each key's end offset, searched by bisection and pickled as two
+    buffers (a frozenset of 3,000,000 keys cost each worker ~2 GB to unpickle). Iterates in ``sorted()`` order."""
 
     def __init__(self, keys: Iterable[str]):
         ordered = list(dict.fromkeys(sorted(keys)))  # a sorted file sorts in one pass; repeats dropped

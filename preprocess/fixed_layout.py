@@ -1,16 +1,10 @@
 """The fixed layout of raw, centre-cropped splits: every record of a split the same length.
 
-Every image of such a split has the same number of bytes, so its records are made the same length too: each is
-still a complete Example with the record format's keys, serialized in the order image/encoded, image/class/label, the
-other keys sorted, and last ``image/padding``, zero bytes that absorb the differences in filename and label
-length. The pixels then sit at the same offset in every record, the label varint right after them. The last record
-of a shard is ``image_offset`` bytes longer, so that a shard file is ``image_offset + N * record_bytes`` bytes
-(a shard without records is an empty file):
-a reader can take it as N fixed-length chunks, each starting at a record's pixels and holding its label
-(tf.data.FixedLengthRecordDataset with header_bytes=image_offset), and skip the framing, the CRCs and protobuf
-parsing. Ordinary TFRecord readers still see ordinary Examples.
-
-The Example keys, the record, and the protobuf wire helpers come from :mod:`shardprep.preprocess.record_format`.
+Each record is still a complete Example (image/encoded, image/class/label, the other keys sorted, then
+``image/padding``: zero bytes absorbing the filename's and label's differences in length), so the pixels sit at
+one offset and the label varint right after. A shard's last record is ``image_offset`` bytes longer, so a shard
+is ``image_offset + N * record_bytes`` bytes and readers can take fixed-length chunks
+(``FixedLengthRecordDataset(header_bytes=image_offset)``) without framing, CRCs or protobuf parsing.
 """
 
 from __future__ import annotations

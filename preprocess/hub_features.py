@@ -1,19 +1,7 @@
-"""What the Hugging Face Hub says about a dataset's columns: its *features* (each column's type: an image, a class
-label with its names), read from the three places they are written.
-
-* The dataset card, ``README.md``, whose YAML front matter holds ``dataset_info.features``: a list of
-  ``{name, dtype}``, where an image column's dtype is ``image`` and a label's is ``{class_label: {names: ...}}``
-  (names as a list, or as a mapping ``'0': name`` as the Hub writes them).
-* ``dataset_info.json`` (written by the ``datasets`` library): ``{"features": {column: {"_type": "Image"} or
-  {"_type": "ClassLabel", "names": [...]}}}``.
-* A Parquet file's own schema metadata, key ``huggingface``: ``{"info": {"features": ...}}`` as in
-  ``dataset_info.json``.
-
-All three become ``{column: Feature}``. Pure functions of bytes and dicts: no file access. They are read as untrusted
-data: at most MAX_FEATURES_BYTES, nested at most ``untrusted.MAX_DEPTH`` deep, the YAML with every scalar kept the
-string it was written as (a class ``no`` is "no", never False; a 5,000-digit number is never converted), the JSON
-through ``untrusted.json_loads``; class names must be strings, at most ``labels.MAX_CLASSES`` of them, and a name or
-numbering that is wrong is a ``sources.SourceError`` naming it and where.
+"""A Hugging Face Hub dataset's features (image and class-label columns, class names) from its card's YAML front
+matter (``dataset_info.features``), ``dataset_info.json`` or a Parquet file's ``huggingface`` metadata, all as
+``{column: Feature}``. Pure, and read as untrusted: bounded size and depth, YAML scalars kept as written (a class
+``no`` stays "no"), JSON through ``untrusted.json_loads``; a wrong name or numbering is a SourceError naming it.
 """
 
 from __future__ import annotations
@@ -33,8 +21,7 @@ MAX_FEATURES_BYTES = 4 << 20  # a card's front matter, a dataset_info.json, a fi
 
 
 class Feature(NamedTuple):
-    """A column's feature: ``IMAGE``, ``CLASS_LABEL`` (with its class names, None when none are given) or another
-    type's name."""
+    """A column's feature: ``IMAGE``, ``CLASS_LABEL`` (with its class names or None) or another type's name."""
 
     type: str
     names: tuple[str, ...] | None = None
@@ -44,10 +31,8 @@ Features = dict[str, Feature]
 
 
 def from_card(data: bytes, path: str) -> Features:
-    """The features in a dataset card's YAML front matter (``---`` lines around it); {} when it has none. A card
-    with several configurations (``dataset_info`` a list) gives the first that has a class label. ``data`` may be
-    the card's first MAX_FEATURES_BYTES (and one more) bytes only: the front matter must end within them.
-    ``sources.SourceError`` for front matter that is too long, nested too deeply or not YAML."""
+    """The features in a dataset card's YAML front matter ({} for none; of several configurations the first with a
+    class label). ``data`` may be the card's first MAX_FEATURES_BYTES + 1 bytes: the front matter ends within."""
     text = data.decode("utf-8", "replace").lstrip("\ufeff")
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
@@ -68,8 +53,7 @@ def from_card(data: bytes, path: str) -> Features:
 
 
 def _yaml_document(text: str, path: str):
-    """The YAML document ``text`` with every scalar the string it was written as (``no`` stays ``"no"``, a 5,000-digit
-    number is text, never converted), its nesting checked on the parser's events before anything is built."""
+    """The YAML document ``text``, every scalar kept as written, its nesting checked before anything is built."""
     import yaml
 
     loader = getattr(yaml, "CBaseLoader", yaml.BaseLoader)  # libyaml's when installed: the same, faster
@@ -96,17 +80,15 @@ def _card_features(listed, path: str) -> Features:
             continue
         dtype = entry.get("dtype", entry)
         if isinstance(dtype, dict) and isinstance(dtype.get(CLASS_LABEL), dict):
-            where = _Where(path, entry["name"])
-            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names"), where))
+            features[entry["name"]] = Feature(CLASS_LABEL, _names(dtype[CLASS_LABEL].get("names"), path, entry["name"]))
         elif isinstance(dtype, str):
             features[entry["name"]] = Feature(dtype)
     return features
 
 
 def from_info(data: bytes, path: str) -> Features:
-    """The features of a ``dataset_info.json`` (or of a Parquet file's ``huggingface`` metadata, whose ``info``
-    holds them), read within ``untrusted.json_loads``'s bounds; ``sources.SourceError`` for one that is not JSON or
-    breaks them."""
+    """The features of a ``dataset_info.json`` (or a Parquet file's ``huggingface`` metadata: its ``info``), within
+    ``untrusted.json_loads``'s bounds."""
     if len(data) > MAX_FEATURES_BYTES:
         raise sources.SourceError(f"{path}: more than the {MAX_FEATURES_BYTES:,} bytes shardprep reads of a dataset's "
                                   "features")
@@ -122,7 +104,7 @@ def from_info(data: bytes, path: str) -> Features:
     for name, feature in (listed.items() if isinstance(listed, dict) else ()):
         kind = feature.get("_type") if isinstance(feature, dict) else None
         if kind == "ClassLabel":
-            features[name] = Feature(CLASS_LABEL, _names(feature.get("names"), _Where(path, name)))
+            features[name] = Feature(CLASS_LABEL, _names(feature.get("names"), path, name))
         elif kind == "Image":
             features[name] = Feature(IMAGE)
         elif isinstance(kind, str):
@@ -130,26 +112,16 @@ def from_info(data: bytes, path: str) -> Features:
     return features
 
 
-class _Where(NamedTuple):
-    """Where class names were read: the file and the label column's name."""
-
-    path: str
-    column: str
-
-    def __str__(self) -> str:
-        return f"{self.path} (feature {self.column!r})"
-
-
-def _names(names, where: _Where) -> tuple[str, ...] | None:
-    """Class names as a list, or as the Hub's mapping ``{'0': name, ...}`` (ordered by its numbers); None for none.
-    ``sources.SourceError`` naming ``where`` for more than ``labels.MAX_CLASSES``, a mapping not numbered 0 to N-1,
-    or a name that is not a string."""
+def _names(names, path: str, column: str) -> tuple[str, ...] | None:
+    """Class names from a list or the Hub's mapping ``{'0': name, ...}``; None for none. Refused, naming ``where``:
+    more than ``labels.MAX_CLASSES``, a mapping not numbered 0 to N-1, a name that is not a string."""
+    where = f"{path} (feature {column!r})"
     if names is None or names == [] or names == {}:
         return None
     if not isinstance(names, (list, dict)):
         raise sources.SourceError(f"the class names in {where} are {_shown(names)}, not a list or a mapping")
     if len(names) > labels.MAX_CLASSES:
-        raise sources.SourceError(f"{where.path} names {len(names):,} classes for {where.column!r}, more than the "
+        raise sources.SourceError(f"{path} names {len(names):,} classes for {column!r}, more than the "
                                   f"{labels.MAX_CLASSES:,} shardprep takes")
     if isinstance(names, dict):
         keys = list(names)
@@ -180,9 +152,8 @@ def column_of(features: Features, kind: str) -> str | None:
 
 
 def usable_class_names(names: tuple[str, ...], where: str) -> tuple[tuple[str, ...], str | None]:
-    """(``names`` as shardprep keeps class names: each checked by the rule for names, one that repeats told apart by
-    its label, ``crane (134)``; a note naming those, or None). ``sources.SourceError`` naming ``where`` for a name
-    that breaks the rule."""
+    """(``names`` checked by the rule for names, one that repeats told apart by its label, ``crane (134)``; a note
+    naming those, or None)."""
     checked = [name_rules.check(name, "class", where) for name in names]
     counts = Counter(checked)
     unique = tuple(f"{name} ({label})" if counts[name] > 1 else name for label, name in enumerate(checked))

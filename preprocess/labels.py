@@ -1,13 +1,21 @@
 """Labels files, read one way wherever they are used: the labels CSV (``filename,label``, or Kaggle's
-``ImageId,PredictionString``) and TFDS's ``label.labels.txt`` (one class name a line), and the join of CSV rows with
-flat image files. Pure, no Beam. File names and labels are compared in NFC (``names.canonical``)."""
+``ImageId,PredictionString``), a file of class names one a line (TFDS's ``label.labels.txt``, ``--classes``),
+ImageNet's validation labels as tensorflow-datasets ships them, and the join of CSV rows with flat image files.
+Pure. Names are compared in NFC (``names.canonical``).
+"""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import importlib.util
+import io
+import os
+import re
 
-from shardprep.preprocess import accounting, names, sources
+from shardprep.preprocess import accounting, names
 from shardprep.preprocess.elements import Reject
+from shardprep.preprocess.sources import SourceError
 
 # The most classes a source may have: its class names, or without names its largest label + 1 (the manifest then
 # names each by its integer). Bounds what a hostile label (10**12) can make us write or hold.
@@ -15,46 +23,132 @@ MAX_CLASSES = 100_000
 MAX_NAMES_BYTES = 4 << 20  # a file of class names, one a line: 100,000 names of 40 bytes
 
 
-def csv_rows(data: bytes, path: str, file_exists) -> list[sources.LabelRow]:
+@dataclasses.dataclass(frozen=True)
+class LabelRow:
+    line: int
+    filename: str
+    label: str
+
+
+FILENAME_HEADERS = ("filename", "file", "file_name", "image", "image_name", "path", "name")
+LABEL_HEADERS = ("label", "class", "class_name", "category", "wnid")
+KAGGLE_HEADER = ("imageid", "predictionstring")
+KAGGLE_IMAGE_SUFFIX = ".JPEG"  # Kaggle's ImageNet files are ImageId.JPEG
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))
+
+
+def csv_rows(data: bytes, path: str, file_exists) -> list[LabelRow]:
     """The rows of a labels CSV's bytes; SourceError for an encoding, a row or a label that cannot be used, and for a
     first row that looks like a header shardprep does not know (``file_exists(name)``: is it a flat image's name)."""
-    rows = sources.parse_labels_csv(sources.decode_labels_csv(data, path), f"labels file {path}")
+    rows = parse_labels_csv(decode_labels_csv(data, path), f"labels file {path}")
     if not rows:
-        raise sources.SourceError(f"labels file {path} has no rows; expected lines of filename,label")
+        raise SourceError(f"labels file {path} has no rows; expected lines of filename,label")
     first = rows[0]
-    if not sources.has_file_extension(first.filename) and not file_exists(sources.labels_key(first.filename)):
-        raise sources.unknown_header_error(f"labels file {path}", first)
+    if not has_file_extension(first.filename) and not file_exists(labels_key(first.filename)):
+        raise SourceError(
+            f"labels file {path} line {first.line} ({first.filename},{first.label}) looks like a header shardprep "
+            "does not understand (no file of that name, no file extension): use the header 'filename,label' (first "
+            f"column {'/'.join(FILENAME_HEADERS)}; second {'/'.join(LABEL_HEADERS)}) or none")
     return [dataclasses.replace(row, label=names.check(row.label, "class", f"labels file {path} line {row.line}",
                                                        "fix the label")) for row in rows]
+
+
+def decode_labels_csv(data: bytes, path: str) -> str:
+    """A labels file's text: UTF-8, its byte order mark dropped; else a SourceError naming the line."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            raise SourceError(f"labels file {path} is {encoding} (it starts with a {encoding} byte order mark): "
+                              "save it as UTF-8")
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise SourceError(f"labels file {path} line {line} has a NUL byte: it is not a text CSV (binary, or UTF-16 "
+                          "without a byte order mark); save it as UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SourceError(f"labels file {path} line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x} at column "
+                          f"{column}; Latin-1 or Windows-1252?): save it as UTF-8") from None
+
+
+def has_file_extension(filename: str) -> bool:
+    return "." in labels_key(filename).strip(".")
+
+
+def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
+    """``filename,label`` rows, a first row of known header names skipped; Kaggle's ``ImageId,PredictionString``
+    files (``LOC_val_solution.csv``) read as they are (``kaggle_row``). SourceError on bad rows."""
+    rows: list[LabelRow] = []
+    reader = csv.reader(io.StringIO(text))
+    kaggle = False
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise SourceError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
+        line_number = reader.line_num
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if not rows and not kaggle and tuple(f.strip().lower() for f in fields) == KAGGLE_HEADER:
+            kaggle = True
+        elif kaggle:
+            rows.append(kaggle_row(fields, line_number, path))
+        elif len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+            raise SourceError(f"{path} line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
+        elif rows or not (fields[0].strip().lower() in FILENAME_HEADERS and fields[1].strip().lower() in LABEL_HEADERS):
+            rows.append(LabelRow(line_number, fields[0].strip(), fields[1].strip()))
+    return rows
+
+
+def kaggle_row(fields: list[str], line: int, path: str) -> LabelRow:
+    """A row of Kaggle's ``LOC_val_solution.csv``: the class is PredictionString's first word, the file
+    ``ImageId.JPEG`` (an ImageId with an extension of its own is the file name as it is)."""
+    words = fields[1].split() if len(fields) == 2 else []
+    if len(fields) != 2 or not fields[0].strip() or not words:
+        raise SourceError(f"{path} line {line}: expected 'ImageId,PredictionString' with the class as the first "
+                          f"word of PredictionString, got {','.join(fields)!r}")
+    image_id = fields[0].strip()
+    return LabelRow(line, image_id if has_file_extension(image_id) else image_id + KAGGLE_IMAGE_SUFFIX, words[0])
+
+
+def labels_key(filename: str) -> str:
+    """How a labels-file row and an image file are matched: by file name, the part after the last '/'."""
+    return filename.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def match_key(filename: str) -> str:
     """How a labels-file row and an image file are grouped for the join: the file name, in NFC, case-folded (so
     that names differing only in case meet, and are told apart as ``case_mismatch`` rejects)."""
-    return names.canonical(sources.labels_key(filename)).casefold()
+    return names.canonical(labels_key(filename)).casefold()
 
 
 def file_name(filename: str) -> str:
     """The file name a row and a file are matched by exactly: the part after the last '/', in NFC."""
-    return names.canonical(sources.labels_key(filename))
+    return names.canonical(labels_key(filename))
 
 
 def class_names_txt(data: bytes, path: str) -> list[str] | None:
     """Class names, one a line (blank lines skipped), from a ``label.labels.txt``; None when it names none. At most
     MAX_NAMES_BYTES and MAX_CLASSES of them (``data`` may be the file's first MAX_NAMES_BYTES + 1 bytes)."""
     if len(data) > MAX_NAMES_BYTES:
-        raise sources.SourceError(f"{path} is more than {MAX_NAMES_BYTES:,} bytes: class names are one a line, at "
+        raise SourceError(f"{path} is more than {MAX_NAMES_BYTES:,} bytes: class names are one a line, at "
                                   f"most {MAX_CLASSES:,} of them")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise sources.SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
+        raise SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
     # Lines end at "\n" only ("\r\n" too): str.splitlines would also cut a name at U+0085 or U+2028, shifting every
     # label after it by one; such a character is refused by the rule for names instead.
     lines = [(number, line.strip()) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
     if len(lines) > MAX_CLASSES:
-        raise sources.SourceError(f"{path} names {len(lines):,} classes, more than the {MAX_CLASSES:,} shardprep takes")
+        raise SourceError(f"{path} names {len(lines):,} classes, more than the {MAX_CLASSES:,} shardprep takes")
     for number, name in lines:
         names.check(name, "class", f"{path} line {number}", "fix that line")
     return [name for _, name in lines] or None
@@ -100,3 +194,41 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
         else:
             yield "reject", Reject(labels_split, key, "missing_file",
                              f"labels file row {filename},{label} names no image in the source folder")
+
+
+IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
+_WNID = re.compile(r"^n\d{8}$")
+
+
+def is_imagenet_validation_name(name: str) -> bool:
+    """True for an ILSVRC2012 validation image's file name (the part after the last '/')."""
+    return IMAGENET_VALIDATION_NAME.match(name.rsplit("/", 1)[-1]) is not None
+
+
+def tfds_imagenet_labels_path() -> str | None:
+    """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt`` (found, not imported), or None."""
+    try:
+        spec = importlib.util.find_spec("tensorflow_datasets")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "datasets", "imagenet2012", "validation_labels.txt")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
+    """{file name: WordNet ID} of ImageNet's 50,000 validation images (flat, their classes elsewhere) from
+    ``path``, else TFDS's file (image i's ID on line i; the IDs sorted are the usual class order)."""
+    path = path or tfds_imagenet_labels_path()
+    if path is None:
+        raise SourceError(
+            "ImageNet validation images (ILSVRC2012_val_*.JPEG) need their labels: install tensorflow-datasets "
+            "(it ships them) or give --labels-file (a CSV of filename,label, or Kaggle's LOC_val_solution.csv)")
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    bad = next((number for number, wnid in enumerate(lines, start=1) if not _WNID.match(wnid)), None)
+    if bad is not None:
+        raise SourceError(f"{path} line {bad} is not a WordNet ID (n01440764): not ImageNet's validation labels")
+    return {f"ILSVRC2012_val_{index:08d}.JPEG": wnid for index, wnid in enumerate(lines, start=1)}

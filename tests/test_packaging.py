@@ -304,8 +304,8 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
 OPTIONAL_BACKENDS = tuple(name for name in BACKENDS if name != "tensorflow")  # TensorFlow: installed anyway
 
 LAUNCHER_ONLY = {
-    ("pipelines/planning.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/source_tfds.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
+    ("pipelines/source_folder.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
+    ("pipelines/source_tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.

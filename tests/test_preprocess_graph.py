@@ -18,7 +18,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from shardprep.pipelines import preprocess as job
 from shardprep.pipelines import runner as runners
 from shardprep.pipelines import source_registry
-from shardprep.pipelines.given_values import GivenValues, SpreadValues
+from shardprep.pipelines.listing import GivenValues, SpreadValues
 from shardprep.preprocess.config import PreprocessConfig
 
 PARDO_URN = "beam:transform:pardo:v1"

@@ -16,7 +16,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines import planning
+from shardprep.pipelines import source_folder
 from shardprep.pipelines.listing import ListInputs
 from shardprep.pipelines.source_registry import plan_source
 from shardprep.preprocess import record_format, sources, tfrecord_io
@@ -180,7 +180,7 @@ def test_a_gs_listing_failure_says_what_failed(monkeypatch, failure, message):
 
     monkeypatch.setitem(sys.modules, "tensorflow", _fake_tensorflow(stat))
     with pytest.raises(sources.SourceError) as raised:
-        planning.list_children("gs://b/src")
+        source_folder.list_children("gs://b/src")
     assert str(raised.value).startswith(message), str(raised.value)
 
 

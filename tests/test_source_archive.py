@@ -21,7 +21,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from shardprep.pipelines import preprocess as job
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.listing import ListInputs
-from shardprep.preprocess import archive_index, imagenet_labels, manifest
+from shardprep.preprocess import archive_index, manifest
+from shardprep.preprocess.labels import imagenet_validation_labels
 from shardprep.preprocess.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -77,7 +78,7 @@ def imagenet_extracted(folder) -> str:
     for name, data in val.items():
         (folder / "validation" / name).write_bytes(data)
     labels = folder.parent / "val_labels.csv"
-    table = imagenet_labels.validation_labels()
+    table = imagenet_validation_labels()
     rows = {name: table[name] for name in val}
     first_of_class = {wnid: name for name, wnid in sorted(table.items(), reverse=True)}
     rows |= {name: wnid for wnid, name in first_of_class.items() if wnid not in set(rows.values())}
@@ -136,7 +137,7 @@ def test_imagenet_download_folder_plans_train_and_validation_with_tfds_labels(tm
     not_used = {entry.path: entry.reason for entry in plan.not_used}
     assert "unlabelled split" in not_used["ILSVRC2012_img_test_v10102019.tar"]
     assert "says no split" in not_used["ILSVRC2012_devkit_t12.tar.gz"]
-    table = imagenet_labels.validation_labels()
+    table = imagenet_validation_labels()
     with pipeline() as p:
         found = p | ListInputs(config, plan)
         assert_that(found["inputs"] | beam.Map(lambda i: (i.split, i.key, plan.classes[i.label])), equal_to(

@@ -15,8 +15,7 @@ from shardprep.pipelines import journal, source_registry
 from shardprep.pipelines import preprocess as job
 from shardprep.pipelines.source_folder import FOLDER
 from shardprep.pipelines.source_kind import ApartFrom, SourceKind, SourcePlan, Usage, prefixed_location
-from shardprep.pipelines.source_tfds import TFDS
-from shardprep.pipelines.source_tfrecord import TFRECORD, FilesPlan
+from shardprep.pipelines.source_tfrecord import TFDS, TFRECORD, FilesPlan
 from shardprep.pipelines.storage import OutputError
 from shardprep.preprocess import install_extras, manifest, sources
 from shardprep.preprocess.config import PreprocessConfig

@@ -229,7 +229,7 @@ def test_a_labels_csv_takes_a_byte_order_mark_and_crlf():
 def test_a_tfds_class_label_of_more_classes_than_the_limit_is_refused_before_its_names_are_made():
     import tensorflow_datasets as tfds
 
-    from shardprep.pipelines.source_tfds import class_label_names
+    from shardprep.pipelines.source_tfrecord import class_label_names
 
     # TFDS makes a ClassLabel without names name its classes "0".."N-1": 10**12 strings.
     with pytest.raises(sources.SourceError, match=r"^the TFDS feature 'label' has 1,000,000,000,000 classes, more "
@@ -259,9 +259,9 @@ def test_a_labels_txt_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_labels_file_past_its_limit_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
-    from shardprep.pipelines import planning
+    from shardprep.pipelines import source_kind
 
-    monkeypatch.setattr(planning, "MAX_LABELS_FILE_BYTES", 64)
+    monkeypatch.setattr(source_kind, "MAX_LABELS_FILE_BYTES", 64)
     (tmp_path / "labels.csv").write_text("filename,label\n" + "".join(f"{i}.png,cat\n" for i in range(20)))
     with pytest.raises(sources.SourceError, match="labels file .* is over 64 bytes"):
-        planning.read_labels_file_rows(str(tmp_path / "labels.csv"), lambda name: True)
+        source_kind.read_labels_file_rows(str(tmp_path / "labels.csv"), lambda name: True)
