@@ -183,14 +183,12 @@ class _RecordStreams:
 
 
 def open_for_record_reads(path: str, largest_record: int):
-    """A read stream whose buffering fits single-record reads.
-
-    Beam's GCS reader otherwise fetches 16 MiB (its default buffer) for every read that misses its buffer; a
-    shard writer's records are scattered through each spill file, so that would read ~80x the data.
-    """
+    """A read stream buffered for single-record reads: Beam's GCS reader otherwise fetches 16 MiB (its default
+    buffer) on each miss, ~80x the data for a shard writer's scattered records (``GcsIO``, Beam's public API)."""
     if FileSystems.get_scheme(path) == "gs":
-        gcs = FileSystems.get_filesystem(path)._gcsIO()  # noqa: SLF001 - the only way to set Beam's buffer size
-        return gcs.open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
+        from apache_beam.io.gcp.gcsio import GcsIO
+
+        return GcsIO().open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
     return FileSystems.open(path, mime_type="application/octet-stream",
                             compression_type=CompressionTypes.UNCOMPRESSED)
 
