@@ -8,7 +8,7 @@ commands need on local paths (REQUIRED: Beam without its gcp extra); the gcp ext
 
 Dataflow staging, one switch: a tree holding the file WORKER_SDIST declares only WORKER_REQUIRED (Beam with its gcp
 extra: workers read and write gs://). Only the sdist Beam builds for `--setup_file` holds it: the launcher sets
-SHARDPREP_WORKER_SDIST=1 for that build (pipelines/staging.py), and the sdist command writes the file into the
+SHARDPREP_WORKER_SDIST=1 for that build (pipelines/runner.py), and the sdist command writes the file into the
 sdist's tree (never the checkout); each worker's pip install of that sdist then finds it.
 """
 

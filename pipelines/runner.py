@@ -166,9 +166,7 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
     options = pipeline_options(beam_args)
     if _normalized(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
-        from shardprep.pipelines import staging
-
-        staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
+        stage_worker_requirements_only()
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -186,6 +184,16 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
     environment = SubprocessSDKEnvironment.from_command_string(zygote.worker_command())
     return beam.Pipeline(runner=FnApiRunner(default_environment=environment), options=options)
+
+
+# "1" while Beam builds the sdist of --setup_file (in a child process, with this environment): setup.py then writes
+# the WORKER_SDIST file into it, so that the Dataflow workers install only what they import (setup.py's docstring).
+WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"
+
+
+def stage_worker_requirements_only() -> None:
+    """Marks the sdist Beam builds in ``Pipeline.run`` as the workers' (harmless where none is built)."""
+    os.environ[WORKER_SDIST_ENV] = "1"
 
 
 def _no_in_memory_warning(record: logging.LogRecord) -> bool:

@@ -204,16 +204,17 @@ def worker_processes(pid: int) -> list[int]:
     the zygote's worker name."""
     from shardprep.pipelines.worker_zygote import WORKER_NAME
 
-    return [child for child in _descendants(pid)
-            if b"apache_beam.runners.worker" in _cmdline(child) or _name(child) == WORKER_NAME]
+    return [child for child in _descendants(pid) if b"apache_beam.runners.worker" in _proc(child, "cmdline")
+            or _proc(child, "comm").strip() == WORKER_NAME.encode()]
 
 
-def _name(pid: int) -> str:
+def _proc(pid, name: str) -> bytes:
+    """``/proc/PID/NAME``; b"" once the process is gone."""
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
     except OSError:
-        return ""
+        return b""
 
 
 def _descendants(pid: int) -> list[int]:
@@ -236,26 +237,15 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stat(pid) -> list[str] | None:
-    """(state, parent id, ...) of a process: the fields of ``/proc/PID/stat`` after its command name."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
-    except (OSError, IndexError):
-        return None
+    """(state, parent id, ...): the fields of ``/proc/PID/stat`` after its command name."""
+    fields = _proc(pid, "stat").rsplit(b")", 1)
+    return fields[1].decode().split() if len(fields) == 2 else None
 
 
 def _running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     stat = _stat(pid)
     return bool(stat) and stat[0] != "Z"
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 @contextlib.contextmanager
