@@ -262,38 +262,24 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file or a dangling link, or whose nearest folder cannot be written."""
+    """Refuses a local OUTPUT that is a file, or a dangling link or is under one, or whose nearest existing folder
+    cannot be written."""
     if not is_local(output):
         return
-    dangling = dangling_link(output)
-    if dangling:
-        raise OutputError(f"OUTPUT {output} cannot be created: {dangling}; pick another OUTPUT")
-    if os.path.lexists(output) and not os.path.isdir(output):
-        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
     probe = os.path.abspath(output)
     while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
+        if os.path.islink(probe):
+            raise OutputError(f"OUTPUT {output} cannot be created: {probe} is a link to {os.readlink(probe)}, which "
+                              "does not exist; pick another OUTPUT")
+        if os.path.dirname(probe) == probe:
             break
-        probe = parent
+        probe = os.path.dirname(probe)
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
     if not os.path.isdir(probe):
         raise OutputError(f"OUTPUT {output} cannot be created: {probe} is not a folder; pick another OUTPUT")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputError(f"OUTPUT {output} cannot be written: no write permission on {probe}; pick another OUTPUT")
-
-
-def dangling_link(path: str) -> str | None:
-    """'L is a link to T, which does not exist' for the first dangling link on the way to ``path``."""
-    probe = os.path.abspath(path)
-    while True:
-        if os.path.islink(probe) and not os.path.exists(probe):
-            return f"{probe} is a link to {os.readlink(probe)}, which does not exist"
-        if os.path.exists(probe):
-            return None
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return None
-        probe = parent
 
 
 def check_replaceable(output: str, overwrite: bool) -> list[str]:
