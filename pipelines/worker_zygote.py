@@ -1,11 +1,12 @@
 """Local SDK worker processes forked from a copy of the launcher that has Beam imported: the worker zygote.
 
 Beam starts each local worker as a new interpreter that imports Beam again (~1 s of CPU before its first element;
-a 2-worker preprocess of 200 photos: 10.1 s forked, 14.4 s so; of 258 MB: 21.9 s, 42.5 s; BENCHMARKS.md). The zygote is forked from the launcher
-once, before any thread starts. The runner gets, through Beam's public subprocess environment, ``worker_command()``:
-this file run by a bare interpreter (~20 ms), which hands its environment and standard streams to the zygote's
-socket and exits as the forked worker exits, with its status; where no zygote answers it becomes Beam's own worker.
-Not on Linux, with threads running, or with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself.
+2-worker preprocess runs, medians of 3: 200 photos 10.1 s forked, 14.4 s so; 258 MB 21.9 s, 42.5 s; BENCHMARKS.md).
+The zygote is forked from the launcher once, before any thread starts. The runner gets, through Beam's public
+subprocess environment, ``worker_command()``: this file run by a bare interpreter (~20 ms), which hands its
+environment and standard streams to the zygote's socket and exits as the forked worker exits, with its status; where
+no zygote answers it becomes Beam's own worker. Not on Linux, with threads running, or with
+``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself.
 """
 
 from __future__ import annotations
