@@ -4,11 +4,12 @@
 `--setup_file ./setup.py` stages this package to Dataflow workers.
 
 Requirements: a normal install (`pip install -e .`, `pip install .`, `python -m build`) declares everything the
-commands need on local paths (REQUIRED: Beam without its gcp extra, so none of the Google Cloud client libraries);
-the gcp extra adds Beam's gcp extra (GCP). Before a Dataflow run the launcher sets SHARDPREP_WORKER_SDIST=1
-(shardprep.pipelines.staging, pipelines/staging.py), so the sdist Beam builds from this file for staging declares
-only WORKER_REQUIRED (Beam with its gcp extra: workers read and write gs://) and carries the WORKER_SDIST marker
-file; when a worker pip installs that sdist, this file finds the marker and declares only WORKER_REQUIRED again.
+commands need on local paths (REQUIRED: Beam without its gcp extra); the gcp extra adds Beam's gcp extra (GCP).
+
+Dataflow staging, one switch: a tree holding the file WORKER_SDIST declares only WORKER_REQUIRED (Beam with its gcp
+extra: workers read and write gs://). Only the sdist Beam builds for `--setup_file` holds it: the launcher sets
+SHARDPREP_WORKER_SDIST=1 for that build (pipelines/runner.py), and the sdist command writes the file into the
+sdist's tree (never the checkout); each worker's pip install of that sdist then finds it.
 """
 
 import os
@@ -49,18 +50,17 @@ REQUIRED = [BEAM, QUIET_BEAM, *WORKER_REQUIRED[1:], *LAUNCHER_REQUIRED]
 # gs:// paths and Dataflow (shardprep.preprocess.install_extras refuses a gs:// argument without it).
 GCP = [BEAM_GCP]
 
-WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"  # set by pipelines.staging.stage_worker_requirements_only()
-WORKER_SDIST_MARKER = "WORKER_SDIST"  # a file beside setup.py in the staged sdist only
-HERE = os.path.dirname(os.path.abspath(__file__))
-FOR_WORKERS = os.environ.get(WORKER_SDIST_ENV) == "1" or os.path.exists(os.path.join(HERE, WORKER_SDIST_MARKER))
+WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"  # "1": the sdist being built is staged to Dataflow workers
+WORKER_SDIST_MARKER = "WORKER_SDIST"  # the switch: a file beside setup.py, in the staged sdist only
+FOR_WORKERS = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), WORKER_SDIST_MARKER))
 
 
 class Sdist(sdist):
-    """Writes the marker into the sdist's files (never into the checkout) when building one for the workers."""
+    """Writes the switch into the sdist's tree when the launcher builds one for the workers."""
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
-        if FOR_WORKERS:
+        if os.environ.get(WORKER_SDIST_ENV) == "1":
             with open(os.path.join(base_dir, WORKER_SDIST_MARKER), "w") as marker:
                 marker.write("Staged to Dataflow workers: setup.py declares only WORKER_REQUIRED.\n")
 

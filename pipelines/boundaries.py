@@ -1,11 +1,6 @@
-"""Exact rank boundaries of the seeded order, found from sort keys in bounded buckets.
-
-``RankBoundaries`` cuts a split's sort keys (SortKeys of listed inputs, or RecordPointers of written records) into
-P parts of consecutive ranks; part k holds the ranks r with r * P // N == k, so parts differ in size by at most
-one. Buckets are hash ranges of about ``sharding.BUCKET_TARGET`` keys, so no worker ever sorts more than one
-bucket of keys (sort keys only, not images) whatever the dataset size. ``ShardBoundaries`` applies it to the
-written records, with each split's shard count from the records' summary.
-"""
+"""Exact rank boundaries of the seeded order from sort keys in bounded buckets: ``RankBoundaries`` cuts a split's
+keys into P parts (part k holds the ranks r with r * P // N == k), no worker sorting more than a bucket of about
+``sharding.BUCKET_TARGET`` keys; ``ShardBoundaries`` applies it to the written records."""
 
 from __future__ import annotations
 
@@ -57,8 +52,7 @@ class RankBoundaries(beam.PTransform):
         self.sizes, self.parts, self.metric_name = sizes, parts, metric_name
 
     def expand(self, keys):
-        # Few ParDos (each costs start-up): the bucket sizes come out of the bucketing, and the boundaries are
-        # collected under one key rather than by a global combine (which adds two ParDos to key and unkey).
+        # Few ParDos (each costs start-up): bucket sizes come out of the bucketing, boundaries collected by one key.
         bucketed = keys | "BucketSortKeys" >> beam.FlatMap(bucket_sort_keys, self.sizes).with_outputs(
             BUCKET_SIZES, main="parts")
         bucket_sizes = bucketed[BUCKET_SIZES] | "CountBuckets" >> beam.CombinePerKey(sum)

@@ -1,29 +1,12 @@
 """The unit journal: what a local preprocess run has finished, so that ``--resume`` keeps it after a kill.
 
-The unit of work is the decode group (``decode_groups``): its spill file is a pure function of its inputs, the
-options and the seed, and everything the later stages take from it (RecordPointers, Rejects, its share of the
-RecordSummary) fits in one line. Layout, under OUTPUT/.tmp/ (deleted, the journal last, once the manifest is
-written)::
-
-    listing.jsonl    the listing the run started from (fingerprint.ListedEntry per line), written before the header
-    journal.jsonl    line 1: the header (JournalHeader: options, tool version, listing sha256, decode groups);
-                     then one UnitRecord per finished decode group, sealed with the hash of the header and its own
-                     fields (``journal_records``), appended (under a flock) once its file is written and closed; a
-                     later line for the same group replaces an earlier one, and a torn last line (a kill while
-                     appending) is ignored
-
-Nothing is fsynced. A killed process loses nothing it wrote (the kernel holds it), and after a machine crash a group
-whose bytes did not reach the disk fails the size and sha256 check on resume and is decoded again: the check, not
-the write order, is what makes a kept unit trustworthy. Forcing ~90 MB group files to disk one by one cost ~5% of
-a local run's wall time (BENCHMARKS.md).
-
-``--resume`` (``reopen``) finishes a run that had written its manifest (its leftovers removed), or compares the
-fingerprint and refuses, naming the first difference. Everything it reads back is untrusted: the header and every
-line are checked (``journal_records``), only regular files with the names runs write are touched, never through a
-link (``storage.regular_entries``). The decode stage then asks ``UnitJournal.reuse`` for each group, which gives
-back the recorded outputs when the group's line passed its checks, its inputs are the same and its file has the
-recorded size and sha256, and otherwise deletes the damaged file so the group is redone. Local runs only: journal
-lines are appended to a local file by every worker.
+The unit is the decode group: its spill file is a pure function of its inputs, the options and the seed, and what
+later stages take from it fits in one line. Under OUTPUT/.tmp/ (removed, the journal last, after the manifest):
+``listing.jsonl`` (the listing the run started from, written first) and ``journal.jsonl`` (the header, then one
+sealed ``UnitRecord`` per finished group, appended under a flock; a later line for a group replaces an earlier
+one, a torn last line is ignored). Nothing is fsynced (~5 % of a run, BENCHMARKS.md): a group whose bytes never
+reached the disk fails its size and sha256 check on resume and is decoded again. Everything read back is
+untrusted (``journal_records``); only regular files with a run's names are touched, never through a link.
 """
 
 from __future__ import annotations
@@ -53,7 +36,7 @@ __all__ = ["JOURNAL_VERSION", "LINE_HASH", "JournalHeader", "UnitRecord", "Damag
 
 
 class UnitOutputs(NamedTuple):
-    """What the decode stage emits for a kept group, as it emitted it when the group was decoded."""
+    """What the decode stage emitted for a kept group."""
 
     pointers: record_pointers.RecordPointers | None
     rejects: list[Reject]
@@ -61,8 +44,7 @@ class UnitOutputs(NamedTuple):
 
 
 class ResumeCounts(NamedTuple):
-    """The decode stage's counts (Beam metrics of the run): groups, groups kept, damaged groups redone, inputs
-    decoded."""
+    """The decode stage's counts (Beam metrics): groups, kept, damaged and redone, inputs decoded."""
 
     groups: int
     kept: int
@@ -73,12 +55,9 @@ class ResumeCounts(NamedTuple):
 # --- the journal as the workers use it -----------------------------------------------------------------------------
 
 class UnitJournal:
-    """OUTPUT/.tmp/journal.jsonl for the decode stage's workers (picklable: paths and the header line only).
-
-    ``resume_bytes``: on ``--resume``, the journal's length when the run started; the groups recorded in it may be
-    kept. None for a fresh run. ``header_line``: the journal's first line (without its newline), which every unit
-    line's hash covers.
-    """
+    """OUTPUT/.tmp/journal.jsonl for the decode stage's workers (picklable). ``resume_bytes``: on ``--resume``, the
+    journal's length at the start (its groups may be kept), else None; ``header_line``: what every line's hash
+    covers."""
 
     def __init__(self, output: str, resume_bytes: int | None = None, header_line: bytes = b""):
         self.output, self.resume_bytes, self.header_line = output, resume_bytes, header_line
@@ -98,8 +77,7 @@ class UnitJournal:
         append_line(self.path, json.dumps(sealed(self.header_line, unit._asdict()), ensure_ascii=False) + "\n")
 
     def recorded_units(self) -> dict[tuple[str, int], UnitRecord | DamagedUnit]:
-        """The groups recorded when the run started (the last line of each, checked: ``parse_unit``), none for a
-        fresh run. A damaged line stays as a DamagedUnit, so that its group counts as redone."""
+        """The groups recorded when the run started (each one's last line, checked; a damaged one a DamagedUnit)."""
         if self.resume_bytes is None:
             return {}
         with open(self.path, "rb") as f:
@@ -112,8 +90,8 @@ class UnitJournal:
         return units
 
     def reuse(self, unit: UnitRecord | DamagedUnit, inputs_sha256: str) -> UnitOutputs | None:
-        """The recorded outputs of a group whose line passed its checks, whose inputs match and whose file is
-        intact; else None, after deleting a damaged file (the group is decoded again into a new one)."""
+        """A group's recorded outputs if its line passed, its inputs match and its file is intact; else None, a
+        damaged file deleted."""
         if isinstance(unit, DamagedUnit) or unit.inputs_sha256 != inputs_sha256:
             return None
         pointers = None
@@ -131,8 +109,7 @@ class UnitJournal:
 
 
 def file_sha256(path: str, size: int) -> str | None:
-    """The sha256 of a local regular file that is ``size`` bytes long; None when it is missing, of another size, or
-    not a regular file (a link is not followed, a FIFO not waited on)."""
+    """The sha256 of a local regular file of ``size`` bytes; None otherwise (no link followed, no FIFO waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -153,7 +130,7 @@ def file_sha256(path: str, size: int) -> str | None:
 
 
 def append_line(path: str, line: str) -> None:
-    """Appends one line to a local file shared by several processes, in one write under an exclusive flock."""
+    """Appends one line to a file shared by several processes, under an exclusive flock."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -170,14 +147,13 @@ def append_line(path: str, line: str) -> None:
 # --- the launcher's side: start, or reopen for --resume ---------------------------------------------------------
 
 def journaled(config, plan, local_runner: bool) -> bool:
-    """Local runs into a local OUTPUT of a source its kind can resume (a local image folder) keep a journal."""
+    """Local runs into a local OUTPUT of a source its kind can resume keep a journal."""
     return local_runner and is_local(config.output) and plan.kind.resume_refusal(plan) is None
 
 
 def check_resumable(config, plan, local_runner: bool) -> None:
-    """Refuses ``--resume`` where it cannot work, before anything is touched (before the lock, which would create
-    OUTPUT): --overwrite, a remote run, a source its kind cannot resume (saying why), an OUTPUT holding anything no
-    run wrote, or no stopped run at all."""
+    """Refuses ``--resume`` before anything is touched: with --overwrite, a remote run, a source its kind cannot
+    resume, an OUTPUT holding anything no run wrote, or no stopped run."""
     if config.overwrite:
         raise OutputError("--resume keeps OUTPUT's finished work and --overwrite deletes it: pass one of them")
     if not local_runner or not is_local(config.output):
@@ -196,14 +172,12 @@ def check_resumable(config, plan, local_runner: bool) -> None:
 
 
 def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """Every entry the job reads, rejects or does not use, with each file's size and mtime, as the plan's kind
-    lists them (``SourceKind.listed_entries``): the listing a ``--resume`` compares."""
+    """The listing a ``--resume`` compares (``SourceKind.listed_entries``: entries with size and mtime)."""
     return plan.kind.listed_entries(config, plan)
 
 
 def start(config, plan, runner: str, min_decode_groups: int, listing: list | None = None) -> UnitJournal:
-    """Writes the listing (``listing_of``, unless given) and the journal's header into a freshly prepared OUTPUT;
-    returns the workers' journal."""
+    """Writes the listing and the journal's header into a freshly prepared OUTPUT; the workers' journal."""
     from shardprep.preprocess.manifest import tool_version
 
     text = fingerprint.listing_text(listing_of(config, plan) if listing is None else listing)
@@ -221,8 +195,8 @@ def start(config, plan, runner: str, min_decode_groups: int, listing: list | Non
 
 
 class Reopened(NamedTuple):
-    """What ``reopen`` found: the stopped run's journal and header, or (``finished``) a run that had written its
-    manifest before it stopped, whose leftovers are now removed; ``recorded``: the groups its journal held."""
+    """What ``reopen`` found: the stopped run's journal and header, or a ``finished`` run (its leftovers removed);
+    ``recorded``: the groups its journal held."""
 
     journal: UnitJournal | None
     header: JournalHeader | None
@@ -231,12 +205,9 @@ class Reopened(NamedTuple):
 
 
 def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None = None) -> Reopened:
-    """``--resume``, under the lock: a run that had written its manifest is finished (its leftovers removed);
-    otherwise checks that OUTPUT holds a killed run of the same options and listing (refusing, naming the first
-    difference, with nothing touched), then tidies what the kill left (a torn last line, files of unfinished
-    groups, shards' temporaries, shards of another shard count) and puts back group files that had already been
-    renamed into shards. ``begin()`` is called once the checks passed, before anything is changed. ``listing``:
-    SOURCE's listing (``listing_of``), when the caller made it already."""
+    """``--resume``, under the lock: a run that had written its manifest is finished (leftovers removed); else
+    OUTPUT must hold a killed run of the same options and listing (refused, naming the first difference, nothing
+    touched), and what the kill left is tidied (``_tidy``). ``begin()`` once the checks passed."""
     output = config.output
     if _finished(output):
         problem = _manifest_problem(output)
@@ -271,15 +242,14 @@ def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None =
 
 
 class KeptWork(NamedTuple):
-    """What a stopped run's journal keeps for ``--resume``: the inputs of its intact finished decode groups."""
+    """What ``--resume`` would keep of a stopped run: its intact groups' inputs."""
 
     inputs: int  # records and rejects
     groups: int
 
 
 def kept_work(output: str) -> KeptWork | None:
-    """The finished work a stopped run left in OUTPUT's journal, counting only lines that pass their checks (what
-    ``--resume`` would keep); None when OUTPUT holds no journal."""
+    """The finished work OUTPUT's journal keeps (lines that pass their checks); None without a journal."""
     path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
     if not os.path.isfile(path):
         return None
@@ -291,13 +261,12 @@ def kept_work(output: str) -> KeptWork | None:
 
 
 def _finished(output: str) -> bool:
-    """True when OUTPUT holds a manifest: written last, so the run that wrote it had finished its dataset."""
+    """True when OUTPUT holds a manifest (written last)."""
     return os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME))
 
 
 def _manifest_problem(output: str) -> str | None:
-    """Why OUTPUT's manifest.json is not one a finished run wrote for the shards beside it (unreadable, of the
-    wrong shape, a shard missing or of another size); None when it is."""
+    """Why OUTPUT's manifest.json does not fit the shards beside it; None when it does."""
     from shardprep.preprocess.dataset import load_manifest
 
     try:
@@ -313,8 +282,7 @@ def _manifest_problem(output: str) -> str | None:
 
 
 def finish_committed(output: str) -> Reopened:
-    """A run killed after writing its manifest: removes what it had not removed yet (the files under OUTPUT/.tmp/,
-    the journal last, then the folder); ``recorded`` is 0 when nothing of its journal was left."""
+    """A run killed after its manifest: removes what is left under OUTPUT/.tmp/ (the journal last)."""
     from shardprep.pipelines import spill
 
     folder = manifest.join(output, SPILL_DIR)
@@ -330,7 +298,7 @@ def finish_committed(output: str) -> Reopened:
 
 
 def _count_recorded(path: str) -> int:
-    """The groups a journal's lines name (whatever their checks: the run that wrote them finished)."""
+    """The groups a finished run's journal names (unchecked)."""
     with open(path, "rb") as f:
         lines = f.read().splitlines()[1:]
     groups = set()
@@ -359,8 +327,7 @@ def _existing_journal(output: str) -> str:
 
 
 def _read_journal(path: str) -> bytes:
-    """The journal's bytes, read without following a link or waiting on a FIFO (the foreign-file check refused
-    those already; this holds if one was put there since)."""
+    """The journal's bytes (no link followed, no FIFO waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -372,7 +339,7 @@ def _read_journal(path: str) -> bytes:
 
 
 def _difference(config, plan, runner: str, header: JournalHeader, listing: list) -> str | None:
-    """The first difference between the killed run's fingerprint and this run's, in words; None if the same."""
+    """The first difference between the killed run's fingerprint and this run's, in words."""
     if header.tool_version != manifest.tool_version():
         return f"shardprep's version changed ({header.tool_version} -> {manifest.tool_version()})"
     changed = fingerprint.options_difference(header.options, exclude.fingerprinted_options(config, runner))
@@ -392,10 +359,8 @@ def _difference(config, plan, runner: str, header: JournalHeader, listing: list)
 
 
 def _tidy(output: str, units: dict) -> None:
-    """Deletes what no kept group needs (files of unfinished or damaged groups; shards' temporaries and shards,
-    which are all written again) and moves group files that a shard writer had renamed into place back under
-    OUTPUT/.tmp/ (found by size and sha256). Only regular files with the names runs write are touched: the
-    foreign-file check refused anything else before the lock was taken."""
+    """Deletes what no kept group needs (a torn line's leftovers, unfinished groups' files, shards and their
+    temporaries: all written again) and moves group files a shard writer had adopted back (by size and sha256)."""
     folder = manifest.join(output, SPILL_DIR)
     wanted = {unit.file: unit for unit in units.values() if isinstance(unit, UnitRecord) and unit.file is not None}
     for name in regular_entries(folder):
@@ -419,8 +384,7 @@ def _tidy(output: str, units: dict) -> None:
 
 
 def _put_back_or_remove(path: str, folder: str, missing: dict) -> None:
-    """A shard-named file: a kept group's file renamed into place goes back under ``folder``; anything else (a
-    temporary, a shard of an earlier shard count or streamed from several groups) is deleted, to be written again."""
+    """A kept group's file adopted as a shard goes back under ``folder``; any other shard-named file is deleted."""
     size = os.path.getsize(path)
     if missing and any(size == wanted_size for wanted_size, _ in missing):
         found = missing.pop((size, file_sha256(path, size)), None)

@@ -1,18 +1,9 @@
-"""The unit journal's lines, written sealed and read back as untrusted input (no Beam, no file access here).
+"""The unit journal's lines, written sealed and read back as untrusted input (no Beam, no file access).
 
-``OUTPUT/.tmp/journal.jsonl`` is ours, but anything may have happened to it between the kill and the resume: a torn
-line, an edit, a line from another run, a path that leaves OUTPUT. So every line is checked before a resume keeps
-the unit it describes:
-
-* the header (``parse_header``): a JSON object of exactly ``JournalHeader``'s fields, each of its type and range;
-  anything else refuses the resume in one line (the run it records cannot be compared);
-* a unit line (``parse_unit``): a JSON object of exactly ``UnitRecord``'s fields plus ``line_sha256``, the sha256 of
-  the header line and of the line's own fields (``sealed``), the group file's sha256 among them. A line whose hash
-  does not match (an edited line, a line of another header), whose file is not a bare spill-file name, or whose
-  pointers, class counts and sums do not hang together is a ``DamagedUnit``: its group is decoded again, its file is
-  never touched through the name it gives.
-
-The hash is a check against edits and mix-ups, not a signature: whoever can write OUTPUT can also write the shards.
+The header (``parse_header``) must be exactly ``JournalHeader``'s fields, each of its type and range, or the resume
+is refused. A unit line (``parse_unit``) must be ``UnitRecord``'s fields plus ``line_sha256`` (``sealed``: over the
+header line and its own fields), name a bare spill file, and hang together (pointers, class counts, sums); else it
+is a ``DamagedUnit``, its group decoded again. The hash guards against edits and mix-ups, not forgery.
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ _POINTER_BYTES = 32  # four uint64 columns a record: sort key high, low, offset,
 
 
 class JournalHeader(NamedTuple):
-    """The journal's first line: the run's fingerprint, and what a resume must reuse to cut the same groups."""
+    """The journal's first line: the run's fingerprint, and what a resume reuses to cut the same groups."""
 
     version: int
     tool_version: str
@@ -64,7 +55,7 @@ class UnitRecord(NamedTuple):
 
 
 class DamagedUnit(NamedTuple):
-    """A unit line naming its group that failed a check: the group is decoded again; ``why`` says which check."""
+    """A unit line that failed a check (``why``): its group is decoded again."""
 
     split: str
     group: int
@@ -105,7 +96,7 @@ def summary_from_json(data: dict) -> sharding.RecordSummary:
 
 
 def pointer_columns(unit: UnitRecord) -> np.ndarray:
-    """The unit's RecordPointers columns (records x 4 uint64), from a line ``parse_unit`` accepted."""
+    """The unit's RecordPointers columns (records x 4 uint64)."""
     return np.frombuffer(base64.b64decode(unit.pointers), dtype=np.uint64).reshape(-1, 4).copy()
 
 
@@ -144,8 +135,7 @@ def parse_header(line: bytes, path: str) -> JournalHeader:
 
 
 def parse_unit(line: bytes, header_line: bytes) -> UnitRecord | DamagedUnit | None:
-    """A unit line read back: a UnitRecord that passed every check, a DamagedUnit naming its group and the check
-    it failed, or None for a line that names no group (not JSON, not an object, no split or group)."""
+    """A unit line read back: a UnitRecord that passed every check, a DamagedUnit, or None if it names no group."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):

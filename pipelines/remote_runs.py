@@ -1,10 +1,6 @@
-"""What ``--runner`` must be for a run to start, checked before anything runs (before planning lists SOURCE or
-validate lists DATA): a runner Beam has, and, on Dataflow, no local path where the workers read or write.
-
-Beam itself finds out late: a runner name it has not got is its error once the graph is built (after the whole
-SOURCE was planned), and a Dataflow job with a local SOURCE or OUTPUT is submitted (offline: ~2 minutes of silence,
-then a storage timeout) and fails on workers that cannot see this machine's files. Runner classification stays in
-``pipelines/runner.py``; this module only reads ``--runner`` through it. No Beam graph.
+"""What ``--runner`` must be for a run to start, checked before planning lists SOURCE (or validate lists DATA): a
+runner Beam has, and on Dataflow no local path where the workers read or write. Beam itself would find out late:
+after planning, or after a Dataflow job was submitted and failed on workers that cannot see this machine's files.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from shardprep.pipelines import runner, source_registry, storage
 from shardprep.preprocess import sources, text
 
-# --runner as Beam's create_runner resolves it: a known runner's lower-case class name (or that name without its
-# "runner" suffix), else the name as given, which Beam imports when it holds a module path.
+# --runner as Beam resolves it: a known runner's lower-case name (with or without "runner"), else a module path.
 _KNOWN = {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
 DATAFLOW_RUNNERS = ("DataflowRunner", "TestDataflowRunner")
 # Inputs planning reads on this machine, never a worker (their rows become the graph's first elements).
@@ -63,8 +58,7 @@ def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
 
 
 def preprocess_refusal(config, beam_args: list[str]) -> str | None:
-    """Why a preprocess run of ``config`` on ``beam_args`` cannot start, else None; SOURCE's text is read only for a
-    Dataflow run."""
+    """Why a preprocess run of ``config`` on ``beam_args`` cannot start, else None."""
     return refusal(beam_args, preprocess_paths(config) if on_dataflow(beam_args) else [])
 
 
@@ -75,8 +69,7 @@ def validate_refusal(data: str, tfds_data_dir: str | None, beam_args: list[str])
 
 
 def no_results_location(beam_args: list[str]) -> str | None:
-    """Why validate's workers would have nowhere to write their result lines (a runner not on this machine, and no
-    ``--temp_location``), else None."""
+    """Why validate's remote workers would have nowhere to write their results (no ``--temp_location``)."""
     if runner.runs_locally(beam_args) or PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location:
         return None
     return (f"validate with --runner={runner.runner_name(beam_args)} needs --temp_location (a bucket path its "
@@ -84,8 +77,7 @@ def no_results_location(beam_args: list[str]) -> str | None:
 
 
 def preprocess_paths(config) -> list[tuple[str, str]]:
-    """What a preprocess run's workers read and write: SOURCE's inputs, as its kind names them from its text (a
-    ``tfds:`` source's data dir), and OUTPUT."""
+    """What a preprocess run's workers read and write: SOURCE's inputs, as its kind names them, and OUTPUT."""
     kind = source_registry.kind_of(config.source)
     inputs = kind.apart_from(kind.location(config.source), config)
     return _unique([(found.what, found.path) for found in inputs if found.what not in _READ_WHEN_PLANNING]
@@ -112,7 +104,7 @@ class _TFDSDataDir:
 
 
 def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """``paths`` without a second entry for a path already named (a literal glob is its file and its glob)."""
+    """``paths`` without a second entry for a path already named."""
     unique: dict[str, str] = {}
     for what, path in paths:
         unique.setdefault(path, what)

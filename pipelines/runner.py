@@ -1,9 +1,5 @@
-"""Choosing the Beam runner: local multi-process without network access, or whatever ``--runner`` says.
-
-Without ``--runner`` in the pass-through Beam options, pipelines run on Beam's FnApiRunner in multi-processing mode
-(one SDK worker process per core, talking gRPC on loopback). Beam's default and DirectRunner would first try to
-download the Prism runner binary, which fails offline, so they are never picked implicitly.
-"""
+"""Choosing the Beam runner: without ``--runner``, Beam's FnApiRunner, multi-process, offline (Beam's default and
+DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only."""
 
 from __future__ import annotations
 
@@ -20,12 +16,10 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from shardprep.pipelines import stopping
 
-# Runners whose SDK workers run on this machine and so share its file system: Beam's DirectRunner (and the names it
-# goes by), FnApiRunner and PrismRunner. Lower-case, as ``--runner`` is matched without case; "" is no --runner.
+# Runners whose workers share this machine's file system, lower-case ("": no --runner).
 LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
                       "fnapirunner", "prismrunner")
-# make_pipeline builds the FnApiRunner itself (offline, multi-process); Beam's DirectRunner, named, would first fetch
-# its Prism runner from github.com (and run on the FnApiRunner offline, after the failed lookup).
+# make_pipeline builds the FnApiRunner itself; Beam's DirectRunner, named, would first fetch Prism from github.com.
 _OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner", "directrunner")
 
 
@@ -41,14 +35,8 @@ def _normalized(name: str) -> str:
 
 
 def runs_locally(beam_args: list[str]) -> bool:
-    """True when the pipeline's workers run on this machine and share its file system: no ``--runner``, or
-    DirectRunner, FnApiRunner or PrismRunner (any case, with or without the ``Runner`` suffix or module path).
-
-    The one test of a local runner for every caller (``storage.is_local`` is the other question: whether a path
-    is on this machine's file system). Preprocess: live progress (workers write counts to a local
-    folder the launcher polls) and two decode groups per local worker. Validate: the workers can write their result
-    lines into a local temporary folder, so no ``--temp_location`` is needed.
-    """
+    """True when the workers run on this machine and share its file system (no ``--runner``, or DirectRunner,
+    FnApiRunner or PrismRunner in any spelling): the one test of a local runner for every caller."""
     return _normalized(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
 
 
@@ -60,14 +48,9 @@ def template_location(beam_args: list[str]) -> str | None:
 
 
 class ViewsMadeOnce(PipelineOptions):
-    """``PipelineOptions`` that make each view (``view_as(TypeOptions)``…) once and hand the same one out after.
-
-    Beam makes a view by building an argparse parser of every option the view's class knows and parsing the flags
-    again (~1 ms), and building a graph asks for views ~500 times (the type checks read ``TypeOptions`` at every
-    transform): ~0.3 s of CPU before a local run's first decode. Every view of one options object shares its values
-    (one dict), so handing out the same view is what a new one would be. The views are not part of the pickled or
-    copied state (``Pipeline`` deep-copies its options): a copy makes its own.
-    """
+    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as`` (~1 ms), and
+    building a graph asks ~500 times (~0.3 s of CPU). Views share their values, so the same view is what a new one
+    would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
 
     def view_as(self, cls):
         views = self.__dict__.get("_views")
@@ -98,19 +81,16 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
-# What one local SDK worker process must have to do before starting it pays: a folder of 128 MiB of photos took as
-# long in-process as on two workers, both when a worker cost ~3 s to start (a new interpreter importing Beam) and
-# since workers are forked from the worker zygote (~0.3 s): on this 2-vCPU VM two processes do only ~1.1x one
-# (BENCHMARKS.md, "Local workers sized to the work"). Reading and checking shards costs less per byte than decoding.
+# The work one local worker process must have before starting it pays (BENCHMARKS.md, "Local workers sized to the
+# work": 128 MiB of photos took as long in-process as on two forked workers). Reading shards costs less than decoding.
 PREPROCESS_BYTES_PER_WORKER = 128 * 2**20
 VALIDATE_BYTES_PER_WORKER = 256 * 2**20
 
 
 def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) -> list[str]:
-    """``beam_args`` with the local worker processes fitted to the work, where the user chose none (no
-    ``--runner``, ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker`` of input, at
-    most one per core; work for one worker or less runs in this process (``in_memory``), starting no worker
-    process at all. Other ``beam_args`` are returned as they are."""
+    """``beam_args`` with local workers fitted to the work where the user chose none (no ``--runner``,
+    ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker``, at most one per core;
+    one worker's work or less runs in this process (``in_memory``)."""
     chosen = ("--runner", "--direct_num_workers", "--direct_running_mode")
     if any(arg.startswith(chosen) for arg in beam_args):
         return beam_args
@@ -134,18 +114,10 @@ _M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
 
 @contextlib.contextmanager
 def malloc_arenas_limited():
-    """Caps glibc's malloc arenas for the worker processes a local run starts, and for this process, while it runs.
-
-    glibc gives threads (gRPC's, Beam's) arenas of their own, up to 8 per core, and keeps what each arena freed.
-    On the local runner every stage hands a worker its whole share of the dataset at once, so the memory freed after
-    each stage was kept, arena by arena, and a run's peak grew with its number of inputs. Two arenas cut that growth
-    by about 40 % (see BENCHMARKS.md) at no measurable cost in speed. A MALLOC_ARENA_MAX the user set is kept.
-
-    ``MALLOC_ARENA_MAX`` (read by each worker process at its start) is set only inside the context and removed
-    afterwards. The cap on this already running process (``mallopt``) stays after the run: glibc cannot take it
-    back (mallopt takes no "unlimited" value, and arenas already made are never freed), and two arenas is only a
-    limit on how many more it makes.
-    """
+    """Caps glibc's malloc arenas at two for the run's worker processes (``MALLOC_ARENA_MAX``, inside the block
+    only) and for this process (``mallopt``, which glibc cannot take back): each thread's arena kept what a stage
+    freed, so a local run's peak grew with its inputs; two arenas cut that growth ~40 % (BENCHMARKS.md) at no
+    measurable cost. A MALLOC_ARENA_MAX the user set is kept."""
     if "MALLOC_ARENA_MAX" in os.environ:
         yield
         return
@@ -163,20 +135,16 @@ def malloc_arenas_limited():
 
 
 def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
-    """Runs ``pipeline`` (from ``make_pipeline``) to its end and returns its result; ``submitted()`` is called once
-    the runner has the job (a remote one: it runs on after a stop here).
-
-    A run on shardprep's local runner goes with the malloc cap (``malloc_arenas_limited``), the workers' stderr
-    held back (``worker_stderr_held``), and stoppable with Ctrl-C or ended by a failed worker process
-    (``stopping.run_stoppable``): FnApiRunner runs the whole pipeline inside ``run()``.
-    """
+    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. The local
+    runner (the whole run inside ``run()``) goes with the malloc cap, the workers' stderr held, and stoppable
+    (``stopping.run_stoppable``)."""
     with worker_stderr_held(uses_worker_processes(beam_args)):
         if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
             with malloc_arenas_limited():
                 try:
                     result = stopping.run_stoppable(pipeline.run)
-                except BaseException:  # a stop or a failed worker: pipeline.run is left on its thread, its own
-                    shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)  # clean-up of this folder never runs
+                except BaseException:  # pipeline.run is left on its thread: its own clean-up never runs
+                    shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
                     raise
         else:
             result = pipeline.run()
@@ -186,8 +154,8 @@ def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: 
 
 
 def worker_zygote_for(beam_args: list[str]):
-    """A worker zygote (``worker_zygote``) for the block, if a run of ``beam_args`` may use local worker processes:
-    call it early, before anything starts a thread. Runs made meanwhile fork their workers from it."""
+    """A worker zygote for the block if a run of ``beam_args`` may use local worker processes (call it before
+    anything starts a thread)."""
     from shardprep.pipelines import worker_zygote
 
     own_runner = _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
@@ -195,13 +163,10 @@ def worker_zygote_for(beam_args: list[str]):
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
-    """A ``beam.Pipeline`` for ``beam_args`` (the Beam options after ``--`` on the command line); run it with
-    ``run_to_end``."""
+    """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
     options = pipeline_options(beam_args)
     if _normalized(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
-        from shardprep.pipelines import staging
-
-        staging.stage_worker_requirements_only()  # --setup_file: the workers install only what they import
+        stage_worker_requirements_only()
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -213,17 +178,26 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
     zygote.prepare()  # the workers' own imports, while the graph is built
-    # Each worker started by the zygote's command. FnApiRunner puts its own command in place of the environment it
-    # was given in multi_processing mode only; in in_memory mode it keeps it, and still starts direct_num_workers.
+    # Workers started by the zygote's command, through FnApiRunner's public default_environment: in in_memory mode
+    # FnApiRunner keeps it (multi_processing puts its own in place) and still starts direct_num_workers of them.
     options.view_as(DirectOptions).direct_running_mode = "in_memory"
     logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
     environment = SubprocessSDKEnvironment.from_command_string(zygote.worker_command())
     return beam.Pipeline(runner=FnApiRunner(default_environment=environment), options=options)
 
 
+# "1" while Beam builds the sdist of --setup_file (in a child process, with this environment): setup.py then writes
+# the WORKER_SDIST file into it, so that the Dataflow workers install only what they import (setup.py's docstring).
+WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"
+
+
+def stage_worker_requirements_only() -> None:
+    """Marks the sdist Beam builds in ``Pipeline.run`` as the workers' (harmless where none is built)."""
+    os.environ[WORKER_SDIST_ENV] = "1"
+
+
 def _no_in_memory_warning(record: logging.LogRecord) -> bool:
-    """Drops FnApiRunner's warning that in_memory mode with several workers wants multi_processing (make_pipeline
-    asks for it on purpose: its workers are processes all the same)."""
+    """Drops FnApiRunner's warning about in_memory with several workers (make_pipeline's workers are processes)."""
     return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
 
 
@@ -232,14 +206,9 @@ class BeamArgsError(ValueError):
 
 
 def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
-    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run.
-
-    A token that is not an option and not the value of the option before it (``--runner DataflowRunner``) is a
-    stray positional argument (``shardprep preprocess SRC OUT EXTRA``): click hands it over with the Beam options.
-    An option no Beam options class knows (Beam drops it with a log line) is refused by name: one of the command's
-    own ``own_options`` put after ``--``, or a misspelling (``--direct_num_worker``); so is a malformed value of any
-    Beam option (which Beam reports with its whole usage, exit 2, once the run starts).
-    """
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray positional
+    argument, an option no Beam options class knows (one of the command's ``own_options``, or a misspelling), a
+    malformed value, fewer than one worker, or several worker threads."""
     previous_takes_value = False
     for token in beam_args:
         if token.startswith("-") and token != "-":
@@ -248,16 +217,7 @@ def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ..
         if not previous_takes_value:
             raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
         previous_takes_value = False
-    import io
-
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):  # argparse prints its usage, then exits, on a malformed option
-            direct = PipelineOptions(beam_args).view_as(DirectOptions)
-            direct.direct_running_mode  # noqa: B018 - parsing happens on first access
-    except (SystemExit, Exception) as e:  # noqa: BLE001
-        reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
-        raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
+    direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
     workers = direct.direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
         raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
@@ -266,20 +226,30 @@ def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ..
     _check_running_mode(beam_args)
 
 
-def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
-    """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
-    import difflib
+def _parsed(parse):
+    """``parse()``, or BeamArgsError with argparse's reason (it prints its usage, then exits, on a bad option)."""
     import io
 
-    parsers: list = []
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
-            _, unknown = parsers[0].parse_known_args(beam_args)
+            return parse()
     except (SystemExit, Exception) as e:  # noqa: BLE001
         reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
         raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
+
+
+def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
+    """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
+    import difflib
+
+    parsers: list = []
+
+    def parse():
+        PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
+        return parsers[0].parse_known_args(beam_args)[1]
+
+    unknown = _parsed(parse)
     for token in unknown:
         name = token.split("=", 1)[0]
         if name in own_options:
@@ -293,10 +263,8 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
 
 
 def _check_running_mode(beam_args: list[str]) -> None:
-    """Beam's FnApiRunner with worker threads (``multi_threading``) and more than one of them decodes data its
-    workers sent as other data when grouping it: a plain ``GroupByKey`` of 1.28 M small ``(str, bytes)`` pairs fails
-    every time with Beam 2.77 (and validate failed 1 run in 2 at 128,000 records); where the corrupted bytes happen
-    to decode, the result would be silently wrong. One thread is one worker handler and is not affected."""
+    """Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping (a
+    ``GroupByKey`` of 1.28 M small pairs fails every time; where corrupt bytes decode, silently wrong): refused."""
     if not runs_locally(beam_args):
         return
     options = pipeline_options(beam_args).view_as(DirectOptions)
@@ -313,11 +281,8 @@ _hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verb
 
 
 def quiet_beam_logging(verbose: bool = False) -> None:
-    """Beam's local job service logs every worker's start-up warnings, and a failed worker's traceback (tens of lines
-    each, while the job's own error says what failed in one); a CLI user needs none of them unless ``verbose``.
-
-    Without ``verbose`` the local workers' stderr is also held back during a run (``worker_stderr_held``).
-    """
+    """Beam's workers' start-up warnings and tracebacks (the job's own error says what failed, in one line) are
+    silenced, and the local workers' stderr held during a run (``worker_stderr_held``), unless ``verbose``."""
     global _hide_worker_traces
     _hide_worker_traces = not verbose
     level = logging.WARNING if verbose else logging.CRITICAL
@@ -339,16 +304,10 @@ def uses_worker_processes(beam_args: list[str]) -> bool:
 
 @contextlib.contextmanager
 def worker_stderr_held(enabled: bool):
-    """While a local run goes, the SDK worker processes' stderr (they inherit this process's fd 2) goes to a pipe.
-
-    Beam's worker prints every failed bundle's chained traceback there (sdk_worker._execute: 70-140 lines for a
-    ``--strict`` failure, a full disk or a killed sibling), before the job's own one-line error. A run that fails
-    drops them (``--verbose`` shows them, and the full chain); a run that succeeds passes on whatever was held.
-    This process's own stderr (the progress display) keeps going to the terminal through a stream of its own on a
-    copy of the terminal's descriptor. That stream is never closed under anyone: whatever saved it as
-    ``sys.stderr`` meanwhile and puts it back later (a display started inside this block) still writes to the
-    terminal, where a closed descriptor would fail at exit ("lost sys.stderr", exit status 120).
-    """
+    """While a local run goes, fd 2 (inherited by the workers) is a pipe: a worker prints each failed bundle's
+    traceback (70-140 lines) before the job's one-line error. A failed run drops them, a finished one passes them
+    on. This process writes to the terminal through a stream on a copy of its descriptor, never closed under
+    whoever saved it as ``sys.stderr`` meanwhile (a closed one fails at exit: "lost sys.stderr", status 120)."""
     if not (enabled and _hide_worker_traces):
         yield
         return
@@ -363,8 +322,7 @@ def worker_stderr_held(enabled: bool):
     held = bytearray()
     drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
     drainer.start()
-    # The runner's gRPC threads die with tracebacks of their own when a worker is killed ("Exception in thread
-    # run_worker: ... RuntimeError: Worker subprocess exited with return code 137"): held too.
+    # The runner's threads die with tracebacks of their own when a worker is killed: held too.
     thread_errors, own_excepthook = [], threading.excepthook
     threading.excepthook = thread_errors.append
     sys.stderr = terminal
@@ -408,8 +366,7 @@ def _drain(read_end: int, held: bytearray) -> None:
 
 
 def _close_unless_kept(stream) -> None:
-    """Closes ``stream`` unless something besides the caller still refers to it; it then closes with its last
-    reference, and writes to the terminal until then."""
+    """Closes ``stream`` unless something besides the caller still refers to it (it closes with its last one)."""
     if sys.getrefcount(stream) <= 3:  # the caller's name, this argument, getrefcount's own argument
         stream.close()
 

@@ -1,10 +1,5 @@
-"""Spill files: where decoded records wait under OUTPUT/.tmp/ between decoding and shard writing.
-
-:class:`SpillWriter` appends framed records to one new file (a decode group's, or a bundle's) and hashes them;
-:class:`SpillReader` reads records back by (file, offset, size) for a shard writer and owns the thread pool that
-overlaps remote reads (created on first remote read, shut down by :meth:`SpillReader.close`); :func:`remove_spill`
-deletes the folder's files, the journal last, once the manifest is written.
-"""
+"""Spill files: decoded records under OUTPUT/.tmp/ between decoding and shard writing (``SpillWriter``), read back by
+(file, offset, size) (``SpillReader``), removed once the manifest is written (``remove_spill``)."""
 
 from __future__ import annotations
 
@@ -62,8 +57,7 @@ class SpillWriter:
 
 
 def remove_spill(output: str) -> None:
-    """Deletes OUTPUT/.tmp/ once the manifest is written (the last step of a run: until then the journal there is
-    what a resume finishes from)."""
+    """Deletes OUTPUT/.tmp/ once the manifest is written (until then its journal is what a resume starts from)."""
     if is_local(output):
         remove_local_spill(output)
         return
@@ -73,9 +67,8 @@ def remove_spill(output: str) -> None:
 
 
 def remove_local_spill(output: str) -> None:
-    """Deletes the files a run writes in a local OUTPUT/.tmp/ (regular files with its names, never through a link),
-    the journal last, then the folder if that leaves it empty: a kill at any point leaves either the journal, or
-    nothing of the run's under ``.tmp/``. Anything else found there is left where it is."""
+    """Deletes a run's files in a local OUTPUT/.tmp/ (never through a link), the journal last (a kill leaves the
+    journal or nothing), then the folder if empty; anything else stays."""
     folder = manifest.join(output, SPILL_DIR)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
@@ -93,25 +86,16 @@ def remove_file(path: str) -> None:
 
 
 class SpillReader:
-    """Reads framed records back from spill files, one at a time, in the order asked.
-
-    Local spill files are read with ``os.pread`` from the page cache. Remote ones (gs://) are read with
-    record-sized reads on this reader's thread pool, at most SPILL_READ_AHEAD records ahead of the caller. The pool
-    is made on the first remote read and lives until :meth:`close` (a shard writer's DoFn.teardown): one pool for
-    every shard the writer writes, not one per shard, because glibc gives new threads their own malloc arenas and
-    keeps what they freed, so fresh threads for every shard left a worker holding about one shard per arena.
-    Usable as a context manager.
-    """
+    """Reads framed records back from spill files, in the order asked: local ones with ``os.pread``, remote ones
+    with record-sized reads on a thread pool, SPILL_READ_AHEAD ahead. One pool per reader until :meth:`close` (a
+    shard writer's teardown): fresh threads per shard each kept a malloc arena holding about a shard."""
 
     def __init__(self, threads: int = SPILL_READ_THREADS, read_ahead: int = SPILL_READ_AHEAD):
         self.threads, self.read_ahead = threads, read_ahead
         self._pool: ThreadPoolExecutor | None = None
 
     def records(self, pointers):
-        """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time, in the order given.
-
-        A shard writer thus holds a few records, not its shard (up to ~200 MB by default).
-        """
+        """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time."""
         pointers = list(pointers)
         if not pointers:
             return
@@ -154,7 +138,7 @@ class SpillReader:
 
 
 class _RecordStreams:
-    """One open read stream per (thread, spill file) for one shard's remote reads, closed together at the end."""
+    """One read stream per (thread, spill file) for one shard's remote reads, closed together."""
 
     def __init__(self, pointers):
         self.largest: dict[str, int] = {}
@@ -183,14 +167,12 @@ class _RecordStreams:
 
 
 def open_for_record_reads(path: str, largest_record: int):
-    """A read stream whose buffering fits single-record reads.
-
-    Beam's GCS reader otherwise fetches 16 MiB (its default buffer) for every read that misses its buffer; a
-    shard writer's records are scattered through each spill file, so that would read ~80x the data.
-    """
+    """A read stream buffered for single-record reads: Beam's GCS reader otherwise fetches 16 MiB (its default
+    buffer) on each miss, ~80x the data for a shard writer's scattered records (``GcsIO``, Beam's public API)."""
     if FileSystems.get_scheme(path) == "gs":
-        gcs = FileSystems.get_filesystem(path)._gcsIO()  # noqa: SLF001 - the only way to set Beam's buffer size
-        return gcs.open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
+        from apache_beam.io.gcp.gcsio import GcsIO
+
+        return GcsIO().open(path, "rb", read_buffer_size=max(largest_record, 64 * 1024))
     return FileSystems.open(path, mime_type="application/octet-stream",
                             compression_type=CompressionTypes.UNCOMPRESSED)
 

@@ -1,8 +1,5 @@
-"""Ctrl-C during a local Beam run: the run goes on a thread of its own while the main thread waits, so that a
-KeyboardInterrupt stops it, and the SDK worker processes it started are ended with it.
-
-No Beam import: this is plain process handling, for ``runner``'s local runner.
-"""
+"""Stopping a local Beam run (Ctrl-C, SIGTERM, SIGHUP, a failed or stopped worker): the run on a thread of its
+own while the main thread waits, its SDK worker processes ended with it. No Beam import."""
 
 from __future__ import annotations
 
@@ -23,16 +20,14 @@ STOPPED_WORKER_S = 60.0
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``, ``timeout``, a scheduler's stop), raised in the main thread by :func:`sigterm_stops`:
-    a command stops as on Ctrl-C (its workers ended, what was kept said), where Python would end it silently
-    (leaving its worker processes running and its lock file in place). ``by`` names it in messages."""
+    """SIGTERM, raised by :func:`sigterm_stops`: a command stops as on Ctrl-C, where Python would end it silently
+    (its workers running, its lock file left). ``by`` names it in messages."""
 
     by = "SIGTERM"
 
 
 class HungUp(KeyboardInterrupt):
-    """SIGHUP (the terminal closed, the ssh connection dropped), raised as :class:`Terminated` is: Python's default
-    ended the process at once, its worker processes and its temporary folders left behind."""
+    """SIGHUP (the terminal closed), raised as :class:`Terminated` is."""
 
     by = "SIGHUP"
 
@@ -43,8 +38,7 @@ def _raise_terminated(signum, frame) -> None:
 
 @contextlib.contextmanager
 def sigterm_stops():
-    """While the block runs, SIGTERM raises :class:`Terminated` and SIGHUP :class:`HungUp` (main thread only, where
-    Python runs handlers); a SIGHUP ignored (``nohup``) stays ignored."""
+    """In the block, SIGTERM raises :class:`Terminated`, SIGHUP :class:`HungUp` (main thread; ``nohup`` kept)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -58,8 +52,7 @@ def sigterm_stops():
 
 
 def exit_status(stop: BaseException) -> int:
-    """130 after Ctrl-C, 143 after SIGTERM (:class:`Terminated`), 129 after SIGHUP (:class:`HungUp`), as any stop
-    whose ``by`` says so."""
+    """130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (a stop's ``by``)."""
     return {"SIGTERM": TERMINATED, "SIGHUP": HUNG_UP}.get(getattr(stop, "by", "Ctrl-C"), INTERRUPTED)
 
 
@@ -86,8 +79,8 @@ class WorkerStopped(ChildProcessError):
 
 
 class _StoppedWorkers:
-    """The run's worker processes' states, looked at about once a second from ``/proc``: :meth:`check` raises
-    :class:`WorkerStopped` when one has stayed stopped (state T or t) for ``limit_s``."""
+    """:meth:`check` (about once a second, from ``/proc``) raises :class:`WorkerStopped` when a worker process has
+    stayed stopped (state T or t) for ``limit_s``."""
 
     def __init__(self, limit_s: float):
         self.limit_s, self.looked = limit_s, 0.0
@@ -108,27 +101,15 @@ class _StoppedWorkers:
 
 
 def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
-    """``run()`` (a local pipeline run) on a thread of its own, waited for here, so that Ctrl-C stops it, and so does
-    a worker process that failed.
-
-    On Beam's local runner, a KeyboardInterrupt in the thread that runs the pipeline can be swallowed by the runner
-    while its worker processes run on (a hang with SIGINT sent to this process alone), and the workers that a
-    terminal's Ctrl-C also reached die one by one with tracebacks. Here the main thread only waits: on
-    KeyboardInterrupt it stops the worker processes (``stop_worker_processes``; a run without them, in this process,
-    at its next input: ``check_not_stopped``), gives the run a few seconds to
-    unwind, and raises KeyboardInterrupt for the caller to report. A further Ctrl-C during those seconds is ignored.
-    A worker process stopped for ``stopped_limit_s`` ends the run the same way, raising :class:`WorkerStopped`.
-
-    A worker process that fails is reported by the runner on a thread of its own (``WORKER_FAILED``), and the run
-    fails with it, except for one that had not yet connected: the runner then waits for it forever. So the run
-    gets a few seconds to end on its own, then its workers are stopped and the failure is raised here.
-    """
+    """``run()`` (a local pipeline run) on a thread of its own, so that Ctrl-C stops it: the runner's own thread
+    could swallow the KeyboardInterrupt while its workers run on. On a stop the worker processes are ended (an
+    in-process run stops at its next input: ``check_not_stopped``), the run gets a few seconds to unwind, and the
+    stop is raised; so is :class:`WorkerStopped` after ``stopped_limit_s``. A worker that fails (``WORKER_FAILED``,
+    on a runner thread) ends the run after STOP_WAIT_S: one that never connected would be waited for forever."""
     if threading.current_thread() is not threading.main_thread():
         return run()  # only the main thread receives signals
     outcome: dict = {}
-    # Waited for through this Event, not Thread.join: a KeyboardInterrupt inside join can leave the Thread marked
-    # stopped while it runs on (Python 3.11's bpo-45274 handling releases the running thread's lock), and is_alive()
-    # then says False.
+    # An Event, not Thread.join: a KeyboardInterrupt inside join can mark a running thread stopped (bpo-45274).
     finished = threading.Event()
 
     def target():
@@ -160,8 +141,7 @@ def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
 
 @contextlib.contextmanager
 def _worker_failures():
-    """A list that gets each worker process failure the runner's threads raise while the block runs (they go on
-    to the thread hook that was there: held back with the workers' stderr, or printed)."""
+    """A list of the worker failures the runner's threads raise in the block (passed on to the previous hook)."""
     failures: list[BaseException] = []
     outer = threading.excepthook
 
@@ -179,8 +159,8 @@ def _worker_failures():
 
 
 def _end_run(finished: threading.Event, status: int) -> None:
-    """Stops the run whose thread sets ``finished``: its worker processes ended, a few seconds to unwind, else the
-    process exits with ``status`` at interpreter exit. Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile."""
+    """Ends the workers, gives the run's thread a few seconds, else exits with ``status`` at interpreter exit;
+    Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile."""
     previous = {number: signal.signal(number, signal.SIG_IGN)
                 for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -194,12 +174,9 @@ def _end_run(finished: threading.Event, status: int) -> None:
 
 
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
-    """At interpreter exit (``atexit``), while the run's thread stopped by Ctrl-C (or left waiting for a failed
-    worker) has still not unwound: ends the process with ``status`` (130; 143 after SIGTERM; 1) before Python
-    finalizes. Finalizing ends a daemon thread with ``pthread_exit`` when it next takes the interpreter lock, and
-    one coming back from a C++ library (OpenCV's resize in a long decode) unwinds through frames that may not be
-    left that way: the process aborted (status 134, "terminate called without an active exception") after the stop
-    lines. The run's files are as a kill leaves them, which resume handles."""
+    """At exit, while the stopped run's thread has not unwound: ends the process with ``status`` before Python
+    finalizes, which would ``pthread_exit`` a thread inside OpenCV and abort (status 134). Its files are as a kill
+    leaves them, which resume handles."""
     if finished.is_set():
         return
     for stream in (sys.stdout, sys.stderr):
@@ -209,8 +186,7 @@ def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED
 
 
 def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
-    """Ends the Beam SDK worker processes under this process (and the shells that started them): SIGTERM, then
-    SIGKILL for any left after ``wait_s``. Returns their ids. Linux (``/proc``); elsewhere none are found."""
+    """SIGTERM, then after ``wait_s`` SIGKILL, to the SDK worker processes under this one (``/proc``); their ids."""
     workers = worker_processes(os.getpid())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in workers:
@@ -224,20 +200,21 @@ def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
 
 
 def worker_processes(pid: int) -> list[int]:
-    """The Beam SDK worker processes under ``pid``: started as new interpreters (their command line names Beam's
-    worker module; the shells that started them too), or forked by the worker zygote (their process name)."""
+    """The SDK worker processes under ``pid``: Beam's worker module on their command line (and their shells), or
+    the zygote's worker name."""
     from shardprep.pipelines.worker_zygote import WORKER_NAME
 
-    return [child for child in _descendants(pid)
-            if b"apache_beam.runners.worker" in _cmdline(child) or _name(child) == WORKER_NAME]
+    return [child for child in _descendants(pid) if b"apache_beam.runners.worker" in _proc(child, "cmdline")
+            or _proc(child, "comm").strip() == WORKER_NAME.encode()]
 
 
-def _name(pid: int) -> str:
+def _proc(pid, name: str) -> bytes:
+    """``/proc/PID/NAME``; b"" once the process is gone."""
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
     except OSError:
-        return ""
+        return b""
 
 
 def _descendants(pid: int) -> list[int]:
@@ -260,33 +237,20 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stat(pid) -> list[str] | None:
-    """(state, parent id, ...) of a process: the fields of ``/proc/PID/stat`` after its command name."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
-    except (OSError, IndexError):
-        return None
+    """(state, parent id, ...): the fields of ``/proc/PID/stat`` after its command name."""
+    fields = _proc(pid, "stat").rsplit(b")", 1)
+    return fields[1].decode().split() if len(fields) == 2 else None
 
 
 def _running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (one that exited and waits to be reaped)."""
+    """True while ``pid`` exists and is not a zombie."""
     stat = _stat(pid)
     return bool(stat) and stat[0] != "Z"
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 @contextlib.contextmanager
 def sigint_deferred():
-    """Ctrl-C (or SIGTERM) inside the block takes effect when it ends (for restoring what must not be left half
-    done, such as file descriptor 2). Main thread only, where Python runs signal handlers; elsewhere the block runs
-    as is."""
+    """Ctrl-C or SIGTERM in the block takes effect when it ends (fd 2 restored first); main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,17 +1,7 @@
-"""Where the preprocess job may write: local vs remote paths, resolved paths, OUTPUT apart from every input, what
-``--overwrite`` may delete, and the output lock.
-
-Every check here runs on the launching machine before anything under OUTPUT is created or deleted:
-
-* ``keep_apart``: OUTPUT never equals, contains or lies inside an input (what the source's kind names: SOURCE, each
-  ``tfrecord:`` file and its glob's folder, ``--labels-file``, a ``tfds:`` data dir). Local paths are compared as
-  resolved real paths (symlinks, ``..``, ``.``, trailing slashes), remote ones (``gs://``) as normalized prefixes.
-* ``atomic_write``: every file a run finishes (a streamed shard, the manifest) appears whole or not at all.
-* ``prepare_output``: a non-empty OUTPUT needs ``--overwrite``, and ``--overwrite`` deletes only what a shardprep
-  run writes (``deletable``), file by file, then the folders that leaves empty; a folder holding anything else is
-  refused, naming it, and nothing is deleted. A run writes only regular files and folders, so a link, a FIFO or a
-  device inside OUTPUT is never ours: it is refused, not followed and not deleted.
-The output lock is ``shardprep.pipelines.output_lock``.
+"""Where the preprocess job may write, checked on the launcher before OUTPUT is touched: local or remote paths,
+OUTPUT apart from every input (``keep_apart``: resolved real paths, or normalized ``gs://`` prefixes), files that
+appear whole (``atomic_write``), and what ``--overwrite`` may delete (``deletable``: a run writes only regular files
+and folders, so a link, FIFO or device in OUTPUT is refused, never followed or deleted). The lock: ``output_lock``.
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ from shardprep.preprocess import manifest
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
 JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
 _TOP_LEVEL_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME, manifest.LOCK_NAME)
-# What a run writes under OUTPUT/.tmp/ (one level, no folders): spill files, the journal and listing, and the
-# temporaries atomic_write makes of those two.
+# What a run writes under OUTPUT/.tmp/: spill files, the journal and listing, and their atomic_write temporaries.
 _SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jsonl"
                           r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
 _TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
@@ -79,11 +68,8 @@ def temporary_path(path: str) -> str:
 
 
 def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "application/octet-stream") -> Written:
-    """Writes ``data`` (bytes, or an iterable of byte chunks written in turn) to ``path``, local or any Beam file
-    system (``gs://``), so that ``path`` appears only once complete: written under ``temporary_path(path)``, then
-    renamed (on ``gs://`` a rename is a copy and a delete). On any error the temporary file is deleted and the error
-    raised as it came; ``path`` is left as it was. Returns the bytes, the chunks and the sha256 written.
-    """
+    """Writes ``data`` (bytes or byte chunks) under ``temporary_path(path)``, then renames it to ``path`` (local or
+    any Beam file system); on any error the temporary is deleted and ``path`` left as it was."""
     chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
     temporary = temporary_path(path)
     digest, num_bytes, num_chunks = hashlib.sha256(), 0, 0
@@ -103,8 +89,7 @@ def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "app
 
 
 def resolved(path: str) -> str:
-    """A path to compare: local ones absolute with symlinks and ``..`` resolved, remote ones normalized (no ``..``,
-    ``.``, doubled or trailing slashes); ``file://`` URLs as local paths."""
+    """A path to compare: local ones real and absolute, remote ones normalized; ``file://`` URLs as local."""
     if path.startswith("file://"):
         path = path[len("file://"):]
     if is_local(path):
@@ -116,8 +101,7 @@ def resolved(path: str) -> str:
 
 
 def inside(path: str, folder: str) -> bool:
-    """True when resolved ``path`` is ``folder`` or lies under it (a whole-component prefix: ``gs://b/xy`` is not
-    inside ``gs://b/x``). Both arguments must already be ``resolved``."""
+    """True when resolved ``path`` is resolved ``folder`` or under it, by whole components."""
     if path == folder:
         return True
     return path.startswith(folder if folder.endswith("/") else folder + "/")
@@ -144,8 +128,7 @@ def glob_folder(pattern: str) -> str:
 
 
 def keep_apart(output: str, inputs) -> None:
-    """Refuses an OUTPUT that overlaps one of ``inputs`` (``source_kind.ApartFrom``: what, path, and whether it is a
-    glob or a file a glob matched), naming the first."""
+    """Refuses an OUTPUT that overlaps one of ``inputs`` (``source_kind.ApartFrom``), naming the first."""
     for found in inputs:
         if found.glob:
             check_apart_from_glob(output, found.path, found.what)
@@ -176,8 +159,7 @@ def check_apart_from_files(output: str, files, what: str) -> None:
 
 
 def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecords") -> None:
-    """A glob of inputs (``what``): OUTPUT must not be or contain its folder, nor lie inside it when the glob
-    recurses (``**``: the next run would read the shards as input)."""
+    """OUTPUT must not be or contain a glob's folder, nor lie inside it when the glob recurses (``**``)."""
     folder = glob_folder(pattern)
     how = overlap(output, folder)
     if how in ("is", "contains") or (how == "is inside" and "**" in pattern):
@@ -189,9 +171,8 @@ def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecord
 # --- what OUTPUT may hold ------------------------------------------------------------------------------------------
 
 def deletable(relative: str) -> bool:
-    """True for what a shardprep run writes into OUTPUT (``relative`` to it, '/'-separated): manifest, rejects, lock
-    and the temporaries of the first two, the ``.tmp/`` folder and the files a run writes in it (spill files,
-    journal, listing), and in a split folder its shards and their ``.tmp-*`` temporaries."""
+    """True for what a run writes into OUTPUT (``relative``, '/'-separated): manifest, rejects, lock and their
+    temporaries, ``.tmp/`` and its files, a split folder's shards and their temporaries."""
     parts = relative.strip("/").split("/")
     if len(parts) == 1:
         return (parts[0] in _TOP_LEVEL_FILES or parts[0] == SPILL_DIR
@@ -207,9 +188,8 @@ def deletable(relative: str) -> bool:
 
 
 def foreign_files(output: str, existing: list[str]) -> list[str]:
-    """The paths of ``existing`` (files under OUTPUT) that no shardprep run wrote, each with what it is when that
-    is not a plain file ("a link to ...", "a FIFO"): a run writes only regular files and folders. An empty folder is
-    foreign only where a run makes none (deeper than a split folder, or inside ``.tmp/``)."""
+    """The paths of ``existing`` that no run wrote, with what each is when not a plain file; an empty folder only
+    where a run makes none (deeper than a split folder, or inside ``.tmp/``)."""
     base = output.rstrip("/") + "/"
     foreign = []
     for path in existing:
@@ -229,8 +209,7 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
 
 
 def special_kind(path: str) -> str | None:
-    """What a local path is when it is not a regular file: 'folder', 'a link to T', 'a FIFO', 'a socket', 'a
-    device'; None for a regular file (or one that is gone)."""
+    """'folder', 'a link to T', 'a FIFO', 'a socket' or 'a device'; None for a regular file or none."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -245,8 +224,7 @@ def special_kind(path: str) -> str | None:
 
 
 def regular_entries(folder: str) -> list[str]:
-    """The names in a local ``folder`` that a run may touch, sorted; OutputError when the folder is a link, or
-    holds anything but regular files (a run writes no folder, link or FIFO there): nothing is touched then."""
+    """The names in a local ``folder``, sorted; OutputError when it is a link or holds anything but regular files."""
     try:
         mode = os.lstat(folder).st_mode
     except FileNotFoundError:
@@ -264,8 +242,7 @@ def regular_entries(folder: str) -> list[str]:
 
 
 def existing_files(output: str) -> list[str]:
-    """Every file under OUTPUT except the lock (locally, empty sub-folders and symlinks count too; links are listed,
-    never followed)."""
+    """Every file under OUTPUT but the lock (locally empty folders and links too, never followed)."""
     lock = manifest.join(output, manifest.LOCK_NAME)
     if not is_local(output):
         return sorted(m.path for m in FileSystems.match([manifest.join(output, "**")])[0].metadata_list
@@ -285,45 +262,28 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file or a dangling link, or whose nearest existing folder is a dangling link
-    or cannot be written."""
+    """Refuses a local OUTPUT that is a file, or a dangling link or is under one, or whose nearest existing folder
+    cannot be written."""
     if not is_local(output):
         return
-    dangling = dangling_link(output)
-    if dangling:
-        raise OutputError(f"OUTPUT {output} cannot be created: {dangling}; pick another OUTPUT")
-    if os.path.lexists(output) and not os.path.isdir(output):
-        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
     probe = os.path.abspath(output)
     while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
+        if os.path.islink(probe):
+            raise OutputError(f"OUTPUT {output} cannot be created: {probe} is a link to {os.readlink(probe)}, which "
+                              "does not exist; pick another OUTPUT")
+        if os.path.dirname(probe) == probe:
             break
-        probe = parent
+        probe = os.path.dirname(probe)
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
     if not os.path.isdir(probe):
         raise OutputError(f"OUTPUT {output} cannot be created: {probe} is not a folder; pick another OUTPUT")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputError(f"OUTPUT {output} cannot be written: no write permission on {probe}; pick another OUTPUT")
 
 
-def dangling_link(path: str) -> str | None:
-    """'L is a link to T, which does not exist' for the first dangling link on the way to ``path`` (itself
-    included), else None."""
-    probe = os.path.abspath(path)
-    while True:
-        if os.path.islink(probe) and not os.path.exists(probe):
-            return f"{probe} is a link to {os.readlink(probe)}, which does not exist"
-        if os.path.exists(probe):
-            return None
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return None
-        probe = parent
-
-
 def check_replaceable(output: str, overwrite: bool) -> list[str]:
-    """Refuses an OUTPUT holding anything a shardprep run did not write (read-only: runs before the lock is taken, so
-    a refused run leaves not even a lock file in someone's folder); returns the files found."""
+    """Refuses an OUTPUT holding anything no run wrote (before the lock: a refusal leaves nothing); its files."""
     existing = existing_files(output)
     foreign = foreign_files(output, existing)
     if foreign and not overwrite:
@@ -339,13 +299,8 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
 
 
 def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
-    """Refuses a non-empty OUTPUT unless ``overwrite``, and one holding anything a shardprep run did not write even
-    then; removes the old manifest first, and the rest after it. ``stale_lock``: what the lock file of a run that
-    stopped without finishing said (``output_lock``), named in the refusal.
-
-    Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
-    describes shards which are no longer there.
-    """
+    """Refuses a non-empty OUTPUT unless ``overwrite`` (and foreign files even then); removes the old manifest first
+    (never a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text."""
     existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
         journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
@@ -372,8 +327,7 @@ def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) 
 
 
 def _remove_local(output: str, listed: list[str]) -> None:
-    """Deletes the ``listed`` files (what ``check_replaceable`` found, all of them a run's), never through a link,
-    then the folders that leaves empty, deepest first; never a whole folder at once."""
+    """Deletes the ``listed`` files, never through a link, then the folders that leaves empty, deepest first."""
     folders = set()
     for path in listed:
         if os.path.isdir(path) and not os.path.islink(path):

@@ -1,18 +1,12 @@
 """Local SDK worker processes forked from a copy of the launcher that has Beam imported: the worker zygote.
 
-Beam's FnApiRunner starts each local worker process as a new interpreter (``python -m
-apache_beam.runners.worker.sdk_worker_main``), which imports Beam again: ~1 s of CPU a worker before its first
-element, while the launcher already holds every module a worker needs. The zygote is forked from the launcher once,
-early, while the launcher has started no thread of its own, no gRPC server and no run; it then only waits.
-
-The runner is given, through Beam's public subprocess environment (``runner.make_pipeline``), the command
-``worker_command()``: this file run as a script by a bare interpreter (no site, no Beam, ~20 ms), which hands its
-environment (the one Beam gives a worker) and standard streams to the zygote on the zygote's socket, and then
-stands for the worker: it exits as the worker exits, with its status. The zygote forks the worker, which becomes
-Beam's SDK harness. A zygote that is gone or does not answer leaves the command to start Beam's own worker.
-
-Where forking is not safe (not Linux, Python threads already running) or the run cannot use worker processes, no
-zygote is made and Beam starts its workers itself; ``SHARDPREP_FORKED_WORKERS=0`` does the same on purpose.
+Beam starts each local worker as a new interpreter that imports Beam again (~1 s of CPU before its first element;
+2-worker preprocess runs, medians of 3: 200 photos 10.1 s forked, 14.4 s so; 258 MB 21.9 s, 42.5 s; BENCHMARKS.md).
+The zygote is forked from the launcher once, before any thread starts. The runner gets, through Beam's public
+subprocess environment, ``worker_command()``: this file run by a bare interpreter (~20 ms), which hands its
+environment and standard streams to the zygote's socket and exits as the forked worker exits, with its status; where
+no zygote answers it becomes Beam's own worker. Not on Linux, with threads running, or with
+``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ import traceback
 import warnings
 
 DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new interpreters, as Beam starts them
-# The processes' names (``ps -o comm``, /proc/PID/comm; 15 bytes at most): a forked process keeps the launcher's
-# command line, so this is how a worker is told from the launcher (``stopping.worker_processes``).
+# Process names (/proc/PID/comm): a forked process keeps the launcher's command line (``stopping.worker_processes``).
 ZYGOTE_NAME, WORKER_NAME = "worker-zygote", "beam-sdk-worker"
 _BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it runs): longer, it is stopped or stuck
@@ -48,8 +41,8 @@ _active: WorkerZygote | None = None
 
 
 class WorkerZygote:
-    """The launcher's end of a zygote process (``forked_for``): its pid, its control socket (whose close ends it)
-    and the name of the socket on which it takes requests for workers (Linux's abstract namespace: no file)."""
+    """The launcher's end of a zygote: its pid, its control socket (whose close ends it) and the abstract socket
+    name on which it takes requests for workers."""
 
     def __init__(self, pid: int, control: socket.socket, address: str):
         self.pid, self.control, self.address = pid, control, address
@@ -57,8 +50,7 @@ class WorkerZygote:
         self.prepared = False
 
     def prepare(self) -> None:
-        """Has the zygote import what the workers will import (NumPy, OpenCV, the decoders) while the launcher builds
-        the graph, once, so that every worker it forks has them; a run in this process never asks."""
+        """Has the zygote import the workers' modules (NumPy, OpenCV, the decoders) while the graph is built."""
         with self.lock:
             if not self.prepared:
                 self.prepared = True
@@ -75,8 +67,7 @@ class WorkerZygote:
         return self.control.fileno() == -1
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Ends the zygote (it exits when its socket closes) and reaps it, killed if it has not gone within
-        ``wait_s``; again, nothing."""
+        """Ends the zygote (its socket closed) and reaps it, killed after ``wait_s``; again, nothing."""
         with self.lock:
             if self.closed:
                 return
@@ -92,8 +83,7 @@ class WorkerZygote:
 
 
 def _socket_pair(kind: int) -> tuple[socket.socket, socket.socket]:
-    """A connected pair whose descriptors are above the standard streams' (where a launcher started with one of
-    them closed would otherwise get it: a worker's stdin would then be the zygote's socket)."""
+    """A connected pair above descriptor 2 (a launcher started with a standard stream closed would give it away)."""
     return tuple(_above_standard_streams(end) for end in socket.socketpair(socket.AF_UNIX, kind))  # type: ignore
 
 
@@ -124,9 +114,7 @@ def end_unneeded() -> None:
 
 @contextlib.contextmanager
 def forked_for(may_use_worker_processes: bool):
-    """Makes a zygote for the block, if the run ``may_use_worker_processes`` and forking is safe here; ends it after.
-
-    Call it early, after Beam is imported and before anything starts a thread."""
+    """A zygote for the block, if the run ``may_use_worker_processes`` and forking is safe (no other thread)."""
     global _active
     if active() is not None:  # made by a caller, before it started a thread (the validate command's display)
         yield active()
@@ -148,8 +136,7 @@ def _can_fork() -> bool:
         return False
     if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
         return False
-    # Another Python thread may hold a lock (a stream's, the import system's) that the copy could never take. Beam's
-    # runner and gRPC start threads: this is also what keeps a second run in one process from forking after gRPC.
+    # Another thread may hold a lock the copy could never take (and gRPC's threads keep a second run from forking).
     return threading.active_count() == 1
 
 
@@ -173,8 +160,7 @@ def _fork_zygote() -> WorkerZygote | None:
 
 
 def _fork_with_signals_blocked() -> int:
-    """``os.fork()`` with Ctrl-C, SIGTERM and SIGCHLD held back around it: the child resets its handlers before any
-    signal reaches it (Python drops the flags of signals caught just before a fork in the child)."""
+    """``os.fork()`` with Ctrl-C, SIGTERM and SIGCHLD held back: the child resets its handlers before any arrives."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     pid = -1
     try:
@@ -188,8 +174,8 @@ def _fork_with_signals_blocked() -> int:
 
 
 def _serve(control: socket.socket, listener: socket.socket) -> int:
-    """The zygote: forks a worker for each request on ``listener``, reports each worker's exit to its requester (and
-    kills a worker whose requester went), ends when the launcher's end of ``control`` closes."""
+    """Forks a worker per request on ``listener``, reports its exit to its requester (kills it if the requester
+    went); ends when the launcher's end of ``control`` closes."""
     _name_process(ZYGOTE_NAME)
     _detach_from_launcher(keep=(control.fileno(), listener.fileno()))
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -248,10 +234,8 @@ def _name_process(name: str) -> None:
 
 
 def _detach_from_launcher(keep: tuple[int, ...]) -> None:
-    """The zygote keeps none of the launcher's files, as a new interpreter would have none (Beam starts its
-    workers with ``close_fds``): a pipe the launcher writes to (``| tee``) must close when the launcher exits, a
-    file or socket of a program that runs the job as a library must not outlive its own close. Its standard
-    streams are ``/dev/null``; workers get their requester's. ``keep``: its sockets (to the launcher, for requests)."""
+    """Closes every launcher's file but ``keep``, as a new interpreter would have none (a ``| tee`` pipe must close
+    with the launcher); standard streams on ``/dev/null`` (workers get their requester's)."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -333,9 +317,8 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
 
 
 def _as_a_new_process() -> None:
-    """What a new interpreter would have that the launcher's copy does not: fresh standard streams (the launcher's may
-    be replaced, or locked by a thread that is not here), logging as configured by nothing, default hooks, and the
-    malloc arena cap the environment asks for (read by glibc only when a process starts)."""
+    """What a new interpreter would have: fresh standard streams, unconfigured logging, default hooks, and the
+    malloc arena cap the environment asks for (glibc reads it only at a process's start)."""
     import logging
 
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own streams, for its whole life
@@ -365,10 +348,9 @@ def _flush_streams() -> None:
 
 
 def request_worker(address: str, zygote: int, wait_s: float) -> int:
-    """The worker command (``worker_command``), in a bare interpreter Beam started for one worker: has the zygote
-    at ``address`` (process ``zygote``) fork the worker with this process's environment and standard streams, and
-    returns its exit status once it exits. Where no zygote answers within ``wait_s`` (gone; stopped: then killed),
-    this process becomes the worker as Beam would start it."""
+    """The worker command: has the zygote at ``address`` fork the worker with this process's environment and
+    streams, and returns its exit status; with no answer within ``wait_s`` (the zygote then killed), this process
+    becomes the worker as Beam would start it."""
     for fd in (0, 1, 2):  # a stream Beam left closed: /dev/null, which takes its number
         try:
             os.fstat(fd)

@@ -106,13 +106,13 @@ def test_validate_pictures_under_a_file(data, tmp_path):
 
 
 def test_validate_json_write_failing_at_the_end_prints_the_report_then_one_line(data, tmp_path, monkeypatch):
-    from shardprep.pipelines import validate
+    from shardprep.pipelines import storage
 
     def fail(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
 
     edit_manifest(data, lambda m: m.update(classes="ab"))  # a quick run: the shape check stops it
-    monkeypatch.setattr(validate.FileSystems, "create", fail)
+    monkeypatch.setattr(storage, "atomic_write", fail)  # shardprep's own writer, not Beam's FileSystems
     result = refused(["validate", data, "--json", tmp_path / "r.json", "--quiet"], "writing the report to",
                      "No space left")
     assert "FAILED" in result.output.split("Error: ")[0]

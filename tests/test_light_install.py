@@ -8,14 +8,16 @@ fails to import, as it would where pip never installed it.
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import image_factory
 import pytest
-from extras_blocker import blocked_env, setup_arguments
+from extras_blocker import REPO, blocked_env, setup_arguments
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -147,11 +149,17 @@ def test_the_missing_extra_error_in_a_terminal(tmp_path):
     assert output.replace("\r\n", "\n").strip() == f"Error: gs://bucket/shards {HINT}"
 
 
-def test_the_default_install_requires_no_google_cloud_and_the_extras_do():
+def test_the_default_install_requires_no_google_cloud_and_the_extras_do(tmp_path):
     default = setup_arguments()
     assert [r for r in default["install_requires"] if "[" in r] == []  # no extra of any requirement: no [gcp]
     assert any(r.startswith("apache-beam>=") for r in default["install_requires"])
     for extra in ("gcp", "test"):  # tests/test_gcs.py runs gs:// paths
         assert any(r.startswith("apache-beam[gcp]") for r in default["extras_require"][extra]), extra
-    workers = setup_arguments({"SHARDPREP_WORKER_SDIST": "1"})["install_requires"]
+    # The launcher's variable only marks the sdist being built; the WORKER_SDIST file in its tree is the switch.
+    assert setup_arguments({"SHARDPREP_WORKER_SDIST": "1"})["install_requires"] == default["install_requires"]
+    shutil.copy(REPO / "setup.py", tmp_path)  # the staged sdist's tree: setup.py beside its WORKER_SDIST file
+    (tmp_path / "WORKER_SDIST").write_text("")
+    with mock.patch("setuptools.setup") as setup:
+        runpy.run_path(str(tmp_path / "setup.py"), run_name="setup")
+    workers = setup.call_args.kwargs["install_requires"]
     assert any(r.startswith("apache-beam[gcp]") for r in workers)  # Dataflow workers read and write gs://

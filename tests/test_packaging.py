@@ -1,7 +1,7 @@
 """What `--setup_file ./setup.py` ships to Dataflow workers, checked the way a worker gets it.
 
 Beam's stager builds an sdist of the project (``stager_sdist`` builds it as the stager does, with the launcher's
-``shardprep.pipelines.staging.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
+``shardprep.pipelines.runner.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
 ``install_requires`` and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
 wheel a worker would build from it, checks the wheel holds every module of the four packages and no tests, installs
 it into a fresh virtualenv, and there, from a folder outside the repository and with ``python -I`` (no current
@@ -93,14 +93,14 @@ def built(tmp_path_factory):
     """(sdist, wheel) as staged for Dataflow: Beam's stager, run the way the launcher runs it before a remote job."""
     from unittest import mock
 
-    from shardprep.pipelines import staging
+    from shardprep.pipelines import runner
 
     root = tmp_path_factory.mktemp("packaging")
     copy_project(root / "project")
     sdist_dir, wheel_dir = root / "sdist", root / "wheel"
     sdist_dir.mkdir()
     with mock.patch.dict(os.environ):
-        staging.stage_worker_requirements_only()
+        runner.stage_worker_requirements_only()
         sdist = stager_sdist(root / "project" / "setup.py", sdist_dir)
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheel_dir), str(sdist), cwd=root)
     (wheel,) = wheel_dir.glob("shardprep-*.whl")
@@ -126,9 +126,9 @@ def built_normally(tmp_path_factory):
 
 
 def staging_env() -> str:
-    from shardprep.pipelines import staging
+    from shardprep.pipelines import runner
 
-    return staging.WORKER_SDIST_ENV
+    return runner.WORKER_SDIST_ENV
 
 
 def requires_dist(wheel: Path) -> list:
