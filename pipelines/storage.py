@@ -11,7 +11,7 @@ Every check here runs on the launching machine before anything under OUTPUT is c
   run writes (``deletable``), file by file, then the folders that leaves empty; a folder holding anything else is
   refused, naming it, and nothing is deleted. A run writes only regular files and folders, so a link, a FIFO or a
   device inside OUTPUT is never ours: it is refused, not followed and not deleted.
-The output lock is ``shardprep.pipelines.output_lock``.
+The output lock and ``OutputError`` are ``shardprep.preprocess.owned_folder``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess import manifest
+from shardprep.preprocess.owned_folder import OutputError  # noqa: F401 - the one error of an output folder
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
 JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
@@ -39,10 +40,6 @@ _SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jso
                           r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
 _TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
                                   + re.escape(manifest.REJECTS_NAME) + ")")
-
-
-class OutputError(RuntimeError):
-    """OUTPUT cannot be used (it overlaps an input, holds foreign files, is locked or unwritable); for the user."""
 
 
 def is_local(path: str) -> bool:
