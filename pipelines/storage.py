@@ -338,7 +338,7 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
 def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
     """Refuses a non-empty OUTPUT unless ``overwrite``, and one holding anything a shardprep run did not write even
     then; removes the old manifest first, and the rest after it. ``stale_lock``: what the lock file of a run that
-    stopped without finishing said (``output_lock``), named in the refusal.
+    stopped without finishing said (``owned_folder.Lock.stale``), named in the refusal.
 
     Removing manifest.json before anything else means an interrupted overwrite never leaves a manifest that
     describes shards which are no longer there.
