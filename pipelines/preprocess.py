@@ -27,11 +27,10 @@ from shardprep.pipelines.layouts import FixedLayouts, planned_layouts, uses_fixe
 from shardprep.pipelines.listing import GivenValues, ListInputs
 from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
 from shardprep.pipelines.shards import WriteShards
-from shardprep.pipelines.output_lock import output_lock
 from shardprep.pipelines.source_kind import SourcePlan
 from shardprep.pipelines.source_registry import kind_of, parse, plan_source
 from shardprep.pipelines.storage import prepare_output
-from shardprep.preprocess import image_ops, manifest, sharding
+from shardprep.preprocess import image_ops, manifest, owned_folder, sharding
 from shardprep.preprocess.config import DEFAULT_RESIZE_METHOD, PreprocessConfig
 
 # Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
@@ -196,7 +195,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     plan, plan_lines = input_sizes.sized_plan(config, plan, listing)  # small inputs stop here, before OUTPUT
     # Two groups per local worker process: each gets work, a group as a shard where there are enough.
     min_groups = 2 * runners.local_workers(beam_args) if local else DEFAULT_MIN_DECODE_GROUPS
-    with output_lock(config.output) as lock:
+    with owned_folder.holding(config.output, "OUTPUT") as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
             reopened = journal.reopen(config, plan, runner, lock.begin, listing)

@@ -1,7 +1,7 @@
 """Where the preprocess job may write, checked on the launcher before OUTPUT is touched: local or remote paths,
 OUTPUT apart from every input (``keep_apart``: resolved real paths, or normalized ``gs://`` prefixes), files that
 appear whole (``atomic_write``), and what ``--overwrite`` may delete (``deletable``: a run writes only regular files
-and folders, so a link, FIFO or device in OUTPUT is refused, never followed or deleted). The lock: ``output_lock``.
+and folders, so a link, FIFO or device in OUTPUT is refused, never followed or deleted). The lock and ``OutputError``: ``shardprep.preprocess.owned_folder``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess import manifest
+from shardprep.preprocess.owned_folder import OutputError  # noqa: F401 - the one error of an output folder
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
 JOURNAL_NAME = "journal.jsonl"  # OUTPUT/.tmp/journal.jsonl: a local run's finished decode groups (pipelines/journal)
@@ -28,10 +29,6 @@ _SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jso
                           r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
 _TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
                                   + re.escape(manifest.REJECTS_NAME) + ")")
-
-
-class OutputError(RuntimeError):
-    """OUTPUT cannot be used (it overlaps an input, holds foreign files, is locked or unwritable); for the user."""
 
 
 def is_local(path: str) -> bool:
@@ -300,7 +297,8 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
 
 def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
     """Refuses a non-empty OUTPUT unless ``overwrite`` (and foreign files even then); removes the old manifest first
-    (never a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text."""
+    (never a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text
+    (``owned_folder.Lock.stale``)."""
     existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
         journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)

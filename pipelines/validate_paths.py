@@ -1,9 +1,7 @@
-"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``): checked before anything runs; and what
-a run has written so far (``WrittenOutputs``).
-
-Validate writes nothing inside what it checks: a report must not replace the manifest it was read from, nor a
-picture land among the shards. For a prepared dataset that is any path inside DATA (links and ``..`` resolved);
-for ``tfrecord:GLOB`` and ``tfds:NAME``, any file validate reads.
+"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``), checked before anything runs, and what
+a run has written so far (``WrittenOutputs``). Never inside what it checks: a prepared dataset's folder (links,
+``..``, bind mounts seen through), or a file a ``tfrecord:``/``tfds:`` DATA reads. Each file is written under a
+temporary name and renamed into place (``storage.atomic_write``), so nothing is written through a link.
 """
 
 from __future__ import annotations
@@ -64,104 +62,84 @@ def absolute(path: str) -> str:
 
 def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
                        data: str | None = None) -> None:
-    """Refuses, before anything runs, a ``--json``, ``--leaked-keys`` or ``--pictures`` inside the prepared dataset
-    ``data``, or a local one that could not be written.
-
-    ``--json`` and ``--leaked-keys`` must name a file in an existing, writable folder (not a folder);
-    ``--pictures`` must be a folder, or a new one in an existing, writable folder (not a file). Remote (``gs://``)
-    paths are checked only against ``data``; no two outputs may be one path (see ``_check_apart``)."""
-    _check_apart(json_path, pictures, leaked_keys)
-    for flag, given in (("--json", json_path), ("--leaked-keys", leaked_keys), ("--pictures", pictures)):
-        if given and data:
-            _check_outside_dataset(flag, given, data)
+    """Refuses, before anything runs, two outputs on one path, an output inside the prepared dataset ``data``, and a
+    local one that could not be written: ``--json`` and ``--leaked-keys`` name a file in an existing, writable folder;
+    ``--pictures`` a folder, or a new one in an existing, writable folder."""
+    given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
+                                             ("--pictures", pictures)) if path]
+    for i, (flag, path) in enumerate(given):  # the second write would replace the first, both claimed written
+        for other_flag, other in given[i + 1:]:
+            if storage.resolved(path) == storage.resolved(other):
+                raise ValidateError(f"{flag} {path} and {other_flag} {other} are the same path: each output needs "
+                                    "its own; choose another path for one of them")
+    for flag, path in given:
+        if flag != "--pictures" and pictures and storage.resolved(path) in _pictures(pictures):
+            raise ValidateError(f"{flag} {path} is a picture --pictures {pictures} writes: each output needs its own "
+                                "path; choose another")
+    for flag, path in given:
+        if data and data_kind(data) is source_registry.FALLBACK and _inside(path, data):
+            raise ValidateError(f"{flag} {path} is inside the dataset {data}: validate writes nothing there; choose "
+                                "a path outside it")
     if json_path and storage.is_local(json_path):
         _check_file_path("--json", json_path, "the report", "report.json")
     if leaked_keys and storage.is_local(leaked_keys):
         _check_file_path("--leaked-keys", leaked_keys, "the keys", "leaked-keys.txt")
     if pictures and storage.is_local(pictures):
-        path = absolute(pictures)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ValidateError(f"--pictures {pictures} is a file, not a folder; give a folder for the pictures")
-        existing = path if os.path.isdir(path) else os.path.dirname(path)
-        if not os.path.isdir(existing):
-            raise ValidateError(f"--pictures {pictures}: the folder {existing} does not exist; create it or choose "
-                                "another path")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); "
-                                "choose a writable folder")
-        for name in PICTURE_NAMES:
-            named = os.path.join(path, name)
-            if os.path.lexists(named) and not os.path.islink(named) and not os.path.isfile(named):
-                raise ValidateError(f"--pictures {pictures}: {named} is {untrusted.file_kind(named)}, where the "
-                                    "picture of that name goes; move it or choose another folder")
+        _check_pictures(pictures)
 
 
-def _check_apart(json_path: str | None, pictures: str | None, leaked_keys: str | None) -> None:
-    """Refuses one path (however spelled: links and ``..`` resolved) for two outputs, or a ``--json`` or
-    ``--leaked-keys`` that is one of the pictures ``--pictures`` writes: the second write would replace the first and
-    both would be claimed written."""
-    given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
-                                             ("--pictures", pictures)) if path]
-    for i, (flag, path) in enumerate(given):
-        for other_flag, other in given[i + 1:]:
-            if storage.resolved(path) == storage.resolved(other):
-                raise ValidateError(f"{flag} {path} and {other_flag} {other} are the same path: each output needs "
-                                    "its own; choose another path for one of them")
-    if pictures:
-        named = {storage.resolved(manifest_lib.join(pictures, name)) for name in PICTURE_NAMES}
-        for flag, path in given:
-            if flag != "--pictures" and storage.resolved(path) in named:
-                raise ValidateError(f"{flag} {path} is a picture --pictures {pictures} writes: each output needs "
-                                    "its own path; choose another")
+def _pictures(pictures: str) -> set[str]:
+    return {storage.resolved(manifest_lib.join(pictures, name)) for name in PICTURE_NAMES}
 
 
 def check_not_read(options, read_files: list[str]) -> None:
-    """Refuses a ``--json``, ``--leaked-keys`` or a ``--pictures`` file that is one of ``read_files`` (what a
-    ``tfrecord:``/``tfds:`` DATA matched), once they are known."""
+    """Refuses an output that is one of ``read_files`` (what a ``tfrecord:``/``tfds:`` DATA matched)."""
     read = {storage.resolved(path) for path in read_files}
     for flag, given in (("--json", options.json_path), ("--leaked-keys", options.leaked_keys)):
         if given and storage.resolved(given) in read:
             raise ValidateError(f"{flag} {given} is a file that {options.data} reads: validate writes nothing "
                                 "there; choose another path")
-    if options.pictures:
-        named = {storage.resolved(manifest_lib.join(options.pictures, name)) for name in PICTURE_NAMES}
-        if named & read:
-            raise ValidateError(f"--pictures {options.pictures} holds files that {options.data} reads: validate "
-                                "writes nothing there; choose another folder")
+    if options.pictures and _pictures(options.pictures) & read:
+        raise ValidateError(f"--pictures {options.pictures} holds files that {options.data} reads: validate writes "
+                            "nothing there; choose another folder")
 
 
-def _check_outside_dataset(flag: str, given: str, data: str) -> None:
-    """Refuses ``given`` inside the prepared dataset ``data`` (a folder; other kinds: ``check_not_read``)."""
-    if data_kind(data) is not source_registry.FALLBACK:
-        return
-    if storage.inside(storage.resolved(given), storage.resolved(data)) or _under_same_folder(given, data):
-        raise ValidateError(f"{flag} {given} is inside the dataset {data}: validate writes nothing there; choose a "
-                            "path outside it")
-
-
-def _under_same_folder(given: str, data: str) -> bool:
-    """True when a folder on the way to local ``given`` is DATA's folder itself, by device and inode: DATA seen
-    through a bind mount (another path to the same folder, which no spelling rule finds)."""
+def _inside(given: str, data: str) -> bool:
+    """``given`` inside the folder ``data``, however spelled, or through a bind mount of it (a folder on the way
+    to ``given`` that is DATA's folder by device and inode, which no spelling rule finds)."""
+    folder = storage.resolved(given)
+    if storage.inside(folder, storage.resolved(data)):
+        return True
     if not (storage.is_local(given) and storage.is_local(data)):
         return False
-    try:
+    with contextlib.suppress(OSError):
         data_folder = os.stat(storage.resolved(data))
-    except OSError:
-        return False
-    folder = storage.resolved(given)
-    while True:
-        with contextlib.suppress(OSError):
-            found = os.stat(folder)
-            if (found.st_dev, found.st_ino) == (data_folder.st_dev, data_folder.st_ino):
-                return True
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return False
-        folder = parent
+        while folder != os.path.dirname(folder):
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.stat(folder), data_folder):
+                    return True
+            folder = os.path.dirname(folder)
+    return False
+
+
+def _check_pictures(pictures: str) -> None:
+    path = absolute(pictures)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValidateError(f"--pictures {pictures} is a file, not a folder; give a folder for the pictures")
+    existing = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.isdir(existing):
+        raise ValidateError(f"--pictures {pictures}: the folder {existing} does not exist; create it or choose "
+                            "another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValidateError(f"--pictures {pictures}: cannot write into {existing} (permission denied); choose a "
+                            "writable folder")
+    for named in (os.path.join(path, name) for name in PICTURE_NAMES):
+        if os.path.lexists(named) and not os.path.islink(named) and not os.path.isfile(named):
+            raise ValidateError(f"--pictures {pictures}: {named} is {untrusted.file_kind(named)}, where the picture "
+                                "of that name goes; move it or choose another folder")
 
 
 def _check_file_path(flag: str, given: str, what: str, example: str) -> None:
-    """Refuses a local file path ``given`` for ``flag`` that could not be written (see check_output_paths)."""
     path = absolute(given)
     parent = os.path.dirname(path)
     if os.path.isdir(path):

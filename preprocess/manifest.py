@@ -19,12 +19,12 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from shardprep.preprocess import folder_lock, install_extras, untrusted
+from shardprep.preprocess import install_extras, owned_folder, untrusted
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 REJECTS_NAME = "rejects.jsonl"
-LOCK_NAME = folder_lock.LOCK_NAME  # the lock a run holds on OUTPUT while it writes there
+LOCK_NAME = owned_folder.LOCK_NAME  # the lock a run holds on OUTPUT while it writes there
 SHARD_SUFFIX = ".tfrecord"
 TOOL = "shardprep"
 # Bounds on a manifest read back (an ImageNet manifest is ~0.3 MB, 6 levels deep): anything past them is not ours.

@@ -35,7 +35,7 @@ OUTPUT = "dataset"  # every run is given this OUTPUT from its own folder, so tha
 ENV = {"SOURCE_DATE_EPOCH": "1700000000"}
 
 SHARDS, WRITER = "shardprep.pipelines.shards", "shardprep.pipelines.manifest_writer"
-SPILL, LOCK = "shardprep.pipelines.spill", "shardprep.pipelines.output_lock"
+SPILL, LOCK = "shardprep.pipelines.spill", "shardprep.preprocess.owned_folder"
 
 
 def command(source, options, *extra) -> list[str]:

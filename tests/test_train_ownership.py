@@ -320,7 +320,7 @@ def test_a_url_output_dir_follows_the_same_rule(colour_dataset):
     # gs:// goes through tf.io.gfile; ram:// is TensorFlow's in-memory file system, a stand-in without a bucket.
     import tensorflow as tf
 
-    from shardprep.train import output_dir, preflight, run_files
+    from shardprep.train import preflight, run_files
 
     url = "ram://shardprep-ownership/run"
     run_files.claim(url, resume=False)
@@ -332,21 +332,21 @@ def test_a_url_output_dir_follows_the_same_rule(colour_dataset):
     assert "logs/train/events.out.tfevents.1.host.v2" in run_files.read_record(url).files
     with tf.io.gfile.GFile(f"{url}/logs/webserver.log", "w") as f:
         f.write("mine")
-    with pytest.raises(run_files.OutputDirError, match="logs/webserver.log"):
-        output_dir.check_contents(url, resume=False, overwrite=True)
+    with pytest.raises(run_files.OutputError, match="logs/webserver.log"):
+        run_files.check_contents(url, resume=False, overwrite=True)
     with pytest.raises(preflight.PreflightError, match="is not empty"):
         preflight.check(colour_dataset, "train", "validation", url)
     tf.io.gfile.remove(f"{url}/logs/webserver.log")
     with tf.io.gfile.GFile(f"{url}/checkpoints/resnet50.pth", "w") as f:
         f.write("mine")
-    assert output_dir.clear(url) == ["checkpoints/last.keras", "history.json",
+    assert run_files.clear(url) == ["checkpoints/last.keras", "history.json",
                                      "logs/train/events.out.tfevents.1.host.v2"]
     assert tf.io.gfile.exists(f"{url}/checkpoints/resnet50.pth")
-    with pytest.raises(run_files.OutputDirError, match="is DATA"):
-        output_dir.check_path("gs://bucket/data/", "gs://bucket/x/../data")
-    with pytest.raises(run_files.OutputDirError, match="inside DATA"):
-        output_dir.check_path("gs://bucket/data/run", "gs://bucket/data")
-    output_dir.check_path("gs://bucket/data-run", "gs://bucket/data")
+    with pytest.raises(run_files.OutputError, match="is DATA"):
+        run_files.check_path("gs://bucket/data/", "gs://bucket/x/../data")
+    with pytest.raises(run_files.OutputError, match="inside DATA"):
+        run_files.check_path("gs://bucket/data/run", "gs://bucket/data")
+    run_files.check_path("gs://bucket/data-run", "gs://bucket/data")
 
 
 def test_a_file_url_output_dir_is_the_local_folder_and_checked_as_one(colour_dataset, tmp_path):

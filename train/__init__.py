@@ -32,15 +32,15 @@ Modules, each one concern:
 * ``augment``, ``resnet``, ``model``: the training model, with augmentation and normalization as its first layer
   (``keras.ops`` only: every Keras backend), and the inference model saved as ``model.keras`` (Keras's own layers).
 * ``schedules``: learning-rate warm-up and decay, and the optimizer; ``checkpoints``: what a run writes and resumes
-  from (mid-epoch too), read back by ``checkpoint_state``; ``run_files``: the names of a run's files and the run
-  record listing them; ``output_dir``: what a run may do with ``--output-dir``; ``losses``: the smoothed
+  from (mid-epoch too), read back by ``checkpoint_state``; ``run_files``: the names of a run's files, the run
+  record listing them and what a run may do with ``--output-dir``; ``losses``: the smoothed
   cross-entropy; ``loop``: the backend-neutral training loop, its
   progress within an epoch and its input-bound report, over ``steps_tf`` (TensorFlow) or ``steps_keras`` (JAX,
   PyTorch); ``preflight``: the checks ``shardprep train`` makes before importing Keras; ``predict``: inference on
   new photos.
 
 ``config``, ``record_order``, ``record_index``, ``record_gather``, ``verified_gather``, ``batch_sources``,
-``batch_prefetch``, ``numpy_reader``, ``record_dataset``, ``run_files``, ``output_dir`` and ``checkpoint_state``
+``batch_prefetch``, ``numpy_reader``, ``record_dataset``, ``run_files`` and ``checkpoint_state``
 import no TensorFlow (but for ``gs://``); ``keras_batches``, ``augment``,
 ``resnet``, ``model``, ``losses``, ``schedules``, ``checkpoints`` (but for ``gs://``), ``steps_keras`` and ``loop``
 import Keras, and Keras its backend (TensorFlow only when it is the backend); the other modules import TensorFlow.

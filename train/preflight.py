@@ -3,7 +3,7 @@
 :func:`check` loads the manifest once (:func:`shardprep.preprocess.dataset.load_manifest`: read as untrusted input,
 its shape checked, every raw centre-crop split laid out), finds the training and validation splits (names or roles:
 :func:`training_splits`) and checks that they hold examples, that every shard file of those splits is there with its manifest size, and that
-``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.output_dir`), with a checkpoint
+``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.run_files`), with a checkpoint
 for ``--resume``, and returns the manifest for the run to use. Each failure is a :class:`PreflightError` whose message
 is one line: what is wrong, where, and what to do.
 """
@@ -17,7 +17,6 @@ from typing import NamedTuple
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, UnfitLayoutError, load_manifest
 from shardprep.train import checkpoint_state, run_files
-from shardprep.train import output_dir as output_checks
 from shardprep.train.split_roles import ResolvedSplit, SplitRoleError, resolve_split
 
 
@@ -63,19 +62,19 @@ def _size(path: str) -> int | None:
 
 def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool, contents: bool) -> None:
     """``--output-dir``: a real folder (or one that can be made) apart from DATA; with ``contents``, holding nothing
-    or, with ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.output_dir`), and with
+    or, with ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.run_files`), and with
     ``--resume`` a whole checkpoint (:func:`shardprep.train.checkpoint_state.locate`). Reads only."""
     try:
         if not contents:
-            output_checks.check_path(output_dir, data_dir)
+            run_files.check_path(output_dir, data_dir)
             return
         run_files.check_not_busy(output_dir)
-        output_checks.check_contents(output_dir, resume, overwrite)
+        run_files.check_contents(output_dir, resume, overwrite)
         if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
             raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
                                  "and state.json): its run had --no-checkpoint or stopped before its first "
                                  "checkpoint; start again with --overwrite")
-    except (run_files.OutputDirError, checkpoint_state.CheckpointError) as error:
+    except (run_files.OutputError, checkpoint_state.CheckpointError) as error:
         raise PreflightError(run_files.printable(str(error))) from None
     except OSError as error:
         raise PreflightError(run_files.printable(run_files.describe_os_error(error, "reading"))) from None
@@ -87,8 +86,8 @@ def clear_run(output_dir: str) -> list[str]:
 
     Call :func:`check` with ``overwrite=True`` first: it refuses a folder holding anything else."""
     try:
-        return output_checks.clear(output_dir)
-    except run_files.OutputDirError as error:
+        return run_files.clear(output_dir)
+    except run_files.OutputError as error:
         raise PreflightError(str(error)) from None
     except OSError as error:
         raise PreflightError(f"--overwrite: {run_files.describe_os_error(error, 'deleting')}") from None
@@ -101,7 +100,7 @@ def holding_output_dir(output_dir: str):
     held = contextlib.ExitStack()
     try:
         held.enter_context(run_files.holding_lock(output_dir))
-    except run_files.OutputDirError as error:
+    except run_files.OutputError as error:
         raise PreflightError(run_files.printable(str(error))) from None
     except OSError as error:
         raise PreflightError(run_files.printable(run_files.describe_os_error(error))) from None
@@ -113,7 +112,7 @@ def claim_output_dir(output_dir: str, resume: bool) -> None:
     """Makes ``output_dir`` and writes its run record (what the run may write there) before the run writes."""
     try:
         run_files.claim(output_dir, resume)
-    except run_files.OutputDirError as error:
+    except run_files.OutputError as error:
         raise PreflightError(str(error)) from None
     except OSError as error:
         raise PreflightError(run_files.describe_os_error(error)) from None

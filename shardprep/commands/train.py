@@ -99,12 +99,12 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
 def _holds_run_files(output_dir: str) -> bool:
     """Whether the stopped run wrote more into ``output_dir`` than its run record and empty folders (a rerun then
     needs --overwrite)."""
-    from shardprep.train import output_dir as output_folder
+    from shardprep.preprocess import owned_folder
     from shardprep.train import run_files
 
     try:
         record = run_files.read_record(output_dir)
-        return output_folder.holds_files(output_folder.entries(output_dir, record))
+        return run_files.holds_files(owned_folder.entries(output_dir, record))
     except (OSError, ValueError):
         return os.path.isdir(output_dir)  # unreadable: say --overwrite, which checks the folder again first
 
