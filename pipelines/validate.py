@@ -67,11 +67,9 @@ from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_for
 from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
 from shardprep.pipelines.validate_paths import (ValidateError, WrittenOutputs, absolute, check_not_read,
                                                 check_output_paths, data_kind)
-from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
-from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
-from shardprep.pipelines.validation.stats import sample_fraction
+from shardprep.pipelines.validation.stats import SampleOptions, ShardTask, sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import sources
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
@@ -210,17 +208,16 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     samples = _sample_options(manifest, stats_split, options)
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
-    near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
-            progress_dir, near, search_near_duplicates=skipped is None),
+            progress_dir, options.near_duplicate_distance, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
     if skipped:
-        report["near_duplicates"] = near_report.skipped(skipped)
+        report["near_duplicates"] = report_lib.near_skipped(skipped)
     else:
         driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
@@ -235,18 +232,18 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
     """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
     (near-duplicates across splits that fail the run)."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
-    report["near_duplicates"] = near = near_report.section(
+    report["near_duplicates"] = near = report_lib.near_section(
         lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
-    found = near_report.findings(near)
+    found = report_lib.near_findings(near)
     if options.leaked_keys:
-        text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data, near)
+        text = report_lib.keys_file_text(report_lib.leaked_keys(lines), options.data, near)
         try:
             path = absolute(options.leaked_keys)
             near["leaked_keys_file"] = outputs.wrote("--leaked-keys", _write_file(
                 os.path.dirname(path), os.path.basename(path), text.encode("utf-8"), "text/plain"))
         except (OSError, BeamIOError) as e:
             raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
-    failing = near_report.fails(near)
+    failing = report_lib.near_fails(near)
     report.update({} if failing else {"warnings": found})
     return found if failing else []
 
@@ -342,7 +339,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = outputs.wrote("--pictures", _write_file(
             directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet), "image/png"), whole=False)
-    if near_report.searched(report):
+    if report_lib.near_searched(report):
         written.update(_write_near_duplicate_pages(directory, report, outputs))
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = outputs.wrote("--pictures", _write_file(
@@ -354,16 +351,16 @@ def _write_near_duplicate_pages(directory: str, report: dict, outputs: WrittenOu
     """Writes near_duplicates.png, its further pages (the report's ``near_duplicates.pages``), then
     near_duplicates.html; returns ``near_duplicates`` (the first page) and ``near_duplicates_html``."""
     from shardprep.pipelines.validate_read import read_record_pixels
-    from shardprep.pipelines.validation import near_pictures
+    from shardprep.pipelines.validation import pictures
 
     data_dir = absolute(report["data"]).rstrip("/")
     pages = [outputs.wrote("--pictures", _write_file(directory, name, png, "image/png"), whole=False)
-             for name, png in near_pictures.pages_of(report, lambda file, index: (
+             for name, png in pictures.pages_of(report, lambda file, index: (
                  read_record_pixels(manifest_lib.join(data_dir, file), index)))]
     report["near_duplicates"]["pages"] = pages
-    page = near_pictures.html_of(report, [os.path.basename(path) for path in pages])
+    page = pictures.html_of(report, [os.path.basename(path) for path in pages])
     return {"near_duplicates": pages[0], "near_duplicates_html": outputs.wrote("--pictures", _write_file(
-        directory, near_pictures.NEAR_DUPLICATES_HTML, page, "text/html"), whole=False)}
+        directory, pictures.NEAR_DUPLICATES_HTML, page, "text/html"), whole=False)}
 
 
 def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:

@@ -12,7 +12,7 @@ from shardprep.pipelines.validation import pictures
 from shardprep.pipelines.validation.checks import (RecordExpectations, classify_files, unfit_layout_problems,
                                                    layout_problems, manifest_problems, mean_std_problems, problem,
                                                    record_layout_length_problems, record_problems, split_problems)
-from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
+from shardprep.pipelines.validate_read import MeasuredReader, iter_framed_records
 from shardprep.pipelines.validation.report import merge_problems
 from shardprep.pipelines.validation.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
                                                   sample_rank, size_summary)

@@ -17,10 +17,10 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
-from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
+from shardprep.pipelines.validate_graph import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
 from shardprep.pipelines.validation.checks import RecordExpectations, problem
-from shardprep.pipelines.validation.elements import RecordLocation, Sample, ShardTask
+from shardprep.pipelines.validation.stats import RecordLocation, Sample, ShardTask
 from shardprep.pipelines.validation.report import sample_line, split_summary
 from shardprep.pipelines.validation.stats import SplitStats, channel_sums
 from shardprep.preprocess import record_format, tfrecord_io

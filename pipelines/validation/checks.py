@@ -2,8 +2,7 @@
 
 Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
 ``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
-that file), the last three ``None`` where they do not apply, plus check-specific details. The Beam stages of
-``pipelines/validate_read.py`` and ``pipelines/validate_stages.py`` only route data to these functions.
+that file), the last three ``None`` where they do not apply, plus check-specific details.
 """
 
 from __future__ import annotations

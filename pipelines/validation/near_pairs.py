@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from shardprep.pipelines.validation.elements import RecordLocation
+from shardprep.pipelines.validation.stats import RecordLocation
 from shardprep.pipelines.validation.near_score import score
 from shardprep.preprocess.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 

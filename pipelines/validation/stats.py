@@ -1,9 +1,7 @@
-"""Mergeable statistics for the validate pipeline: per-split counts, exact channel sums, image sizes.
+"""The typed values validate's stages pass, and its mergeable statistics (plain Python, no Beam).
 
-Everything here is plain Python (no Beam), so the accumulators can be unit-tested directly and merged by a Beam
-``CombineFn`` on any number of workers. Channel sums are Python integers, so merging is exact in any order; the
-mean/std come from them through the preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the
-manifest's numbers the way the job computed them.
+Channel sums are exact integers, so merging is exact in any order; the mean/std come from them through the
+preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the manifest's numbers the way the job did.
 """
 
 from __future__ import annotations
@@ -12,10 +10,59 @@ import collections
 import dataclasses
 import hashlib
 
+from typing import NamedTuple
+
 import numpy as np
 
+from shardprep.preprocess.dataset import ShardEntry
 from shardprep.preprocess.sharding import pixel_statistics
 from shardprep.preprocess.sources import split_from_tfrecord_name
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One listed shard to read: its split, path relative to the dataset, full path and manifest entry."""
+
+    split: str
+    file: str
+    path: str
+    expected: ShardEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOptions:
+    """Which records become contact-sheet candidates (rank below ``fraction``), and their thumbnails' cap."""
+
+    split: str
+    fraction: float
+    cell_cap: int
+
+
+class RecordLocation(NamedTuple):
+    """Where one record is; ordered as a tuple, so the lowest location is the first record in shard order."""
+
+    split: str
+    file: str  # relative to the dataset
+    index: int  # 0-based in the file
+    filename: str  # image/filename, the record's key
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
+class Sample(NamedTuple):
+    """A contact-sheet candidate: its sample rank (the lowest ranks per class are shown), key and thumbnail."""
+
+    rank: float
+    filename: str
+    height: int
+    width: int
+    pixels: bytes  # height x width x 3 uint8
+
+
+def _add(mine: dict, theirs: dict) -> None:
+    for key, n in theirs.items():
+        mine[key] = mine.get(key, 0) + n
+
 
 _VALUES = np.arange(256, dtype=np.int64)
 _SQUARES = _VALUES * _VALUES
@@ -75,27 +122,17 @@ class SplitStats:
     shard_records: dict[str, int] = dataclasses.field(default_factory=dict)  # shard file -> records it holds
 
     def add_image(self, label: int, height: int, width: int, sums: list[int], square_sums: list[int]) -> None:
-        self.num_examples += 1
-        self.label_counts[label] = self.label_counts.get(label, 0) + 1
-        for channel in range(3):
-            self.channel_sums[channel] += sums[channel]
-            self.channel_square_sums[channel] += square_sums[channel]
-        self.num_pixels += height * width
-        size = f"{height}x{width}"
-        self.image_sizes[size] = self.image_sizes.get(size, 0) + 1
+        self.merge(SplitStats(1, {label: 1}, list(sums), list(square_sums), height * width, {f"{height}x{width}": 1}))
 
-    def merge(self, other: "SplitStats") -> "SplitStats":
+    def merge(self, other: SplitStats) -> SplitStats:
         self.num_examples += other.num_examples
-        for label, n in other.label_counts.items():
-            self.label_counts[label] = self.label_counts.get(label, 0) + n
+        self.num_pixels += other.num_pixels
         for channel in range(3):
             self.channel_sums[channel] += other.channel_sums[channel]
             self.channel_square_sums[channel] += other.channel_square_sums[channel]
-        self.num_pixels += other.num_pixels
-        for size, n in other.image_sizes.items():
-            self.image_sizes[size] = self.image_sizes.get(size, 0) + n
-        for shard, n in other.shard_records.items():
-            self.shard_records[shard] = self.shard_records.get(shard, 0) + n
+        for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
+                             (self.shard_records, other.shard_records)):
+            _add(mine, theirs)
         return self
 
     def mean_std(self) -> tuple[list[float], list[float]] | None:
@@ -116,14 +153,13 @@ class ForeignStats:
     image_modes: dict[str, int] = dataclasses.field(default_factory=dict)  # "RGB", "L", "CMYK" -> n
     file_records: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> records it holds
 
-    def merge(self, other: "ForeignStats") -> "ForeignStats":
+    def merge(self, other: ForeignStats) -> ForeignStats:
         self.num_records += other.num_records
         self.num_readable_images += other.num_readable_images
         for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
                              (self.image_formats, other.image_formats), (self.image_modes, other.image_modes),
                              (self.file_records, other.file_records)):
-            for key, n in theirs.items():
-                mine[key] = mine.get(key, 0) + n
+            _add(mine, theirs)
         return self
 
 
@@ -148,7 +184,5 @@ def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:
 
 
 def foreign_split(path: str) -> str:
-    """The split a TFDS-style file belongs to (``imagenet2012-train.tfrecord-00000-of-01024`` -> ``train``), as the
-    preprocess job reads it (``sources.split_from_tfrecord_name``); files that do not follow that naming are grouped
-    under ``all``."""
+    """The split of a TFDS-style file name, as the preprocess job reads it; ``all`` for any other name."""
     return split_from_tfrecord_name(path) or "all"
