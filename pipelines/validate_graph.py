@@ -27,7 +27,7 @@ from apache_beam import coders
 
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
 from shardprep.pipelines.validate_options import default
-from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
+from shardprep.pipelines.validate_read import MergeFn, ReadForeignFiles, ReadShards
 from shardprep.pipelines.validation.checks import (RecordExpectations, mean_std_problems, problem, problem_sort_key,
                                                    split_problems)
 from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
@@ -52,29 +52,6 @@ def mean_std_tolerance(manifest: dict) -> float:
     if manifest["encoding"] in encodings.NAMES:
         return encodings.get(manifest["encoding"]).mean_std_tolerance
     return max(encoding.mean_std_tolerance for encoding in encodings.REGISTERED)
-
-
-class MergeFn(beam.CombineFn):
-    """Adds up values into a ``factory()`` accumulator with its ``add`` method, merged with its ``merge``
-    (``SplitStats``/``ForeignStats`` add partial statistics, ``HashGroup`` adds records)."""
-
-    def __init__(self, factory, add: str = "merge"):
-        self.factory, self.add = factory, add
-
-    def create_accumulator(self):
-        return self.factory()
-
-    def add_input(self, accumulator, value):
-        return getattr(accumulator, self.add)(value)
-
-    def merge_accumulators(self, accumulators):
-        merged = self.factory()
-        for accumulator in accumulators:
-            merged.merge(accumulator)
-        return merged
-
-    def extract_output(self, accumulator):
-        return accumulator
 
 
 class CheckSplitFn(beam.DoFn):

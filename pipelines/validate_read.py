@@ -256,6 +256,29 @@ class ReadShards(beam.PTransform):
         return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")
 
 
+class MergeFn(beam.CombineFn):
+    """Adds up values into a ``factory()`` accumulator with its ``add`` method, merged with its ``merge``
+    (``SplitStats``/``ForeignStats`` add partial statistics, ``HashGroup`` adds records)."""
+
+    def __init__(self, factory, add: str = "merge"):
+        self.factory, self.add = factory, add
+
+    def create_accumulator(self):
+        return self.factory()
+
+    def add_input(self, accumulator, value):
+        return getattr(accumulator, self.add)(value)
+
+    def merge_accumulators(self, accumulators):
+        merged = self.factory()
+        for accumulator in accumulators:
+            merged.merge(accumulator)
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
 class ReadForeignFileFn(beam.DoFn):
     """One foreign TFRecord file: every record's CRC, parse, image header (size, format, mode) and label."""
 
