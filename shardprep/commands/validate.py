@@ -157,8 +157,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
 
 
 def refuse_what_is_no_dataset(data: str) -> None:
-    """A local DATA that is no prepared dataset at all (missing, a file, an empty or image folder, a folder inside
-    one) is one error line now; a run that stopped early (shards, no manifest) is left to the report."""
+    """A local DATA that is no prepared dataset at all is one error line now; a run that stopped early (shards, no
+    manifest) is left to the report."""
     import os
 
     from shardprep.pipelines import source_registry
@@ -190,8 +190,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def print_report(report: dict, json_path: str | None, console=None) -> None:
-    """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width (default: the
-    shared console) without breaking a phrase; names from the data are printed as they are, never as markup."""
+    """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width without breaking a
+    phrase; names from the data are printed as they are, never as markup."""
     console = console or make_console()
     width = console.width
 
@@ -284,8 +284,7 @@ def _dataset_split_line(split: str, summary: dict) -> list:
 
 
 def _print_class_table(console, say, summary: dict) -> None:
-    """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else the ones that differ (up to
-    as many), and a line for the rest."""
+    """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else those that differ."""
     from rich.table import Table
     from rich.text import Text
 
@@ -310,7 +309,7 @@ def _print_class_table(console, say, summary: dict) -> None:
 
 
 def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
-    """The line under a class table that does not list every class: how many more differ or match."""
+    """Under a class table that does not list every class: how many more differ or match."""
     differing = {label for label, _ in differ}
     counts = [n for label, (_, n) in rows if label not in differing]
     low, high = (min(counts), max(counts)) if counts else (0, 0)
@@ -339,8 +338,7 @@ def _foreign_split_line(split: str, summary: dict) -> list:
 
 
 def _foreign_split_table(summary: dict, classes: list[str] | None = None):
-    """Records per label; with the class names of a ``label.labels.txt`` beside the files (``report["classes"]``),
-    a class column too."""
+    """Records per label, and their class names when the report has them (a ``label.labels.txt``)."""
     from rich.table import Table
 
     table = Table()
@@ -370,13 +368,9 @@ _NEAR_PAIRS_SHOWN = 5
 
 def _print_near_duplicates(say, report: dict) -> None:
     """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
-    from rich.text import Text
-
     near = report.get("near_duplicates")
     if near and near.get("skipped"):
-        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", "near-duplicates not searched")]
-            + [(": " if i == 0 else separator, clause) for i, (separator, clause) in
-               enumerate(phrases.clauses(near["skipped"]))], indent="    ")
+        say(_warning("near-duplicates not searched", near["skipped"]), indent="    ")
     if not near or near.get("skipped"):
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
@@ -401,17 +395,23 @@ def _print_near_duplicates(say, report: dict) -> None:
     if len(pairs) > _NEAR_PAIRS_SHOWN:
         say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs (every one in the JSON report)")])
     for found in report.get("warnings") or []:
-        clauses = phrases.clauses(found["message"])
-        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
-            + [(": ", clauses[0][1])] + clauses[1:], indent="    ")
+        say(_warning(found["split"] or "", found["message"]), indent="    ")
     if near.get("leaked_keys_file"):
         say([("", f"leaked keys: {near['leaked_keys_file']}"),
              (" ", f"({_count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
 
 
+def _warning(subject: str, message: str) -> list:
+    from rich.text import Text
+
+    clauses = phrases.clauses(message)
+    return ([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
+            + clauses[1:])
+
+
 def _print_problems(say, report: dict) -> None:
-    """A heading, then one entry per problem (check, where, message), each flowed to the width: a list, not a
-    table, so that file names and messages keep whole at 80 columns."""
+    """A heading, then one entry per problem (check, where, message): a list, not a table, so that file names and
+    messages keep whole at 80 columns."""
     from rich.text import Text
 
     problems = report["problems"]
