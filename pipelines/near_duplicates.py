@@ -1,17 +1,7 @@
 """``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance (candidates) and whose
-thumbnails then score at least the minimum (near-duplicates), across and within splits, found the Beam way
-(``pipelines/validation/near_pairs.py`` holds the plain-Python parts, ``near_score.py`` the score).
-
-Input: a ``NearRecord`` per record. Outputs (a dict of PCollections):
-
-    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split (the
-                training split of a held-out one: near_pairs.split_ranks)
-    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
-    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
-    leaked      RecordLocation of every held-out record with a near-duplicate in a training split (what to exclude)
-    search      (buckets over the cap, members left unchecked in them): one element
-
-Steps, none holding more than one hash's records or one bucket's capped members::
+thumbnails then score at least the minimum (near-duplicates), across and within splits; the plain parts are
+``validation/near_pairs.py`` and ``near_score.py``. No step holds more than one hash's records or one bucket's
+capped members::
 
     GroupByHash       CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
     SearchKeys        each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
@@ -82,7 +72,14 @@ def _sum_pairs(values):
 
 
 class FindNearDuplicates(beam.PTransform):
-    """``NearRecord`` per record -> ``{counts, pairs, borderline, leaked, search}`` (see the module)."""
+    """``NearRecord`` per record -> a dict of PCollections:
+
+    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
+    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
+    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
+    leaked      RecordLocation of every held-out record with a near-duplicate in a training split
+    search      (buckets over the cap, members left unchecked in them): one element
+    """
 
     def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
                  search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):

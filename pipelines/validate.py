@@ -155,14 +155,11 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Ma
     except manifest_lib.ManifestError as e:
         return None, [problem("manifest_invalid", str(e))]
     document = manifest.to_json()
-    driver_problems = manifest_problems(document)
-    if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
-        return None, driver_problems
     if storage.is_local(data_dir):
         listed = {shard.file for info in manifest.splits.values() for shard in info.shards}
         found.extend(sorted(file for file in listed - set(found)
                             if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
-    return manifest, driver_problems + unfit_layout_problems(manifest) + layout_problems(document, found)
+    return manifest, manifest_problems(document) + unfit_layout_problems(manifest) + layout_problems(document, found)
 
 
 def _sample_options(manifest: Manifest, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
@@ -364,21 +361,6 @@ def _log_progress(stage: str, done: int | None, total: int | None, records: int 
     _LOGGER.info("%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else "")
 
 
-def _refuse_flags_not_applying(options: ValidateOptions, kind) -> None:
-    """Options this DATA cannot honour are refused by name, never ignored."""
-    prepared = not kind.validated_as_records
-    flags = options.flags_not_applying(kind.options, prepared)
-    if not flags:
-        return
-    verb = "does" if len(flags) == 1 else "do"
-    if flags == ["--samples-per-class"]:
-        raise ValidateError(f"--samples-per-class does not apply without a contact sheet to fill: only --pictures "
-                            "DIR on a prepared dataset writes one; add --pictures or leave it out")
-    data = f"a dataset shardprep preprocess wrote ({options.data})" if prepared else f"{kind.name}: DATA"
-    raise ValidateError(f"{' and '.join(flags)} {verb} not apply to {data}; leave {'it' if len(flags) == 1 else 'them'} "
-                        "out")
-
-
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
         outputs: WrittenOutputs | None = None) -> dict:
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
@@ -399,12 +381,9 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
         raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
-    _refuse_flags_not_applying(options, kind)
-    if kind.validated_as_records:
-        flags = options.near_duplicate_search_flags()
-        if flags:
-            raise ValidateError(f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: "
-                                f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
+    refused = options.refusal(kind.name, kind.options, prepared=not kind.validated_as_records)
+    if refused:
+        raise ValidateError(refused)
     try:
         with runner.worker_zygote_for(beam_args):  # before the first pipeline, while no thread runs here
             report = (validate_foreign if kind.validated_as_records else validate_dataset)(

@@ -149,26 +149,12 @@ def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: Fixed
     return None
 
 
-_MANIFEST_KEYS = ("classes", "encoding", "crop", "shorter_side", "splits")
-
-
 def manifest_problems(manifest: dict) -> list[dict]:
-    """Checks that the manifest has what validate reads and that its own totals agree."""
-    missing = [key for key in _MANIFEST_KEYS if key not in manifest]
-    if missing:
-        return [problem("manifest_invalid", f"manifest lacks {', '.join(missing)}")]
+    """Whether the manifest's own totals agree (its shape was checked as it was loaded)."""
     found = []
-    classes = manifest["classes"]
     for split, info in manifest["splits"].items():
-        try:
-            shards = info["shards"]
-            shard_total = sum(int(shard["num_examples"]) for shard in shards)
-            [shard["file"] for shard in shards]  # noqa: B018 - every shard must name its file
-            class_counts = info["class_counts"]
-            num_examples = int(info["num_examples"])
-        except (KeyError, TypeError, ValueError) as e:
-            found.append(problem("manifest_invalid", f"split {split!r} entry is malformed: {e!r}", split=split))
-            continue
+        shards, class_counts, num_examples = info["shards"], info["class_counts"], int(info["num_examples"])
+        shard_total = sum(int(shard["num_examples"]) for shard in shards)
         if info.get("num_shards") is not None and int(info["num_shards"]) != len(shards):
             found.append(problem("manifest_inconsistent",
                                  f"num_shards {info['num_shards']} but {len(shards)} shards listed", split=split))
@@ -179,51 +165,40 @@ def manifest_problems(manifest: dict) -> list[dict]:
             found.append(problem("manifest_inconsistent",
                                  f"num_examples {num_examples} but class_counts add up to "
                                  f"{sum(class_counts.values())}", split=split))
-        unknown = sorted(set(class_counts) - set(classes))
+        unknown = sorted(set(class_counts) - set(manifest["classes"]))
         if unknown:
             found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
                                  split=split))
     return found
 
 
-def is_shard_path(relative_path: str) -> bool:
-    """Whether a file in the dataset folder looks like a shard (what an unlisted extra shard would be)."""
-    return relative_path.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)
-
-
-def is_temporary_path(relative_path: str) -> bool:
-    """Files an interrupted preprocess run leaves: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
-    parts = relative_path.split("/")
-    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in parts)
+def _is_temporary(path: str) -> bool:
+    """Left by an interrupted preprocess run: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
+    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in path.split("/"))
 
 
 def classify_files(found: list[str]) -> dict[str, list[str]]:
-    """Splits the files of a dataset folder into finished-looking ``shards``, ``temporary`` files and ``other``."""
+    """The files of a dataset folder as finished-looking ``shards``, ``temporary`` files and ``other``."""
     classes: dict[str, list[str]] = {"shards": [], "temporary": [], "other": []}
     for path in found:
-        if is_temporary_path(path):
-            classes["temporary"].append(path)
-        elif manifest_lib.SHARD_FILES.parse_path(path) is not None:
-            classes["shards"].append(path)
-        else:
-            classes["other"].append(path)
+        kind = ("temporary" if _is_temporary(path) else
+                "shards" if manifest_lib.SHARD_FILES.parse_path(path) is not None else "other")
+        classes[kind].append(path)
     return classes
 
 
 def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
-    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files not listed.
-
-    ``found_files`` are paths relative to the dataset folder.
-    """
+    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files (relative paths)
+    not listed."""
     listed = {shard["file"]: split for split, info in manifest["splits"].items() for shard in info["shards"]}
     present = set(found_files)
     found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)
              for file, split in sorted(listed.items()) if file not in present]
     found += [problem("shard_unlisted",
                       "temporary shard left by an interrupted write, not listed in the manifest"
-                      if is_temporary_path(file) else "shard file not listed in the manifest",
+                      if _is_temporary(file) else "shard file not listed in the manifest",
                       split=file.split("/", 1)[0] if "/" in file else None, file=file)
-              for file in sorted(present) if is_shard_path(file) and file not in listed]
+              for file in sorted(present) if file.endswith(manifest_lib.SHARD_SUFFIX) and file not in listed]
     return found
 
 

@@ -25,7 +25,7 @@ def report_base(data: str, kind: str) -> dict:
 
 
 def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
-    """Problems found by the driver and by the pipeline, capped per check; returns (problems, counts, truncated)."""
+    """(problems capped per check, counts, truncated) of the driver's and the pipeline's problems."""
     counts: dict[str, int] = {}
     for found in driver_problems:
         counts[found["check"]] = counts.get(found["check"], 0) + 1
@@ -49,8 +49,7 @@ def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per
 
 
 def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
-    """The one problem of a folder without ``manifest.json``: what the path is (``path_kind``), and for a run that
-    did not finish, what it holds instead."""
+    """The problem of a folder without ``manifest.json``: what the path is, and what an unfinished run left."""
     error = manifest_lib.missing_manifest_error(data_dir)
     if error.kind != manifest_lib.PATH_INCOMPLETE:  # not a dataset at all: no list of its images or files
         return problem("manifest_missing", str(error), path_kind=error.kind, found_files=[],
@@ -69,42 +68,27 @@ def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
 
 def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
     """A prepared split's result line and report entry (JSON-ready)."""
-    classes = manifest["classes"]
-    info = manifest["splits"].get(split, {})
-    statistics = stats.mean_std()
-    return {
-        "kind": "split",
-        "split": split,
-        "num_examples": stats.num_examples,
-        "expected_num_examples": info.get("num_examples"),
-        "num_shards": len(stats.shard_records),
-        "expected_num_shards": len(info.get("shards", [])),
-        "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
-        "expected_class_counts": dict(info.get("class_counts", {})),
-        "out_of_range_labels": {str(label): n for label, n in sorted(stats.label_counts.items())
-                                if not 0 <= label < len(classes)},
-        "mean_rgb": statistics[0] if statistics else None,
-        "std_rgb": statistics[1] if statistics else None,
-        "image_sizes": size_summary(stats.image_sizes),
-        "shard_records": dict(sorted(stats.shard_records.items())),
-    }
+    classes, info, statistics = manifest["classes"], manifest["splits"].get(split, {}), stats.mean_std()
+    return {"kind": "split", "split": split, "num_examples": stats.num_examples,
+            "expected_num_examples": info.get("num_examples"), "num_shards": len(stats.shard_records),
+            "expected_num_shards": len(info.get("shards", [])),
+            "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
+            "expected_class_counts": dict(info.get("class_counts", {})),
+            "out_of_range_labels": {str(label): n for label, n in sorted(stats.label_counts.items())
+                                    if not 0 <= label < len(classes)},
+            "mean_rgb": statistics[0] if statistics else None, "std_rgb": statistics[1] if statistics else None,
+            "image_sizes": size_summary(stats.image_sizes), "shard_records": dict(sorted(stats.shard_records.items()))}
 
 
 def foreign_summary(split: str, stats: ForeignStats) -> dict:
     """A foreign split's result line and report entry (JSON-ready)."""
-    return {
-        "kind": "split",
-        "split": split,
-        "num_examples": stats.num_records,
-        "num_files": len(stats.file_records),
-        "num_readable_images": stats.num_readable_images,
-        "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
-        "num_labels": len(stats.label_counts),
-        "image_sizes": size_summary(stats.image_sizes),
-        "image_formats": dict(sorted(stats.image_formats.items())),
-        "image_modes": dict(sorted(stats.image_modes.items())),
-        "file_records": dict(sorted(stats.file_records.items())),
-    }
+    return {"kind": "split", "split": split, "num_examples": stats.num_records,
+            "num_files": len(stats.file_records), "num_readable_images": stats.num_readable_images,
+            "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
+            "num_labels": len(stats.label_counts), "image_sizes": size_summary(stats.image_sizes),
+            "image_formats": dict(sorted(stats.image_formats.items())),
+            "image_modes": dict(sorted(stats.image_modes.items())),
+            "file_records": dict(sorted(stats.file_records.items()))}
 
 
 def sample_line(label: int, samples: list[Sample]) -> str:
@@ -176,10 +160,7 @@ def _by_split_pair(lines: list[dict], kind: str, field: str) -> dict:
 
 def near_section(lines: list[dict], split_order: list[str], split_records: dict[str, int], max_distance: int,
             limit: int | None, strict: bool, min_score: float = MIN_SCORE) -> dict:
-    """The report's ``near_duplicates`` entry: per split pair across splits (the training split first, see
-    near_pairs.split_ranks) the records of the held-out split with a near-duplicate in the other, whether they
-    are leaks, every verified pair and the borderline candidates; the same within each split; how many distinct
-    records leak (``leaked_records``); and how the search went."""
+    """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate.py``), training splits first."""
     counts = _by_split_pair(lines, "near_duplicate_count", "count")
     pairs = _by_split_pair(lines, "near_duplicate_pairs", "pairs")
     borderline = _by_split_pair(lines, "near_duplicate_borderline", "pairs")
@@ -201,8 +182,7 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
 
 
 def near_skipped(reason: str) -> dict:
-    """The report's ``near_duplicates`` entry when the search did not run (see validate_options'
-    near_duplicate_skip_reason): why, in a sentence the CLI shows as a warning."""
+    """The report's ``near_duplicates`` entry when the search did not run: why (the CLI shows it as a warning)."""
     return {"skipped": reason}
 
 
@@ -212,8 +192,7 @@ def near_searched(report: dict) -> bool:
 
 
 def near_fails(near: dict) -> bool:
-    """Whether the near-duplicates fail the run: any leak under --strict, more than --near-duplicate-limit
-    otherwise."""
+    """Whether the near-duplicates fail the run: any leak under --strict, else more than --near-duplicate-limit."""
     if near["strict"]:
         return near["leaked_records"] > 0
     return near["limit"] is not None and near["leaked_records"] > near["limit"]
@@ -225,8 +204,8 @@ def near_measure(near: dict) -> str:
 
 
 def near_findings(near: dict) -> list[dict]:
-    """One ``near_duplicates`` entry per split pair with near-duplicates across splits: problems when
-    :func:`near_fails`, else the report's warnings (the same fields)."""
+    """One ``near_duplicates`` problem per split pair with near-duplicates across splits (warnings unless
+    :func:`near_fails`)."""
     found = []
     for entry in near["across_splits"]:
         if not entry["records"]:
@@ -249,7 +228,7 @@ def near_findings(near: dict) -> list[dict]:
 
 
 def leaked_keys(lines: list[dict]) -> list[str]:
-    """The keys (image/filename) of held-out records with a near-duplicate in a training split, sorted."""
+    """The keys of held-out records with a near-duplicate in a training split, sorted."""
     return sorted({line["key"] for line in lines if line["kind"] == "near_duplicate_key"})
 
 

@@ -69,10 +69,8 @@ _SQUARES = _VALUES * _VALUES
 
 
 def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, as exact integers.
-
-    Via a 256-bin histogram per channel: exact, and about 4x faster than widening every pixel to int64.
-    """
+    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, exact, via a 256-bin histogram per
+    channel (about 4x faster than widening every pixel)."""
     flat = pixels.reshape(-1, pixels.shape[-1])
     sums, squares = [], []
     for channel in range(flat.shape[1]):
@@ -97,12 +95,8 @@ def sample_rank(filename: str) -> float:
 
 
 def sample_fraction(class_counts: dict[str, int], samples_per_class: int, oversample: int = 8) -> float:
-    """The rank threshold below which a record is a contact-sheet candidate.
-
-    Picked so that even the smallest class expects ``oversample`` times the samples it needs; taking the lowest
-    ranks among candidates then equals taking them among all records (unless a class falls short, which at 8x is
-    vanishingly rare), while only a small fraction of the records of a large dataset is thumbnailed and shuffled.
-    """
+    """The rank below which a record is a contact-sheet candidate: the smallest class expects ``oversample``
+    times the samples it needs, so the lowest ranks among candidates are (almost surely) those among all records."""
     smallest = min((n for n in class_counts.values() if n > 0), default=0)
     if not smallest:
         return 1.0
@@ -165,22 +159,15 @@ class ForeignStats:
 
 def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:
     """Min/max/mean height and width and the most common sizes of an ``{"HxW": n}`` histogram."""
-    if not image_sizes:
-        return {"num_distinct": 0, "min_height": None, "max_height": None, "min_width": None, "max_width": None,
-                "mean_height": None, "mean_width": None, "most_common": {}}
-    parsed = [(tuple(int(v) for v in size.split("x")), n) for size, n in image_sizes.items()]
-    total = sum(n for _, n in parsed)
-    most_common = collections.Counter(image_sizes).most_common(top)
-    return {
-        "num_distinct": len(image_sizes),
-        "min_height": min(h for (h, _), _ in parsed),
-        "max_height": max(h for (h, _), _ in parsed),
-        "min_width": min(w for (_, w), _ in parsed),
-        "max_width": max(w for (_, w), _ in parsed),
-        "mean_height": sum(h * n for (h, _), n in parsed) / total,
-        "mean_width": sum(w * n for (_, w), n in parsed) / total,
-        "most_common": dict(most_common),
-    }
+    parsed = [(*(int(v) for v in size.split("x")), n) for size, n in image_sizes.items()]
+    total = sum(n for _, _, n in parsed)
+    heights, widths = [h for h, _, _ in parsed], [w for _, w, _ in parsed]
+    return {"num_distinct": len(image_sizes), "min_height": min(heights, default=None),
+            "max_height": max(heights, default=None), "min_width": min(widths, default=None),
+            "max_width": max(widths, default=None),
+            "mean_height": sum(h * n for h, _, n in parsed) / total if total else None,
+            "mean_width": sum(w * n for _, w, n in parsed) / total if total else None,
+            "most_common": dict(collections.Counter(image_sizes).most_common(top))}
 
 
 def foreign_split(path: str) -> str:

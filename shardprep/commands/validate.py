@@ -114,20 +114,13 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
-            max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
-            near_duplicates, quiet, beam_args):
+def command(ctx, quiet, beam_args, **flags):
     try:
-        options = ValidateOptions(data, json_path=json_path, pictures=pictures, samples_per_class=samples_per_class,
-                                  image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
-                                  max_problems_per_check=max_problems_per_check,
-                                  near_duplicate_distance=near_duplicate_distance,
-                                  near_duplicate_limit=near_duplicate_limit, strict=strict, leaked_keys=leaked_keys,
-                                  near_duplicates=near_duplicates)
+        options = ValidateOptions(**flags)  # every other parameter is a ValidateOptions field of the same name
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if not beam_args and (json_path, pictures, leaked_keys) == (None, None, None):  # nothing else to check first
-        refuse_what_is_no_dataset(data)  # so refused now, before Beam is imported
+    if not beam_args and (options.json_path, options.pictures, options.leaked_keys) == (None, None, None):
+        refuse_what_is_no_dataset(options.data)  # nothing else to check first: refused now, before Beam is imported
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
@@ -151,8 +144,8 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         except job.ValidateError as e:
             raise click.ClickException(str(e)) from None
         # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
-        with reader_may_go(done=_verdict_said(report, json_path)):
-            print_report(report, json_path)
+        with reader_may_go(done=_verdict_said(report, options.json_path)):
+            print_report(report, options.json_path)
     ctx.exit(0 if report["ok"] else 1)
 
 
