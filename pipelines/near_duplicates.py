@@ -1,6 +1,6 @@
 """``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance (candidates) and whose
 thumbnails then score at least the minimum (near-duplicates), across and within splits; the plain parts are
-``validation/near_pairs.py`` and ``near_score.py``. No step holds more than one hash's records or one bucket's
+``validation/near_pairs.py``. No step holds more than one hash's records or one bucket's
 capped members::
 
     GroupByHash       CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
@@ -20,7 +20,7 @@ from shardprep.pipelines.validate_read import MergeFn
 from shardprep.pipelines.validation.near_pairs import (BUCKET_CAP, Borderline, Flag, HashGroup, HashPair, NearPair,
                                                        NearRecord, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
-from shardprep.pipelines.validation.near_score import MIN_SCORE
+from shardprep.pipelines.validation.near_pairs import MIN_SCORE
 
 
 def _bucket_pairs(element, max_distance: int, cap: int):

@@ -28,7 +28,7 @@ class ValidateOptions:
     tfds_data_dir: str | None = None  # TFDS data_dir of a tfds: DATA (None: TFDS's own)
     max_problems_per_check: int = 100  # problems listed per check in the report (all are counted)
     # Near-duplicate candidates: records whose perceptual hashes (64 bits) differ in at most this many bits; each is
-    # then scored on its pixels (near_score.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
+    # then scored on its pixels (near_pairs.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
     # shifts of 2 px and more at 32 px; the score keeps every one of 19,900 pairs of distinct photos out.
     near_duplicate_distance: int = 16
     near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split

@@ -24,7 +24,7 @@ from shardprep.pipelines import progress as progress_lib
 from shardprep.pipelines.validation.checks import (RecordExpectations, problem, record_layout_length_problems,
                                                    record_layout_offset_problem, record_problems, shard_problems)
 from shardprep.pipelines.validation.near_pairs import NearRecord
-from shardprep.pipelines.validation.near_score import thumbnail
+from shardprep.pipelines.validation.near_pairs import thumbnail
 from shardprep.pipelines.validation.stats import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
                                                   SplitStats, channel_sums, pixel_hash, sample_rank)
 from shardprep.preprocess import record_format, tfrecord_io, untrusted

@@ -17,7 +17,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from near_duplicate_images import HARD_NEGATIVES, PLANTED, crop, jpeg, photo, rescale
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
 from shardprep.pipelines.validate_options import default
-from shardprep.pipelines.validation import near_score
+from shardprep.pipelines.validation import near_pairs as near_score
 from shardprep.pipelines.validation.stats import RecordLocation
 from shardprep.pipelines.validation.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
 from shardprep.preprocess import perceptual_hash

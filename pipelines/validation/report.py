@@ -10,7 +10,7 @@ import json
 
 from shardprep.pipelines.validation.checks import classify_files, problem, problem_sort_key
 from shardprep.pipelines.validation.near_pairs import SplitPair, split_ranks
-from shardprep.pipelines.validation.near_score import MIN_SCORE
+from shardprep.pipelines.validation.near_pairs import MIN_SCORE
 from shardprep.pipelines.validation.stats import ForeignStats, Sample, SplitStats, size_summary
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import resize
