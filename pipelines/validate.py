@@ -212,8 +212,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
         driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
-        progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines, outputs)
+        _write_pictures_or_fail(options, report, lines, outputs, progress)
     return report
 
 
@@ -295,8 +294,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
         report["classes"] = classes
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
     if options.pictures:
-        progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, None, outputs)
+        _write_pictures_or_fail(options, report, None, outputs, progress)
     return report
 
 
@@ -311,10 +309,11 @@ def _writing(what: str, report: dict, after: str = "; the report above is comple
         raise ReportWriteError(f"writing {what} failed: {e}{after}", report) from e
 
 
-def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict, lines: list[dict] | None,
-                            outputs: WrittenOutputs) -> None:
-    with _writing(f"pictures to {pictures}", report):
-        report["pictures"] = write_pictures(pictures, report, lines, samples_per_class, outputs)
+def _write_pictures_or_fail(options: ValidateOptions, report: dict, lines: list[dict] | None,
+                            outputs: WrittenOutputs, progress: Progress) -> None:
+    progress(f"writing pictures to {options.pictures}", None, None, None)
+    with _writing(f"pictures to {options.pictures}", report):
+        report["pictures"] = write_pictures(options.pictures, report, lines, options.samples_per_class, outputs)
 
 
 def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int,

@@ -28,8 +28,7 @@ from apache_beam import coders
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
 from shardprep.pipelines.validate_options import default
 from shardprep.pipelines.validate_read import MergeFn, ReadForeignFiles, ReadShards
-from shardprep.pipelines.validation.checks import (RecordExpectations, mean_std_problems, problem, problem_sort_key,
-                                                   split_problems)
+from shardprep.pipelines.validation.checks import mean_std_problems, problem, problem_sort_key, split_problems
 from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
 from shardprep.pipelines.validation.report import foreign_summary, sample_line, split_summary
 from shardprep.pipelines.validation.stats import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
@@ -246,7 +245,7 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
             | "ListShards" >> beam.Create(tasks)
-            | "ReadShards" >> ReadShards(RecordExpectations.from_manifest(manifest), samples, progress_dir))
+            | "ReadShards" >> ReadShards(manifest, samples, progress_dir))
     checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))

@@ -21,13 +21,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines.validation.checks import (RecordExpectations, problem, record_layout_length_problems,
+from shardprep.pipelines.validation.checks import (problem, record_layout_length_problems,
                                                    record_layout_offset_problem, record_problems, shard_problems)
 from shardprep.pipelines.validation.near_pairs import NearRecord
 from shardprep.pipelines.validation.near_pairs import thumbnail
 from shardprep.pipelines.validation.stats import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
                                                   SplitStats, channel_sums, pixel_hash, sample_rank)
 from shardprep.preprocess import record_format, tfrecord_io, untrusted
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess.perceptual_hash import fingerprint
 
 METRICS_NAMESPACE = "validate"
@@ -152,9 +153,9 @@ class ReadShardFn(beam.DoFn):
     """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, statistics and
     keys (the outputs: the module's docstring)."""
 
-    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
-                 progress_dir: str | None = None):
-        self.expectations = expectations
+    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
+        self.manifest = manifest  # as the driver loaded and checked it
+        self.layouts = manifest.fixed_layout_splits
         self.samples = samples
         self.progress_dir = progress_dir
         self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
@@ -164,7 +165,7 @@ class ReadShardFn(beam.DoFn):
     def process(self, task: ShardTask):
         stats = SplitStats()
         num_records = 0
-        layout = self.expectations.record_layouts.get(task.split)
+        layout = self.layouts.get(task.split)
         data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
         try:
             stream, size = open_for_reading(task.path)
@@ -208,9 +209,9 @@ class ReadShardFn(beam.DoFn):
         except record_format.RecordFormatError as e:
             yield report("record_parse", str(e))
             return
-        for check, message in record_problems(record, self.expectations):
+        for check, message in record_problems(record, self.manifest):
             yield report(check, message)
-        if layout is not None and record.format == self.expectations.encoding:  # a layout is the encoding's
+        if layout is not None and record.format == self.manifest.encoding:  # a layout is the encoding's
             misplaced = record_layout_offset_problem(data, record, layout)
             if misplaced:
                 yield report("record_layout", misplaced)
@@ -234,7 +235,7 @@ class ReadShardFn(beam.DoFn):
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
         samples = self.samples
-        if (samples is None or task.split != samples.split or not 0 <= record.label < self.expectations.num_classes
+        if (samples is None or task.split != samples.split or not 0 <= record.label < len(self.manifest.classes)
                 or sample_rank(record.filename) >= samples.fraction):
             return
         from shardprep.pipelines.validation.pictures import thumbnail
@@ -247,10 +248,9 @@ class ReadShardFn(beam.DoFn):
 class ReadShards(beam.PTransform):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
 
-    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
-                 progress_dir: str | None = None):
+    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         super().__init__()
-        self.fn = ReadShardFn(expectations, samples, progress_dir)
+        self.fn = ReadShardFn(manifest, samples, progress_dir)
 
     def expand(self, tasks):
         return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")

@@ -7,8 +7,6 @@ that file), the last three ``None`` where they do not apply, plus check-specific
 
 from __future__ import annotations
 
-import dataclasses
-
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
 from shardprep.preprocess.dataset import Manifest, ShardEntry
@@ -72,31 +70,6 @@ def problem_sort_key(item: dict) -> tuple:
             item.get("message", ""))
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordExpectations:
-    """What every record of a dataset must look like, from the manifest's options."""
-
-    encoding: str
-    crop: str
-    shorter_side: int
-    image_height: int | None
-    image_width: int | None
-    num_classes: int
-    record_layouts: dict[str, FixedLayout] = dataclasses.field(default_factory=dict)  # split -> its fixed layout
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> "RecordExpectations":
-        return cls(
-            encoding=manifest.encoding,
-            crop=manifest.crop,
-            shorter_side=int(manifest.shorter_side),
-            image_height=manifest.image_height,
-            image_width=manifest.image_width,
-            num_classes=len(manifest.classes),
-            record_layouts=manifest.fixed_layout_splits,
-        )
-
-
 def unfit_layout_problems(manifest: Manifest) -> list[dict]:
     """A ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records
     (``Manifest.layout_problems``; validate reads the manifest with ``lenient_layouts``, so such a split's shards
@@ -104,20 +77,20 @@ def unfit_layout_problems(manifest: Manifest) -> list[dict]:
     return [problem("record_layout", why, split=split) for split, why in manifest.layout_problems.items()]
 
 
-def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[tuple[str, str]]:
+def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, str]]:
     """(check, message) pairs for a parsed record that does not match the manifest's options."""
     found = []
-    if record.format != expected.encoding:
-        found.append(("record_format", f"format {record.format!r}, manifest encoding {expected.encoding!r}"))
-    if expected.image_height is not None and expected.image_width is not None:
-        if (record.height, record.width) != (expected.image_height, expected.image_width):
+    if record.format != manifest.encoding:
+        found.append(("record_format", f"format {record.format!r}, manifest encoding {manifest.encoding!r}"))
+    if manifest.image_height is not None and manifest.image_width is not None:
+        if (record.height, record.width) != (manifest.image_height, manifest.image_width):
             found.append(("record_size", f"{record.height}x{record.width}, manifest image size "
-                                         f"{expected.image_height}x{expected.image_width}"))
-    elif min(record.height, record.width) != expected.shorter_side:
+                                         f"{manifest.image_height}x{manifest.image_width}"))
+    elif min(record.height, record.width) != int(manifest.shorter_side):
         found.append(("record_size", f"{record.height}x{record.width}: shorter side is not the manifest's "
-                                     f"shorter_side {expected.shorter_side}"))
-    if not 0 <= record.label < expected.num_classes:
-        found.append(("record_label", f"label {record.label} outside 0..{expected.num_classes - 1}"))
+                                     f"shorter_side {int(manifest.shorter_side)}"))
+    if not 0 <= record.label < len(manifest.classes):
+        found.append(("record_label", f"label {record.label} outside 0..{len(manifest.classes) - 1}"))
     return found
 
 
