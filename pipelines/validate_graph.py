@@ -53,20 +53,14 @@ def mean_std_tolerance(manifest: dict) -> float:
     return max(encoding.mean_std_tolerance for encoding in encodings.REGISTERED)
 
 
-class CheckSplitFn(beam.DoFn):
+def _check_split(element, manifest: dict, tolerance: float):
     """``(split, merged SplitStats)`` -> the split's summary dict, and its problems (tagged ``problem``)."""
-
-    def __init__(self, manifest: dict, tolerance: float):
-        self.manifest, self.tolerance = manifest, tolerance
-
-    def process(self, element):
-        split, stats = element
-        found = split_problems(split, stats, self.manifest)
-        if split == self.manifest.get("stats_split"):
-            found += mean_std_problems(split, stats, self.manifest, self.tolerance)
-        for each in found:
-            yield beam.pvalue.TaggedOutput("problem", each)
-        yield split_summary(split, stats, self.manifest)
+    split, stats = element
+    found = split_problems(split, stats, manifest)
+    if split == manifest.get("stats_split"):
+        found += mean_std_problems(split, stats, manifest, tolerance)
+    yield from (beam.pvalue.TaggedOutput("problem", each) for each in found)
+    yield split_summary(split, stats, manifest)
 
 
 class CheckSplits(beam.PTransform):
@@ -83,7 +77,7 @@ class CheckSplits(beam.PTransform):
         return ((shard_stats, every_split)
                 | "FlattenSplitStats" >> beam.Flatten()
                 | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
-                | "CheckSplit" >> beam.ParDo(CheckSplitFn(self.manifest, self.tolerance)).with_outputs(
+                | "CheckSplit" >> beam.FlatMap(_check_split, self.manifest, self.tolerance).with_outputs(
                     "problem", main="split"))
 
 

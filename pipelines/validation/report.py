@@ -181,11 +181,6 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
             "leaked_keys_file": None, "search": search}
 
 
-def near_skipped(reason: str) -> dict:
-    """The report's ``near_duplicates`` entry when the search did not run: why (the CLI shows it as a warning)."""
-    return {"skipped": reason}
-
-
 def near_searched(report: dict) -> bool:
     """Whether the report holds a near-duplicate search's results (not a prepared dataset's, or skipped: no)."""
     return bool(report.get("near_duplicates")) and "skipped" not in report["near_duplicates"]

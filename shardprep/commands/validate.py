@@ -237,11 +237,10 @@ def _print_found_files(console, report: dict) -> None:
 def _verdict(report: dict, json_path: str | None) -> list:
     total = sum(report["problem_counts"].values())
     warnings = len(report.get("warnings") or [])
-    if report["ok"] and warnings:
-        items = [("", _styled("OK", "bold green")), ("", ": every check passed"),
-                 ("; ", _styled(_count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
-    elif report["ok"]:
+    if report["ok"]:
         items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
+        if warnings:
+            items += [("; ", _styled(_count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
         counts[0] = f"({counts[0]}"
