@@ -211,8 +211,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     else:
         driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
-    if options.pictures:
-        _write_pictures_or_fail(options, report, lines, outputs, progress)
+    _write_pictures_or_fail(options, report, lines, outputs, progress)
     return report
 
 
@@ -293,8 +292,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
     if classes:
         report["classes"] = classes
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
-    if options.pictures:
-        _write_pictures_or_fail(options, report, None, outputs, progress)
+    _write_pictures_or_fail(options, report, None, outputs, progress)
     return report
 
 
@@ -311,6 +309,8 @@ def _writing(what: str, report: dict, after: str = "; the report above is comple
 
 def _write_pictures_or_fail(options: ValidateOptions, report: dict, lines: list[dict] | None,
                             outputs: WrittenOutputs, progress: Progress) -> None:
+    if not options.pictures:
+        return
     progress(f"writing pictures to {options.pictures}", None, None, None)
     with _writing(f"pictures to {options.pictures}", report):
         report["pictures"] = write_pictures(options.pictures, report, lines, options.samples_per_class, outputs)
