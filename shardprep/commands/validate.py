@@ -10,7 +10,7 @@ import click
 from shardprep.broken_pipe import OutputError, reader_may_go
 from shardprep.commands import own_long_options, phrases, validate_stop
 from shardprep.commands.validate_progress import ACROSS_RECORDS, ProgressDisplay
-from shardprep.display import console as make_console
+from shardprep.display import console as make_console, count
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
 from shardprep.preprocess.wordnet_names import display_name
@@ -170,16 +170,12 @@ def refuse_what_is_no_dataset(data: str) -> None:
 def _verdict_said(report: dict, json_path: str | None) -> str:
     """The verdict in words, for the error line of a report that could not be printed."""
     verdict = "the dataset passed every check" if report["ok"] else \
-        f"the checks found {_count(sum(report['problem_counts'].values()), 'problem')}"
+        f"the checks found {count(sum(report['problem_counts'].values()), 'problem')}"
     return verdict + (f" (report {json_path})" if json_path else "")
 
 
 def _rgb(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values else "-"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def print_report(report: dict, json_path: str | None, console=None) -> None:
@@ -229,7 +225,7 @@ def _print_found_files(console, report: dict) -> None:
                 and found.get("path_kind", "incomplete") == "incomplete"):
             listed = found["found_files"]
             more = found["num_found_files"] - len(listed)
-            console.print(Text(f"found in {report['data']} ({_count(found['num_found_files'], 'file')}):\n  "
+            console.print(Text(f"found in {report['data']} ({count(found['num_found_files'], 'file')}):\n  "
                                + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")),
                           overflow="fold")
 
@@ -240,12 +236,12 @@ def _verdict(report: dict, json_path: str | None) -> list:
     if report["ok"]:
         items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
         if warnings:
-            items += [("; ", _styled(_count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
+            items += [("; ", _styled(count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
         counts[0] = f"({counts[0]}"
         counts[-1] = f"{counts[-1]})"
-        items = [("", _styled("FAILED", "bold red")), ("", f": {_count(total, 'problem')}"), (" ", counts[0])]
+        items = [("", _styled("FAILED", "bold red")), ("", f": {count(total, 'problem')}"), (" ", counts[0])]
         items += [(", ", part) for part in counts[1:]]
     items += [(" — ", report["data"]), (" ", f"in {report.get('elapsed_seconds', 0):.1f} s")]
     if json_path:
@@ -265,13 +261,13 @@ def _dataset_split_line(split: str, summary: dict) -> list:
     from rich.text import Text
 
     sizes = list(summary["image_sizes"]["most_common"].items())[:3]
-    items = [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')} (manifest "
+    items = [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')} (manifest "
                                                  f"{summary['expected_num_examples']:,})")),
-             (" ", f"in {_count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
+             (" ", f"in {count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
              ("; ", "sizes " + (", ".join(f"{size} ×{n:,}" for size, n in sizes) or "-")),
              ("; ", f"mean RGB {_rgb(summary['mean_rgb'])}"), (", ", f"std RGB {_rgb(summary['std_rgb'])}")]
     if summary.get("duplicate_images"):
-        items.append(("; ", f"{_count(summary['duplicate_images'], 'duplicate image')} within the split"))
+        items.append(("; ", f"{count(summary['duplicate_images'], 'duplicate image')} within the split"))
     return items
 
 
@@ -305,7 +301,7 @@ def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
     differing = {label for label, _ in differ}
     counts = [n for label, (_, n) in rows if label not in differing]
     low, high = (min(counts), max(counts)) if counts else (0, 0)
-    per_class = (f"({_count(low, 'record')} per class)" if low == high
+    per_class = (f"({count(low, 'record')} per class)" if low == high
                  else f"({low:,}–{high:,} records per class)")
     if not differ:
         return [("", f"all {len(rows):,} classes match the manifest"), (" ", per_class)]
@@ -321,10 +317,10 @@ def _foreign_split_line(split: str, summary: dict) -> list:
     sizes = summary["image_sizes"]
     size_text = (f"{sizes['min_height']}–{sizes['max_height']} × {sizes['min_width']}–{sizes['max_width']} "
                  f"(H×W, {sizes['num_distinct']:,} distinct)" if sizes["num_distinct"] else "-")
-    return [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')}")),
-            (" ", f"in {_count(summary['num_files'], 'file')}"),
-            (", ", f"{_count(summary['num_readable_images'], 'readable image')}"),
-            (", ", _count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
+    return [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')}")),
+            (" ", f"in {count(summary['num_files'], 'file')}"),
+            (", ", f"{count(summary['num_readable_images'], 'readable image')}"),
+            (", ", count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
             ("; ", "formats " + (", ".join(f"{k} {v:,}" for k, v in summary["image_formats"].items()) or "-")),
             ("; ", "modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))]
 
@@ -390,7 +386,7 @@ def _print_near_duplicates(say, report: dict) -> None:
         say(_warning(found["split"] or "", found["message"]), indent="    ")
     if near.get("leaked_keys_file"):
         say([("", f"leaked keys: {near['leaked_keys_file']}"),
-             (" ", f"({_count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
+             (" ", f"({count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
 
 
 def _warning(subject: str, message: str) -> list:
