@@ -35,9 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from near_duplicate_images import HARD_NEGATIVES, PLANTED  # noqa: E402
 from shardprep.pipelines.validate_options import default  # noqa: E402
-from shardprep.pipelines.validation.elements import RecordLocation  # noqa: E402
+from shardprep.pipelines.validation.stats import RecordLocation  # noqa: E402
 from shardprep.pipelines.validation.near_pairs import NearRecord  # noqa: E402
-from shardprep.pipelines.validation.near_score import thumbnail  # noqa: E402
+from shardprep.pipelines.validation.near_pairs import thumbnail  # noqa: E402
 from shardprep.preprocess.perceptual_hash import fingerprint  # noqa: E402
 
 DEFAULT = default("near_duplicate_distance")

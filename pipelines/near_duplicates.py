@@ -1,17 +1,7 @@
 """``FindNearDuplicates``: records whose perceptual hashes are within a Hamming distance (candidates) and whose
-thumbnails then score at least the minimum (near-duplicates), across and within splits, found the Beam way
-(``pipelines/validation/near_pairs.py`` holds the plain-Python parts, ``near_score.py`` the score).
-
-Input: a ``NearRecord`` per record. Outputs (a dict of PCollections):
-
-    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split (the
-                training split of a held-out one: near_pairs.split_ranks)
-    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
-    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
-    leaked      RecordLocation of every held-out record with a near-duplicate in a training split (what to exclude)
-    search      (buckets over the cap, members left unchecked in them): one element
-
-Steps, none holding more than one hash's records or one bucket's capped members::
+thumbnails then score at least the minimum (near-duplicates), across and within splits; the plain parts are
+``validation/near_pairs.py``. No step holds more than one hash's records or one bucket's
+capped members::
 
     GroupByHash       CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
     SearchKeys        each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
@@ -26,101 +16,42 @@ from __future__ import annotations
 
 import apache_beam as beam
 
+from shardprep.pipelines.validate_read import MergeFn
 from shardprep.pipelines.validation.near_pairs import (BUCKET_CAP, Borderline, Flag, HashGroup, HashPair, NearPair,
                                                        NearRecord, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
-from shardprep.pipelines.validation.near_score import MIN_SCORE
+from shardprep.pipelines.validation.near_pairs import MIN_SCORE
 
 
-class GroupByHashFn(beam.CombineFn):
-    """``NearRecord`` values of one hash -> their ``HashGroup`` (bounded: counts, a few members per split)."""
-
-    def create_accumulator(self):
-        return HashGroup()
-
-    def add_input(self, accumulator, element):
-        return accumulator.add(element)
-
-    def merge_accumulators(self, accumulators):
-        merged = HashGroup()
-        for accumulator in accumulators:
-            merged.merge(accumulator)
-        return merged
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
-class SearchKeysFn(beam.DoFn):
-    """``(hash, HashGroup)`` -> ``(search key, (hash, mirror))`` per table."""
-
-    def __init__(self, search: SearchKeys):
-        self.search = search
-        self.samples: list[list[int]] = []
-
-    def setup(self):
-        self.samples = self.search.samples()
-
-    def process(self, element):
-        image_hash, group = element
-        for key in self.search.keys(image_hash, self.samples):
-            yield key, (image_hash, group.mirror)
-
-
-class BucketPairsFn(beam.DoFn):
-    """``(search key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; tagged output ``unchecked``:
-    the number of members a bucket over ``cap`` left uncompared."""
-
-    def __init__(self, max_distance: int, cap: int):
-        self.max_distance, self.cap = max_distance, cap
-
-    def process(self, element):
-        _, members = element
-        found = bucket_pairs(members, self.max_distance, self.cap)
-        yield from found.pairs
-        if found.unchecked:
-            yield beam.pvalue.TaggedOutput("unchecked", found.unchecked)
+def _bucket_pairs(element, max_distance: int, cap: int):
+    """``(search key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; tagged ``unchecked``: the
+    members a bucket over ``cap`` left uncompared."""
+    found = bucket_pairs(element[1], max_distance, cap)
+    yield from found.pairs
+    if found.unchecked:
+        yield beam.pvalue.TaggedOutput("unchecked", found.unchecked)
 
 
 def _attach_low(element):
     """``(low, {group: [HashGroup], pair: [HashPair]})`` -> ``(high, (HashPair, low's HashGroup))``."""
-    _, joined = element
-    for group in joined["group"]:
-        for pair in joined["pair"]:
+    for group in element[1]["group"]:
+        for pair in element[1]["pair"]:
             yield pair.high, (pair, group)
 
 
-class PairFindingsFn(beam.DoFn):
-    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> ``Flag``, ``NearPair`` and
-    ``Borderline`` (tagged)."""
-
-    def __init__(self, split_order: list[str], min_score: float):
-        self.ranks, self.min_score = split_ranks(split_order), min_score
-
-    def process(self, element):
-        _, joined = element
-        for high in joined["group"]:
-            for pair, low in joined["pair"]:
-                yield from _tagged(pair_findings(low, high, pair.distance, self.ranks, self.min_score))
-
-
-class GroupFindingsFn(beam.DoFn):
-    """``(hash, HashGroup)`` -> the ``Flag``, ``NearPair`` and ``Borderline`` of its own records (tagged)."""
-
-    def __init__(self, split_order: list[str], min_score: float):
-        self.ranks, self.min_score = split_ranks(split_order), min_score
-
-    def process(self, element):
-        yield from _tagged(group_findings(element[1], self.ranks, self.min_score))
-
-
 _TAGS = {Flag: "flag", NearPair: "near_pair", Borderline: "borderline"}
-FINDINGS = tuple(_TAGS.values())
 
 
 def _tagged(findings):
     for found in findings:
         yield beam.pvalue.TaggedOutput(_TAGS[type(found)], found.pair if isinstance(found, Borderline) else found)
+
+
+def _pair_findings(element, ranks: dict[str, int], min_score: float):
+    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> tagged findings of each pair."""
+    for high in element[1]["group"]:
+        for pair, low in element[1]["pair"]:
+            yield from _tagged(pair_findings(low, high, pair.distance, ranks, min_score))
 
 
 def _leaked_locations(element):
@@ -141,7 +72,14 @@ def _sum_pairs(values):
 
 
 class FindNearDuplicates(beam.PTransform):
-    """``NearRecord`` per record -> ``{counts, pairs, borderline, leaked, search}`` (see the module)."""
+    """``NearRecord`` per record -> a dict of PCollections:
+
+    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
+    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
+    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
+    leaked      RecordLocation of every held-out record with a near-duplicate in a training split
+    search      (buckets over the cap, members left unchecked in them): one element
+    """
 
     def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
                  search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
@@ -151,11 +89,14 @@ class FindNearDuplicates(beam.PTransform):
 
     def expand(self, records):
         by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
-        groups = by_hash | "GroupByHash" >> beam.CombinePerKey(GroupByHashFn())  # (hash, HashGroup)
+        groups = by_hash | "GroupByHash" >> beam.CombinePerKey(MergeFn(HashGroup, add="add"))  # (hash, HashGroup)
+        search, samples, min_score = self.search, self.search.samples(), self.min_score
+        ranks = split_ranks(self.split_order)
         buckets = (groups
-                   | "SearchKeys" >> beam.ParDo(SearchKeysFn(self.search))  # (search key, (hash, mirror))
+                   | "SearchKeys" >> beam.FlatMapTuple(lambda image_hash, group: (
+                       (key, (image_hash, group.mirror)) for key in search.keys(image_hash, samples)))
                    | "GroupByBucket" >> beam.GroupByKey()
-                   | "BucketPairs" >> beam.ParDo(BucketPairsFn(self.max_distance, self.cap)).with_outputs(
+                   | "BucketPairs" >> beam.FlatMap(_bucket_pairs, self.max_distance, self.cap).with_outputs(
                        "unchecked", main="pair"))
         pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
                  | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
@@ -165,10 +106,10 @@ class FindNearDuplicates(beam.PTransform):
                     | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
         from_pairs = ({"group": groups, "pair": with_low}
                       | "JoinHigh" >> beam.CoGroupByKey()
-                      | "PairFindings" >> beam.ParDo(PairFindingsFn(self.split_order, self.min_score))
-                      .with_outputs(*FINDINGS))
-        from_groups = groups | "GroupFindings" >> beam.ParDo(GroupFindingsFn(
-            self.split_order, self.min_score)).with_outputs(*FINDINGS)
+                      | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score)
+                      .with_outputs(*_TAGS.values()))
+        from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
+            lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS.values())
         flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
                  | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
                  | "DistinctFlags" >> beam.Distinct()
@@ -184,13 +125,12 @@ class FindNearDuplicates(beam.PTransform):
             "borderline": borderline | "KeyBorderline" >> beam.Map(lambda pair: (_split_pair(pair), pair))
             | "BestBorderline" >> beam.combiners.Top.PerKey(self.pairs_listed, key=lambda pair: pair.score)
             | "BorderlineOrder" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
-            "leaked": self._leaked(by_hash, flags),
+            "leaked": self._leaked(by_hash, flags, ranks),
             "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
             | "SumUnchecked" >> beam.CombineGlobally(_sum_pairs),
         }
 
-    def _leaked(self, by_hash, flags):
-        ranks = split_ranks(self.split_order)
+    def _leaked(self, by_hash, flags, ranks):
         flagged = (flags
                    | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
                    | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))

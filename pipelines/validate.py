@@ -45,6 +45,7 @@ The JSON report (``--json``)::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -67,11 +68,9 @@ from shardprep.pipelines.validate_graph import build_dataset_pipeline, build_for
 from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
 from shardprep.pipelines.validate_paths import (ValidateError, WrittenOutputs, absolute, check_not_read,
                                                 check_output_paths, data_kind)
-from shardprep.pipelines.validation import near_report
 from shardprep.pipelines.validation import report as report_lib
 from shardprep.pipelines.validation.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
-from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
-from shardprep.pipelines.validation.stats import sample_fraction
+from shardprep.pipelines.validation.stats import SampleOptions, ShardTask, sample_fraction
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import sources
 from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
@@ -99,11 +98,8 @@ class ReportWriteError(ValidateError):
 # --- running a graph ----------------------------------------------------------------------------------------------
 
 def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
-    """Where the pipeline writes its result lines, and how to remove them afterwards.
-
-    Local runs use a local temporary folder; a remote runner's workers cannot write there, so they use the
-    pipeline's ``--temp_location``.
-    """
+    """Where the pipeline writes its result lines (a local temporary folder, else ``--temp_location``: a remote
+    runner's workers cannot write here), and how to remove them afterwards."""
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
     if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
@@ -118,13 +114,9 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
 
 def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, stage: str,
                   total_files: int, work_bytes: int) -> list[dict]:
-    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files;
-    returns its parsed result lines.
-
-    Local runs report files read as the workers finish them (marker files in a temporary folder), on as many
-    worker processes as ``work_bytes`` pays for (``runner.sized_to_work``); a remote runner shows its progress in
-    its own UI.
-    """
+    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files, on as
+    many local workers as they pay for; returns its parsed result lines. A local run reports files read as the
+    workers finish them (``progress_lib.watching``); a remote runner shows progress in its own UI."""
     beam_args = runner.sized_to_work(beam_args, work_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     results_path, cleanup = _results_location(beam_args)
 
@@ -149,10 +141,9 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 # --- prepared dataset ---------------------------------------------------------------------------------------------
 
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Manifest | None, list[dict]]:
-    """(manifest, the driver's problems); the manifest is None when the shards cannot be read (the problems say
-    why, and ``report`` may say which checks were skipped). The manifest is read and checked once, here: a
-    ``record_layout`` that does not fit is a problem, and its split is read without it. Listed shards that exist
-    locally but are not files (a folder, a dangling link) are added to ``found``: reading them says what they are."""
+    """(manifest, the driver's problems), the manifest read and checked once; None when the shards cannot be read
+    (``report`` may say which checks were skipped). A ``record_layout`` that does not fit is a problem, its split
+    read without it. Listed shards that exist locally but are not files are added to ``found`` (reading says what)."""
     if manifest_lib.MANIFEST_NAME not in found:
         return None, [report_lib.manifest_missing_problem(data_dir, found)]
     try:
@@ -164,14 +155,11 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Ma
     except manifest_lib.ManifestError as e:
         return None, [problem("manifest_invalid", str(e))]
     document = manifest.to_json()
-    driver_problems = manifest_problems(document)
-    if any(found_problem["check"] == "manifest_invalid" for found_problem in driver_problems):
-        return None, driver_problems
     if storage.is_local(data_dir):
         listed = {shard.file for info in manifest.splits.values() for shard in info.shards}
         found.extend(sorted(file for file in listed - set(found)
                             if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
-    return manifest, driver_problems + unfit_layout_problems(manifest) + layout_problems(document, found)
+    return manifest, manifest_problems(document) + unfit_layout_problems(manifest) + layout_problems(document, found)
 
 
 def _sample_options(manifest: Manifest, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
@@ -210,43 +198,37 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     samples = _sample_options(manifest, stats_split, options)
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
-    near = NearDuplicateOptions(options.near_duplicate_distance, options.max_problems_per_check)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
-            progress_dir, near, search_near_duplicates=skipped is None),
+            progress_dir, options.near_duplicate_distance, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
     if skipped:
-        report["near_duplicates"] = near_report.skipped(skipped)
+        report["near_duplicates"] = {"skipped": skipped}  # why, which the CLI shows as a warning
     else:
         driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
-    if options.pictures:
-        progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, lines, outputs)
+    _write_pictures_or_fail(options, report, lines, outputs, progress)
     return report
 
 
 def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], options: ValidateOptions,
                      outputs: WrittenOutputs) -> list:
     """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
-    (near-duplicates across splits that fail the run)."""
+    that fail the run."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
-    report["near_duplicates"] = near = near_report.section(
+    report["near_duplicates"] = near = report_lib.near_section(
         lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
-    found = near_report.findings(near)
+    found = report_lib.near_findings(near)
     if options.leaked_keys:
-        text = near_report.keys_file_text(near_report.leaked_keys(lines), options.data, near)
-        try:
-            path = absolute(options.leaked_keys)
+        text = report_lib.keys_file_text(report_lib.leaked_keys(lines), options.data, near)
+        with _writing(f"the keys to {options.leaked_keys}", report, ""):
             near["leaked_keys_file"] = outputs.wrote("--leaked-keys", _write_file(
-                os.path.dirname(path), os.path.basename(path), text.encode("utf-8"), "text/plain"))
-        except (OSError, BeamIOError) as e:
-            raise ReportWriteError(f"writing the keys to {options.leaked_keys} failed: {e}", report) from e
-    failing = near_report.fails(near)
+                absolute(options.leaked_keys), text.encode("utf-8"), "text/plain"))
+    failing = report_lib.near_fails(near)
     report.update({} if failing else {"warnings": found})
     return found if failing else []
 
@@ -254,8 +236,7 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
 # --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
 def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:
-    """(DATA's kind, its globs or files and the class names it gives, the matched files' metadata) of a DATA its
-    kind validates as TFRecords (``tfrecord:``, ``tfds:``)."""
+    """(DATA's kind, its globs and class names, the matched files' metadata) of a ``tfrecord:`` or ``tfds:`` DATA."""
     progress(f"finding the files of {options.data}", None, None, None)
     try:
         parsed = source_registry.parse(options.data)
@@ -311,98 +292,72 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
     if classes:
         report["classes"] = classes
     report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
-    if options.pictures:
-        progress(f"writing pictures to {options.pictures}", None, None, None)
-        _write_pictures_or_fail(options.pictures, options.samples_per_class, report, None, outputs)
+    _write_pictures_or_fail(options, report, None, outputs, progress)
     return report
 
 
 # --- writing the report and the pictures --------------------------------------------------------------------------
 
-def _write_pictures_or_fail(pictures: str, samples_per_class: int, report: dict, lines: list[dict] | None,
-                            outputs: WrittenOutputs) -> None:
+@contextlib.contextmanager
+def _writing(what: str, report: dict, after: str = "; the report above is complete"):
+    """A failed write of ``what`` as a ReportWriteError that holds ``report`` (the checks' result, still shown)."""
     try:
-        report["pictures"] = write_pictures(pictures, report, lines, samples_per_class, outputs)
+        yield
     except (OSError, BeamIOError) as e:
-        raise ReportWriteError(f"writing pictures to {pictures} failed: {e}; the report above is complete",
-                               report) from e
+        raise ReportWriteError(f"writing {what} failed: {e}{after}", report) from e
+
+
+def _write_pictures_or_fail(options: ValidateOptions, report: dict, lines: list[dict] | None,
+                            outputs: WrittenOutputs, progress: Progress) -> None:
+    if not options.pictures:
+        return
+    progress(f"writing pictures to {options.pictures}", None, None, None)
+    with _writing(f"pictures to {options.pictures}", report):
+        report["pictures"] = write_pictures(options.pictures, report, lines, options.samples_per_class, outputs)
 
 
 def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int,
                    outputs: WrittenOutputs) -> dict:
-    """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pairs and the
+    """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pages and the
     class-count chart, last (``outputs`` then has them whole); returns their paths."""
+    from shardprep.pipelines.validate_read import read_record_pixels
     from shardprep.pipelines.validation import pictures
     from shardprep.preprocess import wordnet_names
+
+    def write(name: str, data: bytes, mime_type: str = "image/png", whole: bool = False) -> str:
+        return outputs.wrote("--pictures", _write_file(manifest_lib.join(absolute(directory), name), data,
+                                                       mime_type), whole=whole)
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
     class_names = [wordnet_names.display_name(name) for name in class_names]  # tench (n01440764), as predict says
     if lines is not None:
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
-        written["contact_sheet"] = outputs.wrote("--pictures", _write_file(
-            directory, pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet), "image/png"), whole=False)
-    if near_report.searched(report):
-        written.update(_write_near_duplicate_pages(directory, report, outputs))
+        written["contact_sheet"] = write(pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet))
+    if report_lib.near_searched(report):
+        data_dir = absolute(report["data"]).rstrip("/")
+        pages = [write(name, png) for name, png in pictures.pages_of(report, lambda file, index: (
+            read_record_pixels(manifest_lib.join(data_dir, file), index)))]
+        report["near_duplicates"]["pages"] = pages
+        page = pictures.html_of(report, [os.path.basename(path) for path in pages])
+        written.update(near_duplicates=pages[0],
+                       near_duplicates_html=write(pictures.NEAR_DUPLICATES_HTML, page, "text/html"))
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
-    written["class_counts"] = outputs.wrote("--pictures", _write_file(
-        directory, pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart), "image/png"))
+    written["class_counts"] = write(pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart), whole=True)
     return written
 
 
-def _write_near_duplicate_pages(directory: str, report: dict, outputs: WrittenOutputs) -> dict:
-    """Writes near_duplicates.png, its further pages (the report's ``near_duplicates.pages``), then
-    near_duplicates.html; returns ``near_duplicates`` (the first page) and ``near_duplicates_html``."""
-    from shardprep.pipelines.validate_read import read_record_pixels
-    from shardprep.pipelines.validation import near_pictures
-
-    data_dir = absolute(report["data"]).rstrip("/")
-    pages = [outputs.wrote("--pictures", _write_file(directory, name, png, "image/png"), whole=False)
-             for name, png in near_pictures.pages_of(report, lambda file, index: (
-                 read_record_pixels(manifest_lib.join(data_dir, file), index)))]
-    report["near_duplicates"]["pages"] = pages
-    page = near_pictures.html_of(report, [os.path.basename(path) for path in pages])
-    return {"near_duplicates": pages[0], "near_duplicates_html": outputs.wrote("--pictures", _write_file(
-        directory, near_pictures.NEAR_DUPLICATES_HTML, page, "text/html"), whole=False)}
-
-
-def _write_file(directory: str, name: str, data: bytes, mime_type: str) -> str:
-    """Writes ``data`` as ``name`` in ``directory`` under a temporary name, then renamed over ``name``
-    (``storage.atomic_write``): a link or a hard link already there is replaced, never written through."""
-    path = manifest_lib.join(absolute(directory), name)
+def _write_file(path: str, data: bytes, mime_type: str) -> str:
+    """Writes ``data`` under a temporary name, then renamed over ``path`` (``storage.atomic_write``): a link or a
+    hard link already there is replaced, never written through."""
     storage.atomic_write(path, data, mime_type)
     return path
-
-
-def _write_report(json_path: str, report: dict, outputs: WrittenOutputs) -> None:
-    try:
-        storage.atomic_write(absolute(json_path), (json.dumps(report, indent=2) + "\n").encode("utf-8"),
-                             "application/json")
-        outputs.wrote("--json", absolute(json_path))
-    except (OSError, BeamIOError) as e:
-        raise ReportWriteError(f"writing the report to {json_path} failed: {e}; the report above is complete",
-                               report) from e
 
 
 # --- entry point --------------------------------------------------------------------------------------------------
 
 def _log_progress(stage: str, done: int | None, total: int | None, records: int | None) -> None:
     _LOGGER.info("%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else "")
-
-
-def _refuse_flags_not_applying(options: ValidateOptions, kind) -> None:
-    """Options this DATA cannot honour are refused by name, never ignored."""
-    prepared = not kind.validated_as_records
-    flags = options.flags_not_applying(kind.options, prepared)
-    if not flags:
-        return
-    verb = "does" if len(flags) == 1 else "do"
-    if flags == ["--samples-per-class"]:
-        raise ValidateError(f"--samples-per-class does not apply without a contact sheet to fill: only --pictures "
-                            "DIR on a prepared dataset writes one; add --pictures or leave it out")
-    data = f"a dataset shardprep preprocess wrote ({options.data})" if prepared else f"{kind.name}: DATA"
-    raise ValidateError(f"{' and '.join(flags)} {verb} not apply to {data}; leave {'it' if len(flags) == 1 else 'them'} "
-                        "out")
 
 
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
@@ -425,12 +380,9 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
         raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
-    _refuse_flags_not_applying(options, kind)
-    if kind.validated_as_records:
-        flags = options.near_duplicate_search_flags()
-        if flags:
-            raise ValidateError(f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: "
-                                f"{options.data} is read as TFRecords, where validate looks for no near-duplicates")
+    refused = options.refusal(kind.name, kind.options, prepared=not kind.validated_as_records)
+    if refused:
+        raise ValidateError(refused)
     try:
         with runner.worker_zygote_for(beam_args):  # before the first pipeline, while no thread runs here
             report = (validate_foreign if kind.validated_as_records else validate_dataset)(
@@ -445,6 +397,8 @@ def _finish(report: dict, options: ValidateOptions, started: float, outputs: Wri
     """``report`` with the run's time, written to ``--json`` if asked."""
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if options.json_path:
-        _write_report(options.json_path, report, outputs)
+        with _writing(f"the report to {options.json_path}", report):
+            outputs.wrote("--json", _write_file(absolute(options.json_path), (json.dumps(
+                report, indent=2) + "\n").encode("utf-8"), "application/json"))
     return report
 

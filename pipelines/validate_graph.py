@@ -1,119 +1,269 @@
-"""Validate's two Beam graphs, top to bottom; each writes JSON result lines to ``results_path``.
+"""Validate's two Beam graphs, top to bottom, and the composite stages across records; each graph writes JSON
+result lines to ``results_path``, which the driver reads back.
 
 Prepared dataset (``DATA`` holds ``manifest.json`` and shards)::
 
     ListShards                the shards on disk the manifest lists (the driver listed them)
-    ReadShards                one DoFn call per shard: sha256 and size while reading sequentially, CRC of every
-                              record, parse, format/size/label/layout against the manifest, exact channel sums
+    ReadShards                one DoFn call per shard (validate_read.py): sha256, size, CRC, parse, checks, sums
     CheckSplits               CombinePerKey(split), then split/class counts, shard uniformity, mean/std
     FindDuplicateFilenames    GroupByKey(image/filename)
     FindLeakage               GroupByKey(pixel hash): an identical image in two splits
-    FindNearDuplicates        perceptual hashes grouped, bucketed by search keys, pairs within the distance
-                              scored on thumbnails (pipelines/near_duplicates.py): counts per split pair,
-                              every verified pair, borderline candidates, leaked (held-out) keys
+    FindNearDuplicates        hashes bucketed, candidates scored on thumbnails (near_duplicates.py)
     SampleForContactSheet     deterministic lowest-rank k records per class (only with --pictures)
     KeepFirstProblems         at most --max-problems-per-check problems per check (all are counted)
     WriteResults              one JSON line per result
 
-Foreign input (``tfrecord:GLOB``): ListFiles, ReadForeignFiles (CRC, parse, image header, label per record),
-MergeForeignStats (per split from the TFDS file name, else "all"), KeepFirstProblems, WriteResults.
+Foreign input (``tfrecord:GLOB``): ListFiles, ReadForeignFiles, MergeForeignStats (per split from the TFDS file
+name, else "all"), KeepFirstProblems, WriteResults.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import apache_beam as beam
+from apache_beam import coders
 
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
-from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
 from shardprep.pipelines.validate_options import default
-from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
-from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
-                                                 MergeForeignStats, SampleForContactSheet, WriteResults)
-from shardprep.pipelines.validation.checks import RecordExpectations
-from shardprep.pipelines.validation.elements import NearDuplicateOptions, SampleOptions, ShardTask
-from shardprep.pipelines.validation.stats import foreign_split
+from shardprep.pipelines.validate_read import MergeFn, ReadForeignFiles, ReadShards
+from shardprep.pipelines.validation.checks import mean_std_problems, problem, problem_sort_key, split_problems
+from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
+from shardprep.pipelines.validation.report import foreign_summary, sample_line, split_summary
+from shardprep.pipelines.validation.stats import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
+                                                  foreign_split)
 from shardprep.preprocess import encodings
 from shardprep.preprocess.dataset import Manifest
 
+OCCURRENCES_LISTED = 10  # how many records a duplicate/leakage problem names
+
+# A local run holds every value of a shuffle in the launcher's memory until the last shard is read: a pickled
+# RecordLocation takes ~160 bytes, its fields encoded ~75. So the duplicate and leakage shuffles carry the fields
+# encoded (the filename shuffle without the filename, its key) and decode them after the grouping.
+_LOCATION_CODER = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.VarIntCoder(),
+                                     coders.StrUtf8Coder()])  # split, file, index, filename
+_PLACE_CODER = coders.TupleCoder(_LOCATION_CODER.coders()[:3])  # split, file, index
+
 
 def mean_std_tolerance(manifest: dict) -> float:
-    """How far the recomputed mean/std may be from the manifest's: its encoding's ``mean_std_tolerance``; the
-    loosest for an encoding this version does not know (the manifest check names it)."""
+    """Its encoding's ``mean_std_tolerance``; the loosest for an encoding this version does not know."""
     if manifest["encoding"] in encodings.NAMES:
         return encodings.get(manifest["encoding"]).mean_std_tolerance
     return max(encoding.mean_std_tolerance for encoding in encodings.REGISTERED)
 
 
-def _duplicate_line(split: str, count: int) -> str:
-    return json.dumps({"kind": "duplicate_images", "split": split, "count": count})
+def _check_split(element, manifest: dict, tolerance: float):
+    """``(split, merged SplitStats)`` -> the split's summary dict, and its problems (tagged ``problem``)."""
+    split, stats = element
+    found = split_problems(split, stats, manifest)
+    if split == manifest.get("stats_split"):
+        found += mean_std_problems(split, stats, manifest, tolerance)
+    yield from (beam.pvalue.TaggedOutput("problem", each) for each in found)
+    yield split_summary(split, stats, manifest)
+
+
+class CheckSplits(beam.PTransform):
+    """``(split, SplitStats)`` per shard -> one summary dict per manifest split (main output ``split``; a split
+    whose shards are all missing gets one too) and tagged output ``problem``."""
+
+    def __init__(self, manifest: dict, tolerance: float):
+        super().__init__()
+        self.manifest, self.tolerance = manifest, tolerance
+
+    def expand(self, shard_stats):
+        every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
+            [(split, SplitStats()) for split in self.manifest["splits"]])
+        return ((shard_stats, every_split)
+                | "FlattenSplitStats" >> beam.Flatten()
+                | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
+                | "CheckSplit" >> beam.FlatMap(_check_split, self.manifest, self.tolerance).with_outputs(
+                    "problem", main="split"))
+
+
+def _duplicate_filename(element):
+    """``(filename, [encoded places])`` -> a ``filename_duplicate`` problem when more than one record holds it."""
+    filename, packed = element
+    count, first = 0, []
+    for data in packed:
+        count += 1
+        first = sorted(first + [RecordLocation(*_PLACE_CODER.decode(data), filename)])[:OCCURRENCES_LISTED]
+    if count > 1:
+        original, duplicate = first[0], first[1]
+        yield problem("filename_duplicate",
+                      f"image/filename {filename!r} is held by {count} records (first at {original.file} record "
+                      f"{original.index})", split=duplicate.split, file=duplicate.file, index=duplicate.index,
+                      filename=filename, num_occurrences=count, occurrences=[x.to_json() for x in first])
+
+
+class FindDuplicateFilenames(beam.PTransform):
+    """``(image/filename, RecordLocation)`` per record -> a ``filename_duplicate`` problem per shared filename."""
+
+    def expand(self, filenames):
+        return (filenames
+                | "PackLocations" >> beam.MapTuple(lambda name, where: (name, _PLACE_CODER.encode(where[:3])))
+                | "GroupByFilename" >> beam.GroupByKey()
+                | "FindDuplicates" >> beam.FlatMap(_duplicate_filename))
+
+
+def _leakage(element, split_order: list[str]):
+    """``(pixel hash, [encoded locations])`` -> a ``leakage`` problem when the image is in more than one split,
+    and ``(split, count - 1)`` (tagged ``duplicates``) for each split holding it more than once."""
+    first_by_split: dict[str, RecordLocation] = {}
+    count_by_split: dict[str, int] = {}
+    for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
+        count_by_split[location.split] = count_by_split.get(location.split, 0) + 1
+        if location.split not in first_by_split or location < first_by_split[location.split]:
+            first_by_split[location.split] = location
+    for split, count in count_by_split.items():
+        if count > 1:
+            yield beam.pvalue.TaggedOutput("duplicates", (split, count - 1))
+    if len(first_by_split) < 2:
+        return
+    order = {split: i for i, split in enumerate(split_order)}
+    firsts = sorted(first_by_split.values(), key=lambda loc: (order.get(loc.split, len(order)), loc))
+    original, leaked = firsts[0], firsts[1]
+    yield problem("leakage",
+                  f"identical image in {original.split} ({original.filename!r}, {original.file} record "
+                  f"{original.index}) and {leaked.split} ({leaked.filename!r}, {leaked.file} record {leaked.index})",
+                  split=leaked.split, file=leaked.file, index=leaked.index, keys=[loc.filename for loc in firsts],
+                  occurrences=[loc.to_json() for loc in firsts[:OCCURRENCES_LISTED]],
+                  num_occurrences=sum(count_by_split.values()))
+
+
+class FindLeakage(beam.PTransform):
+    """``(pixel hash, RecordLocation)`` per record -> ``{"problem": a leakage problem per image in two splits,
+    "duplicates": (split, identical images within it)}`` (within a split: not a failure)."""
+
+    def __init__(self, split_order: list[str]):
+        super().__init__()
+        self.split_order = split_order
+
+    def expand(self, pixel_hashes):
+        found = (pixel_hashes
+                 | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
+                 | "GroupByPixelHash" >> beam.GroupByKey()
+                 | "FindLeaks" >> beam.FlatMap(_leakage, self.split_order).with_outputs("duplicates", main="problem"))
+        return {"problem": found.problem,
+                "duplicates": found.duplicates | "CountDuplicateImages" >> beam.CombinePerKey(sum)}
+
+
+class KeepFirstProblems(beam.PTransform):
+    """Problem dicts -> result lines: at most ``max_per_check`` problems per check (lowest shard/record first) and
+    one ``problem_count`` line per check counting all of them."""
+
+    def __init__(self, max_per_check: int):
+        super().__init__()
+        self.max_per_check = max_per_check
+
+    def expand(self, problems):
+        keyed = problems | "KeyProblemsByCheck" >> beam.Map(
+            lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
+        kept = (keyed
+                | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(self.max_per_check)
+                | "ProblemLines" >> beam.FlatMap(lambda kv: [
+                    json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
+        counts = (keyed
+                  | "CountProblems" >> beam.combiners.Count.PerKey()
+                  | "ProblemCountLines" >> beam.MapTuple(
+                      lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
+        return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
+
+
+class SampleForContactSheet(beam.PTransform):
+    """``(label, Sample)`` candidates -> one ``sample`` result line per class: its lowest-rank ``samples_per_class``."""
+
+    def __init__(self, samples_per_class: int):
+        super().__init__()
+        self.samples_per_class = samples_per_class
+
+    def expand(self, samples):
+        return (samples
+                | "LowestRanks" >> beam.combiners.Top.SmallestPerKey(self.samples_per_class)
+                | "SampleLines" >> beam.MapTuple(sample_line))
+
+
+class MergeForeignStats(beam.PTransform):
+    """``(split, ForeignStats)`` per file -> one ``split`` result line per split."""
+
+    def expand(self, file_stats):
+        return (file_stats
+                | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
+                | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
+
+
+class WriteResults(beam.PTransform):
+    """Result lines (JSON strings) -> one text file at ``path``, which the driver reads back."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def expand(self, lines):
+        return lines | "WriteText" >> beam.io.WriteToText(self.path, num_shards=1, shard_name_template="")
+
+
+def _json_lines(label: str, found, kind: str, *fields: str, **extra):
+    """``found``'s elements (``((reference, split), value)`` or flat tuples) as result lines of ``kind`` with
+    ``fields``; a list of NearPairs as their JSON."""
+    def line(element) -> str:
+        values = (*element[0], *element[1:]) if isinstance(element[0], tuple) else element
+        values = [[pair.to_json() for pair in v] if isinstance(v, list) else v for v in values]
+        return json.dumps({"kind": kind, **dict(zip(fields, values)), **extra})
+    return found | label >> beam.Map(line)
 
 
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
-    """FindNearDuplicates' outputs as result lines (``near_duplicate_count``, ``near_duplicate_pairs``,
-    ``near_duplicate_borderline``, ``near_duplicate_key``, ``near_duplicate_search``: how the search went and how
-    it was keyed)."""
+    """FindNearDuplicates' outputs as ``near_duplicate_*`` result lines (the search's keying in ``..._search``)."""
     keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
              "expected_recall": {str(d): round(search.recall(d), 4)
                                  for d in sorted({max_distance // 2, max_distance})}}
-    return [
-        found["counts"] | "NearCountLines" >> beam.MapTuple(lambda pair, count: json.dumps(
-            {"kind": "near_duplicate_count", "reference": pair[0], "split": pair[1], "count": count})),
-        found["pairs"] | "NearPairLines" >> beam.MapTuple(lambda pair, pairs: json.dumps(
-            {"kind": "near_duplicate_pairs", "reference": pair[0], "split": pair[1],
-             "pairs": [near.to_json() for near in pairs]})),
-        found["borderline"] | "BorderlineLines" >> beam.MapTuple(lambda pair, pairs: json.dumps(
-            {"kind": "near_duplicate_borderline", "reference": pair[0], "split": pair[1],
-             "pairs": [near.to_json() for near in pairs]})),
-        found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda location: json.dumps(
-            {"kind": "near_duplicate_key", "split": location.split, "key": location.filename})),
-        found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked: json.dumps(
-            {"kind": "near_duplicate_search", "buckets_over_cap": buckets, "members_unchecked": unchecked,
-             **keyed})),
-    ]
+    leaked = found["leaked"] | "KeyOf" >> beam.Map(lambda where: (where.split, where.filename))
+    return [_json_lines("NearCountLines", found["counts"], "near_duplicate_count", "reference", "split", "count"),
+            _json_lines("NearPairLines", found["pairs"], "near_duplicate_pairs", "reference", "split", "pairs"),
+            _json_lines("BorderlineLines", found["borderline"], "near_duplicate_borderline", "reference", "split",
+                        "pairs"),
+            _json_lines("LeakedKeyLines", leaked, "near_duplicate_key", "split", "key"),
+            _json_lines("SearchLine", found["search"], "near_duplicate_search", "buckets_over_cap",
+                        "members_unchecked", **keyed)]
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
                            samples: SampleOptions | None, samples_per_class: int, max_problems_per_check: int,
-                           progress_dir: str | None = None, near: NearDuplicateOptions | None = None,
+                           progress_dir: str | None = None, max_distance: int | None = None,
                            search_near_duplicates: bool = True) -> None:
-    """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it); ``near``:
-    the near-duplicate search's options (default: ValidateOptions' distance, ``max_problems_per_check`` pairs);
-    ``search_near_duplicates``: False leaves the search out (see validate_options.near_duplicate_skip_reason)."""
-    near = near or NearDuplicateOptions(default("near_duplicate_distance"), max_problems_per_check)
+    """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it);
+    ``max_distance``: the near-duplicate candidates' (default: ValidateOptions'); ``search_near_duplicates``:
+    False leaves the search out (validate_options.near_duplicate_skip_reason)."""
+    max_distance = default("near_duplicate_distance") if max_distance is None else max_distance
     document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
-            | "ListShards" >> beam.Create(tasks)  # ShardTask
-            | "ReadShards" >> ReadShards(RecordExpectations.from_manifest(manifest), samples, progress_dir))
-    # read.stats: (split, SplitStats) per shard; read.filename, read.pixel_hash: (key, RecordLocation);
-    # read.perceptual_hash: NearRecord (hash, location, thumbnail)
+            | "ListShards" >> beam.Create(tasks)
+            | "ReadShards" >> ReadShards(manifest, samples, progress_dir))
     checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
-    # checked.split: the split's summary dict; checked.problem: problem dicts
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
-    # leakage["problem"]: problem dicts; leakage["duplicates"]: (split, identical images within it)
     problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
                 | "FlattenProblems" >> beam.Flatten())
     lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
              problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
-             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(_duplicate_line)]
-    search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), near.max_distance)
+             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(
+                 lambda split, count: json.dumps({"kind": "duplicate_images", "split": split, "count": count}))]
+    search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), max_distance)
     if search_near_duplicates:
         lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
-            list(manifest.splits), near.max_distance, near.pairs_listed, search), search, near.max_distance)
-    if samples is not None:  # read.sample: (label, Sample)
+            list(manifest.splits), max_distance, max_problems_per_check, search), search, max_distance)
+    if samples is not None:
         lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(samples_per_class))
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)
 
 
-def build_foreign_pipeline(pipeline: beam.Pipeline, files: list[str], image_key: str, label_key: str,
+def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], image_key: str, label_key: str,
                            results_path: str, max_problems_per_check: int, progress_dir: str | None = None) -> None:
     """The validate graph for foreign TFRecord files."""
     read = (pipeline
-            | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])  # (file, split)
+            | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])
             | "ReadForeignFiles" >> ReadForeignFiles(image_key, label_key, progress_dir))
-    # read.stats: (split, ForeignStats) per file; read.problem: problem dicts
     lines = [read.stats | "MergeForeignStats" >> MergeForeignStats(),
              read.problem | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check)]
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

@@ -1,9 +1,5 @@
-"""The options of one ``shardprep validate`` run, typed, with their defaults, free of Beam and NumPy.
-
-``shardprep validate`` builds a :class:`ValidateOptions` from its flags (taking each flag's default from here, so
-``--help`` loads neither Beam nor NumPy) and hands it to :func:`shardprep.pipelines.validate.run`, with the Beam
-pipeline options (what follows ``--``) beside it as the strings Beam parses itself.
-"""
+"""The options of one ``shardprep validate`` run, typed, with the defaults its flags show; free of Beam and NumPy
+(``--help`` loads neither). ``validate.run`` takes them beside Beam's pipeline options as given."""
 
 from __future__ import annotations
 
@@ -32,7 +28,7 @@ class ValidateOptions:
     tfds_data_dir: str | None = None  # TFDS data_dir of a tfds: DATA (None: TFDS's own)
     max_problems_per_check: int = 100  # problems listed per check in the report (all are counted)
     # Near-duplicate candidates: records whose perceptual hashes (64 bits) differ in at most this many bits; each is
-    # then scored on its pixels (near_score.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
+    # then scored on its pixels (near_pairs.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
     # shifts of 2 px and more at 32 px; the score keeps every one of 19,900 pairs of distinct photos out.
     near_duplicate_distance: int = 16
     near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
@@ -63,30 +59,36 @@ class ValidateOptions:
                 raise ValueError(f"{flag} is empty: give a path")
 
     def near_duplicate_flags(self) -> list[str]:
-        """The flags given that only mean something with the near-duplicate search (they ask for it)."""
+        """The flags given that ask for the near-duplicate search."""
         given = {"--strict": self.strict, "--near-duplicate-limit": self.near_duplicate_limit is not None,
                  "--leaked-keys": bool(self.leaked_keys)}
         return [flag for flag, is_given in given.items() if is_given]
 
-
     def near_duplicate_search_flags(self) -> list[str]:
-        """Every flag given that sets or asks for the near-duplicate search (--near-duplicates and a
-        --near-duplicate-distance other than the default too): refused where no search runs."""
+        """Every flag given that sets or asks for the near-duplicate search: refused where no search runs."""
         distance = self.near_duplicate_distance != default("near_duplicate_distance")
         return (self.near_duplicate_flags() + ["--near-duplicates"] * (self.near_duplicates is True)
                 + ["--near-duplicate-distance"] * distance)
 
-
-    def flags_not_applying(self, kind_options: tuple[str, ...], prepared: bool) -> list[str]:
-        """The flags given (set away from their defaults) that this DATA cannot honour: a source kind's options
-        (``--image-key``, ``--label-key``, ``--tfds-data-dir``) where its kind (``kind_options``: the fields it
-        reads) takes none, or DATA is a prepared dataset, whose keys are its own; ``--samples-per-class``
-        without the contact sheet it sets (``--pictures`` on a prepared dataset)."""
-        given = [flag for field, flag in _SOURCE_FLAGS.items()
+    def refusal(self, kind_name: str, kind_options: tuple[str, ...], prepared: bool) -> str | None:
+        """Why this DATA (a prepared dataset, else records of the source kind ``kind_name``, which reads the fields
+        ``kind_options``) cannot honour the flags given, or None: they are refused by name, never ignored."""
+        flags = [flag for field, flag in _SOURCE_FLAGS.items()
                  if getattr(self, field) != default(field) and (prepared or field not in kind_options)]
         if self.samples_per_class != default("samples_per_class") and not (prepared and self.pictures):
-            given.append("--samples-per-class")
-        return given
+            flags.append("--samples-per-class")
+        if flags == ["--samples-per-class"]:
+            return ("--samples-per-class does not apply without a contact sheet to fill: only --pictures DIR on a "
+                    "prepared dataset writes one; add --pictures or leave it out")
+        if flags:
+            data = f"a dataset shardprep preprocess wrote ({self.data})" if prepared else f"{kind_name}: DATA"
+            return (f"{' and '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to {data}; leave "
+                    f"{'it' if len(flags) == 1 else 'them'} out")
+        flags = [] if prepared else self.near_duplicate_search_flags()
+        if flags:
+            return (f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: {self.data} is read "
+                    "as TFRecords, where validate looks for no near-duplicates")
+        return None
 
 
 # ValidateOptions fields that only a source kind's records use, and their flags.
@@ -94,9 +96,9 @@ _SOURCE_FLAGS = {"image_key": "--image-key", "label_key": "--label-key", "tfds_d
 
 
 def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
-    """Why the near-duplicate search does not run over a dataset of ``records`` records (``local``: on this
-    machine), or None when it runs: always when asked for (--near-duplicates, --strict, --near-duplicate-limit,
-    --leaked-keys) or off this machine, never with --no-near-duplicates, else up to LOCAL_NEAR_DUPLICATE_RECORDS."""
+    """Why the near-duplicate search does not run over ``records`` records (``local``: on this machine), or None:
+    it runs when asked for or off this machine, never with --no-near-duplicates, else up to
+    LOCAL_NEAR_DUPLICATE_RECORDS."""
     if options.near_duplicates is False:
         return "--no-near-duplicates"
     asked = options.near_duplicates or options.near_duplicate_flags()

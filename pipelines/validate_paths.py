@@ -11,9 +11,8 @@ import dataclasses
 import os
 
 from shardprep.pipelines import source_registry, storage
-from shardprep.pipelines.validation.near_pictures import (MAX_PAGES, NEAR_DUPLICATES_HTML, NEAR_DUPLICATES_NAME,
-                                                          page_name)
-from shardprep.pipelines.validation.pictures import CLASS_COUNTS_NAME, CONTACT_SHEET_NAME
+from shardprep.pipelines.validation.pictures import (CLASS_COUNTS_NAME, CONTACT_SHEET_NAME, MAX_PAGES,
+                                                     NEAR_DUPLICATES_HTML, NEAR_DUPLICATES_NAME, page_name)
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import untrusted
 

@@ -1,17 +1,19 @@
-"""Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call.
+"""Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call,
+every byte counted and hashed, reading resumed after a record whose data checksum fails (its framing is intact), so
+one bad record does not hide the rest of a shard. No record is held: the cross-record stages get keys and locations.
 
 ``ReadShards``: ``ShardTask`` -> ``(split, SplitStats)`` per shard, plus tagged outputs ``problem`` (dicts),
-``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``NearRecord``: the hash, the
-location and a 1 KiB grey thumbnail) and ``sample`` (``(label, Sample)``).
-``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)`` per file, plus tagged output ``problem``.
-
-No record is held: every cross-record check gets the keys and locations these stages emit.
+``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``NearRecord``) and ``sample``
+(``(label, Sample)``). ``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)``, tagged ``problem``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import struct
+from typing import Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
@@ -19,24 +21,111 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from shardprep.pipelines import progress as progress_lib
-from shardprep.pipelines.validation.checks import (RecordExpectations, problem, record_layout_length_problems,
+from shardprep.pipelines.validation.checks import (problem, record_layout_length_problems,
                                                    record_layout_offset_problem, record_problems, shard_problems)
-from shardprep.pipelines.validation.elements import RecordLocation, Sample, SampleOptions, ShardTask
-from shardprep.pipelines.validation.framing import MeasuredReader, iter_framed_records
-from shardprep.pipelines.validation.stats import ForeignStats, SplitStats, channel_sums, pixel_hash, sample_rank
-from shardprep.preprocess import record_format, untrusted
 from shardprep.pipelines.validation.near_pairs import NearRecord
-from shardprep.pipelines.validation.near_score import thumbnail
+from shardprep.pipelines.validation.near_pairs import thumbnail
+from shardprep.pipelines.validation.stats import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
+                                                  SplitStats, channel_sums, pixel_hash, sample_rank)
+from shardprep.preprocess import record_format, tfrecord_io, untrusted
+from shardprep.preprocess.dataset import Manifest
 from shardprep.preprocess.perceptual_hash import fingerprint
 
 METRICS_NAMESPACE = "validate"
 SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "perceptual_hash", "sample")
 
 
+class MeasuredReader:
+    """A binary stream with every byte read counted (and hashed), read no further than ``limit``: a record length
+    read from the file never asks for more than it can give, and a file far too large is read only so far."""
+
+    def __init__(self, stream, hash_bytes: bool, limit: int | None = None):
+        self._stream = stream
+        self.sha256 = hashlib.sha256() if hash_bytes else None
+        self.num_bytes = 0
+        self.limit = limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.limit is not None:
+            left = self.limit - self.num_bytes
+            size = left if size is None or size < 0 else min(size, left)
+            if size <= 0:
+                return b""
+        data = self._stream.read(size)
+        if self.sha256 is not None:
+            self.sha256.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def beyond_limit(self) -> bool:
+        """Whether the stream holds bytes past ``limit`` (reads one of them, uncounted)."""
+        return self.limit is not None and self.num_bytes >= self.limit and bool(self._stream.read(1))
+
+    def drain(self) -> int:
+        """Reads to the end (so the hash covers the whole file); returns how many bytes that was."""
+        start = self.num_bytes
+        while self.read(1 << 20):
+            pass
+        return self.num_bytes - start
+
+
+def iter_framed_records(reader: MeasuredReader) -> Iterator[tuple[int, bytes | None, str | None]]:
+    """``(index, record, None)`` per good record, ``(index, None, message)`` per corrupt one; after a bad data
+    checksum reading resumes at the next record, after a bad length or a truncation the rest is drained unread."""
+    base_index = 0
+    while True:
+        start = reader.num_bytes
+        index = base_index
+        try:
+            for data in tfrecord_io.read_records(reader):
+                yield index, data, None
+                index += 1
+            return
+        except tfrecord_io.CorruptRecordError as e:
+            record_index, record_offset = base_index + e.index, start + e.offset
+            framing_intact = reader.num_bytes > record_offset + tfrecord_io.HEADER_BYTES
+            unread = 0 if framing_intact else reader.drain()
+            message = f"byte offset {record_offset}: {str(e).split(': ', 1)[-1]}"
+            if unread:
+                message += f"; the {unread} bytes after it cannot be framed and were not read"
+            yield record_index, None, message
+            if not framing_intact:
+                return
+            base_index = record_index + 1
+
+
+RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not read
+
+
+def record_at(stream, index: int) -> bytes:
+    """Record ``index`` (0-based) of a TFRecord stream, the records before it skipped; ``CorruptRecordError`` if
+    the stream ends or its framing breaks first."""
+    for number in range(index + 1):
+        header = stream.read(tfrecord_io.HEADER_BYTES)
+        if len(header) < tfrecord_io.HEADER_BYTES:
+            raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
+        (length,) = struct.unpack("<Q", header[:8])
+        if length > RECORD_AT_MAX_BYTES:
+            raise tfrecord_io.CorruptRecordError(f"a record length of {length} bytes", number, 0)
+        if number == index:
+            data = stream.read(length)
+            if len(data) < length:
+                raise tfrecord_io.CorruptRecordError(f"record {index} is truncated", number, 0)
+            return data
+        if stream.seekable():
+            stream.seek(length + 4, 1)
+        else:
+            while length + 4 > 0:
+                skipped = len(stream.read(min(length + 4, 1 << 20)))
+                if not skipped:
+                    raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
+                length -= skipped
+    raise AssertionError("unreachable")
+
+
 def open_for_reading(path: str):
-    """``(binary stream, size in bytes)`` of a shard or input file. A local one must be a regular file (a FIFO would
-    block the read, a device such as ``/dev/zero`` never end): else ``NotRegularFileError`` naming what it is.
-    Remote files are opened through Beam's file systems, their size matched first."""
+    """``(binary stream, size in bytes)`` of a shard or input file; a local one must be a regular file (a FIFO
+    would block, ``/dev/zero`` never end): else ``NotRegularFileError``."""
     if "://" not in path or path.startswith("file://"):
         descriptor = untrusted.open_regular_file(path[len("file://"):] if path.startswith("file://") else path)
         return os.fdopen(descriptor, "rb"), os.fstat(descriptor).st_size
@@ -47,10 +136,7 @@ def open_for_reading(path: str):
 
 
 def read_record_pixels(path: str, index: int):
-    """The pixels (H×W×3 uint8) of record ``index`` of the shard at ``path``, or None when it cannot be read or
-    decoded (validate has reported why)."""
-    from shardprep.pipelines.validation.framing import record_at
-
+    """The pixels of record ``index`` of the shard at ``path``, or None when unreadable (already reported)."""
     try:
         stream, _ = open_for_reading(path)
         with stream:
@@ -64,17 +150,12 @@ def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
 
 
 class ReadShardFn(beam.DoFn):
-    """Reads one shard sequentially: sha256, size and record count for the shard; CRC, parse, option checks,
-    pixel statistics, filename and pixel hash for every record.
+    """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, statistics and
+    keys (the outputs: the module's docstring)."""
 
-    Main output: ``(split, SplitStats)`` for the shard. Tagged outputs: ``problem`` (dicts), ``filename`` and
-    ``pixel_hash`` (``(key, RecordLocation)`` for the duplicate searches), ``perceptual_hash``
-    (``NearRecord`` for the near-duplicate search), ``sample`` (contact-sheet candidates).
-    """
-
-    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
-                 progress_dir: str | None = None):
-        self.expectations = expectations
+    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
+        self.manifest = manifest  # as the driver loaded and checked it
+        self.layouts = manifest.fixed_layout_splits
         self.samples = samples
         self.progress_dir = progress_dir
         self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
@@ -84,7 +165,7 @@ class ReadShardFn(beam.DoFn):
     def process(self, task: ShardTask):
         stats = SplitStats()
         num_records = 0
-        layout = self.expectations.record_layouts.get(task.split)
+        layout = self.layouts.get(task.split)
         data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
         try:
             stream, size = open_for_reading(task.path)
@@ -128,9 +209,9 @@ class ReadShardFn(beam.DoFn):
         except record_format.RecordFormatError as e:
             yield report("record_parse", str(e))
             return
-        for check, message in record_problems(record, self.expectations):
+        for check, message in record_problems(record, self.manifest):
             yield report(check, message)
-        if layout is not None and record.format == self.expectations.encoding:  # a layout is the encoding's
+        if layout is not None and record.format == self.manifest.encoding:  # a layout is the encoding's
             misplaced = record_layout_offset_problem(data, record, layout)
             if misplaced:
                 yield report("record_layout", misplaced)
@@ -154,7 +235,7 @@ class ReadShardFn(beam.DoFn):
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
         samples = self.samples
-        if (samples is None or task.split != samples.split or not 0 <= record.label < self.expectations.num_classes
+        if (samples is None or task.split != samples.split or not 0 <= record.label < len(self.manifest.classes)
                 or sample_rank(record.filename) >= samples.fraction):
             return
         from shardprep.pipelines.validation.pictures import thumbnail
@@ -167,20 +248,39 @@ class ReadShardFn(beam.DoFn):
 class ReadShards(beam.PTransform):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
 
-    def __init__(self, expectations: RecordExpectations, samples: SampleOptions | None,
-                 progress_dir: str | None = None):
+    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         super().__init__()
-        self.fn = ReadShardFn(expectations, samples, progress_dir)
+        self.fn = ReadShardFn(manifest, samples, progress_dir)
 
     def expand(self, tasks):
         return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")
 
 
-class ReadForeignFileFn(beam.DoFn):
-    """Reads one foreign TFRecord file: CRC and parse of every record, image header (size, format, mode) and label.
+class MergeFn(beam.CombineFn):
+    """Adds up values into a ``factory()`` accumulator with its ``add`` method, merged with its ``merge``
+    (``SplitStats``/``ForeignStats`` add partial statistics, ``HashGroup`` adds records)."""
 
-    Main output: ``(split, ForeignStats)`` for the file; tagged output ``problem``.
-    """
+    def __init__(self, factory, add: str = "merge"):
+        self.factory, self.add = factory, add
+
+    def create_accumulator(self):
+        return self.factory()
+
+    def add_input(self, accumulator, value):
+        return getattr(accumulator, self.add)(value)
+
+    def merge_accumulators(self, accumulators):
+        merged = self.factory()
+        for accumulator in accumulators:
+            merged.merge(accumulator)
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class ReadForeignFileFn(beam.DoFn):
+    """One foreign TFRecord file: every record's CRC, parse, image header (size, format, mode) and label."""
 
     def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
         self.image_key = image_key

@@ -17,6 +17,11 @@ from shardprep.preprocess.manifest import SHARD_FILES, ManifestError, manifest_p
 from shardprep.preprocess.manifest_schema import shape_problems
 from shardprep.preprocess.record_format import RecordFormatError
 
+# Each split role and the split names (any case) that play it, the role's own name first: train's split_roles
+# resolves a role with them, validate calls a split named like ``train`` training data and every other held out.
+SPLIT_ROLES = {"train": ("train", "training"), "validation": ("validation", "valid", "val"),
+               "test": ("test", "testing")}
+
 
 class ManifestShapeError(ManifestError):
     """The document's keys or values are not the manifest's: ``problems`` lists each (``"<key>: <what>"``)."""

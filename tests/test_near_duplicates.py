@@ -17,8 +17,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from near_duplicate_images import HARD_NEGATIVES, PLANTED, crop, jpeg, photo, rescale
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
 from shardprep.pipelines.validate_options import default
-from shardprep.pipelines.validation import near_score
-from shardprep.pipelines.validation.elements import RecordLocation
+from shardprep.pipelines.validation import near_pairs as near_score
+from shardprep.pipelines.validation.stats import RecordLocation
 from shardprep.pipelines.validation.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
 from shardprep.preprocess import perceptual_hash
 from shardprep.preprocess.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
@@ -267,7 +267,7 @@ def test_record_at_reads_one_record_and_refuses_broken_framing():
     import io
     import struct
 
-    from shardprep.pipelines.validation.framing import record_at
+    from shardprep.pipelines.validate_read import record_at
     from shardprep.preprocess import tfrecord_io
 
     framed = b"".join(tfrecord_io.frame(bytes([i]) * (10 + i)) for i in range(3))

@@ -17,7 +17,7 @@ from near_duplicate_images import crop, jpeg, photo, rescale
 from shardprep.cli import main
 from shardprep.pipelines import validate
 from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.pipelines.validation import near_pictures
+from shardprep.pipelines.validation import pictures as near_pictures
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 CLASSES = ("cat", "dog")
@@ -101,7 +101,7 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
         for column, side in enumerate(("duplicate", "reference")):
             location = pair[side]
             [record] = [r for r in helpers.read_shard(data / location["file"]) if r.filename == location["filename"]]
-            x, y = near_pictures.cell_origin(row, column)
+            x, y = near_pictures.pair_cell_origin(row, column)
             stored = np.frombuffer(record.encoded, np.uint8).reshape(32, 32, 3)
             np.testing.assert_array_equal(pixels[y:y + 128, x:x + 128], stored.repeat(4, axis=0).repeat(4, axis=1))
 
@@ -139,7 +139,7 @@ def test_pictures_enlarge_small_images_and_run_to_as_many_pages_as_the_pairs_nee
     assert [name for name, _ in pages] == ["near_duplicates.png", "near_duplicates-2.png", "near_duplicates-3.png"]
     with Image.open(io.BytesIO(pages[0][1])) as sheet:
         pixels = np.asarray(sheet.convert("RGB"))
-    x, y = near_pictures.cell_origin(0, 0)
+    x, y = near_pictures.pair_cell_origin(0, 0)
     np.testing.assert_array_equal(pixels[y:y + 128, x:x + 128], small.repeat(16, axis=0).repeat(16, axis=1))
     assert len(near_pictures.shown_pairs(near)) == 28 and near_pictures.shown_pairs(near)[-1]["score"] == 0.8
 

@@ -17,10 +17,10 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
-from shardprep.pipelines.validate_stages import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
+from shardprep.pipelines.validate_graph import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
-from shardprep.pipelines.validation.checks import RecordExpectations, problem
-from shardprep.pipelines.validation.elements import RecordLocation, Sample, ShardTask
+from shardprep.pipelines.validation.checks import problem
+from shardprep.pipelines.validation.stats import RecordLocation, Sample, ShardTask
 from shardprep.pipelines.validation.report import sample_line, split_summary
 from shardprep.pipelines.validation.stats import SplitStats, channel_sums
 from shardprep.preprocess import record_format, tfrecord_io
@@ -70,7 +70,7 @@ def test_read_shards_emits_the_shards_statistics_and_every_records_location(tmp_
     fixed = layout()
     task, dataset = write_shard(tmp_path, b"".join(fixed.shard_records(fixed.encode(r) for r in records())))
     with pipeline() as p:
-        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(Manifest.from_json(dataset)), None)
+        read = p | beam.Create([task]) | ReadShards(Manifest.from_json(dataset), None)
         assert_that(read.stats, equal_to([("train", expected_stats())]), label="Stats")
         assert_that(read.problem, equal_to([]), label="NoProblems")
         assert_that(read.filename, equal_to([(r.filename, RecordLocation("train", SHARD, i, r.filename))
@@ -87,7 +87,7 @@ def test_read_shards_names_a_corrupt_record_and_the_shards_changed_hash(tmp_path
     data[fixed.record_bytes + fixed.image_offset + 1] ^= 0xFF  # inside record 1's pixels: its data CRC fails
     (tmp_path / "shard.tfrecord").write_bytes(bytes(data))
     with pipeline() as p:
-        read = p | beam.Create([task]) | ReadShards(RecordExpectations.from_manifest(Manifest.from_json(dataset)), None)
+        read = p | beam.Create([task]) | ReadShards(Manifest.from_json(dataset), None)
         checks = read.problem | beam.Map(lambda found: (found["check"], found["file"], found["index"]))
         assert_that(checks, equal_to([("record_corrupt", SHARD, 1), ("shard_sha256", SHARD, None)]))
 

@@ -15,8 +15,7 @@ import logging
 from collections.abc import Iterable
 from typing import NamedTuple
 
-# Each role and the split names that play it, the role's own name first.
-ROLES = {"train": ("train", "training"), "validation": ("validation", "valid", "val"), "test": ("test", "testing")}
+from shardprep.preprocess.dataset import SPLIT_ROLES as ROLES  # each role's names, its own first
 
 _LOGGER = logging.getLogger(__name__)
 _said: set[str] = set()  # the notes this process has logged: one line per resolution, not per reader or batch

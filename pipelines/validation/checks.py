@@ -2,13 +2,10 @@
 
 Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
 ``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
-that file), the last three ``None`` where they do not apply, plus check-specific details. The Beam stages of
-``pipelines/validate_read.py`` and ``pipelines/validate_stages.py`` only route data to these functions.
+that file), the last three ``None`` where they do not apply, plus check-specific details.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.pipelines.validation.stats import SplitStats
@@ -73,31 +70,6 @@ def problem_sort_key(item: dict) -> tuple:
             item.get("message", ""))
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordExpectations:
-    """What every record of a dataset must look like, from the manifest's options."""
-
-    encoding: str
-    crop: str
-    shorter_side: int
-    image_height: int | None
-    image_width: int | None
-    num_classes: int
-    record_layouts: dict[str, FixedLayout] = dataclasses.field(default_factory=dict)  # split -> its fixed layout
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> "RecordExpectations":
-        return cls(
-            encoding=manifest.encoding,
-            crop=manifest.crop,
-            shorter_side=int(manifest.shorter_side),
-            image_height=manifest.image_height,
-            image_width=manifest.image_width,
-            num_classes=len(manifest.classes),
-            record_layouts=manifest.fixed_layout_splits,
-        )
-
-
 def unfit_layout_problems(manifest: Manifest) -> list[dict]:
     """A ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records
     (``Manifest.layout_problems``; validate reads the manifest with ``lenient_layouts``, so such a split's shards
@@ -105,20 +77,20 @@ def unfit_layout_problems(manifest: Manifest) -> list[dict]:
     return [problem("record_layout", why, split=split) for split, why in manifest.layout_problems.items()]
 
 
-def record_problems(record: ImageRecord, expected: RecordExpectations) -> list[tuple[str, str]]:
+def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, str]]:
     """(check, message) pairs for a parsed record that does not match the manifest's options."""
     found = []
-    if record.format != expected.encoding:
-        found.append(("record_format", f"format {record.format!r}, manifest encoding {expected.encoding!r}"))
-    if expected.image_height is not None and expected.image_width is not None:
-        if (record.height, record.width) != (expected.image_height, expected.image_width):
+    if record.format != manifest.encoding:
+        found.append(("record_format", f"format {record.format!r}, manifest encoding {manifest.encoding!r}"))
+    if manifest.image_height is not None and manifest.image_width is not None:
+        if (record.height, record.width) != (manifest.image_height, manifest.image_width):
             found.append(("record_size", f"{record.height}x{record.width}, manifest image size "
-                                         f"{expected.image_height}x{expected.image_width}"))
-    elif min(record.height, record.width) != expected.shorter_side:
+                                         f"{manifest.image_height}x{manifest.image_width}"))
+    elif min(record.height, record.width) != int(manifest.shorter_side):
         found.append(("record_size", f"{record.height}x{record.width}: shorter side is not the manifest's "
-                                     f"shorter_side {expected.shorter_side}"))
-    if not 0 <= record.label < expected.num_classes:
-        found.append(("record_label", f"label {record.label} outside 0..{expected.num_classes - 1}"))
+                                     f"shorter_side {int(manifest.shorter_side)}"))
+    if not 0 <= record.label < len(manifest.classes):
+        found.append(("record_label", f"label {record.label} outside 0..{len(manifest.classes) - 1}"))
     return found
 
 
@@ -150,26 +122,12 @@ def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: Fixed
     return None
 
 
-_MANIFEST_KEYS = ("classes", "encoding", "crop", "shorter_side", "splits")
-
-
 def manifest_problems(manifest: dict) -> list[dict]:
-    """Checks that the manifest has what validate reads and that its own totals agree."""
-    missing = [key for key in _MANIFEST_KEYS if key not in manifest]
-    if missing:
-        return [problem("manifest_invalid", f"manifest lacks {', '.join(missing)}")]
+    """Whether the manifest's own totals agree (its shape was checked as it was loaded)."""
     found = []
-    classes = manifest["classes"]
     for split, info in manifest["splits"].items():
-        try:
-            shards = info["shards"]
-            shard_total = sum(int(shard["num_examples"]) for shard in shards)
-            [shard["file"] for shard in shards]  # noqa: B018 - every shard must name its file
-            class_counts = info["class_counts"]
-            num_examples = int(info["num_examples"])
-        except (KeyError, TypeError, ValueError) as e:
-            found.append(problem("manifest_invalid", f"split {split!r} entry is malformed: {e!r}", split=split))
-            continue
+        shards, class_counts, num_examples = info["shards"], info["class_counts"], int(info["num_examples"])
+        shard_total = sum(int(shard["num_examples"]) for shard in shards)
         if info.get("num_shards") is not None and int(info["num_shards"]) != len(shards):
             found.append(problem("manifest_inconsistent",
                                  f"num_shards {info['num_shards']} but {len(shards)} shards listed", split=split))
@@ -180,51 +138,40 @@ def manifest_problems(manifest: dict) -> list[dict]:
             found.append(problem("manifest_inconsistent",
                                  f"num_examples {num_examples} but class_counts add up to "
                                  f"{sum(class_counts.values())}", split=split))
-        unknown = sorted(set(class_counts) - set(classes))
+        unknown = sorted(set(class_counts) - set(manifest["classes"]))
         if unknown:
             found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
                                  split=split))
     return found
 
 
-def is_shard_path(relative_path: str) -> bool:
-    """Whether a file in the dataset folder looks like a shard (what an unlisted extra shard would be)."""
-    return relative_path.rsplit("/", 1)[-1].endswith(manifest_lib.SHARD_SUFFIX)
-
-
-def is_temporary_path(relative_path: str) -> bool:
-    """Files an interrupted preprocess run leaves: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
-    parts = relative_path.split("/")
-    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in parts)
+def _is_temporary(path: str) -> bool:
+    """Left by an interrupted preprocess run: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
+    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in path.split("/"))
 
 
 def classify_files(found: list[str]) -> dict[str, list[str]]:
-    """Splits the files of a dataset folder into finished-looking ``shards``, ``temporary`` files and ``other``."""
+    """The files of a dataset folder as finished-looking ``shards``, ``temporary`` files and ``other``."""
     classes: dict[str, list[str]] = {"shards": [], "temporary": [], "other": []}
     for path in found:
-        if is_temporary_path(path):
-            classes["temporary"].append(path)
-        elif manifest_lib.SHARD_FILES.parse_path(path) is not None:
-            classes["shards"].append(path)
-        else:
-            classes["other"].append(path)
+        kind = ("temporary" if _is_temporary(path) else
+                "shards" if manifest_lib.SHARD_FILES.parse_path(path) is not None else "other")
+        classes[kind].append(path)
     return classes
 
 
 def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
-    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files not listed.
-
-    ``found_files`` are paths relative to the dataset folder.
-    """
+    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files (relative paths)
+    not listed."""
     listed = {shard["file"]: split for split, info in manifest["splits"].items() for shard in info["shards"]}
     present = set(found_files)
     found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)
              for file, split in sorted(listed.items()) if file not in present]
     found += [problem("shard_unlisted",
                       "temporary shard left by an interrupted write, not listed in the manifest"
-                      if is_temporary_path(file) else "shard file not listed in the manifest",
+                      if _is_temporary(file) else "shard file not listed in the manifest",
                       split=file.split("/", 1)[0] if "/" in file else None, file=file)
-              for file in sorted(present) if is_shard_path(file) and file not in listed]
+              for file in sorted(present) if file.endswith(manifest_lib.SHARD_SUFFIX) and file not in listed]
     return found
 
 

@@ -1,18 +1,19 @@
-"""The near-duplicate search's plain-Python parts (no Beam): records with one hash gathered, search keys, a bucket's
-pairs, and what a found pair says about its splits. ``pipelines/near_duplicates.py`` routes data through these.
+"""The near-duplicate search's plain-Python parts (no Beam; ``pipelines/near_duplicates.py`` routes data here).
 
-Records with the same perceptual hash are one :class:`HashGroup` first (so thousands of flat or repeated images are
-one element, counted, never compared pairwise); the groups are then bucketed by :class:`SearchKeys`
-(locality-sensitive hashing by bit sampling: each table keys a group by a fixed sample of its hash's flip-invariant
-features, so two hashes a few bits apart share a key in some table with high probability); each bucket's members are
-compared by Hamming distance; a bucket holds at most :data:`BUCKET_CAP` compared members, the rest are counted as
-unchecked, so no bucket costs more than ``BUCKET_CAP²/2`` comparisons. The hash only nominates candidates: a pair
-is a near-duplicate when its thumbnails' :func:`~shardprep.pipelines.validation.near_score.score` reaches the
-minimum score.
+Records with one perceptual hash are one :class:`HashGroup` (thousands of flat images are one element, counted,
+never compared pairwise); groups are bucketed by :class:`SearchKeys` (bit-sampling LSH over the hash's
+flip-invariant features); each bucket's first :data:`BUCKET_CAP` members are compared by Hamming distance (the rest
+counted as unchecked); a candidate pair is a near-duplicate when its thumbnails' :func:`score` reaches
+:data:`MIN_SCORE`. A held-out record (any split not named like ``train``) with a twin in a training split is a leak;
+without a training split, the manifest's first split stands for it.
 
-Which copy is the leak goes by the splits' roles, not their order: a split named ``train`` or ``training`` is
-training data, any other is held out; a held-out record with a twin in a training split is a leak (the copy to
-drop). Without a training split, the manifest's first split stands for it.
+The score: each record is kept as a :data:`SIDE` × :data:`SIDE` grey thumbnail (``uint8``, 1 KiB) shrunk by area
+averaging, so one threshold means the same at 32 px and at 1,000 px. Two thumbnails' score is the normalized
+correlation of their gradients (after a light blur, so a shift of half a thumbnail pixel costs little), over the
+central window of the first, at the best of: the second as it is or mirrored, zoomed by each of :data:`SCALES`
+about its centre, and shifted by up to :data:`MAX_SHIFT` pixels each way. Correlation is blind to brightness and
+contrast; gradients leave out the broad shading unrelated photos share (sky above, ground below). 1.0: the same
+picture; unrelated photos score about 0.3 and rarely above 0.75.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from shardprep.pipelines.validation.elements import RecordLocation
-from shardprep.pipelines.validation.near_score import score
+from shardprep.pipelines.validation.stats import RecordLocation
+from shardprep.preprocess.dataset import SPLIT_ROLES
 from shardprep.preprocess.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
@@ -35,39 +36,35 @@ MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about 
 TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
 MAX_TABLES = 96
 BORDERLINE = 0.1  # candidates scoring this little below the minimum are listed apart, for a person to judge
-TRAIN_SPLITS = ("train", "training")  # split names (any case) of training data; every other split is held out
 
 
 def is_train(split: str) -> bool:
-    """Whether ``split`` holds training data (by its name: TRAIN_SPLITS)."""
-    return split.lower() in TRAIN_SPLITS
+    """Whether ``split`` holds training data: named like the ``train`` role (``SPLIT_ROLES``)."""
+    return split.casefold() in SPLIT_ROLES["train"]
 
 
 def split_ranks(split_order: list[str]) -> dict[str, int]:
-    """Each split's rank as a reference: training splits first, then the held-out ones, each in the manifest's
-    order; a pair's reference is its lower-ranked split."""
+    """Each split's rank: training splits first, then the held-out ones, in the manifest's order; a pair's
+    reference is its lower-ranked split."""
     ranked = [split for split in split_order if is_train(split)] + [s for s in split_order if not is_train(s)]
     return {split: i for i, split in enumerate(ranked)}
 
 
 class SplitPair(NamedTuple):
-    """``split``'s records that have a near-duplicate in ``reference`` (the lower-ranked split, see
-    :func:`split_ranks`, or the same split for duplicates within it)."""
+    """``split``'s records with a near-duplicate in ``reference`` (the lower-ranked split, or ``split`` itself)."""
 
     reference: str
     split: str
 
     def is_leak(self, ranks: dict[str, int]) -> bool:
-        """Whether ``split``'s records here are leaks: held out, with a twin in a training split (or, without any
-        training split, in the first split)."""
+        """Whether ``split``'s records here are leaks: held out, with a twin in a training split (or the first)."""
         if self.reference == self.split or is_train(self.split):
             return False
         return is_train(self.reference) or not any(is_train(split) for split in ranks)
 
 
 class NearRecord(NamedTuple):
-    """What the search gets of one record: its perceptual hash, where it is, and its grey thumbnail
-    (``near_score.thumbnail``, SIDE² bytes)."""
+    """What the search gets of one record: its perceptual hash, location and :func:`thumbnail`."""
 
     fingerprint: Fingerprint
     location: RecordLocation
@@ -90,8 +87,7 @@ class HashPair(NamedTuple):
 
 
 class NearPair(NamedTuple):
-    """A candidate pair: its score, its hashes' distance, and the two records (``reference`` in the
-    lower-ranked split: the training twin of a held-out ``duplicate``)."""
+    """A candidate pair: score, hash distance, and the records (``reference`` in the lower-ranked split)."""
 
     score: float
     distance: int
@@ -123,8 +119,7 @@ class Flag(NamedTuple):
 
 @dataclasses.dataclass
 class HashGroup:
-    """Every record with one hash: its mirror hash, records per split, and each split's lowest records (location
-    and thumbnail)."""
+    """Every record with one hash: its mirror hash, records per split, each split's lowest LOCATIONS_KEPT."""
 
     hash: int = 0
     mirror: int = 0
@@ -150,10 +145,7 @@ class HashGroup:
 
 @dataclasses.dataclass(frozen=True)
 class SearchKeys:
-    """Bit-sampling LSH over :func:`flip_invariant_features`: ``tables`` fixed samples of ``bits`` features each.
-
-    Two hashes whose features differ in ``m`` of FEATURE_BITS share a table's key with probability about
-    ``C(FEATURE_BITS - m, bits) / C(FEATURE_BITS, bits)``, and some key with ``1 - (1 - that)^tables``."""
+    """Bit-sampling LSH over :func:`flip_invariant_features`: ``tables`` fixed samples of ``bits`` features each."""
 
     tables: int = SEARCH_TABLES
     bits: int = SEARCH_KEY_BITS
@@ -164,9 +156,8 @@ class SearchKeys:
 
     @classmethod
     def for_records(cls, records: int, max_distance: int) -> SearchKeys:
-        """Keys for a search over ``records`` hashes: enough bits for buckets of about MEAN_BUCKET hashes (at
-        least 6), then enough tables (at most MAX_TABLES) for a pair ``max_distance`` bits apart to share a key
-        with probability TARGET_RECALL."""
+        """Enough bits for buckets of about MEAN_BUCKET of ``records`` hashes (at least 6), then enough tables (at
+        most MAX_TABLES) for a pair ``max_distance`` bits apart to share a key with probability TARGET_RECALL."""
         bits = min(FEATURE_BITS, max(6, math.ceil(math.log2(max(records, 1) / MEAN_BUCKET))))
         chance = cls(1, bits).key_match(max_distance)
         if chance >= 1:
@@ -176,8 +167,7 @@ class SearchKeys:
         return cls(min(MAX_TABLES, math.ceil(math.log(1 - TARGET_RECALL) / math.log(1 - chance))), bits)
 
     def key_match(self, distance: int) -> float:
-        """The chance that two hashes ``distance`` bits apart (taken as that many of the features) share one
-        table's key."""
+        """The chance that two hashes ``distance`` bits apart share one table's key."""
         chance = 1.0
         for i in range(self.bits):
             chance *= max(0, FEATURE_BITS - distance - i) / (FEATURE_BITS - i)
@@ -216,8 +206,8 @@ class BucketResult(NamedTuple):
 
 
 def bucket_pairs(members: Iterable[tuple[int, int]], max_distance: int, cap: int = BUCKET_CAP) -> BucketResult:
-    """The pairs within ``max_distance`` among one bucket's ``(hash, mirror)`` members, comparing at most ``cap``
-    members (each with those before it, vectorized); members after the cap are only counted."""
+    """The pairs within ``max_distance`` among one bucket's first ``cap`` ``(hash, mirror)`` members (vectorized);
+    members after the cap are only counted."""
     hashes = np.zeros(cap, np.uint64)
     mirrors = np.zeros(cap, np.uint64)
     held, unchecked, pairs = 0, 0, []
@@ -239,8 +229,7 @@ def bucket_pairs(members: Iterable[tuple[int, int]], max_distance: int, cap: int
 def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple[HashGroup, SplitPair,
                                                                                                 HashGroup]]:
     """(reference group, split pair, duplicate group) for every split of ``first`` against every split of
-    ``second``: the higher-ranked split's records are the duplicates (within one split: once, ``first`` as the
-    reference; the caller flags both)."""
+    ``second``; within one split, ``first`` is the reference (the caller flags both)."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     for a in first.counts:
         for b in second.counts:
@@ -259,8 +248,8 @@ def _best(references: list[Member], duplicates: list[Member], distance: int) -> 
 
 def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
               min_score: float) -> Iterator[Flag | NearPair | Borderline]:
-    """A candidate's findings: Flags (both ways within one split) and its NearPair when ``found`` scores at least
-    ``min_score``; a Borderline when it falls short by less than BORDERLINE."""
+    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``, else maybe a
+    Borderline."""
     if found.score >= min_score:
         yield Flag(duplicate.hash, pair, duplicate.counts[pair.split])
         if pair.reference == pair.split:
@@ -272,16 +261,14 @@ def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found
 
 def pair_findings(first: HashGroup, second: HashGroup, distance: int, ranks: dict[str, int],
                   min_score: float) -> Iterator[Flag | NearPair | Borderline]:
-    """What two candidate groups say, per split pair: verified on their kept members' thumbnails, a
-    :class:`Flag` (the duplicates' count) and one :class:`NearPair`; else maybe a :class:`Borderline`."""
+    """What two candidate groups say, per split pair, verified on their kept members' thumbnails."""
     for reference, pair, duplicate in _split_pairs(first, second, ranks):
         found = _best(reference.first[pair.reference], duplicate.first[pair.split], distance)
         yield from _verified(reference, pair, duplicate, found, min_score)
 
 
 def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Flag | NearPair | Borderline]:
-    """What one group's own records say (hash distance 0), verified like any candidate: splits against
-    lower-ranked splits, and a split's records among themselves when it holds two or more."""
+    """What one group's own records say (distance 0): splits against each other, and within a split."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     splits = sorted(group.counts, key=rank)
     for i, reference in enumerate(splits):
@@ -292,3 +279,89 @@ def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) ->
             kept = group.first[reference]  # two or more records: LOCATIONS_KEPT of them
             found = _best(kept[:1], kept[1:], 0)
             yield from _verified(group, SplitPair(reference, reference), group, found, min_score)  # flags: distinct
+
+
+# --- the score ---------------------------------------------------------------------------------------------------
+
+SIDE = 32  # px of the grey thumbnail kept per record
+MAX_SHIFT = 4  # thumbnail px each way (4 px of a 32-px image, 1.6% of a 256-px one)
+WINDOW = SIDE - 2 * MAX_SHIFT
+SCALES = (1.0, 1.05, 1.1, 1 / 1.05, 1 / 1.1)  # a crop of up to ~10% (then resized back) is a zoom of up to 1.1
+MIN_SCORE = 0.85  # the default: planted copies of every kind score above it, distinct photos below (BENCHMARKS.md)
+FLAT = 1e-6  # a thumbnail whose gradients' energy is below this has nothing to align: it scores 0
+
+
+def thumbnail(pixels: np.ndarray) -> bytes:
+    """``pixels`` (H×W×3 or H×W uint8) as the SIDE×SIDE grey thumbnail the score compares (ITU-R 601 luma, area
+    averaging; bilinear where an image is smaller, so its edges stay smooth), row by row."""
+    from PIL import Image
+
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).convert("L")
+    small = min(image.size) < SIDE
+    return image.resize((SIDE, SIDE), Image.Resampling.BILINEAR if small else Image.Resampling.BOX).tobytes()
+
+
+def _grid(thumb: bytes) -> np.ndarray:
+    return np.frombuffer(thumb, np.uint8).reshape(SIDE, SIDE).astype(np.float32)
+
+
+def _zoomed(grid: np.ndarray, scale: float) -> np.ndarray:
+    """``grid`` magnified by ``scale`` about its centre (bilinear; edges repeated where it shrinks)."""
+    if scale == 1.0:
+        return grid
+    centre = (SIDE - 1) / 2
+    x = np.clip(centre + (np.arange(SIDE) - centre) / scale, 0, SIDE - 1)
+    low = np.minimum(np.floor(x).astype(int), SIDE - 2)
+    weight = (x - low).astype(np.float32)
+    rows = grid[low] * (1 - weight)[:, None] + grid[low + 1] * weight[:, None]
+    return rows[:, low] * (1 - weight)[None] + rows[:, low + 1] * weight[None]
+
+
+def _gradients(grid: np.ndarray) -> np.ndarray:
+    """(2, SIDE, SIDE): horizontal and vertical central differences of ``grid`` after a [1 2 1] blur."""
+    blurred = grid.copy()
+    blurred[1:-1] = (grid[:-2] + 2 * grid[1:-1] + grid[2:]) / 4
+    blurred[:, 1:-1] = (blurred[:, :-2] + 2 * blurred[:, 1:-1] + blurred[:, 2:]) / 4
+    gradients = np.zeros((2, SIDE, SIDE), np.float32)
+    gradients[0, :, 1:-1] = blurred[:, 2:] - blurred[:, :-2]
+    gradients[1, 1:-1] = blurred[2:] - blurred[:-2]
+    return gradients
+
+
+def _centred(values: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    values = values - values.mean(axis=axes, keepdims=True)
+    return values, np.sqrt((values * values).sum(axis=axes))
+
+
+def _window_sums(images: np.ndarray) -> np.ndarray:
+    """(views, shifts, shifts): the sum of each view over the WINDOW × WINDOW window at every shift."""
+    integral = np.zeros((images.shape[0], SIDE + 1, SIDE + 1), np.float64)
+    integral[:, 1:, 1:] = images.cumsum(axis=1).cumsum(axis=2)
+    end = SIDE - WINDOW + 1
+    return (integral[:, WINDOW:, WINDOW:] - integral[:, :end, WINDOW:] - integral[:, WINDOW:, :end]
+            + integral[:, :end, :end])
+
+
+def score(first: bytes, second: bytes) -> float:
+    """How alike two thumbnails are, from -1 to 1 (see the module); 0 when either is flat."""
+    window = slice(MAX_SHIFT, SIDE - MAX_SHIFT)
+    reference, energy = _centred(_gradients(_grid(first))[:, window, window], (0, 1, 2))
+    if energy < FLAT:
+        return 0.0
+    other = _grid(second)
+    candidates = np.stack([_gradients(_zoomed(grid, scale)) for grid in (other, other[:, ::-1].copy())
+                           for scale in SCALES])  # (views, 2, SIDE, SIDE)
+    # Every shift at once: the reference's correlation with each view by FFT (no wrap-around: the window plus the
+    # largest shift fits in SIDE), and each shifted window's sum and sum of squares from integral images.
+    padded = np.zeros((2, SIDE, SIDE), np.float32)
+    padded[:, :WINDOW, :WINDOW] = reference
+    spectrum = np.fft.rfft2(candidates) * np.conj(np.fft.rfft2(padded))
+    shifts = 2 * MAX_SHIFT + 1
+    dots = np.fft.irfft2(spectrum, s=(SIDE, SIDE)).sum(axis=1)[:, :shifts, :shifts]
+    sums = _window_sums(candidates.sum(axis=1))
+    squares = _window_sums((candidates * candidates).sum(axis=1))
+    norms = np.sqrt(np.maximum(squares - sums * sums / (2 * WINDOW * WINDOW), 0))
+    valid = norms > np.sqrt(FLAT)
+    if not valid.any():
+        return 0.0
+    return float(np.max(dots[valid] / (norms[valid] * energy)))

@@ -1,9 +1,7 @@
-"""Mergeable statistics for the validate pipeline: per-split counts, exact channel sums, image sizes.
+"""The typed values validate's stages pass, and its mergeable statistics (plain Python, no Beam).
 
-Everything here is plain Python (no Beam), so the accumulators can be unit-tested directly and merged by a Beam
-``CombineFn`` on any number of workers. Channel sums are Python integers, so merging is exact in any order; the
-mean/std come from them through the preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the
-manifest's numbers the way the job computed them.
+Channel sums are exact integers, so merging is exact in any order; the mean/std come from them through the
+preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the manifest's numbers the way the job did.
 """
 
 from __future__ import annotations
@@ -12,20 +10,67 @@ import collections
 import dataclasses
 import hashlib
 
+from typing import NamedTuple
+
 import numpy as np
 
+from shardprep.preprocess.dataset import ShardEntry
 from shardprep.preprocess.sharding import pixel_statistics
 from shardprep.preprocess.sources import split_from_tfrecord_name
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One listed shard to read: its split, path relative to the dataset, full path and manifest entry."""
+
+    split: str
+    file: str
+    path: str
+    expected: ShardEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOptions:
+    """Which records become contact-sheet candidates (rank below ``fraction``), and their thumbnails' cap."""
+
+    split: str
+    fraction: float
+    cell_cap: int
+
+
+class RecordLocation(NamedTuple):
+    """Where one record is; ordered as a tuple, so the lowest location is the first record in shard order."""
+
+    split: str
+    file: str  # relative to the dataset
+    index: int  # 0-based in the file
+    filename: str  # image/filename, the record's key
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
+class Sample(NamedTuple):
+    """A contact-sheet candidate: its sample rank (the lowest ranks per class are shown), key and thumbnail."""
+
+    rank: float
+    filename: str
+    height: int
+    width: int
+    pixels: bytes  # height x width x 3 uint8
+
+
+def _add(mine: dict, theirs: dict) -> None:
+    for key, n in theirs.items():
+        mine[key] = mine.get(key, 0) + n
+
 
 _VALUES = np.arange(256, dtype=np.int64)
 _SQUARES = _VALUES * _VALUES
 
 
 def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, as exact integers.
-
-    Via a 256-bin histogram per channel: exact, and about 4x faster than widening every pixel to int64.
-    """
+    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, exact, via a 256-bin histogram per
+    channel (about 4x faster than widening every pixel)."""
     flat = pixels.reshape(-1, pixels.shape[-1])
     sums, squares = [], []
     for channel in range(flat.shape[1]):
@@ -50,12 +95,8 @@ def sample_rank(filename: str) -> float:
 
 
 def sample_fraction(class_counts: dict[str, int], samples_per_class: int, oversample: int = 8) -> float:
-    """The rank threshold below which a record is a contact-sheet candidate.
-
-    Picked so that even the smallest class expects ``oversample`` times the samples it needs; taking the lowest
-    ranks among candidates then equals taking them among all records (unless a class falls short, which at 8x is
-    vanishingly rare), while only a small fraction of the records of a large dataset is thumbnailed and shuffled.
-    """
+    """The rank below which a record is a contact-sheet candidate: the smallest class expects ``oversample``
+    times the samples it needs, so the lowest ranks among candidates are (almost surely) those among all records."""
     smallest = min((n for n in class_counts.values() if n > 0), default=0)
     if not smallest:
         return 1.0
@@ -75,27 +116,17 @@ class SplitStats:
     shard_records: dict[str, int] = dataclasses.field(default_factory=dict)  # shard file -> records it holds
 
     def add_image(self, label: int, height: int, width: int, sums: list[int], square_sums: list[int]) -> None:
-        self.num_examples += 1
-        self.label_counts[label] = self.label_counts.get(label, 0) + 1
-        for channel in range(3):
-            self.channel_sums[channel] += sums[channel]
-            self.channel_square_sums[channel] += square_sums[channel]
-        self.num_pixels += height * width
-        size = f"{height}x{width}"
-        self.image_sizes[size] = self.image_sizes.get(size, 0) + 1
+        self.merge(SplitStats(1, {label: 1}, list(sums), list(square_sums), height * width, {f"{height}x{width}": 1}))
 
-    def merge(self, other: "SplitStats") -> "SplitStats":
+    def merge(self, other: SplitStats) -> SplitStats:
         self.num_examples += other.num_examples
-        for label, n in other.label_counts.items():
-            self.label_counts[label] = self.label_counts.get(label, 0) + n
+        self.num_pixels += other.num_pixels
         for channel in range(3):
             self.channel_sums[channel] += other.channel_sums[channel]
             self.channel_square_sums[channel] += other.channel_square_sums[channel]
-        self.num_pixels += other.num_pixels
-        for size, n in other.image_sizes.items():
-            self.image_sizes[size] = self.image_sizes.get(size, 0) + n
-        for shard, n in other.shard_records.items():
-            self.shard_records[shard] = self.shard_records.get(shard, 0) + n
+        for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
+                             (self.shard_records, other.shard_records)):
+            _add(mine, theirs)
         return self
 
     def mean_std(self) -> tuple[list[float], list[float]] | None:
@@ -116,39 +147,29 @@ class ForeignStats:
     image_modes: dict[str, int] = dataclasses.field(default_factory=dict)  # "RGB", "L", "CMYK" -> n
     file_records: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> records it holds
 
-    def merge(self, other: "ForeignStats") -> "ForeignStats":
+    def merge(self, other: ForeignStats) -> ForeignStats:
         self.num_records += other.num_records
         self.num_readable_images += other.num_readable_images
         for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
                              (self.image_formats, other.image_formats), (self.image_modes, other.image_modes),
                              (self.file_records, other.file_records)):
-            for key, n in theirs.items():
-                mine[key] = mine.get(key, 0) + n
+            _add(mine, theirs)
         return self
 
 
 def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:
     """Min/max/mean height and width and the most common sizes of an ``{"HxW": n}`` histogram."""
-    if not image_sizes:
-        return {"num_distinct": 0, "min_height": None, "max_height": None, "min_width": None, "max_width": None,
-                "mean_height": None, "mean_width": None, "most_common": {}}
-    parsed = [(tuple(int(v) for v in size.split("x")), n) for size, n in image_sizes.items()]
-    total = sum(n for _, n in parsed)
-    most_common = collections.Counter(image_sizes).most_common(top)
-    return {
-        "num_distinct": len(image_sizes),
-        "min_height": min(h for (h, _), _ in parsed),
-        "max_height": max(h for (h, _), _ in parsed),
-        "min_width": min(w for (_, w), _ in parsed),
-        "max_width": max(w for (_, w), _ in parsed),
-        "mean_height": sum(h * n for (h, _), n in parsed) / total,
-        "mean_width": sum(w * n for (_, w), n in parsed) / total,
-        "most_common": dict(most_common),
-    }
+    parsed = [(*(int(v) for v in size.split("x")), n) for size, n in image_sizes.items()]
+    total = sum(n for _, _, n in parsed)
+    heights, widths = [h for h, _, _ in parsed], [w for _, w, _ in parsed]
+    return {"num_distinct": len(image_sizes), "min_height": min(heights, default=None),
+            "max_height": max(heights, default=None), "min_width": min(widths, default=None),
+            "max_width": max(widths, default=None),
+            "mean_height": sum(h * n for h, _, n in parsed) / total if total else None,
+            "mean_width": sum(w * n for _, w, n in parsed) / total if total else None,
+            "most_common": dict(collections.Counter(image_sizes).most_common(top))}
 
 
 def foreign_split(path: str) -> str:
-    """The split a TFDS-style file belongs to (``imagenet2012-train.tfrecord-00000-of-01024`` -> ``train``), as the
-    preprocess job reads it (``sources.split_from_tfrecord_name``); files that do not follow that naming are grouped
-    under ``all``."""
+    """The split of a TFDS-style file name, as the preprocess job reads it; ``all`` for any other name."""
     return split_from_tfrecord_name(path) or "all"

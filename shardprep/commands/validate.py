@@ -10,7 +10,7 @@ import click
 from shardprep.broken_pipe import OutputError, reader_may_go
 from shardprep.commands import own_long_options, phrases, validate_stop
 from shardprep.commands.validate_progress import ACROSS_RECORDS, ProgressDisplay
-from shardprep.display import console as make_console
+from shardprep.display import console as make_console, count
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
 from shardprep.preprocess.wordnet_names import display_name
@@ -114,20 +114,13 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_key, tfds_data_dir,
-            max_problems_per_check, near_duplicate_distance, near_duplicate_limit, strict, leaked_keys,
-            near_duplicates, quiet, beam_args):
+def command(ctx, quiet, beam_args, **flags):
     try:
-        options = ValidateOptions(data, json_path=json_path, pictures=pictures, samples_per_class=samples_per_class,
-                                  image_key=image_key, label_key=label_key, tfds_data_dir=tfds_data_dir,
-                                  max_problems_per_check=max_problems_per_check,
-                                  near_duplicate_distance=near_duplicate_distance,
-                                  near_duplicate_limit=near_duplicate_limit, strict=strict, leaked_keys=leaked_keys,
-                                  near_duplicates=near_duplicates)
+        options = ValidateOptions(**flags)  # every other parameter is a ValidateOptions field of the same name
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if not beam_args and (json_path, pictures, leaked_keys) == (None, None, None):  # nothing else to check first
-        refuse_what_is_no_dataset(data)  # so refused now, before Beam is imported
+    if not beam_args and (options.json_path, options.pictures, options.leaked_keys) == (None, None, None):
+        refuse_what_is_no_dataset(options.data)  # nothing else to check first: refused now, before Beam is imported
     from shardprep.pipelines import runner
     from shardprep.pipelines import validate as job
 
@@ -151,14 +144,14 @@ def command(ctx, data, json_path, pictures, samples_per_class, image_key, label_
         except job.ValidateError as e:
             raise click.ClickException(str(e)) from None
         # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
-        with reader_may_go(done=_verdict_said(report, json_path)):
-            print_report(report, json_path)
+        with reader_may_go(done=_verdict_said(report, options.json_path)):
+            print_report(report, options.json_path)
     ctx.exit(0 if report["ok"] else 1)
 
 
 def refuse_what_is_no_dataset(data: str) -> None:
-    """A local DATA that is no prepared dataset at all (missing, a file, an empty or image folder, a folder inside
-    one) is one error line now; a run that stopped early (shards, no manifest) is left to the report."""
+    """A local DATA that is no prepared dataset at all is one error line now; a run that stopped early (shards, no
+    manifest) is left to the report."""
     import os
 
     from shardprep.pipelines import source_registry
@@ -177,7 +170,7 @@ def refuse_what_is_no_dataset(data: str) -> None:
 def _verdict_said(report: dict, json_path: str | None) -> str:
     """The verdict in words, for the error line of a report that could not be printed."""
     verdict = "the dataset passed every check" if report["ok"] else \
-        f"the checks found {_count(sum(report['problem_counts'].values()), 'problem')}"
+        f"the checks found {count(sum(report['problem_counts'].values()), 'problem')}"
     return verdict + (f" (report {json_path})" if json_path else "")
 
 
@@ -185,13 +178,9 @@ def _rgb(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values else "-"
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 def print_report(report: dict, json_path: str | None, console=None) -> None:
-    """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width (default: the
-    shared console) without breaking a phrase; names from the data are printed as they are, never as markup."""
+    """Tables per split, the problems, and one verdict, each line fitted to ``console``'s width without breaking a
+    phrase; names from the data are printed as they are, never as markup."""
     console = console or make_console()
     width = console.width
 
@@ -236,7 +225,7 @@ def _print_found_files(console, report: dict) -> None:
                 and found.get("path_kind", "incomplete") == "incomplete"):
             listed = found["found_files"]
             more = found["num_found_files"] - len(listed)
-            console.print(Text(f"found in {report['data']} ({_count(found['num_found_files'], 'file')}):\n  "
+            console.print(Text(f"found in {report['data']} ({count(found['num_found_files'], 'file')}):\n  "
                                + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")),
                           overflow="fold")
 
@@ -244,16 +233,15 @@ def _print_found_files(console, report: dict) -> None:
 def _verdict(report: dict, json_path: str | None) -> list:
     total = sum(report["problem_counts"].values())
     warnings = len(report.get("warnings") or [])
-    if report["ok"] and warnings:
-        items = [("", _styled("OK", "bold green")), ("", ": every check passed"),
-                 ("; ", _styled(_count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
-    elif report["ok"]:
+    if report["ok"]:
         items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
+        if warnings:
+            items += [("; ", _styled(count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
         counts[0] = f"({counts[0]}"
         counts[-1] = f"{counts[-1]})"
-        items = [("", _styled("FAILED", "bold red")), ("", f": {_count(total, 'problem')}"), (" ", counts[0])]
+        items = [("", _styled("FAILED", "bold red")), ("", f": {count(total, 'problem')}"), (" ", counts[0])]
         items += [(", ", part) for part in counts[1:]]
     items += [(" — ", report["data"]), (" ", f"in {report.get('elapsed_seconds', 0):.1f} s")]
     if json_path:
@@ -273,19 +261,18 @@ def _dataset_split_line(split: str, summary: dict) -> list:
     from rich.text import Text
 
     sizes = list(summary["image_sizes"]["most_common"].items())[:3]
-    items = [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')} (manifest "
+    items = [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')} (manifest "
                                                  f"{summary['expected_num_examples']:,})")),
-             (" ", f"in {_count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
+             (" ", f"in {count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
              ("; ", "sizes " + (", ".join(f"{size} ×{n:,}" for size, n in sizes) or "-")),
              ("; ", f"mean RGB {_rgb(summary['mean_rgb'])}"), (", ", f"std RGB {_rgb(summary['std_rgb'])}")]
     if summary.get("duplicate_images"):
-        items.append(("; ", f"{_count(summary['duplicate_images'], 'duplicate image')} within the split"))
+        items.append(("; ", f"{count(summary['duplicate_images'], 'duplicate image')} within the split"))
     return items
 
 
 def _print_class_table(console, say, summary: dict) -> None:
-    """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else the ones that differ (up to
-    as many), and a line for the rest."""
+    """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else those that differ."""
     from rich.table import Table
     from rich.text import Text
 
@@ -310,11 +297,11 @@ def _print_class_table(console, say, summary: dict) -> None:
 
 
 def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
-    """The line under a class table that does not list every class: how many more differ or match."""
+    """Under a class table that does not list every class: how many more differ or match."""
     differing = {label for label, _ in differ}
     counts = [n for label, (_, n) in rows if label not in differing]
     low, high = (min(counts), max(counts)) if counts else (0, 0)
-    per_class = (f"({_count(low, 'record')} per class)" if low == high
+    per_class = (f"({count(low, 'record')} per class)" if low == high
                  else f"({low:,}–{high:,} records per class)")
     if not differ:
         return [("", f"all {len(rows):,} classes match the manifest"), (" ", per_class)]
@@ -330,17 +317,16 @@ def _foreign_split_line(split: str, summary: dict) -> list:
     sizes = summary["image_sizes"]
     size_text = (f"{sizes['min_height']}–{sizes['max_height']} × {sizes['min_width']}–{sizes['max_width']} "
                  f"(H×W, {sizes['num_distinct']:,} distinct)" if sizes["num_distinct"] else "-")
-    return [("", Text.assemble((split, "bold"), f": {_count(summary['num_examples'], 'record')}")),
-            (" ", f"in {_count(summary['num_files'], 'file')}"),
-            (", ", f"{_count(summary['num_readable_images'], 'readable image')}"),
-            (", ", _count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
+    return [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')}")),
+            (" ", f"in {count(summary['num_files'], 'file')}"),
+            (", ", f"{count(summary['num_readable_images'], 'readable image')}"),
+            (", ", count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
             ("; ", "formats " + (", ".join(f"{k} {v:,}" for k, v in summary["image_formats"].items()) or "-")),
             ("; ", "modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))]
 
 
 def _foreign_split_table(summary: dict, classes: list[str] | None = None):
-    """Records per label; with the class names of a ``label.labels.txt`` beside the files (``report["classes"]``),
-    a class column too."""
+    """Records per label, and their class names when the report has them (a ``label.labels.txt``)."""
     from rich.table import Table
 
     table = Table()
@@ -370,13 +356,9 @@ _NEAR_PAIRS_SHOWN = 5
 
 def _print_near_duplicates(say, report: dict) -> None:
     """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
-    from rich.text import Text
-
     near = report.get("near_duplicates")
     if near and near.get("skipped"):
-        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", "near-duplicates not searched")]
-            + [(": " if i == 0 else separator, clause) for i, (separator, clause) in
-               enumerate(phrases.clauses(near["skipped"]))], indent="    ")
+        say(_warning("near-duplicates not searched", near["skipped"]), indent="    ")
     if not near or near.get("skipped"):
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
@@ -401,17 +383,23 @@ def _print_near_duplicates(say, report: dict) -> None:
     if len(pairs) > _NEAR_PAIRS_SHOWN:
         say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs (every one in the JSON report)")])
     for found in report.get("warnings") or []:
-        clauses = phrases.clauses(found["message"])
-        say([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", found["split"] or "")]
-            + [(": ", clauses[0][1])] + clauses[1:], indent="    ")
+        say(_warning(found["split"] or "", found["message"]), indent="    ")
     if near.get("leaked_keys_file"):
         say([("", f"leaked keys: {near['leaked_keys_file']}"),
-             (" ", f"({_count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
+             (" ", f"({count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
+
+
+def _warning(subject: str, message: str) -> list:
+    from rich.text import Text
+
+    clauses = phrases.clauses(message)
+    return ([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
+            + clauses[1:])
 
 
 def _print_problems(say, report: dict) -> None:
-    """A heading, then one entry per problem (check, where, message), each flowed to the width: a list, not a
-    table, so that file names and messages keep whole at 80 columns."""
+    """A heading, then one entry per problem (check, where, message): a list, not a table, so that file names and
+    messages keep whole at 80 columns."""
     from rich.text import Text
 
     problems = report["problems"]
