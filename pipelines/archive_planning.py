@@ -1,7 +1,5 @@
-"""Planning an archive SOURCE, launcher only: each archive indexed once (a tar from its headers, a zip from its
-central directory, a compressed tar streamed for its names), the folder rules applied (``archive_layout``), labels
-joined, and the workers' read tasks (``MembersTask``, ``NestedTask`` for a class tar, ``StreamTask``).
-"""
+"""Planning an archive SOURCE on the launcher: each archive indexed once, the folder rules applied
+(``archive_layout``), labels joined, and the workers' read tasks made."""
 
 from __future__ import annotations
 
@@ -23,14 +21,12 @@ ANNOTATION_WORDS = ("bbox", "annotation")  # image-net.org's ILSVRC2012_bbox_tra
 
 class MembersTask(NamedTuple):
     """Members of a seekable archive, already labelled: (source key, label, ``MemberRef`` text) each."""
-
     split: str
     entries: tuple[tuple[str, int, str], ...]
 
 
 class NestedTask(NamedTuple):
     """A tar inside a tar, one class: a worker indexes its headers and names its members by range."""
-
     split: str
     archive: str
     key_prefix: str  # "n01440764/": the class folder its members would be extracted to
@@ -41,7 +37,6 @@ class NestedTask(NamedTuple):
 
 class StreamTask(NamedTuple):
     """A compressed tar read once front to back: ``wanted`` are (member name, occurrence, split, key, label)."""
-
     archive: str
     wanted: tuple[tuple[str, int, str, str, int], ...]
 
@@ -57,8 +52,6 @@ class ArchiveFile(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ArchivePlan(SourcePlan):
-    """An archive source's plan: the archives (for the fingerprint) and the read tasks."""
-
     archives: tuple[ArchiveFile, ...] = ()
     tasks: tuple[MembersTask | NestedTask | StreamTask, ...] = ()
 
@@ -73,8 +66,7 @@ RANGE_READ_CHUNK = 64 * 1024  # gs:// reads by range fetch at least this much (B
 
 
 def open_archive(path: str, sequential: bool = False):
-    """A seekable binary file of an archive; on ``gs://`` a read after a seek fetches ``RANGE_READ_CHUNK`` or what
-    it needs, unless ``sequential``."""
+    """A seekable file of an archive; on ``gs://`` reads by ``RANGE_READ_CHUNK`` unless ``sequential``."""
     if "://" not in path:
         return open(path, "rb")
     if path.startswith("gs://") and not sequential:
@@ -85,8 +77,6 @@ def open_archive(path: str, sequential: bool = False):
 
 
 def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
-    """The plan of an archive, or of a folder holding archives of splits."""
-
     archives, not_used = _archive_files(location, config.split)
     found = [_index(archive, config.split) for archive in archives]
     layouts = [f.layout for f in found]
@@ -125,7 +115,6 @@ def plan_archives(kind: SourceKind, location: str, config) -> ArchivePlan:
 
 
 def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[accounting.NotUsed]]:
-    """The archive SOURCE, or the archives of a folder of them, each with its split (by file name in a folder)."""
     archive, inner = archive_index.split_inner(location)
     if archive_index.archive_type(archive):
         return [_archive_file(archive, None)._replace(inner=inner)], []
@@ -175,7 +164,6 @@ def _archive_file(path: str, split: str | None) -> ArchiveFile:
 
 
 def _index(archive: ArchiveFile, default_split: str) -> _Found:
-    """One archive's members (read from its index, or its stream) arranged by the folder rules."""
     index, occurrences = _read_index(archive)
     nested_refused = {"zip": "a tar inside a zip is not read: extract it",
                       "tgz": "a tar inside a compressed tar is not read: extract it"}.get(archive.type)
@@ -196,7 +184,7 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
 
 
 def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[int]]:
-    """(the archive's index, each member's occurrence of its name: 0, 1 for a second copy ...); else SourceError."""
+    """(the archive's index, each member's occurrence of its name: 0, 1, ...); else SourceError."""
     try:
         with open_archive(archive.path, sequential=archive.type == "tgz") as raw:
             if archive.type == "tgz":
@@ -219,8 +207,7 @@ def _read_index(archive: ArchiveFile) -> tuple[archive_index.ArchiveIndex, list[
 
 
 def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str]]:
-    """({file name: class} for flat images, every class named): ``--labels-file``, else for ImageNet's
-    validation images TFDS's labels."""
+    """({file name: class} for flat images, every class): ``--labels-file``, else TFDS's ImageNet val labels."""
     if labels_file:
         present = {labels.file_name(key) for _, key, _ in flat}
         rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
@@ -232,7 +219,6 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
 
 
 def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
-    """The labels file's rows: a file, or a member of an archive (``imagenet.zip/LOC_val_solution.csv``)."""
     archive, inner = archive_index.split_inner(labels_file)
     if not inner:
         return read_labels_file_rows(labels_file, file_exists)
@@ -245,8 +231,7 @@ def _labels_rows(labels_file: str, file_exists) -> list[labels.LabelRow]:
 
 
 def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str, str], accounting.NotUsed]:
-    """{(archive path, split): NotUsed} of splits of flat images none of which has a label, when another split
-    gives inputs (ImageNet's test tar)."""
+    """{(archive path, split): NotUsed} of unlabelled flat splits, when another split gives inputs."""
     unlabelled, splits = {}, set()
     for item in found:
         layout = item.layout
@@ -268,7 +253,7 @@ def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str
 
 def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], labels_file_given: bool,
            unlabelled_splits: set[str]) -> tuple[list, list[Reject]]:
-    """One archive's read tasks, and the rejects its names alone give (unsafe names, links, no label, copies)."""
+    """One archive's read tasks, and the rejects its names alone give."""
     layout, archive = item.layout, item.archive
     rejects = list(layout.rejects)
     labelled: list[tuple[str, str, int, Member]] = [(s, key, class_index[c], m) for s, key, c, m in layout.images]

@@ -1,12 +1,5 @@
-"""The decode stage: inputs become stored records in spill files; only pointers to them go on.
-
-``DecodeResizeEncode`` runs one of two DoFns and sums their summaries. :class:`GroupDecoder` (files): each element
-is one decode group (consecutive ranks of the seeded order) decoded in order into a file of its own, renamed into
-place when it is exactly one shard; local runs journal finished groups and ``--resume`` re-emits intact ones.
-:class:`BundleDecoder` (TFRecord sources, decoded where read): a bundle appends to one spill file. Either way only
-:class:`~shardprep.preprocess.record_pointers.RecordPointers` go on, so image bytes never cross the runner's
-shuffle; a retry writes a new file and the runner keeps only the successful attempt's outputs.
-"""
+"""The decode stage: inputs become records in spill files (a file per decode group, or per bundle for kinds
+decoded where read); only ``RecordPointers`` go on, so image bytes never cross the runner's shuffle."""
 
 from __future__ import annotations
 
@@ -29,11 +22,8 @@ RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (
 
 
 class DecodeResizeEncode(beam.PTransform):
-    """Decode groups (``GroupDecoder``) or lists of Inputs (``BundleDecoder``) ->
-    {"records": RecordPointers, "rejects": Reject, "summary": RecordSummary (one, merged; none if no bundle ran)}.
-
-    ``layouts`` is a side input {split: FixedLayout} (empty without fixed layouts).
-    """
+    """Decode groups or lists of Inputs -> {"records": RecordPointers, "rejects": Reject, "summary": one merged
+    RecordSummary}; ``layouts`` is a side input {split: FixedLayout}."""
 
     def __init__(self, decoder: _Decoder, layouts):
         super().__init__()
@@ -48,8 +38,7 @@ class DecodeResizeEncode(beam.PTransform):
 
 
 class _Decoder(beam.DoFn):
-    """What both decode DoFns share: per input, decode to an ImageRecord or a Reject; per record, write it to a
-    spill file and note its pointer; per bundle, one RecordSummary (counts, bytes, pixel sums of ``stats_split``)."""
+    """Shared by both decode DoFns: decode an input, append a record to a spill file, one RecordSummary a bundle."""
 
     def __init__(self, options: image_ops.ProcessOptions, seed: int, stats_split: str, output: str,
                  progress_dir: str | None, *, read_path=None):
@@ -64,7 +53,7 @@ class _Decoder(beam.DoFn):
         self.summary = sharding.RecordSummary()
 
     def _decode(self, item: Input, summary: sharding.RecordSummary):
-        """The input's ImageRecord (its pixel sums added to ``summary``), or its Reject as a TaggedOutput."""
+        """The input's ImageRecord (pixel sums added to ``summary``), or its Reject as a TaggedOutput."""
         stopping.check_not_stopped()
         self.progress.add()
         try:
@@ -79,9 +68,7 @@ class _Decoder(beam.DoFn):
 
     def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
                 shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int] | None = None) -> None:
-        """Writes ``record`` to ``spill``: in the split's fixed layout if it has one (a group's last record as a
-        shard's end, which a shard that is exactly this group needs; WriteShards re-pads records otherwise).
-        ``key``: the record's sort key when the caller has it already (a SHA-256 per record saved)."""
+        """Writes ``record`` to ``spill``, in the split's fixed layout if any (``shard_end``: as a shard's last)."""
         if layout is not None:
             framed = layout.encode(record, shard_end)
         else:
@@ -99,14 +86,8 @@ class _Decoder(beam.DoFn):
 
 
 class GroupDecoder(_Decoder):
-    """((split, group), [InputBatch]) -> one RecordPointers for the group's own hashed spill file (with file_info),
-    its inputs decoded in seeded order; the group's last record is written as a shard's end.
-
-    With a ``journal`` (local runs), each finished group is recorded in it, and a group the journal recorded before
-    a ``--resume`` is kept when its file is intact: its recorded pointers, rejects and summary are emitted instead
-    of decoding it again. Counters: decode_groups, decode_groups_kept, decode_groups_redone (recorded but damaged),
-    inputs_decoded.
-    """
+    """((split, group), [InputBatch]) -> one RecordPointers for the group's own spill file, decoded in seeded order.
+    With a ``journal`` (local runs) a group recorded before a ``--resume`` whose file is intact is re-emitted."""
 
     def __init__(self, *args, journal: UnitJournal | None = None, read_path=None):
         super().__init__(*args, read_path=read_path)
@@ -117,7 +98,7 @@ class GroupDecoder(_Decoder):
     def setup(self):
         super().setup()
         self.recorded = self.journal.recorded_units() if self.journal is not None else {}
-        # Inputs and groups in the journal, so kept by a stop: 0 from the start, so the launcher knows they count.
+        # Zero from the start, so the launcher knows journalled inputs and groups count.
         self.saved = progress.ProgressReporter(self.progress_dir if self.journal is not None else None, "saved")
         self.groups_saved = progress.ProgressReporter(self.saved.directory, "groups_saved")
         self.saved.flush(zero=True)
@@ -205,16 +186,13 @@ class BundleDecoder(_Decoder):
         if self.spill is not None:
             self.spill.close()
             self.spill = None
-        yield from self._finish_pointers()
-        yield from self._finish()
-
-    def _finish_pointers(self):
         for split in sorted(self.pointers):
             yield GlobalWindows.windowed_value(self.pointers[split])
+        yield from self._finish()
 
 
 def read_file(path: str) -> bytes:
-    """The bytes of an input file; an unreadable one (or a pipe, socket or device) is a RejectError."""
+    """The bytes of an input file; an unreadable one (or a pipe, socket, device) is a RejectError."""
     if is_local(path) and os.path.exists(path) and not os.path.isfile(path):
         raise image_ops.RejectError("unreadable", "not a regular file (a pipe, socket or device)")
     try:

@@ -1,11 +1,6 @@
-"""Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order.
-
-A group is decoded by one worker into one file. Groups are the shards when their count is known before decoding
-(``--num-shards``, or raw centre crops, whose records all have the split's fixed length), otherwise at least
-``min_groups`` pieces of them. The order depends on the inputs' keys only (``sharding.sort_key``), so the groups
-are found from sort keys (``SortKeys``, ranked by ``RankBoundaries``) and each group's inputs are gathered in one
-shuffle of packed batches.
-"""
+"""Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order, each
+decoded by one worker into one file. Groups are the shards when their count is known before decoding; the order
+depends on the keys only, so groups are found from sort keys and gathered in one shuffle of packed batches."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from shardprep.preprocess.record_pointers import SortKeys
 
 
 def add_sort_keys(keys: dict, items, seed: int) -> dict:
-    """Appends every input's sort key to ``keys[split]`` (SortKeys, with the input's index in ``items``)."""
+    """Appends every input's sort key, with its index in ``items``, to ``keys[split]``."""
     for index, item in enumerate(items):
         if item.split not in keys:
             keys[item.split] = SortKeys(item.split)
@@ -53,15 +48,13 @@ class InputSortKeys(beam.DoFn):
 
 
 class AssignDecodeGroups(beam.DoFn):
-    """InputBatch -> ((split, decode group), InputBatch of the bundle's inputs in that group), given every split's
-    group-start sort keys: one element per group and bundle, whatever the number of inputs."""
+    """InputBatch -> ((split, decode group), InputBatch): one element per group and bundle."""
 
     def __init__(self, seed: int):
         self.seed = seed
 
     def start_bundle(self):
-        # Per group, the bundle's inputs as NUL-separated text (key, label, path): on the local runner a bundle is
-        # a worker's whole share, and a tuple of strings per input would make its memory grow with the dataset.
+        # NUL-separated text: on the local runner a bundle is a worker's whole share; tuples would grow its memory.
         self.groups: dict[tuple[str, int], bytearray] = {}
 
     def process(self, batch: sources.InputBatch, boundaries):
@@ -82,10 +75,7 @@ class AssignDecodeGroups(beam.DoFn):
 
 
 class DecodeGroups(beam.PTransform):
-    """Batches of Inputs (lists, files only) -> ((split, decode group), [InputBatch]): each group's inputs together.
-
-    ``input_counts`` is the PCollection of (split, inputs); ``layouts`` a side input {split: FixedLayout}.
-    """
+    """Batches of Inputs -> ((split, decode group), [InputBatch]); ``input_counts``: (split, inputs)."""
 
     def __init__(self, seed: int, input_counts, layouts, requested_shards: int | None, min_groups: int):
         super().__init__()

@@ -1,7 +1,5 @@
-"""``preprocess --exclude FILE``: the keys file read on the launcher (``read_keys``), ``ExcludeInputs`` (each input
-it names -> a reject, reason ``excluded``: accounted for, never dropped), and the keys no input had
-(``unknown_keys``, from ``rejects.jsonl`` after the run).
-"""
+"""``preprocess --exclude FILE``: the keys file, ``ExcludeInputs`` (each input it names -> a reject ``excluded``)
+and the keys no input had, found in ``rejects.jsonl`` after the run."""
 
 from __future__ import annotations
 
@@ -30,9 +28,7 @@ UNKNOWN_KEYS_NAMED = 5  # in the note after the run
 
 
 class KeysFile(NamedTuple):
-    """The keys file as a local run's workers get it, path and SHA-256 (Beam bz2-compresses a DoFn each time it
-    serializes it: minutes for 3,000,000 keys)."""
-
+    """The keys file as a local run's workers get it (Beam bz2-compresses a DoFn each time it serializes it)."""
     path: str
     sha256: str
 
@@ -48,12 +44,11 @@ def read_keys(path: str) -> SortedKeys:
 
 
 def keys_file(path: str) -> KeysFile:
-    """``path`` with the SHA-256 of its bytes, for workers on this machine to read it themselves."""
     return KeysFile(path, _load(path).sha256)
 
 
 def _load(path: str) -> _Loaded:
-    """The file read once per process: the last file read is kept while its size and times stay the same."""
+    """The file read once per process, kept while its size and times stay the same."""
     try:
         if is_local(path):
             found = os.stat(path.removeprefix("file://"))
@@ -110,7 +105,7 @@ class ExcludeFn(beam.DoFn):
 
 
 class ExcludeInputs(beam.PTransform):
-    """``Input`` -> ``{"inputs": Input, "rejects": Reject}``: the inputs ``keys`` names become rejects."""
+    """``Input`` -> ``{"inputs": Input, "rejects": Reject}``."""
 
     def __init__(self, keys: SortedKeys | KeysFile, path: str):
         super().__init__()
@@ -144,7 +139,6 @@ def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
 
 
 def exclude_note(path: str, keys: SortedKeys, unknown: list[str]) -> str:
-    """The note after a run with ``--exclude``: keys left out, and those matching no input (fits after ``note: ``)."""
     clauses = [f"--exclude {path}: {len(keys) - len(unknown):,} of {len(keys):,} keys excluded (rejects.jsonl, "
                f"reason {EXCLUDED})"]
     if unknown:
@@ -152,5 +146,4 @@ def exclude_note(path: str, keys: SortedKeys, unknown: list[str]) -> str:
         more = f" and {len(unknown) - UNKNOWN_KEYS_NAMED:,} more" if len(unknown) > UNKNOWN_KEYS_NAMED else ""
         clauses.append(f"{len(unknown):,} {'key matches' if len(unknown) == 1 else 'keys match'} no input of "
                        f"SOURCE: {named}{more}")
-    text = "; ".join(clauses)
-    return textwrap.fill(text, width=74, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill("; ".join(clauses), width=74, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)

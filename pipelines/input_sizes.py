@@ -1,13 +1,6 @@
-"""The inputs' sizes before the job runs, on the launcher: a sample of their headers (``preprocess.input_sizes``).
-
-``sample_sizes(config, plan, listing) -> SizeSample``. A folder: the sample spread over the listing a local run
-makes anyway, every input counted; without one (gs://), up to ``MAX_FOLDERS`` class or flat folders spread over the
-plan, each listed, its files spread over the sample, the number of inputs scaled from theirs (exact when they are
-all of them). Other kinds: the first inputs
-of up to ``MAX_TASKS`` read tasks spread over the plan, read by the kind's own task reader (a TFRecord file's or a
-compressed tar's first records, a row group, an archive's members by range); their number is not known before
-the job lists them. Headers only: Pillow reads no pixels, and a file that is not a regular one is not opened.
-"""
+"""The inputs' sizes before the job runs, on the launcher: a sample of their headers (Pillow reads no pixels).
+A folder is sampled from a local run's listing, or from up to ``MAX_FOLDERS`` folders listed (the input count
+scaled); other kinds from the first inputs of up to ``MAX_TASKS`` read tasks, read by the kind's task reader."""
 
 from __future__ import annotations
 
@@ -35,17 +28,7 @@ MAX_TASKS = 8  # read tasks started for the sample (a TFRecord file, a row group
 READ_THREADS = 16  # headers read at once (gs://: a request each)
 
 
-def sample_sizes(config, plan: SourcePlan, listing: list | None = None) -> SizeSample:
-    """The sampled inputs' sizes and, when known, the number of inputs; ``listing``: the run's
-    ``journal.listing_of``, where a local run made one."""
-    if isinstance(plan, FolderPlan):
-        return _folder_sample(config, plan, listing)
-    return _task_sample(config, plan)
-
-
-def _folder_sample(config, plan: FolderPlan, listing: list | None) -> SizeSample:
-    if listing is not None:
-        return _listed_sample(config, plan, listing)
+def _folder_sample(plan: FolderPlan) -> SizeSample:
     folders = [(d, True) for _, _, d in plan.class_dirs] + [(d, False) for _, d in plan.flat_dirs]
     picked = spread(folders, MAX_FOLDERS)
     source_root = os.path.realpath(plan.location) if is_local(plan.location) else None
@@ -62,9 +45,7 @@ def _folder_sample(config, plan: FolderPlan, listing: list | None) -> SizeSample
 
 
 def _listed_sample(config, plan: FolderPlan, listing: list) -> SizeSample:
-    """From the listing a local run makes anyway (``journal.listing_of``): every input counted, the sample spread
-    over all of them, no folder listed again. Its entries are keyed by source key (a name that is not valid
-    UTF-8 is escaped there: that file is not sampled)."""
+    """From the listing a local run makes anyway (``journal.listing_of``): every input counted, none listed again."""
     labels_entry = f"--labels-file {config.labels_file}"
     inputs = [entry for entry in listing if not entry.skipped and entry.key != labels_entry]
     paths = [os.path.join(plan.location, entry.key) for entry in spread(inputs, SAMPLE_SIZE)]
@@ -73,8 +54,8 @@ def _listed_sample(config, plan: FolderPlan, listing: list) -> SizeSample:
 
 
 def _read_all(read_size, items: list, remote: bool) -> list[tuple[int, int]]:
-    """The sizes ``read_size`` finds for ``items``, in their order; remote ones on threads (a request each). Local
-    ones on this thread: threads here would leave malloc arenas that the run's own allocations then spread over."""
+    """The sizes ``read_size`` finds for ``items``; remote ones on threads. Local ones on this thread: threads
+    would leave malloc arenas that the run's own allocations then spread over."""
     if not remote:
         return [size for size in map(read_size, items) if size is not None]
     with ThreadPoolExecutor(READ_THREADS) as pool:
@@ -82,7 +63,7 @@ def _read_all(read_size, items: list, remote: bool) -> list[tuple[int, int]]:
 
 
 def _file_size(path: str) -> tuple[int, int] | None:
-    """A file's image size from its header; None for anything else (a pipe or device is never opened)."""
+    """A file's image size from its header; None for anything else (a pipe or device is not opened)."""
     if is_local(path) and not os.path.isfile(path):
         return None
     try:
@@ -116,7 +97,6 @@ def _task_sample(config, plan: SourcePlan) -> SizeSample:
 
 
 def _input_size(item: Input, read_path) -> tuple[int, int] | None:
-    """An Input's image size: its bytes, or its path read by the kind's reader (an archive member) or opened."""
     if item.data is not None:
         return header_size(io.BytesIO(item.data))
     if item.path is None:
@@ -130,23 +110,22 @@ def _input_size(item: Input, read_path) -> tuple[int, int] | None:
 
 
 class UpscaleRefused(PreprocessError):
-    """Most inputs are smaller than ``--shorter-side`` and ``--allow-upscale`` was not given: the command's exit
-    status is 2, as for a bad argument."""
-
+    """Most inputs are smaller than ``--shorter-side`` without ``--allow-upscale``: exit status 2."""
     exit_code = 2
 
 
 class SizedPlan(NamedTuple):
-    """The plan with its inputs' median size, and what the plan says about them before the job runs."""
-
+    """The plan with its inputs' median size, and the lines said about them before the job runs."""
     plan: SourcePlan
     lines: list[str]
 
 
 def sized_plan(config, plan: SourcePlan, listing: list | None = None) -> SizedPlan:
-    """Samples the inputs (``sample_sizes``); raises :class:`UpscaleRefused` when most are smaller than
-    ``--shorter-side`` (unless ``--allow-upscale``), before OUTPUT is touched."""
-    sample = sample_sizes(config, plan, listing)
+    """Samples the inputs (``listing``: a local run's); raises UpscaleRefused before OUTPUT is touched."""
+    if not isinstance(plan, FolderPlan):
+        sample = _task_sample(config, plan)
+    else:
+        sample = _listed_sample(config, plan, listing) if listing is not None else _folder_sample(plan)
     if not config.allow_upscale:
         refusal = upscale_refusal(sample, config.shorter_side, config.crop, config.encoding)
         if refusal:

@@ -1,7 +1,5 @@
-"""Fixed record layouts: raw centre crops are all S*S*3 bytes, so each split's records get one length, which must
-fit every key and label of the split: found from the listed inputs before decoding (``FixedLayouts``), or from the
-plan's key bounds for kinds decoded where read (``planned_layouts``).
-"""
+"""Fixed record layouts: raw centre crops are all S*S*3 bytes, so each split's records get one length fitting
+every key and label of the split, from the listed inputs or from the plan's key bounds."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def _layout(bounds: tuple[int, int, int], side: int) -> FixedLayout:
 
 
 class LayoutOfKeyBounds(beam.CombineFn):
-    """A split's (shortest key, longest key, largest label), in bytes, merged into its FixedLayout for records of
-    ``side`` x ``side`` raw pixels (made where the bounds are merged, not by one more ParDo)."""
+    """A split's (shortest key, longest key, largest label), in bytes, merged into its FixedLayout."""
 
     def __init__(self, side: int):
         self.side = side
@@ -49,7 +46,7 @@ class LayoutOfKeyBounds(beam.CombineFn):
 
 
 class FixedLayouts(beam.PTransform):
-    """Inputs -> (split, FixedLayout) per split, for records of ``side`` x ``side`` raw pixels."""
+    """Inputs -> (split, FixedLayout) per split."""
 
     def __init__(self, side: int):
         super().__init__()

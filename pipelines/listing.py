@@ -1,10 +1,7 @@
-"""Listing: the planned source into ``Input`` per image to read and ``Reject`` per entry that gives none.
-
-``ListInputs`` (the pipeline's first stage) is built by the plan's kind (``SourceKind.list_inputs``): ``ReadTasks``,
-every kind's default (read tasks spread over the workers, each read where it lands), or ``list_folder`` (class
-folders spread over the workers; flat files joined with the labels file's rows). ``GivenValues``/``SpreadValues``:
-values the launcher holds as the graph's first elements, in as few ParDos as Beam allows.
-"""
+"""Listing: the planned source into an ``Input`` per image and a ``Reject`` per entry that gives none, built by
+the plan's kind: ``ReadTasks`` (read tasks spread over the workers) or ``list_folder`` (class folders spread, flat
+files joined with the labels file's rows). ``GivenValues``/``SpreadValues`` start a graph in as few ParDos as Beam
+allows."""
 
 from __future__ import annotations
 
@@ -31,7 +28,7 @@ class ListInputs(beam.PTransform):
 
 
 def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
-    """{"inputs": Input, "rejects": Reject} of a listing's parts, with the rejects planning found (``skipped``)."""
+    """{"inputs": Input, "rejects": Reject} of a listing's parts, with the rejects planning found."""
     if plan.skipped:
         rejects = rejects + [pbegin | "SkippedEntries" >> GivenValues(plan.skipped)]
     return {"inputs": inputs[0] if len(inputs) == 1 else inputs | "AllInputs" >> beam.Flatten(),
@@ -39,7 +36,6 @@ def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
 
 
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
-    """A folder's listing: its class folders, and its flat files joined with the labels file."""
     root = plan.location
     class_index = {name: i for i, name in enumerate(plan.classes)}
     found = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
@@ -55,7 +51,7 @@ def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
 
 
 class ReadTasks(beam.PTransform):
-    """``tasks`` spread over the workers, each read where it lands by ``reader`` (a kind's ``task_reader``)."""
+    """``tasks`` spread over the workers, each read where it lands by ``reader``."""
 
     def __init__(self, tasks, reader, progress_dir: str | None):
         super().__init__()
@@ -70,8 +66,7 @@ class ReadTasks(beam.PTransform):
 
 
 class _Counting(beam.DoFn):
-    """A DoFn whose outputs are counted as listed (``progress``)."""
-
+    """A DoFn whose outputs are counted as listed."""
     progress_dir: str | None = None
 
     def setup(self):
@@ -82,7 +77,7 @@ class _Counting(beam.DoFn):
 
 
 class TaskLister(_Counting):
-    """A read task -> what ``reader`` makes of it: Inputs, and Rejects (``REJECTS``)."""
+    """A read task -> what ``reader`` makes of it: Inputs and Rejects."""
 
     def __init__(self, reader, progress_dir: str | None):
         self.reader, self.progress_dir = reader, progress_dir
@@ -111,8 +106,8 @@ class ListClassDirectories(beam.PTransform):
 
 
 class ListLabelledFiles(beam.PTransform):
-    """The files of ``flat_dirs`` ((split, directory)) joined with the labels file's rows (read when planning) by
-    case-folded file name; a file without a row, a row without a file, names differing in case are rejects."""
+    """The files of ``flat_dirs`` joined by case-folded file name with the labels file's rows; mismatches are
+    rejects."""
 
     def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
                  progress_dir: str | None, labels_file_given: bool = True, not_used: frozenset[str] = frozenset()):
@@ -126,8 +121,7 @@ class ListLabelledFiles(beam.PTransform):
                 | "Directories" >> GivenValues(self.flat_dirs)  # (split, directory)
                 | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
                     REJECTS, main="files"))
-        # The rows checked when planning, pickled in one DoFn (beam.Create would infer a type from each row and
-        # encode it into the graph: 4.3 s of CPU for ImageNet's 50,000 validation rows, against 0.1 s).
+        # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
         rows = pbegin | "LabelRows" >> GivenValues(self.label_rows, LABEL_ROW)
         joined = ({"files": flat.files, "rows": rows}
                   | "JoinLabels" >> beam.CoGroupByKey()
@@ -141,8 +135,7 @@ LABEL_ROW = beam.typehints.Tuple[str, beam.typehints.Tuple[str, str]]  # (labels
 
 
 class ClassDirectoryLister(_Counting):
-    """(split, class name, directory) -> an Input per file in it or its sub-folders; Rejects (``REJECTS``) for
-    hidden entries, links to folders, links back inside SOURCE, names that are not UTF-8."""
+    """(split, class name, directory) -> an Input per file in it or its sub-folders, or a Reject."""
 
     def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
         self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
@@ -153,7 +146,6 @@ class ClassDirectoryLister(_Counting):
 
     def process(self, element):
         split, class_name, directory = element
-        # Nested folders belong to the class too.
         paths, skipped = list_files(directory, recursive=True, source_root=self.source_root)
         for path, reason in skipped:
             self.progress.add()
@@ -169,8 +161,7 @@ class ClassDirectoryLister(_Counting):
 
 
 class FlatDirectoryLister(beam.DoFn):
-    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per file but those planning found
-    not used (``not_used``); names that are not UTF-8 are Rejects (``REJECTS``)."""
+    """(split, directory) -> (``labels.match_key``, (split, source key, path)) per file not in ``not_used``."""
 
     def __init__(self, root: str, not_used: frozenset[str] = frozenset()):
         self.root, self.not_used = root, not_used
@@ -188,8 +179,7 @@ class FlatDirectoryLister(beam.DoFn):
 
 
 class JoinLabels(_Counting):
-    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label, else
-    Rejects (``REJECTS``)."""
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label."""
 
     def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
                  labels_file_given: bool = True):
@@ -215,9 +205,8 @@ def _bad_file_name_reject(split: str, key: str):
 
 def list_files(directory: str, recursive: bool = False,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """(the files in ``directory`` (and its sub-folders when ``recursive``); (path, reject reason) of hidden
-    entries, links to folders, links back inside ``source_root``). Links to missing files and special files are
-    listed: reading them makes "unreadable" rejects, never a silent drop."""
+    """(the files in ``directory``, [(path, reject reason)] of hidden entries and links not followed). Links to
+    missing files and special files are listed: reading them makes "unreadable" rejects."""
     if is_local(directory):
         return accounting.walk_local(directory, recursive, source_root)
     pattern = manifest.join(directory, "**" if recursive else "*")
@@ -239,8 +228,7 @@ def _grouped_values(keyed):
 
 
 class GivenValues(beam.PTransform):
-    """The pipeline's start -> each of ``values``, on the worker that runs the start: ``beam.Create(values)`` in
-    one ParDo instead of two (every ParDo costs a local run's start-up); the values travel pickled in the DoFn."""
+    """The pipeline's start -> each of ``values``: ``beam.Create`` in one ParDo instead of two."""
 
     def __init__(self, values, output_type=beam.typehints.Any):
         super().__init__()
@@ -253,8 +241,7 @@ class GivenValues(beam.PTransform):
 
 
 class SpreadValues(GivenValues):
-    """The pipeline's start -> each of ``values``, spread over the workers (keyed by index and grouped, the
-    shuffle ``beam.Reshuffle`` makes, in two ParDos instead of six)."""
+    """The pipeline's start -> each of ``values``, spread over the workers (``Reshuffle`` in two ParDos, not six)."""
 
     def expand(self, pbegin):
         return (pbegin

@@ -1,9 +1,6 @@
 """The job's accounting and its last files: inputs counted per split, OUTPUT/rejects.jsonl, OUTPUT/manifest.json.
-
-Each file appears whole or not at all (``atomic_write``): a kill leaves either the journal (``--resume`` finishes
-the run) or a manifest (the dataset is complete). :func:`build_manifest` refuses an unaccounted-for input (every
-input is a record or a reject), and a run --strict saw rejects in, before anything is written.
-"""
+Each file appears whole or not at all, so a kill leaves either the journal (``--resume``) or a complete dataset;
+``build_manifest`` refuses an unaccounted-for input before anything is written."""
 
 from __future__ import annotations
 
@@ -57,16 +54,14 @@ def write_rejects(rejects: list, output: str) -> dict:
 
 
 class WriteRejects(beam.PTransform):
-    """Rejects (a PCollection, or a tuple of them) -> {split: {reason: count}} (a singleton), after writing them all
-    to OUTPUT/rejects.jsonl."""
+    """Rejects (a PCollection, or a tuple of them) -> {split: {reason: count}}, after writing OUTPUT/rejects.jsonl."""
 
     def __init__(self, output: str):
         super().__init__()
         self.output = output
 
     def expand(self, rejects):
-        # Side inputs of one element: a rejects file even without rejects, in one ParDo (a global combine with
-        # its default takes six stages more); a tuple's parts each a side input (a Flatten is one more stage).
+        # Side inputs of one element: a file even without rejects, in one ParDo (a global combine takes six more).
         parts = rejects if isinstance(rejects, tuple) else (rejects,)
         return (parts[0].pipeline
                 | "Start" >> beam.Impulse()
@@ -79,8 +74,8 @@ def _write_all_rejects(_, output: str, *parts) -> dict:
 
 
 class WriteManifestFile(beam.DoFn):
-    """Impulse's one element -> the manifest document ``build(side inputs...)`` makes (or its PreprocessError:
-    nothing written), after writing OUTPUT/manifest.json and then removing the spill folder."""
+    """Impulse's one element -> the manifest document ``build`` makes, after writing OUTPUT/manifest.json and
+    removing the spill folder."""
 
     def __init__(self, output: str, build):
         self.output, self.build = output, build
@@ -92,7 +87,7 @@ class WriteManifestFile(beam.DoFn):
             atomic_write(path, manifest.document_text(document).encode("utf-8"), mime_type="application/json")
         except Exception as e:
             raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
-        # After the manifest: until it is written, the journal under .tmp/ is what a resume finishes from.
+        # Only after the manifest: until then the journal under .tmp/ is what a resume finishes from.
         try:
             remove_spill(self.output)
         except Exception as e:
@@ -103,8 +98,7 @@ class WriteManifestFile(beam.DoFn):
 
 
 class WriteManifest(beam.PTransform):
-    """The pipeline's start -> the manifest document, written once every side input (shard entries, input
-    counts, RecordSummary, reject summary, {split: FixedLayout}) is complete."""
+    """The pipeline's start -> the manifest document, written once every side input is complete."""
 
     def __init__(self, output: str, build, shard_entries, input_counts, summary, reject_summary, layouts):
         super().__init__()
@@ -118,12 +112,9 @@ class WriteManifest(beam.PTransform):
                 .with_output_types(beam.typehints.Any))  # declared: not inferred from the bytecode at start-up
 
 
-# --- the manifest document --------------------------------------------------------------------------------------
-
 def build_manifest(config, plan, runner: str, shard_entries, input_counts, summary: sharding.RecordSummary,
                    reject_summary, layouts: dict | None = None) -> dict:
-    """The manifest document of ``config``'s run of ``plan`` (the rest: WriteManifest's side inputs); raises
-    PreprocessError if any input is unaccounted for or --strict saw rejects."""
+    """The manifest document of the run; PreprocessError if any input is unaccounted for or --strict saw rejects."""
     check_inputs_found(config, plan, input_counts, reject_summary)
     splits, problems = split_entries(config, plan, shard_entries, input_counts, summary, reject_summary, layouts)
     extra_splits = set(reject_summary) - set(plan.splits)
@@ -147,8 +138,7 @@ def check_inputs_found(config, plan, input_counts, reject_summary) -> None:
 
 def split_entries(config, plan, shard_entries, input_counts, summary: sharding.RecordSummary, reject_summary,
                   layouts: dict | None) -> tuple[dict[str, SplitInfo], list[str]]:
-    """({split: its SplitInfo}, problems): per split, examples + rejects must equal inputs, and the shards must
-    hold the examples. A split whose every input was rejected gets its (empty) shard written here."""
+    """({split: its SplitInfo}, problems): per split, examples + rejects must equal inputs, held by the shards."""
     classes = class_names(plan, summary)
     counts_by_split: dict[str, dict[int, int]] = {}
     for (split, label), n in summary.classes.items():
@@ -182,12 +172,10 @@ def split_entries(config, plan, shard_entries, input_counts, summary: sharding.R
 
 
 def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
-    """The planned class names, or "0".."max" for unnamed int labels."""
     return list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
 
 
 def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
-    """--strict: any reject fails the run (no manifest)."""
     reasons: dict[str, int] = {}
     for by_reason in reject_summary.values():
         for reason, n in by_reason.items():
@@ -202,7 +190,7 @@ def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
 
 
 def created_time() -> str:
-    """The manifest's ``created``: now, or SOURCE_DATE_EPOCH's time (reproducible builds: byte-identical manifests)."""
+    """Now, or SOURCE_DATE_EPOCH's time (reproducible builds)."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     moment = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
               else datetime.datetime.now(datetime.timezone.utc))
@@ -210,35 +198,22 @@ def created_time() -> str:
 
 
 def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: sharding.RecordSummary) -> dict:
-    """The manifest document of an accounted-for run (the :class:`Manifest`'s ``to_json``)."""
     mean, std = sharding.pixel_statistics(summary.pixel_sums)
     classes = class_names(plan, summary)
     square = config.crop == "center"
     return Manifest(
-        format_version=manifest.FORMAT_VERSION,
-        tool=manifest.TOOL,
-        tool_version=manifest.tool_version(),
-        created=created_time(),
-        source=config.source,
-        source_kind=plan.kind.name,
-        options=recorded_options(config, runner),
-        classes=tuple(classes),
-        num_classes=len(classes),
+        format_version=manifest.FORMAT_VERSION, tool=manifest.TOOL, tool_version=manifest.tool_version(),
+        created=created_time(), source=config.source, source_kind=plan.kind.name,
+        options=recorded_options(config, runner), classes=tuple(classes), num_classes=len(classes),
         encoding=config.encoding,
         jpeg_quality=config.jpeg_quality if encodings.get(config.encoding).uses_quality else None,
-        shorter_side=config.shorter_side,
-        crop=config.crop,
-        resize_method=resize.recorded(DEFAULT_RESIZE_METHOD),
-        image_height=config.shorter_side if square else None,
-        image_width=config.shorter_side if square else None,
-        channels=record_format.CHANNELS,
-        seed=config.seed,
-        splits=splits,
+        shorter_side=config.shorter_side, crop=config.crop, resize_method=resize.recorded(DEFAULT_RESIZE_METHOD),
+        image_height=config.shorter_side if square else None, image_width=config.shorter_side if square else None,
+        channels=record_format.CHANNELS, seed=config.seed, splits=splits,
         num_inputs=sum(s.num_inputs for s in splits.values()),
         num_examples=sum(s.num_examples for s in splits.values()),
         num_rejected=sum(s.num_rejected for s in splits.values()),
-        rejects_file=manifest.REJECTS_NAME,
-        stats_split=plan.stats_split,
+        rejects_file=manifest.REJECTS_NAME, stats_split=plan.stats_split,
         mean_rgb=tuple(mean) if mean is not None else None,
         std_rgb=tuple(std) if std is not None else None,
         not_used=tuple(entry.to_json() for entry in getattr(plan, "not_used", ())) or None,

@@ -1,13 +1,6 @@
-"""The preprocess job: the graph (``build_pipeline``, read top to bottom) and ``execute_job``.
-
-Planning runs first, on the launcher (``source_registry.plan_source``). Stages, each a transform in its own module:
-ListInputs (Input, Reject) -> ExcludeInputs (--exclude) -> CountInputs -> BatchInputs -> FixedLayouts (raw centre
-crops: one record length per split) -> DecodeGroups (files: decode groups of consecutive ranks of the seeded order)
--> DecodeResizeEncode (``image_ops.process_image``; records to spill files, RecordPointers on; local runs journal
-finished groups for --resume) -> ShardBoundaries -> WriteShards -> WriteRejects -> WriteManifest (last, only when
-every input is accounted for). Order and sharding depend only on the inputs, the options and ``--seed``, so shards
-are byte-identical whatever the number or speed of workers.
-"""
+"""The preprocess job: the graph (``build_pipeline``, read top to bottom) and ``execute_job``, which plans the
+source on the launcher first. Order and sharding depend only on the inputs, the options and ``--seed``, so shards
+are byte-identical whatever the number or speed of workers."""
 
 from __future__ import annotations
 
@@ -33,9 +26,7 @@ from shardprep.pipelines.storage import prepare_output
 from shardprep.preprocess import image_ops, manifest, owned_folder, sharding
 from shardprep.preprocess.config import DEFAULT_RESIZE_METHOD, PreprocessConfig
 
-# Inputs per element from the listing to the decode stage: few enough that the runner still spreads the work
-# evenly over its workers, enough that it handles a few elements per 100 images instead of one per image.
-INPUT_BATCH = 16
+INPUT_BATCH = 16  # inputs per element to decode: still spread evenly, yet a few elements per 100 images
 DEFAULT_MIN_DECODE_GROUPS = 64  # remote runners: workers come and go, keep enough groups to share out
 
 
@@ -43,57 +34,39 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
                    progress_dir: str | None = None, min_decode_groups: int = DEFAULT_MIN_DECODE_GROUPS,
                    unit_journal: journal.UnitJournal | None = None):
     """Adds the preprocess stages to ``p``; returns the PCollection holding the manifest document.
-
-    ``min_decode_groups``: the fewest groups a split's inputs are decoded in (each group is decoded by one worker):
-    local runs pass twice their worker count. ``unit_journal``: where finished decode groups are recorded (and, on
-    --resume, the ones that may be kept); None for runs without one.
-    """
-    # -> {inputs: Input, rejects: Reject}: listed as the plan's kind lists (class folders and the labels file, or
-    # TFRecord files read)
+    ``unit_journal``: where finished decode groups are recorded (and found on --resume)."""
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
         kept = inputs | "ExcludeInputs" >> ExcludeInputs(_exclude_keys(config.exclude, runner), config.exclude)
         inputs = kept["inputs"]
         listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
-    # (Input, Reject) -> (split, number of inputs): the accounting check's other half
     input_counts = (inputs, listing_rejects) | "CountInputs" >> CountInputs()
-    # Input -> [Input]: the runner handles one element per batch, not per image
     batches = inputs | "BatchInputs" >> beam.BatchElements(min_batch_size=INPUT_BATCH, max_batch_size=INPUT_BATCH)
-    # -> {split: FixedLayout} (side input; empty unless raw centre crops)
     layouts = _fixed_layouts(p, config, plan, inputs)
     decoder_args = (process_options(config), config.seed, plan.stats_split, config.output, progress_dir)
     if plan.kind.decoded_where_read:
-        # Inputs carrying their image bytes (TFRecords) are decoded where they were read (the listing spread the
-        # files over the workers) instead of every encoded image crossing the runner's shuffle.
+        # Inputs carrying their bytes are decoded where read, not sent through the runner's shuffle.
         to_decode, decoder = batches, BundleDecoder(*decoder_args, read_path=plan.kind.path_reader(plan))
     else:
-        # [Input] -> ((split, group), [InputBatch]): groups of consecutive ranks of the seeded order, found from the
-        # inputs' sort keys before decoding; the shards themselves when the shard count is known up front.
         to_decode = batches | "DecodeGroups" >> DecodeGroups(config.seed, input_counts, layouts, config.num_shards,
                                                              min_decode_groups)
         decoder = GroupDecoder(*decoder_args, journal=unit_journal, read_path=plan.kind.path_reader(plan))
-    # -> {records: RecordPointers into spill files, rejects: Reject, summary: one RecordSummary}
     decoded = to_decode | "DecodeResizeEncode" >> DecodeResizeEncode(decoder, layouts)
     records = decoded["records"]
     # Defaults in the views, not in the combines: a combine's default costs the local runner two more stages.
     summary = beam.pvalue.AsSingleton(decoded["summary"], default_value=sharding.RecordSummary())
-    # RecordPointers -> {split: sort keys starting shards 1..S-1}
     boundaries = records | "ShardBoundaries" >> ShardBoundaries(decoded["summary"], config.num_shards)
-    # RecordPointers -> shard entries {split, index, file, num_examples, num_bytes, sha256}
     shard_entries = records | "WriteShards" >> WriteShards(config.output, config.num_shards, boundaries, summary,
                                                            layouts)
-    # Reject -> {split: {reason: count}}, after OUTPUT/rejects.jsonl is written
     reject_summary = (listing_rejects, decoded["rejects"]) | "WriteRejects" >> WriteRejects(config.output)
-    # -> the manifest document, OUTPUT/manifest.json written last
     return p | "WriteManifest" >> WriteManifest(
         config.output, functools.partial(build_manifest, config, plan, runner), beam.pvalue.AsList(shard_entries),
         beam.pvalue.AsDict(input_counts), summary, beam.pvalue.AsSingleton(reject_summary), layouts)
 
 
 def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
-    """{split: FixedLayout} as a side input: from key bounds the plan's kind knows before reading (a TFRecord
-    source's file names), else from the listed keys; empty unless the records are raw centre crops."""
+    """{split: FixedLayout} as a side input, from the plan's key bounds or the listed keys; empty unless raw."""
     key_bounds = plan.kind.planned_key_bounds(plan)
     if key_bounds is not None:
         return beam.pvalue.AsSingleton(p | "FixedLayouts" >> GivenValues([planned_layouts(config, key_bounds)]))
@@ -103,16 +76,12 @@ def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
 
 
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:
-    """What the decoders need of the config: the per-image options."""
     return image_ops.ProcessOptions(config.shorter_side, config.crop, config.encoding, config.jpeg_quality,
                                     config.max_pixels, DEFAULT_RESIZE_METHOD)  # the manifest records this method
 
 
-# --- running -----------------------------------------------------------------------------------------------
-
 class JobOutcome(NamedTuple):
     """What a finished run returns: the manifest it wrote, and its decode stage's counts (kept groups on --resume)."""
-
     manifest: dict
     decode: journal.ResumeCounts
     notes: tuple[str, ...] = ()  # the plan's notes for the user (SourcePlan.notes)
@@ -120,31 +89,19 @@ class JobOutcome(NamedTuple):
 
 @dataclasses.dataclass
 class JobSubmission:
-    """Whether the run's job was handed to its runner: ``submitted`` once ``p.run()`` returned. A remote runner
-    creates the job inside ``p.run()`` (Dataflow: after staging and uploading) and it runs on without the launcher,
-    so after a stop the command says, from this, whether a job can exist there."""
-
+    """``submitted`` once ``p.run()`` returned: after a stop, whether a remote job can exist."""
     submitted: bool = False
 
 
 def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> dict:
-    """Runs the preprocess job to completion and returns the manifest it wrote (``execute_job``'s manifest)."""
     return execute_job(config, beam_args, on_progress, resume).manifest
 
 
 def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
                 on_resume=None, submission: JobSubmission | None = None, on_plan=None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
-
-    ``on_progress(counts)`` is called about twice a second during a local run with the workers' running counts
-    (``listed``, ``processed``); remote runs report progress in their runner's own UI. ``resume``: continue the
-    killed run in OUTPUT (``journal.reopen``), keeping its finished decode groups, instead of starting afresh;
-    ``on_resume(recorded)`` is then called, before anything is decoded, with the number of groups the journal holds.
-    ``submission``: marked submitted once the runner has the job (read after a stop). ``on_plan(lines)`` is
-    called before the pipeline starts with what a sample of the inputs says (their number and median size, the
-    expected output size); a run that would upscale most inputs stops before OUTPUT is touched
-    (``input_sizes.UpscaleRefused``).
-    """
+    ``on_progress(counts)``: a local run's running counts, twice a second; ``on_resume(recorded groups)``: before
+    a resumed run decodes; ``on_plan(lines)``: what a sample of the inputs says, before the pipeline starts."""
     from shardprep.pipelines import remote_runs
     from shardprep.pipelines import runner as runners
 
@@ -157,8 +114,7 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
 
 
 def _exclude_keys(path: str, runner: str):
-    """What the exclude stage carries: on this machine's workers the file's name (each reads it once), elsewhere
-    the keys themselves (the launcher's file is not theirs to read)."""
+    """Local workers get the file's name (each reads it once), others the keys themselves."""
     from shardprep.pipelines import runner as runners
 
     local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
@@ -185,7 +141,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
         journal.check_resumable(config, plan, local)
     else:
         storage.check_replaceable(config.output, config.overwrite)
-    # The listing a journaled run fingerprints, made once here: its sizes also fit the local workers to the work.
+    # Listed once here: it is fingerprinted, and its sizes fit the local workers to the work.
     listing = journal.listing_of(config, plan) if journal.journaled(config, plan, local) else None
     if listing is not None:
         work_bytes = sum(entry.size for entry in listing if entry.size > 0)
@@ -216,8 +172,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
 
 
 def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> JobOutcome:
-    """A resume of a run that had written its manifest: its summary, every group kept; refused (after its
-    leftovers, a stale lock included, are gone) when nothing was left."""
+    """A resume of a run that had written its manifest: every group kept; refused when nothing was left."""
     if not reopened.recorded:
         raise storage.OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
                                   "without --resume (with --overwrite to make it again)")
@@ -254,7 +209,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 
 
 def decode_counts(result) -> journal.ResumeCounts:
-    """The decode stage's counters (``GroupDecoder``) from a finished run's metrics; zeros where a runner has none."""
+    """The decode stage's counters from a finished run's metrics; zeros where a runner has none."""
     from apache_beam.metrics.metric import MetricsFilter
 
     totals: dict[str, int] = {}
@@ -274,8 +229,7 @@ def _root_cause(error: Exception) -> str:
     if any(sign in text for sign in ("Channel closed prematurely", "Socket closed", "Worker subprocess exited")):
         return ("a Beam worker process stopped unexpectedly (killed, or out of memory); the output has no "
                 "manifest and is not a dataset: rerun with --overwrite, or with --resume to keep its finished work")
-    for marker in ("PreprocessError: ",):
-        if marker in text:
-            return text.rsplit(marker, 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
+    if "PreprocessError: " in text:
+        return text.rsplit("PreprocessError: ", 1)[1].split("\n", 1)[0].split(" [while running")[0].strip()
     last = [line.strip() for line in text.splitlines() if line.strip()]
     return last[-1].split(" [while running")[0] if last else type(error).__name__

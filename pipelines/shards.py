@@ -1,11 +1,6 @@
-"""Shard writing: each split's records, cut at the shard boundaries, written as uniform TFRecord shards.
-
-``WriteShards`` assigns every group's pointers to the shards their ranks fall in, gathers each shard's pointers,
-and writes the shard on one worker. A shard that is exactly one decode group's file (same records, already in
-seeded order and hashed) is that file, renamed into place (copied on remote storage, where the spill files are
-deleted later): written once. Any other shard is streamed from its groups' files in seeded order (fixed-layout
-records re-padded so that only its last is a shard's end), written under a temporary name and renamed.
-"""
+"""Shard writing: each split's records, cut at the shard boundaries, written as uniform TFRecord shards. A shard
+that is exactly one decode group's file is that file renamed into place (copied on remote storage); any other is
+streamed from its groups' files in seeded order under a temporary name and renamed."""
 
 from __future__ import annotations
 
@@ -20,20 +15,18 @@ from shardprep.pipelines.spill import SpillReader
 from shardprep.preprocess import manifest, record_pointers, sharding
 
 
-# A shard entry's type, declared: Beam would infer it from ShardWriter's bytecode at start-up (~30 ms of CPU)
+# Declared: Beam would infer it from ShardWriter's bytecode at start-up (~30 ms of CPU)
 SHARD_ENTRY = beam.typehints.Dict[str, beam.typehints.Any]
 
 
 def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
-    """((split, shard), pointers of this element in that shard), given every split's sorted shard-start keys."""
     for shard, part in pointers.by_shard(boundaries.get(pointers.split, ())).items():
         yield (pointers.split, shard), part
 
 
 class WriteShards(beam.PTransform):
-    """RecordPointers -> one shard entry per shard written (a dict: split, index, file, num_examples, num_bytes,
-    sha256), given ``boundaries`` (a PCollection of one {split: shard-start keys}), ``summary`` (a side input
-    RecordSummary) and ``layouts`` (a side input {split: FixedLayout})."""
+    """RecordPointers -> a manifest shard entry per shard written; ``boundaries``: a PCollection of one {split:
+    shard-start keys}."""
 
     def __init__(self, output: str, requested_shards: int | None, boundaries, summary, layouts):
         super().__init__()
@@ -78,14 +71,14 @@ class ShardWriter(beam.DoFn):
 
 
 def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: record_pointers.RecordPointers) -> dict:
-    """Moves a decode group's file into place as a shard and returns its manifest entry (from the file's hash)."""
+    """Moves a decode group's file into place as a shard; returns its manifest entry."""
     relative = manifest.SHARD_FILES.path(split, shard, shards)
     final = manifest.join(output, relative)
     try:
         if is_local(final):
             os.makedirs(os.path.dirname(final), exist_ok=True)
             FileSystems.rename([part.spill_path], [final])
-        else:  # a copy inside the bucket; a retried writer finds the spill file still there
+        else:  # a copy: a retried writer finds the spill file still there
             FileSystems.copy([part.spill_path], [final])
     except Exception as e:
         raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e

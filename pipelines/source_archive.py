@@ -1,11 +1,6 @@
-"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE (local or ``gs://``), ``ARCHIVE/PATH``, or a
-folder of split archives (ImageNet's train and val tars), read in place, never extracted; planned by
-``archive_planning``.
-
-The workers read the plan's tasks (``ArchiveTaskReader``); a seekable archive's Inputs name member ranges, read by
-any worker (``ArchiveMemberReader``). Keys are the member paths the files would have extracted, so records equal the
-extracted folder's. Workers check each archive's size and mtime against the plan (``check_unchanged``).
-"""
+"""The archive kind: a ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` SOURCE, ``ARCHIVE/PATH``, or a folder of split
+archives, read in place, never extracted. Keys are the member paths extraction would give, so records equal the
+extracted folder's; workers check each archive's size and mtime against the plan."""
 
 from __future__ import annotations
 
@@ -31,12 +26,12 @@ class ArchiveSource(SourceKind):
     options = ("labels_file", "classes_file")
 
     def claims(self, source: str) -> bool:
-        """Named like an archive (or a folder inside one), unless a local folder (``photos.zip/``)."""
+        """Named like an archive (or a folder inside one), unless a local folder."""
         archive = archive_index.split_inner(source.rstrip("/"))[0]
         return bool(archive_index.archive_type(archive)) and not ("://" not in archive and os.path.isdir(archive))
 
     def claims_folder(self, location: str) -> bool:
-        """A folder holding archives named for a split (train, val) and, locally, no folders: one listing."""
+        """A folder holding archives named for a split (train, val) and, locally, no folders."""
         if "://" in location:
             return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
         if not os.path.isdir(location):
@@ -56,7 +51,7 @@ class ArchiveSource(SourceKind):
                 + classes_file_apart(config))
 
     def plan(self, location: str, config) -> ArchivePlan:
-        """The archives' plan; with a compressed tar among them, of the streamed kind (``STREAMED``)."""
+        """The archives' plan; with a compressed tar among them, of the streamed kind."""
         plan = plan_archives(self, location, config)
         streamed = [a.path for a in plan.archives if a.type == "tgz"]
         if not streamed:
@@ -82,7 +77,6 @@ class ArchiveSource(SourceKind):
         return None
 
     def listed_entries(self, config, plan: SourcePlan) -> list[fingerprint.ListedEntry]:
-        """Each archive with its size and mtime (a member cannot change without them), then the plan's entries."""
         return ([file_entry(f"archive {a.path}", a.path) for a in cast(ArchivePlan, plan).archives]
                 + planned_entries(plan) + labels_file_entries(config))
 
@@ -92,7 +86,7 @@ def _names_split(name: str) -> bool:
 
 
 def _remote_names(location: str) -> list[str]:
-    """The names one level inside a remote folder; none when it cannot be listed (the folder kind then says why)."""
+    """The names one level inside a remote folder; none when it cannot be listed (the folder kind says why)."""
     try:
         from apache_beam.io.filesystems import FileSystems
 
@@ -110,8 +104,7 @@ def planned_identities(plan: SourcePlan) -> Identities:
 
 
 def check_unchanged(path: str, planned: Identities, raw=None) -> None:
-    """PreprocessError naming the archive at ``path`` (``raw``: its open local file) when its size or mtime are
-    not those planned: its ranges and labels would be another archive's."""
+    """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open local file)."""
     if path not in planned:
         return
     if "://" not in path and raw is not None:
@@ -126,7 +119,7 @@ def check_unchanged(path: str, planned: Identities, raw=None) -> None:
 
 
 class ArchiveTaskReader:
-    """A read task (``archive_planning``) -> its Inputs and Rejects, on a worker."""
+    """A read task -> its Inputs and Rejects, on a worker."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -140,7 +133,7 @@ class ArchiveTaskReader:
             yield from self.stream(task)
 
     def nested(self, task: NestedTask) -> Iterator[Input | Reject]:
-        """A class's tar inside the archive: indexed here, its members named by their range in the archive."""
+        """A class's tar inside the archive, indexed here: its members named by their range."""
         name = task.key_prefix.rstrip("/") + ".tar"
         try:
             with open_archive(task.archive) as raw:
@@ -170,8 +163,7 @@ class ArchiveTaskReader:
                          f"{index.damage}; the members after it are not read")
 
     def stream(self, task: StreamTask) -> Iterator[Input | Reject]:
-        """A compressed tar, front to back: an Input with its bytes per wanted member; one the stream no longer
-        holds is a reject."""
+        """A compressed tar, front to back: an Input with its bytes per wanted member, else a reject."""
         wanted = {(name, occurrence): (split, key, label) for name, occurrence, split, key, label in task.wanted}
         seen: dict[str, int] = {}
         failure = ""
@@ -200,7 +192,7 @@ class ArchiveTaskReader:
 
 class ArchiveMemberReader:
     """An Input's path (``MemberRef`` text) -> the member's bytes; archives stay open per worker, checked against
-    the plan when opened and, locally, at every read (one ``fstat``)."""
+    the plan when opened and, locally, at every read."""
 
     def __init__(self, planned: Identities | None = None):
         self.planned = planned or {}
@@ -238,8 +230,7 @@ class ArchiveMemberReader:
 
 
 class StreamedArchiveSource(ArchiveSource):
-    """The kind ``ArchiveSource.plan`` gives a plan holding a compressed tar: one worker streams it, its images'
-    bytes fanned out and decoded where they land; key bounds from the names planned."""
+    """A plan holding a compressed tar: one worker streams it, its images fanned out and decoded where they land."""
 
     decoded_where_read = True
 
@@ -253,7 +244,6 @@ class StreamedArchiveSource(ArchiveSource):
         import apache_beam as beam
 
         listed = super().list_inputs(pbegin, config, plan, progress_dir)
-        # One worker read the stream: its images go to every worker (bytes cross this one shuffle).
         return {"inputs": listed["inputs"] | "FanOut" >> beam.Reshuffle(), "rejects": listed["rejects"]}
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
@@ -261,7 +251,6 @@ class StreamedArchiveSource(ArchiveSource):
                 "of work can be kept (an uncompressed .tar or a .zip can be resumed)")
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
-        """From every input the plan names (the stream's wanted members, a seekable archive's members)."""
         named: list[tuple[str, str, int]] = []
         for task in cast(ArchivePlan, plan).tasks:
             if isinstance(task, MembersTask):

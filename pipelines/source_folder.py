@@ -1,8 +1,6 @@
-"""The folder kind: a path, local or ``gs://``, to ``DIR/<split>/<class>/<file>`` or ``DIR/<class>/<file>``; flat images
-take their labels from ``--labels-file``. Planned here on the launcher (SOURCE and its split folders listed one level
-at a time; ``list_children`` imports TensorFlow for ``gs://``), class folders listed by ``listing.list_folder``; a
-local folder's run keeps a journal, so ``--resume`` works. Beam is imported where used (the CLI's help imports this).
-"""
+"""The folder kind: a path, local or ``gs://``, to ``DIR/<split>/<class>/<file>`` or ``DIR/<class>/<file>``; flat
+images take their labels from ``--labels-file``. Planning lists SOURCE and its split folders one level at a time on
+the launcher; the class folders are listed on the workers."""
 
 from __future__ import annotations
 
@@ -21,8 +19,6 @@ from shardprep.preprocess.elements import Reject
 
 @dataclasses.dataclass(frozen=True)
 class FolderPlan(SourcePlan):
-    """The class folders and flat folders to list, and the labels file's rows."""
-
     class_dirs: tuple[tuple[str, str, str], ...] = ()  # (split, class name, directory)
     flat_dirs: tuple[tuple[str, str], ...] = ()  # (split, directory) of images labelled by the labels file
     labels_split: str | None = None
@@ -31,7 +27,6 @@ class FolderPlan(SourcePlan):
 
 class Children(NamedTuple):
     """What one folder holds, one level down, each list sorted by name."""
-
     dirs: list[str]  # folders (and links to folders outside SOURCE), hidden ones apart
     files: list[str]  # everything else that is not hidden
     hidden: list[tuple[str, bool]]  # (name, is a folder) of names starting with '.'
@@ -40,8 +35,7 @@ class Children(NamedTuple):
 
 
 def list_children(path: str, source_root: str | None = None) -> Children:
-    """What is directly inside ``path``; with ``source_root`` (SOURCE's real path), links to folders looping back
-    into it are set apart."""
+    """What is directly inside ``path``; links to folders looping back into ``source_root`` set apart."""
     if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
@@ -68,8 +62,7 @@ def list_children(path: str, source_root: str | None = None) -> Children:
         raise _unlistable(path, tf) from None
     except tf.errors.OpError as e:
         raise sources.SourceError(listing_failure(path, e, tf)) from None
-    # On gs:// every sub-directory (a common prefix) comes back with a trailing "/", so no entry needs a probe; a
-    # probe per file would be a request per file (50,000 for ImageNet's flat val/ folder) before the job starts.
+    # On gs:// sub-directories come back with a trailing "/": no probe (a request) per file is needed.
     marks_directories = path.startswith("gs://")
     dirs: list[str] = []
     files: list[str] = []
@@ -88,8 +81,7 @@ def list_children(path: str, source_root: str | None = None) -> Children:
 
 
 def _unlistable(path: str, tf) -> sources.SourceError:
-    """Why a remote ``path`` could not be listed (``listdir`` says "not a directory" for every failure; ``stat``
-    keeps the store's answer)."""
+    """Why a remote ``path`` could not be listed (``listdir`` says "not a directory" for every failure)."""
     try:
         is_directory = tf.io.gfile.stat(path).is_directory
     except tf.errors.NotFoundError:
@@ -116,7 +108,7 @@ def _missing_bucket(path: str, tf) -> str:
 
 
 def listing_failure(path: str, error: Exception, tf) -> str:
-    """One line for a store that refused a listing or could not be reached (``error`` a ``tf.errors.OpError``)."""
+    """One line for a store that refused a listing or could not be reached."""
     detail = (getattr(error, "message", "") or str(error)).strip().splitlines()
     detail = f" ({detail[0][:300]})" if detail else ""
     if isinstance(error, (tf.errors.PermissionDeniedError, tf.errors.UnauthenticatedError)):
@@ -128,8 +120,7 @@ def listing_failure(path: str, error: Exception, tf) -> str:
 
 
 class _FolderListing(NamedTuple):
-    """What planning found at SOURCE's two top levels (SOURCE, its split folders)."""
-
+    """What planning found at SOURCE's two top levels."""
     splits: list[str]
     class_dirs: list[tuple[str, str, str]]  # (split, class name in NFC, directory)
     flat_dirs: list[tuple[str, str]]  # (split, directory) of images read with the labels file
@@ -138,7 +129,6 @@ class _FolderListing(NamedTuple):
 
 
 def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
-    """The folder ``root``'s plan (``kind``: the folder kind, carried by the plan)."""
     source_root = os.path.realpath(root) if is_local(root) else None
     top = list_children(root, source_root)
     split_dirs = _split_dirs(root, top, config.split)
@@ -148,7 +138,8 @@ def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
     labels_split, rows, unlabelled = None, [], {}
     label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()
     if config.labels_file:
-        rows = _read_labels_file(config.labels_file, [(s, d) for s, d, _ in flat])
+        rows = read_labels_file_rows(config.labels_file,  # the pipeline gets these rows, not the file
+                                     lambda name: any(exists(manifest.join(d, name)) for _, d, _ in flat))
         label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
         unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
     else:
@@ -171,8 +162,7 @@ def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
 
 
 def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
-    """(split, directory, file names) read with the labels file: beside class folders only images, else every
-    file."""
+    """(split, directory, file names) read with the labels file: beside class folders only images."""
     flat = []
     for split, directory in split_dirs:
         found = children[directory]
@@ -183,8 +173,7 @@ def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
 
 
 def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[str, accounting.NotUsed]:
-    """{split: NotUsed} of flat split folders no labels-file row names, when others are named (Kaggle's ``test/``
-    beside ``val/``)."""
+    """{split: NotUsed} of flat split folders no labels-file row names, when others are named."""
     named = {directory: any(labels.match_key(name) in row_keys for name in files) for _, directory, files in flat}
     if not any(named.values()):
         return {}  # the labels file names none of them: its rejects say why (case, missing files)
@@ -195,8 +184,7 @@ def _unlabelled_splits(root: str, flat, row_keys: set[str], children) -> dict[st
 
 
 def _refuse_flat_splits_beside_classes(root: str, flat, children) -> None:
-    """Without a labels file, flat split folders beside splits of class folders (ImageNet's ``val/``) are refused
-    before anything is decoded: every image there would be a ``no_label`` reject."""
+    """Without a labels file, flat split folders beside splits of class folders are refused: all ``no_label``."""
     if not any(children[directory].dirs for directory in children if directory != root):
         return
     found = [(split, len(files)) for split, directory, files in flat if directory != root
@@ -206,7 +194,6 @@ def _refuse_flat_splits_beside_classes(root: str, flat, children) -> None:
 
 
 def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _FolderListing:
-    """Splits, class folders, flat folders, rejects and what is not used, from SOURCE's two top levels."""
     beside_splits = split_dirs[0][1] != root
     splits = [split for split, _ in split_dirs]
     top_split = "train" if beside_splits and "train" in splits else splits[0]
@@ -230,8 +217,7 @@ def _list_levels(root: str, split_dirs, top: Children, children, flat) -> _Folde
 
 def _list_level(root: str, directory: str, split: str, found: Children, listing: _FolderListing,
                 classes_here: bool) -> None:
-    """One level's rejects (hidden folders where classes are, looping links) and what is not used (hidden files,
-    other hidden folders, OS litter, files that are not images beside folders)."""
+    """One level's rejects (hidden class folders, looping links) and what is not used."""
     def key(name: str) -> str:
         return sources.printable_key(sources.source_key(root, manifest.join(directory, name)))
 
@@ -250,8 +236,7 @@ def _list_level(root: str, directory: str, split: str, found: Children, listing:
 
 
 def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
-    """(split, directory): the split folders when every folder has a split name (loose images refused), else
-    SOURCE as ``split``."""
+    """(split, directory): the split folders when every folder has a split name, else SOURCE as ``split``."""
     dirs = top.dirs
     split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
     if dirs and len(split_named) == len(dirs):
@@ -276,18 +261,11 @@ def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
 
 
 def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
-    """The split that labels-file rows naming no file are counted in."""
     labels_split = requested or next((s for s in ("validation", "val", "test") if s in splits), None) or (
         flat_dirs[0][0] if flat_dirs else splits[0])
     if labels_split not in splits:
         raise sources.SourceError(f"--labels-split {labels_split} is not one of the splits {splits}")
     return labels_split
-
-
-def _read_labels_file(path: str, flat_dirs) -> list[labels.LabelRow]:
-    """The labels file's rows, checked here once: the pipeline gets these rows, not the file."""
-    return read_labels_file_rows(
-        path, lambda name: any(exists(manifest.join(d, name)) for _, d in flat_dirs))
 
 
 class FolderSource(SourceKind):
@@ -320,7 +298,6 @@ class FolderSource(SourceKind):
         return f"the SOURCE {plan.location} is not on this machine, and only a local folder's files are fingerprinted"
 
     def listed_entries(self, config, plan: FolderPlan) -> list[fingerprint.ListedEntry]:
-        """The plan's entries, then every file of the class and flat folders by source key, then the labels file."""
         root = plan.location
         source_root = os.path.realpath(root)
         entries = planned_entries(plan)
@@ -336,10 +313,8 @@ class FolderSource(SourceKind):
 
 
 def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tuple[str, ...]:
-    """A note per class whose folders hold no file at all (``listed(directory)``: its files and skipped entries),
-    for the folders whose class got no record in their split (others are not listed again); a folder whose files
-    were all rejected is in rejects.jsonl instead. The class stays a class, as classes are the class folders' names
-    (its label, and every other label, as they were); a class without an image in any split is said to be one."""
+    """A note per class whose folders hold no file at all (``listed(directory)``: its files and skipped entries);
+    only folders whose class got no record in their split are listed again."""
     counts = {split: info.get("class_counts", {}) for split, info in document.get("splits", {}).items()}
     empty: dict[str, list[str]] = {}
     for split, class_name, directory in plan.class_dirs:

@@ -1,9 +1,6 @@
 """What every kind of SOURCE provides (``SourceKind``), what planning found (``SourcePlan``), and what the kinds
-share: key bounds, file stamps for the fingerprint, the label-range check, small files read bounded (labels file,
-``--classes``, class order). A kind is one module ``pipelines/source_<name>.py`` registered in ``source_registry``;
-after SOURCE is parsed the job asks the plan's kind, never the text. Beam and readers are imported where used (the
-CLI's help imports every kind).
-"""
+share. After SOURCE is parsed the job asks the plan's kind, never the text. Beam is imported where used (the CLI's
+help imports every kind)."""
 
 from __future__ import annotations
 
@@ -20,14 +17,12 @@ WILDCARDS = "*?["
 
 class Usage(NamedTuple):
     """One line of SOURCE in ``shardprep preprocess --help``."""
-
     syntax: str  # "tfrecord:GLOB"
     meaning: str
 
 
 class ApartFrom(NamedTuple):
     """An input that OUTPUT must not be, hold or lie inside (``storage.keep_apart``)."""
-
     what: str  # how the refusal names it: "SOURCE", "labels file", "TFDS data dir", "input TFRecord file"
     path: str
     glob: bool = False  # a glob: OUTPUT must not be or hold its folder, nor lie in it when the glob recurses (**)
@@ -35,8 +30,7 @@ class ApartFrom(NamedTuple):
 
 
 class RecordFiles(NamedTuple):
-    """What validate reads of a source of TFRecords (``SourceKind.record_files``)."""
-
+    """What validate reads of a source of TFRecords."""
     patterns: list[str]  # globs, or the files themselves
     classes: list[str] | None  # None: a label.labels.txt beside the files
 
@@ -48,9 +42,7 @@ class ParsedSource(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class SourcePlan:
-    """What the job reads, resolved before the pipeline starts (folders and files, never images); a kind with more
-    to say subclasses it."""
-
+    """What the job reads, resolved before the pipeline starts (folders and files, never images)."""
     kind: "SourceKind"
     location: str
     splits: tuple[str, ...]
@@ -70,7 +62,7 @@ KeyBounds = tuple[int, int, int]  # (shortest source key, longest source key, la
 
 class SourceKind:
     """One kind of SOURCE: set the class attributes, implement ``plan`` and either ``read_tasks`` with
-    ``task_reader`` (the default listing) or ``list_inputs``."""
+    ``task_reader`` or ``list_inputs``."""
 
     name = ""  # the manifest's source_kind
     prefix = ""  # SOURCE written as PREFIX + location claims this kind ("tfrecord:")
@@ -94,19 +86,16 @@ class SourceKind:
         return source.rstrip("/") or "/"
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
-        """The inputs OUTPUT must stay apart from, known before planning."""
-        return []
+        return []  # the inputs OUTPUT must stay apart from, known before planning
 
     def plan(self, location: str, config) -> SourcePlan:
         raise NotImplementedError
 
     def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
-        """The inputs OUTPUT must stay apart from that planning found (a glob's files)."""
-        return []
+        return []  # the inputs OUTPUT must stay apart from that planning found (a glob's files)
 
     def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the plan's read tasks spread over the
-        workers, each read by ``task_reader``, and the rejects planning found."""
+        """The pipeline's start -> {"inputs": Input, "rejects": Reject}."""
         from shardprep.pipelines.listing import ReadTasks, listed
 
         read = pbegin | "ReadTasks" >> ReadTasks(self.read_tasks(plan), self.task_reader(config, plan), progress_dir)
@@ -121,8 +110,7 @@ class SourceKind:
         raise NotImplementedError
 
     def path_reader(self, plan: SourcePlan) -> Callable[[str], bytes] | None:
-        """A picklable callable reading an Input's ``path`` into its bytes (``image_ops.RejectError`` when it
-        cannot); None: the path is a file, read whole."""
+        """A picklable callable reading an Input's ``path`` into its bytes (else RejectError); None: a file."""
         return None
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds] | None:
@@ -130,8 +118,7 @@ class SourceKind:
         return None
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
-        """Why a local run of this source cannot be resumed; None when it can (``listed_entries`` then
-        fingerprints its inputs)."""
+        """Why a local run of this source cannot be resumed; None when it can."""
         if self.decoded_where_read:
             return f"{self.name} sources are decoded per bundle, whose contents depend on the runner: no unit of " \
                    "work can be kept"
@@ -142,17 +129,15 @@ class SourceKind:
         raise NotImplementedError
 
     def listed_entries(self, config, plan: SourcePlan) -> list:
-        """Every entry read, rejected or not used, with each file's size and mtime (``fingerprint.ListedEntry``):
-        what ``--resume`` compares. Only for kinds that can be resumed."""
+        """Every entry read, rejected or not used, with each file's size and mtime: what ``--resume`` compares."""
         raise NotImplementedError
 
     def notes_after_run(self, plan: SourcePlan, document: dict) -> tuple[str, ...]:
-        """What the user is told after a run besides the plan's ``notes``, from the manifest written."""
-        return ()
+        return ()  # told after a run besides the plan's notes, from the manifest written
 
 
 class GlobKind(SourceKind):
-    """``PREFIX:GLOB`` of files read where they land, one task per file or part of one (tfrecord:, parquet:)."""
+    """``PREFIX:GLOB`` of files read where they land, one task per file or part of one."""
 
     decoded_where_read = True
     files_name, glob_name = "input file", "input files"  # how OUTPUT's refusal names one of them, and the glob
@@ -184,12 +169,11 @@ KIND_OPTIONS = {"labels_file": "--labels-file", "labels_split": "--labels-split"
 
 
 def classes_file_apart(config) -> list[ApartFrom]:
-    """``--classes FILE``, read when planning: OUTPUT must not be it nor hold it."""
     return [ApartFrom("--classes file", config.classes_file)] if config.classes_file else []
 
 
 def prefixed_location(source: str, prefix: str, example: str, what: str, strip: str | None = None) -> str:
-    """What follows ``prefix`` in SOURCE (``strip`` characters off its ends); a SourceError when nothing does."""
+    """What follows ``prefix`` in SOURCE; a SourceError when nothing does."""
     rest = source[len(prefix):]
     rest = rest.strip(strip) if strip else rest
     if not rest.strip():
@@ -198,7 +182,6 @@ def prefixed_location(source: str, prefix: str, example: str, what: str, strip: 
 
 
 def bounds_by_split(found: Iterable[tuple[str, int, int, int]]) -> dict[str, KeyBounds]:
-    """{split: KeyBounds} merged from (split, shortest key, longest key, largest label) items."""
     bounds: dict[str, KeyBounds] = {}
     for split, low, high, label in found:
         old = bounds.get(split, (low, high, label))
@@ -207,8 +190,7 @@ def bounds_by_split(found: Iterable[tuple[str, int, int, int]]) -> dict[str, Key
 
 
 def label_out_of_range(split: str, key: str, label, num_classes: int | None) -> Reject | None:
-    """A reject for a label that is no class index; without class names the labels are the classes, at most
-    ``labels.MAX_CLASSES`` (the rows are checked even where planning read the files' statistics)."""
+    """A reject for a label that is no class index (without class names, at most ``labels.MAX_CLASSES``)."""
     limit = labels.MAX_CLASSES if num_classes is None else num_classes
     if isinstance(label, int) and 0 <= label < limit:
         return None
@@ -218,7 +200,7 @@ def label_out_of_range(split: str, key: str, label, num_classes: int | None) -> 
 
 
 def open_file(path: str):
-    """A binary file object of ``path``, local or a URL, read as stored (never decompressed by its name)."""
+    """A binary file of ``path``, local or a URL, never decompressed by its name."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -226,8 +208,7 @@ def open_file(path: str):
 
 
 def read_head(path: str, at_most: int, what: str = "") -> bytes:
-    """At most ``at_most`` bytes of the small file ``path`` (local or a URL): a local one only if it is a regular
-    file (a FIFO would block, ``/dev/zero`` never end). A SourceError naming it (``what``) when it cannot be read."""
+    """At most ``at_most`` bytes of ``path``; a local one only if a regular file. Else a SourceError."""
     from shardprep.pipelines.storage import is_local
     from shardprep.preprocess import untrusted
 
@@ -256,12 +237,10 @@ def file_stamp(path: str) -> tuple[int, int] | None:
 
 
 def file_entry(key: str, path: str) -> fingerprint.ListedEntry:
-    """``path``'s entry in the fingerprint, under ``key``: its size and mtime (-1, 0 when it is not there)."""
     return fingerprint.ListedEntry(key, *(file_stamp(path) or (-1, 0)))
 
 
 def planned_entries(plan: SourcePlan) -> list[fingerprint.ListedEntry]:
-    """The fingerprint's entries of what planning rejected or found not used."""
     return ([fingerprint.ListedEntry(reject.key, -1, 0, reject.reason) for reject in plan.skipped]
             + [fingerprint.ListedEntry(entry.path, -1, 0, "not_used") for entry in plan.not_used])
 
@@ -286,14 +265,13 @@ MAX_LABELS_FILE_BYTES = 256 << 20  # read whole, once: ImageNet's validation lab
 
 
 def ordered_classes(stored, where: str, config) -> list[str]:
-    """The classes' label order (``names.class_order``): the stored names by code point, or ``--classes FILE``'s."""
+    """The classes' label order: the stored names by code point, or ``--classes FILE``'s."""
     if config.classes_file is None:
         return names.class_order(stored, where)
     return names.class_order(stored, where, read_classes_file(config.classes_file), f"--classes {config.classes_file}")
 
 
 def read_classes_file(path: str) -> list[str]:
-    """The class names of a ``--classes`` file, one a line, in its order (local or ``gs://``)."""
     if not exists(path):
         raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
     if is_local(path) and not os.path.isfile(path):
@@ -309,7 +287,7 @@ def read_classes_file(path: str) -> list[str]:
 
 
 def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
-    """The rows of the labels file ``path`` (``file_exists(name)``: is there a flat image of that name)."""
+    """The labels file's rows (``file_exists(name)``: is there a flat image of that name)."""
     if not exists(path):
         archive, inner = split_inner(path)
         if inner and exists(archive):

@@ -1,11 +1,6 @@
-"""The ``parquet:GLOB`` kind: Parquet files as the Hugging Face Hub holds image datasets (rows of an image struct
-``{bytes, path}`` and an integer label), one task per row group (``RowGroupReader``), keys ``FILE:ROW``.
-
-Planning reads each file's footer: its split from the file name (``split_of``), else ``--split``; the image and
-label columns and class names from the Hub features (``hub_features``) unless ``--image-key``/``--label-key`` name
-them; without names, labels are their integers (at most ``labels.MAX_CLASSES``: a larger one in a footer is refused,
-one in a row a reject). A split whose labels are all -1 or missing (the Hub's unlabelled ``test``) is not used.
-"""
+"""The ``parquet:GLOB`` kind: Parquet files as the Hugging Face Hub holds image datasets (an image struct
+``{bytes, path}`` and an integer label), one task per row group, keys ``FILE:ROW``. Planning reads only the footers
+(and the Hub's features); a split whose labels are all -1 or missing (the Hub's ``test``) is not used."""
 
 from __future__ import annotations
 
@@ -28,8 +23,6 @@ NOT_PARQUET = "not a Parquet file, matched by the glob: not read"
 
 
 class RowGroupTask(NamedTuple):
-    """One row group to read, with its file's split, path and name in keys, and its rows' first index."""
-
     split: str
     path: str
     name: str  # the file relative to the glob's folder: keys are NAME:ROW
@@ -46,8 +39,6 @@ class ParquetPlan(SourcePlan):
 
 
 class _FileFooter(NamedTuple):
-    """One matched file's schema and row groups, or why it cannot be read."""
-
     path: str
     columns: dict  # column -> Arrow type
     row_groups: tuple[int, ...]  # rows per row group
@@ -114,7 +105,7 @@ class ParquetSource(GlobKind):
                               len(planned.classes) if planned.classes else None)
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
-        """Keys ``NAME:ROW``, rows counted in each file: bounds from the names and the files' row counts."""
+        """Keys are ``NAME:ROW``: bounds from the names and the files' row counts."""
         max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
         return bounds_by_split((task.split, len(task.name.encode("utf-8")) + 2, len(task.name.encode("utf-8")) + 1
                                 + len(str(task.first_row + task.num_rows - 1)), max_label)
@@ -123,7 +114,7 @@ class ParquetSource(GlobKind):
 
 def class_names(features: hub_features.Features, label_column: str, origin: str) -> tuple[tuple[str, ...] | None,
                                                                                       list[str]]:
-    """(the label column's class names as shardprep keeps them, or None; the notes to show about them)."""
+    """(the label column's class names, or None; the notes to show about them)."""
     classes = features[label_column].names if label_column in features else None
     if not classes:
         return None, [f"labels named by their integers: no class names found for {label_column!r}"]
@@ -132,8 +123,7 @@ def class_names(features: hub_features.Features, label_column: str, origin: str)
 
 
 def check_label_bound(largest: int, classes, column: str, name: str) -> None:
-    """Without class names a label beyond ``labels.MAX_CLASSES`` is refused before anything is written (with names,
-    a row beyond them is a reject)."""
+    """Without class names a label beyond ``labels.MAX_CLASSES`` is refused before anything is written."""
     if classes is None and largest >= labels.MAX_CLASSES:
         raise sources.SourceError(
             f"the label column {column!r} of {name} holds the label {largest:,}, beyond the {labels.MAX_CLASSES:,} "
@@ -142,7 +132,7 @@ def check_label_bound(largest: int, classes, column: str, name: str) -> None:
 
 
 def glob_folder(location: str) -> str:
-    """The folder of the glob's fixed part (``d/data/*.parquet`` gives ``d/data``): keys name files from there."""
+    """The folder of the glob's fixed part (``d/data/*.parquet``: ``d/data``): keys name files from there."""
     fixed = re.split(r"[*?\[]", location, maxsplit=1)[0]
     return fixed.rsplit("/", 1)[0] if "/" in fixed else ""
 
@@ -170,7 +160,7 @@ def row_group_tasks(split: str, footer: _FileFooter, name: str) -> list[RowGroup
 
 
 def read_footers(paths: list[str]) -> list[_FileFooter]:
-    """Every file's footer, read a few at a time (each a round trip on ``gs://``)."""
+    """Every file's footer, a few at a time (each a round trip on ``gs://``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -196,7 +186,6 @@ def read_footer(path: str) -> _FileFooter:
 
 
 def _column_max(metadata, index: int) -> int | None:
-    """The largest value of column ``index`` over all row groups by the footer's statistics; None when unknown."""
     found = []
     for group in range(metadata.num_row_groups):
         stats = metadata.row_group(group).column(index).statistics
@@ -227,8 +216,8 @@ def label_max(footer: _FileFooter, column: str) -> int:
 
 
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
-    """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or the one above (the Hub's
-    ``data/``), else of ``footer``'s file; the file they come from)."""
+    """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or its parent, else of
+    ``footer``'s file; the file they come from)."""
     from apache_beam.io.filesystems import FileSystems
 
     folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
@@ -244,8 +233,7 @@ def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Featu
 
 
 def find_columns(footer: _FileFooter, features: hub_features.Features, config) -> tuple[str, str]:
-    """(image column, label column): ``--image-key``/``--label-key`` (a column they name must exist), else the
-    features', else a column of image bytes by its type."""
+    """(image column, label column): ``--image-key``/``--label-key``, else the features', else by type."""
     import pyarrow as pa
     from shardprep.preprocess.config import default
 
@@ -276,8 +264,7 @@ def find_columns(footer: _FileFooter, features: hub_features.Features, config) -
 
 
 class RowGroupReader:
-    """A RowGroupTask -> an Input per row; a row without an image or a label in range, or that cannot be read, is
-    a Reject."""
+    """A RowGroupTask -> an Input or a Reject per row."""
 
     def __init__(self, image_column: str, label_column: str, num_classes: int | None):
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
@@ -296,8 +283,7 @@ class RowGroupReader:
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
 
     def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
-        """(images, labels), _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows (one image,
-        dictionary-encoded)."""
+        """(images, labels), _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows."""
         import pyarrow.parquet as pq
 
         with open_file(task.path) as stream:

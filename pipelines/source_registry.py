@@ -1,8 +1,5 @@
-"""The source kinds, registered once: which kind a SOURCE is (parsed once), its plan, and SOURCE's help lines.
-
-A new kind is a module ``pipelines/source_<name>.py`` with a ``source_kind.SourceKind`` subclass, and one entry in
-``KINDS``. Importing this module imports no Beam (the CLI's help lists ``usage_lines``).
-"""
+"""The source kinds, registered once: which kind a SOURCE is, its plan, and SOURCE's help lines. A new kind is a
+``SourceKind`` in ``pipelines/source_<name>.py`` plus one entry in ``KINDS``; importing this imports no Beam."""
 
 from __future__ import annotations
 
@@ -14,18 +11,12 @@ from shardprep.preprocess import limits, names, sources
 from shardprep.preprocess.config import PreprocessConfig, default
 
 # Asked in this order which kind claims SOURCE; the order of SOURCE's lines in `shardprep preprocess --help`.
-KINDS: tuple[SourceKind, ...] = (
-    source_folder.FOLDER,
-    source_tfrecord.TFDS,
-    source_tfrecord.TFRECORD,
-    source_parquet.PARQUET,
-    source_archive.ARCHIVE,
-)
+KINDS: tuple[SourceKind, ...] = (source_folder.FOLDER, source_tfrecord.TFDS, source_tfrecord.TFRECORD,
+                                 source_parquet.PARQUET, source_archive.ARCHIVE)
 FALLBACK = source_folder.FOLDER  # a SOURCE no kind claims is a path: a folder
 
 
 def kind_of(source: str) -> SourceKind:
-    """The kind that claims SOURCE (its text only: nothing is read)."""
     return next((kind for kind in KINDS if kind.claims(source)), FALLBACK)
 
 
@@ -39,8 +30,7 @@ def parse(source: str) -> ParsedSource:
 
 
 def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) -> SourcePlan:
-    """Resolves SOURCE (``parsed``, else parsed here) into its kind's plan; refuses options that cannot work,
-    among them an option of another kind (``--labels-file`` for ``tfrecord:``), by name."""
+    """SOURCE's plan by its kind; refuses options that cannot work, an option of another kind among them."""
     parsed = parsed or parse(config.source)
     config = dataclasses.replace(config, split=names.check(config.split, "split", "--split"))
     if config.labels_split is not None:
@@ -62,5 +52,4 @@ def check_kind_options(config: PreprocessConfig, kind: SourceKind) -> None:
 
 
 def usage_lines() -> list[tuple[str, str]]:
-    """(how SOURCE is written, what it is) for every kind, in ``KINDS`` order."""
     return [(line.syntax, line.meaning) for kind in KINDS for line in kind.usage]

@@ -1,10 +1,6 @@
 """The ``tfrecord:GLOB`` and ``tfds:NAME[/CONFIG]`` kinds: TFRecords of ``tf.train.Example`` with an encoded image
-and an int64 label (TFDS style), one task per file (``TFRecordFileReader``), keys ``FILE:INDEX``.
-
-A file's split comes from its TFDS-style name (``sources.split_from_tfrecord_name``), else ``--split``; the class
-names from a ``label.labels.txt`` beside the files, or a TFDS dataset's label feature. TFDS is imported only in
-``tfds_builder``, on the launcher; it downloads only with ``--tfds-download``, validate never.
-"""
+and an int64 label (TFDS style), one task per file, keys ``FILE:INDEX``. TFDS is imported only on the launcher and
+downloads only with ``--tfds-download``."""
 
 from __future__ import annotations
 
@@ -40,7 +36,6 @@ class TFRecordSource(GlobKind):
         return self.files_plan(location, split_files, class_names_beside(matched[0]))
 
     def files_plan(self, location: str, split_files, classes) -> FilesPlan:
-        """The plan of ``split_files`` ((split, file) pairs) whose labels are indices into ``classes`` (or None)."""
         for split, path in split_files:
             names.check(split, "split", f"the TFRecord file {path}")
         splits = tuple(dict.fromkeys(split for split, _ in split_files))
@@ -60,7 +55,7 @@ class TFRecordSource(GlobKind):
         return TFRecordFileReader(config.image_key, config.label_key, len(plan.classes) if plan.classes else None)
 
     def planned_key_bounds(self, plan: FilesPlan) -> dict[str, KeyBounds]:
-        """Keys ``FILE:INDEX``: from the shortest file name with ``:0`` to the longest with an int64 index."""
+        """Keys ``FILE:INDEX``: from a file name with ``:0`` to one with an int64 index."""
         max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
         named = ((split, len(path.rsplit("/", 1)[-1].encode("utf-8"))) for split, path in plan.files)
         return bounds_by_split((split, n + 2, n + 1 + _MAX_INDEX_DIGITS, max_label) for split, n in named)
@@ -96,7 +91,6 @@ class TFDSSource(TFRecordSource):
         return self.files_plan(location, split_files, label_names(builder, config.label_key))
 
     def record_files(self, location: str, tfds_data_dir: str | None, label_key: str) -> RecordFiles:
-        """Every split's files of the prepared dataset and its label names; one not prepared is refused."""
         builder = tfds_builder(location, tfds_data_dir)
         if not builder.is_prepared():
             raise sources.SourceError(
@@ -114,8 +108,7 @@ def _check_prepared(location: str, builder, files: list) -> None:
 
 
 def tfds_builder(name: str, data_dir: str | None):
-    """TFDS's builder of ``name`` in ``data_dir`` (None: TFDS's default), never looking on GCS; a one-line
-    SourceError for a name TFDS does not know or a folder it cannot use."""
+    """TFDS's builder of ``name`` in ``data_dir``, never looking on GCS; else a one-line SourceError."""
     import tensorflow_datasets as tfds
 
     try:
@@ -127,14 +120,12 @@ def tfds_builder(name: str, data_dir: str | None):
 
 
 def label_names(builder, label_key: str) -> list[str] | None:
-    """The class names of the dataset's ``label_key`` feature (a ClassLabel), or None."""
     features = builder.info.features
     return class_label_names(features[label_key], label_key) if label_key in features else None
 
 
 def class_label_names(feature, label_key: str) -> list[str] | None:
-    """The class names of ``feature`` (None unless a ClassLabel), at most ``labels.MAX_CLASSES``: counted first,
-    as a ClassLabel without names makes one per class."""
+    """The class names of a ClassLabel ``feature`` (else None), at most ``labels.MAX_CLASSES``."""
     count = getattr(feature, "num_classes", None)
     if isinstance(count, int) and count > labels.MAX_CLASSES:
         raise sources.SourceError(f"the TFDS feature {label_key!r} has {count:,} classes, more than the "
@@ -155,8 +146,7 @@ def class_names_beside(path: str) -> list[str] | None:
 
 
 class TFRecordFileReader:
-    """(split, file) -> an Input per record of encoded image and int label; bad records become Rejects. The framing
-    is lost after a bad length, so the rest of that file is one reject."""
+    """(split, file) -> an Input per record, or a Reject; after a bad length the rest of the file is one reject."""
 
     def __init__(self, image_key: str, label_key: str, num_classes: int | None):
         self.image_key, self.label_key, self.num_classes = image_key, label_key, num_classes
