@@ -1,5 +1,5 @@
 """Shared pytest settings and fixtures: quiet TensorFlow, no network, no GPU; one compilation cache for every JAX
-child process; the datasets several test files train on."""
+child process; the datasets several test files train on, and a finished run they read, made once per process."""
 
 import os
 import signal
@@ -18,6 +18,8 @@ JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 for _name, _value in JAX_CACHE.items():
     os.environ.setdefault(_name, _value)
+
+from finished_runs import finished_run, run_copy  # noqa: E402, F401 - fixtures, shared by every test file of a process
 
 
 @pytest.fixture(scope="session", autouse=True)
