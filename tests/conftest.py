@@ -1,5 +1,5 @@
 """Shared pytest settings and fixtures: quiet TensorFlow, no network, no GPU; one compilation cache for every JAX
-child process; the datasets several test files train on."""
+child process; the datasets several test files train on, and a finished run they read, made once per process."""
 
 import os
 import signal
@@ -18,6 +18,8 @@ JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 for _name, _value in JAX_CACHE.items():
     os.environ.setdefault(_name, _value)
+
+from finished_runs import finished_run, run_copy  # noqa: E402, F401 - fixtures, shared by every test file of a process
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,26 +40,3 @@ def colour_dataset(tmp_path_factory) -> str:
 
     return write_colour_dataset(tmp_path_factory.mktemp("colours") / "data")
 
-
-# The test files that take longest, longest first (tests' seconds in a whole run, measured on 2 cores). With
-# --dist loadfile pytest-xdist hands out whole files, by default those with the most tests first: the long files of
-# few tests (kill matrices, benchmark smoke runs) came last, one worker busy with them while the other had nothing
-# left to do. Handed out first, they run beside the many short files. A file missing here only runs later.
-LONGEST_FILES = (  # measured 2026-12-02 22:45: 105, 102, 84, 57, 53 ... 20 s
-    "test_train_checkpoint_crash.py", "test_train_exact_resume.py", "test_reliability.py", "test_output_full.py",
-    "test_train_loop.py", "test_preprocess_trust.py", "test_train_terminal.py", "test_train_ownership.py",
-    "test_gcs.py", "test_speed_benchmarks.py", "test_terminal_preprocess.py", "test_worker_zygote.py",
-    "test_cli_interrupt.py", "test_train_resume.py", "test_reader_gone.py", "test_model_backends.py",
-    "test_preprocess_job.py", "test_validate.py", "test_train_write_failures.py", "test_preprocess_resume.py",
-    "test_packaging.py", "test_light_install.py",
-)
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's reordering by number of tests per file
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: place for place, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order

@@ -1,5 +1,6 @@
-"""A finished one-epoch training run (TensorBoard logs, checkpoints), made once per test module, and a copy of it
-for each test that changes one: ``from finished_runs import TINY, finished_run, run_copy``."""
+"""A finished one-epoch training run (TensorBoard logs, checkpoints), made once per test process (conftest.py offers
+the fixtures ``finished_run`` and ``run_copy``), and a copy of it for each test that changes one; ``TINY``, the
+options of a tiny run: ``from finished_runs import TINY``."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from shardprep.cli import main
-
 TINY = ["--epochs", "1", "--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--seed", "1",
         "--warmup-epochs", "0", "--no-early-stopping"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished_run(colour_dataset, tmp_path_factory):
     """A finished one-epoch run with TensorBoard logs and checkpoints: copy it before changing it."""
+    from shardprep.cli import main
+
     folder = tmp_path_factory.mktemp("finished") / "run"
     result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(folder), *TINY])
     assert result.exit_code == 0, result.output

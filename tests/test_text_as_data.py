@@ -6,15 +6,15 @@ strings they were written as; each wrong one is one line naming it, never a trac
 from __future__ import annotations
 
 import json
-import subprocess
 
 import image_factory
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from terminal import shardprep_argv
+from click.testing import CliRunner
 from test_source_parquet import IMAGE_TYPE, card, config_for, hub_dataset, write_parquet
 
+from shardprep.cli import main
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.source_parquet import RowGroupReader
 from shardprep.preprocess import hub_features, labels, sources
@@ -117,9 +117,9 @@ def deep_card(depth: int) -> str:
 ])
 def test_a_hostile_table_or_card_is_one_line_and_exit_2_before_anything_is_written(tmp_path, make, message):
     make(tmp_path)
-    result = subprocess.run(shardprep_argv("preprocess", f"parquet:{tmp_path}/hub/data/*.parquet",
-                                           tmp_path / "out", "--quiet"), capture_output=True, text=True, timeout=240)
-    assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]  # refused while planning
+    result = CliRunner().invoke(main, ["preprocess", f"parquet:{tmp_path}/hub/data/*.parquet", str(tmp_path / "out"),
+                                       "--quiet"])
+    assert (result.exit_code, result.stdout) == (2, ""), result.stderr[-3000:]  # refused while planning
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("Error: "), result.stderr[-3000:]
     assert message in result.stderr
     assert not (tmp_path / "out").exists()

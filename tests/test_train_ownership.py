@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from file_trees import tree
-from finished_runs import TINY, finished_run, run_copy  # noqa: F401 - fixtures
+from finished_runs import TINY
 from shardprep.cli import main
 from train_helpers import write_dataset, random_images
 
