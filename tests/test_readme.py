@@ -154,9 +154,10 @@ def test_the_two_commands_install_the_default_then_the_test_extra_as_ci_does():
     assert ".venv/bin/pip install --quiet -e '.[test]' &&" in second and "pytest" in second
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "pip install --quiet -e '.[test]'" in ci
-    assert "pytest -q -p no:cacheprovider -n logical --dist loadfile tests" in ci
-    # one test process per core (pytest-xdist), each file whole in one: its module fixtures are built once
-    assert "-m pytest -q -n logical --dist loadfile tests" in second and "pytest-xdist>=3.5" in extras["test"]
+    assert "pytest -q -p no:cacheprovider -n logical --dist worksteal tests" in ci
+    # one test process per core (pytest-xdist); a process that runs out of tests takes half of another's queue, so
+    # no long file is left to run alone at the end (pytest-xdist 3.2 added worksteal)
+    assert "-m pytest -q -n logical --dist worksteal tests" in second and "pytest-xdist>=3.5" in extras["test"]
     assert set(extras["gcp"]) <= set(extras["test"])  # the tests run gs:// paths (tests/test_gcs.py)
 
 
