@@ -1,7 +1,5 @@
-"""``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
-
-Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports. Before any
-subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.train.quiet_logs``) unless ``--verbose`` is given.
+"""``shardprep``: one click group; each subcommand is ``command`` in ``shardprep/commands/<name>.py``, imported
+lazily (``--help`` pays for no TensorFlow or Beam import). TensorFlow's C++ log lines are hidden unless ``--verbose``.
 """
 
 import sys
@@ -11,8 +9,9 @@ try:  # the console script imports this module before any Ctrl-C handling runs: 
 
     import click
 
-    from shardprep import broken_pipe
+    from shardprep import output
     from shardprep.pipelines import stopping
+    from shardprep.preprocess import streams
 except KeyboardInterrupt:
     sys.stderr.write("stopped (Ctrl-C)\n")
     raise SystemExit(130) from None
@@ -27,22 +26,24 @@ SUBCOMMANDS = {
 
 
 class LazyGroup(click.Group):
-    def main(self, *args, **kwargs):
-        """click's own output that cannot be written (``--help > /dev/full``; an error line on a stderr that cannot
-        be written) ends the process with one line and its exit status, not a traceback
-        (``shardprep.broken_pipe``). A stderr closed at the start (``2>&-``) is ``/dev/null``: the run is the same."""
-        broken_pipe.open_closed_streams()
-        with broken_pipe.failed_writes_exit():
-            return super().main(*args, **kwargs)
+    def main(self, args=None, **kwargs):
+        """Output click cannot write ends the process with one line and its status, never a traceback
+        (``shardprep.output``). A stdin or stderr closed at the start (``2>&-``) is ``/dev/null``."""
+        streams.open_closed_streams()
+        args = sys.argv[1:] if args is None else list(args)
+        with output.failed_writes_exit(help_asked=bool({"-h", "--help"} & set(args))):
+            return super().main(args, **kwargs)
 
     def make_context(self, info_name, args, parent=None, **extra):
-        """A Ctrl-C while click reads the arguments (before ``invoke``) ends as in a command, not click's
-        "Aborted!" and status 1."""
+        """A Ctrl-C while click reads the arguments ends as in a command, not click's "Aborted!" and status 1; an
+        error line that stderr cannot take keeps its status (a usage error's 2)."""
         try:
             return super().make_context(info_name, args, parent, **extra)
         except KeyboardInterrupt as stop:
-            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
+            output.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
             raise click.exceptions.Exit(stopping.exit_status(stop)) from None
+        except click.ClickException as error:
+            raise output.shown(error) from None
 
     def list_commands(self, ctx):
         return list(SUBCOMMANDS)
@@ -61,8 +62,10 @@ class LazyGroup(click.Group):
             with stopping.sigterm_stops():
                 return super().invoke(ctx)
         except KeyboardInterrupt as stop:
-            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
+            output.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
             ctx.exit(stopping.exit_status(stop))
+        except click.ClickException as error:
+            raise output.shown(error) from None
 
     def resolve_command(self, ctx, args):
         """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""
@@ -87,7 +90,7 @@ def _print_version(ctx, param, value) -> None:
         return
     from shardprep import __version__
 
-    broken_pipe.say(f"shardprep, version {__version__}")
+    output.say(f"shardprep, version {__version__}")
     ctx.exit()
 
 
@@ -101,12 +104,10 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    from shardprep.train import quiet_logs
-
     if verbose:
-        quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
+        streams.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
     else:
-        quiet_logs.quiet_tensorflow()
+        streams.quiet_tensorflow()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from shardprep.broken_pipe import reader_may_go
+from shardprep.output import SpinnerProgress, reader_may_go
 
 
 @click.command("demo-data", context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,9 +21,7 @@ def command(directory, train_per_class, validation_per_class, seed):
     _check_folder(directory)
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
-    from shardprep.commands.validate_progress import ProgressDisplay
-
-    with ProgressDisplay(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
+    with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
         count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
                                         on_file=lambda done, total: progress.update("writing the demo images", done,
                                                                                     total, None))

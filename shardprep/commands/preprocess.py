@@ -8,11 +8,9 @@ import traceback
 
 import click
 
-from shardprep.broken_pipe import Reporter, reader_may_go, say
 from shardprep.commands import own_long_options
-from shardprep.commands.preprocess_stop import stopped_lines, typed_command
-from shardprep.display import LiveProgress, console, count, duration, fit, shortened
-from shardprep.preprocess.text import bar
+from shardprep.commands.stops import stopped_lines, typed_command
+from shardprep.output import LiveProgress, Reporter, bar, console, count, duration, fit, reader_may_go, say, shortened
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import exit_status
 from shardprep.preprocess import encodings
