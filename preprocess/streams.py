@@ -13,18 +13,22 @@ import sys
 import tempfile
 
 
-def point(fd: int, target: int) -> int:
-    """Points descriptor ``fd`` at ``target``'s file; returns a copy of what it pointed at (``point(fd, saved)``
-    puts it back; the caller closes the copy)."""
-    saved = os.dup(fd)
+def redirect(fd: int, target: int) -> None:
+    """Descriptor ``fd`` now writes (or reads) ``target``'s file: the package's one ``dup2``."""
     os.dup2(target, fd)
+
+
+def point(fd: int, target: int) -> int:
+    """:func:`redirect`, returning a copy of what ``fd`` was, to redirect it back (the caller closes the copy)."""
+    saved = os.dup(fd)
+    redirect(fd, target)
     return saved
 
 
 def to_null(fd: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     if null != fd:
-        os.dup2(null, fd)
+        redirect(fd, null)
         os.close(null)
 
 
@@ -105,7 +109,7 @@ def native_filtered():
         try:
             yield
         finally:
-            point(2, saved)
+            redirect(2, saved)
             os.close(saved)
             captured.seek(0)
             rest = native_log_free(captured.read().decode("utf-8", "replace"))
