@@ -35,15 +35,10 @@ class LazyGroup(click.Group):
             return super().main(args, **kwargs)
 
     def make_context(self, info_name, args, parent=None, **extra):
-        """A Ctrl-C while click reads the arguments ends as in a command, not click's "Aborted!" and status 1; an
-        error line that stderr cannot take keeps its status (a usage error's 2)."""
         try:
             return super().make_context(info_name, args, parent, **extra)
-        except KeyboardInterrupt as stop:
-            output.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
-            raise click.exceptions.Exit(stopping.exit_status(stop)) from None
-        except click.ClickException as error:
-            raise output.shown(error) from None
+        except (KeyboardInterrupt, click.ClickException) as error:
+            raise _ended(error) from None
 
     def list_commands(self, ctx):
         return list(SUBCOMMANDS)
@@ -54,18 +49,11 @@ class LazyGroup(click.Group):
         return importlib.import_module(f"shardprep.commands.{name.replace('-', '_')}").command
 
     def invoke(self, ctx):
-        """Ctrl-C ends any subcommand with exit status 130 (128 + SIGINT, as shells report it) and one line,
-        where click's default is status 1 and "Aborted!"; SIGTERM likewise, with 143 (Python's default ended the
-        process silently, its worker processes left running). A subcommand may say more first (preprocess: what was
-        kept and how to resume)."""
         try:
             with stopping.sigterm_stops():
                 return super().invoke(ctx)
-        except KeyboardInterrupt as stop:
-            output.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
-            ctx.exit(stopping.exit_status(stop))
-        except click.ClickException as error:
-            raise output.shown(error) from None
+        except (KeyboardInterrupt, click.ClickException) as error:
+            raise _ended(error) from None
 
     def resolve_command(self, ctx, args):
         """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""
@@ -83,9 +71,18 @@ class LazyGroup(click.Group):
             formatter.write_dl(list(SUBCOMMANDS.items()))
 
 
+def _ended(error: BaseException) -> click.exceptions.Exit:
+    """Ctrl-C ends any command (or click reading its arguments) with one line and status 130 (128 + SIGINT, as
+    shells say), SIGTERM with 143, where click says "Aborted!" with 1 (a command may say more first: preprocess's
+    what was kept). An error line that stderr cannot take keeps its status (a usage error's 2)."""
+    if isinstance(error, click.ClickException):
+        return output.shown(error)
+    output.say(f"stopped ({getattr(error, 'by', 'Ctrl-C')})", err=True)
+    return click.exceptions.Exit(stopping.exit_status(error))
+
+
 def _print_version(ctx, param, value) -> None:
-    """``--version``, as click's version option prints it; the version is looked up only when asked (the console
-    script imports this module first, before Ctrl-C ends a command cleanly: it imports little)."""
+    """``--version`` as click prints it, the version looked up only when asked (this module imports little)."""
     if not value or ctx.resilient_parsing:
         return
     from shardprep import __version__

@@ -1,11 +1,8 @@
-"""The CLI's one output boundary: the lines, reports and live progress a person reads (drawn with rich, as wide as
-``preprocess.text.output_width`` says), and what happens when they cannot be written.
-
-A reader that went away (``| head``: EPIPE; a terminal that hung up: EIO from a terminal) silences the stream and
-the command ends as it would have: hours of training are never lost to it. Any other write error on stdout (a full
-disk) ends the command, once its work is done, with ``Error: cannot write to standard output: ...`` and status 1,
-as coreutils does (:class:`OutputError`). A stderr that cannot be written is silenced: the exit status still tells.
-"""
+"""The CLI's one output boundary: what a person reads (drawn with rich, as wide as ``text.output_width``), and
+what happens when it cannot be written. A reader gone (``| head``; a terminal that hung up) silences the stream and
+the command ends as it would have (hours of training are never lost to it). Any other stdout error (a full disk)
+ends the command, once its work is done, with one ``Error:`` line and status 1, as coreutils does. A stderr that
+cannot be written is silenced: the exit status still tells."""
 
 from __future__ import annotations
 
@@ -51,7 +48,7 @@ def gone_reason(error: OSError) -> str:
 
 
 class OutputError(click.ClickException):
-    """Stdout could not be written: status 1, one line on stderr saying ``done`` (what the command finished)."""
+    """Stdout could not be written: status 1, one line saying ``done`` (what the command finished)."""
 
     def __init__(self, error: OSError, done: str | None = None):
         super().__init__(f"cannot write to standard output: {error}" + (f"; {done}" if done else ""))
@@ -146,9 +143,8 @@ def _unflushable(stream) -> bool:
 
 @contextlib.contextmanager
 def failed_writes_exit(help_asked: bool) -> Iterator[None]:
-    """Around the CLI's ``main``: click's own stdout output that failed (``--help > /dev/full``: the one it writes
-    there; or text a failed write left in stdout's buffer) ends the process with :class:`OutputError`'s line and
-    status 1, never a traceback. EPIPE is click's own to handle."""
+    """Around the CLI's ``main``: click's own stdout output that failed (``--help``, or text a failed write left in
+    stdout's buffer) ends with :class:`OutputError`'s line and status 1. EPIPE is click's to handle."""
     try:
         yield
     except OSError as error:
@@ -160,8 +156,8 @@ def failed_writes_exit(help_asked: bool) -> Iterator[None]:
 
 
 def console(stderr: bool = False):
-    """A rich console as wide as :func:`output_width`. A reader gone raises BrokenPipeError for the command to
-    decide (:func:`reader_may_go`), where rich itself would exit 1 there and then."""
+    """A rich console as wide as :func:`output_width`; a reader gone raises BrokenPipeError for
+    :func:`reader_may_go` (rich itself would exit 1 there and then)."""
     from rich.console import Console
 
     class PipeAwareConsole(Console):
