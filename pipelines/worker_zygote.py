@@ -33,8 +33,6 @@ import time
 import traceback
 import warnings
 
-from shardprep.preprocess import streams
-
 DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new interpreters, as Beam starts them
 # The processes' names (``ps -o comm``, /proc/PID/comm; 15 bytes at most): a forked process keeps the launcher's
 # command line, so this is how a worker is told from the launcher (``stopping.worker_processes``).
@@ -254,8 +252,9 @@ def _detach_from_launcher(keep: tuple[int, ...]) -> None:
     workers with ``close_fds``): a pipe the launcher writes to (``| tee``) must close when the launcher exits, a
     file or socket of a program that runs the job as a library must not outlive its own close. Its standard
     streams are ``/dev/null``; workers get their requester's. ``keep``: its sockets (to the launcher, for requests)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
-        streams.to_null(fd)
+        os.dup2(devnull, fd)
     for name in os.listdir("/proc/self/fd"):  # the listing's own descriptor is among them: closed already, or soon
         if int(name) > 2 and int(name) not in keep:
             with contextlib.suppress(OSError):
@@ -304,7 +303,7 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
     """Runs Beam's SDK harness in this forked process as ``sdk_worker_main`` runs it in a new one; its exit status."""
     _name_process(WORKER_NAME)
     for target, fd in enumerate(stdio):
-        streams.redirect(target, fd)
+        os.dup2(fd, target)
         os.close(fd)
     signal.set_wakeup_fd(-1)
     for number, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
