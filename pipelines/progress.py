@@ -20,7 +20,7 @@ class ProgressReporter:
     def __init__(self, directory: str | None, counter: str):
         self.directory, self.counter = directory, counter
         self.count = 0
-        self._path = None
+        self._path: str | None = None
         self._last = 0.0
 
     def add(self, n: int = 1, now: bool = False) -> None:

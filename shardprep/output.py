@@ -13,7 +13,7 @@ import sys
 import termios
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -213,7 +213,8 @@ class LiveProgress:
     def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
         self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
         self.fields = fields
-        self.progress = self.task = None
+        self.progress: Any = None  # rich's Progress, imported when drawn
+        self.task: Any = None
         self.plain = False
         self.state: dict = {"description": "starting", "completed": 0, "total": None, **fields}
         self.started_at = time.monotonic()
