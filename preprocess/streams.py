@@ -95,7 +95,7 @@ def _hooks() -> list:
     return [finder for finder in sys.meta_path if isinstance(finder, _QuietImport)]
 
 
-def native_log_free(text: str) -> str:
+def native_log_free(text: str) -> str:  # text without its C++ log lines
     return "".join(line for line in text.splitlines(keepends=True) if not NATIVE_LOG_LINE.match(line))
 
 
@@ -119,7 +119,6 @@ def native_filtered():
 
 
 def _verbose_requested() -> bool:
-    """Whether the running click command or its group was given ``--verbose``."""
     import click
 
     ctx = click.get_current_context(silent=True)

@@ -88,9 +88,8 @@ def reader_may_go(done: str | None = None) -> Iterator[None]:
 
 
 class Reporter:
-    """Lines of a long run to stdout until a write fails; then ``note`` (reader gone; text, or made from the error)
-    or ``failed_note(error)`` once on stderr, and nothing more. :meth:`raise_failure` ends the command after its
-    work for a failure other than a reader gone. :meth:`write`: text as it is (a terminal's live line)."""
+    """A long run's lines to stdout until a write fails; then ``note`` (reader gone) or ``failed_note(error)`` once
+    on stderr. :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
 
     def __init__(self, note: str | Callable[[OSError], str] | None,
                  failed_note: Callable[[OSError], str] | None = None):
@@ -204,11 +203,10 @@ def duration(seconds: float) -> str:
 
 
 class LiveProgress:
-    """One task's progress on stderr, fed with :meth:`show`: rich's live display on a terminal (started on the
-    first update when ``lazy``: an error before the job is not drawn under an empty bar); elsewhere a plain line
-    (:meth:`plain_line`) at the first update, then every :func:`progress_seconds` when :meth:`line_key` changed,
-    once a minute when not, and a last one at the end unless ``transient``. It reads ``sys.stderr`` afresh each
-    time and never redirects stdout or stderr: the runner swaps ``sys.stderr`` while workers run."""
+    """One task's progress on stderr (:meth:`show`): rich's live display on a terminal (from the first update when
+    ``lazy``: no empty bar over an early error); elsewhere :meth:`plain_line` at the first update, then every
+    :func:`progress_seconds` when :meth:`line_key` changed (a minute when not), and at the end unless
+    ``transient``. Never redirects stdout or stderr, and reads ``sys.stderr`` afresh: the runner swaps it."""
 
     def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
         self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
