@@ -376,7 +376,7 @@ def worker_stderr_held(enabled: bool):
         with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
             with contextlib.suppress(OSError, ValueError):
                 terminal.flush()
-            streams.redirect(2, saved)  # first: from here on fd 2 is the terminal again; the pipe closes once workers exit
+            streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
             if sys.stderr is terminal:
                 sys.stderr = own_stderr
             _close_unless_kept(terminal)
