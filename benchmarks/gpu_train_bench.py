@@ -264,7 +264,7 @@ def run(args) -> dict:
 
     os.environ["KERAS_BACKEND"] = args.backend  # before Keras is first imported: it fixes the backend then
     if args.backend == "tensorflow":
-        from shardprep.train.quiet_logs import quiet_tensorflow
+        from shardprep.preprocess.streams import quiet_tensorflow
 
         quiet_tensorflow()  # TensorFlow's C++ log lines off the table
     if args.cpu_smoke:  # a smoke test times nothing: compile in a fraction of the time (XLA reads this at start)

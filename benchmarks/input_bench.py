@@ -247,7 +247,7 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
 
-    from shardprep.train.quiet_logs import quiet_tensorflow
+    from shardprep.preprocess.streams import quiet_tensorflow
 
     quiet_tensorflow()  # TensorFlow's C++ log lines (its start-up, cuInit) off the table
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

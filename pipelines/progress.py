@@ -1,9 +1,5 @@
-"""Progress of local runs: worker processes write running counts to small files that the launcher polls.
-
-Beam's local runner reports metrics only when the job ends, and its workers are processes on this machine, so a
-shared temporary folder is the simplest live channel. Remote runners show progress in their own UI; there the
-folder is None and every call here is a no-op.
-"""
+"""Progress of local runs: workers write running counts to small files the launcher polls (Beam's local runner
+reports metrics only at the end). Remote runners show progress in their own UI: the folder is None, calls no-ops."""
 
 from __future__ import annotations
 
@@ -19,18 +15,15 @@ from shardprep.pipelines.storage import TEMPORARY_PREFIX, atomic_write
 
 
 class ProgressReporter:
-    """Workers of a local run write their running counts to small files the launcher polls; a no-op elsewhere."""
-
     INTERVAL_S = 0.5
 
     def __init__(self, directory: str | None, counter: str):
         self.directory, self.counter = directory, counter
         self.count = 0
-        self._path = None
+        self._path: str | None = None
         self._last = 0.0
 
     def add(self, n: int = 1, now: bool = False) -> None:
-        """Adds ``n``; the file is rewritten every INTERVAL_S, or at once when ``now``."""
         if not self.directory:
             return
         self.count += n
@@ -49,7 +42,6 @@ class ProgressReporter:
 
 
 def read_progress(directory: str) -> dict[str, int]:
-    """Sums the counts workers reported, per counter name."""
     totals: dict[str, int] = {}
     try:
         names = os.listdir(directory)

@@ -15,6 +15,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from shardprep.pipelines import stopping
+from shardprep.preprocess import streams
 
 # Runners whose workers share this machine's file system, lower-case ("": no --runner).
 LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
@@ -312,12 +313,11 @@ def worker_stderr_held(enabled: bool):
         yield
         return
     sys.stderr.flush()
-    saved = os.dup(2)
     own_stderr = sys.stderr
-    terminal = open(os.dup(saved), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+    terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
                     errors="backslashreplace")
     read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
+    saved = streams.point(2, write_end)
     os.close(write_end)
     held = bytearray()
     drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
@@ -334,7 +334,7 @@ def worker_stderr_held(enabled: bool):
         with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
             with contextlib.suppress(OSError, ValueError):
                 terminal.flush()
-            os.dup2(saved, 2)  # first: from here on fd 2 is the terminal again; the pipe closes once workers exit
+            streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
             if sys.stderr is terminal:
                 sys.stderr = own_stderr
             _close_unless_kept(terminal)

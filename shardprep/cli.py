@@ -1,7 +1,5 @@
-"""``shardprep``: one click group; each subcommand lives in ``shardprep/commands/<name>.py`` as ``command``.
-
-Subcommands are imported lazily so ``shardprep --help`` does not pay for TensorFlow or Beam imports. Before any
-subcommand runs, TensorFlow's C++ log lines are hidden (``shardprep.train.quiet_logs``) unless ``--verbose`` is given.
+"""``shardprep``: one click group; each subcommand is ``command`` in ``shardprep/commands/<name>.py``, imported
+lazily (``--help`` pays for no TensorFlow or Beam import). TensorFlow's C++ log lines are hidden unless ``--verbose``.
 """
 
 import sys
@@ -11,8 +9,9 @@ try:  # the console script imports this module before any Ctrl-C handling runs: 
 
     import click
 
-    from shardprep import broken_pipe
+    from shardprep import output
     from shardprep.pipelines import stopping
+    from shardprep.preprocess import streams
 except KeyboardInterrupt:
     sys.stderr.write("stopped (Ctrl-C)\n")
     raise SystemExit(130) from None
@@ -27,22 +26,19 @@ SUBCOMMANDS = {
 
 
 class LazyGroup(click.Group):
-    def main(self, *args, **kwargs):
-        """click's own output that cannot be written (``--help > /dev/full``; an error line on a stderr that cannot
-        be written) ends the process with one line and its exit status, not a traceback
-        (``shardprep.broken_pipe``). A stderr closed at the start (``2>&-``) is ``/dev/null``: the run is the same."""
-        broken_pipe.open_closed_streams()
-        with broken_pipe.failed_writes_exit():
-            return super().main(*args, **kwargs)
+    def main(self, args=None, **kwargs):
+        """Output click cannot write ends the process with one line and its status, never a traceback
+        (``shardprep.output``). A stdin or stderr closed at the start (``2>&-``) is ``/dev/null``."""
+        streams.open_closed_streams()
+        args = sys.argv[1:] if args is None else list(args)
+        with output.failed_writes_exit(help_asked=bool({"-h", "--help"} & set(args))):
+            return super().main(args, **kwargs)
 
     def make_context(self, info_name, args, parent=None, **extra):
-        """A Ctrl-C while click reads the arguments (before ``invoke``) ends as in a command, not click's
-        "Aborted!" and status 1."""
         try:
             return super().make_context(info_name, args, parent, **extra)
-        except KeyboardInterrupt as stop:
-            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
-            raise click.exceptions.Exit(stopping.exit_status(stop)) from None
+        except (KeyboardInterrupt, click.ClickException) as error:
+            raise _ended(error) from None
 
     def list_commands(self, ctx):
         return list(SUBCOMMANDS)
@@ -53,16 +49,11 @@ class LazyGroup(click.Group):
         return importlib.import_module(f"shardprep.commands.{name.replace('-', '_')}").command
 
     def invoke(self, ctx):
-        """Ctrl-C ends any subcommand with exit status 130 (128 + SIGINT, as shells report it) and one line,
-        where click's default is status 1 and "Aborted!"; SIGTERM likewise, with 143 (Python's default ended the
-        process silently, its worker processes left running). A subcommand may say more first (preprocess: what was
-        kept and how to resume)."""
         try:
             with stopping.sigterm_stops():
                 return super().invoke(ctx)
-        except KeyboardInterrupt as stop:
-            broken_pipe.say(f"stopped ({getattr(stop, 'by', 'Ctrl-C')})", err=True)
-            ctx.exit(stopping.exit_status(stop))
+        except (KeyboardInterrupt, click.ClickException) as error:
+            raise _ended(error) from None
 
     def resolve_command(self, ctx, args):
         """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""
@@ -80,14 +71,23 @@ class LazyGroup(click.Group):
             formatter.write_dl(list(SUBCOMMANDS.items()))
 
 
+def _ended(error: BaseException) -> click.exceptions.Exit:
+    """Ctrl-C ends any command (or click reading its arguments) with one line and status 130 (128 + SIGINT, as
+    shells say), SIGTERM with 143, where click says "Aborted!" with 1 (a command may say more first: preprocess's
+    what was kept). An error line that stderr cannot take keeps its status (a usage error's 2)."""
+    if isinstance(error, click.ClickException):
+        return output.shown(error)
+    output.say(f"stopped ({getattr(error, 'by', 'Ctrl-C')})", err=True)
+    return click.exceptions.Exit(stopping.exit_status(error))
+
+
 def _print_version(ctx, param, value) -> None:
-    """``--version``, as click's version option prints it; the version is looked up only when asked (the console
-    script imports this module first, before Ctrl-C ends a command cleanly: it imports little)."""
+    """``--version`` as click prints it, the version looked up only when asked (this module imports little)."""
     if not value or ctx.resilient_parsing:
         return
     from shardprep import __version__
 
-    broken_pipe.say(f"shardprep, version {__version__}")
+    output.say(f"shardprep, version {__version__}")
     ctx.exit()
 
 
@@ -101,12 +101,10 @@ def main(verbose):
 
     preprocess decodes and resizes every image once, offline; train reads the result with almost no host work.
     """
-    from shardprep.train import quiet_logs
-
     if verbose:
-        quiet_logs.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
+        streams.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
     else:
-        quiet_logs.quiet_tensorflow()
+        streams.quiet_tensorflow()
 
 
 if __name__ == "__main__":

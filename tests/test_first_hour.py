@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import image_factory
-from shardprep.train import quiet_logs
+from shardprep.preprocess import streams as quiet_logs
 from shardprep.cli import main
 from shardprep.preprocess import labels
 from shardprep.preprocess import manifest as manifest_lib
@@ -65,7 +65,7 @@ def test_a_library_probing_for_tensorflow_does_not_let_its_log_lines_through():
     """Other libraries (PyTorch, Keras) ask ``importlib.util.find_spec("tensorflow")`` before any import: the quiet
     import must still catch the real one that follows."""
     script = ("import importlib.util\n"
-              "from shardprep.train import quiet_logs\n"
+              "from shardprep.preprocess import streams as quiet_logs\n"
               "quiet_logs.quiet_tensorflow()\n"
               "assert importlib.util.find_spec('tensorflow') is not None\n"
               "import tensorflow as tf\n"
@@ -266,7 +266,7 @@ def test_preprocess_writes_plain_progress_lines_to_a_log_file_while_it_runs(tmp_
 
 
 def test_plain_progress_lines_come_every_interval(monkeypatch, capsys):
-    from shardprep import display
+    from shardprep import output as display
     from shardprep.commands.preprocess import _ProgressDisplay
 
     monkeypatch.setenv(display.PROGRESS_SECONDS_ENV, "1000")

@@ -15,7 +15,7 @@ import pytest
 
 from small_sources import two_class_photos as source  # noqa: F401 - a fixture
 from validate_helpers import preprocess
-from shardprep import broken_pipe
+from shardprep import output as cli_output
 
 FULL = "Error: cannot write to standard output: [Errno 28] No space left on device"
 
@@ -104,7 +104,7 @@ class _FullStream:
 
 
 def test_a_reporter_whose_output_fails_goes_on_silently_then_ends_the_command(monkeypatch, capsys):
-    report = broken_pipe.Reporter("note: the reader went away", failed_note=lambda error: f"note: {error}; on")
+    report = cli_output.Reporter("note: the reader went away", failed_note=lambda error: f"note: {error}; on")
     monkeypatch.setattr(sys, "stdout", _FullStream())
     report("epoch 1")
     report("epoch 2")  # not tried again: one note
@@ -118,7 +118,7 @@ def test_a_reporter_whose_output_fails_goes_on_silently_then_ends_the_command(mo
 
 def test_say_on_a_stderr_that_cannot_be_written_raises_nothing(monkeypatch):
     monkeypatch.setattr(sys, "stderr", _FullStream())
-    broken_pipe.say("a note nobody can read", err=True)
+    cli_output.say("a note nobody can read", err=True)
 
 
 def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(colour_dataset, tmp_path):

@@ -11,10 +11,10 @@ import image_factory
 import pytest
 from click.testing import CliRunner
 
-from shardprep import display
+from shardprep import output as display
 from shardprep.cli import main as cli
 from shardprep.commands import preprocess as command
-from shardprep.commands import preprocess_stop
+from shardprep.commands import stops as preprocess_stop
 from shardprep.pipelines import preprocess as job
 from shardprep.preprocess.config import PreprocessConfig
 
@@ -362,7 +362,7 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
     import os
     import sys
 
-    from shardprep.train import quiet_logs
+    from shardprep.preprocess import streams as quiet_logs
 
     for name in quiet_logs.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)

@@ -74,22 +74,22 @@ def test_a_terminal_that_hung_up_is_a_reader_gone_and_ends_nothing(monkeypatch, 
     a run stops printing and ends with its own status. From a file, EIO stays a failed write (a disk's I/O error)."""
     import click
 
-    from shardprep import broken_pipe
+    from shardprep import output as cli_output
 
-    report = broken_pipe.Reporter("note: gone", failed_note=lambda error: f"note: {error}")
+    report = cli_output.Reporter("note: gone", failed_note=lambda error: f"note: {error}")
     monkeypatch.setattr(sys, "stdout", _HungUpTerminal())
     report("epoch 1")
     report("epoch 2")
     assert capsys.readouterr().err == "note: gone\n"
     report.raise_failure("done")  # nothing to raise: the reader went away
-    broken_pipe.say("a line after the work is done")  # silenced, not an error
+    cli_output.say("a line after the work is done")  # silenced, not an error
 
     class DiskError(_HungUpTerminal):
         def isatty(self):
             return False
 
     monkeypatch.setattr(sys, "stdout", DiskError())
-    report = broken_pipe.Reporter("note: gone", failed_note=lambda error: "note: failed")
+    report = cli_output.Reporter("note: gone", failed_note=lambda error: "note: failed")
     report("epoch 1")
     assert capsys.readouterr().err == "note: failed\n"
     with pytest.raises(click.ClickException):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from shardprep.train import quiet_logs
+from shardprep.preprocess import streams as quiet_logs
 from shardprep.cli import main
 from shardprep.train import loop, progress
 from shardprep.train.interrupt import TrainingInterrupted
@@ -338,7 +338,7 @@ def test_a_progress_line_that_cannot_be_written_is_handled_as_the_reporters_line
 
     import click
 
-    from shardprep.broken_pipe import Reporter
+    from shardprep.output import Reporter
 
     class Terminal:
         def __init__(self):

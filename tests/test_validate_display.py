@@ -252,7 +252,7 @@ def test_help_fits_80_columns(command):
 def test_a_phrase_that_fits_only_without_the_next_punctuation_moves_to_the_next_line(width):
     """A line is full when the phrase and the punctuation a break after it leaves (the next separator's ';') fit:
     "in 1.2 s" that filled a line exactly had its ';' folded onto a line of its own ("in 1.2 " / "s;")."""
-    from shardprep.commands.phrases import flow
+    from shardprep.output import flow
 
     items = [("", "a" * (width - 9)), (" ", "in 1.2 s"), ("; ", "report r.json")]
     lines = flow(items, width).plain.split("\n")
@@ -284,8 +284,9 @@ def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
 
 
 def test_progress_says_what_it_waits_for_once_every_shard_is_read():
-    from shardprep.commands import validate_progress
+    from shardprep.output import ACROSS_RECORDS, SpinnerProgress
 
-    assert validate_progress.stage_words("reading 12 shards (1.2 MiB)", 5, 12) == "reading 12 shards (1.2 MiB)"
-    words = validate_progress.stage_words("reading 12 shards (1.2 MiB)", 12, 12)
+    progress = SpinnerProgress(enabled=False, all_done=ACROSS_RECORDS)
+    assert progress.words("reading 12 shards (1.2 MiB)", 5, 12) == "reading 12 shards (1.2 MiB)"
+    words = progress.words("reading 12 shards (1.2 MiB)", 12, 12)
     assert "every shard read; comparing records" in words and "near-duplicates" in words

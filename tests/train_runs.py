@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = """
 import functools, json, os, shutil, sys, time
-from shardprep.train import quiet_logs
+from shardprep.preprocess import streams as quiet_logs
 quiet_logs.quiet_tensorflow()  # the CLI's own quiet import of TensorFlow, before the loop imports it
 from shardprep.train import loop
 

@@ -56,11 +56,11 @@ if __name__ != "shardprep.train":  # the folder imported by its bare name, e.g. 
                       "copy of its modules, with classes of their own)")
 
 from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
-from shardprep.train import quiet_logs  # noqa: E402
+from shardprep.preprocess import streams  # noqa: E402
 
 # A plain session reading a dataset shows none of TensorFlow's C++ log lines (oneDNN, cuInit, absl) unless the user
-# set TF_CPP_MIN_LOG_LEVEL: the one effect of this import, and only before TensorFlow is (``quiet_logs``).
-quiet_logs.quiet_library()
+# set TF_CPP_MIN_LOG_LEVEL: the one effect of this import, and only before TensorFlow is (``streams``).
+streams.quiet_library()
 
 # Each public name and the module of this package that defines it.
 _EXPORTS = {

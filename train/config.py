@@ -47,7 +47,7 @@ class BackendError(ValueError):
 
 def backend_installed(name: str) -> bool:
     """Whether the backend's package can be imported, asked of the path finder alone: ``importlib.util.find_spec``
-    would also ask import hooks such as the CLI's quiet TensorFlow import (``shardprep.train.quiet_logs``), which takes
+    would also ask import hooks such as the CLI's quiet TensorFlow import (``shardprep.preprocess.streams``), which takes
     the question for the import and would then miss the real one."""
     module = BACKEND_INFO[name].module
     if module in sys.modules:

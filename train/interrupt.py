@@ -1,15 +1,7 @@
-"""Ctrl-C (or SIGTERM) during training as a request to stop cleanly: the step in flight finishes, a checkpoint is
-written at that step (when checkpoints are on), and the caller is told where to resume.
-
-:class:`StopRequests` holds SIGINT and SIGTERM while the epochs run (in the main thread only; elsewhere Python
-delivers no signals). SIGTERM is how schedulers (Slurm, Kubernetes) and ``timeout`` stop a job, with SIGKILL after a
-grace period: treated as Ctrl-C, the job keeps its work up to the step in flight. The first Ctrl-C sets
-:attr:`StopRequests.requested`, which the loop checks after every step and validation batch; a second one raises
-``KeyboardInterrupt`` at once, saving nothing more. Before the first step of
-the process is done there is nothing new to save, so Ctrl-C stops at once then. The loop ends a requested stop by
-raising :class:`TrainingInterrupted`, a ``KeyboardInterrupt`` that says where the run stopped and what it saved.
-Whatever ``KeyboardInterrupt`` leaves the context carries ``by``: which stop it was (:data:`SIGNAL_NAMES`).
-"""
+"""Ctrl-C or SIGTERM (how schedulers and ``timeout`` stop a job) during training as a request to stop cleanly: the
+step in flight finishes, a checkpoint is written there, and the caller is told where to resume
+(:class:`TrainingInterrupted`). A second one, or one before the process's first step (nothing new to save), stops at
+once. Whatever ``KeyboardInterrupt`` leaves :class:`StopRequests` carries ``by``: which stop it was."""
 
 from __future__ import annotations
 
@@ -22,17 +14,15 @@ SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 def stopped_by(stop: BaseException) -> str:
-    """``"Ctrl-C"`` or ``"SIGTERM"``: which stop ended the run (``by``: set on leaving :class:`StopRequests`, or
-    the CLI's SIGTERM outside the epochs, pipelines.stopping.Terminated)."""
+    """``"Ctrl-C"`` or ``"SIGTERM"`` (also set by pipelines.stopping.Terminated outside the epochs)."""
     return getattr(stop, "by", "Ctrl-C")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C after global step ``global_step``: in epoch ``epoch`` (1-based) after ``step`` of
-    its ``steps_per_epoch`` steps. ``stage``: ``"training"`` (between two steps), ``"validation"`` (the epoch's steps
-    done, its validation stopped) or ``"epoch end"`` (the epoch recorded). ``checkpoint``: the file ``--resume``
-    continues from, None when there is none; ``resumes_at``: the global step it continues at. ``unsaved``: why
-    nothing was saved at the stop (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
+    """Training stopped after ``global_step``: in ``epoch`` (1-based) after ``step`` of ``steps_per_epoch``.
+    ``stage``: ``"training"``, ``"validation"`` (steps done, validation stopped) or ``"epoch end"``.
+    ``checkpoint``/``resumes_at``: what ``--resume`` continues from (None: nothing). ``unsaved``: why nothing was
+    saved at the stop (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
 
     def __init__(self, global_step: int, epoch: int, step: int, steps_per_epoch: int, stage: str,
                  checkpoint: str | None, resumes_at: int | None, unsaved: str = ""):
@@ -42,8 +32,8 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class StopRequests:
-    """SIGINT and SIGTERM as a stop request while the context is open (see the module's docstring); ``notice(by)``
-    is called on the first one (to say what happens next), ``by`` its name in :data:`SIGNAL_NAMES`."""
+    """SIGINT and SIGTERM as a stop request while open (main thread only: elsewhere Python delivers no signals);
+    the loop checks :attr:`requested` after every step and batch. ``notice(by)`` is called on the first one."""
 
     def __init__(self, notice: Callable[[str], None]):
         self.notice = notice

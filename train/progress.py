@@ -1,11 +1,6 @@
-"""What ``shardprep train`` shows a person: progress within an epoch (steps to N/N, running loss and accuracy, a
-line during validation, the epoch's time), and every message fitted to the terminal's width.
-
-Widths: :func:`terminal_width` is ``$COLUMNS``, else the terminal's, else 80 (a pipe, a log file); :func:`fit` wraps
-a message into lines of at most that many columns, continuation lines indented. On a terminal the progress line is
-rewritten in place (carriage return), one column short of the width so it never wraps; elsewhere a plain line every
-``interval`` seconds keeps logs readable.
-"""
+"""What ``shardprep train`` shows a person, fitted to the output's width (``text.output_width``, at least
+:data:`MIN_WIDTH`): progress within an epoch, and the run's messages. The training loop calls these; the CLI passes
+the ``report``/``write`` callables that put them on the screen."""
 
 from __future__ import annotations
 
@@ -23,8 +18,6 @@ BAR_WIDTH = 20
 
 
 def terminal_width() -> int:
-    """The width every command writes to (:func:`shardprep.preprocess.text.output_width`), at least
-    :data:`MIN_WIDTH`."""
     return max(MIN_WIDTH, output_width())
 
 
@@ -32,7 +25,7 @@ fit = wrap  # a message wrapped to the width, continuation lines indented; words
 
 
 def span(word: str, first: int, last: int) -> str:
-    """``"epochs 2-5"``, or ``"epoch 3"`` when ``first == last``."""
+    """``"epochs 2-5"``, ``"epoch 3"``."""
     return f"{word} {first}" if first == last else f"{word}s {first}-{last}"
 
 
@@ -51,17 +44,11 @@ def _metrics_text(metrics: dict | None) -> list[str]:
 
 
 class EpochProgress:
-    """Progress within an epoch: training steps up to N/N with images/s, the ETA and the running loss and accuracy,
-    then the validation batches.
-
-    On a terminal, one line rewritten in place at most every ``interval_tty`` seconds; the training line is left at
-    N/N when the steps are done (with the epoch's training time), the validation line is cleared before the epoch's
-    report. Elsewhere (a log file, a pipe), a plain line through ``report`` every ``interval`` seconds, and a last
-    N/N line when the epoch showed any. Images/s counts steps launched, not finished: the device may lag a step.
-
-    ``write`` writes the terminal's line as it is (default: to ``stream``, flushed). ``shardprep train`` passes its
-    Reporter's, so that a terminal gone away, or one that cannot be written, stops the printing, not the training.
-    """
+    """Training steps up to N/N (images/s, ETA, running loss and accuracy), then the validation batches. On a
+    terminal one line rewritten in place (``write``, one column short of the width so it never wraps) at most every
+    ``interval_tty`` s, left at N/N with the epoch's time; the validation line is cleared before the epoch's report.
+    Elsewhere a plain line through ``report`` every ``interval`` s, and a last N/N line when the epoch showed any.
+    Images/s counts steps launched: the device may lag a step."""
 
     def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
                  stream=None, write: Callable[[str], None] | None = None, interval: float | None = None,
@@ -79,7 +66,6 @@ class EpochProgress:
         self.live = False  # a terminal line waits to be rewritten
 
     def line(self, step: int, elapsed: float, metrics: dict | None = None) -> str:
-        """The plain progress line of ``step`` done after ``elapsed`` seconds."""
         parts = [f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%)", *self._rates(step, elapsed),
                  *_metrics_text(metrics)]
         return ", ".join(parts)
@@ -94,7 +80,6 @@ class EpochProgress:
         return [shown_rate, f"ETA {duration(remaining) if math.isfinite(remaining) else '?'}"]
 
     def terminal_line(self, step: int, elapsed: float, metrics: dict | None = None) -> str:
-        """The terminal's line: the count, a bar in the space left, rates and metrics, within ``width - 1``."""
         count = f"  step {step}/{self.steps}"
         rest = ", ".join([*self._rates(step, elapsed), *_metrics_text(metrics)])
         room = self.width - 1 - len(count) - len(rest) - 2
@@ -115,8 +100,7 @@ class EpochProgress:
             self.report(fit(text, self.width, indent="    "))
 
     def update(self, step: int, metrics: Callable[[], dict] | None = None) -> None:
-        """After ``step`` of the epoch; ``metrics()`` (the running loss and accuracy) is asked only when a line is
-        shown, since reading them waits for the device."""
+        """``metrics()`` is asked only when a line is shown: reading them waits for the device."""
         now = time.perf_counter()
         if now - self.last_shown < self.interval or step >= self.steps:
             return
@@ -126,7 +110,6 @@ class EpochProgress:
         self._show(self.terminal_line(step, elapsed, values) if self.tty else self.line(step, elapsed, values))
 
     def finish(self, metrics: dict | None = None) -> None:
-        """The training steps are done: the line at N/N stays (a terminal), or ends the epoch's lines (a log)."""
         elapsed = time.perf_counter() - self.started
         if self.tty:
             self._show(self.terminal_line(self.steps, elapsed, metrics))
@@ -137,7 +120,6 @@ class EpochProgress:
         self.last_shown = time.perf_counter()
 
     def validating(self, batch: int, batches: int | None) -> None:
-        """After validation batch ``batch`` (of ``batches`` when known): a line every interval."""
         now = time.perf_counter()
         if now - self.last_shown < self.interval and not (self.tty and batch == 1):
             return
@@ -164,8 +146,7 @@ UNUSED_WARNING_SHARE = 0.10
 
 def start_messages(config, steps, parameters: int, train_examples: int, steps_per_epoch: int, base_lr: float,
                    start_epoch: int) -> list[str]:
-    """What a run says before its first step: the warm-up note, the run's shape, and the images a batch size
-    leaves out of every epoch when that is more than :data:`UNUSED_WARNING_SHARE` of the split."""
+    """Before the first step: the warm-up note, the run's shape, and the images a batch size leaves out."""
     messages = []
     if config.warmup_epochs >= config.epochs:
         # Kept as asked rather than shortened: the run is what the flags say, and the note says what that means.
@@ -188,16 +169,15 @@ def start_messages(config, steps, parameters: int, train_examples: int, steps_pe
 
 
 def split_lines(train, validation) -> list[str]:
-    """Which splits the run reads and why (``ResolvedSplit``s of :mod:`shardprep.train.split_roles`): the
-    validation split always, the training split when a role found another name."""
+    """Which splits the run reads and why (``split_roles.ResolvedSplit``): the training split when a role found
+    another name."""
     lines = [f"Training on split {train.name!r} ({train.reason})."] if train.name != train.asked else []
     return lines + [f"Validating on split {validation.name!r} after each epoch ({validation.reason})."]
 
 
 def crop_warnings(image_size: int, stored_shape: tuple[int, int]) -> list[str]:
-    """A warning when ``--image-size`` is under half the stored images' side: the run would train on small patches
-    of them (28 of 256), which is rarely meant; it says the size to pass (7/8 of the side, as 224 of 256) or the
-    ``--shorter-side`` that stores images this crop nearly covers."""
+    """``--image-size`` under half the stored side trains on small patches (rarely meant): the size to pass (7/8
+    of the side) or the ``--shorter-side`` to store."""
     height, width = stored_shape
     side = min(height, width)
     if 2 * image_size >= side:
@@ -225,8 +205,7 @@ def resume_message(checkpoint: str, state: dict, steps_per_epoch: int, epochs: i
 
 
 def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
-    """The run's closing lines: epochs, the best epoch by the metric that picks ``best.keras``, the last epoch,
-    throughput and the input-bound verdict, the saved model."""
+    """The run's closing lines: epochs, best and last, throughput and the input-bound verdict, the model."""
     picks = f" (the metric that picks {paths['best']})" if checkpoint else ""
     first, last = (int(epoch) for epoch in summary["throughput_epochs"].split("-"))
     return [
@@ -242,9 +221,7 @@ def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
 
 
 def interrupted_message(stop) -> tuple[str, str]:
-    """What a run stopped by Ctrl-C or SIGTERM (a :class:`~shardprep.train.interrupt.TrainingInterrupted`) saved,
-    and how to go on: ``"resume"`` when ``--resume`` continues from a checkpoint, ``"overwrite"`` when there is
-    none."""
+    """What a stopped run (``TrainingInterrupted``) saved, and how to go on: ``"resume"`` or ``"overwrite"``."""
     from shardprep.train.interrupt import stopped_by
 
     by = stopped_by(stop)

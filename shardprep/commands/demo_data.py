@@ -5,7 +5,7 @@ import os
 
 import click
 
-from shardprep.broken_pipe import reader_may_go
+from shardprep.output import SpinnerProgress, reader_may_go
 
 
 @click.command("demo-data", context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,9 +21,7 @@ def command(directory, train_per_class, validation_per_class, seed):
     _check_folder(directory)
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
-    from shardprep.commands.validate_progress import ProgressDisplay
-
-    with ProgressDisplay(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
+    with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
         count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
                                         on_file=lambda done, total: progress.update("writing the demo images", done,
                                                                                     total, None))
@@ -32,8 +30,7 @@ def command(directory, train_per_class, validation_per_class, seed):
 
 
 def _check_folder(directory: str) -> None:
-    """Refuses, before anything is written, a DIRECTORY that is a file, lies under a dangling link or a file, or
-    whose nearest existing folder cannot be written."""
+    """Refuses a DIRECTORY that is a file, lies under a dangling link or a file, or cannot be written."""
     existing = os.path.abspath(directory)
     while not os.path.exists(existing):
         if os.path.islink(existing):
@@ -50,9 +47,8 @@ def _check_folder(directory: str) -> None:
 
 
 def _remove_earlier_demo(directory: str, is_demo_file) -> None:
-    """Deletes an earlier demo's files (same arguments, same files) and the demo folders they leave empty; refuses
-    a folder holding anything demo-data did not write (a link, a FIFO or a folder where a demo image goes included:
-    demo-data writes regular files only), naming it, before deleting anything."""
+    """Deletes an earlier demo's files and the folders they leave empty; first refuses a folder holding anything
+    demo-data did not write (a link, a FIFO, a folder where a demo image goes: it writes regular files only)."""
     found, foreign = [], []
     for folder, sub_dirs, files in os.walk(directory):
         for name in sorted(files + sub_dirs):

@@ -41,6 +41,7 @@ def command(model, data, photos, top_k):
         raise click.ClickException(str(error)) from None
     import sys
 
+    from shardprep.output import say
     from shardprep.preprocess.text import output_width, terminal_columns, wrap
 
     # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
@@ -54,7 +55,7 @@ def command(model, data, photos, top_k):
         else:
             line = f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
                                                     for name, _, probability in result.top)
-        click.echo(wrap(line, width) if width else line)
+        say(wrap(line, width) if width else line)  # a full disk: OutputError; a reader gone: silenced
     failed = sum(isinstance(result, PhotoFailure) for result in results)
     if failed:
         raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "

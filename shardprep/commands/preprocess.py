@@ -8,11 +8,9 @@ import traceback
 
 import click
 
-from shardprep.broken_pipe import Reporter, reader_may_go, say
 from shardprep.commands import own_long_options
-from shardprep.commands.preprocess_stop import stopped_lines, typed_command
-from shardprep.display import LiveProgress, console, count, duration, fit, shortened
-from shardprep.preprocess.text import bar
+from shardprep.commands.stops import stopped_lines, typed_command
+from shardprep.output import LiveProgress, Reporter, bar, console, count, duration, fit, reader_may_go, say, shortened
 from shardprep.pipelines import source_registry
 from shardprep.pipelines.stopping import exit_status
 from shardprep.preprocess import encodings
@@ -21,8 +19,7 @@ from shardprep.preprocess.config import CROPS, PreprocessConfig, default
 
 
 def _source_lines(syntax_width: int = 21, width: int = 78) -> str:
-    """SOURCE's kinds, one ``syntax  meaning`` entry each (``source_registry.usage_lines``), the meanings wrapped
-    beside the syntax column to ``width`` (78: click indents the help text by 2, and --help fits 80 columns)."""
+    """SOURCE's kinds, meanings wrapped beside the syntax to 78 columns (click indents help by 2)."""
     lines = []
     for syntax, meaning in source_registry.usage_lines():
         wrapped = textwrap.wrap(meaning, width - 2 - syntax_width) or [""]
@@ -187,8 +184,7 @@ class SourceRefused(click.ClickException):
 
 
 def _refuse_a_source_not_there(source: str) -> None:
-    """A local folder or archive SOURCE that does not exist, refused with exit 2 as a SOURCE refused while planning
-    is (``SourceError``), before the job's imports."""
+    """A local folder or archive SOURCE that does not exist: exit 2, before the job's imports."""
     import os
 
     from shardprep.preprocess.archive_index import split_inner
@@ -205,8 +201,6 @@ def _refuse_a_source_not_there(source: str) -> None:
 
 
 def resuming_line(recorded: int) -> str:
-    """What a resume starts from, before the progress display: the journal's finished groups (two lines that fit
-    80 columns)."""
     return (f"resuming: {count(recorded, 'decode group')} finished before the stop (.tmp/journal.jsonl)\n"
             "  each is kept if its file checks out (size, sha256); the rest are decoded")
 
@@ -234,13 +228,9 @@ ETA_AFTER_S = 5.0  # an ETA from the first seconds' rate (workers still starting
 
 
 class _ProgressDisplay(LiveProgress):
-    """Progress fed with the workers' counts: images processed of listed, how many a stop would keep (those in
-    finished decode groups), images/s and, after ETA_AFTER_S of decoding, the ETA.
-
-    ``source``: SOURCE as given, named until the first counts arrive. Sources whose images are decoded where they
-    are read (``tfrecord:``, ``tfds:``: their kind's ``decoded_where_read``) are listed while they are decoded, so
-    their total grows: it says "of at least" until the job ends.
-    """
+    """The workers' counts: images processed of listed, how many a stop would keep (finished decode groups),
+    images/s and, after ETA_AFTER_S of decoding, the ETA; SOURCE named until the first counts. Sources decoded where
+    they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least"."""
 
     def __init__(self, enabled: bool, source: str = ""):
         super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
@@ -262,7 +252,6 @@ class _ProgressDisplay(LiveProgress):
                   per_second=processed / elapsed if processed else 0.0)
 
     def finish(self, manifest: dict) -> None:
-        """The job ended: every input is accounted for (listing rejects too), so the count is final."""
         if "num_inputs" in manifest:
             self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
                       final=True, finished=True)
@@ -272,7 +261,7 @@ class _ProgressDisplay(LiveProgress):
                 state.get("finished"))
 
     def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
-        """What a line says after its description, ranked for :func:`fit` (higher: left out first)."""
+        """What a line says after its description, ranked for :func:`fit`."""
         done, total = state.get("completed") or 0, state.get("total")
         rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
         if state.get("description") != "images":
@@ -313,8 +302,8 @@ class _ProgressDisplay(LiveProgress):
         return (FittedLine(),)
 
     def live_line(self):
-        """The line in a terminal: description, bar, then :meth:`parts` fitted to the width, three columns spare:
-        some terminals wrap a line that fills the last column, and Ctrl-C echoes as "^C" after the line."""
+        """Description, bar, :meth:`parts`, three columns spare (a line that fills the last column may wrap; Ctrl-C
+        echoes "^C" after it)."""
         from rich.table import Table
         from rich.text import Text
 
@@ -337,8 +326,7 @@ BAR_COLUMNS = (10, 40)  # the live bar's narrowest and widest
 
 
 def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) -> None:
-    """The end-of-job table (inputs, written, rejected, shards, records and MB per shard per split; 80 columns
-    wide), the rejects by reason per split on lines below it, then the classes, options, wall time and files."""
+    """The end-of-job table per split (80 columns), rejects by reason, classes, options, wall time and files."""
     from rich import box
     from rich.table import Table
 
@@ -381,8 +369,7 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
 
 
 def stored_as(manifest: dict) -> str:
-    """How the images are stored, in words: ``raw pixels, 256x256 centre crops`` or ``JPEG, shorter side 256, aspect
-    ratio kept``."""
+    """``raw pixels, 256x256 centre crops``, ``JPEG, shorter side 256, aspect ratio kept``."""
     side, kind = manifest["shorter_side"], encodings.get(manifest["encoding"])
     what = "raw pixels" if manifest["encoding"] == encodings.RAW.name else kind.label
     shape = f"{side}x{side} centre crops" if manifest["crop"] == "center" else f"shorter side {side}, aspect ratio kept"

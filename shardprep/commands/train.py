@@ -5,7 +5,7 @@ import shlex
 
 import click
 
-from shardprep.broken_pipe import Reporter, gone_reason, say
+from shardprep.output import Reporter, gone_reason, say
 from shardprep.pipelines.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
@@ -247,7 +247,7 @@ def command(ctx, data, overwrite, **options):
 
 def _reporter(output_dir: str) -> Reporter:
     """The run's stdout: output whose reader went away (``| head``, a terminal that hung up) or that cannot be
-    written (a full disk) stops with a note on stderr, and the training goes on (``shardprep.broken_pipe``)."""
+    written (a full disk) stops with a note on stderr, and the training goes on (``shardprep.output``)."""
     from shardprep.train import progress
 
     goes_on = f"training goes on to the end without printing, its files in {output_dir}"

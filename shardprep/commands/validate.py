@@ -7,10 +7,11 @@ import textwrap
 
 import click
 
-from shardprep.broken_pipe import OutputError, reader_may_go
-from shardprep.commands import own_long_options, phrases, validate_stop
-from shardprep.commands.validate_progress import ACROSS_RECORDS, ProgressDisplay
-from shardprep.display import console as make_console, count
+from shardprep import output
+from shardprep.commands import own_long_options, stops
+from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
+from shardprep.output import SpinnerProgress as ProgressDisplay
+from shardprep.output import console as make_console
 from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess import encodings
 from shardprep.preprocess.wordnet_names import display_name
@@ -130,7 +131,7 @@ def command(ctx, quiet, beam_args, **flags):
         raise click.ClickException(str(e)) from None
     runner.quiet_beam_logging()
     outputs = job.WrittenOutputs()
-    with validate_stop.outputs_told(ctx, options, outputs):  # a stop says which files are this run's
+    with stops.outputs_told(ctx, options, outputs):  # a stop says which files are this run's
         try:
             # The worker zygote before the display's thread starts: a process with another thread is not forked.
             with runner.worker_zygote_for(list(beam_args)), ProgressDisplay(
@@ -185,7 +186,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     width = console.width
 
     def say(items, indent="  "):
-        console.print(phrases.flow(items, width, indent), overflow="fold", highlight=False)
+        console.print(output.flow(items, width, indent), overflow="fold", highlight=False)
 
     if report["kind"] == "dataset":
         for split, summary in report.get("splits", {}).items():
@@ -202,7 +203,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_near_duplicates(say, report)
     _print_found_files(console, report)
     if report.get("skipped_checks"):
-        clauses = phrases.clauses(report["skipped_checks"])
+        clauses = output.clauses(report["skipped_checks"])
         say([("", _styled("skipped", "bold"))] + [(": ", clauses[0][1])] + clauses[1:])
     pictures = report.get("pictures") or {}
     if pictures:
@@ -392,7 +393,7 @@ def _print_near_duplicates(say, report: dict) -> None:
 def _warning(subject: str, message: str) -> list:
     from rich.text import Text
 
-    clauses = phrases.clauses(message)
+    clauses = output.clauses(message)
     return ([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
             + clauses[1:])
 
@@ -412,6 +413,6 @@ def _print_problems(say, report: dict) -> None:
         items: list[tuple[str, Text | str]] = [("", Text.assemble("  ", (found["check"], "bold")))]
         if where:
             items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
-        clauses = phrases.clauses(found["message"])
+        clauses = output.clauses(found["message"])
         items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
         say(items, indent="    ")

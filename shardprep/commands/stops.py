@@ -1,30 +1,34 @@
-"""What ``shardprep preprocess`` says after Ctrl-C or SIGTERM: what the stopped run kept, and the command that goes
-on from there (``--resume``, or a rerun); for a remote run, whether its job was submitted.
-
-The prose is broken between words to stderr's width (``_prose``), never inside a path; a command (``resume:``,
-``rerun:``, ``check it:``) is one line however wide, so that it can be copied whole.
-"""
+"""What a command stopped by Ctrl-C or SIGTERM says. ``preprocess``: what the run kept and the command that goes on
+(``resume:``, ``rerun:``, ``check it:``: one line however wide, to copy whole; the prose is wrapped to stderr's
+width); for a remote run, whether its job was submitted. ``validate``: which of the files it was asked to write this
+run wrote, so that a file left by an earlier run is not taken for this run's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import stat
 import sys
+from typing import TYPE_CHECKING, Iterator
 
+import click
+
+from shardprep.output import say
+from shardprep.pipelines.stopping import exit_status
+from shardprep.pipelines.validate_options import ValidateOptions
 from shardprep.preprocess.manifest import MANIFEST_NAME
-from shardprep.preprocess.text import count, output_width, wrap
+from shardprep.preprocess.text import count, output_width, series, wrap
+
+if TYPE_CHECKING:  # validate_paths imports NumPy and PIL: not for `validate --help`
+    from shardprep.pipelines.validate_paths import WrittenOutputs
 
 
 def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None,
                   run_began: float | None = None, job_submitted: bool = False) -> list[str]:
-    """After Ctrl-C: what the stopped run kept, and the command that goes on from there. A stop that came after the
-    run wrote manifest.json (``run_began``: the run's start, ``time.time()``) lost nothing: the dataset is complete.
-
-    A local run of an image folder keeps its finished decode groups in OUTPUT/.tmp (its journal), and ``--resume``
-    keeps them. Other local runs keep nothing: rerun, with ``--overwrite`` where the run had started to write
-    OUTPUT. A job on a remote runner is not stopped by Ctrl-C here (``remote_lines``).
-    """
+    """A stop after the run wrote manifest.json (``run_began``: ``time.time()`` at its start) lost nothing. A local
+    run of an image folder keeps its finished decode groups (OUTPUT/.tmp, its journal) for ``--resume``; other local
+    runs keep nothing: rerun, with ``--overwrite`` once OUTPUT was written to."""
     from shardprep.pipelines import journal, storage
 
     if remote_runner:
@@ -60,8 +64,8 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
 
 
 def remote_lines(runner: str, submitted: bool) -> list[str]:
-    """A stopped remote run: its job, once submitted (``p.run()`` returned), runs on there, only no longer waited
-    for; a stop before that came while Beam staged, uploaded or submitted it, so a job may or may not exist."""
+    """A submitted job (``p.run()`` returned) runs on there, no longer waited for; a stop before that came while
+    Beam staged or submitted it, so a job may or may not exist."""
     from shardprep.pipelines import remote_runs
 
     dataflow = remote_runs.on_dataflow(["--runner", runner])  # gcloud names only Dataflow's jobs
@@ -76,9 +80,8 @@ def remote_lines(runner: str, submitted: bool) -> list[str]:
 
 
 def _leftover_lines(folder: str, command: list[str]) -> list[str]:
-    """A run stopped while removing OUTPUT/.tmp (its last step): how much is left, and the command that removes it
-    (``--resume`` of a finished run finishes that step); nothing when the journal is gone (then nothing of the
-    run's is left there)."""
+    """A run stopped while removing OUTPUT/.tmp (its last step): what is left and the command that removes it;
+    nothing once the journal is gone."""
     from shardprep.pipelines.storage import JOURNAL_NAME
 
     try:
@@ -93,14 +96,11 @@ def _leftover_lines(folder: str, command: list[str]) -> list[str]:
 
 
 def _prose(text: str, indent: str = "") -> list[str]:
-    """``text`` in lines of stderr's width (``output_width``) after ``indent``, broken only between words
-    (``text.wrap``: a path stays whole), the lines after the first indented two more."""
     width = max(output_width(sys.stderr) - len(indent), 20)  # narrower would set one word a line
     return [indent + line for line in wrap(text, width).splitlines()]
 
 
 def _written_since(path: str, since: float) -> bool:
-    """Whether ``path`` is a regular file modified at or after ``since`` (``time.time()``)."""
     try:
         found = os.lstat(path)
     except OSError:
@@ -119,3 +119,42 @@ def _with_flag(command: list[str], flag: str, drop: tuple[str, ...]) -> list[str
     beam = command.index("--") if "--" in command else len(command)
     own = [arg for arg in command[:beam] if arg not in drop and arg != flag]
     return own + [flag] + command[beam:]
+
+
+@contextlib.contextmanager
+def outputs_told(ctx: click.Context, options: ValidateOptions, outputs: WrittenOutputs) -> Iterator[None]:
+    """Around validate's run and report: after a stop, one line on which asked-for files were written, and exit
+    130 (143 after SIGTERM); a run asked to write nothing stops as any command does."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        line = stopped_line(options, outputs, getattr(stop, "by", "Ctrl-C"))
+        if line is None:
+            raise
+        say(wrap(line, output_width(sys.stderr)), err=True)
+        ctx.exit(exit_status(stop))
+
+
+def stopped_line(options: ValidateOptions, outputs: WrittenOutputs, by: str) -> str | None:
+    """``stopped (Ctrl-C) after validate wrote A, before it wrote B: ...`` (``--leaked-keys``, ``--pictures``,
+    ``--json``, written in that order); None when none was asked for. A picture folder written in part: its
+    pictures written, and "the rest of" it."""
+    asked = [(flag, given) for flag, given in (("--leaked-keys", options.leaked_keys), ("--pictures", options.pictures),
+                                               ("--json", options.json_path)) if given]
+    if not asked:
+        return None
+    written, not_written = [], []
+    for flag, given in asked:
+        if flag in outputs.whole:
+            written.append(f"{flag} {given}")
+            continue
+        files = [os.path.join(given, os.path.basename(path)) for wrote, path in outputs.files if wrote == flag]
+        written += files
+        not_written.append(f"the rest of {flag} {given}" if files else f"{flag} {given}")
+    earlier = ": a file there now is an earlier run's"
+    if not written:
+        return f"stopped ({by}) before validate wrote {series(not_written, 'or')}{earlier}"
+    if not not_written:
+        return f"stopped ({by}) after validate wrote {series(written, 'and')}"
+    return f"stopped ({by}) after validate wrote {series(written, 'and')}, before it wrote " \
+           f"{series(not_written, 'and')}{earlier}"

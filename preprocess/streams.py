@@ -1,0 +1,165 @@
+"""The process's standard streams, in one place: the only code that points a file descriptor elsewhere (``dup2``),
+standard streams started closed, a stream silenced after its reader went away, and TensorFlow's C++ log lines kept
+off stderr. Low in the layers so that the jobs, the training loop and the CLI all use it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import sys
+import tempfile
+
+
+def redirect(fd: int, target: int) -> None:
+    """Descriptor ``fd`` now writes (or reads) ``target``'s file: the package's one ``dup2``."""
+    os.dup2(target, fd)
+
+
+def point(fd: int, target: int) -> int:
+    """:func:`redirect`, returning a copy of what ``fd`` was, to redirect it back (the caller closes the copy)."""
+    saved = os.dup(fd)
+    redirect(fd, target)
+    return saved
+
+
+def to_null(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        redirect(fd, null)
+        os.close(null)
+
+
+def silence(stream) -> None:
+    """``stream``'s descriptor to ``/dev/null``: its buffer and its flush at exit go nowhere, so nothing prints
+    "Exception ignored ... BrokenPipeError". A stream without one (a test's captured output) is left alone."""
+    try:
+        to_null(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        pass
+
+
+def open_closed_streams() -> None:
+    """``/dev/null`` on a stdin or stderr the process started without (``2>&-``): Python leaves ``sys.stderr`` None
+    then, and the first file opened would take the free descriptor (and a worker's "stderr" go into it)."""
+    for fd, name in ((0, "stdin"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            to_null(fd)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))
+
+
+# TensorFlow's C++ log lines: absl/glog's (I0000 00:00:1796063803.991698 11321 port.cc:153] ...), absl's pre-init
+# notice (printed whatever the level), and the continuation of cpu_feature_guard's message.
+NATIVE_LOG_LINE = re.compile(
+    r"^([IWEF]\d{4} \d+:\d+:\d+(\.\d+)?\s+\d+ \S+:\d+\]"
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.)")
+ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3"}  # later lines (cuInit on a machine without a GPU); oneDNN's left alone
+QUIET_MODULES = ("tensorflow",)
+_set_here: dict[str, str] = {}
+
+
+def quiet_tensorflow() -> None:
+    """Hides TensorFlow's C++ log lines here and in child processes, unless the user set the variables: the level
+    variable, and an import hook that runs TensorFlow's first import with fd 2 filtered (:func:`native_filtered`)."""
+    for name, value in ENVIRONMENT.items():
+        if name not in os.environ:
+            os.environ[name] = _set_here[name] = value
+    if not any(name in sys.modules for name in QUIET_MODULES) and not _hooks():
+        sys.meta_path.insert(0, _QuietImport())
+
+
+def quiet_library() -> None:
+    """:func:`quiet_tensorflow` on ``import shardprep.train``, unless TensorFlow is imported or the user set
+    ``TF_CPP_MIN_LOG_LEVEL``: then their logging is theirs."""
+    if not any(name in os.environ for name in ENVIRONMENT) and not any(m in sys.modules for m in QUIET_MODULES):
+        quiet_tensorflow()
+
+
+def restore() -> None:
+    """Undoes :func:`quiet_tensorflow` (``--verbose``) where TensorFlow is not imported yet."""
+    for name, value in list(_set_here.items()):
+        if os.environ.get(name) == value:
+            del os.environ[name]
+        del _set_here[name]
+    for finder in _hooks():
+        sys.meta_path.remove(finder)
+
+
+def _hooks() -> list:
+    return [finder for finder in sys.meta_path if isinstance(finder, _QuietImport)]
+
+
+def native_log_free(text: str) -> str:  # text without its C++ log lines
+    return "".join(line for line in text.splitlines(keepends=True) if not NATIVE_LOG_LINE.match(line))
+
+
+@contextlib.contextmanager
+def native_filtered():
+    """fd 2 goes to a temporary file inside the block; what is not a C++ log line is then written to stderr."""
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stderr.flush()
+    with tempfile.TemporaryFile() as captured:
+        saved = point(2, captured.fileno())
+        try:
+            yield
+        finally:
+            redirect(2, saved)
+            os.close(saved)
+            captured.seek(0)
+            rest = native_log_free(captured.read().decode("utf-8", "replace"))
+            if rest:
+                sys.stderr.write(rest)
+                sys.stderr.flush()
+
+
+def _verbose_requested() -> bool:
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if (ctx.params or {}).get("verbose"):
+            return True
+        ctx = ctx.parent
+    return False
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Runs the first import of a :data:`QUIET_MODULES` module inside :func:`native_filtered`. It stays until the
+    module executes: ``importlib.util.find_spec`` asks finders without importing."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in QUIET_MODULES or name in sys.modules:
+            return None
+        if _verbose_requested():
+            restore()
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _FilteredLoader(spec.loader)
+        return spec
+
+
+class _FilteredLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        for finder in _hooks():
+            sys.meta_path.remove(finder)  # once: TensorFlow's own imports, and later ones, go the usual way
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        with native_filtered():
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)

@@ -1,0 +1,369 @@
+"""The CLI's one output boundary: what a person reads (drawn with rich, as wide as ``text.output_width``), and
+what happens when it cannot be written. A reader gone (``| head``; a terminal that hung up) silences the stream and
+the command ends as it would have (hours of training are never lost to it). Any other stdout error (a full disk)
+ends the command, once its work is done, with one ``Error:`` line and status 1, as coreutils does. A stderr that
+cannot be written is silenced: the exit status still tells."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+import termios
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import click
+
+from shardprep.preprocess.streams import silence
+from shardprep.preprocess.text import bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
+
+PROGRESS_SECONDS_ENV = "SHARDPREP_PROGRESS_SECONDS"  # outside a terminal: a plain progress line this often
+DEFAULT_PROGRESS_SECONDS = 10.0
+HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
+
+
+def reader_gone(error: BaseException, stream=None) -> bool:
+    """A write to a pipe nobody reads (EPIPE), or EIO from ``stream`` when it is a terminal (a hung-up one answers
+    ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's."""
+    if not isinstance(error, OSError):
+        return False
+    if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
+        return True
+    if error.errno != errno.EIO or stream is None:
+        return False
+    try:
+        termios.tcgetattr(stream.fileno())
+    except termios.error as failed:
+        return failed.args[0] == errno.EIO
+    except (AttributeError, OSError, ValueError):
+        return bool(getattr(stream, "isatty", lambda: False)())
+    return True
+
+
+def gone_reason(error: OSError) -> str:
+    return "broken pipe" if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE else "the terminal hung up"
+
+
+class OutputError(click.ClickException):
+    """Stdout could not be written: status 1, one line saying ``done`` (what the command finished)."""
+
+    def __init__(self, error: OSError, done: str | None = None):
+        super().__init__(f"cannot write to standard output: {error}" + (f"; {done}" if done else ""))
+
+    def show(self, file=None) -> None:
+        line = f"Error: {self.format_message()}"
+        columns = terminal_columns(sys.stderr)  # a person's terminal: broken between words; a log: one line
+        say(wrap(line, columns) if columns else line, err=True)
+
+
+def _failed(error: OSError, err: bool) -> bool:
+    """Silences the stream ``error`` came from; True for a stdout write error that is not a reader gone."""
+    stream = sys.stderr if err else sys.stdout
+    gone = reader_gone(error, stream)
+    silence(stream)
+    return not err and not gone
+
+
+def say(text: str, err: bool = False) -> None:
+    """``click.echo`` that never fails on a reader gone, nor on stderr; any other stdout error: OutputError."""
+    try:
+        click.echo(text, err=err)
+    except OSError as error:
+        if _failed(error, err):
+            raise OutputError(error) from None
+
+
+@contextlib.contextmanager
+def reader_may_go(done: str | None = None) -> Iterator[None]:
+    """Around the lines a command prints after its work: a reader gone, the rest goes nowhere and the status is
+    the command's; any other write error ends it with :class:`OutputError` saying ``done``."""
+    try:
+        yield
+    except OSError as error:
+        if _failed(error, err=False):
+            raise OutputError(error, done) from None
+
+
+class Reporter:
+    """A long run's lines to stdout until a write fails; then ``note`` (reader gone) or ``failed_note(error)`` once
+    on stderr. :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
+
+    def __init__(self, note: str | Callable[[OSError], str] | None,
+                 failed_note: Callable[[OSError], str] | None = None):
+        self.note, self.failed_note = note, failed_note
+        self.gone = False
+        self.failure: OSError | None = None
+
+    def __call__(self, text: str) -> None:
+        self._echo(text, nl=True)
+
+    def write(self, text: str) -> None:
+        self._echo(text, nl=False)
+
+    def _echo(self, text: str, nl: bool) -> None:
+        if self.gone:
+            return
+        try:
+            click.echo(text, nl=nl)
+        except OSError as error:
+            self.gone = True
+            if _failed(error, err=False):
+                self.failure = error
+                note = self.failed_note and self.failed_note(error)
+            else:
+                note = self.note(error) if callable(self.note) else self.note
+            if note:
+                say(note, err=True)
+
+    def raise_failure(self, done: str | None = None) -> None:
+        if self.failure is not None:
+            raise OutputError(self.failure, done)
+
+
+def shown(error: click.ClickException) -> click.exceptions.Exit:
+    """Shows a command's error line (a stderr that cannot take it silenced); the Exit with its status to raise."""
+    try:
+        error.show()
+    except OSError:
+        silence(sys.stderr)
+    return click.exceptions.Exit(error.exit_code)
+
+
+def _unflushable(stream) -> bool:
+    try:
+        stream.flush()
+    except OSError:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def failed_writes_exit(help_asked: bool) -> Iterator[None]:
+    """Around the CLI's ``main``: click's own stdout output that failed (``--help``, or text a failed write left in
+    stdout's buffer) ends with :class:`OutputError`'s line and status 1. EPIPE is click's to handle."""
+    try:
+        yield
+    except OSError as error:
+        if reader_gone(error) or not (help_asked or _unflushable(sys.stdout)):
+            raise
+        silence(sys.stdout)
+        OutputError(error).show()
+        sys.exit(1)
+
+
+def console(stderr: bool = False):
+    """A rich console as wide as :func:`output_width`; a reader gone raises BrokenPipeError for
+    :func:`reader_may_go` (rich itself would exit 1 there and then)."""
+    from rich.console import Console
+
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
+
+    return PipeAwareConsole(stderr=stderr, width=output_width(sys.stderr if stderr else sys.stdout))
+
+
+def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:
+    """``parts`` (text, rank) joined in order, as many as fit ``width``, lower ranks taken first; rank 0 always
+    kept (a line of those alone is cut with "…")."""
+    parts = [(text, rank) for text, rank in parts if text]
+    kept = {i for i, (_, rank) in enumerate(parts) if rank == 0}
+
+    def joined(indices) -> str:
+        return separator.join(text for i, (text, _) in enumerate(parts) if i in indices)
+
+    for i in sorted(set(range(len(parts))) - kept, key=lambda i: parts[i][1]):
+        if len(joined(kept | {i})) <= width:
+            kept.add(i)
+    line = joined(kept)
+    return line if len(line) <= width else line[:max(0, width - 1)] + "…"
+
+
+def shortened(text: str, width: int) -> str:
+    """``text``, or its end after "…" (a path's last folders say most)."""
+    return text if len(text) <= width else "…" + text[len(text) - max(0, width - 1):]
+
+
+def progress_seconds() -> float:
+    try:
+        seconds = float(os.environ.get(PROGRESS_SECONDS_ENV, DEFAULT_PROGRESS_SECONDS))
+    except ValueError:
+        return DEFAULT_PROGRESS_SECONDS
+    return seconds if seconds > 0 else DEFAULT_PROGRESS_SECONDS
+
+
+def duration(seconds: float) -> str:
+    """``0:01:05``, like rich's elapsed and remaining columns."""
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class LiveProgress:
+    """One task's progress on stderr (:meth:`show`): rich's live display on a terminal (from the first update when
+    ``lazy``: no empty bar over an early error); elsewhere :meth:`plain_line` at the first update, then every
+    :func:`progress_seconds` when :meth:`line_key` changed (a minute when not), and at the end unless
+    ``transient``. Never redirects stdout or stderr, and reads ``sys.stderr`` afresh: the runner swaps it."""
+
+    def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
+        self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
+        self.fields = fields
+        self.progress: Any = None  # rich's Progress, imported when drawn
+        self.task: Any = None
+        self.plain = False
+        self.state: dict = {"description": "starting", "completed": 0, "total": None, **fields}
+        self.started_at = time.monotonic()
+        self.last_line_at: float | None = None
+        self.last_key = None
+        self.lock = threading.Lock()
+
+    @property
+    def width(self) -> int:
+        return output_width(sys.stderr)
+
+    def start(self) -> None:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        stderr = Console(stderr=True, width=self.width)
+        self.started_at = time.monotonic()
+        if not stderr.is_terminal:
+            self.plain = True
+            return
+        self.progress = Progress(*self.columns_factory(), console=stderr, transient=self.transient,
+                                 redirect_stdout=False, redirect_stderr=False)
+        self.progress.start()
+        self.task = self.progress.add_task("starting", total=None, **self.fields)
+
+    def show(self, **update) -> None:
+        if not self.enabled:
+            return
+        with self.lock:
+            if self.progress is None and not self.plain:
+                self.start()
+            self.state.update(update)
+            if not self.plain:
+                self.progress.update(self.task, **update)
+                return
+            now = time.monotonic()
+            since = now - self.last_line_at if self.last_line_at is not None else None
+            changed = self.line_key(self.state) != self.last_key
+            if since is None or since >= progress_seconds() and (
+                    changed or since >= max(HEARTBEAT_SECONDS, progress_seconds())):
+                self._write_line(now)
+
+    def line_key(self, state: dict):
+        """What a plain line says apart from the time: a last line is written only when this changed."""
+        return state.get("description"), state.get("completed"), state.get("total")
+
+    def plain_line(self, state: dict, elapsed: float) -> str:
+        done, total = state.get("completed") or 0, state.get("total")
+        count_text = f" {done:,}/{total:,} ({100 * done / total:.0f}%)" if total else ""
+        return fit([(f"{state['description']}{count_text}", 0), (duration(elapsed), 1)], self.width)
+
+    def _write_line(self, now: float) -> None:
+        line = self.plain_line(self.state, now - self.started_at)
+        self.last_line_at, self.last_key = now, self.line_key(self.state)
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except OSError:  # `2>&1 | head`, a full disk: the run goes on without progress lines
+            self.enabled = False
+            silence(sys.stderr)
+
+    def __enter__(self):
+        if self.enabled and not self.lazy:
+            self.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+        elif self.plain and not self.transient and self.last_line_at is not None:
+            with self.lock:
+                if self.line_key(self.state) != self.last_key:
+                    self._write_line(time.monotonic())
+        return False
+
+
+ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
+
+
+class SpinnerProgress(LiveProgress):
+    """``validate``'s and ``demo-data``'s progress: a spinner, the stage, files done of total, records, elapsed.
+    ``all_done``: the stage's words once every file is done while work goes on (validate's near-duplicate search:
+    a minute on a large dataset, where a full bar would seem stuck)."""
+
+    def __init__(self, enabled: bool, all_done: str | None = None):
+        super().__init__(enabled, _spinner_columns, transient=True, lazy=False, records="")
+        self.all_done = all_done
+
+    def words(self, stage: str, done: int, total: int | None) -> str:
+        return self.all_done if self.all_done and total and done >= total else stage
+
+    def update(self, stage: str, done: int | None, total: int | None, records: int | None):
+        if done is None:
+            self.show(description=stage, completed=0, total=None, records="")
+        else:
+            self.show(description=self.words(stage, done, total), completed=done, total=total,
+                      records=f"{records:,} records" if records is not None else "")
+
+
+def _spinner_columns():
+    from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class AsciiBar(ProgressColumn):
+        """ASCII (``text.bar``): 80 columns counted in bytes too."""
+
+        def render(self, task):
+            fraction = task.completed / task.total if task.total else None
+            style = "bar.pulse" if fraction is None else "bar.finished" if task.finished else "bar.complete"
+            return Text(bar(fraction, 20, int(time.monotonic() * 8)), style=style)
+
+    return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
+            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
+
+
+def flow(items, width: int, indent: str = "  "):
+    """One rich ``Text`` of ``items`` (``(separator, phrase)``; ``Text`` or plain strings, never markup) in lines of
+    at most ``width`` cells, broken only between phrases (a phrase longer than a line: between its words), the
+    separator's punctuation ending a line and the next indented."""
+    from rich.text import Text
+
+    phrases = []
+    for separator, phrase in items:
+        phrase = phrase if isinstance(phrase, Text) else Text(phrase)
+        if phrase.cell_len <= width - len(indent) or " " not in phrase.plain:
+            phrases.append((separator, phrase))
+            continue
+        start = 0
+        for index, word in enumerate(phrase.plain.split(" ")):
+            phrases.append(((separator if index == 0 else " "), phrase[start:start + len(word)]))
+            start += len(word) + 1
+    lines, line = [], Text()
+    for index, (separator, phrase) in enumerate(phrases):
+        if line.plain:
+            trailing = len(phrases[index + 1][0].rstrip()) if index + 1 < len(phrases) else 0  # the next ';'
+            if line.cell_len + len(separator) + phrase.cell_len + trailing <= width:
+                line.append(separator)
+            else:
+                line.append(separator.rstrip())
+                lines.append(line)
+                line = Text(indent)
+        line.append_text(phrase)
+    lines.append(line)
+    return Text("\n").join(lines)
+
+
+def clauses(text: str) -> list[tuple[str, str]]:
+    """``text`` cut where our sentences allow a break (after ': ', '; ', ', ' before a word, before a parenthesis
+    of words), as :func:`flow` items; lists of numbers stay whole."""
+    import re
+
+    pieces = re.split(r"(: |; |, (?=[A-Za-z])| (?=\([A-Za-z]))", text)
+    return [(pieces[index - 1] if index else "", piece) for index, piece in enumerate(pieces)
+            if not index % 2 and piece]
