@@ -1,11 +1,7 @@
-"""Pure per-image and per-record operations: decode by content, colour conversion, resize, encode, record format.
+"""Pure per-image and per-record operations and the shared core; no Beam pipeline API (``pipelines/`` holds the
+graphs).
 
-Nothing here imports Apache Beam's pipeline API; the Beam graphs in ``pipelines/`` call these functions.
-
-Public API, importable from this package (each name imported from its module on first use): ``PreprocessConfig``
-(``config``: the options of a preprocess run), ``process_image`` with ``ProcessOptions``, ``ProcessedImage`` and
-``RejectError`` (``image_ops``: one image's bytes decoded, resized, cropped and encoded as the job stores it).
-"""
+Public names are imported from their modules on first use (``lazy_exports``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The options of a preprocess run (:class:`PreprocessConfig`) and every default of the job, in one place.
-
-Free of Beam, TensorFlow and Pillow: the CLI builds ``shardprep preprocess --help`` from it (``--encoding``'s
-choices are :data:`shardprep.preprocess.encodings.NAMES`). The manifest records the config as ``options``
-(``dataclasses.asdict``): field names and their order are part of the manifest.
-"""
+"""The options of a preprocess run (:class:`PreprocessConfig`) and every default of the job, free of Beam, TF and
+Pillow. The manifest records the config as ``options``: field names and their order are part of the manifest."""
 
 from __future__ import annotations
 
@@ -25,7 +21,6 @@ TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a pow
 @dataclasses.dataclass(frozen=True)
 class PreprocessConfig:
     """Every option of a preprocess run; recorded in the manifest as ``options``."""
-
     source: str
     output: str
     shorter_side: int = DEFAULT_SHORTER_SIDE
@@ -55,14 +50,14 @@ RECORDED_WHEN_SET = ("exclude", "classes_file", "allow_upscale")
 
 
 def recorded_options(config: PreprocessConfig, runner: str) -> dict:
-    """The manifest's ``options``: every field (the unset ones of RECORDED_WHEN_SET left out) and the runner."""
+    """The manifest's ``options``: every field (unset RECORDED_WHEN_SET ones left out) and the runner."""
     options = {name: value for name, value in dataclasses.asdict(config).items()
                if not (name in RECORDED_WHEN_SET and value in (None, False))}
     return {**options, "runner": runner}
 
 
 def default(name: str):
-    """The default of the option ``name`` (a field of PreprocessConfig), for the CLI's ``--help``."""
+    """The default of the option ``name``, for the CLI's ``--help``."""
     (field,) = [f for f in dataclasses.fields(PreprocessConfig) if f.name == name]
     if field.default is dataclasses.MISSING:
         raise KeyError(f"{name} has no default")

@@ -1,10 +1,7 @@
-"""Plain JPEGs decoded straight to an RGB array by libjpeg-turbo (simplejpeg): Pillow's pixels, at less cost.
+"""Plain JPEGs decoded straight to RGB by libjpeg-turbo (simplejpeg): Pillow's pixels byte for byte, at less cost.
 
-Pillow uses the same libjpeg-turbo settings but its row loop and an extra copy; the pixels are the same byte for
-byte (``tests/test_jpeg_decode.py``), so datasets do not change. Only a baseline or progressive JPEG Pillow opened
-as RGB or grey, without EXIF orientation, is taken; anything else, any simplejpeg error or warning, or no
-simplejpeg returns None and the caller decodes with Pillow, which decides every reject.
-"""
+Anything else (not baseline/progressive RGB or grey, EXIF-turned, any simplejpeg error, no simplejpeg) gives None and
+the caller decodes with Pillow, which decides every reject."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ _DECODED_MODES = ("RGB", "L")  # libjpeg gives both as RGB, as Pillow's convert(
 
 def decode_plain_rgb(image: ImageFile.ImageFile, data: bytes,
                      turns: Callable[[ImageFile.ImageFile], bool]) -> np.ndarray | None:
-    """``image`` (opened by Pillow from ``data``, perhaps drafted, not loaded) decoded as an RGB uint8 array
-    (H x W x 3), or None where only Pillow's decode applies. ``turns(image)``: True when its EXIF orientation would
-    turn it. The array goes on to the resize as it is: no Pillow image is made of the full-size pixels."""
+    """``image`` (opened by Pillow from ``data``, perhaps drafted) as an H x W x 3 uint8 array, or None where only
+    Pillow's decode applies. ``turns(image)``: its EXIF orientation would turn it."""
     if image.format != "JPEG" or image.mode not in _DECODED_MODES or len(image.tile) != 1:
         return None
     try:

@@ -1,12 +1,5 @@
-"""Options checked against each other and against the limits of what gets written, before a run starts.
-
-* Both crops resize the shorter side to S, so every stored image has at least S*S pixels: S*S must fit
-  ``--max-pixels`` (else every image fails to allocate while resizing).
-* A record is one protobuf message: TensorFlow's parser and protobuf refuse messages of 2 GiB and more. A raw
-  image is at least S*S*3 bytes plus a small overhead (exactly that for centre crops); ``--crop none`` images and
-  JPEGs also get the per-image check :func:`record_fits` (a long side is not bounded by S).
-* An encoding may store at most so many pixels a side (``Encoding.max_side``: JPEG's 65,500).
-"""
+"""Options checked against each other and against what a record can hold, before a run starts: S*S pixels within
+``--max-pixels``, a record under protobuf's 2 GiB limit, a side within the encoding's ``max_side``."""
 
 from __future__ import annotations
 
@@ -25,8 +18,8 @@ def largest_side_for_pixels(max_pixels: int) -> int:
 
 
 def largest_square_side(stored: encodings.Encoding) -> int:
-    """The largest S whose S x S image makes a record under MAX_RECORD_BYTES, where ``stored``'s size fixes its
-    bytes (raw: S x S x 3), and at most its ``max_side``."""
+    """The largest S whose S x S image fits a record where ``stored``'s size fixes its bytes, at most its
+    ``max_side``."""
     low, high = 1, stored.max_side or math.isqrt(MAX_RECORD_BYTES)  # every stored pixel takes a byte or more
     while low < high:  # stored bytes grow with the side
         middle = (low + high + 1) // 2
@@ -36,17 +29,16 @@ def largest_square_side(stored: encodings.Encoding) -> int:
 
 
 def largest_stored_side() -> int:
-    """The most pixels a side any encoding stores: no manifest can give a larger image size."""
+    """The most pixels a side any encoding stores."""
     return max(largest_square_side(stored) for stored in encodings.REGISTERED)
 
 
 def record_fits(num_bytes: int) -> bool:
-    """Whether an encoded image of ``num_bytes`` makes a record readers can parse."""
     return num_bytes + RECORD_OVERHEAD <= MAX_RECORD_BYTES
 
 
 def check_options(shorter_side: int, crop: str, encoding: str, max_pixels: int) -> None:
-    """Raises SourceError (one line: what, why, the largest value that works) for options that cannot work."""
+    """Raises SourceError (what, why, the largest value that works) for options that cannot work."""
     if shorter_side * shorter_side > max_pixels:
         raise SourceError(
             f"--shorter-side {shorter_side} makes every image at least {shorter_side}x{shorter_side} = "
@@ -65,5 +57,4 @@ def check_options(shorter_side: int, crop: str, encoding: str, max_pixels: int) 
 
 
 def _compressed_choices() -> str:
-    """The encodings whose record length the size alone does not fix, as options: ``--encoding jpeg``."""
     return " or ".join(f"--encoding {e.name}" for e in encodings.REGISTERED if e.stored_bytes(1, 1) is None)
