@@ -1,11 +1,6 @@
-"""The manifest's schema: every key of ``manifest.json``, its split entries and shard entries, declared once.
-
-:data:`MANIFEST_KEYS`, :data:`SPLIT_KEYS`, :data:`SHARD_KEYS` and :data:`LAYOUT_KEYS` give each key's name, type,
-whether it is required and what it means, in the written order, with the check of its value. From them come
-:func:`shape_problems` (``"<path in the document>: <what is wrong>"`` for a hand-edited or damaged manifest, so it
-is reported, not met as a crash deep in a reader) and :func:`docs_table` (docs/manifest.md; a test keeps the two
-equal). :class:`shardprep.preprocess.dataset.Manifest` has these keys as its fields, in this order (a test checks).
-"""
+"""The manifest's schema, declared once: every key of ``manifest.json``, a split, a shard and a record layout, in
+written order, with the check of its value. From it come :func:`shape_problems` (a damaged manifest is reported, not
+met as a crash in a reader) and :func:`docs_table` (docs/manifest.md; a test keeps the two equal)."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ Check = Callable[[list, str, Any], None]  # (problems, path in the document, val
 
 
 class Key(NamedTuple):
-    """One key of the document: its name, type and meaning as docs/manifest.md shows them; ``check`` its value's."""
-
+    """One key: its name, type and meaning as docs/manifest.md shows them; ``check`` its value's."""
     name: str
     type: str
     required: bool
@@ -84,7 +78,6 @@ def _expect(test: Callable[[Any], bool], what: str) -> Check:
 
 
 def _channel_values(high: float) -> Check:
-    """``mean_rgb``/``std_rgb``: null, or 3 finite numbers within 0-``high`` (0-255 scale)."""
     def check(problems, path, value):
         if value is None:
             return
@@ -122,7 +115,7 @@ def _classes(problems, path, classes) -> None:
 
 
 def unsafe_relative_path(path: str) -> str | None:
-    """Why a shard ``file`` entry would point outside the dataset folder, or None if it stays inside."""
+    """Why a shard ``file`` entry would point outside the dataset folder, or None."""
     if not path:
         return "is empty"
     if path.startswith(("/", "\\")) or "://" in path or re.match(r"^[A-Za-z]:", path):
@@ -213,8 +206,8 @@ MANIFEST_KEYS = (
 
 
 def _keys(problems: list, path: str, value, keys: tuple[Key, ...]) -> bool:
-    """Checks ``value`` against ``keys`` (an object having the required ones, each present value's check);
-    whether it is an object."""
+    """Checks ``value`` against ``keys`` (required ones present, each present value's check); whether it is an
+    object."""
     if not isinstance(value, dict):
         problems.append(f"{path}: must be an object, is {_describe(value)}")
         return False
@@ -250,10 +243,8 @@ def _split_problems(problems: list, path: str, info, fixed_layout: bool) -> None
 
 
 def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
-    """Problems with the manifest's keys and value types; empty when every reader can rely on them.
-
-    ``layouts_required=False``: a raw centre-crop split without ``record_layout`` is no problem (the train reader
-    reads such a split as ordinary TFRecords); one that has a ``record_layout`` is still checked."""
+    """``"<path>: <what is wrong>"`` for the manifest's keys and value types; empty when readers can rely on them.
+    ``layouts_required=False``: a raw centre-crop split may lack ``record_layout``."""
     if not isinstance(manifest, dict):
         return [f"manifest: must be a JSON object, is {_describe(manifest)}"]
     problems: list[str] = []
@@ -284,7 +275,6 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
 
 
 def docs_table() -> str:
-    """The tables of docs/manifest.md: every key of the manifest, a split entry, a shard entry and a record layout."""
     parts = []
     for title, keys in (("manifest.json", MANIFEST_KEYS), ("a split (`splits.<split>`)", SPLIT_KEYS),
                         ("a shard (`splits.<split>.shards[i]`)", SHARD_KEYS),
