@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
-from shardprep.preprocess import encodings, limits, resize
+from shardprep.preprocess import config, encodings, resize
 from shardprep.preprocess.config import (CROPS, DEFAULT_CROP, DEFAULT_ENCODING, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS,
                                          DEFAULT_RESIZE_METHOD, DEFAULT_SHORTER_SIDE)
 
@@ -337,9 +337,9 @@ def _check_stored_size(stored: encodings.Encoding, width: int, height: int, resi
     if stored.max_side is not None and max(width, height) > stored.max_side:
         raise RejectError("too_many_pixels", f"{resized}: {stored.label} stores at most {stored.max_side} pixels a side")
     stored_bytes = stored.stored_bytes(width, height)
-    if stored_bytes is not None and not limits.record_fits(stored_bytes):
+    if stored_bytes is not None and not config.record_fits(stored_bytes):
         raise RejectError("record_too_large", f"{resized}: {stored_bytes:,} {stored.label} bytes, over the "
-                                              f"{limits.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
+                                              f"{config.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
 
 
 @pillow_decoding()
@@ -375,8 +375,8 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         encoded = options.stored.encode(rgb, options.jpeg_quality)
     except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
         raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
-    if not limits.record_fits(len(encoded)):
-        raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {limits.MAX_RECORD_BYTES:,} "
+    if not config.record_fits(len(encoded)):
+        raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {config.MAX_RECORD_BYTES:,} "
                                               "bytes a TFRecord example can hold")
     width, height = _size_of(rgb)
     return ProcessedImage(encoded, height, width, tuple(int(v) for v in counts @ values),

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from shardprep.preprocess import encodings, names, resize
-from shardprep.preprocess.config import CROPS
-from shardprep.preprocess.limits import largest_stored_side
+from shardprep.preprocess.config import CROPS, largest_stored_side
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Counts and byte sizes stay exact in every JSON reader and in int64 (2**53 - 1, JSON's largest safe integer).
