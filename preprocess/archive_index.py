@@ -18,6 +18,7 @@ TAR_SUFFIXES = (".tar",)
 COMPRESSED_TAR_SUFFIXES = (".tar.gz", ".tgz")
 ZIP_SUFFIXES = (".zip",)
 ARCHIVE_SUFFIXES = TAR_SUFFIXES + COMPRESSED_TAR_SUFFIXES + ZIP_SUFFIXES
+_KINDS = ((COMPRESSED_TAR_SUFFIXES, "tgz"), (TAR_SUFFIXES, "tar"), (ZIP_SUFFIXES, "zip"))
 
 UNSAFE_NAME = "unsafe_member_name"
 NOT_A_FILE = "not_a_regular_file"
@@ -384,20 +385,11 @@ def split_inner(path: str) -> tuple[str, str]:
 def archive_type(name: str) -> str:
     """"tar", "tgz" or "zip" by the name's suffix (case-insensitive); "" for anything else."""
     lower = name.lower()
-    if lower.endswith(COMPRESSED_TAR_SUFFIXES):
-        return "tgz"
-    if lower.endswith(TAR_SUFFIXES):
-        return "tar"
-    if lower.endswith(ZIP_SUFFIXES):
-        return "zip"
-    return ""
+    return next((kind for suffixes, kind in _KINDS if lower.endswith(suffixes)), "")
 
 
 def stem(name: str) -> str:
     """The archive's file name without its suffix (``n01440764.tar`` -> ``n01440764``)."""
     base = name.rsplit("/", 1)[-1]
-    lower = base.lower()
-    for suffix in ARCHIVE_SUFFIXES:
-        if lower.endswith(suffix):
-            return base[:-len(suffix)]
-    return base
+    suffix = next((suffix for suffix in ARCHIVE_SUFFIXES if base.lower().endswith(suffix)), "")
+    return base[:len(base) - len(suffix)]

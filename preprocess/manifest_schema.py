@@ -144,13 +144,11 @@ SHARD_KEYS = (
     Key("num_examples", "integer", True, "records in the shard", _counted()),
     Key("num_bytes", "integer", True, "the shard file's bytes", _counted()),
     Key("sha256", "string or null", False, "SHA-256 of the shard file (64 lowercase hex digits)",
-        _expect(lambda v: v is None or (isinstance(v, str) and bool(_HEX64.match(v))), "64 lowercase hex digits")),
-)
+        _expect(lambda v: v is None or (isinstance(v, str) and bool(_HEX64.match(v))), "64 lowercase hex digits")))
 LAYOUT_KEYS = (
     Key("record_bytes", "integer", True, "every record's length", _counted(minimum=1)),
     Key("image_offset", "integer", True, "where the pixels start in a record", _counted()),
-    Key("label_offset", "integer", True, "where the label starts in a record", _counted()),
-)
+    Key("label_offset", "integer", True, "where the label starts in a record", _counted()))
 SPLIT_KEYS = (
     Key("num_inputs", "integer", False, "inputs listed", _counted()),
     Key("num_examples", "integer", True, "records written", _counted()),
@@ -160,8 +158,7 @@ SPLIT_KEYS = (
     Key("class_counts", "object", True, "{class: records}, in label order", _object_of_counts),
     Key("num_shards", "integer", False, "shards of the split", _counted()),
     Key("shards", "list", True, "one entry per shard (table below), in order"),
-    Key("record_layout", "object", False, "the fixed layout of raw centre crops' records (required for them)"),
-)
+    Key("record_layout", "object", False, "the fixed layout of raw centre crops' records (required for them)"))
 MANIFEST_KEYS = (
     Key("format_version", "integer", True, "1: the manifest format this shardprep reads",
         _expect(_is_int, "an integer")),
@@ -200,8 +197,7 @@ MANIFEST_KEYS = (
     Key("not_used", "list", False, "{path, reason} of what lay beside the splits or classes and was not read "
         "(written when there was any)"),
     Key("median_input_size", "object or null", False, "{width, height} of the median input in a sample of their "
-        "headers (absent before the key existed)", _median_input_size),
-)
+        "headers (absent before the key existed)", _median_input_size))
 
 
 def _keys(problems: list, path: str, value, keys: tuple[Key, ...]) -> bool:

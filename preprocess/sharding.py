@@ -123,12 +123,10 @@ class RecordSummary:
     def merge(cls, summaries) -> RecordSummary:
         total = cls()
         for part in summaries:
-            for split, n in part.examples.items():
-                total.examples[split] = total.examples.get(split, 0) + n
-            for split, n in part.bytes.items():
-                total.bytes[split] = total.bytes.get(split, 0) + n
-            for key, n in part.classes.items():
-                total.classes[key] = total.classes.get(key, 0) + n
+            for counts, more in ((total.examples, part.examples), (total.bytes, part.bytes),
+                                 (total.classes, part.classes)):
+                for key, n in more.items():
+                    counts[key] = counts.get(key, 0) + n
             if part.pixel_sums:
                 total.add_pixels(part.pixel_sums)
             total.max_label = max(total.max_label, part.max_label)
