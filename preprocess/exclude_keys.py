@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Iterable, Iterator
 
@@ -34,13 +35,8 @@ class SortedKeys:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        wanted, low, high = key.encode("utf-8", "surrogatepass"), 0, len(self)
-        while low < high:
-            middle = (low + high) // 2
-            if self._at(middle) < wanted:
-                low = middle + 1
-            else:
-                high = middle
+        wanted = key.encode("utf-8", "surrogatepass")
+        low = bisect.bisect_left(range(len(self)), wanted, key=self._at)
         return low < len(self) and self._at(low) == wanted
 
     def __iter__(self) -> Iterator[str]:
