@@ -1,7 +1,5 @@
-"""Pure per-image and per-record operations and the shared core; no Beam pipeline API (``pipelines/`` holds the
-graphs).
-
-Public names are imported from their modules on first use (``lazy_exports``)."""
+"""Pure per-image and per-record operations and the shared core (no Beam graphs: ``pipelines/`` holds them); public
+names are imported from their modules on first use (``lazy_exports``)."""
 
 from __future__ import annotations
 

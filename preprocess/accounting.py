@@ -38,8 +38,7 @@ _LITTER_FILES = (".ds_store", "thumbs.db", "desktop.ini")  # Finder's and Explor
 
 
 class NotUsed(NamedTuple):
-    """An entry beside the split or class folders that is not an input: its path relative to SOURCE (a folder's ends
-    with '/') and why it is not read."""
+    """An entry beside the split or class folders that is not an input: its path (a folder's ends with '/') and why."""
     path: str
     reason: str
 
@@ -53,8 +52,7 @@ def is_image_name(name: str) -> bool:
 
 
 def is_os_litter(name: str, is_dir: bool = False) -> bool:
-    """True for what an OS leaves in folders (``__MACOSX/``, ``._*``, ``.DS_Store``, ``Thumbs.db``, ``desktop.ini``):
-    listed as not used wherever it lies."""
+    """True for what an OS leaves in folders (``__MACOSX/``, ``._*``, ``.DS_Store``, ...): never an input."""
     if is_dir:
         return name in _LITTER_FOLDERS
     return name.startswith("._") or name.casefold() in _LITTER_FILES

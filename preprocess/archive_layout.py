@@ -1,7 +1,5 @@
-"""The folder rules applied to an archive's member names (``arrange``), pure, as the folder kind applies them.
-
-A single top folder of folders is looked through; top folders all named like splits are the splits; below, a folder
-or a ``.tar`` member is a class, an image directly there a flat image. Keys are the extracted folder's keys."""
+"""The folder rules applied to an archive's member names (``arrange``), pure, as the folder kind applies them: a lone
+top folder is looked through, split folders are splits, folders or ``.tar`` members below are classes."""
 
 from __future__ import annotations
 
@@ -149,8 +147,7 @@ def _place(layout: ArchiveLayout, member: Member, split: str, parts: list[str], 
 
 
 def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: bool) -> str:
-    """The class ``name`` in NFC, found at ``place``; refused when the split has it elsewhere (a second tar, a tar
-    and a folder, another Unicode spelling)."""
+    """The class ``name`` in NFC, found at ``place``; SourceError when the split has it elsewhere."""
     label = names.canonical(name)
     first = layout.places.setdefault((split, label), (place, is_tar))
     if first != (place, is_tar) or (is_tar and first[0] == place and label in layout.classes):

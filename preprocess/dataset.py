@@ -209,8 +209,7 @@ def typed(manifest) -> Manifest:
 def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False, lenient_layouts: bool = False,
                   read_url: Callable[[str, int], bytes | None] | None = None) -> Manifest:
     """The Manifest of the dataset in ``data_dir`` (local, ``file://`` or ``gs://``), read once as untrusted input; a
-    ManifestError naming the file. ``layouts_required``: raw centre-crop splits need a ``record_layout``;
-    ``lenient_layouts``: one that does not fit is left out."""
+    ManifestError naming the file. ``lenient_layouts``: a layout that does not fit is left out."""
     data_dir = os.fspath(data_dir)
     return Manifest.from_json(read_document(data_dir, read_url), layouts_required=layouts_required,
                               lenient_layouts=lenient_layouts, source=manifest_path(data_dir))

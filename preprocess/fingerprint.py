@@ -1,7 +1,5 @@
-"""A run's fingerprint and the first difference between two: what ``preprocess --resume`` compares.
-
-A resume keeps a killed run's work only when it would make the same bytes: the same output-reaching options, version
-and listing (each file's size and mtime in ns, as make and rsync compare)."""
+"""A run's fingerprint and the first difference between two: what ``preprocess --resume`` compares. A resume keeps
+work only when it would make the same bytes: same options, version and listing (sizes and mtimes, as make does)."""
 
 from __future__ import annotations
 

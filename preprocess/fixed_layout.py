@@ -1,8 +1,5 @@
-"""The fixed layout of raw, centre-cropped splits: every record of a split the same length.
-
-Each record is still a complete Example, ``image/padding`` absorbing the filename's and label's differences, so the
-pixels and label sit at fixed offsets; a shard's last record is ``image_offset`` bytes longer, so readers can take
-fixed-length chunks (``FixedLengthRecordDataset(header_bytes=image_offset)``) without framing or parsing."""
+"""The fixed layout of raw, centre-cropped splits: every record of a split the same length, ``image/padding``
+absorbing the differences, so readers take fixed-length chunks (``FixedLengthRecordDataset``) without parsing."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Per-image operations: decode by content, orient, convert to RGB, resize, crop, encode.
-
-Every failure on bad input is a :class:`RejectError` with a short reason code; nothing else escapes
-:func:`process_image`. JPEGs are drafted (DCT-scaled) when the target is at most half the source, and plain ones
-decoded by libjpeg-turbo (simplejpeg) straight to an array: Pillow's pixels byte for byte, at less cost."""
+"""Per-image operations: decode by content, orient, convert to RGB, resize, crop, encode. Every failure on bad input
+is a :class:`RejectError` with a short reason code; nothing else escapes :func:`process_image`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Which extra of the install a command line needs, checked before any work.
-
-``gs://`` paths (and so Dataflow) need the ``gcp`` extra; without it Beam fails deep inside a run or answers as if a
-file were missing, so the CLI checks its arguments here and names the extra in one error."""
+"""Which extra of the install a command line needs, checked before any work: ``gs://`` paths (and so Dataflow) need
+``gcp``; without it Beam fails deep in a run, so the CLI names the extra in one error."""
 
 from __future__ import annotations
 

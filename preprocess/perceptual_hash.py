@@ -1,8 +1,5 @@
-"""A 64-bit perceptual hash of an image's pixels that stays close under re-encoding, rescaling, small crops and
-brightness changes; validate's near-duplicate search compares them.
-
-A DCT hash (grey, 32x32, sign of the 64 lowest zigzag coefficients, DC out). A horizontal flip negates the odd
-horizontal frequencies, so ``Fingerprint.mirror`` and :func:`flip_invariant_features` catch mirrored copies."""
+"""A 64-bit DCT perceptual hash of an image's pixels (grey, 32x32, sign of the 64 lowest coefficients), close under
+re-encoding, rescaling and small crops; ``Fingerprint.mirror`` catches horizontally flipped copies."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The shard record format, one ``tf.train.Example`` per image, defined once for the writer and every reader.
-
-Keys as TensorFlow's vision loaders (``image/encoded``, ``image/format``, ``image/height``, ``image/width``,
-``image/class/label``, ``image/filename``). The small protobuf codec keeps TensorFlow off workers and fixes the byte
-layout (features sorted by key), so shards are byte-identical run to run; tests cross-check it against TF."""
+"""The shard record format, one ``tf.train.Example`` per image, for the writer and every reader. The small protobuf
+codec keeps TensorFlow off workers and fixes the byte layout (features sorted by key): shards are byte-identical."""
 
 from __future__ import annotations
 

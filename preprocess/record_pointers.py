@@ -1,7 +1,5 @@
-"""Compact lists of pointers to spilled records: what the preprocess job's shuffles carry instead of images.
-
-Sort keys (two uint64) and places sit in integer arrays, cut by bucket or shard with array arithmetic, so the runner
-moves a few elements per bundle and no stage makes Python objects per record (32 bytes a record)."""
+"""Pointers to spilled records (sort keys and places in uint64 arrays, 32 bytes a record): what the preprocess job's
+shuffles carry instead of images, cut by bucket or shard with array arithmetic."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The resize methods: how a decoded RGB image becomes the stored size, and which method made a dataset.
-
-A manifest without ``resize_method`` was made by PILLOW_BICUBIC. LANCZOS2_CUBIC (OpenCV: a widened Lanczos-2
-low-pass, then cubic) takes about half Pillow's time at about its error (``benchmarks/resize_bench.py``). Neither
-allocates the whole resized image of a long image's centre crop."""
+"""The resize methods (``pillow-bicubic``, what a manifest without ``resize_method`` used; ``lanczos2-cubic``,
+OpenCV, about half Pillow's time at about its error); neither allocates the whole resized image of a centre crop."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Sharding and statistics arithmetic of the preprocess job (pure, no Beam).
-
-Shard ``k`` of a split holds the records whose rank ``r`` in a seeded order has ``r * S // N == k``. Shard-start
-ranks are found without sorting a split: sort keys are grouped in hash ranges of about BUCKET_TARGET keys."""
+"""Sharding and statistics arithmetic of the preprocess job (pure): shard ``k`` holds the records whose rank ``r`` in
+a seeded order has ``r * S // N == k``; shard starts are found by hash-range buckets, not a sort of the split."""
 
 from __future__ import annotations
 

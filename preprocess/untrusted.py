@@ -1,8 +1,5 @@
-"""Files shardprep wrote and reads back (the manifest, shards, its other records), read as untrusted input.
-
-:func:`json_loads` parses within bounds (size, nesting counted before parsing, finite numbers, bounded integers,
-UTF-8 without lone surrogates, no key twice); :func:`open_regular_file` takes only a regular file (a FIFO would
-block, ``/dev/zero`` never ends)."""
+"""Files shardprep wrote and reads back, read as untrusted input: JSON within bounds (size, nesting, finite numbers,
+valid UTF-8, no repeated key), and only regular files (a FIFO would block, ``/dev/zero`` never ends)."""
 
 from __future__ import annotations
 

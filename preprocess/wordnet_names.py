@@ -1,7 +1,5 @@
-"""Readable names of the 1,000 ImageNet-1k classes by WordNet ID (``n03445777``: golf ball).
-
-``wordnet_names.txt`` (``ID<TAB>synonyms``, in label order) is taken from tensorflow-datasets 4.9.10 (Apache 2.0)
-imagenet2012/labels.txt and siscore/labels.py, so reading it needs no TFDS."""
+"""Readable names of the ImageNet-1k classes by WordNet ID, from ``wordnet_names.txt`` (taken from
+tensorflow-datasets 4.9.10, Apache 2.0), so reading it needs no TFDS."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""How an image is stored in a record: one :class:`Encoding` per ``--encoding`` choice, looked up by name.
-
-Everything that differs between encodings lives on the Encoding (writer, parser, limits, validate and both train
-readers ask it through :func:`get`; none tests a name). An unknown name is an UnknownEncodingError, never read as
-another. Nothing heavy is imported at module level: the CLI imports this for ``--help``."""
+"""How an image is stored in a record: one :class:`Encoding` per ``--encoding`` choice, looked up by name
+(:func:`get`); everything that differs between encodings lives on it, and no caller tests a name. Nothing heavy is
+imported at module level: the CLI imports this for ``--help``."""
 
 from __future__ import annotations
 
