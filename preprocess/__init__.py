@@ -11,7 +11,6 @@ if __name__ != "shardprep.preprocess":  # the folder imported by its bare name, 
 
 from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
 
-# Each public name and the module of this package that defines it.
 _EXPORTS = {"PreprocessConfig": "config", "process_image": "image_ops", "ProcessOptions": "image_ops",
             "ProcessedImage": "image_ops", "RejectError": "image_ops"}
 __all__ = sorted(_EXPORTS)

@@ -10,7 +10,6 @@ from shardprep.preprocess.elements import Reject
 from shardprep.preprocess.manifest import IMAGE_SUFFIXES
 from shardprep.preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
-# Reject reasons of entries the listing does not read.
 HIDDEN_FILE = "hidden_file"
 HIDDEN_FOLDER = "hidden_folder"
 SYMLINKED_FOLDER = "symlinked_folder"

@@ -22,8 +22,8 @@ class ArchiveLayout:
     rejects: list[Reject] = dataclasses.field(default_factory=list)
     not_used: list[accounting.NotUsed] = dataclasses.field(default_factory=list)
     where: str = "the archive"  # for messages: the archive's path
-    places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)  # (split, class) ->
-    # (where it was first found, whether that is a class tar)
+    # (split, class) -> (where it was first found, whether that is a class tar)
+    places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)
 
 
 def looked_through(names: list[str]) -> str:

@@ -49,8 +49,7 @@ class PreprocessConfig:
     allow_upscale: bool = False  # run even when most inputs are smaller than shorter_side (input_sizes)
 
 
-# Options the manifest (and a run's fingerprint) records only when set, so runs without them write what they did
-# before the option existed.
+# Recorded only when set, so runs without them write what they did before the option existed.
 RECORDED_WHEN_SET = ("exclude", "classes_file", "allow_upscale")
 
 

@@ -13,8 +13,7 @@ from shardprep.preprocess.record_format import (CHANNELS, ENCODED, FILENAME, FOR
 
 PADDING = "image/padding"
 # Entries in the order ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, PADDING (_fixed_features).
-# Varint sizes change at 128, 16384, ...; a padding length is chosen in one of these ranges, where each padding byte
-# more makes the record exactly one byte longer.
+# Varint sizes change at these; within one range each padding byte more makes the record one byte longer.
 _PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
 
 

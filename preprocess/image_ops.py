@@ -190,8 +190,7 @@ def _webp_canvas_size(data: bytes) -> tuple[int, int] | None:
 
 def _failure_reject(detail: str, data: bytes) -> RejectError:
     """``truncated`` when the file ends early, else ``decode_error``."""
-    # Pillow says "image file is truncated" or "Truncated File Read"; a WebP decoder only fails to start, but the
-    # RIFF header declares the file's length.
+    # Pillow says "truncated"; a WebP decoder only fails to start, but its RIFF header declares the file's length.
     cut_short = _is_webp(data) and int.from_bytes(data[4:8], "little") + 8 > len(data)
     return RejectError("truncated" if cut_short or "truncated" in detail.lower() else "decode_error", detail)
 
@@ -200,8 +199,7 @@ def _draft(image: Image.Image, shorter_side: int) -> None:
     """Sets a JPEG (or MPO) up for DCT-scaled decoding when the target is at most half its shorter side."""
     if not isinstance(image, JpegImagePlugin.JpegImageFile) or 2 * shorter_side > min(image.size):
         return
-    # draft() scales by the largest of 1/8, 1/4, 1/2 that keeps each side >= the requested one; asking for a square of
-    # the shorter side lets the shorter side alone decide.
+    # draft() keeps each side >= the requested one: a square of the shorter side lets that side alone decide.
     image.draft(None, (shorter_side, shorter_side))
 
 
@@ -255,8 +253,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
                 pass  # a broken profile: fall back to the plain conversion below
         return image.convert("RGB")
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG/TIFF). Scale 0-65535 to 0-255 instead of clipping as convert("L") would;
-        # (v + 128) // 257 is v / 257 rounded, in integers.
+        # 16-bit grey: scaled to 0-255 ((v + 128) // 257 is v / 257 rounded), not clipped as convert("L") would.
         pixels = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
         grey = ((pixels + 128) // 257).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")

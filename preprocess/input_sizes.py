@@ -112,8 +112,7 @@ def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: 
         return None
     factor = shorter_side / min(width, height)
     target, own = _mean_bytes(sample, shorter_side, crop, encoding), _mean_bytes(sample, None, crop, encoding)
-    # At their own size: what the run would write without resizing (larger than the upscaled output when the
-    # inputs above the median are large: then not said)
+    # Without resizing the output can be larger (large inputs above the median): then it is not said.
     instead = f" instead of {_total(sample, own)} at their own size" if own < target else ""
     said = (f"most inputs are smaller than --shorter-side {shorter_side}: the median input is {width}x{height} (a "
             f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.{1 if factor >= 1.1 else 2}f}x: the output "

@@ -15,8 +15,7 @@ from shardprep.preprocess import accounting, names
 from shardprep.preprocess.elements import Reject
 from shardprep.preprocess.sources import SourceError
 
-# The most classes a source may have: its class names, or without names its largest label + 1 (the manifest then
-# names each by its integer). Bounds what a hostile label (10**12) can make us write or hold.
+# The most classes (names, or the largest label + 1): bounds what a hostile label (10**12) makes us write or hold.
 MAX_CLASSES = 100_000
 MAX_NAMES_BYTES = 4 << 20  # a file of class names, one a line: 100,000 names of 40 bytes
 
@@ -138,8 +137,7 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
-    # Lines end at "\n" only ("\r\n" too): str.splitlines would also cut a name at U+0085 or U+2028, shifting every
-    # label after it by one; such a character is refused by the rule for names instead.
+    # Lines end at "\n" only: str.splitlines would also cut at U+0085 or U+2028, shifting every label after it.
     lines = [(number, line.strip()) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
     if len(lines) > MAX_CLASSES:
         raise SourceError(f"{path} names {len(lines):,} classes, more than the {MAX_CLASSES:,} shardprep takes")

@@ -94,8 +94,8 @@ def example_parts(record: ImageRecord) -> list[bytes]:
     if record.format not in encodings.NAMES:
         raise RecordFormatError(f"unknown image format {record.format!r}")
     features = {FORMAT: _bytes_feature(record.format.encode()),
-                FILENAME: _bytes_feature(record.filename.encode("utf-8")), HEIGHT: _int64_feature(record.height), WIDTH: _int64_feature(record.width),
-                LABEL: _int64_feature(record.label)}
+                FILENAME: _bytes_feature(record.filename.encode("utf-8")), HEIGHT: _int64_feature(record.height),
+                WIDTH: _int64_feature(record.width), LABEL: _int64_feature(record.label)}
     entries = []
     for key in sorted([ENCODED, *features]):
         entries += _bytes_entry_parts(key, record.encoded) if key == ENCODED else [_entry(key, features[key])]

@@ -108,8 +108,7 @@ class RecordPointers(_KeyedRows):
     def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
         super().__init__(split, columns)
         self.spill_path = spill_path
-        # (records, bytes, sha256) of a decode group's spill file (one split, sort-key order), so a shard that is
-        # exactly this file takes it as it is; None for a bundle's file.
+        # (records, bytes, sha256) of a decode group's sorted spill file, which a shard can take whole; else None.
         self.file_info: tuple[int, int, str] | None = file_info
 
     def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:

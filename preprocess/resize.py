@@ -115,8 +115,7 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         if out == size:
             return resized
         return _cut(resized, origin, out)
-    # A very long image: only the source pixels the rectangle needs (its own, the cubic's reach of 2 and the
-    # low-pass filter's, plus one), resampled straight to the rectangle.
+    # A very long image: only the source pixels the rectangle needs (and the filters' reach), resampled to it.
     left, top = origin[0] * x_scale, origin[1] * y_scale
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
     y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
@@ -127,8 +126,7 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         pixels = np.asarray(cast("Image.Image", image).crop((x0, y0, x1, y1)))  # given is None: a Pillow image
     if len(kernel_x) > 1 or len(kernel_y) > 1:
         pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
-    # Output pixel x's centre (x + 0.5) lies at left + (x + 0.5) * x_scale in the source, whose pixel i is centred
-    # at i + 0.5; the matrix maps output pixels to source pixels of the cut-out region.
+    # Output pixel x's centre x + 0.5 lies at left + (x + 0.5) * x_scale in the source (pixel i centred at i + 0.5).
     matrix = np.array([[x_scale, 0.0, left - x0 + 0.5 * x_scale - 0.5],
                        [0.0, y_scale, top - y0 + 0.5 * y_scale - 0.5]])
     return cv2.warpAffine(pixels, matrix, out, flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,

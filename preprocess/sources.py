@@ -9,8 +9,7 @@ from shardprep.preprocess.elements import Input
 
 # Folder names taken as splits when every sub-folder of SOURCE has one of them.
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
-# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (TFDS writes shard numbers as %05d: 5 digits or more).
-# The one rule for the split in a TFRecord file name: the preprocess job's planning and validate both use it.
+# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (shard numbers as %05d: 5 digits or more).
 _TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?$")
 
 

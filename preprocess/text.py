@@ -9,8 +9,7 @@ import sys
 import textwrap
 
 DEFAULT_COLUMNS = 80
-# A bar's characters are ASCII, as the summary table's rule: a line's columns are then its bytes in any terminal
-# encoding and in a log viewer that counts bytes ("━" counted 3 each: an 80-column progress line read as 147).
+# ASCII, so a line's columns are its bytes in any terminal encoding and any log viewer that counts bytes.
 BAR_DONE, BAR_LEFT = "#", "-"
 PULSE_CELLS = 3  # the block that moves along a bar whose total is not known yet
 

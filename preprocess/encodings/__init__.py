@@ -124,8 +124,7 @@ class Jpeg(PillowEncoding):
     def decode_tf(self, encoded, height, width):
         import tensorflow as tf
 
-        # The integer DCT Pillow uses too, so both readers give the same pixels (decode_and_crop_jpeg would
-        # upsample chroma differently at a window's edges).
+        # Pillow's integer DCT, so both readers give the same pixels.
         return tf.io.decode_jpeg(encoded, channels=CHANNELS, dct_method="INTEGER_ACCURATE")
 
 
