@@ -42,16 +42,13 @@ def _describe(value) -> str:
     return f"{kind} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
-def _count(problems: list, path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> bool:
+def _count(problems: list, path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> None:
     if not _is_int(value):
         problems.append(f"{path}: must be an integer, is {_describe(value)}")
     elif value < minimum:
         problems.append(f"{path}: must be at least {minimum}, is {value}")
     elif value > maximum:
         problems.append(f"{path}: must be at most {maximum:,}, is {_describe(value)}")
-    else:
-        return True
-    return False
 
 
 def _counted(minimum: int = 0, maximum: int = MAX_COUNT, nullable: bool = False) -> Check:
