@@ -153,7 +153,7 @@ def _open_checked(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def scan_markers(data: bytes) -> int:
-    """``data.count(b"\xff\xda")`` (JPEG start-of-scan markers) at a third of its cost: the marker as a 16-bit word
+    """``data.count(b"\\xff\\xda")`` (JPEG start-of-scan markers) at a third of its cost: the marker as a 16-bit word
     at even and odd offsets, compared by NumPy."""
     if len(data) < 2:
         return 0

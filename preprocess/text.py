@@ -48,7 +48,7 @@ def series(items: list[str], last: str = "and") -> str:
 
 
 def wrap(text: str, width: int, indent: str = "  ") -> str:
-    """``text`` wrapped at spaces to ``width``, each ``\n`` paragraph on its own, continuation lines indented. A word
+    """``text`` wrapped at spaces to ``width``, each ``\\n`` paragraph on its own, continuation lines indented. A word
     is never cut, so a path stays whole to copy."""
     lines = []
     for paragraph in text.split("\n"):
