@@ -29,7 +29,7 @@ WORKER_REQUIRED = [
     "pyarrow",  # parquet: sources (Beam requires it too)
     "pyyaml",  # parquet: sources' dataset cards (Beam requires it too)
     "opencv-python-headless>=4.8",  # the lanczos2-cubic resize (shardprep.preprocess.resize)
-    "simplejpeg>=1.7",  # plain JPEGs decoded straight to arrays (shardprep.preprocess.jpeg_decode)
+    "simplejpeg>=1.7",  # plain JPEGs decoded straight to arrays (shardprep.preprocess.image_ops)
 ]
 # The launcher and the trainer only: the CLI, gs:// planning, TFDS sources, validate's pictures, train.
 LAUNCHER_REQUIRED = [

@@ -47,8 +47,8 @@ SHORTER_SIDE = 256
 
 def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bool = True) -> float:
     """Images/s of a plain single-process loop over ``paths``, resizing with ``method``; ``job_decode``: plain JPEGs
-    decoded as the job decodes them (``jpeg_decode``: libjpeg-turbo straight to an array), else all by Pillow."""
-    from shardprep.preprocess import image_ops, jpeg_decode, resize
+    decoded as the job decodes them (``image_ops.decode_plain_rgb``: libjpeg-turbo straight to an array), else all by Pillow."""
+    from shardprep.preprocess import image_ops, resize
 
     started = time.perf_counter()
     for path in paths:
@@ -61,7 +61,7 @@ def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bo
         scale = SHORTER_SIDE / min(width, height)
         if image.format == "JPEG" and scale <= 0.5:
             image.draft(None, (int(width * scale + 1), int(height * scale + 1)))
-        fast = jpeg_decode.decode_plain_rgb(image, data, image_ops._turns) if job_decode else None
+        fast = image_ops.decode_plain_rgb(image, data) if job_decode else None
         image = fast if fast is not None else image.convert("RGB")
         width, height = (image.shape[1], image.shape[0]) if fast is not None else image.size
         if width <= height:

@@ -151,11 +151,11 @@ def cv2_area(data: bytes) -> np.ndarray:
 
 def _decoded(data: bytes) -> tuple[Image.Image, tuple[int, int]]:
     """The drafted image decoded as the job decodes it: libjpeg-turbo straight to an array for a plain JPEG
-    (``jpeg_decode``), Pillow otherwise."""
-    from shardprep.preprocess import image_ops, jpeg_decode
+    (``image_ops.decode_plain_rgb``), Pillow otherwise."""
+    from shardprep.preprocess import image_ops
 
     image, full = _open_drafted(data)
-    fast = jpeg_decode.decode_plain_rgb(image, data, image_ops._turns)
+    fast = image_ops.decode_plain_rgb(image, data)
     return (fast if fast is not None else image.convert("RGB")), full
 
 
@@ -233,7 +233,7 @@ def decode_only(data: bytes) -> np.ndarray:
 
 
 def decode_only_simplejpeg(data: bytes) -> np.ndarray:
-    """The job's decode alone (``jpeg_decode`` for plain JPEGs): its ceiling."""
+    """The job's decode alone (``image_ops.decode_plain_rgb`` for plain JPEGs): its ceiling."""
     return np.asarray(_decoded(data)[0])
 
 

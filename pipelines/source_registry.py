@@ -7,8 +7,8 @@ import dataclasses
 
 from shardprep.pipelines import source_archive, source_folder, source_parquet, source_tfrecord
 from shardprep.pipelines.source_kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
-from shardprep.preprocess import limits, names, sources
-from shardprep.preprocess.config import PreprocessConfig, default
+from shardprep.preprocess import names, sources
+from shardprep.preprocess.config import PreprocessConfig, check_options, default
 
 # Asked in this order which kind claims SOURCE; the order of SOURCE's lines in `shardprep preprocess --help`.
 KINDS: tuple[SourceKind, ...] = (source_folder.FOLDER, source_tfrecord.TFDS, source_tfrecord.TFRECORD,
@@ -36,7 +36,7 @@ def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) ->
     if config.labels_split is not None:
         config = dataclasses.replace(
             config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
-    limits.check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
+    check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
     check_kind_options(config, parsed.kind)
     return parsed.kind.plan(parsed.location, config)
 

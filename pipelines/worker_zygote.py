@@ -35,7 +35,7 @@ START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it run
 _MESSAGE_LIMIT = 4 * 2**20  # a worker's environment (the launcher's, and the pipeline options as JSON)
 BEAM_WORKER = ("-m", "apache_beam.runners.worker.sdk_worker_main")  # how Beam starts a local worker itself
 _WORKER_MODULES = ("numpy", "cv2", "simplejpeg", "PIL.Image", "shardprep.preprocess.image_ops",
-                   "shardprep.preprocess.jpeg_decode", "shardprep.preprocess.resize")
+                   "shardprep.preprocess.resize")
 
 _active: WorkerZygote | None = None
 

@@ -1,11 +1,5 @@
-"""Pure per-image and per-record operations: decode by content, colour conversion, resize, encode, record format.
-
-Nothing here imports Apache Beam's pipeline API; the Beam graphs in ``pipelines/`` call these functions.
-
-Public API, importable from this package (each name imported from its module on first use): ``PreprocessConfig``
-(``config``: the options of a preprocess run), ``process_image`` with ``ProcessOptions``, ``ProcessedImage`` and
-``RejectError`` (``image_ops``: one image's bytes decoded, resized, cropped and encoded as the job stores it).
-"""
+"""Pure per-image and per-record operations and the shared core (no Beam graphs: ``pipelines/`` holds them); public
+names are imported from their modules on first use (``lazy_exports``)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ if __name__ != "shardprep.preprocess":  # the folder imported by its bare name, 
 
 from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
 
-# Each public name and the module of this package that defines it.
 _EXPORTS = {"PreprocessConfig": "config", "process_image": "image_ops", "ProcessOptions": "image_ops",
             "ProcessedImage": "image_ops", "RejectError": "image_ops"}
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,5 @@
-"""Every input accounted for: what the listing skips becomes a reject, what lies beside the folders and is not an
-input is listed as not used, layouts that match none of the documented ones are refused, and a run that would write
-nothing fails with a hint. Pure functions, no Beam."""
+"""Every input accounted for: what the listing skips becomes a reject, what lies beside the folders is listed as not
+used, undocumented layouts are refused, and a run that would write nothing fails with a hint. Pure, no Beam."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from shardprep.preprocess.elements import Reject
 from shardprep.preprocess.manifest import IMAGE_SUFFIXES
 from shardprep.preprocess.sources import SPLIT_NAMES, SourceError, is_hidden
 
-# Reject reasons of entries the listing does not read.
 HIDDEN_FILE = "hidden_file"
 HIDDEN_FOLDER = "hidden_folder"
 SYMLINKED_FOLDER = "symlinked_folder"
@@ -39,9 +37,7 @@ _LITTER_FILES = (".ds_store", "thumbs.db", "desktop.ini")  # Finder's and Explor
 
 
 class NotUsed(NamedTuple):
-    """An entry beside the split or class folders that is not an input (a README, a licence, a CSV, ``.git/``):
-    its path relative to SOURCE (a folder's ends with '/') and why it is not read."""
-
+    """An entry beside the split or class folders that is not an input: its path (a folder's ends with '/') and why."""
     path: str
     reason: str
 
@@ -50,14 +46,12 @@ class NotUsed(NamedTuple):
 
 
 def is_image_name(name: str) -> bool:
-    """True for a file named like an image (``.jpg``, ``.JPEG``, ``.png`` ...): beside folders, only these are
-    inputs; anything else there (README, CSV, synset lists) is listed as not used."""
+    """True for a file named like an image: beside folders only these are inputs."""
     return name.lower().endswith(IMAGE_SUFFIXES)
 
 
 def is_os_litter(name: str, is_dir: bool = False) -> bool:
-    """True for what an operating system leaves in the folders it touches (``__MACOSX/``, ``._*`` resource forks,
-    ``.DS_Store``, ``Thumbs.db``, ``desktop.ini``): never a dataset's input, listed as not used wherever it lies."""
+    """True for what an OS leaves in folders (``__MACOSX/``, ``._*``, ``.DS_Store``, ...): never an input."""
     if is_dir:
         return name in _LITTER_FOLDERS
     return name.startswith("._") or name.casefold() in _LITTER_FILES
@@ -69,7 +63,6 @@ def unlabelled_reason(count: int) -> str:
 
 
 def flat_split_error(found: list[tuple[str, int]]) -> str:
-    """Split folders of images not in class folders, beside splits of class folders, with no labels file."""
     splits = ", ".join(f"{split} ({count:,} file{'s' if count != 1 else ''})" for split, count in found)
     return (f"split {splits} holds images not in class folders, and no --labels-file names their classes: did you "
             "forget --labels-file? (a split it names none of, such as an unlabelled test set, is then not used; or "
@@ -77,12 +70,10 @@ def flat_split_error(found: list[tuple[str, int]]) -> str:
 
 
 def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
-    """The Reject of an entry the listing skipped."""
     return Reject(split, key, reason, _SKIPPED_DETAIL[reason] + where)
 
 
 def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> SourceError:
-    """SOURCE holds split folders with class folders inside beside folders not named like a split."""
     return SourceError(
         f"{root} mixes split folders holding class folders ({', '.join(splits)}) with folders not named like a split "
         f"({', '.join(_few(others))}): expected SOURCE/<split>/<class>/<file> (split names: {', '.join(SPLIT_NAMES)}) "
@@ -90,7 +81,7 @@ def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> Sourc
 
 
 def holder_folder_error(root: str, folder: str, splits: list[str]) -> SourceError:
-    """SOURCE holds one folder, which holds split folders: the dataset is that folder (a download's top folder)."""
+    """SOURCE holds one folder, which holds split folders: the dataset is that folder."""
     return SourceError(
         f"{root} holds one folder, {folder}, which holds split folders ({', '.join(_few(sorted(splits)))}): give "
         f"{root.rstrip('/')}/{folder} as SOURCE (as given, {folder} would be one class holding every split's images)")
@@ -131,11 +122,9 @@ def empty_run_message(problems: list[str], rejects_path: str) -> str:
 
 def walk_local(directory: str, recursive: bool,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """(files in a local ``directory``, and in its sub-folders when ``recursive``; (path, reject reason) of what is
-    not read: hidden files and folders, when ``recursive`` links to folders, which are not followed, and links to
-    files that exist inside ``source_root`` (SOURCE's real path, when given): that image is read where it is).
-
-    ``scandir`` tells links apart without a stat per file, so a link costs a ``realpath`` and a file nothing."""
+    """(files in ``directory``, and below when ``recursive``; (path, reject reason) of what is not read: hidden
+    entries, links to folders, and links into ``source_root``). ``scandir`` tells links apart without a stat per
+    file."""
     found, skipped = [], []
     folders = [directory]
     while folders:
@@ -173,7 +162,7 @@ def is_folder(entry: os.DirEntry) -> bool:
 
 
 def links_into(link: str, source_root: str) -> bool:
-    """True when the link ``link`` resolves to ``source_root`` (a real path), into it, or to a folder holding it."""
+    """True when ``link`` resolves to ``source_root`` (a real path), into it, or to a folder holding it."""
     target = os.path.realpath(link)
     return (target == source_root or target.startswith(source_root.rstrip("/") + "/")
             or source_root.startswith(target.rstrip("/") + "/"))

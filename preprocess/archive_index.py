@@ -1,10 +1,6 @@
-"""Archives read in place, pure (the caller opens the file, local or ``gs://``): ``index_tar`` (headers only; a tar
-inside a tar to offsets in the outer file), ``stream_tar`` (a .tgz once, its gzip trailer checked), ``index_zip``
-(the central directory), ``MemberRef``/``read_member`` (one member by its range, size and CRC checked).
-
-An archive is untrusted: unsafe names, links, devices and FIFOs are indexed with a ``problem`` (a reject reason), and
-damage after the last good header is the index's ``damage``, never a silent stop.
-"""
+"""Archives read in place, pure (the caller opens the file, local or ``gs://``): tar headers (a tar inside a tar
+too), a .tgz streamed once, a zip's central directory, and one member read by its range, size and CRC checked.
+Archives are untrusted: unsafe members are indexed with a ``problem`` (a reject reason), damage is ``damage``."""
 
 from __future__ import annotations
 
@@ -22,8 +18,8 @@ TAR_SUFFIXES = (".tar",)
 COMPRESSED_TAR_SUFFIXES = (".tar.gz", ".tgz")
 ZIP_SUFFIXES = (".zip",)
 ARCHIVE_SUFFIXES = TAR_SUFFIXES + COMPRESSED_TAR_SUFFIXES + ZIP_SUFFIXES
+_KINDS = ((COMPRESSED_TAR_SUFFIXES, "tgz"), (TAR_SUFFIXES, "tar"), (ZIP_SUFFIXES, "zip"))
 
-# Reject reasons of members that give no input.
 UNSAFE_NAME = "unsafe_member_name"
 NOT_A_FILE = "not_a_regular_file"
 TRUNCATED = "truncated_member"
@@ -46,9 +42,7 @@ class MemberError(Exception):
 
 
 class Member(NamedTuple):
-    """One entry of an archive: its name, where its data lies in the outermost file, and why it gives no input
-    (``problem``: a reject reason, with ``detail``)."""
-
+    """One archive entry: its name, where its data lies in the outermost file, and why it gives no input."""
     name: str  # as stored, "./" and trailing "/" removed
     offset: int  # the data's first byte in the outermost file (zip: the member's local header)
     size: int  # stored bytes (zip: compressed)
@@ -61,8 +55,7 @@ class Member(NamedTuple):
 
 
 def size_problem(data_size: int, stored: int | None = None, limit: int = MAX_MEMBER_BYTES) -> str:
-    """Why a member of ``data_size`` bytes (``stored`` compressed) is not read: beyond ``limit``, or beyond
-    ``MAX_RATIO`` (a bomb); "" when within both."""
+    """Why a member of ``data_size`` bytes (``stored`` compressed) is not read (over ``limit`` or MAX_RATIO), or ""."""
     if data_size > limit:
         return (f"{data_size:,} bytes uncompressed, over the {limit:,} a member may have (a limit that keeps "
                 "every process's memory bounded)")
@@ -74,14 +67,12 @@ def size_problem(data_size: int, stored: int | None = None, limit: int = MAX_MEM
 
 class ArchiveIndex(NamedTuple):
     """An archive's members in stored order, and what ended the index early ("": nothing)."""
-
     members: list[Member]
     damage: str = ""
 
 
 class MemberRef(NamedTuple):
     """Where one member's bytes are, as text on an ``Input``'s path: ``ARCHIVE#OFFSET+SIZE+METHOD+CRC+DATA_SIZE``."""
-
     archive: str
     offset: int
     size: int
@@ -120,7 +111,7 @@ def clean_name(name: str) -> tuple[str, str]:
 
 
 class RangeFile(io.RawIOBase):
-    """Bytes ``start``..``start + size`` of a seekable file, as a file of their own (a tar inside a tar)."""
+    """Bytes ``start``..``start + size`` of a seekable file, as a file of their own."""
 
     def __init__(self, raw: BinaryIO, start: int, size: int):
         super().__init__()
@@ -152,7 +143,7 @@ class RangeFile(io.RawIOBase):
 
 
 def read_fully(raw: BinaryIO, count: int) -> bytes:
-    """Up to ``count`` bytes: fewer only at the end of the file (streams return short reads)."""
+    """Up to ``count`` bytes: fewer only at the end of the file."""
     pieces, left = [], count
     while left > 0:
         piece = raw.read(left)
@@ -164,8 +155,7 @@ def read_fully(raw: BinaryIO, count: int) -> bytes:
 
 
 def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
-    """``info`` as a Member, its offset in the outermost file (``base``: where this tar starts; ``end``: where it
-    must end)."""
+    """``info`` as a Member, its offset in the outermost file (this tar starts at ``base``, must end by ``end``)."""
     name, unsafe = clean_name(info.name)
     offset = base + info.offset_data
     if unsafe:
@@ -182,8 +172,7 @@ def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
         kind = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
                 tarfile.FIFOTYPE: "a FIFO"}.get(info.type, f"an entry of tar type {info.type!r}")
         return Member(name, offset, 0, False, NOT_A_FILE, f"{kind}, not a file")
-    too_large = size_problem(info.size)
-    if too_large:
+    if too_large := size_problem(info.size):
         return Member(name, offset, info.size, False, TOO_LARGE, too_large)
     if offset + info.size > end:
         return Member(name, offset, info.size, False, TRUNCATED,
@@ -193,8 +182,8 @@ def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
 
 
 def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> ArchiveIndex:
-    """The members of the tar at ``start``..``start + size`` of ``raw`` (None: to the end), from headers only;
-    damage after the last good header (where ``tarfile`` stops without a word) is the index's ``damage``."""
+    """The members of the tar at ``start``..``start + size`` of ``raw``, from headers only; damage after the last
+    good header (where ``tarfile`` stops silently) is the index's ``damage``."""
     if size is None:
         size = raw.seek(0, 2) - start
     window = RangeFile(raw, start, size)
@@ -213,7 +202,7 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
 
 
 def _tar_end_damage(window: RangeFile, offset: int, count: int) -> str:
-    """Why the tar has no end-of-archive marker (a zero block) where its headers stopped; "" when it has."""
+    """Why the tar has no end-of-archive marker where its headers stopped; "" when it has."""
     window.seek(offset)
     block = window.read(BLOCK)
     if len(block) < BLOCK:
@@ -225,16 +214,13 @@ def _tar_end_damage(window: RangeFile, offset: int, count: int) -> str:
 
 
 class StreamedMember(NamedTuple):
-    """A member of a compressed tar and its bytes (None for what gives no input)."""
-
     member: Member
     data: bytes | None
 
 
 def stream_tar(raw: BinaryIO, with_data: bool | str = True) -> Iterator[StreamedMember]:
-    """The members of a gzip-compressed tar, front to back, with each regular file's bytes (``with_data``; a name:
-    that member's only), each given up when it or the stream inflates beyond the limits. The gzip trailer is
-    checked, so a cut or damaged archive raises ``MemberError`` where ``tarfile`` would end quietly."""
+    """The members of a .tgz front to back, with each file's bytes (``with_data``; a name: that member's only), given
+    up past the size limits. The gzip trailer is checked: a cut archive raises MemberError."""
     counted = _CountingReader(raw)
     unpacked = gzip.GzipFile(fileobj=counted, mode="rb")
     count = 0
@@ -260,8 +246,7 @@ STREAM_SLACK = 256 << 10  # compressed bytes gzip may have read ahead of what it
 
 def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, counted: _CountingReader,
               with_data: bool) -> StreamedMember:
-    """One member read a chunk at a time, given up once its ratio passes ``MAX_RATIO`` or the stream's
-    ``MAX_STREAM_RATIO``."""
+    """One member read a chunk at a time, given up once past MAX_RATIO or the stream's MAX_STREAM_RATIO."""
     handle = archive.extractfile(info)
     start, got, pieces = counted.count, 0, []
     while handle is not None:
@@ -288,7 +273,7 @@ def _streamed(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member, c
 
 
 class _CountingReader(io.RawIOBase):
-    """A file read front to back, counting the bytes read (the compressed bytes behind a gzip stream)."""
+    """A file read front to back, counting the (compressed) bytes read."""
 
     def __init__(self, raw: BinaryIO):
         super().__init__()
@@ -322,9 +307,9 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
         elif mode and (mode & 0o170000) not in (0, 0o100000):
             members.append(Member(name, info.header_offset, 0, False, NOT_A_FILE,
                                   "a link or special file (by its mode): not a file"))
-        elif size_problem(max(info.file_size, info.compress_size), info.compress_size):  # either size may lie
-            members.append(Member(name, info.header_offset, info.compress_size, False, TOO_LARGE, size_problem(
-                max(info.file_size, info.compress_size), info.compress_size), data_size=info.file_size))
+        elif too_large := size_problem(max(info.file_size, info.compress_size), info.compress_size):  # either may lie
+            members.append(Member(name, info.header_offset, info.compress_size, False, TOO_LARGE, too_large,
+                                  data_size=info.file_size))
         elif info.header_offset + 30 + info.compress_size > total:
             members.append(Member(name, info.header_offset, info.compress_size, False, TRUNCATED,
                                   "its bytes run past the archive's end: the archive was cut short"))
@@ -335,7 +320,7 @@ def index_zip(raw: BinaryIO) -> ArchiveIndex:
 
 
 def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
-    """The member's bytes (a zip member inflated); ``MemberError`` when cut short or not matching their CRC."""
+    """The member's bytes (a zip member inflated); MemberError when cut short or not matching their CRC."""
     offset = ref.offset
     if ref.crc >= 0:  # a zip member: its data follows a local header of variable length
         raw.seek(offset)
@@ -363,8 +348,7 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
 
 
 def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
-    """The bytes of the small member ``name`` (a labels CSV), within ``MAX_LABELS_MEMBER_BYTES``; else
-    ``MemberError``."""
+    """The bytes of the small member ``name`` (a labels CSV), within MAX_LABELS_MEMBER_BYTES; else MemberError."""
     if kind == "tgz":
         for streamed in stream_tar(raw, with_data=name):
             if streamed.member.name == name and not streamed.member.is_dir:
@@ -378,7 +362,6 @@ def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
 
 
 def _named_bytes(member: Member, read) -> bytes:
-    """A named member's bytes (``read()``), or ``MemberError`` saying why it is not read."""
     too_large = size_problem(member.size if member.data_size < 0 else member.data_size,
                              None if member.crc < 0 else member.size, MAX_LABELS_MEMBER_BYTES)
     if too_large and member.problem in ("", TOO_LARGE):
@@ -389,7 +372,7 @@ def _named_bytes(member: Member, read) -> bytes:
 
 
 def split_inner(path: str) -> tuple[str, str]:
-    """(archive, inner path) of ``ARCHIVE/INNER`` (``imagenet.zip/ILSVRC/Data/CLS-LOC``), else (``path``, "")."""
+    """(archive, inner path) of ``ARCHIVE/INNER``, else (``path``, "")."""
     lower = path.lower()
     for suffix in ARCHIVE_SUFFIXES:
         at = lower.find(suffix + "/")
@@ -400,22 +383,13 @@ def split_inner(path: str) -> tuple[str, str]:
 
 
 def archive_type(name: str) -> str:
-    """"tar", "tgz" or "zip" by the file name's suffix (case-insensitive); "" for anything else."""
+    """"tar", "tgz" or "zip" by the name's suffix (case-insensitive); "" for anything else."""
     lower = name.lower()
-    if lower.endswith(COMPRESSED_TAR_SUFFIXES):
-        return "tgz"
-    if lower.endswith(TAR_SUFFIXES):
-        return "tar"
-    if lower.endswith(ZIP_SUFFIXES):
-        return "zip"
-    return ""
+    return next((kind for suffixes, kind in _KINDS if lower.endswith(suffixes)), "")
 
 
 def stem(name: str) -> str:
     """The archive's file name without its suffix (``n01440764.tar`` -> ``n01440764``)."""
     base = name.rsplit("/", 1)[-1]
-    lower = base.lower()
-    for suffix in ARCHIVE_SUFFIXES:
-        if lower.endswith(suffix):
-            return base[:-len(suffix)]
-    return base
+    suffix = next((suffix for suffix in ARCHIVE_SUFFIXES if base.lower().endswith(suffix)), "")
+    return base[:len(base) - len(suffix)]

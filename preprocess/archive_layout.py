@@ -1,12 +1,5 @@
-"""The folder rules on an archive's member names (``arrange``), pure, as the folder kind applies them to a folder.
-
-A single top folder holding folders (``imagenette2-320/``) is looked through; top folders all named like splits are
-the splits; below, a folder or a ``.tar`` member (named by its stem) is a class, an image directly there a flat
-image (labelled by the labels), other files not used. Hidden names are rejects inside a class and not used
-elsewhere; OS litter is not used anywhere; members the index marked are rejects. Refused: names outside the archive,
-split folders beside other folders, a class stored twice in any form. Keys are the paths below what was looked
-through (after ``key_prefix``; a class tar's members ``<stem>/<name>``): the extracted folder's keys.
-"""
+"""The folder rules applied to an archive's member names (``arrange``), pure, as the folder kind applies them: a lone
+top folder is looked through, split folders are splits, folders or ``.tar`` members below are classes."""
 
 from __future__ import annotations
 
@@ -20,7 +13,6 @@ from shardprep.preprocess.elements import Reject
 @dataclasses.dataclass
 class ArchiveLayout:
     """What one archive's member names say, before labels are applied."""
-
     splits: list[str] = dataclasses.field(default_factory=list)
     classes: set[str] = dataclasses.field(default_factory=set)  # in NFC
     stored_classes: set[str] = dataclasses.field(default_factory=set)  # as the member names spell them: the sort's
@@ -30,13 +22,13 @@ class ArchiveLayout:
     rejects: list[Reject] = dataclasses.field(default_factory=list)
     not_used: list[accounting.NotUsed] = dataclasses.field(default_factory=list)
     where: str = "the archive"  # for messages: the archive's path
-    places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)  # (split, class) ->
-    # (where it was first found, whether that is a class tar)
+    # (split, class) -> (where it was first found, whether that is a class tar)
+    places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)
 
 
 def looked_through(names: list[str]) -> str:
-    """The top folders to look through (``a/b/``, or ""): while every visible name lies under one folder that is
-    not a split's and holds folders."""
+    """The top folders to look through (``a/b/`` or ""): while every visible name lies under one folder that is not a
+    split's and holds folders."""
     visible = [name for name in names if not any(sources.is_hidden(part) for part in name.split("/"))]
     prefix = ""
     while True:
@@ -56,8 +48,8 @@ def looked_through(names: list[str]) -> str:
 
 def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split: bool = False,
             where: str = "the archive") -> ArchiveLayout:
-    """The layout of one archive's ``members`` (stored order). ``split``: for an archive without split folders
-    (with ``fixed_split`` its folders are never splits); ``key_prefix`` starts every key; ``where`` names it."""
+    """The layout of one archive's ``members``. ``split``: for an archive without split folders (``fixed_split``: its
+    folders are never splits); ``key_prefix`` starts every key; ``where`` names it."""
     layout = ArchiveLayout(where=where)
     _refuse_unsafe(members, where)
     members = _litter_apart(members, layout, key_prefix)
@@ -91,7 +83,6 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
 
 
 def _refuse_unsafe(members: list[Member], where: str) -> None:
-    """A member named outside the archive (absolute, a drive letter, ``..``) refuses it."""
     unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
     if unsafe is not None:
         raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
@@ -99,7 +90,7 @@ def _refuse_unsafe(members: list[Member], where: str) -> None:
 
 
 def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str) -> list[Member]:
-    """``members`` without what an operating system left (listed as not used: a litter folder once, ending '/')."""
+    """``members`` without what an OS left (each listed as not used; a litter folder once, ending '/')."""
     kept, seen = [], set()
     for member in members:
         parts = member.name.split("/")
@@ -117,7 +108,7 @@ def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str)
 
 
 def _refuse_mixed(visible_tops: set[str], folders: set[str], where: str) -> None:
-    """Split folders holding class folders beside folders not named like a split: neither layout, refused."""
+    """Split folders holding class folders beside folders not named like a split: refused."""
     nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
                     and any(f.startswith(t + "/") for f in folders))
     if nested:
@@ -156,8 +147,7 @@ def _place(layout: ArchiveLayout, member: Member, split: str, parts: list[str], 
 
 
 def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: bool) -> str:
-    """The class ``name`` in NFC, found at ``place`` (a folder or a class tar); refused when the split has it
-    elsewhere (a second tar, a tar and a folder, another Unicode spelling)."""
+    """The class ``name`` in NFC, found at ``place``; SourceError when the split has it elsewhere."""
     label = names.canonical(name)
     first = layout.places.setdefault((split, label), (place, is_tar))
     if first != (place, is_tar) or (is_tar and first[0] == place and label in layout.classes):

@@ -1,9 +1,5 @@
-"""A prepared dataset as one typed value: :class:`Manifest` (a :class:`SplitInfo` per split, a :class:`ShardEntry`
-per shard), loaded and checked once by :func:`load_manifest`, then passed to every reader.
-
-:meth:`Manifest.to_json` gives back every document the writer writes, key for key, in order, with the same values
-and types (the keys are ``manifest_schema``'s); keys a hand-made manifest leaves out are None here, null there.
-"""
+"""A prepared dataset as one typed value, :class:`Manifest`, loaded and checked once by :func:`load_manifest` and
+passed to every reader. ``Manifest.to_json`` gives back the written document key for key, in order."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ SPLIT_ROLES = {"train": ("train", "training"), "validation": ("validation", "val
 
 
 class ManifestShapeError(ManifestError):
-    """The document's keys or values are not the manifest's: ``problems`` lists each (``"<key>: <what>"``)."""
+    """The document's keys or values are not the manifest's: ``problems`` lists each."""
 
     def __init__(self, message: str, problems: list[str]):
         super().__init__(message)
@@ -42,7 +38,6 @@ class UnfitLayoutError(ManifestError):
 @dataclasses.dataclass(frozen=True)
 class ShardEntry:
     """One shard: its path relative to the dataset folder, records, bytes and sha256 (None if not recorded)."""
-
     file: str
     num_examples: int
     num_bytes: int
@@ -58,8 +53,7 @@ class ShardEntry:
 
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
-    """One split's accounting, class counts, shards and, for raw centre crops with records, its fixed layout."""
-
+    """One split's accounting, class counts, shards and (raw centre crops with records) its fixed layout."""
     num_inputs: int | None
     num_examples: int
     num_rejected: int | None
@@ -71,13 +65,10 @@ class SplitInfo:
 
     @classmethod
     def from_json(cls, info: dict, record_layout: FixedLayout | None = None) -> "SplitInfo":
-        """``info`` a manifest's split entry; ``record_layout`` its layout, rebuilt by ``Manifest.from_json``."""
         shards = tuple(ShardEntry.from_json(entry) for entry in info["shards"])
-        return cls(
-            num_inputs=info.get("num_inputs"), num_examples=info["num_examples"],
-            num_rejected=info.get("num_rejected"), rejected_by_reason=dict(info.get("rejected_by_reason") or {}),
-            class_counts=dict(info["class_counts"]), num_shards=info.get("num_shards", len(shards)), shards=shards,
-            record_layout=record_layout)
+        return cls(info.get("num_inputs"), info["num_examples"], info.get("num_rejected"),
+                   dict(info.get("rejected_by_reason") or {}), dict(info["class_counts"]),
+                   info.get("num_shards", len(shards)), shards, record_layout)
 
     def to_json(self) -> dict:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -97,7 +88,6 @@ class SplitInfo:
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """``OUTPUT/manifest.json`` as a typed value; its fields are ``manifest_schema.MANIFEST_KEYS``, in order."""
-
     format_version: int
     tool: str | None
     tool_version: str | None
@@ -132,9 +122,8 @@ class Manifest:
     @classmethod
     def from_json(cls, document, *, layouts_required: bool = True, lenient_layouts: bool = False,
                   source: str | None = None) -> "Manifest":
-        """The typed manifest of a loaded document; :class:`ManifestShapeError` listing its shape problems, or
-        :class:`UnfitLayoutError` for a ``record_layout`` that does not fit (``lenient_layouts``: left out and said
-        in :attr:`layout_problems`). Messages begin with ``source``, the file read, when given."""
+        """The typed manifest of a document; ManifestShapeError listing its shape problems, or UnfitLayoutError
+        (``lenient_layouts``: such a layout left out, said in ``layout_problems``). Messages begin with ``source``."""
         where = f"{source}: " if source else ""
         problems = shape_problems(document, layouts_required=layouts_required)
         if problems:
@@ -153,48 +142,39 @@ class Manifest:
         return cls(**fields, layout_problems=layout_problems)
 
     def to_json(self) -> dict:
-        """The document: every key, in the written order, with the written values and types."""
         document = {field.name: getattr(self, field.name) for field in _document_fields(self)}
         document.update(
             options=dict(self.options) if self.options is not None else None, classes=list(self.classes),
             splits={name: info.to_json() for name, info in self.splits.items()},
             mean_rgb=list(self.mean_rgb) if self.mean_rgb is not None else None,
-            std_rgb=list(self.std_rgb) if self.std_rgb is not None else None)
-        if self.not_used:
-            document["not_used"] = [dict(entry) for entry in self.not_used]
-        else:
-            del document["not_used"]
-        if self.resize_method is None:
-            del document["resize_method"]
-        if self.median_input_size is None:
-            del document["median_input_size"]
-        return document
+            std_rgb=list(self.std_rgb) if self.std_rgb is not None else None,
+            not_used=[dict(entry) for entry in self.not_used] if self.not_used else None)
+        unwritten = {"not_used": not self.not_used, "resize_method": self.resize_method is None,
+                     "median_input_size": self.median_input_size is None}
+        return {key: value for key, value in document.items() if not unwritten.get(key)}
 
     @property
     def resize_method_used(self) -> str:
-        """The resize method that made the stored images (the one before the key existed when none is recorded)."""
         return resize.METHOD_WITHOUT_KEY if self.resize_method is None else self.resize_method
 
     def split(self, name: str) -> SplitInfo:
-        """The split ``name``; raises KeyError naming the dataset's splits if it has none of that name."""
+        """The split ``name``; KeyError naming the dataset's splits if it has none of that name."""
         if name not in self.splits:
             raise KeyError(f"split {name!r} not in dataset (splits: {', '.join(self.splits)})")
         return self.splits[name]
 
     def shard_files(self, split: str) -> list[str]:
-        """Relative paths of ``split``'s shards, in order."""
         return [shard.file for shard in self.split(split).shards]
 
     @property
     def stored_shape(self) -> tuple[int, int]:
-        """(height, width) of every stored image; ``shorter_side`` square for ``crop: none`` (readers resize to it)."""
+        """(height, width) of every stored image; ``shorter_side`` square for ``crop: none``."""
         if self.crop == "none":
             return self.shorter_side, self.shorter_side
         return self.image_height, self.image_width
 
     @property
     def fixed_layout_splits(self) -> dict[str, FixedLayout]:
-        """{split: its FixedLayout} for the splits that have one (raw centre crops with records)."""
         return {name: info.record_layout for name, info in self.splits.items() if info.record_layout is not None}
 
 
@@ -203,13 +183,11 @@ def _triple(value):
 
 
 def _document_fields(manifest) -> list[dataclasses.Field]:
-    """The fields that are the document's keys (all but ``layout_problems``)."""
     return [field for field in dataclasses.fields(manifest) if field.name != "layout_problems"]
 
 
 def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict[str, str]]:
-    """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used}); only
-    raw centre crops have one, another dataset's is only said."""
+    """({split: its FixedLayout, or None where it fits none}, {split: why its ``record_layout`` is not used})."""
     layouts: dict[str, FixedLayout | None] = {}
     problems: dict[str, str] = {}
     fixed = encodings.has_fixed_layout(document["encoding"], document["crop"])
@@ -229,17 +207,14 @@ def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict
 
 
 def typed(manifest) -> Manifest:
-    """``manifest`` as a :class:`Manifest`: itself, or a document converted (layouts not required)."""
+    """``manifest`` as a Manifest: itself, or a document converted (layouts not required)."""
     return manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest, layouts_required=False)
 
 
 def load_manifest(data_dir: str | os.PathLike, *, layouts_required: bool = False, lenient_layouts: bool = False,
                   read_url: Callable[[str, int], bytes | None] | None = None) -> Manifest:
-    """The :class:`Manifest` of the dataset in ``data_dir`` (local, ``file://`` or a Beam file system such as
-    ``gs://``): read once as untrusted input, shape-checked, typed; pass it on, nothing reads it again. Raises a
-    :class:`~shardprep.preprocess.manifest.ManifestError` naming the file. ``layouts_required``: raw centre-crop
-    splits must have a ``record_layout`` (train and validate); ``lenient_layouts``: one that does not fit is left
-    out; ``read_url``: how a URL's file is read (``read_document``)."""
+    """The Manifest of the dataset in ``data_dir`` (local, ``file://`` or ``gs://``), read once as untrusted input; a
+    ManifestError naming the file. ``lenient_layouts``: a layout that does not fit is left out."""
     data_dir = os.fspath(data_dir)
     return Manifest.from_json(read_document(data_dir, read_url), layouts_required=layouts_required,
                               lenient_layouts=lenient_layouts, source=manifest_path(data_dir))

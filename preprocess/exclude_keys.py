@@ -1,11 +1,9 @@
-"""The keys file (``validate --leaked-keys`` writes it, ``preprocess --exclude`` reads it). No Beam.
-
-One key a line; blank lines and ``#`` lines skipped; a leading byte-order mark dropped. A key a line cannot hold
-(a line break, a leading ``"`` or ``#``, spaces at an end) is written as a JSON string, and read back as one.
-"""
+"""The keys file (``validate --leaked-keys`` writes it, ``preprocess --exclude`` reads it): one key a line, blank and
+``#`` lines skipped, a BOM dropped; a key a line cannot hold is written and read as a JSON string."""
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Iterable, Iterator
 
@@ -17,8 +15,8 @@ class ExcludeKeysError(ValueError):
 
 
 class SortedKeys:
-    """A set of keys as one sorted UTF-8 buffer and each key's end offset, searched by bisection and pickled as two
-    buffers (a frozenset of 3,000,000 keys cost each worker ~2 GB to unpickle). Iterates in ``sorted()`` order."""
+    """A set of keys as one sorted UTF-8 buffer and end offsets, searched by bisection: pickles as two buffers (a
+    frozenset of 3,000,000 keys cost each worker ~2 GB). Iterates in sorted order."""
 
     def __init__(self, keys: Iterable[str]):
         ordered = list(dict.fromkeys(sorted(keys)))  # a sorted file sorts in one pass; repeats dropped
@@ -37,13 +35,8 @@ class SortedKeys:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        wanted, low, high = key.encode("utf-8", "surrogatepass"), 0, len(self)
-        while low < high:
-            middle = (low + high) // 2
-            if self._at(middle) < wanted:
-                low = middle + 1
-            else:
-                high = middle
+        wanted = key.encode("utf-8", "surrogatepass")
+        low = bisect.bisect_left(range(len(self)), wanted, key=self._at)
         return low < len(self) and self._at(low) == wanted
 
     def __iter__(self) -> Iterator[str]:
@@ -66,7 +59,7 @@ def format_keys(keys: list[str], comment: str = "") -> str:
 
 
 def parse_keys(text: str, path: str) -> list[str]:
-    """The keys in a file's ``text`` (read from ``path``, which errors name), in file order, repeats dropped."""
+    """The keys in a file's ``text`` (``path`` for errors), in file order, repeats dropped."""
     text = text[1:] if text.startswith("\ufeff") else text  # "UTF-8 with BOM": the mark is no key's first character
     lines = text.split("\n")
     if "\r" in text:

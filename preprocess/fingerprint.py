@@ -1,9 +1,5 @@
-"""A run's fingerprint, and the first difference between two: what ``preprocess --resume`` compares (no Beam here).
-
-A resumed run keeps a killed run's work only when it would make the same bytes: the same options that reach the
-output (all but OUTPUT and ``--overwrite``), shardprep version and listing (every entry read or rejected, with each
-file's size and modification time in ns, as make and rsync compare; hashing contents would read the source again).
-"""
+"""A run's fingerprint and the first difference between two: what ``preprocess --resume`` compares. A resume keeps
+work only when it would make the same bytes: same options, version and listing (sizes and mtimes, as make does)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ RESIZE_METHOD = "resize_method"
 
 
 class ListedEntry(NamedTuple):
-    """One entry of the listing: an input file (its size and mtime in ns) or a skipped entry (its reject reason)."""
-
+    """One listed input file (size and mtime in ns) or a skipped entry (its reject reason)."""
     key: str
     size: int  # -1: not a file that could be stat'ed (a broken link), or a skipped entry
     mtime_ns: int
@@ -39,7 +34,7 @@ class ListedEntry(NamedTuple):
 
 
 def listing_text(entries) -> str:
-    """The listing as JSON lines, sorted by key: what ``listing_sha256`` hashes and the journal folder keeps."""
+    """The listing as JSON lines sorted by key: what ``listing_sha256`` hashes and the journal keeps."""
     return "".join(entry.line() for entry in sorted(entries))
 
 
@@ -48,9 +43,8 @@ def listing_sha256(text: str) -> str:
 
 
 def fingerprinted_options(config, runner: str) -> dict:
-    """The options that reach the output bytes (the manifest's ``options`` but OUTPUT and --overwrite), and where
-    each local path option pointed when the run started (``source_resolved``: absolute, links resolved, in that
-    run's working folder), which a resume compares instead of the text typed."""
+    """The options that reach the output bytes, plus where each local path option pointed when the run started
+    (``<name>_resolved``), which a resume compares instead of the text typed."""
     options = {**recorded_options(config, runner), RESIZE_METHOD: DEFAULT_RESIZE_METHOD}
     options = {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
     for name in _PATH_OPTIONS:
@@ -66,7 +60,7 @@ def option_flag(name: str) -> str:
 
 
 def options_difference(old: dict, new: dict) -> str | None:
-    """'--shorter-side was 64, is now 32' for the first option (in the config's order) that differs, else None."""
+    """'--shorter-side was 64, is now 32' for the first option that differs, else None."""
     old, new = ({**options, RESIZE_METHOD: options.get(RESIZE_METHOD, resize.METHOD_WITHOUT_KEY)}
                 for options in (old, new))
     for name in list(old) + [name for name in new if name not in old]:
@@ -82,8 +76,7 @@ def options_difference(old: dict, new: dict) -> str | None:
 
 
 def _where(name: str, options: dict):
-    """What option ``name`` stands for in ``options``: a path option, where it pointed when they were recorded
-    (a journal from before that was recorded: resolved now); any other, its value."""
+    """What option ``name`` stands for: a path option, where it pointed when recorded; any other, its value."""
     return options.get(name + _RESOLVED, _comparable(name, options.get(name)))
 
 
@@ -94,9 +87,8 @@ _RESOLVED = "_resolved"
 
 
 def _comparable(name: str, value):
-    """``value`` as compared across a resume: a local path option made absolute with links and ``..`` resolved
-    (``img``, ``img/``, ``./img``, ``file:///abs/img`` and a link to it are one folder); anything else as it is.
-    What a path holds is compared by the listing, so a relative one resolved from another folder is caught there."""
+    """A local path option made absolute with links resolved (``img/``, ``./img``, ``file:///abs/img`` are one
+    folder); anything else as it is."""
     if name not in _PATH_OPTIONS or not isinstance(value, str) or not value:
         return value
     prefix = next((p for p in _GLOB_PREFIXES if value.startswith(p)), "")
@@ -109,8 +101,7 @@ def _comparable(name: str, value):
 
 
 def listing_difference(old: list[ListedEntry], new: list[ListedEntry]) -> str | None:
-    """The first difference between two sorted listings: 'input X changed (size 10 -> 12 bytes)', 'input X added',
-    'input X removed', or None when they are equal."""
+    """The first difference between two sorted listings ('input X added', ...), or None."""
     old_by_key, new_by_key = {e.key: e for e in old}, {e.key: e for e in new}
     for key in sorted(set(old_by_key) | set(new_by_key)):
         before, after = old_by_key.get(key), new_by_key.get(key)

@@ -1,11 +1,5 @@
-"""The fixed layout of raw, centre-cropped splits: every record of a split the same length.
-
-Each record is still a complete Example (image/encoded, image/class/label, the other keys sorted, then
-``image/padding``: zero bytes absorbing the filename's and label's differences in length), so the pixels sit at
-one offset and the label varint right after. A shard's last record is ``image_offset`` bytes longer, so a shard
-is ``image_offset + N * record_bytes`` bytes and readers can take fixed-length chunks
-(``FixedLengthRecordDataset(header_bytes=image_offset)``) without framing, CRCs or protobuf parsing.
-"""
+"""The fixed layout of raw, centre-cropped splits: every record of a split the same length, ``image/padding``
+absorbing the differences, so readers take fixed-length chunks (``FixedLengthRecordDataset``) without parsing."""
 
 from __future__ import annotations
 
@@ -18,9 +12,8 @@ from shardprep.preprocess.record_format import (CHANNELS, ENCODED, FILENAME, FOR
                                                 _field_parts, _int64_feature, _varint, decode_example)
 
 PADDING = "image/padding"
-_FIXED_ORDER = (ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH)  # then PADDING
-# Varint sizes change at 128, 16384, ...; a padding length is chosen in one of these ranges, where each padding byte
-# more makes the record exactly one byte longer.
+# Entries in the order ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, PADDING (_fixed_features).
+# Varint sizes change at these; within one range each padding byte more makes the record one byte longer.
 _PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
 
 
@@ -29,7 +22,6 @@ def _length_delimited_size(number: int, payload_length: int) -> int:
 
 
 def _entry_size(key: str, feature_length: int) -> int:
-    """Bytes of one ``Features.feature`` map entry (within the Features message)."""
     return _length_delimited_size(1, _length_delimited_size(1, len(key.encode())) + _length_delimited_size(2, feature_length))
 
 
@@ -43,20 +35,15 @@ def _padding_entry_size(padding: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class FixedLayout:
-    """The fixed record layout of one split of raw, centre-cropped ``height`` x ``width`` images.
-
-    ``record_bytes``: framed bytes of every record (a shard's last: ``record_bytes + image_offset``);
-    ``image_offset`` and ``label_offset``: where the pixels and the label's varint start in a framed record.
-    """
-
+    """The fixed record layout of one split of raw, centre-cropped ``height`` x ``width`` images."""
     height: int
     width: int
     entries_bytes: int  # the Features message's length in every record but a shard's last
 
     @classmethod
     def for_records(cls, height: int, width: int, filename_bytes: tuple[int, int], max_label: int) -> "FixedLayout":
-        """The layout for records whose filenames are ``filename_bytes = (shortest, longest)`` UTF-8 bytes long and
-        whose labels are in ``0..max_label``."""
+        """The layout for records whose filenames are (shortest, longest) UTF-8 bytes long and labels in
+        ``0..max_label``."""
         image_bytes = height * width * CHANNELS
         shortest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[0], 0)
         longest = _unpadded_entries_size(image_bytes, height, width, filename_bytes[1], max_label)
@@ -71,7 +58,6 @@ class FixedLayout:
 
     @classmethod
     def from_json(cls, record_layout: dict, height: int, width: int) -> "FixedLayout":
-        """The layout a manifest's ``record_layout`` describes, for ``height`` x ``width`` images."""
         for varint_bytes in range(1, 11):
             entries_bytes = int(record_layout["record_bytes"]) - tfrecord_io.framed_size(1 + varint_bytes)
             layout = cls(height, width, entries_bytes)
@@ -99,7 +85,7 @@ class FixedLayout:
         return self.image_offset + self.image_bytes + label_entry - 1  # label 0 is a 1-byte varint, the entry's end
 
     def to_json(self) -> dict:
-        """The manifest's ``record_layout`` of the split: what a reader needs."""
+        """The manifest's ``record_layout`` of the split."""
         return {"record_bytes": self.record_bytes, "image_offset": self.image_offset,
                 "label_offset": self.label_offset}
 
@@ -110,7 +96,6 @@ class FixedLayout:
                                     f"layout of raw {self.height}x{self.width} records")
         if len(record.encoded) != self.image_bytes:
             raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
-        # The pixels' entry first, as parts (the pixels are copied once, by the framing), then the others.
         entries = [*_bytes_entry_parts(ENCODED, record.encoded),
                    b"".join(_entry(key, feature) for key, feature in _fixed_features(record))]
         target = self.record_bytes + (self.image_offset if shard_end else 0)
@@ -126,8 +111,8 @@ class FixedLayout:
         return framed
 
     def _shard_end_growth(self) -> int | None:
-        """Padding bytes to add to a shard's last record to make it ``image_offset`` bytes longer: ``image_offset``,
-        or one less where the Example's length varint grows a byte; None if no padding hits it exactly."""
+        """Padding to add to a shard's last record to make it ``image_offset`` bytes longer (one less where the
+        length varint grows); None if no padding hits it exactly."""
         for grown in (self.image_offset, self.image_offset - 1):
             grown_record = tfrecord_io.framed_size(_length_delimited_size(1, self.entries_bytes + grown))
             if grown_record == self.record_bytes + self.image_offset:
@@ -135,8 +120,7 @@ class FixedLayout:
         return None
 
     def shard_records(self, framed_records):
-        """Yields ``framed_records`` (records of this layout, in shard order) re-padded where needed so that only the
-        last one is a shard's end."""
+        """Yields ``framed_records`` (in shard order) re-padded so that only the last is a shard's end."""
         previous = None
         for framed in framed_records:
             if previous is not None:
@@ -146,7 +130,6 @@ class FixedLayout:
             yield self.reframe(previous, shard_end=True)
 
     def reframe(self, framed: bytes, shard_end: bool) -> bytes:
-        """``framed`` (a record of this layout) as a shard's last record or as any other, re-encoded if needed."""
         target = self.record_bytes + (self.image_offset if shard_end else 0)
         if len(framed) == target:
             return framed
@@ -168,23 +151,13 @@ def _padding_for_entry_size(size: int) -> int | None:
 
 def _fixed_features(record: ImageRecord) -> list[tuple[str, bytes]]:
     """The features after ``image/encoded``, in the fixed order."""
-    features = {
-        LABEL: _int64_feature(record.label),
-        FILENAME: _bytes_feature(record.filename.encode("utf-8")),
-        FORMAT: _bytes_feature(record.format.encode()),
-        HEIGHT: _int64_feature(record.height),
-        WIDTH: _int64_feature(record.width),
-    }
-    return [(key, features[key]) for key in _FIXED_ORDER[1:]]
+    return [(LABEL, _int64_feature(record.label)), (FILENAME, _bytes_feature(record.filename.encode("utf-8"))),
+            (FORMAT, _bytes_feature(record.format.encode())), (HEIGHT, _int64_feature(record.height)),
+            (WIDTH, _int64_feature(record.width))]
 
 
 def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_bytes: int, label: int) -> int:
-    sizes = {
-        ENCODED: _bytes_feature_size(image_bytes),
-        LABEL: len(_int64_feature(label)),
-        FILENAME: _bytes_feature_size(filename_bytes),
-        FORMAT: _bytes_feature_size(len(RAW.name.encode())),
-        HEIGHT: len(_int64_feature(height)),
-        WIDTH: len(_int64_feature(width)),
-    }
-    return sum(_entry_size(key, sizes[key]) for key in _FIXED_ORDER)
+    sizes = {ENCODED: _bytes_feature_size(image_bytes), LABEL: len(_int64_feature(label)),
+             FILENAME: _bytes_feature_size(filename_bytes), FORMAT: _bytes_feature_size(len(RAW.name.encode())),
+             HEIGHT: len(_int64_feature(height)), WIDTH: len(_int64_feature(width))}
+    return sum(_entry_size(key, size) for key, size in sizes.items())

@@ -1,8 +1,6 @@
-"""A Hugging Face Hub dataset's features (image and class-label columns, class names) from its card's YAML front
-matter (``dataset_info.features``), ``dataset_info.json`` or a Parquet file's ``huggingface`` metadata, all as
-``{column: Feature}``. Pure, and read as untrusted: bounded size and depth, YAML scalars kept as written (a class
-``no`` stays "no"), JSON through ``untrusted.json_loads``; a wrong name or numbering is a SourceError naming it.
-"""
+"""A Hugging Face Hub dataset's features (``{column: Feature}``) from its card's YAML front matter,
+``dataset_info.json`` or a Parquet file's ``huggingface`` metadata. Read as untrusted: bounded size and depth, YAML
+scalars kept as written (a class ``no`` stays "no"); a wrong name or numbering is a SourceError."""
 
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ MAX_FEATURES_BYTES = 4 << 20  # a card's front matter, a dataset_info.json, a fi
 
 class Feature(NamedTuple):
     """A column's feature: ``IMAGE``, ``CLASS_LABEL`` (with its class names or None) or another type's name."""
-
     type: str
     names: tuple[str, ...] | None = None
 
@@ -31,8 +28,8 @@ Features = dict[str, Feature]
 
 
 def from_card(data: bytes, path: str) -> Features:
-    """The features in a dataset card's YAML front matter ({} for none; of several configurations the first with a
-    class label). ``data`` may be the card's first MAX_FEATURES_BYTES + 1 bytes: the front matter ends within."""
+    """The features in a card's YAML front matter ({} for none; of several configs the first with a class label).
+    ``data`` may be the card's first MAX_FEATURES_BYTES + 1 bytes."""
     text = data.decode("utf-8", "replace").lstrip("\ufeff")
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
@@ -53,7 +50,7 @@ def from_card(data: bytes, path: str) -> Features:
 
 
 def _yaml_document(text: str, path: str):
-    """The YAML document ``text``, every scalar kept as written, its nesting checked before anything is built."""
+    """The YAML document ``text``, scalars kept as written, its nesting checked before anything is built."""
     import yaml
 
     loader = getattr(yaml, "CBaseLoader", yaml.BaseLoader)  # libyaml's when installed: the same, faster
@@ -87,8 +84,7 @@ def _card_features(listed, path: str) -> Features:
 
 
 def from_info(data: bytes, path: str) -> Features:
-    """The features of a ``dataset_info.json`` (or a Parquet file's ``huggingface`` metadata: its ``info``), within
-    ``untrusted.json_loads``'s bounds."""
+    """The features of a ``dataset_info.json`` (or Parquet ``huggingface`` metadata: its ``info``)."""
     if len(data) > MAX_FEATURES_BYTES:
         raise sources.SourceError(f"{path}: more than the {MAX_FEATURES_BYTES:,} bytes shardprep reads of a dataset's "
                                   "features")
@@ -113,8 +109,7 @@ def from_info(data: bytes, path: str) -> Features:
 
 
 def _names(names, path: str, column: str) -> tuple[str, ...] | None:
-    """Class names from a list or the Hub's mapping ``{'0': name, ...}``; None for none. Refused, naming ``where``:
-    more than ``labels.MAX_CLASSES``, a mapping not numbered 0 to N-1, a name that is not a string."""
+    """Class names from a list or the Hub's ``{'0': name, ...}``; None for none; SourceError when unusable."""
     where = f"{path} (feature {column!r})"
     if names is None or names == [] or names == {}:
         return None
@@ -138,7 +133,6 @@ def _names(names, path: str, column: str) -> tuple[str, ...] | None:
 
 
 def _shown(value) -> str:
-    """A value that is not a class name, as a message names it."""
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, (int, float)):
@@ -152,8 +146,7 @@ def column_of(features: Features, kind: str) -> str | None:
 
 
 def usable_class_names(names: tuple[str, ...], where: str) -> tuple[tuple[str, ...], str | None]:
-    """(``names`` checked by the rule for names, one that repeats told apart by its label, ``crane (134)``; a note
-    naming those, or None)."""
+    """(``names`` checked, a repeated one told apart by its label as ``crane (134)``; a note naming those or None)."""
     checked = [name_rules.check(name, "class", where) for name in names]
     counts = Counter(checked)
     unique = tuple(f"{name} ({label})" if counts[name] > 1 else name for label, name in enumerate(checked))

@@ -1,14 +1,5 @@
-"""Per-image operations: decode by content, orient, convert to RGB, resize, crop, encode.
-
-Every failure on a bad input surfaces as :class:`RejectError` with a short reason code, so the pipeline can record a
-reject and go on; no other exception escapes :func:`process_image` for any input bytes.
-
-Resampling: the method ``ProcessOptions.resize_method`` names (``shardprep.preprocess.resize``: ``lanczos2-cubic`` by
-default, ``pillow-bicubic`` for datasets made before the manifest recorded a method). For JPEGs, Pillow's reduced-size
-decoding (``draft``: libjpeg DCT scaling by 1/2, 1/4 or 1/8) runs first whenever the target is at most half the
-source, so large photos are never fully decoded. Plain RGB and grey JPEGs are decoded by libjpeg-turbo straight to
-an array (``jpeg_decode``: Pillow's pixels, byte for byte, at less cost); every other image by Pillow.
-"""
+"""Per-image operations: decode by content, orient, convert to RGB, resize, crop, encode. Every failure on bad input
+is a :class:`RejectError` with a short reason code; nothing else escapes :func:`process_image`."""
 
 from __future__ import annotations
 
@@ -21,34 +12,23 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
-from shardprep.preprocess import encodings, jpeg_decode, limits, resize
+from shardprep.preprocess import config, encodings, resize
 from shardprep.preprocess.config import (CROPS, DEFAULT_CROP, DEFAULT_ENCODING, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS,
                                          DEFAULT_RESIZE_METHOD, DEFAULT_SHORTER_SIDE)
 
-# Transparent pixels are composited on this colour, the same for every image (white: what viewers show).
-BACKGROUND_RGB = (255, 255, 255)
-
-
+BACKGROUND_RGB = (255, 255, 255)  # transparent pixels are composited on white, as viewers show them
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
 
-# Progressive JPEGs have about 10 scans; libjpeg makes a pass over the whole coefficient buffer per scan, so a crafted
-# file of many tiny scans costs CPU out of all proportion to its size (libjpeg-turbo's djpeg has -maxscans for this).
-MAX_JPEG_SCANS = 1000
+MAX_JPEG_SCANS = 1000  # libjpeg passes over all coefficients per scan: tiny scans cost CPU out of all proportion
+_DECODED_MODES = ("RGB", "L")  # libjpeg gives both as RGB, as Pillow's convert("RGB") does (grey replicated)
 
 # Signatures of formats whose header Pillow failed to parse: such a file is a damaged image, not some other file.
 _IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")
 
 # EXIF orientation -> the transpose that shows the image upright (EXIF 2.32, tag 0x0112).
-_ORIENTATION_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-
+_ORIENTATION_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+                          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+                          6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
 
 _settings_lock = threading.Lock()
 _settings_users = 0  # calls inside pillow_decoding now (DoFns may run in several threads of one worker)
@@ -57,10 +37,8 @@ _settings_saved: tuple = ()
 
 @contextlib.contextmanager
 def pillow_decoding():
-    """Pillow's process-wide settings as shardprep decodes, while any call (any thread) is inside this context:
-    the decompression-bomb guard off (:func:`process_image` enforces ``--max-pixels`` itself, with its own message),
-    truncated files refused (they become rejects). Pillow reads both from module globals; they are put back when
-    the last call leaves. Usable as a decorator."""
+    """Pillow's process-wide settings while any call (any thread) is inside: the bomb guard off (``--max-pixels`` is
+    enforced here) and truncated files refused; restored when the last call leaves. Also a decorator."""
     global _settings_users, _settings_saved
     with _settings_lock:
         if _settings_users == 0:
@@ -106,14 +84,12 @@ class ProcessOptions:
 
     @property
     def stored(self) -> encodings.Encoding:
-        """The :class:`~shardprep.preprocess.encodings.Encoding` called ``encoding``."""
         return encodings.get(self.encoding)
 
 
 @dataclasses.dataclass(frozen=True)
 class ProcessedImage:
     """A stored image: its encoded bytes and what the manifest's statistics need."""
-
     encoded: bytes
     height: int
     width: int
@@ -134,9 +110,8 @@ def target_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
 
 @pillow_decoding()
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_shorter_side: int | None = None) -> Image.Image:
-    """The image opened lazily, its format found by content; empty input, non-images and images over
-    ``max_pixels`` rejected before any pixel is decoded. ``draft_shorter_side``: JPEGs set up for reduced-size
-    decoding covering it. Load the pixels inside :func:`pillow_decoding` too."""
+    """The image opened lazily, its format found by content; empty input, non-images and images over ``max_pixels``
+    rejected before decoding. Load the pixels inside :func:`pillow_decoding` too."""
     image = _open_checked(data, max_pixels)
     if draft_shorter_side:
         _draft(image, draft_shorter_side)
@@ -178,9 +153,8 @@ def _open_checked(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def scan_markers(data: bytes) -> int:
-    """JPEG start-of-scan markers (FF DA) anywhere in ``data``: ``data.count(b"\\xff\\xda")``, at about a third of
-    its cost on photos (bytes.count is slow for a pattern starting with FF, common in JPEG data). The two bytes
-    cannot overlap themselves, so each is one 16-bit word at an even offset or at an odd one, compared by NumPy."""
+    """``data.count(b"\\xff\\xda")`` (JPEG start-of-scan markers) at a third of its cost: the marker as a 16-bit word
+    at even and odd offsets, compared by NumPy."""
     if len(data) < 2:
         return 0
     even = np.frombuffer(data, "<u2", count=len(data) // 2)
@@ -215,41 +189,60 @@ def _webp_canvas_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _failure_reject(detail: str, data: bytes) -> RejectError:
-    """The reject for a decoder failure: ``truncated`` when the file ends early, else ``decode_error``."""
-    # Pillow says "image file is truncated" or "Truncated File Read"; a WebP decoder only fails to start, but the
-    # RIFF header declares the file's length.
+    """``truncated`` when the file ends early, else ``decode_error``."""
+    # Pillow says "truncated"; a WebP decoder only fails to start, but its RIFF header declares the file's length.
     cut_short = _is_webp(data) and int.from_bytes(data[4:8], "little") + 8 > len(data)
     return RejectError("truncated" if cut_short or "truncated" in detail.lower() else "decode_error", detail)
 
 
 def _draft(image: Image.Image, shorter_side: int) -> None:
-    """Sets a JPEG (or MPO, a JPEG with more pictures) up for DCT-scaled decoding when the target is <= half."""
+    """Sets a JPEG (or MPO) up for DCT-scaled decoding when the target is at most half its shorter side."""
     if not isinstance(image, JpegImagePlugin.JpegImageFile) or 2 * shorter_side > min(image.size):
         return
-    # draft() scales by the largest of 1/8, 1/4, 1/2 that keeps each side >= the requested one; asking for a square of
-    # the shorter side lets the shorter side alone decide.
+    # draft() keeps each side >= the requested one: a square of the shorter side lets that side alone decide.
     image.draft(None, (shorter_side, shorter_side))
 
 
-def _turns(image: Image.Image) -> bool:
-    """True when the image's EXIF (or XMP) orientation turns or flips it."""
-    return _ORIENTATION_TRANSPOSE.get(image.getexif().get(ExifTags.Base.Orientation)) is not None
+def _transpose(image: Image.Image) -> Image.Transpose | None:
+    """The transpose that shows the image upright as its EXIF (or XMP) orientation says; None: it is."""
+    return _ORIENTATION_TRANSPOSE.get(image.getexif().get(ExifTags.Base.Orientation))
 
 
-def _orient(image: Image.Image) -> Image.Image:
-    """The image turned upright as its EXIF (or XMP) orientation says."""
-    method = _ORIENTATION_TRANSPOSE.get(image.getexif().get(ExifTags.Base.Orientation))
-    return image.transpose(method) if method is not None else image
+def decode_plain_rgb(image: ImageFile.ImageFile, data: bytes) -> np.ndarray | None:
+    """``image`` (opened by Pillow from ``data``, perhaps drafted) as an H x W x 3 uint8 array by simplejpeg; None
+    where only Pillow's decode applies (not a plain JPEG, EXIF-turned, any simplejpeg error): Pillow decides rejects."""
+    if image.format != "JPEG" or image.mode not in _DECODED_MODES or len(image.tile) != 1:
+        return None
+    try:
+        if "transparency" in image.info or _transpose(image) is not None:
+            return None
+    except Exception:  # noqa: BLE001 - unreadable metadata: Pillow's decode meets it again and decides
+        return None
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    scale = image.decoderconfig[0] if image.decoderconfig else 1  # draft()'s DCT scaling: 1, 2, 4 or 8
+    width, height = image.size  # the drafted size: each side divided by the scale, rounded up
+    try:
+        if scale > 1:
+            pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=height, min_width=width, min_factor=scale)
+        else:
+            pixels = simplejpeg.decode_jpeg(data, "RGB")
+    except (ValueError, MemoryError):  # a damaged file, or one libjpeg only warns about: Pillow's decode decides
+        return None
+    return pixels if pixels.shape == (height, width, 3) else None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Converts any Pillow mode to 8-bit RGB, applying EXIF orientation and embedded ICC profiles of CMYK images."""
+    """Any Pillow mode as 8-bit RGB, EXIF orientation and a CMYK image's ICC profile applied."""
     image.load()
-    image = _orient(image)
+    method = _transpose(image)
+    image = image.transpose(method) if method is not None else image
     mode = image.mode
     if mode == "RGB" and "transparency" not in image.info:
         return image
-    if mode in ("CMYK",):
+    if mode == "CMYK":
         # YCCK JPEGs arrive here too: libjpeg converts YCCK to CMYK. Use the embedded profile when there is one.
         icc = image.info.get("icc_profile")
         if icc:
@@ -260,8 +253,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
                 pass  # a broken profile: fall back to the plain conversion below
         return image.convert("RGB")
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit greyscale (PNG/TIFF). Scale 0-65535 to 0-255 instead of clipping as convert("L") would;
-        # (v + 128) // 257 is v / 257 rounded, in integers.
+        # 16-bit grey: scaled to 0-255 ((v + 128) // 257 is v / 257 rounded), not clipped as convert("L") would.
         pixels = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
         grey = ((pixels + 128) // 257).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
@@ -271,17 +263,14 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if mode == "P":
         image = image.convert("RGBA" if "transparency" in image.info else "RGB")
         mode = image.mode
-    elif mode in ("RGBa", "La", "PA"):
-        image = image.convert("RGBA")
-        mode = "RGBA"
-    elif mode in ("L", "1", "RGB") and "transparency" in image.info:  # a tRNS colour key: that colour is transparent
+    elif mode in ("RGBa", "La", "PA") or (mode in ("L", "1", "RGB") and "transparency" in image.info):  # tRNS key
         image = image.convert("RGBA")
         mode = "RGBA"
     if mode in ("RGBA", "LA"):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, BACKGROUND_RGB + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    if mode in ("LAB",):
+    if mode == "LAB":
         lab = ImageCms.createProfile("LAB")
         return ImageCms.profileToProfile(image, lab, _SRGB_PROFILE, outputMode="RGB")
     return image.convert("RGB")
@@ -289,14 +278,13 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 def resize_and_crop(image: Image.Image, shorter_side: int, crop: str,
                     method: str = DEFAULT_RESIZE_METHOD) -> Image.Image:
-    """Resizes the RGB ``image`` so the shorter side is ``shorter_side`` (by ``method``); with ``crop="center"``
-    also cuts the centred square."""
+    """The RGB ``image`` resized so its shorter side is ``shorter_side``; ``crop="center"`` cuts the centred square."""
     return resize.resize_and_crop(image, target_size(*image.size, shorter_side), shorter_side, crop, method)
 
 
 @pillow_decoding()
 def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Image:
-    """Decodes ``data`` (any format Pillow reads; GIFs give their first frame) to an oriented RGB image."""
+    """``data`` (any format Pillow reads; a GIF's first frame) decoded to an oriented RGB image."""
     options = options or ProcessOptions()
     image = open_image(data, options.max_pixels, draft_shorter_side=options.shorter_side)
     rgb = _load_rgb(image, data)
@@ -304,17 +292,14 @@ def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Imag
 
 
 def _size_of(rgb: Image.Image | np.ndarray) -> tuple[int, int]:
-    """(width, height) of a decoded image: Pillow's, or an H x W x 3 array (a plain JPEG's)."""
     return (rgb.shape[1], rgb.shape[0]) if isinstance(rgb, np.ndarray) else rgb.size
 
 
-# OpenCV's histogram counts in float32, exact up to 2**24 in a bin: an image of at most that many pixels.
-_OPENCV_COUNT_LIMIT = 1 << 24
+_OPENCV_COUNT_LIMIT = 1 << 24  # OpenCV's float32 histogram bins are exact up to 2**24
 
 
 def channel_counts(rgb: Image.Image | np.ndarray) -> np.ndarray:
-    """Each channel's count of every value 0-255 (3 x 256), from which sums and sums of squares are exact: an array
-    by OpenCV's ``calcHist`` (half Pillow's time), a Pillow image or a too large array by Pillow."""
+    """Each channel's count of every value 0-255 (3 x 256): by OpenCV's ``calcHist`` for an array, else Pillow."""
     if isinstance(rgb, np.ndarray) and rgb.shape[0] * rgb.shape[1] <= _OPENCV_COUNT_LIMIT:
         cv2 = resize.opencv()
         pixels = np.ascontiguousarray(rgb)
@@ -322,17 +307,15 @@ def channel_counts(rgb: Image.Image | np.ndarray) -> np.ndarray:
                         dtype=np.int64)
     if isinstance(rgb, np.ndarray):
         rgb = Image.fromarray(rgb, "RGB")
-    # Pillow's per-band histograms (computed in C, no copy of the image).
     return np.array(rgb.histogram(), dtype=np.int64).reshape(3, 256)
 
 
 def _load_rgb(image: Image.Image, data: bytes) -> Image.Image | np.ndarray:
-    """The opened ``image`` decoded as RGB: a plain JPEG as an H x W x 3 array (``jpeg_decode``), any other image
-    as a Pillow image (EXIF orientation, colour and transparency applied by :func:`to_rgb`)."""
+    """The opened ``image`` as RGB: a plain JPEG as an H x W x 3 array, any other as a Pillow image."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Palette images with Transparency expressed in bytes"
-            plain = jpeg_decode.decode_plain_rgb(image, data, _turns)  # the same pixels, sooner
+            plain = decode_plain_rgb(image, data)  # the same pixels, sooner
             if plain is not None:
                 return plain
             image.load()
@@ -344,14 +327,13 @@ def _load_rgb(image: Image.Image, data: bytes) -> Image.Image | np.ndarray:
 
 
 def _check_stored_size(stored: encodings.Encoding, width: int, height: int, resized: str) -> None:
-    """A reject for a ``--crop none`` size the encoding cannot store, or whose bytes (fixed by the size) overflow a
-    record; checked before decoding."""
+    """Rejects a ``--crop none`` size the encoding cannot store or whose fixed bytes overflow a record."""
     if stored.max_side is not None and max(width, height) > stored.max_side:
         raise RejectError("too_many_pixels", f"{resized}: {stored.label} stores at most {stored.max_side} pixels a side")
     stored_bytes = stored.stored_bytes(width, height)
-    if stored_bytes is not None and not limits.record_fits(stored_bytes):
+    if stored_bytes is not None and not config.record_fits(stored_bytes):
         raise RejectError("record_too_large", f"{resized}: {stored_bytes:,} {stored.label} bytes, over the "
-                                              f"{limits.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
+                                              f"{config.MAX_RECORD_BYTES:,} bytes a TFRecord example can hold")
 
 
 @pillow_decoding()
@@ -387,14 +369,9 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         encoded = options.stored.encode(rgb, options.jpeg_quality)
     except Exception as e:  # noqa: BLE001 - the contract: only RejectError leaves process_image
         raise RejectError("decode_error", f"encoding failed: {type(e).__name__}: {e}") from None
-    if not limits.record_fits(len(encoded)):
-        raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {limits.MAX_RECORD_BYTES:,} "
+    if not config.record_fits(len(encoded)):
+        raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {config.MAX_RECORD_BYTES:,} "
                                               "bytes a TFRecord example can hold")
     width, height = _size_of(rgb)
-    return ProcessedImage(
-        encoded=encoded,
-        height=height,
-        width=width,
-        channel_sums=tuple(int(v) for v in counts @ values),
-        channel_square_sums=tuple(int(v) for v in counts @ (values * values)),
-    )
+    return ProcessedImage(encoded, height, width, tuple(int(v) for v in counts @ values),
+                          tuple(int(v) for v in counts @ (values * values)))

@@ -1,11 +1,6 @@
-"""What a sample of a run's inputs says before it starts: their median size, the output's expected size, and whether
-the run would upscale most of them (:func:`upscale_refusal`).
-
-Sizes come from image headers: Pillow's ``Image.open`` reads the header and no pixels (:func:`header_size`). The
-sample is spread over the listing (:func:`spread`), so the same inputs give the same sample and the same lines.
-Expected sizes: raw records are the pixels (``S x S x 3`` a centre crop, the resized aspect with ``crop none``) and
-a small record overhead; others a rough estimate per pixel (``Encoding.bytes_per_pixel``). No Beam.
-"""
+"""What a sample of a run's inputs says before it starts: their median size (from image headers, no pixels), the
+output's expected size, and whether the run would upscale most of them. The sample is spread evenly over the listing,
+so the same inputs give the same lines. No Beam."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ T = TypeVar("T")
 
 
 class SizeSample(NamedTuple):
-    """What the sample found: the (width, height) of each sampled input whose header Pillow read."""
-
+    """The (width, height) of each sampled input whose header Pillow read."""
     sizes: tuple[tuple[int, int], ...]
     sampled: int  # inputs read, images or not
     num_inputs: int | None  # the run's inputs, when known before the job lists them
@@ -41,9 +35,7 @@ def spread(items: Sequence[T], limit: int) -> list[T]:
 
 
 def header_size(stream) -> tuple[int, int] | None:
-    """(width, height) from the header of the image in the binary ``stream``; None for anything Pillow cannot
-    open. Pillow's bomb guard is off meanwhile (``image_ops.pillow_decoding``): a header is no decode, and the job
-    applies ``--max-pixels`` itself."""
+    """(width, height) from an image header in ``stream``; None for anything Pillow cannot open."""
     from PIL import Image
 
     from shardprep.preprocess.image_ops import pillow_decoding
@@ -90,15 +82,13 @@ def _records_described(shorter_side: int, crop: str, encoding: str) -> str:
 
 
 def _total(sample: SizeSample, per_input: float) -> str:
-    """``about 2.3 MiB``; ``about 12.1 KiB an image`` when the number of inputs is not known yet."""
     if sample.num_inputs is None:
         return f"about {size_text(per_input)} an image"
     return f"about {size_text(per_input * sample.num_inputs)}"
 
 
 def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) -> list[str]:
-    """What the plan says before the job runs, in 80 columns: the inputs, their median size and the output's
-    expected size."""
+    """The plan's lines before the job runs: the inputs, their median size and the expected output size."""
     if sample.num_inputs is None:
         inputs = "not counted until listed"
     else:
@@ -114,9 +104,7 @@ def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) 
 
 
 def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: str) -> str | None:
-    """Why the run stops when most inputs are smaller than ``shorter_side`` (the median's shorter side is): the
-    median, the factor, the expected output against the size at their own resolution, and the two ways on; None
-    when they are not."""
+    """Why the run stops when most inputs are smaller than ``shorter_side``, with the two ways on; else None."""
     if not sample.sizes:
         return None
     width, height = median_size(sample.sizes)
@@ -124,8 +112,7 @@ def upscale_refusal(sample: SizeSample, shorter_side: int, crop: str, encoding: 
         return None
     factor = shorter_side / min(width, height)
     target, own = _mean_bytes(sample, shorter_side, crop, encoding), _mean_bytes(sample, None, crop, encoding)
-    # At their own size: what the run would write without resizing (larger than the upscaled output when the
-    # inputs above the median are large: then not said)
+    # Without resizing the output can be larger (large inputs above the median): then it is not said.
     instead = f" instead of {_total(sample, own)} at their own size" if own < target else ""
     said = (f"most inputs are smaller than --shorter-side {shorter_side}: the median input is {width}x{height} (a "
             f"sample of {count(len(sample.sizes), 'image')}), so they would be upscaled {factor:.{1 if factor >= 1.1 else 2}f}x: the output "

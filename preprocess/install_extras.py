@@ -1,11 +1,5 @@
-"""Which optional part of the install (an extra of setup.py) a command line needs, checked before any work.
-
-A default install (``pip install shardprep``) runs every command on local paths. ``gs://`` paths, and with them
-Dataflow (whose locations are ``gs://`` paths), need the ``gcp`` extra: Beam's Cloud Storage file system and
-Dataflow runner, with the Google Cloud client libraries they import. Without it Beam fails deep inside a run
-("Unable to get filesystem from specified path"), or, where a caller asks whether a file exists, answers as if it
-were missing; the CLI checks its arguments here first, so a missing extra is one error naming it.
-"""
+"""Which extra of the install a command line needs, checked before any work: ``gs://`` paths (and so Dataflow) need
+``gcp``; without it Beam fails deep in a run, so the CLI names the extra in one error."""
 
 from __future__ import annotations
 
@@ -25,8 +19,7 @@ class MissingExtraError(Exception):
 
 
 def gcs_path(argument: str) -> str | None:
-    """The ``gs://`` path an argument names (bare, after a source kind's prefix as ``tfrecord:gs://…``, or as
-    ``--option=gs://…``), else None."""
+    """The ``gs://`` path an argument names (bare, as ``tfrecord:gs://…`` or ``--option=gs://…``), else None."""
     value = argument.split("=", 1)[1] if argument.startswith("--") and "=" in argument else argument
     wrapper = _WRAPPED_GCS.match(value)
     value = value[wrapper.end():] if wrapper else value
@@ -34,7 +27,6 @@ def gcs_path(argument: str) -> str | None:
 
 
 def gcp_installed() -> bool:
-    """True when Beam can read and write ``gs://`` here."""
     try:
         importlib.import_module(_GCS_FILE_SYSTEM)
     except ImportError:
@@ -43,9 +35,8 @@ def gcp_installed() -> bool:
 
 
 def check_arguments(arguments: Iterable[str]) -> None:
-    """Raises MissingExtraError naming the first ``gs://`` argument when the gcp extra is not installed.
-
-    Imports nothing unless an argument is a ``gs://`` path, so a local command line costs nothing here."""
+    """Raises MissingExtraError naming the first ``gs://`` argument when the gcp extra is missing; imports nothing
+    for a local command line."""
     path = next((path for path in map(gcs_path, arguments) if path is not None), None)
     if path is None or gcp_installed():
         return

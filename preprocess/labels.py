@@ -1,8 +1,6 @@
-"""Labels files, read one way wherever they are used: the labels CSV (``filename,label``, or Kaggle's
-``ImageId,PredictionString``), a file of class names one a line (TFDS's ``label.labels.txt``, ``--classes``),
-ImageNet's validation labels as tensorflow-datasets ships them, and the join of CSV rows with flat image files.
-Pure. Names are compared in NFC (``names.canonical``).
-"""
+"""Labels files, read one way wherever used: the labels CSV (``filename,label`` or Kaggle's
+``ImageId,PredictionString``), class names one a line, ImageNet's validation labels from tensorflow-datasets, and the
+join of CSV rows with flat image files. Pure; names compare in NFC."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from shardprep.preprocess import accounting, names
 from shardprep.preprocess.elements import Reject
 from shardprep.preprocess.sources import SourceError
 
-# The most classes a source may have: its class names, or without names its largest label + 1 (the manifest then
-# names each by its integer). Bounds what a hostile label (10**12) can make us write or hold.
+# The most classes (names, or the largest label + 1): bounds what a hostile label (10**12) makes us write or hold.
 MAX_CLASSES = 100_000
 MAX_NAMES_BYTES = 4 << 20  # a file of class names, one a line: 100,000 names of 40 bytes
 
@@ -39,8 +36,8 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\x
 
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[LabelRow]:
-    """The rows of a labels CSV's bytes; SourceError for an encoding, a row or a label that cannot be used, and for a
-    first row that looks like a header shardprep does not know (``file_exists(name)``: is it a flat image's name)."""
+    """The rows of a labels CSV; SourceError for a bad encoding, row or label, and for an unknown header
+    (``file_exists(name)``: is it a flat image's name)."""
     rows = parse_labels_csv(decode_labels_csv(data, path), f"labels file {path}")
     if not rows:
         raise SourceError(f"labels file {path} has no rows; expected lines of filename,label")
@@ -55,7 +52,7 @@ def csv_rows(data: bytes, path: str, file_exists) -> list[LabelRow]:
 
 
 def decode_labels_csv(data: bytes, path: str) -> str:
-    """A labels file's text: UTF-8, its byte order mark dropped; else a SourceError naming the line."""
+    """A labels file's text: UTF-8, its BOM dropped; else a SourceError naming the line."""
     for bom, encoding in _BOMS:
         if data.startswith(bom):
             raise SourceError(f"labels file {path} is {encoding} (it starts with a {encoding} byte order mark): "
@@ -80,8 +77,7 @@ def has_file_extension(filename: str) -> bool:
 
 
 def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
-    """``filename,label`` rows, a first row of known header names skipped; Kaggle's ``ImageId,PredictionString``
-    files (``LOC_val_solution.csv``) read as they are (``kaggle_row``). SourceError on bad rows."""
+    """``filename,label`` rows (a known header skipped) or Kaggle's ``ImageId,PredictionString`` rows."""
     rows: list[LabelRow] = []
     reader = csv.reader(io.StringIO(text))
     kaggle = False
@@ -107,8 +103,7 @@ def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
 
 
 def kaggle_row(fields: list[str], line: int, path: str) -> LabelRow:
-    """A row of Kaggle's ``LOC_val_solution.csv``: the class is PredictionString's first word, the file
-    ``ImageId.JPEG`` (an ImageId with an extension of its own is the file name as it is)."""
+    """A Kaggle ``LOC_val_solution.csv`` row: the class is PredictionString's first word, the file ``ImageId.JPEG``."""
     words = fields[1].split() if len(fields) == 2 else []
     if len(fields) != 2 or not fields[0].strip() or not words:
         raise SourceError(f"{path} line {line}: expected 'ImageId,PredictionString' with the class as the first "
@@ -118,24 +113,22 @@ def kaggle_row(fields: list[str], line: int, path: str) -> LabelRow:
 
 
 def labels_key(filename: str) -> str:
-    """How a labels-file row and an image file are matched: by file name, the part after the last '/'."""
+    """A row and an image file match by file name: the part after the last '/'."""
     return filename.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def match_key(filename: str) -> str:
-    """How a labels-file row and an image file are grouped for the join: the file name, in NFC, case-folded (so
-    that names differing only in case meet, and are told apart as ``case_mismatch`` rejects)."""
+    """The join's grouping key: the file name in NFC, case-folded, so that case-only differences meet."""
     return names.canonical(labels_key(filename)).casefold()
 
 
 def file_name(filename: str) -> str:
-    """The file name a row and a file are matched by exactly: the part after the last '/', in NFC."""
     return names.canonical(labels_key(filename))
 
 
 def class_names_txt(data: bytes, path: str) -> list[str] | None:
-    """Class names, one a line (blank lines skipped), from a ``label.labels.txt``; None when it names none. At most
-    MAX_NAMES_BYTES and MAX_CLASSES of them (``data`` may be the file's first MAX_NAMES_BYTES + 1 bytes)."""
+    """Class names, one a line (blank lines skipped), or None when it names none; bounded by MAX_NAMES_BYTES and
+    MAX_CLASSES."""
     if len(data) > MAX_NAMES_BYTES:
         raise SourceError(f"{path} is more than {MAX_NAMES_BYTES:,} bytes: class names are one a line, at "
                                   f"most {MAX_CLASSES:,} of them")
@@ -144,8 +137,7 @@ def class_names_txt(data: bytes, path: str) -> list[str] | None:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise SourceError(f"{path} line {line} is not valid UTF-8: class names are one a line in UTF-8") from None
-    # Lines end at "\n" only ("\r\n" too): str.splitlines would also cut a name at U+0085 or U+2028, shifting every
-    # label after it by one; such a character is refused by the rule for names instead.
+    # Lines end at "\n" only: str.splitlines would also cut at U+0085 or U+2028, shifting every label after it.
     lines = [(number, line.strip()) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
     if len(lines) > MAX_CLASSES:
         raise SourceError(f"{path} names {len(lines):,} classes, more than the {MAX_CLASSES:,} shardprep takes")
@@ -159,11 +151,8 @@ NO_LABELS_FILE_DETAIL = ("not in a class folder, and no --labels-file was given:
 
 
 def join(files, rows, labels_split: str, labels_file_given: bool = True):
-    """Flat image files ``(split, key, path)`` and labels-file rows ``(filename, label)`` whose file names are equal
-    once case-folded: yields ``("input", split, key, label, path)`` per labelled file and ``("reject", Reject)`` per
-    file without one label and per row without its file. Names must match exactly: a pair that differs only in case
-    is two ``case_mismatch`` rejects. Without a labels file (``labels_file_given`` false) a flat file's
-    ``no_label`` reject says that one is needed, not that the file lacks its row."""
+    """Joins flat image files ``(split, key, path)`` and rows ``(filename, label)`` by exact file name: yields
+    ``("input", split, key, label, path)`` or ``("reject", Reject)``; case-only differences are ``case_mismatch``."""
     by_name: dict[str, list[tuple[str, str]]] = {}
     for filename, label in rows:
         by_name.setdefault(file_name(filename), []).append((filename, label))
@@ -201,12 +190,11 @@ _WNID = re.compile(r"^n\d{8}$")
 
 
 def is_imagenet_validation_name(name: str) -> bool:
-    """True for an ILSVRC2012 validation image's file name (the part after the last '/')."""
     return IMAGENET_VALIDATION_NAME.match(name.rsplit("/", 1)[-1]) is not None
 
 
 def tfds_imagenet_labels_path() -> str | None:
-    """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt`` (found, not imported), or None."""
+    """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt``, or None."""
     try:
         spec = importlib.util.find_spec("tensorflow_datasets")
     except (ImportError, ValueError):
@@ -219,8 +207,7 @@ def tfds_imagenet_labels_path() -> str | None:
 
 
 def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
-    """{file name: WordNet ID} of ImageNet's 50,000 validation images (flat, their classes elsewhere) from
-    ``path``, else TFDS's file (image i's ID on line i; the IDs sorted are the usual class order)."""
+    """{file name: WordNet ID} of ImageNet's 50,000 validation images, from ``path`` or TFDS's file."""
     path = path or tfds_imagenet_labels_path()
     if path is None:
         raise SourceError(

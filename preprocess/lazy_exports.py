@@ -1,5 +1,5 @@
-"""A package's public names imported from their modules on first use (PEP 562), so that importing one name costs
-only what its own module imports (``from shardprep.train import NumpyReader`` loads no TensorFlow)."""
+"""A package's public names imported from their modules on first use (PEP 562), so that importing one name costs only
+what its own module imports."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any, Callable
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of ``package``, whose public names are ``exports`` (name -> the module of
-    the package that defines it). A name is imported when first asked for, then kept in the package."""
+    """The ``__getattr__`` and ``__dir__`` of ``package`` whose public names are ``exports`` (name -> module)."""
     namespace = vars(sys.modules[package])
 
     def __getattr__(name: str) -> Any:

@@ -1,13 +1,6 @@
-"""The files of a prepared dataset: their names, the shard-file template, and ``manifest.json`` read as a document.
-
-Layout: ``OUTPUT/manifest.json`` (written last: its presence marks a complete dataset; its keys are
-``manifest_schema``'s, docs/manifest.md), ``OUTPUT/rejects.jsonl`` (one JSON line per rejected input) and
-``OUTPUT/<split>/<split>-00000-of-000NN.tfrecord`` (:data:`SHARD_FILES`).
-
-:func:`read_document` reads the document as untrusted input (bounded, finite, of this ``format_version``; errors
-name the file); ``dataset.load_manifest`` checks its shape and types it. :func:`missing_manifest_error` says what
-a path without a manifest is instead.
-"""
+"""The files of a prepared dataset: their names, the shard-file template, and ``manifest.json`` read as untrusted
+input (bounded, finite, of this ``format_version``; errors name the file). The manifest is written last: its presence
+marks a complete dataset."""
 
 from __future__ import annotations
 
@@ -33,13 +26,12 @@ MANIFEST_MAX_DEPTH = 32
 
 
 def tool_version() -> str:
-    """The installed shardprep's version (its distribution's metadata), the manifest's and reports' ``tool_version``."""
+    """The installed shardprep's version: the manifest's and reports' ``tool_version``."""
     return importlib.metadata.version(TOOL)
 
 
 class ManifestError(ValueError):
     """The manifest is missing, unreadable or of an unknown version; ``kind`` says what a path without one is."""
-
     kind: str | None = None
 
 
@@ -49,17 +41,14 @@ def join(base: str, *parts: str) -> str:
 
 
 class ShardName(NamedTuple):
-    """What a shard's file name says: its split, its index in the split and the split's number of shards."""
-
     split: str
     shard_index: int
     num_shards: int
 
 
 class ShardFileTemplate:
-    """The one spelling of a shard's file, TFDS's ``<split>/<split>-00000-of-000NN.tfrecord``: formatted by
-    :meth:`name`/:meth:`path`, read back by :meth:`parse_name`/:meth:`parse_path` (None for anything else).
-    Numbers have at least :attr:`digits` digits and no other leading zeros."""
+    """The one spelling of a shard's file, TFDS's ``<split>/<split>-00000-of-000NN.tfrecord``, formatted and parsed
+    back (None for anything else). Numbers have at least ``digits`` digits and no other leading zeros."""
 
     def __init__(self, suffix: str = ".tfrecord", digits: int = 5):
         self.suffix, self.digits = suffix, digits
@@ -72,16 +61,14 @@ class ShardFileTemplate:
         return f"ShardFileTemplate(suffix={self.suffix!r}, digits={self.digits})"
 
     def name(self, split: str, index: int, num_shards: int) -> str:
-        """``<split>-00000-of-000NN.tfrecord``: shard ``index`` of ``num_shards`` of ``split``."""
         return f"{split}-{index:0{self.digits}d}-of-{num_shards:0{self.digits}d}{self.suffix}"
 
     def path(self, split: str, index: int, num_shards: int) -> str:
-        """The shard's path relative to the dataset folder: in its split's folder."""
         return f"{split}/{self.name(split, index, num_shards)}"
 
     def parse_name(self, name: str, *, any_case: bool = False) -> ShardName | None:
-        """What the file name ``name`` says, if :meth:`name` writes it (``any_case``: as a case-insensitive file
-        system matches); else None."""
+        """What the file name says, if :meth:`name` writes it (``any_case``: as a case-insensitive file system
+        matches); else None."""
         match = (self._name_any_case if any_case else self._name).fullmatch(name)
         if match is None:
             return None
@@ -91,7 +78,7 @@ class ShardFileTemplate:
         return ShardName(match["split"], int(index), int(num_shards))
 
     def parse_path(self, relative: str) -> ShardName | None:
-        """What ``relative`` (to the dataset folder) says, if it is a shard's name in its own split's folder."""
+        """What ``relative`` says, if it is a shard's name in its own split's folder."""
         folder, _, name = relative.partition("/")
         parsed = self.parse_name(name) if folder and "/" not in name else None
         return parsed if parsed is not None and parsed.split == folder else None
@@ -101,13 +88,13 @@ SHARD_FILES = ShardFileTemplate(SHARD_SUFFIX)
 
 
 def document_text(document: dict) -> str:
-    """The text of ``manifest.json`` for a document (a ``Manifest.to_json()``): two-space indents, keys in order."""
+    """The text of ``manifest.json``: two-space indents, keys in order."""
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
 
 def parse_document(text: str | bytes, source: str = MANIFEST_NAME) -> dict:
-    """The manifest document in ``text`` read from ``source`` as untrusted input (``untrusted.json_loads``), of
-    this ``format_version``; a :class:`ManifestError` beginning ``"<source>: "`` otherwise. Shape not checked."""
+    """The manifest document in ``text`` as untrusted input, of this ``format_version``; else a ManifestError
+    beginning ``"<source>: "``. Shape not checked."""
     try:
         document = untrusted.json_loads(text, source=source, max_bytes=MANIFEST_MAX_BYTES,
                                         max_depth=MANIFEST_MAX_DEPTH)
@@ -122,7 +109,7 @@ def parse_document(text: str | bytes, source: str = MANIFEST_NAME) -> dict:
     return document
 
 
-# What a DATA path without a manifest is, for the error that says so (see :func:`dataset_path_kind`).
+# What a DATA path without a manifest is (dataset_path_kind).
 PATH_MISSING, PATH_FILE, PATH_EMPTY, PATH_IMAGES, PATH_INCOMPLETE, PATH_OTHER, PATH_INSIDE = (
     "missing", "file", "empty", "image_folder", "incomplete", "other", "inside_dataset")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
@@ -140,7 +127,6 @@ def _looks_like_output(relative: str) -> bool:
 
 
 def _local_files(data_dir: str):
-    """Relative paths of the files under a local folder, hidden folders included (``.tmp/``), top-down."""
     for folder, sub_dirs, files in os.walk(data_dir):
         sub_dirs.sort()
         relative = os.path.relpath(folder, data_dir)
@@ -161,8 +147,7 @@ def _remote_files(data_dir: str):
 
 
 def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
-    """What ``data_dir``, which has no manifest, is: ``(one of the PATH_ kinds, an example file)``; images and
-    nothing a run writes are a SOURCE given as DATA, files a run writes a run that stopped early."""
+    """What ``data_dir``, which has no manifest, is: (a PATH_ kind, an example file)."""
     if "://" in data_dir:
         files = _remote_files(data_dir)
     else:
@@ -195,8 +180,7 @@ def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
 
 
 def missing_manifest_error(data_dir: str) -> ManifestError:
-    """The error every reader raises for ``data_dir`` without a manifest, saying what the path is instead (its
-    ``kind``: :func:`dataset_path_kind`'s)."""
+    """The error every reader raises for ``data_dir`` without a manifest, saying what the path is instead."""
     kind, example = dataset_path_kind(data_dir)
     give = "give the folder shardprep preprocess wrote (it holds manifest.json)"
     if kind == PATH_MISSING:
@@ -224,8 +208,7 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
 
 
 def read_local(data_dir: str) -> bytes:
-    """The bytes of a local ``data_dir/manifest.json``, a regular file (never a FIFO or device) of at most
-    :data:`MANIFEST_MAX_BYTES`; a :class:`ManifestError` naming the path otherwise."""
+    """The bytes of a local ``data_dir/manifest.json``, a regular file within MANIFEST_MAX_BYTES; else ManifestError."""
     path = os.path.join(data_dir, MANIFEST_NAME)
     if not os.path.lexists(path):
         raise missing_manifest_error(data_dir)
@@ -239,7 +222,7 @@ def read_local(data_dir: str) -> bytes:
 
 
 def _read_with_beam(path: str, at_most: int) -> bytes | None:
-    """At most ``at_most`` bytes of the file at the URL ``path``, through Beam's ``FileSystems``; None if absent."""
+    """At most ``at_most`` bytes of the file at the URL ``path`` through Beam's FileSystems; None if absent."""
     try:  # without the gcp extra Beam would say only that it has no file system for gs://
         install_extras.check_arguments([path])
     except install_extras.MissingExtraError as e:
@@ -253,14 +236,12 @@ def _read_with_beam(path: str, at_most: int) -> bytes | None:
 
 
 def manifest_path(data_dir: str) -> str:
-    """``data_dir/manifest.json``, as the errors about it name it."""
     return join(data_dir, MANIFEST_NAME)
 
 
 def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | None = None) -> dict:
-    """The manifest document of ``data_dir`` (local, ``file://`` or a URL such as ``gs://``), within the bounds of
-    :func:`parse_document`; every error a :class:`ManifestError` naming the file. A URL's file is read by
-    ``read_url(path, at_most_bytes)`` (None: absent; train gives TensorFlow's), by default Beam's ``FileSystems``."""
+    """The manifest document of ``data_dir`` (local, ``file://`` or a URL); every error a ManifestError naming the
+    file. A URL is read by ``read_url(path, at_most)`` (None: absent), by default Beam's FileSystems."""
     data_dir = os.fspath(data_dir)
     if "://" not in data_dir or data_dir.startswith("file://"):
         local = data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir

@@ -1,11 +1,6 @@
-"""The manifest's schema: every key of ``manifest.json``, its split entries and shard entries, declared once.
-
-:data:`MANIFEST_KEYS`, :data:`SPLIT_KEYS`, :data:`SHARD_KEYS` and :data:`LAYOUT_KEYS` give each key's name, type,
-whether it is required and what it means, in the written order, with the check of its value. From them come
-:func:`shape_problems` (``"<path in the document>: <what is wrong>"`` for a hand-edited or damaged manifest, so it
-is reported, not met as a crash deep in a reader) and :func:`docs_table` (docs/manifest.md; a test keeps the two
-equal). :class:`shardprep.preprocess.dataset.Manifest` has these keys as its fields, in this order (a test checks).
-"""
+"""The manifest's schema, declared once: every key of ``manifest.json``, a split, a shard and a record layout, in
+written order, with the check of its value. From it come :func:`shape_problems` (a damaged manifest is reported, not
+met as a crash in a reader) and :func:`docs_table` (docs/manifest.md; a test keeps the two equal)."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from shardprep.preprocess import encodings, names, resize
-from shardprep.preprocess.config import CROPS
-from shardprep.preprocess.limits import largest_stored_side
+from shardprep.preprocess.config import CROPS, largest_stored_side
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Counts and byte sizes stay exact in every JSON reader and in int64 (2**53 - 1, JSON's largest safe integer).
@@ -29,8 +23,7 @@ Check = Callable[[list, str, Any], None]  # (problems, path in the document, val
 
 
 class Key(NamedTuple):
-    """One key of the document: its name, type and meaning as docs/manifest.md shows them; ``check`` its value's."""
-
+    """One key: its name, type and meaning as docs/manifest.md shows them; ``check`` its value's."""
     name: str
     type: str
     required: bool
@@ -49,16 +42,13 @@ def _describe(value) -> str:
     return f"{kind} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
-def _count(problems: list, path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> bool:
+def _count(problems: list, path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> None:
     if not _is_int(value):
         problems.append(f"{path}: must be an integer, is {_describe(value)}")
     elif value < minimum:
         problems.append(f"{path}: must be at least {minimum}, is {value}")
     elif value > maximum:
         problems.append(f"{path}: must be at most {maximum:,}, is {_describe(value)}")
-    else:
-        return True
-    return False
 
 
 def _counted(minimum: int = 0, maximum: int = MAX_COUNT, nullable: bool = False) -> Check:
@@ -84,7 +74,6 @@ def _expect(test: Callable[[Any], bool], what: str) -> Check:
 
 
 def _channel_values(high: float) -> Check:
-    """``mean_rgb``/``std_rgb``: null, or 3 finite numbers within 0-``high`` (0-255 scale)."""
     def check(problems, path, value):
         if value is None:
             return
@@ -122,7 +111,7 @@ def _classes(problems, path, classes) -> None:
 
 
 def unsafe_relative_path(path: str) -> str | None:
-    """Why a shard ``file`` entry would point outside the dataset folder, or None if it stays inside."""
+    """Why a shard ``file`` entry would point outside the dataset folder, or None."""
     if not path:
         return "is empty"
     if path.startswith(("/", "\\")) or "://" in path or re.match(r"^[A-Za-z]:", path):
@@ -152,13 +141,11 @@ SHARD_KEYS = (
     Key("num_examples", "integer", True, "records in the shard", _counted()),
     Key("num_bytes", "integer", True, "the shard file's bytes", _counted()),
     Key("sha256", "string or null", False, "SHA-256 of the shard file (64 lowercase hex digits)",
-        _expect(lambda v: v is None or (isinstance(v, str) and bool(_HEX64.match(v))), "64 lowercase hex digits")),
-)
+        _expect(lambda v: v is None or (isinstance(v, str) and bool(_HEX64.match(v))), "64 lowercase hex digits")))
 LAYOUT_KEYS = (
     Key("record_bytes", "integer", True, "every record's length", _counted(minimum=1)),
     Key("image_offset", "integer", True, "where the pixels start in a record", _counted()),
-    Key("label_offset", "integer", True, "where the label starts in a record", _counted()),
-)
+    Key("label_offset", "integer", True, "where the label starts in a record", _counted()))
 SPLIT_KEYS = (
     Key("num_inputs", "integer", False, "inputs listed", _counted()),
     Key("num_examples", "integer", True, "records written", _counted()),
@@ -168,8 +155,7 @@ SPLIT_KEYS = (
     Key("class_counts", "object", True, "{class: records}, in label order", _object_of_counts),
     Key("num_shards", "integer", False, "shards of the split", _counted()),
     Key("shards", "list", True, "one entry per shard (table below), in order"),
-    Key("record_layout", "object", False, "the fixed layout of raw centre crops' records (required for them)"),
-)
+    Key("record_layout", "object", False, "the fixed layout of raw centre crops' records (required for them)"))
 MANIFEST_KEYS = (
     Key("format_version", "integer", True, "1: the manifest format this shardprep reads",
         _expect(_is_int, "an integer")),
@@ -208,13 +194,12 @@ MANIFEST_KEYS = (
     Key("not_used", "list", False, "{path, reason} of what lay beside the splits or classes and was not read "
         "(written when there was any)"),
     Key("median_input_size", "object or null", False, "{width, height} of the median input in a sample of their "
-        "headers (absent before the key existed)", _median_input_size),
-)
+        "headers (absent before the key existed)", _median_input_size))
 
 
 def _keys(problems: list, path: str, value, keys: tuple[Key, ...]) -> bool:
-    """Checks ``value`` against ``keys`` (an object having the required ones, each present value's check);
-    whether it is an object."""
+    """Checks ``value`` against ``keys`` (required ones present, each present value's check); whether it is an
+    object."""
     if not isinstance(value, dict):
         problems.append(f"{path}: must be an object, is {_describe(value)}")
         return False
@@ -250,10 +235,8 @@ def _split_problems(problems: list, path: str, info, fixed_layout: bool) -> None
 
 
 def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
-    """Problems with the manifest's keys and value types; empty when every reader can rely on them.
-
-    ``layouts_required=False``: a raw centre-crop split without ``record_layout`` is no problem (the train reader
-    reads such a split as ordinary TFRecords); one that has a ``record_layout`` is still checked."""
+    """``"<path>: <what is wrong>"`` for the manifest's keys and value types; empty when readers can rely on them.
+    ``layouts_required=False``: a raw centre-crop split may lack ``record_layout``."""
     if not isinstance(manifest, dict):
         return [f"manifest: must be a JSON object, is {_describe(manifest)}"]
     problems: list[str] = []
@@ -284,7 +267,6 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
 
 
 def docs_table() -> str:
-    """The tables of docs/manifest.md: every key of the manifest, a split entry, a shard entry and a record layout."""
     parts = []
     for title, keys in (("manifest.json", MANIFEST_KEYS), ("a split (`splits.<split>`)", SPLIT_KEYS),
                         ("a shard (`splits.<split>.shards[i]`)", SHARD_KEYS),

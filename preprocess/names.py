@@ -1,12 +1,6 @@
-"""The one rule for split and class names, whatever they are read from, and the one form they are compared in.
+"""The one rule for split and class names, wherever they are read, and the form they compare in (Unicode NFC).
 
-A name is refused when empty or blank, edged with white space, holding a path separator, a control or invisible
-formatting character (bidi controls, zero-width spaces, a BOM; the joiners U+200C/U+200D are kept), ``.``/``..`` or
-a leading dot (hidden), or not UTF-8. A split name must also not be one of OUTPUT's files (any case) or look like
-a shard, and must leave a shard's temporary name within 255 bytes. Names compare in Unicode NFC (``canonical``):
-one class in both spellings is refused. Class order (``class_order``) is the ecosystem's (by code point, as
-torchvision's ``ImageFolder``: "10" before "2"), unless ``--classes FILE`` or the dataset gives one.
-"""
+Class order is by code point as torchvision's ``ImageFolder`` ("10" before "2"), unless a class list gives one."""
 
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ _OUTPUT_FILES = (manifest.MANIFEST_NAME, manifest.REJECTS_NAME)  # a split folde
 
 
 def canonical(name: str) -> str:
-    """``name`` in the form names are compared and stored in: Unicode NFC."""
     return unicodedata.normalize("NFC", name)
 
 
@@ -69,21 +62,19 @@ def _split_problem(name: str, encoded: bytes) -> str | None:
 
 
 def printable(text: str) -> str:
-    """``text`` on one line: bytes that are not UTF-8, control and formatting characters (a bidi control would
-    turn the rest of the message around) as backslash escapes."""
+    """``text`` on one line: non-UTF-8 bytes, control and formatting characters as backslash escapes."""
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return "".join(char.encode("unicode_escape").decode("ascii")
                    if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") else char for char in text)
 
 
 def describe(name: str) -> str:
-    """``name`` quoted for a message, with undecodable bytes and control characters escaped."""
     return f"'{printable(name)}'"
 
 
 def check(name: str, kind: str, where: str, fix: str = "") -> str:
-    """``name`` in NFC (``canonical``) if it passes the rule; else SourceError naming the ``kind`` (split or class),
-    ``where`` it was read and what to do (``fix``)."""
+    """``name`` in NFC if it passes the rule; else SourceError naming the ``kind``, ``where`` it was read and
+    ``fix``."""
     wrong = problem(name, kind)
     if wrong is not None:
         raise SourceError(f"the {kind} name {describe(name)} from {where} {wrong}"
@@ -93,10 +84,8 @@ def check(name: str, kind: str, where: str, fix: str = "") -> str:
 
 
 def class_order(stored, where: str, listed: list[str] | None = None, listed_where: str = "") -> list[str]:
-    """The class names (NFC) in label order, from the names as ``stored`` (folder or member names, any repeats):
-    sorted by code point as stored, the rule of torchvision's ``ImageFolder``; or the ``listed`` order (a class
-    list, ``listed_where`` naming it), which must name every stored class. A class stored in two spellings of one
-    NFC name, or listed twice, is a SourceError naming both; ``where`` says where the stored names were read."""
+    """The class names (NFC) in label order: the ``stored`` names sorted by code point, or the ``listed`` order,
+    which must name every stored class. A class in two spellings of one NFC name, or listed twice, is a SourceError."""
     spellings: dict[str, set[str]] = {}
     for name in stored:
         spellings.setdefault(canonical(name), set()).add(name)

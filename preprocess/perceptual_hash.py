@@ -1,12 +1,5 @@
-"""A perceptual fingerprint of an image's pixels: 64 bits that stay close when a photo is re-encoded, rescaled,
-slightly cropped or shifted, or made brighter or darker; validate's near-duplicate search compares them.
-
-A DCT hash: the image in grey, area-shrunk to 32x32, its 2-D DCT, one bit per low-frequency coefficient (the 64
-lowest in zigzag order, DC left out) set when positive; a flat image hashes to 0. A horizontal flip negates the
-odd horizontal frequencies, so :attr:`Fingerprint.mirror` is the hash with those bits inverted: :func:`distance`
-compares against it too, and :func:`flip_invariant_features` gives bits a flip leaves alone. Vertical flips,
-rotations and large crops are not caught.
-"""
+"""A 64-bit DCT perceptual hash of an image's pixels (grey, 32x32, sign of the 64 lowest coefficients), close under
+re-encoding, rescaling and small crops; ``Fingerprint.mirror`` catches horizontally flipped copies."""
 
 from __future__ import annotations
 
@@ -19,7 +12,6 @@ SIDE = 32  # the grey image is shrunk to SIDE × SIDE before the DCT
 
 
 def _dct_matrix(n: int) -> np.ndarray:
-    """The orthonormal DCT-II matrix: ``D @ x`` is the DCT of the column vector ``x``."""
     k = np.arange(n)[:, None]
     i = np.arange(n)[None, :]
     matrix = np.cos(np.pi * (2 * i + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
@@ -28,7 +20,6 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 
 def _low_frequencies(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(vertical, horizontal) frequency indices of the ``count`` lowest coefficients, DC left out, in zigzag order."""
     order = sorted(((v, u) for v in range(SIDE) for u in range(SIDE) if (v, u) != (0, 0)),
                    key=lambda vu: (vu[0] + vu[1], vu[0]))[:count]
     return np.array([v for v, _ in order]), np.array([u for _, u in order])
@@ -41,14 +32,12 @@ _MIRROR_SIGNS = np.where(_COLUMNS % 2 == 1, -1.0, 1.0)  # a horizontal flip nega
 
 class Fingerprint(NamedTuple):
     """An image's perceptual hash and its mirror image's, as unsigned 64-bit integers."""
-
     hash: int
     mirror: int
 
 
 def grey_thumbnail(pixels: np.ndarray) -> np.ndarray:
-    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image (ITU-R 601 luma), shrunk by area
-    averaging."""
+    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image, shrunk by area averaging."""
     from PIL import Image
 
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
@@ -60,7 +49,6 @@ def _bits(coefficients: np.ndarray) -> int:
 
 
 def fingerprint(pixels: np.ndarray) -> Fingerprint:
-    """The :class:`Fingerprint` of an image's pixels (H×W×3 or H×W uint8, any size of at least 1×1)."""
     if not np.asarray(pixels).size:
         raise ValueError("an image of no pixels has no fingerprint")
     thumbnail = grey_thumbnail(pixels)
@@ -70,7 +58,7 @@ def fingerprint(pixels: np.ndarray) -> Fingerprint:
 
 
 def _feature_bits() -> tuple[list[int], list[tuple[int, int]]]:
-    """(hash bit positions of even horizontal frequency, pairs of positions of odd horizontal frequency)."""
+    """(bit shifts of even horizontal frequency, pairs of shifts of odd horizontal frequency)."""
     positions = [HASH_BITS - 1 - i for i in range(HASH_BITS)]  # bit i of the zigzag order, as a shift
     even = [shift for shift, column in zip(positions, _COLUMNS.tolist()) if column % 2 == 0]
     odd = [shift for shift, column in zip(positions, _COLUMNS.tolist()) if column % 2 == 1]
@@ -82,9 +70,8 @@ FEATURE_BITS = len(_EVEN_SHIFTS) + len(_ODD_PAIRS)
 
 
 def flip_invariant_features(image_hash: int) -> int:
-    """FEATURE_BITS bits of ``image_hash`` that a horizontal flip leaves unchanged: each bit of even horizontal
-    frequency, and the XOR of each pair of bits of odd frequency (a flip inverts both). An image and its mirror
-    image have the same features (up to coefficients of exactly zero)."""
+    """FEATURE_BITS bits of ``image_hash`` a horizontal flip leaves unchanged: each even-frequency bit and the XOR of
+    each pair of odd-frequency bits (a flip inverts both)."""
     value = 0
     for shift in _EVEN_SHIFTS:
         value = (value << 1) | ((image_hash >> shift) & 1)
@@ -94,11 +81,9 @@ def flip_invariant_features(image_hash: int) -> int:
 
 
 def hamming(a: int, b: int) -> int:
-    """The number of bits in which two hashes differ."""
     return (a ^ b).bit_count()
 
 
 def distance(a: Fingerprint, b: Fingerprint) -> int:
-    """How far apart two images are: the Hamming distance of their hashes, or of one's hash and the other's mirror
-    (a flipped copy), whichever is smaller."""
+    """The Hamming distance of two hashes, or of one's hash and the other's mirror, whichever is smaller."""
     return min(hamming(a.hash, b.hash), hamming(a.hash, b.mirror))

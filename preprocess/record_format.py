@@ -1,12 +1,5 @@
-"""The shard record format, one ``tf.train.Example`` per image, defined once for the writer and every reader.
-
-Keys, as TensorFlow's vision loaders: ``image/encoded`` (bytes as the encoding stores them), ``image/format`` (the
-encoding's name), ``image/height`` and ``image/width`` (int64), ``image/class/label`` (int64, 0-based into the
-manifest's ``classes``), ``image/filename`` (the source key). Raw centre crops add ``image/padding`` and have a
-fixed layout (``fixed_layout.FixedLayout``). The small protobuf codec below avoids importing TensorFlow on workers
-and fixes the byte layout (features sorted by key), so shards are byte-identical run to run; tests cross-check it
-against ``tf.train.Example``.
-"""
+"""The shard record format, one ``tf.train.Example`` per image, for the writer and every reader. The small protobuf
+codec keeps TensorFlow off workers and fixes the byte layout (features sorted by key): shards are byte-identical."""
 
 from __future__ import annotations
 
@@ -28,7 +21,6 @@ CHANNELS = encodings.CHANNELS
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
     """One stored image and its metadata, as the record format holds it."""
-
     encoded: bytes
     format: str
     height: int
@@ -40,8 +32,6 @@ class ImageRecord:
 class RecordFormatError(ValueError):
     """A serialized record is not a valid shardprep Example."""
 
-
-# --- protobuf wire format (just what tf.train.Example needs) -------------------------------------------------
 
 _SMALL_VARINTS = tuple(bytes((value,)) for value in range(128))  # every tag and most lengths: one byte, made once
 
@@ -68,8 +58,7 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 def _field_parts(number: int, parts: list[bytes]) -> list[bytes]:
-    """:func:`_field` of ``b"".join(parts)`` as parts: a record's pixels are joined once, at its framing, instead of
-    copied at every level of nesting (each copy of a 196 KB image costs)."""
+    """:func:`_field` of ``b"".join(parts)`` as parts, so a record's pixels are joined once, at its framing."""
     return [_varint((number << 3) | 2) + _varint(sum(len(part) for part in parts)), *parts]
 
 
@@ -96,7 +85,7 @@ def _entry(key: str, feature: bytes) -> bytes:
 
 
 def encode_example(record: ImageRecord) -> bytes:
-    """Serializes ``record`` as a ``tf.train.Example`` (features in sorted key order, so bytes are stable)."""
+    """``record`` as a ``tf.train.Example`` (features in sorted key order, so bytes are stable)."""
     return b"".join(example_parts(record))
 
 
@@ -104,13 +93,9 @@ def example_parts(record: ImageRecord) -> list[bytes]:
     """:func:`encode_example`'s bytes as parts to join (``record.encoded`` one of them, not copied)."""
     if record.format not in encodings.NAMES:
         raise RecordFormatError(f"unknown image format {record.format!r}")
-    features = {
-        FORMAT: _bytes_feature(record.format.encode()),
-        FILENAME: _bytes_feature(record.filename.encode("utf-8")),
-        HEIGHT: _int64_feature(record.height),
-        WIDTH: _int64_feature(record.width),
-        LABEL: _int64_feature(record.label),
-    }
+    features = {FORMAT: _bytes_feature(record.format.encode()),
+                FILENAME: _bytes_feature(record.filename.encode("utf-8")), HEIGHT: _int64_feature(record.height),
+                WIDTH: _int64_feature(record.width), LABEL: _int64_feature(record.label)}
     entries = []
     for key in sorted([ENCODED, *features]):
         entries += _bytes_entry_parts(key, record.encoded) if key == ENCODED else [_entry(key, features[key])]
@@ -118,8 +103,7 @@ def example_parts(record: ImageRecord) -> list[bytes]:
 
 
 def read_varint(buf, pos: int) -> tuple[int, int]:
-    """(value, position after it) of the protobuf varint at ``pos`` of ``buf`` (bytes or a memoryview), signed as
-    int64; raises :class:`RecordFormatError` if it is truncated."""
+    """(value, position after it) of the varint at ``pos``, signed as int64; RecordFormatError if truncated."""
     result = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -136,7 +120,7 @@ def read_varint(buf, pos: int) -> tuple[int, int]:
 
 
 def _iter_fields(buf: memoryview):
-    """Yields (field number, wire type, value) where value is a memoryview (type 2) or an int (types 0, 1, 5)."""
+    """Yields (field number, wire type, value): a memoryview (type 2) or an int (types 0, 1, 5)."""
     pos = 0
     while pos < len(buf):
         tag, pos = read_varint(buf, pos)
@@ -160,10 +144,7 @@ def _iter_fields(buf: memoryview):
 
 
 def parse_features(serialized: bytes) -> dict[str, list]:
-    """Parses any serialized ``tf.train.Example`` into ``{key: [values]}`` (bytes, floats or ints).
-
-    Used for foreign records (``tfrecord:`` sources) as well as shardprep's own.
-    """
+    """Any serialized ``tf.train.Example`` (foreign ones too) as ``{key: [values]}``."""
     features: dict[str, list] = {}
     try:
         for number, wire_type, example_field in _iter_fields(memoryview(serialized)):
@@ -220,7 +201,7 @@ def _parse_feature(feature: memoryview) -> list:
 
 
 def decode_example(serialized: bytes) -> ImageRecord:
-    """Parses a shardprep record; raises :class:`RecordFormatError` if a key is missing or malformed."""
+    """Parses a shardprep record; raises RecordFormatError if a key is missing or malformed."""
     features = parse_features(serialized)
 
     def single(key: str, kind: type):
@@ -232,14 +213,8 @@ def decode_example(serialized: bytes) -> ImageRecord:
         return values[0]
 
     try:
-        record = ImageRecord(
-            encoded=single(ENCODED, bytes),
-            format=single(FORMAT, bytes).decode(),
-            height=single(HEIGHT, int),
-            width=single(WIDTH, int),
-            label=single(LABEL, int),
-            filename=single(FILENAME, bytes).decode("utf-8"),
-        )
+        record = ImageRecord(single(ENCODED, bytes), single(FORMAT, bytes).decode(), single(HEIGHT, int),
+                             single(WIDTH, int), single(LABEL, int), single(FILENAME, bytes).decode("utf-8"))
     except UnicodeDecodeError as e:
         raise RecordFormatError(f"record has text that is not UTF-8: {e}") from e
     if record.height < 1 or record.width < 1:
@@ -255,5 +230,5 @@ def decode_example(serialized: bytes) -> ImageRecord:
 
 
 def decode_pixels(record: ImageRecord):
-    """The record's image as a uint8 numpy array of shape (H, W, 3) (its encoding's NumPy decoder)."""
+    """The record's image as a uint8 (H, W, 3) array."""
     return encodings.get(record.format).decode(record.encoded, record.height, record.width)

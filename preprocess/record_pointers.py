@@ -1,10 +1,5 @@
-"""Compact lists of pointers to spilled records: what the preprocess job's shuffles carry instead of images.
-
-One :class:`RecordPointers` holds, for a bundle (one split, one spill file), every record's sort key (two uint64,
-``sharding.sort_key``) and place, in integer arrays cut by bucket or shard with array arithmetic: the runner moves
-a few elements per bundle and no stage makes Python objects per record (which made a local run's memory grow with
-its inputs); a record costs 32 bytes. :class:`SortKeys` is the same for listed inputs before decoding.
-"""
+"""Pointers to spilled records (sort keys and places in uint64 arrays, 32 bytes a record): what the preprocess job's
+shuffles carry instead of images, cut by bucket or shard with array arithmetic."""
 
 from __future__ import annotations
 
@@ -16,12 +11,8 @@ import numpy as np
 
 
 class _KeyedRows:
-    """Rows of one split, each a 128-bit sort key ``(high, low)`` followed by ``WIDTH - 2`` more uint64 columns.
-
-    A flat growable ``array`` while rows are appended, an (N, WIDTH) numpy array once cut or unpickled. Cutting by
-    hash-range bucket or by shard is array arithmetic, so no stage makes Python objects per row.
-    """
-
+    """Rows of one split, each a 128-bit sort key ``(high, low)`` and ``WIDTH - 2`` more uint64 columns: a growable
+    ``array`` while appended, an (N, WIDTH) numpy array once cut or unpickled."""
     __slots__ = ("split", "_columns")
     WIDTH = 2
 
@@ -39,7 +30,6 @@ class _KeyedRows:
 
     @property
     def columns(self) -> np.ndarray:
-        """The rows as an (N, WIDTH) uint64 array, the sort key's high and low halves first."""
         if isinstance(self._columns, array):
             return np.array(self._columns, dtype=np.uint64).reshape(-1, self.WIDTH)
         return self._columns
@@ -48,12 +38,12 @@ class _KeyedRows:
         return [(int(high), int(low)) for high, low in self.columns[:, :2]]
 
     def by_bucket(self, buckets: int) -> dict:
-        """The rows cut by hash-range bucket (``shardprep.preprocess.sharding.bucket_of`` of the high half), order kept."""
+        """The rows cut by hash-range bucket (``sharding.bucket_of`` of the high half), order kept."""
         columns = self.columns
         return self._partition(columns, bucket_indices(columns[:, 0], buckets))
 
     def by_shard(self, boundaries: tuple) -> dict:
-        """The rows cut by shard (``shardprep.preprocess.sharding.shard_of`` of each sort key), order kept."""
+        """The rows cut by shard (``sharding.shard_of`` of each sort key), order kept."""
         columns = self.columns
         boundary_highs = np.array([high for high, _ in boundaries], dtype=np.uint64)
         shards = np.searchsorted(boundary_highs, columns[:, 0], side="right")
@@ -93,9 +83,7 @@ class _KeyedRows:
 
 
 class SortKeys(_KeyedRows):
-    """The sort keys of one split's listed inputs (what the decode-group stage ranks before decoding), each with
-    the input's index in its batch: three uint64 per input."""
-
+    """The sort keys of one split's listed inputs, each with the input's index in its batch."""
     __slots__ = ()
     WIDTH = 3
 
@@ -103,7 +91,6 @@ class SortKeys(_KeyedRows):
         self._extend((sort_key[0], sort_key[1], index))
 
     def indices(self) -> list[int]:
-        """The inputs' indices in their batch, in insertion order."""
         return [int(index) for index in self.columns[:, 2]]
 
     _NOUN = "keys"
@@ -114,7 +101,6 @@ class SortKeys(_KeyedRows):
 
 class RecordPointers(_KeyedRows):
     """Records of one split in one spill file: sort keys ``(high, low)`` and ``(offset, size)`` in the file."""
-
     __slots__ = ("spill_path", "file_info")
     WIDTH = 4
     _FIELDS, _NOUN = ("spill_path", "file_info"), "records"
@@ -122,9 +108,7 @@ class RecordPointers(_KeyedRows):
     def __init__(self, split: str, spill_path: str, columns: np.ndarray | None = None, file_info=None):
         super().__init__(split, columns)
         self.spill_path = spill_path
-        # (records, bytes, sha256) of the whole spill file when its records were written in sort-key order and
-        # are all of one split (a decode group's file); None for a bundle's file. Lets a shard that is exactly
-        # this file take it as it is.
+        # (records, bytes, sha256) of a decode group's sorted spill file, which a shard can take whole; else None.
         self.file_info: tuple[int, int, str] | None = file_info
 
     def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:
@@ -141,17 +125,13 @@ class RecordPointers(_KeyedRows):
         return RecordPointers(self.split, self.spill_path, columns, self.file_info)
 
     def is_whole_sorted_file(self) -> bool:
-        """True when these records are all of their spill file's records, which is in sort-key order."""
+        """True when these are all of their spill file's records, which is in sort-key order."""
         return self.file_info is not None and self.file_info[0] == len(self)
 
 
-
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    """``shardprep.preprocess.sharding.bucket_of`` for an array of 64-bit hashes, exactly, in 64-bit arithmetic.
-
-    ``(h * B) >> 64`` with ``h = hi * 2**32 + lo`` is ``(hi * B + ((lo * B) >> 32)) >> 32``; every product stays
-    below 2**64 while ``B`` < 2**32.
-    """
+    """``sharding.bucket_of`` for an array of 64-bit hashes, exact in 64-bit arithmetic: ``(h * B) >> 64`` as ``(hi *
+    B + ((lo * B) >> 32)) >> 32``, every product below 2**64 while B < 2**32."""
     if not 0 < buckets < 2**31:
         raise ValueError(f"bucket count {buckets} out of range")
     b = np.uint64(buckets)
@@ -160,13 +140,13 @@ def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def sorted_sort_keys(parts: Iterable[_KeyedRows]) -> np.ndarray:
-    """The sort keys of every row in ``parts`` (RecordPointers or SortKeys) as a sorted (N, 2) array: one bucket's."""
+    """The sort keys of every row in ``parts`` as a sorted (N, 2) array: one bucket's."""
     keys = np.concatenate([part.columns[:, :2] for part in parts] or [np.empty((0, 2), np.uint64)])
     return keys[np.lexsort((keys[:, 1], keys[:, 0]))]
 
 
 def merge_sorted_pointers(parts: Iterable[RecordPointers]) -> list[tuple[str, int, int]]:
-    """The (spill file, offset, size) of every record in ``parts``, in sort-key order: one shard's contents."""
+    """(spill file, offset, size) of every record in ``parts``, in sort-key order: one shard's contents."""
     parts = list(parts)
     if not parts:
         return []

@@ -1,12 +1,5 @@
-"""The resize methods: how a decoded RGB image becomes the stored size, and which method made a dataset.
-
-``manifest.json`` records the method as ``resize_method``; a manifest without the key was made by
-:data:`PILLOW_BICUBIC` (Pillow's antialiased ``BICUBIC`` on the kept square). :data:`LANCZOS2_CUBIC`: a Lanczos-2
-low-pass widened by the scale factor (OpenCV ``sepFilter2D``), then cubic interpolation (``cv2.resize``;
-``warpAffine`` on just the needed pixels of a very long image's centre crop), a downscale by 4 or more first
-area-reduced; about half Pillow's time at about its error (``benchmarks/resize_bench.py``). OpenCV is imported on
-first use, one thread (one worker per core). Neither allocates the whole resized image for a centre crop.
-"""
+"""The resize methods (``pillow-bicubic``, what a manifest without ``resize_method`` used; ``lanczos2-cubic``,
+OpenCV, about half Pillow's time at about its error); neither allocates the whole resized image of a centre crop."""
 
 from __future__ import annotations
 
@@ -22,26 +15,24 @@ if TYPE_CHECKING:  # Pillow and NumPy are imported by the functions that use the
 PILLOW_BICUBIC = "pillow-bicubic"
 LANCZOS2_CUBIC = "lanczos2-cubic"
 RESIZE_METHODS = (PILLOW_BICUBIC, LANCZOS2_CUBIC)
-# What made a dataset whose manifest has no resize_method: every shardprep version before the key.
-METHOD_WITHOUT_KEY = PILLOW_BICUBIC
+METHOD_WITHOUT_KEY = PILLOW_BICUBIC  # what made every dataset before the manifest recorded resize_method
 
 _LOBES = {LANCZOS2_CUBIC: 2}
 # A downscale by twice this or more is first reduced by area to within this and twice this of the target.
 _REDUCED_SCALE = 2
 # A centre crop resizes the whole image when that is at most this many times the crop's pixels (4:3 photos: 1.33).
 _WHOLE_RESIZE_LIMIT = 4
-_kernels: dict[tuple[float, int], np.ndarray] = {}  # scale -> its normalised low-pass kernel (few distinct scales per dataset)
+_kernels: dict[tuple[float, int], np.ndarray] = {}  # (scale, lobes) -> its low-pass kernel: few scales a dataset
 _opencv_ready = False
 
 
 def recorded(method: str) -> str | None:
-    """The manifest's ``resize_method`` for a dataset made by ``method``: None (the key left out) for
-    :data:`METHOD_WITHOUT_KEY`, whose datasets never recorded one, so they keep the manifest they always had."""
+    """The manifest's ``resize_method`` for ``method``: None (key left out) for METHOD_WITHOUT_KEY, so such datasets
+    keep the manifest they always had."""
     return None if method == METHOD_WITHOUT_KEY else method
 
 
 def method_of(document: dict) -> str:
-    """The resize method recorded by a manifest document (:data:`METHOD_WITHOUT_KEY` when it records none)."""
     method = document.get("resize_method")
     return METHOD_WITHOUT_KEY if method is None else method
 
@@ -52,8 +43,7 @@ def check_method(method: str) -> None:
 
 
 def centre_box(size: tuple[int, int], source: tuple[int, int], shorter_side: int) -> tuple[float, float, float, float]:
-    """The centred ``shorter_side`` square of an image resized to ``size``, in the coordinates of the ``source``
-    size (left, top, right, bottom)."""
+    """The centred ``shorter_side`` square of an image resized to ``size``, in ``source`` coordinates (l, t, r, b)."""
     new_width, new_height = size
     left, top = (new_width - shorter_side) // 2, (new_height - shorter_side) // 2
     x_scale, y_scale = source[0] / new_width, source[1] / new_height
@@ -61,8 +51,8 @@ def centre_box(size: tuple[int, int], source: tuple[int, int], shorter_side: int
 
 
 def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, crop: str, method: str) -> Pixels:
-    """Scales the RGB ``image`` to ``size`` (shorter side ``shorter_side``) by ``method``; with ``crop="center"``
-    keeps the centred square. ``image``: a Pillow image, or an RGB uint8 array (H x W x 3); answered in kind."""
+    """The RGB ``image`` (Pillow or H x W x 3 uint8, answered in kind) scaled to ``size`` by ``method``;
+    ``crop="center"`` keeps the centred square."""
     import numpy as np
     from PIL import Image
 
@@ -98,11 +88,8 @@ def _cut(pixels: np.ndarray, origin: tuple[int, int], out: tuple[int, int]) -> n
 
 def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int], out: tuple[int, int],
                   lobes: int) -> np.ndarray:
-    """The RGB ``image`` (a Pillow image or an RGB uint8 array) resized to ``size`` (width, height), of which the
-    ``out`` (width, height) rectangle at ``origin`` (left, top), as uint8 H x W x 3: a Lanczos low-pass of ``lobes``
-    lobes widened by the scale factor, then cubic interpolation. A downscale by 4 or more is first reduced by area
-    averaging to within 2-4 times the target (as Pillow's ``reducing_gap``), so the low-pass filter stays short at
-    any scale."""
+    """The ``out`` rectangle at ``origin`` of ``image`` resized to ``size``, as uint8 H x W x 3. A downscale by 4 or
+    more is first area-reduced to 2-4 times the target (as Pillow's ``reducing_gap``), so the low-pass stays short."""
     import numpy as np
 
     cv2 = opencv()
@@ -128,8 +115,7 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         if out == size:
             return resized
         return _cut(resized, origin, out)
-    # A very long image: only the source pixels the rectangle needs (its own, the cubic's reach of 2 and the
-    # low-pass filter's, plus one), resampled straight to the rectangle.
+    # A very long image: only the source pixels the rectangle needs (and the filters' reach), resampled to it.
     left, top = origin[0] * x_scale, origin[1] * y_scale
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
     y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
@@ -140,8 +126,7 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         pixels = np.asarray(cast("Image.Image", image).crop((x0, y0, x1, y1)))  # given is None: a Pillow image
     if len(kernel_x) > 1 or len(kernel_y) > 1:
         pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
-    # Output pixel x's centre (x + 0.5) lies at left + (x + 0.5) * x_scale in the source, whose pixel i is centred
-    # at i + 0.5; the matrix maps output pixels to source pixels of the cut-out region.
+    # Output pixel x's centre x + 0.5 lies at left + (x + 0.5) * x_scale in the source (pixel i centred at i + 0.5).
     matrix = np.array([[x_scale, 0.0, left - x0 + 0.5 * x_scale - 0.5],
                        [0.0, y_scale, top - y0 + 0.5 * y_scale - 0.5]])
     return cv2.warpAffine(pixels, matrix, out, flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
@@ -153,8 +138,8 @@ def _reach(start: float, end: float, margin: int, limit: int) -> tuple[int, int]
 
 
 def _kernel(scale: float, lobes: int) -> np.ndarray:
-    """Lanczos of ``lobes`` lobes widened by ``scale`` (a downscale's factor), sampled at whole pixels, summing to 1; ``[1]`` when
-    not downscaling."""
+    """Lanczos of ``lobes`` lobes widened by ``scale``, sampled at whole pixels, summing to 1; ``[1]`` if not
+    downscaling."""
     import numpy as np
 
     if scale <= 1.0:
@@ -172,15 +157,11 @@ def _kernel(scale: float, lobes: int) -> np.ndarray:
 
 
 def opencv():
-    """OpenCV (``cv2``), imported when first needed and set up as the job uses it."""
+    """``cv2``, imported on first use, one thread (the job's parallelism is its worker processes)."""
+    global _opencv_ready
     import cv2
 
-    _ready_opencv(cv2)
-    return cv2
-
-
-def _ready_opencv(cv2) -> None:
-    global _opencv_ready
     if not _opencv_ready:
-        cv2.setNumThreads(1)  # one image per core: the job's parallelism is its worker processes
+        cv2.setNumThreads(1)
         _opencv_ready = True
+    return cv2

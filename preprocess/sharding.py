@@ -1,10 +1,5 @@
-"""Sharding and statistics arithmetic of the preprocess job: pure functions, no Beam.
-
-Records get a place in a seeded pseudo-random order (:func:`sort_key`); shard ``k`` of a split holds the records
-whose rank ``r`` in that order has ``r * S // N == k``, so shard sizes differ by at most one. The ranks that start
-shards (:func:`boundary_ranks`) are found without sorting the whole split: sort keys are grouped in hash ranges
-(:func:`bucket_of`) of about :data:`BUCKET_TARGET` keys, which keeps every worker's share bounded.
-"""
+"""Sharding and statistics arithmetic of the preprocess job (pure): shard ``k`` holds the records whose rank ``r`` in
+a seeded order has ``r * S // N == k``; shard starts are found by hash-range buckets, not a sort of the split."""
 
 from __future__ import annotations
 
@@ -29,9 +24,8 @@ def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -
 
 
 def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int | None, min_groups: int) -> int:
-    """How many groups of consecutive ranks a split's inputs are decoded in, each into its own file: the shards
-    when their count is known before decoding (each cut in equal pieces when fewer than ``min_groups``, so every
-    worker gets work), else ``min_groups``."""
+    """How many groups of consecutive ranks a split is decoded in: the shards when known before decoding (cut in
+    equal pieces to reach ``min_groups``), else ``min_groups``."""
     if requested or predicted_bytes is not None:
         shards = num_shards_for(num_inputs, predicted_bytes or 0, requested)
     else:
@@ -41,14 +35,12 @@ def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int |
 
 
 def sort_key(seed: int, split: str, key: str) -> tuple[int, int]:
-    """A record's place in the seeded pseudo-random order: the first 128 bits of a SHA-256 of seed, split and key,
-    as two 64-bit halves (they travel in integer arrays); a tie would need equal 128-bit hashes."""
+    """A record's place in the seeded order: the first 128 bits of SHA-256(seed, split, key) as two 64-bit halves."""
     digest = hashlib.sha256(f"{seed}\0{split}\0{key}".encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:16], "big")
 
 
 def num_buckets(num_examples: int) -> int:
-    """How many hash-range buckets a split of ``num_examples`` records is cut into."""
     return max(1, math.ceil(num_examples / BUCKET_TARGET))
 
 
@@ -58,12 +50,12 @@ def bucket_of(hash64: int, buckets: int) -> int:
 
 
 def boundary_ranks(num_examples: int, shards: int) -> list[int]:
-    """First rank of shards 1..S-1, for shard(rank) = rank * S // N: shard sizes differ by at most one."""
+    """First rank of shards 1..S-1, for shard(rank) = rank * S // N."""
     return [-(-k * num_examples // shards) for k in range(1, shards)]
 
 
 def collect_boundaries(pairs) -> dict[str, tuple]:
-    """{split: sort keys starting shards 1..S-1, in order} from (split, (shard, sort key)) pairs."""
+    """{split: sort keys starting shards 1..S-1} from (split, (shard, sort key)) pairs."""
     by_split: dict[str, list] = {}
     for split, (shard, key) in pairs:
         by_split.setdefault(split, []).append((shard, key))
@@ -71,12 +63,11 @@ def collect_boundaries(pairs) -> dict[str, tuple]:
 
 
 def shard_of(key: tuple[int, int], boundaries: tuple) -> int:
-    """The shard a sort key falls in, given its split's shard-start keys."""
     return bisect.bisect_right(boundaries, key)
 
 
 def sum_tuples(values) -> tuple[int, ...]:
-    """Element-wise sum of equal-length integer tuples (exact, so any combine order gives the same result)."""
+    """Element-wise exact sum of equal-length integer tuples."""
     total: list[int] | None = None
     for value in values:
         total = list(value) if total is None else [a + b for a, b in zip(total, value)]
@@ -94,9 +85,8 @@ def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None
 
 
 class RecordSummary:
-    """What the manifest and the shard sizing need of the written records (per split records and bytes, per
-    (split, label) records, the largest label, the statistics split's exact pixel sums): one per bundle, merged."""
-
+    """Per-split records and bytes, per-(split, label) records, the largest label and exact pixel sums of written
+    records: one per bundle, merged."""
     __slots__ = ("examples", "bytes", "classes", "pixel_sums", "max_label")
 
     def __init__(self):
@@ -129,15 +119,12 @@ class RecordSummary:
 
     @classmethod
     def merge(cls, summaries) -> RecordSummary:
-        """The sum of ``summaries`` (exact integers: any merge order gives the same result)."""
         total = cls()
         for part in summaries:
-            for split, n in part.examples.items():
-                total.examples[split] = total.examples.get(split, 0) + n
-            for split, n in part.bytes.items():
-                total.bytes[split] = total.bytes.get(split, 0) + n
-            for key, n in part.classes.items():
-                total.classes[key] = total.classes.get(key, 0) + n
+            for counts, more in ((total.examples, part.examples), (total.bytes, part.bytes),
+                                 (total.classes, part.classes)):
+                for key, n in more.items():
+                    counts[key] = counts.get(key, 0) + n
             if part.pixel_sums:
                 total.add_pixels(part.pixel_sums)
             total.max_label = max(total.max_label, part.max_label)

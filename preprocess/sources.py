@@ -1,6 +1,4 @@
-"""The pure parts of a SOURCE (no Beam): ``SourceError``, split names, source keys, the split in a TFRecord file
-name, ``InputBatch``. The kinds of SOURCE are ``shardprep.pipelines.source_registry``'s.
-"""
+"""The pure parts of a SOURCE (no Beam): ``SourceError``, split names, source keys, ``InputBatch``."""
 
 from __future__ import annotations
 
@@ -11,32 +9,27 @@ from shardprep.preprocess.elements import Input
 
 # Folder names taken as splits when every sub-folder of SOURCE has one of them.
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
-# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (TFDS writes shard numbers as %05d: 5 digits or more).
-# The one rule for the split in a TFRecord file name: the preprocess job's planning and validate both use it.
+# TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (shard numbers as %05d: 5 digits or more).
 _TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?$")
 
 
 class SourceError(ValueError):
-    """SOURCE or its options cannot be used (the message says why and what to do), found before anything is
-    written; the CLI exits 2, as for a command line click refuses (a failed run exits 1)."""
-
+    """SOURCE or its options cannot be used (the message says why), found before anything is written; exit 2."""
     exit_code = 2
 
 
 def split_from_tfrecord_name(filename: str) -> str | None:
-    """The split in a TFDS-style file name or path (``imagenette-train.tfrecord-00000-of-00016`` gives ``train``),
-    or None for a file not named that way."""
+    """The split in a TFDS-style file name (``x-train.tfrecord-00000-of-00016``: ``train``), or None."""
     match = _TFDS_FILE_SPLIT.search(filename.rsplit("/", 1)[-1])
     return match.group(1) if match else None
 
 
 def source_key(root: str, path: str) -> str:
-    """A file's source key: its path relative to SOURCE."""
     return path[len(root):].lstrip("/") if path.startswith(root) else path
 
 
 def is_utf8(text: str) -> bool:
-    """False for a name that the OS gave with undecodable bytes (Python's surrogate escapes)."""
+    """False for a name the OS gave with undecodable bytes (surrogate escapes)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -45,20 +38,16 @@ def is_utf8(text: str) -> bool:
 
 
 def printable_key(name: str) -> str:
-    """``name`` with its bytes that are not UTF-8 as backslash-x escapes."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def is_hidden(name: str) -> bool:
-    """Dot-files (``.DS_Store``, editor backups) are not dataset inputs."""
     return name.startswith(".")
 
 
 class InputBatch:
-    """A few listed ``Input``s packed for the trip to the decoder; iterating gives them back. Pickles as a handful
-    of strings (splits, keys, paths: their common prefix and the joined rest), so the runner's shuffle holds ~20
-    bytes per input, not full paths (Beam's local runner holds every batch at once, in the launcher)."""
-
+    """A few listed ``Input``s packed for the shuffle: pickles as a handful of strings (common prefix and the joined
+    rest), ~20 bytes per input, since Beam's local runner holds every batch at once."""
     __slots__ = ("_state",)
     _SEPARATOR = "\0"  # cannot occur in a path, a split or class name, or a TFRecord key
 

@@ -1,9 +1,5 @@
-"""TFRecord framing: write and read records with their CRC32C checks, one record at a time.
-
-A TFRecord file is a sequence of ``uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)``.
-These helpers work on any binary file object (a local file, or Beam's ``FileSystems.open`` for ``gs://``), report
-the index of a bad record, and never need TensorFlow, so Beam workers stay light.
-"""
+"""TFRecord framing (``uint64 length | masked crc32c | data | masked crc32c``) without TensorFlow, so Beam workers
+stay light; works on any binary file object and reports the index of a bad record."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ FOOTER_BYTES = 4  # uint32 masked CRC of the data, after it
 
 
 class CorruptRecordError(IOError):
-    """A record's framing or checksum is wrong; ``index`` is the 0-based record number within its file."""
-
+    """A record's framing or checksum is wrong; ``index`` is its 0-based number within its file."""
     def __init__(self, message: str, index: int, offset: int):
         super().__init__(f"record {index} (byte offset {offset}): {message}")
         self.index = index
@@ -31,17 +26,16 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def mask_crc(crc: int) -> int:
-    """TFRecord's masked form of a CRC32C (for a CRC computed in pieces, e.g. with ``google_crc32c.extend``)."""
+    """TFRecord's masked form of a CRC32C."""
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def frame(data: bytes) -> bytes:
-    """One record exactly as it is stored in a TFRecord file."""
     return frame_parts((data,))
 
 
 def frame_parts(parts) -> bytes:
-    """:func:`frame` of ``b"".join(parts)``, joined once: the CRC is extended part by part, no part is copied first."""
+    """The framed record of ``b"".join(parts)``, joined once: the CRC is extended part by part."""
     length = struct.pack("<Q", sum(len(part) for part in parts))
     crc = 0
     for part in parts:
@@ -54,7 +48,7 @@ def framed_size(data_length: int) -> int:
 
 
 def read_records(stream: BinaryIO) -> Iterator[bytes]:
-    """Yields the records of a TFRecord stream; raises :class:`CorruptRecordError` at the first bad one."""
+    """Yields the records of a TFRecord stream; raises CorruptRecordError at the first bad one."""
     index = offset = 0
     while True:
         header = stream.read(HEADER_BYTES)

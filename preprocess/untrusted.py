@@ -1,11 +1,5 @@
-"""Files shardprep wrote and reads back (the manifest, shards, its other records), read as untrusted input.
-
-:func:`json_loads` parses within bounds, each failure an :class:`UntrustedJSONError` naming the file and where: at
-most ``max_bytes``; at most ``max_depth`` levels, counted before parsing (no ``RecursionError``); finite numbers
-only (``NaN``, ``1e999`` refused), integers of at most :data:`MAX_INT_DIGITS` digits; UTF-8 without lone
-surrogates; no key twice in one object. :func:`read_regular_file` and :func:`open_regular_file` take only a regular
-file (a FIFO would block, ``/dev/zero`` never ends), following symbolic links.
-"""
+"""Files shardprep wrote and reads back, read as untrusted input: JSON within bounds (size, nesting, finite numbers,
+valid UTF-8, no repeated key), and only regular files (a FIFO would block, ``/dev/zero`` never ends)."""
 
 from __future__ import annotations
 
@@ -15,6 +9,8 @@ import re
 import stat
 
 import numpy as np
+
+from shardprep.preprocess.sources import is_utf8
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 100
@@ -29,8 +25,8 @@ class UntrustedJSONError(ValueError):
 
 
 class NotRegularFileError(OSError):
-    """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large to read);
-    ``reason`` is the message without the path (``is a FIFO (named pipe), not a regular file``)."""
+    """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large); ``reason`` is
+    the message without the path."""
 
     def __init__(self, path: str, reason: str):
         super().__init__(f"{path} {reason}")
@@ -38,7 +34,7 @@ class NotRegularFileError(OSError):
 
 
 class _Refused:
-    """Stands in for a value the parser met that is refused, until the walk finds where it is."""
+    """A refused value the parser met, until the walk finds where it is."""
 
     def __init__(self, why: str):
         self.why = why
@@ -73,8 +69,8 @@ def depth(text: str) -> int:
 
 def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DEPTH,
                expected: str = "a file shardprep writes"):
-    """The JSON document in ``data`` (UTF-8 bytes or text), read from ``source`` (named in every error), within the
-    bounds above; raises :class:`UntrustedJSONError`. ``expected``: what the file should be, for the nesting error."""
+    """The JSON document in ``data`` read from ``source`` (named in every error), within the bounds above; else
+    UntrustedJSONError. ``expected``: what the file should be, for the nesting error."""
     if len(data) > max_bytes:
         raise UntrustedJSONError(f"{source}: is {len(data):,} bytes, more than the {max_bytes:,} bytes allowed")
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -100,22 +96,14 @@ def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int
                               parse_constant=_constant)
     except json.JSONDecodeError as e:
         raise UntrustedJSONError(f"{source}: not valid JSON: {e}") from None
-    except RecursionError:  # (the depth bound comes first; this is the parser's own limit, should it be lower)
+    except RecursionError:  # the parser's own limit, should it be below max_depth
         raise UntrustedJSONError(f"{source}: nested too deeply to parse") from None
     _check_values(document, source)
     return document
 
 
 def _shown(text: str) -> str:
-    return ascii(text) if not _is_unicode(text) else repr(text)
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return ascii(text) if not is_utf8(text) else repr(text)
 
 
 def _check_values(document, source: str) -> None:
@@ -127,7 +115,7 @@ def _check_values(document, source: str) -> None:
         if isinstance(value, dict):
             children = []
             for key, child in value.items():
-                if not _is_unicode(key):
+                if not is_utf8(key):
                     raise UntrustedJSONError(f"{source}: key {ascii(key)} in {where} holds a lone surrogate, not "
                                              "valid Unicode")
                 children.append((child, f"{path}.{key}" if path else key))
@@ -136,7 +124,7 @@ def _check_values(document, source: str) -> None:
             stack.extend(reversed([(child, f"{path}[{index}]") for index, child in enumerate(value)]))
         elif isinstance(value, _Refused):
             raise UntrustedJSONError(f"{source}: {where} {value.why}")
-        elif isinstance(value, str) and not _is_unicode(value):
+        elif isinstance(value, str) and not is_utf8(value):
             raise UntrustedJSONError(f"{source}: {where} {ascii(value)[:60]} holds a lone surrogate, not valid "
                                      "Unicode")
 
@@ -154,8 +142,8 @@ def file_kind(path: str) -> str:
 
 
 def open_regular_file(path: str) -> int:
-    """A read-only descriptor of ``path`` if it is a regular file (links followed); else
-    :class:`NotRegularFileError` naming what it is. A FIFO is never waited on, a device never opened."""
+    """A read-only descriptor of ``path`` if it is a regular file (links followed); else NotRegularFileError. A FIFO
+    is never waited on, a device never opened."""
     kind = _kind(os.stat(path).st_mode)
     if kind is None:
         # O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open does not wait.
@@ -170,7 +158,7 @@ def open_regular_file(path: str) -> int:
 
 
 def read_regular_file(path: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file ``path``, at most ``max_bytes`` of them (else :class:`NotRegularFileError`)."""
+    """The bytes of the regular file ``path``, at most ``max_bytes`` (else NotRegularFileError)."""
     descriptor = open_regular_file(path)
     with os.fdopen(descriptor, "rb") as f:
         size = os.fstat(descriptor).st_size

@@ -1,13 +1,5 @@
-"""Readable names of the 1,000 ImageNet-1k (ILSVRC 2012) classes by WordNet ID: ``n03445777`` is a golf ball.
-
-:func:`display_name` gives ``golf ball (n03445777)`` for a WordNet ID in the table and any other class name as it
-is; :func:`synonyms` gives WordNet's synonyms (``tench, Tinca tinca``), whose first is the readable name.
-
-The table, ``wordnet_names.txt`` (package data: ``ID<TAB>synonyms`` a line, in label order), pairs the IDs of
-``tensorflow_datasets/datasets/imagenet2012/labels.txt`` with ``IMAGENET_LABELS_LIST`` of
-``tensorflow_datasets/datasets/siscore/labels.py`` (tensorflow-datasets 4.9.10, Apache License 2.0), so reading it
-needs no TFDS.
-"""
+"""Readable names of the ImageNet-1k classes by WordNet ID, from ``wordnet_names.txt`` (taken from
+tensorflow-datasets 4.9.10, Apache 2.0), so reading it needs no TFDS."""
 
 from __future__ import annotations
 
@@ -20,7 +12,6 @@ _WORDNET_ID = re.compile(r"^n\d{8}$")
 
 @functools.cache
 def table() -> dict[str, str]:
-    """{WordNet ID: its synonyms} for the 1,000 ImageNet-1k classes, in label order."""
     text = importlib.resources.files("shardprep.preprocess").joinpath("wordnet_names.txt").read_text(encoding="utf-8")
     return dict(line.split("\t", 1) for line in text.splitlines() if line)
 
@@ -31,7 +22,6 @@ def synonyms(class_name: str) -> str | None:
 
 
 def display_name(class_name: str) -> str:
-    """``golf ball (n03445777)`` for an ImageNet-1k WordNet ID (its first synonym, then the ID); any other class
-    name as it is."""
+    """``golf ball (n03445777)`` for an ImageNet-1k WordNet ID; any other class name as it is."""
     names = synonyms(class_name)
     return f"{names.split(', ')[0]} ({class_name})" if names else class_name

@@ -312,7 +312,7 @@ def test_options_past_the_limits_are_refused_before_the_run(tmp_path, options, e
 
 
 def test_the_largest_side_that_fits_is_accepted():
-    from shardprep.preprocess import limits
+    from shardprep.preprocess import config as limits
 
     limits.check_options(26754, "center", "raw", 10 ** 10)
     limits.check_options(13377, "center", "raw", 178_956_970)
@@ -322,7 +322,7 @@ def test_the_largest_side_that_fits_is_accepted():
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_an_image_whose_record_would_be_too_large_is_a_reject(monkeypatch, encoding):
-    from shardprep.preprocess import image_ops, limits
+    from shardprep.preprocess import config as limits, image_ops
 
     monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 20_000)
     monkeypatch.setattr(limits, "RECORD_OVERHEAD", 100)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from shardprep.preprocess import image_ops, jpeg_decode
+from shardprep.preprocess import image_ops
 
 
 def _jpeg(mode: str, size: tuple[int, int], **save) -> bytes:
@@ -34,7 +34,7 @@ def _fast_rgb(data: bytes, shorter_side: int | None):
     image = Image.open(io.BytesIO(data))
     if shorter_side:
         image.draft(None, (shorter_side, shorter_side))
-    return jpeg_decode.decode_plain_rgb(image, data, image_ops._turns)
+    return image_ops.decode_plain_rgb(image, data)
 
 
 JPEGS = {

@@ -1,17 +1,6 @@
-"""How an image is stored in a record: one :class:`Encoding` per ``--encoding`` choice, looked up by name.
-
-Everything that differs between encodings lives on the :class:`Encoding` (the writer, the record parser, the
-limits, validate and both train readers ask it through :func:`get`; none tests a name): :meth:`~Encoding.encode`,
-the most pixels a side it stores (``max_side``), whether ``--jpeg-quality`` applies (``uses_quality``, then
-recorded as the manifest's ``jpeg_quality``), the bytes a size fixes (:meth:`~Encoding.stored_bytes`: raw pixels,
-which makes raw centre crops a fixed layout), :meth:`~Encoding.decode` (NumPy) and :meth:`~Encoding.decode_tf`
-(tf.data; the same pixels), and validate's ``mean_std_tolerance``. A name this version does not know is an
-:class:`UnknownEncodingError`, never read as another encoding. An encoding is named with its parameter in a spec
-(:func:`parse_spec`: ``raw``, ``png``, ``jpeg``, ``jpeg:90``).
-
-Nothing heavy is imported at module level (the CLI imports this for ``--help``): each method imports Pillow, NumPy
-or TensorFlow itself, and workers never call ``decode_tf``.
-"""
+"""How an image is stored in a record: one :class:`Encoding` per ``--encoding`` choice, looked up by name
+(:func:`get`); everything that differs between encodings lives on it, and no caller tests a name. Nothing heavy is
+imported at module level: the CLI imports this for ``--help``."""
 
 from __future__ import annotations
 
@@ -21,13 +10,11 @@ CHANNELS = 3  # every stored image is RGB
 
 
 class UnknownEncodingError(ValueError):
-    """An encoding name this version of shardprep does not know (a manifest or record of a newer version, a typo)."""
+    """An encoding name this version does not know (a newer manifest or record, a typo)."""
 
 
 class Encoding:
-    """One way of storing an image; subclasses set the class attributes and implement :meth:`encode` and
-    :meth:`decode` (and :meth:`decode_tf` where TensorFlow decodes the format natively)."""
-
+    """One way of storing an image; subclasses set the class attributes and implement ``encode`` and ``decode``."""
     name: str = ""  # --encoding, the manifest's "encoding", every record's image/format
     summary: str = ""  # what it is for, in --encoding's help
     label: str = ""  # the format as messages name it ("JPEG")
@@ -38,17 +25,15 @@ class Encoding:
     tolerance_reason: str = ""  # why the tolerance is what it is, in validate's help
 
     def encode(self, image, quality: int) -> bytes:
-        """The stored bytes of ``image`` (an RGB ``PIL.Image.Image``, or an RGB uint8 array H x W x 3, C order)."""
+        """The stored bytes of ``image`` (an RGB Pillow image, or a C-order H x W x 3 uint8 array)."""
         raise NotImplementedError
 
     def decode(self, encoded: bytes, height: int, width: int):
-        """The stored image as a uint8 array ``[H, W, 3]`` (a decoder reading the size from the bytes may give
-        another than the record's: callers check)."""
+        """The stored image as a uint8 [H, W, 3] array (its size may differ from the record's: callers check)."""
         raise NotImplementedError
 
     def decode_tf(self, encoded, height, width):
-        """:meth:`decode` in TensorFlow (uint8 ``[H, W, 3]``, static rank 3): by default :meth:`decode` itself in
-        ``tf.numpy_function``."""
+        """:meth:`decode` in TensorFlow (uint8 [H, W, 3]), by default through ``tf.numpy_function``."""
         import tensorflow as tf
 
         def decode(data, stored_height, stored_width):
@@ -65,7 +50,6 @@ class Encoding:
         return None
 
     def has_fixed_layout(self, crop: str) -> bool:
-        """Whether records of this encoding and ``crop`` all have one length (``FixedLayout``)."""
         return crop == "center" and self.stored_bytes(1, 1) is not None
 
     def __repr__(self) -> str:
@@ -74,11 +58,9 @@ class Encoding:
 
 class Raw(Encoding):
     """The uint8 pixels themselves, H x W x 3 bytes, row-major: nothing to decode at train time."""
-
     name, label = "raw", "raw"
     summary = "uint8 HxWx3 bytes (no decode at train time)"
-    # The shards hold exactly the pixels the manifest's mean/std were computed from: only float rounding differs.
-    mean_std_tolerance = 0.05
+    mean_std_tolerance = 0.05  # the very pixels the manifest's mean/std came from: only float rounding differs
 
     def encode(self, image, quality: int) -> bytes:
         return image.tobytes()  # a Pillow RGB image's and a C-order H x W x 3 array's bytes are the same layout
@@ -98,12 +80,11 @@ class Raw(Encoding):
 
 
 class PillowEncoding(Encoding):
-    """An encoding Pillow writes (``pillow_format``, :meth:`save_options`) and reads (by content, to RGB)."""
-
+    """An encoding Pillow writes (``pillow_format``, ``save_options``) and reads (by content, to RGB)."""
     pillow_format: str = ""  # Pillow's name of the format, for Image.save
 
     def save_options(self, quality: int) -> dict:
-        """Keyword arguments of ``Image.save`` besides the format (fixed ones: the bytes must not vary)."""
+        """Keyword arguments of ``Image.save`` besides the format, fixed so the bytes do not vary."""
         return {}
 
     def encode(self, image, quality: int) -> bytes:
@@ -128,8 +109,7 @@ class PillowEncoding(Encoding):
 
 
 class Jpeg(PillowEncoding):
-    """A baseline JPEG per image, without chroma subsampling: smaller shards, decoded per image at train time."""
-
+    """A baseline JPEG per image, without chroma subsampling."""
     name, label, pillow_format = "jpeg", "JPEG", "JPEG"
     summary = "smaller shards"
     max_side = 65_500  # libjpeg's limit on either side
@@ -144,14 +124,12 @@ class Jpeg(PillowEncoding):
     def decode_tf(self, encoded, height, width):
         import tensorflow as tf
 
-        # The integer DCT Pillow uses too, so both readers give the same pixels (decode_and_crop_jpeg would
-        # upsample chroma differently at a window's edges).
+        # Pillow's integer DCT, so both readers give the same pixels.
         return tf.io.decode_jpeg(encoded, channels=CHANNELS, dct_method="INTEGER_ACCURATE")
 
 
 class Png(PillowEncoding):
-    """A PNG per image: lossless, smaller than raw, decoded per image at train time."""
-
+    """A lossless PNG per image."""
     name, label, pillow_format = "png", "PNG", "PNG"
     summary = "lossless, smaller than raw"
     mean_std_tolerance = 0.05  # lossless: as raw, only float rounding differs
@@ -173,7 +151,7 @@ _BY_NAME = {encoding.name: encoding for encoding in REGISTERED}
 
 
 def get(name) -> Encoding:
-    """The encoding called ``name``; :class:`UnknownEncodingError` (a ``ValueError``) for any other value."""
+    """The encoding called ``name``; UnknownEncodingError (a ValueError) for any other value."""
     encoding = _BY_NAME.get(name) if isinstance(name, str) else None
     if encoding is None:
         raise UnknownEncodingError(f"unknown encoding {name!r}: this version of shardprep knows {', '.join(NAMES)}")
@@ -188,14 +166,12 @@ def has_fixed_layout(name, crop) -> bool:
 
 class EncodingSpec(NamedTuple):
     """An encoding named with its parameter: ``jpeg:90`` is ``EncodingSpec(jpeg, 90)``."""
-
     encoding: Encoding
     quality: int | None  # None: not given (the default applies)
 
 
 def parse_spec(text: str) -> EncodingSpec:
-    """``raw``, ``png``, ``jpeg`` or ``jpeg:Q`` (Q in 1-100) as an :class:`EncodingSpec`; a ValueError saying what
-    is wrong otherwise."""
+    """``raw``, ``png``, ``jpeg`` or ``jpeg:Q`` (Q in 1-100) as an EncodingSpec; else a ValueError saying why."""
     name, colon, parameter = text.partition(":")
     encoding = get(name)
     if not colon:
@@ -208,8 +184,8 @@ def parse_spec(text: str) -> EncodingSpec:
 
 
 def resolve(text: str, quality: int, quality_given: bool = False) -> tuple[str, int]:
-    """(encoding name, JPEG quality) of ``--encoding TEXT`` beside ``--jpeg-quality QUALITY`` (``quality_given``:
-    typed, not its default): a spec's quality wins over the default; a ValueError when both are typed and differ."""
+    """(encoding name, JPEG quality) of ``--encoding TEXT`` beside ``--jpeg-quality`` (``quality_given``: typed): a
+    spec's quality wins over the default; ValueError when both are typed and differ."""
     spec = parse_spec(text)
     if spec.quality is None:
         return spec.encoding.name, quality
