@@ -41,24 +41,24 @@ class CheckpointError(ValueError):
     """The checkpoint cannot be resumed from; the message names the file and the cause."""
 
 
-def _is_url(path: str) -> bool:
+def is_url(path: str) -> bool:
     return "://" in path
 
 
-def _gfile():
+def gfile():
     import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
 
     return tf.io.gfile
 
 
 def exists(path: str) -> bool:
-    return _gfile().exists(path) if _is_url(path) else os.path.lexists(path)
+    return gfile().exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def _open(path: str):
     """A file to read; locally only a regular file (a FIFO or a device would block or never end)."""
-    if _is_url(path):
-        return _gfile().GFile(path, "rb")
+    if is_url(path):
+        return gfile().GFile(path, "rb")
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise CheckpointError(f"--resume: {path} is not a regular file (a FIFO, device or folder), so the run "
                               "cannot continue from it; start again with --overwrite, or in a new --output-dir")

@@ -1,17 +1,11 @@
-"""What a training run writes and reads back: its JSON files, checkpoints (weights, optimizer state, the callbacks'
-state and the reader's position) for ``--resume``, and the inference model.
+"""What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` and the inference model.
 
 A checkpoint is ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (:func:`run_state`:
-the global step, the epoch's partial metrics, history, callbacks' state, and the options a resumed run must share).
-It is written at epoch ends and, with ``--checkpoint-every-steps N``, every N steps, in an order that a kill at any
-point leaves either the old checkpoint or the new one (:func:`save_checkpoint`; the order and how a resume pairs
-the two files are :mod:`shardprep.train.checkpoint_state`'s docstring). A resumed run rewrites ``history.json``
-from the checkpoint it continues from, so the history always matches the checkpoint.
-
-Every file is written under a temporary name and renamed (never through a link); a write that fails (a full disk)
-is a :class:`RunFileError` naming the file, and the checkpoint before it stays whole.
-
-TensorFlow is imported only for ``gs://`` and other URLs (``tf.io.gfile``); local runs on JAX or PyTorch need none.
+the global step, the partial epoch, history, callbacks' state, the seed generators' state (:func:`capture_rng`:
+Keras keeps them out of ``.keras`` files) and the options a resumed run must share), committed in a kill-safe order
+(:func:`save_checkpoint`; :mod:`shardprep.train.checkpoint_state` pairs the two files back). Every file is written
+under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file,
+the checkpoint before it whole. TensorFlow is imported only for URLs (``tf.io.gfile``).
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ import numpy as np
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import checkpoint_state, run_files
 from shardprep.train import losses  # noqa: F401  registers the loss a JAX/PyTorch checkpoint is compiled with
-from shardprep.train.checkpoint_state import STATE_FORMAT  # noqa: F401  (public here too)
+from shardprep.train.checkpoint_state import STATE_FORMAT, exists, gfile, is_url  # noqa: F401 (public here too)
 
 # Callback state that a resumed run carries on with (Keras resets it in on_train_begin).
 _CALLBACK_STATE = {
@@ -46,30 +40,16 @@ class RunFileError(ValueError):
     """A file of the run could not be written (a full disk, no permission); the message names it."""
 
 
-def _gfile():
-    import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
-
-    return tf.io.gfile
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
 def make_dirs(path: str) -> None:
-    if _is_url(path):
-        _gfile().makedirs(path)
+    if is_url(path):
+        gfile().makedirs(path)
     else:
         os.makedirs(path, exist_ok=True)
 
 
-def exists(path: str) -> bool:
-    return _gfile().exists(path) if _is_url(path) else os.path.exists(path)
-
-
 def _replace(source: str, target: str) -> None:
-    if _is_url(target):
-        _gfile().rename(source, target, overwrite=True)
+    if is_url(target):
+        gfile().rename(source, target, overwrite=True)
     else:
         os.replace(source, target)
 
@@ -85,8 +65,8 @@ def write_json(path: str, value) -> None:
     temporary = path + ".tmp"
     text = json.dumps(value, indent=2) + "\n"
     try:
-        if _is_url(path):
-            with _gfile().GFile(temporary, "w") as f:
+        if is_url(path):
+            with gfile().GFile(temporary, "w") as f:
                 f.write(text)
         else:
             _fresh(temporary)
@@ -102,15 +82,15 @@ def write_json(path: str, value) -> None:
 def _fresh(temporary: str) -> None:
     """Removes a temporary file a killed run left, so that it is written as a new file: never through a link, and
     never into a file it shares with another name (a hard link)."""
-    if not _is_url(temporary) and os.path.lexists(temporary):
+    if not is_url(temporary) and os.path.lexists(temporary):
         os.remove(temporary)
 
 
 def _discard(path: str) -> None:
     """Removes a temporary file of ours that could not be finished (a full disk keeps nothing half written)."""
     try:
-        if _is_url(path):
-            _gfile().remove(path)
+        if is_url(path):
+            gfile().remove(path)
         elif os.path.isfile(path) and not os.path.islink(path):
             os.remove(path)
     except Exception:  # noqa: BLE001 - best effort: the failure reported is the write's
@@ -118,8 +98,8 @@ def _discard(path: str) -> None:
 
 
 def read_json(path: str):
-    if _is_url(path):
-        with _gfile().GFile(path) as f:
+    if is_url(path):
+        with gfile().GFile(path) as f:
             return json.loads(f.read())
     with open(path) as f:
         return json.load(f)
@@ -130,7 +110,7 @@ def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | N
     local file ``model`` was just saved to, copied instead (the same state: serializing it again would only cost)."""
     try:
         _fresh(temporary)
-        if saved_as is not None and not _is_url(saved_as) and not _is_url(temporary):
+        if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
             shutil.copyfile(saved_as, temporary)
         else:
             model.save(temporary)
@@ -257,7 +237,7 @@ class BestCheckpoint(keras.callbacks.ModelCheckpoint):
 def discard_best_writing(paths: dict) -> None:
     """Removes a ``best.writing.keras`` a killed run left half written (``best.keras`` is whole without it): the
     name itself, never what a link there points at."""
-    if _is_url(paths["best_writing"]):
+    if is_url(paths["best_writing"]):
         _discard(paths["best_writing"])
         return
     try:
@@ -380,3 +360,49 @@ def save_inference_model(model: keras.Model, path: str) -> None:
     except OSError as error:
         _discard(temporary)
         raise _failed(path, error) from error
+
+
+def _seed_variables(model: keras.Model) -> list:
+    """The model's seed-generator state variables (its variables that are not weights), by position: Keras names
+    generators by a counter of the process, so the same model built twice has other names."""
+    weights = {id(weight) for weight in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def _global_generator():
+    """Keras's global seed generator if one was made (random ops without a seed make it), else None."""
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # another Keras layout: nothing uses the global generator in shardprep's model
+        return None
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def _value(variable) -> list[int]:
+    return np.asarray(keras.ops.convert_to_numpy(variable.value)).tolist()
+
+
+def capture_rng(model: keras.Model) -> dict:
+    """``{"layers": [[seed, counter], ...], "global": [seed, counter] or None}``: every seed generator the model
+    holds, in order, and Keras's global one."""
+    generator = _global_generator()
+    return {"layers": [_value(variable) for variable in _seed_variables(model)],
+            "global": _value(generator.state) if generator is not None else None}
+
+
+def restore_rng(model: keras.Model, state: dict) -> None:
+    """Sets the model's seed generators (and the global one) to ``state`` from :func:`capture_rng`; a
+    ``ValueError`` when the state holds another number of generators than the model (another model)."""
+    variables = _seed_variables(model)
+    saved = state.get("layers", [])
+    if len(saved) != len(variables):
+        raise ValueError(f"the checkpoint's random state is of {len(saved)} seed generator(s), this model has "
+                         f"{len(variables)}: the checkpoint is of another model")
+    for variable, value in zip(variables, saved):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    if state.get("global") is not None:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        generator = global_seed_generator()
+        generator.state.assign(np.asarray(state["global"], dtype=generator.state.dtype))

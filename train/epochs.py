@@ -8,7 +8,7 @@ entry (:func:`shardprep.train.checkpoints.run_state`) gets from here, besides th
   accumulators (``metrics``: a resumed run continues the same sums, so the epoch's numbers are the ones one process
   would have computed), and its ``timing`` so far; ``validation_pending``: the epoch's steps are all done and
   Ctrl-C stopped its validation, which the resumed run does first;
-* ``rng``: every random generator's state (:mod:`shardprep.train.rng_state`), so the next step draws what it would
+* ``rng``: every random generator's state (:func:`shardprep.train.checkpoints.capture_rng`), so the next step draws what it would
   have drawn in one process.
 """
 
@@ -22,7 +22,7 @@ from typing import Callable
 import keras
 
 from shardprep.preprocess.text import count
-from shardprep.train import checkpoints, progress, rng_state, tensorboard_logs
+from shardprep.train import checkpoints, progress, tensorboard_logs
 from shardprep.train.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.config import TrainConfig
 from shardprep.train.interrupt import StopRequests, TrainingInterrupted
@@ -126,7 +126,7 @@ class Epochs:
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
             try:
-                rng_state.restore(self.model, state["rng"])
+                checkpoints.restore_rng(self.model, state["rng"])
             except ValueError as error:
                 raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
                     from error
@@ -326,7 +326,7 @@ class Epochs:
         (best.keras, just written), copied instead of serializing the model a second time."""
         state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
                                       checkpoints.optimizer_iterations(self.model), partial_epoch)
-        state["rng"] = rng_state.capture(self.model)  # the draws the next step makes
+        state["rng"] = checkpoints.capture_rng(self.model)  # the draws the next step makes
         checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state, saved_as)
         self.saved_state = state
 

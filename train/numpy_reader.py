@@ -1,53 +1,31 @@
-"""The framework-free reader: NumPy batches of a prepared dataset, with no TensorFlow anywhere on its path.
+"""``NumpyReader``: a prepared dataset's batches as NumPy arrays, with no TensorFlow on its path.
 
-``NumpyReader(data_dir, split, batch_size, training, seed=None)`` is an iterable of ``(uint8 [B, H, W, 3], int32
-[B])`` batches, the same batches, in the same order, as :func:`shardprep.train.reader.make_dataset` gives for the
-same seed (both follow :mod:`shardprep.train.record_order`). Training goes on epoch after epoch, each reshuffled;
-evaluation ends after one pass. Raw centre-crop shards are gathered by ``preadv`` into reused, aligned batch buffers
-(:mod:`shardprep.train.record_gather`) on a few threads and prefetched (:mod:`shardprep.train.batch_prefetch`); JPEG
-and ``crop: none`` shards are read by random access and decoded with Pillow or NumPy
-(:mod:`shardprep.train.batch_sources`).
-
-Usage::
-
-    reader = NumpyReader("data", "train", 256, training=True, seed=0)
-    for step, (images, labels) in zip(range(reader.steps_per_epoch * epochs), reader):
-        ...
-
-Resuming: ``start_step`` (or :meth:`NumpyReader.set_state`) is the number of global batches already read, e.g.
-``model.optimizer.iterations`` when one batch is one step; the reader then yields exactly the batches an
-uninterrupted run would have from there, found in O(1). :meth:`NumpyReader.state` says where it is.
-
-Multi-host runs: process ``index`` of ``num_shards`` reads its own share; every process gets the same number of
-batches. For Keras (any backend), :meth:`NumpyReader.as_py_dataset` wraps the reader in a ``keras.utils.PyDataset``
-(:mod:`shardprep.train.keras_batches`); PyTorch's ``DataLoader`` and Grain take
-:class:`shardprep.train.record_dataset.RecordDataset` with its seeded sampler.
-
-A batch handed out stays valid while the caller holds it (its buffer is reused only once nothing references it).
-
-One reader is one position in one stream of batches: ``iter(reader)`` continues from :meth:`NumpyReader.state`, and
-while one iterator is active (not finished, closed or dropped) a second ``iter()`` or a :meth:`~NumpyReader.set_state`
-is refused (``RuntimeError``) instead of handing out batches twice or skipping them. For two independent streams,
-make two readers; for any batch at any time, :meth:`~NumpyReader.read_batch`.
-
-The dataset is trusted no further than it was checked: every shard a batch reads must be the file the reader
-opened (same inode, size and modification time), ``manifest.json`` and the shards are checked again at each epoch
-boundary, and every label must be one of the manifest's classes; else ``DatasetChangedError``
-(:mod:`shardprep.train.record_identity`), a ``ValueError`` naming the file.
+The same batches, in the same order, as :func:`shardprep.train.reader.make_dataset` for the same seed (both follow
+:mod:`shardprep.train.record_order`): endless reshuffled epochs in training, one pass in evaluation. Batches are read
+on a few threads (``preadv`` and Pillow release the GIL) from :mod:`shardprep.train.batch_sources` into reused
+buffers, and handed out in order; a batch stays valid while the caller holds it. ``start_step``/:meth:`~NumpyReader.
+set_state` resume at any global step in O(1). One reader is one stream: a second active iterator, or ``set_state``
+during one, is a ``RuntimeError``; :meth:`~NumpyReader.read_batch` reads any step. Shards are checked as read, and
+in full at each epoch's start (``DatasetChangedError``, :mod:`shardprep.train.record_identity`).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import itertools
 import os
 import weakref
 
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import batch_prefetch, host_crop, split_roles
+from shardprep.train import host_crop, split_roles
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
+
+DEFAULT_THREADS, DEFAULT_DEPTH = 3, 6  # threads reading batches, batches read ahead
 
 
 def check_local(data_dir: str) -> None:
@@ -58,30 +36,15 @@ def check_local(data_dir: str) -> None:
 
 
 class NumpyReader:
-    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a prepared shardprep dataset.
+    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local prepared dataset.
 
-    Args:
-      data_dir: the local dataset folder holding ``manifest.json``.
-      split: a split of the manifest, or a role (``"train"``, ``"validation"``, ``"test"``: the split that plays
-        it, said once when another name: :mod:`shardprep.train.split_roles`); ``self.split`` is the split read.
-      batch_size: records per batch of this process.
-      training: ``True``: endless, reshuffled every epoch, ``steps_per_epoch`` full batches an epoch, random square
-        crops for ``crop: none``. ``False``: one pass in order, the last batch may be smaller, central crops.
-      seed: same seed, same batches (and the same as ``make_dataset``'s); ``None`` draws one for this reader.
-      num_shards, index: this process's share of the records (multi-host runs).
-      start_step: global batches already read: the reader starts right after them.
-      manifest: the manifest :func:`~shardprep.preprocess.dataset.load_manifest` returned (or its document); by
-        default it is loaded from ``data_dir``.
-      threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
-      verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
-      crop_size: cut every image to a ``crop_size`` square on the host (:mod:`shardprep.train.host_crop`): in
-        training a random window, mirrored for half of them, the same for the same seed and step (a resumed reader
-        cuts the same windows); in evaluation the central window. ``None`` (default): the stored images, for
-        augmentation on the accelerator.
-
-    Raises ``TypeError`` for an argument of the wrong type (``batch_size=2.5``, ``training="yes"``), ``ValueError``
-    for one out of range (``batch_size``, ``num_shards``/``index``, ``seed``, ``start_step``), a URL, or shards that
-    disagree with the manifest.
+    ``split``: a split or a role (:mod:`shardprep.train.split_roles`). ``training``: endless, reshuffled each epoch,
+    full batches, random squares for ``crop: none``; else one pass in order, central squares. ``seed``: same seed,
+    same batches (``None`` draws one). ``num_shards``/``index``: this process's share. ``start_step``: global batches
+    already read. ``threads`` (3), ``prefetch`` (6): reading threads and batches ahead. ``verify_records``: check
+    both CRCs of every record. ``crop_size``: cut each image to that square on the host (:mod:`~shardprep.train.
+    host_crop`: random and flipped in training, the same for the same seed and step; central in evaluation).
+    ``TypeError``/``ValueError`` for arguments of the wrong type or range, a URL, or shards unlike the manifest.
     """
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
@@ -98,7 +61,7 @@ class NumpyReader:
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
-        self._buffers = ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH) + 8)
+        self._buffers = ReusedBuffers(max_buffers=2 * (prefetch or DEFAULT_DEPTH) + 8)
         self._source = batch_source(data_dir, self.manifest, split, training, verify=verify_records,
                                     buffers=self._buffers)
         if self.crop_size is not None:
@@ -178,8 +141,8 @@ class NumpyReader:
 
     def _batches(self):
         first = self._step
-        steps = _count_from(first) if self.training else range(first, len(self))
-        for step, batch in zip(_count_from(first), batch_prefetch.prefetched(self.read_batch, steps, self.threads,
+        steps = itertools.count(first) if self.training else range(first, len(self))
+        for step, batch in zip(itertools.count(first), prefetched(self.read_batch, steps, self.threads,
                                                                               self.prefetch)):
             self._step = step + 1
             yield batch
@@ -213,8 +176,28 @@ def _checked_arguments(data_dir, split, training, manifest, threads, prefetch, v
     return os.fspath(data_dir)
 
 
-def _count_from(first: int):
-    step = first
-    while True:
-        yield step
-        step += 1
+
+def prefetched(read, steps, threads: int | None = None, depth: int | None = None):
+    """``read(step)`` for each of ``steps``, in order, computed ``depth`` ahead on ``threads`` threads; closing the
+    generator cancels what has not started (the pool's threads end with it, never hanging the process at exit)."""
+    threads = threads or DEFAULT_THREADS
+    depth = max(threads, depth or DEFAULT_DEPTH)
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardprep-reader")
+    pending: collections.deque = collections.deque()
+    steps = iter(steps)
+    try:
+        for step in steps:
+            pending.append(pool.submit(read, step))
+            if len(pending) >= depth:
+                break
+        while pending:
+            batch = pending.popleft().result()
+            for step in steps:
+                pending.append(pool.submit(read, step))
+                break
+            yield batch
+            del batch  # the reused buffer is the caller's alone while it holds it
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)

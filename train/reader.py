@@ -1,62 +1,27 @@
-"""The training reader: prepared shards in, batches of uint8 images and int32 labels out, at almost no host cost.
+"""``make_dataset``: a prepared dataset's batches of ``uint8`` images and ``int32`` labels as a ``tf.data.Dataset``.
 
-Local shards are read by random access in one record order defined in NumPy (:mod:`shardprep.train.record_order`):
-records numbered in manifest shard order, a full permutation per (seed, epoch) in training, the global order in
-evaluation, each input pipeline (``input_context``) its own share with as many batches as every other. Only the global
-step goes through tf.data; each step's records follow from (seed, epoch, batch) alone, so ``start_step`` resumes
-mid-epoch in O(1), and :class:`shardprep.train.numpy_reader.NumpyReader` (no TensorFlow) gives the same batches::
-
-    global steps from start_step -> the step's record ids (RecordOrder.batch_ids)
-      -> gather: one preadv per record, straight into the batch (train.record_gather) -> prefetch
-
-That is the fast path (``raw`` shards, ``crop: center``): such shards have a fixed record layout (``record_layout``
-in the manifest, :class:`shardprep.preprocess.fixed_layout.FixedLayout`), so where a record lies follows from its
-index. The kernel's copy out of the page cache is the only copy of the pixels: no TFRecord framing, no CRC pass, no
-protobuf parsing, no intermediate strings (2.1x less host CPU per image than streaming the same shards, 3.4-3.6x
-less than TFRecordDataset + ``parse_example``; BENCHMARKS.md). ``verify_records=True`` gathers the same way and
-checks both CRCs of every record over the pieces it read (:mod:`shardprep.train.verified_gather`). Every other layout
-(JPEG, ``crop: none``, datasets written before the layout existed) is read by random access too: each shard's record
-offsets come from its framing's headers (:mod:`shardprep.train.record_index`), a step's serialized Examples are read
-with one ``pread`` each (CRCs checked with ``verify_records``) and decoded in TensorFlow
-(:mod:`shardprep.train.read_examples`).
-
-``random_access=False`` (``shardprep train --sequential-reads``), and shards behind a URL such as ``gs://``, stream
-each shard instead, in tf.data's order (:class:`shardprep.train.read_plan.ReadPlan`: shards shuffled each epoch,
-interleaved, a shuffle buffer): seeded and repeatable, but another order than the random-access one, and it cannot
-start mid-epoch (``start_step`` must be 0)::
-
-    shard files -> shuffle (each epoch) -> parallel interleave of FixedLengthRecordDatasets -> shuffle buffer
-      -> batch -> decode_raw on the batch -> prefetch
-
-A dataset changed while it is read (rebuilt, a shard replaced: local shards are checked as they are opened and at
-each epoch's start), or a label outside the manifest's classes, fails the iteration with an error naming the file,
-never a garbage batch (:mod:`shardprep.train.record_identity`). Arguments of the wrong type (``batch_size=2.5``) are
-a ``TypeError``.
-
-The shards' integrity is checked by ``shardprep validate`` (CRCs, the manifest's sha256 and every record's layout);
-a file whose size or record count disagrees with the manifest still fails loudly.
-
-The reshape to ``[B, H, W, 3]`` is free. Augmentation and normalization are not done here: they are part of the model
-(:mod:`shardprep.train.augment`) so that they run batched on the accelerator and the host ships uint8 (4x fewer bytes
-than float32). Every dataset yields images of one shape, its manifest's ``stored_shape``.
-
-This module takes the manifest (:func:`shardprep.preprocess.dataset.load_manifest`, read once and passed on) and
-dispatches to a read strategy, each its own module:
-
-* :mod:`shardprep.train.read_gather`: local shards by random access, in the NumPy order (the default);
-* :mod:`shardprep.train.read_stream`: fixed-layout shards streamed (``random_access=False``, URLs);
-* :mod:`shardprep.train.read_examples`: Examples decoded in TensorFlow, gathered or streamed (every other layout).
+Local shards are read by random access in the NumPy order (:mod:`shardprep.train.record_order`, the same batches as
+:class:`~shardprep.train.numpy_reader.NumpyReader`): only the global step goes through tf.data, each step's records
+follow from (seed, epoch, batch), so ``start_step`` resumes mid-epoch in O(1). Fixed-layout shards (raw centre crops)
+are gathered with one ``preadv`` per image into the batch (:mod:`shardprep.train.record_gather`: 2.1x less host CPU
+than streaming, 3.4-3.6x less than ``TFRecordDataset`` + ``parse_example``; BENCHMARKS.md); other layouts are read
+as serialized Examples by offset (:mod:`shardprep.train.batch_sources`) and decoded in TensorFlow. URLs and
+``random_access=False`` stream the shards instead (:mod:`shardprep.train.read_stream`). A dataset changed while read,
+or a label outside the classes, fails the iteration naming the file (:mod:`shardprep.train.record_identity`).
+Augmentation and normalization belong to the model (:mod:`shardprep.train.augment`): the host ships uint8.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
-from shardprep.train import read_examples, read_gather, read_stream, record_gather, split_roles
-from shardprep.train.read_plan import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
+from shardprep.train import read_stream, record_gather, split_roles
+from shardprep.train.batch_sources import ExampleGather, FixedLayoutSource
+from shardprep.train.read_stream import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
 from shardprep.train.record_identity import DatasetSnapshot
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
 
@@ -208,7 +173,7 @@ def _streamed_batches(plan: ReadPlan, manifest: Manifest, split: str, verify_rec
     """Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed."""
     layout = None if verify_records else manifest.split(split).record_layout
     if layout is None:
-        return read_examples.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
+        return read_stream.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
     return read_stream.streamed_batches(plan.without_empty_shards(), layout)
 
 
@@ -231,14 +196,14 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
     snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
-        batches = read_gather.gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
+        batches = gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
                                                snapshot=snapshot, num_classes=manifest.num_classes)
     else:
         height, width = manifest.stored_shape
-        serialized = read_gather.serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
-        batches = read_examples.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
+        serialized = serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
+        batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                                 height, width, training)
-    return read_gather.finish(labels_checked(batches, manifest.num_classes, data_dir), order,
+    return _finish(labels_checked(batches, manifest.num_classes, data_dir), order,
                               input_context is not None, start_step)
 
 
@@ -270,3 +235,86 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
         snapshot=None if "://" in data_dir else DatasetSnapshot(
             data_dir, [manifest_lib.join(data_dir, shard.file) for shard in shards],
             [shard.num_bytes for shard in shards]))
+
+
+def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
+    """The global steps to read: endless in training, the rest of the pass in evaluation."""
+    if order.training:
+        return tf.data.Dataset.counter(start_step, dtype=tf.int64)
+    if not 0 <= start_step <= len(order):
+        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
+    return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
+
+
+def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
+                     verify: bool = False, snapshot: DatasetSnapshot | None = None,
+                     num_classes: int | None = None) -> tf.data.Dataset:
+    """``(uint8 [B, H, W, 3], int32 [B])`` batches gathered from local fixed-layout shards (sizes checked here);
+    ``verify``, ``snapshot``, ``num_classes``: as :class:`~shardprep.train.batch_sources.FixedLayoutSource`'s, the
+    snapshot checked in full at each epoch's first step."""
+    source = FixedLayoutSource(paths, counts, layout, verify=verify, snapshot=snapshot, num_classes=num_classes)
+    gather = source.gather
+
+    def read_step(step):
+        _check_at_epoch_start(snapshot, order, step)
+        return source(order.batch_ids(step))
+
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    read_step = record_gather.guarded(read_step, lambda _: (np.zeros((0, *gather.image_shape), np.uint8),
+                                                            np.zeros(0, np.int32)))
+
+    def read(step):
+        # stateful=False: the same step always reads the same bytes.
+        images, labels = tf.numpy_function(read_step, [step], [tf.uint8, tf.int32], stateful=False,
+                                           name="gather_fixed_layout_records")
+        batch = order.batch_size if order.training else None  # keep a static B where there is one
+        images.set_shape([batch, *gather.image_shape])
+        labels.set_shape([batch])
+        return images, labels
+
+    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _check_at_epoch_start(snapshot: DatasetSnapshot | None, order: RecordOrder, step) -> None:
+    if snapshot is not None and int(step) % order.steps_per_epoch == 0:
+        snapshot.check()
+
+
+def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int,
+                       snapshot: DatasetSnapshot | None = None) -> tf.data.Dataset:
+    """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access; ``verify`` and
+    ``snapshot`` as :func:`gathered_batches`'."""
+    examples = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
+    crops = order.training
+
+    def read_step(step):
+        _check_at_epoch_start(snapshot, order, step)
+        serialized = np.array(examples(order.batch_ids(step)), dtype=object)
+        draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
+        return serialized, draws
+
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    read_guarded = record_gather.guarded(read_step, lambda _: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
+
+    def read(step):
+        serialized, draws = tf.numpy_function(read_guarded, [step], [tf.string, tf.int64], stateful=False,
+                                              name="gather_serialized_records")
+        batch = order.batch_size if order.training else None
+        serialized.set_shape([batch])
+        draws.set_shape([batch, 2])
+        return serialized, draws
+
+    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool, start_step: int) -> tf.data.Dataset:
+    """``batches`` prefetched, deterministic, not sharded again by tf.distribute; an evaluation pass declares its
+    number of batches (Keras then reads it to its end without warning that the input "ran out of data")."""
+    if not order.training:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(len(order) - start_step))
+    options = tf.data.Options()
+    options.deterministic = True
+    # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
+    options.experimental_distribute.auto_shard_policy = (tf.data.experimental.AutoShardPolicy.OFF if distributed
+                                                         else tf.data.experimental.AutoShardPolicy.DATA)
+    return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
