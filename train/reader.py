@@ -19,6 +19,7 @@ import tensorflow as tf
 from shardprep.preprocess import manifest as manifest_lib
 from shardprep.preprocess import record_format
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
+from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train import read_stream, record_gather, split_roles
 from shardprep.train.batch_sources import ExampleGather, FixedLayoutSource
 from shardprep.train.read_stream import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
@@ -63,56 +64,25 @@ def default_shuffle_buffer(manifest: dict | Manifest, split: str) -> int:
     return max(1, min(num_examples, max(MIN_SHUFFLE_BUFFER, min(MAX_SHUFFLE_BUFFER, buffer))))
 
 
-def make_dataset(
-    data_dir: str,
-    split: str,
-    batch_size: int,
-    training: bool,
-    seed: int | None = None,
-    *,
-    input_context: tf.distribute.InputContext | None = None,
-    shuffle_buffer: int | None = None,
-    cycle_length: int | None = None,
-    deterministic: bool | None = None,
-    manifest: dict | Manifest | None = None,
-    verify_records: bool = False,
-    random_access: bool | None = None,
-    start_step: int = 0,
-) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a prepared shardprep dataset.
+def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None = None, *,
+                 input_context: tf.distribute.InputContext | None = None, shuffle_buffer: int | None = None,
+                 cycle_length: int | None = None, deterministic: bool | None = None,
+                 manifest: dict | Manifest | None = None, verify_records: bool = False,
+                 random_access: bool | None = None, start_step: int = 0) -> tf.data.Dataset:
+    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` of the dataset at ``data_dir``
+    (local, or ``gs://`` through ``tf.io.gfile``); labels index ``manifest.classes``, the model gives logits.
 
-    ``images`` is ``uint8 [B, H, W, 3]`` (``manifest.stored_shape``), ``labels`` ``int32 [B]`` indices into
-    ``manifest.classes``; batches are prefetched; crop, flip and normalization belong to the model (``augment``).
-
-    Args:
-      data_dir: dataset folder holding ``manifest.json`` (local, or ``gs://``: shards through ``tf.io.gfile``).
-      split: a split's name, or a role: ``"validation"`` reads ``val`` (:mod:`~shardprep.train.split_roles`).
-      batch_size: the global batch size. Under ``tf.distribute`` the dataset yields per-replica batches of
-        ``input_context.get_per_replica_batch_size(batch_size)``.
-      training: ``True``: a new permutation of the records every epoch (local shards; streamed ones: shuffled
-        files and a buffer), repeat forever, ``N // batch_size`` full batches an epoch, random square crops for
-        ``crop: none`` data. ``False``: one pass in a fixed order, the last batch may be smaller, centre crops.
-      seed: same seed, same training batches and crops (for local shards also :class:`~shardprep.train.numpy_reader.
-        NumpyReader`'s); without one, a random seed is drawn for this dataset.
-      input_context: given by ``strategy.distribute_datasets_from_function``: each input pipeline (worker) reads
-        only its share of the records, with as many batches as every other.
-      shuffle_buffer: streamed reads only: records in the shuffle buffer; default :func:`default_shuffle_buffer`.
-      cycle_length: streamed reads only: shard files read concurrently (default ``min(files, 16)``).
-      deterministic: streamed reads only: force (or forbid) deterministic element order; default: ``training`` and
-        no seed -> not. Random-access reads are always in their order.
-      manifest: what :func:`~shardprep.preprocess.dataset.load_manifest` returned; by default loaded here.
-      verify_records: check both CRCs of every record as it is read (a little more host CPU); streamed
-        fixed-layout shards are then read as TFRecords and parsed as Examples.
-      random_access: gather each batch's records straight from the files in the NumPy order (default: on for
-        local paths, where ``os.preadv`` exists) instead of streaming each shard; streaming suits storage slow at
-        random reads, and is the only way for URLs.
-      start_step: global batches already read (e.g. ``model.optimizer.iterations``): the dataset starts with the
-        batch an uninterrupted run would read next, found without reading the ones before (random access only).
-        ``model.fit`` builds its iterator before ``BackupAndRestore`` restores the step: pass your checkpoint's
-        step here, or give ``fit`` ``NumpyReader(...).as_py_dataset(steps_done=...)``, which reads it each epoch.
-
-    In your own Keras code: ``training=True`` never ends, so give ``model.fit`` a ``steps_per_epoch``; labels are
-    sparse (not one-hot) and :func:`~shardprep.train.model.build_model` returns logits (``from_logits=True``).
+    ``split``: a name or a role (``"validation"`` finds ``val``). ``batch_size``: global; under ``tf.distribute``
+    (``input_context``) per-replica batches, each input pipeline its own share. ``training``: endless, a new
+    permutation each epoch, full batches, random squares for ``crop: none`` (give ``fit`` a ``steps_per_epoch``);
+    else one pass in order, central squares. ``seed``: same seed, same batches (and ``NumpyReader``'s); ``None``
+    draws one. Streamed reads only: ``shuffle_buffer`` (default :func:`default_shuffle_buffer`), ``cycle_length``
+    (files read at once, default ``min(files, 16)``), ``deterministic`` (default: not when training without a
+    seed). ``manifest``: the loaded manifest, else loaded here. ``verify_records``: check both CRCs of every
+    record. ``random_access``: gather each batch from local files (the default where ``os.preadv`` exists) rather
+    than stream the shards (the only way for URLs). ``start_step``: global batches already read: the dataset starts
+    at the batch an uninterrupted run reads next (random access only; ``fit`` builds its iterator before
+    ``BackupAndRestore`` restores the step, so pass it here, or use ``NumpyReader.as_py_dataset(steps_done=)``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
     manifest, split = _opened(data_dir, split, manifest)
@@ -197,14 +167,14 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
         batches = gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
-                                               snapshot=snapshot, num_classes=manifest.num_classes)
+                                   snapshot=snapshot, num_classes=manifest.num_classes)
     else:
         height, width = manifest.stored_shape
         serialized = serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
         batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
-                                                height, width, training)
-    return _finish(labels_checked(batches, manifest.num_classes, data_dir), order,
-                              input_context is not None, start_step)
+                                              height, width, training)
+    return _finish(labels_checked(batches, manifest.num_classes, data_dir), order, input_context is not None,
+                   start_step)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
@@ -215,6 +185,7 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
     files = [manifest_lib.join(data_dir, shard.file) for shard in shards]
     if not files:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    snapshot = None if "://" in data_dir else DatasetSnapshot(data_dir, files, [shard.num_bytes for shard in shards])
     counts = [shard.num_examples for shard in shards]
     per_replica_batch, shard_records_by = batch_size, None
     if input_context is not None:
@@ -232,9 +203,7 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
         deterministic=deterministic if deterministic is not None else not training or seed is not None,
         shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
         cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None,
-        snapshot=None if "://" in data_dir else DatasetSnapshot(
-            data_dir, [manifest_lib.join(data_dir, shard.file) for shard in shards],
-            [shard.num_bytes for shard in shards]))
+        snapshot=snapshot)
 
 
 def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
@@ -246,38 +215,41 @@ def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
 
 
+def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot | None, read, specs,
+                  name: str) -> tf.data.Dataset:
+    """``read(step)``'s NumPy arrays for each global step, through ``tf.numpy_function``; ``specs``: each array's
+    (NumPy dtype, TensorFlow dtype, shape after the batch). The snapshot is checked in full at each epoch's start."""
+
+    def read_step(step):
+        if snapshot is not None and int(step) % order.steps_per_epoch == 0:
+            snapshot.check()
+        return read(step)
+
+    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
+    guarded = record_gather.guarded(read_step, lambda _: tuple(np.zeros((0, *shape), dtype)
+                                                               for dtype, _, shape in specs))
+    batch = order.batch_size if order.training else None  # keep a static B where there is one
+
+    def to_tensors(step):
+        # stateful=False: the same step always reads the same bytes.
+        tensors = tf.numpy_function(guarded, [step], [tf_dtype for _, tf_dtype, _ in specs], stateful=False,
+                                    name=name)
+        for tensor, (_, _, shape) in zip(tensors, specs):
+            tensor.set_shape([batch, *shape])
+        return tuple(tensors)
+
+    return steps(order, start_step).map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
                      verify: bool = False, snapshot: DatasetSnapshot | None = None,
                      num_classes: int | None = None) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches gathered from local fixed-layout shards (sizes checked here);
-    ``verify``, ``snapshot``, ``num_classes``: as :class:`~shardprep.train.batch_sources.FixedLayoutSource`'s, the
-    snapshot checked in full at each epoch's first step."""
+    ``verify``, ``snapshot``, ``num_classes``: as :class:`~shardprep.train.batch_sources.FixedLayoutSource`'s."""
     source = FixedLayoutSource(paths, counts, layout, verify=verify, snapshot=snapshot, num_classes=num_classes)
-    gather = source.gather
-
-    def read_step(step):
-        _check_at_epoch_start(snapshot, order, step)
-        return source(order.batch_ids(step))
-
-    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
-    read_step = record_gather.guarded(read_step, lambda _: (np.zeros((0, *gather.image_shape), np.uint8),
-                                                            np.zeros(0, np.int32)))
-
-    def read(step):
-        # stateful=False: the same step always reads the same bytes.
-        images, labels = tf.numpy_function(read_step, [step], [tf.uint8, tf.int32], stateful=False,
-                                           name="gather_fixed_layout_records")
-        batch = order.batch_size if order.training else None  # keep a static B where there is one
-        images.set_shape([batch, *gather.image_shape])
-        labels.set_shape([batch])
-        return images, labels
-
-    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def _check_at_epoch_start(snapshot: DatasetSnapshot | None, order: RecordOrder, step) -> None:
-    if snapshot is not None and int(step) % order.steps_per_epoch == 0:
-        snapshot.check()
+    return _read_by_step(order, start_step, snapshot, lambda step: source(order.batch_ids(step)),
+                         [(np.uint8, tf.uint8, source.image_shape), (np.int32, tf.int32, ())],
+                         "gather_fixed_layout_records")
 
 
 def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int,
@@ -285,26 +257,13 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
     """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access; ``verify`` and
     ``snapshot`` as :func:`gathered_batches`'."""
     examples = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
-    crops = order.training
-
-    def read_step(step):
-        _check_at_epoch_start(snapshot, order, step)
-        serialized = np.array(examples(order.batch_ids(step)), dtype=object)
-        draws = order.crop_draws(step) if crops else np.zeros((len(serialized), 2), np.int64)
-        return serialized, draws
-
-    # Python on tf.data's threads: guarded, so that a process exiting while the dataset is alive does not hang.
-    read_guarded = record_gather.guarded(read_step, lambda _: (np.zeros(0, object), np.zeros((0, 2), np.int64)))
 
     def read(step):
-        serialized, draws = tf.numpy_function(read_guarded, [step], [tf.string, tf.int64], stateful=False,
-                                              name="gather_serialized_records")
-        batch = order.batch_size if order.training else None
-        serialized.set_shape([batch])
-        draws.set_shape([batch, 2])
-        return serialized, draws
+        serialized = np.array(examples(order.batch_ids(step)), dtype=object)
+        return serialized, order.crop_draws(step) if order.training else np.zeros((len(serialized), 2), np.int64)
 
-    return steps(order, start_step).map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _read_by_step(order, start_step, snapshot, read, [(object, tf.string, ()), (np.int64, tf.int64, (2,))],
+                         "gather_serialized_records")
 
 
 def _finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool, start_step: int) -> tf.data.Dataset:
