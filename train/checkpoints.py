@@ -60,8 +60,7 @@ def _failed(path: str, error: OSError) -> RunFileError:
 
 
 def write_json(path: str, value) -> None:
-    """Writes ``value`` to a temporary file renamed over ``path``, so a reader never sees half a file; never
-    through a link. A :class:`RunFileError` when it cannot be written (the file before stays as it was)."""
+    """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link)."""
     temporary = path + ".tmp"
     text = json.dumps(value, indent=2) + "\n"
     try:
@@ -80,8 +79,7 @@ def write_json(path: str, value) -> None:
 
 
 def _fresh(temporary: str) -> None:
-    """Removes a temporary file a killed run left, so that it is written as a new file: never through a link, and
-    never into a file it shares with another name (a hard link)."""
+    """Removes a temporary file a killed run left: a new file is written, never through a (hard) link."""
     if not is_url(temporary) and os.path.lexists(temporary):
         os.remove(temporary)
 
@@ -106,8 +104,8 @@ def read_json(path: str):
 
 
 def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
-    """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``. ``saved_as``: a
-    local file ``model`` was just saved to, copied instead (the same state: serializing it again would only cost)."""
+    """Saves ``model`` to ``temporary`` (renamed to ``path`` by the caller) and returns its sha256; ``saved_as``: a
+    local file holding ``model`` in this very state, copied instead of serializing it again."""
     try:
         _fresh(temporary)
         if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
@@ -152,8 +150,7 @@ def _shown(value) -> str:
 
 
 def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
-    """A ValueError naming each difference between the checkpoint's options and this run's (options a checkpoint
-    from an older shardprep did not save are not compared)."""
+    """A ValueError naming each difference between the checkpoint's options and this run's (those it saved)."""
     if not saved:
         return  # a checkpoint from before the options were saved: nothing to compare
     differences = [f"{flag} {_shown(saved[key])} then, {_shown(current[key])} now"
@@ -168,12 +165,8 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
 
 def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
               optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
-    """The ``state.json`` entry of a checkpoint after ``global_step`` training steps: a copy, so that the run going
-    on (its history growing) never changes an entry already taken.
-
-    ``partial_epoch``: the running training ``loss`` and ``accuracy`` of the epoch in progress over its first
-    ``examples`` images (kept as means and a count, so a resumed run combines them with its own). ``extra``: more
-    JSON-safe fields kept with the checkpoint (e.g. random generators' state)."""
+    """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on);
+    ``partial_epoch``: the epoch in progress (running ``loss``, ``accuracy`` over ``examples``, accumulators)."""
     return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
             "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
             "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
@@ -183,11 +176,9 @@ def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, 
 
 def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
                     saved_as: str | None = None) -> None:
-    """Commits a checkpoint: the model to ``last.writing.keras``, then ``state.json`` (``state`` with that file's
-    sha256, and ``previous`` as its fallback), then the rename to ``last.keras`` (:mod:`checkpoint_state`).
-
-    Adds ``checkpoint_sha256`` and ``state_sha256`` (its values' own hash) to ``state``: pass it as ``previous``
-    to the next call. ``saved_as``: a file ``model`` was just saved to in this state (:func:`_save_model`)."""
+    """Commits a checkpoint: the model to ``last.writing.keras``, ``state.json`` (``state`` with that file's sha256
+    and its own, ``previous`` as the fallback), the rename to ``last.keras`` (:mod:`checkpoint_state`). Pass
+    ``state`` as the next call's ``previous``; ``saved_as`` as :func:`_save_model`'s."""
     state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
@@ -198,17 +189,15 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
 
 
 def _as_previous(entry: dict) -> dict:
-    """``entry`` as the fallback of the next checkpoint: its history cut to the epochs it had when it was saved
-    (``epochs_done``), whatever the run appended since to a history it shares (a resumed run's state is its
-    history), and no fallback of its own."""
+    """``entry`` as the next checkpoint's fallback: its history cut to its ``epochs_done`` (a resumed run appends
+    to the history it shares), no fallback of its own."""
     done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
     return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
             "previous": None}
 
 
 def commit_best(paths: dict) -> None:
-    """Renames the model Keras's ModelCheckpoint just wrote (``best.writing.keras``) to ``best.keras``: a kill while
-    it was written leaves the best model before it whole."""
+    """Renames ``best.writing.keras``, just written, to ``best.keras`` (a kill while writing kept the one before)."""
     try:
         _replace(paths["best_writing"], paths["best"])
     except OSError as error:
@@ -216,10 +205,8 @@ def commit_best(paths: dict) -> None:
 
 
 class BestCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Keras's ModelCheckpoint writing the best model so far to ``best.writing.keras`` (``commit_best`` renames it),
-    a failure to write it a :class:`RunFileError` naming ``best.keras``, the file the user knows: a disk that fills
-    while Keras writes the zip raises from a write to an open file, an OSError naming no file at all. What it had
-    written is removed (a full disk keeps nothing half written)."""
+    """Keras's ModelCheckpoint into ``best.writing.keras`` (``commit_best`` renames it); a failed write (a full
+    disk: an OSError naming no file) is removed and a :class:`RunFileError` naming ``best.keras``."""
 
     def __init__(self, paths: dict):
         super().__init__(paths["best_writing"], monitor="val_loss", save_best_only=True)
@@ -235,8 +222,7 @@ class BestCheckpoint(keras.callbacks.ModelCheckpoint):
 
 
 def discard_best_writing(paths: dict) -> None:
-    """Removes a ``best.writing.keras`` a killed run left half written (``best.keras`` is whole without it): the
-    name itself, never what a link there points at."""
+    """Removes a ``best.writing.keras`` a killed run left half written (the name, never a link's target)."""
     if is_url(paths["best_writing"]):
         _discard(paths["best_writing"])
         return
@@ -252,10 +238,8 @@ def optimizer_iterations(model: keras.Model) -> int:
 
 
 def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> checkpoint_state.Located | None:
-    """The checkpoint ``--resume`` continues from, its options checked against this run's ``options``
-    (:func:`check_options`) and nothing loaded; None, reported, when there is no checkpoint at all. A ValueError when
-    the files are incomplete, damaged or do not belong together (:func:`checkpoint_state.locate`), or were made with
-    other options."""
+    """The checkpoint ``--resume`` continues from, options checked (:func:`check_options`), nothing loaded; None,
+    reported, when there is none; a ValueError for files incomplete, damaged, unpaired or of other options."""
     located = checkpoint_state.locate(paths)
     if located is None:
         report(f"--resume: no checkpoint in {paths['checkpoints']}; starting from scratch.")
@@ -266,9 +250,8 @@ def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> chec
 
 def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
            report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
-    """The saved run state after loading the last checkpoint into ``model``, with ``history.json`` rewritten from
-    it; None, reported, when there is no checkpoint at all. ``located``: what :func:`resumable` found (a run checks
-    the options before it builds its model), else found here; a ValueError as :func:`resumable` raises one."""
+    """The saved run state after loading the checkpoint (``located``, else :func:`resumable`'s) into ``model``,
+    ``history.json`` rewritten from it; None when there is none."""
     if located is None:
         located = resumable(paths, options, report)
         if located is None:
@@ -321,11 +304,8 @@ def _plain(value):
 
 
 def restore_checkpoint(model: keras.Model, path: str) -> None:
-    """Loads weights and optimizer state (step, momentum) saved by a previous run into ``model``.
-
-    The model and optimizer are rebuilt from this run's flags first, so a resumed run may change e.g. ``--epochs``
-    (the schedule is recomputed and continues from the saved step); the architecture must be the same.
-    """
+    """Loads the saved weights and optimizer state into ``model``, built from this run's flags (``--epochs`` may
+    change: the schedule is recomputed from the saved step); the architecture must be the same."""
     from shardprep.train.model import load_model
 
     try:
@@ -348,8 +328,7 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
 
 
 def save_inference_model(model: keras.Model, path: str) -> None:
-    """Saves the model for inference (:func:`shardprep.train.model.save_inference_model`): Keras's own layers, no
-    optimizer state; uint8 images of any size >= the train size in, logits out."""
+    """Saves the inference model (:func:`shardprep.train.model.save_inference_model`) under a temporary name."""
     from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
 
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")

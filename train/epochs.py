@@ -1,15 +1,8 @@
-"""The epochs of a training run: timed training steps, validation, callbacks, history, checkpoints, progress, and a
-clean stop on Ctrl-C.
-
-:class:`Epochs` is driven by :func:`shardprep.train.loop.train` on every backend. A checkpoint's ``state.json``
-entry (:func:`shardprep.train.checkpoints.run_state`) gets from here, besides the step and history:
-
-* ``partial_epoch``: the epoch in progress, as its running ``loss``, ``accuracy`` and ``examples``, the metrics'
-  accumulators (``metrics``: a resumed run continues the same sums, so the epoch's numbers are the ones one process
-  would have computed), and its ``timing`` so far; ``validation_pending``: the epoch's steps are all done and
-  Ctrl-C stopped its validation, which the resumed run does first;
-* ``rng``: every random generator's state (:func:`shardprep.train.checkpoints.capture_rng`), so the next step draws what it would
-  have drawn in one process.
+"""The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.loop.train`): timed steps, validation,
+callbacks, history, checkpoints, progress, a clean stop on Ctrl-C. A checkpoint's entry gets from here
+``partial_epoch`` (running ``loss``/``accuracy``/``examples``, the metrics' accumulators so a resumed run continues
+the same sums, ``timing``; ``validation_pending`` when Ctrl-C stopped the validation) and ``rng`` (the seed
+generators' state).
 """
 
 from __future__ import annotations
@@ -34,8 +27,8 @@ class InputError(ValueError):
 
 
 def combined(earlier: dict | None, later: dict, examples: int) -> dict:
-    """The epoch's training ``loss`` and ``accuracy`` over ``earlier`` (a checkpoint's partial epoch, saved without
-    its accumulators) and ``later`` (this process's ``examples`` images), weighted by examples; with the total."""
+    """The epoch's ``loss`` and ``accuracy`` over ``earlier`` (a partial epoch saved without accumulators) and
+    ``later`` (this process's ``examples`` images), weighted by examples, with the total."""
     if not earlier:
         return {**later, "examples": examples}
     if not examples:  # nothing ran here (a resume whose epoch had only its validation left)
@@ -55,8 +48,7 @@ def _numbers(value) -> bool:
 
 
 def saved_state_problem(state: dict) -> str | None:
-    """What is wrong with the parts of a checkpoint's ``state.json`` entry that this module wrote (``rng``,
-    ``partial_epoch``), or None: the file is read back as untrusted input."""
+    """What is wrong with the parts of a ``state.json`` entry this module wrote (``rng``, ``partial_epoch``)."""
     rng = state.get("rng")
     if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
                                 and all(_pair(pair) for pair in rng["layers"])
@@ -91,9 +83,7 @@ class _Timing:
 
 
 class Epochs:
-    """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports.
-
-    ``report`` prints a message (the caller fits it to ``width`` columns first)."""
+    """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
     def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
                  history: dict, report: Callable[[str], None], width: int, val_steps: int | None = None):
@@ -156,8 +146,7 @@ class Epochs:
         self.callback_list.on_train_end()
 
     def _stop_if_logs_failed(self) -> None:
-        """TensorBoard's logs could not be written (a full disk): the run ends here, its epochs saved, rather than
-        train on without them (:mod:`shardprep.train.tensorboard_logs`)."""
+        """TensorBoard's logs could not be written: the run ends here, its epochs saved (``tensorboard_logs``)."""
         failed = tensorboard_logs.failure(self.callbacks)
         if failed is not None:
             checkpoint = self.paths["last"] if self.config.checkpoint else None
@@ -165,9 +154,8 @@ class Epochs:
                                                                                self.steps_per_epoch, checkpoint))
 
     def _stopping(self, by: str = "Ctrl-C") -> None:
-        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does. It runs in the signal handler, which may
-        interrupt a write to stdout, so it writes to the file descriptor itself (a second buffered write there could
-        fail as reentrant); where stdout has none (captured output), the stop message that follows says it all."""
+        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does; from the signal handler, so straight to the
+        descriptor (a buffered write could fail as reentrant); without one, the stop message says it all."""
         saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
         again = "Ctrl-C again" if by == "Ctrl-C" else f"another {by} or Ctrl-C"
         text = progress.fit(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
@@ -259,8 +247,7 @@ class Epochs:
         return logs
 
     def _partial(self, carried: dict | None, steps: int, timing: _Timing, seconds: float) -> dict:
-        """The ``partial_epoch`` entry after ``steps`` steps of the epoch (those of this process when ``carried``
-        has no accumulators to go on from)."""
+        """The ``partial_epoch`` entry after ``steps`` steps of the epoch."""
         partial = combined(carried, self.steps.train_results(), steps * self.config.batch_size)
         timed = _Timing(timing.to_json())
         timed.seconds += seconds
@@ -322,8 +309,7 @@ class Epochs:
         return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]
 
     def _save(self, global_step: int, partial_epoch: dict | None, saved_as: str | None = None) -> None:
-        """A checkpoint after ``global_step`` steps; ``saved_as``: a file the model was saved to in this very state
-        (best.keras, just written), copied instead of serializing the model a second time."""
+        """A checkpoint after ``global_step`` steps; ``saved_as``: best.keras, just written in this very state."""
         state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
                                       checkpoints.optimizer_iterations(self.model), partial_epoch)
         state["rng"] = checkpoints.capture_rng(self.model)  # the draws the next step makes

@@ -1,19 +1,11 @@
-"""The one record order of every random-access read, defined in NumPy: which records make batch ``step``.
+"""The one record order of every random-access read, in NumPy (no TensorFlow): which records make batch ``step``.
 
-The records of a split are numbered ``0..N-1`` in manifest shard order (the *global index*; :meth:`RecordOrder.
-locate` maps it to ``(shard, record in shard)``). Training: epoch ``e`` is a full permutation of ``0..N-1`` drawn
-from ``np.random.Generator(PCG64(SeedSequence([seed, e])))``, a true global shuffle; process ``index`` of
-``num_shards`` takes ``perm[index::num_shards]`` cut to ``N // num_shards`` records, in batches of ``batch_size``
-(the remainder dropped), so every process has ``steps_per_epoch`` batches. Global step ``s`` is batch
-``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``: its records follow from (seed, epoch, batch) alone, so a
-reader starts at any step in O(1) (one permutation drawn; nothing read or discarded). Evaluation: one pass in global
-order; process ``index`` reads a contiguous near-equal slice, cut into the same number of batches as every other
-process.
-
-``crop: none`` training crops are random too: :meth:`RecordOrder.crop_draws` gives two int64 draws per record from a
-second stream of the same (seed, epoch), so the tf.data reader and the NumPy reader cut the same squares.
-
-No TensorFlow: :mod:`shardprep.train.reader` and :mod:`shardprep.train.numpy_reader` both use this module.
+Records are numbered ``0..N-1`` in manifest shard order. Training: epoch ``e`` is a permutation drawn from
+``PCG64(SeedSequence([seed, e, 0]))``; process ``index`` of ``num_shards`` takes ``perm[index::num_shards]`` cut to
+``N // num_shards``, in full batches, so global step ``s`` (epoch ``s // steps_per_epoch``) follows from (seed,
+epoch, batch) alone and a reader starts at any step in O(1). Evaluation: one pass in order, each process a
+contiguous near-equal slice in as many batches as every other. ``crop: none`` squares take two draws per record
+from a second stream of the same (seed, epoch), so the TensorFlow and NumPy readers cut the same squares.
 """
 
 from __future__ import annotations
@@ -34,9 +26,7 @@ _CACHED_EPOCHS = 2  # parallel readers straddle an epoch boundary
 
 @dataclasses.dataclass(frozen=True)
 class ReaderState:
-    """A reader's position: ``step`` global batches already read (``epoch`` = ``step // steps_per_epoch``).
-
-    Pass ``state.step`` as ``start_step`` to resume exactly there."""
+    """A reader's position: ``step`` global batches already read (pass it as ``start_step`` to resume there)."""
 
     step: int
     epoch: int
@@ -44,19 +34,10 @@ class ReaderState:
 
 
 class RecordOrder:
-    """The batches of one split, for one process, as global record indices.
-
-    Args:
-      counts: records per shard file, in manifest order.
-      batch_size: records per batch (per process).
-      training: ``True``: an endless sequence of reshuffled epochs; ``False``: one pass in order.
-      seed: the training order's seed; ``None`` draws one (once for this object) so that epochs still differ.
-      num_shards, index: this process's share of the records (multi-host reads).
-
-    Raises ``TypeError`` for an argument that is not an integer (``batch_size=2.5``), ``ValueError`` for
-    ``batch_size < 1``, a negative seed, ``index`` outside ``[0, num_shards)``, more shards than records,
-    or (training) fewer records per shard than one batch.
-    """
+    """The batches of one split for one process, as global record indices: ``counts`` records per shard file,
+    ``batch_size`` per batch, endless reshuffled epochs (``training``) or one pass; ``seed=None`` draws one;
+    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for arguments of the wrong type or
+    range, more shards than records, or (training) a share smaller than one batch."""
 
     def __init__(self, counts, batch_size: int, training: bool, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0):
@@ -164,9 +145,8 @@ def _generator(seed: int, epoch: int, stream: int) -> np.random.Generator:
 
 
 def integer_argument(name: str, value, *, minimum: int | None = None, optional: bool = False) -> int | None:
-    """``value`` as an int: an integer (NumPy's too, not a bool: ``2.5`` or ``"4"`` would be truncated or parsed,
-    ``True`` is no count) of at least ``minimum``, or None when ``optional``. ``TypeError`` or ``ValueError``,
-    naming the argument, otherwise."""
+    """``value`` as an int: an integer (NumPy's too; not a bool, float or str) of at least ``minimum``, or None when
+    ``optional``; else ``TypeError``/``ValueError`` naming the argument."""
     if value is None and optional:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -204,12 +184,9 @@ def _check(num_records: int, batch_size: int, num_shards: int, index: int, train
 
 
 def _eval_share(num_records: int, batch_size: int, num_shards: int, index: int) -> tuple[int, np.ndarray]:
-    """(first global index, batch sizes) of process ``index``'s evaluation slice.
-
-    Contiguous near-equal slices (the first ``N % S`` one record longer), each cut into the same number of batches
-    ``K = ceil(ceil(N / S) / B)``, full batches first. With ``batch_size`` 1 and ``N % S != 0`` a shorter slice ends
-    with one empty batch: the only way every process gets ``K`` batches of at most one record.
-    """
+    """(first global index, batch sizes) of process ``index``'s evaluation slice: contiguous near-equal slices
+    (the first ``N % S`` one longer), each in ``ceil(ceil(N / S) / B)`` batches, full ones first (with ``B`` 1 a
+    shorter slice ends with an empty batch: the only way every process gets as many)."""
     base, extra = divmod(num_records, num_shards)
     first = index * base + min(index, extra)
     remaining = base + (1 if index < extra else 0)

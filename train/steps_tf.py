@@ -1,10 +1,6 @@
-"""The training and evaluation steps on the TensorFlow backend: a ``tf.distribute`` strategy, the precision policy,
-``tf.data`` input and ``tf.function`` steps (XLA when asked).
-
-:class:`TFSteps` is what :mod:`shardprep.train.loop` drives on TensorFlow; :class:`shardprep.train.steps_keras.KerasSteps`
-is the same interface on JAX and PyTorch. Each step runs one distributed batch on every replica and updates the
-epoch's metrics on the device; nothing here waits for the device, so the loop's timed ``next()`` measures input
-wait only.
+"""The steps on TensorFlow (:class:`TFSteps`, the interface :class:`~shardprep.train.steps_keras.KerasSteps` has on
+JAX and PyTorch): a ``tf.distribute`` strategy, the precision, ``tf.data`` input and ``tf.function`` steps (XLA when
+asked). Nothing here waits for the device, so the loop's timed ``next()`` measures input wait only.
 """
 
 from __future__ import annotations
@@ -59,14 +55,13 @@ class _Metrics:
             metric.reset_state()
 
     def training_state(self) -> dict:
-        """The training metrics' accumulators (totals and counts, float32 values as exact floats), summed over the
-        replicas (reading a tf.distribute on-read variable aggregates it; assigning it back spreads it again)."""
+            """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read variable
+        aggregates it; assigning spreads it again)."""
         return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
                 for metric in (self.loss, self.accuracy)}
 
     def restore_training_state(self, state: dict) -> bool:
-        """Continues the training metrics from :meth:`training_state`: the epoch's sums go on exactly as they
-        would have in one process. False, changing nothing, for a state of another form (another backend's)."""
+        """Continues the training metrics from :meth:`training_state`; False, changing nothing, for another form."""
         metrics = (self.loss, self.accuracy)
         if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
                    and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
@@ -116,10 +111,8 @@ class TFSteps:
         return self.config.sequential_reads or "://" in self.config.data_dir
 
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
-        """The endless training input from global step ``start_step`` of the seeded order.
-
-        Streamed shards cannot start mid-epoch (a ValueError says so); at an epoch boundary they start a new
-        order, reseeded with the epoch, as runs resumed before the order was addressable by step did."""
+        """The endless training input from global step ``start_step``; streamed shards only at an epoch boundary, a
+        new order reseeded with the epoch."""
         if self.streamed() and self.config.seed is None:
             seed = None  # the run's drawn order seed would only make streamed reads deterministic, and slower
         if self.streamed() and start_step:
@@ -134,8 +127,7 @@ class TFSteps:
 
     @staticmethod
     def input_error(error: Exception) -> str | None:
-        """What a tf.data error raised by ``next()`` says, for one error line: the Python exception a reading
-        function raised (a record's CRC, a short shard), else TensorFlow's own first line."""
+        """A tf.data error as one line: the Python exception a reading function raised, else TF's first line."""
         if not isinstance(error, tf.errors.OpError):
             return None
         raised = [match.group(1) for match in _RAISED.finditer(error.message)]
@@ -195,8 +187,8 @@ class TFSteps:
 
 def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
                     jit_compile: bool):
-    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``;
-    ``eval_step`` is left to trace (:meth:`TFSteps.val_batches` does, for its dataset's element spec)."""
+    """``(train_step, eval_step)``, each one distributed batch on every replica, updating ``metrics``; ``eval_step``
+    is traced by :meth:`TFSteps.val_batches` for its dataset's element spec."""
     replicas = strategy.num_replicas_in_sync
 
     def smoothed_loss(labels, logits):
