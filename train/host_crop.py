@@ -1,13 +1,8 @@
-"""Random crop and flip on the host, in NumPy, for training loops with no augmentation on the accelerator (PyTorch's
-``DataLoader``, training on the CPU): ``NumpyReader(..., crop_size=224)`` cuts whole batches, ``RecordDataset(...,
-crop_size=224)`` with ``EpochSampler(..., crops=True)`` one record at a time, the same windows for the same seed.
-
-Training: a uniform random ``size`` x ``size`` window of every possible position, mirrored left-right with
-probability 1/2, as ``augment.random_crop_flip`` does on the accelerator; evaluation: the central window, unflipped.
-Each window is one strided copy of stored pixels (no interpolation). A record's window follows from (seed, epoch, its
-position in the epoch's order) alone, through a counter-based hash (SplitMix64) of those three: no state to save, so
-a reader resumed at any step cuts the windows of the run that never stopped, and any batch size gives the same
-windows. It is its own random stream, apart from the order's and ``crop: none``'s (``record_order``).
+"""Random crop and flip on the host, in NumPy, for loops without augmentation on the accelerator:
+``NumpyReader(crop_size=)`` whole batches, ``RecordDataset(crop_size=)`` with ``EpochSampler(crops=True)`` one record
+at a time, the same windows. Training: a uniform ``size`` window, mirrored with probability 1/2 (as
+``augment.random_crop_flip``); evaluation: the central one. A window follows from (seed, epoch, position in the
+epoch's order) by a counter-based hash (SplitMix64): no state, so a resumed reader and any batch size cut the same.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The training loss on every backend: cross-entropy on logits with label smoothing, from sparse labels, in float32.
-
-Labels are class indices (what the reader yields); label smoothing needs one-hot targets, made here with
-``keras.ops`` so the same code runs on TensorFlow, JAX and PyTorch. Logits are cast to float32 first, so the loss
-is float32 under a mixed-precision policy. Weight decay is not here: it is the model's own ``model.losses``.
-
-:class:`SmoothedCrossentropy` and :class:`SmoothedCrossentropyMean` (the per-example loss as a metric, without
-weight decay, so ``history.json``'s ``loss`` means the same on every backend) are registered with Keras, so a
-checkpoint compiled with them loads wherever this module is imported.
+"""The training loss on every backend: sparse labels, label smoothing, cross-entropy on logits in float32
+(``keras.ops``); weight decay is the model's ``model.losses``. :class:`SmoothedCrossentropy` and the metric
+:class:`SmoothedCrossentropyMean` (``history.json``'s ``loss`` on every backend) are registered with Keras.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Learning-rate schedules: warm-up then cosine or step decay (:class:`WarmupSchedule`), the warm-up before
-ReduceLROnPlateau (:class:`PlateauWarmup`), and the SGD optimizer that follows them.
-
-:class:`WarmupSchedule` is registered with Keras, so checkpoints that hold the optimizer load wherever this module is
-imported (:func:`shardprep.train.model.load_model` does).
+"""Learning-rate schedules (warm-up then cosine or step decay: :class:`WarmupSchedule`, registered with Keras; the
+warm-up before ReduceLROnPlateau: :class:`PlateauWarmup`) and the SGD optimizer.
 """
 
 from __future__ import annotations
@@ -51,11 +48,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class PlateauWarmup(keras.callbacks.Callback):
-    """Linear warm-up for ``--lr-schedule plateau``, where the rate must stay a plain variable that
-    ReduceLROnPlateau can lower; it sets the rate only during the warm-up steps.
-
-    The step is counted here, not read from the optimizer: reading a device variable every step would make the
-    loop wait for the device each step."""
+    """Linear warm-up for ``--lr-schedule plateau`` (a plain rate ReduceLROnPlateau can lower), the step counted
+    here: reading the optimizer's would wait for the device each step."""
 
     def __init__(self, base_lr: float, warmup_steps: int, steps_per_epoch: int):
         super().__init__()

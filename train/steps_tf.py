@@ -55,8 +55,8 @@ class _Metrics:
             metric.reset_state()
 
     def training_state(self) -> dict:
-            """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read variable
-        aggregates it; assigning spreads it again)."""
+        """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read
+        variable aggregates it; assigning spreads it again)."""
         return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
                 for metric in (self.loss, self.accuracy)}
 
