@@ -140,10 +140,8 @@ def crop_window(height: int, width: int, side: int, draws, training: bool) -> tu
 
 
 class FixedLayoutSource:
-    """Batches of fixed-layout shards: ``(global ids, draws) -> (images, labels)``; draws are unused.
-
-    ``snapshot``: the split's :class:`DatasetSnapshot` (every shard read is checked against it); ``num_classes``:
-    labels outside ``0..num_classes-1`` are a ``DatasetChangedError``."""
+    """Batches of fixed-layout shards, ``(global ids, draws) -> (images, labels)`` (draws unused); each shard read
+    checked against ``snapshot``, labels against ``num_classes``."""
 
     def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False,
                  snapshot: DatasetSnapshot | None = None, num_classes: int | None = None):

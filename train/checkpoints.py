@@ -10,6 +10,7 @@ the checkpoint before it whole. TensorFlow is imported only for URLs (``tf.io.gf
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -59,11 +60,23 @@ def _failed(path: str, error: OSError) -> RunFileError:
     return RunFileError(run_files.describe_os_error(OSError(error.errno, error.strerror or str(error), path)))
 
 
+@contextlib.contextmanager
+def _writing(path: str, temporary: str | None = None):
+    """The block writes ``path`` (through ``temporary``, removed when it fails): an OSError becomes a
+    :class:`RunFileError` naming ``path``, the file the user knows."""
+    try:
+        yield
+    except OSError as error:
+        if temporary is not None:
+            _discard(temporary)
+        raise _failed(path, error) from error
+
+
 def write_json(path: str, value) -> None:
     """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link)."""
     temporary = path + ".tmp"
     text = json.dumps(value, indent=2) + "\n"
-    try:
+    with _writing(path, temporary):
         if is_url(path):
             with gfile().GFile(temporary, "w") as f:
                 f.write(text)
@@ -73,9 +86,6 @@ def write_json(path: str, value) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         _replace(temporary, path)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
 
 
 def _fresh(temporary: str) -> None:
@@ -106,16 +116,13 @@ def read_json(path: str):
 def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
     """Saves ``model`` to ``temporary`` (renamed to ``path`` by the caller) and returns its sha256; ``saved_as``: a
     local file holding ``model`` in this very state, copied instead of serializing it again."""
-    try:
+    with _writing(path, temporary):
         _fresh(temporary)
         if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
             shutil.copyfile(saved_as, temporary)
         else:
             model.save(temporary)
         return checkpoint_state.file_sha256(temporary)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
 
 
 def data_fingerprint(manifest: Manifest, split: str) -> str:
@@ -182,10 +189,8 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
     state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
-    try:
+    with _writing(paths["last"]):
         _replace(paths["last_writing"], paths["last"])
-    except OSError as error:
-        raise _failed(paths["last"], error) from error
 
 
 def _as_previous(entry: dict) -> dict:
@@ -198,10 +203,8 @@ def _as_previous(entry: dict) -> dict:
 
 def commit_best(paths: dict) -> None:
     """Renames ``best.writing.keras``, just written, to ``best.keras`` (a kill while writing kept the one before)."""
-    try:
+    with _writing(paths["best"]):
         _replace(paths["best_writing"], paths["best"])
-    except OSError as error:
-        raise _failed(paths["best"], error) from error
 
 
 class BestCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -213,12 +216,9 @@ class BestCheckpoint(keras.callbacks.ModelCheckpoint):
         self.writing, self.user_path = paths["best_writing"], paths["best"]
 
     def on_epoch_end(self, epoch, logs=None):
-        try:
+        # Half a zip is this save's: the epoch loop cleared the name just before (discard_best_writing).
+        with _writing(self.user_path, self.writing):
             super().on_epoch_end(epoch, logs)
-        except OSError as error:
-            # Half a zip, made by this save: the epoch loop cleared the name just before (discard_best_writing).
-            _discard(self.writing)
-            raise _failed(self.user_path, error) from error
 
 
 def discard_best_writing(paths: dict) -> None:
@@ -332,13 +332,10 @@ def save_inference_model(model: keras.Model, path: str) -> None:
     from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
 
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
-    try:
+    with _writing(path, temporary):
         _fresh(temporary)
         save(model, temporary)
         _replace(temporary, path)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
 
 
 def _seed_variables(model: keras.Model) -> list:

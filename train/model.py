@@ -47,13 +47,9 @@ def _basic_block(x, filters: int, strides: int, regularizer, name: str):
 
 
 def resnet18_layers(x, num_classes: int, width_multiplier: float = 1.0, weight_decay: float = 0.0):
-    """Applies ResNet-18 to the float tensor ``x`` (``[B, H, W, 3]``) and returns float32 logits ``[B, classes]``.
-
-    ``width_multiplier`` scales every layer's channel count (1.0 is the real network; small values make test models
-    that train in seconds). ``weight_decay`` is the classic coupled L2 coefficient of He et al. (1e-4): the
-    gradient of every convolution and dense kernel gets ``weight_decay * w`` (biases and batch-norm parameters are
-    not decayed).
-    """
+    """ResNet-18 on the float tensor ``x`` (``[B, H, W, 3]``): float32 logits ``[B, classes]``. ``width_multiplier``
+    scales every layer's channels (small values: test models); ``weight_decay``: He et al.'s coupled L2 (1e-4) on
+    convolution and dense kernels (``weight_decay * w`` in their gradients)."""
     regularizer = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
     widths = [max(1, round(width * width_multiplier)) for width in STAGE_WIDTHS]
     x = _conv(widths[0], 7, 2, regularizer, "stem_conv")(x)
@@ -78,13 +74,8 @@ def resnet18(num_classes: int, input_shape=(224, 224, 3), width_multiplier: floa
 
 def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment: str = "crop",
                 seed: int | None = None, width_multiplier: float = 1.0, weight_decay: float = 0.0) -> keras.Model:
-    """ResNet-18 behind a :class:`~shardprep.train.augment.CropFlipNormalize` input layer: the training model.
-
-    The model takes ``uint8 [B, H, W, 3]`` images of any size >= ``image_size`` (what the reader yields, or any
-    stored image): called with ``training=True`` it augments them (``augment``: ``"crop"`` or ``"rrc"``), otherwise
-    it takes their central ``image_size`` crop; then it normalizes with ``mean_rgb`` / ``std_rgb`` (0-255 scale,
-    from the manifest). :func:`inference_model` turns it into the model that is saved for inference.
-    """
+    """The training model: ``uint8 [B, H, W, 3]`` images of any size >= ``image_size`` in, augmented in training
+    (``augment``) else centrally cropped, normalized (``mean_rgb``/``std_rgb``, 0-255), ResNet-18, logits out."""
     images = keras.Input((None, None, 3), dtype="uint8", name="images")
     x = CropFlipNormalize(image_size, mean_rgb, std_rgb, augment=augment, seed=seed, name="crop_flip_normalize")(
         images)
@@ -93,15 +84,9 @@ def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment
 
 
 def inference_model(model: keras.Model) -> keras.Model:
-    """The inference form of a model from :func:`build_model`, of Keras's own layers only, with its weights.
-
-    Its ``CropFlipNormalize`` becomes ``keras.layers.CenterCrop(size, size)`` (a crop, not a resize, for images of
-    at least ``size`` a side) and ``keras.layers.Normalization(mean, variance=std**2)`` (0-255 scale), both in
-    float32; every other layer is a fresh copy (same config, so the same names and dtype policies) holding the
-    trained weights. So plain ``keras.models.load_model`` loads the saved file on any backend, without shardprep,
-    and it still takes ``uint8`` images of any size >= the train size. A model without a ``CropFlipNormalize``
-    layer is copied as it is. The copy is not compiled: no optimizer goes into the file.
-    """
+    """The model of :func:`build_model` in Keras's own layers, with its weights, not compiled: its
+    ``CropFlipNormalize`` becomes ``CenterCrop`` and ``Normalization(mean, variance=std**2)`` (float32), every other
+    layer a fresh copy of the same config, so plain ``keras.models.load_model`` loads it on any backend."""
     normalizing = next((layer for layer in model.layers if isinstance(layer, CropFlipNormalize)), None)
     crops = []  # the CenterCrop standing in for it, which the Normalization follows
 
@@ -131,18 +116,13 @@ def inference_model(model: keras.Model) -> keras.Model:
 
 
 def save_inference_model(model: keras.Model, path: str) -> None:
-    """Saves :func:`inference_model` of ``model`` to ``path`` (a ``.keras`` file): no optimizer state, no custom
-    layers; ``keras.models.load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train
-    size, on any backend."""
+    """Saves :func:`inference_model` of ``model`` to ``path`` (a ``.keras`` file)."""
     inference_model(model).save(path)
 
 
 def load_model(path: str) -> keras.Model:
-    """Loads a ``model.keras`` saved by ``shardprep train``; also files from before the inference model was built
-    of Keras's own layers, and checkpoints (it registers shardprep's layers and schedule first).
-
-    ``load_model(path)(uint8_images)`` gives logits for stored images of any size >= the train size.
-    """
+    """Loads a ``model.keras`` of ``shardprep train`` (earlier versions' too) or a checkpoint: shardprep's layers,
+    loss and schedule registered first. ``load_model(path)(uint8_images)`` gives logits."""
     import shardprep.train.augment  # noqa: F401  registers CropFlipNormalize
     import shardprep.train.losses  # noqa: F401  registers the smoothed loss and metric (JAX/PyTorch checkpoints)
     import shardprep.train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)

@@ -151,10 +151,8 @@ class NumpyReader:
             self._step = 0
 
     def as_py_dataset(self, *, steps_done=None, **kwargs):
-        """This reader as a ``keras.utils.PyDataset`` for ``model.fit`` / ``evaluate`` on any Keras backend
-        (:class:`shardprep.train.keras_batches.KerasBatches`; ``kwargs``: ``workers``, ``use_multiprocessing``,
-        ``max_queue_size``). ``steps_done``: e.g. ``lambda: int(model.optimizer.iterations)``, read at each epoch's
-        start, so that a run resumed by ``keras.callbacks.BackupAndRestore`` continues at the restored step."""
+        """This reader as a ``keras.utils.PyDataset`` (:class:`~shardprep.train.keras_batches.KerasBatches`), e.g.
+        ``steps_done=lambda: int(model.optimizer.iterations)`` to resume with ``BackupAndRestore``."""
         from shardprep.train.keras_batches import KerasBatches
 
         return KerasBatches(self, steps_done=steps_done, **kwargs)

@@ -1,7 +1,7 @@
 """TensorFlow's side of reading: the streamed reads (URLs such as ``gs://``, ``random_access=False``) and the
 Example decoders that gathered reads share.
 
-A stream follows :meth:`ReadPlan.ordered`: shards shuffled each epoch (training), interleaved record by record,
+A stream follows :meth:`ReadPlan.records`: shards shuffled each epoch (training), interleaved record by record,
 split among input pipelines by record when there are fewer shards than pipelines, then a shuffle buffer. Seeded and
 repeatable, but not the random-access order (:mod:`shardprep.train.record_order`), and it cannot start mid-epoch.
 Fixed-layout shards stream as chunks from each record's pixels, one ``decode_raw`` a batch
@@ -54,12 +54,8 @@ class ReadPlan:
     snapshot: object | None = None
 
     @property
-    def remote(self) -> bool:
-        return "://" in self.data_dir
-
-    @property
     def file_buffer_bytes(self) -> int:
-        return REMOTE_FILE_BUFFER_BYTES if self.remote else 0
+        return REMOTE_FILE_BUFFER_BYTES if "://" in self.data_dir else 0
 
     def without_empty_shards(self) -> "ReadPlan":
         """The plan without empty shards (a split whose inputs were all rejected), which fixed-layout streams cannot
@@ -69,20 +65,16 @@ class ReadPlan:
             raise ValueError(f"split {self.split!r} of {self.data_dir} has no examples")
         return dataclasses.replace(self, files=files, counts=[n for n in self.counts if n])
 
-    def ordered(self, shards: tf.data.Dataset, open_shard) -> tf.data.Dataset:
-        """The records of ``shards`` (one element per file, in ``files`` order) in the plan's order;
-        ``open_shard(*element)`` makes one shard's dataset of records."""
+    def records(self, open_shard) -> tf.data.Dataset:
+        """The records of the plan's shards in its order; ``open_shard(path, count)`` opens one shard's records."""
+        shards = tf.data.Dataset.from_tensor_slices((self.files, tf.constant(self.counts, tf.int64)))
         if self.training:
             shards = shards.shuffle(len(self.files), seed=self.seed, reshuffle_each_iteration=True).repeat()
         if self.snapshot is not None:
             open_shard = self._checked_open(open_shard)
-        records = shards.interleave(
-            open_shard,
-            cycle_length=min(len(self.files), self.cycle_length or DEFAULT_CYCLE_LENGTH),
-            block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=self.deterministic,
-        )
+        cycle_length = min(len(self.files), self.cycle_length or DEFAULT_CYCLE_LENGTH)
+        records = shards.interleave(open_shard, cycle_length=cycle_length, block_length=1,
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
         if self.shard_records_by is not None:
             records = records.shard(*self.shard_records_by)
         if self.training:
@@ -105,30 +97,36 @@ class ReadPlan:
 
         return checked
 
+    def batched(self, elements: tf.data.Dataset, decode=None) -> tf.data.Dataset:
+        """``elements`` in the plan's batches (full ones only in training), each mapped through ``decode``."""
+        batches = elements.batch(self.batch_size, drop_remainder=self.training, num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=self.deterministic)
+        if decode is None:
+            return batches
+        return batches.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=self.deterministic)
+
     def finish(self, batches: tf.data.Dataset) -> tf.data.Dataset:
-        """``batches`` with the plan's determinism and sharding options, prefetched; an evaluation pass that is
-        not shared out among input pipelines declares its number of batches."""
-        if not self.training and not self.distributed and self.shard_records_by is None:
-            # Keras then reads the pass to its end without warning that the input "ran out of data".
-            batches = batches.apply(tf.data.experimental.assert_cardinality(-(-sum(self.counts) // self.batch_size)))
-        options = tf.data.Options()
-        options.deterministic = self.deterministic
-        if self.distributed:
-            # Sharded by the plan, by file; stop tf.distribute from sharding again.
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        else:
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
-        return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
+        """``batches`` finished (:func:`finished`): sharded by file here, so tf.distribute must not shard again."""
+        whole_pass = not self.training and not self.distributed and self.shard_records_by is None
+        return finished(batches, self.deterministic, tf.data.experimental.AutoShardPolicy.OFF if self.distributed
+                        else tf.data.experimental.AutoShardPolicy.FILE,
+                        -(-sum(self.counts) // self.batch_size) if whole_pass else None)
+
+
+def finished(batches: tf.data.Dataset, deterministic: bool, shard_policy, cardinality: int | None) -> tf.data.Dataset:
+    """``batches`` with these options, prefetched; ``cardinality``: an evaluation pass's batches, declared so that
+    Keras reads the pass to its end without warning that the input "ran out of data"."""
+    if cardinality is not None:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(cardinality))
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    options.experimental_distribute.auto_shard_policy = shard_policy
+    return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def streamed_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, streamed through the shared order."""
-    shards = tf.data.Dataset.from_tensor_slices((plan.files, tf.constant(plan.counts, tf.int64)))
-    chunks = plan.ordered(shards, _chunk_reader(layout, plan.file_buffer_bytes))
-    batches = chunks.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=plan.deterministic)
-    return batches.map(_chunk_batch_decoder(layout), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=plan.deterministic)
+    return plan.batched(plan.records(_chunk_reader(layout, plan.file_buffer_bytes)), _chunk_batch_decoder(layout))
 
 
 def _chunk_reader(layout: FixedLayout, buffer_size: int):
@@ -169,23 +167,17 @@ def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.d
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards streamed, each record parsed as an Example;
     ``side`` is the manifest's ``shorter_side``."""
     stored = encodings.get(encoding)
-    shards = tf.data.Dataset.from_tensor_slices((plan.files, tf.constant(plan.counts, tf.int64)))
     buffer_size = plan.file_buffer_bytes
-    records = plan.ordered(shards, lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
+    records = plan.records(lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
     if stored.has_fixed_layout(crop):
         # Parallel batching: assembling a batch copies every record once, and one thread doing it all falls behind.
-        batches = records.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=plan.deterministic)
-        return batches.map(_raw_batch_decoder(plan.height, plan.width), num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=plan.deterministic)
+        return plan.batched(records, _raw_batch_decoder(plan.height, plan.width))
     # One image at a time is unavoidable here (JPEG decode, or a crop of a variable-size image); the random crop
     # positions come from a seeded stream zipped alongside, so a seed still makes the batches repeatable.
     decode = _per_image_decoder(stored, crop, side, plan.height, plan.width, plan.training)
     crop_seeds = tf.data.Dataset.random(seed=plan.seed).batch(2)
-    images = tf.data.Dataset.zip(records, crop_seeds).map(
-        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic)
-    return images.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
-                        deterministic=plan.deterministic)
+    return plan.batched(tf.data.Dataset.zip(records, crop_seeds).map(
+        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic))
 
 
 def _raw_batch_decoder(height: int, width: int):

@@ -173,8 +173,11 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
         serialized = serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
         batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                               height, width, training)
-    return _finish(labels_checked(batches, manifest.num_classes, data_dir), order, input_context is not None,
-                   start_step)
+    # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
+    return read_stream.finished(labels_checked(batches, manifest.num_classes, data_dir), True,
+                                tf.data.experimental.AutoShardPolicy.OFF if input_context is not None
+                                else tf.data.experimental.AutoShardPolicy.DATA,
+                                None if training else len(order) - start_step)
 
 
 def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
@@ -265,15 +268,3 @@ def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_st
     return _read_by_step(order, start_step, snapshot, read, [(object, tf.string, ()), (np.int64, tf.int64, (2,))],
                          "gather_serialized_records")
 
-
-def _finish(batches: tf.data.Dataset, order: RecordOrder, distributed: bool, start_step: int) -> tf.data.Dataset:
-    """``batches`` prefetched, deterministic, not sharded again by tf.distribute; an evaluation pass declares its
-    number of batches (Keras then reads it to its end without warning that the input "ran out of data")."""
-    if not order.training:
-        batches = batches.apply(tf.data.experimental.assert_cardinality(len(order) - start_step))
-    options = tf.data.Options()
-    options.deterministic = True
-    # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
-    options.experimental_distribute.auto_shard_policy = (tf.data.experimental.AutoShardPolicy.OFF if distributed
-                                                         else tf.data.experimental.AutoShardPolicy.DATA)
-    return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
