@@ -24,7 +24,7 @@ import numpy as np
 
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import checkpoint_state, run_files
-from shardprep.train import losses  # noqa: F401  registers the loss a JAX/PyTorch checkpoint is compiled with
+from shardprep.train import model as model_lib  # registers the loss, schedule and layer a checkpoint holds
 from shardprep.train.checkpoint_state import STATE_FORMAT, exists, gfile, is_url  # noqa: F401 (public here too)
 
 # Callback state that a resumed run carries on with (Keras resets it in on_train_begin).
@@ -306,10 +306,8 @@ def _plain(value):
 def restore_checkpoint(model: keras.Model, path: str) -> None:
     """Loads the saved weights and optimizer state into ``model``, built from this run's flags (``--epochs`` may
     change: the schedule is recomputed from the saved step); the architecture must be the same."""
-    from shardprep.train.model import load_model
-
     try:
-        saved = load_model(path)
+        saved = model_lib.load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras reports a damaged zip as anything from ValueError to OSError
         cause = f"{type(error).__name__}: {str(error)[:120]}"
         raise ValueError(f"--resume: {path} is damaged or not a Keras checkpoint and cannot be read ({cause}); start "
@@ -329,12 +327,10 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
 
 def save_inference_model(model: keras.Model, path: str) -> None:
     """Saves the inference model (:func:`shardprep.train.model.save_inference_model`) under a temporary name."""
-    from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
-
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
     with _writing(path, temporary):
         _fresh(temporary)
-        save(model, temporary)
+        model_lib.save_inference_model(model, temporary)
         _replace(temporary, path)
 
 

@@ -25,9 +25,9 @@ from shardprep.train import checkpoints, preflight, progress, run_files, tensorb
 from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
 from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
-from shardprep.train.model import build_model
 from shardprep.train.progress import PROGRESS_INTERVAL, EpochProgress  # noqa: F401  (public here too)
-from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
+from shardprep.train.model import (PlateauWarmup, WarmupSchedule, build_model, make_optimizer,  # noqa: F401
+                                   warmup_steps)
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
 INPUT_BOUND_THRESHOLD = 0.05

@@ -5,14 +5,22 @@ ResNet-18: 7x7/2 stem, 3x3/2 max-pool, four stages of two BasicBlocks (1x1 proje
 changes: option B), global average pooling, a dense classifier. No conv biases, He-normal (fan-out) init as in
 torchvision, batch norm momentum 0.9 / epsilon 1e-5 (PyTorch's); 11,689,512 parameters at 1000 classes, torchvision's
 figure. Channels-last in every layer (the augmentation layer yields ``[B, H, W, C]``), whatever Keras's default.
+
+The training objective too: the smoothed sparse cross-entropy in float32 (``keras.ops``; weight decay is the
+model's ``model.losses``), and SGD on a warm-up then cosine or step schedule (:class:`WarmupSchedule`) or
+ReduceLROnPlateau after :class:`PlateauWarmup`. The loss, its metric and the schedule are registered with Keras, so
+checkpoints load wherever this module is imported.
 """
 
 from __future__ import annotations
 
+import math
+
 import keras
-from keras import layers
+from keras import layers, ops
 
 from shardprep.train.augment import CropFlipNormalize
+from shardprep.train.config import TrainConfig
 
 STAGE_WIDTHS = (64, 128, 256, 512)
 BLOCKS_PER_STAGE = (2, 2, 2, 2)
@@ -123,8 +131,119 @@ def save_inference_model(model: keras.Model, path: str) -> None:
 def load_model(path: str) -> keras.Model:
     """Loads a ``model.keras`` of ``shardprep train`` (earlier versions' too) or a checkpoint: shardprep's layers,
     loss and schedule registered first. ``load_model(path)(uint8_images)`` gives logits."""
-    import shardprep.train.augment  # noqa: F401  registers CropFlipNormalize
-    import shardprep.train.losses  # noqa: F401  registers the smoothed loss and metric (JAX/PyTorch checkpoints)
-    import shardprep.train.schedules  # noqa: F401  registers WarmupSchedule (checkpoints hold the optimizer)
-
     return keras.models.load_model(path)
+
+
+def smoothed_crossentropy(labels, logits, num_classes: int, label_smoothing: float):
+    """Per-example float32 cross-entropy of ``logits`` against the one-hot of ``labels``, smoothed."""
+    one_hot = ops.one_hot(ops.cast(ops.reshape(labels, (-1,)), "int32"), num_classes, dtype="float32")
+    return keras.losses.categorical_crossentropy(one_hot, ops.cast(logits, "float32"), from_logits=True,
+                                                 label_smoothing=label_smoothing)
+
+
+@keras.saving.register_keras_serializable(package="shardprep")
+class SmoothedCrossentropy(keras.losses.Loss):
+    """:func:`smoothed_crossentropy` as a Keras loss, averaged over the batch."""
+
+    def __init__(self, num_classes: int, label_smoothing: float = 0.0, name: str = "smoothed_crossentropy",
+                 reduction: str = "sum_over_batch_size", dtype: str | None = "float32"):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.num_classes, self.label_smoothing = int(num_classes), float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        return smoothed_crossentropy(y_true, y_pred, self.num_classes, self.label_smoothing)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "label_smoothing": self.label_smoothing}
+
+
+@keras.saving.register_keras_serializable(package="shardprep")
+class SmoothedCrossentropyMean(keras.metrics.MeanMetricWrapper):
+    """The running mean of :func:`smoothed_crossentropy` (the loss without weight decay)."""
+
+    def __init__(self, num_classes: int, label_smoothing: float = 0.0, name: str = "data_loss",
+                 dtype: str | None = "float32"):
+        super().__init__(smoothed_crossentropy, name=name, dtype=dtype, num_classes=int(num_classes),
+                         label_smoothing=float(label_smoothing))
+        self.num_classes, self.label_smoothing = int(num_classes), float(label_smoothing)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype, "num_classes": self.num_classes,
+                "label_smoothing": self.label_smoothing}
+
+
+@keras.saving.register_keras_serializable(package="shardprep")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``, or step decay
+    (``* decay`` at each of ``boundaries``), or constant (``kind="constant"``)."""
+
+    def __init__(self, base_lr: float, warmup_steps: int, total_steps: int, kind: str = "cosine",
+                 boundaries=(), decay: float = 0.1):
+        self.base_lr = float(base_lr)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.kind = kind
+        self.boundaries = [int(b) for b in boundaries]
+        self.decay = float(decay)
+
+    def __call__(self, step):
+        # keras.ops, so the schedule runs inside every backend's compiled step.
+        step = ops.cast(step, "float32")
+        warmup = float(self.warmup_steps)
+        if self.kind == "cosine":
+            progress = ops.clip((step - warmup) / max(1.0, self.total_steps - warmup), 0.0, 1.0)
+            lr = 0.5 * self.base_lr * (1.0 + ops.cos(math.pi * progress))
+        elif self.kind == "step":
+            passed = sum(ops.cast(step >= b, "float32") for b in self.boundaries) if self.boundaries else 0.0
+            lr = self.base_lr * ops.power(self.decay, passed)
+        else:
+            lr = ops.full((), self.base_lr, "float32")
+        if self.warmup_steps:
+            lr = ops.where(step < warmup, self.base_lr * (step + 1.0) / warmup, lr)
+        return lr
+
+    def get_config(self):
+        return dict(base_lr=self.base_lr, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
+                    kind=self.kind, boundaries=self.boundaries, decay=self.decay)
+
+
+class PlateauWarmup(keras.callbacks.Callback):
+    """Linear warm-up for ``--lr-schedule plateau`` (a plain rate ReduceLROnPlateau can lower), the step counted
+    here: reading the optimizer's would wait for the device each step."""
+
+    def __init__(self, base_lr: float, warmup_steps: int, steps_per_epoch: int):
+        super().__init__()
+        self.base_lr, self.warmup_steps, self.steps_per_epoch = base_lr, warmup_steps, steps_per_epoch
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self.epoch * self.steps_per_epoch + batch
+        if step < self.warmup_steps:
+            self.model.optimizer.learning_rate = self.base_lr * (step + 1) / self.warmup_steps
+        elif step == self.warmup_steps:
+            self.model.optimizer.learning_rate = self.base_lr
+
+
+def warmup_steps(config: TrainConfig, steps_per_epoch: int) -> int:
+    return int(round(config.warmup_epochs * steps_per_epoch))
+
+
+def make_optimizer(config: TrainConfig, base_lr: float, steps_per_epoch: int, precision: str):
+    """SGD with momentum on ``config.lr_schedule``: a :class:`WarmupSchedule`, or for ``plateau`` a plain rate that
+    :class:`PlateauWarmup` and ReduceLROnPlateau set; loss-scaled under ``mixed_float16``."""
+    warmup = warmup_steps(config, steps_per_epoch)
+    total_steps = config.epochs * steps_per_epoch
+    if config.lr_schedule == "plateau":
+        learning_rate = base_lr / warmup if warmup else base_lr
+    else:
+        step_epochs = config.lr_step_epochs or (config.epochs / 3, 2 * config.epochs / 3, 8 * config.epochs / 9)
+        learning_rate = WarmupSchedule(base_lr, warmup, total_steps, kind=config.lr_schedule,
+                                       boundaries=[round(e * steps_per_epoch) for e in step_epochs],
+                                       decay=config.lr_decay)
+    optimizer = keras.optimizers.SGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=False)
+    if precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer

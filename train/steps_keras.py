@@ -14,7 +14,7 @@ import numpy as np
 
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train.config import TrainConfig
-from shardprep.train.losses import SmoothedCrossentropy, SmoothedCrossentropyMean
+from shardprep.train.model import SmoothedCrossentropy, SmoothedCrossentropyMean
 
 
 def _capability_precision(capability: tuple[int, int]) -> str:

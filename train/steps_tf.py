@@ -13,7 +13,7 @@ import tensorflow as tf
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import reader
 from shardprep.train.config import TrainConfig
-from shardprep.train.losses import smoothed_crossentropy
+from shardprep.train.model import smoothed_crossentropy
 
 
 # A Python exception quoted in a tf.data error ("OSError: shard: record 3 ... mismatch"), a line of its own.
