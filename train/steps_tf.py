@@ -41,37 +41,6 @@ def resolve_precision(precision: str) -> str:
     return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
 
 
-class _Metrics:
-    """The epoch's running training and validation loss and accuracy (device variables, read once an epoch)."""
-
-    def __init__(self):
-        self.loss = keras.metrics.Mean(name="loss")
-        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-        self.val_loss = keras.metrics.Mean(name="val_loss")
-        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
-
-    def reset(self) -> None:
-        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
-            metric.reset_state()
-
-    def training_state(self) -> dict:
-        """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read
-        variable aggregates it; assigning spreads it again)."""
-        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
-                for metric in (self.loss, self.accuracy)}
-
-    def restore_training_state(self, state: dict) -> bool:
-        """Continues the training metrics from :meth:`training_state`; False, changing nothing, for another form."""
-        metrics = (self.loss, self.accuracy)
-        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
-                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
-            return False
-        for metric in metrics:
-            for variable, value in zip(metric.variables, state[metric.name]):
-                variable.assign(value)
-        return True
-
-
 class TFSteps:
     """Strategy, precision, input and compiled steps for one run on TensorFlow (``strategy``: default
     :func:`choose_strategy`)."""
@@ -86,8 +55,7 @@ class TFSteps:
         self.jit_compile = config.jit_compile
         if self.jit_compile is None:
             self.jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
-        self.metrics = None
-        self._train_step = self._eval_step = self._val = None
+        self._val = None
 
     def describe(self) -> str:
         if isinstance(self.strategy, tf.distribute.MirroredStrategy):
@@ -102,13 +70,17 @@ class TFSteps:
     def compile(self, model: keras.Model, optimizer, num_classes: int) -> None:
         """Attaches the optimizer and builds the compiled steps; call inside :meth:`scope`."""
         model.compile(optimizer=optimizer)
-        self.metrics = _Metrics()
-        self._train_step, self._eval_step = _step_functions(self.config, self.strategy, model, optimizer,
-                                                            self.metrics, num_classes, self.jit_compile)
+        # The epoch's running metrics: device variables, read once an epoch.
+        self.loss, self.val_loss = keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="val_loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
+        # eval_step is traced by val_batches, for its dataset's element spec.
+        self.train_step, self.eval_step = _step_functions(self.config, self.strategy, model, optimizer, self,
+                                                          num_classes, self.jit_compile)
 
     def streamed(self) -> bool:
         """Shards streamed in tf.data's shuffled order (``--sequential-reads``, URLs), which no step addresses."""
-        return self.config.sequential_reads or "://" in self.config.data_dir
+        return self.config.streamed()
 
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
         """The endless training input from global step ``start_step``; streamed shards only at an epoch boundary, a
@@ -141,7 +113,7 @@ class TFSteps:
         if self._val is None:
             self._val = self._distributed(self.config.val_split, False, None, 0)
             # Traced once for the dataset's batches of any size: else a short last batch traces it again.
-            self._eval_step = tf.function(self._eval_step, input_signature=(self._val.element_spec,))
+            self.eval_step = tf.function(self.eval_step, input_signature=(self._val.element_spec,))
         return self._val
 
     def _distributed(self, split: str, training: bool, seed: int | None, start_step: int):
@@ -159,36 +131,38 @@ class TFSteps:
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_step(self, batch) -> None:
-        self._train_step(batch)
-
-    def eval_step(self, batch) -> None:
-        """Runs after :meth:`val_batches` made the dataset it is traced for."""
-        self._eval_step(batch)
-
     def reset(self) -> None:
-        self.metrics.reset()
+        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
+            metric.reset_state()
 
     def metric_state(self) -> dict:
-        """The epoch's training metrics so far as they accumulate (waits for the device)."""
-        return self.metrics.training_state()
+        """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read
+        variable aggregates it; assigning spreads it again). Waits for the device."""
+        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
+                for metric in (self.loss, self.accuracy)}
 
     def restore_metric_state(self, state: dict) -> bool:
-        return self.metrics.restore_training_state(state)
+        """Continues the training metrics from :meth:`metric_state`; False, changing nothing, for another form."""
+        metrics = (self.loss, self.accuracy)
+        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
+                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
+            return False
+        for metric in metrics:
+            for variable, value in zip(metric.variables, state[metric.name]):
+                variable.assign(value)
+        return True
 
     def train_results(self) -> dict:
         """The epoch's training loss and accuracy so far (waits for the device)."""
-        return {"loss": float(self.metrics.loss.result()), "accuracy": float(self.metrics.accuracy.result())}
+        return {"loss": float(self.loss.result()), "accuracy": float(self.accuracy.result())}
 
     def val_results(self) -> dict:
-        return {"val_loss": float(self.metrics.val_loss.result()),
-                "val_accuracy": float(self.metrics.val_accuracy.result())}
+        return {"val_loss": float(self.val_loss.result()), "val_accuracy": float(self.val_accuracy.result())}
 
 
-def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
+def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: TFSteps, num_classes: int,
                     jit_compile: bool):
-    """``(train_step, eval_step)``, each one distributed batch on every replica, updating ``metrics``; ``eval_step``
-    is traced by :meth:`TFSteps.val_batches` for its dataset's element spec."""
+    """``(train_step, eval_step)``, each one distributed batch on every replica, updating ``metrics``' metrics."""
     replicas = strategy.num_replicas_in_sync
 
     def smoothed_loss(labels, logits):
