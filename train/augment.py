@@ -43,8 +43,7 @@ def center_crop(images, size: int):
 
 
 def random_crop_flip(images, size: int, seed):
-    """A random ``size`` x ``size`` window of each image, mirrored for a random half: one ``take`` from the
-    flattened batch, so every output pixel is a stored one, in the input's dtype."""
+    """A random ``size`` window of each image (stored pixels, one ``take``), mirrored for a random half."""
     batch, height, width, channels = ops.shape(images)
     draws = _uniforms(batch, 3, seed)  # top, left, flip
     spare_rows, spare_columns = height - size + 1, width - size + 1  # possible positions per axis
@@ -99,8 +98,7 @@ def _rrc_windows(draws, height, width, area_range, aspect_range, attempts: int):
 
 
 def _resize_weights(start, extent, source_size, size: int):
-    """``[B, size, source_size]`` antialiased bilinear weights of each window onto ``size`` samples: half-pixel
-    centres (as ``tf.image.resize``), the triangle widened by the downscale factor, rows normalized."""
+    """``[B, size, source_size]`` antialiased bilinear weights (half-pixel centres, rows normalized)."""
     scale = extent / size  # source pixels per output pixel, [B]
     outputs = ops.cast(ops.arange(size, dtype="int32"), "float32")
     centres = start[:, None] + (outputs[None, :] + 0.5) * scale[:, None] - 0.5
@@ -111,8 +109,7 @@ def _resize_weights(start, extent, source_size, size: int):
 
 
 def resize_windows(images, top, left, window_height, window_width, size: int, flip=None):
-    """Each image's window resized to ``size`` x ``size`` (float32) by two batched matrix products, optionally
-    mirrored."""
+    """Each image's window resized to ``size`` (float32) by two batched matmuls, optionally mirrored."""
     images = ops.cast(images, "float32")
     _, height, width, _ = ops.shape(images)
     row_weights = _resize_weights(top, window_height, height, size)      # [B, size, H]

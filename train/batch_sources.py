@@ -36,8 +36,7 @@ class ShardIndex(NamedTuple):
 
 
 def record_offsets(path: str, expected: int | None = None) -> ShardIndex:
-    """The data offset and length of each record, from ``path``'s framing; ``ValueError`` naming the file for a bad
-    header CRC, a cut record, or a count other than ``expected``."""
+    """Each record's data offset and length from the framing; ``ValueError`` naming the file if wrong."""
     offsets, lengths = [], []
     fd = os.open(path, OPEN_FLAGS)
     try:
@@ -140,8 +139,7 @@ def crop_window(height: int, width: int, side: int, draws, training: bool) -> tu
 
 
 class FixedLayoutSource:
-    """Batches of fixed-layout shards, ``(global ids, draws) -> (images, labels)`` (draws unused); each shard read
-    checked against ``snapshot``, labels against ``num_classes``."""
+    """``(global ids, draws) -> (images, labels)`` of fixed-layout shards, shards and labels checked."""
 
     def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False,
                  snapshot: DatasetSnapshot | None = None, num_classes: int | None = None):
@@ -175,8 +173,7 @@ def gather_ids(starts: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 class ExampleSource:
-    """Batches of Examples decoded one by one into a reused batch buffer; ``snapshot`` as
-    :class:`FixedLayoutSource`'s, labels checked against the manifest's classes."""
+    """Batches of Examples decoded one by one into a reused buffer, shards and labels checked."""
 
     def __init__(self, paths, counts, manifest: Manifest, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None, snapshot: DatasetSnapshot | None = None):

@@ -208,8 +208,7 @@ def _checked(located: Located, path: str) -> Located:
 
 
 def locate(paths: dict) -> Located | None:
-    """The checkpoint in ``paths`` (``run_paths``), None when there is none; a :class:`CheckpointError` names what is
-    missing, damaged or unmatched. Reads only."""
+    """The checkpoint in ``paths``, None if none; a :class:`CheckpointError` names what is wrong."""
     state_path, last, writing = paths["state"], paths["last"], paths["last_writing"]
     has_state, has_last = exists(state_path), exists(last)
     if not has_state and not has_last:

@@ -62,8 +62,7 @@ def _failed(path: str, error: OSError) -> RunFileError:
 
 @contextlib.contextmanager
 def _writing(path: str, temporary: str | None = None):
-    """The block writes ``path`` (through ``temporary``, removed when it fails): an OSError becomes a
-    :class:`RunFileError` naming ``path``, the file the user knows."""
+    """An OSError in the block (``temporary`` then removed) as a :class:`RunFileError` naming ``path``."""
     try:
         yield
     except OSError as error:
@@ -114,8 +113,7 @@ def read_json(path: str):
 
 
 def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
-    """Saves ``model`` to ``temporary`` (renamed to ``path`` by the caller) and returns its sha256; ``saved_as``: a
-    local file holding ``model`` in this very state, copied instead of serializing it again."""
+    """``model`` saved (or ``saved_as`` copied) to ``temporary``; returns the file's sha256."""
     with _writing(path, temporary):
         _fresh(temporary)
         if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
@@ -172,8 +170,7 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
 
 def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
               optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
-    """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on);
-    ``partial_epoch``: the epoch in progress (running ``loss``, ``accuracy`` over ``examples``, accumulators)."""
+    """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on)."""
     return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
             "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
             "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
@@ -194,8 +191,7 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
 
 
 def _as_previous(entry: dict) -> dict:
-    """``entry`` as the next checkpoint's fallback: its history cut to its ``epochs_done`` (a resumed run appends
-    to the history it shares), no fallback of its own."""
+    """``entry`` as the next fallback: its history cut to its ``epochs_done``, no fallback of its own."""
     done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
     return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
             "previous": None}
@@ -250,8 +246,7 @@ def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> chec
 
 def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
            report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
-    """The saved run state after loading the checkpoint (``located``, else :func:`resumable`'s) into ``model``,
-    ``history.json`` rewritten from it; None when there is none."""
+    """The saved run state, the checkpoint loaded into ``model``, ``history.json`` rewritten from it."""
     if located is None:
         located = resumable(paths, options, report)
         if located is None:
@@ -304,8 +299,7 @@ def _plain(value):
 
 
 def restore_checkpoint(model: keras.Model, path: str) -> None:
-    """Loads the saved weights and optimizer state into ``model``, built from this run's flags (``--epochs`` may
-    change: the schedule is recomputed from the saved step); the architecture must be the same."""
+    """Loads the saved weights and optimizer state into ``model`` (same architecture, this run's flags)."""
     try:
         saved = model_lib.load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras reports a damaged zip as anything from ValueError to OSError
@@ -356,16 +350,14 @@ def _value(variable) -> list[int]:
 
 
 def capture_rng(model: keras.Model) -> dict:
-    """``{"layers": [[seed, counter], ...], "global": [seed, counter] or None}``: every seed generator the model
-    holds, in order, and Keras's global one."""
+    """Every seed generator's ``[seed, counter]`` in model order (``layers``) and Keras's ``global`` one."""
     generator = _global_generator()
     return {"layers": [_value(variable) for variable in _seed_variables(model)],
             "global": _value(generator.state) if generator is not None else None}
 
 
 def restore_rng(model: keras.Model, state: dict) -> None:
-    """Sets the model's seed generators (and the global one) to ``state`` from :func:`capture_rng`; a
-    ``ValueError`` when the state holds another number of generators than the model (another model)."""
+    """Sets the seed generators from :func:`capture_rng`'s state; ``ValueError`` for another model's."""
     variables = _seed_variables(model)
     saved = state.get("layers", [])
     if len(saved) != len(variables):

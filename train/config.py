@@ -16,8 +16,7 @@ AUGMENTATIONS = ("crop", "rrc")
 
 
 class BackendInfo(NamedTuple):
-    """A Keras backend shardprep trains on: the package it needs, how to install it (the error when it is missing),
-    and what a run on it uses (``--backend``'s help)."""
+    """A Keras backend shardprep trains on: its package, how to install it, what a run on it uses."""
 
     module: str
     install: str
@@ -60,8 +59,7 @@ def default_backend(environ=None) -> str:
 
 
 def activate_backend(name: str) -> str:
-    """Makes ``name`` this process's Keras backend (``KERAS_BACKEND``) before Keras is imported; returns it. A
-    :class:`BackendError` for an unknown or uninstalled one, or Keras already imported with another."""
+    """Makes ``name`` this process's Keras backend before Keras is imported (else :class:`BackendError`)."""
     if name not in BACKENDS:
         raise BackendError(f"backend {name!r} (--backend or KERAS_BACKEND) is not one shardprep trains on; choose "
                            f"one of {', '.join(BACKENDS)}")
@@ -138,8 +136,7 @@ class TrainConfig:
             self.check_backend(self.backend)
 
     def streamed(self) -> bool:
-        """Whether the TensorFlow reader streams the shards (``--sequential-reads``, or a URL) instead of reading
-        them by random access."""
+        """Whether the TensorFlow reader streams the shards (``--sequential-reads``, or a URL)."""
         return self.sequential_reads or "://" in self.data_dir
 
     def check_backend(self, backend: str) -> None:

@@ -22,8 +22,7 @@ from shardprep.train.interrupt import StopRequests, TrainingInterrupted
 
 
 class InputError(ValueError):
-    """The training or validation input failed (a record's checksum, a short shard); the message names the shard
-    and the record."""
+    """The training or validation input failed; the message names the shard and the record."""
 
 
 def combined(earlier: dict | None, later: dict, examples: int) -> dict:
@@ -105,8 +104,7 @@ class Epochs:
         self.report(progress.fit(text, self.width))
 
     def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
-        """Epochs from ``start_step`` (``state``: the checkpoint resumed from, or empty) to the last; raises
-        :class:`TrainingInterrupted` when Ctrl-C stops it."""
+        """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
         problem = saved_state_problem(state)
         if problem:
             raise ValueError(f"--resume: {self.paths['state']}: {problem}; the file is damaged: start again in a new "
@@ -203,8 +201,7 @@ class Epochs:
         return False
 
     def _train_epoch(self, epoch: int, first_step: int, train_iterator, carried: dict | None):
-        """The epoch's training logs and :class:`_Timing` from step ``first_step`` on; ``carried``: the partial
-        epoch a checkpoint kept."""
+        """The epoch's training logs and :class:`_Timing` from step ``first_step`` on."""
         timing = _Timing(carried.get("timing") if carried else None)
         if carried and carried.get("metrics") is not None and self.steps.restore_metric_state(carried["metrics"]):
             # The saved accumulators go on as in one process; checkpoints without them (or another backend's) are

@@ -34,8 +34,7 @@ def _splitmix(values: np.ndarray) -> np.ndarray:
 
 
 def window_draws(seed: int, epoch: int, positions) -> np.ndarray:
-    """int64 ``[n, 3]`` draws in ``[0, 2**31)`` (top, left, flip) of the records at ``positions`` of epoch
-    ``epoch``'s order."""
+    """int64 ``[n, 3]`` (top, left, flip) draws in ``[0, 2**31)`` of the records at ``positions``."""
     key = np.random.SeedSequence([int(seed), int(epoch), _STREAM]).generate_state(1, np.uint64)[0]
     counters = np.asarray(positions, np.uint64)[:, None] * np.uint64(3) + np.arange(3, dtype=np.uint64)
     with np.errstate(over="ignore"):

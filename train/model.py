@@ -82,8 +82,7 @@ def resnet18(num_classes: int, input_shape=(224, 224, 3), width_multiplier: floa
 
 def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment: str = "crop",
                 seed: int | None = None, width_multiplier: float = 1.0, weight_decay: float = 0.0) -> keras.Model:
-    """The training model: ``uint8 [B, H, W, 3]`` images of any size >= ``image_size`` in, augmented in training
-    (``augment``) else centrally cropped, normalized (``mean_rgb``/``std_rgb``, 0-255), ResNet-18, logits out."""
+    """The training model: uint8 images in, augmented or centrally cropped, normalized, logits out."""
     images = keras.Input((None, None, 3), dtype="uint8", name="images")
     x = CropFlipNormalize(image_size, mean_rgb, std_rgb, augment=augment, seed=seed, name="crop_flip_normalize")(
         images)
@@ -129,8 +128,7 @@ def save_inference_model(model: keras.Model, path: str) -> None:
 
 
 def load_model(path: str) -> keras.Model:
-    """Loads a ``model.keras`` of ``shardprep train`` (earlier versions' too) or a checkpoint: shardprep's layers,
-    loss and schedule registered first. ``load_model(path)(uint8_images)`` gives logits."""
+    """Loads a ``model.keras`` of ``shardprep train`` (any version) or a checkpoint."""
     return keras.models.load_model(path)
 
 
@@ -232,8 +230,7 @@ def warmup_steps(config: TrainConfig, steps_per_epoch: int) -> int:
 
 
 def make_optimizer(config: TrainConfig, base_lr: float, steps_per_epoch: int, precision: str):
-    """SGD with momentum on ``config.lr_schedule``: a :class:`WarmupSchedule`, or for ``plateau`` a plain rate that
-    :class:`PlateauWarmup` and ReduceLROnPlateau set; loss-scaled under ``mixed_float16``."""
+    """SGD with momentum on ``config.lr_schedule``; loss-scaled under ``mixed_float16``."""
     warmup = warmup_steps(config, steps_per_epoch)
     total_steps = config.epochs * steps_per_epoch
     if config.lr_schedule == "plateau":

@@ -93,8 +93,7 @@ class NumpyReader:
         return self.order.state(self._step)
 
     def set_state(self, state: ReaderState | int) -> None:
-        """Continues at ``state`` (a :class:`ReaderState` or a global step): the next iteration starts there.
-        Refused (``RuntimeError``) while an iterator is active: it has already read ahead from where it is."""
+        """Continues at ``state`` (or a global step); a ``RuntimeError`` while an iterator is active."""
         step = state.step if isinstance(state, ReaderState) else integer_argument("start_step", state)
         if self._iterating():
             raise RuntimeError(f"NumpyReader.set_state while an iterator is active (at step {self._step}): finish, "
@@ -105,8 +104,7 @@ class NumpyReader:
         self._step = step
 
     def read_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global batch ``step``, read now on the calling thread (random access: any step, any order). The first
-        batch of an epoch first checks that the manifest and every shard are still the files the reader opened."""
+        """Global batch ``step``, read now; an epoch's first batch checks the files first."""
         if step % self.order.steps_per_epoch == 0:
             self._source.snapshot.check()
         images, labels = self._source(self.order.batch_ids(step),
@@ -127,8 +125,7 @@ class NumpyReader:
         return iterator is not None and iterator.gi_frame is not None  # made, and neither finished nor closed
 
     def __iter__(self):
-        """Batches from the current position: endless in training; to the end of the pass in evaluation, after
-        which the next iteration is a new pass. A ``RuntimeError`` while another iterator is active."""
+        """Batches from the current position (a ``RuntimeError`` while another iterator is active)."""
         if self._iterating():
             raise RuntimeError(
                 f"this NumpyReader already has an active iterator (at step {self._step}): a reader is one position "
@@ -151,8 +148,7 @@ class NumpyReader:
             self._step = 0
 
     def as_py_dataset(self, *, steps_done=None, **kwargs):
-        """This reader as a ``keras.utils.PyDataset`` (:class:`~shardprep.train.keras_batches.KerasBatches`), e.g.
-        ``steps_done=lambda: int(model.optimizer.iterations)`` to resume with ``BackupAndRestore``."""
+        """This reader as a ``keras.utils.PyDataset`` (:class:`~shardprep.train.keras_batches.KerasBatches`)."""
         from shardprep.train.keras_batches import KerasBatches
 
         return KerasBatches(self, steps_done=steps_done, **kwargs)

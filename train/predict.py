@@ -51,8 +51,7 @@ class PhotoFailure:
 
 
 def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
-    """The options the preprocess job used for this dataset (``shorter_side``, ``crop``, the resize method,
-    ``max_pixels`` when recorded), with raw encoding: pixels, not a JPEG round trip."""
+    """The options the job used for this dataset, with raw encoding (pixels, not a JPEG round trip)."""
     max_pixels = (manifest.options or {}).get("max_pixels")
     return image_ops.ProcessOptions(
         shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
@@ -77,8 +76,7 @@ def _dataset_manifest(manifest, data: str) -> Manifest:
 
 
 def model_image_size(model) -> int | None:
-    """The crop the model was trained at: its ``CropFlipNormalize``'s ``image_size``, else its ``CenterCrop``'s
-    smaller side (the saved inference model), else a fixed input size, else None."""
+    """The crop the model was trained at (its ``CropFlipNormalize``, ``CenterCrop`` or input), or None."""
     import keras
 
     for layer in getattr(model, "layers", ()):
@@ -234,8 +232,7 @@ def _load(load_model, path: str):
 
 
 def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
-    """(a list with a :class:`PhotoFailure` for each photo that cannot be used and None for the others,
-    {position: uint8 H x W x 3 array}); with ``errors="raise"`` the first failure is a ValueError instead."""
+    """``(failures or None per photo, {position: pixels})``; ``errors="raise"``: a ValueError instead."""
     results, arrays = [], {}
     for position, image in enumerate(images):
         source = _source(image, position)

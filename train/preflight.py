@@ -125,8 +125,7 @@ def splits_present(manifest: Manifest) -> str:
 
 
 def training_splits(manifest: Manifest, train_split: str, val_split: str | None, data_dir: str) -> TrainingSplits:
-    """The splits ``--train-split`` and ``--val-split`` (None: the validation role) mean; a missing or ambiguous one
-    is a :class:`PreflightError` naming the flag and listing the splits."""
+    """The splits ``--train-split`` and ``--val-split`` mean, else a :class:`PreflightError`."""
     present = splits_present(manifest)
     try:
         train = resolve_split(manifest.splits, train_split, dataset=data_dir, listing=present)

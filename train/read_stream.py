@@ -58,8 +58,7 @@ class ReadPlan:
         return REMOTE_FILE_BUFFER_BYTES if "://" in self.data_dir else 0
 
     def without_empty_shards(self) -> "ReadPlan":
-        """The plan without empty shards (a split whose inputs were all rejected), which fixed-layout streams cannot
-        take apart."""
+        """The plan without empty shards, which fixed-layout streams cannot take apart."""
         files = [f for f, n in zip(self.files, self.counts) if n]
         if not files:
             raise ValueError(f"split {self.split!r} of {self.data_dir} has no examples")
@@ -164,8 +163,7 @@ def _chunk_batch_decoder(layout: FixedLayout):
 
 
 def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.data.Dataset:
-    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards streamed, each record parsed as an Example;
-    ``side`` is the manifest's ``shorter_side``."""
+    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, records parsed as Examples."""
     stored = encodings.get(encoding)
     buffer_size = plan.file_buffer_bytes
     records = plan.records(lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
@@ -198,8 +196,7 @@ def _raw_batch_decoder(height: int, width: int):
 
 def indexed_batches(serialized: tf.data.Dataset, encoding: str, crop: str, side: int, height: int, width: int,
                     training: bool) -> tf.data.Dataset:
-    """``(uint8 [b, H, W, 3], int32 [b])`` batches of ``(serialized Examples [b], crop draws [b, 2])`` read by random
-    access (:func:`shardprep.train.reader.serialized_batches`)."""
+    """``(uint8 [b, H, W, 3], int32 [b])`` batches of gathered ``(serialized Examples, crop draws)``."""
     stored = encodings.get(encoding)
     if stored.has_fixed_layout(crop):
         decode_raw = _raw_batch_decoder(height, width)

@@ -46,8 +46,7 @@ def read_url(path: str, at_most: int) -> bytes | None:
 
 
 def split_size(manifest: dict | Manifest, split: str) -> int:
-    """Number of examples in ``split``, a split's name or a role (``"validation"`` finds ``val``: see
-    :mod:`shardprep.train.split_roles`; a KeyError naming the known splits if there is none)."""
+    """Number of examples in ``split``, a name or a role (a KeyError listing the splits if none)."""
     manifest = typed(manifest)
     return manifest.split(split_roles.resolve_split(manifest.splits, split).name).num_examples
 
@@ -111,8 +110,7 @@ def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cyc
 
 
 def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) -> tf.data.Dataset:
-    """``batches`` with every batch's labels asserted to lie in ``0..num_classes-1`` (an ``InvalidArgumentError``
-    naming the dataset otherwise: it changed while read, or is damaged)."""
+    """``batches`` with every label asserted in ``0..num_classes-1`` (the dataset changed, or is damaged)."""
     message = (f"a label is outside 0..{num_classes - 1} (the manifest's {num_classes} classes): {data_dir} changed "
                f"since the reader opened it, or is damaged; run `shardprep validate {data_dir}`. Labels:")
 
@@ -125,8 +123,7 @@ def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) ->
 
 
 def _reads_by_random_access(data_dir: str, random_access: bool | None, start_step: int) -> bool:
-    """Whether ``make_dataset`` gathers records by random access (default: local paths where ``os.preadv`` exists);
-    a ``ValueError`` for random access to a URL, or a start step on a streamed read."""
+    """Whether ``make_dataset`` gathers by random access; a ``ValueError`` for a URL or a streamed start."""
     remote = "://" in data_dir
     if random_access is None:
         random_access = not remote and record_gather.AVAILABLE
@@ -247,8 +244,7 @@ def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot
 def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
                      verify: bool = False, snapshot: DatasetSnapshot | None = None,
                      num_classes: int | None = None) -> tf.data.Dataset:
-    """``(uint8 [B, H, W, 3], int32 [B])`` batches gathered from local fixed-layout shards (sizes checked here);
-    ``verify``, ``snapshot``, ``num_classes``: as :class:`~shardprep.train.batch_sources.FixedLayoutSource`'s."""
+    """Batches gathered from local fixed-layout shards, as ``FixedLayoutSource`` reads them."""
     source = FixedLayoutSource(paths, counts, layout, verify=verify, snapshot=snapshot, num_classes=num_classes)
     return _read_by_step(order, start_step, snapshot, lambda step: source(order.batch_ids(step)),
                          [(np.uint8, tf.uint8, source.image_shape), (np.int32, tf.int32, ())],
@@ -257,8 +253,7 @@ def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, sta
 
 def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int,
                        snapshot: DatasetSnapshot | None = None) -> tf.data.Dataset:
-    """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access; ``verify`` and
-    ``snapshot`` as :func:`gathered_batches`'."""
+    """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access."""
     examples = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
 
     def read(step):

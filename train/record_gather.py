@@ -198,8 +198,7 @@ OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC
 
 @contextlib.contextmanager
 def open_shards(paths, shards: np.ndarray, snapshot=None):
-    """``{shard: read-only descriptor}`` for the shards a batch reads, closed on leaving; each checked against
-    ``snapshot`` (a ``DatasetSnapshot``) when given."""
+    """``{shard: read-only descriptor}`` for a batch's shards, checked against ``snapshot``; closed on exit."""
     descriptors = {}
     try:
         for shard in np.unique(shards).tolist():

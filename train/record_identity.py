@@ -50,8 +50,7 @@ def _identity(path: str) -> FileIdentity | None:
 
 
 class DatasetSnapshot:
-    """The identities of ``manifest.json`` and one split's shards (``paths``), taken when a reader opens it; a
-    shard of another size than ``sizes`` (the manifest's) is a ``ValueError`` now."""
+    """Identities of ``manifest.json`` and a split's shards; ``ValueError`` for a size unlike ``sizes``."""
 
     def __init__(self, data_dir: str, paths, sizes):
         self.data_dir = data_dir

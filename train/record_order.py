@@ -84,8 +84,7 @@ class RecordOrder:
         return self.epoch_ids(epoch)[first:first + self.batch_size * self.num_shards:self.num_shards]
 
     def epoch_share(self, epoch: int = 0) -> np.ndarray:
-        """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice of the pass);
-        training batches are its consecutive runs of ``batch_size`` (what :class:`EpochSampler` hands out)."""
+        """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice)."""
         if not self.training:
             return np.arange(self._eval_first, int(self._eval_ends[-1]) if len(self._eval_ends) else 0,
                              dtype=np.int64)
@@ -102,8 +101,7 @@ class RecordOrder:
         return self._epoch(epoch)[0]
 
     def crop_draws(self, step) -> np.ndarray:
-        """int64 ``[B, 2]`` draws in ``[0, 2**31)`` for batch ``step``'s random crops: top ``= d[0] % (spare_h + 1)``,
-        left ``= d[1] % (spare_w + 1)``; zeros in evaluation (central crops are computed from the image size)."""
+        """int64 ``[B, 2]`` crop draws of batch ``step``: top, left ``= d % (spare + 1)``; zeros in evaluation."""
         if not self.training:
             return np.zeros((len(self.batch_ids(step)), 2), np.int64)
         epoch = int(step) // self.steps_per_epoch

@@ -77,8 +77,7 @@ def _only_held_out(splits: list[str], train_split: str | None, listed: str, miss
 
 
 def reading(splits: Iterable[str], asked: str, dataset: str) -> str:
-    """The split a reader of ``dataset`` reads for ``asked`` (:func:`resolve_split`); when that is another split
-    than the name given, one line says which and why, once per process."""
+    """The split a reader reads for ``asked``; another than the name given is said once per process."""
     resolved = resolve_split(splits, asked, dataset=dataset)
     if resolved.name != asked:
         note = f"shardprep: reading split {resolved.name!r} for {asked!r} of {dataset}: {resolved.reason}"

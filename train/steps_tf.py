@@ -42,8 +42,7 @@ def resolve_precision(precision: str) -> str:
 
 
 class TFSteps:
-    """Strategy, precision, input and compiled steps for one run on TensorFlow (``strategy``: default
-    :func:`choose_strategy`)."""
+    """Strategy, precision, input and compiled steps for one run on TensorFlow."""
 
     backend = "tensorflow"
 
@@ -83,8 +82,7 @@ class TFSteps:
         return self.config.streamed()
 
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
-        """The endless training input from global step ``start_step``; streamed shards only at an epoch boundary, a
-        new order reseeded with the epoch."""
+        """The endless training input from step ``start_step`` (streamed: an epoch boundary, reseeded)."""
         if self.streamed() and self.config.seed is None:
             seed = None  # the run's drawn order seed would only make streamed reads deterministic, and slower
         if self.streamed() and start_step:

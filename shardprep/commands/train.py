@@ -77,8 +77,7 @@ def _shell_lines(words: list[str], width: int) -> str:
 
 
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
-    """Says what Ctrl-C (or SIGTERM) left and the command that goes on from there; exits 130 (143) as a shell does
-    after SIGINT (SIGTERM)."""
+    """Says what the stop left and the command that goes on from there; exits 130 (143) as a shell does."""
     from shardprep.train import progress
     from shardprep.train.interrupt import TrainingInterrupted, stopped_by
 
@@ -97,8 +96,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
 
 
 def _holds_run_files(output_dir: str) -> bool:
-    """Whether the stopped run wrote more into ``output_dir`` than its run record and empty folders (a rerun then
-    needs --overwrite)."""
+    """Whether the stopped run wrote more than its run record and empty folders (then: --overwrite)."""
     from shardprep.train import output_dir as output_folder
     from shardprep.train import run_files
 
@@ -246,8 +244,7 @@ def command(ctx, data, overwrite, **options):
 
 
 def _reporter(output_dir: str) -> Reporter:
-    """The run's stdout: output whose reader went away (``| head``, a terminal that hung up) or that cannot be
-    written (a full disk) stops with a note on stderr, and the training goes on (``shardprep.broken_pipe``)."""
+    """The run's stdout: output that cannot be written stops with a note on stderr; the training goes on."""
     from shardprep.train import progress
 
     goes_on = f"training goes on to the end without printing, its files in {output_dir}"
