@@ -1,13 +1,8 @@
-"""On-device augmentation: batched crops, flips and normalization with per-image random parameters, in
-``keras.ops``/``keras.random`` only (every backend, XLA, ``jax.jit``), as the model's first layer
-(:class:`CropFlipNormalize`), so the host ships uint8 and pays nothing.
-
-* ``crop``: a random ``size`` window, gathered (stored pixels exactly), flipped with probability 1/2.
-* ``rrc``: Inception-style random-resized-crop (area 8-100%, aspect 3/4-4/3, 10 tries, else the largest central
-  window within those ratios), resized with an antialiased bilinear filter, then flipped.
-* evaluation: the central window.
-
-``seed``: an int (stateless) or a ``keras.random.SeedGenerator``; each function draws all its numbers in one call.
+"""On-device augmentation in ``keras.ops``/``keras.random`` only (every backend, XLA, ``jax.jit``), as the model's
+first layer (:class:`CropFlipNormalize`): ``crop`` (a random window, stored pixels exactly, flipped for half),
+``rrc`` (Inception-style random-resized-crop, area 8-100%, aspect 3/4-4/3, antialiased bilinear, flipped) or, in
+evaluation, the central window; then normalization. ``seed``: an int (stateless) or a ``SeedGenerator``; each
+function draws all its numbers in one call.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` and the inference model.
 
-A checkpoint is ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (:func:`run_state`:
-the global step, the partial epoch, history, callbacks' state, the seed generators' state (:func:`capture_rng`:
-Keras keeps them out of ``.keras`` files) and the options a resumed run must share), committed in a kill-safe order
-(:func:`save_checkpoint`; :mod:`shardprep.train.checkpoint_state` pairs the two files back). Every file is written
-under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file,
-the checkpoint before it whole. TensorFlow is imported only for URLs (``tf.io.gfile``).
+A checkpoint is ``last.keras`` and ``state.json`` (:func:`run_state`: the step, partial epoch, history, callbacks',
+the seed generators' state (:func:`capture_rng`: not in ``.keras`` files) and the options a resume must share),
+committed in a kill-safe order (:func:`save_checkpoint`, :mod:`shardprep.train.checkpoint_state`). Files are written
+under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.loop.train`): timed steps, validation,
-callbacks, history, checkpoints, progress, a clean stop on Ctrl-C. A checkpoint's entry gets from here
-``partial_epoch`` (running ``loss``/``accuracy``/``examples``, the metrics' accumulators so a resumed run continues
-the same sums, ``timing``; ``validation_pending`` when Ctrl-C stopped the validation) and ``rng`` (the seed
-generators' state).
+callbacks, history, checkpoints (``partial_epoch``: running metrics, accumulators, ``timing``,
+``validation_pending``; ``rng``), progress and a clean stop on Ctrl-C.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The training loop, the same on every Keras backend (it imports none): the model, optimizer and resume, then the
-epochs (:mod:`shardprep.train.epochs`) over the steps of :mod:`shardprep.train.steps_tf` (TensorFlow) or
-:mod:`shardprep.train.steps_keras` (JAX, PyTorch); the summary and the input-bound report.
-
-A custom loop rather than ``model.fit``, which fetches each batch inside its compiled step: here ``next()`` is timed
-on its own, and as batches are read ahead, the time it blocks is time the accelerator waited for input. Each epoch
-reports ``images_per_sec`` (training images / the steps' wall time, validation and checkpoints excluded) and
-``input_wait_fraction`` (time in ``next()`` / that time). Step ``s`` reads batch ``s % steps_per_epoch`` of epoch
-``s // steps_per_epoch`` of the seeded order, and checkpoints keep the seed generators and the epoch's metric sums,
-so a resumed ``--seed`` run ends bit for bit as the uninterrupted one.
+"""The training loop, the same on every Keras backend (it imports none): model, optimizer and resume, the epochs
+(:mod:`shardprep.train.epochs`) over :mod:`~shardprep.train.steps_tf` or :mod:`~shardprep.train.steps_keras`, and the
+summary. Not ``model.fit``, which fetches batches inside its step: here ``next()`` is timed alone, so the time it
+blocks (``input_wait_fraction``) is time the accelerator waited for input. Step ``s`` reads a batch of the seeded
+order addressed by ``s``, and checkpoints keep the seed generators and the epoch's metric sums, so a resumed
+``--seed`` run ends bit for bit as the uninterrupted one.
 """
 
 from __future__ import annotations

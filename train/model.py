@@ -1,15 +1,8 @@
-"""The training model: ResNet-18 (He et al. 2015, table 1) behind the augmentation layer, uint8 images in, logits
-out; and the inference model saved as ``model.keras``, of Keras's own layers so that any Keras loads it.
-
-ResNet-18: 7x7/2 stem, 3x3/2 max-pool, four stages of two BasicBlocks (1x1 projection shortcuts where the shape
-changes: option B), global average pooling, a dense classifier. No conv biases, He-normal (fan-out) init as in
-torchvision, batch norm momentum 0.9 / epsilon 1e-5 (PyTorch's); 11,689,512 parameters at 1000 classes, torchvision's
-figure. Channels-last in every layer (the augmentation layer yields ``[B, H, W, C]``), whatever Keras's default.
-
-The training objective too: the smoothed sparse cross-entropy in float32 (``keras.ops``; weight decay is the
-model's ``model.losses``), and SGD on a warm-up then cosine or step schedule (:class:`WarmupSchedule`) or
-ReduceLROnPlateau after :class:`PlateauWarmup`. The loss, its metric and the schedule are registered with Keras, so
-checkpoints load wherever this module is imported.
+"""The model: ResNet-18 (He et al. 2015, table 1; torchvision's init and 11,689,512 parameters at 1000 classes,
+PyTorch's batch norm, option-B shortcuts, channels-last in every layer) behind :class:`CropFlipNormalize`, uint8
+images in, logits out; the inference model saved as ``model.keras`` in Keras's own layers; the smoothed float32
+cross-entropy and SGD on a warm-up then cosine/step schedule or ReduceLROnPlateau. The layer, loss and schedule are
+registered with Keras, so checkpoints load wherever this module is imported.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""``NumpyReader``: a prepared dataset's batches as NumPy arrays, with no TensorFlow on its path.
-
-The same batches, in the same order, as :func:`shardprep.train.reader.make_dataset` for the same seed (both follow
-:mod:`shardprep.train.record_order`): endless reshuffled epochs in training, one pass in evaluation. Batches are read
-on a few threads (``preadv`` and Pillow release the GIL) from :mod:`shardprep.train.batch_sources` into reused
-buffers, and handed out in order; a batch stays valid while the caller holds it. ``start_step``/:meth:`~NumpyReader.
-set_state` resume at any global step in O(1). One reader is one stream: a second active iterator, or ``set_state``
-during one, is a ``RuntimeError``; :meth:`~NumpyReader.read_batch` reads any step. Shards are checked as read, and
-in full at each epoch's start (``DatasetChangedError``, :mod:`shardprep.train.record_identity`).
+"""``NumpyReader``: the batches of :func:`shardprep.train.reader.make_dataset` (the same seed, the same batches:
+:mod:`shardprep.train.record_order`) as NumPy arrays, with no TensorFlow: read ahead on a few threads from
+:mod:`shardprep.train.batch_sources` into reused buffers (a batch stays valid while the caller holds it), any step
+in O(1). One reader is one stream (a second active iterator is refused); :meth:`~NumpyReader.read_batch` reads any
+step. Shards are checked as read and at each epoch's start (:mod:`shardprep.train.record_identity`).
 """
 
 from __future__ import annotations
@@ -26,6 +22,13 @@ from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
 
 DEFAULT_THREADS, DEFAULT_DEPTH = 3, 6  # threads reading batches, batches read ahead
+
+
+def open_local(data_dir: str, split: str, manifest) -> tuple[Manifest, str]:
+    """The manifest (loaded when not given) and the split ``split`` (a name or a role) means, of a local dataset."""
+    check_local(data_dir)
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
+    return manifest, split_roles.reading(manifest.splits, split, data_dir)
 
 
 def check_local(data_dir: str) -> None:
@@ -52,9 +55,7 @@ class NumpyReader:
                  prefetch: int | None = None, verify_records: bool = False, crop_size: int | None = None):
         data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
-        check_local(data_dir)
-        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        split = split_roles.reading(self.manifest.splits, split, data_dir)
+        self.manifest, split = open_local(data_dir, split, manifest)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)

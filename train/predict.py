@@ -147,18 +147,18 @@ def check_dataset(model, manifest: Manifest, data: str) -> None:
             f"std RGB {_numbers(stored[1])}: {give}")
 
 
-def _read(image, position: int) -> tuple[str, bytes]:
-    """(source, the file's bytes); a local path only if a regular file (never a FIFO) of at most PHOTO_MAX_BYTES."""
+def _read(image, position: int) -> bytes:
+    """The photo's bytes; a local path only if a regular file (never a FIFO) of at most PHOTO_MAX_BYTES."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return f"<bytes #{position}>", bytes(image)
+        return bytes(image)
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
         if "://" in path:
             import tensorflow as tf
 
             with tf.io.gfile.GFile(path, "rb") as f:
-                return path, f.read(PHOTO_MAX_BYTES + 1)
-        return path, untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
+                return f.read(PHOTO_MAX_BYTES + 1)
+        return untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
     raise TypeError(f"image #{position} is a {type(image).__name__}: give a path or the file's bytes")
 
 
@@ -237,8 +237,7 @@ def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tu
     for position, image in enumerate(images):
         source = _source(image, position)
         try:
-            _, data = _read(image, position)
-            arrays[position] = stored_pixels(data, options)
+            arrays[position] = stored_pixels(_read(image, position), options)
             results.append(None)
             continue
         except image_ops.RejectError as error:

@@ -1,14 +1,8 @@
-"""TensorFlow's side of reading: the streamed reads (URLs such as ``gs://``, ``random_access=False``) and the
-Example decoders that gathered reads share.
-
-A stream follows :meth:`ReadPlan.records`: shards shuffled each epoch (training), interleaved record by record,
-split among input pipelines by record when there are fewer shards than pipelines, then a shuffle buffer. Seeded and
-repeatable, but not the random-access order (:mod:`shardprep.train.record_order`), and it cannot start mid-epoch.
-Fixed-layout shards stream as chunks from each record's pixels, one ``decode_raw`` a batch
-(:func:`streamed_batches`); other layouts (JPEG, ``crop: none``, ``verify_records``) are parsed as Examples
-(:func:`example_batches`, :func:`indexed_batches`), each image decoded by the manifest's encoding's ``decode_tf``
-and, for ``crop: none``, cut to a ``shorter_side`` square (random in training: seeded draws streamed alongside, or
-the NumPy order's draws; central otherwise).
+"""TensorFlow's side of reading: streamed reads (URLs, ``random_access=False``) and the Example decoders the
+gathered reads share. A stream (:meth:`ReadPlan.records`) shuffles shards each epoch, interleaves them, shares
+records among pipelines when shards are too few, then shuffles a buffer: seeded, but not the random-access order,
+and never mid-epoch. Fixed layouts stream as chunks from each record's pixels (:func:`streamed_batches`); others are
+parsed as Examples, decoded by the encoding's ``decode_tf``, ``crop: none`` cut to a square (random in training).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""``make_dataset``: a prepared dataset's batches of ``uint8`` images and ``int32`` labels as a ``tf.data.Dataset``.
+"""``make_dataset``: a prepared dataset's batches of uint8 images and int32 labels as a ``tf.data.Dataset``.
 
-Local shards are read by random access in the NumPy order (:mod:`shardprep.train.record_order`, the same batches as
-:class:`~shardprep.train.numpy_reader.NumpyReader`): only the global step goes through tf.data, each step's records
-follow from (seed, epoch, batch), so ``start_step`` resumes mid-epoch in O(1). Fixed-layout shards (raw centre crops)
-are gathered with one ``preadv`` per image into the batch (:mod:`shardprep.train.record_gather`: 2.1x less host CPU
-than streaming, 3.4-3.6x less than ``TFRecordDataset`` + ``parse_example``; BENCHMARKS.md); other layouts are read
-as serialized Examples by offset (:mod:`shardprep.train.batch_sources`) and decoded in TensorFlow. URLs and
-``random_access=False`` stream the shards instead (:mod:`shardprep.train.read_stream`). A dataset changed while read,
-or a label outside the classes, fails the iteration naming the file (:mod:`shardprep.train.record_identity`).
-Augmentation and normalization belong to the model (:mod:`shardprep.train.augment`): the host ships uint8.
+Local shards are read by random access in the NumPy order (:mod:`shardprep.train.record_order`, ``NumpyReader``'s
+batches): only the global step goes through tf.data, so ``start_step`` resumes mid-epoch in O(1). Fixed layouts are
+gathered by ``preadv`` into the batch (:mod:`shardprep.train.record_gather`: 2.1x less host CPU than streaming,
+3.4-3.6x less than ``TFRecordDataset`` + ``parse_example``; BENCHMARKS.md), others read as Examples by offset and
+decoded in TensorFlow; URLs and ``random_access=False`` stream (:mod:`shardprep.train.read_stream`). A dataset
+changed while read, or a bad label, fails naming the file. Augmentation belongs to the model: the host ships uint8.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""A split as a map-style dataset of single records (:class:`RecordDataset`) and a seeded sampler in the readers'
-order (:class:`EpochSampler`), for PyTorch's ``DataLoader`` and Grain, without importing either. No TensorFlow.
-
-``DataLoader(records, batch_size=B, sampler=EpochSampler(records, seed=0), drop_last=True)`` (``set_epoch(e)`` each
-epoch) yields the records of ``NumpyReader``'s batches, batch for batch. ``crop_size=`` with ``EpochSampler(...,
-crops=True)`` cuts the random windows ``NumpyReader(crop_size=)`` cuts (:mod:`shardprep.train.host_crop`); random
-``crop: none`` squares need an epoch, so they are ``NumpyReader``'s only (records here are cut centrally).
+"""A split as a map-style dataset of records (:class:`RecordDataset`) and a seeded sampler in the readers' order
+(:class:`EpochSampler`) for PyTorch's ``DataLoader`` and Grain: ``DataLoader(records, batch_size=B, sampler=sampler,
+drop_last=True)`` yields ``NumpyReader``'s batches. ``crop_size=`` with ``EpochSampler(crops=True)`` cuts
+``NumpyReader(crop_size=)``'s windows; random ``crop: none`` squares are ``NumpyReader``'s only. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -13,12 +10,10 @@ import os
 
 import numpy as np
 
-from shardprep.preprocess.dataset import load_manifest, typed
 from shardprep.train.batch_sources import ExampleSource, FixedLayoutSource, batch_source
-from shardprep.train.numpy_reader import check_local
+from shardprep.train.numpy_reader import open_local
 from shardprep.train import host_crop
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
-from shardprep.train.split_roles import reading
 
 
 class RecordDataset:
@@ -27,9 +22,8 @@ class RecordDataset:
 
     def __init__(self, data_dir, split: str, *, manifest=None, crop_size: int | None = None):
         data_dir = os.fspath(data_dir)
-        check_local(data_dir)
-        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        self.data_dir, self.split = data_dir, reading(self.manifest.splits, split, data_dir)
+        self.manifest, self.split = open_local(data_dir, split, manifest)
+        self.data_dir = data_dir
         self.counts = [shard.num_examples for shard in self.manifest.split(self.split).shards]
         self.num_records = sum(self.counts)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)

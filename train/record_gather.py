@@ -1,10 +1,7 @@
 """Fixed-layout shards gathered by random access: one ``preadv`` per record, the pixels straight into their batch
-slot (the kernel's copy out of the page cache is the only copy; BENCHMARKS.md has the figures).
-
-Record ``r`` of a shard lies at ``image_offset + r * record_bytes`` (:class:`~shardprep.preprocess.fixed_layout.
-FixedLayout`). Batch buffers are reused (:class:`ReusedBuffers`): a fresh 50 MB batch from ``mmap`` costs as much in
-page faults as reading the pixels. :class:`VerifiedGather` (``verify_records``) also checks both CRCs of every record
-over the pieces read, with no copy. Plain NumPy and ``os``; the TF reader wraps these in ``tf.numpy_function``.
+slot, the kernel's copy the only one (BENCHMARKS.md). Batch buffers are reused (:class:`ReusedBuffers`: a fresh
+``mmap`` costs as much in page faults as the read); :class:`VerifiedGather` checks both CRCs over the pieces read.
+Plain NumPy and ``os``; the TF reader wraps these in ``tf.numpy_function``.
 """
 
 from __future__ import annotations
@@ -160,16 +157,12 @@ class FixedLayoutGather:
         # Each read's second buffer: the bytes from the pixels' end to the label's last possible byte.
         self.tail_bytes = layout.label_offset - self.image_offset - self.image_bytes + MAX_VARINT_BYTES
         self.buffers = buffers if buffers is not None else ReusedBuffers()
-        _register_exit_hook()
+        # At exit, an empty batch lets the pipeline's buffers fill up quietly.
+        self._call = guarded(lambda ids: self._gather(np.asarray(ids, np.int64)),
+                             lambda ids: (np.zeros((0,) + self.image_shape, np.uint8), np.zeros(0, np.int32)))
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not _CALLS.start():
-            # Nobody reads batches any more; an empty one lets the pipeline's buffers fill up quietly.
-            return np.zeros((0,) + self.image_shape, np.uint8), np.zeros(0, np.int32)
-        try:
-            return self._gather(np.asarray(ids, np.int64))
-        finally:
-            _CALLS.end()
+        return self._call(ids)
 
     def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         count = len(ids)
