@@ -268,12 +268,8 @@ def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
 
 
 def callback_state(callbacks) -> dict:
-    state = {}
-    for callback in callbacks:
-        for kind, attributes in _CALLBACK_STATE.items():
-            if isinstance(callback, kind):
-                state[kind.__name__] = {a: _plain(getattr(callback, a, None)) for a in attributes}
-    return state
+    return {kind.__name__: {a: _plain(getattr(callback, a, None)) for a in attributes} for callback in callbacks
+            for kind, attributes in _CALLBACK_STATE.items() if isinstance(callback, kind)}
 
 
 def restore_callback_state(callbacks, state: dict) -> None:

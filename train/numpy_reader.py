@@ -39,16 +39,11 @@ def check_local(data_dir: str) -> None:
 
 
 class NumpyReader:
-    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local prepared dataset.
-
-    ``split``: a split or a role (:mod:`shardprep.train.split_roles`). ``training``: endless, reshuffled each epoch,
-    full batches, random squares for ``crop: none``; else one pass in order, central squares. ``seed``: same seed,
-    same batches (``None`` draws one). ``num_shards``/``index``: this process's share. ``start_step``: global batches
-    already read. ``threads`` (3), ``prefetch`` (6): reading threads and batches ahead. ``verify_records``: check
-    both CRCs of every record. ``crop_size``: cut each image to that square on the host (:mod:`~shardprep.train.
-    host_crop`: random and flipped in training, the same for the same seed and step; central in evaluation).
-    ``TypeError``/``ValueError`` for arguments of the wrong type or range, a URL, or shards unlike the manifest.
-    """
+    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local dataset, arguments as
+    ``make_dataset``'s; ``num_shards``/``index``: this process's share; ``threads`` (3) and ``prefetch`` (6) batches
+    ahead; ``crop_size``: each image cut to that square on the host (:mod:`~shardprep.train.host_crop`: random and
+    flipped in training, central in evaluation). ``TypeError``/``ValueError`` for a bad argument, a URL, or shards
+    unlike the manifest."""
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,

@@ -185,15 +185,10 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
                    errors: str = "raise") -> list:
-    """Classifies photos with a model ``shardprep train`` saved; one :class:`Prediction` per image, in order.
-
-    ``model``: a Keras model or the path of its ``model.keras``. ``manifest``: the model's dataset (its folder, local
-    or ``gs://``, its ``manifest.json``, or the loaded manifest), checked against the model (:func:`check_dataset`).
-    ``images``: paths or the files' bytes, any format preprocess reads. ``top_k``: classes per ``Prediction.top``;
-    ``batch_size``: images per model call. ``errors="raise"``: a photo that cannot be used (not an image, missing, a
-    folder, a FIFO) is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place. Each photo is
-    stored as the job stored the training images; the model takes the central train-size crop, as in validation.
-    """
+    """One :class:`Prediction` per photo, in order, from ``model`` (a Keras model or its ``model.keras``) trained on
+    ``manifest`` (its folder, ``manifest.json`` or the loaded manifest; checked: :func:`check_dataset`). ``images``:
+    paths or bytes, stored as the job stored the training images; ``top_k`` classes each. ``errors="raise"``: a
+    photo that cannot be used is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place."""
     from shardprep.train.model import load_model
 
     if errors not in ("raise", "report"):

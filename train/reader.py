@@ -65,20 +65,16 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
                  cycle_length: int | None = None, deterministic: bool | None = None,
                  manifest: dict | Manifest | None = None, verify_records: bool = False,
                  random_access: bool | None = None, start_step: int = 0) -> tf.data.Dataset:
-    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` of the dataset at ``data_dir``
-    (local, or ``gs://`` through ``tf.io.gfile``); labels index ``manifest.classes``, the model gives logits.
+    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` (a name or a role) of the
+    dataset at ``data_dir`` (local, or ``gs://``); labels index ``manifest.classes``, the model gives logits.
 
-    ``split``: a name or a role (``"validation"`` finds ``val``). ``batch_size``: global; under ``tf.distribute``
-    (``input_context``) per-replica batches, each input pipeline its own share. ``training``: endless, a new
-    permutation each epoch, full batches, random squares for ``crop: none`` (give ``fit`` a ``steps_per_epoch``);
-    else one pass in order, central squares. ``seed``: same seed, same batches (and ``NumpyReader``'s); ``None``
-    draws one. Streamed reads only: ``shuffle_buffer`` (default :func:`default_shuffle_buffer`), ``cycle_length``
-    (files read at once, default ``min(files, 16)``), ``deterministic`` (default: not when training without a
-    seed). ``manifest``: the loaded manifest, else loaded here. ``verify_records``: check both CRCs of every
-    record. ``random_access``: gather each batch from local files (the default where ``os.preadv`` exists) rather
-    than stream the shards (the only way for URLs). ``start_step``: global batches already read: the dataset starts
-    at the batch an uninterrupted run reads next (random access only; ``fit`` builds its iterator before
-    ``BackupAndRestore`` restores the step, so pass it here, or use ``NumpyReader.as_py_dataset(steps_done=)``).
+    ``batch_size``: global (per-replica batches under ``input_context``, each pipeline its share). ``training``:
+    endless, reshuffled each epoch, full batches (give ``fit`` a ``steps_per_epoch``); else one pass in order.
+    ``seed``: same seed, same batches (``None`` draws one). Streamed reads only: ``shuffle_buffer``, ``cycle_length``
+    (default ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather
+    from local files (the default where ``os.preadv`` exists) or stream. ``start_step``: global batches already
+    read, the next found in O(1) (random access only; ``fit`` builds its iterator before ``BackupAndRestore``
+    restores the step: pass it here, or use ``NumpyReader.as_py_dataset(steps_done=)``).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
     manifest, split = _opened(data_dir, split, manifest)

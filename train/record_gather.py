@@ -75,10 +75,7 @@ class _Calls:
     """Counts gathers in progress, so that the interpreter can wait for them before it shuts down (see ``_settle``)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.running = 0
-        self.last_end = 0.0
-        self.exiting = False
+        self.lock, self.running, self.last_end, self.exiting = threading.Lock(), 0, 0.0, False
 
     def start(self) -> bool:
         """True if a gather may run; False once the interpreter is shutting down."""

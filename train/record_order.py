@@ -10,8 +10,8 @@ from a second stream of the same (seed, epoch), so the TensorFlow and NumPy read
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import numbers
 import secrets
 import threading
@@ -21,7 +21,7 @@ import numpy as np
 # Crop draws are in [0, CROP_DRAW_LIMIT): an offset is draw % (spare + 1), exact in int64 on NumPy and TensorFlow.
 CROP_DRAW_LIMIT = 1 << 31
 _PERMUTATION_STREAM, _CROP_STREAM = 0, 1
-_CACHED_EPOCHS = 2  # parallel readers straddle an epoch boundary
+_CACHED_EPOCHS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,12 @@ class RecordOrder:
         self.batch_size, self.training = int(batch_size), bool(training)
         self.num_shards, self.index = int(num_shards), int(index)
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
-        self._epochs: collections.OrderedDict = collections.OrderedDict()
+        # The last epochs' permutations and crop draws (parallel readers straddle an epoch boundary), one at a time.
         self._lock = threading.Lock()
+        self._permutation = functools.lru_cache(_CACHED_EPOCHS)(
+            lambda epoch: epoch_permutation(self.seed, epoch, self.num_records))
+        self._crop_draws = functools.lru_cache(_CACHED_EPOCHS)(
+            lambda epoch: epoch_crop_draws(self.seed, epoch, self.num_records))
         if training:
             self.records_per_shard = self.num_records // self.num_shards
             self.steps_per_epoch = self.records_per_shard // self.batch_size
@@ -98,34 +102,22 @@ class RecordOrder:
 
     def epoch_ids(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s permutation of every global index (all shards), cached for the last two epochs."""
-        return self._epoch(epoch)[0]
+        with self._lock:
+            return self._permutation(int(epoch))
 
     def crop_draws(self, step) -> np.ndarray:
         """int64 ``[B, 2]`` crop draws of batch ``step``: top, left ``= d % (spare + 1)``; zeros in evaluation."""
         if not self.training:
             return np.zeros((len(self.batch_ids(step)), 2), np.int64)
-        epoch = int(step) // self.steps_per_epoch
-        return self._epoch(epoch, crops=True)[1][self.positions(step)]
+        with self._lock:
+            draws = self._crop_draws(int(step) // self.steps_per_epoch)
+        return draws[self.positions(step)]
 
     def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, record in shard)`` int64 arrays of global indices ``ids``."""
         ids = np.asarray(ids, np.int64)
         shards = np.searchsorted(self.starts, ids, side="right") - 1
         return shards, ids - self.starts[shards]
-
-    def _epoch(self, epoch: int, crops: bool = False):
-        with self._lock:
-            cached = self._epochs.get(epoch)
-            if cached is None or (crops and cached[1] is None):
-                permutation = cached[0] if cached is not None else epoch_permutation(self.seed, epoch,
-                                                                                      self.num_records)
-                draws = epoch_crop_draws(self.seed, epoch, self.num_records) if crops else None
-                cached = (permutation, draws)
-                self._epochs[epoch] = cached
-                while len(self._epochs) > _CACHED_EPOCHS:
-                    self._epochs.popitem(last=False)
-            self._epochs.move_to_end(epoch)
-            return cached
 
 
 def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:

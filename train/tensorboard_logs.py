@@ -47,6 +47,17 @@ def write_failure(error: BaseException, logs: str) -> LogsFailure | None:
     return LogsFailure(where, cause, fix)
 
 
+def _writes(name: str):
+    """Keras's TensorBoard hook ``name``, writing until the first failure (:meth:`TensorBoardLogs._guarded`)."""
+    hook = getattr(keras.callbacks.TensorBoard, name)
+
+    def writing(self, *args, **kwargs):
+        if self.failure is None:
+            self._guarded(hook, self, *args, **kwargs)
+
+    return writing
+
+
 class TensorBoardLogs(keras.callbacks.TensorBoard):
     """Keras's TensorBoard callback into ``logs``, its first failure to write kept in ``failure``, not raised."""
 
@@ -55,42 +66,20 @@ class TensorBoardLogs(keras.callbacks.TensorBoard):
         self.logs = logs
         self.failure: LogsFailure | None = None
 
-    def _guarded(self, hook, *args) -> None:
+    def _guarded(self, hook, *args, **kwargs) -> None:
         try:
-            hook(*args)
+            hook(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - TensorFlow's errors; any other is raised again
             failure = write_failure(error, self.logs)
             if failure is None:
                 raise
             self.failure = self.failure or failure
 
-    def _writing(self, hook, *args) -> None:
-        if self.failure is None:
-            self._guarded(hook, *args)
-
-    def on_train_begin(self, logs=None):
-        self._writing(super().on_train_begin, logs)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._writing(super().on_epoch_begin, epoch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._writing(super().on_epoch_end, epoch, logs)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._writing(super().on_train_batch_begin, batch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._writing(super().on_train_batch_end, batch, logs)
-
-    def on_test_begin(self, logs=None):
-        self._writing(super().on_test_begin, logs)
-
-    def on_test_batch_begin(self, batch, logs=None):
-        self._writing(super().on_test_batch_begin, batch, logs)
-
-    def on_test_end(self, logs=None):
-        self._writing(super().on_test_end, logs)
+    on_train_begin, on_epoch_begin, on_epoch_end = _writes("on_train_begin"), _writes("on_epoch_begin"), \
+        _writes("on_epoch_end")
+    on_train_batch_begin, on_train_batch_end = _writes("on_train_batch_begin"), _writes("on_train_batch_end")
+    on_test_begin, on_test_end = _writes("on_test_begin"), _writes("on_test_end")
+    on_test_batch_begin = _writes("on_test_batch_begin")
 
     def on_train_end(self, logs=None):
         self._guarded(super().on_train_end, logs)  # after a failure too: its writers closed, its profiler stopped
