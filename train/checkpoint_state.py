@@ -1,13 +1,9 @@
-"""A checkpoint's ``state.json`` read back as untrusted input (:func:`read_state`: every value checked, one error
-naming the file), and :func:`locate`: which entry the ``last.keras`` on disk holds. No Keras: the CLI checks a
-checkpoint before Keras starts.
-
-The commit order (:func:`shardprep.train.checkpoints.save_checkpoint`): 1. the model to ``last.writing.keras``, its
-sha256 taken; 2. ``state.json`` written and renamed: the new entry with that sha256, and ``previous`` (the entry the
-current ``last.keras`` holds); 3. ``last.writing.keras`` renamed to ``last.keras``. A kill anywhere leaves files
-:func:`locate` pairs by hash: before 2, the old entry; between 2 and 3, the new one from ``last.writing.keras`` (the
-rename finished on resume); after 3, the new one. Checkpoints from before the hash are paired by the optimizer's
-step after loading. ``state_sha256``, each entry's hash of its own values, refuses an edited value.
+"""A checkpoint's ``state.json`` read back as untrusted input (:func:`read_state`), and :func:`locate`: which entry
+the ``last.keras`` on disk holds. No Keras: the CLI checks a checkpoint before Keras starts. The commit order
+(``checkpoints.save_checkpoint``): 1. the model to ``last.writing.keras``; 2. ``state.json``: the new entry with its
+sha256, and ``previous`` (the current ``last.keras``'s); 3. the rename to ``last.keras``. A kill anywhere leaves
+files paired by hash (between 2 and 3 the rename is finished on resume); older checkpoints are paired by the
+optimizer's step after loading. Each entry's ``state_sha256`` refuses an edited value.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Random crop and flip on the host, in NumPy, for loops without augmentation on the accelerator:
-``NumpyReader(crop_size=)`` whole batches, ``RecordDataset(crop_size=)`` with ``EpochSampler(crops=True)`` one record
-at a time, the same windows. Training: a uniform ``size`` window, mirrored with probability 1/2 (as
-``augment.random_crop_flip``); evaluation: the central one. A window follows from (seed, epoch, position in the
-epoch's order) by a counter-based hash (SplitMix64): no state, so a resumed reader and any batch size cut the same.
+"""Random crop and flip on the host, in NumPy, for loops without accelerator augmentation (``NumpyReader`` and
+``RecordDataset`` ``crop_size=``): a uniform window mirrored for half in training, central in evaluation. A window
+follows from (seed, epoch, position in the order) by a counter-based hash (SplitMix64): resumed readers and any
+batch size cut the same.
 """
 
 from __future__ import annotations

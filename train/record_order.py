@@ -1,11 +1,8 @@
-"""The one record order of every random-access read, in NumPy (no TensorFlow): which records make batch ``step``.
-
-Records are numbered ``0..N-1`` in manifest shard order. Training: epoch ``e`` is a permutation drawn from
-``PCG64(SeedSequence([seed, e, 0]))``; process ``index`` of ``num_shards`` takes ``perm[index::num_shards]`` cut to
-``N // num_shards``, in full batches, so global step ``s`` (epoch ``s // steps_per_epoch``) follows from (seed,
-epoch, batch) alone and a reader starts at any step in O(1). Evaluation: one pass in order, each process a
-contiguous near-equal slice in as many batches as every other. ``crop: none`` squares take two draws per record
-from a second stream of the same (seed, epoch), so the TensorFlow and NumPy readers cut the same squares.
+"""The one record order of every random-access read, in NumPy: which records make batch ``step``. Training: epoch
+``e`` is a permutation of ``0..N-1`` (manifest shard order) drawn from ``PCG64(SeedSequence([seed, e, 0]))``,
+process ``index`` of ``num_shards`` taking ``perm[index::num_shards]`` in full batches, so any step follows from
+(seed, epoch, batch) in O(1). Evaluation: one pass, each process a contiguous near-equal slice in as many batches.
+``crop: none`` squares draw from a second stream, so TensorFlow and NumPy readers cut the same.
 """
 
 from __future__ import annotations

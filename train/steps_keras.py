@@ -8,6 +8,7 @@ as the TensorFlow reader) keeps reading ahead. JAX uses every local device (``Da
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import keras
 import numpy as np
@@ -51,25 +52,17 @@ def resolve_precision(precision: str, backend: str) -> str:
     return _capability_precision(torch.cuda.get_device_capability(0))
 
 
+@dataclasses.dataclass
 class _Sums:
-    """Example-weighted sums of per-batch metrics (``train_on_batch`` reports each batch's own)."""
+    """Example-weighted sums of per-batch metrics (``train_on_batch`` reports each batch's own); JSON as it is."""
 
-    def __init__(self):
-        self.totals, self.examples = {}, 0
+    totals: dict = dataclasses.field(default_factory=dict)
+    examples: int = 0
 
     def add(self, logs: dict, examples: int) -> None:
         for key, value in logs.items():
             self.totals[key] = self.totals.get(key, 0.0) + float(value) * examples
         self.examples += examples
-
-    def state(self) -> dict:
-        return {"totals": dict(self.totals), "examples": self.examples}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "_Sums":
-        sums = cls()
-        sums.totals, sums.examples = {key: float(value) for key, value in state["totals"].items()}, state["examples"]
-        return sums
 
     def mean(self, key: str) -> float:
         return self.totals.get(key, float("nan")) / self.examples if self.examples else float("nan")
@@ -168,7 +161,7 @@ class KerasSteps:
 
     def metric_state(self) -> dict:
         """The epoch's training sums so far (Python floats: JSON keeps them exactly)."""
-        return self._train.state()
+        return dataclasses.asdict(self._train)
 
     def restore_metric_state(self, state: dict) -> bool:
         """Continues the epoch's sums from :meth:`metric_state`; False, changing nothing, for another form."""
@@ -176,7 +169,7 @@ class KerasSteps:
         if not (isinstance(totals, dict) and isinstance(examples, int)
                 and all(isinstance(value, (int, float)) for value in totals.values())):
             return False
-        self._train = _Sums.from_state(state)
+        self._train = _Sums({key: float(value) for key, value in totals.items()}, examples)
         return True
 
     def train_results(self) -> dict:

@@ -38,10 +38,8 @@ class _TrainCommand(click.Command):
 
 
 def _rerun_words(ctx, action: str | None) -> list[str]:
-    """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added
-    (when given).
-
-    Grouped for wrapping: an option with its value is one entry."""
+    """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added;
+    an option with its value is one entry (for wrapping)."""
     takes_value = {name for param in ctx.command.params if isinstance(param, click.Option) and not param.is_flag
                    for name in param.opts}
     words, args = [], ctx.meta.get("train_args", [])
@@ -204,9 +202,8 @@ def command(ctx, data, overwrite, **options):
     OUTPUT_DIR receives history.json, summary.json, model.keras (uint8 images in, logits out: see
     shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
-    from shardprep.train import preflight
-
     from shardprep.train import config as train_config
+    from shardprep.train import preflight
 
     if overwrite and options["resume"]:
         raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
@@ -215,19 +212,15 @@ def command(ctx, data, overwrite, **options):
                                "pass one")
     if options["output_dir"].startswith("file://"):  # a local folder, checked and written as one
         options["output_dir"] = options["output_dir"][len("file://"):]
-    try:  # before anything imports keras: it fixes its backend at its first import
-        options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
-    except train_config.BackendError as error:
-        raise click.ClickException(str(error)) from None
+    # Every refusal (BackendError, PreflightError, the config's) comes before the folder is cleared or claimed: a
+    # refused run touches nothing. The backend comes first: Keras fixes its backend at its first import.
     try:
+        options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
         manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
                                    image_size=options["image_size"], batch_size=options["batch_size"],
                                    resume=options["resume"], overwrite=overwrite)
         options["val_split"] = options["val_split"] or TrainConfig.val_split  # the role: the run says what it finds
-    except preflight.PreflightError as error:
-        raise click.ClickException(str(error)) from None
-    config = TrainConfig(data_dir=data, **options)
-    try:  # every refusal comes before the folder is cleared or claimed: a refused run touches nothing
+        config = TrainConfig(data_dir=data, **options)
         config.validate()
     except ValueError as error:
         raise click.ClickException(str(error)) from None
