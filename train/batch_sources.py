@@ -37,7 +37,8 @@ class ShardIndex(NamedTuple):
 
 def record_offsets(path: str, expected: int | None = None) -> ShardIndex:
     """Each record's data offset and length from the framing; ``ValueError`` naming the file if wrong."""
-    offsets, lengths = [], []
+    offsets: list[int] = []
+    lengths: list[int] = []
     fd = os.open(path, OPEN_FLAGS)
     try:
         size = os.fstat(fd).st_size
