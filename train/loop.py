@@ -18,12 +18,10 @@ import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
 from shardprep.train import checkpoints, preflight, progress, run_files, tensorboard_logs
-from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
+from shardprep.train.config import TrainConfig
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
-from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
-from shardprep.train.progress import PROGRESS_INTERVAL, EpochProgress  # noqa: F401  (public here too)
-from shardprep.train.model import (PlateauWarmup, WarmupSchedule, build_model, make_optimizer,  # noqa: F401
-                                   warmup_steps)
+from shardprep.train.progress import EpochProgress  # noqa: F401  (public here too)
+from shardprep.train.model import PlateauWarmup, build_model, make_optimizer, warmup_steps
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
 INPUT_BOUND_THRESHOLD = 0.05

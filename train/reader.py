@@ -19,7 +19,7 @@ from shardprep.preprocess.dataset import Manifest, load_manifest, typed  # noqa:
 from shardprep.preprocess.fixed_layout import FixedLayout
 from shardprep.train import read_stream, record_gather, split_roles
 from shardprep.train.batch_sources import ExampleGather, FixedLayoutSource
-from shardprep.train.read_stream import DEFAULT_CYCLE_LENGTH, REMOTE_FILE_BUFFER_BYTES, ReadPlan  # noqa: F401
+from shardprep.train.read_stream import ReadPlan
 from shardprep.train.record_identity import DatasetSnapshot
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
 
