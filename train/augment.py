@@ -58,9 +58,8 @@ def random_crop_flip(images, size: int, seed):
 
 def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
                        attempts: int = RRC_ATTEMPTS):
-    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[batch]`` each, in (fractional) pixels:
-    the first of ``attempts`` draws (area fraction, log-uniform aspect w/h) that fits, else the largest central
-    window within the aspect range (as torchvision)."""
+    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[batch]`` each: the first of ``attempts``
+    draws that fits, else the largest central window within the aspect range (as torchvision)."""
     draws = _uniforms(batch, 2 * attempts + 2, seed)
     return _rrc_windows(draws, height, width, area_range, aspect_range, attempts)
 
@@ -133,9 +132,8 @@ def normalize(images, mean_rgb, std_rgb):
 
 @keras.saving.register_keras_serializable(package="shardprep")
 class CropFlipNormalize(keras.layers.Layer):
-    """The model's input layer: stored ``uint8`` images (any size >= ``image_size``) in, normalized float32
-    ``image_size`` squares out (``mean_rgb``/``std_rgb`` on the 0-255 scale). Training: ``augment`` (``"crop"`` or
-    ``"rrc"``, each + flip) with fresh draws every batch; else the central crop. Float32 whatever the policy."""
+    """The model's input layer: uint8 images (any size >= ``image_size``) in, normalized float32 squares out;
+    ``augment`` with fresh draws every batch in training, else the central crop."""
 
     def __init__(self, image_size: int, mean_rgb, std_rgb, augment: str = "crop", seed: int | None = None,
                  **kwargs):

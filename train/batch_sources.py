@@ -73,9 +73,7 @@ def _header_problem(header: bytes, left: int) -> str | None:
 
 
 class ExampleGather:
-    """``global ids -> serialized Examples`` (``bytes``) from the split's shards ``paths`` (``counts`` records
-    each); ``verify`` checks each record's data CRC (header CRCs are checked by the index), ``snapshot`` each shard
-    opened."""
+    """``global ids -> serialized Examples`` from the split's shards; ``verify`` checks each record's data CRC."""
 
     def __init__(self, paths, counts, verify: bool = False, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
@@ -212,9 +210,7 @@ class ExampleSource:
 
 def batch_source(data_dir: str, manifest: Manifest, split: str, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None):
-    """The source of ``split``'s batches: fixed-layout gathers where the split has a layout, else decoded Examples;
-    ``verify`` checks every record's CRCs. Its ``snapshot`` is taken now: shards of another size than the manifest
-    says are a ``ValueError``."""
+    """The source of ``split``'s batches (fixed-layout gathers, else decoded Examples); its snapshot taken now."""
     shards = manifest.split(split).shards
     paths = [os.path.join(data_dir, shard.file) for shard in shards]
     counts = [shard.num_examples for shard in shards]

@@ -178,9 +178,8 @@ def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, 
 
 def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
                     saved_as: str | None = None) -> None:
-    """Commits a checkpoint: the model to ``last.writing.keras``, ``state.json`` (``state`` with that file's sha256
-    and its own, ``previous`` as the fallback), the rename to ``last.keras`` (:mod:`checkpoint_state`). Pass
-    ``state`` as the next call's ``previous``; ``saved_as`` as :func:`_save_model`'s."""
+    """Commits a checkpoint in :mod:`checkpoint_state`'s order; pass ``state`` as the next call's ``previous``;
+    ``saved_as`` as :func:`_save_model`'s."""
     state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})

@@ -48,9 +48,8 @@ def _basic_block(x, filters: int, strides: int, regularizer, name: str):
 
 
 def resnet18_layers(x, num_classes: int, width_multiplier: float = 1.0, weight_decay: float = 0.0):
-    """ResNet-18 on the float tensor ``x`` (``[B, H, W, 3]``): float32 logits ``[B, classes]``. ``width_multiplier``
-    scales every layer's channels (small values: test models); ``weight_decay``: He et al.'s coupled L2 (1e-4) on
-    convolution and dense kernels (``weight_decay * w`` in their gradients)."""
+    """ResNet-18 on float ``x`` ``[B, H, W, 3]`` to float32 logits; ``width_multiplier`` scales every layer's
+    channels; ``weight_decay``: He et al.'s coupled L2 (1e-4) on convolution and dense kernels."""
     regularizer = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
     widths = [max(1, round(width * width_multiplier)) for width in STAGE_WIDTHS]
     x = _conv(widths[0], 7, 2, regularizer, "stem_conv")(x)

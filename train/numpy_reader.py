@@ -166,7 +166,6 @@ def _checked_arguments(data_dir, split, training, manifest, threads, prefetch, v
     return os.fspath(data_dir)
 
 
-
 def prefetched(read, steps, threads: int | None = None, depth: int | None = None):
     """``read(step)`` for each of ``steps``, in order, computed ``depth`` ahead on ``threads`` threads; closing the
     generator cancels what has not started (the pool's threads end with it, never hanging the process at exit)."""

@@ -27,8 +27,7 @@ PHOTO_MAX_BYTES = 1 << 30  # a photo file larger than this is not read (no image
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """The model's answer for one image (``source``: its path, or ``"<bytes #i>"``): the most probable class
-    (``index`` into the manifest's ``classes``, softmax ``probability``) and the ``top_k`` as ``(name, index,
-    probability)``, best first."""
+    and the ``top_k`` as ``(name, index, probability)``, best first."""
 
     source: str
     class_name: str

@@ -26,9 +26,8 @@ REMOTE_FILE_BUFFER_BYTES = 8 << 20
 
 @dataclasses.dataclass(frozen=True)
 class ReadPlan:
-    """The shards this input pipeline streams (``files``, ``counts`` records each) and how its batches are made;
-    ``shard_records_by``: ``(pipelines, pipeline_id)`` when files were too few to share out, the records shared
-    instead. ``batch_size`` is per replica."""
+    """The shards this input pipeline streams and how its batches are made (``batch_size`` per replica);
+    ``shard_records_by``: ``(pipelines, pipeline_id)`` when files were too few to share out."""
 
     data_dir: str
     split: str

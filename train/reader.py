@@ -30,9 +30,8 @@ MAX_SHUFFLE_BUFFER = 16384
 
 
 def read_url(path: str, at_most: int) -> bytes | None:
-    """At most ``at_most`` bytes of the file at the URL ``path`` through ``tf.io.gfile`` (``gs://`` and every other
-    TensorFlow file system, as the shards are read), None if there is none: how :func:`make_dataset` has
-    ``load_manifest`` read a URL's manifest."""
+    """At most ``at_most`` bytes of the file at the URL ``path`` (``tf.io.gfile``, as the shards are read), None
+    if there is none: how ``load_manifest`` reads a URL's manifest."""
     try:
         if not tf.io.gfile.exists(path):
             return None

@@ -56,9 +56,8 @@ class RecordDataset:
 
 
 class EpochSampler:
-    """Record indices of one epoch in the readers' order (training) or this process's slice (evaluation), for
-    ``records`` (anything with ``counts``); arguments as ``NumpyReader``'s. ``crops`` (training): ``CropAt`` items,
-    each a record and its random window, for a ``RecordDataset`` with ``crop_size``."""
+    """Record indices of one epoch in the readers' order (training) or this process's slice; ``crops``
+    (training): ``CropAt`` items, each a record and its random window, for a ``RecordDataset`` with ``crop_size``."""
 
     def __init__(self, records, training: bool = True, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0, crops: bool = False):

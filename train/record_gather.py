@@ -139,9 +139,8 @@ def _settle():
 
 
 class FixedLayoutGather:
-    """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` from fixed-layout shards ``paths`` (an id's shard
-    index, :func:`record_ids`, indexes them); every shard read is checked against ``snapshot`` (a
-    ``DatasetSnapshot``). Making one registers the exit hook."""
+    """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` from fixed-layout shards ``paths`` (ids:
+    :func:`record_ids`), each checked against ``snapshot``. Making one registers the exit hook."""
 
     def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
