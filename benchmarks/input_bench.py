@@ -17,7 +17,7 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
    host work here.
 4. shardprep reader on JPEG shards (the job with ``--encoding jpeg``, quality 90): a decode per image on the host.
 5. shardprep reader on the raw shards of 3 with ``verify_records=True``: gathered as in 3, and both CRCs of every
-   record checked over the pieces read (``shardprep.train.verified_gather``).
+   record checked over the pieces read (``shardprep.train.record_gather.VerifiedGather``).
 6. shardprep reader on the raw shards of 3 with ``random_access=False``: each shard streamed as fixed-length
    chunks (``FixedLengthRecordDataset``), shuffled through the buffer, ``decode_raw`` on each batch.
 7. the framework-free reader (``shardprep.train.numpy_reader.NumpyReader``) on the raw shards of 3: the same batches

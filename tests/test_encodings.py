@@ -152,7 +152,7 @@ def jpeg_dataset(tmp_path):
 
 
 def test_an_unknown_encoding_is_a_clear_error_when_read_not_read_as_raw(jpeg_dataset):
-    from shardprep.train import read_examples, reader
+    from shardprep.train import read_stream, reader
 
     manifest = dataclasses.replace(Manifest.from_json(read_json(f"{jpeg_dataset}/manifest.json")), encoding="webp2")
     with pytest.raises(UnknownEncodingError, match="unknown encoding 'webp2'.*raw, jpeg"):
@@ -167,7 +167,7 @@ def test_an_unknown_encoding_is_a_clear_error_when_read_not_read_as_raw(jpeg_dat
 
     serialized = tf.data.Dataset.from_tensors((tf.constant([b"x"]), tf.zeros([1, 2], tf.int64)))
     with pytest.raises(UnknownEncodingError, match="unknown encoding 'webp2'"):
-        read_examples.indexed_batches(serialized, "webp2", "center", 8, 8, 8, training=False)
+        read_stream.indexed_batches(serialized, "webp2", "center", 8, 8, 8, training=False)
 
 
 def test_an_unknown_encoding_in_a_manifest_or_record_names_it(jpeg_dataset):

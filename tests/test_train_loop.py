@@ -14,8 +14,8 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop, reader, schedules, steps_tf
-from shardprep.train.model import load_model
+from shardprep.train import loop, reader, steps_tf
+from shardprep.train.model import PlateauWarmup, WarmupSchedule, load_model
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
@@ -76,17 +76,16 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
 
 
 def test_warmup_then_cosine_reaches_zero_at_the_end():
-    schedule = schedules.WarmupSchedule(0.4, warmup_steps=10, total_steps=110, kind="cosine")
+    schedule = WarmupSchedule(0.4, warmup_steps=10, total_steps=110, kind="cosine")
     rates = [float(schedule(step)) for step in (0, 4, 9, 10, 60, 110)]
     np.testing.assert_allclose(rates, [0.04, 0.2, 0.4, 0.4, 0.2, 0.0], atol=1e-6)
 
 
 def test_step_schedule_divides_at_each_boundary():
-    schedule = schedules.WarmupSchedule(1.0, warmup_steps=0, total_steps=100, kind="step", boundaries=[30, 60],
-                                   decay=0.1)
+    schedule = WarmupSchedule(1.0, warmup_steps=0, total_steps=100, kind="step", boundaries=[30, 60], decay=0.1)
     np.testing.assert_allclose([float(schedule(s)) for s in (0, 29, 30, 59, 60, 99)],
                                [1, 1, 0.1, 0.1, 0.01, 0.01], rtol=1e-6)
-    restored = schedules.WarmupSchedule.from_config(schedule.get_config())
+    restored = WarmupSchedule.from_config(schedule.get_config())
     assert float(restored(45)) == pytest.approx(0.1)
 
 
@@ -273,7 +272,7 @@ def test_cli_runs_and_explains_bad_options_and_streamed_reads_resume_at_an_epoch
 def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0))
-    warmup = schedules.PlateauWarmup(base_lr=0.8, warmup_steps=4, steps_per_epoch=3)
+    warmup = PlateauWarmup(base_lr=0.8, warmup_steps=4, steps_per_epoch=3)
     warmup.set_model(model)
     rates = []
     for epoch in range(3):

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 from shardprep.train.model import build_model
-from shardprep.train.resnet import resnet18
+from shardprep.train.model import resnet18
 
 
 def _trainable(model):

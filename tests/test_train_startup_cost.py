@@ -18,5 +18,5 @@ def test_a_short_last_validation_batch_does_not_trace_the_evaluation_again(colou
                          image_size=16, width_multiplier=0.125, tensorboard=False, checkpoint=False, seed=1)
     loop.train(config, report=lambda line: None)
     [steps] = made
-    assert steps._eval_step.experimental_get_tracing_count() == 1
-    assert steps._train_step.experimental_get_tracing_count() == 1
+    assert steps.eval_step.experimental_get_tracing_count() == 1
+    assert steps.train_step.experimental_get_tracing_count() == 1

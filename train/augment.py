@@ -1,23 +1,8 @@
-"""On-device augmentation: batched crops, flips and normalization with per-image random parameters.
-
-The reader ships stored ``uint8`` images; these functions turn a whole batch into the network's ``float32`` input
-in a few batched ops (one gather, or two small matrix products), so they run on the accelerator as the first layer
-of the model, compile under XLA (``tf.function(jit_compile=True)``, ``jax.jit``) and cost the host nothing. They are
-written with ``keras.ops`` and ``keras.random`` only, so the same code runs on every Keras backend (TensorFlow, JAX,
-PyTorch), on images of any size (``(None, None, 3)``). :class:`CropFlipNormalize` wraps them as a Keras layer: the
-training model's first layer.
-
-* ``crop`` (default): a random ``size`` x ``size`` window (e.g. 224 of the stored 256) and a horizontal flip with
-  probability 1/2. The window is gathered, not interpolated, so pixels are exactly the stored ones.
-* ``rrc``: Inception-style random-resized-crop (area 8-100% of the image, aspect ratio 3/4-4/3, up to 10 tries
-  per image, else the largest central window within those ratios), resized to ``size`` with an antialiased
-  bilinear (triangle) filter, then flipped with probability 1/2.
-* evaluation: the central ``size`` x ``size`` window.
-
-Every random function takes a ``seed`` that ``keras.random`` accepts: an int (stateless: the same seed gives the
-same augmentation on a backend) or a ``keras.random.SeedGenerator`` (a fresh draw per call, as the layer does).
-Each function draws all of its random numbers in one ``keras.random.uniform`` call, so that an int seed never gives
-two of its draws the same numbers.
+"""On-device augmentation in ``keras.ops``/``keras.random`` only (every backend, XLA, ``jax.jit``), as the model's
+first layer (:class:`CropFlipNormalize`): ``crop`` (a random window, stored pixels exactly, flipped for half),
+``rrc`` (Inception-style random-resized-crop, area 8-100%, aspect 3/4-4/3, antialiased bilinear, flipped) or, in
+evaluation, the central window; then normalization. ``seed``: an int (stateless) or a ``SeedGenerator``; each
+function draws all its numbers in one call.
 """
 
 from __future__ import annotations
@@ -53,11 +38,7 @@ def center_crop(images, size: int):
 
 
 def random_crop_flip(images, size: int, seed):
-    """A random ``size`` x ``size`` window of each image, mirrored left-right for a random half of the batch.
-
-    Windows are gathered by index (one ``take`` from the flattened batch), so each output pixel is a stored pixel
-    and keeps the input's dtype; every image gets its own position.
-    """
+    """A random ``size`` window of each image (stored pixels, one ``take``), mirrored for a random half."""
     batch, height, width, channels = ops.shape(images)
     draws = _uniforms(batch, 3, seed)  # top, left, flip
     spare_rows, spare_columns = height - size + 1, width - size + 1  # possible positions per axis
@@ -77,12 +58,8 @@ def random_crop_flip(images, size: int, seed):
 
 def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
                        attempts: int = RRC_ATTEMPTS):
-    """Random-resized-crop windows ``(top, left, window_height, window_width)``, float32 ``[batch]`` each.
-
-    Per image: up to ``attempts`` draws of area fraction in ``area_range`` and log-uniform aspect ratio (w/h) in
-    ``aspect_range``; the first that fits is used, else the largest central window whose aspect ratio is in the
-    range (as torchvision does). Windows are in pixels and lie inside the image; they need not be whole pixels.
-    """
+    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[batch]`` each: the first of ``attempts``
+    draws that fits, else the largest central window within the aspect range (as torchvision)."""
     draws = _uniforms(batch, 2 * attempts + 2, seed)
     return _rrc_windows(draws, height, width, area_range, aspect_range, attempts)
 
@@ -115,12 +92,7 @@ def _rrc_windows(draws, height, width, area_range, aspect_range, attempts: int):
 
 
 def _resize_weights(start, extent, source_size, size: int):
-    """``[B, size, source_size]`` antialiased bilinear weights mapping a window of each row/column onto ``size``.
-
-    Output sample ``i`` sits at ``start + (i + 0.5) * extent / size - 0.5`` in source pixel centres (half-pixel
-    convention, as ``tf.image.resize``); the triangle kernel widens by the downscale factor, and each row of weights
-    is normalized, so edges renormalize instead of reading outside the window's image.
-    """
+    """``[B, size, source_size]`` antialiased bilinear weights (half-pixel centres, rows normalized)."""
     scale = extent / size  # source pixels per output pixel, [B]
     outputs = ops.cast(ops.arange(size, dtype="int32"), "float32")
     centres = start[:, None] + (outputs[None, :] + 0.5) * scale[:, None] - 0.5
@@ -131,10 +103,7 @@ def _resize_weights(start, extent, source_size, size: int):
 
 
 def resize_windows(images, top, left, window_height, window_width, size: int, flip=None):
-    """Each image's window resized to ``size`` x ``size`` (float32), optionally mirrored left-right.
-
-    Two batched matrix products (rows, then columns) with per-image interpolation weights: no per-image ops.
-    """
+    """Each image's window resized to ``size`` (float32) by two batched matmuls, optionally mirrored."""
     images = ops.cast(images, "float32")
     _, height, width, _ = ops.shape(images)
     row_weights = _resize_weights(top, window_height, height, size)      # [B, size, H]
@@ -163,13 +132,8 @@ def normalize(images, mean_rgb, std_rgb):
 
 @keras.saving.register_keras_serializable(package="shardprep")
 class CropFlipNormalize(keras.layers.Layer):
-    """The model's input layer: stored ``uint8`` images in, normalized ``float32`` ``size`` x ``size`` out.
-
-    In training (``training=True``) it applies ``augment`` (``"crop"``: random crop + flip, ``"rrc"``: random-
-    resized-crop + flip) with fresh per-image parameters every batch; otherwise the central crop. Images may be any
-    size >= ``image_size``; the output is normalized with the dataset's ``mean_rgb`` / ``std_rgb`` (0-255 scale).
-    It always computes in float32, whatever the mixed-precision policy: the next layer casts.
-    """
+    """The model's input layer: uint8 images (any size >= ``image_size``) in, normalized float32 squares out;
+    ``augment`` with fresh draws every batch in training, else the central crop."""
 
     def __init__(self, image_size: int, mean_rgb, std_rgb, augment: str = "crop", seed: int | None = None,
                  **kwargs):
@@ -185,9 +149,7 @@ class CropFlipNormalize(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed)
 
     def build(self, input_shape):
-        """Rejects images smaller than the crop when their size is known here (``keras.Input((72, 72, 3))``);
-        a model built for any size (``(None, None, 3)``, as :func:`~shardprep.train.model.build_model` does) gets
-        no check, and must be given images of at least ``image_size`` a side."""
+        """Rejects images smaller than the crop when their size is known here (``(None, None, 3)`` is not)."""
         sides = [side for side in tuple(input_shape)[1:3] if side is not None]
         if sides and min(sides) < self.image_size:
             height, width = (tuple(input_shape)[1:3] + (None, None))[:2]

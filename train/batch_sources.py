@@ -1,37 +1,111 @@
-"""How the framework-free reader reads one batch: global record ids (and crop draws) in, NumPy arrays out.
+"""One batch of a local split by record ids, as NumPy arrays, for the framework-free readers (no TensorFlow).
 
-Two sources, chosen by the split's layout (:func:`batch_source`):
-
-* :class:`FixedLayoutSource`: raw centre crops with a fixed record layout, gathered by ``preadv`` straight into a
-  reused, aligned batch buffer (:class:`shardprep.train.record_gather.FixedLayoutGather`; with ``verify``, every
-  record's CRCs checked: :class:`shardprep.train.verified_gather.VerifiedGather`);
-* :class:`ExampleSource`: every other layout (JPEG, ``crop: none``, datasets without a layout): the
-  serialized Examples are read by random access (:mod:`shardprep.train.record_index`), parsed by the package's own
-  protobuf reader (:mod:`shardprep.preprocess.record_format`) and decoded by the manifest's encoding
-  (:meth:`~shardprep.preprocess.encodings.Encoding.decode`: NumPy, or Pillow, whose JPEG decoder is libjpeg-turbo as
-  TensorFlow's is; the tf.data reader decodes whole images the same way, then crops).
-
-Crops for ``crop: none``: a ``side`` x ``side`` square at ``(draw % (spare + 1))`` in training, central otherwise,
-as :mod:`shardprep.train.read_examples` cuts them. Both sources check every shard a batch reads against the
-:class:`~shardprep.train.record_identity.DatasetSnapshot` taken when they were made, and every label against the
-manifest's classes (:func:`~shardprep.train.record_identity.check_labels`). No TensorFlow.
+:func:`batch_source` picks by layout: :class:`FixedLayoutSource` (raw centre crops: ``record_gather``'s ``preadv``
+gathers) or :class:`ExampleSource` (JPEG, ``crop: none``, no layout): each shard's record offsets found from its
+TFRecord framing (:func:`record_offsets`, 12 bytes read per record), the serialized Examples read with one ``pread``
+each (:class:`ExampleGather`, CRCs checked with ``verify``), parsed and decoded by the manifest's encoding, the same
+pixels as TensorFlow decodes. ``crop: none`` squares are cut at ``draw % (spare + 1)`` in training, central
+otherwise, as ``read_stream`` cuts them. Every shard read is checked against the ``DatasetSnapshot``, every label
+against the manifest's classes.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from typing import NamedTuple
 
 import numpy as np
 
-from shardprep.preprocess import encodings, record_format
+from shardprep.preprocess import encodings, record_format, tfrecord_io
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import record_gather
-from shardprep.train.record_gather import RECORD_INDEX_BITS, ReusedBuffers
+from shardprep.train.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
 from shardprep.train.record_identity import DatasetSnapshot, check_labels
-from shardprep.train.record_index import ExampleGather
 
 CHANNELS = record_format.CHANNELS
+_HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
+
+
+class ShardIndex(NamedTuple):
+    """Where the data of each record of one shard starts, and how long it is."""
+
+    path: str
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+
+def record_offsets(path: str, expected: int | None = None) -> ShardIndex:
+    """Each record's data offset and length from the framing; ``ValueError`` naming the file if wrong."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    fd = os.open(path, OPEN_FLAGS)
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position < size:
+            header = os.pread(fd, _HEADER, position)
+            problem = _header_problem(header, size - position)
+            if problem:
+                raise ValueError(f"{path}: record {len(offsets)} (byte {position}) {problem} "
+                                 "(run `shardprep validate` on the dataset)")
+            (length,) = struct.unpack("<Q", header[:8])
+            offsets.append(position + _HEADER)
+            lengths.append(length)
+            position += _HEADER + length + _FOOTER
+    finally:
+        os.close(fd)
+    if expected is not None and len(offsets) != expected:
+        raise ValueError(f"{path}: {len(offsets)} records, the manifest says {expected} "
+                         "(run `shardprep validate` on the dataset)")
+    return ShardIndex(path, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64))
+
+
+def _header_problem(header: bytes, left: int) -> str | None:
+    if len(header) < _HEADER:
+        return "has a truncated header"
+    if tfrecord_io.masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+        return "has a wrong length checksum"
+    (length,) = struct.unpack("<Q", header[:8])
+    if _HEADER + length + _FOOTER > left:
+        return "runs past the end of the file"
+    return None
+
+
+class ExampleGather:
+    """``global ids -> serialized Examples`` from the split's shards; ``verify`` checks each record's data CRC."""
+
+    def __init__(self, paths, counts, verify: bool = False, snapshot=None):
+        self.paths = [os.fspath(path) for path in paths]
+        self.snapshot = snapshot
+        self.indexes = [record_offsets(path, int(count)) if count else ShardIndex(path, np.zeros(0, np.int64),
+                                                                                    np.zeros(0, np.int64))
+                        for path, count in zip(self.paths, counts)]
+        self.verify = verify
+        self._starts = np.concatenate([[0], np.cumsum([int(count) for count in counts])]).astype(np.int64)
+
+    def __call__(self, ids) -> list[bytes]:
+        ids = np.asarray(ids, np.int64)
+        shards = np.searchsorted(self._starts, ids, side="right") - 1
+        records = ids - self._starts[shards]
+        with open_shards(self.paths, shards, self.snapshot) as descriptors:
+            return [self._read(descriptors[shard], shard, record)
+                    for shard, record in zip(shards.tolist(), records.tolist())]
+
+    def _read(self, fd: int, shard: int, record: int) -> bytes:
+        index = self.indexes[shard]
+        offset, length = int(index.offsets[record]), int(index.lengths[record])
+        wanted = length + _FOOTER if self.verify else length
+        data = os.pread(fd, wanted, offset)
+        if len(data) != wanted:
+            raise OSError(f"{self.paths[shard]}: record {record} ends {wanted - len(data)} bytes early: the shard "
+                          "changed since it was indexed (run `shardprep validate` on the dataset)")
+        if self.verify:
+            data, footer = data[:length], data[length:]
+            if tfrecord_io.masked_crc32c(data) != struct.unpack("<I", footer)[0]:
+                raise OSError(f"{self.paths[shard]}: record {record} (byte {offset - _HEADER}): data checksum "
+                              "mismatch (run `shardprep validate` on the dataset)")
+        return data
 
 
 class ParsedRecord(NamedTuple):
@@ -64,18 +138,13 @@ def crop_window(height: int, width: int, side: int, draws, training: bool) -> tu
 
 
 class FixedLayoutSource:
-    """Batches of fixed-layout shards: ``(global ids, draws) -> (images, labels)``; draws are unused.
-
-    ``snapshot``: the split's :class:`DatasetSnapshot` (every shard read is checked against it); ``num_classes``:
-    labels outside ``0..num_classes-1`` are a ``DatasetChangedError``."""
+    """``(global ids, draws) -> (images, labels)`` of fixed-layout shards, shards and labels checked."""
 
     def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False,
                  snapshot: DatasetSnapshot | None = None, num_classes: int | None = None):
         record_gather.check_shard_sizes(paths, counts, layout)
         if verify:
-            from shardprep.train.verified_gather import VerifiedGather
-
-            self.gather = VerifiedGather(paths, counts, layout, buffers, snapshot)
+            self.gather = record_gather.VerifiedGather(paths, counts, layout, buffers, snapshot)
         else:
             self.gather = record_gather.FixedLayoutGather(paths, layout, buffers, snapshot)
         self.snapshot, self.num_classes = snapshot, num_classes
@@ -103,8 +172,7 @@ def gather_ids(starts: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 class ExampleSource:
-    """Batches of Examples decoded one by one into a reused batch buffer; ``snapshot`` as
-    :class:`FixedLayoutSource`'s, labels checked against the manifest's classes."""
+    """Batches of Examples decoded one by one into a reused buffer, shards and labels checked."""
 
     def __init__(self, paths, counts, manifest: Manifest, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None, snapshot: DatasetSnapshot | None = None):
@@ -142,9 +210,7 @@ class ExampleSource:
 
 def batch_source(data_dir: str, manifest: Manifest, split: str, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None):
-    """The source of ``split``'s batches: fixed-layout gathers where the split has a layout, else decoded Examples;
-    ``verify`` checks every record's CRCs. Its ``snapshot`` is taken now: shards of another size than the manifest
-    says are a ``ValueError``."""
+    """The source of ``split``'s batches (fixed-layout gathers, else decoded Examples); its snapshot taken now."""
     shards = manifest.split(split).shards
     paths = [os.path.join(data_dir, shard.file) for shard in shards]
     counts = [shard.num_examples for shard in shards]

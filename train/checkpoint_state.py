@@ -1,23 +1,9 @@
-"""A checkpoint's ``state.json`` read back as untrusted input, and which of its entries ``last.keras`` holds.
-
-A checkpoint is two files, ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (where the
-run stood: the step, the history, the callbacks' state, the options; :func:`shardprep.train.checkpoints.run_state`).
-They are committed in this order (:func:`shardprep.train.checkpoints.save_checkpoint`):
-
-1. the model is saved to ``last.writing.keras`` and its sha256 taken;
-2. ``state.json`` is written under a temporary name and renamed: the new entry, with that sha256, and the entry
-   before it (``previous``, the one the current ``last.keras`` holds, with its own sha256);
-3. ``last.writing.keras`` is renamed to ``last.keras``.
-
-A kill anywhere leaves files that :func:`locate` pairs by hash: before 2 completes, ``state.json`` is the old one and
-``last.keras`` matches its entry; between 2 and 3, ``last.keras`` matches ``previous`` and ``last.writing.keras``
-the new entry, which is taken (the rename is finished on resume); after 3, the new entry. A torn temporary file is
-never a file the other names. Checkpoints written before the hash was kept are paired by the optimizer's step count
-after loading (the caller's part). Each entry also keeps ``state_sha256``, the hash of its own values, so an edited
-value is refused rather than resumed from.
-
-Every value read is checked (:func:`read_state`): a damaged, edited or foreign ``state.json`` is one error naming
-the file and what is wrong. No Keras here: the CLI checks a checkpoint before Keras starts.
+"""A checkpoint's ``state.json`` read back as untrusted input (:func:`read_state`), and :func:`locate`: which entry
+the ``last.keras`` on disk holds. No Keras: the CLI checks a checkpoint before Keras starts. The commit order
+(``checkpoints.save_checkpoint``): 1. the model to ``last.writing.keras``; 2. ``state.json``: the new entry with its
+sha256, and ``previous`` (the current ``last.keras``'s); 3. the rename to ``last.keras``. A kill anywhere leaves
+files paired by hash (between 2 and 3 the rename is finished on resume); older checkpoints are paired by the
+optimizer's step after loading. Each entry's ``state_sha256`` refuses an edited value.
 """
 
 from __future__ import annotations
@@ -41,24 +27,24 @@ class CheckpointError(ValueError):
     """The checkpoint cannot be resumed from; the message names the file and the cause."""
 
 
-def _is_url(path: str) -> bool:
+def is_url(path: str) -> bool:
     return "://" in path
 
 
-def _gfile():
+def gfile():
     import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
 
     return tf.io.gfile
 
 
 def exists(path: str) -> bool:
-    return _gfile().exists(path) if _is_url(path) else os.path.lexists(path)
+    return gfile().exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def _open(path: str):
     """A file to read; locally only a regular file (a FIFO or a device would block or never end)."""
-    if _is_url(path):
-        return _gfile().GFile(path, "rb")
+    if is_url(path):
+        return gfile().GFile(path, "rb")
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise CheckpointError(f"--resume: {path} is not a regular file (a FIFO, device or folder), so the run "
                               "cannot continue from it; start again with --overwrite, or in a new --output-dir")
@@ -74,8 +60,7 @@ def file_sha256(path: str) -> str:
 
 
 def entry_sha256(entry: dict) -> str:
-    """The sha256 of an entry's values (all but ``previous`` and the hash itself), as JSON with sorted keys: kept
-    in the entry as ``state_sha256``, so that an edited value is told from the one saved."""
+    """The sha256 of an entry's values (all but ``previous`` and itself) as sorted JSON: its ``state_sha256``."""
     values = {key: value for key, value in entry.items() if key not in ("previous", "state_sha256")}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
@@ -202,9 +187,8 @@ def _json_type(value) -> str:
 
 
 class Located(NamedTuple):
-    """Where a resume starts: ``state``, the entry ``last.keras`` holds (None for checkpoints without a hash:
-    ``candidates`` are then matched by the optimizer's step after loading); ``roll_forward``: ``last.writing.keras``
-    holds ``state`` and is to be renamed to ``last.keras`` first."""
+    """Where a resume starts: ``state``, the entry ``last.keras`` holds (None without a hash: ``candidates`` are
+    matched by the optimizer's step after loading); ``roll_forward``: rename ``last.writing.keras`` first."""
 
     state: dict | None
     candidates: list
@@ -220,9 +204,7 @@ def _checked(located: Located, path: str) -> Located:
 
 
 def locate(paths: dict) -> Located | None:
-    """The checkpoint in ``paths`` (:func:`shardprep.train.run_files.run_paths`); None when there is none at all.
-
-    A :class:`CheckpointError` names what is missing, damaged or does not match. Reads only."""
+    """The checkpoint in ``paths``, None if none; a :class:`CheckpointError` names what is wrong."""
     state_path, last, writing = paths["state"], paths["last"], paths["last_writing"]
     has_state, has_last = exists(state_path), exists(last)
     if not has_state and not has_last:

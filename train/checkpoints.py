@@ -1,21 +1,14 @@
-"""What a training run writes and reads back: its JSON files, checkpoints (weights, optimizer state, the callbacks'
-state and the reader's position) for ``--resume``, and the inference model.
+"""What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` and the inference model.
 
-A checkpoint is ``checkpoints/last.keras`` (model and optimizer) and ``checkpoints/state.json`` (:func:`run_state`:
-the global step, the epoch's partial metrics, history, callbacks' state, and the options a resumed run must share).
-It is written at epoch ends and, with ``--checkpoint-every-steps N``, every N steps, in an order that a kill at any
-point leaves either the old checkpoint or the new one (:func:`save_checkpoint`; the order and how a resume pairs
-the two files are :mod:`shardprep.train.checkpoint_state`'s docstring). A resumed run rewrites ``history.json``
-from the checkpoint it continues from, so the history always matches the checkpoint.
-
-Every file is written under a temporary name and renamed (never through a link); a write that fails (a full disk)
-is a :class:`RunFileError` naming the file, and the checkpoint before it stays whole.
-
-TensorFlow is imported only for ``gs://`` and other URLs (``tf.io.gfile``); local runs on JAX or PyTorch need none.
+A checkpoint is ``last.keras`` and ``state.json`` (:func:`run_state`: the step, partial epoch, history, callbacks',
+the seed generators' state (:func:`capture_rng`: not in ``.keras`` files) and the options a resume must share),
+committed in a kill-safe order (:func:`save_checkpoint`, :mod:`shardprep.train.checkpoint_state`). Files are written
+under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -29,8 +22,8 @@ import numpy as np
 
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import checkpoint_state, run_files
-from shardprep.train import losses  # noqa: F401  registers the loss a JAX/PyTorch checkpoint is compiled with
-from shardprep.train.checkpoint_state import STATE_FORMAT  # noqa: F401  (public here too)
+from shardprep.train import model as model_lib  # registers the loss, schedule and layer a checkpoint holds
+from shardprep.train.checkpoint_state import STATE_FORMAT, exists, gfile, is_url  # noqa: F401 (public here too)
 
 # Callback state that a resumed run carries on with (Keras resets it in on_train_begin).
 _CALLBACK_STATE = {
@@ -46,30 +39,16 @@ class RunFileError(ValueError):
     """A file of the run could not be written (a full disk, no permission); the message names it."""
 
 
-def _gfile():
-    import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
-
-    return tf.io.gfile
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
 def make_dirs(path: str) -> None:
-    if _is_url(path):
-        _gfile().makedirs(path)
+    if is_url(path):
+        gfile().makedirs(path)
     else:
         os.makedirs(path, exist_ok=True)
 
 
-def exists(path: str) -> bool:
-    return _gfile().exists(path) if _is_url(path) else os.path.exists(path)
-
-
 def _replace(source: str, target: str) -> None:
-    if _is_url(target):
-        _gfile().rename(source, target, overwrite=True)
+    if is_url(target):
+        gfile().rename(source, target, overwrite=True)
     else:
         os.replace(source, target)
 
@@ -79,14 +58,24 @@ def _failed(path: str, error: OSError) -> RunFileError:
     return RunFileError(run_files.describe_os_error(OSError(error.errno, error.strerror or str(error), path)))
 
 
+@contextlib.contextmanager
+def _writing(path: str, temporary: str | None = None):
+    """An OSError in the block (``temporary`` then removed) as a :class:`RunFileError` naming ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if temporary is not None:
+            _discard(temporary)
+        raise _failed(path, error) from error
+
+
 def write_json(path: str, value) -> None:
-    """Writes ``value`` to a temporary file renamed over ``path``, so a reader never sees half a file; never
-    through a link. A :class:`RunFileError` when it cannot be written (the file before stays as it was)."""
+    """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link)."""
     temporary = path + ".tmp"
     text = json.dumps(value, indent=2) + "\n"
-    try:
-        if _is_url(path):
-            with _gfile().GFile(temporary, "w") as f:
+    with _writing(path, temporary):
+        if is_url(path):
+            with gfile().GFile(temporary, "w") as f:
                 f.write(text)
         else:
             _fresh(temporary)
@@ -94,23 +83,19 @@ def write_json(path: str, value) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         _replace(temporary, path)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
 
 
 def _fresh(temporary: str) -> None:
-    """Removes a temporary file a killed run left, so that it is written as a new file: never through a link, and
-    never into a file it shares with another name (a hard link)."""
-    if not _is_url(temporary) and os.path.lexists(temporary):
+    """Removes a temporary file a killed run left: a new file is written, never through a (hard) link."""
+    if not is_url(temporary) and os.path.lexists(temporary):
         os.remove(temporary)
 
 
 def _discard(path: str) -> None:
     """Removes a temporary file of ours that could not be finished (a full disk keeps nothing half written)."""
     try:
-        if _is_url(path):
-            _gfile().remove(path)
+        if is_url(path):
+            gfile().remove(path)
         elif os.path.isfile(path) and not os.path.islink(path):
             os.remove(path)
     except Exception:  # noqa: BLE001 - best effort: the failure reported is the write's
@@ -118,26 +103,22 @@ def _discard(path: str) -> None:
 
 
 def read_json(path: str):
-    if _is_url(path):
-        with _gfile().GFile(path) as f:
+    if is_url(path):
+        with gfile().GFile(path) as f:
             return json.loads(f.read())
     with open(path) as f:
         return json.load(f)
 
 
 def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
-    """Saves ``model`` to ``temporary`` and returns its sha256; the caller renames it to ``path``. ``saved_as``: a
-    local file ``model`` was just saved to, copied instead (the same state: serializing it again would only cost)."""
-    try:
+    """``model`` saved (or ``saved_as`` copied) to ``temporary``; returns the file's sha256."""
+    with _writing(path, temporary):
         _fresh(temporary)
-        if saved_as is not None and not _is_url(saved_as) and not _is_url(temporary):
+        if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
             shutil.copyfile(saved_as, temporary)
         else:
             model.save(temporary)
         return checkpoint_state.file_sha256(temporary)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
 
 
 def data_fingerprint(manifest: Manifest, split: str) -> str:
@@ -172,8 +153,7 @@ def _shown(value) -> str:
 
 
 def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
-    """A ValueError naming each difference between the checkpoint's options and this run's (options a checkpoint
-    from an older shardprep did not save are not compared)."""
+    """A ValueError naming each difference between the checkpoint's options and this run's (those it saved)."""
     if not saved:
         return  # a checkpoint from before the options were saved: nothing to compare
     differences = [f"{flag} {_shown(saved[key])} then, {_shown(current[key])} now"
@@ -188,12 +168,7 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
 
 def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
               optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
-    """The ``state.json`` entry of a checkpoint after ``global_step`` training steps: a copy, so that the run going
-    on (its history growing) never changes an entry already taken.
-
-    ``partial_epoch``: the running training ``loss`` and ``accuracy`` of the epoch in progress over its first
-    ``examples`` images (kept as means and a count, so a resumed run combines them with its own). ``extra``: more
-    JSON-safe fields kept with the checkpoint (e.g. random generators' state)."""
+    """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on)."""
     return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
             "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
             "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
@@ -203,61 +178,45 @@ def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, 
 
 def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
                     saved_as: str | None = None) -> None:
-    """Commits a checkpoint: the model to ``last.writing.keras``, then ``state.json`` (``state`` with that file's
-    sha256, and ``previous`` as its fallback), then the rename to ``last.keras`` (:mod:`checkpoint_state`).
-
-    Adds ``checkpoint_sha256`` and ``state_sha256`` (its values' own hash) to ``state``: pass it as ``previous``
-    to the next call. ``saved_as``: a file ``model`` was just saved to in this state (:func:`_save_model`)."""
+    """Commits a checkpoint in :mod:`checkpoint_state`'s order; pass ``state`` as the next call's ``previous``;
+    ``saved_as`` as :func:`_save_model`'s."""
     state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
-    try:
+    with _writing(paths["last"]):
         _replace(paths["last_writing"], paths["last"])
-    except OSError as error:
-        raise _failed(paths["last"], error) from error
 
 
 def _as_previous(entry: dict) -> dict:
-    """``entry`` as the fallback of the next checkpoint: its history cut to the epochs it had when it was saved
-    (``epochs_done``), whatever the run appended since to a history it shares (a resumed run's state is its
-    history), and no fallback of its own."""
+    """``entry`` as the next fallback: its history cut to its ``epochs_done``, no fallback of its own."""
     done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
     return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
             "previous": None}
 
 
 def commit_best(paths: dict) -> None:
-    """Renames the model Keras's ModelCheckpoint just wrote (``best.writing.keras``) to ``best.keras``: a kill while
-    it was written leaves the best model before it whole."""
-    try:
+    """Renames ``best.writing.keras``, just written, to ``best.keras`` (a kill while writing kept the one before)."""
+    with _writing(paths["best"]):
         _replace(paths["best_writing"], paths["best"])
-    except OSError as error:
-        raise _failed(paths["best"], error) from error
 
 
 class BestCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Keras's ModelCheckpoint writing the best model so far to ``best.writing.keras`` (``commit_best`` renames it),
-    a failure to write it a :class:`RunFileError` naming ``best.keras``, the file the user knows: a disk that fills
-    while Keras writes the zip raises from a write to an open file, an OSError naming no file at all. What it had
-    written is removed (a full disk keeps nothing half written)."""
+    """Keras's ModelCheckpoint into ``best.writing.keras`` (``commit_best`` renames it); a failed write (a full
+    disk: an OSError naming no file) is removed and a :class:`RunFileError` naming ``best.keras``."""
 
     def __init__(self, paths: dict):
         super().__init__(paths["best_writing"], monitor="val_loss", save_best_only=True)
         self.writing, self.user_path = paths["best_writing"], paths["best"]
 
     def on_epoch_end(self, epoch, logs=None):
-        try:
+        # Half a zip is this save's: the epoch loop cleared the name just before (discard_best_writing).
+        with _writing(self.user_path, self.writing):
             super().on_epoch_end(epoch, logs)
-        except OSError as error:
-            # Half a zip, made by this save: the epoch loop cleared the name just before (discard_best_writing).
-            _discard(self.writing)
-            raise _failed(self.user_path, error) from error
 
 
 def discard_best_writing(paths: dict) -> None:
-    """Removes a ``best.writing.keras`` a killed run left half written (``best.keras`` is whole without it): the
-    name itself, never what a link there points at."""
-    if _is_url(paths["best_writing"]):
+    """Removes a ``best.writing.keras`` a killed run left half written (the name, never a link's target)."""
+    if is_url(paths["best_writing"]):
         _discard(paths["best_writing"])
         return
     try:
@@ -272,10 +231,8 @@ def optimizer_iterations(model: keras.Model) -> int:
 
 
 def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> checkpoint_state.Located | None:
-    """The checkpoint ``--resume`` continues from, its options checked against this run's ``options``
-    (:func:`check_options`) and nothing loaded; None, reported, when there is no checkpoint at all. A ValueError when
-    the files are incomplete, damaged or do not belong together (:func:`checkpoint_state.locate`), or were made with
-    other options."""
+    """The checkpoint ``--resume`` continues from, options checked (:func:`check_options`), nothing loaded; None,
+    reported, when there is none; a ValueError for files incomplete, damaged, unpaired or of other options."""
     located = checkpoint_state.locate(paths)
     if located is None:
         report(f"--resume: no checkpoint in {paths['checkpoints']}; starting from scratch.")
@@ -286,9 +243,7 @@ def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> chec
 
 def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
            report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
-    """The saved run state after loading the last checkpoint into ``model``, with ``history.json`` rewritten from
-    it; None, reported, when there is no checkpoint at all. ``located``: what :func:`resumable` found (a run checks
-    the options before it builds its model), else found here; a ValueError as :func:`resumable` raises one."""
+    """The saved run state, the checkpoint loaded into ``model``, ``history.json`` rewritten from it."""
     if located is None:
         located = resumable(paths, options, report)
         if located is None:
@@ -312,12 +267,8 @@ def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
 
 
 def callback_state(callbacks) -> dict:
-    state = {}
-    for callback in callbacks:
-        for kind, attributes in _CALLBACK_STATE.items():
-            if isinstance(callback, kind):
-                state[kind.__name__] = {a: _plain(getattr(callback, a, None)) for a in attributes}
-    return state
+    return {kind.__name__: {a: _plain(getattr(callback, a, None)) for a in attributes} for callback in callbacks
+            for kind, attributes in _CALLBACK_STATE.items() if isinstance(callback, kind)}
 
 
 def restore_callback_state(callbacks, state: dict) -> None:
@@ -341,15 +292,9 @@ def _plain(value):
 
 
 def restore_checkpoint(model: keras.Model, path: str) -> None:
-    """Loads weights and optimizer state (step, momentum) saved by a previous run into ``model``.
-
-    The model and optimizer are rebuilt from this run's flags first, so a resumed run may change e.g. ``--epochs``
-    (the schedule is recomputed and continues from the saved step); the architecture must be the same.
-    """
-    from shardprep.train.model import load_model
-
+    """Loads the saved weights and optimizer state into ``model`` (same architecture, this run's flags)."""
     try:
-        saved = load_model(path)
+        saved = model_lib.load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras reports a damaged zip as anything from ValueError to OSError
         cause = f"{type(error).__name__}: {str(error)[:120]}"
         raise ValueError(f"--resume: {path} is damaged or not a Keras checkpoint and cannot be read ({cause}); start "
@@ -368,15 +313,53 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
 
 
 def save_inference_model(model: keras.Model, path: str) -> None:
-    """Saves the model for inference (:func:`shardprep.train.model.save_inference_model`): Keras's own layers, no
-    optimizer state; uint8 images of any size >= the train size in, logits out."""
-    from shardprep.train.model import save_inference_model as save  # the inference model is model.py's concern
-
+    """Saves the inference model (:func:`shardprep.train.model.save_inference_model`) under a temporary name."""
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
-    try:
+    with _writing(path, temporary):
         _fresh(temporary)
-        save(model, temporary)
+        model_lib.save_inference_model(model, temporary)
         _replace(temporary, path)
-    except OSError as error:
-        _discard(temporary)
-        raise _failed(path, error) from error
+
+
+def _seed_variables(model: keras.Model) -> list:
+    """The model's seed-generator state variables (its variables that are not weights), by position: Keras names
+    generators by a counter of the process, so the same model built twice has other names."""
+    weights = {id(weight) for weight in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def _global_generator():
+    """Keras's global seed generator if one was made (random ops without a seed make it), else None."""
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # another Keras layout: nothing uses the global generator in shardprep's model
+        return None
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def _value(variable) -> list[int]:
+    return np.asarray(keras.ops.convert_to_numpy(variable.value)).tolist()
+
+
+def capture_rng(model: keras.Model) -> dict:
+    """Every seed generator's ``[seed, counter]`` in model order (``layers``) and Keras's ``global`` one."""
+    generator = _global_generator()
+    return {"layers": [_value(variable) for variable in _seed_variables(model)],
+            "global": _value(generator.state) if generator is not None else None}
+
+
+def restore_rng(model: keras.Model, state: dict) -> None:
+    """Sets the seed generators from :func:`capture_rng`'s state; ``ValueError`` for another model's."""
+    variables = _seed_variables(model)
+    saved = state.get("layers", [])
+    if len(saved) != len(variables):
+        raise ValueError(f"the checkpoint's random state is of {len(saved)} seed generator(s), this model has "
+                         f"{len(variables)}: the checkpoint is of another model")
+    for variable, value in zip(variables, saved):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    if state.get("global") is not None:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        generator = global_seed_generator()
+        generator.state.assign(np.asarray(state["global"], dtype=generator.state.dtype))

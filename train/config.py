@@ -1,8 +1,5 @@
-"""The options of a training run (:class:`TrainConfig`) and their allowed values, free of TensorFlow and Keras.
-
-The CLI imports these to build ``shardprep train --help`` without loading TensorFlow; the training modules import
-them too, so there is one list of choices. The Keras backend is chosen here too (:func:`default_backend`,
-:func:`activate_backend`): Keras fixes its backend when it is first imported, so the choice must be made before.
+"""The options of a training run (:class:`TrainConfig`) and their choices, without TensorFlow or Keras (the CLI's
+``--help`` imports them), and the Keras backend's choice (:func:`activate_backend`), made before Keras is imported.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ AUGMENTATIONS = ("crop", "rrc")
 
 
 class BackendInfo(NamedTuple):
-    """A Keras backend shardprep trains on: the package it needs, how to install it (the error when it is missing),
-    and what a run on it uses (``--backend``'s help)."""
+    """A Keras backend shardprep trains on: its package, how to install it, what a run on it uses."""
 
     module: str
     install: str
@@ -46,9 +42,8 @@ class BackendError(ValueError):
 
 
 def backend_installed(name: str) -> bool:
-    """Whether the backend's package can be imported, asked of the path finder alone: ``importlib.util.find_spec``
-    would also ask import hooks such as the CLI's quiet TensorFlow import (``shardprep.preprocess.streams``), which takes
-    the question for the import and would then miss the real one."""
+    """Whether the backend's package can be imported, asked of the path finder alone (``find_spec`` would also ask
+    the CLI's quiet-import hook, which would take the question for the import)."""
     module = BACKEND_INFO[name].module
     if module in sys.modules:
         return True
@@ -64,10 +59,7 @@ def default_backend(environ=None) -> str:
 
 
 def activate_backend(name: str) -> str:
-    """Makes ``name`` the Keras backend of this process (``KERAS_BACKEND``) before Keras is imported; returns it.
-
-    Raises :class:`BackendError` for an unknown or uninstalled backend, or when Keras was already imported with
-    another one (it cannot change afterwards)."""
+    """Makes ``name`` this process's Keras backend before Keras is imported (else :class:`BackendError`)."""
     if name not in BACKENDS:
         raise BackendError(f"backend {name!r} (--backend or KERAS_BACKEND) is not one shardprep trains on; choose "
                            f"one of {', '.join(BACKENDS)}")
@@ -144,8 +136,7 @@ class TrainConfig:
             self.check_backend(self.backend)
 
     def streamed(self) -> bool:
-        """Whether the TensorFlow reader streams the shards (``--sequential-reads``, or a URL) instead of reading
-        them by random access."""
+        """Whether the TensorFlow reader streams the shards (``--sequential-reads``, or a URL)."""
         return self.sequential_reads or "://" in self.data_dir
 
     def check_backend(self, backend: str) -> None:
@@ -156,10 +147,7 @@ class TrainConfig:
 
 
 def unsupported_option(config: TrainConfig, backend: str) -> str | None:
-    """Why ``backend`` cannot run ``config`` as asked (naming the option and what to do instead), or None.
-
-    JAX and PyTorch read with :class:`shardprep.train.numpy_reader.NumpyReader`: local shards by random access,
-    records verified on request; it neither streams shards nor has a shuffle buffer."""
+    """Why ``backend`` cannot run ``config`` as asked (naming the option and what to do instead), or None."""
     other = "--backend tensorflow"
     if backend != "tensorflow":
         if "://" in config.data_dir:

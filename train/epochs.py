@@ -1,15 +1,6 @@
-"""The epochs of a training run: timed training steps, validation, callbacks, history, checkpoints, progress, and a
-clean stop on Ctrl-C.
-
-:class:`Epochs` is driven by :func:`shardprep.train.loop.train` on every backend. A checkpoint's ``state.json``
-entry (:func:`shardprep.train.checkpoints.run_state`) gets from here, besides the step and history:
-
-* ``partial_epoch``: the epoch in progress, as its running ``loss``, ``accuracy`` and ``examples``, the metrics'
-  accumulators (``metrics``: a resumed run continues the same sums, so the epoch's numbers are the ones one process
-  would have computed), and its ``timing`` so far; ``validation_pending``: the epoch's steps are all done and
-  Ctrl-C stopped its validation, which the resumed run does first;
-* ``rng``: every random generator's state (:mod:`shardprep.train.rng_state`), so the next step draws what it would
-  have drawn in one process.
+"""The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.loop.train`): timed steps, validation,
+callbacks, history, checkpoints (``partial_epoch``: running metrics, accumulators, ``timing``,
+``validation_pending``; ``rng``), progress and a clean stop on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,20 +13,19 @@ from typing import Callable
 import keras
 
 from shardprep.preprocess.text import count
-from shardprep.train import checkpoints, progress, rng_state, tensorboard_logs
+from shardprep.train import checkpoints, progress, tensorboard_logs
 from shardprep.train.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.config import TrainConfig
 from shardprep.train.interrupt import StopRequests, TrainingInterrupted
 
 
 class InputError(ValueError):
-    """The training or validation input failed (a record's checksum, a short shard); the message names the shard
-    and the record."""
+    """The training or validation input failed; the message names the shard and the record."""
 
 
 def combined(earlier: dict | None, later: dict, examples: int) -> dict:
-    """The epoch's training ``loss`` and ``accuracy`` over ``earlier`` (a checkpoint's partial epoch, saved without
-    its accumulators) and ``later`` (this process's ``examples`` images), weighted by examples; with the total."""
+    """The epoch's ``loss`` and ``accuracy`` over ``earlier`` (a partial epoch saved without accumulators) and
+    ``later`` (this process's ``examples`` images), weighted by examples, with the total."""
     if not earlier:
         return {**later, "examples": examples}
     if not examples:  # nothing ran here (a resume whose epoch had only its validation left)
@@ -55,8 +45,7 @@ def _numbers(value) -> bool:
 
 
 def saved_state_problem(state: dict) -> str | None:
-    """What is wrong with the parts of a checkpoint's ``state.json`` entry that this module wrote (``rng``,
-    ``partial_epoch``), or None: the file is read back as untrusted input."""
+    """What is wrong with the parts of a ``state.json`` entry this module wrote (``rng``, ``partial_epoch``)."""
     rng = state.get("rng")
     if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
                                 and all(_pair(pair) for pair in rng["layers"])
@@ -91,9 +80,7 @@ class _Timing:
 
 
 class Epochs:
-    """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports.
-
-    ``report`` prints a message (the caller fits it to ``width`` columns first)."""
+    """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
     def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
                  history: dict, report: Callable[[str], None], width: int, val_steps: int | None = None):
@@ -115,8 +102,7 @@ class Epochs:
         self.report(progress.fit(text, self.width))
 
     def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
-        """Epochs from ``start_step`` (``state``: the checkpoint resumed from, or empty) to the last; raises
-        :class:`TrainingInterrupted` when Ctrl-C stops it."""
+        """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
         problem = saved_state_problem(state)
         if problem:
             raise ValueError(f"--resume: {self.paths['state']}: {problem}; the file is damaged: start again in a new "
@@ -126,7 +112,7 @@ class Epochs:
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
             try:
-                rng_state.restore(self.model, state["rng"])
+                checkpoints.restore_rng(self.model, state["rng"])
             except ValueError as error:
                 raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
                     from error
@@ -156,8 +142,7 @@ class Epochs:
         self.callback_list.on_train_end()
 
     def _stop_if_logs_failed(self) -> None:
-        """TensorBoard's logs could not be written (a full disk): the run ends here, its epochs saved, rather than
-        train on without them (:mod:`shardprep.train.tensorboard_logs`)."""
+        """TensorBoard's logs could not be written: the run ends here, its epochs saved (``tensorboard_logs``)."""
         failed = tensorboard_logs.failure(self.callbacks)
         if failed is not None:
             checkpoint = self.paths["last"] if self.config.checkpoint else None
@@ -165,9 +150,8 @@ class Epochs:
                                                                                self.steps_per_epoch, checkpoint))
 
     def _stopping(self, by: str = "Ctrl-C") -> None:
-        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does. It runs in the signal handler, which may
-        interrupt a write to stdout, so it writes to the file descriptor itself (a second buffered write there could
-        fail as reentrant); where stdout has none (captured output), the stop message that follows says it all."""
+        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does; from the signal handler, so straight to the
+        descriptor (a buffered write could fail as reentrant); without one, the stop message says it all."""
         saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
         again = "Ctrl-C again" if by == "Ctrl-C" else f"another {by} or Ctrl-C"
         text = progress.fit(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
@@ -215,8 +199,7 @@ class Epochs:
         return False
 
     def _train_epoch(self, epoch: int, first_step: int, train_iterator, carried: dict | None):
-        """The epoch's training logs and :class:`_Timing` from step ``first_step`` on; ``carried``: the partial
-        epoch a checkpoint kept."""
+        """The epoch's training logs and :class:`_Timing` from step ``first_step`` on."""
         timing = _Timing(carried.get("timing") if carried else None)
         if carried and carried.get("metrics") is not None and self.steps.restore_metric_state(carried["metrics"]):
             # The saved accumulators go on as in one process; checkpoints without them (or another backend's) are
@@ -259,8 +242,7 @@ class Epochs:
         return logs
 
     def _partial(self, carried: dict | None, steps: int, timing: _Timing, seconds: float) -> dict:
-        """The ``partial_epoch`` entry after ``steps`` steps of the epoch (those of this process when ``carried``
-        has no accumulators to go on from)."""
+        """The ``partial_epoch`` entry after ``steps`` steps of the epoch."""
         partial = combined(carried, self.steps.train_results(), steps * self.config.batch_size)
         timed = _Timing(timing.to_json())
         timed.seconds += seconds
@@ -322,11 +304,10 @@ class Epochs:
         return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]
 
     def _save(self, global_step: int, partial_epoch: dict | None, saved_as: str | None = None) -> None:
-        """A checkpoint after ``global_step`` steps; ``saved_as``: a file the model was saved to in this very state
-        (best.keras, just written), copied instead of serializing the model a second time."""
+        """A checkpoint after ``global_step`` steps; ``saved_as``: best.keras, just written in this very state."""
         state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
                                       checkpoints.optimizer_iterations(self.model), partial_epoch)
-        state["rng"] = rng_state.capture(self.model)  # the draws the next step makes
+        state["rng"] = checkpoints.capture_rng(self.model)  # the draws the next step makes
         checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state, saved_as)
         self.saved_state = state
 

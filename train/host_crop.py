@@ -1,13 +1,7 @@
-"""Random crop and flip on the host, in NumPy, for training loops with no augmentation on the accelerator (PyTorch's
-``DataLoader``, training on the CPU): ``NumpyReader(..., crop_size=224)`` cuts whole batches, ``RecordDataset(...,
-crop_size=224)`` with ``EpochSampler(..., crops=True)`` one record at a time, the same windows for the same seed.
-
-Training: a uniform random ``size`` x ``size`` window of every possible position, mirrored left-right with
-probability 1/2, as ``augment.random_crop_flip`` does on the accelerator; evaluation: the central window, unflipped.
-Each window is one strided copy of stored pixels (no interpolation). A record's window follows from (seed, epoch, its
-position in the epoch's order) alone, through a counter-based hash (SplitMix64) of those three: no state to save, so
-a reader resumed at any step cuts the windows of the run that never stopped, and any batch size gives the same
-windows. It is its own random stream, apart from the order's and ``crop: none``'s (``record_order``).
+"""Random crop and flip on the host, in NumPy, for loops without accelerator augmentation (``NumpyReader`` and
+``RecordDataset`` ``crop_size=``): a uniform window mirrored for half in training, central in evaluation. A window
+follows from (seed, epoch, position in the order) by a counter-based hash (SplitMix64): resumed readers and any
+batch size cut the same.
 """
 
 from __future__ import annotations
@@ -39,8 +33,7 @@ def _splitmix(values: np.ndarray) -> np.ndarray:
 
 
 def window_draws(seed: int, epoch: int, positions) -> np.ndarray:
-    """int64 ``[n, 3]`` draws in ``[0, 2**31)`` (top, left, flip) of the records at ``positions`` of epoch
-    ``epoch``'s order."""
+    """int64 ``[n, 3]`` (top, left, flip) draws in ``[0, 2**31)`` of the records at ``positions``."""
     key = np.random.SeedSequence([int(seed), int(epoch), _STREAM]).generate_state(1, np.uint64)[0]
     counters = np.asarray(positions, np.uint64)[:, None] * np.uint64(3) + np.arange(3, dtype=np.uint64)
     with np.errstate(over="ignore"):

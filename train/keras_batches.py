@@ -1,14 +1,7 @@
-"""A :class:`~shardprep.train.numpy_reader.NumpyReader` as a ``keras.utils.PyDataset``, for ``model.fit`` on any
-Keras backend (TensorFlow, JAX, PyTorch). Imported only when asked for (``NumpyReader.as_py_dataset``): this module
-imports Keras, and Keras its backend.
-
-``__getitem__(i)`` is batch ``i`` of the current epoch (random access: Keras's workers may read batches out of
-order); ``on_epoch_end`` moves on to the next epoch. Resuming with ``keras.callbacks.BackupAndRestore(save_freq=N)``:
-Keras 3 restores the weights and optimizer (so ``model.optimizer.iterations``, the global step) and the *epoch*, but
-restarts that epoch at its first batch. Give ``steps_done=lambda: int(model.optimizer.iterations)``: each epoch then
-starts at the restored step, so the optimizer sees exactly the batches an uninterrupted run would have fed it from
-there (Keras still counts a full epoch after the restore, so the run ends ``iterations % steps_per_epoch`` steps
-later than an uninterrupted one).
+"""A :class:`~shardprep.train.numpy_reader.NumpyReader` as a ``keras.utils.PyDataset`` for ``model.fit`` on any
+backend (imports Keras; ``NumpyReader.as_py_dataset`` imports it when asked). ``BackupAndRestore`` restores the step
+but restarts its epoch at batch 0: with ``steps_done=lambda: int(model.optimizer.iterations)`` each epoch starts at
+the restored step, so the optimizer sees an uninterrupted run's batches.
 """
 
 from __future__ import annotations
@@ -17,14 +10,8 @@ import keras
 
 
 class KerasBatches(keras.utils.PyDataset):
-    """``reader``'s batches as a PyDataset (``num_batches`` = ``len(reader)``).
-
-    Args:
-      reader: a NumpyReader; its position (``reader.state()``) is where the first epoch starts (training).
-      steps_done: optional zero-argument callable giving the global steps done; read at each epoch's start.
-      kwargs: ``keras.utils.PyDataset``'s ``workers``, ``use_multiprocessing``, ``max_queue_size``. Use threads
-        (``workers=4``): the reads release the GIL, and the reader's buffers and locks do not go to other processes.
-    """
+    """``reader``'s batches from its position; ``steps_done()`` read at each epoch's start; ``kwargs``:
+    ``PyDataset``'s (use threads, ``workers=4``: the reads release the GIL)."""
 
     def __init__(self, reader, *, steps_done=None, **kwargs):
         super().__init__(**kwargs)

@@ -1,33 +1,9 @@
-"""The training loop, the same on every Keras backend: timed input, callbacks, history, checkpoints, progress and the
-input-bound report.
-
-Its options are :class:`shardprep.train.config.TrainConfig`; the per-backend part is the steps: the strategy or
-devices, the precision policy, the input pipeline and the compiled training and evaluation steps, in
-:mod:`shardprep.train.steps_tf` (TensorFlow: ``tf.distribute``, ``tf.data``, ``tf.function``) and
-:mod:`shardprep.train.steps_keras` (JAX and PyTorch: NumPy input, ``train_on_batch``). Learning-rate schedules live
-in :mod:`shardprep.train.schedules`, checkpoints and the files a run writes in :mod:`shardprep.train.checkpoints`.
-This module imports no backend itself: Keras runs on whichever backend it was imported with.
-
-A custom loop rather than ``model.fit``: ``fit`` fetches each batch inside its compiled step, so the time spent
-waiting for input cannot be told apart from compute. Here the loop takes each batch from the input iterator itself
-(``next()``, timed) and then runs the step on it. Batches are read ahead, so ``next()`` returns at once while the
-input pipeline keeps up; the time it blocks is time the accelerator had no batch to work on. Each epoch reports
-
-* ``images_per_sec``: training images / wall time of the epoch's training steps (validation and checkpoints
-  excluded; the first epoch includes compiling the step and filling the shuffle buffer);
-* ``input_wait_fraction``: time blocked in ``next()`` / that same wall time.
-
-Keras callbacks (TensorBoard, ModelCheckpoint, ReduceLROnPlateau, EarlyStopping) are driven through a
-``CallbackList`` exactly as ``fit`` would, with the epoch's logs.
-
-Mid-epoch resume: training step ``s`` (counted over the whole run) reads batch ``s % steps_per_epoch`` of epoch
-``s // steps_per_epoch`` of the seeded order, so a run resumed after ``s`` steps builds its reader at ``start_step=s``
-and sees exactly the batches an uninterrupted run would have seen from there, without reading the ones before. The
-checkpoint also holds every seed generator's state and the epoch's metric sums, so a resumed ``--seed`` run ends
-bit for bit as the uninterrupted one (measured on CPU, TensorFlow with and without XLA, and JAX).
-
-The epochs themselves (steps, validation, checkpoints, Ctrl-C) are :mod:`shardprep.train.epochs`; what a person
-reads (progress, the header, the summary, widths) is :mod:`shardprep.train.progress`.
+"""The training loop, the same on every Keras backend (it imports none): model, optimizer and resume, the epochs
+(:mod:`shardprep.train.epochs`) over :mod:`~shardprep.train.steps_tf` or :mod:`~shardprep.train.steps_keras`, and the
+summary. Not ``model.fit``, which fetches batches inside its step: here ``next()`` is timed alone, so the time it
+blocks (``input_wait_fraction``) is time the accelerator waited for input. Step ``s`` reads a batch of the seeded
+order addressed by ``s``, and checkpoints keep the seed generators and the epoch's metric sums, so a resumed
+``--seed`` run ends bit for bit as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -42,12 +18,10 @@ import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
 from shardprep.train import checkpoints, preflight, progress, run_files, tensorboard_logs
-from shardprep.train.config import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401  (TrainConfig: public here too)
+from shardprep.train.config import TrainConfig
 from shardprep.train.epochs import HISTORY_KEYS, Epochs
-from shardprep.train.interrupt import TrainingInterrupted  # noqa: F401  (raised by train on Ctrl-C)
-from shardprep.train.model import build_model
-from shardprep.train.progress import PROGRESS_INTERVAL, EpochProgress  # noqa: F401  (public here too)
-from shardprep.train.schedules import PlateauWarmup, WarmupSchedule, make_optimizer, warmup_steps  # noqa: F401
+from shardprep.train.progress import EpochProgress  # noqa: F401  (public here too)
+from shardprep.train.model import PlateauWarmup, build_model, make_optimizer, warmup_steps
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
 INPUT_BOUND_THRESHOLD = 0.05
@@ -64,9 +38,8 @@ def _verdict(wait_fraction: float) -> str:
 
 
 def summarize(history: dict, first_epoch_of_run: int = 1) -> dict:
-    """The end-of-run summary: the best epoch by val_loss (the one ``checkpoints/best.keras`` holds) and the last,
-    and throughput and input wait over the epochs this process ran, without its first epoch when it ran more than
-    one (that one includes compiling the step and filling the shuffle buffer)."""
+    """The end-of-run summary: the best epoch by val_loss (``best.keras``'s) and the last, throughput and input wait
+    over the epochs this process ran, its first left out when it ran more (compiling, filling buffers)."""
     epochs = len(history["epoch"])
     run_start = history["epoch"].index(first_epoch_of_run) if first_epoch_of_run in history["epoch"] else 0
     steady = slice(run_start + 1 if epochs - run_start > 1 else run_start, None)
@@ -86,8 +59,7 @@ def summarize(history: dict, first_epoch_of_run: int = 1) -> dict:
 
 
 def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=None):
-    """The steps of ``backend``: :class:`~shardprep.train.steps_tf.TFSteps` on TensorFlow (``strategy``: a
-    ``tf.distribute`` strategy, default chosen from the GPUs), else :class:`~shardprep.train.steps_keras.KerasSteps`."""
+    """``TFSteps`` on TensorFlow (``strategy``: default from the GPUs), else ``KerasSteps``."""
     if backend == "tensorflow":
         from shardprep.train.steps_tf import TFSteps
 
@@ -102,18 +74,10 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
           on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
           manifest: Manifest | None = None, live: Callable[[str], None] | None = None) -> dict:
-    """Trains ResNet-18 on ``config.data_dir`` and writes ``history.json``, ``summary.json`` and ``model.keras`` to
-    ``config.output_dir``; returns the summary.
-
-    Runs on the backend Keras was imported with (``config.backend``, when given, must be that one: see
-    :func:`shardprep.train.config.activate_backend`). ``strategy``: TensorFlow only, default chosen from the GPUs.
-    ``on_batch(global_step, batch)``, if given, sees each training batch before its step (e.g. to record which
-    records a run trained on). Messages go to ``report``, each fitted to ``width`` columns (default: the terminal's,
-    ``$COLUMNS``, else 80). Ctrl-C stops after the step in flight, saves a checkpoint there (when checkpoints are
-    on) and raises :class:`~shardprep.train.interrupt.TrainingInterrupted` saying where to resume. ``manifest``:
-    ``config.data_dir``'s, already loaded (``shardprep.train.preflight.check`` returns it); else it is loaded here.
-    ``live``: writes the terminal's progress line, rewritten in place (default: straight to stdout); the CLI passes
-    its Reporter's ``write``, which handles a failed write as a line's."""
+    """Trains ResNet-18 on ``config.data_dir`` with Keras's backend, writes ``history.json``, ``summary.json`` and
+    ``model.keras`` to ``config.output_dir``; returns the summary. ``on_batch(global_step, batch)`` sees each
+    training batch; ``report`` each message fitted to ``width``; ``live`` writes the progress line; ``manifest``:
+    as ``preflight.check`` returned it. Ctrl-C saves a checkpoint after the step and raises ``TrainingInterrupted``."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:

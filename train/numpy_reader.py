@@ -1,53 +1,34 @@
-"""The framework-free reader: NumPy batches of a prepared dataset, with no TensorFlow anywhere on its path.
-
-``NumpyReader(data_dir, split, batch_size, training, seed=None)`` is an iterable of ``(uint8 [B, H, W, 3], int32
-[B])`` batches, the same batches, in the same order, as :func:`shardprep.train.reader.make_dataset` gives for the
-same seed (both follow :mod:`shardprep.train.record_order`). Training goes on epoch after epoch, each reshuffled;
-evaluation ends after one pass. Raw centre-crop shards are gathered by ``preadv`` into reused, aligned batch buffers
-(:mod:`shardprep.train.record_gather`) on a few threads and prefetched (:mod:`shardprep.train.batch_prefetch`); JPEG
-and ``crop: none`` shards are read by random access and decoded with Pillow or NumPy
-(:mod:`shardprep.train.batch_sources`).
-
-Usage::
-
-    reader = NumpyReader("data", "train", 256, training=True, seed=0)
-    for step, (images, labels) in zip(range(reader.steps_per_epoch * epochs), reader):
-        ...
-
-Resuming: ``start_step`` (or :meth:`NumpyReader.set_state`) is the number of global batches already read, e.g.
-``model.optimizer.iterations`` when one batch is one step; the reader then yields exactly the batches an
-uninterrupted run would have from there, found in O(1). :meth:`NumpyReader.state` says where it is.
-
-Multi-host runs: process ``index`` of ``num_shards`` reads its own share; every process gets the same number of
-batches. For Keras (any backend), :meth:`NumpyReader.as_py_dataset` wraps the reader in a ``keras.utils.PyDataset``
-(:mod:`shardprep.train.keras_batches`); PyTorch's ``DataLoader`` and Grain take
-:class:`shardprep.train.record_dataset.RecordDataset` with its seeded sampler.
-
-A batch handed out stays valid while the caller holds it (its buffer is reused only once nothing references it).
-
-One reader is one position in one stream of batches: ``iter(reader)`` continues from :meth:`NumpyReader.state`, and
-while one iterator is active (not finished, closed or dropped) a second ``iter()`` or a :meth:`~NumpyReader.set_state`
-is refused (``RuntimeError``) instead of handing out batches twice or skipping them. For two independent streams,
-make two readers; for any batch at any time, :meth:`~NumpyReader.read_batch`.
-
-The dataset is trusted no further than it was checked: every shard a batch reads must be the file the reader
-opened (same inode, size and modification time), ``manifest.json`` and the shards are checked again at each epoch
-boundary, and every label must be one of the manifest's classes; else ``DatasetChangedError``
-(:mod:`shardprep.train.record_identity`), a ``ValueError`` naming the file.
+"""``NumpyReader``: the batches of :func:`shardprep.train.reader.make_dataset` (the same seed, the same batches:
+:mod:`shardprep.train.record_order`) as NumPy arrays, with no TensorFlow: read ahead on a few threads from
+:mod:`shardprep.train.batch_sources` into reused buffers (a batch stays valid while the caller holds it), any step
+in O(1). One reader is one stream (a second active iterator is refused); :meth:`~NumpyReader.read_batch` reads any
+step. Shards are checked as read and at each epoch's start (:mod:`shardprep.train.record_identity`).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import itertools
 import os
 import weakref
 
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest, load_manifest, typed
-from shardprep.train import batch_prefetch, host_crop, split_roles
+from shardprep.train import host_crop, split_roles
 from shardprep.train.batch_sources import batch_source
 from shardprep.train.record_gather import ReusedBuffers
 from shardprep.train.record_order import ReaderState, RecordOrder, bool_argument, integer_argument
+
+DEFAULT_THREADS, DEFAULT_DEPTH = 3, 6  # threads reading batches, batches read ahead
+
+
+def open_local(data_dir: str, split: str, manifest) -> tuple[Manifest, str]:
+    """The manifest (loaded when not given) and the split ``split`` (a name or a role) means, of a local dataset."""
+    check_local(data_dir)
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
+    return manifest, split_roles.reading(manifest.splits, split, data_dir)
 
 
 def check_local(data_dir: str) -> None:
@@ -58,47 +39,25 @@ def check_local(data_dir: str) -> None:
 
 
 class NumpyReader:
-    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a prepared shardprep dataset.
-
-    Args:
-      data_dir: the local dataset folder holding ``manifest.json``.
-      split: a split of the manifest, or a role (``"train"``, ``"validation"``, ``"test"``: the split that plays
-        it, said once when another name: :mod:`shardprep.train.split_roles`); ``self.split`` is the split read.
-      batch_size: records per batch of this process.
-      training: ``True``: endless, reshuffled every epoch, ``steps_per_epoch`` full batches an epoch, random square
-        crops for ``crop: none``. ``False``: one pass in order, the last batch may be smaller, central crops.
-      seed: same seed, same batches (and the same as ``make_dataset``'s); ``None`` draws one for this reader.
-      num_shards, index: this process's share of the records (multi-host runs).
-      start_step: global batches already read: the reader starts right after them.
-      manifest: the manifest :func:`~shardprep.preprocess.dataset.load_manifest` returned (or its document); by
-        default it is loaded from ``data_dir``.
-      threads: threads reading batches (default 3); prefetch: batches read ahead (default 6).
-      verify_records: check both CRCs of every record as it is read (``OSError`` naming the shard and record).
-      crop_size: cut every image to a ``crop_size`` square on the host (:mod:`shardprep.train.host_crop`): in
-        training a random window, mirrored for half of them, the same for the same seed and step (a resumed reader
-        cuts the same windows); in evaluation the central window. ``None`` (default): the stored images, for
-        augmentation on the accelerator.
-
-    Raises ``TypeError`` for an argument of the wrong type (``batch_size=2.5``, ``training="yes"``), ``ValueError``
-    for one out of range (``batch_size``, ``num_shards``/``index``, ``seed``, ``start_step``), a URL, or shards that
-    disagree with the manifest.
-    """
+    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local dataset, arguments as
+    ``make_dataset``'s; ``num_shards``/``index``: this process's share; ``threads`` (3) and ``prefetch`` (6) batches
+    ahead; ``crop_size``: each image cut to that square on the host (:mod:`~shardprep.train.host_crop`: random and
+    flipped in training, central in evaluation). ``TypeError``/``ValueError`` for a bad argument, a URL, or shards
+    unlike the manifest."""
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
                  prefetch: int | None = None, verify_records: bool = False, crop_size: int | None = None):
         data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
-        check_local(data_dir)
-        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        split = split_roles.reading(self.manifest.splits, split, data_dir)
+        self.manifest, split = open_local(data_dir, split, manifest)
         info = self.manifest.split(split)
         self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
                                  num_shards=num_shards, index=index)
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.
-        self._buffers = ReusedBuffers(max_buffers=2 * (prefetch or batch_prefetch.DEFAULT_DEPTH) + 8)
+        self._buffers = ReusedBuffers(max_buffers=2 * (prefetch or DEFAULT_DEPTH) + 8)
         self._source = batch_source(data_dir, self.manifest, split, training, verify=verify_records,
                                     buffers=self._buffers)
         if self.crop_size is not None:
@@ -130,8 +89,7 @@ class NumpyReader:
         return self.order.state(self._step)
 
     def set_state(self, state: ReaderState | int) -> None:
-        """Continues at ``state`` (a :class:`ReaderState` or a global step): the next iteration starts there.
-        Refused (``RuntimeError``) while an iterator is active: it has already read ahead from where it is."""
+        """Continues at ``state`` (or a global step); a ``RuntimeError`` while an iterator is active."""
         step = state.step if isinstance(state, ReaderState) else integer_argument("start_step", state)
         if self._iterating():
             raise RuntimeError(f"NumpyReader.set_state while an iterator is active (at step {self._step}): finish, "
@@ -142,8 +100,7 @@ class NumpyReader:
         self._step = step
 
     def read_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global batch ``step``, read now on the calling thread (random access: any step, any order). The first
-        batch of an epoch first checks that the manifest and every shard are still the files the reader opened."""
+        """Global batch ``step``, read now; an epoch's first batch checks the files first."""
         if step % self.order.steps_per_epoch == 0:
             self._source.snapshot.check()
         images, labels = self._source(self.order.batch_ids(step),
@@ -164,8 +121,7 @@ class NumpyReader:
         return iterator is not None and iterator.gi_frame is not None  # made, and neither finished nor closed
 
     def __iter__(self):
-        """Batches from the current position: endless in training; to the end of the pass in evaluation, after
-        which the next iteration is a new pass. A ``RuntimeError`` while another iterator is active."""
+        """Batches from the current position (a ``RuntimeError`` while another iterator is active)."""
         if self._iterating():
             raise RuntimeError(
                 f"this NumpyReader already has an active iterator (at step {self._step}): a reader is one position "
@@ -178,8 +134,8 @@ class NumpyReader:
 
     def _batches(self):
         first = self._step
-        steps = _count_from(first) if self.training else range(first, len(self))
-        for step, batch in zip(_count_from(first), batch_prefetch.prefetched(self.read_batch, steps, self.threads,
+        steps = itertools.count(first) if self.training else range(first, len(self))
+        for step, batch in zip(itertools.count(first), prefetched(self.read_batch, steps, self.threads,
                                                                               self.prefetch)):
             self._step = step + 1
             yield batch
@@ -188,10 +144,7 @@ class NumpyReader:
             self._step = 0
 
     def as_py_dataset(self, *, steps_done=None, **kwargs):
-        """This reader as a ``keras.utils.PyDataset`` for ``model.fit`` / ``evaluate`` on any Keras backend
-        (:class:`shardprep.train.keras_batches.KerasBatches`; ``kwargs``: ``workers``, ``use_multiprocessing``,
-        ``max_queue_size``). ``steps_done``: e.g. ``lambda: int(model.optimizer.iterations)``, read at each epoch's
-        start, so that a run resumed by ``keras.callbacks.BackupAndRestore`` continues at the restored step."""
+        """This reader as a ``keras.utils.PyDataset`` (:class:`~shardprep.train.keras_batches.KerasBatches`)."""
         from shardprep.train.keras_batches import KerasBatches
 
         return KerasBatches(self, steps_done=steps_done, **kwargs)
@@ -213,8 +166,27 @@ def _checked_arguments(data_dir, split, training, manifest, threads, prefetch, v
     return os.fspath(data_dir)
 
 
-def _count_from(first: int):
-    step = first
-    while True:
-        yield step
-        step += 1
+def prefetched(read, steps, threads: int | None = None, depth: int | None = None):
+    """``read(step)`` for each of ``steps``, in order, computed ``depth`` ahead on ``threads`` threads; closing the
+    generator cancels what has not started (the pool's threads end with it, never hanging the process at exit)."""
+    threads = threads or DEFAULT_THREADS
+    depth = max(threads, depth or DEFAULT_DEPTH)
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardprep-reader")
+    pending: collections.deque = collections.deque()
+    steps = iter(steps)
+    try:
+        for step in steps:
+            pending.append(pool.submit(read, step))
+            if len(pending) >= depth:
+                break
+        while pending:
+            batch = pending.popleft().result()
+            for step in steps:
+                pending.append(pool.submit(read, step))
+                break
+            yield batch
+            del batch  # the reused buffer is the caller's alone while it holds it
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)

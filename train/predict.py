@@ -1,26 +1,8 @@
-"""Inference on new photos: :func:`predict_images` turns photos into the dataset's stored form and names the classes.
-
-A model trained by ``shardprep train`` takes *stored* images: what the preprocess job wrote (decoded, EXIF-oriented,
-RGB, resized so the shorter side is the manifest's ``shorter_side``, centre-cropped when the manifest's ``crop`` is
-``center``). Feeding it a whole photo opened another way (another resize, or none) gives other pixels and worse
-predictions, so this module runs each photo through the job's own :func:`shardprep.preprocess.image_ops.process_image`
-with the manifest's options, and reads the class names from the manifest.
-
-The manifest must be the one of the dataset the model was trained on, or the answers are silently wrong (another
-dataset's class names, or photos resized to another size): :func:`check_dataset` refuses, naming what differs, a
-manifest whose number of classes is not the model's number of outputs, whose stored images are smaller than the
-model's crop (a training crop always fits its stored images), or whose ``mean_rgb``/``std_rgb`` are not the ones the
-model normalizes with (within :data:`NORMALIZATION_TOLERANCE`: the same dataset gives the same numbers).
-
-    from shardprep.train.predict import predict_images
-
-    for p in predict_images("run/model.keras", "shards", ["cat.jpg", "dog.png"], top_k=3):
-        print(p.source, p.display_name, f"{p.probability:.2f}", p.top)
-
-Every photo is answered in order; a photo that cannot be used (not an image, missing, a folder, a FIFO) raises by
-default, or with ``errors="report"`` becomes a :class:`PhotoFailure` in its place while the others are answered.
-Classes that are ImageNet WordNet IDs get readable names (``golf ball (n03445777)``,
-:mod:`shardprep.preprocess.wordnet_names`).
+"""Inference on new photos: :func:`predict_images` turns each photo into the dataset's stored form with the
+preprocess job's own :func:`~shardprep.preprocess.image_ops.process_image` and the manifest's options (other pixels
+would give worse predictions), runs the model and names the classes from the manifest (ImageNet WordNet IDs with
+readable names). The manifest must be the model's dataset: :func:`check_dataset` refuses, naming what differs,
+another number of classes, stored images smaller than the model's crop, or another ``mean_rgb``/``std_rgb``.
 """
 
 from __future__ import annotations
@@ -44,13 +26,8 @@ PHOTO_MAX_BYTES = 1 << 30  # a photo file larger than this is not read (no image
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """The model's answer for one image.
-
-    ``class_name``/``index``/``probability``: the most probable class (``index`` into the manifest's ``classes``,
-    ``probability`` the softmax of the logits). ``top``: the ``top_k`` most probable classes, best first, as
-    ``(class_name, index, probability)``. ``source``: the image's path, or ``"<bytes #i>"`` for the i-th image given
-    as bytes.
-    """
+    """The model's answer for one image (``source``: its path, or ``"<bytes #i>"``): the most probable class
+    and the ``top_k`` as ``(name, index, probability)``, best first."""
 
     source: str
     class_name: str
@@ -73,12 +50,7 @@ class PhotoFailure:
 
 
 def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
-    """The options the preprocess job used for this dataset, with raw encoding (pixels, not a JPEG round trip).
-
-    Built from the manifest the way the job builds them from its ``PreprocessConfig``
-    (``shardprep.pipelines.preprocess.process_options``): ``shorter_side``, ``crop``, the resize method that made
-    the dataset and, when the manifest's ``options`` record it, ``max_pixels``.
-    """
+    """The options the job used for this dataset, with raw encoding (pixels, not a JPEG round trip)."""
     max_pixels = (manifest.options or {}).get("max_pixels")
     return image_ops.ProcessOptions(
         shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
@@ -87,10 +59,8 @@ def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
 
 
 def _dataset_manifest(manifest, data: str) -> Manifest:
-    """``predict_images``'s ``manifest`` as a :class:`~shardprep.preprocess.dataset.Manifest`: itself, a document
-    (shape-checked), or loaded from a dataset folder (local or ``gs://``) or its ``manifest.json``. A ``ValueError``
-    naming ``data`` for one of the wrong shape; the loader's ``ManifestError`` (naming the file) otherwise. A
-    ``record_layout`` that does not fit is no problem here: prediction reads no records."""
+    """``manifest`` as a ``Manifest``: itself, a document, or loaded from a dataset folder or its ``manifest.json``
+    (a ``ValueError`` naming ``data`` for a wrong shape). Record layouts are not required: no record is read."""
     try:
         if isinstance(manifest, Manifest):
             return manifest
@@ -105,10 +75,7 @@ def _dataset_manifest(manifest, data: str) -> Manifest:
 
 
 def model_image_size(model) -> int | None:
-    """The crop the model was trained at: its :class:`~shardprep.train.augment.CropFlipNormalize` layer's
-    ``image_size`` (a training model, or a ``model.keras`` of an earlier version), else its
-    ``keras.layers.CenterCrop``'s smaller side (the inference model ``shardprep train`` saves), else a fixed input
-    size, else None."""
+    """The crop the model was trained at (its ``CropFlipNormalize``, ``CenterCrop`` or input), or None."""
     import keras
 
     for layer in getattr(model, "layers", ()):
@@ -124,13 +91,8 @@ def model_image_size(model) -> int | None:
 
 
 def stored_pixels(data: bytes, options: image_ops.ProcessOptions, min_side: int | None = None) -> np.ndarray:
-    """``data`` (any format the preprocess job reads) as the job stores it: ``uint8 [H, W, 3]``.
-
-    With ``min_side``, an image whose shorter side is still below it (a manifest whose ``shorter_side`` is smaller
-    than the model's train size) is resized up, with the job's own resize, so that its shorter side is ``min_side``
-    and the model's centre crop fits. Raises :class:`shardprep.preprocess.image_ops.RejectError` for an image the
-    job would reject.
-    """
+    """``data`` as the job stores it, ``uint8 [H, W, 3]`` (``RejectError`` for an image the job rejects); with
+    ``min_side``, a shorter side below it resized up with the job's own resize so the model's crop fits."""
     processed = image_ops.process_image(bytes(data), options)
     pixels = np.frombuffer(processed.encoded, np.uint8).reshape(processed.height, processed.width, 3)
     if min_side is not None and min(pixels.shape[:2]) < min_side:
@@ -140,9 +102,8 @@ def stored_pixels(data: bytes, options: image_ops.ProcessOptions, min_side: int 
 
 
 def model_normalization(model) -> tuple[list[float], list[float]] | None:
-    """(mean RGB, std RGB) on the 0-255 scale that the model normalizes its input with: its
-    ``keras.layers.Normalization`` (the inference model ``shardprep train`` saves), or its ``CropFlipNormalize``'s
-    (a training model); None for a model with neither."""
+    """(mean RGB, std RGB), 0-255 scale, of the model's ``Normalization`` (the saved inference model) or
+    ``CropFlipNormalize`` (a training model); None for neither."""
     import keras
 
     for layer in getattr(model, "layers", ()):
@@ -160,9 +121,8 @@ def _numbers(values) -> str:
 
 
 def check_dataset(model, manifest: Manifest, data: str) -> None:
-    """Raises ``ValueError`` naming what differs when ``manifest`` (of ``data``, as the message names it) cannot be
-    the dataset ``model`` was trained on: the number of classes, stored images smaller than the model's crop, or
-    another normalization (mean/std). A model without a normalization layer is checked for the first two only."""
+    """A ``ValueError`` naming what differs when ``manifest`` (of ``data``) cannot be ``model``'s dataset: the
+    number of classes, stored images smaller than the crop, another normalization (when the model has one)."""
     give = "give the dataset the model was trained on (the DATA shardprep train was given)"
     outputs = (getattr(model, "output_shape", None) or (None,))[-1]
     if outputs is not None and outputs != len(manifest.classes):
@@ -186,19 +146,18 @@ def check_dataset(model, manifest: Manifest, data: str) -> None:
             f"std RGB {_numbers(stored[1])}: {give}")
 
 
-def _read(image, position: int) -> tuple[str, bytes]:
-    """(source, the file's bytes); a local path only if it is a regular file (never a FIFO, which would block) of at
-    most PHOTO_MAX_BYTES. ``OSError`` for one that cannot be read."""
+def _read(image, position: int) -> bytes:
+    """The photo's bytes; a local path only if a regular file (never a FIFO) of at most PHOTO_MAX_BYTES."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return f"<bytes #{position}>", bytes(image)
+        return bytes(image)
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
         if "://" in path:
             import tensorflow as tf
 
             with tf.io.gfile.GFile(path, "rb") as f:
-                return path, f.read(PHOTO_MAX_BYTES + 1)
-        return path, untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
+                return f.read(PHOTO_MAX_BYTES + 1)
+        return untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
     raise TypeError(f"image #{position} is a {type(image).__name__}: give a path or the file's bytes")
 
 
@@ -225,31 +184,10 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
                    errors: str = "raise") -> list:
-    """Classifies photos with a model trained by ``shardprep train``; one :class:`Prediction` per image, in order.
-
-    Args:
-      model: a Keras model (uint8 images in, logits out, as ``shardprep train`` saves it) or the path of its
-        ``model.keras`` (loaded with :func:`shardprep.train.model.load_model`, which also reads older files).
-      manifest: the dataset the model was trained on: its folder (local or ``gs://``), its ``manifest.json``, or
-        the manifest :func:`~shardprep.preprocess.dataset.load_manifest` returned (or its document). Its options
-        say how to turn a photo into the stored form, and its ``classes`` name the predictions; it is checked
-        against the model first (:func:`check_dataset`).
-      images: paths (local or ``gs://``) or the files' bytes, in any format the preprocess job reads (JPEG, PNG with
-        or without alpha, GIF, BMP, WebP, TIFF; EXIF orientation applied).
-      top_k: how many classes each ``Prediction.top`` lists (at most the number of classes).
-      batch_size: images per call of the model.
-      errors: ``"raise"``: a photo that cannot be used is a ``ValueError`` naming it; ``"report"``: it becomes a
-        :class:`PhotoFailure` in its place, and every other photo is still answered.
-
-    Each photo goes through :func:`shardprep.preprocess.image_ops.process_image` with the manifest's options
-    (:func:`process_options`), exactly as the job stored the training images, so small photos are resized up to the
-    manifest's ``shorter_side`` like any other. The model then takes the central train-size crop and normalizes, as
-    in validation.
-
-    Raises ``ValueError`` for a manifest that is not the model's dataset (:func:`check_dataset`), and (``errors=
-    "raise"``) naming the image for a photo the job would reject (not an image, too many pixels) or that cannot be
-    read (missing, a folder, a FIFO).
-    """
+    """One :class:`Prediction` per photo, in order, from ``model`` (a Keras model or its ``model.keras``) trained on
+    ``manifest`` (its folder, ``manifest.json`` or the loaded manifest; checked: :func:`check_dataset`). ``images``:
+    paths or bytes, stored as the job stored the training images; ``top_k`` classes each. ``errors="raise"``: a
+    photo that cannot be used is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place."""
     from shardprep.train.model import load_model
 
     if errors not in ("raise", "report"):
@@ -288,14 +226,12 @@ def _load(load_model, path: str):
 
 
 def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
-    """(a list with a :class:`PhotoFailure` for each photo that cannot be used and None for the others,
-    {position: uint8 H x W x 3 array}); with ``errors="raise"`` the first failure is a ValueError instead."""
+    """``(failures or None per photo, {position: pixels})``; ``errors="raise"``: a ValueError instead."""
     results, arrays = [], {}
     for position, image in enumerate(images):
         source = _source(image, position)
         try:
-            _, data = _read(image, position)
-            arrays[position] = stored_pixels(data, options)
+            arrays[position] = stored_pixels(_read(image, position), options)
             results.append(None)
             continue
         except image_ops.RejectError as error:

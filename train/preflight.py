@@ -1,11 +1,6 @@
-"""Checks ``shardprep train`` makes before it imports TensorFlow or builds anything.
-
-:func:`check` loads the manifest once (:func:`shardprep.preprocess.dataset.load_manifest`: read as untrusted input,
-its shape checked, every raw centre-crop split laid out), finds the training and validation splits (names or roles:
-:func:`training_splits`) and checks that they hold examples, that every shard file of those splits is there with its manifest size, and that
-``--output-dir`` is (or can become) a folder the run may write (:mod:`shardprep.train.run_files`), with a checkpoint
-for ``--resume``, and returns the manifest for the run to use. Each failure is a :class:`PreflightError` whose message
-is one line: what is wrong, where, and what to do.
+"""Checks ``shardprep train`` makes before it imports TensorFlow: the manifest (loaded once, returned for the run),
+the splits, their shards, ``--image-size``, ``--batch-size``, ``--output-dir`` (:mod:`shardprep.train.run_files`)
+and the checkpoint for ``--resume``. Each failure is a one-line :class:`PreflightError`.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ def _is_url(path: str) -> bool:
 
 
 def _loaded_manifest(data_dir: str) -> Manifest:
-    """The manifest of ``data_dir``, every raw centre-crop split with records laid out; a :class:`PreflightError`
-    naming the file when it is missing, unreadable, of another version or of the wrong shape."""
+    """The manifest of ``data_dir``, layouts required; a :class:`PreflightError` naming the file otherwise."""
     try:
         return load_manifest(data_dir, layouts_required=True)
     except ManifestShapeError as e:
@@ -61,10 +55,9 @@ def _size(path: str) -> int | None:
 
 
 def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool, contents: bool) -> None:
-    """``--output-dir``: a real folder (or one that can be made) apart from DATA; with ``contents``, holding nothing
-    or, with ``--resume``/``--overwrite``, only what its run recorded (:mod:`shardprep.train.run_files`), and with
-    ``--resume`` a whole checkpoint (:func:`shardprep.train.checkpoint_state.locate`). Reads only."""
-    try:
+    """``--output-dir``: a real folder apart from DATA; with ``contents``, empty or only what its run recorded
+    (``--resume``/``--overwrite``), with ``--resume`` a whole checkpoint. Reads only."""
+    with _refusing("reading", shown=run_files.printable):
         if not contents:
             run_files.check_path(output_dir, data_dir)
             return
@@ -74,48 +67,40 @@ def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool,
             raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
                                  "and state.json): its run had --no-checkpoint or stopped before its first "
                                  "checkpoint; start again with --overwrite")
+
+
+@contextlib.contextmanager
+def _refusing(doing: str = "writing", prefix: str = "", shown=str):
+    """The block's refusals (``OutputError``, ``CheckpointError``) and failed file operations as one-line
+    :class:`PreflightError`s (``shown``: how the text is shown)."""
+    try:
+        yield
     except (run_files.OutputError, checkpoint_state.CheckpointError) as error:
-        raise PreflightError(run_files.printable(str(error))) from None
+        raise PreflightError(shown(str(error))) from None
     except OSError as error:
-        raise PreflightError(run_files.printable(run_files.describe_os_error(error, "reading"))) from None
+        raise PreflightError(shown(prefix + run_files.describe_os_error(error, doing))) from None
 
 
 def clear_run(output_dir: str) -> list[str]:
-    """Deletes the files the run recorded in ``output_dir`` lists (for ``--overwrite``), never a folder that holds
-    anything else, never through a link; returns the files deleted (relative paths).
-
-    Call :func:`check` with ``overwrite=True`` first: it refuses a folder holding anything else."""
-    try:
+    """``--overwrite``: deletes the files the run record lists (after :func:`check`); returns them (relative)."""
+    with _refusing("deleting", "--overwrite: "):
         return run_files.clear(output_dir)
-    except run_files.OutputError as error:
-        raise PreflightError(str(error)) from None
-    except OSError as error:
-        raise PreflightError(f"--overwrite: {run_files.describe_os_error(error, 'deleting')}") from None
 
 
 @contextlib.contextmanager
 def holding_output_dir(output_dir: str):
-    """Holds ``output_dir``'s lock for the block (``run_files.holding_lock``): a second run into the folder while
-    this one clears, claims and writes it is refused with a :class:`PreflightError`, touching nothing."""
+    """Holds ``output_dir``'s lock for the block: a second run into it is a :class:`PreflightError`."""
     held = contextlib.ExitStack()
-    try:
+    with _refusing(shown=run_files.printable):
         held.enter_context(run_files.holding_lock(output_dir))
-    except run_files.OutputError as error:
-        raise PreflightError(run_files.printable(str(error))) from None
-    except OSError as error:
-        raise PreflightError(run_files.printable(run_files.describe_os_error(error))) from None
     with held:
         yield
 
 
 def claim_output_dir(output_dir: str, resume: bool) -> None:
     """Makes ``output_dir`` and writes its run record (what the run may write there) before the run writes."""
-    try:
+    with _refusing():
         run_files.claim(output_dir, resume)
-    except run_files.OutputError as error:
-        raise PreflightError(str(error)) from None
-    except OSError as error:
-        raise PreflightError(run_files.describe_os_error(error)) from None
 
 
 def _check_image_size(manifest: Manifest, image_size: int, data_dir: str) -> None:
@@ -139,9 +124,7 @@ def splits_present(manifest: Manifest) -> str:
 
 
 def training_splits(manifest: Manifest, train_split: str, val_split: str | None, data_dir: str) -> TrainingSplits:
-    """The splits ``--train-split`` and ``--val-split`` mean, names or roles (:mod:`shardprep.train.split_roles`);
-    ``val_split`` None: the ``validation`` role (``validation``, ``valid``, ``val``, or a lone ``test``). A missing or
-    ambiguous one is a :class:`PreflightError` naming the flag and listing the splits."""
+    """The splits ``--train-split`` and ``--val-split`` mean, else a :class:`PreflightError`."""
     present = splits_present(manifest)
     try:
         train = resolve_split(manifest.splits, train_split, dataset=data_dir, listing=present)
@@ -160,16 +143,9 @@ def training_splits(manifest: Manifest, train_split: str, val_split: str | None,
 def check(data_dir: str, train_split: str, val_split: str | None, output_dir: str | None = None, *,
           image_size: int | None = None, batch_size: int | None = None, resume: bool = False,
           overwrite: bool = False) -> Manifest:
-    """Raises :class:`PreflightError` if training on ``data_dir`` cannot start; returns the manifest, loaded and
-    checked once here: pass it on (``shardprep.train.loop.train(..., manifest=)``).
-
-    ``train_split``, ``val_split``: names or roles (:func:`training_splits`; ``val_split`` None: the validation role).
-
-    With ``image_size``, refuses a crop larger than the stored images; with ``batch_size``, a training split smaller
-    than one batch (training batches are whole, so it would make none); with ``output_dir``, refuses a folder that
-    is a link, DATA or a dataset, and a non-empty one unless ``resume`` or ``overwrite`` finds the run record and
-    nothing it does not list (and, with ``resume``, a whole checkpoint).
-    """
+    """A :class:`PreflightError` if training on ``data_dir`` cannot start, else the manifest, loaded once here (pass
+    it to ``loop.train``): splits present and non-empty, shards of their sizes, ``image_size`` within the stored
+    images, a training split of at least ``batch_size``, and ``output_dir`` usable (:func:`_check_output`)."""
     manifest = _loaded_manifest(data_dir)
     if not manifest.classes:
         raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} lists no classes, so there is nothing to "

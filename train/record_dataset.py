@@ -1,32 +1,7 @@
-"""A prepared split as a map-style dataset of single records, and a seeded sampler in the reader's order, for the
-ecosystem's loaders: PyTorch's ``DataLoader`` and Grain take them without shardprep importing either.
-
-* :class:`RecordDataset`: ``len(records)`` records; ``records[i]`` is ``(uint8 [H, W, 3], int label)`` of global
-  record ``i`` (manifest shard order; ``crop: none`` images cut to their central square).
-* :class:`EpochSampler`: an iterable of record indices, ``set_epoch(e)`` picks the epoch; training: epoch ``e``'s
-  permutation of :mod:`shardprep.train.record_order` (this process's share), so that
-  ``DataLoader(records, batch_size=B, sampler=sampler, drop_last=True)`` yields the records of
-  :class:`~shardprep.train.numpy_reader.NumpyReader`'s batches, batch for batch; evaluation: this process's slice
-  of the records in order.
-
-PyTorch::
-
-    records = RecordDataset("data", "train")
-    sampler = EpochSampler(records, training=True, seed=0, num_shards=world_size, index=rank)
-    loader = torch.utils.data.DataLoader(records, batch_size=256, sampler=sampler, drop_last=True, num_workers=8)
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for images, labels in loader: ...
-
-Grain: ``grain.MapDataset.source(records)`` takes the dataset as it is (``__len__``, ``__getitem__``);
-``.shuffle(seed=...)`` there draws Grain's own order, so for the reader's order index the source with the sampler's
-indices instead, e.g. ``grain.MapDataset.source(list(sampler)).map(records.__getitem__)``.
-
-Host crops for loops with no augmentation on the accelerator: ``RecordDataset(..., crop_size=224)`` cuts each
-record's central window, and with ``EpochSampler(..., crops=True)`` (training) a random window, mirrored for half
-of them, the one ``NumpyReader(..., crop_size=224)`` cuts for the same seed (:mod:`shardprep.train.host_crop`).
-Random ``crop: none`` squares are not made here (a record alone has no epoch): read with ``NumpyReader`` for those.
-No TensorFlow.
+"""A split as a map-style dataset of records (:class:`RecordDataset`) and a seeded sampler in the readers' order
+(:class:`EpochSampler`) for PyTorch's ``DataLoader`` and Grain: ``DataLoader(records, batch_size=B, sampler=sampler,
+drop_last=True)`` yields ``NumpyReader``'s batches. ``crop_size=`` with ``EpochSampler(crops=True)`` cuts
+``NumpyReader(crop_size=)``'s windows; random ``crop: none`` squares are ``NumpyReader``'s only. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -35,30 +10,20 @@ import os
 
 import numpy as np
 
-from shardprep.preprocess.dataset import load_manifest, typed
 from shardprep.train.batch_sources import ExampleSource, FixedLayoutSource, batch_source
-from shardprep.train.numpy_reader import check_local
+from shardprep.train.numpy_reader import open_local
 from shardprep.train import host_crop
 from shardprep.train.record_order import RecordOrder, bool_argument, integer_argument
-from shardprep.train.split_roles import reading
 
 
 class RecordDataset:
-    """The records of one split of a local prepared dataset, by global index.
-
-    Args:
-      data_dir: the local dataset folder; split: its split, or a role (``"validation"`` finds ``val``:
-        :mod:`shardprep.train.split_roles`); manifest: the manifest
-        :func:`~shardprep.preprocess.dataset.load_manifest` returned, if you have it.
-      crop_size: cut each image to a ``crop_size`` square: the window a ``CropAt`` item names (what
-        ``EpochSampler(..., crops=True)`` hands out), else the central one. ``None``: the stored images.
-    """
+    """The records of one split (a name or a role) of a local dataset by global index: ``(uint8 [H, W, 3], label)``;
+    ``crop_size``: each image cut to that square, the window a ``CropAt`` item names, else the central one."""
 
     def __init__(self, data_dir, split: str, *, manifest=None, crop_size: int | None = None):
         data_dir = os.fspath(data_dir)
-        check_local(data_dir)
-        self.manifest = typed(manifest) if manifest is not None else load_manifest(data_dir)
-        self.data_dir, self.split = data_dir, reading(self.manifest.splits, split, data_dir)
+        self.manifest, self.split = open_local(data_dir, split, manifest)
+        self.data_dir = data_dir
         self.counts = [shard.num_examples for shard in self.manifest.split(self.split).shards]
         self.num_records = sum(self.counts)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
@@ -91,15 +56,8 @@ class RecordDataset:
 
 
 class EpochSampler:
-    """Record indices of one epoch in the reader's order (training) or this process's slice in order (evaluation).
-
-    Args:
-      records: a :class:`RecordDataset` (or anything with ``counts``: records per shard).
-      training, seed, num_shards, index: as :class:`~shardprep.train.numpy_reader.NumpyReader`'s; ``seed=None``
-        draws one for this sampler.
-      crops: (training) hand out ``host_crop.CropAt`` items, each a record and its random window, for a
-        ``RecordDataset`` made with ``crop_size``.
-    """
+    """Record indices of one epoch in the readers' order (training) or this process's slice; ``crops``
+    (training): ``CropAt`` items, each a record and its random window, for a ``RecordDataset`` with ``crop_size``."""
 
     def __init__(self, records, training: bool = True, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0, crops: bool = False):

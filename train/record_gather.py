@@ -1,20 +1,7 @@
-"""Batches gathered from fixed-layout shards by random access: each image goes from the file into its batch slot.
-
-The fixed record layout (:class:`shardprep.preprocess.fixed_layout.FixedLayout`) puts record ``r`` of a shard at byte
-``image_offset + r * record_bytes``, its pixels first and its label's varint ``label_offset - image_offset`` bytes
-further on. So a batch of records is gathered with one ``preadv`` per image, whose first buffer is the image's slot
-in the batch and whose second receives the label's bytes: the kernel's copy out of the page cache is the only copy
-of the pixels. Reading the same shards as a stream (``FixedLengthRecordDataset`` + ``decode_raw``) copies every
-image three more times (read buffer -> record string -> element -> batch); BENCHMARKS.md has the figures.
-
-The batch buffers are reused. A fresh 50 MB batch comes from ``mmap``, and the kernel faults in and zeroes every one
-of its pages, which cost about as much as reading the pixels. :class:`ReusedBuffers` hands out a buffer again only
-once nothing references it any more: TensorFlow borrows a NumPy array returned by ``tf.numpy_function`` (no copy),
-and keeps a reference to it until the last tensor using its memory is gone (released a little later still, the next
-time TensorFlow's Python bindings hold the GIL: never early).
-
-This module is plain NumPy and ``os``; :mod:`shardprep.train.reader` wraps :class:`FixedLayoutGather` in a
-``tf.numpy_function`` for local shards (``gs://`` and other URLs are read as a stream).
+"""Fixed-layout shards gathered by random access: one ``preadv`` per record, the pixels straight into their batch
+slot, the kernel's copy the only one (BENCHMARKS.md). Batch buffers are reused (:class:`ReusedBuffers`: a fresh
+``mmap`` costs as much in page faults as the read); :class:`VerifiedGather` checks both CRCs over the pieces read.
+Plain NumPy and ``os``; the TF reader wraps these in ``tf.numpy_function``.
 """
 
 from __future__ import annotations
@@ -23,13 +10,15 @@ import atexit
 import contextlib
 import gc
 import os
+import struct
 import sys
 import threading
 import time
 
+import google_crc32c
 import numpy as np
 
-from shardprep.preprocess import record_format
+from shardprep.preprocess import record_format, tfrecord_io
 from shardprep.preprocess.fixed_layout import FixedLayout
 
 # Record ids carry the shard's index in the high bits and the record's index in the shard in the low bits.
@@ -38,6 +27,7 @@ RECORD_INDEX_BITS = 32
 ALIGNMENT = 64
 # A protobuf varint is at most 10 bytes.
 MAX_VARINT_BYTES = 10
+_HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
 # ``preadv`` is POSIX (Linux, the BSDs); elsewhere the reader streams.
 AVAILABLE = hasattr(os, "preadv")
 
@@ -49,12 +39,8 @@ def record_ids(shard_index, num_records):
 
 
 class ReusedBuffers:
-    """Aligned uint8 buffers of one size, each handed out again once nothing references it.
-
-    A buffer is free when the only references to its memory are this pool's: every view of a NumPy array (the
-    aligned slice, the batch reshaped from it, an array TensorFlow wraps) holds a reference to the array that owns
-    the memory, so the owner's reference count says whether anything still uses it.
-    """
+    """Aligned uint8 buffers, each handed out again once nothing references it: every view (the batch, an array
+    TensorFlow borrows) holds a reference to the owning array, so its reference count says whether it is in use."""
 
     def __init__(self, max_buffers: int = 32):
         self.max_buffers = max_buffers
@@ -89,10 +75,7 @@ class _Calls:
     """Counts gathers in progress, so that the interpreter can wait for them before it shuts down (see ``_settle``)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.running = 0
-        self.last_end = 0.0
-        self.exiting = False
+        self.lock, self.running, self.last_end, self.exiting = threading.Lock(), 0, 0.0, False
 
     def start(self) -> bool:
         """True if a gather may run; False once the interpreter is shutting down."""
@@ -113,12 +96,9 @@ class _Calls:
 
 
 _CALLS = _Calls()
-# tf.data runs the gathers on its own threads through tf.numpy_function. An iterator still alive when the interpreter
-# shuts down is destroyed after Python stops letting threads in, so a gather in progress then could never finish and
-# the process would hang (the same holds for any tf.py_function or from_generator pipeline). Before that point, at
-# exit: collect unreachable iterators while Python still runs, make new gathers return empty batches at once, and
-# wait until the pipeline's buffers are full and no gather has run for a moment. The hook is registered when the
-# first gather is made, so that importing this module changes nothing in the process.
+# tf.data runs gathers on its own threads (tf.numpy_function); an iterator alive at interpreter shutdown would hang
+# the process on a gather that can never finish. At exit (hook registered on first use, not on import): collect
+# unreachable iterators, make new gathers return empty batches, and wait until no gather has run for a moment.
 SETTLE_SECONDS = 0.05
 SETTLE_TIMEOUT_SECONDS = 5.0
 _exit_hook_lock = threading.Lock()
@@ -159,17 +139,8 @@ def _settle():
 
 
 class FixedLayoutGather:
-    """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` read from fixed-layout shard files.
-
-    Args:
-      paths: local paths of the shard files; an id's shard index (:func:`record_ids`) indexes this list.
-      layout: the split's fixed record layout (and stored image size).
-      buffers: where batch buffers come from (shared by every call, from any thread).
-      snapshot: a :class:`~shardprep.train.record_identity.DatasetSnapshot` of ``paths``: every shard a batch
-        reads is checked to be the file it was (else ``DatasetChangedError``).
-
-    Making one registers the exit hook (``_settle``) that lets a process exit while gathers run.
-    """
+    """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` from fixed-layout shards ``paths`` (ids:
+    :func:`record_ids`), each checked against ``snapshot``. Making one registers the exit hook."""
 
     def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
@@ -182,16 +153,12 @@ class FixedLayoutGather:
         # Each read's second buffer: the bytes from the pixels' end to the label's last possible byte.
         self.tail_bytes = layout.label_offset - self.image_offset - self.image_bytes + MAX_VARINT_BYTES
         self.buffers = buffers if buffers is not None else ReusedBuffers()
-        _register_exit_hook()
+        # At exit, an empty batch lets the pipeline's buffers fill up quietly.
+        self._call = guarded(lambda ids: self._gather(np.asarray(ids, np.int64)),
+                             lambda ids: (np.zeros((0,) + self.image_shape, np.uint8), np.zeros(0, np.int32)))
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not _CALLS.start():
-            # Nobody reads batches any more; an empty one lets the pipeline's buffers fill up quietly.
-            return np.zeros((0,) + self.image_shape, np.uint8), np.zeros(0, np.int32)
-        try:
-            return self._gather(np.asarray(ids, np.int64))
-        finally:
-            _CALLS.end()
+        return self._call(ids)
 
     def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         count = len(ids)
@@ -220,9 +187,7 @@ OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC
 
 @contextlib.contextmanager
 def open_shards(paths, shards: np.ndarray, snapshot=None):
-    """``{shard: read-only descriptor}`` for the shard files a batch reads (``shards`` index ``paths``), each opened
-    once and closed on leaving, also when a read fails. With a ``snapshot``
-    (:class:`~shardprep.train.record_identity.DatasetSnapshot`), each is first checked to be the file it was."""
+    """``{shard: read-only descriptor}`` for a batch's shards, checked against ``snapshot``; closed on exit."""
     descriptors = {}
     try:
         for shard in np.unique(shards).tolist():
@@ -257,3 +222,55 @@ def check_shard_sizes(paths, counts, layout: FixedLayout) -> None:
     if wrong:
         raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
                          + "; ".join(wrong))
+
+
+class VerifiedGather(FixedLayoutGather):
+    """:class:`FixedLayoutGather` checking each record's length and data CRC (``OSError`` naming shard, record and
+    byte). One ``preadv`` reads the bytes before the pixels, the pixels into the batch slot and the rest; the CRC is
+    extended over the three pieces in place. ``counts``: records per shard (a shard's last record is
+    ``image_offset`` bytes longer)."""
+
+    def __init__(self, paths, counts, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
+        super().__init__(paths, layout, buffers, snapshot)
+        self.counts = [int(count) for count in counts]
+        self.label_at = layout.label_offset - self.image_offset - self.image_bytes  # in the piece after the pixels
+        self.after_bytes = self.record_bytes - self.image_offset - self.image_bytes  # a shard's last: + image_offset
+
+    def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        count = len(ids)
+        images = self.buffers.take(count * self.image_bytes)
+        before = np.empty(self.image_offset, np.uint8)
+        after = np.empty(self.after_bytes + self.image_offset, np.uint8)
+        label_rows = np.empty((count, MAX_VARINT_BYTES), np.uint8)
+        shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
+        with open_shards(self.paths, shards, self.snapshot) as descriptors:
+            for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
+                slot = images[j * self.image_bytes:(j + 1) * self.image_bytes]
+                tail = after[:self.after_bytes + (self.image_offset if record == self.counts[shard] - 1 else 0)]
+                self._read_checked(descriptors[shard], shard, record, before, slot, tail)
+                label_rows[j] = tail[self.label_at:self.label_at + MAX_VARINT_BYTES]
+        labels = decode_varints(label_rows)
+        return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
+
+    def _read_checked(self, fd: int, shard: int, record: int, before: np.ndarray, slot: np.ndarray,
+                      tail: np.ndarray) -> None:
+        offset = record * self.record_bytes
+        wanted = len(before) + len(slot) + len(tail)
+        got = os.preadv(fd, [before, slot, tail], offset)
+        problem = None
+        if got != wanted:
+            problem = f"ends {wanted - got} bytes early: the shard is shorter than its manifest says"
+        else:
+            length_bytes = before[:8].tobytes()
+            (length,) = struct.unpack("<Q", length_bytes)
+            (length_crc,) = struct.unpack("<I", before[8:_HEADER].tobytes())
+            (data_crc,) = struct.unpack("<I", tail[-_FOOTER:].tobytes())
+            crc = google_crc32c.extend(google_crc32c.value(before[_HEADER:].tobytes()), slot)
+            crc = google_crc32c.extend(crc, tail[:-_FOOTER])
+            if tfrecord_io.masked_crc32c(length_bytes) != length_crc or length != wanted - _HEADER - _FOOTER:
+                problem = "has a wrong length or length checksum"
+            elif tfrecord_io.mask_crc(crc) != data_crc:
+                problem = "data checksum mismatch"
+        if problem:
+            raise OSError(f"{self.paths[shard]}: record {record} (byte {offset}) {problem} "
+                          "(run `shardprep validate` on the dataset)")

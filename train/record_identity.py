@@ -1,18 +1,8 @@
-"""What a reader saw when it opened a dataset, so that it notices the dataset changing under it.
-
-A reader keeps file paths and reads them for hours; ``shardprep preprocess --overwrite`` (or anything else) may
-rebuild the dataset meanwhile, and the old offsets read from the new files give garbage with no error: labels like
-``-2055989213``, or images of another dataset. :class:`DatasetSnapshot` records, when a reader opens a split, the
-identity (device, inode, size, modification time) of ``manifest.json`` and of each of the split's shards, and checks
-them again:
-
-* every shard a batch reads, on the descriptor the batch reads it through (one ``fstat``: the gathers open a
-  batch's shards anyway), so a replaced or rewritten shard is never read;
-* the manifest and every shard at each epoch boundary (:meth:`DatasetSnapshot.check`), so a rebuild is noticed
-  before an epoch starts even when no shard read has met it yet.
-
-:func:`check_labels` refuses labels outside the manifest's classes, whatever the cause. Both raise
-:class:`DatasetChangedError`, a ``ValueError`` naming the file. Plain ``os``; no TensorFlow.
+"""What a reader saw when it opened a dataset, so that it notices the dataset changing under it (a rebuild would
+otherwise give garbage labels or another dataset's images, with no error). :class:`DatasetSnapshot` keeps the
+identity (device, inode, size, mtime) of ``manifest.json`` and each shard, checked on every descriptor a batch reads
+and in full at each epoch boundary; :func:`check_labels` refuses labels outside the classes. Both raise
+:class:`DatasetChangedError`, a ``ValueError`` naming the file. Plain ``os``.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ class DatasetChangedError(ValueError):
 
 
 class FileIdentity(NamedTuple):
-    """Which file a path named, and its state: replaced files differ in (device, inode), rewritten ones in size or
-    modification time."""
+    """Which file a path named (device, inode) and its state (size, modification time)."""
 
     device: int
     inode: int
@@ -61,9 +50,7 @@ def _identity(path: str) -> FileIdentity | None:
 
 
 class DatasetSnapshot:
-    """The identities of a dataset's ``manifest.json`` and of one split's shard files (local paths, in manifest
-    order), taken when a reader opens it. ``sizes``: the manifest's ``num_bytes`` of each shard; a shard of another
-    size is a ``ValueError`` now (the dataset is damaged, or being rebuilt)."""
+    """Identities of ``manifest.json`` and a split's shards; ``ValueError`` for a size unlike ``sizes``."""
 
     def __init__(self, data_dir: str, paths, sizes):
         self.data_dir = data_dir
@@ -88,8 +75,7 @@ class DatasetSnapshot:
             f"`shardprep validate {self.data_dir}` if nothing was meant to rebuild it")
 
     def check_descriptor(self, shard: int, descriptor: int) -> None:
-        """Raises :class:`DatasetChangedError` if ``descriptor`` (opened on shard ``shard``'s path) is not the file
-        the snapshot saw, as it was."""
+        """:class:`DatasetChangedError` if ``descriptor``, opened on shard ``shard``, is not the file as it was."""
         now = FileIdentity.of(os.fstat(descriptor))
         if now != self.shards[shard]:
             raise self.changed(self.paths[shard], self.shards[shard], now)
@@ -117,8 +103,7 @@ class DatasetSnapshot:
 
 def check_labels(labels: np.ndarray, num_classes: int, ids: np.ndarray, starts: np.ndarray, paths,
                  data_dir: str) -> None:
-    """Raises :class:`DatasetChangedError` naming the shard and record of the first label outside
-    ``0..num_classes-1`` (``ids``: the batch's global record indices; ``starts``: each shard's first)."""
+    """:class:`DatasetChangedError` naming the shard and record of the first label outside ``0..num_classes-1``."""
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if not len(bad):
         return

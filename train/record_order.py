@@ -1,25 +1,14 @@
-"""The one record order of every random-access read, defined in NumPy: which records make batch ``step``.
-
-The records of a split are numbered ``0..N-1`` in manifest shard order (the *global index*; :meth:`RecordOrder.
-locate` maps it to ``(shard, record in shard)``). Training: epoch ``e`` is a full permutation of ``0..N-1`` drawn
-from ``np.random.Generator(PCG64(SeedSequence([seed, e])))``, a true global shuffle; process ``index`` of
-``num_shards`` takes ``perm[index::num_shards]`` cut to ``N // num_shards`` records, in batches of ``batch_size``
-(the remainder dropped), so every process has ``steps_per_epoch`` batches. Global step ``s`` is batch
-``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``: its records follow from (seed, epoch, batch) alone, so a
-reader starts at any step in O(1) (one permutation drawn; nothing read or discarded). Evaluation: one pass in global
-order; process ``index`` reads a contiguous near-equal slice, cut into the same number of batches as every other
-process.
-
-``crop: none`` training crops are random too: :meth:`RecordOrder.crop_draws` gives two int64 draws per record from a
-second stream of the same (seed, epoch), so the tf.data reader and the NumPy reader cut the same squares.
-
-No TensorFlow: :mod:`shardprep.train.reader` and :mod:`shardprep.train.numpy_reader` both use this module.
+"""The one record order of every random-access read, in NumPy: which records make batch ``step``. Training: epoch
+``e`` is a permutation of ``0..N-1`` (manifest shard order) drawn from ``PCG64(SeedSequence([seed, e, 0]))``,
+process ``index`` of ``num_shards`` taking ``perm[index::num_shards]`` in full batches, so any step follows from
+(seed, epoch, batch) in O(1). Evaluation: one pass, each process a contiguous near-equal slice in as many batches.
+``crop: none`` squares draw from a second stream, so TensorFlow and NumPy readers cut the same.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import numbers
 import secrets
 import threading
@@ -29,14 +18,12 @@ import numpy as np
 # Crop draws are in [0, CROP_DRAW_LIMIT): an offset is draw % (spare + 1), exact in int64 on NumPy and TensorFlow.
 CROP_DRAW_LIMIT = 1 << 31
 _PERMUTATION_STREAM, _CROP_STREAM = 0, 1
-_CACHED_EPOCHS = 2  # parallel readers straddle an epoch boundary
+_CACHED_EPOCHS = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class ReaderState:
-    """A reader's position: ``step`` global batches already read (``epoch`` = ``step // steps_per_epoch``).
-
-    Pass ``state.step`` as ``start_step`` to resume exactly there."""
+    """A reader's position: ``step`` global batches already read (pass it as ``start_step`` to resume there)."""
 
     step: int
     epoch: int
@@ -44,19 +31,10 @@ class ReaderState:
 
 
 class RecordOrder:
-    """The batches of one split, for one process, as global record indices.
-
-    Args:
-      counts: records per shard file, in manifest order.
-      batch_size: records per batch (per process).
-      training: ``True``: an endless sequence of reshuffled epochs; ``False``: one pass in order.
-      seed: the training order's seed; ``None`` draws one (once for this object) so that epochs still differ.
-      num_shards, index: this process's share of the records (multi-host reads).
-
-    Raises ``TypeError`` for an argument that is not an integer (``batch_size=2.5``), ``ValueError`` for
-    ``batch_size < 1``, a negative seed, ``index`` outside ``[0, num_shards)``, more shards than records,
-    or (training) fewer records per shard than one batch.
-    """
+    """The batches of one split for one process, as global record indices: ``counts`` records per shard file,
+    ``batch_size`` per batch, endless reshuffled epochs (``training``) or one pass; ``seed=None`` draws one;
+    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for arguments of the wrong type or
+    range, more shards than records, or (training) a share smaller than one batch."""
 
     def __init__(self, counts, batch_size: int, training: bool, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0):
@@ -69,8 +47,12 @@ class RecordOrder:
         self.batch_size, self.training = int(batch_size), bool(training)
         self.num_shards, self.index = int(num_shards), int(index)
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
-        self._epochs: collections.OrderedDict = collections.OrderedDict()
+        # The last epochs' permutations and crop draws (parallel readers straddle an epoch boundary), one at a time.
         self._lock = threading.Lock()
+        self._permutation = functools.lru_cache(_CACHED_EPOCHS)(
+            lambda epoch: epoch_permutation(self.seed, epoch, self.num_records))
+        self._crop_draws = functools.lru_cache(_CACHED_EPOCHS)(
+            lambda epoch: epoch_crop_draws(self.seed, epoch, self.num_records))
         if training:
             self.records_per_shard = self.num_records // self.num_shards
             self.steps_per_epoch = self.records_per_shard // self.batch_size
@@ -103,8 +85,7 @@ class RecordOrder:
         return self.epoch_ids(epoch)[first:first + self.batch_size * self.num_shards:self.num_shards]
 
     def epoch_share(self, epoch: int = 0) -> np.ndarray:
-        """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice of the pass);
-        training batches are its consecutive runs of ``batch_size`` (what :class:`EpochSampler` hands out)."""
+        """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice)."""
         if not self.training:
             return np.arange(self._eval_first, int(self._eval_ends[-1]) if len(self._eval_ends) else 0,
                              dtype=np.int64)
@@ -118,35 +99,22 @@ class RecordOrder:
 
     def epoch_ids(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s permutation of every global index (all shards), cached for the last two epochs."""
-        return self._epoch(epoch)[0]
+        with self._lock:
+            return self._permutation(int(epoch))
 
     def crop_draws(self, step) -> np.ndarray:
-        """int64 ``[B, 2]`` draws in ``[0, 2**31)`` for batch ``step``'s random crops: top ``= d[0] % (spare_h + 1)``,
-        left ``= d[1] % (spare_w + 1)``; zeros in evaluation (central crops are computed from the image size)."""
+        """int64 ``[B, 2]`` crop draws of batch ``step``: top, left ``= d % (spare + 1)``; zeros in evaluation."""
         if not self.training:
             return np.zeros((len(self.batch_ids(step)), 2), np.int64)
-        epoch = int(step) // self.steps_per_epoch
-        return self._epoch(epoch, crops=True)[1][self.positions(step)]
+        with self._lock:
+            draws = self._crop_draws(int(step) // self.steps_per_epoch)
+        return draws[self.positions(step)]
 
     def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, record in shard)`` int64 arrays of global indices ``ids``."""
         ids = np.asarray(ids, np.int64)
         shards = np.searchsorted(self.starts, ids, side="right") - 1
         return shards, ids - self.starts[shards]
-
-    def _epoch(self, epoch: int, crops: bool = False):
-        with self._lock:
-            cached = self._epochs.get(epoch)
-            if cached is None or (crops and cached[1] is None):
-                permutation = cached[0] if cached is not None else epoch_permutation(self.seed, epoch,
-                                                                                      self.num_records)
-                draws = epoch_crop_draws(self.seed, epoch, self.num_records) if crops else None
-                cached = (permutation, draws)
-                self._epochs[epoch] = cached
-                while len(self._epochs) > _CACHED_EPOCHS:
-                    self._epochs.popitem(last=False)
-            self._epochs.move_to_end(epoch)
-            return cached
 
 
 def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
@@ -164,9 +132,8 @@ def _generator(seed: int, epoch: int, stream: int) -> np.random.Generator:
 
 
 def integer_argument(name: str, value, *, minimum: int | None = None, optional: bool = False) -> int | None:
-    """``value`` as an int: an integer (NumPy's too, not a bool: ``2.5`` or ``"4"`` would be truncated or parsed,
-    ``True`` is no count) of at least ``minimum``, or None when ``optional``. ``TypeError`` or ``ValueError``,
-    naming the argument, otherwise."""
+    """``value`` as an int: an integer (NumPy's too; not a bool, float or str) of at least ``minimum``, or None when
+    ``optional``; else ``TypeError``/``ValueError`` naming the argument."""
     if value is None and optional:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -204,12 +171,9 @@ def _check(num_records: int, batch_size: int, num_shards: int, index: int, train
 
 
 def _eval_share(num_records: int, batch_size: int, num_shards: int, index: int) -> tuple[int, np.ndarray]:
-    """(first global index, batch sizes) of process ``index``'s evaluation slice.
-
-    Contiguous near-equal slices (the first ``N % S`` one record longer), each cut into the same number of batches
-    ``K = ceil(ceil(N / S) / B)``, full batches first. With ``batch_size`` 1 and ``N % S != 0`` a shorter slice ends
-    with one empty batch: the only way every process gets ``K`` batches of at most one record.
-    """
+    """(first global index, batch sizes) of process ``index``'s evaluation slice: contiguous near-equal slices
+    (the first ``N % S`` one longer), each in ``ceil(ceil(N / S) / B)`` batches, full ones first (with ``B`` 1 a
+    shorter slice ends with an empty batch: the only way every process gets as many)."""
     base, extra = divmod(num_records, num_shards)
     first = index * base + min(index, extra)
     remaining = base + (1 if index < extra else 0)

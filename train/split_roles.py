@@ -1,12 +1,7 @@
-"""Splits by role: ``train``, ``validation`` and ``test`` find the split that plays that role in a dataset, the one
-rule every reader (``make_dataset``, ``NumpyReader``, ``RecordDataset``) and ``shardprep train`` follow.
-
-A split's own name always wins. Otherwise a role is the one split named like it (:data:`ROLES`, any case: an
-imagenette2 ``.tgz`` makes a ``val`` split); for ``validation`` with no such split, a ``test`` split when it is the
-only one besides the training split. Two candidates, or none, is a :class:`SplitRoleError` (a
-``KeyError``, as a missing split always was) listing the splits. A reader that picked another split than the name
-it was given says so once per process: one line through :mod:`logging` (logger ``shardprep.train.split_roles``,
-level WARNING, so a plain session shows it on stderr and ``logging`` settings can silence it). No TensorFlow.
+"""Splits by role, the one rule of every reader and ``shardprep train``: a split's own name wins; else ``train``,
+``validation``, ``test`` find the one split named like the role (:data:`ROLES`, any case), and ``validation`` a lone
+``test`` besides the training split. None or two is a :class:`SplitRoleError` (a ``KeyError``) listing the splits.
+A reader reading another split than the name given says so once per process (a ``logging`` WARNING).
 """
 
 from __future__ import annotations
@@ -41,11 +36,8 @@ def _named_like(splits: list[str], role: str) -> list[str]:
 
 def resolve_split(splits: Iterable[str], asked: str, *, train_split: str | None = None,
                   dataset: str = "the dataset", listing: str | None = None) -> ResolvedSplit:
-    """The split of ``splits`` that ``asked`` (a split's name, or a role of :data:`ROLES`) means.
-
-    ``train_split``: the split trained on (default: the one the ``train`` role finds, if any), which the
-    ``validation`` role never picks as the only split besides it. ``dataset`` names the dataset in errors, which end
-    with ``(splits: <listing>)`` (default: the names)."""
+    """The split of ``splits`` that ``asked`` (a name, or a role of :data:`ROLES`) means. ``train_split`` (default:
+    the ``train`` role's) is never validation's lone other split; errors name ``dataset`` and list ``listing``."""
     splits = list(splits)
     listed = f"(splits: {listing or ', '.join(splits) or 'none'})"
     if asked in splits:
@@ -71,8 +63,7 @@ def resolve_split(splits: Iterable[str], asked: str, *, train_split: str | None 
 
 
 def _only_held_out(splits: list[str], train_split: str | None, listed: str, missing: str) -> ResolvedSplit:
-    """The validation role played by a test split, the only split besides the training split; ``missing`` completes the
-    error's "'validation' is not a split of ..."."""
+    """The validation role played by a test split, the only one besides the training split."""
     if train_split is None:
         training = _named_like(splits, "train")
         train_split = training[0] if len(training) == 1 else None
@@ -85,8 +76,7 @@ def _only_held_out(splits: list[str], train_split: str | None, listed: str, miss
 
 
 def reading(splits: Iterable[str], asked: str, dataset: str) -> str:
-    """The split a reader of ``dataset`` reads for ``asked`` (:func:`resolve_split`); when that is another split
-    than the name given, one line says which and why, once per process."""
+    """The split a reader reads for ``asked``; another than the name given is said once per process."""
     resolved = resolve_split(splits, asked, dataset=dataset)
     if resolved.name != asked:
         note = f"shardprep: reading split {resolved.name!r} for {asked!r} of {dataset}: {resolved.reason}"

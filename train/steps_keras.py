@@ -1,29 +1,21 @@
-"""The training and evaluation steps on the JAX and PyTorch backends: Keras's own compiled steps, one batch at a time.
-
-:class:`KerasSteps` is the JAX/PyTorch counterpart of :class:`shardprep.train.steps_tf.TFSteps`, driven by the same
-loop (:mod:`shardprep.train.loop`). It uses the backend-neutral Keras API: ``model.compile(loss=...,
-weighted_metrics=...)`` then ``model.train_on_batch`` / ``test_on_batch``. That is the simplest code that keeps
-every feature on both backends: Keras compiles the step (``jax.jit``; ``torch.compile`` with ``--jit-compile``),
-applies loss scaling under ``mixed_float16`` and adds the model's weight decay (``model.losses``), and shards the
-batch over devices under a ``keras.distribution``. Its cost: ``train_on_batch`` returns the batch's metrics, so the
-host waits for each step before taking the next batch (the NumPy reader keeps reading ahead meanwhile, so the timed
-``next()`` still measures input wait only).
-
-Input comes from :class:`shardprep.train.numpy_reader.NumpyReader` (NumPy batches, no TensorFlow), in the same
-seeded order as the TensorFlow reader. Devices: JAX uses every device it sees (``keras.distribution.DataParallel``
-when there are several; one otherwise); PyTorch uses one device (the GPU when there is one).
+"""The steps on JAX and PyTorch (:class:`KerasSteps`, :class:`~shardprep.train.steps_tf.TFSteps`' interface):
+``model.compile`` then ``train_on_batch``/``test_on_batch``, so Keras compiles the step (``jax.jit``;
+``torch.compile`` with ``--jit-compile``), scales the loss under ``mixed_float16``, adds weight decay and shards
+over a ``keras.distribution``. The host waits for each step's metrics, while ``NumpyReader`` (the same seeded order
+as the TensorFlow reader) keeps reading ahead. JAX uses every local device (``DataParallel``), PyTorch one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import keras
 import numpy as np
 
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train.config import TrainConfig
-from shardprep.train.losses import SmoothedCrossentropy, SmoothedCrossentropyMean
+from shardprep.train.model import SmoothedCrossentropy, SmoothedCrossentropyMean
 
 
 def _capability_precision(capability: tuple[int, int]) -> str:
@@ -31,8 +23,7 @@ def _capability_precision(capability: tuple[int, int]) -> str:
 
 
 def _jax_devices():
-    """This process's devices; several JAX processes (multi-host) would each need their share of the input, which
-    the loop does not give them yet, so they are refused rather than trained on the same batches."""
+    """This process's devices; several JAX processes (multi-host) are refused: the loop gives them no input shares."""
     import jax
 
     if jax.process_count() > 1:
@@ -43,8 +34,7 @@ def _jax_devices():
 
 
 def resolve_precision(precision: str, backend: str) -> str:
-    """``auto``: bfloat16 on GPUs of compute capability 8.0+ (and TPUs), float16 on older GPUs, float32 on CPU; found
-    with ``jax.devices()`` or ``torch.cuda``, without TensorFlow."""
+    """``auto``: bfloat16 on GPUs of compute capability 8.0+ and TPUs, float16 on older GPUs, float32 on CPU."""
     if precision != "auto":
         return precision
     if backend == "jax":
@@ -62,25 +52,17 @@ def resolve_precision(precision: str, backend: str) -> str:
     return _capability_precision(torch.cuda.get_device_capability(0))
 
 
+@dataclasses.dataclass
 class _Sums:
-    """Example-weighted sums of per-batch metrics (``train_on_batch`` reports each batch's own)."""
+    """Example-weighted sums of per-batch metrics (``train_on_batch`` reports each batch's own); JSON as it is."""
 
-    def __init__(self):
-        self.totals, self.examples = {}, 0
+    totals: dict = dataclasses.field(default_factory=dict)
+    examples: int = 0
 
     def add(self, logs: dict, examples: int) -> None:
         for key, value in logs.items():
             self.totals[key] = self.totals.get(key, 0.0) + float(value) * examples
         self.examples += examples
-
-    def state(self) -> dict:
-        return {"totals": dict(self.totals), "examples": self.examples}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "_Sums":
-        sums = cls()
-        sums.totals, sums.examples = {key: float(value) for key, value in state["totals"].items()}, state["examples"]
-        return sums
 
     def mean(self, key: str) -> float:
         return self.totals.get(key, float("nan")) / self.examples if self.examples else float("nan")
@@ -169,9 +151,8 @@ class KerasSteps:
         self._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, examples)
 
     def _eval_rows(self, examples: int) -> int:
-        """The rows a validation batch of ``examples`` is evaluated as, padded with copies that weigh nothing: a
-        multiple of the devices (a batch must divide over them) and, when the step is compiled, the full batch (a
-        short last batch would compile a second evaluation step: XLA compiles one per input shape)."""
+        """The rows a validation batch is evaluated as, padded with copies weighing nothing: a multiple of the devices
+        and, compiled, the full batch (XLA would compile a second step for a short one)."""
         rows = max(examples, self.config.batch_size) if self.jit_compile else examples
         return -(-rows // self.replicas) * self.replicas
 
@@ -180,16 +161,15 @@ class KerasSteps:
 
     def metric_state(self) -> dict:
         """The epoch's training sums so far (Python floats: JSON keeps them exactly)."""
-        return self._train.state()
+        return dataclasses.asdict(self._train)
 
     def restore_metric_state(self, state: dict) -> bool:
-        """Continues the epoch's sums from :meth:`metric_state`; False, changing nothing, for a state of another
-        form (a TensorFlow run's)."""
+        """Continues the epoch's sums from :meth:`metric_state`; False, changing nothing, for another form."""
         totals, examples = state.get("totals"), state.get("examples")
         if not (isinstance(totals, dict) and isinstance(examples, int)
                 and all(isinstance(value, (int, float)) for value in totals.values())):
             return False
-        self._train = _Sums.from_state(state)
+        self._train = _Sums({key: float(value) for key, value in totals.items()}, examples)
         return True
 
     def train_results(self) -> dict:

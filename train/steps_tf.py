@@ -1,10 +1,6 @@
-"""The training and evaluation steps on the TensorFlow backend: a ``tf.distribute`` strategy, the precision policy,
-``tf.data`` input and ``tf.function`` steps (XLA when asked).
-
-:class:`TFSteps` is what :mod:`shardprep.train.loop` drives on TensorFlow; :class:`shardprep.train.steps_keras.KerasSteps`
-is the same interface on JAX and PyTorch. Each step runs one distributed batch on every replica and updates the
-epoch's metrics on the device; nothing here waits for the device, so the loop's timed ``next()`` measures input
-wait only.
+"""The steps on TensorFlow (:class:`TFSteps`, the interface :class:`~shardprep.train.steps_keras.KerasSteps` has on
+JAX and PyTorch): a ``tf.distribute`` strategy, the precision, ``tf.data`` input and ``tf.function`` steps (XLA when
+asked). Nothing here waits for the device, so the loop's timed ``next()`` measures input wait only.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import tensorflow as tf
 from shardprep.preprocess.dataset import Manifest
 from shardprep.train import reader
 from shardprep.train.config import TrainConfig
-from shardprep.train.losses import smoothed_crossentropy
+from shardprep.train.model import smoothed_crossentropy
 
 
 # A Python exception quoted in a tf.data error ("OSError: shard: record 3 ... mismatch"), a line of its own.
@@ -45,41 +41,8 @@ def resolve_precision(precision: str) -> str:
     return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
 
 
-class _Metrics:
-    """The epoch's running training and validation loss and accuracy (device variables, read once an epoch)."""
-
-    def __init__(self):
-        self.loss = keras.metrics.Mean(name="loss")
-        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-        self.val_loss = keras.metrics.Mean(name="val_loss")
-        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
-
-    def reset(self) -> None:
-        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
-            metric.reset_state()
-
-    def training_state(self) -> dict:
-        """The training metrics' accumulators (totals and counts, float32 values as exact floats), summed over the
-        replicas (reading a tf.distribute on-read variable aggregates it; assigning it back spreads it again)."""
-        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
-                for metric in (self.loss, self.accuracy)}
-
-    def restore_training_state(self, state: dict) -> bool:
-        """Continues the training metrics from :meth:`training_state`: the epoch's sums go on exactly as they
-        would have in one process. False, changing nothing, for a state of another form (another backend's)."""
-        metrics = (self.loss, self.accuracy)
-        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
-                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
-            return False
-        for metric in metrics:
-            for variable, value in zip(metric.variables, state[metric.name]):
-                variable.assign(value)
-        return True
-
-
 class TFSteps:
-    """Strategy, precision, input and compiled steps for one run on TensorFlow (``strategy``: default
-    :func:`choose_strategy`)."""
+    """Strategy, precision, input and compiled steps for one run on TensorFlow."""
 
     backend = "tensorflow"
 
@@ -91,8 +54,7 @@ class TFSteps:
         self.jit_compile = config.jit_compile
         if self.jit_compile is None:
             self.jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
-        self.metrics = None
-        self._train_step = self._eval_step = self._val = None
+        self._val = None
 
     def describe(self) -> str:
         if isinstance(self.strategy, tf.distribute.MirroredStrategy):
@@ -107,19 +69,20 @@ class TFSteps:
     def compile(self, model: keras.Model, optimizer, num_classes: int) -> None:
         """Attaches the optimizer and builds the compiled steps; call inside :meth:`scope`."""
         model.compile(optimizer=optimizer)
-        self.metrics = _Metrics()
-        self._train_step, self._eval_step = _step_functions(self.config, self.strategy, model, optimizer,
-                                                            self.metrics, num_classes, self.jit_compile)
+        # The epoch's running metrics: device variables, read once an epoch.
+        self.loss, self.val_loss = keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="val_loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
+        # eval_step is traced by val_batches, for its dataset's element spec.
+        self.train_step, self.eval_step = _step_functions(self.config, self.strategy, model, optimizer, self,
+                                                          num_classes, self.jit_compile)
 
     def streamed(self) -> bool:
         """Shards streamed in tf.data's shuffled order (``--sequential-reads``, URLs), which no step addresses."""
-        return self.config.sequential_reads or "://" in self.config.data_dir
+        return self.config.streamed()
 
     def train_batches(self, seed: int | None, start_step: int, steps_per_epoch: int):
-        """The endless training input from global step ``start_step`` of the seeded order.
-
-        Streamed shards cannot start mid-epoch (a ValueError says so); at an epoch boundary they start a new
-        order, reseeded with the epoch, as runs resumed before the order was addressable by step did."""
+        """The endless training input from step ``start_step`` (streamed: an epoch boundary, reseeded)."""
         if self.streamed() and self.config.seed is None:
             seed = None  # the run's drawn order seed would only make streamed reads deterministic, and slower
         if self.streamed() and start_step:
@@ -134,8 +97,7 @@ class TFSteps:
 
     @staticmethod
     def input_error(error: Exception) -> str | None:
-        """What a tf.data error raised by ``next()`` says, for one error line: the Python exception a reading
-        function raised (a record's CRC, a short shard), else TensorFlow's own first line."""
+        """A tf.data error as one line: the Python exception a reading function raised, else TF's first line."""
         if not isinstance(error, tf.errors.OpError):
             return None
         raised = [match.group(1) for match in _RAISED.finditer(error.message)]
@@ -149,7 +111,7 @@ class TFSteps:
         if self._val is None:
             self._val = self._distributed(self.config.val_split, False, None, 0)
             # Traced once for the dataset's batches of any size: else a short last batch traces it again.
-            self._eval_step = tf.function(self._eval_step, input_signature=(self._val.element_spec,))
+            self.eval_step = tf.function(self.eval_step, input_signature=(self._val.element_spec,))
         return self._val
 
     def _distributed(self, split: str, training: bool, seed: int | None, start_step: int):
@@ -167,36 +129,38 @@ class TFSteps:
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_step(self, batch) -> None:
-        self._train_step(batch)
-
-    def eval_step(self, batch) -> None:
-        """Runs after :meth:`val_batches` made the dataset it is traced for."""
-        self._eval_step(batch)
-
     def reset(self) -> None:
-        self.metrics.reset()
+        for metric in (self.loss, self.accuracy, self.val_loss, self.val_accuracy):
+            metric.reset_state()
 
     def metric_state(self) -> dict:
-        """The epoch's training metrics so far as they accumulate (waits for the device)."""
-        return self.metrics.training_state()
+        """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read
+        variable aggregates it; assigning spreads it again). Waits for the device."""
+        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
+                for metric in (self.loss, self.accuracy)}
 
     def restore_metric_state(self, state: dict) -> bool:
-        return self.metrics.restore_training_state(state)
+        """Continues the training metrics from :meth:`metric_state`; False, changing nothing, for another form."""
+        metrics = (self.loss, self.accuracy)
+        if not all(isinstance(state.get(metric.name), list) and len(state[metric.name]) == len(metric.variables)
+                   and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
+            return False
+        for metric in metrics:
+            for variable, value in zip(metric.variables, state[metric.name]):
+                variable.assign(value)
+        return True
 
     def train_results(self) -> dict:
         """The epoch's training loss and accuracy so far (waits for the device)."""
-        return {"loss": float(self.metrics.loss.result()), "accuracy": float(self.metrics.accuracy.result())}
+        return {"loss": float(self.loss.result()), "accuracy": float(self.accuracy.result())}
 
     def val_results(self) -> dict:
-        return {"val_loss": float(self.metrics.val_loss.result()),
-                "val_accuracy": float(self.metrics.val_accuracy.result())}
+        return {"val_loss": float(self.val_loss.result()), "val_accuracy": float(self.val_accuracy.result())}
 
 
-def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: _Metrics, num_classes: int,
+def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: TFSteps, num_classes: int,
                     jit_compile: bool):
-    """``(train_step, eval_step)``: each runs one distributed batch on every replica and updates ``metrics``;
-    ``eval_step`` is left to trace (:meth:`TFSteps.val_batches` does, for its dataset's element spec)."""
+    """``(train_step, eval_step)``, each one distributed batch on every replica, updating ``metrics``' metrics."""
     replicas = strategy.num_replicas_in_sync
 
     def smoothed_loss(labels, logits):

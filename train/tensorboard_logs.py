@@ -1,10 +1,6 @@
-"""TensorBoard's logs (``--tensorboard``) that cannot be written: a full disk, a ``logs/`` folder made read-only.
-
-Keras's TensorBoard callback writes through ``tf.summary``, whose failures are TensorFlow's errors, not OSErrors: a
-traceback, and the epoch in progress lost. :class:`TensorBoardLogs` keeps the first failure instead of raising it
-and writes nothing more; the epoch loop ends the run once its work is saved (an epoch's checkpoint), with one line
-(:func:`stopped_message`) saying what is saved and how to go on; a run with nothing left to train finishes first
-(:func:`complete_message`).
+"""TensorBoard's logs that cannot be written (a full disk, a read-only ``logs/``): ``tf.summary`` raises TensorFlow's
+errors, a traceback that loses the epoch. :class:`TensorBoardLogs` keeps the first failure; the epoch loop ends the
+run once its work is saved, with one line saying what is saved and how to go on.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ class LogsError(RunFileError):
 
 
 def write_failure(error: BaseException, logs: str) -> LogsFailure | None:
-    """The failure ``error`` is, when it is one of writing files (an OSError, or TensorFlow's own error, whose first
-    line is ``{{the op}} PATH; CAUSE [Op:NAME]``); None for any other error, which is raised as it is."""
+    """The write failure ``error`` is (an OSError, or TensorFlow's ``{{op}} PATH; CAUSE [Op:NAME]``), else None."""
     tf = sys.modules.get("tensorflow")  # loaded when the callback wrote: tf.summary is TensorFlow's
     if isinstance(error, OSError):
         where, cause = str(error.filename or logs), error.strerror or str(error)
@@ -52,51 +47,39 @@ def write_failure(error: BaseException, logs: str) -> LogsFailure | None:
     return LogsFailure(where, cause, fix)
 
 
+def _writes(name: str):
+    """Keras's TensorBoard hook ``name``, writing until the first failure (:meth:`TensorBoardLogs._guarded`)."""
+    hook = getattr(keras.callbacks.TensorBoard, name)
+
+    def writing(self, *args, **kwargs):
+        if self.failure is None:
+            self._guarded(hook, self, *args, **kwargs)
+
+    return writing
+
+
 class TensorBoardLogs(keras.callbacks.TensorBoard):
-    """Keras's TensorBoard callback into ``logs``, its first failure to write kept in ``failure`` rather than raised;
-    after it, nothing more is written (its writers are still closed at the end)."""
+    """Keras's TensorBoard callback into ``logs``, its first failure to write kept in ``failure``, not raised."""
 
     def __init__(self, logs: str, **options):
         super().__init__(log_dir=logs, write_graph=False, **options)
         self.logs = logs
         self.failure: LogsFailure | None = None
 
-    def _guarded(self, hook, *args) -> None:
+    def _guarded(self, hook, *args, **kwargs) -> None:
         try:
-            hook(*args)
+            hook(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - TensorFlow's errors; any other is raised again
             failure = write_failure(error, self.logs)
             if failure is None:
                 raise
             self.failure = self.failure or failure
 
-    def _writing(self, hook, *args) -> None:
-        if self.failure is None:
-            self._guarded(hook, *args)
-
-    def on_train_begin(self, logs=None):
-        self._writing(super().on_train_begin, logs)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._writing(super().on_epoch_begin, epoch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._writing(super().on_epoch_end, epoch, logs)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._writing(super().on_train_batch_begin, batch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._writing(super().on_train_batch_end, batch, logs)
-
-    def on_test_begin(self, logs=None):
-        self._writing(super().on_test_begin, logs)
-
-    def on_test_batch_begin(self, batch, logs=None):
-        self._writing(super().on_test_batch_begin, batch, logs)
-
-    def on_test_end(self, logs=None):
-        self._writing(super().on_test_end, logs)
+    on_train_begin, on_epoch_begin, on_epoch_end = _writes("on_train_begin"), _writes("on_epoch_begin"), \
+        _writes("on_epoch_end")
+    on_train_batch_begin, on_train_batch_end = _writes("on_train_batch_begin"), _writes("on_train_batch_end")
+    on_test_begin, on_test_end = _writes("on_test_begin"), _writes("on_test_end")
+    on_test_batch_begin = _writes("on_test_batch_begin")
 
     def on_train_end(self, logs=None):
         self._guarded(super().on_train_end, logs)  # after a failure too: its writers closed, its profiler stopped
@@ -112,8 +95,7 @@ def _failed(failure: LogsFailure) -> str:
 
 
 def stopped_message(failure: LogsFailure, saved: dict | None, steps_per_epoch: int, checkpoint: str | None) -> str:
-    """The run stopped with epochs left to train: ``saved``, the state of the last checkpoint (``checkpoint``; None
-    with --no-checkpoint), says where --resume goes on from; without one, resuming would not help."""
+    """The run stopped with epochs left: ``saved`` (the last checkpoint's state) says where --resume goes on."""
     if saved is not None and checkpoint is not None:
         epoch, step = divmod(int(saved["global_step"]), steps_per_epoch)
         at = f"after epoch {epoch}" if step == 0 else f"in epoch {epoch + 1} after step {step} of {steps_per_epoch}"

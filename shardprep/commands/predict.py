@@ -1,5 +1,8 @@
 """``shardprep predict MODEL DATA PHOTO...``: class names for photos, from a model ``shardprep train`` saved."""
 
+import os
+import sys
+
 import click
 
 
@@ -22,8 +25,6 @@ def command(model, data, photos, top_k):
     missing, a folder) gets a "PHOTO: not classified: why" line and the others are still answered; the exit status
     is then 1, after every photo.
     """
-    import os
-
     from shardprep.preprocess.manifest import ManifestError
 
     if "://" not in model and not os.path.isfile(model):
@@ -43,6 +44,7 @@ def command(model, data, photos, top_k):
 
     from shardprep.output import say
     from shardprep.preprocess.text import output_width, terminal_columns, wrap
+    from shardprep.preprocess.wordnet_names import display_name
 
     # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
     width = output_width() if terminal_columns(sys.stdout) else None
@@ -53,7 +55,7 @@ def command(model, data, photos, top_k):
                    "archive; extract it first") if inside else result.message
             line = f"{result.source}: not classified: {why}"
         else:
-            line = f"{result.source}: " + ", ".join(f"{_display(name)} {probability:.2f}"
+            line = f"{result.source}: " + ", ".join(f"{display_name(name)} {probability:.2f}"
                                                     for name, _, probability in result.top)
         say(wrap(line, width) if width else line)  # a full disk: OutputError; a reader gone: silenced
     failed = sum(isinstance(result, PhotoFailure) for result in results)
@@ -65,8 +67,6 @@ def command(model, data, photos, top_k):
 def _file_on_the_way(path: str) -> str | None:
     """The first folder on the way to the local ``path`` that is a file (``photos.tar`` of ``photos.tar/cat.png``),
     as spelled in ``path``; None when there is none, and for remote paths. The system says "Not a directory"."""
-    import os
-
     if "://" in path:
         return None
     folder = os.path.dirname(path)
@@ -76,8 +76,3 @@ def _file_on_the_way(path: str) -> str | None:
         folder = os.path.dirname(folder)
     return None
 
-
-def _display(class_name: str) -> str:
-    from shardprep.preprocess.wordnet_names import display_name
-
-    return display_name(class_name)

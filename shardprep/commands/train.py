@@ -38,10 +38,8 @@ class _TrainCommand(click.Command):
 
 
 def _rerun_words(ctx, action: str | None) -> list[str]:
-    """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added
-    (when given).
-
-    Grouped for wrapping: an option with its value is one entry."""
+    """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added;
+    an option with its value is one entry (for wrapping)."""
     takes_value = {name for param in ctx.command.params if isinstance(param, click.Option) and not param.is_flag
                    for name in param.opts}
     words, args = [], ctx.meta.get("train_args", [])
@@ -77,8 +75,7 @@ def _shell_lines(words: list[str], width: int) -> str:
 
 
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
-    """Says what Ctrl-C (or SIGTERM) left and the command that goes on from there; exits 130 (143) as a shell does
-    after SIGINT (SIGTERM)."""
+    """Says what the stop left and the command that goes on from there; exits 130 (143) as a shell does."""
     from shardprep.train import progress
     from shardprep.train.interrupt import TrainingInterrupted, stopped_by
 
@@ -97,8 +94,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
 
 
 def _holds_run_files(output_dir: str) -> bool:
-    """Whether the stopped run wrote more into ``output_dir`` than its run record and empty folders (a rerun then
-    needs --overwrite)."""
+    """Whether the stopped run wrote more than its run record and empty folders (then: --overwrite)."""
     from shardprep.preprocess import owned_folder
     from shardprep.train import run_files
 
@@ -206,9 +202,8 @@ def command(ctx, data, overwrite, **options):
     OUTPUT_DIR receives history.json, summary.json, model.keras (uint8 images in, logits out: see
     shardprep.train.predict.predict_images), checkpoints/ and logs/.
     """
-    from shardprep.train import preflight
-
     from shardprep.train import config as train_config
+    from shardprep.train import preflight
 
     if overwrite and options["resume"]:
         raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
@@ -217,19 +212,15 @@ def command(ctx, data, overwrite, **options):
                                "pass one")
     if options["output_dir"].startswith("file://"):  # a local folder, checked and written as one
         options["output_dir"] = options["output_dir"][len("file://"):]
-    try:  # before anything imports keras: it fixes its backend at its first import
-        options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
-    except train_config.BackendError as error:
-        raise click.ClickException(str(error)) from None
+    # Every refusal (BackendError, PreflightError, the config's) comes before the folder is cleared or claimed: a
+    # refused run touches nothing. The backend comes first: Keras fixes its backend at its first import.
     try:
+        options["backend"] = train_config.activate_backend(options["backend"] or train_config.default_backend())
         manifest = preflight.check(data, options["train_split"], options["val_split"], options["output_dir"],
                                    image_size=options["image_size"], batch_size=options["batch_size"],
                                    resume=options["resume"], overwrite=overwrite)
         options["val_split"] = options["val_split"] or TrainConfig.val_split  # the role: the run says what it finds
-    except preflight.PreflightError as error:
-        raise click.ClickException(str(error)) from None
-    config = TrainConfig(data_dir=data, **options)
-    try:  # every refusal comes before the folder is cleared or claimed: a refused run touches nothing
+        config = TrainConfig(data_dir=data, **options)
         config.validate()
     except ValueError as error:
         raise click.ClickException(str(error)) from None
@@ -246,8 +237,7 @@ def command(ctx, data, overwrite, **options):
 
 
 def _reporter(output_dir: str) -> Reporter:
-    """The run's stdout: output whose reader went away (``| head``, a terminal that hung up) or that cannot be
-    written (a full disk) stops with a note on stderr, and the training goes on (``shardprep.output``)."""
+    """The run's stdout: output that cannot be written stops with a note on stderr; the training goes on."""
     from shardprep.train import progress
 
     goes_on = f"training goes on to the end without printing, its files in {output_dir}"
