@@ -14,7 +14,6 @@ from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
 
 MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
-DUPLICATE = "duplicate_member"
 SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
 ANNOTATION_WORDS = ("bbox", "annotation")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz: a split's boxes
 
@@ -266,15 +265,12 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
                                   if not labels_file_given else "no row of the labels file names it"))
         else:
             labelled.append((split, key, class_index[found], member))
-    last = {key: i for i, (_, key, _, _) in enumerate(labelled)}  # a name stored twice: the last copy, as extracted
+    later = stored_again([key for _, key, _, _ in labelled])
     kept = []
-    for i, (split, key, label, member) in enumerate(labelled):
-        if last[key] != i:
-            rejects.append(Reject(split, sources.printable_key(key), DUPLICATE,
-                                  "the archive holds this name again later; the last copy is read, as tar does"))
-        elif not sources.is_utf8(key):
-            rejects.append(Reject(split, sources.printable_key(key), "bad_file_name",
-                                  "the member name is not valid UTF-8"))
+    for again, (split, key, label, member) in zip(later, labelled):
+        found = name_reject(split, key, again, "the archive", "not valid UTF-8")
+        if found:
+            rejects.append(found)
         else:
             kept.append((split, key, label, member))
     nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)
@@ -288,3 +284,20 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
         tasks += [MembersTask(split, tuple(entries[i:i + MEMBERS_PER_TASK]))
                   for i in range(0, len(entries), MEMBERS_PER_TASK)]
     return tasks + nested, rejects
+
+
+def stored_again(keys: list[str]) -> list[bool]:
+    """Per key: whether the archive stores it again later (then the last copy is read, as extraction does)."""
+    last = {key: i for i, key in enumerate(keys)}
+    return [last[key] != i for i, key in enumerate(keys)]
+
+
+def name_reject(split: str, key: str, again: bool, holder: str, not_utf8: str,
+                problem: Reject | None = None) -> Reject | None:
+    """The reject of a member by its name (stored again later; ``problem``; not UTF-8), else None."""
+    if again:
+        return Reject(split, sources.printable_key(key), "duplicate_member",
+                      f"{holder} holds this name again later; the last copy is read, as tar does")
+    if problem is None and not sources.is_utf8(key):
+        return Reject(split, sources.printable_key(key), "bad_file_name", f"the member name is {not_utf8}")
+    return problem

@@ -8,8 +8,8 @@ import dataclasses
 import os
 from typing import Iterator, cast
 
-from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
-    plan_archives
+from shardprep.pipelines.archive_planning import (ArchivePlan, MembersTask, NestedTask, StreamTask, name_reject,
+                                                 open_archive, plan_archives, stored_again)
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, bounds_by_split,
                                              classes_file_apart, file_entry, file_stamp, labels_file_entries,
@@ -142,22 +142,15 @@ class ArchiveTaskReader:
         except OSError as e:
             yield Reject(task.split, sources.printable_key(name), "unreadable", f"{type(e).__name__}: {e}")
             return
-        last = {member.name: i for i, member in enumerate(index.members)}  # a name twice: the last copy is read
-        for i, member in enumerate(index.members):
+        for again, member in zip(stored_again([m.name for m in index.members]), index.members):
             key = task.key_prefix + member.name
-            if member.is_dir:
-                continue
-            if last[member.name] != i:
-                yield Reject(task.split, sources.printable_key(key), "duplicate_member",
-                             "the class tar holds this name again later; the last copy is read, as tar does")
-            elif member.problem:
-                yield Reject(task.split, sources.printable_key(key), member.problem, member.detail)
-            elif any(sources.is_hidden(part) for part in member.name.split("/")):
-                yield Reject(task.split, sources.printable_key(key), "hidden_file", "hidden (its name starts with '.')")
-            elif not sources.is_utf8(key):
-                yield Reject(task.split, sources.printable_key(key), "bad_file_name", "the member name is not UTF-8")
-            else:
-                yield Input(task.split, key, task.label, archive_index.MemberRef.of(task.archive, member).text(), None)
+            problem = (Reject(task.split, sources.printable_key(key), member.problem, member.detail) if member.problem
+                       else Reject(task.split, sources.printable_key(key), "hidden_file",
+                                   "hidden (its name starts with '.')")
+                       if any(sources.is_hidden(part) for part in member.name.split("/")) else None)
+            if not member.is_dir:
+                yield name_reject(task.split, key, again, "the class tar", "not UTF-8", problem) or Input(
+                    task.split, key, task.label, archive_index.MemberRef.of(task.archive, member).text(), None)
         if index.damage:
             yield Reject(task.split, sources.printable_key(name), archive_index.DAMAGED_ARCHIVE,
                          f"{index.damage}; the members after it are not read")
