@@ -146,11 +146,15 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
 def _folder_files(location: str) -> list[str]:
     if "://" not in location:
         return sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
+    return sorted(name for name in remote_names(location) if "/" not in name.rstrip("/"))
+
+
+def remote_names(location: str) -> list[str]:
+    """The names (paths below it) a remote folder's ``*`` matches."""
     from apache_beam.io.filesystems import FileSystems
 
     prefix = location.rstrip("/") + "/"
-    matched = FileSystems.match([prefix + "*"])[0].metadata_list
-    return sorted(m.path[len(prefix):] for m in matched if "/" not in m.path[len(prefix):].rstrip("/"))
+    return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
 
 
 def _archive_file(path: str, split: str | None) -> ArchiveFile:
@@ -268,9 +272,9 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
     later = stored_again([key for _, key, _, _ in labelled])
     kept = []
     for again, (split, key, label, member) in zip(later, labelled):
-        found = name_reject(split, key, again, "the archive", "not valid UTF-8")
-        if found:
-            rejects.append(found)
+        reject = name_reject(split, key, again, "the archive", "not valid UTF-8")
+        if reject:
+            rejects.append(reject)
         else:
             kept.append((split, key, label, member))
     nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)

@@ -9,7 +9,8 @@ import os
 from typing import Iterator, cast
 
 from shardprep.pipelines.archive_planning import (ArchivePlan, MembersTask, NestedTask, StreamTask, name_reject,
-                                                 open_archive, plan_archives, stored_again)
+                                                 open_archive, plan_archives, remote_names,
+                                                 stored_again)
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, bounds_by_split,
                                              classes_file_apart, file_entry, file_stamp, labels_file_entries,
@@ -88,10 +89,7 @@ def _names_split(name: str) -> bool:
 def _remote_names(location: str) -> list[str]:
     """The names one level inside a remote folder; none when it cannot be listed (the folder kind says why)."""
     try:
-        from apache_beam.io.filesystems import FileSystems
-
-        prefix = location.rstrip("/") + "/"
-        return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
+        return remote_names(location)
     except Exception:  # noqa: BLE001 - any failure: not claimed here; planning the folder reports it
         return []
 
