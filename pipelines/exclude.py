@@ -104,16 +104,11 @@ class ExcludeFn(beam.DoFn):
             yield item
 
 
-class ExcludeInputs(beam.PTransform):
+@beam.ptransform_fn
+def ExcludeInputs(inputs, keys: SortedKeys | KeysFile, path: str):
     """``Input`` -> ``{"inputs": Input, "rejects": Reject}``."""
-
-    def __init__(self, keys: SortedKeys | KeysFile, path: str):
-        super().__init__()
-        self.keys, self.path = keys, path
-
-    def expand(self, inputs):
-        split = inputs | "Exclude" >> beam.ParDo(ExcludeFn(self.keys, self.path)).with_outputs(REJECTS, main="inputs")
-        return {"inputs": split.inputs, "rejects": split[REJECTS]}
+    split = inputs | "Exclude" >> beam.ParDo(ExcludeFn(keys, path)).with_outputs(REJECTS, main="inputs")
+    return {"inputs": split.inputs, "rejects": split[REJECTS]}
 
 
 def fingerprinted_options(config, runner: str) -> dict:
