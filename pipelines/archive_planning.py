@@ -246,8 +246,8 @@ def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str
         for split, keys in by_split.items():
             if split in classed or any(labels.file_name(key) in label_of for key in keys):
                 continue
-            where = item.archive.path.rsplit("/", 1)[-1] if item.archive.split else keys[0].rsplit("/", 1)[0] + "/"
-            where = where if "/" in keys[0] or item.archive.split else item.archive.path.rsplit("/", 1)[-1]
+            where = (item.archive.path.rsplit("/", 1)[-1] if item.archive.split or "/" not in keys[0]
+                     else keys[0].rsplit("/", 1)[0] + "/")
             unlabelled[(item.archive.path, split)] = accounting.NotUsed(where, (
                 f"no label names any of its {len(keys):,} image{'s' if len(keys) != 1 else ''} (an unlabelled split, "
                 "such as a test set without labels): not read"))

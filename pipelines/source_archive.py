@@ -35,15 +35,12 @@ class ArchiveSource(SourceKind):
         """A folder holding archives named for a split (train, val) and, locally, no folders."""
         if "://" in location:
             return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
-        if not os.path.isdir(location):
-            return False
-        try:
+        try:  # not a folder, or unreadable: not claimed (the folder kind says why)
             entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
         except OSError:
             return False
-        if any(e.is_dir() for e in entries):
-            return False
-        return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
+        return not any(e.is_dir() for e in entries) and any(archive_index.archive_type(e.name)
+                                                             and _names_split(e.name) for e in entries)
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
@@ -102,7 +99,8 @@ def planned_identities(plan: SourcePlan) -> Identities:
 
 
 def check_unchanged(path: str, planned: Identities, raw=None) -> None:
-    """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open local file)."""
+    """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open file, of which a
+    local one is asked)."""
     if path not in planned:
         return
     if "://" not in path and raw is not None:
@@ -160,7 +158,7 @@ class ArchiveTaskReader:
         failure = ""
         try:
             with open_archive(task.archive, sequential=True) as raw:
-                check_unchanged(task.archive, self.planned, raw if "://" not in task.archive else None)
+                check_unchanged(task.archive, self.planned, raw)
                 for streamed in archive_index.stream_tar(raw):
                     name = streamed.member.name
                     seen[name] = seen.get(name, -1) + 1
@@ -200,13 +198,13 @@ class ArchiveMemberReader:
 
         ref = archive_index.MemberRef.parse(path)
         try:
-            raw = self.open_files.get(ref.archive)
-            if raw is None:
+            opened = ref.archive not in self.open_files
+            if opened:
                 if len(self.open_files) > 16:
                     self.close()
-                raw = self.open_files[ref.archive] = open_archive(ref.archive)
-                check_unchanged(ref.archive, self.planned, raw if "://" not in ref.archive else None)
-            elif "://" not in ref.archive:
+                self.open_files[ref.archive] = open_archive(ref.archive)
+            raw = self.open_files[ref.archive]
+            if opened or "://" not in ref.archive:  # a remote one's stamp is a request: checked once
                 check_unchanged(ref.archive, self.planned, raw)
             return archive_index.read_member(raw, ref)
         except archive_index.MemberError as e:

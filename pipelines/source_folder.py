@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-import textwrap
 from typing import Callable, NamedTuple
 
 from shardprep.pipelines.source_kind import (ApartFrom, SourceKind, SourcePlan, Usage, classes_file_apart, exists,
@@ -320,8 +319,7 @@ def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tup
             said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
                      "dataset (a model trained on it has an output nothing trains): remove the "
                      f"folder{'' if one else 's'} and rerun to leave it out")
-        notes.append(textwrap.fill(said, width=74, subsequent_indent="  ", break_long_words=False,
-                                   break_on_hyphens=False))
+        notes.append(text.wrap(said, 74))
     return tuple(notes)
 
 
