@@ -14,7 +14,6 @@ from shardprep.preprocess.archive_index import Member, MemberRef
 from shardprep.preprocess.elements import Reject
 
 MEMBERS_PER_TASK = 2000  # members named by one read task: a few tasks per worker even for a small archive
-DUPLICATE = "duplicate_member"
 SPLIT_WORDS = (("train", "train"), ("val", "validation"), ("test", "test"))  # an archive's split, by its file name
 ANNOTATION_WORDS = ("bbox", "annotation")  # image-net.org's ILSVRC2012_bbox_train_v2.tar.gz: a split's boxes
 
@@ -147,11 +146,15 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
 def _folder_files(location: str) -> list[str]:
     if "://" not in location:
         return sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
+    return sorted(name for name in remote_names(location) if "/" not in name.rstrip("/"))
+
+
+def remote_names(location: str) -> list[str]:
+    """The names (paths below it) a remote folder's ``*`` matches."""
     from apache_beam.io.filesystems import FileSystems
 
     prefix = location.rstrip("/") + "/"
-    matched = FileSystems.match([prefix + "*"])[0].metadata_list
-    return sorted(m.path[len(prefix):] for m in matched if "/" not in m.path[len(prefix):].rstrip("/"))
+    return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
 
 
 def _archive_file(path: str, split: str | None) -> ArchiveFile:
@@ -243,8 +246,8 @@ def _unlabelled(found: list[_Found], label_of: dict[str, str]) -> dict[tuple[str
         for split, keys in by_split.items():
             if split in classed or any(labels.file_name(key) in label_of for key in keys):
                 continue
-            where = item.archive.path.rsplit("/", 1)[-1] if item.archive.split else keys[0].rsplit("/", 1)[0] + "/"
-            where = where if "/" in keys[0] or item.archive.split else item.archive.path.rsplit("/", 1)[-1]
+            where = (item.archive.path.rsplit("/", 1)[-1] if item.archive.split or "/" not in keys[0]
+                     else keys[0].rsplit("/", 1)[0] + "/")
             unlabelled[(item.archive.path, split)] = accounting.NotUsed(where, (
                 f"no label names any of its {len(keys):,} image{'s' if len(keys) != 1 else ''} (an unlabelled split, "
                 "such as a test set without labels): not read"))
@@ -266,15 +269,12 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
                                   if not labels_file_given else "no row of the labels file names it"))
         else:
             labelled.append((split, key, class_index[found], member))
-    last = {key: i for i, (_, key, _, _) in enumerate(labelled)}  # a name stored twice: the last copy, as extracted
+    later = stored_again([key for _, key, _, _ in labelled])
     kept = []
-    for i, (split, key, label, member) in enumerate(labelled):
-        if last[key] != i:
-            rejects.append(Reject(split, sources.printable_key(key), DUPLICATE,
-                                  "the archive holds this name again later; the last copy is read, as tar does"))
-        elif not sources.is_utf8(key):
-            rejects.append(Reject(split, sources.printable_key(key), "bad_file_name",
-                                  "the member name is not valid UTF-8"))
+    for again, (split, key, label, member) in zip(later, labelled):
+        reject = name_reject(split, key, again, "the archive", "not valid UTF-8")
+        if reject:
+            rejects.append(reject)
         else:
             kept.append((split, key, label, member))
     nested = [NestedTask(split, archive.path, prefix, class_index[c], m.offset, m.size)
@@ -288,3 +288,20 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
         tasks += [MembersTask(split, tuple(entries[i:i + MEMBERS_PER_TASK]))
                   for i in range(0, len(entries), MEMBERS_PER_TASK)]
     return tasks + nested, rejects
+
+
+def stored_again(keys: list[str]) -> list[bool]:
+    """Per key: whether the archive stores it again later (then the last copy is read, as extraction does)."""
+    last = {key: i for i, key in enumerate(keys)}
+    return [last[key] != i for i, key in enumerate(keys)]
+
+
+def name_reject(split: str, key: str, again: bool, holder: str, not_utf8: str,
+                problem: Reject | None = None) -> Reject | None:
+    """The reject of a member by its name (stored again later; ``problem``; not UTF-8), else None."""
+    if again:
+        return Reject(split, sources.printable_key(key), "duplicate_member",
+                      f"{holder} holds this name again later; the last copy is read, as tar does")
+    if problem is None and not sources.is_utf8(key):
+        return Reject(split, sources.printable_key(key), "bad_file_name", f"the member name is {not_utf8}")
+    return problem

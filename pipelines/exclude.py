@@ -8,17 +8,16 @@ import hashlib
 import io
 import json
 import os
-import textwrap
 from typing import NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.common import METRICS_NAMESPACE, PreprocessError
+from shardprep.pipelines.source_kind import file_stamp, open_file
 from shardprep.pipelines.storage import is_local
-from shardprep.preprocess import fingerprint, manifest, untrusted
+from shardprep.preprocess import fingerprint, manifest, text, untrusted
 from shardprep.preprocess.accounting import EXCLUDED
 from shardprep.preprocess.elements import REJECTS, Input, Reject
 from shardprep.preprocess.exclude_keys import ExcludeKeysError, SortedKeys, parse_keys
@@ -50,13 +49,8 @@ def keys_file(path: str) -> KeysFile:
 def _load(path: str) -> _Loaded:
     """The file read once per process, kept while its size and times stay the same."""
     try:
-        if is_local(path):
-            found = os.stat(path.removeprefix("file://"))
-            stamp: tuple | None = (found.st_size, found.st_mtime_ns, found.st_ino)
-        else:
-            matched = FileSystems.match([path])[0].metadata_list
-            stamp = (matched[0].size_in_bytes, matched[0].last_updated_in_seconds) if matched else None
-        return _read(path, stamp)
+        found = os.stat(path.removeprefix("file://")) if is_local(path) else None
+        return _read(path, (found.st_size, found.st_mtime_ns, found.st_ino) if found else file_stamp(path))
     except (OSError, BeamIOError) as e:
         raise PreprocessError(f"--exclude {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 
@@ -67,10 +61,9 @@ def _read(path: str, stamp: tuple | None) -> _Loaded:  # read failures: _load sa
         if is_local(path):
             data = untrusted.read_regular_file(path.removeprefix("file://"), MAX_KEYS_FILE_BYTES)
         else:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with open_file(path) as f:
                 data = f.read(MAX_KEYS_FILE_BYTES + 1)
-        text = data.decode("utf-8")
-        return _Loaded(SortedKeys(parse_keys(text, path)), hashlib.sha256(data).hexdigest())
+        return _Loaded(SortedKeys(parse_keys(data.decode("utf-8"), path)), hashlib.sha256(data).hexdigest())
     except UnicodeDecodeError as e:
         raise PreprocessError(f"--exclude {path}: not UTF-8 text (byte {e.start})") from None
     except ExcludeKeysError as e:
@@ -104,16 +97,11 @@ class ExcludeFn(beam.DoFn):
             yield item
 
 
-class ExcludeInputs(beam.PTransform):
+@beam.ptransform_fn
+def ExcludeInputs(inputs, keys: SortedKeys | KeysFile, path: str):
     """``Input`` -> ``{"inputs": Input, "rejects": Reject}``."""
-
-    def __init__(self, keys: SortedKeys | KeysFile, path: str):
-        super().__init__()
-        self.keys, self.path = keys, path
-
-    def expand(self, inputs):
-        split = inputs | "Exclude" >> beam.ParDo(ExcludeFn(self.keys, self.path)).with_outputs(REJECTS, main="inputs")
-        return {"inputs": split.inputs, "rejects": split[REJECTS]}
+    split = inputs | "Exclude" >> beam.ParDo(ExcludeFn(keys, path)).with_outputs(REJECTS, main="inputs")
+    return {"inputs": split.inputs, "rejects": split[REJECTS]}
 
 
 def fingerprinted_options(config, runner: str) -> dict:
@@ -129,7 +117,7 @@ def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
     """The keys no input had (``OUTPUT/rejects.jsonl`` lists no such exclusion), sorted."""
     path = manifest.join(output, manifest.REJECTS_NAME)
     found = set()
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_file(path) as f:
         for line in io.TextIOWrapper(f, encoding="utf-8"):
             if line.strip():
                 entry = json.loads(line)
@@ -146,4 +134,4 @@ def exclude_note(path: str, keys: SortedKeys, unknown: list[str]) -> str:
         more = f" and {len(unknown) - UNKNOWN_KEYS_NAMED:,} more" if len(unknown) > UNKNOWN_KEYS_NAMED else ""
         clauses.append(f"{len(unknown):,} {'key matches' if len(unknown) == 1 else 'keys match'} no input of "
                        f"SOURCE: {named}{more}")
-    return textwrap.fill("; ".join(clauses), width=74, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return text.wrap("; ".join(clauses), 74)

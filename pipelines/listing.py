@@ -16,15 +16,10 @@ from shardprep.preprocess import accounting, labels, manifest, names, sources
 from shardprep.preprocess.elements import REJECTS, Input, Reject
 
 
-class ListInputs(beam.PTransform):
+@beam.ptransform_fn
+def ListInputs(pbegin, config, plan, progress_dir: str | None = None):
     """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the planned source, each input once."""
-
-    def __init__(self, config, plan, progress_dir: str | None = None):
-        super().__init__()
-        self.config, self.plan, self.progress_dir = config, plan, progress_dir
-
-    def expand(self, pbegin):
-        return self.plan.kind.list_inputs(pbegin, self.config, self.plan, self.progress_dir)
+    return plan.kind.list_inputs(pbegin, config, plan, progress_dir)
 
 
 def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
@@ -50,19 +45,13 @@ def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
     return listed(pbegin, plan, inputs, rejects)
 
 
-class ReadTasks(beam.PTransform):
+@beam.ptransform_fn
+def ReadTasks(pbegin, tasks, reader, progress_dir: str | None):
     """``tasks`` spread over the workers, each read where it lands by ``reader``."""
-
-    def __init__(self, tasks, reader, progress_dir: str | None):
-        super().__init__()
-        self.tasks, self.reader, self.progress_dir = list(tasks), reader, progress_dir
-
-    def expand(self, pbegin):
-        read = (pbegin
-                | "SpreadTasks" >> SpreadValues(self.tasks)
-                | "ListTask" >> beam.ParDo(TaskLister(self.reader, self.progress_dir)).with_outputs(
-                    REJECTS, main="inputs"))
-        return {"inputs": read.inputs, "rejects": read[REJECTS]}
+    read = (pbegin
+            | "SpreadTasks" >> SpreadValues(tasks)
+            | "ListTask" >> beam.ParDo(TaskLister(reader, progress_dir)).with_outputs(REJECTS, main="inputs"))
+    return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
 class _Counting(beam.DoFn):
@@ -88,47 +77,34 @@ class TaskLister(_Counting):
             yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
 
 
-class ListClassDirectories(beam.PTransform):
+@beam.ptransform_fn
+def ListClassDirectories(pbegin, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
     """The files of each class directory ``(split, class name, directory)``, labelled by ``class_index``."""
-
-    def __init__(self, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
-        super().__init__()
-        self.class_dirs = list(class_dirs)
-        self.lister = ClassDirectoryLister(root, class_index, progress_dir)
-
-    def expand(self, pbegin):
-        listed = (pbegin
-                  | "SpreadDirectories" >> SpreadValues(self.class_dirs)  # (split, class, directory)
-                  # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
-                  | "ListClassDirectory" >> beam.ParDo(self.lister).with_output_types(beam.typehints.Any).with_outputs(
-                      REJECTS, main="inputs"))
-        return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
+    listed = (pbegin
+              | "SpreadDirectories" >> SpreadValues(class_dirs)  # (split, class, directory)
+              # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
+              | "ListClassDirectory" >> beam.ParDo(ClassDirectoryLister(root, class_index, progress_dir))
+              .with_output_types(beam.typehints.Any).with_outputs(REJECTS, main="inputs"))
+    return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
 
 
-class ListLabelledFiles(beam.PTransform):
+@beam.ptransform_fn
+def ListLabelledFiles(pbegin, root: str, flat_dirs, label_rows, class_index: dict[str, int],
+                      labels_split: str, progress_dir: str | None, labels_file_given: bool = True,
+                      not_used: frozenset[str] = frozenset()):
     """The files of ``flat_dirs`` joined by case-folded file name with the labels file's rows; mismatches are
     rejects."""
-
-    def __init__(self, root: str, flat_dirs, label_rows, class_index: dict[str, int], labels_split: str,
-                 progress_dir: str | None, labels_file_given: bool = True, not_used: frozenset[str] = frozenset()):
-        super().__init__()
-        self.root, self.flat_dirs, self.label_rows = root, list(flat_dirs), list(label_rows)
-        self.joiner = JoinLabels(class_index, labels_split, progress_dir, labels_file_given)
-        self.not_used = not_used
-
-    def expand(self, pbegin):
-        flat = (pbegin
-                | "Directories" >> GivenValues(self.flat_dirs)  # (split, directory)
-                | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(self.root, self.not_used)).with_outputs(
-                    REJECTS, main="files"))
-        # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
-        rows = pbegin | "LabelRows" >> GivenValues(self.label_rows, LABEL_ROW)
-        joined = ({"files": flat.files, "rows": rows}
-                  | "JoinLabels" >> beam.CoGroupByKey()
-                  | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
-                  | "CheckLabels" >> beam.ParDo(self.joiner).with_outputs(REJECTS, main="inputs"))
-        return {"inputs": joined.inputs,
-                "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
+    flat = (pbegin
+            | "Directories" >> GivenValues(flat_dirs)  # (split, directory)
+            | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(root, not_used)).with_outputs(REJECTS, main="files"))
+    # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
+    rows = pbegin | "LabelRows" >> GivenValues(label_rows, LABEL_ROW)
+    joiner = JoinLabels(class_index, labels_split, progress_dir, labels_file_given)
+    joined = ({"files": flat.files, "rows": rows}
+              | "JoinLabels" >> beam.CoGroupByKey()
+              | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
+              | "CheckLabels" >> beam.ParDo(joiner).with_outputs(REJECTS, main="inputs"))
+    return {"inputs": joined.inputs, "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
 
 
 LABEL_ROW = beam.typehints.Tuple[str, beam.typehints.Tuple[str, str]]  # (labels.match_key, (filename, label))
@@ -227,26 +203,19 @@ def _grouped_values(keyed):
     return keyed[1]
 
 
-class GivenValues(beam.PTransform):
+@beam.ptransform_fn
+def GivenValues(pbegin, values, output_type=beam.typehints.Any):
     """The pipeline's start -> each of ``values``: ``beam.Create`` in one ParDo instead of two."""
-
-    def __init__(self, values, output_type=beam.typehints.Any):
-        super().__init__()
-        self.values, self.output_type = list(values), output_type
-
-    def expand(self, pbegin):
-        return (pbegin
-                | "Start" >> beam.Impulse()
-                | "Values" >> beam.FlatMap(_given, self.values).with_output_types(self.output_type))
+    return pbegin | "Start" >> beam.Impulse() | "Values" >> beam.FlatMap(_given, list(values)).with_output_types(
+        output_type)
 
 
-class SpreadValues(GivenValues):
+@beam.ptransform_fn
+def SpreadValues(pbegin, values):
     """The pipeline's start -> each of ``values``, spread over the workers (``Reshuffle`` in two ParDos, not six)."""
-
-    def expand(self, pbegin):
-        return (pbegin
-                | "Start" >> beam.Impulse()
-                | "KeyedByIndex" >> beam.FlatMap(_keyed_by_index, self.values).with_output_types(
-                    beam.typehints.KV[int, beam.typehints.Any])
-                | "Spread" >> beam.GroupByKey()
-                | "Values" >> beam.FlatMap(_grouped_values).with_output_types(beam.typehints.Any))
+    return (pbegin
+            | "Start" >> beam.Impulse()
+            | "KeyedByIndex" >> beam.FlatMap(_keyed_by_index, list(values)).with_output_types(
+                beam.typehints.KV[int, beam.typehints.Any])
+            | "Spread" >> beam.GroupByKey()
+            | "Values" >> beam.FlatMap(_grouped_values).with_output_types(beam.typehints.Any))

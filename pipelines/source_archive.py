@@ -8,8 +8,9 @@ import dataclasses
 import os
 from typing import Iterator, cast
 
-from shardprep.pipelines.archive_planning import ArchivePlan, MembersTask, NestedTask, StreamTask, open_archive, \
-    plan_archives
+from shardprep.pipelines.archive_planning import (ArchivePlan, MembersTask, NestedTask, StreamTask, name_reject,
+                                                 open_archive, plan_archives, remote_names,
+                                                 stored_again)
 from shardprep.pipelines.common import PreprocessError
 from shardprep.pipelines.source_kind import (ApartFrom, KeyBounds, SourceKind, SourcePlan, Usage, bounds_by_split,
                                              classes_file_apart, file_entry, file_stamp, labels_file_entries,
@@ -34,15 +35,12 @@ class ArchiveSource(SourceKind):
         """A folder holding archives named for a split (train, val) and, locally, no folders."""
         if "://" in location:
             return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
-        if not os.path.isdir(location):
-            return False
-        try:
+        try:  # not a folder, or unreadable: not claimed (the folder kind says why)
             entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
         except OSError:
             return False
-        if any(e.is_dir() for e in entries):
-            return False
-        return any(archive_index.archive_type(e.name) and _names_split(e.name) for e in entries)
+        return not any(e.is_dir() for e in entries) and any(archive_index.archive_type(e.name)
+                                                             and _names_split(e.name) for e in entries)
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
@@ -88,10 +86,7 @@ def _names_split(name: str) -> bool:
 def _remote_names(location: str) -> list[str]:
     """The names one level inside a remote folder; none when it cannot be listed (the folder kind says why)."""
     try:
-        from apache_beam.io.filesystems import FileSystems
-
-        prefix = location.rstrip("/") + "/"
-        return [m.path[len(prefix):] for m in FileSystems.match([prefix + "*"])[0].metadata_list]
+        return remote_names(location)
     except Exception:  # noqa: BLE001 - any failure: not claimed here; planning the folder reports it
         return []
 
@@ -104,7 +99,8 @@ def planned_identities(plan: SourcePlan) -> Identities:
 
 
 def check_unchanged(path: str, planned: Identities, raw=None) -> None:
-    """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open local file)."""
+    """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open file, of which a
+    local one is asked)."""
     if path not in planned:
         return
     if "://" not in path and raw is not None:
@@ -142,22 +138,15 @@ class ArchiveTaskReader:
         except OSError as e:
             yield Reject(task.split, sources.printable_key(name), "unreadable", f"{type(e).__name__}: {e}")
             return
-        last = {member.name: i for i, member in enumerate(index.members)}  # a name twice: the last copy is read
-        for i, member in enumerate(index.members):
+        for again, member in zip(stored_again([m.name for m in index.members]), index.members):
             key = task.key_prefix + member.name
-            if member.is_dir:
-                continue
-            if last[member.name] != i:
-                yield Reject(task.split, sources.printable_key(key), "duplicate_member",
-                             "the class tar holds this name again later; the last copy is read, as tar does")
-            elif member.problem:
-                yield Reject(task.split, sources.printable_key(key), member.problem, member.detail)
-            elif any(sources.is_hidden(part) for part in member.name.split("/")):
-                yield Reject(task.split, sources.printable_key(key), "hidden_file", "hidden (its name starts with '.')")
-            elif not sources.is_utf8(key):
-                yield Reject(task.split, sources.printable_key(key), "bad_file_name", "the member name is not UTF-8")
-            else:
-                yield Input(task.split, key, task.label, archive_index.MemberRef.of(task.archive, member).text(), None)
+            problem = (Reject(task.split, sources.printable_key(key), member.problem, member.detail) if member.problem
+                       else Reject(task.split, sources.printable_key(key), "hidden_file",
+                                   "hidden (its name starts with '.')")
+                       if any(sources.is_hidden(part) for part in member.name.split("/")) else None)
+            if not member.is_dir:
+                yield name_reject(task.split, key, again, "the class tar", "not UTF-8", problem) or Input(
+                    task.split, key, task.label, archive_index.MemberRef.of(task.archive, member).text(), None)
         if index.damage:
             yield Reject(task.split, sources.printable_key(name), archive_index.DAMAGED_ARCHIVE,
                          f"{index.damage}; the members after it are not read")
@@ -169,7 +158,7 @@ class ArchiveTaskReader:
         failure = ""
         try:
             with open_archive(task.archive, sequential=True) as raw:
-                check_unchanged(task.archive, self.planned, raw if "://" not in task.archive else None)
+                check_unchanged(task.archive, self.planned, raw)
                 for streamed in archive_index.stream_tar(raw):
                     name = streamed.member.name
                     seen[name] = seen.get(name, -1) + 1
@@ -209,13 +198,13 @@ class ArchiveMemberReader:
 
         ref = archive_index.MemberRef.parse(path)
         try:
-            raw = self.open_files.get(ref.archive)
-            if raw is None:
+            opened = ref.archive not in self.open_files
+            if opened:
                 if len(self.open_files) > 16:
                     self.close()
-                raw = self.open_files[ref.archive] = open_archive(ref.archive)
-                check_unchanged(ref.archive, self.planned, raw if "://" not in ref.archive else None)
-            elif "://" not in ref.archive:
+                self.open_files[ref.archive] = open_archive(ref.archive)
+            raw = self.open_files[ref.archive]
+            if opened or "://" not in ref.archive:  # a remote one's stamp is a request: checked once
                 check_unchanged(ref.archive, self.planned, raw)
             return archive_index.read_member(raw, ref)
         except archive_index.MemberError as e:

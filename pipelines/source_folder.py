@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-import textwrap
 from typing import Callable, NamedTuple
 
 from shardprep.pipelines.source_kind import (ApartFrom, SourceKind, SourcePlan, Usage, classes_file_apart, exists,
@@ -36,48 +35,37 @@ class Children(NamedTuple):
 
 def list_children(path: str, source_root: str | None = None) -> Children:
     """What is directly inside ``path``; links to folders looping back into ``source_root`` set apart."""
+    found: list[tuple[str, bool, os.DirEntry | None]]  # (name, is a folder as listed, the local entry)
     if is_local(path):
         if not os.path.isdir(path):
             raise sources.SourceError(f"{path} is not a directory")
-        children = Children([], [], [], [], [])
-        for entry in sorted(os.scandir(path), key=lambda e: e.name):
-            is_dir = accounting.is_folder(entry)
-            if accounting.is_os_litter(entry.name, is_dir):
-                children.litter.append((entry.name, is_dir))
-            elif sources.is_hidden(entry.name):
-                children.hidden.append((entry.name, is_dir))
-            elif not is_dir:
-                children.files.append(entry.name)
-            elif source_root and entry.is_symlink() and accounting.links_into(entry.path, source_root):
-                children.looping.append(entry.name)
-            else:
-                children.dirs.append(entry.name)
-        return children
-    # Object stores have no directories; TensorFlow's file system lists one level with a delimiter query.
-    import tensorflow as tf
+        found = [(e.name, accounting.is_folder(e), e) for e in sorted(os.scandir(path), key=lambda e: e.name)]
+    else:  # object stores have no directories; TensorFlow's file system lists one level with a delimiter query
+        import tensorflow as tf
 
-    try:
-        listed = tf.io.gfile.listdir(path)
-    except tf.errors.NotFoundError:  # what listdir says for every failure of its first probe: ask which it was
-        raise _unlistable(path, tf) from None
-    except tf.errors.OpError as e:
-        raise sources.SourceError(listing_failure(path, e, tf)) from None
-    # On gs:// sub-directories come back with a trailing "/": no probe (a request) per file is needed.
-    marks_directories = path.startswith("gs://")
-    dirs: list[str] = []
-    files: list[str] = []
-    hidden: list[tuple[str, bool]] = []
-    litter: list[tuple[str, bool]] = []
-    for name in sorted(listed):
-        clean = name.rstrip("/")
-        if accounting.is_os_litter(clean, name.endswith("/")):
-            litter.append((clean, name.endswith("/")))
-        elif sources.is_hidden(clean):
-            hidden.append((clean, name.endswith("/")))
-            continue
-        is_dir = name.endswith("/") or (not marks_directories and tf.io.gfile.isdir(manifest.join(path, clean)))
-        (dirs if is_dir else files).append(clean)
-    return Children(dirs, files, hidden, [], litter)
+        try:
+            listed = tf.io.gfile.listdir(path)
+        except tf.errors.NotFoundError:  # what listdir says for every failure of its first probe: ask which it was
+            raise _unlistable(path, tf) from None
+        except tf.errors.OpError as e:
+            raise sources.SourceError(listing_failure(path, e, tf)) from None
+        # On gs:// sub-directories come back with a trailing "/": no probe (a request) per file is needed.
+        probe = not path.startswith("gs://")
+        found = [(name.rstrip("/"), name.endswith("/"), None) for name in sorted(listed)]
+    children = Children([], [], [], [], [])
+    for name, is_dir, entry in found:
+        if accounting.is_os_litter(name, is_dir):
+            children.litter.append((name, is_dir))
+        elif sources.is_hidden(name):
+            children.hidden.append((name, is_dir))
+        elif not (is_dir or (entry is None and probe and tf.io.gfile.isdir(manifest.join(path, name)))):
+            children.files.append(name)
+        elif source_root and entry is not None and entry.is_symlink() and accounting.links_into(entry.path,
+                                                                                                   source_root):
+            children.looping.append(name)
+        else:
+            children.dirs.append(name)
+    return children
 
 
 def _unlistable(path: str, tf) -> sources.SourceError:
@@ -331,8 +319,7 @@ def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tup
             said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
                      "dataset (a model trained on it has an output nothing trains): remove the "
                      f"folder{'' if one else 's'} and rerun to leave it out")
-        notes.append(textwrap.fill(said, width=74, subsequent_indent="  ", break_long_words=False,
-                                   break_on_hyphens=False))
+        notes.append(text.wrap(said, 74))
     return tuple(notes)
 
 

@@ -272,14 +272,9 @@ def ordered_classes(stored, where: str, config) -> list[str]:
 
 
 def read_classes_file(path: str) -> list[str]:
-    if not exists(path):
-        raise sources.SourceError(f"--classes {path} does not exist: give a text file of class names, one a line")
-    if is_local(path) and not os.path.isfile(path):
-        raise sources.SourceError(f"--classes {path} is not a file: give a text file of class names, one a line")
-    data = _read_bounded(path, f"--classes {path}", names.MAX_CLASS_LIST_BYTES)
-    if len(data) > names.MAX_CLASS_LIST_BYTES:
-        raise sources.SourceError(f"--classes {path} is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold "
-                                  "class names, one a line")
+    data = _read_bounded(path, f"--classes {path}", names.MAX_CLASS_LIST_BYTES, "does not exist: give a text file of "
+                         "class names, one a line", "is not a file: give a text file of class names, one a line",
+                         f"is over {names.MAX_CLASS_LIST_BYTES >> 20} MiB: it should hold class names, one a line")
     found = labels.class_names_txt(data, f"--classes {path}")
     if not found:
         raise sources.SourceError(f"--classes {path} names no class: give class names, one a line")
@@ -288,25 +283,29 @@ def read_classes_file(path: str) -> list[str]:
 
 def read_labels_file_rows(path: str, file_exists) -> list[labels.LabelRow]:
     """The labels file's rows (``file_exists(name)``: is there a flat image of that name)."""
-    if not exists(path):
-        archive, inner = split_inner(path)
-        if inner and exists(archive):
-            raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
-                                      "from inside an archive only with that archive as SOURCE; extract it and give "
-                                      "its path")
-        raise sources.SourceError(f"labels file {path} does not exist")
-    if is_local(path) and not os.path.isfile(path):
-        raise sources.SourceError(f"labels file {path} is not a file (a folder?): give the CSV of filename,label")
-    data = _read_bounded(path, f"labels file {path}", MAX_LABELS_FILE_BYTES)
-    if len(data) > MAX_LABELS_FILE_BYTES:
-        raise sources.SourceError(f"labels file {path} is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of "
-                                  "filename,label rows for any dataset shardprep reads (ImageNet's is 2 MB)")
+    archive, inner = split_inner(path)
+    if inner and not exists(path) and exists(archive):
+        raise sources.SourceError(f"labels file {path} is inside the archive {archive}: a labels file is read "
+                                  "from inside an archive only with that archive as SOURCE; extract it and give its "
+                                  "path")
+    data = _read_bounded(path, f"labels file {path}", MAX_LABELS_FILE_BYTES, "does not exist",
+                         "is not a file (a folder?): give the CSV of filename,label",
+                         f"is over {MAX_LABELS_FILE_BYTES:,} bytes, more than a CSV of filename,label rows for any "
+                         "dataset shardprep reads (ImageNet's is 2 MB)")
     return labels.csv_rows(data, path, file_exists)
 
 
-def _read_bounded(path: str, what: str, limit: int) -> bytes:
+def _read_bounded(path: str, what: str, limit: int, missing: str, not_file: str, too_big: str) -> bytes:
+    """At most ``limit`` bytes of the file ``what`` names; a SourceError ``what missing`` etc. otherwise."""
+    if not exists(path):
+        raise sources.SourceError(f"{what} {missing}")
+    if is_local(path) and not os.path.isfile(path):
+        raise sources.SourceError(f"{what} {not_file}")
     try:
         with open_file(path) as f:
-            return f.read(limit + 1)
+            data = f.read(limit + 1)
     except Exception as e:  # noqa: BLE001 - unreadable for any reason: one line for the user
         raise sources.SourceError(f"cannot read {what}: {type(e).__name__}: {e}") from None
+    if len(data) > limit:
+        raise sources.SourceError(f"{what} {too_big}")
+    return data

@@ -315,3 +315,17 @@ def test_labels_file_names_match_files_in_either_normal_form(tmp_path):
     labels.write_text(unicodedata.normalize("NFC", "filename,label\ncafé.png,Crème\n"))
     manifest = ok(flat, tmp_path / "out", "--labels-file", labels, "--allow-upscale")  # a 1x1 image
     assert manifest["num_examples"] == 1 and manifest["classes"] == [unicodedata.normalize("NFC", "Crème")]
+
+
+def test_os_litter_in_a_remote_folder_is_listed_once_as_litter_never_also_as_a_file():
+    """A remote store (TensorFlow's ``ram://`` here) lists a folder by names: ``Thumbs.db`` there is OS litter,
+    as in a local folder, not also a file beside the classes (which listed it twice in ``not_used``)."""
+    tf = pytest.importorskip("tensorflow")
+    from shardprep.pipelines.source_folder import list_children
+
+    for name in ("ram://litter_src/cat/a.jpg", "ram://litter_src/Thumbs.db"):
+        tf.io.gfile.makedirs(name.rsplit("/", 1)[0])
+        with tf.io.gfile.GFile(name, "wb") as f:
+            f.write(b"x")
+    children = list_children("ram://litter_src")
+    assert (children.dirs, children.files, children.litter) == (["cat"], [], [("Thumbs.db", False)])
