@@ -307,6 +307,7 @@ LAUNCHER_ONLY = {
     ("pipelines/source_folder.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
     ("pipelines/source_tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
+    ("preprocess/owned_folder.py", "gfile"): {"tensorflow"},  # train's gs:// --output-dir; workers own no folder
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
 LAUNCHER_ONLY.update({(f"preprocess/encodings/{path.name}", "decode_tf"): {"tensorflow"}
