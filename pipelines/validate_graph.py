@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam import coders
 
 from shardprep.pipelines.near_duplicates import FindNearDuplicates
-from shardprep.pipelines.validate_options import default
+from shardprep.pipelines.validate_options import ValidateOptions
 from shardprep.pipelines.validate_read import MergeFn, ReadForeignFiles, ReadShards
 from shardprep.pipelines.validation.checks import mean_std_problems, problem, problem_sort_key, split_problems
 from shardprep.pipelines.validation.near_pairs import BUCKET_CAP, SearchKeys
@@ -229,13 +229,11 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
-                           samples: SampleOptions | None, samples_per_class: int, max_problems_per_check: int,
-                           progress_dir: str | None = None, max_distance: int | None = None,
+                           samples: SampleOptions | None, options: ValidateOptions, progress_dir: str | None = None,
                            search_near_duplicates: bool = True) -> None:
     """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it);
-    ``max_distance``: the near-duplicate candidates' (default: ValidateOptions'); ``search_near_duplicates``:
-    False leaves the search out (validate_options.near_duplicate_skip_reason)."""
-    max_distance = default("near_duplicate_distance") if max_distance is None else max_distance
+    ``search_near_duplicates``: False leaves the search out (validate_options.near_duplicate_skip_reason)."""
+    max_distance, max_problems_per_check = options.near_duplicate_distance, options.max_problems_per_check
     document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
             | "ListShards" >> beam.Create(tasks)
@@ -254,16 +252,16 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
         lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
             list(manifest.splits), max_distance, max_problems_per_check, search), search, max_distance)
     if samples is not None:
-        lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(samples_per_class))
+        lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(options.samples_per_class))
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)
 
 
-def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], image_key: str, label_key: str,
-                           results_path: str, max_problems_per_check: int, progress_dir: str | None = None) -> None:
+def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], options: ValidateOptions,
+                           results_path: str, progress_dir: str | None = None) -> None:
     """The validate graph for foreign TFRecord files."""
     read = (pipeline
             | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])
-            | "ReadForeignFiles" >> ReadForeignFiles(image_key, label_key, progress_dir))
+            | "ReadForeignFiles" >> ReadForeignFiles(options.image_key, options.label_key, progress_dir))
     lines = [read.stats | "MergeForeignStats" >> MergeForeignStats(),
-             read.problem | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check)]
+             read.problem | "KeepFirstProblems" >> KeepFirstProblems(options.max_problems_per_check)]
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

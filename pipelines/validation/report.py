@@ -181,11 +181,6 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
             "leaked_keys_file": None, "search": search}
 
 
-def near_searched(report: dict) -> bool:
-    """Whether the report holds a near-duplicate search's results (not a prepared dataset's, or skipped: no)."""
-    return bool(report.get("near_duplicates")) and "skipped" not in report["near_duplicates"]
-
-
 def near_fails(near: dict) -> bool:
     """Whether the near-duplicates fail the run: any leak under --strict, else more than --near-duplicate-limit."""
     if near["strict"]:
