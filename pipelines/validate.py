@@ -6,41 +6,7 @@ the report (``validation/report.py``) and writes ``--json`` and ``--pictures``. 
 are read one record at a time, and what crosses records goes through a combiner or a GroupByKey. :func:`run` takes
 the command's ``ValidateOptions`` and Beam's pipeline options (what follows ``--``) as given.
 
-The JSON report (``--json``)::
-
-    ok                      true only when problem_counts is empty (the exit status is 0 exactly then)
-    data, kind              DATA as given; "dataset", "tfrecord" or "tfds" (a prepared TFDS dataset's TFRecords)
-    problem_counts          {check: number of problems}, every problem counted
-    problems                [{check, message, split, file, index, ...}] (file relative to the dataset, index the
-                            0-based record in it; null where not applicable), at most --max-problems-per-check per
-                            check, lowest file/record first; problems_truncated says whether some were left out
-    elapsed_seconds, tool, tool_version
-    pictures                {contact_sheet, class_counts, near_duplicates (page 1), near_duplicates_html}: paths written
-    warnings                [{check, message, split, file, index, ...}]: near-duplicates that do not fail the run
-  prepared dataset, once a manifest was read:
-    classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
-    resize_method           the manifest's, or "pillow-bicubic" for a manifest written before it had the key
-    stats_split, mean_rgb, std_rgb, manifest_mean_rgb, manifest_std_rgb, mean_std_tolerance
-    num_examples, expected_num_examples, other_files (non-shard files found, e.g. rejects.jsonl)
-    splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
-             expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
-             ({file: records}), duplicate_images (identical images within the split: not a failure)}}
-    near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
-             --no-near-duplicates), else {max_distance (candidates' hashes), min_score, limit, strict, leaked_records
-             (held-out records with a near-duplicate in a training split), leaked_keys_file (--leaked-keys),
-             across_splits [{reference (the training split), split (the held-out one), leak, records (of split with a
-             near-duplicate in reference), split_records, pairs (every one) and borderline (the best candidates short
-             of min_score) [{score, distance, reference, duplicate (RecordLocation JSON)}] most alike first}],
-             within_splits {split: {records, pairs, borderline}}, search {buckets_over_cap, members_unchecked, tables,
-             key_bits, bucket_cap, expected_recall ({distance: the chance a pair that far apart is compared})},
-             pages (with --pictures: every near_duplicates*.png written)}
-  tfrecord:GLOB and tfds:NAME:
-    image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
-    dataset's label names)
-    splits: {split from the TFDS file name, else "all": {num_examples, num_files, num_readable_images,
-             label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
-
-``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}; the checks' meanings: CHECKS.
+The JSON report's keys (``--json``): docs/validate.md.
 """
 
 from __future__ import annotations

@@ -328,24 +328,18 @@ class ReadForeignFileFn(beam.DoFn):
             found.append(("image_missing", f"feature {self.image_key!r} is not one bytes value "
                                            f"(record has {sorted(features)})"))
             return found
-        found += _image_header(images[0], stats)
+        from PIL import Image
+
+        try:  # the size, format and mode from the image's header, no pixels decoded
+            with Image.open(io.BytesIO(images[0])) as opened:
+                size, image_format, mode = opened.size, opened.format, opened.mode
+        except Exception as e:  # noqa: BLE001 - whatever a codec raises, the image is undecodable
+            return found + [("image_decode", f"{type(e).__name__}: {e}")]
+        stats.num_readable_images += 1
+        for histogram, key in ((stats.image_sizes, f"{size[1]}x{size[0]}"), (stats.image_formats, str(image_format)),
+                               (stats.image_modes, mode)):
+            histogram[key] = histogram.get(key, 0) + 1
         return found
-
-
-def _image_header(image: bytes, stats: ForeignStats) -> list[tuple[str, str]]:
-    """Counts an encoded image's size, format and mode from its header (no pixels decoded); a problem if none."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(image)) as opened:
-            size, image_format, mode = opened.size, opened.format, opened.mode
-    except Exception as e:  # noqa: BLE001 - whatever a codec raises, the image is undecodable
-        return [("image_decode", f"{type(e).__name__}: {e}")]
-    stats.num_readable_images += 1
-    for histogram, key in ((stats.image_sizes, f"{size[1]}x{size[0]}"), (stats.image_formats, str(image_format)),
-                           (stats.image_modes, mode)):
-        histogram[key] = histogram.get(key, 0) + 1
-    return []
 
 
 class ReadForeignFiles(beam.PTransform):

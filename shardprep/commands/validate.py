@@ -328,17 +328,14 @@ def _foreign_split_table(summary: dict, classes: list[str] | None = None):
     table.add_column("records", justify="right", no_wrap=True)
     rows = list(summary["label_counts"].items())
     for label, n in rows[:_CLASS_ROWS_SHOWN]:
-        table.add_row(label, *([_class_name(classes, label)] if classes else []), f"{n:,}")
+        name = (_text(display_name(classes[int(label)])) if 0 <= int(label) < len(classes)
+                else _text("(out of range)", style="red")) if classes else None
+        table.add_row(label, *([name] if classes else []), f"{n:,}")
     if len(rows) > _CLASS_ROWS_SHOWN:
         counts = [n for _, n in rows]
         table.add_row(f"… {len(rows) - _CLASS_ROWS_SHOWN:,} more", *([""] if classes else []),
                       f"{min(counts):,}–{max(counts):,}")
     return table
-
-
-def _class_name(classes: list[str], label: str):
-    index = int(label)
-    return _text(display_name(classes[index])) if 0 <= index < len(classes) else _text("(out of range)", style="red")
 
 
 _NEAR_PAIRS_SHOWN = 5
