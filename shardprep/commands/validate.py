@@ -138,7 +138,6 @@ def command(ctx, quiet, beam_args, **flags):
                     enabled=not quiet, all_done=ACROSS_RECORDS) as progress_display:
                 report = job.run(options, list(beam_args), progress=progress_display.update, outputs=outputs)
         except job.ReportWriteError as e:
-            e.report.setdefault("elapsed_seconds", 0)
             with contextlib.suppress(OutputError), reader_may_go():  # its own error is the one to tell (a full disk)
                 print_report(e.report, None)
             raise click.ClickException(str(e)) from None
