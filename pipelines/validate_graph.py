@@ -72,22 +72,17 @@ def _check_split(element, manifest: dict, tolerance: float):
     yield split_summary(split, stats, manifest)
 
 
-class CheckSplits(beam.PTransform):
+@beam.ptransform_fn
+def CheckSplits(shard_stats, manifest: dict, tolerance: float):
     """``(split, SplitStats)`` per shard -> one summary dict per manifest split (main output ``split``; a split
     whose shards are all missing gets one too) and tagged output ``problem``."""
-
-    def __init__(self, manifest: dict, tolerance: float):
-        super().__init__()
-        self.manifest, self.tolerance = manifest, tolerance
-
-    def expand(self, shard_stats):
-        every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
-            [(split, SplitStats()) for split in self.manifest["splits"]])
-        return ((shard_stats, every_split)
-                | "FlattenSplitStats" >> beam.Flatten()
-                | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
-                | "CheckSplit" >> beam.FlatMap(_check_split, self.manifest, self.tolerance).with_outputs(
-                    "problem", main="split"))
+    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
+        [(split, SplitStats()) for split in manifest["splits"]])
+    return ((shard_stats, every_split)
+            | "FlattenSplitStats" >> beam.Flatten()
+            | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
+            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs(
+                "problem", main="split"))
 
 
 def _duplicate_filename(element):
@@ -105,14 +100,13 @@ def _duplicate_filename(element):
                       filename=filename, num_occurrences=count, occurrences=[x.to_json() for x in first])
 
 
-class FindDuplicateFilenames(beam.PTransform):
+@beam.ptransform_fn
+def FindDuplicateFilenames(filenames):
     """``(image/filename, RecordLocation)`` per record -> a ``filename_duplicate`` problem per shared filename."""
-
-    def expand(self, filenames):
-        return (filenames
-                | "PackLocations" >> beam.MapTuple(lambda name, where: (name, _PLACE_CODER.encode(where[:3])))
-                | "GroupByFilename" >> beam.GroupByKey()
-                | "FindDuplicates" >> beam.FlatMap(_duplicate_filename))
+    return (filenames
+            | "PackLocations" >> beam.MapTuple(lambda name, where: (name, _PLACE_CODER.encode(where[:3])))
+            | "GroupByFilename" >> beam.GroupByKey()
+            | "FindDuplicates" >> beam.FlatMap(_duplicate_filename))
 
 
 def _leakage(element, split_order: list[str]):
@@ -140,76 +134,55 @@ def _leakage(element, split_order: list[str]):
                   num_occurrences=sum(count_by_split.values()))
 
 
-class FindLeakage(beam.PTransform):
+@beam.ptransform_fn
+def FindLeakage(pixel_hashes, split_order: list[str]):
     """``(pixel hash, RecordLocation)`` per record -> ``{"problem": a leakage problem per image in two splits,
     "duplicates": (split, identical images within it)}`` (within a split: not a failure)."""
-
-    def __init__(self, split_order: list[str]):
-        super().__init__()
-        self.split_order = split_order
-
-    def expand(self, pixel_hashes):
-        found = (pixel_hashes
-                 | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
-                 | "GroupByPixelHash" >> beam.GroupByKey()
-                 | "FindLeaks" >> beam.FlatMap(_leakage, self.split_order).with_outputs("duplicates", main="problem"))
-        return {"problem": found.problem,
-                "duplicates": found.duplicates | "CountDuplicateImages" >> beam.CombinePerKey(sum)}
+    found = (pixel_hashes
+             | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
+             | "GroupByPixelHash" >> beam.GroupByKey()
+             | "FindLeaks" >> beam.FlatMap(_leakage, split_order).with_outputs("duplicates", main="problem"))
+    return {"problem": found.problem,
+            "duplicates": found.duplicates | "CountDuplicateImages" >> beam.CombinePerKey(sum)}
 
 
-class KeepFirstProblems(beam.PTransform):
+@beam.ptransform_fn
+def KeepFirstProblems(problems, max_per_check: int):
     """Problem dicts -> result lines: at most ``max_per_check`` problems per check (lowest shard/record first) and
     one ``problem_count`` line per check counting all of them."""
-
-    def __init__(self, max_per_check: int):
-        super().__init__()
-        self.max_per_check = max_per_check
-
-    def expand(self, problems):
-        keyed = problems | "KeyProblemsByCheck" >> beam.Map(
-            lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
-        kept = (keyed
-                | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(self.max_per_check)
-                | "ProblemLines" >> beam.FlatMap(lambda kv: [
-                    json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
-        counts = (keyed
-                  | "CountProblems" >> beam.combiners.Count.PerKey()
-                  | "ProblemCountLines" >> beam.MapTuple(
-                      lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
-        return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
+    keyed = problems | "KeyProblemsByCheck" >> beam.Map(
+        lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
+    kept = (keyed
+            | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(max_per_check)
+            | "ProblemLines" >> beam.FlatMap(lambda kv: [
+                json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
+    counts = (keyed
+              | "CountProblems" >> beam.combiners.Count.PerKey()
+              | "ProblemCountLines" >> beam.MapTuple(
+                  lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
+    return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
 
 
-class SampleForContactSheet(beam.PTransform):
+@beam.ptransform_fn
+def SampleForContactSheet(samples, samples_per_class: int):
     """``(label, Sample)`` candidates -> one ``sample`` result line per class: its lowest-rank ``samples_per_class``."""
-
-    def __init__(self, samples_per_class: int):
-        super().__init__()
-        self.samples_per_class = samples_per_class
-
-    def expand(self, samples):
-        return (samples
-                | "LowestRanks" >> beam.combiners.Top.SmallestPerKey(self.samples_per_class)
-                | "SampleLines" >> beam.MapTuple(sample_line))
+    return (samples
+            | "LowestRanks" >> beam.combiners.Top.SmallestPerKey(samples_per_class)
+            | "SampleLines" >> beam.MapTuple(sample_line))
 
 
-class MergeForeignStats(beam.PTransform):
+@beam.ptransform_fn
+def MergeForeignStats(file_stats):
     """``(split, ForeignStats)`` per file -> one ``split`` result line per split."""
-
-    def expand(self, file_stats):
-        return (file_stats
-                | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
-                | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
+    return (file_stats
+            | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
+            | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
 
 
-class WriteResults(beam.PTransform):
+@beam.ptransform_fn
+def WriteResults(lines, path: str):
     """Result lines (JSON strings) -> one text file at ``path``, which the driver reads back."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self.path = path
-
-    def expand(self, lines):
-        return lines | "WriteText" >> beam.io.WriteToText(self.path, num_shards=1, shard_name_template="")
+    return lines | "WriteText" >> beam.io.WriteToText(path, num_shards=1, shard_name_template="")
 
 
 def _bucket_pairs(element, max_distance: int, cap: int):

@@ -257,15 +257,11 @@ class ReadShardFn(beam.DoFn):
             sample_rank(record.filename), record.filename, small.shape[0], small.shape[1], small.tobytes())))
 
 
-class ReadShards(beam.PTransform):
+@beam.ptransform_fn
+def ReadShards(tasks, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
-
-    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
-        super().__init__()
-        self.fn = ReadShardFn(manifest, samples, progress_dir)
-
-    def expand(self, tasks):
-        return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")
+    return tasks | "ReadShard" >> beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(
+        *SHARD_OUTPUTS, main="stats")
 
 
 class MergeFn(beam.CombineFn):
@@ -342,12 +338,8 @@ class ReadForeignFileFn(beam.DoFn):
         return found
 
 
-class ReadForeignFiles(beam.PTransform):
+@beam.ptransform_fn
+def ReadForeignFiles(files, image_key: str, label_key: str, progress_dir: str | None = None):
     """``(file, split)`` -> ``(split, ForeignStats)`` per file (main output ``stats``), tagged output ``problem``."""
-
-    def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
-        super().__init__()
-        self.fn = ReadForeignFileFn(image_key, label_key, progress_dir)
-
-    def expand(self, files):
-        return files | "ReadForeignFile" >> beam.ParDo(self.fn).with_outputs("problem", main="stats")
+    return files | "ReadForeignFile" >> beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs(
+        "problem", main="stats")
