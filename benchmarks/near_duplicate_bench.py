@@ -95,7 +95,7 @@ def _search(records, size: int) -> dict:
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from shardprep.pipelines.near_duplicates import FindNearDuplicates
+    from shardprep.pipelines.validate_graph import FindNearDuplicates
     from shardprep.pipelines.validation.near_pairs import SearchKeys
 
     search = SearchKeys.for_records(size, DEFAULT)  # as validate keys a dataset of this many records

@@ -6,41 +6,7 @@ the report (``validation/report.py``) and writes ``--json`` and ``--pictures``. 
 are read one record at a time, and what crosses records goes through a combiner or a GroupByKey. :func:`run` takes
 the command's ``ValidateOptions`` and Beam's pipeline options (what follows ``--``) as given.
 
-The JSON report (``--json``)::
-
-    ok                      true only when problem_counts is empty (the exit status is 0 exactly then)
-    data, kind              DATA as given; "dataset", "tfrecord" or "tfds" (a prepared TFDS dataset's TFRecords)
-    problem_counts          {check: number of problems}, every problem counted
-    problems                [{check, message, split, file, index, ...}] (file relative to the dataset, index the
-                            0-based record in it; null where not applicable), at most --max-problems-per-check per
-                            check, lowest file/record first; problems_truncated says whether some were left out
-    elapsed_seconds, tool, tool_version
-    pictures                {contact_sheet, class_counts, near_duplicates (page 1), near_duplicates_html}: paths written
-    warnings                [{check, message, split, file, index, ...}]: near-duplicates that do not fail the run
-  prepared dataset, once a manifest was read:
-    classes, encoding, crop, shorter_side, image_height, image_width    from the manifest
-    resize_method           the manifest's, or "pillow-bicubic" for a manifest written before it had the key
-    stats_split, mean_rgb, std_rgb, manifest_mean_rgb, manifest_std_rgb, mean_std_tolerance
-    num_examples, expected_num_examples, other_files (non-shard files found, e.g. rejects.jsonl)
-    splits: {split: {num_examples, expected_num_examples, num_shards, expected_num_shards, class_counts,
-             expected_class_counts, out_of_range_labels, mean_rgb, std_rgb, image_sizes, shard_records
-             ({file: records}), duplicate_images (identical images within the split: not a failure)}}
-    near_duplicates: {skipped: why} when the search did not run (a local run over LOCAL_NEAR_DUPLICATE_RECORDS, or
-             --no-near-duplicates), else {max_distance (candidates' hashes), min_score, limit, strict, leaked_records
-             (held-out records with a near-duplicate in a training split), leaked_keys_file (--leaked-keys),
-             across_splits [{reference (the training split), split (the held-out one), leak, records (of split with a
-             near-duplicate in reference), split_records, pairs (every one) and borderline (the best candidates short
-             of min_score) [{score, distance, reference, duplicate (RecordLocation JSON)}] most alike first}],
-             within_splits {split: {records, pairs, borderline}}, search {buckets_over_cap, members_unchecked, tables,
-             key_bits, bucket_cap, expected_recall ({distance: the chance a pair that far apart is compared})},
-             pages (with --pictures: every near_duplicates*.png written)}
-  tfrecord:GLOB and tfds:NAME:
-    image_key, label_key, num_files, num_examples, classes (a label.labels.txt beside the files, or the TFDS
-    dataset's label names)
-    splits: {split from the TFDS file name, else "all": {num_examples, num_files, num_readable_images,
-             label_counts, num_labels, image_sizes, image_formats, image_modes, file_records ({file: records})}}
-
-``image_sizes`` is {num_distinct, min/max/mean height and width, most_common {"HxW": n}}; the checks' meanings: CHECKS.
+The JSON report's keys (``--json``): docs/validate.md.
 """
 
 from __future__ import annotations
@@ -95,8 +61,6 @@ class ReportWriteError(ValidateError):
         self.report = report
 
 
-# --- running a graph ----------------------------------------------------------------------------------------------
-
 def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     """Where the pipeline writes its result lines (a local temporary folder, else ``--temp_location``: a remote
     runner's workers cannot write here), and how to remove them afterwards."""
@@ -138,8 +102,6 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
         cleanup()
 
 
-# --- prepared dataset ---------------------------------------------------------------------------------------------
-
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Manifest | None, list[dict]]:
     """(manifest, the driver's problems), the manifest read and checked once; None when the shards cannot be read
     (``report`` may say which checks were skipped). A ``record_layout`` that does not fit is a problem, its split
@@ -160,18 +122,6 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Ma
         found.extend(sorted(file for file in listed - set(found)
                             if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
     return manifest, manifest_problems(document) + unfit_layout_problems(manifest) + layout_problems(document, found)
-
-
-def _sample_options(manifest: Manifest, stats_split: str | None, options: ValidateOptions) -> SampleOptions | None:
-    """Which records become contact-sheet candidates (``--pictures``, from the stats split), else None."""
-    if not options.pictures or stats_split is None or stats_split not in manifest.splits:
-        return None
-    from shardprep.pipelines.validation.pictures import sheet_cell_cap
-
-    return SampleOptions(
-        split=stats_split,
-        fraction=sample_fraction(manifest.splits[stats_split].class_counts, options.samples_per_class),
-        cell_cap=sheet_cell_cap(len(manifest.classes)))
 
 
 def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress,
@@ -195,15 +145,19 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     tasks = [ShardTask(split, shard.file, manifest_lib.join(data_dir, shard.file), shard)
              for split, info in manifest.splits.items() for shard in info.shards if shard.file in present]
     stats_split = manifest.stats_split or next(iter(manifest.splits), None)
-    samples = _sample_options(manifest, stats_split, options)
+    samples = None  # the contact sheet's candidates (--pictures), from the stats split
+    if options.pictures and stats_split in manifest.splits:
+        from shardprep.pipelines.validation.pictures import sheet_cell_cap
+
+        fraction = sample_fraction(manifest.splits[stats_split].class_counts, options.samples_per_class)
+        samples = SampleOptions(stats_split, fraction, sheet_cell_cap(len(manifest.classes)))
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
     lines = _run_pipeline(
         lambda pipeline, results, progress_dir: build_dataset_pipeline(
-            pipeline, manifest, tasks, results, samples, options.samples_per_class, options.max_problems_per_check,
-            progress_dir, options.near_duplicate_distance, search_near_duplicates=skipped is None),
+            pipeline, manifest, tasks, results, samples, options, progress_dir, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
     report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
     if skipped:
@@ -226,14 +180,12 @@ def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], op
     if options.leaked_keys:
         text = report_lib.keys_file_text(report_lib.leaked_keys(lines), options.data, near)
         with _writing(f"the keys to {options.leaked_keys}", report, ""):
-            near["leaked_keys_file"] = outputs.wrote("--leaked-keys", _write_file(
-                absolute(options.leaked_keys), text.encode("utf-8"), "text/plain"))
+            near["leaked_keys_file"] = outputs.write("--leaked-keys", absolute(options.leaked_keys),
+                                                     text.encode("utf-8"), "text/plain")
     failing = report_lib.near_fails(near)
     report.update({} if failing else {"warnings": found})
     return found if failing else []
 
-
-# --- foreign tfrecord: input --------------------------------------------------------------------------------------
 
 def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:
     """(DATA's kind, its globs and class names, the matched files' metadata) of a ``tfrecord:`` or ``tfds:`` DATA."""
@@ -278,8 +230,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
                                  [], options.max_problems_per_check)
     total_bytes = sum(meta.size_in_bytes for meta in matched)
     lines = _run_pipeline(
-        lambda pipeline, results, progress_dir: build_foreign_pipeline(
-            pipeline, files, options.image_key, options.label_key, results, options.max_problems_per_check, progress_dir),
+        lambda pipeline, results, progress_dir: build_foreign_pipeline(pipeline, files, options, results, progress_dir),
         beam_args, progress, f"reading {len(files)} files ({total_bytes / 2**20:,.1f} MiB)", len(files), total_bytes)
     splits = report_lib.split_entries(lines)
     report.update(image_key=options.image_key, label_key=options.label_key, num_files=len(files),
@@ -295,8 +246,6 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
     _write_pictures_or_fail(options, report, None, outputs, progress)
     return report
 
-
-# --- writing the report and the pictures --------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def _writing(what: str, report: dict, after: str = "; the report above is complete"):
@@ -325,8 +274,7 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     from shardprep.preprocess import wordnet_names
 
     def write(name: str, data: bytes, mime_type: str = "image/png", whole: bool = False) -> str:
-        return outputs.wrote("--pictures", _write_file(manifest_lib.join(absolute(directory), name), data,
-                                                       mime_type), whole=whole)
+        return outputs.write("--pictures", manifest_lib.join(absolute(directory), name), data, mime_type, whole)
 
     written = {}
     class_names, counts = report_lib.chart_counts(report)
@@ -334,30 +282,17 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     if lines is not None:
         sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
         written["contact_sheet"] = write(pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet))
-    if report_lib.near_searched(report):
+    if (near := report.get("near_duplicates")) and "skipped" not in near:  # a search ran
         data_dir = absolute(report["data"]).rstrip("/")
         pages = [write(name, png) for name, png in pictures.pages_of(report, lambda file, index: (
             read_record_pixels(manifest_lib.join(data_dir, file), index)))]
-        report["near_duplicates"]["pages"] = pages
+        near["pages"] = pages
         page = pictures.html_of(report, [os.path.basename(path) for path in pages])
         written.update(near_duplicates=pages[0],
                        near_duplicates_html=write(pictures.NEAR_DUPLICATES_HTML, page, "text/html"))
     chart = pictures.class_count_chart(class_names, counts, f"records per class: {report['data']}")
     written["class_counts"] = write(pictures.CLASS_COUNTS_NAME, pictures.png_bytes(chart), whole=True)
     return written
-
-
-def _write_file(path: str, data: bytes, mime_type: str) -> str:
-    """Writes ``data`` under a temporary name, then renamed over ``path`` (``storage.atomic_write``): a link or a
-    hard link already there is replaced, never written through."""
-    storage.atomic_write(path, data, mime_type)
-    return path
-
-
-# --- entry point --------------------------------------------------------------------------------------------------
-
-def _log_progress(stage: str, done: int | None, total: int | None, records: int | None) -> None:
-    _LOGGER.info("%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else "")
 
 
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
@@ -372,8 +307,10 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read
         raise ValidateError(refused)
-    check_output_paths(options.json_path, options.pictures, options.leaked_keys, options.data)
-    progress, outputs = progress or _log_progress, WrittenOutputs() if outputs is None else outputs
+    check_output_paths(options)
+    progress = progress or (lambda stage, done, total, records: _LOGGER.info(
+        "%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else ""))
+    outputs = WrittenOutputs() if outputs is None else outputs
     started = time.monotonic()
     kind = data_kind(options.data)
     if kind is not source_registry.FALLBACK and not kind.validated_as_records:
@@ -398,7 +335,7 @@ def _finish(report: dict, options: ValidateOptions, started: float, outputs: Wri
     report["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if options.json_path:
         with _writing(f"the report to {options.json_path}", report):
-            outputs.wrote("--json", _write_file(absolute(options.json_path), (json.dumps(
-                report, indent=2) + "\n").encode("utf-8"), "application/json"))
+            outputs.write("--json", absolute(options.json_path), (json.dumps(report, indent=2) + "\n").encode(),
+                          "application/json")
     return report
 

@@ -51,24 +51,20 @@ class ValidateOptions:
         limit = self.near_duplicate_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"near_duplicate_limit must be a whole number of records (0 or more), not {limit!r}")
-        if self.near_duplicates is False and self.near_duplicate_search_flags():
-            raise ValueError(f"--no-near-duplicates cannot go with {' and '.join(self.near_duplicate_search_flags())}"
-                             ", which set or need the near-duplicate search: leave out one or the other")
+        if self.near_duplicates is False and (flags := self.near_duplicate_flags(search=True)):
+            raise ValueError(f"--no-near-duplicates cannot go with {' and '.join(flags)}, which set or need the "
+                             "near-duplicate search: leave out one or the other")
         for field, flag in (("json_path", "--json"), ("pictures", "--pictures"), ("leaked_keys", "--leaked-keys")):
             if getattr(self, field) is not None and not str(getattr(self, field)).strip():
                 raise ValueError(f"{flag} is empty: give a path")
 
-    def near_duplicate_flags(self) -> list[str]:
-        """The flags given that ask for the near-duplicate search."""
+    def near_duplicate_flags(self, search: bool = False) -> list[str]:
+        """The flags given that ask for the near-duplicate search (``search``: or set it, refused where none runs)."""
         given = {"--strict": self.strict, "--near-duplicate-limit": self.near_duplicate_limit is not None,
-                 "--leaked-keys": bool(self.leaked_keys)}
+                 "--leaked-keys": bool(self.leaked_keys), "--near-duplicates": search and self.near_duplicates is True,
+                 "--near-duplicate-distance": search and self.near_duplicate_distance != default(
+                     "near_duplicate_distance")}
         return [flag for flag, is_given in given.items() if is_given]
-
-    def near_duplicate_search_flags(self) -> list[str]:
-        """Every flag given that sets or asks for the near-duplicate search: refused where no search runs."""
-        distance = self.near_duplicate_distance != default("near_duplicate_distance")
-        return (self.near_duplicate_flags() + ["--near-duplicates"] * (self.near_duplicates is True)
-                + ["--near-duplicate-distance"] * distance)
 
     def refusal(self, kind_name: str, kind_options: tuple[str, ...], prepared: bool) -> str | None:
         """Why this DATA (a prepared dataset, else records of the source kind ``kind_name``, which reads the fields
@@ -84,7 +80,7 @@ class ValidateOptions:
             data = f"a dataset shardprep preprocess wrote ({self.data})" if prepared else f"{kind_name}: DATA"
             return (f"{' and '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to {data}; leave "
                     f"{'it' if len(flags) == 1 else 'them'} out")
-        flags = [] if prepared else self.near_duplicate_search_flags()
+        flags = [] if prepared else self.near_duplicate_flags(search=True)
         if flags:
             return (f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: {self.data} is read "
                     "as TFRecords, where validate looks for no near-duplicates")

@@ -41,6 +41,12 @@ class WrittenOutputs:
             self.whole.append(flag)
         return path
 
+    def write(self, flag: str, path: str, data: bytes, mime_type: str, whole: bool = True) -> str:
+        """Writes ``data`` under a temporary name, renamed over ``path`` (``storage.atomic_write``: a link or a hard
+        link already there is replaced, never written through), then records it (:meth:`wrote`)."""
+        storage.atomic_write(path, data, mime_type)
+        return self.wrote(flag, path, whole)
+
 
 def data_kind(data: str):
     """DATA's source kind as validate reads it: a local folder whose name ends like an archive's (``preprocess SRC
@@ -59,11 +65,11 @@ def absolute(path: str) -> str:
     return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys: str | None = None,
-                       data: str | None = None) -> None:
-    """Refuses, before anything runs, two outputs on one path, an output inside the prepared dataset ``data``, and a
+def check_output_paths(options) -> None:
+    """Refuses, before anything runs, two outputs on one path, an output inside the prepared dataset DATA, and a
     local one that could not be written: ``--json`` and ``--leaked-keys`` name a file in an existing, writable folder;
     ``--pictures`` a folder, or a new one in an existing, writable folder."""
+    json_path, pictures, leaked_keys, data = options.json_path, options.pictures, options.leaked_keys, options.data
     given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
                                              ("--pictures", pictures)) if path]
     for i, (flag, path) in enumerate(given):  # the second write would replace the first, both claimed written
@@ -76,7 +82,7 @@ def check_output_paths(json_path: str | None, pictures: str | None, leaked_keys:
             raise ValidateError(f"{flag} {path} is a picture --pictures {pictures} writes: each output needs its own "
                                 "path; choose another")
     for flag, path in given:
-        if data and data_kind(data) is source_registry.FALLBACK and _inside(path, data):
+        if data_kind(data) is source_registry.FALLBACK and _inside(path, data):
             raise ValidateError(f"{flag} {path} is inside the dataset {data}: validate writes nothing there; choose "
                                 "a path outside it")
     if json_path and storage.is_local(json_path):

@@ -13,7 +13,7 @@ import hashlib
 import io
 import os
 import struct
-from typing import Iterator
+from typing import Any, Generator, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
@@ -149,6 +149,29 @@ def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
     return beam.pvalue.TaggedOutput("problem", problem(check, message, **where))
 
 
+def _read_file(path: str, split: str, file: str, limit: int | None, check) -> Generator[Any, None, tuple]:
+    """Every record of the file at ``path`` read once, no further than ``limit`` (else its size: a record length
+    read from the file never asks for more than it holds): ``check(index, data)``'s outputs per good record, a
+    ``record_corrupt`` problem per corrupt one, ``shard_unreadable`` if the file cannot be read. Returns (records
+    met, the reader, the file's size, whether nothing lies past ``limit``), the last three None when unreadable."""
+    num_records = 0
+    try:
+        stream, size = open_for_reading(path)
+        with stream:
+            reader = MeasuredReader(stream, hash_bytes=limit is not None, limit=size if limit is None else limit)
+            for index, data, corruption in iter_framed_records(reader):
+                num_records += 1
+                if corruption is not None:
+                    yield _problem("record_corrupt", corruption, split=split, file=file, index=index)
+                else:
+                    yield from check(index, data)
+            reader.drain()
+            return num_records, reader, size, not reader.beyond_limit()
+    except (OSError, BeamIOError) as e:
+        yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=split, file=file)
+        return num_records, None, None, None
+
+
 class ReadShardFn(beam.DoFn):
     """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, statistics and
     keys (the outputs: the module's docstring)."""
@@ -164,26 +187,13 @@ class ReadShardFn(beam.DoFn):
 
     def process(self, task: ShardTask):
         stats = SplitStats()
-        num_records = 0
         layout = self.layouts.get(task.split)
-        data_lengths = []  # of a fixed-layout split's records, checked once the shard's last one is known
-        try:
-            stream, size = open_for_reading(task.path)
-            with stream:
-                # No further than the manifest's size: a file far larger (a sparse terabyte) is not read to its end.
-                reader = MeasuredReader(stream, hash_bytes=True, limit=task.expected.num_bytes)
-                for index, data, corruption in iter_framed_records(reader):
-                    num_records += 1
-                    if corruption is not None:
-                        yield _problem("record_corrupt", corruption, split=task.split, file=task.file, index=index)
-                        continue
-                    if layout is not None:
-                        data_lengths.append(len(data))
-                    yield from self._check_record(task, index, data, stats, layout)
-                reader.drain()
-                whole = not reader.beyond_limit()
-        except (OSError, BeamIOError) as e:
-            yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=task.split, file=task.file)
+        data_lengths: list[int] = []  # of a fixed-layout split's records, checked once the shard's last one is known
+        # No further than the manifest's size: a file far larger (a sparse terabyte) is not read to its end.
+        num_records, reader, size, whole = yield from _read_file(
+            task.path, task.split, task.file, task.expected.num_bytes,
+            lambda index, data: self._check_record(task, index, data, stats, layout, data_lengths))
+        if reader is None:
             yield task.split, stats
             return
         if layout is not None and len(data_lengths) == num_records:  # (a corrupt record already failed the shard)
@@ -200,10 +210,12 @@ class ReadShardFn(beam.DoFn):
         stats.shard_records[task.file] = num_records
         yield task.split, stats
 
-    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout):
+    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout, data_lengths):
         def report(check: str, message: str):
             return _problem(check, message, split=task.split, file=task.file, index=index)
 
+        if layout is not None:
+            data_lengths.append(len(data))
         try:
             record = record_format.decode_example(data)
         except record_format.RecordFormatError as e:
@@ -245,15 +257,11 @@ class ReadShardFn(beam.DoFn):
             sample_rank(record.filename), record.filename, small.shape[0], small.shape[1], small.tobytes())))
 
 
-class ReadShards(beam.PTransform):
+@beam.ptransform_fn
+def ReadShards(tasks, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
-
-    def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
-        super().__init__()
-        self.fn = ReadShardFn(manifest, samples, progress_dir)
-
-    def expand(self, tasks):
-        return tasks | "ReadShard" >> beam.ParDo(self.fn).with_outputs(*SHARD_OUTPUTS, main="stats")
+    return tasks | "ReadShard" >> beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(
+        *SHARD_OUTPUTS, main="stats")
 
 
 class MergeFn(beam.CombineFn):
@@ -291,21 +299,9 @@ class ReadForeignFileFn(beam.DoFn):
     def process(self, element):
         file, split = element
         stats = ForeignStats()
-        num_records = 0
-        try:
-            stream, size = open_for_reading(file)
-            with stream:
-                # A record length read from the file never asks for more than the file holds.
-                for index, data, corruption in iter_framed_records(MeasuredReader(stream, hash_bytes=False,
-                                                                                  limit=size)):
-                    num_records += 1
-                    if corruption is not None:
-                        yield _problem("record_corrupt", corruption, split=split, file=file, index=index)
-                        continue
-                    for check, message in self._check_record(data, stats):
-                        yield _problem(check, message, split=split, file=file, index=index)
-        except (OSError, BeamIOError) as e:
-            yield _problem("shard_unreadable", f"{type(e).__name__}: {e}", split=split, file=file)
+        num_records, *_ = yield from _read_file(file, split, file, None, lambda index, data: (
+            _problem(check, message, split=split, file=file, index=index)
+            for check, message in self._check_record(data, stats)))
         self.records_read.inc(num_records)
         progress_lib.mark(self.progress_dir, files=1, records=num_records)
         stats.num_records = num_records
@@ -328,32 +324,22 @@ class ReadForeignFileFn(beam.DoFn):
             found.append(("image_missing", f"feature {self.image_key!r} is not one bytes value "
                                            f"(record has {sorted(features)})"))
             return found
-        found += _image_header(images[0], stats)
+        from PIL import Image
+
+        try:  # the size, format and mode from the image's header, no pixels decoded
+            with Image.open(io.BytesIO(images[0])) as opened:
+                size, image_format, mode = opened.size, opened.format, opened.mode
+        except Exception as e:  # noqa: BLE001 - whatever a codec raises, the image is undecodable
+            return found + [("image_decode", f"{type(e).__name__}: {e}")]
+        stats.num_readable_images += 1
+        for histogram, key in ((stats.image_sizes, f"{size[1]}x{size[0]}"), (stats.image_formats, str(image_format)),
+                               (stats.image_modes, mode)):
+            histogram[key] = histogram.get(key, 0) + 1
         return found
 
 
-def _image_header(image: bytes, stats: ForeignStats) -> list[tuple[str, str]]:
-    """Counts an encoded image's size, format and mode from its header (no pixels decoded); a problem if none."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(image)) as opened:
-            size, image_format, mode = opened.size, opened.format, opened.mode
-    except Exception as e:  # noqa: BLE001 - whatever a codec raises, the image is undecodable
-        return [("image_decode", f"{type(e).__name__}: {e}")]
-    stats.num_readable_images += 1
-    for histogram, key in ((stats.image_sizes, f"{size[1]}x{size[0]}"), (stats.image_formats, str(image_format)),
-                           (stats.image_modes, mode)):
-        histogram[key] = histogram.get(key, 0) + 1
-    return []
-
-
-class ReadForeignFiles(beam.PTransform):
+@beam.ptransform_fn
+def ReadForeignFiles(files, image_key: str, label_key: str, progress_dir: str | None = None):
     """``(file, split)`` -> ``(split, ForeignStats)`` per file (main output ``stats``), tagged output ``problem``."""
-
-    def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
-        super().__init__()
-        self.fn = ReadForeignFileFn(image_key, label_key, progress_dir)
-
-    def expand(self, files):
-        return files | "ReadForeignFile" >> beam.ParDo(self.fn).with_outputs("problem", main="stats")
+    return files | "ReadForeignFile" >> beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs(
+        "problem", main="stats")

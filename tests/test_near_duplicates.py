@@ -15,7 +15,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from near_duplicate_images import HARD_NEGATIVES, PLANTED, crop, jpeg, photo, rescale
-from shardprep.pipelines.near_duplicates import FindNearDuplicates
+from shardprep.pipelines.validate_graph import FindNearDuplicates
 from shardprep.pipelines.validate_options import default
 from shardprep.pipelines.validation import near_pairs as near_score
 from shardprep.pipelines.validation.stats import RecordLocation

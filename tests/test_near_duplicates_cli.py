@@ -156,7 +156,7 @@ def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meani
     for given, message in ((tmp_path, "is a folder; give a file name for the keys"),
                            (tmp_path / "no" / "keys.txt", "does not exist")):
         with pytest.raises(validate.ValidateError, match=message):
-            validate.check_output_paths(None, None, str(given))
+            validate.check_output_paths(ValidateOptions("d", leaked_keys=str(given)))
     with pytest.raises(validate.ValidateError, match="--leaked-keys needs a prepared dataset"):
         validate.run(ValidateOptions(f"tfrecord:{tmp_path}/*.tfrecord", leaked_keys=str(tmp_path / "k.txt")))
 

@@ -220,10 +220,12 @@ def write_pipeline_graphs(out: Path) -> list[str]:
                               ShardEntry("train/train-00000-of-00001.tfrecord", 0, 0))
     p = beam.Pipeline(runner=FnApiRunner())
     validate.build_dataset_pipeline(p, manifest, [task], str(out / "results"),
-                                    validate.SampleOptions("train", 1.0, 32), 2, 10)
+                                    validate.SampleOptions("train", 1.0, 32),
+                                    validate.ValidateOptions("d", samples_per_class=2, max_problems_per_check=10))
     graphs["validate"] = p
     p = beam.Pipeline(runner=FnApiRunner())
-    validate.build_foreign_pipeline(p, [str(out / "x.tfrecord")], "image", "label", str(out / "results"), 10)
+    validate.build_foreign_pipeline(p, [str(out / "x.tfrecord")], validate.ValidateOptions(
+        "d", max_problems_per_check=10), str(out / "results"))
     graphs["validate_tfrecord"] = p
     for name, pipeline in graphs.items():
         (out / f"{name}.pb").write_bytes(pipeline.to_runner_api().SerializeToString())

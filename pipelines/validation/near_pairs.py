@@ -1,19 +1,7 @@
-"""The near-duplicate search's plain-Python parts (no Beam; ``pipelines/near_duplicates.py`` routes data here).
-
-Records with one perceptual hash are one :class:`HashGroup` (thousands of flat images are one element, counted,
-never compared pairwise); groups are bucketed by :class:`SearchKeys` (bit-sampling LSH over the hash's
-flip-invariant features); each bucket's first :data:`BUCKET_CAP` members are compared by Hamming distance (the rest
-counted as unchecked); a candidate pair is a near-duplicate when its thumbnails' :func:`score` reaches
-:data:`MIN_SCORE`. A held-out record (any split not named like ``train``) with a twin in a training split is a leak;
-without a training split, the manifest's first split stands for it.
-
-The score: each record is kept as a :data:`SIDE` × :data:`SIDE` grey thumbnail (``uint8``, 1 KiB) shrunk by area
-averaging, so one threshold means the same at 32 px and at 1,000 px. Two thumbnails' score is the normalized
-correlation of their gradients (after a light blur, so a shift of half a thumbnail pixel costs little), over the
-central window of the first, at the best of: the second as it is or mirrored, zoomed by each of :data:`SCALES`
-about its centre, and shifted by up to :data:`MAX_SHIFT` pixels each way. Correlation is blind to brightness and
-contrast; gradients leave out the broad shading unrelated photos share (sky above, ground below). 1.0: the same
-picture; unrelated photos score about 0.3 and rarely above 0.75.
+"""The near-duplicate search's plain-Python parts (no Beam; ``validate_graph.FindNearDuplicates`` routes data here):
+:class:`HashGroup` per perceptual hash, :class:`SearchKeys` buckets, :func:`bucket_pairs` within a bucket's first
+:data:`BUCKET_CAP` members, and the thumbnails' :func:`score` that confirms a pair from :data:`MIN_SCORE`. What the
+score measures and which copy is the leak: docs/near_duplicates.md.
 """
 
 from __future__ import annotations

@@ -166,12 +166,13 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
     borderline = _by_split_pair(lines, "near_duplicate_borderline", "pairs")
     ranks = split_ranks(split_order)
     ranked = sorted(split_order, key=ranks.__getitem__)
-    extra = sorted(set(counts) - {(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]}
-                   - {(s, s) for s in split_order}, key=lambda pair: (ranks.get(pair[0], len(ranks)), pair))
+    ordered = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
+    extra = sorted(set(counts) - set(ordered) - {(s, s) for s in split_order},
+                   key=lambda pair: (ranks.get(pair[0], len(ranks)), pair))
     across = [{"reference": reference, "split": split, "leak": SplitPair(reference, split).is_leak(ranks),
                "records": counts.get((reference, split), 0), "split_records": split_records.get(split, 0),
                "pairs": pairs.get((reference, split), []), "borderline": borderline.get((reference, split), [])}
-              for reference, split in [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]] + extra]
+              for reference, split in ordered + extra]
     within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
                       "borderline": borderline.get((split, split), [])} for split in split_order}
     search = next(({k: v for k, v in line.items() if k != "kind"} for line in lines
@@ -179,11 +180,6 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
     return {"max_distance": max_distance, "min_score": min_score, "limit": limit, "strict": strict,
             "across_splits": across, "within_splits": within, "leaked_records": len(leaked_keys(lines)),
             "leaked_keys_file": None, "search": search}
-
-
-def near_searched(report: dict) -> bool:
-    """Whether the report holds a near-duplicate search's results (not a prepared dataset's, or skipped: no)."""
-    return bool(report.get("near_duplicates")) and "skipped" not in report["near_duplicates"]
 
 
 def near_fails(near: dict) -> bool:

@@ -59,9 +59,18 @@ class Sample(NamedTuple):
     pixels: bytes  # height x width x 3 uint8
 
 
-def _add(mine: dict, theirs: dict) -> None:
-    for key, n in theirs.items():
-        mine[key] = mine.get(key, 0) + n
+def _merge(mine, theirs):
+    """Adds ``theirs`` into ``mine`` field by field (numbers, lists of numbers, ``{key: n}``); returns ``mine``."""
+    for field in dataclasses.fields(mine):
+        value, other = getattr(mine, field.name), getattr(theirs, field.name)
+        if isinstance(value, dict):
+            for key, n in other.items():
+                value[key] = value.get(key, 0) + n
+        elif isinstance(value, list):
+            value[:] = [a + b for a, b in zip(value, other)]
+        else:
+            setattr(mine, field.name, value + other)
+    return mine
 
 
 _VALUES = np.arange(256, dtype=np.int64)
@@ -118,16 +127,7 @@ class SplitStats:
     def add_image(self, label: int, height: int, width: int, sums: list[int], square_sums: list[int]) -> None:
         self.merge(SplitStats(1, {label: 1}, list(sums), list(square_sums), height * width, {f"{height}x{width}": 1}))
 
-    def merge(self, other: SplitStats) -> SplitStats:
-        self.num_examples += other.num_examples
-        self.num_pixels += other.num_pixels
-        for channel in range(3):
-            self.channel_sums[channel] += other.channel_sums[channel]
-            self.channel_square_sums[channel] += other.channel_square_sums[channel]
-        for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
-                             (self.shard_records, other.shard_records)):
-            _add(mine, theirs)
-        return self
+    merge = _merge
 
     def mean_std(self) -> tuple[list[float], list[float]] | None:
         """Per-channel mean and population std (0-255), as the job computes the manifest's; None without pixels."""
@@ -147,14 +147,7 @@ class ForeignStats:
     image_modes: dict[str, int] = dataclasses.field(default_factory=dict)  # "RGB", "L", "CMYK" -> n
     file_records: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> records it holds
 
-    def merge(self, other: ForeignStats) -> ForeignStats:
-        self.num_records += other.num_records
-        self.num_readable_images += other.num_readable_images
-        for mine, theirs in ((self.label_counts, other.label_counts), (self.image_sizes, other.image_sizes),
-                             (self.image_formats, other.image_formats), (self.image_modes, other.image_modes),
-                             (self.file_records, other.file_records)):
-            _add(mine, theirs)
-        return self
+    merge = _merge
 
 
 def size_summary(image_sizes: dict[str, int], top: int = 10) -> dict:

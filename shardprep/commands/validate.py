@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import textwrap
 
 import click
@@ -138,7 +139,6 @@ def command(ctx, quiet, beam_args, **flags):
                     enabled=not quiet, all_done=ACROSS_RECORDS) as progress_display:
                 report = job.run(options, list(beam_args), progress=progress_display.update, outputs=outputs)
         except job.ReportWriteError as e:
-            e.report.setdefault("elapsed_seconds", 0)
             with contextlib.suppress(OutputError), reader_may_go():  # its own error is the one to tell (a full disk)
                 print_report(e.report, None)
             raise click.ClickException(str(e)) from None
@@ -153,8 +153,6 @@ def command(ctx, quiet, beam_args, **flags):
 def refuse_what_is_no_dataset(data: str) -> None:
     """A local DATA that is no prepared dataset at all is one error line now; a run that stopped early (shards, no
     manifest) is left to the report."""
-    import os
-
     from shardprep.pipelines import source_registry
     from shardprep.preprocess import manifest as manifest_lib
 
@@ -204,7 +202,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_found_files(console, report)
     if report.get("skipped_checks"):
         clauses = output.clauses(report["skipped_checks"])
-        say([("", _styled("skipped", "bold"))] + [(": ", clauses[0][1])] + clauses[1:])
+        say([("", _text("skipped", style="bold"))] + [(": ", clauses[0][1])] + clauses[1:])
     pictures = report.get("pictures") or {}
     if pictures:
         paths = list(pictures.values())
@@ -212,21 +210,20 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     say(_verdict(report, json_path))
 
 
-def _styled(text: str, style: str):
+def _text(*parts, style: str = ""):
+    """``rich.text.Text.assemble(*parts)``; rich loads only once a report is printed (not for ``--help``)."""
     from rich.text import Text
 
-    return Text(text, style=style)
+    return Text.assemble(*parts, style=style)
 
 
 def _print_found_files(console, report: dict) -> None:
-    from rich.text import Text
-
     for found in report["problems"]:
         if (found["check"] == "manifest_missing" and found.get("found_files")
                 and found.get("path_kind", "incomplete") == "incomplete"):
             listed = found["found_files"]
             more = found["num_found_files"] - len(listed)
-            console.print(Text(f"found in {report['data']} ({count(found['num_found_files'], 'file')}):\n  "
+            console.print(_text(f"found in {report['data']} ({count(found['num_found_files'], 'file')}):\n  "
                                + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")),
                           overflow="fold")
 
@@ -235,14 +232,14 @@ def _verdict(report: dict, json_path: str | None) -> list:
     total = sum(report["problem_counts"].values())
     warnings = len(report.get("warnings") or [])
     if report["ok"]:
-        items = [("", _styled("OK", "bold green")), ("", ": every check passed")]
+        items = [("", _text("OK", style="bold green")), ("", ": every check passed")]
         if warnings:
-            items += [("; ", _styled(count(warnings, "warning"), "bold yellow")), (" ", "(near_duplicates)")]
+            items += [("; ", _text(count(warnings, "warning"), style="bold yellow")), (" ", "(near_duplicates)")]
     else:
         counts = [f"{check} {n:,}" for check, n in report["problem_counts"].items()]
         counts[0] = f"({counts[0]}"
         counts[-1] = f"{counts[-1]})"
-        items = [("", _styled("FAILED", "bold red")), ("", f": {count(total, 'problem')}"), (" ", counts[0])]
+        items = [("", _text("FAILED", style="bold red")), ("", f": {count(total, 'problem')}"), (" ", counts[0])]
         items += [(", ", part) for part in counts[1:]]
     items += [(" — ", report["data"]), (" ", f"in {report.get('elapsed_seconds', 0):.1f} s")]
     if json_path:
@@ -259,10 +256,8 @@ def _stats_line(report: dict) -> list:
 
 
 def _dataset_split_line(split: str, summary: dict) -> list:
-    from rich.text import Text
-
     sizes = list(summary["image_sizes"]["most_common"].items())[:3]
-    items = [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')} (manifest "
+    items = [("", _text((split, "bold"), f": {count(summary['num_examples'], 'record')} (manifest "
                                                  f"{summary['expected_num_examples']:,})")),
              (" ", f"in {count(summary['num_shards'], 'shard')} (manifest {summary['expected_num_shards']:,})"),
              ("; ", "sizes " + (", ".join(f"{size} ×{n:,}" for size, n in sizes) or "-")),
@@ -275,8 +270,6 @@ def _dataset_split_line(split: str, summary: dict) -> list:
 def _print_class_table(console, say, summary: dict) -> None:
     """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else those that differ."""
     from rich.table import Table
-    from rich.text import Text
-
     expected = summary["expected_class_counts"]
     rows = list(enumerate(summary["class_counts"].items()))
     differ = [row for row in rows if row[1][1] != expected.get(row[1][0], 0)]
@@ -288,10 +281,10 @@ def _print_class_table(console, say, summary: dict) -> None:
             table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left",
                              **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
         for label, (name, n) in shown:
-            mark = _styled("✗", "red") if n != expected.get(name, 0) else _styled("✓", "green")
-            table.add_row(str(label), Text(display_name(name)), f"{n:,}", f"{expected.get(name, 0):,}", mark)
+            mark = _text("✗", style="red") if n != expected.get(name, 0) else _text("✓", style="green")
+            table.add_row(str(label), _text(display_name(name)), f"{n:,}", f"{expected.get(name, 0):,}", mark)
         for label, n in out_of_range.items():
-            table.add_row(Text(label), _styled("(out of range)", "red"), f"{n:,}", "0", _styled("✗", "red"))
+            table.add_row(_text(label), _text("(out of range)", style="red"), f"{n:,}", "0", _text("✗", style="red"))
         console.print(table)
     if len(shown) < len(rows):
         say(_rest_of_classes(rows, differ, len(shown)))
@@ -313,12 +306,10 @@ def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
 
 
 def _foreign_split_line(split: str, summary: dict) -> list:
-    from rich.text import Text
-
     sizes = summary["image_sizes"]
     size_text = (f"{sizes['min_height']}–{sizes['max_height']} × {sizes['min_width']}–{sizes['max_width']} "
                  f"(H×W, {sizes['num_distinct']:,} distinct)" if sizes["num_distinct"] else "-")
-    return [("", Text.assemble((split, "bold"), f": {count(summary['num_examples'], 'record')}")),
+    return [("", _text((split, "bold"), f": {count(summary['num_examples'], 'record')}")),
             (" ", f"in {count(summary['num_files'], 'file')}"),
             (", ", f"{count(summary['num_readable_images'], 'readable image')}"),
             (", ", count(summary["num_labels"], "label")), ("; ", f"sizes {size_text}"),
@@ -337,19 +328,14 @@ def _foreign_split_table(summary: dict, classes: list[str] | None = None):
     table.add_column("records", justify="right", no_wrap=True)
     rows = list(summary["label_counts"].items())
     for label, n in rows[:_CLASS_ROWS_SHOWN]:
-        table.add_row(label, *([_class_name(classes, label)] if classes else []), f"{n:,}")
+        name = (_text(display_name(classes[int(label)])) if 0 <= int(label) < len(classes)
+                else _text("(out of range)", style="red")) if classes else None
+        table.add_row(label, *([name] if classes else []), f"{n:,}")
     if len(rows) > _CLASS_ROWS_SHOWN:
         counts = [n for _, n in rows]
         table.add_row(f"… {len(rows) - _CLASS_ROWS_SHOWN:,} more", *([""] if classes else []),
                       f"{min(counts):,}–{max(counts):,}")
     return table
-
-
-def _class_name(classes: list[str], label: str):
-    from rich.text import Text
-
-    index = int(label)
-    return Text(display_name(classes[index])) if 0 <= index < len(classes) else _styled("(out of range)", "red")
 
 
 _NEAR_PAIRS_SHOWN = 5
@@ -364,7 +350,7 @@ def _print_near_duplicates(say, report: dict) -> None:
         return
     across = [entry for entry in near["across_splits"] if entry["records"]]
     within = [(split, entry["records"]) for split, entry in near["within_splits"].items() if entry["records"]]
-    items: list = [("", _styled("near-duplicates", "bold")),
+    items: list = [("", _text("near-duplicates", style="bold")),
                    (" ", f"(score ≥ {near['min_score']:.2f}, hashes within {near['max_distance']} bits):")]
     items += [(" " if i == 0 else ", ", f"{entry['split']} {entry['records']:,} of {entry['split_records']:,} "
                                         f"in {entry['reference']}") for i, entry in enumerate(across)]
@@ -391,26 +377,22 @@ def _print_near_duplicates(say, report: dict) -> None:
 
 
 def _warning(subject: str, message: str) -> list:
-    from rich.text import Text
-
     clauses = output.clauses(message)
-    return ([("", Text.assemble("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
+    return ([("", _text("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
             + clauses[1:])
 
 
 def _print_problems(say, report: dict) -> None:
     """A heading, then one entry per problem (check, where, message): a list, not a table, so that file names and
     messages keep whole at 80 columns."""
-    from rich.text import Text
-
     problems = report["problems"]
     total = sum(report["problem_counts"].values())
-    say([("", _styled("problems", "bold")),
+    say([("", _text("problems", style="bold")),
          (" ", f"(first {_PROBLEM_ROWS_SHOWN} of {total:,}; all counted in the JSON report):"
                if total > _PROBLEM_ROWS_SHOWN else f"({total:,}):")])
     for found in problems[:_PROBLEM_ROWS_SHOWN]:
         where = found.get("file") or found.get("split") or ""
-        items: list[tuple[str, Text | str]] = [("", Text.assemble("  ", (found["check"], "bold")))]
+        items: list = [("", _text("  ", (found["check"], "bold")))]
         if where:
             items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
         clauses = output.clauses(found["message"])
