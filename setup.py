@@ -8,7 +8,7 @@ commands need on local paths (REQUIRED: Beam without its gcp extra); the gcp ext
 
 Dataflow staging, one switch: a tree holding the file WORKER_SDIST declares only WORKER_REQUIRED (Beam with its gcp
 extra: workers read and write gs://). Only the sdist Beam builds for `--setup_file` holds it: the launcher sets
-SHARDPREP_WORKER_SDIST=1 for that build (pipelines/runner.py), and the sdist command writes the file into the
+SHARDPREP_WORKER_SDIST=1 for that build (pipelines/runtime/runner.py), and the sdist command writes the file into the
 sdist's tree (never the checkout); each worker's pip install of that sdist then finds it.
 """
 
@@ -28,8 +28,8 @@ WORKER_REQUIRED = [
     "google-crc32c",  # TFRecord checksums (Beam's TFRecord IO and ours)
     "pyarrow",  # parquet: sources (Beam requires it too)
     "pyyaml",  # parquet: sources' dataset cards (Beam requires it too)
-    "opencv-python-headless>=4.8",  # the lanczos2-cubic resize (shardprep.preprocess.resize)
-    "simplejpeg>=1.7",  # plain JPEGs decoded straight to arrays (shardprep.preprocess.image_ops)
+    "opencv-python-headless>=4.8",  # the lanczos2-cubic resize (shardprep.preprocess.image.resize)
+    "simplejpeg>=1.7",  # plain JPEGs decoded straight to arrays (shardprep.preprocess.image.image_ops)
 ]
 # The launcher and the trainer only: the CLI, gs:// planning, TFDS sources, validate's pictures, train.
 LAUNCHER_REQUIRED = [
@@ -47,12 +47,14 @@ LAUNCHER_REQUIRED = [
 QUIET_BEAM = "google-apitools>=0.5.31"
 # A default install runs every command on local paths: the workers' list without Google Cloud, and the launcher's.
 REQUIRED = [BEAM, QUIET_BEAM, *WORKER_REQUIRED[1:], *LAUNCHER_REQUIRED]
-# gs:// paths and Dataflow (shardprep.preprocess.install_extras refuses a gs:// argument without it).
+# gs:// paths and Dataflow (shardprep.preprocess.checks.install_extras refuses a gs:// argument without it).
 GCP = [BEAM_GCP]
 
 WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"  # "1": the sdist being built is staged to Dataflow workers
 WORKER_SDIST_MARKER = "WORKER_SDIST"  # the switch: a file beside setup.py, in the staged sdist only
-FOR_WORKERS = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), WORKER_SDIST_MARKER))
+HERE = os.path.dirname(os.path.abspath(__file__))
+FOR_WORKERS = os.path.exists(os.path.join(HERE, WORKER_SDIST_MARKER))
+LAYERS = ("preprocess", "pipelines", "train")  # folders at the top, installed as shardprep.<layer>
 
 
 class Sdist(sdist):
@@ -71,11 +73,11 @@ setuptools.setup(
     description="Pre-decode and re-shard image datasets into uniform TFRecords with Apache Beam; train without input stalls.",
     python_requires=">=3.10",
     # The layers stay folders at the repository's top (the design card) and install under one name: shardprep.*.
-    packages=["shardprep", "shardprep.commands", "shardprep.preprocess", "shardprep.preprocess.encodings",
-              "shardprep.pipelines", "shardprep.pipelines.validation", "shardprep.train"],
-    package_dir={"shardprep.preprocess": "preprocess", "shardprep.pipelines": "pipelines", "shardprep.train": "train"},
+    packages=["shardprep", "shardprep.commands", *(f"shardprep.{layer}{sub}" for layer in LAYERS
+                                                   for sub in ["", *(f".{p}" for p in setuptools.find_packages(os.path.join(HERE, layer)))])],
+    package_dir={f"shardprep.{layer}": layer for layer in LAYERS},
     package_data={"shardprep": ["py.typed"],  # PEP 561: type checkers read the package's own annotations
-                  "shardprep.preprocess": ["wordnet_names.txt"]},
+                  "shardprep.preprocess.sources": ["wordnet_names.txt"]},
     install_requires=WORKER_REQUIRED if FOR_WORKERS else REQUIRED,
     cmdclass={"sdist": Sdist},
     extras_require={

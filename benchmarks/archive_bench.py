@@ -94,7 +94,7 @@ def extract_then_preprocess(root: str, output: str, workers: int) -> tuple[float
 def read_seconds(root: str) -> dict[str, float]:
     """Seconds to get every image's bytes the way the job does, one process, no decoding: each archive kind against
     the extracted folder (the archives and the folder just written, so in the page cache alike)."""
-    from shardprep.preprocess import archive_index
+    from shardprep.preprocess.sources import archive_index
 
     def tar_of_tars() -> int:
         total = 0
@@ -147,8 +147,8 @@ def extract(root: str) -> str:
 
 
 def plan_seconds(source: str) -> float:
-    from shardprep.pipelines.source_registry import plan_source
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.pipelines.sources.registry import plan_source
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     started = time.perf_counter()
     plan_source(PreprocessConfig(source=source, output=source + ".plan-out"))

@@ -4,10 +4,10 @@ synthetic batch already on the device: is training input-bound, and what does th
     python benchmarks/gpu_train_bench.py --backend jax --data imagenette-shards --steps 200
     python benchmarks/gpu_train_bench.py --backend jax --cpu-smoke     # seconds, on a CPU (the test suite runs it)
 
-A step is the model of ``shardprep.train.model.build_model`` (the ``CropFlipNormalize`` crop + flip of the stored
+A step is the model of ``shardprep.train.model.keras_model.build_model`` (the ``CropFlipNormalize`` crop + flip of the stored
 uint8 images to ``--image-size`` on the device, then ResNet-18, channels-last) and an SGD step, in ``--precision``
 (mixed_bfloat16 by default), batch ``--batch-size`` (256). (a) takes batches from
-``shardprep.train.numpy_reader.NumpyReader``; (b) reuses one batch of the same shape put on the device once. Both
+``shardprep.train.data.numpy_reader.NumpyReader``; (b) reuses one batch of the same shape put on the device once. Both
 run ``--warmup-steps`` first (compilation), then ``--steps`` timed steps. Printed, for each: images/s, the share of
 the wall time spent blocked waiting for the next batch (input wait), and host CPU per image (``time.process_time``
 over the timed loop, all threads, divided by images: it includes the step's own host work and, on a CPU, the
@@ -100,9 +100,9 @@ def _import_shardprep_from_checkout() -> None:
 def write_synthetic_dataset(root: str, count: int, size: int, num_classes: int, seed: int = 0) -> str:
     """A ``train`` split of ``count`` random ``size`` x ``size`` raw centre crops in the job's fixed record layout
     (what the preprocess job writes for ``--encoding raw --crop center``), in two shards, with its manifest."""
-    from shardprep.preprocess import manifest as manifest_lib
-    from shardprep.preprocess.fixed_layout import FixedLayout
-    from shardprep.preprocess.record_format import ImageRecord
+    from shardprep.preprocess.format import manifest as manifest_lib
+    from shardprep.preprocess.format.fixed_layout import FixedLayout
+    from shardprep.preprocess.format.record_format import ImageRecord
 
     rng = np.random.default_rng(seed)
     classes = [f"class{i}" for i in range(num_classes)]
@@ -254,8 +254,8 @@ def _device_name(backend: str) -> str:
 def run(args) -> dict:
     """Both measurements on ``args.data`` (a synthetic dataset if None); the JSON result."""
     _import_shardprep_from_checkout()
-    from shardprep.preprocess.dataset import load_manifest
-    from shardprep.train.numpy_reader import NumpyReader, check_local
+    from shardprep.preprocess.format.dataset import load_manifest
+    from shardprep.train.data.numpy_reader import NumpyReader, check_local
 
     check_local(args.data)
     manifest = load_manifest(args.data)  # a bad --data is refused before any framework starts
@@ -264,7 +264,7 @@ def run(args) -> dict:
 
     os.environ["KERAS_BACKEND"] = args.backend  # before Keras is first imported: it fixes the backend then
     if args.backend == "tensorflow":
-        from shardprep.preprocess.streams import quiet_tensorflow
+        from shardprep.preprocess.checks.streams import quiet_tensorflow
 
         quiet_tensorflow()  # TensorFlow's C++ log lines off the table
     if args.cpu_smoke:  # a smoke test times nothing: compile in a fraction of the time (XLA reads this at start)
@@ -273,7 +273,7 @@ def run(args) -> dict:
 
     if keras.backend.backend() != args.backend:
         raise SystemExit(f"Error: Keras was already imported with the {keras.backend.backend()} backend")
-    from shardprep.train.model import build_model
+    from shardprep.train.model.keras_model import build_model
 
     keras.config.set_dtype_policy(args.precision)
     model = build_model(manifest.num_classes, args.image_size, manifest.mean_rgb, manifest.std_rgb, seed=0,

@@ -6,7 +6,7 @@ Three ways over the same batch of random 256x256x3 images, rounds interleaved, o
 
 1. per-sample: a NumPy crop per image as a PyTorch ``Dataset`` transform would do it (``rng.integers`` for the
    window, a slice, ``np.flip`` and ``np.ascontiguousarray`` per image): the issue's baseline.
-2. host_crop: ``shardprep.train.host_crop.crop_flip`` on the whole batch with ``window_draws`` (what
+2. host_crop: ``shardprep.train.data.host_crop.crop_flip`` on the whole batch with ``window_draws`` (what
    ``NumpyReader(..., crop_size=224)`` runs per batch), into a reused output buffer.
 3. copy: one contiguous copy of the batch's pixels (a lower bound: every crop must at least move its pixels).
 
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from shardprep.train import host_crop
+from shardprep.train.data import host_crop
 
 SIDE, CROP = 256, 224
 

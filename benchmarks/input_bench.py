@@ -9,18 +9,18 @@ All pipelines read the same photographs (IMAGES_DIR, default ``../shared/data/im
    image, ``batch(1).map(random crop 224).unbatch().batch(256).map(normalize)``: float32 224x224 batches.
 2. tf.data best practice on the same records: ``decode_and_crop_jpeg`` of a random 224 window (only the window is
    decoded) in a parallel map, ``batch(256)``, ``map(normalize)``: float32 224x224 batches.
-3. shardprep reader (``shardprep.train.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
+3. shardprep reader (``shardprep.train.data.reader.make_dataset``) on raw shards: 256x256 centre crops stored as uint8 pixels,
    one Example per image in the fixed record layout, written by the preprocess job itself (``shardprep preprocess
    --shorter-side 256 --num-shards 8``, in a subprocess, on an ImageFolder of the photos with one class per photo);
-   by default each batch's records are read where they lie, straight into the batch (``shardprep.train.record_gather``):
+   by default each batch's records are read where they lie, straight into the batch (``shardprep.train.data.record_gather``):
    uint8 256x256 batches. Crop, flip and normalization run on the accelerator, as part of the model, so they are not
    host work here.
 4. shardprep reader on JPEG shards (the job with ``--encoding jpeg``, quality 90): a decode per image on the host.
 5. shardprep reader on the raw shards of 3 with ``verify_records=True``: gathered as in 3, and both CRCs of every
-   record checked over the pieces read (``shardprep.train.record_gather.VerifiedGather``).
+   record checked over the pieces read (``shardprep.train.data.record_gather.VerifiedGather``).
 6. shardprep reader on the raw shards of 3 with ``random_access=False``: each shard streamed as fixed-length
    chunks (``FixedLengthRecordDataset``), shuffled through the buffer, ``decode_raw`` on each batch.
-7. the framework-free reader (``shardprep.train.numpy_reader.NumpyReader``) on the raw shards of 3: the same batches
+7. the framework-free reader (``shardprep.train.data.numpy_reader.NumpyReader``) on the raw shards of 3: the same batches
    as 3, gathered by ``preadv`` on its own threads into NumPy arrays, no TensorFlow on its path (targets: <= 0.05 ms
    host CPU per image, >= 25x the seed pipeline's images/s).
 
@@ -51,7 +51,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardprep.preprocess.tfrecord_io import frame  # noqa: E402
+from shardprep.preprocess.format.tfrecord_io import frame  # noqa: E402
 
 SEED_SHORTER_SIDE = 320
 STORED_SIZE = 256
@@ -201,14 +201,14 @@ def best_practice_pipeline(files):
 
 
 def shardprep_pipeline(data_dir, verify_records: bool = False, random_access: bool | None = None):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     return reader.make_dataset(data_dir, "train", BATCH, training=True, verify_records=verify_records,
                                random_access=random_access)
 
 
 def numpy_reader_pipeline(data_dir):
-    from shardprep.train.numpy_reader import NumpyReader
+    from shardprep.train.data.numpy_reader import NumpyReader
 
     return NumpyReader(data_dir, "train", BATCH, training=True)
 
@@ -247,7 +247,7 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
 
-    from shardprep.preprocess.streams import quiet_tensorflow
+    from shardprep.preprocess.checks.streams import quiet_tensorflow
 
     quiet_tensorflow()  # TensorFlow's C++ log lines (its start-up, cuInit) off the table
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

@@ -29,7 +29,7 @@ import time
 
 import psutil
 
-from shardprep.pipelines.worker_zygote import WORKER_NAME
+from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME
 
 SAMPLE_INTERVAL_S = 0.1
 CLASSES = tuple(f"class{i:02d}" for i in range(10))

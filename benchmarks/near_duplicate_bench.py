@@ -34,11 +34,11 @@ from PIL import Image, ImageEnhance
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from near_duplicate_images import HARD_NEGATIVES, PLANTED  # noqa: E402
-from shardprep.pipelines.validate_options import default  # noqa: E402
-from shardprep.pipelines.validation.stats import RecordLocation  # noqa: E402
-from shardprep.pipelines.validation.near_pairs import NearRecord  # noqa: E402
-from shardprep.pipelines.validation.near_pairs import thumbnail  # noqa: E402
-from shardprep.preprocess.perceptual_hash import fingerprint  # noqa: E402
+from shardprep.pipelines.validate_job.options import default  # noqa: E402
+from shardprep.pipelines.validate_job.stats import RecordLocation  # noqa: E402
+from shardprep.pipelines.validate_job.near_pairs import NearRecord  # noqa: E402
+from shardprep.pipelines.validate_job.near_pairs import thumbnail  # noqa: E402
+from shardprep.preprocess.image.perceptual_hash import fingerprint  # noqa: E402
 
 DEFAULT = default("near_duplicate_distance")
 
@@ -95,8 +95,8 @@ def _search(records, size: int) -> dict:
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from shardprep.pipelines.validate_graph import FindNearDuplicates
-    from shardprep.pipelines.validation.near_pairs import SearchKeys
+    from shardprep.pipelines.validate_job.graph import FindNearDuplicates
+    from shardprep.pipelines.validate_job.near_pairs import SearchKeys
 
     search = SearchKeys.for_records(size, DEFAULT)  # as validate keys a dataset of this many records
     with tempfile.TemporaryDirectory(prefix="near-bench-") as folder:

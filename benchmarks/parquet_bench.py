@@ -64,7 +64,7 @@ def write_parquet(root: str, items, classes) -> None:
 
 
 def write_tfrecords(root: str, items, classes) -> None:
-    from shardprep.preprocess import record_format, tfrecord_io
+    from shardprep.preprocess.format import record_format, tfrecord_io
 
     os.makedirs(root)
     for n in range(FILES):

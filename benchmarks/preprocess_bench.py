@@ -48,7 +48,7 @@ SHORTER_SIDE = 256
 def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bool = True) -> float:
     """Images/s of a plain single-process loop over ``paths``, resizing with ``method``; ``job_decode``: plain JPEGs
     decoded as the job decodes them (``image_ops.decode_plain_rgb``: libjpeg-turbo straight to an array), else all by Pillow."""
-    from shardprep.preprocess import image_ops, resize
+    from shardprep.preprocess.image import image_ops, resize
 
     started = time.perf_counter()
     for path in paths:
@@ -74,7 +74,7 @@ def pillow_loop(paths: list[str], method: str = "lanczos2-cubic", job_decode: bo
 
 def process_image_loop(paths: list[str], method: str = "lanczos2-cubic") -> float:
     """Images/s of a single-process loop calling the job's per-image function on every file of ``paths``."""
-    from shardprep.preprocess import image_ops
+    from shardprep.preprocess.image import image_ops
 
     options = image_ops.ProcessOptions(shorter_side=SHORTER_SIDE, resize_method=method)
     started = time.perf_counter()
@@ -94,7 +94,8 @@ def write_records_loop(paths: list[str], method: str = "lanczos2-cubic", folder:
     files are removed after the timing."""
     import hashlib
 
-    from shardprep.preprocess import fixed_layout, image_ops, record_format, sharding
+    from shardprep.preprocess.format import fixed_layout, record_format, sharding
+    from shardprep.preprocess.image import image_ops
 
     options = image_ops.ProcessOptions(shorter_side=SHORTER_SIDE, resize_method=method)
     keys = [os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(path)))) for path in paths]

@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from preprocess_bench import replicate  # noqa: E402 - the same replicated tree as the throughput benchmark
 
-from shardprep.preprocess import sharding  # noqa: E402
+from shardprep.preprocess.format import sharding  # noqa: E402
 
 
 def job_command(source: str, output: str, workers: int, *options: str) -> list[str]:

@@ -152,7 +152,7 @@ def cv2_area(data: bytes) -> np.ndarray:
 def _decoded(data: bytes) -> tuple[Image.Image, tuple[int, int]]:
     """The drafted image decoded as the job decodes it: libjpeg-turbo straight to an array for a plain JPEG
     (``image_ops.decode_plain_rgb``), Pillow otherwise."""
-    from shardprep.preprocess import image_ops
+    from shardprep.preprocess.image import image_ops
 
     image, full = _open_drafted(data)
     fast = image_ops.decode_plain_rgb(image, data)
@@ -160,7 +160,7 @@ def _decoded(data: bytes) -> tuple[Image.Image, tuple[int, int]]:
 
 
 def _lanczos_cubic(data: bytes, lobes: int, decode=None) -> np.ndarray:
-    from shardprep.preprocess import resize
+    from shardprep.preprocess.image import resize
 
     if decode is None:
         image, full = _open_drafted(data)
@@ -174,7 +174,7 @@ def _lanczos_cubic(data: bytes, lobes: int, decode=None) -> np.ndarray:
 
 def lanczos2_cubic(data: bytes) -> np.ndarray:
     """The job's new path, ``lanczos2-cubic``: Lanczos-2 low-pass + cubic interpolation in OpenCV
-    (``shardprep.preprocess.resize``)."""
+    (``shardprep.preprocess.image.resize``)."""
     return _lanczos_cubic(data, 2)
 
 
@@ -185,12 +185,12 @@ def simplejpeg_lanczos2_cubic(data: bytes) -> np.ndarray:
 
 
 def lanczos3_cubic(data: bytes) -> np.ndarray:
-    """Lanczos-3 low-pass + cubic interpolation in OpenCV (``shardprep.preprocess.resize``)."""
+    """Lanczos-3 low-pass + cubic interpolation in OpenCV (``shardprep.preprocess.image.resize``)."""
     return _lanczos_cubic(data, 3)
 
 
 def _job(data: bytes, method: str) -> np.ndarray:
-    from shardprep.preprocess import image_ops
+    from shardprep.preprocess.image import image_ops
 
     processed = image_ops.process_image(data, image_ops.ProcessOptions(SIDE, "center", resize_method=method))
     return np.frombuffer(processed.encoded, np.uint8).reshape(SIDE, SIDE, 3)
@@ -211,7 +211,7 @@ def cv2_decode_lanczos2_cubic(data: bytes) -> np.ndarray:
     """OpenCV's imdecode (DCT-scaled by the same rule as draft) into ``lanczos2-cubic``'s filter and interpolation."""
     import cv2
 
-    from shardprep.preprocess import resize
+    from shardprep.preprocess.image import resize
 
     full = Image.open(io.BytesIO(data)).size
     flag = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION

@@ -3,7 +3,7 @@
     python benchmarks/startup_bench.py [--repeats 3] [--workers 2] [--image PATH] [--also TREE]
 
 Each repeat times, as separate processes: the bare interpreter (``python -c pass``); the launcher's imports
-(``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess``, which imports Beam); and a
+(``import shardprep.cli`` and the job's module ``shardprep.pipelines.preprocess_job.graph``, which imports Beam); and a
 one-image ``shardprep preprocess SRC OUT --quiet`` run twice, interleaved: as a user starts it (no Beam options: a
 folder this small runs in shardprep's own process, no worker process started) and with ``-- --direct_num_workers=N``
 (``--workers``: N SDK worker processes, as every local run started before workers were sized to the work), the
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             rows["interpreter"].append(timed([sys.executable, "-c", "pass"]))
             rows["imports"].append(timed([sys.executable, "-c",
-                                          "import shardprep.cli, shardprep.pipelines.preprocess"]))
+                                          "import shardprep.cli, shardprep.pipelines.preprocess_job.graph"]))
             for number, (mode, (workers, forked, tree)) in enumerate(modes.items()):
                 output = os.path.join(work, f"out-{repeat}-{number}")
                 first, total, cpu = one_run(os.path.join(work, "src"), output, workers, forked, tree)

@@ -11,12 +11,12 @@ if __name__ != "shardprep.preprocess":  # the folder imported by its bare name, 
 
 from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
 
-_EXPORTS = {"PreprocessConfig": "config", "process_image": "image_ops", "ProcessOptions": "image_ops",
-            "ProcessedImage": "image_ops", "RejectError": "image_ops"}
+_EXPORTS = {"PreprocessConfig": "format.config", "process_image": "image.image_ops", "ProcessOptions": "image.image_ops",
+            "ProcessedImage": "image.image_ops", "RejectError": "image.image_ops"}
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports each name when first used
-    from shardprep.preprocess.config import PreprocessConfig
-    from shardprep.preprocess.image_ops import ProcessedImage, ProcessOptions, RejectError, process_image
+    from shardprep.preprocess.format.config import PreprocessConfig
+    from shardprep.preprocess.image.image_ops import ProcessedImage, ProcessOptions, RejectError, process_image

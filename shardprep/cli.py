@@ -10,8 +10,8 @@ try:  # the console script imports this module before any Ctrl-C handling runs: 
     import click
 
     from shardprep import output
-    from shardprep.pipelines import stopping
-    from shardprep.preprocess import streams
+    from shardprep.pipelines.runtime import stopping
+    from shardprep.preprocess.checks import streams
 except KeyboardInterrupt:
     sys.stderr.write("stopped (Ctrl-C)\n")
     raise SystemExit(130) from None
@@ -58,7 +58,7 @@ class LazyGroup(click.Group):
     def resolve_command(self, ctx, args):
         """Also refuses, before the command is imported, a gs:// argument this install cannot read (no gcp extra)."""
         if args and args[0] in SUBCOMMANDS and not ctx.resilient_parsing and not {"-h", "--help"} & set(args[1:]):
-            from shardprep.preprocess import install_extras
+            from shardprep.preprocess.checks import install_extras
 
             try:
                 install_extras.check_arguments(args[1:])

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from shardprep.preprocess.streams import silence
-from shardprep.preprocess.text import bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
+from shardprep.preprocess.checks.streams import silence
+from shardprep.preprocess.checks.text import bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
 
 PROGRESS_SECONDS_ENV = "SHARDPREP_PROGRESS_SECONDS"  # outside a terminal: a plain progress line this often
 DEFAULT_PROGRESS_SECONDS = 10.0

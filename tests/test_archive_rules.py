@@ -16,11 +16,11 @@ import zlib
 import pytest
 from test_source_archive_hostile import IN_PROCESS, add, jpeg, refused
 
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines import source_archive, source_registry
-from shardprep.pipelines.common import PreprocessError
-from shardprep.preprocess import archive_index
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.sources import archive as source_archive, registry as source_registry
+from shardprep.pipelines.preprocess_job.common import PreprocessError
+from shardprep.preprocess.sources import archive_index
+from shardprep.preprocess.format.config import PreprocessConfig
 
 SPLITS = {"train/cat/a.jpg": jpeg(0), "train/dog/b.jpg": jpeg(1), "val/cat/c.jpg": jpeg(2), "val/dog/d.jpg": jpeg(3)}
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from shardprep.pipelines import progress, storage
+from shardprep.pipelines.runtime import progress, storage
 
 
 def test_bytes_and_chunks_are_written_whole_and_counted(tmp_path):

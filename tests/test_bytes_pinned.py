@@ -2,7 +2,7 @@
 
 Refactoring the job must not change a single byte of what it writes; a change that alters these hashes changes the
 product's output and must say so. They were last taken when the job's resize became ``lanczos2-cubic`` (Lanczos-2
-low-pass + cubic interpolation in OpenCV, ``shardprep.preprocess.resize``) instead of Pillow's BICUBIC, and its
+low-pass + cubic interpolation in OpenCV, ``shardprep.preprocess.image.resize``) instead of Pillow's BICUBIC, and its
 manifest gained ``resize_method``; the bytes depend on OpenCV's version as they do on Pillow's. The manifests'
 hashes were taken again when they gained ``median_input_size`` (the same hashes without that key).
 The images are lossless formats only (PNG, palette PNG, PNG with alpha, BMP), so their bytes and decoded pixels do not

@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main as cli
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import names, record_format, tfrecord_io
-from shardprep.preprocess.dataset import Manifest
-from shardprep.preprocess.sources import SourceError
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.checks import names
+from shardprep.preprocess.format import record_format, tfrecord_io
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.preprocess.sources.common import SourceError
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 # Integers ("10" before "2", "007" first), case ("B" before "a"), a leading underscore, a non-ASCII name.

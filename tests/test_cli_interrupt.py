@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep import cli
-from shardprep.pipelines import stopping
-from shardprep.pipelines.worker_zygote import WORKER_NAME
+from shardprep.pipelines.runtime import stopping
+from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME
 
 
 def test_ctrl_c_in_any_subcommand_exits_130_with_one_line(monkeypatch):
@@ -72,7 +72,7 @@ def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
     import signal
     import sys
 
-    from shardprep.pipelines import runner
+    from shardprep.pipelines.runtime import runner
 
     monkeypatch.setattr(runner, "_hide_worker_traces", True)  # as the CLI without --verbose
     stderr_before = os.fstat(2)
@@ -95,8 +95,8 @@ def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
 _RUN_IN_NATIVE_CODE = """
 import sys
 import numpy as np
-from shardprep.pipelines import stopping
-from shardprep.preprocess import resize
+from shardprep.pipelines.runtime import stopping
+from shardprep.preprocess.image import resize
 
 cv2 = resize.opencv()
 image = np.zeros((3000, 4000, 3), np.uint8)
@@ -149,7 +149,7 @@ def test_the_command_line_entry_imports_little_so_ctrl_c_at_start_is_the_clis_ow
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip() == "[]"
     version = CliRunner().invoke(cli.main, ["--version"])
-    from shardprep.preprocess.manifest import tool_version
+    from shardprep.preprocess.format.manifest import tool_version
 
     assert version.exit_code == 0 and version.output == f"shardprep, version {tool_version()}\n"
 

@@ -106,7 +106,7 @@ def test_validate_pictures_under_a_file(data, tmp_path):
 
 
 def test_validate_json_write_failing_at_the_end_prints_the_report_then_one_line(data, tmp_path, monkeypatch):
-    from shardprep.pipelines import storage
+    from shardprep.pipelines.runtime import storage
 
     def fail(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
@@ -212,8 +212,8 @@ def rename_split(m, old, new):
 @pytest.mark.parametrize("name", ["val", "valid", "test"])
 def test_train_finds_the_validation_split_without_a_flag(data, name):
     """A DIR/train + DIR/val dataset trains with no split flags (test when it is the only split besides train)."""
-    from shardprep.train import preflight
-    from shardprep.train.split_roles import resolve_split
+    from shardprep.train.run import preflight
+    from shardprep.train.data.split_roles import resolve_split
 
     edit_manifest(data, lambda m: rename_split(m, "validation", name))
     manifest = preflight.check(str(data), "train", None)

@@ -29,7 +29,7 @@ sys.exit(main())
 
 
 def test_ctrl_c_while_the_console_script_imports_the_cli_is_one_line_and_130():
-    for module in ("click.core", "shardprep.pipelines.stopping"):
+    for module in ("click.core", "shardprep.pipelines.runtime.stopping"):
         done = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT.format(module=module)], capture_output=True,
                               text=True, timeout=60)
         assert (done.returncode, done.stderr, done.stdout) == (130, "stopped (Ctrl-C)\n", ""), done.stderr

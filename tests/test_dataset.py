@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main as cli
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.dataset import Manifest, ShardEntry, SplitInfo, typed
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.fixed_layout import FixedLayout
+from shardprep.preprocess.format.dataset import Manifest, ShardEntry, SplitInfo, typed
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_a_hand_made_manifest_with_only_the_required_keys_is_read():
 
 
 def test_preflight_refuses_a_layout_that_does_not_fit_before_tensorflow(outputs, tmp_path):
-    from shardprep.train import preflight
+    from shardprep.train.run import preflight
 
     document = json.loads(outputs["raw-center"])
     document["splits"]["train"]["record_layout"] = FixedLayout.for_records(4, 4, (5, 9), 3).to_json()
@@ -127,8 +127,8 @@ def test_preflight_refuses_a_layout_that_does_not_fit_before_tensorflow(outputs,
 def test_a_gs_manifest_without_the_gcp_extra_is_one_error_naming_the_extra(monkeypatch):
     """``load_manifest`` is also the library's loader (``make_dataset``, ``NumpyReader``): without the gcp extra a
     ``gs://`` DATA is a ManifestError saying what to install, not Beam's "no file system" from deep inside."""
-    from shardprep.preprocess import install_extras
-    from shardprep.preprocess.dataset import load_manifest
+    from shardprep.preprocess.checks import install_extras
+    from shardprep.preprocess.format.dataset import load_manifest
 
     monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
     with pytest.raises(manifest_lib.ManifestError) as error:

@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, untrusted
-from shardprep.preprocess.fixed_layout import FixedLayout
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format import manifest_schema
+from shardprep.preprocess.checks import untrusted
+from shardprep.preprocess.format.fixed_layout import FixedLayout
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def test_a_train_run_reads_and_checks_the_manifest_once(colour_dataset, tmp_path
 
 
 def test_a_validate_run_reads_and_checks_the_manifest_once(colour_dataset, manifest_reads):
-    from shardprep.pipelines import validate
+    from shardprep.pipelines.validate_job import driver as validate
 
     report = validate.run(validate.ValidateOptions(colour_dataset), ["--direct_running_mode=in_memory",
                                                                     "--direct_num_workers=1"], progress=lambda *_: None)
@@ -70,13 +71,13 @@ def test_a_validate_run_reads_and_checks_the_manifest_once(colour_dataset, manif
 
 
 def test_the_dataset_module_offers_the_one_loader_and_the_one_shard_template():
-    from shardprep.preprocess import dataset
-    from shardprep.train import reader
+    from shardprep.preprocess.format import dataset
+    from shardprep.train.data import reader
 
     assert dataset.SHARD_FILES is manifest_lib.SHARD_FILES
     assert reader.load_manifest is dataset.load_manifest  # the README's import
-    for module in ("train/preflight.py", "train/predict.py", "train/numpy_reader.py", "train/record_dataset.py",
-                   "pipelines/journal.py", "pipelines/validate.py"):
+    for module in ("train/run/preflight.py", "train/model/predict.py", "train/data/numpy_reader.py", "train/data/record_dataset.py",
+                   "pipelines/runtime/journal.py", "pipelines/validate_job/driver.py"):
         assert re.search(r"^def load_manifest\b", (REPO / module).read_text(), re.MULTILINE) is None, module
 
 
@@ -93,9 +94,9 @@ def test_the_shard_name_is_spelled_in_one_place():
 
 def test_every_module_that_recognises_shard_names_asks_the_one_template(monkeypatch):
     """With the template changed (six digits), what each module takes for a shard's name changes with it."""
-    from shardprep.pipelines import storage
-    from shardprep.pipelines.validation.checks import classify_files
-    from shardprep.preprocess import names
+    from shardprep.pipelines.runtime import storage
+    from shardprep.pipelines.validate_job.checks import classify_files
+    from shardprep.preprocess.checks import names
 
     monkeypatch.setattr(manifest_lib, "SHARD_FILES", manifest_lib.ShardFileTemplate(".tfrecord", digits=6))
     six, five = "train/train-000000-of-000002.tfrecord", "train/train-00000-of-00002.tfrecord"

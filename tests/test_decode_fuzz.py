@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFile, WebPImagePlugin
 
 import image_factory as factory
-from shardprep.preprocess import image_ops
-from shardprep.preprocess.image_ops import ProcessOptions, RejectError
+from shardprep.preprocess.image import image_ops
+from shardprep.preprocess.image.image_ops import ProcessOptions, RejectError
 
 EXAMPLES = int(os.environ.get("SHARDPREP_FUZZ_EXAMPLES", "250"))
 REASONS = {"empty_file", "not_an_image", "truncated", "too_many_pixels", "decode_error"}

@@ -129,8 +129,8 @@ def test_a_linked_split_folder_is_refused_and_what_it_points_to_kept(tmp_path, d
 def test_most_demo_images_are_at_least_the_default_shorter_side(tmp_path):
     """README's first command preprocesses the demo at the default --shorter-side: no small-input stop."""
     from shardprep import demo
-    from shardprep.preprocess.config import default
-    from shardprep.preprocess.input_sizes import median_size
+    from shardprep.preprocess.format.config import default
+    from shardprep.preprocess.image.input_sizes import median_size
     from PIL import Image
 
     demo.write_demo_dataset(str(tmp_path), train_per_class=20, validation_per_class=5)

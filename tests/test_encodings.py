@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardprep.preprocess import encodings, record_format
-from shardprep.preprocess.encodings import UnknownEncodingError
-from shardprep.preprocess.dataset import Manifest
-from shardprep.train.batch_sources import ExampleSource
-from shardprep.train.numpy_reader import NumpyReader
+from shardprep.preprocess.format import encodings, record_format
+from shardprep.preprocess.format.encodings import UnknownEncodingError
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.train.data.batch_sources import ExampleSource
+from shardprep.train.data.numpy_reader import NumpyReader
 from train_helpers import read_json, write_dataset
 
 ENCODINGS = [pytest.param(encoding, id=encoding.name) for encoding in encodings.REGISTERED]
@@ -55,8 +55,8 @@ def test_an_unknown_name_is_an_error_naming_it_and_the_known_ones(name):
 
 def test_the_command_line_and_the_options_take_their_choices_from_the_registry():
     from shardprep.commands.preprocess import command
-    from shardprep.preprocess import config
-    from shardprep.preprocess.image_ops import ProcessOptions
+    from shardprep.preprocess.format import config
+    from shardprep.preprocess.image.image_ops import ProcessOptions
 
     option = next(p for p in command.params if p.name == "encoding")
     assert tuple(option.type.choices) == encodings.NAMES and config.default("encoding") == encodings.NAMES[0]
@@ -119,7 +119,7 @@ def test_a_record_round_trips_through_the_record_format(encoding):
 @pytest.mark.parametrize("crop", ["center", "none"])
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_both_readers_give_the_stored_pixels_of_every_encoding(tmp_path, encoding, crop):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     height, width = (8, 8) if crop == "center" else (8, 12)
     items = [(_image(height, width, seed=i), i % 2) for i in range(6)]
@@ -152,7 +152,7 @@ def jpeg_dataset(tmp_path):
 
 
 def test_an_unknown_encoding_is_a_clear_error_when_read_not_read_as_raw(jpeg_dataset):
-    from shardprep.train import read_stream, reader
+    from shardprep.train.data import read_stream, reader
 
     manifest = dataclasses.replace(Manifest.from_json(read_json(f"{jpeg_dataset}/manifest.json")), encoding="webp2")
     with pytest.raises(UnknownEncodingError, match="unknown encoding 'webp2'.*raw, jpeg"):
@@ -211,7 +211,7 @@ def test_the_command_line_takes_both_spellings(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from shardprep.commands.preprocess import command
-    from shardprep.pipelines import preprocess as job
+    from shardprep.pipelines.preprocess_job import graph as job
 
     configs = []
 

@@ -12,10 +12,10 @@ import pytest
 from apache_beam.internal import pickler
 from click.testing import CliRunner
 
-from shardprep.pipelines.common import PreprocessError
-from shardprep.pipelines.exclude import ExcludeFn, keys_file, read_keys
-from shardprep.preprocess import untrusted
-from shardprep.preprocess.exclude_keys import SortedKeys, parse_keys
+from shardprep.pipelines.preprocess_job.common import PreprocessError
+from shardprep.pipelines.preprocess_job.exclude import ExcludeFn, keys_file, read_keys
+from shardprep.preprocess.checks import untrusted
+from shardprep.preprocess.sources.exclude_keys import SortedKeys, parse_keys
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 import image_factory
-from shardprep.preprocess import streams as quiet_logs
+from shardprep.preprocess.checks import streams as quiet_logs
 from shardprep.cli import main
-from shardprep.preprocess import labels
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.sources import labels
+from shardprep.preprocess.format import manifest as manifest_lib
 from train_helpers import random_images, write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

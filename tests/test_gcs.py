@@ -35,9 +35,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from gcs_emulator import COMMANDS_IN_TURN, LoopbackStorage, in_turn_results
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.dataset import Manifest
-from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -464,7 +464,7 @@ def test_validate_finds_a_damaged_gs_shard(storage, background):
 TRAIN_READER_SCRIPT = """
 import hashlib, json, sys
 import tensorflow as tf
-from shardprep.train import reader
+from shardprep.train.data import reader
 data_dir = sys.argv[1]
 images, labels = next(iter(reader.make_dataset(data_dir, "train", batch_size=4, training=True, seed=0)))
 validation = [(hashlib.sha256(image.tobytes()).hexdigest(), int(label))

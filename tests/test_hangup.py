@@ -13,7 +13,7 @@ import time
 import image_factory
 import pytest
 
-from shardprep.pipelines import stopping
+from shardprep.pipelines.runtime import stopping
 
 
 @pytest.mark.parametrize("number, status", [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])

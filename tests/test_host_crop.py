@@ -1,4 +1,4 @@
-"""Host crops (``shardprep.train.host_crop``): random windows and flips in NumPy for loops without augmentation on
+"""Host crops (``shardprep.train.data.host_crop``): random windows and flips in NumPy for loops without augmentation on
 the accelerator; the same windows for the same seed whatever the batch size, in ``NumpyReader`` and in a
 ``RecordDataset`` fed by ``EpochSampler(crops=True)``, and a resumed reader cuts what the uninterrupted one cut."""
 
@@ -9,9 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
-from shardprep.train import host_crop
-from shardprep.train.numpy_reader import NumpyReader
-from shardprep.train.record_dataset import EpochSampler, RecordDataset
+from shardprep.train.data import host_crop
+from shardprep.train.data.numpy_reader import NumpyReader
+from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
 from train_helpers import random_images, write_dataset
 
 SIDE, CROP = 12, 8

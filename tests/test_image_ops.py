@@ -13,8 +13,8 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 import image_factory as factory
-from shardprep.preprocess import image_ops, resize
-from shardprep.preprocess.image_ops import ProcessOptions, RejectError
+from shardprep.preprocess.image import image_ops, resize
+from shardprep.preprocess.image.image_ops import ProcessOptions, RejectError
 
 WHITE = image_ops.BACKGROUND_RGB
 
@@ -449,7 +449,7 @@ def test_bomb_headers_are_well_formed(bomb):
 def test_importing_image_ops_leaves_pillows_settings_alone():
     # In a fresh process: the guard validate's own Image.open relies on must not depend on what was imported first.
     code = ("from PIL import Image, ImageFile; before = (Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES); "
-            "import shardprep.preprocess.image_ops; "
+            "import shardprep.preprocess.image.image_ops; "
             "assert (Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES) == before, Image.MAX_IMAGE_PIXELS; "
             "assert before[0] is not None")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,7 +15,7 @@ from file_trees import tree
 import pytest
 from click.testing import CliRunner
 
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.cli import main as cli
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
@@ -201,8 +201,8 @@ def bom_labels(tmp_path, header: str):
 @pytest.mark.parametrize("header", ["", "filename,label\n", "image,class\n", "File_Name,Category\n"])
 def test_a_utf8_bom_costs_no_row(tmp_path, header):
     """The labels file is read when the source is planned: each header (or none) behind a BOM gives both rows."""
-    from shardprep.pipelines.source_registry import plan_source
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.pipelines.sources.registry import plan_source
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     labels = bom_labels(tmp_path, header)
     plan = plan_source(PreprocessConfig(source=str(tmp_path / "val"), output=str(tmp_path / "out"),
@@ -261,8 +261,8 @@ def test_an_unknown_header_is_refused_not_made_a_class(tmp_path, header):
 
 def test_a_first_row_without_extension_naming_a_file_is_a_row(tmp_path):
     """The labels file as planned (the end-to-end run with such a first row is the BOM test's above)."""
-    from shardprep.pipelines.source_registry import plan_source
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.pipelines.sources.registry import plan_source
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     flat_images(tmp_path / "val", ["README", "img1.JPEG"])
     labels = tmp_path / "labels.csv"
@@ -312,7 +312,7 @@ def test_options_past_the_limits_are_refused_before_the_run(tmp_path, options, e
 
 
 def test_the_largest_side_that_fits_is_accepted():
-    from shardprep.preprocess import config as limits
+    from shardprep.preprocess.format import config as limits
 
     limits.check_options(26754, "center", "raw", 10 ** 10)
     limits.check_options(13377, "center", "raw", 178_956_970)
@@ -322,7 +322,8 @@ def test_the_largest_side_that_fits_is_accepted():
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_an_image_whose_record_would_be_too_large_is_a_reject(monkeypatch, encoding):
-    from shardprep.preprocess import config as limits, image_ops
+    from shardprep.preprocess.format import config as limits
+    from shardprep.preprocess.image import image_ops
 
     monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 20_000)
     monkeypatch.setattr(limits, "RECORD_OVERHEAD", 100)

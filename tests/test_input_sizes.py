@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from test_preprocess_job import write_tfds_style_tfrecords
 
 from shardprep.cli import main as cli
-from shardprep.preprocess import input_sizes
-from shardprep.preprocess.dataset import Manifest
+from shardprep.preprocess.image import input_sizes
+from shardprep.preprocess.format.dataset import Manifest
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 
@@ -131,7 +131,7 @@ def test_the_plan_lines_fit_80_columns_and_say_what_is_not_known():
 def test_a_malformed_median_input_size_is_a_shape_problem(tmp_path):
     import pytest
 
-    from shardprep.preprocess.dataset import ManifestShapeError
+    from shardprep.preprocess.format.dataset import ManifestShapeError
 
     source, out = cifar_like(tmp_path / "cifar"), tmp_path / "out"
     assert preprocess(source, out, "--shorter-side", 32, "--quiet", *IN_PROCESS).exit_code == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from shardprep.preprocess import image_ops
+from shardprep.preprocess.image import image_ops
 
 
 def _jpeg(mode: str, size: tuple[int, int], **save) -> bytes:

@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import pytest
 
-from shardprep.train.config import TrainConfig
-from shardprep.train.steps_keras import KerasSteps
+from shardprep.train.run.config import TrainConfig
+from shardprep.train.run.steps_keras import KerasSteps
 
 
 def steps_over(replicas: int) -> KerasSteps:
@@ -43,8 +43,8 @@ SHORT_LAST_BATCH_ON_JAX = textwrap.dedent("""
     import json
     import keras
     import numpy as np
-    from shardprep.train.config import TrainConfig
-    from shardprep.train.steps_keras import KerasSteps
+    from shardprep.train.run.config import TrainConfig
+    from shardprep.train.run.steps_keras import KerasSteps
 
     def model():
         keras.utils.set_random_seed(1)

@@ -26,7 +26,7 @@ HINT = "needs shardprep's gcp extra (Cloud Storage and Dataflow), which is not i
 
 # Run after FAILING_RUNS in the same child process (one interpreter start for both).
 LOCAL_RUN = r"""
-from shardprep.preprocess import install_extras
+from shardprep.preprocess.checks import install_extras
 
 root = sys.argv[2]
 commands = [

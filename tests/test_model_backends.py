@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from shardprep.train.model import build_model, inference_model, save_inference_model
+from shardprep.train.model.keras_model import build_model, inference_model, save_inference_model
 
 IMAGE_SIZE = 16
 MEAN, STD = [120.0, 110.0, 100.0], [60.0, 50.0, 40.0]
@@ -35,7 +35,7 @@ LOAD_AND_PREDICT = textwrap.dedent("""
 # with its logits for other images. Plain loading imports neither shardprep nor TensorFlow, so both are still
 # unimported when the build starts.
 BUILD_AND_SAVE = textwrap.dedent("""
-    from shardprep.train.model import build_model, save_inference_model
+    from shardprep.train.model.keras_model import build_model, save_inference_model
 
     images = np.load(sys.argv[5])
     tensorflow_before_build = "tensorflow" in sys.modules
@@ -170,7 +170,7 @@ def test_predict_images_and_shardprep_predict_take_the_inference_model(colour_da
     from PIL import Image
 
     from shardprep.cli import main
-    from shardprep.train.predict import model_image_size, predict_images
+    from shardprep.train.model.predict import model_image_size, predict_images
 
     data = colour_dataset  # 20x20 stored images, classes red and blue
     keras.utils.set_random_seed(0)

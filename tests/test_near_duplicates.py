@@ -15,13 +15,13 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from near_duplicate_images import HARD_NEGATIVES, PLANTED, crop, jpeg, photo, rescale
-from shardprep.pipelines.validate_graph import FindNearDuplicates
-from shardprep.pipelines.validate_options import default
-from shardprep.pipelines.validation import near_pairs as near_score
-from shardprep.pipelines.validation.stats import RecordLocation
-from shardprep.pipelines.validation.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
-from shardprep.preprocess import perceptual_hash
-from shardprep.preprocess.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
+from shardprep.pipelines.validate_job.graph import FindNearDuplicates
+from shardprep.pipelines.validate_job.options import default
+from shardprep.pipelines.validate_job import near_pairs as near_score
+from shardprep.pipelines.validate_job.stats import RecordLocation
+from shardprep.pipelines.validate_job.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
+from shardprep.preprocess.image import perceptual_hash
+from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
 
 THRESHOLD = default("near_duplicate_distance")  # the candidates' hash distance
 SIDES = (32, 256)  # CIFAR's size and an ImageNet-like one: one default for both
@@ -267,8 +267,8 @@ def test_record_at_reads_one_record_and_refuses_broken_framing():
     import io
     import struct
 
-    from shardprep.pipelines.validate_read import record_at
-    from shardprep.preprocess import tfrecord_io
+    from shardprep.pipelines.validate_job.read import record_at
+    from shardprep.preprocess.format import tfrecord_io
 
     framed = b"".join(tfrecord_io.frame(bytes([i]) * (10 + i)) for i in range(3))
     assert record_at(io.BytesIO(framed), 2) == bytes([2]) * 12
@@ -279,7 +279,7 @@ def test_record_at_reads_one_record_and_refuses_broken_framing():
 
 
 def test_the_keys_file_reads_back_every_key_however_it_is_named():
-    from shardprep.preprocess.exclude_keys import ExcludeKeysError, format_keys, parse_keys
+    from shardprep.preprocess.sources.exclude_keys import ExcludeKeysError, format_keys, parse_keys
 
     keys = ["train/a.jpg", "val/line\nbreak.jpg", "#hash.jpg", '"quoted.jpg', " spaced.jpg ", "ünï cødé.png",
             "cr\r.jpg", "sep\u2028.jpg", ""]
@@ -307,8 +307,8 @@ def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold(
 
 def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
     """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
-    from shardprep.pipelines import validate_options
-    from shardprep.pipelines.validate_options import ValidateOptions, near_duplicate_skip_reason
+    from shardprep.pipelines.validate_job import options as validate_options
+    from shardprep.pipelines.validate_job.options import ValidateOptions, near_duplicate_skip_reason
 
     kib = validate_options.LOCAL_NEAR_DUPLICATE_KIB
     assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30

@@ -15,9 +15,9 @@ from PIL import Image
 import validate_helpers as helpers
 from near_duplicate_images import crop, jpeg, photo, rescale
 from shardprep.cli import main
-from shardprep.pipelines import validate
-from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.pipelines.validation import pictures as near_pictures
+from shardprep.pipelines.validate_job import driver as validate
+from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.pipelines.validate_job import pictures as near_pictures
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 CLASSES = ("cat", "dog")
@@ -228,9 +228,9 @@ def test_leaked_keys_never_overwrites_a_file_of_the_dataset(leaky, tmp_path):
 
 
 def test_a_changed_keys_file_changes_the_runs_fingerprint_so_a_resume_is_refused(tmp_path):
-    from shardprep.pipelines.exclude import fingerprinted_options
-    from shardprep.preprocess import fingerprint
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.pipelines.preprocess_job.exclude import fingerprinted_options
+    from shardprep.preprocess.format import fingerprint
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     keys = tmp_path / "keys.txt"
     keys.write_text("a.jpg\nb.jpg\n")
@@ -245,7 +245,7 @@ def test_a_changed_keys_file_changes_the_runs_fingerprint_so_a_resume_is_refused
 
 
 def test_a_local_run_over_the_limit_skips_the_search_and_says_so(leaky, tmp_path, monkeypatch):
-    from shardprep.pipelines import validate_options
+    from shardprep.pipelines.validate_job import options as validate_options
 
     _, data = leaky
     monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)
@@ -265,7 +265,7 @@ def test_a_local_run_over_the_limit_skips_the_search_and_says_so(leaky, tmp_path
 
 
 def test_near_duplicates_runs_the_search_despite_the_local_limit(leaky, tmp_path, monkeypatch):
-    from shardprep.pipelines import validate_options
+    from shardprep.pipelines.validate_job import options as validate_options
 
     _, data = leaky
     monkeypatch.setattr(validate_options, "LOCAL_NEAR_DUPLICATE_RECORDS", 4)

@@ -9,8 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from shardprep.train.numpy_reader import NumpyReader
-from shardprep.train.record_dataset import EpochSampler, RecordDataset
+from shardprep.train.data.numpy_reader import NumpyReader
+from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
 from train_helpers import random_images, write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +64,7 @@ def _assert_same(first, second):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_batches_equal_make_datasets_for_a_seed(dataset, training):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     split, count = ("train", 12) if training else ("validation", 100)
     numpy_batches = _numpy_batches(NumpyReader(dataset, split, 4, training, seed=5), count)
@@ -88,7 +88,7 @@ def test_same_seed_same_batches_and_epochs_reshuffled(dataset):
 
 
 def test_start_step_continues_exactly_where_an_uninterrupted_run_was(dataset):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     uninterrupted = _numpy_batches(NumpyReader(dataset, "train", 4, True, seed=8), 14)
     for start in (3, 5, 7):  # mid-epoch, at an epoch boundary, across one (5 batches an epoch)
@@ -107,7 +107,7 @@ def test_start_step_continues_exactly_where_an_uninterrupted_run_was(dataset):
 
 
 def test_streamed_reads_refuse_a_start_step(dataset):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     with pytest.raises(ValueError, match="resuming mid-epoch needs local shards read by random access"):
         reader.make_dataset(dataset, "train", 4, True, seed=1, random_access=False, start_step=3)
@@ -131,7 +131,7 @@ def test_shares_of_processes_cover_every_record_once_with_equal_batch_counts(dat
 def test_input_pipelines_of_make_dataset_read_the_numpy_shares(dataset):
     import tensorflow as tf
 
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     for index in range(2):
         context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index, num_replicas_in_sync=2)
@@ -188,8 +188,8 @@ def test_the_framework_free_reader_imports_no_tensorflow(layout_dataset):
     datasets = [layout_dataset(*layout) for layout in LAYOUTS]
     done = _run(f"""
         import sys
-        from shardprep.train.numpy_reader import NumpyReader
-        from shardprep.train.record_dataset import EpochSampler, RecordDataset
+        from shardprep.train.data.numpy_reader import NumpyReader
+        from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
         for dataset in {datasets!r}:
             reader = NumpyReader(dataset, "train", 4, True, seed=0)
             images, labels = next(iter(reader))
@@ -207,7 +207,7 @@ def test_a_process_exits_while_the_reader_prefetches(tmp_path):
     items = random_images(64, 128, 128, seed=13, labels=(0, 1))
     write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=4)
     done = _run(f"""
-        from shardprep.train.numpy_reader import NumpyReader
+        from shardprep.train.data.numpy_reader import NumpyReader
         reader = NumpyReader({str(tmp_path)!r}, "train", 16, True, seed=0, threads=4, prefetch=8)
         kept = iter(reader)
         for _ in range(5):
@@ -243,7 +243,7 @@ def test_bad_arguments_are_refused_clearly(dataset, kwargs, message):
 
 
 def test_missing_datasets_splits_and_urls_are_explained(tmp_path, dataset):
-    from shardprep.preprocess.manifest import ManifestError
+    from shardprep.preprocess.format.manifest import ManifestError
 
     with pytest.raises(ManifestError, match="is an empty folder, not a prepared dataset"):
         NumpyReader(str(tmp_path), "train", 4, True)
@@ -326,7 +326,7 @@ def test_dropping_an_iterator_stops_its_threads(dataset):
 
 
 def test_datasets_without_a_record_layout_and_damaged_shards(tmp_path):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     items = random_images(10, 6, 5, seed=6, labels=(0, 1))
     manifest = write_dataset(tmp_path / "old", {"train": items}, classes=["a", "b"], fixed_layout=False)

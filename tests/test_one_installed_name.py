@@ -31,7 +31,7 @@ def test_a_user_script_beside_its_own_train_and_preprocess_reads_batches(tmp_pat
     (user / "script.py").write_text(textwrap.dedent(f"""
         import preprocess
         import train
-        from shardprep.train.reader import make_dataset
+        from shardprep.train.data.reader import make_dataset
 
         assert train.WHOSE == preprocess.WHOSE == "the user"
         batches = list(make_dataset({str(data)!r}, "train", 4, training=False))

@@ -18,9 +18,9 @@ from file_trees import tree
 import pytest
 from click.testing import CliRunner
 
-from shardprep.pipelines import runner as runners
-from shardprep.pipelines import storage
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.pipelines.runtime import runner as runners
+from shardprep.pipelines.runtime import storage
+from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.cli import main as cli
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
@@ -266,7 +266,7 @@ def test_source_symlink_inside_output_is_refused(work):
 
 
 def test_remote_output_inside_remote_source_is_refused_before_any_request(work, monkeypatch):
-    from shardprep.pipelines import source_archive
+    from shardprep.pipelines.sources import archive as source_archive
 
     def no_request(location):  # listing gs:// (is it a folder of archives?) would be the first request
         raise AssertionError(f"{location} was listed before OUTPUT was checked")

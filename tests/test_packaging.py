@@ -1,7 +1,7 @@
 """What `--setup_file ./setup.py` ships to Dataflow workers, checked the way a worker gets it.
 
 Beam's stager builds an sdist of the project (``stager_sdist`` builds it as the stager does, with the launcher's
-``shardprep.pipelines.runner.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
+``shardprep.pipelines.runtime.runner.stage_worker_requirements_only()`` in effect); each worker pip installs it with its
 ``install_requires`` and then unpickles the pipeline's transforms. This test builds the sdist with Beam's code, builds the
 wheel a worker would build from it, checks the wheel holds every module of the four packages and no tests, installs
 it into a fresh virtualenv, and there, from a folder outside the repository and with ``python -I`` (no current
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from shardprep.train.config import BACKENDS
+from shardprep.train.run.config import BACKENDS
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("preprocess", "pipelines", "train", "shardprep")  # folders; installed as shardprep and shardprep.<folder>
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def repo_modules() -> list[str]:
-    """Every module of the four packages in the working tree, e.g. ``shardprep.pipelines.preprocess``."""
+    """Every module of the four packages in the working tree, e.g. ``shardprep.pipelines.preprocess_job.graph``."""
     modules = []
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
@@ -93,7 +93,7 @@ def built(tmp_path_factory):
     """(sdist, wheel) as staged for Dataflow: Beam's stager, run the way the launcher runs it before a remote job."""
     from unittest import mock
 
-    from shardprep.pipelines import runner
+    from shardprep.pipelines.runtime import runner
 
     root = tmp_path_factory.mktemp("packaging")
     copy_project(root / "project")
@@ -126,7 +126,7 @@ def built_normally(tmp_path_factory):
 
 
 def staging_env() -> str:
-    from shardprep.pipelines import runner
+    from shardprep.pipelines.runtime import runner
 
     return runner.WORKER_SDIST_ENV
 
@@ -198,8 +198,9 @@ def write_pipeline_graphs(out: Path) -> list[str]:
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    from shardprep.pipelines import preprocess, validate
-    from shardprep.preprocess.dataset import Manifest, ShardEntry
+    from shardprep.pipelines.preprocess_job import graph as preprocess
+    from shardprep.pipelines.validate_job import driver as validate
+    from shardprep.preprocess.format.dataset import Manifest, ShardEntry
 
     source = out / "source"
     for relative in ("train/cat/a.png", "train/dog/b.png", "val/c.png"):
@@ -253,7 +254,7 @@ for graph in sys.argv[2:]:
 launcher_only_loaded = sorted(m for m in ("tensorflow", "tensorflow_datasets", "matplotlib", "click", "rich")
                               if m in sys.modules)
 files = {name: importlib.import_module(name).__file__ for name in modules}
-from shardprep.preprocess import wordnet_names  # its table is package data (wordnet_names.txt)
+from shardprep.preprocess.sources import wordnet_names  # its table is package data (wordnet_names.txt)
 print(json.dumps({"files": files, "wordnet": [len(wordnet_names.table()), wordnet_names.display_name("n03445777")], "transforms": transforms, "launcher_only_loaded": launcher_only_loaded,
                   "path": sys.path}))
 """
@@ -306,15 +307,13 @@ def test_installed_package_imports_and_deserializes_the_pipelines_outside_the_re
 OPTIONAL_BACKENDS = tuple(name for name in BACKENDS if name != "tensorflow")  # TensorFlow: installed anyway
 
 LAUNCHER_ONLY = {
-    ("pipelines/source_folder.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
-    ("pipelines/source_tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
-    ("pipelines/validation/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
-    ("preprocess/owned_folder.py", "gfile"): {"tensorflow"},  # train's gs:// --output-dir; workers own no folder
+    ("pipelines/sources/folder.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
+    ("pipelines/sources/tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
+    ("pipelines/validate_job/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
+    ("preprocess/checks/owned_folder.py", "gfile"): {"tensorflow"},  # train's gs:// --output-dir; workers own no folder
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
-LAUNCHER_ONLY.update({(f"preprocess/encodings/{path.name}", "decode_tf"): {"tensorflow"}
-                      for path in sorted((REPO / "preprocess" / "encodings").glob("*.py"))
-                      if "def decode_tf" in path.read_text()})
+LAUNCHER_ONLY[("preprocess/format/encodings.py", "decode_tf")] = {"tensorflow"}
 WORKER_PACKAGES = ("pipelines", "preprocess")
 
 
@@ -395,7 +394,7 @@ def test_every_third_party_import_is_declared(built_normally):
     # The other Keras backends are optional: imported only by the steps of `shardprep train --backend jax|torch`,
     # and installed by the extra of their name (`pip install 'shardprep[jax]'`).
     for backend in OPTIONAL_BACKENDS:
-        assert undeclared.pop(backend, ["train/steps_keras.py"]) == ["train/steps_keras.py"]
+        assert undeclared.pop(backend, ["train/run/steps_keras.py"]) == ["train/run/steps_keras.py"]
         assert any(_normalize(r.name) == backend and r.marker is not None and r.marker.evaluate({"extra": backend})
                    for r in requires_dist(in_tree)), f"no {backend!r} extra declares {backend}"
     assert undeclared == {}, "imported but not in install_requires"

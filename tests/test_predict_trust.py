@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardprep.preprocess import wordnet_names
+from shardprep.preprocess.sources import wordnet_names
 from train_helpers import predict_entries, random_images, write_colour_dataset, write_dataset
 
 IMAGE_SIZE = 16
@@ -28,8 +28,8 @@ def model_for(data_dir, path):
     """An (untrained) inference model for ``data_dir``, saved at ``path`` as shardprep train saves one."""
     import keras
 
-    from shardprep.train.model import build_model, save_inference_model
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.model.keras_model import build_model, save_inference_model
+    from shardprep.train.data.reader import load_manifest
 
     manifest = load_manifest(str(data_dir))
     keras.utils.set_random_seed(0)
@@ -63,7 +63,7 @@ def error_lines(result) -> list[str]:
 # ---- the dataset must be the model's -------------------------------------------------------------------------------
 
 def test_another_dataset_of_the_same_class_count_is_refused_by_its_mean_and_std(trained):
-    from shardprep.train.predict import predict_images
+    from shardprep.train.model.predict import predict_images
 
     data, model, other, root = trained
     photo = root / "photo.png"
@@ -79,8 +79,8 @@ def test_another_dataset_of_the_same_class_count_is_refused_by_its_mean_and_std(
 
 
 def test_a_dataset_stored_smaller_than_the_models_crop_is_refused(trained, tmp_path):
-    from shardprep.train.predict import predict_images
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.model.predict import predict_images
+    from shardprep.train.data.reader import load_manifest
 
     data, model, _, _ = trained
     manifest = {**load_manifest(data).to_json(), "shorter_side": 12, "image_height": 12, "image_width": 12}
@@ -89,8 +89,8 @@ def test_a_dataset_stored_smaller_than_the_models_crop_is_refused(trained, tmp_p
 
 
 def test_a_class_count_mismatch_is_refused_before_any_photo_is_read(trained):
-    from shardprep.train.predict import predict_images
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.model.predict import predict_images
+    from shardprep.train.data.reader import load_manifest
 
     data, model, _, _ = trained
     manifest = {**load_manifest(data).to_json(), "classes": ["a", "b", "c"], "num_classes": 3}
@@ -149,7 +149,7 @@ def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_
 
 
 def test_predict_wraps_its_lines_to_a_terminal_only(trained, tmp_path, monkeypatch):
-    import shardprep.preprocess.text as text
+    import shardprep.preprocess.checks.text as text
 
     data, model, _, _ = trained
     photo = tmp_path / ("a-long-folder-name-" * 3) / "photo with spaces in its name.png"
@@ -168,7 +168,7 @@ def test_predict_wraps_its_lines_to_a_terminal_only(trained, tmp_path, monkeypat
 
 
 def test_predict_images_reports_bad_photos_when_asked_and_raises_by_default(trained):
-    from shardprep.train.predict import PhotoFailure, Prediction, predict_images
+    from shardprep.train.model.predict import PhotoFailure, Prediction, predict_images
 
     data, model, _, _ = trained
     results = predict_images(model, data, [png(5), b"junk", png(6)], errors="report")
@@ -194,7 +194,7 @@ def test_wordnet_ids_are_shown_with_their_readable_names(tmp_path):
     [line] = predict_entries(result.output)
     answers = line.split(": ", 1)[1].split(", ")
     assert {answer.rsplit(" ", 1)[0] for answer in answers} == {"tench (n01440764)", "golf ball (n03445777)"}
-    from shardprep.train.predict import predict_images
+    from shardprep.train.model.predict import predict_images
 
     prediction = predict_images(model, str(data), [str(photo)])[0]
     assert prediction.class_name in ("n01440764", "n03445777")

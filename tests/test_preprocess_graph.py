@@ -15,11 +15,11 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines import runner as runners
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.listing import GivenValues, SpreadValues
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.runtime import runner as runners
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.preprocess_job.listing import GivenValues, SpreadValues
+from shardprep.preprocess.format.config import PreprocessConfig
 
 PARDO_URN = "beam:transform:pardo:v1"
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]  # a one-image run, as sized_to_work picks

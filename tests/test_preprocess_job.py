@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardprep.pipelines import preprocess as job
-from shardprep.preprocess import sharding
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.dataset import Manifest
-from shardprep.preprocess import record_format, tfrecord_io
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.preprocess.format import sharding
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]  # fast for tests that don't exercise multi-processing
@@ -432,7 +432,7 @@ def _run_in_process(source, output, min_decode_groups: int, **options) -> tuple[
     """(manifest, shards renamed from decode groups) of an in-process run with the given decode-group floor."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    from shardprep.pipelines import runner as runners
+    from shardprep.pipelines.runtime import runner as runners
 
     config = job.PreprocessConfig(source=str(source), output=str(output), shorter_side=16, **options)
     pipeline = runners.make_pipeline(["--direct_running_mode=in_memory"])

@@ -16,13 +16,14 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines import source_folder
-from shardprep.pipelines.listing import ListInputs
-from shardprep.pipelines.source_registry import plan_source
-from shardprep.preprocess import record_format, sources, tfrecord_io
-from shardprep.preprocess import encodings
-from shardprep.preprocess.config import CROPS, PreprocessConfig
-from shardprep.preprocess.elements import Input, Reject
+from shardprep.pipelines.sources import folder as source_folder
+from shardprep.pipelines.preprocess_job.listing import ListInputs
+from shardprep.pipelines.sources.registry import plan_source
+from shardprep.preprocess.format import record_format, tfrecord_io
+from shardprep.preprocess.sources import common as sources
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format.config import CROPS, PreprocessConfig
+from shardprep.preprocess.format.elements import Input, Reject
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -184,7 +185,7 @@ def test_a_gs_listing_failure_says_what_failed(monkeypatch, failure, message):
     assert str(raised.value).startswith(message), str(raised.value)
 
 
-@pytest.mark.parametrize("module", ["shardprep.preprocess.config", "shardprep.commands.preprocess"])
+@pytest.mark.parametrize("module", ["shardprep.preprocess.format.config", "shardprep.commands.preprocess"])
 def test_preprocess_options_import_without_beam_or_tensorflow(module):
     script = textwrap.dedent(f"""
         import sys

@@ -15,8 +15,8 @@ from shardprep import output as display
 from shardprep.cli import main as cli
 from shardprep.commands import preprocess as command
 from shardprep.commands import stops as preprocess_stop
-from shardprep.pipelines import preprocess as job
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.preprocess.format.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory"]
 
@@ -169,7 +169,7 @@ def wide(monkeypatch):
 
 
 def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypatch, wide):
-    from shardprep.pipelines import journal
+    from shardprep.pipelines.runtime import journal
 
     typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
     _journal(tmp_path, [])
@@ -181,7 +181,7 @@ def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypa
 
 
 def test_only_journal_lines_that_pass_their_checks_count_as_kept(tmp_path):
-    from shardprep.pipelines import journal
+    from shardprep.pipelines.runtime import journal
 
     _journal(tmp_path, [(10, 1), (20, 0)])  # lines that name their groups but are not sealed by a run
     assert journal.kept_work(str(tmp_path)) == journal.KeptWork(0, 0)
@@ -249,7 +249,7 @@ def _stop_line_cases(tmp_path, monkeypatch) -> dict[str, list[str]]:
     import time
     from pathlib import Path
 
-    from shardprep.pipelines import journal
+    from shardprep.pipelines.runtime import journal
 
     monkeypatch.chdir(tmp_path)
     typed = ["shardprep", "preprocess", "/data/photos/imagenet/ILSVRC2012_img_train", "--shorter-side", "256"]
@@ -306,7 +306,7 @@ def test_stop_lines_break_their_prose_between_words_at_the_width_and_keep_comman
 def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path, monkeypatch):
     import time
 
-    from shardprep.preprocess import image_ops
+    from shardprep.preprocess.image import image_ops
 
     source = tmp_path / "images"
     image_factory.write_image_folder(source, {"train": 12, "validation": 4}, classes=("a", "b"))
@@ -362,7 +362,7 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
     import os
     import sys
 
-    from shardprep.preprocess import streams as quiet_logs
+    from shardprep.preprocess.checks import streams as quiet_logs
 
     for name in quiet_logs.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
@@ -371,7 +371,7 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
         assert CliRunner().invoke(cli, ["--verbose", "demo-data", "--help"]).exit_code == 0
         assert not any(isinstance(finder, quiet_logs._QuietImport) for finder in sys.meta_path)
         assert not any(name in os.environ for name in quiet_logs.ENVIRONMENT)
-        from shardprep.pipelines import runner
+        from shardprep.pipelines.runtime import runner
 
         runner.quiet_beam_logging(verbose=True)  # what preprocess --verbose does first
         assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
@@ -401,7 +401,7 @@ def test_the_summary_table_is_plain_ascii_so_it_fits_80_columns_counted_any_way(
 def test_progress_bars_are_ascii_so_a_line_s_columns_are_its_bytes():
     """Every command's bar (preprocess, validate, train) is drawn by ``text.bar``: ASCII, exactly ``width`` wide; a
     known fraction fills from the left, an unknown total shows a block that moves with ``tick``."""
-    from shardprep.preprocess.text import PULSE_CELLS, bar
+    from shardprep.preprocess.checks.text import PULSE_CELLS, bar
 
     assert bar(0.5, 10) == "#####-----" and bar(1.0, 4) == "####" and bar(0.0, 3) == "---"
     assert bar(1.7, 5) == "#####" and bar(-1, 5) == "-----" and bar(0.5, 0) == ""

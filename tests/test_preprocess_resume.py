@@ -25,9 +25,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main as cli
-from shardprep.pipelines import journal
-from shardprep.preprocess import fingerprint
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.pipelines.runtime import journal
+from shardprep.preprocess.format import fingerprint
+from shardprep.preprocess.format import manifest as manifest_lib
 
 # 480 small images (64-160 px): the decoding of the second half of the groups still takes long enough (hundreds of
 # milliseconds on an idle machine, more under load) for the run to be caught half way, polled every 10 ms.

@@ -17,16 +17,18 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines.boundaries import ShardBoundaries
-from shardprep.pipelines.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
-from shardprep.pipelines.decode_groups import DecodeGroups
-from shardprep.pipelines.layouts import FixedLayouts
-from shardprep.pipelines.manifest_writer import CountInputs, WriteManifest, WriteRejects
-from shardprep.pipelines.shards import WriteShards
-from shardprep.pipelines import spill
-from shardprep.pipelines.spill import SPILL_DIR, SpillWriter
-from shardprep.preprocess import fixed_layout, image_ops, record_format, record_pointers, sharding, sources, tfrecord_io
-from shardprep.preprocess.elements import Input, Reject
+from shardprep.pipelines.preprocess_job.boundaries import ShardBoundaries
+from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
+from shardprep.pipelines.preprocess_job.decode_groups import DecodeGroups
+from shardprep.pipelines.preprocess_job.layouts import FixedLayouts
+from shardprep.pipelines.preprocess_job.manifest_writer import CountInputs, WriteManifest, WriteRejects
+from shardprep.pipelines.preprocess_job.shards import WriteShards
+from shardprep.pipelines.runtime import spill
+from shardprep.pipelines.runtime.spill import SPILL_DIR, SpillWriter
+from shardprep.preprocess.format import fixed_layout, record_format, record_pointers, sharding, tfrecord_io
+from shardprep.preprocess.image import image_ops
+from shardprep.preprocess.sources import common as sources
+from shardprep.preprocess.format.elements import Input, Reject
 
 SEED = 7
 OPTIONS = image_ops.ProcessOptions(8, "center", "raw", 90, image_ops.DEFAULT_MAX_PIXELS)
@@ -250,7 +252,7 @@ def test_spill_reader_reads_remote_records_on_its_own_pool_and_close_shuts_it_do
 
 
 def test_exclude_inputs_turns_the_named_inputs_into_rejects_and_passes_the_rest():
-    from shardprep.pipelines.exclude import ExcludeInputs
+    from shardprep.pipelines.preprocess_job.exclude import ExcludeInputs
 
     listed = [Input("train", "train/a/1.jpg", 0, "/s/train/a/1.jpg", None),
               Input("validation", "validation/a/2.jpg", 0, "/s/validation/a/2.jpg", None),

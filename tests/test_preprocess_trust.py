@@ -25,7 +25,7 @@ from file_trees import tree
 from kill_points import KILLED, KillPoint, run_killed
 
 from shardprep.cli import main as cli
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.format import manifest as manifest_lib
 
 SOURCE_SPLITS = {"train": 16, "validation": 8}
 ADOPTED = ["--shorter-side", "16", "--num-shards", "2"]  # 2 groups a split, each exactly one shard: renamed
@@ -34,8 +34,8 @@ IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 OUTPUT = "dataset"  # every run is given this OUTPUT from its own folder, so that manifests can be byte-identical
 ENV = {"SOURCE_DATE_EPOCH": "1700000000"}
 
-SHARDS, WRITER = "shardprep.pipelines.shards", "shardprep.pipelines.manifest_writer"
-SPILL, LOCK = "shardprep.pipelines.spill", "shardprep.preprocess.owned_folder"
+SHARDS, WRITER = "shardprep.pipelines.preprocess_job.shards", "shardprep.pipelines.preprocess_job.manifest_writer"
+SPILL, LOCK = "shardprep.pipelines.runtime.spill", "shardprep.preprocess.checks.owned_folder"
 
 
 def command(source, options, *extra) -> list[str]:
@@ -231,7 +231,7 @@ def test_what_no_run_wrote_inside_output_is_refused_before_anything_is_deleted(s
 def rehashed(lines: list) -> list:
     """The lines with each unit line's hash made to match its edited fields, as a forger who read the code would
     (a line that is no longer an object has no hash to forge)."""
-    from shardprep.pipelines import journal
+    from shardprep.pipelines.runtime import journal
 
     header = json.dumps(lines[0]).encode()  # the first line, as write_journal writes it, without its newline
     return [lines[0]] + [journal.sealed(header, {k: v for k, v in line.items() if k != journal.LINE_HASH})
@@ -437,7 +437,7 @@ def test_a_resume_killed_while_it_tidies_is_resumed_again(source, kills, referen
     """A resume puts an adopted group's file back under .tmp/ before decoding: killed around that rename, the next
     resume still ends byte-identical."""
     copy_killed(killed_output(kills, "adopted", ADOPTED_ONE), tmp_path)
-    returncode, log = run_killed(KillPoint("shardprep.pipelines.journal", "_put_back_or_remove", 1, when), tmp_path,
+    returncode, log = run_killed(KillPoint("shardprep.pipelines.runtime.journal", "_put_back_or_remove", 1, when), tmp_path,
                                  command(source, ADOPTED, "--resume"), ENV)
     assert returncode == KILLED, log
     resumed(source, tmp_path)

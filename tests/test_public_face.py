@@ -59,9 +59,9 @@ def test_an_unknown_name_is_an_attribute_error_and_submodules_still_import():
         shardprep.train.NoSuchReader  # noqa: B018
     with pytest.raises(ImportError, match="cannot import name 'NoSuchReader'"):
         exec("from shardprep.train import NoSuchReader", {})
-    from shardprep.train import record_order  # a module, not an exported name
+    from shardprep.train.data import record_order  # a module, not an exported name
 
-    assert record_order.__name__ == "shardprep.train.record_order"
+    assert record_order.__name__ == "shardprep.train.data.record_order"
 
 
 def test_the_readme_examples_import_only_public_names():
@@ -81,7 +81,7 @@ def test_the_readme_examples_import_only_public_names():
                                            ("train", "record_order")])
 def test_a_layer_imported_by_its_folder_name_fails_naming_the_installed_name(layer, module):
     """From the repository's root the folders are importable as top-level names; that would load a second copy of
-    every module (``preprocess.image_ops.RejectError`` is not ``shardprep.preprocess.image_ops.RejectError``)."""
+    every module (``preprocess.image_ops.RejectError`` is not ``shardprep.preprocess.image.image_ops.RejectError``)."""
     done = subprocess.run([sys.executable, "-c", f"import {layer}.{module}"], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1

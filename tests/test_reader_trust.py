@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.train.numpy_reader import NumpyReader
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.train.data.numpy_reader import NumpyReader
 from train_helpers import random_images, write_dataset
 
 LAYOUTS = [("raw", "center"), ("jpeg", "none")]
@@ -82,7 +82,7 @@ def test_set_state_and_make_dataset_check_their_arguments_too(dataset):
     reader = NumpyReader(dataset, "train", 4, True)
     with pytest.raises(TypeError, match=r"start_step must be an integer, got 2\.5"):
         reader.set_state(2.5)
-    from shardprep.train import reader as tf_reader
+    from shardprep.train.data import reader as tf_reader
 
     for kwargs, error, message in [
             (dict(batch_size=2.5), TypeError, r"batch_size must be an integer, got 2\.5 \(float\)"),
@@ -166,7 +166,7 @@ def test_labels_outside_the_classes_are_an_error_naming_the_record(tmp_path):
     with pytest.raises(ValueError, match=r"label 2 is outside 0\.\.1 .*validation/validation-0000\d-of-00003"
                                          r"\.tfrecord record \d"):
         next(iter(reader))
-    from shardprep.train.record_dataset import RecordDataset
+    from shardprep.train.data.record_dataset import RecordDataset
 
     with pytest.raises(ValueError, match=r"label 2 is outside 0\.\.1"):
         RecordDataset(root, "validation")[8]  # shard 2 holds the records labelled 2
@@ -176,7 +176,7 @@ def test_labels_outside_the_classes_are_an_error_naming_the_record(tmp_path):
 def test_make_dataset_notices_its_dataset_rebuilt(tmp_path, random_access):
     import tensorflow as tf
 
-    from shardprep.train import reader as tf_reader
+    from shardprep.train.data import reader as tf_reader
 
     root = write(tmp_path / "data")
     batches = iter(tf_reader.make_dataset(root, "train", 4, True, seed=0, random_access=random_access))
@@ -197,7 +197,7 @@ def test_make_dataset_notices_its_dataset_rebuilt(tmp_path, random_access):
 def test_make_dataset_refuses_labels_outside_the_classes(tmp_path):
     import tensorflow as tf
 
-    from shardprep.train import reader as tf_reader
+    from shardprep.train.data import reader as tf_reader
 
     root = write(tmp_path / "data", classes=("a", "b", "c"))
     path = os.path.join(root, manifest_lib.MANIFEST_NAME)

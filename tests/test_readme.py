@@ -177,7 +177,7 @@ def test_every_extra_is_documented_and_every_documented_extra_exists():
 
 
 def test_the_missing_gcp_extra_error_is_quoted_as_the_cli_prints_it(monkeypatch):
-    from shardprep.preprocess import install_extras
+    from shardprep.preprocess.checks import install_extras
 
     monkeypatch.setattr(install_extras, "gcp_installed", lambda: False)
     with pytest.raises(install_extras.MissingExtraError) as error:

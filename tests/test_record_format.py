@@ -11,9 +11,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardprep.preprocess import encodings, fixed_layout, record_format, tfrecord_io
-from shardprep.preprocess.record_format import ImageRecord, RecordFormatError
-from shardprep.preprocess.tfrecord_io import CorruptRecordError
+from shardprep.preprocess.format import encodings, fixed_layout, record_format, tfrecord_io
+from shardprep.preprocess.format.record_format import ImageRecord, RecordFormatError
+from shardprep.preprocess.format.tfrecord_io import CorruptRecordError
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow])

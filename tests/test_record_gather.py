@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from shardprep.preprocess import fixed_layout, record_format
-from shardprep.train import reader, record_gather
+from shardprep.preprocess.format import fixed_layout, record_format
+from shardprep.train.data import reader, record_gather
 from train_helpers import random_images, write_dataset
 
 
@@ -114,9 +114,9 @@ def test_a_process_exits_while_its_iterator_is_reading_and_registers_the_hook_wh
         register = atexit.register
         atexit.register = lambda function, *args, **kwargs: (
             hooks.append(f"{{function.__module__}}.{{function.__qualname__}}") or register(function, *args, **kwargs))
-        from shardprep.train import record_gather
+        from shardprep.train.data import record_gather
         print("IMPORTED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
-        from shardprep.train import reader
+        from shardprep.train.data import reader
         reader.make_dataset({str(tmp_path)!r}, "train", 4, training=False, random_access=False)
         print("STREAMED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
         for _ in range(2):
@@ -134,5 +134,5 @@ def test_a_process_exits_while_its_iterator_is_reading_and_registers_the_hook_wh
         assert done.returncode == 0, done.stderr[-2000:]
         # A streamed read of local shards runs Python on tf.data's threads too (each shard's identity is checked as
         # it is opened), so it registers the hook as well; importing does not, and it is registered once.
-        assert done.stdout.split("\n")[:4] == ["IMPORTED []", "STREAMED ['shardprep.train.record_gather._settle']",
-                                                "GATHERED ['shardprep.train.record_gather._settle']", "read"]
+        assert done.stdout.split("\n")[:4] == ["IMPORTED []", "STREAMED ['shardprep.train.data.record_gather._settle']",
+                                                "GATHERED ['shardprep.train.data.record_gather._settle']", "read"]

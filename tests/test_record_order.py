@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from shardprep.train.record_order import CROP_DRAW_LIMIT, ReaderState, RecordOrder
+from shardprep.train.data.record_order import CROP_DRAW_LIMIT, ReaderState, RecordOrder
 
 COUNTS = [7, 0, 9, 8]  # an empty shard among them: 24 records
 

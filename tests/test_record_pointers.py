@@ -6,9 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from shardprep.preprocess import sharding, sources
-from shardprep.preprocess import record_pointers
-from shardprep.preprocess.record_pointers import RecordPointers, bucket_indices, merge_sorted_pointers
+from shardprep.preprocess.format import sharding
+from shardprep.preprocess.sources import common as sources
+from shardprep.preprocess.format import record_pointers
+from shardprep.preprocess.format.record_pointers import RecordPointers, bucket_indices, merge_sorted_pointers
 
 
 def _pointers(n, seed=0, split="train", path="spill-a"):

@@ -27,14 +27,15 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from shardprep.pipelines import manifest_writer, spill
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines.common import METRICS_NAMESPACE
-from shardprep.pipelines import runner as runners
-from shardprep.pipelines.worker_zygote import WORKER_NAME
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.dataset import Manifest
-from shardprep.preprocess import record_format, sharding, tfrecord_io
+from shardprep.pipelines.preprocess_job import manifest_writer
+from shardprep.pipelines.runtime import spill
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE
+from shardprep.pipelines.runtime import runner as runners
+from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.preprocess.format import record_format, sharding, tfrecord_io
 from shardprep.cli import main as cli
 
 # 360 images of 100-300 px: the job spends some seconds decoding, so it can be caught part-way.

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.pipelines import preprocess as preprocess_job
-from shardprep.pipelines import remote_runs
-from shardprep.pipelines import validate as validate_job
+from shardprep.pipelines.preprocess_job import graph as preprocess_job
+from shardprep.pipelines.runtime import remote_runs
+from shardprep.pipelines.validate_job import driver as validate_job
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "P", "--region", "R", "--temp_location", "gs://b/tmp"]
 
@@ -91,7 +91,7 @@ def test_a_near_miss_of_a_runner_name_is_named():
 
 
 def _config(source, output, **fields):
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     return PreprocessConfig(source=source, output=output, **fields)
 
@@ -136,7 +136,7 @@ def test_a_stop_of_a_remote_run_says_whether_its_job_was_submitted(tmp_path, mon
     submitted it (before ``p.run()`` returned), when a job may or may not have been created."""
     import image_factory
 
-    from shardprep.pipelines import runner, stopping
+    from shardprep.pipelines.runtime import runner, stopping
 
     stop = stopping.Terminated if stop == "Terminated" else stop
     image_factory.write_image_folder(tmp_path / "images", {"train": 2}, classes=("a", "b"))

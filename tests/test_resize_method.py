@@ -10,11 +10,12 @@ import image_factory
 import pytest
 
 import validate_helpers as helpers
-from shardprep.pipelines import validate
-from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.preprocess import config, resize
-from shardprep.preprocess.dataset import Manifest, ManifestShapeError, load_manifest
-from shardprep.train import predict
+from shardprep.pipelines.validate_job import driver as validate
+from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.preprocess.format import config
+from shardprep.preprocess.image import resize
+from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, load_manifest
+from shardprep.train.model import predict
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
@@ -90,8 +91,8 @@ def test_the_job_records_its_method(made):
 def test_resume_refuses_a_run_stopped_while_another_method_resized():
     # A run stopped by a version that resized with pillow-bicubic (its journal's options have no resize_method)
     # must not be finished with lanczos2-cubic: the dataset would mix the two.
-    from shardprep.preprocess import fingerprint
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.preprocess.format import fingerprint
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     now = fingerprint.fingerprinted_options(PreprocessConfig(source="s", output="o"), "")
     before = {name: value for name, value in now.items() if name != "resize_method"}

@@ -1,4 +1,4 @@
-"""pipelines/runner.py: which runners count as local, and a local run's malloc cap scoped to the run."""
+"""pipelines/runtime/runner.py: which runners count as local, and a local run's malloc cap scoped to the run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines import runner
+from shardprep.pipelines.runtime import runner
 
 
 @pytest.mark.parametrize("beam_args", [

@@ -1,10 +1,10 @@
-"""shardprep.preprocess.sharding: shard counts, the seeded order, bucketed boundary finding and exact statistics."""
+"""shardprep.preprocess.format.sharding: shard counts, the seeded order, bucketed boundary finding and exact statistics."""
 
 import random
 
 import numpy as np
 
-from shardprep.preprocess import sharding
+from shardprep.preprocess.format import sharding
 
 MB = 1024 * 1024
 

@@ -18,12 +18,13 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.listing import ListInputs
-from shardprep.preprocess import archive_index, manifest
-from shardprep.preprocess.labels import imagenet_validation_labels
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.preprocess_job.listing import ListInputs
+from shardprep.preprocess.sources import archive_index
+from shardprep.preprocess.format import manifest
+from shardprep.preprocess.sources.labels import imagenet_validation_labels
+from shardprep.preprocess.format.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 TRAIN = {"n01440764": 3, "n01443537": 2}  # ImageNet's first two classes, a few images each
@@ -229,7 +230,7 @@ def test_kaggle_imagenet_zip_read_in_place_gives_the_records_of_its_extracted_fo
 def test_a_member_reader_travels_to_workers_without_its_open_files(tmp_path):
     import pickle
 
-    from shardprep.pipelines.source_archive import ArchiveMemberReader
+    from shardprep.pipelines.sources.archive import ArchiveMemberReader
 
     (tmp_path / "a.tar").write_bytes(tar_bytes({"cat/a.jpg": jpeg(0), "cat/b.jpg": jpeg(1)}))
     with open(tmp_path / "a.tar", "rb") as raw:

@@ -15,8 +15,8 @@ import pytest
 from gcs_emulator import LoopbackStorage, in_turn_results, shardprep_in_turn
 from test_source_archive import IN_PROCESS, imagenet_download, imagenette_files, shards
 
-from shardprep.pipelines import preprocess as job
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.preprocess.format.config import PreprocessConfig
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from kill_points import KILLED, KillPoint, run_killed
 
 from shardprep.cli import main
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.listing import ListInputs
-from shardprep.preprocess import archive_index
-from shardprep.preprocess.config import PreprocessConfig
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.preprocess_job.listing import ListInputs
+from shardprep.preprocess.sources import archive_index
+from shardprep.preprocess.format.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
@@ -154,7 +154,7 @@ def test_resume_of_an_archive_run_keeps_its_work_and_a_compressed_one_is_refused
             add(tar, f"{('cat', 'dog')[i % 2]}/{i}.jpg", jpeg(i))
     args = ["preprocess", tmp_path / "photos.tar", tmp_path / "out", "--shorter-side", "8", "--num-shards", "2"]
     in_process = ["--", *IN_PROCESS]  # one process, so the kill point is in the process that runs the job
-    code, log = run_killed(KillPoint("shardprep.pipelines.shards", "adopt_spill_file"), tmp_path, args + in_process)
+    code, log = run_killed(KillPoint("shardprep.pipelines.preprocess_job.shards", "adopt_spill_file"), tmp_path, args + in_process)
     assert code == KILLED, log
     resumed = CliRunner().invoke(main, [str(a) for a in args + ["--resume"] + in_process])
     assert resumed.exit_code == 0, resumed.output

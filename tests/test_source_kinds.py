@@ -1,4 +1,4 @@
-"""Source kinds (``shardprep.pipelines.source_registry``): SOURCE parsed once into the kind that claims it, options of
+"""Source kinds (``shardprep.pipelines.sources.registry``): SOURCE parsed once into the kind that claims it, options of
 another kind refused by name, a kind's own reason to refuse --resume, and a kind written outside the package plugged
 in by one registration, run end to end."""
 
@@ -11,15 +11,18 @@ import os
 import image_factory
 import pytest
 
-from shardprep.pipelines import journal, source_registry
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines.source_folder import FOLDER
-from shardprep.pipelines.source_kind import ApartFrom, SourceKind, SourcePlan, Usage, prefixed_location
-from shardprep.pipelines.source_tfrecord import TFDS, TFRECORD, FilesPlan
-from shardprep.pipelines.storage import OutputError
-from shardprep.preprocess import install_extras, manifest, sources
-from shardprep.preprocess.config import PreprocessConfig
-from shardprep.preprocess.elements import Input
+from shardprep.pipelines.runtime import journal
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.sources.folder import FOLDER
+from shardprep.pipelines.sources.kind import ApartFrom, SourceKind, SourcePlan, Usage, prefixed_location
+from shardprep.pipelines.sources.tfrecord import TFDS, TFRECORD, FilesPlan
+from shardprep.pipelines.runtime.storage import OutputError
+from shardprep.preprocess.checks import install_extras
+from shardprep.preprocess.format import manifest
+from shardprep.preprocess.sources import common as sources
+from shardprep.preprocess.format.config import PreprocessConfig
+from shardprep.preprocess.format.elements import Input
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
@@ -38,7 +41,7 @@ def test_source_is_parsed_once_into_the_kind_that_claims_it(source, kind, locati
                                          (["train.tar", "val.tar", "LICENSE"], "archive")])
 def test_a_remote_folder_is_listed_once_to_tell_a_folder_from_a_folder_of_archives(monkeypatch, names, kind):
     """No request here: the listing is stood in for (a real one without credentials waits ~2 min to fail)."""
-    from shardprep.pipelines import source_archive
+    from shardprep.pipelines.sources import archive as source_archive
 
     listed = []
     monkeypatch.setattr(source_archive, "_remote_names", lambda location: listed.append(location) or names)

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from file_trees import tree
 
 from shardprep.cli import main as cli
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.preprocess.format import manifest as manifest_lib
 
 IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
 
@@ -321,7 +321,7 @@ def test_os_litter_in_a_remote_folder_is_listed_once_as_litter_never_also_as_a_f
     """A remote store (TensorFlow's ``ram://`` here) lists a folder by names: ``Thumbs.db`` there is OS litter,
     as in a local folder, not also a file beside the classes (which listed it twice in ``not_used``)."""
     tf = pytest.importorskip("tensorflow")
-    from shardprep.pipelines.source_folder import list_children
+    from shardprep.pipelines.sources.folder import list_children
 
     for name in ("ram://litter_src/cat/a.jpg", "ram://litter_src/Thumbs.db"):
         tf.io.gfile.makedirs(name.rsplit("/", 1)[0])

@@ -1,4 +1,4 @@
-"""The ``parquet:GLOB`` kind (``shardprep.pipelines.source_parquet``): Parquet files written here with pyarrow in the
+"""The ``parquet:GLOB`` kind (``shardprep.pipelines.sources.parquet``): Parquet files written here with pyarrow in the
 Hugging Face Hub's layout (``data/SPLIT-NNNNN-of-NNNNN.parquet``, an image struct ``{bytes, path}``, an int label,
 class names in the dataset card), several row groups per file, an unlabelled ``test`` split and hostile rows and
 files; planned, listed (``ListInputs``) and run end to end, against the same images as a folder source."""
@@ -22,15 +22,16 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 from terminal import run_in_terminal, shardprep_argv
 
-from shardprep.pipelines import preprocess as job
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.listing import ListInputs
-from shardprep.pipelines.source_parquet import PARQUET, UNLABELLED, split_of
-from shardprep.pipelines.storage import OutputError
-from shardprep.preprocess import hub_features, manifest, record_format, sources, tfrecord_io
-from shardprep.preprocess.config import PreprocessConfig
-from shardprep.preprocess.dataset import load_manifest
-from shardprep.preprocess.elements import Input
+from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.preprocess_job.listing import ListInputs
+from shardprep.pipelines.sources.parquet import PARQUET, UNLABELLED, split_of
+from shardprep.pipelines.runtime.storage import OutputError
+from shardprep.preprocess.sources import hub_features, common as sources
+from shardprep.preprocess.format import manifest, record_format, tfrecord_io
+from shardprep.preprocess.format.config import PreprocessConfig
+from shardprep.preprocess.format.dataset import load_manifest
+from shardprep.preprocess.format.elements import Input
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 CLASSES = ("tench", "goldfish", "shark")

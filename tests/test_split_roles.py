@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from shardprep.train.split_roles import SplitRoleError, resolve_split
+from shardprep.train.data.split_roles import SplitRoleError, resolve_split
 from train_helpers import random_images, write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,8 +84,8 @@ NOTE = ("shardprep: reading split 'val' for 'validation' of {data}: no split is 
 
 
 def test_numpy_reader_and_record_dataset_read_the_validation_role(val_dataset, caplog):
-    from shardprep.train.numpy_reader import NumpyReader
-    from shardprep.train.record_dataset import RecordDataset
+    from shardprep.train.data.numpy_reader import NumpyReader
+    from shardprep.train.data.record_dataset import RecordDataset
 
     caplog.set_level(logging.INFO)
     by_role = NumpyReader(val_dataset, "validation", 4, False)
@@ -100,7 +100,7 @@ def test_numpy_reader_and_record_dataset_read_the_validation_role(val_dataset, c
 
 
 def test_make_dataset_reads_the_validation_role(val_dataset):
-    from shardprep.train.reader import make_dataset, split_size
+    from shardprep.train.data.reader import make_dataset, split_size
 
     batches = list(make_dataset(val_dataset, "validation", 4, training=False))
     assert sum(len(labels) for _, labels in batches) == 6
@@ -108,13 +108,13 @@ def test_make_dataset_reads_the_validation_role(val_dataset):
 
 
 def typed_manifest(data):
-    from shardprep.preprocess.dataset import load_manifest
+    from shardprep.preprocess.format.dataset import load_manifest
 
     return load_manifest(data)
 
 
 def test_readers_refuse_an_ambiguous_role_in_one_line(tmp_path):
-    from shardprep.train.numpy_reader import NumpyReader
+    from shardprep.train.data.numpy_reader import NumpyReader
 
     write_dataset(tmp_path, {"train": random_images(8, 8, 8), "val": random_images(4, 8, 8, seed=1),
                              "valid": random_images(4, 8, 8, seed=2)}, classes=["a", "b"])

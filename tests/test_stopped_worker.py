@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shardprep.pipelines import stopping
+from shardprep.pipelines.runtime import stopping
 from small_sources import two_class_photos as source  # noqa: F401 - a fixture
 
 

@@ -18,8 +18,8 @@ import time
 import pytest
 
 import image_factory
-from shardprep.pipelines import stopping
-from shardprep.preprocess import manifest as manifest_lib
+from shardprep.pipelines.runtime import stopping
+from shardprep.preprocess.format import manifest as manifest_lib
 from terminal import ROOT, run_in_terminal, running, shardprep_argv
 
 WAIT_S = 240  # only against hangs on a loaded machine
@@ -32,7 +32,7 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     script = textwrap.dedent("""
         import sys
         from shardprep.commands.preprocess import _ProgressDisplay
-        from shardprep.pipelines import runner
+        from shardprep.pipelines.runtime import runner
 
         runner.quiet_beam_logging(False)
         stderr = sys.stderr

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from test_source_parquet import IMAGE_TYPE, card, config_for, hub_dataset, write_parquet
 
 from shardprep.cli import main
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.source_parquet import RowGroupReader
-from shardprep.preprocess import hub_features, labels, sources
-from shardprep.preprocess.elements import Reject
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.sources.parquet import RowGroupReader
+from shardprep.preprocess.sources import hub_features, labels, common as sources
+from shardprep.preprocess.format.elements import Reject
 
 TRAIN = "train-00000-of-00001.parquet"
 
@@ -76,7 +76,7 @@ def test_the_reader_rejects_labels_beyond_the_limit_whatever_the_statistics_said
 def test_a_row_group_of_many_rows_is_read_a_batch_at_a_time(tmp_path):
     import tracemalloc
 
-    from shardprep.pipelines.source_parquet import RowGroupTask
+    from shardprep.pipelines.sources.parquet import RowGroupTask
 
     rows = 300_000  # one row group of a few kilobytes: its rows as Python objects would be ~100 MB
     image = pa.array([{"bytes": image_factory.tiny_png(), "path": "a.png"}], type=IMAGE_TYPE)
@@ -96,8 +96,8 @@ def test_a_row_group_of_many_rows_is_read_a_batch_at_a_time(tmp_path):
 
 
 def test_a_tfrecord_label_beyond_the_limit_without_names_is_a_reject():
-    from shardprep.pipelines.source_tfrecord import TFRecordFileReader
-    from shardprep.preprocess import record_format
+    from shardprep.pipelines.sources.tfrecord import TFRecordFileReader
+    from shardprep.preprocess.format import record_format
 
     reader = TFRecordFileReader(record_format.ENCODED, record_format.LABEL, None)
     for label, reason in ((10 ** 12, "label_out_of_range"), (labels.MAX_CLASSES - 1, None)):
@@ -229,7 +229,7 @@ def test_a_labels_csv_takes_a_byte_order_mark_and_crlf():
 def test_a_tfds_class_label_of_more_classes_than_the_limit_is_refused_before_its_names_are_made():
     import tensorflow_datasets as tfds
 
-    from shardprep.pipelines.source_tfrecord import class_label_names
+    from shardprep.pipelines.sources.tfrecord import class_label_names
 
     # TFDS makes a ClassLabel without names name its classes "0".."N-1": 10**12 strings.
     with pytest.raises(sources.SourceError, match=r"^the TFDS feature 'label' has 1,000,000,000,000 classes, more "
@@ -251,7 +251,7 @@ def test_class_names_txt_is_bounded_in_bytes_and_count():
 def test_a_labels_txt_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     import os
 
-    from shardprep.pipelines.source_tfrecord import class_names_beside
+    from shardprep.pipelines.sources.tfrecord import class_names_beside
 
     os.mkfifo(tmp_path / "label.labels.txt")
     with pytest.raises(sources.SourceError, match=r"label.labels.txt is a FIFO \(named pipe\), not a regular file"):
@@ -259,7 +259,7 @@ def test_a_labels_txt_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_labels_file_past_its_limit_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
-    from shardprep.pipelines import source_kind
+    from shardprep.pipelines.sources import kind as source_kind
 
     monkeypatch.setattr(source_kind, "MAX_LABELS_FILE_BYTES", 64)
     (tmp_path / "labels.csv").write_text("filename,label\n" + "".join(f"{i}.png,cat\n" for i in range(20)))

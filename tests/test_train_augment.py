@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shardprep.train import augment
+from shardprep.train.model import augment
 
 SEED = 34  # an int seed: stateless, as keras.random takes it
 
@@ -182,7 +182,7 @@ JAX_CHECKS = textwrap.dedent("""
     import jax
     import keras
     import numpy as np
-    from shardprep.train import augment
+    from shardprep.train.model import augment
 
     rows, columns = np.meshgrid(np.arange(20), np.arange(24), indexing="ij")
     images = np.stack([np.stack([columns, rows, np.full_like(rows, b)], -1) for b in range(32)]).astype(np.uint8)

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import config as train_config
-from shardprep.train.loop import HISTORY_KEYS
+from shardprep.train.run import config as train_config
+from shardprep.train.run.loop import HISTORY_KEYS
 from train_helpers import write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

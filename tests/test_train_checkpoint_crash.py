@@ -1,6 +1,6 @@
 """A kill at any point of a checkpoint's commit resumes to exactly the uninterrupted run's history and weights.
 
-The checkpoint commit (train/checkpoint_state.py's docstring) and the epoch end around it are observed in a real
+The checkpoint commit (train/run/checkpoint_state.py's docstring) and the epoch end around it are observed in a real
 `shardprep train` process with an audit hook that sees every file it opens for writing, renames or removes under
 --output-dir. In one run, the hook copies --output-dir before each such operation (what the disk holds when the
 process is killed at that point: a copy reads what the kernel has, as a kill leaves it), and a copy with the file
@@ -68,7 +68,7 @@ def _args(data, output, *extra):
 # other in this one process (one TensorFlow start); a run that fails ends the process with its exit status.
 CRASHING_RUN = textwrap.dedent("""
     import json, os, shutil, signal, sys
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     mode, spec, output, snapshots = "none", "", os.path.realpath(os.sep + "no-run-yet"), ""
     first = last = 0
@@ -203,7 +203,7 @@ def _history(folder) -> dict:
 
 
 def _weights(path) -> list:
-    from shardprep.train.model import load_model
+    from shardprep.train.model.keras_model import load_model
 
     return load_model(str(path)).get_weights()
 
@@ -233,7 +233,7 @@ def _snapshots(runs) -> list[dict]:
 
 
 def test_every_kill_point_leaves_the_old_checkpoint_or_the_new_one(runs):
-    from shardprep.train import checkpoint_state, preflight, run_files
+    from shardprep.train.run import checkpoint_state, preflight, run_files
 
     reference = _history(runs["reference"])
     snapshots = _snapshots(runs)
@@ -288,7 +288,7 @@ def test_a_run_sigkilled_twice_resumes_to_the_uninterrupted_history_and_weights(
 def test_a_checkpoints_entries_keep_the_history_they_were_saved_with(tmp_path):
     import keras
 
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
@@ -401,7 +401,7 @@ def test_a_full_disk_while_keras_writes_best_keras_names_the_file(colour_dataset
 
 
 def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch):
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     real_open = os.open
 
@@ -417,7 +417,7 @@ def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch
 
 def test_url_output_dirs_reach_tensorflows_file_system(tmp_path):
     # gs:// and other URLs go through tf.io.gfile; ram:// is TensorFlow's in-memory file system.
-    from shardprep.train import checkpoint_state, checkpoints
+    from shardprep.train.run import checkpoint_state, checkpoints
 
     folder = "ram://shardprep-test/run/checkpoints"
     checkpoints.make_dirs(folder)
@@ -448,7 +448,7 @@ def test_a_link_planted_at_best_writing_keras_during_a_run_is_never_written_thro
     The name is cleared, never followed, before each epoch end."""
     import functools
 
-    from shardprep.train import loop
+    from shardprep.train.run import loop
 
     output = tmp_path / "run"
     writing = output / "checkpoints" / "best.writing.keras"

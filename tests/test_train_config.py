@@ -7,12 +7,12 @@ import textwrap
 
 import pytest
 
-from shardprep.train.config import AUGMENTATIONS, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
+from shardprep.train.run.config import AUGMENTATIONS, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("module", ["shardprep.train.config", "shardprep.commands.train", "shardprep.cli"])
+@pytest.mark.parametrize("module", ["shardprep.train.run.config", "shardprep.commands.train", "shardprep.cli"])
 def test_options_import_without_tensorflow(module):
     script = textwrap.dedent(f"""
         import sys
@@ -43,7 +43,7 @@ def test_a_config_with_an_unknown_choice_is_refused(option):
 
 def test_a_backend_is_one_entry_that_the_help_and_the_missing_package_error_read(monkeypatch):
     from shardprep.commands.train import command
-    from shardprep.train import config
+    from shardprep.train.run import config
 
     backend_help = " ".join(next(param.help for param in command.params if param.name == "backend").split())
     assert all(f"{name}: {info.summary}." in backend_help for name, info in config.BACKEND_INFO.items())

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main
-from shardprep.train.model import load_model
+from shardprep.train.model.keras_model import load_model
 
 CLASSES = ("blue", "red")  # ImageFolder sorts class folders: blue = 0, red = 1
 # The job in this process: what is checked here is what training makes of its output, not Beam's worker processes
@@ -58,7 +58,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
 
     # The saved model takes the stored uint8 images as they are (40x40 here, larger than its 32 px crop) and crops
     # and normalizes them itself: the validation split read back with the framework-free reader.
-    from shardprep.train.numpy_reader import NumpyReader
+    from shardprep.train.data.numpy_reader import NumpyReader
 
     model = load_model(str(output / "model.keras"))
     correct = total = 0
@@ -70,7 +70,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
 
     # New photos go through predict_images: the job's own decode and resize, class names from the manifest; photos
     # smaller than the train size (10x8 here, under 32) are resized up like any other.
-    from shardprep.train.predict import predict_images
+    from shardprep.train.model.predict import predict_images
 
     paths = sorted((source / "validation").glob("*/*.png"))
     predictions = predict_images(str(output / "model.keras"), str(data), [str(p) for p in paths], top_k=2)
@@ -85,7 +85,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
 
 
 def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     data = tmp_path / "jpeg-none"
     prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",

@@ -33,7 +33,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop
+from shardprep.train.run import loop
 
 from train_helpers import random_images, write_dataset
 from train_runs import run, screen_lines, spawn_in_terminal, wait_for

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardprep.cli import main
-from shardprep.preprocess.dataset import load_manifest
-from shardprep.train import preflight
+from shardprep.preprocess.format.dataset import load_manifest
+from shardprep.train.run import preflight
 from train_helpers import predict_entries, random_images, write_dataset
 
 
@@ -28,7 +28,7 @@ EVENTS = "logs/train/events.out.tfevents.1700000000.host.1.0.v2"
 
 def _previous_run(folder):
     """The files of an earlier run, listed in its run record as `shardprep train` lists them."""
-    from shardprep.train import run_files
+    from shardprep.train.run import run_files
 
     run_files.claim(str(folder), resume=False)
     os.makedirs(folder / "checkpoints", exist_ok=True)
@@ -92,7 +92,7 @@ def test_a_split_typo_names_the_flag_without_stray_quotes(colour_dataset, tmp_pa
 
 
 def test_the_training_api_names_the_flag_for_a_split_typo(colour_dataset, tmp_path):
-    from shardprep.train import loop
+    from shardprep.train.run import loop
 
     config = loop.TrainConfig(data_dir=colour_dataset, output_dir=str(tmp_path), image_size=16, train_split="trian")
     with pytest.raises(ValueError, match=r"--train-split 'trian' is not a split of .*\(splits: train, validation; "
@@ -130,7 +130,7 @@ def test_a_val_split_and_a_small_crop_are_said_before_the_first_step(tmp_path):
 def test_the_augmentation_layer_rejects_a_crop_larger_than_its_input_when_built():
     import keras
 
-    from shardprep.train.augment import CropFlipNormalize
+    from shardprep.train.model.augment import CropFlipNormalize
 
     with pytest.raises(ValueError, match=r"CropFlipNormalize\(96\) crops 96x96 windows, but its input images are "
                                          r"72x72"):
@@ -149,7 +149,7 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
     running metrics, the warm-up note, the unused-images warning, the summary; and --overwrite replacing a run."""
     import json
 
-    from shardprep.train import progress
+    from shardprep.train.run import progress
 
     monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
     monkeypatch.setenv("COLUMNS", "80")
@@ -183,7 +183,7 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
 
 
 def test_progress_rewrites_one_line_on_a_terminal():
-    from shardprep.train.loop import EpochProgress
+    from shardprep.train.run.loop import EpochProgress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -217,8 +217,8 @@ def _encoded(pixels, fmt, **kwargs):
 def tiny_model(colour_dataset):
     import keras
 
-    from shardprep.train import reader
-    from shardprep.train.model import build_model
+    from shardprep.train.data import reader
+    from shardprep.train.model.keras_model import build_model
 
     keras.utils.set_random_seed(3)
     manifest = reader.load_manifest(colour_dataset)
@@ -227,8 +227,8 @@ def tiny_model(colour_dataset):
 
 def _expected(model, manifest, data):
     """What the model says for ``data`` stored exactly as the preprocess job stores it."""
-    from shardprep.preprocess import image_ops
-    from shardprep.train.predict import _softmax, process_options
+    from shardprep.preprocess.image import image_ops
+    from shardprep.train.model.predict import _softmax, process_options
 
     processed = image_ops.process_image(data, process_options(manifest))
     pixels = np.frombuffer(processed.encoded, np.uint8).reshape(processed.height, processed.width, 3)
@@ -236,8 +236,8 @@ def _expected(model, manifest, data):
 
 
 def test_predict_images_takes_paths_and_bytes_and_names_the_classes(colour_dataset, tiny_model, tmp_path):
-    from shardprep.train.predict import Prediction, predict_images
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.model.predict import Prediction, predict_images
+    from shardprep.train.data.reader import load_manifest
 
     manifest = load_manifest(colour_dataset)
     rng = np.random.default_rng(5)
@@ -269,8 +269,8 @@ def test_predict_images_takes_paths_and_bytes_and_names_the_classes(colour_datas
 
 
 def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour_dataset, tiny_model):
-    from shardprep.train.predict import predict_images, stored_pixels, process_options
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.model.predict import predict_images, stored_pixels, process_options
+    from shardprep.train.data.reader import load_manifest
 
     manifest = dataclasses.replace(load_manifest(colour_dataset), shorter_side=12, image_height=12, image_width=12)
     photo = _encoded(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG")
@@ -282,13 +282,13 @@ def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour
 
 
 def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
-    from shardprep.train.predict import predict_images
+    from shardprep.train.model.predict import predict_images
 
     with pytest.raises(ValueError, match=r"<bytes #0>: not usable as an image"):
         predict_images(tiny_model, colour_dataset, [b"not an image"])
     with pytest.raises(TypeError, match="give a path or the file's bytes"):
         predict_images(tiny_model, colour_dataset, [np.zeros((4, 4, 3), np.uint8)])
-    from shardprep.train.reader import load_manifest
+    from shardprep.train.data.reader import load_manifest
 
     manifest = {**load_manifest(colour_dataset).to_json(), "classes": ["a", "b", "c"], "num_classes": 3}
     photo = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")

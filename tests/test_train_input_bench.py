@@ -39,7 +39,7 @@ def test_benchmark_pipelines_yield_their_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(input_bench.subprocess, "run", job_in_this_process)
     inputs = input_bench.build_inputs(str(photos), str(tmp_path / "work"), num_images=10)
     assert len(inputs["classes"]) == 4 and len(inputs["seed_files"]) == input_bench.NUM_SHARDS
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     for encoding in ("raw", "jpeg"):  # written by the preprocess job itself
         manifest = reader.load_manifest(inputs[encoding])

@@ -14,8 +14,9 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop, reader, steps_tf
-from shardprep.train.model import PlateauWarmup, WarmupSchedule, load_model
+from shardprep.train.run import loop, steps_tf
+from shardprep.train.data import reader
+from shardprep.train.model.keras_model import PlateauWarmup, WarmupSchedule, load_model
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
@@ -46,7 +47,7 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from shardprep.train import loop
+        from shardprep.train.run import loop
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
         def config(output, **options):
@@ -238,7 +239,7 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
 
 def test_cli_runs_and_explains_bad_options_and_streamed_reads_resume_at_an_epoch_end(colour_dataset, tmp_path,
                                                                                       monkeypatch):
-    from shardprep.train import reader
+    from shardprep.train.data import reader
 
     verified = []
     make_dataset = reader.make_dataset

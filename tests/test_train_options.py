@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train.config import BACKENDS, TrainConfig, unsupported_option
+from shardprep.train.run.config import BACKENDS, TrainConfig, unsupported_option
 from train_helpers import random_images, write_dataset
 from train_runs import environment
 

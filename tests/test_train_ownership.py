@@ -72,7 +72,7 @@ def test_overwrite_deletes_only_the_listed_files_never_a_users_file_nested_in_ou
                              expect=("logs/webserver.log", "checkpoints/resnet50.pth"))
     assert "--overwrite" in line
 
-    from shardprep.train import preflight
+    from shardprep.train.run import preflight
 
     os.remove(run_copy / "logs" / "webserver.log")
     before = tree(run_copy)
@@ -171,7 +171,7 @@ def test_a_hard_link_to_a_users_file_is_never_written_or_counted_ours(colour_dat
         refused_unchanged(tmp_path, colour_dataset, "--output-dir", run_copy, flag, *TINY,
                           expect=("checkpoints/best.keras (a hard link",))
     # A temporary name a killed run left is written as a new file, whatever it was.
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     os.link(mine, run_copy / "history.json.tmp")
     checkpoints.write_json(str(run_copy / "history.json"), {"epoch": []})
@@ -282,7 +282,7 @@ def test_a_damaged_last_keras_is_called_damaged_not_missing(colour_dataset, tmp_
 ])
 def test_resume_with_other_options_names_the_difference(colour_dataset, tmp_path, run_copy, flag, value, named,
                                                         monkeypatch):
-    from shardprep.train import loop
+    from shardprep.train.run import loop
 
     built = []  # refused before the model is built: ResNet-18 costs ~1.2 s of CPU for nothing
     monkeypatch.setattr(loop, "build_model", lambda *args, **kwargs: built.append(args))
@@ -298,7 +298,7 @@ def test_resume_with_other_options_names_the_difference(colour_dataset, tmp_path
 def test_checkpoint_files_that_are_not_regular_files_are_refused_without_reading_them(run_copy):
     # The run's own API path (loop.train with resume=True) reads the checkpoint without the CLI's folder checks: a
     # FIFO would block and /dev/zero never end.
-    from shardprep.train import checkpoint_state, run_files
+    from shardprep.train.run import checkpoint_state, run_files
 
     paths = run_files.run_paths(str(run_copy))
     for name in ("state", "last"):
@@ -320,7 +320,7 @@ def test_a_url_output_dir_follows_the_same_rule(colour_dataset):
     # gs:// goes through tf.io.gfile; ram:// is TensorFlow's in-memory file system, a stand-in without a bucket.
     import tensorflow as tf
 
-    from shardprep.train import preflight, run_files
+    from shardprep.train.run import preflight, run_files
 
     url = "ram://shardprep-ownership/run"
     run_files.claim(url, resume=False)
@@ -394,7 +394,7 @@ def test_names_in_a_refusal_cannot_rewrite_the_terminal(colour_dataset, tmp_path
 def test_every_file_a_run_writes_is_listed_before_it_is_written(tmp_path):
     # The names the run writes (run_paths, and the temporary names of the JSON files) are the record's fixed list;
     # the history the checkpoint keeps is the loop's.
-    from shardprep.train import checkpoint_state, loop, run_files
+    from shardprep.train.run import checkpoint_state, loop, run_files
 
     paths = run_files.run_paths(str(tmp_path))
     files = {os.path.relpath(path, tmp_path) for key, path in paths.items() if key not in ("checkpoints", "logs")}

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from file_trees import tree
 from finished_runs import TINY
 from shardprep.cli import main
-from shardprep.train import loop
+from shardprep.train.run import loop
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_file_overwrite_cannot_delete_is_named_with_its_folder(colour_dataset,
 def test_a_best_writing_keras_that_cannot_be_removed_is_named(colour_dataset, run_copy, monkeypatch):
     """A killed run's half-written best.writing.keras is removed before training; when that fails the error said
     "writing run/checkpoints/best.keras failed", a file nothing was writing."""
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     leftover = run_copy / "checkpoints" / "best.writing.keras"
     leftover.write_bytes(b"PK\x03\x04 half a zip")

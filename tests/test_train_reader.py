@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from shardprep.preprocess import encodings
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.train import reader
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.train.data import reader
 from train_helpers import random_images, write_dataset
 
 CLASSES = ["cat", "dog", "eel"]
@@ -162,7 +162,7 @@ def test_a_shard_cut_after_the_dataset_was_made_fails_loudly(tmp_path):
 
 
 def test_random_access_is_the_default_for_local_shards_and_refused_for_urls(raw_dataset, monkeypatch):
-    from shardprep.train import record_gather
+    from shardprep.train.data import record_gather
 
     made = []
     gather = record_gather.FixedLayoutGather
@@ -283,7 +283,7 @@ def test_default_shuffle_buffer_is_about_a_gibibyte_of_records_within_the_split(
 
 
 def test_eval_batch_through_the_model_input_layer_is_the_stored_centre_crop(raw_dataset):
-    from shardprep.train.augment import CropFlipNormalize
+    from shardprep.train.model.augment import CropFlipNormalize
 
     root, splits = raw_dataset
     stored = {pixels.tobytes(): pixels for pixels, _ in splits["validation"]}
@@ -309,7 +309,7 @@ def test_a_process_exits_while_its_example_reads_run(tmp_path):
         write_dataset(roots[-1], {"train": items}, classes=["a", "b"], encoding=encoding, crop=crop, num_shards=3,
                       shorter_side=64 if crop == "none" else None)
     script = textwrap.dedent(f"""
-        from shardprep.train import reader
+        from shardprep.train.data import reader
         iterators = []
         for root in {roots!r}:
             iterators.append(iter(reader.make_dataset(root, "train", 16, training=True, seed=0)))

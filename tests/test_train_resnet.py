@@ -3,8 +3,8 @@
 import keras
 import numpy as np
 
-from shardprep.train.model import build_model
-from shardprep.train.model import resnet18
+from shardprep.train.model.keras_model import build_model
+from shardprep.train.model.keras_model import resnet18
 
 
 def _trainable(model):

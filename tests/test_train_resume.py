@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
-from shardprep.train import loop
+from shardprep.train.run import loop
 from train_helpers import write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +147,7 @@ def test_killed_mid_epoch_then_resumed_sees_the_uninterrupted_runs_batches(id_da
     # the resumed run. Same seed on TensorFlow's CPU, no XLA: the same losses (measured equal to 1e-7).
     np.testing.assert_allclose(history_b["loss"], history_a["loss"], rtol=1e-5)
     np.testing.assert_allclose(history_b["val_loss"], history_a["val_loss"], rtol=1e-5)
-    from shardprep.train.model import load_model
+    from shardprep.train.model.keras_model import load_model
 
     assert int(load_model(str(killed / "checkpoints" / "last.keras")).optimizer.iterations.numpy()) == 24
 
@@ -162,7 +162,7 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
     import numpy as np
     from click.testing import CliRunner
     from shardprep.cli import main
-    from shardprep.train import loop
+    from shardprep.train.run import loop
 
     crash_at, args = int(sys.argv[1]), sys.argv[2:]
     train, seen = loop.train, {}
@@ -218,7 +218,7 @@ def test_an_interrupted_checkpoint_resumes_from_the_entry_whose_model_is_on_disk
     # for a kill here (test_train_checkpoint_crash kills real processes).
     import keras
 
-    from shardprep.train import checkpoints
+    from shardprep.train.run import checkpoints
 
     def compiled_model():
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

@@ -3,8 +3,8 @@
 import keras
 import pytest
 
-from shardprep.train import loop
-from shardprep.train.config import TrainConfig
+from shardprep.train.run import loop
+from shardprep.train.run.config import TrainConfig
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.function steps are the TensorFlow backend's")

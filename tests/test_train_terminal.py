@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from shardprep.preprocess import streams as quiet_logs
+from shardprep.preprocess.checks import streams as quiet_logs
 from shardprep.cli import main
-from shardprep.train import loop, progress
-from shardprep.train.interrupt import TrainingInterrupted
+from shardprep.train.run import loop, progress
+from shardprep.train.run.interrupt import TrainingInterrupted
 from train_helpers import random_images, write_dataset
 from train_runs import environment
 
@@ -178,7 +178,7 @@ def test_an_option_value_that_looks_like_a_flag_is_kept(tmp_path):
 
 
 def test_ctrl_c_before_training_starts_says_so_and_gives_the_command(tmp_path, monkeypatch):
-    from shardprep.train import loop as train_loop
+    from shardprep.train.run import loop as train_loop
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -213,7 +213,7 @@ def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
     import os
     import signal
 
-    from shardprep.train.interrupt import StopRequests
+    from shardprep.train.run.interrupt import StopRequests
 
     notices = []
     with StopRequests(notices.append) as stop:
@@ -231,7 +231,7 @@ def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
     import os
     import signal
 
-    from shardprep.train.interrupt import StopRequests, stopped_by
+    from shardprep.train.run.interrupt import StopRequests, stopped_by
 
     notices, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt) as stopped:
@@ -245,7 +245,7 @@ def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
 
 
 def test_a_damaged_state_json_is_named_not_a_traceback():
-    from shardprep.train.epochs import saved_state_problem
+    from shardprep.train.run.epochs import saved_state_problem
 
     good = {"rng": {"layers": [[1, 5]], "global": None},
             "partial_epoch": {"loss": 1.0, "accuracy": 0.5, "examples": 24, "metrics": {"loss": [3.0, 24.0]},

@@ -50,20 +50,20 @@ def test_mypy_over_the_package_is_clean(cache_dir):
 
 def test_mypy_resolves_the_layers_and_the_public_faces(cache_dir, tmp_path):
     """A user's file importing the package: its names have their real types (before the links, mypy reported
-    ``shardprep.train.reader`` as not found and every name as Any)."""
+    ``shardprep.train.data.reader`` as not found and every name as Any)."""
     snippet = tmp_path / "uses_shardprep.py"
     snippet.write_text("from shardprep.train import NumpyReader\n"
-                       "from shardprep.train.reader import make_dataset\n"
+                       "from shardprep.train.data.reader import make_dataset\n"
                        "from shardprep.preprocess import RejectError\n"
-                       "from shardprep.pipelines.validate_options import ValidateOptions\n"
+                       "from shardprep.pipelines.validate_job.options import ValidateOptions\n"
                        "reveal_type(NumpyReader)\nreveal_type(make_dataset)\nreveal_type(RejectError)\n"
                        "ValidateOptions('data', samples_per_class='6')\n", encoding="utf-8")
     done = mypy(cache_dir, str(snippet))
     revealed = [line.split("Revealed type is ", 1)[1] for line in done.stdout.splitlines() if "Revealed type" in line]
     assert len(revealed) == 3, done.stdout
-    assert revealed[0].endswith('-> shardprep.train.numpy_reader.NumpyReader"')
+    assert revealed[0].endswith('-> shardprep.train.data.numpy_reader.NumpyReader"')
     assert revealed[1].startswith('"def (data_dir: str, split: str, batch_size: int')
-    assert revealed[2].endswith('-> shardprep.preprocess.image_ops.RejectError"')
+    assert revealed[2].endswith('-> shardprep.preprocess.image.image_ops.RejectError"')
     # A wrong argument is found, and nothing else: the options are typed, not Any.
     assert [line.split(": error: ", 1)[1] for line in errors(done)] == [
         'Argument "samples_per_class" to "ValidateOptions" has incompatible type "str"; expected "int"  [arg-type]']

@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import manifest_schema, untrusted
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format import manifest_schema
+from shardprep.preprocess.checks import untrusted
 from train_helpers import random_images, write_dataset
 
 
@@ -162,15 +163,15 @@ def test_nan_in_mean_rgb_is_refused_by_every_reader(dataset, tmp_path):
 
     with pytest.raises(manifest_lib.ManifestError, match=NAN_MANIFEST):
         manifest_lib.read_document(str(dataset))
-    from shardprep.train import preflight
+    from shardprep.train.run import preflight
 
     with pytest.raises(preflight.PreflightError, match=NAN_MANIFEST):
         preflight.check(str(dataset), "train", None)
-    from shardprep.train.numpy_reader import NumpyReader
+    from shardprep.train.data.numpy_reader import NumpyReader
 
     with pytest.raises(manifest_lib.ManifestError, match=NAN_MANIFEST):
         NumpyReader(str(dataset), "train", 2, training=True)
-    from shardprep.pipelines import validate
+    from shardprep.pipelines.validate_job import driver as validate
 
     report = validate.run(validate.ValidateOptions(str(dataset)), ["--direct_running_mode=in_memory",
                                                                    "--direct_num_workers=1"], progress=lambda *_: None)
@@ -199,7 +200,7 @@ def test_a_data_path_that_is_a_fifo_or_a_device_says_what_it_is(tmp_path):
 
 
 def test_a_manifest_json_that_is_a_folder_is_invalid_not_missing(dataset):
-    from shardprep.pipelines import validate
+    from shardprep.pipelines.validate_job import driver as validate
 
     path = dataset / manifest_lib.MANIFEST_NAME
     path.unlink()
@@ -225,7 +226,7 @@ def test_deep_manifest_through_the_cli_is_one_problem_without_a_traceback(datase
 
 
 def _dataset_load():
-    from shardprep.preprocess.dataset import load_manifest  # what every reader, train and validate call
+    from shardprep.preprocess.format.dataset import load_manifest  # what every reader, train and validate call
 
     return load_manifest
 

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 import validate_helpers as helpers
-from shardprep.pipelines import validate
-from shardprep.pipelines.validate_options import ValidateOptions, default
-from shardprep.pipelines.validation import pictures
-from shardprep.pipelines.validation import report as report_lib
-from shardprep.pipelines.validation.stats import sample_rank
+from shardprep.pipelines.validate_job import driver as validate
+from shardprep.pipelines.validate_job.options import ValidateOptions, default
+from shardprep.pipelines.validate_job import pictures
+from shardprep.pipelines.validate_job import report as report_lib
+from shardprep.pipelines.validate_job.stats import sample_rank
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

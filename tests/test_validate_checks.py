@@ -7,20 +7,20 @@ import io
 import numpy as np
 import pytest
 
-from shardprep.pipelines import validate_graph
-from shardprep.pipelines.validation import pictures
-from shardprep.pipelines.validation.checks import (classify_files, unfit_layout_problems,
+from shardprep.pipelines.validate_job import graph as validate_graph
+from shardprep.pipelines.validate_job import pictures
+from shardprep.pipelines.validate_job.checks import (classify_files, unfit_layout_problems,
                                                    layout_problems, manifest_problems, mean_std_problems, problem,
                                                    record_layout_length_problems, record_problems, split_problems)
-from shardprep.pipelines.validate_read import MeasuredReader, iter_framed_records
-from shardprep.pipelines.validation.report import merge_problems
-from shardprep.pipelines.validation.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
+from shardprep.pipelines.validate_job.read import MeasuredReader, iter_framed_records
+from shardprep.pipelines.validate_job.report import merge_problems
+from shardprep.pipelines.validate_job.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
                                                   sample_rank, size_summary)
-from shardprep.preprocess import sharding
-from shardprep.preprocess.dataset import Manifest
-from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.record_format import ImageRecord
-from shardprep.preprocess.tfrecord_io import frame
+from shardprep.preprocess.format import sharding
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.preprocess.format.fixed_layout import FixedLayout
+from shardprep.preprocess.format.record_format import ImageRecord
+from shardprep.preprocess.format.tfrecord_io import frame
 
 
 def random_images(count: int, seed: int = 0, size=(5, 7)):
@@ -224,7 +224,7 @@ def test_class_chart_size_for_many_classes():
 
 
 def test_help_states_the_tolerances_the_checks_use():
-    from shardprep.preprocess import encodings
+    from shardprep.preprocess.format import encodings
     from shardprep.commands import validate as command
 
     flat_help = " ".join(command.HELP.split())

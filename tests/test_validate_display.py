@@ -17,8 +17,8 @@ from rich.console import Console
 
 import validate_helpers as helpers
 from shardprep.commands.validate import print_report
-from shardprep.pipelines import validate
-from shardprep.pipelines.validate_options import ValidateOptions
+from shardprep.pipelines.validate_job import driver as validate
+from shardprep.pipelines.validate_job.options import ValidateOptions
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -272,7 +272,7 @@ def test_wordnet_ids_are_shown_with_their_names_in_the_class_table():
 
 
 def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
-    from shardprep.pipelines.validation import pictures
+    from shardprep.pipelines.validate_job import pictures
 
     seen = {}
     monkeypatch.setattr(pictures, "class_count_chart", lambda names, counts, title: seen.setdefault("chart", names)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from shardprep.cli import main
 from shardprep.commands import validate as command
-from shardprep.pipelines import validate as job
-from shardprep.pipelines.validate_options import ValidateOptions, default
+from shardprep.pipelines.validate_job import driver as job
+from shardprep.pipelines.validate_job.options import ValidateOptions, default
 
 
 def test_the_cli_passes_its_flags_as_one_options_object_and_the_beam_options_as_given(monkeypatch, tmp_path):
@@ -120,14 +120,14 @@ def test_the_validate_command_module_loads_no_beam():
 # --- whether the near-duplicate search runs ------------------------------------------------------------------------
 
 def _skip(records: int, local: bool, **flags) -> str | None:
-    from shardprep.pipelines.validate_options import near_duplicate_skip_reason
+    from shardprep.pipelines.validate_job.options import near_duplicate_skip_reason
 
     return near_duplicate_skip_reason(ValidateOptions("data", **flags), records, local)
 
 
 @pytest.mark.parametrize("local", [True, False])
 def test_the_near_duplicate_search_runs_up_to_the_local_limit_and_always_off_this_machine(local):
-    from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS
+    from shardprep.pipelines.validate_job.options import LOCAL_NEAR_DUPLICATE_RECORDS
 
     assert _skip(LOCAL_NEAR_DUPLICATE_RECORDS, local) is None
     assert _skip(10, local) is None

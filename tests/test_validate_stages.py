@@ -16,16 +16,16 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines.validate_read import ReadForeignFiles, ReadShards
-from shardprep.pipelines.validate_graph import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
+from shardprep.pipelines.validate_job.read import ReadForeignFiles, ReadShards
+from shardprep.pipelines.validate_job.graph import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
-from shardprep.pipelines.validation.checks import problem
-from shardprep.pipelines.validation.stats import RecordLocation, Sample, ShardTask
-from shardprep.pipelines.validation.report import sample_line, split_summary
-from shardprep.pipelines.validation.stats import SplitStats, channel_sums
-from shardprep.preprocess import record_format, tfrecord_io
-from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.dataset import Manifest, ShardEntry
+from shardprep.pipelines.validate_job.checks import problem
+from shardprep.pipelines.validate_job.stats import RecordLocation, Sample, ShardTask
+from shardprep.pipelines.validate_job.report import sample_line, split_summary
+from shardprep.pipelines.validate_job.stats import SplitStats, channel_sums
+from shardprep.preprocess.format import record_format, tfrecord_io
+from shardprep.preprocess.format.fixed_layout import FixedLayout
+from shardprep.preprocess.format.dataset import Manifest, ShardEntry
 
 SHARD = "train/train-00000-of-00001.tfrecord"
 VALUES = (10, 200, 90)  # one grey level per record

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 import validate_helpers as helpers
 from shardprep.cli import main
 from shardprep.commands import validate as command
-from shardprep.pipelines import runner, stopping
-from shardprep.pipelines.validation import pictures
+from shardprep.pipelines.runtime import runner, stopping
+from shardprep.pipelines.validate_job import pictures
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

@@ -12,9 +12,9 @@ import image_factory
 import pytest
 
 import validate_helpers as helpers
-from shardprep.pipelines import validate
-from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.preprocess import tfrecord_io
+from shardprep.pipelines.validate_job import driver as validate
+from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.preprocess.format import tfrecord_io
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 SHARD = "train/train-00000-of-00002.tfrecord"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from shardprep.pipelines import runner as runners
-from shardprep.pipelines import stopping
+from shardprep.pipelines.runtime import runner as runners
+from shardprep.pipelines.runtime import stopping
 
 MIB = 2**20
 
@@ -49,8 +49,8 @@ def test_a_preprocess_run_sizes_its_workers_from_the_listed_bytes(tmp_path, monk
     """The listing's file sizes decide: every byte of every input counts, nothing else does."""
     from PIL import Image
 
-    from shardprep.pipelines import preprocess as job
-    from shardprep.preprocess.config import PreprocessConfig
+    from shardprep.pipelines.preprocess_job import graph as job
+    from shardprep.preprocess.format.config import PreprocessConfig
 
     source = tmp_path / "source"
     for name, label in (("a", "cat"), ("b", "dog"), ("c", "dog")):

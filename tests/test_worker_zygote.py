@@ -1,4 +1,4 @@
-"""The worker zygote (pipelines/worker_zygote.py): local SDK workers forked from a copy of the launcher.
+"""The worker zygote (pipelines/runtime/worker_zygote.py): local SDK workers forked from a copy of the launcher.
 
 Each run is a fresh interpreter (a zygote is only made where no other thread runs, which a test process is not)."""
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from shardprep.pipelines import stopping, worker_zygote
+from shardprep.pipelines.runtime import stopping, worker_zygote
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote forks on Linux only")
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 PIPELINE = textwrap.dedent("""
     import json, os, sys
     import apache_beam as beam
-    from shardprep.pipelines import runner, worker_zygote
+    from shardprep.pipelines.runtime import runner, worker_zygote
 
     out, beam_args = sys.argv[1], sys.argv[2:]
 
@@ -97,7 +97,7 @@ def test_a_zygote_made_by_a_caller_is_used_after_threads_started():
 
     script = textwrap.dedent("""
         import threading
-        from shardprep.pipelines import worker_zygote
+        from shardprep.pipelines.runtime import worker_zygote
         with worker_zygote.forked_for(True) as outer:
             stop = threading.Event()
             threading.Thread(target=stop.wait).start()
@@ -139,7 +139,7 @@ def test_no_zygote_while_another_thread_runs():
 
 
 def worker_zygote_made(beam_args):
-    from shardprep.pipelines import runner
+    from shardprep.pipelines.runtime import runner
 
     return runner.worker_zygote_for(beam_args)
 
@@ -149,7 +149,7 @@ def test_the_zygote_ends_with_its_launcher_even_killed(tmp_path):
     the launcher is gone, however it went."""
     script = textwrap.dedent("""
         import time
-        from shardprep.pipelines import worker_zygote
+        from shardprep.pipelines.runtime import worker_zygote
         with worker_zygote.forked_for(True) as zygote:
             print(zygote.pid, flush=True)
             time.sleep(60)
@@ -178,7 +178,7 @@ def test_the_zygote_holds_none_of_the_launcher_s_files(tmp_path):
     running the job as a library) had open is not kept open by the zygote, nor by the workers it forks."""
     script = textwrap.dedent("""
         import os, sys, time
-        from shardprep.pipelines import worker_zygote
+        from shardprep.pipelines.runtime import worker_zygote
         held = open(sys.argv[1], "w")
         read_end, write_end = os.pipe()
         with worker_zygote.forked_for(True) as zygote:
@@ -218,7 +218,7 @@ def _targets(pid: int) -> list[str]:
 # live on until killed; a worker command run per line of stdin, its status printed (as Beam's Popen would see it).
 STATUS_RELAYED = textwrap.dedent("""
     import os, signal, subprocess, sys, time
-    from shardprep.pipelines import worker_zygote
+    from shardprep.pipelines.runtime import worker_zygote
 
     def become_worker(environment, stdio):
         signal.pthread_sigmask(signal.SIG_SETMASK, set())  # as the real one: forked with signals held back
@@ -366,7 +366,7 @@ FIRST_KILLS_ITSELF = textwrap.dedent("""
 """)
 KILLED_AT_START = FIRST_KILLS_ITSELF + textwrap.dedent("""
     import sys
-    from shardprep.pipelines import worker_zygote
+    from shardprep.pipelines.runtime import worker_zygote
 
     become_worker = worker_zygote._become_worker
     def killed_first(*args):

@@ -12,11 +12,11 @@ import os
 import numpy as np
 from PIL import Image
 
-from shardprep.preprocess import encodings
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess import record_format
-from shardprep.preprocess.fixed_layout import FixedLayout
-from shardprep.preprocess.tfrecord_io import frame
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format import record_format
+from shardprep.preprocess.format.fixed_layout import FixedLayout
+from shardprep.preprocess.format.tfrecord_io import frame
 
 
 def write_dataset(root, splits: dict, *, classes, encoding="raw", crop="center", shorter_side=None,

@@ -24,9 +24,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = """
 import functools, json, os, shutil, sys, time
-from shardprep.preprocess import streams as quiet_logs
+from shardprep.preprocess.checks import streams as quiet_logs
 quiet_logs.quiet_tensorflow()  # the CLI's own quiet import of TensorFlow, before the loop imports it
-from shardprep.train import loop
+from shardprep.train.run import loop
 
 block_at = int(os.environ.get("TRAIN_RUNS_BLOCK_AT", "-1"))
 marker = os.environ.get("TRAIN_RUNS_MARKER", "")

@@ -9,9 +9,9 @@ import pathlib
 import shutil
 import struct
 
-from shardprep.preprocess import manifest as manifest_lib
-from shardprep.preprocess.record_format import ImageRecord, decode_example, encode_example
-from shardprep.preprocess.tfrecord_io import frame, read_records
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.record_format import ImageRecord, decode_example, encode_example
+from shardprep.preprocess.format.tfrecord_io import frame, read_records
 
 def preprocess(source: pathlib.Path, output: pathlib.Path, *options: str) -> dict:
     """Runs the real preprocess job in-process (one worker, no subprocesses) and returns its manifest."""
@@ -42,7 +42,7 @@ def rewrite_shard(data_dir: pathlib.Path, file: str, change, keep_layout: bool =
     False (then they are written as plain Examples, as for datasets without one)."""
     import hashlib
 
-    from shardprep.preprocess.fixed_layout import FixedLayout
+    from shardprep.preprocess.format.fixed_layout import FixedLayout
 
     shard = data_dir / file
     records = change(read_shard(shard))

@@ -14,7 +14,7 @@ if __name__ != "shardprep.train":  # the folder imported by its bare name, e.g. 
                       "copy of its modules, with classes of their own)")
 
 from shardprep.preprocess.lazy_exports import lazy_exports  # noqa: E402 - after the check above
-from shardprep.preprocess import streams  # noqa: E402
+from shardprep.preprocess.checks import streams  # noqa: E402
 
 # A plain session reading a dataset shows none of TensorFlow's C++ log lines (oneDNN, cuInit, absl) unless the user
 # set TF_CPP_MIN_LOG_LEVEL: the one effect of this import, and only before TensorFlow is (``streams``).
@@ -22,26 +22,26 @@ streams.quiet_library()
 
 # Each public name and the module of this package that defines it.
 _EXPORTS = {
-    "make_dataset": "reader", "load_manifest": "reader", "split_size": "reader",
-    "NumpyReader": "numpy_reader", "ReaderState": "record_order", "DatasetChangedError": "record_identity",
-    "RecordDataset": "record_dataset", "EpochSampler": "record_dataset",
-    "CropFlipNormalize": "augment", "resnet18": "model", "resnet18_layers": "model",
-    "build_model": "model", "load_model": "model",
-    "predict_images": "predict", "Prediction": "predict", "PhotoFailure": "predict",
-    "train": "loop", "TrainConfig": "config",
+    "make_dataset": "data.reader", "load_manifest": "data.reader", "split_size": "data.reader",
+    "NumpyReader": "data.numpy_reader", "ReaderState": "data.record_order", "DatasetChangedError": "data.record_identity",
+    "RecordDataset": "data.record_dataset", "EpochSampler": "data.record_dataset",
+    "CropFlipNormalize": "model.augment", "resnet18": "model.keras_model", "resnet18_layers": "model.keras_model",
+    "build_model": "model.keras_model", "load_model": "model.keras_model",
+    "predict_images": "model.predict", "Prediction": "model.predict", "PhotoFailure": "model.predict",
+    "train": "run.loop", "TrainConfig": "run.config",
 }
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports each name when first used
-    from shardprep.train.augment import CropFlipNormalize
-    from shardprep.train.config import TrainConfig
-    from shardprep.train.loop import train
-    from shardprep.train.model import build_model, load_model, resnet18, resnet18_layers
-    from shardprep.train.numpy_reader import NumpyReader
-    from shardprep.train.predict import PhotoFailure, Prediction, predict_images
-    from shardprep.train.reader import load_manifest, make_dataset, split_size
-    from shardprep.train.record_dataset import EpochSampler, RecordDataset
-    from shardprep.train.record_identity import DatasetChangedError
-    from shardprep.train.record_order import ReaderState
+    from shardprep.train.model.augment import CropFlipNormalize
+    from shardprep.train.run.config import TrainConfig
+    from shardprep.train.run.loop import train
+    from shardprep.train.model.keras_model import build_model, load_model, resnet18, resnet18_layers
+    from shardprep.train.data.numpy_reader import NumpyReader
+    from shardprep.train.model.predict import PhotoFailure, Prediction, predict_images
+    from shardprep.train.data.reader import load_manifest, make_dataset, split_size
+    from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
+    from shardprep.train.data.record_identity import DatasetChangedError
+    from shardprep.train.data.record_order import ReaderState

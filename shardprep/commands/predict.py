@@ -25,7 +25,7 @@ def command(model, data, photos, top_k):
     missing, a folder) gets a "PHOTO: not classified: why" line and the others are still answered; the exit status
     is then 1, after every photo.
     """
-    from shardprep.preprocess.manifest import ManifestError
+    from shardprep.preprocess.format.manifest import ManifestError
 
     if "://" not in model and not os.path.isfile(model):
         raise click.ClickException(f"MODEL {model} is not a file: give the model.keras that shardprep train wrote "
@@ -34,7 +34,7 @@ def command(model, data, photos, top_k):
     if inside:
         raise click.ClickException(f"DATA {data}: {inside} is a file (an archive?), not a folder: predict reads a "
                                    "prepared dataset's folder, not members of an archive; extract it first")
-    from shardprep.train.predict import PhotoFailure, predict_images  # TensorFlow starts here
+    from shardprep.train.model.predict import PhotoFailure, predict_images  # TensorFlow starts here
 
     try:
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
@@ -43,8 +43,8 @@ def command(model, data, photos, top_k):
     import sys
 
     from shardprep.output import say
-    from shardprep.preprocess.text import output_width, terminal_columns, wrap
-    from shardprep.preprocess.wordnet_names import display_name
+    from shardprep.preprocess.checks.text import output_width, terminal_columns, wrap
+    from shardprep.preprocess.sources.wordnet_names import display_name
 
     # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
     width = output_width() if terminal_columns(sys.stdout) else None

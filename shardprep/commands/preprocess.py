@@ -11,11 +11,11 @@ import click
 from shardprep.commands import own_long_options
 from shardprep.commands.stops import stopped_lines, typed_command
 from shardprep.output import LiveProgress, Reporter, bar, console, count, duration, fit, reader_may_go, say, shortened
-from shardprep.pipelines import source_registry
-from shardprep.pipelines.stopping import exit_status
-from shardprep.preprocess import encodings
-from shardprep.preprocess.manifest import MANIFEST_NAME
-from shardprep.preprocess.config import CROPS, PreprocessConfig, default
+from shardprep.pipelines.sources import registry as source_registry
+from shardprep.pipelines.runtime.stopping import exit_status
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format.manifest import MANIFEST_NAME
+from shardprep.preprocess.format.config import CROPS, PreprocessConfig, default
 
 
 def _source_lines(syntax_width: int = 21, width: int = 78) -> str:
@@ -123,9 +123,9 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
     encoding, jpeg_quality = _encoding_and_quality(ctx, encoding, jpeg_quality)
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
-    from shardprep.pipelines import preprocess as job
-    from shardprep.pipelines import runner, storage
-    from shardprep.preprocess.sources import SourceError
+    from shardprep.pipelines.preprocess_job import graph as job
+    from shardprep.pipelines.runtime import runner, storage
+    from shardprep.preprocess.sources.common import SourceError
 
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
     runner.quiet_beam_logging(verbose)
@@ -187,8 +187,8 @@ def _refuse_a_source_not_there(source: str) -> None:
     """A local folder or archive SOURCE that does not exist: exit 2, before the job's imports."""
     import os
 
-    from shardprep.preprocess.archive_index import split_inner
-    from shardprep.preprocess.sources import SourceError
+    from shardprep.preprocess.sources.archive_index import split_inner
+    from shardprep.preprocess.sources.common import SourceError
 
     try:
         parsed = source_registry.parse(source)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Iterator
 import click
 
 from shardprep.output import say
-from shardprep.pipelines.stopping import exit_status
-from shardprep.pipelines.validate_options import ValidateOptions
-from shardprep.preprocess.manifest import MANIFEST_NAME
-from shardprep.preprocess.text import count, output_width, series, wrap
+from shardprep.pipelines.runtime.stopping import exit_status
+from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.preprocess.format.manifest import MANIFEST_NAME
+from shardprep.preprocess.checks.text import count, output_width, series, wrap
 
 if TYPE_CHECKING:  # validate_paths imports NumPy and PIL: not for `validate --help`
-    from shardprep.pipelines.validate_paths import WrittenOutputs
+    from shardprep.pipelines.validate_job.paths import WrittenOutputs
 
 
 def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None,
@@ -29,7 +29,7 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
     """A stop after the run wrote manifest.json (``run_began``: ``time.time()`` at its start) lost nothing. A local
     run of an image folder keeps its finished decode groups (OUTPUT/.tmp, its journal) for ``--resume``; other local
     runs keep nothing: rerun, with ``--overwrite`` once OUTPUT was written to."""
-    from shardprep.pipelines import journal, storage
+    from shardprep.pipelines.runtime import journal, storage
 
     if remote_runner:
         return remote_lines(remote_runner, job_submitted)
@@ -66,7 +66,7 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
 def remote_lines(runner: str, submitted: bool) -> list[str]:
     """A submitted job (``p.run()`` returned) runs on there, no longer waited for; a stop before that came while
     Beam staged or submitted it, so a job may or may not exist."""
-    from shardprep.pipelines import remote_runs
+    from shardprep.pipelines.runtime import remote_runs
 
     dataflow = remote_runs.on_dataflow(["--runner", runner])  # gcloud names only Dataflow's jobs
     if submitted:
@@ -82,7 +82,7 @@ def remote_lines(runner: str, submitted: bool) -> list[str]:
 def _leftover_lines(folder: str, command: list[str]) -> list[str]:
     """A run stopped while removing OUTPUT/.tmp (its last step): what is left and the command that removes it;
     nothing once the journal is gone."""
-    from shardprep.pipelines.storage import JOURNAL_NAME
+    from shardprep.pipelines.runtime.storage import JOURNAL_NAME
 
     try:
         entries = list(os.scandir(folder))

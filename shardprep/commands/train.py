@@ -6,10 +6,10 @@ import shlex
 import click
 
 from shardprep.output import Reporter, gone_reason, say
-from shardprep.pipelines.stopping import exit_status
+from shardprep.pipelines.runtime.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
-from shardprep.train.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
+from shardprep.train.run.config import AUGMENTATIONS, BACKEND_INFO, BACKENDS, LR_SCHEDULES, PRECISIONS, TrainConfig
 
 
 def _epoch_list(ctx, param, value):
@@ -76,8 +76,8 @@ def _shell_lines(words: list[str], width: int) -> str:
 
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
     """Says what the stop left and the command that goes on from there; exits 130 (143) as a shell does."""
-    from shardprep.train import progress
-    from shardprep.train.interrupt import TrainingInterrupted, stopped_by
+    from shardprep.train.run import progress
+    from shardprep.train.run.interrupt import TrainingInterrupted, stopped_by
 
     width, by = progress.terminal_width(), stopped_by(stop)
     if isinstance(stop, TrainingInterrupted):
@@ -95,8 +95,8 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
 
 def _holds_run_files(output_dir: str) -> bool:
     """Whether the stopped run wrote more than its run record and empty folders (then: --overwrite)."""
-    from shardprep.preprocess import owned_folder
-    from shardprep.train import run_files
+    from shardprep.preprocess.checks import owned_folder
+    from shardprep.train.run import run_files
 
     try:
         record = run_files.read_record(output_dir)
@@ -200,10 +200,10 @@ def command(ctx, data, overwrite, **options):
     step time spent waiting for input; the run ends with a summary saying whether training was input-bound. Ctrl-C
     stops after the step in flight, saves a checkpoint there and prints the command that resumes the run.
     OUTPUT_DIR receives history.json, summary.json, model.keras (uint8 images in, logits out: see
-    shardprep.train.predict.predict_images), checkpoints/ and logs/.
+    shardprep.train.model.predict.predict_images), checkpoints/ and logs/.
     """
-    from shardprep.train import config as train_config
-    from shardprep.train import preflight
+    from shardprep.train.run import config as train_config
+    from shardprep.train.run import preflight
 
     if overwrite and options["resume"]:
         raise click.UsageError("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
@@ -238,7 +238,7 @@ def command(ctx, data, overwrite, **options):
 
 def _reporter(output_dir: str) -> Reporter:
     """The run's stdout: output that cannot be written stops with a note on stderr; the training goes on."""
-    from shardprep.train import progress
+    from shardprep.train.run import progress
 
     goes_on = f"training goes on to the end without printing, its files in {output_dir}"
     width = progress.terminal_width()
@@ -252,7 +252,7 @@ def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:
     could not be written (not for a reader that went away) ends the command with an error once the training's files
     are complete."""
     try:
-        from shardprep.train.loop import train  # Keras and its backend start here, after every fast check
+        from shardprep.train.run.loop import train  # Keras and its backend start here, after every fast check
 
         # The live progress line goes through the Reporter too: a terminal gone away stops no training.
         train(config, report=report, manifest=manifest, live=report.write)  # manifest: loaded once, by preflight
@@ -264,6 +264,6 @@ def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:
     except ValueError as error:
         raise click.ClickException(str(error)) from error
     except OSError as error:  # a file a Keras callback writes (best.keras, TensorBoard's): a full disk, say
-        from shardprep.train.run_files import describe_os_error
+        from shardprep.train.run.run_files import describe_os_error
 
         raise click.ClickException(describe_os_error(error)) from error

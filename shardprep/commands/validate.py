@@ -13,9 +13,9 @@ from shardprep.commands import own_long_options, stops
 from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
 from shardprep.output import SpinnerProgress as ProgressDisplay
 from shardprep.output import console as make_console
-from shardprep.pipelines.validate_options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
-from shardprep.preprocess import encodings
-from shardprep.preprocess.wordnet_names import display_name
+from shardprep.pipelines.validate_job.options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.sources.wordnet_names import display_name
 
 _CLASS_ROWS_SHOWN = 40  # above this many classes, a split's table shows only the classes that disagree
 _PROBLEM_ROWS_SHOWN = 25
@@ -123,8 +123,8 @@ def command(ctx, quiet, beam_args, **flags):
         raise click.ClickException(str(e)) from None
     if not beam_args and (options.json_path, options.pictures, options.leaked_keys) == (None, None, None):
         refuse_what_is_no_dataset(options.data)  # nothing else to check first: refused now, before Beam is imported
-    from shardprep.pipelines import runner
-    from shardprep.pipelines import validate as job
+    from shardprep.pipelines.runtime import runner
+    from shardprep.pipelines.validate_job import driver as job
 
     try:
         runner.check_beam_args(list(beam_args), "validate takes DATA", own_long_options(ctx))
@@ -153,8 +153,8 @@ def command(ctx, quiet, beam_args, **flags):
 def refuse_what_is_no_dataset(data: str) -> None:
     """A local DATA that is no prepared dataset at all is one error line now; a run that stopped early (shards, no
     manifest) is left to the report."""
-    from shardprep.pipelines import source_registry
-    from shardprep.preprocess import manifest as manifest_lib
+    from shardprep.pipelines.sources import registry as source_registry
+    from shardprep.preprocess.format import manifest as manifest_lib
 
     path = data.removeprefix("file://")
     if source_registry.kind_of(data).name != "folder" or "://" in path:  # tfrecord:, tfds:, parquet:, gs://

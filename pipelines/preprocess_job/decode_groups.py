@@ -1,0 +1,98 @@
+"""Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order, each
+decoded by one worker into one file. Groups are the shards when their count is known before decoding; the order
+depends on the keys only, so groups are found from sort keys and gathered in one shuffle of packed batches."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+
+from shardprep.pipelines.preprocess_job.boundaries import RankBoundaries
+from shardprep.preprocess.format import sharding
+from shardprep.preprocess.sources import common as sources
+from shardprep.preprocess.format.elements import Input
+from shardprep.preprocess.format.record_pointers import SortKeys
+
+
+def add_sort_keys(keys: dict, items, seed: int) -> dict:
+    """Appends every input's sort key, with its index in ``items``, to ``keys[split]``."""
+    for index, item in enumerate(items):
+        if item.split not in keys:
+            keys[item.split] = SortKeys(item.split)
+        keys[item.split].append(sharding.sort_key(seed, item.split, item.key), index)
+    return keys
+
+
+def decode_group_counts(counted, layouts: dict, requested: int | None, min_groups: int):
+    """(split, decode groups) from (split, inputs); a split with a fixed layout knows its bytes up front."""
+    split, num_inputs = counted
+    layout = layouts.get(split)
+    predicted_bytes = num_inputs * layout.record_bytes if layout is not None else None
+    return split, sharding.decode_groups(num_inputs, predicted_bytes, requested, min_groups)
+
+
+class InputSortKeys(beam.DoFn):
+    """InputBatch -> at the bundle's end, one SortKeys per split of the bundle's inputs (indices unused)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        self.keys: dict[str, SortKeys] = {}
+
+    def process(self, batch: sources.InputBatch):
+        add_sort_keys(self.keys, batch, self.seed)
+
+    def finish_bundle(self):
+        for split in sorted(self.keys):
+            yield GlobalWindows.windowed_value(self.keys[split])
+
+
+class AssignDecodeGroups(beam.DoFn):
+    """InputBatch -> ((split, decode group), InputBatch): one element per group and bundle."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def start_bundle(self):
+        # NUL-separated text: on the local runner a bundle is a worker's whole share; tuples would grow its memory.
+        self.groups: dict[tuple[str, int], bytearray] = {}
+
+    def process(self, batch: sources.InputBatch, boundaries):
+        items = list(batch)
+        for split, split_keys in add_sort_keys({}, items, self.seed).items():
+            for group, part in split_keys.by_shard(boundaries.get(split, ())).items():
+                packed = self.groups.setdefault((split, group), bytearray())
+                for index in part.indices():
+                    item = items[index]
+                    packed += f"{item.key}\0{item.label}\0{item.path or ''}\0".encode("utf-8")
+
+    def finish_bundle(self):
+        for split, group in sorted(self.groups):
+            fields = self.groups.pop((split, group)).decode("utf-8").split("\0")[:-1]
+            items = [Input(split, fields[i], int(fields[i + 1]), fields[i + 2] or None, None)
+                     for i in range(0, len(fields), 3)]
+            yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
+
+
+class DecodeGroups(beam.PTransform):
+    """Batches of Inputs -> ((split, decode group), [InputBatch]); ``input_counts``: (split, inputs)."""
+
+    def __init__(self, seed: int, input_counts, layouts, requested_shards: int | None, min_groups: int):
+        super().__init__()
+        self.seed, self.input_counts, self.layouts = seed, input_counts, layouts
+        self.requested_shards, self.min_groups = requested_shards, min_groups
+
+    def expand(self, batches):
+        inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
+        group_counts = self.input_counts | "DecodeGroupCounts" >> beam.Map(
+            decode_group_counts, self.layouts, self.requested_shards, self.min_groups)
+        group_starts = (
+            inputs
+            | "InputSortKeys" >> beam.ParDo(InputSortKeys(self.seed))
+            | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(self.input_counts),
+                                                        beam.pvalue.AsDict(group_counts), "decode_group_bucket_keys"))
+        return (inputs
+                | "AssignDecodeGroups" >> beam.ParDo(
+                    AssignDecodeGroups(self.seed), beam.pvalue.AsSingleton(group_starts, default_value={}))
+                | "GroupInputs" >> beam.GroupByKey())

@@ -1,0 +1,1 @@
+"""Running a Beam job: the runner through Beam's public options, local workers, Ctrl-C, spill files, the journal of finished units, storage and staging for Dataflow, progress counts. May import preprocess/."""

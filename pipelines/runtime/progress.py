@@ -1,0 +1,93 @@
+"""Progress of local runs: workers write running counts to small files the launcher polls (Beam's local runner
+reports metrics only at the end). Remote runners show progress in their own UI: the folder is None, calls no-ops."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+
+from shardprep.pipelines.runtime.storage import TEMPORARY_PREFIX, atomic_write
+
+
+class ProgressReporter:
+    INTERVAL_S = 0.5
+
+    def __init__(self, directory: str | None, counter: str):
+        self.directory, self.counter = directory, counter
+        self.count = 0
+        self._path: str | None = None
+        self._last = 0.0
+
+    def add(self, n: int = 1, now: bool = False) -> None:
+        if not self.directory:
+            return
+        self.count += n
+        clock = time.monotonic()
+        if now or clock - self._last >= self.INTERVAL_S:
+            self.flush()
+            self._last = clock
+
+    def flush(self, zero: bool = False) -> None:
+        """Writes the running count; a count of 0 only when ``zero`` (it then says the counter exists)."""
+        if not self.directory or not (self.count or zero):
+            return
+        if self._path is None:
+            self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
+        atomic_write(self._path, str(self.count).encode())  # the launcher never reads half a number
+
+
+def read_progress(directory: str) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return totals
+    for name in names:
+        if name.startswith(TEMPORARY_PREFIX):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                value = int(f.read() or 0)
+        except (OSError, ValueError):
+            continue
+        counter = name.split("-", 1)[0]
+        totals[counter] = totals.get(counter, 0) + value
+    return totals
+
+
+def mark(directory: str | None, **counts: int) -> None:
+    """Adds ``counts`` once (e.g. one finished file and its records), as files of their own."""
+    if directory is None:
+        return
+    for counter, value in counts.items():
+        with open(os.path.join(directory, f"{counter}-{os.getpid()}-{uuid.uuid4().hex}"), "w") as f:
+            f.write(str(value))
+
+
+@contextlib.contextmanager
+def watching(enabled: bool, on_counts, prefix: str, interval_s: float = 0.5):
+    """Yields a progress folder (None when not ``enabled``) and calls ``on_counts(totals)`` while it is used."""
+    if not enabled:
+        yield None
+        return
+    directory = tempfile.mkdtemp(prefix=prefix)
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(interval_s):
+            on_counts(read_progress(directory))
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        yield directory
+    finally:
+        stop.set()
+        watcher.join()
+        on_counts(read_progress(directory))
+        shutil.rmtree(directory, ignore_errors=True)

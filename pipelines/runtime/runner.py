@@ -1,0 +1,379 @@
+"""Choosing the Beam runner: without ``--runner``, Beam's FnApiRunner, multi-process, offline (Beam's default and
+DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import threading
+import traceback
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from shardprep.pipelines.runtime import stopping
+from shardprep.preprocess.checks import streams
+
+# Runners whose workers share this machine's file system, lower-case ("": no --runner).
+LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
+                      "fnapirunner", "prismrunner")
+# make_pipeline builds the FnApiRunner itself; Beam's DirectRunner, named, would first fetch Prism from github.com.
+_OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner", "directrunner")
+
+
+def runner_name(beam_args: list[str]) -> str:
+    """The ``--runner`` given in ``beam_args``, or '' when none was given."""
+    return PipelineOptions(beam_args).view_as(StandardOptions).runner or ""
+
+
+def _normalized(name: str) -> str:
+    """``--runner`` as Beam resolves it: without case or module path, with the ``Runner`` suffix Beam adds."""
+    name = name.rsplit(".", 1)[-1].lower()
+    return name if not name or name.endswith("runner") else name + "runner"
+
+
+def runs_locally(beam_args: list[str]) -> bool:
+    """True when the workers run on this machine and share its file system (no ``--runner``, or DirectRunner,
+    FnApiRunner or PrismRunner in any spelling): the one test of a local runner for every caller."""
+    return _normalized(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
+
+
+def template_location(beam_args: list[str]) -> str | None:
+    """``--template_location``: Dataflow then writes a job template instead of running the job."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    return PipelineOptions(beam_args).view_as(GoogleCloudOptions).template_location
+
+
+class ViewsMadeOnce(PipelineOptions):
+    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as`` (~1 ms), and
+    building a graph asks ~500 times (~0.3 s of CPU). Views share their values, so the same view is what a new one
+    would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
+
+    def view_as(self, cls):
+        views = self.__dict__.get("_views")
+        if views is None:
+            views = {}
+            object.__setattr__(self, "_views", views)  # PipelineOptions.__setattr__ takes option names only
+        view = views.get(cls)
+        if view is None:
+            view = views[cls] = super().view_as(cls)
+        return view
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state.pop("_views", None)
+        return state
+
+
+def pipeline_options(beam_args: list[str]) -> PipelineOptions:
+    """Options for ``beam_args``; local runs default to one worker process per core."""
+    options = ViewsMadeOnce(beam_args)
+    if not runner_name(beam_args):
+        direct = options.view_as(DirectOptions)
+        given = " ".join(beam_args)
+        if "direct_running_mode" not in given:
+            direct.direct_running_mode = "multi_processing"
+        if "direct_num_workers" not in given or not direct.direct_num_workers:
+            direct.direct_num_workers = os.cpu_count() or 1
+    return options
+
+
+# The work one local worker process must have before starting it pays (BENCHMARKS.md, "Local workers sized to the
+# work": 128 MiB of photos took as long in-process as on two forked workers). Reading shards costs less than decoding.
+PREPROCESS_BYTES_PER_WORKER = 128 * 2**20
+VALIDATE_BYTES_PER_WORKER = 256 * 2**20
+
+
+def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) -> list[str]:
+    """``beam_args`` with local workers fitted to the work where the user chose none (no ``--runner``,
+    ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker``, at most one per core;
+    one worker's work or less runs in this process (``in_memory``)."""
+    chosen = ("--runner", "--direct_num_workers", "--direct_running_mode")
+    if any(arg.startswith(chosen) for arg in beam_args):
+        return beam_args
+    workers = min(os.cpu_count() or 1, max(1, -(-work_bytes // bytes_per_worker)))
+    if workers == 1:
+        return [*beam_args, "--direct_running_mode=in_memory", "--direct_num_workers=1"]
+    return [*beam_args, f"--direct_num_workers={workers}"]
+
+
+def local_workers(beam_args: list[str]) -> int:
+    """How many SDK worker processes a local run of ``beam_args`` uses."""
+    options = pipeline_options(beam_args).view_as(DirectOptions)
+    if options.direct_running_mode == "in_memory":
+        return 1
+    return options.direct_num_workers or os.cpu_count() or 1
+
+
+LOCAL_MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
+
+
+@contextlib.contextmanager
+def malloc_arenas_limited():
+    """Caps glibc's malloc arenas at two for the run's worker processes (``MALLOC_ARENA_MAX``, inside the block
+    only) and for this process (``mallopt``, which glibc cannot take back): each thread's arena kept what a stage
+    freed, so a local run's peak grew with its inputs; two arenas cut that growth ~40 % (BENCHMARKS.md) at no
+    measurable cost. A MALLOC_ARENA_MAX the user set is kept."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        yield
+        return
+    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process is already running
+    except (OSError, AttributeError):
+        pass  # not glibc (macOS, musl): nothing to cap
+    try:
+        yield
+    finally:
+        os.environ.pop("MALLOC_ARENA_MAX", None)
+
+
+def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
+    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. The local
+    runner (the whole run inside ``run()``) goes with the malloc cap, the workers' stderr held, and stoppable
+    (``stopping.run_stoppable``)."""
+    with worker_stderr_held(uses_worker_processes(beam_args)):
+        if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
+            with malloc_arenas_limited():
+                try:
+                    result = stopping.run_stoppable(pipeline.run)
+                except BaseException:  # pipeline.run is left on its thread: its own clean-up never runs
+                    shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
+                    raise
+        else:
+            result = pipeline.run()
+        submitted()
+        result.wait_until_finish()
+    return result
+
+
+def worker_zygote_for(beam_args: list[str]):
+    """A worker zygote for the block if a run of ``beam_args`` may use local worker processes (call it before
+    anything starts a thread)."""
+    from shardprep.pipelines.runtime import worker_zygote
+
+    own_runner = _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
+    return worker_zygote.forked_for(own_runner and uses_worker_processes(beam_args))
+
+
+def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
+    """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
+    options = pipeline_options(beam_args)
+    if _normalized(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
+        stage_worker_requirements_only()
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    from shardprep.pipelines.runtime import worker_zygote
+
+    zygote = worker_zygote.active()
+    if zygote is None or not uses_worker_processes(beam_args):
+        return beam.Pipeline(runner=FnApiRunner(), options=options)
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    zygote.prepare()  # the workers' own imports, while the graph is built
+    # Workers started by the zygote's command, through FnApiRunner's public default_environment: in in_memory mode
+    # FnApiRunner keeps it (multi_processing puts its own in place) and still starts direct_num_workers of them.
+    options.view_as(DirectOptions).direct_running_mode = "in_memory"
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
+    environment = SubprocessSDKEnvironment.from_command_string(zygote.worker_command())
+    return beam.Pipeline(runner=FnApiRunner(default_environment=environment), options=options)
+
+
+# "1" while Beam builds the sdist of --setup_file (in a child process, with this environment): setup.py then writes
+# the WORKER_SDIST file into it, so that the Dataflow workers install only what they import (setup.py's docstring).
+WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"
+
+
+def stage_worker_requirements_only() -> None:
+    """Marks the sdist Beam builds in ``Pipeline.run`` as the workers' (harmless where none is built)."""
+    os.environ[WORKER_SDIST_ENV] = "1"
+
+
+def _no_in_memory_warning(record: logging.LogRecord) -> bool:
+    """Drops FnApiRunner's warning about in_memory with several workers (make_pipeline's workers are processes)."""
+    return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
+
+
+class BeamArgsError(ValueError):
+    """The Beam options after ``--`` cannot be used (a stray argument, a worker count below one); for the user."""
+
+
+def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray positional
+    argument, an option no Beam options class knows (one of the command's ``own_options``, or a misspelling), a
+    malformed value, fewer than one worker, or several worker threads."""
+    previous_takes_value = False
+    for token in beam_args:
+        if token.startswith("-") and token != "-":
+            previous_takes_value = "=" not in token
+            continue
+        if not previous_takes_value:
+            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
+        previous_takes_value = False
+    direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
+    workers = direct.direct_num_workers
+    if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
+        raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
+                            "1 (default: one per core)")
+    _check_known(beam_args, usage, own_options)
+    _check_running_mode(beam_args)
+
+
+def _parsed(parse):
+    """``parse()``, or BeamArgsError with argparse's reason (it prints its usage, then exits, on a bad option)."""
+    import io
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parse()
+    except (SystemExit, Exception) as e:  # noqa: BLE001
+        reason = [line.split(" error: ", 1)[-1] for line in said.getvalue().splitlines() if " error: " in line]
+        raise BeamArgsError(f"invalid Beam option: {reason[-1] if reason else e}") from None
+
+
+def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
+    """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
+    import difflib
+
+    parsers: list = []
+
+    def parse():
+        PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
+        return parsers[0].parse_known_args(beam_args)[1]
+
+    unknown = _parsed(parse)
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        if name in own_options:
+            raise BeamArgsError(f"{name} is an option of {usage.split()[0]}, not of Beam: put it before --")
+        if not token.startswith("-"):
+            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
+        known = list(PipelineOptions([]).get_all_options())  # every option's name
+        near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), known, 1)
+        hint = f" (did you mean --{near[0]}?)" if near else ""
+        raise BeamArgsError(f"unknown Beam option {token}{hint}: Beam would ignore it")
+
+
+def _check_running_mode(beam_args: list[str]) -> None:
+    """Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping (a
+    ``GroupByKey`` of 1.28 M small pairs fails every time; where corrupt bytes decode, silently wrong): refused."""
+    if not runs_locally(beam_args):
+        return
+    options = pipeline_options(beam_args).view_as(DirectOptions)
+    if options.direct_running_mode == "multi_threading" and options.direct_num_workers > 1:
+        given = any(arg.startswith("--direct_num_workers") for arg in beam_args)
+        workers = f"{options.direct_num_workers} workers" if given else (
+            f"the default of {options.direct_num_workers} workers (one per core)")
+        raise BeamArgsError(f"--direct_running_mode=multi_threading with {workers}: Beam's "
+                            "local runner mixes up the data its worker threads send it when there is more than one; "
+                            "use multi_processing (the default) or --direct_num_workers=1")
+
+
+_hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
+
+
+def quiet_beam_logging(verbose: bool = False) -> None:
+    """Beam's workers' start-up warnings and tracebacks (the job's own error says what failed, in one line) are
+    silenced, and the local workers' stderr held during a run (``worker_stderr_held``), unless ``verbose``."""
+    global _hide_worker_traces
+    _hide_worker_traces = not verbose
+    level = logging.WARNING if verbose else logging.CRITICAL
+    for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
+        logging.getLogger(name).setLevel(level)
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
+
+
+def uses_worker_processes(beam_args: list[str]) -> bool:
+    """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
+    if not runs_locally(beam_args):
+        return False
+    return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
+
+
+@contextlib.contextmanager
+def worker_stderr_held(enabled: bool):
+    """While a local run goes, fd 2 (inherited by the workers) is a pipe: a worker prints each failed bundle's
+    traceback (70-140 lines) before the job's one-line error. A failed run drops them, a finished one passes them
+    on. This process writes to the terminal through a stream on a copy of its descriptor, never closed under
+    whoever saved it as ``sys.stderr`` meanwhile (a closed one fails at exit: "lost sys.stderr", status 120)."""
+    if not (enabled and _hide_worker_traces):
+        yield
+        return
+    sys.stderr.flush()
+    own_stderr = sys.stderr
+    terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+                    errors="backslashreplace")
+    read_end, write_end = os.pipe()
+    saved = streams.point(2, write_end)
+    os.close(write_end)
+    held = bytearray()
+    drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
+    drainer.start()
+    # The runner's threads die with tracebacks of their own when a worker is killed: held too.
+    thread_errors, own_excepthook = [], threading.excepthook
+    threading.excepthook = thread_errors.append
+    sys.stderr = terminal
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
+            with contextlib.suppress(OSError, ValueError):
+                terminal.flush()
+            streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
+            if sys.stderr is terminal:
+                sys.stderr = own_stderr
+            _close_unless_kept(terminal)
+            drainer.join(timeout=2)
+            if not failed and held:
+                with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
+                    os.write(saved, bytes(held))
+            os.close(saved)
+            threading.excepthook = own_excepthook
+            if not failed:
+                for args in thread_errors:
+                    own_excepthook(args)
+            else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+                threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+
+
+def _drain(read_end: int, held: bytearray) -> None:
+    """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
+    while True:
+        try:
+            chunk = os.read(read_end, 65536)
+        except OSError:
+            return
+        if not chunk:
+            os.close(read_end)
+            return
+        held.extend(chunk)
+        del held[:-WORKER_STDERR_KEPT]
+
+
+def _close_unless_kept(stream) -> None:
+    """Closes ``stream`` unless something besides the caller still refers to it (it closes with its last one)."""
+    if sys.getrefcount(stream) <= 3:  # the caller's name, this argument, getrefcount's own argument
+        stream.close()
+
+
+def _quiet_about_runner_threads(own_excepthook):
+    def excepthook(args):
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if not any("apache_beam" in frame.filename or "grpc" in frame.filename for frame in frames):
+            own_excepthook(args)
+    return excepthook

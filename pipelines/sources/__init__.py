@@ -1,0 +1,1 @@
+"""The source kinds on the Beam side: planning a SOURCE on the launcher and reading its inputs in the job (folder, archive, Parquet, TFRecord, TFDS), registered once. May import pipelines/runtime and preprocess/."""

@@ -1,0 +1,1 @@
+"""The validate job: the driver, its two Beam graphs, reading shards back, checks, statistics, near-duplicates, pictures and the report. May import pipelines/runtime, pipelines/sources and preprocess/."""

@@ -1,0 +1,244 @@
+"""The checks ``shardprep validate`` runs, as pure functions over records, statistics and the manifest.
+
+Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
+``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
+that file), the last three ``None`` where they do not apply, plus check-specific details.
+"""
+
+from __future__ import annotations
+
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.pipelines.validate_job.stats import SplitStats
+from shardprep.preprocess.format.dataset import Manifest, ShardEntry
+from shardprep.preprocess.format.fixed_layout import FixedLayout
+from shardprep.preprocess.format.record_format import ImageRecord, RecordFormatError, read_varint
+from shardprep.preprocess.format.tfrecord_io import HEADER_BYTES, framed_size
+
+CHECKS = {
+    # The dataset folder
+    "manifest_missing": "no manifest.json: the dataset is incomplete (a preprocess run stopped early or never ran)",
+    "manifest_invalid": "manifest.json is unreadable, of an unknown version, or lacks keys validate needs",
+    "manifest_shape": "a manifest key is missing or has a value of the wrong type or range (checked before "
+                      "anything else; the shards are not read)",
+    "manifest_inconsistent": "the manifest's own totals disagree (split count vs. its shards or class counts)",
+    "shard_missing": "a shard listed in the manifest is not on disk",
+    "shard_unlisted": "a .tfrecord file in the dataset folder is not listed in the manifest",
+    "shard_unreadable": "a shard could not be opened or read",
+    # One shard
+    "shard_sha256": "a shard's sha256 differs from the manifest",
+    "shard_size": "a shard's size in bytes differs from the manifest",
+    "shard_count": "a shard holds a different number of records than the manifest says",
+    "shards_not_uniform": "a split's shards differ by more than one record",
+    # One record
+    "record_corrupt": "a record fails the TFRecord length/CRC checks or is truncated",
+    "record_parse": "a record is not a valid shardprep tf.train.Example",
+    "record_format": "a record's image/format differs from the manifest's encoding",
+    "record_size": "a record's height/width do not match the manifest's options (or its own pixels)",
+    "record_label": "a record's label is outside 0..num_classes-1",
+    "record_layout": "a record's length, or where its pixels or label sit, differs from its split's record_layout "
+                     "(which the train reader relies on)",
+    "image_decode": "a record's image bytes do not decode",
+    # Across records
+    "split_count": "a split holds a different number of records than the manifest says",
+    "class_count": "a class holds a different number of records in a split than the manifest says",
+    "filename_duplicate": "two records share an image/filename",
+    "leakage": "an identical image (same decoded pixels) is in two splits",
+    "near_duplicates": "held-out records have a near-duplicate in a training split (hashes within "
+                       "--near-duplicate-distance bits, confirmed by a score on their pixels): a failure under --strict "
+                       "or above --near-duplicate-limit, else a warning",
+    "mean_rgb": "the recomputed per-channel mean differs from the manifest's by more than the tolerance",
+    "std_rgb": "the recomputed per-channel std differs from the manifest's by more than the tolerance",
+    # Foreign tfrecord: inputs
+    "no_files": "the tfrecord: pattern matched no files",
+    "class_names": "the label.labels.txt beside the tfrecord: files cannot be used as class names",
+    "image_missing": "a foreign record lacks the image feature (see --image-key)",
+    "label_missing": "a foreign record lacks a single int64 label (see --label-key)",
+}
+
+
+def problem(check: str, message: str, *, split: str | None = None, file: str | None = None,
+            index: int | None = None, **details) -> dict:
+    """A problem report; ``check`` must be one of :data:`CHECKS`."""
+    if check not in CHECKS:
+        raise ValueError(f"unknown check {check!r}")
+    return {"check": check, "message": message, "split": split, "file": file, "index": index, **details}
+
+
+def problem_sort_key(item: dict) -> tuple:
+    """Orders problems by check, shard and record, so reports are stable from run to run."""
+    return (item["check"], item.get("file") or "", item["index"] if item.get("index") is not None else -1,
+            item.get("message", ""))
+
+
+def unfit_layout_problems(manifest: Manifest) -> list[dict]:
+    """A ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records
+    (``Manifest.layout_problems``; validate reads the manifest with ``lenient_layouts``, so such a split's shards
+    are still read, without that layout)."""
+    return [problem("record_layout", why, split=split) for split, why in manifest.layout_problems.items()]
+
+
+def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, str]]:
+    """(check, message) pairs for a parsed record that does not match the manifest's options."""
+    found = []
+    if record.format != manifest.encoding:
+        found.append(("record_format", f"format {record.format!r}, manifest encoding {manifest.encoding!r}"))
+    if manifest.image_height is not None and manifest.image_width is not None:
+        if (record.height, record.width) != (manifest.image_height, manifest.image_width):
+            found.append(("record_size", f"{record.height}x{record.width}, manifest image size "
+                                         f"{manifest.image_height}x{manifest.image_width}"))
+    elif min(record.height, record.width) != int(manifest.shorter_side):
+        found.append(("record_size", f"{record.height}x{record.width}: shorter side is not the manifest's "
+                                     f"shorter_side {int(manifest.shorter_side)}"))
+    if not 0 <= record.label < len(manifest.classes):
+        found.append(("record_label", f"label {record.label} outside 0..{len(manifest.classes) - 1}"))
+    return found
+
+
+def record_layout_length_problems(data_lengths: list[int], layout: FixedLayout) -> list[tuple[int, str]]:
+    """(record index, message) for the records of one shard whose length breaks the fixed layout: every record is
+    ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
+    found = []
+    for index, length in enumerate(data_lengths):
+        expected = layout.record_bytes
+        if index == len(data_lengths) - 1:
+            expected += layout.image_offset
+        if framed_size(length) != expected:
+            found.append((index, f"record of {framed_size(length)} bytes framed, record_layout needs {expected}"
+                                 + (" (a shard's last record)" if index == len(data_lengths) - 1 else "")))
+    return found
+
+
+def record_layout_offset_problem(data: bytes, record: ImageRecord, layout: FixedLayout) -> str | None:
+    """A message if ``record``'s pixels or label are not where the layout puts them in its serialized ``data``."""
+    start = layout.image_offset - HEADER_BYTES
+    if data[start:start + len(record.encoded)] != record.encoded:
+        return f"the pixels are not at image_offset {layout.image_offset}"
+    try:
+        label = read_varint(data, layout.label_offset - HEADER_BYTES)[0]
+    except RecordFormatError:
+        label = None
+    if label != record.label:
+        return f"the varint at label_offset {layout.label_offset} is {label}, the record's label {record.label}"
+    return None
+
+
+def manifest_problems(manifest: dict) -> list[dict]:
+    """Whether the manifest's own totals agree (its shape was checked as it was loaded)."""
+    found = []
+    for split, info in manifest["splits"].items():
+        shards, class_counts, num_examples = info["shards"], info["class_counts"], int(info["num_examples"])
+        shard_total = sum(int(shard["num_examples"]) for shard in shards)
+        if info.get("num_shards") is not None and int(info["num_shards"]) != len(shards):
+            found.append(problem("manifest_inconsistent",
+                                 f"num_shards {info['num_shards']} but {len(shards)} shards listed", split=split))
+        if shard_total != num_examples:
+            found.append(problem("manifest_inconsistent",
+                                 f"num_examples {num_examples} but its shards list {shard_total}", split=split))
+        if sum(class_counts.values()) != num_examples:
+            found.append(problem("manifest_inconsistent",
+                                 f"num_examples {num_examples} but class_counts add up to "
+                                 f"{sum(class_counts.values())}", split=split))
+        unknown = sorted(set(class_counts) - set(manifest["classes"]))
+        if unknown:
+            found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
+                                 split=split))
+    return found
+
+
+def _is_temporary(path: str) -> bool:
+    """Left by an interrupted preprocess run: ``.tmp`` folders, ``.tmp-*`` shards, ``*.tmp`` files."""
+    return any(part.startswith(".tmp") or part.endswith(".tmp") for part in path.split("/"))
+
+
+def classify_files(found: list[str]) -> dict[str, list[str]]:
+    """The files of a dataset folder as finished-looking ``shards``, ``temporary`` files and ``other``."""
+    classes: dict[str, list[str]] = {"shards": [], "temporary": [], "other": []}
+    for path in found:
+        kind = ("temporary" if _is_temporary(path) else
+                "shards" if manifest_lib.SHARD_FILES.parse_path(path) is not None else "other")
+        classes[kind].append(path)
+    return classes
+
+
+def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
+    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files (relative paths)
+    not listed."""
+    listed = {shard["file"]: split for split, info in manifest["splits"].items() for shard in info["shards"]}
+    present = set(found_files)
+    found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)
+             for file, split in sorted(listed.items()) if file not in present]
+    found += [problem("shard_unlisted",
+                      "temporary shard left by an interrupted write, not listed in the manifest"
+                      if _is_temporary(file) else "shard file not listed in the manifest",
+                      split=file.split("/", 1)[0] if "/" in file else None, file=file)
+              for file in sorted(present) if file.endswith(manifest_lib.SHARD_SUFFIX) and file not in listed]
+    return found
+
+
+def shard_problems(split: str, file: str, expected: ShardEntry, num_records: int, num_bytes: int,
+                   sha256: str | None) -> list[dict]:
+    """Compares what was read from one shard with its manifest entry. ``sha256`` None: the file is larger than
+    the manifest says (``num_bytes``) and was read only as far as that, so there is no hash of the whole file."""
+    found = []
+    if num_records != expected.num_examples:
+        found.append(problem("shard_count", f"{num_records} records, manifest says {expected.num_examples}",
+                             split=split, file=file, num_records=num_records,
+                             expected_num_records=expected.num_examples))
+    if sha256 is None:
+        found.append(problem("shard_size", f"{num_bytes:,} bytes, manifest says {expected.num_bytes:,}: only the "
+                                           f"first {expected.num_bytes:,} bytes were read", split=split, file=file))
+    elif num_bytes != expected.num_bytes:
+        found.append(problem("shard_size", f"{num_bytes} bytes, manifest says {expected.num_bytes}",
+                             split=split, file=file))
+    if sha256 is not None and sha256 != expected.sha256:
+        found.append(problem("shard_sha256", f"sha256 {sha256}, manifest says {expected.sha256}",
+                             split=split, file=file))
+    return found
+
+
+def split_problems(split: str, stats: SplitStats, manifest: dict) -> list[dict]:
+    """Split and class counts against the manifest, and shard-size uniformity (within one record)."""
+    info = manifest["splits"].get(split, {})
+    classes = manifest["classes"]
+    found = []
+    expected_total = info.get("num_examples")
+    if stats.num_examples != expected_total:
+        found.append(problem("split_count", f"{stats.num_examples} valid records, manifest says {expected_total}",
+                             split=split, num_examples=stats.num_examples, expected_num_examples=expected_total))
+    expected_counts = info.get("class_counts", {})
+    for label, name in enumerate(classes):
+        actual, expected = stats.label_counts.get(label, 0), expected_counts.get(name, 0)
+        if actual != expected:
+            found.append(problem("class_count", f"class {name!r} (label {label}): {actual} records, manifest says "
+                                                f"{expected}", split=split, class_name=name, label=label,
+                                 count=actual, expected_count=expected))
+    if len(stats.shard_records) > 1:
+        smallest = min(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
+        largest = max(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
+        if largest[1] - smallest[1] > 1:
+            found.append(problem("shards_not_uniform",
+                                 f"shards hold {smallest[1]} to {largest[1]} records (more than one apart): "
+                                 f"{smallest[0]} has {smallest[1]}, {largest[0]} has {largest[1]}",
+                                 split=split, file=largest[0], smallest_file=smallest[0]))
+    return found
+
+
+def mean_std_problems(split: str, stats: SplitStats, manifest: dict, tolerance: float) -> list[dict]:
+    """The recomputed per-channel mean/std of the stats split against the manifest's ``mean_rgb``/``std_rgb``."""
+    recomputed = stats.mean_std()
+    found = []
+    for check, position in (("mean_rgb", 0), ("std_rgb", 1)):
+        expected = manifest.get(check)
+        actual = recomputed[position] if recomputed else None
+        if expected is None and actual is None:
+            continue
+        if expected is None or actual is None:
+            found.append(problem(check, f"manifest {check} {expected}, recomputed {actual}", split=split))
+            continue
+        worst = max(abs(a - e) for a, e in zip(actual, expected))
+        if worst > tolerance:
+            found.append(problem(check, f"recomputed {[round(v, 3) for v in actual]}, manifest "
+                                        f"{[round(v, 3) for v in expected]} (max difference {worst:.3f} > "
+                                        f"tolerance {tolerance})", split=split, recomputed=actual,
+                                 expected=expected, tolerance=tolerance))
+    return found

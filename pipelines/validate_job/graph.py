@@ -1,0 +1,365 @@
+"""Validate's two Beam graphs, top to bottom, and the composite stages across records; each graph writes JSON
+result lines to ``results_path``, which the driver reads back.
+
+Prepared dataset (``DATA`` holds ``manifest.json`` and shards)::
+
+    ListShards                the shards on disk the manifest lists (the driver listed them)
+    ReadShards                one DoFn call per shard (validate_read.py): sha256, size, CRC, parse, checks, sums
+    CheckSplits               CombinePerKey(split), then split/class counts, shard uniformity, mean/std
+    FindDuplicateFilenames    GroupByKey(image/filename)
+    FindLeakage               GroupByKey(pixel hash): an identical image in two splits
+    FindNearDuplicates        records whose perceptual hashes are within the distance (candidates) and whose
+                              thumbnails then score at least the minimum (validation/near_pairs.py does the work):
+        GroupByHash           CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
+        SearchKeys            each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
+        GroupByBucket         GroupByKey(search key) -> bucket_pairs: hash pairs within the distance (capped buckets)
+        DistinctPairs         a pair found in several tables once
+        JoinLow/JoinHigh      CoGroupByKey(hash) twice: each pair with both of its groups -> scored -> flags, pairs
+        GroupFindings         a group's own records (distance 0), scored: splits against each other, within a split
+        leaked keys           CoGroupByKey(hash) of flagged (hash, split) with every record's location
+    SampleForContactSheet     deterministic lowest-rank k records per class (only with --pictures)
+    KeepFirstProblems         at most --max-problems-per-check problems per check (all are counted)
+    WriteResults              one JSON line per result
+
+Foreign input (``tfrecord:GLOB``): ListFiles, ReadForeignFiles, MergeForeignStats (per split from the TFDS file
+name, else "all"), KeepFirstProblems, WriteResults.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import apache_beam as beam
+from apache_beam import coders
+
+from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, ReadShards
+from shardprep.pipelines.validate_job.checks import mean_std_problems, problem, problem_sort_key, split_problems
+from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Borderline, Flag, HashGroup, HashPair,
+                                                       NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
+                                                       pair_findings, split_ranks)
+from shardprep.pipelines.validate_job.report import foreign_summary, sample_line, split_summary
+from shardprep.pipelines.validate_job.stats import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
+                                                  foreign_split)
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format.dataset import Manifest
+
+OCCURRENCES_LISTED = 10  # how many records a duplicate/leakage problem names
+
+# A local run holds every value of a shuffle in the launcher's memory until the last shard is read: a pickled
+# RecordLocation takes ~160 bytes, its fields encoded ~75. So the duplicate and leakage shuffles carry the fields
+# encoded (the filename shuffle without the filename, its key) and decode them after the grouping.
+_LOCATION_CODER = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.VarIntCoder(),
+                                     coders.StrUtf8Coder()])  # split, file, index, filename
+_PLACE_CODER = coders.TupleCoder(_LOCATION_CODER.coders()[:3])  # split, file, index
+
+
+def mean_std_tolerance(manifest: dict) -> float:
+    """Its encoding's ``mean_std_tolerance``; the loosest for an encoding this version does not know."""
+    if manifest["encoding"] in encodings.NAMES:
+        return encodings.get(manifest["encoding"]).mean_std_tolerance
+    return max(encoding.mean_std_tolerance for encoding in encodings.REGISTERED)
+
+
+def _check_split(element, manifest: dict, tolerance: float):
+    """``(split, merged SplitStats)`` -> the split's summary dict, and its problems (tagged ``problem``)."""
+    split, stats = element
+    found = split_problems(split, stats, manifest)
+    if split == manifest.get("stats_split"):
+        found += mean_std_problems(split, stats, manifest, tolerance)
+    yield from (beam.pvalue.TaggedOutput("problem", each) for each in found)
+    yield split_summary(split, stats, manifest)
+
+
+@beam.ptransform_fn
+def CheckSplits(shard_stats, manifest: dict, tolerance: float):
+    """``(split, SplitStats)`` per shard -> one summary dict per manifest split (main output ``split``; a split
+    whose shards are all missing gets one too) and tagged output ``problem``."""
+    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
+        [(split, SplitStats()) for split in manifest["splits"]])
+    return ((shard_stats, every_split)
+            | "FlattenSplitStats" >> beam.Flatten()
+            | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
+            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs(
+                "problem", main="split"))
+
+
+def _duplicate_filename(element):
+    """``(filename, [encoded places])`` -> a ``filename_duplicate`` problem when more than one record holds it."""
+    filename, packed = element
+    count, first = 0, []
+    for data in packed:
+        count += 1
+        first = sorted(first + [RecordLocation(*_PLACE_CODER.decode(data), filename)])[:OCCURRENCES_LISTED]
+    if count > 1:
+        original, duplicate = first[0], first[1]
+        yield problem("filename_duplicate",
+                      f"image/filename {filename!r} is held by {count} records (first at {original.file} record "
+                      f"{original.index})", split=duplicate.split, file=duplicate.file, index=duplicate.index,
+                      filename=filename, num_occurrences=count, occurrences=[x.to_json() for x in first])
+
+
+@beam.ptransform_fn
+def FindDuplicateFilenames(filenames):
+    """``(image/filename, RecordLocation)`` per record -> a ``filename_duplicate`` problem per shared filename."""
+    return (filenames
+            | "PackLocations" >> beam.MapTuple(lambda name, where: (name, _PLACE_CODER.encode(where[:3])))
+            | "GroupByFilename" >> beam.GroupByKey()
+            | "FindDuplicates" >> beam.FlatMap(_duplicate_filename))
+
+
+def _leakage(element, split_order: list[str]):
+    """``(pixel hash, [encoded locations])`` -> a ``leakage`` problem when the image is in more than one split,
+    and ``(split, count - 1)`` (tagged ``duplicates``) for each split holding it more than once."""
+    first_by_split: dict[str, RecordLocation] = {}
+    count_by_split: dict[str, int] = {}
+    for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
+        count_by_split[location.split] = count_by_split.get(location.split, 0) + 1
+        if location.split not in first_by_split or location < first_by_split[location.split]:
+            first_by_split[location.split] = location
+    for split, count in count_by_split.items():
+        if count > 1:
+            yield beam.pvalue.TaggedOutput("duplicates", (split, count - 1))
+    if len(first_by_split) < 2:
+        return
+    order = {split: i for i, split in enumerate(split_order)}
+    firsts = sorted(first_by_split.values(), key=lambda loc: (order.get(loc.split, len(order)), loc))
+    original, leaked = firsts[0], firsts[1]
+    yield problem("leakage",
+                  f"identical image in {original.split} ({original.filename!r}, {original.file} record "
+                  f"{original.index}) and {leaked.split} ({leaked.filename!r}, {leaked.file} record {leaked.index})",
+                  split=leaked.split, file=leaked.file, index=leaked.index, keys=[loc.filename for loc in firsts],
+                  occurrences=[loc.to_json() for loc in firsts[:OCCURRENCES_LISTED]],
+                  num_occurrences=sum(count_by_split.values()))
+
+
+@beam.ptransform_fn
+def FindLeakage(pixel_hashes, split_order: list[str]):
+    """``(pixel hash, RecordLocation)`` per record -> ``{"problem": a leakage problem per image in two splits,
+    "duplicates": (split, identical images within it)}`` (within a split: not a failure)."""
+    found = (pixel_hashes
+             | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
+             | "GroupByPixelHash" >> beam.GroupByKey()
+             | "FindLeaks" >> beam.FlatMap(_leakage, split_order).with_outputs("duplicates", main="problem"))
+    return {"problem": found.problem,
+            "duplicates": found.duplicates | "CountDuplicateImages" >> beam.CombinePerKey(sum)}
+
+
+@beam.ptransform_fn
+def KeepFirstProblems(problems, max_per_check: int):
+    """Problem dicts -> result lines: at most ``max_per_check`` problems per check (lowest shard/record first) and
+    one ``problem_count`` line per check counting all of them."""
+    keyed = problems | "KeyProblemsByCheck" >> beam.Map(
+        lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
+    kept = (keyed
+            | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(max_per_check)
+            | "ProblemLines" >> beam.FlatMap(lambda kv: [
+                json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
+    counts = (keyed
+              | "CountProblems" >> beam.combiners.Count.PerKey()
+              | "ProblemCountLines" >> beam.MapTuple(
+                  lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
+    return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
+
+
+@beam.ptransform_fn
+def SampleForContactSheet(samples, samples_per_class: int):
+    """``(label, Sample)`` candidates -> one ``sample`` result line per class: its lowest-rank ``samples_per_class``."""
+    return (samples
+            | "LowestRanks" >> beam.combiners.Top.SmallestPerKey(samples_per_class)
+            | "SampleLines" >> beam.MapTuple(sample_line))
+
+
+@beam.ptransform_fn
+def MergeForeignStats(file_stats):
+    """``(split, ForeignStats)`` per file -> one ``split`` result line per split."""
+    return (file_stats
+            | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
+            | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
+
+
+@beam.ptransform_fn
+def WriteResults(lines, path: str):
+    """Result lines (JSON strings) -> one text file at ``path``, which the driver reads back."""
+    return lines | "WriteText" >> beam.io.WriteToText(path, num_shards=1, shard_name_template="")
+
+
+def _bucket_pairs(element, max_distance: int, cap: int):
+    """``(search key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; tagged ``unchecked``: the
+    members a bucket over ``cap`` left uncompared."""
+    found = bucket_pairs(element[1], max_distance, cap)
+    yield from found.pairs
+    if found.unchecked:
+        yield beam.pvalue.TaggedOutput("unchecked", found.unchecked)
+
+
+def _attach_low(element):
+    """``(low, {group: [HashGroup], pair: [HashPair]})`` -> ``(high, (HashPair, low's HashGroup))``."""
+    for group in element[1]["group"]:
+        for pair in element[1]["pair"]:
+            yield pair.high, (pair, group)
+
+
+_TAGS = {Flag: "flag", NearPair: "near_pair", Borderline: "borderline"}
+
+
+def _tagged(findings):
+    for found in findings:
+        yield beam.pvalue.TaggedOutput(_TAGS[type(found)], found.pair if isinstance(found, Borderline) else found)
+
+
+def _pair_findings(element, ranks: dict[str, int], min_score: float):
+    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> tagged findings of each pair."""
+    for high in element[1]["group"]:
+        for pair, low in element[1]["pair"]:
+            yield from _tagged(pair_findings(low, high, pair.distance, ranks, min_score))
+
+
+def _leaked_locations(element):
+    """``(hash, {split: [split], location: [RecordLocation]})`` -> the locations in a flagged split."""
+    _, joined = element
+    flagged = set(joined["split"])
+    if flagged:
+        for location in joined["location"]:
+            if location.split in flagged:
+                yield location
+
+
+class FindNearDuplicates(beam.PTransform):
+    """``NearRecord`` per record -> a dict of PCollections:
+
+    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
+    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
+    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
+    leaked      RecordLocation of every held-out record with a near-duplicate in a training split
+    search      (buckets over the cap, members left unchecked in them): one element
+    """
+
+    def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
+                 search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
+        super().__init__()
+        self.split_order, self.max_distance, self.pairs_listed = list(split_order), max_distance, pairs_listed
+        self.search, self.cap, self.min_score = search, cap, min_score
+
+    def expand(self, records):
+        by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
+        groups = by_hash | "GroupByHash" >> beam.CombinePerKey(MergeFn(HashGroup, add="add"))  # (hash, HashGroup)
+        search, samples, min_score = self.search, self.search.samples(), self.min_score
+        ranks = split_ranks(self.split_order)
+        buckets = (groups
+                   | "SearchKeys" >> beam.FlatMapTuple(lambda image_hash, group: (
+                       (key, (image_hash, group.mirror)) for key in search.keys(image_hash, samples)))
+                   | "GroupByBucket" >> beam.GroupByKey()
+                   | "BucketPairs" >> beam.FlatMap(_bucket_pairs, self.max_distance, self.cap).with_outputs(
+                       "unchecked", main="pair"))
+        pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
+                 | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
+                 | "HashPairs" >> beam.MapTuple(HashPair))
+        with_low = ({"group": groups, "pair": pairs | "KeyByLow" >> beam.Map(lambda pair: (pair.low, pair))}
+                    | "JoinLow" >> beam.CoGroupByKey()
+                    | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
+        from_pairs = ({"group": groups, "pair": with_low}
+                      | "JoinHigh" >> beam.CoGroupByKey()
+                      | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score)
+                      .with_outputs(*_TAGS.values()))
+        from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
+            lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS.values())
+        flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
+                 | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
+                 | "DistinctFlags" >> beam.Distinct()
+                 | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
+        near_pairs = (from_pairs.near_pair, from_groups.near_pair) | "FlattenNearPairs" >> beam.Flatten()
+        borderline = (from_pairs.borderline, from_groups.borderline) | "FlattenBorderline" >> beam.Flatten()
+        return {
+            "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
+            | "SumPerSplitPair" >> beam.CombinePerKey(sum),
+            "pairs": near_pairs | "KeyBySplitPair" >> beam.Map(lambda pair: (_split_pair(pair), pair))
+            | "GroupPairs" >> beam.GroupByKey()
+            | "MostAlikeFirst" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
+            "borderline": borderline | "KeyBorderline" >> beam.Map(lambda pair: (_split_pair(pair), pair))
+            | "BestBorderline" >> beam.combiners.Top.PerKey(self.pairs_listed, key=lambda pair: pair.score)
+            | "BorderlineOrder" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
+            "leaked": self._leaked(by_hash, flags, ranks),
+            "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
+            | "SumUnchecked" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum)),
+        }
+
+    def _leaked(self, by_hash, flags, ranks):
+        flagged = (flags
+                   | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
+                   | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
+        locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, record: (image_hash, record.location))
+        return ({"split": flagged, "location": locations}
+                | "JoinLeaked" >> beam.CoGroupByKey()
+                | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
+
+
+def _split_pair(pair: NearPair) -> tuple[str, str]:
+    """The SplitPair of a listed pair, as a plain tuple (a key Beam encodes deterministically)."""
+    return pair.reference.split, pair.duplicate.split
+
+
+
+def _json_lines(label: str, found, kind: str, *fields: str, **extra):
+    """``found``'s elements (``((reference, split), value)`` or flat tuples) as result lines of ``kind`` with
+    ``fields``; a list of NearPairs as their JSON."""
+    def line(element) -> str:
+        values = (*element[0], *element[1:]) if isinstance(element[0], tuple) else element
+        values = [[pair.to_json() for pair in v] if isinstance(v, list) else v for v in values]
+        return json.dumps({"kind": kind, **dict(zip(fields, values)), **extra})
+    return found | label >> beam.Map(line)
+
+
+def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
+    """FindNearDuplicates' outputs as ``near_duplicate_*`` result lines (the search's keying in ``..._search``)."""
+    keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
+             "expected_recall": {str(d): round(search.recall(d), 4)
+                                 for d in sorted({max_distance // 2, max_distance})}}
+    leaked = found["leaked"] | "KeyOf" >> beam.Map(lambda where: (where.split, where.filename))
+    return [_json_lines("NearCountLines", found["counts"], "near_duplicate_count", "reference", "split", "count"),
+            _json_lines("NearPairLines", found["pairs"], "near_duplicate_pairs", "reference", "split", "pairs"),
+            _json_lines("BorderlineLines", found["borderline"], "near_duplicate_borderline", "reference", "split",
+                        "pairs"),
+            _json_lines("LeakedKeyLines", leaked, "near_duplicate_key", "split", "key"),
+            _json_lines("SearchLine", found["search"], "near_duplicate_search", "buckets_over_cap",
+                        "members_unchecked", **keyed)]
+
+
+def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
+                           samples: SampleOptions | None, options: ValidateOptions, progress_dir: str | None = None,
+                           search_near_duplicates: bool = True) -> None:
+    """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it);
+    ``search_near_duplicates``: False leaves the search out (validate_options.near_duplicate_skip_reason)."""
+    max_distance, max_problems_per_check = options.near_duplicate_distance, options.max_problems_per_check
+    document = manifest.to_json()  # the split checks compare with the manifest's own values
+    read = (pipeline
+            | "ListShards" >> beam.Create(tasks)
+            | "ReadShards" >> ReadShards(manifest, samples, progress_dir))
+    checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
+    duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
+    leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
+    problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
+                | "FlattenProblems" >> beam.Flatten())
+    lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
+             problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
+             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(
+                 lambda split, count: json.dumps({"kind": "duplicate_images", "split": split, "count": count}))]
+    search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), max_distance)
+    if search_near_duplicates:
+        lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
+            list(manifest.splits), max_distance, max_problems_per_check, search), search, max_distance)
+    if samples is not None:
+        lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(options.samples_per_class))
+    _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)
+
+
+def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], options: ValidateOptions,
+                           results_path: str, progress_dir: str | None = None) -> None:
+    """The validate graph for foreign TFRecord files."""
+    read = (pipeline
+            | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])
+            | "ReadForeignFiles" >> ReadForeignFiles(options.image_key, options.label_key, progress_dir))
+    lines = [read.stats | "MergeForeignStats" >> MergeForeignStats(),
+             read.problem | "KeepFirstProblems" >> KeepFirstProblems(options.max_problems_per_check)]
+    _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)

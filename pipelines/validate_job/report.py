@@ -1,0 +1,230 @@
+"""The JSON report, assembled on the driver from the pipeline's result lines (one JSON object per line, by
+``kind``: ``split``, ``problem``, ``problem_count``, ``duplicate_images``, ``sample``, ``near_duplicate_*``) and the
+driver's own problems; its ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text. Its schema is
+in ``pipelines/validate_job/driver.py``."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from shardprep.pipelines.validate_job.checks import classify_files, problem, problem_sort_key
+from shardprep.pipelines.validate_job.near_pairs import SplitPair, split_ranks
+from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE
+from shardprep.pipelines.validate_job.stats import ForeignStats, Sample, SplitStats, size_summary
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.image import resize
+from shardprep.preprocess.sources.exclude_keys import format_keys
+
+FOUND_FILES_LISTED = 50  # how many leftover files a manifest_missing problem (and other_files) names
+
+
+def report_base(data: str, kind: str) -> dict:
+    return {"ok": False, "data": data, "kind": kind, "tool": "shardprep validate",
+            "tool_version": manifest_lib.tool_version()}
+
+
+def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
+    """(problems capped per check, counts, truncated) of the driver's and the pipeline's problems."""
+    counts: dict[str, int] = {}
+    for found in driver_problems:
+        counts[found["check"]] = counts.get(found["check"], 0) + 1
+    for line in lines:
+        if line["kind"] == "problem_count":
+            counts[line["check"]] = counts.get(line["check"], 0) + line["count"]
+    kept = driver_problems + [{k: v for k, v in line.items() if k != "kind"} for line in lines
+                              if line["kind"] == "problem"]
+    by_check: dict[str, list] = {}
+    for found in sorted(kept, key=problem_sort_key):
+        by_check.setdefault(found["check"], []).append(found)
+    problems = [found for check in sorted(by_check) for found in by_check[check][:max_per_check]]
+    return problems, dict(sorted(counts.items())), len(problems) < sum(counts.values())
+
+
+def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per_check: int) -> dict:
+    """``report`` with ``ok``, ``problem_counts``, ``problems`` and ``problems_truncated`` filled in."""
+    problems, counts, truncated = merge_problems(driver_problems, lines, max_per_check)
+    report.update(ok=not counts, problem_counts=counts, problems=problems, problems_truncated=truncated)
+    return report
+
+
+def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
+    """The problem of a folder without ``manifest.json``: what the path is, and what an unfinished run left."""
+    error = manifest_lib.missing_manifest_error(data_dir)
+    if error.kind != manifest_lib.PATH_INCOMPLETE:  # not a dataset at all: no list of its images or files
+        return problem("manifest_missing", str(error), path_kind=error.kind, found_files=[],
+                       num_found_files=len(found), num_found_shards=0, num_found_temporary=0, lock_present=False)
+    kinds = classify_files(found)
+    lock = manifest_lib.LOCK_NAME in found
+    message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
+               f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
+               f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
+               f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
+                                                  else "") + "; rerun preprocess with --overwrite")
+    return problem("manifest_missing", message, path_kind=error.kind, found_files=found[:FOUND_FILES_LISTED],
+                   num_found_files=len(found), num_found_shards=len(kinds["shards"]),
+                   num_found_temporary=len(kinds["temporary"]), lock_present=lock)
+
+
+def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
+    """A prepared split's result line and report entry (JSON-ready)."""
+    classes, info, statistics = manifest["classes"], manifest["splits"].get(split, {}), stats.mean_std()
+    return {"kind": "split", "split": split, "num_examples": stats.num_examples,
+            "expected_num_examples": info.get("num_examples"), "num_shards": len(stats.shard_records),
+            "expected_num_shards": len(info.get("shards", [])),
+            "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
+            "expected_class_counts": dict(info.get("class_counts", {})),
+            "out_of_range_labels": {str(label): n for label, n in sorted(stats.label_counts.items())
+                                    if not 0 <= label < len(classes)},
+            "mean_rgb": statistics[0] if statistics else None, "std_rgb": statistics[1] if statistics else None,
+            "image_sizes": size_summary(stats.image_sizes), "shard_records": dict(sorted(stats.shard_records.items()))}
+
+
+def foreign_summary(split: str, stats: ForeignStats) -> dict:
+    """A foreign split's result line and report entry (JSON-ready)."""
+    return {"kind": "split", "split": split, "num_examples": stats.num_records,
+            "num_files": len(stats.file_records), "num_readable_images": stats.num_readable_images,
+            "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
+            "num_labels": len(stats.label_counts), "image_sizes": size_summary(stats.image_sizes),
+            "image_formats": dict(sorted(stats.image_formats.items())),
+            "image_modes": dict(sorted(stats.image_modes.items())),
+            "file_records": dict(sorted(stats.file_records.items()))}
+
+
+def sample_line(label: int, samples: list[Sample]) -> str:
+    """One class's contact-sheet images as a result line (pixels in base64)."""
+    return json.dumps({"kind": "sample", "label": label, "images": [
+        {"filename": sample.filename, "height": sample.height, "width": sample.width,
+         "pixels": base64.b64encode(sample.pixels).decode()} for sample in samples]})
+
+
+def split_entries(lines: list[dict]) -> dict[str, dict]:
+    """{split: its report entry} from the ``split`` result lines."""
+    return {line["split"]: {k: v for k, v in line.items() if k not in ("kind", "split")}
+            for line in lines if line["kind"] == "split"}
+
+
+def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_split: str | None,
+                   tolerance: float) -> dict:
+    """The prepared dataset's report fields besides the problems: options, statistics, splits, other files."""
+    splits = split_entries(lines)
+    for line in lines:
+        if line["kind"] == "duplicate_images":
+            splits.get(line["split"], {})["duplicate_images"] = line["count"]
+    for summary in splits.values():
+        summary.setdefault("duplicate_images", 0)
+    stats_summary = splits.get(stats_split, {})
+    return dict(
+        classes=manifest["classes"],
+        encoding=manifest["encoding"], crop=manifest["crop"], shorter_side=manifest["shorter_side"],
+        resize_method=resize.method_of(manifest),
+        image_height=manifest.get("image_height"), image_width=manifest.get("image_width"),
+        stats_split=stats_split,
+        mean_rgb=stats_summary.get("mean_rgb"), std_rgb=stats_summary.get("std_rgb"),
+        manifest_mean_rgb=manifest.get("mean_rgb"), manifest_std_rgb=manifest.get("std_rgb"),
+        mean_std_tolerance=tolerance,
+        num_examples=sum(s["num_examples"] for s in splits.values()),
+        expected_num_examples=sum(int(info["num_examples"]) for info in manifest["splits"].values()),
+        splits={split: splits[split] for split in manifest["splits"] if split in splits},
+        other_files=[f for f in found if f != manifest_lib.MANIFEST_NAME
+                     and not f.endswith(manifest_lib.SHARD_SUFFIX)][:FOUND_FILES_LISTED],
+    )
+
+
+def chart_counts(report: dict) -> tuple[list[str], dict[str, list[int]]]:
+    """The class-count chart's class names and {split: records per class}, from a finished report."""
+    splits = report.get("splits", {})
+    if report["kind"] == "dataset":
+        class_names = report["classes"]
+        return class_names, {split: [summary["class_counts"].get(name, 0) for name in class_names]
+                             for split, summary in splits.items()}
+    labels = sorted({int(label) for summary in splits.values() for label in summary["label_counts"]})
+    names = report.get("classes") or []  # from a label.labels.txt beside the files, if any
+    return [names[label] if 0 <= label < len(names) else f"label {label}" for label in labels], {
+        split: [summary["label_counts"].get(str(label), 0) for label in labels] for split, summary in splits.items()}
+
+
+def sheet_rows(class_names: list[str], lines: list[dict]) -> list[tuple[str, list]]:
+    """The contact sheet's rows: (class name, its sample images as uint8 arrays), from the ``sample`` lines."""
+    import numpy as np
+
+    samples_by_label = {line["label"]: line["images"] for line in lines if line["kind"] == "sample"}
+    return [(name, [np.frombuffer(base64.b64decode(image["pixels"]), dtype=np.uint8).reshape(
+        image["height"], image["width"], 3) for image in samples_by_label.get(label, [])])
+        for label, name in enumerate(class_names)]
+
+
+def _by_split_pair(lines: list[dict], kind: str, field: str) -> dict:
+    return {(line["reference"], line["split"]): line[field] for line in lines if line["kind"] == kind}
+
+
+def near_section(lines: list[dict], split_order: list[str], split_records: dict[str, int], max_distance: int,
+            limit: int | None, strict: bool, min_score: float = MIN_SCORE) -> dict:
+    """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate_job/driver.py``), training splits first."""
+    counts = _by_split_pair(lines, "near_duplicate_count", "count")
+    pairs = _by_split_pair(lines, "near_duplicate_pairs", "pairs")
+    borderline = _by_split_pair(lines, "near_duplicate_borderline", "pairs")
+    ranks = split_ranks(split_order)
+    ranked = sorted(split_order, key=ranks.__getitem__)
+    ordered = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
+    extra = sorted(set(counts) - set(ordered) - {(s, s) for s in split_order},
+                   key=lambda pair: (ranks.get(pair[0], len(ranks)), pair))
+    across = [{"reference": reference, "split": split, "leak": SplitPair(reference, split).is_leak(ranks),
+               "records": counts.get((reference, split), 0), "split_records": split_records.get(split, 0),
+               "pairs": pairs.get((reference, split), []), "borderline": borderline.get((reference, split), [])}
+              for reference, split in ordered + extra]
+    within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
+                      "borderline": borderline.get((split, split), [])} for split in split_order}
+    search = next(({k: v for k, v in line.items() if k != "kind"} for line in lines
+                   if line["kind"] == "near_duplicate_search"), {"buckets_over_cap": 0, "members_unchecked": 0})
+    return {"max_distance": max_distance, "min_score": min_score, "limit": limit, "strict": strict,
+            "across_splits": across, "within_splits": within, "leaked_records": len(leaked_keys(lines)),
+            "leaked_keys_file": None, "search": search}
+
+
+def near_fails(near: dict) -> bool:
+    """Whether the near-duplicates fail the run: any leak under --strict, else more than --near-duplicate-limit."""
+    if near["strict"]:
+        return near["leaked_records"] > 0
+    return near["limit"] is not None and near["leaked_records"] > near["limit"]
+
+
+def near_measure(near: dict) -> str:
+    """What makes a pair, in words: ``score ≥ 0.85 on the pixels, hashes within 16 bits``."""
+    return f"score ≥ {near['min_score']:.2f} on the pixels, hashes within {near['max_distance']} bits"
+
+
+def near_findings(near: dict) -> list[dict]:
+    """One ``near_duplicates`` problem per split pair with near-duplicates across splits (warnings unless
+    :func:`near_fails`)."""
+    found = []
+    for entry in near["across_splits"]:
+        if not entry["records"]:
+            continue
+        best = entry["pairs"][0] if entry["pairs"] else None
+        message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
+                   f"near-duplicate in {entry['reference']} ({near_measure(near)})")
+        if not entry["leak"]:
+            message += "; both splits held out, so not in --leaked-keys"
+        where = {}
+        if best:
+            message += (f"; most alike: {best['duplicate']['filename']!r} and {best['reference']['filename']!r}"
+                        f" (score {best['score']:.2f}, {best['distance']} bits)")
+            where = {"file": best["duplicate"]["file"], "index": best["duplicate"]["index"]}
+        if near_fails(near):
+            message += ("; --strict" if near["strict"] else f"; more than --near-duplicate-limit {near['limit']:,}")
+        found.append(problem("near_duplicates", message, split=entry["split"], reference=entry["reference"],
+                             count=entry["records"], **where))
+    return found
+
+
+def leaked_keys(lines: list[dict]) -> list[str]:
+    """The keys of held-out records with a near-duplicate in a training split, sorted."""
+    return sorted({line["key"] for line in lines if line["kind"] == "near_duplicate_key"})
+
+
+def keys_file_text(keys: list[str], data: str, near: dict) -> str:
+    """The ``--leaked-keys`` file: a comment line, then one key per line (what ``preprocess --exclude`` reads)."""
+    comment = (f"shardprep validate {' '.join(data.splitlines())}: {len(keys)} keys of held-out records with a "
+               f"near-duplicate in a training split ({near_measure(near)}); for shardprep preprocess --exclude")
+    return format_keys(keys, comment)

@@ -1,0 +1,1 @@
+"""Rules every layer shares: split and class names, limits checked before a run, files of ours read as untrusted input, text widths, the owned folder (its lock and ownership record), the process's standard streams, which install extra a command needs. Imports only the standard library and each other."""

@@ -1,0 +1,1 @@
+"""The dataset format: the record, shard naming and layout, the manifest and its one schema, encodings by name, a run's options with every default, its fingerprint, the typed elements of the job. May import the rest of preprocess/ and the standard library, NumPy, Pillow; no Beam pipeline API, no TensorFlow at import."""

@@ -1,0 +1,1 @@
+"""One image's pixels: decode by content, orientation, colour, resize, crop, the perceptual hash, and what a sample of input sizes says. May import preprocess/checks and format; no Beam, no TensorFlow."""

@@ -1,0 +1,1 @@
+"""Reading a SOURCE without Beam: archive indexes and layouts, source names and keys, labels files, the Hub's features, ImageNet's labels and WordNet names, the excluded keys. May import preprocess/checks and format."""

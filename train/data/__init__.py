@@ -1,0 +1,1 @@
+"""Readers of prepared shards: tf.data, the framework-free NumPy reader, map-style records for PyTorch; the record order, gathers, indexes and identity, split roles, host crops. May import preprocess/."""

@@ -1,0 +1,268 @@
+"""Inference on new photos: :func:`predict_images` turns each photo into the dataset's stored form with the
+preprocess job's own :func:`~shardprep.preprocess.image.image_ops.process_image` and the manifest's options (other pixels
+would give worse predictions), runs the model and names the classes from the manifest (ImageNet WordNet IDs with
+readable names). The manifest must be the model's dataset: :func:`check_dataset` refuses, naming what differs,
+another number of classes, stored images smaller than the model's crop, or another ``mean_rgb``/``std_rgb``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from shardprep.preprocess.format import encodings
+from shardprep.preprocess.image import image_ops
+from shardprep.preprocess.checks import untrusted
+from shardprep.preprocess.sources import wordnet_names
+from shardprep.preprocess.format import manifest as manifest_lib
+from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, load_manifest
+
+# How far the model's normalization may be from the manifest's mean_rgb/std_rgb (0-255 scale): the model stores
+# them in float32, so the same dataset agrees to ~1e-5; another dataset differs by far more.
+NORMALIZATION_TOLERANCE = 1e-3
+PHOTO_MAX_BYTES = 1 << 30  # a photo file larger than this is not read (no image format preprocess reads needs it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one image (``source``: its path, or ``"<bytes #i>"``): the most probable class
+    and the ``top_k`` as ``(name, index, probability)``, best first."""
+
+    source: str
+    class_name: str
+    index: int
+    probability: float
+    top: tuple[tuple[str, int, float], ...]
+
+    @property
+    def display_name(self) -> str:
+        """The class as a person reads it: ``golf ball (n03445777)`` for an ImageNet WordNet ID, else the name."""
+        return wordnet_names.display_name(self.class_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhotoFailure:
+    """A photo that could not be classified (``errors="report"``): its source and why, e.g. ``does not exist``."""
+
+    source: str
+    message: str
+
+
+def process_options(manifest: Manifest) -> image_ops.ProcessOptions:
+    """The options the job used for this dataset, with raw encoding (pixels, not a JPEG round trip)."""
+    max_pixels = (manifest.options or {}).get("max_pixels")
+    return image_ops.ProcessOptions(
+        shorter_side=int(manifest.shorter_side), crop=manifest.crop, encoding=encodings.RAW.name,
+        max_pixels=int(max_pixels) if isinstance(max_pixels, int) and max_pixels > 0 else image_ops.DEFAULT_MAX_PIXELS,
+        resize_method=manifest.resize_method_used)
+
+
+def _dataset_manifest(manifest, data: str) -> Manifest:
+    """``manifest`` as a ``Manifest``: itself, a document, or loaded from a dataset folder or its ``manifest.json``
+    (a ``ValueError`` naming ``data`` for a wrong shape). Record layouts are not required: no record is read."""
+    try:
+        if isinstance(manifest, Manifest):
+            return manifest
+        if isinstance(manifest, dict):
+            return Manifest.from_json(manifest, layouts_required=False, lenient_layouts=True)
+        path = os.fspath(manifest)
+        if path.endswith(manifest_lib.MANIFEST_NAME) and not path.endswith("/"):
+            path = path[: -len(manifest_lib.MANIFEST_NAME)].rstrip("/") or "."
+        return load_manifest(path, lenient_layouts=True)
+    except ManifestShapeError as e:
+        raise ValueError(f"{data}: the manifest has the wrong shape: {e.problems[0]}") from None
+
+
+def model_image_size(model) -> int | None:
+    """The crop the model was trained at (its ``CropFlipNormalize``, ``CenterCrop`` or input), or None."""
+    import keras
+
+    for layer in getattr(model, "layers", ()):
+        size = getattr(layer, "image_size", None)
+        if isinstance(size, int):
+            return size
+        if isinstance(layer, keras.layers.CenterCrop):
+            return int(min(layer.height, layer.width))
+    shape = getattr(model, "input_shape", None)
+    if shape and len(shape) == 4 and shape[1] is not None and shape[2] is not None:
+        return int(min(shape[1], shape[2]))
+    return None
+
+
+def stored_pixels(data: bytes, options: image_ops.ProcessOptions, min_side: int | None = None) -> np.ndarray:
+    """``data`` as the job stores it, ``uint8 [H, W, 3]`` (``RejectError`` for an image the job rejects); with
+    ``min_side``, a shorter side below it resized up with the job's own resize so the model's crop fits."""
+    processed = image_ops.process_image(bytes(data), options)
+    pixels = np.frombuffer(processed.encoded, np.uint8).reshape(processed.height, processed.width, 3)
+    if min_side is not None and min(pixels.shape[:2]) < min_side:
+        image = image_ops.resize_and_crop(Image.fromarray(pixels, "RGB"), min_side, options.crop, options.resize_method)
+        pixels = np.asarray(image.convert("RGB"), np.uint8)
+    return pixels
+
+
+def model_normalization(model) -> tuple[list[float], list[float]] | None:
+    """(mean RGB, std RGB), 0-255 scale, of the model's ``Normalization`` (the saved inference model) or
+    ``CropFlipNormalize`` (a training model); None for neither."""
+    import keras
+
+    for layer in getattr(model, "layers", ()):
+        if isinstance(layer, keras.layers.Normalization) and getattr(layer, "mean", None) is not None:
+            mean = np.asarray(keras.ops.convert_to_numpy(layer.mean), np.float64).ravel()
+            variance = np.asarray(keras.ops.convert_to_numpy(layer.variance), np.float64).ravel()
+            return mean.tolist(), np.sqrt(variance).tolist()
+        if getattr(layer, "mean_rgb", None) is not None and getattr(layer, "std_rgb", None) is not None:
+            return [float(v) for v in layer.mean_rgb], [float(v) for v in layer.std_rgb]
+    return None
+
+
+def _numbers(values) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) if values is not None else "none"
+
+
+def check_dataset(model, manifest: Manifest, data: str) -> None:
+    """A ``ValueError`` naming what differs when ``manifest`` (of ``data``) cannot be ``model``'s dataset: the
+    number of classes, stored images smaller than the crop, another normalization (when the model has one)."""
+    give = "give the dataset the model was trained on (the DATA shardprep train was given)"
+    outputs = (getattr(model, "output_shape", None) or (None,))[-1]
+    if outputs is not None and outputs != len(manifest.classes):
+        raise ValueError(f"the model has {outputs} outputs but the manifest lists {len(manifest.classes)} "
+                         f"classes: {give}")
+    size = model_image_size(model)
+    height, width = manifest.stored_shape
+    if size is not None and min(height, width) < size:
+        raise ValueError(f"{data} stores {height}x{width} images, smaller than the model's {size}-pixel crop, so "
+                         f"the model was not trained on it (training crops lie inside the stored images): {give}")
+    normalization = model_normalization(model)
+    if normalization is None:
+        return
+    stored = (manifest.mean_rgb, manifest.std_rgb)
+    if any(values is None for values in stored) or any(
+            abs(a - b) > NORMALIZATION_TOLERANCE for model_values, values in zip(normalization, stored)
+            for a, b in zip(model_values, values)):
+        raise ValueError(
+            f"the model was not trained on {data}: the model normalizes with mean RGB {_numbers(normalization[0])}, "
+            f"std RGB {_numbers(normalization[1])}, but {data}'s manifest says mean RGB {_numbers(stored[0])}, "
+            f"std RGB {_numbers(stored[1])}: {give}")
+
+
+def _read(image, position: int) -> bytes:
+    """The photo's bytes; a local path only if a regular file (never a FIFO) of at most PHOTO_MAX_BYTES."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, (str, os.PathLike)):
+        path = os.fspath(image)
+        if "://" in path:
+            import tensorflow as tf
+
+            with tf.io.gfile.GFile(path, "rb") as f:
+                return f.read(PHOTO_MAX_BYTES + 1)
+        return untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
+    raise TypeError(f"image #{position} is a {type(image).__name__}: give a path or the file's bytes")
+
+
+def _source(image, position: int) -> str:
+    if isinstance(image, (str, os.PathLike)):
+        return os.fspath(image)
+    return f"<bytes #{position}>"
+
+
+def _why_unreadable(error: OSError) -> str:
+    if isinstance(error, untrusted.NotRegularFileError):
+        return error.reason
+    if isinstance(error, FileNotFoundError):
+        return "does not exist"
+    return f"cannot be read ({error.strerror or error})"
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    logits -= logits.max(axis=-1, keepdims=True)
+    exp = np.exp(logits)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
+                   errors: str = "raise") -> list:
+    """One :class:`Prediction` per photo, in order, from ``model`` (a Keras model or its ``model.keras``) trained on
+    ``manifest`` (its folder, ``manifest.json`` or the loaded manifest; checked: :func:`check_dataset`). ``images``:
+    paths or bytes, stored as the job stored the training images; ``top_k`` classes each. ``errors="raise"``: a
+    photo that cannot be used is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place."""
+    from shardprep.train.model.keras_model import load_model
+
+    if errors not in ("raise", "report"):
+        raise ValueError(f"errors must be 'raise' or 'report', got {errors!r}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    images = list(images)
+    data = "the given manifest" if isinstance(manifest, (dict, Manifest)) else os.fspath(manifest)
+    if isinstance(model, (str, os.PathLike)):
+        model = _load(load_model, os.fspath(model))
+    manifest = _dataset_manifest(manifest, data)
+    check_dataset(model, manifest, data)
+    classes = list(manifest.classes)
+    results, arrays = _stored_images(images, process_options(manifest), errors)
+    good = [position for position, result in enumerate(results) if result is None]
+    probabilities = _class_probabilities(model, [arrays[p] for p in good], len(classes), batch_size)
+    for position, row in zip(good, probabilities):
+        order = np.argsort(-row, kind="stable")[:min(top_k, len(classes))]
+        top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
+        results[position] = Prediction(_source(images[position], position), *top[0], top=top)
+    return results
+
+
+def _load(load_model, path: str):
+    import zipfile
+
+    if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "
+                         "file): give the model.keras shardprep train wrote")
+    try:
+        return load_model(path)
+    except Exception as error:  # noqa: BLE001 - Keras raises many kinds for a file that is no model
+        raise ValueError(f"MODEL {path} cannot be loaded as a Keras model ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else 'no detail'}): give the model.keras "
+                         "shardprep train wrote") from None
+
+
+def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
+    """``(failures or None per photo, {position: pixels})``; ``errors="raise"``: a ValueError instead."""
+    results, arrays = [], {}
+    for position, image in enumerate(images):
+        source = _source(image, position)
+        try:
+            arrays[position] = stored_pixels(_read(image, position), options)
+            results.append(None)
+            continue
+        except image_ops.RejectError as error:
+            message = f"not usable as an image ({error})"
+        except OSError as error:
+            message = _why_unreadable(error)
+        if errors == "raise":
+            raise ValueError(f"{source}: {message}")
+        results.append(PhotoFailure(source, message))
+    return results, arrays
+
+
+def _class_probabilities(model, arrays: list, num_classes: int, batch_size: int) -> list:
+    """The softmax of the model's logits for each array, in order (one batch per image shape)."""
+    import keras
+
+    probabilities: list[np.ndarray | None] = [None] * len(arrays)
+    by_shape: dict[tuple, list[int]] = {}
+    for position, pixels in enumerate(arrays):
+        by_shape.setdefault(pixels.shape, []).append(position)
+    for positions in by_shape.values():  # crop "none" datasets keep the aspect ratio: one batch per shape
+        for start in range(0, len(positions), batch_size):
+            chunk = positions[start:start + batch_size]
+            logits = model(np.stack([arrays[i] for i in chunk]), training=False)
+            logits = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(logits, "float32")))
+            if logits.shape[-1] != num_classes:
+                raise ValueError(f"the model has {logits.shape[-1]} outputs but the manifest lists "
+                                 f"{num_classes} classes: give the dataset the model was trained on")
+            for i, row in zip(chunk, _softmax(logits)):
+                probabilities[i] = row
+    return probabilities

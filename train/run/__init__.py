@@ -1,0 +1,1 @@
+"""A training run: options and preflight checks, the loop and its epochs, steps per backend, checkpoints and resume state, the run folder, progress and interrupts. May import train/data, train/model and preprocess/."""

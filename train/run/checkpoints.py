@@ -1,0 +1,365 @@
+"""What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` and the inference model.
+
+A checkpoint is ``last.keras`` and ``state.json`` (:func:`run_state`: the step, partial epoch, history, callbacks',
+the seed generators' state (:func:`capture_rng`: not in ``.keras`` files) and the options a resume must share),
+committed in a kill-safe order (:func:`save_checkpoint`, :mod:`shardprep.train.run.checkpoint_state`). Files are written
+under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+from typing import Callable
+
+import keras
+import numpy as np
+
+from shardprep.preprocess.format.dataset import Manifest
+from shardprep.train.run import checkpoint_state, run_files
+from shardprep.train.model import keras_model as model_lib  # registers the loss, schedule and layer a checkpoint holds
+from shardprep.train.run.checkpoint_state import STATE_FORMAT, exists, gfile, is_url  # noqa: F401 (public here too)
+
+# Callback state that a resumed run carries on with (Keras resets it in on_train_begin).
+_CALLBACK_STATE = {
+    keras.callbacks.ModelCheckpoint: ("best",),
+    keras.callbacks.ReduceLROnPlateau: ("best", "wait", "cooldown_counter"),
+    keras.callbacks.EarlyStopping: ("best", "wait", "best_epoch"),
+}
+
+run_paths = run_files.run_paths  # the names of a run's files, with the record that lists them
+
+
+class RunFileError(ValueError):
+    """A file of the run could not be written (a full disk, no permission); the message names it."""
+
+
+def make_dirs(path: str) -> None:
+    if is_url(path):
+        gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def _replace(source: str, target: str) -> None:
+    if is_url(target):
+        gfile().rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
+def _failed(path: str, error: OSError) -> RunFileError:
+    """``writing PATH failed: CAUSE`` for the file the user knows (``path``, not its temporary name)."""
+    return RunFileError(run_files.describe_os_error(OSError(error.errno, error.strerror or str(error), path)))
+
+
+@contextlib.contextmanager
+def _writing(path: str, temporary: str | None = None):
+    """An OSError in the block (``temporary`` then removed) as a :class:`RunFileError` naming ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if temporary is not None:
+            _discard(temporary)
+        raise _failed(path, error) from error
+
+
+def write_json(path: str, value) -> None:
+    """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link)."""
+    temporary = path + ".tmp"
+    text = json.dumps(value, indent=2) + "\n"
+    with _writing(path, temporary):
+        if is_url(path):
+            with gfile().GFile(temporary, "w") as f:
+                f.write(text)
+        else:
+            _fresh(temporary)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        _replace(temporary, path)
+
+
+def _fresh(temporary: str) -> None:
+    """Removes a temporary file a killed run left: a new file is written, never through a (hard) link."""
+    if not is_url(temporary) and os.path.lexists(temporary):
+        os.remove(temporary)
+
+
+def _discard(path: str) -> None:
+    """Removes a temporary file of ours that could not be finished (a full disk keeps nothing half written)."""
+    try:
+        if is_url(path):
+            gfile().remove(path)
+        elif os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+    except Exception:  # noqa: BLE001 - best effort: the failure reported is the write's
+        pass
+
+
+def read_json(path: str):
+    if is_url(path):
+        with gfile().GFile(path) as f:
+            return json.loads(f.read())
+    with open(path) as f:
+        return json.load(f)
+
+
+def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
+    """``model`` saved (or ``saved_as`` copied) to ``temporary``; returns the file's sha256."""
+    with _writing(path, temporary):
+        _fresh(temporary)
+        if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
+            shutil.copyfile(saved_as, temporary)
+        else:
+            model.save(temporary)
+        return checkpoint_state.file_sha256(temporary)
+
+
+def data_fingerprint(manifest: Manifest, split: str) -> str:
+    """A short hash of the training split's shards (names, counts, sizes, checksums) and the classes."""
+    info = manifest.split(split)
+    shards = [[shard.file, shard.num_examples, shard.num_bytes, shard.sha256] for shard in info.shards]
+    text = json.dumps({"classes": list(manifest.classes), "shards": shards}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# The options a resumed run must share with its checkpoint: the first ones make its saved position mean the same
+# batches, the others the same model, optimizer and schedule (--epochs may change: the schedule is recomputed).
+_OPTION_NAMES = {"batch_size": "--batch-size", "seed": "--seed", "steps_per_epoch": "--steps-per-epoch",
+                 "train_split": "--train-split", "image_size": "--image-size", "precision": "--precision",
+                 "augment": "--augment", "width_multiplier": "--width-multiplier", "lr_schedule": "--lr-schedule",
+                 "learning_rate": "--learning-rate", "warmup_epochs": "--warmup-epochs",
+                 "lr_step_epochs": "--lr-step-epochs", "lr_decay": "--lr-decay", "momentum": "--momentum",
+                 "weight_decay": "--weight-decay", "label_smoothing": "--label-smoothing"}
+
+
+def run_options(config, manifest: Manifest, steps_per_epoch: int) -> dict:
+    """What a resumed run must share with the checkpoint (``_OPTION_NAMES``), and the training data."""
+    options = {key: getattr(config, key) for key in _OPTION_NAMES if key != "steps_per_epoch"}
+    options["lr_step_epochs"] = list(options["lr_step_epochs"]) if options["lr_step_epochs"] else None
+    return {**options, "steps_per_epoch": steps_per_epoch,
+            "train_examples": manifest.split(config.train_split).num_examples,
+            "data": data_fingerprint(manifest, config.train_split)}
+
+
+def _shown(value) -> str:
+    return "the default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
+    """A ValueError naming each difference between the checkpoint's options and this run's (those it saved)."""
+    if not saved:
+        return  # a checkpoint from before the options were saved: nothing to compare
+    differences = [f"{flag} {_shown(saved[key])} then, {_shown(current[key])} now"
+                   for key, flag in _OPTION_NAMES.items() if key in saved and saved[key] != current[key]]
+    if saved.get("data") != current["data"]:
+        differences.append(f"DATA's {current['train_split']!r} split is another one ({saved.get('train_examples')} "
+                           f"examples then, {current['train_examples']} now, or other shards)")
+    if differences:
+        raise ValueError(f"--resume: {checkpoint} was saved by a run with other options ({'; '.join(differences)}); "
+                         "resume with the same options, or start again in a new --output-dir")
+
+
+def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
+              optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
+    """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on)."""
+    return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
+            "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
+            "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
+            "callbacks": callback_state(callbacks), "seed": options.get("seed"), "options": copy.deepcopy(options),
+            "optimizer_iterations": optimizer_iterations, **copy.deepcopy(extra)}
+
+
+def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
+                    saved_as: str | None = None) -> None:
+    """Commits a checkpoint in :mod:`checkpoint_state`'s order; pass ``state`` as the next call's ``previous``;
+    ``saved_as`` as :func:`_save_model`'s."""
+    state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
+    state["state_sha256"] = checkpoint_state.entry_sha256(state)
+    write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
+    with _writing(paths["last"]):
+        _replace(paths["last_writing"], paths["last"])
+
+
+def _as_previous(entry: dict) -> dict:
+    """``entry`` as the next fallback: its history cut to its ``epochs_done``, no fallback of its own."""
+    done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
+    return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
+            "previous": None}
+
+
+def commit_best(paths: dict) -> None:
+    """Renames ``best.writing.keras``, just written, to ``best.keras`` (a kill while writing kept the one before)."""
+    with _writing(paths["best"]):
+        _replace(paths["best_writing"], paths["best"])
+
+
+class BestCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ModelCheckpoint into ``best.writing.keras`` (``commit_best`` renames it); a failed write (a full
+    disk: an OSError naming no file) is removed and a :class:`RunFileError` naming ``best.keras``."""
+
+    def __init__(self, paths: dict):
+        super().__init__(paths["best_writing"], monitor="val_loss", save_best_only=True)
+        self.writing, self.user_path = paths["best_writing"], paths["best"]
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Half a zip is this save's: the epoch loop cleared the name just before (discard_best_writing).
+        with _writing(self.user_path, self.writing):
+            super().on_epoch_end(epoch, logs)
+
+
+def discard_best_writing(paths: dict) -> None:
+    """Removes a ``best.writing.keras`` a killed run left half written (the name, never a link's target)."""
+    if is_url(paths["best_writing"]):
+        _discard(paths["best_writing"])
+        return
+    try:
+        _fresh(paths["best_writing"])
+    except OSError as error:  # named as it is: not best.keras, which nothing was writing
+        raise RunFileError(f"deleting {paths['best_writing']} (a half-written temporary file of the run) failed: "
+                           f"{error.strerror or error}") from error
+
+
+def optimizer_iterations(model: keras.Model) -> int:
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> checkpoint_state.Located | None:
+    """The checkpoint ``--resume`` continues from, options checked (:func:`check_options`), nothing loaded; None,
+    reported, when there is none; a ValueError for files incomplete, damaged, unpaired or of other options."""
+    located = checkpoint_state.locate(paths)
+    if located is None:
+        report(f"--resume: no checkpoint in {paths['checkpoints']}; starting from scratch.")
+        return None
+    check_options((located.state or located.candidates[0]).get("options"), options, paths["last"])
+    return located
+
+
+def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
+           report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
+    """The saved run state, the checkpoint loaded into ``model``, ``history.json`` rewritten from it."""
+    if located is None:
+        located = resumable(paths, options, report)
+        if located is None:
+            return None
+    if located.roll_forward:
+        _replace(paths["last_writing"], paths["last"])
+    restore_checkpoint(model, paths["last"])
+    state = located.state
+    if state is None:  # a checkpoint from before the hash was kept: told apart by the optimizer's step count
+        iterations = optimizer_iterations(model)
+        state = next((entry for entry in located.candidates
+                      if entry.get("optimizer_iterations", iterations) == iterations), None)
+        if state is None:
+            raise ValueError(f"--resume: {paths['last']} is at optimizer step {iterations}, which no entry of "
+                             f"{paths['state']} describes; these files do not belong together: start again in a "
+                             "new --output-dir")
+    if "global_step" not in state:  # format 1: saved at an epoch end
+        state = {**state, "global_step": int(state["epochs_done"]) * steps_per_epoch, "partial_epoch": None}
+    write_json(paths["history"], state["history"])  # the history of the checkpoint, not of a later kill
+    return state
+
+
+def callback_state(callbacks) -> dict:
+    return {kind.__name__: {a: _plain(getattr(callback, a, None)) for a in attributes} for callback in callbacks
+            for kind, attributes in _CALLBACK_STATE.items() if isinstance(callback, kind)}
+
+
+def restore_callback_state(callbacks, state: dict) -> None:
+    for callback in callbacks:
+        for kind, attributes in _CALLBACK_STATE.items():
+            if isinstance(callback, kind) and kind.__name__ in state:
+                for attribute in attributes:
+                    value = state[kind.__name__].get(attribute)
+                    if value is not None:
+                        setattr(callback, attribute, value)
+
+
+def _plain(value):
+    """A JSON-safe number: NumPy scalars as Python ones, infinities and NaN as None."""
+    if value is None:
+        return None
+    value = float(value) if isinstance(value, (np.floating, float)) else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def restore_checkpoint(model: keras.Model, path: str) -> None:
+    """Loads the saved weights and optimizer state into ``model`` (same architecture, this run's flags)."""
+    try:
+        saved = model_lib.load_model(path)
+    except Exception as error:  # noqa: BLE001 - Keras reports a damaged zip as anything from ValueError to OSError
+        cause = f"{type(error).__name__}: {str(error)[:120]}"
+        raise ValueError(f"--resume: {path} is damaged or not a Keras checkpoint and cannot be read ({cause}); start "
+                         "again with --overwrite, or in a new --output-dir") from error
+    try:
+        model.set_weights(saved.get_weights())
+    except ValueError as error:
+        raise ValueError(f"--resume: {path} holds another architecture than this run builds ({error}); resume with "
+                         "the options of the run that saved it") from error
+    saved_state, state = saved.optimizer.variables, model.optimizer.variables
+    if [tuple(v.shape) for v in saved_state] != [tuple(v.shape) for v in state]:
+        raise ValueError(f"--resume: the optimizer state in {path} does not match this run's optimizer; resume "
+                         "with the options of the run that saved it")
+    for variable, value in zip(state, saved_state):
+        variable.assign(value)
+
+
+def save_inference_model(model: keras.Model, path: str) -> None:
+    """Saves the inference model (:func:`shardprep.train.model.keras_model.save_inference_model`) under a temporary name."""
+    temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
+    with _writing(path, temporary):
+        _fresh(temporary)
+        model_lib.save_inference_model(model, temporary)
+        _replace(temporary, path)
+
+
+def _seed_variables(model: keras.Model) -> list:
+    """The model's seed-generator state variables (its variables that are not weights), by position: Keras names
+    generators by a counter of the process, so the same model built twice has other names."""
+    weights = {id(weight) for weight in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def _global_generator():
+    """Keras's global seed generator if one was made (random ops without a seed make it), else None."""
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # another Keras layout: nothing uses the global generator in shardprep's model
+        return None
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def _value(variable) -> list[int]:
+    return np.asarray(keras.ops.convert_to_numpy(variable.value)).tolist()
+
+
+def capture_rng(model: keras.Model) -> dict:
+    """Every seed generator's ``[seed, counter]`` in model order (``layers``) and Keras's ``global`` one."""
+    generator = _global_generator()
+    return {"layers": [_value(variable) for variable in _seed_variables(model)],
+            "global": _value(generator.state) if generator is not None else None}
+
+
+def restore_rng(model: keras.Model, state: dict) -> None:
+    """Sets the seed generators from :func:`capture_rng`'s state; ``ValueError`` for another model's."""
+    variables = _seed_variables(model)
+    saved = state.get("layers", [])
+    if len(saved) != len(variables):
+        raise ValueError(f"the checkpoint's random state is of {len(saved)} seed generator(s), this model has "
+                         f"{len(variables)}: the checkpoint is of another model")
+    for variable, value in zip(variables, saved):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    if state.get("global") is not None:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        generator = global_seed_generator()
+        generator.state.assign(np.asarray(state["global"], dtype=generator.state.dtype))

@@ -1,0 +1,325 @@
+"""The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.run.loop.train`): timed steps, validation,
+callbacks, history, checkpoints (``partial_epoch``: running metrics, accumulators, ``timing``,
+``validation_pending``; ``rng``), progress and a clean stop on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable
+
+import keras
+
+from shardprep.preprocess.checks.text import count
+from shardprep.train.run import checkpoints, progress, tensorboard_logs
+from shardprep.train.run.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
+from shardprep.train.run.config import TrainConfig
+from shardprep.train.run.interrupt import StopRequests, TrainingInterrupted
+
+
+class InputError(ValueError):
+    """The training or validation input failed; the message names the shard and the record."""
+
+
+def combined(earlier: dict | None, later: dict, examples: int) -> dict:
+    """The epoch's ``loss`` and ``accuracy`` over ``earlier`` (a partial epoch saved without accumulators) and
+    ``later`` (this process's ``examples`` images), weighted by examples, with the total."""
+    if not earlier:
+        return {**later, "examples": examples}
+    if not examples:  # nothing ran here (a resume whose epoch had only its validation left)
+        return {key: earlier[key] for key in ("loss", "accuracy", "examples")}
+    total = earlier["examples"] + examples
+    return {key: (earlier[key] * earlier["examples"] + later[key] * examples) / total for key in ("loss", "accuracy")
+            } | {"examples": total}
+
+
+def _pair(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           for v in value.values())
+
+
+def saved_state_problem(state: dict) -> str | None:
+    """What is wrong with the parts of a ``state.json`` entry this module wrote (``rng``, ``partial_epoch``)."""
+    rng = state.get("rng")
+    if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
+                                and all(_pair(pair) for pair in rng["layers"])
+                                and (rng.get("global") is None or _pair(rng["global"]))):
+        return "its random state (rng) is not a list of [seed, counter] pairs"
+    partial = state.get("partial_epoch")
+    if partial is None:
+        return None
+    if not (isinstance(partial, dict) and _numbers({key: partial.get(key) for key in ("loss", "accuracy")})
+            and isinstance(partial.get("examples"), int) and not isinstance(partial.get("examples"), bool)):
+        return "its partial epoch (partial_epoch) lacks the numbers loss, accuracy and examples"
+    if partial.get("timing") is not None and not _numbers(partial["timing"]):
+        return "its partial epoch's timing is not numbers"
+    metrics = partial.get("metrics")
+    if metrics is not None and not (isinstance(metrics, dict) and all(
+            isinstance(value, (list, dict, int, float)) for value in metrics.values())):
+        return "its partial epoch's metric sums (metrics) are not numbers"
+    if not isinstance(partial.get("validation_pending", False), bool):
+        return "its partial epoch's validation_pending is not true or false"
+    return None
+
+
+class _Timing:
+    """An epoch's training time: steps timed, their seconds (checkpoints excluded) and the seconds in ``next()``."""
+
+    def __init__(self, saved: dict | None = None):
+        saved = saved or {}
+        self.steps, self.seconds, self.wait = saved.get("steps", 0), saved.get("seconds", 0.0), saved.get("wait", 0.0)
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "seconds": self.seconds, "wait": self.wait}
+
+
+class Epochs:
+    """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
+
+    def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
+                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None = None):
+        self.config, self.model, self.steps, self.callbacks = config, model, steps, callbacks
+        self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
+        self.width, self.val_steps = width, val_steps
+        self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
+                                                          steps=steps_per_epoch, verbose=0)
+        self.progress_factory = lambda steps, batch_size, first_step=0: progress.EpochProgress(
+            steps, batch_size, self.say, write=self.live, first_step=first_step, width=width)
+        self.options: dict = {}
+        self.on_batch = None
+        self.live: Callable[[str], None] | None = None  # writes the terminal's progress line (EpochProgress)
+        self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
+        self.stop: StopRequests | None = None
+        self.progress = None
+
+    def say(self, text: str) -> None:
+        self.report(progress.fit(text, self.width))
+
+    def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
+        """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
+        problem = saved_state_problem(state)
+        if problem:
+            raise ValueError(f"--resume: {self.paths['state']}: {problem}; the file is damaged: start again in a new "
+                             "--output-dir")
+        self.model.stop_training = False
+        self.callback_list.on_train_begin()
+        checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
+        if state.get("rng") is not None:
+            try:
+                checkpoints.restore_rng(self.model, state["rng"])
+            except ValueError as error:
+                raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
+                    from error
+        elif state and self.config.seed is not None:
+            self.say("Note: this checkpoint was saved without the random generators' state, so augmentation goes "
+                     "on with other draws than the uninterrupted run's.")
+        self.saved_state = state or None
+        start_epoch, first_step = divmod(start_step, self.steps_per_epoch)
+        partial = state.get("partial_epoch")
+        if partial and partial.get("validation_pending"):
+            start_epoch, first_step = start_epoch - 1, self.steps_per_epoch  # the epoch's steps are done
+        with StopRequests(self._stopping) as self.stop:
+            try:
+                self._stop_if_logs_failed()  # at the start: nothing trained since the last checkpoint
+                for epoch in range(start_epoch, self.config.epochs):
+                    first = first_step if epoch == start_epoch else 0
+                    if self._epoch(epoch, first, train_iterator, val_batches, partial if first else None):
+                        break
+                    if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
+                        self._stop_if_logs_failed()
+            except BaseException as stop:
+                if self.progress is not None:
+                    self.progress.interrupt_line()  # what is printed next starts on a line of its own
+                if isinstance(stop, (TrainingInterrupted, tensorboard_logs.LogsError)):
+                    self.callback_list.on_train_end()  # TensorBoard's writers flush and close
+                raise
+        self.callback_list.on_train_end()
+
+    def _stop_if_logs_failed(self) -> None:
+        """TensorBoard's logs could not be written: the run ends here, its epochs saved (``tensorboard_logs``)."""
+        failed = tensorboard_logs.failure(self.callbacks)
+        if failed is not None:
+            checkpoint = self.paths["last"] if self.config.checkpoint else None
+            raise tensorboard_logs.LogsError(tensorboard_logs.stopped_message(failed, self.saved_state,
+                                                                               self.steps_per_epoch, checkpoint))
+
+    def _stopping(self, by: str = "Ctrl-C") -> None:
+        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does; from the signal handler, so straight to the
+        descriptor (a buffered write could fail as reentrant); without one, the stop message says it all."""
+        saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
+        again = "Ctrl-C again" if by == "Ctrl-C" else f"another {by} or Ctrl-C"
+        text = progress.fit(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
+                            self.width) + "\n"
+        if self.progress is not None and self.progress.live:
+            text, self.progress.live = "\n" + text, False
+        try:
+            descriptor = sys.stdout.fileno()
+            if os.isatty(descriptor):
+                text = "\r" + text  # over the "^C" the terminal echoed at the start of the line
+            os.write(descriptor, text.encode())
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+            pass
+
+    def _epoch(self, epoch: int, first: int, train_iterator, val_batches: Callable, carried: dict | None) -> bool:
+        """One epoch from step ``first``; True when early stopping ends the run."""
+        started = time.perf_counter()
+        self.steps.reset()
+        self.callback_list.on_epoch_begin(epoch)
+        logs, timing = self._train_epoch(epoch, first, train_iterator, carried)
+        self._validate(epoch, val_batches, logs, timing)
+        logs.update(self.steps.val_results(),
+                    images_per_sec=timing.steps * self.config.batch_size / timing.seconds if timing.seconds else 0.0,
+                    input_wait_fraction=timing.wait / timing.seconds if timing.seconds else 0.0,
+                    learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+        best = [callback.best for callback in self._best_checkpoints()]
+        if self.config.checkpoint:  # Keras opens the name itself: whatever was put there meanwhile is not followed
+            checkpoints.discard_best_writing(self.paths)
+        self.callback_list.on_epoch_end(epoch, logs)
+        # A ModelCheckpoint sets `best` only when it saves: then best.keras holds the model the epoch end checkpoints
+        # (the callbacks that change the optimizer come before it, and nothing after it changes the model).
+        written = any(callback.best is not before for callback, before in zip(self._best_checkpoints(), best))
+        if written:
+            checkpoints.commit_best(self.paths)
+        self._record(epoch, logs, time.perf_counter() - started, self.paths["best"] if written else None)
+        if self.stop.requested:
+            at, saved = (epoch + 1) * self.steps_per_epoch, self.config.checkpoint
+            raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "epoch end",
+                                      self.paths["last"] if saved else None, at if saved else None,
+                                      "" if saved else "--no-checkpoint")
+        if self.model.stop_training:
+            self.say(f"Early stopping after epoch {epoch + 1}: val_loss has not improved for "
+                     f"{count(self.config.early_stopping_patience, 'epoch')}.")
+            return True
+        return False
+
+    def _train_epoch(self, epoch: int, first_step: int, train_iterator, carried: dict | None):
+        """The epoch's training logs and :class:`_Timing` from step ``first_step`` on."""
+        timing = _Timing(carried.get("timing") if carried else None)
+        if carried and carried.get("metrics") is not None and self.steps.restore_metric_state(carried["metrics"]):
+            # The saved accumulators go on as in one process; checkpoints without them (or another backend's) are
+            # combined as weighted means.
+            carried = None
+        checkpoint_seconds = 0.0
+        started = time.perf_counter()
+        self.progress = progress_bar = self.progress_factory(self.steps_per_epoch, self.config.batch_size, first_step)
+        every = self.config.checkpoint_every_steps if self.config.checkpoint else None
+        for step in range(first_step, self.steps_per_epoch):
+            self.callback_list.on_train_batch_begin(step)
+            before_next = time.perf_counter()
+            batch = self._next(train_iterator, "training")
+            timing.wait += time.perf_counter() - before_next
+            global_step = epoch * self.steps_per_epoch + step
+            if self.on_batch is not None:
+                self.on_batch(global_step, batch)
+            self.steps.train_step(batch)
+            self.stop.armed = True
+            timing.steps += 1
+            self.callback_list.on_train_batch_end(step)
+            progress_bar.update(step + 1, lambda: self._running(carried, step + 1 - first_step))
+            if step + 1 < self.steps_per_epoch and (self.stop.requested or every and (global_step + 1) % every == 0):
+                before_save = time.perf_counter()
+                partial = self._partial(carried, step + 1 - (first_step if carried else 0), timing,
+                                        time.perf_counter() - started - checkpoint_seconds)
+                if self.stop.requested:
+                    self._stop_mid_epoch(epoch, step + 1, partial)
+                self._save(global_step + 1, partial)
+                checkpoint_seconds += time.perf_counter() - before_save
+        # Reading the metrics waits for the device, so the epoch's time is taken after it.
+        logs = self._running(carried, self.steps_per_epoch - first_step)
+        timing.seconds += time.perf_counter() - started - checkpoint_seconds
+        progress_bar.finish({"loss": logs["loss"], "accuracy": logs["accuracy"]})
+        return logs, timing
+
+    def _running(self, carried: dict | None, steps_run: int) -> dict:
+        logs = combined(carried, self.steps.train_results(), steps_run * self.config.batch_size)
+        del logs["examples"]
+        return logs
+
+    def _partial(self, carried: dict | None, steps: int, timing: _Timing, seconds: float) -> dict:
+        """The ``partial_epoch`` entry after ``steps`` steps of the epoch."""
+        partial = combined(carried, self.steps.train_results(), steps * self.config.batch_size)
+        timed = _Timing(timing.to_json())
+        timed.seconds += seconds
+        return {**partial, "metrics": self.steps.metric_state(), "timing": timed.to_json()}
+
+    def _next(self, iterator, split: str):
+        """The iterator's next batch; a reading error becomes one :class:`InputError` line."""
+        try:
+            return next(iterator)
+        except StopIteration:
+            raise
+        except Exception as error:  # noqa: BLE001 - only the steps know their input's errors; others re-raised
+            message = self.steps.input_error(error)
+            if message is None:
+                raise
+            raise InputError(f"reading the {split} split: {message}") from error
+
+    def _validate(self, epoch: int, val_batches: Callable, logs: dict, timing: _Timing) -> None:
+        batches, number = iter(val_batches()), 0
+        while True:
+            if self.stop.requested:
+                self._stop_validating(epoch, logs, timing)
+            try:
+                batch = self._next(batches, "validation")
+            except StopIteration:
+                break
+            self.steps.eval_step(batch)
+            number += 1
+            self.progress.validating(number, self.val_steps)
+        self.progress.done()
+
+    def _stop_validating(self, epoch: int, logs: dict, timing: _Timing) -> None:
+        """Ctrl-C during validation: the epoch's steps are saved as done, its validation left for the resume."""
+        at = (epoch + 1) * self.steps_per_epoch
+        checkpoint = None
+        if self.config.checkpoint:
+            examples = self.steps_per_epoch * self.config.batch_size
+            self._save(at, {"loss": logs["loss"], "accuracy": logs["accuracy"], "examples": examples,
+                            "metrics": self.steps.metric_state(), "timing": timing.to_json(),
+                            "validation_pending": True})
+            checkpoint = self.paths["last"]
+        raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "validation",
+                                  checkpoint, at if checkpoint else None, "" if checkpoint else "--no-checkpoint")
+
+    def _stop_mid_epoch(self, epoch: int, step: int, partial: dict) -> None:
+        """Ctrl-C after ``step`` steps of the epoch: a checkpoint there when the order can resume mid-epoch."""
+        at = epoch * self.steps_per_epoch + step
+        if not self.config.checkpoint:
+            raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training", None, None,
+                                      "--no-checkpoint")
+        if self.steps.streamed():
+            last = self.saved_state.get("global_step") if self.saved_state else None
+            raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training",
+                                      self.paths["last"] if last is not None else None, last, "streamed")
+        self._save(at, partial)
+        raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training", self.paths["last"], at)
+
+    def _best_checkpoints(self) -> list:
+        return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]
+
+    def _save(self, global_step: int, partial_epoch: dict | None, saved_as: str | None = None) -> None:
+        """A checkpoint after ``global_step`` steps; ``saved_as``: best.keras, just written in this very state."""
+        state = checkpoints.run_state(global_step, self.steps_per_epoch, self.history, self.callbacks, self.options,
+                                      checkpoints.optimizer_iterations(self.model), partial_epoch)
+        state["rng"] = checkpoints.capture_rng(self.model)  # the draws the next step makes
+        checkpoints.save_checkpoint(self.model, self.paths, state, self.saved_state, saved_as)
+        self.saved_state = state
+
+    def _record(self, epoch: int, logs: dict, seconds: float, saved_as: str | None = None) -> None:
+        history, config = self.history, self.config
+        history["epoch"].append(epoch + 1)
+        for key in HISTORY_KEYS[1:]:
+            history[key].append(float(logs[key]))
+        self.say(f"epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}, "
+                 f"val_loss {logs['val_loss']:.4f}, val_accuracy {logs['val_accuracy']:.4f}")
+        self.say(f"  took {progress.duration(seconds)}, {logs['images_per_sec']:,.0f} images/s, waiting for input "
+                 f"{100 * logs['input_wait_fraction']:.1f}% of step time")
+        checkpoints.write_json(self.paths["history"], history)
+        if config.checkpoint:
+            self._save((epoch + 1) * self.steps_per_epoch, None, saved_as)
