@@ -311,6 +311,7 @@ LAUNCHER_ONLY = {
     ("pipelines/sources/tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validate_job/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
     ("preprocess/checks/owned_folder.py", "gfile"): {"tensorflow"},  # train's gs:// --output-dir; workers own no folder
+    ("preprocess/checks/streams.py", "_verbose_requested"): {"click"},  # the CLI's --verbose, on the launcher
 }
 # Every encoding's tf.data decoder (``decode_tf``) runs in train's reader only, never on a worker.
 LAUNCHER_ONLY[("preprocess/format/encodings.py", "decode_tf")] = {"tensorflow"}
