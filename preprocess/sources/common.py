@@ -84,12 +84,6 @@ class InputBatch:
         return iter(list(map(Input._make, zip(self._unpack(splits, count), self._unpack(keys, count), labels,
                                               path_list, data_list))))
 
-    def __getstate__(self):
-        return self._state
-
-    def __setstate__(self, state) -> None:
-        self._state = state
-
     def __eq__(self, other) -> bool:
         return isinstance(other, InputBatch) and self._state == other._state
 
