@@ -201,8 +201,6 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
 def read_local(data_dir: str) -> bytes:
     """The bytes of a local ``data_dir/manifest.json``, a regular file within MANIFEST_MAX_BYTES; else ManifestError."""
     path = os.path.join(data_dir, MANIFEST_NAME)
-    if not os.path.lexists(path):
-        raise missing_manifest_error(data_dir)
     try:
         return untrusted.read_regular_file(path, MANIFEST_MAX_BYTES)
     except FileNotFoundError:
