@@ -1,17 +1,7 @@
-"""A folder a shardprep command owns while it writes there (docs/safety.md): its lock, its ownership record and
-the one error every refusal about it raises.
-
-* The lock, ``.shardprep.lock`` (:func:`holding`): an advisory ``flock`` on a file naming the holder (pid, host,
-  start), held for the whole run and removed when it ends. The kernel drops a flock when its holder dies, so a
-  killed run's lock file is taken over (what it said is ``Lock.stale``). A lock path that is a link or not a
-  regular file is refused, untouched.
-* The ownership record (:class:`Record`, train's ``.shardprep-train.json``): every file and folder a run may write,
-  listed before it is written. Only listed files are deleted (:func:`clear`), through folder handles opened without
-  following links; a listed folder only once empty. Preprocess's OUTPUT is owned by its files' names instead
-  (``pipelines.storage.deletable``), so its on-disk layout stays the one docs/safety.md lists.
-
-URLs (``gs://``: no links, no locks) go through ``tf.io.gfile``, imported only for them.
-"""
+"""A folder a shardprep command owns while it writes there (docs/safety.md): its lock (an advisory ``flock`` on
+``.shardprep.lock``, naming the holder; a killed run's is taken over), its ownership record (train's
+``.shardprep-train.json``: only listed files are deleted, never through a link) and the one error every refusal
+raises. URLs (``gs://``: no links, no locks) go through ``tf.io.gfile``, imported only for them."""
 
 from __future__ import annotations
 
@@ -43,9 +33,6 @@ def gfile():
     import tensorflow as tf  # only for URLs (gs://)
 
     return tf.io.gfile
-
-
-# --- the lock --------------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -185,9 +172,6 @@ def _remove_if_empty(folder: str, created: bool) -> None:
             os.rmdir(folder)
 
 
-# --- what a folder holds ---------------------------------------------------------------------------------------------
-
-
 class Entry(NamedTuple):
     """Something in an owned folder: its relative path and kind (file, folder, link, hard link or special)."""
 
@@ -261,9 +245,6 @@ def printable(text: str) -> str:
     """``text`` with control and bidi characters escaped (``\\x1b``), so a file name cannot rewrite the terminal."""
     return "".join(c if ord(c) not in _UNPRINTABLE else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
                    for c in text)
-
-
-# --- the ownership record --------------------------------------------------------------------------------------------
 
 
 class RecordKind(NamedTuple):

@@ -9,10 +9,10 @@ from shardprep.preprocess.format import tfrecord_io
 from shardprep.preprocess.format.encodings import RAW
 from shardprep.preprocess.format.record_format import (CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, LABEL, WIDTH, ImageRecord,
                                                 RecordFormatError, _bytes_entry_parts, _bytes_feature, _entry,
-                                                _field_parts, _int64_feature, _varint, decode_example)
+                                                _field_parts, _int64_feature, _varint, decode_example, small_features)
 
 PADDING = "image/padding"
-# Entries in the order ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, PADDING (_fixed_features).
+# Entries in the order ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH (small_features' order), PADDING.
 # Varint sizes change at these; within one range each padding byte more makes the record one byte longer.
 _PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
 
@@ -97,7 +97,7 @@ class FixedLayout:
         if len(record.encoded) != self.image_bytes:
             raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
         entries = [*_bytes_entry_parts(ENCODED, record.encoded),
-                   b"".join(_entry(key, feature) for key, feature in _fixed_features(record))]
+                   b"".join(_entry(key, feature) for key, feature in small_features(record).items())]
         target = self.record_bytes + (self.image_offset if shard_end else 0)
         padding_entry = (self.entries_bytes + (self._shard_end_growth() if shard_end else 0)
                          - sum(len(part) for part in entries))
@@ -147,13 +147,6 @@ def _padding_for_entry_size(size: int) -> int | None:
             return padding
         padding -= found - size
     return None
-
-
-def _fixed_features(record: ImageRecord) -> list[tuple[str, bytes]]:
-    """The features after ``image/encoded``, in the fixed order."""
-    return [(LABEL, _int64_feature(record.label)), (FILENAME, _bytes_feature(record.filename.encode("utf-8"))),
-            (FORMAT, _bytes_feature(record.format.encode())), (HEIGHT, _int64_feature(record.height)),
-            (WIDTH, _int64_feature(record.width))]
 
 
 def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_bytes: int, label: int) -> int:

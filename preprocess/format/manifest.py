@@ -57,9 +57,6 @@ class ShardFileTemplate:
         self._name = re.compile(pattern)
         self._name_any_case = re.compile(pattern, re.IGNORECASE)
 
-    def __repr__(self) -> str:
-        return f"ShardFileTemplate(suffix={self.suffix!r}, digits={self.digits})"
-
     def name(self, split: str, index: int, num_shards: int) -> str:
         return f"{split}-{index:0{self.digits}d}-of-{num_shards:0{self.digits}d}{self.suffix}"
 
@@ -183,25 +180,19 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
     """The error every reader raises for ``data_dir`` without a manifest, saying what the path is instead."""
     kind, example = dataset_path_kind(data_dir)
     give = "give the folder shardprep preprocess wrote (it holds manifest.json)"
-    if kind == PATH_MISSING:
-        message = f"{data_dir} does not exist: {give}"
-    elif kind == PATH_FILE:
-        message = f"{data_dir} is {untrusted.file_kind(data_dir)}, not a prepared dataset: {give}"
-    elif kind == PATH_EMPTY:
-        message = (f"{data_dir} is an empty folder, not a prepared dataset: run shardprep preprocess SOURCE "
-                   f"{data_dir} first, or {give}")
-    elif kind == PATH_IMAGES:
-        message = (f"{data_dir} is an image folder (e.g. {example}), not a prepared dataset: run shardprep "
-                   f"preprocess {data_dir} OUTPUT first, then give OUTPUT")
-    elif kind == PATH_INSIDE:
-        message = f"{data_dir} is a folder inside the prepared dataset {example}: give {example}"
-    elif kind == PATH_OTHER:
-        message = (f"{data_dir} has no {MANIFEST_NAME} and no files a shardprep run writes (e.g. {example}): it is "
-                   f"not a prepared dataset; {give}")
-    else:
-        message = (f"{join(data_dir, MANIFEST_NAME)} does not exist: {data_dir} is not a complete shardprep dataset "
-                   "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with "
-                   "--overwrite)")
+    message = {
+        PATH_MISSING: f"{data_dir} does not exist: {give}",
+        PATH_FILE: f"{data_dir} is {untrusted.file_kind(data_dir)}, not a prepared dataset: {give}",
+        PATH_EMPTY: (f"{data_dir} is an empty folder, not a prepared dataset: run shardprep preprocess SOURCE "
+                     f"{data_dir} first, or {give}"),
+        PATH_IMAGES: (f"{data_dir} is an image folder (e.g. {example}), not a prepared dataset: run shardprep "
+                      f"preprocess {data_dir} OUTPUT first, then give OUTPUT"),
+        PATH_INSIDE: f"{data_dir} is a folder inside the prepared dataset {example}: give {example}",
+        PATH_OTHER: (f"{data_dir} has no {MANIFEST_NAME} and no files a shardprep run writes (e.g. {example}): it "
+                     f"is not a prepared dataset; {give}"),
+    }.get(kind, f"{join(data_dir, MANIFEST_NAME)} does not exist: {data_dir} is not a complete shardprep dataset "
+                "(the manifest is written last; a run that stopped early leaves none — rerun preprocess with "
+                "--overwrite)")
     error = ManifestError(message)
     error.kind = kind
     return error
@@ -210,8 +201,6 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
 def read_local(data_dir: str) -> bytes:
     """The bytes of a local ``data_dir/manifest.json``, a regular file within MANIFEST_MAX_BYTES; else ManifestError."""
     path = os.path.join(data_dir, MANIFEST_NAME)
-    if not os.path.lexists(path):
-        raise missing_manifest_error(data_dir)
     try:
         return untrusted.read_regular_file(path, MANIFEST_MAX_BYTES)
     except FileNotFoundError:

@@ -84,6 +84,13 @@ def _entry(key: str, feature: bytes) -> bytes:
     return _field(1, _field(1, key.encode()) + _field(2, feature))  # map entry: key = 1, value = 2
 
 
+def small_features(record: ImageRecord) -> dict[str, bytes]:
+    """Every feature but ``image/encoded``, serialized."""
+    return {LABEL: _int64_feature(record.label), FILENAME: _bytes_feature(record.filename.encode("utf-8")),
+            FORMAT: _bytes_feature(record.format.encode()), HEIGHT: _int64_feature(record.height),
+            WIDTH: _int64_feature(record.width)}
+
+
 def encode_example(record: ImageRecord) -> bytes:
     """``record`` as a ``tf.train.Example`` (features in sorted key order, so bytes are stable)."""
     return b"".join(example_parts(record))
@@ -93,9 +100,7 @@ def example_parts(record: ImageRecord) -> list[bytes]:
     """:func:`encode_example`'s bytes as parts to join (``record.encoded`` one of them, not copied)."""
     if record.format not in encodings.NAMES:
         raise RecordFormatError(f"unknown image format {record.format!r}")
-    features = {FORMAT: _bytes_feature(record.format.encode()),
-                FILENAME: _bytes_feature(record.filename.encode("utf-8")), HEIGHT: _int64_feature(record.height),
-                WIDTH: _int64_feature(record.width), LABEL: _int64_feature(record.label)}
+    features = small_features(record)
     entries = []
     for key in sorted([ENCODED, *features]):
         entries += _bytes_entry_parts(key, record.encoded) if key == ENCODED else [_entry(key, features[key])]

@@ -4,6 +4,7 @@ a seeded order has ``r * S // N == k``; shard starts are found by hash-range buc
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import math
 
@@ -84,17 +85,15 @@ def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None
     return [round(m, 6) for m in mean], [round(s, 6) for s in std]
 
 
+@dataclasses.dataclass(slots=True)
 class RecordSummary:
     """Per-split records and bytes, per-(split, label) records, the largest label and exact pixel sums of written
     records: one per bundle, merged."""
-    __slots__ = ("examples", "bytes", "classes", "pixel_sums", "max_label")
-
-    def __init__(self):
-        self.examples: dict[str, int] = {}
-        self.bytes: dict[str, int] = {}
-        self.classes: dict[tuple[str, int], int] = {}
-        self.pixel_sums: tuple[int, ...] = ()
-        self.max_label = -1
+    examples: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    classes: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    pixel_sums: tuple[int, ...] = ()
+    max_label: int = -1
 
     def add(self, split: str, label: int, num_bytes: int) -> None:
         self.examples[split] = self.examples.get(split, 0) + 1
@@ -104,18 +103,6 @@ class RecordSummary:
 
     def add_pixels(self, sums: tuple[int, ...]) -> None:
         self.pixel_sums = sum_tuples([self.pixel_sums, sums]) if self.pixel_sums else tuple(sums)
-
-    def __getstate__(self):
-        return self.examples, self.bytes, self.classes, self.pixel_sums, self.max_label
-
-    def __setstate__(self, state) -> None:
-        self.examples, self.bytes, self.classes, self.pixel_sums, self.max_label = state
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, RecordSummary) and self.__getstate__() == other.__getstate__()
-
-    def __repr__(self) -> str:
-        return f"RecordSummary(examples={self.examples}, max_label={self.max_label})"
 
     @classmethod
     def merge(cls, summaries) -> RecordSummary:

@@ -292,10 +292,6 @@ def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Imag
     return Image.fromarray(rgb, "RGB") if isinstance(rgb, np.ndarray) else rgb
 
 
-def _size_of(rgb: Image.Image | np.ndarray) -> tuple[int, int]:
-    return (rgb.shape[1], rgb.shape[0]) if isinstance(rgb, np.ndarray) else rgb.size
-
-
 _OPENCV_COUNT_LIMIT = 1 << 24  # OpenCV's float32 histogram bins are exact up to 2**24
 
 
@@ -353,7 +349,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     _draft(image, options.shorter_side)
     decoded_size = image.size
     rgb = _load_rgb(image, data)
-    if _size_of(rgb) != decoded_size:  # EXIF orientation turned it by 90 degrees
+    if resize.size_of(rgb) != decoded_size:  # EXIF orientation turned it by 90 degrees
         source_width, source_height = source_height, source_width
     size = target_size(source_width, source_height, options.shorter_side)
     try:
@@ -373,6 +369,6 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     if not config.record_fits(len(encoded)):
         raise RejectError("record_too_large", f"{len(encoded):,} encoded bytes, over the {config.MAX_RECORD_BYTES:,} "
                                               "bytes a TFRecord example can hold")
-    width, height = _size_of(rgb)
+    width, height = resize.size_of(rgb)
     return ProcessedImage(encoded, height, width, tuple(int(v) for v in counts @ values),
                           tuple(int(v) for v in counts @ (values * values)))

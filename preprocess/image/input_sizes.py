@@ -69,11 +69,11 @@ def _mean_bytes(sample: SizeSample, shorter_side: int | None, crop: str, encodin
 
 def size_text(num_bytes: float) -> str:
     """``37.5 KiB``, ``2.3 MiB``, ``11.3 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if num_bytes < 1024 or unit == "TiB":
-            return f"{num_bytes:,.0f} {unit}" if unit == "B" else f"{num_bytes:,.1f} {unit}"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024:
+            return f"{num_bytes:,.0f} B" if unit == "B" else f"{num_bytes:,.1f} {unit}"
         num_bytes /= 1024
-    raise AssertionError("unreachable")
+    return f"{num_bytes:,.1f} TiB"
 
 
 def _records_described(shorter_side: int, crop: str, encoding: str) -> str:

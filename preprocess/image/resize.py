@@ -56,7 +56,7 @@ def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, cro
     import numpy as np
     from PIL import Image
 
-    source = (image.shape[1], image.shape[0]) if isinstance(image, np.ndarray) else image.size
+    source = size_of(image)
     new_width, new_height = size
     if crop == "none" or new_width == new_height:
         origin, out = (0, 0), size
@@ -80,6 +80,13 @@ def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, cro
     return pixels if isinstance(image, np.ndarray) else Image.fromarray(pixels, "RGB")
 
 
+def size_of(image: Pixels) -> tuple[int, int]:
+    """(width, height) of a Pillow image or an H x W x 3 array."""
+    import numpy as np
+
+    return (image.shape[1], image.shape[0]) if isinstance(image, np.ndarray) else image.size
+
+
 def _cut(pixels: np.ndarray, origin: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
     import numpy as np
 
@@ -94,16 +101,13 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
 
     cv2 = opencv()
     # An array is used as it is, never copied whole; a Pillow image becomes one only where all of it is needed.
-    if isinstance(image, np.ndarray):
-        given, (image_width, image_height) = image, (image.shape[1], image.shape[0])
-    else:
-        given, (image_width, image_height) = None, image.size
-    pixels = None  # the image's pixels as an array, made only where they are all needed
+    pixels = image if isinstance(image, np.ndarray) else None
+    image_width, image_height = size_of(image)
     reduce = int(min(image_width / size[0], image_height / size[1]) // _REDUCED_SCALE)
     if reduce >= 2:
         reduced = (max(1, round(image_width / reduce)), max(1, round(image_height / reduce)))
         pixels = cv2.resize(np.asarray(image), reduced, interpolation=cv2.INTER_AREA)
-    width, height = (image_width, image_height) if pixels is None else (pixels.shape[1], pixels.shape[0])
+    width, height = size_of(image if pixels is None else pixels)
     x_scale, y_scale = width / size[0], height / size[1]
     kernel_x, kernel_y = _kernel(x_scale, lobes), _kernel(y_scale, lobes)
     if size[0] * size[1] <= _WHOLE_RESIZE_LIMIT * out[0] * out[1]:
@@ -119,7 +123,6 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
     left, top = origin[0] * x_scale, origin[1] * y_scale
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
     y0, y1 = _reach(top, top + out[1] * y_scale, len(kernel_y) // 2 + 3, height)
-    pixels = given if pixels is None else pixels
     if pixels is not None:
         pixels = np.ascontiguousarray(pixels[y0:y1, x0:x1])
     else:

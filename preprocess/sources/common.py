@@ -56,16 +56,13 @@ class InputBatch:
         for split, key, _, path, _ in items:
             if any(self._SEPARATOR in text for text in (split, key, path or "")):
                 raise ValueError(f"input {key!r} has a NUL character in its split, key or path")
-        self._state = (
-            len(items),
-            self._pack([item[0] for item in items]),
-            self._pack([item[1] for item in items]),
-            tuple(item[2] for item in items),
-            None if all(item[3] is None for item in items) else self._pack([item[3] or "" for item in items]),
-            None if all(item[4] is None for item in items) else tuple(item[4] for item in items))
+        splits, keys, labels, paths, data = zip(*items) if items else ((),) * 5
+        self._state = (len(items), self._pack(splits), self._pack(keys), tuple(labels),
+                       None if all(p is None for p in paths) else self._pack([p or "" for p in paths]),
+                       None if all(d is None for d in data) else tuple(data))
 
     @classmethod
-    def _pack(cls, texts: list[str]) -> tuple[str, str]:
+    def _pack(cls, texts) -> tuple[str, str]:
         prefix = os.path.commonprefix(texts) if texts else ""
         return prefix, cls._SEPARATOR.join(text[len(prefix):] for text in texts)
 
@@ -83,12 +80,6 @@ class InputBatch:
         data_list = data if data is not None else [None] * count
         return iter(list(map(Input._make, zip(self._unpack(splits, count), self._unpack(keys, count), labels,
                                               path_list, data_list))))
-
-    def __getstate__(self):
-        return self._state
-
-    def __setstate__(self, state) -> None:
-        self._state = state
 
     def __eq__(self, other) -> bool:
         return isinstance(other, InputBatch) and self._state == other._state

@@ -14,6 +14,7 @@ import re
 from shardprep.preprocess.format import accounting
 from shardprep.preprocess.checks import names
 from shardprep.preprocess.format.elements import Reject
+from shardprep.preprocess.sources import wordnet_names
 from shardprep.preprocess.sources.common import SourceError
 
 # The most classes (names, or the largest label + 1): bounds what a hostile label (10**12) makes us write or hold.
@@ -82,24 +83,22 @@ def parse_labels_csv(text: str, path: str = "labels file") -> list[LabelRow]:
     rows: list[LabelRow] = []
     reader = csv.reader(io.StringIO(text))
     kaggle = False
-    while True:
-        try:
-            fields = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise SourceError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
-        line_number = reader.line_num
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        if not rows and not kaggle and tuple(f.strip().lower() for f in fields) == KAGGLE_HEADER:
-            kaggle = True
-        elif kaggle:
-            rows.append(kaggle_row(fields, line_number, path))
-        elif len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
-            raise SourceError(f"{path} line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
-        elif rows or not (fields[0].strip().lower() in FILENAME_HEADERS and fields[1].strip().lower() in LABEL_HEADERS):
-            rows.append(LabelRow(line_number, fields[0].strip(), fields[1].strip()))
+    try:
+        for fields in reader:
+            line_number = reader.line_num
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            if not rows and not kaggle and tuple(f.strip().lower() for f in fields) == KAGGLE_HEADER:
+                kaggle = True
+            elif kaggle:
+                rows.append(kaggle_row(fields, line_number, path))
+            elif len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+                raise SourceError(f"{path} line {line_number}: expected 'filename,label', got {','.join(fields)!r}")
+            elif rows or not (fields[0].strip().lower() in FILENAME_HEADERS
+                              and fields[1].strip().lower() in LABEL_HEADERS):
+                rows.append(LabelRow(line_number, fields[0].strip(), fields[1].strip()))
+    except csv.Error as e:
+        raise SourceError(f"{path} line {reader.line_num}: not a CSV row ({e})") from None
     return rows
 
 
@@ -187,7 +186,6 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
 
 
 IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
-_WNID = re.compile(r"^n\d{8}$")
 
 
 def is_imagenet_validation_name(name: str) -> bool:
@@ -216,7 +214,7 @@ def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
             "(it ships them) or give --labels-file (a CSV of filename,label, or Kaggle's LOC_val_solution.csv)")
     with open(path, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
-    bad = next((number for number, wnid in enumerate(lines, start=1) if not _WNID.match(wnid)), None)
+    bad = next((number for number, wnid in enumerate(lines, start=1) if not wordnet_names.WORDNET_ID.match(wnid)), None)
     if bad is not None:
         raise SourceError(f"{path} line {bad} is not a WordNet ID (n01440764): not ImageNet's validation labels")
     return {f"ILSVRC2012_val_{index:08d}.JPEG": wnid for index, wnid in enumerate(lines, start=1)}

@@ -7,7 +7,7 @@ import functools
 import importlib.resources
 import re
 
-_WORDNET_ID = re.compile(r"^n\d{8}$")
+WORDNET_ID = re.compile(r"^n\d{8}$")
 
 
 @functools.cache
@@ -18,7 +18,7 @@ def table() -> dict[str, str]:
 
 def synonyms(class_name: str) -> str | None:
     """WordNet's synonyms of an ImageNet-1k class (``tench, Tinca tinca``), or None for any other name."""
-    return table().get(class_name) if _WORDNET_ID.match(class_name) else None
+    return table().get(class_name) if WORDNET_ID.match(class_name) else None
 
 
 def display_name(class_name: str) -> str:
