@@ -229,11 +229,10 @@ def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None =
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
     begin()
-    complete = data[:data.rfind(b"\n") + 1]
-    journal = UnitJournal(output, len(complete), header_line)
+    journal = _journal_of(output, data)
     try:
-        if len(complete) != len(data):  # a kill while appending: the torn line is dropped
-            os.truncate(path, len(complete))
+        if journal.resume_bytes != len(data):  # a kill while appending: the torn line is dropped
+            os.truncate(path, journal.resume_bytes)
         units = journal.recorded_units()
         _tidy(output, units)
     except OSError as e:  # a read-only or full disk: one line, the journal kept for the next try
@@ -253,11 +252,14 @@ def kept_work(output: str) -> KeptWork | None:
     path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
     if not os.path.isfile(path):
         return None
-    data = _read_journal(path)
-    complete = data[:data.rfind(b"\n") + 1]
-    units = UnitJournal(output, len(complete), data.split(b"\n", 1)[0]).recorded_units().values()
+    units = _journal_of(output, _read_journal(path)).recorded_units().values()
     intact = [unit for unit in units if isinstance(unit, UnitRecord)]
     return KeptWork(sum(unit.records + len(unit.rejects) for unit in intact), len(intact))
+
+
+def _journal_of(output: str, data: bytes) -> UnitJournal:
+    """The journal whose bytes are ``data``, its groups those of its complete lines."""
+    return UnitJournal(output, data.rfind(b"\n") + 1, data.split(b"\n", 1)[0])
 
 
 def _finished(output: str) -> bool:
@@ -287,27 +289,16 @@ def finish_committed(output: str) -> Reopened:
 
     folder = manifest.join(output, SPILL_DIR)
     entries = regular_entries(folder) if os.path.lexists(folder) else None
-    journal_path = manifest.join(folder, JOURNAL_NAME)
     try:
-        recorded = _count_recorded(journal_path) if entries and JOURNAL_NAME in entries else 0
+        recorded = 0
+        if entries and JOURNAL_NAME in entries:  # its groups, each line's checks aside: the dataset holds them
+            with open(manifest.join(folder, JOURNAL_NAME), "rb") as f:
+                recorded = len(_journal_of(output, f.read()).recorded_units())
         if entries is not None:
             spill.remove_local_spill(output)
     except OSError as e:
         raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
     return Reopened(None, None, True, recorded)
-
-
-def _count_recorded(path: str) -> int:
-    """The groups a finished run's journal names (unchecked)."""
-    with open(path, "rb") as f:
-        lines = f.read().splitlines()[1:]
-    groups = set()
-    for line in lines:
-        with contextlib.suppress(ValueError, RecursionError):
-            data = json.loads(line)
-            if isinstance(data, dict):
-                groups.add((str(data.get("split")), str(data.get("group"))))
-    return len(groups)
 
 
 def _existing_journal(output: str) -> str:
