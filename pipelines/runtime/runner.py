@@ -110,7 +110,6 @@ def local_workers(beam_args: list[str]) -> int:
 
 
 LOCAL_MALLOC_ARENAS = 2
-_M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
 
 
 @contextlib.contextmanager
@@ -122,13 +121,10 @@ def malloc_arenas_limited():
     if "MALLOC_ARENA_MAX" in os.environ:
         yield
         return
-    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)
-    try:
-        import ctypes
+    from shardprep.pipelines.runtime import worker_zygote
 
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process is already running
-    except (OSError, AttributeError):
-        pass  # not glibc (macOS, musl): nothing to cap
+    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)
+    worker_zygote.libc_call("mallopt", worker_zygote.M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process runs already
     try:
         yield
     finally:
