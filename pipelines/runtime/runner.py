@@ -54,14 +54,10 @@ class ViewsMadeOnce(PipelineOptions):
     would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
 
     def view_as(self, cls):
-        views = self.__dict__.get("_views")
-        if views is None:
-            views = {}
-            object.__setattr__(self, "_views", views)  # PipelineOptions.__setattr__ takes option names only
-        view = views.get(cls)
-        if view is None:
-            view = views[cls] = super().view_as(cls)
-        return view
+        views = self.__dict__.setdefault("_views", {})  # PipelineOptions.__setattr__ takes option names only
+        if cls not in views:
+            views[cls] = super().view_as(cls)
+        return views[cls]
 
     def __getstate__(self):
         state = dict(super().__getstate__())
@@ -311,7 +307,8 @@ def worker_stderr_held(enabled: bool):
     drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
     drainer.start()
     # The runner's threads die with tracebacks of their own when a worker is killed: held too.
-    thread_errors, own_excepthook = [], threading.excepthook
+    thread_errors: list = []
+    own_excepthook = threading.excepthook
     threading.excepthook = thread_errors.append
     sys.stderr = terminal
     failed = True
