@@ -201,7 +201,7 @@ class Reopened(NamedTuple):
     recorded: int
 
 
-def reopen(config, plan, runner: str, begin, listing: list) -> Reopened:
+def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
     """``--resume``, under the lock: a run that had written its manifest is finished (leftovers removed); else
     OUTPUT must hold a killed run of the same options and listing (refused, naming the first difference, nothing
     touched), and what the kill left is tidied (``_tidy``). ``begin()`` once the checks passed."""
@@ -221,7 +221,7 @@ def reopen(config, plan, runner: str, begin, listing: list) -> Reopened:
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, runner, header, listing)
+    difference = _difference(config, runner, header, listing_of(config, plan) if listing is None else listing)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
