@@ -1,13 +1,10 @@
-"""The unit journal: what a local preprocess run has finished, so that ``--resume`` keeps it after a kill.
+"""The unit journal: the decode groups a local preprocess run has finished, so that ``--resume`` keeps them.
 
-The unit is the decode group: its spill file is a pure function of its inputs, the options and the seed, and what
-later stages take from it fits in one line. Under OUTPUT/.tmp/ (removed, the journal last, after the manifest):
-``listing.jsonl`` (the listing the run started from, written first) and ``journal.jsonl`` (the header, then one
-sealed ``UnitRecord`` per finished group, appended under a flock; a later line for a group replaces an earlier
-one, a torn last line is ignored). Nothing is fsynced (~5 % of a run, BENCHMARKS.md): a group whose bytes never
-reached the disk fails its size and sha256 check on resume and is decoded again. Everything read back is
-untrusted (``journal_records``); only regular files with a run's names are touched, never through a link.
-"""
+Under OUTPUT/.tmp/: ``listing.jsonl`` (the listing the run started from, written first) and ``journal.jsonl`` (the
+header, then one sealed ``UnitRecord`` per finished group, appended under a flock; the last line for a group counts,
+a torn last line is ignored). Nothing is fsynced (~5 % of a run, BENCHMARKS.md): a group whose bytes never reached
+the disk fails its size and sha256 check on resume and is decoded again. What is read back is untrusted; only
+regular files with a run's names are touched, never through a link."""
 
 from __future__ import annotations
 
@@ -176,11 +173,11 @@ def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
     return plan.kind.listed_entries(config, plan)
 
 
-def start(config, plan, runner: str, min_decode_groups: int, listing: list | None = None) -> UnitJournal:
+def start(config, plan, runner: str, min_decode_groups: int, listing: list) -> UnitJournal:
     """Writes the listing and the journal's header into a freshly prepared OUTPUT; the workers' journal."""
     from shardprep.preprocess.format.manifest import tool_version
 
-    text = fingerprint.listing_text(listing_of(config, plan) if listing is None else listing)
+    text = fingerprint.listing_text(listing)
     folder = manifest.join(config.output, SPILL_DIR)
     header = JournalHeader(JOURNAL_VERSION, tool_version(), exclude.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
@@ -204,7 +201,7 @@ class Reopened(NamedTuple):
     recorded: int
 
 
-def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None = None) -> Reopened:
+def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
     """``--resume``, under the lock: a run that had written its manifest is finished (leftovers removed); else
     OUTPUT must hold a killed run of the same options and listing (refused, naming the first difference, nothing
     touched), and what the kill left is tidied (``_tidy``). ``begin()`` once the checks passed."""
@@ -224,16 +221,15 @@ def reopen(config, plan, runner: str, begin=lambda: None, listing: list | None =
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, plan, runner, header, listing_of(config, plan) if listing is None else listing)
+    difference = _difference(config, runner, header, listing_of(config, plan) if listing is None else listing)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
     begin()
-    complete = data[:data.rfind(b"\n") + 1]
-    journal = UnitJournal(output, len(complete), header_line)
+    journal, complete = _journal_of(output, data), data.rfind(b"\n") + 1
     try:
-        if len(complete) != len(data):  # a kill while appending: the torn line is dropped
-            os.truncate(path, len(complete))
+        if complete != len(data):  # a kill while appending: the torn line is dropped
+            os.truncate(path, complete)
         units = journal.recorded_units()
         _tidy(output, units)
     except OSError as e:  # a read-only or full disk: one line, the journal kept for the next try
@@ -253,11 +249,14 @@ def kept_work(output: str) -> KeptWork | None:
     path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
     if not os.path.isfile(path):
         return None
-    data = _read_journal(path)
-    complete = data[:data.rfind(b"\n") + 1]
-    units = UnitJournal(output, len(complete), data.split(b"\n", 1)[0]).recorded_units().values()
+    units = _journal_of(output, _read_journal(path)).recorded_units().values()
     intact = [unit for unit in units if isinstance(unit, UnitRecord)]
     return KeptWork(sum(unit.records + len(unit.rejects) for unit in intact), len(intact))
+
+
+def _journal_of(output: str, data: bytes) -> UnitJournal:
+    """The journal whose bytes are ``data``, its groups those of its complete lines."""
+    return UnitJournal(output, data.rfind(b"\n") + 1, data.split(b"\n", 1)[0])
 
 
 def _finished(output: str) -> bool:
@@ -287,27 +286,16 @@ def finish_committed(output: str) -> Reopened:
 
     folder = manifest.join(output, SPILL_DIR)
     entries = regular_entries(folder) if os.path.lexists(folder) else None
-    journal_path = manifest.join(folder, JOURNAL_NAME)
     try:
-        recorded = _count_recorded(journal_path) if entries and JOURNAL_NAME in entries else 0
+        recorded = 0
+        if entries and JOURNAL_NAME in entries:  # its groups, each line's checks aside: the dataset holds them
+            with open(manifest.join(folder, JOURNAL_NAME), "rb") as f:
+                recorded = len(_journal_of(output, f.read()).recorded_units())
         if entries is not None:
             spill.remove_local_spill(output)
     except OSError as e:
         raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
     return Reopened(None, None, True, recorded)
-
-
-def _count_recorded(path: str) -> int:
-    """The groups a finished run's journal names (unchecked)."""
-    with open(path, "rb") as f:
-        lines = f.read().splitlines()[1:]
-    groups = set()
-    for line in lines:
-        with contextlib.suppress(ValueError, RecursionError):
-            data = json.loads(line)
-            if isinstance(data, dict):
-                groups.add((str(data.get("split")), str(data.get("group"))))
-    return len(groups)
 
 
 def _existing_journal(output: str) -> str:
@@ -338,7 +326,7 @@ def _read_journal(path: str) -> bytes:
         return f.read()
 
 
-def _difference(config, plan, runner: str, header: JournalHeader, listing: list) -> str | None:
+def _difference(config, runner: str, header: JournalHeader, listing: list) -> str | None:
     """The first difference between the killed run's fingerprint and this run's, in words."""
     if header.tool_version != manifest.tool_version():
         return f"shardprep's version changed ({header.tool_version} -> {manifest.tool_version()})"
@@ -366,7 +354,7 @@ def _tidy(output: str, units: dict) -> None:
     for name in regular_entries(folder):
         if name not in wanted and name not in (JOURNAL_NAME, LISTING_NAME) and deletable(f"{SPILL_DIR}/{name}"):
             os.remove(os.path.join(folder, name))
-    missing = {}
+    missing: dict = {}
     for name, unit in wanted.items():
         if not os.path.lexists(os.path.join(folder, name)):
             missing.setdefault((unit.size, unit.sha256), name)

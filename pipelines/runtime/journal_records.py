@@ -1,10 +1,8 @@
 """The unit journal's lines, written sealed and read back as untrusted input (no Beam, no file access).
 
-The header (``parse_header``) must be exactly ``JournalHeader``'s fields, each of its type and range, or the resume
-is refused. A unit line (``parse_unit``) must be ``UnitRecord``'s fields plus ``line_sha256`` (``sealed``: over the
-header line and its own fields), name a bare spill file, and hang together (pointers, class counts, sums); else it
-is a ``DamagedUnit``, its group decoded again. The hash guards against edits and mix-ups, not forgery.
-"""
+A header (``parse_header``) must be ``JournalHeader``'s fields, each of its type and range, or the resume is refused.
+A unit line (``parse_unit``) must be ``UnitRecord``'s fields plus ``line_sha256`` (over the header line and its
+fields: against edits and mix-ups, not forgery), and hang together; else it is a ``DamagedUnit``, decoded again."""
 
 from __future__ import annotations
 

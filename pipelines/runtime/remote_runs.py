@@ -6,6 +6,7 @@ after planning, or after a Dataflow job was submitted and failed on workers that
 from __future__ import annotations
 
 import difflib
+import types
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
@@ -14,21 +15,16 @@ from shardprep.pipelines.sources import registry as source_registry
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.checks import text
 
-# --runner as Beam resolves it: a known runner's lower-case name (with or without "runner"), else a module path.
-_KNOWN = {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
-DATAFLOW_RUNNERS = ("DataflowRunner", "TestDataflowRunner")
+# The runners Beam knows by name, as ``runner.normalized_name`` spells them; any other --runner is a module path.
+_KNOWN = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
 # Inputs planning reads on this machine, never a worker (their rows become the graph's first elements).
 _READ_WHEN_PLANNING = ("labels file",)
-
-
-def _resolved(name: str) -> str:
-    return _KNOWN.get(name.lower(), _KNOWN.get(name.lower() + "runner", name))
 
 
 def unknown_runner(beam_args: list[str]) -> str | None:
     """Why ``--runner`` names no runner Beam has (neither one of its names nor a module path), else None."""
     name = runner.runner_name(beam_args)
-    if not name or "." in _resolved(name):
+    if not name or "." in name or runner.normalized_name(name) in _KNOWN:
         return None
     near = difflib.get_close_matches(name, StandardOptions.KNOWN_RUNNER_NAMES, 1)
     hint = f" (did you mean {near[0]}?)" if near else ""
@@ -38,8 +34,7 @@ def unknown_runner(beam_args: list[str]) -> str | None:
 
 def on_dataflow(beam_args: list[str]) -> bool:
     """True when ``--runner`` is Dataflow's (any spelling Beam takes)."""
-    name = runner.runner_name(beam_args)
-    return bool(name) and _resolved(name).rsplit(".", 1)[-1] in DATAFLOW_RUNNERS
+    return runner.normalized_name(runner.runner_name(beam_args)) in ("dataflowrunner", "testdataflowrunner")
 
 
 def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
@@ -92,17 +87,10 @@ def validate_paths(data: str, tfds_data_dir: str | None) -> list[tuple[str, str]
     if kind is source_registry.FALLBACK or not kind.validated_as_records:
         return [("DATA", data)]
     try:
-        inputs = kind.apart_from(kind.location(data), _TFDSDataDir(tfds_data_dir))
+        inputs = kind.apart_from(kind.location(data), types.SimpleNamespace(tfds_data_dir=tfds_data_dir))
     except sources.SourceError:  # DATA points nowhere (``tfrecord:`` alone): validate's own listing says so
         return []
     return _unique([(found.what, found.path) for found in inputs])
-
-
-class _TFDSDataDir:
-    """The one option a ``tfrecord:``/``tfds:`` kind's ``apart_from`` reads."""
-
-    def __init__(self, tfds_data_dir: str | None):
-        self.tfds_data_dir = tfds_data_dir
 
 
 def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ def runner_name(beam_args: list[str]) -> str:
     return PipelineOptions(beam_args).view_as(StandardOptions).runner or ""
 
 
-def _normalized(name: str) -> str:
+def normalized_name(name: str) -> str:
     """``--runner`` as Beam resolves it: without case or module path, with the ``Runner`` suffix Beam adds."""
     name = name.rsplit(".", 1)[-1].lower()
     return name if not name or name.endswith("runner") else name + "runner"
@@ -38,7 +38,7 @@ def _normalized(name: str) -> str:
 def runs_locally(beam_args: list[str]) -> bool:
     """True when the workers run on this machine and share its file system (no ``--runner``, or DirectRunner,
     FnApiRunner or PrismRunner in any spelling): the one test of a local runner for every caller."""
-    return _normalized(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
+    return normalized_name(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
 
 
 def template_location(beam_args: list[str]) -> str | None:
@@ -54,14 +54,10 @@ class ViewsMadeOnce(PipelineOptions):
     would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
 
     def view_as(self, cls):
-        views = self.__dict__.get("_views")
-        if views is None:
-            views = {}
-            object.__setattr__(self, "_views", views)  # PipelineOptions.__setattr__ takes option names only
-        view = views.get(cls)
-        if view is None:
-            view = views[cls] = super().view_as(cls)
-        return view
+        views = self.__dict__.setdefault("_views", {})  # PipelineOptions.__setattr__ takes option names only
+        if cls not in views:
+            views[cls] = super().view_as(cls)
+        return views[cls]
 
     def __getstate__(self):
         state = dict(super().__getstate__())
@@ -110,7 +106,6 @@ def local_workers(beam_args: list[str]) -> int:
 
 
 LOCAL_MALLOC_ARENAS = 2
-_M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
 
 
 @contextlib.contextmanager
@@ -122,13 +117,10 @@ def malloc_arenas_limited():
     if "MALLOC_ARENA_MAX" in os.environ:
         yield
         return
-    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)
-    try:
-        import ctypes
+    from shardprep.pipelines.runtime import worker_zygote
 
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process is already running
-    except (OSError, AttributeError):
-        pass  # not glibc (macOS, musl): nothing to cap
+    os.environ["MALLOC_ARENA_MAX"] = str(LOCAL_MALLOC_ARENAS)
+    worker_zygote.libc_call("mallopt", worker_zygote.M_ARENA_MAX, LOCAL_MALLOC_ARENAS)  # this process runs already
     try:
         yield
     finally:
@@ -140,7 +132,7 @@ def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: 
     runner (the whole run inside ``run()``) goes with the malloc cap, the workers' stderr held, and stoppable
     (``stopping.run_stoppable``)."""
     with worker_stderr_held(uses_worker_processes(beam_args)):
-        if _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
+        if normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
             with malloc_arenas_limited():
                 try:
                     result = stopping.run_stoppable(pipeline.run)
@@ -159,14 +151,14 @@ def worker_zygote_for(beam_args: list[str]):
     anything starts a thread)."""
     from shardprep.pipelines.runtime import worker_zygote
 
-    own_runner = _normalized(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
+    own_runner = normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
     return worker_zygote.forked_for(own_runner and uses_worker_processes(beam_args))
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
     options = pipeline_options(beam_args)
-    if _normalized(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
+    if normalized_name(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
         stage_worker_requirements_only()
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -210,14 +202,6 @@ def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ..
     """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray positional
     argument, an option no Beam options class knows (one of the command's ``own_options``, or a misspelling), a
     malformed value, fewer than one worker, or several worker threads."""
-    previous_takes_value = False
-    for token in beam_args:
-        if token.startswith("-") and token != "-":
-            previous_takes_value = "=" not in token
-            continue
-        if not previous_takes_value:
-            raise BeamArgsError(f"unexpected argument {token}: {usage}; Beam options go after --")
-        previous_takes_value = False
     direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
     workers = direct.direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
@@ -323,7 +307,8 @@ def worker_stderr_held(enabled: bool):
     drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
     drainer.start()
     # The runner's threads die with tracebacks of their own when a worker is killed: held too.
-    thread_errors, own_excepthook = [], threading.excepthook
+    thread_errors: list = []
+    own_excepthook = threading.excepthook
     threading.excepthook = thread_errors.append
     sys.stderr = terminal
     failed = True

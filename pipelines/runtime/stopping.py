@@ -37,18 +37,25 @@ def _raise_terminated(signum, frame) -> None:
 
 
 @contextlib.contextmanager
+def _handled(numbers, handler):
+    """``handler`` for the signals ``numbers`` in the block, the previous ones (yielded by number) put back after."""
+    previous = {number: signal.signal(number, handler) for number in numbers}
+    try:
+        yield previous
+    finally:
+        for number, earlier in previous.items():
+            signal.signal(number, earlier)
+
+
+@contextlib.contextmanager
 def sigterm_stops():
     """In the block, SIGTERM raises :class:`Terminated`, SIGHUP :class:`HungUp` (main thread; ``nohup`` kept)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    numbers = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
-    previous = {number: signal.signal(number, _raise_terminated) for number in numbers}
-    try:
+    with _handled([signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN),
+                  _raise_terminated):
         yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def exit_status(stop: BaseException) -> int:
@@ -101,11 +108,9 @@ class _StoppedWorkers:
 
 
 def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
-    """``run()`` (a local pipeline run) on a thread of its own, so that Ctrl-C stops it: the runner's own thread
-    could swallow the KeyboardInterrupt while its workers run on. On a stop the worker processes are ended (an
-    in-process run stops at its next input: ``check_not_stopped``), the run gets a few seconds to unwind, and the
-    stop is raised; so is :class:`WorkerStopped` after ``stopped_limit_s``. A worker that fails (``WORKER_FAILED``,
-    on a runner thread) ends the run after STOP_WAIT_S: one that never connected would be waited for forever."""
+    """``run()`` (a local pipeline run) on a thread of its own, so that Ctrl-C stops it (the runner's thread could
+    swallow it): the workers are ended, the run gets STOP_WAIT_S to unwind, and the stop is raised; so is
+    :class:`WorkerStopped`, and a failed worker's error (one that never connected would be waited for forever)."""
     if threading.current_thread() is not threading.main_thread():
         return run()  # only the main thread receives signals
     outcome: dict = {}
@@ -161,16 +166,11 @@ def _worker_failures():
 def _end_run(finished: threading.Event, status: int) -> None:
     """Ends the workers, gives the run's thread a few seconds, else exits with ``status`` at interpreter exit;
     Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile."""
-    previous = {number: signal.signal(number, signal.SIG_IGN)
-                for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with _handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN):
         _stop_requested.set()
         stop_worker_processes()
         if not finished.wait(STOP_WAIT_S):
             atexit.register(_exit_before_finalizing, finished, status)
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
@@ -194,7 +194,7 @@ def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
                 os.kill(pid, sig)
                 os.kill(pid, signal.SIGCONT)  # a stopped worker acts on SIGTERM only once continued
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_running(pid) for pid in workers):
+        while time.monotonic() < deadline and any((_stat(pid) or "Z")[0] != "Z" for pid in workers):  # not gone
             time.sleep(0.05)
     return workers
 
@@ -224,9 +224,8 @@ def _descendants(pid: int) -> list[int]:
         names = os.listdir("/proc")
     except OSError:
         return []
-    for name in names:
-        stat = _stat(name) if name.isdigit() else None
-        if stat:
+    for name in filter(str.isdigit, names):
+        if stat := _stat(name):
             children.setdefault(int(stat[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
@@ -242,12 +241,6 @@ def _stat(pid) -> list[str] | None:
     return fields[1].decode().split() if len(fields) == 2 else None
 
 
-def _running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    stat = _stat(pid)
-    return bool(stat) and stat[0] != "Z"
-
-
 @contextlib.contextmanager
 def sigint_deferred():
     """Ctrl-C or SIGTERM in the block takes effect when it ends (fd 2 restored first); main thread only."""
@@ -255,13 +248,10 @@ def sigint_deferred():
         yield
         return
     caught: list = []
-    previous = {number: signal.signal(number, lambda *received: caught.append(received))
-                for number in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with _handled((signal.SIGINT, signal.SIGTERM), lambda *received: caught.append(received)) as previous:
+            yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
         if caught:
             handler = previous[caught[0][0]]
             if callable(handler):

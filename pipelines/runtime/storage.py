@@ -1,8 +1,6 @@
-"""Where the preprocess job may write, checked on the launcher before OUTPUT is touched: local or remote paths,
-OUTPUT apart from every input (``keep_apart``: resolved real paths, or normalized ``gs://`` prefixes), files that
-appear whole (``atomic_write``), and what ``--overwrite`` may delete (``deletable``: a run writes only regular files
-and folders, so a link, FIFO or device in OUTPUT is refused, never followed or deleted). The lock and ``OutputError``: ``shardprep.preprocess.checks.owned_folder``.
-"""
+"""Where the preprocess job may write: OUTPUT apart from every input (``keep_apart``), files that appear whole
+(``atomic_write``), and what ``--overwrite`` may delete (``deletable``: only regular files and folders a run writes;
+a link, FIFO or device is refused, never followed). The lock and ``OutputError``: ``checks.owned_folder``."""
 
 from __future__ import annotations
 
@@ -125,25 +123,18 @@ def glob_folder(pattern: str) -> str:
 
 
 def keep_apart(output: str, inputs) -> None:
-    """Refuses an OUTPUT that overlaps one of ``inputs`` (``source_kind.ApartFrom``), naming the first."""
+    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``), naming the
+    first."""
     for found in inputs:
         if found.glob:
             check_apart_from_glob(output, found.path, found.what)
         elif found.matched:
             check_apart_from_files(output, [found.path], found.what)
-        else:
-            check_apart(output, [(found.what, found.path)])
-
-
-def check_apart(output: str, inputs: list[tuple[str, str]]) -> None:
-    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` ((what, path) pairs)."""
-    for what, path in inputs:
-        how = overlap(output, path)
-        if how:
-            where = "" if how == "is" else f" ({resolved(path)})"
+        elif how := overlap(output, found.path):
+            where = "" if how == "is" else f" ({resolved(found.path)})"
             raise OutputError(
-                f"OUTPUT {output} {how} the {what} {path}{where}: writing there would change or delete the input; "
-                "pick an OUTPUT outside every input")
+                f"OUTPUT {output} {how} the {found.what} {found.path}{where}: writing there would change or delete "
+                "the input; pick an OUTPUT outside every input")
 
 
 def check_apart_from_files(output: str, files, what: str) -> None:
@@ -193,10 +184,8 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
         relative = path[len(base):] if path.startswith(base) else path
         if is_local(output):
             kind = special_kind(path)
-            if kind == "folder":
-                if "/" not in relative.strip("/"):
-                    continue  # an empty folder at the top (a split folder): deleting it loses nothing
-                kind = "a folder"
+            if kind == "a folder" and "/" not in relative.strip("/"):
+                continue  # an empty folder at the top (a split folder): deleting it loses nothing
             if kind:
                 foreign.append(f"{path} ({kind}, which no run writes)")
                 continue
@@ -206,7 +195,7 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
 
 
 def special_kind(path: str) -> str | None:
-    """'folder', 'a link to T', 'a FIFO', 'a socket' or 'a device'; None for a regular file or none."""
+    """'a folder', 'a link to T', 'a FIFO', 'a socket' or 'a device'; None for a regular file or none."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -214,7 +203,7 @@ def special_kind(path: str) -> str | None:
     if stat.S_ISLNK(mode):
         return f"a link to {os.readlink(path)}"
     if stat.S_ISDIR(mode):
-        return "folder"  # callers say "a folder" where a folder is foreign, and skip it where it is not
+        return "a folder"
     if stat.S_ISREG(mode):
         return None
     return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
@@ -233,8 +222,8 @@ def regular_entries(folder: str) -> list[str]:
     for name in names:
         kind = special_kind(os.path.join(folder, name))
         if kind:
-            raise OutputError(f"{os.path.join(folder, name)} is {'a folder' if kind == 'folder' else kind}, which no "
-                              "shardprep run writes there; nothing was deleted: move it away, then rerun")
+            raise OutputError(f"{os.path.join(folder, name)} is {kind}, which no shardprep run writes there; nothing "
+                              "was deleted: move it away, then rerun")
     return names
 
 
@@ -307,21 +296,19 @@ def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) 
                    if stale_lock and not os.path.isfile(manifest.join(output, manifest.MANIFEST_NAME)) else "")
         raise OutputError(f"{output} is not empty ({len(existing)} files, e.g. {existing[0]}){stopped}; pass "
                           f"--overwrite to replace it{resumable}")
-    if existing:
-        manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
-        try:
-            if manifest_path in existing:
-                FileSystems.delete([manifest_path])
-            if is_local(output):
-                _remove_local(output, [path for path in existing if path != manifest_path])
-            else:
-                rest = [path for path in existing if path != manifest_path]
-                if rest:
-                    FileSystems.delete(rest)
-        except OSError as e:
-            raise OutputError(f"--overwrite could not delete the old dataset in {output}: {e}") from e
+    manifest_path = manifest.join(output, manifest.MANIFEST_NAME)
+    rest = [path for path in existing if path != manifest_path]
+    try:
+        if manifest_path in existing:
+            FileSystems.delete([manifest_path])
+        if is_local(output):
+            _remove_local(output, rest)
+        elif rest:
+            FileSystems.delete(rest)
+    except OSError as e:
+        raise OutputError(f"--overwrite could not delete the old dataset in {output}: {e}") from e
     if is_local(output):
-        make_folder(output)
+        os.makedirs(output, exist_ok=True)  # the lock (owned_folder.holding) made it already, and words its errors
 
 
 def _remove_local(output: str, listed: list[str]) -> None:
@@ -339,11 +326,3 @@ def _remove_local(output: str, listed: list[str]) -> None:
                 os.rmdir(folder)  # only when empty: anything put there since stays
             folder = os.path.dirname(folder)
 
-
-def make_folder(output: str) -> None:
-    try:
-        os.makedirs(output, exist_ok=True)
-    except FileExistsError:
-        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT") from None
-    except OSError as e:
-        raise OutputError(f"OUTPUT {output} cannot be created: {e.strerror or e}; pick another OUTPUT") from None

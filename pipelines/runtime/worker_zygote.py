@@ -1,13 +1,10 @@
 """Local SDK worker processes forked from a copy of the launcher that has Beam imported: the worker zygote.
 
-Beam starts each local worker as a new interpreter that imports Beam again (~1 s of CPU before its first element;
-2-worker preprocess runs, medians of 3: 200 photos 10.1 s forked, 14.4 s so; 258 MB 21.9 s, 42.5 s; BENCHMARKS.md).
-The zygote is forked from the launcher once, before any thread starts. The runner gets, through Beam's public
-subprocess environment, ``worker_command()``: this file run by a bare interpreter (~20 ms), which hands its
-environment and standard streams to the zygote's socket and exits as the forked worker exits, with its status; where
-no zygote answers it becomes Beam's own worker. Not on Linux, with threads running, or with
-``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself.
-"""
+A new interpreter per worker imports Beam again (~1 s of CPU; 2-worker runs, BENCHMARKS.md: 200 photos 10.1 s forked,
+14.4 s not; 258 MB 21.9 s, 42.5 s). The zygote is forked once, before any thread starts. Beam's public subprocess
+environment runs ``worker_command()``: this file, which hands its environment and streams to the zygote and exits with
+the forked worker's status, or becomes Beam's own worker where no zygote answers. Off Linux, with threads running, or
+with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself."""
 
 from __future__ import annotations
 
@@ -30,6 +27,7 @@ import warnings
 DISABLE_VARIABLE = "SHARDPREP_FORKED_WORKERS"  # "0": workers start as new interpreters, as Beam starts them
 # Process names (/proc/PID/comm): a forked process keeps the launcher's command line (``stopping.worker_processes``).
 ZYGOTE_NAME, WORKER_NAME = "worker-zygote", "beam-sdk-worker"
+M_ARENA_MAX = -8  # mallopt parameter number, glibc's malloc.h
 _BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
 START_WAIT_S = 30.0  # for the zygote to fork a worker (milliseconds when it runs): longer, it is stopped or stuck
 _MESSAGE_LIMIT = 4 * 2**20  # a worker's environment (the launcher's, and the pipeline options as JSON)
@@ -82,12 +80,8 @@ class WorkerZygote:
                 time.sleep(0.005)
 
 
-def _socket_pair(kind: int) -> tuple[socket.socket, socket.socket]:
-    """A connected pair above descriptor 2 (a launcher started with a standard stream closed would give it away)."""
-    return tuple(_above_standard_streams(end) for end in socket.socketpair(socket.AF_UNIX, kind))  # type: ignore
-
-
 def _above_standard_streams(end: socket.socket) -> socket.socket:
+    """``end`` above descriptor 2 (a launcher started with a standard stream closed would give it away)."""
     if end.fileno() > 2:
         return end
     moved = fcntl.fcntl(end.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)
@@ -96,9 +90,12 @@ def _above_standard_streams(end: socket.socket) -> socket.socket:
     return replacement
 
 
-def _peer_credentials(connection: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux's SO_PEERCRED)."""
-    return struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+def libc_call(function: str, *args) -> None:
+    """Calls glibc's ``function`` where there is one (not on macOS or musl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        getattr(ctypes.CDLL("libc.so.6"), function)(*args)
 
 
 def active() -> WorkerZygote | None:
@@ -141,7 +138,7 @@ def _can_fork() -> bool:
 
 
 def _fork_zygote() -> WorkerZygote | None:
-    ours, theirs = _socket_pair(socket.SOCK_SEQPACKET)
+    ours, theirs = (_above_standard_streams(end) for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
     address = f"shardprep-worker-zygote-{os.getpid()}-{secrets.token_hex(8)}"
     listener = _above_standard_streams(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
     listener.bind("\0" + address)
@@ -212,7 +209,8 @@ def _take_request(listener: socket.socket, workers: dict[int, socket.socket], ow
     fds: list[int] = []
     try:
         connection.settimeout(5.0)  # the requester sends as it connects: never held up by one that does not
-        if _peer_credentials(connection)[1] != os.getuid():
+        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", credentials)[1] != os.getuid():  # (pid, uid, gid)
             raise PermissionError("a worker requested by another user")
         message, fds, _, _ = socket.recv_fds(connection, _MESSAGE_LIMIT, 3)
         if not message.startswith(b"start ") or len(fds) != 3:
@@ -227,10 +225,7 @@ def _take_request(listener: socket.socket, workers: dict[int, socket.socket], ow
 
 
 def _name_process(name: str) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    libc_call("prctl", 15, name.encode(), 0, 0, 0)  # PR_SET_NAME
 
 
 def _detach_from_launcher(keep: tuple[int, ...]) -> None:
@@ -335,10 +330,7 @@ def _as_a_new_process() -> None:
     threading.excepthook, sys.excepthook = threading.__excepthook__, sys.__excepthook__
     arenas = os.environ.get("MALLOC_ARENA_MAX", "")
     if arenas.isdigit():
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").mallopt(-8, int(arenas))  # M_ARENA_MAX
+        libc_call("mallopt", M_ARENA_MAX, int(arenas))
 
 
 def _flush_streams() -> None:
