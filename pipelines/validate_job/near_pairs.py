@@ -91,12 +91,6 @@ class NearPair(NamedTuple):
         return -self.score, self.distance, self.duplicate, self.reference
 
 
-class Borderline(NamedTuple):
-    """A candidate pair that scored below the minimum by less than BORDERLINE: listed apart, not counted."""
-
-    pair: NearPair
-
-
 class Flag(NamedTuple):
     """``records`` records of ``pair.split`` with hash ``hash`` have a near-duplicate in ``pair.reference``."""
 
@@ -234,28 +228,31 @@ def _best(references: list[Member], duplicates: list[Member], distance: int) -> 
                key=NearPair.order)
 
 
+Finding = tuple[str, "Flag | NearPair"]  # (tag, value): "flag", "near_pair" or "borderline" (a NearPair)
+
+
 def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
-              min_score: float) -> Iterator[Flag | NearPair | Borderline]:
-    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``, else maybe a
-    Borderline."""
+              min_score: float) -> Iterator[Finding]:
+    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``; else, less than
+    BORDERLINE short of it, a borderline pair (listed apart, not counted)."""
     if found.score >= min_score:
-        yield Flag(duplicate.hash, pair, duplicate.counts[pair.split])
+        yield "flag", Flag(duplicate.hash, pair, duplicate.counts[pair.split])
         if pair.reference == pair.split:
-            yield Flag(reference.hash, pair, reference.counts[pair.split])
-        yield found
+            yield "flag", Flag(reference.hash, pair, reference.counts[pair.split])
+        yield "near_pair", found
     elif found.score >= min_score - BORDERLINE:
-        yield Borderline(found)
+        yield "borderline", found
 
 
 def pair_findings(first: HashGroup, second: HashGroup, distance: int, ranks: dict[str, int],
-                  min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+                  min_score: float) -> Iterator[Finding]:
     """What two candidate groups say, per split pair, verified on their kept members' thumbnails."""
     for reference, pair, duplicate in _split_pairs(first, second, ranks):
         found = _best(reference.first[pair.reference], duplicate.first[pair.split], distance)
         yield from _verified(reference, pair, duplicate, found, min_score)
 
 
-def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Finding]:
     """What one group's own records say (distance 0): splits against each other, and within a split."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     splits = sorted(group.counts, key=rank)
