@@ -1,8 +1,6 @@
-"""The near-duplicate search's plain-Python parts (no Beam; ``validate_graph.FindNearDuplicates`` routes data here):
-:class:`HashGroup` per perceptual hash, :class:`SearchKeys` buckets, :func:`bucket_pairs` within a bucket's first
-:data:`BUCKET_CAP` members, and the thumbnails' :func:`score` that confirms a pair from :data:`MIN_SCORE`. What the
-score measures and which copy is the leak: docs/near_duplicates.md.
-"""
+"""The near-duplicate search's plain-Python parts (graph.py's ``FindNearDuplicates`` routes data here): a
+:class:`HashGroup` per perceptual hash, :class:`SearchKeys` buckets, :func:`bucket_pairs`, and the thumbnails'
+:func:`score` that confirms a pair. What it measures and which copy is the leak: docs/near_duplicates.md."""
 
 from __future__ import annotations
 
