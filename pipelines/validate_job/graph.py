@@ -275,7 +275,6 @@ def _split_pair(pair: NearPair) -> tuple[str, str]:
     return pair.reference.split, pair.duplicate.split
 
 
-
 def _json_lines(label: str, found, kind: str, *fields: str, **extra):
     """``found``'s elements (``((reference, split), value)`` or flat tuples) as result lines of ``kind`` with
     ``fields``; a list of NearPairs as their JSON."""
