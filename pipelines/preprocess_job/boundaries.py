@@ -40,34 +40,20 @@ class FindShardBoundaries(beam.DoFn):
                 yield None, (split, (part, (int(high), int(low))))  # one key: all collected together
 
 
-class RankBoundaries(beam.PTransform):
+@beam.ptransform_fn
+def RankBoundaries(keys, sizes, parts, metric_name: str):
     """SortKeys or RecordPointers -> {split: sort keys starting parts 1..P-1} (a singleton; none without input).
-
-    ``sizes`` and ``parts`` are side inputs {split: keys} and {split: parts}; ``metric_name`` names the Beam
-    distribution of keys sorted per bucket.
-    """
-
-    def __init__(self, sizes, parts, metric_name: str):
-        super().__init__()
-        self.sizes, self.parts, self.metric_name = sizes, parts, metric_name
-
-    def expand(self, keys):
-        # Few ParDos (each costs start-up): bucket sizes come out of the bucketing, boundaries collected by one key.
-        bucketed = keys | "BucketSortKeys" >> beam.FlatMap(bucket_sort_keys, self.sizes).with_outputs(
-            BUCKET_SIZES, main="parts")
-        bucket_sizes = bucketed[BUCKET_SIZES] | "CountBuckets" >> beam.CombinePerKey(sum)
-        return (bucketed.parts
-                | "GroupBuckets" >> beam.GroupByKey()
-                | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(self.metric_name), self.sizes, self.parts,
-                                                      beam.pvalue.AsDict(bucket_sizes)).with_output_types(
-                    beam.typehints.Any)  # declared: Beam would infer it from the DoFn's bytecode, at start-up
-                | "CollectBoundaries" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
-                | "BoundariesBySplit" >> beam.Map(_boundaries_by_split))
-
-
-def _boundaries_by_split(collected) -> dict[str, tuple]:
-    _, pairs = collected
-    return sharding.collect_boundaries(pairs)
+    ``sizes``, ``parts``: side inputs {split: keys}, {split: parts}; ``metric_name``: keys sorted per bucket."""
+    # Few ParDos (each costs start-up): bucket sizes come out of the bucketing, boundaries collected by one key.
+    bucketed = keys | "BucketSortKeys" >> beam.FlatMap(bucket_sort_keys, sizes).with_outputs(BUCKET_SIZES, main="parts")
+    bucket_sizes = bucketed[BUCKET_SIZES] | "CountBuckets" >> beam.CombinePerKey(sum)
+    return (bucketed.parts
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "FindShardBoundaries" >> beam.ParDo(FindShardBoundaries(metric_name), sizes, parts,
+                                                  beam.pvalue.AsDict(bucket_sizes)).with_output_types(
+                beam.typehints.Any)  # declared: Beam would infer it from the DoFn's bytecode, at start-up
+            | "CollectBoundaries" >> beam.CombinePerKey(beam.combiners.ToListCombineFn())
+            | "BoundariesBySplit" >> beam.MapTuple(lambda _, pairs: sharding.collect_boundaries(pairs)))
 
 
 def shard_counts(total: sharding.RecordSummary, requested: int | None):
@@ -75,16 +61,11 @@ def shard_counts(total: sharding.RecordSummary, requested: int | None):
     return [(split, sharding.num_shards_for(n, total.bytes[split], requested)) for split, n in total.examples.items()]
 
 
-class ShardBoundaries(beam.PTransform):
+@beam.ptransform_fn
+def ShardBoundaries(records, summary, requested_shards: int | None):
     """RecordPointers -> {split: sort keys starting shards 1..S-1} (a singleton), given the records' merged
     RecordSummary (a PCollection of at most one) for each split's record and shard counts."""
-
-    def __init__(self, summary, requested_shards: int | None):
-        super().__init__()
-        self.summary, self.requested_shards = summary, requested_shards
-
-    def expand(self, records):
-        examples = self.summary | "ExamplesPerSplit" >> beam.FlatMap(lambda total: total.examples.items())
-        shards = self.summary | "ShardsPerSplit" >> beam.FlatMap(shard_counts, self.requested_shards)
-        return records | "RankBoundaries" >> RankBoundaries(
-            beam.pvalue.AsDict(examples), beam.pvalue.AsDict(shards), "boundary_bucket_keys")
+    examples = summary | "ExamplesPerSplit" >> beam.FlatMap(lambda total: total.examples.items())
+    shards = summary | "ShardsPerSplit" >> beam.FlatMap(shard_counts, requested_shards)
+    return records | "RankBoundaries" >> RankBoundaries(
+        beam.pvalue.AsDict(examples), beam.pvalue.AsDict(shards), "boundary_bucket_keys")

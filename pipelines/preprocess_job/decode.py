@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from shardprep.pipelines.runtime import progress, stopping
@@ -15,6 +13,7 @@ from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE
 from shardprep.pipelines.runtime.journal import UnitJournal
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.pipelines.runtime.spill import SpillWriter
+from shardprep.pipelines.sources.kind import open_file
 from shardprep.preprocess.format import fingerprint, record_format, record_pointers, sharding, tfrecord_io
 from shardprep.preprocess.image import image_ops
 from shardprep.preprocess.format.elements import REJECTS, Input, Reject
@@ -22,20 +21,13 @@ from shardprep.preprocess.format.elements import REJECTS, Input, Reject
 RECORDS, SUMMARY = "records", "summary"  # the decode DoFns' other output tags (and the composite's output keys)
 
 
-class DecodeResizeEncode(beam.PTransform):
+@beam.ptransform_fn
+def DecodeResizeEncode(elements, decoder: _Decoder, layouts):
     """Decode groups or lists of Inputs -> {"records": RecordPointers, "rejects": Reject, "summary": one merged
     RecordSummary}; ``layouts`` is a side input {split: FixedLayout}."""
-
-    def __init__(self, decoder: _Decoder, layouts):
-        super().__init__()
-        self.decoder, self.layouts = decoder, layouts
-
-    def expand(self, elements):
-        processed = elements | "Decode" >> beam.ParDo(self.decoder, self.layouts).with_outputs(
-            REJECTS, SUMMARY, main=RECORDS)
-        summary = (processed[SUMMARY]
-                   | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults())
-        return {RECORDS: processed[RECORDS], REJECTS: processed[REJECTS], SUMMARY: summary}
+    processed = elements | "Decode" >> beam.ParDo(decoder, layouts).with_outputs(REJECTS, SUMMARY, main=RECORDS)
+    summary = processed[SUMMARY] | "SumRecords" >> beam.CombineGlobally(sharding.RecordSummary.merge).without_defaults()
+    return {RECORDS: processed[RECORDS], REJECTS: processed[REJECTS], SUMMARY: summary}
 
 
 class _Decoder(beam.DoFn):
@@ -197,7 +189,7 @@ def read_file(path: str) -> bytes:
     if is_local(path) and os.path.exists(path) and not os.path.isfile(path):
         raise image_ops.RejectError("unreadable", "not a regular file (a pipe, socket or device)")
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_file(path) as f:
             return f.read()
     except (OSError, IOError) as e:
         raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None

@@ -75,24 +75,18 @@ class AssignDecodeGroups(beam.DoFn):
             yield GlobalWindows.windowed_value(((split, group), sources.InputBatch(items)))
 
 
-class DecodeGroups(beam.PTransform):
+@beam.ptransform_fn
+def DecodeGroups(batches, seed: int, input_counts, layouts, requested_shards: int | None, min_groups: int):
     """Batches of Inputs -> ((split, decode group), [InputBatch]); ``input_counts``: (split, inputs)."""
-
-    def __init__(self, seed: int, input_counts, layouts, requested_shards: int | None, min_groups: int):
-        super().__init__()
-        self.seed, self.input_counts, self.layouts = seed, input_counts, layouts
-        self.requested_shards, self.min_groups = requested_shards, min_groups
-
-    def expand(self, batches):
-        inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
-        group_counts = self.input_counts | "DecodeGroupCounts" >> beam.Map(
-            decode_group_counts, self.layouts, self.requested_shards, self.min_groups)
-        group_starts = (
-            inputs
-            | "InputSortKeys" >> beam.ParDo(InputSortKeys(self.seed))
-            | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(self.input_counts),
-                                                        beam.pvalue.AsDict(group_counts), "decode_group_bucket_keys"))
-        return (inputs
-                | "AssignDecodeGroups" >> beam.ParDo(
-                    AssignDecodeGroups(self.seed), beam.pvalue.AsSingleton(group_starts, default_value={}))
-                | "GroupInputs" >> beam.GroupByKey())
+    inputs = batches | "PackInputs" >> beam.Map(sources.InputBatch)
+    group_counts = input_counts | "DecodeGroupCounts" >> beam.Map(
+        decode_group_counts, layouts, requested_shards, min_groups)
+    group_starts = (inputs
+                    | "InputSortKeys" >> beam.ParDo(InputSortKeys(seed))
+                    | "DecodeGroupBoundaries" >> RankBoundaries(beam.pvalue.AsDict(input_counts),
+                                                                beam.pvalue.AsDict(group_counts),
+                                                                "decode_group_bucket_keys"))
+    return (inputs
+            | "AssignDecodeGroups" >> beam.ParDo(AssignDecodeGroups(seed),
+                                                 beam.pvalue.AsSingleton(group_starts, default_value={}))
+            | "GroupInputs" >> beam.GroupByKey())

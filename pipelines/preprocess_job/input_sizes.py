@@ -11,13 +11,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from shardprep.pipelines.preprocess_job.common import PreprocessError
 from shardprep.pipelines.preprocess_job.listing import list_files
 from shardprep.pipelines.sources.folder import FolderPlan
-from shardprep.pipelines.sources.kind import SourcePlan
+from shardprep.pipelines.sources.kind import SourcePlan, open_file
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.preprocess.format.elements import Input
 from shardprep.preprocess.image.input_sizes import (SAMPLE_SIZE, SizeSample, header_size, median_size, plan_lines, spread,
@@ -67,7 +64,7 @@ def _file_size(path: str) -> tuple[int, int] | None:
     if is_local(path) and not os.path.isfile(path):
         return None
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        with open_file(path) as stream:
             return header_size(stream)
     except Exception:  # noqa: BLE001 - unreadable: the job rejects it, saying why
         return None

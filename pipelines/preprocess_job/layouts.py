@@ -24,38 +24,23 @@ def _layout(bounds: tuple[int, int, int], side: int) -> FixedLayout:
     return FixedLayout.for_records(side, side, (shortest, longest), max_label)
 
 
-class LayoutOfKeyBounds(beam.CombineFn):
+class LayoutOfKeyBounds(beam.combiners.TupleCombineFn):
     """A split's (shortest key, longest key, largest label), in bytes, merged into its FixedLayout."""
 
     def __init__(self, side: int):
+        super().__init__(min, max, max)
         self.side = side
 
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, bounds, element):
-        return self.merge_accumulators([bounds, element])
-
-    def merge_accumulators(self, accumulators):
-        present = [bounds for bounds in accumulators if bounds is not None]
-        return (min(b[0] for b in present), max(b[1] for b in present), max(b[2] for b in present)) if present \
-            else None
-
-    def extract_output(self, bounds):
-        return _layout(bounds, self.side)
+    def extract_output(self, accumulator):
+        return _layout(super().extract_output(accumulator), self.side)
 
 
-class FixedLayouts(beam.PTransform):
+@beam.ptransform_fn
+def FixedLayouts(inputs, side: int):
     """Inputs -> (split, FixedLayout) per split."""
-
-    def __init__(self, side: int):
-        super().__init__()
-        self.side = side
-
-    def expand(self, inputs):
-        return (inputs
-                | "RecordKeyBounds" >> beam.Map(_key_bounds)
-                | "MergeKeyBounds" >> beam.CombinePerKey(LayoutOfKeyBounds(self.side)))
+    return (inputs
+            | "RecordKeyBounds" >> beam.Map(_key_bounds)
+            | "MergeKeyBounds" >> beam.CombinePerKey(LayoutOfKeyBounds(side)))
 
 
 def planned_layouts(config, key_bounds: dict) -> dict:

@@ -1,7 +1,6 @@
-"""Listing: the planned source into an ``Input`` per image and a ``Reject`` per entry that gives none, built by
-the plan's kind: ``ReadTasks`` (read tasks spread over the workers) or ``list_folder`` (class folders spread, flat
-files joined with the labels file's rows). ``GivenValues``/``SpreadValues`` start a graph in as few ParDos as Beam
-allows."""
+"""Listing: the planned source into an ``Input`` per image and a ``Reject`` per entry that gives none: ``ReadTasks``
+(read tasks spread over the workers) or ``list_folder`` (class folders spread, flat files joined with the labels
+file's rows). ``GivenValues``/``SpreadValues`` start a graph in as few ParDos as Beam allows."""
 
 from __future__ import annotations
 

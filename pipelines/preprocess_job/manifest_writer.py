@@ -21,20 +21,26 @@ from shardprep.preprocess.format.config import DEFAULT_RESIZE_METHOD, recorded_o
 from shardprep.preprocess.format.dataset import Manifest, ShardEntry, SplitInfo
 
 
-class CountInputs(beam.PTransform):
+@beam.ptransform_fn
+def CountInputs(listed_and_rejects):
     """(Inputs, listing Rejects) -> (split, inputs listed), rejects included."""
-
-    def expand(self, listed_and_rejects):
-        # Cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements in the launcher.
-        listed, rejects = listed_and_rejects
-        return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
-                 rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
-                | "InputSplits" >> beam.Flatten()
-                | "Count" >> beam.CombinePerKey(sum))
+    # Cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements in the launcher.
+    listed, rejects = listed_and_rejects
+    return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
+             rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
+            | "InputSplits" >> beam.Flatten()
+            | "Count" >> beam.CombinePerKey(sum))
 
 
 def _split_counted_once(item) -> tuple[str, int]:
     return item.split, 1
+
+
+def _write_whole(path: str, text: str) -> None:
+    try:
+        atomic_write(path, text.encode("utf-8"), mime_type="application/json")
+    except Exception as e:
+        raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
 
 
 def write_rejects(rejects: list, output: str) -> dict:
@@ -46,32 +52,19 @@ def write_rejects(rejects: list, output: str) -> dict:
         summary[reject.split][reject.reason] += 1
         lines.append(json.dumps({"key": reject.key, "split": reject.split, "reason": reject.reason,
                                  "detail": reject.detail}) + "\n")
-    path = manifest.join(output, manifest.REJECTS_NAME)
-    try:
-        atomic_write(path, "".join(lines).encode("utf-8"), mime_type="application/json")
-    except Exception as e:
-        raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
+    _write_whole(manifest.join(output, manifest.REJECTS_NAME), "".join(lines))
     return summary
 
 
-class WriteRejects(beam.PTransform):
+@beam.ptransform_fn
+def WriteRejects(rejects, output: str):
     """Rejects (a PCollection, or a tuple of them) -> {split: {reason: count}}, after writing OUTPUT/rejects.jsonl."""
-
-    def __init__(self, output: str):
-        super().__init__()
-        self.output = output
-
-    def expand(self, rejects):
-        # Side inputs of one element: a file even without rejects, in one ParDo (a global combine takes six more).
-        parts = rejects if isinstance(rejects, tuple) else (rejects,)
-        return (parts[0].pipeline
-                | "Start" >> beam.Impulse()
-                | "WriteRejectsFile" >> beam.Map(_write_all_rejects, self.output,
-                                                 *(beam.pvalue.AsList(part) for part in parts)))
-
-
-def _write_all_rejects(_, output: str, *parts) -> dict:
-    return write_rejects(itertools.chain(*parts), output)
+    # Side inputs of one element: a file even without rejects, in one ParDo (a global combine takes six more).
+    parts = rejects if isinstance(rejects, tuple) else (rejects,)
+    return (parts[0].pipeline
+            | "Start" >> beam.Impulse()
+            | "WriteRejectsFile" >> beam.Map(lambda _, *lists: write_rejects(itertools.chain(*lists), output),
+                                             *(beam.pvalue.AsList(part) for part in parts)))
 
 
 class WriteManifestFile(beam.DoFn):
@@ -84,10 +77,7 @@ class WriteManifestFile(beam.DoFn):
     def process(self, _, shard_entries, input_counts, summary, reject_summary, layouts):
         document = self.build(shard_entries, input_counts, summary, reject_summary, layouts)
         path = manifest.join(self.output, manifest.MANIFEST_NAME)
-        try:
-            atomic_write(path, manifest.document_text(document).encode("utf-8"), mime_type="application/json")
-        except Exception as e:
-            raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
+        _write_whole(path, manifest.document_text(document))
         # Only after the manifest: until then the journal under .tmp/ is what a resume finishes from.
         try:
             remove_spill(self.output)
@@ -98,19 +88,13 @@ class WriteManifestFile(beam.DoFn):
         yield document
 
 
-class WriteManifest(beam.PTransform):
-    """The pipeline's start -> the manifest document, written once every side input is complete."""
-
-    def __init__(self, output: str, build, shard_entries, input_counts, summary, reject_summary, layouts):
-        super().__init__()
-        self.output, self.build = output, build
-        self.views = (shard_entries, input_counts, summary, reject_summary, layouts)
-
-    def expand(self, pbegin):
-        return (pbegin
-                | "ManifestTrigger" >> beam.Impulse()  # one element, in no ParDo (beam.Create takes two)
-                | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(self.output, self.build), *self.views)
-                .with_output_types(beam.typehints.Any))  # declared: not inferred from the bytecode at start-up
+@beam.ptransform_fn
+def WriteManifest(pbegin, output: str, build, *views):
+    """The pipeline's start -> the manifest document, written once every side input (``views``) is complete."""
+    return (pbegin
+            | "ManifestTrigger" >> beam.Impulse()  # one element, in no ParDo (beam.Create takes two)
+            | "WriteManifestFile" >> beam.ParDo(WriteManifestFile(output, build), *views)
+            .with_output_types(beam.typehints.Any))  # declared: not inferred from the bytecode at start-up
 
 
 def build_manifest(config, plan, runner: str, shard_entries, input_counts, summary: sharding.RecordSummary,
@@ -217,7 +201,7 @@ def document(config, plan, runner: str, splits: dict[str, SplitInfo], summary: s
         rejects_file=manifest.REJECTS_NAME, stats_split=plan.stats_split,
         mean_rgb=tuple(mean) if mean is not None else None,
         std_rgb=tuple(std) if std is not None else None,
-        not_used=tuple(entry.to_json() for entry in getattr(plan, "not_used", ())) or None,
+        not_used=tuple(entry.to_json() for entry in plan.not_used) or None,
         median_input_size=(dict(zip(("width", "height"), plan.median_input_size))
                            if plan.median_input_size is not None else None),
     ).to_json()

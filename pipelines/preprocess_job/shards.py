@@ -24,22 +24,15 @@ def assign_shards(pointers: record_pointers.RecordPointers, boundaries):
         yield (pointers.split, shard), part
 
 
-class WriteShards(beam.PTransform):
+@beam.ptransform_fn
+def WriteShards(records, output: str, requested_shards: int | None, boundaries, summary, layouts):
     """RecordPointers -> a manifest shard entry per shard written; ``boundaries``: a PCollection of one {split:
     shard-start keys}."""
-
-    def __init__(self, output: str, requested_shards: int | None, boundaries, summary, layouts):
-        super().__init__()
-        self.output, self.requested_shards = output, requested_shards
-        self.boundaries, self.summary, self.layouts = boundaries, summary, layouts
-
-    def expand(self, records):
-        return (records
-                | "AssignShards" >> beam.FlatMap(assign_shards,
-                                                 beam.pvalue.AsSingleton(self.boundaries, default_value={}))
-                | "GroupShards" >> beam.GroupByKey()
-                | "WriteShardFile" >> beam.ParDo(ShardWriter(self.output, self.requested_shards), self.summary,
-                                                 self.layouts).with_output_types(SHARD_ENTRY))
+    return (records
+            | "AssignShards" >> beam.FlatMap(assign_shards, beam.pvalue.AsSingleton(boundaries, default_value={}))
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShardFile" >> beam.ParDo(ShardWriter(output, requested_shards), summary, layouts)
+            .with_output_types(SHARD_ENTRY))
 
 
 class ShardWriter(beam.DoFn):

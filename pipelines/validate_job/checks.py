@@ -1,9 +1,6 @@
-"""The checks ``shardprep validate`` runs, as pure functions over records, statistics and the manifest.
-
-Each failed check becomes a *problem*: a dict with ``check`` (a name from :data:`CHECKS`), ``message``, ``split``,
-``file`` (the shard's path relative to the dataset, or the foreign file) and ``index`` (the 0-based record number in
-that file), the last three ``None`` where they do not apply, plus check-specific details.
-"""
+"""The checks ``shardprep validate`` runs, as pure functions over records, statistics and the manifest. A failed
+check is a *problem*: ``check`` (one of :data:`CHECKS`), ``message``, ``split``, ``file`` (relative to the dataset)
+and ``index`` (0-based record in that file; None where not applicable), plus check-specific details."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Validate a prepared dataset (or foreign ``tfrecord:GLOB`` / ``tfds:NAME`` input): the driver of ``shardprep validate``.
-
-The driver lists DATA, checks the manifest (its shape, its totals, shards missing or unlisted), runs the Beam graph
-(``validate_graph.py``: every shard read once, then checks across records), reads its result lines back, assembles
-the report (``validation/report.py``) and writes ``--json`` and ``--pictures``. No stage holds the dataset: shards
-are read one record at a time, and what crosses records goes through a combiner or a GroupByKey. :func:`run` takes
-the command's ``ValidateOptions`` and Beam's pipeline options (what follows ``--``) as given.
-
-The JSON report's keys (``--json``): docs/validate.md.
-"""
+"""The driver of ``shardprep validate``: lists DATA, checks the manifest, runs the Beam graph (graph.py), reads its
+result lines back, assembles the report (report.py; its keys: docs/validate.md) and writes ``--json``/``--pictures``.
+No stage holds the dataset: shards are read one record at a time; what crosses records goes through a shuffle."""
 
 from __future__ import annotations
 
@@ -22,14 +15,14 @@ import time
 import uuid
 from typing import Callable, Sequence
 
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines.runtime import progress as progress_lib
 from shardprep.pipelines.runtime import remote_runs, runner, stopping, storage
 from shardprep.pipelines.sources import registry as source_registry
-from shardprep.pipelines.sources.kind import RecordFiles
+from shardprep.pipelines.sources.kind import RecordFiles, open_file
 from shardprep.pipelines.sources.tfrecord import class_names_beside
 from shardprep.pipelines.validate_job.graph import build_dataset_pipeline, build_foreign_pipeline, mean_std_tolerance
 from shardprep.pipelines.validate_job.options import ValidateOptions, near_duplicate_skip_reason
@@ -95,7 +88,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
             pipeline = runner.make_pipeline(beam_args)
             build(pipeline, results_path, progress_dir)
             runner.run_to_end(pipeline, beam_args)
-        with FileSystems.open(results_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_file(results_path) as f:
             return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
     except stopping.WorkerStopped as e:  # the workers were ended: the run has no result
         raise ValidateError(str(e)) from None
@@ -299,11 +292,8 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
         outputs: WrittenOutputs | None = None) -> dict:
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
-
-    ``beam_args``: Beam's pipeline options, as command-line strings (``["--runner", "DataflowRunner", ...]``).
-    ``progress(stage, files_done, files_total, records_done)`` is called as the run goes (see :data:`Progress`).
-    ``outputs`` records each file as it is written (what a caller tells after a stop).
-    """
+    ``beam_args``: Beam's options as strings; ``progress``: see :data:`Progress`; ``outputs`` records each file
+    as it is written (what a caller tells after a stop)."""
     beam_args = list(beam_args)
     refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read

@@ -1,29 +1,5 @@
-"""Validate's two Beam graphs, top to bottom, and the composite stages across records; each graph writes JSON
-result lines to ``results_path``, which the driver reads back.
-
-Prepared dataset (``DATA`` holds ``manifest.json`` and shards)::
-
-    ListShards                the shards on disk the manifest lists (the driver listed them)
-    ReadShards                one DoFn call per shard (validate_read.py): sha256, size, CRC, parse, checks, sums
-    CheckSplits               CombinePerKey(split), then split/class counts, shard uniformity, mean/std
-    FindDuplicateFilenames    GroupByKey(image/filename)
-    FindLeakage               GroupByKey(pixel hash): an identical image in two splits
-    FindNearDuplicates        records whose perceptual hashes are within the distance (candidates) and whose
-                              thumbnails then score at least the minimum (validation/near_pairs.py does the work):
-        GroupByHash           CombinePerKey(hash): a HashGroup per distinct hash (counts per split, lowest locations)
-        SearchKeys            each group under SearchKeys.tables bit-sampled keys of its flip-invariant features
-        GroupByBucket         GroupByKey(search key) -> bucket_pairs: hash pairs within the distance (capped buckets)
-        DistinctPairs         a pair found in several tables once
-        JoinLow/JoinHigh      CoGroupByKey(hash) twice: each pair with both of its groups -> scored -> flags, pairs
-        GroupFindings         a group's own records (distance 0), scored: splits against each other, within a split
-        leaked keys           CoGroupByKey(hash) of flagged (hash, split) with every record's location
-    SampleForContactSheet     deterministic lowest-rank k records per class (only with --pictures)
-    KeepFirstProblems         at most --max-problems-per-check problems per check (all are counted)
-    WriteResults              one JSON line per result
-
-Foreign input (``tfrecord:GLOB``): ListFiles, ReadForeignFiles, MergeForeignStats (per split from the TFDS file
-name, else "all"), KeepFirstProblems, WriteResults.
-"""
+"""Validate's two Beam graphs and the composite stages across records; each graph writes JSON result lines to
+``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
 
 from __future__ import annotations
 
@@ -36,7 +12,7 @@ from apache_beam import coders
 from shardprep.pipelines.validate_job.options import ValidateOptions
 from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, ReadShards
 from shardprep.pipelines.validate_job.checks import mean_std_problems, problem, problem_sort_key, split_problems
-from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Borderline, Flag, HashGroup, HashPair,
+from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Flag, HashGroup, HashPair,
                                                        NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
 from shardprep.pipelines.validate_job.report import foreign_summary, sample_line, split_summary
@@ -201,12 +177,11 @@ def _attach_low(element):
             yield pair.high, (pair, group)
 
 
-_TAGS = {Flag: "flag", NearPair: "near_pair", Borderline: "borderline"}
+_TAGS = ("flag", "near_pair", "borderline")
 
 
 def _tagged(findings):
-    for found in findings:
-        yield beam.pvalue.TaggedOutput(_TAGS[type(found)], found.pair if isinstance(found, Borderline) else found)
+    return (beam.pvalue.TaggedOutput(tag, found) for tag, found in findings)
 
 
 def _pair_findings(element, ranks: dict[str, int], min_score: float):
@@ -262,9 +237,9 @@ class FindNearDuplicates(beam.PTransform):
         from_pairs = ({"group": groups, "pair": with_low}
                       | "JoinHigh" >> beam.CoGroupByKey()
                       | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score)
-                      .with_outputs(*_TAGS.values()))
+                      .with_outputs(*_TAGS))
         from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
-            lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS.values())
+            lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS)
         flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
                  | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
                  | "DistinctFlags" >> beam.Distinct()
@@ -298,7 +273,6 @@ class FindNearDuplicates(beam.PTransform):
 def _split_pair(pair: NearPair) -> tuple[str, str]:
     """The SplitPair of a listed pair, as a plain tuple (a key Beam encodes deterministically)."""
     return pair.reference.split, pair.duplicate.split
-
 
 
 def _json_lines(label: str, found, kind: str, *fields: str, **extra):

@@ -1,8 +1,6 @@
-"""The near-duplicate search's plain-Python parts (no Beam; ``validate_graph.FindNearDuplicates`` routes data here):
-:class:`HashGroup` per perceptual hash, :class:`SearchKeys` buckets, :func:`bucket_pairs` within a bucket's first
-:data:`BUCKET_CAP` members, and the thumbnails' :func:`score` that confirms a pair from :data:`MIN_SCORE`. What the
-score measures and which copy is the leak: docs/near_duplicates.md.
-"""
+"""The near-duplicate search's plain-Python parts (graph.py's ``FindNearDuplicates`` routes data here): a
+:class:`HashGroup` per perceptual hash, :class:`SearchKeys` buckets, :func:`bucket_pairs`, and the thumbnails'
+:func:`score` that confirms a pair. What it measures and which copy is the leak: docs/near_duplicates.md."""
 
 from __future__ import annotations
 
@@ -89,12 +87,6 @@ class NearPair(NamedTuple):
     def order(self) -> tuple:
         """Most alike first, then closest hashes, then by location."""
         return -self.score, self.distance, self.duplicate, self.reference
-
-
-class Borderline(NamedTuple):
-    """A candidate pair that scored below the minimum by less than BORDERLINE: listed apart, not counted."""
-
-    pair: NearPair
 
 
 class Flag(NamedTuple):
@@ -234,28 +226,31 @@ def _best(references: list[Member], duplicates: list[Member], distance: int) -> 
                key=NearPair.order)
 
 
+Finding = tuple[str, "Flag | NearPair"]  # (tag, value): "flag", "near_pair" or "borderline" (a NearPair)
+
+
 def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
-              min_score: float) -> Iterator[Flag | NearPair | Borderline]:
-    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``, else maybe a
-    Borderline."""
+              min_score: float) -> Iterator[Finding]:
+    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``; else, less than
+    BORDERLINE short of it, a borderline pair (listed apart, not counted)."""
     if found.score >= min_score:
-        yield Flag(duplicate.hash, pair, duplicate.counts[pair.split])
+        yield "flag", Flag(duplicate.hash, pair, duplicate.counts[pair.split])
         if pair.reference == pair.split:
-            yield Flag(reference.hash, pair, reference.counts[pair.split])
-        yield found
+            yield "flag", Flag(reference.hash, pair, reference.counts[pair.split])
+        yield "near_pair", found
     elif found.score >= min_score - BORDERLINE:
-        yield Borderline(found)
+        yield "borderline", found
 
 
 def pair_findings(first: HashGroup, second: HashGroup, distance: int, ranks: dict[str, int],
-                  min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+                  min_score: float) -> Iterator[Finding]:
     """What two candidate groups say, per split pair, verified on their kept members' thumbnails."""
     for reference, pair, duplicate in _split_pairs(first, second, ranks):
         found = _best(reference.first[pair.reference], duplicate.first[pair.split], distance)
         yield from _verified(reference, pair, duplicate, found, min_score)
 
 
-def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Flag | NearPair | Borderline]:
+def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float) -> Iterator[Finding]:
     """What one group's own records say (distance 0): splits against each other, and within a split."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     splits = sorted(group.counts, key=rank)

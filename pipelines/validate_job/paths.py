@@ -1,8 +1,6 @@
-"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``), checked before anything runs, and what
-a run has written so far (``WrittenOutputs``). Never inside what it checks: a prepared dataset's folder (links,
-``..``, bind mounts seen through), or a file a ``tfrecord:``/``tfds:`` DATA reads. Each file is written under a
-temporary name and renamed into place (``storage.atomic_write``), so nothing is written through a link.
-"""
+"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``), checked before anything runs (never
+inside the dataset, links and bind mounts seen through, nor onto a file DATA reads), and what a run has written so far
+(``WrittenOutputs``; each file renamed into place, so nothing is written through a link)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The pictures ``shardprep validate --pictures DIR`` writes, rendered to PNG bytes (Pillow, matplotlib's Agg
-canvas); the caller writes them wherever DIR is (a local folder or ``gs://``):
-
-- ``contact_sheet.png``: stored samples, one row per class;
-- ``class_counts.png``: records per class, one colour per split;
-- ``near_duplicates.png`` (then ``near_duplicates-2.png`` ...) and ``near_duplicates.html`` showing them: every
-  near-duplicate pair side by side, enlarged, with keys, splits, score and hash distance: across splits first, then
-  within a split, then the borderline candidates (not counted), so a person can judge the threshold too.
-"""
+"""The pictures ``shardprep validate --pictures DIR`` writes, as PNG bytes (Pillow, matplotlib's Agg): the
+contact sheet (a row per class), the class-count chart, and the near-duplicate pages with their HTML (every pair side
+by side: across splits, within a split, then the borderline candidates), for the caller to write."""
 
 from __future__ import annotations
 
@@ -65,10 +59,8 @@ def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
 
 
 def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: int) -> Image.Image:
-    """One row per class: its name, then up to ``samples_per_class`` images exactly as stored (or thumbnailed).
-
-    The cell size is the longest side among the images, so stored images up to the cap are shown pixel for pixel.
-    """
+    """One row per class: its name, then up to ``samples_per_class`` images exactly as stored (or thumbnailed);
+    cells as large as the longest side among them, so stored images up to the cap show pixel for pixel."""
     longest = [max(image.shape[:2]) for _, images in rows for image in images]
     cell = max(longest) if longest else 32
     sheet = Image.new("RGB", contact_sheet_size(len(rows), samples_per_class, cell), BACKGROUND)

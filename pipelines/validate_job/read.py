@@ -1,11 +1,6 @@
 """Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call,
-every byte counted and hashed, reading resumed after a record whose data checksum fails (its framing is intact), so
-one bad record does not hide the rest of a shard. No record is held: the cross-record stages get keys and locations.
-
-``ReadShards``: ``ShardTask`` -> ``(split, SplitStats)`` per shard, plus tagged outputs ``problem`` (dicts),
-``filename`` and ``pixel_hash`` (``(key, RecordLocation)``), ``perceptual_hash`` (``NearRecord``) and ``sample``
-(``(label, Sample)``). ``ReadForeignFiles``: ``(file, split)`` -> ``(split, ForeignStats)``, tagged ``problem``.
-"""
+every byte counted and hashed; reading resumes after a record whose data checksum fails (its framing intact), so one
+bad record does not hide the rest. No record is held: the cross-record stages get keys and locations."""
 
 from __future__ import annotations
 
@@ -16,11 +11,12 @@ import struct
 from typing import Any, Generator, Iterator
 
 import apache_beam as beam
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.runtime import progress as progress_lib
+from shardprep.pipelines.sources.kind import open_file
 from shardprep.pipelines.validate_job.checks import (problem, record_layout_length_problems,
                                                    record_layout_offset_problem, record_problems, shard_problems)
 from shardprep.pipelines.validate_job.near_pairs import NearRecord
@@ -133,7 +129,7 @@ def open_for_reading(path: str):
     [matched] = FileSystems.match([path])[0].metadata_list[:1] or [None]
     if matched is None:
         raise FileNotFoundError(f"{path} does not exist")
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), matched.size_in_bytes
+    return open_file(path), matched.size_in_bytes
 
 
 def read_record_pixels(path: str, index: int):

@@ -1,7 +1,6 @@
-"""The JSON report, assembled on the driver from the pipeline's result lines (one JSON object per line, by
-``kind``: ``split``, ``problem``, ``problem_count``, ``duplicate_images``, ``sample``, ``near_duplicate_*``) and the
-driver's own problems; its ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text. Its schema is
-in ``pipelines/validate_job/driver.py``."""
+"""The JSON report, assembled on the driver from the pipeline's result lines (JSON objects by ``kind``) and the
+driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text. Its keys:
+docs/validate.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The typed values validate's stages pass, and its mergeable statistics (plain Python, no Beam).
-
-Channel sums are exact integers, so merging is exact in any order; the mean/std come from them through the
-preprocess job's own ``sharding.pixel_statistics``, so validate recomputes the manifest's numbers the way the job did.
-"""
+"""The typed values validate's stages pass, and its mergeable statistics (plain Python, no Beam). Channel sums are
+exact integers, so merging is exact in any order; the mean/std come from them through the job's own
+``sharding.pixel_statistics``."""
 
 from __future__ import annotations
 
