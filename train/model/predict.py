@@ -1,8 +1,6 @@
-"""Inference on new photos: :func:`predict_images` turns each photo into the dataset's stored form with the
-preprocess job's own :func:`~shardprep.preprocess.image.image_ops.process_image` and the manifest's options (other pixels
-would give worse predictions), runs the model and names the classes from the manifest (ImageNet WordNet IDs with
-readable names). The manifest must be the model's dataset: :func:`check_dataset` refuses, naming what differs,
-another number of classes, stored images smaller than the model's crop, or another ``mean_rgb``/``std_rgb``.
+"""Inference on new photos: :func:`predict_images` stores each photo as the preprocess job did
+(:func:`~shardprep.preprocess.image.image_ops.process_image`, the manifest's options), runs the model and names the
+classes; :func:`check_dataset` refuses a manifest that is not the model's dataset, naming what differs.
 """
 
 from __future__ import annotations

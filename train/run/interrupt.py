@@ -1,7 +1,7 @@
-"""Ctrl-C or SIGTERM (how schedulers and ``timeout`` stop a job) during training as a request to stop cleanly: the
-step in flight finishes, a checkpoint is written there, and the caller is told where to resume
-(:class:`TrainingInterrupted`). A second one, or one before the process's first step (nothing new to save), stops at
-once. Whatever ``KeyboardInterrupt`` leaves :class:`StopRequests` carries ``by``: which stop it was."""
+"""Ctrl-C or SIGTERM during training as a request to stop cleanly: the step in flight finishes, a checkpoint is
+written there and the caller told where to resume (:class:`TrainingInterrupted`); a second one, or one before the
+first step, stops at once.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The training loop, the same on every Keras backend (it imports none): model, optimizer and resume, the epochs
-(:mod:`shardprep.train.run.epochs`) over :mod:`~shardprep.train.run.steps_tf` or :mod:`~shardprep.train.run.steps_keras`, and the
-summary. Not ``model.fit``, which fetches batches inside its step: here ``next()`` is timed alone, so the time it
-blocks (``input_wait_fraction``) is time the accelerator waited for input. Step ``s`` reads a batch of the seeded
-order addressed by ``s``, and checkpoints keep the seed generators and the epoch's metric sums, so a resumed
-``--seed`` run ends bit for bit as the uninterrupted one.
+"""The training loop, the same on every Keras backend: model, optimizer, resume, the epochs over
+:mod:`~shardprep.train.run.steps_tf` or :mod:`~shardprep.train.run.steps_keras`, and the summary. ``next()`` is timed
+alone (``input_wait_fraction``); step ``s`` reads the batch the seeded order addresses by ``s``, so a resume is exact.
 """
 
 from __future__ import annotations
