@@ -1,8 +1,6 @@
-"""``NumpyReader``: the batches of :func:`shardprep.train.data.reader.make_dataset` (the same seed, the same batches:
-:mod:`shardprep.train.data.record_order`) as NumPy arrays, with no TensorFlow: read ahead on a few threads from
-:mod:`shardprep.train.data.batch_sources` into reused buffers (a batch stays valid while the caller holds it), any step
-in O(1). One reader is one stream (a second active iterator is refused); :meth:`~NumpyReader.read_batch` reads any
-step. Shards are checked as read and at each epoch's start (:mod:`shardprep.train.data.record_identity`).
+"""``NumpyReader``: :func:`shardprep.train.data.reader.make_dataset`'s batches (same seed, same batches) as NumPy
+arrays with no TensorFlow, read ahead on a few threads into reused buffers, any step in O(1); one reader is one
+stream (a second active iterator is refused), shards checked as read and at each epoch's start.
 """
 
 from __future__ import annotations
@@ -103,18 +101,14 @@ class NumpyReader:
         """Global batch ``step``, read now; an epoch's first batch checks the files first."""
         if step % self.order.steps_per_epoch == 0:
             self._source.snapshot.check()
-        images, labels = self._source(self.order.batch_ids(step),
-                                      self.order.crop_draws(step) if self._crops else None)
+        crops = self.training and self.manifest.crop == "none"
+        images, labels = self._source(self.order.batch_ids(step), self.order.crop_draws(step) if crops else None)
         if self.crop_size is None:
             return images, labels
         draws = (host_crop.window_draws(self.seed, step // self.order.steps_per_epoch, self.order.positions(step))
                  if self.training else None)
         out = self._buffers.take(len(images) * int(np.prod(self.image_shape))).reshape((-1,) + self.image_shape)
         return host_crop.crop_flip(images, self.crop_size, draws, out), labels
-
-    @property
-    def _crops(self) -> bool:
-        return self.training and self.manifest.crop == "none"
 
     def _iterating(self) -> bool:
         iterator = self._active() if self._active is not None else None
