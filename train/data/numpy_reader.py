@@ -37,11 +37,9 @@ def check_local(data_dir: str) -> None:
 
 
 class NumpyReader:
-    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local dataset, arguments as
-    ``make_dataset``'s; ``num_shards``/``index``: this process's share; ``threads`` (3) and ``prefetch`` (6) batches
-    ahead; ``crop_size``: each image cut to that square on the host (:mod:`~shardprep.train.data.host_crop`: random and
-    flipped in training, central in evaluation). ``TypeError``/``ValueError`` for a bad argument, a URL, or shards
-    unlike the manifest."""
+    """``(uint8 [B, H, W, 3], int32 [B])`` NumPy batches of a local dataset, arguments as ``make_dataset``'s;
+    ``num_shards``/``index``: this process's share; ``threads``/``prefetch``: readers and batches ahead; ``crop_size``:
+    a host crop (:mod:`~shardprep.train.data.host_crop`). ``TypeError``/``ValueError`` for a bad argument or a URL."""
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,

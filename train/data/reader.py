@@ -58,16 +58,11 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
                  cycle_length: int | None = None, deterministic: bool | None = None,
                  manifest: dict | Manifest | None = None, verify_records: bool = False,
                  random_access: bool | None = None, start_step: int = 0) -> tf.data.Dataset:
-    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` (a name or a role) of the
-    dataset at ``data_dir`` (local, or ``gs://``); labels index ``manifest.classes``, the model gives logits.
-
-    ``batch_size``: global (per-replica batches under ``input_context``, each pipeline its share). ``training``:
-    endless, reshuffled each epoch, full batches (give ``fit`` a ``steps_per_epoch``); else one pass in order.
-    ``seed``: same seed, same batches (``None`` draws one). Streamed reads only: ``shuffle_buffer``, ``cycle_length``
-    (default ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather
-    from local files (the default where ``os.preadv`` exists) or stream. ``start_step``: global batches already
-    read, the next found in O(1) (random access only; ``fit`` builds its iterator before ``BackupAndRestore``
-    restores the step: pass it here, or use ``NumpyReader.as_py_dataset(steps_done=)``).
+    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` (a name or a role) of
+    ``data_dir`` (local or ``gs://``). ``batch_size``: global; ``training``: endless reshuffled full batches, else one
+    pass in order; same ``seed``, same batches. Streamed reads only: ``shuffle_buffer``, ``cycle_length`` (default
+    ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather from local
+    files (default where ``os.preadv`` exists) or stream. ``start_step``: global batches already read (random access).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
     manifest, split = _opened(data_dir, split, manifest)

@@ -221,9 +221,8 @@ def check_shard_sizes(paths, counts, layout: FixedLayout) -> None:
 
 class VerifiedGather(FixedLayoutGather):
     """:class:`FixedLayoutGather` checking each record's length and data CRC (``OSError`` naming shard, record and
-    byte). One ``preadv`` reads the bytes before the pixels, the pixels into the batch slot and the rest; the CRC is
-    extended over the three pieces in place. ``counts``: records per shard (a shard's last record is
-    ``image_offset`` bytes longer)."""
+    byte): one ``preadv`` reads the bytes before the pixels, the pixels into their slot and the rest (a shard's last
+    record is ``image_offset`` bytes longer), the CRC extended over the three pieces in place."""
 
     def __init__(self, paths, counts, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         super().__init__(paths, layout, buffers, snapshot)

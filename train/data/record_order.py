@@ -29,10 +29,9 @@ class ReaderState:
 
 
 class RecordOrder:
-    """The batches of one split for one process, as global record indices: ``counts`` records per shard file,
+    """The batches of one split for one process as global record indices: ``counts`` records per shard,
     ``batch_size`` per batch, endless reshuffled epochs (``training``) or one pass; ``seed=None`` draws one;
-    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for arguments of the wrong type or
-    range, more shards than records, or (training) a share smaller than one batch."""
+    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for bad arguments, too few records."""
 
     def __init__(self, counts, batch_size: int, training: bool, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0):

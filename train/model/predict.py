@@ -185,10 +185,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
                    errors: str = "raise") -> list:
-    """One :class:`Prediction` per photo, in order, from ``model`` (a Keras model or its ``model.keras``) trained on
-    ``manifest`` (its folder, ``manifest.json`` or the loaded manifest; checked: :func:`check_dataset`). ``images``:
-    paths or bytes, stored as the job stored the training images; ``top_k`` classes each. ``errors="raise"``: a
-    photo that cannot be used is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place."""
+    """One :class:`Prediction` per photo (paths or bytes), in order, from ``model`` (or its ``model.keras``) trained on
+    ``manifest`` (checked: :func:`check_dataset`), ``top_k`` classes each; a bad photo is a ``ValueError``
+    (``errors="raise"``) or a :class:`PhotoFailure` in its place (``"report"``)."""
     from shardprep.train.model.keras_model import load_model
 
     if errors not in ("raise", "report"):

@@ -19,10 +19,9 @@ def stopped_by(stop: BaseException) -> str:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped after ``global_step``: in ``epoch`` (1-based) after ``step`` of ``steps_per_epoch``.
-    ``stage``: ``"training"``, ``"validation"`` (steps done, validation stopped) or ``"epoch end"``.
-    ``checkpoint``/``resumes_at``: what ``--resume`` continues from (None: nothing). ``unsaved``: why nothing was
-    saved at the stop (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
+    """Training stopped after ``global_step``, in ``epoch`` (1-based) after ``step`` of ``steps_per_epoch`` at
+    ``stage`` (training, validation, epoch end); ``checkpoint``/``resumes_at``: what ``--resume`` continues from (None:
+    nothing); ``unsaved``: why nothing was saved (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
 
     def __init__(self, global_step: int, epoch: int, step: int, steps_per_epoch: int, stage: str,
                  checkpoint: str | None, resumes_at: int | None, unsaved: str = ""):

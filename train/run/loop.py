@@ -71,10 +71,9 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
           on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
           manifest: Manifest | None = None, live: Callable[[str], None] | None = None) -> dict:
-    """Trains ResNet-18 on ``config.data_dir`` with Keras's backend, writes ``history.json``, ``summary.json`` and
-    ``model.keras`` to ``config.output_dir``; returns the summary. ``on_batch(global_step, batch)`` sees each
-    training batch; ``report`` each message fitted to ``width``; ``live`` writes the progress line; ``manifest``:
-    as ``preflight.check`` returned it. Ctrl-C saves a checkpoint after the step and raises ``TrainingInterrupted``."""
+    """Trains ResNet-18 on ``config.data_dir``; writes ``history.json``, ``summary.json`` and ``model.keras``; returns
+    the summary. ``on_batch(global_step, batch)`` sees each batch, ``report`` each message, ``live`` the progress line;
+    ``manifest``: as ``preflight.check`` returned it. Ctrl-C saves a checkpoint and raises ``TrainingInterrupted``."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:
