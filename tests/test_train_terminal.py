@@ -245,7 +245,7 @@ def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
 
 
 def test_a_damaged_state_json_is_named_not_a_traceback():
-    from shardprep.train.run.epochs import saved_state_problem
+    from shardprep.train.run.checkpoint_state import saved_state_problem
 
     good = {"rng": {"layers": [[1, 5]], "global": None},
             "partial_epoch": {"loss": 1.0, "accuracy": 0.5, "examples": 24, "metrics": {"loss": [3.0, 24.0]},

@@ -1,8 +1,6 @@
 """Training from prepared shards: readers, on-device augmentation, ResNet-18 and the training loop.
-
-Public API: ``from shardprep.train import NumpyReader`` etc. (:data:`_EXPORTS`). Each name is imported from its
-module on first use, so it costs only what its module imports (``NumpyReader``, ``RecordDataset``: no TensorFlow,
-Keras or Beam; ``make_dataset``: TensorFlow; the model and the loop: Keras and its backend).
+Public API: ``from shardprep.train import NumpyReader`` etc. (:data:`_EXPORTS`), each imported on first use, so it
+costs only what its module imports (``NumpyReader``, ``RecordDataset``: no TensorFlow, Keras or Beam).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""One batch of a local split by record ids, as NumPy arrays, for the framework-free readers (no TensorFlow).
-
-:func:`batch_source` picks by layout: :class:`FixedLayoutSource` (raw centre crops: ``record_gather``'s ``preadv``
-gathers) or :class:`ExampleSource` (JPEG, ``crop: none``, no layout): each shard's record offsets found from its
-TFRecord framing (:func:`record_offsets`, 12 bytes read per record), the serialized Examples read with one ``pread``
-each (:class:`ExampleGather`, CRCs checked with ``verify``), parsed and decoded by the manifest's encoding, the same
-pixels as TensorFlow decodes. ``crop: none`` squares are cut at ``draw % (spare + 1)`` in training, central
-otherwise, as ``read_stream`` cuts them. Every shard read is checked against the ``DatasetSnapshot``, every label
-against the manifest's classes.
+"""One batch of a local split by record ids as NumPy arrays (no TensorFlow): :class:`FixedLayoutSource` (``preadv``
+gathers) or :class:`ExampleSource` (records found by their TFRecord framing, read with one ``pread`` each, decoded
+as TensorFlow decodes them); shards checked against the ``DatasetSnapshot``, labels against the classes.
 """
 
 from __future__ import annotations
@@ -18,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shardprep.preprocess.format import encodings, record_format, tfrecord_io
+from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format.dataset import Manifest
 from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
@@ -208,13 +203,25 @@ class ExampleSource:
         return image, record.label
 
 
+class SplitFiles(NamedTuple):
+    """A split's shard paths, their record counts and the snapshot of them taken now (None for a URL)."""
+
+    paths: list
+    counts: list
+    snapshot: DatasetSnapshot | None
+
+
+def split_files(data_dir: str, manifest: Manifest, split: str) -> SplitFiles:
+    shards = manifest.split(split).shards
+    paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
+    snapshot = None if "://" in data_dir else DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
+    return SplitFiles(paths, [shard.num_examples for shard in shards], snapshot)
+
+
 def batch_source(data_dir: str, manifest: Manifest, split: str, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None):
     """The source of ``split``'s batches (fixed-layout gathers, else decoded Examples); its snapshot taken now."""
-    shards = manifest.split(split).shards
-    paths = [os.path.join(data_dir, shard.file) for shard in shards]
-    counts = [shard.num_examples for shard in shards]
-    snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
+    paths, counts, snapshot = split_files(data_dir, manifest, split)
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
         return FixedLayoutSource(paths, counts, layout, buffers, verify, snapshot, manifest.num_classes)

@@ -1,7 +1,6 @@
-"""Random crop and flip on the host, in NumPy, for loops without accelerator augmentation (``NumpyReader`` and
-``RecordDataset`` ``crop_size=``): a uniform window mirrored for half in training, central in evaluation. A window
-follows from (seed, epoch, position in the order) by a counter-based hash (SplitMix64): resumed readers and any
-batch size cut the same.
+"""Random crop and flip on the host, in NumPy (``NumpyReader``/``RecordDataset`` ``crop_size=``): a uniform window
+mirrored for half in training, central in evaluation, drawn from (seed, epoch, position) by a counter-based hash
+(SplitMix64), so resumed readers and any batch size cut the same.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """A :class:`~shardprep.train.data.numpy_reader.NumpyReader` as a ``keras.utils.PyDataset`` for ``model.fit`` on any
-backend (imports Keras; ``NumpyReader.as_py_dataset`` imports it when asked). ``BackupAndRestore`` restores the step
-but restarts its epoch at batch 0: with ``steps_done=lambda: int(model.optimizer.iterations)`` each epoch starts at
-the restored step, so the optimizer sees an uninterrupted run's batches.
+backend; ``steps_done=lambda: int(model.optimizer.iterations)`` starts each epoch at the step ``BackupAndRestore``
+restored, so the optimizer sees an uninterrupted run's batches.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""``NumpyReader``: the batches of :func:`shardprep.train.data.reader.make_dataset` (the same seed, the same batches:
-:mod:`shardprep.train.data.record_order`) as NumPy arrays, with no TensorFlow: read ahead on a few threads from
-:mod:`shardprep.train.data.batch_sources` into reused buffers (a batch stays valid while the caller holds it), any step
-in O(1). One reader is one stream (a second active iterator is refused); :meth:`~NumpyReader.read_batch` reads any
-step. Shards are checked as read and at each epoch's start (:mod:`shardprep.train.data.record_identity`).
+"""``NumpyReader``: :func:`shardprep.train.data.reader.make_dataset`'s batches (same seed, same batches) as NumPy
+arrays with no TensorFlow, read ahead on a few threads into reused buffers, any step in O(1); one reader is one
+stream (a second active iterator is refused), shards checked as read and at each epoch's start.
 """
 
 from __future__ import annotations
@@ -39,11 +37,9 @@ def check_local(data_dir: str) -> None:
 
 
 class NumpyReader:
-    """Batches of ``(uint8 [B, H, W, 3], int32 [B])`` NumPy arrays from a local dataset, arguments as
-    ``make_dataset``'s; ``num_shards``/``index``: this process's share; ``threads`` (3) and ``prefetch`` (6) batches
-    ahead; ``crop_size``: each image cut to that square on the host (:mod:`~shardprep.train.data.host_crop`: random and
-    flipped in training, central in evaluation). ``TypeError``/``ValueError`` for a bad argument, a URL, or shards
-    unlike the manifest."""
+    """``(uint8 [B, H, W, 3], int32 [B])`` NumPy batches of a local dataset, arguments as ``make_dataset``'s;
+    ``num_shards``/``index``: this process's share; ``threads``/``prefetch``: readers and batches ahead; ``crop_size``:
+    a host crop (:mod:`~shardprep.train.data.host_crop`). ``TypeError``/``ValueError`` for a bad argument or a URL."""
 
     def __init__(self, data_dir, split: str, batch_size: int, training: bool, seed: int | None = None, *,
                  num_shards: int = 1, index: int = 0, start_step: int = 0, manifest=None, threads: int | None = None,
@@ -103,18 +99,14 @@ class NumpyReader:
         """Global batch ``step``, read now; an epoch's first batch checks the files first."""
         if step % self.order.steps_per_epoch == 0:
             self._source.snapshot.check()
-        images, labels = self._source(self.order.batch_ids(step),
-                                      self.order.crop_draws(step) if self._crops else None)
+        crops = self.training and self.manifest.crop == "none"
+        images, labels = self._source(self.order.batch_ids(step), self.order.crop_draws(step) if crops else None)
         if self.crop_size is None:
             return images, labels
         draws = (host_crop.window_draws(self.seed, step // self.order.steps_per_epoch, self.order.positions(step))
                  if self.training else None)
         out = self._buffers.take(len(images) * int(np.prod(self.image_shape))).reshape((-1,) + self.image_shape)
         return host_crop.crop_flip(images, self.crop_size, draws, out), labels
-
-    @property
-    def _crops(self) -> bool:
-        return self.training and self.manifest.crop == "none"
 
     def _iterating(self) -> bool:
         iterator = self._active() if self._active is not None else None

@@ -1,8 +1,6 @@
-"""TensorFlow's side of reading: streamed reads (URLs, ``random_access=False``) and the Example decoders the
-gathered reads share. A stream (:meth:`ReadPlan.records`) shuffles shards each epoch, interleaves them, shares
-records among pipelines when shards are too few, then shuffles a buffer: seeded, but not the random-access order,
-and never mid-epoch. Fixed layouts stream as chunks from each record's pixels (:func:`streamed_batches`); others are
-parsed as Examples, decoded by the encoding's ``decode_tf``, ``crop: none`` cut to a square (random in training).
+"""TensorFlow's side of reading: streamed reads (URLs, ``random_access=False``: seeded shard and buffer shuffles, not
+the random-access order, never mid-epoch), fixed layouts as chunks of each record's pixels, other records parsed as
+Examples and decoded by the encoding's ``decode_tf``; and the Example decoders the gathered reads share.
 """
 
 from __future__ import annotations

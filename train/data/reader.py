@@ -1,11 +1,6 @@
-"""``make_dataset``: a prepared dataset's batches of uint8 images and int32 labels as a ``tf.data.Dataset``.
-
-Local shards are read by random access in the NumPy order (:mod:`shardprep.train.data.record_order`, ``NumpyReader``'s
-batches): only the global step goes through tf.data, so ``start_step`` resumes mid-epoch in O(1). Fixed layouts are
-gathered by ``preadv`` into the batch (:mod:`shardprep.train.data.record_gather`: 2.1x less host CPU than streaming,
-3.4-3.6x less than ``TFRecordDataset`` + ``parse_example``; BENCHMARKS.md), others read as Examples by offset and
-decoded in TensorFlow; URLs and ``random_access=False`` stream (:mod:`shardprep.train.data.read_stream`). A dataset
-changed while read, or a bad label, fails naming the file. Augmentation belongs to the model: the host ships uint8.
+"""``make_dataset``: a prepared dataset's batches of uint8 images and int32 labels as a ``tf.data.Dataset``. Local
+shards are read by random access in the NumPy order (fixed layouts gathered by ``preadv``: BENCHMARKS.md), so
+``start_step`` resumes in O(1); URLs and ``random_access=False`` stream (:mod:`~shardprep.train.data.read_stream`).
 """
 
 from __future__ import annotations
@@ -13,12 +8,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format import record_format
 from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.train.data import read_stream, record_gather, split_roles
-from shardprep.train.data.batch_sources import ExampleGather, FixedLayoutSource
+from shardprep.train.data.batch_sources import ExampleGather, FixedLayoutSource, split_files
 from shardprep.train.data.read_stream import ReadPlan
 from shardprep.train.data.record_identity import DatasetSnapshot
 from shardprep.train.data.record_order import RecordOrder, bool_argument, integer_argument
@@ -64,16 +58,11 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
                  cycle_length: int | None = None, deterministic: bool | None = None,
                  manifest: dict | Manifest | None = None, verify_records: bool = False,
                  random_access: bool | None = None, start_step: int = 0) -> tf.data.Dataset:
-    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` (a name or a role) of the
-    dataset at ``data_dir`` (local, or ``gs://``); labels index ``manifest.classes``, the model gives logits.
-
-    ``batch_size``: global (per-replica batches under ``input_context``, each pipeline its share). ``training``:
-    endless, reshuffled each epoch, full batches (give ``fit`` a ``steps_per_epoch``); else one pass in order.
-    ``seed``: same seed, same batches (``None`` draws one). Streamed reads only: ``shuffle_buffer``, ``cycle_length``
-    (default ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather
-    from local files (the default where ``os.preadv`` exists) or stream. ``start_step``: global batches already
-    read, the next found in O(1) (random access only; ``fit`` builds its iterator before ``BackupAndRestore``
-    restores the step: pass it here, or use ``NumpyReader.as_py_dataset(steps_done=)``).
+    """Prefetched ``(uint8 [B, H, W, 3] images, int32 [B] labels)`` batches of ``split`` (a name or a role) of
+    ``data_dir`` (local or ``gs://``). ``batch_size``: global; ``training``: endless reshuffled full batches, else one
+    pass in order; same ``seed``, same batches. Streamed reads only: ``shuffle_buffer``, ``cycle_length`` (default
+    ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather from local
+    files (default where ``os.preadv`` exists) or stream. ``start_step``: global batches already read (random access).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
     manifest, split = _opened(data_dir, split, manifest)
@@ -143,16 +132,14 @@ def _random_access_batches(data_dir: str, split: str, batch_size: int, training:
     shards = manifest.split(split).shards
     if not shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    counts = [shard.num_examples for shard in shards]
-    if not sum(counts):
+    if not sum(shard.num_examples for shard in shards):
         raise ValueError(f"split {split!r} of {data_dir} has no examples")
+    paths, counts, snapshot = split_files(data_dir, manifest, split)
     num_shards, index = 1, 0
     if input_context is not None:
         batch_size = input_context.get_per_replica_batch_size(batch_size)
         num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
-    paths = [manifest_lib.join(data_dir, shard.file) for shard in shards]
-    snapshot = DatasetSnapshot(data_dir, paths, [shard.num_bytes for shard in shards])
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
         batches = gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
@@ -173,12 +160,9 @@ def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int 
           input_context, shuffle_buffer: int | None, cycle_length: int | None,
           deterministic: bool | None) -> ReadPlan:
     """The :class:`ReadPlan` of ``make_dataset``'s arguments: this input pipeline's shards and batch size."""
-    shards = manifest.split(split).shards  # encoding and crop are known ones: Manifest.from_json checked the shape
-    files = [manifest_lib.join(data_dir, shard.file) for shard in shards]
-    if not files:
+    if not manifest.split(split).shards:
         raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    snapshot = None if "://" in data_dir else DatasetSnapshot(data_dir, files, [shard.num_bytes for shard in shards])
-    counts = [shard.num_examples for shard in shards]
+    files, counts, snapshot = split_files(data_dir, manifest, split)
     per_replica_batch, shard_records_by = batch_size, None
     if input_context is not None:
         per_replica_batch = input_context.get_per_replica_batch_size(batch_size)

@@ -1,7 +1,6 @@
 """A split as a map-style dataset of records (:class:`RecordDataset`) and a seeded sampler in the readers' order
-(:class:`EpochSampler`) for PyTorch's ``DataLoader`` and Grain: ``DataLoader(records, batch_size=B, sampler=sampler,
-drop_last=True)`` yields ``NumpyReader``'s batches. ``crop_size=`` with ``EpochSampler(crops=True)`` cuts
-``NumpyReader(crop_size=)``'s windows; random ``crop: none`` squares are ``NumpyReader``'s only. No TensorFlow.
+(:class:`EpochSampler`) for PyTorch's ``DataLoader`` and Grain: with ``drop_last=True`` they yield ``NumpyReader``'s
+batches (``crop_size=`` with ``crops=True``: its windows). No TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Fixed-layout shards gathered by random access: one ``preadv`` per record, the pixels straight into their batch
-slot, the kernel's copy the only one (BENCHMARKS.md). Batch buffers are reused (:class:`ReusedBuffers`: a fresh
-``mmap`` costs as much in page faults as the read); :class:`VerifiedGather` checks both CRCs over the pieces read.
-Plain NumPy and ``os``; the TF reader wraps these in ``tf.numpy_function``.
+"""Fixed-layout shards gathered by random access: one ``preadv`` per record, the pixels straight into their reused,
+aligned batch slot (:class:`ReusedBuffers`), the kernel's copy the only one (BENCHMARKS.md); :class:`VerifiedGather`
+checks both CRCs over the pieces read. Plain NumPy and ``os``.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import struct
@@ -101,16 +101,11 @@ _CALLS = _Calls()
 # unreachable iterators, make new gathers return empty batches, and wait until no gather has run for a moment.
 SETTLE_SECONDS = 0.05
 SETTLE_TIMEOUT_SECONDS = 5.0
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
 
 
+@functools.cache  # once (a second registration under a race would only settle twice)
 def _register_exit_hook() -> None:
-    global _exit_hook_registered
-    with _exit_hook_lock:
-        if not _exit_hook_registered:
-            atexit.register(_settle)
-            _exit_hook_registered = True
+    atexit.register(_settle)
 
 
 def guarded(function, empty):
@@ -226,9 +221,8 @@ def check_shard_sizes(paths, counts, layout: FixedLayout) -> None:
 
 class VerifiedGather(FixedLayoutGather):
     """:class:`FixedLayoutGather` checking each record's length and data CRC (``OSError`` naming shard, record and
-    byte). One ``preadv`` reads the bytes before the pixels, the pixels into the batch slot and the rest; the CRC is
-    extended over the three pieces in place. ``counts``: records per shard (a shard's last record is
-    ``image_offset`` bytes longer)."""
+    byte): one ``preadv`` reads the bytes before the pixels, the pixels into their slot and the rest (a shard's last
+    record is ``image_offset`` bytes longer), the CRC extended over the three pieces in place."""
 
     def __init__(self, paths, counts, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         super().__init__(paths, layout, buffers, snapshot)

@@ -1,8 +1,6 @@
-"""What a reader saw when it opened a dataset, so that it notices the dataset changing under it (a rebuild would
-otherwise give garbage labels or another dataset's images, with no error). :class:`DatasetSnapshot` keeps the
-identity (device, inode, size, mtime) of ``manifest.json`` and each shard, checked on every descriptor a batch reads
-and in full at each epoch boundary; :func:`check_labels` refuses labels outside the classes. Both raise
-:class:`DatasetChangedError`, a ``ValueError`` naming the file. Plain ``os``.
+"""What a reader saw when it opened a dataset (:class:`DatasetSnapshot`: device, inode, size, mtime of the manifest
+and each shard), checked on every descriptor read and at each epoch, and :func:`check_labels`: a dataset changed
+under a reader is a :class:`DatasetChangedError` naming the file, not garbage batches. Plain ``os``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The one record order of every random-access read, in NumPy: which records make batch ``step``. Training: epoch
-``e`` is a permutation of ``0..N-1`` (manifest shard order) drawn from ``PCG64(SeedSequence([seed, e, 0]))``,
-process ``index`` of ``num_shards`` taking ``perm[index::num_shards]`` in full batches, so any step follows from
-(seed, epoch, batch) in O(1). Evaluation: one pass, each process a contiguous near-equal slice in as many batches.
-``crop: none`` squares draw from a second stream, so TensorFlow and NumPy readers cut the same.
+"""The one record order of every random-access read, in NumPy: training epoch ``e`` is a permutation drawn from
+``PCG64(SeedSequence([seed, e, 0]))``, process ``index`` taking ``perm[index::num_shards]``, so any step is O(1);
+evaluation is one pass of contiguous slices. ``crop: none`` squares draw from a second stream.
 """
 
 from __future__ import annotations
@@ -31,10 +29,9 @@ class ReaderState:
 
 
 class RecordOrder:
-    """The batches of one split for one process, as global record indices: ``counts`` records per shard file,
+    """The batches of one split for one process as global record indices: ``counts`` records per shard,
     ``batch_size`` per batch, endless reshuffled epochs (``training``) or one pass; ``seed=None`` draws one;
-    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for arguments of the wrong type or
-    range, more shards than records, or (training) a share smaller than one batch."""
+    ``num_shards``/``index``: this process's share. ``TypeError``/``ValueError`` for bad arguments, too few records."""
 
     def __init__(self, counts, batch_size: int, training: bool, seed: int | None = None, *, num_shards: int = 1,
                  index: int = 0):

@@ -1,7 +1,6 @@
-"""Splits by role, the one rule of every reader and ``shardprep train``: a split's own name wins; else ``train``,
-``validation``, ``test`` find the one split named like the role (:data:`ROLES`, any case), and ``validation`` a lone
-``test`` besides the training split. None or two is a :class:`SplitRoleError` (a ``KeyError``) listing the splits.
-A reader reading another split than the name given says so once per process (a ``logging`` WARNING).
+"""Splits by role, the one rule of every reader and ``shardprep train``: a split's own name wins; else a role
+(:data:`ROLES`) finds the one split named like it, ``validation`` a lone ``test``; none or two is a
+:class:`SplitRoleError` listing the splits. Reading another split than named is logged once per process.
 """
 
 from __future__ import annotations

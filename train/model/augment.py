@@ -1,8 +1,6 @@
-"""On-device augmentation in ``keras.ops``/``keras.random`` only (every backend, XLA, ``jax.jit``), as the model's
-first layer (:class:`CropFlipNormalize`): ``crop`` (a random window, stored pixels exactly, flipped for half),
-``rrc`` (Inception-style random-resized-crop, area 8-100%, aspect 3/4-4/3, antialiased bilinear, flipped) or, in
-evaluation, the central window; then normalization. ``seed``: an int (stateless) or a ``SeedGenerator``; each
-function draws all its numbers in one call.
+"""On-device augmentation in ``keras.ops``/``keras.random`` only (every backend, XLA, ``jax.jit``), the model's first
+layer (:class:`CropFlipNormalize`): ``crop`` (random window, flipped), ``rrc`` (Inception-style random-resized-crop,
+flipped) or the central window in evaluation, then normalization.
 """
 
 from __future__ import annotations

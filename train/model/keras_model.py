@@ -1,8 +1,6 @@
-"""The model: ResNet-18 (He et al. 2015, table 1; torchvision's init and 11,689,512 parameters at 1000 classes,
-PyTorch's batch norm, option-B shortcuts, channels-last in every layer) behind :class:`CropFlipNormalize`, uint8
-images in, logits out; the inference model saved as ``model.keras`` in Keras's own layers; the smoothed float32
-cross-entropy and SGD on a warm-up then cosine/step schedule or ReduceLROnPlateau. The layer, loss and schedule are
-registered with Keras, so checkpoints load wherever this module is imported.
+"""The model: ResNet-18 (He et al. 2015; torchvision's init, channels-last) behind :class:`CropFlipNormalize`, uint8
+in, logits out; the inference model in Keras's own layers; the smoothed float32 cross-entropy and SGD on a warm-up
+then cosine/step schedule or ReduceLROnPlateau, registered with Keras so checkpoints load.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Inference on new photos: :func:`predict_images` turns each photo into the dataset's stored form with the
-preprocess job's own :func:`~shardprep.preprocess.image.image_ops.process_image` and the manifest's options (other pixels
-would give worse predictions), runs the model and names the classes from the manifest (ImageNet WordNet IDs with
-readable names). The manifest must be the model's dataset: :func:`check_dataset` refuses, naming what differs,
-another number of classes, stored images smaller than the model's crop, or another ``mean_rgb``/``std_rgb``.
+"""Inference on new photos: :func:`predict_images` stores each photo as the preprocess job did
+(:func:`~shardprep.preprocess.image.image_ops.process_image`, the manifest's options), runs the model and names the
+classes; :func:`check_dataset` refuses a manifest that is not the model's dataset, naming what differs.
 """
 
 from __future__ import annotations
@@ -187,10 +185,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1, batch_size: int = 32,
                    errors: str = "raise") -> list:
-    """One :class:`Prediction` per photo, in order, from ``model`` (a Keras model or its ``model.keras``) trained on
-    ``manifest`` (its folder, ``manifest.json`` or the loaded manifest; checked: :func:`check_dataset`). ``images``:
-    paths or bytes, stored as the job stored the training images; ``top_k`` classes each. ``errors="raise"``: a
-    photo that cannot be used is a ``ValueError`` naming it; ``"report"``: a :class:`PhotoFailure` in its place."""
+    """One :class:`Prediction` per photo (paths or bytes), in order, from ``model`` (or its ``model.keras``) trained on
+    ``manifest`` (checked: :func:`check_dataset`), ``top_k`` classes each; a bad photo is a ``ValueError``
+    (``errors="raise"``) or a :class:`PhotoFailure` in its place (``"report"``)."""
     from shardprep.train.model.keras_model import load_model
 
     if errors not in ("raise", "report"):

@@ -1,9 +1,6 @@
-"""A checkpoint's ``state.json`` read back as untrusted input (:func:`read_state`), and :func:`locate`: which entry
-the ``last.keras`` on disk holds. No Keras: the CLI checks a checkpoint before Keras starts. The commit order
-(``checkpoints.save_checkpoint``): 1. the model to ``last.writing.keras``; 2. ``state.json``: the new entry with its
-sha256, and ``previous`` (the current ``last.keras``'s); 3. the rename to ``last.keras``. A kill anywhere leaves
-files paired by hash (between 2 and 3 the rename is finished on resume); older checkpoints are paired by the
-optimizer's step after loading. Each entry's ``state_sha256`` refuses an edited value.
+"""A checkpoint's ``state.json`` read back as untrusted input (:func:`read_state`, no Keras) and :func:`locate`: which
+entry the ``last.keras`` on disk holds. Commit order (``checkpoints.save_checkpoint``): the model to
+``last.writing.keras``, ``state.json`` with its sha256 and ``previous``, the rename: a kill anywhere stays paired.
 """
 
 from __future__ import annotations
@@ -115,12 +112,35 @@ def _history_problem(history) -> str | None:
     return None
 
 
-def _partial_problem(partial) -> str | None:
+def _pair(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(_count(v) for v in value)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, dict) and all(_number(v) for v in value.values())
+
+
+def saved_state_problem(entry: dict) -> str | None:
+    """What is wrong with an entry's random state (``rng``) and ``partial_epoch``, the epoch loop's parts."""
+    rng = entry.get("rng")
+    if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
+                                and all(_pair(pair) for pair in rng["layers"])
+                                and (rng.get("global") is None or _pair(rng["global"]))):
+        return "its random state (rng) is not a list of [seed, counter] pairs"
+    partial = entry.get("partial_epoch")
     if partial is None:
         return None
     if not isinstance(partial, dict) or not _count(partial.get("examples")) or not all(
             _number(partial.get(key)) and math.isfinite(partial[key]) for key in ("loss", "accuracy")):
-        return "'partial_epoch' is not {loss, accuracy, examples}"
+        return "its partial epoch (partial_epoch) lacks the numbers loss, accuracy and examples"
+    if partial.get("timing") is not None and not _numbers(partial["timing"]):
+        return "its partial epoch's timing is not numbers"
+    metrics = partial.get("metrics")
+    if metrics is not None and not (isinstance(metrics, dict) and all(
+            isinstance(value, (list, dict, int, float)) for value in metrics.values())):
+        return "its partial epoch's metric sums (metrics) are not numbers"
+    if not isinstance(partial.get("validation_pending", False), bool):
+        return "its partial epoch's validation_pending is not true or false"
     return None
 
 
@@ -144,7 +164,7 @@ def _step_problem(entry: dict, epochs_done: int) -> str | None:
         epochs = f"{epochs_done} epoch{'s' if epochs_done != 1 else ''}"
         return (f"'global_step' {step} is not in epoch {epochs_done + 1} ({epochs} in its history, "
                 f"{steps_per_epoch} steps each{', its validation pending' if pending else ''})")
-    return _partial_problem(entry.get("partial_epoch"))
+    return None
 
 
 def entry_problem(entry, nested: bool = False) -> str | None:
@@ -163,10 +183,9 @@ def entry_problem(entry, nested: bool = False) -> str | None:
     callbacks = entry.get("callbacks", {})
     if not isinstance(callbacks, dict) or not all(isinstance(value, dict) for value in callbacks.values()):
         return "'callbacks' is not an object of objects"
-    if version == STATE_FORMAT:
-        problem = _step_problem(entry, epochs_done)
-        if problem:
-            return problem
+    problem = (_step_problem(entry, epochs_done) if version == STATE_FORMAT else None) or saved_state_problem(entry)
+    if problem:
+        return problem
     for key in ("checkpoint_sha256", "state_sha256"):
         digest = entry.get(key)
         if digest is not None and not (isinstance(digest, str) and len(digest) == 64

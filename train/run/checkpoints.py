@@ -1,8 +1,5 @@
-"""What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` and the inference model.
-
-A checkpoint is ``last.keras`` and ``state.json`` (:func:`run_state`: the step, partial epoch, history, callbacks',
-the seed generators' state (:func:`capture_rng`: not in ``.keras`` files) and the options a resume must share),
-committed in a kill-safe order (:func:`save_checkpoint`, :mod:`shardprep.train.run.checkpoint_state`). Files are written
+"""What a training run writes and reads back: its JSON files, checkpoints for ``--resume`` (``last.keras`` and
+``state.json``: step, partial epoch, history, callbacks, seed generators, options) and the inference model; written
 under a temporary name and renamed, never through a link; a failed write is a :class:`RunFileError` naming the file.
 """
 

@@ -1,6 +1,6 @@
 """The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.run.loop.train`): timed steps, validation,
-callbacks, history, checkpoints (``partial_epoch``: running metrics, accumulators, ``timing``,
-``validation_pending``; ``rng``), progress and a clean stop on Ctrl-C.
+callbacks, history, checkpoints (mid-epoch: metrics, ``timing``, ``validation_pending``, ``rng``), progress and a
+clean stop on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -35,39 +35,6 @@ def combined(earlier: dict | None, later: dict, examples: int) -> dict:
             } | {"examples": total}
 
 
-def _pair(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)
-
-
-def _numbers(value) -> bool:
-    return isinstance(value, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                           for v in value.values())
-
-
-def saved_state_problem(state: dict) -> str | None:
-    """What is wrong with the parts of a ``state.json`` entry this module wrote (``rng``, ``partial_epoch``)."""
-    rng = state.get("rng")
-    if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("layers"), list)
-                                and all(_pair(pair) for pair in rng["layers"])
-                                and (rng.get("global") is None or _pair(rng["global"]))):
-        return "its random state (rng) is not a list of [seed, counter] pairs"
-    partial = state.get("partial_epoch")
-    if partial is None:
-        return None
-    if not (isinstance(partial, dict) and _numbers({key: partial.get(key) for key in ("loss", "accuracy")})
-            and isinstance(partial.get("examples"), int) and not isinstance(partial.get("examples"), bool)):
-        return "its partial epoch (partial_epoch) lacks the numbers loss, accuracy and examples"
-    if partial.get("timing") is not None and not _numbers(partial["timing"]):
-        return "its partial epoch's timing is not numbers"
-    metrics = partial.get("metrics")
-    if metrics is not None and not (isinstance(metrics, dict) and all(
-            isinstance(value, (list, dict, int, float)) for value in metrics.values())):
-        return "its partial epoch's metric sums (metrics) are not numbers"
-    if not isinstance(partial.get("validation_pending", False), bool):
-        return "its partial epoch's validation_pending is not true or false"
-    return None
-
-
 class _Timing:
     """An epoch's training time: steps timed, their seconds (checkpoints excluded) and the seconds in ``next()``."""
 
@@ -89,8 +56,6 @@ class Epochs:
         self.width, self.val_steps = width, val_steps
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
-        self.progress_factory = lambda steps, batch_size, first_step=0: progress.EpochProgress(
-            steps, batch_size, self.say, write=self.live, first_step=first_step, width=width)
         self.options: dict = {}
         self.on_batch = None
         self.live: Callable[[str], None] | None = None  # writes the terminal's progress line (EpochProgress)
@@ -103,10 +68,6 @@ class Epochs:
 
     def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
         """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
-        problem = saved_state_problem(state)
-        if problem:
-            raise ValueError(f"--resume: {self.paths['state']}: {problem}; the file is damaged: start again in a new "
-                             "--output-dir")
         self.model.stop_training = False
         self.callback_list.on_train_begin()
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
@@ -188,10 +149,8 @@ class Epochs:
             checkpoints.commit_best(self.paths)
         self._record(epoch, logs, time.perf_counter() - started, self.paths["best"] if written else None)
         if self.stop.requested:
-            at, saved = (epoch + 1) * self.steps_per_epoch, self.config.checkpoint
-            raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "epoch end",
-                                      self.paths["last"] if saved else None, at if saved else None,
-                                      "" if saved else "--no-checkpoint")
+            at = (epoch + 1) * self.steps_per_epoch
+            raise self._interrupted(epoch, self.steps_per_epoch, "epoch end", at if self.config.checkpoint else None)
         if self.model.stop_training:
             self.say(f"Early stopping after epoch {epoch + 1}: val_loss has not improved for "
                      f"{count(self.config.early_stopping_patience, 'epoch')}.")
@@ -207,7 +166,8 @@ class Epochs:
             carried = None
         checkpoint_seconds = 0.0
         started = time.perf_counter()
-        self.progress = progress_bar = self.progress_factory(self.steps_per_epoch, self.config.batch_size, first_step)
+        self.progress = progress_bar = progress.EpochProgress(self.steps_per_epoch, self.config.batch_size, self.say,
+                                                              write=self.live, first_step=first_step, width=self.width)
         every = self.config.checkpoint_every_steps if self.config.checkpoint else None
         for step in range(first_step, self.steps_per_epoch):
             self.callback_list.on_train_batch_begin(step)
@@ -277,28 +237,32 @@ class Epochs:
     def _stop_validating(self, epoch: int, logs: dict, timing: _Timing) -> None:
         """Ctrl-C during validation: the epoch's steps are saved as done, its validation left for the resume."""
         at = (epoch + 1) * self.steps_per_epoch
-        checkpoint = None
         if self.config.checkpoint:
             examples = self.steps_per_epoch * self.config.batch_size
             self._save(at, {"loss": logs["loss"], "accuracy": logs["accuracy"], "examples": examples,
                             "metrics": self.steps.metric_state(), "timing": timing.to_json(),
                             "validation_pending": True})
-            checkpoint = self.paths["last"]
-        raise TrainingInterrupted(at, epoch + 1, self.steps_per_epoch, self.steps_per_epoch, "validation",
-                                  checkpoint, at if checkpoint else None, "" if checkpoint else "--no-checkpoint")
+        raise self._interrupted(epoch, self.steps_per_epoch, "validation", at if self.config.checkpoint else None)
 
     def _stop_mid_epoch(self, epoch: int, step: int, partial: dict) -> None:
         """Ctrl-C after ``step`` steps of the epoch: a checkpoint there when the order can resume mid-epoch."""
-        at = epoch * self.steps_per_epoch + step
         if not self.config.checkpoint:
-            raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training", None, None,
-                                      "--no-checkpoint")
+            raise self._interrupted(epoch, step, "training")
         if self.steps.streamed():
             last = self.saved_state.get("global_step") if self.saved_state else None
-            raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training",
-                                      self.paths["last"] if last is not None else None, last, "streamed")
+            raise self._interrupted(epoch, step, "training", last, "streamed")
+        at = epoch * self.steps_per_epoch + step
         self._save(at, partial)
-        raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, "training", self.paths["last"], at)
+        raise self._interrupted(epoch, step, "training", at)
+
+    def _interrupted(self, epoch: int, step: int, stage: str, resumes_at: int | None = None,
+                     unsaved: str | None = None) -> TrainingInterrupted:
+        """The stop after ``step`` steps of ``epoch``; ``resumes_at``: the checkpoint's step (None: nothing saved)."""
+        saved = resumes_at is not None
+        if unsaved is None:
+            unsaved = "" if saved else "--no-checkpoint"
+        return TrainingInterrupted(epoch * self.steps_per_epoch + step, epoch + 1, step, self.steps_per_epoch, stage,
+                                   self.paths["last"] if saved else None, resumes_at, unsaved)
 
     def _best_checkpoints(self) -> list:
         return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]

@@ -1,7 +1,7 @@
-"""Ctrl-C or SIGTERM (how schedulers and ``timeout`` stop a job) during training as a request to stop cleanly: the
-step in flight finishes, a checkpoint is written there, and the caller is told where to resume
-(:class:`TrainingInterrupted`). A second one, or one before the process's first step (nothing new to save), stops at
-once. Whatever ``KeyboardInterrupt`` leaves :class:`StopRequests` carries ``by``: which stop it was."""
+"""Ctrl-C or SIGTERM during training as a request to stop cleanly: the step in flight finishes, a checkpoint is
+written there and the caller told where to resume (:class:`TrainingInterrupted`); a second one, or one before the
+first step, stops at once.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ def stopped_by(stop: BaseException) -> str:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped after ``global_step``: in ``epoch`` (1-based) after ``step`` of ``steps_per_epoch``.
-    ``stage``: ``"training"``, ``"validation"`` (steps done, validation stopped) or ``"epoch end"``.
-    ``checkpoint``/``resumes_at``: what ``--resume`` continues from (None: nothing). ``unsaved``: why nothing was
-    saved at the stop (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
+    """Training stopped after ``global_step``, in ``epoch`` (1-based) after ``step`` of ``steps_per_epoch`` at
+    ``stage`` (training, validation, epoch end); ``checkpoint``/``resumes_at``: what ``--resume`` continues from (None:
+    nothing); ``unsaved``: why nothing was saved (``"--no-checkpoint"``, ``"streamed"``), empty when it was."""
 
     def __init__(self, global_step: int, epoch: int, step: int, steps_per_epoch: int, stage: str,
                  checkpoint: str | None, resumes_at: int | None, unsaved: str = ""):

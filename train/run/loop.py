@@ -1,9 +1,6 @@
-"""The training loop, the same on every Keras backend (it imports none): model, optimizer and resume, the epochs
-(:mod:`shardprep.train.run.epochs`) over :mod:`~shardprep.train.run.steps_tf` or :mod:`~shardprep.train.run.steps_keras`, and the
-summary. Not ``model.fit``, which fetches batches inside its step: here ``next()`` is timed alone, so the time it
-blocks (``input_wait_fraction``) is time the accelerator waited for input. Step ``s`` reads a batch of the seeded
-order addressed by ``s``, and checkpoints keep the seed generators and the epoch's metric sums, so a resumed
-``--seed`` run ends bit for bit as the uninterrupted one.
+"""The training loop, the same on every Keras backend: model, optimizer, resume, the epochs over
+:mod:`~shardprep.train.run.steps_tf` or :mod:`~shardprep.train.run.steps_keras`, and the summary. ``next()`` is timed
+alone (``input_wait_fraction``); step ``s`` reads the batch the seeded order addresses by ``s``, so a resume is exact.
 """
 
 from __future__ import annotations
@@ -74,10 +71,9 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
           on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
           manifest: Manifest | None = None, live: Callable[[str], None] | None = None) -> dict:
-    """Trains ResNet-18 on ``config.data_dir`` with Keras's backend, writes ``history.json``, ``summary.json`` and
-    ``model.keras`` to ``config.output_dir``; returns the summary. ``on_batch(global_step, batch)`` sees each
-    training batch; ``report`` each message fitted to ``width``; ``live`` writes the progress line; ``manifest``:
-    as ``preflight.check`` returned it. Ctrl-C saves a checkpoint after the step and raises ``TrainingInterrupted``."""
+    """Trains ResNet-18 on ``config.data_dir``; writes ``history.json``, ``summary.json`` and ``model.keras``; returns
+    the summary. ``on_batch(global_step, batch)`` sees each batch, ``report`` each message, ``live`` the progress line;
+    ``manifest``: as ``preflight.check`` returned it. Ctrl-C saves a checkpoint and raises ``TrainingInterrupted``."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:

@@ -1,6 +1,6 @@
-"""Checks ``shardprep train`` makes before it imports TensorFlow: the manifest (loaded once, returned for the run),
-the splits, their shards, ``--image-size``, ``--batch-size``, ``--output-dir`` (:mod:`shardprep.train.run.run_files`)
-and the checkpoint for ``--resume``. Each failure is a one-line :class:`PreflightError`.
+"""Checks ``shardprep train`` makes before it imports TensorFlow: the manifest (loaded once, returned), the splits,
+their shards, ``--image-size``, ``--batch-size``, ``--output-dir`` and the checkpoint for ``--resume``, each failure
+a one-line :class:`PreflightError`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from shardprep.train.data.split_roles import ResolvedSplit, SplitRoleError, reso
 
 class PreflightError(ValueError):
     """Training cannot start; the message is meant for the user."""
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path
 
 
 def _loaded_manifest(data_dir: str) -> Manifest:
@@ -40,7 +36,7 @@ def _loaded_manifest(data_dir: str) -> Manifest:
 
 def _size(path: str) -> int | None:
     """The file's size in bytes, or None if it does not exist."""
-    if _is_url(path):
+    if checkpoint_state.is_url(path):
         from apache_beam.io.filesystems import FileSystems
 
         try:

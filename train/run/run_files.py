@@ -1,12 +1,6 @@
-"""What a ``shardprep train`` run owns in ``--output-dir`` and may do there (docs/safety.md), on the owned-folder
-model of :mod:`shardprep.preprocess.checks.owned_folder`.
-
-The run writes its record, ``RECORD_NAME``, before anything else (:func:`claim`): every file it may write
-(``RUN_FILES``, temporary names included) and the folders it makes; TensorBoard's files are added as they appear
-(:func:`event_file_recorder`). A run writes into a folder that is missing or empty or, with ``--resume`` or
-``--overwrite``, one holding a record and nothing it does not list (:func:`check_contents`); ``--overwrite``
-deletes listed files only (:func:`clear`). ``--output-dir`` is a real folder apart from DATA (:func:`check_path`).
-Imports neither Keras nor TensorFlow (but for URLs), so the CLI checks a folder before either starts.
+"""What a ``shardprep train`` run owns in ``--output-dir`` (docs/safety.md, on ``owned_folder``'s model): its record lists
+every file it may write, written first (:func:`claim`); it writes only into an empty folder or, with ``--resume`` or
+``--overwrite``, its own; ``--overwrite`` deletes listed files only. No Keras or TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The steps on JAX and PyTorch (:class:`KerasSteps`, :class:`~shardprep.train.run.steps_tf.TFSteps`' interface):
-``model.compile`` then ``train_on_batch``/``test_on_batch``, so Keras compiles the step (``jax.jit``;
-``torch.compile`` with ``--jit-compile``), scales the loss under ``mixed_float16``, adds weight decay and shards
-over a ``keras.distribution``. The host waits for each step's metrics, while ``NumpyReader`` (the same seeded order
-as the TensorFlow reader) keeps reading ahead. JAX uses every local device (``DataParallel``), PyTorch one.
+``train_on_batch``/``test_on_batch`` compiled by Keras (``jax.jit``; ``torch.compile`` with ``--jit-compile``), fed by
+``NumpyReader``; JAX over every local device (``DataParallel``), PyTorch on one.
 """
 
 from __future__ import annotations

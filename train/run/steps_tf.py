@@ -1,6 +1,6 @@
-"""The steps on TensorFlow (:class:`TFSteps`, the interface :class:`~shardprep.train.run.steps_keras.KerasSteps` has on
-JAX and PyTorch): a ``tf.distribute`` strategy, the precision, ``tf.data`` input and ``tf.function`` steps (XLA when
-asked). Nothing here waits for the device, so the loop's timed ``next()`` measures input wait only.
+"""The steps on TensorFlow (:class:`TFSteps`): a ``tf.distribute`` strategy, the precision, ``tf.data`` input and
+``tf.function`` steps (XLA when asked); nothing here waits for the device, so the loop's timed ``next()`` measures
+input wait only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""TensorBoard's logs that cannot be written (a full disk, a read-only ``logs/``): ``tf.summary`` raises TensorFlow's
-errors, a traceback that loses the epoch. :class:`TensorBoardLogs` keeps the first failure; the epoch loop ends the
-run once its work is saved, with one line saying what is saved and how to go on.
+"""TensorBoard's logs that cannot be written (a full disk, a read-only ``logs/``): :class:`TensorBoardLogs` keeps the
+first failure instead of a traceback; the epoch loop ends the run once its work is saved, with one line saying what
+is saved and how to go on.
 """
 
 from __future__ import annotations
