@@ -18,6 +18,9 @@ JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 for _name, _value in JAX_CACHE.items():
     os.environ.setdefault(_name, _value)
+# XLA's backend optimizations off for every JAX child (as test_model_backends, test_keras_steps and test_train_augment
+# already ran theirs): LLVM-optimizing each of a tiny model's programs costs more CPU than running them.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 from finished_runs import finished_run, run_copy  # noqa: E402, F401 - fixtures, shared by every test file of a process
 
