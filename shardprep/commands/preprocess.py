@@ -256,10 +256,6 @@ class _ProgressDisplay(LiveProgress):
             self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
                       final=True, finished=True)
 
-    def line_key(self, state: dict):
-        return (state.get("description"), state.get("completed"), state.get("total"), state.get("final"),
-                state.get("finished"))
-
     def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
         """What a line says after its description, ranked for :func:`fit`."""
         done, total = state.get("completed") or 0, state.get("total")
