@@ -92,13 +92,10 @@ class Reporter:
         self.gone = False
         self.failure: OSError | None = None
 
-    def __call__(self, text: str) -> None:
-        self._echo(text, nl=True)
-
     def write(self, text: str) -> None:
-        self._echo(text, nl=False)
+        self(text, nl=False)
 
-    def _echo(self, text: str, nl: bool) -> None:
+    def __call__(self, text: str, nl: bool = True) -> None:
         if self.gone:
             return
         try:
@@ -308,18 +305,22 @@ class SpinnerProgress(LiveProgress):
 
 def _spinner_columns():
     from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-    from rich.text import Text
 
     class AsciiBar(ProgressColumn):
-        """ASCII (``text.bar``): 80 columns counted in bytes too."""
-
         def render(self, task):
-            fraction = task.completed / task.total if task.total else None
-            style = "bar.pulse" if fraction is None else "bar.finished" if task.finished else "bar.complete"
-            return Text(bar(fraction, 20, int(time.monotonic() * 8)), style=style)
+            return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
 
     return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
             TextColumn("{task.fields[records]}"), TimeElapsedColumn())
+
+
+def bar_text(fraction: float | None, cells: int, finished: bool):
+    """An ASCII bar (``text.bar``: 80 columns counted in bytes too) in rich's bar styles; with no ``fraction`` its
+    block moves with the clock, so the run looks alive."""
+    from rich.text import Text
+
+    style = "bar.pulse" if fraction is None else "bar.finished" if finished else "bar.complete"
+    return Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style)
 
 
 def flow(items, width: int, indent: str = "  "):
