@@ -8,7 +8,7 @@ import traceback
 
 import click
 
-from shardprep.commands import own_long_options
+from shardprep.commands import ArgsKept, own_long_options
 from shardprep.commands.stops import stopped_lines, typed_command
 from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say, shortened
 from shardprep.pipelines.sources import registry as source_registry
@@ -40,15 +40,6 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 """
 
 
-class _ArgsKept(click.Command):
-    """Keeps the arguments as typed (``ctx.meta["preprocess.args"]``): a stopped run prints the command that
-    resumes it."""
-
-    def parse_args(self, ctx, args):
-        ctx.meta["preprocess.args"] = list(args)
-        return super().parse_args(ctx, args)
-
-
 class _EncodingSpec(click.Choice):
     """--encoding's choices, each also with its parameter (``jpeg:90``: ``encodings.parse_spec``)."""
 
@@ -71,7 +62,7 @@ def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, i
         raise click.UsageError(str(e)) from None
 
 
-@click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("preprocess", cls=ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
