@@ -1,9 +1,6 @@
-"""The built-in demo dataset: a small generated ImageFolder tree in every format and mode the job handles.
-
-Four classes of shapes (circle, square, triangle, stripes) on noisy backgrounds, sizes from 160 to 640 px, stored as
-RGB/greyscale/CMYK/EXIF-rotated JPEG, RGBA/palette/16-bit PNG, GIF, WebP and BMP, plus three broken files that the
-job must reject (empty, truncated, not an image). Deterministic for a seed; a small CNN can learn the classes.
-"""
+"""The built-in demo dataset: four classes of shapes on noisy backgrounds, 160-640 px, in every format and mode the
+job handles (:data:`KINDS`), plus three broken files it must reject (empty, truncated, not an image). Deterministic
+for a seed; a small CNN can learn the classes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The CLI's one output boundary: what a person reads (drawn with rich, as wide as ``text.output_width``), and
-what happens when it cannot be written. A reader gone (``| head``; a terminal that hung up) silences the stream and
-the command ends as it would have (hours of training are never lost to it). Any other stdout error (a full disk)
-ends the command, once its work is done, with one ``Error:`` line and status 1, as coreutils does. A stderr that
-cannot be written is silenced: the exit status still tells."""
+"""The CLI's one output boundary: what a person reads (rich, as wide as ``text.output_width``), and what happens
+when it cannot be written: a reader gone (``| head``, a hung-up terminal) silences the stream; any other stdout error
+(a full disk) ends the command after its work with one ``Error:`` line and status 1; a failing stderr is silenced."""
 
 from __future__ import annotations
 
@@ -69,21 +67,18 @@ def _failed(error: OSError, err: bool) -> bool:
 
 def say(text: str, err: bool = False) -> None:
     """``click.echo`` that never fails on a reader gone, nor on stderr; any other stdout error: OutputError."""
-    try:
+    with reader_may_go(err=err):
         click.echo(text, err=err)
-    except OSError as error:
-        if _failed(error, err):
-            raise OutputError(error) from None
 
 
 @contextlib.contextmanager
-def reader_may_go(done: str | None = None) -> Iterator[None]:
-    """Around the lines a command prints after its work: a reader gone, the rest goes nowhere and the status is
-    the command's; any other write error ends it with :class:`OutputError` saying ``done``."""
+def reader_may_go(done: str | None = None, err: bool = False) -> Iterator[None]:
+    """Around a command's lines after its work: a reader gone, the rest goes nowhere and the status is the
+    command's; any other stdout write error ends it with :class:`OutputError` saying ``done``."""
     try:
         yield
     except OSError as error:
-        if _failed(error, err=False):
+        if _failed(error, err):
             raise OutputError(error, done) from None
 
 
@@ -97,13 +92,10 @@ class Reporter:
         self.gone = False
         self.failure: OSError | None = None
 
-    def __call__(self, text: str) -> None:
-        self._echo(text, nl=True)
-
     def write(self, text: str) -> None:
-        self._echo(text, nl=False)
+        self(text, nl=False)
 
-    def _echo(self, text: str, nl: bool) -> None:
+    def __call__(self, text: str, nl: bool = True) -> None:
         if self.gone:
             return
         try:
@@ -203,10 +195,9 @@ def duration(seconds: float) -> str:
 
 
 class LiveProgress:
-    """One task's progress on stderr (:meth:`show`): rich's live display on a terminal (from the first update when
-    ``lazy``: no empty bar over an early error); elsewhere :meth:`plain_line` at the first update, then every
-    :func:`progress_seconds` when :meth:`line_key` changed (a minute when not), and at the end unless
-    ``transient``. Never redirects stdout or stderr, and reads ``sys.stderr`` afresh: the runner swaps it."""
+    """One task's progress on stderr: rich's live display on a terminal (from the first update when ``lazy``);
+    elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when :meth:`line_key`
+    changed (a minute when not), and at the end unless ``transient``. Reads ``sys.stderr`` afresh: the runner swaps it."""
 
     def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
         self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
@@ -257,7 +248,7 @@ class LiveProgress:
 
     def line_key(self, state: dict):
         """What a plain line says apart from the time: a last line is written only when this changed."""
-        return state.get("description"), state.get("completed"), state.get("total")
+        return tuple(state.get(key) for key in ("description", "completed", "total", "final", "finished"))
 
     def plain_line(self, state: dict, elapsed: float) -> str:
         done, total = state.get("completed") or 0, state.get("total")
@@ -314,18 +305,22 @@ class SpinnerProgress(LiveProgress):
 
 def _spinner_columns():
     from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-    from rich.text import Text
 
     class AsciiBar(ProgressColumn):
-        """ASCII (``text.bar``): 80 columns counted in bytes too."""
-
         def render(self, task):
-            fraction = task.completed / task.total if task.total else None
-            style = "bar.pulse" if fraction is None else "bar.finished" if task.finished else "bar.complete"
-            return Text(bar(fraction, 20, int(time.monotonic() * 8)), style=style)
+            return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
 
     return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
             TextColumn("{task.fields[records]}"), TimeElapsedColumn())
+
+
+def bar_text(fraction: float | None, cells: int, finished: bool):
+    """An ASCII bar (``text.bar``: 80 columns counted in bytes too) in rich's bar styles; with no ``fraction`` its
+    block moves with the clock, so the run looks alive."""
+    from rich.text import Text
+
+    style = "bar.pulse" if fraction is None else "bar.finished" if finished else "bar.complete"
+    return Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style)
 
 
 def flow(items, width: int, indent: str = "  "):
@@ -357,6 +352,12 @@ def flow(items, width: int, indent: str = "  "):
         line.append_text(phrase)
     lines.append(line)
     return Text("\n").join(lines)
+
+
+def headed(items: list, text: str, separator: str = ": ") -> list:
+    """:func:`flow` items: ``items`` (a heading), then ``text`` in its :func:`clauses`, after ``separator``."""
+    pieces = clauses(text)
+    return items + [(separator, pieces[0][1])] + pieces[1:] if pieces else items
 
 
 def clauses(text: str) -> list[tuple[str, str]]:

@@ -65,7 +65,7 @@ def test_a_library_probing_for_tensorflow_does_not_let_its_log_lines_through():
     """Other libraries (PyTorch, Keras) ask ``importlib.util.find_spec("tensorflow")`` before any import: the quiet
     import must still catch the real one that follows."""
     script = ("import importlib.util\n"
-              "from shardprep.preprocess import streams as quiet_logs\n"
+              "from shardprep.preprocess.checks import streams as quiet_logs\n"
               "quiet_logs.quiet_tensorflow()\n"
               "assert importlib.util.find_spec('tensorflow') is not None\n"
               "import tensorflow as tf\n"

@@ -157,7 +157,7 @@ def test_the_printed_command_pastes_as_typed_and_fits_the_width():
     args = ["my data", "--output-dir", "/runs/" + "deep/" * 20 + "run", "--epochs", "3", "--overwrite",
             "--batch-size", "8", "--no-tensorboard", "--seed", "1"]
     ctx = click.Context(train_command.command, info_name="train")
-    ctx.meta["train_args"] = args
+    ctx.meta["args"] = args
     words = train_command._rerun_words(ctx, "resume")
     text = train_command._shell_lines(words, 80)
     assert all(len(line) <= 80 for line in text.splitlines() if "/deep/" not in line)
@@ -172,7 +172,7 @@ def test_an_option_value_that_looks_like_a_flag_is_kept(tmp_path):
     from shardprep.commands import train as train_command
 
     ctx = click.Context(train_command.command, info_name="train")
-    ctx.meta["train_args"] = ["data", "--output-dir", "--resume", "--resume"]
+    ctx.meta["args"] = ["data", "--output-dir", "--resume", "--resume"]
     assert train_command._rerun_words(ctx, "resume") == ["shardprep train", "data", "--output-dir --resume",
                                                          "--resume"]
 

@@ -36,9 +36,12 @@ class ProgressReporter:
         """Writes the running count; a count of 0 only when ``zero`` (it then says the counter exists)."""
         if not self.directory or not (self.count or zero):
             return
-        if self._path is None:
-            self._path = os.path.join(self.directory, f"{self.counter}-{os.getpid()}-{uuid.uuid4().hex}")
+        self._path = self._path or _counter_file(self.directory, self.counter)
         atomic_write(self._path, str(self.count).encode())  # the launcher never reads half a number
+
+
+def _counter_file(directory: str, counter: str) -> str:
+    return os.path.join(directory, f"{counter}-{os.getpid()}-{uuid.uuid4().hex}")
 
 
 def read_progress(directory: str) -> dict[str, int]:
@@ -65,7 +68,7 @@ def mark(directory: str | None, **counts: int) -> None:
     if directory is None:
         return
     for counter, value in counts.items():
-        with open(os.path.join(directory, f"{counter}-{os.getpid()}-{uuid.uuid4().hex}"), "w") as f:
+        with open(_counter_file(directory, counter), "w") as f:
             f.write(str(value))
 
 

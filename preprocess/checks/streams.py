@@ -19,7 +19,7 @@ def redirect(fd: int, target: int) -> None:
 
 
 def point(fd: int, target: int) -> int:
-    """:func:`redirect`, returning a copy of what ``fd`` was, to redirect it back (the caller closes the copy)."""
+    """:func:`redirect`, returning a copy of what ``fd`` was (the caller redirects it back, then closes it)."""
     saved = os.dup(fd)
     redirect(fd, target)
     return saved
@@ -122,11 +122,9 @@ def _verbose_requested() -> bool:
     import click
 
     ctx = click.get_current_context(silent=True)
-    while ctx is not None:
-        if (ctx.params or {}).get("verbose"):
-            return True
+    while ctx is not None and not (ctx.params or {}).get("verbose"):
         ctx = ctx.parent
-    return False
+    return ctx is not None
 
 
 class _QuietImport(importlib.abc.MetaPathFinder):

@@ -8,9 +8,9 @@ import traceback
 
 import click
 
-from shardprep.commands import own_long_options
+from shardprep.commands import ArgsKept, own_long_options
 from shardprep.commands.stops import stopped_lines, typed_command
-from shardprep.output import LiveProgress, Reporter, bar, console, count, duration, fit, reader_may_go, say, shortened
+from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say, shortened
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.preprocess.format import encodings
@@ -40,15 +40,6 @@ Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_lo
 """
 
 
-class _ArgsKept(click.Command):
-    """Keeps the arguments as typed (``ctx.meta["preprocess.args"]``): a stopped run prints the command that
-    resumes it."""
-
-    def parse_args(self, ctx, args):
-        ctx.meta["preprocess.args"] = list(args)
-        return super().parse_args(ctx, args)
-
-
 class _EncodingSpec(click.Choice):
     """--encoding's choices, each also with its parameter (``jpeg:90``: ``encodings.parse_spec``)."""
 
@@ -71,7 +62,7 @@ def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, i
         raise click.UsageError(str(e)) from None
 
 
-@click.command("preprocess", cls=_ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("preprocess", cls=ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
 @click.option("--shorter-side", default=default("shorter_side"), show_default=True, type=click.IntRange(min=1),
@@ -117,10 +108,10 @@ def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, i
 @click.option("--verbose", is_flag=True, help="On failure, print the full traceback (Beam's too) after the error.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jpeg_quality, num_shards, seed,
-            max_pixels, labels_file, split, labels_split, tfds_data_dir, tfds_download, image_key, label_key,
-            classes_file, strict, exclude, overwrite, resume, quiet, verbose, beam_args):
-    encoding, jpeg_quality = _encoding_and_quality(ctx, encoding, jpeg_quality)
+def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **options):
+    # every other parameter is a PreprocessConfig field of the same name
+    options["encoding"], options["jpeg_quality"] = _encoding_and_quality(ctx, encoding, jpeg_quality)
+    source = options["source"]
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
     from shardprep.pipelines.preprocess_job import graph as job
@@ -133,12 +124,7 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
         runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT", own_long_options(ctx))
     except runner.BeamArgsError as e:
         raise click.ClickException(str(e)) from None
-    config = PreprocessConfig(
-        source=source, output=output.rstrip("/") or "/", shorter_side=shorter_side, crop=crop, encoding=encoding,
-        jpeg_quality=jpeg_quality, num_shards=num_shards, seed=seed, max_pixels=max_pixels, strict=strict,
-        overwrite=overwrite, labels_file=labels_file, split=split, labels_split=labels_split,
-        tfds_data_dir=tfds_data_dir, tfds_download=tfds_download, image_key=image_key, label_key=label_key,
-        exclude=exclude, classes_file=classes_file, allow_upscale=allow_upscale)
+    config = PreprocessConfig(**{**options, "output": options["output"].rstrip("/") or "/"})
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
@@ -169,10 +155,10 @@ def command(ctx, source, output, shorter_side, allow_upscale, crop, encoding, jp
     lines_while_running.raise_failure(complete)
     # `preprocess ... | head`: the dataset is complete, and the exit status says so; a full disk: status 1
     with reader_may_go(done=complete):
-        print_summary(manifest, time.monotonic() - started, output)
+        print_summary(manifest, time.monotonic() - started, config.output)
         if resume:
             click.echo(resumed_line(outcome.decode))
-        for note in capped_shard_notes(manifest, num_shards) + [f"note: {note}" for note in outcome.notes]:
+        for note in capped_shard_notes(manifest, config.num_shards) + [f"note: {note}" for note in outcome.notes]:
             click.echo(note)
     return manifest
 
@@ -256,10 +242,6 @@ class _ProgressDisplay(LiveProgress):
             self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
                       final=True, finished=True)
 
-    def line_key(self, state: dict):
-        return (state.get("description"), state.get("completed"), state.get("total"), state.get("final"),
-                state.get("finished"))
-
     def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
         """What a line says after its description, ranked for :func:`fit`."""
         done, total = state.get("completed") or 0, state.get("total")
@@ -291,15 +273,9 @@ class _ProgressDisplay(LiveProgress):
         return f"{description}, {rest}" if joined else f"{description} {rest}"
 
     def _columns(self):
-        from rich.progress import ProgressColumn
+        from rich.progress import RenderableColumn
 
-        display = self
-
-        class FittedLine(ProgressColumn):
-            def render(self, task):
-                return display.live_line()
-
-        return (FittedLine(),)
+        return (RenderableColumn(self),)  # rich asks its __rich__ (live_line) at every refresh
 
     def live_line(self):
         """Description, bar, :meth:`parts`, three columns spare (a line that fills the last column may wrap; Ctrl-C
@@ -315,11 +291,11 @@ class _ProgressDisplay(LiveProgress):
         cells = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
         done, total = state.get("completed") or 0, state.get("total") if state.get("final") else None
         fraction = min(1.0, done / total) if total else None
-        style = "bar.pulse" if fraction is None else "bar.finished" if fraction >= 1 else "bar.complete"
         line = Table.grid(padding=(0, 1))
-        pulse = int(time.monotonic() * 8)  # the block's place while the total is not known: it moves, so alive
-        line.add_row(Text(description, style="bold"), Text(bar(fraction, cells, pulse), style=style), Text(rest))
+        line.add_row(Text(description, style="bold"), bar_text(fraction, cells, fraction == 1), Text(rest))
         return line
+
+    __rich__ = live_line
 
 
 BAR_COLUMNS = (10, 40)  # the live bar's narrowest and widest
@@ -345,27 +321,28 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     if len(manifest["splits"]) != 1:
         table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
                       f"{manifest['num_rejected']:,}", "", "", "", style="bold")
+    def line(text: str, soft_wrap: bool = False) -> None:  # a path is never broken: soft_wrap
+        out.print(text, soft_wrap=soft_wrap, highlight=False)
+
     output = output.rstrip("/") or "/"
-    out.print(f"[bold]shardprep preprocess[/] → {output}", soft_wrap=True, highlight=False)
+    line(f"[bold]shardprep preprocess[/] → {output}", soft_wrap=True)
     out.print(table)
     rejected = {split: info["rejected_by_reason"] for split, info in manifest["splits"].items()
                 if info["rejected_by_reason"]}
     if rejected:
-        out.print("rejected by reason:", highlight=False)
+        line("rejected by reason:")
     for split, reasons in rejected.items():
-        out.print(f"  {split}: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.items()), highlight=False)
+        line(f"  {split}: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.items()))
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
-    mean = ", ".join(f"{v:.1f}" for v in manifest["mean_rgb"]) if manifest["mean_rgb"] else "-"
-    std = ", ".join(f"{v:.1f}" for v in manifest["std_rgb"]) if manifest["std_rgb"] else "-"
-    out.print(f"{count(len(manifest['classes']), 'class', 'classes')}; {stored_as(manifest)}", highlight=False)
-    out.print(f"mean RGB {mean}; std RGB {std}", highlight=False)
-    out.print(f"wall time {wall_seconds:.1f} s ({rate:,.0f} input{'' if round(rate) == 1 else 's'}/s)",
-              highlight=False)
-    out.print(f"manifest {output}/manifest.json", soft_wrap=True, highlight=False)
+    mean, std = (", ".join(f"{v:.1f}" for v in manifest[key] or ()) or "-" for key in ("mean_rgb", "std_rgb"))
+    line(f"{count(len(manifest['classes']), 'class', 'classes')}; {stored_as(manifest)}")
+    line(f"mean RGB {mean}; std RGB {std}")
+    line(f"wall time {wall_seconds:.1f} s ({rate:,.0f} input{'' if round(rate) == 1 else 's'}/s)")
+    line(f"manifest {output}/manifest.json", soft_wrap=True)
     if manifest["num_rejected"]:
-        out.print(f"rejects  {output}/rejects.jsonl", soft_wrap=True, highlight=False)
+        line(f"rejects  {output}/rejects.jsonl", soft_wrap=True)
     if manifest.get("not_used"):
-        out.print(not_used_line([entry["path"] for entry in manifest["not_used"]]), highlight=False)
+        line(not_used_line([entry["path"] for entry in manifest["not_used"]]))
 
 
 def stored_as(manifest: dict) -> str:

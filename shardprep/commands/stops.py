@@ -1,7 +1,6 @@
 """What a command stopped by Ctrl-C or SIGTERM says. ``preprocess``: what the run kept and the command that goes on
-(``resume:``, ``rerun:``, ``check it:``: one line however wide, to copy whole; the prose is wrapped to stderr's
-width); for a remote run, whether its job was submitted. ``validate``: which of the files it was asked to write this
-run wrote, so that a file left by an earlier run is not taken for this run's."""
+(one line however wide, to copy whole), or for a remote run whether its job was submitted. ``validate``: which of
+the files it was asked to write this run wrote (a file left by an earlier run is not this run's)."""
 
 from __future__ import annotations
 
@@ -111,7 +110,7 @@ def _written_since(path: str, since: float) -> bool:
 def typed_command(ctx) -> list[str]:
     """``shardprep [--verbose] preprocess ARGS...`` as it was typed."""
     verbose = ["--verbose"] if (ctx.find_root().params or {}).get("verbose") else []
-    return ["shardprep", *verbose, "preprocess", *ctx.meta.get("preprocess.args", [])]
+    return ["shardprep", *verbose, "preprocess", *ctx.meta.get("args", [])]
 
 
 def _with_flag(command: list[str], flag: str, drop: tuple[str, ...]) -> list[str]:

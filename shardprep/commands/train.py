@@ -5,6 +5,7 @@ import shlex
 
 import click
 
+from shardprep.commands import ArgsKept
 from shardprep.output import Reporter, gone_reason, say
 from shardprep.pipelines.runtime.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
@@ -29,20 +30,12 @@ def _profile_batches(ctx, param, value):
     return value
 
 
-class _TrainCommand(click.Command):
-    """Keeps the arguments as typed, so that a run stopped by Ctrl-C can print the exact command that resumes it."""
-
-    def parse_args(self, ctx, args):
-        ctx.meta["train_args"] = list(args)
-        return super().parse_args(ctx, args)
-
-
 def _rerun_words(ctx, action: str | None) -> list[str]:
     """``shardprep train`` with the arguments as typed, ``--resume``/``--overwrite`` dropped and ``--ACTION`` added;
     an option with its value is one entry (for wrapping)."""
     takes_value = {name for param in ctx.command.params if isinstance(param, click.Option) and not param.is_flag
                    for name in param.opts}
-    words, args = [], ctx.meta.get("train_args", [])
+    words, args = [], ctx.meta.get("args", [])
     index = 0
     while index < len(args):
         arg = args[index]
@@ -105,7 +98,7 @@ def _holds_run_files(output_dir: str) -> bool:
         return os.path.isdir(output_dir)  # unreadable: say --overwrite, which checks the folder again first
 
 
-@click.command("train", cls=_TrainCommand)
+@click.command("train", cls=ArgsKept)
 @click.argument("data", metavar="DATA")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help=f"The Keras backend [default: $KERAS_BACKEND if set, else {BACKENDS[0]} if installed, else "

@@ -201,8 +201,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_near_duplicates(say, report)
     _print_found_files(console, report)
     if report.get("skipped_checks"):
-        clauses = output.clauses(report["skipped_checks"])
-        say([("", _text("skipped", style="bold"))] + [(": ", clauses[0][1])] + clauses[1:])
+        say(output.headed([("", _text("skipped", style="bold"))], report["skipped_checks"]))
     pictures = report.get("pictures") or {}
     if pictures:
         paths = list(pictures.values())
@@ -269,17 +268,13 @@ def _dataset_split_line(split: str, summary: dict) -> list:
 
 def _print_class_table(console, say, summary: dict) -> None:
     """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else those that differ."""
-    from rich.table import Table
     expected = summary["expected_class_counts"]
     rows = list(enumerate(summary["class_counts"].items()))
     differ = [row for row in rows if row[1][1] != expected.get(row[1][0], 0)]
     shown = rows if len(rows) <= _CLASS_ROWS_SHOWN else differ[:_CLASS_ROWS_SHOWN]
     out_of_range = summary.get("out_of_range_labels", {})
     if shown or out_of_range:
-        table = Table()
-        for column in ("label", "class", "records", "manifest", ""):
-            table.add_column(column, justify="right" if column in ("label", "records", "manifest") else "left",
-                             **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
+        table = _table("label", "class", "records", "manifest", "")
         for label, (name, n) in shown:
             mark = _text("✗", style="red") if n != expected.get(name, 0) else _text("✓", style="green")
             table.add_row(str(label), _text(display_name(name)), f"{n:,}", f"{expected.get(name, 0):,}", mark)
@@ -317,15 +312,20 @@ def _foreign_split_line(split: str, summary: dict) -> list:
             ("; ", "modes " + (", ".join(f"{k} {v:,}" for k, v in summary["image_modes"].items()) or "-"))]
 
 
-def _foreign_split_table(summary: dict, classes: list[str] | None = None):
-    """Records per label, and their class names when the report has them (a ``label.labels.txt``)."""
+def _table(*columns: str):
+    """A rich table: a class name folds; the other columns never wrap, numbers right-aligned."""
     from rich.table import Table
 
     table = Table()
-    table.add_column("label", justify="right", no_wrap=True)
-    if classes:
-        table.add_column("class", overflow="fold")
-    table.add_column("records", justify="right", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("class", "") else "right",
+                         **({"overflow": "fold"} if column == "class" else {"no_wrap": True}))
+    return table
+
+
+def _foreign_split_table(summary: dict, classes: list[str] | None = None):
+    """Records per label, and their class names when the report has them (a ``label.labels.txt``)."""
+    table = _table("label", *(["class"] if classes else []), "records")
     rows = list(summary["label_counts"].items())
     for label, n in rows[:_CLASS_ROWS_SHOWN]:
         name = (_text(display_name(classes[int(label)])) if 0 <= int(label) < len(classes)
@@ -377,9 +377,7 @@ def _print_near_duplicates(say, report: dict) -> None:
 
 
 def _warning(subject: str, message: str) -> list:
-    clauses = output.clauses(message)
-    return ([("", _text("  ", ("warning", "bold yellow"))), ("  ", subject), (": ", clauses[0][1])]
-            + clauses[1:])
+    return output.headed([("", _text("  ", ("warning", "bold yellow"))), ("  ", subject)], message)
 
 
 def _print_problems(say, report: dict) -> None:
@@ -395,6 +393,4 @@ def _print_problems(say, report: dict) -> None:
         items: list = [("", _text("  ", (found["check"], "bold")))]
         if where:
             items.append(("  ", where + ("" if found.get("index") is None else f" record {found['index']}")))
-        clauses = output.clauses(found["message"])
-        items += [(": " if where else "  ", clauses[0][1])] + clauses[1:] if clauses else []
-        say(items, indent="    ")
+        say(output.headed(items, found["message"], ": " if where else "  "), indent="    ")

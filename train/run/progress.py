@@ -1,6 +1,5 @@
-"""What ``shardprep train`` shows a person, fitted to the output's width (``text.output_width``, at least
-:data:`MIN_WIDTH`): progress within an epoch, and the run's messages. The training loop calls these; the CLI passes
-the ``report``/``write`` callables that put them on the screen."""
+"""What ``shardprep train`` shows a person, fitted to the output's width (at least :data:`MIN_WIDTH`): progress
+within an epoch, and the run's messages. The CLI passes the ``report``/``write`` callables that print them."""
 
 from __future__ import annotations
 
@@ -45,10 +44,8 @@ def _metrics_text(metrics: dict | None) -> list[str]:
 
 class EpochProgress:
     """Training steps up to N/N (images/s, ETA, running loss and accuracy), then the validation batches. On a
-    terminal one line rewritten in place (``write``, one column short of the width so it never wraps) at most every
-    ``interval_tty`` s, left at N/N with the epoch's time; the validation line is cleared before the epoch's report.
-    Elsewhere a plain line through ``report`` every ``interval`` s, and a last N/N line when the epoch showed any.
-    Images/s counts steps launched: the device may lag a step."""
+    terminal one line rewritten in place (``write``, one column short of the width) at most every ``interval_tty``
+    s; elsewhere a plain line through ``report`` every ``interval`` s, and a last N/N line when the epoch showed any."""
 
     def __init__(self, steps: int, batch_size: int, report: Callable[[str], None] = print, *,
                  stream=None, write: Callable[[str], None] | None = None, interval: float | None = None,
@@ -56,7 +53,7 @@ class EpochProgress:
         self.steps, self.batch_size, self.report = steps, batch_size, report
         self.first_step = first_step  # a resumed epoch starts here: rates count the steps this process ran
         self.stream = stream if stream is not None else sys.stdout
-        self.write = write or self._write_stream
+        self.write = write or (lambda text: (self.stream.write(text), self.stream.flush()))
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = interval_tty if self.tty else (PROGRESS_INTERVAL if interval is None else interval)
         self.width = width or terminal_width()
@@ -66,9 +63,8 @@ class EpochProgress:
         self.live = False  # a terminal line waits to be rewritten
 
     def line(self, step: int, elapsed: float, metrics: dict | None = None) -> str:
-        parts = [f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%)", *self._rates(step, elapsed),
-                 *_metrics_text(metrics)]
-        return ", ".join(parts)
+        return ", ".join([f"  step {step}/{self.steps} ({100 * step / self.steps:.0f}%)",
+                          *self._rates(step, elapsed), *_metrics_text(metrics)])
 
     def _rates(self, step: int, elapsed: float) -> list[str]:
         ran = step - self.first_step
@@ -87,10 +83,6 @@ class EpochProgress:
             return f"{count} {bar(step / self.steps, min(BAR_WIDTH, room))} {rest}"
         return f"{count} {rest}"[:self.width - 1]
 
-    def _write_stream(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
-
     def _show(self, text: str) -> None:
         self.shown = True
         if self.tty:
@@ -99,24 +91,22 @@ class EpochProgress:
         else:
             self.report(fit(text, self.width, indent="    "))
 
+    def _show_step(self, step: int, metrics: dict | None) -> None:
+        elapsed = time.perf_counter() - self.started
+        self._show((self.terminal_line if self.tty else self.line)(step, elapsed, metrics))
+
     def update(self, step: int, metrics: Callable[[], dict] | None = None) -> None:
         """``metrics()`` is asked only when a line is shown: reading them waits for the device."""
         now = time.perf_counter()
         if now - self.last_shown < self.interval or step >= self.steps:
             return
         self.last_shown = now
-        elapsed = now - self.started
-        values = metrics() if metrics is not None else None
-        self._show(self.terminal_line(step, elapsed, values) if self.tty else self.line(step, elapsed, values))
+        self._show_step(step, metrics() if metrics is not None else None)
 
     def finish(self, metrics: dict | None = None) -> None:
-        elapsed = time.perf_counter() - self.started
-        if self.tty:
-            self._show(self.terminal_line(self.steps, elapsed, metrics))
-            self.write("\n")
-            self.live = False
-        elif self.shown:
-            self._show(self.line(self.steps, elapsed, metrics))
+        if self.tty or self.shown:
+            self._show_step(self.steps, metrics)
+        self.interrupt_line()
         self.last_shown = time.perf_counter()
 
     def validating(self, batch: int, batches: int | None) -> None:
