@@ -16,6 +16,12 @@ import pytest
 from shardprep.pipelines.runtime import stopping
 
 
+def _hangup_as_from_a_terminal():
+    """A suite started under nohup passes SIGHUP on ignored, and a run that inherits it ignored keeps it so (the test
+    below): the child starts with the default action, as a run started from a terminal does."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("number, status", [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
 def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(tmp_path, number, status):
     source, output, temporary = tmp_path / "src", tmp_path / "out", tmp_path / "tmp"
@@ -24,7 +30,7 @@ def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(tmp
                                      kinds=("jpeg",))
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
                                 "--shorter-side", "160", "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, "TMPDIR": str(temporary)})
+                               env={**os.environ, "TMPDIR": str(temporary)}, preexec_fn=_hangup_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while process.poll() is None and time.monotonic() < deadline and not (
