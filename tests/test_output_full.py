@@ -124,7 +124,8 @@ def test_say_on_a_stderr_that_cannot_be_written_raises_nothing(monkeypatch):
 def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(colour_dataset, tmp_path):
     """``train ... > log`` on a full disk: one note when the first line fails, the run goes on to its end and writes
     every file, then the error line and status 1 (it ended with a traceback, the training lost). With stderr full
-    too, nothing is said and the status is still 1. ``predict`` answers nothing and says why."""
+    too, nothing is said and the status is still 1. ``predict`` answers nothing and says why; to a reader gone, it
+    says nothing and exits 0."""
     import json
 
     from finished_runs import TINY
@@ -149,3 +150,14 @@ def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(col
                                    env=environment("tensorflow"))
     assert_one_error_line(stderr)
     assert status == 1
+    # A reader that went away before predict wrote (`predict ... | head -0`): nothing to say, and predict's own status.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        gone = subprocess.run([sys.executable, "-m", "shardprep.cli", "predict", str(tmp_path / "apart" / "model.keras"),
+                               str(colour_dataset), str(tmp_path / "red.png")], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300, env=environment("tensorflow"))
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in gone.stderr and "Exception ignored" not in gone.stderr, gone.stderr
+    assert gone.returncode == 0, gone.stderr
