@@ -17,10 +17,10 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from shardprep.pipelines.preprocess_job.boundaries import ShardBoundaries
+from shardprep.pipelines.preprocess_job.shards import ShardBoundaries
 from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.preprocess_job.decode_groups import DecodeGroups
-from shardprep.pipelines.preprocess_job.layouts import FixedLayouts
+from shardprep.pipelines.preprocess_job.decode_groups import FixedLayouts
 from shardprep.pipelines.preprocess_job.manifest_writer import CountInputs, WriteManifest, WriteRejects
 from shardprep.pipelines.preprocess_job.shards import WriteShards
 from shardprep.pipelines.runtime import spill

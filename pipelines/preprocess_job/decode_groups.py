@@ -1,16 +1,18 @@
 """Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order, each
 decoded by one worker into one file. Groups are the shards when their count is known before decoding; the order
-depends on the keys only, so groups are found from sort keys and gathered in one shuffle of packed batches."""
+depends on the keys only, so groups are found from sort keys and gathered in one shuffle of packed batches. Raw
+centre crops are all S*S*3 bytes: each split's records get one fixed layout fitting its keys and labels."""
 
 from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from shardprep.pipelines.preprocess_job.boundaries import RankBoundaries
-from shardprep.preprocess.format import sharding
+from shardprep.pipelines.preprocess_job.shards import RankBoundaries
+from shardprep.preprocess.format import encodings, sharding
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.format.elements import Input
+from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.preprocess.format.record_pointers import SortKeys
 
 
@@ -90,3 +92,43 @@ def DecodeGroups(batches, seed: int, input_counts, layouts, requested_shards: in
             | "AssignDecodeGroups" >> beam.ParDo(AssignDecodeGroups(seed),
                                                  beam.pvalue.AsSingleton(group_starts, default_value={}))
             | "GroupInputs" >> beam.GroupByKey())
+
+
+def uses_fixed_layout(config) -> bool:
+    return encodings.get(config.encoding).has_fixed_layout(config.crop)
+
+
+def _key_bounds(item: Input) -> tuple[str, tuple[int, int, int]]:
+    length = len(item.key.encode("utf-8"))
+    return item.split, (length, length, item.label)
+
+
+def _layout(bounds: tuple[int, int, int], side: int) -> FixedLayout:
+    shortest, longest, max_label = bounds
+    return FixedLayout.for_records(side, side, (shortest, longest), max_label)
+
+
+class LayoutOfKeyBounds(beam.combiners.TupleCombineFn):
+    """A split's (shortest key, longest key, largest label), in bytes, merged into its FixedLayout."""
+
+    def __init__(self, side: int):
+        super().__init__(min, max, max)
+        self.side = side
+
+    def extract_output(self, accumulator):
+        return _layout(super().extract_output(accumulator), self.side)
+
+
+@beam.ptransform_fn
+def FixedLayouts(inputs, side: int):
+    """Inputs -> (split, FixedLayout) per split."""
+    return (inputs
+            | "RecordKeyBounds" >> beam.Map(_key_bounds)
+            | "MergeKeyBounds" >> beam.CombinePerKey(LayoutOfKeyBounds(side)))
+
+
+def planned_layouts(config, key_bounds: dict) -> dict:
+    """{split: FixedLayout} from a kind's ``planned_key_bounds``; empty unless the records are raw centre crops."""
+    if not uses_fixed_layout(config):
+        return {}
+    return {split: _layout(bounds, config.shorter_side) for split, bounds in key_bounds.items()}

@@ -12,15 +12,14 @@ import apache_beam as beam
 
 from shardprep.pipelines.preprocess_job import input_sizes
 from shardprep.pipelines.runtime import journal, progress, storage, worker_zygote
-from shardprep.pipelines.preprocess_job.boundaries import ShardBoundaries
 from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
-from shardprep.pipelines.preprocess_job.decode_groups import DecodeGroups
+from shardprep.pipelines.preprocess_job.decode_groups import (DecodeGroups, FixedLayouts, planned_layouts,
+                                                               uses_fixed_layout)
 from shardprep.pipelines.preprocess_job.exclude import ExcludeInputs, exclude_note, keys_file, read_keys, unknown_keys
-from shardprep.pipelines.preprocess_job.layouts import FixedLayouts, planned_layouts, uses_fixed_layout
 from shardprep.pipelines.preprocess_job.listing import GivenValues, ListInputs
 from shardprep.pipelines.preprocess_job.manifest_writer import CountInputs, WriteManifest, WriteRejects, build_manifest
-from shardprep.pipelines.preprocess_job.shards import WriteShards
+from shardprep.pipelines.preprocess_job.shards import ShardBoundaries, WriteShards
 from shardprep.pipelines.sources.kind import SourcePlan
 from shardprep.pipelines.sources.registry import kind_of, parse, plan_source
 from shardprep.pipelines.runtime.storage import prepare_output
