@@ -65,7 +65,7 @@ def test_a_preprocess_run_sizes_its_workers_from_the_listed_bytes(tmp_path, monk
         return ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
     monkeypatch.setattr(runners, "sized_to_work", recording)
-    job.run_job(PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8), [])
+    job.execute_job(PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8), [])
     assert seen == [([], sizes)]
     assert (tmp_path / "out" / "manifest.json").is_file()
 

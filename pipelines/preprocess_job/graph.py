@@ -95,10 +95,6 @@ class JobSubmission:
     submitted: bool = False
 
 
-def run_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False) -> dict:
-    return execute_job(config, beam_args, on_progress, resume).manifest
-
-
 def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
                 on_resume=None, submission: JobSubmission | None = None, on_plan=None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.

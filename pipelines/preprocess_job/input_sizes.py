@@ -94,14 +94,10 @@ def _task_sample(config, plan: SourcePlan) -> SizeSample:
 
 
 def _input_size(item: Input, read_path) -> tuple[int, int] | None:
-    if item.data is not None:
-        return header_size(io.BytesIO(item.data))
-    if item.path is None:
-        return None
-    if read_path is None:
-        return _file_size(item.path)
+    if item.data is None and (item.path is None or read_path is None):
+        return _file_size(item.path) if item.path is not None else None
     try:
-        return header_size(io.BytesIO(read_path(item.path)))
+        return header_size(io.BytesIO(item.data if item.data is not None else read_path(item.path)))
     except Exception:  # noqa: BLE001 - an unreadable member: the job rejects it, saying why
         return None
 

@@ -34,14 +34,16 @@ class ArchiveSource(SourceKind):
 
     def claims_folder(self, location: str) -> bool:
         """A folder holding archives named for a split (train, val) and, locally, no folders."""
-        if "://" in location:
-            return any(archive_index.archive_type(name) and _names_split(name) for name in _remote_names(location))
-        try:  # not a folder, or unreadable: not claimed (the folder kind says why)
-            entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
-        except OSError:
+        try:  # not a folder, or unreadable: not claimed (planning the folder says why)
+            if "://" in location:
+                names, folders = remote_names(location), False
+            else:
+                entries = [e for e in os.scandir(location) if not sources.is_hidden(e.name)]
+                names, folders = [e.name for e in entries], any(e.is_dir() for e in entries)
+        except Exception:  # noqa: BLE001 - any failure of a listing
             return False
-        return not any(e.is_dir() for e in entries) and any(archive_index.archive_type(e.name)
-                                                             and _names_split(e.name) for e in entries)
+        return not folders and any(archive_index.archive_type(name) and any(word in name.lower() for word in (
+            "train", "val")) for name in names)
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
         archive = archive_index.split_inner(location)[0]
@@ -80,18 +82,6 @@ class ArchiveSource(SourceKind):
                 + planned_entries(plan) + labels_file_entries(config))
 
 
-def _names_split(name: str) -> bool:
-    return any(word in name.lower() for word in ("train", "val"))
-
-
-def _remote_names(location: str) -> list[str]:
-    """The names one level inside a remote folder; none when it cannot be listed (the folder kind says why)."""
-    try:
-        return remote_names(location)
-    except Exception:  # noqa: BLE001 - any failure: not claimed here; planning the folder reports it
-        return []
-
-
 Identities = dict[str, tuple[int, int]]  # an archive's path -> (size, mtime in ns) when it was planned
 
 
@@ -115,11 +105,10 @@ def check_unchanged(path: str, planned: Identities, raw=None) -> None:
                               "the old plan's names and labels; the run stops; rerun to plan it again")
 
 
+@dataclasses.dataclass
 class ArchiveTaskReader:
     """A read task -> its Inputs and Rejects, on a worker."""
-
-    def __init__(self, planned: Identities | None = None):
-        self.planned = planned or {}
+    planned: Identities
 
     def __call__(self, task) -> Iterator[Input | Reject]:
         if isinstance(task, MembersTask):

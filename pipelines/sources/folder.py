@@ -118,39 +118,6 @@ class _FolderListing(NamedTuple):
     not_used: list[accounting.NotUsed]  # beside the folders: not images, hidden, unlabelled splits
 
 
-def plan_folder(kind: SourceKind, root: str, config) -> FolderPlan:
-    source_root = os.path.realpath(root) if is_local(root) else None
-    top = list_children(root, source_root)
-    split_dirs = _split_dirs(root, top, config.split)
-    children = {directory: top if directory == root else list_children(directory, source_root)
-                for _, directory in split_dirs}
-    flat = _flat_files(split_dirs, children)
-    labels_split, rows, unlabelled = None, [], {}
-    label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()
-    if config.labels_file:
-        rows = read_labels_file_rows(config.labels_file,  # the pipeline gets these rows, not the file
-                                     lambda name: any(exists(manifest.join(d, name)) for _, d, _ in flat))
-        label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
-        unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
-    else:
-        _refuse_flat_splits_beside_classes(root, flat, children)
-    listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
-    if config.labels_file:
-        labels_split = _labels_split(config.labels_split, listing.splits, listing.flat_dirs)
-    stored = [posixpath.basename(directory) for _, _, directory in listing.class_dirs] + [row.label for row in rows]
-    if not stored:
-        raise sources.SourceError(
-            f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, "
-            "or images with --labels-file" + (" (its images are not in class folders: did you forget --labels-file?)"
-                                              if listing.flat_dirs else ""))
-    return FolderPlan(kind=kind, location=root, splits=tuple(listing.splits),
-                      classes=tuple(ordered_classes(stored, f"the folder {names.printable(root)}", config)),
-                      class_dirs=tuple(listing.class_dirs),
-                      flat_dirs=tuple(listing.flat_dirs), labels_split=labels_split, skipped=tuple(listing.skipped),
-                      label_rows=label_rows,
-                      not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
-
-
 def _flat_files(split_dirs, children) -> list[tuple[str, str, list[str]]]:
     """(split, directory, file names) read with the labels file: beside class folders only images."""
     flat = []
@@ -268,8 +235,36 @@ class FolderSource(SourceKind):
         return [ApartFrom("SOURCE", location)] + ([ApartFrom("labels file", config.labels_file)]
                                                    if config.labels_file else []) + classes_file_apart(config)
 
-    def plan(self, location: str, config) -> FolderPlan:
-        return plan_folder(self, location, config)
+    def plan(self, root: str, config) -> FolderPlan:
+        source_root = os.path.realpath(root) if is_local(root) else None
+        top = list_children(root, source_root)
+        split_dirs = _split_dirs(root, top, config.split)
+        children = {directory: top if directory == root else list_children(directory, source_root)
+                    for _, directory in split_dirs}
+        flat = _flat_files(split_dirs, children)
+        rows, unlabelled = [], {}
+        label_rows: tuple[tuple[str, tuple[str, str]], ...] = ()
+        if config.labels_file:
+            rows = read_labels_file_rows(config.labels_file,  # the pipeline gets these rows, not the file
+                                         lambda name: any(exists(manifest.join(d, name)) for _, d, _ in flat))
+            label_rows = tuple((labels.match_key(row.filename), (row.filename, row.label)) for row in rows)
+            unlabelled = _unlabelled_splits(root, flat, {key for key, _ in label_rows}, children)
+        else:
+            _refuse_flat_splits_beside_classes(root, flat, children)
+        listing = _list_levels(root, [(s, d) for s, d in split_dirs if s not in unlabelled], top, children, flat)
+        stored = [posixpath.basename(directory) for _, _, directory in listing.class_dirs] + [row.label for row in rows]
+        if not stored:
+            raise sources.SourceError(
+                f"no classes found in {root}: expected SOURCE/<split>/<class>/<file>, SOURCE/<class>/<file>, or "
+                "images with --labels-file" + (" (its images are not in class folders: did you forget "
+                                               "--labels-file?)" if listing.flat_dirs else ""))
+        return FolderPlan(
+            kind=self, location=root, splits=tuple(listing.splits),
+            classes=tuple(ordered_classes(stored, f"the folder {names.printable(root)}", config)),
+            class_dirs=tuple(listing.class_dirs), flat_dirs=tuple(listing.flat_dirs), label_rows=label_rows,
+            labels_split=_labels_split(config.labels_split, listing.splits, listing.flat_dirs) if config.labels_file
+            else None, skipped=tuple(listing.skipped),
+            not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
 
     def list_inputs(self, pbegin, config, plan: FolderPlan, progress_dir: str | None) -> dict:
         from shardprep.pipelines.preprocess_job.listing import list_folder
@@ -277,10 +272,29 @@ class FolderSource(SourceKind):
         return list_folder(pbegin, config, plan, progress_dir)
 
     def notes_after_run(self, plan: FolderPlan, document: dict) -> tuple[str, ...]:
+        """A note per class whose folders hold no file at all; only folders whose class got no record in their
+        split are listed again."""
         from shardprep.pipelines.preprocess_job.listing import list_files
 
         source_root = os.path.realpath(plan.location) if is_local(plan.location) else None
-        return empty_class_notes(plan, document, lambda folder: list_files(folder, True, source_root))
+        counts = {split: info.get("class_counts", {}) for split, info in document.get("splits", {}).items()}
+        empty: dict[str, list[str]] = {}
+        for split, class_name, directory in plan.class_dirs:
+            if not counts.get(split, {}).get(class_name, 0) and list_files(directory, True, source_root) == ([], []):
+                empty.setdefault(class_name, []).append(sources.printable_key(sources.source_key(plan.location,
+                                                                                                   directory)))
+        notes = []
+        for class_name, folders in empty.items():
+            one = len(folders) == 1
+            named = text.series(folders)
+            said = f"class folder{'' if one else 's'} {named} hold{'s' if one else ''} no images"
+            classes = document.get("classes", [])
+            if class_name in classes and not any(split_counts.get(class_name, 0) for split_counts in counts.values()):
+                said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
+                         "dataset (a model trained on it has an output nothing trains): remove the "
+                         f"folder{'' if one else 's'} and rerun to leave it out")
+            notes.append(text.wrap(said, 74))
+        return tuple(notes)
 
     def resume_refusal(self, plan: FolderPlan) -> str | None:
         if is_local(plan.location):
@@ -300,29 +314,6 @@ class FolderSource(SourceKind):
             entries += [file_entry(sources.printable_key(sources.source_key(root, path)), path) for path in paths
                         if sources.source_key(root, path) not in not_used]
         return entries + labels_file_entries(config)
-
-
-def empty_class_notes(plan: FolderPlan, document: dict, listed: Callable) -> tuple[str, ...]:
-    """A note per class whose folders hold no file at all (``listed(directory)``: its files and skipped entries);
-    only folders whose class got no record in their split are listed again."""
-    counts = {split: info.get("class_counts", {}) for split, info in document.get("splits", {}).items()}
-    empty: dict[str, list[str]] = {}
-    for split, class_name, directory in plan.class_dirs:
-        if counts.get(split, {}).get(class_name, 0) == 0 and listed(directory) == ([], []):
-            empty.setdefault(class_name, []).append(sources.printable_key(sources.source_key(plan.location,
-                                                                                               directory)))
-    notes = []
-    for class_name, folders in empty.items():
-        one = len(folders) == 1
-        named = text.series(folders)
-        said = f"class folder{'' if one else 's'} {named} hold{'s' if one else ''} no images"
-        classes = document.get("classes", [])
-        if class_name in classes and not any(split_counts.get(class_name, 0) for split_counts in counts.values()):
-            said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
-                     "dataset (a model trained on it has an output nothing trains): remove the "
-                     f"folder{'' if one else 's'} and rerun to leave it out")
-        notes.append(text.wrap(said, 74))
-    return tuple(notes)
 
 
 FOLDER = FolderSource()

@@ -88,9 +88,7 @@ class TFDSSource(TFRecordSource):
                     f"TFDS dataset {location} is not prepared in {builder.data_dir}; prepare it there (tfds build) "
                     "or pass --tfds-download to download and prepare it now")
             builder.download_and_prepare()
-        split_files = [(split, str(path)) for split, info in builder.info.splits.items() for path in info.filepaths]
-        _check_prepared(location, builder, split_files)
-        return self.files_plan(location, split_files, label_names(builder, config.label_key))
+        return self.files_plan(location, _prepared_files(location, builder), label_names(builder, config.label_key))
 
     def record_files(self, location: str, tfds_data_dir: str | None, label_key: str) -> RecordFiles:
         builder = tfds_builder(location, tfds_data_dir)
@@ -99,14 +97,16 @@ class TFDSSource(TFRecordSource):
                 f"TFDS dataset {location} is not prepared in {builder.data_dir} and validate never downloads: "
                 f"prepare it there (tfds build, or shardprep preprocess tfds:{location} OUTPUT --tfds-download), or "
                 "pass --tfds-data-dir where it is prepared")
-        files = sorted(str(path) for info in builder.info.splits.values() for path in info.filepaths)
-        _check_prepared(location, builder, files)
+        files = sorted(path for _, path in _prepared_files(location, builder))
         return RecordFiles(files, label_names(builder, label_key))
 
 
-def _check_prepared(location: str, builder, files: list) -> None:
-    if not files:
+def _prepared_files(location: str, builder) -> list[tuple[str, str]]:
+    """(split, file) of every prepared file; a SourceError for none."""
+    found = [(split, str(path)) for split, info in builder.info.splits.items() for path in info.filepaths]
+    if not found:
         raise sources.SourceError(f"TFDS dataset {location} has no prepared files in {builder.data_dir}")
+    return found
 
 
 def tfds_builder(name: str, data_dir: str | None):

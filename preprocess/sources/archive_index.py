@@ -14,11 +14,8 @@ import zlib
 from typing import BinaryIO, Iterator, NamedTuple
 
 BLOCK = 512  # a tar header, and the unit its data is padded to
-TAR_SUFFIXES = (".tar",)
-COMPRESSED_TAR_SUFFIXES = (".tar.gz", ".tgz")
-ZIP_SUFFIXES = (".zip",)
-ARCHIVE_SUFFIXES = TAR_SUFFIXES + COMPRESSED_TAR_SUFFIXES + ZIP_SUFFIXES
-_KINDS = ((COMPRESSED_TAR_SUFFIXES, "tgz"), (TAR_SUFFIXES, "tar"), (ZIP_SUFFIXES, "zip"))
+_KINDS = (((".tar.gz", ".tgz"), "tgz"), ((".tar",), "tar"), ((".zip",), "zip"))
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 
 UNSAFE_NAME = "unsafe_member_name"
 NOT_A_FILE = "not_a_regular_file"
