@@ -11,6 +11,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from shardprep.pipelines.runtime import progress
 from shardprep.pipelines.runtime.storage import is_local
+from shardprep.pipelines.sources.folder import FolderPlan
 from shardprep.preprocess.format import accounting, manifest
 from shardprep.preprocess.sources import labels, common as sources
 from shardprep.preprocess.checks import names
@@ -20,7 +21,12 @@ from shardprep.preprocess.format.elements import REJECTS, Input, Reject
 @beam.ptransform_fn
 def ListInputs(pbegin, config, plan, progress_dir: str | None = None):
     """The pipeline's start -> {"inputs": Input, "rejects": Reject}: the planned source, each input once."""
-    return plan.kind.list_inputs(pbegin, config, plan, progress_dir)
+    if isinstance(plan, FolderPlan):
+        return list_folder(pbegin, config, plan, progress_dir)
+    kind = plan.kind
+    read = pbegin | "ReadTasks" >> ReadTasks(kind.read_tasks(plan), kind.task_reader(config, plan), progress_dir)
+    found = listed(pbegin, plan, [read["inputs"]], [read["rejects"]])
+    return found | {"inputs": found["inputs"] | "FanOut" >> beam.Reshuffle()} if kind.fans_out else found
 
 
 def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
@@ -32,15 +38,11 @@ def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
 
 
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
-    root = plan.location
     class_index = {name: i for i, name in enumerate(plan.classes)}
-    found = pbegin | "ClassFolders" >> ListClassDirectories(root, plan.class_dirs, class_index, progress_dir)
+    found = pbegin | "ClassFolders" >> ListClassDirectories(plan, class_index, progress_dir)
     inputs, rejects = [found["inputs"]], [found["rejects"]]
     if plan.flat_dirs or config.labels_file:
-        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(
-            root, plan.flat_dirs, plan.label_rows, class_index, plan.labels_split or names.canonical(config.split),
-            progress_dir, labels_file_given=config.labels_file is not None,
-            not_used=frozenset(entry.path for entry in plan.not_used))
+        labelled = pbegin | "FlatFiles" >> ListLabelledFiles(config, plan, class_index, progress_dir)
         inputs.append(labelled["inputs"])
         rejects.append(labelled["rejects"])
     return listed(pbegin, plan, inputs, rejects)
@@ -79,28 +81,28 @@ class TaskLister(_Counting):
 
 
 @beam.ptransform_fn
-def ListClassDirectories(pbegin, root: str, class_dirs, class_index: dict[str, int], progress_dir: str | None):
+def ListClassDirectories(pbegin, plan, class_index: dict[str, int], progress_dir: str | None):
     """The files of each class directory ``(split, class name, directory)``, labelled by ``class_index``."""
     listed = (pbegin
-              | "SpreadDirectories" >> SpreadValues(class_dirs)  # (split, class, directory)
+              | "SpreadDirectories" >> SpreadValues(plan.class_dirs)  # (split, class, directory)
               # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
-              | "ListClassDirectory" >> beam.ParDo(ClassDirectoryLister(root, class_index, progress_dir))
+              | "ListClassDirectory" >> beam.ParDo(ClassDirectoryLister(plan.location, class_index, progress_dir))
               .with_output_types(beam.typehints.Any).with_outputs(REJECTS, main="inputs"))
     return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
 
 
 @beam.ptransform_fn
-def ListLabelledFiles(pbegin, root: str, flat_dirs, label_rows, class_index: dict[str, int],
-                      labels_split: str, progress_dir: str | None, labels_file_given: bool = True,
-                      not_used: frozenset[str] = frozenset()):
-    """The files of ``flat_dirs`` joined by case-folded file name with the labels file's rows; mismatches are
-    rejects."""
+def ListLabelledFiles(pbegin, config, plan, class_index: dict[str, int], progress_dir: str | None):
+    """The plan's flat files joined by case-folded file name with the labels file's rows; mismatches are rejects."""
+    not_used = frozenset(entry.path for entry in plan.not_used)
     flat = (pbegin
-            | "Directories" >> GivenValues(flat_dirs)  # (split, directory)
-            | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(root, not_used)).with_outputs(REJECTS, main="files"))
+            | "Directories" >> GivenValues(plan.flat_dirs)  # (split, directory)
+            | "ListFlatFiles" >> beam.ParDo(FlatDirectoryLister(plan.location, not_used)).with_outputs(
+                REJECTS, main="files"))
     # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
-    rows = pbegin | "LabelRows" >> GivenValues(label_rows, LABEL_ROW)
-    joiner = JoinLabels(class_index, labels_split, progress_dir, labels_file_given)
+    rows = pbegin | "LabelRows" >> GivenValues(plan.label_rows, LABEL_ROW)
+    joiner = JoinLabels(class_index, plan.labels_split or names.canonical(config.split), progress_dir,
+                        config.labels_file is not None)
     joined = ({"files": flat.files, "rows": rows}
               | "JoinLabels" >> beam.CoGroupByKey()
               | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))

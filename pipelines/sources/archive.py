@@ -211,19 +211,13 @@ class ArchiveMemberReader:
 class StreamedArchiveSource(ArchiveSource):
     """A plan holding a compressed tar: one worker streams it, its images fanned out and decoded where they land."""
 
-    decoded_where_read = True
+    decoded_where_read = fans_out = True
 
     def claims(self, source: str) -> bool:
         return False
 
     def claims_folder(self, location: str) -> bool:
         return False
-
-    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        import apache_beam as beam
-
-        listed = super().list_inputs(pbegin, config, plan, progress_dir)
-        return {"inputs": listed["inputs"] | "FanOut" >> beam.Reshuffle(), "rejects": listed["rejects"]}
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
         return ("a compressed archive's images are decoded per bundle, whose contents depend on the runner: no unit "

@@ -266,11 +266,6 @@ class FolderSource(SourceKind):
             else None, skipped=tuple(listing.skipped),
             not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
 
-    def list_inputs(self, pbegin, config, plan: FolderPlan, progress_dir: str | None) -> dict:
-        from shardprep.pipelines.preprocess_job.listing import list_folder
-
-        return list_folder(pbegin, config, plan, progress_dir)
-
     def notes_after_run(self, plan: FolderPlan, document: dict) -> tuple[str, ...]:
         """A note per class whose folders hold no file at all; only folders whose class got no record in their
         split are listed again."""

@@ -63,8 +63,8 @@ KeyBounds = tuple[int, int, int]  # (shortest source key, longest source key, la
 
 
 class SourceKind:
-    """One kind of SOURCE: set the class attributes, implement ``plan`` and either ``read_tasks`` with
-    ``task_reader`` or ``list_inputs``."""
+    """One kind of SOURCE: set the class attributes, implement ``plan`` and ``read_tasks`` with ``task_reader``
+    (the folder kind is listed its own way: ``listing.list_folder``)."""
 
     name = ""  # the manifest's source_kind
     prefix = ""  # SOURCE written as PREFIX + location claims this kind ("tfrecord:")
@@ -75,6 +75,7 @@ class SourceKind:
     # True: the listing reads the images (Inputs carry ``data``), decoded per bundle where read; then
     # ``planned_key_bounds`` gives every split's bounds. False: Inputs name files, decoded in decode groups.
     decoded_where_read = False
+    fans_out = False  # the read tasks' Inputs are spread over the workers again (one task holds a whole archive)
     validated_as_records = False  # validate reads such a DATA as TFRecords of encoded images (``record_files``)
 
     def claims(self, source: str) -> bool:
@@ -95,13 +96,6 @@ class SourceKind:
 
     def planned_inputs(self, plan: SourcePlan) -> list[ApartFrom]:
         return []  # the inputs OUTPUT must stay apart from that planning found (a glob's files)
-
-    def list_inputs(self, pbegin, config, plan: SourcePlan, progress_dir: str | None) -> dict:
-        """The pipeline's start -> {"inputs": Input, "rejects": Reject}."""
-        from shardprep.pipelines.preprocess_job.listing import ReadTasks, listed
-
-        read = pbegin | "ReadTasks" >> ReadTasks(self.read_tasks(plan), self.task_reader(config, plan), progress_dir)
-        return listed(pbegin, plan, [read["inputs"]], [read["rejects"]])
 
     def read_tasks(self, plan: SourcePlan) -> list:
         """Small, picklable pieces read one at a time (a file, a row group), each with its split."""
