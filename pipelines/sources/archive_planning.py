@@ -122,7 +122,11 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
     archives: list[ArchiveFile] = []
     not_used: list[accounting.NotUsed] = []
     by_split: dict[str, str] = {}
-    for name in _folder_files(location):
+    if "://" not in location:
+        names = sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
+    else:
+        names = sorted(name for name in remote_names(location) if "/" not in name.rstrip("/"))
+    for name in names:
         named = next((s for word, s in SPLIT_WORDS if word in name.lower()), None)
         if sources.is_hidden(name):
             not_used.append(accounting.NotUsed(name, accounting.HIDDEN_BESIDE))
@@ -143,12 +147,6 @@ def _archive_files(location: str, split: str) -> tuple[list[ArchiveFile], list[a
     if not archives:
         raise sources.SourceError(f"{location} holds no archive of a split (train, val or test in its name)")
     return archives, not_used
-
-
-def _folder_files(location: str) -> list[str]:
-    if "://" not in location:
-        return sorted(entry.name for entry in os.scandir(location) if not entry.is_dir())
-    return sorted(name for name in remote_names(location) if "/" not in name.rstrip("/"))
 
 
 def remote_names(location: str) -> list[str]:
@@ -217,7 +215,7 @@ def _flat_labels(labels_file: str | None, flat) -> tuple[dict[str, str], set[str
         present = {labels.file_name(key) for _, key, _ in flat}
         rows = _labels_rows(labels_file, lambda name: labels.file_name(name) in present)
         return {labels.file_name(row.filename): row.label for row in rows}, {row.label for row in rows}
-    if any(labels.is_imagenet_validation_name(key) for _, key, _ in flat):
+    if any(labels.IMAGENET_VALIDATION_NAME.match(key.rsplit("/", 1)[-1]) for _, key, _ in flat):
         table = labels.imagenet_validation_labels()
         return table, set(table.values())
     return {}, set()

@@ -217,9 +217,10 @@ def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
     return [(split, root)]
 
 
-def _labels_split(requested: str | None, splits: list[str], flat_dirs) -> str:
+def _labels_split(requested: str | None, listing: _FolderListing) -> str:
+    splits = listing.splits
     labels_split = requested or next((s for s in ("validation", "val", "test") if s in splits), None) or (
-        flat_dirs[0][0] if flat_dirs else splits[0])
+        listing.flat_dirs[0][0] if listing.flat_dirs else splits[0])
     if labels_split not in splits:
         raise sources.SourceError(f"--labels-split {labels_split} is not one of the splits {splits}")
     return labels_split
@@ -262,8 +263,8 @@ class FolderSource(SourceKind):
             kind=self, location=root, splits=tuple(listing.splits),
             classes=tuple(ordered_classes(stored, f"the folder {names.printable(root)}", config)),
             class_dirs=tuple(listing.class_dirs), flat_dirs=tuple(listing.flat_dirs), label_rows=label_rows,
-            labels_split=_labels_split(config.labels_split, listing.splits, listing.flat_dirs) if config.labels_file
-            else None, skipped=tuple(listing.skipped),
+            labels_split=_labels_split(config.labels_split, listing) if config.labels_file else None,
+            skipped=tuple(listing.skipped),
             not_used=tuple(sorted(listing.not_used + list(unlabelled.values()))))
 
     def notes_after_run(self, plan: FolderPlan, document: dict) -> tuple[str, ...]:

@@ -15,7 +15,6 @@ from shardprep.preprocess.format.elements import Reject
 @dataclasses.dataclass
 class ArchiveLayout:
     """What one archive's member names say, before labels are applied."""
-    splits: list[str] = dataclasses.field(default_factory=list)
     classes: set[str] = dataclasses.field(default_factory=set)  # in NFC
     stored_classes: set[str] = dataclasses.field(default_factory=set)  # as the member names spell them: the sort's
     images: list[tuple[str, str, str, Member]] = dataclasses.field(default_factory=list)  # (split, key, class, m)
@@ -53,7 +52,10 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
     """The layout of one archive's ``members``. ``split``: for an archive without split folders (``fixed_split``: its
     folders are never splits); ``key_prefix`` starts every key; ``where`` names it."""
     layout = ArchiveLayout(where=where)
-    _refuse_unsafe(members, where)
+    unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
+    if unsafe is not None:
+        raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
+                                  "refused, as extracting it would write outside its folder; repack it without")
     members = _litter_apart(members, layout, key_prefix)
     entries = [m for m in members if not m.is_dir]
     prefix = looked_through([m.name for m in members])
@@ -61,8 +63,10 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
     tops = {name.split("/", 1)[0] for name in folders if "/" not in name}
     visible_tops = {name for name in tops if not sources.is_hidden(name)}
     by_split = bool(visible_tops) and not fixed_split and all(t.lower() in sources.SPLIT_NAMES for t in visible_tops)
-    if not by_split and not fixed_split:
-        _refuse_mixed(visible_tops, folders, where)
+    nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
+                    and any(f.startswith(t + "/") for f in folders))
+    if nested and not by_split and not fixed_split:  # split folders holding class folders beside other folders
+        raise accounting.mixed_layout_error(where, nested, sorted(visible_tops - set(nested)))
     loose = []
     for member in entries:
         inside = member.name[len(prefix):] if member.name.startswith(prefix) else member.name
@@ -79,16 +83,7 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
         parts = parts[1:] if in_split else parts
         _place(layout, member, member_split, parts, key)
     _loose_files(layout, loose, split)
-    layout.splits = sorted({s for s, *_ in layout.images} | {s for s, *_ in layout.flat}
-                           | {s for s, *_ in layout.nested})
     return layout
-
-
-def _refuse_unsafe(members: list[Member], where: str) -> None:
-    unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
-    if unsafe is not None:
-        raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
-                                  "refused, as extracting it would write outside its folder; repack it without")
 
 
 def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str) -> list[Member]:
@@ -107,14 +102,6 @@ def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str)
             seen.add(entry)
             layout.not_used.append(entry)
     return kept
-
-
-def _refuse_mixed(visible_tops: set[str], folders: set[str], where: str) -> None:
-    """Split folders holding class folders beside folders not named like a split: refused."""
-    nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
-                    and any(f.startswith(t + "/") for f in folders))
-    if nested:
-        raise accounting.mixed_layout_error(where, nested, sorted(visible_tops - set(nested)))
 
 
 def _folders(names: list[str], prefix: str) -> set[str]:

@@ -188,10 +188,6 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
 IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
 
 
-def is_imagenet_validation_name(name: str) -> bool:
-    return IMAGENET_VALIDATION_NAME.match(name.rsplit("/", 1)[-1]) is not None
-
-
 def tfds_imagenet_labels_path() -> str | None:
     """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt``, or None."""
     try:
