@@ -11,7 +11,8 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from shardprep.pipelines.preprocess_job import input_sizes
-from shardprep.pipelines.runtime import journal, progress, storage, worker_zygote
+from shardprep.pipelines.runtime import journal, progress, remote_runs, storage, worker_zygote
+from shardprep.pipelines.runtime import runner as runners
 from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.preprocess_job.decode_groups import (DecodeGroups, FixedLayouts, planned_layouts,
@@ -100,9 +101,6 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
     ``on_progress(counts)``: a local run's running counts, twice a second; ``on_resume(recorded groups)``: before
     a resumed run decodes; ``on_plan(lines)``: what a sample of the inputs says, before the pipeline starts."""
-    from shardprep.pipelines.runtime import remote_runs
-    from shardprep.pipelines.runtime import runner as runners
-
     refused = remote_runs.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
     if refused:
         raise PreprocessError(refused)
@@ -113,16 +111,12 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
 
 def _exclude_keys(path: str, runner: str):
     """Local workers get the file's name (each reads it once), others the keys themselves."""
-    from shardprep.pipelines.runtime import runner as runners
-
     local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
     return keys_file(path) if local else read_keys(path)
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
                  submission: JobSubmission, on_plan) -> JobOutcome:
-    from shardprep.pipelines.runtime import runner as runners
-
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
     # First by SOURCE's text alone: telling a folder from a folder of archives lists it, a request for gs://.
     claimed = kind_of(config.source)
@@ -181,8 +175,6 @@ def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> Job
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,
                   min_groups: int, unit_journal, submission: JobSubmission) -> JobOutcome:
-    from shardprep.pipelines.runtime import runner as runners
-
     local = runners.runs_locally(beam_args)
     with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
         try:

@@ -4,6 +4,7 @@ Each file appears whole or not at all, so a kill leaves either the journal (``--
 
 from __future__ import annotations
 
+import collections
 import datetime
 import itertools
 import json
@@ -48,8 +49,8 @@ def write_rejects(rejects: list, output: str) -> dict:
     summary: dict[str, dict[str, int]] = {}
     lines = []
     for reject in sorted(rejects):
-        summary.setdefault(reject.split, {}).setdefault(reject.reason, 0)
-        summary[reject.split][reject.reason] += 1
+        by_reason = summary.setdefault(reject.split, {})
+        by_reason[reject.reason] = by_reason.get(reject.reason, 0) + 1
         lines.append(json.dumps({"key": reject.key, "split": reject.split, "reason": reject.reason,
                                  "detail": reject.detail}) + "\n")
     _write_whole(manifest.join(output, manifest.REJECTS_NAME), "".join(lines))
@@ -161,11 +162,9 @@ def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
 
 
 def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
-    reasons: dict[str, int] = {}
-    for by_reason in reject_summary.values():
-        for reason, n in by_reason.items():
-            if reason != EXCLUDED:  # what the user asked to leave out is no failure
-                reasons[reason] = reasons.get(reason, 0) + n
+    reasons: collections.Counter[str] = collections.Counter()
+    for by_reason in reject_summary.values():  # what the user asked to leave out (EXCLUDED) is no failure
+        reasons.update({reason: n for reason, n in by_reason.items() if reason != EXCLUDED})
     total_rejected = sum(reasons.values())
     if not config.strict or not total_rejected:
         return

@@ -148,6 +148,11 @@ class GlobKind(SourceKind):
     def planned_files(self, plan: SourcePlan) -> list[str]:
         raise NotImplementedError
 
+    @staticmethod
+    def max_label(plan: SourcePlan) -> int:
+        """The largest label a record may hold: the last class's, else int64's (records' padding: kept as it was)."""
+        return len(plan.classes) - 1 if plan.classes else (1 << 63) - 1
+
     def matched(self, location: str) -> list[str]:
         """The files the glob matches, sorted; a SourceError for none."""
         from apache_beam.io.filesystems import FileSystems
@@ -203,7 +208,7 @@ def open_file(path: str):
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def read_head(path: str, at_most: int, what: str = "") -> bytes:
+def read_head(path: str, at_most: int) -> bytes:
     """At most ``at_most`` bytes of ``path``; a local one only if a regular file. Else a SourceError."""
     from shardprep.pipelines.runtime.storage import is_local
     from shardprep.preprocess.checks import untrusted
@@ -215,7 +220,7 @@ def read_head(path: str, at_most: int, what: str = "") -> bytes:
         with open_file(path) as f:
             return f.read(at_most)
     except OSError as e:  # BeamIOError is one
-        raise sources.SourceError(f"cannot read {what or path}: {e}") from None
+        raise sources.SourceError(f"cannot read {path}: {e}") from None
 
 
 def file_stamp(path: str) -> tuple[int, int] | None:

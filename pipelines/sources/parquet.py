@@ -15,7 +15,6 @@ from shardprep.preprocess.sources import hub_features, labels, common as sources
 from shardprep.preprocess.checks import names
 from shardprep.preprocess.format.elements import Input, Reject
 
-_MAX_LABEL = (1 << 63) - 1  # the key bounds' label without class names (records' padding: kept as it was)
 _BATCH_ROWS = 1024  # rows read at a time, so that no row group is held whole
 # train-00000-of-00004.parquet, train-00000-of-00004-2a3b4c5d.parquet (older uploads), train.parquet
 _HUB_FILE_SPLIT = re.compile(r"^(?P<split>[^/]+?)(-\d+-of-\d+(-[0-9a-zA-Z]+)?)?\.parquet$")
@@ -108,9 +107,8 @@ class ParquetSource(GlobKind):
 
     def planned_key_bounds(self, plan: SourcePlan) -> dict[str, KeyBounds]:
         """Keys are ``NAME:ROW``: bounds from the names and the files' row counts."""
-        max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
         return bounds_by_split((task.split, len(task.name.encode("utf-8")) + 2, len(task.name.encode("utf-8")) + 1
-                                + len(str(task.first_row + task.num_rows - 1)), max_label)
+                                + len(str(task.first_row + task.num_rows - 1)), self.max_label(plan))
                                for task in cast(ParquetPlan, plan).row_groups)
 
 

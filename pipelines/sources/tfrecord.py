@@ -17,7 +17,6 @@ from shardprep.preprocess.checks import names
 from shardprep.preprocess.format.elements import Input, Reject
 
 _MAX_INDEX_DIGITS = len(str((1 << 63) - 1))  # a record's index in its file, in a key FILE:INDEX
-_MAX_LABEL = (1 << 63) - 1  # an int64 label, when no class names bound it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +57,8 @@ class TFRecordSource(GlobKind):
 
     def planned_key_bounds(self, plan: FilesPlan) -> dict[str, KeyBounds]:
         """Keys ``FILE:INDEX``: from a file name with ``:0`` to one with an int64 index."""
-        max_label = len(plan.classes) - 1 if plan.classes else _MAX_LABEL
         named = ((split, len(path.rsplit("/", 1)[-1].encode("utf-8"))) for split, path in plan.files)
-        return bounds_by_split((split, n + 2, n + 1 + _MAX_INDEX_DIGITS, max_label) for split, n in named)
+        return bounds_by_split((split, n + 2, n + 1 + _MAX_INDEX_DIGITS, self.max_label(plan)) for split, n in named)
 
 
 class TFDSSource(TFRecordSource):
