@@ -44,7 +44,7 @@ def test_a_remote_folder_is_listed_once_to_tell_a_folder_from_a_folder_of_archiv
     from shardprep.pipelines.sources import archive as source_archive
 
     listed = []
-    monkeypatch.setattr(source_archive, "_remote_names", lambda location: listed.append(location) or names)
+    monkeypatch.setattr(source_archive, "remote_names", lambda location: listed.append(location) or names)
     parsed = source_registry.parse("gs://bucket/photos/")
     assert parsed.location == "gs://bucket/photos" and listed == ["gs://bucket/photos"]
     assert parsed.kind is (source_archive.ARCHIVE if kind == "archive" else kind)

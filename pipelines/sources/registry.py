@@ -1,5 +1,5 @@
 """The source kinds, registered once: which kind a SOURCE is, its plan, and SOURCE's help lines. A new kind is a
-``SourceKind`` in ``pipelines/source_<name>.py`` plus one entry in ``KINDS``; importing this imports no Beam."""
+``SourceKind`` in ``pipelines/sources/<name>.py`` plus one entry in ``KINDS``; importing this imports no Beam."""
 
 from __future__ import annotations
 
