@@ -145,11 +145,10 @@ def holding(folder: str, what: str):
         raise OutputError(f"{what} {folder} cannot be created: {e.strerror or e}; pick another {what}") from None
     try:
         fd, stale = _take(folder, path)
-    except OSError as e:
+    except BaseException as e:
         _remove_if_empty(folder, created)
-        raise OutputError(f"{what} {folder} cannot be written: {e.strerror or e}; pick another {what}") from None
-    except BaseException:
-        _remove_if_empty(folder, created)
+        if isinstance(e, OSError):
+            raise OutputError(f"{what} {folder} cannot be written: {e.strerror or e}; pick another {what}") from None
         raise
     lock = Lock(stale)
     try:
@@ -236,15 +235,6 @@ def names(found: list[Entry], limit: int = 5) -> str:
               "special": f"{e.relative} (not a regular file)",
               "hard link": f"{e.relative} (a hard link to another file)"}.get(e.kind, e.relative) for e in found[:limit]]
     return ", ".join(shown) + (f" and {len(found) - limit} more" if len(found) > limit else "")
-
-
-_UNPRINTABLE = {*range(32), 0x7F, *range(0x80, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-
-
-def printable(text: str) -> str:
-    """``text`` with control and bidi characters escaped (``\\x1b``), so a file name cannot rewrite the terminal."""
-    return "".join(c if ord(c) not in _UNPRINTABLE else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-                   for c in text)
 
 
 class RecordKind(NamedTuple):

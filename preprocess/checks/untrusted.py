@@ -147,11 +147,10 @@ def open_regular_file(path: str) -> int:
     kind = _kind(os.stat(path).st_mode)
     if kind is None:
         # O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open does not wait.
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         kind = _kind(os.fstat(descriptor).st_mode)
         if kind is None:
-            if hasattr(os, "set_blocking"):
-                os.set_blocking(descriptor, True)
+            os.set_blocking(descriptor, True)
             return descriptor
         os.close(descriptor)
     raise NotRegularFileError(path, f"is {kind}, not a regular file")

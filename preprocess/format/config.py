@@ -63,10 +63,10 @@ def recorded_options(config: PreprocessConfig, runner: str) -> dict:
 
 def default(name: str):
     """The default of the option ``name``, for the CLI's ``--help``."""
-    (field,) = [f for f in dataclasses.fields(PreprocessConfig) if f.name == name]
-    if field.default is dataclasses.MISSING:
+    value = {field.name: field.default for field in dataclasses.fields(PreprocessConfig)}[name]
+    if value is dataclasses.MISSING:
         raise KeyError(f"{name} has no default")
-    return field.default
+    return value
 
 
 def largest_square_side(stored: encodings.Encoding) -> int:

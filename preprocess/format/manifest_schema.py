@@ -44,19 +44,16 @@ def _describe(value) -> str:
     return f"{kind} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
-def _count(problems: list, path: str, value, *, minimum: int = 0, maximum: int = MAX_COUNT) -> None:
-    if not _is_int(value):
-        problems.append(f"{path}: must be an integer, is {_describe(value)}")
-    elif value < minimum:
-        problems.append(f"{path}: must be at least {minimum}, is {value}")
-    elif value > maximum:
-        problems.append(f"{path}: must be at most {maximum:,}, is {_describe(value)}")
-
-
 def _counted(minimum: int = 0, maximum: int = MAX_COUNT, nullable: bool = False) -> Check:
     def check(problems, path, value):
-        if not (nullable and value is None):
-            _count(problems, path, value, minimum=minimum, maximum=maximum)
+        if nullable and value is None:
+            return
+        if not _is_int(value):
+            problems.append(f"{path}: must be an integer, is {_describe(value)}")
+        elif value < minimum:
+            problems.append(f"{path}: must be at least {minimum}, is {value}")
+        elif value > maximum:
+            problems.append(f"{path}: must be at most {maximum:,}, is {_describe(value)}")
     return check
 
 
@@ -96,7 +93,7 @@ def _median_input_size(problems, path, value) -> None:
         problems.append(f"{path}: must be {{\"width\": n, \"height\": n}} or null, is {_describe(value)}")
         return
     for key in ("width", "height"):
-        _count(problems, f"{path}.{key}", value[key], minimum=1)
+        _counted(minimum=1)(problems, f"{path}.{key}", value[key])
 
 
 def _classes(problems, path, classes) -> None:
@@ -135,7 +132,7 @@ def _object_of_counts(problems, path, value) -> None:
         problems.append(f"{path}: must be an object {{class: count}}, is {_describe(value)}")
         return
     for name, n in value.items():
-        _count(problems, f"{path}.{name}", n)
+        _counted()(problems, f"{path}.{name}", n)
 
 
 SHARD_KEYS = (
@@ -248,10 +245,10 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
     if isinstance(classes, list) and _is_int(manifest.get("num_classes")) and manifest["num_classes"] >= 0 \
             and manifest["num_classes"] != len(classes):
         problems.append(f"num_classes: is {manifest['num_classes']} but classes lists {len(classes)}")
-    for key in ("image_height", "image_width"):
-        if manifest.get("crop") == "center" and key not in manifest:
+    for key in ("image_height", "image_width") if manifest.get("crop") == "center" else ():
+        if key not in manifest:
             problems.append(f"{key}: missing (required for centre crops)")
-        elif manifest.get("crop") == "center" and manifest[key] is None:
+        elif manifest[key] is None:
             problems.append(f"{key}: must be an integer for centre crops, is null")
     splits = manifest.get("splits", {})
     if not isinstance(splits, dict):
