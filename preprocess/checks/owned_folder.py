@@ -39,7 +39,6 @@ def gfile():
 class Lock:
     """A held lock. ``stale``: what a lock file left by a killed run said, else None. Until :meth:`begin` (the run
     is past its refusals), a stale lock file is put back as found when the run ends: a refusal changes nothing."""
-
     stale: str | None = None
     began: bool = False
 
@@ -173,14 +172,12 @@ def _remove_if_empty(folder: str, created: bool) -> None:
 
 class Entry(NamedTuple):
     """Something in an owned folder: its relative path and kind (file, folder, link, hard link or special)."""
-
     relative: str
     kind: str
 
 
 class Record(NamedTuple):
     """The ownership record: the files and folders a run wrote (or was about to), relative '/'-separated paths."""
-
     files: frozenset
     folders: frozenset
 
@@ -239,7 +236,6 @@ def names(found: list[Entry], limit: int = 5) -> str:
 
 class RecordKind(NamedTuple):
     """Whose record a file is: its name, the command that writes it, and the paths that command may list."""
-
     name: str
     writer: str
     allowed_file: Callable[[object], bool]

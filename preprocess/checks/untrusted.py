@@ -27,7 +27,6 @@ class UntrustedJSONError(ValueError):
 class NotRegularFileError(OSError):
     """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large); ``reason`` is
     the message without the path."""
-
     def __init__(self, path: str, reason: str):
         super().__init__(f"{path} {reason}")
         self.path, self.reason = path, reason
@@ -35,7 +34,6 @@ class NotRegularFileError(OSError):
 
 class _Refused:
     """A refused value the parser met, until the walk finds where it is."""
-
     def __init__(self, why: str):
         self.why = why
 

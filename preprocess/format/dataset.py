@@ -26,7 +26,6 @@ SPLIT_ROLES = {"train": ("train", "training"), "validation": ("validation", "val
 
 class ManifestShapeError(ManifestError):
     """The document's keys or values are not the manifest's: ``problems`` lists each."""
-
     def __init__(self, message: str, problems: list[str]):
         super().__init__(message)
         self.problems = problems
@@ -34,7 +33,6 @@ class ManifestShapeError(ManifestError):
 
 class UnfitLayoutError(ManifestError):
     """A split's ``record_layout`` cannot be the layout of its records (``split`` names it)."""
-
     def __init__(self, message: str, split: str):
         super().__init__(message)
         self.split = split

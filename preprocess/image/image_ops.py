@@ -57,7 +57,6 @@ def pillow_decoding():
 
 class RejectError(Exception):
     """An input that cannot become a training image. ``reason`` is a short code, ``detail`` says more."""
-
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
