@@ -144,10 +144,11 @@ def holding(folder: str, what: str):
         raise OutputError(f"{what} {folder} cannot be created: {e.strerror or e}; pick another {what}") from None
     try:
         fd, stale = _take(folder, path)
-    except BaseException as e:
+    except OSError as e:
         _remove_if_empty(folder, created)
-        if isinstance(e, OSError):
-            raise OutputError(f"{what} {folder} cannot be written: {e.strerror or e}; pick another {what}") from None
+        raise OutputError(f"{what} {folder} cannot be written: {e.strerror or e}; pick another {what}") from None
+    except BaseException:
+        _remove_if_empty(folder, created)
         raise
     lock = Lock(stale)
     try:
