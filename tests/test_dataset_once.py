@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from shardprep.cli import main
+from shardprep.preprocess.format import dataset
 from shardprep.preprocess.format import manifest as manifest_lib
-from shardprep.preprocess.format import manifest_schema
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 
@@ -25,7 +25,7 @@ def manifest_reads(monkeypatch):
     """Counts, while a test runs, the manifest.json documents parsed, their shape checks (every module's
     ``shape_problems``, however it was imported) and the fixed layouts rebuilt from ``record_layout``."""
     counts = {"parsed": 0, "shape_checked": 0, "layouts_rebuilt": 0}
-    json_loads, shape_problems, layout_from_json = untrusted.json_loads, manifest_schema.shape_problems, \
+    json_loads, shape_problems, layout_from_json = untrusted.json_loads, dataset.shape_problems, \
         FixedLayout.from_json.__func__
 
     def counting_json_loads(data, *, source, **kwargs):

@@ -1,4 +1,4 @@
-"""The manifest's shape check (preprocess/format/manifest_schema.py): what every manifest the writer produces passes, and
+"""The manifest's shape check (preprocess/format/dataset.py): what every manifest the writer produces passes, and
 the damaged ones it must report (path in the document + what is wrong), never crash on."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import image_factory
 import pytest
 
 import validate_helpers as helpers
-from shardprep.preprocess.format.manifest_schema import shape_problems, unsafe_relative_path
+from shardprep.preprocess.format.dataset import shape_problems
+from shardprep.preprocess.format.manifest_schema import unsafe_relative_path
 from train_helpers import random_images, write_dataset
 
 
@@ -118,7 +119,7 @@ def test_unsafe_relative_path(path, ok):
 def test_the_docs_table_is_the_schemas_rendering():
     from pathlib import Path
 
-    from shardprep.preprocess.format.manifest_schema import docs_table
+    from shardprep.preprocess.format.dataset import docs_table
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "manifest.md").read_text()
     start = text.index("-->\n", text.index("<!-- schema:")) + len("-->\n")
@@ -128,8 +129,7 @@ def test_the_docs_table_is_the_schemas_rendering():
 def test_the_typed_manifest_has_the_schemas_keys_in_order():
     import dataclasses
 
-    from shardprep.preprocess.format.dataset import Manifest
-    from shardprep.preprocess.format.manifest_schema import MANIFEST_KEYS
+    from shardprep.preprocess.format.dataset import MANIFEST_KEYS, Manifest
 
     fields = [field.name for field in dataclasses.fields(Manifest) if field.name != "layout_problems"]
     assert fields == [key.name for key in MANIFEST_KEYS]

@@ -276,8 +276,9 @@ def write_tfds_style_tfrecords(directory, split: str, images: list[tuple[bytes, 
         path = os.path.join(directory, f"seed-{split}.tfrecord-{file_index:05d}-of-{num_files:05d}")
         with open(path, "wb") as f:
             for data, label in images[file_index::num_files]:
-                f.write(tfrecord_io.frame(record_format._serialize_features(
-                    {"image": record_format._bytes_feature(data), "label": record_format._int64_feature(label)})))
+                f.write(tfrecord_io.frame(record_format._field(1, (  # Example.features, its entries by key
+                    record_format._entry("image", record_format._bytes_feature(data))
+                    + record_format._entry("label", record_format._int64_feature(label))))))
         paths.append(path)
     return paths
 

@@ -229,7 +229,7 @@ def _with(key: str, feature: bytes) -> bytes:
 
 
 INVALID_RECORDS = dict([
-    ("missing key", record_format._serialize_features({record_format.ENCODED: record_format._bytes_feature(b"")})),
+    ("missing key", _example_with_feature(record_format.ENCODED, record_format._bytes_feature(b""))),
     ("height as bytes", _with(record_format.HEIGHT, record_format._bytes_feature(b"2"))),
     ("label as float", _with(record_format.LABEL, _field(2, _field(1, struct.pack("<f", 7.0))))),
     ("two labels", _with(record_format.LABEL, _field(3, _field(1, _varint(1) + _varint(2))))),

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from shardprep.preprocess.format import manifest as manifest_lib
-from shardprep.preprocess.format import manifest_schema
+from shardprep.preprocess.format import dataset as manifest_dataset
 from shardprep.preprocess.checks import untrusted
 from train_helpers import random_images, write_dataset
 
@@ -133,8 +133,8 @@ def set_text(root, text: str) -> None:
 def test_shape_refuses_numbers_out_of_range(dataset, key, value, message):
     edit_manifest(dataset, lambda document: document.update({key: value}))
     document = json.loads((dataset / manifest_lib.MANIFEST_NAME).read_text())
-    assert any(problem.startswith(message) for problem in manifest_schema.shape_problems(document)), \
-        manifest_schema.shape_problems(document)
+    assert any(problem.startswith(message) for problem in manifest_dataset.shape_problems(document)), \
+        manifest_dataset.shape_problems(document)
 
 
 def test_shape_refuses_a_shard_count_its_bytes_cannot_hold_and_bad_names(dataset):
@@ -144,7 +144,7 @@ def test_shape_refuses_a_shard_count_its_bytes_cannot_hold_and_bad_names(dataset
         document["splits"]["bad\nsplit"] = document["splits"].pop("validation")
 
     edit_manifest(dataset, edit)
-    problems = manifest_schema.shape_problems(json.loads((dataset / manifest_lib.MANIFEST_NAME).read_text()))
+    problems = manifest_dataset.shape_problems(json.loads((dataset / manifest_lib.MANIFEST_NAME).read_text()))
     assert any(p.startswith("splits.train.shards[0].num_examples: 1,000,000,000,000 records cannot fit in")
                for p in problems), problems
     assert any(p.startswith("classes[0]: 'a\\x1b[2J' contains the control character") for p in problems), problems

@@ -39,7 +39,6 @@ def gfile():
 class Lock:
     """A held lock. ``stale``: what a lock file left by a killed run said, else None. Until :meth:`begin` (the run
     is past its refusals), a stale lock file is put back as found when the run ends: a refusal changes nothing."""
-
     stale: str | None = None
     began: bool = False
 
@@ -174,14 +173,12 @@ def _remove_if_empty(folder: str, created: bool) -> None:
 
 class Entry(NamedTuple):
     """Something in an owned folder: its relative path and kind (file, folder, link, hard link or special)."""
-
     relative: str
     kind: str
 
 
 class Record(NamedTuple):
     """The ownership record: the files and folders a run wrote (or was about to), relative '/'-separated paths."""
-
     files: frozenset
     folders: frozenset
 
@@ -238,18 +235,8 @@ def names(found: list[Entry], limit: int = 5) -> str:
     return ", ".join(shown) + (f" and {len(found) - limit} more" if len(found) > limit else "")
 
 
-_UNPRINTABLE = {*range(32), 0x7F, *range(0x80, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-
-
-def printable(text: str) -> str:
-    """``text`` with control and bidi characters escaped (``\\x1b``), so a file name cannot rewrite the terminal."""
-    return "".join(c if ord(c) not in _UNPRINTABLE else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-                   for c in text)
-
-
 class RecordKind(NamedTuple):
     """Whose record a file is: its name, the command that writes it, and the paths that command may list."""
-
     name: str
     writer: str
     allowed_file: Callable[[object], bool]

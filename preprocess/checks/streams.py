@@ -130,7 +130,6 @@ def _verbose_requested() -> bool:
 class _QuietImport(importlib.abc.MetaPathFinder):
     """Runs the first import of a :data:`QUIET_MODULES` module inside :func:`native_filtered`. It stays until the
     module executes: ``importlib.util.find_spec`` asks finders without importing."""
-
     def find_spec(self, name, path, target=None):
         if name not in QUIET_MODULES or name in sys.modules:
             return None

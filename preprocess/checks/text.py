@@ -14,11 +14,6 @@ BAR_DONE, BAR_LEFT = "#", "-"
 PULSE_CELLS = 3  # the block that moves along a bar whose total is not known yet
 
 
-def _columns_variable() -> int | None:
-    value = os.environ.get("COLUMNS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
 def terminal_columns(stream) -> int | None:
     try:
         if not stream.isatty():
@@ -30,7 +25,8 @@ def terminal_columns(stream) -> int | None:
 
 def output_width(stream=None) -> int:
     stream = sys.stdout if stream is None else stream
-    terminal, variable = terminal_columns(stream), _columns_variable()
+    value = os.environ.get("COLUMNS", "").strip()
+    terminal, variable = terminal_columns(stream), int(value) if value.isdigit() and int(value) > 0 else None
     if terminal is not None:
         return min(terminal, variable) if variable else terminal
     return variable or DEFAULT_COLUMNS

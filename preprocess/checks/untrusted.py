@@ -27,7 +27,6 @@ class UntrustedJSONError(ValueError):
 class NotRegularFileError(OSError):
     """A path that should be a regular file is a FIFO, a device, a folder or a socket (or too large); ``reason`` is
     the message without the path."""
-
     def __init__(self, path: str, reason: str):
         super().__init__(f"{path} {reason}")
         self.path, self.reason = path, reason
@@ -35,7 +34,6 @@ class NotRegularFileError(OSError):
 
 class _Refused:
     """A refused value the parser met, until the walk finds where it is."""
-
     def __init__(self, why: str):
         self.why = why
 
@@ -147,11 +145,10 @@ def open_regular_file(path: str) -> int:
     kind = _kind(os.stat(path).st_mode)
     if kind is None:
         # O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open does not wait.
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         kind = _kind(os.fstat(descriptor).st_mode)
         if kind is None:
-            if hasattr(os, "set_blocking"):
-                os.set_blocking(descriptor, True)
+            os.set_blocking(descriptor, True)
             return descriptor
         os.close(descriptor)
     raise NotRegularFileError(path, f"is {kind}, not a regular file")

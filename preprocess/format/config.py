@@ -13,10 +13,6 @@ from shardprep.preprocess.format.encodings import RAW
 from shardprep.preprocess.sources.common import SourceError
 
 CROPS = ("center", "none")  # center: S x S images; none: the aspect ratio kept
-DEFAULT_SHORTER_SIDE = 256
-DEFAULT_CROP = "center"
-DEFAULT_ENCODING = RAW.name
-DEFAULT_JPEG_QUALITY = 90
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb threshold (2x its warning limit)
 DEFAULT_RESIZE_METHOD = resize.LANCZOS2_CUBIC  # what new datasets are made with (the manifest's resize_method)
 TARGET_SHARD_BYTES = 200 * 1024 * 1024  # TFDS-like: shards of 100-200 MB, a power of two of them per split
@@ -29,10 +25,10 @@ class PreprocessConfig:
     """Every option of a preprocess run; recorded in the manifest as ``options``."""
     source: str
     output: str
-    shorter_side: int = DEFAULT_SHORTER_SIDE
-    crop: str = DEFAULT_CROP
-    encoding: str = DEFAULT_ENCODING
-    jpeg_quality: int = DEFAULT_JPEG_QUALITY
+    shorter_side: int = 256
+    crop: str = "center"
+    encoding: str = RAW.name
+    jpeg_quality: int = 90
     num_shards: int | None = None
     seed: int = 0
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -63,21 +59,20 @@ def recorded_options(config: PreprocessConfig, runner: str) -> dict:
 
 def default(name: str):
     """The default of the option ``name``, for the CLI's ``--help``."""
-    (field,) = [f for f in dataclasses.fields(PreprocessConfig) if f.name == name]
-    if field.default is dataclasses.MISSING:
+    value = {field.name: field.default for field in dataclasses.fields(PreprocessConfig)}[name]
+    if value is dataclasses.MISSING:
         raise KeyError(f"{name} has no default")
-    return field.default
+    return value
 
 
 def largest_square_side(stored: encodings.Encoding) -> int:
     """The largest S whose S x S image fits a record where ``stored``'s size fixes its bytes, at most its
     ``max_side``."""
-    low, high = 1, stored.max_side or math.isqrt(MAX_RECORD_BYTES)  # every stored pixel takes a byte or more
-    while low < high:  # stored bytes grow with the side
-        middle = (low + high + 1) // 2
-        stored_bytes = stored.stored_bytes(middle, middle)
-        low, high = (middle, high) if stored_bytes is None or record_fits(stored_bytes) else (low, middle - 1)
-    return low
+    per_pixel = stored.stored_bytes(1, 1)  # a fixed size is so many bytes a pixel; any other, a byte or more
+    if per_pixel is None:
+        return stored.max_side or math.isqrt(MAX_RECORD_BYTES)
+    side = math.isqrt((MAX_RECORD_BYTES - RECORD_OVERHEAD) // per_pixel)
+    return min(side, stored.max_side or side)
 
 
 def largest_stored_side() -> int:

@@ -1,5 +1,6 @@
-"""A prepared dataset as one typed value, :class:`Manifest`, loaded and checked once by :func:`load_manifest` and
-passed to every reader. ``Manifest.to_json`` gives back the written document key for key, in order."""
+"""A prepared dataset as one typed value, :class:`Manifest`, whose fields declare the manifest's keys (docs/manifest.md
+is generated from them); loaded and checked once by :func:`load_manifest` and passed to every reader.
+``Manifest.to_json`` gives back the written document key for key, in order."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from shardprep.preprocess.checks import names
 from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format import manifest_schema as schema
+from shardprep.preprocess.format.config import CROPS
+from shardprep.preprocess.format.manifest_schema import MIN_FRAMED_RECORD_BYTES, check_object, describe, is_int, key
 from shardprep.preprocess.image import resize
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.preprocess.format.manifest import SHARD_FILES, ManifestError, manifest_path, read_document  # noqa: F401
-from shardprep.preprocess.format.manifest_schema import shape_problems
 from shardprep.preprocess.format.record_format import RecordFormatError
 
 # Each split role and the split names (any case) that play it, the role's own name first: train's split_roles
@@ -22,7 +26,6 @@ SPLIT_ROLES = {"train": ("train", "training"), "validation": ("validation", "val
 
 class ManifestShapeError(ManifestError):
     """The document's keys or values are not the manifest's: ``problems`` lists each."""
-
     def __init__(self, message: str, problems: list[str]):
         super().__init__(message)
         self.problems = problems
@@ -30,7 +33,6 @@ class ManifestShapeError(ManifestError):
 
 class UnfitLayoutError(ManifestError):
     """A split's ``record_layout`` cannot be the layout of its records (``split`` names it)."""
-
     def __init__(self, message: str, split: str):
         super().__init__(message)
         self.split = split
@@ -39,10 +41,11 @@ class UnfitLayoutError(ManifestError):
 @dataclasses.dataclass(frozen=True)
 class ShardEntry:
     """One shard: its path relative to the dataset folder, records, bytes and sha256 (None if not recorded)."""
-    file: str
-    num_examples: int
-    num_bytes: int
-    sha256: str | None = None
+    file: str = key("string", True, "the shard's path relative to the dataset folder", schema.shard_file)
+    num_examples: int = key("integer", True, "records in the shard", schema.counted())
+    num_bytes: int = key("integer", True, "the shard file's bytes", schema.counted())
+    sha256: str | None = key("string or null", False, "SHA-256 of the shard file (64 lowercase hex digits)",
+                             schema.SHA256, default=None)
 
     @classmethod
     def from_json(cls, entry: dict) -> "ShardEntry":
@@ -55,14 +58,16 @@ class ShardEntry:
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """One split's accounting, class counts, shards and (raw centre crops with records) its fixed layout."""
-    num_inputs: int | None
-    num_examples: int
-    num_rejected: int | None
-    rejected_by_reason: dict[str, int]
-    class_counts: dict[str, int]
-    num_shards: int
-    shards: tuple[ShardEntry, ...]
-    record_layout: FixedLayout | None = None
+    num_inputs: int | None = key("integer", False, "inputs listed", schema.counted())
+    num_examples: int = key("integer", True, "records written", schema.counted())
+    num_rejected: int | None = key("integer", False, "inputs rejected (rejects.jsonl)", schema.counted())
+    rejected_by_reason: dict[str, int] = key("object", False, "{reason: count} of the rejects",
+                                             schema.expect(lambda v: isinstance(v, dict), "an object"))
+    class_counts: dict[str, int] = key("object", True, "{class: records}, in label order", schema.object_of_counts)
+    num_shards: int = key("integer", False, "shards of the split", schema.counted())
+    shards: tuple[ShardEntry, ...] = key("list", True, "one entry per shard (table below), in order")
+    record_layout: FixedLayout | None = key(
+        "object", False, "the fixed layout of raw centre crops' records (required for them)", default=None)
 
     @classmethod
     def from_json(cls, info: dict, record_layout: FixedLayout | None = None) -> "SplitInfo":
@@ -88,35 +93,50 @@ class SplitInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """``OUTPUT/manifest.json`` as a typed value; its fields are ``manifest_schema.MANIFEST_KEYS``, in order."""
-    format_version: int
-    tool: str | None
-    tool_version: str | None
-    created: str | None
-    source: str | None
-    source_kind: str | None
-    options: dict | None
-    classes: tuple[str, ...]
-    num_classes: int
-    encoding: str
-    jpeg_quality: int | None
-    shorter_side: int
-    crop: str
-    resize_method: str | None  # None (not written): made before the key existed, by pillow-bicubic
-    image_height: int | None
-    image_width: int | None
-    channels: int | None
-    seed: int | None
-    splits: dict[str, SplitInfo]
-    num_inputs: int | None
-    num_examples: int | None
-    num_rejected: int | None
-    rejects_file: str | None
-    stats_split: str | None
-    mean_rgb: tuple[float, float, float] | None
-    std_rgb: tuple[float, float, float] | None
-    not_used: tuple[dict, ...] | None = None  # written only when there was something
-    median_input_size: dict | None = None  # written when known
+    """``OUTPUT/manifest.json`` as a typed value: each field but ``layout_problems`` is a key, in written order."""
+    format_version: int = key("integer", True, "1: the manifest format this shardprep reads",
+                              schema.expect(is_int, "an integer"))
+    tool: str | None = key("string", False, "shardprep")
+    tool_version: str | None = key("string", False, "the version of shardprep that wrote it")
+    created: str | None = key("string", False, "when (ISO 8601; SOURCE_DATE_EPOCH if set)")
+    source: str | None = key("string", False, "SOURCE as given")
+    source_kind: str | None = key("string", False, "what SOURCE is (a folder, an archive, tfrecord:, tfds:, parquet:)")
+    options: dict | None = key("object", False, "every option of the run, and the runner")
+    classes: tuple[str, ...] = key("list of strings", True, "class names in label order", schema.class_names)
+    num_classes: int = key("integer", False, "the number of classes", schema.counted())
+    encoding: str = key("string", True, "how images are stored: " + ", ".join(encodings.NAMES),
+                        schema.one_of(lambda: encodings.NAMES))
+    jpeg_quality: int | None = key("integer or null", False, "--jpeg-quality where the encoding uses it",
+                                   schema.expect(lambda v: v is None or (is_int(v) and 1 <= v <= 100),
+                                                 "within 1-100 or null"))
+    shorter_side: int = key("integer", True, "the stored images' shorter side", schema.counted(1, schema.MAX_SIDE))
+    crop: str = key("string", True, "center (S x S images) or none (aspect ratio kept)", schema.one_of(lambda: CROPS))
+    resize_method: str | None = key("string", False, "the resize method (absent: pillow-bicubic, before the key "
+                                    "existed)", schema.one_of(lambda: resize.RESIZE_METHODS, nullable=True))
+    image_height: int | None = key("integer or null", False, "the stored height (required for centre crops; null "
+                                   "for none)", schema.counted(1, schema.MAX_SIDE, nullable=True))
+    image_width: int | None = key("integer or null", False, "the stored width (required for centre crops; null for "
+                                  "none)", schema.counted(1, schema.MAX_SIDE, nullable=True))
+    channels: int | None = key("integer or null", False, "3 (RGB)",
+                               schema.expect(lambda v: v is None or v == 3, "3 (RGB) or null"))
+    seed: int | None = key("integer or null", False, "--seed, of the record order",
+                           schema.expect(lambda v: v is None or is_int(v), "an integer or null"))
+    splits: dict[str, SplitInfo] = key("object", True, "{split: its entry (table below)}")
+    num_inputs: int | None = key("integer", False, "inputs listed, all splits", schema.counted())
+    num_examples: int | None = key("integer", False, "records written, all splits", schema.counted())
+    num_rejected: int | None = key("integer", False, "inputs rejected, all splits", schema.counted())
+    rejects_file: str | None = key("string", False, "rejects.jsonl: one JSON line per rejected input")
+    stats_split: str | None = key("string or null", False, "the split mean_rgb and std_rgb were computed over",
+                                  schema.expect(lambda v: v is None or isinstance(v, str), "a split name or null"))
+    mean_rgb: tuple[float, float, float] | None = key("list or null", False, "per-channel mean, 0-255",
+                                                      schema.channel_values(255.0))
+    std_rgb: tuple[float, float, float] | None = key("list or null", False, "per-channel standard deviation, 0-255 "
+                                                     "scale", schema.channel_values(127.5))
+    not_used: tuple[dict, ...] | None = key("list", False, "{path, reason} of what lay beside the splits or classes "
+                                            "and was not read (written when there was any)", default=None)
+    median_input_size: dict | None = key("object or null", False, "{width, height} of the median input in a sample "
+                                         "of their headers (absent before the key existed)",
+                                         schema.median_input_size, default=None)
     # Not in the document: {split: why its record_layout is not used} (``from_json``'s ``lenient_layouts``).
     layout_problems: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -184,7 +204,7 @@ def _triple(value):
 
 
 def _document_fields(manifest) -> list[dataclasses.Field]:
-    return [field for field in dataclasses.fields(manifest) if field.name != "layout_problems"]
+    return [field for field in dataclasses.fields(manifest) if "manifest_key" in field.metadata]
 
 
 def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict[str, str]]:
@@ -205,6 +225,77 @@ def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict
         except RecordFormatError as e:
             layouts[split], problems[split] = None, str(e)
     return layouts, problems
+
+
+SHARD_KEYS, SPLIT_KEYS, MANIFEST_KEYS = (schema.keys_of(cls) for cls in (ShardEntry, SplitInfo, Manifest))
+
+
+def _split_problems(problems: list, path: str, info, fixed_layout: bool) -> None:
+    if not check_object(problems, path, info, SPLIT_KEYS):
+        return
+    if isinstance(info.get("shards"), list):
+        for index, shard in enumerate(info["shards"]):
+            where = f"{path}.shards[{index}]"
+            if check_object(problems, where, shard, SHARD_KEYS) and all(
+                    is_int(shard.get(key)) and shard[key] >= 0 for key in ("num_examples", "num_bytes")) \
+                    and shard["num_examples"] * MIN_FRAMED_RECORD_BYTES > shard["num_bytes"]:
+                problems.append(f"{where}.num_examples: {shard['num_examples']:,} records cannot fit in "
+                                f"{shard['num_bytes']:,} bytes (a record takes at least {MIN_FRAMED_RECORD_BYTES})")
+    elif "shards" in info:
+        problems.append(f"{path}.shards: must be a list, is {describe(info['shards'])}")
+    layout = info.get("record_layout")
+    fixed_layout = fixed_layout and info.get("num_examples") != 0  # an empty split has no records to lay out
+    if layout is not None:
+        check_object(problems, f"{path}.record_layout", layout, schema.LAYOUT_KEYS)
+    elif fixed_layout and "record_layout" not in info:
+        problems.append(f"{path}.record_layout: missing (required for raw centre crops: the train reader "
+                        "reads records by it)")
+    elif fixed_layout:
+        problems.append(f"{path}.record_layout: must be an object, is null")
+
+
+def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
+    """``"<path>: <what is wrong>"`` for the manifest's keys and value types; empty when readers can rely on them.
+    ``layouts_required=False``: a raw centre-crop split may lack ``record_layout``."""
+    if not isinstance(manifest, dict):
+        return [f"manifest: must be a JSON object, is {describe(manifest)}"]
+    problems: list[str] = []
+    check_object(problems, "", manifest, MANIFEST_KEYS)
+    problems = [problem[1:] for problem in problems]  # top-level paths without the leading "."
+    classes = manifest.get("classes")
+    if isinstance(classes, list) and is_int(manifest.get("num_classes")) and manifest["num_classes"] >= 0 \
+            and manifest["num_classes"] != len(classes):
+        problems.append(f"num_classes: is {manifest['num_classes']} but classes lists {len(classes)}")
+    for key in ("image_height", "image_width") if manifest.get("crop") == "center" else ():
+        if key not in manifest:
+            problems.append(f"{key}: missing (required for centre crops)")
+        elif manifest[key] is None:
+            problems.append(f"{key}: must be an integer for centre crops, is null")
+    splits = manifest.get("splits", {})
+    if not isinstance(splits, dict):
+        problems.append(f"splits: must be an object {{split: {{...}}}}, is {describe(splits)}")
+        return problems
+    fixed_layout = layouts_required and encodings.has_fixed_layout(manifest.get("encoding"), manifest.get("crop"))
+    for split, info in splits.items():
+        if names.problem(split, "split"):
+            problems.append(f"splits: the split name {names.describe(split)} {names.problem(split, 'split')}")
+        _split_problems(problems, f"splits.{split}", info, fixed_layout)
+    stats_split = manifest.get("stats_split")
+    if isinstance(stats_split, str) and "splits" in manifest and stats_split not in splits:
+        problems.append(f"stats_split: {stats_split!r} is not one of the splits ({', '.join(splits)})")
+    return problems
+
+
+def docs_table() -> str:
+    """The tables of docs/manifest.md."""
+    parts = []
+    for title, keys in (("manifest.json", MANIFEST_KEYS), ("a split (`splits.<split>`)", SPLIT_KEYS),
+                        ("a shard (`splits.<split>.shards[i]`)", SHARD_KEYS),
+                        ("a record layout (`splits.<split>.record_layout`)", schema.LAYOUT_KEYS)):
+        rows = [f"| `{key.name}` | {key.type} | {'yes' if key.required else 'no'} | {key.meaning} |" for key in keys]
+        parts.append("\n".join([f"Keys of {title}:", "", "| key | type | required | meaning |", "|---|---|---|---|",
+                                *rows]))
+    return "\n\n".join(parts) + "\n"
 
 
 def typed(manifest) -> Manifest:

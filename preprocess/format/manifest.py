@@ -49,7 +49,6 @@ class ShardName(NamedTuple):
 class ShardFileTemplate:
     """The one spelling of a shard's file, TFDS's ``<split>/<split>-00000-of-000NN.tfrecord``, formatted and parsed
     back (None for anything else). Numbers have at least ``digits`` digits and no other leading zeros."""
-
     def __init__(self, suffix: str = ".tfrecord", digits: int = 5):
         self.suffix, self.digits = suffix, digits
         number = rf"\d{{{digits},}}"
@@ -198,18 +197,6 @@ def missing_manifest_error(data_dir: str) -> ManifestError:
     return error
 
 
-def read_local(data_dir: str) -> bytes:
-    """The bytes of a local ``data_dir/manifest.json``, a regular file within MANIFEST_MAX_BYTES; else ManifestError."""
-    path = os.path.join(data_dir, MANIFEST_NAME)
-    try:
-        return untrusted.read_regular_file(path, MANIFEST_MAX_BYTES)
-    except FileNotFoundError:
-        raise missing_manifest_error(data_dir) from None
-    except OSError as e:
-        raise ManifestError(f"{e}: a manifest is a small regular file" if isinstance(
-            e, untrusted.NotRegularFileError) else f"cannot read {path}: {e}") from e
-
-
 def _read_with_beam(path: str, at_most: int) -> bytes | None:
     """At most ``at_most`` bytes of the file at the URL ``path`` through Beam's FileSystems; None if absent."""
     try:  # without the gcp extra Beam would say only that it has no file system for gs://
@@ -233,8 +220,15 @@ def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | 
     file. A URL is read by ``read_url(path, at_most)`` (None: absent), by default Beam's FileSystems."""
     data_dir = os.fspath(data_dir)
     if "://" not in data_dir or data_dir.startswith("file://"):
-        local = data_dir[len("file://"):] if data_dir.startswith("file://") else data_dir
-        return parse_document(read_local(local), manifest_path(local))
+        local = data_dir.removeprefix("file://")
+        try:
+            return parse_document(untrusted.read_regular_file(manifest_path(local), MANIFEST_MAX_BYTES),
+                                  manifest_path(local))
+        except FileNotFoundError:
+            raise missing_manifest_error(local) from None
+        except OSError as e:
+            raise ManifestError(f"{e}: a manifest is a small regular file" if isinstance(
+                e, untrusted.NotRegularFileError) else f"cannot read {manifest_path(local)}: {e}") from e
     path = manifest_path(data_dir)
     try:
         data = (read_url or _read_with_beam)(path, MANIFEST_MAX_BYTES + 1)

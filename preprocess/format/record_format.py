@@ -75,11 +75,6 @@ def _int64_feature(value: int) -> bytes:
     return _field(3, _field(1, _varint(value)))  # Feature.int64_list = 3 { packed Int64List.value = 1 }
 
 
-def _serialize_features(features: dict[str, bytes]) -> bytes:
-    entries = b"".join(_entry(key, feature) for key, feature in sorted(features.items()))
-    return _field(1, entries)  # Example.features = 1 { Features.feature = 1 (map) }
-
-
 def _entry(key: str, feature: bytes) -> bytes:
     return _field(1, _field(1, key.encode()) + _field(2, feature))  # map entry: key = 1, value = 2
 

@@ -67,14 +67,6 @@ def shard_of(key: tuple[int, int], boundaries: tuple) -> int:
     return bisect.bisect_right(boundaries, key)
 
 
-def sum_tuples(values) -> tuple[int, ...]:
-    """Element-wise exact sum of equal-length integer tuples."""
-    total: list[int] | None = None
-    for value in values:
-        total = list(value) if total is None else [a + b for a, b in zip(total, value)]
-    return tuple(total) if total is not None else ()
-
-
 def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None]:
     """Per-channel mean and standard deviation (0-255) from (pixels, 3 sums, 3 sums of squares)."""
     if not pixel_sums or not pixel_sums[0]:
@@ -102,7 +94,8 @@ class RecordSummary:
         self.max_label = max(self.max_label, label)
 
     def add_pixels(self, sums: tuple[int, ...]) -> None:
-        self.pixel_sums = sum_tuples([self.pixel_sums, sums]) if self.pixel_sums else tuple(sums)
+        """Adds (pixels, 3 sums, 3 sums of squares), exactly."""
+        self.pixel_sums = tuple(a + b for a, b in zip(self.pixel_sums, sums)) if self.pixel_sums else tuple(sums)
 
     @classmethod
     def merge(cls, summaries) -> RecordSummary:

@@ -14,8 +14,7 @@ from PIL import ExifTags, Image, ImageCms, ImageFile, JpegImagePlugin, Unidentif
 
 from shardprep.preprocess.format import config, encodings
 from shardprep.preprocess.image import resize
-from shardprep.preprocess.format.config import (CROPS, DEFAULT_CROP, DEFAULT_ENCODING, DEFAULT_JPEG_QUALITY, DEFAULT_MAX_PIXELS,
-                                         DEFAULT_RESIZE_METHOD, DEFAULT_SHORTER_SIDE)
+from shardprep.preprocess.format.config import CROPS, DEFAULT_MAX_PIXELS, DEFAULT_RESIZE_METHOD, default
 
 BACKGROUND_RGB = (255, 255, 255)  # transparent pixels are composited on white, as viewers show them
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
@@ -57,7 +56,6 @@ def pillow_decoding():
 
 class RejectError(Exception):
     """An input that cannot become a training image. ``reason`` is a short code, ``detail`` says more."""
-
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
@@ -66,10 +64,11 @@ class RejectError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessOptions:
-    shorter_side: int = DEFAULT_SHORTER_SIDE
-    crop: str = DEFAULT_CROP
-    encoding: str = DEFAULT_ENCODING
-    jpeg_quality: int = DEFAULT_JPEG_QUALITY
+    """One image's options: a preprocess run's (PreprocessConfig's defaults) and the resize method."""
+    shorter_side: int = default("shorter_side")
+    crop: str = default("crop")
+    encoding: str = default("encoding")
+    jpeg_quality: int = default("jpeg_quality")
     max_pixels: int = DEFAULT_MAX_PIXELS
     resize_method: str = DEFAULT_RESIZE_METHOD
 

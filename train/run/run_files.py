@@ -12,7 +12,8 @@ import posixpath
 from typing import NoReturn
 
 from shardprep.preprocess.checks import owned_folder
-from shardprep.preprocess.checks.owned_folder import LOCK_NAME, Entry, OutputError, Record, is_url, printable  # noqa: F401
+from shardprep.preprocess.checks.names import printable  # noqa: F401 - shown names, escaped
+from shardprep.preprocess.checks.owned_folder import LOCK_NAME, Entry, OutputError, Record, is_url  # noqa: F401
 
 RECORD_NAME = ".shardprep-train.json"
 # Every file a run writes into --output-dir (run_paths), with the temporary names each is written under before the
