@@ -32,12 +32,6 @@ _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
 AVAILABLE = hasattr(os, "preadv")
 
 
-def record_ids(shard_index, num_records):
-    """First and end id of a shard's records, for ``tf.data.Dataset.range`` (works on ints and int64 tensors)."""
-    first = shard_index * (1 << RECORD_INDEX_BITS)
-    return first, first + num_records
-
-
 class ReusedBuffers:
     """Aligned uint8 buffers, each handed out again once nothing references it: every view (the batch, an array
     TensorFlow borrows) holds a reference to the owning array, so its reference count says whether it is in use."""
@@ -135,7 +129,7 @@ def _settle():
 
 class FixedLayoutGather:
     """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` from fixed-layout shards ``paths`` (ids:
-    :func:`record_ids`), each checked against ``snapshot``. Making one registers the exit hook."""
+    shard << RECORD_INDEX_BITS | record), each checked against ``snapshot``. Making one registers the exit hook."""
 
     def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]

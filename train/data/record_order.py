@@ -38,9 +38,7 @@ class RecordOrder:
         counts = np.asarray(counts, np.int64).reshape(-1)
         _check(int(counts.sum()), batch_size, num_shards, index, training)
         seed = integer_argument("seed", seed, minimum=0, optional=True)
-        self.counts = counts
-        self.starts = np.concatenate([[0], np.cumsum(counts)])  # global index of each shard's first record
-        self.num_records = int(self.starts[-1])
+        self.num_records = int(counts.sum())
         self.batch_size, self.training = int(batch_size), bool(training)
         self.num_shards, self.index = int(num_shards), int(index)
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
@@ -107,11 +105,17 @@ class RecordOrder:
             draws = self._crop_draws(int(step) // self.steps_per_epoch)
         return draws[self.positions(step)]
 
-    def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        """``(shard, record in shard)`` int64 arrays of global indices ``ids``."""
-        ids = np.asarray(ids, np.int64)
-        shards = np.searchsorted(self.starts, ids, side="right") - 1
-        return shards, ids - self.starts[shards]
+
+def shard_starts(counts) -> np.ndarray:
+    """The global index of each shard's first record, and the split's size last."""
+    return np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))]).astype(np.int64)
+
+
+def locate(starts: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """``(shard, record in shard)`` int64 arrays of global indices ``ids`` (``starts``: :func:`shard_starts`)."""
+    ids = np.asarray(ids, np.int64)
+    shards = np.searchsorted(starts, ids, side="right") - 1
+    return shards, ids - starts[shards]
 
 
 def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
