@@ -1,6 +1,8 @@
 """One batch of a local split by record ids as NumPy arrays (no TensorFlow): :class:`FixedLayoutSource` (``preadv``
 gathers) or :class:`ExampleSource` (records found by their TFRecord framing, read with one ``pread`` each, decoded
-as TensorFlow decodes them); shards checked against the ``DatasetSnapshot``, labels against the classes.
+as TensorFlow decodes them). What a reader saw when it opened a dataset (:class:`DatasetSnapshot`: device, inode,
+size, mtime of the manifest and each shard) is checked on every descriptor read and at each epoch, and labels against
+the classes: a dataset changed under a reader is a :class:`DatasetChangedError` naming the file, not garbage batches.
 """
 
 from __future__ import annotations
@@ -16,11 +18,96 @@ from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format.dataset import Manifest
 from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
-from shardprep.train.data.record_identity import DatasetSnapshot, check_labels
 from shardprep.train.data.record_order import locate, shard_starts
 
 CHANNELS = record_format.CHANNELS
 _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
+
+
+class DatasetChangedError(ValueError):
+    """The files a reader reads are not the ones it opened, or hold what their manifest does not allow."""
+
+
+class FileIdentity(NamedTuple):
+    """Which file a path named (device, inode) and its state (size, modification time)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, status: os.stat_result) -> "FileIdentity":
+        return cls(status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _difference(before: FileIdentity, after: FileIdentity | None) -> str:
+    if after is None:
+        return "it was removed"
+    if (before.device, before.inode) != (after.device, after.inode):
+        return "another file is in its place"
+    if before.size != after.size:
+        return f"{before.size:,} bytes then, {after.size:,} now"
+    return "it was modified"
+
+
+def _identity(path: str) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+class DatasetSnapshot:
+    """Identities of ``manifest.json`` and a split's shards; ``ValueError`` for a size unlike ``sizes``."""
+
+    def __init__(self, data_dir: str, paths, sizes):
+        self.data_dir = data_dir
+        self.manifest_path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
+        self.manifest = _identity(self.manifest_path)
+        self.paths = [os.fspath(path) for path in paths]
+        self.shards = []
+        wrong = []
+        for path, size in zip(self.paths, sizes):
+            identity = FileIdentity.of(os.stat(path))
+            if size is not None and identity.size != int(size):
+                wrong.append(f"{path}: {identity.size:,} bytes, the manifest says {int(size):,}")
+            self.shards.append(identity)
+        if wrong:
+            raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
+                             + "; ".join(wrong))
+
+    def changed(self, path: str, before: FileIdentity, after: FileIdentity | None) -> DatasetChangedError:
+        return DatasetChangedError(
+            f"{path} changed since the reader opened it ({_difference(before, after)}): {self.data_dir} was rebuilt "
+            "or modified while being read; open the dataset again (a new reader) once it is complete, and run "
+            f"`shardprep validate {self.data_dir}` if nothing was meant to rebuild it")
+
+    def check_descriptor(self, shard: int, descriptor: int) -> None:
+        """:class:`DatasetChangedError` if ``descriptor``, opened on shard ``shard``, is not the file as it was."""
+        now = FileIdentity.of(os.fstat(descriptor))
+        if now != self.shards[shard]:
+            raise self.changed(self.paths[shard], self.shards[shard], now)
+
+    def check(self) -> None:
+        """Raises :class:`DatasetChangedError` if the manifest or any shard is not the file it was."""
+        if self.manifest is not None:
+            now = _identity(self.manifest_path)
+            if now != self.manifest:
+                raise self.changed(self.manifest_path, self.manifest, now)
+        for path, before in zip(self.paths, self.shards):
+            now = _identity(path)
+            if now != before:
+                raise self.changed(path, before, now)
+
+    def check_path(self, path) -> bytes:
+        """:meth:`check` for one shard, by path (bytes or str, as tf.data passes it); returns the path as bytes."""
+        text = path.decode("utf-8") if isinstance(path, bytes) else str(path)
+        before = self.shards[self.paths.index(text)]
+        now = _identity(text)
+        if now != before:
+            raise self.changed(text, before, now)
+        return text.encode("utf-8")
 
 
 class ShardIndex(NamedTuple):
@@ -111,9 +198,17 @@ class _SplitSource:
         self.snapshot, self.num_classes = snapshot, num_classes
 
     def check_labels(self, ids: np.ndarray, labels: np.ndarray) -> None:
-        if self.num_classes is not None:
-            where = self.snapshot.data_dir if self.snapshot is not None else os.path.dirname(os.path.dirname(self.paths[0]))
-            check_labels(labels, self.num_classes, ids, self.starts, self.paths, where)
+        """:class:`DatasetChangedError` naming the shard and record of the first label outside the classes."""
+        bad = np.flatnonzero((labels < 0) | (labels >= self.num_classes)) if self.num_classes is not None else []
+        if not len(bad):
+            return
+        shards, records = locate(self.starts, np.asarray(ids, np.int64)[bad[:1]])
+        data_dir = (self.snapshot.data_dir if self.snapshot is not None
+                    else os.path.dirname(os.path.dirname(self.paths[0])))
+        raise DatasetChangedError(
+            f"label {int(labels[bad[0]])} is outside 0..{self.num_classes - 1} (the manifest's {self.num_classes} "
+            f"classes) in {self.paths[int(shards[0])]} record {int(records[0])}: {data_dir} changed since the reader "
+            f"opened it, or is damaged; run `shardprep validate {data_dir}`")
 
 
 class FixedLayoutSource(_SplitSource):
