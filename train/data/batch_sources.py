@@ -199,16 +199,16 @@ class _SplitSource:
 
     def check_labels(self, ids: np.ndarray, labels: np.ndarray) -> None:
         """:class:`DatasetChangedError` naming the shard and record of the first label outside the classes."""
-        bad = np.flatnonzero((labels < 0) | (labels >= self.num_classes)) if self.num_classes is not None else []
-        if not len(bad):
+        classes = self.num_classes
+        if classes is None or not len(bad := np.flatnonzero((labels < 0) | (labels >= classes))):
             return
         shards, records = locate(self.starts, np.asarray(ids, np.int64)[bad[:1]])
         data_dir = (self.snapshot.data_dir if self.snapshot is not None
                     else os.path.dirname(os.path.dirname(self.paths[0])))
         raise DatasetChangedError(
-            f"label {int(labels[bad[0]])} is outside 0..{self.num_classes - 1} (the manifest's {self.num_classes} "
-            f"classes) in {self.paths[int(shards[0])]} record {int(records[0])}: {data_dir} changed since the reader "
-            f"opened it, or is damaged; run `shardprep validate {data_dir}`")
+            f"label {int(labels[bad[0]])} is outside 0..{classes - 1} (the manifest's {classes} classes) in "
+            f"{self.paths[int(shards[0])]} record {int(records[0])}: {data_dir} changed since the reader opened it, "
+            f"or is damaged; run `shardprep validate {data_dir}`")
 
 
 class FixedLayoutSource(_SplitSource):
