@@ -4,7 +4,7 @@
 
 Every batch a reader gathers opens the shards it reads; with the check (the default), each opened descriptor is also
 ``fstat``-ed and compared with the ``DatasetSnapshot`` taken when the reader opened the split, and the manifest and
-every shard are ``stat``-ed at each epoch's start (``shardprep.train.data.record_identity``). Without it is the same
+every shard are ``stat``-ed at each epoch's start (``shardprep.train.data.batch_sources``). Without it is the same
 reader with those two methods made no-ops. Raw 256x256 centre crops written by the preprocess job (the photos of
 IMAGES_DIR, default ``../shared/data/imagenet-sample``, replicated to ``--num-images``), batches of 256; the more
 shards, the more descriptors a batch opens (a global shuffle touches nearly every shard of a small dataset). Prints
@@ -40,7 +40,7 @@ def _dataset(folder: str, output: str, num_shards: int) -> str:
 
 
 def _measure(data_dir: str, checked: bool, seconds: float) -> tuple[float, float]:
-    from shardprep.train.data import record_identity
+    from shardprep.train.data import batch_sources as record_identity
     from shardprep.train.data.numpy_reader import NumpyReader
 
     saved = record_identity.DatasetSnapshot.check_descriptor, record_identity.DatasetSnapshot.check

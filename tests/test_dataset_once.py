@@ -76,7 +76,7 @@ def test_the_dataset_module_offers_the_one_loader_and_the_one_shard_template():
 
     assert dataset.SHARD_FILES is manifest_lib.SHARD_FILES
     assert reader.load_manifest is dataset.load_manifest  # the README's import
-    for module in ("train/run/preflight.py", "train/model/predict.py", "train/data/numpy_reader.py", "train/data/record_dataset.py",
+    for module in ("train/run/preflight.py", "train/model/predict.py", "train/data/numpy_reader.py",
                    "pipelines/runtime/journal.py", "pipelines/validate_job/driver.py"):
         assert re.search(r"^def load_manifest\b", (REPO / module).read_text(), re.MULTILINE) is None, module
 

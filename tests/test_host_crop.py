@@ -11,7 +11,7 @@ import pytest
 
 from shardprep.train.data import host_crop
 from shardprep.train.data.numpy_reader import NumpyReader
-from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
+from shardprep.train.data.numpy_reader import EpochSampler, RecordDataset
 from train_helpers import random_images, write_dataset
 
 SIDE, CROP = 12, 8

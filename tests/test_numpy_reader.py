@@ -9,8 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from shardprep.train.data.numpy_reader import NumpyReader
-from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
+from shardprep.train.data.numpy_reader import EpochSampler, NumpyReader, RecordDataset
 from train_helpers import random_images, write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,8 +187,7 @@ def test_the_framework_free_reader_imports_no_tensorflow(layout_dataset):
     datasets = [layout_dataset(*layout) for layout in LAYOUTS]
     done = _run(f"""
         import sys
-        from shardprep.train.data.numpy_reader import NumpyReader
-        from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
+        from shardprep.train.data.numpy_reader import EpochSampler, NumpyReader, RecordDataset
         for dataset in {datasets!r}:
             reader = NumpyReader(dataset, "train", 4, True, seed=0)
             images, labels = next(iter(reader))

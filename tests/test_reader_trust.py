@@ -166,7 +166,7 @@ def test_labels_outside_the_classes_are_an_error_naming_the_record(tmp_path):
     with pytest.raises(ValueError, match=r"label 2 is outside 0\.\.1 .*validation/validation-0000\d-of-00003"
                                          r"\.tfrecord record \d"):
         next(iter(reader))
-    from shardprep.train.data.record_dataset import RecordDataset
+    from shardprep.train.data.numpy_reader import RecordDataset
 
     with pytest.raises(ValueError, match=r"label 2 is outside 0\.\.1"):
         RecordDataset(root, "validation")[8]  # shard 2 holds the records labelled 2

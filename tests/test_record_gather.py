@@ -60,7 +60,7 @@ def test_buffers_go_back_to_the_pool_when_batches_are_dropped(tmp_path):
     manifest = reader.load_manifest(str(tmp_path))
     shards = [str(tmp_path / shard.file) for shard in manifest.split("train").shards]
     gather = record_gather.FixedLayoutGather(shards, manifest.split("train").record_layout)
-    ids = np.array([record_gather.record_ids(shard, 0)[0] + record for shard, record in [(0, 3), (1, 0), (1, 11)]])
+    ids = np.array([(shard << record_gather.RECORD_INDEX_BITS) + record for shard, record in [(0, 3), (1, 0), (1, 11)]])
     for _ in range(50):
         images, labels = gather(ids)  # the previous batch is still held while this one is read
     assert len(gather.buffers) == 2

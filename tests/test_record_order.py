@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from shardprep.train.data import record_order
 from shardprep.train.data.record_order import CROP_DRAW_LIMIT, ReaderState, RecordOrder
 
 COUNTS = [7, 0, 9, 8]  # an empty shard among them: 24 records
@@ -81,8 +82,7 @@ def test_unsharded_evaluation_is_full_batches_then_the_rest():
 
 
 def test_locate_maps_global_indices_to_shard_and_record_skipping_empty_shards():
-    order = RecordOrder(COUNTS, 1, training=False)
-    shards, records = order.locate([0, 6, 7, 15, 16, 23])
+    shards, records = record_order.locate(record_order.shard_starts(COUNTS), [0, 6, 7, 15, 16, 23])
     assert shards.tolist() == [0, 0, 2, 2, 3, 3] and records.tolist() == [0, 6, 0, 8, 0, 7]
 
 

@@ -85,7 +85,7 @@ NOTE = ("shardprep: reading split 'val' for 'validation' of {data}: no split is 
 
 def test_numpy_reader_and_record_dataset_read_the_validation_role(val_dataset, caplog):
     from shardprep.train.data.numpy_reader import NumpyReader
-    from shardprep.train.data.record_dataset import RecordDataset
+    from shardprep.train.data.numpy_reader import RecordDataset
 
     caplog.set_level(logging.INFO)
     by_role = NumpyReader(val_dataset, "validation", 4, False)

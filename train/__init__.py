@@ -21,8 +21,8 @@ streams.quiet_library()
 # Each public name and the module of this package that defines it.
 _EXPORTS = {
     "make_dataset": "data.reader", "load_manifest": "data.reader", "split_size": "data.reader",
-    "NumpyReader": "data.numpy_reader", "ReaderState": "data.record_order", "DatasetChangedError": "data.record_identity",
-    "RecordDataset": "data.record_dataset", "EpochSampler": "data.record_dataset",
+    "NumpyReader": "data.numpy_reader", "ReaderState": "data.record_order", "DatasetChangedError": "data.batch_sources",
+    "RecordDataset": "data.numpy_reader", "EpochSampler": "data.numpy_reader",
     "CropFlipNormalize": "model.augment", "resnet18": "model.keras_model", "resnet18_layers": "model.keras_model",
     "build_model": "model.keras_model", "load_model": "model.keras_model",
     "predict_images": "model.predict", "Prediction": "model.predict", "PhotoFailure": "model.predict",
@@ -37,9 +37,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from shardprep.train.run.config import TrainConfig
     from shardprep.train.run.loop import train
     from shardprep.train.model.keras_model import build_model, load_model, resnet18, resnet18_layers
-    from shardprep.train.data.numpy_reader import NumpyReader
     from shardprep.train.model.predict import PhotoFailure, Prediction, predict_images
     from shardprep.train.data.reader import load_manifest, make_dataset, split_size
-    from shardprep.train.data.record_dataset import EpochSampler, RecordDataset
-    from shardprep.train.data.record_identity import DatasetChangedError
+    from shardprep.train.data.numpy_reader import EpochSampler, NumpyReader, RecordDataset
+    from shardprep.train.data.batch_sources import DatasetChangedError
     from shardprep.train.data.record_order import ReaderState

@@ -11,8 +11,14 @@ class ArgsKept(click.Command):
         return super().parse_args(ctx, args)
 
 
-def own_long_options(ctx) -> tuple[str, ...]:
-    """The running command's own long options (``--shorter-side``): given after ``--`` they would reach Beam, which
-    drops what it does not know (``runner.check_beam_args`` refuses them by name)."""
-    return tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
-                 if option.startswith("--"))
+def check_beam_args(ctx, beam_args, usage: str) -> None:
+    """Beam's options after ``--`` checked (``runner.check_beam_args``), the command's own long options among them
+    refused by name: Beam would drop what it does not know."""
+    from shardprep.pipelines.runtime import runner
+
+    own = tuple(option for param in ctx.command.params for option in (*param.opts, *param.secondary_opts)
+                if option.startswith("--"))
+    try:
+        runner.check_beam_args(list(beam_args), usage, own)
+    except runner.BeamArgsError as e:
+        raise click.ClickException(str(e)) from None

@@ -40,8 +40,6 @@ def command(model, data, photos, top_k):
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
-    import sys
-
     from shardprep.output import say
     from shardprep.preprocess.checks.text import output_width, terminal_columns, wrap
     from shardprep.preprocess.sources.wordnet_names import display_name

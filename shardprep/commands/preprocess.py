@@ -8,7 +8,7 @@ import traceback
 
 import click
 
-from shardprep.commands import ArgsKept, own_long_options
+from shardprep.commands import ArgsKept, check_beam_args
 from shardprep.commands.stops import stopped_lines, typed_command
 from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say, shortened
 from shardprep.pipelines.sources import registry as source_registry
@@ -120,10 +120,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
 
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
     runner.quiet_beam_logging(verbose)
-    try:
-        runner.check_beam_args(list(beam_args), "preprocess takes SOURCE OUTPUT", own_long_options(ctx))
-    except runner.BeamArgsError as e:
-        raise click.ClickException(str(e)) from None
+    check_beam_args(ctx, beam_args, "preprocess takes SOURCE OUTPUT")
     config = PreprocessConfig(**{**options, "output": options["output"].rstrip("/") or "/"})
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)

@@ -9,7 +9,7 @@ import textwrap
 import click
 
 from shardprep import output
-from shardprep.commands import own_long_options, stops
+from shardprep.commands import check_beam_args, stops
 from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
 from shardprep.output import SpinnerProgress as ProgressDisplay
 from shardprep.output import console as make_console
@@ -126,10 +126,7 @@ def command(ctx, quiet, beam_args, **flags):
     from shardprep.pipelines.runtime import runner
     from shardprep.pipelines.validate_job import driver as job
 
-    try:
-        runner.check_beam_args(list(beam_args), "validate takes DATA", own_long_options(ctx))
-    except runner.BeamArgsError as e:
-        raise click.ClickException(str(e)) from None
+    check_beam_args(ctx, beam_args, "validate takes DATA")
     runner.quiet_beam_logging()
     outputs = job.WrittenOutputs()
     with stops.outputs_told(ctx, options, outputs):  # a stop says which files are this run's

@@ -1,6 +1,8 @@
 """One batch of a local split by record ids as NumPy arrays (no TensorFlow): :class:`FixedLayoutSource` (``preadv``
 gathers) or :class:`ExampleSource` (records found by their TFRecord framing, read with one ``pread`` each, decoded
-as TensorFlow decodes them); shards checked against the ``DatasetSnapshot``, labels against the classes.
+as TensorFlow decodes them). What a reader saw when it opened a dataset (:class:`DatasetSnapshot`: device, inode,
+size, mtime of the manifest and each shard) is checked on every descriptor read and at each epoch, and labels against
+the classes: a dataset changed under a reader is a :class:`DatasetChangedError` naming the file, not garbage batches.
 """
 
 from __future__ import annotations
@@ -16,10 +18,96 @@ from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format.dataset import Manifest
 from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
-from shardprep.train.data.record_identity import DatasetSnapshot, check_labels
+from shardprep.train.data.record_order import locate, shard_starts
 
 CHANNELS = record_format.CHANNELS
 _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
+
+
+class DatasetChangedError(ValueError):
+    """The files a reader reads are not the ones it opened, or hold what their manifest does not allow."""
+
+
+class FileIdentity(NamedTuple):
+    """Which file a path named (device, inode) and its state (size, modification time)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, status: os.stat_result) -> "FileIdentity":
+        return cls(status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _difference(before: FileIdentity, after: FileIdentity | None) -> str:
+    if after is None:
+        return "it was removed"
+    if (before.device, before.inode) != (after.device, after.inode):
+        return "another file is in its place"
+    if before.size != after.size:
+        return f"{before.size:,} bytes then, {after.size:,} now"
+    return "it was modified"
+
+
+def _identity(path: str) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+class DatasetSnapshot:
+    """Identities of ``manifest.json`` and a split's shards; ``ValueError`` for a size unlike ``sizes``."""
+
+    def __init__(self, data_dir: str, paths, sizes):
+        self.data_dir = data_dir
+        self.manifest_path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
+        self.manifest = _identity(self.manifest_path)
+        self.paths = [os.fspath(path) for path in paths]
+        self.shards = []
+        wrong = []
+        for path, size in zip(self.paths, sizes):
+            identity = FileIdentity.of(os.stat(path))
+            if size is not None and identity.size != int(size):
+                wrong.append(f"{path}: {identity.size:,} bytes, the manifest says {int(size):,}")
+            self.shards.append(identity)
+        if wrong:
+            raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
+                             + "; ".join(wrong))
+
+    def changed(self, path: str, before: FileIdentity, after: FileIdentity | None) -> DatasetChangedError:
+        return DatasetChangedError(
+            f"{path} changed since the reader opened it ({_difference(before, after)}): {self.data_dir} was rebuilt "
+            "or modified while being read; open the dataset again (a new reader) once it is complete, and run "
+            f"`shardprep validate {self.data_dir}` if nothing was meant to rebuild it")
+
+    def check_descriptor(self, shard: int, descriptor: int) -> None:
+        """:class:`DatasetChangedError` if ``descriptor``, opened on shard ``shard``, is not the file as it was."""
+        now = FileIdentity.of(os.fstat(descriptor))
+        if now != self.shards[shard]:
+            raise self.changed(self.paths[shard], self.shards[shard], now)
+
+    def check(self) -> None:
+        """Raises :class:`DatasetChangedError` if the manifest or any shard is not the file it was."""
+        if self.manifest is not None:
+            now = _identity(self.manifest_path)
+            if now != self.manifest:
+                raise self.changed(self.manifest_path, self.manifest, now)
+        for path, before in zip(self.paths, self.shards):
+            now = _identity(path)
+            if now != before:
+                raise self.changed(path, before, now)
+
+    def check_path(self, path) -> bytes:
+        """:meth:`check` for one shard, by path (bytes or str, as tf.data passes it); returns the path as bytes."""
+        text = path.decode("utf-8") if isinstance(path, bytes) else str(path)
+        before = self.shards[self.paths.index(text)]
+        now = _identity(text)
+        if now != before:
+            raise self.changed(text, before, now)
+        return text.encode("utf-8")
 
 
 class ShardIndex(NamedTuple):
@@ -77,12 +165,10 @@ class ExampleGather:
                                                                                     np.zeros(0, np.int64))
                         for path, count in zip(self.paths, counts)]
         self.verify = verify
-        self._starts = np.concatenate([[0], np.cumsum([int(count) for count in counts])]).astype(np.int64)
+        self.starts = shard_starts(counts)
 
     def __call__(self, ids) -> list[bytes]:
-        ids = np.asarray(ids, np.int64)
-        shards = np.searchsorted(self._starts, ids, side="right") - 1
-        records = ids - self._starts[shards]
+        shards, records = locate(self.starts, ids)
         with open_shards(self.paths, shards, self.snapshot) as descriptors:
             return [self._read(descriptors[shard], shard, record)
                     for shard, record in zip(shards.tolist(), records.tolist())]
@@ -103,81 +189,58 @@ class ExampleGather:
         return data
 
 
-class ParsedRecord(NamedTuple):
-    """What a reader needs of one of our Examples."""
+class _SplitSource:
+    """What both sources share: the split's shards, where each one's ids start, the snapshot, the label check."""
 
-    encoded: bytes
-    label: int
-    height: int
-    width: int
+    def __init__(self, paths, counts, snapshot: DatasetSnapshot | None, num_classes: int | None):
+        self.paths = [os.fspath(path) for path in paths]
+        self.starts = shard_starts(counts)
+        self.snapshot, self.num_classes = snapshot, num_classes
 
-
-def parse_record(serialized: bytes) -> ParsedRecord:
-    """The image bytes, label and stored size of a serialized shardprep Example (``RecordFormatError`` if not)."""
-    features = record_format.parse_features(serialized)
-    try:
-        return ParsedRecord(features[record_format.ENCODED][0], int(features[record_format.LABEL][0]),
-                            int(features[record_format.HEIGHT][0]), int(features[record_format.WIDTH][0]))
-    except (KeyError, IndexError, TypeError) as e:
-        raise record_format.RecordFormatError(f"record lacks {e}: not a shardprep record") from e
-
-
-def crop_window(height: int, width: int, side: int, draws, training: bool) -> tuple[int, int]:
-    """(top, left) of the ``side`` square cut from a ``height`` x ``width`` image."""
-    spare_h, spare_w = height - side, width - side
-    if spare_h < 0 or spare_w < 0:
-        raise record_format.RecordFormatError(f"a {height}x{width} image is smaller than the {side} square crop")
-    if training:
-        return int(draws[0]) % (spare_h + 1), int(draws[1]) % (spare_w + 1)
-    return spare_h // 2, spare_w // 2
+    def check_labels(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        """:class:`DatasetChangedError` naming the shard and record of the first label outside the classes."""
+        classes = self.num_classes
+        if classes is None or not len(bad := np.flatnonzero((labels < 0) | (labels >= classes))):
+            return
+        shards, records = locate(self.starts, np.asarray(ids, np.int64)[bad[:1]])
+        data_dir = (self.snapshot.data_dir if self.snapshot is not None
+                    else os.path.dirname(os.path.dirname(self.paths[0])))
+        raise DatasetChangedError(
+            f"label {int(labels[bad[0]])} is outside 0..{classes - 1} (the manifest's {classes} classes) in "
+            f"{self.paths[int(shards[0])]} record {int(records[0])}: {data_dir} changed since the reader opened it, "
+            f"or is damaged; run `shardprep validate {data_dir}`")
 
 
-class FixedLayoutSource:
+class FixedLayoutSource(_SplitSource):
     """``(global ids, draws) -> (images, labels)`` of fixed-layout shards, shards and labels checked."""
 
     def __init__(self, paths, counts, layout, buffers: ReusedBuffers | None = None, verify: bool = False,
                  snapshot: DatasetSnapshot | None = None, num_classes: int | None = None):
+        super().__init__(paths, counts, snapshot, num_classes)
         record_gather.check_shard_sizes(paths, counts, layout)
         if verify:
             self.gather = record_gather.VerifiedGather(paths, counts, layout, buffers, snapshot)
         else:
             self.gather = record_gather.FixedLayoutGather(paths, layout, buffers, snapshot)
-        self.snapshot, self.num_classes = snapshot, num_classes
-        self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.image_shape = self.gather.image_shape
 
     def __call__(self, ids: np.ndarray, draws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        images, labels = self.gather(gather_ids(self.starts, ids))
-        if self.num_classes is not None:
-            check_labels(labels, self.num_classes, ids, self.starts, self.gather.paths, _where(self.snapshot,
-                                                                                               self.gather.paths))
+        shards, records = locate(self.starts, ids)
+        images, labels = self.gather((shards << RECORD_INDEX_BITS) | records)
+        self.check_labels(ids, labels)
         return images, labels
 
 
-def _where(snapshot: DatasetSnapshot | None, paths) -> str:
-    """The dataset folder an error names."""
-    return snapshot.data_dir if snapshot is not None else os.path.dirname(os.path.dirname(paths[0]))
-
-
-def gather_ids(starts: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Global indices as :class:`FixedLayoutGather`'s ids (shard in the high bits, record in shard in the low)."""
-    ids = np.asarray(ids, np.int64)
-    shards = np.searchsorted(starts, ids, side="right") - 1
-    return (shards << RECORD_INDEX_BITS) | (ids - starts[shards])
-
-
-class ExampleSource:
+class ExampleSource(_SplitSource):
     """Batches of Examples decoded one by one into a reused buffer, shards and labels checked."""
 
     def __init__(self, paths, counts, manifest: Manifest, training: bool, verify: bool = False,
                  buffers: ReusedBuffers | None = None, snapshot: DatasetSnapshot | None = None):
+        super().__init__(paths, counts, snapshot, manifest.num_classes)
         self.records = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
-        self.snapshot, self.num_classes = snapshot, manifest.num_classes
-        self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
         self.encoding = encodings.get(manifest.encoding)  # UnknownEncodingError for a name this version lacks
         self.crop, self.side = manifest.crop, manifest.shorter_side
-        height, width = manifest.stored_shape
-        self.image_shape = (height, width, CHANNELS)
+        self.image_shape = (*manifest.stored_shape, CHANNELS)
         self.training = training
         self.buffers = buffers if buffers is not None else ReusedBuffers()
 
@@ -188,19 +251,30 @@ class ExampleSource:
         labels = np.empty(count, np.int32)
         for j, data in enumerate(serialized):
             images[j], labels[j] = self.decode(data, draws[j] if draws is not None else (0, 0))
-        check_labels(labels, self.num_classes, ids, self.starts, self.records.paths,
-                     _where(self.snapshot, self.records.paths))
+        self.check_labels(ids, labels)
         return images, labels
 
     def decode(self, serialized: bytes, draws) -> tuple[np.ndarray, int]:
-        record = parse_record(serialized)
-        image = self.encoding.decode(record.encoded, record.height, record.width)
-        if self.crop == "none":
-            top, left = crop_window(record.height, record.width, self.side, draws, self.training)
+        """One of our Examples as (pixels, label) (``RecordFormatError`` if not ours, or of another shape)."""
+        features = record_format.parse_features(serialized)
+        try:
+            encoded = features[record_format.ENCODED][0]
+            label, height, width = (int(features[key][0]) for key in (record_format.LABEL, record_format.HEIGHT,
+                                                                      record_format.WIDTH))
+        except (KeyError, IndexError, TypeError) as e:
+            raise record_format.RecordFormatError(f"record lacks {e}: not a shardprep record") from e
+        image = self.encoding.decode(encoded, height, width)
+        if self.crop == "none":  # a side x side square: random in training, central otherwise
+            spare_h, spare_w = height - self.side, width - self.side
+            if spare_h < 0 or spare_w < 0:
+                raise record_format.RecordFormatError(f"a {height}x{width} image is smaller than the {self.side} "
+                                                      "square crop")
+            top, left = ((int(draws[0]) % (spare_h + 1), int(draws[1]) % (spare_w + 1)) if self.training
+                         else (spare_h // 2, spare_w // 2))
             image = image[top:top + self.side, left:left + self.side]
         if image.shape != self.image_shape:
             raise record_format.RecordFormatError(f"an image of {image.shape} in a dataset of {self.image_shape}")
-        return image, record.label
+        return image, label
 
 
 class SplitFiles(NamedTuple):

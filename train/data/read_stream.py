@@ -10,6 +10,7 @@ import dataclasses
 import tensorflow as tf
 
 from shardprep.preprocess.format import encodings, record_format
+from shardprep.preprocess.format.dataset import Manifest
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import MAX_VARINT_BYTES
@@ -31,8 +32,6 @@ class ReadPlan:
     split: str
     files: list
     counts: list
-    height: int
-    width: int
     batch_size: int
     training: bool
     seed: int | None
@@ -115,22 +114,18 @@ def finished(batches: tf.data.Dataset, deterministic: bool, shard_policy, cardin
 
 
 def streamed_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:
-    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, streamed through the shared order."""
-    return plan.batched(plan.records(_chunk_reader(layout, plan.file_buffer_bytes)), _chunk_batch_decoder(layout))
-
-
-def _chunk_reader(layout: FixedLayout, buffer_size: int):
-    """(path, records) -> a dataset of the shard's records as chunks of ``record_bytes`` from each one's pixels."""
-    record_bytes, image_offset = layout.record_bytes, layout.image_offset
+    """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, streamed through the shared order, each
+    record read as a chunk of ``record_bytes`` from its pixels."""
+    buffer_size = plan.file_buffer_bytes
 
     def open_file(path, num_records):
-        chunks = tf.data.FixedLengthRecordDataset(path, record_bytes, header_bytes=image_offset,
+        chunks = tf.data.FixedLengthRecordDataset(path, layout.record_bytes, header_bytes=layout.image_offset,
                                                   buffer_size=buffer_size)
         # FixedLengthRecordDataset already fails on a file that is not header + k records; this names a file
         # holding another number of records than the manifest says.
         return chunks.apply(tf.data.experimental.assert_cardinality(num_records))
 
-    return open_file
+    return plan.batched(plan.records(open_file), _chunk_batch_decoder(layout))
 
 
 def _chunk_batch_decoder(layout: FixedLayout):
@@ -153,27 +148,30 @@ def _chunk_batch_decoder(layout: FixedLayout):
     return decode
 
 
-def example_batches(plan: ReadPlan, encoding: str, crop: str, side: int) -> tf.data.Dataset:
+def example_batches(plan: ReadPlan, manifest: Manifest) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, records parsed as Examples."""
-    stored = encodings.get(encoding)
+    stored, crop, (height, width) = encodings.get(manifest.encoding), manifest.crop, manifest.stored_shape
     buffer_size = plan.file_buffer_bytes
     records = plan.records(lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
     if stored.has_fixed_layout(crop):
         # Parallel batching: assembling a batch copies every record once, and one thread doing it all falls behind.
-        return plan.batched(records, _raw_batch_decoder(plan.height, plan.width))
+        return plan.batched(records, _raw_batch_decoder(height, width))
     # One image at a time is unavoidable here (JPEG decode, or a crop of a variable-size image); the random crop
     # positions come from a seeded stream zipped alongside, so a seed still makes the batches repeatable.
-    decode = _per_image_decoder(stored, crop, side, plan.height, plan.width, plan.training)
+    decode = _per_image_decoder(stored, crop, manifest.shorter_side, height, width, plan.training)
     crop_seeds = tf.data.Dataset.random(seed=plan.seed).batch(2)
     return plan.batched(tf.data.Dataset.zip(records, crop_seeds).map(
         decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic))
 
 
+# The features of our Examples a reader parses.
+_FEATURES = {record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
+             **{key: tf.io.FixedLenFeature([], tf.int64)
+                for key in (record_format.LABEL, record_format.HEIGHT, record_format.WIDTH)}}
+
+
 def _raw_batch_decoder(height: int, width: int):
-    spec = {
-        record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
-        record_format.LABEL: tf.io.FixedLenFeature([], tf.int64),
-    }
+    spec = {key: _FEATURES[key] for key in (record_format.ENCODED, record_format.LABEL)}
 
     def decode(serialized_batch):
         features = tf.io.parse_example(serialized_batch, spec)
@@ -217,15 +215,8 @@ def _drawn_offsets(spare, draws):
 
 def _per_image_decoder(stored: encodings.Encoding, crop: str, side: int, height: int, width: int, training: bool,
                        random_offsets=_seeded_offsets):
-    spec = {
-        record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
-        record_format.LABEL: tf.io.FixedLenFeature([], tf.int64),
-        record_format.HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-        record_format.WIDTH: tf.io.FixedLenFeature([], tf.int64),
-    }
-
     def decode(serialized, crop_source):
-        features = tf.io.parse_single_example(serialized, spec)
+        features = tf.io.parse_single_example(serialized, _FEATURES)
         encoded = features[record_format.ENCODED]
         stored_height = tf.cast(features[record_format.HEIGHT], tf.int32)
         stored_width = tf.cast(features[record_format.WIDTH], tf.int32)

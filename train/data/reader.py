@@ -12,9 +12,8 @@ from shardprep.preprocess.format import record_format
 from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.train.data import read_stream, record_gather, split_roles
-from shardprep.train.data.batch_sources import ExampleGather, FixedLayoutSource, split_files
+from shardprep.train.data.batch_sources import DatasetSnapshot, ExampleGather, FixedLayoutSource, SplitFiles, split_files
 from shardprep.train.data.read_stream import ReadPlan
-from shardprep.train.data.record_identity import DatasetSnapshot
 from shardprep.train.data.record_order import RecordOrder, bool_argument, integer_argument
 
 # Memory the shuffle buffer may hold by default; with 256x256 raw records (196 KiB) that is ~5,400 images.
@@ -65,20 +64,35 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
     files (default where ``os.preadv`` exists) or stream. ``start_step``: global batches already read (random access).
     """
     _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
-    manifest, split = _opened(data_dir, split, manifest)
-    if _reads_by_random_access(data_dir, random_access, start_step):
-        return _random_access_batches(data_dir, split, batch_size, training, seed, manifest, input_context,
+    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
+    split = split_roles.reading(manifest.splits, split, data_dir)
+    random_access = _reads_by_random_access(data_dir, random_access, start_step)
+    if not manifest.split(split).shards:
+        raise ValueError(f"split {split!r} of {data_dir} has no shards")
+    files = split_files(data_dir, manifest, split)
+    per_replica, pipelines, pipeline_id = batch_size, 1, 0
+    if input_context is not None:
+        per_replica = input_context.get_per_replica_batch_size(batch_size)
+        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if random_access:
+        if not sum(files.counts):
+            raise ValueError(f"split {split!r} of {data_dir} has no examples")
+        order = RecordOrder(files.counts, per_replica, training, seed, num_shards=pipelines, index=pipeline_id)
+        return _random_access_batches(data_dir, manifest, split, files, order, input_context is not None,
                                       verify_records, start_step)
-    plan = _plan(data_dir, split, batch_size, training, seed, manifest, input_context, shuffle_buffer,
-                 cycle_length, deterministic)
+    paths, counts, shard_records_by = files.paths, files.counts, None
+    if pipelines > 1 and len(paths) >= pipelines:
+        paths, counts = paths[pipeline_id::pipelines], counts[pipeline_id::pipelines]
+    elif pipelines > 1:
+        shard_records_by = (pipelines, pipeline_id)
+    plan = ReadPlan(
+        data_dir=data_dir, split=split, files=paths, counts=counts, batch_size=per_replica, training=training,
+        seed=seed, deterministic=deterministic if deterministic is not None else not training or seed is not None,
+        shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
+        cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None,
+        snapshot=files.snapshot)
     return plan.finish(labels_checked(_streamed_batches(plan, manifest, split, verify_records), manifest.num_classes,
                                       data_dir))
-
-
-def _opened(data_dir: str, split: str, manifest: dict | Manifest | None) -> tuple[Manifest, str]:
-    """The manifest (loaded here when not given) and the split that ``split``, a name or a role, means."""
-    manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
-    return manifest, split_roles.reading(manifest.splits, split, data_dir)
 
 
 def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:
@@ -121,65 +135,26 @@ def _streamed_batches(plan: ReadPlan, manifest: Manifest, split: str, verify_rec
     """Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed."""
     layout = None if verify_records else manifest.split(split).record_layout
     if layout is None:
-        return read_stream.example_batches(plan, manifest.encoding, manifest.crop, manifest.shorter_side)
+        return read_stream.example_batches(plan, manifest)
     return read_stream.streamed_batches(plan.without_empty_shards(), layout)
 
 
-def _random_access_batches(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None,
-                           manifest: Manifest, input_context, verify_records: bool,
-                           start_step: int) -> tf.data.Dataset:
+def _random_access_batches(data_dir: str, manifest: Manifest, split: str, files: SplitFiles, order: RecordOrder,
+                           distributed: bool, verify_records: bool, start_step: int) -> tf.data.Dataset:
     """The batches of the NumPy order (:mod:`~shardprep.train.data.record_order`), gathered from local shards."""
-    shards = manifest.split(split).shards
-    if not shards:
-        raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    if not sum(shard.num_examples for shard in shards):
-        raise ValueError(f"split {split!r} of {data_dir} has no examples")
-    paths, counts, snapshot = split_files(data_dir, manifest, split)
-    num_shards, index = 1, 0
-    if input_context is not None:
-        batch_size = input_context.get_per_replica_batch_size(batch_size)
-        num_shards, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-    order = RecordOrder(counts, batch_size, training, seed, num_shards=num_shards, index=index)
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
-        batches = gathered_batches(order, paths, counts, layout, start_step, verify=verify_records,
-                                   snapshot=snapshot, num_classes=manifest.num_classes)
+        batches = gathered_batches(order, files.paths, files.counts, layout, start_step, verify=verify_records,
+                                   snapshot=files.snapshot, num_classes=manifest.num_classes)
     else:
-        height, width = manifest.stored_shape
-        serialized = serialized_batches(order, paths, counts, verify_records, start_step, snapshot)
+        serialized = serialized_batches(order, files.paths, files.counts, verify_records, start_step, files.snapshot)
         batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
-                                              height, width, training)
+                                              *manifest.stored_shape, order.training)
     # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
     return read_stream.finished(labels_checked(batches, manifest.num_classes, data_dir), True,
-                                tf.data.experimental.AutoShardPolicy.OFF if input_context is not None
+                                tf.data.experimental.AutoShardPolicy.OFF if distributed
                                 else tf.data.experimental.AutoShardPolicy.DATA,
-                                None if training else len(order) - start_step)
-
-
-def _plan(data_dir: str, split: str, batch_size: int, training: bool, seed: int | None, manifest: Manifest,
-          input_context, shuffle_buffer: int | None, cycle_length: int | None,
-          deterministic: bool | None) -> ReadPlan:
-    """The :class:`ReadPlan` of ``make_dataset``'s arguments: this input pipeline's shards and batch size."""
-    if not manifest.split(split).shards:
-        raise ValueError(f"split {split!r} of {data_dir} has no shards")
-    files, counts, snapshot = split_files(data_dir, manifest, split)
-    per_replica_batch, shard_records_by = batch_size, None
-    if input_context is not None:
-        per_replica_batch = input_context.get_per_replica_batch_size(batch_size)
-        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
-        if pipelines > 1:
-            if len(files) >= pipelines:
-                files, counts = files[pipeline_id::pipelines], counts[pipeline_id::pipelines]
-            else:
-                shard_records_by = (pipelines, pipeline_id)
-    height, width = manifest.stored_shape
-    return ReadPlan(
-        data_dir=data_dir, split=split, files=files, counts=counts, height=height, width=width,
-        batch_size=per_replica_batch, training=training, seed=seed,
-        deterministic=deterministic if deterministic is not None else not training or seed is not None,
-        shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
-        cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None,
-        snapshot=snapshot)
+                                None if order.training else len(order) - start_step)
 
 
 def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:

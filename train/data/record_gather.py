@@ -32,12 +32,6 @@ _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
 AVAILABLE = hasattr(os, "preadv")
 
 
-def record_ids(shard_index, num_records):
-    """First and end id of a shard's records, for ``tf.data.Dataset.range`` (works on ints and int64 tensors)."""
-    first = shard_index * (1 << RECORD_INDEX_BITS)
-    return first, first + num_records
-
-
 class ReusedBuffers:
     """Aligned uint8 buffers, each handed out again once nothing references it: every view (the batch, an array
     TensorFlow borrows) holds a reference to the owning array, so its reference count says whether it is in use."""
@@ -135,7 +129,7 @@ def _settle():
 
 class FixedLayoutGather:
     """``ids -> (uint8 [n, H, W, 3] images, int32 [n] labels)`` from fixed-layout shards ``paths`` (ids:
-    :func:`record_ids`), each checked against ``snapshot``. Making one registers the exit hook."""
+    shard << RECORD_INDEX_BITS | record), each checked against ``snapshot``. Making one registers the exit hook."""
 
     def __init__(self, paths, layout: FixedLayout, buffers: ReusedBuffers | None = None, snapshot=None):
         self.paths = [os.fspath(path) for path in paths]
@@ -158,22 +152,23 @@ class FixedLayoutGather:
     def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         count = len(ids)
         images = self.buffers.take(count * self.image_bytes)
-        tails = np.empty(count * self.tail_bytes, np.uint8)
-        pixels_view, tails_view = memoryview(images), memoryview(tails)
+        label_rows = np.empty((count, MAX_VARINT_BYTES), np.uint8)
         shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
-        wanted = self.image_bytes + self.tail_bytes
-        image_bytes, tail_bytes = self.image_bytes, self.tail_bytes
         with open_shards(self.paths, shards, self.snapshot) as descriptors:
             for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
-                offset = self.image_offset + record * self.record_bytes
-                got = os.preadv(descriptors[shard],
-                                [pixels_view[j * image_bytes:(j + 1) * image_bytes],
-                                 tails_view[j * tail_bytes:(j + 1) * tail_bytes]], offset)
-                if got != wanted:
-                    raise OSError(f"{self.paths[shard]}: record {record} ends {wanted - got} bytes early: the shard "
-                                  "is shorter than its manifest says (run `shardprep validate` on the dataset)")
-        labels = decode_varints(tails.reshape(count, tail_bytes)[:, -MAX_VARINT_BYTES:])
-        return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
+                slot = images[j * self.image_bytes:(j + 1) * self.image_bytes]
+                label_rows[j] = self._read(descriptors[shard], shard, record, slot)
+        return images.reshape((count,) + self.image_shape), decode_varints(label_rows).astype(np.int32)
+
+    def _read(self, fd: int, shard: int, record: int, slot: np.ndarray) -> np.ndarray:
+        """The record's pixels into ``slot``; returns the bytes its label starts with."""
+        tail = np.empty(self.tail_bytes, np.uint8)
+        wanted = self.image_bytes + self.tail_bytes
+        got = os.preadv(fd, [slot, tail], self.image_offset + record * self.record_bytes)
+        if got != wanted:
+            raise OSError(f"{self.paths[shard]}: record {record} ends {wanted - got} bytes early: the shard "
+                          "is shorter than its manifest says (run `shardprep validate` on the dataset)")
+        return tail[-MAX_VARINT_BYTES:]
 
 
 # Opening never waits: a FIFO put in a shard's place would block a plain open (regular files ignore the flag).
@@ -230,24 +225,9 @@ class VerifiedGather(FixedLayoutGather):
         self.label_at = layout.label_offset - self.image_offset - self.image_bytes  # in the piece after the pixels
         self.after_bytes = self.record_bytes - self.image_offset - self.image_bytes  # a shard's last: + image_offset
 
-    def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        count = len(ids)
-        images = self.buffers.take(count * self.image_bytes)
+    def _read(self, fd: int, shard: int, record: int, slot: np.ndarray) -> np.ndarray:
         before = np.empty(self.image_offset, np.uint8)
-        after = np.empty(self.after_bytes + self.image_offset, np.uint8)
-        label_rows = np.empty((count, MAX_VARINT_BYTES), np.uint8)
-        shards, records = ids >> RECORD_INDEX_BITS, ids & ((1 << RECORD_INDEX_BITS) - 1)
-        with open_shards(self.paths, shards, self.snapshot) as descriptors:
-            for j, (shard, record) in enumerate(zip(shards.tolist(), records.tolist())):
-                slot = images[j * self.image_bytes:(j + 1) * self.image_bytes]
-                tail = after[:self.after_bytes + (self.image_offset if record == self.counts[shard] - 1 else 0)]
-                self._read_checked(descriptors[shard], shard, record, before, slot, tail)
-                label_rows[j] = tail[self.label_at:self.label_at + MAX_VARINT_BYTES]
-        labels = decode_varints(label_rows)
-        return images.reshape((count,) + self.image_shape), labels.astype(np.int32)
-
-    def _read_checked(self, fd: int, shard: int, record: int, before: np.ndarray, slot: np.ndarray,
-                      tail: np.ndarray) -> None:
+        tail = np.empty(self.after_bytes + (self.image_offset if record == self.counts[shard] - 1 else 0), np.uint8)
         offset = record * self.record_bytes
         wanted = len(before) + len(slot) + len(tail)
         got = os.preadv(fd, [before, slot, tail], offset)
@@ -268,3 +248,4 @@ class VerifiedGather(FixedLayoutGather):
         if problem:
             raise OSError(f"{self.paths[shard]}: record {record} (byte {offset}) {problem} "
                           "(run `shardprep validate` on the dataset)")
+        return tail[self.label_at:self.label_at + MAX_VARINT_BYTES]

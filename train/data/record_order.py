@@ -38,18 +38,17 @@ class RecordOrder:
         counts = np.asarray(counts, np.int64).reshape(-1)
         _check(int(counts.sum()), batch_size, num_shards, index, training)
         seed = integer_argument("seed", seed, minimum=0, optional=True)
-        self.counts = counts
-        self.starts = np.concatenate([[0], np.cumsum(counts)])  # global index of each shard's first record
-        self.num_records = int(self.starts[-1])
+        self.num_records = int(counts.sum())
         self.batch_size, self.training = int(batch_size), bool(training)
         self.num_shards, self.index = int(num_shards), int(index)
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
         # The last epochs' permutations and crop draws (parallel readers straddle an epoch boundary), one at a time.
         self._lock = threading.Lock()
-        self._permutation = functools.lru_cache(_CACHED_EPOCHS)(
-            lambda epoch: epoch_permutation(self.seed, epoch, self.num_records))
-        self._crop_draws = functools.lru_cache(_CACHED_EPOCHS)(
-            lambda epoch: epoch_crop_draws(self.seed, epoch, self.num_records))
+        self._permutation = functools.lru_cache(_CACHED_EPOCHS)(lambda epoch: _generator(
+            self.seed, epoch, _PERMUTATION_STREAM).permutation(self.num_records).astype(np.int64, copy=False))
+        # A row per position in the epoch's permutation.
+        self._crop_draws = functools.lru_cache(_CACHED_EPOCHS)(lambda epoch: _generator(
+            self.seed, epoch, _CROP_STREAM).integers(0, CROP_DRAW_LIMIT, (self.num_records, 2), dtype=np.int64))
         if training:
             self.records_per_shard = self.num_records // self.num_shards
             self.steps_per_epoch = self.records_per_shard // self.batch_size
@@ -77,9 +76,7 @@ class RecordOrder:
                 raise IndexError(f"evaluation has {self.steps_per_epoch} batches, no batch {step}")
             end = int(self._eval_ends[step])
             return np.arange(end - int(self._eval_sizes[step]), end, dtype=np.int64)
-        epoch, batch = divmod(step, self.steps_per_epoch)
-        first = self.index + batch * self.batch_size * self.num_shards
-        return self.epoch_ids(epoch)[first:first + self.batch_size * self.num_shards:self.num_shards]
+        return self.epoch_ids(step // self.steps_per_epoch)[self.positions(step)]
 
     def epoch_share(self, epoch: int = 0) -> np.ndarray:
         """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice)."""
@@ -90,8 +87,7 @@ class RecordOrder:
 
     def positions(self, step) -> np.ndarray:
         """Positions in its epoch's permutation of batch ``step``'s records (what :meth:`crop_draws` indexes)."""
-        epoch, batch = divmod(int(step), self.steps_per_epoch)
-        first = self.index + batch * self.batch_size * self.num_shards
+        first = self.index + int(step) % self.steps_per_epoch * self.batch_size * self.num_shards
         return np.arange(first, first + self.batch_size * self.num_shards, self.num_shards, dtype=np.int64)
 
     def epoch_ids(self, epoch: int) -> np.ndarray:
@@ -107,21 +103,17 @@ class RecordOrder:
             draws = self._crop_draws(int(step) // self.steps_per_epoch)
         return draws[self.positions(step)]
 
-    def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        """``(shard, record in shard)`` int64 arrays of global indices ``ids``."""
-        ids = np.asarray(ids, np.int64)
-        shards = np.searchsorted(self.starts, ids, side="right") - 1
-        return shards, ids - self.starts[shards]
+
+def shard_starts(counts) -> np.ndarray:
+    """The global index of each shard's first record, and the split's size last."""
+    return np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))]).astype(np.int64)
 
 
-def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
-    """The training order of epoch ``epoch``: a permutation of ``0..num_records-1`` (int64) for ``seed``."""
-    return _generator(seed, epoch, _PERMUTATION_STREAM).permutation(num_records).astype(np.int64, copy=False)
-
-
-def epoch_crop_draws(seed: int, epoch: int, num_records: int) -> np.ndarray:
-    """``[num_records, 2]`` int64 crop draws of epoch ``epoch``, one row per position in the epoch's permutation."""
-    return _generator(seed, epoch, _CROP_STREAM).integers(0, CROP_DRAW_LIMIT, (num_records, 2), dtype=np.int64)
+def locate(starts: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """``(shard, record in shard)`` int64 arrays of global indices ``ids`` (``starts``: :func:`shard_starts`)."""
+    ids = np.asarray(ids, np.int64)
+    shards = np.searchsorted(starts, ids, side="right") - 1
+    return shards, ids - starts[shards]
 
 
 def _generator(seed: int, epoch: int, stream: int) -> np.random.Generator:

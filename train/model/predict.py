@@ -168,14 +168,6 @@ def _source(image, position: int) -> str:
     return f"<bytes #{position}>"
 
 
-def _why_unreadable(error: OSError) -> str:
-    if isinstance(error, untrusted.NotRegularFileError):
-        return error.reason
-    if isinstance(error, FileNotFoundError):
-        return "does not exist"
-    return f"cannot be read ({error.strerror or error})"
-
-
 def _softmax(logits: np.ndarray) -> np.ndarray:
     logits = logits.astype(np.float64)
     logits -= logits.max(axis=-1, keepdims=True)
@@ -236,8 +228,12 @@ def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tu
             continue
         except image_ops.RejectError as error:
             message = f"not usable as an image ({error})"
+        except untrusted.NotRegularFileError as error:
+            message = error.reason
+        except FileNotFoundError:
+            message = "does not exist"
         except OSError as error:
-            message = _why_unreadable(error)
+            message = f"cannot be read ({error.strerror or error})"
         if errors == "raise":
             raise ValueError(f"{source}: {message}")
         results.append(PhotoFailure(source, message))
