@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from shardprep.pipelines.validate_job.stats import RecordLocation
+from shardprep.pipelines.validate_job.checks import RecordLocation
 from shardprep.preprocess.format.dataset import SPLIT_ROLES
 from shardprep.preprocess.image.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 

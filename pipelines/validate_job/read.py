@@ -17,12 +17,11 @@ from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.runtime import progress as progress_lib
 from shardprep.pipelines.sources.kind import open_file
-from shardprep.pipelines.validate_job.checks import (problem, record_layout_length_problems,
-                                                   record_layout_offset_problem, record_problems, shard_problems)
-from shardprep.pipelines.validate_job.near_pairs import NearRecord
-from shardprep.pipelines.validate_job.near_pairs import thumbnail
-from shardprep.pipelines.validate_job.stats import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
-                                                  SplitStats, channel_sums, pixel_hash, sample_rank)
+from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
+                                                   SplitStats, channel_sums, pixel_hash, problem,
+                                                   record_layout_length_problems, record_layout_offset_problem,
+                                                   record_problems, sample_rank, shard_problems)
+from shardprep.pipelines.validate_job.near_pairs import NearRecord, thumbnail
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.dataset import Manifest
