@@ -227,9 +227,7 @@ def problem_sort_key(item: dict) -> tuple:
 
 
 def unfit_layout_problems(manifest: Manifest) -> list[dict]:
-    """A ``record_layout`` problem for each split whose ``record_layout`` cannot be the layout of its records
-    (``Manifest.layout_problems``; validate reads the manifest with ``lenient_layouts``, so such a split's shards
-    are still read, without that layout)."""
+    """A ``record_layout`` problem per split whose layout cannot be its records' (its shards are read without it)."""
     return [problem("record_layout", why, split=split) for split, why in manifest.layout_problems.items()]
 
 
@@ -255,12 +253,11 @@ def record_layout_length_problems(data_lengths: list[int], layout: FixedLayout) 
     ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
     found = []
     for index, length in enumerate(data_lengths):
-        expected = layout.record_bytes
-        if index == len(data_lengths) - 1:
-            expected += layout.image_offset
+        last = index == len(data_lengths) - 1
+        expected = layout.record_bytes + (layout.image_offset if last else 0)
         if framed_size(length) != expected:
             found.append((index, f"record of {framed_size(length)} bytes framed, record_layout needs {expected}"
-                                 + (" (a shard's last record)" if index == len(data_lengths) - 1 else "")))
+                                 + (" (a shard's last record)" if last else "")))
     return found
 
 

@@ -285,9 +285,8 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
         outputs: WrittenOutputs | None = None) -> dict:
-    """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
-    ``beam_args``: Beam's options as strings; ``progress``: see :data:`Progress`; ``outputs`` records each file
-    as it is written (what a caller tells after a stop)."""
+    """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``);
+    ``outputs`` records each file as it is written (what a caller tells after a stop)."""
     beam_args = list(beam_args)
     refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read

@@ -107,12 +107,9 @@ class HashGroup:
     first: dict[str, list[Member]] = dataclasses.field(default_factory=dict)
 
     def add(self, record: NearRecord) -> HashGroup:
-        self.hash, self.mirror = record.fingerprint
         split = record.location.split
-        self.counts[split] = self.counts.get(split, 0) + 1
-        self.first[split] = sorted(self.first.get(split, []) + [Member(record.location, record.thumbnail)])[
-            :LOCATIONS_KEPT]
-        return self
+        return self.merge(HashGroup(*record.fingerprint, {split: 1}, {split: [Member(record.location,
+                                                                                    record.thumbnail)]}))
 
     def merge(self, other: HashGroup) -> HashGroup:
         if other.counts:

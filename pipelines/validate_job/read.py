@@ -146,10 +146,9 @@ def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
 
 
 def _read_file(path: str, split: str, file: str, limit: int | None, check) -> Generator[Any, None, tuple]:
-    """Every record of the file at ``path`` read once, no further than ``limit`` (else its size: a record length
-    read from the file never asks for more than it holds): ``check(index, data)``'s outputs per good record, a
-    ``record_corrupt`` problem per corrupt one, ``shard_unreadable`` if the file cannot be read. Returns (records
-    met, the reader, the file's size, whether nothing lies past ``limit``), the last three None when unreadable."""
+    """Every record of the file at ``path`` read once, no further than ``limit`` (else its size): ``check(index,
+    data)``'s outputs per good record, a problem per corrupt one or an unreadable file. Returns (records met, the
+    reader, the file's size, whether nothing lies past ``limit``), the last three None when unreadable."""
     num_records = 0
     try:
         stream, size = open_for_reading(path)
