@@ -185,10 +185,8 @@ def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, R
         raise ValidateError(str(e)) from None
     matched = []
     for pattern in found.patterns:
-        try:
+        with contextlib.suppress(BeamIOError):
             matched += FileSystems.match([absolute(pattern)])[0].metadata_list
-        except BeamIOError:
-            pass
     return parsed.kind.name, found, matched
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable, Iterator, NamedTuple
 
@@ -163,13 +164,8 @@ class SearchKeys:
         """``(table, sampled features)`` of ``image_hash``, one per table."""
         features = flip_invariant_features(image_hash)
         bits = [(features >> position) & 1 for position in range(FEATURE_BITS)]
-        keys = []
-        for table, positions in enumerate(samples):
-            value = 0
-            for position in positions:
-                value = (value << 1) | bits[position]
-            keys.append((table, value))
-        return keys
+        return [(table, functools.reduce(lambda value, position: (value << 1) | bits[position], positions, 0))
+                for table, positions in enumerate(samples)]
 
 
 def _distances(hashes: np.ndarray, mirrors: np.ndarray, image_hash: int) -> np.ndarray:
