@@ -86,7 +86,7 @@ class RecordLocation(NamedTuple):
 
     split: str
     file: str  # relative to the dataset
-    index: int  # 0-based in the file
+    index: int  # type: ignore[assignment]  # 0-based in the file (shadows tuple.index: the report's key)
     filename: str  # image/filename, the record's key
 
     def to_json(self) -> dict:
@@ -138,7 +138,7 @@ def pixel_hash(height: int, width: int, pixels: np.ndarray) -> bytes:
     keys. Raw, not hex: it is the key of a shuffle a local run holds in memory, and no report shows it."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{height}x{width}:".encode())
-    digest.update(np.ascontiguousarray(pixels))  # the bytes row by row, without a copy when already contiguous
+    digest.update(np.ascontiguousarray(pixels).data)  # the bytes row by row, without a copy when already contiguous
     return digest.digest()
 
 
@@ -176,7 +176,7 @@ class SplitStats:
     def mean_std(self) -> tuple[list[float], list[float]] | None:
         """Per-channel mean and population std (0-255), as the job computes the manifest's; None without pixels."""
         mean, std = pixel_statistics((self.num_pixels, *self.channel_sums, *self.channel_square_sums))
-        return None if mean is None else (mean, std)
+        return None if mean is None or std is None else (mean, std)
 
 
 @dataclasses.dataclass
