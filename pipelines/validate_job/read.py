@@ -94,8 +94,8 @@ RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not 
 
 
 def record_at(stream, index: int) -> bytes:
-    """Record ``index`` (0-based) of a TFRecord stream, the records before it skipped; ``CorruptRecordError`` if
-    the stream ends or its framing breaks first."""
+    """Record ``index`` (0-based) of a seekable TFRecord stream (every stream ``open_for_reading`` gives), the records
+    before it skipped; ``CorruptRecordError`` if the stream ends or its framing breaks first."""
     for number in range(index + 1):
         header = stream.read(tfrecord_io.HEADER_BYTES)
         if len(header) < tfrecord_io.HEADER_BYTES:
@@ -108,14 +108,7 @@ def record_at(stream, index: int) -> bytes:
             if len(data) < length:
                 raise tfrecord_io.CorruptRecordError(f"record {index} is truncated", number, 0)
             return data
-        if stream.seekable():
-            stream.seek(length + 4, 1)
-        else:
-            while length + 4 > 0:
-                skipped = len(stream.read(min(length + 4, 1 << 20)))
-                if not skipped:
-                    raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
-                length -= skipped
+        stream.seek(length + 4, 1)
     raise AssertionError("unreachable")
 
 

@@ -5,6 +5,7 @@ docs/validate.md."""
 from __future__ import annotations
 
 import base64
+import collections
 import json
 
 from shardprep.pipelines.validate_job.checks import (ForeignStats, Sample, SplitStats, classify_files, problem,
@@ -24,12 +25,10 @@ def report_base(data: str, kind: str) -> dict:
 
 def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
     """(problems capped per check, counts, truncated) of the driver's and the pipeline's problems."""
-    counts: dict[str, int] = {}
-    for found in driver_problems:
-        counts[found["check"]] = counts.get(found["check"], 0) + 1
+    counts = collections.Counter(found["check"] for found in driver_problems)
     for line in lines:
         if line["kind"] == "problem_count":
-            counts[line["check"]] = counts.get(line["check"], 0) + line["count"]
+            counts[line["check"]] += line["count"]
     kept = driver_problems + [{k: v for k, v in line.items() if k != "kind"} for line in lines
                               if line["kind"] == "problem"]
     by_check: dict[str, list] = {}
@@ -102,11 +101,9 @@ def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_sp
                    tolerance: float) -> dict:
     """The prepared dataset's report fields besides the problems: options, statistics, splits, other files."""
     splits = split_entries(lines)
-    for line in lines:
-        if line["kind"] == "duplicate_images":
-            splits.get(line["split"], {})["duplicate_images"] = line["count"]
-    for summary in splits.values():
-        summary.setdefault("duplicate_images", 0)
+    duplicates = {line["split"]: line["count"] for line in lines if line["kind"] == "duplicate_images"}
+    for split, summary in splits.items():
+        summary["duplicate_images"] = duplicates.get(split, 0)
     stats_summary = splits.get(stats_split, {})
     return dict(
         classes=manifest["classes"],
