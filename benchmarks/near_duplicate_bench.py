@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from near_duplicate_images import HARD_NEGATIVES, PLANTED  # noqa: E402
 from shardprep.pipelines.validate_job.options import default  # noqa: E402
-from shardprep.pipelines.validate_job.stats import RecordLocation  # noqa: E402
+from shardprep.pipelines.validate_job.checks import RecordLocation  # noqa: E402
 from shardprep.pipelines.validate_job.near_pairs import NearRecord  # noqa: E402
 from shardprep.pipelines.validate_job.near_pairs import thumbnail  # noqa: E402
 from shardprep.preprocess.image.perceptual_hash import fingerprint  # noqa: E402

@@ -18,7 +18,7 @@ from near_duplicate_images import HARD_NEGATIVES, PLANTED, crop, jpeg, photo, re
 from shardprep.pipelines.validate_job.graph import FindNearDuplicates
 from shardprep.pipelines.validate_job.options import default
 from shardprep.pipelines.validate_job import near_pairs as near_score
-from shardprep.pipelines.validate_job.stats import RecordLocation
+from shardprep.pipelines.validate_job.checks import RecordLocation
 from shardprep.pipelines.validate_job.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
 from shardprep.preprocess.image import perceptual_hash
 from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features

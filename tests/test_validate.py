@@ -20,7 +20,7 @@ from shardprep.pipelines.validate_job import driver as validate
 from shardprep.pipelines.validate_job.options import ValidateOptions, default
 from shardprep.pipelines.validate_job import pictures
 from shardprep.pipelines.validate_job import report as report_lib
-from shardprep.pipelines.validate_job.stats import sample_rank
+from shardprep.pipelines.validate_job.checks import sample_rank
 
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

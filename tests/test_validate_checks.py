@@ -14,7 +14,7 @@ from shardprep.pipelines.validate_job.checks import (classify_files, unfit_layou
                                                    record_layout_length_problems, record_problems, split_problems)
 from shardprep.pipelines.validate_job.read import MeasuredReader, iter_framed_records
 from shardprep.pipelines.validate_job.report import merge_problems
-from shardprep.pipelines.validate_job.stats import (SplitStats, channel_sums, foreign_split, sample_fraction,
+from shardprep.pipelines.validate_job.checks import (SplitStats, channel_sums, foreign_split, sample_fraction,
                                                   sample_rank, size_summary)
 from shardprep.preprocess.format import sharding
 from shardprep.preprocess.format.dataset import Manifest

@@ -20,9 +20,9 @@ from shardprep.pipelines.validate_job.read import ReadForeignFiles, ReadShards
 from shardprep.pipelines.validate_job.graph import (CheckSplits, FindDuplicateFilenames, FindLeakage, KeepFirstProblems,
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
 from shardprep.pipelines.validate_job.checks import problem
-from shardprep.pipelines.validate_job.stats import RecordLocation, Sample, ShardTask
+from shardprep.pipelines.validate_job.checks import RecordLocation, Sample, ShardTask
 from shardprep.pipelines.validate_job.report import sample_line, split_summary
-from shardprep.pipelines.validate_job.stats import SplitStats, channel_sums
+from shardprep.pipelines.validate_job.checks import SplitStats, channel_sums
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.preprocess.format.dataset import Manifest, ShardEntry

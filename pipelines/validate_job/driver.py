@@ -29,15 +29,11 @@ from shardprep.pipelines.validate_job.options import ValidateOptions, near_dupli
 from shardprep.pipelines.validate_job.paths import (ValidateError, WrittenOutputs, absolute, check_not_read,
                                                 check_output_paths, data_kind)
 from shardprep.pipelines.validate_job import report as report_lib
-from shardprep.pipelines.validate_job.checks import layout_problems, manifest_problems, problem, unfit_layout_problems
-from shardprep.pipelines.validate_job.stats import SampleOptions, ShardTask, sample_fraction
+from shardprep.pipelines.validate_job.checks import (SampleOptions, ShardTask, layout_problems, manifest_problems,
+                                                   problem, sample_fraction, unfit_layout_problems)
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, load_manifest
-
-__all__ = ["ReportWriteError", "SampleOptions", "ShardTask", "ValidateError", "ValidateOptions",
-           "WrittenOutputs", "build_dataset_pipeline", "build_foreign_pipeline", "check_output_paths", "run",
-           "validate_dataset", "validate_foreign"]
 
 RESULTS_NAME = "validate-results.jsonl"
 
@@ -73,8 +69,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
 def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, stage: str,
                   total_files: int, work_bytes: int) -> list[dict]:
     """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files, on as
-    many local workers as they pay for; returns its parsed result lines. A local run reports files read as the
-    workers finish them (``progress_lib.watching``); a remote runner shows progress in its own UI."""
+    many local workers as they pay for; returns its parsed result lines."""
     beam_args = runner.sized_to_work(beam_args, work_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     results_path, cleanup = _results_location(beam_args)
 
@@ -97,11 +92,8 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 
 
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Manifest | None, list[dict]]:
-    """(manifest, the driver's problems), the manifest read and checked once; None when the shards cannot be read
-    (``report`` may say which checks were skipped). A ``record_layout`` that does not fit is a problem, its split
-    read without it. Listed shards that exist locally but are not files are added to ``found`` (reading says what)."""
-    if manifest_lib.MANIFEST_NAME not in found:
-        return None, [report_lib.manifest_missing_problem(data_dir, found)]
+    """(manifest, the driver's problems), the manifest read and checked once; None when the shards cannot be read.
+    Listed shards that exist locally but are not files are added to ``found`` (reading says what)."""
     try:
         manifest = load_manifest(data_dir, layouts_required=True, lenient_layouts=True)
     except ManifestShapeError as e:
@@ -132,6 +124,8 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
                                                     else options.data.rstrip("/") or "/")
         if error.kind != manifest_lib.PATH_INCOMPLETE:
             raise ValidateError(str(error))
+        missing = report_lib.manifest_missing_problem(found)
+        return report_lib.finish(report, [missing], [], options.max_problems_per_check)
     manifest, driver_problems = _checked_manifest(data_dir, found, report)
     if manifest is None:
         return report_lib.finish(report, driver_problems, [], options.max_problems_per_check)
@@ -191,10 +185,8 @@ def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, R
         raise ValidateError(str(e)) from None
     matched = []
     for pattern in found.patterns:
-        try:
+        with contextlib.suppress(BeamIOError):
             matched += FileSystems.match([absolute(pattern)])[0].metadata_list
-        except BeamIOError:
-            pass
     return parsed.kind.name, found, matched
 
 
@@ -291,9 +283,8 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
 
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
         outputs: WrittenOutputs | None = None) -> dict:
-    """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``).
-    ``beam_args``: Beam's options as strings; ``progress``: see :data:`Progress`; ``outputs`` records each file
-    as it is written (what a caller tells after a stop)."""
+    """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``);
+    ``outputs`` records each file as it is written (what a caller tells after a stop)."""
     beam_args = list(beam_args)
     refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read

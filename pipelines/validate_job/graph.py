@@ -11,13 +11,13 @@ from apache_beam import coders
 
 from shardprep.pipelines.validate_job.options import ValidateOptions
 from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, ReadShards
-from shardprep.pipelines.validate_job.checks import mean_std_problems, problem, problem_sort_key, split_problems
+from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
+                                                   foreign_split, mean_std_problems, problem, problem_sort_key,
+                                                   split_problems)
 from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Flag, HashGroup, HashPair,
                                                        NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
 from shardprep.pipelines.validate_job.report import foreign_summary, sample_line, split_summary
-from shardprep.pipelines.validate_job.stats import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
-                                                  foreign_split)
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.format.dataset import Manifest
 

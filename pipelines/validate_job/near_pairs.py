@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from shardprep.pipelines.validate_job.stats import RecordLocation
+from shardprep.pipelines.validate_job.checks import RecordLocation
 from shardprep.preprocess.format.dataset import SPLIT_ROLES
 from shardprep.preprocess.image.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
@@ -107,12 +108,9 @@ class HashGroup:
     first: dict[str, list[Member]] = dataclasses.field(default_factory=dict)
 
     def add(self, record: NearRecord) -> HashGroup:
-        self.hash, self.mirror = record.fingerprint
         split = record.location.split
-        self.counts[split] = self.counts.get(split, 0) + 1
-        self.first[split] = sorted(self.first.get(split, []) + [Member(record.location, record.thumbnail)])[
-            :LOCATIONS_KEPT]
-        return self
+        return self.merge(HashGroup(*record.fingerprint, {split: 1}, {split: [Member(record.location,
+                                                                                    record.thumbnail)]}))
 
     def merge(self, other: HashGroup) -> HashGroup:
         if other.counts:
@@ -166,13 +164,8 @@ class SearchKeys:
         """``(table, sampled features)`` of ``image_hash``, one per table."""
         features = flip_invariant_features(image_hash)
         bits = [(features >> position) & 1 for position in range(FEATURE_BITS)]
-        keys = []
-        for table, positions in enumerate(samples):
-            value = 0
-            for position in positions:
-                value = (value << 1) | bits[position]
-            keys.append((table, value))
-        return keys
+        return [(table, functools.reduce(lambda value, position: (value << 1) | bits[position], positions, 0))
+                for table, positions in enumerate(samples)]
 
 
 def _distances(hashes: np.ndarray, mirrors: np.ndarray, image_hash: int) -> np.ndarray:

@@ -92,9 +92,8 @@ _SOURCE_FLAGS = {"image_key": "--image-key", "label_key": "--label-key", "tfds_d
 
 
 def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
-    """Why the near-duplicate search does not run over ``records`` records (``local``: on this machine), or None:
-    it runs when asked for or off this machine, never with --no-near-duplicates, else up to
-    LOCAL_NEAR_DUPLICATE_RECORDS."""
+    """Why the search does not run over ``records`` records, or None: it runs when asked for or off this machine,
+    never with --no-near-duplicates, else up to LOCAL_NEAR_DUPLICATE_RECORDS."""
     if options.near_duplicates is False:
         return "--no-near-duplicates"
     asked = options.near_duplicates or options.near_duplicate_flags()

@@ -33,18 +33,14 @@ class WrittenOutputs:
     files: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     whole: list[str] = dataclasses.field(default_factory=list)
 
-    def wrote(self, flag: str, path: str, whole: bool = True) -> str:
-        """Records ``path`` written for ``flag`` (``whole``: its output is complete with it); returns ``path``."""
+    def write(self, flag: str, path: str, data: bytes, mime_type: str, whole: bool = True) -> str:
+        """Writes ``data`` renamed over ``path`` (a link there is replaced, never written through), then records it
+        (``whole``: ``flag``'s output is complete with it); returns ``path``."""
+        storage.atomic_write(path, data, mime_type)
         self.files.append((flag, path))
         if whole:
             self.whole.append(flag)
         return path
-
-    def write(self, flag: str, path: str, data: bytes, mime_type: str, whole: bool = True) -> str:
-        """Writes ``data`` under a temporary name, renamed over ``path`` (``storage.atomic_write``: a link or a hard
-        link already there is replaced, never written through), then records it (:meth:`wrote`)."""
-        storage.atomic_write(path, data, mime_type)
-        return self.wrote(flag, path, whole)
 
 
 def data_kind(data: str):
@@ -66,8 +62,7 @@ def absolute(path: str) -> str:
 
 def check_output_paths(options) -> None:
     """Refuses, before anything runs, two outputs on one path, an output inside the prepared dataset DATA, and a
-    local one that could not be written: ``--json`` and ``--leaked-keys`` name a file in an existing, writable folder;
-    ``--pictures`` a folder, or a new one in an existing, writable folder."""
+    local one that could not be written."""
     json_path, pictures, leaked_keys, data = options.json_path, options.pictures, options.leaked_keys, options.data
     given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
                                              ("--pictures", pictures)) if path]

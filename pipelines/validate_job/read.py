@@ -17,12 +17,11 @@ from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.runtime import progress as progress_lib
 from shardprep.pipelines.sources.kind import open_file
-from shardprep.pipelines.validate_job.checks import (problem, record_layout_length_problems,
-                                                   record_layout_offset_problem, record_problems, shard_problems)
-from shardprep.pipelines.validate_job.near_pairs import NearRecord
-from shardprep.pipelines.validate_job.near_pairs import thumbnail
-from shardprep.pipelines.validate_job.stats import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
-                                                  SplitStats, channel_sums, pixel_hash, sample_rank)
+from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, Sample, SampleOptions, ShardTask,
+                                                   SplitStats, channel_sums, pixel_hash, problem,
+                                                   record_layout_length_problems, record_layout_offset_problem,
+                                                   record_problems, sample_rank, shard_problems)
+from shardprep.pipelines.validate_job.near_pairs import NearRecord, thumbnail
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.dataset import Manifest
@@ -95,8 +94,8 @@ RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not 
 
 
 def record_at(stream, index: int) -> bytes:
-    """Record ``index`` (0-based) of a TFRecord stream, the records before it skipped; ``CorruptRecordError`` if
-    the stream ends or its framing breaks first."""
+    """Record ``index`` (0-based) of a seekable TFRecord stream (every stream ``open_for_reading`` gives), the records
+    before it skipped; ``CorruptRecordError`` if the stream ends or its framing breaks first."""
     for number in range(index + 1):
         header = stream.read(tfrecord_io.HEADER_BYTES)
         if len(header) < tfrecord_io.HEADER_BYTES:
@@ -109,14 +108,7 @@ def record_at(stream, index: int) -> bytes:
             if len(data) < length:
                 raise tfrecord_io.CorruptRecordError(f"record {index} is truncated", number, 0)
             return data
-        if stream.seekable():
-            stream.seek(length + 4, 1)
-        else:
-            while length + 4 > 0:
-                skipped = len(stream.read(min(length + 4, 1 << 20)))
-                if not skipped:
-                    raise tfrecord_io.CorruptRecordError(f"the file ends before record {index}", number, 0)
-                length -= skipped
+        stream.seek(length + 4, 1)
     raise AssertionError("unreachable")
 
 
@@ -147,10 +139,9 @@ def _problem(check: str, message: str, **where) -> beam.pvalue.TaggedOutput:
 
 
 def _read_file(path: str, split: str, file: str, limit: int | None, check) -> Generator[Any, None, tuple]:
-    """Every record of the file at ``path`` read once, no further than ``limit`` (else its size: a record length
-    read from the file never asks for more than it holds): ``check(index, data)``'s outputs per good record, a
-    ``record_corrupt`` problem per corrupt one, ``shard_unreadable`` if the file cannot be read. Returns (records
-    met, the reader, the file's size, whether nothing lies past ``limit``), the last three None when unreadable."""
+    """Every record of the file at ``path`` read once, no further than ``limit`` (else its size): ``check(index,
+    data)``'s outputs per good record, a problem per corrupt one or an unreadable file. Returns (records met, the
+    reader, the file's size, whether nothing lies past ``limit``), the last three None when unreadable."""
     num_records = 0
     try:
         stream, size = open_for_reading(path)

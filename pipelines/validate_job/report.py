@@ -5,12 +5,12 @@ docs/validate.md."""
 from __future__ import annotations
 
 import base64
+import collections
 import json
 
-from shardprep.pipelines.validate_job.checks import classify_files, problem, problem_sort_key
-from shardprep.pipelines.validate_job.near_pairs import SplitPair, split_ranks
-from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE
-from shardprep.pipelines.validate_job.stats import ForeignStats, Sample, SplitStats, size_summary
+from shardprep.pipelines.validate_job.checks import (ForeignStats, Sample, SplitStats, classify_files, problem,
+                                                   problem_sort_key, size_summary)
+from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE, SplitPair, split_ranks
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.image import resize
 from shardprep.preprocess.sources.exclude_keys import format_keys
@@ -25,12 +25,10 @@ def report_base(data: str, kind: str) -> dict:
 
 def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
     """(problems capped per check, counts, truncated) of the driver's and the pipeline's problems."""
-    counts: dict[str, int] = {}
-    for found in driver_problems:
-        counts[found["check"]] = counts.get(found["check"], 0) + 1
+    counts = collections.Counter(found["check"] for found in driver_problems)
     for line in lines:
         if line["kind"] == "problem_count":
-            counts[line["check"]] = counts.get(line["check"], 0) + line["count"]
+            counts[line["check"]] += line["count"]
     kept = driver_problems + [{k: v for k, v in line.items() if k != "kind"} for line in lines
                               if line["kind"] == "problem"]
     by_check: dict[str, list] = {}
@@ -47,12 +45,8 @@ def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per
     return report
 
 
-def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
-    """The problem of a folder without ``manifest.json``: what the path is, and what an unfinished run left."""
-    error = manifest_lib.missing_manifest_error(data_dir)
-    if error.kind != manifest_lib.PATH_INCOMPLETE:  # not a dataset at all: no list of its images or files
-        return problem("manifest_missing", str(error), path_kind=error.kind, found_files=[],
-                       num_found_files=len(found), num_found_shards=0, num_found_temporary=0, lock_present=False)
+def manifest_missing_problem(found: list[str]) -> dict:
+    """The problem of a dataset folder without ``manifest.json`` (a run that stopped early): what it left."""
     kinds = classify_files(found)
     lock = manifest_lib.LOCK_NAME in found
     message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
@@ -60,7 +54,7 @@ def manifest_missing_problem(data_dir: str, found: list[str]) -> dict:
                f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
                f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
                                                   else "") + "; rerun preprocess with --overwrite")
-    return problem("manifest_missing", message, path_kind=error.kind, found_files=found[:FOUND_FILES_LISTED],
+    return problem("manifest_missing", message, path_kind=manifest_lib.PATH_INCOMPLETE, found_files=found[:FOUND_FILES_LISTED],
                    num_found_files=len(found), num_found_shards=len(kinds["shards"]),
                    num_found_temporary=len(kinds["temporary"]), lock_present=lock)
 
@@ -107,11 +101,9 @@ def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_sp
                    tolerance: float) -> dict:
     """The prepared dataset's report fields besides the problems: options, statistics, splits, other files."""
     splits = split_entries(lines)
-    for line in lines:
-        if line["kind"] == "duplicate_images":
-            splits.get(line["split"], {})["duplicate_images"] = line["count"]
-    for summary in splits.values():
-        summary.setdefault("duplicate_images", 0)
+    duplicates = {line["split"]: line["count"] for line in lines if line["kind"] == "duplicate_images"}
+    for split, summary in splits.items():
+        summary["duplicate_images"] = duplicates.get(split, 0)
     stats_summary = splits.get(stats_split, {})
     return dict(
         classes=manifest["classes"],
