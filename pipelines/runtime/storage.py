@@ -27,6 +27,7 @@ _SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jso
                           r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
 _TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
                                   + re.escape(manifest.REJECTS_NAME) + ")")
+_CHANGES_INPUT = "writing there would change or delete the input; pick an OUTPUT outside every input"
 
 
 def is_local(path: str) -> bool:
@@ -63,8 +64,8 @@ def temporary_path(path: str) -> str:
 
 
 def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "application/octet-stream") -> Written:
-    """Writes ``data`` (bytes or byte chunks) under ``temporary_path(path)``, then renames it to ``path`` (local or
-    any Beam file system); on any error the temporary is deleted and ``path`` left as it was."""
+    """Writes ``data`` (bytes or byte chunks) under ``temporary_path(path)``, then renames it to ``path``; on any error
+    the temporary is deleted and ``path`` left as it was."""
     chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
     temporary = temporary_path(path)
     digest, num_bytes, num_chunks = hashlib.sha256(), 0, 0
@@ -97,9 +98,7 @@ def resolved(path: str) -> str:
 
 def inside(path: str, folder: str) -> bool:
     """True when resolved ``path`` is resolved ``folder`` or under it, by whole components."""
-    if path == folder:
-        return True
-    return path.startswith(folder if folder.endswith("/") else folder + "/")
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
 
 
 def overlap(output: str, input_path: str) -> str | None:
@@ -123,8 +122,7 @@ def glob_folder(pattern: str) -> str:
 
 
 def keep_apart(output: str, inputs) -> None:
-    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``), naming the
-    first."""
+    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``)."""
     for found in inputs:
         if found.glob:
             check_apart_from_glob(output, found.path, found.what)
@@ -132,9 +130,7 @@ def keep_apart(output: str, inputs) -> None:
             check_apart_from_files(output, [found.path], found.what)
         elif how := overlap(output, found.path):
             where = "" if how == "is" else f" ({resolved(found.path)})"
-            raise OutputError(
-                f"OUTPUT {output} {how} the {found.what} {found.path}{where}: writing there would change or delete "
-                "the input; pick an OUTPUT outside every input")
+            raise OutputError(f"OUTPUT {output} {how} the {found.what} {found.path}{where}: {_CHANGES_INPUT}")
 
 
 def check_apart_from_files(output: str, files, what: str) -> None:
@@ -142,8 +138,7 @@ def check_apart_from_files(output: str, files, what: str) -> None:
     out = resolved(output)
     for path in files:
         if inside(resolved(path), out):
-            raise OutputError(f"OUTPUT {output} contains the {what} {path}: writing there would change or delete "
-                              "the input; pick an OUTPUT outside every input")
+            raise OutputError(f"OUTPUT {output} contains the {what} {path}: {_CHANGES_INPUT}")
 
 
 def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecords") -> None:
@@ -151,16 +146,13 @@ def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecord
     folder = glob_folder(pattern)
     how = overlap(output, folder)
     if how in ("is", "contains") or (how == "is inside" and "**" in pattern):
-        raise OutputError(
-            f"OUTPUT {output} {how} the folder of the {what} {pattern} ({resolved(folder)}): writing there "
-            "would change or delete the input; pick an OUTPUT outside every input")
+        raise OutputError(f"OUTPUT {output} {how} the folder of the {what} {pattern} ({resolved(folder)}): "
+                          f"{_CHANGES_INPUT}")
 
-
-# --- what OUTPUT may hold ------------------------------------------------------------------------------------------
 
 def deletable(relative: str) -> bool:
-    """True for what a run writes into OUTPUT (``relative``, '/'-separated): manifest, rejects, lock and their
-    temporaries, ``.tmp/`` and its files, a split folder's shards and their temporaries."""
+    """True for what a run writes into OUTPUT (``relative``, '/'-separated): manifest, rejects, lock, ``.tmp/`` and its
+    files, shards, and their temporaries."""
     parts = relative.strip("/").split("/")
     if len(parts) == 1:
         return (parts[0] in _TOP_LEVEL_FILES or parts[0] == SPILL_DIR
@@ -176,8 +168,8 @@ def deletable(relative: str) -> bool:
 
 
 def foreign_files(output: str, existing: list[str]) -> list[str]:
-    """The paths of ``existing`` that no run wrote, with what each is when not a plain file; an empty folder only
-    where a run makes none (deeper than a split folder, or inside ``.tmp/``)."""
+    """The paths of ``existing`` that no run wrote, with what each is when not a plain file (an empty top-level folder
+    is not foreign: deleting it loses nothing)."""
     base = output.rstrip("/") + "/"
     foreign = []
     for path in existing:
@@ -185,7 +177,7 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
         if is_local(output):
             kind = special_kind(path)
             if kind == "a folder" and "/" not in relative.strip("/"):
-                continue  # an empty folder at the top (a split folder): deleting it loses nothing
+                continue
             if kind:
                 foreign.append(f"{path} ({kind}, which no run writes)")
                 continue
@@ -202,11 +194,8 @@ def special_kind(path: str) -> str | None:
         return None
     if stat.S_ISLNK(mode):
         return f"a link to {os.readlink(path)}"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return None
-    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def regular_entries(folder: str) -> list[str]:
@@ -248,8 +237,7 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file, or a dangling link or is under one, or whose nearest existing folder
-    cannot be written."""
+    """Refuses a local OUTPUT that is a file, a dangling link or under one, or whose nearest folder cannot be written."""
     if not is_local(output):
         return
     probe = os.path.abspath(output)
@@ -285,9 +273,8 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
 
 
 def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
-    """Refuses a non-empty OUTPUT unless ``overwrite`` (and foreign files even then); removes the old manifest first
-    (never a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text
-    (``owned_folder.Lock.stale``)."""
+    """Refuses a non-empty OUTPUT unless ``overwrite`` (foreign files even then); removes the old manifest first (never
+    a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text."""
     existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
         journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
@@ -315,11 +302,10 @@ def _remove_local(output: str, listed: list[str]) -> None:
     """Deletes the ``listed`` files, never through a link, then the folders that leaves empty, deepest first."""
     folders = set()
     for path in listed:
-        if os.path.isdir(path) and not os.path.islink(path):
-            folders.add(path)
-            continue
-        os.remove(path)
-        folders.add(os.path.dirname(path))
+        if not os.path.isdir(path) or os.path.islink(path):
+            os.remove(path)
+            path = os.path.dirname(path)
+        folders.add(path)
     for folder in sorted(folders, key=lambda f: -f.count("/")):
         while folder.rstrip("/") != output.rstrip("/") and folder.startswith(output.rstrip("/") + "/"):
             with contextlib.suppress(OSError):
