@@ -300,7 +300,7 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:
-        _flush_streams()
+        flush_streams()
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # ended by Ctrl-C, as an interpreter reports it: by SIGINT
         os.kill(os.getpid(), signal.SIGINT)
         return 130
@@ -308,7 +308,7 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
         traceback.print_exc()
         return 1
     finally:
-        _flush_streams()
+        flush_streams()
 
 
 def _as_a_new_process() -> None:
@@ -333,7 +333,7 @@ def _as_a_new_process() -> None:
         libc_call("mallopt", M_ARENA_MAX, int(arenas))
 
 
-def _flush_streams() -> None:
+def flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
