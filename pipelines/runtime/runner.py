@@ -24,6 +24,10 @@ LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingd
 _OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner", "directrunner")
 
 
+def _own_fnapi_runner(beam_args: list[str]) -> bool:
+    return normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
+
+
 def runner_name(beam_args: list[str]) -> str:
     """The ``--runner`` given in ``beam_args``, or '' when none was given."""
     return PipelineOptions(beam_args).view_as(StandardOptions).runner or ""
@@ -36,8 +40,7 @@ def normalized_name(name: str) -> str:
 
 
 def runs_locally(beam_args: list[str]) -> bool:
-    """True when the workers run on this machine and share its file system (no ``--runner``, or DirectRunner,
-    FnApiRunner or PrismRunner in any spelling): the one test of a local runner for every caller."""
+    """True when the workers run on this machine and share its file system: the one test of a local runner."""
     return normalized_name(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
 
 
@@ -49,9 +52,8 @@ def template_location(beam_args: list[str]) -> str | None:
 
 
 class ViewsMadeOnce(PipelineOptions):
-    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as`` (~1 ms), and
-    building a graph asks ~500 times (~0.3 s of CPU). Views share their values, so the same view is what a new one
-    would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
+    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as``, ~500 times
+    (~0.3 s of CPU) per graph. Views share their values; a copy or an unpickled one makes its own."""
 
     def view_as(self, cls):
         views = self.__dict__.setdefault("_views", {})  # PipelineOptions.__setattr__ takes option names only
@@ -85,9 +87,8 @@ VALIDATE_BYTES_PER_WORKER = 256 * 2**20
 
 
 def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) -> list[str]:
-    """``beam_args`` with local workers fitted to the work where the user chose none (no ``--runner``,
-    ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker``, at most one per core;
-    one worker's work or less runs in this process (``in_memory``)."""
+    """``beam_args`` with local workers fitted to the work where the user chose none: one per ``bytes_per_worker``, at
+    most one per core; one worker's work or less runs in this process (``in_memory``)."""
     chosen = ("--runner", "--direct_num_workers", "--direct_running_mode")
     if any(arg.startswith(chosen) for arg in beam_args):
         return beam_args
@@ -110,10 +111,8 @@ LOCAL_MALLOC_ARENAS = 2
 
 @contextlib.contextmanager
 def malloc_arenas_limited():
-    """Caps glibc's malloc arenas at two for the run's worker processes (``MALLOC_ARENA_MAX``, inside the block
-    only) and for this process (``mallopt``, which glibc cannot take back): each thread's arena kept what a stage
-    freed, so a local run's peak grew with its inputs; two arenas cut that growth ~40 % (BENCHMARKS.md) at no
-    measurable cost. A MALLOC_ARENA_MAX the user set is kept."""
+    """Caps glibc's malloc arenas at two for the block's worker processes and (for good) this one, unless the user
+    set MALLOC_ARENA_MAX: each thread's arena kept what a stage freed; two cut the peak's growth ~40 %."""
     if "MALLOC_ARENA_MAX" in os.environ:
         yield
         return
@@ -128,11 +127,10 @@ def malloc_arenas_limited():
 
 
 def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
-    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. The local
-    runner (the whole run inside ``run()``) goes with the malloc cap, the workers' stderr held, and stoppable
-    (``stopping.run_stoppable``)."""
+    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. Our local
+    runner runs with the malloc cap, the workers' stderr held, and stoppable."""
     with worker_stderr_held(uses_worker_processes(beam_args)):
-        if normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
+        if _own_fnapi_runner(beam_args):
             with malloc_arenas_limited():
                 try:
                     result = stopping.run_stoppable(pipeline.run)
@@ -151,14 +149,13 @@ def worker_zygote_for(beam_args: list[str]):
     anything starts a thread)."""
     from shardprep.pipelines.runtime import worker_zygote
 
-    own_runner = normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
-    return worker_zygote.forked_for(own_runner and uses_worker_processes(beam_args))
+    return worker_zygote.forked_for(_own_fnapi_runner(beam_args) and uses_worker_processes(beam_args))
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
     options = pipeline_options(beam_args)
-    if normalized_name(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
+    if not _own_fnapi_runner(beam_args):
         stage_worker_requirements_only()
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -199,9 +196,8 @@ class BeamArgsError(ValueError):
 
 
 def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
-    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray positional
-    argument, an option no Beam options class knows (one of the command's ``own_options``, or a misspelling), a
-    malformed value, fewer than one worker, or several worker threads."""
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray argument, an
+    unknown option (one of the command's ``own_options``, or a misspelling), a bad value, or a bad worker count."""
     direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
     workers = direct.direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
@@ -248,8 +244,7 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
 
 
 def _check_running_mode(beam_args: list[str]) -> None:
-    """Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping (a
-    ``GroupByKey`` of 1.28 M small pairs fails every time; where corrupt bytes decode, silently wrong): refused."""
+    """Refused: Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping."""
     if not runs_locally(beam_args):
         return
     options = pipeline_options(beam_args).view_as(DirectOptions)
@@ -266,8 +261,8 @@ _hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verb
 
 
 def quiet_beam_logging(verbose: bool = False) -> None:
-    """Beam's workers' start-up warnings and tracebacks (the job's own error says what failed, in one line) are
-    silenced, and the local workers' stderr held during a run (``worker_stderr_held``), unless ``verbose``."""
+    """Unless ``verbose``: Beam's warnings and tracebacks silenced (the job's error says what failed, in one line),
+    and the local workers' stderr held during a run."""
     global _hide_worker_traces
     _hide_worker_traces = not verbose
     level = logging.WARNING if verbose else logging.CRITICAL
@@ -289,10 +284,9 @@ def uses_worker_processes(beam_args: list[str]) -> bool:
 
 @contextlib.contextmanager
 def worker_stderr_held(enabled: bool):
-    """While a local run goes, fd 2 (inherited by the workers) is a pipe: a worker prints each failed bundle's
-    traceback (70-140 lines) before the job's one-line error. A failed run drops them, a finished one passes them
-    on. This process writes to the terminal through a stream on a copy of its descriptor, never closed under
-    whoever saved it as ``sys.stderr`` meanwhile (a closed one fails at exit: "lost sys.stderr", status 120)."""
+    """While a local run goes, fd 2 (inherited by the workers, which print each failed bundle's traceback) is a pipe
+    whose text a failed run drops and a finished one passes on; this process writes to a copy of the terminal's fd,
+    never closed under whoever saved it as ``sys.stderr`` (at exit: "lost sys.stderr", status 120)."""
     if not (enabled and _hide_worker_traces):
         yield
         return

@@ -1,10 +1,7 @@
-"""Local SDK worker processes forked from a copy of the launcher that has Beam imported: the worker zygote.
-
-A new interpreter per worker imports Beam again (~1 s of CPU; 2-worker runs, BENCHMARKS.md: 200 photos 10.1 s forked,
-14.4 s not; 258 MB 21.9 s, 42.5 s). The zygote is forked once, before any thread starts. Beam's public subprocess
-environment runs ``worker_command()``: this file, which hands its environment and streams to the zygote and exits with
-the forked worker's status, or becomes Beam's own worker where no zygote answers. Off Linux, with threads running, or
-with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself."""
+"""Local SDK worker processes forked from a copy of the launcher that has Beam imported (a new interpreter imports it
+again: ~1 s of CPU a worker). Beam's public subprocess environment runs ``worker_command()``: this file, which has the
+zygote fork a worker with its environment and streams and exits with its status, or becomes Beam's own worker where
+no zygote answers. Off Linux, with threads running, or with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts them."""
 
 from __future__ import annotations
 
@@ -40,7 +37,7 @@ _active: WorkerZygote | None = None
 
 class WorkerZygote:
     """The launcher's end of a zygote: its pid, its control socket (whose close ends it) and the abstract socket
-    name on which it takes requests for workers."""
+    name of its requests."""
 
     def __init__(self, pid: int, control: socket.socket, address: str):
         self.pid, self.control, self.address = pid, control, address
@@ -56,7 +53,7 @@ class WorkerZygote:
                     self.control.send(b"prepare")
 
     def worker_command(self) -> str:
-        """The shell command that starts one worker forked by this zygote, for Beam's subprocess environment."""
+        """The shell command that starts one worker, for Beam's subprocess environment."""
         arguments = (sys.executable, "-S", "-E", os.path.abspath(__file__), self.address, self.pid, START_WAIT_S)
         return "exec " + " ".join(shlex.quote(str(part)) for part in arguments)  # exec: no shell left in between
 
@@ -65,7 +62,7 @@ class WorkerZygote:
         return self.control.fileno() == -1
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Ends the zygote (its socket closed) and reaps it, killed after ``wait_s``; again, nothing."""
+        """Ends the zygote (its socket closed) and reaps it, killed after ``wait_s``."""
         with self.lock:
             if self.closed:
                 return
@@ -99,7 +96,7 @@ def libc_call(function: str, *args) -> None:
 
 
 def active() -> WorkerZygote | None:
-    """The zygote of the run in progress, if any and not ended (``forked_for``, ``end_unneeded``)."""
+    """The zygote of the run in progress, if any and not ended."""
     return _active if _active is not None and not _active.closed else None
 
 
@@ -172,7 +169,7 @@ def _fork_with_signals_blocked() -> int:
 
 def _serve(control: socket.socket, listener: socket.socket) -> int:
     """Forks a worker per request on ``listener``, reports its exit to its requester (kills it if the requester
-    went); ends when the launcher's end of ``control`` closes."""
+    went); ends when the launcher closes ``control``."""
     _name_process(ZYGOTE_NAME)
     _detach_from_launcher(keep=(control.fileno(), listener.fileno()))
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -229,8 +226,8 @@ def _name_process(name: str) -> None:
 
 
 def _detach_from_launcher(keep: tuple[int, ...]) -> None:
-    """Closes every launcher's file but ``keep``, as a new interpreter would have none (a ``| tee`` pipe must close
-    with the launcher); standard streams on ``/dev/null`` (workers get their requester's)."""
+    """Closes every launcher's file but ``keep`` (a ``| tee`` pipe must close with the launcher), standard streams on
+    ``/dev/null``."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -313,7 +310,7 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
 
 def _as_a_new_process() -> None:
     """What a new interpreter would have: fresh standard streams, unconfigured logging, default hooks, and the
-    malloc arena cap the environment asks for (glibc reads it only at a process's start)."""
+    environment's malloc arena cap (glibc reads it only at start)."""
     import logging
 
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own streams, for its whole life
@@ -340,9 +337,8 @@ def flush_streams() -> None:
 
 
 def request_worker(address: str, zygote: int, wait_s: float) -> int:
-    """The worker command: has the zygote at ``address`` fork the worker with this process's environment and
-    streams, and returns its exit status; with no answer within ``wait_s`` (the zygote then killed), this process
-    becomes the worker as Beam would start it."""
+    """The worker command: has the zygote fork a worker with this process's environment and streams, and returns
+    its exit status; with no answer within ``wait_s`` (the zygote killed), becomes the worker as Beam starts it."""
     for fd in (0, 1, 2):  # a stream Beam left closed: /dev/null, which takes its number
         try:
             os.fstat(fd)
