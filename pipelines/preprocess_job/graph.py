@@ -145,7 +145,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     else:
         storage.check_replaceable(config.output, config.overwrite)
     # Listed once here: it is fingerprinted, and its sizes fit the local workers to the work.
-    listing = journal.listing_of(config, plan) if journal.journaled(config, plan, local) else None
+    listing = plan.kind.listed_entries(config, plan) if journal.journaled(config, plan, local) else None
     if listing is not None:
         work_bytes = sum(entry.size for entry in listing if entry.size > 0)
         beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
@@ -157,7 +157,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     with owned_folder.holding(config.output, "OUTPUT") as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
-            reopened = journal.reopen(config, plan, runner, lock.begin, listing)
+            reopened = journal.reopen(config, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
                 return _finished_outcome(config.output, reopened, on_resume)
             if on_resume is not None:

@@ -157,18 +157,11 @@ def check_resumable(config, plan, local_runner: bool) -> None:
         _existing_journal(config.output)
 
 
-def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """The listing a ``--resume`` compares (entries with size and mtime)."""
-    return plan.kind.listed_entries(config, plan)
-
-
 def start(config, plan, runner: str, min_decode_groups: int, listing: list) -> UnitJournal:
     """Writes the listing and the journal's header into a freshly prepared OUTPUT; the workers' journal."""
-    from shardprep.preprocess.format.manifest import tool_version
-
     text = fingerprint.listing_text(listing)
     folder = manifest.join(config.output, SPILL_DIR)
-    header = JournalHeader(JOURNAL_VERSION, tool_version(), exclude.fingerprinted_options(config, runner),
+    header = JournalHeader(JOURNAL_VERSION, manifest.tool_version(), exclude.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
     header_line = json.dumps(header._asdict()).encode("utf-8")
     try:  # the listing first: a header always has its listing beside it
@@ -189,7 +182,7 @@ class Reopened(NamedTuple):
     recorded: int
 
 
-def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
+def reopen(config, runner: str, begin, listing: list) -> Reopened:
     """``--resume``, under the lock: a finished run's leftovers removed, or a killed run of the same options and
     listing reopened and tidied (else refused, naming the first difference); ``begin()`` once the checks passed."""
     output = config.output
@@ -208,7 +201,7 @@ def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, runner, header, listing_of(config, plan) if listing is None else listing)
+    difference = _difference(config, runner, header, listing)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")

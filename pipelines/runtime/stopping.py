@@ -13,9 +13,6 @@ import time
 from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME, flush_streams
 
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
-INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
-TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
-HUNG_UP = 129  # after SIGHUP (128 + SIGHUP): the terminal closed, the ssh connection dropped
 # A worker process stopped (SIGSTOP, Ctrl-Z sent to it alone) this long ends the run: its work would wait forever.
 STOPPED_WORKER_S = 60.0
 
@@ -57,8 +54,8 @@ def sigterm_stops():
 
 
 def exit_status(stop: BaseException) -> int:
-    """130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (a stop's ``by``)."""
-    return {"SIGTERM": TERMINATED, "SIGHUP": HUNG_UP}.get(getattr(stop, "by", "Ctrl-C"), INTERRUPTED)
+    """128 + the signal, as shells report it: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP."""
+    return {"SIGTERM": 143, "SIGHUP": 129}.get(getattr(stop, "by", "Ctrl-C"), 130)
 
 
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
@@ -167,7 +164,7 @@ def _end_run(finished: threading.Event, status: int) -> None:
             atexit.register(_exit_before_finalizing, finished, status)
 
 
-def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
+def _exit_before_finalizing(finished: threading.Event, status: int) -> None:
     """Ends the process before Python finalizes, which would ``pthread_exit`` the stopped run's thread inside OpenCV
     and abort (status 134); its files are as a kill leaves them, which resume handles."""
     if not finished.is_set():

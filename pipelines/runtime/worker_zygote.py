@@ -117,21 +117,18 @@ def forked_for(may_use_worker_processes: bool):
     if zygote is None:
         yield None
         return
-    previous, _active = _active, zygote
+    _active = zygote
     try:
         yield zygote
     finally:
-        _active = previous
+        _active = None
         zygote.close()
 
 
 def _can_fork() -> bool:
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
-        return False
-    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
-        return False
     # Another thread may hold a lock the copy could never take (and gRPC's threads keep a second run from forking).
-    return threading.active_count() == 1
+    return (os.environ.get(DISABLE_VARIABLE, "1") != "0" and sys.platform.startswith("linux")
+            and threading.active_count() == 1)
 
 
 def _fork_zygote() -> WorkerZygote | None:
@@ -197,7 +194,9 @@ def _serve(control: socket.socket, listener: socket.socket) -> int:
         if control.fileno() in ready:
             if not control.recv(64):
                 return 0  # the launcher closed its end, or exited
-            _import_worker_modules()  # "prepare"
+            for name in _WORKER_MODULES:  # "prepare"
+                with contextlib.suppress(Exception):
+                    __import__(name)
 
 
 def _take_request(listener: socket.socket, workers: dict[int, socket.socket], own_fds: list[int]) -> None:
@@ -235,12 +234,6 @@ def _detach_from_launcher(keep: tuple[int, ...]) -> None:
         if int(name) > 2 and int(name) not in keep:
             with contextlib.suppress(OSError):
                 os.close(int(name))
-
-
-def _import_worker_modules() -> None:
-    for name in _WORKER_MODULES:
-        with contextlib.suppress(Exception):
-            __import__(name)
 
 
 def _start_worker(environment: dict, stdio: list[int], connection: socket.socket,
