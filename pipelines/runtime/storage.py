@@ -122,32 +122,21 @@ def glob_folder(pattern: str) -> str:
 
 
 def keep_apart(output: str, inputs) -> None:
-    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``)."""
+    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``): a glob's
+    folder (lying inside it only when the glob recurses), a file a glob matched (only holding it), or a path."""
     for found in inputs:
         if found.glob:
-            check_apart_from_glob(output, found.path, found.what)
+            folder = glob_folder(found.path)
+            how = overlap(output, folder)
+            if how in ("is", "contains") or (how == "is inside" and "**" in found.path):
+                raise OutputError(f"OUTPUT {output} {how} the folder of the {found.what} {found.path} "
+                                  f"({resolved(folder)}): {_CHANGES_INPUT}")
         elif found.matched:
-            check_apart_from_files(output, [found.path], found.what)
+            if inside(resolved(found.path), resolved(output)):
+                raise OutputError(f"OUTPUT {output} contains the {found.what} {found.path}: {_CHANGES_INPUT}")
         elif how := overlap(output, found.path):
             where = "" if how == "is" else f" ({resolved(found.path)})"
             raise OutputError(f"OUTPUT {output} {how} the {found.what} {found.path}{where}: {_CHANGES_INPUT}")
-
-
-def check_apart_from_files(output: str, files, what: str) -> None:
-    """Refuses an OUTPUT that holds (or is) one of ``files``, e.g. the files a ``tfrecord:`` glob matched."""
-    out = resolved(output)
-    for path in files:
-        if inside(resolved(path), out):
-            raise OutputError(f"OUTPUT {output} contains the {what} {path}: {_CHANGES_INPUT}")
-
-
-def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecords") -> None:
-    """OUTPUT must not be or contain a glob's folder, nor lie inside it when the glob recurses (``**``)."""
-    folder = glob_folder(pattern)
-    how = overlap(output, folder)
-    if how in ("is", "contains") or (how == "is inside" and "**" in pattern):
-        raise OutputError(f"OUTPUT {output} {how} the folder of the {what} {pattern} ({resolved(folder)}): "
-                          f"{_CHANGES_INPUT}")
 
 
 def deletable(relative: str) -> bool:
