@@ -86,8 +86,7 @@ def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "app
 
 def resolved(path: str) -> str:
     """A path to compare: local ones real and absolute, remote ones normalized; ``file://`` URLs as local."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
+    path = path.removeprefix("file://")
     if is_local(path):
         return os.path.realpath(os.path.abspath(path))  # no '~': the job does not expand it either
     scheme, rest = path.split("://", 1)
@@ -230,12 +229,10 @@ def check_output_path(output: str) -> None:
     if not is_local(output):
         return
     probe = os.path.abspath(output)
-    while not os.path.exists(probe):
+    while not os.path.exists(probe):  # the root always exists
         if os.path.islink(probe):
             raise OutputError(f"OUTPUT {output} cannot be created: {probe} is a link to {os.readlink(probe)}, which "
                               "does not exist; pick another OUTPUT")
-        if os.path.dirname(probe) == probe:
-            break
         probe = os.path.dirname(probe)
     if os.path.lexists(output) and not os.path.isdir(output):
         raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
