@@ -105,10 +105,9 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
     ``on_progress(counts)``: a local run's running counts, twice a second; ``on_resume(recorded groups)``: before
     a resumed run decodes; ``on_plan(lines)``: what a sample of the inputs says, before the pipeline starts."""
-    from shardprep.pipelines.runtime import remote_runs
     from shardprep.pipelines.runtime import runner as runners
 
-    refused = remote_runs.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
+    refused = runners.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):

@@ -1,21 +1,27 @@
 """Choosing the Beam runner: without ``--runner``, Beam's FnApiRunner, multi-process, offline (Beam's default and
-DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only."""
+DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only. Before
+planning: a ``--runner`` Beam has, and on Dataflow no local path where the workers read or write (Beam would find out
+late, on workers that cannot see this machine's files)."""
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import shutil
 import sys
 import threading
 import traceback
+import types
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from shardprep.pipelines.runtime import stopping
-from shardprep.preprocess.checks import streams
+from shardprep.pipelines.runtime.storage import is_local
+from shardprep.preprocess.checks import streams, text
+from shardprep.preprocess.sources import common as sources
 
 # Runners whose workers share this machine's file system, lower-case ("": no --runner).
 LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
@@ -46,8 +52,6 @@ def runs_locally(beam_args: list[str]) -> bool:
 
 def template_location(beam_args: list[str]) -> str | None:
     """``--template_location``: Dataflow then writes a job template instead of running the job."""
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
     return PipelineOptions(beam_args).view_as(GoogleCloudOptions).template_location
 
 
@@ -222,8 +226,6 @@ def _parsed(parse):
 
 def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
     """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
-    import difflib
-
     parsers: list = []
 
     def parse():
@@ -255,6 +257,96 @@ def _check_running_mode(beam_args: list[str]) -> None:
         raise BeamArgsError(f"--direct_running_mode=multi_threading with {workers}: Beam's "
                             "local runner mixes up the data its worker threads send it when there is more than one; "
                             "use multi_processing (the default) or --direct_num_workers=1")
+
+
+# The runners Beam knows by name, as ``normalized_name`` spells them; any other --runner is a module path.
+_KNOWN = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
+# Inputs planning reads on this machine, never a worker (their rows become the graph's first elements).
+_READ_WHEN_PLANNING = ("labels file",)
+
+
+def unknown_runner(beam_args: list[str]) -> str | None:
+    """Why ``--runner`` names no runner Beam has (neither one of its names nor a module path), else None."""
+    name = runner_name(beam_args)
+    if not name or "." in name or normalized_name(name) in _KNOWN:
+        return None
+    near = difflib.get_close_matches(name, StandardOptions.KNOWN_RUNNER_NAMES, 1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return (f"--runner {name}: Beam has no runner of that name{hint}; give one of "
+            f"{', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, or a runner class's module path")
+
+
+def on_dataflow(beam_args: list[str]) -> bool:
+    """True when ``--runner`` is Dataflow's (any spelling Beam takes)."""
+    return normalized_name(runner_name(beam_args)) in ("dataflowrunner", "testdataflowrunner")
+
+
+def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
+    """Why a Dataflow run cannot use ``paths`` (``(what, path)``: what the workers read or write), else None."""
+    if not on_dataflow(beam_args):
+        return None
+    local = [f"{what} {path}" for what, path in paths if is_local(path)]
+    if not local:
+        return None
+    named = text.series(local)
+    return (f"--runner {runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local "
+            f"paths: {named} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
+
+
+def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
+    """Why a run of ``beam_args`` on ``paths`` cannot start, else None."""
+    return unknown_runner(beam_args) or local_paths(beam_args, paths)
+
+
+def preprocess_refusal(config, beam_args: list[str]) -> str | None:
+    """Why a preprocess run of ``config`` on ``beam_args`` cannot start, else None."""
+    return refusal(beam_args, preprocess_paths(config) if on_dataflow(beam_args) else [])
+
+
+def validate_refusal(data: str, tfds_data_dir: str | None, beam_args: list[str]) -> str | None:
+    """Why a validate run of DATA on ``beam_args`` cannot start, else None."""
+    return (refusal(beam_args, validate_paths(data, tfds_data_dir) if on_dataflow(beam_args) else [])
+            or no_results_location(beam_args))
+
+
+def no_results_location(beam_args: list[str]) -> str | None:
+    """Why validate's remote workers would have nowhere to write their results (no ``--temp_location``)."""
+    if runs_locally(beam_args) or PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location:
+        return None
+    return (f"validate with --runner={runner_name(beam_args)} needs --temp_location (a bucket path its "
+            "workers can write their results to)")
+
+
+def preprocess_paths(config) -> list[tuple[str, str]]:
+    """What a preprocess run's workers read and write: SOURCE's inputs, as its kind names them, and OUTPUT."""
+    from shardprep.pipelines.sources import registry as source_registry
+
+    kind = source_registry.kind_of(config.source)
+    inputs = kind.apart_from(kind.location(config.source), config)
+    return _unique([(found.what, found.path) for found in inputs if found.what not in _READ_WHEN_PLANNING]
+                   + [("OUTPUT", config.output)])
+
+
+def validate_paths(data: str, tfds_data_dir: str | None) -> list[tuple[str, str]]:
+    """What a validate run's workers read: DATA, or the files a ``tfrecord:``/``tfds:`` DATA names."""
+    from shardprep.pipelines.sources import registry as source_registry
+
+    kind = source_registry.kind_of(data)
+    if kind is source_registry.FALLBACK or not kind.validated_as_records:
+        return [("DATA", data)]
+    try:
+        inputs = kind.apart_from(kind.location(data), types.SimpleNamespace(tfds_data_dir=tfds_data_dir))
+    except sources.SourceError:  # DATA points nowhere (``tfrecord:`` alone): validate's own listing says so
+        return []
+    return _unique([(found.what, found.path) for found in inputs])
+
+
+def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``paths`` without a second entry for a path already named."""
+    unique: dict[str, str] = {}
+    for what, path in paths:
+        unique.setdefault(path, what)
+    return [(what, path) for path, what in unique.items()]
 
 
 _hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
