@@ -283,14 +283,11 @@ def on_dataflow(beam_args: list[str]) -> bool:
 
 def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
     """Why a Dataflow run cannot use ``paths`` (``(what, path)``: what the workers read or write), else None."""
-    if not on_dataflow(beam_args):
-        return None
-    local = [f"{what} {path}" for what, path in paths if is_local(path)]
+    local = [f"{what} {path}" for what, path in paths if is_local(path)] if on_dataflow(beam_args) else []
     if not local:
         return None
-    named = text.series(local)
-    return (f"--runner {runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local "
-            f"paths: {named} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
+    return (f"--runner {runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local paths: "
+            f"{text.series(local)} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
 
 
 def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:

@@ -145,12 +145,6 @@ class SpillReader:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> SpillReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def open_for_record_reads(path: str, largest_record: int):
     """A read stream buffered for single-record reads: Beam's GCS reader otherwise fetches 16 MiB (its default

@@ -225,7 +225,7 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file, a dangling link or under one, or whose nearest folder cannot be written."""
+    """Refuses a local OUTPUT that is a file, a dangling link or under one, or whose nearest folder is not writable."""
     if not is_local(output):
         return
     probe = os.path.abspath(output)
