@@ -405,7 +405,8 @@ def worker_stderr_held(enabled: bool):
             streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
             if sys.stderr is terminal:
                 sys.stderr = own_stderr
-            _close_unless_kept(terminal)
+            if sys.getrefcount(terminal) <= 2:  # no one but this name (and getrefcount's argument) keeps it
+                terminal.close()
             drainer.join(timeout=2)
             if not failed and held:
                 with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
@@ -421,22 +422,11 @@ def worker_stderr_held(enabled: bool):
 
 def _drain(read_end: int, held: bytearray) -> None:
     """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
-    while True:
-        try:
-            chunk = os.read(read_end, 65536)
-        except OSError:
-            return
-        if not chunk:
-            os.close(read_end)
-            return
-        held.extend(chunk)
-        del held[:-WORKER_STDERR_KEPT]
-
-
-def _close_unless_kept(stream) -> None:
-    """Closes ``stream`` unless something besides the caller still refers to it (it closes with its last one)."""
-    if sys.getrefcount(stream) <= 3:  # the caller's name, this argument, getrefcount's own argument
-        stream.close()
+    with contextlib.suppress(OSError):
+        while chunk := os.read(read_end, 65536):
+            held.extend(chunk)
+            del held[:-WORKER_STDERR_KEPT]
+        os.close(read_end)
 
 
 def _quiet_about_runner_threads(own_excepthook):
