@@ -265,14 +265,12 @@ def finish_committed(output: str) -> Reopened:
     from shardprep.pipelines.runtime import spill
 
     folder = manifest.join(output, SPILL_DIR)
-    entries = regular_entries(folder) if os.path.lexists(folder) else None
     try:
         recorded = 0
-        if entries and JOURNAL_NAME in entries:  # its groups, each line's checks aside: the dataset holds them
+        if JOURNAL_NAME in regular_entries(folder):  # its groups, each line's checks aside: the dataset holds them
             with open(manifest.join(folder, JOURNAL_NAME), "rb") as f:
                 recorded = len(_journal_of(output, f.read()).recorded_units())
-        if entries is not None:
-            spill.remove_local_spill(output)
+        spill.remove_local_spill(output)
     except OSError as e:
         raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
     return Reopened(None, None, True, recorded)

@@ -17,6 +17,7 @@ from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess.format import manifest
+from shardprep.preprocess.checks import owned_folder
 from shardprep.preprocess.checks.owned_folder import OutputError  # noqa: F401 - the one error of an output folder
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
@@ -274,27 +275,16 @@ def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) 
     try:
         if manifest_path in existing:
             FileSystems.delete([manifest_path])
-        if is_local(output):
-            _remove_local(output, rest)
+        if rest and is_local(output):  # never through a link; then the folders that leaves empty, deepest first
+            relative = [path.removeprefix(output.rstrip("/") + "/") for path in rest]
+            files = {name for name, path in zip(relative, rest) if not os.path.isdir(path) or os.path.islink(path)}
+            folders = {name.rsplit("/", i)[0] for name in relative for i in range(1, name.count("/") + 1)}
+            folders |= set(relative) - files  # empty folders, listed themselves
+            owned_folder.clear(output, owned_folder.Record(frozenset(files), frozenset(folders)))
         elif rest:
             FileSystems.delete(rest)
     except OSError as e:
         raise OutputError(f"--overwrite could not delete the old dataset in {output}: {e}") from e
     if is_local(output):
         os.makedirs(output, exist_ok=True)  # the lock (owned_folder.holding) made it already, and words its errors
-
-
-def _remove_local(output: str, listed: list[str]) -> None:
-    """Deletes the ``listed`` files, never through a link, then the folders that leaves empty, deepest first."""
-    folders = set()
-    for path in listed:
-        if not os.path.isdir(path) or os.path.islink(path):
-            os.remove(path)
-            path = os.path.dirname(path)
-        folders.add(path)
-    for folder in sorted(folders, key=lambda f: -f.count("/")):
-        while folder.rstrip("/") != output.rstrip("/") and folder.startswith(output.rstrip("/") + "/"):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)  # only when empty: anything put there since stays
-            folder = os.path.dirname(folder)
 
