@@ -156,6 +156,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     with owned_folder.holding(config.output, "OUTPUT") as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
+            assert listing is not None  # check_resumable refused a run that keeps no journal
             reopened = journal.reopen(config, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
                 return _finished_outcome(config.output, reopened, on_resume)
