@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from shardprep.pipelines.runtime import runner as runners
 from shardprep.pipelines.runtime import storage
+from shardprep.pipelines.sources.kind import ApartFrom
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.cli import main as cli
 
@@ -311,8 +312,9 @@ def test_output_overlapping_tfrecord_inputs_is_refused(work, pattern, output, ex
 
 def test_output_beside_tfrecord_inputs_is_accepted_by_the_check(work):
     write_tfrecord_inputs(work / "recs")
-    storage.check_apart_from_glob("recs/shards", "recs/*.tfrecord*")  # not recursive: the shards never match
-    storage.check_apart_from_files("recs/shards", [str(work / "recs" / "d-train.tfrecord-00000-of-00001")], "x")
+    storage.keep_apart("recs/shards", [ApartFrom("input TFRecords", "recs/*.tfrecord*", glob=True),  # not recursive
+                                       ApartFrom("x", str(work / "recs" / "d-train.tfrecord-00000-of-00001"),
+                                                 matched=True)])
 
 
 @pytest.mark.parametrize("output", ["tfds", "tfds/out", "."])

@@ -6,6 +6,7 @@ The whole job, end to end and byte for byte, is tests/test_preprocess_job.py and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -243,7 +244,7 @@ def test_spill_reader_reads_remote_records_on_its_own_pool_and_close_shuts_it_do
     monkeypatch.setattr(spill, "is_local", lambda path: False)  # the gs:// path, on a local file
     monkeypatch.setattr(spill, "open_for_record_reads", lambda path, largest: open(path, "rb"))
     pointers = [(writer.path, offset, size) for offset, size in reversed(places)]
-    with spill.SpillReader(threads=2, read_ahead=4) as reader:
+    with contextlib.closing(spill.SpillReader(threads=2, read_ahead=4)) as reader:
         got = [record_format.decode_example(next(tfrecord_io.read_records(io.BytesIO(data)))).filename
                for data in reader.records(pointers)]
         pool = reader._pool

@@ -231,10 +231,11 @@ def test_what_no_run_wrote_inside_output_is_refused_before_anything_is_deleted(s
 def rehashed(lines: list) -> list:
     """The lines with each unit line's hash made to match its edited fields, as a forger who read the code would
     (a line that is no longer an object has no hash to forge)."""
-    from shardprep.pipelines.runtime import journal
+    from shardprep.pipelines.runtime import journal_records
 
     header = json.dumps(lines[0]).encode()  # the first line, as write_journal writes it, without its newline
-    return [lines[0]] + [journal.sealed(header, {k: v for k, v in line.items() if k != journal.LINE_HASH})
+    return [lines[0]] + [journal_records.sealed(header, {k: v for k, v in line.items()
+                                                         if k != journal_records.LINE_HASH})
                          if isinstance(line, dict) else line for line in lines[1:]]
 
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from shardprep.cli import main
 from shardprep.pipelines.preprocess_job import graph as preprocess_job
-from shardprep.pipelines.runtime import remote_runs
+from shardprep.pipelines.runtime import runner
 from shardprep.pipelines.validate_job import driver as validate_job
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "P", "--region", "R", "--temp_location", "gs://b/tmp"]
@@ -58,20 +58,20 @@ def test_dataflow_with_a_local_path_is_refused_before_anything_runs(nothing_runs
 
 def test_a_local_labels_file_is_read_when_planning_so_dataflow_may_have_one(tmp_path):
     """The labels file (like --exclude's keys) is read on the launching machine, never by a worker."""
-    paths = remote_runs.preprocess_paths(_config("gs://b/images", "gs://b/out", labels_file=str(tmp_path / "l.csv")))
-    assert remote_runs.refusal(DATAFLOW, paths) is None
+    paths = runner.preprocess_paths(_config("gs://b/images", "gs://b/out", labels_file=str(tmp_path / "l.csv")))
+    assert runner.refusal(DATAFLOW, paths) is None
 
 
 @pytest.mark.parametrize("beam_args", [[], ["--runner", "DirectRunner"], ["--runner=FnApiRunner"],
                                        ["--direct_running_mode=in_memory"], ["--runner", "FlinkRunner"]])
 def test_other_runners_may_read_local_paths(tmp_path, beam_args):
-    paths = remote_runs.preprocess_paths(_config(str(tmp_path / "images"), str(tmp_path / "out")))
-    assert remote_runs.refusal(beam_args, paths) is None
+    paths = runner.preprocess_paths(_config(str(tmp_path / "images"), str(tmp_path / "out")))
+    assert runner.refusal(beam_args, paths) is None
 
 
 def test_dataflow_with_gs_paths_only_passes(tmp_path):
-    assert remote_runs.refusal(DATAFLOW, remote_runs.preprocess_paths(_config("gs://b/images", "gs://b/out"))) is None
-    assert remote_runs.refusal(DATAFLOW, remote_runs.validate_paths("gs://b/shards", None)) is None
+    assert runner.refusal(DATAFLOW, runner.preprocess_paths(_config("gs://b/images", "gs://b/out"))) is None
+    assert runner.refusal(DATAFLOW, runner.validate_paths("gs://b/shards", None)) is None
 
 
 @pytest.mark.parametrize("command", [["preprocess", "{tmp}/images", "{tmp}/out"], ["validate", "{tmp}/shards"]])
@@ -85,7 +85,7 @@ def test_a_runner_beam_does_not_know_is_refused_by_name_before_anything_runs(not
 
 
 def test_a_near_miss_of_a_runner_name_is_named():
-    message = remote_runs.refusal(["--runner", "DataflowRuner"], [])
+    message = runner.refusal(["--runner", "DataflowRuner"], [])
     assert message.startswith("--runner DataflowRuner: Beam has no runner of that name (did you mean "
                               "DataflowRunner?); give one of ")
 
@@ -107,8 +107,8 @@ def test_validate_on_a_remote_runner_without_temp_location_is_refused_before_lis
 
 
 def test_validate_on_the_local_runner_needs_no_temp_location():
-    assert remote_runs.validate_refusal("gs://b/shards", None, ["--direct_num_workers=2"]) is None
-    assert remote_runs.validate_refusal("gs://b/shards", None, DATAFLOW) is None
+    assert runner.validate_refusal("gs://b/shards", None, ["--direct_num_workers=2"]) is None
+    assert runner.validate_refusal("gs://b/shards", None, DATAFLOW) is None
 
 
 # --- a stop of a remote run: was its job submitted? --------------------------------------------------------------

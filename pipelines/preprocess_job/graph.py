@@ -11,7 +11,7 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from shardprep.pipelines.preprocess_job import input_sizes
-from shardprep.pipelines.runtime import journal, progress, remote_runs, storage, worker_zygote
+from shardprep.pipelines.runtime import journal, progress, storage, worker_zygote
 from shardprep.pipelines.runtime import runner as runners
 from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
@@ -101,7 +101,7 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
     ``on_progress(counts)``: a local run's running counts, twice a second; ``on_resume(recorded groups)``: before
     a resumed run decodes; ``on_plan(lines)``: what a sample of the inputs says, before the pipeline starts."""
-    refused = remote_runs.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
+    refused = runners.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
@@ -134,7 +134,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     else:
         storage.check_replaceable(config.output, config.overwrite)
     # Listed once here: it is fingerprinted, and its sizes fit the local workers to the work.
-    listing = journal.listing_of(config, plan) if journal.journaled(config, plan, local) else None
+    listing = plan.kind.listed_entries(config, plan) if journal.journaled(config, plan, local) else None
     if listing is not None:
         work_bytes = sum(entry.size for entry in listing if entry.size > 0)
         beam_args = runners.sized_to_work(beam_args, work_bytes, runners.PREPROCESS_BYTES_PER_WORKER)
@@ -146,7 +146,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
     with owned_folder.holding(config.output, "OUTPUT") as lock:
         unit_journal = None
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
-            reopened = journal.reopen(config, plan, runner, lock.begin, listing)
+            assert listing is not None  # check_resumable refused a run that keeps no journal
+            reopened = journal.reopen(config, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
                 return _finished_outcome(config.output, reopened, on_resume)
             if on_resume is not None:

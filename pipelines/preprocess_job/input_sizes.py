@@ -42,7 +42,7 @@ def _folder_sample(plan: FolderPlan) -> SizeSample:
 
 
 def _listed_sample(config, plan: FolderPlan, listing: list) -> SizeSample:
-    """From the listing a local run makes anyway (``journal.listing_of``): every input counted, none listed again."""
+    """From the listing a local run makes anyway (``SourceKind.listed_entries``): every input counted, none listed again."""
     labels_entry = f"--labels-file {config.labels_file}"
     inputs = [entry for entry in listing if not entry.skipped and entry.key != labels_entry]
     paths = [os.path.join(plan.location, entry.key) for entry in spread(inputs, SAMPLE_SIZE)]

@@ -1,10 +1,6 @@
-"""The unit journal: the decode groups a local preprocess run has finished, so that ``--resume`` keeps them.
-
-Under OUTPUT/.tmp/: ``listing.jsonl`` (the listing the run started from, written first) and ``journal.jsonl`` (the
-header, then one sealed ``UnitRecord`` per finished group, appended under a flock; the last line for a group counts,
-a torn last line is ignored). Nothing is fsynced (~5 % of a run, BENCHMARKS.md): a group whose bytes never reached
-the disk fails its size and sha256 check on resume and is decoded again. What is read back is untrusted; only
-regular files with a run's names are touched, never through a link."""
+"""The unit journal: OUTPUT/.tmp/listing.jsonl, then journal.jsonl (a header, then one sealed ``UnitRecord`` per
+finished decode group, the last line for a group counting), so that ``--resume`` keeps finished groups. Nothing is
+fsynced (~5 % of a run): a group whose bytes never reached the disk fails its checks and is decoded again."""
 
 from __future__ import annotations
 
@@ -19,17 +15,15 @@ from typing import NamedTuple
 
 from shardprep.pipelines.preprocess_job import exclude
 from shardprep.pipelines.preprocess_job.common import PreprocessError
-from shardprep.pipelines.runtime.journal_records import (JOURNAL_VERSION, LINE_HASH, DamagedUnit, JournalError,
-                                                 JournalHeader, UnitRecord, parse_header, parse_unit,
-                                                 pointer_columns, sealed, summary_from_json, summary_to_json)
+from shardprep.pipelines.runtime.journal_records import (JOURNAL_VERSION, DamagedUnit, JournalError, JournalHeader,
+                                                         UnitRecord, parse_header, parse_unit, pointer_columns, sealed,
+                                                         summary_from_json, summary_to_json)
 from shardprep.pipelines.runtime.storage import (JOURNAL_NAME, SPILL_DIR, OutputError, atomic_write, deletable,
                                         existing_files, foreign_files, is_local, regular_entries)
 from shardprep.preprocess.format import fingerprint, manifest, record_pointers, sharding
 from shardprep.preprocess.format.elements import Reject
 
 LISTING_NAME = "listing.jsonl"
-__all__ = ["JOURNAL_VERSION", "LINE_HASH", "JournalHeader", "UnitRecord", "DamagedUnit", "sealed",
-           "summary_to_json", "summary_from_json", "UnitJournal", "ResumeCounts", "Reopened"]
 
 
 class UnitOutputs(NamedTuple):
@@ -49,12 +43,9 @@ class ResumeCounts(NamedTuple):
     inputs_decoded: int
 
 
-# --- the journal as the workers use it -----------------------------------------------------------------------------
-
 class UnitJournal:
-    """OUTPUT/.tmp/journal.jsonl for the decode stage's workers (picklable). ``resume_bytes``: on ``--resume``, the
-    journal's length at the start (its groups may be kept), else None; ``header_line``: what every line's hash
-    covers."""
+    """The journal for the decode stage's workers (picklable). ``resume_bytes``: on ``--resume``, its length at the
+    start, else None; ``header_line``: what every line's hash covers."""
 
     def __init__(self, output: str, resume_bytes: int | None = None, header_line: bytes = b""):
         self.output, self.resume_bytes, self.header_line = output, resume_bytes, header_line
@@ -105,25 +96,25 @@ class UnitJournal:
         return UnitOutputs(pointers, rejects, summary_from_json(unit.summary))
 
 
+def _open_regular(path: str):
+    """``path`` open for reading, None when it is not a regular file (no link followed, no FIFO waited on)."""
+    f = open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb")  # noqa: SIM115 - returned open
+    if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        return f
+    f.close()
+    return None
+
+
 def file_sha256(path: str, size: int) -> str | None:
-    """The sha256 of a local regular file of ``size`` bytes; None otherwise (no link followed, no FIFO waited on)."""
+    """The sha256 of a local regular file of ``size`` bytes; None otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        f = _open_regular(path)
+        if f is None:
             return None
-        digest = hashlib.sha256()
-        with open(fd, "rb", closefd=False) as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        return digest.hexdigest()
+        with f:
+            return hashlib.file_digest(f, "sha256").hexdigest() if os.fstat(f.fileno()).st_size == size else None
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def append_line(path: str, line: str) -> None:
@@ -141,16 +132,14 @@ def append_line(path: str, line: str) -> None:
         raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
 
 
-# --- the launcher's side: start, or reopen for --resume ---------------------------------------------------------
-
 def journaled(config, plan, local_runner: bool) -> bool:
     """Local runs into a local OUTPUT of a source its kind can resume keep a journal."""
     return local_runner and is_local(config.output) and plan.kind.resume_refusal(plan) is None
 
 
 def check_resumable(config, plan, local_runner: bool) -> None:
-    """Refuses ``--resume`` before anything is touched: with --overwrite, a remote run, a source its kind cannot
-    resume, an OUTPUT holding anything no run wrote, or no stopped run."""
+    """Refuses ``--resume`` before anything is touched (with --overwrite, a remote run, a source its kind cannot
+    resume, a foreign file in OUTPUT, or no stopped run)."""
     if config.overwrite:
         raise OutputError("--resume keeps OUTPUT's finished work and --overwrite deletes it: pass one of them")
     if not local_runner or not is_local(config.output):
@@ -168,18 +157,11 @@ def check_resumable(config, plan, local_runner: bool) -> None:
         _existing_journal(config.output)
 
 
-def listing_of(config, plan) -> list[fingerprint.ListedEntry]:
-    """The listing a ``--resume`` compares (``SourceKind.listed_entries``: entries with size and mtime)."""
-    return plan.kind.listed_entries(config, plan)
-
-
 def start(config, plan, runner: str, min_decode_groups: int, listing: list) -> UnitJournal:
     """Writes the listing and the journal's header into a freshly prepared OUTPUT; the workers' journal."""
-    from shardprep.preprocess.format.manifest import tool_version
-
     text = fingerprint.listing_text(listing)
     folder = manifest.join(config.output, SPILL_DIR)
-    header = JournalHeader(JOURNAL_VERSION, tool_version(), exclude.fingerprinted_options(config, runner),
+    header = JournalHeader(JOURNAL_VERSION, manifest.tool_version(), exclude.fingerprinted_options(config, runner),
                            config.overwrite, min_decode_groups, fingerprint.listing_sha256(text), text.count("\n"))
     header_line = json.dumps(header._asdict()).encode("utf-8")
     try:  # the listing first: a header always has its listing beside it
@@ -192,8 +174,7 @@ def start(config, plan, runner: str, min_decode_groups: int, listing: list) -> U
 
 
 class Reopened(NamedTuple):
-    """What ``reopen`` found: the stopped run's journal and header, or a ``finished`` run (its leftovers removed);
-    ``recorded``: the groups its journal held."""
+    """The stopped run's journal and header, or a ``finished`` run's leftovers removed; ``recorded``: its groups."""
 
     journal: UnitJournal | None
     header: JournalHeader | None
@@ -201,10 +182,9 @@ class Reopened(NamedTuple):
     recorded: int
 
 
-def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
-    """``--resume``, under the lock: a run that had written its manifest is finished (leftovers removed); else
-    OUTPUT must hold a killed run of the same options and listing (refused, naming the first difference, nothing
-    touched), and what the kill left is tidied (``_tidy``). ``begin()`` once the checks passed."""
+def reopen(config, runner: str, begin, listing: list) -> Reopened:
+    """``--resume``, under the lock: a finished run's leftovers removed, or a killed run of the same options and
+    listing reopened and tidied (else refused, naming the first difference); ``begin()`` once the checks passed."""
     output = config.output
     if _finished(output):
         problem = _manifest_problem(output)
@@ -221,7 +201,7 @@ def reopen(config, plan, runner: str, begin, listing: list | None) -> Reopened:
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, runner, header, listing_of(config, plan) if listing is None else listing)
+    difference = _difference(config, runner, header, listing)
     if difference:
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
@@ -285,14 +265,12 @@ def finish_committed(output: str) -> Reopened:
     from shardprep.pipelines.runtime import spill
 
     folder = manifest.join(output, SPILL_DIR)
-    entries = regular_entries(folder) if os.path.lexists(folder) else None
     try:
         recorded = 0
-        if entries and JOURNAL_NAME in entries:  # its groups, each line's checks aside: the dataset holds them
+        if JOURNAL_NAME in regular_entries(folder):  # its groups, each line's checks aside: the dataset holds them
             with open(manifest.join(folder, JOURNAL_NAME), "rb") as f:
                 recorded = len(_journal_of(output, f.read()).recorded_units())
-        if entries is not None:
-            spill.remove_local_spill(output)
+        spill.remove_local_spill(output)
     except OSError as e:
         raise OutputError(f"{output} holds a finished dataset, but removing its {SPILL_DIR}/ failed: {e}") from None
     return Reopened(None, None, True, recorded)
@@ -315,14 +293,13 @@ def _existing_journal(output: str) -> str:
 
 
 def _read_journal(path: str) -> bytes:
-    """The journal's bytes (no link followed, no FIFO waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        f = _open_regular(path)
     except OSError as e:
         raise OutputError(f"cannot read {path}: {e.strerror or e}; rerun with --overwrite") from None
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OutputError(f"{path} is not a regular file: no shardprep run wrote it; remove it yourself")
+    if f is None:
+        raise OutputError(f"{path} is not a regular file: no shardprep run wrote it; remove it yourself")
+    with f:
         return f.read()
 
 
@@ -347,8 +324,8 @@ def _difference(config, runner: str, header: JournalHeader, listing: list) -> st
 
 
 def _tidy(output: str, units: dict) -> None:
-    """Deletes what no kept group needs (a torn line's leftovers, unfinished groups' files, shards and their
-    temporaries: all written again) and moves group files a shard writer had adopted back (by size and sha256)."""
+    """Deletes what no kept group needs (all written again) and moves kept group files a shard writer had adopted
+    back (found by size and sha256)."""
     folder = manifest.join(output, SPILL_DIR)
     wanted = {unit.file: unit for unit in units.values() if isinstance(unit, UnitRecord) and unit.file is not None}
     for name in regular_entries(folder):

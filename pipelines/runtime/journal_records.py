@@ -1,8 +1,5 @@
-"""The unit journal's lines, written sealed and read back as untrusted input (no Beam, no file access).
-
-A header (``parse_header``) must be ``JournalHeader``'s fields, each of its type and range, or the resume is refused.
-A unit line (``parse_unit``) must be ``UnitRecord``'s fields plus ``line_sha256`` (over the header line and its
-fields: against edits and mix-ups, not forgery), and hang together; else it is a ``DamagedUnit``, decoded again."""
+"""The unit journal's lines, written sealed and read back as untrusted input: a bad header refuses the resume, a bad
+unit line (its ``line_sha256`` seals it to the header against edits and mix-ups, not forgery) is decoded again."""
 
 from __future__ import annotations
 
@@ -65,14 +62,11 @@ class JournalError(ValueError):
     """The journal's header cannot be read as one shardprep wrote; the message says why, for the user."""
 
 
-def _canonical(fields: dict) -> bytes:
-    return json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8", "surrogatepass")
-
-
 def line_hash(header_line: bytes, fields: dict) -> str:
     """The sha256 sealing a unit line: its header line (without the newline) and its own fields."""
-    return hashlib.sha256(b"shardprep journal line\0" + header_line + b"\0" + _canonical(fields)).hexdigest()
+    canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(b"shardprep journal line\0" + header_line + b"\0"
+                          + canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def sealed(header_line: bytes, fields: dict) -> dict:
@@ -98,8 +92,6 @@ def pointer_columns(unit: UnitRecord) -> np.ndarray:
     """The unit's RecordPointers columns (records x 4 uint64)."""
     return np.frombuffer(base64.b64decode(unit.pointers), dtype=np.uint64).reshape(-1, 4).copy()
 
-
-# --- reading back ---------------------------------------------------------------------------------------------------
 
 def _is_count(value) -> bool:
     return type(value) is int and value >= 0  # not bool, not float (NaN, 1e400)

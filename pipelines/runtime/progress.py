@@ -3,6 +3,7 @@ reports metrics only at the end). Remote runners show progress in their own UI: 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -15,29 +16,24 @@ from shardprep.pipelines.runtime.storage import TEMPORARY_PREFIX, atomic_write
 
 
 class ProgressReporter:
-    INTERVAL_S = 0.5
+    """A worker's running count of ``counter``, written to a file of its own at most every half second."""
 
     def __init__(self, directory: str | None, counter: str):
-        self.directory, self.counter = directory, counter
-        self.count = 0
-        self._path: str | None = None
-        self._last = 0.0
+        self.directory, self.count, self._last = directory, 0, 0.0
+        self._path = _counter_file(directory, counter) if directory else ""
 
     def add(self, n: int = 1, now: bool = False) -> None:
         if not self.directory:
             return
         self.count += n
-        clock = time.monotonic()
-        if now or clock - self._last >= self.INTERVAL_S:
+        if now or time.monotonic() - self._last >= 0.5:
             self.flush()
-            self._last = clock
+            self._last = time.monotonic()
 
     def flush(self, zero: bool = False) -> None:
         """Writes the running count; a count of 0 only when ``zero`` (it then says the counter exists)."""
-        if not self.directory or not (self.count or zero):
-            return
-        self._path = self._path or _counter_file(self.directory, self.counter)
-        atomic_write(self._path, str(self.count).encode())  # the launcher never reads half a number
+        if self.directory and (self.count or zero):
+            atomic_write(self._path, str(self.count).encode())  # the launcher never reads half a number
 
 
 def _counter_file(directory: str, counter: str) -> str:
@@ -45,22 +41,14 @@ def _counter_file(directory: str, counter: str) -> str:
 
 
 def read_progress(directory: str) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return totals
-    for name in names:
-        if name.startswith(TEMPORARY_PREFIX):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                value = int(f.read() or 0)
-        except (OSError, ValueError):
-            continue
-        counter = name.split("-", 1)[0]
-        totals[counter] = totals.get(counter, 0) + value
-    return totals
+    totals: collections.Counter = collections.Counter()
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(directory):
+            with contextlib.suppress(OSError, ValueError):
+                if not name.startswith(TEMPORARY_PREFIX):
+                    with open(os.path.join(directory, name)) as f:
+                        totals[name.split("-", 1)[0]] += int(f.read() or 0)
+    return dict(totals)
 
 
 def mark(directory: str | None, **counts: int) -> None:

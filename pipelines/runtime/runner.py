@@ -1,27 +1,37 @@
 """Choosing the Beam runner: without ``--runner``, Beam's FnApiRunner, multi-process, offline (Beam's default and
-DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only."""
+DirectRunner would first download the Prism runner); else whatever ``--runner`` says. Public Beam API only. Before
+planning: a ``--runner`` Beam has, and on Dataflow no local path where the workers read or write (Beam would find out
+late, on workers that cannot see this machine's files)."""
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import shutil
 import sys
 import threading
 import traceback
+import types
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from shardprep.pipelines.runtime import stopping
-from shardprep.preprocess.checks import streams
+from shardprep.pipelines.runtime.storage import is_local
+from shardprep.preprocess.checks import streams, text
+from shardprep.preprocess.sources import common as sources
 
 # Runners whose workers share this machine's file system, lower-case ("": no --runner).
 LOCAL_RUNNER_NAMES = ("", "directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "testdirectrunner",
                       "fnapirunner", "prismrunner")
 # make_pipeline builds the FnApiRunner itself; Beam's DirectRunner, named, would first fetch Prism from github.com.
 _OWN_FNAPI_RUNNER_NAMES = ("", "fnapirunner", "directrunner")
+
+
+def _own_fnapi_runner(beam_args: list[str]) -> bool:
+    return normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
 
 
 def runner_name(beam_args: list[str]) -> str:
@@ -36,22 +46,18 @@ def normalized_name(name: str) -> str:
 
 
 def runs_locally(beam_args: list[str]) -> bool:
-    """True when the workers run on this machine and share its file system (no ``--runner``, or DirectRunner,
-    FnApiRunner or PrismRunner in any spelling): the one test of a local runner for every caller."""
+    """True when the workers run on this machine and share its file system: the one test of a local runner."""
     return normalized_name(runner_name(beam_args)) in LOCAL_RUNNER_NAMES
 
 
 def template_location(beam_args: list[str]) -> str | None:
     """``--template_location``: Dataflow then writes a job template instead of running the job."""
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
     return PipelineOptions(beam_args).view_as(GoogleCloudOptions).template_location
 
 
 class ViewsMadeOnce(PipelineOptions):
-    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as`` (~1 ms), and
-    building a graph asks ~500 times (~0.3 s of CPU). Views share their values, so the same view is what a new one
-    would be; a copy (``Pipeline`` deep-copies its options) or an unpickled one makes its own."""
+    """``PipelineOptions`` that make each view once: Beam parses the flags again for every ``view_as``, ~500 times
+    (~0.3 s of CPU) per graph. Views share their values; a copy or an unpickled one makes its own."""
 
     def view_as(self, cls):
         views = self.__dict__.setdefault("_views", {})  # PipelineOptions.__setattr__ takes option names only
@@ -85,9 +91,8 @@ VALIDATE_BYTES_PER_WORKER = 256 * 2**20
 
 
 def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) -> list[str]:
-    """``beam_args`` with local workers fitted to the work where the user chose none (no ``--runner``,
-    ``--direct_num_workers`` or ``--direct_running_mode``): one per ``bytes_per_worker``, at most one per core;
-    one worker's work or less runs in this process (``in_memory``)."""
+    """``beam_args`` with local workers fitted to the work where the user chose none: one per ``bytes_per_worker``, at
+    most one per core; one worker's work or less runs in this process (``in_memory``)."""
     chosen = ("--runner", "--direct_num_workers", "--direct_running_mode")
     if any(arg.startswith(chosen) for arg in beam_args):
         return beam_args
@@ -110,10 +115,8 @@ LOCAL_MALLOC_ARENAS = 2
 
 @contextlib.contextmanager
 def malloc_arenas_limited():
-    """Caps glibc's malloc arenas at two for the run's worker processes (``MALLOC_ARENA_MAX``, inside the block
-    only) and for this process (``mallopt``, which glibc cannot take back): each thread's arena kept what a stage
-    freed, so a local run's peak grew with its inputs; two arenas cut that growth ~40 % (BENCHMARKS.md) at no
-    measurable cost. A MALLOC_ARENA_MAX the user set is kept."""
+    """Caps glibc's malloc arenas at two for the block's worker processes and (for good) this one, unless the user
+    set MALLOC_ARENA_MAX: each thread's arena kept what a stage freed; two cut the peak's growth ~40 %."""
     if "MALLOC_ARENA_MAX" in os.environ:
         yield
         return
@@ -128,11 +131,10 @@ def malloc_arenas_limited():
 
 
 def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
-    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. The local
-    runner (the whole run inside ``run()``) goes with the malloc cap, the workers' stderr held, and stoppable
-    (``stopping.run_stoppable``)."""
+    """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. Our local
+    runner runs with the malloc cap, the workers' stderr held, and stoppable."""
     with worker_stderr_held(uses_worker_processes(beam_args)):
-        if normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES:
+        if _own_fnapi_runner(beam_args):
             with malloc_arenas_limited():
                 try:
                     result = stopping.run_stoppable(pipeline.run)
@@ -151,14 +153,13 @@ def worker_zygote_for(beam_args: list[str]):
     anything starts a thread)."""
     from shardprep.pipelines.runtime import worker_zygote
 
-    own_runner = normalized_name(runner_name(beam_args)) in _OWN_FNAPI_RUNNER_NAMES
-    return worker_zygote.forked_for(own_runner and uses_worker_processes(beam_args))
+    return worker_zygote.forked_for(_own_fnapi_runner(beam_args) and uses_worker_processes(beam_args))
 
 
 def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     """A ``beam.Pipeline`` for ``beam_args`` (the options after ``--``); run it with ``run_to_end``."""
     options = pipeline_options(beam_args)
-    if normalized_name(runner_name(beam_args)) not in _OWN_FNAPI_RUNNER_NAMES:
+    if not _own_fnapi_runner(beam_args):
         stage_worker_requirements_only()
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -199,9 +200,8 @@ class BeamArgsError(ValueError):
 
 
 def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
-    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray positional
-    argument, an option no Beam options class knows (one of the command's ``own_options``, or a misspelling), a
-    malformed value, fewer than one worker, or several worker threads."""
+    """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray argument, an
+    unknown option (one of the command's ``own_options``, or a misspelling), a bad value, or a bad worker count."""
     direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
     workers = direct.direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
@@ -226,8 +226,6 @@ def _parsed(parse):
 
 def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...]) -> None:
     """Parses ``beam_args`` with Beam's parser of every options class (``get_all_options`` hands it over)."""
-    import difflib
-
     parsers: list = []
 
     def parse():
@@ -248,8 +246,7 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
 
 
 def _check_running_mode(beam_args: list[str]) -> None:
-    """Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping (a
-    ``GroupByKey`` of 1.28 M small pairs fails every time; where corrupt bytes decode, silently wrong): refused."""
+    """Refused: Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping."""
     if not runs_locally(beam_args):
         return
     options = pipeline_options(beam_args).view_as(DirectOptions)
@@ -262,12 +259,99 @@ def _check_running_mode(beam_args: list[str]) -> None:
                             "use multi_processing (the default) or --direct_num_workers=1")
 
 
+# The runners Beam knows by name, as ``normalized_name`` spells them; any other --runner is a module path.
+_KNOWN = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
+# Inputs planning reads on this machine, never a worker (their rows become the graph's first elements).
+_READ_WHEN_PLANNING = ("labels file",)
+
+
+def unknown_runner(beam_args: list[str]) -> str | None:
+    """Why ``--runner`` names no runner Beam has (neither one of its names nor a module path), else None."""
+    name = runner_name(beam_args)
+    if not name or "." in name or normalized_name(name) in _KNOWN:
+        return None
+    near = difflib.get_close_matches(name, StandardOptions.KNOWN_RUNNER_NAMES, 1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return (f"--runner {name}: Beam has no runner of that name{hint}; give one of "
+            f"{', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, or a runner class's module path")
+
+
+def on_dataflow(beam_args: list[str]) -> bool:
+    """True when ``--runner`` is Dataflow's (any spelling Beam takes)."""
+    return normalized_name(runner_name(beam_args)) in ("dataflowrunner", "testdataflowrunner")
+
+
+def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
+    """Why a Dataflow run cannot use ``paths`` (``(what, path)``: what the workers read or write), else None."""
+    local = [f"{what} {path}" for what, path in paths if is_local(path)] if on_dataflow(beam_args) else []
+    if not local:
+        return None
+    return (f"--runner {runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local paths: "
+            f"{text.series(local)} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
+
+
+def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
+    """Why a run of ``beam_args`` on ``paths`` cannot start, else None."""
+    return unknown_runner(beam_args) or local_paths(beam_args, paths)
+
+
+def preprocess_refusal(config, beam_args: list[str]) -> str | None:
+    """Why a preprocess run of ``config`` on ``beam_args`` cannot start, else None."""
+    return refusal(beam_args, preprocess_paths(config) if on_dataflow(beam_args) else [])
+
+
+def validate_refusal(data: str, tfds_data_dir: str | None, beam_args: list[str]) -> str | None:
+    """Why a validate run of DATA on ``beam_args`` cannot start, else None."""
+    return (refusal(beam_args, validate_paths(data, tfds_data_dir) if on_dataflow(beam_args) else [])
+            or no_results_location(beam_args))
+
+
+def no_results_location(beam_args: list[str]) -> str | None:
+    """Why validate's remote workers would have nowhere to write their results (no ``--temp_location``)."""
+    if runs_locally(beam_args) or PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location:
+        return None
+    return (f"validate with --runner={runner_name(beam_args)} needs --temp_location (a bucket path its "
+            "workers can write their results to)")
+
+
+def preprocess_paths(config) -> list[tuple[str, str]]:
+    """What a preprocess run's workers read and write: SOURCE's inputs, as its kind names them, and OUTPUT."""
+    from shardprep.pipelines.sources import registry as source_registry
+
+    kind = source_registry.kind_of(config.source)
+    inputs = kind.apart_from(kind.location(config.source), config)
+    return _unique([(found.what, found.path) for found in inputs if found.what not in _READ_WHEN_PLANNING]
+                   + [("OUTPUT", config.output)])
+
+
+def validate_paths(data: str, tfds_data_dir: str | None) -> list[tuple[str, str]]:
+    """What a validate run's workers read: DATA, or the files a ``tfrecord:``/``tfds:`` DATA names."""
+    from shardprep.pipelines.sources import registry as source_registry
+
+    kind = source_registry.kind_of(data)
+    if kind is source_registry.FALLBACK or not kind.validated_as_records:
+        return [("DATA", data)]
+    try:
+        inputs = kind.apart_from(kind.location(data), types.SimpleNamespace(tfds_data_dir=tfds_data_dir))
+    except sources.SourceError:  # DATA points nowhere (``tfrecord:`` alone): validate's own listing says so
+        return []
+    return _unique([(found.what, found.path) for found in inputs])
+
+
+def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``paths`` without a second entry for a path already named."""
+    unique: dict[str, str] = {}
+    for what, path in paths:
+        unique.setdefault(path, what)
+    return [(what, path) for path, what in unique.items()]
+
+
 _hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
 
 
 def quiet_beam_logging(verbose: bool = False) -> None:
-    """Beam's workers' start-up warnings and tracebacks (the job's own error says what failed, in one line) are
-    silenced, and the local workers' stderr held during a run (``worker_stderr_held``), unless ``verbose``."""
+    """Unless ``verbose``: Beam's warnings and tracebacks silenced (the job's error says what failed, in one line),
+    and the local workers' stderr held during a run."""
     global _hide_worker_traces
     _hide_worker_traces = not verbose
     level = logging.WARNING if verbose else logging.CRITICAL
@@ -289,10 +373,9 @@ def uses_worker_processes(beam_args: list[str]) -> bool:
 
 @contextlib.contextmanager
 def worker_stderr_held(enabled: bool):
-    """While a local run goes, fd 2 (inherited by the workers) is a pipe: a worker prints each failed bundle's
-    traceback (70-140 lines) before the job's one-line error. A failed run drops them, a finished one passes them
-    on. This process writes to the terminal through a stream on a copy of its descriptor, never closed under
-    whoever saved it as ``sys.stderr`` meanwhile (a closed one fails at exit: "lost sys.stderr", status 120)."""
+    """While a local run goes, fd 2 (inherited by the workers, which print each failed bundle's traceback) is a pipe
+    whose text a failed run drops and a finished one passes on; this process writes to a copy of the terminal's fd,
+    never closed under whoever saved it as ``sys.stderr`` (at exit: "lost sys.stderr", status 120)."""
     if not (enabled and _hide_worker_traces):
         yield
         return
@@ -322,7 +405,8 @@ def worker_stderr_held(enabled: bool):
             streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
             if sys.stderr is terminal:
                 sys.stderr = own_stderr
-            _close_unless_kept(terminal)
+            if sys.getrefcount(terminal) <= 2:  # no one but this name (and getrefcount's argument) keeps it
+                terminal.close()
             drainer.join(timeout=2)
             if not failed and held:
                 with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
@@ -338,22 +422,11 @@ def worker_stderr_held(enabled: bool):
 
 def _drain(read_end: int, held: bytearray) -> None:
     """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
-    while True:
-        try:
-            chunk = os.read(read_end, 65536)
-        except OSError:
-            return
-        if not chunk:
-            os.close(read_end)
-            return
-        held.extend(chunk)
-        del held[:-WORKER_STDERR_KEPT]
-
-
-def _close_unless_kept(stream) -> None:
-    """Closes ``stream`` unless something besides the caller still refers to it (it closes with its last one)."""
-    if sys.getrefcount(stream) <= 3:  # the caller's name, this argument, getrefcount's own argument
-        stream.close()
+    with contextlib.suppress(OSError):
+        while chunk := os.read(read_end, 65536):
+            held.extend(chunk)
+            del held[:-WORKER_STDERR_KEPT]
+        os.close(read_end)
 
 
 def _quiet_about_runner_threads(own_excepthook):

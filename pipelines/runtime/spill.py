@@ -9,6 +9,7 @@ import hashlib
 import os
 import threading
 import uuid
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -72,9 +73,9 @@ def remove_local_spill(output: str) -> None:
     folder = manifest.join(output, SPILL_DIR)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
-    names = sorted(name for name in os.listdir(folder) if deletable(f"{SPILL_DIR}/{name}")
-                   and os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)))
-    for name in sorted(names, key=lambda name: name == JOURNAL_NAME):
+    names = [name for name in os.listdir(folder) if deletable(f"{SPILL_DIR}/{name}")
+             and os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name))]
+    for name in sorted(names, key=lambda name: (name == JOURNAL_NAME, name)):
         remove_file(os.path.join(folder, name))
     with contextlib.suppress(OSError):
         os.rmdir(folder)
@@ -107,11 +108,25 @@ class SpillReader:
     def _iter_remote(self, pointers):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="spill-read")
-        streams = _RecordStreams(pointers)
+        largest: dict[str, int] = {}
+        for path, _, size in pointers:
+            largest[path] = max(largest.get(path, 0), size)
+        streams: dict = {}  # (thread, spill file) -> its read stream; each key set by its own thread only
+
+        def read(path: str, offset: int, size: int) -> bytes:
+            key = (threading.get_ident(), path)
+            if key not in streams:
+                streams[key] = open_for_record_reads(path, largest[path])
+            streams[key].seek(offset)
+            data = streams[key].read(size)
+            if len(data) != size:
+                raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
+            return data
+
         pending = collections.deque()
         try:
             for pointer in pointers:
-                pending.append(self._pool.submit(streams.read, *pointer))
+                pending.append(self._pool.submit(read, *pointer))
                 if len(pending) >= self.read_ahead:
                     yield pending.popleft().result()
             while pending:
@@ -119,51 +134,16 @@ class SpillReader:
         finally:
             for future in pending:
                 future.cancel()
-            for future in pending:
+            futures.wait(pending)
+            for stream in streams.values():
                 with contextlib.suppress(Exception):
-                    future.result()
-            streams.close()
+                    stream.close()
 
     def close(self) -> None:
         """Shuts the thread pool down (waiting for reads in flight); the reader can still be used afterwards."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-
-    def __enter__(self) -> SpillReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _RecordStreams:
-    """One read stream per (thread, spill file) for one shard's remote reads, closed together."""
-
-    def __init__(self, pointers):
-        self.largest: dict[str, int] = {}
-        for path, _, size in pointers:
-            self.largest[path] = max(self.largest.get(path, 0), size)
-        self.streams, self.lock = {}, threading.Lock()
-
-    def read(self, path: str, offset: int, size: int) -> bytes:
-        stream_key = (threading.get_ident(), path)
-        with self.lock:
-            stream = self.streams.get(stream_key)
-        if stream is None:
-            stream = open_for_record_reads(path, self.largest[path])
-            with self.lock:
-                self.streams[stream_key] = stream
-        stream.seek(offset)
-        data = stream.read(size)
-        if len(data) != size:
-            raise PreprocessError(f"spill file {path} is shorter than expected (offset {offset})")
-        return data
-
-    def close(self) -> None:
-        for stream in self.streams.values():
-            with contextlib.suppress(Exception):
-                stream.close()
 
 
 def open_for_record_reads(path: str, largest_record: int):

@@ -1,5 +1,5 @@
-"""Stopping a local Beam run (Ctrl-C, SIGTERM, SIGHUP, a failed or stopped worker): the run on a thread of its
-own while the main thread waits, its SDK worker processes ended with it. No Beam import."""
+"""Stopping a local Beam run (Ctrl-C, SIGTERM, SIGHUP, a failed or stopped worker) and its worker processes; no
+Beam import."""
 
 from __future__ import annotations
 
@@ -7,29 +7,24 @@ import atexit
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 
+from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME, flush_streams
+
 STOP_WAIT_S = 3.0  # after Ctrl-C: how long the worker processes get to exit on SIGTERM, and the run to unwind
-INTERRUPTED = 130  # the exit status after Ctrl-C, as shells report it (128 + SIGINT)
-TERMINATED = 143  # after SIGTERM (128 + SIGTERM): a scheduler's or `timeout`'s stop, where a command handles it
-HUNG_UP = 129  # after SIGHUP (128 + SIGHUP): the terminal closed, the ssh connection dropped
 # A worker process stopped (SIGSTOP, Ctrl-Z sent to it alone) this long ends the run: its work would wait forever.
 STOPPED_WORKER_S = 60.0
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised by :func:`sigterm_stops`: a command stops as on Ctrl-C, where Python would end it silently
-    (its workers running, its lock file left). ``by`` names it in messages."""
+    """SIGTERM (``sigterm_stops``): a command stops as on Ctrl-C, not silently with its workers running."""
 
     by = "SIGTERM"
 
 
 class HungUp(KeyboardInterrupt):
-    """SIGHUP (the terminal closed), raised as :class:`Terminated` is."""
-
-    by = "SIGHUP"
+    by = "SIGHUP"  # the terminal closed
 
 
 def _raise_terminated(signum, frame) -> None:
@@ -38,7 +33,7 @@ def _raise_terminated(signum, frame) -> None:
 
 @contextlib.contextmanager
 def _handled(numbers, handler):
-    """``handler`` for the signals ``numbers`` in the block, the previous ones (yielded by number) put back after."""
+    """``handler`` for the signals ``numbers`` in the block; yields the previous ones, put back after."""
     previous = {number: signal.signal(number, handler) for number in numbers}
     try:
         yield previous
@@ -59,8 +54,8 @@ def sigterm_stops():
 
 
 def exit_status(stop: BaseException) -> int:
-    """130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (a stop's ``by``)."""
-    return {"SIGTERM": TERMINATED, "SIGHUP": HUNG_UP}.get(getattr(stop, "by", "Ctrl-C"), INTERRUPTED)
+    """128 + the signal, as shells report it: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP."""
+    return {"SIGTERM": 143, "SIGHUP": 129}.get(getattr(stop, "by", "Ctrl-C"), 130)
 
 
 # Set on Ctrl-C: a run in this process (in_memory: no worker processes to end) checks it between inputs and stops.
@@ -68,11 +63,10 @@ _stop_requested = threading.Event()
 
 
 class RunStopped(Exception):
-    """Raised inside an in-process run after Ctrl-C, so that the run's thread unwinds instead of going on."""
+    """Unwinds an in-process run's thread after Ctrl-C."""
 
 
 def check_not_stopped() -> None:
-    """Raises RunStopped once Ctrl-C stopped the run of this process; a no-op in a worker process."""
     if _stop_requested.is_set():
         raise RunStopped("stopped by Ctrl-C")
 
@@ -82,12 +76,11 @@ FAILED = 1  # the exit status after a failed worker left the run's thread stuck 
 
 
 class WorkerStopped(ChildProcessError):
-    """A worker process of the run has been stopped for longer than the limit (``run_stoppable``)."""
+    """A worker process of the run has been stopped for longer than the limit."""
 
 
 class _StoppedWorkers:
-    """:meth:`check` (about once a second, from ``/proc``) raises :class:`WorkerStopped` when a worker process has
-    stayed stopped (state T or t) for ``limit_s``."""
+    """``check`` (about once a second) raises WorkerStopped once a worker stayed stopped (state T) for ``limit_s``."""
 
     def __init__(self, limit_s: float):
         self.limit_s, self.looked = limit_s, 0.0
@@ -108,9 +101,8 @@ class _StoppedWorkers:
 
 
 def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
-    """``run()`` (a local pipeline run) on a thread of its own, so that Ctrl-C stops it (the runner's thread could
-    swallow it): the workers are ended, the run gets STOP_WAIT_S to unwind, and the stop is raised; so is
-    :class:`WorkerStopped`, and a failed worker's error (one that never connected would be waited for forever)."""
+    """``run()`` on a thread of its own, so that Ctrl-C (which the runner's thread could swallow), a stopped worker
+    or a failed one (else waited for forever) ends the workers, gives the run STOP_WAIT_S to unwind, and is raised."""
     if threading.current_thread() is not threading.main_thread():
         return run()  # only the main thread receives signals
     outcome: dict = {}
@@ -146,7 +138,7 @@ def run_stoppable(run, stopped_limit_s: float = STOPPED_WORKER_S):
 
 @contextlib.contextmanager
 def _worker_failures():
-    """A list of the worker failures the runner's threads raise in the block (passed on to the previous hook)."""
+    """The worker failures the runner's threads raise in the block (passed on to the previous hook)."""
     failures: list[BaseException] = []
     outer = threading.excepthook
 
@@ -164,8 +156,7 @@ def _worker_failures():
 
 
 def _end_run(finished: threading.Event, status: int) -> None:
-    """Ends the workers, gives the run's thread a few seconds, else exits with ``status`` at interpreter exit;
-    Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile."""
+    """Ends the workers (signals ignored meanwhile); a run not unwound in STOP_WAIT_S exits with ``status`` at exit."""
     with _handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN):
         _stop_requested.set()
         stop_worker_processes()
@@ -173,20 +164,16 @@ def _end_run(finished: threading.Event, status: int) -> None:
             atexit.register(_exit_before_finalizing, finished, status)
 
 
-def _exit_before_finalizing(finished: threading.Event, status: int = INTERRUPTED) -> None:
-    """At exit, while the stopped run's thread has not unwound: ends the process with ``status`` before Python
-    finalizes, which would ``pthread_exit`` a thread inside OpenCV and abort (status 134). Its files are as a kill
-    leaves them, which resume handles."""
-    if finished.is_set():
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
+def _exit_before_finalizing(finished: threading.Event, status: int) -> None:
+    """Ends the process before Python finalizes, which would ``pthread_exit`` the stopped run's thread inside OpenCV
+    and abort (status 134); its files are as a kill leaves them, which resume handles."""
+    if not finished.is_set():
+        flush_streams()
+        os._exit(status)
 
 
-def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
-    """SIGTERM, then after ``wait_s`` SIGKILL, to the SDK worker processes under this one (``/proc``); their ids."""
+def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> None:
+    """SIGTERM, then after ``wait_s`` SIGKILL, to the SDK worker processes under this one."""
     workers = worker_processes(os.getpid())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in workers:
@@ -196,14 +183,10 @@ def stop_worker_processes(wait_s: float = STOP_WAIT_S) -> list[int]:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any((_stat(pid) or "Z")[0] != "Z" for pid in workers):  # not gone
             time.sleep(0.05)
-    return workers
 
 
 def worker_processes(pid: int) -> list[int]:
-    """The SDK worker processes under ``pid``: Beam's worker module on their command line (and their shells), or
-    the zygote's worker name."""
-    from shardprep.pipelines.runtime.worker_zygote import WORKER_NAME
-
+    """The SDK worker processes under ``pid``: Beam's worker module on their command line, or the zygote's name."""
     return [child for child in _descendants(pid) if b"apache_beam.runners.worker" in _proc(child, "cmdline")
             or _proc(child, "comm").strip() == WORKER_NAME.encode()]
 
@@ -218,7 +201,6 @@ def _proc(pid, name: str) -> bytes:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process under ``pid``, from ``/proc``."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
@@ -236,7 +218,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stat(pid) -> list[str] | None:
-    """(state, parent id, ...): the fields of ``/proc/PID/stat`` after its command name."""
+    """(state, parent id, ...) from ``/proc/PID/stat``."""
     fields = _proc(pid, "stat").rsplit(b")", 1)
     return fields[1].decode().split() if len(fields) == 2 else None
 

@@ -17,6 +17,7 @@ from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from shardprep.preprocess.format import manifest
+from shardprep.preprocess.checks import owned_folder
 from shardprep.preprocess.checks.owned_folder import OutputError  # noqa: F401 - the one error of an output folder
 
 SPILL_DIR = ".tmp"  # OUTPUT/.tmp/: decode groups' spill files while a run writes
@@ -27,6 +28,7 @@ _SPILL_ENTRY = re.compile(r"spill-[0-9a-f]+\.records|journal\.jsonl|listing\.jso
                           r"|\.tmp-[0-9a-f]+-(journal|listing)\.jsonl")
 _TOP_LEVEL_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]+-(" + re.escape(manifest.MANIFEST_NAME) + "|"
                                   + re.escape(manifest.REJECTS_NAME) + ")")
+_CHANGES_INPUT = "writing there would change or delete the input; pick an OUTPUT outside every input"
 
 
 def is_local(path: str) -> bool:
@@ -63,8 +65,8 @@ def temporary_path(path: str) -> str:
 
 
 def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "application/octet-stream") -> Written:
-    """Writes ``data`` (bytes or byte chunks) under ``temporary_path(path)``, then renames it to ``path`` (local or
-    any Beam file system); on any error the temporary is deleted and ``path`` left as it was."""
+    """Writes ``data`` (bytes or byte chunks) under ``temporary_path(path)``, then renames it to ``path``; on any error
+    the temporary is deleted and ``path`` left as it was."""
     chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
     temporary = temporary_path(path)
     digest, num_bytes, num_chunks = hashlib.sha256(), 0, 0
@@ -85,8 +87,7 @@ def atomic_write(path: str, data: bytes | Iterable[bytes], mime_type: str = "app
 
 def resolved(path: str) -> str:
     """A path to compare: local ones real and absolute, remote ones normalized; ``file://`` URLs as local."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
+    path = path.removeprefix("file://")
     if is_local(path):
         return os.path.realpath(os.path.abspath(path))  # no '~': the job does not expand it either
     scheme, rest = path.split("://", 1)
@@ -97,9 +98,7 @@ def resolved(path: str) -> str:
 
 def inside(path: str, folder: str) -> bool:
     """True when resolved ``path`` is resolved ``folder`` or under it, by whole components."""
-    if path == folder:
-        return True
-    return path.startswith(folder if folder.endswith("/") else folder + "/")
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
 
 
 def overlap(output: str, input_path: str) -> str | None:
@@ -123,44 +122,26 @@ def glob_folder(pattern: str) -> str:
 
 
 def keep_apart(output: str, inputs) -> None:
-    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``), naming the
-    first."""
+    """Refuses an OUTPUT that is, contains or lies inside one of ``inputs`` (``source_kind.ApartFrom``): a glob's
+    folder (lying inside it only when the glob recurses), a file a glob matched (only holding it), or a path."""
     for found in inputs:
         if found.glob:
-            check_apart_from_glob(output, found.path, found.what)
+            folder = glob_folder(found.path)
+            how = overlap(output, folder)
+            if how in ("is", "contains") or (how == "is inside" and "**" in found.path):
+                raise OutputError(f"OUTPUT {output} {how} the folder of the {found.what} {found.path} "
+                                  f"({resolved(folder)}): {_CHANGES_INPUT}")
         elif found.matched:
-            check_apart_from_files(output, [found.path], found.what)
+            if inside(resolved(found.path), resolved(output)):
+                raise OutputError(f"OUTPUT {output} contains the {found.what} {found.path}: {_CHANGES_INPUT}")
         elif how := overlap(output, found.path):
             where = "" if how == "is" else f" ({resolved(found.path)})"
-            raise OutputError(
-                f"OUTPUT {output} {how} the {found.what} {found.path}{where}: writing there would change or delete "
-                "the input; pick an OUTPUT outside every input")
+            raise OutputError(f"OUTPUT {output} {how} the {found.what} {found.path}{where}: {_CHANGES_INPUT}")
 
-
-def check_apart_from_files(output: str, files, what: str) -> None:
-    """Refuses an OUTPUT that holds (or is) one of ``files``, e.g. the files a ``tfrecord:`` glob matched."""
-    out = resolved(output)
-    for path in files:
-        if inside(resolved(path), out):
-            raise OutputError(f"OUTPUT {output} contains the {what} {path}: writing there would change or delete "
-                              "the input; pick an OUTPUT outside every input")
-
-
-def check_apart_from_glob(output: str, pattern: str, what: str = "input TFRecords") -> None:
-    """OUTPUT must not be or contain a glob's folder, nor lie inside it when the glob recurses (``**``)."""
-    folder = glob_folder(pattern)
-    how = overlap(output, folder)
-    if how in ("is", "contains") or (how == "is inside" and "**" in pattern):
-        raise OutputError(
-            f"OUTPUT {output} {how} the folder of the {what} {pattern} ({resolved(folder)}): writing there "
-            "would change or delete the input; pick an OUTPUT outside every input")
-
-
-# --- what OUTPUT may hold ------------------------------------------------------------------------------------------
 
 def deletable(relative: str) -> bool:
-    """True for what a run writes into OUTPUT (``relative``, '/'-separated): manifest, rejects, lock and their
-    temporaries, ``.tmp/`` and its files, a split folder's shards and their temporaries."""
+    """True for what a run writes into OUTPUT (``relative``, '/'-separated): manifest, rejects, lock, ``.tmp/`` and its
+    files, shards, and their temporaries."""
     parts = relative.strip("/").split("/")
     if len(parts) == 1:
         return (parts[0] in _TOP_LEVEL_FILES or parts[0] == SPILL_DIR
@@ -176,8 +157,8 @@ def deletable(relative: str) -> bool:
 
 
 def foreign_files(output: str, existing: list[str]) -> list[str]:
-    """The paths of ``existing`` that no run wrote, with what each is when not a plain file; an empty folder only
-    where a run makes none (deeper than a split folder, or inside ``.tmp/``)."""
+    """The paths of ``existing`` that no run wrote, with what each is when not a plain file (an empty top-level folder
+    is not foreign: deleting it loses nothing)."""
     base = output.rstrip("/") + "/"
     foreign = []
     for path in existing:
@@ -185,7 +166,7 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
         if is_local(output):
             kind = special_kind(path)
             if kind == "a folder" and "/" not in relative.strip("/"):
-                continue  # an empty folder at the top (a split folder): deleting it loses nothing
+                continue
             if kind:
                 foreign.append(f"{path} ({kind}, which no run writes)")
                 continue
@@ -202,11 +183,8 @@ def special_kind(path: str) -> str | None:
         return None
     if stat.S_ISLNK(mode):
         return f"a link to {os.readlink(path)}"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return None
-    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def regular_entries(folder: str) -> list[str]:
@@ -248,17 +226,14 @@ def existing_files(output: str) -> list[str]:
 
 
 def check_output_path(output: str) -> None:
-    """Refuses a local OUTPUT that is a file, or a dangling link or is under one, or whose nearest existing folder
-    cannot be written."""
+    """Refuses a local OUTPUT that is a file, a dangling link or under one, or whose nearest folder is not writable."""
     if not is_local(output):
         return
     probe = os.path.abspath(output)
-    while not os.path.exists(probe):
+    while not os.path.exists(probe):  # the root always exists
         if os.path.islink(probe):
             raise OutputError(f"OUTPUT {output} cannot be created: {probe} is a link to {os.readlink(probe)}, which "
                               "does not exist; pick another OUTPUT")
-        if os.path.dirname(probe) == probe:
-            break
         probe = os.path.dirname(probe)
     if os.path.lexists(output) and not os.path.isdir(output):
         raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
@@ -285,9 +260,8 @@ def check_replaceable(output: str, overwrite: bool) -> list[str]:
 
 
 def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) -> None:
-    """Refuses a non-empty OUTPUT unless ``overwrite`` (and foreign files even then); removes the old manifest first
-    (never a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text
-    (``owned_folder.Lock.stale``)."""
+    """Refuses a non-empty OUTPUT unless ``overwrite`` (foreign files even then); removes the old manifest first (never
+    a manifest of shards that are gone), then the rest. ``stale_lock``: a stopped run's lock's text."""
     existing = check_replaceable(output, overwrite)
     if existing and not overwrite:
         journal = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
@@ -301,28 +275,16 @@ def prepare_output(output: str, overwrite: bool, stale_lock: str | None = None) 
     try:
         if manifest_path in existing:
             FileSystems.delete([manifest_path])
-        if is_local(output):
-            _remove_local(output, rest)
+        if rest and is_local(output):  # never through a link; then the folders that leaves empty, deepest first
+            relative = [path.removeprefix(output.rstrip("/") + "/") for path in rest]
+            files = {name for name, path in zip(relative, rest) if not os.path.isdir(path) or os.path.islink(path)}
+            folders = {name.rsplit("/", i)[0] for name in relative for i in range(1, name.count("/") + 1)}
+            folders |= set(relative) - files  # empty folders, listed themselves
+            owned_folder.clear(output, owned_folder.Record(frozenset(files), frozenset(folders)))
         elif rest:
             FileSystems.delete(rest)
     except OSError as e:
         raise OutputError(f"--overwrite could not delete the old dataset in {output}: {e}") from e
     if is_local(output):
         os.makedirs(output, exist_ok=True)  # the lock (owned_folder.holding) made it already, and words its errors
-
-
-def _remove_local(output: str, listed: list[str]) -> None:
-    """Deletes the ``listed`` files, never through a link, then the folders that leaves empty, deepest first."""
-    folders = set()
-    for path in listed:
-        if os.path.isdir(path) and not os.path.islink(path):
-            folders.add(path)
-            continue
-        os.remove(path)
-        folders.add(os.path.dirname(path))
-    for folder in sorted(folders, key=lambda f: -f.count("/")):
-        while folder.rstrip("/") != output.rstrip("/") and folder.startswith(output.rstrip("/") + "/"):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)  # only when empty: anything put there since stays
-            folder = os.path.dirname(folder)
 

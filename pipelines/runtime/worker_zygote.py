@@ -1,10 +1,7 @@
-"""Local SDK worker processes forked from a copy of the launcher that has Beam imported: the worker zygote.
-
-A new interpreter per worker imports Beam again (~1 s of CPU; 2-worker runs, BENCHMARKS.md: 200 photos 10.1 s forked,
-14.4 s not; 258 MB 21.9 s, 42.5 s). The zygote is forked once, before any thread starts. Beam's public subprocess
-environment runs ``worker_command()``: this file, which hands its environment and streams to the zygote and exits with
-the forked worker's status, or becomes Beam's own worker where no zygote answers. Off Linux, with threads running, or
-with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts its workers itself."""
+"""Local SDK worker processes forked from a copy of the launcher that has Beam imported (a new interpreter imports it
+again: ~1 s of CPU a worker). Beam's public subprocess environment runs ``worker_command()``: this file, which has the
+zygote fork a worker with its environment and streams and exits with its status, or becomes Beam's own worker where
+no zygote answers. Off Linux, with threads running, or with ``SHARDPREP_FORKED_WORKERS=0``, Beam starts them."""
 
 from __future__ import annotations
 
@@ -40,7 +37,7 @@ _active: WorkerZygote | None = None
 
 class WorkerZygote:
     """The launcher's end of a zygote: its pid, its control socket (whose close ends it) and the abstract socket
-    name on which it takes requests for workers."""
+    name of its requests."""
 
     def __init__(self, pid: int, control: socket.socket, address: str):
         self.pid, self.control, self.address = pid, control, address
@@ -56,7 +53,7 @@ class WorkerZygote:
                     self.control.send(b"prepare")
 
     def worker_command(self) -> str:
-        """The shell command that starts one worker forked by this zygote, for Beam's subprocess environment."""
+        """The shell command that starts one worker, for Beam's subprocess environment."""
         arguments = (sys.executable, "-S", "-E", os.path.abspath(__file__), self.address, self.pid, START_WAIT_S)
         return "exec " + " ".join(shlex.quote(str(part)) for part in arguments)  # exec: no shell left in between
 
@@ -65,7 +62,7 @@ class WorkerZygote:
         return self.control.fileno() == -1
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Ends the zygote (its socket closed) and reaps it, killed after ``wait_s``; again, nothing."""
+        """Ends the zygote (its socket closed) and reaps it, killed after ``wait_s``."""
         with self.lock:
             if self.closed:
                 return
@@ -99,7 +96,7 @@ def libc_call(function: str, *args) -> None:
 
 
 def active() -> WorkerZygote | None:
-    """The zygote of the run in progress, if any and not ended (``forked_for``, ``end_unneeded``)."""
+    """The zygote of the run in progress, if any and not ended."""
     return _active if _active is not None and not _active.closed else None
 
 
@@ -120,21 +117,18 @@ def forked_for(may_use_worker_processes: bool):
     if zygote is None:
         yield None
         return
-    previous, _active = _active, zygote
+    _active = zygote
     try:
         yield zygote
     finally:
-        _active = previous
+        _active = None
         zygote.close()
 
 
 def _can_fork() -> bool:
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
-        return False
-    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
-        return False
     # Another thread may hold a lock the copy could never take (and gRPC's threads keep a second run from forking).
-    return threading.active_count() == 1
+    return (os.environ.get(DISABLE_VARIABLE, "1") != "0" and sys.platform.startswith("linux")
+            and threading.active_count() == 1)
 
 
 def _fork_zygote() -> WorkerZygote | None:
@@ -172,7 +166,7 @@ def _fork_with_signals_blocked() -> int:
 
 def _serve(control: socket.socket, listener: socket.socket) -> int:
     """Forks a worker per request on ``listener``, reports its exit to its requester (kills it if the requester
-    went); ends when the launcher's end of ``control`` closes."""
+    went); ends when the launcher closes ``control``."""
     _name_process(ZYGOTE_NAME)
     _detach_from_launcher(keep=(control.fileno(), listener.fileno()))
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -200,7 +194,9 @@ def _serve(control: socket.socket, listener: socket.socket) -> int:
         if control.fileno() in ready:
             if not control.recv(64):
                 return 0  # the launcher closed its end, or exited
-            _import_worker_modules()  # "prepare"
+            for name in _WORKER_MODULES:  # "prepare"
+                with contextlib.suppress(Exception):
+                    __import__(name)
 
 
 def _take_request(listener: socket.socket, workers: dict[int, socket.socket], own_fds: list[int]) -> None:
@@ -229,8 +225,8 @@ def _name_process(name: str) -> None:
 
 
 def _detach_from_launcher(keep: tuple[int, ...]) -> None:
-    """Closes every launcher's file but ``keep``, as a new interpreter would have none (a ``| tee`` pipe must close
-    with the launcher); standard streams on ``/dev/null`` (workers get their requester's)."""
+    """Closes every launcher's file but ``keep`` (a ``| tee`` pipe must close with the launcher), standard streams on
+    ``/dev/null``."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -238,12 +234,6 @@ def _detach_from_launcher(keep: tuple[int, ...]) -> None:
         if int(name) > 2 and int(name) not in keep:
             with contextlib.suppress(OSError):
                 os.close(int(name))
-
-
-def _import_worker_modules() -> None:
-    for name in _WORKER_MODULES:
-        with contextlib.suppress(Exception):
-            __import__(name)
 
 
 def _start_worker(environment: dict, stdio: list[int], connection: socket.socket,
@@ -300,7 +290,7 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:
-        _flush_streams()
+        flush_streams()
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # ended by Ctrl-C, as an interpreter reports it: by SIGINT
         os.kill(os.getpid(), signal.SIGINT)
         return 130
@@ -308,12 +298,12 @@ def _become_worker(environment: dict[str, str], stdio: list[int]) -> int:
         traceback.print_exc()
         return 1
     finally:
-        _flush_streams()
+        flush_streams()
 
 
 def _as_a_new_process() -> None:
     """What a new interpreter would have: fresh standard streams, unconfigured logging, default hooks, and the
-    malloc arena cap the environment asks for (glibc reads it only at a process's start)."""
+    environment's malloc arena cap (glibc reads it only at start)."""
     import logging
 
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own streams, for its whole life
@@ -333,16 +323,15 @@ def _as_a_new_process() -> None:
         libc_call("mallopt", M_ARENA_MAX, int(arenas))
 
 
-def _flush_streams() -> None:
+def flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
 
 
 def request_worker(address: str, zygote: int, wait_s: float) -> int:
-    """The worker command: has the zygote at ``address`` fork the worker with this process's environment and
-    streams, and returns its exit status; with no answer within ``wait_s`` (the zygote then killed), this process
-    becomes the worker as Beam would start it."""
+    """The worker command: has the zygote fork a worker with this process's environment and streams, and returns
+    its exit status; with no answer within ``wait_s`` (the zygote killed), becomes the worker as Beam starts it."""
     for fd in (0, 1, 2):  # a stream Beam left closed: /dev/null, which takes its number
         try:
             os.fstat(fd)

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from shardprep.pipelines.runtime import progress as progress_lib
-from shardprep.pipelines.runtime import remote_runs, runner, stopping, storage
+from shardprep.pipelines.runtime import runner, stopping, storage
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.sources.kind import RecordFiles, open_file
 from shardprep.pipelines.sources.tfrecord import class_names_beside
@@ -58,7 +58,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
         return manifest_lib.join(folder, RESULTS_NAME), lambda: shutil.rmtree(folder, ignore_errors=True)
-    refused = remote_runs.no_results_location(beam_args)
+    refused = runner.no_results_location(beam_args)
     if refused:  # checked before DATA is listed too (``validate_refusal``); here for a caller of the graph alone
         raise ValidateError(refused)
     folder = manifest_lib.join(temp_location, f"shardprep-validate-{uuid.uuid4().hex}")
@@ -286,7 +286,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``);
     ``outputs`` records each file as it is written (what a caller tells after a stop)."""
     beam_args = list(beam_args)
-    refused = remote_runs.validate_refusal(options.data, options.tfds_data_dir, beam_args)
+    refused = runner.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read
         raise ValidateError(refused)
     check_output_paths(options)

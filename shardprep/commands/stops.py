@@ -65,9 +65,9 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
 def remote_lines(runner: str, submitted: bool) -> list[str]:
     """A submitted job (``p.run()`` returned) runs on there, no longer waited for; a stop before that came while
     Beam staged or submitted it, so a job may or may not exist."""
-    from shardprep.pipelines.runtime import remote_runs
+    from shardprep.pipelines.runtime import runner as runners
 
-    dataflow = remote_runs.on_dataflow(["--runner", runner])  # gcloud names only Dataflow's jobs
+    dataflow = runners.on_dataflow(["--runner", runner])  # gcloud names only Dataflow's jobs
     if submitted:
         said = (f"stopped waiting: a job already submitted to {runner} runs on there; cancel it there if it should "
                 "stop" + (" (e.g. gcloud dataflow jobs cancel JOB_ID)" if dataflow else ""))
