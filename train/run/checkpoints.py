@@ -262,12 +262,8 @@ def restore_callback_state(callbacks, state: dict) -> None:
 
 def _plain(value):
     """A JSON-safe number: NumPy scalars as Python ones, infinities and NaN as None."""
-    if value is None:
-        return None
-    value = float(value) if isinstance(value, (np.floating, float)) else value
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value.item() if isinstance(value, np.generic) else value
+    value = value.item() if isinstance(value, np.generic) else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def restore_checkpoint(model: keras.Model, path: str) -> None:
