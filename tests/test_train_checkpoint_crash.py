@@ -422,8 +422,8 @@ def test_url_output_dirs_reach_tensorflows_file_system(tmp_path):
     folder = "ram://shardprep-test/run/checkpoints"
     checkpoints.make_dirs(folder)
     checkpoints.write_json(folder + "/state.json", {"global_step": 3})
-    assert checkpoints.exists(folder + "/state.json") and checkpoints.read_json(folder + "/state.json") == {
-        "global_step": 3}
+    with checkpoints.gfile().GFile(folder + "/state.json") as f:
+        assert checkpoints.exists(folder + "/state.json") and json.load(f) == {"global_step": 3}
     assert checkpoint_state.exists(folder + "/state.json") and not checkpoint_state.exists(folder + "/last.keras")
 
 

@@ -183,7 +183,7 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
 
 
 def test_progress_rewrites_one_line_on_a_terminal():
-    from shardprep.train.run.loop import EpochProgress
+    from shardprep.train.run.progress import EpochProgress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from shardprep.cli import main
 from shardprep.train.run import loop, steps_tf
+from shardprep.train.run.progress import EpochProgress
 from shardprep.train.data import reader
 from shardprep.train.model.keras_model import PlateauWarmup, WarmupSchedule, load_model
 
@@ -109,10 +110,10 @@ def test_callbacks_follow_the_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "tensorboard_installed", lambda: True)
     config = loop.TrainConfig(data_dir="unused", lr_schedule="plateau", profile_batch="10,20")
     kinds = {type(c).__name__: c for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)}
-    assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoardLogs", "EventFileRecorder",
+    assert set(kinds) == {"PlateauWarmup", "ReduceLROnPlateau", "TensorBoardLogs", "LambdaCallback",
                           "BestCheckpoint", "EarlyStopping"}
     names = [type(c).__name__ for c in loop._make_callbacks(config, paths, 0.1, 100, messages.append)]
-    assert names.index("EventFileRecorder") == names.index("TensorBoardLogs") + 1  # sees the files TensorBoard made
+    assert names.index("LambdaCallback") == names.index("TensorBoardLogs") + 1  # sees TensorBoard's new files
     board = kinds["TensorBoardLogs"]  # Keras's TensorBoard, its write failures kept for the epoch loop
     assert isinstance(board, loop.keras.callbacks.TensorBoard) and board.log_dir == paths["logs"]
     assert (board._start_batch, board._stop_batch) == (10, 20)
@@ -289,7 +290,7 @@ def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
 def test_progress_of_a_resumed_epoch_counts_the_steps_this_process_ran():
     import io
 
-    progress = loop.EpochProgress(120, 10, lambda message: None, first_step=40, stream=io.StringIO())
+    progress = EpochProgress(120, 10, lambda message: None, first_step=40, stream=io.StringIO())
     assert progress.line(60, 2.0) == "  step 60/120 (50%), 100 images/s, ETA 0:06"
 
 

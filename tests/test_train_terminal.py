@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from shardprep.preprocess.checks import streams as quiet_logs
 from shardprep.cli import main
 from shardprep.train.run import loop, progress
-from shardprep.train.run.interrupt import TrainingInterrupted
+from shardprep.train.run.progress import TrainingInterrupted
 from train_helpers import random_images, write_dataset
 from train_runs import environment
 
@@ -213,7 +213,7 @@ def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
     import os
     import signal
 
-    from shardprep.train.run.interrupt import StopRequests
+    from shardprep.train.run.progress import StopRequests
 
     notices = []
     with StopRequests(notices.append) as stop:
@@ -231,7 +231,7 @@ def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
     import os
     import signal
 
-    from shardprep.train.run.interrupt import StopRequests, stopped_by
+    from shardprep.train.run.progress import StopRequests, stopped_by
 
     notices, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt) as stopped:

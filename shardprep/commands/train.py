@@ -70,7 +70,7 @@ def _shell_lines(words: list[str], width: int) -> str:
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
     """Says what the stop left and the command that goes on from there; exits 130 (143) as a shell does."""
     from shardprep.train.run import progress
-    from shardprep.train.run.interrupt import TrainingInterrupted, stopped_by
+    from shardprep.train.run.progress import TrainingInterrupted, stopped_by
 
     width, by = progress.terminal_width(), stopped_by(stop)
     if isinstance(stop, TrainingInterrupted):

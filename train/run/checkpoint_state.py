@@ -170,7 +170,8 @@ def _step_problem(entry: dict, epochs_done: int) -> str | None:
 def entry_problem(entry, nested: bool = False) -> str | None:
     """What is wrong with one entry of ``state.json`` (the file, or its ``previous``); None when it reads well."""
     if not isinstance(entry, dict):
-        return f"a JSON {_json_type(entry)}, not an object"
+        kind = {list: "list", str: "string", type(None): "null", bool: "boolean"}.get(type(entry), "number")
+        return f"a JSON {kind}, not an object"
     version = entry.get("format", 1)
     if version not in (1, STATE_FORMAT) or isinstance(version, bool):
         return f"format {json.dumps(version)[:20]}, which this shardprep does not read"
@@ -201,10 +202,6 @@ def entry_problem(entry, nested: bool = False) -> str | None:
     return None
 
 
-def _json_type(value) -> str:
-    return {list: "list", str: "string", type(None): "null", bool: "boolean"}.get(type(value), "number")
-
-
 class Located(NamedTuple):
     """Where a resume starts: ``state``, the entry ``last.keras`` holds (None without a hash: ``candidates`` are
     matched by the optimizer's step after loading); ``roll_forward``: rename ``last.writing.keras`` first."""
@@ -212,14 +209,6 @@ class Located(NamedTuple):
     state: dict | None
     candidates: list
     roll_forward: bool
-
-
-def _checked(located: Located, path: str) -> Located:
-    """``located``, after checking its entry's values against the ``state_sha256`` saved with them."""
-    entry = located.state
-    if entry is not None and entry.get("state_sha256") and entry_sha256(entry) != entry["state_sha256"]:
-        raise _damaged(path, "its values were edited: they do not match the state_sha256 saved with them")
-    return located
 
 
 def locate(paths: dict) -> Located | None:
@@ -237,13 +226,13 @@ def locate(paths: dict) -> Located | None:
     hashed = [entry for entry in entries if entry.get("checkpoint_sha256")]
     digest = file_sha256(last) if has_last and hashed else None
     newest = saved.get("checkpoint_sha256")
-    if newest and digest == newest:
-        return _checked(Located(saved, [], False), state_path)
-    if newest and exists(writing) and file_sha256(writing) == newest:
-        return _checked(Located(saved, [], True), state_path)  # stopped between writing state.json and renaming the model: finish it
-    match = next((entry for entry in hashed if entry["checkpoint_sha256"] == digest), None)
+    # Stopped between writing state.json and renaming the model: the resume finishes it (roll_forward).
+    roll_forward = bool(newest) and digest != newest and exists(writing) and file_sha256(writing) == newest
+    match = saved if roll_forward else next((entry for entry in hashed if entry["checkpoint_sha256"] == digest), None)
     if match is not None:
-        return _checked(Located(match, [], False), state_path)
+        if match.get("state_sha256") and entry_sha256(match) != match["state_sha256"]:
+            raise _damaged(state_path, "its values were edited: they do not match the state_sha256 saved with them")
+        return Located(match, [], roll_forward)
     if not has_last:
         raise CheckpointError(f"--resume: {last} is missing beside {state_path}, so the run cannot continue; start "
                               "again with --overwrite, or in a new --output-dir")

@@ -50,20 +50,17 @@ def _replace(source: str, target: str) -> None:
         os.replace(source, target)
 
 
-def _failed(path: str, error: OSError) -> RunFileError:
-    """``writing PATH failed: CAUSE`` for the file the user knows (``path``, not its temporary name)."""
-    return RunFileError(run_files.describe_os_error(OSError(error.errno, error.strerror or str(error), path)))
-
-
 @contextlib.contextmanager
 def _writing(path: str, temporary: str | None = None):
-    """An OSError in the block (``temporary`` then removed) as a :class:`RunFileError` naming ``path``."""
+    """An OSError in the block (``temporary`` then removed) as a :class:`RunFileError` naming ``path``, the file
+    the user knows, not its temporary name."""
     try:
         yield
     except OSError as error:
         if temporary is not None:
             _discard(temporary)
-        raise _failed(path, error) from error
+        named = OSError(error.errno, error.strerror or str(error), path)
+        raise RunFileError(run_files.describe_os_error(named)) from error
 
 
 def write_json(path: str, value) -> None:
@@ -90,32 +87,11 @@ def _fresh(temporary: str) -> None:
 
 def _discard(path: str) -> None:
     """Removes a temporary file of ours that could not be finished (a full disk keeps nothing half written)."""
-    try:
+    with contextlib.suppress(Exception):  # best effort: the failure reported is the write's
         if is_url(path):
             gfile().remove(path)
         elif os.path.isfile(path) and not os.path.islink(path):
             os.remove(path)
-    except Exception:  # noqa: BLE001 - best effort: the failure reported is the write's
-        pass
-
-
-def read_json(path: str):
-    if is_url(path):
-        with gfile().GFile(path) as f:
-            return json.loads(f.read())
-    with open(path) as f:
-        return json.load(f)
-
-
-def _save_model(model: keras.Model, temporary: str, path: str, saved_as: str | None = None) -> str:
-    """``model`` saved (or ``saved_as`` copied) to ``temporary``; returns the file's sha256."""
-    with _writing(path, temporary):
-        _fresh(temporary)
-        if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
-            shutil.copyfile(saved_as, temporary)
-        else:
-            model.save(temporary)
-        return checkpoint_state.file_sha256(temporary)
 
 
 def data_fingerprint(manifest: Manifest, split: str) -> str:
@@ -164,20 +140,27 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
 
 
 def run_state(global_step: int, steps_per_epoch: int, history: dict, callbacks, options: dict,
-              optimizer_iterations: int, partial_epoch: dict | None = None, **extra) -> dict:
+              optimizer_iterations: int, partial_epoch: dict | None = None) -> dict:
     """The ``state.json`` entry after ``global_step`` steps, a deep copy (the run's history grows on)."""
     return {"format": STATE_FORMAT, "global_step": global_step, "epochs_done": len(history["epoch"]),
             "epoch": global_step // steps_per_epoch + 1, "step_in_epoch": global_step % steps_per_epoch,
             "partial_epoch": copy.deepcopy(partial_epoch), "history": copy.deepcopy(history),
             "callbacks": callback_state(callbacks), "seed": options.get("seed"), "options": copy.deepcopy(options),
-            "optimizer_iterations": optimizer_iterations, **copy.deepcopy(extra)}
+            "optimizer_iterations": optimizer_iterations}
 
 
 def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict | None,
                     saved_as: str | None = None) -> None:
     """Commits a checkpoint in :mod:`checkpoint_state`'s order; pass ``state`` as the next call's ``previous``;
-    ``saved_as`` as :func:`_save_model`'s."""
-    state["checkpoint_sha256"] = _save_model(model, paths["last_writing"], paths["last"], saved_as)
+    ``saved_as``: a file of the model in this very state (best.keras, just written), copied rather than saved."""
+    temporary = paths["last_writing"]
+    with _writing(paths["last"], temporary):
+        _fresh(temporary)
+        if saved_as is not None and not is_url(saved_as) and not is_url(temporary):
+            shutil.copyfile(saved_as, temporary)
+        else:
+            model.save(temporary)
+        state["checkpoint_sha256"] = checkpoint_state.file_sha256(temporary)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
     write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
     with _writing(paths["last"]):
@@ -241,10 +224,9 @@ def resumable(paths: dict, options: dict, report: Callable[[str], None]) -> chec
 def resume(model: keras.Model, paths: dict, options: dict, steps_per_epoch: int,
            report: Callable[[str], None], located: checkpoint_state.Located | None = None) -> dict | None:
     """The saved run state, the checkpoint loaded into ``model``, ``history.json`` rewritten from it."""
+    located = located or resumable(paths, options, report)
     if located is None:
-        located = resumable(paths, options, report)
-        if located is None:
-            return None
+        return None
     if located.roll_forward:
         _replace(paths["last_writing"], paths["last"])
     restore_checkpoint(model, paths["last"])
@@ -280,12 +262,8 @@ def restore_callback_state(callbacks, state: dict) -> None:
 
 def _plain(value):
     """A JSON-safe number: NumPy scalars as Python ones, infinities and NaN as None."""
-    if value is None:
-        return None
-    value = float(value) if isinstance(value, (np.floating, float)) else value
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value.item() if isinstance(value, np.generic) else value
+    value = value.item() if isinstance(value, np.generic) else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def restore_checkpoint(model: keras.Model, path: str) -> None:

@@ -120,19 +120,16 @@ class TrainConfig:
     backend: str | None = None  # None: the backend Keras was imported with (the CLI activates its choice first)
 
     def validate(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}")
-        if self.augment not in AUGMENTATIONS:
-            raise ValueError(f"augment must be one of {AUGMENTATIONS}")
+        for name, choices in (("precision", PRECISIONS), ("lr_schedule", LR_SCHEDULES), ("augment", AUGMENTATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}")
         if self.epochs < 1 or self.batch_size < 1 or self.image_size < 1:
             raise ValueError("epochs, batch_size and image_size must be positive")
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ValueError("checkpoint_every_steps must be positive")
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}")
         if self.backend is not None:
+            if self.backend not in BACKENDS:
+                raise ValueError(f"backend must be one of {BACKENDS}")
             self.check_backend(self.backend)
 
     def streamed(self) -> bool:

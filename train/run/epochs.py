@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 import keras
 
@@ -16,7 +16,7 @@ from shardprep.preprocess.checks.text import count
 from shardprep.train.run import checkpoints, progress, tensorboard_logs
 from shardprep.train.run.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.run.config import TrainConfig
-from shardprep.train.run.interrupt import StopRequests, TrainingInterrupted
+from shardprep.train.run.progress import StopRequests, TrainingInterrupted
 
 
 class InputError(ValueError):
@@ -149,8 +149,7 @@ class Epochs:
             checkpoints.commit_best(self.paths)
         self._record(epoch, logs, time.perf_counter() - started, self.paths["best"] if written else None)
         if self.stop.requested:
-            at = (epoch + 1) * self.steps_per_epoch
-            raise self._interrupted(epoch, self.steps_per_epoch, "epoch end", at if self.config.checkpoint else None)
+            self._stop(epoch, self.steps_per_epoch, "epoch end")  # saved just now (_record)
         if self.model.stop_training:
             self.say(f"Early stopping after epoch {epoch + 1}: val_loss has not improved for "
                      f"{count(self.config.early_stopping_patience, 'epoch')}.")
@@ -187,7 +186,7 @@ class Epochs:
                 partial = self._partial(carried, step + 1 - (first_step if carried else 0), timing,
                                         time.perf_counter() - started - checkpoint_seconds)
                 if self.stop.requested:
-                    self._stop_mid_epoch(epoch, step + 1, partial)
+                    self._stop(epoch, step + 1, "training", partial)
                 self._save(global_step + 1, partial)
                 checkpoint_seconds += time.perf_counter() - before_save
         # Reading the metrics waits for the device, so the epoch's time is taken after it.
@@ -223,8 +222,11 @@ class Epochs:
     def _validate(self, epoch: int, val_batches: Callable, logs: dict, timing: _Timing) -> None:
         batches, number = iter(val_batches()), 0
         while True:
-            if self.stop.requested:
-                self._stop_validating(epoch, logs, timing)
+            if self.stop.requested:  # the epoch's steps are saved as done, its validation left for the resume
+                examples = self.steps_per_epoch * self.config.batch_size
+                self._stop(epoch, self.steps_per_epoch, "validation", {
+                    "loss": logs["loss"], "accuracy": logs["accuracy"], "examples": examples,
+                    "metrics": self.steps.metric_state(), "timing": timing.to_json(), "validation_pending": True})
             try:
                 batch = self._next(batches, "validation")
             except StopIteration:
@@ -234,35 +236,19 @@ class Epochs:
             self.progress.validating(number, self.val_steps)
         self.progress.done()
 
-    def _stop_validating(self, epoch: int, logs: dict, timing: _Timing) -> None:
-        """Ctrl-C during validation: the epoch's steps are saved as done, its validation left for the resume."""
-        at = (epoch + 1) * self.steps_per_epoch
-        if self.config.checkpoint:
-            examples = self.steps_per_epoch * self.config.batch_size
-            self._save(at, {"loss": logs["loss"], "accuracy": logs["accuracy"], "examples": examples,
-                            "metrics": self.steps.metric_state(), "timing": timing.to_json(),
-                            "validation_pending": True})
-        raise self._interrupted(epoch, self.steps_per_epoch, "validation", at if self.config.checkpoint else None)
-
-    def _stop_mid_epoch(self, epoch: int, step: int, partial: dict) -> None:
-        """Ctrl-C after ``step`` steps of the epoch: a checkpoint there when the order can resume mid-epoch."""
-        if not self.config.checkpoint:
-            raise self._interrupted(epoch, step, "training")
-        if self.steps.streamed():
-            last = self.saved_state.get("global_step") if self.saved_state else None
-            raise self._interrupted(epoch, step, "training", last, "streamed")
+    def _stop(self, epoch: int, step: int, stage: str, partial: dict | None = None) -> NoReturn:
+        """Ctrl-C after ``step`` steps of ``epoch`` at ``stage``: ``partial`` saved there when the order can resume
+        from it (streamed reads resume from the last checkpoint)."""
         at = epoch * self.steps_per_epoch + step
-        self._save(at, partial)
-        raise self._interrupted(epoch, step, "training", at)
-
-    def _interrupted(self, epoch: int, step: int, stage: str, resumes_at: int | None = None,
-                     unsaved: str | None = None) -> TrainingInterrupted:
-        """The stop after ``step`` steps of ``epoch``; ``resumes_at``: the checkpoint's step (None: nothing saved)."""
-        saved = resumes_at is not None
-        if unsaved is None:
-            unsaved = "" if saved else "--no-checkpoint"
-        return TrainingInterrupted(epoch * self.steps_per_epoch + step, epoch + 1, step, self.steps_per_epoch, stage,
-                                   self.paths["last"] if saved else None, resumes_at, unsaved)
+        resumes_at, unsaved = at, ""
+        if not self.config.checkpoint:
+            resumes_at, unsaved = None, "--no-checkpoint"
+        elif stage == "training" and self.steps.streamed():
+            resumes_at, unsaved = self.saved_state.get("global_step") if self.saved_state else None, "streamed"
+        elif partial is not None:
+            self._save(at, partial)
+        raise TrainingInterrupted(at, epoch + 1, step, self.steps_per_epoch, stage,
+                                  self.paths["last"] if resumes_at is not None else None, resumes_at, unsaved)
 
     def _best_checkpoints(self) -> list:
         return [callback for callback in self.callbacks if isinstance(callback, keras.callbacks.ModelCheckpoint)]

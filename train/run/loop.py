@@ -17,7 +17,6 @@ from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed
 from shardprep.train.run import checkpoints, preflight, progress, run_files, tensorboard_logs
 from shardprep.train.run.config import TrainConfig
 from shardprep.train.run.epochs import HISTORY_KEYS, Epochs
-from shardprep.train.run.progress import EpochProgress  # noqa: F401  (public here too)
 from shardprep.train.model.keras_model import PlateauWarmup, build_model, make_optimizer, warmup_steps
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.

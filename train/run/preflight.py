@@ -9,6 +9,7 @@ import contextlib
 import os
 from typing import NamedTuple
 
+from shardprep.preprocess.checks import owned_folder
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, UnfitLayoutError, load_manifest
 from shardprep.train.run import checkpoint_state, run_files
@@ -50,14 +51,13 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _check_output(output_dir: str, data_dir: str, resume: bool, overwrite: bool, contents: bool) -> None:
-    """``--output-dir``: a real folder apart from DATA; with ``contents``, empty or only what its run recorded
-    (``--resume``/``--overwrite``), with ``--resume`` a whole checkpoint. Reads only."""
+def _check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
+    """``--output-dir`` empty or only what its run recorded (``--resume``/``--overwrite``), with ``--resume`` a whole
+    checkpoint. Reads only."""
     with _refusing("reading", shown=run_files.printable):
-        if not contents:
-            run_files.check_path(output_dir, data_dir)
-            return
-        run_files.check_not_busy(output_dir)
+        holder = None if run_files.is_url(output_dir) else owned_folder.held_by(output_dir)
+        if holder is not None:  # a live run's folder is refused before its contents are judged
+            raise run_files.OutputError(owned_folder.busy_message(output_dir, holder))
         run_files.check_contents(output_dir, resume, overwrite)
         if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
             raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
@@ -85,11 +85,12 @@ def clear_run(output_dir: str) -> list[str]:
 
 @contextlib.contextmanager
 def holding_output_dir(output_dir: str):
-    """Holds ``output_dir``'s lock for the block: a second run into it is a :class:`PreflightError`."""
-    held = contextlib.ExitStack()
-    with _refusing(shown=run_files.printable):
-        held.enter_context(run_files.holding_lock(output_dir))
-    with held:
+    """Holds ``output_dir``'s lock around a run's clearing, claiming and training: a second run into it is a
+    :class:`PreflightError`."""
+    with contextlib.ExitStack() as held:
+        with _refusing(shown=run_files.printable):
+            # Checked already: a killed run's lock file is taken over and removed at the end.
+            held.enter_context(owned_folder.holding(output_dir, "--output-dir")).begin()
         yield
 
 
@@ -97,14 +98,6 @@ def claim_output_dir(output_dir: str, resume: bool) -> None:
     """Makes ``output_dir`` and writes its run record (what the run may write there) before the run writes."""
     with _refusing():
         run_files.claim(output_dir, resume)
-
-
-def _check_image_size(manifest: Manifest, image_size: int, data_dir: str) -> None:
-    height, width = manifest.stored_shape
-    if image_size > min(height, width):
-        raise PreflightError(f"--image-size {image_size} is larger than the stored images of {data_dir} "
-                             f"({height}x{width}); pass --image-size {min(height, width)} or less, or rerun "
-                             f"preprocess with --shorter-side {image_size} or more")
 
 
 class TrainingSplits(NamedTuple):
@@ -141,7 +134,7 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
           overwrite: bool = False) -> Manifest:
     """A :class:`PreflightError` if training on ``data_dir`` cannot start, else the manifest, loaded once here (pass
     it to ``loop.train``): splits present and non-empty, shards of their sizes, ``image_size`` within the stored
-    images, a training split of at least ``batch_size``, and ``output_dir`` usable (:func:`_check_output`)."""
+    images, a training split of at least ``batch_size``, and ``output_dir`` usable (:func:`_check_contents`)."""
     manifest = _loaded_manifest(data_dir)
     if not manifest.classes:
         raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} lists no classes, so there is nothing to "
@@ -156,11 +149,15 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
                                  f"{option} with a non-empty split, or rerun preprocess with inputs for it")
     _check_shards(splits, (train_split, val_split), data_dir)
     if output_dir is not None:
-        _check_output(output_dir, data_dir, resume, overwrite, contents=False)
-    if image_size is not None:
-        _check_image_size(manifest, image_size, data_dir)
+        with _refusing("reading", shown=run_files.printable):
+            run_files.check_path(output_dir, data_dir)  # a real folder apart from DATA
+    height, width = manifest.stored_shape
+    if image_size is not None and image_size > min(height, width):
+        raise PreflightError(f"--image-size {image_size} is larger than the stored images of {data_dir} "
+                             f"({height}x{width}); pass --image-size {min(height, width)} or less, or rerun "
+                             f"preprocess with --shorter-side {image_size} or more")
     if output_dir is not None:
-        _check_output(output_dir, data_dir, resume, overwrite, contents=True)
+        _check_contents(output_dir, resume, overwrite)
     if batch_size is not None and splits[train_split].num_examples < batch_size:
         examples = splits[train_split].num_examples
         raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "

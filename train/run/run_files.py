@@ -16,29 +16,23 @@ from shardprep.preprocess.checks.names import printable  # noqa: F401 - shown na
 from shardprep.preprocess.checks.owned_folder import LOCK_NAME, Entry, OutputError, Record, is_url  # noqa: F401
 
 RECORD_NAME = ".shardprep-train.json"
-# Every file a run writes into --output-dir (run_paths), with the temporary names each is written under before the
-# rename that completes it; relative, '/'-separated.
-RUN_FILES = ("history.json", "history.json.tmp", "summary.json", "summary.json.tmp", "model.keras",
-             "model.writing.keras", "checkpoints/best.keras", "checkpoints/best.writing.keras", "checkpoints/last.keras",
-             "checkpoints/last.writing.keras", "checkpoints/state.json", "checkpoints/state.json.tmp")
-RUN_FOLDERS = ("checkpoints", "logs")
 LOGS = "logs"
+# The files of a run (run_paths), relative, '/'-separated; a model is written as NAME.writing.keras, then renamed.
+_FILES = {"best": "checkpoints/best.keras", "best_writing": "checkpoints/best.writing.keras",
+          "last": "checkpoints/last.keras", "last_writing": "checkpoints/last.writing.keras",
+          "state": "checkpoints/state.json", "history": "history.json", "summary": "summary.json",
+          "model": "model.keras", "model_writing": "model.writing.keras"}
+# Every file a run writes into --output-dir, with the temporary names (.tmp) its JSON files are written under.
+RUN_FILES = (*_FILES.values(), *(name + ".tmp" for name in _FILES.values() if name.endswith(".json")))
+RUN_FOLDERS = ("checkpoints", LOGS)
 EVENT_FILE_PREFIX = "events.out.tfevents."  # TensorBoard's summary writers: events.out.tfevents.<time>.<host>...
 PROFILE_FOLDERS = ("plugins", "profile")  # the profiler's traces: logs/<run>/plugins/profile/<time>/<host>.*
-WRITING_SUFFIX = ".writing.keras"  # a model written under a temporary name, renamed to NAME.keras when whole
-RESUME_HINT = "--resume to continue from the last checkpoint (--overwrite when there is none)"
 
 
 def run_paths(output_dir: str) -> dict:
     """The files and folders of a run under ``output_dir``, by name (each file of ``RUN_FILES``)."""
-    checkpoints = os.path.join(output_dir, "checkpoints")
-    return {"checkpoints": checkpoints, "logs": os.path.join(output_dir, LOGS),
-            **{key: os.path.join(checkpoints, name) for key, name in (
-                ("best", "best.keras"), ("best_writing", "best.writing.keras"),  # Keras writes best.writing.keras
-                ("last", "last.keras"), ("last_writing", "last.writing.keras"), ("state", "state.json"))},
-            **{key: os.path.join(output_dir, name) for key, name in (
-                ("history", "history.json"), ("summary", "summary.json"), ("model", "model.keras"),
-                ("model_writing", "model.writing.keras"))}}
+    return {"checkpoints": os.path.join(output_dir, "checkpoints"), "logs": os.path.join(output_dir, LOGS),
+            **{key: os.path.join(output_dir, *name.split("/")) for key, name in _FILES.items()}}
 
 
 def _clean(relative) -> bool:
@@ -107,47 +101,25 @@ def event_file_recorder(output_dir: str):
     TensorBoard callback, so that it sees the files that callback has just made."""
     import keras
 
-    class EventFileRecorder(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            record_new_files(output_dir)
+    def record(*_) -> None:
+        record_new_files(output_dir)
 
-        def on_epoch_end(self, epoch, logs=None):
-            record_new_files(output_dir)
-
-        def on_train_end(self, logs=None):
-            record_new_files(output_dir)
-
-    return EventFileRecorder()
-
-
-def user_name(path: str) -> str:
-    """The name a user knows for ``path``: ``best.keras`` for the ``best.writing.keras`` it is written under."""
-    return path[:-len(WRITING_SUFFIX)] + ".keras" if path.endswith(WRITING_SUFFIX) else path
+    return keras.callbacks.LambdaCallback(on_train_begin=record, on_epoch_end=record, on_train_end=record)
 
 
 def describe_os_error(error: OSError, doing: str = "writing") -> str:
-    """One line for a failed file operation: the path and the cause (``[Errno 28] No space left on device``)."""
-    where = f" {user_name(str(error.filename))}" if error.filename else ""
-    hint = f"; free some space, then rerun with {RESUME_HINT}" if error.errno == errno.ENOSPC else ""
+    """One line for a failed file operation: the path the user knows (``best.keras`` for the ``best.writing.keras``
+    it is written under) and the cause (``[Errno 28] No space left on device``)."""
+    name = str(error.filename)
+    if name.endswith(".writing.keras"):
+        name = name.removesuffix(".writing.keras") + ".keras"
+    where = f" {name}" if error.filename else ""
+    hint = ("; free some space, then rerun with --resume to continue from the last checkpoint (--overwrite when "
+            "there is none)") if error.errno == errno.ENOSPC else ""
     return f"{doing}{where} failed: {error.strerror or error}{hint}"
 
 
 # --- the checks before a run, and --overwrite ------------------------------------------------------------------------
-
-
-def check_not_busy(output_dir: str) -> None:
-    """Refuses a local ``output_dir`` whose lock a live run holds, before its contents are judged."""
-    holder = None if is_url(output_dir) else owned_folder.held_by(output_dir)
-    if holder is not None:
-        raise OutputError(owned_folder.busy_message(output_dir, holder))
-
-
-@contextlib.contextmanager
-def holding_lock(output_dir: str):
-    """Holds ``output_dir``'s lock around a run's clearing, claiming and training (a second run is refused)."""
-    with owned_folder.holding(output_dir, "--output-dir") as lock:
-        lock.begin()  # checked already: a killed run's lock file is taken over and removed at the end
-        yield
 
 
 def holds_files(found: list[Entry]) -> bool:

@@ -73,9 +73,7 @@ class TFSteps:
         self.loss, self.val_loss = keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="val_loss")
         self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         self.val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
-        # eval_step is traced by val_batches, for its dataset's element spec.
-        self.train_step, self.eval_step = _step_functions(self.config, self.strategy, model, optimizer, self,
-                                                          num_classes, self.jit_compile)
+        self._step_functions(model, optimizer, num_classes)
 
     def streamed(self) -> bool:
         """Shards streamed in tf.data's shuffled order (``--sequential-reads``, URLs), which no step addresses."""
@@ -157,41 +155,40 @@ class TFSteps:
     def val_results(self) -> dict:
         return {"val_loss": float(self.val_loss.result()), "val_accuracy": float(self.val_accuracy.result())}
 
+    def _step_functions(self, model, optimizer, num_classes: int) -> None:
+        """``train_step`` and ``eval_step``: one distributed batch on every replica, updating the metrics;
+        ``eval_step`` is traced by :meth:`val_batches`, for its dataset's element spec."""
+        strategy, replicas = self.strategy, self.strategy.num_replicas_in_sync
 
-def _step_functions(config: TrainConfig, strategy, model, optimizer, metrics: TFSteps, num_classes: int,
-                    jit_compile: bool):
-    """``(train_step, eval_step)``, each one distributed batch on every replica, updating ``metrics``' metrics."""
-    replicas = strategy.num_replicas_in_sync
+        def smoothed_loss(labels, logits):
+            return smoothed_crossentropy(labels, logits, num_classes, self.config.label_smoothing)
 
-    def smoothed_loss(labels, logits):
-        return smoothed_crossentropy(labels, logits, num_classes, config.label_smoothing)
+        def replica_train_step(images, labels):
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                per_example = smoothed_loss(labels, logits)
+                loss = tf.reduce_mean(per_example)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+                # Gradients are summed over replicas: scale so that they average.
+                scaled = optimizer.scale_loss(loss / replicas)
+            gradients = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply(gradients, model.trainable_variables)
+            self.loss.update_state(per_example)
+            self.accuracy.update_state(labels, logits)
 
-    def replica_train_step(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            per_example = smoothed_loss(labels, logits)
-            loss = tf.reduce_mean(per_example)
-            if model.losses:
-                loss += tf.add_n(model.losses)
-            # Gradients are summed over replicas: scale so that they average.
-            scaled = optimizer.scale_loss(loss / replicas)
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply(gradients, model.trainable_variables)
-        metrics.loss.update_state(per_example)
-        metrics.accuracy.update_state(labels, logits)
+        def replica_eval_step(images, labels):
+            logits = model(images, training=False)
+            self.val_loss.update_state(smoothed_loss(labels, logits))
+            self.val_accuracy.update_state(labels, logits)
 
-    def replica_eval_step(images, labels):
-        logits = model(images, training=False)
-        metrics.val_loss.update_state(smoothed_loss(labels, logits))
-        metrics.val_accuracy.update_state(labels, logits)
+        compiled_replica_step = tf.function(replica_train_step, jit_compile=self.jit_compile)
 
-    compiled_replica_step = tf.function(replica_train_step, jit_compile=jit_compile)
+        @tf.function
+        def train_step(batch):
+            strategy.run(compiled_replica_step, args=batch)
 
-    @tf.function
-    def train_step(batch):
-        strategy.run(compiled_replica_step, args=batch)
+        def eval_step(batch):
+            strategy.run(replica_eval_step, args=batch)
 
-    def eval_step(batch):
-        strategy.run(replica_eval_step, args=batch)
-
-    return train_step, eval_step
+        self.train_step, self.eval_step = train_step, eval_step
