@@ -96,8 +96,8 @@ class JobHooks:
     recorded groups)`` before a resumed run decodes, ``on_plan(lines)`` what a sample of the inputs says before the
     pipeline starts; ``submitted`` once ``p.run()`` returned (after a stop: whether a remote job can exist)."""
     on_progress: Callable[[dict], None] | None = None
-    on_resume: Callable[[int], None] | None = None
-    on_plan: Callable[[list[str]], None] | None = None
+    on_resume: Callable[[int], None] = lambda recorded: None
+    on_plan: Callable[[list[str]], None] = lambda lines: None
     submitted: bool = False
 
 
@@ -151,8 +151,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
             reopened = journal.reopen(config, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
                 return _finished_outcome(config.output, reopened, hooks.on_resume)
-            if hooks.on_resume is not None:
-                hooks.on_resume(reopened.recorded)
+            hooks.on_resume(reopened.recorded)
             unit_journal, header = reopened.journal, reopened.header
             config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
         else:
@@ -160,8 +159,7 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
-        if hooks.on_plan is not None:  # said once the run will go ahead (a refused resume says only why)
-            hooks.on_plan(plan_lines)
+        hooks.on_plan(plan_lines)  # said once the run will go ahead (a refused resume says only why)
         return _run_pipeline(config, plan, beam_args, hooks, runner, min_groups, unit_journal)
 
 
@@ -170,8 +168,7 @@ def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> Job
     if not reopened.recorded:
         raise storage.OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
                                   "without --resume (with --overwrite to make it again)")
-    if on_resume is not None:
-        on_resume(reopened.recorded)
+    on_resume(reopened.recorded)
     return JobOutcome(manifest.read_document(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
 
 
