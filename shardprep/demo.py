@@ -43,14 +43,16 @@ def draw_shape(class_name: str, width: int, height: int, rng: np.random.Generato
     return image
 
 
+_PLAIN = {"rgb_jpeg": ("RGB", "JPEG", {"quality": 92}), "gray_jpeg": ("L", "JPEG", {"quality": 92}),
+          "cmyk_jpeg": ("CMYK", "JPEG", {"quality": 92}), "webp": ("RGB", "WEBP", {"quality": 90}),
+          "bmp": ("RGB", "BMP", {})}  # kind: (mode, format, save options)
+
+
 def encode(image: Image.Image, kind: str) -> bytes:
     buffer = io.BytesIO()
-    if kind == "rgb_jpeg":
-        image.save(buffer, "JPEG", quality=92)
-    elif kind == "gray_jpeg":
-        image.convert("L").save(buffer, "JPEG", quality=92)
-    elif kind == "cmyk_jpeg":
-        image.convert("CMYK").save(buffer, "JPEG", quality=92)
+    if kind in _PLAIN:
+        mode, image_format, options = _PLAIN[kind]
+        image.convert(mode).save(buffer, image_format, **options)
     elif kind == "rotated_jpeg":
         # Stored rotated with EXIF orientation 6 (rotate 90 clockwise to view): the job must turn it upright.
         exif = Image.Exif()
@@ -67,10 +69,6 @@ def encode(image: Image.Image, kind: str) -> bytes:
     elif kind == "gif":
         frames = [image.convert("P", palette=Image.Palette.ADAPTIVE), image.rotate(180).convert("P")]
         frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
-    elif kind == "webp":
-        image.save(buffer, "WEBP", quality=90)
-    elif kind == "bmp":
-        image.save(buffer, "BMP")
     elif kind == "gray16_png":
         grey = np.asarray(image.convert("L"), dtype=np.uint16) * 257
         Image.fromarray(grey, "I;16").save(buffer, "PNG")

@@ -319,7 +319,7 @@ def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path, monk
     monkeypatch.setattr(image_ops, "process_image", slowly)
     seen = []
     config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8)
-    outcome = job.execute_job(config, IN_PROCESS, on_progress=seen.append)
+    outcome = job.execute_job(config, IN_PROCESS, hooks=job.JobHooks(on_progress=seen.append))
     last = seen[-1]
     assert last["processed"] == last["saved"] == 16
     assert last["groups_saved"] == outcome.decode.groups > 1

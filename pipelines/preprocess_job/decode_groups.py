@@ -1,7 +1,6 @@
-"""Decode groups: listed inputs cut, before decoding, into ranges of consecutive ranks of the seeded order, each
-decoded by one worker into one file. Groups are the shards when their count is known before decoding; the order
-depends on the keys only, so groups are found from sort keys and gathered in one shuffle of packed batches. Raw
-centre crops are all S*S*3 bytes: each split's records get one fixed layout fitting its keys and labels."""
+"""Decode groups: ranges of consecutive ranks of the seeded order (found from sort keys, gathered in one shuffle of
+packed batches), each decoded by one worker into one file; the shards when their count is known before decoding.
+Raw centre crops are all S*S*3 bytes: each split's records get one fixed layout fitting its keys and labels."""
 
 from __future__ import annotations
 

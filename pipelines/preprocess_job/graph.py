@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import apache_beam as beam
 
@@ -91,22 +91,24 @@ class JobOutcome(NamedTuple):
 
 
 @dataclasses.dataclass
-class JobSubmission:
-    """``submitted`` once ``p.run()`` returned: after a stop, whether a remote job can exist."""
+class JobHooks:
+    """What the caller hears of a run: ``on_progress(counts)`` a local run's counts twice a second, ``on_resume(
+    recorded groups)`` before a resumed run decodes, ``on_plan(lines)`` what a sample of the inputs says before the
+    pipeline starts; ``submitted`` once ``p.run()`` returned (after a stop: whether a remote job can exist)."""
+    on_progress: Callable[[dict], None] | None = None
+    on_resume: Callable[[int], None] = lambda recorded: None
+    on_plan: Callable[[list[str]], None] = lambda lines: None
     submitted: bool = False
 
 
-def execute_job(config: PreprocessConfig, beam_args: list[str], on_progress=None, resume: bool = False,
-                on_resume=None, submission: JobSubmission | None = None, on_plan=None) -> JobOutcome:
-    """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts.
-    ``on_progress(counts)``: a local run's running counts, twice a second; ``on_resume(recorded groups)``: before
-    a resumed run decodes; ``on_plan(lines)``: what a sample of the inputs says, before the pipeline starts."""
+def execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool = False,
+                hooks: JobHooks | None = None) -> JobOutcome:
+    """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts."""
     refused = runners.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
     if refused:
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
-        return _execute_job(config, beam_args, on_progress, resume, on_resume, submission or JobSubmission(),
-                            on_plan)
+        return _execute_job(config, beam_args, resume, hooks or JobHooks())
 
 
 def _exclude_keys(path: str, runner: str):
@@ -115,8 +117,7 @@ def _exclude_keys(path: str, runner: str):
     return keys_file(path) if local else read_keys(path)
 
 
-def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, resume: bool, on_resume,
-                 submission: JobSubmission, on_plan) -> JobOutcome:
+def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, hooks: JobHooks) -> JobOutcome:
     # Before anything under OUTPUT is created or deleted: apart from every input, a folder, only shardprep's files.
     # First by SOURCE's text alone: telling a folder from a folder of archives lists it, a request for gs://.
     claimed = kind_of(config.source)
@@ -149,9 +150,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             assert listing is not None  # check_resumable refused a run that keeps no journal
             reopened = journal.reopen(config, runner, lock.begin, listing)
             if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
-                return _finished_outcome(config.output, reopened, on_resume)
-            if on_resume is not None:
-                on_resume(reopened.recorded)
+                return _finished_outcome(config.output, reopened, hooks.on_resume)
+            hooks.on_resume(reopened.recorded)
             unit_journal, header = reopened.journal, reopened.header
             config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
         else:
@@ -159,9 +159,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], on_progress, re
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
-        if on_plan is not None:  # said once the run will go ahead (a refused resume says only why)
-            on_plan(plan_lines)
-        return _run_pipeline(config, plan, beam_args, on_progress, runner, min_groups, unit_journal, submission)
+        hooks.on_plan(plan_lines)  # said once the run will go ahead (a refused resume says only why)
+        return _run_pipeline(config, plan, beam_args, hooks, runner, min_groups, unit_journal)
 
 
 def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> JobOutcome:
@@ -169,21 +168,20 @@ def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> Job
     if not reopened.recorded:
         raise storage.OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
                                   "without --resume (with --overwrite to make it again)")
-    if on_resume is not None:
-        on_resume(reopened.recorded)
+    on_resume(reopened.recorded)
     return JobOutcome(manifest.read_document(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
 
 
-def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], on_progress, runner: str,
-                  min_groups: int, unit_journal, submission: JobSubmission) -> JobOutcome:
-    local = runners.runs_locally(beam_args)
-    with progress.watching(local and on_progress is not None, on_progress, "shardprep-progress-") as progress_dir:
+def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], hooks: JobHooks, runner: str,
+                  min_groups: int, unit_journal) -> JobOutcome:
+    watched = runners.runs_locally(beam_args) and hooks.on_progress is not None
+    with progress.watching(watched, hooks.on_progress, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)
             build_pipeline(p, config, plan, runner=runner, progress_dir=progress_dir, min_decode_groups=min_groups,
                            unit_journal=unit_journal)
             # submitted: a remote runner has created the job, which runs on after a stop here
-            result = runners.run_to_end(p, beam_args, submitted=lambda: setattr(submission, "submitted", True))
+            result = runners.run_to_end(p, beam_args, submitted=lambda: setattr(hooks, "submitted", True))
         except PreprocessError:
             raise
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably

@@ -1,8 +1,6 @@
-"""Shard writing: each split's records, cut at the shard boundaries, written as uniform TFRecord shards. A shard
-that is exactly one decode group's file is that file renamed into place (copied on remote storage); any other is
-streamed from its groups' files in seeded order under a temporary name and renamed. Boundaries (of shards, and of
-decode groups) are exact ranks of the seeded order, found from sort keys in buckets of about
-``sharding.BUCKET_TARGET`` keys: part k of P holds the ranks r with r * P // N == k."""
+"""Shard writing: a shard that is one decode group's file is that file renamed (copied remotely), any other is
+streamed from its groups' files in seeded order. Boundaries (of shards and decode groups) are exact ranks of the
+seeded order, found from sort keys in buckets: part k of P holds the ranks r with r * P // N == k."""
 
 from __future__ import annotations
 

@@ -210,7 +210,6 @@ def open_file(path: str):
 
 def read_head(path: str, at_most: int) -> bytes:
     """At most ``at_most`` bytes of ``path``; a local one only if a regular file. Else a SourceError."""
-    from shardprep.pipelines.runtime.storage import is_local
     from shardprep.preprocess.checks import untrusted
 
     try:

@@ -13,6 +13,7 @@ from shardprep.pipelines.sources import (
 )
 from shardprep.pipelines.sources.kind import KIND_OPTIONS, ParsedSource, SourceKind, SourcePlan
 from shardprep.preprocess.checks import names
+from shardprep.preprocess.checks.text import series
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.format.config import PreprocessConfig, check_options, default
 
@@ -38,10 +39,9 @@ def parse(source: str) -> ParsedSource:
 def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) -> SourcePlan:
     """SOURCE's plan by its kind; refuses options that cannot work, an option of another kind among them."""
     parsed = parsed or parse(config.source)
-    config = dataclasses.replace(config, split=names.check(config.split, "split", "--split"))
-    if config.labels_split is not None:
-        config = dataclasses.replace(
-            config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
+    split = names.check(config.split, "split", "--split")
+    labels_split = None if config.labels_split is None else names.check(config.labels_split, "split", "--labels-split")
+    config = dataclasses.replace(config, split=split, labels_split=labels_split)
     check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
     check_kind_options(config, parsed.kind)
     return parsed.kind.plan(parsed.location, config)
@@ -51,8 +51,7 @@ def check_kind_options(config: PreprocessConfig, kind: SourceKind) -> None:
     """Refuses, by name, an option set away from its default that ``kind`` does not read."""
     for field, flag in KIND_OPTIONS.items():
         if field not in kind.options and getattr(config, field) != default(field):
-            named = [other.name for other in KINDS if field in other.options]
-            takers = " and ".join(filter(None, (", ".join(named[:-1]), named[-1])))
+            takers = series([other.name for other in KINDS if field in other.options])
             raise sources.SourceError(f"{flag} is for {takers} sources, and {config.source} is a {kind.name} "
                                       f"source: drop {flag}")
 

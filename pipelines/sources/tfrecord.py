@@ -9,7 +9,7 @@ import os
 from typing import Iterator
 
 from shardprep.pipelines.sources.kind import (ApartFrom, GlobKind, KeyBounds, RecordFiles, SourcePlan, Usage,
-                                             bounds_by_split, label_out_of_range, open_file,
+                                             bounds_by_split, is_local, label_out_of_range, open_file,
                                              prefixed_location, read_head)
 from shardprep.preprocess.sources import labels, common as sources
 from shardprep.preprocess.format import manifest, record_format, tfrecord_io
@@ -71,8 +71,6 @@ class TFDSSource(TFRecordSource):
         return prefixed_location(source, self.prefix, self.example, self.what, strip="/")
 
     def apart_from(self, location: str, config) -> list[ApartFrom]:
-        from shardprep.pipelines.runtime.storage import is_local
-
         data_dir = config.tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
         if is_local(data_dir):
             data_dir = os.path.expanduser(data_dir)  # as TFDS reads it

@@ -125,13 +125,12 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
-    submission = job.JobSubmission()
+    hooks = job.JobHooks(on_progress=display.update,
+                         on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
+                         on_plan=lambda lines: lines_while_running("\n".join(lines)))
     try:
         with display:
-            outcome = job.execute_job(config, list(beam_args), on_progress=display.update, resume=resume,
-                                      on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
-                                      submission=submission,
-                                      on_plan=lambda lines: lines_while_running("\n".join(lines)))
+            outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
@@ -139,8 +138,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
         raise (SourceRefused if getattr(e, "exit_code", 1) == 2 else click.ClickException)(str(e)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
         remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
-        for line in stopped_lines(config.output, display.counts, typed_command(ctx), remote, began,
-                                  submission.submitted):
+        for line in stopped_lines(config.output, display.counts, typed_command(ctx), remote, began, hooks.submitted):
             say(line, err=True)
         ctx.exit(exit_status(stop))
     manifest = outcome.manifest

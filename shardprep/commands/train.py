@@ -35,17 +35,13 @@ def _rerun_words(ctx, action: str | None) -> list[str]:
     an option with its value is one entry (for wrapping)."""
     takes_value = {name for param in ctx.command.params if isinstance(param, click.Option) and not param.is_flag
                    for name in param.opts}
-    words, args = [], ctx.meta.get("args", [])
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg in takes_value and index + 1 < len(args):
-            words.append(f"{shlex.quote(arg)} {shlex.quote(args[index + 1])}")
-            index += 2
-            continue
-        if arg not in ("--resume", "--overwrite"):
+    words, args = [], iter(ctx.meta.get("args", []))
+    for arg in args:
+        value = next(args, None) if arg in takes_value else None
+        if value is not None:
+            words.append(f"{shlex.quote(arg)} {shlex.quote(value)}")
+        elif arg not in ("--resume", "--overwrite"):
             words.append(shlex.quote(arg))
-        index += 1
     return ["shardprep train", *words, *([f"--{action}"] if action else [])]
 
 
