@@ -42,7 +42,7 @@ def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) ->
     if config.labels_split is not None:
         config = dataclasses.replace(
             config, labels_split=names.check(config.labels_split, "split", "--labels-split"))
-    check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
+    check_options(config.shorter_side, config.encoding, config.max_pixels)
     check_kind_options(config, parsed.kind)
     return parsed.kind.plan(parsed.location, config)
 
