@@ -72,15 +72,6 @@ class _KeyedRows:
         shown = ", ".join(repr(value) for value in self._identity() if value is not None)
         return f"{type(self).__name__}({shown}, {len(self)} {self._NOUN})"
 
-    def __getstate__(self):
-        return self.split, self.columns.tobytes(), *(getattr(self, name) for name in self._FIELDS)
-
-    def __setstate__(self, state) -> None:
-        self.split, data, *values = state
-        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
-        for name, value in zip(self._FIELDS, values):
-            setattr(self, name, value)
-
 
 class SortKeys(_KeyedRows):
     """The sort keys of one split's listed inputs, each with the input's index in its batch."""
