@@ -4,6 +4,7 @@ shuffles carry instead of images, cut by bucket or shard with array arithmetic."
 from __future__ import annotations
 
 import bisect
+import copy
 from array import array
 from collections.abc import Iterable
 
@@ -56,7 +57,9 @@ class _KeyedRows:
         return {int(group): self._with_columns(columns[groups == group]) for group in np.unique(groups)}
 
     def _with_columns(self, columns: np.ndarray):
-        raise NotImplementedError
+        part = copy.copy(self)
+        part._columns = columns
+        return part
 
     _FIELDS: tuple[str, ...] = ()  # attributes besides the split and the rows: compared, shown and pickled
     _NOUN = "rows"
@@ -86,9 +89,6 @@ class SortKeys(_KeyedRows):
 
     _NOUN = "keys"
 
-    def _with_columns(self, columns: np.ndarray) -> SortKeys:
-        return SortKeys(self.split, columns)
-
 
 class RecordPointers(_KeyedRows):
     """Records of one split in one spill file: sort keys ``(high, low)`` and ``(offset, size)`` in the file."""
@@ -111,9 +111,6 @@ class RecordPointers(_KeyedRows):
 
     def total_bytes(self) -> int:
         return int(self.columns[:, 3].sum())
-
-    def _with_columns(self, columns: np.ndarray) -> RecordPointers:
-        return RecordPointers(self.split, self.spill_path, columns, self.file_info)
 
     def is_whole_sorted_file(self) -> bool:
         """True when these are all of their spill file's records, which is in sort-key order."""
