@@ -89,8 +89,6 @@ def test_the_default_tf_decoder_hands_numpy_every_byte():
     import tensorflow as tf
 
     class TrailingZeros(encodings.PillowEncoding):
-        name, pillow_format = "png-and-zeros", "PNG"
-
         def encode(self, image, quality):
             return super().encode(image, quality) + bytes(3)
 
@@ -98,7 +96,7 @@ def test_the_default_tf_decoder_hands_numpy_every_byte():
             assert encoded.endswith(bytes(3)), "trailing bytes lost"
             return super().decode(encoded[:-3], height, width)
 
-    stored = TrailingZeros()
+    stored = TrailingZeros(name="png-and-zeros", label="PNG", pillow_format="PNG")
     original = _image(seed=2)
     encoded = stored.encode(Image.fromarray(original, "RGB"), 90)
     decoded = stored.decode_tf(tf.constant(encoded), tf.constant(9), tf.constant(13))

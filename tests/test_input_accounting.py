@@ -314,10 +314,10 @@ def test_options_past_the_limits_are_refused_before_the_run(tmp_path, options, e
 def test_the_largest_side_that_fits_is_accepted():
     from shardprep.preprocess.format import config as limits
 
-    limits.check_options(26754, "center", "raw", 10 ** 10)
-    limits.check_options(13377, "center", "raw", 178_956_970)
+    limits.check_options(26754, "raw", 10 ** 10)
+    limits.check_options(13377, "raw", 178_956_970)
     with pytest.raises(Exception, match="26754"):
-        limits.check_options(26755, "center", "raw", 10 ** 10)
+        limits.check_options(26755, "raw", 10 ** 10)
 
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])

@@ -277,8 +277,8 @@ def write_tfds_style_tfrecords(directory, split: str, images: list[tuple[bytes, 
         with open(path, "wb") as f:
             for data, label in images[file_index::num_files]:
                 f.write(tfrecord_io.frame(record_format._field(1, (  # Example.features, its entries by key
-                    record_format._entry("image", record_format._bytes_feature(data))
-                    + record_format._entry("label", record_format._int64_feature(label))))))
+                    record_format.feature_entry("image", record_format.bytes_feature(data))
+                    + record_format.feature_entry("label", record_format.int64_feature(label))))))
         paths.append(path)
     return paths
 

@@ -142,7 +142,7 @@ def test_parse_features_reads_any_tensorflow_example(spec):
 
 
 def _varint(value: int) -> bytes:
-    return record_format._varint(value)
+    return record_format.varint(value)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -229,15 +229,15 @@ def _with(key: str, feature: bytes) -> bytes:
 
 
 INVALID_RECORDS = dict([
-    ("missing key", _example_with_feature(record_format.ENCODED, record_format._bytes_feature(b""))),
-    ("height as bytes", _with(record_format.HEIGHT, record_format._bytes_feature(b"2"))),
+    ("missing key", _example_with_feature(record_format.ENCODED, record_format.bytes_feature(b""))),
+    ("height as bytes", _with(record_format.HEIGHT, record_format.bytes_feature(b"2"))),
     ("label as float", _with(record_format.LABEL, _field(2, _field(1, struct.pack("<f", 7.0))))),
     ("two labels", _with(record_format.LABEL, _field(3, _field(1, _varint(1) + _varint(2))))),
     ("negative size", record_format.encode_example(record(height=-2, width=-2))),
     ("zero width", record_format.encode_example(record(width=0, encoded=b""))),
     ("raw length mismatch", record_format.encode_example(record(encoded=bytes(11)))),
-    ("unknown format", _with(record_format.FORMAT, record_format._bytes_feature(b"webp2"))),
-    ("filename not utf-8", _with(record_format.FILENAME, record_format._bytes_feature(b"\xff"))),
+    ("unknown format", _with(record_format.FORMAT, record_format.bytes_feature(b"webp2"))),
+    ("filename not utf-8", _with(record_format.FILENAME, record_format.bytes_feature(b"\xff"))),
 ])
 
 

@@ -19,7 +19,7 @@ def test_varints_decode_at_every_length():
     values = [0, 1, 127, 128, 300, 16383, 16384, 2**21 + 5, 2**35 + 7, 2**62 + 11]
     rows = np.full((len(values), 12), 0xAB, np.uint8)  # bytes after each varint are noise
     for row, value in zip(rows, values):
-        encoded = record_format._varint(value)  # the writer's encoder
+        encoded = record_format.varint(value)  # the writer's encoder
         row[:len(encoded)] = np.frombuffer(encoded, np.uint8)
     assert record_gather.decode_varints(rows).tolist() == values
 

@@ -219,7 +219,7 @@ def foreign_record(features: dict) -> bytes:
         if isinstance(value, bytes):
             feature = record_format._field(1, record_format._field(1, value))
         else:
-            feature = record_format._field(3, record_format._field(1, record_format._varint(value)))
+            feature = record_format._field(3, record_format._field(1, record_format.varint(value)))
         entries += record_format._field(1, record_format._field(1, key.encode()) + record_format._field(2, feature))
     return record_format._field(1, entries)
 

@@ -42,7 +42,7 @@ def plan_source(config: PreprocessConfig, parsed: ParsedSource | None = None) ->
     split = names.check(config.split, "split", "--split")
     labels_split = None if config.labels_split is None else names.check(config.labels_split, "split", "--labels-split")
     config = dataclasses.replace(config, split=split, labels_split=labels_split)
-    check_options(config.shorter_side, config.crop, config.encoding, config.max_pixels)
+    check_options(config.shorter_side, config.encoding, config.max_pixels)
     check_kind_options(config, parsed.kind)
     return parsed.kind.plan(parsed.location, config)
 

@@ -84,7 +84,7 @@ def record_fits(num_bytes: int) -> bool:
     return num_bytes + RECORD_OVERHEAD <= MAX_RECORD_BYTES
 
 
-def check_options(shorter_side: int, crop: str, encoding: str, max_pixels: int) -> None:
+def check_options(shorter_side: int, encoding: str, max_pixels: int) -> None:
     """Raises SourceError (what, why, the largest value that works) for options that cannot work."""
     if shorter_side * shorter_side > max_pixels:
         raise SourceError(

@@ -155,7 +155,7 @@ class Manifest:
                 raise UnfitLayoutError(f"{where}split {split!r}: {why}", split)
         layouts = {split: layout for split, layout in layouts.items() if split not in layout_problems}
         splits = {name: SplitInfo.from_json(info, layouts.get(name)) for name, info in document["splits"].items()}
-        fields = {field.name: document.get(field.name) for field in _document_fields(cls)}
+        fields = {key.name: document.get(key.name) for key in MANIFEST_KEYS}
         classes = document["classes"]
         fields.update(classes=tuple(classes), num_classes=document.get("num_classes", len(classes)), splits=splits,
                       mean_rgb=_triple(document.get("mean_rgb")), std_rgb=_triple(document.get("std_rgb")),
@@ -163,7 +163,7 @@ class Manifest:
         return cls(**fields, layout_problems=layout_problems)
 
     def to_json(self) -> dict:
-        document = {field.name: getattr(self, field.name) for field in _document_fields(self)}
+        document = {key.name: getattr(self, key.name) for key in MANIFEST_KEYS}
         document.update(
             options=dict(self.options) if self.options is not None else None, classes=list(self.classes),
             splits={name: info.to_json() for name, info in self.splits.items()},
@@ -201,10 +201,6 @@ class Manifest:
 
 def _triple(value):
     return tuple(value) if value is not None else None
-
-
-def _document_fields(manifest) -> list[dataclasses.Field]:
-    return [field for field in dataclasses.fields(manifest) if "manifest_key" in field.metadata]
 
 
 def _record_layouts(document: dict) -> tuple[dict[str, FixedLayout | None], dict[str, str]]:

@@ -4,6 +4,7 @@ imported at module level: the CLI imports this for ``--help``."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 CHANNELS = 3  # every stored image is RGB
@@ -13,11 +14,12 @@ class UnknownEncodingError(ValueError):
     """An encoding name this version does not know (a newer manifest or record, a typo)."""
 
 
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Encoding:
-    """One way of storing an image; subclasses set the class attributes and implement ``encode`` and ``decode``."""
-    name: str = ""  # --encoding, the manifest's "encoding", every record's image/format
+    """One way of storing an image; subclasses implement ``encode`` and ``decode``."""
+    name: str  # --encoding, the manifest's "encoding", every record's image/format
+    label: str  # the format as messages name it ("JPEG")
     summary: str = ""  # what it is for, in --encoding's help
-    label: str = ""  # the format as messages name it ("JPEG")
     max_side: int | None = None  # the most pixels a side the format stores; None: only the record limit bounds it
     uses_quality: bool = False  # --jpeg-quality applies (recorded as the manifest's jpeg_quality)
     bytes_per_pixel: float = CHANNELS  # a photo's stored bytes a pixel, for the size a run expects (rough but raw)
@@ -58,9 +60,6 @@ class Encoding:
 
 class Raw(Encoding):
     """The uint8 pixels themselves, H x W x 3 bytes, row-major: nothing to decode at train time."""
-    name, label = "raw", "raw"
-    summary = "uint8 HxWx3 bytes (no decode at train time)"
-    mean_std_tolerance = 0.05  # the very pixels the manifest's mean/std came from: only float rounding differs
 
     def encode(self, image, quality: int) -> bytes:
         return image.tobytes()  # a Pillow RGB image's and a C-order H x W x 3 array's bytes are the same layout
@@ -79,13 +78,13 @@ class Raw(Encoding):
         return width * height * CHANNELS
 
 
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class PillowEncoding(Encoding):
-    """An encoding Pillow writes (``pillow_format``, ``save_options``) and reads (by content, to RGB)."""
-    pillow_format: str = ""  # Pillow's name of the format, for Image.save
-
-    def save_options(self, quality: int) -> dict:
-        """Keyword arguments of ``Image.save`` besides the format, fixed so the bytes do not vary."""
-        return {}
+    """An encoding Pillow writes (``pillow_format``) and reads (by content, to RGB), TensorFlow by ``tf_decoder``."""
+    pillow_format: str  # Pillow's name of the format, for Image.save
+    save_options: dict = dataclasses.field(default_factory=dict)  # Image.save's, fixed so the bytes do not vary
+    tf_decoder: str = ""  # the tf.io function that decodes it; "": decode in tf.numpy_function
+    tf_options: dict = dataclasses.field(default_factory=dict)
 
     def encode(self, image, quality: int) -> bytes:
         import io
@@ -95,7 +94,8 @@ class PillowEncoding(Encoding):
         if not isinstance(image, Image.Image):
             image = Image.fromarray(image, "RGB")
         buffer = io.BytesIO()
-        image.save(buffer, format=self.pillow_format, **self.save_options(quality))
+        quality_option = {"quality": quality} if self.uses_quality else {}
+        image.save(buffer, format=self.pillow_format, **self.save_options, **quality_option)
         return buffer.getvalue()
 
     def decode(self, encoded: bytes, height: int, width: int):
@@ -107,45 +107,32 @@ class PillowEncoding(Encoding):
         with Image.open(io.BytesIO(encoded)) as image:
             return np.asarray(image.convert("RGB") if image.mode != "RGB" else image)
 
-
-class Jpeg(PillowEncoding):
-    """A baseline JPEG per image, without chroma subsampling."""
-    name, label, pillow_format = "jpeg", "JPEG", "JPEG"
-    summary = "smaller shards"
-    max_side = 65_500  # libjpeg's limit on either side
-    uses_quality = True
-    bytes_per_pixel = 0.35  # about what quality 90 gives photos
-    tolerance_reason = "lossy against the pre-encode pixels the manifest used"
-
-    def save_options(self, quality: int) -> dict:
-        # 4:4:4 keeps colour detail at 256 px; optimize=False (Pillow's default) keeps the bytes deterministic.
-        return {"quality": quality, "subsampling": 0}
-
     def decode_tf(self, encoded, height, width):
+        if not self.tf_decoder:
+            return super().decode_tf(encoded, height, width)
         import tensorflow as tf
 
-        # Pillow's integer DCT, so both readers give the same pixels.
-        return tf.io.decode_jpeg(encoded, channels=CHANNELS, dct_method="INTEGER_ACCURATE")
+        return getattr(tf.io, self.tf_decoder)(encoded, channels=CHANNELS, **self.tf_options)
 
 
-class Png(PillowEncoding):
-    """A lossless PNG per image."""
-    name, label, pillow_format = "png", "PNG", "PNG"
-    summary = "lossless, smaller than raw"
-    mean_std_tolerance = 0.05  # lossless: as raw, only float rounding differs
-    bytes_per_pixel = 2.0  # about what photos take losslessly (2/3 of raw)
-
-    def save_options(self, quality: int) -> dict:
-        return {"compress_level": 6, "optimize": False}  # fixed: the bytes must not vary with Pillow's defaults
-
-    def decode_tf(self, encoded, height, width):
-        import tensorflow as tf
-
-        return tf.io.decode_png(encoded, channels=CHANNELS)
-
-
-RAW = Raw()  # the pixels themselves: what the fixed layout holds, and what predict feeds the model
-REGISTERED: tuple[Encoding, ...] = (RAW, Jpeg(), Png())  # --encoding's choices, in its help's order
+# The pixels themselves: what the fixed layout holds and predict feeds the model; the manifest's mean/std came from
+# the very same pixels, so only float rounding differs.
+RAW = Raw(name="raw", label="raw", summary="uint8 HxWx3 bytes (no decode at train time)", mean_std_tolerance=0.05)
+# A baseline JPEG per image: 4:4:4 keeps colour detail at 256 px; optimize=False (Pillow's default) keeps the bytes
+# deterministic; TensorFlow decodes by Pillow's integer DCT, so both readers give the same pixels.
+JPEG = PillowEncoding(name="jpeg", label="JPEG", pillow_format="JPEG", summary="smaller shards",
+                      max_side=65_500,  # libjpeg's limit on either side
+                      uses_quality=True,
+                      bytes_per_pixel=0.35,  # about what quality 90 gives photos
+                      tolerance_reason="lossy against the pre-encode pixels the manifest used",
+                      save_options={"subsampling": 0}, tf_decoder="decode_jpeg",
+                      tf_options={"dct_method": "INTEGER_ACCURATE"})
+# A lossless PNG per image, its compression fixed: the bytes must not vary with Pillow's defaults.
+PNG = PillowEncoding(name="png", label="PNG", pillow_format="PNG", summary="lossless, smaller than raw",
+                     mean_std_tolerance=0.05,  # lossless: as raw, only float rounding differs
+                     bytes_per_pixel=2.0,  # about what photos take losslessly (2/3 of raw)
+                     save_options={"compress_level": 6, "optimize": False}, tf_decoder="decode_png")
+REGISTERED: tuple[Encoding, ...] = (RAW, JPEG, PNG)  # --encoding's choices, in its help's order
 NAMES = tuple(encoding.name for encoding in REGISTERED)
 _BY_NAME = {encoding.name: encoding for encoding in REGISTERED}
 

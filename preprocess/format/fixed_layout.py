@@ -7,9 +7,10 @@ import dataclasses
 
 from shardprep.preprocess.format import tfrecord_io
 from shardprep.preprocess.format.encodings import RAW
-from shardprep.preprocess.format.record_format import (CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, LABEL, WIDTH, ImageRecord,
-                                                RecordFormatError, _bytes_entry_parts, _bytes_feature, _entry,
-                                                _field_parts, _int64_feature, _varint, decode_example, small_features)
+from shardprep.preprocess.format.record_format import (CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, LABEL, WIDTH,
+                                                       ImageRecord, RecordFormatError, bytes_entry_parts, bytes_feature,
+                                                       decode_example, feature_entry, field_parts, int64_feature,
+                                                       small_features, varint)
 
 PADDING = "image/padding"
 # Entries in the order ENCODED, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH (small_features' order), PADDING.
@@ -18,7 +19,7 @@ _PADDING_STARTS = (0, 1 << 7, 1 << 14, 1 << 21, 1 << 28)
 
 
 def _length_delimited_size(number: int, payload_length: int) -> int:
-    return len(_varint((number << 3) | 2)) + len(_varint(payload_length)) + payload_length
+    return len(varint((number << 3) | 2)) + len(varint(payload_length)) + payload_length
 
 
 def _entry_size(key: str, feature_length: int) -> int:
@@ -81,7 +82,7 @@ class FixedLayout:
 
     @property
     def label_offset(self) -> int:
-        label_entry = len(_entry(LABEL, _int64_feature(0)))
+        label_entry = len(feature_entry(LABEL, int64_feature(0)))
         return self.image_offset + self.image_bytes + label_entry - 1  # label 0 is a 1-byte varint, the entry's end
 
     def to_json(self) -> dict:
@@ -96,8 +97,8 @@ class FixedLayout:
                                     f"layout of raw {self.height}x{self.width} records")
         if len(record.encoded) != self.image_bytes:
             raise RecordFormatError(f"raw image holds {len(record.encoded)} bytes, expected {self.image_bytes}")
-        entries = [*_bytes_entry_parts(ENCODED, record.encoded),
-                   b"".join(_entry(key, feature) for key, feature in small_features(record).items())]
+        entries = [*bytes_entry_parts(ENCODED, record.encoded),
+                   b"".join(feature_entry(key, feature) for key, feature in small_features(record).items())]
         target = self.record_bytes + (self.image_offset if shard_end else 0)
         padding_entry = (self.entries_bytes + (self._shard_end_growth() if shard_end else 0)
                          - sum(len(part) for part in entries))
@@ -105,7 +106,7 @@ class FixedLayout:
         if padding is None:
             raise RecordFormatError(f"record {record.filename!r} (label {record.label}) does not fit its split's "
                                     "fixed layout: filename or label longer than the layout was made for")
-        framed = tfrecord_io.frame_parts(_field_parts(1, [*entries, _entry(PADDING, _bytes_feature(bytes(padding)))]))
+        framed = tfrecord_io.frame_parts(field_parts(1, [*entries, feature_entry(PADDING, bytes_feature(bytes(padding)))]))
         if len(framed) != target:
             raise RecordFormatError(f"fixed layout error: record of {len(framed)} bytes, expected {target}")
         return framed
@@ -150,7 +151,7 @@ def _padding_for_entry_size(size: int) -> int | None:
 
 
 def _unpadded_entries_size(image_bytes: int, height: int, width: int, filename_bytes: int, label: int) -> int:
-    sizes = {ENCODED: _bytes_feature_size(image_bytes), LABEL: len(_int64_feature(label)),
+    sizes = {ENCODED: _bytes_feature_size(image_bytes), LABEL: len(int64_feature(label)),
              FILENAME: _bytes_feature_size(filename_bytes), FORMAT: _bytes_feature_size(len(RAW.name.encode())),
-             HEIGHT: len(_int64_feature(height)), WIDTH: len(_int64_feature(width))}
+             HEIGHT: len(int64_feature(height)), WIDTH: len(int64_feature(width))}
     return sum(_entry_size(key, size) for key, size in sizes.items())

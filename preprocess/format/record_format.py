@@ -36,7 +36,7 @@ class RecordFormatError(ValueError):
 _SMALL_VARINTS = tuple(bytes((value,)) for value in range(128))  # every tag and most lengths: one byte, made once
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     if 0 <= value < 128:
         return _SMALL_VARINTS[value]
     if value < 0:
@@ -54,36 +54,36 @@ def _varint(value: int) -> bytes:
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+    return varint((number << 3) | 2) + varint(len(payload)) + payload
 
 
-def _field_parts(number: int, parts: list[bytes]) -> list[bytes]:
+def field_parts(number: int, parts: list[bytes]) -> list[bytes]:
     """:func:`_field` of ``b"".join(parts)`` as parts, so a record's pixels are joined once, at its framing."""
-    return [_varint((number << 3) | 2) + _varint(sum(len(part) for part in parts)), *parts]
+    return [varint((number << 3) | 2) + varint(sum(len(part) for part in parts)), *parts]
 
 
-def _bytes_entry_parts(key: str, value: bytes) -> list[bytes]:
-    """:func:`_entry` of ``key`` and ``_bytes_feature(value)``, as parts: ``value`` itself is the last."""
-    return _field_parts(1, [_field(1, key.encode()), *_field_parts(2, _field_parts(1, _field_parts(1, [value])))])
+def bytes_entry_parts(key: str, value: bytes) -> list[bytes]:
+    """:func:`feature_entry` of ``key`` and ``bytes_feature(value)``, as parts: ``value`` itself is the last."""
+    return field_parts(1, [_field(1, key.encode()), *field_parts(2, field_parts(1, field_parts(1, [value])))])
 
 
-def _bytes_feature(value: bytes) -> bytes:
+def bytes_feature(value: bytes) -> bytes:
     return _field(1, _field(1, value))  # Feature.bytes_list = 1 { BytesList.value = 1 }
 
 
-def _int64_feature(value: int) -> bytes:
-    return _field(3, _field(1, _varint(value)))  # Feature.int64_list = 3 { packed Int64List.value = 1 }
+def int64_feature(value: int) -> bytes:
+    return _field(3, _field(1, varint(value)))  # Feature.int64_list = 3 { packed Int64List.value = 1 }
 
 
-def _entry(key: str, feature: bytes) -> bytes:
+def feature_entry(key: str, feature: bytes) -> bytes:
     return _field(1, _field(1, key.encode()) + _field(2, feature))  # map entry: key = 1, value = 2
 
 
 def small_features(record: ImageRecord) -> dict[str, bytes]:
     """Every feature but ``image/encoded``, serialized."""
-    return {LABEL: _int64_feature(record.label), FILENAME: _bytes_feature(record.filename.encode("utf-8")),
-            FORMAT: _bytes_feature(record.format.encode()), HEIGHT: _int64_feature(record.height),
-            WIDTH: _int64_feature(record.width)}
+    return {LABEL: int64_feature(record.label), FILENAME: bytes_feature(record.filename.encode("utf-8")),
+            FORMAT: bytes_feature(record.format.encode()), HEIGHT: int64_feature(record.height),
+            WIDTH: int64_feature(record.width)}
 
 
 def encode_example(record: ImageRecord) -> bytes:
@@ -98,8 +98,8 @@ def example_parts(record: ImageRecord) -> list[bytes]:
     features = small_features(record)
     entries = []
     for key in sorted([ENCODED, *features]):
-        entries += _bytes_entry_parts(key, record.encoded) if key == ENCODED else [_entry(key, features[key])]
-    return _field_parts(1, entries)  # Example.features = 1 { Features.feature = 1 (map) }
+        entries += bytes_entry_parts(key, record.encoded) if key == ENCODED else [feature_entry(key, features[key])]
+    return field_parts(1, entries)  # Example.features = 1 { Features.feature = 1 (map) }
 
 
 def read_varint(buf, pos: int) -> tuple[int, int]:

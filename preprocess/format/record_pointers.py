@@ -4,6 +4,7 @@ shuffles carry instead of images, cut by bucket or shard with array arithmetic."
 from __future__ import annotations
 
 import bisect
+import copy
 from array import array
 from collections.abc import Iterable
 
@@ -56,7 +57,9 @@ class _KeyedRows:
         return {int(group): self._with_columns(columns[groups == group]) for group in np.unique(groups)}
 
     def _with_columns(self, columns: np.ndarray):
-        raise NotImplementedError
+        part = copy.copy(self)
+        part._columns = columns
+        return part
 
     _FIELDS: tuple[str, ...] = ()  # attributes besides the split and the rows: compared, shown and pickled
     _NOUN = "rows"
@@ -72,15 +75,6 @@ class _KeyedRows:
         shown = ", ".join(repr(value) for value in self._identity() if value is not None)
         return f"{type(self).__name__}({shown}, {len(self)} {self._NOUN})"
 
-    def __getstate__(self):
-        return self.split, self.columns.tobytes(), *(getattr(self, name) for name in self._FIELDS)
-
-    def __setstate__(self, state) -> None:
-        self.split, data, *values = state
-        self._columns = np.frombuffer(data, dtype=np.uint64).reshape(-1, self.WIDTH)
-        for name, value in zip(self._FIELDS, values):
-            setattr(self, name, value)
-
 
 class SortKeys(_KeyedRows):
     """The sort keys of one split's listed inputs, each with the input's index in its batch."""
@@ -94,9 +88,6 @@ class SortKeys(_KeyedRows):
         return [int(index) for index in self.columns[:, 2]]
 
     _NOUN = "keys"
-
-    def _with_columns(self, columns: np.ndarray) -> SortKeys:
-        return SortKeys(self.split, columns)
 
 
 class RecordPointers(_KeyedRows):
@@ -120,9 +111,6 @@ class RecordPointers(_KeyedRows):
 
     def total_bytes(self) -> int:
         return int(self.columns[:, 3].sum())
-
-    def _with_columns(self, columns: np.ndarray) -> RecordPointers:
-        return RecordPointers(self.split, self.spill_path, columns, self.file_info)
 
     def is_whole_sorted_file(self) -> bool:
         """True when these are all of their spill file's records, which is in sort-key order."""

@@ -109,16 +109,9 @@ def target_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
 
 
 @pillow_decoding()
-def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, draft_shorter_side: int | None = None) -> Image.Image:
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """The image opened lazily, its format found by content; empty input, non-images and images over ``max_pixels``
     rejected before decoding. Load the pixels inside :func:`pillow_decoding` too."""
-    image = _open_checked(data, max_pixels)
-    if draft_shorter_side:
-        _draft(image, draft_shorter_side)
-    return image
-
-
-def _open_checked(data: bytes, max_pixels: int) -> Image.Image:
     if not data:
         raise RejectError("empty_file", "zero bytes")
     # Pillow's WebP reader allocates the whole canvas when it opens a file, so the size check has to come first.
@@ -195,7 +188,7 @@ def _failure_reject(detail: str, data: bytes) -> RejectError:
     return RejectError("truncated" if cut_short or "truncated" in detail.lower() else "decode_error", detail)
 
 
-def _draft(image: Image.Image, shorter_side: int) -> None:
+def draft(image: Image.Image, shorter_side: int) -> None:
     """Sets a JPEG (or MPO) up for DCT-scaled decoding when the target is at most half its shorter side."""
     if not isinstance(image, JpegImagePlugin.JpegImageFile) or 2 * shorter_side > min(image.size):
         return
@@ -282,15 +275,6 @@ def resize_and_crop(image: Image.Image, shorter_side: int, crop: str,
     return resize.resize_and_crop(image, target_size(*image.size, shorter_side), shorter_side, crop, method)
 
 
-@pillow_decoding()
-def decode_rgb(data: bytes, options: ProcessOptions | None = None) -> Image.Image:
-    """``data`` (any format Pillow reads; a GIF's first frame) decoded to an oriented RGB image."""
-    options = options or ProcessOptions()
-    image = open_image(data, options.max_pixels, draft_shorter_side=options.shorter_side)
-    rgb = _load_rgb(image, data)
-    return Image.fromarray(rgb, "RGB") if isinstance(rgb, np.ndarray) else rgb
-
-
 _OPENCV_COUNT_LIMIT = 1 << 24  # OpenCV's float32 histogram bins are exact up to 2**24
 
 
@@ -335,7 +319,7 @@ def _check_stored_size(stored: encodings.Encoding, width: int, height: int, resi
 @pillow_decoding()
 def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
     """Decode, convert, resize, crop and encode one image; raises :class:`RejectError` for bad input."""
-    image = _open_checked(data, options.max_pixels)
+    image = open_image(data, options.max_pixels)
     # The output size comes from the full-size image: a drafted one has its sides rounded up to whole DCT blocks.
     source_width, source_height = image.size
     if options.crop == "none":
@@ -345,7 +329,7 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         if width * height > options.max_pixels:
             raise RejectError("too_many_pixels", f"{resized} > --max-pixels {options.max_pixels}")
         _check_stored_size(options.stored, width, height, resized)
-    _draft(image, options.shorter_side)
+    draft(image, options.shorter_side)
     decoded_size = image.size
     rgb = _load_rgb(image, data)
     if resize.size_of(rgb) != decoded_size:  # EXIF orientation turned it by 90 degrees

@@ -76,11 +76,6 @@ def size_text(num_bytes: float) -> str:
     return f"{num_bytes:,.1f} TiB"
 
 
-def _records_described(shorter_side: int, crop: str, encoding: str) -> str:
-    shape = f"{shorter_side}x{shorter_side} crops" if crop == "center" else f"shorter side {shorter_side}"
-    return f"{encoding} {shape}" + ("" if encodings.get(encoding).stored_bytes(1, 1) else ", roughly")
-
-
 def _total(sample: SizeSample, per_input: float) -> str:
     if sample.num_inputs is None:
         return f"about {size_text(per_input)} an image"
@@ -97,7 +92,8 @@ def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) 
         return [f"inputs: {inputs} (no image header read in a sample of {sample.sampled:,})"]
     width, height = median_size(sample.sizes)
     per_input = _mean_bytes(sample, shorter_side, crop, encoding)
-    records = _records_described(shorter_side, crop, encoding)
+    shape = f"{shorter_side}x{shorter_side} crops" if crop == "center" else f"shorter side {shorter_side}"
+    records = f"{encoding} {shape}" + ("" if encodings.get(encoding).stored_bytes(1, 1) else ", roughly")
     each = "" if sample.num_inputs is None else f", {size_text(per_input)} an image"
     return [f"inputs: {inputs} (median {width}x{height}, from the headers of {len(sample.sizes):,})",
             f"expected output: {_total(sample, per_input)}{each} ({records})"]

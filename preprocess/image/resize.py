@@ -3,6 +3,7 @@ OpenCV, about half Pillow's time at about its error); neither allocates the whol
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, cast
 
@@ -23,7 +24,6 @@ _REDUCED_SCALE = 2
 # A centre crop resizes the whole image when that is at most this many times the crop's pixels (4:3 photos: 1.33).
 _WHOLE_RESIZE_LIMIT = 4
 _kernels: dict[tuple[float, int], np.ndarray] = {}  # (scale, lobes) -> its low-pass kernel: few scales a dataset
-_opencv_ready = False
 
 
 def recorded(method: str) -> str | None:
@@ -159,12 +159,10 @@ def _kernel(scale: float, lobes: int) -> np.ndarray:
     return kernel
 
 
+@functools.cache
 def opencv():
     """``cv2``, imported on first use, one thread (the job's parallelism is its worker processes)."""
-    global _opencv_ready
     import cv2
 
-    if not _opencv_ready:
-        cv2.setNumThreads(1)
-        _opencv_ready = True
+    cv2.setNumThreads(1)
     return cv2
