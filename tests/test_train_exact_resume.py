@@ -1,24 +1,25 @@
 """A resumed `--seed` run is the uninterrupted run, bit for bit: `history.json` (every epoch's loss, accuracy,
-val_loss, val_accuracy and learning rate) and the final weights, on TensorFlow and JAX; and Ctrl-C stops a run
-cleanly, saves where it is and prints the command that resumes it.
+val_loss, val_accuracy and learning rate) and the final weights, on TensorFlow and JAX; and Ctrl-C (or SIGTERM) stops a
+run cleanly, saves where it is and prints the command that resumes it.
 
 Each backend trains a tiny model on random images larger than the crop, so that the augmentation's draws change
 what the model sees (6 steps an epoch, 3 epochs, a checkpoint every 3 steps). The interrupted run is one chain,
 each link resumed with the command the previous one printed or with `--resume`:
 
 1. the disk a SIGKILL mid-epoch 1 leaves (before step 4; the checkpoint is at step 3): the uninterrupted run's
-   folder copied there, before that step ran (the real SIGKILL is 3's);
+   folder copied there, before that step ran;
 2. Ctrl-C in a real process: TensorFlow in a pseudo-terminal of 80 columns mid-epoch 2 (a checkpoint at the step
    it stops after); JAX in a pipe during the last step of epoch 2, so the stop lands in its validation (saved as
    steps done, validation pending);
-3. SIGKILL at an epoch end (before step 12, right after epoch 2's checkpoint): on TensorFlow a real process,
-   killed; on JAX the folder of the run resumed after the Ctrl-C, copied there (that run goes on to its end, and
-   the copy is resumed to the end as well);
-4. the rest of the run.
+3. SIGKILL at an epoch end (before step 12, right after epoch 2's checkpoint): the folder of the run resumed after
+   the Ctrl-C, copied there; that run goes on: on TensorFlow it is stopped by SIGTERM mid-epoch 3 (which stops as
+   Ctrl-C does, exit 143), on JAX it runs to its end;
+4. the rest of the run, from both folders.
 
-It must end exactly where the uninterrupted run ends. On TensorFlow (the backend this process's Keras runs on) the
+Both must end exactly where the uninterrupted run ends. On TensorFlow (the backend this process's Keras runs on) the
 uninterrupted run and step 4 run in this process, through the CLI; on JAX the uninterrupted run goes first in the
-process of step 2, which then resumes the copy and is stopped, and both ends run in one more process.
+process of step 2, which then resumes the copy and is stopped, and both ends run in one more process. (Real
+SIGKILLs: test_train_checkpoint_crash.py, test_train_ownership.py.)
 """
 
 import io
@@ -160,7 +161,7 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     else:
         interrupted = run(resume_stopped, backend, tmp_path, block_at=11, stop=signal.SIGINT, step_seconds=1.0,
                           timeout=600, first_args=train_args(dataset, "uninterrupted", backend),
-                          first_copy=(4, "stopped"))
+                          copy=(4, "stopped"))
         assert (uninterrupted / "summary.json").exists(), interrupted.output[-3000:]
         assert "resumed at epoch 1, step 3 of 6" in flat(interrupted.output)  # the copy: the checkpoint of step 3
         status, shown, seconds = interrupted.returncode, interrupted.output, interrupted.seconds_after_signal
@@ -176,50 +177,44 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     # 3. SIGKILL at an epoch end (before step 12, after epoch 2's checkpoint), and 4. the rest.
     expected = history(uninterrupted)
     assert expected["epoch"] == list(range(1, EPOCHS + 1))
-    if backend == "tensorflow":  # a real process, killed; the rest in this process
-        killed = run(resume, backend, tmp_path, block_at=12)
-        assert killed.returncode == -signal.SIGKILL, killed.output[-3000:]
-        assert (state(stopped)["global_step"], state(stopped)["epochs_done"]) == (12, 2)
-        status, output = in_process(resume_stopped)
+    at_epoch_end = tmp_path / "killed-at-epoch-end"
+    if backend == "tensorflow":
+        # A real process resumed with the printed command, its folder copied before step 12 (the disk a SIGKILL
+        # there leaves), stopped by SIGTERM in epoch 3 (a scheduler's stop: Slurm, Kubernetes, `timeout`), which
+        # stops as the first Ctrl-C does: after the step in flight, a checkpoint there, the resume command, exit 143
+        # (128 + SIGTERM). Both folders are resumed to the end in this process.
+        termed = run(resume, backend, tmp_path, block_at=13, stop=signal.SIGTERM, step_seconds=1.0, timeout=600,
+                     copy=(12, at_epoch_end.name))
+        assert termed.returncode == 143, termed.output[-3000:]
+        shown = flat(termed.output)
+        assert "SIGTERM: stopping after this step and saving a checkpoint there" in shown
+        at = state(stopped)["global_step"]
+        assert at in (13, 14)  # after the step in flight (or the next, a slow machine); not step 12's checkpoint
+        assert f"Interrupted (SIGTERM) in epoch 3 after step {at - 12} of 6: checkpoint saved there" in shown
+        assert "(Ctrl-C)" not in shown
+        assert not (stopped / ".shardprep.lock").exists()
+        assert (state(at_epoch_end)["global_step"], state(at_epoch_end)["epochs_done"]) == (12, 2)
+        status, output = in_process(printed_command(termed.output))
+        assert status == 0 and "Resuming from" in output, output[-3000:]
+        status, output = in_process(train_args(dataset, at_epoch_end.name, backend, "--resume"))
         assert status == 0, output[-3000:]
         assert "Resuming from" in output and "after epoch 2" in output
-        ends = [stopped]
     else:
         # One process: the printed command resumed to the end (the run stopped by Ctrl-C, then no other stop), its
         # folder copied before step 12 (the disk the SIGKILL there leaves: TensorFlow's run above is killed for real);
         # then the copy resumed to the end.
-        at_epoch_end = tmp_path / "killed-at-epoch-end"
         last = run(train_args(dataset, at_epoch_end.name, backend, "--resume"), backend, tmp_path, timeout=600,
-                   first_args=resume, first_copy=(12, at_epoch_end.name))
+                   first_args=resume, copy=(12, at_epoch_end.name))
         assert last.returncode == 0, last.output[-3000:]
         assert (stopped / "summary.json").exists(), last.output[-3000:]
         assert last.output.count("Resuming from") == 2
         assert "after epoch 2" in last.output.split("Resuming from")[-1]  # the copy: epoch 2's checkpoint
-        ends = [stopped, at_epoch_end]
 
     expected_variables = saved_variables(uninterrupted)
-    for end in ends:
+    for end in (stopped, at_epoch_end):
         assert history(end) == expected  # exact: every float as the uninterrupted run wrote it
         got_variables = saved_variables(end)
         assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
         for name, expected_array in expected_variables.items():
             np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=f"{end.name}: {name}")
 
-
-def test_sigterm_stops_as_ctrl_c_does_saving_a_checkpoint_where_it_is(dataset, tmp_path, monkeypatch):
-    """A scheduler's stop (Slurm, Kubernetes, `timeout`: SIGTERM, then SIGKILL after a grace period) ended the run
-    where it was, exit -15, losing every step since the last checkpoint. It now stops as the first Ctrl-C does:
-    after the step in flight, a checkpoint there, the command that resumes, exit 143 (128 + SIGTERM)."""
-    monkeypatch.chdir(tmp_path)
-    # Checkpoints every 5 steps (the last --checkpoint-every-steps counts): the stop's own is told apart.
-    stopped = run(train_args(dataset, "stopped", "tensorflow", "--checkpoint-every-steps", 5), "tensorflow",
-                  tmp_path, block_at=8, stop=signal.SIGTERM, step_seconds=1.0, timeout=600)
-    assert stopped.returncode == 143, stopped.output[-3000:]
-    shown = flat(stopped.output)
-    assert "SIGTERM: stopping after this step and saving a checkpoint there" in shown
-    at = state(tmp_path / "stopped")["global_step"]
-    assert at in (8, 9)  # after the step in flight (or the next, on a slow machine); not the step-5 checkpoint
-    assert f"Interrupted (SIGTERM) in epoch 2 after step {at - 6} of 6: checkpoint saved there" in shown
-    assert "(Ctrl-C)" not in shown
-    assert printed_command(stopped.output)[-1] == "--resume"
-    assert not (tmp_path / "stopped" / ".shardprep.lock").exists()

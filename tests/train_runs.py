@@ -6,9 +6,9 @@ The child is :data:`DRIVER`: the CLI with an ``on_batch`` observer around ``loop
 waits there for good (a kill lands at a known step) or, with ``$TRAIN_RUNS_STEP_SECONDS``, sleeps that long before
 each step from then on (a SIGINT lands while a step is in flight and the run can still stop on its own).
 With ``$TRAIN_RUNS_FIRST`` (a JSON list of CLI arguments), the child first runs that command to its end, unobserved
-(e.g. an uninterrupted reference run, without paying a second process's start), then the one it is stopped in; with
-``$TRAIN_RUNS_FIRST_COPY_AT`` too, that first run's --output-dir is copied to ``$TRAIN_RUNS_FIRST_COPY_TO`` before
-that global step runs (the disk a SIGKILL there would leave).
+(e.g. an uninterrupted reference run, without paying a second process's start), then the one it is stopped in. With
+``$TRAIN_RUNS_COPY_AT``, the --output-dir of the first run (or, without one, of the run stopped) is copied to
+``$TRAIN_RUNS_COPY_TO`` before that global step runs (the disk a SIGKILL there would leave).
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ block_at = int(os.environ.get("TRAIN_RUNS_BLOCK_AT", "-1"))
 marker = os.environ.get("TRAIN_RUNS_MARKER", "")
 step_seconds = float(os.environ.get("TRAIN_RUNS_STEP_SECONDS", "0"))
 first = json.loads(os.environ.get("TRAIN_RUNS_FIRST", "null"))
-copy_at = int(os.environ.get("TRAIN_RUNS_FIRST_COPY_AT", "-1"))
-copy_to = os.environ.get("TRAIN_RUNS_FIRST_COPY_TO", "")
+copy_at = int(os.environ.get("TRAIN_RUNS_COPY_AT", "-1"))
+copy_to = os.environ.get("TRAIN_RUNS_COPY_TO", "")
 armed = [first is None]
 
 def observe(step, batch):
+    if step == copy_at and armed[0] == (first is None):  # the first run's folder, else the stopped run's
+        args = sys.argv[1:] if armed[0] else first
+        named = [a.split("=", 1)[1] for a in args if a.startswith("--output-dir=")]
+        shutil.copytree((named or [args[args.index("--output-dir") + 1]])[0], copy_to, symlinks=True)
     if not armed[0]:
-        if step == copy_at:
-            named = [a.split("=", 1)[1] for a in first if a.startswith("--output-dir=")]
-            shutil.copytree((named or [first[first.index("--output-dir") + 1]])[0], copy_to, symlinks=True)
         return
     if step == block_at:
         open(marker, "w").close()
@@ -75,20 +76,20 @@ def environment(backend: str, **extra) -> dict:
 
 
 def run(args, backend: str, tmp_path, *, block_at: int | None = None, stop: int = signal.SIGKILL,
-        step_seconds: float = 0.0, timeout: float = 300, first_args=None, first_copy=None) -> Finished:
+        step_seconds: float = 0.0, timeout: float = 300, first_args=None, copy=None) -> Finished:
     """The driver with ``args`` (CLI arguments after ``shardprep``) in a pipe, in the folder ``tmp_path`` (relative
     paths in ``args`` are there); with ``block_at``, ``stop`` is sent once the run reaches that step. With
     ``first_args``, the same process first runs ``shardprep *first_args`` to its end (an exit status other than 0
-    ends the child there); with ``first_copy`` = (step, folder) too, that run's --output-dir is copied to ``folder``
-    (relative to ``tmp_path``) before that step."""
+    ends the child there). With ``copy`` = (step, folder), the --output-dir of that first run (or, without one, of
+    the run stopped) is copied to ``folder`` (relative to ``tmp_path``) before that step."""
     import json
 
     marker = tmp_path / f"reached-{time.monotonic_ns()}"
     extra = {}
     if first_args is not None:
         extra["TRAIN_RUNS_FIRST"] = json.dumps(list(map(str, first_args)))
-    if first_copy is not None:
-        extra.update(TRAIN_RUNS_FIRST_COPY_AT=str(first_copy[0]), TRAIN_RUNS_FIRST_COPY_TO=str(first_copy[1]))
+    if copy is not None:
+        extra.update(TRAIN_RUNS_COPY_AT=str(copy[0]), TRAIN_RUNS_COPY_TO=str(copy[1]))
     if block_at is not None:
         extra.update(TRAIN_RUNS_BLOCK_AT=str(block_at), TRAIN_RUNS_MARKER=str(marker),
                      TRAIN_RUNS_STEP_SECONDS=str(step_seconds))
