@@ -1,10 +1,11 @@
-"""Validate's two Beam graphs and the composite stages across records; each graph writes JSON result lines to
-``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
+"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines
+(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from functools import partial
 
 import apache_beam as beam
 from apache_beam import coders
@@ -17,7 +18,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocatio
 from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Flag, HashGroup, HashPair,
                                                        NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
-from shardprep.pipelines.validate_job.report import foreign_summary, sample_line, split_summary
+from shardprep.pipelines.validate_job.report import foreign_summary, result_line, sample_line, split_summary
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.format.dataset import Manifest
 
@@ -39,18 +40,18 @@ def mean_std_tolerance(manifest: dict) -> float:
 
 
 def _check_split(element, manifest: dict, tolerance: float):
-    """``(split, merged SplitStats)`` -> the split's summary dict, and its problems (tagged ``problem``)."""
+    """``(split, merged SplitStats)`` -> the split's result line, and its problems (tagged ``problem``)."""
     split, stats = element
     found = split_problems(split, stats, manifest)
     if split == manifest.get("stats_split"):
         found += mean_std_problems(split, stats, manifest, tolerance)
     yield from (beam.pvalue.TaggedOutput("problem", each) for each in found)
-    yield split_summary(split, stats, manifest)
+    yield result_line("split", split, split_summary(split, stats, manifest))
 
 
 @beam.ptransform_fn
 def CheckSplits(shard_stats, manifest: dict, tolerance: float):
-    """``(split, SplitStats)`` per shard -> one summary dict per manifest split (main output ``split``; a split
+    """``(split, SplitStats)`` per shard -> one result line per manifest split (main output ``split``; a split
     whose shards are all missing gets one too) and tagged output ``problem``."""
     every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
         [(split, SplitStats()) for split in manifest["splits"]])
@@ -124,18 +125,17 @@ def FindLeakage(pixel_hashes, split_order: list[str]):
 
 @beam.ptransform_fn
 def KeepFirstProblems(problems, max_per_check: int):
-    """Problem dicts -> result lines: at most ``max_per_check`` problems per check (lowest shard/record first) and
-    one ``problem_count`` line per check counting all of them."""
+    """Problem dicts -> per check, a ``problem`` result line of its first ``max_per_check`` problems (lowest
+    shard/record first) and a ``problem_count`` line counting all of them."""
     keyed = problems | "KeyProblemsByCheck" >> beam.Map(
         lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
     kept = (keyed
             | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(max_per_check)
-            | "ProblemLines" >> beam.FlatMap(lambda kv: [
-                json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
+            | "ProblemLines" >> beam.MapTuple(lambda check, first: result_line(
+                "problem", check, [json.loads(text) for _, text in first])))
     counts = (keyed
               | "CountProblems" >> beam.combiners.Count.PerKey()
-              | "ProblemCountLines" >> beam.MapTuple(
-                  lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
+              | "ProblemCountLines" >> beam.MapTuple(lambda check, n: result_line("problem_count", check, n)))
     return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
 
 
@@ -152,7 +152,7 @@ def MergeForeignStats(file_stats):
     """``(split, ForeignStats)`` per file -> one ``split`` result line per split."""
     return (file_stats
             | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
-            | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
+            | "SplitLines" >> beam.MapTuple(lambda split, stats: result_line("split", split, foreign_summary(stats))))
 
 
 @beam.ptransform_fn
@@ -275,29 +275,22 @@ def _split_pair(pair: NearPair) -> tuple[str, str]:
     return pair.reference.split, pair.duplicate.split
 
 
-def _json_lines(label: str, found, kind: str, *fields: str, **extra):
-    """``found``'s elements (``((reference, split), value)`` or flat tuples) as result lines of ``kind`` with
-    ``fields``; a list of NearPairs as their JSON."""
-    def line(element) -> str:
-        values = (*element[0], *element[1:]) if isinstance(element[0], tuple) else element
-        values = [[pair.to_json() for pair in v] if isinstance(v, list) else v for v in values]
-        return json.dumps({"kind": kind, **dict(zip(fields, values)), **extra})
-    return found | label >> beam.Map(line)
-
-
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
     """FindNearDuplicates' outputs as ``near_duplicate_*`` result lines (the search's keying in ``..._search``)."""
     keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
              "expected_recall": {str(d): round(search.recall(d), 4)
                                  for d in sorted({max_distance // 2, max_distance})}}
-    leaked = found["leaked"] | "KeyOf" >> beam.Map(lambda where: (where.split, where.filename))
-    return [_json_lines("NearCountLines", found["counts"], "near_duplicate_count", "reference", "split", "count"),
-            _json_lines("NearPairLines", found["pairs"], "near_duplicate_pairs", "reference", "split", "pairs"),
-            _json_lines("BorderlineLines", found["borderline"], "near_duplicate_borderline", "reference", "split",
-                        "pairs"),
-            _json_lines("LeakedKeyLines", leaked, "near_duplicate_key", "split", "key"),
-            _json_lines("SearchLine", found["search"], "near_duplicate_search", "buckets_over_cap",
-                        "members_unchecked", **keyed)]
+
+    def listed(kind: str):
+        return beam.MapTuple(lambda key, pairs: result_line(kind, key, [pair.to_json() for pair in pairs]))
+
+    return [found["counts"] | "NearCountLines" >> beam.MapTuple(partial(result_line, "near_duplicate_count")),
+            found["pairs"] | "NearPairLines" >> listed("near_duplicate_pairs"),
+            found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
+            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
+                                                                                      where.filename)),
+            found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked: result_line(
+                "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked, **keyed}))]
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
@@ -315,10 +308,9 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
     problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
                 | "FlattenProblems" >> beam.Flatten())
-    lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
+    lines = [checked.split,
              problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
-             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(
-                 lambda split, count: json.dumps({"kind": "duplicate_images", "split": split, "count": count}))]
+             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(partial(result_line, "duplicate_images"))]
     search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), max_distance)
     if search_near_duplicates:
         lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
