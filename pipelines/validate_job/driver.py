@@ -68,8 +68,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
 
 def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, stage: str,
                   total_files: int, work_bytes: int) -> report_lib.Results:
-    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files, on as
-    many local workers as they pay for; returns its parsed result lines."""
+    """Builds (``build(pipeline, results_path, progress_dir)``), sizes and runs a graph; returns its Results."""
     beam_args = runner.sized_to_work(beam_args, work_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     results_path, cleanup = _results_location(beam_args)
 
@@ -144,8 +143,8 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
     results = _run_pipeline(
-        lambda pipeline, results, progress_dir: build_dataset_pipeline(
-            pipeline, manifest, tasks, results, samples, options, progress_dir, search_near_duplicates=skipped is None),
+        lambda pipeline, path, progress_dir: build_dataset_pipeline(
+            pipeline, manifest, tasks, path, samples, options, progress_dir, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
     report.update(report_lib.dataset_fields(document, found, results, stats_split, mean_std_tolerance(document)))
     if skipped:
@@ -159,11 +158,9 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
 
 def _near_duplicates(report: dict, results: report_lib.Results, split_order: list[str], options: ValidateOptions,
                      outputs: WrittenOutputs) -> list:
-    """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
-    that fail the run."""
+    """Fills ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems failing the run."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
-    report["near_duplicates"] = near = report_lib.near_section(
-        results, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
+    report["near_duplicates"] = near = report_lib.near_section(results, split_order, split_records, options)
     found = report_lib.near_findings(near)
     if options.leaked_keys:
         text = report_lib.keys_file_text(sorted(results["near_duplicate_key"]), options.data, near)
@@ -216,7 +213,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
                                  report_lib.read_results(()), options.max_problems_per_check)
     total_bytes = sum(meta.size_in_bytes for meta in matched)
     results = _run_pipeline(
-        lambda pipeline, results, progress_dir: build_foreign_pipeline(pipeline, files, options, results, progress_dir),
+        lambda pipeline, path, progress_dir: build_foreign_pipeline(pipeline, files, options, path, progress_dir),
         beam_args, progress, f"reading {len(files)} files ({total_bytes / 2**20:,.1f} MiB)", len(files), total_bytes)
     splits = results["split"]
     report.update(image_key=options.image_key, label_key=options.label_key, num_files=len(files),

@@ -4,6 +4,7 @@ bad record does not hide the rest. No record is held: the cross-record stages ge
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -161,8 +162,7 @@ def _read_file(path: str, split: str, file: str, limit: int | None, check) -> Ge
 
 
 class ReadShardFn(beam.DoFn):
-    """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, statistics and
-    keys (the outputs: the module's docstring)."""
+    """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, stats and keys."""
 
     def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         self.manifest = manifest  # as the driver loaded and checked it
@@ -253,8 +253,7 @@ def ReadShards(tasks, manifest: Manifest, samples: SampleOptions | None, progres
 
 
 class MergeFn(beam.CombineFn):
-    """Adds up values into a ``factory()`` accumulator with its ``add`` method, merged with its ``merge``
-    (``SplitStats``/``ForeignStats`` add partial statistics, ``HashGroup`` adds records)."""
+    """Adds values into a ``factory()`` accumulator with its ``add`` method; accumulators merge with ``merge``."""
 
     def __init__(self, factory, add: str = "merge"):
         self.factory, self.add = factory, add
@@ -266,10 +265,7 @@ class MergeFn(beam.CombineFn):
         return getattr(accumulator, self.add)(value)
 
     def merge_accumulators(self, accumulators):
-        merged = self.factory()
-        for accumulator in accumulators:
-            merged.merge(accumulator)
-        return merged
+        return functools.reduce(lambda merged, accumulator: merged.merge(accumulator), accumulators, self.factory())
 
     def extract_output(self, accumulator):
         return accumulator

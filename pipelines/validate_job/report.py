@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from shardprep.pipelines.validate_job.checks import (ForeignStats, Sample, SplitStats, classify_files, problem,
                                                    problem_sort_key, size_summary)
 from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE, SplitPair, split_ranks
+from shardprep.pipelines.validate_job.options import ValidateOptions
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.image import resize
 from shardprep.preprocess.sources.exclude_keys import format_keys
@@ -151,8 +152,8 @@ def sheet_rows(class_names: list[str], results: Results) -> list[tuple[str, list
         for label, name in enumerate(class_names)]
 
 
-def near_section(results: Results, split_order: list[str], split_records: dict[str, int], max_distance: int,
-            limit: int | None, strict: bool, min_score: float = MIN_SCORE) -> dict:
+def near_section(results: Results, split_order: list[str], split_records: dict[str, int], options: ValidateOptions,
+                 min_score: float = MIN_SCORE) -> dict:
     """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate_job/driver.py``), training splits first."""
     counts, pairs = results["near_duplicate_count"], results["near_duplicate_pairs"]
     borderline = results["near_duplicate_borderline"]
@@ -168,7 +169,8 @@ def near_section(results: Results, split_order: list[str], split_records: dict[s
     within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
                       "borderline": borderline.get((split, split), [])} for split in split_order}
     search = results["near_duplicate_search"].get(None, {"buckets_over_cap": 0, "members_unchecked": 0})
-    return {"max_distance": max_distance, "min_score": min_score, "limit": limit, "strict": strict,
+    return {"max_distance": options.near_duplicate_distance, "min_score": min_score,
+            "limit": options.near_duplicate_limit, "strict": options.strict,
             "across_splits": across, "within_splits": within, "leaked_records": len(results["near_duplicate_key"]),
             "leaked_keys_file": None, "search": search}
 
@@ -186,8 +188,7 @@ def near_measure(near: dict) -> str:
 
 
 def near_findings(near: dict) -> list[dict]:
-    """One ``near_duplicates`` problem per split pair with near-duplicates across splits (warnings unless
-    :func:`near_fails`)."""
+    """One ``near_duplicates`` problem per split pair with near-duplicates across splits."""
     found = []
     for entry in near["across_splits"]:
         if not entry["records"]:
