@@ -1,5 +1,6 @@
 """Validate's two Beam graphs and the composite stages across records; each graph writes result lines
-(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
+(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md
+("The graph")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The JSON report, assembled on the driver from the pipeline's result lines (``[kind, key, value]``, read back as
-Results) and the driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text. Its keys:
-docs/validate.md."""
+Results) and the driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's
+text. Its keys: docs/validate.md."""
 
 from __future__ import annotations
 
