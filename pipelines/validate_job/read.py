@@ -245,11 +245,9 @@ class ReadShardFn(beam.DoFn):
             sample_rank(record.filename), record.filename, small.shape[0], small.shape[1], small.tobytes())))
 
 
-@beam.ptransform_fn
-def ReadShards(tasks, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
+def ReadShards(manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
-    return tasks | "ReadShard" >> beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(
-        *SHARD_OUTPUTS, main="stats")
+    return beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(*SHARD_OUTPUTS, main="stats")
 
 
 class MergeFn(beam.CombineFn):
@@ -322,8 +320,6 @@ class ReadForeignFileFn(beam.DoFn):
         return found
 
 
-@beam.ptransform_fn
-def ReadForeignFiles(files, image_key: str, label_key: str, progress_dir: str | None = None):
+def ReadForeignFiles(image_key: str, label_key: str, progress_dir: str | None = None):
     """``(file, split)`` -> ``(split, ForeignStats)`` per file (main output ``stats``), tagged output ``problem``."""
-    return files | "ReadForeignFile" >> beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs(
-        "problem", main="stats")
+    return beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs("problem", main="stats")

@@ -193,13 +193,13 @@ def near_findings(near: dict) -> list[dict]:
     for entry in near["across_splits"]:
         if not entry["records"]:
             continue
-        best = entry["pairs"][0] if entry["pairs"] else None
         message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
                    f"near-duplicate in {entry['reference']} ({near_measure(near)})")
         if not entry["leak"]:
             message += "; both splits held out, so not in --leaked-keys"
         where = {}
-        if best:
+        if entry["pairs"]:
+            best = entry["pairs"][0]
             message += (f"; most alike: {best['duplicate']['filename']!r} and {best['reference']['filename']!r}"
                         f" (score {best['score']:.2f}, {best['distance']} bits)")
             where = {"file": best["duplicate"]["file"], "index": best["duplicate"]["index"]}
