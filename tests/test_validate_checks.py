@@ -164,10 +164,10 @@ def test_manifest_problems():
 
 def test_problems_are_capped_per_check_but_all_counted():
     driver = [problem("shard_missing", "gone", file=f"train/{i}") for i in range(3)]
-    lines = [{"kind": "problem", **problem("record_corrupt", "bad", file="train/0", index=7)},
-             {"kind": "problem_count", "check": "record_corrupt", "count": 40}]
+    results = {"problem": {"record_corrupt": [problem("record_corrupt", "bad", file="train/0", index=7)]},
+               "problem_count": {"record_corrupt": 40}}
 
-    kept, counts, truncated = merge_problems(driver, lines, max_per_check=2)
+    kept, counts, truncated = merge_problems(driver, results, max_per_check=2)
 
     assert counts == {"record_corrupt": 40, "shard_missing": 3}
     assert [(p["check"], p["file"]) for p in kept] == [("record_corrupt", "train/0"), ("shard_missing", "train/0"),

@@ -21,7 +21,7 @@ from shardprep.pipelines.validate_job.graph import (CheckSplits, FindDuplicateFi
                                                  MergeForeignStats, SampleForContactSheet, WriteResults)
 from shardprep.pipelines.validate_job.checks import problem
 from shardprep.pipelines.validate_job.checks import RecordLocation, Sample, ShardTask
-from shardprep.pipelines.validate_job.report import sample_line, split_summary
+from shardprep.pipelines.validate_job.report import result_line, sample_line, split_summary
 from shardprep.pipelines.validate_job.checks import SplitStats, channel_sums
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.format.fixed_layout import FixedLayout
@@ -106,8 +106,9 @@ def test_check_splits_merges_shards_and_compares_counts_with_the_manifest():
     dataset["splits"]["validation"] = {"num_examples": 1, "class_counts": {"cat": 1}, "shards": []}
     with pipeline() as p:
         checked = p | beam.Create([("train", first), ("train", second)]) | CheckSplits(dataset, 0.05)
-        assert_that(checked.split, equal_to([split_summary("train", stats, dataset),
-                                             split_summary("validation", SplitStats(), dataset)]), label="Summaries")
+        assert_that(checked.split, equal_to([
+            result_line("split", "train", split_summary("train", stats, dataset)),
+            result_line("split", "validation", split_summary("validation", SplitStats(), dataset))]), label="Summaries")
         assert_that(checked.problem | beam.Map(lambda found: (found["check"], found["split"])),
                     equal_to([("split_count", "validation"), ("class_count", "validation")]), label="Problems")
 
@@ -194,8 +195,8 @@ def test_keep_first_problems_caps_each_check_and_counts_all():
     problems.append(problem("shard_sha256", "differs", split="train", file="train/a"))
     with pipeline() as p:
         lines = p | beam.Create(problems) | KeepFirstProblems(2)
-        parsed = lines | beam.Map(json.loads) | beam.Map(
-            lambda line: (line["kind"], line["check"], line.get("index", line.get("count"))))
+        parsed = lines | beam.Map(json.loads) | beam.FlatMapTuple(lambda kind, check, value: (
+            [(kind, check, found.get("index")) for found in value] if kind == "problem" else [(kind, check, value)]))
         assert_that(parsed, equal_to([("problem", "record_corrupt", 1), ("problem", "record_corrupt", 3),
                                       ("problem", "shard_sha256", None), ("problem_count", "record_corrupt", 3),
                                       ("problem_count", "shard_sha256", 1)]))
@@ -235,9 +236,9 @@ def test_read_foreign_files_and_merge_foreign_stats(tmp_path):
         {"image": png.getvalue(), "label": 1}, {"image": b"not an image", "label": 0}, {"image": png.getvalue()})))
     with pipeline() as p:
         read = p | beam.Create([(str(path), "train")]) | ReadForeignFiles("image", "label")
-        summary = read.stats | MergeForeignStats() | beam.Map(json.loads) | beam.Map(
-            lambda line: (line["split"], line["num_examples"], line["num_readable_images"], line["label_counts"],
-                          line["image_sizes"]["most_common"]))
+        summary = read.stats | MergeForeignStats() | beam.Map(json.loads) | beam.MapTuple(
+            lambda _, split, line: (split, line["num_examples"], line["num_readable_images"], line["label_counts"],
+                                    line["image_sizes"]["most_common"]))
         assert_that(summary, equal_to([("train", 3, 2, {"0": 1, "1": 1}, {"2x3": 2})]), label="Summary")
         assert_that(read.problem | beam.Map(lambda found: (found["check"], found["index"])),
                     equal_to([("image_decode", 1), ("label_missing", 2)]), label="Problems")

@@ -20,46 +20,19 @@ from shardprep.preprocess.format.sharding import pixel_statistics
 from shardprep.preprocess.format.tfrecord_io import HEADER_BYTES, framed_size
 from shardprep.preprocess.sources.common import split_from_tfrecord_name
 
-CHECKS = {
+CHECKS = frozenset({  # what each means: docs/validate.md ("The checks")
     # The dataset folder
-    "manifest_missing": "no manifest.json: the dataset is incomplete (a preprocess run stopped early or never ran)",
-    "manifest_invalid": "manifest.json is unreadable, of an unknown version, or lacks keys validate needs",
-    "manifest_shape": "a manifest key is missing or has a value of the wrong type or range (checked before "
-                      "anything else; the shards are not read)",
-    "manifest_inconsistent": "the manifest's own totals disagree (split count vs. its shards or class counts)",
-    "shard_missing": "a shard listed in the manifest is not on disk",
-    "shard_unlisted": "a .tfrecord file in the dataset folder is not listed in the manifest",
-    "shard_unreadable": "a shard could not be opened or read",
+    "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",
+    "shard_unlisted", "shard_unreadable",
     # One shard
-    "shard_sha256": "a shard's sha256 differs from the manifest",
-    "shard_size": "a shard's size in bytes differs from the manifest",
-    "shard_count": "a shard holds a different number of records than the manifest says",
-    "shards_not_uniform": "a split's shards differ by more than one record",
+    "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",
     # One record
-    "record_corrupt": "a record fails the TFRecord length/CRC checks or is truncated",
-    "record_parse": "a record is not a valid shardprep tf.train.Example",
-    "record_format": "a record's image/format differs from the manifest's encoding",
-    "record_size": "a record's height/width do not match the manifest's options (or its own pixels)",
-    "record_label": "a record's label is outside 0..num_classes-1",
-    "record_layout": "a record's length, or where its pixels or label sit, differs from its split's record_layout "
-                     "(which the train reader relies on)",
-    "image_decode": "a record's image bytes do not decode",
+    "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_layout", "image_decode",
     # Across records
-    "split_count": "a split holds a different number of records than the manifest says",
-    "class_count": "a class holds a different number of records in a split than the manifest says",
-    "filename_duplicate": "two records share an image/filename",
-    "leakage": "an identical image (same decoded pixels) is in two splits",
-    "near_duplicates": "held-out records have a near-duplicate in a training split (hashes within "
-                       "--near-duplicate-distance bits, confirmed by a score on their pixels): a failure under --strict "
-                       "or above --near-duplicate-limit, else a warning",
-    "mean_rgb": "the recomputed per-channel mean differs from the manifest's by more than the tolerance",
-    "std_rgb": "the recomputed per-channel std differs from the manifest's by more than the tolerance",
+    "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",
     # Foreign tfrecord: inputs
-    "no_files": "the tfrecord: pattern matched no files",
-    "class_names": "the label.labels.txt beside the tfrecord: files cannot be used as class names",
-    "image_missing": "a foreign record lacks the image feature (see --image-key)",
-    "label_missing": "a foreign record lacks a single int64 label (see --label-key)",
-}
+    "no_files", "class_names", "image_missing", "label_missing",
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +95,7 @@ _SQUARES = _VALUES * _VALUES
 
 
 def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per-channel sums and sums of squares of an (H, W, 3) uint8 image, exact, via a 256-bin histogram per
-    channel (about 4x faster than widening every pixel)."""
+    """Exact per-channel sums and sums of squares of an (H, W, 3) uint8 image (256-bin histograms: 4x faster)."""
     flat = pixels.reshape(-1, pixels.shape[-1])
     sums, squares = [], []
     for channel in range(flat.shape[1]):
@@ -314,8 +286,7 @@ def classify_files(found: list[str]) -> dict[str, list[str]]:
 
 
 def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
-    """``shard_missing`` for listed shards not found, ``shard_unlisted`` for shard-like files (relative paths)
-    not listed."""
+    """``shard_missing`` per listed shard not found, ``shard_unlisted`` per shard-like file not listed."""
     listed = {shard["file"]: split for split, info in manifest["splits"].items() for shard in info["shards"]}
     present = set(found_files)
     found = [problem("shard_missing", "listed in the manifest but not on disk", split=split, file=file)

@@ -67,9 +67,8 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
 
 
 def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, stage: str,
-                  total_files: int, work_bytes: int) -> list[dict]:
-    """Builds (``build(pipeline, results_path, progress_dir)``) and runs a graph on ``work_bytes`` of files, on as
-    many local workers as they pay for; returns its parsed result lines."""
+                  total_files: int, work_bytes: int) -> report_lib.Results:
+    """Builds (``build(pipeline, results_path, progress_dir)``), sizes and runs a graph; returns its Results."""
     beam_args = runner.sized_to_work(beam_args, work_bytes, runner.VALIDATE_BYTES_PER_WORKER)
     results_path, cleanup = _results_location(beam_args)
 
@@ -84,7 +83,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
             build(pipeline, results_path, progress_dir)
             runner.run_to_end(pipeline, beam_args)
         with open_file(results_path) as f:
-            return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
+            return report_lib.read_results(io.TextIOWrapper(f, encoding="utf-8"))
     except stopping.WorkerStopped as e:  # the workers were ended: the run has no result
         raise ValidateError(str(e)) from None
     finally:
@@ -125,10 +124,10 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
         if error.kind != manifest_lib.PATH_INCOMPLETE:
             raise ValidateError(str(error))
         missing = report_lib.manifest_missing_problem(found)
-        return report_lib.finish(report, [missing], [], options.max_problems_per_check)
+        return report_lib.finish(report, [missing], report_lib.read_results(()), options.max_problems_per_check)
     manifest, driver_problems = _checked_manifest(data_dir, found, report)
     if manifest is None:
-        return report_lib.finish(report, driver_problems, [], options.max_problems_per_check)
+        return report_lib.finish(report, driver_problems, report_lib.read_results(()), options.max_problems_per_check)
     present = set(found)
     tasks = [ShardTask(split, shard.file, manifest_lib.join(data_dir, shard.file), shard)
              for split, info in manifest.splits.items() for shard in info.shards if shard.file in present]
@@ -143,30 +142,28 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
     total_bytes = sum(task.expected.num_bytes for task in tasks)
     skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
                                          runner.runs_locally(beam_args))
-    lines = _run_pipeline(
-        lambda pipeline, results, progress_dir: build_dataset_pipeline(
-            pipeline, manifest, tasks, results, samples, options, progress_dir, search_near_duplicates=skipped is None),
+    results = _run_pipeline(
+        lambda pipeline, path, progress_dir: build_dataset_pipeline(
+            pipeline, manifest, tasks, path, samples, options, progress_dir, search_near_duplicates=skipped is None),
         beam_args, progress, f"reading {len(tasks)} shards ({total_bytes / 2**20:,.1f} MiB)", len(tasks), total_bytes)
-    report.update(report_lib.dataset_fields(document, found, lines, stats_split, mean_std_tolerance(document)))
+    report.update(report_lib.dataset_fields(document, found, results, stats_split, mean_std_tolerance(document)))
     if skipped:
         report["near_duplicates"] = {"skipped": skipped}  # why, which the CLI shows as a warning
     else:
-        driver_problems += _near_duplicates(report, lines, list(manifest.splits), options, outputs)
-    report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
-    _write_pictures_or_fail(options, report, lines, outputs, progress)
+        driver_problems += _near_duplicates(report, results, list(manifest.splits), options, outputs)
+    report = report_lib.finish(report, driver_problems, results, options.max_problems_per_check)
+    _write_pictures_or_fail(options, report, results, outputs, progress)
     return report
 
 
-def _near_duplicates(report: dict, lines: list[dict], split_order: list[str], options: ValidateOptions,
+def _near_duplicates(report: dict, results: report_lib.Results, split_order: list[str], options: ValidateOptions,
                      outputs: WrittenOutputs) -> list:
-    """Fills the report's ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems
-    that fail the run."""
+    """Fills ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems failing the run."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
-    report["near_duplicates"] = near = report_lib.near_section(
-        lines, split_order, split_records, options.near_duplicate_distance, options.near_duplicate_limit, options.strict)
+    report["near_duplicates"] = near = report_lib.near_section(results, split_order, split_records, options)
     found = report_lib.near_findings(near)
     if options.leaked_keys:
-        text = report_lib.keys_file_text(report_lib.leaked_keys(lines), options.data, near)
+        text = report_lib.keys_file_text(sorted(results["near_duplicate_key"]), options.data, near)
         with _writing(f"the keys to {options.leaked_keys}", report, ""):
             near["leaked_keys_file"] = outputs.write("--leaked-keys", absolute(options.leaked_keys),
                                                      text.encode("utf-8"), "text/plain")
@@ -213,12 +210,12 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
     if not files:
         pattern = absolute(found.patterns[0]) if len(found.patterns) == 1 else options.data
         return report_lib.finish(report, [_no_files_problem(pattern, folders)],
-                                 [], options.max_problems_per_check)
+                                 report_lib.read_results(()), options.max_problems_per_check)
     total_bytes = sum(meta.size_in_bytes for meta in matched)
-    lines = _run_pipeline(
-        lambda pipeline, results, progress_dir: build_foreign_pipeline(pipeline, files, options, results, progress_dir),
+    results = _run_pipeline(
+        lambda pipeline, path, progress_dir: build_foreign_pipeline(pipeline, files, options, path, progress_dir),
         beam_args, progress, f"reading {len(files)} files ({total_bytes / 2**20:,.1f} MiB)", len(files), total_bytes)
-    splits = report_lib.split_entries(lines)
+    splits = results["split"]
     report.update(image_key=options.image_key, label_key=options.label_key, num_files=len(files),
                   num_examples=sum(s["num_examples"] for s in splits.values()), splits=dict(sorted(splits.items())))
     driver_problems = []
@@ -228,7 +225,7 @@ def validate_foreign(options: ValidateOptions, beam_args: list[str], progress: P
         classes, driver_problems = None, [problem("class_names", str(e))]
     if classes:
         report["classes"] = classes
-    report = report_lib.finish(report, driver_problems, lines, options.max_problems_per_check)
+    report = report_lib.finish(report, driver_problems, results, options.max_problems_per_check)
     _write_pictures_or_fail(options, report, None, outputs, progress)
     return report
 
@@ -242,18 +239,18 @@ def _writing(what: str, report: dict, after: str = "; the report above is comple
         raise ReportWriteError(f"writing {what} failed: {e}{after}", report) from e
 
 
-def _write_pictures_or_fail(options: ValidateOptions, report: dict, lines: list[dict] | None,
+def _write_pictures_or_fail(options: ValidateOptions, report: dict, results: report_lib.Results | None,
                             outputs: WrittenOutputs, progress: Progress) -> None:
     if not options.pictures:
         return
     progress(f"writing pictures to {options.pictures}", None, None, None)
     with _writing(f"pictures to {options.pictures}", report):
-        report["pictures"] = write_pictures(options.pictures, report, lines, options.samples_per_class, outputs)
+        report["pictures"] = write_pictures(options.pictures, report, results, options.samples_per_class, outputs)
 
 
-def write_pictures(directory: str, report: dict, lines: list[dict] | None, samples_per_class: int,
+def write_pictures(directory: str, report: dict, results: report_lib.Results | None, samples_per_class: int,
                    outputs: WrittenOutputs) -> dict:
-    """Writes the contact sheet (prepared datasets: ``lines`` holds the samples), the near-duplicate pages and the
+    """Writes the contact sheet (prepared datasets: ``results`` holds the samples), the near-duplicate pages and the
     class-count chart, last (``outputs`` then has them whole); returns their paths."""
     from shardprep.pipelines.validate_job.read import read_record_pixels
     from shardprep.pipelines.validate_job import pictures
@@ -265,8 +262,8 @@ def write_pictures(directory: str, report: dict, lines: list[dict] | None, sampl
     written = {}
     class_names, counts = report_lib.chart_counts(report)
     class_names = [wordnet_names.display_name(name) for name in class_names]  # tench (n01440764), as predict says
-    if lines is not None:
-        sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, lines), samples_per_class)
+    if results is not None:
+        sheet = pictures.contact_sheet(report_lib.sheet_rows(class_names, results), samples_per_class)
         written["contact_sheet"] = write(pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet))
     if (near := report.get("near_duplicates")) and "skipped" not in near:  # a search ran
         data_dir = absolute(report["data"]).rstrip("/")

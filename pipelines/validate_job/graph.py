@@ -1,10 +1,13 @@
-"""Validate's two Beam graphs and the composite stages across records; each graph writes JSON result lines to
-``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
+"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines
+(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md
+("The graph")."""
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Iterable
+from functools import partial
 
 import apache_beam as beam
 from apache_beam import coders
@@ -17,7 +20,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocatio
 from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Flag, HashGroup, HashPair,
                                                        NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
                                                        pair_findings, split_ranks)
-from shardprep.pipelines.validate_job.report import foreign_summary, sample_line, split_summary
+from shardprep.pipelines.validate_job.report import foreign_summary, result_line, sample_line, split_summary
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.format.dataset import Manifest
 
@@ -39,18 +42,18 @@ def mean_std_tolerance(manifest: dict) -> float:
 
 
 def _check_split(element, manifest: dict, tolerance: float):
-    """``(split, merged SplitStats)`` -> the split's summary dict, and its problems (tagged ``problem``)."""
+    """``(split, merged SplitStats)`` -> the split's result line, and its problems (tagged ``problem``)."""
     split, stats = element
     found = split_problems(split, stats, manifest)
     if split == manifest.get("stats_split"):
         found += mean_std_problems(split, stats, manifest, tolerance)
     yield from (beam.pvalue.TaggedOutput("problem", each) for each in found)
-    yield split_summary(split, stats, manifest)
+    yield result_line("split", split, split_summary(split, stats, manifest))
 
 
 @beam.ptransform_fn
 def CheckSplits(shard_stats, manifest: dict, tolerance: float):
-    """``(split, SplitStats)`` per shard -> one summary dict per manifest split (main output ``split``; a split
+    """``(split, SplitStats)`` per shard -> one result line per manifest split (main output ``split``; a split
     whose shards are all missing gets one too) and tagged output ``problem``."""
     every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
         [(split, SplitStats()) for split in manifest["splits"]])
@@ -89,11 +92,10 @@ def _leakage(element, split_order: list[str]):
     """``(pixel hash, [encoded locations])`` -> a ``leakage`` problem when the image is in more than one split,
     and ``(split, count - 1)`` (tagged ``duplicates``) for each split holding it more than once."""
     first_by_split: dict[str, RecordLocation] = {}
-    count_by_split: dict[str, int] = {}
+    count_by_split: collections.Counter[str] = collections.Counter()
     for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
-        count_by_split[location.split] = count_by_split.get(location.split, 0) + 1
-        if location.split not in first_by_split or location < first_by_split[location.split]:
-            first_by_split[location.split] = location
+        count_by_split[location.split] += 1
+        first_by_split[location.split] = min(location, first_by_split.get(location.split, location))
     for split, count in count_by_split.items():
         if count > 1:
             yield beam.pvalue.TaggedOutput("duplicates", (split, count - 1))
@@ -124,18 +126,17 @@ def FindLeakage(pixel_hashes, split_order: list[str]):
 
 @beam.ptransform_fn
 def KeepFirstProblems(problems, max_per_check: int):
-    """Problem dicts -> result lines: at most ``max_per_check`` problems per check (lowest shard/record first) and
-    one ``problem_count`` line per check counting all of them."""
+    """Problem dicts -> per check, a ``problem`` result line of its first ``max_per_check`` problems (lowest
+    shard/record first) and a ``problem_count`` line counting all of them."""
     keyed = problems | "KeyProblemsByCheck" >> beam.Map(
         lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
     kept = (keyed
             | "KeepFirst" >> beam.combiners.Top.SmallestPerKey(max_per_check)
-            | "ProblemLines" >> beam.FlatMap(lambda kv: [
-                json.dumps({"kind": "problem", **json.loads(text)}) for _, text in kv[1]]))
+            | "ProblemLines" >> beam.MapTuple(lambda check, first: result_line(
+                "problem", check, [json.loads(text) for _, text in first])))
     counts = (keyed
               | "CountProblems" >> beam.combiners.Count.PerKey()
-              | "ProblemCountLines" >> beam.MapTuple(
-                  lambda check, n: json.dumps({"kind": "problem_count", "check": check, "count": n})))
+              | "ProblemCountLines" >> beam.MapTuple(lambda check, n: result_line("problem_count", check, n)))
     return (kept, counts) | "FlattenProblemLines" >> beam.Flatten()
 
 
@@ -152,7 +153,7 @@ def MergeForeignStats(file_stats):
     """``(split, ForeignStats)`` per file -> one ``split`` result line per split."""
     return (file_stats
             | "MergeStats" >> beam.CombinePerKey(MergeFn(ForeignStats))
-            | "SplitLines" >> beam.MapTuple(lambda split, stats: json.dumps(foreign_summary(split, stats))))
+            | "SplitLines" >> beam.MapTuple(lambda split, stats: result_line("split", split, foreign_summary(stats))))
 
 
 @beam.ptransform_fn
@@ -162,8 +163,7 @@ def WriteResults(lines, path: str):
 
 
 def _bucket_pairs(element, max_distance: int, cap: int):
-    """``(search key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; tagged ``unchecked``: the
-    members a bucket over ``cap`` left uncompared."""
+    """``(key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; ``unchecked``: members over ``cap``."""
     found = bucket_pairs(element[1], max_distance, cap)
     yield from found.pairs
     if found.unchecked:
@@ -193,15 +193,34 @@ def _pair_findings(element, ranks: dict[str, int], min_score: float):
 
 def _leaked_locations(element):
     """``(hash, {split: [split], location: [RecordLocation]})`` -> the locations in a flagged split."""
-    _, joined = element
-    flagged = set(joined["split"])
-    if flagged:
-        for location in joined["location"]:
-            if location.split in flagged:
-                yield location
+    flagged = set(element[1]["split"])
+    return [location for location in element[1]["location"] if location.split in flagged]
 
 
-class FindNearDuplicates(beam.PTransform):
+def _leaked(by_hash, flags, ranks: dict[str, int]):
+    """The RecordLocation of every record of a held-out split whose hash is flagged against a training split."""
+    flagged = (flags
+               | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
+               | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
+    locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, record: (image_hash, record.location))
+    return ({"split": flagged, "location": locations}
+            | "JoinLeaked" >> beam.CoGroupByKey()
+            | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
+
+
+def _per_split_pair(found, label: str, listed: int | None = None):
+    """NearPairs -> ``((reference, split), [NearPair])``, most alike first; ``listed``: only the best so many. The
+    key is a plain tuple, which Beam encodes deterministically."""
+    keyed = found | f"Key{label}" >> beam.Map(lambda pair: ((pair.reference.split, pair.duplicate.split), pair))
+    grouped = keyed | f"Group{label}" >> (beam.GroupByKey() if listed is None else beam.combiners.Top.PerKey(
+        listed, key=lambda pair: pair.score))
+    return grouped | f"{label}MostAlikeFirst" >> beam.MapTuple(
+        lambda key, pairs: (key, sorted(pairs, key=NearPair.order)))
+
+
+@beam.ptransform_fn
+def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs_listed: int,
+                       search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
     """``NearRecord`` per record -> a dict of PCollections:
 
     counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
@@ -210,79 +229,39 @@ class FindNearDuplicates(beam.PTransform):
     leaked      RecordLocation of every held-out record with a near-duplicate in a training split
     search      (buckets over the cap, members left unchecked in them): one element
     """
-
-    def __init__(self, split_order: list[str], max_distance: int, pairs_listed: int,
-                 search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
-        super().__init__()
-        self.split_order, self.max_distance, self.pairs_listed = list(split_order), max_distance, pairs_listed
-        self.search, self.cap, self.min_score = search, cap, min_score
-
-    def expand(self, records):
-        by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
-        groups = by_hash | "GroupByHash" >> beam.CombinePerKey(MergeFn(HashGroup, add="add"))  # (hash, HashGroup)
-        search, samples, min_score = self.search, self.search.samples(), self.min_score
-        ranks = split_ranks(self.split_order)
-        buckets = (groups
-                   | "SearchKeys" >> beam.FlatMapTuple(lambda image_hash, group: (
-                       (key, (image_hash, group.mirror)) for key in search.keys(image_hash, samples)))
-                   | "GroupByBucket" >> beam.GroupByKey()
-                   | "BucketPairs" >> beam.FlatMap(_bucket_pairs, self.max_distance, self.cap).with_outputs(
-                       "unchecked", main="pair"))
-        pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
-                 | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
-                 | "HashPairs" >> beam.MapTuple(HashPair))
-        with_low = ({"group": groups, "pair": pairs | "KeyByLow" >> beam.Map(lambda pair: (pair.low, pair))}
-                    | "JoinLow" >> beam.CoGroupByKey()
-                    | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
-        from_pairs = ({"group": groups, "pair": with_low}
-                      | "JoinHigh" >> beam.CoGroupByKey()
-                      | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score)
-                      .with_outputs(*_TAGS))
-        from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
-            lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS)
-        flags = ((from_pairs.flag, from_groups.flag) | "FlattenFlags" >> beam.Flatten()
-                 | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
-                 | "DistinctFlags" >> beam.Distinct()
-                 | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
-        near_pairs = (from_pairs.near_pair, from_groups.near_pair) | "FlattenNearPairs" >> beam.Flatten()
-        borderline = (from_pairs.borderline, from_groups.borderline) | "FlattenBorderline" >> beam.Flatten()
-        return {
-            "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
-            | "SumPerSplitPair" >> beam.CombinePerKey(sum),
-            "pairs": near_pairs | "KeyBySplitPair" >> beam.Map(lambda pair: (_split_pair(pair), pair))
-            | "GroupPairs" >> beam.GroupByKey()
-            | "MostAlikeFirst" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
-            "borderline": borderline | "KeyBorderline" >> beam.Map(lambda pair: (_split_pair(pair), pair))
-            | "BestBorderline" >> beam.combiners.Top.PerKey(self.pairs_listed, key=lambda pair: pair.score)
-            | "BorderlineOrder" >> beam.MapTuple(lambda key, pairs: (key, sorted(pairs, key=NearPair.order))),
-            "leaked": self._leaked(by_hash, flags, ranks),
-            "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
-            | "SumUnchecked" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum)),
-        }
-
-    def _leaked(self, by_hash, flags, ranks):
-        flagged = (flags
-                   | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
-                   | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
-        locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, record: (image_hash, record.location))
-        return ({"split": flagged, "location": locations}
-                | "JoinLeaked" >> beam.CoGroupByKey()
-                | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
-
-
-def _split_pair(pair: NearPair) -> tuple[str, str]:
-    """The SplitPair of a listed pair, as a plain tuple (a key Beam encodes deterministically)."""
-    return pair.reference.split, pair.duplicate.split
-
-
-def _json_lines(label: str, found, kind: str, *fields: str, **extra):
-    """``found``'s elements (``((reference, split), value)`` or flat tuples) as result lines of ``kind`` with
-    ``fields``; a list of NearPairs as their JSON."""
-    def line(element) -> str:
-        values = (*element[0], *element[1:]) if isinstance(element[0], tuple) else element
-        values = [[pair.to_json() for pair in v] if isinstance(v, list) else v for v in values]
-        return json.dumps({"kind": kind, **dict(zip(fields, values)), **extra})
-    return found | label >> beam.Map(line)
+    by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
+    groups = by_hash | "GroupByHash" >> beam.CombinePerKey(MergeFn(HashGroup, add="add"))  # (hash, HashGroup)
+    samples, ranks = search.samples(), split_ranks(split_order)
+    buckets = (groups
+               | "SearchKeys" >> beam.FlatMapTuple(lambda image_hash, group: (
+                   (key, (image_hash, group.mirror)) for key in search.keys(image_hash, samples)))
+               | "GroupByBucket" >> beam.GroupByKey()
+               | "BucketPairs" >> beam.FlatMap(_bucket_pairs, max_distance, cap).with_outputs("unchecked", main="pair"))
+    pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
+             | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
+             | "HashPairs" >> beam.MapTuple(HashPair))
+    with_low = ({"group": groups, "pair": pairs | "KeyByLow" >> beam.Map(lambda pair: (pair.low, pair))}
+                | "JoinLow" >> beam.CoGroupByKey()
+                | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
+    from_pairs = ({"group": groups, "pair": with_low}
+                  | "JoinHigh" >> beam.CoGroupByKey()
+                  | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score).with_outputs(*_TAGS))
+    from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
+        lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS)
+    found = {tag: (from_pairs[tag], from_groups[tag]) | f"Flatten_{tag}" >> beam.Flatten() for tag in _TAGS}
+    flags = (found["flag"]
+             | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
+             | "DistinctFlags" >> beam.Distinct()
+             | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
+    return {
+        "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
+        | "SumPerSplitPair" >> beam.CombinePerKey(sum),
+        "pairs": _per_split_pair(found["near_pair"], "Pairs"),
+        "borderline": _per_split_pair(found["borderline"], "Borderline", pairs_listed),
+        "leaked": _leaked(by_hash, flags, ranks),
+        "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
+        | "SumUnchecked" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum)),
+    }
 
 
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
@@ -290,21 +269,23 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
     keyed = {"tables": search.tables, "key_bits": search.bits, "bucket_cap": BUCKET_CAP,
              "expected_recall": {str(d): round(search.recall(d), 4)
                                  for d in sorted({max_distance // 2, max_distance})}}
-    leaked = found["leaked"] | "KeyOf" >> beam.Map(lambda where: (where.split, where.filename))
-    return [_json_lines("NearCountLines", found["counts"], "near_duplicate_count", "reference", "split", "count"),
-            _json_lines("NearPairLines", found["pairs"], "near_duplicate_pairs", "reference", "split", "pairs"),
-            _json_lines("BorderlineLines", found["borderline"], "near_duplicate_borderline", "reference", "split",
-                        "pairs"),
-            _json_lines("LeakedKeyLines", leaked, "near_duplicate_key", "split", "key"),
-            _json_lines("SearchLine", found["search"], "near_duplicate_search", "buckets_over_cap",
-                        "members_unchecked", **keyed)]
+
+    def listed(kind: str):
+        return beam.MapTuple(lambda key, pairs: result_line(kind, key, [pair.to_json() for pair in pairs]))
+
+    return [found["counts"] | "NearCountLines" >> beam.MapTuple(partial(result_line, "near_duplicate_count")),
+            found["pairs"] | "NearPairLines" >> listed("near_duplicate_pairs"),
+            found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
+            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
+                                                                                      where.filename)),
+            found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked: result_line(
+                "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked, **keyed}))]
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
                            samples: SampleOptions | None, options: ValidateOptions, progress_dir: str | None = None,
                            search_near_duplicates: bool = True) -> None:
-    """The validate graph for a prepared dataset (``manifest``: as the driver loaded and checked it);
-    ``search_near_duplicates``: False leaves the search out (validate_options.near_duplicate_skip_reason)."""
+    """The validate graph for a prepared dataset; ``search_near_duplicates`` False leaves the search out."""
     max_distance, max_problems_per_check = options.near_duplicate_distance, options.max_problems_per_check
     document = manifest.to_json()  # the split checks compare with the manifest's own values
     read = (pipeline
@@ -315,10 +296,9 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
     problems = ((read.problem, checked.problem, duplicate_filenames, leakage["problem"])
                 | "FlattenProblems" >> beam.Flatten())
-    lines = [checked.split | "SplitLines" >> beam.Map(json.dumps),
+    lines = [checked.split,
              problems | "KeepFirstProblems" >> KeepFirstProblems(max_problems_per_check),
-             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(
-                 lambda split, count: json.dumps({"kind": "duplicate_images", "split": split, "count": count}))]
+             leakage["duplicates"] | "DuplicateLines" >> beam.MapTuple(partial(result_line, "duplicate_images"))]
     search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), max_distance)
     if search_near_duplicates:
         lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(

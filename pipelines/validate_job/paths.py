@@ -61,8 +61,7 @@ def absolute(path: str) -> str:
 
 
 def check_output_paths(options) -> None:
-    """Refuses, before anything runs, two outputs on one path, an output inside the prepared dataset DATA, and a
-    local one that could not be written."""
+    """Refuses, before anything runs, two outputs on one path, one inside the dataset DATA, and one not writable."""
     json_path, pictures, leaked_keys, data = options.json_path, options.pictures, options.leaked_keys, options.data
     given = [(flag, path) for flag, path in (("--json", json_path), ("--leaked-keys", leaked_keys),
                                              ("--pictures", pictures)) if path]

@@ -4,6 +4,7 @@ bad record does not hide the rest. No record is held: the cross-record stages ge
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -161,8 +162,7 @@ def _read_file(path: str, split: str, file: str, limit: int | None, check) -> Ge
 
 
 class ReadShardFn(beam.DoFn):
-    """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, statistics and
-    keys (the outputs: the module's docstring)."""
+    """One shard read sequentially: its sha256, size and count; every record's CRC, parse, checks, stats and keys."""
 
     def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         self.manifest = manifest  # as the driver loaded and checked it
@@ -245,16 +245,13 @@ class ReadShardFn(beam.DoFn):
             sample_rank(record.filename), record.filename, small.shape[0], small.shape[1], small.tobytes())))
 
 
-@beam.ptransform_fn
-def ReadShards(tasks, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
+def ReadShards(manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
     """``ShardTask`` -> ``(split, SplitStats)`` per shard (main output ``stats``), with the ``SHARD_OUTPUTS``."""
-    return tasks | "ReadShard" >> beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(
-        *SHARD_OUTPUTS, main="stats")
+    return beam.ParDo(ReadShardFn(manifest, samples, progress_dir)).with_outputs(*SHARD_OUTPUTS, main="stats")
 
 
 class MergeFn(beam.CombineFn):
-    """Adds up values into a ``factory()`` accumulator with its ``add`` method, merged with its ``merge``
-    (``SplitStats``/``ForeignStats`` add partial statistics, ``HashGroup`` adds records)."""
+    """Adds values into a ``factory()`` accumulator with its ``add`` method; accumulators merge with ``merge``."""
 
     def __init__(self, factory, add: str = "merge"):
         self.factory, self.add = factory, add
@@ -266,10 +263,7 @@ class MergeFn(beam.CombineFn):
         return getattr(accumulator, self.add)(value)
 
     def merge_accumulators(self, accumulators):
-        merged = self.factory()
-        for accumulator in accumulators:
-            merged.merge(accumulator)
-        return merged
+        return functools.reduce(lambda merged, accumulator: merged.merge(accumulator), accumulators, self.factory())
 
     def extract_output(self, accumulator):
         return accumulator
@@ -326,8 +320,6 @@ class ReadForeignFileFn(beam.DoFn):
         return found
 
 
-@beam.ptransform_fn
-def ReadForeignFiles(files, image_key: str, label_key: str, progress_dir: str | None = None):
+def ReadForeignFiles(image_key: str, label_key: str, progress_dir: str | None = None):
     """``(file, split)`` -> ``(split, ForeignStats)`` per file (main output ``stats``), tagged output ``problem``."""
-    return files | "ReadForeignFile" >> beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs(
-        "problem", main="stats")
+    return beam.ParDo(ReadForeignFileFn(image_key, label_key, progress_dir)).with_outputs("problem", main="stats")

@@ -1,21 +1,39 @@
-"""The JSON report, assembled on the driver from the pipeline's result lines (JSON objects by ``kind``) and the
-driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text. Its keys:
-docs/validate.md."""
+"""The JSON report, assembled on the driver from the pipeline's result lines (``[kind, key, value]``, read back as
+Results) and the driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's
+text. Its keys: docs/validate.md."""
 
 from __future__ import annotations
 
 import base64
 import collections
 import json
+from collections.abc import Iterable
 
 from shardprep.pipelines.validate_job.checks import (ForeignStats, Sample, SplitStats, classify_files, problem,
                                                    problem_sort_key, size_summary)
 from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE, SplitPair, split_ranks
+from shardprep.pipelines.validate_job.options import ValidateOptions
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.image import resize
 from shardprep.preprocess.sources.exclude_keys import format_keys
 
 FOUND_FILES_LISTED = 50  # how many leftover files a manifest_missing problem (and other_files) names
+
+# The graph's result lines by kind: {kind: {key: value}}; a key that is a list in JSON is a tuple here.
+Results = collections.defaultdict[str, dict]
+
+
+def result_line(kind: str, key, value=None) -> str:
+    """One result line of the graph: ``[kind, key, value]`` as JSON."""
+    return json.dumps([kind, key, value])
+
+
+def read_results(lines: Iterable[str]) -> Results:
+    results: Results = collections.defaultdict(dict)
+    for text in filter(str.strip, lines):
+        kind, key, value = json.loads(text)
+        results[kind][tuple(key) if isinstance(key, list) else key] = value
+    return results
 
 
 def report_base(data: str, kind: str) -> dict:
@@ -23,14 +41,11 @@ def report_base(data: str, kind: str) -> dict:
             "tool_version": manifest_lib.tool_version()}
 
 
-def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check: int) -> tuple[list, dict, bool]:
+def merge_problems(driver_problems: list[dict], results: Results, max_per_check: int) -> tuple[list, dict, bool]:
     """(problems capped per check, counts, truncated) of the driver's and the pipeline's problems."""
-    counts = collections.Counter(found["check"] for found in driver_problems)
-    for line in lines:
-        if line["kind"] == "problem_count":
-            counts[line["check"]] += line["count"]
-    kept = driver_problems + [{k: v for k, v in line.items() if k != "kind"} for line in lines
-                              if line["kind"] == "problem"]
+    counts = collections.Counter(found["check"] for found in driver_problems) + collections.Counter(
+        results["problem_count"])
+    kept = driver_problems + [found for listed in results["problem"].values() for found in listed]
     by_check: dict[str, list] = {}
     for found in sorted(kept, key=problem_sort_key):
         by_check.setdefault(found["check"], []).append(found)
@@ -38,9 +53,9 @@ def merge_problems(driver_problems: list[dict], lines: list[dict], max_per_check
     return problems, dict(sorted(counts.items())), len(problems) < sum(counts.values())
 
 
-def finish(report: dict, driver_problems: list[dict], lines: list[dict], max_per_check: int) -> dict:
+def finish(report: dict, driver_problems: list[dict], results: Results, max_per_check: int) -> dict:
     """``report`` with ``ok``, ``problem_counts``, ``problems`` and ``problems_truncated`` filled in."""
-    problems, counts, truncated = merge_problems(driver_problems, lines, max_per_check)
+    problems, counts, truncated = merge_problems(driver_problems, results, max_per_check)
     report.update(ok=not counts, problem_counts=counts, problems=problems, problems_truncated=truncated)
     return report
 
@@ -60,9 +75,9 @@ def manifest_missing_problem(found: list[str]) -> dict:
 
 
 def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
-    """A prepared split's result line and report entry (JSON-ready)."""
+    """A prepared split's report entry (JSON-ready)."""
     classes, info, statistics = manifest["classes"], manifest["splits"].get(split, {}), stats.mean_std()
-    return {"kind": "split", "split": split, "num_examples": stats.num_examples,
+    return {"num_examples": stats.num_examples,
             "expected_num_examples": info.get("num_examples"), "num_shards": len(stats.shard_records),
             "expected_num_shards": len(info.get("shards", [])),
             "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
@@ -73,9 +88,9 @@ def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
             "image_sizes": size_summary(stats.image_sizes), "shard_records": dict(sorted(stats.shard_records.items()))}
 
 
-def foreign_summary(split: str, stats: ForeignStats) -> dict:
-    """A foreign split's result line and report entry (JSON-ready)."""
-    return {"kind": "split", "split": split, "num_examples": stats.num_records,
+def foreign_summary(stats: ForeignStats) -> dict:
+    """A foreign split's report entry (JSON-ready)."""
+    return {"num_examples": stats.num_records,
             "num_files": len(stats.file_records), "num_readable_images": stats.num_readable_images,
             "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
             "num_labels": len(stats.label_counts), "image_sizes": size_summary(stats.image_sizes),
@@ -86,24 +101,17 @@ def foreign_summary(split: str, stats: ForeignStats) -> dict:
 
 def sample_line(label: int, samples: list[Sample]) -> str:
     """One class's contact-sheet images as a result line (pixels in base64)."""
-    return json.dumps({"kind": "sample", "label": label, "images": [
+    return result_line("sample", label, [
         {"filename": sample.filename, "height": sample.height, "width": sample.width,
-         "pixels": base64.b64encode(sample.pixels).decode()} for sample in samples]})
+         "pixels": base64.b64encode(sample.pixels).decode()} for sample in samples])
 
 
-def split_entries(lines: list[dict]) -> dict[str, dict]:
-    """{split: its report entry} from the ``split`` result lines."""
-    return {line["split"]: {k: v for k, v in line.items() if k not in ("kind", "split")}
-            for line in lines if line["kind"] == "split"}
-
-
-def dataset_fields(manifest: dict, found: list[str], lines: list[dict], stats_split: str | None,
+def dataset_fields(manifest: dict, found: list[str], results: Results, stats_split: str | None,
                    tolerance: float) -> dict:
     """The prepared dataset's report fields besides the problems: options, statistics, splits, other files."""
-    splits = split_entries(lines)
-    duplicates = {line["split"]: line["count"] for line in lines if line["kind"] == "duplicate_images"}
+    splits = results["split"]
     for split, summary in splits.items():
-        summary["duplicate_images"] = duplicates.get(split, 0)
+        summary["duplicate_images"] = results["duplicate_images"].get(split, 0)
     stats_summary = splits.get(stats_split, {})
     return dict(
         classes=manifest["classes"],
@@ -135,26 +143,20 @@ def chart_counts(report: dict) -> tuple[list[str], dict[str, list[int]]]:
         split: [summary["label_counts"].get(str(label), 0) for label in labels] for split, summary in splits.items()}
 
 
-def sheet_rows(class_names: list[str], lines: list[dict]) -> list[tuple[str, list]]:
+def sheet_rows(class_names: list[str], results: Results) -> list[tuple[str, list]]:
     """The contact sheet's rows: (class name, its sample images as uint8 arrays), from the ``sample`` lines."""
     import numpy as np
 
-    samples_by_label = {line["label"]: line["images"] for line in lines if line["kind"] == "sample"}
     return [(name, [np.frombuffer(base64.b64decode(image["pixels"]), dtype=np.uint8).reshape(
-        image["height"], image["width"], 3) for image in samples_by_label.get(label, [])])
+        image["height"], image["width"], 3) for image in results["sample"].get(label, [])])
         for label, name in enumerate(class_names)]
 
 
-def _by_split_pair(lines: list[dict], kind: str, field: str) -> dict:
-    return {(line["reference"], line["split"]): line[field] for line in lines if line["kind"] == kind}
-
-
-def near_section(lines: list[dict], split_order: list[str], split_records: dict[str, int], max_distance: int,
-            limit: int | None, strict: bool, min_score: float = MIN_SCORE) -> dict:
+def near_section(results: Results, split_order: list[str], split_records: dict[str, int], options: ValidateOptions,
+                 min_score: float = MIN_SCORE) -> dict:
     """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate_job/driver.py``), training splits first."""
-    counts = _by_split_pair(lines, "near_duplicate_count", "count")
-    pairs = _by_split_pair(lines, "near_duplicate_pairs", "pairs")
-    borderline = _by_split_pair(lines, "near_duplicate_borderline", "pairs")
+    counts, pairs = results["near_duplicate_count"], results["near_duplicate_pairs"]
+    borderline = results["near_duplicate_borderline"]
     ranks = split_ranks(split_order)
     ranked = sorted(split_order, key=ranks.__getitem__)
     ordered = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
@@ -166,10 +168,10 @@ def near_section(lines: list[dict], split_order: list[str], split_records: dict[
               for reference, split in ordered + extra]
     within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
                       "borderline": borderline.get((split, split), [])} for split in split_order}
-    search = next(({k: v for k, v in line.items() if k != "kind"} for line in lines
-                   if line["kind"] == "near_duplicate_search"), {"buckets_over_cap": 0, "members_unchecked": 0})
-    return {"max_distance": max_distance, "min_score": min_score, "limit": limit, "strict": strict,
-            "across_splits": across, "within_splits": within, "leaked_records": len(leaked_keys(lines)),
+    search = results["near_duplicate_search"].get(None, {"buckets_over_cap": 0, "members_unchecked": 0})
+    return {"max_distance": options.near_duplicate_distance, "min_score": min_score,
+            "limit": options.near_duplicate_limit, "strict": options.strict,
+            "across_splits": across, "within_splits": within, "leaked_records": len(results["near_duplicate_key"]),
             "leaked_keys_file": None, "search": search}
 
 
@@ -186,19 +188,18 @@ def near_measure(near: dict) -> str:
 
 
 def near_findings(near: dict) -> list[dict]:
-    """One ``near_duplicates`` problem per split pair with near-duplicates across splits (warnings unless
-    :func:`near_fails`)."""
+    """One ``near_duplicates`` problem per split pair with near-duplicates across splits."""
     found = []
     for entry in near["across_splits"]:
         if not entry["records"]:
             continue
-        best = entry["pairs"][0] if entry["pairs"] else None
         message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
                    f"near-duplicate in {entry['reference']} ({near_measure(near)})")
         if not entry["leak"]:
             message += "; both splits held out, so not in --leaked-keys"
         where = {}
-        if best:
+        if entry["pairs"]:
+            best = entry["pairs"][0]
             message += (f"; most alike: {best['duplicate']['filename']!r} and {best['reference']['filename']!r}"
                         f" (score {best['score']:.2f}, {best['distance']} bits)")
             where = {"file": best["duplicate"]["file"], "index": best["duplicate"]["index"]}
@@ -207,11 +208,6 @@ def near_findings(near: dict) -> list[dict]:
         found.append(problem("near_duplicates", message, split=entry["split"], reference=entry["reference"],
                              count=entry["records"], **where))
     return found
-
-
-def leaked_keys(lines: list[dict]) -> list[str]:
-    """The keys of held-out records with a near-duplicate in a training split, sorted."""
-    return sorted({line["key"] for line in lines if line["kind"] == "near_duplicate_key"})
 
 
 def keys_file_text(keys: list[str], data: str, near: dict) -> str:
