@@ -177,7 +177,8 @@ def test_ctrl_c_of_validate_on_worker_processes_is_one_line_not_their_tracebacks
                 pass
         return count
 
-    write_dataset(tmp_path / "data", {"train": random_images(800, 256, 256)}, classes=["a", "b"], num_shards=2)
+    # 800 records keep validate reading for seconds after its workers start; 64 px is enough (its work is per record)
+    write_dataset(tmp_path / "data", {"train": random_images(800, 64, 64)}, classes=["a", "b"], num_shards=2)
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "validate", str(tmp_path / "data"), "--",
                                 "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -209,8 +210,8 @@ def test_sigterm_stops_preprocess_as_ctrl_c_does_workers_ended_lines_printed_exi
     import image_factory
 
     source, output = tmp_path / "src", tmp_path / "out"
-    image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
-                                     kinds=("jpeg",))
+    image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=100, max_side=200,
+                                     kinds=("jpeg",))  # the workers decode for a second or more after they start
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
                                 "--allow-upscale", "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
