@@ -268,11 +268,13 @@ def test_source_symlink_inside_output_is_refused(work):
 
 def test_remote_output_inside_remote_source_is_refused_before_any_request(work, monkeypatch):
     from shardprep.pipelines.sources import archive as source_archive
+    from shardprep.pipelines.sources import archive_planning
 
     def no_request(location):  # listing gs:// (is it a folder of archives?) would be the first request
         raise AssertionError(f"{location} was listed before OUTPUT was checked")
 
-    monkeypatch.setattr(source_archive, "_remote_names", no_request)
+    for module in (source_archive, archive_planning):  # the name the archive kind calls, and its home
+        monkeypatch.setattr(module, "remote_names", no_request)
     refuse_unchanged(work, "gs://bucket/images", "gs://bucket/images/shards", "--overwrite",
                      expect=("is inside the SOURCE gs://bucket/images",))
     refuse_unchanged(work, "gs://bucket/images/", "gs://bucket", expect=("contains the SOURCE",))
