@@ -5,6 +5,7 @@ objects, the same object on other backgrounds), at any size: for the near-duplic
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -13,6 +14,7 @@ from PIL import Image, ImageEnhance
 import image_factory
 
 
+@functools.lru_cache(maxsize=256)  # the tests ask for the same few seeds again and again; callers never change it
 def photo(seed: int, side: int = 96) -> Image.Image:
     """A generated photo-like image: detail at every scale, with power falling as 1/f² like a photo's, over the
     gradients every seed shares (look-alikes of one class)."""

@@ -19,7 +19,8 @@ from shardprep.pipelines.validate_job.graph import FindNearDuplicates
 from shardprep.pipelines.validate_job.options import default
 from shardprep.pipelines.validate_job import near_pairs as near_score
 from shardprep.pipelines.validate_job.checks import RecordLocation
-from shardprep.pipelines.validate_job.near_pairs import HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs
+from shardprep.pipelines.validate_job.near_pairs import (HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs,
+                                                         split_ranks)
 from shardprep.preprocess.image import perceptual_hash
 from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
 
@@ -195,10 +196,16 @@ def held_out_case(names: list[str]):
     return train, records
 
 
-@pytest.mark.parametrize("names", [list(order) for train in ("train", "training", "Train")
-                                   for held in ("test", "val", "validation")
-                                   for order in itertools.permutations([train, held])]
-                         + [list(order) for order in itertools.permutations(["train", "val", "test"])])
+# The stage sees split names only through is_train (a name is training or held out) and the manifest's order:
+# each train spelling and each held-out name in both orders, and three splits with train first, between and last
+# (and either held-out split first). Each case is a pipeline of its own (about 1.5 s CPU to build, whatever the
+# data), so a spelling is not crossed with every held-out name: those cases shared the one path.
+HELD_OUT_CASES = ([order for pair in (["train", "test"], ["training", "val"], ["Train", "validation"])
+                   for order in (pair, pair[::-1])]
+                  + [["train", "val", "test"], ["test", "train", "val"], ["val", "test", "train"]])
+
+
+@pytest.mark.parametrize("names", HELD_OUT_CASES)
 def test_the_held_out_copy_is_the_leak_whatever_the_split_names_and_order(names):
     train, records = held_out_case(names)
     held = [name for name in names if name != train]
@@ -209,6 +216,21 @@ def test_the_held_out_copy_is_the_leak_whatever_the_split_names_and_order(names)
             [name for name in names if name in held], 2)}  # two held-out splits: the manifest's first is the reference
         assert_that(found["counts"] | beam.Map(lambda element: tuple(element[0])), equal_to(sorted(expected)),
                     label="Directions")
+
+
+def test_every_train_spelling_ranks_first_and_the_held_out_splits_keep_the_manifest_s_order():
+    """The ranks the stage gets, for every spelling crossed with every held-out name in both orders (the stage's
+    own runs above take one case of each)."""
+    cases = ([list(order) for train in ("train", "training", "Train") for held in ("test", "val", "validation")
+              for order in itertools.permutations([train, held])]
+             + [list(order) for order in itertools.permutations(["train", "val", "test"])])
+    for names in cases:
+        train = next(name for name in names if name.lower() in ("train", "training"))
+        held = [name for name in names if name != train]
+        assert split_ranks(names) == {split: rank for rank, split in enumerate([train, *held])}, names
+        assert [SplitPair(train, split).is_leak(split_ranks(names)) for split in held] == [True] * len(held)
+        assert not any(SplitPair(first, second).is_leak(split_ranks(names))
+                       for first, second in itertools.combinations(held, 2)), names
 
 
 def test_a_candidate_just_short_of_the_minimum_is_listed_apart_and_not_counted():

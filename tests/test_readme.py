@@ -66,27 +66,45 @@ def _source(root: Path, route: str) -> str:
     return f"parquet:{root / 'hub' / 'data' / '*.parquet'}"
 
 
-@pytest.fixture(scope="module", params=ROUTES)
-def dataset(request, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("readme")
-    result = CliRunner().invoke(cli, ["preprocess", _source(root, request.param), str(root / "shards"),
-                                      "--shorter-side", "16", "--quiet", "--", "--direct_running_mode=in_memory"])
-    assert result.exit_code == 0, result.output
-    return root
-
-
 @pytest.fixture(scope="module")
-def keras_example(dataset) -> Path:
-    """Runs the 'your own Keras code' example in the dataset's folder; returns the model it saved."""
-    code = scaled(block_with("model.fit("), {
+def built(tmp_path_factory):
+    """``built(route)``: the folder holding the route's source and its shards, preprocessed once per module."""
+    folders: dict[str, Path] = {}
+
+    def build(route: str) -> Path:
+        if route not in folders:
+            root = tmp_path_factory.mktemp("readme")
+            result = CliRunner().invoke(cli, ["preprocess", _source(root, route), str(root / "shards"),
+                                              "--shorter-side", "16", "--quiet", "--", "--direct_running_mode=in_memory"])
+            assert result.exit_code == 0, result.output
+            folders[route] = root
+        return folders[route]
+
+    return build
+
+
+# The example's lookup of "validation" is the one step a route changes (the split stored under that name, or under
+# another name of the role, "val"): every route runs the example's lines up to the model below. What follows them,
+# the training, runs the same code on any route, so it runs once (a run costs seconds).
+TRAINED = "folder of archives"
+
+
+def keras_code(dataset: Path) -> str:
+    return scaled(block_with("model.fit("), {
         '"imagenette-shards", 64, 224': f'{str(dataset / "shards")!r}, 4, 12',
         "epochs=5": "epochs=1",
         "resnet18_layers(x, manifest.num_classes)": "resnet18_layers(x, manifest.num_classes, 0.125)",
         '"my-model.keras"': repr(str(dataset / "my-model.keras")),
     })
+
+
+@pytest.fixture(scope="module")
+def keras_example(built) -> Path:
+    """Runs the 'your own Keras code' example in the dataset's folder; returns the model it saved."""
+    dataset = built(TRAINED)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runpy.run_path(_write(dataset / "keras_example.py", code), run_name="__main__")
+        runpy.run_path(_write(dataset / "keras_example.py", keras_code(dataset)), run_name="__main__")
     # The one-pass validation dataset declares its length, so Keras reads it to its end without a warning.
     assert not [w for w in caught if "ran out of data" in str(w.message)]
     return dataset / "my-model.keras"
@@ -96,7 +114,21 @@ def test_the_keras_example_trains_and_saves_a_model(keras_example):
     assert keras_example.stat().st_size > 0
 
 
-def test_the_inference_example_prints_class_names_for_a_path_and_bytes(dataset, keras_example, capsys):
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_keras_example_reads_the_training_and_the_validation_split_on_every_route(built, route):
+    """The example's lines up to the model, as written, on each route: "validation" is found by its role."""
+    dataset = built(route)
+    code = keras_code(dataset)
+    found = runpy.run_path(_write(dataset / "keras_data.py", code[:code.index("images = keras.Input")]),
+                           run_name="__main__")
+    assert found["split_size"](found["manifest"], "train") == 24
+    assert sum(int(labels.shape[0]) for _, labels in found["val"]) == 8
+    assert int(found["val"].cardinality()) == 2  # declared, so Keras reads the one pass to its end without a warning
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_inference_example_prints_class_names_for_a_path_and_bytes(built, route, keras_example, capsys):
+    dataset = built(route)
     photos = sorted((dataset / "images").rglob("*.png"))[:2]
     assert len(photos) == 2
     code = scaled(block_with("predict_images("), {
@@ -114,7 +146,9 @@ def test_the_inference_example_prints_class_names_for_a_path_and_bytes(dataset, 
         assert rest.split()[0] in ("blue", "red")  # a class name from the manifest, not an index
 
 
-def test_the_framework_free_reader_example_reads_an_epoch_and_the_validation_pass(dataset, capsys):
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_framework_free_reader_example_reads_an_epoch_and_the_validation_pass(built, route, capsys):
+    dataset = built(route)
     code = scaled(block_with("NumpyReader("), {'"imagenette-shards", 64': f'{str(dataset / "shards")!r}, 4'})
     runpy.run_path(_write(dataset / "numpy_reader_example.py", code), run_name="__main__")
     # 24 training images: 6 batches an epoch, so 7 batches read end in epoch 1 at batch 1.
