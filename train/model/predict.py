@@ -163,9 +163,7 @@ def _read(image, position: int) -> bytes:
 
 
 def _source(image, position: int) -> str:
-    if isinstance(image, (str, os.PathLike)):
-        return os.fspath(image)
-    return f"<bytes #{position}>"
+    return os.fspath(image) if isinstance(image, (str, os.PathLike)) else f"<bytes #{position}>"
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -180,8 +178,6 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     """One :class:`Prediction` per photo (paths or bytes), in order, from ``model`` (or its ``model.keras``) trained on
     ``manifest`` (checked: :func:`check_dataset`), ``top_k`` classes each; a bad photo is a ``ValueError``
     (``errors="raise"``) or a :class:`PhotoFailure` in its place (``"report"``)."""
-    from shardprep.train.model.keras_model import load_model
-
     if errors not in ("raise", "report"):
         raise ValueError(f"errors must be 'raise' or 'report', got {errors!r}")
     if top_k < 1:
@@ -189,7 +185,7 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     images = list(images)
     data = "the given manifest" if isinstance(manifest, (dict, Manifest)) else os.fspath(manifest)
     if isinstance(model, (str, os.PathLike)):
-        model = _load(load_model, os.fspath(model))
+        model = _load(os.fspath(model))
     manifest = _dataset_manifest(manifest, data)
     check_dataset(model, manifest, data)
     classes = list(manifest.classes)
@@ -203,8 +199,10 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     return results
 
 
-def _load(load_model, path: str):
+def _load(path: str):
     import zipfile
+
+    from shardprep.train.model.keras_model import load_model
 
     if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
         raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "

@@ -74,11 +74,7 @@ class Epochs:
         self.callback_list.on_train_begin()
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
-            try:
-                checkpoints.restore_rng(self.model, state["rng"])
-            except ValueError as error:
-                raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
-                    from error
+            checkpoints.restore_rng(self.model, state["rng"], self.paths["state"])
         elif state and self.config.seed is not None:
             self.say("Note: this checkpoint was saved without the random generators' state, so augmentation goes "
                      "on with other draws than the uninterrupted run's.")

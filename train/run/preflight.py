@@ -53,20 +53,6 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _check_output_dir(output_dir: str, resume: bool, overwrite: bool) -> None:
-    """``--output-dir`` empty or only what its run recorded (``--resume``/``--overwrite``), with ``--resume`` a whole
-    checkpoint. Reads only."""
-    with _refusing("reading", shown=run_files.printable):
-        holder = None if is_url(output_dir) else owned_folder.held_by(output_dir)
-        if holder is not None:  # a live run's folder is refused before its contents are judged
-            raise OutputError(owned_folder.busy_message(output_dir, holder))
-        check_contents(output_dir, resume, overwrite)
-        if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
-            raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from (checkpoints/last.keras "
-                                 "and state.json): its run had --no-checkpoint or stopped before its first "
-                                 "checkpoint; start again with --overwrite")
-
-
 @contextlib.contextmanager
 def _refusing(doing: str = "writing", prefix: str = "", shown=str):
     """The block's refusals (``OutputError``, ``CheckpointError``) and failed file operations as one-line
@@ -137,7 +123,7 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
           overwrite: bool = False) -> Manifest:
     """A :class:`PreflightError` if training on ``data_dir`` cannot start, else the manifest, loaded once here (pass
     it to ``loop.train``): splits present and non-empty, shards of their sizes, ``image_size`` within the stored
-    images, a training split of at least ``batch_size``, and ``output_dir`` usable (:func:`_check_output_dir`)."""
+    images, a training split of at least ``batch_size``, and ``output_dir`` usable."""
     manifest = _loaded_manifest(data_dir)
     if not manifest.classes:
         raise PreflightError(f"{manifest_lib.manifest_path(data_dir)} lists no classes, so there is nothing to "
@@ -159,8 +145,16 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
         raise PreflightError(f"--image-size {image_size} is larger than the stored images of {data_dir} "
                              f"({height}x{width}); pass --image-size {min(height, width)} or less, or rerun "
                              f"preprocess with --shorter-side {image_size} or more")
-    if output_dir is not None:
-        _check_output_dir(output_dir, resume, overwrite)
+    if output_dir is not None:  # empty, or only what its run recorded (--resume/--overwrite); reads only
+        with _refusing("reading", shown=run_files.printable):
+            holder = None if is_url(output_dir) else owned_folder.held_by(output_dir)
+            if holder is not None:  # a live run's folder is refused before its contents are judged
+                raise OutputError(owned_folder.busy_message(output_dir, holder))
+            check_contents(output_dir, resume, overwrite)
+            if resume and checkpoint_state.locate(run_files.run_paths(output_dir)) is None:
+                raise PreflightError(f"--resume: {output_dir} holds no checkpoint to resume from "
+                                     "(checkpoints/last.keras and state.json): its run had --no-checkpoint or stopped "
+                                     "before its first checkpoint; start again with --overwrite")
     if batch_size is not None and splits[train_split].num_examples < batch_size:
         examples = splits[train_split].num_examples
         raise PreflightError(f"--batch-size {batch_size} is larger than the {examples:,} examples of training split "

@@ -51,7 +51,7 @@ class TFSteps:
         self.replicas = self.strategy.num_replicas_in_sync
         self.precision = resolve_precision(config.precision)
         self.jit_compile = config.jit_compile
-        if self.jit_compile is None:
+        if self.jit_compile is None:  # XLA on one GPU
             self.jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
         self._val = None
 
