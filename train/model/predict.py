@@ -189,9 +189,9 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     manifest = _dataset_manifest(manifest, data)
     check_dataset(model, manifest, data)
     classes = list(manifest.classes)
-    results, arrays = _stored_images(images, process_options(manifest), errors)
-    good = [position for position, result in enumerate(results) if result is None]
-    probabilities = _class_probabilities(model, [arrays[p] for p in good], len(classes), batch_size)
+    results = _stored_images(images, process_options(manifest), errors)
+    good = [position for position, result in enumerate(results) if isinstance(result, np.ndarray)]
+    probabilities = _class_probabilities(model, [results[p] for p in good], len(classes), batch_size)
     for position, row in zip(good, probabilities):
         order = np.argsort(-row, kind="stable")[:min(top_k, len(classes))]
         top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
@@ -215,14 +215,13 @@ def _load(path: str):
                          "shardprep train wrote") from None
 
 
-def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
-    """``(failures or None per photo, {position: pixels})``; ``errors="raise"``: a ValueError instead."""
-    results, arrays = [], {}
+def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> list:
+    """Each photo's stored pixels, or its :class:`PhotoFailure`; ``errors="raise"``: a ValueError instead."""
+    results: list = []
     for position, image in enumerate(images):
         source = _source(image, position)
         try:
-            arrays[position] = stored_pixels(_read(image, position), options)
-            results.append(None)
+            results.append(stored_pixels(_read(image, position), options))
             continue
         except image_ops.RejectError as error:
             message = f"not usable as an image ({error})"
@@ -235,7 +234,7 @@ def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tu
         if errors == "raise":
             raise ValueError(f"{source}: {message}")
         results.append(PhotoFailure(source, message))
-    return results, arrays
+    return results
 
 
 def _class_probabilities(model, arrays: list, num_classes: int, batch_size: int) -> list:

@@ -29,18 +29,11 @@ _CALLBACK_STATE = {
     keras.callbacks.EarlyStopping: ("best", "wait", "best_epoch"),
 }
 
-run_paths = run_files.run_paths  # the names of a run's files, with the record that lists them
+run_paths, make_dirs = run_files.run_paths, run_files.make_dirs  # the names of a run's files, with their record
 
 
 class RunFileError(ValueError):
     """A file of the run could not be written (a full disk, no permission); the message names it."""
-
-
-def make_dirs(path: str) -> None:
-    if is_url(path):
-        gfile().makedirs(path)
-    else:
-        os.makedirs(path, exist_ok=True)
 
 
 def _replace(source: str, target: str) -> None:

@@ -52,15 +52,14 @@ class Epochs:
     """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
     def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
-                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None = None):
+                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None, options: dict,
+                 on_batch=None, live: Callable[[str], None] | None = None):
         self.config, self.model, self.steps, self.callbacks = config, model, steps, callbacks
         self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
-        self.width, self.val_steps = width, val_steps
+        self.width, self.val_steps, self.options, self.on_batch = width, val_steps, options, on_batch
+        self.live = live  # writes the terminal's progress line (EpochProgress)
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
-        self.options: dict = {}
-        self.on_batch = None
-        self.live: Callable[[str], None] | None = None  # writes the terminal's progress line (EpochProgress)
         self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
         self.stop: StopRequests | None = None
         self.progress = None
@@ -68,8 +67,10 @@ class Epochs:
     def say(self, text: str) -> None:
         self.report(progress.fit(text, self.width))
 
-    def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
+    def run(self, start_step: int, state: dict) -> None:
         """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
+        # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
+        train_iterator = self.steps.train_batches(self.options["data_seed"], start_step, self.steps_per_epoch)
         self.model.stop_training = False
         self.callback_list.on_train_begin()
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
@@ -88,7 +89,7 @@ class Epochs:
                 self._stop_if_logs_failed()  # at the start: nothing trained since the last checkpoint
                 for epoch in range(start_epoch, self.config.epochs):
                     first = first_step if epoch == start_epoch else 0
-                    if self._epoch(epoch, first, train_iterator, val_batches, partial if first else None):
+                    if self._epoch(epoch, first, train_iterator, partial if first else None):
                         break
                     if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
                         self._stop_if_logs_failed()
@@ -133,13 +134,13 @@ class Epochs:
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
             pass
 
-    def _epoch(self, epoch: int, first: int, train_iterator, val_batches: Callable, carried: dict | None) -> bool:
+    def _epoch(self, epoch: int, first: int, train_iterator, carried: dict | None) -> bool:
         """One epoch from step ``first``; True when early stopping ends the run."""
         started = time.perf_counter()
         self.steps.reset()
         self.callback_list.on_epoch_begin(epoch)
         logs, timing = self._train_epoch(epoch, first, train_iterator, carried)
-        self._validate(epoch, val_batches, logs, timing)
+        self._validate(epoch, logs, timing)
         logs.update(self.steps.val_results(),
                     images_per_sec=timing.steps * self.config.batch_size / timing.seconds if timing.seconds else 0.0,
                     input_wait_fraction=timing.wait / timing.seconds if timing.seconds else 0.0,
@@ -225,8 +226,8 @@ class Epochs:
                 raise
             raise InputError(f"reading the {split} split: {message}") from error
 
-    def _validate(self, epoch: int, val_batches: Callable, logs: dict, timing: _Timing) -> None:
-        batches, number = iter(val_batches()), 0
+    def _validate(self, epoch: int, logs: dict, timing: _Timing) -> None:
+        batches, number = iter(self.steps.val_batches()), 0
         while True:
             if self.stop.requested:  # the epoch's steps are saved as done, its validation left for the resume
                 examples = self.steps_per_epoch * self.config.batch_size

@@ -6,6 +6,7 @@ alone (``input_wait_fraction``); step ``s`` reads the batch the seeded order add
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import secrets
 from typing import Callable
@@ -145,11 +146,8 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
     if state:
         say(progress.resume_message(paths["last"], state, steps_per_epoch, config.epochs))
     val_steps = -(-manifest.split(config.val_split).num_examples // config.batch_size)
-    epochs = Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps)
-    epochs.options, epochs.on_batch, epochs.live = options, on_batch, live
-    # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
-    train_batches = steps.train_batches(options["data_seed"], start_step, steps_per_epoch)
-    epochs.run(start_step, state, train_batches, steps.val_batches)
+    Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps, options,
+           on_batch, live).run(start_step, state)
 
     checkpoints.save_inference_model(model, paths["model"])
     summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}
@@ -164,8 +162,6 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
 
 def tensorboard_installed() -> bool:
     """tf.summary needs the tensorboard package, which TensorFlow no longer installs."""
-    import importlib.util
-
     return importlib.util.find_spec("tensorboard") is not None
 
 

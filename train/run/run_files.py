@@ -59,13 +59,17 @@ def read_record(output_dir: str) -> Record | None:
     return owned_folder.read_record(output_dir, TRAIN_RECORD)
 
 
+def make_dirs(path: str) -> None:
+    if is_url(path):
+        owned_folder.gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
 def claim(output_dir: str, resume: bool) -> None:
     """Makes ``output_dir`` (if missing) and writes the record listing every file the run may write, before it
     writes any; ``resume`` keeps what the record already lists (an earlier process's event files)."""
-    if is_url(output_dir):
-        owned_folder.gfile().makedirs(output_dir)
-    else:
-        os.makedirs(output_dir, exist_ok=True)
+    make_dirs(output_dir)
     existing = read_record(output_dir) if resume else None
     record = Record(frozenset(RUN_FILES) | (existing.files if existing else frozenset()),
                     frozenset(RUN_FOLDERS) | (existing.folders if existing else frozenset()))

@@ -37,8 +37,7 @@ def resolve_precision(precision: str, backend: str) -> str:
             return "mixed_bfloat16"
         if device.platform != "gpu":
             return "float32"
-        capability = str(getattr(device, "compute_capability", "0.0")).split(".")
-        return gpu_precision((int(capability[0]), int(capability[1] if len(capability) > 1 else 0)))
+        return gpu_precision(tuple(int(part) for part in str(getattr(device, "compute_capability", "0.0")).split(".")))
     import torch
 
     if not torch.cuda.is_available():
