@@ -54,16 +54,11 @@ def random_crop_flip(images, size: int, seed):
     return _with_static_shape(ops.take(pixels, pixel_ids, axis=0), size)
 
 
-def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
-                       attempts: int = RRC_ATTEMPTS):
-    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[batch]`` each: the first of ``attempts``
-    draws that fits, else the largest central window within the aspect range (as torchvision)."""
-    draws = _uniforms(batch, 2 * attempts + 2, seed)
-    return _rrc_windows(draws, height, width, area_range, aspect_range, attempts)
-
-
-def _rrc_windows(draws, height, width, area_range, aspect_range, attempts: int):
-    """:func:`sample_rrc_windows` from ``draws``, uniforms ``[B, 2 * attempts + 2]``: areas, aspects, position."""
+def rrc_windows(draws, height, width, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
+                attempts: int = RRC_ATTEMPTS):
+    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[B]`` each, from ``draws``, uniforms
+    ``[B, 2 * attempts + 2]``: the first of ``attempts`` areas and aspects that fits, else the largest central window
+    within the aspect range (as torchvision)."""
     height, width = ops.cast(height, "float32"), ops.cast(width, "float32")
     area = (area_range[0] + (area_range[1] - area_range[0]) * draws[:, :attempts]) * height * width
     low, high = math.log(aspect_range[0]), math.log(aspect_range[1])
@@ -116,7 +111,7 @@ def random_resized_crop_flip(images, size: int, seed, area_range=RRC_AREA_RANGE,
     """Inception-style random-resized-crop of each image to ``size`` x ``size``, flipped for a random half."""
     batch, height, width, _ = ops.shape(images)
     draws = _uniforms(batch, 2 * RRC_ATTEMPTS + 3, seed)  # windows, then the flip
-    windows = _rrc_windows(draws, height, width, area_range, aspect_range, RRC_ATTEMPTS)
+    windows = rrc_windows(draws, height, width, area_range, aspect_range)
     return resize_windows(images, *windows, size=size, flip=draws[:, -1] < 0.5)
 
 

@@ -1,6 +1,6 @@
 """Checks ``shardprep train`` makes before it imports TensorFlow: the manifest (loaded once, returned), the splits,
-their shards, ``--image-size``, ``--batch-size``, ``--output-dir`` and the checkpoint for ``--resume``, each failure
-a one-line :class:`PreflightError`.
+their shards, ``--image-size``, ``--batch-size``, ``--output-dir`` (written only when empty or, with ``--resume`` or
+``--overwrite``, its run's own) and the checkpoint for ``--resume``, each failure a one-line :class:`PreflightError`.
 """
 
 from __future__ import annotations

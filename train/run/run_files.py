@@ -1,6 +1,5 @@
-"""What a ``shardprep train`` run owns in ``--output-dir`` (docs/safety.md, on ``owned_folder``'s model): its record lists
-every file it may write, written first (:func:`claim`); it writes only into an empty folder or, with ``--resume`` or
-``--overwrite``, its own; ``--overwrite`` deletes listed files only. No Keras or TensorFlow.
+"""What a ``shardprep train`` run owns in ``--output-dir`` (docs/safety.md, on ``owned_folder``'s model): its files,
+and its record listing every file it may write, written first (:func:`claim`). No Keras or TensorFlow.
 """
 
 from __future__ import annotations
