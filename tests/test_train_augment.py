@@ -57,10 +57,14 @@ def test_random_crop_flip_repeats_with_the_seed_and_changes_without():
     assert not np.array_equal(first, augment.random_crop_flip(images, 8, 56).numpy())
 
 
+def _rrc_draws(batch: int):
+    return keras.random.uniform((batch, 2 * augment.RRC_ATTEMPTS + 2), dtype="float32", seed=SEED)
+
+
 def test_rrc_windows_lie_inside_the_image_within_the_area_and_aspect_ranges():
     height, width = 30, 50
-    top, left, window_height, window_width = (t.numpy() for t in augment.sample_rrc_windows(
-        4000, height, width, SEED))
+    top, left, window_height, window_width = (t.numpy() for t in augment.rrc_windows(
+        _rrc_draws(4000), height, width))
     assert (top >= 0).all() and (left >= 0).all()
     assert (top + window_height <= height + 1e-3).all() and (left + window_width <= width + 1e-3).all()
     area = window_height * window_width / (height * width)
@@ -72,7 +76,7 @@ def test_rrc_windows_lie_inside_the_image_within_the_area_and_aspect_ranges():
 
 def test_rrc_falls_back_to_the_largest_central_window_in_range_when_nothing_fits():
     # A 4x400 strip: 8% of it is 128 px, which at aspect <= 4/3 is over 4 px high, so nothing fits.
-    top, left, window_height, window_width = (t.numpy() for t in augment.sample_rrc_windows(50, 4, 400, SEED))
+    top, left, window_height, window_width = (t.numpy() for t in augment.rrc_windows(_rrc_draws(50), 4, 400))
     np.testing.assert_allclose(window_height, 4)
     np.testing.assert_allclose(window_width, 4 * 4 / 3, rtol=1e-5)
     np.testing.assert_allclose(left, (400 - 16 / 3) / 2, rtol=1e-5)

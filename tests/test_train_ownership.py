@@ -333,20 +333,20 @@ def test_a_url_output_dir_follows_the_same_rule(colour_dataset):
     with tf.io.gfile.GFile(f"{url}/logs/webserver.log", "w") as f:
         f.write("mine")
     with pytest.raises(run_files.OutputError, match="logs/webserver.log"):
-        run_files.check_contents(url, resume=False, overwrite=True)
+        preflight.check_contents(url, resume=False, overwrite=True)
     with pytest.raises(preflight.PreflightError, match="is not empty"):
         preflight.check(colour_dataset, "train", "validation", url)
     tf.io.gfile.remove(f"{url}/logs/webserver.log")
     with tf.io.gfile.GFile(f"{url}/checkpoints/resnet50.pth", "w") as f:
         f.write("mine")
-    assert run_files.clear(url) == ["checkpoints/last.keras", "history.json",
-                                     "logs/train/events.out.tfevents.1.host.v2"]
+    assert preflight.clear_run(url) == ["checkpoints/last.keras", "history.json",
+                                        "logs/train/events.out.tfevents.1.host.v2"]
     assert tf.io.gfile.exists(f"{url}/checkpoints/resnet50.pth")
     with pytest.raises(run_files.OutputError, match="is DATA"):
-        run_files.check_path("gs://bucket/data/", "gs://bucket/x/../data")
+        preflight.check_path("gs://bucket/data/", "gs://bucket/x/../data")
     with pytest.raises(run_files.OutputError, match="inside DATA"):
-        run_files.check_path("gs://bucket/data/run", "gs://bucket/data")
-    run_files.check_path("gs://bucket/data-run", "gs://bucket/data")
+        preflight.check_path("gs://bucket/data/run", "gs://bucket/data")
+    preflight.check_path("gs://bucket/data-run", "gs://bucket/data")
 
 
 def test_a_file_url_output_dir_is_the_local_folder_and_checked_as_one(colour_dataset, tmp_path):

@@ -54,18 +54,12 @@ def random_crop_flip(images, size: int, seed):
     return _with_static_shape(ops.take(pixels, pixel_ids, axis=0), size)
 
 
-def sample_rrc_windows(batch, height, width, seed, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
-                       attempts: int = RRC_ATTEMPTS):
-    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[batch]`` each: the first of ``attempts``
-    draws that fits, else the largest central window within the aspect range (as torchvision)."""
-    draws = _uniforms(batch, 2 * attempts + 2, seed)
-    return _rrc_windows(draws, height, width, area_range, aspect_range, attempts)
-
-
-def _rrc_windows(draws, height, width, area_range, aspect_range, attempts: int):
-    """:func:`sample_rrc_windows` from ``draws``, uniforms ``[B, 2 * attempts + 2]``: areas, aspects, position."""
-    height = ops.cast(height, "float32")
-    width = ops.cast(width, "float32")
+def rrc_windows(draws, height, width, area_range=RRC_AREA_RANGE, aspect_range=RRC_ASPECT_RANGE,
+                attempts: int = RRC_ATTEMPTS):
+    """Random-resized-crop windows ``(top, left, height, width)``, float32 ``[B]`` each, from ``draws``, uniforms
+    ``[B, 2 * attempts + 2]``: the first of ``attempts`` areas and aspects that fits, else the largest central window
+    within the aspect range (as torchvision)."""
+    height, width = ops.cast(height, "float32"), ops.cast(width, "float32")
     area = (area_range[0] + (area_range[1] - area_range[0]) * draws[:, :attempts]) * height * width
     low, high = math.log(aspect_range[0]), math.log(aspect_range[1])
     aspect = ops.exp(low + (high - low) * draws[:, attempts:2 * attempts])
@@ -117,14 +111,13 @@ def random_resized_crop_flip(images, size: int, seed, area_range=RRC_AREA_RANGE,
     """Inception-style random-resized-crop of each image to ``size`` x ``size``, flipped for a random half."""
     batch, height, width, _ = ops.shape(images)
     draws = _uniforms(batch, 2 * RRC_ATTEMPTS + 3, seed)  # windows, then the flip
-    windows = _rrc_windows(draws, height, width, area_range, aspect_range, RRC_ATTEMPTS)
+    windows = rrc_windows(draws, height, width, area_range, aspect_range)
     return resize_windows(images, *windows, size=size, flip=draws[:, -1] < 0.5)
 
 
 def normalize(images, mean_rgb, std_rgb):
     """``(images - mean) / std`` in float32, with per-channel mean and std on the 0-255 scale."""
-    mean = ops.convert_to_tensor(mean_rgb, "float32")
-    std = ops.convert_to_tensor(std_rgb, "float32")
+    mean, std = ops.convert_to_tensor(mean_rgb, "float32"), ops.convert_to_tensor(std_rgb, "float32")
     return (ops.cast(images, "float32") - mean) / std
 
 
@@ -135,23 +128,18 @@ class CropFlipNormalize(keras.layers.Layer):
 
     def __init__(self, image_size: int, mean_rgb, std_rgb, augment: str = "crop", seed: int | None = None,
                  **kwargs):
-        kwargs["dtype"] = "float32"
-        super().__init__(**kwargs)
+        super().__init__(**{**kwargs, "dtype": "float32"})
         if augment not in AUGMENTATIONS:
             raise ValueError(f"augment must be one of {AUGMENTATIONS}, got {augment!r}")
-        self.image_size = int(image_size)
-        self.mean_rgb = [float(v) for v in mean_rgb]
-        self.std_rgb = [float(v) for v in std_rgb]
-        self.augment = augment
-        self.seed = seed
+        self.image_size, self.augment, self.seed = int(image_size), augment, seed
+        self.mean_rgb, self.std_rgb = [float(v) for v in mean_rgb], [float(v) for v in std_rgb]
         self.seed_generator = keras.random.SeedGenerator(seed)
 
     def build(self, input_shape):
         """Rejects images smaller than the crop when their size is known here (``(None, None, 3)`` is not)."""
-        sides = [side for side in tuple(input_shape)[1:3] if side is not None]
-        if sides and min(sides) < self.image_size:
-            height, width = (tuple(input_shape)[1:3] + (None, None))[:2]
-            shown = "x".join("?" if side is None else str(side) for side in (height, width))
+        sides = tuple(input_shape)[1:3]
+        if any(side is not None and side < self.image_size for side in sides):
+            shown = "x".join("?" if side is None else str(side) for side in sides)
             raise ValueError(f"CropFlipNormalize({self.image_size}) crops {self.image_size}x{self.image_size} "
                              f"windows, but its input images are {shown}: give images of at least "
                              f"{self.image_size}x{self.image_size}, or a smaller image_size")
@@ -171,7 +159,5 @@ class CropFlipNormalize(keras.layers.Layer):
         return (input_shape[0], self.image_size, self.image_size, input_shape[-1])
 
     def get_config(self):
-        config = super().get_config()
-        config.update(image_size=self.image_size, mean_rgb=self.mean_rgb, std_rgb=self.std_rgb,
-                      augment=self.augment, seed=self.seed)
-        return config
+        return {**super().get_config(), "image_size": self.image_size, "mean_rgb": self.mean_rgb,
+                "std_rgb": self.std_rgb, "augment": self.augment, "seed": self.seed}

@@ -167,12 +167,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, base_lr: float, warmup_steps: int, total_steps: int, kind: str = "cosine",
                  boundaries=(), decay: float = 0.1):
-        self.base_lr = float(base_lr)
-        self.warmup_steps = int(warmup_steps)
-        self.total_steps = int(total_steps)
-        self.kind = kind
-        self.boundaries = [int(b) for b in boundaries]
-        self.decay = float(decay)
+        self.base_lr, self.warmup_steps, self.total_steps = float(base_lr), int(warmup_steps), int(total_steps)
+        self.kind, self.boundaries, self.decay = kind, [int(b) for b in boundaries], float(decay)
 
     def __call__(self, step):
         # keras.ops, so the schedule runs inside every backend's compiled step.

@@ -163,9 +163,7 @@ def _read(image, position: int) -> bytes:
 
 
 def _source(image, position: int) -> str:
-    if isinstance(image, (str, os.PathLike)):
-        return os.fspath(image)
-    return f"<bytes #{position}>"
+    return os.fspath(image) if isinstance(image, (str, os.PathLike)) else f"<bytes #{position}>"
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -180,8 +178,6 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     """One :class:`Prediction` per photo (paths or bytes), in order, from ``model`` (or its ``model.keras``) trained on
     ``manifest`` (checked: :func:`check_dataset`), ``top_k`` classes each; a bad photo is a ``ValueError``
     (``errors="raise"``) or a :class:`PhotoFailure` in its place (``"report"``)."""
-    from shardprep.train.model.keras_model import load_model
-
     if errors not in ("raise", "report"):
         raise ValueError(f"errors must be 'raise' or 'report', got {errors!r}")
     if top_k < 1:
@@ -189,13 +185,13 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     images = list(images)
     data = "the given manifest" if isinstance(manifest, (dict, Manifest)) else os.fspath(manifest)
     if isinstance(model, (str, os.PathLike)):
-        model = _load(load_model, os.fspath(model))
+        model = _load(os.fspath(model))
     manifest = _dataset_manifest(manifest, data)
     check_dataset(model, manifest, data)
     classes = list(manifest.classes)
-    results, arrays = _stored_images(images, process_options(manifest), errors)
-    good = [position for position, result in enumerate(results) if result is None]
-    probabilities = _class_probabilities(model, [arrays[p] for p in good], len(classes), batch_size)
+    results = _stored_images(images, process_options(manifest), errors)
+    good = [position for position, result in enumerate(results) if isinstance(result, np.ndarray)]
+    probabilities = _class_probabilities(model, [results[p] for p in good], len(classes), batch_size)
     for position, row in zip(good, probabilities):
         order = np.argsort(-row, kind="stable")[:min(top_k, len(classes))]
         top = tuple((classes[int(i)], int(i), float(row[i])) for i in order)
@@ -203,8 +199,10 @@ def predict_images(model, manifest, images: Sequence | Iterable, top_k: int = 1,
     return results
 
 
-def _load(load_model, path: str):
+def _load(path: str):
     import zipfile
+
+    from shardprep.train.model.keras_model import load_model
 
     if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
         raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "
@@ -217,14 +215,13 @@ def _load(load_model, path: str):
                          "shardprep train wrote") from None
 
 
-def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tuple[list, dict]:
-    """``(failures or None per photo, {position: pixels})``; ``errors="raise"``: a ValueError instead."""
-    results, arrays = [], {}
+def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> list:
+    """Each photo's stored pixels, or its :class:`PhotoFailure`; ``errors="raise"``: a ValueError instead."""
+    results: list = []
     for position, image in enumerate(images):
         source = _source(image, position)
         try:
-            arrays[position] = stored_pixels(_read(image, position), options)
-            results.append(None)
+            results.append(stored_pixels(_read(image, position), options))
             continue
         except image_ops.RejectError as error:
             message = f"not usable as an image ({error})"
@@ -237,7 +234,7 @@ def _stored_images(images, options: image_ops.ProcessOptions, errors: str) -> tu
         if errors == "raise":
             raise ValueError(f"{source}: {message}")
         results.append(PhotoFailure(source, message))
-    return results, arrays
+    return results
 
 
 def _class_probabilities(model, arrays: list, num_classes: int, batch_size: int) -> list:

@@ -12,6 +12,8 @@ import os
 import stat
 from typing import NamedTuple
 
+from shardprep.preprocess.checks.owned_folder import gfile, is_url  # TensorFlow only for URLs (gs://)
+
 STATE_FORMAT = 2  # 1: epoch ends only (epochs_done, history, callbacks)
 MAX_STATE_BYTES = 64 * 2**20
 MAX_STEP = 2**53  # JSON numbers beyond this are not exact integers
@@ -22,16 +24,6 @@ HISTORY_KEYS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "images
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be resumed from; the message names the file and the cause."""
-
-
-def is_url(path: str) -> bool:
-    return "://" in path
-
-
-def gfile():
-    import tensorflow as tf  # only for URLs (gs://): local runs on JAX or PyTorch need no TensorFlow
-
-    return tf.io.gfile
 
 
 def exists(path: str) -> bool:
@@ -116,10 +108,6 @@ def _pair(value) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(_count(v) for v in value)
 
 
-def _numbers(value) -> bool:
-    return isinstance(value, dict) and all(_number(v) for v in value.values())
-
-
 def saved_state_problem(entry: dict) -> str | None:
     """What is wrong with an entry's random state (``rng``) and ``partial_epoch``, the epoch loop's parts."""
     rng = entry.get("rng")
@@ -133,7 +121,8 @@ def saved_state_problem(entry: dict) -> str | None:
     if not isinstance(partial, dict) or not _count(partial.get("examples")) or not all(
             _number(partial.get(key)) and math.isfinite(partial[key]) for key in ("loss", "accuracy")):
         return "its partial epoch (partial_epoch) lacks the numbers loss, accuracy and examples"
-    if partial.get("timing") is not None and not _numbers(partial["timing"]):
+    timing = partial.get("timing")
+    if timing is not None and not (isinstance(timing, dict) and all(_number(v) for v in timing.values())):
         return "its partial epoch's timing is not numbers"
     metrics = partial.get("metrics")
     if metrics is not None and not (isinstance(metrics, dict) and all(

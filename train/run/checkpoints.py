@@ -29,18 +29,11 @@ _CALLBACK_STATE = {
     keras.callbacks.EarlyStopping: ("best", "wait", "best_epoch"),
 }
 
-run_paths = run_files.run_paths  # the names of a run's files, with the record that lists them
+run_paths, make_dirs = run_files.run_paths, run_files.make_dirs  # the names of a run's files, with their record
 
 
 class RunFileError(ValueError):
     """A file of the run could not be written (a full disk, no permission); the message names it."""
-
-
-def make_dirs(path: str) -> None:
-    if is_url(path):
-        gfile().makedirs(path)
-    else:
-        os.makedirs(path, exist_ok=True)
 
 
 def _replace(source: str, target: str) -> None:
@@ -94,31 +87,23 @@ def _discard(path: str) -> None:
             os.remove(path)
 
 
-def data_fingerprint(manifest: Manifest, split: str) -> str:
-    """A short hash of the training split's shards (names, counts, sizes, checksums) and the classes."""
-    info = manifest.split(split)
-    shards = [[shard.file, shard.num_examples, shard.num_bytes, shard.sha256] for shard in info.shards]
-    text = json.dumps({"classes": list(manifest.classes), "shards": shards}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 # The options a resumed run must share with its checkpoint: the first ones make its saved position mean the same
 # batches, the others the same model, optimizer and schedule (--epochs may change: the schedule is recomputed).
-_OPTION_NAMES = {"batch_size": "--batch-size", "seed": "--seed", "steps_per_epoch": "--steps-per-epoch",
-                 "train_split": "--train-split", "image_size": "--image-size", "precision": "--precision",
-                 "augment": "--augment", "width_multiplier": "--width-multiplier", "lr_schedule": "--lr-schedule",
-                 "learning_rate": "--learning-rate", "warmup_epochs": "--warmup-epochs",
-                 "lr_step_epochs": "--lr-step-epochs", "lr_decay": "--lr-decay", "momentum": "--momentum",
-                 "weight_decay": "--weight-decay", "label_smoothing": "--label-smoothing"}
+_OPTIONS = ("batch_size", "seed", "steps_per_epoch", "train_split", "image_size", "precision", "augment",
+            "width_multiplier", "lr_schedule", "learning_rate", "warmup_epochs", "lr_step_epochs", "lr_decay",
+            "momentum", "weight_decay", "label_smoothing")  # each named by its flag: --batch-size, ...
 
 
 def run_options(config, manifest: Manifest, steps_per_epoch: int) -> dict:
-    """What a resumed run must share with the checkpoint (``_OPTION_NAMES``), and the training data."""
-    options = {key: getattr(config, key) for key in _OPTION_NAMES if key != "steps_per_epoch"}
+    """What a resumed run must share with the checkpoint (``_OPTIONS``), and the training data: ``data``, a short hash
+    of the training split's shards (names, counts, sizes, checksums) and the classes."""
+    options = {key: getattr(config, key) for key in _OPTIONS if key != "steps_per_epoch"}
     options["lr_step_epochs"] = list(options["lr_step_epochs"]) if options["lr_step_epochs"] else None
-    return {**options, "steps_per_epoch": steps_per_epoch,
-            "train_examples": manifest.split(config.train_split).num_examples,
-            "data": data_fingerprint(manifest, config.train_split)}
+    split = manifest.split(config.train_split)
+    shards = [[shard.file, shard.num_examples, shard.num_bytes, shard.sha256] for shard in split.shards]
+    data = json.dumps({"classes": list(manifest.classes), "shards": shards}, sort_keys=True)
+    return {**options, "steps_per_epoch": steps_per_epoch, "train_examples": split.num_examples,
+            "data": hashlib.sha256(data.encode()).hexdigest()[:16]}
 
 
 def _shown(value) -> str:
@@ -129,8 +114,8 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
     """A ValueError naming each difference between the checkpoint's options and this run's (those it saved)."""
     if not saved:
         return  # a checkpoint from before the options were saved: nothing to compare
-    differences = [f"{flag} {_shown(saved[key])} then, {_shown(current[key])} now"
-                   for key, flag in _OPTION_NAMES.items() if key in saved and saved[key] != current[key]]
+    differences = [f"--{key.replace('_', '-')} {_shown(saved[key])} then, {_shown(current[key])} now"
+                   for key in _OPTIONS if key in saved and saved[key] != current[key]]
     if saved.get("data") != current["data"]:
         differences.append(f"DATA's {current['train_split']!r} split is another one ({saved.get('train_examples')} "
                            f"examples then, {current['train_examples']} now, or other shards)")
@@ -162,16 +147,13 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
             model.save(temporary)
         state["checkpoint_sha256"] = checkpoint_state.file_sha256(temporary)
     state["state_sha256"] = checkpoint_state.entry_sha256(state)
-    write_json(paths["state"], {**state, "previous": previous and _as_previous(previous)})
+    if previous:  # the fallback: its history cut to its epochs_done, no fallback of its own
+        done = int(previous.get("epochs_done", len(previous["history"]["epoch"])))
+        previous = {**previous, "history": {key: list(values[:done]) for key, values in previous["history"].items()},
+                    "previous": None}
+    write_json(paths["state"], {**state, "previous": previous})
     with _writing(paths["last"]):
         _replace(paths["last_writing"], paths["last"])
-
-
-def _as_previous(entry: dict) -> dict:
-    """``entry`` as the next fallback: its history cut to its ``epochs_done``, no fallback of its own."""
-    done = int(entry.get("epochs_done", len(entry["history"]["epoch"])))
-    return {**entry, "history": {key: list(values[:done]) for key, values in entry["history"].items()},
-            "previous": None}
 
 
 def commit_best(paths: dict) -> None:
@@ -288,7 +270,7 @@ def restore_checkpoint(model: keras.Model, path: str) -> None:
 
 
 def save_inference_model(model: keras.Model, path: str) -> None:
-    """Saves the inference model (:func:`shardprep.train.model.keras_model.save_inference_model`) under a temporary name."""
+    """Saves the inference model (``keras_model.save_inference_model``) under a temporary name."""
     temporary = os.path.join(os.path.dirname(path), "model.writing.keras")
     with _writing(path, temporary):
         _fresh(temporary)
@@ -324,13 +306,14 @@ def capture_rng(model: keras.Model) -> dict:
             "global": _value(generator.state) if generator is not None else None}
 
 
-def restore_rng(model: keras.Model, state: dict) -> None:
-    """Sets the seed generators from :func:`capture_rng`'s state; ``ValueError`` for another model's."""
+def restore_rng(model: keras.Model, state: dict, path: str) -> None:
+    """Sets the seed generators from :func:`capture_rng`'s state (in ``path``); ``ValueError`` for another model's."""
     variables = _seed_variables(model)
     saved = state.get("layers", [])
     if len(saved) != len(variables):
-        raise ValueError(f"the checkpoint's random state is of {len(saved)} seed generator(s), this model has "
-                         f"{len(variables)}: the checkpoint is of another model")
+        raise ValueError(f"--resume: {path}: the checkpoint's random state is of {len(saved)} seed generator(s), this "
+                         f"model has {len(variables)}: the checkpoint is of another model; start again in a new "
+                         "--output-dir")
     for variable, value in zip(variables, saved):
         variable.assign(np.asarray(value, dtype=variable.dtype))
     if state.get("global") is not None:

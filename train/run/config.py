@@ -15,6 +15,11 @@ LR_SCHEDULES = ("cosine", "step", "plateau")
 AUGMENTATIONS = ("crop", "rrc")
 
 
+def gpu_precision(capability) -> str:
+    """``--precision auto`` on a GPU of compute ``capability``: bfloat16 where it is fast (8.0+), else float16."""
+    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+
+
 class BackendInfo(NamedTuple):
     """A Keras backend shardprep trains on: its package, how to install it, what a run on it uses."""
 

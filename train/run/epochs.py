@@ -1,19 +1,21 @@
 """The epochs of a run (:class:`Epochs`, driven by :func:`shardprep.train.run.loop.train`): timed steps, validation,
 callbacks, history, checkpoints (mid-epoch: metrics, ``timing``, ``validation_pending``, ``rng``), progress and a
-clean stop on Ctrl-C.
+clean stop on Ctrl-C; TensorBoard's logs that cannot be written stop the run where it is saved.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import sys
 import time
-from typing import Callable, NoReturn
+from typing import Callable, NamedTuple, NoReturn
 
 import keras
 
 from shardprep.preprocess.checks.text import count
-from shardprep.train.run import checkpoints, progress, tensorboard_logs
+from shardprep.train.run import checkpoints, progress
 from shardprep.train.run.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.run.config import TrainConfig
 from shardprep.train.run.progress import StopRequests, TrainingInterrupted
@@ -50,15 +52,14 @@ class Epochs:
     """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
     def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
-                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None = None):
+                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None, options: dict,
+                 on_batch=None, live: Callable[[str], None] | None = None):
         self.config, self.model, self.steps, self.callbacks = config, model, steps, callbacks
         self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
-        self.width, self.val_steps = width, val_steps
+        self.width, self.val_steps, self.options, self.on_batch = width, val_steps, options, on_batch
+        self.live = live  # writes the terminal's progress line (EpochProgress)
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
-        self.options: dict = {}
-        self.on_batch = None
-        self.live: Callable[[str], None] | None = None  # writes the terminal's progress line (EpochProgress)
         self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
         self.stop: StopRequests | None = None
         self.progress = None
@@ -66,17 +67,15 @@ class Epochs:
     def say(self, text: str) -> None:
         self.report(progress.fit(text, self.width))
 
-    def run(self, start_step: int, state: dict, train_iterator, val_batches: Callable) -> None:
+    def run(self, start_step: int, state: dict) -> None:
         """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
+        # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
+        train_iterator = self.steps.train_batches(self.options["data_seed"], start_step, self.steps_per_epoch)
         self.model.stop_training = False
         self.callback_list.on_train_begin()
         checkpoints.restore_callback_state(self.callbacks, state.get("callbacks", {}))
         if state.get("rng") is not None:
-            try:
-                checkpoints.restore_rng(self.model, state["rng"])
-            except ValueError as error:
-                raise ValueError(f"--resume: {self.paths['state']}: {error}; start again in a new --output-dir") \
-                    from error
+            checkpoints.restore_rng(self.model, state["rng"], self.paths["state"])
         elif state and self.config.seed is not None:
             self.say("Note: this checkpoint was saved without the random generators' state, so augmentation goes "
                      "on with other draws than the uninterrupted run's.")
@@ -90,25 +89,33 @@ class Epochs:
                 self._stop_if_logs_failed()  # at the start: nothing trained since the last checkpoint
                 for epoch in range(start_epoch, self.config.epochs):
                     first = first_step if epoch == start_epoch else 0
-                    if self._epoch(epoch, first, train_iterator, val_batches, partial if first else None):
+                    if self._epoch(epoch, first, train_iterator, partial if first else None):
                         break
                     if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
                         self._stop_if_logs_failed()
             except BaseException as stop:
                 if self.progress is not None:
                     self.progress.interrupt_line()  # what is printed next starts on a line of its own
-                if isinstance(stop, (TrainingInterrupted, tensorboard_logs.LogsError)):
+                if isinstance(stop, (TrainingInterrupted, LogsError)):
                     self.callback_list.on_train_end()  # TensorBoard's writers flush and close
                 raise
         self.callback_list.on_train_end()
 
     def _stop_if_logs_failed(self) -> None:
-        """TensorBoard's logs could not be written: the run ends here, its epochs saved (``tensorboard_logs``)."""
-        failed = tensorboard_logs.failure(self.callbacks)
-        if failed is not None:
-            checkpoint = self.paths["last"] if self.config.checkpoint else None
-            raise tensorboard_logs.LogsError(tensorboard_logs.stopped_message(failed, self.saved_state,
-                                                                               self.steps_per_epoch, checkpoint))
+        """TensorBoard's logs could not be written: the run ends here, saying where --resume goes on."""
+        failed = logs_failure(self.callbacks)
+        if failed is None:
+            return
+        saved, checkpoint = self.saved_state, self.paths["last"] if self.config.checkpoint else None
+        if saved is not None and checkpoint is not None:
+            epoch, step = divmod(int(saved["global_step"]), self.steps_per_epoch)
+            at = (f"after epoch {epoch}" if step == 0
+                  else f"in epoch {epoch + 1} after step {step} of {self.steps_per_epoch}")
+            raise LogsError(f"{failed}; the run is saved {at} in {checkpoint}: {failed.fix}, then rerun with "
+                            "--resume (add --no-tensorboard to train on without TensorBoard's logs)")
+        why = "no checkpoint yet" if checkpoint is not None else "--no-checkpoint"
+        raise LogsError(f"{failed}; nothing is saved to resume from ({why}): {failed.fix}, then start again with "
+                        "--overwrite (add --no-tensorboard to train without TensorBoard's logs)")
 
     def _stopping(self, by: str = "Ctrl-C") -> None:
         """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does; from the signal handler, so straight to the
@@ -127,13 +134,13 @@ class Epochs:
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
             pass
 
-    def _epoch(self, epoch: int, first: int, train_iterator, val_batches: Callable, carried: dict | None) -> bool:
+    def _epoch(self, epoch: int, first: int, train_iterator, carried: dict | None) -> bool:
         """One epoch from step ``first``; True when early stopping ends the run."""
         started = time.perf_counter()
         self.steps.reset()
         self.callback_list.on_epoch_begin(epoch)
         logs, timing = self._train_epoch(epoch, first, train_iterator, carried)
-        self._validate(epoch, val_batches, logs, timing)
+        self._validate(epoch, logs, timing)
         logs.update(self.steps.val_results(),
                     images_per_sec=timing.steps * self.config.batch_size / timing.seconds if timing.seconds else 0.0,
                     input_wait_fraction=timing.wait / timing.seconds if timing.seconds else 0.0,
@@ -219,8 +226,8 @@ class Epochs:
                 raise
             raise InputError(f"reading the {split} split: {message}") from error
 
-    def _validate(self, epoch: int, val_batches: Callable, logs: dict, timing: _Timing) -> None:
-        batches, number = iter(val_batches()), 0
+    def _validate(self, epoch: int, logs: dict, timing: _Timing) -> None:
+        batches, number = iter(self.steps.val_batches()), 0
         while True:
             if self.stop.requested:  # the epoch's steps are saved as done, its validation left for the resume
                 examples = self.steps_per_epoch * self.config.batch_size
@@ -273,3 +280,85 @@ class Epochs:
         checkpoints.write_json(self.paths["history"], history)
         if config.checkpoint:
             self._save((epoch + 1) * self.steps_per_epoch, None, saved_as)
+
+
+# --- TensorBoard's logs that cannot be written (a full disk, a read-only logs/): the first failure is kept instead
+# of a traceback; the epoch loop ends the run once its work is saved, with one line saying what is saved and how to
+# go on.
+
+class LogsFailure(NamedTuple):
+    """A write of TensorBoard's logs that failed: the path, the cause, and what to do before running again."""
+
+    where: str
+    cause: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"writing TensorBoard's logs failed: {self.where}: {self.cause}"
+
+
+class LogsError(checkpoints.RunFileError):
+    """TensorBoard's logs could not be written; the message is one line for the user."""
+
+
+def write_failure(error: BaseException, logs: str) -> LogsFailure | None:
+    """The write failure ``error`` is (an OSError, or TensorFlow's ``{{op}} PATH; CAUSE [Op:NAME]``), else None."""
+    tf = sys.modules.get("tensorflow")  # loaded when the callback wrote: tf.summary is TensorFlow's
+    if isinstance(error, OSError):
+        where, cause = str(error.filename or logs), error.strerror or str(error)
+        space = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        denied = error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    elif tf is not None and isinstance(error, tf.errors.OpError):
+        line = (error.message or "").split("\n", 1)[0]
+        line = re.sub(r"\s*\[Op:.*$", "", re.sub(r"^\{\{.*?\}\}\s*", "", line)).strip()
+        where, _, cause = line.rpartition("; ")
+        where, cause = (where, cause) if where and cause else (logs, line or type(error).__name__)
+        space = isinstance(error, tf.errors.ResourceExhaustedError)
+        denied = isinstance(error, tf.errors.PermissionDeniedError)
+    else:
+        return None
+    fix = "free some space" if space else f"make {logs} writable" if denied else f"check that {logs} can be written"
+    return LogsFailure(where, cause, fix)
+
+
+def _writes(name: str):
+    """Keras's TensorBoard hook ``name``, writing until the first failure (``TensorBoardLogs._guarded``)."""
+    hook = getattr(keras.callbacks.TensorBoard, name)
+
+    def writing(self, *args, **kwargs):
+        if self.failure is None:
+            self._guarded(hook, self, *args, **kwargs)
+
+    return writing
+
+
+class TensorBoardLogs(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback into ``logs``, its first failure to write kept in ``failure``, not raised."""
+
+    def __init__(self, logs: str, **options):
+        super().__init__(log_dir=logs, write_graph=False, **options)
+        self.logs = logs
+        self.failure: LogsFailure | None = None
+
+    def _guarded(self, hook, *args, **kwargs) -> None:
+        try:
+            hook(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - TensorFlow's errors; any other is raised again
+            failure = write_failure(error, self.logs)
+            if failure is None:
+                raise
+            self.failure = self.failure or failure
+
+    on_train_begin, on_epoch_begin, on_epoch_end = _writes("on_train_begin"), _writes("on_epoch_begin"), \
+        _writes("on_epoch_end")
+    on_train_batch_begin, on_train_batch_end = _writes("on_train_batch_begin"), _writes("on_train_batch_end")
+    on_test_begin, on_test_end = _writes("on_test_begin"), _writes("on_test_end")
+    on_test_batch_begin = _writes("on_test_batch_begin")
+
+    def on_train_end(self, logs=None):
+        self._guarded(super().on_train_end, logs)  # after a failure too: its writers closed, its profiler stopped
+
+
+def logs_failure(callbacks) -> LogsFailure | None:
+    """The failure of the run's :class:`TensorBoardLogs` among ``callbacks``, if any."""
+    return next((callback.failure for callback in callbacks if isinstance(callback, TensorBoardLogs)), None)

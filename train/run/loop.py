@@ -6,6 +6,7 @@ alone (``input_wait_fraction``); step ``s`` reads the batch the seeded order add
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import secrets
 from typing import Callable
@@ -14,9 +15,9 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed
-from shardprep.train.run import checkpoints, preflight, progress, run_files, tensorboard_logs
+from shardprep.train.run import checkpoints, preflight, progress, run_files
 from shardprep.train.run.config import TrainConfig
-from shardprep.train.run.epochs import HISTORY_KEYS, Epochs
+from shardprep.train.run.epochs import HISTORY_KEYS, Epochs, LogsError, TensorBoardLogs, logs_failure
 from shardprep.train.model.keras_model import PlateauWarmup, build_model, make_optimizer, warmup_steps
 
 # An epoch that waits for input more than this share of its time is reported as input-bound.
@@ -145,27 +146,22 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
     if state:
         say(progress.resume_message(paths["last"], state, steps_per_epoch, config.epochs))
     val_steps = -(-manifest.split(config.val_split).num_examples // config.batch_size)
-    epochs = Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps)
-    epochs.options, epochs.on_batch, epochs.live = options, on_batch, live
-    # The run's own seed at every start: the reader's order is addressed by step, not reseeded per resume.
-    train_batches = steps.train_batches(options["data_seed"], start_step, steps_per_epoch)
-    epochs.run(start_step, state, train_batches, steps.val_batches)
+    Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps, options,
+           on_batch, live).run(start_step, state)
 
     checkpoints.save_inference_model(model, paths["model"])
     summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}
     checkpoints.write_json(paths["summary"], summary)
     for message in progress.summary_messages(summary, paths, config.checkpoint):
         say(message)
-    failed_logs = tensorboard_logs.failure(callbacks)
+    failed_logs = logs_failure(callbacks)
     if failed_logs is not None:  # in the last epoch, or at the end: the run's files are all written by now
-        raise tensorboard_logs.LogsError(tensorboard_logs.complete_message(failed_logs, config.output_dir))
+        raise LogsError(f"{failed_logs}; the training run is otherwise complete, its files in {config.output_dir}")
     return summary
 
 
 def tensorboard_installed() -> bool:
     """tf.summary needs the tensorboard package, which TensorFlow no longer installs."""
-    import importlib.util
-
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -182,9 +178,8 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
     if config.tensorboard and not tensorboard_installed():
         report("TensorBoard logs skipped: the tensorboard package is not installed (pip install tensorboard).")
     elif config.tensorboard:
-        # A failure to write the logs is kept, and the epoch loop stops where the run is saved (tensorboard_logs).
-        callbacks.append(tensorboard_logs.TensorBoardLogs(paths["logs"],
-                                                          profile_batch=_profile_batches(config.profile_batch)))
+        # A failure to write the logs is kept, and the epoch loop stops where the run is saved.
+        callbacks.append(TensorBoardLogs(paths["logs"], profile_batch=_profile_batches(config.profile_batch)))
         callbacks.append(run_files.event_file_recorder(config.output_dir))  # lists TensorBoard's files in the record
     if config.checkpoint:
         # Keras writes the file in place: under its own name, a kill while it writes would leave half of the model a

@@ -40,9 +40,8 @@ def duration(seconds: float) -> str:
 
 
 def _metrics_text(metrics: dict | None) -> list[str]:
-    if not metrics:
-        return []
-    return [f"{name} {value:.4f}" for name, value in metrics.items() if value is not None and math.isfinite(value)]
+    return [f"{name} {value:.4f}" for name, value in (metrics or {}).items()
+            if value is not None and math.isfinite(value)]
 
 
 class EpochProgress:

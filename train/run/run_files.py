@@ -1,15 +1,11 @@
-"""What a ``shardprep train`` run owns in ``--output-dir`` (docs/safety.md, on ``owned_folder``'s model): its record lists
-every file it may write, written first (:func:`claim`); it writes only into an empty folder or, with ``--resume`` or
-``--overwrite``, its own; ``--overwrite`` deletes listed files only. No Keras or TensorFlow.
+"""What a ``shardprep train`` run owns in ``--output-dir`` (docs/safety.md, on ``owned_folder``'s model): its files,
+and its record listing every file it may write, written first (:func:`claim`). No Keras or TensorFlow.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import posixpath
-from typing import NoReturn
 
 from shardprep.preprocess.checks import owned_folder
 from shardprep.preprocess.checks.names import printable  # noqa: F401 - shown names, escaped
@@ -62,13 +58,17 @@ def read_record(output_dir: str) -> Record | None:
     return owned_folder.read_record(output_dir, TRAIN_RECORD)
 
 
+def make_dirs(path: str) -> None:
+    if is_url(path):
+        owned_folder.gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
 def claim(output_dir: str, resume: bool) -> None:
     """Makes ``output_dir`` (if missing) and writes the record listing every file the run may write, before it
     writes any; ``resume`` keeps what the record already lists (an earlier process's event files)."""
-    if is_url(output_dir):
-        owned_folder.gfile().makedirs(output_dir)
-    else:
-        os.makedirs(output_dir, exist_ok=True)
+    make_dirs(output_dir)
     existing = read_record(output_dir) if resume else None
     record = Record(frozenset(RUN_FILES) | (existing.files if existing else frozenset()),
                     frozenset(RUN_FOLDERS) | (existing.folders if existing else frozenset()))
@@ -119,121 +119,6 @@ def describe_os_error(error: OSError, doing: str = "writing") -> str:
     return f"{doing}{where} failed: {error.strerror or error}{hint}"
 
 
-# --- the checks before a run, and --overwrite ------------------------------------------------------------------------
-
-
 def holds_files(found: list[Entry]) -> bool:
     """Whether a folder holds more than the run record and empty folders (a run that stopped before writing)."""
     return any(entry.kind != "folder" and entry.relative not in (RECORD_NAME, LOCK_NAME) for entry in found)
-
-
-def check_path(output_dir: str, data_dir: str) -> None:
-    """Refuses an ``--output-dir`` that is a link, not a folder, under a dangling link or a file, not writable, or
-    that is, lies inside or contains DATA. Nothing is created."""
-    if not output_dir.strip():
-        raise OutputError("--output-dir is empty; name the folder the run writes into")
-    if is_url(output_dir):
-        if is_url(data_dir):
-            _check_apart(output_dir, _normalized(output_dir), data_dir, _normalized(data_dir))
-        return
-    path, named = os.path.abspath(output_dir), f"--output-dir {output_dir}"  # no trailing slash: a link is a link
-    if os.path.islink(path):
-        target = os.readlink(path)
-        if not os.path.exists(path):
-            raise OutputError(f"{named} is a dangling link (to {target}, which does not exist); choose a real folder "
-                              "(it is created if missing)")
-        raise OutputError(f"{named} is a link (to {target}); shardprep train writes only into a real folder, never "
-                          "through a link: pass the folder itself or another --output-dir")
-    if os.path.lexists(path) and not os.path.isdir(path):
-        what = "a file" if os.path.isfile(path) else "a FIFO, socket or device"
-        raise OutputError(f"{named} is {what}, not a folder; choose a folder (it is created if missing)")
-    existing = path
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if os.path.islink(existing) and not os.path.exists(existing):
-        raise OutputError(f"{named} cannot be created: {existing} is a dangling link (to {os.readlink(existing)}, "
-                          "which does not exist); choose another --output-dir")
-    if not os.path.isdir(existing):
-        raise OutputError(f"{named}: {existing} is a file, not a folder, so the folder cannot be created; choose "
-                          "another --output-dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"{named}: cannot write into {existing} (permission denied); choose another --output-dir")
-    if not is_url(data_dir):
-        _check_apart(output_dir, os.path.realpath(path), data_dir, os.path.realpath(data_dir))
-
-
-def _normalized(url: str) -> str:
-    """``scheme://bucket/key`` without ``..``, ``.``, doubled or trailing slashes."""
-    scheme, rest = url.split("://", 1)
-    bucket, _, key = rest.partition("/")
-    key = posixpath.normpath("/" + key).lstrip("/")
-    return f"{scheme}://{bucket}" + (f"/{key}" if key else "")
-
-
-def _check_apart(output_dir: str, output: str, data_dir: str, data: str) -> None:
-    how = ("is" if output == data else "is inside" if output.startswith(data.rstrip("/") + "/")
-           else "contains" if data.startswith(output.rstrip("/") + "/") else None)
-    if how is not None:
-        raise OutputError(f"--output-dir {output_dir} {how} DATA ({data_dir}); a training run writes into a folder "
-                          "of its own, apart from the dataset: choose another --output-dir")
-
-
-def check_contents(output_dir: str, resume: bool, overwrite: bool) -> None:
-    """Refuses what ``--output-dir`` holds, unless: nothing (or only a run record with nothing written); with
-    ``--resume`` or ``--overwrite``, a run record and only what it lists. Read-only."""
-    path = output_dir if is_url(output_dir) else os.path.abspath(output_dir)
-    exists = owned_folder.gfile().exists(path) if is_url(path) else os.path.lexists(path)
-    # A regular lock file is a run's: a live one is refused when the lock is taken, a killed one's taken over.
-    found = [entry for entry in owned_folder.entries(path) if entry != (LOCK_NAME, "file")]
-    if not found:
-        if resume:
-            how = "is empty" if exists else "does not exist"
-            raise OutputError(f"--resume: nothing to resume: {output_dir} {how}; run without --resume")
-        return
-    if "manifest.json" in {entry.relative for entry in found}:
-        raise OutputError(f"--output-dir {output_dir} holds a dataset (manifest.json); a training run writes into a "
-                          "folder of its own, apart from any dataset: choose another --output-dir")
-    record = read_record(path)
-    if record is None:
-        _refuse_unrecorded(output_dir, found, resume, overwrite)
-    found = owned_folder.entries(path, record)
-    alien = owned_folder.foreign(found, record, (RECORD_NAME, RECORD_NAME + ".tmp"))
-    them = "it" if len(alien) == 1 else "them"
-    if not (resume or overwrite):
-        if alien or holds_files(found):
-            shown = owned_folder.names(alien or [entry for entry in found if "/" not in entry.relative
-                                                 and entry.relative not in (RECORD_NAME, LOCK_NAME)])
-            raise OutputError(f"--output-dir {output_dir} is not empty: it holds an earlier run ({shown}); pass "
-                              "--resume to continue it, --overwrite to replace it, or choose another --output-dir")
-        return
-    if alien:
-        raise OutputError(f"{'--resume' if resume else '--overwrite'} refused: {output_dir} holds "
-                          f"{owned_folder.names(alien)}, which the shardprep train run recorded in {RECORD_NAME} did "
-                          f"not write; move {them} away or choose another --output-dir")
-    for folder in [] if is_url(path) else [os.path.join(path, e.relative) for e in found if e.kind == "folder"]:
-        if not os.access(folder, os.W_OK | os.X_OK):  # found now, not at the first checkpoint
-            why = "permission denied"
-            with contextlib.suppress(OSError):
-                why = "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else why
-            raise OutputError(f"--output-dir {output_dir}: cannot write into {folder} ({why}), where the run writes "
-                              "its files; make it writable or choose another --output-dir")
-
-
-def _refuse_unrecorded(output_dir: str, found: list[Entry], resume: bool, overwrite: bool) -> NoReturn:
-    shown, them = owned_folder.names(found), "it" if len(found) == 1 else "them"
-    if resume:
-        raise OutputError(f"--resume: nothing to resume in {output_dir}: it holds {shown} but no shardprep train "
-                          f"run (no {RECORD_NAME}); choose the folder of the run to resume")
-    if overwrite:
-        raise OutputError(f"--overwrite refused: {output_dir} holds {shown} and no {RECORD_NAME}, so no shardprep "
-                          f"train run wrote {them} (it deletes only the files a run recorded); move {them} away or "
-                          "choose another --output-dir")
-    raise OutputError(f"--output-dir {output_dir} is not empty ({shown}) and holds no shardprep train run; choose "
-                      "a new or empty --output-dir")
-
-
-def clear(output_dir: str) -> list[str]:
-    """Deletes the files the record lists, then its folders left empty (never through a link); returns the files
-    deleted. Check first (:func:`check_contents` with ``overwrite``)."""
-    record = read_record(output_dir)
-    return [] if record is None else owned_folder.clear(output_dir, record)

@@ -12,12 +12,8 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.format.dataset import Manifest
-from shardprep.train.run.config import TrainConfig
+from shardprep.train.run.config import TrainConfig, gpu_precision
 from shardprep.train.model.keras_model import SmoothedCrossentropy, SmoothedCrossentropyMean
-
-
-def _capability_precision(capability: tuple[int, int]) -> str:
-    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
 
 
 def _jax_devices():
@@ -41,13 +37,12 @@ def resolve_precision(precision: str, backend: str) -> str:
             return "mixed_bfloat16"
         if device.platform != "gpu":
             return "float32"
-        capability = str(getattr(device, "compute_capability", "0.0")).split(".")
-        return _capability_precision((int(capability[0]), int(capability[1] if len(capability) > 1 else 0)))
+        return gpu_precision(tuple(int(part) for part in str(getattr(device, "compute_capability", "0.0")).split(".")))
     import torch
 
     if not torch.cuda.is_available():
         return "float32"
-    return _capability_precision(torch.cuda.get_device_capability(0))
+    return gpu_precision(torch.cuda.get_device_capability(0))
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from shardprep.preprocess.format.dataset import Manifest
 from shardprep.train.data import reader
-from shardprep.train.run.config import TrainConfig
+from shardprep.train.run.config import TrainConfig, gpu_precision
 from shardprep.train.model.keras_model import smoothed_crossentropy
 
 
@@ -37,8 +37,7 @@ def resolve_precision(precision: str) -> str:
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return "float32"
-    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-    return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+    return gpu_precision(tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0)))
 
 
 class TFSteps:
@@ -52,7 +51,7 @@ class TFSteps:
         self.replicas = self.strategy.num_replicas_in_sync
         self.precision = resolve_precision(config.precision)
         self.jit_compile = config.jit_compile
-        if self.jit_compile is None:
+        if self.jit_compile is None:  # XLA on one GPU
             self.jit_compile = len(tf.config.list_logical_devices("GPU")) == 1
         self._val = None
 
