@@ -22,12 +22,19 @@ def _hangup_as_from_a_terminal():
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("number, status", [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
-def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(tmp_path, number, status):
-    source, output, temporary = tmp_path / "src", tmp_path / "out", tmp_path / "tmp"
-    temporary.mkdir()
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """Enough work that the run is still going when its workers have started; written once for both signals."""
+    source = tmp_path_factory.mktemp("hangup") / "src"
     image_factory.write_image_folder(source, {"train": 400}, classes=("a", "b"), min_side=200, max_side=400,
                                      kinds=("jpeg",))
+    return source
+
+
+@pytest.mark.parametrize("number, status", [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_a_hangup_or_terminate_stops_the_run_and_leaves_no_temporary_folders(source, tmp_path, number, status):
+    output, temporary = tmp_path / "out", tmp_path / "tmp"
+    temporary.mkdir()
     process = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(output),
                                 "--shorter-side", "160", "--", "--direct_num_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env={**os.environ, "TMPDIR": str(temporary)}, preexec_fn=_hangup_as_from_a_terminal)
