@@ -54,8 +54,15 @@ def _run(tmp_path, beam_args, env=None, script=PIPELINE, **popen):
     return started, [json.loads(path.read_text()) for path in sorted(out.iterdir())], done.stderr
 
 
-def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
-    started, where, said = _run(tmp_path, ["--direct_num_workers=2"])
+@pytest.fixture(scope="module")
+def forked_run(tmp_path_factory):
+    """One two-worker run, checked by the two tests below: its launcher started with stdin closed (``<&-``)."""
+    return _run(tmp_path_factory.mktemp("forked"), ["--direct_num_workers=2"], stdin=None,
+                preexec_fn=lambda: os.close(0))
+
+
+def test_workers_are_forked_by_the_zygote_and_named(forked_run):
+    started, where, said = forked_run
     assert started["zygote"] is not None
     assert len(where) == 16
     assert "direct_running_mode should be" not in said  # Beam's warning, for the mode its workers are started in
@@ -65,11 +72,10 @@ def test_workers_are_forked_by_the_zygote_and_named(tmp_path):
     assert {w["arenas"] for w in where} == {"2"}  # the run's malloc cap reached the workers' environment
 
 
-def test_a_launcher_without_stdin_gives_its_workers_dev_null(tmp_path):
+def test_a_launcher_without_stdin_gives_its_workers_dev_null(forked_run):
     """Started with stdin closed (``<&-``), the launcher's socket to the zygote took descriptor 0 and every worker
     got it as its stdin (then the zygote could not see the launcher go while a worker lived)."""
-    started, where, _ = _run(tmp_path, ["--direct_num_workers=2"], stdin=None,
-                          preexec_fn=lambda: os.close(0))
+    started, where, _ = forked_run
     assert started["zygote"] is not None
     assert {w["stdin"] for w in where} == {os.devnull}
     assert {w["ppid"] for w in where} == {started["zygote"]}
