@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, cast
 
 from shardprep.pipelines.sources.kind import (GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split,
@@ -59,7 +60,8 @@ class ParquetSource(GlobKind):
 
     def plan(self, location: str, config) -> ParquetPlan:
         base = glob_folder(location)
-        footers = read_footers(self.matched(location))
+        with ThreadPoolExecutor(max_workers=8) as pool:  # footers a few at a time: each a round trip on gs://
+            footers = list(pool.map(read_footer, self.matched(location)))
         readable = [f for f in footers if f.error is None]
         not_used = [accounting.NotUsed(relative(base, f.path), NOT_PARQUET) for f in footers
                     if f.error is not None and not f.path.endswith(".parquet")]
@@ -159,14 +161,6 @@ def row_group_tasks(split: str, footer: _FileFooter, name: str) -> list[RowGroup
     return tasks
 
 
-def read_footers(paths: list[str]) -> list[_FileFooter]:
-    """Every file's footer, a few at a time (each a round trip on ``gs://``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(read_footer, paths))
-
-
 def read_footer(path: str) -> _FileFooter:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -186,13 +180,10 @@ def read_footer(path: str) -> _FileFooter:
 
 
 def _column_max(metadata, index: int) -> int | None:
-    found = []
-    for group in range(metadata.num_row_groups):
-        stats = metadata.row_group(group).column(index).statistics
-        if stats is None or not stats.has_min_max or not isinstance(stats.max, int):
-            return None
-        found.append(stats.max)
-    return max(found, default=None)
+    stats = [metadata.row_group(group).column(index).statistics for group in range(metadata.num_row_groups)]
+    if any(s is None or not s.has_min_max or not isinstance(s.max, int) for s in stats):
+        return None
+    return max((s.max for s in stats), default=None)
 
 
 def label_max(footer: _FileFooter, column: str) -> int:
@@ -209,10 +200,11 @@ def label_max(footer: _FileFooter, column: str) -> int:
         with open_file(footer.path) as stream:
             for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, columns=[column]):
                 found = pc.max(batch.column(0)).as_py()
-                largest = found if largest is None or (isinstance(found, int) and found > largest) else largest
+                if isinstance(found, int):
+                    largest = found if largest is None else max(largest, found)
     except (pa.ArrowException, OSError):  # damaged pages: its row groups are read, and rejected, row by row
         pass
-    return largest if isinstance(largest, int) else 0
+    return 0 if largest is None else largest
 
 
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
@@ -270,26 +262,22 @@ class RowGroupReader:
         self.image_column, self.label_column, self.num_classes = image_column, label_column, num_classes
 
     def __call__(self, task: RowGroupTask) -> Iterator[Input | Reject]:
+        import pyarrow.parquet as pq
+
         done = 0  # rows given so far: should reading fail, the rest are rejects
-        try:
-            for images, found in self.batches(task):
-                for image, label in zip(images, found):
-                    yield self.row(task.split, f"{task.name}:{task.first_row + done}", image, label)
-                    done += 1
+        try:  # _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows
+            with open_file(task.path) as stream:
+                for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group],
+                                                                 columns=[self.image_column, self.label_column]):
+                    for image, label in zip(batch.column(self.image_column).to_pylist(),
+                                            batch.column(self.label_column).to_pylist()):
+                        yield self.row(task.split, f"{task.name}:{task.first_row + done}", image, label)
+                        done += 1
         except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for damaged files
             cause = (str(e).splitlines() or [""])[0][:300]
             detail = f"row group {task.row_group} of {task.name}: {type(e).__name__}: {cause}"
             for row in range(task.first_row + done, task.first_row + task.num_rows):
                 yield Reject(task.split, f"{task.name}:{row}", "unreadable", detail)
-
-    def batches(self, task: RowGroupTask) -> Iterator[tuple[list, list]]:
-        """(images, labels), _BATCH_ROWS rows at a time: a few kilobytes can hold millions of rows."""
-        import pyarrow.parquet as pq
-
-        with open_file(task.path) as stream:
-            for batch in pq.ParquetFile(stream).iter_batches(batch_size=_BATCH_ROWS, row_groups=[task.row_group],
-                                                             columns=[self.image_column, self.label_column]):
-                yield batch.column(self.image_column).to_pylist(), batch.column(self.label_column).to_pylist()
 
     def row(self, split: str, key: str, image, label) -> Input | Reject:
         data = image.get("bytes") if isinstance(image, dict) else image

@@ -120,9 +120,6 @@ class RangeFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def tell(self) -> int:
-        return self.position
-
     def seek(self, offset: int, whence: int = 0) -> int:
         base = {0: 0, 1: self.position, 2: self.size}[whence]
         self.position = max(0, base + offset)
@@ -195,19 +192,15 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
     except tarfile.TarError as e:
         return ArchiveIndex(members, f"it was cut short or is damaged after {len(members)} members: the next header "
                                      f"cannot be read ({e})")
-    return ArchiveIndex(members, _tar_end_damage(window, archive.offset, len(members)))
-
-
-def _tar_end_damage(window: RangeFile, offset: int, count: int) -> str:
-    """Why the tar has no end-of-archive marker where its headers stopped; "" when it has."""
-    window.seek(offset)
+    window.seek(archive.offset)  # where the headers stopped: the end-of-archive marker, or damage
     block = window.read(BLOCK)
     if len(block) < BLOCK:
-        return (f"it ends at byte {window.size} after {count} members without the end-of-archive marker: the "
-                "archive was cut short")
+        return ArchiveIndex(members, f"it ends at byte {size} after {len(members)} members without the "
+                                     "end-of-archive marker: the archive was cut short")
     if block.count(0) != BLOCK:
-        return f"the header at byte {offset} (after {count} members) is damaged: the rest cannot be read"
-    return ""
+        return ArchiveIndex(members, f"the header at byte {archive.offset} (after {len(members)} members) is "
+                                     "damaged: the rest cannot be read")
+    return ArchiveIndex(members)
 
 
 class StreamedMember(NamedTuple):
@@ -347,25 +340,23 @@ def read_member(raw: BinaryIO, ref: MemberRef) -> bytes:
 def read_named(raw: BinaryIO, kind: str, name: str) -> bytes:
     """The bytes of the small member ``name`` (a labels CSV), within MAX_LABELS_MEMBER_BYTES; else MemberError."""
     if kind == "tgz":
-        for streamed in stream_tar(raw, with_data=name):
-            if streamed.member.name == name and not streamed.member.is_dir:
-                return _named_bytes(streamed.member, lambda: streamed.data or b"")
-        raise MemberError(f"the archive holds no file {name}")
-    index = index_zip(raw) if kind == "zip" else index_tar(raw)
-    found = [member for member in index.members if member.name == name and not member.is_dir]
+        streamed = next((s for s in stream_tar(raw, with_data=name) if s.member.name == name and not s.member.is_dir),
+                        None)
+        found, damage, data = ([streamed.member], "", streamed.data) if streamed else ([], "", None)
+    else:
+        index = index_zip(raw) if kind == "zip" else index_tar(raw)
+        found = [member for member in index.members if member.name == name and not member.is_dir]
+        damage = index.damage
     if not found:
-        raise MemberError(f"the archive holds no file {name}" + (f" ({index.damage})" if index.damage else ""))
-    return _named_bytes(found[-1], lambda: read_member(raw, MemberRef.of("", found[-1])))
-
-
-def _named_bytes(member: Member, read) -> bytes:
+        raise MemberError(f"the archive holds no file {name}" + (f" ({damage})" if damage else ""))
+    member = found[-1]
     too_large = size_problem(member.size if member.data_size < 0 else member.data_size,
                              None if member.crc < 0 else member.size, MAX_LABELS_MEMBER_BYTES)
     if too_large and member.problem in ("", TOO_LARGE):
         raise MemberError(f"its member {member.name} is {too_large.replace('a member', 'a labels file in an archive')}")
     if member.problem:
         raise MemberError(f"its member {member.name} is not read: {member.detail}")
-    return read()
+    return (data or b"") if kind == "tgz" else read_member(raw, MemberRef.of("", member))
 
 
 def split_inner(path: str) -> tuple[str, str]:

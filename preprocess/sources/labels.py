@@ -38,23 +38,8 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\x
 
 
 def csv_rows(data: bytes, path: str, file_exists) -> list[LabelRow]:
-    """The rows of a labels CSV; SourceError for a bad encoding, row or label, and for an unknown header
-    (``file_exists(name)``: is it a flat image's name)."""
-    rows = parse_labels_csv(decode_labels_csv(data, path), f"labels file {path}")
-    if not rows:
-        raise SourceError(f"labels file {path} has no rows; expected lines of filename,label")
-    first = rows[0]
-    if not has_file_extension(first.filename) and not file_exists(labels_key(first.filename)):
-        raise SourceError(
-            f"labels file {path} line {first.line} ({first.filename},{first.label}) looks like a header shardprep "
-            "does not understand (no file of that name, no file extension): use the header 'filename,label' (first "
-            f"column {'/'.join(FILENAME_HEADERS)}; second {'/'.join(LABEL_HEADERS)}) or none")
-    return [dataclasses.replace(row, label=names.check(row.label, "class", f"labels file {path} line {row.line}",
-                                                       "fix the label")) for row in rows]
-
-
-def decode_labels_csv(data: bytes, path: str) -> str:
-    """A labels file's text: UTF-8, its BOM dropped; else a SourceError naming the line."""
+    """The rows of a labels CSV (UTF-8, a BOM dropped); SourceError for a bad encoding, row or label, and for an
+    unknown header (``file_exists(name)``: is it a flat image's name)."""
     for bom, encoding in _BOMS:
         if data.startswith(bom):
             raise SourceError(f"labels file {path} is {encoding} (it starts with a {encoding} byte order mark): "
@@ -66,12 +51,23 @@ def decode_labels_csv(data: bytes, path: str) -> str:
         raise SourceError(f"labels file {path} line {line} has a NUL byte: it is not a text CSV (binary, or UTF-16 "
                           "without a byte order mark); save it as UTF-8 text")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise SourceError(f"labels file {path} line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x} at column "
                           f"{column}; Latin-1 or Windows-1252?): save it as UTF-8") from None
+    rows = parse_labels_csv(text, f"labels file {path}")
+    if not rows:
+        raise SourceError(f"labels file {path} has no rows; expected lines of filename,label")
+    first = rows[0]
+    if not has_file_extension(first.filename) and not file_exists(labels_key(first.filename)):
+        raise SourceError(
+            f"labels file {path} line {first.line} ({first.filename},{first.label}) looks like a header shardprep "
+            "does not understand (no file of that name, no file extension): use the header 'filename,label' (first "
+            f"column {'/'.join(FILENAME_HEADERS)}; second {'/'.join(LABEL_HEADERS)}) or none")
+    return [dataclasses.replace(row, label=names.check(row.label, "class", f"labels file {path} line {row.line}",
+                                                       "fix the label")) for row in rows]
 
 
 def has_file_extension(filename: str) -> bool:
@@ -119,7 +115,7 @@ def labels_key(filename: str) -> str:
 
 def match_key(filename: str) -> str:
     """The join's grouping key: the file name in NFC, case-folded, so that case-only differences meet."""
-    return names.canonical(labels_key(filename)).casefold()
+    return file_name(filename).casefold()
 
 
 def file_name(filename: str) -> str:
@@ -188,22 +184,15 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
 IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
 
 
-def tfds_imagenet_labels_path() -> str | None:
-    """The installed tensorflow-datasets' ``imagenet2012/validation_labels.txt``, or None."""
+def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
+    """{file name: WordNet ID} of ImageNet's 50,000 validation images, from ``path`` or TFDS's file."""
     try:
         spec = importlib.util.find_spec("tensorflow_datasets")
     except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "datasets", "imagenet2012", "validation_labels.txt")
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
-    """{file name: WordNet ID} of ImageNet's 50,000 validation images, from ``path`` or TFDS's file."""
-    path = path or tfds_imagenet_labels_path()
+        spec = None
+    tfds_files = [os.path.join(folder, "datasets", "imagenet2012", "validation_labels.txt")
+                  for folder in ((spec.submodule_search_locations or []) if spec else [])]
+    path = path or next((found for found in tfds_files if os.path.isfile(found)), None)
     if path is None:
         raise SourceError(
             "ImageNet validation images (ILSVRC2012_val_*.JPEG) need their labels: install tensorflow-datasets "

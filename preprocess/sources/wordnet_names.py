@@ -16,12 +16,7 @@ def table() -> dict[str, str]:
     return dict(line.split("\t", 1) for line in text.splitlines() if line)
 
 
-def synonyms(class_name: str) -> str | None:
-    """WordNet's synonyms of an ImageNet-1k class (``tench, Tinca tinca``), or None for any other name."""
-    return table().get(class_name) if WORDNET_ID.match(class_name) else None
-
-
 def display_name(class_name: str) -> str:
     """``golf ball (n03445777)`` for an ImageNet-1k WordNet ID; any other class name as it is."""
-    names = synonyms(class_name)
+    names = table().get(class_name) if WORDNET_ID.match(class_name) else None
     return f"{names.split(', ')[0]} ({class_name})" if names else class_name
