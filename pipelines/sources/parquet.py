@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, cast
 
@@ -83,7 +84,12 @@ class ParquetSource(GlobKind):
             elif largest < 0:
                 unlabelled.append((split, footer))
             else:
-                check_label_bound(largest, classes, label_column, relative(base, footer.path))
+                if classes is None and largest >= labels.MAX_CLASSES:  # refused before anything is written
+                    raise sources.SourceError(
+                        f"the label column {label_column!r} of {relative(base, footer.path)} holds the label "
+                        f"{largest:,}, beyond the {labels.MAX_CLASSES:,} classes shardprep takes without class names "
+                        f"(labels 0 to {labels.MAX_CLASSES - 1:,}): name the classes in the dataset card "
+                        "(dataset_info.features) or dataset_info.json, or leave that file out of the glob")
                 tasks += row_group_tasks(split, footer, relative(base, footer.path))
         labelled = {task.split for task in tasks}
         not_used += [accounting.NotUsed(relative(base, f.path), UNLABELLED) for s, f in unlabelled if s not in labelled]
@@ -120,17 +126,13 @@ def class_names(features: hub_features.Features, label_column: str, origin: str)
     classes = features[label_column].names if label_column in features else None
     if not classes:
         return None, [f"labels named by their integers: no class names found for {label_column!r}"]
-    classes, repeated = hub_features.usable_class_names(classes, origin)
-    return classes, [repeated] if repeated else []
-
-
-def check_label_bound(largest: int, classes, column: str, name: str) -> None:
-    """Without class names a label beyond ``labels.MAX_CLASSES`` is refused before anything is written."""
-    if classes is None and largest >= labels.MAX_CLASSES:
-        raise sources.SourceError(
-            f"the label column {column!r} of {name} holds the label {largest:,}, beyond the {labels.MAX_CLASSES:,} "
-            f"classes shardprep takes without class names (labels 0 to {labels.MAX_CLASSES - 1:,}): name the classes "
-            "in the dataset card (dataset_info.features) or dataset_info.json, or leave that file out of the glob")
+    checked = [names.check(name, "class", origin) for name in classes]
+    counts = Counter(checked)  # a repeated name is told apart by its label, as ``crane (134)``
+    unique = tuple(f"{name} ({label})" if counts[name] > 1 else name for label, name in enumerate(checked))
+    if len(set(unique)) != len(unique):
+        raise sources.SourceError(f"the class names in {origin} repeat even when told apart by their label")
+    repeated = [name for name, given in zip(unique, checked) if counts[given] > 1]
+    return unique, ["repeated class names told apart by label: " + ", ".join(repeated)] if repeated else []
 
 
 def glob_folder(location: str) -> str:

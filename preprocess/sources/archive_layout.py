@@ -78,11 +78,21 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
             layout.rejects.append(Reject(member_split, sources.printable_key(key), member.problem, member.detail))
             continue
         if by_split and not in_split:  # beside the split folders, or in a hidden folder there
-            loose.append((member, key))
+            loose.append(key)
             continue
         parts = parts[1:] if in_split else parts
         _place(layout, member, member_split, parts, key)
-    _loose_files(layout, loose, split)
+    # Files beside split folders: not used, unless they are images (in no split: refused).
+    images = [key for key in loose if accounting.is_image_name(key) and "/" not in key.rstrip("/")
+              and not sources.is_hidden(key)]
+    if images:
+        raise sources.SourceError(
+            f"the archive holds split folders and loose images ({', '.join(images[:3])}"
+            f"{', ...' if len(images) > 3 else ''}), which are in no split")
+    for key in loose:
+        hidden = any(sources.is_hidden(part) for part in key.split("/"))
+        reason = accounting.HIDDEN_BESIDE if hidden else accounting.NOT_AN_IMAGE
+        layout.not_used.append(accounting.NotUsed(sources.printable_key(key), reason))
     return layout
 
 
@@ -149,17 +159,3 @@ def _claim(layout: ArchiveLayout, split: str, name: str, place: str, is_tar: boo
     layout.classes.add(label)
     layout.stored_classes.add(name)
     return label
-
-
-def _loose_files(layout: ArchiveLayout, loose: list[tuple[Member, str]], split: str) -> None:
-    """Files beside split folders: not used, unless they are images (in no split: refused)."""
-    images = [key for member, key in loose if accounting.is_image_name(key) and "/" not in key.rstrip("/")
-              and not sources.is_hidden(key)]
-    if images:
-        raise sources.SourceError(
-            f"the archive holds split folders and loose images ({', '.join(images[:3])}"
-            f"{', ...' if len(images) > 3 else ''}), which are in no split")
-    for member, key in loose:
-        hidden = any(sources.is_hidden(part) for part in key.split("/"))
-        reason = accounting.HIDDEN_BESIDE if hidden else accounting.NOT_AN_IMAGE
-        layout.not_used.append(accounting.NotUsed(sources.printable_key(key), reason))

@@ -80,9 +80,3 @@ class InputBatch:
         data_list = data if data is not None else [None] * count
         return iter(list(map(Input._make, zip(self._unpack(splits, count), self._unpack(keys, count), labels,
                                               path_list, data_list))))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, InputBatch) and self._state == other._state
-
-    def __repr__(self) -> str:
-        return f"InputBatch({len(self)} inputs)"

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from typing import NamedTuple
 
 from shardprep.preprocess.sources import labels, common as sources
 from shardprep.preprocess.checks import untrusted
-from shardprep.preprocess.checks import names as name_rules
 
 IMAGE = "image"
 CLASS_LABEL = "class_label"
@@ -44,8 +42,7 @@ def from_card(data: bytes, path: str) -> Features:
         return {}
     front = _yaml_document(front, path)
     info = front.get("dataset_info") if isinstance(front, dict) else None
-    configs = [info] if isinstance(info, dict) else [c for c in info if isinstance(c, dict)] if isinstance(
-        info, list) else []
+    configs = [c for c in (info if isinstance(info, list) else [info]) if isinstance(c, dict)]
     found = [_card_features(c.get("features"), path) for c in configs]
     return next((f for f in found if any(v.type == CLASS_LABEL for v in f.values())), found[0] if found else {})
 
@@ -144,14 +141,3 @@ def _shown(value) -> str:
 def column_of(features: Features, kind: str) -> str | None:
     """The first column whose feature is ``kind`` (IMAGE or CLASS_LABEL)."""
     return next((name for name, feature in features.items() if feature.type == kind), None)
-
-
-def usable_class_names(names: tuple[str, ...], where: str) -> tuple[tuple[str, ...], str | None]:
-    """(``names`` checked, a repeated one told apart by its label as ``crane (134)``; a note naming those or None)."""
-    checked = [name_rules.check(name, "class", where) for name in names]
-    counts = Counter(checked)
-    unique = tuple(f"{name} ({label})" if counts[name] > 1 else name for label, name in enumerate(checked))
-    if len(set(unique)) != len(unique):
-        raise sources.SourceError(f"the class names in {where} repeat even when told apart by their label")
-    repeated = [name for name, given in zip(unique, checked) if counts[given] > 1]
-    return unique, ("repeated class names told apart by label: " + ", ".join(repeated) if repeated else None)

@@ -156,29 +156,29 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
     for split, key, path in sorted(files):
         name = file_name(path)
         found = sorted({label for _, label in by_name.get(name, ())})
-        if not found and rows:
-            others = ", ".join(sorted({filename for filename, _ in rows}))
-            yield "reject", Reject(split, key, accounting.CASE_MISMATCH,
-                             f"the labels file names {others}, which differs only in case; names must match exactly")
-        elif not found and not labels_file_given:
-            yield "reject", Reject(split, key, "no_label", NO_LABELS_FILE_DETAIL)
-        elif not found:
-            yield "reject", Reject(split, key, "no_label", f"{name} is not in the labels file")
-        elif len(found) > 1:
-            yield "reject", Reject(split, key, "conflicting_labels", f"labels file gives {', '.join(found)}")
-        else:
+        if len(found) == 1:
             yield "input", split, key, found[0], path
+        elif found:
+            yield "reject", Reject(split, key, "conflicting_labels", f"labels file gives {', '.join(found)}")
+        elif rows:
+            others = ", ".join(sorted({filename for filename, _ in rows}))
+            yield "reject", Reject(split, key, accounting.CASE_MISMATCH, f"the labels file names {others}, which "
+                                   "differs only in case; names must match exactly")
+        else:
+            yield "reject", Reject(split, key, "no_label",
+                                   f"{name} is not in the labels file" if labels_file_given else NO_LABELS_FILE_DETAIL)
     for filename, label in sorted(rows):
         if file_name(filename) in file_names:
             continue
         key = f"labels-file:{filename}"
         if files:
             yield "reject", Reject(labels_split, key, accounting.CASE_MISMATCH,
-                             f"labels file row {filename},{label}: the source folder has "
-                             f"{', '.join(sorted(file_names))}, which differs only in case; names must match exactly")
+                                   f"labels file row {filename},{label}: the source folder has "
+                                   f"{', '.join(sorted(file_names))}, which differs only in case; names must match "
+                                   "exactly")
         else:
             yield "reject", Reject(labels_split, key, "missing_file",
-                             f"labels file row {filename},{label} names no image in the source folder")
+                                   f"labels file row {filename},{label} names no image in the source folder")
 
 
 IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
