@@ -61,7 +61,12 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
     ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather from local
     files (default where ``os.preadv`` exists) or stream. ``start_step``: global batches already read (random access).
     """
-    _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
+    integer_argument("batch_size", batch_size, minimum=1)
+    bool_argument("training", training)
+    integer_argument("seed", seed, minimum=0, optional=True)
+    integer_argument("start_step", start_step, minimum=0)
+    integer_argument("shuffle_buffer", shuffle_buffer, minimum=1, optional=True)
+    integer_argument("cycle_length", cycle_length, minimum=1, optional=True)
     manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
     split = split_roles.reading(manifest.splits, split, data_dir)
     random_access = _reads_by_random_access(data_dir, random_access, start_step)
@@ -94,15 +99,6 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
     batches = (read_stream.example_batches(plan, manifest) if layout is None
                else read_stream.streamed_batches(plan.without_empty_shards(), layout))
     return plan.finish(labels_checked(batches, manifest.num_classes, data_dir))
-
-
-def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:
-    integer_argument("batch_size", batch_size, minimum=1)
-    bool_argument("training", training)
-    integer_argument("seed", seed, minimum=0, optional=True)
-    integer_argument("start_step", start_step, minimum=0)
-    integer_argument("shuffle_buffer", shuffle_buffer, minimum=1, optional=True)
-    integer_argument("cycle_length", cycle_length, minimum=1, optional=True)
 
 
 def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) -> tf.data.Dataset:
@@ -159,15 +155,6 @@ def _random_access_batches(data_dir: str, manifest: Manifest, split: str, files:
                                 None if order.training else len(order) - start_step)
 
 
-def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
-    """The global steps to read: endless in training, the rest of the pass in evaluation."""
-    if order.training:
-        return tf.data.Dataset.counter(start_step, dtype=tf.int64)
-    if not 0 <= start_step <= len(order):
-        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
-    return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
-
-
 def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot | None, read, specs,
                   name: str) -> tf.data.Dataset:
     """``read(step)``'s NumPy arrays for each global step, through ``tf.numpy_function``; ``specs``: each array's
@@ -191,4 +178,9 @@ def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot
             tensor.set_shape([batch, *shape])
         return tuple(tensors)
 
-    return steps(order, start_step).map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not order.training and not 0 <= start_step <= len(order):
+        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
+    # The global steps to read: endless in training, the rest of the pass in evaluation.
+    steps = (tf.data.Dataset.counter(start_step, dtype=tf.int64) if order.training
+             else tf.data.Dataset.range(start_step, len(order), dtype=tf.int64))
+    return steps.map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
