@@ -66,13 +66,10 @@ class DatasetSnapshot:
         self.manifest_path = os.path.join(data_dir, manifest_lib.MANIFEST_NAME)
         self.manifest = _identity(self.manifest_path)
         self.paths = [os.fspath(path) for path in paths]
-        self.shards = []
-        wrong = []
-        for path, size in zip(self.paths, sizes):
-            identity = FileIdentity.of(os.stat(path))
-            if size is not None and identity.size != int(size):
-                wrong.append(f"{path}: {identity.size:,} bytes, the manifest says {int(size):,}")
-            self.shards.append(identity)
+        self.shards = [FileIdentity.of(os.stat(path)) for path in self.paths]
+        wrong = [f"{path}: {identity.size:,} bytes, the manifest says {int(size):,}"
+                 for path, identity, size in zip(self.paths, self.shards, sizes)
+                 if size is not None and identity.size != int(size)]
         if wrong:
             raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
                              + "; ".join(wrong))

@@ -20,23 +20,17 @@ class CropAt(NamedTuple):
     draws: tuple[int, int, int]  # top, left, flip: see ``crop_flip``
 
 
-def _splitmix(values: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 ``values`` (wrapping arithmetic): a well-mixed 64-bit hash of each."""
-    values = values.copy()
-    values ^= values >> np.uint64(30)
-    values *= np.uint64(0xBF58476D1CE4E5B9)
-    values ^= values >> np.uint64(27)
-    values *= np.uint64(0x94D049BB133111EB)
-    values ^= values >> np.uint64(31)
-    return values
-
-
 def window_draws(seed: int, epoch: int, positions) -> np.ndarray:
     """int64 ``[n, 3]`` (top, left, flip) draws in ``[0, 2**31)`` of the records at ``positions``."""
     key = np.random.SeedSequence([int(seed), int(epoch), _STREAM]).generate_state(1, np.uint64)[0]
     counters = np.asarray(positions, np.uint64)[:, None] * np.uint64(3) + np.arange(3, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        mixed = _splitmix(key + counters * _GOLDEN)
+    with np.errstate(over="ignore"):  # SplitMix64's finaliser (wrapping): a well-mixed 64-bit hash of each counter
+        mixed = key + counters * _GOLDEN
+        mixed ^= mixed >> np.uint64(30)
+        mixed *= np.uint64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> np.uint64(27)
+        mixed *= np.uint64(0x94D049BB133111EB)
+        mixed ^= mixed >> np.uint64(31)
     return (mixed >> np.uint64(33)).astype(np.int64)
 
 

@@ -18,10 +18,6 @@ class KerasBatches(keras.utils.PyDataset):
         self.steps_done = steps_done
         self.epoch_start = reader.state().step if reader.training else 0
 
-    @property
-    def num_batches(self) -> int:
-        return len(self.reader)
-
     def __len__(self) -> int:
         return len(self.reader)
 

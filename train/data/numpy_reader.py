@@ -168,15 +168,10 @@ def prefetched(read, steps, threads: int | None = None, depth: int | None = None
     pending: collections.deque = collections.deque()
     steps = iter(steps)
     try:
-        for step in steps:
-            pending.append(pool.submit(read, step))
-            if len(pending) >= depth:
-                break
+        pending.extend(pool.submit(read, step) for step in itertools.islice(steps, depth))
         while pending:
             batch = pending.popleft().result()
-            for step in steps:
-                pending.append(pool.submit(read, step))
-                break
+            pending.extend(pool.submit(read, step) for step in itertools.islice(steps, 1))
             yield batch
             del batch  # the reused buffer is the caller's alone while it holds it
     finally:
@@ -197,8 +192,7 @@ class RecordDataset:
         self.num_records = sum(self.counts)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
         if self.crop_size is not None:
-            info = self.manifest
-            host_crop.check_fits(self.crop_size, (info.shorter_side, info.shorter_side, 3))
+            host_crop.check_fits(self.crop_size, (self.manifest.shorter_side, self.manifest.shorter_side, 3))
         self._source: FixedLayoutSource | ExampleSource | None = None
 
     def __len__(self) -> int:

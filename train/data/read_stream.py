@@ -195,9 +195,8 @@ def indexed_batches(serialized: tf.data.Dataset, encoding: str, crop: str, side:
     image_spec = (tf.TensorSpec([height, width, record_format.CHANNELS], tf.uint8), tf.TensorSpec([], tf.int32))
 
     def decode_batch(records, draws):
-        images, labels = tf.map_fn(lambda element: decode(*element), (records, draws), fn_output_signature=image_spec,
-                                   parallel_iterations=16)
-        return images, labels
+        return tf.map_fn(lambda element: decode(*element), (records, draws), fn_output_signature=image_spec,
+                         parallel_iterations=16)
 
     return serialized.map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 

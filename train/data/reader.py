@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from shardprep.preprocess.format import record_format
 from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed  # noqa: F401 - load_manifest: README's import
-from shardprep.preprocess.format.fixed_layout import FixedLayout
 from shardprep.train.data import read_stream, record_gather, split_roles
 from shardprep.train.data.batch_sources import DatasetSnapshot, ExampleGather, FixedLayoutSource, SplitFiles, split_files
 from shardprep.train.data.read_stream import ReadPlan
@@ -45,9 +44,8 @@ def default_shuffle_buffer(manifest: dict | Manifest, split: str) -> int:
     manifest = typed(manifest)
     info = manifest.split(split)
     num_examples = max(1, info.num_examples)
-    total_bytes = info.num_bytes
     height, width = manifest.stored_shape
-    record_bytes = total_bytes / num_examples if total_bytes else height * width * record_format.CHANNELS
+    record_bytes = info.num_bytes / num_examples if info.num_bytes else height * width * record_format.CHANNELS
     buffer = int(SHUFFLE_BUFFER_BYTES // max(1.0, record_bytes))
     return max(1, min(num_examples, max(MIN_SHUFFLE_BUFFER, min(MAX_SHUFFLE_BUFFER, buffer))))
 
@@ -63,7 +61,12 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
     ``min(files, 16)``), ``deterministic``. ``verify_records``: check both CRCs. ``random_access``: gather from local
     files (default where ``os.preadv`` exists) or stream. ``start_step``: global batches already read (random access).
     """
-    _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length)
+    integer_argument("batch_size", batch_size, minimum=1)
+    bool_argument("training", training)
+    integer_argument("seed", seed, minimum=0, optional=True)
+    integer_argument("start_step", start_step, minimum=0)
+    integer_argument("shuffle_buffer", shuffle_buffer, minimum=1, optional=True)
+    integer_argument("cycle_length", cycle_length, minimum=1, optional=True)
     manifest = typed(manifest) if manifest is not None else load_manifest(data_dir, read_url=read_url)
     split = split_roles.reading(manifest.splits, split, data_dir)
     random_access = _reads_by_random_access(data_dir, random_access, start_step)
@@ -91,17 +94,11 @@ def make_dataset(data_dir: str, split: str, batch_size: int, training: bool, see
         shuffle_buffer=(shuffle_buffer or default_shuffle_buffer(manifest, split)) if training else None,
         cycle_length=cycle_length, shard_records_by=shard_records_by, distributed=input_context is not None,
         snapshot=files.snapshot)
-    return plan.finish(labels_checked(_streamed_batches(plan, manifest, split, verify_records), manifest.num_classes,
-                                      data_dir))
-
-
-def _check_arguments(batch_size, training, seed, start_step, shuffle_buffer, cycle_length) -> None:
-    integer_argument("batch_size", batch_size, minimum=1)
-    bool_argument("training", training)
-    integer_argument("seed", seed, minimum=0, optional=True)
-    integer_argument("start_step", start_step, minimum=0)
-    integer_argument("shuffle_buffer", shuffle_buffer, minimum=1, optional=True)
-    integer_argument("cycle_length", cycle_length, minimum=1, optional=True)
+    # Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed.
+    layout = None if verify_records else manifest.split(split).record_layout
+    batches = (read_stream.example_batches(plan, manifest) if layout is None
+               else read_stream.streamed_batches(plan.without_empty_shards(), layout))
+    return plan.finish(labels_checked(batches, manifest.num_classes, data_dir))
 
 
 def labels_checked(batches: tf.data.Dataset, num_classes: int, data_dir: str) -> tf.data.Dataset:
@@ -131,23 +128,24 @@ def _reads_by_random_access(data_dir: str, random_access: bool | None, start_ste
     return random_access
 
 
-def _streamed_batches(plan: ReadPlan, manifest: Manifest, split: str, verify_records: bool) -> tf.data.Dataset:
-    """Each shard read front to back through the plan's tf.data order: fixed-layout chunks, or Examples parsed."""
-    layout = None if verify_records else manifest.split(split).record_layout
-    if layout is None:
-        return read_stream.example_batches(plan, manifest)
-    return read_stream.streamed_batches(plan.without_empty_shards(), layout)
-
-
 def _random_access_batches(data_dir: str, manifest: Manifest, split: str, files: SplitFiles, order: RecordOrder,
                            distributed: bool, verify_records: bool, start_step: int) -> tf.data.Dataset:
-    """The batches of the NumPy order (:mod:`~shardprep.train.data.record_order`), gathered from local shards."""
+    """The batches of the NumPy order (:mod:`~shardprep.train.data.record_order`), gathered from local shards:
+    fixed layouts as ``FixedLayoutSource`` reads them, else ``(serialized Examples, crop draws)`` decoded by TF."""
+    paths, counts, snapshot = files
     layout = manifest.split(split).record_layout
     if layout is not None and record_gather.AVAILABLE:
-        batches = gathered_batches(order, files.paths, files.counts, layout, start_step, verify=verify_records,
-                                   snapshot=files.snapshot, num_classes=manifest.num_classes)
+        source = FixedLayoutSource(paths, counts, layout, verify=verify_records, snapshot=snapshot,
+                                   num_classes=manifest.num_classes)
+        batches = _read_by_step(order, start_step, snapshot, lambda step: source(order.batch_ids(step)),
+                                [(np.uint8, tf.uint8, source.image_shape), (np.int32, tf.int32, ())],
+                                "gather_fixed_layout_records")
     else:
-        serialized = serialized_batches(order, files.paths, files.counts, verify_records, start_step, files.snapshot)
+        examples = ExampleGather(paths, counts, verify=verify_records, snapshot=snapshot)
+        serialized = _read_by_step(
+            order, start_step, snapshot,
+            lambda step: (np.array(examples(order.batch_ids(step)), dtype=object), order.crop_draws(step)),
+            [(object, tf.string, ()), (np.int64, tf.int64, (2,))], "gather_serialized_records")
         batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,
                                               *manifest.stored_shape, order.training)
     # Sharded by the order already (input_context); a dataset given to tf.distribute as a whole is split by batch.
@@ -155,15 +153,6 @@ def _random_access_batches(data_dir: str, manifest: Manifest, split: str, files:
                                 tf.data.experimental.AutoShardPolicy.OFF if distributed
                                 else tf.data.experimental.AutoShardPolicy.DATA,
                                 None if order.training else len(order) - start_step)
-
-
-def steps(order: RecordOrder, start_step: int) -> tf.data.Dataset:
-    """The global steps to read: endless in training, the rest of the pass in evaluation."""
-    if order.training:
-        return tf.data.Dataset.counter(start_step, dtype=tf.int64)
-    if not 0 <= start_step <= len(order):
-        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
-    return tf.data.Dataset.range(start_step, len(order), dtype=tf.int64)
 
 
 def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot | None, read, specs,
@@ -189,28 +178,9 @@ def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot
             tensor.set_shape([batch, *shape])
         return tuple(tensors)
 
-    return steps(order, start_step).map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def gathered_batches(order: RecordOrder, paths, counts, layout: FixedLayout, start_step: int,
-                     verify: bool = False, snapshot: DatasetSnapshot | None = None,
-                     num_classes: int | None = None) -> tf.data.Dataset:
-    """Batches gathered from local fixed-layout shards, as ``FixedLayoutSource`` reads them."""
-    source = FixedLayoutSource(paths, counts, layout, verify=verify, snapshot=snapshot, num_classes=num_classes)
-    return _read_by_step(order, start_step, snapshot, lambda step: source(order.batch_ids(step)),
-                         [(np.uint8, tf.uint8, source.image_shape), (np.int32, tf.int32, ())],
-                         "gather_fixed_layout_records")
-
-
-def serialized_batches(order: RecordOrder, paths, counts, verify: bool, start_step: int,
-                       snapshot: DatasetSnapshot | None = None) -> tf.data.Dataset:
-    """``(serialized Examples [b], crop draws int64 [b, 2])`` per step, read by random access."""
-    examples = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
-
-    def read(step):
-        serialized = np.array(examples(order.batch_ids(step)), dtype=object)
-        return serialized, order.crop_draws(step) if order.training else np.zeros((len(serialized), 2), np.int64)
-
-    return _read_by_step(order, start_step, snapshot, read, [(object, tf.string, ()), (np.int64, tf.int64, (2,))],
-                         "gather_serialized_records")
-
+    if not order.training and not 0 <= start_step <= len(order):
+        raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
+    # The global steps to read: endless in training, the rest of the pass in evaluation.
+    steps = (tf.data.Dataset.counter(start_step, dtype=tf.int64) if order.training
+             else tf.data.Dataset.range(start_step, len(order), dtype=tf.int64))
+    return steps.map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -56,19 +56,15 @@ def resolve_split(splits: Iterable[str], asked: str, *, train_split: str | None 
     if asked != "validation":
         raise SplitRoleError(f"{asked!r} is not a split of {dataset}, nor is any split named like a {asked} split "
                              f"({others}) {listed}")
-    return _only_held_out(splits, train_split, listed, f"{dataset}, nor is any split named like a validation split "
-                                               f"({others}) or a test split that is the only one besides the "
-                                               "training split")
-
-
-def _only_held_out(splits: list[str], train_split: str | None, listed: str, missing: str) -> ResolvedSplit:
-    """The validation role played by a test split, the only one besides the training split."""
+    # The validation role played by a test split, the only one besides the training split.
     if train_split is None:
         training = _named_like(splits, "train")
         train_split = training[0] if len(training) == 1 else None
     held_out = [name for name in splits if name != train_split]
     if train_split is None or len(held_out) != 1 or not _named_like(held_out, "test"):
-        raise SplitRoleError(f"'validation' is not a split of {missing} {listed}")
+        raise SplitRoleError(f"'validation' is not a split of {dataset}, nor is any split named like a validation "
+                             f"split ({others}) or a test split that is the only one besides the training split "
+                             f"{listed}")
     return ResolvedSplit(held_out[0], "validation", "validation",
                          f"no split is named like a validation split ({', '.join(ROLES['validation'])}), and "
                          f"{held_out[0]!r} is the only split besides the training split {train_split!r}")

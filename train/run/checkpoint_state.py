@@ -64,15 +64,14 @@ def read_state(path: str) -> dict:
     try:
         with _open(path) as f:
             text = f.read(MAX_STATE_BYTES + 1)
-        if len(text) > MAX_STATE_BYTES:
-            raise _damaged(path, f"more than {MAX_STATE_BYTES:,} bytes, more than any run writes")
-        document = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        if isinstance(error, CheckpointError):
-            raise
-        raise _damaged(path, f"not JSON: {str(error)[:80] or type(error).__name__}") from None
     except OSError as error:
         raise CheckpointError(f"--resume: cannot read {path}: {error.strerror or error}") from None
+    if len(text) > MAX_STATE_BYTES:
+        raise _damaged(path, f"more than {MAX_STATE_BYTES:,} bytes, more than any run writes")
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise _damaged(path, f"not JSON: {str(error)[:80] or type(error).__name__}") from None
     problem = entry_problem(document)
     if problem:
         raise _damaged(path, problem)

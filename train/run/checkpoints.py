@@ -235,11 +235,10 @@ def callback_state(callbacks) -> dict:
 def restore_callback_state(callbacks, state: dict) -> None:
     for callback in callbacks:
         for kind, attributes in _CALLBACK_STATE.items():
-            if isinstance(callback, kind) and kind.__name__ in state:
-                for attribute in attributes:
-                    value = state[kind.__name__].get(attribute)
-                    if value is not None:
-                        setattr(callback, attribute, value)
+            saved = state.get(kind.__name__, {}) if isinstance(callback, kind) else {}
+            for attribute in attributes:
+                if saved.get(attribute) is not None:
+                    setattr(callback, attribute, saved[attribute])
 
 
 def _plain(value):
