@@ -60,15 +60,13 @@ class _Decoder(beam.DoFn):
                                          width=image.width, label=item.label, filename=item.key)
 
     def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
-                shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int] | None = None) -> None:
+                shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int]) -> None:
         """Writes ``record`` to ``spill``, in the split's fixed layout if any (``shard_end``: as a shard's last)."""
         if layout is not None:
             framed = layout.encode(record, shard_end)
         else:
             framed = tfrecord_io.frame_parts(record_format.example_parts(record))
         offset, size = spill.append(framed)
-        if key is None:
-            key = sharding.sort_key(self.seed, pointers.split, record.filename)
         pointers.append(key, offset, size)
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
         summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
@@ -173,7 +171,8 @@ class BundleDecoder(_Decoder):
                 self.spill = SpillWriter(self.output)
             if item.split not in self.pointers:
                 self.pointers[item.split] = record_pointers.RecordPointers(item.split, self.spill.path)
-            self._append(self.spill, self.pointers[item.split], record, layouts.get(item.split), False, self.summary)
+            self._append(self.spill, self.pointers[item.split], record, layouts.get(item.split), False, self.summary,
+                         sharding.sort_key(self.seed, item.split, item.key))
 
     def finish_bundle(self):
         if self.spill is not None:

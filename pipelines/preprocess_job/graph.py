@@ -9,6 +9,7 @@ import functools
 from typing import Callable, NamedTuple
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 
 from shardprep.pipelines.preprocess_job import input_sizes
 from shardprep.pipelines.runtime import journal, progress, storage, worker_zygote
@@ -41,7 +42,10 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
-        kept = inputs | "ExcludeInputs" >> ExcludeInputs(_exclude_keys(config.exclude, runner), config.exclude)
+        # Local workers get the file's name (each reads it once), others the keys themselves.
+        local = storage.is_local(config.exclude) and runners.runs_locally(["--runner", runner] if runner else [])
+        keys = keys_file(config.exclude) if local else read_keys(config.exclude)
+        kept = inputs | "ExcludeInputs" >> ExcludeInputs(keys, config.exclude)
         inputs = kept["inputs"]
         listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
     input_counts = (inputs, listing_rejects) | "CountInputs" >> CountInputs()
@@ -109,12 +113,6 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool = F
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
         return _execute_job(config, beam_args, resume, hooks or JobHooks())
-
-
-def _exclude_keys(path: str, runner: str):
-    """Local workers get the file's name (each reads it once), others the keys themselves."""
-    local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
-    return keys_file(path) if local else read_keys(path)
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, hooks: JobHooks) -> JobOutcome:
@@ -199,8 +197,6 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 
 def decode_counts(result) -> journal.ResumeCounts:
     """The decode stage's counters from a finished run's metrics; zeros where a runner has none."""
-    from apache_beam.metrics.metric import MetricsFilter
-
     totals: dict[str, int] = {}
     try:
         for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
