@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 
 METRICS_NAMESPACE = "shardprep"  # Beam metrics of the job (the runner's UI shows them; tests query them)
+# The decode stage's counters, in the order of journal.ResumeCounts
+DECODE_COUNTERS = ("decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")
 
 
 class PreprocessError(RuntimeError):

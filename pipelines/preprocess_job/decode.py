@@ -9,7 +9,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
 from shardprep.pipelines.runtime import progress, stopping
-from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE
+from shardprep.pipelines.preprocess_job.common import DECODE_COUNTERS, METRICS_NAMESPACE
 from shardprep.pipelines.runtime.journal import UnitJournal
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.pipelines.runtime.spill import SpillWriter
@@ -83,8 +83,7 @@ class GroupDecoder(_Decoder):
     def __init__(self, *args, journal: UnitJournal | None = None, read_path=None):
         super().__init__(*args, read_path=read_path)
         self.journal = journal
-        self.counters = {name: beam.metrics.Metrics.counter(METRICS_NAMESPACE, name) for name in (
-            "decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")}
+        self.counters = {name: beam.metrics.Metrics.counter(METRICS_NAMESPACE, name) for name in DECODE_COUNTERS}
 
     def setup(self):
         super().setup()
@@ -177,7 +176,6 @@ class BundleDecoder(_Decoder):
     def finish_bundle(self):
         if self.spill is not None:
             self.spill.close()
-            self.spill = None
         for split in sorted(self.pointers):
             yield GlobalWindows.windowed_value(self.pointers[split])
         yield from self._finish()

@@ -133,10 +133,8 @@ class ClassDirectoryLister(_Counting):
         for path in paths:
             self.progress.add()
             key = sources.source_key(self.root, path)
-            if not sources.is_utf8(path):
-                yield _bad_file_name_reject(split, key)
-            else:
-                yield Input(split, key, self.class_index[class_name], path, None)
+            yield (Input(split, key, self.class_index[class_name], path, None) if sources.is_utf8(path)
+                   else _bad_file_name_reject(split, key))
 
 
 class FlatDirectoryLister(beam.DoFn):

@@ -97,8 +97,7 @@ def build_manifest(config, plan, runner: str, shard_entries, input_counts, summa
     """The manifest document of the run; PreprocessError if any input is unaccounted for or --strict saw rejects."""
     check_inputs_found(config, plan, input_counts, reject_summary)
     splits, problems = split_entries(config, plan, shard_entries, input_counts, summary, reject_summary, layouts)
-    extra_splits = set(reject_summary) - set(plan.splits)
-    if extra_splits:
+    if extra_splits := set(reject_summary) - set(plan.splits):
         problems.append(f"rejects for unknown splits {sorted(extra_splits)}")
     if problems:
         raise PreprocessError("inputs are not all accounted for, no manifest written: " + "; ".join(problems))
