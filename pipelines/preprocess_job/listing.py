@@ -149,10 +149,9 @@ class FlatDirectoryLister(beam.DoFn):
             key = sources.source_key(self.root, path)
             if key in self.not_used:
                 continue
-            if not sources.is_utf8(path):
-                yield _bad_file_name_reject(split, key)
-            else:  # grouped with rows by case-folded name, so that names differing only in case are told apart
-                yield labels.match_key(path), (split, key, path)
+            # Grouped with rows by case-folded name, so that names differing only in case are told apart.
+            yield ((labels.match_key(path), (split, key, path)) if sources.is_utf8(path)
+                   else _bad_file_name_reject(split, key))
 
 
 class JoinLabels(_Counting):
