@@ -9,7 +9,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
 from shardprep.pipelines.runtime import progress, stopping
-from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE
+from shardprep.pipelines.preprocess_job.common import DECODE_COUNTERS, METRICS_NAMESPACE
 from shardprep.pipelines.runtime.journal import UnitJournal
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.pipelines.runtime.spill import SpillWriter
@@ -60,15 +60,13 @@ class _Decoder(beam.DoFn):
                                          width=image.width, label=item.label, filename=item.key)
 
     def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
-                shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int] | None = None) -> None:
+                shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int]) -> None:
         """Writes ``record`` to ``spill``, in the split's fixed layout if any (``shard_end``: as a shard's last)."""
         if layout is not None:
             framed = layout.encode(record, shard_end)
         else:
             framed = tfrecord_io.frame_parts(record_format.example_parts(record))
         offset, size = spill.append(framed)
-        if key is None:
-            key = sharding.sort_key(self.seed, pointers.split, record.filename)
         pointers.append(key, offset, size)
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
         summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
@@ -85,8 +83,7 @@ class GroupDecoder(_Decoder):
     def __init__(self, *args, journal: UnitJournal | None = None, read_path=None):
         super().__init__(*args, read_path=read_path)
         self.journal = journal
-        self.counters = {name: beam.metrics.Metrics.counter(METRICS_NAMESPACE, name) for name in (
-            "decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")}
+        self.counters = {name: beam.metrics.Metrics.counter(METRICS_NAMESPACE, name) for name in DECODE_COUNTERS}
 
     def setup(self):
         super().setup()
@@ -173,12 +170,12 @@ class BundleDecoder(_Decoder):
                 self.spill = SpillWriter(self.output)
             if item.split not in self.pointers:
                 self.pointers[item.split] = record_pointers.RecordPointers(item.split, self.spill.path)
-            self._append(self.spill, self.pointers[item.split], record, layouts.get(item.split), False, self.summary)
+            self._append(self.spill, self.pointers[item.split], record, layouts.get(item.split), False, self.summary,
+                         sharding.sort_key(self.seed, item.split, item.key))
 
     def finish_bundle(self):
         if self.spill is not None:
             self.spill.close()
-            self.spill = None
         for split in sorted(self.pointers):
             yield GlobalWindows.windowed_value(self.pointers[split])
         yield from self._finish()

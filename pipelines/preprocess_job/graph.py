@@ -9,11 +9,12 @@ import functools
 from typing import Callable, NamedTuple
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 
 from shardprep.pipelines.preprocess_job import input_sizes
 from shardprep.pipelines.runtime import journal, progress, storage, worker_zygote
 from shardprep.pipelines.runtime import runner as runners
-from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
+from shardprep.pipelines.preprocess_job.common import DECODE_COUNTERS, METRICS_NAMESPACE, PreprocessError
 from shardprep.pipelines.preprocess_job.decode import BundleDecoder, DecodeResizeEncode, GroupDecoder
 from shardprep.pipelines.preprocess_job.decode_groups import (DecodeGroups, FixedLayouts, planned_layouts,
                                                                uses_fixed_layout)
@@ -41,7 +42,10 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
     listed = p | "ListInputs" >> ListInputs(config, plan, progress_dir)
     inputs, listing_rejects = listed["inputs"], listed["rejects"]
     if config.exclude is not None:  # the inputs --exclude names become listing rejects, reason "excluded"
-        kept = inputs | "ExcludeInputs" >> ExcludeInputs(_exclude_keys(config.exclude, runner), config.exclude)
+        # Local workers get the file's name (each reads it once), others the keys themselves.
+        local = storage.is_local(config.exclude) and runners.runs_locally(["--runner", runner] if runner else [])
+        keys = keys_file(config.exclude) if local else read_keys(config.exclude)
+        kept = inputs | "ExcludeInputs" >> ExcludeInputs(keys, config.exclude)
         inputs = kept["inputs"]
         listing_rejects = (listing_rejects, kept["rejects"]) | "ListingAndExcluded" >> beam.Flatten()
     input_counts = (inputs, listing_rejects) | "CountInputs" >> CountInputs()
@@ -92,9 +96,8 @@ class JobOutcome(NamedTuple):
 
 @dataclasses.dataclass
 class JobHooks:
-    """What the caller hears of a run: ``on_progress(counts)`` a local run's counts twice a second, ``on_resume(
-    recorded groups)`` before a resumed run decodes, ``on_plan(lines)`` what a sample of the inputs says before the
-    pipeline starts; ``submitted`` once ``p.run()`` returned (after a stop: whether a remote job can exist)."""
+    """What the caller hears of a run: a local run's counts twice a second, the groups a resume keeps, the lines a
+    sample of the inputs says; ``submitted`` once ``p.run()`` returned (after a stop: a remote job may exist)."""
     on_progress: Callable[[dict], None] | None = None
     on_resume: Callable[[int], None] = lambda recorded: None
     on_plan: Callable[[list[str]], None] = lambda lines: None
@@ -109,12 +112,6 @@ def execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool = F
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
         return _execute_job(config, beam_args, resume, hooks or JobHooks())
-
-
-def _exclude_keys(path: str, runner: str):
-    """Local workers get the file's name (each reads it once), others the keys themselves."""
-    local = storage.is_local(path) and runners.runs_locally(["--runner", runner] if runner else [])
-    return keys_file(path) if local else read_keys(path)
 
 
 def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, hooks: JobHooks) -> JobOutcome:
@@ -149,9 +146,13 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
         if resume:  # the killed run's groups, options (its --overwrite too, for the manifest) and group count
             assert listing is not None  # check_resumable refused a run that keeps no journal
             reopened = journal.reopen(config, runner, lock.begin, listing)
-            if reopened.finished:  # killed after its manifest: nothing was left to do but remove .tmp/
-                return _finished_outcome(config.output, reopened, hooks.on_resume)
-            hooks.on_resume(reopened.recorded)
+            recorded = reopened.recorded
+            if reopened.finished and not recorded:
+                raise storage.OutputError(f"nothing to resume in {config.output}: it holds a finished dataset "
+                                          "(manifest.json); run without --resume (with --overwrite to make it again)")
+            hooks.on_resume(recorded)
+            if reopened.finished:  # killed after its manifest: every group kept, nothing left but removing .tmp/
+                return JobOutcome(manifest.read_document(config.output), journal.ResumeCounts(recorded, recorded, 0, 0))
             unit_journal, header = reopened.journal, reopened.header
             config, min_groups = dataclasses.replace(config, overwrite=header.overwrite), header.min_decode_groups
         else:
@@ -161,15 +162,6 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
         hooks.on_plan(plan_lines)  # said once the run will go ahead (a refused resume says only why)
         return _run_pipeline(config, plan, beam_args, hooks, runner, min_groups, unit_journal)
-
-
-def _finished_outcome(output: str, reopened: journal.Reopened, on_resume) -> JobOutcome:
-    """A resume of a run that had written its manifest: every group kept; refused when nothing was left."""
-    if not reopened.recorded:
-        raise storage.OutputError(f"nothing to resume in {output}: it holds a finished dataset (manifest.json); run "
-                                  "without --resume (with --overwrite to make it again)")
-    on_resume(reopened.recorded)
-    return JobOutcome(manifest.read_document(output), journal.ResumeCounts(reopened.recorded, reopened.recorded, 0, 0))
 
 
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], hooks: JobHooks, runner: str,
@@ -199,8 +191,6 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 
 def decode_counts(result) -> journal.ResumeCounts:
     """The decode stage's counters from a finished run's metrics; zeros where a runner has none."""
-    from apache_beam.metrics.metric import MetricsFilter
-
     totals: dict[str, int] = {}
     try:
         for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
@@ -208,8 +198,7 @@ def decode_counts(result) -> journal.ResumeCounts:
             totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (value or 0)
     except Exception:  # noqa: BLE001 - a runner without metrics: the counts are only reported
         pass
-    return journal.ResumeCounts(*(totals.get(name, 0) for name in (
-        "decode_groups", "decode_groups_kept", "decode_groups_redone", "inputs_decoded")))
+    return journal.ResumeCounts(*(totals.get(name, 0) for name in DECODE_COUNTERS))
 
 
 def _root_cause(error: Exception) -> str:

@@ -17,8 +17,8 @@ from shardprep.pipelines.sources.folder import FolderPlan
 from shardprep.pipelines.sources.kind import SourcePlan, open_file
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.preprocess.format.elements import Input
-from shardprep.preprocess.image.input_sizes import (SAMPLE_SIZE, SizeSample, header_size, median_size, plan_lines, spread,
-                                              upscale_refusal)
+from shardprep.preprocess.image.input_sizes import (SAMPLE_SIZE, SizeSample, header_size, median_size, plan_lines,
+                                                    spread, upscale_refusal)
 
 MAX_FOLDERS = 32  # folders listed for the sample (ImageNet has 1,000 class folders: a request each on gs://)
 MAX_TASKS = 8  # read tasks started for the sample (a TFRecord file, a row group, a class tar)
@@ -36,13 +36,12 @@ def _folder_sample(plan: FolderPlan) -> SizeSample:
         listed += len(files)
         paths += spread(files, per_folder)
     sizes = _read_all(_file_size, paths, remote=not is_local(plan.location))
-    estimated = len(picked) < len(folders)
     num_inputs = round(listed * len(folders) / len(picked)) if picked else 0
-    return SizeSample(tuple(sizes), len(paths), num_inputs, estimated)
+    return SizeSample(tuple(sizes), len(paths), num_inputs, estimated=len(picked) < len(folders))
 
 
 def _listed_sample(config, plan: FolderPlan, listing: list) -> SizeSample:
-    """From the listing a local run makes anyway (``SourceKind.listed_entries``): every input counted, none listed again."""
+    """From the listing a local run makes anyway (``listed_entries``): every input counted, none listed again."""
     labels_entry = f"--labels-file {config.labels_file}"
     inputs = [entry for entry in listing if not entry.skipped and entry.key != labels_entry]
     paths = [os.path.join(plan.location, entry.key) for entry in spread(inputs, SAMPLE_SIZE)]

@@ -133,10 +133,8 @@ class ClassDirectoryLister(_Counting):
         for path in paths:
             self.progress.add()
             key = sources.source_key(self.root, path)
-            if not sources.is_utf8(path):
-                yield _bad_file_name_reject(split, key)
-            else:
-                yield Input(split, key, self.class_index[class_name], path, None)
+            yield (Input(split, key, self.class_index[class_name], path, None) if sources.is_utf8(path)
+                   else _bad_file_name_reject(split, key))
 
 
 class FlatDirectoryLister(beam.DoFn):
@@ -151,10 +149,9 @@ class FlatDirectoryLister(beam.DoFn):
             key = sources.source_key(self.root, path)
             if key in self.not_used:
                 continue
-            if not sources.is_utf8(path):
-                yield _bad_file_name_reject(split, key)
-            else:  # grouped with rows by case-folded name, so that names differing only in case are told apart
-                yield labels.match_key(path), (split, key, path)
+            # Grouped with rows by case-folded name, so that names differing only in case are told apart.
+            yield ((labels.match_key(path), (split, key, path)) if sources.is_utf8(path)
+                   else _bad_file_name_reject(split, key))
 
 
 class JoinLabels(_Counting):
@@ -194,23 +191,11 @@ def list_files(directory: str, recursive: bool = False,
     return sorted(set(paths) - hidden), sorted((path, accounting.HIDDEN_FILE) for path in hidden)
 
 
-def _given(_, values):
-    return values
-
-
-def _keyed_by_index(_, values):
-    return enumerate(values)
-
-
-def _grouped_values(keyed):
-    return keyed[1]
-
-
 @beam.ptransform_fn
 def GivenValues(pbegin, values, output_type=beam.typehints.Any):
     """The pipeline's start -> each of ``values``: ``beam.Create`` in one ParDo instead of two."""
-    return pbegin | "Start" >> beam.Impulse() | "Values" >> beam.FlatMap(_given, list(values)).with_output_types(
-        output_type)
+    return pbegin | "Start" >> beam.Impulse() | "Values" >> beam.FlatMap(
+        lambda _, given: given, list(values)).with_output_types(output_type)
 
 
 @beam.ptransform_fn
@@ -218,7 +203,7 @@ def SpreadValues(pbegin, values):
     """The pipeline's start -> each of ``values``, spread over the workers (``Reshuffle`` in two ParDos, not six)."""
     return (pbegin
             | "Start" >> beam.Impulse()
-            | "KeyedByIndex" >> beam.FlatMap(_keyed_by_index, list(values)).with_output_types(
+            | "KeyedByIndex" >> beam.FlatMap(lambda _, given: enumerate(given), list(values)).with_output_types(
                 beam.typehints.KV[int, beam.typehints.Any])
             | "Spread" >> beam.GroupByKey()
-            | "Values" >> beam.FlatMap(_grouped_values).with_output_types(beam.typehints.Any))
+            | "Values" >> beam.FlatMap(lambda keyed: keyed[1]).with_output_types(beam.typehints.Any))

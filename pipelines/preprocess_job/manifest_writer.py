@@ -11,7 +11,7 @@ import json
 import os
 
 import apache_beam as beam
-from shardprep.pipelines.preprocess_job.common import PreprocessError
+from shardprep.pipelines.preprocess_job.common import PreprocessError, failing_as
 from shardprep.pipelines.preprocess_job.shards import write_shard_file
 from shardprep.pipelines.runtime.spill import remove_spill
 from shardprep.pipelines.runtime.storage import atomic_write
@@ -27,21 +27,15 @@ def CountInputs(listed_and_rejects):
     """(Inputs, listing Rejects) -> (split, inputs listed), rejects included."""
     # Cut to (split, 1) before the Flatten: the local runner keeps a Flatten's elements in the launcher.
     listed, rejects = listed_and_rejects
-    return ((listed | "InputSplit" >> beam.Map(_split_counted_once),
-             rejects | "ListingRejectSplit" >> beam.Map(_split_counted_once))
+    return ((listed | "InputSplit" >> beam.Map(lambda item: (item.split, 1)),
+             rejects | "ListingRejectSplit" >> beam.Map(lambda item: (item.split, 1)))
             | "InputSplits" >> beam.Flatten()
             | "Count" >> beam.CombinePerKey(sum))
 
 
-def _split_counted_once(item) -> tuple[str, int]:
-    return item.split, 1
-
-
 def _write_whole(path: str, text: str) -> None:
-    try:
+    with failing_as(f"writing {path} failed"):
         atomic_write(path, text.encode("utf-8"), mime_type="application/json")
-    except Exception as e:
-        raise PreprocessError(f"writing {path} failed: {type(e).__name__}: {e}") from e
 
 
 def write_rejects(rejects: list, output: str) -> dict:
@@ -103,12 +97,11 @@ def build_manifest(config, plan, runner: str, shard_entries, input_counts, summa
     """The manifest document of the run; PreprocessError if any input is unaccounted for or --strict saw rejects."""
     check_inputs_found(config, plan, input_counts, reject_summary)
     splits, problems = split_entries(config, plan, shard_entries, input_counts, summary, reject_summary, layouts)
-    extra_splits = set(reject_summary) - set(plan.splits)
-    if extra_splits:
+    if extra_splits := set(reject_summary) - set(plan.splits):
         problems.append(f"rejects for unknown splits {sorted(extra_splits)}")
     if problems:
         raise PreprocessError("inputs are not all accounted for, no manifest written: " + "; ".join(problems))
-    check_strict(config, splits, reject_summary)
+    check_strict(config, reject_summary)
     return document(config, plan, runner, splits, summary)
 
 
@@ -126,27 +119,20 @@ def split_entries(config, plan, shard_entries, input_counts, summary: sharding.R
                   layouts: dict | None) -> tuple[dict[str, SplitInfo], list[str]]:
     """({split: its SplitInfo}, problems): per split, examples + rejects must equal inputs, held by the shards."""
     classes = class_names(plan, summary)
-    counts_by_split: dict[str, dict[int, int]] = {}
-    for (split, label), n in summary.classes.items():
-        counts_by_split.setdefault(split, {})[label] = n
-    shards_by_split: dict[str, list[dict]] = {}
-    for entry in shard_entries:
-        shards_by_split.setdefault(entry["split"], []).append(entry)
     splits, problems = {}, []
     for split in plan.splits:
-        label_counts = counts_by_split.get(split, {})
+        label_counts = {label: n for (s, label), n in summary.classes.items() if s == split}
         num_examples = sum(label_counts.values())
         rejected = reject_summary.get(split, {})
         num_rejected = sum(rejected.values())
         num_inputs = input_counts.get(split, 0)
         if num_examples + num_rejected != num_inputs:
             problems.append(f"split {split}: {num_inputs} inputs but {num_examples} written + {num_rejected} rejected")
-        entries = sorted(shards_by_split.get(split, []), key=lambda e: e["index"])
+        entries = sorted((e for e in shard_entries if e["split"] == split), key=lambda e: e["index"])
         if not entries:  # a split whose every input was rejected still gets its (empty) shard
             entries = [write_shard_file(config.output, split, 0, 1, [])]
-        if sum(e["num_examples"] for e in entries) != num_examples:
-            problems.append(f"split {split}: shards hold {sum(e['num_examples'] for e in entries)} records, "
-                            f"expected {num_examples}")
+        if (held := sum(e["num_examples"] for e in entries)) != num_examples:
+            problems.append(f"split {split}: shards hold {held} records, expected {num_examples}")
         splits[split] = SplitInfo(
             num_inputs=num_inputs, num_examples=num_examples, num_rejected=num_rejected,
             rejected_by_reason=dict(sorted(rejected.items())),
@@ -161,16 +147,14 @@ def class_names(plan, summary: sharding.RecordSummary) -> list[str]:
     return list(plan.classes) if plan.classes is not None else [str(i) for i in range(summary.max_label + 1)]
 
 
-def check_strict(config, splits: dict[str, SplitInfo], reject_summary) -> None:
+def check_strict(config, reject_summary) -> None:
     reasons: collections.Counter[str] = collections.Counter()
     for by_reason in reject_summary.values():  # what the user asked to leave out (EXCLUDED) is no failure
         reasons.update({reason: n for reason, n in by_reason.items() if reason != EXCLUDED})
-    total_rejected = sum(reasons.values())
-    if not config.strict or not total_rejected:
-        return
-    raise PreprocessError(
-        f"--strict: {total_rejected} inputs rejected ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))}); "
-        f"see {manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
+    if config.strict and (total_rejected := sum(reasons.values())):
+        listed = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items()))
+        raise PreprocessError(f"--strict: {total_rejected} inputs rejected ({listed}); see "
+                              f"{manifest.join(config.output, manifest.REJECTS_NAME)}. No manifest written.")
 
 
 def created_time() -> str:

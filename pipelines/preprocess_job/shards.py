@@ -9,7 +9,7 @@ import os
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
+from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, failing_as
 from shardprep.pipelines.runtime.storage import atomic_write, is_local
 from shardprep.pipelines.runtime.spill import SpillReader
 from shardprep.preprocess.format import manifest, record_pointers, sharding
@@ -128,14 +128,12 @@ def adopt_spill_file(output: str, split: str, shard: int, shards: int, part: rec
     """Moves a decode group's file into place as a shard; returns its manifest entry."""
     relative = manifest.SHARD_FILES.path(split, shard, shards)
     final = manifest.join(output, relative)
-    try:
+    with failing_as(f"writing shard {final} failed"):
         if is_local(final):
             os.makedirs(os.path.dirname(final), exist_ok=True)
             FileSystems.rename([part.spill_path], [final])
         else:  # a copy: a retried writer finds the spill file still there
             FileSystems.copy([part.spill_path], [final])
-    except Exception as e:
-        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
     num_examples, num_bytes, sha256 = part.file_info
     return {"split": split, "index": shard, "file": relative, "num_examples": num_examples,
             "num_bytes": num_bytes, "sha256": sha256}
@@ -145,9 +143,7 @@ def write_shard_file(output: str, split: str, shard: int, shards: int, framed_re
     """Writes already framed records (any iterable) as a shard via a temporary file; returns its manifest entry."""
     relative = manifest.SHARD_FILES.path(split, shard, shards)
     final = manifest.join(output, relative)
-    try:
+    with failing_as(f"writing shard {final} failed"):
         written = atomic_write(final, framed_records)
-    except Exception as e:
-        raise PreprocessError(f"writing shard {final} failed: {type(e).__name__}: {e}") from e
     return {"split": split, "index": shard, "file": relative, "num_examples": written.num_chunks,
             "num_bytes": written.num_bytes, "sha256": written.sha256}

@@ -43,11 +43,9 @@ def _counter_file(directory: str, counter: str) -> str:
 def read_progress(directory: str) -> dict[str, int]:
     totals: collections.Counter = collections.Counter()
     with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(directory):
-            with contextlib.suppress(OSError, ValueError):
-                if not name.startswith(TEMPORARY_PREFIX):
-                    with open(os.path.join(directory, name)) as f:
-                        totals[name.split("-", 1)[0]] += int(f.read() or 0)
+        for name in (name for name in os.listdir(directory) if not name.startswith(TEMPORARY_PREFIX)):
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(directory, name)) as f:
+                totals[name.split("-", 1)[0]] += int(f.read() or 0)
     return dict(totals)
 
 

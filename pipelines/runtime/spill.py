@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from shardprep.pipelines.preprocess_job.common import PreprocessError
+from shardprep.pipelines.preprocess_job.common import PreprocessError, failing_as
 from shardprep.pipelines.runtime.storage import JOURNAL_NAME, SPILL_DIR, deletable, is_local
 from shardprep.preprocess.format import manifest
 
@@ -29,19 +29,15 @@ class SpillWriter:
     def __init__(self, output: str, hashed: bool = False):
         self.path = manifest.join(output, SPILL_DIR, f"spill-{uuid.uuid4().hex}.records")
         self.digest = hashlib.sha256() if hashed else None
-        try:
+        with failing_as(f"cannot write to {self.path}"):
             self.stream = FileSystems.create(self.path, mime_type="application/octet-stream",
                                              compression_type=CompressionTypes.UNCOMPRESSED)
-        except Exception as e:
-            raise PreprocessError(f"cannot write to {self.path}: {type(e).__name__}: {e}") from e
         self.offset = 0
 
     def append(self, framed: bytes) -> tuple[int, int]:
         """Writes one framed record; returns its (offset, size) in the file."""
-        try:
+        with failing_as(f"writing {self.path} failed"):
             self.stream.write(framed)
-        except Exception as e:
-            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
         if self.digest is not None:
             self.digest.update(framed)
         offset, self.offset = self.offset, self.offset + len(framed)
@@ -51,10 +47,8 @@ class SpillWriter:
         return self.digest.hexdigest()
 
     def close(self) -> None:
-        try:
+        with failing_as(f"writing {self.path} failed"):
             self.stream.close()
-        except Exception as e:
-            raise PreprocessError(f"writing {self.path} failed: {type(e).__name__}: {e}") from e
 
 
 def remove_spill(output: str) -> None:
@@ -98,12 +92,8 @@ class SpillReader:
     def records(self, pointers):
         """The framed records at ``pointers`` ((spill file, offset, size), ...), one at a time."""
         pointers = list(pointers)
-        if not pointers:
-            return
-        if is_local(pointers[0][0]):
-            yield from _iter_local(pointers)
-        else:
-            yield from self._iter_remote(pointers)
+        if pointers:
+            yield from (_iter_local if is_local(pointers[0][0]) else self._iter_remote)(pointers)
 
     def _iter_remote(self, pointers):
         if self._pool is None:

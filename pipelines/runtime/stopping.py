@@ -202,18 +202,15 @@ def _proc(pid, name: str) -> bytes:
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in filter(str.isdigit, names):
-        if stat := _stat(name):
-            children.setdefault(int(stat[1]), []).append(int(name))
+    with contextlib.suppress(OSError):
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            if stat := _stat(name):
+                children.setdefault(int(stat[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
     return found
 
 
