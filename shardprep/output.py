@@ -292,14 +292,12 @@ class SpinnerProgress(LiveProgress):
         super().__init__(enabled, _spinner_columns, transient=True, lazy=False, records="")
         self.all_done = all_done
 
-    def words(self, stage: str, done: int, total: int | None) -> str:
-        return self.all_done if self.all_done and total and done >= total else stage
-
     def update(self, stage: str, done: int | None, total: int | None, records: int | None):
         if done is None:
             self.show(description=stage, completed=0, total=None, records="")
         else:
-            self.show(description=self.words(stage, done, total), completed=done, total=total,
+            all_done = self.all_done and total and done >= total
+            self.show(description=self.all_done if all_done else stage, completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
 
 
@@ -355,16 +353,11 @@ def flow(items, width: int, indent: str = "  "):
 
 
 def headed(items: list, text: str, separator: str = ": ") -> list:
-    """:func:`flow` items: ``items`` (a heading), then ``text`` in its :func:`clauses`, after ``separator``."""
-    pieces = clauses(text)
-    return items + [(separator, pieces[0][1])] + pieces[1:] if pieces else items
-
-
-def clauses(text: str) -> list[tuple[str, str]]:
-    """``text`` cut where our sentences allow a break (after ': ', '; ', ', ' before a word, before a parenthesis
-    of words), as :func:`flow` items; lists of numbers stay whole."""
+    """:func:`flow` items: ``items`` (a heading), then ``text`` after ``separator``, cut where our sentences allow a
+    break (after ': ', '; ', ', ' before a word, before a parenthesis of words); lists of numbers stay whole."""
     import re
 
     pieces = re.split(r"(: |; |, (?=[A-Za-z])| (?=\([A-Za-z]))", text)
-    return [(pieces[index - 1] if index else "", piece) for index, piece in enumerate(pieces)
-            if not index % 2 and piece]
+    cut = [(pieces[index - 1] if index else "", piece) for index, piece in enumerate(pieces)
+           if not index % 2 and piece]
+    return items + [(separator, cut[0][1])] + cut[1:] if cut else items
