@@ -20,12 +20,9 @@ from shardprep.preprocess.format.config import CROPS, PreprocessConfig, default
 
 def _source_lines(syntax_width: int = 21, width: int = 78) -> str:
     """SOURCE's kinds, meanings wrapped beside the syntax to 78 columns (click indents help by 2)."""
-    lines = []
-    for syntax, meaning in source_registry.usage_lines():
-        wrapped = textwrap.wrap(meaning, width - 2 - syntax_width) or [""]
-        lines.append(f"  {syntax:<{syntax_width}}{wrapped[0]}")
-        lines.extend(" " * (2 + syntax_width) + line for line in wrapped[1:])
-    return "\n".join(lines)
+    return "\n".join(textwrap.fill(meaning, width, initial_indent=f"  {syntax:<{syntax_width}}",
+                                   subsequent_indent=" " * (2 + syntax_width))
+                     for syntax, meaning in source_registry.usage_lines())
 
 
 HELP = f"""Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
