@@ -175,11 +175,6 @@ def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:
     return line if len(line) <= width else line[:max(0, width - 1)] + "…"
 
 
-def shortened(text: str, width: int) -> str:
-    """``text``, or its end after "…" (a path's last folders say most)."""
-    return text if len(text) <= width else "…" + text[len(text) - max(0, width - 1):]
-
-
 def progress_seconds() -> float:
     try:
         seconds = float(os.environ.get(PROGRESS_SECONDS_ENV, DEFAULT_PROGRESS_SECONDS))
@@ -195,12 +190,12 @@ def duration(seconds: float) -> str:
 
 
 class LiveProgress:
-    """One task's progress on stderr: rich's live display on a terminal (from the first update when ``lazy``);
-    elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when :meth:`line_key`
-    changed (a minute when not), and at the end unless ``transient``. Reads ``sys.stderr`` afresh: the runner swaps it."""
+    """One task's progress on stderr: rich's live display of :meth:`columns` on a terminal (from the first update
+    when ``lazy``); elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when
+    :meth:`line_key` changed (a minute when not), at the end unless ``transient``. Reads ``sys.stderr`` afresh."""
 
-    def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
-        self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
+    def __init__(self, enabled: bool, transient: bool, lazy: bool, **fields):
+        self.enabled, self.transient, self.lazy = enabled, transient, lazy
         self.fields = fields
         self.progress: Any = None  # rich's Progress, imported when drawn
         self.task: Any = None
@@ -224,7 +219,7 @@ class LiveProgress:
         if not stderr.is_terminal:
             self.plain = True
             return
-        self.progress = Progress(*self.columns_factory(), console=stderr, transient=self.transient,
+        self.progress = Progress(*self.columns(), console=stderr, transient=self.transient,
                                  redirect_stdout=False, redirect_stderr=False)
         self.progress.start()
         self.task = self.progress.add_task("starting", total=None, **self.fields)
@@ -273,11 +268,10 @@ class LiveProgress:
     def __exit__(self, *exc):
         if self.progress:
             self.progress.stop()
-        elif self.plain and not self.transient and self.last_line_at is not None:
+        elif not self.transient and self.last_line_at is not None:  # a plain line was written
             with self.lock:
                 if self.line_key(self.state) != self.last_key:
                     self._write_line(time.monotonic())
-        return False
 
 
 ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
@@ -289,7 +283,7 @@ class SpinnerProgress(LiveProgress):
     a minute on a large dataset, where a full bar would seem stuck)."""
 
     def __init__(self, enabled: bool, all_done: str | None = None):
-        super().__init__(enabled, _spinner_columns, transient=True, lazy=False, records="")
+        super().__init__(enabled, transient=True, lazy=False, records="")
         self.all_done = all_done
 
     def update(self, stage: str, done: int | None, total: int | None, records: int | None):
@@ -300,16 +294,15 @@ class SpinnerProgress(LiveProgress):
             self.show(description=self.all_done if all_done else stage, completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
 
+    def columns(self):
+        from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-def _spinner_columns():
-    from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        class AsciiBar(ProgressColumn):
+            def render(self, task):
+                return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
 
-    class AsciiBar(ProgressColumn):
-        def render(self, task):
-            return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
-
-    return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
-            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
+        return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
+                TextColumn("{task.fields[records]}"), TimeElapsedColumn())
 
 
 def bar_text(fraction: float | None, cells: int, finished: bool):

@@ -10,7 +10,7 @@ import click
 
 from shardprep.commands import ArgsKept, check_beam_args
 from shardprep.commands.stops import stopped_lines, typed_command
-from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say, shortened
+from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.preprocess.format import encodings
@@ -211,7 +211,7 @@ class _ProgressDisplay(LiveProgress):
     they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least"."""
 
     def __init__(self, enabled: bool, source: str = ""):
-        super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
+        super().__init__(enabled, transient=False, lazy=True)
         self.source = source
         self.growing = source_registry.kind_of(source).decoded_where_read
         self.decoding_since = time.monotonic()
@@ -240,8 +240,11 @@ class _ProgressDisplay(LiveProgress):
         rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
         if state.get("description") != "images":
             listed = state.get("listed") or 0
-            if not listed:
-                return [(shortened(self.source, width - 10) + "…", 1), clock]
+            if not listed:  # SOURCE's end when it is too long: a path's last folders say most
+                room = width - 10
+                end = self.source[len(self.source) - max(0, room - 1):]
+                source = self.source if len(self.source) <= room else "…" + end
+                return [(source + "…", 1), clock]
             return [(f"{listed:,} listed", 0), clock]
         if not state.get("final"):
             return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
@@ -264,7 +267,7 @@ class _ProgressDisplay(LiveProgress):
         joined = description == "listing" and bool(state.get("listed"))
         return f"{description}, {rest}" if joined else f"{description} {rest}"
 
-    def _columns(self):
+    def columns(self):
         from rich.progress import RenderableColumn
 
         return (RenderableColumn(self),)  # rich asks its __rich__ (live_line) at every refresh

@@ -199,8 +199,7 @@ def command(ctx, data, overwrite, **options):
     if options["checkpoint_every_steps"] and not options["checkpoint"]:
         raise click.UsageError("--checkpoint-every-steps saves checkpoints and --no-checkpoint turns them off: "
                                "pass one")
-    if options["output_dir"].startswith("file://"):  # a local folder, checked and written as one
-        options["output_dir"] = options["output_dir"][len("file://"):]
+    options["output_dir"] = options["output_dir"].removeprefix("file://")  # a local folder, checked and written as one
     # Every refusal (BackendError, PreflightError, the config's) comes before the folder is cleared or claimed: a
     # refused run touches nothing. The backend comes first: Keras fixes its backend at its first import.
     try:
