@@ -11,7 +11,7 @@ import sys
 import termios
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import click
 
@@ -39,10 +39,6 @@ def reader_gone(error: BaseException, stream=None) -> bool:
     except (AttributeError, OSError, ValueError):
         return bool(getattr(stream, "isatty", lambda: False)())
     return True
-
-
-def gone_reason(error: OSError) -> str:
-    return "broken pipe" if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE else "the terminal hung up"
 
 
 class OutputError(click.ClickException):
@@ -83,12 +79,11 @@ def reader_may_go(done: str | None = None, err: bool = False) -> Iterator[None]:
 
 
 class Reporter:
-    """A long run's lines to stdout until a write fails; then ``note`` (reader gone) or ``failed_note(error)`` once
-    on stderr. :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
+    """A long run's lines to stdout until a write fails; then one note on stderr, why and ``goes_on`` (when given).
+    :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
 
-    def __init__(self, note: str | Callable[[OSError], str] | None,
-                 failed_note: Callable[[OSError], str] | None = None):
-        self.note, self.failed_note = note, failed_note
+    def __init__(self, goes_on: str | None = None):
+        self.goes_on = goes_on
         self.gone = False
         self.failure: OSError | None = None
 
@@ -104,11 +99,12 @@ class Reporter:
             self.gone = True
             if _failed(error, err=False):
                 self.failure = error
-                note = self.failed_note and self.failed_note(error)
+                why = f"cannot write to standard output ({error})"
             else:
-                note = self.note(error) if callable(self.note) else self.note
-            if note:
-                say(note, err=True)
+                epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
+                why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
+            if self.goes_on:  # as wide as train's progress lines: 40 columns at least
+                say(wrap(f"note: {why}; {self.goes_on}", max(40, output_width())), err=True)
 
     def raise_failure(self, done: str | None = None) -> None:
         if self.failure is not None:

@@ -121,7 +121,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     config = PreprocessConfig(**{**options, "output": options["output"].rstrip("/") or "/"})
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
-    lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
+    lines_while_running = Reporter()  # a failed write of the resuming line must not stop the job: told at its end
     hooks = job.JobHooks(on_progress=display.update,
                          on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
                          on_plan=lambda lines: lines_while_running("\n".join(lines)))
