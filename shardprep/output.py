@@ -23,11 +23,9 @@ DEFAULT_PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
 
 
-def reader_gone(error: BaseException, stream=None) -> bool:
+def reader_gone(error: OSError, stream=None) -> bool:
     """A write to a pipe nobody reads (EPIPE), or EIO from ``stream`` when it is a terminal (a hung-up one answers
     ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's."""
-    if not isinstance(error, OSError):
-        return False
     if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
         return True
     if error.errno != errno.EIO or stream is None:
@@ -211,9 +209,8 @@ class LiveProgress:
         from rich.progress import Progress
 
         stderr = Console(stderr=True, width=self.width)
-        self.started_at = time.monotonic()
-        if not stderr.is_terminal:
-            self.plain = True
+        self.started_at, self.plain = time.monotonic(), not stderr.is_terminal
+        if self.plain:
             return
         self.progress = Progress(*self.columns(), console=stderr, transient=self.transient,
                                  redirect_stdout=False, redirect_stderr=False)

@@ -64,9 +64,7 @@ def command(model, data, photos, top_k):
 def _file_on_the_way(path: str) -> str | None:
     """The first folder on the way to the local ``path`` that is a file (``photos.tar`` of ``photos.tar/cat.png``),
     as spelled in ``path``; None when there is none, and for remote paths. The system says "Not a directory"."""
-    if "://" in path:
-        return None
-    folder = os.path.dirname(path)
+    folder = "" if "://" in path else os.path.dirname(path)
     while folder and folder != os.path.dirname(folder):
         if os.path.isfile(folder):
             return folder
