@@ -204,6 +204,9 @@ class LiveProgress:
     def width(self) -> int:
         return output_width(sys.stderr)
 
+    def columns(self) -> tuple:
+        raise NotImplementedError  # each kind of progress draws its own
+
     def start(self) -> None:
         from rich.console import Console
         from rich.progress import Progress
