@@ -170,11 +170,11 @@ def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:
 
 
 def progress_seconds() -> float:
-    try:
+    with contextlib.suppress(ValueError):
         seconds = float(os.environ.get(PROGRESS_SECONDS_ENV, DEFAULT_PROGRESS_SECONDS))
-    except ValueError:
-        return DEFAULT_PROGRESS_SECONDS
-    return seconds if seconds > 0 else DEFAULT_PROGRESS_SECONDS
+        if seconds > 0:
+            return seconds
+    return DEFAULT_PROGRESS_SECONDS
 
 
 def duration(seconds: float) -> str:

@@ -49,16 +49,6 @@ class _EncodingSpec(click.Choice):
         return str(value)
 
 
-def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, int]:
-    """--encoding (a spec such as jpeg:90) and --jpeg-quality as one: ``encodings.resolve``; a usage error when they
-    disagree."""
-    typed = ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE
-    try:
-        return encodings.resolve(encoding, jpeg_quality, typed)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-
-
 @click.command("preprocess", cls=ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.argument("output")
@@ -106,8 +96,12 @@ def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, i
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **options):
-    # every other parameter is a PreprocessConfig field of the same name
-    options["encoding"], options["jpeg_quality"] = _encoding_and_quality(ctx, encoding, jpeg_quality)
+    # every other parameter is a PreprocessConfig field of the same name; --encoding jpeg:Q and --jpeg-quality as one
+    typed = ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE
+    try:
+        options["encoding"], options["jpeg_quality"] = encodings.resolve(encoding, jpeg_quality, typed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     source = options["source"]
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
@@ -316,10 +310,10 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     if len(manifest["splits"]) != 1:
         table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
                       f"{manifest['num_rejected']:,}", "", "", "", style="bold")
+
     def line(text: str, soft_wrap: bool = False) -> None:  # a path is never broken: soft_wrap
         out.print(text, soft_wrap=soft_wrap, highlight=False)
 
-    output = output.rstrip("/") or "/"
     line(f"[bold]shardprep preprocess[/] → {output}", soft_wrap=True)
     out.print(table)
     rejected = {split: info["rejected_by_reason"] for split, info in manifest["splits"].items()
