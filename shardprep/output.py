@@ -231,10 +231,9 @@ class LiveProgress:
                 self.progress.update(self.task, **update)
                 return
             now = time.monotonic()
-            since = now - self.last_line_at if self.last_line_at is not None else None
-            changed = self.line_key(self.state) != self.last_key
-            if since is None or since >= progress_seconds() and (
-                    changed or since >= max(HEARTBEAT_SECONDS, progress_seconds())):
+            since = now - self.last_line_at if self.last_line_at is not None else float("inf")  # the first: at once
+            if since >= progress_seconds() and (self.line_key(self.state) != self.last_key
+                                                or since >= max(HEARTBEAT_SECONDS, progress_seconds())):
                 self._write_line(now)
 
     def line_key(self, state: dict):
