@@ -11,7 +11,7 @@ import sys
 import termios
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import click
 
@@ -23,11 +23,9 @@ DEFAULT_PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
 
 
-def reader_gone(error: BaseException, stream=None) -> bool:
+def reader_gone(error: OSError, stream=None) -> bool:
     """A write to a pipe nobody reads (EPIPE), or EIO from ``stream`` when it is a terminal (a hung-up one answers
     ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's."""
-    if not isinstance(error, OSError):
-        return False
     if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
         return True
     if error.errno != errno.EIO or stream is None:
@@ -39,10 +37,6 @@ def reader_gone(error: BaseException, stream=None) -> bool:
     except (AttributeError, OSError, ValueError):
         return bool(getattr(stream, "isatty", lambda: False)())
     return True
-
-
-def gone_reason(error: OSError) -> str:
-    return "broken pipe" if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE else "the terminal hung up"
 
 
 class OutputError(click.ClickException):
@@ -83,12 +77,11 @@ def reader_may_go(done: str | None = None, err: bool = False) -> Iterator[None]:
 
 
 class Reporter:
-    """A long run's lines to stdout until a write fails; then ``note`` (reader gone) or ``failed_note(error)`` once
-    on stderr. :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
+    """A long run's lines to stdout until a write fails; then one note on stderr, why and ``goes_on`` (when given).
+    :meth:`raise_failure` ends the command after its work for a failure other than a reader gone."""
 
-    def __init__(self, note: str | Callable[[OSError], str] | None,
-                 failed_note: Callable[[OSError], str] | None = None):
-        self.note, self.failed_note = note, failed_note
+    def __init__(self, goes_on: str | None = None):
+        self.goes_on = goes_on
         self.gone = False
         self.failure: OSError | None = None
 
@@ -104,11 +97,12 @@ class Reporter:
             self.gone = True
             if _failed(error, err=False):
                 self.failure = error
-                note = self.failed_note and self.failed_note(error)
+                why = f"cannot write to standard output ({error})"
             else:
-                note = self.note(error) if callable(self.note) else self.note
-            if note:
-                say(note, err=True)
+                epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
+                why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
+            if self.goes_on:  # as wide as train's progress lines: 40 columns at least
+                say(wrap(f"note: {why}; {self.goes_on}", max(40, output_width())), err=True)
 
     def raise_failure(self, done: str | None = None) -> None:
         if self.failure is not None:
@@ -175,17 +169,12 @@ def fit(parts: list[tuple[str, int]], width: int, separator: str = ", ") -> str:
     return line if len(line) <= width else line[:max(0, width - 1)] + "…"
 
 
-def shortened(text: str, width: int) -> str:
-    """``text``, or its end after "…" (a path's last folders say most)."""
-    return text if len(text) <= width else "…" + text[len(text) - max(0, width - 1):]
-
-
 def progress_seconds() -> float:
-    try:
+    with contextlib.suppress(ValueError):
         seconds = float(os.environ.get(PROGRESS_SECONDS_ENV, DEFAULT_PROGRESS_SECONDS))
-    except ValueError:
-        return DEFAULT_PROGRESS_SECONDS
-    return seconds if seconds > 0 else DEFAULT_PROGRESS_SECONDS
+        if seconds > 0:
+            return seconds
+    return DEFAULT_PROGRESS_SECONDS
 
 
 def duration(seconds: float) -> str:
@@ -195,12 +184,12 @@ def duration(seconds: float) -> str:
 
 
 class LiveProgress:
-    """One task's progress on stderr: rich's live display on a terminal (from the first update when ``lazy``);
-    elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when :meth:`line_key`
-    changed (a minute when not), and at the end unless ``transient``. Reads ``sys.stderr`` afresh: the runner swaps it."""
+    """One task's progress on stderr: rich's live display of :meth:`columns` on a terminal (from the first update
+    when ``lazy``); elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when
+    :meth:`line_key` changed (a minute when not), at the end unless ``transient``. Reads ``sys.stderr`` afresh."""
 
-    def __init__(self, enabled: bool, columns_factory, transient: bool, lazy: bool, **fields):
-        self.enabled, self.columns_factory, self.transient, self.lazy = enabled, columns_factory, transient, lazy
+    def __init__(self, enabled: bool, transient: bool, lazy: bool, **fields):
+        self.enabled, self.transient, self.lazy = enabled, transient, lazy
         self.fields = fields
         self.progress: Any = None  # rich's Progress, imported when drawn
         self.task: Any = None
@@ -215,16 +204,18 @@ class LiveProgress:
     def width(self) -> int:
         return output_width(sys.stderr)
 
+    def columns(self) -> tuple:
+        raise NotImplementedError  # each kind of progress draws its own
+
     def start(self) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
         stderr = Console(stderr=True, width=self.width)
-        self.started_at = time.monotonic()
-        if not stderr.is_terminal:
-            self.plain = True
+        self.started_at, self.plain = time.monotonic(), not stderr.is_terminal
+        if self.plain:
             return
-        self.progress = Progress(*self.columns_factory(), console=stderr, transient=self.transient,
+        self.progress = Progress(*self.columns(), console=stderr, transient=self.transient,
                                  redirect_stdout=False, redirect_stderr=False)
         self.progress.start()
         self.task = self.progress.add_task("starting", total=None, **self.fields)
@@ -240,10 +231,9 @@ class LiveProgress:
                 self.progress.update(self.task, **update)
                 return
             now = time.monotonic()
-            since = now - self.last_line_at if self.last_line_at is not None else None
-            changed = self.line_key(self.state) != self.last_key
-            if since is None or since >= progress_seconds() and (
-                    changed or since >= max(HEARTBEAT_SECONDS, progress_seconds())):
+            since = now - self.last_line_at if self.last_line_at is not None else float("inf")  # the first: at once
+            if since >= progress_seconds() and (self.line_key(self.state) != self.last_key
+                                                or since >= max(HEARTBEAT_SECONDS, progress_seconds())):
                 self._write_line(now)
 
     def line_key(self, state: dict):
@@ -273,11 +263,10 @@ class LiveProgress:
     def __exit__(self, *exc):
         if self.progress:
             self.progress.stop()
-        elif self.plain and not self.transient and self.last_line_at is not None:
+        elif not self.transient and self.last_line_at is not None:  # a plain line was written
             with self.lock:
                 if self.line_key(self.state) != self.last_key:
                     self._write_line(time.monotonic())
-        return False
 
 
 ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
@@ -289,29 +278,26 @@ class SpinnerProgress(LiveProgress):
     a minute on a large dataset, where a full bar would seem stuck)."""
 
     def __init__(self, enabled: bool, all_done: str | None = None):
-        super().__init__(enabled, _spinner_columns, transient=True, lazy=False, records="")
+        super().__init__(enabled, transient=True, lazy=False, records="")
         self.all_done = all_done
-
-    def words(self, stage: str, done: int, total: int | None) -> str:
-        return self.all_done if self.all_done and total and done >= total else stage
 
     def update(self, stage: str, done: int | None, total: int | None, records: int | None):
         if done is None:
             self.show(description=stage, completed=0, total=None, records="")
         else:
-            self.show(description=self.words(stage, done, total), completed=done, total=total,
+            all_done = self.all_done and total and done >= total
+            self.show(description=self.all_done if all_done else stage, completed=done, total=total,
                       records=f"{records:,} records" if records is not None else "")
 
+    def columns(self):
+        from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-def _spinner_columns():
-    from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        class AsciiBar(ProgressColumn):
+            def render(self, task):
+                return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
 
-    class AsciiBar(ProgressColumn):
-        def render(self, task):
-            return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
-
-    return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
-            TextColumn("{task.fields[records]}"), TimeElapsedColumn())
+        return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
+                TextColumn("{task.fields[records]}"), TimeElapsedColumn())
 
 
 def bar_text(fraction: float | None, cells: int, finished: bool):
@@ -355,16 +341,11 @@ def flow(items, width: int, indent: str = "  "):
 
 
 def headed(items: list, text: str, separator: str = ": ") -> list:
-    """:func:`flow` items: ``items`` (a heading), then ``text`` in its :func:`clauses`, after ``separator``."""
-    pieces = clauses(text)
-    return items + [(separator, pieces[0][1])] + pieces[1:] if pieces else items
-
-
-def clauses(text: str) -> list[tuple[str, str]]:
-    """``text`` cut where our sentences allow a break (after ': ', '; ', ', ' before a word, before a parenthesis
-    of words), as :func:`flow` items; lists of numbers stay whole."""
+    """:func:`flow` items: ``items`` (a heading), then ``text`` after ``separator``, cut where our sentences allow a
+    break (after ': ', '; ', ', ' before a word, before a parenthesis of words); lists of numbers stay whole."""
     import re
 
     pieces = re.split(r"(: |; |, (?=[A-Za-z])| (?=\([A-Za-z]))", text)
-    return [(pieces[index - 1] if index else "", piece) for index, piece in enumerate(pieces)
-            if not index % 2 and piece]
+    cut = [(pieces[index - 1] if index else "", piece) for index, piece in enumerate(pieces)
+           if not index % 2 and piece]
+    return items + [(separator, cut[0][1])] + cut[1:] if cut else items

@@ -76,11 +76,11 @@ def test_a_terminal_that_hung_up_is_a_reader_gone_and_ends_nothing(monkeypatch, 
 
     from shardprep import output as cli_output
 
-    report = cli_output.Reporter("note: gone", failed_note=lambda error: f"note: {error}")
+    report = cli_output.Reporter("on")
     monkeypatch.setattr(sys, "stdout", _HungUpTerminal())
     report("epoch 1")
     report("epoch 2")
-    assert capsys.readouterr().err == "note: gone\n"
+    assert capsys.readouterr().err == "note: the reader of this output went away (the terminal hung up); on\n"
     report.raise_failure("done")  # nothing to raise: the reader went away
     cli_output.say("a line after the work is done")  # silenced, not an error
 
@@ -89,8 +89,9 @@ def test_a_terminal_that_hung_up_is_a_reader_gone_and_ends_nothing(monkeypatch, 
             return False
 
     monkeypatch.setattr(sys, "stdout", DiskError())
-    report = cli_output.Reporter("note: gone", failed_note=lambda error: "note: failed")
+    report = cli_output.Reporter("on")
     report("epoch 1")
-    assert capsys.readouterr().err == "note: failed\n"
+    said = f"note: cannot write to standard output ({OSError(errno.EIO, os.strerror(errno.EIO))}); on\n"
+    assert capsys.readouterr().err == said
     with pytest.raises(click.ClickException):
         report.raise_failure("done")

@@ -357,14 +357,16 @@ def test_a_progress_line_that_cannot_be_written_is_handled_as_the_reporters_line
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
-    report = Reporter("note: gone", failed_note=lambda error: "note: failed")
+    report = Reporter("on")
     bar = progress.EpochProgress(4, 8, report, stream=terminal, write=report.write, interval_tty=0.0, width=80)
     for step in (1, 2, 3):
         bar.update(step, lambda: {"loss": 1.0, "accuracy": 0.5})
     bar.finish({"loss": 1.0, "accuracy": 0.5})
     bar.done()
     assert terminal.writes == 1  # tried once, then nothing more
-    assert capsys.readouterr().err == ("note: gone\n" if failure == "EIO" else "note: failed\n")
+    assert capsys.readouterr().err == ("note: the reader of this output went away (the terminal hung up); on\n"
+                                       if failure == "EIO" else "note: cannot write to standard output ([Errno 28] "
+                                                                "No space left on device); on\n")
     if failure == "EIO":
         report.raise_failure("done")
     else:

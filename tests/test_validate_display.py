@@ -283,10 +283,13 @@ def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
     assert seen["chart"] == ["tench (n01440764)", "cat"]
 
 
-def test_progress_says_what_it_waits_for_once_every_shard_is_read():
-    from shardprep.output import ACROSS_RECORDS, SpinnerProgress
+def test_progress_says_what_it_waits_for_once_every_shard_is_read(monkeypatch, capsys):
+    from shardprep.output import ACROSS_RECORDS, PROGRESS_SECONDS_ENV, SpinnerProgress
 
-    progress = SpinnerProgress(enabled=False, all_done=ACROSS_RECORDS)
-    assert progress.words("reading 12 shards (1.2 MiB)", 5, 12) == "reading 12 shards (1.2 MiB)"
-    words = progress.words("reading 12 shards (1.2 MiB)", 12, 12)
-    assert "every shard read; comparing records" in words and "near-duplicates" in words
+    monkeypatch.setenv(PROGRESS_SECONDS_ENV, "0.000001")  # a plain line at each update
+    with SpinnerProgress(enabled=True, all_done=ACROSS_RECORDS) as progress:
+        progress.update("reading 12 shards (1.2 MiB)", 5, 12, 100)
+        progress.update("reading 12 shards (1.2 MiB)", 12, 12, 240)
+    reading, waiting = capsys.readouterr().err.splitlines()
+    assert reading.startswith("reading 12 shards (1.2 MiB) 5/12")
+    assert "every shard read; comparing records" in waiting and "near-duplicates" in waiting

@@ -54,15 +54,11 @@ def _remove_earlier_demo(directory: str, is_demo_file) -> None:
         for name in sorted(files + sub_dirs):
             path = os.path.join(folder, name)
             relative = os.path.relpath(path, directory).replace(os.sep, "/")
-            if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
-                foreign.append(relative + ("/" if os.path.isdir(path) else ""))  # a link, a FIFO, a device
-            elif os.path.isdir(path):
-                if is_demo_file(relative):
-                    foreign.append(relative + "/")  # a folder where a demo image goes
-            elif is_demo_file(relative):
+            if os.path.isfile(path) and not os.path.islink(path) and is_demo_file(relative):
                 found.append(relative)
-            else:
-                foreign.append(relative)
+            elif os.path.islink(path) or not os.path.isdir(path) or is_demo_file(relative):
+                # a link, a FIFO, a device, another file, a folder where a demo image goes
+                foreign.append(relative + ("/" if os.path.isdir(path) else ""))
     if foreign:
         foreign.sort()
         raise click.ClickException(

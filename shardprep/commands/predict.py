@@ -40,8 +40,7 @@ def command(model, data, photos, top_k):
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
-    from shardprep.output import say
-    from shardprep.preprocess.checks.text import output_width, terminal_columns, wrap
+    from shardprep.output import output_width, say, terminal_columns, wrap
     from shardprep.preprocess.sources.wordnet_names import display_name
 
     # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
@@ -65,9 +64,7 @@ def command(model, data, photos, top_k):
 def _file_on_the_way(path: str) -> str | None:
     """The first folder on the way to the local ``path`` that is a file (``photos.tar`` of ``photos.tar/cat.png``),
     as spelled in ``path``; None when there is none, and for remote paths. The system says "Not a directory"."""
-    if "://" in path:
-        return None
-    folder = os.path.dirname(path)
+    folder = "" if "://" in path else os.path.dirname(path)
     while folder and folder != os.path.dirname(folder):
         if os.path.isfile(folder):
             return folder

@@ -10,7 +10,7 @@ import click
 
 from shardprep.commands import ArgsKept, check_beam_args
 from shardprep.commands.stops import stopped_lines, typed_command
-from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say, shortened
+from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.preprocess.format import encodings
@@ -20,12 +20,9 @@ from shardprep.preprocess.format.config import CROPS, PreprocessConfig, default
 
 def _source_lines(syntax_width: int = 21, width: int = 78) -> str:
     """SOURCE's kinds, meanings wrapped beside the syntax to 78 columns (click indents help by 2)."""
-    lines = []
-    for syntax, meaning in source_registry.usage_lines():
-        wrapped = textwrap.wrap(meaning, width - 2 - syntax_width) or [""]
-        lines.append(f"  {syntax:<{syntax_width}}{wrapped[0]}")
-        lines.extend(" " * (2 + syntax_width) + line for line in wrapped[1:])
-    return "\n".join(lines)
+    return "\n".join(textwrap.fill(meaning, width, initial_indent=f"  {syntax:<{syntax_width}}",
+                                   subsequent_indent=" " * (2 + syntax_width))
+                     for syntax, meaning in source_registry.usage_lines())
 
 
 HELP = f"""Decode, resize and re-shard the images of SOURCE into uniform TFRecord shards in OUTPUT.
@@ -50,16 +47,6 @@ class _EncodingSpec(click.Choice):
         except ValueError as e:
             self.fail(str(e), param, ctx)
         return str(value)
-
-
-def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, int]:
-    """--encoding (a spec such as jpeg:90) and --jpeg-quality as one: ``encodings.resolve``; a usage error when they
-    disagree."""
-    typed = ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE
-    try:
-        return encodings.resolve(encoding, jpeg_quality, typed)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
 
 
 @click.command("preprocess", cls=ArgsKept, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -109,8 +96,12 @@ def _encoding_and_quality(ctx, encoding: str, jpeg_quality: int) -> tuple[str, i
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **options):
-    # every other parameter is a PreprocessConfig field of the same name
-    options["encoding"], options["jpeg_quality"] = _encoding_and_quality(ctx, encoding, jpeg_quality)
+    # every other parameter is a PreprocessConfig field of the same name; --encoding jpeg:Q and --jpeg-quality as one
+    typed = ctx.get_parameter_source("jpeg_quality") == click.core.ParameterSource.COMMANDLINE
+    try:
+        options["encoding"], options["jpeg_quality"] = encodings.resolve(encoding, jpeg_quality, typed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     source = options["source"]
     if not beam_args:  # a local run (Beam's options are checked first where given): refused before Beam is imported
         _refuse_a_source_not_there(source)
@@ -124,7 +115,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     config = PreprocessConfig(**{**options, "output": options["output"].rstrip("/") or "/"})
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
-    lines_while_running = Reporter(None)  # a failed write of the resuming line must not stop the job: told at its end
+    lines_while_running = Reporter()  # a failed write of the resuming line must not stop the job: told at its end
     hooks = job.JobHooks(on_progress=display.update,
                          on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
                          on_plan=lambda lines: lines_while_running("\n".join(lines)))
@@ -214,7 +205,7 @@ class _ProgressDisplay(LiveProgress):
     they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least"."""
 
     def __init__(self, enabled: bool, source: str = ""):
-        super().__init__(enabled, self._columns, transient=False, lazy=True, per_second=0.0)
+        super().__init__(enabled, transient=False, lazy=True)
         self.source = source
         self.growing = source_registry.kind_of(source).decoded_where_read
         self.decoding_since = time.monotonic()
@@ -243,8 +234,11 @@ class _ProgressDisplay(LiveProgress):
         rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
         if state.get("description") != "images":
             listed = state.get("listed") or 0
-            if not listed:
-                return [(shortened(self.source, width - 10) + "…", 1), clock]
+            if not listed:  # SOURCE's end when it is too long: a path's last folders say most
+                room = width - 10
+                end = self.source[len(self.source) - max(0, room - 1):]
+                source = self.source if len(self.source) <= room else "…" + end
+                return [(source + "…", 1), clock]
             return [(f"{listed:,} listed", 0), clock]
         if not state.get("final"):
             return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
@@ -267,7 +261,7 @@ class _ProgressDisplay(LiveProgress):
         joined = description == "listing" and bool(state.get("listed"))
         return f"{description}, {rest}" if joined else f"{description} {rest}"
 
-    def _columns(self):
+    def columns(self):
         from rich.progress import RenderableColumn
 
         return (RenderableColumn(self),)  # rich asks its __rich__ (live_line) at every refresh
@@ -316,10 +310,10 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
     if len(manifest["splits"]) != 1:
         table.add_row("total", f"{manifest['num_inputs']:,}", f"{manifest['num_examples']:,}",
                       f"{manifest['num_rejected']:,}", "", "", "", style="bold")
+
     def line(text: str, soft_wrap: bool = False) -> None:  # a path is never broken: soft_wrap
         out.print(text, soft_wrap=soft_wrap, highlight=False)
 
-    output = output.rstrip("/") or "/"
     line(f"[bold]shardprep preprocess[/] → {output}", soft_wrap=True)
     out.print(table)
     rejected = {split: info["rejected_by_reason"] for split, info in manifest["splits"].items()

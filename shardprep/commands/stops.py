@@ -34,7 +34,12 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         return remote_lines(remote_runner, job_submitted)
     manifest = os.path.join(output, MANIFEST_NAME)
     folder = os.path.join(output, storage.SPILL_DIR)
-    if run_began is not None and _written_since(manifest, run_began):
+    try:
+        found = os.lstat(manifest)
+        complete = run_began is not None and stat.S_ISREG(found.st_mode) and found.st_mtime >= run_began
+    except OSError:
+        complete = False
+    if complete:
         return [*_prose(f"stopped after the dataset was complete: {manifest} is written"),
                 *_leftover_lines(folder, command), f"check it: {shlex.join(['shardprep', 'validate', output])}"]
     try:
@@ -97,14 +102,6 @@ def _leftover_lines(folder: str, command: list[str]) -> list[str]:
 def _prose(text: str, indent: str = "") -> list[str]:
     width = max(output_width(sys.stderr) - len(indent), 20)  # narrower would set one word a line
     return [indent + line for line in wrap(text, width).splitlines()]
-
-
-def _written_since(path: str, since: float) -> bool:
-    try:
-        found = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(found.st_mode) and found.st_mtime >= since
 
 
 def typed_command(ctx) -> list[str]:

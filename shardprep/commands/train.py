@@ -6,7 +6,7 @@ import shlex
 import click
 
 from shardprep.commands import ArgsKept
-from shardprep.output import Reporter, gone_reason, say
+from shardprep.output import Reporter, say
 from shardprep.pipelines.runtime.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
@@ -199,8 +199,7 @@ def command(ctx, data, overwrite, **options):
     if options["checkpoint_every_steps"] and not options["checkpoint"]:
         raise click.UsageError("--checkpoint-every-steps saves checkpoints and --no-checkpoint turns them off: "
                                "pass one")
-    if options["output_dir"].startswith("file://"):  # a local folder, checked and written as one
-        options["output_dir"] = options["output_dir"][len("file://"):]
+    options["output_dir"] = options["output_dir"].removeprefix("file://")  # a local folder, checked and written as one
     # Every refusal (BackendError, PreflightError, the config's) comes before the folder is cleared or claimed: a
     # refused run touches nothing. The backend comes first: Keras fixes its backend at its first import.
     try:
@@ -217,23 +216,13 @@ def command(ctx, data, overwrite, **options):
         with preflight.holding_output_dir(options["output_dir"]):
             deleted = preflight.clear_run(options["output_dir"]) if overwrite else []
             preflight.claim_output_dir(options["output_dir"], options["resume"])
-            report = _reporter(options["output_dir"])  # from the first line: a failed write stops no training
+            # From the first line: a failed write stops no training.
+            report = Reporter(f"training goes on to the end without printing, its files in {options['output_dir']}")
             if deleted:
                 report(f"--overwrite: deleted the {len(deleted)} files of the earlier run in {options['output_dir']}")
             _train(ctx, config, manifest, report)
     except preflight.PreflightError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _reporter(output_dir: str) -> Reporter:
-    """The run's stdout: output that cannot be written stops with a note on stderr; the training goes on."""
-    from shardprep.train.run import progress
-
-    goes_on = f"training goes on to the end without printing, its files in {output_dir}"
-    width = progress.terminal_width()
-    return Reporter(lambda error: progress.fit(f"note: the reader of this output went away ({gone_reason(error)}); "
-                                               f"{goes_on}", width),
-                    lambda error: progress.fit(f"note: cannot write to standard output ({error}); {goes_on}", width))
 
 
 def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:

@@ -141,8 +141,10 @@ def command(ctx, quiet, beam_args, **flags):
             raise click.ClickException(str(e)) from None
         except job.ValidateError as e:
             raise click.ClickException(str(e)) from None
+        verdict = "the dataset passed every check" if report["ok"] else \
+            f"the checks found {count(sum(report['problem_counts'].values()), 'problem')}"
         # `validate DATA | head`: the verdict is still the exit status; a full disk: 1, the verdict in the error line
-        with reader_may_go(done=_verdict_said(report, options.json_path)):
+        with reader_may_go(done=verdict + (f" (report {options.json_path})" if options.json_path else "")):
             print_report(report, options.json_path)
     ctx.exit(0 if report["ok"] else 1)
 
@@ -163,13 +165,6 @@ def refuse_what_is_no_dataset(data: str) -> None:
             raise click.ClickException(str(error))
 
 
-def _verdict_said(report: dict, json_path: str | None) -> str:
-    """The verdict in words, for the error line of a report that could not be printed."""
-    verdict = "the dataset passed every check" if report["ok"] else \
-        f"the checks found {count(sum(report['problem_counts'].values()), 'problem')}"
-    return verdict + (f" (report {json_path})" if json_path else "")
-
-
 def _rgb(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values else "-"
 
@@ -188,7 +183,11 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
             say(_dataset_split_line(split, summary))
             _print_class_table(console, say, summary)
         if report.get("stats_split"):
-            say(_stats_line(report))
+            say([("", f"mean RGB {_rgb(report.get('mean_rgb'))}"),
+                 (" ", f"(manifest {_rgb(report.get('manifest_mean_rgb'))})"),
+                 (", ", f"std RGB {_rgb(report.get('std_rgb'))}"),
+                 (" ", f"(manifest {_rgb(report.get('manifest_std_rgb'))})"),
+                 (" ", f"over {report['stats_split']}"), ("; ", f"tolerance {report.get('mean_std_tolerance')}")])
     else:
         for split, summary in report.get("splits", {}).items():
             say(_foreign_split_line(split, summary))
@@ -241,14 +240,6 @@ def _verdict(report: dict, json_path: str | None) -> list:
     if json_path:
         items.append(("; ", f"report {json_path}"))
     return items
-
-
-def _stats_line(report: dict) -> list:
-    return [("", f"mean RGB {_rgb(report.get('mean_rgb'))}"),
-            (" ", f"(manifest {_rgb(report.get('manifest_mean_rgb'))})"),
-            (", ", f"std RGB {_rgb(report.get('std_rgb'))}"),
-            (" ", f"(manifest {_rgb(report.get('manifest_std_rgb'))})"),
-            (" ", f"over {report['stats_split']}"), ("; ", f"tolerance {report.get('mean_std_tolerance')}")]
 
 
 def _dataset_split_line(split: str, summary: dict) -> list:
