@@ -40,7 +40,8 @@ def command(model, data, photos, top_k):
         results = predict_images(model, data, list(photos), top_k=top_k, errors="report")
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
-    from shardprep.output import output_width, say, terminal_columns, wrap
+    from shardprep.output import say
+    from shardprep.preprocess.checks.text import output_width, terminal_columns, wrap
     from shardprep.preprocess.sources.wordnet_names import display_name
 
     # Wrapped for a person in a terminal; one line per photo in a pipe, where a script splits the lines.
