@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import click
 
 from shardprep.preprocess.checks.streams import silence
-from shardprep.preprocess.checks.text import bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
+from shardprep.preprocess.checks.text import MIN_COLUMNS, bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
 
 PROGRESS_SECONDS_ENV = "SHARDPREP_PROGRESS_SECONDS"  # outside a terminal: a plain progress line this often
 DEFAULT_PROGRESS_SECONDS = 10.0
@@ -101,8 +101,8 @@ class Reporter:
             else:
                 epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
                 why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
-            if self.goes_on:  # as wide as train's progress lines: 40 columns at least
-                say(wrap(f"note: {why}; {self.goes_on}", max(40, output_width())), err=True)
+            if self.goes_on:  # as wide as train's progress lines
+                say(wrap(f"note: {why}; {self.goes_on}", max(MIN_COLUMNS, output_width())), err=True)
 
     def raise_failure(self, done: str | None = None) -> None:
         if self.failure is not None:

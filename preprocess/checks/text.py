@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 DEFAULT_COLUMNS = 80
+MIN_COLUMNS = 40  # narrower, a wrapped message sets a word or two a line
 # ASCII, so a line's columns are its bytes in any terminal encoding and any log viewer that counts bytes.
 BAR_DONE, BAR_LEFT = "#", "-"
 PULSE_CELLS = 3  # the block that moves along a bar whose total is not known yet

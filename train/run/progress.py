@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Callable
 
-from shardprep.preprocess.checks.text import bar, count, output_width, wrap
+from shardprep.preprocess.checks.text import MIN_COLUMNS, bar, count, output_width, wrap
 
 # Seconds between progress lines within an epoch when stdout is not a terminal (logs, pipes).
 PROGRESS_INTERVAL = 10.0
-MIN_WIDTH = 40
+MIN_WIDTH = MIN_COLUMNS
 BAR_WIDTH = 20
 
 
