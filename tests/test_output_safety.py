@@ -8,6 +8,7 @@ no OUTPUT created, nothing written anywhere else).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -366,6 +367,25 @@ def test_overwrite_replaces_a_dataset_and_its_leftovers(work, written_dataset):
         del found["manifest.json"]  # a time
         assert ".shardprep.lock" not in found  # the lock file goes with the run that held it
     assert rerun == fresh
+
+
+def test_overwrite_that_cannot_remove_a_folder_of_the_old_dataset_says_so(work, written_dataset, monkeypatch):
+    """Permission denied on a folder --overwrite must remove (its files already gone): one Error line naming it, not
+    a run that goes on beside the old dataset's leftovers."""
+    shutil.copytree(written_dataset, work / "out", symlinks=True)
+    os.makedirs(work / "out" / ".tmp")
+    (work / "out" / ".tmp" / "spill-0a.records").write_bytes(b"x")
+    rmdir = os.rmdir
+
+    def denied(path, *args, **kwargs):
+        if os.path.basename(os.fspath(path).rstrip("/")) == ".tmp":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", denied)
+    line = assert_refused(invoke("preprocess", "src", "out", "--quiet", "--shorter-side", 16, "--overwrite",
+                                 *IN_PROCESS), "--overwrite could not delete the old dataset in out")
+    assert "Permission denied" in line and ".tmp" in line
 
 
 # --- bad OUTPUTs and options: one line, exit 1 ---------------------------------------------------------------------
