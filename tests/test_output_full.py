@@ -45,6 +45,21 @@ def assert_one_error_line(stderr: str, ending: str = "") -> None:
     assert stderr.splitlines()[-1:] == [FULL + ending], stderr
 
 
+def run_in_process(args, stdout, stderr) -> int:
+    """``shardprep ARGS`` in this process with ``sys.stdout``/``sys.stderr`` the given open files (a real
+    ``/dev/full`` among them); returns its exit status."""
+    from shardprep.cli import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", stdout)
+        patch.setattr(sys, "stderr", stderr)
+        try:
+            main([*map(str, args)], prog_name="shardprep")
+        except SystemExit as done:
+            return 0 if done.code is None else done.code
+    return 0
+
+
 def test_preprocess_to_a_full_disk_says_so_and_that_the_dataset_is_complete(source, tmp_path):
     output = tmp_path / "out"
     status, stderr = run_shardprep("preprocess", source, output, "--quiet", "--shorter-side", "16")
@@ -75,8 +90,9 @@ def test_demo_data_to_a_full_disk_says_its_files_are_complete(tmp_path):
     assert status == 1
 
 
-def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_path):
-    """``2>/dev/full``: the progress lines (every 0.1 s here) go nowhere; the result is the exit status."""
+def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_path, monkeypatch):
+    """``2>/dev/full``: the progress lines (every 0.1 s here) go nowhere; the result is the exit status. One real
+    process per command (its status at exit), the other cases in this process on real ``/dev/full`` descriptors."""
     env = {**os.environ, "SHARDPREP_PROGRESS_SECONDS": "0.1"}
     summary = tmp_path / "summary.txt"
     status, _ = run_shardprep("preprocess", source, tmp_path / "out", "--shorter-side", "16", stdout=str(summary),
@@ -84,12 +100,17 @@ def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_
     assert status == 0
     assert f"manifest {tmp_path / 'out'}/manifest.json" in summary.read_text()
     assert run_shardprep("validate", dataset, stdout=None, stderr="/dev/full", env=env)[0] == 0
-    assert run_shardprep("validate", tmp_path / "missing", stdout=None, stderr="/dev/full")[0] == 1  # its error
-    assert run_shardprep("validate", "--no-such-option", stdout=None, stderr="/dev/full")[0] == 2  # a usage error
+
+    def in_process(*args, stdout="/dev/null") -> int:
+        with open(stdout, "w", encoding="utf-8") as out, open("/dev/full", "w", encoding="utf-8") as err:
+            return run_in_process(args, out, err)
+
+    monkeypatch.setenv("SHARDPREP_PROGRESS_SECONDS", "0.1")
+    assert in_process("validate", tmp_path / "missing") == 1  # its error
+    assert in_process("validate", "--no-such-option") == 2  # a usage error
     # Neither stream writable: the work is done, the output lost: 1.
-    assert run_shardprep("validate", dataset, stderr="/dev/full", env=env)[0] == 1
-    assert run_shardprep("preprocess", source, tmp_path / "again", "--shorter-side", "16", stderr="/dev/full",
-                         env=env)[0] == 1
+    assert in_process("validate", dataset, stdout="/dev/full") == 1
+    assert in_process("preprocess", source, tmp_path / "again", "--shorter-side", "16", stdout="/dev/full") == 1
     assert (tmp_path / "again" / "manifest.json").is_file()
 
 
@@ -121,20 +142,26 @@ def test_say_on_a_stderr_that_cannot_be_written_raises_nothing(monkeypatch):
     cli_output.say("a note nobody can read", err=True)
 
 
-def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(colour_dataset, tmp_path):
+def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(colour_dataset, tmp_path, monkeypatch):
     """``train ... > log`` on a full disk: one note when the first line fails, the run goes on to its end and writes
     every file, then the error line and status 1 (it ended with a traceback, the training lost). With stderr full
-    too, nothing is said and the status is still 1. ``predict`` answers nothing and says why; to a reader gone, it
-    says nothing and exits 0."""
+    too, nothing is said and the status is still 1. ``predict`` answers nothing and says why (a real process: its
+    status at exit); to a reader gone, it says nothing and exits 0. The trainings and the reader gone run in this
+    process, on real ``/dev/full`` and pipe descriptors: the process is not what they test."""
     import json
 
     from finished_runs import TINY
-    from train_runs import environment, side_by_side
+    from PIL import Image
+    from train_runs import environment
 
-    statuses = side_by_side([colour_dataset, *TINY, "--no-tensorboard"], tmp_path,
-                            {"apart": ">/dev/full 2>apart.err", "both": ">/dev/full 2>/dev/full"})
+    monkeypatch.chdir(tmp_path)
+    statuses = {}
+    for run, stderr in (("apart", "apart.err"), ("both", "/dev/full")):
+        with open("/dev/full", "w", encoding="utf-8") as out, open(stderr, "w", encoding="utf-8") as err:
+            statuses[run] = run_in_process(["train", colour_dataset, *TINY, "--no-tensorboard", "--output-dir", run],
+                                           out, err)
     said = (tmp_path / "apart.err").read_text()
-    assert statuses == {"apart": "1", "both": "1"}, said
+    assert statuses == {"apart": 1, "both": 1}, said
     assert " ".join(said.split()) == (
         "note: cannot write to standard output ([Errno 28] No space left on device); training goes on to the end "
         f"without printing, its files in apart {FULL}; the training run is complete, its files in apart"), said
@@ -143,21 +170,18 @@ def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(col
         assert json.loads((folder / "history.json").read_text())["epoch"] == [1], run
         for name in ("summary.json", "model.keras", "checkpoints/last.keras"):
             assert (folder / name).is_file(), (run, name)
-    from PIL import Image
 
     Image.new("RGB", (20, 20), (220, 40, 40)).save(tmp_path / "red.png")
-    status, stderr = run_shardprep("predict", tmp_path / "apart" / "model.keras", colour_dataset, tmp_path / "red.png",
-                                   env=environment("tensorflow"))
+    predict = ["predict", tmp_path / "apart" / "model.keras", colour_dataset, tmp_path / "red.png"]
+    status, stderr = run_shardprep(*predict, env=environment("tensorflow"))
     assert_one_error_line(stderr)
     assert status == 1
     # A reader that went away before predict wrote (`predict ... | head -0`): nothing to say, and predict's own status.
     read_end, write_end = os.pipe()
     os.close(read_end)
-    try:
-        gone = subprocess.run([sys.executable, "-m", "shardprep.cli", "predict", str(tmp_path / "apart" / "model.keras"),
-                               str(colour_dataset), str(tmp_path / "red.png")], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=300, env=environment("tensorflow"))
-    finally:
-        os.close(write_end)
-    assert "Traceback" not in gone.stderr and "Exception ignored" not in gone.stderr, gone.stderr
-    assert gone.returncode == 0, gone.stderr
+    with open(write_end, "w", encoding="utf-8") as gone, open(tmp_path / "gone.err", "w+", encoding="utf-8") as err:
+        status = run_in_process(predict, gone, err)
+        err.seek(0)
+        said = err.read()
+    assert "Traceback" not in said and "Exception ignored" not in said, said
+    assert status == 0, said
