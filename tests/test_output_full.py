@@ -14,7 +14,7 @@ import click
 import pytest
 
 from small_sources import two_class_photos as source  # noqa: F401 - a fixture
-from validate_helpers import preprocess
+from validate_helpers import preprocess, run_on_streams
 from shardprep import output as cli_output
 
 FULL = "Error: cannot write to standard output: [Errno 28] No space left on device"
@@ -43,21 +43,6 @@ def run_shardprep(*args, stdout: str | None = "/dev/full", stderr: str | None = 
 def assert_one_error_line(stderr: str, ending: str = "") -> None:
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
     assert stderr.splitlines()[-1:] == [FULL + ending], stderr
-
-
-def run_in_process(args, stdout, stderr) -> int:
-    """``shardprep ARGS`` in this process with ``sys.stdout``/``sys.stderr`` the given open files (a real
-    ``/dev/full`` among them); returns its exit status."""
-    from shardprep.cli import main
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stdout", stdout)
-        patch.setattr(sys, "stderr", stderr)
-        try:
-            main([*map(str, args)], prog_name="shardprep")
-        except SystemExit as done:
-            return 0 if done.code is None else done.code
-    return 0
 
 
 def test_preprocess_to_a_full_disk_says_so_and_that_the_dataset_is_complete(source, tmp_path):
@@ -103,7 +88,7 @@ def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_
 
     def in_process(*args, stdout="/dev/null") -> int:
         with open(stdout, "w", encoding="utf-8") as out, open("/dev/full", "w", encoding="utf-8") as err:
-            return run_in_process(args, out, err)
+            return run_on_streams(args, out, err)
 
     monkeypatch.setenv("SHARDPREP_PROGRESS_SECONDS", "0.1")
     assert in_process("validate", tmp_path / "missing") == 1  # its error
@@ -158,7 +143,7 @@ def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(col
     statuses = {}
     for run, stderr in (("apart", "apart.err"), ("both", "/dev/full")):
         with open("/dev/full", "w", encoding="utf-8") as out, open(stderr, "w", encoding="utf-8") as err:
-            statuses[run] = run_in_process(["train", colour_dataset, *TINY, "--no-tensorboard", "--output-dir", run],
+            statuses[run] = run_on_streams(["train", colour_dataset, *TINY, "--no-tensorboard", "--output-dir", run],
                                            out, err)
     said = (tmp_path / "apart.err").read_text()
     assert statuses == {"apart": 1, "both": 1}, said
@@ -180,7 +165,7 @@ def test_train_to_a_full_disk_trains_to_the_end_then_says_so_and_predict_too(col
     read_end, write_end = os.pipe()
     os.close(read_end)
     with open(write_end, "w", encoding="utf-8") as gone, open(tmp_path / "gone.err", "w+", encoding="utf-8") as err:
-        status = run_in_process(predict, gone, err)
+        status = run_on_streams(predict, gone, err)
         err.seek(0)
         said = err.read()
     assert "Traceback" not in said and "Exception ignored" not in said, said

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from small_sources import two_class_photos as source  # noqa: F401 - a fixture
-from validate_helpers import preprocess
+from validate_helpers import preprocess, run_on_streams
 
 
 def run_with_gone_reader(*args, stderr_too: bool = False) -> tuple[int, str]:
@@ -28,8 +28,20 @@ def run_with_gone_reader(*args, stderr_too: bool = False) -> tuple[int, str]:
     return done.returncode, done.stderr or ""
 
 
+def in_process_with_gone_reader(tmp_path, *args) -> tuple[int, str]:
+    """``run_with_gone_reader``'s stdout, in this process (stderr to a file): where the process's own exit is
+    another test's (``2>&1 | head`` below, a real process for each command)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", encoding="utf-8") as gone, open(tmp_path / "err", "w+", encoding="utf-8") as err:
+        status = run_on_streams(args, gone, err)
+        err.seek(0)
+        return status, err.read()
+
+
 def test_preprocess_whose_reader_went_away_exits_0_after_a_complete_dataset(source, tmp_path):
-    status, stderr = run_with_gone_reader("preprocess", source, tmp_path / "out", "--quiet", "--shorter-side", "16")
+    status, stderr = in_process_with_gone_reader(tmp_path, "preprocess", source, tmp_path / "out", "--quiet",
+                                                 "--shorter-side", "16")
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert status == 0, stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
@@ -42,7 +54,7 @@ def test_validate_whose_reader_went_away_still_tells_the_verdict(source, tmp_pat
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
     shards = sorted((tmp_path / "out" / "train").glob("*.tfrecord"))
     shards[0].write_bytes(b"damaged")
-    status, stderr = run_with_gone_reader("validate", tmp_path / "out", "--quiet")
+    status, stderr = in_process_with_gone_reader(tmp_path, "validate", tmp_path / "out", "--quiet")
     assert status == 1, stderr  # a problem found: 1, as without the pipe
 
 

@@ -119,3 +119,23 @@ def foreign_example(features: dict) -> bytes:
 def write_foreign_tfrecord(path: pathlib.Path, records: list[bytes]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(frame(record) for record in records))
+
+
+def run_on_streams(args, stdout, stderr) -> int:
+    """``shardprep ARGS`` in this process with ``sys.stdout``/``sys.stderr`` the given open files (a real
+    ``/dev/full``, a pipe nobody reads); returns its exit status. Where the process's own exit is not what a test
+    is about, this spares the child process."""
+    import sys
+
+    import pytest
+
+    from shardprep.cli import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", stdout)
+        patch.setattr(sys, "stderr", stderr)
+        try:
+            main([*map(str, args)], prog_name="shardprep")
+        except SystemExit as done:
+            return 0 if done.code is None else done.code
+    return 0
