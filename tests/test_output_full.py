@@ -77,20 +77,21 @@ def test_demo_data_to_a_full_disk_says_its_files_are_complete(tmp_path):
 
 def test_a_stderr_that_cannot_be_written_fails_no_good_run(source, dataset, tmp_path, monkeypatch):
     """``2>/dev/full``: the progress lines (every 0.1 s here) go nowhere; the result is the exit status. One real
-    process per command (its status at exit), the other cases in this process on real ``/dev/full`` descriptors."""
+    process (its status at exit; each command's ``>/dev/full`` process is above), the other cases in this process
+    on real ``/dev/full`` descriptors."""
     env = {**os.environ, "SHARDPREP_PROGRESS_SECONDS": "0.1"}
     summary = tmp_path / "summary.txt"
     status, _ = run_shardprep("preprocess", source, tmp_path / "out", "--shorter-side", "16", stdout=str(summary),
                               stderr="/dev/full", env=env)
     assert status == 0
     assert f"manifest {tmp_path / 'out'}/manifest.json" in summary.read_text()
-    assert run_shardprep("validate", dataset, stdout=None, stderr="/dev/full", env=env)[0] == 0
 
     def in_process(*args, stdout="/dev/null") -> int:
         with open(stdout, "w", encoding="utf-8") as out, open("/dev/full", "w", encoding="utf-8") as err:
             return run_on_streams(args, out, err)
 
     monkeypatch.setenv("SHARDPREP_PROGRESS_SECONDS", "0.1")
+    assert in_process("validate", dataset) == 0
     assert in_process("validate", tmp_path / "missing") == 1  # its error
     assert in_process("validate", "--no-such-option") == 2  # a usage error
     # Neither stream writable: the work is done, the output lost: 1.
