@@ -43,3 +43,14 @@ def colour_dataset(tmp_path_factory) -> str:
 
     return write_colour_dataset(tmp_path_factory.mktemp("colours") / "data")
 
+
+
+@pytest.fixture(scope="session")
+def loopback_storage(tmp_path_factory):
+    """One Cloud Storage emulator and its proxy on loopback (gcs_emulator.py) for the whole session, started when a
+    test first asks: each test file that shares it keeps to object names of its own; a test of the server's own
+    start or stop starts its own."""
+    from gcs_emulator import LoopbackStorage
+
+    with LoopbackStorage(tmp_path_factory.mktemp("gcs")) as server:
+        yield server

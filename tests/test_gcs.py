@@ -103,33 +103,14 @@ def tfds_like_records() -> bytes:
 # --- the server and the commands -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def storage(tmp_path_factory):
-    server = LoopbackStorage(tmp_path_factory.mktemp("gcs"))
-    server.start()
-    yield server
-    server.stop()
-    assert not server.running
+def storage(loopback_storage):
+    """The session's server (conftest.py); this file's objects are named apart from other files' (test_server_stops
+    starts and stops a server of its own)."""
+    return loopback_storage
 
 
 def gs(storage: LoopbackStorage, path: str) -> str:
     return f"gs://{storage.bucket}/{path}"
-
-
-CLI = "from shardprep.cli import main; main()"
-
-
-def run_shardprep(storage: LoopbackStorage, *args: str, expect_exit: int | None = 0,
-                  cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Runs the shardprep CLI in a child process pointed at the loopback server; fails on an unexpected exit."""
-    refused_before = len(storage.proxy.refused)
-    result = subprocess.run(
-        [sys.executable, "-c", CLI, *args], cwd=cwd,
-        env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    if expect_exit is not None:
-        assert result.returncode == expect_exit, \
-            f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert storage.proxy.refused[refused_before:] == [], "a request tried to leave the machine"
-    return result
 
 
 class Started(NamedTuple):
@@ -152,7 +133,8 @@ def start_python(storage: LoopbackStorage, folder: Path, *argv: str) -> Started:
 
 def finish(storage: LoopbackStorage, started: Started,
            expect_exit: int | None = 0) -> subprocess.CompletedProcess:
-    """What ``run_shardprep`` returns and checks, for a command started with ``start_python``."""
+    """A command started with ``start_python``, ended: fails on an unexpected exit or a request that tried to leave
+    the machine."""
     try:
         returncode = started.process.wait(timeout=COMMAND_TIMEOUT_S)
     finally:
@@ -204,27 +186,50 @@ def source(storage, tmp_path_factory):
     return {"files": files, "local": local}
 
 
-@pytest.fixture(scope="module")
-def prepared(storage, source):
+def prepare_argv(storage: LoopbackStorage) -> list[str]:
     """`shardprep preprocess gs://.../imagenet gs://.../imagenet-shards --labels-file gs://.../LOC_val.csv`."""
-    forwarded_before = storage.proxy.forwarded
-    result = run_shardprep(
-        storage, "preprocess", gs(storage, "imagenet"), gs(storage, "imagenet-shards"),
-        "--labels-file", gs(storage, "LOC_val.csv"), "--shorter-side", str(SHORTER_SIDE), "--num-shards", "2",
-        "--quiet", *WORKER_PROCESS)
-    manifest = json.loads(read_object(storage, "imagenet-shards/manifest.json"))
-    return {"manifest": manifest, "output": result.stdout,
-            "planning_requests": storage.proxy.forwarded - forwarded_before}
+    return ["preprocess", gs(storage, "imagenet"), gs(storage, "imagenet-shards"), "--labels-file",
+            gs(storage, "LOC_val.csv"), "--shorter-side", str(SHORTER_SIDE), "--num-shards", "2", "--quiet",
+            *WORKER_PROCESS]
+
+
+@pytest.fixture(scope="module")
+def prepared(child):
+    """The prepared dataset's run (prepare_argv, the child's first command): its manifest, its output and the
+    requests the proxy forwarded while it ran alone."""
+    return child[0]
 
 
 # First TRAIN_READER_SCRIPT alone (its stdout to READER_OUTPUT in the folder given), then, once the test process has
 # counted the requests it made and created GO there, gcs_emulator.COMMANDS_IN_TURN: each command line run in its own
 # working folder (None: the child's own), as a command run from a checkout (docs/dataflow.md's, whose
 # ``--setup_file ./setup.py`` is relative) needs.
+# Before all that, the prepared dataset's run (its argv JSON in sys.argv[5]), in the child's fresh process as a run of
+# its own would be (its result to PREPARED_OUTPUT, then PREPARED_DONE), until the test process creates PREPARED_GO.
 READER_OUTPUT, READER_DONE, GO = "reader.json", "reader.done", "go"
-SHARDPREP_IN_TURN_IN_FOLDERS = f"READER_OUTPUT, READER_DONE, GO = {(READER_OUTPUT, READER_DONE, GO)!r}\n" + """
+PREPARED_OUTPUT, PREPARED_DONE, PREPARED_GO = "prepared.json", "prepared.done", "prepared.go"
+SHARDPREP_IN_TURN_IN_FOLDERS = f"READER_OUTPUT, READER_DONE, GO = {(READER_OUTPUT, READER_DONE, GO)!r}\n" + f"""
+PREPARED_OUTPUT, PREPARED_DONE, PREPARED_GO = {(PREPARED_OUTPUT, PREPARED_DONE, PREPARED_GO)!r}
+""" + """
 import contextlib, io, json, os, sys, time
 commands, folder, reader_script, data_dir = json.loads(sys.argv[1]), *sys.argv[2:5]
+
+def wait_for(name):  # the test process creates it at once; the deadline only guards against its failure
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.path.join(folder, name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+from shardprep.cli import main as prepare
+said, status = (io.StringIO(), io.StringIO()), 0
+with contextlib.redirect_stdout(said[0]), contextlib.redirect_stderr(said[1]):
+    try:
+        prepare(json.loads(sys.argv[5]), prog_name="shardprep")
+    except SystemExit as exit:
+        status = exit.code
+with open(os.path.join(folder, PREPARED_OUTPUT), "w") as f:
+    json.dump({"exit": status, "stdout": said[0].getvalue(), "stderr": said[1].getvalue()}, f)
+open(os.path.join(folder, PREPARED_DONE), "w").close()
+wait_for(PREPARED_GO)
 read = io.StringIO()
 with contextlib.redirect_stdout(read):
     sys.argv = ["-c", data_dir]
@@ -232,30 +237,22 @@ with contextlib.redirect_stdout(read):
 with open(os.path.join(folder, READER_OUTPUT), "w") as f:
     f.write(read.getvalue())
 open(os.path.join(folder, READER_DONE), "w").close()
-deadline = time.monotonic() + 300  # the test process creates GO at once; this only guards against its failure
-while not os.path.exists(os.path.join(folder, GO)) and time.monotonic() < deadline:
-    time.sleep(0.05)
+wait_for(GO)
 """ + COMMANDS_IN_TURN
 
 
-def start_in_turn(storage: LoopbackStorage, folder: Path, data_dir: str,
-                  *commands: tuple[list[str], str | None]) -> tuple[Started, int]:
-    """TRAIN_READER_SCRIPT on ``data_dir``, then ``shardprep COMMAND_LINE`` in its folder for each (command line,
-    folder) in turn, in one child process started in the background (it pays for importing TensorFlow and Beam
-    once). Returns once the reader is done, with the requests the proxy forwarded meanwhile."""
-    forwarded_before = storage.proxy.forwarded
-    started = start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands]),
-                           str(folder), TRAIN_READER_SCRIPT, data_dir)
+def wait_for(storage: LoopbackStorage, started: Started, name: str) -> None:
+    """Until the child process creates the file ``name`` in its folder, or ends (its failure is then said)."""
     deadline = time.monotonic() + COMMAND_TIMEOUT_S
-    while not (folder / READER_DONE).exists() and started.process.poll() is None and time.monotonic() < deadline:
+    while not (started.folder / name).exists() and started.process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    forwarded = storage.proxy.forwarded - forwarded_before
-    (folder / GO).touch()
-    return started, forwarded
+    if not (started.folder / name).exists():
+        finish(storage, started)  # fails, saying how the child ended
+        pytest.fail(f"the child process did not create {name}")
 
 
 def finish_in_turn(storage: LoopbackStorage, started: Started) -> list[dict]:
-    """{"argv", "exit", "stdout", "stderr"} of each command line a ``start_in_turn`` process ran, in order."""
+    """{"argv", "exit", "stdout", "stderr"} of each command line the ``child`` process ran, in order."""
     commands = json.loads(started.process.args[3])
     return in_turn_results(finish(storage, started).stdout, [argv for argv, _ in commands])
 
@@ -344,22 +341,42 @@ class Background(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def background(storage, prepared, tfds_source, tmp_path_factory):
-    """background_commands, started once the prepared dataset is written (not while it is: the planning test counts
-    that run's requests), in turn in one child process; each test below checks its own command's result."""
-    copy_damaged(storage)
-    leave_earlier_outputs(storage)
-    upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
+def child(storage, source, tfds_source, tmp_path_factory):
+    """(prepared, background): one child process (it pays for importing TensorFlow and Beam once) runs the prepared
+    dataset's preprocess; once this process has counted that run's requests and copied and uploaded what the others
+    read, the train reader on the dataset, alone (its requests counted too); then background_commands in turn. Each
+    test checks its own command's result."""
     checkout = copy_of_checkout(tmp_path_factory.mktemp("dataflow") / "checkout")
     commands = background_commands(storage, tfds_source, checkout)
-    started, reader_requests = start_in_turn(storage, tmp_path_factory.mktemp("background") / "commands",
-                                             gs(storage, "imagenet-shards"), *commands.values())
+    folder, forwarded_before = tmp_path_factory.mktemp("background") / "commands", storage.proxy.forwarded
+    started = start_python(storage, folder, SHARDPREP_IN_TURN_IN_FOLDERS, json.dumps([list(c) for c in commands.values()]),
+                           str(folder), TRAIN_READER_SCRIPT, gs(storage, "imagenet-shards"),
+                           json.dumps(prepare_argv(storage)))
     try:
-        yield Background(list(commands), started, reader_requests)
+        wait_for(storage, started, PREPARED_DONE)
+        planning_requests = storage.proxy.forwarded - forwarded_before
+        result = json.loads((started.folder / PREPARED_OUTPUT).read_text())
+        assert result["exit"] == 0, f"exit {result['exit']}\n{result['stdout'][-4000:]}\n{result['stderr'][-8000:]}"
+        manifest = json.loads(read_object(storage, "imagenet-shards/manifest.json"))
+        copy_damaged(storage)
+        leave_earlier_outputs(storage)
+        upload_source(storage, "docs-bucket/imagenet", "docs-bucket/imagenet-val-labels.csv")
+        forwarded_before = storage.proxy.forwarded
+        (started.folder / PREPARED_GO).touch()
+        wait_for(storage, started, READER_DONE)
+        reader_requests = storage.proxy.forwarded - forwarded_before
+        (started.folder / GO).touch()
+        yield ({"manifest": manifest, "output": result["stdout"], "planning_requests": planning_requests},
+               Background(list(commands), started, reader_requests))
     finally:
         if started.process.poll() is None:
             started.process.kill()
             started.process.wait()
+
+
+@pytest.fixture(scope="module")
+def background(child):
+    return child[1]
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
