@@ -9,24 +9,28 @@ tree. Every writer does the same work: decode, RGB, shorter side 256, centre cro
 ``--workers`` processes: shardprep (its CLI, ``--encoding raw``), WebDataset ``ShardWriter``, MosaicML ``MDSWriter``
 (both fed by a ``multiprocessing.Pool``), LitData ``optimize``, FFCV ``DatasetWriter``, and two bare Pool loops that
 write nothing (Pillow: draft + BICUBIC, as the peers' own per-image function; OpenCV: ``imdecode`` + ``INTER_AREA``).
-Rounds are interleaved (each round runs every writer, then every reader, in a rotated order) and each round's ratios
-are taken to shardprep's run of the same round, so drift on a shared machine cancels. Per writer:
+Rounds are interleaved: each round runs shardprep, then every other writer in a rotated order with shardprep again
+after each, then the readers the same way; each ratio is to the mean of shardprep's two runs around that tool, so the
+load of a shared machine, which moves within minutes, mostly cancels (``--smoke``: one shardprep run a round). The
+tables give the median of the rounds' ratios (> 1: slower, more) and each round's. Per writer:
 
 * whole command: wall time of the command, interpreter start to exit (each tool runs as a process of its own);
 * without start-up: first image done to last image done. The peers' per-image function stamps the time after each
   image; shardprep's is read from its progress lines (``SHARDPREP_PROGRESS_SECONDS``, its workers' counts polled
   every 0.5 s, so +-0.5 s); "n/a" when the run is too short to tell (the smoke run);
+* CPU: user + system seconds of the process tree (``getrusage`` of the waited-for children);
 * peak memory: the most the process tree held at once (the RSS of the command and all its children, summed, polled
   every 0.1 s; pages shared between processes count once per process);
 * output bytes, and pixel error: the mean |difference| in 8-bit levels, over the distinct images, of the per-image
   function each writer stores against a Lanczos reference (the full decode in float, Lanczos to shorter side 256,
   centre crop 256).
 
-Readers (one process each, 2 epochs, the second timed): one epoch of random 224 crops + flips on the host, batches of
+Shardprep's row says how many runs its figures (medians) come from. Readers (one process each, 2 epochs, the second timed): one epoch of random 224 crops + flips on the host, batches of
 ``--batch``: shardprep ``NumpyReader(crop_size=224)`` and ``NumpyReader`` + a NumPy crop per sample, WebDataset
 ``WebLoader``, MDS ``StreamingDataset``, LitData ``StreamingDataset``, FFCV ``Loader``; wall of the steady epoch and
 its CPU ms an image (the process's CPU time / images). A peer that is not installed is skipped, and says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +73,14 @@ SKIPPED = "skipped: not installed (pip install -e '.[bench]')"
 class Run(NamedTuple):
     wall: float  # the whole command
     steady: float | None  # first image done to last image done (None: too short to tell)
+    cpu: float  # CPU seconds of the process tree (user + system)
     peak_bytes: int
     out_bytes: int
+
+
+class Measured(NamedTuple):
+    result: Run | dict | str  # a writer's Run, a reader's figures, or why it failed
+    base: Run | dict | None  # shardprep's right before and right after it, averaged (None: one of them failed)
 
 
 class Failed(Exception):
@@ -126,14 +136,19 @@ def tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def run_command(command: list[str], env: dict) -> tuple[float, int, list[tuple[float, str]]]:
-    """(wall s, peak RSS of the process tree, (time, line) of each stderr line) of ``command``."""
+def run_command(command: list[str], env: dict) -> tuple[float, float, int, list[tuple[float, str]]]:
+    """(wall s, CPU s and peak RSS of the process tree, (time, line) of each stderr line) of ``command``."""
+    import resource
+
     import psutil
 
     lines: list[tuple[float, str]] = []
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process waited for, grandchildren included
     started = time.perf_counter()
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    reading = threading.Thread(target=lambda: lines.extend((time.time(), line) for line in child.stderr), daemon=True)
+    stderr = child.stderr
+    assert stderr is not None
+    reading = threading.Thread(target=lambda: lines.extend((time.time(), line) for line in stderr), daemon=True)
     reading.start()
     peak = 0
     while child.poll() is None:
@@ -147,29 +162,31 @@ def run_command(command: list[str], env: dict) -> tuple[float, int, list[tuple[f
         peak = max(peak, total)
         time.sleep(0.1)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     reading.join()
     if child.returncode:
         last = lines[-1][1].strip() if lines else ""
         raise Failed(f"failed (exit {child.returncode}): {last}")
-    return wall, peak, lines
+    return wall, cpu, peak, lines
 
 
 def run_writer(tool: str, source: str, out: str, workers: int) -> Run:
     if tool == "shardprep":
         command = [sys.executable, "-m", "shardprep.cli", "preprocess", source, out, "--encoding", "raw", "--",
                    f"--direct_num_workers={workers}"]
-        wall, peak, lines = run_command(command, {**os.environ, "SHARDPREP_PROGRESS_SECONDS": "0.01"})
-        return Run(wall, progress_span(lines), peak, tree_bytes(out))
+        wall, cpu, peak, lines = run_command(command, {**os.environ, "SHARDPREP_PROGRESS_SECONDS": "0.01"})
+        return Run(wall, progress_span(lines), cpu, peak, tree_bytes(out))
     stamps = tempfile.mkdtemp(prefix="peers-stamps-")
     try:
         command = [sys.executable, os.path.join(HERE, "peers_work.py"), "--workers", str(workers),
                    "--write", tool, source, out]
-        wall, peak, _ = run_command(command, {**os.environ, peers_work.STAMPS_ENV: stamps})
+        wall, cpu, peak, _ = run_command(command, {**os.environ, peers_work.STAMPS_ENV: stamps})
         spans = [struct.unpack("dd", open(os.path.join(stamps, name), "rb").read(16)) for name in os.listdir(stamps)]
     finally:
         shutil.rmtree(stamps, ignore_errors=True)
     steady = max(last for _, last in spans) - min(first for first, _ in spans) if spans else None
-    return Run(wall, steady, peak, tree_bytes(out) if os.path.exists(out) else 0)
+    return Run(wall, steady, cpu, peak, tree_bytes(out) if os.path.exists(out) else 0)
 
 
 def progress_span(lines: list[tuple[float, str]]) -> float | None:
@@ -211,64 +228,98 @@ def dataset_of(reader: str) -> str:
     return "shardprep" if reader.startswith("shardprep") else reader
 
 
+def averaged(before, after):
+    """shardprep's two runs around a tool's, averaged: what its ratio is taken to."""
+    if isinstance(before, str) or isinstance(after, str):
+        return None
+    if isinstance(before, dict):
+        return {key: (before[key] + after[key]) / 2 for key in before}
+    steady = (before.steady + after.steady) / 2 if before.steady and after.steady else None
+    return Run((before.wall + after.wall) / 2, steady, (before.cpu + after.cpu) / 2,
+               max(before.peak_bytes, after.peak_bytes), before.out_bytes)
+
+
+def bracketed(names: list[str], run_one, turn: int, results: dict, again: bool = True) -> None:
+    """One round: shardprep, then each other tool (in an order rotated by ``turn``) followed by shardprep ``again``, so
+    every ratio is to shardprep's runs right around it: on a shared machine the load moves within minutes. Without
+    ``again`` (the smoke run) every ratio is to the round's first shardprep run."""
+    def attempt(name: str):
+        try:
+            result = run_one(name)
+        except Failed as failure:
+            result = str(failure)
+        print(f"round {turn + 1} {name}: {result}", file=sys.stderr)
+        return result
+
+    before = attempt("shardprep")
+    results["shardprep"].append(Measured(before, before if not isinstance(before, str) else None))
+    for name in rotated([n for n in names if n != "shardprep"], turn):
+        result = attempt(name)
+        if not again:
+            results[name].append(Measured(result, before if not isinstance(before, str) else None))
+            continue
+        after = attempt("shardprep")
+        results[name].append(Measured(result, averaged(before, after)))
+        results["shardprep"].append(Measured(after, after if not isinstance(after, str) else None))
+        before = after
+
+
 def run_rounds(tree: str, work: str, args) -> tuple[dict, dict]:
-    """({writer: [Run or failure text per round]}, {reader: [result dict or failure text per round]})."""
+    """({writer: [Measured]}, {reader: [Measured]}): every writer, then every reader, ``args.rounds`` times."""
     writers = [tool for tool in WRITERS if not missing(tool) and tool in args.only]
     readers = [tool for tool in READERS if not missing(tool) and dataset_of(tool) in writers]
     writes: dict = {tool: [] for tool in writers}
     reads: dict = {tool: [] for tool in readers}
+
+    def write_one(tool: str) -> Run:
+        out = os.path.join(work, f"out-{tool}")
+        shutil.rmtree(out, ignore_errors=True)
+        return run_writer(tool, tree, out, args.workers)
+
     for turn in range(args.rounds):
-        for tool in rotated(writers, turn):
-            out = os.path.join(work, f"out-{tool}")
-            shutil.rmtree(out, ignore_errors=True)
-            try:
-                writes[tool].append(run_writer(tool, tree, out, args.workers))
-            except Failed as failure:
-                writes[tool].append(str(failure))
-            print(f"round {turn + 1} write {tool}: {writes[tool][-1]}", file=sys.stderr)
-        for tool in rotated(readers, turn):
-            try:
-                reads[tool].append(run_reader(tool, os.path.join(work, f"out-{dataset_of(tool)}"), args.batch))
-            except Failed as failure:
-                reads[tool].append(str(failure))
-            print(f"round {turn + 1} read {tool}: {reads[tool][-1]}", file=sys.stderr)
+        bracketed(writers, write_one, turn, writes, not args.smoke)
+        bracketed(readers, lambda tool: run_reader(tool, os.path.join(work, f"out-{dataset_of(tool)}"), args.batch),
+                  turn, reads, not args.smoke)
     return writes, reads
 
 
-def ratios(runs: list, base: list, value) -> str:
-    """The median of the per-round ratios of ``value(run)`` to shardprep's in the same round, and each round's."""
-    pairs = [(value(run), value(ref)) for run, ref in zip(runs, base) if not isinstance(run, str)
-             and not isinstance(ref, str) and value(run) is not None and value(ref)]
+def ratios(measured: list[Measured], value, rounds: bool = True) -> str:
+    """The median of the ratios of ``value(run)`` to shardprep's around it, and (``rounds``) each round's."""
+    if measured and measured[0].result is measured[0].base:  # shardprep's own row
+        return f"1 | the base: {len(measured)} runs" if rounds else "1"
+    pairs = [(value(m.result), value(m.base)) for m in measured if not isinstance(m.result, str) and m.base
+             and value(m.result) is not None and value(m.base)]
     if not pairs:
-        return "n/a | n/a"
-    each = [mine / ref for mine, ref in pairs]
-    return f"{statistics.median(each):.2f}× | {', '.join(f'{r:.2f}' for r in each)}"
+        return "n/a | n/a" if rounds else "n/a"
+    each = [mine / base for mine, base in pairs]
+    median = f"{statistics.median(each):.2f}×"
+    return f"{median} | {', '.join(f'{r:.2f}' for r in each)}" if rounds else median
 
 
 def megabytes(count: float) -> str:
     return f"{count / 1e6:,.0f} MB" if count >= 1e6 else f"{count / 1e6:.2f} MB"
 
 
+def seconds(values: list) -> str:
+    present = [value for value in values if value]
+    return f"{statistics.median(present):.1f}" if present else "n/a"
+
+
 def write_table(writes: dict, errors: dict[str, float], args) -> list[str]:
-    lines = ["| write | whole command vs shardprep | per round | without start-up vs shardprep | per round | "
-             "shardprep's s (whole / without) | peak memory (tree) | output | error (levels) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    base = writes.get("shardprep", [])
+    lines = ["| write | whole command vs shardprep | per round | without start-up vs shardprep | per round | CPU (tree) "
+             "vs shardprep | s: whole / without start-up / CPU | peak memory (tree) | output | error (levels) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for tool, name in WRITERS.items():
-        runs = [run for run in writes.get(tool, []) if not isinstance(run, str)]
-        if tool not in writes:
-            lines.append(f"| {name} | {reason(tool, args)} |  |  |  |  |  |  |  |")
-            continue
+        runs = [m.result for m in writes.get(tool, []) if isinstance(m.result, Run)]
         if not runs:
-            lines.append(f"| {name} | {writes[tool][-1]} |  |  |  |  |  |  |  |")
+            why = writes[tool][-1].result if writes.get(tool) else reason(tool, args)
+            lines.append(f"| {name} | {why} |" + "  |" * 9)
             continue
-        seconds = (f"{statistics.median(r.wall for r in runs):.1f} / "
-                   + (f"{statistics.median(r.steady for r in runs if r.steady):.1f}" if any(r.steady for r in runs)
-                      else "n/a")) if tool == "shardprep" else ""
         output = megabytes(statistics.median(r.out_bytes for r in runs)) if not tool.startswith("bare") else "none"
-        lines.append(f"| {name} | {ratios(writes[tool], base, lambda r: r.wall)} | "
-                     f"{ratios(writes[tool], base, lambda r: r.steady)} | {seconds} | "
-                     f"{megabytes(max(r.peak_bytes for r in runs))} | {output} | "
+        lines.append(f"| {name} | {ratios(writes[tool], lambda r: r.wall)} | "
+                     f"{ratios(writes[tool], lambda r: r.steady)} | {ratios(writes[tool], lambda r: r.cpu, False)} | "
+                     f"{seconds([r.wall for r in runs])} / {seconds([r.steady for r in runs])} / "
+                     f"{seconds([r.cpu for r in runs])} | {megabytes(max(r.peak_bytes for r in runs))} | {output} | "
                      f"{errors[ERROR_OF.get(tool, 'pillow')]:.2f} |")
     return lines
 
@@ -276,15 +327,14 @@ def write_table(writes: dict, errors: dict[str, float], args) -> list[str]:
 def read_table(reads: dict, args) -> list[str]:
     lines = ["| read one epoch, crop 224 + flip on the host, 1 process | steady epoch vs shardprep | per round | "
              "steady epoch s | CPU ms an image | first epoch s |", "|---|---|---|---|---|---|"]
-    base = reads.get("shardprep", [])
     for tool, name in READERS.items():
-        runs = [run for run in reads.get(tool, []) if not isinstance(run, str)]
+        runs = [m.result for m in reads.get(tool, []) if isinstance(m.result, dict)]
         if not runs:
-            why = reads[tool][-1] if reads.get(tool) else reason(tool, args)
+            why = reads[tool][-1].result if reads.get(tool) else reason(tool, args)
             lines.append(f"| {name} | {why} |  |  |  |  |")
             continue
         cpu = [r["cpu_ms"] for r in runs]
-        lines.append(f"| {name} | {ratios(reads[tool], base, lambda r: r['wall'])} | "
+        lines.append(f"| {name} | {ratios(reads[tool], lambda r: r['wall'])} | "
                      f"{statistics.median(r['wall'] for r in runs):.2f} | {min(cpu):.2f}–{max(cpu):.2f} | "
                      f"{statistics.median(r['first_wall'] for r in runs):.2f} |")
     return lines

@@ -43,15 +43,17 @@ def pillow_pixels(path: str) -> np.ndarray:
         scale = SIDE / min(image.size)
         if scale <= 0.5:
             image.draft("RGB", (int(image.size[0] * scale + 1), int(image.size[1] * scale + 1)))
-        image = image.convert("RGB")
-    size, (left, top) = _box(*image.size)
-    return np.asarray(image.resize(size, Image.BICUBIC).crop((left, top, left + SIDE, top + SIDE)))
+        rgb = image.convert("RGB")
+    size, (left, top) = _box(*rgb.size)
+    return np.asarray(rgb.resize(size, Image.Resampling.BICUBIC).crop((left, top, left + SIDE, top + SIDE)))
 
 
 def opencv_pixels(path: str) -> np.ndarray:
     import cv2
 
     image = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"OpenCV cannot decode {path}")
     size, (left, top) = _box(image.shape[1], image.shape[0])
     image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)[top:top + SIDE, left:left + SIDE]
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
@@ -73,7 +75,7 @@ def lanczos_reference(path: str) -> np.ndarray:
     with Image.open(path) as image:
         channels = [Image.fromarray(np.asarray(c, np.float32), "F") for c in image.convert("RGB").split()]
     size, (left, top) = _box(*channels[0].size)
-    return np.stack([np.asarray(c.resize(size, Image.LANCZOS), np.float32)[top:top + SIDE, left:left + SIDE]
+    return np.stack([np.asarray(c.resize(size, Image.Resampling.LANCZOS), np.float32)[top:top + SIDE, left:left + SIDE]
                      for c in channels], axis=-1)
 
 
@@ -268,7 +270,8 @@ def main(argv=None) -> int:
         tool, source, out = args.write
         write(tool, listed(source), out, args.workers)
     elif args.read:
-        print(json.dumps(read_epochs(*args.read, args.batch)))
+        tool, out = args.read
+        print(json.dumps(read_epochs(tool, out, args.batch)))
     return 0
 
 

@@ -33,12 +33,13 @@ def test_smoke_run_without_peers_measures_shardprep_and_the_bare_loops_and_skips
     assert done.returncode == 0, done.stderr
     rows = table_rows(done.stdout)
     shardprep = rows["shardprep preprocess"]
-    assert ratio(shardprep[0]) == 1.0 and shardprep[1] == "1.00"  # every ratio is to shardprep, round by round
-    assert shardprep[6].endswith("MB") and float(shardprep[6].split()[0]) > 1  # 8 raw 256x256 crops: 1.6 MB
+    assert shardprep[:2] == ["1", "the base: 1 runs"]  # every ratio is to shardprep's run in the same round
+    assert shardprep[7].endswith("MB") and float(shardprep[7].split()[0]) > 1  # 8 raw 256x256 crops: 1.6 MB
     for name in ("bare Pillow Pool loop (writes nothing)", "bare OpenCV Pool loop (writes nothing)"):
-        assert ratio(rows[name][0]) > 0 and float(rows[name][1]) > 0
-        assert rows[name][6] == "none" and 0 < float(rows[name][7]) < 3  # pixel error in 8-bit levels
-    assert 0 < float(shardprep[7]) < 3
+        assert ratio(rows[name][0]) > 0 and all(float(r) > 0 for r in rows[name][1].split(", "))
+        assert ratio(rows[name][4]) > 0  # CPU of the process tree
+        assert rows[name][7] == "none" and 0 < float(rows[name][8]) < 3  # pixel error in 8-bit levels
+    assert 0 < float(shardprep[8]) < 3
     for reader in ("shardprep NumpyReader(crop_size=224)", "shardprep NumpyReader + NumPy crop"):
         assert ratio(rows[reader][0]) > 0 and float(rows[reader][3].split("–")[0]) >= 0
     for name in WRITE_PEERS + READ_PEERS:
