@@ -85,6 +85,9 @@ setuptools.setup(
         "jax": ["jax"],
         "torch": ["torch"],
         "gcp": GCP,
+        # benchmarks/peers_bench.py's peers (tested: these versions). FFCV builds from source against libopencv-dev and
+        # libturbojpeg0-dev (apt): `pip install ffcv` after those; the benchmark skips a peer that is not installed.
+        "bench": ["webdataset>=1.0.2", "litdata>=0.2.76", "mosaicml-streaming>=0.13", "psutil"],
         # JAX (CPU) runs the tests of training on a second Keras backend; pexpect drives the CLI in a terminal;
         # tests/test_gcs.py needs gs:// (gcp); tests/test_types.py runs mypy (pinned: a new mypy finds new things);
         # pytest-xdist runs the suite on every core (`-n auto`).
