@@ -135,8 +135,10 @@ class Zygote:
 
     def __init__(self, env: dict | None = None):
         self._logs = tempfile.mkdtemp(prefix="kill-points-")
-        self._process = subprocess.Popen([sys.executable, "-c", _ZYGOTE, *PRELOAD], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, env=env)
+        self._own_log = os.path.join(self._logs, "zygote.log")  # its own stderr: an import's error, say
+        with open(self._own_log, "wb") as log:
+            self._process = subprocess.Popen([sys.executable, "-c", _ZYGOTE, *PRELOAD], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, env=env)
         self._lock, self._ids = threading.Lock(), itertools.count()
         self._pids: dict[int, concurrent.futures.Future] = {}
         self._ends: dict[int, concurrent.futures.Future] = {}
@@ -150,9 +152,10 @@ class Zygote:
                 waiting = self._pids if "pid" in reply else self._ends
                 future = waiting.pop(reply["id"])
             future.set_result(reply.get("pid", reply.get("status")))
-        with self._lock:  # the zygote ended: nothing more will come
+        with self._lock, open(self._own_log, "rb") as log:  # the zygote ended: nothing more will come
+            ended = RuntimeError("the kill-points zygote ended: " + log.read()[-3000:].decode("utf-8", "replace"))
             for future in [*self._pids.values(), *self._ends.values()]:
-                future.set_exception(RuntimeError("the kill-points zygote ended"))
+                future.set_exception(ended)
 
     def run(self, point: KillPoint, folder, args: list[str], env: dict) -> tuple[int, str]:
         started, ended = concurrent.futures.Future(), concurrent.futures.Future()
