@@ -21,7 +21,9 @@ from shardprep.preprocess.format.dataset import Manifest
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.cli import main as cli
 
-IN_PROCESS = ["--", "--direct_running_mode=in_memory"]  # fast for tests that don't exercise multi-processing
+# Fast for tests that don't exercise multi-processing: one worker in this process, as a small run chooses by itself
+# (in_memory alone gives a worker thread a core).
+IN_PROCESS = ["--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
 def run_cli(*args, expect_ok=True):
@@ -436,7 +438,7 @@ def _run_in_process(source, output, min_decode_groups: int, **options) -> tuple[
     from shardprep.pipelines.runtime import runner as runners
 
     config = job.PreprocessConfig(source=str(source), output=str(output), shorter_side=16, **options)
-    pipeline = runners.make_pipeline(["--direct_running_mode=in_memory"])
+    pipeline = runners.make_pipeline(IN_PROCESS[1:])
     job.prepare_output(config.output, overwrite=False)
     job.build_pipeline(pipeline, config, job.plan_source(config), min_decode_groups=min_decode_groups)
     result = pipeline.run()

@@ -22,7 +22,7 @@ import image_factory
 import pytest
 from click.testing import CliRunner
 from file_trees import tree
-from kill_points import KILLED, KillPoint, run_killed
+from kill_points import KILLED, KillPoint, Zygote, run_killed
 
 from shardprep.cli import main as cli
 from shardprep.preprocess.format import manifest as manifest_lib
@@ -30,7 +30,7 @@ from shardprep.preprocess.format import manifest as manifest_lib
 SOURCE_SPLITS = {"train": 16, "validation": 8}
 ADOPTED = ["--shorter-side", "16", "--num-shards", "2"]  # 2 groups a split, each exactly one shard: renamed
 STREAMED = ["--shorter-side", "16", "--num-shards", "1"]  # 2 groups a split into 1 shard: copied record by record
-IN_PROCESS = ["--", "--direct_running_mode=in_memory"]
+IN_PROCESS = ["--", "--direct_running_mode=in_memory", "--direct_num_workers=1"]  # as a small run chooses
 OUTPUT = "dataset"  # every run is given this OUTPUT from its own folder, so that manifests can be byte-identical
 ENV = {"SOURCE_DATE_EPOCH": "1700000000"}
 
@@ -94,7 +94,15 @@ def source(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kills(source, tmp_path_factory):
+def zygote():
+    """Every killed run of the module is forked from one process that imported Beam and the job once."""
+    forks = Zygote(env={**os.environ, **ENV})
+    yield forks
+    forks.close()
+
+
+@pytest.fixture(scope="module")
+def kills(source, zygote, tmp_path_factory):
     """Every killed run of the module (KILLED_RUNS), started at once, two at a time, while the tests run: {(options
     name, kill point): (its folder, a future of (exit status, output))}. Tests resume copies of their OUTPUT."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
@@ -103,7 +111,7 @@ def kills(source, tmp_path_factory):
     for name, point in KILLED_RUNS:
         folder = tmp_path_factory.mktemp("killed")
         started[name, point] = folder, pool.submit(run_killed, point, folder, command(source, OPTIONS[name]), ENV,
-                                                   base_env=environment)
+                                                   base_env=environment, zygote=zygote)
     yield started
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -261,45 +269,61 @@ def test_a_journal_file_outside_tmp_is_never_touched_and_its_group_is_redone(sou
     assert every_file(output) == references["adopted"]
 
 
-def swap_pointers(lines):
-    trains = [line for line in lines[1:] if line["split"] == "train"]
-    trains[0]["pointers"], trains[1]["pointers"] = trains[1]["pointers"], trains[0]["pointers"]
-    return 2
+def unit_lines(lines, split) -> list[dict]:
+    return [line for line in lines[1:] if line["split"] == split]
 
 
-def swap_files(lines):
-    trains = [line for line in lines[1:] if line["split"] == "train"]
+def swap_pointers(first, second):
+    first["pointers"], second["pointers"] = second["pointers"], first["pointers"]
+
+
+def swap_files(first, second):
     for field in ("file", "size", "sha256"):
-        trains[0][field], trains[1][field] = trains[1][field], trains[0][field]
-    return 2
+        first[field], second[field] = second[field], first[field]
 
 
-def edit_class_counts(lines):
-    classes = lines[1]["summary"]["classes"]
+def edit_class_counts(line):
+    classes = line["summary"]["classes"]
     classes[0][2], classes[-1][2] = classes[0][2] + 1, classes[-1][2] - 1
-    return 1
 
 
-def edit_pixel_sums(lines):
-    train = next(line for line in lines[1:] if line["split"] == "train")
-    train["summary"]["pixel_sums"][1] += 1000
-    return 1
+def edit_pixel_sums(line):
+    line["summary"]["pixel_sums"][1] += 1000
 
 
-def edit_rejects(lines):
-    with_reject = next(line for line in lines[1:] if line["rejects"])
-    with_reject["rejects"] = []
-    return 1
+def edit_rejects(line):
+    assert line["rejects"]
+    line["rejects"] = []
 
 
-@pytest.mark.parametrize("edit", [swap_pointers, swap_files, edit_class_counts, edit_pixel_sums, edit_rejects])
+def pointers_swapped_and_summaries_edited(lines) -> int:
+    """The validation split's two lines swap pointers; train's have their class counts or pixel sums edited (only
+    the train split sums pixels)."""
+    swap_pointers(*unit_lines(lines, "validation"))
+    first, second = unit_lines(lines, "train")
+    edit_class_counts(first)
+    edit_pixel_sums(second)
+    return 4
+
+
+def files_swapped_and_rejects_dropped(lines) -> int:
+    """The validation split's two lines swap files (name, size, hash); the train line with the reject drops it."""
+    swap_files(*unit_lines(lines, "validation"))
+    edit_rejects(next(line for line in unit_lines(lines, "train") if line["rejects"]))
+    return 3
+
+
+# Five edits in two resumes, each edit on lines of its own: an edit that is not forged fails the line's hash, one
+# path for all five (the checks behind the hash: test_a_garbled_journal_line_is_redone_without_a_traceback), and
+# each line is checked on its own, so the count of damaged units redone shows that every edited line was caught.
+@pytest.mark.parametrize("edit", [pointers_swapped_and_summaries_edited, files_swapped_and_rejects_dropped])
 def test_an_edited_journal_line_is_redone_not_trusted(source, killed, references, tmp_path, edit):
     output = copy_killed(killed, tmp_path)
     lines = journal_lines(output)
     edited = edit(lines)
     write_journal(output, lines)
     log = resumed(source, tmp_path)
-    assert f"{edited} damaged unit{'s' if edited > 1 else ''} redone" in log
+    assert f"{edited} damaged units redone" in log
     assert every_file(output) == references["adopted"]
 
 
@@ -434,12 +458,12 @@ def test_a_kill_at_any_point_of_the_finish_is_finished_by_resume(source, kills, 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_resume_killed_while_it_tidies_is_resumed_again(source, kills, references, tmp_path, when):
+def test_a_resume_killed_while_it_tidies_is_resumed_again(source, kills, zygote, references, tmp_path, when):
     """A resume puts an adopted group's file back under .tmp/ before decoding: killed around that rename, the next
     resume still ends byte-identical."""
     copy_killed(killed_output(kills, "adopted", ADOPTED_ONE), tmp_path)
     returncode, log = run_killed(KillPoint("shardprep.pipelines.runtime.journal", "_put_back_or_remove", 1, when), tmp_path,
-                                 command(source, ADOPTED, "--resume"), ENV)
+                                 command(source, ADOPTED, "--resume"), ENV, zygote=zygote)
     assert returncode == KILLED, log
     resumed(source, tmp_path)
     assert every_file(tmp_path / OUTPUT) == references["adopted"]

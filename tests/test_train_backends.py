@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from click.testing import CliRunner
 from shardprep.cli import main
 from shardprep.train.run import config as train_config
 from shardprep.train.run.loop import HISTORY_KEYS
-from train_helpers import write_dataset
+from train_helpers import write_dataset, write_flipped_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--batch-size", "16", "--image-size", "16", "--width-multiplier", "0.125", "--no-tensorboard"]
@@ -72,22 +73,78 @@ def train_and_val_dataset(tmp_path_factory) -> str:
     return str(root)
 
 
+# Runs `shardprep` once a set of arguments in one process (CliRunner), printing each run's exit code, stdout and
+# stderr as JSON: the JAX runs of this module share one interpreter start (JAX, Keras and TensorFlow imported once).
+RUNS = """
+import json, sys
+from click.testing import CliRunner
+from shardprep.cli import main
+
+for args in json.loads(sys.argv[1]):
+    result = CliRunner().invoke(main, args)
+    crashed = result.exception if not isinstance(result.exception, (SystemExit, type(None))) else None
+    print(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                      "crashed": repr(crashed) if crashed else None}))
+"""
+
+
+class Run(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_one_process(runs: list[list[str]]) -> list[Run]:
+    """Each of ``runs`` (arguments after ``shardprep``), one after the other in one child process, on the backend
+    they name (KERAS_BACKEND unset)."""
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", RUNS, json.dumps([list(map(str, args)) for args in runs])],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    found = [json.loads(line) for line in done.stdout.splitlines()[-len(runs):]]
+    assert [run["crashed"] for run in found] == [None] * len(runs), found
+    return [Run(run["exit_code"], run["stdout"], run["stderr"]) for run in found]
+
+
+def learning_run(backend: str, data: str, output) -> list[str]:
+    return ["train", data, "--backend", backend, "--output-dir", str(output), "--epochs", "6", "--warmup-epochs",
+            "1", "--seed", "0", "--precision", "auto", *TINY,
+            "--batch-size", "8"]  # 48 steps: batch norm's moving statistics settle (at 24, val_accuracy swings with the seed)
+
+
+@pytest.fixture(scope="module")
+def flipped_dataset(tmp_path_factory):
+    """A dataset with one byte of one record's pixels flipped (train_helpers.write_flipped_dataset)."""
+    return write_flipped_dataset(tmp_path_factory.mktemp("flipped"))
+
+
+@pytest.fixture(scope="module")
+def jax_runs(train_and_val_dataset, flipped_dataset, tmp_path_factory) -> dict:
+    """The module's runs on JAX, in one child process: {"verify": --verify-records over the flipped record (it
+    stops the run), "learn": the learning run of test_a_second_backend_learns_two_classes_with_every_history_key}
+    (each: its Run and --output-dir)."""
+    root = tmp_path_factory.mktemp("jax-runs")
+    outputs = {"verify": root / "verify", "learn": root / "learn"}
+    verify = ["train", str(flipped_dataset[0]), "--output-dir", outputs["verify"], "--backend", "jax",
+              "--verify-records", "--seed", "1", "--epochs", "1", "--batch-size", "8", "--image-size", "16",
+              "--width-multiplier", "0.125", "--no-tensorboard"]
+    runs = run_in_one_process([verify, learning_run("jax", train_and_val_dataset, outputs["learn"])])
+    return {name: (run, outputs[name]) for name, run in zip(outputs, runs)}
+
+
 # JAX is in the test extra; PyTorch (large) is not, so its run is checked where it is installed.
 @pytest.mark.parametrize("backend, device", [("jax", "JAX on one CPU device, float32, XLA"),
                                              ("torch", "PyTorch on CPU, float32")])
-def test_a_second_backend_learns_two_classes_with_every_history_key(train_and_val_dataset, tmp_path, backend,
-                                                                    device):
+def test_a_second_backend_learns_two_classes_with_every_history_key(request, train_and_val_dataset, tmp_path,
+                                                                    backend, device):
     """Also: a dataset whose held-out split is ``val`` trains and validates with no split flag."""
     if backend == "torch":
         pytest.importorskip("torch")
-    output = tmp_path / "run"
-    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
-    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run(
-        [sys.executable, "-m", "shardprep.cli", "train", train_and_val_dataset, "--backend", backend, "--output-dir",
-         str(output), "--epochs", "6", "--warmup-epochs", "1", "--seed", "0", "--precision", "auto", *TINY,
-         "--batch-size", "8"],  # 48 steps: batch norm's moving statistics settle (at 24, val_accuracy swings with the seed)
-        env=env, capture_output=True, text=True, timeout=600)
+        output = tmp_path / "run"
+        [done] = run_in_one_process([learning_run(backend, train_and_val_dataset, output)])
+    else:
+        done, output = request.getfixturevalue("jax_runs")["learn"]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"with Keras on {backend}, {device}" in " ".join(done.stdout.split())  # wrapped at 80 columns
     lines = done.stdout.splitlines()
@@ -105,3 +162,16 @@ def test_a_second_backend_learns_two_classes_with_every_history_key(train_and_va
     assert summary["backend"] == backend and summary["final_val_accuracy"] >= 0.9
     for name in ("model.keras", "checkpoints/last.keras", "checkpoints/best.keras", "checkpoints/state.json"):
         assert (output / name).exists(), name
+
+
+def test_verify_records_is_honoured_on_jax(jax_runs, flipped_dataset):
+    """(From test_train_options.py, whose docstring says why: --verify-records is honoured on every backend; here to
+    share this module's JAX process.) A record whose bytes changed stops the run with one Error line naming the
+    shard and the record."""
+    (done, _), (_, shard) = jax_runs["verify"], flipped_dataset
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "[[{{node" not in done.stderr, done.stderr[-3000:]
+    assert f"{shard}: record 0 (byte 0) data checksum mismatch" in errors[0]
+    assert "Summary:" not in done.stdout

@@ -2,7 +2,6 @@
 starts; never ignored. --verify-records is honoured on every backend: a record whose bytes changed stops the run
 with one `Error:` line naming the shard and the record."""
 
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ from click.testing import CliRunner
 
 from shardprep.cli import main
 from shardprep.train.run.config import BACKENDS, TrainConfig, unsupported_option
-from train_helpers import random_images, write_dataset
+from train_helpers import write_flipped_dataset
 from train_runs import environment
 
 TINY = ["--epochs", "1", "--batch-size", "8", "--image-size", "16", "--width-multiplier", "0.125",
@@ -20,15 +19,8 @@ TINY = ["--epochs", "1", "--batch-size", "8", "--image-size", "16", "--width-mul
 
 @pytest.fixture(scope="module")
 def flipped_dataset(tmp_path_factory):
-    """A dataset with one byte of one record's pixels flipped (its CRC no longer matches)."""
-    root = tmp_path_factory.mktemp("flipped")
-    write_dataset(root, {"train": random_images(48, 20, 20), "validation": random_images(16, 20, 20, seed=1)},
-                  classes=["a", "b"])
-    shard = root / "train" / sorted(os.listdir(root / "train"))[0]
-    data = bytearray(shard.read_bytes())
-    data[500] ^= 0xFF  # inside record 0's pixels
-    shard.write_bytes(bytes(data))
-    return root, shard
+    """A dataset with one byte of one record's pixels flipped (train_helpers.write_flipped_dataset)."""
+    return write_flipped_dataset(tmp_path_factory.mktemp("flipped"))
 
 
 def _unsupported(backend, data_dir="data", **options):
@@ -90,11 +82,4 @@ def test_verify_records_on_tensorflow_is_one_error_line_naming_shard_and_record(
     assert _one_error_line(result.output, shard).startswith("Error: reading the training split: ")
 
 
-def test_verify_records_is_honoured_on_jax(flipped_dataset, tmp_path):
-    data, shard = flipped_dataset
-    done = subprocess.run([sys.executable, "-m", "shardprep.cli", "train", str(data), "--output-dir",
-                           str(tmp_path / "run"), "--backend", "jax", "--verify-records", "--seed", "1", *TINY],
-                          env=environment("jax"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    _one_error_line(done.stderr, shard)
-    assert "Summary:" not in done.stdout
+# --verify-records on JAX: test_train_backends.py::test_verify_records_is_honoured_on_jax (its JAX process runs it).

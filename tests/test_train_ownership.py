@@ -405,17 +405,17 @@ def test_every_file_a_run_writes_is_listed_before_it_is_written(tmp_path):
 
 # --- a second run into the same folder ------------------------------------------------------------------------------
 
-def test_a_second_run_into_a_folder_a_run_is_writing_is_refused_and_changes_nothing(colour_dataset, tmp_path,
-                                                                                    monkeypatch):
-    """--overwrite or --resume while another train writes to the same --output-dir (another terminal, a re-run
-    thought dead) would delete or rewrite the files it is writing: refused by name while it runs. The second run is
-    started from inside the first, in epoch 2 (one checkpoint): a lock is an flock, which two opens of the lock file
-    contend for within one process as between two. (A killed run's lock: the next test.)"""
+@pytest.fixture(scope="module")
+def run_over_a_stale_lock(colour_dataset, tmp_path_factory):
+    """One two-epoch run, for the two tests below: started in a folder holding a killed run's lock file, with three
+    second runs started from inside it in epoch 2. (result, the second runs' refusal lines, the folder)."""
     import functools
 
     from shardprep.train.run import loop
 
-    folder = tmp_path / "run"
+    folder = tmp_path_factory.mktemp("second-run") / "run"
+    folder.mkdir()
+    (folder / ".shardprep.lock").write_text("pid 999999 on elsewhere since 2026-01-01T00:00:00\n")
     args = [colour_dataset, "--output-dir", folder, *TINY, "--epochs", "2"]
     refusals = []
 
@@ -425,19 +425,30 @@ def test_a_second_run_into_a_folder_a_run_is_writing_is_refused_and_changes_noth
                 refusals.append(refused_unchanged(folder, *args, *again, expect=(
                     "another shardprep run is writing to", f"pid {os.getpid()}")))
 
-    monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=second_runs))
-    result = train(*args)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(loop, "train", functools.partial(loop.train, on_batch=second_runs))
+        result = train(*args)
+    return result, refusals, folder
+
+
+def test_a_second_run_into_a_folder_a_run_is_writing_is_refused_and_changes_nothing(run_over_a_stale_lock):
+    """--overwrite or --resume while another train writes to the same --output-dir (another terminal, a re-run
+    thought dead) would delete or rewrite the files it is writing: refused by name while it runs. The second run is
+    started from inside the first, in epoch 2 (one checkpoint): a lock is an flock, which two opens of the lock file
+    contend for within one process as between two. (A killed run's lock: the next test.)"""
+    result, refusals, folder = run_over_a_stale_lock
     assert result.exit_code == 0, result.output
     assert len(refusals) == 3 and all(str(folder) in line for line in refusals), refusals
     assert not (folder / ".shardprep.lock").exists()
 
 
-def test_a_lock_file_left_by_a_killed_run_is_taken_over_and_a_linked_one_refused(colour_dataset, tmp_path):
-    folder = tmp_path / "run"
-    folder.mkdir()
-    (folder / ".shardprep.lock").write_text("pid 999999 on elsewhere since 2026-01-01T00:00:00\n")
-    result = train(colour_dataset, "--output-dir", folder, *TINY)
+def test_a_lock_file_left_by_a_killed_run_is_taken_over_and_a_linked_one_refused(run_over_a_stale_lock,
+                                                                                 colour_dataset, tmp_path):
+    """The run of the test above started over a lock file of a killed run (pid 999999): it took it over (the second
+    runs were refused naming this process), ran to its end and removed it."""
+    result, refusals, folder = run_over_a_stale_lock
     assert result.exit_code == 0, result.output
+    assert len(refusals) == 3 and all("999999" not in line for line in refusals), refusals
     assert not (folder / ".shardprep.lock").exists()
 
     linked = tmp_path / "linked"

@@ -87,7 +87,7 @@ def test_tensorboard_logs_that_cannot_be_written_mid_run_stop_it_where_it_is_sav
     lost. The epoch is saved first, then one line names the folder, says what is saved and how to go on; --resume
     then goes on from there."""
     output = tmp_path / "run"
-    args = ["train", colour_dataset, "--output-dir", str(output), *TINY, "--epochs", "3"]
+    args = ["train", colour_dataset, "--output-dir", str(output), *TINY, "--epochs", "2"]
     read_only_logs(monkeypatch)
     result = CliRunner().invoke(main, args)
     assert error_lines(result) == [
@@ -99,7 +99,7 @@ def test_tensorboard_logs_that_cannot_be_written_mid_run_stop_it_where_it_is_sav
     monkeypatch.undo()
     resumed = CliRunner().invoke(main, [*args, "--resume"])
     assert resumed.exit_code == 0, resumed.output
-    assert json.loads((output / "history.json").read_text())["epoch"] == [1, 2, 3]
+    assert json.loads((output / "history.json").read_text())["epoch"] == [1, 2]
 
 
 def test_without_a_checkpoint_the_error_says_start_again_not_resume(colour_dataset, tmp_path, monkeypatch):

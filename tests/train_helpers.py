@@ -128,3 +128,15 @@ def predict_entries(output: str) -> list[str]:
         elif not line.startswith("Error: "):
             entries.append(line)
     return entries
+
+
+def write_flipped_dataset(root):
+    """A dataset of random images with one byte of record 0's pixels flipped in its first train shard (its CRC no
+    longer matches): (root, that shard)."""
+    write_dataset(root, {"train": random_images(48, 20, 20), "validation": random_images(16, 20, 20, seed=1)},
+                  classes=["a", "b"])
+    shard = root / "train" / sorted(os.listdir(root / "train"))[0]
+    data = bytearray(shard.read_bytes())
+    data[500] ^= 0xFF  # inside record 0's pixels
+    shard.write_bytes(bytes(data))
+    return root, shard
