@@ -21,12 +21,12 @@ def source(tmp_path_factory):
     """ImageFolder layout, two colour-tinted noise classes, images of assorted sizes and aspect ratios."""
     root = tmp_path_factory.mktemp("source")
     rng = np.random.default_rng(0)
-    for split, count in (("train", 32), ("validation", 16)):
+    for split, count in (("train", 48), ("validation", 24)):
         for label, name in enumerate(CLASSES):
             folder = root / split / name
             folder.mkdir(parents=True)
             for index in range(count):
-                height, width = rng.integers(28, 40, 2)
+                height, width = rng.integers(44, 64, 2)
                 pixels = rng.integers(0, 120, (height, width, 3))
                 pixels[..., 2 if name == "blue" else 0] += 120
                 Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{index:03d}.png")
@@ -36,7 +36,7 @@ def source(tmp_path_factory):
 def test_preprocess_then_train_learns_the_classes(source, tmp_path):
     runner = CliRunner()
     data = tmp_path / "prepared"
-    prepared = runner.invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "24",
+    prepared = runner.invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
                                     "--num-shards", "2", "--quiet", *IN_PROCESS])
     assert prepared.exit_code == 0, prepared.output
     manifest = json.loads((data / "manifest.json").read_text())
@@ -44,7 +44,7 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
 
     output = tmp_path / "run"
     trained = runner.invoke(main, ["train", str(data), "--output-dir", str(output), "--epochs", "3",
-                                   "--batch-size", "16", "--image-size", "20", "--width-multiplier", "0.125",
+                                   "--batch-size", "16", "--image-size", "32", "--width-multiplier", "0.125",
                                    "--warmup-epochs", "1", "--seed", "0", "--no-tensorboard"])
     assert trained.exit_code == 0, trained.output
     lines = trained.output.splitlines()
@@ -56,20 +56,20 @@ def test_preprocess_then_train_learns_the_classes(source, tmp_path):
     assert history["epoch"] == list(range(1, 4))
     assert history["val_accuracy"][-1] >= 0.9
 
-    # The saved model takes the stored uint8 images as they are (24x24 here, larger than its 20 px crop) and crops
+    # The saved model takes the stored uint8 images as they are (40x40 here, larger than its 32 px crop) and crops
     # and normalizes them itself: the validation split read back with the framework-free reader.
     from shardprep.train.data.numpy_reader import NumpyReader
 
     model = load_model(str(output / "model.keras"))
     correct = total = 0
     for images, labels in NumpyReader(str(data), "validation", 8, training=False):
-        assert images.shape[1:] == (24, 24, 3)
+        assert images.shape[1:] == (40, 40, 3)
         correct += int(np.sum(np.argmax(model.predict(images, verbose=0), axis=-1) == labels))
         total += len(labels)
-    assert total == 32 and correct / total >= 0.9
+    assert total == 48 and correct / total >= 0.9
 
     # New photos go through predict_images: the job's own decode and resize, class names from the manifest; photos
-    # smaller than the train size (10x8 here, under 20) are resized up like any other.
+    # smaller than the train size (10x8 here, under 32) are resized up like any other.
     from shardprep.train.model.predict import predict_images
 
     paths = sorted((source / "validation").glob("*/*.png"))
@@ -88,7 +88,7 @@ def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
     from shardprep.train.data import reader
 
     data = tmp_path / "jpeg-none"
-    prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "24",
+    prepared = CliRunner().invoke(main, ["preprocess", str(source), str(data), "--shorter-side", "40",
                                          "--crop", "none", "--encoding", "jpeg", "--num-shards", "2", "--quiet",
                                          *IN_PROCESS])
     assert prepared.exit_code == 0, prepared.output
@@ -97,9 +97,9 @@ def test_reader_reads_the_jobs_uncropped_jpeg_shards(source, tmp_path):
         dataset = reader.make_dataset(str(data), "validation", 8, training=training, seed=1)
         for images, labels in dataset.take(6):
             images, labels = images.numpy(), labels.numpy()
-            assert images.shape[1:] == (24, 24, 3) and images.dtype == np.uint8
+            assert images.shape[1:] == (40, 40, 3) and images.dtype == np.uint8
             # Each image's dominant colour still says its class: labels travelled with their images.
             blue_dominant = images[..., 2].mean(axis=(1, 2)) > images[..., 0].mean(axis=(1, 2))
             np.testing.assert_array_equal(blue_dominant, labels == CLASSES.index("blue"))
             count += len(labels)
-    assert count >= 32 + 48  # one full validation pass, then training batches
+    assert count >= 48 + 48  # one full validation pass, then training batches
