@@ -23,6 +23,7 @@ for _name, _value in JAX_CACHE.items():
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 from finished_runs import finished_run, run_copy  # noqa: E402, F401 - fixtures, shared by every test file of a process
+from tensorflow_child import tensorflow_child  # noqa: E402, F401 - one TensorFlow child, two test files
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -432,11 +432,12 @@ def run_process(work, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_same_source_and_output_in_a_real_process(work):
-    """The reported case: `shardprep preprocess same same --overwrite` exited 0 after deleting every image."""
+def test_same_source_and_output_as_the_reported_command(work):
+    """The reported case: `shardprep preprocess same same --overwrite` exited 0 after deleting every image. (Through
+    the CLI in this process: stderr apart from stdout, as a terminal shows them.)"""
     before = tree(work)
-    completed = run_process(work, "preprocess", "src", "src", "--overwrite")
-    assert completed.returncode == 1
+    completed = CliRunner().invoke(cli, ["preprocess", "src", "src", "--overwrite"])
+    assert completed.exit_code == 1 and completed.stdout == ""
     assert completed.stderr.splitlines() == [
         "Error: OUTPUT src is the SOURCE src: writing there would change or delete the input; "
         "pick an OUTPUT outside every input"]
@@ -453,9 +454,11 @@ def test_strict_failure_is_one_line_and_verbose_shows_the_traces(work):
     assert completed.returncode == 1, completed.stderr
     assert completed.stderr.splitlines() == [
         "Error: --strict: 1 inputs rejected (not_an_image: 1); see out/rejects.jsonl. No manifest written."]
-    # --verbose adds the traces whichever runner ran the job: here the in-process one (no worker processes to start)
-    verbose = run_process(work, "--verbose", *args[:3], "--overwrite", *args[3:-1], "--direct_running_mode=in_memory")
-    assert verbose.returncode == 1
+    # --verbose adds the traces whichever runner ran the job: here the in-process one (no worker processes to start),
+    # in this process (the traces are printed by the command, not by a worker)
+    verbose = CliRunner().invoke(cli, ["--verbose", *map(str, args[:3]), "--overwrite", *map(str, args[3:-1]),
+                                       "--direct_running_mode=in_memory"])
+    assert verbose.exit_code == 1
     assert "Traceback" in verbose.stderr and verbose.stderr.splitlines()[-1].startswith("Error: --strict: 1 inputs")
 
 

@@ -294,34 +294,13 @@ def test_eval_batch_through_the_model_input_layer_is_the_stored_centre_crop(raw_
             np.testing.assert_array_equal(crop, stored[image.tobytes()][2:10, 1:9].astype(np.float32))
 
 
-def test_a_process_exits_while_its_example_reads_run(tmp_path):
+def test_a_process_exits_while_its_example_reads_run(tensorflow_child):
     # Serialized Examples are read by Python on tf.data's threads: the exit hook must cover them as it does gathers.
-    # One process, both layouts read that way (JPEG centre crops, raw uncropped), both iterators still reading at exit.
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    roots = []
-    for encoding, crop in (("jpeg", "center"), ("raw", "none")):
-        items = random_images(48, 64, 80 if crop == "none" else 64, seed=13, labels=(0, 1))
-        roots.append(str(tmp_path / f"{encoding}-{crop}"))
-        write_dataset(roots[-1], {"train": items}, classes=["a", "b"], encoding=encoding, crop=crop, num_shards=3,
-                      shorter_side=64 if crop == "none" else None)
-    script = textwrap.dedent(f"""
-        from shardprep.train.data import reader
-        iterators = []
-        for root in {roots!r}:
-            iterators.append(iter(reader.make_dataset(root, "train", 16, training=True, seed=0)))
-            for _ in range(10):
-                next(iterators[-1])
-        print("read", flush=True)
-    """)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    # One process, both layouts read that way (JPEG centre crops, raw uncropped), both iterators still reading at exit
+    # (the child, shared with test_first_hour.py: tensorflow_child.py).
+    done = tensorflow_child
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "read"
+    assert done.stdout_lines == ["42", "read"]
 
 
 def test_start_step_and_small_splits_are_checked(raw_dataset):

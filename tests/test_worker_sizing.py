@@ -134,12 +134,32 @@ def test_ctrl_c_stops_a_run_in_this_process_at_its_next_input():
     assert stopping.run_stoppable(lambda: (stopping.check_not_stopped(), "ran")[1]) == "ran"
 
 
-def test_the_worker_sizing_benchmark_runs(capsys):
+def test_the_worker_sizing_benchmark_runs(capsys, monkeypatch):
+    """The benchmark's own code, its three runs' commands included, each run here through the CLI (a child Python
+    for each of them cost seconds of CPU to import Beam; the worker-processes mode still starts its worker)."""
+    import subprocess
+    import types
+
+    from click.testing import CliRunner
+
+    from shardprep.cli import main
+
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     try:
         import worker_sizing_bench
     finally:
         sys.path.pop(0)
+    commands = []
+
+    def run_here(command, **kwargs):
+        assert command[:3] == [sys.executable, "-m", "shardprep.cli"], command
+        commands.append(command[3:])
+        result = CliRunner().invoke(main, command[3:])
+        return subprocess.CompletedProcess(command, result.exit_code, b"", result.output.encode())
+
+    monkeypatch.setattr(worker_sizing_bench, "subprocess", types.SimpleNamespace(
+        run=run_here, DEVNULL=subprocess.DEVNULL, PIPE=subprocess.PIPE))
     assert worker_sizing_bench.main(["--smoke"]) == 0
+    assert [command[0] for command in commands] == ["preprocess"] * 3
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 1 and float(rows[0][-1]) > 0  # one size: its three runs' figures and the wall ratio

@@ -1,0 +1,71 @@
+"""One child Python that imports TensorFlow in a user's environment, made once per test process and checked by two
+test files (a TensorFlow import costs ~5 s of CPU): conftest.py offers the fixture ``tensorflow_child``.
+
+The child (1) quiets TensorFlow as the CLI does, asks ``find_spec("tensorflow")`` first as other libraries do, then
+imports it for real (test_first_hour.py: no native log line gets through), and (2) leaves two tf.data training
+readers still reading when it exits (test_train_reader.py: serialized Examples read on tf.data's threads must not
+crash the exit, JPEG centre crops and raw uncropped records alike)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import NamedTuple
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ChildRun(NamedTuple):
+    returncode: int
+    stdout_lines: list[str]
+    stderr: str
+
+
+def user_env(**extra) -> dict:
+    """The environment a user's shell has: none of the test suite's TensorFlow quieting."""
+    from shardprep.preprocess.checks import streams
+
+    env = {k: v for k, v in os.environ.items() if k not in streams.ENVIRONMENT}
+    env.update(extra)
+    return env
+
+
+def reader_datasets(folder) -> list[str]:
+    """A JPEG centre-crop dataset and a raw uncropped one, 48 records in 3 shards each."""
+    from train_helpers import random_images, write_dataset
+
+    roots = []
+    for encoding, crop in (("jpeg", "center"), ("raw", "none")):
+        items = random_images(48, 64, 80 if crop == "none" else 64, seed=13, labels=(0, 1))
+        roots.append(str(folder / f"{encoding}-{crop}"))
+        write_dataset(roots[-1], {"train": items}, classes=["a", "b"], encoding=encoding, crop=crop, num_shards=3,
+                      shorter_side=64 if crop == "none" else None)
+    return roots
+
+
+@pytest.fixture(scope="session")
+def tensorflow_child(tmp_path_factory) -> ChildRun:
+    roots = reader_datasets(tmp_path_factory.mktemp("tensorflow-child"))
+    script = textwrap.dedent(f"""
+        import importlib.util
+        from shardprep.preprocess.checks import streams as quiet_logs
+        quiet_logs.quiet_tensorflow()
+        assert importlib.util.find_spec('tensorflow') is not None
+        import tensorflow as tf
+        print(tf.constant(2).numpy() * 21, flush=True)
+
+        from shardprep.train.data import reader
+        iterators = []
+        for root in {roots!r}:
+            iterators.append(iter(reader.make_dataset(root, "train", 16, training=True, seed=0)))
+            for _ in range(10):
+                next(iterators[-1])
+        print("read", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=user_env(),
+                          capture_output=True, text=True, timeout=300)
+    return ChildRun(done.returncode, done.stdout.split(), done.stderr)
