@@ -231,37 +231,29 @@ def test_foreign_report_without_class_names_shows_labels_only():
 
 # ---- progress in a log file ---------------------------------------------------------------------------------------
 
-def test_preprocess_writes_plain_progress_lines_to_a_log_file_while_it_runs(tmp_path, monkeypatch):
-    """The command with its stdout and stderr one log file, as ``> log.txt 2>&1`` gives it (in this process: a
-    thread reads the file while the command runs)."""
-    import contextlib
-    import threading
-
+def test_preprocess_writes_plain_progress_lines_to_a_log_file_while_it_runs(tmp_path):
     source = tmp_path / "images"
     image_factory.write_image_folder(source, {"train": 40, "validation": 8}, classes=("a", "b"))
     log = tmp_path / "log.txt"
-    monkeypatch.setenv("SHARDPREP_PROGRESS_SECONDS", "0.2")
-    finished = threading.Event()
-    seen_while_running = []
-
-    def watch():
-        while not finished.is_set():
-            if re.search(r"^(listing|images) ", log.read_text(), re.M):
-                seen_while_running.append(not finished.is_set())
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        watcher.start()
+    with open(log, "w") as f:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shardprep.cli", "preprocess", str(source), str(tmp_path / "out"),
+             "--shorter-side", "16", "--", "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=user_env(SHARDPREP_PROGRESS_SECONDS="0.2"))
         try:
-            main.main(["preprocess", str(source), str(tmp_path / "out"), "--shorter-side", "16", "--",
-                       "--direct_running_mode=in_memory", "--direct_num_workers=1"], standalone_mode=False)
+            deadline = time.monotonic() + 120
+            seen_while_running = False
+            while process.poll() is None and time.monotonic() < deadline:
+                if re.search(r"^(listing|images) ", log.read_text(), re.M):
+                    seen_while_running = process.poll() is None
+                    break
+                time.sleep(0.05)
+            assert process.wait(timeout=300) == 0, log.read_text()
         finally:
-            finished.set()
-            watcher.join()
+            if process.poll() is None:
+                process.kill()
     text = log.read_text()
-    assert seen_while_running == [True], text
+    assert seen_while_running, text
     assert re.search(r"^images 48/48 \(100%\), [\d,]+ img/s, \d+:\d\d:\d\d$", text, re.M), text
     assert "###" not in text and "\r" not in text and "\x1b[" not in text  # no bar drawn at the end
     assert text.index("images 48/48") < text.index("shardprep preprocess →")
