@@ -51,6 +51,7 @@ from typing import NamedTuple
 import numpy as np
 
 import peers_work
+from preprocess_bench import replicate  # the same replicated tree as the throughput benchmark
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SOURCE = os.path.join(HERE, "..", "..", "shared", "data", "imagenet-sample")
@@ -99,21 +100,6 @@ def missing(tool: str) -> list[str]:
 
 
 # --- the inputs ------------------------------------------------------------------------------------------------------
-
-def replicate(source: str, root: str, copies: int) -> list[str]:
-    """An ImageFolder tree root/train/<class>/<copy>_<file> of hard links; the distinct images' paths."""
-    files = sorted(f for f in os.listdir(source) if not f.startswith("."))
-    for name in files:
-        folder = os.path.join(root, "train", name.split("_", 1)[0])
-        os.makedirs(folder, exist_ok=True)
-        for copy in range(copies):
-            target = os.path.join(folder, f"{copy:03d}_{name}")
-            try:
-                os.link(os.path.join(source, name), target)
-            except OSError:
-                shutil.copyfile(os.path.join(source, name), target)
-    return [os.path.join(source, name) for name in files]
-
 
 def smoke_source(folder: str, count: int = 8) -> str:
     """``count`` small photo-like JPEGs (smooth gradients and noise, 600x450 and 450x600) in ``folder``."""
@@ -366,7 +352,8 @@ def main(argv=None) -> int:
         if not os.path.isdir(args.source):
             print(f"Error: {args.source} is not a folder of images", file=sys.stderr)
             return 2
-        distinct = replicate(args.source, os.path.join(work, "src"), args.copies)
+        replicate(args.source, os.path.join(work, "src"), args.copies)
+        distinct = sorted(os.path.join(args.source, f) for f in os.listdir(args.source) if not f.startswith("."))
         writes, reads = run_rounds(os.path.join(work, "src"), work, args)
         errors = pixel_errors(distinct)
     finally:
