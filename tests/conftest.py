@@ -36,6 +36,30 @@ def ctrl_c_reaches_the_tests():
     yield
 
 
+SHORT_RESNET_BLOCKS = (1, 1)  # train_runs.DRIVER and the tests' other training children set the same
+
+
+@pytest.fixture(scope="session", autouse=True)
+def short_resnet():
+    """Runs trained in a test process train a short ResNet: one basic block in each of the first two stages, with
+    every kind of layer ResNet-18 has (stem, pooling, batch norms, a projection shortcut, residual adds, logits). What
+    those tests check (schedules, checkpoints, resume, output, ownership) does not depend on depth, and tracing
+    ResNet-18's eight blocks was over half of a tiny run's CPU. Tests of ResNet-18 itself ask for ``full_resnet18``."""
+    from shardprep.train.model import keras_model
+
+    full, keras_model.BLOCKS_PER_STAGE = keras_model.BLOCKS_PER_STAGE, SHORT_RESNET_BLOCKS
+    yield
+    keras_model.BLOCKS_PER_STAGE = full
+
+
+@pytest.fixture
+def full_resnet18(monkeypatch):
+    """ResNet-18 as shipped (two blocks in each of four stages), for a test of the model itself."""
+    from shardprep.train.model import keras_model
+
+    monkeypatch.setattr(keras_model, "BLOCKS_PER_STAGE", (2, 2, 2, 2))
+
+
 @pytest.fixture(scope="session")
 def colour_dataset(tmp_path_factory) -> str:
     """Two classes told apart by colour (train_helpers.write_colour_dataset), written once for the session: a folder

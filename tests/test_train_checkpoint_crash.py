@@ -69,6 +69,8 @@ def _args(data, output, *extra):
 CRASHING_RUN = textwrap.dedent("""
     import json, os, shutil, signal, sys
     from shardprep.train.run import checkpoints
+    from shardprep.train.model import keras_model
+    keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
 
     mode, spec, output, snapshots = "none", "", os.path.realpath(os.sep + "no-run-yet"), ""
     first = last = 0

@@ -214,7 +214,8 @@ def test_kills_and_ctrl_c_at_any_point_resume_to_exactly_the_uninterrupted_run(d
     for end in (stopped, at_epoch_end):
         assert history(end) == expected  # exact: every float as the uninterrupted run wrote it
         got_variables = saved_variables(end)
-        assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 100
+        # Weights, batch-norm statistics and the optimizer's variables, of both files.
+        assert got_variables.keys() == expected_variables.keys() and len(got_variables) > 80
         for name, expected_array in expected_variables.items():
             np.testing.assert_array_equal(got_variables[name], expected_array, err_msg=f"{end.name}: {name}")
 

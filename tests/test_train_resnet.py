@@ -2,9 +2,12 @@
 
 import keras
 import numpy as np
+import pytest
 
 from shardprep.train.model.keras_model import build_model
 from shardprep.train.model.keras_model import resnet18
+
+pytestmark = pytest.mark.usefixtures("full_resnet18")  # the model as shipped, not the tests' short one
 
 
 def _trainable(model):

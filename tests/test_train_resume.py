@@ -163,6 +163,8 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
     from click.testing import CliRunner
     from shardprep.cli import main
     from shardprep.train.run import loop
+    from shardprep.train.model import keras_model
+    keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
 
     crash_at, args = int(sys.argv[1]), sys.argv[2:]
     train, seen = loop.train, {}

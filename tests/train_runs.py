@@ -27,6 +27,8 @@ import functools, json, os, shutil, sys, time
 from shardprep.preprocess.checks import streams as quiet_logs
 quiet_logs.quiet_tensorflow()  # the CLI's own quiet import of TensorFlow, before the loop imports it
 from shardprep.train.run import loop
+from shardprep.train.model import keras_model
+keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
 
 block_at = int(os.environ.get("TRAIN_RUNS_BLOCK_AT", "-1"))
 marker = os.environ.get("TRAIN_RUNS_MARKER", "")
