@@ -18,7 +18,7 @@ from shardprep.cli import main
 from shardprep.train.run import loop, progress
 from shardprep.train.run.progress import TrainingInterrupted
 from train_helpers import random_images, write_dataset
-from train_runs import environment
+from train_runs import DRIVER, environment
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # TensorFlow's and absl's own log lines (its C++ logging, the oneDNN and CUDA notices): never on our output.
@@ -302,7 +302,7 @@ def test_a_terminal_that_closes_under_a_run_stops_its_output_not_its_training(co
     leader, follower = pty.openpty()
     with open(tmp_path / "stderr", "w") as stderr:
         # A session of its own: the pseudo-terminal is not its controlling terminal, so no SIGHUP when it closes.
-        child = subprocess.Popen([sys.executable, "-m", "shardprep.cli", "train", colour_dataset, "--output-dir", "run",
+        child = subprocess.Popen([sys.executable, "-c", DRIVER, "train", colour_dataset, "--output-dir", "run",
                                   "--epochs", "3", "--batch-size", "8", "--image-size", "16", "--width-multiplier",
                                   "0.125", "--seed", "1", "--no-early-stopping", "--no-tensorboard"],
                                  stdin=subprocess.DEVNULL, stdout=follower, stderr=stderr, cwd=tmp_path,

@@ -159,12 +159,12 @@ def screen_lines(text: str) -> list[str]:
 
 
 def side_by_side(args: list[str], tmp_path, redirections: dict[str, str]) -> dict[str, str]:
-    """``shardprep train ARGS --output-dir NAME REDIRECTION`` for each ``{NAME: REDIRECTION}`` (``>/dev/full``,
-    ``2>&1 | head -1``), run at once by bash in ``tmp_path`` on TensorFlow; returns ``{NAME: its exit status}`` (the
-    train command's, not a pipe's last)."""
+    """``shardprep train ARGS --output-dir NAME REDIRECTION`` (:data:`DRIVER`, no step observed) for each
+    ``{NAME: REDIRECTION}`` (``>/dev/full``, ``2>&1 | head -1``), run at once by bash in ``tmp_path`` on TensorFlow;
+    returns ``{NAME: its exit status}`` (the train command's, not a pipe's last)."""
     import shlex
 
-    train = shlex.join([sys.executable, "-m", "shardprep.cli", "train", *map(str, args), "--output-dir"])
+    train = shlex.join([sys.executable, "-c", DRIVER, "train", *map(str, args), "--output-dir"])
     script = "".join(f"( {train} {name} {redirection}; echo ${{PIPESTATUS[0]}} >{name}.status ) &\n"
                      for name, redirection in redirections.items()) + "wait\n"
     subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environment("tensorflow"), timeout=600, check=True)
