@@ -26,7 +26,11 @@ HINT = "needs shardprep's gcp extra (Cloud Storage and Dataflow), which is not i
 
 # Run after FAILING_RUNS in the same child process (one interpreter start for both).
 LOCAL_RUN = r"""
-from shardprep.preprocess.checks import install_extras
+from shardprep.preprocess.checks import install_extras, streams
+
+streams.quiet_tensorflow()  # as the CLI quiets it, before the model's module imports TensorFlow
+from shardprep.train.model import keras_model
+keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
 
 root = sys.argv[2]
 commands = [
