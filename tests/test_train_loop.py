@@ -49,6 +49,8 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         from shardprep.train.run import loop
+        from shardprep.train.model import keras_model
+        keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
         def config(output, **options):

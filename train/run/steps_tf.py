@@ -131,10 +131,17 @@ class TFSteps:
             metric.reset_state()
 
     def metric_state(self) -> dict:
-        """The training metrics' accumulators as exact floats, summed over the replicas (reading an on-read
-        variable aggregates it; assigning spreads it again). Waits for the device."""
-        return {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
-                for metric in (self.loss, self.accuracy)}
+        """The training metrics' accumulators as exact floats, summed over the replicas; with several, also each
+        replica's own (``<name>/replicas``): a resume on as many replicas continues those, since the sums spread
+        evenly again would round the rest of the epoch otherwise. Waits for the device."""
+        state: dict[str, list] = {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
+                                  for metric in (self.loss, self.accuracy)}
+        if self.replicas > 1:
+            for metric in (self.loss, self.accuracy):
+                state[f"{metric.name}/replicas"] = [
+                    [float(part) for part in self.strategy.experimental_local_results(variable.value)]
+                    for variable in metric.variables]
+        return state
 
     def restore_metric_state(self, state: dict) -> bool:
         """Continues the training metrics from :meth:`metric_state`; False, changing nothing, for another form."""
@@ -143,8 +150,16 @@ class TFSteps:
                    and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
             return False
         for metric in metrics:
-            for variable, value in zip(metric.variables, state[metric.name]):
-                variable.assign(value)
+            per_replica = state.get(f"{metric.name}/replicas")
+            for index, (variable, value) in enumerate(zip(metric.variables, state[metric.name])):
+                parts = self.strategy.experimental_local_results(variable.value)
+                kept = per_replica[index] if isinstance(per_replica, list) and len(per_replica) > index else None
+                if isinstance(kept, list) and len(kept) == len(parts) > 1 and all(
+                        isinstance(number, (int, float)) for number in kept):
+                    for part, number in zip(parts, kept):
+                        part.assign(number)
+                else:  # one replica, or saved on another count: the sum (assigning spreads it)
+                    variable.assign(value)
         return True
 
     def train_results(self) -> dict:
