@@ -1,4 +1,4 @@
-"""One child Python that imports TensorFlow in a user's environment, made once per test process and checked by two
+"""One child Python that imports TensorFlow in a user's environment, made once per test session and checked by two
 test files (a TensorFlow import costs ~5 s of CPU): conftest.py offers the fixture ``tensorflow_child``.
 
 The child (1) quiets TensorFlow as the CLI does, asks ``find_spec("tensorflow")`` first as other libraries do, then
@@ -49,7 +49,14 @@ def reader_datasets(folder) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tensorflow_child(tmp_path_factory) -> ChildRun:
-    roots = reader_datasets(tmp_path_factory.mktemp("tensorflow-child"))
+    """The child's run, made once for the session (once_per_session: the test processes share it)."""
+    from once_per_session import made_once
+
+    return ChildRun(*made_once(tmp_path_factory, "tensorflow-child", _run_child))
+
+
+def _run_child(folder) -> ChildRun:
+    roots = reader_datasets(folder)
     script = textwrap.dedent(f"""
         import importlib.util
         from shardprep.preprocess.checks import streams as quiet_logs
