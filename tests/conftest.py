@@ -62,11 +62,12 @@ def full_resnet18(monkeypatch):
 
 @pytest.fixture(scope="session")
 def colour_dataset(tmp_path_factory) -> str:
-    """Two classes told apart by colour (train_helpers.write_colour_dataset), written once for the session: a folder
-    ``data`` alone in its own parent folder. Tests only read it; runs write to their own --output-dir."""
+    """Two classes told apart by colour (train_helpers.write_colour_dataset), written once for the session (by the
+    first test process to ask: once_per_session): a folder ``data`` alone in its own parent folder. Tests only read it; runs write to their own --output-dir."""
+    from once_per_session import made_once
     from train_helpers import write_colour_dataset
 
-    return write_colour_dataset(tmp_path_factory.mktemp("colours") / "data")
+    return made_once(tmp_path_factory, "colours", lambda folder: write_colour_dataset(folder / "data"))
 
 
 

@@ -1,10 +1,11 @@
-"""A finished one-epoch training run (TensorBoard logs, checkpoints), made once per test process (conftest.py offers
+"""A finished one-epoch training run (TensorBoard logs, checkpoints), made once per test session (conftest.py offers
 the fixtures ``finished_run`` and ``run_copy``), and a copy of it for each test that changes one; ``TINY``, the
 options of a tiny run: ``from finished_runs import TINY``."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,12 +17,17 @@ TINY = ["--epochs", "1", "--batch-size", "16", "--image-size", "16", "--width-mu
 @pytest.fixture(scope="session")
 def finished_run(colour_dataset, tmp_path_factory):
     """A finished one-epoch run with TensorBoard logs and checkpoints: copy it before changing it."""
+    from once_per_session import made_once
+
+    return Path(made_once(tmp_path_factory, "finished", lambda folder: _finish(colour_dataset, folder / "run")))
+
+
+def _finish(data: str, folder) -> str:
     from shardprep.cli import main
 
-    folder = tmp_path_factory.mktemp("finished") / "run"
-    result = CliRunner().invoke(main, ["train", colour_dataset, "--output-dir", str(folder), *TINY])
+    result = CliRunner().invoke(main, ["train", data, "--output-dir", str(folder), *TINY])
     assert result.exit_code == 0, result.output
-    return folder
+    return str(folder)
 
 
 @pytest.fixture

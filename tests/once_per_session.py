@@ -22,7 +22,7 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> ob
     folder.mkdir(exist_ok=True)
     with open(folder.parent / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        result = folder / "result.json"
+        result = folder.parent / f"{name}.json"  # beside the folder: it holds only what ``make`` writes
         if not result.exists():
             result.write_text(json.dumps(make(folder)))
         return json.loads(result.read_text())
