@@ -19,7 +19,7 @@ from shardprep.pipelines.validate_job.graph import FindNearDuplicates
 from shardprep.pipelines.validate_job.options import default
 from shardprep.pipelines.validate_job import near_pairs as near_score
 from shardprep.pipelines.validate_job.checks import RecordLocation
-from shardprep.pipelines.validate_job.near_pairs import (HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs,
+from shardprep.pipelines.validate_job.near_pairs import (NearRecord, SearchKeys, SplitPair,
                                                          split_ranks)
 from shardprep.preprocess.image import perceptual_hash
 from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
@@ -279,10 +279,16 @@ def test_thousands_of_copies_of_one_image_are_one_group_counted_whole():
         assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
 
 
-def test_bucket_pairs_compares_each_member_once_within_the_cap():
-    found = bucket_pairs([(0b0000, 0b0000), (0b0011, 0b1100), (0b1100, 0b0011), (0b0000, 0)], 2, cap=3)
-    assert sorted(found.pairs) == sorted([HashPair(0, 0b0011, 2), HashPair(0, 0b1100, 2), HashPair(0b0011, 0b1100, 0)])
-    assert found.unchecked == 1
+def test_a_bucket_compares_each_member_once_within_the_cap_either_one_mirrored():
+    hashes = np.array(sorted(same_features(4)), np.uint64)  # every key puts them in one bucket
+    mirrors = hashes[[0, 2, 1, 3]]  # the second's mirror is the third: 0 bits apart mirrored
+    apart = [bin(int(hashes[0]) ^ int(hashes[i])).count("1") for i in (1, 2)]
+    assert sorted(apart) == [2, 4]
+    found = near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 4, cap=3)
+    assert sorted(zip(found.first.tolist(), found.second.tolist(), found.distance.tolist())) == [
+        (0, 1, apart[0]), (0, 2, apart[1]), (1, 2, 0)]  # the fourth, past the cap, is counted in each table
+    assert len(near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 2, cap=3).first) == 2
+    assert (found.buckets_over_cap, found.unchecked, found.scored_within) == (2, 2, 4)
 
 
 def test_record_at_reads_one_record_and_refuses_broken_framing():
@@ -327,12 +333,13 @@ def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold(
     assert SearchKeys.for_records(0, 0) == SearchKeys(1, 6)
 
 
-def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
-    """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
-    from shardprep.pipelines.validate_job import options as validate_options
-    from shardprep.pipelines.validate_job.options import ValidateOptions, near_duplicate_skip_reason
-
-    kib = validate_options.LOCAL_NEAR_DUPLICATE_KIB
-    assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
-    reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
-    assert f"about {kib} KiB" in reason
+def test_over_max_scored_candidates_only_the_nearest_are_scored_and_the_distance_says_so():
+    """A budget that bounds a big dataset's time: the candidates within the largest distance that keeps at most
+    ``max_scored`` (the report's search.scored_within)."""
+    hashes = np.array(sorted(same_features(9)), np.uint64)  # one bucket: 8 pairs 2 bits apart, 28 pairs 4 apart
+    everything = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100)
+    assert len(everything.first) == 36 and everything.scored_within == 64
+    assert sorted(everything.distance.tolist()) == [2] * 8 + [4] * 28
+    kept = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=10)
+    assert kept.distance.tolist() == [2] * 8 and kept.scored_within == 3 and (kept.first < kept.second).all()
+    assert near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=5).scored_within == 1

@@ -177,7 +177,7 @@ def _read_thumbnails(element, paths: dict[str, str]):
         return  # the records not read score as flat: they pair with nothing
 
 
-def _found(found: Found):
+def _found(found: Found):  # its fields as tagged outputs
     for name in ("counts", "pairs", "borderline", "leaked"):
         yield from (beam.pvalue.TaggedOutput(name, value) for value in getattr(found, name))
     yield found.search
@@ -193,12 +193,10 @@ def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs
     pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
     borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
     leaked      RecordLocation of every held-out record with a near-duplicate in a training split
-    search      (buckets over the cap, members left unchecked in them): one element (``search_line``: and the
-                candidates left unscored, over MAX_SCORED)
+    search      (buckets over the cap, members unchecked in them); ``search_line``: and the distance scored within
 
-    Every hash and location is gathered as columns on one worker (tens of MiB at 1.28 M records), the candidates
-    found there at once; the thumbnails of the records they name come with them or are read from their shards
-    (``paths``: file -> path), and scored together.
+    Every hash and location gathered on one worker (tens of MiB at 1.28 M records), candidates found at once, their
+    thumbnails carried by the records or read from the shards (``paths``: file -> path), scored together.
     """
     planned = (records
                | "GatherRecords" >> beam.CombineGlobally(MergeFn(Records, add="add"))
@@ -230,9 +228,9 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
             found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
             found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
                                                                                       where.filename)),
-            found["search_line"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, unscored: result_line(
+            found["search_line"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, within: result_line(
                 "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked,
-                                                "candidates_unscored": unscored, **keyed}))]
+                                                "scored_within": within, **keyed}))]
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,

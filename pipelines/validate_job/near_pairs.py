@@ -1,8 +1,6 @@
-"""The near-duplicate search's plain-Python parts (graph.py's ``FindNearDuplicates`` routes data here): every
-record's hash and location gathered as columns (:class:`Records`), the candidates found at once by sorting
-:class:`SearchKeys` over all hashes (:func:`candidates`), the records they name planned (:func:`plan`), and the
-thumbnails' :func:`score_many` that confirms a pair. What it measures and which copy is the leak:
-docs/near_duplicates.md."""
+"""The near-duplicate search's plain-Python parts (graph.py's ``FindNearDuplicates`` routes data here): records
+as columns, :func:`candidates` by sorted :class:`SearchKeys` over every hash at once, their :func:`plan` and
+:func:`findings`. What it measures and which copy is the leak: docs/near_duplicates.md."""
 
 from __future__ import annotations
 
@@ -16,17 +14,16 @@ import numpy as np
 
 from shardprep.pipelines.validate_job.checks import RecordLocation
 from shardprep.preprocess.format.dataset import SPLIT_ROLES
+from shardprep.pipelines.validate_job.near_score import MIN_SCORE, SIDE, score, score_many, thumbnail  # noqa: F401
 from shardprep.preprocess.image.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
 BUCKET_CAP = 4000  # members of one search bucket compared pairwise; the rest are counted as unchecked
-SEARCH_TABLES = 24  # number of bit-sampling tables when the dataset's size is not given
-SEARCH_KEY_BITS = 10  # features sampled per table when the dataset's size is not given
 MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about this many hashes on average...
 COMPARED = 4e8  # ...but where MAX_TABLES cannot reach TARGET_RECALL, buckets small enough to compare at most this
 TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
 MAX_TABLES = 96
-MAX_SCORED = 30_000  # candidate hash pairs scored (~0.5 ms each), the closest first; the rest are counted
+MAX_SCORED = 30_000  # candidate hash pairs scored at most (~0.5 ms each): the nearest, within a smaller distance
 BORDERLINE = 0.1  # candidates scoring this little below the minimum are listed apart, for a person to judge
 
 
@@ -104,14 +101,13 @@ class Flag(NamedTuple):
     records: int
 
 
-@dataclasses.dataclass
-class HashGroup:
-    """Every record with one hash: its mirror hash, records per split, each split's lowest LOCATIONS_KEPT."""
+class HashGroup(NamedTuple):
+    """Every record with one hash: records per split, each split's lowest LOCATIONS_KEPT, every location."""
 
-    hash: int = 0
-    mirror: int = 0
-    counts: dict[str, int] = dataclasses.field(default_factory=dict)
-    first: dict[str, list[Member]] = dataclasses.field(default_factory=dict)
+    hash: int
+    counts: dict[str, int]
+    first: dict[str, list[Member]]
+    locations: list[RecordLocation]
 
 
 @dataclasses.dataclass
@@ -127,22 +123,22 @@ class Records:
     filenames: list[str] = dataclasses.field(default_factory=list)
     thumbnails: dict[int, bytes] = dataclasses.field(default_factory=dict)
 
+    def columns(self) -> tuple:
+        return self.hashes, self.mirrors, self.indices, self.splits, self.files, self.filenames
+
     def add(self, record: NearRecord) -> Records:
         if record.thumbnail:
             self.thumbnails[len(self.hashes)] = record.thumbnail
         where = record.location
-        self.hashes.append(record.fingerprint.hash)
-        self.mirrors.append(record.fingerprint.mirror)
-        self.indices.append(where.index)
-        self.splits.append(sys.intern(where.split))
-        self.files.append(sys.intern(where.file))
-        self.filenames.append(where.filename)
+        for column, value in zip(self.columns(), (*record.fingerprint, where.index, sys.intern(where.split),
+                                                  sys.intern(where.file), where.filename)):
+            column.append(value)
         return self
 
     def merge(self, other: Records) -> Records:
         self.thumbnails.update({len(self.hashes) + row: thumb for row, thumb in other.thumbnails.items()})
-        for name in ("hashes", "mirrors", "indices", "splits", "files", "filenames"):
-            getattr(self, name).extend(getattr(other, name))
+        for column, more in zip(self.columns(), other.columns()):
+            column.extend(more)
         return self
 
     def location(self, row: int) -> RecordLocation:
@@ -153,8 +149,8 @@ class Records:
 class SearchKeys:
     """Bit-sampling LSH over :func:`flip_invariant_features`: ``tables`` fixed samples of ``bits`` features each."""
 
-    tables: int = SEARCH_TABLES
-    bits: int = SEARCH_KEY_BITS
+    tables: int = 24  # bit-sampling tables and features sampled per table, when the dataset's size is not given
+    bits: int = 10
 
     def __post_init__(self) -> None:
         if not 1 <= self.bits <= FEATURE_BITS or self.tables < 1:
@@ -178,10 +174,7 @@ class SearchKeys:
 
     def key_match(self, distance: int) -> float:
         """The chance that two hashes ``distance`` bits apart share one table's key."""
-        chance = 1.0
-        for i in range(self.bits):
-            chance *= max(0, FEATURE_BITS - distance - i) / (FEATURE_BITS - i)
-        return chance
+        return math.prod(max(0, FEATURE_BITS - distance - i) / (FEATURE_BITS - i) for i in range(self.bits))
 
     def recall(self, distance: int) -> float:
         """The chance that two hashes ``distance`` bits apart share some table's key (are compared)."""
@@ -193,10 +186,8 @@ class SearchKeys:
         return [sorted(rng.choice(FEATURE_BITS, self.bits, replace=False).tolist()) for _ in range(self.tables)]
 
     def sorted_keys(self, features: np.ndarray, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """One table: ``(keys, order)``, each of ``features``' (uint64) keys sorted and the indices of the hashes
-        they key (ascending within a key). A key is the features at ``positions`` scrambled by an odd multiplier
-        and cut to the bits the indices leave free: equal features give equal keys, other features collide about
-        once in 2**40 (and are only compared)."""
+        """One table: ``features``' (uint64) keys sorted, and the indices they key (ascending within a key). A key:
+        the features at ``positions`` scrambled (odd multiplier), cut to the bits the indices leave free."""
         free = 64 - max(1, int(len(features)).bit_length())
         mask = np.uint64(sum(1 << position for position in positions))
         scrambled = (features & mask) * np.uint64(0x9E3779B97F4A7C15)
@@ -211,40 +202,34 @@ def _distances(hashes: np.ndarray, mirrors: np.ndarray, first: np.ndarray, secon
     return np.minimum(np.bitwise_count(hashes[first] ^ high), np.bitwise_count(mirrors[first] ^ high))
 
 
-class BucketResult(NamedTuple):
-    pairs: list[HashPair]
-    unchecked: int  # members beyond BUCKET_CAP, not compared
-
-
-def bucket_pairs(members: Iterable[tuple[int, int]], max_distance: int, cap: int = BUCKET_CAP) -> BucketResult:
-    """The pairs within ``max_distance`` among one bucket's first ``cap`` ``(hash, mirror)`` members; members
-    after the cap are only counted."""
-    held = list(members)
-    hashes, mirrors = (np.array(column, np.uint64).reshape(-1) for column in zip(*held[:cap]))
-    first, second = np.triu_indices(len(hashes), 1)
-    distances = _distances(hashes, mirrors, first, second)
-    pairs = [HashPair(*sorted((int(hashes[i]), int(hashes[j]))), int(d)) for i, j, d in zip(first, second, distances)
-             if d <= max_distance and hashes[i] != hashes[j]]
-    return BucketResult(pairs, max(0, len(held) - cap))
-
-
 class Candidates(NamedTuple):
-    """Pairs of distinct hashes (indices into the sorted unique hashes) within the distance, closest first."""
+    """Pairs of distinct hashes (indices into the sorted unique hashes) within ``scored_within`` bits."""
 
     first: np.ndarray
     second: np.ndarray
     distance: np.ndarray
     buckets_over_cap: int
     unchecked: int
-    unscored: int  # candidates beyond MAX_SCORED, not scored
+    scored_within: int  # the distance asked for, or less where more than MAX_SCORED pairs were nearer
+
+
+def _closest(found: list[tuple[np.ndarray, np.ndarray]], limit: int, most: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The distinct ``(codes, distances)`` of ``found`` within the largest distance (at most ``limit``, at least 0)
+    that keeps at most ``most`` of them, and that distance."""
+    codes, distances = (np.concatenate(column) for column in zip(*found)) if found else (np.zeros(0, np.int64),) * 2
+    codes, unique = np.unique(codes, return_index=True)
+    distances = distances[unique].astype(np.int64)
+    within = np.cumsum(np.bincount(distances, minlength=limit + 1))
+    limit = max([d for d in range(limit + 1) if within[d] <= most] or [0])
+    near = distances <= limit
+    return codes[near], distances[near], limit
 
 
 def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_distance: int, cap: int,
                max_scored: int = MAX_SCORED) -> Candidates:
-    """Every pair of ``hashes`` (sorted, distinct) that shares a table's key, is within the first ``cap`` of its
-    bucket (by hash) and within ``max_distance`` bits: per table, keys sorted, and the members of each run of equal
-    keys paired (vectorized, a step further apart each pass); the closest ``max_scored`` are kept."""
-    features, found, over, unchecked = flip_invariant_features(hashes), [], 0, 0
+    """Every pair of ``hashes`` (sorted, distinct) sharing a table's key among the first ``cap`` of its bucket and
+    within ``max_distance`` bits (less, to keep at most ``max_scored``): per table, runs of equal sorted keys paired."""
+    features, found, over, unchecked, limit = flip_invariant_features(hashes), [], 0, 0, max_distance
     for positions in search.samples():
         ordered, order = search.sorted_keys(features, positions)
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else np.zeros(0, int)
@@ -257,16 +242,15 @@ def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_
         live, step = np.flatnonzero(later > 0), 1
         while live.size:
             distances = _distances(sorted_hashes, sorted_mirrors, live, live + step)
-            near = distances <= max_distance
+            near = distances <= limit
             found.append((order[live[near]] * len(order) + order[live[near] + step], distances[near]))
             step += 1
             live = live[later[live] >= step]
-    codes, distances = (np.concatenate(column) for column in zip(*found)) if found else (np.zeros(0, np.int64),) * 2
-    codes, unique = np.unique(codes, return_index=True)
-    distances = distances[unique].astype(np.int64)
-    kept = np.lexsort((codes, distances))[:max_scored]
-    return Candidates(codes[kept] // max(len(hashes), 1), codes[kept] % max(len(hashes), 1), distances[kept], over,
-                      unchecked, len(codes) - len(kept))
+        if sum(len(codes) for codes, _ in found) > 4 * max_scored:  # memory stays bounded
+            *closest, limit = _closest(found, limit, max_scored)
+            found = [tuple(closest)]
+    codes, distances, limit = _closest(found, limit, max_scored)
+    return Candidates(codes // max(len(hashes), 1), codes % max(len(hashes), 1), distances, over, unchecked, limit)
 
 
 def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple[HashGroup, SplitPair,
@@ -330,25 +314,23 @@ def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float, sc
 
 
 class Plan(NamedTuple):
-    """What the candidates need: their groups, every location of those hashes (for the leaked keys), the
-    thumbnails the records carried and the ones to read from the shards (file -> [(row, index)])."""
+    """What the candidates need: their groups, the thumbnails records carried, those to read (file -> [(row,
+    index)])."""
 
     groups: dict[int, HashGroup]
     pairs: list[HashPair]
-    locations: dict[int, list[RecordLocation]]
     thumbnails: dict[int, bytes]
     reads: dict[str, list[tuple[int, int]]]
-    search: tuple[int, int, int]  # buckets over the cap, members unchecked, candidates unscored
+    search: tuple[int, int, int]  # buckets over the cap, members unchecked, the distance candidates were scored within
 
 
 def _group(records: Records, rows: np.ndarray) -> HashGroup:
-    group = HashGroup(records.hashes[rows[0]], records.mirrors[rows[0]])
-    for row in rows.tolist():
-        split = records.splits[row]
-        group.counts[split] = group.counts.get(split, 0) + 1
-        group.first.setdefault(split, []).append(Member(records.location(row), row))
-    group.first = {split: sorted(kept)[:LOCATIONS_KEPT] for split, kept in group.first.items()}
-    return group
+    members = sorted(Member(records.location(row), row) for row in rows.tolist())
+    first: dict[str, list[Member]] = {}
+    for member in members:
+        first.setdefault(member.location.split, []).append(member)
+    return HashGroup(records.hashes[rows[0]], {split: len(kept) for split, kept in first.items()},
+                     {split: kept[:LOCATIONS_KEPT] for split, kept in first.items()}, [m.location for m in members])
 
 
 def plan(records: Records, search: SearchKeys, max_distance: int, cap: int, max_scored: int = MAX_SCORED) -> Plan:
@@ -361,16 +343,14 @@ def plan(records: Records, search: SearchKeys, max_distance: int, cap: int, max_
     starts, rows = np.r_[0, np.cumsum(sizes)], np.argsort(inverse, kind="stable")
     needed = np.union1d(np.r_[found.first, found.second], np.flatnonzero(sizes > 1)).astype(np.int64)
     groups = {int(unique[u]): _group(records, rows[starts[u]:starts[u + 1]]) for u in needed.tolist()}
-    locations = {int(unique[u]): [records.location(row) for row in rows[starts[u]:starts[u + 1]].tolist()]
-                 for u in needed.tolist()}
     kept = sorted({member.row for group in groups.values() for members in group.first.values() for member in members})
     reads: dict[str, list[tuple[int, int]]] = {}
     for row in (row for row in kept if row not in records.thumbnails):
         reads.setdefault(records.files[row], []).append((row, records.indices[row]))
     pairs = [HashPair(int(unique[a]), int(unique[b]), int(d))
              for a, b, d in zip(found.first.tolist(), found.second.tolist(), found.distance.tolist())]
-    return Plan(groups, pairs, locations, {row: records.thumbnails[row] for row in kept if row in records.thumbnails},
-                reads, (found.buckets_over_cap, found.unchecked, found.unscored))
+    return Plan(groups, pairs, {row: records.thumbnails[row] for row in kept if row in records.thumbnails},
+                reads, (found.buckets_over_cap, found.unchecked, found.scored_within))
 
 
 def _findings(plan: Plan, ranks: dict[str, int], min_score: float, scorer: Scorer) -> Iterator[Finding]:
@@ -420,99 +400,6 @@ def findings(plan: Plan, read: Iterable[tuple[int, bytes]], ranks: dict[str, int
     for flag in tagged["flag"]:
         counts[flag.pair] = counts.get(flag.pair, 0) + flag.records
     leaking = {(flag.hash, flag.pair.split) for flag in tagged["flag"] if flag.pair.is_leak(ranks)}
-    leaked = [where for image_hash, split in leaking for where in plan.locations[image_hash] if where.split == split]
+    leaked = [where for h, split in leaking for where in plan.groups[h].locations if where.split == split]
     return Found(sorted(counts.items()), _by_split_pair(list(tagged["near_pair"])),
                  _by_split_pair(list(tagged["borderline"]), listed), sorted(leaked), plan.search)
-
-
-# --- the score ---------------------------------------------------------------------------------------------------
-
-SIDE = 32  # px of the grey thumbnail kept per record
-MAX_SHIFT = 4  # thumbnail px each way (4 px of a 32-px image, 1.6% of a 256-px one)
-WINDOW = SIDE - 2 * MAX_SHIFT
-SCALES = (1.0, 1.05, 1.1, 1 / 1.05, 1 / 1.1)  # a crop of up to ~10% (then resized back) is a zoom of up to 1.1
-MIN_SCORE = 0.85  # the default: planted copies of every kind score above it, distinct photos below (BENCHMARKS.md)
-FLAT = 1e-6  # a thumbnail whose gradients' energy is below this has nothing to align: it scores 0
-BATCH = 256  # pairs scored at once (about 50 MiB of arrays)
-
-
-def thumbnail(pixels: np.ndarray) -> bytes:
-    """``pixels`` (H×W×3 or H×W uint8) as the SIDE×SIDE grey thumbnail the score compares (ITU-R 601 luma, area
-    averaging; bilinear where an image is smaller, so its edges stay smooth), row by row."""
-    from PIL import Image
-
-    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).convert("L")
-    small = min(image.size) < SIDE
-    return image.resize((SIDE, SIDE), Image.Resampling.BILINEAR if small else Image.Resampling.BOX).tobytes()
-
-
-def _zoomed(grids: np.ndarray, scale: float) -> np.ndarray:
-    """``grids`` (..., SIDE, SIDE) magnified by ``scale`` about the centre (bilinear; edges repeated where shrunk)."""
-    if scale == 1.0:
-        return grids
-    centre = (SIDE - 1) / 2
-    x = np.clip(centre + (np.arange(SIDE) - centre) / scale, 0, SIDE - 1)
-    low = np.minimum(np.floor(x).astype(int), SIDE - 2)
-    weight = (x - low).astype(np.float32)
-    rows = grids[..., low, :] * (1 - weight)[:, None] + grids[..., low + 1, :] * weight[:, None]
-    return rows[..., low] * (1 - weight) + rows[..., low + 1] * weight
-
-
-def _gradients(grids: np.ndarray) -> np.ndarray:
-    """(..., 2, SIDE, SIDE): horizontal and vertical central differences of ``grids`` after a [1 2 1] blur."""
-    blurred = grids.copy()
-    blurred[..., 1:-1, :] = (grids[..., :-2, :] + 2 * grids[..., 1:-1, :] + grids[..., 2:, :]) / 4
-    blurred[..., 1:-1] = (blurred[..., :-2] + 2 * blurred[..., 1:-1] + blurred[..., 2:]) / 4
-    gradients = np.zeros((*grids.shape[:-2], 2, SIDE, SIDE), np.float32)
-    gradients[..., 0, :, 1:-1] = blurred[..., 2:] - blurred[..., :-2]
-    gradients[..., 1, 1:-1, :] = blurred[..., 2:, :] - blurred[..., :-2, :]
-    return gradients
-
-
-def _window_sums(images: np.ndarray) -> np.ndarray:
-    """(..., shifts, shifts): the sum of each image over the WINDOW × WINDOW window at every shift (float64)."""
-    shifts = np.arange(2 * MAX_SHIFT + 1)[:, None]
-    windows = ((np.arange(SIDE) >= shifts) & (np.arange(SIDE) < shifts + WINDOW)).astype(np.float64)
-    return windows @ images.astype(np.float64) @ windows.T
-
-
-def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """:func:`score_many` of one batch of grids (pairs, SIDE, SIDE)."""
-    window = slice(MAX_SHIFT, SIDE - MAX_SHIFT)
-    flat = np.ascontiguousarray(_gradients(first)[..., window, window]).reshape(len(first), -1)  # row by row
-    reference = flat - flat.mean(axis=1, keepdims=True)
-    energy = np.sqrt((reference * reference).sum(axis=1))
-    views = np.stack([_gradients(_zoomed(grids, scale)) for grids in (second, second[..., ::-1])
-                      for scale in SCALES], axis=1)  # (pairs, views, 2, SIDE, SIDE)
-    # Every shift at once: the reference's correlation with each view by FFT (no wrap-around: the window plus the
-    # largest shift fits in SIDE), and each shifted window's sum and sum of squares from integral images.
-    padded = np.zeros((len(first), 2, SIDE, SIDE))  # float64: NumPy's float32 FFT is the slower
-    padded[..., :WINDOW, :WINDOW] = reference.reshape(len(first), 2, WINDOW, WINDOW)
-    spectrum = (np.fft.rfft2(views.astype(np.float64)) * np.conj(np.fft.rfft2(padded))[:, None]).sum(axis=2)
-    shifts = 2 * MAX_SHIFT + 1
-    dots = np.fft.irfft2(spectrum, s=(SIDE, SIDE))[..., :shifts, :shifts]
-    sums, squares = _window_sums(np.stack([views.sum(axis=2), (views * views).sum(axis=2)]))
-    norms = np.sqrt(np.maximum(squares - sums * sums / (2 * WINDOW * WINDOW), 0))
-    valid = norms > np.sqrt(FLAT)
-    scale = np.where(valid, norms, 1) * np.maximum(energy, FLAT)[:, None, None, None]
-    ratios = np.where(valid, dots / scale, -np.inf)
-    best = ratios.reshape(len(first), -1).max(axis=1)
-    return np.where((energy < FLAT) | ~valid.reshape(len(first), -1).any(axis=1), 0.0, best)
-
-
-def score_many(first: list[bytes], second: list[bytes]) -> np.ndarray:
-    """How alike each thumbnail of ``first`` is to the one of ``second`` beside it, from -1 to 1: the best
-    normalized gradient correlation of the first's central window with the second as it is or mirrored, zoomed
-    and shifted (see docs/near_duplicates.md); 0 when either is flat. Batched: each pair's value does not depend
-    on the others."""
-    found = [np.zeros(0)]
-    for start in range(0, len(first), BATCH):
-        grids = [np.frombuffer(b"".join(side[start:start + BATCH]), np.uint8).reshape(-1, SIDE, SIDE)
-                 .astype(np.float32) for side in (first, second)]
-        found.append(_scores(*grids))
-    return np.concatenate(found)
-
-
-def score(first: bytes, second: bytes) -> float:
-    """:func:`score_many` of one pair."""
-    return float(score_many([first], [second])[0])
