@@ -20,7 +20,7 @@ from shardprep.preprocess.image.perceptual_hash import FEATURE_BITS, Fingerprint
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
 BUCKET_CAP = 4000  # members of one search bucket compared pairwise; the rest are counted as unchecked
 MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about this many hashes on average...
-COMPARED = 4e8  # ...but where MAX_TABLES cannot reach TARGET_RECALL, buckets small enough to compare at most this
+COMPARED = 4e8  # ...but where MAX_TABLES cannot reach TARGET_RECALL, smaller; pairs compared at most (buckets capped)
 TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
 MAX_TABLES = 96
 MAX_SCORED = 30_000  # candidate hash pairs scored at most (~0.5 ms each): the nearest, within a smaller distance
@@ -234,10 +234,13 @@ def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_
         ordered, order = search.sorted_keys(features, positions)
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else np.zeros(0, int)
         lengths = np.diff(np.r_[starts, len(order)])
-        over += int((lengths > cap).sum())
-        unchecked += int(np.maximum(lengths - cap, 0).sum())
+        kept = cap  # lowered while this table would compare more than its share of COMPARED (clustered hashes)
+        while kept > 2 and (np.minimum(lengths, kept) ** 2).sum() > 2 * COMPARED / search.tables:
+            kept = max(2, kept * 3 // 4)
+        over += int((lengths > kept).sum())
+        unchecked += int(np.maximum(lengths - kept, 0).sum())
         # how many later members of its bucket (within the cap) each sorted place has; one step further each pass
-        later = np.repeat(np.minimum(lengths, cap), lengths) - 1 - (np.arange(len(order)) - np.repeat(starts, lengths))
+        later = np.repeat(np.minimum(lengths, kept), lengths) - 1 - (np.arange(len(order)) - np.repeat(starts, lengths))
         sorted_hashes, sorted_mirrors = hashes[order], mirrors[order]
         live, step = np.flatnonzero(later > 0), 1
         while live.size:
