@@ -12,7 +12,7 @@ WINDOW = SIDE - 2 * MAX_SHIFT
 SCALES = (1.0, 1.05, 1.1, 1 / 1.05, 1 / 1.1)  # a crop of up to ~10% (then resized back) is a zoom of up to 1.1
 MIN_SCORE = 0.85  # the default: planted copies of every kind score above it, distinct photos below (BENCHMARKS.md)
 FLAT = 1e-6  # a thumbnail whose gradients' energy is below this has nothing to align: it scores 0
-BATCH = 256  # pairs scored at once (about 50 MiB of arrays)
+BATCH = 64  # pairs scored at once (their arrays stay in the cache)
 
 
 def thumbnail(pixels: np.ndarray) -> bytes:
@@ -32,7 +32,7 @@ def _zoomed(grids: np.ndarray, scale: float) -> np.ndarray:
     centre = (SIDE - 1) / 2
     x = np.clip(centre + (np.arange(SIDE) - centre) / scale, 0, SIDE - 1)
     low = np.minimum(np.floor(x).astype(int), SIDE - 2)
-    weight = (x - low).astype(np.float32)
+    weight = x - low
     rows = grids[..., low, :] * (1 - weight)[:, None] + grids[..., low + 1, :] * weight[:, None]
     return rows[..., low] * (1 - weight) + rows[..., low + 1] * weight
 
@@ -42,17 +42,17 @@ def _gradients(grids: np.ndarray) -> np.ndarray:
     blurred = grids.copy()
     blurred[..., 1:-1, :] = (grids[..., :-2, :] + 2 * grids[..., 1:-1, :] + grids[..., 2:, :]) / 4
     blurred[..., 1:-1] = (blurred[..., :-2] + 2 * blurred[..., 1:-1] + blurred[..., 2:]) / 4
-    gradients = np.zeros((*grids.shape[:-2], 2, SIDE, SIDE), np.float32)
+    gradients = np.zeros((*grids.shape[:-2], 2, SIDE, SIDE))
     gradients[..., 0, :, 1:-1] = blurred[..., 2:] - blurred[..., :-2]
     gradients[..., 1, 1:-1, :] = blurred[..., 2:, :] - blurred[..., :-2, :]
     return gradients
 
 
 def _window_sums(images: np.ndarray) -> np.ndarray:
-    """(..., shifts, shifts): the sum of each image over the WINDOW × WINDOW window at every shift (float64)."""
+    """(..., shifts, shifts): the sum of each image over the WINDOW × WINDOW window at every shift."""
     shifts = np.arange(2 * MAX_SHIFT + 1)[:, None]
     windows = ((np.arange(SIDE) >= shifts) & (np.arange(SIDE) < shifts + WINDOW)).astype(np.float64)
-    return windows @ images.astype(np.float64) @ windows.T
+    return windows @ images @ windows.T
 
 
 def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -65,9 +65,9 @@ def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
                       for scale in SCALES], axis=1)  # (pairs, views, 2, SIDE, SIDE)
     # Every shift at once: the reference's correlation with each view by FFT (no wrap-around: the window plus the
     # largest shift fits in SIDE), and each shifted window's sum and sum of squares by matrix products.
-    padded = np.zeros((len(first), 2, SIDE, SIDE))  # float64: NumPy's float32 FFT is the slower
+    padded = np.zeros((len(first), 2, SIDE, SIDE))
     padded[..., :WINDOW, :WINDOW] = reference.reshape(len(first), 2, WINDOW, WINDOW)
-    spectrum = (np.fft.rfft2(views.astype(np.float64)) * np.conj(np.fft.rfft2(padded))[:, None]).sum(axis=2)
+    spectrum = (np.fft.rfft2(views) * np.conj(np.fft.rfft2(padded))[:, None]).sum(axis=2)
     shifts = 2 * MAX_SHIFT + 1
     dots = np.fft.irfft2(spectrum, s=(SIDE, SIDE))[..., :shifts, :shifts]
     sums, squares = _window_sums(np.stack([views.sum(axis=2), (views * views).sum(axis=2)]))
@@ -87,7 +87,7 @@ def score_many(first: list[bytes], second: list[bytes]) -> np.ndarray:
     found = [np.zeros(0)]
     for start in range(0, len(first), BATCH):
         grids = [np.frombuffer(b"".join(side[start:start + BATCH]), np.uint8).reshape(-1, SIDE, SIDE)
-                 .astype(np.float32) for side in (first, second)]
+                 .astype(np.float64) for side in (first, second)]  # float64: NumPy's float32 FFT is slower
         found.append(_scores(*grids))
     return np.concatenate(found)
 
