@@ -157,7 +157,7 @@ def test_the_stage_verifies_planted_copies_lists_every_pair_and_pairs_no_flat_im
             (SplitPair("validation", "test"), 1)]), label="Counts")
         # test's copy has its twin in validation, held out too: not a leak from training
         assert_that(found["leaked"], equal_to([at("validation", i) for i in (0, 1, 2)]), label="Leaked")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
 
         def check_pairs(listed):
             pairs = dict(listed)
@@ -262,7 +262,7 @@ def test_a_bucket_over_the_cap_is_counted_not_compared_pairwise():
     records = [NearRecord(Fingerprint(h, h), at("train", i), same) for i, h in enumerate(same_features(16))]
     with pipeline() as p:
         found = p | beam.Create(records) | FindNearDuplicates(["train"], 4, 5, SearchKeys(tables=3), cap=8)
-        assert_that(found["search"], equal_to([(3, 24)]), label="Unchecked")
+        assert_that(found["search"], equal_to([(3, 24, 4)]), label="Unchecked")
         assert_that(found["counts"], equal_to([(SplitPair("train", "train"), 8)]), label="OnlyTheCappedCompared")
 
 
@@ -275,7 +275,7 @@ def test_thousands_of_copies_of_one_image_are_one_group_counted_whole():
         assert_that(found["counts"], equal_to([(SplitPair("train", "validation"), 300),
                                                (SplitPair("train", "train"), 1500),
                                                (SplitPair("validation", "validation"), 300)]), label="Counts")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
         assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
 
 

@@ -17,7 +17,7 @@ from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, Rea
 from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
                                                    foreign_split, mean_std_problems, problem, problem_sort_key,
                                                    split_problems)
-from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Found, Records, SearchKeys, findings,
+from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Records, SearchKeys, findings,
                                                        plan, split_ranks, thumbnail)
 from shardprep.pipelines.validate_job.report import foreign_summary, result_line, sample_line, split_summary
 from shardprep.preprocess.format import encodings, record_format
@@ -177,10 +177,7 @@ def _read_thumbnails(element, paths: dict[str, str]):
         return  # the records not read score as flat: they pair with nothing
 
 
-def _found(found: Found):  # its fields as tagged outputs
-    for name in ("counts", "pairs", "borderline", "leaked"):
-        yield from (beam.pvalue.TaggedOutput(name, value) for value in getattr(found, name))
-    yield found.search
+_OUTPUTS = ("counts", "pairs", "borderline", "leaked")
 
 
 @beam.ptransform_fn
@@ -193,7 +190,7 @@ def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs
     pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
     borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
     leaked      RecordLocation of every held-out record with a near-duplicate in a training split
-    search      (buckets over the cap, members unchecked in them); ``search_line``: and the distance scored within
+    search      (buckets over the cap, members unchecked in them, the distance candidates were scored within)
 
     Every hash and location gathered on one worker (tens of MiB at 1.28 M records), candidates found at once, their
     thumbnails carried by the records or read from the shards (``paths``: file -> path), scored together.
@@ -208,10 +205,10 @@ def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs
     found = (planned
              | "ScoreCandidates" >> beam.Map(findings, beam.pvalue.AsList(read), split_ranks(split_order), min_score,
                                              pairs_listed)
-             | "Outputs" >> beam.FlatMap(_found).with_outputs("counts", "pairs", "borderline", "leaked",
-                                                              main="search"))
-    return {"counts": found.counts, "pairs": found.pairs, "borderline": found.borderline, "leaked": found.leaked,
-            "search": found.search | "Search" >> beam.Map(lambda search: search[:2]), "search_line": found.search}
+             | "Outputs" >> beam.FlatMap(lambda found: [found.search, *(beam.pvalue.TaggedOutput(name, value) for name in
+                                                             _OUTPUTS for value in getattr(found, name))])
+             .with_outputs(*_OUTPUTS, main="search"))
+    return {name: found[name] for name in (*_OUTPUTS, "search")}
 
 
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
@@ -228,7 +225,7 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
             found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
             found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
                                                                                       where.filename)),
-            found["search_line"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, within: result_line(
+            found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, within: result_line(
                 "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked,
                                                 "scored_within": within, **keyed}))]
 
