@@ -229,7 +229,9 @@ def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_
                max_scored: int = MAX_SCORED) -> Candidates:
     """Every pair of ``hashes`` (sorted, distinct) sharing a table's key among the first ``cap`` of its bucket and
     within ``max_distance`` bits (less, to keep at most ``max_scored``): per table, runs of equal sorted keys paired."""
-    features, found, over, unchecked, limit = flip_invariant_features(hashes), [], 0, 0, max_distance
+    features: np.ndarray = flip_invariant_features(hashes)  # type: ignore[arg-type,assignment]  # elementwise
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    over, unchecked, limit = 0, 0, max_distance
     for positions in search.samples():
         ordered, order = search.sorted_keys(features, positions)
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else np.zeros(0, int)
@@ -250,16 +252,15 @@ def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_
             step += 1
             live = live[later[live] >= step]
         if sum(len(codes) for codes, _ in found) > 4 * max_scored:  # memory stays bounded
-            *closest, limit = _closest(found, limit, max_scored)
-            found = [tuple(closest)]
+            codes, distances, limit = _closest(found, limit, max_scored)
+            found = [(codes, distances)]
     codes, distances, limit = _closest(found, limit, max_scored)
     return Candidates(codes // max(len(hashes), 1), codes % max(len(hashes), 1), distances, over, unchecked, limit)
 
 
-def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple[HashGroup, SplitPair,
-                                                                                                HashGroup]]:
-    """(reference group, split pair, duplicate group) for every split of ``first`` against every split of
-    ``second``; within one split, ``first`` is the reference (the caller flags both)."""
+def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple]:
+    """(reference group, SplitPair, duplicate group) for every split of ``first`` against every one of ``second``;
+    within one split, ``first`` is the reference (the caller flags both)."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     for a in first.counts:
         for b in second.counts:
@@ -316,14 +317,11 @@ def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float, sc
             yield from _verified(group, SplitPair(reference, reference), group, found, min_score)  # flags: distinct
 
 
-class Plan(NamedTuple):
-    """What the candidates need: their groups, the thumbnails records carried, those to read (file -> [(row,
-    index)])."""
-
+class Plan(NamedTuple):  # what the candidates need: their groups, thumbnails carried, those to read
     groups: dict[int, HashGroup]
     pairs: list[HashPair]
     thumbnails: dict[int, bytes]
-    reads: dict[str, list[tuple[int, int]]]
+    reads: dict[str, list[tuple[int, int]]]  # shard file -> [(row, index)]
     search: tuple[int, int, int]  # buckets over the cap, members unchecked, the distance candidates were scored within
 
 
@@ -364,9 +362,7 @@ def _findings(plan: Plan, ranks: dict[str, int], min_score: float, scorer: Score
         yield from group_findings(group, ranks, min_score, scorer)
 
 
-class Found(NamedTuple):
-    """The search's outcome (graph.py's FindNearDuplicates outputs, by name)."""
-
+class Found(NamedTuple):  # the search's outcome: graph.py's FindNearDuplicates outputs, by name
     counts: list[tuple[SplitPair, int]]
     pairs: list[tuple[SplitPair, list[NearPair]]]
     borderline: list[tuple[SplitPair, list[NearPair]]]
