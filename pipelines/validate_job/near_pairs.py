@@ -295,14 +295,6 @@ def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found
         yield "borderline", found
 
 
-def pair_findings(first: HashGroup, second: HashGroup, distance: int, ranks: dict[str, int], min_score: float,
-                  scorer: Scorer) -> Iterator[Finding]:
-    """What two candidate groups say, per split pair, verified on their kept members' thumbnails."""
-    for reference, pair, duplicate in _split_pairs(first, second, ranks):
-        found = _best(reference.first[pair.reference], duplicate.first[pair.split], distance, scorer)
-        yield from _verified(reference, pair, duplicate, found, min_score)
-
-
 def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float, scorer: Scorer) -> Iterator[Finding]:
     """What one group's own records say (distance 0): splits against each other, and within a split."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
@@ -355,9 +347,12 @@ def plan(records: Records, search: SearchKeys, max_distance: int, cap: int, max_
 
 
 def _findings(plan: Plan, ranks: dict[str, int], min_score: float, scorer: Scorer) -> Iterator[Finding]:
+    """What each candidate pair of groups says per split pair, and each group's own records, on kept members."""
     for pair in plan.pairs:
-        yield from pair_findings(plan.groups[pair.low], plan.groups[pair.high], pair.distance, ranks, min_score,
-                                 scorer)
+        for reference, split_pair, duplicate in _split_pairs(plan.groups[pair.low], plan.groups[pair.high], ranks):
+            found = _best(reference.first[split_pair.reference], duplicate.first[split_pair.split], pair.distance,
+                          scorer)
+            yield from _verified(reference, split_pair, duplicate, found, min_score)
     for group in plan.groups.values():
         yield from group_findings(group, ranks, min_score, scorer)
 
