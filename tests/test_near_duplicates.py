@@ -343,3 +343,14 @@ def test_over_max_scored_candidates_only_the_nearest_are_scored_and_the_distance
     kept = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=10)
     assert kept.distance.tolist() == [2] * 8 and kept.scored_within == 3 and (kept.first < kept.second).all()
     assert near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=5).scored_within == 1
+
+
+def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
+    """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
+    from shardprep.pipelines.validate_job import options as validate_options
+    from shardprep.pipelines.validate_job.options import ValidateOptions, near_duplicate_skip_reason
+
+    kib = validate_options.LOCAL_NEAR_DUPLICATE_KIB
+    assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
+    reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
+    assert f"about {kib} KiB" in reason
