@@ -19,7 +19,7 @@ from shardprep.pipelines.validate_job.graph import FindNearDuplicates
 from shardprep.pipelines.validate_job.options import default
 from shardprep.pipelines.validate_job import near_pairs as near_score
 from shardprep.pipelines.validate_job.checks import RecordLocation
-from shardprep.pipelines.validate_job.near_pairs import (HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs,
+from shardprep.pipelines.validate_job.near_pairs import (NearRecord, SearchKeys, SplitPair,
                                                          split_ranks)
 from shardprep.preprocess.image import perceptual_hash
 from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
@@ -157,7 +157,7 @@ def test_the_stage_verifies_planted_copies_lists_every_pair_and_pairs_no_flat_im
             (SplitPair("validation", "test"), 1)]), label="Counts")
         # test's copy has its twin in validation, held out too: not a leak from training
         assert_that(found["leaked"], equal_to([at("validation", i) for i in (0, 1, 2)]), label="Leaked")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
 
         def check_pairs(listed):
             pairs = dict(listed)
@@ -262,7 +262,7 @@ def test_a_bucket_over_the_cap_is_counted_not_compared_pairwise():
     records = [NearRecord(Fingerprint(h, h), at("train", i), same) for i, h in enumerate(same_features(16))]
     with pipeline() as p:
         found = p | beam.Create(records) | FindNearDuplicates(["train"], 4, 5, SearchKeys(tables=3), cap=8)
-        assert_that(found["search"], equal_to([(3, 24)]), label="Unchecked")
+        assert_that(found["search"], equal_to([(3, 24, 4)]), label="Unchecked")
         assert_that(found["counts"], equal_to([(SplitPair("train", "train"), 8)]), label="OnlyTheCappedCompared")
 
 
@@ -275,14 +275,20 @@ def test_thousands_of_copies_of_one_image_are_one_group_counted_whole():
         assert_that(found["counts"], equal_to([(SplitPair("train", "validation"), 300),
                                                (SplitPair("train", "train"), 1500),
                                                (SplitPair("validation", "validation"), 300)]), label="Counts")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
         assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
 
 
-def test_bucket_pairs_compares_each_member_once_within_the_cap():
-    found = bucket_pairs([(0b0000, 0b0000), (0b0011, 0b1100), (0b1100, 0b0011), (0b0000, 0)], 2, cap=3)
-    assert sorted(found.pairs) == sorted([HashPair(0, 0b0011, 2), HashPair(0, 0b1100, 2), HashPair(0b0011, 0b1100, 0)])
-    assert found.unchecked == 1
+def test_a_bucket_compares_each_member_once_within_the_cap_either_one_mirrored():
+    hashes = np.array(sorted(same_features(4)), np.uint64)  # every key puts them in one bucket
+    mirrors = hashes[[0, 2, 1, 3]]  # the second's mirror is the third: 0 bits apart mirrored
+    apart = [bin(int(hashes[0]) ^ int(hashes[i])).count("1") for i in (1, 2)]
+    assert sorted(apart) == [2, 4]
+    found = near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 4, cap=3)
+    assert sorted(zip(found.first.tolist(), found.second.tolist(), found.distance.tolist())) == [
+        (0, 1, apart[0]), (0, 2, apart[1]), (1, 2, 0)]  # the fourth, past the cap, is counted in each table
+    assert len(near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 2, cap=3).first) == 2
+    assert (found.buckets_over_cap, found.unchecked, found.scored_within) == (2, 2, 4)
 
 
 def test_record_at_reads_one_record_and_refuses_broken_framing():
@@ -325,6 +331,18 @@ def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold(
     small, large = SearchKeys.for_records(10_000, 10), SearchKeys.for_records(1_300_000, 10)
     assert small.bits < large.bits and small.tables < large.tables
     assert SearchKeys.for_records(0, 0) == SearchKeys(1, 6)
+
+
+def test_over_max_scored_candidates_only_the_nearest_are_scored_and_the_distance_says_so():
+    """A budget that bounds a big dataset's time: the candidates within the largest distance that keeps at most
+    ``max_scored`` (the report's search.scored_within)."""
+    hashes = np.array(sorted(same_features(9)), np.uint64)  # one bucket: 8 pairs 2 bits apart, 28 pairs 4 apart
+    everything = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100)
+    assert len(everything.first) == 36 and everything.scored_within == 64
+    assert sorted(everything.distance.tolist()) == [2] * 8 + [4] * 28
+    kept = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=10)
+    assert kept.distance.tolist() == [2] * 8 and kept.scored_within == 3 and (kept.first < kept.second).all()
+    assert near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=5).scored_within == 1
 
 
 def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():

@@ -22,7 +22,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocatio
                                                    SplitStats, channel_sums, pixel_hash, problem,
                                                    record_layout_length_problems, record_layout_offset_problem,
                                                    record_problems, sample_rank, shard_problems)
-from shardprep.pipelines.validate_job.near_pairs import NearRecord, thumbnail
+from shardprep.pipelines.validate_job.near_pairs import NearRecord
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.dataset import Manifest
@@ -229,8 +229,7 @@ class ReadShardFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
         yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
         if height and width:
-            yield beam.pvalue.TaggedOutput("perceptual_hash", NearRecord(fingerprint(pixels), location,
-                                                                         thumbnail(pixels)))
+            yield beam.pvalue.TaggedOutput("perceptual_hash", NearRecord(fingerprint(pixels), location))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
