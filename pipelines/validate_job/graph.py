@@ -17,8 +17,9 @@ from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, Rea
 from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
                                                    foreign_split, mean_std_problems, problem, problem_sort_key,
                                                    split_problems)
-from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Records, SearchKeys, findings,
-                                                       plan, split_ranks, thumbnail)
+from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Records, SearchKeys, distinct,
+                                                       findings, plan, score_rows, search_tables, split_ranks,
+                                                       thumbnail, to_score)
 from shardprep.pipelines.validate_job.report import foreign_summary, result_line, sample_line, split_summary
 from shardprep.preprocess.format import encodings, record_format
 from shardprep.preprocess.format.dataset import Manifest
@@ -178,6 +179,16 @@ def _read_thumbnails(element, paths: dict[str, str]):
 
 
 _OUTPUTS = ("counts", "pairs", "borderline", "leaked")
+SEARCH_PARTS = 16  # elements the search's tables, and its scoring, are spread over (the workers share them)
+
+
+def _to_score(planned, ranks: dict[str, int]):
+    """The plan's member pairs to score, in about SEARCH_PARTS parts, each with the thumbnails records carried."""
+    rows = to_score(planned, ranks)
+    size = max(64, -(-len(rows) // SEARCH_PARTS))
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
+        yield part, {row: planned.thumbnails[row] for pair in part for row in pair if row in planned.thumbnails}
 
 
 @beam.ptransform_fn
@@ -192,19 +203,29 @@ def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs
     leaked      RecordLocation of every held-out record with a near-duplicate in a training split
     search      (buckets over the cap, members unchecked in them, the distance candidates were scored within)
 
-    Every hash and location gathered on one worker (tens of MiB at 1.28 M records), candidates found at once, their
-    thumbnails carried by the records or read from the shards (``paths``: file -> path), scored together.
+    Every hash and location gathered on one worker (tens of MiB at 1.28 M records); the tables searched in parts
+    on every worker (the distinct hashes a side input); the candidates' thumbnails carried by the records or read
+    from the shards (``paths``: file -> path) and their pairs scored in parts; the findings on one worker.
     """
-    planned = (records
-               | "GatherRecords" >> beam.CombineGlobally(MergeFn(Records, add="add"))
-               | "PlanSearch" >> beam.Map(plan, search, max_distance, cap))
+    ranks, parts = split_ranks(split_order), min(search.tables, SEARCH_PARTS)
+    gathered = records | "GatherRecords" >> beam.CombineGlobally(MergeFn(Records, add="add"))
+    hashes = gathered | "DistinctHashes" >> beam.Map(distinct)
+    partials = (records.pipeline
+                | "Tables" >> beam.Create([list(range(search.tables))[part::parts] for part in range(parts)])
+                | "SearchTables" >> beam.Map(search_tables, beam.pvalue.AsSingleton(hashes), search, max_distance,
+                                             cap))
+    planned = gathered | "PlanSearch" >> beam.Map(plan, beam.pvalue.AsList(partials))
     read = (planned
             | "ShardsToRead" >> beam.FlatMap(lambda planned: planned.reads.items())
             | "SpreadReads" >> beam.Reshuffle()
             | "ReadThumbnails" >> beam.FlatMap(_read_thumbnails, paths or {}))
+    scores = (planned
+              | "PairsToScore" >> beam.FlatMap(_to_score, ranks)
+              | "SpreadScoring" >> beam.Reshuffle()
+              | "Score" >> beam.FlatMap(lambda part, read: score_rows(part[0], {**part[1], **read}),
+                                        beam.pvalue.AsDict(read)))
     found = (planned
-             | "ScoreCandidates" >> beam.Map(findings, beam.pvalue.AsList(read), split_ranks(split_order), min_score,
-                                             pairs_listed)
+             | "Findings" >> beam.Map(findings, beam.pvalue.AsDict(scores), ranks, min_score, pairs_listed)
              | "Outputs" >> beam.FlatMap(lambda found: [found.search, *(beam.pvalue.TaggedOutput(name, value) for name in
                                                              _OUTPUTS for value in getattr(found, name))])
              .with_outputs(*_OUTPUTS, main="search"))

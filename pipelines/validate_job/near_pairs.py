@@ -213,6 +213,32 @@ class Candidates(NamedTuple):
     scored_within: int  # the distance asked for, or less where more than MAX_SCORED pairs were nearer
 
 
+class Distinct(NamedTuple):
+    """The records' distinct hashes (sorted), each one's mirror hash and :func:`flip_invariant_features`."""
+
+    hashes: np.ndarray
+    mirrors: np.ndarray
+    features: np.ndarray
+
+
+class Partial(NamedTuple):
+    """Some tables' candidates: pair codes (``first * len(hashes) + second``), distances, and counts; complete within
+    ``limit`` bits (:func:`merged` makes them :class:`Candidates`: the same whichever tables searched together)."""
+
+    codes: np.ndarray
+    distances: np.ndarray
+    over: int
+    unchecked: int
+    limit: int
+
+
+def distinct(records: Records) -> Distinct:
+    hashes = np.array(records.hashes, np.uint64)
+    unique, first_rows = np.unique(hashes, return_index=True)
+    features: np.ndarray = flip_invariant_features(unique)  # type: ignore[arg-type,assignment]  # elementwise
+    return Distinct(unique, np.array(records.mirrors, np.uint64)[first_rows], features)
+
+
 def _closest(found: list[tuple[np.ndarray, np.ndarray]], limit: int, most: int) -> tuple[np.ndarray, np.ndarray, int]:
     """The distinct ``(codes, distances)`` of ``found`` within the largest distance (at most ``limit``, at least 0)
     that keeps at most ``most`` of them, and that distance."""
@@ -225,15 +251,15 @@ def _closest(found: list[tuple[np.ndarray, np.ndarray]], limit: int, most: int) 
     return codes[near], distances[near], limit
 
 
-def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_distance: int, cap: int,
-               max_scored: int = MAX_SCORED) -> Candidates:
-    """Every pair of ``hashes`` (sorted, distinct) sharing a table's key among the first ``cap`` of its bucket and
+def search_tables(tables: Iterable[int], found: Distinct, search: SearchKeys, max_distance: int, cap: int,
+                  max_scored: int = MAX_SCORED) -> Partial:
+    """The pairs of ``found.hashes`` sharing the key of one of ``tables`` among the first ``cap`` of its bucket and
     within ``max_distance`` bits (less, to keep at most ``max_scored``): per table, runs of equal sorted keys paired."""
-    features: np.ndarray = flip_invariant_features(hashes)  # type: ignore[arg-type,assignment]  # elementwise
-    found: list[tuple[np.ndarray, np.ndarray]] = []
-    over, unchecked, limit = 0, 0, max_distance
-    for positions in search.samples():
-        ordered, order = search.sorted_keys(features, positions)
+    hashes, mirrors, features = found
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    over, unchecked, limit, samples = 0, 0, max_distance, search.samples()
+    for table in tables:
+        ordered, order = search.sorted_keys(features, samples[table])
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else np.zeros(0, int)
         lengths = np.diff(np.r_[starts, len(order)])
         kept = cap  # lowered while this table would compare more than its share of COMPARED (clustered hashes)
@@ -248,14 +274,32 @@ def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_
         while live.size:
             distances = _distances(sorted_hashes, sorted_mirrors, live, live + step)
             near = distances <= limit
-            found.append((order[live[near]] * len(order) + order[live[near] + step], distances[near]))
+            pairs.append((order[live[near]] * len(order) + order[live[near] + step], distances[near]))
             step += 1
             live = live[later[live] >= step]
-        if sum(len(codes) for codes, _ in found) > 4 * max_scored:  # memory stays bounded
-            codes, distances, limit = _closest(found, limit, max_scored)
-            found = [(codes, distances)]
-    codes, distances, limit = _closest(found, limit, max_scored)
-    return Candidates(codes // max(len(hashes), 1), codes % max(len(hashes), 1), distances, over, unchecked, limit)
+        if sum(len(codes) for codes, _ in pairs) > 4 * max_scored:  # memory stays bounded
+            codes, distances, limit = _closest(pairs, limit, max_scored)
+            pairs = [(codes, distances)]
+    codes, distances, limit = _closest(pairs, limit, max_scored)
+    return Partial(codes, distances, over, unchecked, limit)
+
+
+def merged(partials: list[Partial], hashes: int, max_scored: int = MAX_SCORED) -> Candidates:
+    """The :class:`Candidates` that ``partials`` (of every table, from ``hashes`` distinct hashes) make together:
+    the nearest within the distance that keeps at most ``max_scored``."""
+    codes, distances, limit = _closest([(p.codes, p.distances) for p in partials],
+                                       min(p.limit for p in partials), max_scored)
+    return Candidates(codes // max(hashes, 1), codes % max(hashes, 1), distances, sum(p.over for p in partials),
+                      sum(p.unchecked for p in partials), limit)
+
+
+def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_distance: int, cap: int,
+               max_scored: int = MAX_SCORED) -> Candidates:
+    """:func:`search_tables` over every table at once, ``hashes`` sorted and distinct."""
+    features: np.ndarray = flip_invariant_features(hashes)  # type: ignore[arg-type,assignment]  # elementwise
+    found = search_tables(range(search.tables), Distinct(hashes, mirrors, features), search, max_distance, cap,
+                          max_scored)
+    return merged([found], len(hashes), max_scored)
 
 
 def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple]:
@@ -326,12 +370,11 @@ def _group(records: Records, rows: np.ndarray) -> HashGroup:
                      {split: kept[:LOCATIONS_KEPT] for split, kept in first.items()}, [m.location for m in members])
 
 
-def plan(records: Records, search: SearchKeys, max_distance: int, cap: int, max_scored: int = MAX_SCORED) -> Plan:
-    """The candidates among ``records`` (:func:`candidates` over their distinct hashes, and each hash of more than
-    one record) and the records that stand for them."""
-    hashes, mirrors = np.array(records.hashes, np.uint64), np.array(records.mirrors, np.uint64)
-    unique, first_rows, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-    found = candidates(unique, mirrors[first_rows], search, max_distance, cap, max_scored)
+def plan(records: Records, partials: list[Partial], max_scored: int = MAX_SCORED) -> Plan:
+    """The candidates among ``records`` (``partials`` of every table :func:`merged`, and each hash of more than one
+    record) and the records that stand for them."""
+    unique, inverse = np.unique(np.array(records.hashes, np.uint64), return_inverse=True)
+    found = merged(partials, len(unique), max_scored)
     sizes = np.bincount(inverse, minlength=len(unique))
     starts, rows = np.r_[0, np.cumsum(sizes)], np.argsort(inverse, kind="stable")
     needed = np.union1d(np.r_[found.first, found.second], np.flatnonzero(sizes > 1)).astype(np.int64)
@@ -372,21 +415,31 @@ def _by_split_pair(pairs: list[NearPair], listed: int | None = None) -> list[tup
     return [(key, sorted(found, key=NearPair.order)[:listed]) for key, found in sorted(keyed.items())]
 
 
-def findings(plan: Plan, read: Iterable[tuple[int, bytes]], ranks: dict[str, int], min_score: float,
-             listed: int) -> Found:
-    """Every candidate verified: the member pairs to compare collected, scored at once (:func:`score_many`), then
-    flags, pairs, borderline pairs and the leaked records."""
-    thumbnails, asked = {**plan.thumbnails, **dict(read)}, {}
+def to_score(plan: Plan, ranks: dict[str, int]) -> list[tuple[int, int]]:
+    """The member pairs (rows) whose scores the findings need, each once."""
+    asked: dict[tuple[int, int], None] = {}
 
     def collect(reference: Member, duplicate: Member) -> float:
-        asked[reference.row, duplicate.row] = 0.0
+        asked[reference.row, duplicate.row] = None
         return 0.0
 
-    for _ in _findings(plan, ranks, min_score, collect):
+    for _ in _findings(plan, ranks, 1.0, collect):
         pass
-    blank = bytes(SIDE * SIDE)  # an unreadable record's (validate names it elsewhere): flat, it pairs with nothing
-    scores = dict(zip(asked, score_many([thumbnails.get(a, blank) for a, _ in asked],
-                                        [thumbnails.get(b, blank) for _, b in asked]).tolist()))
+    return list(asked)
+
+
+def score_rows(rows: list[tuple[int, int]], thumbnails: dict[int, bytes]) -> list[tuple[tuple[int, int], float]]:
+    """Each pair of ``rows`` with its score (:func:`score_many`); a row without a thumbnail (unreadable, which
+    validate names elsewhere) is flat: it pairs with nothing."""
+    blank = bytes(SIDE * SIDE)
+    return list(zip(rows, score_many([thumbnails.get(a, blank) for a, _ in rows],
+                                     [thumbnails.get(b, blank) for _, b in rows]).tolist()))
+
+
+def findings(plan: Plan, scores: dict[tuple[int, int], float], ranks: dict[str, int], min_score: float,
+             listed: int) -> Found:
+    """Every candidate verified by the ``scores`` of its member pairs (:func:`to_score`): flags, pairs, borderline
+    pairs and the leaked records."""
     tagged: dict[str, set] = {"flag": set(), "near_pair": set(), "borderline": set()}
     for tag, value in _findings(plan, ranks, min_score, lambda a, b: scores[a.row, b.row]):
         tagged[tag].add(value)
