@@ -195,7 +195,7 @@ def _to_score(planned, ranks: dict[str, int]):
 def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs_listed: int,
                        search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE,
                        paths: dict[str, str] | None = None):
-    """``NearRecord`` per record -> a dict of PCollections:
+    """``NearRecord`` per record (or ``Records`` of several: a shard's) -> a dict of PCollections:
 
     counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
     pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first

@@ -126,7 +126,9 @@ class Records:
     def columns(self) -> tuple:
         return self.hashes, self.mirrors, self.indices, self.splits, self.files, self.filenames
 
-    def add(self, record: NearRecord) -> Records:
+    def add(self, record: NearRecord | Records) -> Records:
+        if isinstance(record, Records):  # a shard's records, read together
+            return self.merge(record)
         if record.thumbnail:
             self.thumbnails[len(self.hashes)] = record.thumbnail
         where = record.location

@@ -22,7 +22,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocatio
                                                    SplitStats, channel_sums, pixel_hash, problem,
                                                    record_layout_length_problems, record_layout_offset_problem,
                                                    record_problems, sample_rank, shard_problems)
-from shardprep.pipelines.validate_job.near_pairs import NearRecord
+from shardprep.pipelines.validate_job.near_pairs import NearRecord, Records
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.dataset import Manifest
@@ -177,10 +177,12 @@ class ReadShardFn(beam.DoFn):
         stats = SplitStats()
         layout = self.layouts.get(task.split)
         data_lengths: list[int] = []  # of a fixed-layout split's records, checked once the shard's last one is known
+        near = Records()  # the shard's hashes as one element: no Beam element per record
         # No further than the manifest's size: a file far larger (a sparse terabyte) is not read to its end.
         num_records, reader, size, whole = yield from _read_file(
             task.path, task.split, task.file, task.expected.num_bytes,
-            lambda index, data: self._check_record(task, index, data, stats, layout, data_lengths))
+            lambda index, data: self._check_record(task, index, data, stats, layout, data_lengths, near))
+        yield beam.pvalue.TaggedOutput("perceptual_hash", near)
         if reader is None:
             yield task.split, stats
             return
@@ -198,7 +200,8 @@ class ReadShardFn(beam.DoFn):
         stats.shard_records[task.file] = num_records
         yield task.split, stats
 
-    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout, data_lengths):
+    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout, data_lengths,
+                      near: Records):
         def report(check: str, message: str):
             return _problem(check, message, split=task.split, file=task.file, index=index)
 
@@ -229,7 +232,7 @@ class ReadShardFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
         yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
         if height and width:
-            yield beam.pvalue.TaggedOutput("perceptual_hash", NearRecord(fingerprint(pixels), location))
+            near.add(NearRecord(fingerprint(pixels), location))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
