@@ -1,7 +1,7 @@
 """ImageNet's count on one machine: the whole preprocess job, then validate, on up to 1.28 M small generated inputs.
 
     python benchmarks/scale_bench.py [--sizes 128000 256000 512000] [--workers 2] [--json RESULTS] [--keep DIR]
-    python benchmarks/scale_bench.py --distinct --near-duplicates --sizes 128000 1280000   # the search's cost
+    python benchmarks/scale_bench.py --distinct --near-duplicates --rounds 3 --sizes 1280000   # the search's cost
     python benchmarks/scale_bench.py --smoke     # 300 inputs, for the test suite
 
 For each size, an ImageFolder like ImageNet's train split: 1,000 class folders of WordNet-style names, the inputs
@@ -15,8 +15,8 @@ one measures what grows with the count.
 
 ``--distinct`` makes every input a picture of its own (random noise, 10-24 px; one JPEG encode each, so writing
 1.28 M takes minutes), so that validate's near-duplicate search faces as many distinct hashes as ImageNet would;
-``--near-duplicates`` runs validate twice, without the search (``--no-near-duplicates``) and with it, and prints
-the ratio of their wall times.
+``--near-duplicates`` runs validate without the search (``--no-near-duplicates``) and with it, interleaved,
+``--rounds`` times each, and prints the ratio of their wall times per round (side by side: the same load).
 
 Prints per size and command: wall time, CPU seconds of the whole process tree (and of the launcher alone), peak RSS
 of the launcher and of the largest worker, and the CPU seconds per 100,000 inputs against the smallest size's (1.00
@@ -128,7 +128,7 @@ def measure(command: list[str]) -> dict:
 
 
 def run_size(work: str, size: int, workers: int, pool: list[str], distinct: bool = False,
-             near: bool = False) -> dict:
+             near: bool = False, rounds: int = 1) -> dict:
     source, output = os.path.join(work, f"source-{size}"), os.path.join(work, f"out-{size}")
     started = time.perf_counter()
     write_source(source, size, pool, distinct)
@@ -142,12 +142,14 @@ def run_size(work: str, size: int, workers: int, pool: list[str], distinct: bool
     assert manifest["num_inputs"] == size and manifest["num_examples"] == size - size // REJECT_EVERY, manifest
     validate = [sys.executable, "-m", "shardprep.cli", "validate", output]
     runs = {}
-    if near:
-        runs["validate --no-near-duplicates"] = measure([*validate, "--no-near-duplicates", "--",
-                                                         f"--direct_num_workers={workers}"])
     report_path = os.path.join(work, f"report-{size}.json")
-    runs["validate"] = measure([*validate, *["--near-duplicates"] * near, "--json", report_path, "--",
-                                f"--direct_num_workers={workers}"])
+    for round_ in range(1, rounds + 1 if near else 2):
+        suffix = f" (round {round_})" if round_ > 1 else ""
+        if near:
+            runs[f"validate --no-near-duplicates{suffix}"] = measure([*validate, "--no-near-duplicates", "--",
+                                                                      f"--direct_num_workers={workers}"])
+        runs[f"validate{suffix}"] = measure([*validate, *["--near-duplicates"] * near, "--json", report_path, "--",
+                                             f"--direct_num_workers={workers}"])
     with open(report_path) as f:
         near_report = json.load(f).get("near_duplicates")
     shutil.rmtree(source, ignore_errors=True)
@@ -171,10 +173,13 @@ def report(results: list[dict], workers: int) -> None:
                   f"{run['largest_worker'] / MIB:,.0f} | {1e5 * run['cpu_s'] / size:.1f} "
                   f"({run['cpu_s'] / size / base:.2f}) |", flush=True)
     for r in results:
-        if "validate --no-near-duplicates" in r:
-            print(f"{r['size']:,} inputs: validate with the near-duplicate search / without: wall "
-                  f"{r['validate']['wall_s'] / r['validate --no-near-duplicates']['wall_s']:.2f}x, CPU "
-                  f"{r['validate']['cpu_s'] / r['validate --no-near-duplicates']['cpu_s']:.2f}x; search {r['search']}")
+        for name in (name for name in r if name.startswith("validate --no-near-duplicates")):
+            without, with_ = r[name], r[name.replace(" --no-near-duplicates", "")]
+            print(f"{r['size']:,} inputs{name[len('validate --no-near-duplicates'):]}: validate with the "
+                  f"near-duplicate search / without: wall {with_['wall_s'] / without['wall_s']:.2f}x, CPU "
+                  f"{with_['cpu_s'] / without['cpu_s']:.2f}x")
+        if r.get("search"):
+            print(f"{r['size']:,} inputs: search {r['search']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distinct", action="store_true", help="every input a picture of its own")
     parser.add_argument("--near-duplicates", action="store_true",
                         help="validate with and without the near-duplicate search")
+    parser.add_argument("--rounds", type=int, default=1, help="with --near-duplicates: runs of each, interleaved")
     args = parser.parse_args(argv)
     sizes, workers = ([300], 1) if args.smoke else (args.sizes, args.workers)
     work = args.keep or tempfile.mkdtemp(prefix="shardprep-scale-bench-")
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool = distinct_jpegs(os.path.join(work, "pool"))
         for size in sizes:
-            results.append(run_size(work, size, workers, pool, args.distinct, args.near_duplicates))
+            results.append(run_size(work, size, workers, pool, args.distinct, args.near_duplicates, args.rounds))
             r = results[-1]
             print(f"{size:,} inputs: preprocess {r['preprocess']['wall_s']:.0f} s ({r['preprocess']['cpu_s']:.0f} CPU s), "
                   f"validate {r['validate']['wall_s']:.0f} s ({r['validate']['cpu_s']:.0f} CPU s) (source written in "

@@ -23,7 +23,7 @@ MEAN_BUCKET = 256  # for_records: key bits so that a table's buckets hold about 
 COMPARED = 4e8  # ...but where MAX_TABLES cannot reach TARGET_RECALL, smaller; pairs compared at most (buckets capped)
 TARGET_RECALL = 0.9  # for_records: tables so that a pair max_distance apart shares a key this often
 MAX_TABLES = 96
-MAX_SCORED = 20_000  # candidate hash pairs scored at most (~0.5 ms each): the nearest, within a smaller distance
+MAX_SCORED = 50_000  # candidate hash pairs scored at most (~0.5 ms each): the nearest, within a smaller distance
 BORDERLINE = 0.1  # candidates scoring this little below the minimum are listed apart, for a person to judge
 
 
