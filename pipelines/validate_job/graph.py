@@ -1,6 +1,5 @@
-"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines
-(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md
-("The graph")."""
+"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines to
+``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ from shardprep.preprocess.format.dataset import Manifest
 
 OCCURRENCES_LISTED = 10  # how many records a duplicate/leakage problem names
 
-# A local run holds every value of a shuffle in the launcher's memory until the last shard is read: a pickled
-# RecordLocation takes ~160 bytes, its fields encoded ~75. So the duplicate and leakage shuffles carry the fields
-# encoded (the filename shuffle without the filename, its key) and decode them after the grouping.
+# A local run holds a shuffle's values in memory until the last shard is read (a pickled RecordLocation ~160 bytes, its
+# fields encoded ~75): the duplicate and leakage shuffles carry them encoded (the filename's without its key).
 _LOCATION_CODER = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.VarIntCoder(),
                                      coders.StrUtf8Coder()])  # split, file, index, filename
 _PLACE_CODER = coders.TupleCoder(_LOCATION_CODER.coders()[:3])  # split, file, index
@@ -53,15 +51,12 @@ def _check_split(element, manifest: dict, tolerance: float):
 
 @beam.ptransform_fn
 def CheckSplits(shard_stats, manifest: dict, tolerance: float):
-    """``(split, SplitStats)`` per shard -> one result line per manifest split (main output ``split``; a split
-    whose shards are all missing gets one too) and tagged output ``problem``."""
-    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
-        [(split, SplitStats()) for split in manifest["splits"]])
+    """``(split, SplitStats)`` per shard -> a result line per manifest split (``split``) and tagged ``problem``."""
+    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create([(s, SplitStats()) for s in manifest["splits"]])
     return ((shard_stats, every_split)
             | "FlattenSplitStats" >> beam.Flatten()
             | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
-            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs(
-                "problem", main="split"))
+            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs("problem", main="split"))
 
 
 def _duplicate_filename(element):
@@ -89,8 +84,7 @@ def FindDuplicateFilenames(filenames):
 
 
 def _leakage(element, split_order: list[str]):
-    """``(pixel hash, [encoded locations])`` -> a ``leakage`` problem when the image is in more than one split,
-    and ``(split, count - 1)`` (tagged ``duplicates``) for each split holding it more than once."""
+    """``(pixel hash, [locations])`` -> a ``leakage`` problem if in two splits; tagged ``duplicates`` (split, n - 1)."""
     first_by_split: dict[str, RecordLocation] = {}
     count_by_split: collections.Counter[str] = collections.Counter()
     for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
@@ -114,8 +108,7 @@ def _leakage(element, split_order: list[str]):
 
 @beam.ptransform_fn
 def FindLeakage(pixel_hashes, split_order: list[str]):
-    """``(pixel hash, RecordLocation)`` per record -> ``{"problem": a leakage problem per image in two splits,
-    "duplicates": (split, identical images within it)}`` (within a split: not a failure)."""
+    """``(pixel hash, RecordLocation)`` per record -> {problem: leakage problems, duplicates: (split, n) within it}."""
     found = (pixel_hashes
              | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
              | "GroupByPixelHash" >> beam.GroupByKey()
@@ -126,8 +119,7 @@ def FindLeakage(pixel_hashes, split_order: list[str]):
 
 @beam.ptransform_fn
 def KeepFirstProblems(problems, max_per_check: int):
-    """Problem dicts -> per check, a ``problem`` result line of its first ``max_per_check`` problems (lowest
-    shard/record first) and a ``problem_count`` line counting all of them."""
+    """Problem dicts -> per check a ``problem`` line of the first ``max_per_check`` and a ``problem_count`` line."""
     keyed = problems | "KeyProblemsByCheck" >> beam.Map(
         lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
     kept = (keyed
@@ -182,48 +174,27 @@ _OUTPUTS = ("counts", "pairs", "borderline", "leaked")
 SEARCH_PARTS = 16  # elements the search's tables, and its scoring, are spread over (the workers share them)
 
 
-def _to_score(planned, ranks: dict[str, int]):
-    """The plan's member pairs to score, in about SEARCH_PARTS parts, each with the thumbnails records carried."""
-    rows = to_score(planned, ranks)
-    size = max(64, -(-len(rows) // SEARCH_PARTS))
-    for start in range(0, len(rows), size):
-        part = rows[start:start + size]
-        yield part, {row: planned.thumbnails[row] for pair in part for row in pair if row in planned.thumbnails}
-
-
 @beam.ptransform_fn
 def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs_listed: int,
                        search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE,
                        paths: dict[str, str] | None = None):
-    """``NearRecord`` per record (or ``Records`` of several: a shard's) -> a dict of PCollections:
-
-    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
-    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
-    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
-    leaked      RecordLocation of every held-out record with a near-duplicate in a training split
-    search      (buckets over the cap, members unchecked in them, the distance candidates were scored within)
-
-    Every hash and location gathered on one worker (tens of MiB at 1.28 M records); the tables searched in parts
-    on every worker (the distinct hashes a side input); the candidates' thumbnails carried by the records or read
-    from the shards (``paths``: file -> path) and their pairs scored in parts; the findings on one worker.
-    """
-    ranks, parts = split_ranks(split_order), min(search.tables, SEARCH_PARTS)
+    """``NearRecord`` per record (or ``Records``: a shard's) -> {counts: ((reference, split), n records of split with
+    a near-duplicate in reference); pairs, borderline: ((reference, split), [NearPair]): every verified pair, most
+    alike first, and the ``pairs_listed`` best that fell just short; leaked: each held-out RecordLocation with a
+    near-duplicate in a training split; search: (buckets over the cap, members unchecked, the distance scored
+    within)}. Gathered on one worker; the tables and the scoring in parts over the workers; thumbnails read from
+    the shards (``paths``: file -> path) for candidates only."""
+    ranks, spread = split_ranks(split_order), min(search.tables, SEARCH_PARTS)
     gathered = records | "GatherRecords" >> beam.CombineGlobally(MergeFn(Records, add="add"))
-    hashes = gathered | "DistinctHashes" >> beam.Map(distinct)
-    partials = (records.pipeline
-                | "Tables" >> beam.Create([list(range(search.tables))[part::parts] for part in range(parts)])
-                | "SearchTables" >> beam.Map(search_tables, beam.pvalue.AsSingleton(hashes), search, max_distance,
-                                             cap))
-    planned = gathered | "PlanSearch" >> beam.Map(plan, beam.pvalue.AsList(partials))
-    read = (planned
-            | "ShardsToRead" >> beam.FlatMap(lambda planned: planned.reads.items())
-            | "SpreadReads" >> beam.Reshuffle()
-            | "ReadThumbnails" >> beam.FlatMap(_read_thumbnails, paths or {}))
-    scores = (planned
-              | "PairsToScore" >> beam.FlatMap(_to_score, ranks)
-              | "SpreadScoring" >> beam.Reshuffle()
-              | "Score" >> beam.FlatMap(lambda part, read: score_rows(part[0], {**part[1], **read}),
-                                        beam.pvalue.AsDict(read)))
+    hashes = gathered | "DistinctHashes" >> beam.Map(lambda gathered: distinct(gathered.hashes, gathered.mirrors))
+    parts = (records.pipeline
+             | "Tables" >> beam.Create([list(range(search.tables))[part::spread] for part in range(spread)])
+             | "SearchTables" >> beam.Map(search_tables, beam.pvalue.AsSingleton(hashes), search, max_distance, cap))
+    planned = gathered | "PlanSearch" >> beam.Map(plan, beam.pvalue.AsList(parts))
+    read = (planned | "ShardsToRead" >> beam.FlatMap(lambda planned: planned.reads.items())
+            | "SpreadReads" >> beam.Reshuffle() | "ReadThumbnails" >> beam.FlatMap(_read_thumbnails, paths or {}))
+    scores = (planned | "PairsToScore" >> beam.FlatMap(to_score, ranks, SEARCH_PARTS)
+              | "SpreadScoring" >> beam.Reshuffle() | "Score" >> beam.FlatMap(score_rows, beam.pvalue.AsDict(read)))
     found = (planned
              | "Findings" >> beam.Map(findings, beam.pvalue.AsDict(scores), ranks, min_score, pairs_listed)
              | "Outputs" >> beam.FlatMap(lambda found: [found.search, *(beam.pvalue.TaggedOutput(name, value) for name in
@@ -244,8 +215,7 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
     return [found["counts"] | "NearCountLines" >> beam.MapTuple(partial(result_line, "near_duplicate_count")),
             found["pairs"] | "NearPairLines" >> listed("near_duplicate_pairs"),
             found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
-            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
-                                                                                      where.filename)),
+            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda at: result_line("near_duplicate_key", at.filename)),
             found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, within: result_line(
                 "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked,
                                                 "scored_within": within, **keyed}))]
@@ -257,9 +227,7 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     """The validate graph for a prepared dataset; ``search_near_duplicates`` False leaves the search out."""
     max_distance, max_problems_per_check = options.near_duplicate_distance, options.max_problems_per_check
     document = manifest.to_json()  # the split checks compare with the manifest's own values
-    read = (pipeline
-            | "ListShards" >> beam.Create(tasks)
-            | "ReadShards" >> ReadShards(manifest, samples, progress_dir))
+    read = pipeline | "ListShards" >> beam.Create(tasks) | "ReadShards" >> ReadShards(manifest, samples, progress_dir)
     checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
@@ -280,7 +248,6 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
 
 def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], options: ValidateOptions,
                            results_path: str, progress_dir: str | None = None) -> None:
-    """The validate graph for foreign TFRecord files."""
     read = (pipeline
             | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])
             | "ReadForeignFiles" >> ReadForeignFiles(options.image_key, options.label_key, progress_dir))

@@ -1,6 +1,5 @@
-"""The near-duplicate search's plain-Python parts (graph.py's ``FindNearDuplicates`` routes data here): records
-as columns, :func:`candidates` by sorted :class:`SearchKeys` over every hash at once, their :func:`plan` and
-:func:`findings`. What it measures and which copy is the leak: docs/near_duplicates.md."""
+"""The near-duplicate search's plain-Python parts, which graph.py's ``FindNearDuplicates`` routes data through;
+what it measures and which copy is the leak: docs/near_duplicates.md."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from shardprep.pipelines.validate_job.checks import RecordLocation
 from shardprep.preprocess.format.dataset import SPLIT_ROLES
-from shardprep.pipelines.validate_job.near_score import MIN_SCORE, SIDE, score, score_many, thumbnail  # noqa: F401
+from shardprep.pipelines.validate_job.near_score import MIN_SCORE, SIDE, score_many, thumbnail  # noqa: F401
 from shardprep.preprocess.image.perceptual_hash import FEATURE_BITS, Fingerprint, flip_invariant_features
 
 LOCATIONS_KEPT = 2  # per split and hash: enough to show one pair within the split
@@ -33,29 +32,23 @@ def is_train(split: str) -> bool:
 
 
 def split_ranks(split_order: list[str]) -> dict[str, int]:
-    """Each split's rank: training splits first, then the held-out ones, in the manifest's order; a pair's
-    reference is its lower-ranked split."""
-    ranked = [split for split in split_order if is_train(split)] + [s for s in split_order if not is_train(s)]
-    return {split: i for i, split in enumerate(ranked)}
+    """Each split's rank: training splits first, then the held-out ones, in the manifest's order."""
+    return {split: i for i, split in enumerate(sorted(split_order, key=lambda split: not is_train(split)))}
 
 
 class SplitPair(NamedTuple):
     """``split``'s records with a near-duplicate in ``reference`` (the lower-ranked split, or ``split`` itself)."""
-
     reference: str
     split: str
 
     def is_leak(self, ranks: dict[str, int]) -> bool:
         """Whether ``split``'s records here are leaks: held out, with a twin in a training split (or the first)."""
-        if self.reference == self.split or is_train(self.split):
-            return False
-        return is_train(self.reference) or not any(is_train(split) for split in ranks)
+        return (self.reference != self.split and not is_train(self.split)
+                and (is_train(self.reference) or not any(is_train(split) for split in ranks)))
 
 
 class NearRecord(NamedTuple):
-    """What the search gets of one record: its perceptual hash, location and :func:`thumbnail` (``b""``: read from
-    its shard later, only if the record is a candidate)."""
-
+    """One record for the search: hash, location and :func:`thumbnail` (``b""``: read from its shard if needed)."""
     fingerprint: Fingerprint
     location: RecordLocation
     thumbnail: bytes = b""
@@ -63,14 +56,12 @@ class NearRecord(NamedTuple):
 
 class Member(NamedTuple):
     """One record of a :class:`HashGroup` kept to stand for it: its location and row (its thumbnail's key)."""
-
     location: RecordLocation
     row: int
 
 
 class HashPair(NamedTuple):
     """Two distinct hashes within the distance threshold (``low < high``)."""
-
     low: int
     high: int
     distance: int
@@ -78,7 +69,6 @@ class HashPair(NamedTuple):
 
 class NearPair(NamedTuple):
     """A candidate pair: score, hash distance, and the records (``reference`` in the lower-ranked split)."""
-
     score: float
     distance: int
     reference: RecordLocation
@@ -95,7 +85,6 @@ class NearPair(NamedTuple):
 
 class Flag(NamedTuple):
     """``records`` records of ``pair.split`` with hash ``hash`` have a near-duplicate in ``pair.reference``."""
-
     hash: int
     pair: SplitPair
     records: int
@@ -103,7 +92,6 @@ class Flag(NamedTuple):
 
 class HashGroup(NamedTuple):
     """Every record with one hash: records per split, each split's lowest LOCATIONS_KEPT, every location."""
-
     hash: int
     counts: dict[str, int]
     first: dict[str, list[Member]]
@@ -112,9 +100,7 @@ class HashGroup(NamedTuple):
 
 @dataclasses.dataclass
 class Records:
-    """Every record's hash, mirror hash and location as columns (no object per record: 1.28 M of them fit in tens of
-    MiB), and the thumbnails that records carried, by row. A ``MergeFn`` accumulator (``add``, ``merge``)."""
-
+    """Every record's hash, mirror and location as columns (1.28 M fit in tens of MiB), carried thumbnails by row."""
     hashes: array = dataclasses.field(default_factory=lambda: array("Q"))
     mirrors: array = dataclasses.field(default_factory=lambda: array("Q"))
     indices: array = dataclasses.field(default_factory=lambda: array("q"))
@@ -150,7 +136,6 @@ class Records:
 @dataclasses.dataclass(frozen=True)
 class SearchKeys:
     """Bit-sampling LSH over :func:`flip_invariant_features`: ``tables`` fixed samples of ``bits`` features each."""
-
     tables: int = 24  # bit-sampling tables and features sampled per table, when the dataset's size is not given
     bits: int = 10
 
@@ -160,9 +145,8 @@ class SearchKeys:
 
     @classmethod
     def for_records(cls, records: int, max_distance: int) -> SearchKeys:
-        """Enough bits for buckets of about MEAN_BUCKET of ``records`` hashes (at least 6; more while the tables
-        would compare over COMPARED pairs), then enough tables (at most MAX_TABLES) for a pair ``max_distance`` bits
-        apart to share a key with probability TARGET_RECALL."""
+        """Bits for buckets of ~MEAN_BUCKET of ``records`` hashes (6 or more; more while over COMPARED pairs would be
+        compared), then tables (up to MAX_TABLES) for a pair ``max_distance`` apart to share a key at TARGET_RECALL."""
         bits = min(FEATURE_BITS, max(6, math.ceil(math.log2(max(records, 1) / MEAN_BUCKET))))
         while True:
             chance = cls(1, bits).key_match(max_distance)
@@ -205,45 +189,31 @@ def _distances(hashes: np.ndarray, mirrors: np.ndarray, first: np.ndarray, secon
 
 
 class Candidates(NamedTuple):
-    """Pairs of distinct hashes (indices into the sorted unique hashes) within ``scored_within`` bits."""
-
-    first: np.ndarray
-    second: np.ndarray
+    """Pairs of distinct hashes (``codes``: first * ``hashes`` + second, sorted-hash indices) within ``scored_within``
+    bits (as asked, or less where over MAX_SCORED were nearer); the buckets over the cap, their members unchecked."""
+    codes: np.ndarray
     distance: np.ndarray
     buckets_over_cap: int
     unchecked: int
-    scored_within: int  # the distance asked for, or less where more than MAX_SCORED pairs were nearer
+    scored_within: int
+    hashes: int
 
 
 class Distinct(NamedTuple):
     """The records' distinct hashes (sorted), each one's mirror hash and :func:`flip_invariant_features`."""
-
     hashes: np.ndarray
     mirrors: np.ndarray
     features: np.ndarray
 
 
-class Partial(NamedTuple):
-    """Some tables' candidates: pair codes (``first * len(hashes) + second``), distances, and counts; complete within
-    ``limit`` bits (:func:`merged` makes them :class:`Candidates`: the same whichever tables searched together)."""
-
-    codes: np.ndarray
-    distances: np.ndarray
-    over: int
-    unchecked: int
-    limit: int
-
-
-def distinct(records: Records) -> Distinct:
-    hashes = np.array(records.hashes, np.uint64)
-    unique, first_rows = np.unique(hashes, return_index=True)
+def distinct(hashes: array | np.ndarray, mirrors: array | np.ndarray) -> Distinct:
+    unique, first_rows = np.unique(np.asarray(hashes, np.uint64), return_index=True)
     features: np.ndarray = flip_invariant_features(unique)  # type: ignore[arg-type,assignment]  # elementwise
-    return Distinct(unique, np.array(records.mirrors, np.uint64)[first_rows], features)
+    return Distinct(unique, np.asarray(mirrors, np.uint64)[first_rows], features)
 
 
 def _closest(found: list[tuple[np.ndarray, np.ndarray]], limit: int, most: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The distinct ``(codes, distances)`` of ``found`` within the largest distance (at most ``limit``, at least 0)
-    that keeps at most ``most`` of them, and that distance."""
+    """``found``'s distinct (codes, distances) within the most bits (<= ``limit``) keeping <= ``most``; those bits."""
     codes, distances = (np.concatenate(column) for column in zip(*found)) if found else (np.zeros(0, np.int64),) * 2
     codes, unique = np.unique(codes, return_index=True)
     distances = distances[unique].astype(np.int64)
@@ -254,7 +224,7 @@ def _closest(found: list[tuple[np.ndarray, np.ndarray]], limit: int, most: int) 
 
 
 def search_tables(tables: Iterable[int], found: Distinct, search: SearchKeys, max_distance: int, cap: int,
-                  max_scored: int = MAX_SCORED) -> Partial:
+                  max_scored: int = MAX_SCORED) -> Candidates:
     """The pairs of ``found.hashes`` sharing the key of one of ``tables`` among the first ``cap`` of its bucket and
     within ``max_distance`` bits (less, to keep at most ``max_scored``): per table, runs of equal sorted keys paired."""
     hashes, mirrors, features = found
@@ -283,30 +253,26 @@ def search_tables(tables: Iterable[int], found: Distinct, search: SearchKeys, ma
             codes, distances, limit = _closest(pairs, limit, max_scored)
             pairs = [(codes, distances)]
     codes, distances, limit = _closest(pairs, limit, max_scored)
-    return Partial(codes, distances, over, unchecked, limit)
+    return Candidates(codes, distances, over, unchecked, limit, len(hashes))
 
 
-def merged(partials: list[Partial], hashes: int, max_scored: int = MAX_SCORED) -> Candidates:
-    """The :class:`Candidates` that ``partials`` (of every table, from ``hashes`` distinct hashes) make together:
-    the nearest within the distance that keeps at most ``max_scored``."""
-    codes, distances, limit = _closest([(p.codes, p.distances) for p in partials],
-                                       min(p.limit for p in partials), max_scored)
-    return Candidates(codes // max(hashes, 1), codes % max(hashes, 1), distances, sum(p.over for p in partials),
-                      sum(p.unchecked for p in partials), limit)
+def merged(parts: list[Candidates], max_scored: int = MAX_SCORED) -> Candidates:
+    """The candidates of every table from ``parts`` (each complete within its own distance), however grouped."""
+    codes, distances, limit = _closest([(p.codes, p.distance) for p in parts], min(p.scored_within for p in parts),
+                                       max_scored)
+    return Candidates(codes, distances, sum(p.buckets_over_cap for p in parts), sum(p.unchecked for p in parts),
+                      limit, parts[0].hashes)
 
 
 def candidates(hashes: np.ndarray, mirrors: np.ndarray, search: SearchKeys, max_distance: int, cap: int,
                max_scored: int = MAX_SCORED) -> Candidates:
-    """:func:`search_tables` over every table at once, ``hashes`` sorted and distinct."""
-    features: np.ndarray = flip_invariant_features(hashes)  # type: ignore[arg-type,assignment]  # elementwise
-    found = search_tables(range(search.tables), Distinct(hashes, mirrors, features), search, max_distance, cap,
-                          max_scored)
-    return merged([found], len(hashes), max_scored)
+    """:func:`search_tables` over every table, ``hashes`` sorted and distinct."""
+    return merged([search_tables(range(search.tables), distinct(hashes, mirrors), search, max_distance, cap,
+                                 max_scored)], max_scored)
 
 
 def _split_pairs(first: HashGroup, second: HashGroup, ranks: dict[str, int]) -> Iterator[tuple]:
-    """(reference group, SplitPair, duplicate group) for every split of ``first`` against every one of ``second``;
-    within one split, ``first`` is the reference (the caller flags both)."""
+    """(reference group, SplitPair, duplicate group) per split of ``first`` and of ``second``; within one, ``first``."""
     rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
     for a in first.counts:
         for b in second.counts:
@@ -320,7 +286,6 @@ Scorer = Callable[[Member, Member], float]
 
 
 def _best(references: list[Member], duplicates: list[Member], distance: int, scorer: Scorer) -> NearPair:
-    """The best-scoring pair of the members kept."""
     return min((NearPair(scorer(reference, duplicate), distance, reference.location, duplicate.location)
                 for reference in references for duplicate in duplicates), key=NearPair.order)
 
@@ -330,8 +295,7 @@ Finding = tuple[str, "Flag | NearPair"]  # (tag, value): "flag", "near_pair" or 
 
 def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
               min_score: float) -> Iterator[Finding]:
-    """Flags (both ways within one split) and the NearPair when ``found`` reaches ``min_score``; else, less than
-    BORDERLINE short of it, a borderline pair (listed apart, not counted)."""
+    """Flags (both ways within a split) and the NearPair from ``min_score``; up to BORDERLINE short, borderline."""
     if found.score >= min_score:
         yield "flag", Flag(duplicate.hash, pair, duplicate.counts[pair.split])
         if pair.reference == pair.split:
@@ -372,21 +336,21 @@ def _group(records: Records, rows: np.ndarray) -> HashGroup:
                      {split: kept[:LOCATIONS_KEPT] for split, kept in first.items()}, [m.location for m in members])
 
 
-def plan(records: Records, partials: list[Partial], max_scored: int = MAX_SCORED) -> Plan:
-    """The candidates among ``records`` (``partials`` of every table :func:`merged`, and each hash of more than one
-    record) and the records that stand for them."""
+def plan(records: Records, parts: list[Candidates], max_scored: int = MAX_SCORED) -> Plan:
+    """The candidates (``parts`` merged) and hashes of several records, with the records standing for them."""
     unique, inverse = np.unique(np.array(records.hashes, np.uint64), return_inverse=True)
-    found = merged(partials, len(unique), max_scored)
+    found = merged(parts, max_scored)
     sizes = np.bincount(inverse, minlength=len(unique))
     starts, rows = np.r_[0, np.cumsum(sizes)], np.argsort(inverse, kind="stable")
-    needed = np.union1d(np.r_[found.first, found.second], np.flatnonzero(sizes > 1)).astype(np.int64)
+    first, second = np.divmod(found.codes, max(len(unique), 1))
+    needed = np.union1d(np.r_[first, second], np.flatnonzero(sizes > 1)).astype(np.int64)
     groups = {int(unique[u]): _group(records, rows[starts[u]:starts[u + 1]]) for u in needed.tolist()}
     kept = sorted({member.row for group in groups.values() for members in group.first.values() for member in members})
     reads: dict[str, list[tuple[int, int]]] = {}
     for row in (row for row in kept if row not in records.thumbnails):
         reads.setdefault(records.files[row], []).append((row, records.indices[row]))
     pairs = [HashPair(int(unique[a]), int(unique[b]), int(d))
-             for a, b, d in zip(found.first.tolist(), found.second.tolist(), found.distance.tolist())]
+             for a, b, d in zip(first.tolist(), second.tolist(), found.distance.tolist())]
     return Plan(groups, pairs, {row: records.thumbnails[row] for row in kept if row in records.thumbnails},
                 reads, (found.buckets_over_cap, found.unchecked, found.scored_within))
 
@@ -417,31 +381,28 @@ def _by_split_pair(pairs: list[NearPair], listed: int | None = None) -> list[tup
     return [(key, sorted(found, key=NearPair.order)[:listed]) for key, found in sorted(keyed.items())]
 
 
-def to_score(plan: Plan, ranks: dict[str, int]) -> list[tuple[int, int]]:
-    """The member pairs (rows) whose scores the findings need, each once."""
-    asked: dict[tuple[int, int], None] = {}
-
-    def collect(reference: Member, duplicate: Member) -> float:
-        asked[reference.row, duplicate.row] = None
-        return 0.0
-
-    for _ in _findings(plan, ranks, 1.0, collect):
-        pass
-    return list(asked)
+def to_score(plan: Plan, ranks: dict[str, int], parts: int) -> Iterator[tuple[list[tuple[int, int]], dict]]:
+    """The member pairs (rows) whose scores the findings need, each once, in about ``parts`` parts (of 64 or more),
+    each with the thumbnails records carried for them."""
+    asked: dict[tuple[int, int], float] = {}
+    list(_findings(plan, ranks, 1.0, lambda a, b: asked.setdefault((a.row, b.row), 0.0)))  # collects, finds none
+    rows, size = list(asked), max(64, -(-len(asked) // parts))
+    for part in (rows[start:start + size] for start in range(0, len(rows), size)):
+        yield part, {row: plan.thumbnails[row] for pair in part for row in pair if row in plan.thumbnails}
 
 
-def score_rows(rows: list[tuple[int, int]], thumbnails: dict[int, bytes]) -> list[tuple[tuple[int, int], float]]:
-    """Each pair of ``rows`` with its score (:func:`score_many`); a row without a thumbnail (unreadable, which
-    validate names elsewhere) is flat: it pairs with nothing."""
-    blank = bytes(SIDE * SIDE)
+def score_rows(part: tuple[list[tuple[int, int]], dict[int, bytes]], read: dict[int, bytes]) -> list[tuple]:
+    """The (rows, score) of each pair of a :func:`to_score` part, by its thumbnails and the ``read`` ones (a row with
+    none, unreadable, is flat: no pair)."""
+    (rows, carried), blank = part, bytes(SIDE * SIDE)
+    thumbnails = {**carried, **read}
     return list(zip(rows, score_many([thumbnails.get(a, blank) for a, _ in rows],
                                      [thumbnails.get(b, blank) for _, b in rows]).tolist()))
 
 
 def findings(plan: Plan, scores: dict[tuple[int, int], float], ranks: dict[str, int], min_score: float,
              listed: int) -> Found:
-    """Every candidate verified by the ``scores`` of its member pairs (:func:`to_score`): flags, pairs, borderline
-    pairs and the leaked records."""
+    """Flags, pairs, borderline pairs and leaked records, by the ``scores`` of the member pairs of :func:`to_score`."""
     tagged: dict[str, set] = {"flag": set(), "near_pair": set(), "borderline": set()}
     for tag, value in _findings(plan, ranks, min_score, lambda a, b: scores[a.row, b.row]):
         tagged[tag].add(value)

@@ -1,6 +1,5 @@
-"""The near-duplicate score that confirms a candidate pair (near_pairs.py finds the candidates): the normalized
-correlation of two 32x32 grey thumbnails' gradients, best over a mirror, a small zoom and shifts; what it measures:
-docs/near_duplicates.md."""
+"""The score that confirms a candidate pair: the normalized correlation of two 32x32 grey thumbnails' gradients,
+best over a mirror, a small zoom and shifts; what it measures: docs/near_duplicates.md."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ BATCH = 64  # pairs scored at once (their arrays stay in the cache)
 
 
 def thumbnail(pixels: np.ndarray) -> bytes:
-    """``pixels`` (H×W×3 or H×W uint8) as the SIDE×SIDE grey thumbnail the score compares (ITU-R 601 luma, area
-    averaging; bilinear where an image is smaller, so its edges stay smooth), row by row."""
+    """``pixels`` as the SIDE×SIDE grey thumbnail the score compares (luma; area averaging, bilinear when smaller)."""
     from PIL import Image
 
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).convert("L")
@@ -80,10 +78,8 @@ def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 
 def score_many(first: list[bytes], second: list[bytes]) -> np.ndarray:
-    """How alike each thumbnail of ``first`` is to the one of ``second`` beside it, from -1 to 1: the best
-    normalized gradient correlation of the first's central window with the second as it is or mirrored, zoomed
-    and shifted (see docs/near_duplicates.md); 0 when either is flat. Batched: each pair's value does not depend
-    on the others."""
+    """How alike each thumbnail of ``first`` is to the one of ``second`` beside it, from -1 to 1 (0 when either is
+    flat): the best gradient correlation over a mirror, zooms and shifts. Batched; each pair's value its own."""
     found = [np.zeros(0)]
     for start in range(0, len(first), BATCH):
         grids = [np.frombuffer(b"".join(side[start:start + BATCH]), np.uint8).reshape(-1, SIDE, SIDE)
@@ -91,7 +87,3 @@ def score_many(first: list[bytes], second: list[bytes]) -> np.ndarray:
         found.append(_scores(*grids))
     return np.concatenate(found)
 
-
-def score(first: bytes, second: bytes) -> float:
-    """:func:`score_many` of one pair."""
-    return float(score_many([first], [second])[0])

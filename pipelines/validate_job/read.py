@@ -1,6 +1,5 @@
 """Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call,
-every byte counted and hashed; reading resumes after a record whose data checksum fails (its framing intact), so one
-bad record does not hide the rest. No record is held: the cross-record stages get keys and locations."""
+every byte counted and hashed, resuming after a record whose data checksum fails; no record is held."""
 
 from __future__ import annotations
 
@@ -33,14 +32,11 @@ SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "perceptual_hash", "sample
 
 
 class MeasuredReader:
-    """A binary stream with every byte read counted (and hashed), read no further than ``limit``: a record length
-    read from the file never asks for more than it can give, and a file far too large is read only so far."""
+    """A binary stream with every byte read counted (and hashed), read no further than ``limit`` (a file's size)."""
 
     def __init__(self, stream, hash_bytes: bool, limit: int | None = None):
-        self._stream = stream
+        self._stream, self.num_bytes, self.limit = stream, 0, limit
         self.sha256 = hashlib.sha256() if hash_bytes else None
-        self.num_bytes = 0
-        self.limit = limit
 
     def read(self, size: int = -1) -> bytes:
         if self.limit is not None:
@@ -95,8 +91,7 @@ RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not 
 
 
 def record_at(stream, index: int) -> bytes:
-    """Record ``index`` (0-based) of a seekable TFRecord stream (every stream ``open_for_reading`` gives), the records
-    before it skipped; ``CorruptRecordError`` if the stream ends or its framing breaks first."""
+    """Record ``index`` of a seekable TFRecord stream, those before it skipped; ``CorruptRecordError`` if broken."""
     for number in range(index + 1):
         header = stream.read(tfrecord_io.HEADER_BYTES)
         if len(header) < tfrecord_io.HEADER_BYTES:
@@ -114,8 +109,7 @@ def record_at(stream, index: int) -> bytes:
 
 
 def open_for_reading(path: str):
-    """``(binary stream, size in bytes)`` of a shard or input file; a local one must be a regular file (a FIFO
-    would block, ``/dev/zero`` never end): else ``NotRegularFileError``."""
+    """``(binary stream, size)`` of a shard or input file; a local one not a regular file: ``NotRegularFileError``."""
     if "://" not in path or path.startswith("file://"):
         descriptor = untrusted.open_regular_file(path[len("file://"):] if path.startswith("file://") else path)
         return os.fdopen(descriptor, "rb"), os.fstat(descriptor).st_size
@@ -167,11 +161,9 @@ class ReadShardFn(beam.DoFn):
     def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         self.manifest = manifest  # as the driver loaded and checked it
         self.layouts = manifest.fixed_layout_splits
-        self.samples = samples
-        self.progress_dir = progress_dir
-        self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
-        self.bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
-        self.shards_read = Metrics.counter(METRICS_NAMESPACE, "shards_read")
+        self.samples, self.progress_dir = samples, progress_dir
+        self.records_read, self.bytes_read, self.shards_read = (
+            Metrics.counter(METRICS_NAMESPACE, name) for name in ("records_read", "bytes_read", "shards_read"))
 
     def process(self, task: ShardTask):
         stats = SplitStats()
@@ -275,9 +267,7 @@ class ReadForeignFileFn(beam.DoFn):
     """One foreign TFRecord file: every record's CRC, parse, image header (size, format, mode) and label."""
 
     def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
-        self.image_key = image_key
-        self.label_key = label_key
-        self.progress_dir = progress_dir
+        self.image_key, self.label_key, self.progress_dir = image_key, label_key, progress_dir
         self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
 
     def process(self, element):
