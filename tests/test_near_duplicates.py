@@ -365,3 +365,34 @@ def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
     assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
     reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
     assert f"about {kib} KiB" in reason
+
+
+@pytest.mark.parametrize("max_scored", [10_000, 40, 7])
+def test_tables_searched_in_parts_merge_to_the_candidates_of_all_at_once(max_scored):
+    """The workers search the tables in parts (graph.py): merged, the same pairs, distances and counts, and the same
+    distance scored within, however each part was cut down to ``max_scored``."""
+    rng = np.random.default_rng(3)
+    hashes = np.unique(rng.integers(0, 2 ** 63, 400, dtype=np.int64).astype(np.uint64))
+    hashes = np.unique(np.r_[hashes, hashes[:60] ^ np.uint64(0b101), hashes[60:90] ^ np.uint64(0b1)])
+    mirrors, search = hashes ^ np.uint64(1 << 40), SearchKeys(tables=12, bits=6)
+    whole = near_score.candidates(hashes, mirrors, search, 20, 50, max_scored)
+    found = near_score.distinct(hashes, mirrors)
+    for parts in (2, 5, 12):
+        merged = near_score.merged([near_score.search_tables(range(search.tables)[part::parts], found, search, 20, 50,
+                                                             max_scored) for part in range(parts)], max_scored)
+        assert merged.codes.tolist() == whole.codes.tolist() and merged.distance.tolist() == whole.distance.tolist()
+        assert merged[2:] == whole[2:]  # buckets over the cap, unchecked, scored within, hashes
+    assert len(whole.codes) <= max_scored and (max_scored > 1000) == (whole.scored_within == 20)
+
+
+def test_a_shards_records_gathered_at_once_are_the_records_gathered_one_by_one():
+    """read.py sends each shard's hashes as one Records; FindNearDuplicates' gathering takes either."""
+    records = [NearRecord(Fingerprint(i, i + 1), at("train", i), bytes([i]) if i % 2 else b"") for i in range(5)]
+    one_by_one, shard = near_score.Records(), near_score.Records()
+    for each in records:
+        one_by_one.add(each)
+        shard.add(each)
+    gathered = near_score.Records().add(records[0]).add(shard)
+    assert gathered.columns()[1:] != () and [list(c) for c in gathered.columns()] == [
+        list(a) + list(b) for a, b in zip(near_score.Records().add(records[0]).columns(), one_by_one.columns())]
+    assert gathered.thumbnails == {0 + 1 + row: thumb for row, thumb in one_by_one.thumbnails.items()}
