@@ -8,7 +8,8 @@ from typing import Any
 
 
 MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
-# Above this a local run skips the near-duplicate search unless asked for it: its wall time there (BENCHMARKS.md).
+# Above this a local run skips the near-duplicate search unless asked for it: once ~64 KiB of memory a record, now its
+# wall time (BENCHMARKS.md: over 1.5x validate's at 1.28 M records in one of three interleaved rounds).
 LOCAL_NEAR_DUPLICATE_KIB = 64
 LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 
