@@ -1,6 +1,7 @@
 """ImageNet's count on one machine: the whole preprocess job, then validate, on up to 1.28 M small generated inputs.
 
     python benchmarks/scale_bench.py [--sizes 128000 256000 512000] [--workers 2] [--json RESULTS] [--keep DIR]
+    python benchmarks/scale_bench.py --distinct --near-duplicates --rounds 3 --sizes 1280000   # the search's cost
     python benchmarks/scale_bench.py --smoke     # 300 inputs, for the test suite
 
 For each size, an ImageFolder like ImageNet's train split: 1,000 class folders of WordNet-style names, the inputs
@@ -11,6 +12,11 @@ decode groups, shards, manifest, rejects, the journal -- and ``shardprep validat
 Each run's resident memory is sampled every 0.1 s (``memory_bench.sample_tree``): the launcher and the largest SDK
 worker. Small images keep the run to minutes: the per-image decode is what ``preprocess_bench.py`` measures; this
 one measures what grows with the count.
+
+``--distinct`` makes every input a picture of its own (random noise, 10-24 px; one JPEG encode each, so writing
+1.28 M takes minutes), so that validate's near-duplicate search faces as many distinct hashes as ImageNet would;
+``--near-duplicates`` runs validate without the search (``--no-near-duplicates``) and with it, interleaved,
+``--rounds`` times each, and prints the ratio of their wall times per round (side by side: the same load).
 
 Prints per size and command: wall time, CPU seconds of the whole process tree (and of the launcher alone), peak RSS
 of the launcher and of the largest worker, and the CPU seconds per 100,000 inputs against the smallest size's (1.00
@@ -65,14 +71,23 @@ def distinct_jpegs(folder: str) -> list[str]:
     return paths + [text]
 
 
-def write_source(root: str, size: int, pool: list[str]) -> None:
-    """``size`` inputs in ``root/train/<class>/``, hard links into ``pool`` (its last entry the reject)."""
+def write_source(root: str, size: int, pool: list[str], distinct: bool = False) -> None:
+    """``size`` inputs in ``root/train/<class>/``, hard links into ``pool`` (its last entry the reject); with
+    ``distinct``, each input not a reject a small random JPEG of its own."""
+    import numpy as np
+    from PIL import Image
+
     class_dirs = [os.path.join(root, "train", f"n{index:08d}") for index in range(CLASSES)]
     for directory in class_dirs:
         os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(size)
     for index in range(size):
-        source = pool[-1] if index % REJECT_EVERY == REJECT_EVERY - 1 else pool[index % DISTINCT]
-        os.link(source, os.path.join(class_dirs[index % CLASSES], f"img_{index:08d}.JPEG"))
+        path = os.path.join(class_dirs[index % CLASSES], f"img_{index:08d}.JPEG")
+        if index % REJECT_EVERY == REJECT_EVERY - 1 or not distinct:
+            os.link(pool[-1] if index % REJECT_EVERY == REJECT_EVERY - 1 else pool[index % DISTINCT], path)
+            continue
+        width, height = (int(v) for v in rng.integers(10, 25, 2))
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path, "JPEG", quality=90)
 
 
 def cpu_seconds(root: psutil.Process, seen: dict[int, float]) -> None:
@@ -112,10 +127,11 @@ def measure(command: list[str]) -> dict:
     return {**peaks, "wall_s": wall, "cpu_s": sum(seen.values()), "launcher_cpu_s": seen.get(run.pid, 0.0)}
 
 
-def run_size(work: str, size: int, workers: int, pool: list[str]) -> dict:
+def run_size(work: str, size: int, workers: int, pool: list[str], distinct: bool = False,
+             near: bool = False, rounds: int = 1) -> dict:
     source, output = os.path.join(work, f"source-{size}"), os.path.join(work, f"out-{size}")
     started = time.perf_counter()
-    write_source(source, size, pool)
+    write_source(source, size, pool, distinct)
     written = time.perf_counter() - started
     job = measure([sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet",
                    "--shorter-side", str(SHORTER_SIDE), "--num-shards", str(-(-size // RECORDS_PER_SHARD)), "--",
@@ -124,11 +140,22 @@ def run_size(work: str, size: int, workers: int, pool: list[str]) -> dict:
         manifest = json.load(f)
     job["num_shards"] = manifest["splits"]["train"]["num_shards"]
     assert manifest["num_inputs"] == size and manifest["num_examples"] == size - size // REJECT_EVERY, manifest
-    checked = measure([sys.executable, "-m", "shardprep.cli", "validate", output, "--",
-                       f"--direct_num_workers={workers}"])
+    validate = [sys.executable, "-m", "shardprep.cli", "validate", output]
+    runs = {}
+    report_path = os.path.join(work, f"report-{size}.json")
+    for round_ in range(1, rounds + 1 if near else 2):
+        suffix = f" (round {round_})" if round_ > 1 else ""
+        if near:
+            runs[f"validate --no-near-duplicates{suffix}"] = measure([*validate, "--no-near-duplicates", "--",
+                                                                      f"--direct_num_workers={workers}"])
+        runs[f"validate{suffix}"] = measure([*validate, *["--near-duplicates"] * near, "--json", report_path, "--",
+                                             f"--direct_num_workers={workers}"])
+    with open(report_path) as f:
+        near_report = json.load(f).get("near_duplicates")
     shutil.rmtree(source, ignore_errors=True)
     shutil.rmtree(output, ignore_errors=True)
-    return {"size": size, "source_written_s": written, "preprocess": job, "validate": checked}
+    return {"size": size, "source_written_s": written, "preprocess": job, **runs,
+            "search": near_report and near_report["search"]}
 
 
 def report(results: list[dict], workers: int) -> None:
@@ -137,7 +164,7 @@ def report(results: list[dict], workers: int) -> None:
     print("| inputs | shards | command | wall s | CPU s (launcher) | launcher MiB | largest worker MiB | "
           "CPU s per 100k inputs (x smallest) |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    for name in ("preprocess", "validate"):
+    for name in [name for name in results[0] if name.startswith(("preprocess", "validate"))]:
         base = results[0][name]["cpu_s"] / results[0]["size"]
         for r in results:
             run, size = r[name], r["size"]
@@ -145,6 +172,14 @@ def report(results: list[dict], workers: int) -> None:
                   f"{run['cpu_s']:.0f} ({run['launcher_cpu_s']:.0f}) | {run['launcher'] / MIB:,.0f} | "
                   f"{run['largest_worker'] / MIB:,.0f} | {1e5 * run['cpu_s'] / size:.1f} "
                   f"({run['cpu_s'] / size / base:.2f}) |", flush=True)
+    for r in results:
+        for name in (name for name in r if name.startswith("validate --no-near-duplicates")):
+            without, with_ = r[name], r[name.replace(" --no-near-duplicates", "")]
+            print(f"{r['size']:,} inputs{name[len('validate --no-near-duplicates'):]}: validate with the "
+                  f"near-duplicate search / without: wall {with_['wall_s'] / without['wall_s']:.2f}x, CPU "
+                  f"{with_['cpu_s'] / without['cpu_s']:.2f}x")
+        if r.get("search"):
+            print(f"{r['size']:,} inputs: search {r['search']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--keep", help="work in this folder (default: a temporary one, removed)")
     parser.add_argument("--smoke", action="store_true", help="300 inputs, 1 worker")
+    parser.add_argument("--distinct", action="store_true", help="every input a picture of its own")
+    parser.add_argument("--near-duplicates", action="store_true",
+                        help="validate with and without the near-duplicate search")
+    parser.add_argument("--rounds", type=int, default=1, help="with --near-duplicates: runs of each, interleaved")
     args = parser.parse_args(argv)
     sizes, workers = ([300], 1) if args.smoke else (args.sizes, args.workers)
     work = args.keep or tempfile.mkdtemp(prefix="shardprep-scale-bench-")
@@ -161,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool = distinct_jpegs(os.path.join(work, "pool"))
         for size in sizes:
-            results.append(run_size(work, size, workers, pool))
+            results.append(run_size(work, size, workers, pool, args.distinct, args.near_duplicates, args.rounds))
             r = results[-1]
             print(f"{size:,} inputs: preprocess {r['preprocess']['wall_s']:.0f} s ({r['preprocess']['cpu_s']:.0f} CPU s), "
                   f"validate {r['validate']['wall_s']:.0f} s ({r['validate']['cpu_s']:.0f} CPU s) (source written in "

@@ -19,13 +19,22 @@ from shardprep.pipelines.validate_job.graph import FindNearDuplicates
 from shardprep.pipelines.validate_job.options import default
 from shardprep.pipelines.validate_job import near_pairs as near_score
 from shardprep.pipelines.validate_job.checks import RecordLocation
-from shardprep.pipelines.validate_job.near_pairs import (HashPair, NearRecord, SearchKeys, SplitPair, bucket_pairs,
+from shardprep.pipelines.validate_job.near_pairs import (NearRecord, SearchKeys, SplitPair,
                                                          split_ranks)
 from shardprep.preprocess.image import perceptual_hash
-from shardprep.preprocess.image.perceptual_hash import Fingerprint, distance, fingerprint, flip_invariant_features
+from shardprep.preprocess.image.perceptual_hash import Fingerprint, fingerprint, flip_invariant_features
 
 THRESHOLD = default("near_duplicate_distance")  # the candidates' hash distance
 SIDES = (32, 256)  # CIFAR's size and an ImageNet-like one: one default for both
+
+
+def score(first: bytes, second: bytes) -> float:
+    return float(near_score.score_many([first], [second])[0])
+
+
+def distance(a: Fingerprint, b: Fingerprint) -> int:
+    """Bits between two hashes, or one's hash and the other's mirror, whichever is fewer (as the search counts)."""
+    return min((a.hash ^ b.hash).bit_count(), (a.hash ^ b.mirror).bit_count())
 
 
 def fp(image: Image.Image) -> Fingerprint:
@@ -53,7 +62,7 @@ BEYOND_THE_HASH = {32: {"shifted 2 px both ways", "shifted 4 px", "cropped 10% a
 def test_planted_copies_score_above_the_default(change, side):
     for seed in range(4):
         original = picture(seed, side)
-        assert near_score.score(thumb(original), thumb(PLANTED[change](original))) >= near_score.MIN_SCORE, seed
+        assert score(thumb(original), thumb(PLANTED[change](original))) >= near_score.MIN_SCORE, seed
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -71,15 +80,15 @@ def test_planted_copies_are_candidates(change, side):
 def test_hard_negatives_score_below_the_default(kind, side):
     for seed in range(0, 24, 3):
         first, second = HARD_NEGATIVES[kind](*(picture(seed + i, side) for i in range(3)))
-        assert near_score.score(thumb(first), thumb(second)) < near_score.MIN_SCORE, (kind, seed)
+        assert score(thumb(first), thumb(second)) < near_score.MIN_SCORE, (kind, seed)
 
 
 def test_the_score_cancels_brightness_and_contrast_and_a_flat_image_scores_zero():
     grey = np.asarray(picture(5, 32).convert("L"), np.float64)
     dimmer = np.clip(grey * 0.6 + 30, 0, 255).astype(np.uint8)
-    assert near_score.score(thumb(Image.fromarray(grey.astype(np.uint8))), thumb(Image.fromarray(dimmer))) > 0.99
+    assert score(thumb(Image.fromarray(grey.astype(np.uint8))), thumb(Image.fromarray(dimmer))) > 0.99
     flat = thumb(Image.new("RGB", (32, 32), (90, 90, 90)))
-    assert near_score.score(flat, thumb(picture(5, 32))) == 0 == near_score.score(thumb(picture(5, 32)), flat)
+    assert score(flat, thumb(picture(5, 32))) == 0 == score(thumb(picture(5, 32)), flat)
     assert len(flat) == near_score.SIDE ** 2
 
 
@@ -111,7 +120,8 @@ def test_grey_and_rgb_of_the_same_picture_agree():
 def test_the_hash_has_64_bits_and_distance_counts_them():
     value = fp(photo(1))
     assert 0 <= value.hash < 2 ** perceptual_hash.HASH_BITS
-    assert perceptual_hash.hamming(0, 2 ** 64 - 1) == 64
+    assert near_score._distances(np.array([0, 2 ** 64 - 1], np.uint64), np.zeros(2, np.uint64), [0], [1]) == [64]
+    assert near_score._distances(np.array([0b1011, 1], np.uint64), np.array([1, 0], np.uint64), [0], [1]) == [0]
     assert distance(Fingerprint(0b1011, 0), Fingerprint(0b0001, 0b1011)) == 0
 
 
@@ -157,7 +167,7 @@ def test_the_stage_verifies_planted_copies_lists_every_pair_and_pairs_no_flat_im
             (SplitPair("validation", "test"), 1)]), label="Counts")
         # test's copy has its twin in validation, held out too: not a leak from training
         assert_that(found["leaked"], equal_to([at("validation", i) for i in (0, 1, 2)]), label="Leaked")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
 
         def check_pairs(listed):
             pairs = dict(listed)
@@ -235,7 +245,7 @@ def test_every_train_spelling_ranks_first_and_the_held_out_splits_keep_the_manif
 
 def test_a_candidate_just_short_of_the_minimum_is_listed_apart_and_not_counted():
     original, copy = photo(3), jpeg(photo(3), 30)
-    value = near_score.score(thumb(original), thumb(copy))
+    value = score(thumb(original), thumb(copy))
     records = [record(original, at("train", 0)), record(copy, at("val", 0))]
     with pipeline() as p:
         found = p | beam.Create(records) | FindNearDuplicates(["train", "val"], THRESHOLD, 10,
@@ -262,7 +272,7 @@ def test_a_bucket_over_the_cap_is_counted_not_compared_pairwise():
     records = [NearRecord(Fingerprint(h, h), at("train", i), same) for i, h in enumerate(same_features(16))]
     with pipeline() as p:
         found = p | beam.Create(records) | FindNearDuplicates(["train"], 4, 5, SearchKeys(tables=3), cap=8)
-        assert_that(found["search"], equal_to([(3, 24)]), label="Unchecked")
+        assert_that(found["search"], equal_to([(3, 24, 4)]), label="Unchecked")
         assert_that(found["counts"], equal_to([(SplitPair("train", "train"), 8)]), label="OnlyTheCappedCompared")
 
 
@@ -275,14 +285,21 @@ def test_thousands_of_copies_of_one_image_are_one_group_counted_whole():
         assert_that(found["counts"], equal_to([(SplitPair("train", "validation"), 300),
                                                (SplitPair("train", "train"), 1500),
                                                (SplitPair("validation", "validation"), 300)]), label="Counts")
-        assert_that(found["search"], equal_to([(0, 0)]), label="NoBucketOverTheCap")
+        assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
         assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
 
 
-def test_bucket_pairs_compares_each_member_once_within_the_cap():
-    found = bucket_pairs([(0b0000, 0b0000), (0b0011, 0b1100), (0b1100, 0b0011), (0b0000, 0)], 2, cap=3)
-    assert sorted(found.pairs) == sorted([HashPair(0, 0b0011, 2), HashPair(0, 0b1100, 2), HashPair(0b0011, 0b1100, 0)])
-    assert found.unchecked == 1
+def test_a_bucket_compares_each_member_once_within_the_cap_either_one_mirrored():
+    hashes = np.array(sorted(same_features(4)), np.uint64)  # every key puts them in one bucket
+    mirrors = hashes[[0, 2, 1, 3]]  # the second's mirror is the third: 0 bits apart mirrored
+    apart = [bin(int(hashes[0]) ^ int(hashes[i])).count("1") for i in (1, 2)]
+    assert sorted(apart) == [2, 4]
+    found = near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 4, cap=3)
+    first, second = np.divmod(found.codes, len(hashes))  # indices into the sorted distinct hashes
+    assert sorted(zip(first.tolist(), second.tolist(), found.distance.tolist())) == [
+        (0, 1, apart[0]), (0, 2, apart[1]), (1, 2, 0)]  # the fourth, past the cap, is counted in each table
+    assert len(near_score.candidates(hashes, mirrors, SearchKeys(tables=2), 2, cap=3).codes) == 2
+    assert (found.buckets_over_cap, found.unchecked, found.scored_within) == (2, 2, 4)
 
 
 def test_record_at_reads_one_record_and_refuses_broken_framing():
@@ -327,6 +344,18 @@ def test_search_keys_grow_with_the_dataset_and_keep_the_recall_at_the_threshold(
     assert SearchKeys.for_records(0, 0) == SearchKeys(1, 6)
 
 
+def test_over_max_scored_candidates_only_the_nearest_are_scored_and_the_distance_says_so():
+    """A budget that bounds a big dataset's time: the candidates within the largest distance that keeps at most
+    ``max_scored`` (the report's search.scored_within)."""
+    hashes = np.array(sorted(same_features(9)), np.uint64)  # one bucket: 8 pairs 2 bits apart, 28 pairs 4 apart
+    everything = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100)
+    assert len(everything.codes) == 36 and everything.scored_within == 64
+    assert sorted(everything.distance.tolist()) == [2] * 8 + [4] * 28
+    kept = near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=10)
+    assert kept.distance.tolist() == [2] * 8 and kept.scored_within == 3 and np.less(*np.divmod(kept.codes, 9)).all()
+    assert near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=5).scored_within == 1
+
+
 def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
     """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
     from shardprep.pipelines.validate_job import options as validate_options
@@ -336,3 +365,34 @@ def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
     assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
     reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
     assert f"about {kib} KiB" in reason
+
+
+@pytest.mark.parametrize("max_scored", [10_000, 40, 7])
+def test_tables_searched_in_parts_merge_to_the_candidates_of_all_at_once(max_scored):
+    """The workers search the tables in parts (graph.py): merged, the same pairs, distances and counts, and the same
+    distance scored within, however each part was cut down to ``max_scored``."""
+    rng = np.random.default_rng(3)
+    hashes = np.unique(rng.integers(0, 2 ** 63, 400, dtype=np.int64).astype(np.uint64))
+    hashes = np.unique(np.r_[hashes, hashes[:60] ^ np.uint64(0b101), hashes[60:90] ^ np.uint64(0b1)])
+    mirrors, search = hashes ^ np.uint64(1 << 40), SearchKeys(tables=12, bits=6)
+    whole = near_score.candidates(hashes, mirrors, search, 20, 50, max_scored)
+    found = near_score.distinct(hashes, mirrors)
+    for parts in (2, 5, 12):
+        merged = near_score.merged([near_score.search_tables(range(search.tables)[part::parts], found, search, 20, 50,
+                                                             max_scored) for part in range(parts)], max_scored)
+        assert merged.codes.tolist() == whole.codes.tolist() and merged.distance.tolist() == whole.distance.tolist()
+        assert merged[2:] == whole[2:]  # buckets over the cap, unchecked, scored within, hashes
+    assert len(whole.codes) <= max_scored and (max_scored > 1000) == (whole.scored_within == 20)
+
+
+def test_a_shards_records_gathered_at_once_are_the_records_gathered_one_by_one():
+    """read.py sends each shard's hashes as one Records; FindNearDuplicates' gathering takes either."""
+    records = [NearRecord(Fingerprint(i, i + 1), at("train", i), bytes([i]) if i % 2 else b"") for i in range(5)]
+    one_by_one, shard = near_score.Records(), near_score.Records()
+    for each in records:
+        one_by_one.add(each)
+        shard.add(each)
+    gathered = near_score.Records().add(records[0]).add(shard)
+    assert gathered.columns()[1:] != () and [list(c) for c in gathered.columns()] == [
+        list(a) + list(b) for a, b in zip(near_score.Records().add(records[0]).columns(), one_by_one.columns())]
+    assert gathered.thumbnails == {0 + 1 + row: thumb for row, thumb in one_by_one.thumbnails.items()}

@@ -276,6 +276,7 @@ def test_near_duplicates_runs_the_search_despite_the_local_limit(leaky, tmp_path
     assert result.exit_code == 0, result.output
     near = json.loads(report_path.read_text())["near_duplicates"]
     assert "skipped" not in near and near["leaked_records"] == 3
+    assert near["search"]["scored_within"] == near["max_distance"] == 16
 
 
 def test_no_near_duplicates_with_leaked_keys_is_refused(leaky, tmp_path):

@@ -1,7 +1,6 @@
-"""The checks ``shardprep validate`` runs, as pure functions over records, statistics and the manifest, and the
-typed values and mergeable statistics its stages pass (plain Python, no Beam). A failed check is a *problem*:
-``check`` (one of :data:`CHECKS`), ``message``, ``split``, ``file`` and ``index`` (0-based record in that file; None
-where not applicable), plus check-specific details. Channel sums are exact integers, so merging is exact in any order."""
+"""The checks ``shardprep validate`` runs, pure functions over records, statistics and the manifest, and the typed
+values and exactly mergeable statistics its stages pass (no Beam). A failed check is a *problem*: ``check`` (one of
+:data:`CHECKS`), ``message``, ``split``, ``file``, ``index`` (0-based record in that file, or None) and details."""
 
 from __future__ import annotations
 
@@ -21,24 +20,16 @@ from shardprep.preprocess.format.tfrecord_io import HEADER_BYTES, framed_size
 from shardprep.preprocess.sources.common import split_from_tfrecord_name
 
 CHECKS = frozenset({  # what each means: docs/validate.md ("The checks")
-    # The dataset folder
-    "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",
-    "shard_unlisted", "shard_unreadable",
-    # One shard
-    "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",
-    # One record
+    "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",  # the folder
+    "shard_unlisted", "shard_unreadable", "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",  # shards
     "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_layout", "image_decode",
-    # Across records
-    "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",
-    # Foreign tfrecord: inputs
-    "no_files", "class_names", "image_missing", "label_missing",
-})
+    "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",  # across
+    "no_files", "class_names", "image_missing", "label_missing"})  # foreign tfrecord: inputs
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
     """One listed shard to read: its split, path relative to the dataset, full path and manifest entry."""
-
     split: str
     file: str
     path: str
@@ -48,7 +39,6 @@ class ShardTask:
 @dataclasses.dataclass(frozen=True)
 class SampleOptions:
     """Which records become contact-sheet candidates (rank below ``fraction``), and their thumbnails' cap."""
-
     split: str
     fraction: float
     cell_cap: int
@@ -56,7 +46,6 @@ class SampleOptions:
 
 class RecordLocation(NamedTuple):
     """Where one record is; ordered as a tuple, so the lowest location is the first record in shard order."""
-
     split: str
     file: str  # relative to the dataset
     index: int  # type: ignore[assignment]  # 0-based in the file (shadows tuple.index: the report's key)
@@ -68,7 +57,6 @@ class RecordLocation(NamedTuple):
 
 class Sample(NamedTuple):
     """A contact-sheet candidate: its sample rank (the lowest ranks per class are shown), key and thumbnail."""
-
     rank: float
     filename: str
     height: int
@@ -123,15 +111,12 @@ def sample_fraction(class_counts: dict[str, int], samples_per_class: int, oversa
     """The rank below which a record is a contact-sheet candidate: the smallest class expects ``oversample``
     times the samples it needs, so the lowest ranks among candidates are (almost surely) those among all records."""
     smallest = min((n for n in class_counts.values() if n > 0), default=0)
-    if not smallest:
-        return 1.0
-    return min(1.0, oversample * samples_per_class / smallest)
+    return min(1.0, oversample * samples_per_class / smallest) if smallest else 1.0
 
 
 @dataclasses.dataclass
 class SplitStats:
     """What one split (or a part of it: one shard, one bundle) holds; ``merge`` adds another part exactly."""
-
     num_examples: int = 0
     label_counts: dict[int, int] = dataclasses.field(default_factory=dict)
     channel_sums: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])
@@ -154,7 +139,6 @@ class SplitStats:
 @dataclasses.dataclass
 class ForeignStats:
     """What a group of foreign ``tfrecord:`` files holds: labels, image sizes and formats (from headers only)."""
-
     num_records: int = 0
     num_readable_images: int = 0
     label_counts: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -221,8 +205,7 @@ def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, 
 
 
 def record_layout_length_problems(data_lengths: list[int], layout: FixedLayout) -> list[tuple[int, str]]:
-    """(record index, message) for the records of one shard whose length breaks the fixed layout: every record is
-    ``record_bytes`` framed, except the shard's last, ``record_bytes + image_offset``."""
+    """(record index, message) per record of a shard not ``record_bytes`` framed (its last: ``+ image_offset``)."""
     found = []
     for index, length in enumerate(data_lengths):
         last = index == len(data_lengths) - 1
@@ -301,8 +284,7 @@ def layout_problems(manifest: dict, found_files: list[str]) -> list[dict]:
 
 def shard_problems(split: str, file: str, expected: ShardEntry, num_records: int, num_bytes: int,
                    sha256: str | None) -> list[dict]:
-    """Compares what was read from one shard with its manifest entry. ``sha256`` None: the file is larger than
-    the manifest says (``num_bytes``) and was read only as far as that, so there is no hash of the whole file."""
+    """What was read from one shard against its manifest entry (``sha256`` None: read only to the manifest's size)."""
     found = []
     if num_records != expected.num_examples:
         found.append(problem("shard_count", f"{num_records} records, manifest says {expected.num_examples}",
@@ -322,9 +304,7 @@ def shard_problems(split: str, file: str, expected: ShardEntry, num_records: int
 
 def split_problems(split: str, stats: SplitStats, manifest: dict) -> list[dict]:
     """Split and class counts against the manifest, and shard-size uniformity (within one record)."""
-    info = manifest["splits"].get(split, {})
-    classes = manifest["classes"]
-    found = []
+    info, classes, found = manifest["splits"].get(split, {}), manifest["classes"], []
     expected_total = info.get("num_examples")
     if stats.num_examples != expected_total:
         found.append(problem("split_count", f"{stats.num_examples} valid records, manifest says {expected_total}",

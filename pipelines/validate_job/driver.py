@@ -52,8 +52,7 @@ class ReportWriteError(ValidateError):
 
 
 def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
-    """Where the pipeline writes its result lines (a local temporary folder, else ``--temp_location``: a remote
-    runner's workers cannot write here), and how to remove them afterwards."""
+    """Where the graph writes its result lines (a local temporary folder, else --temp_location), and their cleanup."""
     temp_location = PipelineOptions(beam_args).view_as(GoogleCloudOptions).temp_location
     if runner.runs_locally(beam_args) and not temp_location:
         folder = tempfile.mkdtemp(prefix="shardprep-validate-")
@@ -91,8 +90,7 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
 
 
 def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Manifest | None, list[dict]]:
-    """(manifest, the driver's problems), the manifest read and checked once; None when the shards cannot be read.
-    Listed shards that exist locally but are not files are added to ``found`` (reading says what)."""
+    """(manifest or None when the shards cannot be read, problems); listed local non-files join ``found``."""
     try:
         manifest = load_manifest(data_dir, layouts_required=True, lenient_layouts=True)
     except ManifestShapeError as e:
@@ -250,8 +248,7 @@ def _write_pictures_or_fail(options: ValidateOptions, report: dict, results: rep
 
 def write_pictures(directory: str, report: dict, results: report_lib.Results | None, samples_per_class: int,
                    outputs: WrittenOutputs) -> dict:
-    """Writes the contact sheet (prepared datasets: ``results`` holds the samples), the near-duplicate pages and the
-    class-count chart, last (``outputs`` then has them whole); returns their paths."""
+    """Writes the contact sheet, the near-duplicate pages and, last, the class-count chart; returns their paths."""
     from shardprep.pipelines.validate_job.read import read_record_pixels
     from shardprep.pipelines.validate_job import pictures
     from shardprep.preprocess.sources import wordnet_names
@@ -267,9 +264,8 @@ def write_pictures(directory: str, report: dict, results: report_lib.Results | N
         written["contact_sheet"] = write(pictures.CONTACT_SHEET_NAME, pictures.png_bytes(sheet))
     if (near := report.get("near_duplicates")) and "skipped" not in near:  # a search ran
         data_dir = absolute(report["data"]).rstrip("/")
-        pages = [write(name, png) for name, png in pictures.pages_of(report, lambda file, index: (
+        near["pages"] = pages = [write(name, png) for name, png in pictures.pages_of(report, lambda file, index: (
             read_record_pixels(manifest_lib.join(data_dir, file), index)))]
-        near["pages"] = pages
         page = pictures.html_of(report, [os.path.basename(path) for path in pages])
         written.update(near_duplicates=pages[0],
                        near_duplicates_html=write(pictures.NEAR_DUPLICATES_HTML, page, "text/html"))
@@ -280,8 +276,7 @@ def write_pictures(directory: str, report: dict, results: report_lib.Results | N
 
 def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progress | None = None,
         outputs: WrittenOutputs | None = None) -> dict:
-    """Validates, writes ``--json`` and ``--pictures`` if asked, and returns the report (``report["ok"]``);
-    ``outputs`` records each file as it is written (what a caller tells after a stop)."""
+    """Validates, writes --json and --pictures if asked; returns the report. ``outputs`` records each file written."""
     beam_args = list(beam_args)
     refused = runner.validate_refusal(options.data, options.tfds_data_dir, beam_args)
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read

@@ -1,6 +1,5 @@
-"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines
-(report.result_line) to ``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md
-("The graph")."""
+"""Validate's two Beam graphs and the composite stages across records; each graph writes result lines to
+``results_path``, which the driver reads back. The stages, top to bottom: docs/validate.md ("The graph")."""
 
 from __future__ import annotations
 
@@ -13,22 +12,21 @@ import apache_beam as beam
 from apache_beam import coders
 
 from shardprep.pipelines.validate_job.options import ValidateOptions
-from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, ReadShards
+from shardprep.pipelines.validate_job.read import MergeFn, ReadForeignFiles, ReadShards, open_for_reading, record_at
 from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocation, SampleOptions, ShardTask, SplitStats,
                                                    foreign_split, mean_std_problems, problem, problem_sort_key,
                                                    split_problems)
-from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Flag, HashGroup, HashPair,
-                                                       NearPair, SearchKeys, SplitPair, bucket_pairs, group_findings,
-                                                       pair_findings, split_ranks)
+from shardprep.pipelines.validate_job.near_pairs import (BUCKET_CAP, MIN_SCORE, Records, SearchKeys, distinct,
+                                                       findings, plan, score_rows, search_tables, split_ranks,
+                                                       thumbnail, to_score)
 from shardprep.pipelines.validate_job.report import foreign_summary, result_line, sample_line, split_summary
-from shardprep.preprocess.format import encodings
+from shardprep.preprocess.format import encodings, record_format
 from shardprep.preprocess.format.dataset import Manifest
 
 OCCURRENCES_LISTED = 10  # how many records a duplicate/leakage problem names
 
-# A local run holds every value of a shuffle in the launcher's memory until the last shard is read: a pickled
-# RecordLocation takes ~160 bytes, its fields encoded ~75. So the duplicate and leakage shuffles carry the fields
-# encoded (the filename shuffle without the filename, its key) and decode them after the grouping.
+# A local run holds a shuffle's values in memory until the last shard is read (a pickled RecordLocation ~160 bytes, its
+# fields encoded ~75): the duplicate and leakage shuffles carry them encoded (the filename's without its key).
 _LOCATION_CODER = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.VarIntCoder(),
                                      coders.StrUtf8Coder()])  # split, file, index, filename
 _PLACE_CODER = coders.TupleCoder(_LOCATION_CODER.coders()[:3])  # split, file, index
@@ -53,15 +51,12 @@ def _check_split(element, manifest: dict, tolerance: float):
 
 @beam.ptransform_fn
 def CheckSplits(shard_stats, manifest: dict, tolerance: float):
-    """``(split, SplitStats)`` per shard -> one result line per manifest split (main output ``split``; a split
-    whose shards are all missing gets one too) and tagged output ``problem``."""
-    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create(
-        [(split, SplitStats()) for split in manifest["splits"]])
+    """``(split, SplitStats)`` per shard -> a result line per manifest split (``split``) and tagged ``problem``."""
+    every_split = shard_stats.pipeline | "EverySplit" >> beam.Create([(s, SplitStats()) for s in manifest["splits"]])
     return ((shard_stats, every_split)
             | "FlattenSplitStats" >> beam.Flatten()
             | "MergeSplitStats" >> beam.CombinePerKey(MergeFn(SplitStats))
-            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs(
-                "problem", main="split"))
+            | "CheckSplit" >> beam.FlatMap(_check_split, manifest, tolerance).with_outputs("problem", main="split"))
 
 
 def _duplicate_filename(element):
@@ -89,8 +84,7 @@ def FindDuplicateFilenames(filenames):
 
 
 def _leakage(element, split_order: list[str]):
-    """``(pixel hash, [encoded locations])`` -> a ``leakage`` problem when the image is in more than one split,
-    and ``(split, count - 1)`` (tagged ``duplicates``) for each split holding it more than once."""
+    """``(pixel hash, [locations])`` -> a ``leakage`` problem if in two splits; tagged ``duplicates`` (split, n - 1)."""
     first_by_split: dict[str, RecordLocation] = {}
     count_by_split: collections.Counter[str] = collections.Counter()
     for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
@@ -114,8 +108,7 @@ def _leakage(element, split_order: list[str]):
 
 @beam.ptransform_fn
 def FindLeakage(pixel_hashes, split_order: list[str]):
-    """``(pixel hash, RecordLocation)`` per record -> ``{"problem": a leakage problem per image in two splits,
-    "duplicates": (split, identical images within it)}`` (within a split: not a failure)."""
+    """``(pixel hash, RecordLocation)`` per record -> {problem: leakage problems, duplicates: (split, n) within it}."""
     found = (pixel_hashes
              | "PackLocations" >> beam.MapTuple(lambda key, where: (key, _LOCATION_CODER.encode(where)))
              | "GroupByPixelHash" >> beam.GroupByKey()
@@ -126,8 +119,7 @@ def FindLeakage(pixel_hashes, split_order: list[str]):
 
 @beam.ptransform_fn
 def KeepFirstProblems(problems, max_per_check: int):
-    """Problem dicts -> per check, a ``problem`` result line of its first ``max_per_check`` problems (lowest
-    shard/record first) and a ``problem_count`` line counting all of them."""
+    """Problem dicts -> per check a ``problem`` line of the first ``max_per_check`` and a ``problem_count`` line."""
     keyed = problems | "KeyProblemsByCheck" >> beam.Map(
         lambda found: (found["check"], (problem_sort_key(found), json.dumps(found, sort_keys=True))))
     kept = (keyed
@@ -162,106 +154,53 @@ def WriteResults(lines, path: str):
     return lines | "WriteText" >> beam.io.WriteToText(path, num_shards=1, shard_name_template="")
 
 
-def _bucket_pairs(element, max_distance: int, cap: int):
-    """``(key, [(hash, mirror)])`` -> ``HashPair`` within ``max_distance``; ``unchecked``: members over ``cap``."""
-    found = bucket_pairs(element[1], max_distance, cap)
-    yield from found.pairs
-    if found.unchecked:
-        yield beam.pvalue.TaggedOutput("unchecked", found.unchecked)
+def _read_thumbnails(element, paths: dict[str, str]):
+    """``(file, [(row, index)])`` -> ``(row, thumbnail)`` of each record, the file read once, front to back."""
+    file, wanted = element
+    try:
+        stream, _ = open_for_reading(paths[file])
+        with stream:
+            previous = -1
+            for row, index in sorted(wanted, key=lambda entry: entry[1]):
+                data = record_at(stream, index - previous - 1)  # the records between are skipped
+                stream.seek(4, 1)  # past the data's checksum, to the next record
+                previous = index
+                yield row, thumbnail(record_format.decode_pixels(record_format.decode_example(data)))
+    except Exception:  # noqa: BLE001 - unreadable, broken framing or a codec's error: validate named it already
+        return  # the records not read score as flat: they pair with nothing
 
 
-def _attach_low(element):
-    """``(low, {group: [HashGroup], pair: [HashPair]})`` -> ``(high, (HashPair, low's HashGroup))``."""
-    for group in element[1]["group"]:
-        for pair in element[1]["pair"]:
-            yield pair.high, (pair, group)
-
-
-_TAGS = ("flag", "near_pair", "borderline")
-
-
-def _tagged(findings):
-    return (beam.pvalue.TaggedOutput(tag, found) for tag, found in findings)
-
-
-def _pair_findings(element, ranks: dict[str, int], min_score: float):
-    """``(high, {group: [HashGroup], pair: [(HashPair, low group)]})`` -> tagged findings of each pair."""
-    for high in element[1]["group"]:
-        for pair, low in element[1]["pair"]:
-            yield from _tagged(pair_findings(low, high, pair.distance, ranks, min_score))
-
-
-def _leaked_locations(element):
-    """``(hash, {split: [split], location: [RecordLocation]})`` -> the locations in a flagged split."""
-    flagged = set(element[1]["split"])
-    return [location for location in element[1]["location"] if location.split in flagged]
-
-
-def _leaked(by_hash, flags, ranks: dict[str, int]):
-    """The RecordLocation of every record of a held-out split whose hash is flagged against a training split."""
-    flagged = (flags
-               | "HeldOutWithATrainTwin" >> beam.Filter(lambda flag: flag.pair.is_leak(ranks))
-               | "FlaggedSplit" >> beam.Map(lambda flag: (flag.hash, flag.pair.split)))
-    locations = by_hash | "Locations" >> beam.MapTuple(lambda image_hash, record: (image_hash, record.location))
-    return ({"split": flagged, "location": locations}
-            | "JoinLeaked" >> beam.CoGroupByKey()
-            | "LeakedLocations" >> beam.FlatMap(_leaked_locations))
-
-
-def _per_split_pair(found, label: str, listed: int | None = None):
-    """NearPairs -> ``((reference, split), [NearPair])``, most alike first; ``listed``: only the best so many. The
-    key is a plain tuple, which Beam encodes deterministically."""
-    keyed = found | f"Key{label}" >> beam.Map(lambda pair: ((pair.reference.split, pair.duplicate.split), pair))
-    grouped = keyed | f"Group{label}" >> (beam.GroupByKey() if listed is None else beam.combiners.Top.PerKey(
-        listed, key=lambda pair: pair.score))
-    return grouped | f"{label}MostAlikeFirst" >> beam.MapTuple(
-        lambda key, pairs: (key, sorted(pairs, key=NearPair.order)))
+_OUTPUTS = ("counts", "pairs", "borderline", "leaked")
+SEARCH_PARTS = 16  # elements the search's tables, and its scoring, are spread over (the workers share them)
 
 
 @beam.ptransform_fn
 def FindNearDuplicates(records, split_order: list[str], max_distance: int, pairs_listed: int,
-                       search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE):
-    """``NearRecord`` per record -> a dict of PCollections:
-
-    counts      ((reference, split), n): n records of split have a near-duplicate in the reference split
-    pairs       ((reference, split), [NearPair]): every verified pair of each split pair, most alike first
-    borderline  ((reference, split), [NearPair]): the ``pairs_listed`` best candidates that fell just short
-    leaked      RecordLocation of every held-out record with a near-duplicate in a training split
-    search      (buckets over the cap, members left unchecked in them): one element
-    """
-    by_hash = records | "KeyByHash" >> beam.Map(lambda record: (record.fingerprint.hash, record))
-    groups = by_hash | "GroupByHash" >> beam.CombinePerKey(MergeFn(HashGroup, add="add"))  # (hash, HashGroup)
-    samples, ranks = search.samples(), split_ranks(split_order)
-    buckets = (groups
-               | "SearchKeys" >> beam.FlatMapTuple(lambda image_hash, group: (
-                   (key, (image_hash, group.mirror)) for key in search.keys(image_hash, samples)))
-               | "GroupByBucket" >> beam.GroupByKey()
-               | "BucketPairs" >> beam.FlatMap(_bucket_pairs, max_distance, cap).with_outputs("unchecked", main="pair"))
-    pairs = (buckets.pair  # plain tuples while distinct: Beam's own deterministic coder
-             | "PairTuples" >> beam.Map(tuple) | "DistinctPairs" >> beam.Distinct()
-             | "HashPairs" >> beam.MapTuple(HashPair))
-    with_low = ({"group": groups, "pair": pairs | "KeyByLow" >> beam.Map(lambda pair: (pair.low, pair))}
-                | "JoinLow" >> beam.CoGroupByKey()
-                | "AttachLow" >> beam.FlatMap(_attach_low))  # (high, (HashPair, low group))
-    from_pairs = ({"group": groups, "pair": with_low}
-                  | "JoinHigh" >> beam.CoGroupByKey()
-                  | "PairFindings" >> beam.FlatMap(_pair_findings, ranks, min_score).with_outputs(*_TAGS))
-    from_groups = groups | "GroupFindings" >> beam.FlatMapTuple(
-        lambda _, group: _tagged(group_findings(group, ranks, min_score))).with_outputs(*_TAGS)
-    found = {tag: (from_pairs[tag], from_groups[tag]) | f"Flatten_{tag}" >> beam.Flatten() for tag in _TAGS}
-    flags = (found["flag"]
-             | "FlagTuples" >> beam.Map(lambda flag: (flag.hash, *flag.pair, flag.records))
-             | "DistinctFlags" >> beam.Distinct()
-             | "Flags" >> beam.Map(lambda flag: Flag(flag[0], SplitPair(flag[1], flag[2]), flag[3])))
-    return {
-        "counts": flags | "CountPerSplitPair" >> beam.Map(lambda flag: (tuple(flag.pair), flag.records))
-        | "SumPerSplitPair" >> beam.CombinePerKey(sum),
-        "pairs": _per_split_pair(found["near_pair"], "Pairs"),
-        "borderline": _per_split_pair(found["borderline"], "Borderline", pairs_listed),
-        "leaked": _leaked(by_hash, flags, ranks),
-        "search": buckets.unchecked | "PerBucket" >> beam.Map(lambda n: (1, n))
-        | "SumUnchecked" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum)),
-    }
+                       search: SearchKeys = SearchKeys(), cap: int = BUCKET_CAP, min_score: float = MIN_SCORE,
+                       paths: dict[str, str] | None = None):
+    """``NearRecord`` per record (or ``Records``: a shard's) -> {counts: ((reference, split), n records of split with
+    a near-duplicate in reference); pairs, borderline: ((reference, split), [NearPair]): every verified pair, most
+    alike first, and the ``pairs_listed`` best that fell just short; leaked: each held-out RecordLocation with a
+    near-duplicate in a training split; search: (buckets over the cap, members unchecked, the distance scored
+    within)}. Gathered on one worker; the tables and the scoring in parts over the workers; thumbnails read from
+    the shards (``paths``: file -> path) for candidates only."""
+    ranks, spread = split_ranks(split_order), min(search.tables, SEARCH_PARTS)
+    gathered = records | "GatherRecords" >> beam.CombineGlobally(MergeFn(Records, add="add"))
+    hashes = gathered | "DistinctHashes" >> beam.Map(lambda gathered: distinct(gathered.hashes, gathered.mirrors))
+    parts = (records.pipeline
+             | "Tables" >> beam.Create([list(range(search.tables))[part::spread] for part in range(spread)])
+             | "SearchTables" >> beam.Map(search_tables, beam.pvalue.AsSingleton(hashes), search, max_distance, cap))
+    planned = gathered | "PlanSearch" >> beam.Map(plan, beam.pvalue.AsList(parts))
+    read = (planned | "ShardsToRead" >> beam.FlatMap(lambda planned: planned.reads.items())
+            | "SpreadReads" >> beam.Reshuffle() | "ReadThumbnails" >> beam.FlatMap(_read_thumbnails, paths or {}))
+    scores = (planned | "PairsToScore" >> beam.FlatMap(to_score, ranks, SEARCH_PARTS)
+              | "SpreadScoring" >> beam.Reshuffle() | "Score" >> beam.FlatMap(score_rows, beam.pvalue.AsDict(read)))
+    found = (planned
+             | "Findings" >> beam.Map(findings, beam.pvalue.AsDict(scores), ranks, min_score, pairs_listed)
+             | "Outputs" >> beam.FlatMap(lambda found: [found.search, *(beam.pvalue.TaggedOutput(name, value) for name in
+                                                             _OUTPUTS for value in getattr(found, name))])
+             .with_outputs(*_OUTPUTS, main="search"))
+    return {name: found[name] for name in (*_OUTPUTS, "search")}
 
 
 def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> list:
@@ -276,10 +215,10 @@ def near_duplicate_lines(found: dict, search: SearchKeys, max_distance: int) -> 
     return [found["counts"] | "NearCountLines" >> beam.MapTuple(partial(result_line, "near_duplicate_count")),
             found["pairs"] | "NearPairLines" >> listed("near_duplicate_pairs"),
             found["borderline"] | "BorderlineLines" >> listed("near_duplicate_borderline"),
-            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda where: result_line("near_duplicate_key",
-                                                                                      where.filename)),
-            found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked: result_line(
-                "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked, **keyed}))]
+            found["leaked"] | "LeakedKeyLines" >> beam.Map(lambda at: result_line("near_duplicate_key", at.filename)),
+            found["search"] | "SearchLine" >> beam.MapTuple(lambda buckets, unchecked, within: result_line(
+                "near_duplicate_search", None, {"buckets_over_cap": buckets, "members_unchecked": unchecked,
+                                                "scored_within": within, **keyed}))]
 
 
 def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: list[ShardTask], results_path: str,
@@ -288,9 +227,7 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     """The validate graph for a prepared dataset; ``search_near_duplicates`` False leaves the search out."""
     max_distance, max_problems_per_check = options.near_duplicate_distance, options.max_problems_per_check
     document = manifest.to_json()  # the split checks compare with the manifest's own values
-    read = (pipeline
-            | "ListShards" >> beam.Create(tasks)
-            | "ReadShards" >> ReadShards(manifest, samples, progress_dir))
+    read = pipeline | "ListShards" >> beam.Create(tasks) | "ReadShards" >> ReadShards(manifest, samples, progress_dir)
     checked = read.stats | "CheckSplits" >> CheckSplits(document, mean_std_tolerance(document))
     duplicate_filenames = read.filename | "FindDuplicateFilenames" >> FindDuplicateFilenames()
     leakage = read.pixel_hash | "FindLeakage" >> FindLeakage(list(manifest.splits))
@@ -302,7 +239,8 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
     search = SearchKeys.for_records(sum(info.num_examples for info in manifest.splits.values()), max_distance)
     if search_near_duplicates:
         lines += near_duplicate_lines(read.perceptual_hash | "FindNearDuplicates" >> FindNearDuplicates(
-            list(manifest.splits), max_distance, max_problems_per_check, search), search, max_distance)
+            list(manifest.splits), max_distance, max_problems_per_check, search,
+            paths={task.file: task.path for task in tasks}), search, max_distance)
     if samples is not None:
         lines.append(read.sample | "SampleForContactSheet" >> SampleForContactSheet(options.samples_per_class))
     _ = lines | "FlattenResults" >> beam.Flatten() | "WriteResults" >> WriteResults(results_path)
@@ -310,7 +248,6 @@ def build_dataset_pipeline(pipeline: beam.Pipeline, manifest: Manifest, tasks: l
 
 def build_foreign_pipeline(pipeline: beam.Pipeline, files: Iterable[str], options: ValidateOptions,
                            results_path: str, progress_dir: str | None = None) -> None:
-    """The validate graph for foreign TFRecord files."""
     read = (pipeline
             | "ListFiles" >> beam.Create([(file, foreign_split(file)) for file in files])
             | "ReadForeignFiles" >> ReadForeignFiles(options.image_key, options.label_key, progress_dir))

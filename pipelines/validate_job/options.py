@@ -8,9 +8,8 @@ from typing import Any
 
 
 MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
-# A local run (Beam's in-process runner) holds every shuffle of the near-duplicate search in memory: about 64 KiB a
-# record measured with the thumbnails and the 16-bit candidates' keys (BENCHMARKS.md), so ~6 GiB here. Above it a
-# local run skips the search unless asked for it.
+# Above this a local run skips the near-duplicate search unless asked for it: once ~64 KiB of memory a record, now its
+# wall time (BENCHMARKS.md: over 1.5x validate's at 1.28 M records in one of three interleaved rounds).
 LOCAL_NEAR_DUPLICATE_KIB = 64
 LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 
@@ -18,7 +17,6 @@ LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 @dataclasses.dataclass(frozen=True)
 class ValidateOptions:
     """What to validate and what to write; every field but ``data`` has the default ``shardprep validate`` shows."""
-
     data: str  # a prepared dataset folder (local or gs://), tfrecord:GLOB or tfds:NAME
     json_path: str | None = None  # --json: write the JSON report here
     pictures: str | None = None  # --pictures: write contact_sheet.png and class_counts.png into this folder
@@ -92,8 +90,7 @@ _SOURCE_FLAGS = {"image_key": "--image-key", "label_key": "--label-key", "tfds_d
 
 
 def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
-    """Why the search does not run over ``records`` records, or None: it runs when asked for or off this machine,
-    never with --no-near-duplicates, else up to LOCAL_NEAR_DUPLICATE_RECORDS."""
+    """Why the search does not run, or None: when asked for or off this machine, or to LOCAL_NEAR_DUPLICATE_RECORDS."""
     if options.near_duplicates is False:
         return "--no-near-duplicates"
     asked = options.near_duplicates or options.near_duplicate_flags()

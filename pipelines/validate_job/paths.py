@@ -1,6 +1,5 @@
-"""Where validate may write (``--json``, ``--pictures``, ``--leaked-keys``), checked before anything runs (never
-inside the dataset, links and bind mounts seen through, nor onto a file DATA reads), and what a run has written so far
-(``WrittenOutputs``; each file renamed into place, so nothing is written through a link)."""
+"""Where validate may write (--json, --pictures, --leaked-keys), checked before anything runs (never inside the
+dataset, links and bind mounts seen through, nor onto a file DATA reads), and what a run has written so far."""
 
 from __future__ import annotations
 
@@ -29,13 +28,11 @@ class WrittenOutputs:
     """What a validate run has written so far, for what it says after a stop: a file of the same name that is not
     listed here is an earlier run's. ``files``: (flag, path) as each file is in place (``--leaked-keys``, then each
     of ``--pictures``' pictures, then ``--json``); ``whole``: the flags whose output is complete."""
-
     files: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     whole: list[str] = dataclasses.field(default_factory=list)
 
     def write(self, flag: str, path: str, data: bytes, mime_type: str, whole: bool = True) -> str:
-        """Writes ``data`` renamed over ``path`` (a link there is replaced, never written through), then records it
-        (``whole``: ``flag``'s output is complete with it); returns ``path``."""
+        """Writes ``data`` renamed over ``path`` (a link replaced, not written through), then records it; returns it."""
         storage.atomic_write(path, data, mime_type)
         self.files.append((flag, path))
         if whole:
@@ -44,8 +41,7 @@ class WrittenOutputs:
 
 
 def data_kind(data: str):
-    """DATA's source kind as validate reads it: a local folder whose name ends like an archive's (``preprocess SRC
-    x.tar`` writes one) is a folder (the prepared dataset kind, ``FALLBACK``), not an archive."""
+    """DATA's source kind as validate reads it: a local folder named like an archive is a folder (``FALLBACK``)."""
     kind = source_registry.kind_of(data)
     if (kind is not source_registry.FALLBACK and not kind.validated_as_records and storage.is_local(data)
             and os.path.isdir(absolute(data))):
@@ -55,9 +51,7 @@ def data_kind(data: str):
 
 def absolute(path: str) -> str:
     """Local paths made absolute (so listed files can be made relative again); remote ones unchanged."""
-    if not storage.is_local(path):
-        return path
-    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+    return os.path.abspath(path.removeprefix("file://")) if storage.is_local(path) else path
 
 
 def check_output_paths(options) -> None:
@@ -103,8 +97,7 @@ def check_not_read(options, read_files: list[str]) -> None:
 
 
 def _inside(given: str, data: str) -> bool:
-    """``given`` inside the folder ``data``, however spelled, or through a bind mount of it (a folder on the way
-    to ``given`` that is DATA's folder by device and inode, which no spelling rule finds)."""
+    """``given`` inside the folder ``data``, however spelled, or through a bind mount of it (by device and inode)."""
     folder = storage.resolved(given)
     if storage.inside(folder, storage.resolved(data)):
         return True

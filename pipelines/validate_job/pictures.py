@@ -1,6 +1,5 @@
-"""The pictures ``shardprep validate --pictures DIR`` writes, as PNG bytes (Pillow, matplotlib's Agg): the
-contact sheet (a row per class), the class-count chart, and the near-duplicate pages with their HTML (every pair side
-by side: across splits, within a split, then the borderline candidates), for the caller to write."""
+"""The pictures ``shardprep validate --pictures DIR`` writes, as PNG bytes (Pillow, matplotlib's Agg): the contact
+sheet (a row per class), the class-count chart, and the near-duplicate pages (every pair side by side) and HTML."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def thumbnail(pixels: np.ndarray, cap: int) -> np.ndarray:
 
 def contact_sheet_size(num_rows: int, samples_per_class: int, cell: int) -> tuple[int, int]:
     """(width, height) in px of a sheet with ``num_rows`` classes of ``samples_per_class`` cells each."""
-    return (LABEL_WIDTH + PAD + samples_per_class * (cell + PAD),
-            PAD + num_rows * (cell + PAD))
+    return LABEL_WIDTH + PAD + samples_per_class * (cell + PAD), PAD + num_rows * (cell + PAD)
 
 
 def cell_origin(row: int, column: int, cell: int) -> tuple[int, int]:
@@ -59,8 +57,7 @@ def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
 
 
 def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: int) -> Image.Image:
-    """One row per class: its name, then up to ``samples_per_class`` images exactly as stored (or thumbnailed);
-    cells as large as the longest side among them, so stored images up to the cap show pixel for pixel."""
+    """A row per class: its name, then up to ``samples_per_class`` images as stored (or thumbnailed), 1:1."""
     longest = [max(image.shape[:2]) for _, images in rows for image in images]
     cell = max(longest) if longest else 32
     sheet = Image.new("RGB", contact_sheet_size(len(rows), samples_per_class, cell), BACKGROUND)
@@ -71,8 +68,7 @@ def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: i
         draw.text((4, top + cell // 2), _fit_text(draw, name, font, LABEL_WIDTH - 8), fill=(0, 0, 0), font=font,
                   anchor="lm")
         for column in range(samples_per_class):
-            _cell(draw, sheet, images[column] if column < len(images) else None, cell_origin(row, column, cell),
-                  cell)
+            _cell(draw, sheet, images[column] if column < len(images) else None, cell_origin(row, column, cell), cell)
     return sheet
 
 
@@ -86,10 +82,7 @@ def _cell(draw: ImageDraw.ImageDraw, sheet: Image.Image, pixels: np.ndarray | No
 
 
 def class_chart_size(num_classes: int) -> tuple[int, int]:
-    """(width, height) in px of the class-count chart."""
-    if num_classes <= _LABELLED_BARS_MAX_CLASSES:
-        return CHART_WIDTH, 140 + 24 * max(1, num_classes)
-    return CHART_WIDTH, 600
+    return CHART_WIDTH, 140 + 24 * max(1, num_classes) if num_classes <= _LABELLED_BARS_MAX_CLASSES else 600
 
 
 def class_count_chart(class_names: list[str], counts_by_split: dict[str, list[int]], title: str) -> Image.Image:
@@ -101,8 +94,7 @@ def class_count_chart(class_names: list[str], counts_by_split: dict[str, list[in
     figure = Figure(figsize=(width / _CHART_DPI, height / _CHART_DPI), dpi=_CHART_DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    positions = np.arange(len(class_names))
-    splits = list(counts_by_split)
+    positions, splits = np.arange(len(class_names)), list(counts_by_split)
     if len(class_names) <= _LABELLED_BARS_MAX_CLASSES:
         bar = 0.8 / max(1, len(splits))
         for i, split in enumerate(splits):
@@ -113,8 +105,7 @@ def class_count_chart(class_names: list[str], counts_by_split: dict[str, list[in
     else:
         for split in splits:
             axes.bar(positions, counts_by_split[split], width=1.0, alpha=0.6, label=split)
-        axes.set_xlabel("class label")
-        axes.set_ylabel("records")
+        axes.set(xlabel="class label", ylabel="records")
     axes.set_title(title)
     if splits:
         figure.legend(loc="outside right upper")  # outside the axes: never covers a bar
@@ -149,8 +140,7 @@ def page_name(page: int) -> str:
 
 
 def shown_pairs(near: dict) -> list[dict]:
-    """The pairs to show, in the report's order (most alike first): across splits, then within splits, then the
-    borderline candidates (marked ``borderline``); at most MAX_PAGES pages of them."""
+    """The pairs to show in the report's order (across, within splits, then ``borderline``), MAX_PAGES pages at most."""
     across = [pair for entry in near["across_splits"] for pair in entry["pairs"]]
     within = [pair for entry in near["within_splits"].values() for pair in entry["pairs"]]
     borderline = [{**pair, "borderline": True} for entry in [*near["across_splits"], *near["within_splits"].values()]
@@ -164,8 +154,7 @@ def pair_cell_origin(row: int, column: int) -> tuple[int, int]:
 
 
 def enlarged(pixels: np.ndarray) -> np.ndarray:
-    """``pixels`` made as large as fits CELL: enlarged by the largest whole factor (each pixel a block, so a
-    32-px image is shown as it is, 4× over), or shrunk to fit when larger."""
+    """``pixels`` enlarged by the largest whole factor that fits CELL (nearest neighbour), or shrunk to fit."""
     factor = CELL // max(pixels.shape[:2])
     if factor >= 2:
         return pixels.repeat(factor, axis=0).repeat(factor, axis=1)
@@ -181,8 +170,7 @@ def _caption(pair: dict) -> list[str]:
 
 
 def near_duplicate_sheet(pairs: list[dict], read_pixels: PixelReader, title: str) -> Image.Image:
-    """One row per pair (as given): both images in CELL-px cells, then the score, the distance and the two keys
-    with their splits; an image that cannot be read shows as a grey cell."""
+    """A row per pair: both images in CELL-px cells (grey if unreadable), score, distance, keys and splits."""
     width = PAD + 2 * (CELL + PAD) + CAPTION_WIDTH
     sheet = Image.new("RGB", (width, HEADER + max(1, len(pairs)) * (CELL + PAD) + PAD), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
@@ -205,12 +193,9 @@ def pages_of(report: dict, read_pixels: PixelReader) -> list[tuple[str, bytes]]:
     """Every page of a finished report's pairs, as (file name, PNG bytes); one page saying so when none."""
     pairs = shown_pairs(report["near_duplicates"])
     count = max(1, -(-len(pairs) // PAIRS_PER_PAGE))
-    pages = []
-    for page in range(1, count + 1):
-        rows = pairs[(page - 1) * PAIRS_PER_PAGE:page * PAIRS_PER_PAGE]
-        title = f"near-duplicates of {report['data']}, page {page} of {count}"
-        pages.append((page_name(page), png_bytes(near_duplicate_sheet(rows, read_pixels, title))))
-    return pages
+    return [(page_name(page), png_bytes(near_duplicate_sheet(
+        pairs[(page - 1) * PAIRS_PER_PAGE:page * PAIRS_PER_PAGE], read_pixels,
+        f"near-duplicates of {report['data']}, page {page} of {count}"))) for page in range(1, count + 1)]
 
 
 def html_of(report: dict, names: list[str]) -> bytes:

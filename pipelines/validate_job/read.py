@@ -1,6 +1,5 @@
 """Validate's reading stages: each shard (or foreign TFRecord file) read once, front to back, by one DoFn call,
-every byte counted and hashed; reading resumes after a record whose data checksum fails (its framing intact), so one
-bad record does not hide the rest. No record is held: the cross-record stages get keys and locations."""
+every byte counted and hashed, resuming after a record whose data checksum fails; no record is held."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, RecordLocatio
                                                    SplitStats, channel_sums, pixel_hash, problem,
                                                    record_layout_length_problems, record_layout_offset_problem,
                                                    record_problems, sample_rank, shard_problems)
-from shardprep.pipelines.validate_job.near_pairs import NearRecord, thumbnail
+from shardprep.pipelines.validate_job.near_pairs import NearRecord, Records
 from shardprep.preprocess.format import record_format, tfrecord_io
 from shardprep.preprocess.checks import untrusted
 from shardprep.preprocess.format.dataset import Manifest
@@ -33,14 +32,11 @@ SHARD_OUTPUTS = ("problem", "filename", "pixel_hash", "perceptual_hash", "sample
 
 
 class MeasuredReader:
-    """A binary stream with every byte read counted (and hashed), read no further than ``limit``: a record length
-    read from the file never asks for more than it can give, and a file far too large is read only so far."""
+    """A binary stream with every byte read counted (and hashed), read no further than ``limit`` (a file's size)."""
 
     def __init__(self, stream, hash_bytes: bool, limit: int | None = None):
-        self._stream = stream
+        self._stream, self.num_bytes, self.limit = stream, 0, limit
         self.sha256 = hashlib.sha256() if hash_bytes else None
-        self.num_bytes = 0
-        self.limit = limit
 
     def read(self, size: int = -1) -> bytes:
         if self.limit is not None:
@@ -95,8 +91,7 @@ RECORD_AT_MAX_BYTES = 1 << 30  # a longer record length is a broken header, not 
 
 
 def record_at(stream, index: int) -> bytes:
-    """Record ``index`` (0-based) of a seekable TFRecord stream (every stream ``open_for_reading`` gives), the records
-    before it skipped; ``CorruptRecordError`` if the stream ends or its framing breaks first."""
+    """Record ``index`` of a seekable TFRecord stream, those before it skipped; ``CorruptRecordError`` if broken."""
     for number in range(index + 1):
         header = stream.read(tfrecord_io.HEADER_BYTES)
         if len(header) < tfrecord_io.HEADER_BYTES:
@@ -114,8 +109,7 @@ def record_at(stream, index: int) -> bytes:
 
 
 def open_for_reading(path: str):
-    """``(binary stream, size in bytes)`` of a shard or input file; a local one must be a regular file (a FIFO
-    would block, ``/dev/zero`` never end): else ``NotRegularFileError``."""
+    """``(binary stream, size)`` of a shard or input file; a local one not a regular file: ``NotRegularFileError``."""
     if "://" not in path or path.startswith("file://"):
         descriptor = untrusted.open_regular_file(path[len("file://"):] if path.startswith("file://") else path)
         return os.fdopen(descriptor, "rb"), os.fstat(descriptor).st_size
@@ -167,20 +161,20 @@ class ReadShardFn(beam.DoFn):
     def __init__(self, manifest: Manifest, samples: SampleOptions | None, progress_dir: str | None = None):
         self.manifest = manifest  # as the driver loaded and checked it
         self.layouts = manifest.fixed_layout_splits
-        self.samples = samples
-        self.progress_dir = progress_dir
-        self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
-        self.bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
-        self.shards_read = Metrics.counter(METRICS_NAMESPACE, "shards_read")
+        self.samples, self.progress_dir = samples, progress_dir
+        self.records_read, self.bytes_read, self.shards_read = (
+            Metrics.counter(METRICS_NAMESPACE, name) for name in ("records_read", "bytes_read", "shards_read"))
 
     def process(self, task: ShardTask):
         stats = SplitStats()
         layout = self.layouts.get(task.split)
         data_lengths: list[int] = []  # of a fixed-layout split's records, checked once the shard's last one is known
+        near = Records()  # the shard's hashes as one element: no Beam element per record
         # No further than the manifest's size: a file far larger (a sparse terabyte) is not read to its end.
         num_records, reader, size, whole = yield from _read_file(
             task.path, task.split, task.file, task.expected.num_bytes,
-            lambda index, data: self._check_record(task, index, data, stats, layout, data_lengths))
+            lambda index, data: self._check_record(task, index, data, stats, layout, data_lengths, near))
+        yield beam.pvalue.TaggedOutput("perceptual_hash", near)
         if reader is None:
             yield task.split, stats
             return
@@ -198,7 +192,8 @@ class ReadShardFn(beam.DoFn):
         stats.shard_records[task.file] = num_records
         yield task.split, stats
 
-    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout, data_lengths):
+    def _check_record(self, task: ShardTask, index: int, data: bytes, stats: SplitStats, layout, data_lengths,
+                      near: Records):
         def report(check: str, message: str):
             return _problem(check, message, split=task.split, file=task.file, index=index)
 
@@ -229,8 +224,7 @@ class ReadShardFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput("filename", (record.filename, location))
         yield beam.pvalue.TaggedOutput("pixel_hash", (pixel_hash(height, width, pixels), location))
         if height and width:
-            yield beam.pvalue.TaggedOutput("perceptual_hash", NearRecord(fingerprint(pixels), location,
-                                                                         thumbnail(pixels)))
+            near.add(NearRecord(fingerprint(pixels), location))
         yield from self._sample(task, record, pixels)
 
     def _sample(self, task: ShardTask, record: record_format.ImageRecord, pixels):
@@ -273,9 +267,7 @@ class ReadForeignFileFn(beam.DoFn):
     """One foreign TFRecord file: every record's CRC, parse, image header (size, format, mode) and label."""
 
     def __init__(self, image_key: str, label_key: str, progress_dir: str | None = None):
-        self.image_key = image_key
-        self.label_key = label_key
-        self.progress_dir = progress_dir
+        self.image_key, self.label_key, self.progress_dir = image_key, label_key, progress_dir
         self.records_read = Metrics.counter(METRICS_NAMESPACE, "records_read")
 
     def process(self, element):

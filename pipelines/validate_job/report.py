@@ -1,6 +1,5 @@
-"""The JSON report, assembled on the driver from the pipeline's result lines (``[kind, key, value]``, read back as
-Results) and the driver's own problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's
-text. Its keys: docs/validate.md."""
+"""The JSON report (its keys: docs/validate.md), assembled on the driver from the graph's result lines and its own
+problems: the ``near_duplicates`` section, warnings and the ``--leaked-keys`` file's text."""
 
 from __future__ import annotations
 
@@ -75,11 +74,9 @@ def manifest_missing_problem(found: list[str]) -> dict:
 
 
 def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
-    """A prepared split's report entry (JSON-ready)."""
     classes, info, statistics = manifest["classes"], manifest["splits"].get(split, {}), stats.mean_std()
-    return {"num_examples": stats.num_examples,
-            "expected_num_examples": info.get("num_examples"), "num_shards": len(stats.shard_records),
-            "expected_num_shards": len(info.get("shards", [])),
+    return {"num_examples": stats.num_examples, "expected_num_examples": info.get("num_examples"),
+            "num_shards": len(stats.shard_records), "expected_num_shards": len(info.get("shards", [])),
             "class_counts": {name: stats.label_counts.get(label, 0) for label, name in enumerate(classes)},
             "expected_class_counts": dict(info.get("class_counts", {})),
             "out_of_range_labels": {str(label): n for label, n in sorted(stats.label_counts.items())
@@ -89,9 +86,8 @@ def split_summary(split: str, stats: SplitStats, manifest: dict) -> dict:
 
 
 def foreign_summary(stats: ForeignStats) -> dict:
-    """A foreign split's report entry (JSON-ready)."""
-    return {"num_examples": stats.num_records,
-            "num_files": len(stats.file_records), "num_readable_images": stats.num_readable_images,
+    return {"num_examples": stats.num_records, "num_files": len(stats.file_records),
+            "num_readable_images": stats.num_readable_images,
             "label_counts": {str(label): n for label, n in sorted(stats.label_counts.items())},
             "num_labels": len(stats.label_counts), "image_sizes": size_summary(stats.image_sizes),
             "image_formats": dict(sorted(stats.image_formats.items())),
@@ -114,20 +110,16 @@ def dataset_fields(manifest: dict, found: list[str], results: Results, stats_spl
         summary["duplicate_images"] = results["duplicate_images"].get(split, 0)
     stats_summary = splits.get(stats_split, {})
     return dict(
-        classes=manifest["classes"],
-        encoding=manifest["encoding"], crop=manifest["crop"], shorter_side=manifest["shorter_side"],
-        resize_method=resize.method_of(manifest),
-        image_height=manifest.get("image_height"), image_width=manifest.get("image_width"),
-        stats_split=stats_split,
+        classes=manifest["classes"], encoding=manifest["encoding"], crop=manifest["crop"],
+        shorter_side=manifest["shorter_side"], resize_method=resize.method_of(manifest),
+        image_height=manifest.get("image_height"), image_width=manifest.get("image_width"), stats_split=stats_split,
         mean_rgb=stats_summary.get("mean_rgb"), std_rgb=stats_summary.get("std_rgb"),
         manifest_mean_rgb=manifest.get("mean_rgb"), manifest_std_rgb=manifest.get("std_rgb"),
-        mean_std_tolerance=tolerance,
-        num_examples=sum(s["num_examples"] for s in splits.values()),
+        mean_std_tolerance=tolerance, num_examples=sum(s["num_examples"] for s in splits.values()),
         expected_num_examples=sum(int(info["num_examples"]) for info in manifest["splits"].values()),
         splits={split: splits[split] for split in manifest["splits"] if split in splits},
         other_files=[f for f in found if f != manifest_lib.MANIFEST_NAME
-                     and not f.endswith(manifest_lib.SHARD_SUFFIX)][:FOUND_FILES_LISTED],
-    )
+                     and not f.endswith(manifest_lib.SHARD_SUFFIX)][:FOUND_FILES_LISTED])
 
 
 def chart_counts(report: dict) -> tuple[list[str], dict[str, list[int]]]:
@@ -155,8 +147,7 @@ def sheet_rows(class_names: list[str], results: Results) -> list[tuple[str, list
 def near_section(results: Results, split_order: list[str], split_records: dict[str, int], options: ValidateOptions,
                  min_score: float = MIN_SCORE) -> dict:
     """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate_job/driver.py``), training splits first."""
-    counts, pairs = results["near_duplicate_count"], results["near_duplicate_pairs"]
-    borderline = results["near_duplicate_borderline"]
+    counts, pairs, borderline = (results[f"near_duplicate_{kind}"] for kind in ("count", "pairs", "borderline"))
     ranks = split_ranks(split_order)
     ranked = sorted(split_order, key=ranks.__getitem__)
     ordered = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
@@ -170,9 +161,9 @@ def near_section(results: Results, split_order: list[str], split_records: dict[s
                       "borderline": borderline.get((split, split), [])} for split in split_order}
     search = results["near_duplicate_search"].get(None, {"buckets_over_cap": 0, "members_unchecked": 0})
     return {"max_distance": options.near_duplicate_distance, "min_score": min_score,
-            "limit": options.near_duplicate_limit, "strict": options.strict,
-            "across_splits": across, "within_splits": within, "leaked_records": len(results["near_duplicate_key"]),
-            "leaked_keys_file": None, "search": search}
+            "limit": options.near_duplicate_limit, "strict": options.strict, "across_splits": across,
+            "within_splits": within, "leaked_records": len(results["near_duplicate_key"]), "leaked_keys_file": None,
+            "search": search}
 
 
 def near_fails(near: dict) -> bool:

@@ -12,8 +12,7 @@ SIDE = 32  # the grey image is shrunk to SIDE × SIDE before the DCT
 
 
 def _dct_matrix(n: int) -> np.ndarray:
-    k = np.arange(n)[:, None]
-    i = np.arange(n)[None, :]
+    k, i = np.arange(n)[:, None], np.arange(n)[None, :]
     matrix = np.cos(np.pi * (2 * i + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
     matrix[0] /= np.sqrt(2.0)
     return matrix
@@ -36,22 +35,18 @@ class Fingerprint(NamedTuple):
     mirror: int
 
 
-def grey_thumbnail(pixels: np.ndarray) -> np.ndarray:
-    """``pixels`` (H×W×3 or H×W uint8) as a SIDE×SIDE float grey image, shrunk by area averaging."""
-    from PIL import Image
-
-    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
-    return np.asarray(image.convert("L").resize((SIDE, SIDE), Image.Resampling.BOX), dtype=np.float64)
-
-
 def _bits(coefficients: np.ndarray) -> int:
     return int.from_bytes(np.packbits(coefficients > 0).tobytes(), "big")
 
 
 def fingerprint(pixels: np.ndarray) -> Fingerprint:
+    """The hashes of ``pixels`` (H×W×3 or H×W uint8), grey and shrunk to SIDE×SIDE by area averaging."""
+    from PIL import Image
+
     if not np.asarray(pixels).size:
         raise ValueError("an image of no pixels has no fingerprint")
-    thumbnail = grey_thumbnail(pixels)
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).convert("L")
+    thumbnail = np.asarray(image.resize((SIDE, SIDE), Image.Resampling.BOX), dtype=np.float64)
     # Rounded, so that a flat image's coefficients (zero up to rounding noise) give the hash 0, not noise.
     coefficients = np.round((_DCT @ thumbnail @ _DCT.T)[_ROWS, _COLUMNS], 3)
     return Fingerprint(_bits(coefficients), _bits(coefficients * _MIRROR_SIGNS))
@@ -79,11 +74,3 @@ def flip_invariant_features(image_hash: int) -> int:
         value = (value << 1) | (((image_hash >> first) ^ (image_hash >> second)) & 1)
     return value
 
-
-def hamming(a: int, b: int) -> int:
-    return (a ^ b).bit_count()
-
-
-def distance(a: Fingerprint, b: Fingerprint) -> int:
-    """The Hamming distance of two hashes, or of one's hash and the other's mirror, whichever is smaller."""
-    return min(hamming(a.hash, b.hash), hamming(a.hash, b.mirror))
