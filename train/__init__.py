@@ -26,8 +26,7 @@ _EXPORTS = {
     "CropFlipNormalize": "model.augment", "resnet18": "model.keras_model", "resnet18_layers": "model.keras_model",
     "build_model": "model.keras_model", "load_model": "model.keras_model",
     "predict_images": "model.predict", "Prediction": "model.predict", "PhotoFailure": "model.predict",
-    "train": "run.loop", "TrainConfig": "run.config",
-}
+    "train": "run.loop", "TrainConfig": "run.config"}
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -219,8 +219,7 @@ def _print_found_files(console, report: dict) -> None:
             listed = found["found_files"]
             more = found["num_found_files"] - len(listed)
             console.print(_text(f"found in {report['data']} ({count(found['num_found_files'], 'file')}):\n  "
-                               + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")),
-                          overflow="fold")
+                               + "\n  ".join(listed) + (f"\n  … {more:,} more" if more > 0 else "")), overflow="fold")
 
 
 def _verdict(report: dict, json_path: str | None) -> list:

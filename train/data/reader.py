@@ -142,8 +142,7 @@ def _random_access_batches(data_dir: str, manifest: Manifest, split: str, files:
                                 "gather_fixed_layout_records")
     else:
         examples = ExampleGather(paths, counts, verify=verify_records, snapshot=snapshot)
-        serialized = _read_by_step(
-            order, start_step, snapshot,
+        serialized = _read_by_step(order, start_step, snapshot,
             lambda step: (np.array(examples(order.batch_ids(step)), dtype=object), order.crop_draws(step)),
             [(object, tf.string, ()), (np.int64, tf.int64, (2,))], "gather_serialized_records")
         batches = read_stream.indexed_batches(serialized, manifest.encoding, manifest.crop, manifest.shorter_side,

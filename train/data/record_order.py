@@ -81,8 +81,7 @@ class RecordOrder:
     def epoch_share(self, epoch: int = 0) -> np.ndarray:
         """This process's global indices of epoch ``epoch`` in reading order (evaluation: its slice)."""
         if not self.training:
-            return np.arange(self._eval_first, int(self._eval_ends[-1]) if len(self._eval_ends) else 0,
-                             dtype=np.int64)
+            return np.arange(self._eval_first, int(self._eval_ends[-1]) if len(self._eval_ends) else 0, dtype=np.int64)
         return self.epoch_ids(epoch)[self.index::self.num_shards][:self.records_per_shard]
 
     def positions(self, step) -> np.ndarray:

@@ -37,8 +37,7 @@ BACKEND_INFO = {
                        "only), XLA always, NumPy input (local datasets only)"),
     "torch": BackendInfo("torch", "pip install torch, the CUDA build for your GPU: see pytorch.org",
                          "one device (the GPU when there is one), NumPy input (local datasets only), torch.compile "
-                         "with --jit-compile"),
-}
+                         "with --jit-compile")}
 BACKENDS = tuple(BACKEND_INFO)
 
 

@@ -50,9 +50,7 @@ def summarize(history: dict, first_epoch_of_run: int = 1) -> dict:
         "best_val_loss": val_loss[best], "best_val_accuracy": history["val_accuracy"][best],
         "final_val_accuracy": history["val_accuracy"][-1], "final_val_loss": val_loss[-1],
         "images_per_sec": images_per_sec, "input_wait_fraction": wait,
-        "throughput_epochs": f"{history['epoch'][steady][0]}-{history['epoch'][-1]}",
-        "verdict": _verdict(wait),
-    }
+        "throughput_epochs": f"{history['epoch'][steady][0]}-{history['epoch'][-1]}", "verdict": _verdict(wait)}
 
 
 def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=None):
@@ -186,8 +184,7 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
         # user keeps. The epoch loop renames it to best.keras (checkpoints.commit_best).
         callbacks.append(checkpoints.BestCheckpoint(paths))  # a failure to write it names best.keras
     if config.early_stopping:
-        callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss",
-                                                       patience=config.early_stopping_patience))
+        callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.early_stopping_patience))
     return callbacks
 
 

@@ -207,9 +207,7 @@ def summary_messages(summary: dict, paths: dict, checkpoint: bool) -> list[str]:
         f"{summary['final_val_accuracy']:.4f}.",
         f"Throughput: {summary['images_per_sec']:,.0f} images/s, waiting for input "
         f"{100 * summary['input_wait_fraction']:.1f}% of step time ({span('epoch', first, last)}): "
-        f"{summary['verdict']}.",
-        f"Model: {paths['model']}",
-    ]
+        f"{summary['verdict']}.", f"Model: {paths['model']}"]
 
 
 def interrupted_message(stop) -> tuple[str, str]:
@@ -217,8 +215,7 @@ def interrupted_message(stop) -> tuple[str, str]:
     by = stopped_by(stop)
     where = {"training": f"in epoch {stop.epoch} after step {stop.step} of {stop.steps_per_epoch}",
              "validation": f"while validating epoch {stop.epoch} (its {count(stop.steps_per_epoch, 'step')} "
-                           "done)",
-             "epoch end": f"after epoch {stop.epoch}"}[stop.stage]
+                           "done)", "epoch end": f"after epoch {stop.epoch}"}[stop.stage]
     if stop.unsaved == "--no-checkpoint":
         return (f"Interrupted ({by}) {where}; nothing saved (--no-checkpoint), history.json holds the finished "
                 "epochs.", "overwrite")

@@ -131,16 +131,14 @@ class TFSteps:
             metric.reset_state()
 
     def metric_state(self) -> dict:
-        """The training metrics' accumulators as exact floats, summed over the replicas; with several, also each
-        replica's own (``<name>/replicas``): a resume on as many replicas continues those, since the sums spread
-        evenly again would round the rest of the epoch otherwise. Waits for the device."""
-        state: dict[str, list] = {metric.name: [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
-                                  for metric in (self.loss, self.accuracy)}
-        if self.replicas > 1:
-            for metric in (self.loss, self.accuracy):
-                state[f"{metric.name}/replicas"] = [
-                    [float(part) for part in self.strategy.experimental_local_results(variable.value)]
-                    for variable in metric.variables]
+        """The training metrics' sums as exact floats, over the replicas and (``<name>/replicas``) each replica's own:
+        a resume on as many replicas continues those, as their total spread again would round otherwise."""
+        state: dict[str, list] = {}
+        for metric in (self.loss, self.accuracy):
+            state[metric.name] = [float(tf.convert_to_tensor(variable)) for variable in metric.variables]
+            if self.replicas > 1:
+                state[f"{metric.name}/replicas"] = [[float(part) for part in self.strategy.experimental_local_results(
+                    variable.value)] for variable in metric.variables]
         return state
 
     def restore_metric_state(self, state: dict) -> bool:
@@ -150,15 +148,15 @@ class TFSteps:
                    and all(isinstance(value, (int, float)) for value in state[metric.name]) for metric in metrics):
             return False
         for metric in metrics:
-            per_replica = state.get(f"{metric.name}/replicas")
+            kept = state.get(f"{metric.name}/replicas")
             for index, (variable, value) in enumerate(zip(metric.variables, state[metric.name])):
                 parts = self.strategy.experimental_local_results(variable.value)
-                kept = per_replica[index] if isinstance(per_replica, list) and len(per_replica) > index else None
-                if isinstance(kept, list) and len(kept) == len(parts) > 1 and all(
-                        isinstance(number, (int, float)) for number in kept):
-                    for part, number in zip(parts, kept):
+                own = kept[index] if isinstance(kept, list) and index < len(kept) else None
+                if isinstance(own, list) and len(own) == len(parts) > 1 and all(
+                        isinstance(number, (int, float)) for number in own):
+                    for part, number in zip(parts, own):
                         part.assign(number)
-                else:  # one replica, or saved on another count: the sum (assigning spreads it)
+                else:  # one replica, or saved on another count: the total (assigning spreads it)
                     variable.assign(value)
         return True
 
