@@ -44,11 +44,11 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
         return
     tmp_path = tmp_path_factory.mktemp("mirrored") / "run"  # its output folder; the child's output beside it
     script = textwrap.dedent(f"""
-        import shutil
+        import json, os, shutil
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from shardprep.train.run import loop
+        from shardprep.train.run import checkpoint_state, loop
         from shardprep.train.model import keras_model
         keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -60,11 +60,23 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
 
         def copy_before_step_7(step, batch):  # the folder as a run stopped there leaves it (checkpoint: step 6)
             if step == 7:
-                shutil.copytree({str(tmp_path)!r}, {str(tmp_path.parent / "resumed")!r}, symlinks=True)
+                for name in ("resumed", "garbled"):
+                    shutil.copytree({str(tmp_path)!r}, os.path.join({str(tmp_path.parent)!r}, name), symlinks=True)
 
         summary = loop.train(config({str(tmp_path)!r}), strategy=strategy, on_batch=copy_before_step_7)
         print("REPLICAS", strategy.num_replicas_in_sync, "VAL", summary["final_val_accuracy"])
         loop.train(config({str(tmp_path.parent / "resumed")!r}, resume=True), strategy=strategy)
+        # Each replica's sums edited into lists of nonsense, its hash made to match (state.json is untrusted): the
+        # resume falls back to the totals.
+        state_path = os.path.join({str(tmp_path.parent)!r}, "garbled", "checkpoints", "state.json")
+        with open(state_path) as f:
+            state = json.load(f)
+        print("SAVED", sorted(state["partial_epoch"]["metrics"]))
+        state["partial_epoch"]["metrics"].update({{"loss/replicas": [["x", 1.0]], "accuracy/replicas": [[1.0], None]}})
+        state["state_sha256"] = checkpoint_state.entry_sha256(state)  # edited, the hash made to match
+        with open(state_path, "w") as f:
+            json.dump(state, f)
+        loop.train(config(os.path.join({str(tmp_path.parent)!r}, "garbled"), resume=True), strategy=strategy)
     """)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": repo}
@@ -238,6 +250,10 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     # under MirroredStrategy, and a checkpoint holds the first replica's, so the resumed run validates the second
     # half of the batch with other statistics.)
     assert (resumed["loss"], resumed["accuracy"]) == (history["loss"], history["accuracy"])
+    # Each replica's own sums are saved; edited into nonsense, the resume continues from the totals, to its end.
+    assert "SAVED ['accuracy', 'accuracy/replicas', 'loss', 'loss/replicas']" in result.stdout
+    garbled = json.loads((tmp_path.parent / "garbled" / "history.json").read_text())
+    assert garbled["epoch"] == [1, 2] and all(np.isfinite(garbled["loss"]))
 
 
 def test_cli_runs_and_explains_bad_options_and_streamed_reads_resume_at_an_epoch_end(colour_dataset, tmp_path,
