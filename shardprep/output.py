@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import sys
 import termios
@@ -15,8 +16,9 @@ from typing import Any, Iterator
 
 import click
 
+from shardprep.preprocess.checks.events import Message, TrainingSteps, ValidationBatches
 from shardprep.preprocess.checks.streams import silence
-from shardprep.preprocess.checks.text import MIN_COLUMNS, bar, count, output_width, terminal_columns, wrap  # noqa: F401  (shared)
+from shardprep.preprocess.checks.text import MIN_COLUMNS, bar, clock, count, output_width, terminal_columns, wrap  # noqa: F401
 
 PROGRESS_SECONDS_ENV = "SHARDPREP_PROGRESS_SECONDS"  # outside a terminal: a plain progress line this often
 DEFAULT_PROGRESS_SECONDS = 10.0
@@ -267,6 +269,98 @@ class LiveProgress:
             with self.lock:
                 if self.line_key(self.state) != self.last_key:
                     self._write_line(time.monotonic())
+
+
+TRAIN_PLAIN_SECONDS = 10.0  # a training epoch's plain progress lines (logs, pipes): at most this often
+
+
+def train_width() -> int:
+    return max(MIN_COLUMNS, output_width())
+
+
+class TrainDisplay:
+    """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line, to ``stream``
+    by default): messages wrapped to the width; within an epoch, on a terminal one line rewritten in place (one
+    column short of the width) at most every ``interval_tty`` s, elsewhere a plain line every ``interval`` s and a
+    last N/N line when the epoch showed any; then the validation's batches."""
+
+    def __init__(self, report=print, *, stream=None, write=None, interval: float | None = None,
+                 interval_tty: float = 0.5, width: int | None = None):
+        self.report, self.stream = report, stream if stream is not None else sys.stdout
+        self.write = write or (lambda text: (self.stream.write(text), self.stream.flush()))
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval_tty if self.tty else (TRAIN_PLAIN_SECONDS if interval is None else interval)
+        self.width = width or train_width()
+        self.last_shown, self.shown, self.live, self.in_epoch = time.perf_counter(), False, False, False
+
+    def __call__(self, event) -> None:
+        now = time.perf_counter()
+        if isinstance(event, Message) and event.immediate:
+            self.immediate(event.text)
+        elif isinstance(event, Message):
+            self.end_line()
+            self.report(wrap(event.text, self.width))
+        elif isinstance(event, TrainingSteps):
+            if not self.in_epoch:  # the epoch's first event: its clock started ``seconds`` ago
+                self.in_epoch, self.shown, self.last_shown = True, False, now - event.seconds
+            if event.finished:
+                if self.tty or self.shown:
+                    self.show(self.step_line(event, event.metrics()))
+                self.end_line()
+                self.last_shown = now
+            elif now - self.last_shown >= self.interval and event.step < event.steps:
+                self.last_shown = now
+                self.show(self.step_line(event, event.metrics()))
+        elif isinstance(event, ValidationBatches):
+            if event.finished:  # the terminal's live line cleared before the epoch's lines
+                self.in_epoch = False
+                if self.tty and self.live:
+                    self.write("\r" + " " * (self.width - 1) + "\r")
+                    self.live = False
+            elif now - self.last_shown >= self.interval or (self.tty and event.batch == 1):
+                self.last_shown = now
+                self.show(f"  validation: batch {event.batch}{f'/{event.batches}' if event.batches else ''}")
+
+    def step_line(self, event: TrainingSteps, metrics) -> str:
+        ran, seconds = event.step - event.first, event.seconds
+        rate = ran * event.batch_size / seconds if seconds > 0 else math.nan
+        left = (event.steps - event.step) * seconds / ran if ran else math.nan
+        rest = ", ".join([f"{rate:,.0f} images/s" if math.isfinite(rate) else "? images/s",
+                          f"took {clock(seconds)}" if event.step >= event.steps
+                          else f"ETA {clock(left) if math.isfinite(left) else '?'}",
+                          *(f"{name} {value:.4f}" for name, value in (metrics or {}).items()
+                            if value is not None and math.isfinite(value))])
+        steps = f"  step {event.step}/{event.steps}"
+        if not self.tty:
+            return f"{steps} ({100 * event.step / event.steps:.0f}%), {rest}"
+        room = self.width - 1 - len(steps) - len(rest) - 2
+        return f"{steps} {bar(event.step / event.steps, min(20, room))} {rest}" if room >= 5 else \
+            f"{steps} {rest}"[:self.width - 1]
+
+    def show(self, text: str) -> None:
+        self.shown = True
+        if self.tty:
+            self.write("\r" + text.ljust(self.width - 1)[:self.width - 1])
+            self.live = True
+        else:
+            self.report(wrap(text, self.width, indent="    "))
+
+    def end_line(self) -> None:
+        """Ends a live terminal line so that what is printed next starts on a line of its own."""
+        if self.tty and self.live:
+            self.write("\n")
+            self.live = False
+
+    def immediate(self, text: str) -> None:
+        """From a signal handler: straight to the descriptor (a buffered write could fail as reentrant), over the
+        "^C" a terminal echoed; without a descriptor, the stop message says it all."""
+        text = ("\n" if self.tty and self.live else "") + wrap(text, self.width) + "\n"
+        self.live = False
+        try:
+            descriptor = self.stream.fileno()
+            os.write(descriptor, (("\r" + text) if os.isatty(descriptor) else text).encode())
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+            pass
 
 
 ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"

@@ -149,9 +149,9 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
     running metrics, the warm-up note, the unused-images warning, the summary; and --overwrite replacing a run."""
     import json
 
-    from shardprep.train.run import progress
+    from shardprep import output
 
-    monkeypatch.setattr(progress, "PROGRESS_INTERVAL", 0.0)  # a line after every step (10 s in real runs)
+    monkeypatch.setattr(output, "TRAIN_PLAIN_SECONDS", 0.0)  # a line after every step (10 s in real runs)
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.chdir(tmp_path)  # paths as a person types them (a path longer than a line stays whole)
     run = tmp_path / "run"
@@ -183,19 +183,20 @@ def test_a_tiny_run_in_a_pipe_shows_progress_within_the_epoch_and_overwrite_repl
 
 
 def test_progress_rewrites_one_line_on_a_terminal():
-    from shardprep.train.run.progress import EpochProgress
+    from shardprep.output import TrainDisplay
+    from shardprep.preprocess.checks.events import TrainingSteps, ValidationBatches
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     terminal, reported = Terminal(), []
-    progress = EpochProgress(10, 32, reported.append, stream=terminal, interval_tty=0.0, width=80)
+    display = TrainDisplay(reported.append, stream=terminal, interval_tty=0.0, width=80)
     for step in range(1, 11):
-        progress.update(step, lambda: {"loss": 0.5, "accuracy": 0.75})
-    progress.finish({"loss": 0.5, "accuracy": 0.75})
-    progress.validating(1, 2)
-    progress.done()
+        display(TrainingSteps(step, 10, 0, 32, float(step), lambda: {"loss": 0.5, "accuracy": 0.75}))
+    display(TrainingSteps(10, 10, 0, 32, 10.0, lambda: {"loss": 0.5, "accuracy": 0.75}, finished=True))
+    display(ValidationBatches(1, 2))
+    display(ValidationBatches(1, 2, finished=True))
     assert reported == []
     shown = terminal.getvalue()
     # The count reaches N/N, and that line stays; the validation line is cleared before the epoch's report.

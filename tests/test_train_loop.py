@@ -14,8 +14,8 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from shardprep.cli import main
+from shardprep.preprocess.checks.events import Message, TrainingSteps, ValidationBatches
 from shardprep.train.run import loop, steps_tf
-from shardprep.train.run.progress import EpochProgress
 from shardprep.train.data import reader
 from shardprep.train.model.keras_model import PlateauWarmup, WarmupSchedule, load_model
 
@@ -218,7 +218,16 @@ def test_history_model_and_resume_from_the_saved_epoch(colour_dataset, tmp_path,
 
     # One more epoch continues the step count, the history and the drawn order, from the saved step.
     seeds.clear()
-    loop.train(_config(colour_dataset, tmp_path, epochs=3, seed=None, resume=True), report=messages.append)
+    events = []  # the run's typed events, as the CLI draws them
+    loop.train(_config(colour_dataset, tmp_path, epochs=3, seed=None, resume=True), events=events.append)
+    messages += [event.text for event in events if isinstance(event, Message)]
+    trained = [event for event in events if isinstance(event, TrainingSteps)]
+    assert [(event.step, event.steps, event.finished) for event in trained] == [
+        (1, 4, False), (2, 4, False), (3, 4, False), (4, 4, False), (4, 4, True)]
+    assert set(trained[-1].metrics()) == {"loss", "accuracy"} and trained[2].metrics()["loss"] > 0
+    assert isinstance(events[-1], Message) and events[-1].text.startswith("Model: ")
+    validated = [event for event in events if isinstance(event, ValidationBatches)]
+    assert validated[-1].finished and [event.batch for event in validated[:-1]] == list(range(1, len(validated)))
     assert (True, drawn, 2 * steps) in seeds
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["epoch"] == [1, 2, 3]
@@ -308,8 +317,12 @@ def test_plateau_warmup_ramps_the_rate_then_leaves_it_to_reduce_lr_on_plateau():
 def test_progress_of_a_resumed_epoch_counts_the_steps_this_process_ran():
     import io
 
-    progress = EpochProgress(120, 10, lambda message: None, first_step=40, stream=io.StringIO())
-    assert progress.line(60, 2.0) == "  step 60/120 (50%), 100 images/s, ETA 0:06"
+    from shardprep.output import TrainDisplay
+    from shardprep.preprocess.checks.events import TrainingSteps
+
+    display = TrainDisplay(lambda message: None, stream=io.StringIO())
+    assert display.step_line(TrainingSteps(60, 120, 40, 10, 2.0, dict), None) == \
+        "  step 60/120 (50%), 100 images/s, ETA 0:06"
 
 
 def test_mid_epoch_checkpoints_need_an_order_addressable_by_step(colour_dataset, tmp_path):

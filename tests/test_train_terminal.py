@@ -15,8 +15,10 @@ from click.testing import CliRunner
 
 from shardprep.preprocess.checks import streams as quiet_logs
 from shardprep.cli import main
-from shardprep.train.run import loop, progress
-from shardprep.train.run.progress import TrainingInterrupted
+from shardprep import output
+from shardprep.preprocess.checks.events import Message, TrainingSteps, ValidationBatches
+from shardprep.train.run import loop, messages
+from shardprep.train.run.stop_requests import TrainingInterrupted
 from train_helpers import random_images, write_dataset
 from train_runs import DRIVER, environment
 
@@ -78,7 +80,7 @@ def _start(train_examples, batch_size, steps_per_epoch=None, epochs=90, start_ep
     config = loop.TrainConfig(data_dir="unused", batch_size=batch_size, epochs=epochs,
                               steps_per_epoch=steps_per_epoch)
     steps = steps_per_epoch or max(1, train_examples // batch_size)
-    return progress.start_messages(config, _Steps(backend="tensorflow", precision="float32", jit_compile=False),
+    return messages.start_messages(config, _Steps(backend="tensorflow", precision="float32", jit_compile=False),
                                    11_689_512, train_examples, steps, 0.1, start_epoch)
 
 
@@ -99,12 +101,12 @@ def test_the_summary_reports_the_epoch_of_best_val_loss_and_says_it_picks_best_k
     assert (summary["best_metric"], summary["best_epoch"], summary["best_val_loss"]) == ("val_loss", 2, 0.5)
     assert summary["best_val_accuracy"] == 0.6  # that epoch's, not the highest (epoch 1's 0.9)
     paths = {"best": "run/checkpoints/best.keras", "model": "run/model.keras"}
-    first, throughput, model = progress.summary_messages(summary, paths, checkpoint=True)
+    first, throughput, model = messages.summary_messages(summary, paths, checkpoint=True)
     assert first.startswith("Summary: 3 epochs; best by val_loss (the metric that picks run/checkpoints/best.keras): "
                             "epoch 2, val_loss 0.5000, val_accuracy 0.6000;")
     assert "(epochs 2-3)" in throughput and model == "Model: run/model.keras"
-    assert "picks" not in progress.summary_messages(summary, paths, checkpoint=False)[0]
-    assert "(epoch 3)" in progress.summary_messages(loop.summarize(history, first_epoch_of_run=3), paths, True)[1]
+    assert "picks" not in messages.summary_messages(summary, paths, checkpoint=False)[0]
+    assert "(epoch 3)" in messages.summary_messages(loop.summarize(history, first_epoch_of_run=3), paths, True)[1]
 
 
 @pytest.mark.parametrize("width", [40, 80, 120])
@@ -112,9 +114,9 @@ def test_messages_and_the_progress_line_fit_any_width(width):
     import io
 
     long = "word " * 60 + "Model: /a/path/" + "x" * 20
-    assert all(len(line) <= width for line in progress.fit(long, width).splitlines())
+    assert all(len(line) <= width for line in output.wrap(long, width).splitlines())
     path = "/" + "p" * 150
-    assert path in progress.fit("Model: " + path, width).splitlines()[-1]  # a path is never cut
+    assert path in output.wrap("Model: " + path, width).splitlines()[-1]  # a path is never cut
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -122,11 +124,36 @@ def test_messages_and_the_progress_line_fit_any_width(width):
 
     for steps in (7, 12_345):
         terminal = Terminal()
-        bar = progress.EpochProgress(steps, 1024, stream=terminal, interval_tty=0.0, width=width)
-        bar.update(3, lambda: {"loss": 123.456789, "accuracy": 0.5})
-        bar.finish({"loss": 1.5, "accuracy": 0.25})
+        display = output.TrainDisplay(stream=terminal, interval_tty=0.0, width=width)
+        display(TrainingSteps(3, steps, 0, 1024, 1.0, lambda: {"loss": 123.456789, "accuracy": 0.5}))
+        display(TrainingSteps(steps, steps, 0, 1024, 2.0, lambda: {"loss": 1.5, "accuracy": 0.25}, finished=True))
         assert max(len(line) for line in segments(terminal.getvalue())) <= width - 1
         assert f"step {steps}/{steps}" in terminal.getvalue()
+
+
+def test_a_message_during_the_live_line_starts_a_line_of_its_own_and_reads_no_metrics(tmp_path):
+    """The CLI draws the run's events: a message sent while the terminal's progress line is live ends that line
+    first; an event not drawn (within the interval) never reads the metrics, which waits for the device; the
+    first Ctrl-C's notice (from a signal handler) goes straight to the descriptor, on a line of its own."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, reported = Terminal(), []
+    display = output.TrainDisplay(reported.append, stream=terminal, interval_tty=0.0, width=80)
+    display(TrainingSteps(1, 4, 0, 8, 1.0, lambda: {"loss": 1.0}))
+    display(Message("Note: " + "word " * 20))
+    assert terminal.getvalue().endswith("\n") and reported == [output.wrap("Note: " + "word " * 20, 80)]
+    slow = output.TrainDisplay(reported.append, stream=terminal, interval_tty=60.0, width=80)
+    slow(TrainingSteps(1, 4, 0, 8, 0.5, lambda: pytest.fail("metrics read for a line not drawn")))
+    with open(tmp_path / "stdout", "w+") as stdout:  # a real descriptor, as a terminal has
+        display = output.TrainDisplay(reported.append, stream=stdout, width=80)
+        display.tty = display.live = True  # a live line on a terminal
+        display(Message("Ctrl-C: stopping after this step", immediate=True))
+        stdout.seek(0)
+        assert stdout.read() == "\nCtrl-C: stopping after this step\n" and not display.live
 
 
 def test_the_stop_message_says_what_was_saved_and_which_command_goes_on():
@@ -134,17 +161,17 @@ def test_the_stop_message_says_what_was_saved_and_which_command_goes_on():
         defaults = dict(checkpoint="run/checkpoints/last.keras", resumes_at=9, unsaved="")
         return TrainingInterrupted(9, 2, step, 6, stage, **{**defaults, **kwargs})
 
-    text, action = progress.interrupted_message(stopped("training", 3))
+    text, action = messages.interrupted_message(stopped("training", 3))
     assert (text, action) == ("Interrupted (Ctrl-C) in epoch 2 after step 3 of 6: checkpoint saved there "
                               "(run/checkpoints/last.keras).", "resume")
-    text, action = progress.interrupted_message(stopped("validation", 6))
+    text, action = messages.interrupted_message(stopped("validation", 6))
     assert "while validating epoch 2 (its 6 steps done)" in text and "validates epoch 2 first" in text
-    text, action = progress.interrupted_message(stopped("training", 3, unsaved="streamed", resumes_at=6))
+    text, action = messages.interrupted_message(stopped("training", 3, unsaved="streamed", resumes_at=6))
     assert "cannot resume mid-epoch" in text and "after epoch 1" in text and action == "resume"
-    text, action = progress.interrupted_message(stopped("training", 3, unsaved="streamed", checkpoint=None,
+    text, action = messages.interrupted_message(stopped("training", 3, unsaved="streamed", checkpoint=None,
                                                         resumes_at=None))
     assert "no checkpoint yet" in text and action == "overwrite"
-    text, action = progress.interrupted_message(stopped("epoch end", 6, unsaved="--no-checkpoint",
+    text, action = messages.interrupted_message(stopped("epoch end", 6, unsaved="--no-checkpoint",
                                                         checkpoint=None, resumes_at=None))
     assert "after epoch 2; nothing saved (--no-checkpoint)" in text and action == "overwrite"
 
@@ -202,18 +229,18 @@ def test_the_width_is_columns_else_the_terminal_else_80(monkeypatch):
 
     monkeypatch.setattr(os, "get_terminal_size", no_terminal)
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert progress.terminal_width() == 80  # a pipe or a log file
+    assert output.train_width() == 80  # a pipe or a log file
     monkeypatch.setenv("COLUMNS", "132")
-    assert progress.terminal_width() == 132
+    assert output.train_width() == 132
     monkeypatch.setenv("COLUMNS", "12")
-    assert progress.terminal_width() == progress.MIN_WIDTH
+    assert output.train_width() == output.MIN_COLUMNS
 
 
 def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
     import os
     import signal
 
-    from shardprep.train.run.progress import StopRequests
+    from shardprep.train.run.stop_requests import StopRequests
 
     notices = []
     with StopRequests(notices.append) as stop:
@@ -231,7 +258,7 @@ def test_sigterm_is_a_stop_request_as_ctrl_c_is_and_says_which_it_was():
     import os
     import signal
 
-    from shardprep.train.run.progress import StopRequests, stopped_by
+    from shardprep.train.run.stop_requests import StopRequests, stopped_by
 
     notices, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt) as stopped:
@@ -358,11 +385,11 @@ def test_a_progress_line_that_cannot_be_written_is_handled_as_the_reporters_line
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
     report = Reporter("on")
-    bar = progress.EpochProgress(4, 8, report, stream=terminal, write=report.write, interval_tty=0.0, width=80)
+    display = output.TrainDisplay(report, stream=terminal, write=report.write, interval_tty=0.0, width=80)
     for step in (1, 2, 3):
-        bar.update(step, lambda: {"loss": 1.0, "accuracy": 0.5})
-    bar.finish({"loss": 1.0, "accuracy": 0.5})
-    bar.done()
+        display(TrainingSteps(step, 4, 0, 8, float(step), lambda: {"loss": 1.0, "accuracy": 0.5}))
+    display(TrainingSteps(4, 4, 0, 8, 4.0, lambda: {"loss": 1.0, "accuracy": 0.5}, finished=True))
+    display(ValidationBatches(1, 1, finished=True))
     assert terminal.writes == 1  # tried once, then nothing more
     assert capsys.readouterr().err == ("note: the reader of this output went away (the terminal hung up); on\n"
                                        if failure == "EIO" else "note: cannot write to standard output ([Errno 28] "

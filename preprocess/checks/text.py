@@ -39,6 +39,14 @@ def count(n, noun: str, plural: str | None = None) -> str:
     return f"{shown} {noun if n == 1 else plural or noun + 's'}"
 
 
+def clock(seconds: float) -> str:
+    """``0:07``, ``12:03``, ``1:02:03`` (a training run's clock)."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
 def series(items: list[str], last: str = "and") -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"

@@ -6,7 +6,7 @@ import shlex
 import click
 
 from shardprep.commands import ArgsKept
-from shardprep.output import Reporter, say
+from shardprep.output import Reporter, TrainDisplay, say, train_width, wrap
 from shardprep.pipelines.runtime.stopping import exit_status
 # train.config holds the choices without TensorFlow, so --help stays fast; train.loop is imported when the command
 # runs.
@@ -65,12 +65,12 @@ def _shell_lines(words: list[str], width: int) -> str:
 
 def _report_interrupt(ctx, stop, output_dir: str) -> None:
     """Says what the stop left and the command that goes on from there; exits 130 (143) as a shell does."""
-    from shardprep.train.run import progress
-    from shardprep.train.run.progress import TrainingInterrupted, stopped_by
+    from shardprep.train.run.messages import interrupted_message
+    from shardprep.train.run.stop_requests import TrainingInterrupted, stopped_by
 
-    width, by = progress.terminal_width(), stopped_by(stop)
+    width, by = train_width(), stopped_by(stop)
     if isinstance(stop, TrainingInterrupted):
-        message, action = progress.interrupted_message(stop)
+        message, action = interrupted_message(stop)
     elif os.path.isfile(os.path.join(output_dir, "checkpoints", "state.json")):
         message, action = f"Stopped at once ({by}): nothing saved since the last checkpoint.", "resume"
     elif _holds_run_files(output_dir):
@@ -78,7 +78,7 @@ def _report_interrupt(ctx, stop, output_dir: str) -> None:
     else:
         message, action = f"Stopped ({by}) before training started.", None
     how = "Resume with:" if action == "resume" else "Start again with:"
-    say(f"{progress.fit(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
+    say(f"{wrap(message, width)}\n{how}\n{_shell_lines(_rerun_words(ctx, action), width)}")
     ctx.exit(exit_status(stop))
 
 
@@ -229,11 +229,14 @@ def _train(ctx, config: TrainConfig, manifest, report: Reporter) -> None:
     """Runs the training, each failure a one-line error; Ctrl-C says what was saved and how to resume. Output that
     could not be written (not for a reader that went away) ends the command with an error once the training's files
     are complete."""
+    display = TrainDisplay(report, write=report.write)  # the live line too: a terminal gone stops no training
     try:
         from shardprep.train.run.loop import train  # Keras and its backend start here, after every fast check
 
-        # The live progress line goes through the Reporter too: a terminal gone away stops no training.
-        train(config, report=report, manifest=manifest, live=report.write)  # manifest: loaded once, by preflight
+        try:
+            train(config, manifest=manifest, events=display)  # manifest: loaded once, by preflight
+        finally:
+            display.end_line()  # what is printed next (an error, a stop) starts on a line of its own
         report.raise_failure(f"the training run is complete, its files in {config.output_dir}")
     except KeyboardInterrupt as stop:
         _report_interrupt(ctx, stop, config.output_dir)

@@ -6,19 +6,19 @@ clean stop on Ctrl-C; TensorBoard's logs that cannot be written stop the run whe
 from __future__ import annotations
 
 import errno
-import os
 import re
 import sys
 import time
-from typing import Callable, NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn
 
 import keras
 
-from shardprep.preprocess.checks.text import count
-from shardprep.train.run import checkpoints, progress
+from shardprep.preprocess.checks.events import Listener, Message, TrainingSteps, ValidationBatches
+from shardprep.preprocess.checks.text import clock, count
+from shardprep.train.run import checkpoints
 from shardprep.train.run.checkpoint_state import HISTORY_KEYS  # the keys a checkpoint's history is checked for
 from shardprep.train.run.config import TrainConfig
-from shardprep.train.run.progress import StopRequests, TrainingInterrupted
+from shardprep.train.run.stop_requests import StopRequests, TrainingInterrupted
 
 
 class InputError(ValueError):
@@ -52,20 +52,17 @@ class Epochs:
     """The epochs of a run: timed training steps, validation, callbacks, history, checkpoints and reports."""
 
     def __init__(self, config: TrainConfig, model, steps, callbacks: list, steps_per_epoch: int, paths: dict,
-                 history: dict, report: Callable[[str], None], width: int, val_steps: int | None, options: dict,
-                 on_batch=None, live: Callable[[str], None] | None = None):
+                 history: dict, events: Listener, val_steps: int | None, options: dict, on_batch=None):
         self.config, self.model, self.steps, self.callbacks = config, model, steps, callbacks
-        self.steps_per_epoch, self.paths, self.history, self.report = steps_per_epoch, paths, history, report
-        self.width, self.val_steps, self.options, self.on_batch = width, val_steps, options, on_batch
-        self.live = live  # writes the terminal's progress line (EpochProgress)
+        self.steps_per_epoch, self.paths, self.history, self.events = steps_per_epoch, paths, history, events
+        self.val_steps, self.options, self.on_batch = val_steps, options, on_batch
         self.callback_list = keras.callbacks.CallbackList(callbacks, model=model, epochs=config.epochs,
                                                           steps=steps_per_epoch, verbose=0)
         self.saved_state = None  # the last checkpoint's state: the fallback entry of the next state.json
         self.stop: StopRequests | None = None
-        self.progress = None
 
     def say(self, text: str) -> None:
-        self.report(progress.fit(text, self.width))
+        self.events(Message(text))
 
     def run(self, start_step: int, state: dict) -> None:
         """Epochs from ``start_step`` (``state``: the checkpoint resumed from) to the last."""
@@ -94,8 +91,6 @@ class Epochs:
                     if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
                         self._stop_if_logs_failed()
             except BaseException as stop:
-                if self.progress is not None:
-                    self.progress.interrupt_line()  # what is printed next starts on a line of its own
                 if isinstance(stop, (TrainingInterrupted, LogsError)):
                     self.callback_list.on_train_end()  # TensorBoard's writers flush and close
                 raise
@@ -118,21 +113,11 @@ class Epochs:
                         "--overwrite (add --no-tensorboard to train without TensorBoard's logs)")
 
     def _stopping(self, by: str = "Ctrl-C") -> None:
-        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does; from the signal handler, so straight to the
-        descriptor (a buffered write could fail as reentrant); without one, the stop message says it all."""
+        """Says at once what the first Ctrl-C (or SIGTERM: ``by``) does (from the signal handler: ``immediate``)."""
         saves = "and saving a checkpoint there" if self.config.checkpoint else "(--no-checkpoint: nothing is saved)"
         again = "Ctrl-C again" if by == "Ctrl-C" else f"another {by} or Ctrl-C"
-        text = progress.fit(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
-                            self.width) + "\n"
-        if self.progress is not None and self.progress.live:
-            text, self.progress.live = "\n" + text, False
-        try:
-            descriptor = sys.stdout.fileno()
-            if os.isatty(descriptor):
-                text = "\r" + text  # over the "^C" the terminal echoed at the start of the line
-            os.write(descriptor, text.encode())
-        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
-            pass
+        self.events(Message(f"{by}: stopping after this step {saves}; {again} stops at once, without saving.",
+                            immediate=True))
 
     def _epoch(self, epoch: int, first: int, train_iterator, carried: dict | None) -> bool:
         """One epoch from step ``first``; True when early stopping ends the run."""
@@ -172,8 +157,6 @@ class Epochs:
             carried = None
         checkpoint_seconds = 0.0
         started = time.perf_counter()
-        self.progress = progress_bar = progress.EpochProgress(self.steps_per_epoch, self.config.batch_size, self.say,
-                                                              write=self.live, first_step=first_step, width=self.width)
         every = self.config.checkpoint_every_steps if self.config.checkpoint else None
         for step in range(first_step, self.steps_per_epoch):
             self.callback_list.on_train_batch_begin(step)
@@ -187,7 +170,9 @@ class Epochs:
             self.stop.armed = True
             timing.steps += 1
             self.callback_list.on_train_batch_end(step)
-            progress_bar.update(step + 1, lambda: self._running(carried, step + 1 - first_step))
+            running = lambda done=step + 1: self._running(carried, done - first_step)  # noqa: E731
+            self.events(TrainingSteps(step + 1, self.steps_per_epoch, first_step, self.config.batch_size,
+                                      time.perf_counter() - started, running))
             if step + 1 < self.steps_per_epoch and (self.stop.requested or every and (global_step + 1) % every == 0):
                 before_save = time.perf_counter()
                 partial = self._partial(carried, step + 1 - (first_step if carried else 0), timing,
@@ -199,7 +184,9 @@ class Epochs:
         # Reading the metrics waits for the device, so the epoch's time is taken after it.
         logs = self._running(carried, self.steps_per_epoch - first_step)
         timing.seconds += time.perf_counter() - started - checkpoint_seconds
-        progress_bar.finish({"loss": logs["loss"], "accuracy": logs["accuracy"]})
+        shown = {"loss": logs["loss"], "accuracy": logs["accuracy"]}
+        self.events(TrainingSteps(self.steps_per_epoch, self.steps_per_epoch, first_step, self.config.batch_size,
+                                  time.perf_counter() - started, lambda: shown, finished=True))
         return logs, timing
 
     def _running(self, carried: dict | None, steps_run: int) -> dict:
@@ -240,8 +227,8 @@ class Epochs:
                 break
             self.steps.eval_step(batch)
             number += 1
-            self.progress.validating(number, self.val_steps)
-        self.progress.done()
+            self.events(ValidationBatches(number, self.val_steps))
+        self.events(ValidationBatches(number, self.val_steps, finished=True))
 
     def _stop(self, epoch: int, step: int, stage: str, partial: dict | None = None) -> NoReturn:
         """Ctrl-C after ``step`` steps of ``epoch`` at ``stage``: ``partial`` saved there when the order can resume
@@ -275,7 +262,7 @@ class Epochs:
             history[key].append(float(logs[key]))
         self.say(f"epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}, "
                  f"val_loss {logs['val_loss']:.4f}, val_accuracy {logs['val_accuracy']:.4f}")
-        self.say(f"  took {progress.duration(seconds)}, {logs['images_per_sec']:,.0f} images/s, waiting for input "
+        self.say(f"  took {clock(seconds)}, {logs['images_per_sec']:,.0f} images/s, waiting for input "
                  f"{100 * logs['input_wait_fraction']:.1f}% of step time")
         checkpoints.write_json(self.paths["history"], history)
         if config.checkpoint:

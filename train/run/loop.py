@@ -15,7 +15,8 @@ import keras
 import numpy as np
 
 from shardprep.preprocess.format.dataset import Manifest, load_manifest, typed
-from shardprep.train.run import checkpoints, preflight, progress, run_files
+from shardprep.preprocess.checks.events import Listener, Message, text_only
+from shardprep.train.run import checkpoints, messages, preflight, run_files
 from shardprep.train.run.config import TrainConfig
 from shardprep.train.run.epochs import HISTORY_KEYS, Epochs, LogsError, TensorBoardLogs, logs_failure
 from shardprep.train.model.keras_model import PlateauWarmup, build_model, make_optimizer, warmup_steps
@@ -67,11 +68,12 @@ def make_steps(config: TrainConfig, manifest: Manifest, backend: str, strategy=N
 
 
 def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = print,
-          on_batch: Callable[[int, object], None] | None = None, width: int | None = None,
-          manifest: Manifest | None = None, live: Callable[[str], None] | None = None) -> dict:
+          on_batch: Callable[[int, object], None] | None = None, manifest: Manifest | None = None,
+          events: Listener | None = None) -> dict:
     """Trains ResNet-18 on ``config.data_dir``; writes ``history.json``, ``summary.json`` and ``model.keras``; returns
-    the summary. ``on_batch(global_step, batch)`` sees each batch, ``report`` each message, ``live`` the progress line;
-    ``manifest``: as ``preflight.check`` returned it. Ctrl-C saves a checkpoint and raises ``TrainingInterrupted``."""
+    the summary. ``on_batch(global_step, batch)`` sees each batch; ``events`` the run's typed events (messages and
+    progress: ``shardprep.preprocess.checks.events``), else ``report`` each message's text; ``manifest``: as
+    ``preflight.check`` returned it. Ctrl-C saves a checkpoint and raises ``TrainingInterrupted``."""
     config.validate()
     backend = keras.backend.backend()
     if config.backend is not None and config.backend != backend:
@@ -86,23 +88,23 @@ def train(config: TrainConfig, strategy=None, report: Callable[[str], None] = pr
                          f"({stored_height}x{stored_width})")
     splits = preflight.training_splits(manifest, config.train_split, config.val_split, config.data_dir)
     config = dataclasses.replace(config, train_split=splits.train.name, val_split=splits.validation.name)
-    notes = (*progress.split_lines(splits.train, splits.validation),
-             *progress.crop_warnings(config.image_size, manifest.stored_shape))
+    notes = (*messages.split_lines(splits.train, splits.validation),
+             *messages.crop_warnings(config.image_size, manifest.stored_shape))
     steps = make_steps(config, manifest, backend, strategy)
     if config.batch_size % steps.replicas:
         raise ValueError(f"--batch-size {config.batch_size} does not divide over {steps.replicas} replicas")
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(steps.precision)
     try:
-        return _train(config, steps, manifest, report, on_batch, width or progress.terminal_width(), live, notes)
+        return _train(config, steps, manifest, events or text_only(report), on_batch, notes)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, width: int, live=None,
-           notes: tuple[str, ...] = ()) -> dict:
+def _train(config: TrainConfig, steps, manifest: Manifest, events: Listener, on_batch, notes: tuple[str, ...] = ()
+           ) -> dict:
     def say(text: str) -> None:
-        report(progress.fit(text, width))
+        events(Message(text))
 
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
@@ -138,19 +140,19 @@ def _train(config: TrainConfig, steps, manifest: Manifest, report, on_batch, wid
     if config.checkpoint:
         checkpoints.discard_best_writing(paths)  # half a model a killed run was writing: Keras writes it anew
     callbacks = _make_callbacks(config, paths, base_lr, steps_per_epoch, say)
-    for message in progress.start_messages(config, steps, model.count_params(), train_examples, steps_per_epoch,
+    for message in messages.start_messages(config, steps, model.count_params(), train_examples, steps_per_epoch,
                                            base_lr, start_epoch) + list(notes):
         say(message)
     if state:
-        say(progress.resume_message(paths["last"], state, steps_per_epoch, config.epochs))
+        say(messages.resume_message(paths["last"], state, steps_per_epoch, config.epochs))
     val_steps = -(-manifest.split(config.val_split).num_examples // config.batch_size)
-    Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, report, width, val_steps, options,
-           on_batch, live).run(start_step, state)
+    Epochs(config, model, steps, callbacks, steps_per_epoch, paths, history, events, val_steps, options,
+           on_batch).run(start_step, state)
 
     checkpoints.save_inference_model(model, paths["model"])
     summary = {**summarize(history, first_epoch_of_run=start_epoch + 1), "backend": steps.backend}
     checkpoints.write_json(paths["summary"], summary)
-    for message in progress.summary_messages(summary, paths, config.checkpoint):
+    for message in messages.summary_messages(summary, paths, config.checkpoint):
         say(message)
     failed_logs = logs_failure(callbacks)
     if failed_logs is not None:  # in the last epoch, or at the end: the run's files are all written by now
