@@ -72,9 +72,9 @@ def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
     import signal
     import sys
 
-    from shardprep.pipelines.runtime import runner
+    from shardprep.preprocess.checks import streams
 
-    monkeypatch.setattr(runner, "_hide_worker_traces", True)  # as the CLI without --verbose
+    monkeypatch.setattr(streams, "_hide_worker_traces", True)  # as the CLI without --verbose
     stderr_before = os.fstat(2)
     original_dup2 = os.dup2
 
@@ -83,7 +83,7 @@ def test_ctrl_c_while_stderr_is_restored_takes_effect_after_it(monkeypatch):
         return original_dup2(fd, fd2, *args)
 
     with pytest.raises(KeyboardInterrupt):
-        with runner.worker_stderr_held(True):
+        with streams.worker_stderr_held(True):
             monkeypatch.setattr(os, "dup2", dup2_interrupted)
     monkeypatch.setattr(os, "dup2", original_dup2)
     after = os.fstat(2)

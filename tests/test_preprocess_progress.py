@@ -371,9 +371,7 @@ def test_verbose_after_a_quiet_command_in_the_same_process_leaves_tensorflow_log
         assert CliRunner().invoke(cli, ["--verbose", "demo-data", "--help"]).exit_code == 0
         assert not any(isinstance(finder, quiet_logs._QuietImport) for finder in sys.meta_path)
         assert not any(name in os.environ for name in quiet_logs.ENVIRONMENT)
-        from shardprep.pipelines.runtime import runner
-
-        runner.quiet_beam_logging(verbose=True)  # what preprocess --verbose does first
+        quiet_logs.quiet_beam(verbose=True)  # what preprocess --verbose does first
         assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     finally:
         quiet_logs.restore()

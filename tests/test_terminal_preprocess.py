@@ -32,13 +32,13 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     script = textwrap.dedent("""
         import sys
         from shardprep.commands.preprocess import _ProgressDisplay
-        from shardprep.pipelines.runtime import runner
+        from shardprep.preprocess.checks import streams
 
-        runner.quiet_beam_logging(False)
+        streams.quiet_beam(False)
         stderr = sys.stderr
         display = _ProgressDisplay(enabled=True)
         with display:
-            with runner.worker_stderr_held(True):
+            with streams.worker_stderr_held(True):
                 display.update({"listed": 3, "processed": 0})
             display.update({"listed": 3, "processed": 3})
         print("after the display; same stderr:", sys.stderr is stderr)

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import logging
 import os
 import shutil
-import sys
-import threading
-import traceback
 import types
 
 import apache_beam as beam
@@ -133,7 +129,7 @@ def malloc_arenas_limited():
 def run_to_end(pipeline: beam.Pipeline, beam_args: list[str], submitted=lambda: None):
     """Runs ``pipeline`` (from ``make_pipeline``) to its end; ``submitted()`` once the runner has the job. Our local
     runner runs with the malloc cap, the workers' stderr held, and stoppable."""
-    with worker_stderr_held(uses_worker_processes(beam_args)):
+    with streams.worker_stderr_held(uses_worker_processes(beam_args)):
         if _own_fnapi_runner(beam_args):
             with malloc_arenas_limited():
                 try:
@@ -175,7 +171,7 @@ def make_pipeline(beam_args: list[str]) -> beam.Pipeline:
     # Workers started by the zygote's command, through FnApiRunner's public default_environment: in in_memory mode
     # FnApiRunner keeps it (multi_processing puts its own in place) and still starts direct_num_workers of them.
     options.view_as(DirectOptions).direct_running_mode = "in_memory"
-    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
+    streams.drop_in_memory_warning()
     environment = SubprocessSDKEnvironment.from_command_string(zygote.worker_command())
     return beam.Pipeline(runner=FnApiRunner(default_environment=environment), options=options)
 
@@ -188,11 +184,6 @@ WORKER_SDIST_ENV = "SHARDPREP_WORKER_SDIST"
 def stage_worker_requirements_only() -> None:
     """Marks the sdist Beam builds in ``Pipeline.run`` as the workers' (harmless where none is built)."""
     os.environ[WORKER_SDIST_ENV] = "1"
-
-
-def _no_in_memory_warning(record: logging.LogRecord) -> bool:
-    """Drops FnApiRunner's warning about in_memory with several workers (make_pipeline's workers are processes)."""
-    return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
 
 
 class BeamArgsError(ValueError):
@@ -346,92 +337,8 @@ def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(what, path) for path, what in unique.items()]
 
 
-_hide_worker_traces = False  # set by quiet_beam_logging: the CLI without --verbose
-
-
-def quiet_beam_logging(verbose: bool = False) -> None:
-    """Unless ``verbose``: Beam's warnings and tracebacks silenced (the job's error says what failed, in one line),
-    and the local workers' stderr held during a run."""
-    global _hide_worker_traces
-    _hide_worker_traces = not verbose
-    level = logging.WARNING if verbose else logging.CRITICAL
-    for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
-        logging.getLogger(name).setLevel(level)
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
-
-
 def uses_worker_processes(beam_args: list[str]) -> bool:
     """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
     if not runs_locally(beam_args):
         return False
     return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
-
-
-@contextlib.contextmanager
-def worker_stderr_held(enabled: bool):
-    """While a local run goes, fd 2 (inherited by the workers, which print each failed bundle's traceback) is a pipe
-    whose text a failed run drops and a finished one passes on; this process writes to a copy of the terminal's fd,
-    never closed under whoever saved it as ``sys.stderr`` (at exit: "lost sys.stderr", status 120)."""
-    if not (enabled and _hide_worker_traces):
-        yield
-        return
-    sys.stderr.flush()
-    own_stderr = sys.stderr
-    terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
-                    errors="backslashreplace")
-    read_end, write_end = os.pipe()
-    saved = streams.point(2, write_end)
-    os.close(write_end)
-    held = bytearray()
-    drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
-    drainer.start()
-    # The runner's threads die with tracebacks of their own when a worker is killed: held too.
-    thread_errors: list = []
-    own_excepthook = threading.excepthook
-    threading.excepthook = thread_errors.append
-    sys.stderr = terminal
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        with stopping.sigint_deferred():  # a Ctrl-C here would leave fd 2 on the pipe
-            with contextlib.suppress(OSError, ValueError):
-                terminal.flush()
-            streams.redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
-            if sys.stderr is terminal:
-                sys.stderr = own_stderr
-            if sys.getrefcount(terminal) <= 2:  # no one but this name (and getrefcount's argument) keeps it
-                terminal.close()
-            drainer.join(timeout=2)
-            if not failed and held:
-                with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
-                    os.write(saved, bytes(held))
-            os.close(saved)
-            threading.excepthook = own_excepthook
-            if not failed:
-                for args in thread_errors:
-                    own_excepthook(args)
-            else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
-                threading.excepthook = _quiet_about_runner_threads(own_excepthook)
-
-
-def _drain(read_end: int, held: bytearray) -> None:
-    """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
-    with contextlib.suppress(OSError):
-        while chunk := os.read(read_end, 65536):
-            held.extend(chunk)
-            del held[:-WORKER_STDERR_KEPT]
-        os.close(read_end)
-
-
-def _quiet_about_runner_threads(own_excepthook):
-    def excepthook(args):
-        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
-        if not any("apache_beam" in frame.filename or "grpc" in frame.filename for frame in frames):
-            own_excepthook(args)
-    return excepthook

@@ -218,22 +218,3 @@ def _stat(pid) -> list[str] | None:
     """(state, parent id, ...) from ``/proc/PID/stat``."""
     fields = _proc(pid, "stat").rsplit(b")", 1)
     return fields[1].decode().split() if len(fields) == 2 else None
-
-
-@contextlib.contextmanager
-def sigint_deferred():
-    """Ctrl-C or SIGTERM in the block takes effect when it ends (fd 2 restored first); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list = []
-    try:
-        with _handled((signal.SIGINT, signal.SIGTERM), lambda *received: caught.append(received)) as previous:
-            yield
-    finally:
-        if caught:
-            handler = previous[caught[0][0]]
-            if callable(handler):
-                handler(*caught[0])  # the default SIGINT handler raises KeyboardInterrupt; sigterm_stops' too
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), caught[0][0])

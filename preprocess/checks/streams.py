@@ -1,16 +1,21 @@
-"""The process's standard streams, in one place: the only code that points a file descriptor elsewhere (``dup2``),
-standard streams started closed, a stream silenced after its reader went away, and TensorFlow's C++ log lines kept
-off stderr. Low in the layers so that the jobs, the training loop and the CLI all use it."""
+"""The process's standard streams and what third-party code writes to them, in one place: the only code that points
+a file descriptor elsewhere (``dup2``), standard streams started closed, a stream silenced after its reader went
+away; TensorFlow's C++ log lines, Beam's logs and its local workers' tracebacks kept off stderr. Low in the layers
+so that the jobs, the training loop and the CLI all use it; no Beam import."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import re
 import sys
+import signal
 import tempfile
+import threading
+import traceback
 
 
 def redirect(fd: int, target: int) -> None:
@@ -160,3 +165,106 @@ class _FilteredLoader(importlib.abc.Loader):
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
+
+
+# --- Beam: its loggers, and its local workers' stderr ---------------------------------------------------------
+
+_hide_worker_traces = False  # set by quiet_beam: the CLI without --verbose
+
+
+def quiet_beam(verbose: bool = False) -> None:
+    """Unless ``verbose``: Beam's warnings and tracebacks silenced (the job's error says what failed, in one line),
+    and the local workers' stderr held during a run."""
+    global _hide_worker_traces
+    _hide_worker_traces = not verbose
+    level = logging.WARNING if verbose else logging.CRITICAL
+    for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
+        logging.getLogger(name).setLevel(level)
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def drop_in_memory_warning() -> None:
+    """Drops FnApiRunner's warning about in_memory with several workers (``runner.make_pipeline``'s are processes)."""
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(
+        lambda record: not str(record.msg).startswith("If direct_num_workers is not equal to 1"))
+
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Ctrl-C or SIGTERM in the block takes effect when it ends (blocked for this thread meanwhile)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
+
+
+@contextlib.contextmanager
+def worker_stderr_held(enabled: bool):
+    """While a local run goes, fd 2 (inherited by the workers, which print each failed bundle's traceback) is a pipe
+    whose text a failed run drops and a finished one passes on; this process writes to a copy of the terminal's fd,
+    never closed under whoever saved it as ``sys.stderr`` (at exit: "lost sys.stderr", status 120)."""
+    if not (enabled and _hide_worker_traces):
+        yield
+        return
+    sys.stderr.flush()
+    own_stderr = sys.stderr
+    terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(own_stderr, "encoding", None) or "utf-8",
+                    errors="backslashreplace")
+    read_end, write_end = os.pipe()
+    saved = point(2, write_end)
+    os.close(write_end)
+    held = bytearray()
+    drainer = threading.Thread(target=_drain, args=(read_end, held), name="shardprep-worker-stderr", daemon=True)
+    drainer.start()
+    # The runner's threads die with tracebacks of their own when a worker is killed: held too.
+    thread_errors: list = []
+    own_excepthook = threading.excepthook
+    threading.excepthook = thread_errors.append
+    sys.stderr = terminal
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        with stops_held():  # a Ctrl-C here would leave fd 2 on the pipe
+            with contextlib.suppress(OSError, ValueError):
+                terminal.flush()
+            redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
+            if sys.stderr is terminal:
+                sys.stderr = own_stderr
+            if sys.getrefcount(terminal) <= 2:  # no one but this name (and getrefcount's argument) keeps it
+                terminal.close()
+            drainer.join(timeout=2)
+            if not failed and held:
+                with contextlib.suppress(OSError):  # `2>&1 | head`, a full disk: a finished run is not failed by it
+                    os.write(saved, bytes(held))
+            os.close(saved)
+            threading.excepthook = own_excepthook
+            if not failed:
+                for args in thread_errors:
+                    own_excepthook(args)
+            else:  # the runner's threads may still be dying while the error is reported: keep quiet about those
+                threading.excepthook = _quiet_about_runner_threads(own_excepthook)
+
+
+def _drain(read_end: int, held: bytearray) -> None:
+    """Reads the pipe until every writer closed it, keeping its last WORKER_STDERR_KEPT bytes in ``held``."""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(read_end, 65536):
+            held.extend(chunk)
+            del held[:-WORKER_STDERR_KEPT]
+        os.close(read_end)
+
+
+def _quiet_about_runner_threads(own_excepthook):
+    def excepthook(args):
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if not any("apache_beam" in frame.filename or "grpc" in frame.filename for frame in frames):
+            own_excepthook(args)
+    return excepthook

@@ -107,10 +107,11 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
         _refuse_a_source_not_there(source)
     from shardprep.pipelines.preprocess_job import graph as job
     from shardprep.pipelines.runtime import runner, storage
+    from shardprep.preprocess.checks import streams
     from shardprep.preprocess.sources.common import SourceError
 
     verbose = verbose or bool((ctx.find_root().params or {}).get("verbose"))
-    runner.quiet_beam_logging(verbose)
+    streams.quiet_beam(verbose)
     check_beam_args(ctx, beam_args, "preprocess takes SOURCE OUTPUT")
     config = PreprocessConfig(**{**options, "output": options["output"].rstrip("/") or "/"})
     started, began = time.monotonic(), time.time()
