@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import click
 
-from shardprep.preprocess.checks.events import Message, TrainingSteps, ValidationBatches
+from shardprep.preprocess.checks.events import Message, StageProgress, TrainingSteps, ValidationBatches
 from shardprep.preprocess.checks.streams import silence
 from shardprep.preprocess.checks.text import MIN_COLUMNS, bar, clock, count, output_width, terminal_columns, wrap  # noqa: F401
 
@@ -375,13 +375,13 @@ class SpinnerProgress(LiveProgress):
         super().__init__(enabled, transient=True, lazy=False, records="")
         self.all_done = all_done
 
-    def update(self, stage: str, done: int | None, total: int | None, records: int | None):
-        if done is None:
-            self.show(description=stage, completed=0, total=None, records="")
+    def update(self, event: StageProgress):
+        if event.done is None:
+            self.show(description=event.stage, completed=0, total=None, records="")
         else:
-            all_done = self.all_done and total and done >= total
-            self.show(description=self.all_done if all_done else stage, completed=done, total=total,
-                      records=f"{records:,} records" if records is not None else "")
+            all_done = self.all_done and event.total and event.done >= event.total
+            self.show(description=self.all_done if all_done else event.stage, completed=event.done,
+                      total=event.total, records=f"{event.records:,} records" if event.records is not None else "")
 
     def columns(self):
         from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn

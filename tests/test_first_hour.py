@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import image_factory
 from shardprep.preprocess.checks import streams as quiet_logs
 from shardprep.cli import main
+from shardprep.preprocess.checks.events import RunCounts
 from shardprep.preprocess.sources import labels
 from shardprep.preprocess.format import manifest as manifest_lib
 from train_helpers import random_images, write_dataset
@@ -266,8 +267,8 @@ def test_plain_progress_lines_come_every_interval(monkeypatch, capsys):
     monkeypatch.setenv(display.PROGRESS_SECONDS_ENV, "1000")
     progress = _ProgressDisplay(enabled=True)
     with progress:
-        progress.update({"listed": 303, "processed": 0})
-        progress.update({"listed": 303, "processed": 120})  # within the interval: no line
+        progress.update(RunCounts(listed=303, processed=0))
+        progress.update(RunCounts(listed=303, processed=120))  # within the interval: no line
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) in (2, 3) and lines[0].startswith("listing, 303 listed")  # (3: the last at the end)
     assert re.fullmatch(r"images 120/303 \(40%\), [\d,]+ img/s, \d+:\d\d:\d\d", lines[1]), lines  # no ETA yet

@@ -16,6 +16,7 @@ from shardprep.cli import main as cli
 from shardprep.commands import preprocess as command
 from shardprep.commands import stops as preprocess_stop
 from shardprep.pipelines.preprocess_job import graph as job
+from shardprep.preprocess.checks.events import RunCounts
 from shardprep.preprocess.format.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory"]
@@ -32,8 +33,8 @@ def log(monkeypatch, capsys):
 def test_the_first_line_names_the_source_instead_of_a_count_of_nothing(log):
     progress = command._ProgressDisplay(enabled=True, source="/data/imagenet/train")
     with progress:
-        progress.update({})  # the workers have reported nothing yet
-        progress.update({"listed": 1200})
+        progress.update(RunCounts())  # the workers have reported nothing yet
+        progress.update(RunCounts(listed=1200))
     lines = log()
     assert re.fullmatch(r"listing /data/imagenet/train…, 0:00:0\d", lines[0]), lines
     assert not re.search(r"\b0 listed", "\n".join(lines))
@@ -43,7 +44,7 @@ def test_the_first_line_names_the_source_instead_of_a_count_of_nothing(log):
 def test_a_tfrecord_sources_growing_total_is_an_estimate_until_the_job_ends(log):
     progress = command._ProgressDisplay(enabled=True, source="tfds:imagenette/320px")
     with progress:
-        progress.update({"listed": 202, "processed": 191})
+        progress.update(RunCounts(listed=202, processed=191))
         progress.finish({"num_inputs": 600})
     lines = log()
     assert lines[0].startswith("images 191 of at least 202, "), lines
@@ -55,9 +56,9 @@ def test_the_last_line_is_written_once(monkeypatch, capsys):
     monkeypatch.setenv(display.PROGRESS_SECONDS_ENV, "1000")
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
-        progress.update({"listed": 303, "processed": 120})
-        progress.update({"listed": 303, "processed": 303})
-        progress.update({"listed": 303, "processed": 303})  # later polls: the shards are being written
+        progress.update(RunCounts(listed=303, processed=120))
+        progress.update(RunCounts(listed=303, processed=303))
+        progress.update(RunCounts(listed=303, processed=303))  # later polls: the shards are being written
         progress.finish({"num_inputs": 303})
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(",")[0] for line in lines] == ["images 120/303 (40%)", "images 303/303 (100%)"], lines
@@ -67,7 +68,7 @@ def test_repeated_counts_are_not_written_again_within_a_minute(log):
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
         for _ in range(3):
-            progress.update({"listed": 303, "processed": 303})
+            progress.update(RunCounts(listed=303, processed=303))
     lines = log()
     assert len(lines) == 1 and lines[0].startswith("images 303/303 (100%)"), lines
 
@@ -77,13 +78,13 @@ def test_progress_says_how_many_images_a_stop_would_keep_and_an_eta_once_it_is_w
     monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
-        progress.update({"listed": 303, "processed": 0})
+        progress.update(RunCounts(listed=303, processed=0))
         clock[0] += 1
-        progress.update({"listed": 303, "processed": 120, "saved": 0, "groups_saved": 0})
+        progress.update(RunCounts(listed=303, processed=120, saved=0, groups_saved=0))
         clock[0] += 1
-        progress.update({"listed": 303, "processed": 140, "saved": 66, "groups_saved": 2})
+        progress.update(RunCounts(listed=303, processed=140, saved=66, groups_saved=2))
         clock[0] += command.ETA_AFTER_S
-        progress.update({"listed": 303, "processed": 150, "saved": 151, "groups_saved": 3})  # read in between
+        progress.update(RunCounts(listed=303, processed=150, saved=151, groups_saved=3))  # read in between
     lines = log()
     assert re.fullmatch(r"images 120/303 \(40%\), 0 kept if stopped, [\d,]+ img/s, \d:\d\d:\d\d", lines[-3]), lines
     assert lines[-2].startswith("images 140/303 (46%), 66 kept if stopped, ") and "ETA" not in lines[-2], lines
@@ -97,9 +98,9 @@ def test_plain_lines_fit_columns_else_80(log, monkeypatch, columns):
     width = int(columns or 80)
     progress = command._ProgressDisplay(enabled=True, source="/data/" + "very-long-folder-name/" * 8 + "train")
     with progress:
-        progress.update({})
-        progress.update({"listed": 1_281_167})
-        progress.update({"listed": 1_281_167, "processed": 1_000_000, "saved": 999_000, "groups_saved": 1_000})
+        progress.update(RunCounts())
+        progress.update(RunCounts(listed=1_281_167))
+        progress.update(RunCounts(listed=1_281_167, processed=1_000_000, saved=999_000, groups_saved=1_000))
         progress.finish({"num_inputs": 1_281_167})
     lines = log()
     assert len(lines) == 4 and all(len(line) <= width for line in lines), lines
@@ -174,10 +175,10 @@ def test_a_stop_says_what_the_journal_keeps_and_how_to_resume(tmp_path, monkeypa
     typed = ["shardprep", "preprocess", "SRC", str(tmp_path), "--overwrite"]
     _journal(tmp_path, [])
     monkeypatch.setattr(journal, "kept_work", lambda output: journal.KeptWork(31, 2))
-    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 120}, typed)
+    lines = command.stopped_lines(str(tmp_path), RunCounts(listed=300, processed=120), typed)
     assert lines == [f"stopped: 31 of 300 images kept (2 finished decode groups) in {tmp_path}/.tmp",
                      f"resume: shardprep preprocess SRC {tmp_path} --resume"]
-    assert command.stopped_lines(str(tmp_path), {}, typed)[0].startswith("stopped: 31 images kept (2 finished")
+    assert command.stopped_lines(str(tmp_path), RunCounts(), typed)[0].startswith("stopped: 31 images kept (2 finished")
 
 
 def test_only_journal_lines_that_pass_their_checks_count_as_kept(tmp_path):
@@ -190,25 +191,25 @@ def test_only_journal_lines_that_pass_their_checks_count_as_kept(tmp_path):
 
 def test_a_stop_before_any_group_finished_still_offers_the_resume(tmp_path, wide):
     _journal(tmp_path, [])
-    lines = command.stopped_lines(str(tmp_path), {"listed": 300}, ["shardprep", "preprocess", "S", str(tmp_path)])
+    lines = command.stopped_lines(str(tmp_path), RunCounts(listed=300), ["shardprep", "preprocess", "S", str(tmp_path)])
     assert lines == ["stopped: no decode group had finished, so nothing decoded is kept",
                      f"resume: shardprep preprocess S {tmp_path} --resume"]
 
 
 def test_a_stop_of_a_run_without_a_journal_gives_the_rerun_command(tmp_path, monkeypatch, wide):
     typed = ["shardprep", "preprocess", "tfds:mnist", str(tmp_path / "out"), "--resume"]
-    assert command.stopped_lines(str(tmp_path / "out"), {}, typed) == [
+    assert command.stopped_lines(str(tmp_path / "out"), RunCounts(), typed) == [
         f"stopped before anything was written to {tmp_path}/out", "rerun: " + " ".join(typed)]
     (tmp_path / "out" / "train").mkdir(parents=True)
     (tmp_path / "out" / "train" / "train-00000-of-00001.tfrecord").write_bytes(b"")
-    lines = command.stopped_lines(str(tmp_path / "out"), {}, typed)
+    lines = command.stopped_lines(str(tmp_path / "out"), RunCounts(), typed)
     assert lines[0].startswith("stopped: this run keeps no finished work")
     assert lines[1] == f"rerun: shardprep preprocess tfds:mnist {tmp_path}/out --overwrite"
     monkeypatch.setenv("COLUMNS", "80")
-    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner", job_submitted=True)
+    remote = command.stopped_lines(str(tmp_path / "out"), RunCounts(), typed, "DataflowRunner", job_submitted=True)
     assert remote == ["stopped waiting: a job already submitted to DataflowRunner runs on there; cancel",
                       "  it there if it should stop (e.g. gcloud dataflow jobs cancel JOB_ID)"]
-    remote = command.stopped_lines(str(tmp_path / "out"), {}, typed, "DataflowRunner", job_submitted=False)
+    remote = command.stopped_lines(str(tmp_path / "out"), RunCounts(), typed, "DataflowRunner", job_submitted=False)
     assert " ".join(" ".join(remote).split()) == (
         "stopped before or during the submission of the job to DataflowRunner: a job may or may not have been "
         "created there; look for it and cancel it if it is listed (e.g. gcloud dataflow jobs list, then gcloud "
@@ -225,20 +226,20 @@ def test_a_stop_after_the_manifest_was_written_says_the_dataset_is_complete(tmp_
     typed = ["shardprep", "preprocess", "SRC", str(tmp_path)]
     began = time.time() - 5
     (tmp_path / "manifest.json").write_text("{}")
-    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 300}, typed, run_began=began)
+    lines = command.stopped_lines(str(tmp_path), RunCounts(listed=300, processed=300), typed, run_began=began)
     assert lines == [f"stopped after the dataset was complete: {tmp_path}/manifest.json is written",
                      f"check it: shardprep validate {tmp_path}"]
     # Stopped while removing its temporary files (the last step): what is left, and the command that removes it.
     (tmp_path / ".tmp").mkdir()
     (tmp_path / ".tmp" / "journal.jsonl").write_bytes(b"{}\n")
     (tmp_path / ".tmp" / "spill-train-00000.records").write_bytes(b"x" * (3 * 2**20))
-    lines = command.stopped_lines(str(tmp_path), {"listed": 300, "processed": 300}, typed, run_began=began)
+    lines = command.stopped_lines(str(tmp_path), RunCounts(listed=300, processed=300), typed, run_began=began)
     assert lines == [f"stopped after the dataset was complete: {tmp_path}/manifest.json is written",
                      f"  {tmp_path}/.tmp still holds 3.0 MiB of the run's temporary files; they go with",
                      f"  shardprep preprocess SRC {tmp_path} --resume",
                      f"check it: shardprep validate {tmp_path}"]
     os.utime(tmp_path / "manifest.json", (began - 60, began - 60))  # an earlier run's: this one had not finished
-    assert not command.stopped_lines(str(tmp_path), {}, typed, run_began=began)[0].startswith(
+    assert not command.stopped_lines(str(tmp_path), RunCounts(), typed, run_began=began)[0].startswith(
         "stopped after the dataset was complete")
 
 
@@ -266,11 +267,13 @@ def _stop_line_cases(tmp_path, monkeypatch) -> dict[str, list[str]]:
     began = time.time() - 5
     os.utime(complete / "manifest.json")
     return {
-        "kept": command.stopped_lines(str(kept), {"listed": 1_281_167, "processed": 9}, typed + [str(kept)]),
-        "rerun": command.stopped_lines(str(fresh), {}, typed + [str(fresh)]),
-        "complete": command.stopped_lines(str(complete), {}, typed + [str(complete)], run_began=began),
-        "submitted": command.stopped_lines(str(fresh), {}, typed + [str(fresh)], "DataflowRunner", None, True),
-        "not submitted": command.stopped_lines(str(fresh), {}, typed + [str(fresh)], "DataflowRunner", None, False),
+        "kept": command.stopped_lines(str(kept), RunCounts(listed=1_281_167, processed=9), typed + [str(kept)]),
+        "rerun": command.stopped_lines(str(fresh), RunCounts(), typed + [str(fresh)]),
+        "complete": command.stopped_lines(str(complete), RunCounts(), typed + [str(complete)], run_began=began),
+        "submitted": command.stopped_lines(str(fresh), RunCounts(), typed + [str(fresh)], "DataflowRunner", None,
+                                           True),
+        "not submitted": command.stopped_lines(str(fresh), RunCounts(), typed + [str(fresh)], "DataflowRunner",
+                                               None, False),
     }
 
 
@@ -320,10 +323,10 @@ def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path, monk
     seen = []
     config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8)
     outcome = job.execute_job(config, IN_PROCESS, hooks=job.JobHooks(on_progress=seen.append))
-    last = seen[-1]
-    assert last["processed"] == last["saved"] == 16
-    assert last["groups_saved"] == outcome.decode.groups > 1
-    assert any(counts.get("saved") == 0 for counts in seen) or seen[0].get("saved") is None
+    last = seen[-1]  # a typed event (RunCounts)
+    assert last.processed == last.saved == 16
+    assert last.groups_saved == outcome.decode.groups > 1
+    assert any(counts.saved == 0 for counts in seen) or seen[0].saved is None
 
 
 def test_a_quiet_run_prints_no_progress(tmp_path):
@@ -349,11 +352,11 @@ def test_the_rate_counts_from_when_decoding_began_not_from_the_start(log, monkey
     monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
-        progress.update({"listed": 1000})
+        progress.update(RunCounts(listed=1000))
         clock[0] += 60  # Beam starting its workers, the listing
-        progress.update({"listed": 1000})
+        progress.update(RunCounts(listed=1000))
         clock[0] += 10
-        progress.update({"listed": 1000, "processed": 500})
+        progress.update(RunCounts(listed=1000, processed=500))
     line = log()[-1]
     assert ", 50 img/s, ETA 0:00:10, " in line, line
 
@@ -430,7 +433,7 @@ def test_the_live_preprocess_line_is_ascii_and_fits_80_columns_in_bytes(monkeypa
 def test_progress_says_the_shards_are_written_once_every_image_is_done(log):
     progress = command._ProgressDisplay(enabled=True, source="src")
     with progress:
-        progress.update({"listed": 303, "processed": 303})
+        progress.update(RunCounts(listed=303, processed=303))
         progress.finish({"num_inputs": 303})
     lines = log()
     assert "writing shards" in lines[0] and "writing shards" not in lines[-1], lines

@@ -32,6 +32,7 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
     script = textwrap.dedent("""
         import sys
         from shardprep.commands.preprocess import _ProgressDisplay
+        from shardprep.preprocess.checks.events import RunCounts
         from shardprep.preprocess.checks import streams
 
         streams.quiet_beam(False)
@@ -39,8 +40,8 @@ def test_a_display_started_while_worker_stderr_is_held_leaves_stderr_working():
         display = _ProgressDisplay(enabled=True)
         with display:
             with streams.worker_stderr_held(True):
-                display.update({"listed": 3, "processed": 0})
-            display.update({"listed": 3, "processed": 3})
+                display.update(RunCounts(listed=3, processed=0))
+            display.update(RunCounts(listed=3, processed=3))
         print("after the display; same stderr:", sys.stderr is stderr)
         print("stderr still writes", file=sys.stderr)
     """)

@@ -119,14 +119,14 @@ def test_deleted_shard_is_missing_and_progress_counts_the_shards_read(dataset):
     (dataset / shard).unlink()
     updates = []
 
-    report = run_validate(dataset, progress=lambda *update: updates.append(update))
+    report = run_validate(dataset, progress=updates.append)
 
     assert report["ok"] is False
     assert [p["file"] for p in problems_of(report, "shard_missing")] == [shard]
     [split_count] = problems_of(report, "split_count")
     assert split_count["split"] == "validation"
-    _, done, total, records = updates[-1]
-    assert (done, total, records) == (3, 3, report["num_examples"])
+    last = updates[-1]  # a typed event (StageProgress)
+    assert (last.done, last.total, last.records) == (3, 3, report["num_examples"])
 
 
 def test_extra_shard_is_unlisted(dataset):

@@ -285,11 +285,12 @@ def test_the_pictures_name_wordnet_ids_as_predict_does(monkeypatch, tmp_path):
 
 def test_progress_says_what_it_waits_for_once_every_shard_is_read(monkeypatch, capsys):
     from shardprep.output import ACROSS_RECORDS, PROGRESS_SECONDS_ENV, SpinnerProgress
+    from shardprep.preprocess.checks.events import StageProgress
 
     monkeypatch.setenv(PROGRESS_SECONDS_ENV, "0.000001")  # a plain line at each update
     with SpinnerProgress(enabled=True, all_done=ACROSS_RECORDS) as progress:
-        progress.update("reading 12 shards (1.2 MiB)", 5, 12, 100)
-        progress.update("reading 12 shards (1.2 MiB)", 12, 12, 240)
+        progress.update(StageProgress("reading 12 shards (1.2 MiB)", 5, 12, 100))
+        progress.update(StageProgress("reading 12 shards (1.2 MiB)", 12, 12, 240))
     reading, waiting = capsys.readouterr().err.splitlines()
     assert reading.startswith("reading 12 shards (1.2 MiB) 5/12")
     assert "every shard read; comparing records" in waiting and "near-duplicates" in waiting

@@ -25,6 +25,7 @@ from shardprep.pipelines.preprocess_job.shards import ShardBoundaries, WriteShar
 from shardprep.pipelines.sources.kind import SourcePlan
 from shardprep.pipelines.sources.registry import kind_of, parse, plan_source
 from shardprep.pipelines.runtime.storage import prepare_output
+from shardprep.preprocess.checks.events import RunCounts
 from shardprep.preprocess.image import image_ops
 from shardprep.preprocess.format import manifest, sharding
 from shardprep.preprocess.checks import owned_folder
@@ -98,7 +99,7 @@ class JobOutcome(NamedTuple):
 class JobHooks:
     """What the caller hears of a run: a local run's counts twice a second, the groups a resume keeps, the lines a
     sample of the inputs says; ``submitted`` once ``p.run()`` returned (after a stop: a remote job may exist)."""
-    on_progress: Callable[[dict], None] | None = None
+    on_progress: Callable[[RunCounts], None] | None = None
     on_resume: Callable[[int], None] = lambda recorded: None
     on_plan: Callable[[list[str]], None] = lambda lines: None
     submitted: bool = False
@@ -167,7 +168,11 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
 def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[str], hooks: JobHooks, runner: str,
                   min_groups: int, unit_journal) -> JobOutcome:
     watched = runners.runs_locally(beam_args) and hooks.on_progress is not None
-    with progress.watching(watched, hooks.on_progress, "shardprep-progress-") as progress_dir:
+    def on_counts(totals: dict[str, int]) -> None:  # the counters' files, as a typed event
+        if hooks.on_progress is not None:
+            hooks.on_progress(RunCounts(**totals))
+
+    with progress.watching(watched, on_counts, "shardprep-progress-") as progress_dir:
         try:
             p = runners.make_pipeline(beam_args)
             build_pipeline(p, config, plan, runner=runner, progress_dir=progress_dir, min_decode_groups=min_groups,

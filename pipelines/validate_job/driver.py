@@ -31,6 +31,7 @@ from shardprep.pipelines.validate_job.paths import (ValidateError, WrittenOutput
 from shardprep.pipelines.validate_job import report as report_lib
 from shardprep.pipelines.validate_job.checks import (SampleOptions, ShardTask, layout_problems, manifest_problems,
                                                    problem, sample_fraction, unfit_layout_problems)
+from shardprep.preprocess.checks.events import StageProgress
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, load_manifest
@@ -39,8 +40,7 @@ RESULTS_NAME = "validate-results.jsonl"
 
 _LOGGER = logging.getLogger(__name__)
 
-# progress(stage, files_done, files_total, records_done): files_done is None while a stage has no count.
-Progress = Callable[[str, "int | None", "int | None", "int | None"], None]
+Progress = Callable[[StageProgress], None]
 
 
 class ReportWriteError(ValidateError):
@@ -72,10 +72,10 @@ def _run_pipeline(build: Callable, beam_args: list[str], progress: Progress, sta
     results_path, cleanup = _results_location(beam_args)
 
     def report(counts: dict[str, int]) -> None:
-        progress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0))
+        progress(StageProgress(stage, min(counts.get("files", 0), total_files), total_files, counts.get("records", 0)))
 
     local = runner.runs_locally(beam_args)
-    progress(stage, 0 if local else None, total_files, 0)
+    progress(StageProgress(stage, 0 if local else None, total_files, 0))
     try:
         with progress_lib.watching(local, report, "shardprep-validate-progress-", interval_s=0.25) as progress_dir:
             pipeline = runner.make_pipeline(beam_args)
@@ -111,7 +111,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
                      outputs: WrittenOutputs) -> dict:
     data_dir = absolute(options.data).rstrip("/")
     report = report_lib.report_base(options.data, "dataset")
-    progress(f"listing {data_dir}", None, None, None)
+    progress(StageProgress(f"listing {data_dir}"))
     found = storage.list_files(data_dir)
     if storage.is_local(data_dir) and os.path.lexists(os.path.join(data_dir, manifest_lib.MANIFEST_NAME)):
         found = sorted(set(found) | {manifest_lib.MANIFEST_NAME})  # not a file (a folder, a FIFO): read and refused
@@ -172,7 +172,7 @@ def _near_duplicates(report: dict, results: report_lib.Results, split_order: lis
 
 def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:
     """(DATA's kind, its globs and class names, the matched files' metadata) of a ``tfrecord:`` or ``tfds:`` DATA."""
-    progress(f"finding the files of {options.data}", None, None, None)
+    progress(StageProgress(f"finding the files of {options.data}"))
     try:
         parsed = source_registry.parse(options.data)
         found = parsed.kind.record_files(parsed.location, options.tfds_data_dir, options.label_key)
@@ -241,7 +241,7 @@ def _write_pictures_or_fail(options: ValidateOptions, report: dict, results: rep
                             outputs: WrittenOutputs, progress: Progress) -> None:
     if not options.pictures:
         return
-    progress(f"writing pictures to {options.pictures}", None, None, None)
+    progress(StageProgress(f"writing pictures to {options.pictures}"))
     with _writing(f"pictures to {options.pictures}", report):
         report["pictures"] = write_pictures(options.pictures, report, results, options.samples_per_class, outputs)
 
@@ -282,8 +282,8 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
     if refused:  # before DATA is listed: a runner Beam has, and on Dataflow a DATA its workers can read
         raise ValidateError(refused)
     check_output_paths(options)
-    progress = progress or (lambda stage, done, total, records: _LOGGER.info(
-        "%s%s", stage, f": {done}/{total} read, {records} records" if done is not None else ""))
+    progress = progress or (lambda event: _LOGGER.info("%s%s", event.stage, "" if event.done is None else
+                                                       f": {event.done}/{event.total} read, {event.records} records"))
     outputs = WrittenOutputs() if outputs is None else outputs
     started = time.monotonic()
     kind = data_kind(options.data)

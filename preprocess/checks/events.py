@@ -37,7 +37,26 @@ class ValidationBatches:
     finished: bool = False
 
 
-Event = Union[Message, TrainingSteps, ValidationBatches]
+@dataclass(frozen=True)
+class StageProgress:
+    """A job's ``stage`` (what it does, in words): ``done`` of ``total`` files (None: no count yet), records read."""
+    stage: str
+    done: int | None = None
+    total: int | None = None
+    records: int | None = None
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """A local preprocess run's counts, summed over its workers: inputs listed, processed, and journaled so that a
+    stop keeps them (``saved``, with their decode groups; None before any is)."""
+    listed: int = 0
+    processed: int = 0
+    saved: int | None = None
+    groups_saved: int | None = None
+
+
+Event = Union[Message, TrainingSteps, ValidationBatches, StageProgress, RunCounts]
 Listener = Callable[[Event], None]
 
 

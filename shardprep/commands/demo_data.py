@@ -6,6 +6,7 @@ import os
 import click
 
 from shardprep.output import SpinnerProgress, reader_may_go
+from shardprep.preprocess.checks.events import StageProgress
 
 
 @click.command("demo-data", context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,8 +24,8 @@ def command(directory, train_per_class, validation_per_class, seed):
         _remove_earlier_demo(directory, demo.is_demo_file)
     with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
         count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
-                                        on_file=lambda done, total: progress.update("writing the demo images", done,
-                                                                                    total, None))
+                                        on_file=lambda done, total: progress.update(
+                                            StageProgress("writing the demo images", done, total)))
     with reader_may_go(done=f"the demo dataset is complete in {directory}"):
         click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
 

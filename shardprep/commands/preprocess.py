@@ -13,6 +13,7 @@ from shardprep.commands.stops import stopped_lines, typed_command
 from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
+from shardprep.preprocess.checks.events import RunCounts
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.format.manifest import MANIFEST_NAME
 from shardprep.preprocess.format.config import CROPS, PreprocessConfig, default
@@ -210,18 +211,18 @@ class _ProgressDisplay(LiveProgress):
         self.source = source
         self.growing = source_registry.kind_of(source).decoded_where_read
         self.decoding_since = time.monotonic()
-        self.counts: dict = {}  # the workers' last counts, kept with --quiet too
+        self.counts = RunCounts()  # the workers' last counts, kept with --quiet too
 
-    def update(self, counts: dict):
-        self.counts = dict(counts)
-        listed, processed = counts.get("listed", 0), counts.get("processed", 0)
+    def update(self, counts: RunCounts):
+        self.counts = counts
+        listed, processed = counts.listed, counts.processed
         now = time.monotonic()
         if not processed:
             self.decoding_since = now  # the rate counts from the last poll before the first image was done
         elapsed = max(1e-3, now - self.decoding_since)
         self.show(description="images" if processed else "listing", completed=processed,
                   total=max(listed, processed) or None, listed=listed, final=bool(processed) and not self.growing,
-                  saved=counts.get("saved"), decoding_seconds=elapsed if processed else 0.0,
+                  saved=counts.saved, decoding_seconds=elapsed if processed else 0.0,
                   per_second=processed / elapsed if processed else 0.0)
 
     def finish(self, manifest: dict) -> None:

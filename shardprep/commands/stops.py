@@ -16,6 +16,7 @@ import click
 from shardprep.output import say
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.preprocess.checks.events import RunCounts
 from shardprep.preprocess.format.manifest import MANIFEST_NAME
 from shardprep.preprocess.checks.text import count, output_width, series, wrap
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # validate_paths imports NumPy and PIL: not for `validate --h
     from shardprep.pipelines.validate_job.paths import WrittenOutputs
 
 
-def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: str | None = None,
+def stopped_lines(output: str, counts: RunCounts, command: list[str], remote_runner: str | None = None,
                   run_began: float | None = None, job_submitted: bool = False) -> list[str]:
     """A stop after the run wrote manifest.json (``run_began``: ``time.time()`` at its start) lost nothing. A local
     run of an image folder keeps its finished decode groups (OUTPUT/.tmp, its journal) for ``--resume``; other local
@@ -48,7 +49,7 @@ def stopped_lines(output: str, counts: dict, command: list[str], remote_runner: 
         kept_work = None
     if kept_work is not None:
         kept = kept_work.inputs
-        total = counts.get("listed", 0) if counts.get("processed") else 0  # final once decoding started
+        total = counts.listed if counts.processed else 0  # final once decoding started
         if kept_work.groups:
             of = f" of {total:,}" if total >= kept else ""
             said = (f"stopped: {kept:,}{of} image{'s' if (total or kept) != 1 else ''} kept "
