@@ -180,15 +180,12 @@ def quiet_beam(verbose: bool = False) -> None:
     level = logging.WARNING if verbose else logging.CRITICAL
     for name in ("apache_beam", "apache_beam.runners.portability", "apache_beam.runners.worker"):
         logging.getLogger(name).setLevel(level)
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def drop_in_memory_warning() -> None:
     """Drops FnApiRunner's warning about in_memory with several workers (``runner.make_pipeline``'s are processes)."""
     logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(
         lambda record: not str(record.msg).startswith("If direct_num_workers is not equal to 1"))
-
 
 
 @contextlib.contextmanager
