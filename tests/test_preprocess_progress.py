@@ -16,7 +16,7 @@ from shardprep.cli import main as cli
 from shardprep.commands import preprocess as command
 from shardprep.commands import stops as preprocess_stop
 from shardprep.pipelines.preprocess_job import graph as job
-from shardprep.preprocess.checks.events import RunCounts
+from shardprep.preprocess.checks.events import Message, RunCounts
 from shardprep.preprocess.format.config import PreprocessConfig
 
 IN_PROCESS = ["--direct_running_mode=in_memory"]
@@ -320,9 +320,11 @@ def test_workers_report_the_images_and_groups_their_journal_holds(tmp_path, monk
         return process_image(*args, **kwargs)
 
     monkeypatch.setattr(image_ops, "process_image", slowly)
-    seen = []
+    seen, said = [], []
     config = PreprocessConfig(source=str(source), output=str(tmp_path / "out"), shorter_side=8)
-    outcome = job.execute_job(config, IN_PROCESS, hooks=job.JobHooks(on_progress=seen.append))
+    outcome = job.execute_job(config, IN_PROCESS, hooks=job.JobHooks(on_progress=seen.append, on_message=said.append))
+    assert said and all(isinstance(message, Message) for message in said)  # the sample's lines, typed
+    assert any("median" in message.text for message in said), said
     last = seen[-1]  # a typed event (RunCounts)
     assert last.processed == last.saved == 16
     assert last.groups_saved == outcome.decode.groups > 1

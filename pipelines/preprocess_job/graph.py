@@ -25,7 +25,8 @@ from shardprep.pipelines.preprocess_job.shards import ShardBoundaries, WriteShar
 from shardprep.pipelines.sources.kind import SourcePlan
 from shardprep.pipelines.sources.registry import kind_of, parse, plan_source
 from shardprep.pipelines.runtime.storage import prepare_output
-from shardprep.preprocess.checks.events import RunCounts
+from shardprep.preprocess.checks.events import Message, RunCounts
+from shardprep.preprocess.checks.text import count
 from shardprep.preprocess.image import image_ops
 from shardprep.preprocess.format import manifest, sharding
 from shardprep.preprocess.checks import owned_folder
@@ -97,11 +98,11 @@ class JobOutcome(NamedTuple):
 
 @dataclasses.dataclass
 class JobHooks:
-    """What the caller hears of a run: a local run's counts twice a second, the groups a resume keeps, the lines a
-    sample of the inputs says; ``submitted`` once ``p.run()`` returned (after a stop: a remote job may exist)."""
+    """What the caller hears of a run, as typed events: a local run's counts twice a second; messages (the groups a
+    resume keeps, the lines a sample of the inputs says); ``submitted`` once ``p.run()`` returned (after a stop: a
+    remote job may exist)."""
     on_progress: Callable[[RunCounts], None] | None = None
-    on_resume: Callable[[int], None] = lambda recorded: None
-    on_plan: Callable[[list[str]], None] = lambda lines: None
+    on_message: Callable[[Message], None] = lambda message: None
     submitted: bool = False
 
 
@@ -151,7 +152,9 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
             if reopened.finished and not recorded:
                 raise storage.OutputError(f"nothing to resume in {config.output}: it holds a finished dataset "
                                           "(manifest.json); run without --resume (with --overwrite to make it again)")
-            hooks.on_resume(recorded)
+            hooks.on_message(Message(f"resuming: {count(recorded, 'decode group')} finished before the stop "
+                                     "(.tmp/journal.jsonl)\n  each is kept if its file checks out (size, sha256); the "
+                                     "rest are decoded"))
             if reopened.finished:  # killed after its manifest: every group kept, nothing left but removing .tmp/
                 return JobOutcome(manifest.read_document(config.output), journal.ResumeCounts(recorded, recorded, 0, 0))
             unit_journal, header = reopened.journal, reopened.header
@@ -161,7 +164,8 @@ def _execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool, h
             lock.begin()
             if listing is not None:
                 unit_journal = journal.start(config, plan, runner, min_groups, listing)
-        hooks.on_plan(plan_lines)  # said once the run will go ahead (a refused resume says only why)
+        for line in plan_lines:  # said once the run will go ahead (a refused resume says only why)
+            hooks.on_message(Message(line))
         return _run_pipeline(config, plan, beam_args, hooks, runner, min_groups, unit_journal)
 
 

@@ -119,8 +119,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter()  # a failed write of the resuming line must not stop the job: told at its end
     hooks = job.JobHooks(on_progress=display.update,
-                         on_resume=lambda recorded: lines_while_running(resuming_line(recorded)),
-                         on_plan=lambda lines: lines_while_running("\n".join(lines)))
+                         on_message=lambda message: lines_while_running(message.text))
     try:
         with display:
             outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
@@ -172,11 +171,6 @@ def _refuse_a_source_not_there(source: str) -> None:
     path = path.removeprefix("file://")
     if parsed.kind.name in ("folder", "archive") and "://" not in path and not os.path.lexists(path):
         raise SourceRefused(f"SOURCE {source} does not exist")
-
-
-def resuming_line(recorded: int) -> str:
-    return (f"resuming: {count(recorded, 'decode group')} finished before the stop (.tmp/journal.jsonl)\n"
-            "  each is kept if its file checks out (size, sha256); the rest are decoded")
 
 
 def resumed_line(counts) -> str:
