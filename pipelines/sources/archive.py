@@ -213,12 +213,6 @@ class StreamedArchiveSource(ArchiveSource):
 
     decoded_where_read = fans_out = True
 
-    def claims(self, source: str) -> bool:
-        return False
-
-    def claims_folder(self, location: str) -> bool:
-        return False
-
     def resume_refusal(self, plan: SourcePlan) -> str | None:
         return ("a compressed archive's images are decoded per bundle, whose contents depend on the runner: no unit "
                 "of work can be kept (an uncompressed .tar or a .zip can be resumed)")
