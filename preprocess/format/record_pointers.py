@@ -35,9 +35,6 @@ class _KeyedRows:
             return np.array(self._columns, dtype=np.uint64).reshape(-1, self.WIDTH)
         return self._columns
 
-    def sort_keys(self) -> list[tuple[int, int]]:
-        return [(int(high), int(low)) for high, low in self.columns[:, :2]]
-
     def by_bucket(self, buckets: int) -> dict:
         """The rows cut by hash-range bucket (``sharding.bucket_of`` of the high half), order kept."""
         columns = self.columns
@@ -104,13 +101,6 @@ class RecordPointers(_KeyedRows):
 
     def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:
         self._extend((sort_key[0], sort_key[1], offset, size))
-
-    def pointers(self) -> list[tuple[str, int, int]]:
-        """(spill file, offset, size) per record, in insertion order."""
-        return [(self.spill_path, int(offset), int(size)) for offset, size in self.columns[:, 2:]]
-
-    def total_bytes(self) -> int:
-        return int(self.columns[:, 3].sum())
 
     def is_whole_sorted_file(self) -> bool:
         """True when these are all of their spill file's records, which is in sort-key order."""
