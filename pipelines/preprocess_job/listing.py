@@ -60,27 +60,22 @@ def ReadTasks(pbegin, tasks, reader, progress_dir: str | None):
     return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
-class _Counting(beam.DoFn):
-    """A DoFn whose outputs are counted as listed."""
-    progress_dir: str | None = None
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
-
-    def finish_bundle(self):
-        self.progress.flush()
-
-
-class TaskLister(_Counting):
-    """A read task -> what ``reader`` makes of it: Inputs and Rejects."""
+class TaskLister(beam.DoFn):
+    """A read task -> what ``reader`` makes of it: Inputs and Rejects, each counted as listed."""
 
     def __init__(self, reader, progress_dir: str | None):
         self.reader, self.progress_dir = reader, progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, task):
         for item in self.reader(task):
             self.progress.add()
             yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
+
+    def finish_bundle(self):
+        self.progress.flush()
 
 
 @beam.ptransform_fn
@@ -93,12 +88,11 @@ def ListLabelledFiles(pbegin, config, plan, class_index: dict[str, int], progres
                 REJECTS, main="files"))
     # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
     rows = pbegin | "LabelRows" >> GivenValues(plan.label_rows, LABEL_ROW)
-    joiner = JoinLabels(class_index, plan.labels_split or names.canonical(config.split), progress_dir,
-                        config.labels_file is not None)
+    joiner = JoinLabels(class_index, plan.labels_split or names.canonical(config.split), config.labels_file is not None)
     joined = ({"files": flat.files, "rows": rows}
               | "JoinLabels" >> beam.CoGroupByKey()
               | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
-              | "CheckLabels" >> beam.ParDo(joiner).with_outputs(REJECTS, main="inputs"))
+              | "CheckLabels" >> beam.ParDo(TaskLister(joiner, progress_dir)).with_outputs(REJECTS, main="inputs"))
     return {"inputs": joined.inputs, "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
 
 
@@ -140,20 +134,19 @@ class FlatDirectoryLister(beam.DoFn):
                    else beam.pvalue.TaggedOutput(REJECTS, _bad_file_name(split, key)))
 
 
-class JoinLabels(_Counting):
-    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label."""
+class JoinLabels:
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label, else a
+    Reject (a TaskLister's reader)."""
 
-    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
-                 labels_file_given: bool = True):
-        self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
+    def __init__(self, class_index: dict[str, int], labels_split: str, labels_file_given: bool = True):
+        self.class_index, self.labels_split = class_index, labels_split
         self.labels_file_given = labels_file_given  # without one, a flat file's reject says that one is needed
 
-    def process(self, element):
+    def __call__(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
         for kind, *fields in labels.join(files, rows, self.labels_split, self.labels_file_given):
-            self.progress.add()
             if kind == "reject":
-                yield beam.pvalue.TaggedOutput(REJECTS, fields[0])
+                yield fields[0]
             else:
                 split, key, label, path = fields
                 yield Input(split, key, self.class_index[label], path, None)
