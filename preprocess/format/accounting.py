@@ -116,10 +116,6 @@ def empty_run_problem(split: str, num_inputs: int, rejected: dict[str, int], lab
     return f"split {split}: all {num_inputs} inputs were rejected ({reasons}), nothing would be written: {hint}"
 
 
-def empty_run_message(problems: list[str], rejects_path: str) -> str:
-    return "; ".join(problems) + f". See {rejects_path}; no manifest written."
-
-
 def walk_local(directory: str, recursive: bool,
                source_root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
     """(files in ``directory``, and below when ``recursive``; (path, reject reason) of what is not read: hidden
