@@ -164,7 +164,6 @@ def example_batches(plan: ReadPlan, manifest: Manifest) -> tf.data.Dataset:
         decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic))
 
 
-# The features of our Examples a reader parses.
 _FEATURES = {record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
              **{key: tf.io.FixedLenFeature([], tf.int64)
                 for key in (record_format.LABEL, record_format.HEIGHT, record_format.WIDTH)}}
