@@ -89,12 +89,12 @@ def planned_identities(plan: SourcePlan) -> Identities:
     return {a.path: (a.size, a.mtime_ns) for a in cast(ArchivePlan, plan).archives}
 
 
-def check_unchanged(path: str, planned: Identities, raw=None) -> None:
+def check_unchanged(path: str, planned: Identities, raw) -> None:
     """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open file, of which a
     local one is asked)."""
     if path not in planned:
         return
-    if "://" not in path and raw is not None:
+    if "://" not in path:
         info = os.fstat(raw.fileno())
         now = (info.st_size, info.st_mtime_ns)
     else:

@@ -69,8 +69,8 @@ def flat_split_error(found: list[tuple[str, int]]) -> str:
             "move the folder out of SOURCE)")
 
 
-def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
-    return Reject(split, key, reason, _SKIPPED_DETAIL[reason] + where)
+def skipped_reject(split: str, key: str, reason: str) -> Reject:
+    return Reject(split, key, reason, _SKIPPED_DETAIL[reason])
 
 
 def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> SourceError:
