@@ -20,7 +20,6 @@ from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
 from shardprep.train.data.record_order import locate, shard_starts
 
-CHANNELS = record_format.CHANNELS
 _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
 
 
@@ -229,7 +228,7 @@ class ExampleSource(_SplitSource):
         self.records = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
         self.encoding = encodings.get(manifest.encoding)  # UnknownEncodingError for a name this version lacks
         self.crop, self.side = manifest.crop, manifest.shorter_side
-        self.image_shape = (*manifest.stored_shape, CHANNELS)
+        self.image_shape = (*manifest.stored_shape, record_format.CHANNELS)
         self.training = training
         self.buffers = buffers if buffers is not None else ReusedBuffers()
 
