@@ -36,12 +36,12 @@ class _KeyedRows:
         return self._columns
 
     def by_bucket(self, buckets: int) -> dict:
-        """The rows cut by hash-range bucket (``sharding.bucket_of`` of the high half), order kept."""
+        """The rows cut by hash-range bucket (:func:`bucket_indices` of the high half), order kept."""
         columns = self.columns
         return self._partition(columns, bucket_indices(columns[:, 0], buckets))
 
     def by_shard(self, boundaries: tuple) -> dict:
-        """The rows cut by shard (``sharding.shard_of`` of each sort key), order kept."""
+        """The rows cut by shard (``bisect_right(boundaries, sort key)``), order kept."""
         columns = self.columns
         boundary_highs = np.array([high for high, _ in boundaries], dtype=np.uint64)
         shards = np.searchsorted(boundary_highs, columns[:, 0], side="right")
@@ -108,7 +108,7 @@ class RecordPointers(_KeyedRows):
 
 
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    """``sharding.bucket_of`` for an array of 64-bit hashes, exact in 64-bit arithmetic: ``(h * B) >> 64`` as ``(hi *
+    """Each 64-bit hash's bucket ``(h * B) >> 64`` (a range partition: bucket order is sort order), exact as ``(hi *
     B + ((lo * B) >> 32)) >> 32``, every product below 2**64 while B < 2**32."""
     if not 0 < buckets < 2**31:
         raise ValueError(f"bucket count {buckets} out of range")
