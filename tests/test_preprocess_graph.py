@@ -81,6 +81,6 @@ def test_building_the_graph_infers_no_output_type_of_these_dofns_from_their_byte
 
     monkeypatch.setattr(trivial_inference, "infer_return_type", recording)
     one_image_graph(tmp_path)
-    declared = {"ClassDirectoryLister.process", "ShardWriter.process", "WriteManifestFile.process",
+    declared = {"TaskLister.process", "ShardWriter.process", "WriteManifestFile.process",
                 "FindShardBoundaries.process"}
     assert not declared & set(inferred), inferred

@@ -1,5 +1,6 @@
 """The compact pointer lists, record summaries and input batches the preprocess job's shuffles carry."""
 
+import bisect
 import pickle
 import random
 
@@ -20,17 +21,30 @@ def _pointers(n, seed=0, split="train", path="spill-a"):
     return pointers
 
 
+def _sort_keys(rows):
+    return [(int(high), int(low)) for high, low in rows.columns[:, :2]]
+
+
+def _places(pointers):
+    """(spill file, offset, size) per record, in insertion order."""
+    return [(pointers.spill_path, int(offset), int(size)) for offset, size in pointers.columns[:, 2:]]
+
+
+def _total_bytes(pointers):
+    return int(pointers.columns[:, 3].sum())
+
+
 def test_bucket_indices_equal_exact_integer_bucket_of():
     rng = random.Random(1)
     hashes = [0, 1, 2**63, 2**64 - 1, 2**32 - 1, 2**32] + [rng.getrandbits(64) for _ in range(2000)]
     for buckets in (1, 2, 3, 7, 157, 4096, 2**31 - 1):
         got = bucket_indices(np.array(hashes, dtype=np.uint64), buckets)
-        assert got.tolist() == [sharding.bucket_of(h, buckets) for h in hashes]
+        assert got.tolist() == [(h * buckets) >> 64 for h in hashes]  # exact integer range partition
 
 
 def test_by_shard_matches_shard_of_including_ties_in_the_high_half():
     pointers = _pointers(500)
-    keys = sorted(pointers.sort_keys())
+    keys = sorted(_sort_keys(pointers))
     # A boundary whose high half equals records' high halves on both sides of it: the low half decides.
     tie_high = keys[250][0]
     tied = RecordPointers("train", "spill-b")
@@ -40,9 +54,9 @@ def test_by_shard_matches_shard_of_including_ties_in_the_high_half():
     for source in (pointers, tied):
         parts = source.by_shard(boundaries)
         for shard, part in parts.items():
-            assert all(sharding.shard_of(key, boundaries) == shard for key in part.sort_keys())
+            assert all(bisect.bisect_right(boundaries, key) == shard for key in _sort_keys(part))
         assert sum(len(part) for part in parts.values()) == len(source)
-    assert {shard: [low for _, low in part.sort_keys()] for shard, part in tied.by_shard(boundaries).items()} == {
+    assert {shard: [low for _, low in _sort_keys(part)] for shard, part in tied.by_shard(boundaries).items()} == {
         1: [5], 2: [10, 2**64 - 1]}
     assert {0, 1, 2, 3} == set(pointers.by_shard(boundaries))
     assert pointers.by_shard(()) == {0: pointers}
@@ -51,31 +65,31 @@ def test_by_shard_matches_shard_of_including_ties_in_the_high_half():
 def test_by_bucket_keeps_every_record_once_in_its_bucket_and_order():
     pointers = _pointers(300)
     parts = pointers.by_bucket(4)
-    assert sorted(p for part in parts.values() for p in part.pointers()) == sorted(pointers.pointers())
-    order = pointers.sort_keys()
+    assert sorted(p for part in parts.values() for p in _places(part)) == sorted(_places(pointers))
+    order = _sort_keys(pointers)
     for bucket, part in parts.items():
-        assert {sharding.bucket_of(high, 4) for high, _ in part.sort_keys()} == {bucket}
-        positions = [order.index(k) for k in part.sort_keys()]
+        assert {(high * 4) >> 64 for high, _ in _sort_keys(part)} == {bucket}
+        positions = [order.index(k) for k in _sort_keys(part)]
         assert positions == sorted(positions)
 
 
 def test_pickled_pointers_are_equal_and_compact():
     pointers = _pointers(1000)
     restored = pickle.loads(pickle.dumps(pointers))
-    assert restored == pointers and restored.pointers() == pointers.pointers() and len(restored) == 1000
-    assert restored.sort_keys() == pointers.sort_keys()
-    assert restored.total_bytes() == pointers.total_bytes() == sum(s for _, _, s in pointers.pointers())
+    assert restored == pointers and _places(restored) == _places(pointers) and len(restored) == 1000
+    assert _sort_keys(restored) == _sort_keys(pointers)
+    assert _total_bytes(restored) == _total_bytes(pointers) == sum(s for _, _, s in _places(pointers))
     assert len(pickle.dumps(pointers)) < 1000 * 32 + 300  # 32 bytes a record, whatever its source key
     empty = RecordPointers("val", "x")
     assert pickle.loads(pickle.dumps(empty)) == empty and len(pickle.loads(pickle.dumps(empty))) == 0
     restored.append((5, 6), 7, 8)  # appending after a round trip works too
-    assert len(restored) == 1001 and restored.sort_keys()[-1] == (5, 6) and restored.pointers()[-1] == ("spill-a", 7, 8)
+    assert len(restored) == 1001 and _sort_keys(restored)[-1] == (5, 6) and _places(restored)[-1] == ("spill-a", 7, 8)
 
 
 def test_sorted_sort_keys_and_merge_give_sort_key_order_across_bundles():
     a, b = _pointers(50, path="spill-a"), _pointers(60, seed=3, path="spill-b")
     parts = [pickle.loads(pickle.dumps(b)), a]
-    expected = sorted(zip(a.sort_keys() + b.sort_keys(), a.pointers() + b.pointers()))
+    expected = sorted(zip(_sort_keys(a) + _sort_keys(b), _places(a) + _places(b)))
     assert record_pointers.sorted_sort_keys(parts).tolist() == [list(k) for k, _ in expected]
     merged = merge_sorted_pointers(parts)
     assert merged == [p for _, p in expected] and {path for path, _, _ in merged} == {"spill-a", "spill-b"}
@@ -123,7 +137,7 @@ def test_file_info_survives_cutting_and_pickling_and_marks_whole_files():
     pointers = _pointers(40)
     pointers.file_info = (40, 4000, "ab" * 32)
     assert pointers.is_whole_sorted_file() and pickle.loads(pickle.dumps(pointers)).is_whole_sorted_file()
-    parts = pointers.by_shard((sorted(pointers.sort_keys())[20],))
+    parts = pointers.by_shard((sorted(_sort_keys(pointers))[20],))
     assert [p.file_info for p in parts.values()] == [pointers.file_info] * 2
     assert not any(p.is_whole_sorted_file() for p in parts.values())  # each holds half of the file
     assert not _pointers(3).is_whole_sorted_file()  # a bundle's spill file: no file info

@@ -71,7 +71,7 @@ class _Decoder(beam.DoFn):
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
         summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
 
-    def _finish(self):
+    def finish_bundle(self):
         self.progress.flush()
         yield beam.pvalue.TaggedOutput(SUMMARY, GlobalWindows.windowed_value(self.summary))
 
@@ -148,9 +148,6 @@ class GroupDecoder(_Decoder):
         if pointers is not None:
             yield pointers
 
-    def finish_bundle(self):
-        yield from self._finish()
-
 
 class BundleDecoder(_Decoder):
     """[Input] -> at the bundle's end, one RecordPointers per split into the bundle's one spill file."""
@@ -178,7 +175,7 @@ class BundleDecoder(_Decoder):
             self.spill.close()
         for split in sorted(self.pointers):
             yield GlobalWindows.windowed_value(self.pointers[split])
-        yield from self._finish()
+        yield from super().finish_bundle()
 
 
 def read_file(path: str) -> bytes:

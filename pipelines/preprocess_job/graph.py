@@ -77,11 +77,9 @@ def build_pipeline(p: beam.Pipeline, config: PreprocessConfig, plan: SourcePlan,
 def _fixed_layouts(p, config: PreprocessConfig, plan: SourcePlan, inputs):
     """{split: FixedLayout} as a side input, from the plan's key bounds or the listed keys; empty unless raw."""
     key_bounds = plan.kind.planned_key_bounds(plan)
-    if key_bounds is not None:
-        return beam.pvalue.AsSingleton(p | "FixedLayouts" >> GivenValues([planned_layouts(config, key_bounds)]))
-    if uses_fixed_layout(config):
+    if key_bounds is None and uses_fixed_layout(config):
         return beam.pvalue.AsDict(inputs | "FixedLayouts" >> FixedLayouts(config.shorter_side))
-    return beam.pvalue.AsSingleton(p | "NoFixedLayouts" >> GivenValues([{}]))
+    return beam.pvalue.AsSingleton(p | "FixedLayouts" >> GivenValues([planned_layouts(config, key_bounds or {})]))
 
 
 def process_options(config: PreprocessConfig) -> image_ops.ProcessOptions:

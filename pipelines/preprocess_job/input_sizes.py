@@ -70,11 +70,7 @@ def _file_size(path: str) -> tuple[int, int] | None:
 
 
 def _task_sample(config, plan: SourcePlan) -> SizeSample:
-    try:
-        tasks = plan.kind.read_tasks(plan)
-    except NotImplementedError:  # a kind that lists its inputs another way: nothing sampled, said so
-        return SizeSample((), 0, None)
-    picked = spread(tasks, MAX_TASKS)
+    picked = spread(plan.kind.read_tasks(plan), MAX_TASKS)
     per_task = -(-SAMPLE_SIZE // max(1, len(picked)))
     reader, read_path = plan.kind.task_reader(config, plan), plan.kind.path_reader(plan)
     inputs: list[Input] = []

@@ -39,7 +39,8 @@ def listed(pbegin, plan, inputs: list, rejects: list) -> dict:
 
 def list_folder(pbegin, config, plan, progress_dir: str | None) -> dict:
     class_index = {name: i for i, name in enumerate(plan.classes)}
-    found = pbegin | "ClassFolders" >> ListClassDirectories(plan, class_index, progress_dir)
+    found = pbegin | "ClassFolders" >> ReadTasks(plan.class_dirs, ClassDirectoryReader(plan.location, class_index),
+                                                 progress_dir)
     inputs, rejects = [found["inputs"]], [found["rejects"]]
     if plan.flat_dirs or config.labels_file:
         labelled = pbegin | "FlatFiles" >> ListLabelledFiles(config, plan, class_index, progress_dir)
@@ -53,42 +54,28 @@ def ReadTasks(pbegin, tasks, reader, progress_dir: str | None):
     """``tasks`` spread over the workers, each read where it lands by ``reader``."""
     read = (pbegin
             | "SpreadTasks" >> SpreadValues(tasks)
-            | "ListTask" >> beam.ParDo(TaskLister(reader, progress_dir)).with_outputs(REJECTS, main="inputs"))
+            # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
+            | "ListTask" >> beam.ParDo(TaskLister(reader, progress_dir)).with_output_types(beam.typehints.Any)
+            .with_outputs(REJECTS, main="inputs"))
     return {"inputs": read.inputs, "rejects": read[REJECTS]}
 
 
-class _Counting(beam.DoFn):
-    """A DoFn whose outputs are counted as listed."""
-    progress_dir: str | None = None
-
-    def setup(self):
-        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
-
-    def finish_bundle(self):
-        self.progress.flush()
-
-
-class TaskLister(_Counting):
-    """A read task -> what ``reader`` makes of it: Inputs and Rejects."""
+class TaskLister(beam.DoFn):
+    """A read task -> what ``reader`` makes of it: Inputs and Rejects, each counted as listed."""
 
     def __init__(self, reader, progress_dir: str | None):
         self.reader, self.progress_dir = reader, progress_dir
+
+    def setup(self):
+        self.progress = progress.ProgressReporter(self.progress_dir, "listed")
 
     def process(self, task):
         for item in self.reader(task):
             self.progress.add()
             yield beam.pvalue.TaggedOutput(REJECTS, item) if isinstance(item, Reject) else item
 
-
-@beam.ptransform_fn
-def ListClassDirectories(pbegin, plan, class_index: dict[str, int], progress_dir: str | None):
-    """The files of each class directory ``(split, class name, directory)``, labelled by ``class_index``."""
-    listed = (pbegin
-              | "SpreadDirectories" >> SpreadValues(plan.class_dirs)  # (split, class, directory)
-              # Output types declared: Beam would infer them from the DoFn's bytecode, at start-up
-              | "ListClassDirectory" >> beam.ParDo(ClassDirectoryLister(plan.location, class_index, progress_dir))
-              .with_output_types(beam.typehints.Any).with_outputs(REJECTS, main="inputs"))
-    return {"inputs": listed.inputs, "rejects": listed[REJECTS]}
+    def finish_bundle(self):
+        self.progress.flush()
 
 
 @beam.ptransform_fn
@@ -101,40 +88,33 @@ def ListLabelledFiles(pbegin, config, plan, class_index: dict[str, int], progres
                 REJECTS, main="files"))
     # Pickled in one DoFn: beam.Create would infer a type from each row (4.3 s for ImageNet's 50,000, not 0.1).
     rows = pbegin | "LabelRows" >> GivenValues(plan.label_rows, LABEL_ROW)
-    joiner = JoinLabels(class_index, plan.labels_split or names.canonical(config.split), progress_dir,
-                        config.labels_file is not None)
+    joiner = JoinLabels(class_index, plan.labels_split or names.canonical(config.split), config.labels_file is not None)
     joined = ({"files": flat.files, "rows": rows}
               | "JoinLabels" >> beam.CoGroupByKey()
               | "LabelFlatFiles" >> beam.Map(lambda kv: (kv[0], (list(kv[1]["files"]), list(kv[1]["rows"]))))
-              | "CheckLabels" >> beam.ParDo(joiner).with_outputs(REJECTS, main="inputs"))
+              | "CheckLabels" >> beam.ParDo(TaskLister(joiner, progress_dir)).with_outputs(REJECTS, main="inputs"))
     return {"inputs": joined.inputs, "rejects": (flat[REJECTS], joined[REJECTS]) | "FlatFileRejects" >> beam.Flatten()}
 
 
 LABEL_ROW = beam.typehints.Tuple[str, beam.typehints.Tuple[str, str]]  # (labels.match_key, (filename, label))
 
 
-class ClassDirectoryLister(_Counting):
-    """(split, class name, directory) -> an Input per file in it or its sub-folders, or a Reject."""
+class ClassDirectoryReader:
+    """A read task (split, class name, directory) -> an Input per file in it or its sub-folders, or a Reject."""
 
-    def __init__(self, root: str, class_index: dict[str, int], progress_dir: str | None):
-        self.root, self.class_index, self.progress_dir = root, class_index, progress_dir
+    def __init__(self, root: str, class_index: dict[str, int]):
+        self.root, self.class_index = root, class_index
 
-    def setup(self):
-        super().setup()
-        self.source_root = os.path.realpath(self.root) if is_local(self.root) else None
-
-    def process(self, element):
+    def __call__(self, element):
         split, class_name, directory = element
-        paths, skipped = list_files(directory, recursive=True, source_root=self.source_root)
+        source_root = os.path.realpath(self.root) if is_local(self.root) else None
+        paths, skipped = list_files(directory, recursive=True, source_root=source_root)
         for path, reason in skipped:
-            self.progress.add()
-            yield beam.pvalue.TaggedOutput(REJECTS, accounting.skipped_reject(
-                split, sources.printable_key(sources.source_key(self.root, path)), reason))
+            yield accounting.skipped_reject(split, sources.printable_key(sources.source_key(self.root, path)), reason)
         for path in paths:
-            self.progress.add()
             key = sources.source_key(self.root, path)
             yield (Input(split, key, self.class_index[class_name], path, None) if sources.is_utf8(path)
-                   else _bad_file_name_reject(split, key))
+                   else _bad_file_name(split, key))
 
 
 class FlatDirectoryLister(beam.DoFn):
@@ -151,32 +131,31 @@ class FlatDirectoryLister(beam.DoFn):
                 continue
             # Grouped with rows by case-folded name, so that names differing only in case are told apart.
             yield ((labels.match_key(path), (split, key, path)) if sources.is_utf8(path)
-                   else _bad_file_name_reject(split, key))
+                   else beam.pvalue.TaggedOutput(REJECTS, _bad_file_name(split, key)))
 
 
-class JoinLabels(_Counting):
-    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label."""
+class JoinLabels:
+    """(case-folded name, ([(split, key, path)], [(filename, label)])) -> an Input per file with one label, else a
+    Reject (a TaskLister's reader)."""
 
-    def __init__(self, class_index: dict[str, int], labels_split: str, progress_dir: str | None,
-                 labels_file_given: bool = True):
-        self.class_index, self.labels_split, self.progress_dir = class_index, labels_split, progress_dir
+    def __init__(self, class_index: dict[str, int], labels_split: str, labels_file_given: bool = True):
+        self.class_index, self.labels_split = class_index, labels_split
         self.labels_file_given = labels_file_given  # without one, a flat file's reject says that one is needed
 
-    def process(self, element):
+    def __call__(self, element):
         _, (files, rows) = element  # keyed by the case-folded file name
         for kind, *fields in labels.join(files, rows, self.labels_split, self.labels_file_given):
-            self.progress.add()
             if kind == "reject":
-                yield beam.pvalue.TaggedOutput(REJECTS, fields[0])
+                yield fields[0]
             else:
                 split, key, label, path = fields
                 yield Input(split, key, self.class_index[label], path, None)
 
 
-def _bad_file_name_reject(split: str, key: str):
+def _bad_file_name(split: str, key: str) -> Reject:
     # Records, the runner's coders and rejects.jsonl all need text.
-    return beam.pvalue.TaggedOutput(REJECTS, Reject(
-        split, sources.printable_key(key), "bad_file_name", "the file name is not valid UTF-8: rename the file"))
+    return Reject(split, sources.printable_key(key), "bad_file_name",
+                  "the file name is not valid UTF-8: rename the file")
 
 
 def list_files(directory: str, recursive: bool = False,

@@ -112,7 +112,8 @@ def check_inputs_found(config, plan, input_counts, reject_summary) -> None:
     if not empty and not sum(input_counts.values()):
         empty = [f"found no inputs in {config.source} (empty class folders, or TFRecords without records)"]
     if empty:
-        raise PreprocessError(accounting.empty_run_message(empty, manifest.join(config.output, manifest.REJECTS_NAME)))
+        raise PreprocessError("; ".join(empty) + f". See {manifest.join(config.output, manifest.REJECTS_NAME)}; no "
+                              "manifest written.")
 
 
 def split_entries(config, plan, shard_entries, input_counts, summary: sharding.RecordSummary, reject_summary,

@@ -89,12 +89,12 @@ def planned_identities(plan: SourcePlan) -> Identities:
     return {a.path: (a.size, a.mtime_ns) for a in cast(ArchivePlan, plan).archives}
 
 
-def check_unchanged(path: str, planned: Identities, raw=None) -> None:
+def check_unchanged(path: str, planned: Identities, raw) -> None:
     """PreprocessError when the archive's size or mtime are not those planned (``raw``: its open file, of which a
     local one is asked)."""
     if path not in planned:
         return
-    if "://" not in path and raw is not None:
+    if "://" not in path:
         info = os.fstat(raw.fileno())
         now = (info.st_size, info.st_mtime_ns)
     else:
@@ -212,12 +212,6 @@ class StreamedArchiveSource(ArchiveSource):
     """A plan holding a compressed tar: one worker streams it, its images fanned out and decoded where they land."""
 
     decoded_where_read = fans_out = True
-
-    def claims(self, source: str) -> bool:
-        return False
-
-    def claims_folder(self, location: str) -> bool:
-        return False
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
         return ("a compressed archive's images are decoded per bundle, whose contents depend on the runner: no unit "

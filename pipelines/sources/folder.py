@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from shardprep.pipelines.sources.kind import (ApartFrom, SourceKind, SourcePlan, Usage, classes_file_apart, exists,
                                              file_entry, is_local, labels_file_entries, ordered_classes,

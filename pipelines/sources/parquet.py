@@ -10,7 +10,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, cast
 
-from shardprep.pipelines.sources.kind import (GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split,
+from shardprep.pipelines.sources.kind import (GlobKind, KeyBounds, SourcePlan, Usage, bounds_by_split, exists,
                                              label_out_of_range, open_file, read_head)
 from shardprep.preprocess.format import accounting, manifest
 from shardprep.preprocess.sources import hub_features, labels, common as sources
@@ -212,13 +212,11 @@ def label_max(footer: _FileFooter, column: str) -> int:
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
     """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or its parent, else of
     ``footer``'s file; the file they come from)."""
-    from apache_beam.io.filesystems import FileSystems
-
     folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
     for folder in folders:
         for name, parse in (("README.md", hub_features.from_card), ("dataset_info.json", hub_features.from_info)):
             path = manifest.join(folder, name) if folder else name
-            if not FileSystems.exists(path):
+            if not exists(path):
                 continue
             features = parse(read_head(path, hub_features.MAX_FEATURES_BYTES + 1), path)
             if hub_features.column_of(features, hub_features.CLASS_LABEL):

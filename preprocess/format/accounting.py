@@ -69,8 +69,8 @@ def flat_split_error(found: list[tuple[str, int]]) -> str:
             "move the folder out of SOURCE)")
 
 
-def skipped_reject(split: str, key: str, reason: str, where: str = "") -> Reject:
-    return Reject(split, key, reason, _SKIPPED_DETAIL[reason] + where)
+def skipped_reject(split: str, key: str, reason: str) -> Reject:
+    return Reject(split, key, reason, _SKIPPED_DETAIL[reason])
 
 
 def mixed_layout_error(root: str, splits: list[str], others: list[str]) -> SourceError:
@@ -114,10 +114,6 @@ def empty_run_problem(split: str, num_inputs: int, rejected: dict[str, int], lab
     else:
         hint = "every input was bad"
     return f"split {split}: all {num_inputs} inputs were rejected ({reasons}), nothing would be written: {hint}"
-
-
-def empty_run_message(problems: list[str], rejects_path: str) -> str:
-    return "; ".join(problems) + f". See {rejects_path}; no manifest written."
 
 
 def walk_local(directory: str, recursive: bool,

@@ -35,16 +35,13 @@ class _KeyedRows:
             return np.array(self._columns, dtype=np.uint64).reshape(-1, self.WIDTH)
         return self._columns
 
-    def sort_keys(self) -> list[tuple[int, int]]:
-        return [(int(high), int(low)) for high, low in self.columns[:, :2]]
-
     def by_bucket(self, buckets: int) -> dict:
-        """The rows cut by hash-range bucket (``sharding.bucket_of`` of the high half), order kept."""
+        """The rows cut by hash-range bucket (:func:`bucket_indices` of the high half), order kept."""
         columns = self.columns
         return self._partition(columns, bucket_indices(columns[:, 0], buckets))
 
     def by_shard(self, boundaries: tuple) -> dict:
-        """The rows cut by shard (``sharding.shard_of`` of each sort key), order kept."""
+        """The rows cut by shard (``bisect_right(boundaries, sort key)``), order kept."""
         columns = self.columns
         boundary_highs = np.array([high for high, _ in boundaries], dtype=np.uint64)
         shards = np.searchsorted(boundary_highs, columns[:, 0], side="right")
@@ -105,20 +102,13 @@ class RecordPointers(_KeyedRows):
     def append(self, sort_key: tuple[int, int], offset: int, size: int) -> None:
         self._extend((sort_key[0], sort_key[1], offset, size))
 
-    def pointers(self) -> list[tuple[str, int, int]]:
-        """(spill file, offset, size) per record, in insertion order."""
-        return [(self.spill_path, int(offset), int(size)) for offset, size in self.columns[:, 2:]]
-
-    def total_bytes(self) -> int:
-        return int(self.columns[:, 3].sum())
-
     def is_whole_sorted_file(self) -> bool:
         """True when these are all of their spill file's records, which is in sort-key order."""
         return self.file_info is not None and self.file_info[0] == len(self)
 
 
 def bucket_indices(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    """``sharding.bucket_of`` for an array of 64-bit hashes, exact in 64-bit arithmetic: ``(h * B) >> 64`` as ``(hi *
+    """Each 64-bit hash's bucket ``(h * B) >> 64`` (a range partition: bucket order is sort order), exact as ``(hi *
     B + ((lo * B) >> 32)) >> 32``, every product below 2**64 while B < 2**32."""
     if not 0 < buckets < 2**31:
         raise ValueError(f"bucket count {buckets} out of range")

@@ -3,7 +3,6 @@ a seeded order has ``r * S // N == k``; shard starts are found by hash-range buc
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import math
@@ -45,11 +44,6 @@ def num_buckets(num_examples: int) -> int:
     return max(1, math.ceil(num_examples / BUCKET_TARGET))
 
 
-def bucket_of(hash64: int, buckets: int) -> int:
-    """Range partition of the hash space, so bucket order is sort order."""
-    return (hash64 * buckets) >> 64
-
-
 def boundary_ranks(num_examples: int, shards: int) -> list[int]:
     """First rank of shards 1..S-1, for shard(rank) = rank * S // N."""
     return [-(-k * num_examples // shards) for k in range(1, shards)]
@@ -61,10 +55,6 @@ def collect_boundaries(pairs) -> dict[str, tuple]:
     for split, (shard, key) in pairs:
         by_split.setdefault(split, []).append((shard, key))
     return {split: tuple(key for _, key in sorted(items)) for split, items in by_split.items()}
-
-
-def shard_of(key: tuple[int, int], boundaries: tuple) -> int:
-    return bisect.bisect_right(boundaries, key)
 
 
 def pixel_statistics(pixel_sums) -> tuple[list[float] | None, list[float] | None]:

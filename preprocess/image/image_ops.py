@@ -298,8 +298,7 @@ def _load_rgb(image: Image.Image, data: bytes) -> Image.Image | np.ndarray:
             plain = decode_plain_rgb(image, data)  # the same pixels, sooner
             if plain is not None:
                 return plain
-            image.load()
-            return to_rgb(image)
+            return to_rgb(image)  # loads the pixels first
     except MemoryError:
         raise RejectError("too_many_pixels", "out of memory while decoding") from None
     except Exception as e:  # noqa: BLE001 - hostile bytes can raise anything from a codec; all become rejects
@@ -341,8 +340,6 @@ def process_image(data: bytes, options: ProcessOptions) -> ProcessedImage:
         raise RejectError("too_many_pixels", "out of memory while resizing") from None
     except Exception as e:  # noqa: BLE001
         raise RejectError("decode_error", f"resize failed: {type(e).__name__}: {e}") from None
-    if not isinstance(rgb, np.ndarray) and rgb.mode != "RGB":  # _load_rgb gives RGB; the bytes below rely on it
-        rgb = rgb.convert("RGB")
     counts = channel_counts(rgb)
     values = np.arange(256, dtype=np.int64)
     try:

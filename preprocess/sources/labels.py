@@ -184,15 +184,15 @@ def join(files, rows, labels_split: str, labels_file_given: bool = True):
 IMAGENET_VALIDATION_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
 
 
-def imagenet_validation_labels(path: str | None = None) -> dict[str, str]:
-    """{file name: WordNet ID} of ImageNet's 50,000 validation images, from ``path`` or TFDS's file."""
+def imagenet_validation_labels() -> dict[str, str]:
+    """{file name: WordNet ID} of ImageNet's 50,000 validation images, from TFDS's file."""
     try:
         spec = importlib.util.find_spec("tensorflow_datasets")
     except (ImportError, ValueError):
         spec = None
     tfds_files = [os.path.join(folder, "datasets", "imagenet2012", "validation_labels.txt")
                   for folder in ((spec.submodule_search_locations or []) if spec else [])]
-    path = path or next((found for found in tfds_files if os.path.isfile(found)), None)
+    path = next((found for found in tfds_files if os.path.isfile(found)), None)
     if path is None:
         raise SourceError(
             "ImageNet validation images (ILSVRC2012_val_*.JPEG) need their labels: install tensorflow-datasets "

@@ -20,7 +20,6 @@ from shardprep.train.data import record_gather
 from shardprep.train.data.record_gather import OPEN_FLAGS, RECORD_INDEX_BITS, ReusedBuffers, open_shards
 from shardprep.train.data.record_order import locate, shard_starts
 
-CHANNELS = record_format.CHANNELS
 _HEADER, _FOOTER = tfrecord_io.HEADER_BYTES, tfrecord_io.FOOTER_BYTES
 
 
@@ -74,36 +73,28 @@ class DatasetSnapshot:
             raise ValueError("shards that disagree with the manifest (run `shardprep validate` on the dataset): "
                              + "; ".join(wrong))
 
-    def changed(self, path: str, before: FileIdentity, after: FileIdentity | None) -> DatasetChangedError:
-        return DatasetChangedError(
-            f"{path} changed since the reader opened it ({_difference(before, after)}): {self.data_dir} was rebuilt "
-            "or modified while being read; open the dataset again (a new reader) once it is complete, and run "
-            f"`shardprep validate {self.data_dir}` if nothing was meant to rebuild it")
+    def _unchanged(self, path: str, before: FileIdentity, now: FileIdentity | None) -> None:
+        if now != before:
+            raise DatasetChangedError(
+                f"{path} changed since the reader opened it ({_difference(before, now)}): {self.data_dir} was rebuilt "
+                "or modified while being read; open the dataset again (a new reader) once it is complete, and run "
+                f"`shardprep validate {self.data_dir}` if nothing was meant to rebuild it")
 
     def check_descriptor(self, shard: int, descriptor: int) -> None:
         """:class:`DatasetChangedError` if ``descriptor``, opened on shard ``shard``, is not the file as it was."""
-        now = FileIdentity.of(os.fstat(descriptor))
-        if now != self.shards[shard]:
-            raise self.changed(self.paths[shard], self.shards[shard], now)
+        self._unchanged(self.paths[shard], self.shards[shard], FileIdentity.of(os.fstat(descriptor)))
 
     def check(self) -> None:
         """Raises :class:`DatasetChangedError` if the manifest or any shard is not the file it was."""
         if self.manifest is not None:
-            now = _identity(self.manifest_path)
-            if now != self.manifest:
-                raise self.changed(self.manifest_path, self.manifest, now)
+            self._unchanged(self.manifest_path, self.manifest, _identity(self.manifest_path))
         for path, before in zip(self.paths, self.shards):
-            now = _identity(path)
-            if now != before:
-                raise self.changed(path, before, now)
+            self._unchanged(path, before, _identity(path))
 
     def check_path(self, path) -> bytes:
         """:meth:`check` for one shard, by path (bytes or str, as tf.data passes it); returns the path as bytes."""
         text = path.decode("utf-8") if isinstance(path, bytes) else str(path)
-        before = self.shards[self.paths.index(text)]
-        now = _identity(text)
-        if now != before:
-            raise self.changed(text, before, now)
+        self._unchanged(text, self.shards[self.paths.index(text)], _identity(text))
         return text.encode("utf-8")
 
 
@@ -237,7 +228,7 @@ class ExampleSource(_SplitSource):
         self.records = ExampleGather(paths, counts, verify=verify, snapshot=snapshot)
         self.encoding = encodings.get(manifest.encoding)  # UnknownEncodingError for a name this version lacks
         self.crop, self.side = manifest.crop, manifest.shorter_side
-        self.image_shape = (*manifest.stored_shape, CHANNELS)
+        self.image_shape = (*manifest.stored_shape, record_format.CHANNELS)
         self.training = training
         self.buffers = buffers if buffers is not None else ReusedBuffers()
 

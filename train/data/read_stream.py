@@ -116,11 +116,9 @@ def finished(batches: tf.data.Dataset, deterministic: bool, shard_policy, cardin
 def streamed_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, streamed through the shared order, each
     record read as a chunk of ``record_bytes`` from its pixels."""
-    buffer_size = plan.file_buffer_bytes
-
     def open_file(path, num_records):
         chunks = tf.data.FixedLengthRecordDataset(path, layout.record_bytes, header_bytes=layout.image_offset,
-                                                  buffer_size=buffer_size)
+                                                  buffer_size=plan.file_buffer_bytes)
         # FixedLengthRecordDataset already fails on a file that is not header + k records; this names a file
         # holding another number of records than the manifest says.
         return chunks.apply(tf.data.experimental.assert_cardinality(num_records))
@@ -151,8 +149,7 @@ def _chunk_batch_decoder(layout: FixedLayout):
 def example_batches(plan: ReadPlan, manifest: Manifest) -> tf.data.Dataset:
     """``(uint8 [B, H, W, 3], int32 [B])`` batches of ``plan``'s shards, records parsed as Examples."""
     stored, crop, (height, width) = encodings.get(manifest.encoding), manifest.crop, manifest.stored_shape
-    buffer_size = plan.file_buffer_bytes
-    records = plan.records(lambda path, _: tf.data.TFRecordDataset(path, buffer_size=buffer_size))
+    records = plan.records(lambda path, _: tf.data.TFRecordDataset(path, buffer_size=plan.file_buffer_bytes))
     if stored.has_fixed_layout(crop):
         # Parallel batching: assembling a batch copies every record once, and one thread doing it all falls behind.
         return plan.batched(records, _raw_batch_decoder(height, width))
@@ -164,7 +161,6 @@ def example_batches(plan: ReadPlan, manifest: Manifest) -> tf.data.Dataset:
         decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=plan.deterministic))
 
 
-# The features of our Examples a reader parses.
 _FEATURES = {record_format.ENCODED: tf.io.FixedLenFeature([], tf.string),
              **{key: tf.io.FixedLenFeature([], tf.int64)
                 for key in (record_format.LABEL, record_format.HEIGHT, record_format.WIDTH)}}

@@ -179,7 +179,6 @@ def _read_by_step(order: RecordOrder, start_step: int, snapshot: DatasetSnapshot
 
     if not order.training and not 0 <= start_step <= len(order):
         raise ValueError(f"start_step must be in [0, {len(order)}] in evaluation, got {start_step}")
-    # The global steps to read: endless in training, the rest of the pass in evaluation.
     steps = (tf.data.Dataset.counter(start_step, dtype=tf.int64) if order.training
              else tf.data.Dataset.range(start_step, len(order), dtype=tf.int64))
     return steps.map(to_tensors, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
