@@ -282,6 +282,28 @@ def test_predict_images_refuses_a_stored_form_smaller_than_the_train_size(colour
         predict_images(tiny_model, manifest, [photo])
 
 
+def test_a_photo_url_that_is_missing_or_too_large_is_a_failure_named_not_a_traceback(colour_dataset, tiny_model,
+                                                                                     monkeypatch):
+    """A URL photo (gs://, read through tf.io.gfile; TensorFlow's ram:// here) is read as a path is: a missing one
+    "does not exist", one over PHOTO_MAX_BYTES says its size, and the others are answered."""
+    import tensorflow as tf
+
+    from shardprep.train.model import predict
+    from shardprep.train.model.predict import PhotoFailure, Prediction, predict_images
+
+    monkeypatch.setattr(predict, "PHOTO_MAX_BYTES", 2_000)
+    good = _encoded(np.zeros((20, 20, 3), np.uint8), "PNG")
+    with tf.io.gfile.GFile("ram://photos/good.png", "wb") as f:
+        f.write(good)
+    with tf.io.gfile.GFile("ram://photos/large.bmp", "wb") as f:
+        f.write(_encoded(np.zeros((40, 40, 3), np.uint8), "BMP"))  # 4,854 bytes
+    results = predict_images(tiny_model, colour_dataset, ["ram://photos/missing.png", "ram://photos/large.bmp",
+                                                          "ram://photos/good.png"], errors="report")
+    assert [type(result) for result in results] == [PhotoFailure, PhotoFailure, Prediction]
+    assert results[0].message == "does not exist"
+    assert results[1].message == "is more than the 2,000 bytes allowed"
+
+
 def test_predict_images_explains_what_it_cannot_use(colour_dataset, tiny_model):
     from shardprep.train.model.predict import predict_images
 

@@ -148,17 +148,22 @@ def check_dataset(model, manifest: Manifest, data: str) -> None:
 
 
 def _read(image, position: int) -> bytes:
-    """The photo's bytes; a local path only if a regular file (never a FIFO) of at most PHOTO_MAX_BYTES."""
+    """The photo's bytes, at most PHOTO_MAX_BYTES: a local path only if a regular file (never a FIFO), a URL as the
+    shards are read."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
-        if "://" in path:
-            import tensorflow as tf
+        if "://" not in path:
+            return untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
+        from shardprep.train.data.reader import read_url  # as the shards are read; a TensorFlow error: OSError
 
-            with tf.io.gfile.GFile(path, "rb") as f:
-                return f.read(PHOTO_MAX_BYTES + 1)
-        return untrusted.read_regular_file(path, PHOTO_MAX_BYTES)
+        data = read_url(path, PHOTO_MAX_BYTES + 1)
+        if data is None:
+            raise FileNotFoundError(path)
+        if len(data) > PHOTO_MAX_BYTES:  # read one byte more than allowed: its whole size is not asked for
+            raise untrusted.NotRegularFileError(path, f"is more than the {PHOTO_MAX_BYTES:,} bytes allowed")
+        return data
     raise TypeError(f"image #{position} is a {type(image).__name__}: give a path or the file's bytes")
 
 
