@@ -59,8 +59,8 @@ def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(_gradients(first)[..., window, window]).reshape(len(first), -1)  # row by row
     reference = flat - flat.mean(axis=1, keepdims=True)
     energy = np.sqrt((reference * reference).sum(axis=1))
-    views = np.stack([_gradients(_zoomed(grids, scale)) for grids in (second, second[..., ::-1])
-                      for scale in SCALES], axis=1)  # (pairs, views, 2, SIDE, SIDE)
+    views = _gradients(np.stack([_zoomed(grids, scale) for grids in (second, second[..., ::-1]) for scale in SCALES],
+                                axis=1))  # (pairs, views, 2, SIDE, SIDE)
     # Every shift at once: the reference's correlation with each view by FFT (no wrap-around: the window plus the
     # largest shift fits in SIDE), and each shifted window's sum and sum of squares by matrix products.
     padded = np.zeros((len(first), 2, SIDE, SIDE))
