@@ -127,15 +127,32 @@ def measure(command: list[str]) -> dict:
     return {**peaks, "wall_s": wall, "cpu_s": sum(seen.values()), "launcher_cpu_s": seen.get(run.pid, 0.0)}
 
 
+def prepare(work: str, size: int, workers: int, pool: list[str], distinct: bool) -> tuple[str, dict, float]:
+    """The prepared dataset of ``size`` inputs (one a --keep folder holds from an earlier run is reused: its
+    preprocess run's figures come from that run), the preprocess run's figures, and the source's writing time."""
+    source, output = (os.path.join(work, f"{name}-{size}{'-distinct' * distinct}") for name in ("source", "out"))
+    kept = output + ".preprocess.json"
+    if os.path.exists(kept) and os.path.exists(os.path.join(output, "manifest.json")):
+        with open(kept) as f:
+            job, written = json.load(f), 0.0
+    else:
+        for partial in (source, output):
+            shutil.rmtree(partial, ignore_errors=True)
+        started = time.perf_counter()
+        write_source(source, size, pool, distinct)
+        written = time.perf_counter() - started
+        job = measure([sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet",
+                       "--shorter-side", str(SHORTER_SIDE), "--num-shards", str(-(-size // RECORDS_PER_SHARD)),
+                       "--", f"--direct_num_workers={workers}"])
+        shutil.rmtree(source, ignore_errors=True)
+        with open(kept, "w") as f:
+            json.dump(job, f)
+    return output, job, written
+
+
 def run_size(work: str, size: int, workers: int, pool: list[str], distinct: bool = False,
-             near: bool = False, rounds: int = 1) -> dict:
-    source, output = os.path.join(work, f"source-{size}"), os.path.join(work, f"out-{size}")
-    started = time.perf_counter()
-    write_source(source, size, pool, distinct)
-    written = time.perf_counter() - started
-    job = measure([sys.executable, "-m", "shardprep.cli", "preprocess", source, output, "--quiet",
-                   "--shorter-side", str(SHORTER_SIDE), "--num-shards", str(-(-size // RECORDS_PER_SHARD)), "--",
-                   f"--direct_num_workers={workers}"])
+             near: bool = False, rounds: int = 1, keep: bool = False) -> dict:
+    output, job, written = prepare(work, size, workers, pool, distinct)
     with open(os.path.join(output, "manifest.json")) as f:
         manifest = json.load(f)
     job["num_shards"] = manifest["splits"]["train"]["num_shards"]
@@ -152,8 +169,8 @@ def run_size(work: str, size: int, workers: int, pool: list[str], distinct: bool
                                              f"--direct_num_workers={workers}"])
     with open(report_path) as f:
         near_report = json.load(f).get("near_duplicates")
-    shutil.rmtree(source, ignore_errors=True)
-    shutil.rmtree(output, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(output, ignore_errors=True)
     return {"size": size, "source_written_s": written, "preprocess": job, **runs,
             "search": near_report and near_report["search"]}
 
@@ -187,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[128_000, 256_000, 512_000])
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--keep", help="work in this folder (default: a temporary one, removed)")
+    parser.add_argument("--keep", help="work in this folder and keep each dataset written, reusing one there "
+                        "(default: a temporary one, removed)")
     parser.add_argument("--smoke", action="store_true", help="300 inputs, 1 worker")
     parser.add_argument("--distinct", action="store_true", help="every input a picture of its own")
     parser.add_argument("--near-duplicates", action="store_true",
@@ -200,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool = distinct_jpegs(os.path.join(work, "pool"))
         for size in sizes:
-            results.append(run_size(work, size, workers, pool, args.distinct, args.near_duplicates, args.rounds))
+            results.append(run_size(work, size, workers, pool, args.distinct, args.near_duplicates, args.rounds,
+                                    bool(args.keep)))
             r = results[-1]
             print(f"{size:,} inputs: preprocess {r['preprocess']['wall_s']:.0f} s ({r['preprocess']['cpu_s']:.0f} CPU s), "
                   f"validate {r['validate']['wall_s']:.0f} s ({r['validate']['cpu_s']:.0f} CPU s) (source written in "

@@ -356,17 +356,6 @@ def test_over_max_scored_candidates_only_the_nearest_are_scored_and_the_distance
     assert near_score.candidates(hashes, hashes, SearchKeys(tables=2), 64, 100, max_scored=5).scored_within == 1
 
 
-def test_the_local_limit_keeps_the_measured_memory_of_the_search_within_7_gib():
-    """BENCHMARKS.md's scale rows: about 64 KiB a record on the in-process runner with thumbnails and 16-bit keys."""
-    from shardprep.pipelines.validate_job import options as validate_options
-    from shardprep.pipelines.validate_job.options import ValidateOptions, near_duplicate_skip_reason
-
-    kib = validate_options.LOCAL_NEAR_DUPLICATE_KIB
-    assert kib >= 64 and validate_options.LOCAL_NEAR_DUPLICATE_RECORDS * kib * 1024 <= 7 * 2 ** 30
-    reason = near_duplicate_skip_reason(ValidateOptions("d"), validate_options.LOCAL_NEAR_DUPLICATE_RECORDS + 1, True)
-    assert f"about {kib} KiB" in reason
-
-
 @pytest.mark.parametrize("max_scored", [10_000, 40, 7])
 def test_tables_searched_in_parts_merge_to_the_candidates_of_all_at_once(max_scored):
     """The workers search the tables in parts (graph.py): merged, the same pairs, distances and counts, and the same

@@ -138,8 +138,7 @@ def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: P
         samples = SampleOptions(stats_split, fraction, sheet_cell_cap(len(manifest.classes)))
     document = manifest.to_json()  # for the report, which shows the manifest's own values
     total_bytes = sum(task.expected.num_bytes for task in tasks)
-    skipped = near_duplicate_skip_reason(options, sum(info.num_examples for info in manifest.splits.values()),
-                                         runner.runs_locally(beam_args))
+    skipped = near_duplicate_skip_reason(options)
     results = _run_pipeline(
         lambda pipeline, path, progress_dir: build_dataset_pipeline(
             pipeline, manifest, tasks, path, samples, options, progress_dir, search_near_duplicates=skipped is None),

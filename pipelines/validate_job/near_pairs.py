@@ -182,8 +182,8 @@ class SearchKeys:
         return ordered >> np.uint64(64 - free), (ordered & np.uint64((1 << (64 - free)) - 1)).astype(np.int64)
 
 
-def _distances(hashes: np.ndarray, mirrors: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Bits between hashes ``first`` and ``second`` (row numbers), the first as it is or mirrored."""
+def _distances(hashes: np.ndarray, mirrors: np.ndarray, first: np.ndarray | slice, second: np.ndarray | slice):
+    """Bits between hashes ``first`` and ``second`` (row numbers or slices), the first as it is or mirrored."""
     high = hashes[second]
     return np.minimum(np.bitwise_count(hashes[first] ^ high), np.bitwise_count(mirrors[first] ^ high))
 
@@ -234,19 +234,22 @@ def search_tables(tables: Iterable[int], found: Distinct, search: SearchKeys, ma
         ordered, order = search.sorted_keys(features, samples[table])
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else np.zeros(0, int)
         lengths = np.diff(np.r_[starts, len(order)])
+        sizes, buckets = np.unique(lengths, return_counts=True)  # few distinct sizes: the cap's loop is cheap
         kept = cap  # lowered while this table would compare more than its share of COMPARED (clustered hashes)
-        while kept > 2 and (np.minimum(lengths, kept) ** 2).sum() > 2 * COMPARED / search.tables:
+        while kept > 2 and (np.minimum(sizes, kept) ** 2 * buckets).sum() > 2 * COMPARED / search.tables:
             kept = max(2, kept * 3 // 4)
-        over += int((lengths > kept).sum())
-        unchecked += int(np.maximum(lengths - kept, 0).sum())
+        over += int(buckets[sizes > kept].sum())
+        unchecked += int(((sizes - kept) * buckets)[sizes > kept].sum())
         # how many later members of its bucket (within the cap) each sorted place has; one step further each pass
         later = np.repeat(np.minimum(lengths, kept), lengths) - 1 - (np.arange(len(order)) - np.repeat(starts, lengths))
         sorted_hashes, sorted_mirrors = hashes[order], mirrors[order]
         live, step = np.flatnonzero(later > 0), 1
         while live.size:
-            distances = _distances(sorted_hashes, sorted_mirrors, live, live + step)
-            near = distances <= limit
-            pairs.append((order[live[near]] * len(order) + order[live[near] + step], distances[near]))
+            dense = 4 * live.size > len(order)  # most places: whole shifted arrays (no gather), then those live
+            distances = (_distances(sorted_hashes, sorted_mirrors, slice(None, -step), slice(step, None))[live] if dense
+                         else _distances(sorted_hashes, sorted_mirrors, live, live + step))
+            near = live[distances <= limit]
+            pairs.append((order[near] * len(order) + order[near + step], distances[distances <= limit]))
             step += 1
             live = live[later[live] >= step]
         if sum(len(codes) for codes, _ in pairs) > 4 * max_scored:  # memory stays bounded

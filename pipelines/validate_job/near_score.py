@@ -11,7 +11,7 @@ WINDOW = SIDE - 2 * MAX_SHIFT
 SCALES = (1.0, 1.05, 1.1, 1 / 1.05, 1 / 1.1)  # a crop of up to ~10% (then resized back) is a zoom of up to 1.1
 MIN_SCORE = 0.85  # the default: planted copies of every kind score above it, distinct photos below (BENCHMARKS.md)
 FLAT = 1e-6  # a thumbnail whose gradients' energy is below this has nothing to align: it scores 0
-BATCH = 64  # pairs scored at once (their arrays stay in the cache)
+BATCH = 16  # pairs scored at once: their arrays (~2.6 MB) stay in the cache, 1.4x as fast as 64
 
 
 def thumbnail(pixels: np.ndarray) -> bytes:
@@ -59,16 +59,18 @@ def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(_gradients(first)[..., window, window]).reshape(len(first), -1)  # row by row
     reference = flat - flat.mean(axis=1, keepdims=True)
     energy = np.sqrt((reference * reference).sum(axis=1))
-    views = np.stack([_gradients(_zoomed(grids, scale)) for grids in (second, second[..., ::-1])
-                      for scale in SCALES], axis=1)  # (pairs, views, 2, SIDE, SIDE)
+    views = _gradients(np.stack([_zoomed(grids, scale) for grids in (second, second[..., ::-1]) for scale in SCALES],
+                                axis=1))  # (pairs, views, 2, SIDE, SIDE)
     # Every shift at once: the reference's correlation with each view by FFT (no wrap-around: the window plus the
     # largest shift fits in SIDE), and each shifted window's sum and sum of squares by matrix products.
     padded = np.zeros((len(first), 2, SIDE, SIDE))
     padded[..., :WINDOW, :WINDOW] = reference.reshape(len(first), 2, WINDOW, WINDOW)
     spectrum = (np.fft.rfft2(views) * np.conj(np.fft.rfft2(padded))[:, None]).sum(axis=2)
     shifts = 2 * MAX_SHIFT + 1
-    dots = np.fft.irfft2(spectrum, s=(SIDE, SIDE))[..., :shifts, :shifts]
-    sums, squares = _window_sums(np.stack([views.sum(axis=2), (views * views).sum(axis=2)]))
+    # irfft2 is an inverse FFT down the columns then one along the rows: only the rows of a shift are needed.
+    dots = np.fft.irfft(np.fft.ifft(spectrum, axis=-2)[..., :shifts, :], SIDE)[..., :shifts]
+    squared = views * views
+    sums, squares = _window_sums(np.stack([views[:, :, 0] + views[:, :, 1], squared[:, :, 0] + squared[:, :, 1]]))
     norms = np.sqrt(np.maximum(squares - sums * sums / (2 * WINDOW * WINDOW), 0))
     valid = norms > np.sqrt(FLAT)
     scale = np.where(valid, norms, 1) * np.maximum(energy, FLAT)[:, None, None, None]

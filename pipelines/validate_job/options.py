@@ -8,10 +8,6 @@ from typing import Any
 
 
 MAX_DISTANCE = 32  # of a 64-bit hash: beyond this, unrelated photos are near-duplicates
-# Above this a local run skips the near-duplicate search unless asked for it: once ~64 KiB of memory a record, now its
-# wall time (BENCHMARKS.md: over 1.5x validate's at 1.28 M records in one of three interleaved rounds).
-LOCAL_NEAR_DUPLICATE_KIB = 64
-LOCAL_NEAR_DUPLICATE_RECORDS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +28,7 @@ class ValidateOptions:
     near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
     strict: bool = False  # --strict: any near-duplicate across splits fails the run (else a warning)
     leaked_keys: str | None = None  # --leaked-keys: write those records' keys here, for preprocess --exclude
-    # --near-duplicates/--no-near-duplicates; None: search unless a local run reads over LOCAL_NEAR_DUPLICATE_RECORDS
+    # --near-duplicates/--no-near-duplicates; None (neither given): search
     near_duplicates: bool | None = None
 
     def __post_init__(self) -> None:
@@ -89,15 +85,10 @@ class ValidateOptions:
 _SOURCE_FLAGS = {"image_key": "--image-key", "label_key": "--label-key", "tfds_data_dir": "--tfds-data-dir"}
 
 
-def near_duplicate_skip_reason(options: ValidateOptions, records: int, local: bool) -> str | None:
-    """Why the search does not run, or None: when asked for or off this machine, or to LOCAL_NEAR_DUPLICATE_RECORDS."""
-    if options.near_duplicates is False:
-        return "--no-near-duplicates"
-    asked = options.near_duplicates or options.near_duplicate_flags()
-    if asked or not local or records <= LOCAL_NEAR_DUPLICATE_RECORDS:
-        return None
-    return (f"{records:,} records, more than the {LOCAL_NEAR_DUPLICATE_RECORDS:,} a local run searches (about "
-            f"{LOCAL_NEAR_DUPLICATE_KIB} KiB of memory a record); --near-duplicates runs it here, or run on Dataflow")
+def near_duplicate_skip_reason(options: ValidateOptions) -> str | None:
+    """Why the search does not run, or None: it runs unless --no-near-duplicates, whatever the count (1.28 M records
+    on one machine: BENCHMARKS.md)."""
+    return "--no-near-duplicates" if options.near_duplicates is False else None
 
 
 def default(name: str) -> Any:

@@ -13,7 +13,7 @@ from shardprep.commands import check_beam_args, stops
 from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
 from shardprep.output import SpinnerProgress as ProgressDisplay
 from shardprep.output import console as make_console
-from shardprep.pipelines.validate_job.options import LOCAL_NEAR_DUPLICATE_RECORDS, MAX_DISTANCE, ValidateOptions, default
+from shardprep.pipelines.validate_job.options import MAX_DISTANCE, ValidateOptions, default
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.sources.wordnet_names import display_name
 
@@ -47,9 +47,7 @@ For a prepared dataset every shard is read (a Beam pipeline) and checked:
     mirrored copies); a held-out record with a twin in train is a leak:
     a warning with the count, a failure under --strict or above
     --near-duplicate-limit; --leaked-keys writes the held-out keys for
-    `shardprep preprocess --exclude`; a local run of more than
-    {local_limit} records skips this search with a warning (memory),
-    unless asked for (--near-duplicates);
+    `shardprep preprocess --exclude`; --no-near-duplicates skips it;
 {mean_std_check}
 
 For tfrecord:GLOB and tfds:NAME: per-file record counts, label histogram, image sizes/formats (headers only), and
@@ -74,8 +72,7 @@ def _mean_std_check() -> str:
     return textwrap.fill(bullet, width=76, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
 
 
-HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
-        .replace("{local_limit}", f"{LOCAL_NEAR_DUPLICATE_RECORDS:,}"))
+HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 
 
 @click.command("validate", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -109,10 +106,9 @@ HELP = (HELP.replace("{mean_std_check}", _mean_std_check())
               help="Write the keys of records with a near-duplicate in an earlier split to FILE, for "
                    "shardprep preprocess --exclude FILE.")
 @click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
-              help="Run the near-duplicate search or not (default: it runs, except on a local run of more than "
-                   f"{LOCAL_NEAR_DUPLICATE_RECORDS:,} records, ~64 KiB of memory each, where it is skipped with a "
-                   "warning; --strict, --near-duplicate-limit and --leaked-keys run it too). Prepared datasets "
-                   "only: on tfrecord:/tfds: DATA these flags are refused.")
+              help="Run the near-duplicate search or not (default: it runs, whatever the count; --strict, "
+                   "--near-duplicate-limit and --leaked-keys need it). Prepared datasets only: on tfrecord:/tfds: "
+                   "DATA these flags are refused.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("beam_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
