@@ -1,6 +1,7 @@
-"""The CLI's one output boundary: what a person reads (rich, as wide as ``text.output_width``), and what happens
-when it cannot be written: a reader gone (``| head``, a hung-up terminal) silences the stream; any other stdout error
-(a full disk) ends the command after its work with one ``Error:`` line and status 1; a failing stderr is silenced."""
+"""The CLI's one output boundary: what a person reads (rich, as wide as ``text.output_width``; the jobs' and the
+training run's typed events drawn), and what happens when it cannot be written: a reader gone (``| head``, a hung-up
+terminal) silences the stream; any other stdout error (a full disk) ends the command after its work with one
+``Error:`` line and status 1; a failing stderr is silenced."""
 
 from __future__ import annotations
 
