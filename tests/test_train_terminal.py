@@ -131,6 +131,22 @@ def test_messages_and_the_progress_line_fit_any_width(width):
         assert f"step {steps}/{steps}" in terminal.getvalue()
 
 
+def test_text_only_passes_on_the_messages_and_a_signal_handlers_with_the_next_event():
+    """``train(report=print)``: the first Ctrl-C's notice is sent from a signal handler, which may interrupt a print
+    (reentering it raises RuntimeError), so it is printed with the next event, after the step in flight."""
+    from shardprep.preprocess.checks.events import text_only
+
+    said = []
+    listener = text_only(said.append)
+    listener(Message("Training ResNet-18"))
+    listener(Message("Ctrl-C: stopping after this step", immediate=True))
+    assert said == ["Training ResNet-18"]
+    listener(TrainingSteps(3, 4, 0, 8, 1.0, lambda: pytest.fail("no metrics read for text")))
+    listener(Message("Interrupted (Ctrl-C) in epoch 1 after step 3 of 4"))
+    assert said == ["Training ResNet-18", "Ctrl-C: stopping after this step",
+                    "Interrupted (Ctrl-C) in epoch 1 after step 3 of 4"]
+
+
 def test_a_message_during_the_live_line_starts_a_line_of_its_own_and_reads_no_metrics(tmp_path):
     """The CLI draws the run's events: a message sent while the terminal's progress line is live ends that line
     first; an event not drawn (within the interval) never reads the metrics, which waits for the device; the

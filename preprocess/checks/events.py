@@ -61,5 +61,16 @@ Listener = Callable[[Event], None]
 
 
 def text_only(report: Callable[[str], None]) -> Listener:
-    """A listener that passes on each message's text to ``report`` and draws no progress."""
-    return lambda event: report(event.text) if isinstance(event, Message) else None
+    """A listener that passes on each message's text to ``report`` and draws no progress. An ``immediate`` message
+    goes with the next event: the signal may have come in the middle of a ``print``, which must not be reentered."""
+    pending: list[str] = []
+
+    def listener(event: Event) -> None:
+        if isinstance(event, Message) and event.immediate:
+            pending.append(event.text)
+            return
+        while pending:
+            report(pending.pop(0))
+        if isinstance(event, Message):
+            report(event.text)
+    return listener
