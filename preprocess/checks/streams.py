@@ -190,12 +190,23 @@ def drop_in_memory_warning() -> None:
 
 @contextlib.contextmanager
 def stops_held():
-    """Ctrl-C or SIGTERM in the block takes effect when it ends (blocked for this thread meanwhile)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Ctrl-C or SIGTERM in the block takes effect when it ends: its handler is swapped for one that notes it (a
+    signal mask would hold it off this thread only, and any other thread may take it); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = {number: signal.signal(number, lambda *received: caught.append(received))
+                for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if caught and callable(previous[caught[0][0]]):
+            previous[caught[0][0]](*caught[0])  # the default SIGINT handler raises KeyboardInterrupt; the CLI's too
+        elif caught and previous[caught[0][0]] == signal.SIG_DFL:
+            os.kill(os.getpid(), caught[0][0])
 
 
 WORKER_STDERR_KEPT = 64 * 1024  # bytes of the workers' stderr kept while held back
