@@ -243,3 +243,19 @@ def test_sigterm_stops_preprocess_as_ctrl_c_does_workers_ended_lines_printed_exi
     lines = text.rstrip().splitlines()
     assert lines[-1].startswith("resume: shardprep preprocess ") or lines[-1] == "stopped (SIGTERM)", text[-3000:]
     assert not (output / ".shardprep.lock").exists()
+
+
+def test_the_in_memory_notice_filter_is_added_once_however_many_pipelines_are_made():
+    """Every local run's pipeline asks for the filter; a process making many (a notebook, a test session) keeps one."""
+    import logging
+
+    from shardprep.preprocess.checks import streams
+
+    logger = logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner")
+    for _ in range(3):
+        streams.drop_in_memory_warning()
+    assert len(logger.filters) == 1
+    record = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "If direct_num_workers is not equal to 1, "
+                               "direct_running_mode should be ...", None, None)
+    assert not logger.filter(record) and logger.filter(logging.LogRecord(logger.name, logging.WARNING, __file__, 1,
+                                                                         "another warning", None, None))

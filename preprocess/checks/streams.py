@@ -183,9 +183,13 @@ def quiet_beam(verbose: bool = False) -> None:
 
 
 def drop_in_memory_warning() -> None:
-    """Drops FnApiRunner's warning about in_memory with several workers (``runner.make_pipeline``'s are processes)."""
-    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(
-        lambda record: not str(record.msg).startswith("If direct_num_workers is not equal to 1"))
+    """Drops FnApiRunner's warning about in_memory with several workers (``runner.make_pipeline``'s are processes);
+    added once however many pipelines a process makes (logging keeps one of each filter)."""
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_no_in_memory_warning)
+
+
+def _no_in_memory_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
 
 
 @contextlib.contextmanager
