@@ -180,24 +180,21 @@ def progress_seconds() -> float:
     return DEFAULT_PROGRESS_SECONDS
 
 
-def duration(seconds: float) -> str:
-    """``0:01:05``, like rich's elapsed and remaining columns."""
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+BAR_COLUMNS = (10, 40)  # a live bar's narrowest and widest
 
 
 class LiveProgress:
-    """One task's progress on stderr: rich's live display of :meth:`columns` on a terminal (from the first update
+    """One task's progress on stderr: on a terminal rich's live display of :meth:`live_line` (from the first update
     when ``lazy``); elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when
     :meth:`line_key` changed (a minute when not), at the end unless ``transient``. Reads ``sys.stderr`` afresh."""
 
-    def __init__(self, enabled: bool, transient: bool, lazy: bool, **fields):
+    spinner: Any = None  # a kind that draws one makes it in start()
+
+    def __init__(self, enabled: bool, transient: bool, lazy: bool):
         self.enabled, self.transient, self.lazy = enabled, transient, lazy
-        self.fields = fields
-        self.progress: Any = None  # rich's Progress, imported when drawn
-        self.task: Any = None
+        self.live: Any = None  # rich's Live, imported when drawn
         self.plain = False
-        self.state: dict = {"description": "starting", "completed": 0, "total": None, **fields}
+        self.state: dict = {"description": "starting", "completed": 0, "total": None}
         self.started_at = time.monotonic()
         self.last_line_at: float | None = None
         self.last_key = None
@@ -207,31 +204,32 @@ class LiveProgress:
     def width(self) -> int:
         return output_width(sys.stderr)
 
-    def columns(self) -> tuple:
-        raise NotImplementedError  # each kind of progress draws its own
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        raise NotImplementedError  # what a line says after its description, ranked for :func:`fit`
+
+    def glue(self, state: dict) -> str:
+        """What joins a plain line's description to its parts."""
+        return " "
 
     def start(self) -> None:
         from rich.console import Console
-        from rich.progress import Progress
+        from rich.live import Live
 
         stderr = Console(stderr=True, width=self.width)
         self.started_at, self.plain = time.monotonic(), not stderr.is_terminal
-        if self.plain:
-            return
-        self.progress = Progress(*self.columns(), console=stderr, transient=self.transient,
-                                 redirect_stdout=False, redirect_stderr=False)
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=None, **self.fields)
+        if not self.plain:  # rich asks self.__rich__ at every refresh
+            self.live = Live(self, console=stderr, transient=self.transient, refresh_per_second=10,
+                             redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
 
     def show(self, **update) -> None:
         if not self.enabled:
             return
         with self.lock:
-            if self.progress is None and not self.plain:
+            if self.live is None and not self.plain:
                 self.start()
             self.state.update(update)
             if not self.plain:
-                self.progress.update(self.task, **update)
                 return
             now = time.monotonic()
             since = now - self.last_line_at if self.last_line_at is not None else float("inf")  # the first: at once
@@ -244,9 +242,33 @@ class LiveProgress:
         return tuple(state.get(key) for key in ("description", "completed", "total", "final", "finished"))
 
     def plain_line(self, state: dict, elapsed: float) -> str:
-        done, total = state.get("completed") or 0, state.get("total")
-        count_text = f" {done:,}/{total:,} ({100 * done / total:.0f}%)" if total else ""
-        return fit([(f"{state['description']}{count_text}", 0), (duration(elapsed), 1)], self.width)
+        description = state.get("description") or ""
+        room = self.width - len(description) - 2
+        return description + self.glue(state) + fit(self.parts(state, elapsed, room), room)
+
+    def live_line(self):
+        """Description, an ASCII bar (``text.bar``: 80 columns counted in bytes too; with no total its block moves
+        with the clock), :meth:`parts`, three columns spare (a line that fills the last column may wrap; Ctrl-C echoes
+        "^C" after it)."""
+        from rich.table import Table
+        from rich.text import Text
+
+        with self.lock:
+            state = dict(self.state)
+        description = state.get("description") or ""
+        width = self.width - 3 - (2 if self.spinner else 0)
+        room = width - len(description) - BAR_COLUMNS[0] - 2
+        rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
+        cells = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
+        done, total = state.get("completed") or 0, state.get("total") if state.get("final", True) else None
+        fraction = min(1.0, done / total) if total else None
+        style = "bar.pulse" if fraction is None else "bar.finished" if fraction == 1 else "bar.complete"
+        line = Table.grid(padding=(0, 1))
+        line.add_row(*([self.spinner] if self.spinner else []), Text(description, style="bold"),
+                     Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style), Text(rest))
+        return line
+
+    __rich__ = live_line
 
     def _write_line(self, now: float) -> None:
         line = self.plain_line(self.state, now - self.started_at)
@@ -264,12 +286,44 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
+        if self.live:
+            self.live.stop()
         elif not self.transient and self.last_line_at is not None:  # a plain line was written
             with self.lock:
                 if self.line_key(self.state) != self.last_key:
                     self._write_line(time.monotonic())
+
+
+ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
+
+
+class SpinnerProgress(LiveProgress):
+    """``validate``'s and ``demo-data``'s progress: a spinner, the stage, files done of total, records, elapsed.
+    ``all_done``: the stage's words once every file is done while work goes on (validate's near-duplicate search:
+    a minute on a large dataset, where a full bar would seem stuck)."""
+
+    def __init__(self, enabled: bool, all_done: str | None = None):
+        super().__init__(enabled, transient=True, lazy=False)
+        self.all_done = all_done
+
+    def start(self) -> None:
+        from rich.spinner import Spinner
+
+        self.spinner = Spinner("line")
+        super().start()
+
+    def update(self, event: StageProgress):
+        if event.done is None:
+            return self.show(description=event.stage, completed=0, total=None, records="")
+        all_done = self.all_done and event.total and event.done >= event.total
+        self.show(description=self.all_done if all_done else event.stage, completed=event.done, total=event.total,
+                  records=f"{event.records:,} records" if event.records is not None else "")
+
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        done, total = state.get("completed") or 0, state.get("total")
+        done_of = f"{done:,}/{total:,}" if total else ""
+        share = f" ({100 * done / total:.0f}%)" if total and len(done_of) + 7 <= width else ""  # a long stage: M/N
+        return [(done_of + share, 0), (state.get("records") or "", 2), (clock(elapsed, hours=True), 1)]
 
 
 TRAIN_PLAIN_SECONDS = 10.0  # a training epoch's plain progress lines (logs, pipes): at most this often
@@ -362,46 +416,6 @@ class TrainDisplay:
             os.write(descriptor, (("\r" + text) if os.isatty(descriptor) else text).encode())
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
             pass
-
-
-ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
-
-
-class SpinnerProgress(LiveProgress):
-    """``validate``'s and ``demo-data``'s progress: a spinner, the stage, files done of total, records, elapsed.
-    ``all_done``: the stage's words once every file is done while work goes on (validate's near-duplicate search:
-    a minute on a large dataset, where a full bar would seem stuck)."""
-
-    def __init__(self, enabled: bool, all_done: str | None = None):
-        super().__init__(enabled, transient=True, lazy=False, records="")
-        self.all_done = all_done
-
-    def update(self, event: StageProgress):
-        if event.done is None:
-            self.show(description=event.stage, completed=0, total=None, records="")
-        else:
-            all_done = self.all_done and event.total and event.done >= event.total
-            self.show(description=self.all_done if all_done else event.stage, completed=event.done,
-                      total=event.total, records=f"{event.records:,} records" if event.records is not None else "")
-
-    def columns(self):
-        from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        class AsciiBar(ProgressColumn):
-            def render(self, task):
-                return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
-
-        return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
-                TextColumn("{task.fields[records]}"), TimeElapsedColumn())
-
-
-def bar_text(fraction: float | None, cells: int, finished: bool):
-    """An ASCII bar (``text.bar``: 80 columns counted in bytes too) in rich's bar styles; with no ``fraction`` its
-    block moves with the clock, so the run looks alive."""
-    from rich.text import Text
-
-    style = "bar.pulse" if fraction is None else "bar.finished" if finished else "bar.complete"
-    return Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style)
 
 
 def flow(items, width: int, indent: str = "  "):

@@ -39,10 +39,10 @@ def count(n, noun: str, plural: str | None = None) -> str:
     return f"{shown} {noun if n == 1 else plural or noun + 's'}"
 
 
-def clock(seconds: float) -> str:
-    """``0:07``, ``12:03``, ``1:02:03`` (a training run's clock)."""
+def clock(seconds: float, hours: bool = False) -> str:
+    """``0:07``, ``12:03``, ``1:02:03`` (a training run's clock); ``hours``: ``0:00:07`` (preprocess's)."""
     seconds = int(round(seconds))
-    if seconds >= 3600:
+    if hours or seconds >= 3600:
         return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
     return f"{seconds // 60}:{seconds % 60:02d}"
 
