@@ -105,20 +105,11 @@ class Reporter:
                 epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
                 why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
             if self.goes_on:  # as wide as train's progress lines
-                say(wrap(f"note: {why}; {self.goes_on}", max(MIN_COLUMNS, output_width())), err=True)
+                say(wrap(f"note: {why}; {self.goes_on}", train_width()), err=True)
 
     def raise_failure(self, done: str | None = None) -> None:
         if self.failure is not None:
             raise OutputError(self.failure, done)
-
-
-def shown(error: click.ClickException) -> click.exceptions.Exit:
-    """Shows a command's error line (a stderr that cannot take it silenced); the Exit with its status to raise."""
-    try:
-        error.show()
-    except OSError:
-        silence(sys.stderr)
-    return click.exceptions.Exit(error.exit_code)
 
 
 def _unflushable(stream) -> bool:
@@ -188,7 +179,7 @@ class LiveProgress:
     when ``lazy``); elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when
     :meth:`line_key` changed (a minute when not), at the end unless ``transient``. Reads ``sys.stderr`` afresh."""
 
-    spinner: Any = None  # a kind that draws one makes it in start()
+    spinner: Any = None  # rich's Spinner, for a kind that draws one
 
     def __init__(self, enabled: bool, transient: bool, lazy: bool):
         self.enabled, self.transient, self.lazy = enabled, transient, lazy
@@ -303,14 +294,10 @@ class SpinnerProgress(LiveProgress):
     a minute on a large dataset, where a full bar would seem stuck)."""
 
     def __init__(self, enabled: bool, all_done: str | None = None):
-        super().__init__(enabled, transient=True, lazy=False)
-        self.all_done = all_done
-
-    def start(self) -> None:
         from rich.spinner import Spinner
 
-        self.spinner = Spinner("line")
-        super().start()
+        super().__init__(enabled, transient=True, lazy=False)
+        self.all_done, self.spinner = all_done, Spinner("line")
 
     def update(self, event: StageProgress):
         if event.done is None:
@@ -336,15 +323,14 @@ def train_width() -> int:
 class TrainDisplay:
     """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line, to ``stream``
     by default): messages wrapped to the width; within an epoch, on a terminal one line rewritten in place (one
-    column short of the width) at most every ``interval_tty`` s, elsewhere a plain line every ``interval`` s and a
+    column short of the width) at most every ``interval_tty`` s, elsewhere a plain line every 10 s and a
     last N/N line when the epoch showed any; then the validation's batches."""
 
-    def __init__(self, report=print, *, stream=None, write=None, interval: float | None = None,
-                 interval_tty: float = 0.5, width: int | None = None):
+    def __init__(self, report=print, *, stream=None, write=None, interval_tty: float = 0.5, width: int | None = None):
         self.report, self.stream = report, stream if stream is not None else sys.stdout
         self.write = write or (lambda text: (self.stream.write(text), self.stream.flush()))
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval = interval_tty if self.tty else (TRAIN_PLAIN_SECONDS if interval is None else interval)
+        self.interval = interval_tty if self.tty else TRAIN_PLAIN_SECONDS
         self.width = width or train_width()
         self.last_shown, self.shown, self.live, self.in_epoch = time.perf_counter(), False, False, False
 
@@ -427,13 +413,8 @@ def flow(items, width: int, indent: str = "  "):
     phrases = []
     for separator, phrase in items:
         phrase = phrase if isinstance(phrase, Text) else Text(phrase)
-        if phrase.cell_len <= width - len(indent) or " " not in phrase.plain:
-            phrases.append((separator, phrase))
-            continue
-        start = 0
-        for index, word in enumerate(phrase.plain.split(" ")):
-            phrases.append(((separator if index == 0 else " "), phrase[start:start + len(word)]))
-            start += len(word) + 1
+        words = [phrase] if phrase.cell_len <= width - len(indent) else phrase.split(" ", allow_blank=True)
+        phrases += [(separator if index == 0 else " ", word) for index, word in enumerate(words)]
     lines, line = [], Text()
     for index, (separator, phrase) in enumerate(phrases):
         if line.plain:
