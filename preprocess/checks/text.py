@@ -27,10 +27,8 @@ def terminal_columns(stream) -> int | None:
 def output_width(stream=None) -> int:
     stream = sys.stdout if stream is None else stream
     value = os.environ.get("COLUMNS", "").strip()
-    terminal, variable = terminal_columns(stream), int(value) if value.isdigit() and int(value) > 0 else None
-    if terminal is not None:
-        return min(terminal, variable) if variable else terminal
-    return variable or DEFAULT_COLUMNS
+    variable = int(value) if value.isdigit() and int(value) > 0 else None
+    return min(filter(None, (terminal_columns(stream), variable)), default=DEFAULT_COLUMNS)
 
 
 def count(n, noun: str, plural: str | None = None) -> str:
