@@ -262,14 +262,8 @@ class LiveProgress:
     __rich__ = live_line
 
     def _write_line(self, now: float) -> None:
-        line = self.plain_line(self.state, now - self.started_at)
         self.last_line_at, self.last_key = now, self.line_key(self.state)
-        try:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-        except OSError:  # `2>&1 | head`, a full disk: the run goes on without progress lines
-            self.enabled = False
-            silence(sys.stderr)
+        say(self.plain_line(self.state, now - self.started_at), err=True)  # `2>&1 | head`, a full disk: silenced
 
     def __enter__(self):
         if self.enabled and not self.lazy:

@@ -19,8 +19,7 @@ import traceback
 
 
 def point(fd: int, target: int) -> int:
-    """Descriptor ``fd`` now writes (or reads) ``target``'s file; returns a copy of what it was (the caller points it
-    back with ``os.dup2``, then closes the copy)."""
+    """``fd`` now writes (or reads) ``target``'s file; returns a copy of what it was, to ``os.dup2`` back and close."""
     saved = os.dup(fd)
     os.dup2(target, fd)
     return saved
