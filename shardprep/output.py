@@ -238,9 +238,8 @@ class LiveProgress:
         return description + self.glue(state) + fit(self.parts(state, elapsed, room), room)
 
     def live_line(self):
-        """Description, an ASCII bar (``text.bar``: 80 columns counted in bytes too; with no total its block moves
-        with the clock), :meth:`parts`, three columns spare (a line that fills the last column may wrap; Ctrl-C echoes
-        "^C" after it)."""
+        """Description, an ASCII bar (80 columns in bytes too; no total: a block moving with the clock), :meth:`parts`;
+        three columns spare (a line that fills the last column may wrap; Ctrl-C echoes "^C" after it)."""
         from rich.table import Table
         from rich.text import Text
 
@@ -315,10 +314,9 @@ def train_width() -> int:
 
 
 class TrainDisplay:
-    """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line, to ``stream``
-    by default): messages wrapped to the width; within an epoch, on a terminal one line rewritten in place (one
-    column short of the width) at most every ``interval_tty`` s, elsewhere a plain line every 10 s and a
-    last N/N line when the epoch showed any; then the validation's batches."""
+    """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line): messages wrapped
+    to the width; within an epoch, on a terminal one line rewritten in place (a column short of the width) at most
+    every ``interval_tty`` s, elsewhere a line every 10 s and a last N/N one if any; then the validation's batches."""
 
     def __init__(self, report=print, *, stream=None, write=None, interval_tty: float = 0.5, width: int | None = None):
         self.report, self.stream = report, stream if stream is not None else sys.stdout

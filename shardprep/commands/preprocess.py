@@ -198,9 +198,8 @@ ETA_AFTER_S = 5.0  # an ETA from the first seconds' rate (workers still starting
 class _ProgressDisplay(LiveProgress):
     """The workers' counts: images processed of listed, how many a stop would keep (finished decode groups),
     images/s and, after ETA_AFTER_S of decoding, the ETA; SOURCE named until the first counts. Sources decoded where
-    they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least". A plain line:
-    ``images 120/303 (40%), 66 kept if stopped, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200 listed,
-    0:00:01`` or ``listing SOURCE…, 0:00:00``."""
+    they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least". Plain lines:
+    ``images 120/303 (40%), 66 kept if stopped, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200 listed, ...``."""
 
     def __init__(self, enabled: bool, source: str = ""):
         super().__init__(enabled, transient=False, lazy=True)
