@@ -26,20 +26,22 @@ DEFAULT_PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
 
 
-def reader_gone(error: OSError, stream=None) -> bool:
-    """A write to a pipe nobody reads (EPIPE), or EIO from ``stream`` when it is a terminal (a hung-up one answers
-    ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's."""
+def reader_gone(error: OSError, stream=None) -> str | None:
+    """How ``stream``'s reader went away, if it did: a write to a pipe nobody reads (EPIPE), or EIO from a terminal (a
+    hung-up one answers ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's: None."""
     if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
-        return True
+        return "broken pipe"
     if error.errno != errno.EIO or stream is None:
-        return False
+        return None
     try:
         termios.tcgetattr(stream.fileno())
     except termios.error as failed:
-        return failed.args[0] == errno.EIO
+        hung_up = failed.args[0] == errno.EIO
     except (AttributeError, OSError, ValueError):
-        return bool(getattr(stream, "isatty", lambda: False)())
-    return True
+        hung_up = bool(getattr(stream, "isatty", lambda: False)())
+    else:
+        hung_up = True
+    return "the terminal hung up" if hung_up else None
 
 
 class OutputError(click.ClickException):
@@ -59,7 +61,7 @@ def _failed(error: OSError, err: bool) -> bool:
     stream = sys.stderr if err else sys.stdout
     gone = reader_gone(error, stream)
     silence(stream)
-    return not err and not gone
+    return not err and gone is None
 
 
 def say(text: str, err: bool = False) -> None:
@@ -97,13 +99,11 @@ class Reporter:
         try:
             click.echo(text, nl=nl)
         except OSError as error:
-            self.gone = True
-            if _failed(error, err=False):
-                self.failure = error
-                why = f"cannot write to standard output ({error})"
-            else:
-                epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
-                why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
+            self.gone, gone = True, reader_gone(error, sys.stdout)
+            silence(sys.stdout)
+            self.failure = None if gone else error
+            why = f"the reader of this output went away ({gone})" if gone else \
+                f"cannot write to standard output ({error})"
             if self.goes_on:  # as wide as train's progress lines
                 say(wrap(f"note: {why}; {self.goes_on}", train_width()), err=True)
 
