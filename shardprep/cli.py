@@ -107,6 +107,7 @@ def main(verbose):
         streams.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
     else:
         streams.quiet_tensorflow()
+    streams.quiet_beam(verbose)  # by the loggers' names: Beam is not imported here
 
 
 if __name__ == "__main__":
