@@ -56,14 +56,6 @@ class OutputError(click.ClickException):
         say(wrap(line, columns) if columns else line, err=True)
 
 
-def _failed(error: OSError, err: bool) -> bool:
-    """Silences the stream ``error`` came from; True for a stdout write error that is not a reader gone."""
-    stream = sys.stderr if err else sys.stdout
-    gone = reader_gone(error, stream)
-    silence(stream)
-    return not err and gone is None
-
-
 def say(text: str, err: bool = False) -> None:
     """``click.echo`` that never fails on a reader gone, nor on stderr; any other stdout error: OutputError."""
     with reader_may_go(err=err):
@@ -77,7 +69,10 @@ def reader_may_go(done: str | None = None, err: bool = False) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if _failed(error, err):
+        stream = sys.stderr if err else sys.stdout
+        gone = reader_gone(error, stream)
+        silence(stream)
+        if not err and gone is None:
             raise OutputError(error, done) from None
 
 
@@ -113,11 +108,10 @@ class Reporter:
 
 
 def _unflushable(stream) -> bool:
-    try:
+    with contextlib.suppress(OSError):
         stream.flush()
-    except OSError:
-        return True
-    return False
+        return False
+    return True
 
 
 @contextlib.contextmanager
