@@ -75,9 +75,10 @@ def quiet_tensorflow() -> None:
 
 
 def quiet_library() -> None:
-    """:func:`quiet_tensorflow` on ``import shardprep.train``, unless TensorFlow is imported or the user set
-    ``TF_CPP_MIN_LOG_LEVEL``: then their logging is theirs."""
-    if not any(name in os.environ for name in ENVIRONMENT) and not any(m in sys.modules for m in QUIET_MODULES):
+    """:func:`quiet_tensorflow` on ``import shardprep.train``, unless TensorFlow is imported, the user set
+    ``TF_CPP_MIN_LOG_LEVEL`` (their logging is theirs) or the CLI's ``--verbose`` was given."""
+    if not (any(name in os.environ for name in ENVIRONMENT) or any(m in sys.modules for m in QUIET_MODULES)
+            or _verbose_requested()):
         quiet_tensorflow()
 
 
@@ -132,9 +133,6 @@ class _QuietImport(importlib.abc.MetaPathFinder):
     module executes: ``importlib.util.find_spec`` asks finders without importing."""
     def find_spec(self, name, path, target=None):
         if name not in QUIET_MODULES or name in sys.modules:
-            return None
-        if _verbose_requested():
-            restore()
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
