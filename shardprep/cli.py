@@ -76,7 +76,9 @@ def _ended(error: BaseException) -> click.exceptions.Exit:
     shells say), SIGTERM with 143, where click says "Aborted!" with 1 (a command may say more first: preprocess's
     what was kept). An error line that stderr cannot take keeps its status (a usage error's 2)."""
     if isinstance(error, click.ClickException):
-        return output.shown(error)
+        with output.reader_may_go(err=True):  # a stderr that cannot take the error line is silenced
+            error.show()
+        return click.exceptions.Exit(error.exit_code)
     output.say(f"stopped ({getattr(error, 'by', 'Ctrl-C')})", err=True)
     return click.exceptions.Exit(stopping.exit_status(error))
 
@@ -105,6 +107,7 @@ def main(verbose):
         streams.restore()  # an earlier command in this process (a notebook, a test) may have quieted it
     else:
         streams.quiet_tensorflow()
+    streams.quiet_beam(verbose)  # by the loggers' names: Beam is not imported here
 
 
 if __name__ == "__main__":

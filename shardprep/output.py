@@ -26,20 +26,22 @@ DEFAULT_PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 60.0  # a plain line with unchanged counts at most this often
 
 
-def reader_gone(error: OSError, stream=None) -> bool:
-    """A write to a pipe nobody reads (EPIPE), or EIO from ``stream`` when it is a terminal (a hung-up one answers
-    ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's."""
+def reader_gone(error: OSError, stream=None) -> str | None:
+    """How ``stream``'s reader went away, if it did: a write to a pipe nobody reads (EPIPE), or EIO from a terminal (a
+    hung-up one answers ``tcgetattr`` with EIO, a file with ENOTTY); EIO from a file is a disk's: None."""
     if isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE:
-        return True
+        return "broken pipe"
     if error.errno != errno.EIO or stream is None:
-        return False
+        return None
     try:
         termios.tcgetattr(stream.fileno())
     except termios.error as failed:
-        return failed.args[0] == errno.EIO
+        hung_up = failed.args[0] == errno.EIO
     except (AttributeError, OSError, ValueError):
-        return bool(getattr(stream, "isatty", lambda: False)())
-    return True
+        hung_up = bool(getattr(stream, "isatty", lambda: False)())
+    else:
+        hung_up = True
+    return "the terminal hung up" if hung_up else None
 
 
 class OutputError(click.ClickException):
@@ -52,14 +54,6 @@ class OutputError(click.ClickException):
         line = f"Error: {self.format_message()}"
         columns = terminal_columns(sys.stderr)  # a person's terminal: broken between words; a log: one line
         say(wrap(line, columns) if columns else line, err=True)
-
-
-def _failed(error: OSError, err: bool) -> bool:
-    """Silences the stream ``error`` came from; True for a stdout write error that is not a reader gone."""
-    stream = sys.stderr if err else sys.stdout
-    gone = reader_gone(error, stream)
-    silence(stream)
-    return not err and not gone
 
 
 def say(text: str, err: bool = False) -> None:
@@ -75,7 +69,10 @@ def reader_may_go(done: str | None = None, err: bool = False) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if _failed(error, err):
+        stream = sys.stderr if err else sys.stdout
+        gone = reader_gone(error, stream)
+        silence(stream)
+        if not err and gone is None:
             raise OutputError(error, done) from None
 
 
@@ -97,36 +94,24 @@ class Reporter:
         try:
             click.echo(text, nl=nl)
         except OSError as error:
-            self.gone = True
-            if _failed(error, err=False):
-                self.failure = error
-                why = f"cannot write to standard output ({error})"
-            else:
-                epipe = isinstance(error, BrokenPipeError) or error.errno == errno.EPIPE
-                why = f"the reader of this output went away ({'broken pipe' if epipe else 'the terminal hung up'})"
+            self.gone, gone = True, reader_gone(error, sys.stdout)
+            silence(sys.stdout)
+            self.failure = None if gone else error
+            why = f"the reader of this output went away ({gone})" if gone else \
+                f"cannot write to standard output ({error})"
             if self.goes_on:  # as wide as train's progress lines
-                say(wrap(f"note: {why}; {self.goes_on}", max(MIN_COLUMNS, output_width())), err=True)
+                say(wrap(f"note: {why}; {self.goes_on}", train_width()), err=True)
 
     def raise_failure(self, done: str | None = None) -> None:
         if self.failure is not None:
             raise OutputError(self.failure, done)
 
 
-def shown(error: click.ClickException) -> click.exceptions.Exit:
-    """Shows a command's error line (a stderr that cannot take it silenced); the Exit with its status to raise."""
-    try:
-        error.show()
-    except OSError:
-        silence(sys.stderr)
-    return click.exceptions.Exit(error.exit_code)
-
-
 def _unflushable(stream) -> bool:
-    try:
+    with contextlib.suppress(OSError):
         stream.flush()
-    except OSError:
-        return True
-    return False
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -180,24 +165,21 @@ def progress_seconds() -> float:
     return DEFAULT_PROGRESS_SECONDS
 
 
-def duration(seconds: float) -> str:
-    """``0:01:05``, like rich's elapsed and remaining columns."""
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+BAR_COLUMNS = (10, 40)  # a live bar's narrowest and widest
 
 
 class LiveProgress:
-    """One task's progress on stderr: rich's live display of :meth:`columns` on a terminal (from the first update
+    """One task's progress on stderr: on a terminal rich's live display of :meth:`live_line` (from the first update
     when ``lazy``); elsewhere :meth:`plain_line` at the first update, then every :func:`progress_seconds` when
     :meth:`line_key` changed (a minute when not), at the end unless ``transient``. Reads ``sys.stderr`` afresh."""
 
-    def __init__(self, enabled: bool, transient: bool, lazy: bool, **fields):
+    spinner: Any = None  # rich's Spinner, for a kind that draws one
+
+    def __init__(self, enabled: bool, transient: bool, lazy: bool):
         self.enabled, self.transient, self.lazy = enabled, transient, lazy
-        self.fields = fields
-        self.progress: Any = None  # rich's Progress, imported when drawn
-        self.task: Any = None
+        self.live: Any = None  # rich's Live, imported when drawn
         self.plain = False
-        self.state: dict = {"description": "starting", "completed": 0, "total": None, **fields}
+        self.state: dict = {"description": "starting", "completed": 0, "total": None}
         self.started_at = time.monotonic()
         self.last_line_at: float | None = None
         self.last_key = None
@@ -207,31 +189,32 @@ class LiveProgress:
     def width(self) -> int:
         return output_width(sys.stderr)
 
-    def columns(self) -> tuple:
-        raise NotImplementedError  # each kind of progress draws its own
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        raise NotImplementedError  # what a line says after its description, ranked for :func:`fit`
+
+    def glue(self, state: dict) -> str:
+        """What joins a plain line's description to its parts."""
+        return " "
 
     def start(self) -> None:
         from rich.console import Console
-        from rich.progress import Progress
+        from rich.live import Live
 
         stderr = Console(stderr=True, width=self.width)
         self.started_at, self.plain = time.monotonic(), not stderr.is_terminal
-        if self.plain:
-            return
-        self.progress = Progress(*self.columns(), console=stderr, transient=self.transient,
-                                 redirect_stdout=False, redirect_stderr=False)
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=None, **self.fields)
+        if not self.plain:  # rich asks self.__rich__ at every refresh
+            self.live = Live(self, console=stderr, transient=self.transient, refresh_per_second=10,
+                             redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
 
     def show(self, **update) -> None:
         if not self.enabled:
             return
         with self.lock:
-            if self.progress is None and not self.plain:
+            if self.live is None and not self.plain:
                 self.start()
             self.state.update(update)
             if not self.plain:
-                self.progress.update(self.task, **update)
                 return
             now = time.monotonic()
             since = now - self.last_line_at if self.last_line_at is not None else float("inf")  # the first: at once
@@ -244,19 +227,36 @@ class LiveProgress:
         return tuple(state.get(key) for key in ("description", "completed", "total", "final", "finished"))
 
     def plain_line(self, state: dict, elapsed: float) -> str:
-        done, total = state.get("completed") or 0, state.get("total")
-        count_text = f" {done:,}/{total:,} ({100 * done / total:.0f}%)" if total else ""
-        return fit([(f"{state['description']}{count_text}", 0), (duration(elapsed), 1)], self.width)
+        description = state.get("description") or ""
+        room = self.width - len(description) - 2
+        return description + self.glue(state) + fit(self.parts(state, elapsed, room), room)
+
+    def live_line(self):
+        """Description, an ASCII bar (80 columns in bytes too; no total: a block moving with the clock), :meth:`parts`;
+        three columns spare (a line that fills the last column may wrap; Ctrl-C echoes "^C" after it)."""
+        from rich.table import Table
+        from rich.text import Text
+
+        with self.lock:
+            state = dict(self.state)
+        description = state.get("description") or ""
+        width = self.width - 3 - (2 if self.spinner else 0)
+        room = width - len(description) - BAR_COLUMNS[0] - 2
+        rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
+        cells = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
+        done, total = state.get("completed") or 0, state.get("total") if state.get("final", True) else None
+        fraction = min(1.0, done / total) if total else None
+        style = "bar.pulse" if fraction is None else "bar.finished" if fraction == 1 else "bar.complete"
+        line = Table.grid(padding=(0, 1))
+        line.add_row(*([self.spinner] if self.spinner else []), Text(description, style="bold"),
+                     Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style), Text(rest))
+        return line
+
+    __rich__ = live_line
 
     def _write_line(self, now: float) -> None:
-        line = self.plain_line(self.state, now - self.started_at)
         self.last_line_at, self.last_key = now, self.line_key(self.state)
-        try:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-        except OSError:  # `2>&1 | head`, a full disk: the run goes on without progress lines
-            self.enabled = False
-            silence(sys.stderr)
+        say(self.plain_line(self.state, now - self.started_at), err=True)  # `2>&1 | head`, a full disk: silenced
 
     def __enter__(self):
         if self.enabled and not self.lazy:
@@ -264,12 +264,40 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
+        if self.live:
+            self.live.stop()
         elif not self.transient and self.last_line_at is not None:  # a plain line was written
             with self.lock:
                 if self.line_key(self.state) != self.last_key:
                     self._write_line(time.monotonic())
+
+
+ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
+
+
+class SpinnerProgress(LiveProgress):
+    """``validate``'s and ``demo-data``'s progress: a spinner, the stage, files done of total, records, elapsed.
+    ``all_done``: the stage's words once every file is done while work goes on (validate's near-duplicate search:
+    a minute on a large dataset, where a full bar would seem stuck)."""
+
+    def __init__(self, enabled: bool, all_done: str | None = None):
+        from rich.spinner import Spinner
+
+        super().__init__(enabled, transient=True, lazy=False)
+        self.all_done, self.spinner = all_done, Spinner("line")
+
+    def update(self, event: StageProgress):
+        if event.done is None:
+            return self.show(description=event.stage, completed=0, total=None, records="")
+        all_done = self.all_done and event.total and event.done >= event.total
+        self.show(description=self.all_done if all_done else event.stage, completed=event.done, total=event.total,
+                  records=f"{event.records:,} records" if event.records is not None else "")
+
+    def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
+        done, total = state.get("completed") or 0, state.get("total")
+        done_of = f"{done:,}/{total:,}" if total else ""
+        share = f" ({100 * done / total:.0f}%)" if total and len(done_of) + 7 <= width else ""  # a long stage: M/N
+        return [(done_of + share, 0), (state.get("records") or "", 2), (clock(elapsed, hours=True), 1)]
 
 
 TRAIN_PLAIN_SECONDS = 10.0  # a training epoch's plain progress lines (logs, pipes): at most this often
@@ -280,17 +308,15 @@ def train_width() -> int:
 
 
 class TrainDisplay:
-    """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line, to ``stream``
-    by default): messages wrapped to the width; within an epoch, on a terminal one line rewritten in place (one
-    column short of the width) at most every ``interval_tty`` s, elsewhere a plain line every ``interval`` s and a
-    last N/N line when the epoch showed any; then the validation's batches."""
+    """A training run's events drawn through ``report`` (:class:`Reporter`; ``write``: the live line): messages wrapped
+    to the width; within an epoch, on a terminal one line rewritten in place (a column short of the width) at most
+    every ``interval_tty`` s, elsewhere a line every 10 s and a last N/N one if any; then the validation's batches."""
 
-    def __init__(self, report=print, *, stream=None, write=None, interval: float | None = None,
-                 interval_tty: float = 0.5, width: int | None = None):
+    def __init__(self, report=print, *, stream=None, write=None, interval_tty: float = 0.5, width: int | None = None):
         self.report, self.stream = report, stream if stream is not None else sys.stdout
         self.write = write or (lambda text: (self.stream.write(text), self.stream.flush()))
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval = interval_tty if self.tty else (TRAIN_PLAIN_SECONDS if interval is None else interval)
+        self.interval = interval_tty if self.tty else TRAIN_PLAIN_SECONDS
         self.width = width or train_width()
         self.last_shown, self.shown, self.live, self.in_epoch = time.perf_counter(), False, False, False
 
@@ -364,46 +390,6 @@ class TrainDisplay:
             pass
 
 
-ACROSS_RECORDS = "every shard read; comparing records (near-duplicates)"
-
-
-class SpinnerProgress(LiveProgress):
-    """``validate``'s and ``demo-data``'s progress: a spinner, the stage, files done of total, records, elapsed.
-    ``all_done``: the stage's words once every file is done while work goes on (validate's near-duplicate search:
-    a minute on a large dataset, where a full bar would seem stuck)."""
-
-    def __init__(self, enabled: bool, all_done: str | None = None):
-        super().__init__(enabled, transient=True, lazy=False, records="")
-        self.all_done = all_done
-
-    def update(self, event: StageProgress):
-        if event.done is None:
-            self.show(description=event.stage, completed=0, total=None, records="")
-        else:
-            all_done = self.all_done and event.total and event.done >= event.total
-            self.show(description=self.all_done if all_done else event.stage, completed=event.done,
-                      total=event.total, records=f"{event.records:,} records" if event.records is not None else "")
-
-    def columns(self):
-        from rich.progress import MofNCompleteColumn, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        class AsciiBar(ProgressColumn):
-            def render(self, task):
-                return bar_text(task.completed / task.total if task.total else None, 20, task.finished)
-
-        return (SpinnerColumn("line"), TextColumn("[bold]{task.description}"), AsciiBar(), MofNCompleteColumn(),
-                TextColumn("{task.fields[records]}"), TimeElapsedColumn())
-
-
-def bar_text(fraction: float | None, cells: int, finished: bool):
-    """An ASCII bar (``text.bar``: 80 columns counted in bytes too) in rich's bar styles; with no ``fraction`` its
-    block moves with the clock, so the run looks alive."""
-    from rich.text import Text
-
-    style = "bar.pulse" if fraction is None else "bar.finished" if finished else "bar.complete"
-    return Text(bar(fraction, cells, int(time.monotonic() * 8)), style=style)
-
-
 def flow(items, width: int, indent: str = "  "):
     """One rich ``Text`` of ``items`` (``(separator, phrase)``; ``Text`` or plain strings, never markup) in lines of
     at most ``width`` cells, broken only between phrases (a phrase longer than a line: between its words), the
@@ -413,13 +399,8 @@ def flow(items, width: int, indent: str = "  "):
     phrases = []
     for separator, phrase in items:
         phrase = phrase if isinstance(phrase, Text) else Text(phrase)
-        if phrase.cell_len <= width - len(indent) or " " not in phrase.plain:
-            phrases.append((separator, phrase))
-            continue
-        start = 0
-        for index, word in enumerate(phrase.plain.split(" ")):
-            phrases.append(((separator if index == 0 else " "), phrase[start:start + len(word)]))
-            start += len(word) + 1
+        words = [phrase] if phrase.cell_len <= width - len(indent) else phrase.split(" ", allow_blank=True)
+        phrases += [(separator if index == 0 else " ", word) for index, word in enumerate(words)]
     lines, line = [], Text()
     for index, (separator, phrase) in enumerate(phrases):
         if line.plain:

@@ -294,3 +294,23 @@ def test_progress_says_what_it_waits_for_once_every_shard_is_read(monkeypatch, c
     reading, waiting = capsys.readouterr().err.splitlines()
     assert reading.startswith("reading 12 shards (1.2 MiB) 5/12")
     assert "every shard read; comparing records" in waiting and "near-duplicates" in waiting
+
+
+def test_shardprep_verbose_shows_beams_own_logs_for_every_command():
+    """``shardprep --verbose`` shows Beam's warnings, validate's too (validate set Beam's loggers on its own, quiet
+    whatever the flag); without it they are quiet. The CLI's main is the one place that sets them."""
+    import logging
+
+    from shardprep.cli import main
+
+    beam = logging.getLogger("apache_beam")
+    try:
+        beam.setLevel(logging.CRITICAL)  # an earlier command's
+        assert CliRunner().invoke(main, ["--verbose", "validate", "--help"]).exit_code == 0
+        assert beam.level == logging.WARNING
+        assert CliRunner().invoke(main, ["validate", "--help"]).exit_code == 0
+        assert beam.level == logging.CRITICAL
+    finally:
+        from shardprep.preprocess.checks import streams
+
+        streams.restore()

@@ -18,22 +18,17 @@ import threading
 import traceback
 
 
-def redirect(fd: int, target: int) -> None:
-    """Descriptor ``fd`` now writes (or reads) ``target``'s file: the package's one ``dup2``."""
-    os.dup2(target, fd)
-
-
 def point(fd: int, target: int) -> int:
-    """:func:`redirect`, returning a copy of what ``fd`` was (the caller redirects it back, then closes it)."""
+    """``fd`` now writes (or reads) ``target``'s file; returns a copy of what it was, to ``os.dup2`` back and close."""
     saved = os.dup(fd)
-    redirect(fd, target)
+    os.dup2(target, fd)
     return saved
 
 
 def to_null(fd: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     if null != fd:
-        redirect(fd, null)
+        os.dup2(null, fd)
         os.close(null)
 
 
@@ -80,9 +75,10 @@ def quiet_tensorflow() -> None:
 
 
 def quiet_library() -> None:
-    """:func:`quiet_tensorflow` on ``import shardprep.train``, unless TensorFlow is imported or the user set
-    ``TF_CPP_MIN_LOG_LEVEL``: then their logging is theirs."""
-    if not any(name in os.environ for name in ENVIRONMENT) and not any(m in sys.modules for m in QUIET_MODULES):
+    """:func:`quiet_tensorflow` on ``import shardprep.train``, unless TensorFlow is imported, the user set
+    ``TF_CPP_MIN_LOG_LEVEL`` (their logging is theirs) or the CLI's ``--verbose`` was given."""
+    if not (any(name in os.environ for name in ENVIRONMENT) or any(m in sys.modules for m in QUIET_MODULES)
+            or _verbose_requested()):
         quiet_tensorflow()
 
 
@@ -114,7 +110,7 @@ def native_filtered():
         try:
             yield
         finally:
-            redirect(2, saved)
+            os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
             rest = native_log_free(captured.read().decode("utf-8", "replace"))
@@ -138,9 +134,6 @@ class _QuietImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name not in QUIET_MODULES or name in sys.modules:
             return None
-        if _verbose_requested():
-            restore()
-            return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
             spec.loader = _FilteredLoader(spec.loader)
@@ -150,9 +143,6 @@ class _QuietImport(importlib.abc.MetaPathFinder):
 class _FilteredLoader(importlib.abc.Loader):
     def __init__(self, loader):
         self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
 
     def exec_module(self, module):
         for finder in _hooks():
@@ -247,7 +237,7 @@ def worker_stderr_held(enabled: bool):
         with stops_held():  # a Ctrl-C here would leave fd 2 on the pipe
             with contextlib.suppress(OSError, ValueError):
                 terminal.flush()
-            redirect(2, saved)  # first: fd 2 is the terminal again; the pipe closes once workers exit
+            os.dup2(saved, 2)  # first: fd 2 is the terminal again; the pipe closes once workers exit
             if sys.stderr is terminal:
                 sys.stderr = own_stderr
             if sys.getrefcount(terminal) <= 2:  # no one but this name (and getrefcount's argument) keeps it

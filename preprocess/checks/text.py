@@ -27,10 +27,8 @@ def terminal_columns(stream) -> int | None:
 def output_width(stream=None) -> int:
     stream = sys.stdout if stream is None else stream
     value = os.environ.get("COLUMNS", "").strip()
-    terminal, variable = terminal_columns(stream), int(value) if value.isdigit() and int(value) > 0 else None
-    if terminal is not None:
-        return min(terminal, variable) if variable else terminal
-    return variable or DEFAULT_COLUMNS
+    variable = int(value) if value.isdigit() and int(value) > 0 else None
+    return min(filter(None, (terminal_columns(stream), variable)), default=DEFAULT_COLUMNS)
 
 
 def count(n, noun: str, plural: str | None = None) -> str:
@@ -39,10 +37,10 @@ def count(n, noun: str, plural: str | None = None) -> str:
     return f"{shown} {noun if n == 1 else plural or noun + 's'}"
 
 
-def clock(seconds: float) -> str:
-    """``0:07``, ``12:03``, ``1:02:03`` (a training run's clock)."""
+def clock(seconds: float, hours: bool = False) -> str:
+    """``0:07``, ``12:03``, ``1:02:03`` (a training run's clock); ``hours``: ``0:00:07`` (preprocess's)."""
     seconds = int(round(seconds))
-    if seconds >= 3600:
+    if hours or seconds >= 3600:
         return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
     return f"{seconds // 60}:{seconds % 60:02d}"
 

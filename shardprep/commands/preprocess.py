@@ -10,7 +10,7 @@ import click
 
 from shardprep.commands import ArgsKept, check_beam_args
 from shardprep.commands.stops import stopped_lines, typed_command
-from shardprep.output import LiveProgress, Reporter, bar_text, console, count, duration, fit, reader_may_go, say
+from shardprep.output import LiveProgress, Reporter, clock, console, count, reader_may_go, say
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.preprocess.checks.events import RunCounts
@@ -198,7 +198,8 @@ ETA_AFTER_S = 5.0  # an ETA from the first seconds' rate (workers still starting
 class _ProgressDisplay(LiveProgress):
     """The workers' counts: images processed of listed, how many a stop would keep (finished decode groups),
     images/s and, after ETA_AFTER_S of decoding, the ETA; SOURCE named until the first counts. Sources decoded where
-    they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least"."""
+    they are read (``tfrecord:``, ``tfds:``) are listed while decoded: their total says "of at least". Plain lines:
+    ``images 120/303 (40%), 66 kept if stopped, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200 listed, ...``."""
 
     def __init__(self, enabled: bool, source: str = ""):
         super().__init__(enabled, transient=False, lazy=True)
@@ -224,66 +225,31 @@ class _ProgressDisplay(LiveProgress):
             self.show(description="images", completed=manifest["num_inputs"], total=manifest["num_inputs"],
                       final=True, finished=True)
 
+    def glue(self, state: dict) -> str:
+        return ", " if state.get("description") == "listing" and state.get("listed") else " "
+
     def parts(self, state: dict, elapsed: float, width: int) -> list[tuple[str, int]]:
-        """What a line says after its description, ranked for :func:`fit`."""
         done, total = state.get("completed") or 0, state.get("total")
-        rate, clock = state.get("per_second") or 0.0, (duration(elapsed), 2)
+        rate, elapsed_part = state.get("per_second") or 0.0, (clock(elapsed, hours=True), 2)
         if state.get("description") != "images":
             listed = state.get("listed") or 0
             if not listed:  # SOURCE's end when it is too long: a path's last folders say most
                 room = width - 10
                 end = self.source[len(self.source) - max(0, room - 1):]
                 source = self.source if len(self.source) <= room else "…" + end
-                return [(source + "…", 1), clock]
-            return [(f"{listed:,} listed", 0), clock]
+                return [(source + "…", 1), elapsed_part]
+            return [(f"{listed:,} listed", 0), elapsed_part]
         if not state.get("final"):
-            return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), clock]
+            return [(f"{done:,} of at least {total:,}", 0), (f"{rate:,.0f} img/s", 3), elapsed_part]
         parts = [(f"{done:,}/{total:,} ({100 * done / total:.0f}%)", 0)]
         if state.get("saved") is not None and done < total:  # what a Ctrl-C now would keep (finished decode groups)
             parts.append((f"{min(state['saved'], done):,} kept if stopped", 1))
         parts.append((f"{rate:,.0f} img/s", 3))
         if rate and done < total and state.get("decoding_seconds", 0) >= ETA_AFTER_S:
-            parts.append((f"ETA {duration((total - done) / rate)}", 1))
+            parts.append((f"ETA {clock((total - done) / rate, hours=True)}", 1))
         if done >= total and not state.get("finished"):  # the shards and the manifest, after the last image
             parts.append(("writing shards", 1))
-        return parts + [clock]
-
-    def plain_line(self, state: dict, elapsed: float) -> str:
-        """``images 120/303 (40%), 66 kept if stopped, 95 img/s, ETA 0:00:02, 0:00:03``, ``listing, 1,200
-        listed, 0:00:01`` or ``listing SOURCE…, 0:00:00``; as wide as stderr at most."""
-        description = state.get("description") or "listing"
-        room = self.width - len(description) - 2
-        rest = fit(self.parts(state, elapsed, room), room)
-        joined = description == "listing" and bool(state.get("listed"))
-        return f"{description}, {rest}" if joined else f"{description} {rest}"
-
-    def columns(self):
-        from rich.progress import RenderableColumn
-
-        return (RenderableColumn(self),)  # rich asks its __rich__ (live_line) at every refresh
-
-    def live_line(self):
-        """Description, bar, :meth:`parts`, three columns spare (a line that fills the last column may wrap; Ctrl-C
-        echoes "^C" after it)."""
-        from rich.table import Table
-        from rich.text import Text
-
-        state = dict(self.state)
-        description = state.get("description") or "listing"
-        width = self.width - 3
-        room = width - len(description) - BAR_COLUMNS[0] - 2
-        rest = fit(self.parts(state, time.monotonic() - self.started_at, room), room)
-        cells = max(BAR_COLUMNS[0], min(BAR_COLUMNS[1], width - len(description) - len(rest) - 2))
-        done, total = state.get("completed") or 0, state.get("total") if state.get("final") else None
-        fraction = min(1.0, done / total) if total else None
-        line = Table.grid(padding=(0, 1))
-        line.add_row(Text(description, style="bold"), bar_text(fraction, cells, fraction == 1), Text(rest))
-        return line
-
-    __rich__ = live_line
-
-
-BAR_COLUMNS = (10, 40)  # the live bar's narrowest and widest
+        return parts + [elapsed_part]
 
 
 def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) -> None:

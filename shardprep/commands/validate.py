@@ -121,10 +121,8 @@ def command(ctx, quiet, beam_args, **flags):
         refuse_what_is_no_dataset(options.data)  # nothing else to check first: refused now, before Beam is imported
     from shardprep.pipelines.runtime import runner
     from shardprep.pipelines.validate_job import driver as job
-    from shardprep.preprocess.checks import streams
 
     check_beam_args(ctx, beam_args, "validate takes DATA")
-    streams.quiet_beam()
     outputs = job.WrittenOutputs()
     with stops.outputs_told(ctx, options, outputs):  # a stop says which files are this run's
         try:
