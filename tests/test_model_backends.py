@@ -1,11 +1,14 @@
 """The inference model.keras: Keras's own layers only, so plain ``keras.models.load_model`` reads it on any backend
-in a process that never imported shardprep, and predicts what the trained model predicts."""
+in a process that never imported shardprep, and predicts what the trained model predicts. The module's one JAX
+process also runs test_train_augment.py's and test_keras_steps.py's checks on JAX (one JAX start for all)."""
 
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -53,6 +56,91 @@ BUILD_AND_SAVE = textwrap.dedent("""
     print(json.dumps({"backend": keras.backend.backend(), "tensorflow": tensorflow,
                       "tensorflow_before_build": tensorflow_before_build}))
 """)
+
+
+# Moved here from test_train_augment.py and test_keras_steps.py to share this module's JAX process, between the plain
+# load (no shardprep yet) and shardprep's build (no TensorFlow yet), which this does not import either. On JAX,
+# under jax.jit: test_train_augment.py's checks of windows, flips, centre crop and seeds; the layer through
+# stateless_call (how Keras's JAX trainer runs it), its seed state carried from step to step.
+AUGMENT_UNDER_JAX_JIT = textwrap.dedent("""
+    import json
+    import sys
+    import jax
+    import keras
+    import numpy as np
+    from shardprep.train.model import augment
+
+    rows, columns = np.meshgrid(np.arange(20), np.arange(24), indexing="ij")
+    images = np.stack([np.stack([columns, rows, np.full_like(rows, b)], -1) for b in range(32)]).astype(np.uint8)
+    crop = jax.jit(lambda x, seed: augment.random_crop_flip(x, 16, seed))
+    cropped = np.asarray(crop(images, jax.numpy.array([3, 4], "uint32")))
+    windows = []
+    for index, c in enumerate(cropped):
+        top, left = int(c[0, 0, 1]), int(c[..., 0].min())
+        window = images[index, top:top + 16, left:left + 16]
+        windows.append(bool((c == window).all() or (c == window[:, ::-1]).all()))
+    flips = int(sum(c[0, 0, 0] > c[0, -1, 0] for c in cropped))
+    again = np.asarray(crop(images, jax.numpy.array([3, 4], "uint32")))
+    other = np.asarray(crop(images, jax.numpy.array([5, 6], "uint32")))
+    centre = np.asarray(jax.jit(lambda x: augment.center_crop(x, 16))(images))
+    rrc = np.asarray(jax.jit(lambda x: augment.random_resized_crop_flip(x, 16, 9))(images))
+    layer = augment.CropFlipNormalize(16, [0, 0, 0], [1, 1, 1], augment="rrc", seed=1)
+    layer.build((None, None, None, 3))
+    step = jax.jit(lambda state, x: layer.stateless_call([], state, x, training=True))
+    state = [v.value for v in layer.non_trainable_variables]
+    first, state = step(state, images)
+    second, _ = step(state, images)
+    print(json.dumps({
+        "tensorflow": "tensorflow" in sys.modules, "backend": keras.backend.backend(),
+        "windows": all(windows), "flips": flips, "dtype": str(cropped.dtype), "repeat": bool((cropped == again).all()),
+        "other_seed_differs": bool((cropped != other).any()),
+        "centre": bool((centre == images[:, 2:18, 4:20]).all()), "rrc_shape": list(rrc.shape),
+        "rrc_labels_kept": bool(np.allclose(rrc[..., 2], np.arange(32)[:, None, None], atol=1e-3)),
+        "layer_steps_differ": bool((np.asarray(first) != np.asarray(second)).any()),
+    }))
+""")
+
+
+
+# Last (after the save imported TensorFlow): a validation pass whose last batch is short. Counts how often Keras
+# traces (so XLA compiles) the evaluation step, and compares the metrics with those of the same batches evaluated
+# unpadded, one test_on_batch each, summed by examples as KerasSteps sums them.
+SHORT_LAST_BATCH_ON_JAX = textwrap.dedent("""
+    import json
+    import keras
+    import numpy as np
+    from shardprep.train.run.config import TrainConfig
+    from shardprep.train.run.steps_keras import KerasSteps
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(),
+                                 keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.normal(size=(11, 6, 6, 3)).astype("float32"), rng.integers(0, 3, 11).astype("int32")
+    batches = [(images[i:i + 4], labels[i:i + 4]) for i in range(0, 11, 4)]  # 4, 4, 3
+
+    steps = KerasSteps(TrainConfig(data_dir="unused", batch_size=4, precision="float32"), None, "jax")
+    steps.compile(model(), keras.optimizers.SGD(), num_classes=3)
+    traced_shapes = []
+    test_step = steps.model.test_step
+    def counted_test_step(*args):
+        traced_shapes.append(str(args[-1][0].shape))
+        return test_step(*args)
+    steps.model.test_step = counted_test_step
+    for batch in batches:
+        steps.eval_step(batch)
+
+    unpadded = KerasSteps(TrainConfig(data_dir="unused", batch_size=4, precision="float32"), None, "jax")
+    unpadded.compile(model(), keras.optimizers.SGD(), num_classes=3)
+    for batch_images, batch_labels in batches:
+        logs = unpadded.model.test_on_batch(batch_images, batch_labels, return_dict=True)
+        unpadded._val.add({"val_loss": logs["data_loss"], "val_accuracy": logs["accuracy"]}, len(batch_labels))
+    print(json.dumps({"traced_shapes": traced_shapes, "results": steps.val_results(),
+                      "unpadded": unpadded.val_results(), "examples": steps._val.examples}))
+""")
+
 
 
 @pytest.fixture(scope="module")
@@ -141,26 +229,67 @@ def test_plain_keras_loads_the_saved_model_on_tensorflow_without_shardprep(train
     _assert_same_predictions(np.load(tmp_path / "logits.npy"), expected)
 
 
-def test_on_jax_plain_keras_loads_the_saved_model_and_a_model_saved_there_loads_here(trained_like, tmp_path):
-    """One JAX process: plain Keras loads the model saved here (without shardprep); then shardprep's model is built
-    and saved there without TensorFlow, and loads here with the same predictions."""
-    path, images_path, expected = _saved(trained_like, tmp_path)
-    jax_path, jax_images_path, jax_logits_path = tmp_path / "jax.keras", tmp_path / "jax.npy", tmp_path / "jax-out.npy"
+class JaxRun(NamedTuple):
+    """The module's JAX process: its folder, the logits expected of the model saved here, and what each part
+    printed."""
+    folder: Path
+    expected: np.ndarray
+    jax_images: np.ndarray
+    loaded: dict
+    augment: dict
+    saved: dict
+    short_last_batch: dict
+
+
+@pytest.fixture(scope="module")
+def jax_run(trained_like, tmp_path_factory) -> JaxRun:
+    """One JAX process (one JAX start for every check on JAX of this module): LOAD_AND_PREDICT of the model saved
+    here, AUGMENT_UNDER_JAX_JIT, BUILD_AND_SAVE, SHORT_LAST_BATCH_ON_JAX, in that order."""
+    folder = tmp_path_factory.mktemp("jax")
+    path, images_path, expected = _saved(trained_like, folder)
+    jax_path, jax_images_path, jax_logits_path = folder / "jax.keras", folder / "jax.npy", folder / "jax-out.npy"
     jax_images = _images(8, 20, 27)
     np.save(jax_images_path, jax_images)
-    done = _run(LOAD_AND_PREDICT + BUILD_AND_SAVE, "jax", path, images_path, tmp_path / "logits.npy", jax_path,
-                jax_images_path, jax_logits_path, cwd=tmp_path, results=2)
-    loaded, saved = done
-    assert loaded == {"backend": "jax", "shardprep": False, "layers": ["keras"]}
-    _assert_same_predictions(np.load(tmp_path / "logits.npy"), expected)
+    done = _run(LOAD_AND_PREDICT + AUGMENT_UNDER_JAX_JIT + BUILD_AND_SAVE + SHORT_LAST_BATCH_ON_JAX, "jax", path,
+                images_path, folder / "logits.npy", jax_path, jax_images_path, jax_logits_path, cwd=folder, results=4)
+    return JaxRun(folder, expected, jax_images, *done)
+
+
+def test_on_jax_plain_keras_loads_the_saved_model_and_a_model_saved_there_loads_here(jax_run):
+    """Plain Keras loads the model saved here (without shardprep); then shardprep's model is built and saved there
+    without TensorFlow, and loads here with the same predictions."""
+    assert jax_run.loaded == {"backend": "jax", "shardprep": False, "layers": ["keras"]}
+    _assert_same_predictions(np.load(jax_run.folder / "logits.npy"), jax_run.expected)
 
     # shardprep's model runs without TensorFlow (its import came with neither the plain load nor shardprep's)
-    assert saved == {"backend": "jax", "tensorflow": False, "tensorflow_before_build": False}
+    assert jax_run.saved == {"backend": "jax", "tensorflow": False, "tensorflow_before_build": False}
     assert keras.backend.backend() == "tensorflow"
-    jax_expected = np.load(jax_logits_path)
-    _assert_same_predictions(keras.ops.convert_to_numpy(keras.models.load_model(str(jax_path))(jax_images)),
-                             jax_expected)
+    jax_expected = np.load(jax_run.folder / "jax-out.npy")
+    _assert_same_predictions(keras.ops.convert_to_numpy(keras.models.load_model(str(jax_run.folder / "jax.keras"))(
+        jax_run.jax_images)), jax_expected)
     assert len(set(jax_expected.argmax(axis=1))) > 1
+
+
+def test_augmentation_compiles_under_jax_jit_without_tensorflow(jax_run):
+    """(From test_train_augment.py.) The same crops, flips and seeds under jax.jit, TensorFlow never imported."""
+    result = dict(jax_run.augment)
+    assert result.pop("flips") in range(6, 27)
+    assert result == {"tensorflow": False, "backend": "jax", "windows": True, "dtype": "uint8", "repeat": True,
+                      "other_seed_differs": True, "centre": True, "rrc_shape": [32, 16, 16, 3],
+                      "rrc_labels_kept": True, "layer_steps_differ": True}
+
+
+def test_a_short_last_validation_batch_on_jax_compiles_no_second_evaluation_step(jax_run):
+    """(From test_keras_steps.py.) Padded up to the batch size with copies that weigh nothing, the short last batch
+    reuses the compiled evaluation step (XLA compiles once per input shape and structure), and val_loss and
+    val_accuracy stay those of the real images."""
+    seen = jax_run.short_last_batch
+    assert seen["traced_shapes"] == ["(4, 6, 6, 3)"]
+    assert seen["examples"] == 11
+    # Every batch of a compiled step carries weights, and XLA sums a weighted mean in another order: the same
+    # float32 figure to its last bit or so.
+    assert seen["results"]["val_accuracy"] == seen["unpadded"]["val_accuracy"]
+    assert seen["results"] == pytest.approx(seen["unpadded"], rel=1e-6)
 
 
 def test_predict_images_and_shardprep_predict_take_the_inference_model(colour_dataset, tmp_path):

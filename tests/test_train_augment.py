@@ -1,12 +1,7 @@
 """On-device augmentation: crops stay inside the image, keep each image with its label, and repeat with the seed;
 the same code compiles under XLA on TensorFlow and under jax.jit on JAX, without importing TensorFlow there."""
 
-import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -178,57 +173,7 @@ def test_the_same_seed_gives_the_same_augmentation():
         assert not np.array_equal(runs[0][0], runs[0][1])
 
 
-# On JAX, under jax.jit: the same checks of windows, flips, centre crop and seeds; the layer through stateless_call
-# (how Keras's JAX trainer runs it), its seed state carried from step to step.
-JAX_CHECKS = textwrap.dedent("""
-    import json
-    import sys
-    import jax
-    import keras
-    import numpy as np
-    from shardprep.train.model import augment
-
-    rows, columns = np.meshgrid(np.arange(20), np.arange(24), indexing="ij")
-    images = np.stack([np.stack([columns, rows, np.full_like(rows, b)], -1) for b in range(32)]).astype(np.uint8)
-    crop = jax.jit(lambda x, seed: augment.random_crop_flip(x, 16, seed))
-    cropped = np.asarray(crop(images, jax.numpy.array([3, 4], "uint32")))
-    windows = []
-    for index, c in enumerate(cropped):
-        top, left = int(c[0, 0, 1]), int(c[..., 0].min())
-        window = images[index, top:top + 16, left:left + 16]
-        windows.append(bool((c == window).all() or (c == window[:, ::-1]).all()))
-    flips = int(sum(c[0, 0, 0] > c[0, -1, 0] for c in cropped))
-    again = np.asarray(crop(images, jax.numpy.array([3, 4], "uint32")))
-    other = np.asarray(crop(images, jax.numpy.array([5, 6], "uint32")))
-    centre = np.asarray(jax.jit(lambda x: augment.center_crop(x, 16))(images))
-    rrc = np.asarray(jax.jit(lambda x: augment.random_resized_crop_flip(x, 16, 9))(images))
-    layer = augment.CropFlipNormalize(16, [0, 0, 0], [1, 1, 1], augment="rrc", seed=1)
-    layer.build((None, None, None, 3))
-    step = jax.jit(lambda state, x: layer.stateless_call([], state, x, training=True))
-    state = [v.value for v in layer.non_trainable_variables]
-    first, state = step(state, images)
-    second, _ = step(state, images)
-    print(json.dumps({
-        "tensorflow": "tensorflow" in sys.modules, "backend": keras.backend.backend(),
-        "windows": all(windows), "flips": flips, "dtype": str(cropped.dtype), "repeat": bool((cropped == again).all()),
-        "other_seed_differs": bool((cropped != other).any()),
-        "centre": bool((centre == images[:, 2:18, 4:20]).all()), "rrc_shape": list(rrc.shape),
-        "rrc_labels_kept": bool(np.allclose(rrc[..., 2], np.arange(32)[:, None, None], atol=1e-3)),
-        "layer_steps_differ": bool((np.asarray(first) != np.asarray(second)).any()),
-    }))
-""")
-
-
-def test_augmentation_compiles_under_jax_jit_without_tensorflow(tmp_path):
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
-    done = subprocess.run([sys.executable, "-c", JAX_CHECKS], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result.pop("flips") in range(6, 27)
-    assert result == {"tensorflow": False, "backend": "jax", "windows": True, "dtype": "uint8", "repeat": True,
-                      "other_seed_differs": True, "centre": True, "rrc_shape": [32, 16, 16, 3],
-                      "rrc_labels_kept": True, "layer_steps_differ": True}
+# On JAX, under jax.jit, the same checks: test_model_backends.py, in its one JAX process.
 
 
 def test_layer_survives_a_keras_save_and_load(tmp_path):
