@@ -1,7 +1,7 @@
 """Training on every Keras backend: the choice of backend, its errors, and a learnable dataset learned on JAX.
 
 pytest's own process has Keras on TensorFlow (Keras fixes its backend at import), so runs on JAX go through a
-subprocess with their own environment.
+subprocess with their own environment: this module's run in test_train_resume.py's JAX process (jax_cli_runs).
 """
 
 import json
@@ -119,32 +119,38 @@ def flipped_dataset(tmp_path_factory):
     return write_flipped_dataset(tmp_path_factory.mktemp("flipped"))
 
 
-@pytest.fixture(scope="module")
-def jax_runs(train_and_val_dataset, flipped_dataset, tmp_path_factory) -> dict:
-    """The module's runs on JAX, in one child process: {"verify": --verify-records over the flipped record (it
-    stops the run), "learn": the learning run of test_a_second_backend_learns_two_classes_with_every_history_key}
-    (each: its Run and --output-dir)."""
-    root = tmp_path_factory.mktemp("jax-runs")
+def jax_cli_runs(train_and_val_dataset: str, flipped_dataset, root) -> dict[str, tuple[list[str], object]]:
+    """The runs on JAX (arguments after ``shardprep``, and --output-dir), by name: "verify": --verify-records over
+    the flipped record (it stops the run), "learn": the learning run of
+    test_a_second_backend_learns_two_classes_with_every_history_key. test_train_resume.py runs them first in its JAX
+    process, with KERAS_BACKEND unset (one JAX start for both modules)."""
     outputs = {"verify": root / "verify", "learn": root / "learn"}
-    verify = ["train", str(flipped_dataset[0]), "--output-dir", outputs["verify"], "--backend", "jax",
+    verify = ["train", str(flipped_dataset[0]), "--output-dir", str(outputs["verify"]), "--backend", "jax",
               "--verify-records", "--seed", "1", "--epochs", "1", "--batch-size", "8", "--image-size", "16",
               "--width-multiplier", "0.125", "--no-tensorboard"]
-    runs = run_in_one_process([verify, learning_run("jax", train_and_val_dataset, outputs["learn"])])
-    return {name: (run, outputs[name]) for name, run in zip(outputs, runs)}
+    return {"verify": (verify, outputs["verify"]),
+            "learn": (learning_run("jax", train_and_val_dataset, outputs["learn"]), outputs["learn"])}
 
 
-# JAX is in the test extra; PyTorch (large) is not, so its run is checked where it is installed.
-@pytest.mark.parametrize("backend, device", [("jax", "JAX on one CPU device, float32, XLA"),
-                                             ("torch", "PyTorch on CPU, float32")])
-def test_a_second_backend_learns_two_classes_with_every_history_key(request, train_and_val_dataset, tmp_path,
-                                                                    backend, device):
+def runs_printed(stdout_lines: list[str]) -> list[Run]:
+    """The Runs RUNS printed (its lines of ``stdout_lines``), none of which crashed."""
+    found = [json.loads(line) for line in stdout_lines]
+    assert [run["crashed"] for run in found] == [None] * len(found), found
+    return [Run(run["exit_code"], run["stdout"], run["stderr"]) for run in found]
+
+
+# PyTorch (large) is not in the test extra, so its run is checked where it is installed; JAX's, which is, runs in
+# test_train_resume.py's JAX process (test_a_second_backend_learns_two_classes_with_every_history_key_on_jax).
+@pytest.mark.parametrize("backend, device", [("torch", "PyTorch on CPU, float32")])
+def test_a_second_backend_learns_two_classes_with_every_history_key(train_and_val_dataset, tmp_path, backend, device):
     """Also: a dataset whose held-out split is ``val`` trains and validates with no split flag."""
-    if backend == "torch":
-        pytest.importorskip("torch")
-        output = tmp_path / "run"
-        [done] = run_in_one_process([learning_run(backend, train_and_val_dataset, output)])
-    else:
-        done, output = request.getfixturevalue("jax_runs")["learn"]
+    pytest.importorskip("torch")
+    output = tmp_path / "run"
+    [done] = run_in_one_process([learning_run(backend, train_and_val_dataset, output)])
+    assert_learned(done, output, backend, device)
+
+
+def assert_learned(done: Run, output, backend: str, device: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"with Keras on {backend}, {device}" in " ".join(done.stdout.split())  # wrapped at 80 columns
     lines = done.stdout.splitlines()
@@ -164,11 +170,8 @@ def test_a_second_backend_learns_two_classes_with_every_history_key(request, tra
         assert (output / name).exists(), name
 
 
-def test_verify_records_is_honoured_on_jax(jax_runs, flipped_dataset):
-    """(From test_train_options.py, whose docstring says why: --verify-records is honoured on every backend; here to
-    share this module's JAX process.) A record whose bytes changed stops the run with one Error line naming the
-    shard and the record."""
-    (done, _), (_, shard) = jax_runs["verify"], flipped_dataset
+def assert_verify_records_stopped_the_run(done: Run, shard) -> None:
+    """A record whose bytes changed stops the run with one Error line naming the shard and the record."""
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, done.stderr[-3000:]

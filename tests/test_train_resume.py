@@ -24,6 +24,8 @@ from click.testing import CliRunner
 
 from shardprep.cli import main
 from shardprep.train.run import loop
+from test_train_backends import (RUNS, assert_learned, assert_verify_records_stopped_the_run,  # noqa: F401 - and
+                                 flipped_dataset, jax_cli_runs, runs_printed, train_and_val_dataset)  # two fixtures
 from train_helpers import write_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,15 +99,24 @@ def _stop(started: Started) -> None:
 
 
 @pytest.fixture(scope="module")
-def background(id_dataset, tmp_path_factory):
-    """The child process, started before the uninterrupted run so that it overlaps it: the JAX run that crashes and
-    resumes."""
+def background(id_dataset, train_and_val_dataset, flipped_dataset, tmp_path_factory):
+    """The child process, started before the uninterrupted run so that it overlaps it: test_train_backends.py's JAX
+    runs, then the JAX run that crashes and resumes."""
     jax_folder = tmp_path_factory.mktemp("jax")
-    jax = _start_jax_run(id_dataset, jax_folder / "run", jax_folder)
+    cli_runs = jax_cli_runs(train_and_val_dataset, flipped_dataset, jax_folder)
+    jax = _start_jax_run(id_dataset, jax_folder / "run", jax_folder, [args for args, _ in cli_runs.values()])
     try:
-        yield {"jax": jax, "jax_output": jax_folder / "run"}
+        yield {"jax": jax, "jax_output": jax_folder / "run", "cli_runs": cli_runs}
     finally:
         _stop(jax)
+
+
+def jax_cli_run(background, name: str):
+    """(Run, --output-dir) of test_train_backends.py's JAX run ``name``, once the child process has ended."""
+    jax, cli_runs = background["jax"], background["cli_runs"]
+    assert jax.process.wait(timeout=600) == 0, jax.output("stderr")[-3000:]
+    printed = runs_printed(jax.output().strip().splitlines()[-len(cli_runs) - 1:-1])
+    return printed[list(cli_runs).index(name)], cli_runs[name][1]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +177,7 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
     from shardprep.train.model import keras_model
     keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
 
-    crash_at, args = int(sys.argv[1]), sys.argv[2:]
+    crash_at, args = int(sys.argv[2]), sys.argv[3:]
     train, seen = loop.train, {}
 
     def observe(step, batch):
@@ -186,11 +197,14 @@ JAX_CRASH_AND_RESUME = textwrap.dedent("""
 """)
 
 
-def _start_jax_run(data, output, folder: Path) -> Started:
-    """JAX_CRASH_AND_RESUME in a subprocess; its report is the last line of its stdout."""
-    # The script imports the loop (and so Keras) before the CLI runs: the backend comes from the environment.
-    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"}
-    return _popen([JAX_CRASH_AND_RESUME, BLOCK_AT, *_args(data, output, "--backend", "jax")], env, folder)
+def _start_jax_run(data, output, folder: Path, cli_runs: list[list[str]]) -> Started:
+    """In a subprocess: test_train_backends.py's runs on JAX (``cli_runs``: RUNS, with KERAS_BACKEND unset, so
+    --backend chooses JAX before Keras is imported), then JAX_CRASH_AND_RESUME, whose report is the last line of
+    its stdout (one JAX start for both modules)."""
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    return _popen([RUNS + JAX_CRASH_AND_RESUME, json.dumps(cli_runs), BLOCK_AT,
+                   *_args(data, output, "--backend", "jax")], env, folder)
 
 
 def test_jax_resumes_mid_epoch_on_the_same_batches(uninterrupted, background):
@@ -276,3 +290,19 @@ def test_an_interrupted_checkpoint_resumes_from_the_entry_whose_model_is_on_disk
     checkpoints.write_json(paths["state"], {**entry, "previous": None})
     with pytest.raises(ValueError, match="do not belong together"):
         resumed_step()
+
+
+# --- test_train_backends.py's runs on JAX, in this module's JAX process --------------------------------------------
+
+def test_a_second_backend_learns_two_classes_with_every_history_key_on_jax(background):
+    """(From test_train_backends.py, as its [jax] case.) Also: a dataset whose held-out split is ``val`` trains and
+    validates with no split flag."""
+    done, output = jax_cli_run(background, "learn")
+    assert_learned(done, output, "jax", "JAX on one CPU device, float32, XLA")
+
+
+def test_verify_records_is_honoured_on_jax(background, flipped_dataset):
+    """(From test_train_options.py by way of test_train_backends.py, whose docstrings say why: --verify-records is
+    honoured on every backend; here to share this module's JAX process.)"""
+    done, _ = jax_cli_run(background, "verify")
+    assert_verify_records_stopped_the_run(done, flipped_dataset[1])
