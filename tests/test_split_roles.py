@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -134,17 +135,68 @@ def _session(script, **env_extra):
                           timeout=300)
 
 
-def test_reading_a_dataset_prints_nothing_from_tensorflow_but_the_one_split_note(val_dataset):
-    done = _session(f"""
-        from shardprep.train import make_dataset
-        for _ in range(2):
-            ds = make_dataset({val_dataset!r}, "validation", 4, training=False)
-            images, labels = next(iter(ds))
-        print(images.shape)
-    """)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == "(4, 8, 8, 3)\n"
-    assert done.stderr == NOTE.format(data=val_dataset) + "\n"
+# A user's script, run as ``python script.py`` from its folder, which holds the user's own train.py and
+# preprocess.py (imported first): it reads a dataset with ``shardprep.train`` (the first import of shardprep and
+# TensorFlow in the process), marks the end of that on stdout and stderr, then reads another dataset with the reader.
+# Moved here from test_one_installed_name.py, one interpreter (one TensorFlow import) for both checks.
+USER_SCRIPT = """
+import sys
+import preprocess
+import train
+from shardprep.train import make_dataset
+
+for _ in range(2):
+    ds = make_dataset({val_dataset!r}, "validation", 4, training=False)
+    images, labels = next(iter(ds))
+print(images.shape)
+print(MARK, flush=True)
+print(MARK, file=sys.stderr, flush=True)
+
+from shardprep.train.data.reader import make_dataset as read
+
+assert train.WHOSE == preprocess.WHOSE == "the user"
+batches = list(read({user_data!r}, "train", 4, training=False))
+print("BATCHES", [int(labels.shape[0]) for _, labels in batches])
+"""
+MARK = "--- the plain session's read is done ---"
+
+
+class UserRun(NamedTuple):
+    """USER_SCRIPT's run: its exit status, and its stdout and stderr before and after MARK."""
+    returncode: int
+    stdout: list[str]
+    stderr: list[str]
+
+
+@pytest.fixture(scope="module")
+def user_script(val_dataset, tmp_path_factory) -> UserRun:
+    """USER_SCRIPT run in a user's environment (none of the test suite's TensorFlow quieting, no PYTHONPATH: only
+    what the installed distribution provides)."""
+    root = tmp_path_factory.mktemp("user-script")
+    write_dataset(root / "data", {"train": random_images(6, 8, 8, seed=4)}, classes=["a", "b"])
+    user = root / "user"
+    user.mkdir()
+    (user / "train.py").write_text("WHOSE = 'the user'\n")
+    (user / "preprocess.py").write_text("WHOSE = 'the user'\n")
+    (user / "script.py").write_text(f"MARK = {MARK!r}\n" + USER_SCRIPT.format(val_dataset=val_dataset,
+                                                                             user_data=str(root / "data")))
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "script.py"], cwd=user, env=env, capture_output=True, text=True,
+                          timeout=300)
+    return UserRun(done.returncode, done.stdout.split(MARK + "\n"), done.stderr.split(MARK + "\n"))
+
+
+def test_reading_a_dataset_prints_nothing_from_tensorflow_but_the_one_split_note(val_dataset, user_script):
+    assert user_script.returncode == 0, user_script.stderr[-1][-3000:]
+    assert user_script.stdout[0] == "(4, 8, 8, 3)\n"
+    assert user_script.stderr[0] == NOTE.format(data=val_dataset) + "\n"
+
+
+def test_a_user_script_beside_its_own_train_and_preprocess_reads_batches(user_script):
+    """(From test_one_installed_name.py.) shardprep's layers are shardprep.train and shardprep.preprocess: a user's
+    own train.py and preprocess.py beside the script are theirs, and shardprep's reader still reads."""
+    assert user_script.returncode == 0, user_script.stderr[-1][-3000:]
+    assert len(user_script.stdout) == 2 and "BATCHES [4, 2]" in user_script.stdout[1]
 
 
 def test_a_user_s_own_tensorflow_log_level_is_left_alone(val_dataset):
