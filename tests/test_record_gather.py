@@ -101,27 +101,35 @@ def test_a_layout_that_does_not_fit_the_images_is_refused(tmp_path):
                                 random_access=random_access)
 
 
-def test_a_process_exits_while_its_iterator_is_reading_and_registers_the_hook_when_a_dataset_needs_it(tmp_path):
+# What a process prints as it registers the exit hook (tensorflow_child.py's script, and this module's): a streamed
+# read of local shards runs Python on tf.data's threads too (each shard's identity is checked as it is opened), so it
+# registers the hook as well; importing does not, and it is registered once.
+HOOK_LINES = ["IMPORTED []", "STREAMED ['shardprep.train.data.record_gather._settle']",
+              "GATHERED ['shardprep.train.data.record_gather._settle']", "read"]
+
+
+def test_a_process_exits_while_its_iterator_is_reading_and_registers_the_hook_when_a_dataset_needs_it(
+        tensorflow_child, tmp_path):
     """In a real process, twice: the exit hook is registered by the first dataset that runs Python on tf.data's
     threads, not on import, and once; then the process exits while its iterator is reading. Without the hook such
     a process hangs at exit in some runs (tf.data threads call into an interpreter that is shutting down), more
-    often the bigger the batches."""
+    often the bigger the batches. The first process is the session's TensorFlow child (tensorflow_child.py: its
+    other readers read too at its exit), the second this one, the gathering reader alone."""
+    assert tensorflow_child.returncode == 0, tensorflow_child.stderr[-2000:]
+    assert tensorflow_child.stdout_lines[1:] == HOOK_LINES
+    from tensorflow_child import RECORD_HOOKS
+
     items = random_images(64, 256, 256, seed=13, labels=(0, 1))
     write_dataset(tmp_path, {"train": items}, classes=["a", "b"], num_shards=4)
-    script = textwrap.dedent(f"""
-        import atexit
-        hooks = []
-        register = atexit.register
-        atexit.register = lambda function, *args, **kwargs: (
-            hooks.append(f"{{function.__module__}}.{{function.__qualname__}}") or register(function, *args, **kwargs))
+    script = RECORD_HOOKS + textwrap.dedent(f"""
         from shardprep.train.data import record_gather
-        print("IMPORTED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
+        print("IMPORTED", ours())
         from shardprep.train.data import reader
         reader.make_dataset({str(tmp_path)!r}, "train", 4, training=False, random_access=False)
-        print("STREAMED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
+        print("STREAMED", ours())
         for _ in range(2):
             dataset = reader.make_dataset({str(tmp_path)!r}, "train", 64, training=True, seed=0, random_access=True)
-        print("GATHERED", [hook for hook in hooks if hook.startswith("shardprep.train.")])
+        print("GATHERED", ours())
         iterator = iter(dataset)
         for _ in range(30):
             next(iterator)
@@ -129,10 +137,6 @@ def test_a_process_exits_while_its_iterator_is_reading_and_registers_the_hook_wh
     """)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3")
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        # A streamed read of local shards runs Python on tf.data's threads too (each shard's identity is checked as
-        # it is opened), so it registers the hook as well; importing does not, and it is registered once.
-        assert done.stdout.split("\n")[:4] == ["IMPORTED []", "STREAMED ['shardprep.train.data.record_gather._settle']",
-                                                "GATHERED ['shardprep.train.data.record_gather._settle']", "read"]
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:4] == HOOK_LINES
