@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 
 import apache_beam as beam
 import image_factory
@@ -278,31 +277,8 @@ def test_a_run_in_a_terminal_at_80_columns(tmp_path):
 
 # --- gs:// ------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.timeout(300)
-def test_a_gs_glob_is_read_through_beams_file_systems_with_the_card_above_it(tmp_path):
-    import subprocess
-
-    from gcs_emulator import LoopbackStorage
-
-    hub_dataset(tmp_path, {"train": 6})
-    unlabelled_test(tmp_path)
-    storage = LoopbackStorage(tmp_path / "gcs").start()
-    try:
-        bucket = storage.client().bucket(storage.bucket)
-        for path in (tmp_path / "hub").rglob("*"):
-            if path.is_file():
-                bucket.blob(f"hub/{path.relative_to(tmp_path / 'hub')}").upload_from_filename(str(path))
-        result = subprocess.run(
-            [sys.executable, "-m", "shardprep.cli", "preprocess", f"parquet:gs://{storage.bucket}/hub/data/*.parquet",
-             str(tmp_path / "out"), "--shorter-side", "8", "--quiet", "--", *IN_PROCESS],
-            env={**os.environ, **storage.environment}, capture_output=True, text=True, timeout=240)
-        assert result.returncode == 0, result.stderr[-4000:]
-        assert storage.proxy.refused == [], "a request tried to leave the machine"
-    finally:
-        storage.stop()
-    document = json.loads((tmp_path / "out" / manifest.MANIFEST_NAME).read_text())
-    assert (document["classes"], document["num_examples"]) == (list(CLASSES), 6)
-    assert [entry["path"] for entry in document["not_used"]] == ["test-00000-of-00001.parquet"]
+# A glob of gs:// Parquet files, read through Beam's file systems with the card above it: test_source_archive_gcs.py
+# (its one child process for every command on gs://).
 
 
 def test_an_unreadable_file_that_is_its_splits_only_file_is_one_clear_error(tmp_path):
