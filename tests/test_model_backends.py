@@ -222,11 +222,8 @@ def _assert_same_predictions(logits, expected):
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_plain_keras_loads_the_saved_model_on_tensorflow_without_shardprep(trained_like, tmp_path):
-    path, images_path, expected = _saved(trained_like, tmp_path)
-    loaded = _run(LOAD_AND_PREDICT, "tensorflow", path, images_path, tmp_path / "logits.npy", cwd=tmp_path)
-    assert loaded == {"backend": "tensorflow", "shardprep": False, "layers": ["keras"]}
-    _assert_same_predictions(np.load(tmp_path / "logits.npy"), expected)
+# Plain Keras loads the saved model on TensorFlow without shardprep: test_train_loop.py, in its TensorFlow process
+# (before that imports shardprep).
 
 
 class JaxRun(NamedTuple):

@@ -18,6 +18,7 @@ from shardprep.preprocess.checks.events import Message, TrainingSteps, Validatio
 from shardprep.train.run import loop, steps_tf
 from shardprep.train.data import reader
 from shardprep.train.model.keras_model import PlateauWarmup, WarmupSchedule, load_model
+from test_model_backends import LOAD_AND_PREDICT, _assert_same_predictions, _saved, _trained_like_model
 
 SMALL = dict(epochs=2, batch_size=16, image_size=16, width_multiplier=0.125, warmup_epochs=0.5, seed=1,
              tensorboard=False)
@@ -33,21 +34,29 @@ def _config(data_dir, output_dir, **overrides):
 
 
 MIRRORED_TEST = "test_mirrored_strategy_over_two_devices_shards_the_batch"
+PLAIN_LOAD_TEST = "test_plain_keras_loads_the_saved_model_on_tensorflow_without_shardprep"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def mirrored_run(request, colour_dataset, tmp_path_factory):
-    """The MirroredStrategy runs (a fresh process: devices are fixed at start-up), started with the module's first
-    test when that test is selected, so that it overlaps the in-process tests before it; (process, its folder)."""
-    if not any(item.name == MIRRORED_TEST for item in request.session.items):
+    """The MirroredStrategy runs (a fresh process: devices are fixed at start-up), after test_model_backends.py's
+    plain load on TensorFlow (one TensorFlow start for both), started with the module's first test when either test
+    is selected, so that it overlaps the in-process tests before it; (process, its folder, the logits expected of
+    the plain load)."""
+    if not any(item.name in (MIRRORED_TEST, PLAIN_LOAD_TEST) for item in request.session.items):
         yield None
         return
     tmp_path = tmp_path_factory.mktemp("mirrored") / "run"  # its output folder; the child's output beside it
+    # test_model_backends.py's model, saved here for the plain load the child runs before it imports shardprep.
+    saved = _saved(_trained_like_model(), tmp_path.parent)
+    load_args = [str(saved[0]), str(saved[1]), str(tmp_path.parent / "logits.npy")]
     script = textwrap.dedent(f"""
-        import json, os, shutil
+        import json, os, shutil, sys
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        sys.argv[1:] = {load_args!r}
+        exec({LOAD_AND_PREDICT!r})  # plain Keras, shardprep not yet imported: one JSON line
         from shardprep.train.run import checkpoint_state, loop
         from shardprep.train.model import keras_model
         keras_model.BLOCKS_PER_STAGE = (1, 1)  # conftest.short_resnet, as the test process trains
@@ -84,7 +93,7 @@ def mirrored_run(request, colour_dataset, tmp_path_factory):
     with open(tmp_path.parent / "stdout.txt", "w") as stdout, open(tmp_path.parent / "stderr.txt", "w") as stderr:
         process = subprocess.Popen([sys.executable, "-c", script], stdout=stdout, stderr=stderr, env=env)
     try:
-        yield process, tmp_path
+        yield process, tmp_path, saved[2]
     finally:
         if process.poll() is None:
             process.kill()
@@ -243,7 +252,7 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     # The run's folder as it was mid-epoch 2 (a copy taken before step 7) is resumed: its input pipeline feeds both
     # replicas, two of its batches a step, so it must start after all the saved steps' batches; the training history
     # then equals the uninterrupted run's.
-    process, tmp_path = mirrored_run
+    process, tmp_path, _ = mirrored_run
     process.wait(timeout=300)
     result = subprocess.CompletedProcess(process.args, process.returncode,
                                          (tmp_path.parent / "stdout.txt").read_text(),
@@ -263,6 +272,17 @@ def test_mirrored_strategy_over_two_devices_shards_the_batch(mirrored_run):
     assert "SAVED ['accuracy', 'accuracy/replicas', 'loss', 'loss/replicas']" in result.stdout
     garbled = json.loads((tmp_path.parent / "garbled" / "history.json").read_text())
     assert garbled["epoch"] == [1, 2] and all(np.isfinite(garbled["loss"]))
+
+
+def test_plain_keras_loads_the_saved_model_on_tensorflow_without_shardprep(mirrored_run):
+    """(From test_model_backends.py, whose docstring says why, to share this module's TensorFlow process: the load
+    runs there before anything imports shardprep.)"""
+    process, tmp_path, expected = mirrored_run
+    assert process.wait(timeout=300) == 0, (tmp_path.parent / "stderr.txt").read_text()[-3000:]
+    printed = (tmp_path.parent / "stdout.txt").read_text().splitlines()
+    loaded = json.loads(next(line for line in printed if line.startswith("{")))
+    assert loaded == {"backend": "tensorflow", "shardprep": False, "layers": ["keras"]}
+    _assert_same_predictions(np.load(tmp_path.parent / "logits.npy"), expected)
 
 
 def test_cli_runs_and_explains_bad_options_and_streamed_reads_resume_at_an_epoch_end(colour_dataset, tmp_path,
