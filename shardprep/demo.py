@@ -72,7 +72,7 @@ def encode(image: Image.Image, kind: str) -> bytes:
         frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
     elif kind == "gray16_png":
         grey = np.asarray(image.convert("L"), dtype=np.uint16) * 257
-        Image.fromarray(grey, "I;16").save(buffer, "PNG", compress_level=1)
+        Image.fromarray(grey).save(buffer, "PNG", compress_level=1)  # uint16: mode I;16
     else:
         raise ValueError(f"unknown kind {kind}")
     return buffer.getvalue()

@@ -4,13 +4,18 @@ file of shardprep's that the job would have to reject."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
+import warnings
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from shardprep.cli import main as cli
+from shardprep.demo import KINDS, draw_shape, encode
 
 
 def demo_data(*args):
@@ -157,3 +162,14 @@ def test_demo_data_says_how_far_it_is_while_it_writes(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if line.startswith("writing the demo images")]
     assert lines and lines[0].startswith("writing the demo images 1/15"), result.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_demo_kind_encodes_without_a_deprecation_warning(kind):
+    """Pillow 12 deprecates fromarray's mode argument for a change of data type (gone in Pillow 13): no kind uses it."""
+    image = draw_shape("circle", 40, 30, np.random.default_rng(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = encode(image, kind)
+    with Image.open(io.BytesIO(data)) as decoded:
+        assert decoded.size in ((40, 30), (30, 40))  # the EXIF-rotated kind is stored on its side
