@@ -9,7 +9,9 @@ from shardprep.train.run.steps_keras import KerasSteps
 
 
 def steps_over(replicas: int) -> KerasSteps:
-    steps = KerasSteps(TrainConfig(data_dir="unused", precision="float32"), manifest=None, backend="jax")
+    # The padding is the same on either backend; "torch" at float32 starts no runtime in this process (JAX's threads,
+    # once started, make every later fork of this pytest worker unsafe: pseudo-terminal tests fork).
+    steps = KerasSteps(TrainConfig(data_dir="unused", precision="float32"), manifest=None, backend="torch")
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
     steps.compile(model, keras.optimizers.SGD(), num_classes=3)
