@@ -228,6 +228,27 @@ def test_train_without_a_validation_split_names_the_flag(data, tmp_path):
             "holdout; examples: train 8, holdout 4); pass --val-split with the split to evaluate on")
 
 
+def test_train_on_a_dataset_of_one_split_says_how_to_hold_images_out(tmp_path):
+    """A source without split folders is all ``train``: the error says how to give it a held-out split."""
+    data = tmp_path / "one-split"
+    write_dataset(data, {"train": random_images(8, 8, 8)}, classes=["a", "b"])
+    refused(train(data, tmp_path), f"{data} holds one split, 'train' (8 examples): no images are held out to evaluate "
+            "on; put some in a split folder beside the training one (SOURCE/train/<class>/, SOURCE/val/<class>/) and "
+            "preprocess again, or pass --val-split train to evaluate on the training images themselves")
+
+
+def test_validating_on_the_training_split_is_warned():
+    from shardprep.train.data.split_roles import resolve_split
+    from shardprep.train.run.messages import split_lines
+
+    train_split = resolve_split(["train"], "train")
+    assert split_lines(train_split, resolve_split(["train"], "train")) == [
+        "Validating on split 'train' after each epoch (the split named 'train').",
+        "Warning: that is the training split: its accuracy says how well the model fits the images it trains on, "
+        "not how it does on images it has not seen."]
+    assert len(split_lines(train_split, resolve_split(["train", "val"], "validation"))) == 1
+
+
 def test_train_refuses_an_ambiguous_validation_split_listing_the_splits(data, tmp_path):
     edit_manifest(data, lambda m: (rename_split(m, "validation", "val"),
                                    m["splits"].__setitem__("valid", m["splits"]["val"])))

@@ -46,7 +46,11 @@ def split_lines(train, validation) -> list[str]:
     """Which splits the run reads and why (``split_roles.ResolvedSplit``): the training split when a role found
     another name."""
     lines = [f"Training on split {train.name!r} ({train.reason})."] if train.name != train.asked else []
-    return lines + [f"Validating on split {validation.name!r} after each epoch ({validation.reason})."]
+    lines.append(f"Validating on split {validation.name!r} after each epoch ({validation.reason}).")
+    if validation.name == train.name:
+        lines.append("Warning: that is the training split: its accuracy says how well the model fits the images it "
+                     "trains on, not how it does on images it has not seen.")
+    return lines
 
 
 def crop_warnings(image_size: int, stored_shape: tuple[int, int]) -> list[str]:

@@ -108,6 +108,12 @@ def training_splits(manifest: Manifest, train_split: str, val_split: str | None,
         train = resolve_split(manifest.splits, train_split, dataset=data_dir, listing=present)
     except SplitRoleError as error:
         raise PreflightError(f"--train-split {error}; pass --train-split with one of them") from None
+    if val_split is None and list(manifest.splits) == [train.name]:  # a source without split folders
+        raise PreflightError(f"{data_dir} holds one split, {train.name!r} "
+                             f"({manifest.splits[train.name].num_examples:,} examples): no images are held out to "
+                             "evaluate on; put some in a split folder beside the training one (SOURCE/train/<class>/, "
+                             "SOURCE/val/<class>/) and preprocess again, or pass --val-split "
+                             f"{train.name} to evaluate on the training images themselves")
     try:
         validation = resolve_split(manifest.splits, val_split or "validation", train_split=train.name,
                                    dataset=data_dir, listing=present)
