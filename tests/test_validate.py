@@ -350,3 +350,16 @@ def test_foreign_tfrecords_show_the_class_names_beside_them(tmp_path):
     (tmp_path / "label.labels.txt").write_text("tabby\n../escape\n")
     report = run_validate(f"tfrecord:{tmp_path}/*.tfrecord-*")
     assert "classes" not in report and [p["check"] for p in report["problems"]] == ["class_names"]
+
+
+@pytest.mark.parametrize("name", ["café", "Ærø", "Жук"])
+def test_class_names_beyond_ascii_are_drawn_not_boxed(name):
+    """A letter the labels' font lacks is drawn as the same empty box as any missing glyph (a private-use character):
+    the sheets' font draws Latin and Cyrillic letters."""
+    def drawn(text: str) -> bytes:
+        return pictures.contact_sheet([(text, [])], 1).tobytes()
+
+    missing = "\ue000"
+    assert drawn(name[:-1] + missing) != drawn(name)
+    sheet = pictures.near_duplicate_sheet([], lambda file, index: None, name)
+    assert sheet.tobytes() != pictures.near_duplicate_sheet([], lambda file, index: None, name[:-1] + missing).tobytes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import io
+import os
 from typing import Callable
 
 import numpy as np
@@ -48,6 +49,17 @@ def cell_origin(row: int, column: int, cell: int) -> tuple[int, int]:
     return LABEL_WIDTH + PAD + column * (cell + PAD), PAD + row * (cell + PAD)
 
 
+def label_font(size: int):
+    """DejaVu Sans, which matplotlib (a dependency) ships: Latin, Greek and Cyrillic letters in class names and paths
+    (Pillow's default font draws a box for any letter outside ASCII); Pillow's if that file is missing."""
+    import matplotlib
+
+    try:
+        return ImageFont.truetype(os.path.join(matplotlib.get_data_path(), "fonts", "ttf", "DejaVuSans.ttf"), size)
+    except OSError:
+        return ImageFont.load_default(size=size)
+
+
 def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
     if draw.textlength(text, font=font) <= width:
         return text
@@ -62,7 +74,7 @@ def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: i
     cell = max(longest) if longest else 32
     sheet = Image.new("RGB", contact_sheet_size(len(rows), samples_per_class, cell), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
-    font = ImageFont.load_default(size=max(9, min(14, cell // 3)))
+    font = label_font(max(9, min(14, cell // 3)))
     for row, (name, images) in enumerate(rows):
         _, top = cell_origin(row, 0, cell)
         draw.text((4, top + cell // 2), _fit_text(draw, name, font, LABEL_WIDTH - 8), fill=(0, 0, 0), font=font,
@@ -174,7 +186,7 @@ def near_duplicate_sheet(pairs: list[dict], read_pixels: PixelReader, title: str
     width = PAD + 2 * (CELL + PAD) + CAPTION_WIDTH
     sheet = Image.new("RGB", (width, HEADER + max(1, len(pairs)) * (CELL + PAD) + PAD), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
-    font = ImageFont.load_default(size=13)
+    font = label_font(13)
     draw.text((PAD + 2, HEADER // 2), _fit_text(draw, title, font, width - 8), fill=(0, 0, 0), font=font, anchor="lm")
     if not pairs:
         draw.text((PAD + 2, HEADER + CELL // 2), "no near-duplicates", fill=(0, 0, 0), font=font, anchor="lm")
