@@ -109,6 +109,21 @@ def test_the_verdict_of_one_problem_and_of_several():
     assert rendered(report, 80)[0].startswith("FAILED: 3 problems (shard_size 2, shard_count 1) — d in 1.0 s")
 
 
+def test_the_pictures_line_counts_the_near_duplicate_pages():
+    pages = [f"/p/near_duplicates{'' if page == 1 else f'-{page}'}.png" for page in range(1, 89)]
+    report = {"kind": "dataset", "data": "d", "ok": True, "problems": [], "elapsed_seconds": 1.0, "problem_counts": {},
+              "near_duplicates": {"across_splits": [], "within_splits": {}, "search": {"members_unchecked": 0},
+                                  "min_score": 0.9, "max_distance": 10, "pages": pages},
+              "pictures": {"contact_sheet": "/p/contact_sheet.png", "near_duplicates": pages[0],
+                           "near_duplicates_html": "/p/near_duplicates.html", "class_counts": "/p/class_counts.png"}}
+    text = " ".join(" ".join(rendered(report, 200)).split())
+    assert ("pictures: /p/contact_sheet.png, /p/near_duplicates.png (and 87 more pages, to near_duplicates-88.png), "
+            "/p/near_duplicates.html, /p/class_counts.png") in text
+    report["near_duplicates"]["pages"] = pages[:1]
+    assert "pictures: /p/contact_sheet.png, /p/near_duplicates.png, /p/near_duplicates.html" in " ".join(
+        " ".join(rendered(report, 200)).split())
+
+
 def test_names_with_brackets_are_printed_as_they_are():
     summary = {"num_examples": 1, "expected_num_examples": 1, "num_shards": 1, "expected_num_shards": 1,
                "image_sizes": {"most_common": {}}, "mean_rgb": None, "std_rgb": None,

@@ -55,7 +55,8 @@ unreadable records or images, each with file and record index.
 
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
 contact_sheet.png (stored images, several per class, as the model sees them before augmentation),
-near_duplicates.png (the closest near-duplicate pairs side by side) and class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
+near_duplicates.png (near-duplicate pairs side by side, 12 a page: near_duplicates-2.png ... up to 100 pages,
+and near_duplicates.html showing them all) and class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
 after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
 --setup_file ./setup.py
 """
@@ -80,8 +81,8 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
 @click.option("--json", "json_path", default=default("json_path"), metavar="REPORT",
               help="Write the JSON report to this path (outside DATA: validate writes nothing in what it checks).")
 @click.option("--pictures", default=default("pictures"), metavar="DIR",
-              help="Write contact_sheet.png, near_duplicates.png and class_counts.png into DIR, outside DATA (the "
-                   "first two: prepared datasets only).")
+              help="Write contact_sheet.png, near_duplicates.png (and its further pages, and near_duplicates.html) "
+                   "and class_counts.png into DIR, outside DATA (the first two: prepared datasets only).")
 @click.option("--samples-per-class", default=default("samples_per_class"), show_default=True,
               type=click.IntRange(min=1),
               help="Contact-sheet images per class (a deterministic choice by key; with --pictures).")
@@ -193,9 +194,8 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_found_files(console, report)
     if report.get("skipped_checks"):
         say(output.headed([("", _text("skipped", style="bold"))], report["skipped_checks"]))
-    pictures = report.get("pictures") or {}
-    if pictures:
-        paths = list(pictures.values())
+    paths = _picture_paths(report)
+    if paths:
         say([("", f"pictures: {paths[0]}")] + [(", ", path) for path in paths[1:]])
     say(_verdict(report, json_path))
 
@@ -321,6 +321,13 @@ def _foreign_split_table(summary: dict, classes: list[str] | None = None):
 
 
 _NEAR_PAIRS_SHOWN = 5
+
+
+def _picture_paths(report: dict) -> list[str]:
+    """The pictures written, the near-duplicates' first page with how many follow it (up to 100 pages)."""
+    pages = (report.get("near_duplicates") or {}).get("pages") or []
+    more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])})" if len(pages) > 1 else ""
+    return [path + (more if name == "near_duplicates" else "") for name, path in (report.get("pictures") or {}).items()]
 
 
 def _print_near_duplicates(say, report: dict) -> None:
