@@ -52,7 +52,7 @@ def test_a_stop_before_anything_was_written_says_no_report_is_this_runs(clean, t
     status, said, paths = stopped(clean, tmp_path, monkeypatch)
     assert status == 130, said
     assert said == (f"stopped (Ctrl-C) before validate wrote --leaked-keys {paths['keys']}, --pictures "
-                    f"{paths['pictures']} or --json {paths['json']}: a file there now is an earlier run's")
+                    f"{paths['pictures']} or --json {paths['json']}: any file there now is an earlier run's")
     assert paths["json"].read_text() == "an earlier run's"
 
 
@@ -64,7 +64,7 @@ def test_a_stop_while_the_pictures_are_written_names_what_was_written_and_what_n
     assert said == (f"stopped (SIGTERM) after validate wrote --leaked-keys {paths['keys']}, "
                     f"{folder}/contact_sheet.png, {folder}/near_duplicates.png and {folder}/near_duplicates.html, "
                     "before it wrote the rest of "
-                    f"--pictures {folder} and --json {paths['json']}: a file there now is an earlier run's")
+                    f"--pictures {folder} and --json {paths['json']}: any file there now is an earlier run's")
 
 
 def test_a_stop_while_the_report_is_printed_says_every_file_was_written(clean, tmp_path, monkeypatch):

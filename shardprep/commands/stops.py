@@ -148,7 +148,7 @@ def stopped_line(options: ValidateOptions, outputs: WrittenOutputs, by: str) -> 
         files = [os.path.join(given, os.path.basename(path)) for wrote, path in outputs.files if wrote == flag]
         written += files
         not_written.append(f"the rest of {flag} {given}" if files else f"{flag} {given}")
-    earlier = ": a file there now is an earlier run's"
+    earlier = ": any file there now is an earlier run's"
     if not written:
         return f"stopped ({by}) before validate wrote {series(not_written, 'or')}{earlier}"
     if not not_written:
