@@ -310,6 +310,7 @@ LAUNCHER_ONLY = {
     ("pipelines/sources/folder.py", "list_children"): {"tensorflow"},  # planning: gs:// listings
     ("pipelines/sources/tfrecord.py", "tfds_builder"): {"tensorflow_datasets"},  # tfds: sources, preprocess and validate
     ("pipelines/validate_job/pictures.py", "class_count_chart"): {"matplotlib"},  # validate --pictures, after the job
+    ("pipelines/validate_job/pictures.py", "label_font"): {"matplotlib"},  # its DejaVu Sans, for the same pictures
     ("preprocess/checks/owned_folder.py", "gfile"): {"tensorflow"},  # train's gs:// --output-dir; workers own no folder
     ("preprocess/checks/streams.py", "_verbose_requested"): {"click"},  # the CLI's --verbose, on the launcher
 }
