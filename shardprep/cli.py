@@ -77,7 +77,7 @@ def _ended(error: BaseException) -> click.exceptions.Exit:
     what was kept). An error line that stderr cannot take keeps its status (a usage error's 2)."""
     if isinstance(error, click.ClickException):
         with output.reader_may_go(err=True):  # a stderr that cannot take the error line is silenced
-            error.show()
+            output.show_error(error)
         return click.exceptions.Exit(error.exit_code)
     output.say(f"stopped ({getattr(error, 'by', 'Ctrl-C')})", err=True)
     return click.exceptions.Exit(stopping.exit_status(error))

@@ -51,9 +51,17 @@ class OutputError(click.ClickException):
         super().__init__(f"cannot write to standard output: {error}" + (f"; {done}" if done else ""))
 
     def show(self, file=None) -> None:
-        line = f"Error: {self.format_message()}"
-        columns = terminal_columns(sys.stderr)  # a person's terminal: broken between words; a log: one line
-        say(wrap(line, columns) if columns else line, err=True)
+        show_error(self)
+
+
+def show_error(error: click.ClickException) -> None:
+    """click's ``Error:`` line, on a person's terminal broken between words to its width (a log: one line); a usage
+    error as click shows it (usage and hint)."""
+    if isinstance(error, click.UsageError):
+        return error.show()
+    line = f"Error: {error.format_message()}"
+    columns = terminal_columns(sys.stderr)
+    say(wrap(line, columns) if columns else line, err=True)
 
 
 def say(text: str, err: bool = False) -> None:

@@ -191,13 +191,19 @@ def test_validate_in_an_80_column_terminal(clean, damaged):
     assert any(line.startswith("┃ check") or "check" in line for line in lines)
 
 
-def test_validate_in_a_terminal_on_an_image_folder_is_one_error_line(tmp_path):
+def test_validate_in_a_terminal_on_an_image_folder_is_one_error_broken_between_words(tmp_path):
+    """One ``Error:`` line, broken at spaces to the terminal's 80 columns (continuation lines indented), so that no
+    word is cut by the terminal; in a pipe it stays one line (test_a_path_that_is_no_dataset_is_one_error_line)."""
     images = tmp_path / "images"
     image_factory.write_image_folder(images, {"train": 2}, classes=("a", "b"))
     status, lines = run_in_terminal("validate", images)
     assert status == 1
-    errors = [line for line in lines if line.startswith("Error: ")]
-    assert len(errors) == 1 and "is an image folder" in errors[0] and "FAILED" not in "\n".join(lines)
+    start = next(i for i, line in enumerate(lines) if line.startswith("Error:"))  # "Error:" alone: a long path next
+    error = lines[start:]
+    assert len(error) > 1 and all(line.startswith("  ") for line in error[1:]), "\n".join(lines)
+    assert max(map(len, error)) <= 80 and "FAILED" not in "\n".join(lines)
+    assert f"Error: {images} is an image folder" in " ".join(line.strip() for line in error)
+    assert f"run shardprep preprocess {images} OUTPUT first" in " ".join(line.strip() for line in error)
 
 
 # ---- tfds: sources ------------------------------------------------------------------------------------------------------
