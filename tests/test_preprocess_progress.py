@@ -439,3 +439,23 @@ def test_progress_says_the_shards_are_written_once_every_image_is_done(log):
         progress.finish({"num_inputs": 303})
     lines = log()
     assert "writing shards" in lines[0] and "writing shards" not in lines[-1], lines
+
+
+def test_many_reject_reasons_break_between_reasons_with_the_next_line_indented():
+    from io import StringIO
+
+    from rich.console import Console
+
+    reasons = {"empty_file": 5, "hidden_file": 2, "hidden_folder": 1, "not_an_image": 59, "symlinked_folder": 1}
+    split = {"num_inputs": 1121, "num_examples": 1053, "num_rejected": 68, "rejected_by_reason": reasons,
+             "num_shards": 1, "shards": [{"num_examples": 1053, "num_bytes": 207_300_000}]}
+    manifest = {"splits": {"train": split}, "num_inputs": 1121, "num_examples": 1053, "num_rejected": 68,
+                "classes": ["cat"], "encoding": "raw", "crop": "center", "shorter_side": 256,
+                "mean_rgb": [1, 2, 3], "std_rgb": [1, 2, 3]}
+    text = StringIO()
+    command.print_summary(manifest, 1.0, "out", out=Console(width=80, file=text, color_system=None))
+    lines = text.getvalue().splitlines()
+    first = lines.index("rejected by reason:") + 1
+    assert lines[first].startswith("  train: empty_file 5, ") and lines[first].endswith(",")
+    assert lines[first + 1].startswith("    ") and lines[first + 1].strip() == "symlinked_folder 1"
+    assert max(map(len, lines)) <= 80

@@ -10,7 +10,7 @@ import click
 
 from shardprep.commands import ArgsKept, check_beam_args
 from shardprep.commands.stops import stopped_lines, typed_command
-from shardprep.output import LiveProgress, Reporter, clock, console, count, reader_may_go, say
+from shardprep.output import LiveProgress, Reporter, clock, console, count, flow, reader_may_go, say
 from shardprep.pipelines.sources import registry as source_registry
 from shardprep.pipelines.runtime.stopping import exit_status
 from shardprep.preprocess.checks.events import RunCounts
@@ -282,8 +282,9 @@ def print_summary(manifest: dict, wall_seconds: float, output: str, out=None) ->
                 if info["rejected_by_reason"]}
     if rejected:
         line("rejected by reason:")
-    for split, reasons in rejected.items():
-        line(f"  {split}: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.items()))
+    for split, reasons in rejected.items():  # broken between reasons, the next line indented
+        out.print(flow([("", f"  {split}:")] + [(" " if i == 0 else ", ", f"{reason} {n:,}")
+                                                  for i, (reason, n) in enumerate(reasons.items())], out.width, "    "))
     rate = manifest["num_inputs"] / wall_seconds if wall_seconds else 0
     mean, std = (", ".join(f"{v:.1f}" for v in manifest[key] or ()) or "-" for key in ("mean_rgb", "std_rgb"))
     line(f"{count(len(manifest['classes']), 'class', 'classes')}; {stored_as(manifest)}")
