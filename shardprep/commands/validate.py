@@ -56,8 +56,8 @@ unreadable records or images, each with file and record index.
 Exit status 0 when every check passes, 1 otherwise. --json writes the full report; --pictures writes
 contact_sheet.png (stored images, several per class, as the model sees them before augmentation),
 near_duplicates.png (near-duplicate pairs side by side, 12 a page: near_duplicates-2.png ... up to 100 pages,
-and near_duplicates.html showing them all) and class_counts.png. Runs locally on all cores by default (Beam FnApiRunner, multi-process, no network); everything
-after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
+and near_duplicates.html showing them all) and class_counts.png. Runs locally on all cores by default (Beam
+FnApiRunner, multi-process, no network); everything after -- goes to Beam unchanged, e.g. -- --runner DataflowRunner --project P --region R --temp_location gs://B/tmp
 --setup_file ./setup.py
 """
 
