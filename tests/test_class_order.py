@@ -63,13 +63,15 @@ def preprocess(source: str, output: str, *options: str):
                               catch_exceptions=False)
 
 
-def labelled_pairs(output: str, class_of: dict[str, str] | None = None) -> set[tuple[str, str, int]]:
+def labelled_pairs(output: str, class_of: dict[str, str] | None = None,
+                   stored: dict[str, str] | None = None) -> set[tuple[str, str, int]]:
     """(split, the class folder a record's file came from, its label) for every record written; ``class_of``: the
-    class of a record's file name where the name does not say it (a Parquet row's)."""
+    class of a record's file name where the name does not say it (a Parquet row's); ``stored``: a split's name in
+    the output where the route renames it (a folder of archives: val.zip is ``validation``)."""
     document = Manifest.from_json(manifest_lib.read_document(output))
     pairs = set()
     for split in SPLITS:
-        for relative in document.shard_files(split):
+        for relative in document.shard_files((stored or {}).get(split, split)):
             with open(os.path.join(output, relative), "rb") as f:
                 for data in tfrecord_io.read_records(f):
                     record = record_format.decode_example(data)
@@ -105,6 +107,52 @@ def test_folder_tar_zip_tgz_and_parquet_give_torchvision_s_name_index_pairs(tmp_
         assert result.exit_code == 0, (route, result.output)
         assert manifest_lib.read_document(output)["classes"] == [names.canonical(name) for name in expected], route
         assert labelled_pairs(output, class_of if route == "parquet" else None) == want, route
+
+
+@pytest.mark.parametrize("suffix", ["zip", "tgz"])
+def test_a_folder_of_split_archives_each_wrapping_its_split_folder_gives_the_folder_s_pairs(tmp_path, suffix):
+    """``zip -r train.zip train/``: each split's archive holds its split's folder. The split folder is looked
+    through (it was made the one class of its split: classes train and val, exit 0)."""
+    files = write_tree(tmp_path / "folder", INTEGER_NAMES)
+    expected = torchvision_classes(tmp_path / "folder")
+    os.makedirs(tmp_path / "download")
+    for split in SPLITS:
+        write_archive(str(tmp_path / "download" / f"{split}.{suffix}"),
+                      {name: data for name, data in files.items() if name.startswith(split + "/")})
+    result = preprocess(str(tmp_path / "download"), str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert manifest_lib.read_document(str(tmp_path / "out"))["classes"] == expected
+    want = {(split, name, expected.index(name)) for split in SPLITS for name in INTEGER_NAMES}
+    assert labelled_pairs(str(tmp_path / "out"), stored={"val": "validation"}) == want
+
+
+def test_a_split_s_archive_holding_another_split_s_folder_is_refused(tmp_path):
+    files = write_tree(tmp_path / "folder", ("a", "b"))
+    os.makedirs(tmp_path / "download")
+    write_archive(str(tmp_path / "download" / "train.zip"),
+                  {name: data for name, data in files.items() if name.startswith("train/")})
+    write_archive(str(tmp_path / "download" / "val.zip"),
+                  {name.replace("val/", "train/", 1): data for name, data in files.items() if name.startswith("val/")})
+    result = preprocess(str(tmp_path / "download"), str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert "val.zip holds split validation's images, yet its folder train is named like another split" in " ".join(
+        result.output.split())
+
+
+@pytest.mark.parametrize("suffix", ["zip", "tgz"])
+def test_an_archive_of_one_folder_holding_split_folders_and_a_licence_is_refused_as_the_folder_is(tmp_path, suffix):
+    """mydata/{train,val}/<class>/ and LICENSE.txt at the top: as a folder, refused naming mydata; as an archive it
+    was one class, mydata, holding every split's images (exit 0)."""
+    files = write_tree(tmp_path / "folder", ("a", "b"))
+    archive = tmp_path / f"lic.{suffix}"
+    write_archive(str(archive), {**{f"mydata/{name}": data for name, data in files.items()}, "LICENSE.txt": b"MIT\n"})
+    result = preprocess(str(archive), str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert (f"{archive} holds one folder, mydata, which holds split folders (train, val): give {archive}/mydata as "
+            "SOURCE") in " ".join(result.output.split())
+    result = preprocess(f"{archive}/mydata", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert manifest_lib.read_document(str(tmp_path / "out"))["classes"] == ["a", "b"]
 
 
 def test_class_order_sorts_the_names_as_stored_by_code_point():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from shardprep.preprocess.format import accounting
+from shardprep.preprocess.format.dataset import SPLIT_ROLES
 from shardprep.preprocess.checks import names
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.sources.archive_index import UNSAFE_NAME, Member, archive_type, stem
@@ -27,9 +28,14 @@ class ArchiveLayout:
     places: dict[tuple[str, str], tuple[str, bool]] = dataclasses.field(default_factory=dict)
 
 
-def looked_through(names: list[str]) -> str:
+def split_role(name: str) -> str:
+    """The role a split name plays (``val`` and ``validation``: validation), else the name in lower case."""
+    return next((role for role, spellings in SPLIT_ROLES.items() if name.lower() in spellings), name.lower())
+
+
+def looked_through(names: list[str], split: str | None = None) -> str:
     """The top folders to look through (``a/b/`` or ""): while every visible name lies under one folder that is not a
-    split's and holds folders."""
+    split's (``split``: the archive's own, a folder named for it is looked through too) and holds folders."""
     visible = [name for name in names if not any(sources.is_hidden(part) for part in name.split("/"))]
     prefix = ""
     while True:
@@ -42,7 +48,9 @@ def looked_through(names: list[str]) -> str:
         top = tops.pop()
         inside = [name[len(top) + 1:] for name in below if name.startswith(top + "/")]
         folders = _folders(inside, "")
-        if not inside or top.lower() in sources.SPLIT_NAMES or not any("/" not in name for name in folders):
+        named_like_a_split = top.lower() in sources.SPLIT_NAMES and (split is None
+                                                                     or split_role(top) != split_role(split))
+        if not inside or named_like_a_split or not any("/" not in name for name in folders):
             return prefix  # no folder of its own: a class's folder (cat/a.jpg), not one to look through
         prefix += top + "/"
 
@@ -58,15 +66,15 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
                                   "refused, as extracting it would write outside its folder; repack it without")
     members = _litter_apart(members, layout, key_prefix)
     entries = [m for m in members if not m.is_dir]
-    prefix = looked_through([m.name for m in members])
+    prefix = looked_through([m.name for m in members], split if fixed_split else None)
     folders = _folders([m.name for m in members], prefix)
     tops = {name.split("/", 1)[0] for name in folders if "/" not in name}
     visible_tops = {name for name in tops if not sources.is_hidden(name)}
     by_split = bool(visible_tops) and not fixed_split and all(t.lower() in sources.SPLIT_NAMES for t in visible_tops)
     nested = sorted(t for t in visible_tops if t.lower() in sources.SPLIT_NAMES
                     and any(f.startswith(t + "/") for f in folders))
-    if nested and not by_split and not fixed_split:  # split folders holding class folders beside other folders
-        raise accounting.mixed_layout_error(where, nested, sorted(visible_tops - set(nested)))
+    _refuse_split_folders_as_classes(where + ("/" + prefix.rstrip("/") if prefix else ""), split if fixed_split
+                                     else None, nested, by_split, visible_tops, folders)
     loose = []
     for member in entries:
         inside = member.name[len(prefix):] if member.name.startswith(prefix) else member.name
@@ -94,6 +102,24 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
         reason = accounting.HIDDEN_BESIDE if hidden else accounting.NOT_AN_IMAGE
         layout.not_used.append(accounting.NotUsed(sources.printable_key(key), reason))
     return layout
+
+
+def _refuse_split_folders_as_classes(root: str, fixed: str | None, nested: list[str], by_split: bool,
+                                     visible_tops: set[str], folders: set[str]) -> None:
+    """The folder kind's refusals, where split folders would become classes: split folders beside other folders;
+    one folder holding split folders (a download's, beside a licence); in a split's own archive (``fixed``), a
+    folder named like another split."""
+    if fixed is not None and nested:
+        raise sources.SourceError(f"{root} holds split {fixed}'s images, yet its folder {nested[0]} is named like "
+                                  f"another split: {nested[0]} would be a class; repack it with the class folders at "
+                                  f"its top (or inside one folder named {fixed})")
+    if fixed is None and nested and not by_split:  # split folders holding class folders beside other folders
+        raise accounting.mixed_layout_error(root, nested, sorted(visible_tops - set(nested)))
+    if fixed is None and len(visible_tops) == 1:  # the folder a download was packed from, beside a file
+        (top,) = visible_tops
+        inner = sorted(f[len(top) + 1:] for f in folders if f.startswith(top + "/") and f.count("/") == 1)
+        if inner and all(name.lower() in sources.SPLIT_NAMES for name in inner):
+            raise accounting.holder_folder_error(root, top, inner)
 
 
 def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str) -> list[Member]:
