@@ -109,16 +109,20 @@ def test_folder_tar_zip_tgz_and_parquet_give_torchvision_s_name_index_pairs(tmp_
         assert labelled_pairs(output, class_of if route == "parquet" else None) == want, route
 
 
-@pytest.mark.parametrize("suffix", ["zip", "tgz"])
-def test_a_folder_of_split_archives_each_wrapping_its_split_folder_gives_the_folder_s_pairs(tmp_path, suffix):
-    """``zip -r train.zip train/``: each split's archive holds its split's folder. The split folder is looked
-    through (it was made the one class of its split: classes train and val, exit 0)."""
+@pytest.mark.parametrize("suffix, macos", [("zip", False), ("tgz", False), ("zip", True)])
+def test_a_folder_of_split_archives_each_wrapping_its_split_folder_gives_the_folder_s_pairs(tmp_path, suffix, macos):
+    """``zip -r train.zip train/``: each split's archive holds its split's folder (a Mac's zip: __MACOSX/ and ._
+    files beside). The split folder is looked through (it was made the one class of its split: classes train and
+    val, exit 0)."""
     files = write_tree(tmp_path / "folder", INTEGER_NAMES)
     expected = torchvision_classes(tmp_path / "folder")
     os.makedirs(tmp_path / "download")
     for split in SPLITS:
-        write_archive(str(tmp_path / "download" / f"{split}.{suffix}"),
-                      {name: data for name, data in files.items() if name.startswith(split + "/")})
+        members = {name: data for name, data in files.items() if name.startswith(split + "/")}
+        if macos:
+            members.update({f"__MACOSX/{os.path.dirname(name)}/._{os.path.basename(name)}": b"\0\5\26\7"
+                            for name in list(members)})
+        write_archive(str(tmp_path / "download" / f"{split}.{suffix}"), members)
     result = preprocess(str(tmp_path / "download"), str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     assert manifest_lib.read_document(str(tmp_path / "out"))["classes"] == expected
