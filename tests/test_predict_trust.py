@@ -234,3 +234,18 @@ def test_the_wordnet_table_is_imagenet_1k_as_tfds_names_it():
     for wnid, name in imagenette.items():
         assert wordnet_names.display_name(wnid) == f"{name} ({wnid})"
     assert wordnet_names.display_name("red") == "red" and wordnet_names.display_name("n99999999") == "n99999999"
+
+
+def test_a_photo_name_with_control_characters_is_one_escaped_entry(trained, tmp_path):
+    """A newline would split an entry, ESC sequences would reach the terminal: they are escaped as train's and
+    validate's names are, one entry a photo, each at column 0."""
+    data, model, _, _ = trained
+    named = tmp_path / "evil\n\x1b[31mred.png"
+    named.write_bytes(png(3))
+    missing = tmp_path / "gone\x1b]0;x\x07.png"
+    result = invoke(model, data, named, missing)
+    assert result.exit_code == 1 and "\x1b" not in result.output and "\x07" not in result.output
+    entries = predict_entries(result.output)
+    assert len(entries) == 2, result.output
+    assert entries[0].startswith(f"{tmp_path}/evil\\n\\x1b[31mred.png: ")
+    assert entries[1].startswith(f"{tmp_path}/gone\\x1b]0;x\\x07.png: not classified: ")

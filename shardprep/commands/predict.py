@@ -41,6 +41,7 @@ def command(model, data, photos, top_k):
     except (ManifestError, ValueError, OSError) as error:
         raise click.ClickException(str(error)) from None
     from shardprep.output import say
+    from shardprep.preprocess.checks.names import printable
     from shardprep.preprocess.checks.text import output_width, terminal_columns, wrap
     from shardprep.preprocess.sources.wordnet_names import display_name
 
@@ -55,6 +56,7 @@ def command(model, data, photos, top_k):
         else:
             line = f"{result.source}: " + ", ".join(f"{display_name(name)} {probability:.2f}"
                                                     for name, _, probability in result.top)
+        line = printable(line)  # a name's newline or ESC sequence: escaped, one entry at column 0
         say(wrap(line, width) if width else line)  # a full disk: OutputError; a reader gone: silenced
     failed = sum(isinstance(result, PhotoFailure) for result in results)
     if failed:
