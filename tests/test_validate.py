@@ -278,6 +278,8 @@ def test_folder_without_manifest_is_reported_incomplete_without_crashing(dataset
     assert set(leftovers) | {"train/train-00000-of-00002.tfrecord"} <= set(missing["found_files"])
     assert (missing["num_found_shards"], missing["num_found_temporary"]) == (4, 2)
     assert "4 shards, 2 temporary files" in missing["message"]
+    one = report_lib.manifest_missing_problem(["train/train-00000-of-00001.tfrecord", "notes.txt"])["message"]
+    assert "Found 2 files: 1 shard, 0 temporary files, 1 other;" in one  # was "1 shards", "1 others"
 
 
 def jpeg(height: int, width: int, seed: int) -> bytes:

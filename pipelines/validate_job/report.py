@@ -12,6 +12,7 @@ from shardprep.pipelines.validate_job.checks import (ForeignStats, Sample, Split
                                                    problem_sort_key, size_summary)
 from shardprep.pipelines.validate_job.near_pairs import MIN_SCORE, SplitPair, split_ranks
 from shardprep.pipelines.validate_job.options import ValidateOptions
+from shardprep.preprocess.checks.text import count
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.image import resize
 from shardprep.preprocess.sources.exclude_keys import format_keys
@@ -64,10 +65,10 @@ def manifest_missing_problem(found: list[str]) -> dict:
     kinds = classify_files(found)
     lock = manifest_lib.LOCK_NAME in found
     message = (f"no {manifest_lib.MANIFEST_NAME}: the dataset is incomplete (preprocess writes the manifest "
-               f"last, so a run that was killed or is still running leaves none). Found {len(found)} files: "
-               f"{len(kinds['shards'])} shards, {len(kinds['temporary'])} temporary files, "
-               f"{len(kinds['other'])} others" + (f" (including the lock file {manifest_lib.LOCK_NAME})" if lock
-                                                  else "") + "; rerun preprocess with --overwrite")
+               f"last, so a run that was killed or is still running leaves none). Found {count(len(found), 'file')}: "
+               f"{count(len(kinds['shards']), 'shard')}, {count(len(kinds['temporary']), 'temporary file')}, "
+               f"{count(len(kinds['other']), 'other')}" + (f" (including the lock file {manifest_lib.LOCK_NAME})"
+                                                           if lock else "") + "; rerun preprocess with --overwrite")
     return problem("manifest_missing", message, path_kind=manifest_lib.PATH_INCOMPLETE, found_files=found[:FOUND_FILES_LISTED],
                    num_found_files=len(found), num_found_shards=len(kinds["shards"]),
                    num_found_temporary=len(kinds["temporary"]), lock_present=lock)
