@@ -243,9 +243,12 @@ def test_a_photo_name_with_control_characters_is_one_escaped_entry(trained, tmp_
     named = tmp_path / "evil\n\x1b[31mred.png"
     named.write_bytes(png(3))
     missing = tmp_path / "gone\x1b]0;x\x07.png"
-    result = invoke(model, data, named, missing)
+    bidi = tmp_path / "gpj.\u202eevil.png"  # shown as "evil.png.jpg" by a terminal that applies it
+    bidi.write_bytes(png(4))
+    result = invoke(model, data, named, missing, bidi)
     assert result.exit_code == 1 and "\x1b" not in result.output and "\x07" not in result.output
     entries = predict_entries(result.output)
-    assert len(entries) == 2, result.output
+    assert len(entries) == 3 and "\u202e" not in result.output, result.output
     assert entries[0].startswith(f"{tmp_path}/evil\\n\\x1b[31mred.png: ")
     assert entries[1].startswith(f"{tmp_path}/gone\\x1b]0;x\\x07.png: not classified: ")
+    assert entries[2].startswith(f"{tmp_path}/gpj.\\u202eevil.png: ")
