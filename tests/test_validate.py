@@ -170,6 +170,34 @@ def test_edited_class_count_in_manifest_names_split_and_class(dataset):
     assert [p["split"] for p in problems_of(report, "split_count")] == ["train"]
 
 
+def test_class_names_swapped_in_the_manifest_are_caught_by_the_records_folders(dataset):
+    # Hashes, counts and statistics all still match (classes are balanced): only the records' source paths
+    # (train/red/...) say that label 0 is no longer the class the manifest names.
+    manifest = helpers.load_manifest(dataset)
+    first, second = manifest["classes"][:2]
+    manifest["classes"][:2] = second, first
+    helpers.save_manifest(dataset, manifest)
+
+    report = run_validate(dataset)
+
+    assert report["ok"] is False
+    found = problems_of(report, "record_class")
+    assert {p["split"] for p in found} == {"train", "validation"}
+    assert {p["message"] for p in found} == {f"in class folder {first!r}, but label 0 is {second!r} in the manifest",
+                                             f"in class folder {second!r}, but label 1 is {first!r} in the manifest"}
+    assert report["problem_counts"]["record_class"] == 16  # 6 + 2 images of each of the two classes
+
+
+def test_a_class_renamed_in_the_manifest_is_not_a_record_class_problem(dataset):
+    manifest = helpers.load_manifest(dataset)
+    manifest["classes"][0] = "crimson"  # a name no folder has: a person's relabelling, not a lie
+    for info in manifest["splits"].values():
+        info["class_counts"]["crimson"] = info["class_counts"].pop("red")
+    helpers.save_manifest(dataset, manifest)
+
+    assert problems_of(run_validate(dataset), "record_class") == []
+
+
 def test_manifest_mean_off_by_more_than_the_tolerance_fails_and_std_within_it_passes(dataset):
     manifest = helpers.load_manifest(dataset)
     manifest["mean_rgb"][2] += 0.06

@@ -22,8 +22,8 @@ from shardprep.preprocess.sources.common import split_from_tfrecord_name
 CHECKS = frozenset({  # what each means: docs/validate.md ("The checks")
     "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",  # the folder
     "shard_unlisted", "shard_unreadable", "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",  # shards
-    "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_layout", "image_decode",
-    "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",  # across
+    "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_class", "record_layout",
+    "image_decode", "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",  # across
     "no_files", "class_names", "image_missing", "label_missing"})  # foreign tfrecord: inputs
 
 
@@ -201,6 +201,12 @@ def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, 
                                      f"shorter_side {int(manifest.shorter_side)}"))
     if not 0 <= record.label < len(manifest.classes):
         found.append(("record_label", f"label {record.label} outside 0..{len(manifest.classes) - 1}"))
+    elif manifest.classes[record.label] not in (folders := record.filename.split("/")[:-1]):
+        # A source path that names a class, never the record's own: the manifest's names were swapped or edited.
+        for folder in (folder for folder in folders if folder in manifest.class_set):
+            found.append(("record_class", f"in class folder {folder!r}, but label {record.label} is "
+                                          f"{manifest.classes[record.label]!r} in the manifest"))
+            break
     return found
 
 

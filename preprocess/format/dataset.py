@@ -5,6 +5,7 @@ is generated from them); loaded and checked once by :func:`load_manifest` and pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 
@@ -139,6 +140,10 @@ class Manifest:
                                          schema.median_input_size, default=None)
     # Not in the document: {split: why its record_layout is not used} (``from_json``'s ``lenient_layouts``).
     layout_problems: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @functools.cached_property
+    def class_set(self) -> frozenset[str]:  # for a lookup per record
+        return frozenset(self.classes)
 
     @classmethod
     def from_json(cls, document, *, layouts_required: bool = True, lenient_layouts: bool = False,
