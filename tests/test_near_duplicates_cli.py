@@ -83,7 +83,7 @@ def test_validate_warns_of_planted_copies_lists_their_keys_and_pairs(leaky, tmp_
     # The terminal shows the pairs themselves, held-out key first.
     flowed = " ".join(result.output.split())
     first = across["pairs"][0]
-    assert f"{first['duplicate']['filename']} ~ {first['reference']['filename']}" in flowed
+    assert f"{first['duplicate']['filename']!r} ~ {first['reference']['filename']!r}" in flowed
     assert f"score {first['score']:.2f}" in flowed
 
     # The picture: one row per pair, most alike first; each cell the stored pixels of the record the report names,
@@ -150,6 +150,47 @@ def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
         report = validate.run(ValidateOptions(str(data), **options), IN_PROCESS, progress=lambda *_: None)
         assert report["ok"] is False and report["problem_counts"] == {"near_duplicates": 1}
         assert "warnings" not in report
+
+
+@pytest.fixture(scope="module")
+def held_out_pair(tmp_path_factory):
+    """train 8 photos; validation 3 distinct photos; test a copy of train photo 0 (a leak) and a copy of validation
+    photo 20 (two held-out splits: reported, not a leak)."""
+    root = tmp_path_factory.mktemp("held_out_pair")
+    for seed in range(8):
+        save(photo(seed), root / "source" / "train" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    for seed in range(20, 23):
+        save(photo(seed), root / "source" / "validation" / CLASSES[seed % 2] / f"photo_{seed}.jpg")
+    for seed in (0, 20):
+        save(jpeg(photo(seed), 30), root / "source" / "test" / CLASSES[seed % 2] / f"copy_{seed}.jpg")
+    helpers.preprocess(root / "source", root / "data")
+    return root / "data"
+
+
+def test_strict_fails_on_the_leak_alone_and_a_held_out_pair_stays_a_warning(held_out_pair):
+    for options in ({"strict": True}, {"near_duplicate_limit": 0}):
+        report = validate.run(ValidateOptions(str(held_out_pair), **options), IN_PROCESS, progress=lambda *_: None)
+        assert report["ok"] is False and report["near_duplicates"]["leaked_records"] == 1
+        [failed] = report["problems"]
+        assert (failed["check"], failed["split"], failed["reference"]) == ("near_duplicates", "test", "train")
+        [warning] = report["warnings"]
+        assert {warning["split"], warning["reference"]} == {"test", "validation"}
+        assert "not in --leaked-keys" in warning["message"] and "--strict" not in warning["message"]
+    report = validate.run(ValidateOptions(str(held_out_pair), near_duplicate_limit=1), IN_PROCESS,
+                          progress=lambda *_: None)
+    assert report["ok"] is True and len(report["warnings"]) == 2  # one leak is not more than 1
+
+
+def test_counts_of_one_are_said_in_the_singular():
+    from shardprep.pipelines.validate_job import report as report_lib
+
+    location = {"split": "validation", "file": "f", "index": 0, "filename": "a.jpg"}
+    near = {"min_score": 0.85, "max_distance": 16, "strict": False, "limit": None, "leaked_records": 1,
+            "across_splits": [{"reference": "train", "split": "validation", "leak": True, "records": 1,
+                               "split_records": 5, "pairs": [{"score": 1.0, "distance": 1, "duplicate": location,
+                                                              "reference": {**location, "split": "train"}}]}]}
+    assert "(score 1.00, 1 bit)" in report_lib.near_findings(near)[1][0]["message"]
+    assert ": 1 key of held-out records" in report_lib.keys_file_text(["a.jpg"], "d", near)
 
 
 def test_leaked_keys_is_refused_ahead_where_it_cannot_be_written_or_has_no_meaning(tmp_path):

@@ -335,3 +335,39 @@ def test_shardprep_verbose_shows_beams_own_logs_for_every_command():
         from shardprep.preprocess.checks import streams
 
         streams.restore()
+
+
+def near_report(pairs: int = 7) -> dict:
+    """A report of near-duplicates only: ``pairs`` pairs across splits (the first 1 bit apart, keys with a space and
+    keys too long to share a line), two records with a twin inside train, two borderline pairs; no --json."""
+    def location(split, name):
+        return {"split": split, "file": f"{split}/{split}-00000-of-00001.tfrecord", "index": 0, "filename": name}
+
+    listed = [{"score": 1.0, "distance": 1 + i,
+               "duplicate": location("validation", f"validation/golden retriever/{'held_out_' * (i % 3)}{i}.jpg"),
+               "reference": location("train", f"train/golden retriever/{'reference_' * (i % 3)}{i}.jpg")}
+              for i in range(pairs)]
+    entry = {"reference": "train", "split": "validation", "leak": True, "records": pairs, "split_records": 50,
+             "pairs": listed, "borderline": listed[:2]}
+    return {"kind": "dataset", "data": "d", "ok": True, "problems": [], "problem_counts": {}, "elapsed_seconds": 1.0,
+            "near_duplicates": {"across_splits": [entry], "min_score": 0.85, "max_distance": 16,
+                                "within_splits": {"train": {"records": 2, "pairs": listed[:1], "borderline": []}},
+                                "search": {"members_unchecked": 0}}}
+
+
+def test_near_duplicate_pairs_keep_their_keys_whole_quoted_and_indented_and_say_where_the_rest_are():
+    buffer = io.StringIO()
+    print_report(near_report(), None, console=Console(file=buffer, width=80, color_system=None))
+    lines = buffer.getvalue().splitlines()
+    text = "\n".join(lines)
+    pair_lines = [i for i, line in enumerate(lines) if " ~" in line]
+    assert len(pair_lines) == 5, text
+    for i in pair_lines:  # a pair's first line indented 2, its continuation 4, each key whole and quoted
+        assert lines[i].startswith("  '") and not lines[i].startswith("   "), text
+        if "(score" not in lines[i]:
+            assert lines[i + 1].startswith("    ") and lines[i + 1][4] in "'(" and "(score" in lines[i + 1], text
+    flowed = " ".join(text.split())
+    assert "'validation/golden retriever/0.jpg' ~ 'train/golden retriever/0.jpg' (score 1.00, 1 bit)" in flowed
+    assert "bits)" in text and "1 bits" not in text
+    assert "every one in the JSON report" not in text and "2 more pairs (--json REPORT lists every one)" in text
+    assert "within a split: train 2 records" in flowed and "2 borderline pairs (not counted)" in flowed

@@ -158,15 +158,15 @@ def _near_duplicates(report: dict, results: report_lib.Results, split_order: lis
     """Fills ``near_duplicates`` (and ``warnings``), writes ``--leaked-keys``; returns the problems failing the run."""
     split_records = {split: summary["num_examples"] for split, summary in report.get("splits", {}).items()}
     report["near_duplicates"] = near = report_lib.near_section(results, split_order, split_records, options)
-    found = report_lib.near_findings(near)
+    failing, warnings = report_lib.near_findings(near)
     if options.leaked_keys:
         text = report_lib.keys_file_text(sorted(results["near_duplicate_key"]), options.data, near)
         with _writing(f"the keys to {options.leaked_keys}", report, ""):
             near["leaked_keys_file"] = outputs.write("--leaked-keys", absolute(options.leaked_keys),
                                                      text.encode("utf-8"), "text/plain")
-    failing = report_lib.near_fails(near)
-    report.update({} if failing else {"warnings": found})
-    return found if failing else []
+    if warnings or not failing:
+        report["warnings"] = warnings
+    return failing
 
 
 def _foreign_files(options: ValidateOptions, progress: Progress) -> tuple[str, RecordFiles, list]:

@@ -25,8 +25,8 @@ class ValidateOptions:
     # then scored on its pixels (near_pairs.MIN_SCORE decides). 16 nominates BENCHMARKS.md's planted copies but
     # shifts of 2 px and more at 32 px; the score keeps every one of 19,900 pairs of distinct photos out.
     near_duplicate_distance: int = 16
-    near_duplicate_limit: int | None = None  # fail above this many records with a near-duplicate in an earlier split
-    strict: bool = False  # --strict: any near-duplicate across splits fails the run (else a warning)
+    near_duplicate_limit: int | None = None  # fail above this many leaks (held-out records with a training twin)
+    strict: bool = False  # --strict: any leak fails the run (else a warning)
     leaked_keys: str | None = None  # --leaked-keys: write those records' keys here, for preprocess --exclude
     # --near-duplicates/--no-near-duplicates; None (neither given): search
     near_duplicates: bool | None = None

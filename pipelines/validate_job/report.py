@@ -179,12 +179,15 @@ def near_measure(near: dict) -> str:
     return f"score ≥ {near['min_score']:.2f} on the pixels, hashes within {near['max_distance']} bits"
 
 
-def near_findings(near: dict) -> list[dict]:
-    """One ``near_duplicates`` problem per split pair with near-duplicates across splits."""
-    found = []
+def near_findings(near: dict) -> tuple[list[dict], list[dict]]:
+    """One ``near_duplicates`` problem per split pair with near-duplicates across splits: (those failing the run,
+    its leaks when :func:`near_fails`; the rest, warnings)."""
+    failing: list[dict] = []
+    warnings: list[dict] = []
     for entry in near["across_splits"]:
         if not entry["records"]:
             continue
+        fails = entry["leak"] and near_fails(near)
         message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
                    f"near-duplicate in {entry['reference']} ({near_measure(near)})")
         if not entry["leak"]:
@@ -193,17 +196,17 @@ def near_findings(near: dict) -> list[dict]:
         if entry["pairs"]:
             best = entry["pairs"][0]
             message += (f"; most alike: {best['duplicate']['filename']!r} and {best['reference']['filename']!r}"
-                        f" (score {best['score']:.2f}, {best['distance']} bits)")
+                        f" (score {best['score']:.2f}, {count(best['distance'], 'bit')})")
             where = {"file": best["duplicate"]["file"], "index": best["duplicate"]["index"]}
-        if near_fails(near):
+        if fails:
             message += ("; --strict" if near["strict"] else f"; more than --near-duplicate-limit {near['limit']:,}")
-        found.append(problem("near_duplicates", message, split=entry["split"], reference=entry["reference"],
-                             count=entry["records"], **where))
-    return found
+        (failing if fails else warnings).append(problem("near_duplicates", message, split=entry["split"],
+                                                        reference=entry["reference"], count=entry["records"], **where))
+    return failing, warnings
 
 
 def keys_file_text(keys: list[str], data: str, near: dict) -> str:
     """The ``--leaked-keys`` file: a comment line, then one key per line (what ``preprocess --exclude`` reads)."""
-    comment = (f"shardprep validate {' '.join(data.splitlines())}: {len(keys)} keys of held-out records with a "
+    comment = (f"shardprep validate {' '.join(data.splitlines())}: {count(len(keys), 'key')} of held-out records with a "
                f"near-duplicate in a training split ({near_measure(near)}); for shardprep preprocess --exclude")
     return format_keys(keys, comment)

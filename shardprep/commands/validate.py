@@ -99,12 +99,13 @@ HELP = HELP.replace("{mean_std_check}", _mean_std_check())
               help="Records whose 64-bit perceptual hashes differ in at most BITS bits are candidates, each then "
                    "confirmed on its pixels.")
 @click.option("--near-duplicate-limit", default=default("near_duplicate_limit"), type=click.IntRange(min=0),
-              metavar="N", help="Fail when more than N records have a near-duplicate in an earlier split "
+              metavar="N", help="Fail when more than N held-out records have a near-duplicate in a training split "
                                 "(default: a warning, however many).")
 @click.option("--strict", is_flag=True, default=default("strict"),
-              help="Fail on any near-duplicate across splits (exact duplicates always fail).")
+              help="Fail on any leak: a held-out record with a near-duplicate in a training split (exact "
+                   "duplicates across splits always fail).")
 @click.option("--leaked-keys", default=default("leaked_keys"), metavar="FILE",
-              help="Write the keys of records with a near-duplicate in an earlier split to FILE, for "
+              help="Write the keys of held-out records with a near-duplicate in a training split to FILE, for "
                    "shardprep preprocess --exclude FILE.")
 @click.option("--near-duplicates/--no-near-duplicates", default=default("near_duplicates"),
               help="Run the near-duplicate search or not (default: it runs, whatever the count; --strict, "
@@ -177,7 +178,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     if report["kind"] == "dataset":
         for split, summary in report.get("splits", {}).items():
             say(_dataset_split_line(split, summary))
-            _print_class_table(console, say, summary)
+            _print_class_table(console, say, summary, json_path)
         if report.get("stats_split"):
             say([("", f"mean RGB {_rgb(report.get('mean_rgb'))}"),
                  (" ", f"(manifest {_rgb(report.get('manifest_mean_rgb'))})"),
@@ -189,8 +190,8 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
             say(_foreign_split_line(split, summary))
             console.print(_foreign_split_table(summary, report.get("classes")))
     if report["problems"]:
-        _print_problems(say, report)
-    _print_near_duplicates(say, report)
+        _print_problems(say, report, json_path)
+    _print_near_duplicates(say, report, json_path)
     _print_found_files(console, report)
     if report.get("skipped_checks"):
         say(output.headed([("", _text("skipped", style="bold"))], report["skipped_checks"]))
@@ -248,7 +249,12 @@ def _dataset_split_line(split: str, summary: dict) -> list:
     return items
 
 
-def _print_class_table(console, say, summary: dict) -> None:
+def _listed(json_path: str | None, what: str) -> str:
+    """Where the rest of what a list cut short is: "{what} in the JSON report", or the option that writes it."""
+    return f"{what} in the JSON report" if json_path else f"--json REPORT lists {what}"
+
+
+def _print_class_table(console, say, summary: dict, json_path: str | None) -> None:
     """Records per class against the manifest: every class up to _CLASS_ROWS_SHOWN, else those that differ."""
     expected = summary["expected_class_counts"]
     rows = list(enumerate(summary["class_counts"].items()))
@@ -264,10 +270,10 @@ def _print_class_table(console, say, summary: dict) -> None:
             table.add_row(_text(label), _text("(out of range)", style="red"), f"{n:,}", "0", _text("✗", style="red"))
         console.print(table)
     if len(shown) < len(rows):
-        say(_rest_of_classes(rows, differ, len(shown)))
+        say(_rest_of_classes(rows, differ, len(shown), json_path))
 
 
-def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
+def _rest_of_classes(rows: list, differ: list, shown: int, json_path: str | None) -> list:
     """Under a class table that does not list every class: how many more differ or match."""
     differing = {label for label, _ in differ}
     counts = [n for label, (_, n) in rows if label not in differing]
@@ -278,7 +284,7 @@ def _rest_of_classes(rows: list, differ: list, shown: int) -> list:
         return [("", f"all {len(rows):,} classes match the manifest"), (" ", per_class)]
     if len(differ) == shown:
         return [("", f"… the other {len(counts):,} classes match the manifest"), (" ", per_class)]
-    return [("", f"… {len(differ) - shown:,} more classes differ (all in the JSON report)"),
+    return [("", f"… {len(differ) - shown:,} more classes differ ({_listed(json_path, 'all')})"),
             ("; ", f"the other {len(counts):,} match")]
 
 
@@ -330,7 +336,7 @@ def _picture_paths(report: dict) -> list[str]:
     return [path + (more if name == "near_duplicates" else "") for name, path in (report.get("pictures") or {}).items()]
 
 
-def _print_near_duplicates(say, report: dict) -> None:
+def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
     """The near-duplicates found (a count per split pair and within splits), the warnings, the keys file."""
     near = report.get("near_duplicates")
     if near and near.get("skipped"):
@@ -346,18 +352,21 @@ def _print_near_duplicates(say, report: dict) -> None:
     if not across:
         items.append((" ", "none across splits"))
     if within:
-        items += [("; ", "within a split:")] + [(" " if i == 0 else ", ", f"{split} {n:,}")
+        items += [("; ", "within a split:")] + [(" " if i == 0 else ", ", f"{split} {count(n, 'record')}")
                                                 for i, (split, n) in enumerate(within)]
+    borderline = sum(len(entry.get("borderline", [])) for entry in [*across, *near["within_splits"].values()])
+    if borderline:
+        items.append(("; ", f"{count(borderline, 'borderline pair')} (not counted)"))
     if near["search"]["members_unchecked"]:
         items.append(("; ", f"{near['search']['members_unchecked']:,} records in crowded search buckets "
                             "not compared"))
     say(items)
     pairs = [pair for entry in across for pair in entry["pairs"]]
     for pair in pairs[:_NEAR_PAIRS_SHOWN]:  # held-out key first; every pair is in the JSON report
-        say([("", f"  {pair['duplicate']['filename']} ~ {pair['reference']['filename']}"),
-             (" ", f"(score {pair['score']:.2f}, {pair['distance']} bits)")], indent="    ")
+        say([("", f"  {pair['duplicate']['filename']!r}"), (" ~ ", repr(pair["reference"]["filename"])),
+             (" ", f"(score {pair['score']:.2f}, {count(pair['distance'], 'bit')})")], indent="    ")
     if len(pairs) > _NEAR_PAIRS_SHOWN:
-        say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs (every one in the JSON report)")])
+        say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs ({_listed(json_path, 'every one')})")])
     for found in report.get("warnings") or []:
         say(_warning(found["split"] or "", found["message"]), indent="    ")
     if near.get("leaked_keys_file"):
@@ -369,13 +378,13 @@ def _warning(subject: str, message: str) -> list:
     return output.headed([("", _text("  ", ("warning", "bold yellow"))), ("  ", subject)], message)
 
 
-def _print_problems(say, report: dict) -> None:
+def _print_problems(say, report: dict, json_path: str | None) -> None:
     """A heading, then one entry per problem (check, where, message): a list, not a table, so that file names and
     messages keep whole at 80 columns."""
     problems = report["problems"]
     total = sum(report["problem_counts"].values())
     say([("", _text("problems", style="bold")),
-         (" ", f"(first {_PROBLEM_ROWS_SHOWN} of {total:,}; all counted in the JSON report):"
+         (" ", f"(first {_PROBLEM_ROWS_SHOWN} of {total:,}; {_listed(json_path, 'all')}):"
                if total > _PROBLEM_ROWS_SHOWN else f"({total:,}):")])
     for found in problems[:_PROBLEM_ROWS_SHOWN]:
         where = found.get("file") or found.get("split") or ""
