@@ -177,7 +177,8 @@ def test_the_stage_verifies_planted_copies_lists_every_pair_and_pairs_no_flat_im
             assert all(pair.score >= near_score.MIN_SCORE and pair.distance <= THRESHOLD for pair in across)
             assert [(p.reference, p.duplicate) for p in pairs[SplitPair("validation", "test")]] == [
                 (at("validation", 3), at("test", 0))]
-            assert set(across[0].to_json()) == {"score", "distance", "reference", "duplicate"}
+            assert set(across[0].to_json()) == {"score", "distance", "reference", "duplicate", "same_hash"}
+            assert across[0].to_json()["same_hash"] == {"duplicate": 1, "reference": 1}
 
         assert_that(found["pairs"], check_pairs, label="Pairs")
 
@@ -287,6 +288,14 @@ def test_thousands_of_copies_of_one_image_are_one_group_counted_whole():
                                                (SplitPair("validation", "validation"), 300)]), label="Counts")
         assert_that(found["search"], equal_to([(0, 0, THRESHOLD)]), label="NoBucketOverTheCap")
         assert_that(found["leaked"] | beam.combiners.Count.Globally(), equal_to([300]), label="Leaked")
+
+        def stand_for_their_groups(listed):  # one pair a split pair, saying how many records share each hash
+            pairs = {split_pair: [pair.to_json()["same_hash"] for pair in found] for split_pair, found in listed}
+            assert pairs == {SplitPair("train", "validation"): [{"duplicate": 300, "reference": 1500}],
+                             SplitPair("train", "train"): [{"duplicate": 1500, "reference": 1500}],
+                             SplitPair("validation", "validation"): [{"duplicate": 300, "reference": 300}]}
+
+        assert_that(found["pairs"], stand_for_their_groups, label="Pairs")
 
 
 def test_a_bucket_compares_each_member_once_within_the_cap_either_one_mirrored():

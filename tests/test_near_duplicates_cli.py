@@ -4,6 +4,7 @@ preprocess --exclude`` rebuilding without them."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 
@@ -142,6 +143,31 @@ def test_pictures_enlarge_small_images_and_run_to_as_many_pages_as_the_pairs_nee
     x, y = near_pictures.pair_cell_origin(0, 0)
     np.testing.assert_array_equal(pixels[y:y + 128, x:x + 128], small.repeat(16, axis=0).repeat(16, axis=1))
     assert len(near_pictures.shown_pairs(near)) == 28 and near_pictures.shown_pairs(near)[-1]["score"] == 0.8
+
+
+def test_the_html_names_every_drawn_pair_in_full_and_says_when_the_pages_stop():
+    def location(split, name):
+        return {"split": split, "file": f"{split}/f", "index": 0, "filename": name}
+
+    long_key = "validation/animal/" + "very_long_name_" * 8 + "<b>&.jpg"
+    pair = {"score": 0.9, "distance": 1, "reference": location("train", "train/a.jpg"),
+            "duplicate": location("validation", long_key), "same_hash": {"duplicate": 4, "reference": 1}}
+    near = {"min_score": 0.85, "max_distance": 16, "leaked_records": 4, "within_splits": {},
+            "across_splits": [{"pairs": [pair] * 1300, "borderline": []}]}
+    page = near_pictures.html_of({"data": "d", "near_duplicates": near}, ["near_duplicates.png"]).decode()
+    assert page.count(html.escape(long_key) + " (+3 with its hash)") == near_pictures.PAIRS_PER_PAGE
+    assert "score 0.90, hashes 1 bit apart" in page and "<b>&" not in page
+    assert "the first 1,200 of 1,300 pairs drawn" in page
+
+
+def test_a_caption_too_long_for_its_place_is_cut_in_the_middle_so_the_file_name_shows():
+    from PIL import ImageDraw
+
+    draw, font = ImageDraw.Draw(Image.new("RGB", (10, 10))), near_pictures.label_font(13)
+    text = "validation/animal/" + "n02133161_American_black_bear_" * 3 + "IMG_20230512_1430.jpg"
+    cut = near_pictures._fit_text(draw, text, font, 300, middle=True)
+    assert draw.textlength(cut, font=font) <= 300 and "…" in cut
+    assert cut.startswith("validation/") and cut.endswith("IMG_20230512_1430.jpg")
 
 
 def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):

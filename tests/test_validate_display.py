@@ -119,6 +119,9 @@ def test_the_pictures_line_counts_the_near_duplicate_pages():
     text = " ".join(" ".join(rendered(report, 200)).split())
     assert ("pictures: /p/contact_sheet.png, /p/near_duplicates.png (and 87 more pages, to near_duplicates-88.png), "
             "/p/near_duplicates.html, /p/class_counts.png") in text
+    report["near_duplicates"].update(pairs_drawn=1200, across_splits=[{"pairs": [{}] * 1300, "borderline": [], "records": 0}])
+    assert "near_duplicates.png (and 87 more pages, to near_duplicates-88.png: the first 1,200 of 1,300 pairs)" in (
+        " ".join(" ".join(rendered(report, 200)).split()))
     report["near_duplicates"]["pages"] = pages[:1]
     assert "pictures: /p/contact_sheet.png, /p/near_duplicates.png, /p/near_duplicates.html" in " ".join(
         " ".join(rendered(report, 200)).split())
@@ -347,6 +350,7 @@ def near_report(pairs: int = 7) -> dict:
                "duplicate": location("validation", f"validation/golden retriever/{'held_out_' * (i % 3)}{i}.jpg"),
                "reference": location("train", f"train/golden retriever/{'reference_' * (i % 3)}{i}.jpg")}
               for i in range(pairs)]
+    listed[0]["same_hash"] = {"duplicate": 4, "reference": 1}  # four held-out records share the first's hash
     entry = {"reference": "train", "split": "validation", "leak": True, "records": pairs, "split_records": 50,
              "pairs": listed, "borderline": listed[:2]}
     return {"kind": "dataset", "data": "d", "ok": True, "problems": [], "problem_counts": {}, "elapsed_seconds": 1.0,
@@ -367,7 +371,9 @@ def test_near_duplicate_pairs_keep_their_keys_whole_quoted_and_indented_and_say_
         if "(score" not in lines[i]:
             assert lines[i + 1].startswith("    ") and lines[i + 1][4] in "'(" and "(score" in lines[i + 1], text
     flowed = " ".join(text.split())
-    assert "'validation/golden retriever/0.jpg' ~ 'train/golden retriever/0.jpg' (score 1.00, 1 bit)" in flowed
+    assert ("'validation/golden retriever/0.jpg' (+3 with its hash) ~ 'train/golden retriever/0.jpg' "
+            "(score 1.00, 1 bit)") in flowed
+    assert "'validation/golden retriever/held_out_1.jpg' ~" in flowed  # a record alone with its hash: no count
     assert "bits)" in text and "1 bits" not in text
     assert "every one in the JSON report" not in text and "2 more pairs (--json REPORT lists every one)" in text
     assert "within a split: train 2 records" in flowed and "2 borderline pairs (not counted)" in flowed

@@ -265,6 +265,7 @@ def write_pictures(directory: str, report: dict, results: report_lib.Results | N
         data_dir = absolute(report["data"]).rstrip("/")
         near["pages"] = pages = [write(name, png) for name, png in pictures.pages_of(report, lambda file, index: (
             read_record_pixels(manifest_lib.join(data_dir, file), index)))]
+        near["pairs_drawn"] = len(pictures.shown_pairs(near))
         page = pictures.html_of(report, [os.path.basename(path) for path in pages])
         written.update(near_duplicates=pages[0],
                        near_duplicates_html=write(pictures.NEAR_DUPLICATES_HTML, page, "text/html"))

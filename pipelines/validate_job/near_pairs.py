@@ -68,15 +68,18 @@ class HashPair(NamedTuple):
 
 
 class NearPair(NamedTuple):
-    """A candidate pair: score, hash distance, and the records (``reference`` in the lower-ranked split)."""
+    """A candidate pair: score, hash distance, and the records (``reference`` in the lower-ranked split); it stands
+    for every record of each one's split with its hash (``same_hash``: how many, itself included)."""
     score: float
     distance: int
     reference: RecordLocation
     duplicate: RecordLocation
+    same_hash: tuple[int, int] = (1, 1)  # (reference's, duplicate's)
 
     def to_json(self) -> dict:
         return {"score": round(self.score, 4), "distance": self.distance, "reference": self.reference.to_json(),
-                "duplicate": self.duplicate.to_json()}
+                "duplicate": self.duplicate.to_json(),
+                "same_hash": {"duplicate": self.same_hash[1], "reference": self.same_hash[0]}}
 
     def order(self) -> tuple:
         """Most alike first, then closest hashes, then by location."""
@@ -299,6 +302,7 @@ Finding = tuple[str, "Flag | NearPair"]  # (tag, value): "flag", "near_pair" or 
 def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found: NearPair,
               min_score: float) -> Iterator[Finding]:
     """Flags (both ways within a split) and the NearPair from ``min_score``; up to BORDERLINE short, borderline."""
+    found = found._replace(same_hash=(reference.counts[pair.reference], duplicate.counts[pair.split]))
     if found.score >= min_score:
         yield "flag", Flag(duplicate.hash, pair, duplicate.counts[pair.split])
         if pair.reference == pair.split:

@@ -60,12 +60,15 @@ def label_font(size: int):
         return ImageFont.load_default(size=size)
 
 
-def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
+def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int, middle: bool = False) -> str:
+    """``text`` cut with "…" to ``width`` px: at its end, or (``middle``, a path) after its first 12 characters (the
+    split) so that as much of its end (the file name) shows as fits."""
     if draw.textlength(text, font=font) <= width:
         return text
-    while text and draw.textlength(text + "…", font=font) > width:
-        text = text[:-1]
-    return text + "…"
+    head, tail, keep = (min(12, len(text)), len(text) - min(12, len(text)), 12) if middle else (len(text), 0, 0)
+    while (head or tail) and draw.textlength(text[:head] + "…" + text[len(text) - tail:], font=font) > width:
+        head, tail = (head - 1, tail) if head > keep or not tail else (head, tail - 1)
+    return text[:head] + "…" + text[len(text) - tail:]
 
 
 def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: int) -> Image.Image:
@@ -160,6 +163,12 @@ def shown_pairs(near: dict) -> list[dict]:
     return (across + within + borderline)[:MAX_PAGES * PAIRS_PER_PAGE]
 
 
+def pair_count(near: dict) -> int:
+    """The pairs the report lists (across and within splits, borderline): :func:`shown_pairs` draws MAX_PAGES pages."""
+    return sum(len(entry["pairs"]) + len(entry.get("borderline", []))
+               for entry in [*near["across_splits"], *near["within_splits"].values()])
+
+
 def pair_cell_origin(row: int, column: int) -> tuple[int, int]:
     """(x, y) of the top-left pixel of a row's image (column 0: the held-out record, 1: its twin)."""
     return PAD + column * (CELL + PAD), HEADER + row * (CELL + PAD)
@@ -174,11 +183,16 @@ def enlarged(pixels: np.ndarray) -> np.ndarray:
 
 
 def _caption(pair: dict) -> list[str]:
+    """Score and distance, then each side's key (its split first unless the key starts with it) and how many more
+    records of its split share its hash."""
     verdict = "borderline, not counted: " if pair.get("borderline") else ""
     bits = f"{pair['distance']} bit{'' if pair['distance'] == 1 else 's'}"
-    return [f"{verdict}score {pair['score']:.2f}, hashes {bits} apart",
-            f"{pair['duplicate']['split']}: {pair['duplicate']['filename']}",
-            f"{pair['reference']['split']}: {pair['reference']['filename']}"]
+    keys = []
+    for side in ("duplicate", "reference"):
+        split, key, same = pair[side]["split"], pair[side]["filename"], pair.get("same_hash", {}).get(side, 1)
+        keys.append(("" if key.startswith(f"{split}/") else f"{split}: ") + key
+                    + (f" (+{same - 1:,} with its hash)" if same > 1 else ""))
+    return [f"{verdict}score {pair['score']:.2f}, hashes {bits} apart", *keys]
 
 
 def near_duplicate_sheet(pairs: list[dict], read_pixels: PixelReader, title: str) -> Image.Image:
@@ -196,7 +210,7 @@ def near_duplicate_sheet(pairs: list[dict], read_pixels: PixelReader, title: str
             _cell(draw, sheet, None if pixels is None else enlarged(pixels), pair_cell_origin(row, column), CELL)
         x, y = pair_cell_origin(row, 2)
         for i, text in enumerate(_caption(pair)):
-            draw.text((x + 6, y + 14 + 18 * i), _fit_text(draw, text, font, CAPTION_WIDTH - 12), fill=(0, 0, 0),
+            draw.text((x + 6, y + 14 + 18 * i), _fit_text(draw, text, font, CAPTION_WIDTH - 12, i > 0), fill=(0, 0, 0),
                       font=font, anchor="lm")
     return sheet
 
@@ -211,10 +225,20 @@ def pages_of(report: dict, read_pixels: PixelReader) -> list[tuple[str, bytes]]:
 
 
 def html_of(report: dict, names: list[str]) -> bytes:
-    """``near_duplicates.html``: the pages, one under another, under what makes a pair."""
-    near = report["near_duplicates"]
+    """``near_duplicates.html``: the pages, one under another, each followed by its pairs in words (whole keys to
+    read and copy), under what makes a pair and how many of the pairs were drawn."""
+    near, pairs = report["near_duplicates"], shown_pairs(report["near_duplicates"])
+    total = pair_count(near)
     heading = html.escape(f"near-duplicates of {report['data']}: score ≥ {near['min_score']:.2f}, hashes within "
-                          f"{near['max_distance']} bits; {near['leaked_records']:,} held-out records leak")
-    images = "\n".join(f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>' for name in names)
+                          f"{near['max_distance']} bits; {near['leaked_records']:,} held-out records leak"
+                          + (f"; the first {len(pairs):,} of {total:,} pairs drawn (all in the JSON report)"
+                             if len(pairs) < total else ""))
+    pages = []
+    for page, name in enumerate(names):
+        rows = pairs[page * PAIRS_PER_PAGE:(page + 1) * PAIRS_PER_PAGE]
+        items = "".join(f"<li>{html.escape(' ~ '.join(_caption(pair)[1:]))} ({html.escape(_caption(pair)[0])})</li>\n"
+                        for pair in rows)
+        pages.append(f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>\n'
+                     f'<ol start="{page * PAIRS_PER_PAGE + 1}">\n{items}</ol>')
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>near-duplicates</title></head>\n"
-            f"<body><h1>{heading}</h1>\n{images}\n</body></html>\n").encode("utf-8")
+            f"<body><h1>{heading}</h1>\n" + "\n".join(pages) + "\n</body></html>\n").encode("utf-8")

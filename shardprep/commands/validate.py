@@ -14,6 +14,7 @@ from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
 from shardprep.output import SpinnerProgress as ProgressDisplay
 from shardprep.output import console as make_console
 from shardprep.pipelines.validate_job.options import MAX_DISTANCE, ValidateOptions, default
+from shardprep.pipelines.validate_job.pictures import pair_count
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.sources.wordnet_names import display_name
 
@@ -331,8 +332,12 @@ _NEAR_PAIRS_SHOWN = 5
 
 def _picture_paths(report: dict) -> list[str]:
     """The pictures written, the near-duplicates' first page with how many follow it (up to 100 pages)."""
-    pages = (report.get("near_duplicates") or {}).get("pages") or []
-    more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])})" if len(pages) > 1 else ""
+    near = report.get("near_duplicates") or {}
+    pages, drawn = near.get("pages") or [], near.get("pairs_drawn")
+    more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])}" if len(pages) > 1 else ""
+    if more and drawn is not None and drawn < pair_count(near):  # MAX_PAGES: the rest are in the JSON report
+        more += f": the first {drawn:,} of {pair_count(near):,} pairs"
+    more += ")" if more else ""
     return [path + (more if name == "near_duplicates" else "") for name, path in (report.get("pictures") or {}).items()]
 
 
@@ -363,7 +368,7 @@ def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
     say(items)
     pairs = [pair for entry in across for pair in entry["pairs"]]
     for pair in pairs[:_NEAR_PAIRS_SHOWN]:  # held-out key first; every pair is in the JSON report
-        say([("", f"  {pair['duplicate']['filename']!r}"), (" ~ ", repr(pair["reference"]["filename"])),
+        say([("", f"  {_key(pair, 'duplicate')}"), (" ~ ", _key(pair, "reference")),
              (" ", f"(score {pair['score']:.2f}, {count(pair['distance'], 'bit')})")], indent="    ")
     if len(pairs) > _NEAR_PAIRS_SHOWN:
         say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs ({_listed(json_path, 'every one')})")])
@@ -372,6 +377,12 @@ def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
     if near.get("leaked_keys_file"):
         say([("", f"leaked keys: {near['leaked_keys_file']}"),
              (" ", f"({count(near['leaked_records'], 'key')}, for shardprep preprocess --exclude)")])
+
+
+def _key(pair: dict, side: str) -> str:
+    """A side's key, quoted, and how many more records of its split share its hash (the pair stands for them)."""
+    same = pair.get("same_hash", {}).get(side, 1)
+    return repr(pair[side]["filename"]) + (f" (+{same - 1:,} with its hash)" if same > 1 else "")
 
 
 def _warning(subject: str, message: str) -> list:
