@@ -34,7 +34,7 @@ def model_for(data_dir, path):
     manifest = load_manifest(str(data_dir))
     keras.utils.set_random_seed(0)
     model = build_model(len(manifest.classes), IMAGE_SIZE, manifest.mean_rgb, manifest.std_rgb,
-                        width_multiplier=0.125)
+                        width_multiplier=0.125, classes=manifest.classes)
     save_inference_model(model, str(path))
     return str(path)
 
@@ -61,6 +61,26 @@ def error_lines(result) -> list[str]:
 
 
 # ---- the dataset must be the model's -------------------------------------------------------------------------------
+
+def test_the_same_images_with_the_classes_in_another_order_are_refused_by_name(trained, tmp_path):
+    # preprocess --classes with another order (or names swapped in manifest.json): the same pixels and statistics,
+    # but every label another class's: the model's name carries a digest of the class list it was trained on.
+    import json
+    import shutil
+
+    data, model, _, root = trained
+    reordered = shutil.copytree(data, tmp_path / "reordered")
+    manifest = json.loads((reordered / "manifest.json").read_text())
+    manifest["classes"] = manifest["classes"][::-1]
+    (reordered / "manifest.json").write_text(json.dumps(manifest))
+    photo = root / "photo.png"
+    photo.write_bytes(png(1))
+    result = invoke(model, reordered, photo)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [line] = error_lines(result)
+    assert "trained on other classes, or the same in another order" in line and "give the dataset" in line
+    assert invoke(model, data, photo).exit_code == 0
+
 
 def test_another_dataset_of_the_same_class_count_is_refused_by_its_mean_and_std(trained):
     from shardprep.train.model.predict import predict_images
@@ -186,8 +206,8 @@ def test_predict_images_reports_bad_photos_when_asked_and_raises_by_default(trai
 # ---- readable ImageNet names -----------------------------------------------------------------------------------------
 
 def test_wordnet_ids_are_shown_with_their_readable_names(trained, tmp_path):
-    """The model's own dataset with its classes named by WordNet ids, as imagenette's are (another dataset would need
-    another model: the model refuses data it was not trained on)."""
+    """A dataset whose classes are named by WordNet ids, as imagenette's are, and a model trained on it (a model
+    refuses data it was not trained on, other class names included)."""
     import json
     import shutil
 
@@ -200,6 +220,8 @@ def test_wordnet_ids_are_shown_with_their_readable_names(trained, tmp_path):
     for split in manifest["splits"].values():
         split["class_counts"] = {renamed[name]: count for name, count in split["class_counts"].items()}
     (data / "manifest.json").write_text(json.dumps(manifest))
+    assert invoke(model, data, tmp_path).exit_code == 1  # the colours' model: trained on other class names
+    model = model_for(data, tmp_path / "model.keras")
     photo = tmp_path / "photo.png"
     photo.write_bytes(png(9))
     result = invoke(model, data, photo, "--top-k", "2")

@@ -11,6 +11,7 @@ import keras
 from keras import layers, ops
 
 from shardprep.train.model.augment import CropFlipNormalize
+from shardprep.train.model.predict import classes_name
 from shardprep.train.run.config import TrainConfig
 
 STAGE_WIDTHS = (64, 128, 256, 512)
@@ -71,13 +72,15 @@ def resnet18(num_classes: int, input_shape=(224, 224, 3), width_multiplier: floa
 
 
 def build_model(num_classes: int, image_size: int, mean_rgb, std_rgb, *, augment: str = "crop",
-                seed: int | None = None, width_multiplier: float = 1.0, weight_decay: float = 0.0) -> keras.Model:
-    """The training model: uint8 images in, augmented or centrally cropped, normalized, logits out."""
+                seed: int | None = None, width_multiplier: float = 1.0, weight_decay: float = 0.0,
+                classes=None) -> keras.Model:
+    """The training model: uint8 images in, augmented or centrally cropped, normalized, logits out; named by
+    ``classes`` (:func:`classes_name`) when given."""
     images = keras.Input((None, None, 3), dtype="uint8", name="images")
     x = CropFlipNormalize(image_size, mean_rgb, std_rgb, augment=augment, seed=seed, name="crop_flip_normalize")(
         images)
     logits = resnet18_layers(x, num_classes, width_multiplier=width_multiplier, weight_decay=weight_decay)
-    return keras.Model(images, logits, name="shardprep_resnet18")
+    return keras.Model(images, logits, name="shardprep_resnet18" if classes is None else classes_name(classes))
 
 
 def inference_model(model: keras.Model) -> keras.Model:

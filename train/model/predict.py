@@ -6,6 +6,8 @@ classes; :func:`check_dataset` refuses a manifest that is not the model's datase
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Iterable, Sequence
 
@@ -121,6 +123,11 @@ def _numbers(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values) if values is not None else "none"
 
 
+def classes_name(classes) -> str:
+    """A model's name for the class list it learns (names and order), which predict checks: a hash, not the list."""
+    return "shardprep_resnet18_" + hashlib.sha256(json.dumps(list(classes)).encode()).hexdigest()[:12]
+
+
 def check_dataset(model, manifest: Manifest, data: str) -> None:
     """A ``ValueError`` naming what differs when ``manifest`` (of ``data``) cannot be ``model``'s dataset: the
     number of classes, stored images smaller than the crop, another normalization (when the model has one)."""
@@ -129,6 +136,10 @@ def check_dataset(model, manifest: Manifest, data: str) -> None:
     if outputs is not None and outputs != len(manifest.classes):
         raise ValueError(f"the model has {outputs} outputs but the manifest lists {len(manifest.classes)} "
                          f"classes: {give}")
+    name = getattr(model, "name", "")  # a model of an older shardprep (or built by hand) says nothing of its classes
+    if name.startswith("shardprep_resnet18_") and name != classes_name(manifest.classes):
+        raise ValueError(f"the model was trained on other classes, or the same in another order, than {data}'s "
+                         f"manifest lists: {give}")
     size = model_image_size(model)
     height, width = manifest.stored_shape
     if size is not None and min(height, width) < size:

@@ -124,7 +124,8 @@ def _train(config: TrainConfig, steps, manifest: Manifest, events: Listener, on_
     with steps.scope():
         model = build_model(num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
                             augment=config.augment, seed=config.seed,
-                            width_multiplier=config.width_multiplier, weight_decay=config.weight_decay)
+                            width_multiplier=config.width_multiplier, weight_decay=config.weight_decay,
+                            classes=manifest.classes)
         optimizer = make_optimizer(config, base_lr, steps_per_epoch, steps.precision)
         steps.compile(model, optimizer, num_classes)
         optimizer.build(model.trainable_variables)
