@@ -531,7 +531,9 @@ def test_a_manifest_planted_beside_a_stopped_run_is_refused_not_trusted(source, 
     output = copy_killed(killed, tmp_path)
     # A finished dataset's manifest (another run's, with other options): its shards are not these.
     another = (reference_outputs["streamed"] / manifest_lib.MANIFEST_NAME).read_bytes()
-    for manifest in (b"not json", b'{"format_version": 1}', another):
+    shardless = (b'{"format_version": 1, "classes": ["a"], "encoding": "raw", "shorter_side": 72, "crop": "none", '
+                 b'"splits": {}}')  # well formed, and every shard it lists (none) is there
+    for manifest in (b"not json", b'{"format_version": 1}', another, shardless):
         (output / manifest_lib.MANIFEST_NAME).write_bytes(manifest)
         before = tree(tmp_path)
         assert_refused(run_cli(tmp_path, command(source, ADOPTED, "--resume")), "manifest.json",

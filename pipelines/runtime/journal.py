@@ -252,6 +252,8 @@ def _manifest_problem(output: str) -> str | None:
         written = load_manifest(output)
     except (manifest.ManifestError, OSError) as e:  # each names the file: OUTPUT's manifest.json, named already
         return f"cannot be read ({str(e).removeprefix(manifest.manifest_path(output) + ': ')[:120]})"
+    if written.num_inputs is None or not any(split.shards for split in written.splits.values()):
+        return "is not one preprocess writes (no shards, or no num_inputs)"
     for name, split in written.splits.items():
         for shard in split.shards:
             path = manifest.join(output, shard.file)
