@@ -83,3 +83,22 @@ def test_verify_records_on_tensorflow_is_one_error_line_naming_shard_and_record(
 
 
 # --verify-records on JAX: test_train_backends.py::test_verify_records_is_honoured_on_jax (its JAX process runs it).
+
+
+def test_a_resume_on_data_of_another_normalization_is_refused_naming_it(tmp_path):
+    # The same shards under a manifest of other mean/std: the model would normalize otherwise from the resumed step.
+    import dataclasses
+
+    from train_helpers import write_colour_dataset
+
+    from shardprep.train.data.reader import load_manifest
+    from shardprep.train.run import checkpoints
+    from shardprep.train.run.config import TrainConfig
+
+    data = write_colour_dataset(tmp_path / "colours")
+    manifest, config = load_manifest(data), TrainConfig(data_dir=data)
+    saved = checkpoints.run_options(config, manifest, 4)
+    edited = checkpoints.run_options(config, dataclasses.replace(manifest, mean_rgb=(200.0, 0.0, 0.0)), 4)
+    with pytest.raises(ValueError, match=r"DATA's mean/std RGB .* then, .*200.* now"):
+        checkpoints.check_options(saved, edited, "state.json")
+    checkpoints.check_options({k: v for k, v in saved.items() if k != "normalization"}, edited, "state.json")

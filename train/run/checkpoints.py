@@ -103,7 +103,8 @@ def run_options(config, manifest: Manifest, steps_per_epoch: int) -> dict:
     shards = [[shard.file, shard.num_examples, shard.num_bytes, shard.sha256] for shard in split.shards]
     data = json.dumps({"classes": list(manifest.classes), "shards": shards}, sort_keys=True)
     return {**options, "steps_per_epoch": steps_per_epoch, "train_examples": split.num_examples,
-            "data": hashlib.sha256(data.encode()).hexdigest()[:16]}
+            "data": hashlib.sha256(data.encode()).hexdigest()[:16],
+            "normalization": [list(manifest.mean_rgb or ()), list(manifest.std_rgb or ())]}
 
 
 def _shown(value) -> str:
@@ -119,6 +120,8 @@ def check_options(saved: dict | None, current: dict, checkpoint: str) -> None:
     if saved.get("data") != current["data"]:
         differences.append(f"DATA's {current['train_split']!r} split is another one ({saved.get('train_examples')} "
                            f"examples then, {current['train_examples']} now, or other shards)")
+    if "normalization" in saved and saved["normalization"] != current.get("normalization"):  # older ones: none
+        differences.append(f"DATA's mean/std RGB {saved['normalization']} then, {current.get('normalization')} now")
     if differences:
         raise ValueError(f"--resume: {checkpoint} was saved by a run with other options ({'; '.join(differences)}); "
                          "resume with the same options, or start again in a new --output-dir")
