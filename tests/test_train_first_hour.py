@@ -55,6 +55,19 @@ def test_train_refuses_a_non_empty_output_dir(colour_dataset, tmp_path):
         preflight.check(colour_dataset, "train", "validation", str(tmp_path / "run"), resume=True)
 
 
+def test_a_split_whose_count_is_not_its_shards_is_refused_before_training(colour_dataset, tmp_path):
+    # validate calls it manifest_inconsistent; train planned its epochs by the split's count (exit 0, wrong steps).
+    import json
+    import shutil
+
+    data = shutil.copytree(colour_dataset, tmp_path / "data")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["train"]["num_examples"] -= 1
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(preflight.PreflightError, match=r"split 'train' .* but its shards hold .*shardprep validate"):
+        preflight.check(str(data), "train", "validation", str(tmp_path / "run"))
+
+
 def test_overwrite_deletes_only_what_a_run_writes(colour_dataset, tmp_path):
     run = tmp_path / "run"
     _previous_run(run)

@@ -102,7 +102,8 @@ class Manifest:
     created: str | None = key("string", False, "when (ISO 8601; SOURCE_DATE_EPOCH if set)")
     source: str | None = key("string", False, "SOURCE as given")
     source_kind: str | None = key("string", False, "what SOURCE is (a folder, an archive, tfrecord:, tfds:, parquet:)")
-    options: dict | None = key("object", False, "every option of the run, and the runner")
+    options: dict | None = key("object", False, "every option of the run, and the runner",
+                               schema.expect(lambda v: v is None or isinstance(v, dict), "an object"))
     classes: tuple[str, ...] = key("list of strings", True, "class names in label order", schema.class_names)
     num_classes: int = key("integer", False, "the number of classes", schema.counted())
     encoding: str = key("string", True, "how images are stored: " + ", ".join(encodings.NAMES),
@@ -272,6 +273,8 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
             problems.append(f"{key}: missing (required for centre crops)")
         elif manifest[key] is None:
             problems.append(f"{key}: must be an integer for centre crops, is null")
+        elif is_int(manifest[key]) and is_int(side := manifest.get("shorter_side")) and manifest[key] != side:
+            problems.append(f"{key}: is {manifest[key]} but a centre crop is shorter_side ({side}) square")
     splits = manifest.get("splits", {})
     if not isinstance(splits, dict):
         problems.append(f"splits: must be an object {{split: {{...}}}}, is {describe(splits)}")

@@ -170,8 +170,12 @@ def check(data_dir: str, train_split: str, val_split: str | None, output_dir: st
 
 
 def _check_shards(splits: dict, names: tuple, data_dir: str) -> None:
-    """Every shard file of the splits ``names`` is there with its manifest size."""
+    """Every shard file of the splits ``names`` is there with its manifest size, their counts the split's."""
     for split in dict.fromkeys(names):
+        if splits[split].num_examples != (held := sum(shard.num_examples for shard in splits[split].shards)):
+            raise PreflightError(f"{data_dir}'s manifest says split {split!r} holds {splits[split].num_examples:,} "
+                                 f"records but its shards hold {held:,} (edited or damaged): run shardprep validate "
+                                 f"{data_dir}, then rerun preprocess with --overwrite")
         for shard in splits[split].shards:
             path = manifest_lib.join(data_dir, shard.file)
             size = _size(path)
