@@ -281,6 +281,22 @@ def test_resume_with_other_options_or_inputs_is_refused_naming_the_difference(so
     assert every_file(output) == before, "a refused resume changes nothing"
 
 
+@pytest.mark.parametrize("line", ['[null, 1, 2, ""]', '[5, 1, 2, ""]', '["x", 1e999, 2, ""]', '[["x"], 1, 2, ""]'])
+def test_a_damaged_listing_of_a_changed_source_is_refused_in_one_line(source, killed, tmp_path, line):
+    output = tmp_path / OUTPUT
+    shutil.copytree(killed, output)
+    listing = output / ".tmp" / "listing.jsonl"
+    lines = listing.read_text().splitlines()
+    listing.write_text("\n".join([lines[0], line, *lines[2:]]) + "\n")
+    added = os.path.join(source, "validation", "red", "added.png")
+    with open(added, "wb") as f:
+        f.write(image_factory.tiny_png())
+    try:
+        assert "listing.jsonl is missing or damaged" in refused(source, output, *JOB_OPTIONS, "--resume")
+    finally:
+        os.remove(added)
+
+
 def test_resume_without_a_run_to_resume_is_refused(source, reference, killed, tmp_path):
     assert "nothing to resume in" in refused(source, tmp_path / "new", *JOB_OPTIONS, "--resume")
     assert not os.path.exists(tmp_path / "new"), "a refused resume creates nothing"

@@ -319,7 +319,7 @@ def _difference(config, runner: str, header: JournalHeader, listing: list) -> st
         with open(manifest.join(config.output, SPILL_DIR, LISTING_NAME), encoding="utf-8",
                   errors="surrogateescape") as f:
             old = [fingerprint.ListedEntry.from_line(line) for line in f]
-    except (OSError, ValueError, TypeError, RecursionError):
+    except (OSError, ValueError, TypeError, RecursionError, OverflowError):
         return "the listing of SOURCE changed (the killed run's listing.jsonl is missing or damaged)"
     new = [fingerprint.ListedEntry.from_line(line) for line in text.splitlines()]
     return fingerprint.listing_difference(old, new) or "the listing of SOURCE changed"

@@ -30,7 +30,9 @@ class ListedEntry(NamedTuple):
     @classmethod
     def from_line(cls, line: str) -> ListedEntry:
         key, size, mtime_ns, skipped = json.loads(line)
-        return cls(key, int(size), int(mtime_ns), skipped)
+        if not (isinstance(key, str) and isinstance(skipped, str)):
+            raise ValueError(f"not a listing line: {line[:80]!r}")
+        return cls(key, int(size), int(mtime_ns), skipped)  # OverflowError for 1e999
 
 
 def listing_text(entries) -> str:
