@@ -128,6 +128,20 @@ def test_a_model_file_that_is_no_keras_archive_is_one_error_line(trained, tmp_pa
                                    "or another kind of file): give the model.keras shardprep train wrote"]
 
 
+def test_a_model_file_whose_config_unpacks_to_gigabytes_is_refused_unread(trained, tmp_path):
+    import zipfile
+
+    data, model, _, _ = trained
+    bomb = tmp_path / "bomb.keras"
+    with zipfile.ZipFile(model) as real, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as packed:
+        for member in real.namelist():  # config.json: 200 MiB of spaces (~200 KB packed) before the real one
+            packed.writestr(member, (b" " * (200 << 20) if member == "config.json" else b"") + real.read(member))
+    result = invoke(bomb, data, tmp_path / "photo.png")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [line] = error_lines(result)
+    assert f"MODEL {bomb}: its config.json unpacks to 200 MiB" in line and "give the model.keras" in line
+
+
 # ---- every photo reported --------------------------------------------------------------------------------------------
 
 def test_every_photo_gets_a_line_and_bad_ones_do_not_stop_the_good(trained, tmp_path):

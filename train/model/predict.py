@@ -223,6 +223,11 @@ def _load(path: str):
     if path.endswith(".keras") and "://" not in path and os.path.isfile(path) and not zipfile.is_zipfile(path):
         raise ValueError(f"MODEL {path} is not a .keras model file (not a zip archive: damaged, or another kind of "
                          "file): give the model.keras shardprep train wrote")
+    if "://" not in path and os.path.isfile(path) and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:  # Keras reads its JSON members whole (a ResNet-18's: ~100 KB)
+            for member in (m for m in archive.infolist() if m.filename.endswith(".json") and m.file_size > 64 << 20):
+                raise ValueError(f"MODEL {path}: its {member.filename} unpacks to {member.file_size >> 20:,} MiB, "
+                                 "over the 64 MiB a model's may: give the model.keras shardprep train wrote")
     try:
         return load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras raises many kinds for a file that is no model
