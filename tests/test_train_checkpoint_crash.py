@@ -474,3 +474,18 @@ def test_a_link_planted_at_best_writing_keras_during_a_run_is_never_written_thro
     assert not os.path.lexists(writing)
     best = output / "checkpoints" / "best.keras"
     assert not best.is_symlink() and best.stat().st_nlink == 1 and _weights(best)
+
+
+def test_callback_state_that_is_not_numbers_is_refused_before_a_resume_trains():
+    # state.json is untrusted, and an entry from before state_sha256 is trusted without it: EarlyStopping's wait of
+    # "y" failed with a TypeError after a whole resumed epoch.
+    from shardprep.train.run import checkpoint_state
+
+    history = {key: [1 if key == "epoch" else 0.5] for key in checkpoint_state.HISTORY_KEYS}
+    entry = {"format": 1, "history": history, "epochs_done": 1,
+             "callbacks": {"EarlyStopping": {"best": 0.3, "wait": 0, "best_epoch": 1},
+                           "ModelCheckpoint": {"best": None}}}
+    assert checkpoint_state.entry_problem(entry) is None  # None: a best still infinite, Keras's own start
+    for edited in ({"best": "x"}, {"wait": [1]}, {"wait": float("nan")}, {"best": float("inf")}, {"wait": True}):
+        entry["callbacks"]["EarlyStopping"] = {"best": 0.3, "wait": 0, "best_epoch": 1, **edited}
+        assert "not numbers" in checkpoint_state.entry_problem(entry)

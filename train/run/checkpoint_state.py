@@ -172,6 +172,8 @@ def entry_problem(entry, nested: bool = False) -> str | None:
     callbacks = entry.get("callbacks", {})
     if not isinstance(callbacks, dict) or not all(isinstance(value, dict) for value in callbacks.values()):
         return "'callbacks' is not an object of objects"
+    if not all(v is None or _number(v) and math.isfinite(v) for state in callbacks.values() for v in state.values()):
+        return "'callbacks' holds values that are not numbers"  # None: an infinite best, Keras's own start
     problem = (_step_problem(entry, epochs_done) if version == STATE_FORMAT else None) or saved_state_problem(entry)
     if problem:
         return problem
