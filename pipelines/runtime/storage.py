@@ -164,7 +164,7 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
     for path in existing:
         relative = path[len(base):] if path.startswith(base) else path
         if is_local(output):
-            kind = special_kind(path)
+            kind = owned_folder.special_kind(path)
             if kind == "a folder" and "/" not in relative.strip("/"):
                 continue
             if kind:
@@ -175,18 +175,6 @@ def foreign_files(output: str, existing: list[str]) -> list[str]:
     return foreign
 
 
-def special_kind(path: str) -> str | None:
-    """'a folder', 'a link to T', 'a FIFO', 'a socket' or 'a device'; None for a regular file or none."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return None
-    if stat.S_ISLNK(mode):
-        return f"a link to {os.readlink(path)}"
-    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device")
-
-
 def regular_entries(folder: str) -> list[str]:
     """The names in a local ``folder``, sorted; OutputError when it is a link or holds anything but regular files."""
     try:
@@ -194,11 +182,11 @@ def regular_entries(folder: str) -> list[str]:
     except FileNotFoundError:
         return []
     if not stat.S_ISDIR(mode):
-        raise OutputError(f"{folder} is {special_kind(folder) or 'a file'}, not a folder a shardprep run made; "
-                          "nothing was deleted: move it away, then rerun")
+        raise OutputError(f"{folder} is {owned_folder.special_kind(folder) or 'a file'}, not a folder a shardprep "
+                          "run made; nothing was deleted: move it away, then rerun")
     names = sorted(os.listdir(folder))
     for name in names:
-        kind = special_kind(os.path.join(folder, name))
+        kind = owned_folder.special_kind(os.path.join(folder, name))
         if kind:
             raise OutputError(f"{os.path.join(folder, name)} is {kind}, which no shardprep run writes there; nothing "
                               "was deleted: move it away, then rerun")

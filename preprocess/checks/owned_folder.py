@@ -50,10 +50,16 @@ def _holder(fd: int) -> str:
     return os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
 
 
-def _kind(path: str) -> str:
-    mode = os.lstat(path).st_mode
-    return (f"a link to {os.readlink(path)}" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
-            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+def special_kind(path: str) -> str | None:
+    """'a folder', 'a link to T', 'a FIFO', 'a socket' or 'a device'; None for a regular file or none."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return f"a link to {os.readlink(path)}"
+    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def busy_message(folder: str, holder: str) -> str:
@@ -71,11 +77,11 @@ def _take(folder: str, path: str) -> tuple[int, str | None]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError:
             if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
-                raise OutputError(not_ours.format(_kind(path))) from None
+                raise OutputError(not_ours.format(special_kind(path))) from None
             raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise OutputError(not_ours.format(_kind(path)))
+            raise OutputError(not_ours.format(special_kind(path)))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
