@@ -197,9 +197,8 @@ class Epochs:
     def _partial(self, carried: dict | None, steps: int, timing: _Timing, seconds: float) -> dict:
         """The ``partial_epoch`` entry after ``steps`` steps of the epoch."""
         partial = combined(carried, self.steps.train_results(), steps * self.config.batch_size)
-        timed = _Timing(timing.to_json())
-        timed.seconds += seconds
-        return {**partial, "metrics": self.steps.metric_state(), "timing": timed.to_json()}
+        timed = {**timing.to_json(), "seconds": timing.seconds + seconds}
+        return {**partial, "metrics": self.steps.metric_state(), "timing": timed}
 
     def _next(self, iterator, split: str):
         """The iterator's next batch; a reading error becomes one :class:`InputError` line."""
