@@ -90,10 +90,7 @@ def resolved(path: str) -> str:
     path = path.removeprefix("file://")
     if is_local(path):
         return os.path.realpath(os.path.abspath(path))  # no '~': the job does not expand it either
-    scheme, rest = path.split("://", 1)
-    bucket, _, key = rest.partition("/")
-    key = posixpath.normpath("/" + key).lstrip("/")
-    return f"{scheme}://{bucket}" + (f"/{key}" if key else "")
+    return owned_folder.normalized_url(path)
 
 
 def inside(path: str, folder: str) -> bool:

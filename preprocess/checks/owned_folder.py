@@ -35,6 +35,14 @@ def gfile():
     return tf.io.gfile
 
 
+def normalized_url(url: str) -> str:
+    """``scheme://bucket/key`` without ``..``, ``.``, doubled or trailing slashes."""
+    scheme, rest = url.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    key = posixpath.normpath("/" + key).lstrip("/")
+    return f"{scheme}://{bucket}" + (f"/{key}" if key else "")
+
+
 @dataclasses.dataclass
 class Lock:
     """A held lock. ``stale``: what a lock file left by a killed run said, else None. Until :meth:`begin` (the run

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import posixpath
 from typing import NamedTuple, NoReturn
 
 from shardprep.preprocess.checks import owned_folder
@@ -198,7 +197,8 @@ def check_path(output_dir: str, data_dir: str) -> None:
         raise OutputError("--output-dir is empty; name the folder the run writes into")
     if is_url(output_dir):
         if is_url(data_dir):
-            _check_apart(output_dir, _normalized(output_dir), data_dir, _normalized(data_dir))
+            _check_apart(output_dir, owned_folder.normalized_url(output_dir), data_dir,
+                         owned_folder.normalized_url(data_dir))
         return
     path, named = os.path.abspath(output_dir), f"--output-dir {output_dir}"  # no trailing slash: a link is a link
     if os.path.islink(path):
@@ -224,14 +224,6 @@ def check_path(output_dir: str, data_dir: str) -> None:
         raise OutputError(f"{named}: cannot write into {existing} (permission denied); choose another --output-dir")
     if not is_url(data_dir):
         _check_apart(output_dir, os.path.realpath(path), data_dir, os.path.realpath(data_dir))
-
-
-def _normalized(url: str) -> str:
-    """``scheme://bucket/key`` without ``..``, ``.``, doubled or trailing slashes."""
-    scheme, rest = url.split("://", 1)
-    bucket, _, key = rest.partition("/")
-    key = posixpath.normpath("/" + key).lstrip("/")
-    return f"{scheme}://{bucket}" + (f"/{key}" if key else "")
 
 
 def _check_apart(output_dir: str, output: str, data_dir: str, data: str) -> None:
