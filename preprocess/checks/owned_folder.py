@@ -85,11 +85,11 @@ def _take(folder: str, path: str) -> tuple[int, str | None]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError:
             if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
-                raise OutputError(not_ours.format(special_kind(path))) from None
+                raise OutputError(not_ours.format(special_kind(path) or "no regular file")) from None
             raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise OutputError(not_ours.format(special_kind(path)))
+            raise OutputError(not_ours.format(special_kind(path) or "no regular file"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
