@@ -361,3 +361,17 @@ def test_a_torn_or_foreign_journal_line_is_not_trusted(tmp_path):
     (folder / "journal.jsonl").write_bytes(b'{"header": 1}\nnot json\n{"split": "train"}\n')
     units = journal.UnitJournal(str(tmp_path), resume_bytes=len((folder / "journal.jsonl").read_bytes()))
     assert units.recorded_units() == {}
+
+
+def test_a_classes_file_rewritten_in_another_order_changes_the_runs_fingerprint(tmp_path):
+    # Its order is the labels': a resume would keep decode groups labelled by the old order (redone as "damaged").
+    from shardprep.pipelines.preprocess_job.exclude import fingerprinted_options
+    from shardprep.preprocess.format.config import PreprocessConfig
+
+    classes = tmp_path / "classes.txt"
+    classes.write_text("c0\nc1\n")
+    config = PreprocessConfig("src", "out", classes_file=str(classes))
+    before = fingerprinted_options(config, "FnApiRunner")
+    classes.write_text("c1\nc0\n")
+    changed = fingerprint.options_difference(before, fingerprinted_options(config, "FnApiRunner"))
+    assert changed is not None and changed.startswith("--classes was '")  # the flag, not the field's name

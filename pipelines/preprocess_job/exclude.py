@@ -15,7 +15,7 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.metrics import Metrics
 
 from shardprep.pipelines.preprocess_job.common import METRICS_NAMESPACE, PreprocessError
-from shardprep.pipelines.sources.kind import file_stamp, open_file
+from shardprep.pipelines.sources.kind import file_stamp, open_file, read_classes_file
 from shardprep.pipelines.runtime.storage import is_local
 from shardprep.preprocess.format import fingerprint, manifest
 from shardprep.preprocess.checks import text, untrusted
@@ -106,11 +106,15 @@ def ExcludeInputs(inputs, keys: SortedKeys | KeysFile, path: str):
 
 
 def fingerprinted_options(config, runner: str) -> dict:
-    """The run's fingerprinted options, ``--exclude`` with a hash of its keys (a changed file refuses a resume)."""
+    """The run's fingerprinted options, ``--exclude`` and ``--classes`` with a hash of what the file holds (a changed
+    file refuses a resume)."""
     options = fingerprint.fingerprinted_options(config, runner)
     if config.exclude is not None:
         keys = json.dumps(list(read_keys(config.exclude))).encode("utf-8")  # sorted
         options["exclude"] = f"{config.exclude} (keys sha256 {hashlib.sha256(keys).hexdigest()[:16]})"
+    if config.classes_file is not None:  # its order is the labels': the names it holds, not only where it is
+        names = json.dumps(read_classes_file(config.classes_file)).encode("utf-8")
+        options["classes_file"] = f"{config.classes_file} (names sha256 {hashlib.sha256(names).hexdigest()[:16]})"
     return options
 
 

@@ -58,7 +58,9 @@ def fingerprinted_options(config, runner: str) -> dict:
 def option_flag(name: str) -> str:
     if name == RESIZE_METHOD:
         return "the resize method"
-    return "--" + name.replace("_", "-") if name not in ("source", "runner") else name.upper()
+    if name in ("source", "runner"):
+        return name.upper()
+    return "--classes" if name == "classes_file" else "--" + name.replace("_", "-")
 
 
 def options_difference(old: dict, new: dict) -> str | None:
