@@ -160,6 +160,11 @@ def test_manifest_problems():
     assert manifest_problems(MANIFEST) == []
     inconsistent = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "num_examples": 4}}}
     assert [p["check"] for p in manifest_problems(inconsistent)] == ["manifest_inconsistent"] * 2
+    counted = {**MANIFEST, "splits": {"train": {**MANIFEST["splits"]["train"], "num_inputs": 4, "num_rejected": 1}}}
+    assert manifest_problems({**counted, "num_examples": 3, "num_inputs": 4, "num_rejected": 1}) == []
+    for key in ("num_examples", "num_rejected", "num_inputs"):  # the totals over the splits, where given
+        [found] = manifest_problems({**counted, key: 10 ** 6})
+        assert found["message"].startswith(f"{key} 1000000 but the splits' add up to ")
 
 
 def test_problems_are_capped_per_check_but_all_counted():

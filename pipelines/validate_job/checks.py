@@ -23,8 +23,8 @@ CHECKS = frozenset({  # what each means: docs/validate.md ("The checks")
     "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",  # the folder
     "shard_unlisted", "shard_unreadable", "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",  # shards
     "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_class", "record_layout",
-    "image_decode", "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb", "std_rgb",  # across
-    "no_files", "class_names", "image_missing", "label_missing"})  # foreign tfrecord: inputs
+    "image_decode", "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb",
+    "std_rgb", "no_files", "class_names", "image_missing", "label_missing"})  # foreign tfrecord: inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +256,11 @@ def manifest_problems(manifest: dict) -> list[dict]:
         if unknown:
             found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
                                  split=split))
+    for key in ("num_examples", "num_inputs", "num_rejected"):  # totals over the splits, where each split has one
+        if manifest.get(key) is not None and all(info.get(key) is not None for info in manifest["splits"].values()):
+            if int(manifest[key]) != (total := sum(int(info[key]) for info in manifest["splits"].values())):
+                found.append(problem("manifest_inconsistent", f"{key} {manifest[key]} but the splits' add up to "
+                                                              f"{total}"))
     return found
 
 
