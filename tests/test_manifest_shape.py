@@ -82,7 +82,7 @@ CASES = {
     "shorter_side a bool": (lambda m: m.update(shorter_side=True), "shorter_side: must be an integer, is a boolean"),
     "image_height null": (lambda m: m.update(image_height=None), "image_height: must be an integer for centre crops"),
     "shorter_side not the crop's": (lambda m: m.update(shorter_side=m["shorter_side"] + 1),
-                                    "but a centre crop is shorter_side (9) square"),
+                                    "shorter_side: is 9 but the centre crops are 8x8"),
     "options a list": (lambda m: m.update(options=[1, 2]), "options: must be an object, is a list"),
     "mean_rgb two numbers": (lambda m: m.update(mean_rgb=[1, 2]), "mean_rgb: must be a list of 3 numbers or null"),
     "std_rgb a dict": (lambda m: m.update(std_rgb={"r": 1}), "std_rgb: must be a list of 3 numbers or null"),

@@ -163,7 +163,7 @@ def test_a_path_that_is_no_dataset_is_one_error_line(tmp_path, kind):
 
 # ---- in a real terminal -----------------------------------------------------------------------------------------------
 
-def run_in_terminal(*args, columns=80) -> tuple[int, list[str]]:
+def run_in_terminal(*args, columns=80, cwd=None) -> tuple[int, list[str]]:
     """``shardprep ARGS`` in a pseudo-terminal of ``columns``: (exit status, the screen's lines, escapes removed,
     each redraw of the progress line its own line)."""
     import pexpect
@@ -171,7 +171,7 @@ def run_in_terminal(*args, columns=80) -> tuple[int, list[str]]:
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", TERM="xterm-256color")
     env.pop("COLUMNS", None)
     child = pexpect.spawn(SHARDPREP, [*map(str, args)], env=env, dimensions=(50, columns), encoding="utf-8",
-                          timeout=240)
+                          timeout=240, cwd=cwd)
     output = child.read()
     child.close()
     text = ANSI.sub("", output)
@@ -197,9 +197,9 @@ def test_validate_in_an_80_column_terminal(clean, damaged):
 def test_validate_in_a_terminal_on_an_image_folder_is_one_error_broken_between_words(tmp_path):
     """One ``Error:`` line, broken at spaces to the terminal's 80 columns (continuation lines indented), so that no
     word is cut by the terminal; in a pipe it stays one line (test_a_path_that_is_no_dataset_is_one_error_line)."""
-    images = tmp_path / "images"
-    image_factory.write_image_folder(images, {"train": 2}, classes=("a", "b"))
-    status, lines = run_in_terminal("validate", images)
+    images = "my_images"  # relative: a tmp_path under pytest-xdist can be a word longer than a line
+    image_factory.write_image_folder(tmp_path / images, {"train": 2}, classes=("a", "b"))
+    status, lines = run_in_terminal("validate", images, cwd=tmp_path)
     assert status == 1
     start = next(i for i, line in enumerate(lines) if line.startswith("Error:"))  # "Error:" alone: a long path next
     error = lines[start:]

@@ -273,8 +273,9 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
             problems.append(f"{key}: missing (required for centre crops)")
         elif manifest[key] is None:
             problems.append(f"{key}: must be an integer for centre crops, is null")
-        elif is_int(manifest[key]) and is_int(side := manifest.get("shorter_side")) and manifest[key] != side:
-            problems.append(f"{key}: is {manifest[key]} but a centre crop is shorter_side ({side}) square")
+    size = [manifest.get(key) for key in ("image_height", "image_width", "shorter_side")]
+    if manifest.get("crop") == "center" and all(map(is_int, size)) and min(size[:2]) != size[2]:
+        problems.append(f"shorter_side: is {size[2]} but the centre crops are {size[0]}x{size[1]}")
     splits = manifest.get("splits", {})
     if not isinstance(splits, dict):
         problems.append(f"splits: must be an object {{split: {{...}}}}, is {describe(splits)}")
