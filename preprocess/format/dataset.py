@@ -273,9 +273,10 @@ def shape_problems(manifest, *, layouts_required: bool = True) -> list[str]:
             problems.append(f"{key}: missing (required for centre crops)")
         elif manifest[key] is None:
             problems.append(f"{key}: must be an integer for centre crops, is null")
-    size = [manifest.get(key) for key in ("image_height", "image_width", "shorter_side")]
-    if manifest.get("crop") == "center" and all(map(is_int, size)) and min(size[:2]) != size[2]:
-        problems.append(f"shorter_side: is {size[2]} but the centre crops are {size[0]}x{size[1]}")
+    height, width, side = (manifest.get(key) for key in ("image_height", "image_width", "shorter_side"))
+    centre_crops = manifest.get("crop") == "center" and all(map(is_int, (height, width, side)))
+    if centre_crops and min(height or 0, width or 0) != side:  # ints here: `or 0` is for mypy
+        problems.append(f"shorter_side: is {side} but the centre crops are {height}x{width}")
     splits = manifest.get("splits", {})
     if not isinstance(splits, dict):
         problems.append(f"splits: must be an object {{split: {{...}}}}, is {describe(splits)}")
