@@ -170,6 +170,18 @@ def test_a_caption_too_long_for_its_place_is_cut_in_the_middle_so_the_file_name_
     assert cut.startswith("validation/") and cut.endswith("IMG_20230512_1430.jpg")
 
 
+def test_pictures_show_each_held_out_record_once_before_its_other_pairs():
+    # 300 train copies of a photo whose 40 held-out copies each pair with all of them: 1,200 rows of the same 40
+    # photos filled every page; each held-out record's best pair comes first now.
+    def pair(duplicate: int, reference: int, score: float) -> dict:
+        at = {"split": "validation", "file": "v", "index": duplicate, "filename": f"v{duplicate}"}
+        return {"score": score, "distance": 1, "duplicate": at, "reference": {**at, "split": "train", "index": reference}}
+
+    listed = [pair(0, 0, 0.99), pair(0, 1, 0.98), pair(1, 0, 0.97), pair(1, 1, 0.96)]
+    near = {"across_splits": [{"pairs": listed, "borderline": []}], "within_splits": {}}
+    assert near_pictures.shown_pairs(near) == [listed[0], listed[2], listed[1], listed[3]]
+
+
 def test_strict_or_a_limit_makes_near_duplicates_a_failure(leaky):
     _, data = leaky
     for options in ({"strict": True}, {"near_duplicate_limit": 2}):

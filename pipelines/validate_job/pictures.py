@@ -155,8 +155,14 @@ def page_name(page: int) -> str:
 
 
 def shown_pairs(near: dict) -> list[dict]:
-    """The pairs to show in the report's order (across, within splits, then ``borderline``), MAX_PAGES pages at most."""
+    """The pairs to show in the report's order (across, each held-out record's best first; within splits; then
+    ``borderline``), MAX_PAGES pages at most."""
     across = [pair for entry in near["across_splits"] for pair in entry["pairs"]]
+    first: dict = {}  # each held-out record's most alike pair first, then its others (as the report orders them)
+    for index, pair in enumerate(across):
+        first.setdefault((pair["duplicate"]["file"], pair["duplicate"]["index"]), index)
+    best = set(first.values())
+    across = [across[index] for index in sorted(range(len(across)), key=lambda index: index not in best)]
     within = [pair for entry in near["within_splits"].values() for pair in entry["pairs"]]
     borderline = [{**pair, "borderline": True} for entry in [*near["across_splits"], *near["within_splits"].values()]
                   for pair in entry.get("borderline", [])]
