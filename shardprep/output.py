@@ -407,7 +407,12 @@ def flow(items, width: int, indent: str = "  "):
     phrases = []
     for separator, phrase in items:
         phrase = phrase if isinstance(phrase, Text) else Text(phrase)
-        words = [phrase] if phrase.cell_len <= width - len(indent) else phrase.split(" ", allow_blank=True)
+        if phrase.cell_len <= width - len(indent):
+            words = [phrase]
+        else:  # between its words, its leading spaces kept with the first (an indented line stays indented)
+            lead = len(phrase.plain) - len(phrase.plain.lstrip(" "))
+            words = phrase[lead:].split(" ", allow_blank=True)
+            words[0] = phrase[:lead] + words[0]
         phrases += [(separator if index == 0 else " ", word) for index, word in enumerate(words)]
     lines, line = [], Text()
     for index, (separator, phrase) in enumerate(phrases):

@@ -363,15 +363,19 @@ def test_a_torn_or_foreign_journal_line_is_not_trusted(tmp_path):
     assert units.recorded_units() == {}
 
 
-def test_a_classes_file_rewritten_in_another_order_changes_the_runs_fingerprint(tmp_path):
+def test_a_classes_file_rewritten_in_another_order_changes_the_runs_fingerprint(tmp_path, monkeypatch):
     # Its order is the labels': a resume would keep decode groups labelled by the old order (redone as "damaged").
     from shardprep.pipelines.preprocess_job.exclude import fingerprinted_options
     from shardprep.preprocess.format.config import PreprocessConfig
 
+    monkeypatch.chdir(tmp_path)
     classes = tmp_path / "classes.txt"
     classes.write_text("c0\nc1\n")
     config = PreprocessConfig("src", "out", classes_file=str(classes))
     before = fingerprinted_options(config, "FnApiRunner")
+    same = PreprocessConfig("src", "out", classes_file="./classes.txt")  # spelled another way: the same run
+    assert fingerprint.options_difference(before, fingerprinted_options(same, "FnApiRunner")) is None
     classes.write_text("c1\nc0\n")
     changed = fingerprint.options_difference(before, fingerprinted_options(config, "FnApiRunner"))
-    assert changed is not None and changed.startswith("--classes was '")  # the flag, not the field's name
+    assert changed == (f"--classes {str(classes)!r} was names sha256 {before['classes_file_resolved'][13:]}, is now "
+                       f"names sha256 {fingerprinted_options(config, 'FnApiRunner')['classes_file_resolved'][13:]}")

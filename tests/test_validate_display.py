@@ -120,7 +120,8 @@ def test_the_pictures_line_counts_the_near_duplicate_pages():
     assert ("pictures: /p/contact_sheet.png, /p/near_duplicates.png (and 87 more pages, to near_duplicates-88.png), "
             "/p/near_duplicates.html, /p/class_counts.png") in text
     report["near_duplicates"].update(pairs_drawn=1200, across_splits=[{"pairs": [{}] * 1300, "borderline": [], "records": 0}])
-    assert "near_duplicates.png (and 87 more pages, to near_duplicates-88.png: the first 1,200 of 1,300 pairs)" in (
+    assert ("near_duplicates.png (and 87 more pages, to near_duplicates-88.png: the first 1,200 of 1,300 pairs in "
+            "all)") in (
         " ".join(" ".join(rendered(report, 200)).split()))
     report["near_duplicates"]["pages"] = pages[:1]
     assert "pictures: /p/contact_sheet.png, /p/near_duplicates.png, /p/near_duplicates.html" in " ".join(
@@ -375,5 +376,15 @@ def test_near_duplicate_pairs_keep_their_keys_whole_quoted_and_indented_and_say_
             "(score 1.00, 1 bit)") in flowed
     assert "'validation/golden retriever/held_out_1.jpg' ~" in flowed  # a record alone with its hash: no count
     assert "bits)" in text and "1 bits" not in text
-    assert "every one in the JSON report" not in text and "2 more pairs (--json REPORT lists every one)" in text
+    assert "every one in the JSON report" not in text
+    assert "2 more pairs across splits (--json REPORT lists every one)" in text
     assert "within a split: train 2 records" in flowed and "2 borderline pairs (not counted)" in flowed
+
+
+def test_a_pair_whose_key_is_longer_than_a_line_still_starts_indented_and_one_more_pair_is_singular():
+    report = near_report(6)
+    report["near_duplicates"]["across_splits"][0]["pairs"][0]["duplicate"]["filename"] = "validation/" + "x" * 90
+    buffer = io.StringIO()
+    print_report(report, None, console=Console(file=buffer, width=80, color_system=None))
+    text = buffer.getvalue()
+    assert "\n  'validation/xxx" in text and "1 more pair across splits (" in text

@@ -106,15 +106,15 @@ def ExcludeInputs(inputs, keys: SortedKeys | KeysFile, path: str):
 
 
 def fingerprinted_options(config, runner: str) -> dict:
-    """The run's fingerprinted options, ``--exclude`` and ``--classes`` with a hash of what the file holds (a changed
-    file refuses a resume)."""
+    """The run's fingerprinted options, ``--exclude`` and ``--classes`` compared by a hash of what the file holds (a
+    changed file refuses a resume; the same one spelled another way does not)."""
     options = fingerprint.fingerprinted_options(config, runner)
     if config.exclude is not None:
         keys = json.dumps(list(read_keys(config.exclude))).encode("utf-8")  # sorted
-        options["exclude"] = f"{config.exclude} (keys sha256 {hashlib.sha256(keys).hexdigest()[:16]})"
-    if config.classes_file is not None:  # its order is the labels': the names it holds, not only where it is
+        options["exclude" + fingerprint.RESOLVED] = f"keys sha256 {hashlib.sha256(keys).hexdigest()[:16]}"
+    if config.classes_file is not None:  # its order is the labels'
         names = json.dumps(read_classes_file(config.classes_file)).encode("utf-8")
-        options["classes_file"] = f"{config.classes_file} (names sha256 {hashlib.sha256(names).hexdigest()[:16]})"
+        options["classes_file" + fingerprint.RESOLVED] = f"names sha256 {hashlib.sha256(names).hexdigest()[:16]}"
     return options
 
 

@@ -237,7 +237,7 @@ def html_of(report: dict, names: list[str]) -> bytes:
     total = pair_count(near)
     heading = html.escape(f"near-duplicates of {report['data']}: score ≥ {near['min_score']:.2f}, hashes within "
                           f"{near['max_distance']} bits; {near['leaked_records']:,} held-out records leak"
-                          + (f"; the first {len(pairs):,} of {total:,} pairs drawn (all in the JSON report)"
+                          + (f"; the first {len(pairs):,} of {total:,} pairs in all drawn (all in the JSON report)"
                              if len(pairs) < total else ""))
     pages = []
     for page, name in enumerate(names):

@@ -51,7 +51,7 @@ def fingerprinted_options(config, runner: str) -> dict:
     options = {name: value for name, value in options.items() if name not in NOT_FINGERPRINTED}
     for name in _PATH_OPTIONS:
         if isinstance(options.get(name), str):
-            options[name + _RESOLVED] = _comparable(name, options[name])
+            options[name + RESOLVED] = _comparable(name, options[name])
     return options
 
 
@@ -68,7 +68,7 @@ def options_difference(old: dict, new: dict) -> str | None:
     old, new = ({**options, RESIZE_METHOD: options.get(RESIZE_METHOD, resize.METHOD_WITHOUT_KEY)}
                 for options in (old, new))
     for name in list(old) + [name for name in new if name not in old]:
-        if name.endswith(_RESOLVED):
+        if name.endswith(RESOLVED):
             continue  # compared with its option
         before, after = _where(name, old), _where(name, new)
         if before == after:
@@ -81,13 +81,13 @@ def options_difference(old: dict, new: dict) -> str | None:
 
 def _where(name: str, options: dict):
     """What option ``name`` stands for: a path option, where it pointed when recorded; any other, its value."""
-    return options.get(name + _RESOLVED, _comparable(name, options.get(name)))
+    return options.get(name + RESOLVED, _comparable(name, options.get(name)))
 
 
 # Options whose value is a local path (SOURCE: after its kind's prefix): compared as the folder or file they name.
 _PATH_OPTIONS = ("source", "labels_file", "tfds_data_dir")
 _GLOB_PREFIXES = ("tfrecord:", "parquet:")
-_RESOLVED = "_resolved"
+RESOLVED = "_resolved"
 
 
 def _comparable(name: str, value):

@@ -336,7 +336,7 @@ def _picture_paths(report: dict) -> list[str]:
     pages, drawn = near.get("pages") or [], near.get("pairs_drawn")
     more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])}" if len(pages) > 1 else ""
     if more and drawn is not None and drawn < pair_count(near):  # MAX_PAGES: the rest are in the JSON report
-        more += f": the first {drawn:,} of {pair_count(near):,} pairs"
+        more += f": the first {drawn:,} of {pair_count(near):,} pairs in all"
     more += ")" if more else ""
     return [path + (more if name == "near_duplicates" else "") for name, path in (report.get("pictures") or {}).items()]
 
@@ -371,7 +371,8 @@ def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
         say([("", f"  {_key(pair, 'duplicate')}"), (" ~ ", _key(pair, "reference")),
              (" ", f"(score {pair['score']:.2f}, {count(pair['distance'], 'bit')})")], indent="    ")
     if len(pairs) > _NEAR_PAIRS_SHOWN:
-        say([("", f"  … and {len(pairs) - _NEAR_PAIRS_SHOWN:,} more pairs ({_listed(json_path, 'every one')})")])
+        say([("", f"  … and {count(len(pairs) - _NEAR_PAIRS_SHOWN, 'more pair')} across splits "
+                  f"({_listed(json_path, 'every one')})")])
     for found in report.get("warnings") or []:
         say(_warning(found["split"] or "", found["message"]), indent="    ")
     if near.get("leaked_keys_file"):
