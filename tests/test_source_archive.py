@@ -261,3 +261,18 @@ def test_a_folder_inside_a_tgz_is_streamed_with_the_last_copy_of_a_name(tmp_path
             [("cat/a.jpg", 0, jpeg(1)), ("dog/b.jpg", 1, jpeg(2))]), label="Inputs")
         assert_that(found["rejects"] | "Rejects" >> beam.Map(lambda r: (r.key, r.reason)), equal_to(
             [("cat/a.jpg", "duplicate_member")]), label="Rejects")
+
+
+@pytest.mark.parametrize("mode, suffix", [("w:gz", ".tgz"), ("w", ".tar")])
+def test_a_tar_packed_from_inside_its_folder_gives_the_records_of_the_folder(tmp_path, mode, suffix):
+    # `tar czf data.tgz -C data .`: every name starts with "./", and the first member is the folder itself ("./"),
+    # which was refused as an unsafe empty name.
+    image_factory.write_image_folder(tmp_path / "data", {"train": 6, "validation": 3}, classes=("cat", "dog"))
+    packed = tmp_path / f"data{suffix}"
+    with tarfile.open(packed, mode) as tar:
+        tar.add(tmp_path / "data", arcname="./")
+    assert tarfile.open(packed).getnames()[:2] == [".", "./train"] or tarfile.open(packed).getnames()[0] == "./"
+    for source, output in ((packed, "packed"), (tmp_path / "data", "folder")):
+        job.execute_job(PreprocessConfig(source=str(source), output=str(tmp_path / output), shorter_side=8),
+                        IN_PROCESS)
+    assert shards(tmp_path / "packed") == shards(tmp_path / "folder")

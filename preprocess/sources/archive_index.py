@@ -148,6 +148,11 @@ def read_fully(raw: BinaryIO, count: int) -> bytes:
     return b"".join(pieces)
 
 
+def _is_root(info: tarfile.TarInfo) -> bool:
+    """The archive's own folder ("./", as ``tar -C DIR .`` packs it): nothing to list, nothing unsafe."""
+    return info.isdir() and posixpath.normpath(info.name.replace("\\", "/") or ".") == "."
+
+
 def _tar_member(info: tarfile.TarInfo, base: int, end: int) -> Member:
     """``info`` as a Member, its offset in the outermost file (this tar starts at ``base``, must end by ``end``)."""
     name, unsafe = clean_name(info.name)
@@ -188,7 +193,8 @@ def index_tar(raw: BinaryIO, start: int = 0, size: int | None = None) -> Archive
         return ArchiveIndex([], f"not a tar archive ({e})")
     try:
         for info in archive:
-            members.append(_tar_member(info, start, start + size))
+            if not _is_root(info):
+                members.append(_tar_member(info, start, start + size))
     except tarfile.TarError as e:
         return ArchiveIndex(members, f"it was cut short or is damaged after {len(members)} members: the next header "
                                      f"cannot be read ({e})")
@@ -216,7 +222,7 @@ def stream_tar(raw: BinaryIO, with_data: bool | str = True) -> Iterator[Streamed
     count = 0
     try:
         archive = tarfile.open(fileobj=unpacked, mode="r|")
-        for info in archive:
+        for info in (info for info in archive if not _is_root(info)):
             count += 1
             member = _tar_member(info, 0, 1 << 62)  # offsets mean nothing in a stream; sizes are checked on read
             if member.problem or member.is_dir:
