@@ -197,6 +197,7 @@ def test_foreign_split_from_tfds_file_names():
     assert foreign_split("gs://b/imagenet2012/5.0.0/imagenet2012-train.tfrecord-00012-of-01024") == "train"
     assert foreign_split("/d/cifar10-test.tfrecord-00000-of-00001") == "test"
     assert foreign_split("/d/records.tfrecord") == "all"
+    assert foreign_split("/out/validation/validation-00001-of-00004.tfrecord") == "validation"  # shardprep's own
 
 
 def test_size_summary():

@@ -11,6 +11,7 @@ from shardprep.preprocess.format.elements import Input
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "holdout")
 # TFDS file naming: <dataset>-<split>.tfrecord-00000-of-00016 (shard numbers as %05d: 5 digits or more).
 _TFDS_FILE_SPLIT = re.compile(r"-([A-Za-z0-9_]+)\.tfrecord(?:-\d{5,}-of-\d{5,})?$")
+_OWN_SHARD_SPLIT = re.compile(r"^(.+)-\d{5,}-of-\d{5,}\.tfrecord$")  # shardprep's: train-00000-of-00004.tfrecord
 
 
 class SourceError(ValueError):
@@ -19,8 +20,10 @@ class SourceError(ValueError):
 
 
 def split_from_tfrecord_name(filename: str) -> str | None:
-    """The split in a TFDS-style file name (``x-train.tfrecord-00000-of-00016``: ``train``), or None."""
-    match = _TFDS_FILE_SPLIT.search(filename.rsplit("/", 1)[-1])
+    """The split in a TFDS-style file name (``x-train.tfrecord-00000-of-00016``: ``train``) or a shard of shardprep's
+    (``train-00000-of-00016.tfrecord``), or None."""
+    name = filename.rsplit("/", 1)[-1]
+    match = _OWN_SHARD_SPLIT.match(name) or _TFDS_FILE_SPLIT.search(name)
     return match.group(1) if match else None
 
 
