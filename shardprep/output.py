@@ -411,7 +411,7 @@ def flow(items, width: int, indent: str = "  "):
             words = [phrase]
         else:  # between its words, its leading spaces kept with the first (an indented line stays indented)
             lead = len(phrase.plain) - len(phrase.plain.lstrip(" "))
-            words = phrase[lead:].split(" ", allow_blank=True)
+            words = list(phrase[lead:].split(" ", allow_blank=True))
             words[0] = phrase[:lead] + words[0]
         phrases += [(separator if index == 0 else " ", word) for index, word in enumerate(words)]
     lines, line = [], Text()
