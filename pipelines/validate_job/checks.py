@@ -203,10 +203,10 @@ def record_problems(record: ImageRecord, manifest: Manifest) -> list[tuple[str, 
         found.append(("record_label", f"label {record.label} outside 0..{len(manifest.classes) - 1}"))
     elif manifest.classes[record.label] not in (folders := record.filename.split("/")[:-1]):
         # A source path that names a class, never the record's own: the manifest's names were swapped or edited.
-        for folder in (folder for folder in folders if folder in manifest.class_set):
-            found.append(("record_class", f"in class folder {folder!r}, but label {record.label} is "
+        other = next((folder for folder in folders if folder in manifest.class_set), None)
+        if other is not None:
+            found.append(("record_class", f"in class folder {other!r}, but label {record.label} is "
                                           f"{manifest.classes[record.label]!r} in the manifest"))
-            break
     return found
 
 

@@ -207,6 +207,6 @@ def near_findings(near: dict) -> tuple[list[dict], list[dict]]:
 
 def keys_file_text(keys: list[str], data: str, near: dict) -> str:
     """The ``--leaked-keys`` file: a comment line, then one key per line (what ``preprocess --exclude`` reads)."""
-    comment = (f"shardprep validate {' '.join(data.splitlines())}: {count(len(keys), 'key')} of held-out records with a "
-               f"near-duplicate in a training split ({near_measure(near)}); for shardprep preprocess --exclude")
+    comment = (f"shardprep validate {' '.join(data.splitlines())}: {count(len(keys), 'key')} of held-out records "
+               f"with a near-duplicate in a training split ({near_measure(near)}); for shardprep preprocess --exclude")
     return format_keys(keys, comment)

@@ -63,7 +63,8 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
     unsafe = next((m for m in members if m.problem == UNSAFE_NAME), None)
     if unsafe is not None:
         raise sources.SourceError(f"{where} holds a member named {names.describe(unsafe.name)}, {unsafe.detail}: "
-                                  "refused, as extracting it would write outside its folder; repack it without that name")
+                                  "refused, as extracting it would write outside its folder; repack it without that "
+                                  "name")
     members = _litter_apart(members, layout, key_prefix)
     entries = [m for m in members if not m.is_dir]
     prefix = looked_through([m.name for m in members], split if fixed_split else None)

@@ -225,9 +225,10 @@ def _load(path: str):
                          "file): give the model.keras shardprep train wrote")
     if "://" not in path and os.path.isfile(path) and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:  # Keras reads its JSON members whole (a ResNet-18's: ~100 KB)
-            for member in (m for m in archive.infolist() if m.filename.endswith(".json") and m.file_size > 64 << 20):
-                raise ValueError(f"MODEL {path}: its {member.filename} unpacks to {member.file_size >> 20:,} MiB, "
-                                 "over the 64 MiB a model's may: give the model.keras shardprep train wrote")
+            big = next((m for m in archive.infolist() if m.filename.endswith(".json") and m.file_size > 64 << 20), None)
+        if big is not None:
+            raise ValueError(f"MODEL {path}: its {big.filename} unpacks to {big.file_size >> 20:,} MiB, over the "
+                             "64 MiB a model's may: give the model.keras shardprep train wrote")
     try:
         return load_model(path)
     except Exception as error:  # noqa: BLE001 - Keras raises many kinds for a file that is no model
