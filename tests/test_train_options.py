@@ -102,3 +102,15 @@ def test_a_resume_on_data_of_another_normalization_is_refused_naming_it(tmp_path
     with pytest.raises(ValueError, match=r"DATA's mean/std RGB .* then, .*200.* now"):
         checkpoints.check_options(saved, edited, "state.json")
     checkpoints.check_options({k: v for k, v in saved.items() if k != "normalization"}, edited, "state.json")
+
+
+def test_a_tensorflow_reading_error_of_its_own_points_to_validate():
+    # A manifest edited from raw to jpeg: TensorFlow's "Unknown image file format" said nothing of what to do.
+    import tensorflow as tf
+
+    from shardprep.train.run.steps_tf import TFSteps
+
+    error = tf.errors.InvalidArgumentError(None, None, "{{function_node __wrapped__}} Unknown image file format. "
+                                           "One of JPEG, PNG, GIF, BMP required.\n\t [[{{node DecodeImage}}]]")
+    assert TFSteps.input_error(error) == ("Unknown image file format. One of JPEG, PNG, GIF, BMP required. (the "
+                                          "shards are not what the manifest says: check them with shardprep validate)")

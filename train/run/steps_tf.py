@@ -94,14 +94,16 @@ class TFSteps:
 
     @staticmethod
     def input_error(error: Exception) -> str | None:
-        """A tf.data error as one line: the Python exception a reading function raised, else TF's first line."""
+        """A tf.data error as one line: the Python exception a reading function raised (it says what to do), else
+        TF's first line and where to look."""
         if not isinstance(error, tf.errors.OpError):
             return None
         raised = [match.group(1) for match in _RAISED.finditer(error.message)]
         if raised:
             return raised[-1]
         first = error.message.strip().splitlines()[0] if error.message.strip() else type(error).__name__
-        return re.sub(r"^\{\{[^}]*\}\}\s*", "", first)
+        return re.sub(r"^\{\{[^}]*\}\}\s*", "", first) + (" (the shards are not what the manifest says: check them "
+                                                          "with shardprep validate)")
 
     def val_batches(self):
         """One pass over the validation split; the same dataset every epoch (one traced evaluation step)."""
