@@ -14,7 +14,6 @@ from shardprep.output import ACROSS_RECORDS, OutputError, count, reader_may_go
 from shardprep.output import SpinnerProgress as ProgressDisplay
 from shardprep.output import console as make_console
 from shardprep.pipelines.validate_job.options import MAX_DISTANCE, ValidateOptions, default
-from shardprep.pipelines.validate_job.pictures import pair_count
 from shardprep.preprocess.format import encodings
 from shardprep.preprocess.sources.wordnet_names import display_name
 
@@ -332,6 +331,8 @@ _NEAR_PAIRS_SHOWN = 5
 
 def _picture_paths(report: dict) -> list[str]:
     """The pictures written, the near-duplicates' first page with how many follow it (up to 100 pages)."""
+    from shardprep.pipelines.validate_job.pictures import pair_count  # NumPy and Pillow: not for --help
+
     near = report.get("near_duplicates") or {}
     pages, drawn = near.get("pages") or [], near.get("pairs_drawn")
     more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])}" if len(pages) > 1 else ""
