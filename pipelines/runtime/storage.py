@@ -212,20 +212,8 @@ def existing_files(output: str) -> list[str]:
 
 def check_output_path(output: str) -> None:
     """Refuses a local OUTPUT that is a file, a dangling link or under one, or whose nearest folder is not writable."""
-    if not is_local(output):
-        return
-    probe = os.path.abspath(output)
-    while not os.path.exists(probe):  # the root always exists
-        if os.path.islink(probe):
-            raise OutputError(f"OUTPUT {output} cannot be created: {probe} is a link to {os.readlink(probe)}, which "
-                              "does not exist; pick another OUTPUT")
-        probe = os.path.dirname(probe)
-    if os.path.lexists(output) and not os.path.isdir(output):
-        raise OutputError(f"OUTPUT {output} exists and is not a folder; pick another OUTPUT")
-    if not os.path.isdir(probe):
-        raise OutputError(f"OUTPUT {output} cannot be created: {probe} is not a folder; pick another OUTPUT")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OutputError(f"OUTPUT {output} cannot be written: no write permission on {probe}; pick another OUTPUT")
+    if is_local(output):
+        owned_folder.check_creatable(output, f"OUTPUT {output}", "pick another OUTPUT")
 
 
 def check_replaceable(output: str, overwrite: bool) -> list[str]:

@@ -70,6 +70,23 @@ def special_kind(path: str) -> str | None:
             else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
+def check_creatable(folder: str, named: str, advice: str) -> None:
+    """Refuses a local ``folder`` (``named`` for the user) that is no folder, or under a dangling link or a file, or
+    whose nearest existing folder cannot be written; ``advice`` ends the line. Nothing is created."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):  # the root always exists
+        if os.path.islink(probe):
+            raise OutputError(f"{named} cannot be created: {probe} is a link to {os.readlink(probe)}, which does not "
+                              f"exist; {advice}")
+        probe = os.path.dirname(probe)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise OutputError(f"{named} exists and is not a folder; {advice}")
+    if not os.path.isdir(probe):
+        raise OutputError(f"{named} cannot be created: {probe} is not a folder; {advice}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"{named} cannot be written: no write permission on {probe}; {advice}")
+
+
 def busy_message(folder: str, holder: str) -> str:
     return f"another shardprep run is writing to {folder} ({holder}); wait for it to finish or stop it"
 

@@ -6,6 +6,7 @@ import os
 import click
 
 from shardprep.output import SpinnerProgress, reader_may_go
+from shardprep.preprocess.checks import owned_folder
 from shardprep.preprocess.checks.events import StageProgress
 
 
@@ -19,7 +20,10 @@ def command(directory, train_per_class, validation_per_class, seed):
     160-640 px in every format and colour mode shardprep handles, and three broken files it must reject."""
     from shardprep import demo
 
-    _check_folder(directory)
+    try:
+        owned_folder.check_creatable(directory, directory, "choose a new or empty folder for the demo dataset")
+    except owned_folder.OutputError as error:
+        raise click.ClickException(str(error)) from None
     if os.path.isdir(directory):
         _remove_earlier_demo(directory, demo.is_demo_file)
     with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
@@ -28,23 +32,6 @@ def command(directory, train_per_class, validation_per_class, seed):
                                             StageProgress("writing the demo images", done, total)))
     with reader_may_go(done=f"the demo dataset is complete in {directory}"):
         click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
-
-
-def _check_folder(directory: str) -> None:
-    """Refuses a DIRECTORY that is a file, lies under a dangling link or a file, or cannot be written."""
-    existing = os.path.abspath(directory)
-    while not os.path.exists(existing):
-        if os.path.islink(existing):
-            raise click.ClickException(f"{directory}: {existing} is a link to {os.readlink(existing)}, which does not "
-                                       "exist; choose another folder")
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        what = "is a file, not a folder" if existing == os.path.abspath(directory) else \
-            f"cannot be created: {existing} is a file"
-        raise click.ClickException(f"{directory} {what}; choose a new or empty folder for the demo dataset")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise click.ClickException(f"{directory}: cannot write into {existing} (permission denied); choose another "
-                                   "folder")
 
 
 def _remove_earlier_demo(directory: str, is_demo_file) -> None:
