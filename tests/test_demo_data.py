@@ -98,7 +98,7 @@ def assert_one_error(result, *fragments):
 def test_a_folder_under_a_dangling_link_is_one_error_line(tmp_path):
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
     for target in (tmp_path / "dangling", tmp_path / "dangling" / "demo"):
-        assert_one_error(demo_data(target), f"{tmp_path / 'dangling'} is a link to {tmp_path / 'nowhere'}",
+        assert_one_error(demo_data(target), f"{tmp_path / 'dangling'} is a dangling link (to {tmp_path / 'nowhere'}",
                          "does not exist")
     assert not os.path.lexists(tmp_path / "nowhere")
 

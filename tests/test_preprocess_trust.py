@@ -522,7 +522,7 @@ def test_an_output_under_a_dangling_link_is_one_error_line_naming_the_link(sourc
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
     before = tree(tmp_path)
     result = run_cli(tmp_path, ["preprocess", str(source), output, "--quiet", *ADOPTED, *IN_PROCESS])
-    assert_refused(result, f"{tmp_path / 'dangling'} is a link to {tmp_path / 'nowhere'}, which does not exist")
+    assert_refused(result, f"{tmp_path / 'dangling'} is a dangling link (to {tmp_path / 'nowhere'}, which does not exist)")
     assert tree(tmp_path) == before
 
 

@@ -76,8 +76,8 @@ def check_creatable(folder: str, named: str, advice: str) -> None:
     probe = os.path.abspath(folder)
     while not os.path.exists(probe):  # the root always exists
         if os.path.islink(probe):
-            raise OutputError(f"{named} cannot be created: {probe} is a link to {os.readlink(probe)}, which does not "
-                              f"exist; {advice}")
+            raise OutputError(f"{named} cannot be created: {probe} is a dangling link (to {os.readlink(probe)}, which "
+                              f"does not exist); {advice}")
         probe = os.path.dirname(probe)
     if os.path.lexists(folder) and not os.path.isdir(folder):
         raise OutputError(f"{named} exists and is not a folder; {advice}")

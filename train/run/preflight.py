@@ -211,17 +211,7 @@ def check_path(output_dir: str, data_dir: str) -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         what = "a file" if os.path.isfile(path) else "a FIFO, socket or device"
         raise OutputError(f"{named} is {what}, not a folder; choose a folder (it is created if missing)")
-    existing = path
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if os.path.islink(existing) and not os.path.exists(existing):
-        raise OutputError(f"{named} cannot be created: {existing} is a dangling link (to {os.readlink(existing)}, "
-                          "which does not exist); choose another --output-dir")
-    if not os.path.isdir(existing):
-        raise OutputError(f"{named}: {existing} is a file, not a folder, so the folder cannot be created; choose "
-                          "another --output-dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"{named}: cannot write into {existing} (permission denied); choose another --output-dir")
+    owned_folder.check_creatable(path, named, "choose another --output-dir")
     if not is_url(data_dir):
         _check_apart(output_dir, os.path.realpath(path), data_dir, os.path.realpath(data_dir))
 
