@@ -105,8 +105,8 @@ def test_a_folder_under_a_dangling_link_is_one_error_line(tmp_path):
 
 def test_a_file_where_the_folder_goes_or_above_it_is_one_error_line_and_kept(tmp_path):
     (tmp_path / "afile").write_text("mine")
-    assert_one_error(demo_data(tmp_path / "afile"), "afile exists and is not a folder", "demo dataset")
-    assert_one_error(demo_data(tmp_path / "afile" / "demo"), "cannot be created: ", "afile is not a folder")
+    assert_one_error(demo_data(tmp_path / "afile"), "afile is a file, not a folder", "demo dataset")
+    assert_one_error(demo_data(tmp_path / "afile" / "demo"), "cannot be created: ", "afile is a file, not a folder")
     assert (tmp_path / "afile").read_text() == "mine"
 
 

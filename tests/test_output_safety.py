@@ -392,9 +392,10 @@ def test_overwrite_that_cannot_remove_a_folder_of_the_old_dataset_says_so(work, 
 
 def test_output_that_is_a_file_is_refused(work):
     (work / "afile").write_text("mine")
-    refuse_unchanged(work, "src", "afile", expect=("OUTPUT afile exists and is not a folder",))
-    refuse_unchanged(work, "src", "afile", "--overwrite", expect=("is not a folder",))
-    refuse_unchanged(work, "src", "afile/sub", expect=("OUTPUT afile/sub cannot be created: ", "afile is not a folder"))
+    refuse_unchanged(work, "src", "afile", expect=("OUTPUT afile is a file, not a folder",))
+    refuse_unchanged(work, "src", "afile", "--overwrite", expect=("is a file, not a folder",))
+    refuse_unchanged(work, "src", "afile/sub", expect=("OUTPUT afile/sub cannot be created: ",
+                                                       "afile is a file, not a folder"))
 
 
 def test_unwritable_output_is_refused(work):

@@ -79,12 +79,13 @@ def check_creatable(folder: str, named: str, advice: str) -> None:
             raise OutputError(f"{named} cannot be created: {probe} is a dangling link (to {os.readlink(probe)}, which "
                               f"does not exist); {advice}")
         probe = os.path.dirname(probe)
+    kind = lambda path: "a file" if os.path.isfile(path) else special_kind(path) or "no folder"  # noqa: E731
     if os.path.lexists(folder) and not os.path.isdir(folder):
-        raise OutputError(f"{named} exists and is not a folder; {advice}")
+        raise OutputError(f"{named} is {kind(folder)}, not a folder; {advice}")
     if not os.path.isdir(probe):
-        raise OutputError(f"{named} cannot be created: {probe} is not a folder; {advice}")
+        raise OutputError(f"{named} cannot be created: {probe} is {kind(probe)}, not a folder; {advice}")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise OutputError(f"{named} cannot be written: no write permission on {probe}; {advice}")
+        raise OutputError(f"{named}: cannot write into {probe} (permission denied); {advice}")
 
 
 def busy_message(folder: str, holder: str) -> str:
