@@ -245,6 +245,18 @@ def refused(source, output, *options) -> str:
 
 
 @pytest.mark.timeout(300)
+@contextlib.contextmanager
+def added_input(source):
+    """SOURCE with one more input, ``validation/red/added.png``, for the block."""
+    added = os.path.join(source, "validation", "red", "added.png")
+    with open(added, "wb") as f:
+        f.write(image_factory.tiny_png())
+    try:
+        yield
+    finally:
+        os.remove(added)
+
+
 def test_resume_with_other_options_or_inputs_is_refused_naming_the_difference(source, killed, tmp_path):
     output = tmp_path / OUTPUT
     shutil.copytree(killed, output)
@@ -267,13 +279,8 @@ def test_resume_with_other_options_or_inputs_is_refused_naming_the_difference(so
             f.write(original)  # same size, but written again: a changed file all the same
         assert f"input {key} changed (same size, modified" in refused(source, output, *JOB_OPTIONS, "--resume")
         os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        added = os.path.join(source, "validation", "red", "added.png")
-        with open(added, "wb") as f:
-            f.write(image_factory.tiny_png())
-        try:
+        with added_input(source):
             assert "input validation/red/added.png added" in refused(source, output, *JOB_OPTIONS, "--resume")
-        finally:
-            os.remove(added)
     finally:
         with open(image, "wb") as f:
             f.write(original)
@@ -288,13 +295,8 @@ def test_a_damaged_listing_of_a_changed_source_is_refused_in_one_line(source, ki
     listing = output / ".tmp" / "listing.jsonl"
     lines = listing.read_text().splitlines()
     listing.write_text("\n".join([lines[0], line, *lines[2:]]) + "\n")
-    added = os.path.join(source, "validation", "red", "added.png")
-    with open(added, "wb") as f:
-        f.write(image_factory.tiny_png())
-    try:
+    with added_input(source):
         assert "listing.jsonl is missing or damaged" in refused(source, output, *JOB_OPTIONS, "--resume")
-    finally:
-        os.remove(added)
 
 
 def test_resume_without_a_run_to_resume_is_refused(source, reference, killed, tmp_path):
