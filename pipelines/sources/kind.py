@@ -164,9 +164,8 @@ class GlobKind(SourceKind):
 
 
 # PreprocessConfig fields that some kinds read and others do not, with the option that sets each.
-KIND_OPTIONS = {"labels_file": "--labels-file", "labels_split": "--labels-split", "tfds_data_dir": "--tfds-data-dir",
-                "tfds_download": "--tfds-download", "image_key": "--image-key", "label_key": "--label-key",
-                "classes_file": "--classes"}
+KIND_OPTIONS = {field: fingerprint.option_flag(field) for field in (
+    "labels_file", "labels_split", "tfds_data_dir", "tfds_download", "image_key", "label_key", "classes_file")}
 
 
 def classes_file_apart(config) -> list[ApartFrom]:

@@ -56,6 +56,7 @@ def fingerprinted_options(config, runner: str) -> dict:
 
 
 def option_flag(name: str) -> str:
+    """The option that sets PreprocessConfig's field ``name`` (``--shorter-side``; ``classes_file``: ``--classes``)."""
     if name == RESIZE_METHOD:
         return "the resize method"
     if name in ("source", "runner"):
