@@ -188,16 +188,19 @@ def enlarged(pixels: np.ndarray) -> np.ndarray:
     return thumbnail(pixels, CELL)
 
 
+def same_hash_note(pair: dict, side: str) -> str:
+    """`` (+3 with its hash)``: how many more records of the side's split share its hash (the pair stands for them)."""
+    same = pair.get("same_hash", {}).get(side, 1)
+    return f" (+{same - 1:,} with its hash)" if same > 1 else ""
+
+
 def _caption(pair: dict) -> list[str]:
-    """Score and distance, then each side's key (its split first unless the key starts with it) and how many more
-    records of its split share its hash."""
+    """Score and distance, then each side's key (its split first unless the key starts with it) and its
+    :func:`same_hash_note`."""
     verdict = "borderline, not counted: " if pair.get("borderline") else ""
     bits = f"{pair['distance']} bit{'' if pair['distance'] == 1 else 's'}"
-    keys = []
-    for side in ("duplicate", "reference"):
-        split, key, same = pair[side]["split"], pair[side]["filename"], pair.get("same_hash", {}).get(side, 1)
-        keys.append(("" if key.startswith(f"{split}/") else f"{split}: ") + key
-                    + (f" (+{same - 1:,} with its hash)" if same > 1 else ""))
+    keys = [("" if pair[side]["filename"].startswith(f"{pair[side]['split']}/") else f"{pair[side]['split']}: ")
+            + pair[side]["filename"] + same_hash_note(pair, side) for side in ("duplicate", "reference")]
     return [f"{verdict}score {pair['score']:.2f}, hashes {bits} apart", *keys]
 
 
@@ -242,8 +245,8 @@ def html_of(report: dict, names: list[str]) -> bytes:
     pages = []
     for page, name in enumerate(names):
         rows = pairs[page * PAIRS_PER_PAGE:(page + 1) * PAIRS_PER_PAGE]
-        items = "".join(f"<li>{html.escape(' ~ '.join(_caption(pair)[1:]))} ({html.escape(_caption(pair)[0])})</li>\n"
-                        for pair in rows)
+        items = "".join(f"<li>{html.escape(' ~ '.join(keys))} ({html.escape(measure)})</li>\n"
+                        for measure, *keys in map(_caption, rows))
         pages.append(f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>\n'
                      f'<ol start="{page * PAIRS_PER_PAGE + 1}">\n{items}</ol>')
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>near-duplicates</title></head>\n"

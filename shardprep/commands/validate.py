@@ -336,8 +336,8 @@ def _picture_paths(report: dict) -> list[str]:
     near = report.get("near_duplicates") or {}
     pages, drawn = near.get("pages") or [], near.get("pairs_drawn")
     more = f" (and {len(pages) - 1} more pages, to {os.path.basename(pages[-1])}" if len(pages) > 1 else ""
-    if more and drawn is not None and drawn < pair_count(near):  # MAX_PAGES: the rest are in the JSON report
-        more += f": the first {drawn:,} of {pair_count(near):,} pairs in all"
+    if more and drawn is not None and drawn < (total := pair_count(near)):  # MAX_PAGES: the rest in the JSON report
+        more += f": the first {drawn:,} of {total:,} pairs in all"
     more += ")" if more else ""
     return [path + (more if name == "near_duplicates" else "") for name, path in (report.get("pictures") or {}).items()]
 
@@ -382,9 +382,10 @@ def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
 
 
 def _key(pair: dict, side: str) -> str:
-    """A side's key, quoted, and how many more records of its split share its hash (the pair stands for them)."""
-    same = pair.get("same_hash", {}).get(side, 1)
-    return repr(pair[side]["filename"]) + (f" (+{same - 1:,} with its hash)" if same > 1 else "")
+    """A side's key, quoted, and its ``pictures.same_hash_note``."""
+    from shardprep.pipelines.validate_job.pictures import same_hash_note  # NumPy and Pillow: not for --help
+
+    return repr(pair[side]["filename"]) + same_hash_note(pair, side)
 
 
 def _warning(subject: str, message: str) -> list:
