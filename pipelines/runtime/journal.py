@@ -70,12 +70,8 @@ class UnitJournal:
             return {}
         with open(self.path, "rb") as f:
             lines = f.read(self.resume_bytes).splitlines()[1:]
-        units = {}
-        for line in lines:
-            unit = parse_unit(line, self.header_line)
-            if unit is not None:  # not a line this journal wrote whole: its group is redone
-                units[(unit.split, unit.group)] = unit
-        return units
+        units = (parse_unit(line, self.header_line) for line in lines)  # None: not a line it wrote whole: redone
+        return {(unit.split, unit.group): unit for unit in units if unit is not None}
 
     def reuse(self, unit: UnitRecord | DamagedUnit, inputs_sha256: str) -> UnitOutputs | None:
         """A group's recorded outputs if its line passed, its inputs match and its file is intact; else None, a
