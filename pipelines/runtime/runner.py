@@ -101,9 +101,7 @@ def sized_to_work(beam_args: list[str], work_bytes: int, bytes_per_worker: int) 
 def local_workers(beam_args: list[str]) -> int:
     """How many SDK worker processes a local run of ``beam_args`` uses."""
     options = pipeline_options(beam_args).view_as(DirectOptions)
-    if options.direct_running_mode == "in_memory":
-        return 1
-    return options.direct_num_workers or os.cpu_count() or 1
+    return 1 if options.direct_running_mode == "in_memory" else options.direct_num_workers or os.cpu_count() or 1
 
 
 LOCAL_MALLOC_ARENAS = 2
@@ -339,6 +337,5 @@ def _unique(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def uses_worker_processes(beam_args: list[str]) -> bool:
     """True for a local run whose SDK workers are processes of their own (the default multi_processing mode)."""
-    if not runs_locally(beam_args):
-        return False
-    return pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing"
+    return (runs_locally(beam_args)
+            and pipeline_options(beam_args).view_as(DirectOptions).direct_running_mode == "multi_processing")
