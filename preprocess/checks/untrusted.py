@@ -51,10 +51,6 @@ def _integer(text: str):
     return int(text)
 
 
-def _constant(name: str):
-    return _Refused(f"is {name}, not a number: numbers must be finite")
-
-
 def depth(text: str) -> int:
     """How deeply ``text``'s arrays and objects nest (brackets inside strings do not count)."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
@@ -85,23 +81,20 @@ def json_loads(data: str | bytes, *, source: str, max_bytes: int, max_depth: int
         document = {}
         for key, value in items:
             if key in document:
-                raise UntrustedJSONError(f"{source}: key {_shown(key)} appears twice in one object")
+                shown = repr(key) if is_utf8(key) else ascii(key)
+                raise UntrustedJSONError(f"{source}: key {shown} appears twice in one object")
             document[key] = value
         return document
 
     try:
         document = json.loads(data, object_pairs_hook=pairs, parse_float=_number, parse_int=_integer,
-                              parse_constant=_constant)
+                              parse_constant=lambda name: _Refused(f"is {name}, not a number: numbers must be finite"))
     except json.JSONDecodeError as e:
         raise UntrustedJSONError(f"{source}: not valid JSON: {e}") from None
     except RecursionError:  # the parser's own limit, should it be below max_depth
         raise UntrustedJSONError(f"{source}: nested too deeply to parse") from None
     _check_values(document, source)
     return document
-
-
-def _shown(text: str) -> str:
-    return ascii(text) if not is_utf8(text) else repr(text)
 
 
 def _check_values(document, source: str) -> None:
@@ -111,13 +104,11 @@ def _check_values(document, source: str) -> None:
         value, path = stack.pop()
         where = path or "the document"
         if isinstance(value, dict):
-            children = []
-            for key, child in value.items():
+            for key in value:
                 if not is_utf8(key):
                     raise UntrustedJSONError(f"{source}: key {ascii(key)} in {where} holds a lone surrogate, not "
                                              "valid Unicode")
-                children.append((child, f"{path}.{key}" if path else key))
-            stack.extend(reversed(children))
+            stack.extend(reversed([(child, f"{path}.{key}" if path else key) for key, child in value.items()]))
         elif isinstance(value, list):
             stack.extend(reversed([(child, f"{path}[{index}]") for index, child in enumerate(value)]))
         elif isinstance(value, _Refused):
