@@ -45,12 +45,8 @@ def problem(name: str, kind: str = "class") -> str | None:
         if unicodedata.category(char) == "Cf" and char not in _JOINERS:
             return (f"contains the invisible formatting character U+{ord(char):04X} ({unicodedata.name(char, '?')}; "
                     "bidi controls and zero-width characters make names that look like others)")
-    if kind == "split":
-        return _split_problem(name, encoded)
-    return None
-
-
-def _split_problem(name: str, encoded: bytes) -> str | None:
+    if kind != "split":
+        return None
     if name.casefold() in _OUTPUT_FILES:
         return (f"is the name of OUTPUT's own {name.casefold()}: a split folder of that name would take its place; "
                 "pick another split name")
