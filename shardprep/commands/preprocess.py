@@ -182,12 +182,9 @@ def resumed_line(counts) -> str:
 
 def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
     """One note per split that got fewer shards than --num-shards asked for (never more shards than images)."""
-    notes = []
-    for split, info in manifest.get("splits", {}).items():
-        if num_shards and info["num_shards"] < num_shards:
-            notes.append(f"note: --num-shards {num_shards} for split {split} with "
-                         f"{count(info['num_examples'], 'image')}: {count(info['num_shards'], 'shard')} written")
-    return notes
+    return [f"note: --num-shards {num_shards} for split {split} with {count(info['num_examples'], 'image')}: "
+            f"{count(info['num_shards'], 'shard')} written"
+            for split, info in manifest.get("splits", {}).items() if num_shards and info["num_shards"] < num_shards]
 
 
 # --- progress ------------------------------------------------------------------------------------------------------
