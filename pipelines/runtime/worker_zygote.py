@@ -113,11 +113,12 @@ def forked_for(may_use_worker_processes: bool):
     if active() is not None:  # made by a caller, before it started a thread (the validate command's display)
         yield active()
         return
-    zygote = _fork_zygote() if may_use_worker_processes and _can_fork() else None
-    if zygote is None:
+    # Another thread may hold a lock the copy could never take (and gRPC's threads keep a second run from forking).
+    if not (may_use_worker_processes and os.environ.get(DISABLE_VARIABLE, "1") != "0"
+            and sys.platform.startswith("linux") and threading.active_count() == 1):
         yield None
         return
-    _active = zygote
+    zygote = _active = _fork_zygote()
     try:
         yield zygote
     finally:
@@ -125,13 +126,7 @@ def forked_for(may_use_worker_processes: bool):
         zygote.close()
 
 
-def _can_fork() -> bool:
-    # Another thread may hold a lock the copy could never take (and gRPC's threads keep a second run from forking).
-    return (os.environ.get(DISABLE_VARIABLE, "1") != "0" and sys.platform.startswith("linux")
-            and threading.active_count() == 1)
-
-
-def _fork_zygote() -> WorkerZygote | None:
+def _fork_zygote() -> WorkerZygote:
     ours, theirs = (_above_standard_streams(end) for end in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
     address = f"shardprep-worker-zygote-{os.getpid()}-{secrets.token_hex(8)}"
     listener = _above_standard_streams(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
