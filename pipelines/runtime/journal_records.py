@@ -81,11 +81,9 @@ def summary_to_json(summary: sharding.RecordSummary) -> dict:
 
 
 def summary_from_json(data: dict) -> sharding.RecordSummary:
-    summary = sharding.RecordSummary()
-    summary.examples, summary.bytes = dict(data["examples"]), dict(data["bytes"])
-    summary.classes = {(split, int(label)): int(n) for split, label, n in data["classes"]}
-    summary.pixel_sums, summary.max_label = tuple(int(v) for v in data["pixel_sums"]), int(data["max_label"])
-    return summary
+    return sharding.RecordSummary(dict(data["examples"]), dict(data["bytes"]),
+                                  {(split, int(label)): int(n) for split, label, n in data["classes"]},
+                                  tuple(int(v) for v in data["pixel_sums"]), int(data["max_label"]))
 
 
 def pointer_columns(unit: UnitRecord) -> np.ndarray:
