@@ -191,8 +191,7 @@ class BeamArgsError(ValueError):
 def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
     """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray argument, an
     unknown option (one of the command's ``own_options``, or a misspelling), a bad value, or a bad worker count."""
-    direct = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions))
-    workers = direct.direct_num_workers
+    workers = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions)).direct_num_workers
     if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
         raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
                             "1 (default: one per core)")
@@ -221,8 +220,7 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
         PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
         return parsers[0].parse_known_args(beam_args)[1]
 
-    unknown = _parsed(parse)
-    for token in unknown:
+    for token in _parsed(parse):
         name = token.split("=", 1)[0]
         if name in own_options:
             raise BeamArgsError(f"{name} is an option of {usage.split()[0]}, not of Beam: put it before --")
