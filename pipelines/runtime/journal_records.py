@@ -166,8 +166,7 @@ def _pointers_problem(unit: UnitRecord) -> str | None:
         return "its pointers are not one per record"
     if not unit.records:
         return None
-    columns = np.frombuffer(raw, dtype=np.uint64).reshape(-1, 4)
-    high, low, offsets, sizes = (columns[:, i] for i in range(4))
+    high, low, offsets, sizes = np.frombuffer(raw, dtype=np.uint64).reshape(-1, 4).T
     if (sizes > unit.size).any() or int(sizes.sum(dtype=np.uint64)) != unit.size:
         return "its records' sizes do not add up to its file's"
     if not np.array_equal(offsets, np.concatenate(([0], np.cumsum(sizes, dtype=np.uint64)[:-1])).astype(np.uint64)):
