@@ -114,8 +114,7 @@ def typed_command(ctx) -> list[str]:
 def _with_flag(command: list[str], flag: str, drop: tuple[str, ...]) -> list[str]:
     """``command`` with ``flag`` last and without ``drop``, both before the Beam options after ``--``."""
     beam = command.index("--") if "--" in command else len(command)
-    own = [arg for arg in command[:beam] if arg not in drop and arg != flag]
-    return own + [flag] + command[beam:]
+    return [arg for arg in command[:beam] if arg not in drop and arg != flag] + [flag] + command[beam:]
 
 
 @contextlib.contextmanager

@@ -88,8 +88,7 @@ def _holds_run_files(output_dir: str) -> bool:
     from shardprep.train.run import run_files
 
     try:
-        record = run_files.read_record(output_dir)
-        return run_files.holds_files(owned_folder.entries(output_dir, record))
+        return run_files.holds_files(owned_folder.entries(output_dir, run_files.read_record(output_dir)))
     except (OSError, ValueError):
         return os.path.isdir(output_dir)  # unreadable: say --overwrite, which checks the folder again first
 
