@@ -15,8 +15,7 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
-        namespace[name] = value
+        value = namespace[name] = getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
         return value
 
     def __dir__() -> list[str]:
