@@ -5,7 +5,7 @@ for a seed; a small CNN can learn the classes."""
 from __future__ import annotations
 
 import io
-import os
+import pathlib
 import re
 
 import numpy as np
@@ -86,14 +86,13 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
     written, total = 0, (train_per_class + validation_per_class) * len(CLASSES) + 3
     for split, per_class in (("train", train_per_class), ("validation", validation_per_class)):
         for class_index, class_name in enumerate(CLASSES):
-            directory = os.path.join(root, split, class_name)
-            os.makedirs(directory, exist_ok=True)
+            directory = pathlib.Path(root, split, class_name)
+            directory.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
                 width, height = (int(v) for v in rng.integers(160, 641, size=2))  # most at least 256: no upscale stop
                 kind = KINDS[(i + class_index) % len(KINDS)]
                 data = encode(draw_shape(class_name, width, height, rng), kind)
-                with open(os.path.join(directory, f"{class_name}_{i:03d}{_EXTENSIONS[kind]}"), "wb") as f:
-                    f.write(data)
+                (directory / f"{class_name}_{i:03d}{_EXTENSIONS[kind]}").write_bytes(data)
                 written += 1
                 if on_file is not None:
                     on_file(written, total)
@@ -103,8 +102,7 @@ def write_demo_dataset(root: str, train_per_class: int = 60, validation_per_clas
         "validation/triangle/broken_not_an_image.png": b"this is a text file, not an image\n",
     }
     for relative, data in broken.items():
-        with open(os.path.join(root, relative), "wb") as f:
-            f.write(data)
+        pathlib.Path(root, relative).write_bytes(data)
     return written + len(broken)
 
 
