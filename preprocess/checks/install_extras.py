@@ -11,7 +11,7 @@ GCP_EXTRA = "gcp"
 # What lets Beam's FileSystems take gs:// (apache_beam.io.filesystems registers it when it imports).
 _GCS_FILE_SYSTEM = "apache_beam.io.gcp.gcsfilesystem"
 # A source kind's prefix wrapping a gs:// path (``tfrecord:gs://…``): every kind's, with no list of them to keep.
-_WRAPPED_GCS = re.compile(r"[a-z][a-z0-9_]*:(?=gs://)")
+_WRAPPED_GCS = re.compile(r"\A[a-z][a-z0-9_]*:(?=gs://)")
 
 
 class MissingExtraError(Exception):
@@ -21,8 +21,7 @@ class MissingExtraError(Exception):
 def gcs_path(argument: str) -> str | None:
     """The ``gs://`` path an argument names (bare, as ``tfrecord:gs://…`` or ``--option=gs://…``), else None."""
     value = argument.split("=", 1)[1] if argument.startswith("--") and "=" in argument else argument
-    wrapper = _WRAPPED_GCS.match(value)
-    value = value[wrapper.end():] if wrapper else value
+    value = _WRAPPED_GCS.sub("", value, count=1)
     return value if value.startswith("gs://") else None
 
 
