@@ -252,34 +252,26 @@ _KNOWN = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_
 _READ_WHEN_PLANNING = ("labels file",)
 
 
-def unknown_runner(beam_args: list[str]) -> str | None:
-    """Why ``--runner`` names no runner Beam has (neither one of its names nor a module path), else None."""
-    name = runner_name(beam_args)
-    if not name or "." in name or normalized_name(name) in _KNOWN:
-        return None
-    near = difflib.get_close_matches(name, StandardOptions.KNOWN_RUNNER_NAMES, 1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
-    return (f"--runner {name}: Beam has no runner of that name{hint}; give one of "
-            f"{', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, or a runner class's module path")
-
-
 def on_dataflow(beam_args: list[str]) -> bool:
     """True when ``--runner`` is Dataflow's (any spelling Beam takes)."""
     return normalized_name(runner_name(beam_args)) in ("dataflowrunner", "testdataflowrunner")
 
 
-def local_paths(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
-    """Why a Dataflow run cannot use ``paths`` (``(what, path)``: what the workers read or write), else None."""
+def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
+    """Why a run of ``beam_args`` on ``paths`` (``(what, path)``: what the workers read or write) cannot start, else
+    None: a ``--runner`` naming no runner Beam has (neither one of its names nor a module path), or local paths
+    where Dataflow's workers would read them."""
+    name = runner_name(beam_args)
+    if name and "." not in name and normalized_name(name) not in _KNOWN:
+        near = difflib.get_close_matches(name, StandardOptions.KNOWN_RUNNER_NAMES, 1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        return (f"--runner {name}: Beam has no runner of that name{hint}; give one of "
+                f"{', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}, or a runner class's module path")
     local = [f"{what} {path}" for what, path in paths if is_local(path)] if on_dataflow(beam_args) else []
     if not local:
         return None
-    return (f"--runner {runner_name(beam_args)} runs the job on Dataflow, whose workers cannot read local paths: "
+    return (f"--runner {name} runs the job on Dataflow, whose workers cannot read local paths: "
             f"{text.series(local)} {'are' if len(local) > 1 else 'is'} local; give gs:// paths (gs://BUCKET/...)")
-
-
-def refusal(beam_args: list[str], paths: list[tuple[str, str]]) -> str | None:
-    """Why a run of ``beam_args`` on ``paths`` cannot start, else None."""
-    return unknown_runner(beam_args) or local_paths(beam_args, paths)
 
 
 def preprocess_refusal(config, beam_args: list[str]) -> str | None:
