@@ -191,12 +191,20 @@ class BeamArgsError(ValueError):
 def check_beam_args(beam_args: list[str], usage: str, own_options: tuple[str, ...] = ()) -> None:
     """Refuses, before anything runs, what Beam would ignore or fail on deep inside the run: a stray argument, an
     unknown option (one of the command's ``own_options``, or a misspelling), a bad value, or a bad worker count."""
-    workers = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions)).direct_num_workers
-    if any(a.startswith("--direct_num_workers") for a in beam_args) and (workers is None or workers < 1):
-        raise BeamArgsError(f"--direct_num_workers={workers}: the number of local worker processes must be at least "
+    given = any(arg.startswith("--direct_num_workers") for arg in beam_args)
+    asked = _parsed(lambda: PipelineOptions(beam_args).view_as(DirectOptions)).direct_num_workers
+    if given and (asked is None or asked < 1):
+        raise BeamArgsError(f"--direct_num_workers={asked}: the number of local worker processes must be at least "
                             "1 (default: one per core)")
     _check_known(beam_args, usage, own_options)
-    _check_running_mode(beam_args)
+    # Refused: Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping.
+    options = pipeline_options(beam_args).view_as(DirectOptions)
+    if runs_locally(beam_args) and options.direct_running_mode == "multi_threading" and options.direct_num_workers > 1:
+        workers = f"{options.direct_num_workers} workers" if given else (
+            f"the default of {options.direct_num_workers} workers (one per core)")
+        raise BeamArgsError(f"--direct_running_mode=multi_threading with {workers}: Beam's "
+                            "local runner mixes up the data its worker threads send it when there is more than one; "
+                            "use multi_processing (the default) or --direct_num_workers=1")
 
 
 def _parsed(parse):
@@ -230,20 +238,6 @@ def _check_known(beam_args: list[str], usage: str, own_options: tuple[str, ...])
         near = difflib.get_close_matches(name.replace("-", "_").lstrip("_"), known, 1)
         hint = f" (did you mean --{near[0]}?)" if near else ""
         raise BeamArgsError(f"unknown Beam option {token}{hint}: Beam would ignore it")
-
-
-def _check_running_mode(beam_args: list[str]) -> None:
-    """Refused: Beam 2.77's FnApiRunner with several worker threads mixes up the data they send when grouping."""
-    if not runs_locally(beam_args):
-        return
-    options = pipeline_options(beam_args).view_as(DirectOptions)
-    if options.direct_running_mode == "multi_threading" and options.direct_num_workers > 1:
-        given = any(arg.startswith("--direct_num_workers") for arg in beam_args)
-        workers = f"{options.direct_num_workers} workers" if given else (
-            f"the default of {options.direct_num_workers} workers (one per core)")
-        raise BeamArgsError(f"--direct_running_mode=multi_threading with {workers}: Beam's "
-                            "local runner mixes up the data its worker threads send it when there is more than one; "
-                            "use multi_processing (the default) or --direct_num_workers=1")
 
 
 # The runners Beam knows by name, as ``normalized_name`` spells them; any other --runner is a module path.
