@@ -142,11 +142,9 @@ def check_resumable(config, plan, local_runner: bool) -> None:
         raise OutputError(
             "--resume works for local runs (no --runner, or a local one) of a local image folder into a local "
             "OUTPUT; on Dataflow, Beam retries failed work itself, and a killed job is rerun with --overwrite")
-    refusal = plan.kind.resume_refusal(plan)
-    if refusal:
+    if refusal := plan.kind.resume_refusal(plan):
         raise OutputError(f"--resume refused: {refusal}; rerun with --overwrite")
-    foreign = foreign_files(config.output, existing_files(config.output))
-    if foreign:
+    if foreign := foreign_files(config.output, existing_files(config.output)):
         raise OutputError(f"--resume refused: {config.output} holds {foreign[0]}, which no shardprep run wrote; "
                           "move it away first (nothing was deleted)")
     if not _finished(config.output):
@@ -197,8 +195,7 @@ def reopen(config, runner: str, begin, listing: list) -> Reopened:
         header = parse_header(header_line, path)
     except JournalError as e:
         raise OutputError(f"{e}; the run it records cannot be checked: rerun with --overwrite") from None
-    difference = _difference(config, runner, header, listing)
-    if difference:
+    if difference := _difference(config, runner, header, listing):
         raise OutputError(f"--resume refused: {difference}, compared with the run that stopped in {output}; resume "
                           "with the same SOURCE, inputs and options, or rerun with --overwrite")
     begin()
@@ -305,8 +302,7 @@ def _difference(config, runner: str, header: JournalHeader, listing: list) -> st
     """The first difference between the killed run's fingerprint and this run's, in words."""
     if header.tool_version != manifest.tool_version():
         return f"shardprep's version changed ({header.tool_version} -> {manifest.tool_version()})"
-    changed = fingerprint.options_difference(header.options, exclude.fingerprinted_options(config, runner))
-    if changed:
+    if changed := fingerprint.options_difference(header.options, exclude.fingerprinted_options(config, runner)):
         return changed
     text = fingerprint.listing_text(listing)
     if fingerprint.listing_sha256(text) == header.listing_sha256:

@@ -94,12 +94,10 @@ def class_order(stored, where: str, listed: list[str] | None = None, listed_wher
     if listed is None:
         return [canonical(name) for name in sorted(name for found in spellings.values() for name in found)]
     order = [canonical(name) for name in listed]
-    repeated = sorted(name for name, count in collections.Counter(order).items() if count > 1)
-    if repeated:
+    if repeated := sorted(name for name, count in collections.Counter(order).items() if count > 1):
         raise SourceError(f"{listed_where} names the class {describe(repeated[0])} twice: each class once, in the "
                           "order of its label")
-    missing = sorted(set(spellings) - set(order))
-    if missing:
+    if missing := sorted(set(spellings) - set(order)):
         shown = ", ".join(describe(name) for name in missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise SourceError(f"{listed_where} does not name {len(missing)} class{'es' if len(missing) > 1 else ''} "
                           f"found in {where}: {shown}; add {'them' if len(missing) > 1 else 'it'} (one name a line)")
