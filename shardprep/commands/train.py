@@ -50,9 +50,8 @@ def _shell_lines(words: list[str], width: int) -> str:
     option and its value part when together they are too long for a line; one word longer than a line stays whole
     (the command must still paste as it is)."""
     indent = "    "
-    units = []
-    for word in words[1:]:
-        units.extend(word.split(" ", 1) if len(indent) + len(word) + 2 > width and " " in word else [word])
+    units = [unit for word in words[1:]
+             for unit in (word.split(" ", 1) if len(indent) + len(word) + 2 > width and " " in word else [word])]
     lines, line = [], "  " + words[0]
     for unit in units:
         if len(line) + len(unit) + 3 > width:
