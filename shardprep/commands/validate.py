@@ -395,12 +395,11 @@ def _warning(subject: str, message: str) -> list:
 def _print_problems(say, report: dict, json_path: str | None) -> None:
     """A heading, then one entry per problem (check, where, message): a list, not a table, so that file names and
     messages keep whole at 80 columns."""
-    problems = report["problems"]
     total = sum(report["problem_counts"].values())
     say([("", _text("problems", style="bold")),
          (" ", f"(first {_PROBLEM_ROWS_SHOWN} of {total:,}; {_listed(json_path, 'all')}):"
                if total > _PROBLEM_ROWS_SHOWN else f"({total:,}):")])
-    for found in problems[:_PROBLEM_ROWS_SHOWN]:
+    for found in report["problems"][:_PROBLEM_ROWS_SHOWN]:
         where = found.get("file") or found.get("split") or ""
         items: list = [("", _text("  ", (found["check"], "bold")))]
         if where:
