@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import itertools
 import json
 from collections.abc import Iterable
 
@@ -46,10 +47,8 @@ def merge_problems(driver_problems: list[dict], results: Results, max_per_check:
     counts = collections.Counter(found["check"] for found in driver_problems) + collections.Counter(
         results["problem_count"])
     kept = driver_problems + [found for listed in results["problem"].values() for found in listed]
-    by_check: dict[str, list] = {}
-    for found in sorted(kept, key=problem_sort_key):
-        by_check.setdefault(found["check"], []).append(found)
-    problems = [found for check in sorted(by_check) for found in by_check[check][:max_per_check]]
+    problems = [found for _, same_check in itertools.groupby(sorted(kept, key=problem_sort_key), lambda p: p["check"])
+                for found in itertools.islice(same_check, max_per_check)]  # the sort key starts with the check
     return problems, dict(sorted(counts.items())), len(problems) < sum(counts.values())
 
 
@@ -145,8 +144,8 @@ def sheet_rows(class_names: list[str], results: Results) -> list[tuple[str, list
         for label, name in enumerate(class_names)]
 
 
-def near_section(results: Results, split_order: list[str], split_records: dict[str, int], options: ValidateOptions,
-                 min_score: float = MIN_SCORE) -> dict:
+def near_section(results: Results, split_order: list[str], split_records: dict[str, int],
+                 options: ValidateOptions) -> dict:
     """The report's ``near_duplicates`` entry (its schema: ``pipelines/validate_job/driver.py``), training splits first."""
     counts, pairs, borderline = (results[f"near_duplicate_{kind}"] for kind in ("count", "pairs", "borderline"))
     ranks = split_ranks(split_order)
@@ -161,7 +160,7 @@ def near_section(results: Results, split_order: list[str], split_records: dict[s
     within = {split: {"records": counts.get((split, split), 0), "pairs": pairs.get((split, split), []),
                       "borderline": borderline.get((split, split), [])} for split in split_order}
     search = results["near_duplicate_search"].get(None, {"buckets_over_cap": 0, "members_unchecked": 0})
-    return {"max_distance": options.near_duplicate_distance, "min_score": min_score,
+    return {"max_distance": options.near_duplicate_distance, "min_score": MIN_SCORE,
             "limit": options.near_duplicate_limit, "strict": options.strict, "across_splits": across,
             "within_splits": within, "leaked_records": len(results["near_duplicate_key"]), "leaked_keys_file": None,
             "search": search}
