@@ -85,12 +85,8 @@ _SQUARES = _VALUES * _VALUES
 def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
     """Exact per-channel sums and sums of squares of an (H, W, 3) uint8 image (256-bin histograms: 4x faster)."""
     flat = pixels.reshape(-1, pixels.shape[-1])
-    sums, squares = [], []
-    for channel in range(flat.shape[1]):
-        histogram = np.bincount(flat[:, channel], minlength=256)
-        sums.append(int(histogram @ _VALUES))
-        squares.append(int(histogram @ _SQUARES))
-    return sums, squares
+    histograms = [np.bincount(flat[:, channel], minlength=256) for channel in range(flat.shape[1])]
+    return [int(h @ _VALUES) for h in histograms], [int(h @ _SQUARES) for h in histograms]
 
 
 def pixel_hash(height: int, width: int, pixels: np.ndarray) -> bytes:
