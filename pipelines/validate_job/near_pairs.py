@@ -4,6 +4,7 @@ what it measures and which copy is the leak: docs/near_duplicates.md."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
 from array import array
@@ -335,10 +336,8 @@ class Plan(NamedTuple):  # what the candidates need: their groups, thumbnails ca
 
 
 def _group(records: Records, rows: np.ndarray) -> HashGroup:
-    members = sorted(Member(records.location(row), row) for row in rows.tolist())
-    first: dict[str, list[Member]] = {}
-    for member in members:
-        first.setdefault(member.location.split, []).append(member)
+    members = sorted(Member(records.location(row), row) for row in rows.tolist())  # by split first
+    first = {split: list(kept) for split, kept in itertools.groupby(members, lambda m: m.location.split)}
     return HashGroup(records.hashes[rows[0]], {split: len(kept) for split, kept in first.items()},
                      {split: kept[:LOCATIONS_KEPT] for split, kept in first.items()}, [m.location for m in members])
 
