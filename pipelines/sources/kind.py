@@ -212,10 +212,9 @@ def read_head(path: str, at_most: int) -> bytes:
     from shardprep.preprocess.checks import untrusted
 
     try:
-        if is_local(path):
-            with os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") as f:
-                return f.read(at_most)
-        with open_file(path) as f:
+        opened = (os.fdopen(untrusted.open_regular_file(path.removeprefix("file://")), "rb") if is_local(path)
+                  else open_file(path))
+        with opened as f:
             return f.read(at_most)
     except OSError as e:  # BeamIOError is one
         raise sources.SourceError(f"cannot read {path}: {e}") from None
