@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -155,12 +156,9 @@ def split_of(path: str, default: str) -> str:
 
 
 def row_group_tasks(split: str, footer: _FileFooter, name: str) -> list[RowGroupTask]:
-    tasks, first = [], 0
-    for index, rows in enumerate(footer.row_groups):
-        if rows:
-            tasks.append(RowGroupTask(split, footer.path, name, index, first, rows))
-        first += rows
-    return tasks
+    firsts = itertools.accumulate(footer.row_groups, initial=0)
+    return [RowGroupTask(split, footer.path, name, index, first, rows)
+            for index, (first, rows) in enumerate(zip(firsts, footer.row_groups)) if rows]
 
 
 def read_footer(path: str) -> _FileFooter:
