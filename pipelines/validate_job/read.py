@@ -68,11 +68,9 @@ def iter_framed_records(reader: MeasuredReader) -> Iterator[tuple[int, bytes | N
     base_index = 0
     while True:
         start = reader.num_bytes
-        index = base_index
         try:
-            for data in tfrecord_io.read_records(reader):
+            for index, data in enumerate(tfrecord_io.read_records(reader), base_index):
                 yield index, data, None
-                index += 1
             return
         except tfrecord_io.CorruptRecordError as e:
             record_index, record_offset = base_index + e.index, start + e.offset
