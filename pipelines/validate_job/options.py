@@ -74,8 +74,7 @@ class ValidateOptions:
             data = f"a dataset shardprep preprocess wrote ({self.data})" if prepared else f"{kind_name}: DATA"
             return (f"{' and '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to {data}; leave "
                     f"{'it' if len(flags) == 1 else 'them'} out")
-        flags = [] if prepared else self.near_duplicate_flags(search=True)
-        if flags:
+        if not prepared and (flags := self.near_duplicate_flags(search=True)):
             return (f"{' and '.join(flags)} need{'s' * (len(flags) == 1)} a prepared dataset: {self.data} is read "
                     "as TFRecords, where validate looks for no near-duplicates")
         return None
