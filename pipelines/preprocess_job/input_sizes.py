@@ -9,7 +9,6 @@ import io
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 from shardprep.pipelines.preprocess_job.common import PreprocessError
 from shardprep.pipelines.preprocess_job.listing import list_files
@@ -102,22 +101,15 @@ class UpscaleRefused(PreprocessError):
     exit_code = 2
 
 
-class SizedPlan(NamedTuple):
-    """The plan with its inputs' median size, and the lines said about them before the job runs."""
-    plan: SourcePlan
-    lines: list[str]
-
-
-def sized_plan(config, plan: SourcePlan, listing: list | None = None) -> SizedPlan:
-    """Samples the inputs (``listing``: a local run's); raises UpscaleRefused before OUTPUT is touched."""
-    if not isinstance(plan, FolderPlan):
-        sample = _task_sample(config, plan)
-    else:
-        sample = _listed_sample(config, plan, listing) if listing is not None else _folder_sample(plan)
+def sized_plan(config, plan: SourcePlan, listing: list | None) -> tuple[SourcePlan, list[str]]:
+    """(the plan with its inputs' median size, the lines said about them before the job runs), from a sample of the
+    inputs (``listing``: a local run's); raises UpscaleRefused before OUTPUT is touched."""
+    sample = (_task_sample(config, plan) if not isinstance(plan, FolderPlan) else
+              _listed_sample(config, plan, listing) if listing is not None else _folder_sample(plan))
     if not config.allow_upscale:
         refusal = upscale_refusal(sample, config.shorter_side, config.crop, config.encoding)
         if refusal:
             raise UpscaleRefused(refusal)
     median = median_size(sample.sizes) if sample.sizes else None
-    return SizedPlan(dataclasses.replace(plan, median_input_size=median),
-                     plan_lines(sample, config.shorter_side, config.crop, config.encoding))
+    return (dataclasses.replace(plan, median_input_size=median),
+            plan_lines(sample, config.shorter_side, config.crop, config.encoding))
