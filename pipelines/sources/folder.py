@@ -78,22 +78,20 @@ def _unlistable(path: str, tf) -> sources.SourceError:
         return sources.SourceError(f"{path} does not exist" + _missing_bucket(path, tf))
     except tf.errors.OpError as e:
         return sources.SourceError(listing_failure(path, e, tf))
-    if not is_directory:
-        return sources.SourceError(f"{path} is not a directory (it is a file)")
-    return sources.SourceError(f"{path} could not be listed")
+    return sources.SourceError(f"{path} could not be listed" if is_directory else
+                               f"{path} is not a directory (it is a file)")
 
 
 def _missing_bucket(path: str, tf) -> str:
     scheme, rest = path.split("://", 1)
     bucket = f"{scheme}://{rest.split('/', 1)[0]}"
-    if bucket == path:
-        return ""
-    try:
-        tf.io.gfile.stat(bucket)
-    except tf.errors.NotFoundError:
-        return f": the bucket {bucket} does not exist"
-    except tf.errors.OpError:
-        pass
+    if bucket != path:
+        try:
+            tf.io.gfile.stat(bucket)
+        except tf.errors.NotFoundError:
+            return f": the bucket {bucket} does not exist"
+        except tf.errors.OpError:
+            pass
     return ""
 
 
@@ -282,8 +280,7 @@ class FolderSource(SourceKind):
         notes = []
         for class_name, folders in empty.items():
             one = len(folders) == 1
-            named = text.series(folders)
-            said = f"class folder{'' if one else 's'} {named} hold{'s' if one else ''} no images"
+            said = f"class folder{'' if one else 's'} {text.series(folders)} hold{'s' if one else ''} no images"
             classes = document.get("classes", [])
             if class_name in classes and not any(split_counts.get(class_name, 0) for split_counts in counts.values()):
                 said += (f"; {class_name} has none in any split, yet it is class {classes.index(class_name)} of the "
