@@ -92,8 +92,7 @@ def channel_sums(pixels: np.ndarray) -> tuple[list[int], list[int]]:
 def pixel_hash(height: int, width: int, pixels: np.ndarray) -> bytes:
     """A digest (16 bytes) of an image's decoded pixels (and shape): identical images hash alike whatever their
     keys. Raw, not hex: it is the key of a shuffle a local run holds in memory, and no report shows it."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{height}x{width}:".encode())
+    digest = hashlib.blake2b(f"{height}x{width}:".encode(), digest_size=16)
     digest.update(np.ascontiguousarray(pixels).data)  # the bytes row by row, without a copy when already contiguous
     return digest.digest()
 
@@ -336,11 +335,9 @@ def split_problems(split: str, stats: SplitStats, manifest: dict) -> list[dict]:
 
 def mean_std_problems(split: str, stats: SplitStats, manifest: dict, tolerance: float) -> list[dict]:
     """The recomputed per-channel mean/std of the stats split against the manifest's ``mean_rgb``/``std_rgb``."""
-    recomputed = stats.mean_std()
     found = []
-    for check, position in (("mean_rgb", 0), ("std_rgb", 1)):
+    for check, actual in zip(("mean_rgb", "std_rgb"), stats.mean_std() or (None, None)):
         expected = manifest.get(check)
-        actual = recomputed[position] if recomputed else None
         if expected is None and actual is None:
             continue
         if expected is None or actual is None:
