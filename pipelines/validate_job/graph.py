@@ -90,9 +90,8 @@ def _leakage(element, split_order: list[str]):
     for location in (RecordLocation._make(_LOCATION_CODER.decode(data)) for data in element[1]):
         count_by_split[location.split] += 1
         first_by_split[location.split] = min(location, first_by_split.get(location.split, location))
-    for split, count in count_by_split.items():
-        if count > 1:
-            yield beam.pvalue.TaggedOutput("duplicates", (split, count - 1))
+    yield from (beam.pvalue.TaggedOutput("duplicates", (split, count - 1)) for split, count in count_by_split.items()
+                if count > 1)
     if len(first_by_split) < 2:
         return
     order = {split: i for i, split in enumerate(split_order)}

@@ -315,8 +315,7 @@ def _verified(reference: HashGroup, pair: SplitPair, duplicate: HashGroup, found
 
 def group_findings(group: HashGroup, ranks: dict[str, int], min_score: float, scorer: Scorer) -> Iterator[Finding]:
     """What one group's own records say (distance 0): splits against each other, and within a split."""
-    rank = lambda split: (ranks.get(split, len(ranks)), split)  # noqa: E731
-    splits = sorted(group.counts, key=rank)
+    splits = sorted(group.counts, key=lambda split: (ranks.get(split, len(ranks)), split))
     for i, reference in enumerate(splits):
         for split in splits[i + 1:]:
             found = _best(group.first[reference], group.first[split], 0, scorer)

@@ -74,8 +74,7 @@ def _scores(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     norms = np.sqrt(np.maximum(squares - sums * sums / (2 * WINDOW * WINDOW), 0))
     valid = norms > np.sqrt(FLAT)
     scale = np.where(valid, norms, 1) * np.maximum(energy, FLAT)[:, None, None, None]
-    ratios = np.where(valid, dots / scale, -np.inf)
-    best = ratios.reshape(len(first), -1).max(axis=1)
+    best = np.where(valid, dots / scale, -np.inf).reshape(len(first), -1).max(axis=1)
     return np.where((energy < FLAT) | ~valid.reshape(len(first), -1).any(axis=1), 0.0, best)
 
 

@@ -244,9 +244,8 @@ def html_of(report: dict, names: list[str]) -> bytes:
                              if len(pairs) < total else ""))
     pages = []
     for page, name in enumerate(names):
-        rows = pairs[page * PAIRS_PER_PAGE:(page + 1) * PAIRS_PER_PAGE]
         items = "".join(f"<li>{html.escape(' ~ '.join(keys))} ({html.escape(measure)})</li>\n"
-                        for measure, *keys in map(_caption, rows))
+                        for measure, *keys in map(_caption, pairs[page * PAIRS_PER_PAGE:(page + 1) * PAIRS_PER_PAGE]))
         pages.append(f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>\n'
                      f'<ol start="{page * PAIRS_PER_PAGE + 1}">\n{items}</ol>')
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>near-duplicates</title></head>\n"

@@ -109,7 +109,7 @@ def record_at(stream, index: int) -> bytes:
 def open_for_reading(path: str):
     """``(binary stream, size)`` of a shard or input file; a local one not a regular file: ``NotRegularFileError``."""
     if "://" not in path or path.startswith("file://"):
-        descriptor = untrusted.open_regular_file(path[len("file://"):] if path.startswith("file://") else path)
+        descriptor = untrusted.open_regular_file(path.removeprefix("file://"))
         return os.fdopen(descriptor, "rb"), os.fstat(descriptor).st_size
     [matched] = FileSystems.match([path])[0].metadata_list[:1] or [None]
     if matched is None:
