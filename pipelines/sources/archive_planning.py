@@ -269,9 +269,8 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
                                   if not labels_file_given else "no row of the labels file names it"))
         else:
             labelled.append((split, key, class_index[found], member))
-    later = stored_again([key for _, key, _, _ in labelled])
     kept = []
-    for again, (split, key, label, member) in zip(later, labelled):
+    for again, (split, key, label, member) in zip(stored_again([key for _, key, _, _ in labelled]), labelled):
         reject = name_reject(split, key, again, "the archive", "not valid UTF-8")
         if reject:
             rejects.append(reject)

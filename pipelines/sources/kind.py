@@ -172,10 +172,9 @@ def classes_file_apart(config) -> list[ApartFrom]:
     return [ApartFrom("--classes file", config.classes_file)] if config.classes_file else []
 
 
-def prefixed_location(source: str, prefix: str, example: str, what: str, strip: str | None = None) -> str:
-    """What follows ``prefix`` in SOURCE; a SourceError when nothing does."""
-    rest = source[len(prefix):]
-    rest = rest.strip(strip) if strip else rest
+def prefixed_location(source: str, prefix: str, example: str, what: str, strip: str = "") -> str:
+    """What follows ``prefix`` in SOURCE (less ``strip``'s characters at its ends); a SourceError when nothing does."""
+    rest = source[len(prefix):].strip(strip)
     if not rest.strip():
         raise sources.SourceError(f"{prefix} needs {what}, e.g. {prefix}{example}")
     return rest

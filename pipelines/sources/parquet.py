@@ -210,8 +210,7 @@ def label_max(footer: _FileFooter, column: str) -> int:
 def dataset_features(base: str, footer: _FileFooter) -> tuple[hub_features.Features, str]:
     """(the features of the dataset card or ``dataset_info.json`` in the glob's folder or its parent, else of
     ``footer``'s file; the file they come from)."""
-    folders = [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else [])
-    for folder in folders:
+    for folder in [base] + ([base.rsplit("/", 1)[0]] if "/" in base.strip("/") else []):
         for name, parse in (("README.md", hub_features.from_card), ("dataset_info.json", hub_features.from_info)):
             path = manifest.join(folder, name) if folder else name
             if not exists(path):

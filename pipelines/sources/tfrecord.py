@@ -135,8 +135,7 @@ def class_names_beside(path: str) -> list[str] | None:
     """TFDS writes ``label.labels.txt`` (one class name per line) next to its TFRecords."""
     from apache_beam.io.filesystems import FileSystems
 
-    directory = path.rsplit("/", 1)[0]
-    matches = FileSystems.match([manifest.join(directory, "*labels.txt")])[0].metadata_list
+    matches = FileSystems.match([manifest.join(path.rsplit("/", 1)[0], "*labels.txt")])[0].metadata_list
     if not matches:
         return None
     path = sorted(m.path for m in matches)[0]
