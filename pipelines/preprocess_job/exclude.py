@@ -120,8 +120,7 @@ def fingerprinted_options(config, runner: str) -> dict:
 
 def unknown_keys(keys: SortedKeys, output: str) -> list[str]:
     """The keys no input had (``OUTPUT/rejects.jsonl`` lists no such exclusion), sorted."""
-    path = manifest.join(output, manifest.REJECTS_NAME)
-    with open_file(path) as f:
+    with open_file(manifest.join(output, manifest.REJECTS_NAME)) as f:
         lines = filter(str.strip, io.TextIOWrapper(f, encoding="utf-8"))
         found = {entry.get("key") for entry in map(json.loads, lines) if entry.get("reason") == EXCLUDED}
     return [key for key in keys if key not in found]  # sorted, as keys iterate

@@ -4,6 +4,7 @@ are byte-identical whatever the number or speed of workers."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable, NamedTuple
@@ -199,12 +200,10 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
 def decode_counts(result) -> journal.ResumeCounts:
     """The decode stage's counters from a finished run's metrics; zeros where a runner has none."""
     totals: dict[str, int] = {}
-    try:
+    with contextlib.suppress(Exception):  # a runner without metrics: the counts are only reported
         for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
             value = counter.committed if counter.committed is not None else counter.attempted
             totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + (value or 0)
-    except Exception:  # noqa: BLE001 - a runner without metrics: the counts are only reported
-        pass
     return journal.ResumeCounts(*(totals.get(name, 0) for name in DECODE_COUNTERS))
 
 

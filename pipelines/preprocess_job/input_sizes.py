@@ -110,6 +110,5 @@ def sized_plan(config, plan: SourcePlan, listing: list | None) -> tuple[SourcePl
         refusal = upscale_refusal(sample, config.shorter_side, config.crop, config.encoding)
         if refusal:
             raise UpscaleRefused(refusal)
-    median = median_size(sample.sizes) if sample.sizes else None
-    return (dataclasses.replace(plan, median_input_size=median),
+    return (dataclasses.replace(plan, median_input_size=median_size(sample.sizes) if sample.sizes else None),
             plan_lines(sample, config.shorter_side, config.crop, config.encoding))
