@@ -108,8 +108,7 @@ class JobHooks:
 def execute_job(config: PreprocessConfig, beam_args: list[str], resume: bool = False,
                 hooks: JobHooks | None = None) -> JobOutcome:
     """Runs the preprocess job to completion; returns the manifest it wrote and the decode stage's counts."""
-    refused = runners.preprocess_refusal(config, beam_args)  # before planning: a runner Beam has, paths it reads
-    if refused:
+    if refused := runners.preprocess_refusal(config, beam_args):  # before planning: a runner Beam has, paths it reads
         raise PreprocessError(refused)
     with runners.worker_zygote_for(beam_args):
         return _execute_job(config, beam_args, resume, hooks or JobHooks())
@@ -186,8 +185,7 @@ def _run_pipeline(config: PreprocessConfig, plan: SourcePlan, beam_args: list[st
             raise
         except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; surface the root cause readably
             raise PreprocessError(_root_cause(e)) from e
-    template = runners.template_location(beam_args)
-    if template:  # Dataflow only wrote a template; nothing ran yet
+    if template := runners.template_location(beam_args):  # Dataflow only wrote a template; nothing ran yet
         return JobOutcome({"template_location": template}, journal.ResumeCounts(0, 0, 0, 0))
     document = manifest.read_document(config.output)
     notes = plan.notes + plan.kind.notes_after_run(plan, document)

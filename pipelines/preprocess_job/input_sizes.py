@@ -107,8 +107,7 @@ def sized_plan(config, plan: SourcePlan, listing: list | None) -> tuple[SourcePl
     sample = (_task_sample(config, plan) if not isinstance(plan, FolderPlan) else
               _listed_sample(config, plan, listing) if listing is not None else _folder_sample(plan))
     if not config.allow_upscale:
-        refusal = upscale_refusal(sample, config.shorter_side, config.crop, config.encoding)
-        if refusal:
+        if refusal := upscale_refusal(sample, config.shorter_side, config.crop, config.encoding):
             raise UpscaleRefused(refusal)
     return (dataclasses.replace(plan, median_input_size=median_size(sample.sizes) if sample.sizes else None),
             plan_lines(sample, config.shorter_side, config.crop, config.encoding))
