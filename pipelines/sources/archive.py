@@ -72,8 +72,7 @@ class ArchiveSource(SourceKind):
         return ArchiveMemberReader(planned_identities(plan))
 
     def resume_refusal(self, plan: SourcePlan) -> str | None:
-        remote = [a.path for a in cast(ArchivePlan, plan).archives if "://" in a.path]
-        if remote:
+        if remote := [a.path for a in cast(ArchivePlan, plan).archives if "://" in a.path]:
             return f"the archive {remote[0]} is not on this machine, and only local archives are fingerprinted"
         return None
 
@@ -224,9 +223,8 @@ class StreamedArchiveSource(ArchiveSource):
                 named += [(task.split, key, label) for key, label, _ in task.entries]
             elif isinstance(task, StreamTask):
                 named += [(split, key, label) for _, _, split, key, label in task.wanted]
-        lengths = ((split, len(key.encode("utf-8")), label) for split, key, label in named)
         return {split: (1, 1, 0) for split in plan.splits} | bounds_by_split(  # (1, 1, 0): a split of rejects only
-            (split, n, n, label) for split, n, label in lengths)
+            (split, len(key.encode("utf-8")), len(key.encode("utf-8")), label) for split, key, label in named)
 
 
 ARCHIVE = ArchiveSource()

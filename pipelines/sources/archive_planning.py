@@ -178,11 +178,9 @@ def _index(archive: ArchiveFile, default_split: str) -> _Found:
         pairs = [(m._replace(name=m.name[len(inner):]), stored) for m, stored in pairs if m.name.startswith(inner)]
         if not pairs:
             raise sources.SourceError(f"{archive.path} holds nothing under {archive.inner}/")
-    members = [m for m, _ in pairs]
-    split = archive.split or default_split
-    prefix = f"{archive.split}/" if archive.split else ""
-    layout = archive_layout.arrange(members, split, prefix, fixed_split=archive.split is not None,
-                                    where=archive.path)
+    layout = archive_layout.arrange([m for m, _ in pairs], archive.split or default_split,
+                                    key_prefix=f"{archive.split}/" if archive.split else "",
+                                    fixed_split=archive.split is not None, where=archive.path)
     return _Found(archive, layout, {id(m): stored for m, stored in pairs})
 
 
@@ -271,8 +269,7 @@ def _tasks(item: _Found, class_index: dict[str, int], label_of: dict[str, str], 
             labelled.append((split, key, class_index[found], member))
     kept = []
     for again, (split, key, label, member) in zip(stored_again([key for _, key, _, _ in labelled]), labelled):
-        reject = name_reject(split, key, again, "the archive", "not valid UTF-8")
-        if reject:
+        if reject := name_reject(split, key, again, "the archive", "not valid UTF-8"):
             rejects.append(reject)
         else:
             kept.append((split, key, label, member))

@@ -195,8 +195,7 @@ def _split_dirs(root: str, top: Children, split: str) -> list[tuple[str, str]]:
     dirs = top.dirs
     split_named = [d for d in dirs if d.lower() in sources.SPLIT_NAMES]
     if dirs and len(split_named) == len(dirs):
-        loose = [name for name in top.files if accounting.is_image_name(name)]
-        if loose:
+        if loose := [name for name in top.files if accounting.is_image_name(name)]:
             one = len(loose) == 1
             raise sources.SourceError(
                 f"{root} holds split folders ({', '.join(dirs)}) and {'a loose image' if one else 'loose images'} "
