@@ -247,8 +247,7 @@ def manifest_problems(manifest: dict) -> list[dict]:
             found.append(problem("manifest_inconsistent",
                                  f"num_examples {num_examples} but class_counts add up to "
                                  f"{sum(class_counts.values())}", split=split))
-        unknown = sorted(set(class_counts) - set(manifest["classes"]))
-        if unknown:
+        if unknown := sorted(set(class_counts) - set(manifest["classes"])):
             found.append(problem("manifest_inconsistent", f"class_counts names classes not in classes: {unknown}",
                                  split=split))
     for key in ("num_examples", "num_inputs", "num_rejected"):  # totals over the splits, where each split has one
@@ -323,8 +322,7 @@ def split_problems(split: str, stats: SplitStats, manifest: dict) -> list[dict]:
                                                 f"{expected}", split=split, class_name=name, label=label,
                                  count=actual, expected_count=expected))
     if len(stats.shard_records) > 1:
-        smallest = min(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
-        largest = max(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
+        smallest, *_, largest = sorted(stats.shard_records.items(), key=lambda item: (item[1], item[0]))
         if largest[1] - smallest[1] > 1:
             found.append(problem("shards_not_uniform",
                                  f"shards hold {smallest[1]} to {largest[1]} records (more than one apart): "

@@ -291,8 +291,7 @@ def run(options: ValidateOptions, beam_args: Sequence[str] = (), progress: Progr
         raise ValidateError(f"{options.data} is a source of kind {kind.name}, which validate does not read: give a folder "
                             f"shardprep preprocess wrote (run shardprep preprocess on it first), tfrecord:GLOB or "
                             f"tfds:NAME")
-    refused = options.refusal(kind.name, kind.options, prepared=not kind.validated_as_records)
-    if refused:
+    if refused := options.refusal(kind.name, kind.options, prepared=not kind.validated_as_records):
         raise ValidateError(refused)
     try:
         with runner.worker_zygote_for(beam_args):  # before the first pipeline, while no thread runs here

@@ -73,8 +73,7 @@ def _fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: int, middle: bo
 
 def contact_sheet(rows: list[tuple[str, list[np.ndarray]]], samples_per_class: int) -> Image.Image:
     """A row per class: its name, then up to ``samples_per_class`` images as stored (or thumbnailed), 1:1."""
-    longest = [max(image.shape[:2]) for _, images in rows for image in images]
-    cell = max(longest) if longest else 32
+    cell = max((max(image.shape[:2]) for _, images in rows for image in images), default=32)
     sheet = Image.new("RGB", contact_sheet_size(len(rows), samples_per_class, cell), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
     font = label_font(max(9, min(14, cell // 3)))

@@ -205,8 +205,7 @@ class ReadShardFn(beam.DoFn):
         for check, message in record_problems(record, self.manifest):
             yield report(check, message)
         if layout is not None and record.format == self.manifest.encoding:  # a layout is the encoding's
-            misplaced = record_layout_offset_problem(data, record, layout)
-            if misplaced:
+            if misplaced := record_layout_offset_problem(data, record, layout):
                 yield report("record_layout", misplaced)
         try:
             pixels = record_format.decode_pixels(record)

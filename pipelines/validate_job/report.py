@@ -183,9 +183,7 @@ def near_findings(near: dict) -> tuple[list[dict], list[dict]]:
     its leaks when :func:`near_fails`; the rest, warnings)."""
     failing: list[dict] = []
     warnings: list[dict] = []
-    for entry in near["across_splits"]:
-        if not entry["records"]:
-            continue
+    for entry in (entry for entry in near["across_splits"] if entry["records"]):
         fails = entry["leak"] and near_fails(near)
         message = (f"{entry['records']:,} of {entry['split_records']:,} {entry['split']} records have a "
                    f"near-duplicate in {entry['reference']} ({near_measure(near)})")
