@@ -62,11 +62,8 @@ class _Decoder(beam.DoFn):
     def _append(self, spill: SpillWriter, pointers: record_pointers.RecordPointers, record, layout,
                 shard_end: bool, summary: sharding.RecordSummary, key: tuple[int, int]) -> None:
         """Writes ``record`` to ``spill``, in the split's fixed layout if any (``shard_end``: as a shard's last)."""
-        if layout is not None:
-            framed = layout.encode(record, shard_end)
-        else:
-            framed = tfrecord_io.frame_parts(record_format.example_parts(record))
-        offset, size = spill.append(framed)
+        offset, size = spill.append(layout.encode(record, shard_end) if layout is not None
+                                    else tfrecord_io.frame_parts(record_format.example_parts(record)))
         pointers.append(key, offset, size)
         # A fixed-layout record counts as record_bytes whatever its end padding, as the shard count predicts.
         summary.add(pointers.split, record.label, layout.record_bytes if layout is not None else size)
@@ -185,5 +182,5 @@ def read_file(path: str) -> bytes:
     try:
         with open_file(path) as f:
             return f.read()
-    except (OSError, IOError) as e:
+    except OSError as e:
         raise image_ops.RejectError("unreadable", f"{type(e).__name__}: {e}") from None
