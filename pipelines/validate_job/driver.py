@@ -60,8 +60,7 @@ def _results_location(beam_args: list[str]) -> tuple[str, Callable[[], None]]:
     refused = runner.no_results_location(beam_args)
     if refused:  # checked before DATA is listed too (``validate_refusal``); here for a caller of the graph alone
         raise ValidateError(refused)
-    folder = manifest_lib.join(temp_location, f"shardprep-validate-{uuid.uuid4().hex}")
-    path = manifest_lib.join(folder, RESULTS_NAME)
+    path = manifest_lib.join(temp_location, f"shardprep-validate-{uuid.uuid4().hex}", RESULTS_NAME)
     return path, lambda: FileSystems.delete([path]) if FileSystems.exists(path) else None
 
 

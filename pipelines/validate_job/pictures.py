@@ -182,9 +182,7 @@ def pair_cell_origin(row: int, column: int) -> tuple[int, int]:
 def enlarged(pixels: np.ndarray) -> np.ndarray:
     """``pixels`` enlarged by the largest whole factor that fits CELL (nearest neighbour), or shrunk to fit."""
     factor = CELL // max(pixels.shape[:2])
-    if factor >= 2:
-        return pixels.repeat(factor, axis=0).repeat(factor, axis=1)
-    return thumbnail(pixels, CELL)
+    return pixels.repeat(factor, axis=0).repeat(factor, axis=1) if factor >= 2 else thumbnail(pixels, CELL)
 
 
 def same_hash_note(pair: dict, side: str) -> str:

@@ -150,7 +150,7 @@ def near_section(results: Results, split_order: list[str], split_records: dict[s
     counts, pairs, borderline = (results[f"near_duplicate_{kind}"] for kind in ("count", "pairs", "borderline"))
     ranks = split_ranks(split_order)
     ranked = sorted(split_order, key=ranks.__getitem__)
-    ordered = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:]]
+    ordered = list(itertools.combinations(ranked, 2))
     extra = sorted(set(counts) - set(ordered) - {(s, s) for s in split_order},
                    key=lambda pair: (ranks.get(pair[0], len(ranks)), pair))
     across = [{"reference": reference, "split": split, "leak": SplitPair(reference, split).is_leak(ranks),
@@ -168,9 +168,8 @@ def near_section(results: Results, split_order: list[str], split_records: dict[s
 
 def near_fails(near: dict) -> bool:
     """Whether the near-duplicates fail the run: any leak under --strict, else more than --near-duplicate-limit."""
-    if near["strict"]:
-        return near["leaked_records"] > 0
-    return near["limit"] is not None and near["leaked_records"] > near["limit"]
+    limit = 0 if near["strict"] else near["limit"]
+    return limit is not None and near["leaked_records"] > limit
 
 
 def near_measure(near: dict) -> str:
