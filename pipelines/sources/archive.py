@@ -224,7 +224,7 @@ class StreamedArchiveSource(ArchiveSource):
             elif isinstance(task, StreamTask):
                 named += [(split, key, label) for _, _, split, key, label in task.wanted]
         return {split: (1, 1, 0) for split in plan.splits} | bounds_by_split(  # (1, 1, 0): a split of rejects only
-            (split, len(key.encode("utf-8")), len(key.encode("utf-8")), label) for split, key, label in named)
+            (split, (size := len(key.encode("utf-8"))), size, label) for split, key, label in named)
 
 
 ARCHIVE = ArchiveSource()
