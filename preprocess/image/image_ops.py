@@ -217,11 +217,8 @@ def decode_plain_rgb(image: ImageFile.ImageFile, data: bytes) -> np.ndarray | No
         return None
     scale = image.decoderconfig[0] if image.decoderconfig else 1  # draft()'s DCT scaling: 1, 2, 4 or 8
     width, height = image.size  # the drafted size: each side divided by the scale, rounded up
-    try:
-        if scale > 1:
-            pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=height, min_width=width, min_factor=scale)
-        else:
-            pixels = simplejpeg.decode_jpeg(data, "RGB")
+    try:  # scale 1: the full size, as a plain decode gives it
+        pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=height, min_width=width, min_factor=scale)
     except (ValueError, MemoryError):  # a damaged file, or one libjpeg only warns about: Pillow's decode decides
         return None
     return pixels if pixels.shape == (height, width, 3) else None

@@ -70,10 +70,8 @@ def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, cro
         return image.crop((*origin, origin[0] + out[0], origin[1] + out[1]))
     if method == PILLOW_BICUBIC:
         pillow = Image.fromarray(image, "RGB") if isinstance(image, np.ndarray) else image
-        if out == size:
-            resized = pillow.resize(size, Image.Resampling.BICUBIC)
-        else:
-            resized = pillow.resize(out, Image.Resampling.BICUBIC, box=centre_box(size, pillow.size, shorter_side))
+        box = None if out == size else centre_box(size, pillow.size, shorter_side)
+        resized = pillow.resize(out, Image.Resampling.BICUBIC, box=box)
         return np.asarray(resized) if isinstance(image, np.ndarray) else resized
     check_method(method)
     pixels = lanczos_cubic(image, size, origin, out, _LOBES[method])
@@ -116,9 +114,7 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         if len(kernel_x) > 1 or len(kernel_y) > 1:
             pixels = cv2.sepFilter2D(pixels, -1, kernel_x, kernel_y, borderType=cv2.BORDER_REFLECT)
         resized = cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
-        if out == size:
-            return resized
-        return _cut(resized, origin, out)
+        return resized if out == size else _cut(resized, origin, out)
     # A very long image: only the source pixels the rectangle needs (and the filters' reach), resampled to it.
     left, top = origin[0] * x_scale, origin[1] * y_scale
     x0, x1 = _reach(left, left + out[0] * x_scale, len(kernel_x) // 2 + 3, width)
