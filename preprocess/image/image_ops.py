@@ -242,13 +242,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
             except (ImageCms.PyCMSError, OSError, ValueError):
                 pass  # a broken profile: fall back to the plain conversion below
         return image.convert("RGB")
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit grey: scaled to 0-255 ((v + 128) // 257 is v / 257 rounded), not clipped as convert("L") would.
-        pixels = np.clip(np.asarray(image), 0, 65535).astype(np.uint32)
-        grey = ((pixels + 128) // 257).astype(np.uint8)
-        return Image.fromarray(grey, "L").convert("RGB")
-    if mode == "F":
-        grey = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        if mode == "F":
+            grey = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
+        else:  # 16-bit grey: scaled to 0-255 ((v + 128) // 257 is v / 257 rounded), not clipped as convert("L") would
+            grey = ((np.clip(np.asarray(image), 0, 65535).astype(np.uint32) + 128) // 257).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
     if mode == "P":
         image = image.convert("RGBA" if "transparency" in image.info else "RGB")
