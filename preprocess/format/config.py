@@ -97,11 +97,8 @@ def check_options(shorter_side: int, encoding: str, max_pixels: int) -> None:
                           f"the largest --shorter-side for --encoding {stored.name} is {stored.max_side}")
     stored_bytes = stored.stored_bytes(shorter_side, shorter_side)
     if stored_bytes is not None and not record_fits(stored_bytes):
+        compressed = " or ".join(f"--encoding {e.name}" for e in encodings.REGISTERED if e.stored_bytes(1, 1) is None)
         raise SourceError(
             f"--shorter-side {shorter_side} makes {stored.label} records of {stored_bytes:,} bytes, over "
             f"the {MAX_RECORD_BYTES:,} bytes a TFRecord example can hold (protobuf's 2 GiB limit): the largest "
-            f"--shorter-side that fits is {largest_square_side(stored)} (or use {_compressed_choices()})")
-
-
-def _compressed_choices() -> str:
-    return " or ".join(f"--encoding {e.name}" for e in encodings.REGISTERED if e.stored_bytes(1, 1) is None)
+            f"--shorter-side that fits is {largest_square_side(stored)} (or use {compressed})")

@@ -80,12 +80,9 @@ class SplitInfo:
     def to_json(self) -> dict:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         document.update(rejected_by_reason=dict(self.rejected_by_reason), class_counts=dict(self.class_counts),
-                        shards=[shard.to_json() for shard in self.shards])
-        if self.record_layout is None:
-            del document["record_layout"]
-        else:
-            document["record_layout"] = self.record_layout.to_json()
-        return document
+                        shards=[shard.to_json() for shard in self.shards],
+                        record_layout=None if self.record_layout is None else self.record_layout.to_json())
+        return {key: value for key, value in document.items() if key != "record_layout" or value is not None}
 
     @property
     def num_bytes(self) -> int:

@@ -42,14 +42,11 @@ def varint(value: int) -> bytes:
     if value < 0:
         value += 1 << 64  # int64 negatives are 10-byte varints
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
