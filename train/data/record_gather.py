@@ -236,8 +236,7 @@ class VerifiedGather(FixedLayoutGather):
             problem = f"ends {wanted - got} bytes early: the shard is shorter than its manifest says"
         else:
             length_bytes = before[:8].tobytes()
-            (length,) = struct.unpack("<Q", length_bytes)
-            (length_crc,) = struct.unpack("<I", before[8:_HEADER].tobytes())
+            length, length_crc = struct.unpack("<QI", before[:_HEADER].tobytes())
             (data_crc,) = struct.unpack("<I", tail[-_FOOTER:].tobytes())
             crc = google_crc32c.extend(google_crc32c.value(before[_HEADER:].tobytes()), slot)
             crc = google_crc32c.extend(crc, tail[:-_FOOTER])

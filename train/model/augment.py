@@ -146,13 +146,12 @@ class CropFlipNormalize(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, images, training=None):
-        if training:
-            if self.augment == "rrc":
-                images = random_resized_crop_flip(images, self.image_size, self.seed_generator)
-            else:
-                images = random_crop_flip(images, self.image_size, self.seed_generator)
-        else:
+        if not training:
             images = center_crop(images, self.image_size)
+        elif self.augment == "rrc":
+            images = random_resized_crop_flip(images, self.image_size, self.seed_generator)
+        else:
+            images = random_crop_flip(images, self.image_size, self.seed_generator)
         return normalize(images, self.mean_rgb, self.std_rgb)
 
     def compute_output_shape(self, input_shape):
