@@ -52,9 +52,7 @@ def is_image_name(name: str) -> bool:
 
 def is_os_litter(name: str, is_dir: bool = False) -> bool:
     """True for what an OS leaves in folders (``__MACOSX/``, ``._*``, ``.DS_Store``, ...): never an input."""
-    if is_dir:
-        return name in _LITTER_FOLDERS
-    return name.startswith("._") or name.casefold() in _LITTER_FILES
+    return name in _LITTER_FOLDERS if is_dir else name.startswith("._") or name.casefold() in _LITTER_FILES
 
 
 def unlabelled_reason(count: int) -> str:

@@ -26,10 +26,8 @@ def num_shards_for(num_examples: int, total_bytes: int, requested: int | None) -
 def decode_groups(num_inputs: int, predicted_bytes: int | None, requested: int | None, min_groups: int) -> int:
     """How many groups of consecutive ranks a split is decoded in: the shards when known before decoding (cut in
     equal pieces to reach ``min_groups``), else ``min_groups``."""
-    if requested or predicted_bytes is not None:
-        shards = num_shards_for(num_inputs, predicted_bytes or 0, requested)
-    else:
-        shards = 1
+    known = requested or predicted_bytes is not None
+    shards = num_shards_for(num_inputs, predicted_bytes or 0, requested) if known else 1
     groups = shards * -(-max(1, min_groups) // shards)
     return max(1, min(groups, num_inputs))
 

@@ -290,10 +290,8 @@ def _load_rgb(image: Image.Image, data: bytes) -> Image.Image | np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Palette images with Transparency expressed in bytes"
-            plain = decode_plain_rgb(image, data)  # the same pixels, sooner
-            if plain is not None:
-                return plain
-            return to_rgb(image)  # loads the pixels first
+            plain = decode_plain_rgb(image, data)  # the same pixels, sooner; to_rgb loads the pixels first
+            return plain if plain is not None else to_rgb(image)
     except MemoryError:
         raise RejectError("too_many_pixels", "out of memory while decoding") from None
     except Exception as e:  # noqa: BLE001 - hostile bytes can raise anything from a codec; all become rejects

@@ -49,9 +49,7 @@ def backend_installed(name: str) -> bool:
     """Whether the backend's package can be imported, asked of the path finder alone (``find_spec`` would also ask
     the CLI's quiet-import hook, which would take the question for the import)."""
     module = BACKEND_INFO[name].module
-    if module in sys.modules:
-        return True
-    return importlib.machinery.PathFinder.find_spec(module) is not None
+    return module in sys.modules or importlib.machinery.PathFinder.find_spec(module) is not None
 
 
 def default_backend(environ=None) -> str:
