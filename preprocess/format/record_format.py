@@ -176,24 +176,21 @@ def _parse_feature(feature: memoryview) -> list:
             if n != 1:
                 continue
             # A value of another wire type than its field's is an unknown field to protobuf, so it is skipped.
-            if kind == 1:  # BytesList
-                if t == 2:
-                    values.append(bytes(v))
-            elif kind == 2:  # FloatList: packed or not
-                if t == 2:
-                    if len(v) % 4:
-                        raise RecordFormatError("packed float list is not a whole number of floats")
-                    values.extend(struct.unpack(f"<{len(v) // 4}f", v))
-                elif t == 5:
-                    values.append(struct.unpack("<f", v.to_bytes(4, "little"))[0])
-            else:  # Int64List: packed or not
-                if t == 2:
-                    pos = 0
-                    while pos < len(v):
-                        item, pos = read_varint(v, pos)
-                        values.append(item)
-                elif t == 0:
-                    values.append(v)  # read_varint already made it signed
+            if kind == 1 and t == 2:  # BytesList
+                values.append(bytes(v))
+            elif kind == 2 and t == 2:  # FloatList, packed
+                if len(v) % 4:
+                    raise RecordFormatError("packed float list is not a whole number of floats")
+                values.extend(struct.unpack(f"<{len(v) // 4}f", v))
+            elif kind == 2 and t == 5:  # FloatList, one value
+                values.append(struct.unpack("<f", v.to_bytes(4, "little"))[0])
+            elif kind == 3 and t == 2:  # Int64List, packed
+                pos = 0
+                while pos < len(v):
+                    item, pos = read_varint(v, pos)
+                    values.append(item)
+            elif kind == 3 and t == 0:  # Int64List, one value
+                values.append(v)  # read_varint already made it signed
     return values
 
 

@@ -84,10 +84,8 @@ def _total(sample: SizeSample, per_input: float) -> str:
 
 def plan_lines(sample: SizeSample, shorter_side: int, crop: str, encoding: str) -> list[str]:
     """The plan's lines before the job runs: the inputs, their median size and the expected output size."""
-    if sample.num_inputs is None:
-        inputs = "not counted until listed"
-    else:
-        inputs = ("about " if sample.estimated else "") + f"{sample.num_inputs:,}"
+    inputs = ("not counted until listed" if sample.num_inputs is None
+              else ("about " if sample.estimated else "") + f"{sample.num_inputs:,}")
     if not sample.sizes:
         return [f"inputs: {inputs} (no image header read in a sample of {sample.sampled:,})"]
     width, height = median_size(sample.sizes)
