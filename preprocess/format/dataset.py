@@ -149,8 +149,7 @@ class Manifest:
         """The typed manifest of a document; ManifestShapeError listing its shape problems, or UnfitLayoutError
         (``lenient_layouts``: such a layout left out, said in ``layout_problems``). Messages begin with ``source``."""
         where = f"{source}: " if source else ""
-        problems = shape_problems(document, layouts_required=layouts_required)
-        if problems:
+        if problems := shape_problems(document, layouts_required=layouts_required):
             raise ManifestShapeError(f"{where}manifest is malformed: " + "; ".join(problems), problems)
         layouts, layout_problems = _record_layouts(document)
         for split, why in layout_problems.items():

@@ -116,8 +116,7 @@ def record_offsets(path: str, expected: int | None = None) -> ShardIndex:
         position = 0
         while position < size:
             header = os.pread(fd, _HEADER, position)
-            problem = _header_problem(header, size - position)
-            if problem:
+            if problem := _header_problem(header, size - position):
                 raise ValueError(f"{path}: record {len(offsets)} (byte {position}) {problem} "
                                  "(run `shardprep validate` on the dataset)")
             (length,) = struct.unpack("<Q", header[:8])

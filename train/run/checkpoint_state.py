@@ -72,8 +72,7 @@ def read_state(path: str) -> dict:
         document = json.loads(text)
     except (ValueError, RecursionError) as error:
         raise _damaged(path, f"not JSON: {str(error)[:80] or type(error).__name__}") from None
-    problem = entry_problem(document)
-    if problem:
+    if problem := entry_problem(document):
         raise _damaged(path, problem)
     return document
 
@@ -163,8 +162,7 @@ def entry_problem(entry, nested: bool = False) -> str | None:
     version = entry.get("format", 1)
     if version not in (1, STATE_FORMAT) or isinstance(version, bool):
         return f"format {json.dumps(version)[:20]}, which this shardprep does not read"
-    problem = _history_problem(entry.get("history"))
-    if problem:
+    if problem := _history_problem(entry.get("history")):
         return problem
     epochs_done = len(entry["history"]["epoch"])
     if entry.get("epochs_done") != epochs_done:
@@ -186,8 +184,7 @@ def entry_problem(entry, nested: bool = False) -> str | None:
     if previous is not None:
         if nested:
             return "'previous' holds another 'previous'"
-        problem = entry_problem(previous, nested=True)
-        if problem:
+        if problem := entry_problem(previous, nested=True):
             return f"its previous entry: {problem}"
     return None
 

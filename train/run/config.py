@@ -140,8 +140,7 @@ class TrainConfig:
 
     def check_backend(self, backend: str) -> None:
         """A ValueError naming the first option ``backend`` cannot honour: options are refused, never ignored."""
-        problem = unsupported_option(self, backend)
-        if problem:
+        if problem := unsupported_option(self, backend):
             raise ValueError(problem)
 
 
