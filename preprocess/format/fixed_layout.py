@@ -114,11 +114,9 @@ class FixedLayout:
     def _shard_end_growth(self) -> int | None:
         """Padding to add to a shard's last record to make it ``image_offset`` bytes longer (one less where the
         length varint grows); None if no padding hits it exactly."""
-        for grown in (self.image_offset, self.image_offset - 1):
-            grown_record = tfrecord_io.framed_size(_length_delimited_size(1, self.entries_bytes + grown))
-            if grown_record == self.record_bytes + self.image_offset:
-                return grown
-        return None
+        target = self.record_bytes + self.image_offset
+        return next((grown for grown in (self.image_offset, self.image_offset - 1)
+                     if tfrecord_io.framed_size(_length_delimited_size(1, self.entries_bytes + grown)) == target), None)
 
     def shard_records(self, framed_records):
         """Yields ``framed_records`` (in shard order) re-padded so that only the last is a shard's end."""

@@ -56,10 +56,9 @@ def read_records(stream: BinaryIO) -> Iterator[bytes]:
             return
         if len(header) < HEADER_BYTES:
             raise CorruptRecordError("truncated record header", index, offset)
-        length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
-        if masked_crc32c(length_bytes) != length_crc:
+        length, length_crc = struct.unpack("<QI", header)
+        if masked_crc32c(header[:8]) != length_crc:
             raise CorruptRecordError("length checksum mismatch", index, offset)
-        (length,) = struct.unpack("<Q", length_bytes)
         data = stream.read(length)
         footer = stream.read(FOOTER_BYTES)
         if len(data) < length or len(footer) < FOOTER_BYTES:
