@@ -88,8 +88,7 @@ def _count(value) -> bool:
 def _history_problem(history) -> str | None:
     if not isinstance(history, dict):
         return "'history' is not an object"
-    missing = [key for key in HISTORY_KEYS if not isinstance(history.get(key), list)]
-    if missing:
+    if missing := [key for key in HISTORY_KEYS if not isinstance(history.get(key), list)]:
         return f"'history' has no list {missing[0]!r}"
     epochs = history["epoch"]
     if epochs != list(range(1, len(epochs) + 1)) or not all(_count(epoch) for epoch in epochs):

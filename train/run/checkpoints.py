@@ -62,13 +62,12 @@ def write_json(path: str, value) -> None:
     text = json.dumps(value, indent=2) + "\n"
     with _writing(path, temporary):
         if is_url(path):
-            with gfile().GFile(temporary, "w") as f:
-                f.write(text)
+            f = gfile().GFile(temporary, "w")
         else:
             _fresh(temporary)
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            f = os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w")
+        with f:
+            f.write(text)
         _replace(temporary, path)
 
 

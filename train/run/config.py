@@ -55,9 +55,7 @@ def backend_installed(name: str) -> bool:
 def default_backend(environ=None) -> str:
     """``$KERAS_BACKEND`` when set, else tensorflow when it is installed, else jax, else torch."""
     environ = os.environ if environ is None else environ
-    if environ.get("KERAS_BACKEND"):
-        return environ["KERAS_BACKEND"]
-    return next((name for name in BACKENDS if backend_installed(name)), BACKENDS[0])
+    return environ.get("KERAS_BACKEND") or next((name for name in BACKENDS if backend_installed(name)), BACKENDS[0])
 
 
 def activate_backend(name: str) -> str:

@@ -191,8 +191,7 @@ class Epochs:
 
     def _running(self, carried: dict | None, steps_run: int) -> dict:
         logs = combined(carried, self.steps.train_results(), steps_run * self.config.batch_size)
-        del logs["examples"]
-        return logs
+        return {key: value for key, value in logs.items() if key != "examples"}
 
     def _partial(self, carried: dict | None, steps: int, timing: _Timing, seconds: float) -> dict:
         """The ``partial_epoch`` entry after ``steps`` steps of the epoch."""

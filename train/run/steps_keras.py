@@ -40,9 +40,7 @@ def resolve_precision(precision: str, backend: str) -> str:
         return gpu_precision(tuple(int(part) for part in str(getattr(device, "compute_capability", "0.0")).split(".")))
     import torch
 
-    if not torch.cuda.is_available():
-        return "float32"
-    return gpu_precision(torch.cuda.get_device_capability(0))
+    return gpu_precision(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "float32"
 
 
 @dataclasses.dataclass
@@ -68,9 +66,8 @@ class KerasSteps:
         self.config, self.manifest, self.backend = config, manifest, backend
         self.precision = resolve_precision(config.precision, backend)
         self.devices = _jax_devices() if backend == "jax" else None
-        self.distribution = None
-        if self.devices is not None and len(self.devices) > 1:
-            self.distribution = keras.distribution.DataParallel(devices=self.devices)
+        several = self.devices is not None and len(self.devices) > 1
+        self.distribution = keras.distribution.DataParallel(devices=self.devices) if several else None
         self.replicas = len(self.devices) if self.distribution is not None else 1
         # JAX always compiles its step (XLA); PyTorch runs eagerly unless --jit-compile asks for torch.compile.
         self.jit_compile = backend == "jax" or bool(config.jit_compile)

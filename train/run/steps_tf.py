@@ -98,8 +98,7 @@ class TFSteps:
         TF's first line and where to look."""
         if not isinstance(error, tf.errors.OpError):
             return None
-        raised = [match.group(1) for match in _RAISED.finditer(error.message)]
-        if raised:
+        if raised := [match.group(1) for match in _RAISED.finditer(error.message)]:
             return raised[-1]
         first = error.message.strip().splitlines()[0] if error.message.strip() else type(error).__name__
         return re.sub(r"^\{\{[^}]*\}\}\s*", "", first) + (" (the shards are not what the manifest says: check them "
