@@ -259,8 +259,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, BACKGROUND_RGB + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
     if mode == "LAB":
-        lab = ImageCms.createProfile("LAB")
-        return ImageCms.profileToProfile(image, lab, _SRGB_PROFILE, outputMode="RGB")
+        return ImageCms.profileToProfile(image, ImageCms.createProfile("LAB"), _SRGB_PROFILE, outputMode="RGB")
     return image.convert("RGB")
 
 

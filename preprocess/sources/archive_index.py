@@ -121,8 +121,7 @@ class RangeFile(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.position, 2: self.size}[whence]
-        self.position = max(0, base + offset)
+        self.position = max(0, {0: 0, 1: self.position, 2: self.size}[whence] + offset)
         return self.position
 
     def readinto(self, buffer) -> int:
@@ -378,8 +377,7 @@ def split_inner(path: str) -> tuple[str, str]:
 
 def archive_type(name: str) -> str:
     """"tar", "tgz" or "zip" by the name's suffix (case-insensitive); "" for anything else."""
-    lower = name.lower()
-    return next((kind for suffixes, kind in _KINDS if lower.endswith(suffixes)), "")
+    return next((kind for suffixes, kind in _KINDS if name.lower().endswith(suffixes)), "")
 
 
 def stem(name: str) -> str:
