@@ -234,8 +234,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
         return image
     if mode == "CMYK":
         # YCCK JPEGs arrive here too: libjpeg converts YCCK to CMYK. Use the embedded profile when there is one.
-        icc = image.info.get("icc_profile")
-        if icc:
+        if icc := image.info.get("icc_profile"):
             try:
                 source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
                 return ImageCms.profileToProfile(image, source, _SRGB_PROFILE, outputMode="RGB")

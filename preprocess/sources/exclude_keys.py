@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from typing import Iterable, Iterator
 
@@ -40,10 +41,8 @@ class SortedKeys:
         return low < len(self) and self._at(low) == wanted
 
     def __iter__(self) -> Iterator[str]:
-        start = 0
-        for end in self._ends.tolist():
+        for start, end in itertools.pairwise(itertools.chain([0], self._ends.tolist())):
             yield self._blob[start:end].decode("utf-8", "surrogatepass")
-            start = end
 
 
 def _needs_quoting(key: str) -> bool:
