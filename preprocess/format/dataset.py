@@ -155,7 +155,6 @@ class Manifest:
         for split, why in layout_problems.items():
             if split in layouts and not lenient_layouts:
                 raise UnfitLayoutError(f"{where}split {split!r}: {why}", split)
-        layouts = {split: layout for split, layout in layouts.items() if split not in layout_problems}
         splits = {name: SplitInfo.from_json(info, layouts.get(name)) for name, info in document["splits"].items()}
         fields = {key.name: document.get(key.name) for key in MANIFEST_KEYS}
         classes = document["classes"]
