@@ -128,12 +128,11 @@ def streamed_batches(plan: ReadPlan, layout: FixedLayout) -> tf.data.Dataset:
 
 def _chunk_batch_decoder(layout: FixedLayout):
     height, width, channels = layout.height, layout.width, record_format.CHANNELS
-    image_bytes = layout.image_bytes
     label_start = layout.label_offset - layout.image_offset
     shifts = tf.constant([7 * i for i in range(MAX_VARINT_BYTES)], tf.int64)
 
     def decode(chunks):
-        pixels = tf.io.decode_raw(chunks, tf.uint8, fixed_length=image_bytes)
+        pixels = tf.io.decode_raw(chunks, tf.uint8, fixed_length=layout.image_bytes)
         images = tf.reshape(pixels, [-1, height, width, channels])
         images.set_shape([chunks.shape[0], height, width, channels])  # keep a static B
         # The label is a protobuf varint (7 bits a byte, low bits first, high bit set on all but the last byte).
@@ -199,8 +198,7 @@ def indexed_batches(serialized: tf.data.Dataset, encoding: str, crop: str, side:
 
 def _seeded_offsets(spare, crop_seed):
     """Random (top, left) in ``[0, spare]`` from a stateless seed (the streamed reads' crops)."""
-    offsets = tf.random.stateless_uniform([2], seed=crop_seed, maxval=tf.int32.max, dtype=tf.int32)
-    return offsets % (spare + 1)
+    return tf.random.stateless_uniform([2], seed=crop_seed, maxval=tf.int32.max, dtype=tf.int32) % (spare + 1)
 
 
 def _drawn_offsets(spare, draws):
@@ -212,10 +210,9 @@ def _per_image_decoder(stored: encodings.Encoding, crop: str, side: int, height:
                        random_offsets=_seeded_offsets):
     def decode(serialized, crop_source):
         features = tf.io.parse_single_example(serialized, _FEATURES)
-        encoded = features[record_format.ENCODED]
         stored_height = tf.cast(features[record_format.HEIGHT], tf.int32)
         stored_width = tf.cast(features[record_format.WIDTH], tf.int32)
-        image = stored.decode_tf(encoded, stored_height, stored_width)
+        image = stored.decode_tf(features[record_format.ENCODED], stored_height, stored_width)
         if crop == "none":  # a side x side square: random in training, central otherwise
             spare = tf.stack([stored_height - side, stored_width - side])
             top_left = random_offsets(spare, crop_source) if training else spare // 2

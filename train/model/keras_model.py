@@ -221,12 +221,11 @@ def warmup_steps(config: TrainConfig, steps_per_epoch: int) -> int:
 def make_optimizer(config: TrainConfig, base_lr: float, steps_per_epoch: int, precision: str):
     """SGD with momentum on ``config.lr_schedule``; loss-scaled under ``mixed_float16``."""
     warmup = warmup_steps(config, steps_per_epoch)
-    total_steps = config.epochs * steps_per_epoch
     if config.lr_schedule == "plateau":
         learning_rate = base_lr / warmup if warmup else base_lr
     else:
         step_epochs = config.lr_step_epochs or (config.epochs / 3, 2 * config.epochs / 3, 8 * config.epochs / 9)
-        learning_rate = WarmupSchedule(base_lr, warmup, total_steps, kind=config.lr_schedule,
+        learning_rate = WarmupSchedule(base_lr, warmup, config.epochs * steps_per_epoch, kind=config.lr_schedule,
                                        boundaries=[round(e * steps_per_epoch) for e in step_epochs],
                                        decay=config.lr_decay)
     optimizer = keras.optimizers.SGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=False)

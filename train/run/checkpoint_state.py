@@ -222,8 +222,7 @@ def locate(paths: dict) -> Located | None:
     if not has_last:
         raise CheckpointError(f"--resume: {last} is missing beside {state_path}, so the run cannot continue; start "
                               "again with --overwrite, or in a new --output-dir")
-    unhashed = [entry for entry in entries if not entry.get("checkpoint_sha256")]
-    if unhashed:
+    if unhashed := [entry for entry in entries if not entry.get("checkpoint_sha256")]:
         return Located(None, unhashed, False)
     raise CheckpointError(f"--resume: {last} is damaged or was replaced: it is not the model {state_path} describes "
                           "(its sha256 differs), so the run cannot continue from it; start again with --overwrite, "

@@ -90,9 +90,8 @@ class Epochs:
                         break
                     if epoch + 1 < self.config.epochs:  # the last epoch's run finishes first (loop.train)
                         self._stop_if_logs_failed()
-            except BaseException as stop:
-                if isinstance(stop, (TrainingInterrupted, LogsError)):
-                    self.callback_list.on_train_end()  # TensorBoard's writers flush and close
+            except (TrainingInterrupted, LogsError):
+                self.callback_list.on_train_end()  # TensorBoard's writers flush and close
                 raise
         self.callback_list.on_train_end()
 
@@ -334,11 +333,10 @@ class TensorBoardLogs(keras.callbacks.TensorBoard):
                 raise
             self.failure = self.failure or failure
 
-    on_train_begin, on_epoch_begin, on_epoch_end = _writes("on_train_begin"), _writes("on_epoch_begin"), \
-        _writes("on_epoch_end")
-    on_train_batch_begin, on_train_batch_end = _writes("on_train_batch_begin"), _writes("on_train_batch_end")
-    on_test_begin, on_test_end = _writes("on_test_begin"), _writes("on_test_end")
-    on_test_batch_begin = _writes("on_test_batch_begin")
+    on_train_begin, on_epoch_begin, on_epoch_end, on_test_begin, on_test_end = map(_writes, (
+        "on_train_begin", "on_epoch_begin", "on_epoch_end", "on_test_begin", "on_test_end"))
+    on_train_batch_begin, on_train_batch_end, on_test_batch_begin = map(_writes, (
+        "on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin"))
 
     def on_train_end(self, logs=None):
         self._guarded(super().on_train_end, logs)  # after a failure too: its writers closed, its profiler stopped

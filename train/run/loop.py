@@ -170,8 +170,7 @@ def _make_callbacks(config: TrainConfig, paths: dict, base_lr: float, steps_per_
                     report: Callable[[str], None] = print) -> list:
     callbacks = []
     if config.lr_schedule == "plateau":
-        warmup = warmup_steps(config, steps_per_epoch)
-        if warmup:
+        if warmup := warmup_steps(config, steps_per_epoch):
             callbacks.append(PlateauWarmup(base_lr, warmup, steps_per_epoch))
         callbacks.append(keras.callbacks.ReduceLROnPlateau(
             monitor="val_loss", factor=config.reduce_lr_factor, patience=config.reduce_lr_patience,
