@@ -47,10 +47,9 @@ def looked_through(names: list[str], split: str | None = None) -> str:
             return prefix
         top = tops.pop()
         inside = [name[len(top) + 1:] for name in below if name.startswith(top + "/")]
-        folders = _folders(inside, "")
         named_like_a_split = top.lower() in sources.SPLIT_NAMES and (split is None
                                                                      or split_role(top) != split_role(split))
-        if not inside or named_like_a_split or not any("/" not in name for name in folders):
+        if not inside or named_like_a_split or not any("/" in name for name in inside):
             return prefix  # no folder of its own: a class's folder (cat/a.jpg), not one to look through
         prefix += top + "/"
 
