@@ -56,13 +56,12 @@ def resize_and_crop(image: Pixels, size: tuple[int, int], shorter_side: int, cro
     import numpy as np
     from PIL import Image
 
-    source = size_of(image)
     new_width, new_height = size
     if crop == "none" or new_width == new_height:
         origin, out = (0, 0), size
     else:
         origin, out = ((new_width - shorter_side) // 2, (new_height - shorter_side) // 2), (shorter_side, shorter_side)
-    if size == source:
+    if size == size_of(image):
         if out == size:
             return image
         if isinstance(image, np.ndarray):
