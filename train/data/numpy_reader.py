@@ -49,9 +49,8 @@ class NumpyReader:
         data_dir = _checked_arguments(data_dir, split, training, manifest, threads, prefetch, verify_records)
         self.crop_size = integer_argument("crop_size", crop_size, minimum=1, optional=True)
         self.manifest, split = open_local(data_dir, split, manifest)
-        info = self.manifest.split(split)
-        self.order = RecordOrder([shard.num_examples for shard in info.shards], batch_size, training, seed,
-                                 num_shards=num_shards, index=index)
+        self.order = RecordOrder([shard.num_examples for shard in self.manifest.split(split).shards], batch_size,
+                                 training, seed, num_shards=num_shards, index=index)
         self.data_dir, self.split, self.training = data_dir, split, bool(training)
         self.threads, self.prefetch = threads, prefetch
         # Enough buffers for the batches in flight and a few the caller keeps; more are plain arrays.

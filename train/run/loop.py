@@ -113,7 +113,6 @@ def _train(config: TrainConfig, steps, manifest: Manifest, events: Listener, on_
     train_examples = manifest.split(config.train_split).num_examples
     steps_per_epoch = config.steps_per_epoch or max(1, train_examples // config.batch_size)
     base_lr = config.learning_rate if config.learning_rate is not None else 0.1 * config.batch_size / 256
-    num_classes = manifest.num_classes
     options = checkpoints.run_options(config, manifest, steps_per_epoch)
     if config.checkpoint_every_steps and steps.streamed():
         raise ValueError("--checkpoint-every-steps needs local shards read by random access: with "
@@ -122,12 +121,12 @@ def _train(config: TrainConfig, steps, manifest: Manifest, events: Listener, on_
     # A checkpoint of other options is refused before the model is built (ResNet-18: ~1.2 s of CPU).
     located = checkpoints.resumable(paths, options, say) if config.resume else None
     with steps.scope():
-        model = build_model(num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
+        model = build_model(manifest.num_classes, config.image_size, manifest.mean_rgb, manifest.std_rgb,
                             augment=config.augment, seed=config.seed,
                             width_multiplier=config.width_multiplier, weight_decay=config.weight_decay,
                             classes=manifest.classes)
         optimizer = make_optimizer(config, base_lr, steps_per_epoch, steps.precision)
-        steps.compile(model, optimizer, num_classes)
+        steps.compile(model, optimizer, manifest.num_classes)
         optimizer.build(model.trainable_variables)
         state = (checkpoints.resume(model, paths, options, steps_per_epoch, say, located) if located else None) or {}
     start_step = int(state.get("global_step", 0))
