@@ -138,8 +138,7 @@ def _remote_files(data_dir: str):
         matched = FileSystems.match([prefix + "**"], limits=[_FILES_LOOKED_AT])[0].metadata_list
     except Exception:  # noqa: BLE001 - Beam raises BeamIOError for a pattern without matches
         return
-    for meta in matched:
-        yield meta.path[len(prefix):] if meta.path.startswith(prefix) else meta.path
+    yield from (meta.path.removeprefix(prefix) for meta in matched)
 
 
 def dataset_path_kind(data_dir: str) -> tuple[str, str | None]:
