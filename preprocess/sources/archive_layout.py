@@ -77,7 +77,7 @@ def arrange(members: list[Member], split: str, key_prefix: str = "", fixed_split
                                      else None, nested, by_split, visible_tops, folders)
     loose = []
     for member in entries:
-        inside = member.name[len(prefix):] if member.name.startswith(prefix) else member.name
+        inside = member.name.removeprefix(prefix)
         key = key_prefix + inside
         parts = inside.split("/")
         in_split = by_split and len(parts) > 1 and parts[0] in visible_tops
@@ -143,8 +143,7 @@ def _litter_apart(members: list[Member], layout: ArchiveLayout, key_prefix: str)
 def _folders(names: list[str], prefix: str) -> set[str]:
     found: set[str] = set()
     for name in names:
-        inside = name[len(prefix):] if name.startswith(prefix) else name
-        parts = inside.split("/")
+        parts = name.removeprefix(prefix).split("/")
         found.update("/".join(parts[:i]) for i in range(1, len(parts)))
     return found
 
