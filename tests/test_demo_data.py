@@ -180,3 +180,22 @@ def test_every_demo_kind_encodes_without_a_deprecation_warning(kind):
         data = encode(image, kind)
     with Image.open(io.BytesIO(data)) as decoded:
         assert decoded.size in ((40, 30), (30, 40))  # the EXIF-rotated kind is stored on its side
+
+
+def test_a_write_that_fails_midway_is_one_error_line(tmp_path, monkeypatch):
+    """A full disk, or a path too long for the system once a class folder is added: an Error line naming the path,
+    not a traceback; a rerun into a roomier place replaces what was written (demo files only)."""
+    import errno
+    import pathlib
+
+    long_path = tmp_path.joinpath(*["a" * 200] * 19)
+    long_path = long_path / ("b" * (4090 - len(str(long_path / "train"))))  # DIR/train fits, DIR/train/circle not
+    assert_one_error(demo_data(long_path), "cannot write the demo dataset: ", "train", "File name too long")
+
+    def disk_full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", disk_full)
+    assert_one_error(demo_data(tmp_path / "full"), "No space left on device", "circle_000", "demo dataset")
+    monkeypatch.undo()
+    assert demo_data(tmp_path / "full").exit_code == 0

@@ -24,12 +24,17 @@ def command(directory, train_per_class, validation_per_class, seed):
         owned_folder.check_creatable(directory, directory, "choose a new or empty folder for the demo dataset")
     except owned_folder.OutputError as error:
         raise click.ClickException(str(error)) from None
-    if os.path.isdir(directory):
-        _remove_earlier_demo(directory, demo.is_demo_file)
-    with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
-        count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
-                                        on_file=lambda done, total: progress.update(
-                                            StageProgress("writing the demo images", done, total)))
+    try:
+        if os.path.isdir(directory):
+            _remove_earlier_demo(directory, demo.is_demo_file)
+        with SpinnerProgress(enabled=True) as progress:  # ~15 s of drawing: a spinner and a count, not silence
+            count = demo.write_demo_dataset(directory, train_per_class, validation_per_class, seed,
+                                            on_file=lambda done, total: progress.update(
+                                                StageProgress("writing the demo images", done, total)))
+    except OSError as error:  # a full disk, a path too long, a folder made unwritable
+        raise click.ClickException(f"cannot write the demo dataset: {error.filename or directory}: "
+                                   f"{error.strerror or error}; fix that or choose another folder (a rerun into "
+                                   "the same folder replaces the demo files written so far)") from None
     with reader_may_go(done=f"the demo dataset is complete in {directory}"):
         click.echo(f"wrote {count} files ({len(demo.CLASSES)} classes: {', '.join(demo.CLASSES)}) to {directory}")
 
