@@ -7,6 +7,7 @@ Most runs use Beam's FnApiRunner in-process (one worker) to stay fast; the CLI t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import image_factory
@@ -393,3 +394,38 @@ def test_class_names_beyond_ascii_are_drawn_not_boxed(name):
     assert drawn(name[:-1] + missing) != drawn(name)
     sheet = pictures.near_duplicate_sheet([], lambda file, index: None, name)
     assert sheet.tobytes() != pictures.near_duplicate_sheet([], lambda file, index: None, name[:-1] + missing).tobytes()
+
+
+def test_rejects_file_must_list_the_rejects_the_manifest_counts(dataset):
+    """rejects.jsonl is part of the dataset's accounting: missing, garbled, or listing other rejects (by split and
+    reason) than the manifest counts, it is a ``rejects_file`` problem; a line that matches an edited count is not."""
+    rejects = dataset / "rejects.jsonl"
+    assert rejects.read_text() == "" and problems_of(run_validate(dataset), "rejects_file") == []
+    line = json.dumps({"key": "train/red/x.png", "split": "train", "reason": "empty_file", "detail": "zero bytes"})
+    rejects.write_text(line + "\n")
+    [found] = problems_of(run_validate(dataset), "rejects_file")
+    assert (found["split"], found["message"]) == (
+        "train", "rejects.jsonl lists 1 reject (empty_file 1), the manifest counts none")
+    manifest = helpers.load_manifest(dataset)
+    manifest["splits"]["train"]["rejected_by_reason"] = {"empty_file": 1}
+    helpers.save_manifest(dataset, manifest)
+    assert problems_of(run_validate(dataset), "rejects_file") == []
+    rejects.write_text(line + "\n{not json\n")
+    assert [p["message"] for p in problems_of(run_validate(dataset), "rejects_file")] == [
+        "rejects.jsonl line 2 is not a reject (a JSON object with a split and a reason)"]
+    rejects.unlink()
+    report = run_validate(dataset)
+    assert [p["message"] for p in problems_of(report, "rejects_file")] == [
+        "rejects.jsonl is missing; the manifest counts 1 rejected input"] and report["ok"] is False
+    for hostile in (b"[" * 100_000 + b"\n", b"\xff\xfe\n", b'{"split": ["train"], "reason": 1}\n'):
+        rejects.write_bytes(hostile)
+        assert [p["message"] for p in problems_of(run_validate(dataset), "rejects_file")] == [
+            "rejects.jsonl line 1 is not a reject (a JSON object with a split and a reason)"]
+    rejects.unlink()
+    os.mkfifo(rejects)  # never waited on
+    assert [p["message"] for p in problems_of(run_validate(dataset), "rejects_file")] == [
+        "cannot read rejects.jsonl: it is a FIFO (named pipe), not a regular file"]
+    rejects.unlink()
+    rejects.mkdir()
+    assert [p["message"] for p in problems_of(run_validate(dataset), "rejects_file")] == [
+        "cannot read rejects.jsonl: it is a folder, not a regular file"]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import json
 from typing import NamedTuple
 
 import numpy as np
 
+from shardprep.preprocess.checks.text import count
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.format.dataset import Manifest, ShardEntry
 from shardprep.preprocess.format.fixed_layout import FixedLayout
@@ -20,7 +22,8 @@ from shardprep.preprocess.format.tfrecord_io import HEADER_BYTES, framed_size
 from shardprep.preprocess.sources.common import split_from_tfrecord_name
 
 CHECKS = frozenset({  # what each means: docs/validate.md ("The checks")
-    "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "shard_missing",  # the folder
+    "manifest_missing", "manifest_invalid", "manifest_shape", "manifest_inconsistent", "rejects_file",  # the folder
+    "shard_missing",
     "shard_unlisted", "shard_unreadable", "shard_sha256", "shard_size", "shard_count", "shards_not_uniform",  # shards
     "record_corrupt", "record_parse", "record_format", "record_size", "record_label", "record_class", "record_layout",
     "image_decode", "split_count", "class_count", "filename_duplicate", "leakage", "near_duplicates", "mean_rgb",
@@ -256,6 +259,39 @@ def manifest_problems(manifest: dict) -> list[dict]:
                 found.append(problem("manifest_inconsistent", f"{key} {manifest[key]} but the splits' add up to "
                                                               f"{total}"))
     return found
+
+
+def rejects_problems(manifest: dict, data: bytes | None) -> list[dict]:
+    """Whether rejects.jsonl (``data``; None: absent) lists, split by split, the rejects by reason the manifest
+    counts: the inputs it accounts for that became no record."""
+    name, counted = manifest_lib.REJECTS_NAME, {split: {reason: int(n) for reason, n in info.get(
+        "rejected_by_reason", {}).items() if int(n)} for split, info in manifest["splits"].items()}
+    if data is None:
+        total = sum(n for reasons in counted.values() for n in reasons.values())
+        return [problem("rejects_file", f"{name} is missing; the manifest counts {count(total, 'rejected input')}")]
+    listed: dict[str, collections.Counter] = {}
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            entry = None
+        if not (isinstance(entry, dict) and isinstance(entry.get("split"), str)
+                and isinstance(entry.get("reason"), str)):
+            return [problem("rejects_file", f"{name} line {number} is not a reject (a JSON object with a split and "
+                                            "a reason)")]
+        listed.setdefault(entry["split"], collections.Counter())[entry["reason"]] += 1
+    return [problem("rejects_file", f"{name} lists {_reasons(listed.get(split, {}))}, the manifest counts "
+                                    f"{_reasons(counted.get(split, {}))}", split=split)
+            for split in [*counted, *sorted(set(listed) - set(counted))]
+            if dict(listed.get(split, {})) != counted.get(split, {})]
+
+
+def _reasons(counts) -> str:
+    """``2 rejects (empty_file 1, truncated 1)``, or ``none``."""
+    if not counts:
+        return "none"
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(counts.items()))
+    return f"{count(sum(counts.values()), 'reject')} ({reasons})"
 
 
 def _is_temporary(path: str) -> bool:

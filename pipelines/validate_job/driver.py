@@ -30,8 +30,10 @@ from shardprep.pipelines.validate_job.paths import (ValidateError, WrittenOutput
                                                 check_output_paths, data_kind)
 from shardprep.pipelines.validate_job import report as report_lib
 from shardprep.pipelines.validate_job.checks import (SampleOptions, ShardTask, layout_problems, manifest_problems,
-                                                   problem, sample_fraction, unfit_layout_problems)
+                                                   problem, rejects_problems, sample_fraction,
+                                                   unfit_layout_problems)
 from shardprep.preprocess.checks.events import StageProgress
+from shardprep.preprocess.checks.untrusted import NotRegularFileError
 from shardprep.preprocess.format import manifest as manifest_lib
 from shardprep.preprocess.sources import common as sources
 from shardprep.preprocess.format.dataset import Manifest, ManifestShapeError, load_manifest
@@ -103,7 +105,23 @@ def _checked_manifest(data_dir: str, found: list[str], report: dict) -> tuple[Ma
         listed = {shard.file for info in manifest.splits.values() for shard in info.shards}
         found.extend(sorted(file for file in listed - set(found)
                             if os.path.lexists(os.path.join(data_dir, *file.split("/")))))
-    return manifest, manifest_problems(document) + unfit_layout_problems(manifest) + layout_problems(document, found)
+    return manifest, (manifest_problems(document) + _rejects_problems(data_dir, document)
+                      + unfit_layout_problems(manifest) + layout_problems(document, found))
+
+
+REJECTS_MAX_BYTES = 512 << 20  # ~2.5 million rejects: more than ImageNet's inputs, every one rejected
+
+
+def _rejects_problems(data_dir: str, document: dict) -> list[dict]:
+    """rejects.jsonl against the manifest's counts, where the manifest names it (every run's does)."""
+    if "rejects_file" not in document:
+        return []
+    try:
+        data = manifest_lib.read_file(manifest_lib.join(data_dir, manifest_lib.REJECTS_NAME), REJECTS_MAX_BYTES)
+    except OSError as error:
+        why = f"it {error.reason}" if isinstance(error, NotRegularFileError) else error.strerror or str(error)
+        return [problem("rejects_file", f"cannot read {manifest_lib.REJECTS_NAME}: {why}")]
+    return rejects_problems(document, data)
 
 
 def validate_dataset(options: ValidateOptions, beam_args: list[str], progress: Progress,

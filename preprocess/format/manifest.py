@@ -210,6 +210,20 @@ def _read_with_beam(path: str, at_most: int) -> bytes | None:
         return f.read(at_most)
 
 
+def read_file(path: str, at_most: int) -> bytes | None:
+    """A dataset's file, local (a regular file) or a URL (Beam's FileSystems); None if absent. An OSError when it
+    cannot be read or holds more than ``at_most`` bytes."""
+    if "://" in path and not path.startswith("file://"):
+        data = _read_with_beam(path, at_most + 1)
+        if data is not None and len(data) > at_most:
+            raise untrusted.NotRegularFileError(path, f"holds more than {at_most:,} bytes")
+        return data
+    try:
+        return untrusted.read_regular_file(path.removeprefix("file://"), at_most)
+    except FileNotFoundError:
+        return None
+
+
 def manifest_path(data_dir: str) -> str:
     return join(data_dir, MANIFEST_NAME)
 
