@@ -401,6 +401,8 @@ def test_rejects_file_must_list_the_rejects_the_manifest_counts(dataset):
     reason) than the manifest counts, it is a ``rejects_file`` problem; a line that matches an edited count is not."""
     rejects = dataset / "rejects.jsonl"
     assert rejects.read_text() == "" and problems_of(run_validate(dataset), "rejects_file") == []
+    rejects.unlink()  # none counted, none lost
+    assert problems_of(run_validate(dataset), "rejects_file") == []
     line = json.dumps({"key": "train/red/x.png", "split": "train", "reason": "empty_file", "detail": "zero bytes"})
     rejects.write_text(line + "\n")
     [found] = problems_of(run_validate(dataset), "rejects_file")
