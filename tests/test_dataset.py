@@ -134,3 +134,14 @@ def test_a_gs_manifest_without_the_gcp_extra_is_one_error_naming_the_extra(monke
     with pytest.raises(manifest_lib.ManifestError) as error:
         load_manifest("gs://bucket/shards")
     assert str(error.value).startswith("gs://bucket/shards/manifest.json needs shardprep's gcp extra")
+
+
+def test_a_dataset_file_at_a_url_is_read_with_the_same_limit_and_words_as_a_local_one():
+    """manifest.read_file: one reader for a dataset's files (manifest.json, rejects.jsonl), local or a URL."""
+    def served(path, at_most):
+        return {"gs://b/d/manifest.json": b"x" * at_most}.get(path)
+
+    with pytest.raises(manifest_lib.ManifestError, match=r"^gs://b/d/manifest\.json is more than the 67,108,864 "
+                                                         r"bytes allowed: a manifest is a small regular file$"):
+        manifest_lib.read_document("gs://b/d", read_url=served)
+    assert manifest_lib.read_file("gs://b/other/rejects.jsonl", 10, read_url=served) is None

@@ -264,8 +264,9 @@ def manifest_problems(manifest: dict) -> list[dict]:
 def rejects_problems(manifest: dict, data: bytes | None) -> list[dict]:
     """Whether rejects.jsonl (``data``; None: absent, which loses nothing where none are counted) lists, split by
     split, the rejects by reason the manifest counts: the inputs it accounts for that became no record."""
-    name, counted = manifest_lib.REJECTS_NAME, {split: {reason: int(n) for reason, n in info.get(
-        "rejected_by_reason", {}).items() if int(n)} for split, info in manifest["splits"].items()}
+    name = manifest_lib.REJECTS_NAME
+    counted = {split: {reason: int(n) for reason, n in info.get("rejected_by_reason", {}).items() if int(n)}
+               for split, info in manifest["splits"].items()}
     if data is None:
         total = sum(n for reasons in counted.values() for n in reasons.values())
         return [problem("rejects_file", f"{name} is missing; the manifest counts {count(total, 'rejected input')}")

@@ -210,13 +210,13 @@ def _read_with_beam(path: str, at_most: int) -> bytes | None:
         return f.read(at_most)
 
 
-def read_file(path: str, at_most: int) -> bytes | None:
-    """A dataset's file, local (a regular file) or a URL (Beam's FileSystems); None if absent. An OSError when it
-    cannot be read or holds more than ``at_most`` bytes."""
+def read_file(path: str, at_most: int, read_url: Callable[[str, int], bytes | None] | None = None) -> bytes | None:
+    """A dataset's file, local (a regular file) or a URL (``read_url(path, at_most)``, by default Beam's
+    FileSystems); None if absent. An OSError when it cannot be read, a NotRegularFileError above ``at_most`` bytes."""
     if "://" in path and not path.startswith("file://"):
-        data = _read_with_beam(path, at_most + 1)
+        data = (read_url or _read_with_beam)(path, at_most + 1)
         if data is not None and len(data) > at_most:
-            raise untrusted.NotRegularFileError(path, f"holds more than {at_most:,} bytes")
+            raise untrusted.NotRegularFileError(path, f"is more than the {at_most:,} bytes allowed")
         return data
     try:
         return untrusted.read_regular_file(path.removeprefix("file://"), at_most)
@@ -229,26 +229,17 @@ def manifest_path(data_dir: str) -> str:
 
 
 def read_document(data_dir: str, read_url: Callable[[str, int], bytes | None] | None = None) -> dict:
-    """The manifest document of ``data_dir`` (local, ``file://`` or a URL); every error a ManifestError naming the
-    file. A URL is read by ``read_url(path, at_most)`` (None: absent), by default Beam's FileSystems."""
+    """The manifest document of ``data_dir`` (local, ``file://`` or a URL, read by :func:`read_file`); every error a
+    ManifestError naming the file."""
     data_dir = os.fspath(data_dir)
-    if "://" not in data_dir or data_dir.startswith("file://"):
-        local = data_dir.removeprefix("file://")
-        try:
-            return parse_document(untrusted.read_regular_file(manifest_path(local), MANIFEST_MAX_BYTES),
-                                  manifest_path(local))
-        except FileNotFoundError:
-            raise missing_manifest_error(local) from None
-        except OSError as e:
-            raise ManifestError(f"{e}: a manifest is a small regular file" if isinstance(
-                e, untrusted.NotRegularFileError) else f"cannot read {manifest_path(local)}: {e}") from e
-    path = manifest_path(data_dir)
+    where = data_dir if "://" in data_dir and not data_dir.startswith("file://") else data_dir.removeprefix("file://")
+    path = manifest_path(where)
     try:
-        data = (read_url or _read_with_beam)(path, MANIFEST_MAX_BYTES + 1)
+        data = read_file(path, MANIFEST_MAX_BYTES, read_url)
+    except untrusted.NotRegularFileError as e:
+        raise ManifestError(f"{e}: a manifest is a small regular file") from e
     except OSError as e:  # BeamIOError is one
         raise ManifestError(f"cannot read {path}: {e}") from e
     if data is None:
-        raise missing_manifest_error(data_dir)
-    if len(data) > MANIFEST_MAX_BYTES:
-        raise ManifestError(f"{path} is more than the {MANIFEST_MAX_BYTES:,} bytes a manifest may be")
+        raise missing_manifest_error(where)
     return parse_document(data, path)
