@@ -413,13 +413,17 @@ def test_rejects_file_must_list_the_rejects_the_manifest_counts(dataset):
     helpers.save_manifest(dataset, manifest)
     assert problems_of(run_validate(dataset), "rejects_file") == []
     document = helpers.load_manifest(dataset)  # a garbled line: the check alone (the run reads the file as is)
-    for hostile in (b"{not json", b"[" * 100_000, b"\xff\xfe", b'{"split": ["train"], "reason": 1}'):
+    for hostile in (b"{not json", b"[" * 100_000, b"\xff\xfe", b'{"split": ["train"], "reason": 1}', b"null", b"[]"):
         assert [p["message"] for p in rejects_problems(document, line.encode() + b"\n" + hostile + b"\n")] == [
             "rejects.jsonl line 2 is not a reject (a JSON object with a split and a reason)"]
     rejects.unlink()
     report = run_validate(dataset)
     assert [p["message"] for p in problems_of(report, "rejects_file")] == [
         "rejects.jsonl is missing; the manifest counts 1 rejected input"] and report["ok"] is False
+    older = {key: value for key, value in manifest.items() if key != "rejects_file"}
+    helpers.save_manifest(dataset, older)  # a manifest that names no rejects file: nothing to compare
+    assert problems_of(run_validate(dataset), "rejects_file") == []
+    helpers.save_manifest(dataset, manifest)
     os.mkfifo(rejects)  # never waited on
     assert [p["message"] for p in problems_of(run_validate(dataset), "rejects_file")] == [
         "cannot read rejects.jsonl: it is a FIFO (named pipe), not a regular file"]

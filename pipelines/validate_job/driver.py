@@ -114,7 +114,7 @@ REJECTS_MAX_BYTES = 512 << 20  # ~2.5 million rejects: more than ImageNet's inpu
 
 def _rejects_problems(data_dir: str, document: dict) -> list[dict]:
     """rejects.jsonl against the manifest's counts, where the manifest names it (every run's does)."""
-    if "rejects_file" not in document:
+    if document.get("rejects_file") is None:  # a manifest that names no rejects file
         return []
     try:
         data = manifest_lib.read_file(manifest_lib.join(data_dir, manifest_lib.REJECTS_NAME), REJECTS_MAX_BYTES)
