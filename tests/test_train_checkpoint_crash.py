@@ -417,6 +417,21 @@ def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch
         checkpoints.write_json(str(tmp_path / "history.json"), {"epoch": []})
 
 
+def test_a_diverged_loss_is_null_in_the_files_people_read_and_kept_in_state_json(tmp_path):
+    # JSON has no NaN or Infinity (jq, JavaScript and most parsers refuse them): history.json and summary.json say
+    # null; state.json, read back only by --resume, keeps them, so a callback's inf is restored as it was.
+    from shardprep.train.run import checkpoints
+
+    def strict(path):
+        return json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in {path.name}"))
+
+    history = {"epoch": [1, 2, 3], "loss": [float("nan"), float("inf"), 0.5], "best": {"value": -float("inf")}}
+    checkpoints.write_json(str(tmp_path / "history.json"), history)
+    assert strict(tmp_path / "history.json") == {"epoch": [1, 2, 3], "loss": [None, None, 0.5], "best": {"value": None}}
+    checkpoints.write_json(str(tmp_path / "state.json"), history, allow_nan=True)
+    assert json.loads((tmp_path / "state.json").read_text())["best"]["value"] == -float("inf")
+
+
 def test_url_output_dirs_reach_tensorflows_file_system(tmp_path):
     # gs:// and other URLs go through tf.io.gfile; ram:// is TensorFlow's in-memory file system.
     from shardprep.train.run import checkpoint_state, checkpoints

@@ -56,10 +56,11 @@ def _writing(path: str, temporary: str | None = None):
         raise RunFileError(run_files.describe_os_error(named)) from error
 
 
-def write_json(path: str, value) -> None:
-    """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link)."""
+def write_json(path: str, value, allow_nan: bool = False) -> None:
+    """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link); a
+    diverged loss's NaN or inf as null (strict JSON), but where ``allow_nan`` (state.json: only --resume reads it)."""
     temporary = path + ".tmp"
-    text = json.dumps(value, indent=2) + "\n"
+    text = json.dumps(value if allow_nan else _finite(value), indent=2, allow_nan=allow_nan) + "\n"
     with _writing(path, temporary):
         if is_url(path):
             f = gfile().GFile(temporary, "w")
@@ -69,6 +70,14 @@ def write_json(path: str, value) -> None:
         with f:
             f.write(text)
         _replace(temporary, path)
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _fresh(temporary: str) -> None:
@@ -153,7 +162,7 @@ def save_checkpoint(model: keras.Model, paths: dict, state: dict, previous: dict
         done = int(previous.get("epochs_done", len(previous["history"]["epoch"])))
         previous = {**previous, "history": {key: list(values[:done]) for key, values in previous["history"].items()},
                     "previous": None}
-    write_json(paths["state"], {**state, "previous": previous})
+    write_json(paths["state"], {**state, "previous": previous}, allow_nan=True)
     with _writing(paths["last"]):
         _replace(paths["last_writing"], paths["last"])
 
