@@ -60,7 +60,9 @@ def write_json(path: str, value, allow_nan: bool = False) -> None:
     """Writes ``value`` to a temporary file renamed over ``path`` (never half a file, never through a link); a
     diverged loss's NaN or inf as null (strict JSON), but where ``allow_nan`` (state.json: only --resume reads it)."""
     temporary = path + ".tmp"
-    text = json.dumps(value if allow_nan else _finite(value), indent=2, allow_nan=allow_nan) + "\n"
+    if not allow_nan:  # NaN and +-Infinity, the only constants json.dumps writes, read back as None
+        value = json.loads(json.dumps(value), parse_constant=lambda constant: None)
+    text = json.dumps(value, indent=2, allow_nan=allow_nan) + "\n"
     with _writing(path, temporary):
         if is_url(path):
             f = gfile().GFile(temporary, "w")
@@ -70,14 +72,6 @@ def write_json(path: str, value, allow_nan: bool = False) -> None:
         with f:
             f.write(text)
         _replace(temporary, path)
-
-
-def _finite(value):
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _fresh(temporary: str) -> None:
