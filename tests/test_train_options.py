@@ -2,6 +2,7 @@
 starts; never ignored. --verify-records is honoured on every backend: a record whose bytes changed stops the run
 with one `Error:` line naming the shard and the record."""
 
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,26 @@ def test_each_option_a_backend_cannot_honour_is_named():
         assert _unsupported(backend, profile_batch="5", tensorboard=False).startswith(
             "--profile-batch traces batches into the TensorBoard logs, which --no-tensorboard turns off")
         assert _unsupported(backend) is None  # the defaults run everywhere
+
+
+def test_a_narrow_resnet_on_tensorflow_gets_tensorflows_own_cpu_kernels(flipped_dataset, tmp_path, monkeypatch):
+    # TensorFlow 2.21's oneDNN CPU kernels kill the process (exit 139 or 134, no message) on a stem of 8-13 channels
+    # (--width-multiplier 0.125-0.2) with an odd batch (reproduced with plain Keras): the CLI sets
+    # TF_ENABLE_ONEDNN_OPTS=0 for a stem under 16 channels before TensorFlow starts, unless the user set it.
+    from shardprep.commands import train as train_command
+
+    seen = []
+    monkeypatch.setattr(train_command, "_train", lambda *args: seen.append(os.environ.get("TF_ENABLE_ONEDNN_OPTS")))
+    data, _ = flipped_dataset
+    for case, (width, backend, preset) in enumerate([("0.125", "tensorflow", None), ("0.25", "tensorflow", None),
+                                                     ("0.125", "tensorflow", "1")]):
+        monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+        if preset is not None:
+            monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", preset)
+        result = CliRunner().invoke(main, ["train", str(data), "--output-dir", str(tmp_path / str(case)),
+                                           "--backend", backend, *TINY, "--width-multiplier", width])
+        assert result.exit_code == 0, result.output
+    assert seen == ["0", None, "1"]
 
 
 def test_the_cli_refuses_before_training_starts(flipped_dataset, tmp_path):

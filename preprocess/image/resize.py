@@ -116,10 +116,9 @@ def lanczos_cubic(image: Pixels, size: tuple[int, int], origin: tuple[int, int],
         # only the band it reads is low-passed, the rest left unset (a 4:3 photo's centre crop: 3/4 of the work).
         pixels = np.asarray(image) if pixels is None else pixels
         if len(kernel_x) > 1 or len(kernel_y) > 1:
-            filtered = np.empty_like(pixels)
-            cv2.sepFilter2D(pixels[y0:y1, x0:x1], -1, kernel_x, kernel_y, dst=filtered[y0:y1, x0:x1],
+            source, pixels = pixels, np.empty_like(pixels)
+            cv2.sepFilter2D(source[y0:y1, x0:x1], -1, kernel_x, kernel_y, dst=pixels[y0:y1, x0:x1],
                             borderType=cv2.BORDER_REFLECT)
-            pixels = filtered
         resized = cv2.resize(pixels, size, interpolation=cv2.INTER_CUBIC)
         return resized if out == size else _cut(resized, origin, out)
     # A very long image: only the source pixels the rectangle needs (and the filters' reach), resampled to it.

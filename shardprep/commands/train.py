@@ -208,6 +208,7 @@ def command(ctx, data, overwrite, **options):
         options["val_split"] = options["val_split"] or TrainConfig.val_split  # the role: the run says what it finds
         config = TrainConfig(data_dir=data, **options)
         config.validate()
+        train_config.avoid_crashing_kernels(config)  # before TensorFlow starts
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     try:  # held from the clearing to the run's end: a second run into the folder meanwhile is refused

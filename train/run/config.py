@@ -142,6 +142,12 @@ class TrainConfig:
             raise ValueError(problem)
 
 
+def avoid_crashing_kernels(config: TrainConfig) -> None:
+    """TF_ENABLE_ONEDNN_OPTS=0 (unless set): TensorFlow 2.21's oneDNN CPU kernels kill a stem of < 16 channels."""
+    if config.backend == "tensorflow" and round(64 * config.width_multiplier) < 16:  # with an odd batch, from 8
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
 def unsupported_option(config: TrainConfig, backend: str) -> str | None:
     """Why ``backend`` cannot run ``config`` as asked (naming the option and what to do instead), or None."""
     other = "--backend tensorflow"
