@@ -41,6 +41,28 @@ def test_the_first_line_names_the_source_instead_of_a_count_of_nothing(log):
     assert lines[1].startswith("listing, 1,200 listed, ")
 
 
+def test_a_long_planning_says_it_is_listing_the_source_and_a_quick_refusal_does_not(log, monkeypatch, tmp_path):
+    # A remote SOURCE that cannot be reached (no network, no credentials) is retried by Cloud Storage's client for
+    # minutes before the job's first counts: the line names what is waited on from LISTING_LINE_AFTER_S on.
+    import time
+
+    from shardprep.preprocess.sources.common import SourceError
+
+    def planning(seconds):
+        def execute_job(*args, **kwargs):
+            time.sleep(seconds)
+            raise SourceError("cannot list gs://bucket/src")
+        return execute_job
+
+    monkeypatch.setattr(command, "LISTING_LINE_AFTER_S", 0.05, raising=False)
+    for seconds, expected in ((0.5, ["listing gs://bucket/src…, 0:00:00"]), (0.0, [])):
+        monkeypatch.setattr(job, "execute_job", planning(seconds))
+        result = CliRunner().invoke(cli, ["preprocess", "gs://bucket/src", str(tmp_path / "out"), "--", "--runner",
+                                          "DirectRunner"])
+        assert result.exit_code == 2 and "Error: cannot list gs://bucket/src" in result.stderr, result.output
+        assert [line for line in result.stderr.splitlines() if line.startswith("listing")] == expected
+
+
 def test_a_tfrecord_sources_growing_total_is_an_estimate_until_the_job_ends(log):
     progress = command._ProgressDisplay(enabled=True, source="tfds:imagenette/320px")
     with progress:

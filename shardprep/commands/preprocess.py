@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import threading
 import time
 import traceback
 
@@ -122,7 +123,12 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
                          on_message=lambda message: lines_while_running(message.text))
     try:
         with display:
-            outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
+            planning = threading.Timer(LISTING_LINE_AFTER_S, lambda: display.update(display.counts))
+            planning.start()
+            try:
+                outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
+            finally:
+                planning.cancel()
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
@@ -189,6 +195,7 @@ def capped_shard_notes(manifest: dict, num_shards: int | None) -> list[str]:
 
 # --- progress ------------------------------------------------------------------------------------------------------
 
+LISTING_LINE_AFTER_S = 2.0  # planning as long as this (a large or remote SOURCE) says so
 ETA_AFTER_S = 5.0  # an ETA from the first seconds' rate (workers still starting) misleads: 12 min for a 7 s job
 
 
