@@ -61,6 +61,9 @@ def test_a_long_planning_says_it_is_listing_the_source_and_a_quick_refusal_does_
                                           "DirectRunner"])
         assert result.exit_code == 2 and "Error: cannot list gs://bucket/src" in result.stderr, result.output
         assert [line for line in result.stderr.splitlines() if line.startswith("listing")] == expected
+    monkeypatch.setattr(job, "execute_job", planning(0.5))  # a remote runner's job: the line would never move on
+    result = CliRunner().invoke(cli, ["preprocess", "gs://bucket/src", "gs://bucket/out", "--", "--runner", "Dataflow"])
+    assert result.exit_code == 2 and "listing" not in result.stderr, result.output
 
 
 def test_a_tfrecord_sources_growing_total_is_an_estimate_until_the_job_ends(log):

@@ -124,7 +124,8 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     try:
         with display:
             planning = threading.Timer(LISTING_LINE_AFTER_S, lambda: display.update(display.counts))
-            planning.start()
+            if runner.runs_locally(list(beam_args)):  # a remote runner's job reports no counts: no line to go on
+                planning.start()
             try:
                 outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
             finally:
