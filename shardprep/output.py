@@ -391,11 +391,10 @@ class TrainDisplay:
         "^C" a terminal echoed; without a descriptor, the stop message says it all."""
         text = ("\n" if self.tty and self.live else "") + wrap(text, self.width) + "\n"
         self.live = False
-        try:
+        # io.UnsupportedOperation is an OSError and a ValueError
+        with contextlib.suppress(AttributeError, OSError, ValueError):
             descriptor = self.stream.fileno()
             os.write(descriptor, (("\r" + text) if os.isatty(descriptor) else text).encode())
-        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
-            pass
 
 
 def flow(items, width: int, indent: str = "  "):

@@ -35,10 +35,8 @@ def to_null(fd: int) -> None:
 def silence(stream) -> None:
     """``stream``'s descriptor to ``/dev/null``: its buffer and its flush at exit go nowhere, so nothing prints
     "Exception ignored ... BrokenPipeError". A stream without one (a test's captured output) is left alone."""
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # UnsupportedOperation: an OSError and a ValueError
         to_null(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
-        pass
 
 
 def open_closed_streams() -> None:
