@@ -275,8 +275,7 @@ def _existing_journal(output: str) -> str:
     """OUTPUT/.tmp/journal.jsonl, or a clear refusal when OUTPUT holds no run to resume."""
     path = manifest.join(output, SPILL_DIR, JOURNAL_NAME)
     if not os.path.isfile(path):
-        shards = [p for p in existing_files(output) if p.endswith(manifest.SHARD_SUFFIX)]
-        if shards:
+        if shards := [p for p in existing_files(output) if p.endswith(manifest.SHARD_SUFFIX)]:
             held, them, they = ((f"a shard ({shards[0]})", "it", "it") if len(shards) == 1 else
                                 (f"{len(shards):,} shards ({shards[0]}, ...)", "them", "they"))
             raise OutputError(f"nothing to resume in {output}: it holds {held} but neither a manifest.json nor the "

@@ -56,8 +56,7 @@ def remove_spill(output: str) -> None:
     if is_local(output):
         remove_local_spill(output)
         return
-    spill_files = [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]
-    if spill_files:
+    if spill_files := [m.path for m in FileSystems.match([manifest.join(output, SPILL_DIR, "*")])[0].metadata_list]:
         FileSystems.delete(spill_files)
 
 

@@ -183,8 +183,7 @@ def regular_entries(folder: str) -> list[str]:
                           "run made; nothing was deleted: move it away, then rerun")
     names = sorted(os.listdir(folder))
     for name in names:
-        kind = owned_folder.special_kind(os.path.join(folder, name))
-        if kind:
+        if kind := owned_folder.special_kind(os.path.join(folder, name)):
             raise OutputError(f"{os.path.join(folder, name)} is {kind}, which no shardprep run writes there; nothing "
                               "was deleted: move it away, then rerun")
     return names

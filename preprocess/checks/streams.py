@@ -111,8 +111,7 @@ def native_filtered():
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
-            rest = native_log_free(captured.read().decode("utf-8", "replace"))
-            if rest:
+            if rest := native_log_free(captured.read().decode("utf-8", "replace")):
                 sys.stderr.write(rest)
                 sys.stderr.flush()
 

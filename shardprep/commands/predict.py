@@ -58,8 +58,7 @@ def command(model, data, photos, top_k):
                                                     for name, _, probability in result.top)
         line = printable(line)  # a name's newline or ESC sequence: escaped, one entry at column 0
         say(wrap(line, width) if width else line)  # a full disk: OutputError; a reader gone: silenced
-    failed = sum(isinstance(result, PhotoFailure) for result in results)
-    if failed:
+    if failed := sum(isinstance(result, PhotoFailure) for result in results):
         raise click.ClickException(f"{failed} of {len(results)} photo{'s' if len(results) != 1 else ''} could not "
                                    "be classified (each is named above)")
 

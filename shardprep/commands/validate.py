@@ -195,8 +195,7 @@ def print_report(report: dict, json_path: str | None, console=None) -> None:
     _print_found_files(console, report)
     if report.get("skipped_checks"):
         say(output.headed([("", _text("skipped", style="bold"))], report["skipped_checks"]))
-    paths = _picture_paths(report)
-    if paths:
+    if paths := _picture_paths(report):
         say([("", f"pictures: {paths[0]}")] + [(", ", path) for path in paths[1:]])
     say(_verdict(report, json_path))
 
@@ -360,8 +359,7 @@ def _print_near_duplicates(say, report: dict, json_path: str | None) -> None:
     if within:
         items += [("; ", "within a split:")] + [(" " if i == 0 else ", ", f"{split} {count(n, 'record')}")
                                                 for i, (split, n) in enumerate(within)]
-    borderline = sum(len(entry.get("borderline", [])) for entry in [*across, *near["within_splits"].values()])
-    if borderline:
+    if borderline := sum(len(entry.get("borderline", [])) for entry in [*across, *near["within_splits"].values()]):
         items.append(("; ", f"{count(borderline, 'borderline pair')} (not counted)"))
     if near["search"]["members_unchecked"]:
         items.append(("; ", f"{near['search']['members_unchecked']:,} records in crowded search buckets "
