@@ -122,7 +122,8 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     hooks = job.JobHooks(on_progress=display.update,
                          on_message=lambda message: lines_while_running(message.text))
     try:
-        with display:
+        # The worker zygote before the listing line's timer starts: a process with another thread is not forked.
+        with runner.worker_zygote_for(list(beam_args)), display:
             planning = threading.Timer(LISTING_LINE_AFTER_S, lambda: display.update(display.counts))
             if runner.runs_locally(list(beam_args)):  # a remote runner's job reports no counts: no line to go on
                 planning.start()

@@ -143,8 +143,9 @@ class TrainConfig:
 
 
 def avoid_crashing_kernels(config: TrainConfig) -> None:
-    """TF_ENABLE_ONEDNN_OPTS=0 (unless set): TensorFlow 2.21's oneDNN CPU kernels kill a stem of < 16 channels."""
-    if config.backend == "tensorflow" and round(64 * config.width_multiplier) < 16:  # with an odd batch, from 8
+    """TF_ENABLE_ONEDNN_OPTS=0 (unless set): TensorFlow 2.21's oneDNN CPU kernels kill a run of a stem under 16
+    channels (seen from 8) and an odd batch; it counts only before TensorFlow starts, as in the CLI."""
+    if config.backend == "tensorflow" and round(64 * config.width_multiplier) < 16 and config.batch_size % 2:
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
