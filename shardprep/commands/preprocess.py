@@ -119,18 +119,18 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
     started, began = time.monotonic(), time.time()
     display = _ProgressDisplay(enabled=not quiet, source=source)
     lines_while_running = Reporter()  # a failed write of the resuming line must not stop the job: told at its end
-    hooks = job.JobHooks(on_progress=display.update,
-                         on_message=lambda message: lines_while_running(message.text))
+    hooks = job.JobHooks(on_progress=display.update, on_message=lambda message: lines_while_running(message.text))
+    local = runner.runs_locally(list(beam_args))  # a remote runner's job reports no counts: no listing line to go on
     try:
         # The worker zygote before the listing line's timer starts: a process with another thread is not forked.
         with runner.worker_zygote_for(list(beam_args)), display:
-            planning = threading.Timer(LISTING_LINE_AFTER_S, lambda: display.update(display.counts))
-            if runner.runs_locally(list(beam_args)):  # a remote runner's job reports no counts: no line to go on
-                planning.start()
+            planning = threading.Timer(LISTING_LINE_AFTER_S, lambda: local and display.update(display.counts))
+            planning.start()
             try:
                 outcome = job.execute_job(config, list(beam_args), resume=resume, hooks=hooks)
             finally:
                 planning.cancel()
+                planning.join()  # a line it is drawing is drawn before the display goes on or ends
             display.finish(outcome.manifest)
     except (SourceError, job.PreprocessError, storage.OutputError) as e:
         if verbose:
