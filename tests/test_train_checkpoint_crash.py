@@ -419,7 +419,7 @@ def test_a_full_disk_while_writing_the_history_is_one_line(tmp_path, monkeypatch
 
 def test_a_diverged_loss_is_null_in_the_files_people_read_and_kept_in_state_json(tmp_path):
     # JSON has no NaN or Infinity (jq, JavaScript and most parsers refuse them): history.json and summary.json say
-    # null; state.json, read back only by --resume, keeps them, so a callback's inf is restored as it was.
+    # null; state.json, read back only by --resume, keeps them, so a diverged run's history resumes as it was.
     from shardprep.train.run import checkpoints
 
     def strict(path):
