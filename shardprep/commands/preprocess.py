@@ -137,7 +137,7 @@ def command(ctx, encoding, jpeg_quality, resume, quiet, verbose, beam_args, **op
             traceback.print_exception(e)
         raise (SourceRefused if getattr(e, "exit_code", 1) == 2 else click.ClickException)(str(e)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stopping.Terminated)
-        remote = None if runner.runs_locally(list(beam_args)) else runner.runner_name(list(beam_args))
+        remote = None if local else runner.runner_name(list(beam_args))
         for line in stopped_lines(config.output, display.counts, typed_command(ctx), remote, began, hooks.submitted):
             say(line, err=True)
         ctx.exit(exit_status(stop))
